@@ -1,0 +1,154 @@
+"""Transfer handles: what every transfer call returns, on every data plane.
+
+A completion takes effect only when the caller *observes* it by polling: the hardware may have
+finished long before. That is what lets the controller -- and the fuzzer -- decide the order in
+which completions, failures and cancels reach the control plane.
+
+    status       meaning                                          pages may be
+    ---------    ---------------------------------------------    ---------------------------
+    PENDING      issued; the hardware may still read/write        touched by hardware: keep
+    DONE         every byte arrived (and, for S2H, verified)      published by the caller
+    FAILED       the transfer did not complete; `error` says why  released (target), unlocked
+    CANCELLED    cancelled; the hardware no longer touches them   released (target), unlocked
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from hicache.errors import HiCacheError, TransferError
+from hicache.tiers import Direction
+
+
+class TransferStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def final(self) -> bool:
+        return self is not TransferStatus.PENDING
+
+
+@dataclass
+class TransferTimings:
+    """Seconds spent in each stage of one transfer (metrics; DESIGN.md §9 excludes
+    `workspace_setup_s` from the cost model's samples)."""
+
+    enqueue_s: float = 0.0  # CPU time to issue (index upload, kernel launch, DMA enqueue)
+    workspace_setup_s: float = 0.0  # one-time workspace / pinned allocation inside the call
+    queue_wait_s: float = 0.0  # I/O: time waiting for a pool thread
+    service_s: float = 0.0  # kernel + DMA, or file I/O
+    issued_at: float = field(default_factory=time.perf_counter)
+    observed_at: float | None = None  # when poll() first returned a final status
+
+
+class TransferHandle(ABC):
+    """One transfer in flight. Subclasses implement `_probe` and `_quiesce`."""
+
+    def __init__(self, direction: Direction, nbytes: int) -> None:
+        self.direction = direction
+        self.nbytes = nbytes
+        self.timings = TransferTimings()
+        self.error: HiCacheError | None = None
+        self._status = TransferStatus.PENDING
+
+    @property
+    def status(self) -> TransferStatus:
+        """The last *observed* status (does not poll)."""
+        return self._status
+
+    def poll(self) -> TransferStatus:
+        """Observe the transfer without blocking; a final status, once seen, never changes."""
+        if self._status is TransferStatus.PENDING:
+            probed = self._probe()
+            if probed.final:
+                self._finish(probed)
+        return self._status
+
+    def wait(self, timeout_s: float | None = None) -> TransferStatus:
+        """Poll until final or `timeout_s` passes (None: no limit). Returns the status."""
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        while self.poll() is TransferStatus.PENDING:
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            self._block(0.0005)
+        return self._status
+
+    def fail(self, error: HiCacheError | None = None) -> None:
+        """Force failure (fault injection). Waits until the hardware no longer touches the
+        pages, then reports FAILED. No effect on a final handle."""
+        if self._status.final:
+            return
+        self._quiesce()
+        self.error = error or TransferError(f"{self.direction} failed by injection")
+        self._finish(TransferStatus.FAILED)
+
+    def cancel(self) -> None:
+        """Cancel: waits until the hardware no longer touches the pages, then CANCELLED.
+        No effect on a final handle."""
+        if self._status.final:
+            return
+        self._quiesce()
+        self._finish(TransferStatus.CANCELLED)
+
+    def _finish(self, status: TransferStatus) -> None:
+        assert status.final and not self._status.final, "a handle finishes once"
+        self._status = status
+        self.timings.observed_at = time.perf_counter()
+
+    @abstractmethod
+    def _probe(self) -> TransferStatus:
+        """Non-blocking look at the hardware: PENDING, DONE or FAILED (setting `error`)."""
+
+    @abstractmethod
+    def _quiesce(self) -> None:
+        """Block until the hardware no longer reads or writes this transfer's pages."""
+
+    def _block(self, seconds: float) -> None:
+        """Wait a little between polls (subclasses may block on an event instead)."""
+        time.sleep(seconds)
+
+
+class ReadyHandle(TransferHandle):
+    """A handle whose work finished synchronously inside the issuing call (CPU paths)."""
+
+    def __init__(self, direction: Direction, nbytes: int, error: HiCacheError | None = None) -> None:
+        super().__init__(direction, nbytes)
+        self._outcome = TransferStatus.FAILED if error is not None else TransferStatus.DONE
+        self._error = error
+
+    def _probe(self) -> TransferStatus:
+        if self._outcome is TransferStatus.FAILED:
+            self.error = self._error
+        return self._outcome
+
+    def _quiesce(self) -> None:
+        return None
+
+
+class NullHandle(TransferHandle):
+    """No bytes: completes when the caller says (`finish`). For model checking and replay."""
+
+    def __init__(self, direction: Direction, nbytes: int = 0) -> None:
+        super().__init__(direction, nbytes)
+        self._outcome = TransferStatus.PENDING
+
+    def finish(self, ok: bool = True) -> None:
+        """Let the next poll observe success (or failure)."""
+        self._outcome = TransferStatus.DONE if ok else TransferStatus.FAILED
+
+    def _probe(self) -> TransferStatus:
+        if self._outcome is TransferStatus.FAILED and self.error is None:
+            self.error = TransferError(f"{self.direction} failed (null data plane)")
+        return self._outcome
+
+    def _quiesce(self) -> None:
+        return None
+
+    def _block(self, seconds: float) -> None:
+        raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")

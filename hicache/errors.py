@@ -1,0 +1,86 @@
+"""Typed errors. Every error says what was wrong and what to do about it.
+
+All errors derive from `HiCacheError`, so an engine can catch the whole family at one
+boundary. A rejected operation leaves every piece of state as it was (spec/README.md,
+"Invalid input means raise, state unchanged").
+"""
+
+from __future__ import annotations
+
+
+class HiCacheError(Exception):
+    """Base of every error hicache raises on purpose."""
+
+
+class ConfigError(HiCacheError, ValueError):
+    """Invalid configuration; raised at construction. The message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+class SpecError(HiCacheError):
+    """The spec tables are malformed or disagree with the prose, diagrams or machine."""
+
+
+class IllegalTransition(HiCacheError):
+    """A lifecycle transition was asked for from a state that does not allow it.
+
+    Raised before any state is touched: the caller's state is unchanged.
+    """
+
+    def __init__(self, event: str, tier: str, state: str, why: str) -> None:
+        self.event = event
+        self.tier = tier
+        self.state = state
+        self.why = why
+        super().__init__(f"illegal transition {event!r} on tier {tier} from {state}: {why}")
+
+
+class OutOfPages(HiCacheError):
+    """A tier cannot supply the pages asked for. Evict, or retry smaller."""
+
+    def __init__(self, tier: str, wanted: int, free: int) -> None:
+        self.tier = tier
+        self.wanted = wanted
+        self.free = free
+        super().__init__(
+            f"{tier}: wanted {wanted} pages, {free} free; evict from {tier} or ask for fewer"
+        )
+
+
+class InvariantViolation(HiCacheError):
+    """An ownership invariant or structural check failed; carries every violation found."""
+
+    def __init__(self, violations: "tuple[object, ...]", context: str = "") -> None:
+        self.violations = violations
+        head = "; ".join(str(v) for v in violations[:3])
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        where = f" after {context}" if context else ""
+        super().__init__(f"{len(violations)} invariant violation(s){where}: {head}{more}")
+
+
+class TransferError(HiCacheError):
+    """A transfer failed (device, DMA or I/O). The op's private pages may be released."""
+
+
+class StorageError(HiCacheError):
+    """The L3 file cannot be used (unwritable, no space, replaced under us). Names the path."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"L3 file {path}: {problem}")
+
+
+class CorruptSlot(HiCacheError):
+    """An L3 slot failed its checksum. Treated as a miss, never served."""
+
+    def __init__(self, slot: int, path: str) -> None:
+        self.slot = slot
+        self.path = path
+        super().__init__(f"L3 slot {slot} in {path} failed its checksum; treat as a miss")
+
+
+class BackendError(HiCacheError):
+    """An explicitly requested kernel backend cannot run here (e.g. Triton failed to compile)."""

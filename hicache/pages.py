@@ -1,0 +1,126 @@
+"""Per-tier page tables: who owns each physical page, and the allocator.
+
+One `PageTable` per tier holds the ownership machine of spec/lifecycle.toml [ownership] for
+every physical page of the tier, in one uint8 array (FREE / PRIVATE / TREE). Each method is
+one ownership transition over a batch of pages; it checks every page first and raises
+`IllegalTransition` with nothing changed if any page is in the wrong state.
+
+A tier holds a *pool group* (DESIGN.md §8): an anchor pool whose page indices are also the
+indices of every sidecar pool. The table allocates anchor indices, so one reservation takes
+the matching slot in every pool of the group at once (atomic by construction). Plain MHA is a
+group of one pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hicache.errors import ConfigError, IllegalTransition, OutOfPages
+from hicache.invariants.snapshot import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool of a group. `role`: "anchor" (allocates indices), "sidecar" (reuses them) or
+    "state" (no allocator, invisible to matching). `hit_policy`: ALL_PAGES | TRAILING_PAGES."""
+
+    name: str
+    role: str = "anchor"
+    hit_policy: str = "ALL_PAGES"
+
+
+MHA_GROUP: tuple[PoolSpec, ...] = (PoolSpec("kv"),)
+
+
+class PageTable:
+    """Ownership and allocation of one tier's `capacity` physical pages."""
+
+    def __init__(self, tier: str, capacity: int, group: tuple[PoolSpec, ...] = MHA_GROUP) -> None:
+        if capacity <= 0:
+            raise ConfigError(f"{tier}.capacity_pages", f"must be positive, got {capacity}")
+        anchors = [p for p in group if p.role == "anchor"]
+        if len(anchors) != 1:
+            raise ConfigError(f"{tier}.pools", f"a pool group has exactly one anchor, got {len(anchors)}")
+        self.tier = tier
+        self.capacity = capacity
+        self.group = group
+        self.owner: npt.NDArray[np.uint8] = np.zeros(capacity, dtype=np.uint8)  # all FREE
+
+    # -- counts ---------------------------------------------------------------------------
+
+    def count(self, state: int) -> int:
+        return int(np.count_nonzero(self.owner == state))
+
+    @property
+    def free_count(self) -> int:
+        return self.count(FREE)
+
+    def free_pages(self) -> Pages:
+        return np.flatnonzero(self.owner == FREE).astype(np.int64)
+
+    # -- ownership transitions --------------------------------------------------------------
+
+    def reserve(self, n: int) -> Pages:
+        """FREE -> PRIVATE for `n` pages; a consecutive run when one exists (best fit: the
+        shortest run that holds `n`), else the lowest-numbered free pages. OutOfPages if fewer
+        than `n` are free (nothing changes)."""
+        if n < 0:
+            raise ValueError(f"cannot reserve {n} pages")
+        idx = np.flatnonzero(self.owner == FREE)
+        if idx.size < n:
+            raise OutOfPages(self.tier, n, int(idx.size))
+        chosen = _best_fit_run(idx, n)
+        self.owner[chosen] = PRIVATE
+        return chosen
+
+    def reserve_exact(self, chosen: Pages) -> None:
+        """FREE -> PRIVATE for exactly these pages (replay, tests)."""
+        self._move(chosen, FREE, PRIVATE, "reserve")
+
+    def publish(self, p: Pages) -> None:
+        """PRIVATE -> TREE: the pages become part of a node's value."""
+        self._move(p, PRIVATE, TREE, "publish")
+
+    def release(self, p: Pages) -> None:
+        """PRIVATE -> FREE: failure, cancel, abort or duplicate insert."""
+        self._move(p, PRIVATE, FREE, "release")
+
+    def free(self, p: Pages) -> None:
+        """TREE -> FREE: eviction or invalidation of a node's value."""
+        self._move(p, TREE, FREE, "free")
+
+    def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
+        p = pages(p)
+        # Verify every page is in range, named once, and in the source state before any write.
+        if p.size and (p.min() < 0 or p.max() >= self.capacity):
+            raise IllegalTransition(name, self.tier, "-", f"page out of range 0..{self.capacity - 1}")
+        if np.unique(p).size != p.size:
+            raise IllegalTransition(name, self.tier, "-", "a page is named twice")
+        wrong = p[self.owner[p] != source]
+        if wrong.size:
+            got = OWNER_NAMES[int(self.owner[wrong[0]])]
+            raise IllegalTransition(
+                name, self.tier, got,
+                f"page {int(wrong[0])} is {got}, {name} needs {OWNER_NAMES[source]} "
+                f"({wrong.size} page(s) wrong)",
+            )
+        self.owner[p] = dest
+
+
+def _best_fit_run(free_idx: Pages, n: int) -> Pages:
+    """`n` pages from sorted free indices: the shortest consecutive run of length >= n, else
+    the lowest `n`. Vectorised: O(free pages)."""
+    if n == 0:
+        return pages()
+    breaks = np.flatnonzero(np.diff(free_idx) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [free_idx.size])))
+    fits = np.flatnonzero(lengths >= n)
+    if fits.size:
+        best = fits[np.argmin(lengths[fits])]
+        s = int(starts[best])
+        return free_idx[s : s + n].astype(np.int64)
+    return free_idx[:n].astype(np.int64)

@@ -1,0 +1,60 @@
+"""Tiers and transfer directions: the two small vocabularies every module shares.
+
+    tier  where                      reached by
+    ----  -------------------------  ------------------------------
+    L1    GPU memory (attention)     --
+    L2    pinned host, page-major    PCIe DMA (D2H / H2D)
+    L3    local file, fixed slots    pwrite / preadv (H2S / S2H)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Tier(str, enum.Enum):
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TIERS: tuple[Tier, ...] = (Tier.L1, Tier.L2, Tier.L3)
+
+
+class Direction(str, enum.Enum):
+    """A transfer direction: which tier it reads (source) and which it fills (target)."""
+
+    D2H = "D2H"  # L1 -> L2 (backup)
+    H2D = "H2D"  # L2 -> L1 (restore, "load back")
+    H2S = "H2S"  # L2 -> L3 (backup)
+    S2H = "S2H"  # L3 -> L2 (restore, "promotion")
+
+    @property
+    def source(self) -> Tier:
+        return _ENDS[self][0]
+
+    @property
+    def target(self) -> Tier:
+        return _ENDS[self][1]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ENDS: dict[Direction, tuple[Tier, Tier]] = {
+    Direction.D2H: (Tier.L1, Tier.L2),
+    Direction.H2D: (Tier.L2, Tier.L1),
+    Direction.H2S: (Tier.L2, Tier.L3),
+    Direction.S2H: (Tier.L3, Tier.L2),
+}
+
+
+def direction_into(target: Tier, source: Tier) -> Direction:
+    """The direction that fills `target` from `source`; ValueError if tiers are not adjacent."""
+    for d, ends in _ENDS.items():
+        if ends == (source, target):
+            return d
+    raise ValueError(f"no transfer direction from {source} to {target}")

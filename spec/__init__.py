@@ -1,0 +1,25 @@
+"""The spec's machine-readable tables, as files next to the prose.
+
+`hicache.spec` is this directory (a symlink, DESIGN.md §2). Only loaders live here; the
+meaning of the tables is in the *.md files beside them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+SPEC_DIR = Path(__file__).resolve().parent
+LIFECYCLE_TOML = SPEC_DIR / "lifecycle.toml"
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Parse one spec table file."""
+    with open(path, "rb") as f:
+        return tomllib.load(f)
