@@ -84,3 +84,8 @@ class CorruptSlot(HiCacheError):
 
 class BackendError(HiCacheError):
     """An explicitly requested kernel backend cannot run here (e.g. Triton failed to compile)."""
+
+
+class LayoutError(HiCacheError, ValueError):
+    """A tensor handed to a data-plane kernel has the wrong shape, dtype, device or memory
+    layout. Nothing was enqueued; the message names the tensor and what it must be."""

@@ -1,0 +1,167 @@
+"""Row layouts, the operand checks every backend shares, and the torch gather/scatter.
+
+    L1      [2 (K/V), layers, num_pages, page_size, kv_heads, head_dim]   contiguous
+    packed  [n,       2 (K/V), layers,   page_size, kv_heads, head_dim]   contiguous
+
+A *row* is one (page, K/V, layer) slice: page_size * kv_heads * head_dim elements, contiguous in
+both layouts. Seen as rows of `row_words` integer words (kl = kv * layers + l):
+
+    L1      [2 * layers, num_pages, row_words]     row (kl, p)
+    packed  [n, 2 * layers, row_words]             row (i, kl)
+
+    gather   packed[i, kv, l] = l1[kv, l, pages[i]]     pages may repeat
+    scatter  l1[kv, l, pages[i]] = packed[i, kv, l]     pages must be distinct
+
+Bytes are moved, never values: each dtype is reinterpreted as an integer word (the widest of
+8/4/2/1 bytes dividing the row and both tensors' offsets), so fp8 and NaN payloads survive bit
+for bit and the copy runs on wide loads. This module is the definition; the Triton kernels in
+`triton_rows.py` are checked against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hicache.errors import LayoutError
+
+# The KV dtypes of `hicache.dataplane.geometry.DTYPE_BYTES` (bf16, fp16, fp32, fp8).
+KV_DTYPES: frozenset[torch.dtype] = frozenset(
+    {torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn}
+)
+INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
+# Word width in bytes -> the integer dtype rows are moved as, widest first.
+WORD_DTYPES: dict[int, torch.dtype] = {
+    8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8,
+}
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """One gather/scatter call in rows and words (sizes in elements of the named unit)."""
+
+    layers: int
+    l1_pages: int  # pages in the L1 pool
+    n: int  # pages moved (len(pages))
+    row_bytes: int
+    word_bytes: int  # the integer word the bytes are moved as: 8, 4, 2 or 1
+
+    @property
+    def rows_per_page(self) -> int:
+        return 2 * self.layers
+
+    @property
+    def rows(self) -> int:
+        return self.n * self.rows_per_page
+
+    @property
+    def row_words(self) -> int:
+        return self.row_bytes // self.word_bytes
+
+    @property
+    def word_dtype(self) -> torch.dtype:
+        return WORD_DTYPES[self.word_bytes]
+
+
+def check_l1(l1: torch.Tensor) -> None:
+    """Raise LayoutError unless `l1` is a contiguous [2, layers, pages, ps, H, D] KV tensor."""
+    if l1.dim() != 6 or l1.shape[0] != 2:
+        raise LayoutError(
+            f"l1: expected [2, layers, num_pages, page_size, kv_heads, head_dim], "
+            f"got shape {tuple(l1.shape)}"
+        )
+    if l1.dtype not in KV_DTYPES:
+        raise LayoutError(f"l1: dtype {l1.dtype} is not one of {sorted(map(str, KV_DTYPES))}")
+    if not l1.is_contiguous():
+        raise LayoutError("l1: must be contiguous (the L1 pool is allocated contiguous)")
+
+
+def check_operands(
+    l1: torch.Tensor, pages: torch.Tensor, packed: torch.Tensor, *, scatter: bool
+) -> RowLayout:
+    """Validate one call's tensors and return its row layout; raise LayoutError otherwise.
+
+    Page values are range-checked (and, for scatter, checked distinct) only for CPU indices:
+    on a GPU that check would need a host sync, so there it is the caller's contract.
+    """
+    check_l1(l1)
+    _, layers, l1_pages, page_size, kv_heads, head_dim = l1.shape
+    if pages.dim() != 1 or pages.dtype not in INDEX_DTYPES:
+        raise LayoutError(
+            f"pages: expected a 1-D int32/int64 tensor, got {pages.dtype} of shape "
+            f"{tuple(pages.shape)}"
+        )
+    n = pages.shape[0]
+    name = "packed" if scatter else "out"
+    want = (n, 2, layers, page_size, kv_heads, head_dim)
+    if tuple(packed.shape) != want:
+        raise LayoutError(f"{name}: expected shape {want} (len(pages), 2, layers, ps, H, D), "
+                          f"got {tuple(packed.shape)}")
+    if packed.dtype != l1.dtype:
+        raise LayoutError(f"{name}: dtype {packed.dtype} differs from l1's {l1.dtype}")
+    if not packed.is_contiguous():
+        raise LayoutError(f"{name}: must be contiguous")
+    for tensor, label in ((pages, "pages"), (packed, name)):
+        if tensor.device != l1.device:
+            raise LayoutError(f"{label}: on {tensor.device}, but l1 is on {l1.device}")
+    if pages.device.type == "cpu" and n > 0:
+        _check_page_values(pages, l1_pages, scatter=scatter)
+    row_bytes = page_size * kv_heads * head_dim * l1.element_size()
+    return RowLayout(layers, l1_pages, n, row_bytes, _word_bytes(row_bytes, l1, packed))
+
+
+def _check_page_values(pages: torch.Tensor, l1_pages: int, *, scatter: bool) -> None:
+    low, high = int(pages.min()), int(pages.max())
+    if low < 0 or high >= l1_pages:
+        raise LayoutError(f"pages: values must lie in [0, {l1_pages}), got [{low}, {high}]")
+    if scatter and int(torch.unique(pages).numel()) != pages.shape[0]:
+        raise LayoutError("pages: scatter needs distinct pages (two rows cannot land on one page)")
+
+
+def _word_bytes(row_bytes: int, *tensors: torch.Tensor) -> int:
+    """The widest word that divides the row and every tensor's byte offset in its storage."""
+    for width in (8, 4, 2):
+        offsets_ok = all(t.storage_offset() * t.element_size() % width == 0 for t in tensors)
+        if row_bytes % width == 0 and offsets_ok:
+            return width
+    return 1
+
+
+def _words(tensor: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """A flat view of `tensor`'s bytes as `layout.word_dtype` words (no copy)."""
+    return tensor.reshape(-1).view(torch.uint8).view(layout.word_dtype)
+
+
+def l1_rows(l1: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """`l1` as [2 * layers, num_pages, row_words] words (a view)."""
+    return _words(l1, layout).view(layout.rows_per_page, layout.l1_pages, layout.row_words)
+
+
+def packed_rows(packed: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """`packed` as [n, 2 * layers, row_words] words (a view)."""
+    return _words(packed, layout).view(layout.n, layout.rows_per_page, layout.row_words)
+
+
+def gather_torch(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor) -> None:
+    """out[i, kv, l] = l1[kv, l, pages[i]]: `index_select` on the page dim, then one copy.
+
+    Enqueued on the current stream; allocates one temporary of out's size.
+    """
+    layout = check_operands(l1, pages, out, scatter=False)
+    if layout.n == 0:
+        return
+    selected = l1_rows(l1, layout).index_select(1, pages)  # [2L, n, W]
+    packed_rows(out, layout).copy_(selected.transpose(0, 1))
+
+
+def scatter_torch(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor) -> None:
+    """l1[kv, l, pages[i]] = packed[i, kv, l]: one `index_copy_` on the page dim.
+
+    Enqueued on the current stream; rows of pages not listed are untouched.
+    """
+    layout = check_operands(l1, pages, packed, scatter=True)
+    if layout.n == 0:
+        return
+    source = packed_rows(packed, layout).transpose(0, 1)  # [2L, n, W]
+    l1_rows(l1, layout).index_copy_(1, pages.long(), source)

@@ -1,0 +1,233 @@
+"""Backend choice: the `gather`/`scatter` entry points and `KernelSet`, the per-geometry pick.
+
+    requested   on CUDA                                  on CPU
+    ---------   --------------------------------------   ------------------------------------
+    "torch"     torch                                    torch
+    "triton"    probe must compile, run, match torch     needs TRITON_INTERPRET=1, else raises
+    "auto"      probe, time both, pick per direction     torch (the interpreter, if enabled, is
+                (Triton failing -> torch, reason says)    verified but too slow to pick)
+
+The `auto` rule is the source write-up's: keep Triton for gather if its time is at most 1.05x
+torch's, for scatter if at most 1.02x. Times are device times (CUDA events, medians).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from hicache.errors import BackendError, ConfigError
+from hicache.kernels.reference import check_l1, gather_torch, scatter_torch
+
+BACKENDS = ("triton", "torch")
+REQUESTS = ("auto", *BACKENDS)
+GATHER_TOLERANCE = 1.05  # Triton kept for gather while t_triton <= 1.05 * t_torch
+SCATTER_TOLERANCE = 1.02  # ... and for scatter while t_triton <= 1.02 * t_torch
+PROBE_REPS = 20  # timed calls per (backend, direction); the median is used
+PROBE_WARMUP = 3
+PROBE_PAGES_INTERPRETED = 2  # the interpreter runs every program in Python: keep it tiny
+POISON_BYTE = 0xA5  # fills probe outputs, so bytes a kernel forgot to write show up
+
+
+def load_triton() -> ModuleType:
+    """The Triton kernels module; BackendError if Triton cannot be imported."""
+    try:
+        from hicache.kernels import triton_rows
+    except ImportError as exc:
+        raise BackendError(f"triton is not importable ({exc}); install triton or use backend "
+                           f"'torch'") from exc
+    return triton_rows
+
+
+def gather(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
+           backend: str = "triton") -> None:
+    """out[i, kv, l] = l1[kv, l, pages[i]] for every i, kv, l; enqueued on the current stream.
+
+    pages: 1-D int32/int64 on l1's device, values in [0, num_pages) (may repeat).
+    out: contiguous [len(pages), 2, layers, page_size, kv_heads, head_dim], l1's dtype.
+    Raises LayoutError (a ValueError) on a shape/dtype/device mismatch, BackendError if the
+    backend cannot run, ConfigError for an unknown backend name.
+    """
+    _kernel("gather", backend)(l1, pages, out)
+
+
+def scatter(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
+            backend: str = "triton") -> None:
+    """l1[kv, l, pages[i]] = packed[i, kv, l]; the mirror of `gather`. Pages must be distinct;
+    rows of other pages are untouched."""
+    _kernel("scatter", backend)(packed, pages, l1)
+
+
+Copy = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def _kernel(direction: str, backend: str) -> Copy:
+    if backend == "torch":
+        return gather_torch if direction == "gather" else scatter_torch
+    if backend == "triton":
+        triton_rows = load_triton()
+        copy: Copy = triton_rows.gather_rows if direction == "gather" else triton_rows.scatter_rows
+        return copy
+    raise ConfigError("kernels.backend", f"one of {BACKENDS}, got {backend!r}")
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """The backends chosen for one KV geometry, and why (`reason`: times, or a fallback cause)."""
+
+    gather_backend: str
+    scatter_backend: str
+    reason: str
+
+    @classmethod
+    def create(cls, l1: torch.Tensor, requested: str = "auto", *,
+               probe_pages: int = 64) -> KernelSet:
+        """Choose backends for `l1`'s geometry (see the module table).
+
+        The probe reads `probe_pages` random pages of `l1` (never writes it) and scatters
+        into a scratch pool of the same geometry; it synchronizes the device.
+        """
+        if requested not in REQUESTS:
+            raise ConfigError("kernels.backend", f"one of {REQUESTS}, got {requested!r}")
+        if probe_pages < 1:
+            raise ConfigError("kernels.probe_pages", f"at least 1, got {probe_pages}")
+        check_l1(l1)
+        if requested == "torch":
+            return cls("torch", "torch", "torch requested")
+        on_gpu = l1.device.type == "cuda"
+        if requested == "triton":
+            load_triton().check_runnable(l1.device)
+            probe = _Probe.build(l1, probe_pages if on_gpu else PROBE_PAGES_INTERPRETED)
+            probe.verify_triton()
+            return cls("triton", "triton", f"triton requested; {probe.summary}")
+        if not on_gpu and not load_triton().interpreter_enabled():
+            return cls("torch", "torch", f"auto on {l1.device.type}: Triton runs on CPU tensors "
+                       f"only with TRITON_INTERPRET=1, which is not set; using torch")
+        return cls._auto(l1, probe_pages if on_gpu else PROBE_PAGES_INTERPRETED)
+
+    @classmethod
+    def _auto(cls, l1: torch.Tensor, probe_pages: int) -> KernelSet:
+        try:
+            load_triton().check_runnable(l1.device)
+            probe = _Probe.build(l1, probe_pages)
+            probe.verify_triton()
+        except BackendError as exc:
+            return cls("torch", "torch", f"auto: Triton unusable, falling back to torch: {exc}")
+        if l1.device.type != "cuda":
+            return cls("torch", "torch", f"auto on {l1.device.type}: the interpreted Triton "
+                       f"kernels ran ({probe.summary}), but interpreted Triton is far slower "
+                       f"than torch; using torch")
+        times = probe.time_backends()
+        gather_pick = _pick(times, "gather", GATHER_TOLERANCE)
+        scatter_pick = _pick(times, "scatter", SCATTER_TOLERANCE)
+        timing = ", ".join(f"{key} {ms:.4f} ms" for key, ms in times.items())
+        return cls(gather_pick, scatter_pick,
+                   f"auto on {probe.pages.numel()} random pages ({probe.summary}): {timing}; "
+                   f"gather -> {gather_pick} (triton if <= {GATHER_TOLERANCE}x torch), "
+                   f"scatter -> {scatter_pick} (triton if <= {SCATTER_TOLERANCE}x torch)")
+
+    def gather(self, l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor) -> None:
+        gather(l1, pages, out, backend=self.gather_backend)
+
+    def scatter(self, packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor) -> None:
+        scatter(packed, pages, l1, backend=self.scatter_backend)
+
+
+def _pick(times: dict[str, float], direction: str, tolerance: float) -> str:
+    fast_enough = times[f"{direction} triton"] <= tolerance * times[f"{direction} torch"]
+    return "triton" if fast_enough else "torch"
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Probe operands: random pages of the real L1 (read only) and a poisoned scratch pool."""
+
+    l1: torch.Tensor
+    pages: torch.Tensor  # distinct random pages of l1
+    packed: torch.Tensor  # torch's gather of those pages: the expected bytes
+    scratch: torch.Tensor  # [2, layers, k + 1, ...]: scatter target, poisoned first
+    scratch_pages: torch.Tensor  # k distinct pages of scratch
+    spared_page: int  # the scratch page no scatter writes: must stay poisoned
+
+    @classmethod
+    def build(cls, l1: torch.Tensor, probe_pages: int) -> _Probe:
+        k = min(probe_pages, l1.shape[2])
+        generator = torch.Generator().manual_seed(0)  # private: leaves the global RNG alone
+        pages = torch.randperm(l1.shape[2], generator=generator)[:k].to(l1.device)
+        packed = torch.empty((k, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype, device=l1.device)
+        gather_torch(l1, pages, packed)
+        scratch_shape = (*l1.shape[:2], k + 1, *l1.shape[3:])
+        scratch = _poisoned(torch.empty(scratch_shape, dtype=l1.dtype, device=l1.device))
+        order = torch.randperm(k + 1, generator=generator)
+        return cls(l1, pages, packed, scratch, order[:k].to(l1.device), int(order[k]))
+
+    @property
+    def summary(self) -> str:
+        return f"probe of {self.pages.numel()} pages ran and matched torch"
+
+    def verify_triton(self) -> None:
+        """Run both Triton kernels once; BackendError if they fail or move wrong bytes."""
+        triton_rows = load_triton()
+        out = _poisoned(torch.empty_like(self.packed))
+        triton_rows.gather_rows(self.l1, self.pages, out)
+        if not _same_bytes(out, self.packed):
+            raise BackendError("Triton gather probe produced bytes different from torch's")
+        triton_rows.scatter_rows(self.packed, self.scratch_pages, self.scratch)
+        back = torch.empty_like(self.packed)
+        gather_torch(self.scratch, self.scratch_pages, back)
+        spared = self.scratch[:, :, self.spared_page].reshape(-1).view(torch.uint8)
+        if not (_same_bytes(back, self.packed) and bool((spared == POISON_BYTE).all())):
+            raise BackendError("Triton scatter probe wrote bytes different from torch's")
+
+    def time_backends(self) -> dict[str, float]:
+        """Median device milliseconds of each (direction, backend); CUDA only."""
+        out = torch.empty_like(self.packed)
+        calls: dict[str, Callable[[], None]] = {}
+        for backend in BACKENDS:
+            calls[f"gather {backend}"] = _bind(gather, self.l1, self.pages, out, backend)
+            calls[f"scatter {backend}"] = _bind(
+                scatter, self.packed, self.scratch_pages, self.scratch, backend)
+        return {key: cuda_median_ms(call, reps=PROBE_REPS, warmup=PROBE_WARMUP)
+                for key, call in calls.items()}
+
+
+def _bind(fn: Callable[..., None], a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor,
+          backend: str) -> Callable[[], None]:
+    return lambda: fn(a, pages, b, backend=backend)
+
+
+def cuda_median_ms(fn: Callable[[], None], *, reps: int, warmup: int,
+                   sync_each: bool = False) -> float:
+    """Median milliseconds of `fn` on the current CUDA stream, by CUDA events.
+
+    sync_each=False queues all calls back to back, so each event pair brackets device time
+    only; sync_each=True waits after every call, so launch latency is included.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    spans = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        end.record()
+        if sync_each:
+            end.synchronize()
+        spans.append((start, end))
+    torch.cuda.synchronize()
+    times = sorted(float(start.elapsed_time(end)) for start, end in spans)
+    return times[len(times) // 2]
+
+
+def _poisoned(tensor: torch.Tensor) -> torch.Tensor:
+    tensor.reshape(-1).view(torch.uint8).fill_(POISON_BYTE)
+    return tensor
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
