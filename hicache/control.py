@@ -290,10 +290,12 @@ class ControlPlane:
         op = PendingOp(self._next_op, direction, list(nodes), source.astype(np.int64), target, request_id)
         self._next_op += 1
         self.ops[op.op_id] = op
+        # One path lock on the deepest node pins the whole chain and its ancestors (and stays
+        # right when a split later adds a node to the chain).
+        self.tree.lock(nodes[-1], src)
         at = 0
         for n in nodes:
             before = _states(n)
-            self.tree.lock(n, src)
             self.tree.set_value(n, dst, None, f"{direction.value}_PENDING")
             n.pending[dst] = op.op_id
             self._emit_node(name, n, dst, target[at:at + n.num_pages], before, request_id, op.op_id)
@@ -338,8 +340,8 @@ class ControlPlane:
                 self.tree.set_value(n, dst, mine, RESIDENT)
             else:
                 self.tree.set_value(n, dst, None, ABSENT)
-            self.tree.unlock(n, src)
             self._emit_node(name, n, dst, mine, before, op.request_id, op.op_id)
+        self.tree.unlock(op.nodes[-1], src)
         del self.ops[op_id]
         if outcome != "complete":
             for n in reversed(op.nodes):
