@@ -1,0 +1,387 @@
+"""The L3 slot file and the H2S/S2H mover: byte-exact round trips, faults, file lifetime."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.storage import L3File
+from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
+from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
+from hicache.invariants.snapshot import pages
+
+BPP = 3080  # bytes per page: small, and not a power of two, so offset slips show
+L2_PAGES = 24
+SLOTS = 32
+
+
+def random_l2(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (L2_PAGES, BPP), dtype=torch.uint8, generator=g)
+
+
+@pytest.fixture
+def l3() -> Iterator[L3File]:
+    with L3File(None, SLOTS, BPP) as f:
+        yield f
+
+
+def done(handle: StorageHandle) -> StorageHandle:
+    assert handle.wait(timeout_s=10) is TransferStatus.DONE, handle.error
+    return handle
+
+
+def round_trip(mover: StorageMover, l2: torch.Tensor, src: list[int], slots: list[int],
+               back: list[int], dst: list[int]) -> None:
+    """H2S src -> slots; poison dst; S2H back (a subset of slots) -> dst; compare bytes."""
+    expected = l2.clone()
+    done(mover.h2s(pages(src), pages(slots)))
+    l2[pages(dst)] = 0xA5
+    done(mover.s2h(pages(back), pages(dst)))
+    page_of_slot = dict(zip(slots, src))
+    for d, s in zip(dst, back):
+        assert torch.equal(l2[d], expected[page_of_slot[s]]), (d, s)
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["consecutive", "fragmented", "mixed"])
+def test_round_trip_is_byte_exact(l3: L3File, case: str) -> None:
+    l2 = random_l2()
+    src, slots, dst = {
+        "consecutive": (list(range(0, 8)), list(range(4, 12)), list(range(12, 20))),
+        "fragmented": ([9, 2, 17, 5, 11], [30, 3, 12, 0, 21], [1, 23, 7, 14, 19]),
+        "mixed": ([0, 1, 2, 10, 11, 6], [5, 6, 7, 20, 21, 9], [15, 16, 17, 3, 4, 8]),
+    }[case]
+    with StorageMover(l3, l2, io_threads=3) as mover:
+        round_trip(mover, l2, src, slots, slots, dst)
+        assert mover.counters.h2s_ops == 1 and mover.counters.s2h_ops == 1
+        assert mover.counters.h2s_bytes == len(src) * BPP == mover.counters.s2h_bytes
+
+
+@st.composite
+def transfers(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], list[int]]:
+    n = draw(st.integers(1, 12))
+    src = draw(st.lists(st.integers(0, L2_PAGES - 1), min_size=n, max_size=n))
+    slots = draw(st.lists(st.integers(0, SLOTS - 1), min_size=n, max_size=n, unique=True))
+    back = draw(st.lists(st.sampled_from(slots), min_size=1, max_size=n))
+    m = len(back)
+    dst = draw(st.lists(st.integers(0, L2_PAGES - 1), min_size=m, max_size=m, unique=True))
+    return src, slots, back, dst
+
+
+@given(transfers(), st.integers(1, 4), st.booleans())
+def test_round_trip_property(t: tuple[list[int], list[int], list[int], list[int]],
+                             threads: int, short_io: bool) -> None:
+    """Random page/slot sets, reads in any order (repeats allowed), short I/O at random."""
+    src, slots, back, dst = t
+    faults = None
+    if short_io:
+        rates = {FaultSite.SHORT_READ: 0.5, FaultSite.SHORT_WRITE: 0.5}
+        faults = FaultInjector(seed=len(src), rates=rates)
+    l2 = random_l2(len(src))
+    with L3File(None, SLOTS, BPP) as l3:
+        with StorageMover(l3, l2, io_threads=threads, faults=faults) as mover:
+            round_trip(mover, l2, src, slots, back, dst)
+
+
+def test_extents_follow_coalescing(l3: L3File) -> None:
+    with StorageMover(l3, random_l2()) as mover:
+        assert done(mover.h2s(pages(range(10)), pages(range(10, 20)))).extents == 1
+        assert done(mover.s2h(pages([10, 11, 12, 15]), pages([3, 4, 5, 6]))).extents == 2
+        assert mover.counters.extents_issued == 3
+
+
+def test_empty_transfer_is_done(l3: L3File) -> None:
+    with StorageMover(l3, random_l2()) as mover:
+        h = done(mover.h2s(pages([]), pages([])))
+        assert h.nbytes == 0 and h.extents == 0
+
+
+# -- faults --------------------------------------------------------------------------------
+
+def write_reference_slots(mover: StorageMover) -> None:
+    done(mover.h2s(pages([0, 1, 2]), pages([0, 1, 2])))
+
+
+@dataclass
+class Rig:
+    """A mover with an injector, whose slots 0..2 already hold L2 pages 0..2."""
+
+    l3: L3File
+    l2: torch.Tensor
+    expected: torch.Tensor  # the L2 bytes as written
+    faults: FaultInjector
+    mover: StorageMover
+
+    def assert_reference_slots_intact(self) -> None:
+        self.l2[pages([20, 21, 22])] = 0
+        done(self.mover.s2h(pages([0, 1, 2]), pages([20, 21, 22])))
+        assert torch.equal(self.l2[20:23], self.expected[0:3])
+
+
+@pytest.fixture
+def rig(l3: L3File) -> Iterator[Rig]:
+    l2 = random_l2()
+    faults = FaultInjector()
+    with StorageMover(l3, l2, faults=faults) as mover:
+        write_reference_slots(mover)
+        yield Rig(l3, l2, l2.clone(), faults, mover)
+
+
+@pytest.mark.parametrize("site,name", [(FaultSite.IO_EIO, "EIO"), (FaultSite.IO_ENOSPC, "ENOSPC")])
+def test_write_error_fails_the_handle_and_nothing_else(
+    rig: Rig, site: FaultSite, name: str
+) -> None:
+    rig.faults.once(site)
+    h = rig.mover.h2s(pages([5, 6, 7]), pages([10, 11, 12]))
+    assert h.wait(timeout_s=10) is TransferStatus.FAILED
+    assert isinstance(h.error, TransferError)
+    assert rig.l3.path in str(h.error) and name in str(h.error) and "pwrite" in str(h.error)
+    # The failed slots are not readable; the others are untouched.
+    assert not rig.l3.written(pages([10, 11, 12])).any()
+    with pytest.raises(ValueError, match="hold no written page"):
+        rig.mover.s2h(pages([10]), pages([20]))
+    rig.assert_reference_slots_intact()
+    assert rig.mover.counters.failed_ops == 1 and rig.mover.counters.h2s_ops == 1
+
+
+def test_read_error_fails_the_handle_and_a_retry_succeeds(rig: Rig) -> None:
+    rig.faults.once(FaultSite.IO_EIO)
+    h = rig.mover.s2h(pages([0, 1, 2]), pages([20, 21, 22]))
+    assert h.wait(timeout_s=10) is TransferStatus.FAILED
+    assert isinstance(h.error, TransferError)
+    assert rig.l3.path in str(h.error) and "EIO" in str(h.error) and "preadv" in str(h.error)
+    rig.assert_reference_slots_intact()
+
+
+@pytest.mark.parametrize("site", [FaultSite.SHORT_WRITE, FaultSite.SHORT_READ])
+def test_short_io_is_resumed(l3: L3File, site: FaultSite) -> None:
+    l2 = random_l2()
+    faults = FaultInjector()
+    with StorageMover(l3, l2, faults=faults) as mover:
+        faults.once(site, times=3)
+        round_trip(mover, l2, [4, 5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11], [16, 17, 18, 19])
+        assert faults.fired[site] == 3
+        assert mover.counters.short_io_resumed == 3
+
+
+@pytest.mark.parametrize("site", [FaultSite.SHORT_WRITE, FaultSite.SHORT_READ])
+def test_persistent_short_io_fails(l3: L3File, site: FaultSite) -> None:
+    l2 = random_l2()
+    faults = FaultInjector(rates={site: 1.0})
+    with StorageMover(l3, l2, faults=faults) as mover:
+        if site is FaultSite.SHORT_READ:
+            faults.rates = {}
+            write_reference_slots(mover)
+            faults.rates = {site: 1.0}
+            h = mover.s2h(pages([0, 1, 2]), pages([20, 21, 22]))
+        else:
+            h = mover.h2s(pages([0, 1, 2]), pages([0, 1, 2]))
+        assert h.wait(timeout_s=10) is TransferStatus.FAILED
+        assert f"still short after {MAX_SHORT_RESUMES} resumes" in str(h.error)
+        assert l3.path in str(h.error)
+
+
+def test_corrupt_slot_fault_is_caught_and_counted(rig: Rig) -> None:
+    rig.faults.once(FaultSite.CORRUPT_SLOT)  # the first slot written next: slot 10
+    done(rig.mover.h2s(pages([5, 6, 7]), pages([10, 11, 12])))
+    h = rig.mover.s2h(pages([10, 11, 12]), pages([20, 21, 22]))
+    assert h.wait(timeout_s=10) is TransferStatus.FAILED
+    assert isinstance(h.error, CorruptSlot)
+    assert h.error.slot == 10 and h.error.path == rig.l3.path
+    assert rig.mover.counters.corrupt_reads == 1 == rig.l3.corrupt_reads
+    # Only slot 10 is bad: its neighbours and the older slots still read back exactly.
+    rig.l2[pages([20, 21])] = 0
+    done(rig.mover.s2h(pages([11, 12]), pages([20, 21])))
+    assert torch.equal(rig.l2[20:22], rig.expected[6:8])
+    rig.assert_reference_slots_intact()
+
+
+def test_bytes_changed_in_the_file_are_never_served(l3: L3File) -> None:
+    l2 = random_l2()
+    with StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([3, 4]), pages([6, 7])))
+        with open(l3.path, "r+b") as f:  # someone else scribbles one byte into slot 7
+            f.seek(7 * BPP + 100)
+            f.write(bytes([int(l2[4, 100]) ^ 1]))
+        h = mover.s2h(pages([6, 7]), pages([0, 1]))
+        assert h.wait(timeout_s=10) is TransferStatus.FAILED
+        assert isinstance(h.error, CorruptSlot) and h.error.slot == 7
+        assert l3.corrupt_reads == 1
+
+
+def test_truncated_file_fails_the_read(l3: L3File) -> None:
+    l2 = random_l2()
+    with StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([3, 4]), pages([20, 21])))
+        os.truncate(l3.path, 21 * BPP + 10)
+        h = mover.s2h(pages([20, 21]), pages([0, 1]))
+        assert h.wait(timeout_s=10) is TransferStatus.FAILED
+        assert "file ended early" in str(h.error) and l3.path in str(h.error)
+
+
+def test_delay_keeps_the_handle_pending_and_the_slots_unpublished(l3: L3File) -> None:
+    l2 = random_l2()
+    faults = FaultInjector(delay_polls=3).once(FaultSite.DELAY)
+    with StorageMover(l3, l2, faults=faults) as mover:
+        h = mover.h2s(pages([1, 2]), pages([3, 4]))
+        assert h.tasks.join(10)  # the bytes are in the file ...
+        for _ in range(3):  # ... but the completion is observed late
+            assert h.poll() is TransferStatus.PENDING
+            assert not l3.written(pages([3, 4])).any()
+        assert h.poll() is TransferStatus.DONE
+        assert l3.written(pages([3, 4])).all()
+
+
+@pytest.mark.parametrize("how", ["cancel", "fail"])
+def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str) -> None:
+    l2 = random_l2()
+    faults = FaultInjector(delay_polls=1000).once(FaultSite.DELAY)
+    with StorageMover(l3, l2, faults=faults) as mover:
+        h = mover.h2s(pages(range(8)), pages(range(8)))
+        if how == "cancel":
+            h.cancel()
+            assert h.status is TransferStatus.CANCELLED
+        else:
+            h.fail(TransferError("injected"))
+            assert h.status is TransferStatus.FAILED and str(h.error) == "injected"
+        assert h.tasks.idle()  # no thread touches the pages any more
+        assert not l3.written(pages(range(8))).any()  # never published
+
+
+# -- the file --------------------------------------------------------------------------------
+
+def test_temp_file_is_0600_sized_and_removed_on_close() -> None:
+    f = L3File(None, SLOTS, BPP)
+    st_ = os.stat(f.path)
+    assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_size == SLOTS * BPP
+    f.close()
+    assert not os.path.exists(f.path)
+    f.close()  # idempotent
+    with pytest.raises(StorageError, match="closed"):
+        f.fd
+
+
+@pytest.mark.parametrize("ending", ["", "raise RuntimeError('boom')"])
+def test_temp_file_is_removed_at_exit(ending: str) -> None:
+    code = (
+        "from hicache.dataplane.storage import L3File\n"
+        "f = L3File(None, 4, 512)\n"
+        "print(f.path, flush=True)\n" + ending
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == (1 if ending else 0), out.stderr
+    path = out.stdout.strip()
+    assert path.endswith(".slots") and not os.path.exists(path)
+
+
+def test_explicit_path_is_truncated_and_0600(tmp_path: Path) -> None:
+    path = tmp_path / "l3.slots"
+    path.write_bytes(b"\x7f" * 10_000)
+    path.chmod(0o644)
+    with L3File(str(path), 4, 512) as f:
+        st_ = os.stat(path)
+        assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_size == 4 * 512
+        assert path.read_bytes() == bytes(4 * 512)
+        assert f.path == str(path)
+    assert path.exists()  # an explicit file is the caller's
+
+
+def test_unusable_paths_raise_storage_error_naming_them(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad in (tmp_path / "missing-dir" / "l3.slots", tmp_path, fifo, Path("/proc/hicache-l3")):
+        with pytest.raises(StorageError) as info:
+            L3File(str(bad), 4, 512)
+        assert str(bad) in str(info.value) and info.value.path == str(bad)
+
+
+def test_bad_sizes_raise_config_error() -> None:
+    with pytest.raises(ConfigError, match="l3.slots"):
+        L3File(None, 0, 512)
+    with pytest.raises(ConfigError, match="l3.bytes_per_page"):
+        L3File(None, 4, -1)
+
+
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_file_replaced_under_us_is_detected(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "l3.slots"
+    l2 = random_l2()
+    with L3File(str(path), SLOTS, BPP) as l3, StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([1]), pages([1])))
+        if how == "replaced":
+            other = tmp_path / "other"
+            other.write_bytes(bytes(SLOTS * BPP))
+            os.replace(other, path)
+        else:
+            path.unlink()
+        with pytest.raises(StorageError, match=how) as info:
+            mover.s2h(pages([1]), pages([2]))
+        assert info.value.path == str(path)
+
+
+# -- the mover's contract ----------------------------------------------------------------------
+
+def test_invalid_arguments_raise_before_anything_is_issued(l3: L3File) -> None:
+    l2 = random_l2()
+    with StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([1, 2]), pages([1, 2])))
+        before = mover.counters
+        bad = [
+            (mover.h2s, pages([1, 2]), pages([3])),  # lengths differ
+            (mover.h2s, pages([1, 2]), pages([3, 3])),  # one slot written twice
+            (mover.h2s, pages([L2_PAGES]), pages([3])),  # L2 page out of range
+            (mover.h2s, pages([1]), pages([SLOTS])),  # slot out of range
+        ]
+        for call, a, b in bad:
+            with pytest.raises(ValueError):
+                call(a, b)
+        with pytest.raises(ValueError, match="distinct"):
+            mover.s2h(pages([1, 2]), pages([5, 5]))  # one L2 page filled twice
+        with pytest.raises(ValueError, match="hold no written page"):
+            mover.s2h(pages([1, 9]), pages([5, 6]))
+        assert mover.counters == before
+        assert l3.written(pages([1, 2])).all() and not l3.written(pages([3])).any()
+    with pytest.raises(StorageError, match="mover is closed"):
+        mover.h2s(pages([1]), pages([1]))
+
+
+def test_l2_must_be_a_byte_view_of_matching_pages(l3: L3File) -> None:
+    with pytest.raises(ConfigError, match="l2_bytes"):
+        StorageMover(l3, torch.zeros(4, BPP, dtype=torch.float32))
+    with pytest.raises(ConfigError, match="l2_bytes"):
+        StorageMover(l3, torch.zeros(4, BPP + 1, dtype=torch.uint8))
+    with pytest.raises(ConfigError, match="l2_bytes"):
+        StorageMover(l3, torch.zeros(BPP, 4, dtype=torch.uint8).t())
+    with pytest.raises(ConfigError, match="io_threads"):
+        StorageMover(l3, torch.zeros(4, BPP, dtype=torch.uint8), io_threads=0)
+
+
+def test_timings_are_recorded(l3: L3File) -> None:
+    with StorageMover(l3, random_l2()) as mover:
+        h = done(mover.h2s(pages(range(6)), pages(range(6))))
+        assert h.timings.queue_wait_s >= 0 and h.timings.service_s > 0
+        assert h.timings.observed_at is not None and h.timings.enqueue_s > 0
+
+
+def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File) -> None:
+    l2 = random_l2()
+    with StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([7, 3]), pages([5, 30])))
+    raw = np.fromfile(l3.path, dtype=np.uint8)
+    assert np.array_equal(raw[5 * BPP:6 * BPP], l2[7].numpy())
+    assert np.array_equal(raw[30 * BPP:31 * BPP], l2[3].numpy())
