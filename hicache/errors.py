@@ -89,3 +89,9 @@ class BackendError(HiCacheError):
 class LayoutError(HiCacheError, ValueError):
     """A tensor handed to a data-plane kernel has the wrong shape, dtype, device or memory
     layout. Nothing was enqueued; the message names the tensor and what it must be."""
+
+
+class PolicyError(HiCacheError, ValueError):
+    """The cost model, a policy or the decision log was misused (negative size or seconds,
+    unknown cost kind or tier, hit length outside the prompt, unknown or already settled
+    decision id). Nothing was changed; fix the caller."""
