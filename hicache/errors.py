@@ -95,3 +95,12 @@ class PolicyError(HiCacheError, ValueError):
     """The cost model, a policy or the decision log was misused (negative size or seconds,
     unknown cost kind or tier, hit length outside the prompt, unknown or already settled
     decision id). Nothing was changed; fix the caller."""
+
+
+class InvalidPages(HiCacheError, ValueError):
+    """A transfer named pages it cannot move: out of the tier's range, a target page named
+    twice, or source and target lists of different lengths. Nothing was issued."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")

@@ -1,0 +1,120 @@
+"""The null data plane: the transfer engine's interface with no bytes behind it.
+
+Used for model checking, trace replay and fuzzing where only the control plane matters: every
+transfer returns a `NullHandle` that stays PENDING until the caller (the fuzzer, a replayed
+trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes, so
+there are no digests: `has_bytes` is False and `digests` raises.
+
+Page arguments are checked exactly as the real engine checks them (`transfer_pages`, shared
+by both), so a controller driven by either plane meets the same errors: it never branches on
+which plane it holds. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import NullHandle, TransferHandle
+from hicache.errors import ConfigError, InvalidPages
+from hicache.invariants.snapshot import Pages
+from hicache.tiers import Direction, Tier
+
+
+def page_array(field: str, values: object, capacity: int) -> Pages:
+    """`values` as a 1-D int64 array of pages in [0, capacity); InvalidPages naming `field`
+    otherwise (non-integer values are refused, not truncated)."""
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidPages(field, f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+    ids = arr.astype(np.int64)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= capacity:
+        raise InvalidPages(field, f"pages must lie in [0, {capacity}), got values in [{low}, {high}]")
+    return ids
+
+
+def transfer_pages(
+    direction: Direction, source: object, target: object, source_capacity: int, target_capacity: int
+) -> tuple[Pages, Pages]:
+    """Validated (source, target) page arrays for one transfer, source[i] -> target[i].
+
+    Targets must be distinct (two copies landing on one page race); sources may repeat.
+    Raises InvalidPages (a ValueError) with nothing issued.
+    """
+    src_field = f"{direction}.{direction.source}_pages"
+    dst_field = f"{direction}.{direction.target}_pages"
+    src = page_array(src_field, source, source_capacity)
+    dst = page_array(dst_field, target, target_capacity)
+    if src.size != dst.size:
+        raise InvalidPages(dst_field, f"{dst.size} target pages for {src.size} source pages")
+    if np.unique(dst).size != dst.size:
+        raise InvalidPages(dst_field, "a target page is named twice")
+    return src, dst
+
+
+def check_capacities(l1_pages: object, l2_pages: object, l3_slots: object) -> None:
+    """ConfigError naming the first non-positive (or non-integer) tier size."""
+    for field, value in (("l1_pages", l1_pages), ("l2_pages", l2_pages), ("l3_slots", l3_slots)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(field, f"must be a positive number of pages (at least one), got {value!r}")
+
+
+class NullEngine:
+    """The byte-free twin of `TransferEngine`: same constructor, same methods.
+
+    `device`, `l3_path`, `backend`, `io_threads` and `faults` are accepted and ignored (a null
+    plane has no device, file or kernels; its failures are the caller's `finish(False)`).
+    """
+
+    has_bytes = False
+
+    def __init__(
+        self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
+        device: str | None = None, l3_path: str | None = None, backend: str = "auto",
+        io_threads: int = 4, faults: object = None,
+    ) -> None:
+        check_capacities(l1_pages, l2_pages, l3_slots)
+        self.geometry = geometry
+        self.capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
+        self.handles: list[NullHandle] = []
+
+    def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: object = None) -> TransferHandle:
+        return self._issue(Direction.D2H, l1_pages, l2_pages)
+
+    def h2d(self, l2_pages: Pages, l1_pages: Pages, *, after: object = None) -> TransferHandle:
+        return self._issue(Direction.H2D, l2_pages, l1_pages)
+
+    def h2s(self, l2_pages: Pages, slots: Pages) -> TransferHandle:
+        return self._issue(Direction.H2S, l2_pages, slots)
+
+    def s2h(self, slots: Pages, l2_pages: Pages) -> TransferHandle:
+        return self._issue(Direction.S2H, slots, l2_pages)
+
+    def pending(self) -> list[NullHandle]:
+        """Handles not yet observed final, in issue order (what a fuzzer may finish next)."""
+        return [h for h in self.handles if not h.status.final]
+
+    def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
+        """Unavailable: there are no bytes. Check `has_bytes` before asking."""
+        raise ConfigError("data_plane", "the null data plane holds no bytes, so it has no digests; "
+                          "check `has_bytes` or use TransferEngine")
+
+    def status(self) -> dict[str, object]:
+        return {"data_plane": "null", "issued": len(self.handles), "pending": len(self.pending())}
+
+    def close(self) -> None:
+        """Cancel what is still pending (nothing touches bytes, so this cannot block)."""
+        for h in self.pending():
+            h.cancel()
+
+    def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
+        src, _ = transfer_pages(
+            direction, source, target, self.capacity[direction.source], self.capacity[direction.target]
+        )
+        handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page)
+        self.handles.append(handle)
+        return handle

@@ -1,0 +1,150 @@
+"""Reusable staging buffers for transfers: best-fit reuse, few idle buffers kept.
+
+A transfer borrows its buffers at issue and returns them when its handle reaches a final
+status (DONE, FAILED or CANCELLED), i.e. only once the hardware no longer touches them.
+
+    kind     where                                 used by
+    -------  ------------------------------------  ------------------------------------------
+    DEVICE   the mover's device (GPU, else CPU)   packed page-major pages; uploaded indices
+    HOST     host memory, pinned where CUDA is    fragmented-L2 packing; index staging
+
+Why reuse at all: a pinned allocation is the expensive part of a transfer's setup (tens of ms
+for tens of MiB; LIMITS.md measures 37 ms for 64 MiB), while the DMA itself moves 2.25 MiB in
+~45 us. Why so few idle buffers: a long prefix would otherwise leave a large pinned block
+held forever. Acquire takes the *smallest* idle buffer that fits (best fit); release keeps
+the `max_idle` *largest* idle buffers of each kind and drops the rest.
+
+The time spent allocating is returned to the caller, which reports it as
+`TransferTimings.workspace_setup_s` (the cost model excludes it: it is paid once).
+Not thread-safe: one thread issues and observes transfers.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.errors import TransferError
+
+
+class WorkspaceKind(str, enum.Enum):
+    DEVICE = "device"
+    HOST = "host"
+
+
+@dataclass(eq=False)
+class Workspace:
+    """One flat uint8 buffer; `busy` while a transfer holds it."""
+
+    kind: WorkspaceKind
+    data: torch.Tensor
+    busy: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel())
+
+    def view(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The first `prod(shape)` elements of `dtype` as a contiguous tensor (no copy)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        # Verify the view fits: a short buffer would let two transfers' bytes overlap.
+        assert nbytes <= self.nbytes, (nbytes, self.nbytes)
+        return self.data[:nbytes].view(dtype).view(shape)
+
+
+@dataclass
+class WorkspaceCounters:
+    """Cumulative. `pinned_allocations` counts HOST allocations (pinned where CUDA is)."""
+
+    allocations: int = 0
+    pinned_allocations: int = 0
+    bytes_allocated: int = 0
+    reuses: int = 0
+    setup_s: float = 0.0
+
+
+@dataclass
+class WorkspaceCache:
+    """Buffers on `device` (DEVICE) and in host memory (HOST, pinned when `pin`).
+
+    `max_idle`: idle buffers kept per kind (the largest ones). `min_bytes`: the smallest buffer
+    ever allocated, so that small requests (index lists) share one buffer.
+    DEVICE_ALLOC / PINNED_ALLOC faults fire when a new buffer would be allocated (never on
+    reuse); they and real allocation failures raise TransferError with the size asked for.
+    """
+
+    device: torch.device
+    pin: bool
+    faults: FaultInjector | None = None
+    max_idle: int = 1
+    min_bytes: int = 0
+    counters: WorkspaceCounters = field(default_factory=WorkspaceCounters)
+    _buffers: list[Workspace] = field(default_factory=list)
+
+    def acquire(self, kind: WorkspaceKind, nbytes: int) -> tuple[Workspace, float]:
+        """A buffer of at least `nbytes`, marked busy, and the seconds spent allocating it
+        (0.0 when an idle buffer was reused)."""
+        # Verify a real size: a zero or negative request is a caller bug, not an empty transfer.
+        assert nbytes > 0, nbytes
+        fitting = [w for w in self._buffers if w.kind is kind and not w.busy and w.nbytes >= nbytes]
+        if fitting:
+            best = min(fitting, key=lambda w: w.nbytes)
+            best.busy = True
+            self.counters.reuses += 1
+            return best, 0.0
+        started = time.perf_counter()
+        ws = Workspace(kind, self._allocate(kind, max(nbytes, self.min_bytes)))
+        setup_s = time.perf_counter() - started
+        self._buffers.append(ws)
+        self.counters.allocations += 1
+        self.counters.pinned_allocations += kind is WorkspaceKind.HOST
+        self.counters.bytes_allocated += ws.nbytes
+        self.counters.setup_s += setup_s
+        return ws, setup_s
+
+    def release(self, ws: Workspace) -> None:
+        """Return a buffer; keeps the `max_idle` largest idle buffers of its kind."""
+        # Verify a busy buffer of ours: releasing twice would hand one buffer to two transfers.
+        assert ws.busy and any(w is ws for w in self._buffers), "released a workspace twice"
+        ws.busy = False
+        idle = sorted(
+            (w for w in self._buffers if w.kind is ws.kind and not w.busy), key=lambda w: -w.nbytes
+        )
+        for extra in idle[self.max_idle :]:
+            self._buffers.remove(extra)
+
+    def clear_idle(self) -> None:
+        """Drop every idle buffer (close, or to give memory back)."""
+        self._buffers = [w for w in self._buffers if w.busy]
+
+    @property
+    def busy(self) -> int:
+        return sum(w.busy for w in self._buffers)
+
+    @property
+    def idle(self) -> int:
+        return sum(not w.busy for w in self._buffers)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(w.nbytes for w in self._buffers)
+
+    def _allocate(self, kind: WorkspaceKind, nbytes: int) -> torch.Tensor:
+        device = self.device if kind is WorkspaceKind.DEVICE else torch.device("cpu")
+        pin = self.pin and kind is WorkspaceKind.HOST
+        site = FaultSite.DEVICE_ALLOC if kind is WorkspaceKind.DEVICE else FaultSite.PINNED_ALLOC
+        where = "pinned host" if pin else f"{kind.value} ({device})"
+        if self.faults is not None and self.faults.fire(site):
+            raise TransferError(f"cannot allocate a {nbytes}-byte {where} workspace ({site.value} injected)")
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError, the CPU/pinned allocators
+            raise TransferError(
+                f"cannot allocate a {nbytes}-byte {where} workspace ({e}); transfer fewer pages"
+            ) from None
