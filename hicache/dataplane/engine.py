@@ -1,0 +1,177 @@
+"""The transfer engine: the real data plane the controller holds.
+
+    TransferEngine
+      l1       DevicePool       [K/V, layer, page, ...] on cuda (cpu without one)
+      l2       HostPool         page-major, pinned on cuda
+      l3       L3File           fixed slots in one file
+      dma      DeviceHostMover  d2h / h2d      (dma.py)
+      storage  StorageMover     h2s / s2h      (storage_io.py)
+
+Every transfer takes int64 page arrays (source first, target second, as the method name
+reads) and returns a `TransferHandle` that the caller polls. Page arguments are validated
+by the same function the null engine uses (`null.transfer_pages`): both planes raise
+InvalidPages for the same inputs, before anything is issued.
+
+`digests(tier, pages)` fingerprints page bytes for invariant I4; the same bytes give the same
+digest in L1, L2 and L3. Not thread-safe: one thread issues and polls.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.faults import FaultInjector
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import TransferHandle
+from hicache.dataplane.null import check_capacities, page_array, transfer_pages
+from hicache.dataplane.pools import DIGEST_BATCH_BYTES, DevicePool, HostPool, digest_rows, page_digest, resolve_device
+from hicache.dataplane.storage import L3File, describe_os_error
+from hicache.dataplane.storage_io import StorageMover
+from hicache.errors import HiCacheError, InvalidPages, StorageError
+from hicache.invariants.snapshot import Pages
+from hicache.kernels import KernelSet
+from hicache.tiers import Direction, Tier
+
+
+class TransferEngine:
+    """L1, L2 and L3 with the movers between them (see the module docstring).
+
+    `device`: None picks cuda when available. `backend`: "auto" | "triton" | "torch" for the
+    gather/scatter kernels (`KernelSet.create`). `l3_path`: None for a temporary file.
+    `chunk_pages`: fixed DMA chunking (None: the doubling schedule of dma.py).
+    Raises ConfigError naming the field for bad sizes, StorageError for an unusable L3 path,
+    BackendError when an explicitly requested backend cannot run.
+    """
+
+    has_bytes = True
+
+    def __init__(
+        self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
+        device: str | None = None, l3_path: str | None = None, backend: str = "auto",
+        io_threads: int = 4, faults: FaultInjector | None = None, chunk_pages: int | None = None,
+    ) -> None:
+        check_capacities(l1_pages, l2_pages, l3_slots)
+        self.geometry = geometry
+        self.device = resolve_device(device)
+        self.l1 = DevicePool(geometry, l1_pages, self.device)
+        self.l2 = HostPool(geometry, l2_pages, pin=self.device.type == "cuda")
+        self.kernels = KernelSet.create(self.l1.tensor, requested=backend)
+        self.dma = DeviceHostMover(self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages)
+        self.l3 = L3File(l3_path, l3_slots, geometry.bytes_per_page)
+        try:
+            self.storage = StorageMover(self.l3, self.l2.bytes_view(), io_threads=io_threads, faults=faults)
+        except HiCacheError:
+            self.l3.close()  # a temporary file must not outlive a failed construction
+            raise
+        self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
+        self._closed = False
+
+    # -- transfers ------------------------------------------------------------------------------
+
+    def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """Backup: L1 pages -> L2 pages. `after`: the stream that produced the pages/indices
+        (default: the current stream); the transfer starts after its queued work."""
+        return self.dma.d2h(l1_pages, l2_pages, after=after)
+
+    def h2d(self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """Load-back: L2 pages -> L1 pages; see `d2h` for `after`."""
+        return self.dma.h2d(l2_pages, l1_pages, after=after)
+
+    def h2s(self, l2_pages: Pages, slots: Pages) -> TransferHandle:
+        """Backup: L2 pages -> L3 slots."""
+        src, dst = self._pages(Direction.H2S, l2_pages, slots)
+        return self.storage.h2s(src, dst)
+
+    def s2h(self, slots: Pages, l2_pages: Pages) -> TransferHandle:
+        """Promotion: L3 slots -> L2 pages (DONE only after every page's checksum matched)."""
+        src, dst = self._pages(Direction.S2H, slots, l2_pages)
+        return self.storage.s2h(src, dst)
+
+    def _pages(self, direction: Direction, source: Pages, target: Pages) -> tuple[Pages, Pages]:
+        return transfer_pages(
+            direction, source, target, self._capacity[direction.source], self._capacity[direction.target]
+        )
+
+    # -- invariant I4 ---------------------------------------------------------------------------
+
+    def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
+        """One uint64 per page of `tier` ("L1", "L2", "L3"): a hash of the page's bytes in
+        page-major order (`pools.digest_rows`). L3 slots are read back from the file."""
+        if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
+            raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
+        which = Tier(tier)
+        ids = page_array(f"digests.{which}_pages", pages, self._capacity[which])
+        if which is Tier.L1:
+            return page_digest(self.l1, ids)
+        if which is Tier.L2:
+            return page_digest(self.l2, ids)
+        return self._slot_digests(ids)
+
+    def _slot_digests(self, slots: Pages) -> npt.NDArray[np.uint64]:
+        bpp = self.geometry.bytes_per_page
+        per_batch = max(1, DIGEST_BATCH_BYTES // bpp)
+        out = np.empty(slots.size, dtype=np.uint64)
+        for start in range(0, slots.size, per_batch):
+            batch = slots[start : start + per_batch]
+            rows = torch.empty((batch.size, bpp), dtype=torch.uint8)
+            for row, slot in zip(rows.numpy(), batch.tolist()):
+                self._read_slot(int(slot), memoryview(row))
+            out[start : start + batch.size] = digest_rows(rows)
+        return out
+
+    def _read_slot(self, slot: int, into: memoryview) -> None:
+        """Read one whole slot, resuming short reads; StorageError if the file ends early."""
+        done, offset = 0, self.l3.offset(slot)
+        while done < len(into):
+            try:
+                got = os.preadv(self.l3.fd, [into[done:]], offset + done)
+            except OSError as e:
+                raise StorageError(self.l3.path, f"reading slot {slot} for digests: {describe_os_error(e)}") from e
+            if got == 0:
+                raise StorageError(self.l3.path, f"slot {slot} ends after {done} bytes (truncated under us?)")
+            done += got
+
+    # -- status and lifetime --------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        """Backends (with the reason for the choice), pools, and every counter."""
+        return {
+            "data_plane": "real",
+            "backends": {
+                "gather": self.kernels.gather_backend,
+                "scatter": self.kernels.scatter_backend,
+                "reason": self.kernels.reason,
+            },
+            "pools": {
+                "bytes_per_page": self.geometry.bytes_per_page,
+                "l1_pages": self.l1.capacity_pages,
+                "l2_pages": self.l2.capacity_pages,
+                "l3_slots": self.l3.slots,
+                "l3_path": self.l3.path,
+            },
+            "dma": self.dma.status(),
+            "storage": vars(self.storage.counters).copy(),
+        }
+
+    def close(self) -> None:
+        """Cancel DMA still in flight, let file I/O finish, close the L3 file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.dma.close()
+        self.storage.close()
+        self.l3.close()
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,553 @@
+"""L1 / L2 pools, the D2H / H2D mover, the engine façade and the null engine.
+
+On CPU (CI) with the torch kernels; one test runs the Triton kernels under TRITON_INTERPRET=1
+on tiny shapes; `gpu` tests repeat the round trips with pinned L2 and compiled Triton and check
+stream ordering. Every destination is poisoned before a transfer, so bytes a path forgot to
+write cannot pass for correct ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache.dataplane.dma import DeviceHostMover, chunk_bounds
+from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.null import NullEngine
+from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_digest
+from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
+from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
+from hicache.invariants.snapshot import Pages, pages
+from hicache.kernels import KernelSet
+from hicache.tiers import Direction
+
+POISON = 0xA5
+L1_PAGES, L2_PAGES, L3_SLOTS = 24, 32, 32
+
+
+def tiny(dtype: str = "bf16", page_size: int = 16) -> KVGeometry:
+    return KVGeometry(layers=2, kv_heads=2, head_dim=4, dtype=dtype, page_size=page_size)
+
+
+def make_engine(
+    geometry: KVGeometry | None = None, *, device: str = "cpu", backend: str = "torch",
+    faults: FaultInjector | None = None, chunk_pages: int | None = None, l3_path: str | None = None,
+) -> TransferEngine:
+    engine = TransferEngine(
+        geometry or tiny(), L1_PAGES, L2_PAGES, L3_SLOTS, device=device, backend=backend,
+        faults=faults, chunk_pages=chunk_pages, l3_path=l3_path, io_threads=2,
+    )
+    randomize(engine.l1.tensor, seed=1)
+    return engine
+
+
+def randomize(t: torch.Tensor, seed: int) -> None:
+    raw = t.view(torch.uint8)
+    g = torch.Generator().manual_seed(seed)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g).to(raw.device))
+
+
+def poison(t: torch.Tensor) -> None:
+    t.view(torch.uint8).fill_(POISON)
+
+
+def rows(packed: torch.Tensor) -> torch.Tensor:
+    """Packed pages as uint8 [n, bytes_per_page] (n may be 0)."""
+    return packed.reshape(-1).view(torch.uint8).reshape(packed.shape[0], -1 if packed.shape[0] else 0)
+
+
+def l1_bytes(engine: TransferEngine, ids: Pages) -> torch.Tensor:
+    return rows(engine.l1.packed(ids).cpu())
+
+
+def l2_bytes(engine: TransferEngine, ids: Pages) -> torch.Tensor:
+    return engine.l2.bytes_view()[torch.from_numpy(pages(ids))]
+
+
+def done(handle: TransferHandle) -> None:
+    status = handle.wait(timeout_s=30)
+    # Verify the transfer completed: every check below reads its target bytes.
+    assert status is TransferStatus.DONE, (status, handle.error)
+
+
+def layout(kind: str, n: int, capacity: int, rng: np.random.Generator) -> Pages:
+    """n distinct pages: one consecutive run, a few runs, or a random set."""
+    if kind == "consecutive":
+        start = int(rng.integers(0, capacity - n + 1))
+        return np.arange(start, start + n, dtype=np.int64)
+    if kind == "fragmented":  # two runs, second before the first
+        half = n // 2
+        return np.concatenate([np.arange(capacity - half, capacity), np.arange(0, n - half)]).astype(np.int64)
+    return rng.choice(capacity, size=n, replace=False).astype(np.int64)
+
+
+@pytest.fixture
+def engine() -> Iterator[TransferEngine]:
+    e = make_engine()
+    yield e
+    e.close()
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+
+def round_trip(engine: TransferEngine, kind: str, seed: int) -> None:
+    """L1 -> L2 -> L3 -> L2 (other pages) -> L1 (other pages), byte-exact, digests equal."""
+    rng = np.random.default_rng(seed)
+    n = 9
+    src = rng.choice(L1_PAGES, size=n, replace=False).astype(np.int64)
+    l2_a = layout(kind, n, L2_PAGES, rng)
+    slots = layout(kind, n, L3_SLOTS, rng)
+    expect = l1_bytes(engine, src)
+
+    poison(engine.l2.tensor)
+    done(engine.d2h(src, l2_a))
+    assert torch.equal(l2_bytes(engine, l2_a), expect)
+    done(engine.h2s(l2_a, slots))
+
+    l2_b = np.setdiff1d(np.arange(L2_PAGES), l2_a)[:n] if kind != "consecutive" else (l2_a + n) % L2_PAGES
+    poison(engine.l2.tensor)
+    done(engine.s2h(slots, l2_b))
+    assert torch.equal(l2_bytes(engine, l2_b), expect)
+
+    dst = np.setdiff1d(np.arange(L1_PAGES), src)[rng.permutation(L1_PAGES - n)[:n]]
+    untouched = np.setdiff1d(np.arange(L1_PAGES), dst)
+    before = l1_bytes(engine, untouched)
+    for p in dst.tolist():
+        engine.l1.tensor[:, :, p].view(torch.uint8).fill_(POISON)
+    done(engine.h2d(l2_b, dst))
+    assert torch.equal(l1_bytes(engine, dst), expect)
+    assert torch.equal(l1_bytes(engine, untouched), before), "H2D wrote outside its target pages"
+
+    digest = engine.digests("L1", src)
+    for tier, ids in (("L1", dst), ("L2", l2_b), ("L3", slots)):
+        assert np.array_equal(engine.digests(tier, ids), digest), tier
+
+
+@pytest.mark.parametrize("kind", ["consecutive", "fragmented", "random"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp8"])
+def test_round_trip_is_byte_exact(dtype: str, page_size: int, kind: str) -> None:
+    engine = make_engine(tiny(dtype, page_size), chunk_pages=2)
+    try:
+        round_trip(engine, kind, seed=page_size)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("chunk_pages", [None, 1, 4, 100])
+def test_round_trip_with_any_chunking(chunk_pages: int | None) -> None:
+    engine = make_engine(chunk_pages=chunk_pages)
+    try:
+        round_trip(engine, "random", seed=3)
+        round_trip(engine, "consecutive", seed=4)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def shared_mover() -> DeviceHostMover:
+    g = tiny("fp16", 2)
+    l1, l2 = DevicePool(g, L1_PAGES, "cpu"), HostPool(g, L2_PAGES, pin=False)
+    randomize(l1.tensor, seed=7)
+    return DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "torch"), chunk_pages=3)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_any_mapping_moves_exactly_its_pages(shared_mover: DeviceHostMover, data: st.DataObject) -> None:
+    m = shared_mover
+    n = data.draw(st.integers(0, 12))
+    src = np.array(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)), dtype=np.int64)
+    dst = np.array(data.draw(st.permutations(range(L2_PAGES)))[:n], dtype=np.int64)
+    poison(m.l2.tensor)
+    done(m.d2h(src, dst))
+    expect = rows(m.l1.packed(src))
+    got = rows(m.l2.tensor[torch.from_numpy(dst)])
+    assert torch.equal(got, expect)
+    rest = torch.from_numpy(np.setdiff1d(np.arange(L2_PAGES), dst))
+    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), "D2H wrote outside its targets"
+
+    back = np.array(data.draw(st.permutations(range(L1_PAGES)))[:n], dtype=np.int64)
+    done(m.h2d(dst, back))
+    assert torch.equal(rows(m.l1.packed(back)), expect)
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+def test_host_pool_views_agree() -> None:
+    g = tiny("bf16", 4)
+    l2 = HostPool(g, 5, pin=False)
+    randomize(l2.tensor, seed=2)
+    l1_view = l2.l1_order_view()
+    assert tuple(l1_view.shape) == (2, g.layers, 5, g.page_size, g.kv_heads, g.head_dim)
+    assert torch.equal(l1_view[:, :, 3], l2.tensor[3])
+    assert tuple(l2.bytes_view().shape) == (5, g.bytes_per_page)
+    assert torch.equal(l2.bytes_view()[3], l2.tensor[3].reshape(-1).view(torch.uint8))
+
+
+# -- workspaces and allocation --------------------------------------------------------------------
+
+
+def test_consecutive_path_allocates_no_host_memory_after_warmup(engine: TransferEngine) -> None:
+    m = engine.dma
+    done(engine.d2h(pages([5, 1, 9]), pages([10, 11, 12])))  # warm-up
+    done(engine.h2d(pages([10, 11, 12]), pages([0, 2, 3])))
+    warm = {d: (c.pinned_allocations, c.device_allocations) for d, c in m.counters.items()}
+    for _ in range(3):
+        done(engine.d2h(pages([4, 6]), pages([20, 21])))
+        done(engine.h2d(pages([20, 21]), pages([7, 8])))
+    assert {d: (c.pinned_allocations, c.device_allocations) for d, c in m.counters.items()} == warm
+    assert m.workspaces.counters.pinned_allocations == 0, "consecutive L2 pages need no host staging"
+    # The fragmented path allocates its host staging lazily, once, then reuses it.
+    done(engine.d2h(pages([1, 2, 3]), pages([30, 0, 15])))
+    assert m.workspaces.counters.pinned_allocations == 1
+    done(engine.h2d(pages([30, 0]), pages([9, 10])))
+    assert m.workspaces.counters.pinned_allocations == 1
+    assert m.counters[Direction.D2H].fragmented == 1 and m.counters[Direction.H2D].fragmented == 1
+
+
+def test_workspace_cache_is_best_fit_and_keeps_the_largest_idle() -> None:
+    cache = WorkspaceCache(torch.device("cpu"), pin=False)
+    a, _ = cache.acquire(WorkspaceKind.DEVICE, 100)
+    b, _ = cache.acquire(WorkspaceKind.DEVICE, 300)
+    c, _ = cache.acquire(WorkspaceKind.DEVICE, 200)
+    for ws in (a, b, c):
+        cache.release(ws)
+    assert cache.idle == 1 and cache.held_bytes == 300, "only the largest idle buffer stays"
+    d, setup_s = cache.acquire(WorkspaceKind.DEVICE, 250)
+    assert d is b and setup_s == 0.0 and cache.counters.reuses == 1
+    e, _ = cache.acquire(WorkspaceKind.DEVICE, 50)  # b is busy: a new one
+    assert e is not b and cache.counters.allocations == 4
+    cache.release(e)
+    f, _ = cache.acquire(WorkspaceKind.DEVICE, 40)
+    assert f is e, "best fit: the smallest idle buffer that holds the request"
+    g, _ = cache.acquire(WorkspaceKind.HOST, 10)
+    assert cache.counters.pinned_allocations == 1 and g.kind is WorkspaceKind.HOST
+    for ws in (d, f, g):
+        cache.release(ws)
+    assert cache.busy == 0
+    with pytest.raises(AssertionError):
+        cache.release(g)
+
+
+def test_chunk_bounds_cover_in_order() -> None:
+    mib = 1 << 20
+    assert chunk_bounds(0, mib) == []
+    assert chunk_bounds(10, mib, first_bytes=mib) == [(0, 1), (1, 3), (3, 7), (7, 10)]
+    assert chunk_bounds(10, mib, first_bytes=mib, descending=True) == [(0, 3), (3, 7), (7, 9), (9, 10)]
+    assert chunk_bounds(7, mib, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert chunk_bounds(5, 100, first_bytes=250) == [(0, 3), (3, 5)]  # 250 B -> 3 pages first
+    bounds = chunk_bounds(219, 2359296)
+    assert len(bounds) == 8 and bounds[0] == (0, 1) and bounds[-1][1] == 219
+
+
+# -- faults, cancel, fail -------------------------------------------------------------------------
+
+
+def assert_nothing_held(engine: TransferEngine) -> None:
+    assert engine.dma.buffers_busy == 0 and engine.dma.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "site, direction",
+    [
+        (FaultSite.DEVICE_ALLOC, "d2h"), (FaultSite.DEVICE_ALLOC, "h2d"),
+        (FaultSite.PINNED_ALLOC, "d2h"), (FaultSite.PINNED_ALLOC, "h2d"),
+        (FaultSite.D2H_COMPLETE, "d2h"), (FaultSite.H2D_COMPLETE, "h2d"),
+        (FaultSite.IO_EIO, "h2s"), (FaultSite.IO_EIO, "s2h"), (FaultSite.IO_ENOSPC, "h2s"),
+        (FaultSite.CORRUPT_SLOT, "s2h"),
+    ],
+)
+def test_every_fault_fails_the_handle_and_leaks_nothing(site: FaultSite, direction: str) -> None:
+    faults = FaultInjector()
+    engine = make_engine(faults=faults)
+    try:
+        l1, l2, slots = pages([3, 4, 8]), pages([5, 6, 7]), pages([1, 2, 9])
+        if direction in ("h2s", "s2h"):
+            done(engine.d2h(l1, l2))
+        if direction == "s2h":
+            if site is FaultSite.CORRUPT_SLOT:
+                faults.once(site)  # fires when the slot is written; S2H reads it back
+            done(engine.h2s(l2, slots))
+        if site is not FaultSite.CORRUPT_SLOT:
+            faults.once(site)
+        calls = {
+            "d2h": lambda: engine.d2h(l1, pages([20, 2, 11])),  # fragmented: needs host staging
+            "h2d": lambda: engine.h2d(pages([5, 9, 1]), pages([0, 1, 2])),
+            "h2s": lambda: engine.h2s(l2, slots),
+            "s2h": lambda: engine.s2h(slots, pages([20, 21, 22])),
+        }
+        handle = calls[direction]()
+        assert handle.wait(timeout_s=30) is TransferStatus.FAILED
+        assert isinstance(handle.error, (TransferError, CorruptSlot)), handle.error
+        assert faults.fired.get(site, 0) >= 1
+        assert_nothing_held(engine)
+        retry = calls[direction]()  # nothing broken: the same transfer now succeeds
+        if direction == "s2h" and site is FaultSite.CORRUPT_SLOT:
+            assert retry.wait(timeout_s=30) is TransferStatus.FAILED  # the slot stays corrupt
+        else:
+            done(retry)
+        assert_nothing_held(engine)
+    finally:
+        engine.close()
+
+
+def test_alloc_failure_names_the_size(engine: TransferEngine) -> None:
+    faults = FaultInjector().once(FaultSite.DEVICE_ALLOC)
+    engine.dma.workspaces.faults = faults
+    handle = engine.d2h(pages([1, 2]), pages([3, 4]))
+    assert handle.poll() is TransferStatus.FAILED
+    assert str(2 * engine.geometry.bytes_per_page) in str(handle.error)
+    assert engine.dma.counters[handle.direction].failed == 1
+
+
+@pytest.mark.parametrize("direction", ["d2h", "h2d"])
+def test_delay_keeps_the_handle_pending(direction: str) -> None:
+    faults = FaultInjector(delay_polls=3).once(FaultSite.DELAY)
+    engine = make_engine(faults=faults)
+    try:
+        handle = engine.d2h(pages([1]), pages([2])) if direction == "d2h" else engine.h2d(pages([2]), pages([1]))
+        assert [handle.poll() for _ in range(3)] == [TransferStatus.PENDING] * 3
+        assert engine.dma.buffers_busy > 0, "a pending transfer keeps its buffers"
+        assert handle.poll() is TransferStatus.DONE
+        assert_nothing_held(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("action", ["cancel", "fail"])
+def test_cancel_and_fail_leave_a_final_status(engine: TransferEngine, action: str) -> None:
+    faults = FaultInjector(delay_polls=5).once(FaultSite.DELAY)
+    engine.dma.faults = faults
+    handle = engine.d2h(pages([1, 2]), pages([3, 9]))
+    assert handle.poll() is TransferStatus.PENDING
+    if action == "cancel":
+        handle.cancel()
+        final = TransferStatus.CANCELLED
+    else:
+        handle.fail()
+        final = TransferStatus.FAILED
+        assert isinstance(handle.error, TransferError)
+    assert handle.status is final and handle.poll() is final
+    handle.cancel()
+    handle.fail()
+    assert handle.status is final, "a final status never changes"
+    assert_nothing_held(engine)
+    counters = engine.dma.counters[handle.direction]
+    assert (counters.cancelled, counters.failed, counters.done) == ((1, 0, 0) if action == "cancel" else (0, 1, 0))
+
+
+def test_close_cancels_what_is_in_flight() -> None:
+    engine = make_engine(faults=FaultInjector(delay_polls=50).once(FaultSite.DELAY))
+    handle = engine.d2h(pages([1]), pages([2]))
+    engine.close()
+    assert handle.status is TransferStatus.CANCELLED
+    assert_nothing_held(engine)
+    with pytest.raises(TransferError):
+        engine.d2h(pages([1]), pages([2]))
+
+
+# -- digests --------------------------------------------------------------------------------------
+
+
+def test_digests_differ_for_different_bytes(engine: TransferEngine) -> None:
+    done(engine.d2h(pages([0, 1]), pages([0, 1])))
+    base = engine.digests("L2", pages([0, 1]))
+    assert base[0] != base[1]
+    assert np.array_equal(engine.digests("L1", pages([0, 1])), base)
+    raw = engine.l2.bytes_view()
+    for offset in range(0, engine.geometry.bytes_per_page, 37):  # every single-byte change shows
+        raw[0, offset] ^= 0x01
+        assert engine.digests("L2", pages([0]))[0] != base[0], offset
+        raw[0, offset] ^= 0x01
+    assert engine.digests("L2", pages([0]))[0] == base[0]
+    swapped = raw[0].clone()
+    swapped[:8], swapped[8:16] = raw[0, 8:16].clone(), raw[0, :8].clone()
+    assert digest_rows(swapped[None])[0] != base[0], "moved words change the digest"
+
+
+def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
+    g = KVGeometry(layers=1, kv_heads=1, head_dim=3, dtype="fp8", page_size=1)  # 6-byte pages
+    pool = HostPool(g, 3, pin=False)
+    randomize(pool.tensor, seed=5)
+    d = page_digest(pool, pages([0, 1, 2]))
+    pool.bytes_view()[1, 5] ^= 0x80
+    assert page_digest(pool, pages([0, 1, 2])).tolist() == [d[0], page_digest(pool, pages([1]))[0], d[2]]
+    assert page_digest(pool, pages([1]))[0] != d[1]
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"l1_pages": 0}, "l1_pages"), ({"l2_pages": -1}, "l2_pages"), ({"l3_slots": 0}, "l3_slots"),
+        ({"chunk_pages": 0}, "chunk_pages"), ({"device": "mps"}, "device"), ({"io_threads": 0}, "io_threads"),
+        ({"backend": "fast"}, "kernels.backend"), ({"l1_pages": 1 << 44}, "l1_pages"),
+    ],
+)
+def test_bad_config_names_the_field(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"l1_pages": 4, "l2_pages": 4, "l3_slots": 4, "device": "cpu"} | kwargs
+    with pytest.raises(ConfigError) as info:
+        TransferEngine(tiny(), **args)  # type: ignore[arg-type]
+    assert info.value.field == field
+    if kwargs.get("l1_pages") == 1 << 44:
+        assert str((1 << 44) * tiny().bytes_per_page) in str(info.value), "the size asked for"
+
+
+def test_pool_configs_are_checked() -> None:
+    with pytest.raises(ConfigError, match="l2_pages"):
+        HostPool(tiny(), 0, pin=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="l2.pin"):
+            HostPool(tiny(), 2, pin=True)
+        with pytest.raises(ConfigError, match="device"):
+            DevicePool(tiny(), 2, "cuda")
+    l1 = DevicePool(tiny(), 2, "cpu")
+    with pytest.raises(ConfigError, match="l2.geometry"):
+        DeviceHostMover(l1, HostPool(tiny("fp16"), 2, pin=False), KernelSet.create(l1.tensor, "torch"))
+
+
+@pytest.mark.parametrize("plane", ["real", "null"])
+def test_bad_pages_raise_the_same_error_on_both_planes(plane: str) -> None:
+    e: TransferEngine | NullEngine = make_engine() if plane == "real" else NullEngine(tiny(), L1_PAGES, L2_PAGES, L3_SLOTS)
+    try:
+        bad: list[tuple[str, object, object]] = [
+            ("d2h", pages([L1_PAGES]), pages([0])),  # source out of range
+            ("h2d", pages([0, 1]), pages([3, 3])),  # target named twice
+            ("h2s", pages([0, 1]), pages([2])),  # lengths differ
+            ("s2h", np.array([0.5]), pages([1])),  # not integers
+            ("d2h", pages([-1]), pages([1])),
+        ]
+        for method, src, dst in bad:
+            with pytest.raises(InvalidPages):
+                getattr(e, method)(src, dst)
+        assert not any(h.status is TransferStatus.PENDING for h in getattr(e, "handles", [])), "nothing issued"
+    finally:
+        e.close()
+
+
+# -- the null engine ------------------------------------------------------------------------------
+
+
+def test_null_engine_completes_when_told() -> None:
+    e = NullEngine(tiny(), L1_PAGES, L2_PAGES, L3_SLOTS)
+    a = e.d2h(pages([1, 2]), pages([3, 4]))
+    b = e.s2h(pages([0]), pages([5]))
+    assert e.handles == [a, b] and a.poll() is TransferStatus.PENDING
+    assert a.nbytes == 2 * tiny().bytes_per_page
+    e.handles[0].finish(True)
+    e.handles[1].finish(False)
+    assert a.poll() is TransferStatus.DONE and b.poll() is TransferStatus.FAILED
+    assert isinstance(b.error, HiCacheError) and e.pending() == []
+    assert e.has_bytes is False and TransferEngine.has_bytes is True
+    with pytest.raises(ConfigError, match="no bytes"):
+        e.digests("L1", pages([0]))
+    c = e.h2d(pages([1]), pages([1]))
+    e.close()
+    assert c.status is TransferStatus.CANCELLED
+
+
+# -- Triton (interpreted on CPU) ------------------------------------------------------------------
+
+
+def test_triton_kernels_round_trip_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = KVGeometry(layers=1, kv_heads=1, head_dim=8, dtype="bf16", page_size=2)
+    engine = TransferEngine(g, 6, 6, 6, device="cpu", backend="triton", chunk_pages=2)
+    try:
+        assert (engine.kernels.gather_backend, engine.kernels.scatter_backend) == ("triton", "triton")
+        randomize(engine.l1.tensor, seed=9)
+        src, l2_ids, dst = pages([4, 0, 2]), pages([5, 1, 3]), pages([1, 3, 5])
+        expect = l1_bytes(engine, src)
+        poison(engine.l2.tensor)
+        done(engine.d2h(src, l2_ids))
+        for p in dst.tolist():
+            engine.l1.tensor[:, :, p].view(torch.uint8).fill_(POISON)
+        done(engine.h2d(l2_ids, dst))
+        assert torch.equal(l1_bytes(engine, dst), expect)
+    finally:
+        engine.close()
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kind", ["consecutive", "fragmented", "random"])
+def test_gpu_round_trip(dtype: str, kind: str, tmp_path: Path) -> None:
+    engine = make_engine(tiny(dtype, 16), device="cuda", backend="triton", l3_path=str(tmp_path / "l3"))
+    try:
+        assert engine.l2.tensor.is_pinned()
+        for chunking in (None, 2):
+            engine.dma.chunk_pages = chunking
+            round_trip(engine, kind, seed=11)
+        assert_nothing_held(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("explicit", [False, True])
+def test_gpu_transfer_waits_for_the_callers_stream(explicit: bool) -> None:
+    """The producer writes on a side stream after a long sleep; the transfer is issued right
+    away. Without the wait on the caller's stream (B05) the transfer reads stale bytes."""
+    engine = make_engine(tiny("bf16", 16), device="cuda", backend="triton")
+    try:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        src, l2_ids, dst = pages([3, 7, 1]), pages([10, 11, 12]), pages([0, 4, 9])
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]  # ~tens of ms
+            for p in src.tolist():
+                engine.l1.tensor[:, :, p].fill_(float(p + 1))
+        if not explicit:
+            torch.cuda.current_stream().wait_stream(side)
+        done(engine.d2h(src, l2_ids, after=side if explicit else None))
+        for p, got in zip(src.tolist(), engine.l2.tensor[torch.from_numpy(l2_ids)]):
+            assert bool((got.float() == p + 1).all()), f"D2H read page {p} before the producer wrote it"
+
+        # H2D: the caller's stream still writes the target pages; the restore must land after.
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+            for p in dst.tolist():
+                engine.l1.tensor[:, :, p].zero_()
+        if not explicit:
+            torch.cuda.current_stream().wait_stream(side)
+        done(engine.h2d(l2_ids, dst, after=side if explicit else None))
+        for p, want in zip(dst.tolist(), src.tolist()):
+            assert bool((engine.l1.tensor[:, :, p].float() == want + 1).all()), "H2D landed before the caller's write"
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("site, direction", [(FaultSite.SHORT_WRITE, "h2s"), (FaultSite.SHORT_READ, "s2h")])
+def test_short_io_is_resumed_through_the_engine(site: FaultSite, direction: str) -> None:
+    faults = FaultInjector()
+    engine = make_engine(faults=faults)
+    try:
+        l2, slots = pages([5, 6, 7]), pages([1, 2, 9])
+        done(engine.d2h(pages([3, 4, 8]), l2))
+        if direction == "s2h":
+            done(engine.h2s(l2, slots))
+        faults.once(site, 3)
+        done(engine.h2s(l2, slots) if direction == "h2s" else engine.s2h(slots, pages([20, 21, 22])))
+        assert faults.fired[site] == 3 and engine.storage.counters.short_io_resumed >= 3
+        assert np.array_equal(engine.digests("L3", slots), engine.digests("L1", pages([3, 4, 8])))
+    finally:
+        engine.close()
+
+
+def test_digests_reject_an_unknown_tier(engine: TransferEngine) -> None:
+    with pytest.raises(InvalidPages, match="tier"):
+        engine.digests("L4", pages([0]))
