@@ -1,0 +1,71 @@
+"""I3: allocation, insertion, split and transfer boundaries are page aligned.
+
+A node's key is whole pages, and its value in every tier holds one physical page per key
+page. An op covers a page-aligned token range and moves exactly one page per page of it, on
+both sides. (Split and insertion boundaries are node key boundaries, so checking every
+node's key covers them.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hicache.invariants.snapshot import Pages, Snapshot
+from hicache.invariants.violation import CheckName, Violation, shown
+
+PAGE_ALIGNED = CheckName("I3", "page_aligned")
+
+
+def check_page_aligned(s: Snapshot) -> list[Violation]:
+    """I3: node keys are non-negative multiples of `page_size` tokens; every present value
+    holds key_tokens / page_size pages; every op's token range is page aligned and its source
+    and target each hold (token_end - token_start) / page_size pages."""
+    ps = s.page_size
+    if ps <= 0:
+        return [PAGE_ALIGNED.violation(f"page_size is {ps} tokens; it must be positive")]
+    return _node_alignment(s) + _op_alignment(s)
+
+
+def _node_alignment(s: Snapshot) -> list[Violation]:
+    ps = s.page_size
+    ids = np.asarray([n.node_id for n in s.nodes], dtype=np.int64)
+    keys = np.asarray([n.key_tokens for n in s.nodes], dtype=np.int64)
+    aligned = (keys >= 0) & (keys % ps == 0)
+    out: list[Violation] = []
+    if not aligned.all():
+        bad = ids[~aligned]
+        out.append(PAGE_ALIGNED.violation(
+            f"node(s) [{shown(bad)}] have keys of {shown(keys[~aligned])} tokens, not whole pages of {ps}",
+            nodes=bad))
+    for tier in s.tiers:
+        # -1 marks "no value in this tier"; a present value must be exactly key/page_size long.
+        lengths = np.asarray([_length(n.values.get(tier)) for n in s.nodes], dtype=np.int64)
+        wrong = aligned & (lengths >= 0) & (lengths != keys // ps)
+        if wrong.any():
+            out.append(PAGE_ALIGNED.violation(
+                f"node(s) [{shown(ids[wrong])}] hold {shown(lengths[wrong])} page(s) in {tier}, "
+                f"not one per {ps}-token page of their keys", tier=tier, nodes=ids[wrong]))
+    return out
+
+
+def _length(value: Pages | None) -> int:
+    return -1 if value is None else int(value.size)
+
+
+def _op_alignment(s: Snapshot) -> list[Violation]:
+    ps = s.page_size
+    out: list[Violation] = []
+    for op in s.ops:
+        start, end = op.token_start, op.token_end
+        if start < 0 or end < start or start % ps or end % ps:
+            out.append(PAGE_ALIGNED.violation(
+                f"op {op.op_id} covers tokens {start}..{end}, not a range of whole {ps}-token pages",
+                tier=op.target, ops=(op.op_id,), nodes=op.node_ids))
+            continue
+        want = (end - start) // ps
+        for side, tier, p in (("reads", op.source, op.source_pages), ("fills", op.target, op.target_pages)):
+            if p.size != want:
+                out.append(PAGE_ALIGNED.violation(
+                    f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens {start}..{end} "
+                    f"({want} pages)", tier=tier, ops=(op.op_id,), nodes=op.node_ids))
+    return out

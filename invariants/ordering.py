@@ -1,0 +1,113 @@
+"""I5: completion precedes publication, and publication precedes the request's `cached_len`.
+
+A transfer's target pages stay PRIVATE and out of the tree until its completion is observed;
+completion publishes them as the nodes' values (state RESIDENT) and clears the nodes' pending
+op in one step. So, in any snapshot:
+
+    pending[T] set        ->  state[T] != RESIDENT, value[T] is None, the op exists, fills T
+                              and lists the node (and the op's nodes point back at it)
+    op target page        ->  never TREE in the page table
+    value[T] present      <-> state[T] == RESIDENT (publication is one step)
+    request               ->  cached_len <= published_len
+
+The root holds no tokens and is exempt from the value/state rule.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from hicache.invariants.ownership import RESIDENT, inside
+from hicache.invariants.snapshot import TREE, NodeView, OpView, Snapshot
+from hicache.invariants.violation import CheckName, Violation, shown
+
+PUBLISH_ORDER = CheckName("I5", "publish_order")
+
+
+def check_publish_order(s: Snapshot) -> list[Violation]:
+    """I5: no node is RESIDENT (or holds a value) in a tier while an op is pending into it;
+    pending links between nodes and ops agree; no op target page is TREE; a value is present
+    exactly when the node is RESIDENT; every request's cached_len <= its published_len."""
+    ops = {op.op_id: op for op in s.ops}
+    out = _pending_nodes(s, ops) + _op_back_links(s) + _unpublished_targets(s)
+    out += _value_matches_state(s)
+    early = [r for r in s.requests if r.cached_len > r.published_len]
+    if early:
+        first = early[0]
+        out.append(PUBLISH_ORDER.violation(
+            f"request(s) [{shown([r.request_id for r in early])}] serve tokens not yet published in L1 "
+            f"(request {first.request_id}: cached_len {first.cached_len} > published_len "
+            f"{first.published_len})"))
+    return out
+
+
+def _pending_nodes(s: Snapshot, ops: Mapping[int, OpView]) -> list[Violation]:
+    out: list[Violation] = []
+    for tier in s.tiers:
+        early: list[tuple[int, int]] = []  # (node, op): published while the op is in flight
+        stray: list[tuple[int, int]] = []  # (node, op): the op is gone, fills another tier, or omits the node
+        for n in s.nodes:
+            op_id = n.pending.get(tier)
+            if op_id is None:
+                continue
+            if n.states.get(tier) == RESIDENT or n.values.get(tier) is not None:
+                early.append((n.node_id, op_id))
+            op = ops.get(op_id)
+            if op is None or op.target != tier or n.node_id not in op.node_ids:
+                stray.append((n.node_id, op_id))
+        if early:
+            out.append(PUBLISH_ORDER.violation(
+                f"node(s) [{shown([n for n, _ in early])}] are published in {tier} while the op filling "
+                f"it is still pending", tier=tier, nodes=[n for n, _ in early], ops=[o for _, o in early]))
+        if stray:
+            out.append(PUBLISH_ORDER.violation(
+                f"node(s) [{shown([n for n, _ in stray])}] wait on op(s) [{shown([o for _, o in stray])}] "
+                f"that are not pending into {tier} for them, so no completion will publish them",
+                tier=tier, nodes=[n for n, _ in stray], ops=[o for _, o in stray]))
+    return out
+
+
+def _op_back_links(s: Snapshot) -> list[Violation]:
+    by_id: Mapping[int, NodeView] = {n.node_id: n for n in s.nodes}
+    out: list[Violation] = []
+    for op in s.ops:
+        unlinked = [i for i in op.node_ids if i in by_id and by_id[i].pending.get(op.target) != op.op_id]
+        if unlinked:
+            out.append(PUBLISH_ORDER.violation(
+                f"op {op.op_id} fills {op.target} for node(s) [{shown(unlinked)}] that do not name it as "
+                "their pending op, so its completion could publish into a node not waiting for it",
+                tier=op.target, nodes=unlinked, ops=(op.op_id,)))
+    return out
+
+
+def _unpublished_targets(s: Snapshot) -> list[Violation]:
+    out: list[Violation] = []
+    for op in s.ops:
+        view = s.tiers.get(op.target)
+        if view is None:
+            continue
+        p = inside(op.target_pages, min(view.capacity, int(view.owner.size)))
+        published = p[view.owner[p] == TREE]
+        if published.size:
+            out.append(PUBLISH_ORDER.violation(
+                f"{published.size} target page(s) of pending op {op.op_id} are already TREE in {op.target}",
+                tier=op.target, pages=published, ops=(op.op_id,), nodes=op.node_ids))
+    return out
+
+
+def _value_matches_state(s: Snapshot) -> list[Violation]:
+    out: list[Violation] = []
+    for tier in s.tiers:
+        ids = np.asarray([n.node_id for n in s.nodes], dtype=np.int64)
+        has_value = np.asarray([n.values.get(tier) is not None for n in s.nodes], dtype=bool)
+        resident = np.asarray([n.states.get(tier) == RESIDENT for n in s.nodes], dtype=bool)
+        # A pending node that looks published was reported by `_pending_nodes` already.
+        pending = np.asarray([n.pending.get(tier) is not None for n in s.nodes], dtype=bool)
+        wrong = (has_value != resident) & (ids != s.root_id) & ~pending
+        if wrong.any():
+            out.append(PUBLISH_ORDER.violation(
+                f"node(s) [{shown(ids[wrong])}] hold a value in {tier} without being RESIDENT there, or "
+                "are RESIDENT without a value (publication is one step)", tier=tier, nodes=ids[wrong]))
+    return out
