@@ -1,0 +1,459 @@
+"""Invariants I1..I6 and structural checks S1..S6: a valid snapshot passes every check, and
+breaking one property is reported with the exact check, tier, pages, nodes and ops.
+
+The hand-built snapshot (page size 4 tokens, 8 pages per tier):
+
+    root 0 ─┬─ node 1 (8 tokens)  L1 [0,1]  L2 [0,1]  L3 [0,1]       all RESIDENT
+            │   └─ node 2 (4)     L1 [2] RESIDENT, lock 1 (source of op 10)
+            │                     L2 D2H_PENDING: op 10 fills L2 page 2
+            └─ node 3 (8 tokens)  L1 H2D_PENDING: op 11 fills L1 pages 3,4 from L2 3,4
+                                  L2 [3,4] RESIDENT, lock 2 (source of ops 11 and 12)
+                                  L3 H2S_PENDING: op 12 fills L3 pages 5,6 from L2 3,4
+    request 7: cached_len 8 <= published_len 12, private L1 page 5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hicache.bench.invariants import synthetic_snapshot
+from hicache.errors import ConfigError, InvariantViolation
+from hicache.invariants import (
+    CHECKS, FREE, PRIVATE, TREE, CheckMode, InvariantChecker, NodeView, OpView, Pages, RequestView,
+    Snapshot, TierView, Violation, check_all, get_check, pages,
+)
+from hicache.invariants.ownership import RESIDENT
+from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
+
+CAP = 8
+TIERS = ("L1", "L2", "L3")
+R, A = "RESIDENT", "ABSENT"
+
+
+def owner(tree: list[int], private: list[int]) -> npt.NDArray[np.uint8]:
+    o = np.full(CAP, FREE, dtype=np.uint8)
+    o[tree] = TREE
+    o[private] = PRIVATE
+    return o
+
+
+def node(node_id: int, parent: int | None, children: tuple[int, ...], key: int,
+         values: dict[str, list[int] | None], states: dict[str, str],
+         locks: dict[str, int] | None = None, pending: dict[str, int | None] | None = None) -> NodeView:
+    return NodeView(
+        node_id, parent, children, key,
+        values={t: None if values.get(t) is None else pages(values[t]) for t in TIERS},
+        states={t: states.get(t, A) for t in TIERS},
+        locks={t: (locks or {}).get(t, 0) for t in TIERS},
+        pending={t: (pending or {}).get(t) for t in TIERS},
+    )
+
+
+# Content (one digest per logical page) of each tier's physical pages.
+CONTENT = {"L1": {0: 101, 1: 102, 2: 201}, "L2": {0: 101, 1: 102, 3: 301, 4: 302}, "L3": {0: 101, 1: 102}}
+
+
+def digests_of(content: dict[str, dict[int, int]]) -> Callable[[str, Pages], npt.NDArray[np.uint64]]:
+    tables = {t: np.zeros(CAP, dtype=np.uint64) for t in TIERS}
+    for t, pairs in content.items():
+        for p, d in pairs.items():
+            tables[t][p] = d
+
+    def digests(tier: str, p: Pages) -> npt.NDArray[np.uint64]:
+        return tables[tier][p]
+    return digests
+
+
+def valid() -> Snapshot:
+    nodes = (
+        node(0, None, (1, 3), 0, {}, {}),
+        node(1, 0, (2,), 8, {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]}, {"L1": R, "L2": R, "L3": R}),
+        node(2, 1, (), 4, {"L1": [2]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": 10}),
+        node(3, 0, (), 8, {"L2": [3, 4]}, {"L1": "H2D_PENDING", "L2": R, "L3": "H2S_PENDING"},
+             {"L2": 2}, {"L1": 11, "L3": 12}),
+    )
+    ops = (
+        OpView(10, "D2H", "L1", "L2", (2,), pages([2]), pages([2]), 8, 12),
+        OpView(11, "H2D", "L2", "L1", (3,), pages([3, 4]), pages([3, 4]), 0, 8),
+        OpView(12, "H2S", "L2", "L3", (3,), pages([3, 4]), pages([5, 6]), 0, 8),
+    )
+    tiers = {
+        "L1": TierView("L1", CAP, owner([0, 1, 2], [3, 4, 5]), 3),
+        "L2": TierView("L2", CAP, owner([0, 1, 3, 4], [2]), 4),
+        "L3": TierView("L3", CAP, owner([0, 1], [5, 6]), 2),
+    }
+    requests = (RequestView(7, 8, 12, {"L1": pages([5])}),)
+    return Snapshot(4, tiers, nodes, ops, requests, digests_of(CONTENT), 0)
+
+
+# -- helpers that break one record ------------------------------------------------------------
+
+
+def with_node(s: Snapshot, node_id: int, **changes: object) -> Snapshot:
+    """`s` with node `node_id`'s fields replaced; per-tier dict fields are merged, not replaced."""
+
+    def changed(n: NodeView) -> NodeView:
+        merged: dict[str, object] = {}
+        for field, new in changes.items():
+            if isinstance(new, dict):
+                old: dict[str, object] = dict(getattr(n, field))
+                new = {**old, **new}
+                if field == "values":
+                    new = {t: None if v is None else pages(v) for t, v in new.items()}
+            merged[field] = new
+        return dataclasses.replace(n, **merged)  # type: ignore[arg-type]
+
+    return dataclasses.replace(s, nodes=tuple(changed(n) if n.node_id == node_id else n for n in s.nodes))
+
+
+def with_owner(s: Snapshot, tier: str, page: int, code: int) -> Snapshot:
+    o = s.tiers[tier].owner.copy()
+    o[page] = code
+    return with_tier(s, tier, owner=o)
+
+
+def with_tier(s: Snapshot, tier: str, **changes: object) -> Snapshot:
+    view = dataclasses.replace(s.tiers[tier], **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(s, tiers={**s.tiers, tier: view})
+
+
+def with_op(s: Snapshot, op_id: int, **changes: object) -> Snapshot:
+    ops = tuple(dataclasses.replace(o, **changes) if o.op_id == op_id else o  # type: ignore[arg-type]
+                for o in s.ops)
+    return dataclasses.replace(s, ops=ops)
+
+
+def ids(found: list[Violation]) -> set[str]:
+    return {v.invariant for v in found}
+
+
+def only(found: list[Violation], invariant: str) -> Violation:
+    """The single violation of `invariant` in `found`."""
+    mine = [v for v in found if v.invariant == invariant]
+    assert len(mine) == 1, found
+    return mine[0]
+
+
+# -- the valid snapshot --------------------------------------------------------------------
+
+
+def test_valid_snapshot_passes_every_check() -> None:
+    assert check_all(valid()) == []
+
+
+def test_registry_lists_twelve_checks_in_spec_order() -> None:
+    assert [c.id for c in CHECKS] == [f"I{i}" for i in range(1, 7)] + [f"S{i}" for i in range(1, 7)]
+    assert get_check("I2").name == "inflight_source_pinned"
+    assert get_check("tier_ancestor_closed").id == "S6"
+    with pytest.raises(ConfigError, match="invariant"):
+        get_check("I9")
+
+
+def test_resident_state_name_matches_the_spec_tables() -> None:
+    assert RESIDENT == SPEC_RESIDENT
+
+
+def test_violation_reads_as_one_line() -> None:
+    v = Violation("I1", "ownership_disjoint", "L2", (3, 4), (), (7,), "two pages are both")
+    assert str(v) == "I1 ownership_disjoint [L2] pages 3,4 ops 7: two pages are both"
+
+
+# -- I1 .. I6 --------------------------------------------------------------------------------
+
+
+def test_i1_tree_page_on_free_list() -> None:
+    found = check_all(with_owner(valid(), "L1", 0, FREE))
+    v = only(found, "I1")
+    assert (v.tier, v.pages, v.nodes) == ("L1", (0,), (1,))
+    assert "FREE" in v.message
+    assert ids(found) == {"I1", "I6"}  # page 0 is also counted twice (free list + node 1)
+
+
+def test_i1_request_page_that_the_table_calls_tree() -> None:
+    found = check_all(with_owner(valid(), "L1", 5, TREE))
+    v = only(found, "I1")
+    assert (v.tier, v.pages, v.nodes, v.ops) == ("L1", (5,), (), ())
+    assert "not PRIVATE" in v.message
+    assert ids(found) == {"I1", "I6"}  # the table now counts one TREE page too many
+
+
+def test_i1_tree_page_also_private_to_a_request() -> None:
+    s = valid()
+    s = dataclasses.replace(s, requests=(RequestView(7, 8, 12, {"L1": pages([2])}),))
+    s = with_owner(s, "L1", 5, FREE)
+    v = only(check_all(s), "I1")
+    assert (v.tier, v.pages, v.nodes) == ("L1", (2,), (2,))
+    assert "private" in v.message
+
+
+def test_i2_source_node_unlocked() -> None:
+    found = check_all(with_node(valid(), 2, locks={"L1": 0}))
+    v = only(found, "I2")
+    assert (v.tier, v.nodes, v.ops) == ("L1", (2,), (10,))
+    assert ids(found) == {"I2"}
+
+
+def test_i2_source_pages_are_not_the_nodes_value() -> None:
+    v = only(check_all(with_op(valid(), 10, source_pages=pages([1]))), "I2")
+    assert (v.tier, v.pages, v.nodes, v.ops) == ("L1", (1, 2), (2,), (10,))
+
+
+def test_i2_source_page_not_tree_owned() -> None:
+    found = check_all(with_owner(valid(), "L2", 4, PRIVATE))
+    mine = [v for v in found if v.invariant == "I2"]
+    assert {(v.tier, v.pages, v.ops) for v in mine} == {("L2", (4,), (11,)), ("L2", (4,), (12,))}
+
+
+def test_i3_unaligned_key() -> None:
+    found = check_all(with_node(valid(), 2, key_tokens=5))
+    v = only(found, "I3")
+    assert (v.tier, v.nodes) == (None, (2,))
+    assert ids(found) == {"I3"}
+
+
+def test_i3_value_length_disagrees_with_key() -> None:
+    found = check_all(with_node(valid(), 1, key_tokens=12))  # 3 pages of key, 2 in every value
+    assert {(v.invariant, v.tier, v.nodes) for v in found} == {("I3", t, (1,)) for t in TIERS}
+
+
+def test_i3_op_range_not_page_aligned() -> None:
+    v = only(check_all(with_op(valid(), 11, token_start=2, token_end=10)), "I3")
+    assert (v.tier, v.ops) == ("L1", (11,))
+
+
+def test_i4_tiers_disagree_on_bytes() -> None:
+    content = {**CONTENT, "L3": {0: 101, 1: 999}}
+    found = check_all(dataclasses.replace(valid(), digests=digests_of(content)))
+    v = only(found, "I4")
+    assert (v.tier, v.pages, v.nodes) == ("L3", (1,), (1,))
+    assert ids(found) == {"I4"}
+
+
+def test_i4_vacuous_without_digests() -> None:
+    content = {**CONTENT, "L3": {0: 101, 1: 999}}
+    assert check_all(dataclasses.replace(valid(), digests=None)) == []
+    assert ids(check_all(dataclasses.replace(valid(), digests=digests_of(content)))) == {"I4"}
+
+
+def test_i5_resident_while_pending() -> None:
+    found = check_all(with_node(valid(), 2, states={"L2": R}))
+    v = only(found, "I5")
+    assert (v.tier, v.nodes, v.ops) == ("L2", (2,), (10,))
+    assert ids(found) == {"I5"}
+
+
+def test_i5_op_target_already_tree() -> None:
+    found = check_all(with_owner(valid(), "L2", 2, TREE))
+    v = only(found, "I5")
+    assert (v.tier, v.pages, v.ops) == ("L2", (2,), (10,))
+    assert ids(found) == {"I1", "I5", "I6"}
+
+
+def test_i5_cached_len_ahead_of_publication() -> None:
+    s = dataclasses.replace(valid(), requests=(RequestView(7, 16, 12, {"L1": pages([5])}),))
+    v = only(check_all(s), "I5")
+    assert "request(s) [7]" in v.message and "16 > published_len 12" in v.message
+
+
+def test_i5_pending_node_names_an_op_that_is_gone() -> None:
+    found = check_all(with_node(valid(), 3, pending={"L3": 99}))
+    # Both directions of the link break: node 3 waits on op 99, op 12 no longer has node 3.
+    assert {(v.invariant, v.tier, v.nodes, v.ops) for v in found} == {
+        ("I5", "L3", (3,), (99,)), ("I5", "L3", (3,), (12,))}
+
+
+def test_i6_page_missing_from_every_record() -> None:
+    found = check_all(with_owner(valid(), "L1", 6, PRIVATE))
+    v = only(found, "I6")
+    assert (v.tier, v.pages) == ("L1", (6,))
+    assert ids(found) == {"I6"}
+
+
+def test_i6_leak_after_transfers_drain_names_private() -> None:
+    s = with_owner(valid(), "L3", 7, PRIVATE)
+    s = dataclasses.replace(s, ops=tuple(o for o in s.ops if o.op_id != 12))
+    s = with_node(s, 3, states={"L3": A}, pending={"L3": None}, locks={"L2": 1})
+    s = with_owner(with_owner(s, "L3", 5, FREE), "L3", 6, FREE)
+    v = only(check_all(s), "I6")
+    assert (v.tier, v.pages) == ("L3", (7,))
+    assert "still PRIVATE" in v.message
+
+
+def test_i6_page_outside_capacity() -> None:
+    v = only(check_all(with_op(valid(), 12, target_pages=pages([5, 9]))), "I6")
+    assert (v.tier, v.pages, v.ops) == ("L3", (9,), (12,))
+
+
+# -- S1 .. S6 --------------------------------------------------------------------------------
+
+
+def test_s1_child_missing_from_parents_list() -> None:
+    found = check_all(with_node(valid(), 2, parent_link_ok=False))
+    v = only(found, "S1")
+    assert v.nodes == (2,)
+    assert ids(found) == {"S1"}
+
+
+def test_s1_cycle_is_unreachable_from_root() -> None:
+    s = with_node(with_node(valid(), 1, parent_id=2), 0, child_ids=(3,))
+    found = [v for v in check_all(s) if v.invariant == "S1"]
+    assert any("cycle" in v.message and v.nodes == (1, 2) for v in found)
+
+
+def test_s1_two_roots() -> None:
+    found = [v for v in check_all(with_node(valid(), 3, parent_id=None)) if v.invariant == "S1"]
+    assert any(v.nodes == (3,) and "not the root" in v.message for v in found)
+
+
+def test_s2_dead_node() -> None:
+    s = with_node(valid(), 1, child_ids=(2, 4))
+    s = dataclasses.replace(s, nodes=(*s.nodes, node(4, 1, (), 4, {}, {})))
+    found = check_all(s)
+    assert only(found, "S2").nodes == (4,)
+    assert ids(found) == {"S2"}
+
+
+def test_s3_wrong_size_counter() -> None:
+    found = check_all(with_tier(valid(), "L2", tree_pages_counted=5))
+    v = only(found, "S3")
+    assert v.tier == "L2" and "counts 5" in v.message and "hold 4" in v.message
+    assert ids(found) == {"S3"}
+
+
+def test_s4_negative_lock() -> None:
+    found = check_all(with_node(valid(), 1, locks={"L3": -1}))
+    v = only(found, "S4")
+    assert (v.tier, v.nodes) == ("L3", (1,))
+    assert ids(found) == {"S4"}
+
+
+def test_s5_page_in_two_node_values() -> None:
+    s = with_node(valid(), 2, values={"L1": [1]})  # node 1 holds L1 page 1 too
+    s = with_owner(with_op(s, 10, source_pages=pages([1])), "L1", 2, FREE)
+    found = check_all(s)
+    v = only(found, "S5")
+    assert (v.tier, v.pages, v.nodes) == ("L1", (1,), (1, 2))
+    assert ids(found) == {"S5", "I6"}  # page 1 is also counted twice
+
+
+def test_s6_pending_backup_under_parent_absent_in_l2() -> None:
+    s = with_node(valid(), 1, values={"L2": None}, states={"L2": A})
+    s = with_tier(with_owner(with_owner(s, "L2", 0, FREE), "L2", 1, FREE), "L2", tree_pages_counted=2)
+    found = check_all(s)
+    v = only(found, "S6")
+    assert (v.tier, v.nodes, v.ops) == ("L2", (2,), (10,))
+    assert ids(found) == {"S6"}
+
+
+def test_s6_resident_child_under_parent_absent_in_l2() -> None:
+    # Op 10 completed (node 2 now RESIDENT in L2 page 2), then node 1 lost its L2 value.
+    s = dataclasses.replace(valid(), ops=tuple(o for o in valid().ops if o.op_id != 10))
+    s = with_node(s, 2, values={"L2": [0]}, states={"L2": R}, pending={"L2": None}, locks={"L1": 0})
+    s = with_node(s, 1, values={"L2": None}, states={"L2": A})
+    s = with_tier(with_owner(with_owner(s, "L2", 1, FREE), "L2", 2, FREE), "L2", tree_pages_counted=3)
+    s = dataclasses.replace(s, digests=digests_of({**CONTENT, "L2": {0: 201, 3: 301, 4: 302}}))
+    found = check_all(s)
+    v = only(found, "S6")
+    assert (v.tier, v.nodes, v.ops) == ("L2", (2,), ())
+    assert ids(found) == {"S6"}
+
+
+def with_grandchild(s: Snapshot, d2h_op: int) -> Snapshot:
+    """`s` plus node 5 (child of node 2, L1 page 6) being backed up to L2 page 7 by op
+    `d2h_op`: op 10 itself (one op over the chain 2 -> 5) or a separate op."""
+    s = with_node(s, 2, child_ids=(5,))
+    child = node(5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": d2h_op})
+    s = dataclasses.replace(s, nodes=(*s.nodes, child))
+    if d2h_op == 10:
+        s = with_op(s, 10, node_ids=(2, 5), source_pages=pages([2, 6]), target_pages=pages([2, 7]), token_end=16)
+    else:
+        op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16)
+        s = dataclasses.replace(s, ops=(*s.ops, op))
+    s = with_tier(with_owner(s, "L1", 6, TREE), "L1", tree_pages_counted=4)
+    return with_owner(s, "L2", 7, PRIVATE)
+
+
+def test_s6_chain_backed_up_by_one_op_is_closed() -> None:
+    assert check_all(with_grandchild(valid(), 10)) == []
+
+
+def test_s6_child_pending_on_another_op_than_its_pending_parent() -> None:
+    found = check_all(with_grandchild(valid(), 13))
+    v = only(found, "S6")
+    assert (v.tier, v.nodes, v.ops) == ("L2", (5,), (10, 13))
+    assert ids(found) == {"S6"}
+
+
+# -- properties over synthetic snapshots -------------------------------------------------------
+
+
+@given(st.integers(22, 600), st.integers(0, 2**16))
+def test_synthetic_snapshots_are_valid(n_pages: int, seed: int) -> None:
+    assert check_all(synthetic_snapshot(n_pages, seed=seed, node_pages=4)) == []
+
+
+@given(st.integers(22, 400), st.integers(0, 2**16), st.data())
+def test_any_single_owner_flip_is_caught(n_pages: int, seed: int, data: st.DataObject) -> None:
+    """Whatever page's owner code changes, some check names that page in that tier."""
+    s = synthetic_snapshot(n_pages, seed=seed, node_pages=4)
+    tier = data.draw(st.sampled_from(TIERS))
+    page = data.draw(st.integers(0, s.tiers[tier].capacity - 1))
+    was = int(s.tiers[tier].owner[page])
+    code = data.draw(st.sampled_from([c for c in (FREE, PRIVATE, TREE) if c != was]))
+    found = check_all(with_owner(s, tier, page, code))
+    assert any(v.tier == tier and page in v.pages for v in found), found
+
+
+# -- check modes ---------------------------------------------------------------------------
+
+
+def test_check_mode_parses_the_three_forms() -> None:
+    assert CheckMode.parse("off") == CheckMode("off")
+    assert CheckMode.parse("every") == CheckMode("every")
+    assert CheckMode.parse("periodic 3") == CheckMode("periodic", 3)
+    for bad in ("", "sometimes", "periodic", "periodic 0", "periodic -2", "periodic x", "every 2"):
+        with pytest.raises(ConfigError, match="check_mode"):
+            CheckMode.parse(bad)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("every", 7), ("periodic 3", 2), ("off", 0)])
+def test_checker_builds_snapshots_only_when_due(mode: str, expected: int) -> None:
+    built: list[Snapshot] = []
+
+    def build() -> Snapshot:
+        built.append(valid())
+        return built[-1]
+
+    checker = InvariantChecker(mode)
+    for step in range(7):
+        checker.after_transition(build, f"step {step}")
+    assert (checker.transitions, checker.checks_run, len(built)) == (7, expected, expected)
+    assert checker.violations_found == 0
+
+
+@pytest.mark.parametrize(("mode", "raises_at"), [("every", 1), ("periodic 3", 3)])
+def test_checker_raises_with_every_violation_and_context(mode: str, raises_at: int) -> None:
+    broken = with_node(with_owner(valid(), "L1", 6, PRIVATE), 1, locks={"L3": -1})
+    checker = InvariantChecker(mode)
+    for step in range(1, raises_at):
+        checker.after_transition(lambda: broken, f"step {step}")
+    with pytest.raises(InvariantViolation) as err:
+        checker.after_transition(lambda: broken, f"step {raises_at}")
+    assert {getattr(v, "invariant") for v in err.value.violations} == {"I6", "S4"}
+    assert f"after step {raises_at}" in str(err.value)
+    assert (checker.checks_run, checker.violations_found) == (1, 2)
+
+
+def test_checker_off_never_raises() -> None:
+    broken = with_owner(valid(), "L1", 6, PRIVATE)
+    checker = InvariantChecker("off")
+    for step in range(5):
+        checker.after_transition(lambda: broken, f"step {step}")
+    assert (checker.checks_run, checker.violations_found) == (0, 0)
