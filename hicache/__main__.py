@@ -1,0 +1,10 @@
+"""`python -m hicache ...`: the same command line as the `hicache` console script."""
+
+from __future__ import annotations
+
+import sys
+
+from hicache.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

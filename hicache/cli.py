@@ -1,0 +1,215 @@
+"""The `hicache` command line.
+
+    hicache spec check [--spec-dir DIR]             drift check; OK + counts, or each difference
+    hicache spec diagram [--which NAME] [--spec-dir DIR]   print Mermaid diagrams
+    hicache spec write-diagrams [--spec-dir DIR]    refresh the generated blocks in lifecycle.md
+    hicache invariants                              the registered checks: id, name, one line
+    hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
+
+Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
+naming the option). Delegated commands live in `DELEGATED`; their modules are imported only
+when run, so `hicache spec check` needs neither torch nor the data plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn, Sequence
+
+from hicache.diagram import DIAGRAMS, all_diagrams, diagram, replace_blocks
+from hicache.errors import HiCacheError, SpecError
+from hicache.lifecycle import Lifecycle
+from hicache.spec import SPEC_DIR, load_toml
+from hicache.speccheck import check_spec, registry_checks, spec_counts
+
+DELEGATED: dict[tuple[str, ...], str] = {
+    ("bench", "control"): "hicache.bench.control",
+    ("bench", "invariants"): "hicache.bench.invariants",
+    ("bench", "kernels"): "hicache.bench.kernels",
+    ("bench", "storage"): "hicache.bench.storage",
+    ("bench", "transfer"): "hicache.bench.transfer",
+}
+"""Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
+One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
+
+EXIT_DRIFT = 1
+EXIT_USAGE = 2
+
+
+class UsageError(HiCacheError):
+    """A command-line option or argument is wrong; the message names it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but every error is one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        delegated = _delegated(words)
+        if delegated is not None:
+            return _run_module(*delegated)
+        try:
+            args = build_parser().parse_args(words)
+        except SystemExit as e:  # argparse's own exit: --help (0) or a usage error (2)
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
+    except HiCacheError as e:
+        print(f"hicache: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hicache", description="Executable spec of a hierarchical KV cache.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_Parser)
+    spec = commands.add_parser("spec", help="check the spec, print or refresh its diagrams")
+    spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION",
+                                        parser_class=_Parser)
+    check = spec_commands.add_parser("check", help="fail on any drift between tables, prose, diagrams and code")
+    check.set_defaults(handler=_spec_check)
+    show = spec_commands.add_parser("diagram", help="print Mermaid stateDiagram-v2 text")
+    show.add_argument("--which", choices=(*DIAGRAMS, "all"), default="all",
+                      help="which diagram (default: all)")
+    show.set_defaults(handler=_spec_diagram)
+    write = spec_commands.add_parser("write-diagrams", help="rewrite the generated blocks in lifecycle.md")
+    write.set_defaults(handler=_spec_write_diagrams)
+    for sub in (check, show, write):
+        sub.add_argument("--spec-dir", type=Path, default=SPEC_DIR, metavar="DIR",
+                         help="spec directory to use (default: the installed spec)")
+    inv = commands.add_parser("invariants", help="list the registered invariant and structural checks")
+    inv.set_defaults(handler=_invariants)
+    _add_delegated(commands)
+    return parser
+
+
+def _delegated(words: list[str]) -> tuple[str, list[str]] | None:
+    """(module, its argv) when `words` start with a DELEGATED command, else None.
+
+    Dispatched before argparse so that every remaining word, options included, reaches the
+    module untouched (argparse would claim a leading `-x` as its own)."""
+    for n in (2, 1):
+        module = DELEGATED.get(tuple(words[:n])) if len(words) >= n else None
+        if module is not None:
+            return module, words[n:]
+    return None
+
+
+def _add_delegated(commands: argparse._SubParsersAction[_Parser]) -> None:
+    groups: dict[str, dict[str, str]] = {}
+    for words, module in DELEGATED.items():
+        if len(words) == 1:
+            cmd = commands.add_parser(words[0], help=f"run {module}", add_help=False)
+            cmd.add_argument("args", nargs="*", help=f"passed to {module}.main")
+            cmd.set_defaults(handler=_not_dispatched)
+        else:
+            groups.setdefault(words[0], {})[words[1]] = module
+    for group, members in groups.items():
+        cmd = commands.add_parser(group, help=f"{group}: {', '.join(members)}")
+        cmd.add_argument("name", choices=sorted(members), metavar="NAME",
+                         help=f"one of {', '.join(sorted(members))}")
+        cmd.add_argument("args", nargs="*", help="passed to the module's main")
+        cmd.set_defaults(handler=_not_dispatched)
+
+
+# -- handlers -----------------------------------------------------------------------------------
+
+
+def _spec_dir(args: argparse.Namespace) -> Path:
+    spec_dir: Path = args.spec_dir
+    if not (spec_dir / "lifecycle.toml").is_file():
+        raise UsageError(f"--spec-dir {spec_dir}: no lifecycle.toml there")
+    return spec_dir
+
+
+def _lifecycle(spec_dir: Path) -> Lifecycle:
+    try:
+        return Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecError(f"{spec_dir / 'lifecycle.toml'}: cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def _spec_check(args: argparse.Namespace) -> int:
+    spec_dir = _spec_dir(args)
+    problems = check_spec(spec_dir)
+    if problems:
+        for line in problems:
+            print(line)
+        print(f"{len(problems)} difference(s) in {spec_dir}", file=sys.stderr)
+        return EXIT_DRIFT
+    lc = _lifecycle(spec_dir)
+    counts = spec_counts(lc)
+    checks = registry_checks()  # importable: check_spec found no difference, so it was read
+    n_checks = 0 if isinstance(checks, str) else len(checks)
+    print(
+        f"OK: {len(lc.ownership_states)} ownership states, "
+        f"{sum(len(s) for s in lc.states.values())} residency states, "
+        f"{counts['TRANSITIONS']} transitions, {counts['COMPOSITE_STATES']} composite states, "
+        f"{counts['COMPOSITE_EDGES']} composite edges, {len(DIAGRAMS)} diagrams, "
+        f"{n_checks} invariant checks"
+    )
+    return 0
+
+
+def _spec_diagram(args: argparse.Namespace) -> int:
+    lc = _lifecycle(_spec_dir(args))
+    if args.which != "all":
+        print(diagram(lc, args.which), end="")
+        return 0
+    texts = [f"%% {name}\n{text}" for name, text in all_diagrams(lc).items()]
+    print("\n".join(texts), end="")
+    return 0
+
+
+def _spec_write_diagrams(args: argparse.Namespace) -> int:
+    spec_dir = _spec_dir(args)
+    path = spec_dir / "lifecycle.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--spec-dir {spec_dir}: cannot read lifecycle.md ({e.strerror or e})") from e
+    new_text, changed = replace_blocks(text, all_diagrams(_lifecycle(spec_dir)))
+    if changed:
+        path.write_text(new_text, encoding="utf-8")
+        print(f"rewrote {', '.join(changed)} in {path}")
+    else:
+        print(f"{path}: every diagram is current")
+    return 0
+
+
+def _invariants(args: argparse.Namespace) -> int:
+    checks = registry_checks()
+    if isinstance(checks, str):
+        raise UsageError(checks)
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{c.id:<3} {c.name:<{width}}  {c.summary}")
+    return 0
+
+
+def _not_dispatched(args: argparse.Namespace) -> int:
+    # Delegated commands are dispatched by `_delegated` before parsing; argparse only gets
+    # here for a command word it accepted but that no DELEGATED key matches.
+    raise UsageError(f"{args.command}: no such command in DELEGATED")
+
+
+def _run_module(module: str, argv: list[str]) -> int:
+    """Import `module` now (heavy modules stay unloaded for other commands) and run its main."""
+    try:
+        entry = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise UsageError(f"{module} cannot be imported: no module named {e.name!r}") from e
+    run = getattr(entry, "main", None)
+    if not callable(run):
+        raise UsageError(f"{module} has no main(argv) function")
+    status = run(argv)
+    return int(status or 0)
