@@ -128,19 +128,25 @@ def _word_bytes(row_bytes: int, *tensors: torch.Tensor) -> int:
     return 1
 
 
-def _words(tensor: torch.Tensor, layout: RowLayout) -> torch.Tensor:
-    """A flat view of `tensor`'s bytes as `layout.word_dtype` words (no copy)."""
+def word_view(tensor: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """`tensor`'s bytes as `layout.word_dtype` words, same memory, in some contiguous shape.
+
+    One `view` when the last dim holds whole words (the common case: a launch's Python cost
+    counts at small transfers), else through a flat byte view.
+    """
+    if tensor.shape[-1] * tensor.element_size() % layout.word_bytes == 0:
+        return tensor.view(layout.word_dtype)
     return tensor.reshape(-1).view(torch.uint8).view(layout.word_dtype)
 
 
 def l1_rows(l1: torch.Tensor, layout: RowLayout) -> torch.Tensor:
     """`l1` as [2 * layers, num_pages, row_words] words (a view)."""
-    return _words(l1, layout).view(layout.rows_per_page, layout.l1_pages, layout.row_words)
+    return word_view(l1, layout).view(layout.rows_per_page, layout.l1_pages, layout.row_words)
 
 
 def packed_rows(packed: torch.Tensor, layout: RowLayout) -> torch.Tensor:
     """`packed` as [n, 2 * layers, row_words] words (a view)."""
-    return _words(packed, layout).view(layout.n, layout.rows_per_page, layout.row_words)
+    return word_view(packed, layout).view(layout.n, layout.rows_per_page, layout.row_words)
 
 
 def gather_torch(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ environment at the time of the call. CPU tensors need the interpreter.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,13 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
+try:  # Triton >= 3.4: one base for compile, resource, ptxas and interpreter errors
+    from triton import TritonError
+except ImportError:  # older Triton: its two compile-time failure types
+    TritonError = CompilationError
+
 from hicache.errors import BackendError, ConfigError, LayoutError
-from hicache.kernels.reference import RowLayout, check_operands, l1_rows, packed_rows
+from hicache.kernels.reference import RowLayout, check_operands, word_view
 
 GRID_ROWS_MAX = 2**31 - 1  # CUDA grid.x limit
 GRID_CHUNKS_MAX = 65535  # CUDA grid.y limit
@@ -38,10 +44,10 @@ GRID_CHUNKS_MAX = 65535  # CUDA grid.y limit
 # to an SM, so this is about two full waves, enough to hide the tail of the last one.
 PROGRAMS_PER_SM = 32
 NUM_WARPS_ALLOWED = (1, 2, 4, 8, 16)
-# What a failing compile or launch raises (driver and ptxas problems surface as RuntimeError
-# or OSError); anything else is a bug and propagates as is.
+# What a failing compile or launch raises (driver and toolchain problems surface as
+# RuntimeError or OSError); anything else is a bug and propagates as is.
 LAUNCH_FAILURES: tuple[type[BaseException], ...] = (
-    CompilationError, OutOfResources, RuntimeError, OSError,
+    TritonError, CompilationError, OutOfResources, RuntimeError, OSError,
 )
 
 
@@ -116,6 +122,7 @@ class LaunchConfig:
         return f"{self.block_bytes}B/{self.num_warps}w/c{chunks}"
 
 
+@functools.lru_cache(maxsize=64)
 def default_config(row_bytes: int) -> LaunchConfig:
     """8 KiB steps on 4 warps (64 bytes, four 16-byte vectors, per thread per step) for rows of
     8 KiB and more -- the shape LIMITS.md measured; smaller rows take one step of the whole
@@ -135,14 +142,15 @@ class LaunchPlan:
     num_warps: int
 
 
-def plan_launch(layout: RowLayout, config: LaunchConfig, programs_target: int) -> LaunchPlan:
-    """Cut `layout.rows` rows into programs; chunks double until `programs_target` is met."""
+@functools.lru_cache(maxsize=256)  # pure; caching saves a launch some Python time
+def plan_launch(layout: RowLayout, config: LaunchConfig, target_programs: int) -> LaunchPlan:
+    """Cut `layout.rows` rows into programs; chunks double until `target_programs` is met."""
     block_words = max(1, min(config.block_bytes // layout.word_bytes, _next_pow2(layout.row_words)))
     steps = -(-layout.row_words // block_words)  # loop steps for a whole row
     chunks = config.chunks
     if chunks is None:
         chunks = 1
-        while chunks < steps and layout.rows * chunks < programs_target:
+        while chunks < steps and layout.rows * chunks < target_programs:
             chunks *= 2
     span_words = -(-steps // min(chunks, steps)) * block_words
     chunks = -(-layout.row_words // span_words)  # no program starts past the row's end
@@ -182,8 +190,9 @@ def _launch(
         return
     check_runnable(l1.device)
     plan = plan_launch(layout, config or default_config(layout.row_bytes),
-                       _programs_target(l1.device))
-    l1_words, packed_words = l1_rows(l1, layout), packed_rows(packed, layout)
+                       programs_target(l1.device))
+    # The kernel computes every offset itself: it needs the word pointers, not the shapes.
+    l1_words, packed_words = word_view(l1, layout), word_view(packed, layout)
     src, dst = (l1_words, packed_words) if gather else (packed_words, l1_words)
     guard = torch.cuda.device(l1.device) if l1.device.type == "cuda" else contextlib.nullcontext()
     try:
@@ -215,7 +224,7 @@ def check_runnable(device: torch.device) -> None:
 _SM_COUNT: dict[int, int] = {}
 
 
-def _programs_target(device: torch.device) -> int:
+def programs_target(device: torch.device) -> int:
     """Programs wanted in one launch; 1 off-GPU, where the interpreter runs them one by one."""
     if device.type != "cuda":
         return 1
