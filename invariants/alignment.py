@@ -35,7 +35,8 @@ def _node_alignment(s: Snapshot) -> list[Violation]:
     if not aligned.all():
         bad = ids[~aligned]
         out.append(PAGE_ALIGNED.violation(
-            f"node(s) [{shown(bad)}] have keys of {shown(keys[~aligned])} tokens, not whole pages of {ps}",
+            f"node(s) [{shown(bad)}] have keys of {shown(keys[~aligned])} tokens, not whole "
+            f"pages of {ps}",
             nodes=bad))
     for tier in s.tiers:
         # -1 marks "no value in this tier"; a present value must be exactly key/page_size long.
@@ -59,11 +60,13 @@ def _op_alignment(s: Snapshot) -> list[Violation]:
         start, end = op.token_start, op.token_end
         if start < 0 or end < start or start % ps or end % ps:
             out.append(PAGE_ALIGNED.violation(
-                f"op {op.op_id} covers tokens {start}..{end}, not a range of whole {ps}-token pages",
+                f"op {op.op_id} covers tokens {start}..{end}, not a range of whole {ps}-token "
+                "pages",
                 tier=op.target, ops=(op.op_id,), nodes=op.node_ids))
             continue
         want = (end - start) // ps
-        for side, tier, p in (("reads", op.source, op.source_pages), ("fills", op.target, op.target_pages)):
+        sides = (("reads", op.source, op.source_pages), ("fills", op.target, op.target_pages))
+        for side, tier, p in sides:
             if p.size != want:
                 out.append(PAGE_ALIGNED.violation(
                     f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens {start}..{end} "

@@ -39,7 +39,8 @@ class CheckMode:
             return cls(words[0])
         if len(words) == 2 and words[0] == PERIODIC and words[1].isdigit() and int(words[1]) >= 1:
             return cls(PERIODIC, int(words[1]))
-        raise ConfigError("check_mode", f"{text!r} is not one of 'off', 'every', 'periodic N' (N >= 1)")
+        raise ConfigError("check_mode",
+                          f"{text!r} is not one of 'off', 'every', 'periodic N' (N >= 1)")
 
     def due(self, transition: int) -> bool:
         """Whether the checks run after the `transition`-th transition (counted from 1)."""

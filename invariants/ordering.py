@@ -37,8 +37,8 @@ def check_publish_order(s: Snapshot) -> list[Violation]:
     if early:
         first = early[0]
         out.append(PUBLISH_ORDER.violation(
-            f"request(s) [{shown([r.request_id for r in early])}] serve tokens not yet published in L1 "
-            f"(request {first.request_id}: cached_len {first.cached_len} > published_len "
+            f"request(s) [{shown([r.request_id for r in early])}] serve tokens not yet published "
+            f"in L1 (request {first.request_id}: cached_len {first.cached_len} > published_len "
             f"{first.published_len})"))
     return out
 
@@ -47,7 +47,7 @@ def _pending_nodes(s: Snapshot, ops: Mapping[int, OpView]) -> list[Violation]:
     out: list[Violation] = []
     for tier in s.tiers:
         early: list[tuple[int, int]] = []  # (node, op): published while the op is in flight
-        stray: list[tuple[int, int]] = []  # (node, op): the op is gone, fills another tier, or omits the node
+        stray: list[tuple[int, int]] = []  # (node, op): op gone, fills elsewhere, or omits node
         for n in s.nodes:
             op_id = n.pending.get(tier)
             if op_id is None:
@@ -58,14 +58,16 @@ def _pending_nodes(s: Snapshot, ops: Mapping[int, OpView]) -> list[Violation]:
             if op is None or op.target != tier or n.node_id not in op.node_ids:
                 stray.append((n.node_id, op_id))
         if early:
+            nodes, waits = zip(*early)
             out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown([n for n, _ in early])}] are published in {tier} while the op filling "
-                f"it is still pending", tier=tier, nodes=[n for n, _ in early], ops=[o for _, o in early]))
+                f"node(s) [{shown(nodes)}] are published in {tier} while the op filling it is "
+                "still pending", tier=tier, nodes=nodes, ops=waits))
         if stray:
+            nodes, waits = zip(*stray)
             out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown([n for n, _ in stray])}] wait on op(s) [{shown([o for _, o in stray])}] "
-                f"that are not pending into {tier} for them, so no completion will publish them",
-                tier=tier, nodes=[n for n, _ in stray], ops=[o for _, o in stray]))
+                f"node(s) [{shown(nodes)}] wait on op(s) [{shown(waits)}] that are not pending "
+                f"into {tier} for them, so no completion will publish them",
+                tier=tier, nodes=nodes, ops=waits))
     return out
 
 
@@ -73,12 +75,13 @@ def _op_back_links(s: Snapshot) -> list[Violation]:
     by_id: Mapping[int, NodeView] = {n.node_id: n for n in s.nodes}
     out: list[Violation] = []
     for op in s.ops:
-        unlinked = [i for i in op.node_ids if i in by_id and by_id[i].pending.get(op.target) != op.op_id]
+        unlinked = [i for i in op.node_ids
+                    if i in by_id and by_id[i].pending.get(op.target) != op.op_id]
         if unlinked:
             out.append(PUBLISH_ORDER.violation(
-                f"op {op.op_id} fills {op.target} for node(s) [{shown(unlinked)}] that do not name it as "
-                "their pending op, so its completion could publish into a node not waiting for it",
-                tier=op.target, nodes=unlinked, ops=(op.op_id,)))
+                f"op {op.op_id} fills {op.target} for node(s) [{shown(unlinked)}] that do not "
+                "name it as their pending op, so its completion could publish into a node not "
+                "waiting for it", tier=op.target, nodes=unlinked, ops=(op.op_id,)))
     return out
 
 
@@ -92,15 +95,16 @@ def _unpublished_targets(s: Snapshot) -> list[Violation]:
         published = p[view.owner[p] == TREE]
         if published.size:
             out.append(PUBLISH_ORDER.violation(
-                f"{published.size} target page(s) of pending op {op.op_id} are already TREE in {op.target}",
-                tier=op.target, pages=published, ops=(op.op_id,), nodes=op.node_ids))
+                f"{published.size} target page(s) of pending op {op.op_id} are already TREE in "
+                f"{op.target}", tier=op.target, pages=published, ops=(op.op_id,),
+                nodes=op.node_ids))
     return out
 
 
 def _value_matches_state(s: Snapshot) -> list[Violation]:
     out: list[Violation] = []
+    ids = np.asarray([n.node_id for n in s.nodes], dtype=np.int64)
     for tier in s.tiers:
-        ids = np.asarray([n.node_id for n in s.nodes], dtype=np.int64)
         has_value = np.asarray([n.values.get(tier) is not None for n in s.nodes], dtype=bool)
         resident = np.asarray([n.states.get(tier) == RESIDENT for n in s.nodes], dtype=bool)
         # A pending node that looks published was reported by `_pending_nodes` already.
@@ -108,6 +112,7 @@ def _value_matches_state(s: Snapshot) -> list[Violation]:
         wrong = (has_value != resident) & (ids != s.root_id) & ~pending
         if wrong.any():
             out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown(ids[wrong])}] hold a value in {tier} without being RESIDENT there, or "
-                "are RESIDENT without a value (publication is one step)", tier=tier, nodes=ids[wrong]))
+                f"node(s) [{shown(ids[wrong])}] hold a value in {tier} without being RESIDENT "
+                "there, or are RESIDENT without a value (publication is one step)",
+                tier=tier, nodes=ids[wrong]))
     return out

@@ -23,7 +23,9 @@ from typing import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from hicache.invariants.snapshot import FREE, OWNER_NAMES, PRIVATE, TREE, NodeView, OpView, Pages, Snapshot, pages
+from hicache.invariants.snapshot import (
+    FREE, OWNER_NAMES, PRIVATE, TREE, NodeView, OpView, Pages, Snapshot, pages,
+)
 from hicache.invariants.violation import CheckName, Violation, shown
 
 RESIDENT = "RESIDENT"  # the residency sub-state of a published value (spec/lifecycle.toml)
@@ -72,12 +74,14 @@ class TierClaims:
 def tier_claims(s: Snapshot, tier: str) -> TierClaims:
     """Gather tier `tier`'s records from `s` (the tier must be one of `s.tiers`)."""
     view = s.tiers[tier]
-    tree, tree_nodes = _joined([(n.node_id, v) for n in s.nodes if (v := n.values.get(tier)) is not None])
-    targets, target_ops = _joined([(op.op_id, op.target_pages) for op in s.ops if op.target == tier])
+    tree, tree_nodes = _joined(
+        [(n.node_id, v) for n in s.nodes if (v := n.values.get(tier)) is not None])
+    targets, target_ops = _joined(
+        [(op.op_id, op.target_pages) for op in s.ops if op.target == tier])
     held, held_requests = _joined(
-        [(r.request_id, v) for r in s.requests if (v := r.private_pages.get(tier)) is not None]
-    )
-    return TierClaims(tier, view.capacity, view.owner, tree, tree_nodes, targets, target_ops, held, held_requests)
+        [(r.request_id, v) for r in s.requests if (v := r.private_pages.get(tier)) is not None])
+    return TierClaims(tier, view.capacity, view.owner, tree, tree_nodes,
+                      targets, target_ops, held, held_requests)
 
 
 def _joined(parts: list[tuple[int, Pages]]) -> tuple[Pages, Ids]:
@@ -115,17 +119,22 @@ def check_ownership_disjoint(s: Snapshot) -> list[Violation]:
         in_private = page_counts(c.private, n) > 0
         in_free = owner == FREE
         report = partial(_report, OWNERSHIP_DISJOINT, c)
-        out += report(np.flatnonzero(in_tree & in_free), "in node values and also FREE")
-        out += report(np.flatnonzero(in_tree & in_private), "in node values and also private to a transfer or request")
-        out += report(np.flatnonzero(in_private & in_free), "private to a transfer or request and also FREE")
+        out += report(np.flatnonzero(in_tree & in_free), f"in node values and also {FREE_}")
+        out += report(np.flatnonzero(in_tree & in_private), f"in node values and also {PRIVATE_}")
+        out += report(np.flatnonzero(in_private & in_free), f"{PRIVATE_} and also {FREE_}")
         # Pages in both records, or FREE, were reported above as overlaps; the rest must agree.
         tree_p, private_p = inside(c.tree, n), inside(c.private, n)
         tree_p, private_p = tree_p[~in_private[tree_p]], private_p[~in_tree[private_p]]
         tree_code, private_code = owner[tree_p], owner[private_p]
-        out += report(tree_p[(tree_code != TREE) & (tree_code != FREE)], "in node values but not TREE in the page table")
+        out += report(tree_p[(tree_code != TREE) & (tree_code != FREE)],
+                      "in node values but not TREE in the page table")
         out += report(private_p[(private_code != PRIVATE) & (private_code != FREE)],
-                      "private to a transfer or request but not PRIVATE in the page table")
+                      f"{PRIVATE_} but not PRIVATE in the page table")
     return out
+
+
+FREE_ = "FREE (on the free list)"
+PRIVATE_ = "private to a transfer or request"
 
 
 def _report(check: CheckName, c: TierClaims, bad: Pages, what: str) -> list[Violation]:
@@ -158,30 +167,32 @@ def _source_pinned(s: Snapshot, op: OpView, by_id: Mapping[int, NodeView]) -> li
         return [report(f"op {op.op_id} reads from {tier!r}, which is not a tier of the snapshot")]
     missing = [i for i in op.node_ids if i not in by_id]
     if missing or not op.node_ids:
-        return [report(f"op {op.op_id} covers node(s) [{shown(missing)}] that are not in the tree", nodes=missing)]
+        return [report(f"op {op.op_id} covers node(s) [{shown(missing)}] that are not in the tree",
+                       nodes=missing)]
     members = [by_id[i] for i in op.node_ids]
     out: list[Violation] = []
     unlocked = [n.node_id for n in members if n.locks.get(tier, 0) <= 0]
     if unlocked:
-        out.append(report(f"source node(s) [{shown(unlocked)}] of op {op.op_id} hold no lock in {tier}, "
-                          "so eviction could free pages the transfer still reads", nodes=unlocked))
+        out.append(report(f"source node(s) [{shown(unlocked)}] of op {op.op_id} hold no lock in "
+                          f"{tier}, so eviction could free pages the transfer still reads",
+                          nodes=unlocked))
     absent = [n.node_id for n in members if n.states.get(tier) != RESIDENT]
     if absent:
-        out.append(report(f"source node(s) [{shown(absent)}] of op {op.op_id} are not RESIDENT in {tier}",
-                          nodes=absent))
+        out.append(report(f"source node(s) [{shown(absent)}] of op {op.op_id} are not RESIDENT in "
+                          f"{tier}", nodes=absent))
     values = [n.values.get(tier) for n in members]
     expected = np.concatenate([pages(v) for v in values if v is not None] or [pages()])
     if any(v is None for v in values) or not np.array_equal(op.source_pages, expected):
         diff = np.setxor1d(op.source_pages, expected)
-        out.append(report(f"op {op.op_id} reads {tier} pages [{shown(op.source_pages)}] but its nodes' "
-                          f"values are [{shown(expected)}]", pages=diff, nodes=op.node_ids))
+        out.append(report(f"op {op.op_id} reads {tier} pages [{shown(op.source_pages)}] but its "
+                          f"nodes' values are [{shown(expected)}]", pages=diff, nodes=op.node_ids))
     src = pages(op.source_pages)
     known = min(view.capacity, int(view.owner.size))
     ok = (src >= 0) & (src < known)
     ok[ok] = view.owner[src[ok]] == TREE
     if not ok.all():
-        out.append(report(f"{int((~ok).sum())} source page(s) of op {op.op_id} are not TREE-owned in {tier}",
-                          pages=src[~ok]))
+        out.append(report(f"{int((~ok).sum())} source page(s) of op {op.op_id} are not TREE-owned "
+                          f"in {tier}", pages=src[~ok]))
     return out
 
 
@@ -203,16 +214,18 @@ def _conserved(c: TierClaims) -> list[Violation]:
     report = partial(PAGE_CONSERVATION.violation, tier=c.tier)
     cap = c.capacity
     if c.owner.size != cap:
-        return [report(f"the page table of {c.tier} has {c.owner.size} entries for a capacity of {cap} pages")]
+        return [report(f"the page table of {c.tier} has {c.owner.size} entries for a capacity of "
+                       f"{cap} pages")]
     records = np.concatenate((c.tree, c.private))
     outside = records[(records < 0) | (records >= cap)]
     if outside.size:
-        return [report(f"{outside.size} page reference(s) lie outside {c.tier}'s pages 0..{cap - 1}",
-                       pages=outside, nodes=c.nodes_at(outside), ops=c.ops_at(outside))]
+        return [report(f"{outside.size} page reference(s) lie outside {c.tier}'s pages "
+                       f"0..{cap - 1}", pages=outside,
+                       nodes=c.nodes_at(outside), ops=c.ops_at(outside))]
     bad_code = np.flatnonzero(c.owner > TREE)
     if bad_code.size:
-        return [report(f"{bad_code.size} page(s) have an owner code that is none of FREE/PRIVATE/TREE",
-                       pages=bad_code)]
+        return [report(f"{bad_code.size} page(s) have an owner code that is none of "
+                       "FREE/PRIVATE/TREE", pages=bad_code)]
     claims = page_counts(c.tree, cap) + page_counts(c.private, cap) + (c.owner == FREE)
     out: list[Violation] = []
     unclaimed = np.flatnonzero(claims == 0)
@@ -220,17 +233,19 @@ def _conserved(c: TierClaims) -> list[Violation]:
         out.append(report(_leak_message(c, unclaimed), pages=unclaimed))
     twice = np.flatnonzero(claims > 1)
     if twice.size:
-        out.append(report(f"{twice.size} page(s) of {c.tier} are counted more than once across the free "
-                          "list, node values and private records", pages=twice,
+        out.append(report(f"{twice.size} page(s) of {c.tier} are counted more than once across "
+                          "the free list, node values and private records", pages=twice,
                           nodes=c.nodes_at(twice), ops=c.ops_at(twice)))
     if out:
         return out
     # Every page is claimed once; the table's counts can still disagree with the records'.
     counted = np.bincount(c.owner, minlength=len(OWNER_NAMES))
     if counted[PRIVATE] != c.private.size or counted[TREE] != c.tree.size:
-        wrong = np.concatenate((c.tree[c.owner[c.tree] != TREE], c.private[c.owner[c.private] != PRIVATE]))
-        out.append(report(f"the page table counts {counted[PRIVATE]} PRIVATE and {counted[TREE]} TREE pages "
-                          f"but the records hold {c.private.size} private and {c.tree.size} tree pages",
+        wrong = np.concatenate((c.tree[c.owner[c.tree] != TREE],
+                                c.private[c.owner[c.private] != PRIVATE]))
+        out.append(report(f"the page table counts {counted[PRIVATE]} PRIVATE and {counted[TREE]} "
+                          f"TREE pages but the records hold {c.private.size} private and "
+                          f"{c.tree.size} tree pages",
                           pages=wrong, nodes=c.nodes_at(wrong), ops=c.ops_at(wrong)))
     return out
 
@@ -239,6 +254,6 @@ def _leak_message(c: TierClaims, unclaimed: Pages) -> str:
     codes = np.bincount(c.owner[unclaimed], minlength=len(OWNER_NAMES))
     kinds = ", ".join(f"{int(k)} {OWNER_NAMES[i]}" for i, k in enumerate(codes) if k)
     if not c.targets.size and not c.held.size and codes[PRIVATE]:
-        return (f"no transfer or request holds pages of {c.tier}, yet {codes[PRIVATE]} page(s) are still "
-                f"PRIVATE (leaked); unclaimed: {kinds}")
+        return (f"no transfer or request holds pages of {c.tier}, yet {codes[PRIVATE]} page(s) "
+                f"are still PRIVATE (leaked); unclaimed: {kinds}")
     return f"{unclaimed.size} page(s) of {c.tier} are claimed by no record (leaked): {kinds}"

@@ -98,8 +98,8 @@ def check_no_dead_node(s: Snapshot) -> list[Violation]:
     if not dead:
         return []
     return [NO_DEAD_NODE.violation(
-        f"node(s) [{shown(dead)}] hold nothing in any tier, are unlocked, wait on no op and have no "
-        "children, yet are still in the tree", nodes=dead)]
+        f"node(s) [{shown(dead)}] hold nothing in any tier, are unlocked, wait on no op and "
+        "have no children, yet are still in the tree", nodes=dead)]
 
 
 def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
@@ -109,7 +109,8 @@ def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
         held = sum(int(np.size(v)) for n in s.nodes if (v := n.values.get(tier)) is not None)
         if held != view.tree_pages_counted:
             out.append(TIER_SIZE_ACCOUNTING.violation(
-                f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values hold {held}",
+                f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
+                f"hold {held}",
                 tier=tier))
     return out
 
@@ -121,8 +122,8 @@ def check_locks_non_negative(s: Snapshot) -> list[Violation]:
         negative = [n.node_id for n in s.nodes if n.locks.get(tier, 0) < 0]
         if negative:
             out.append(LOCKS_NON_NEGATIVE.violation(
-                f"node(s) [{shown(negative)}] have a negative lock count in {tier} (an unlock without "
-                "its lock)", tier=tier, nodes=negative))
+                f"node(s) [{shown(negative)}] have a negative lock count in {tier} (an unlock "
+                "without its lock)", tier=tier, nodes=negative))
     return out
 
 
@@ -135,7 +136,8 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
         every = np.concatenate((c.tree, c.private))
         outside = every[(every < 0) | (every >= c.capacity)]  # rare (I6 names them): sort those
         values, counts = np.unique(outside, return_counts=True)
-        twice = np.concatenate((np.flatnonzero(page_counts(every, c.capacity) > 1), values[counts > 1]))
+        inner = np.flatnonzero(page_counts(every, c.capacity) > 1)
+        twice = np.concatenate((inner, values[counts > 1]))
         if twice.size:
             out.append(NO_DOUBLE_REFERENCE.violation(
                 f"{twice.size} page(s) of {tier} are referenced more than once by node values, op "
@@ -169,7 +171,7 @@ def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
             ops += [o for o in (op, parent.pending.get(tier)) if o is not None]
         if gaps:
             out.append(TIER_ANCESTOR_CLOSED.violation(
-                f"node(s) [{shown(gaps)}] are present in {tier} under a parent that is not (a backup gap: "
-                "the parent could not be evicted or restored before its child)",
+                f"node(s) [{shown(gaps)}] are present in {tier} under a parent that is not (a "
+                "backup gap: a suffix held without its prefix)",
                 tier=tier, nodes=gaps, ops=ops))
     return out

@@ -61,7 +61,8 @@ class CheckName:
         ops: IdsLike = (),
     ) -> Violation:
         """A `Violation` of this check; each id list is trimmed to its `LISTED_MAX` smallest."""
-        return Violation(self.id, self.name, tier, listed(pages), listed(nodes), listed(ops), message)
+        return Violation(self.id, self.name, tier, listed(pages), listed(nodes), listed(ops),
+                         message)
 
 
 def listed(ids: IdsLike) -> tuple[int, ...]:

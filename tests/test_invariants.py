@@ -15,6 +15,8 @@ The hand-built snapshot (page size 4 tokens, 8 pages per tier):
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -23,6 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hicache.bench.invariants import main as bench_main
 from hicache.bench.invariants import synthetic_snapshot
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants import (
@@ -46,7 +49,8 @@ def owner(tree: list[int], private: list[int]) -> npt.NDArray[np.uint8]:
 
 def node(node_id: int, parent: int | None, children: tuple[int, ...], key: int,
          values: dict[str, list[int] | None], states: dict[str, str],
-         locks: dict[str, int] | None = None, pending: dict[str, int | None] | None = None) -> NodeView:
+         locks: dict[str, int] | None = None,
+         pending: dict[str, int | None] | None = None) -> NodeView:
     return NodeView(
         node_id, parent, children, key,
         values={t: None if values.get(t) is None else pages(values[t]) for t in TIERS},
@@ -57,10 +61,15 @@ def node(node_id: int, parent: int | None, children: tuple[int, ...], key: int,
 
 
 # Content (one digest per logical page) of each tier's physical pages.
-CONTENT = {"L1": {0: 101, 1: 102, 2: 201}, "L2": {0: 101, 1: 102, 3: 301, 4: 302}, "L3": {0: 101, 1: 102}}
+CONTENT = {
+    "L1": {0: 101, 1: 102, 2: 201},
+    "L2": {0: 101, 1: 102, 3: 301, 4: 302},
+    "L3": {0: 101, 1: 102},
+}
+DigestFn = Callable[[str, Pages], npt.NDArray[np.uint64]]
 
 
-def digests_of(content: dict[str, dict[int, int]]) -> Callable[[str, Pages], npt.NDArray[np.uint64]]:
+def digests_of(content: dict[str, dict[int, int]]) -> DigestFn:
     tables = {t: np.zeros(CAP, dtype=np.uint64) for t in TIERS}
     for t, pairs in content.items():
         for p, d in pairs.items():
@@ -74,7 +83,8 @@ def digests_of(content: dict[str, dict[int, int]]) -> Callable[[str, Pages], npt
 def valid() -> Snapshot:
     nodes = (
         node(0, None, (1, 3), 0, {}, {}),
-        node(1, 0, (2,), 8, {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]}, {"L1": R, "L2": R, "L3": R}),
+        node(1, 0, (2,), 8, {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]},
+             {"L1": R, "L2": R, "L3": R}),
         node(2, 1, (), 4, {"L1": [2]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": 10}),
         node(3, 0, (), 8, {"L2": [3, 4]}, {"L1": "H2D_PENDING", "L2": R, "L3": "H2S_PENDING"},
              {"L2": 2}, {"L1": 11, "L3": 12}),
@@ -110,7 +120,8 @@ def with_node(s: Snapshot, node_id: int, **changes: object) -> Snapshot:
             merged[field] = new
         return dataclasses.replace(n, **merged)  # type: ignore[arg-type]
 
-    return dataclasses.replace(s, nodes=tuple(changed(n) if n.node_id == node_id else n for n in s.nodes))
+    nodes = tuple(changed(n) if n.node_id == node_id else n for n in s.nodes)
+    return dataclasses.replace(s, nodes=nodes)
 
 
 def with_owner(s: Snapshot, tier: str, page: int, code: int) -> Snapshot:
@@ -125,8 +136,10 @@ def with_tier(s: Snapshot, tier: str, **changes: object) -> Snapshot:
 
 
 def with_op(s: Snapshot, op_id: int, **changes: object) -> Snapshot:
-    ops = tuple(dataclasses.replace(o, **changes) if o.op_id == op_id else o  # type: ignore[arg-type]
-                for o in s.ops)
+    def changed(o: OpView) -> OpView:
+        return dataclasses.replace(o, **changes)  # type: ignore[arg-type]
+
+    ops = tuple(changed(o) if o.op_id == op_id else o for o in s.ops)
     return dataclasses.replace(s, ops=ops)
 
 
@@ -146,6 +159,11 @@ def only(found: list[Violation], invariant: str) -> Violation:
 
 def test_valid_snapshot_passes_every_check() -> None:
     assert check_all(valid()) == []
+
+
+def test_every_check_has_a_violation_test() -> None:
+    """spec/invariants.md names `test_<name>_violation` for each check; it must exist here."""
+    assert [c.name for c in CHECKS if f"test_{c.name}_violation" not in globals()] == []
 
 
 def test_registry_lists_twelve_checks_in_spec_order() -> None:
@@ -168,7 +186,8 @@ def test_violation_reads_as_one_line() -> None:
 # -- I1 .. I6 --------------------------------------------------------------------------------
 
 
-def test_i1_tree_page_on_free_list() -> None:
+def test_ownership_disjoint_violation() -> None:
+    """L1 page 0 is in node 1's value and also on the free list."""
     found = check_all(with_owner(valid(), "L1", 0, FREE))
     v = only(found, "I1")
     assert (v.tier, v.pages, v.nodes) == ("L1", (0,), (1,))
@@ -176,7 +195,7 @@ def test_i1_tree_page_on_free_list() -> None:
     assert ids(found) == {"I1", "I6"}  # page 0 is also counted twice (free list + node 1)
 
 
-def test_i1_request_page_that_the_table_calls_tree() -> None:
+def test_ownership_disjoint_request_page_the_table_calls_tree() -> None:
     found = check_all(with_owner(valid(), "L1", 5, TREE))
     v = only(found, "I1")
     assert (v.tier, v.pages, v.nodes, v.ops) == ("L1", (5,), (), ())
@@ -184,7 +203,7 @@ def test_i1_request_page_that_the_table_calls_tree() -> None:
     assert ids(found) == {"I1", "I6"}  # the table now counts one TREE page too many
 
 
-def test_i1_tree_page_also_private_to_a_request() -> None:
+def test_ownership_disjoint_tree_page_also_private_to_a_request() -> None:
     s = valid()
     s = dataclasses.replace(s, requests=(RequestView(7, 8, 12, {"L1": pages([2])}),))
     s = with_owner(s, "L1", 5, FREE)
@@ -193,42 +212,45 @@ def test_i1_tree_page_also_private_to_a_request() -> None:
     assert "private" in v.message
 
 
-def test_i2_source_node_unlocked() -> None:
+def test_inflight_source_pinned_violation() -> None:
+    """Node 2, the L1 source of op 10, holds no L1 lock."""
     found = check_all(with_node(valid(), 2, locks={"L1": 0}))
     v = only(found, "I2")
     assert (v.tier, v.nodes, v.ops) == ("L1", (2,), (10,))
     assert ids(found) == {"I2"}
 
 
-def test_i2_source_pages_are_not_the_nodes_value() -> None:
+def test_inflight_source_pinned_pages_are_not_the_nodes_value() -> None:
     v = only(check_all(with_op(valid(), 10, source_pages=pages([1]))), "I2")
     assert (v.tier, v.pages, v.nodes, v.ops) == ("L1", (1, 2), (2,), (10,))
 
 
-def test_i2_source_page_not_tree_owned() -> None:
+def test_inflight_source_pinned_page_not_tree_owned() -> None:
     found = check_all(with_owner(valid(), "L2", 4, PRIVATE))
     mine = [v for v in found if v.invariant == "I2"]
     assert {(v.tier, v.pages, v.ops) for v in mine} == {("L2", (4,), (11,)), ("L2", (4,), (12,))}
 
 
-def test_i3_unaligned_key() -> None:
+def test_page_aligned_violation() -> None:
+    """Node 2's key is 5 tokens with 4-token pages."""
     found = check_all(with_node(valid(), 2, key_tokens=5))
     v = only(found, "I3")
     assert (v.tier, v.nodes) == (None, (2,))
     assert ids(found) == {"I3"}
 
 
-def test_i3_value_length_disagrees_with_key() -> None:
+def test_page_aligned_value_length_disagrees_with_key() -> None:
     found = check_all(with_node(valid(), 1, key_tokens=12))  # 3 pages of key, 2 in every value
     assert {(v.invariant, v.tier, v.nodes) for v in found} == {("I3", t, (1,)) for t in TIERS}
 
 
-def test_i3_op_range_not_page_aligned() -> None:
+def test_page_aligned_op_range() -> None:
     v = only(check_all(with_op(valid(), 11, token_start=2, token_end=10)), "I3")
     assert (v.tier, v.ops) == ("L1", (11,))
 
 
-def test_i4_tiers_disagree_on_bytes() -> None:
+def test_tier_bytes_equal_violation() -> None:
+    """Node 1's L3 page 1 holds other bytes than its L1 and L2 copies."""
     content = {**CONTENT, "L3": {0: 101, 1: 999}}
     found = check_all(dataclasses.replace(valid(), digests=digests_of(content)))
     v = only(found, "I4")
@@ -236,47 +258,49 @@ def test_i4_tiers_disagree_on_bytes() -> None:
     assert ids(found) == {"I4"}
 
 
-def test_i4_vacuous_without_digests() -> None:
+def test_tier_bytes_equal_vacuous_without_digests() -> None:
     content = {**CONTENT, "L3": {0: 101, 1: 999}}
     assert check_all(dataclasses.replace(valid(), digests=None)) == []
     assert ids(check_all(dataclasses.replace(valid(), digests=digests_of(content)))) == {"I4"}
 
 
-def test_i5_resident_while_pending() -> None:
+def test_publish_order_violation() -> None:
+    """Node 2 is RESIDENT in L2 while op 10 still fills it."""
     found = check_all(with_node(valid(), 2, states={"L2": R}))
     v = only(found, "I5")
     assert (v.tier, v.nodes, v.ops) == ("L2", (2,), (10,))
     assert ids(found) == {"I5"}
 
 
-def test_i5_op_target_already_tree() -> None:
+def test_publish_order_op_target_already_tree() -> None:
     found = check_all(with_owner(valid(), "L2", 2, TREE))
     v = only(found, "I5")
     assert (v.tier, v.pages, v.ops) == ("L2", (2,), (10,))
     assert ids(found) == {"I1", "I5", "I6"}
 
 
-def test_i5_cached_len_ahead_of_publication() -> None:
+def test_publish_order_cached_len_ahead_of_publication() -> None:
     s = dataclasses.replace(valid(), requests=(RequestView(7, 16, 12, {"L1": pages([5])}),))
     v = only(check_all(s), "I5")
     assert "request(s) [7]" in v.message and "16 > published_len 12" in v.message
 
 
-def test_i5_pending_node_names_an_op_that_is_gone() -> None:
+def test_publish_order_pending_node_names_an_op_that_is_gone() -> None:
     found = check_all(with_node(valid(), 3, pending={"L3": 99}))
     # Both directions of the link break: node 3 waits on op 99, op 12 no longer has node 3.
     assert {(v.invariant, v.tier, v.nodes, v.ops) for v in found} == {
         ("I5", "L3", (3,), (99,)), ("I5", "L3", (3,), (12,))}
 
 
-def test_i6_page_missing_from_every_record() -> None:
+def test_page_conservation_violation() -> None:
+    """Free L1 page 6 turns PRIVATE with no op or request holding it."""
     found = check_all(with_owner(valid(), "L1", 6, PRIVATE))
     v = only(found, "I6")
     assert (v.tier, v.pages) == ("L1", (6,))
     assert ids(found) == {"I6"}
 
 
-def test_i6_leak_after_transfers_drain_names_private() -> None:
+def test_page_conservation_leak_after_transfers_drain() -> None:
     s = with_owner(valid(), "L3", 7, PRIVATE)
     s = dataclasses.replace(s, ops=tuple(o for o in s.ops if o.op_id != 12))
     s = with_node(s, 3, states={"L3": A}, pending={"L3": None}, locks={"L2": 1})
@@ -286,7 +310,7 @@ def test_i6_leak_after_transfers_drain_names_private() -> None:
     assert "still PRIVATE" in v.message
 
 
-def test_i6_page_outside_capacity() -> None:
+def test_page_conservation_page_outside_capacity() -> None:
     v = only(check_all(with_op(valid(), 12, target_pages=pages([5, 9]))), "I6")
     assert (v.tier, v.pages, v.ops) == ("L3", (9,), (12,))
 
@@ -294,25 +318,27 @@ def test_i6_page_outside_capacity() -> None:
 # -- S1 .. S6 --------------------------------------------------------------------------------
 
 
-def test_s1_child_missing_from_parents_list() -> None:
+def test_parent_child_links_violation() -> None:
+    """Node 2 is missing from its parent's child list."""
     found = check_all(with_node(valid(), 2, parent_link_ok=False))
     v = only(found, "S1")
     assert v.nodes == (2,)
     assert ids(found) == {"S1"}
 
 
-def test_s1_cycle_is_unreachable_from_root() -> None:
+def test_parent_child_links_cycle() -> None:
     s = with_node(with_node(valid(), 1, parent_id=2), 0, child_ids=(3,))
     found = [v for v in check_all(s) if v.invariant == "S1"]
     assert any("cycle" in v.message and v.nodes == (1, 2) for v in found)
 
 
-def test_s1_two_roots() -> None:
+def test_parent_child_links_two_roots() -> None:
     found = [v for v in check_all(with_node(valid(), 3, parent_id=None)) if v.invariant == "S1"]
     assert any(v.nodes == (3,) and "not the root" in v.message for v in found)
 
 
-def test_s2_dead_node() -> None:
+def test_no_dead_node_violation() -> None:
+    """Node 4 holds nothing, waits on nothing and has no children."""
     s = with_node(valid(), 1, child_ids=(2, 4))
     s = dataclasses.replace(s, nodes=(*s.nodes, node(4, 1, (), 4, {}, {})))
     found = check_all(s)
@@ -320,21 +346,24 @@ def test_s2_dead_node() -> None:
     assert ids(found) == {"S2"}
 
 
-def test_s3_wrong_size_counter() -> None:
+def test_tier_size_accounting_violation() -> None:
+    """The tree counts 5 L2 pages; its values hold 4."""
     found = check_all(with_tier(valid(), "L2", tree_pages_counted=5))
     v = only(found, "S3")
     assert v.tier == "L2" and "counts 5" in v.message and "hold 4" in v.message
     assert ids(found) == {"S3"}
 
 
-def test_s4_negative_lock() -> None:
+def test_locks_non_negative_violation() -> None:
+    """Node 1's L3 lock count is -1."""
     found = check_all(with_node(valid(), 1, locks={"L3": -1}))
     v = only(found, "S4")
     assert (v.tier, v.nodes) == ("L3", (1,))
     assert ids(found) == {"S4"}
 
 
-def test_s5_page_in_two_node_values() -> None:
+def test_no_double_reference_violation() -> None:
+    """L1 page 1 is in node 1's value and in node 2's."""
     s = with_node(valid(), 2, values={"L1": [1]})  # node 1 holds L1 page 1 too
     s = with_owner(with_op(s, 10, source_pages=pages([1])), "L1", 2, FREE)
     found = check_all(s)
@@ -343,21 +372,24 @@ def test_s5_page_in_two_node_values() -> None:
     assert ids(found) == {"S5", "I6"}  # page 1 is also counted twice
 
 
-def test_s6_pending_backup_under_parent_absent_in_l2() -> None:
+def test_tier_ancestor_closed_violation() -> None:
+    """Node 1 loses its L2 value while op 10 backs its child up to L2."""
     s = with_node(valid(), 1, values={"L2": None}, states={"L2": A})
-    s = with_tier(with_owner(with_owner(s, "L2", 0, FREE), "L2", 1, FREE), "L2", tree_pages_counted=2)
+    s = with_owner(with_owner(s, "L2", 0, FREE), "L2", 1, FREE)
+    s = with_tier(s, "L2", tree_pages_counted=2)
     found = check_all(s)
     v = only(found, "S6")
     assert (v.tier, v.nodes, v.ops) == ("L2", (2,), (10,))
     assert ids(found) == {"S6"}
 
 
-def test_s6_resident_child_under_parent_absent_in_l2() -> None:
+def test_tier_ancestor_closed_resident_child() -> None:
     # Op 10 completed (node 2 now RESIDENT in L2 page 2), then node 1 lost its L2 value.
     s = dataclasses.replace(valid(), ops=tuple(o for o in valid().ops if o.op_id != 10))
     s = with_node(s, 2, values={"L2": [0]}, states={"L2": R}, pending={"L2": None}, locks={"L1": 0})
     s = with_node(s, 1, values={"L2": None}, states={"L2": A})
-    s = with_tier(with_owner(with_owner(s, "L2", 1, FREE), "L2", 2, FREE), "L2", tree_pages_counted=3)
+    s = with_owner(with_owner(s, "L2", 1, FREE), "L2", 2, FREE)
+    s = with_tier(s, "L2", tree_pages_counted=3)
     s = dataclasses.replace(s, digests=digests_of({**CONTENT, "L2": {0: 201, 3: 301, 4: 302}}))
     found = check_all(s)
     v = only(found, "S6")
@@ -369,10 +401,12 @@ def with_grandchild(s: Snapshot, d2h_op: int) -> Snapshot:
     """`s` plus node 5 (child of node 2, L1 page 6) being backed up to L2 page 7 by op
     `d2h_op`: op 10 itself (one op over the chain 2 -> 5) or a separate op."""
     s = with_node(s, 2, child_ids=(5,))
-    child = node(5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": d2h_op})
+    child = node(5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"},
+                 {"L1": 1}, {"L2": d2h_op})
     s = dataclasses.replace(s, nodes=(*s.nodes, child))
     if d2h_op == 10:
-        s = with_op(s, 10, node_ids=(2, 5), source_pages=pages([2, 6]), target_pages=pages([2, 7]), token_end=16)
+        s = with_op(s, 10, node_ids=(2, 5), source_pages=pages([2, 6]),
+                    target_pages=pages([2, 7]), token_end=16)
     else:
         op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16)
         s = dataclasses.replace(s, ops=(*s.ops, op))
@@ -380,11 +414,11 @@ def with_grandchild(s: Snapshot, d2h_op: int) -> Snapshot:
     return with_owner(s, "L2", 7, PRIVATE)
 
 
-def test_s6_chain_backed_up_by_one_op_is_closed() -> None:
+def test_tier_ancestor_closed_holds_for_one_op_chain() -> None:
     assert check_all(with_grandchild(valid(), 10)) == []
 
 
-def test_s6_child_pending_on_another_op_than_its_pending_parent() -> None:
+def test_tier_ancestor_closed_child_on_another_op() -> None:
     found = check_all(with_grandchild(valid(), 13))
     v = only(found, "S6")
     assert (v.tier, v.nodes, v.ops) == ("L2", (5,), (10, 13))
@@ -457,3 +491,15 @@ def test_checker_off_never_raises() -> None:
     for step in range(5):
         checker.after_transition(lambda: broken, f"step {step}")
     assert (checker.checks_run, checker.violations_found) == (0, 0)
+
+
+# -- benchmark entry point -----------------------------------------------------------------
+
+
+def test_bench_writes_one_row_per_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "invariants.json"
+    assert bench_main(["--pages", "100", "200", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["pages_per_tier"] for r in rows] == [100, 200]
+    assert set(rows[0]["checks_us"]) == {c.id for c in CHECKS}
+    assert "ns/page" in capsys.readouterr().out

@@ -55,13 +55,14 @@ def synthetic_snapshot(pages_per_tier: int, *, seed: int = 0, node_pages: int = 
         return perm[tier][slot * node_pages:(slot + 1) * node_pages]
 
     values = {t: {i: chunk(t, k) for k, i in enumerate(resident[t])} for t in TIERS}
-    ops = [_op(100 + k, "H2D", "L2", "L1", i, values["L2"][i], chunk("L1", in_l1 + k), node_pages * page_size)
+    key_tokens = node_pages * page_size
+    ops = [_op(100 + k, "H2D", "L2", "L1", i, values["L2"][i], chunk("L1", in_l1 + k), key_tokens)
            for k, i in enumerate(h2d)]
-    ops += [_op(200 + k, "H2S", "L2", "L3", i, values["L2"][i], chunk("L3", in_l3 + k), node_pages * page_size)
+    ops += [_op(200 + k, "H2S", "L2", "L3", i, values["L2"][i], chunk("L3", in_l3 + k), key_tokens)
             for k, i in enumerate(h2s)]
     held = chunk("L1", in_l1 + len(h2d))
-    request = RequestView(1, node_pages * page_size, node_pages * page_size, {"L1": held})
-    nodes = _nodes(n_nodes, values, ops, node_pages * page_size)
+    request = RequestView(1, key_tokens, key_tokens, {"L1": held})
+    nodes = _nodes(n_nodes, values, ops, key_tokens)
     owner = {t: np.full(pages_per_tier, FREE, dtype=np.uint8) for t in TIERS}
     for t in TIERS:
         for v in values[t].values():
@@ -80,7 +81,8 @@ def _op(op_id: int, direction: str, source: str, target: str, node_id: int, src:
     return OpView(op_id, direction, source, target, (node_id,), src, dst, 0, key_tokens)
 
 
-def _nodes(n_nodes: int, values: dict[str, dict[int, Pages]], ops: list[OpView], key_tokens: int) -> list[NodeView]:
+def _nodes(n_nodes: int, values: dict[str, dict[int, Pages]], ops: list[OpView],
+           key_tokens: int) -> list[NodeView]:
     """Root 0 and nodes 1..n_nodes; node i's parent is (i - 1) // ARITY (so the root has ARITY
     children and any prefix 1..k of node ids is closed under parents)."""
     children: dict[int, list[int]] = {}
@@ -90,8 +92,8 @@ def _nodes(n_nodes: int, values: dict[str, dict[int, Pages]], ops: list[OpView],
     locks = {(op.source, op.node_ids[0]): 0 for op in ops}
     for op in ops:
         locks[(op.source, op.node_ids[0])] += 1
-    out = [NodeView(0, None, tuple(children.get(0, ())), 0, dict.fromkeys(TIERS), dict.fromkeys(TIERS, "ABSENT"),
-                    dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS))]
+    out = [NodeView(0, None, tuple(children.get(0, ())), 0, dict.fromkeys(TIERS),
+                    dict.fromkeys(TIERS, "ABSENT"), dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS))]
     for i in range(1, n_nodes + 1):
         vals = {t: values[t].get(i) for t in TIERS}
         states = {t: "RESIDENT" if vals[t] is not None else "ABSENT" for t in TIERS}
@@ -140,13 +142,14 @@ def bench_invariants(pages_per_tier: list[int], repeats: int = 7) -> dict[str, A
         found = check_all(s)
         # Verify the snapshot is valid: a failing check may take a different (shorter) path.
         if found:
-            raise InvariantViolation(tuple(found), f"building the synthetic snapshot of {n} pages/tier")
+            raise InvariantViolation(tuple(found), f"building a synthetic snapshot of {n} pages")
         per_check = {c.id: _median_us(partial(c.func, s), repeats) for c in CHECKS}
         total_us = _median_us(lambda: check_all(s), repeats)
         total_pages = n * len(TIERS)
         rows.append({
-            "pages_per_tier": n, "pages_total": total_pages, "nodes": len(s.nodes), "ops": len(s.ops),
-            "checks_us": per_check, "check_all_us": total_us, "ns_per_page": total_us * 1e3 / total_pages,
+            "pages_per_tier": n, "pages_total": total_pages,
+            "nodes": len(s.nodes), "ops": len(s.ops), "checks_us": per_check,
+            "check_all_us": total_us, "ns_per_page": total_us * 1e3 / total_pages,
         })
     return {
         "benchmark": "invariants", "repeats": repeats, "rows": rows,
@@ -160,16 +163,21 @@ def format_table(result: dict[str, Any]) -> str:
     head = ["pages/tier", "nodes", *ids, "all µs", "ns/page"]
     lines = [" ".join(f"{h:>10}" for h in head)]
     for r in result["rows"]:
-        cells = [str(r["pages_per_tier"]), str(r["nodes"]), *(f"{r['checks_us'][i]:.0f}" for i in ids),
+        cells = [str(r["pages_per_tier"]), str(r["nodes"]),
+                 *(f"{r['checks_us'][i]:.0f}" for i in ids),
                  f"{r['check_all_us']:.0f}", f"{r['ns_per_page']:.1f}"]
         lines.append(" ".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hicache.bench.invariants", description=__doc__.split("\n")[0])
-    parser.add_argument("--pages", type=int, nargs="+", default=list(SIZES_DEFAULT), help="pages per tier")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
+    parser = argparse.ArgumentParser(
+        prog="python -m hicache.bench.invariants",
+        description="Time the invariant checks on synthetic snapshots.")
+    parser.add_argument("--pages", type=int, nargs="+", default=list(SIZES_DEFAULT),
+                        help="pages per tier, one snapshot each")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed runs per measurement (the median is reported)")
     parser.add_argument("--out", help="also write the numbers as JSON to this path")
     args = parser.parse_args(argv)
     if args.repeats < 1:
