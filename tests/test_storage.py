@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hicache.bench.storage import main as bench_main
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
@@ -385,3 +387,20 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
     raw = np.fromfile(l3.path, dtype=np.uint8)
     assert np.array_equal(raw[5 * BPP:6 * BPP], l2[7].numpy())
     assert np.array_equal(raw[30 * BPP:31 * BPP], l2[3].numpy())
+
+
+# -- the benchmark runs (its figures are not asserted: performance lives in benchmarks) ----------
+
+def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "storage.json"
+    args = ["--tokens", "32", "80", "--bytes-per-page", "4096", "--repeats", "1",
+            "--dir", str(tmp_path), "--out", str(out)]
+    assert bench_main(args) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [r["pages"] for r in rows] == [2, 5]
+    assert all(r["extents_consecutive"] == 1 for r in rows)
+    assert all(1 <= r["extents_fragmented"] <= r["pages"] for r in rows)
+    assert all(r["s2h_fragmented_GBps"] > 0 and r["h2s_consecutive_vs_raw"] > 0 for r in rows)
+    assert result["config"]["corrupt_reads"] == 0
+    assert list(tmp_path.iterdir()) == [out]  # the benchmark's L3 file is gone

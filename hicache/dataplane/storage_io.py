@@ -91,7 +91,13 @@ class TaskGroup:
     def submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: object) -> None:
         with self._cond:  # counted before it can run, so the group is never idle too early
             self._outstanding += 1
-        future = pool.submit(self._run, fn, *args)
+        try:
+            future = pool.submit(self._run, fn, *args)
+        except RuntimeError:  # the pool is shut down: this task will never run
+            with self._cond:
+                self._outstanding -= 1
+                self._cond.notify_all()
+            raise
         with self._cond:
             self._futures.append(future)
 

@@ -1,0 +1,203 @@
+"""L3 bandwidth: H2S / S2H through the mover against the raw file ceiling of the same run.
+
+    python -m hicache.bench.storage --out storage.json [--dir /path/on/the/l3/disk]
+
+Qwen3-8B pages (2,359,296 bytes), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens (22 / 63 /
+125 / 219 pages of 16 tokens). For each: a consecutive set (L2 pages 0..n-1 <-> n consecutive
+slots: 1 extent) and a fragmented one (n random L2 pages <-> n random slots: about n extents),
+each written (H2S) and read back (S2H, every page checksum-verified) through `StorageMover`.
+
+The ceiling is measured in the same run on the same bytes: one `os.pwrite` of the n pages'
+bytes straight from the L2 tensor, and one `os.preadv` back into it, on one thread -- what
+LIMITS.md calls file pwrite/preadv. Reads are from a warm page cache (the bytes were just
+written), for the mover and the ceiling alike; nothing is fsync'ed. GB = 1e9 bytes; times
+are medians over `repeats`, each from issue to the completion observed DONE.
+
+Every read lands in the pages its bytes came from, so the L2 contents never change and each
+S2H's checksum check is also a correctness check of the run. On CUDA machines the L2 tensor
+is pinned (as in the engine); on CPU it is not, which does not change file I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from hicache.dataplane.extents import coalesce
+from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.storage import L3File
+from hicache.dataplane.storage_io import StorageHandle, StorageMover
+from hicache.errors import TransferError
+from hicache.invariants.snapshot import Pages
+
+QWEN3_8B_BYTES_PER_PAGE = 2_359_296  # 2 * 36 layers * 16 tokens * 8 heads * 128 * 2 bytes
+PAGE_TOKENS = 16
+TOKENS_DEFAULT = (350, 1000, 2000, 3500)
+
+Row = dict[str, object]
+
+
+def _median_s(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up: first touch of page-cache pages and pool threads is not the steady state
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _finish(handle: StorageHandle) -> None:
+    if handle.wait() is not TransferStatus.DONE:
+        raise TransferError(f"benchmark transfer {handle.direction} failed: {handle.error}")
+
+
+def _raw(call: Callable[[int, memoryview, int], int], fd: int, view: memoryview, at: int) -> None:
+    """One call for the whole buffer; resumed only if the OS returns short (> 2 GiB)."""
+    done = 0
+    while done < len(view):
+        moved = call(fd, view[done:], at + done)
+        if moved <= 0:
+            raise TransferError(f"raw ceiling I/O moved {moved} bytes at {at + done}")
+        done += moved
+
+
+def _preadv(fd: int, view: memoryview, at: int) -> int:
+    return os.preadv(fd, [view], at)
+
+
+def _checksum_gbps(view: memoryview, repeats: int) -> float:
+    """crc32 of one page on one thread: the checksum's share of the mover's CPU work."""
+    def crc() -> None:
+        zlib.crc32(view)
+    return len(view) / _median_s(crc, repeats) / 1e9
+
+
+def _bench_one(
+    mover: StorageMover, l2_view: memoryview, n: int, sets: dict[str, tuple[Pages, Pages]],
+    raw_slot: int, repeats: int,
+) -> Row:
+    """One prefix size: ceilings and the mover on both page sets, interleaved per repeat."""
+    l3, bpp = mover.l3, mover.l3.bytes_per_page
+    nbytes = n * bpp
+    buf, at = l2_view[:nbytes], raw_slot * bpp
+    row: Row = {"pages": n, "tokens": n * PAGE_TOKENS, "bytes": nbytes}
+    row["raw_write_ms"] = 1e3 * _median_s(lambda: _raw(os.pwrite, l3.fd, buf, at), repeats)
+    row["raw_read_ms"] = 1e3 * _median_s(lambda: _raw(_preadv, l3.fd, buf, at), repeats)
+    for name, (pages_, slots) in sets.items():
+        row[f"extents_{name}"] = len(coalesce(pages_, slots))
+        row[f"h2s_{name}_ms"] = 1e3 * _median_s(lambda: _finish(mover.h2s(pages_, slots)), repeats)
+        row[f"s2h_{name}_ms"] = 1e3 * _median_s(lambda: _finish(mover.s2h(slots, pages_)), repeats)
+    for key in [k for k in row if k.endswith("_ms")]:
+        ms = row[key]
+        assert isinstance(ms, float)
+        row[key.replace("_ms", "_GBps")] = nbytes / (ms / 1e3) / 1e9
+    for name in sets:
+        for direction, raw in (("h2s", "raw_write"), ("s2h", "raw_read")):
+            mover_gbps, raw_gbps = row[f"{direction}_{name}_GBps"], row[f"{raw}_GBps"]
+            assert isinstance(mover_gbps, float) and isinstance(raw_gbps, float)
+            row[f"{direction}_{name}_vs_raw"] = mover_gbps / raw_gbps
+    return row
+
+
+def bench_storage(
+    tokens: Sequence[int] = TOKENS_DEFAULT, *, bytes_per_page: int = QWEN3_8B_BYTES_PER_PAGE,
+    io_threads: int = 4, repeats: int = 5, directory: str | None = None, seed: int = 0,
+) -> dict[str, object]:
+    """Run the benchmark; returns {"config": ..., "rows": [one per prefix size]}.
+
+    File layout (slots): [0, N) consecutive sets, [N, 3N) fragmented sets, [3N, 4N) the raw
+    ceiling, N = the largest page count. L2 holds 2N pages.
+    """
+    counts = [math.ceil(t / PAGE_TOKENS) for t in tokens]
+    big = max(counts)
+    l2 = torch.randint(0, 256, (2 * big, bytes_per_page), dtype=torch.uint8,
+                       generator=torch.Generator().manual_seed(seed))
+    pinned = torch.cuda.is_available()
+    if pinned:
+        l2 = l2.pin_memory()
+    rng = np.random.default_rng(seed)
+    path = None
+    if directory is not None:
+        path = os.path.join(directory, f"hicache-bench-{os.getpid()}.slots")
+    rows: list[Row] = []
+    l3 = L3File(path, 4 * big, bytes_per_page)
+    with l3, StorageMover(l3, l2, io_threads=io_threads) as mover:
+        l2_view = l2.numpy().data.cast("B")
+        for n in counts:
+            sets = {
+                "consecutive": (np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)),
+                "fragmented": (rng.choice(2 * big, n, replace=False).astype(np.int64),
+                               big + rng.choice(2 * big, n, replace=False).astype(np.int64)),
+            }
+            rows.append(_bench_one(mover, l2_view, n, sets, 3 * big, repeats))
+        crc_gbps = _checksum_gbps(l2_view[:bytes_per_page], max(repeats, 5))
+        counters = mover.counters
+        l3_path = l3.path
+    if path is not None:
+        os.unlink(path)
+    config: dict[str, object] = {
+        "bytes_per_page": bytes_per_page, "io_threads": io_threads, "repeats": repeats,
+        "l2_pinned": pinned, "l3_path": l3_path, "cpus": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "crc32_one_thread_GBps": crc_gbps, "corrupt_reads": counters.corrupt_reads,
+        "short_io_resumed": counters.short_io_resumed,
+    }
+    return {"config": config, "rows": rows}
+
+
+def _table(result: dict[str, object]) -> str:
+    rows = result["rows"]
+    assert isinstance(rows, list)
+    head = (f"{'pages':>5} {'ext c/f':>8} {'raw W':>6} {'H2S c':>6} {'H2S f':>6} "
+            f"{'raw R':>6} {'S2H c':>6} {'S2H f':>6}   GB/s (ratio to raw)")
+    lines = [head]
+    for r in rows:
+        def g(k: str) -> str:
+            return f"{r[k]:6.2f}"
+
+        def rr(k: str) -> str:
+            return f"{r[k]:.2f}"
+        lines.append(
+            f"{r['pages']:>5} {r['extents_consecutive']:>3}/{r['extents_fragmented']:<4} "
+            f"{g('raw_write_GBps')} {g('h2s_consecutive_GBps')} {g('h2s_fragmented_GBps')} "
+            f"{g('raw_read_GBps')} {g('s2h_consecutive_GBps')} {g('s2h_fragmented_GBps')}   "
+            f"H2S {rr('h2s_consecutive_vs_raw')}/{rr('h2s_fragmented_vs_raw')} "
+            f"S2H {rr('s2h_consecutive_vs_raw')}/{rr('s2h_fragmented_vs_raw')}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hicache.bench.storage",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS_DEFAULT))
+    parser.add_argument("--bytes-per-page", type=int, default=QWEN3_8B_BYTES_PER_PAGE)
+    parser.add_argument("--io-threads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", help="directory for the L3 file (default: the temp dir)")
+    parser.add_argument("--out", help="write the JSON result to this path")
+    args = parser.parse_args(argv)
+    result = bench_storage(args.tokens, bytes_per_page=args.bytes_per_page,
+                           io_threads=args.io_threads, repeats=args.repeats, directory=args.dir)
+    print(json.dumps(result["config"], indent=2))
+    print(_table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
