@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec = commands.add_parser("spec", help="check the spec, print or refresh its diagrams")
     spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION",
                                         parser_class=_Parser)
-    check = spec_commands.add_parser("check", help="fail on any drift between tables, prose, diagrams and code")
+    check = spec_commands.add_parser(
+        "check", help="fail on any drift between tables, prose, diagrams and code")
     check.set_defaults(handler=_spec_check)
     show = spec_commands.add_parser("diagram", help="print Mermaid stateDiagram-v2 text")
     show.add_argument("--which", choices=(*DIAGRAMS, "all"), default="all",

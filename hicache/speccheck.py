@@ -79,14 +79,11 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
         problems += check_diagrams(lc, lifecycle_md)
     invariants_md = _read(spec_dir / "invariants.md", problems)
     if invariants_md is not None:
-        if checks is None:
-            loaded = registry_checks()
-            if isinstance(loaded, str):
-                problems.append(loaded)
-            else:
-                problems += check_invariant_headings(loaded, invariants_md)
+        loaded = registry_checks() if checks is None else checks
+        if isinstance(loaded, str):
+            problems.append(loaded)
         else:
-            problems += check_invariant_headings(checks, invariants_md)
+            problems += check_invariant_headings(loaded, invariants_md)
     schema_text = _read(spec_dir / "trace.schema.json", problems)
     trace_md = _read(spec_dir / "trace.md", problems)
     if schema_text is not None:
@@ -266,7 +263,9 @@ def compare_rows(where: str, what: str, spec: TableSpec, found: Iterable[tuple[i
     for line, row in found:
         name = " ".join(row.get(k, "") for k in keys)
         if name in seen:
-            problems.append(f"{where} line {line}: {what} `{name}` appears again (first at line {seen[name]})")
+            problems.append(
+                f"{where} line {line}: {what} `{name}` appears again (first at line {seen[name]})"
+            )
             continue
         seen[name] = line
         if name not in want:
@@ -378,7 +377,9 @@ def check_invariant_headings(checks: Sequence[CheckInfo], markdown: str) -> list
             continue
         name, line, text = sections[cid]
         if name != c.name:
-            problems.append(f"invariants.md line {line}: heading {cid} `{name}`, registry names it `{c.name}`")
+            problems.append(
+                f"invariants.md line {line}: heading {cid} `{name}`, registry names it `{c.name}`"
+            )
             continue
         for needed in (f"check_{c.name}", f"test_{c.name}_violation"):
             if needed not in text:
@@ -407,7 +408,8 @@ def check_trace_schema(lc: Lifecycle, schema_text: str, trace_md: str | None) ->
     problems += _set_diff("trace.schema.json properties", list(props), fields)
     names = [c.name for c in lc.composites]
     for key in ("before", "after"):
-        problems += _set_diff(f"trace.schema.json {key} enum", list(props.get(key, {}).get("enum", [])), names)
+        enum = list(props.get(key, {}).get("enum", []))
+        problems += _set_diff(f"trace.schema.json {key} enum", enum, names)
     by_tier: dict[str, list[str]] = {}
     for clause in schema.get("allOf", []):
         tier = clause.get("then", {}).get("properties", {}).get("tier", {}).get("const")
@@ -415,7 +417,8 @@ def check_trace_schema(lc: Lifecycle, schema_text: str, trace_md: str | None) ->
             by_tier.setdefault(tier, []).extend(clause["if"]["properties"]["event"]["enum"])
     for tier in TIERS:
         rows = [t.name for t in lc.transitions.values() if t.tier == tier]
-        problems += _set_diff(f"trace.schema.json events pinned to tier {tier}", by_tier.get(str(tier), []), rows)
+        pinned = by_tier.get(str(tier), [])
+        problems += _set_diff(f"trace.schema.json events pinned to tier {tier}", pinned, rows)
     if trace_md is not None:
         listed = [row.get("event", "") for tb in parse_tables(trace_md)
                   if tb.headers and tb.headers[0] == "event" for _, row in tb.rows]

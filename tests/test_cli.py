@@ -95,7 +95,9 @@ def test_delegated_command_runs_module_main(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen == [["--pages", "8", "--help"], ["-x"]]
 
 
-def test_delegated_module_missing_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_delegated_module_missing_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(cli.DELEGATED, ("bench", "control"), "hicache.no_such_module")
     assert main(["bench", "control"]) == 2
     err = capsys.readouterr().err

@@ -265,18 +265,21 @@ def test_schema_rejects(event: dict[str, object], why: str) -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 
+EMPTY_L1 = "<!-- BEGIN GENERATED: L1 -->\n<!-- END GENERATED -->\n"
+
+
 def test_generated_block_errors() -> None:
     diagrams = all_diagrams(load_lifecycle())
     with pytest.raises(SpecError, match="no generated block for composite"):
-        replace_blocks("<!-- BEGIN GENERATED: L1 -->\n<!-- END GENERATED -->\n", {"composite": diagrams["composite"]})
+        replace_blocks(EMPTY_L1, {"composite": diagrams["composite"]})
     with pytest.raises(SpecError, match="not closed before the next one"):
         extract_blocks("<!-- BEGIN GENERATED: L1 -->\n<!-- BEGIN GENERATED: L2 -->\n<!-- END GENERATED -->\n")
     with pytest.raises(SpecError, match="appears twice"):
-        extract_blocks("<!-- BEGIN GENERATED: L1 -->\n<!-- END GENERATED -->\n" * 2)
+        extract_blocks(EMPTY_L1 * 2)
     with pytest.raises(SpecError, match="mermaid fence"):
         extract_blocks("<!-- BEGIN GENERATED: L1 -->\nhand-written\n<!-- END GENERATED -->\n")
     # Empty markers are filled in, and the rest of the document is left as it was.
-    text, changed = replace_blocks("a\n<!-- BEGIN GENERATED: L1 -->\n<!-- END GENERATED -->\nb", {"L1": diagrams["L1"]})
+    text, changed = replace_blocks(f"a\n{EMPTY_L1}b", {"L1": diagrams["L1"]})
     assert changed == ["L1"]
     assert text.startswith("a\n<!-- BEGIN GENERATED: L1 -->\n```mermaid\nstateDiagram-v2\n")
     assert text.endswith("```\n<!-- END GENERATED -->\nb")
