@@ -346,8 +346,7 @@ class DeviceHostMover:
             index_device = take(self.index_buffers, WorkspaceKind.DEVICE, torch.int64, (n,))
             host = take(self.workspaces, WorkspaceKind.HOST, dtype, page_shape) if fragmented else None
         except TransferError:
-            for cache, ws in held:
-                cache.release(ws)
+            self._release(held)
             raise
         finally:
             pinned, device = self._allocation_counts()
@@ -412,9 +411,7 @@ class DeviceHostMover:
 
     def _retire(self, handle: DmaHandle, staging: _Staging, status: TransferStatus) -> None:
         """Called once per handle when it turns final: buffers back, counters."""
-        for cache, ws in staging.held:
-            cache.release(ws)
-        staging.held.clear()
+        self._release(staging.held)
         self._in_flight.discard(handle)
         counters = self.counters[handle.direction]
         if status is TransferStatus.DONE:
@@ -429,9 +426,14 @@ class DeviceHostMover:
         """Issue failed half-way: wait for whatever was enqueued, then return the buffers."""
         if self._streams.cuda:
             torch.cuda.synchronize(self.l1.device)
-        for cache, ws in staging.held:
+        self._release(staging.held)
+
+    @staticmethod
+    def _release(held: list[tuple[WorkspaceCache, Workspace]]) -> None:
+        """Return borrowed buffers (emptying `held`, so none goes back twice)."""
+        for cache, ws in held:
             cache.release(ws)
-        staging.held.clear()
+        held.clear()
 
     def _allocation_counts(self) -> tuple[int, int]:
         """(host allocations, device allocations) over both caches, cumulative."""

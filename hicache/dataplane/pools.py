@@ -55,6 +55,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ConfigError("device", f"L1 lives on 'cuda' or 'cpu', got {dev.type!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "cuda was asked for but no CUDA device is available; use 'cpu'")
+    if dev.type == "cuda" and dev.index is None:  # one name for one device: tensors say cuda:N
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
