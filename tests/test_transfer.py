@@ -8,6 +8,7 @@ write cannot pass for correct ones.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -551,3 +552,17 @@ def test_short_io_is_resumed_through_the_engine(site: FaultSite, direction: str)
 def test_digests_reject_an_unknown_tier(engine: TransferEngine) -> None:
     with pytest.raises(InvalidPages, match="tier"):
         engine.digests("L4", pages([0]))
+
+
+def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
+    """The benchmark's plumbing (not its numbers): every path moves the right bytes and the
+    mover allocates nothing after warm-up; both reports are written."""
+    from hicache.bench.transfer import main
+
+    assert main(["--out", str(tmp_path), "--quick", "--repeats", "1", "--tokens", "16"]) == 0
+    result = json.loads((tmp_path / "transfer.json").read_text())
+    rows = result["dma"]["rows"]
+    mover_rows = [r for r in rows if r["path"].startswith("hicache")]
+    assert len(mover_rows) == 12 and all(r["correct"] for r in mover_rows)
+    assert all(r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"] for r in mover_rows)
+    assert "NOT MEASURED" not in (tmp_path / "transfer.md").read_text()

@@ -1,0 +1,404 @@
+"""Transfer benchmark: D2H / H2D end to end against the DMA ceiling measured in the same run.
+
+    hicache bench transfer --out DIR [--quick] [--repeats N] [--tokens 350,1000,2000,3500]
+
+Qwen3-8B geometry (36 layers, 8 KV heads, head_dim 128, bf16, 16-token pages: 2,359,296
+bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages. Sections:
+
+    dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive, fragmented):
+              DeviceHostMover with the doubling chunk schedule, with one chunk, and with fixed
+              ~16 MiB chunks; and a torch `index_select` gather + one DMA (the baseline a user
+              would write). Each timed end to end: issue -> poll until DONE, from an idle
+              device, median of `repeats`. Ceilings of the same byte count in the same run:
+              one contiguous pinned copy, timed by CUDA events (device time: the ratio
+              `of_dma_ceiling`) and end to end like the rest (`of_dma_ceiling_e2e`). Every path
+              is checked for the right bytes (digests); host buffers allocated after warm-up
+              are counted.
+    storage   H2S / S2H against raw pwrite / preadv of the same bytes, with extent counts
+              (`hicache.bench.storage`).
+    kernels   gather / scatter GB/s against a 1 GiB device copy (`hicache.bench.kernels`).
+
+Writes DIR/transfer.json (after every section, so a late failure keeps what was measured) and
+DIR/transfer.md. A section whose module is missing is reported as an error and makes the exit
+status 1. Without CUDA only `--quick` runs (tiny geometry, a few repeats): it exercises the code,
+its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.invariants.snapshot import Pages
+from hicache.kernels import KernelSet
+from hicache.tiers import Direction
+
+TOKENS_DEFAULT = (350, 1000, 2000, 3500)
+TOKENS_QUICK = (48, 160)
+FIXED_CHUNK_BYTES = 16 << 20  # the "fixed" variant: 16 MiB reaches 54 of 55.4 GB/s (LIMITS.md)
+L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
+Row = dict[str, Any]
+Poll = Callable[[], bool]  # True once the work is complete
+
+
+@dataclass(frozen=True)
+class Settings:
+    geometry: KVGeometry
+    preset_name: str
+    tokens: tuple[int, ...]
+    repeats: int
+    warmup: int
+    device: torch.device
+    quick: bool
+
+    @property
+    def page_counts(self) -> list[int]:
+        return [math.ceil(t / self.geometry.page_size) for t in self.tokens]
+
+
+def _e2e_ms(start: Callable[[], Poll], s: Settings) -> float:
+    """Median ms from calling `start` (which issues the work) until its poll says complete,
+    each run from an idle device."""
+    times = []
+    for i in range(s.warmup + s.repeats):
+        if s.device.type == "cuda":
+            torch.cuda.synchronize(s.device)
+        t0 = time.perf_counter()
+        complete = start()
+        while not complete():
+            pass
+        if i >= s.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _device_ms(fn: Callable[[], None], s: Settings) -> float:
+    """Median device ms of `fn` by CUDA events, synchronized per call (LIMITS.md's method);
+    wall-clock on CPU."""
+    times = []
+    for i in range(s.warmup + s.repeats):
+        if s.device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        else:
+            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            elapsed = begin.elapsed_time(end)
+        if i >= s.warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def _enqueued(fn: Callable[[], None], device: torch.device) -> Callable[[], Poll]:
+    """`start` for `_e2e_ms`: enqueue `fn` on the current stream, poll an event after it."""
+    def start() -> Poll:
+        fn()
+        if device.type != "cuda":
+            return lambda: True
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        return lambda: bool(event.query())  # type: ignore[no-untyped-call]
+    return start
+
+
+class _Rig:
+    """Pools, one mover per chunking variant, and the buffers the ceilings and baseline use."""
+
+    def __init__(self, s: Settings, max_pages: int) -> None:
+        g = s.geometry
+        self.s = s
+        self.l1 = DevicePool(g, max(L1_POOL_PAGES, 2 * max_pages), s.device)
+        self.l1.tensor.view(torch.uint8).random_(0, 256)
+        self.l2 = HostPool(g, 2 * max_pages + 64, pin=s.device.type == "cuda")
+        self.kernels = KernelSet.create(self.l1.tensor, "auto")
+        fixed = max(1, FIXED_CHUNK_BYTES // g.bytes_per_page)
+        self.movers = {
+            "hicache doubling": DeviceHostMover(self.l1, self.l2, self.kernels),
+            "hicache one chunk": DeviceHostMover(self.l1, self.l2, self.kernels, chunk_pages=1 << 30),
+            f"hicache fixed {fixed} pages": DeviceHostMover(self.l1, self.l2, self.kernels, chunk_pages=fixed),
+        }
+        shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
+        self.packed = torch.empty(shape, dtype=self.l1.tensor.dtype, device=s.device)
+        self.rng = np.random.default_rng(0)
+
+    def ceilings(self, n: int) -> Row:
+        """One contiguous pinned copy of n pages' bytes each way: device and e2e ms."""
+        host, dev = self.l2.tensor[:n], self.packed[:n]
+
+        def up() -> None:
+            dev.copy_(host, non_blocking=True)
+
+        def down() -> None:
+            host.copy_(dev, non_blocking=True)
+
+        return {
+            "h2d_device_ms": _device_ms(up, self.s),
+            "d2h_device_ms": _device_ms(down, self.s),
+            "h2d_e2e_ms": _e2e_ms(_enqueued(up, self.s.device), self.s),
+            "d2h_e2e_ms": _e2e_ms(_enqueued(down, self.s.device), self.s),
+        }
+
+    def baseline(self, direction: Direction, l1_ids: Pages, l2_ids: Pages) -> Callable[[], None]:
+        """torch index_select gather + one DMA (D2H), or one DMA + index_copy_ (H2D)."""
+        n = l1_ids.size
+        idx = torch.from_numpy(l1_ids).to(self.s.device)
+        first = int(l2_ids[0])
+        host, packed, l1 = self.l2.tensor[first : first + n], self.packed[:n], self.l1.tensor
+        if direction is Direction.D2H:
+            def d2h() -> None:
+                packed.copy_(l1.index_select(2, idx).permute(2, 0, 1, 3, 4, 5))
+                host.copy_(packed, non_blocking=True)
+            return d2h
+
+        def h2d() -> None:
+            packed.copy_(host, non_blocking=True)
+            l1.index_copy_(2, idx, packed.permute(1, 2, 0, 3, 4, 5))
+        return h2d
+
+
+def _mover_case(rig: _Rig, mover: DeviceHostMover, direction: Direction, l1_ids: Pages, l2_ids: Pages) -> Row:
+    """Time one mover path; check its bytes; count buffers allocated after warm-up."""
+    s = rig.s
+    issue = mover.d2h if direction is Direction.D2H else mover.h2d
+    src, dst = (l1_ids, l2_ids) if direction is Direction.D2H else (l2_ids, l1_ids)
+    failures: list[str] = []
+
+    def start() -> Poll:
+        handle = issue(src, dst)
+
+        def complete() -> bool:
+            status = handle.poll()
+            if status.final and handle.error is not None:
+                failures.append(str(handle.error))
+            return status.final
+        return complete
+
+    complete = start()  # warm-up outside the count: first use allocates the mover's buffers
+    while not complete():
+        pass
+    counters = mover.counters[direction]
+    before = (counters.pinned_allocations, counters.device_allocations)
+    ms = _e2e_ms(start, s)
+    if failures:
+        raise RuntimeError(f"{direction} failed during the benchmark: {failures[0]}")
+    correct = bool(np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids)))
+    return {"median_ms": ms, "correct": correct,
+            "pinned_allocations_after_warmup": counters.pinned_allocations - before[0],
+            "device_allocations_after_warmup": counters.device_allocations - before[1]}
+
+
+def _layouts(rig: _Rig, n: int) -> dict[str, Pages]:
+    consecutive = np.arange(n, dtype=np.int64)
+    fragmented = rig.rng.choice(rig.l2.capacity_pages, size=n, replace=False).astype(np.int64)
+    return {"consecutive": consecutive, "fragmented": fragmented}
+
+
+def bench_dma(s: Settings) -> dict[str, object]:
+    """The dma section (module docstring): the kernel choice, and one row per (prefix,
+    direction, L2 layout, path)."""
+    rig = _Rig(s, max(s.page_counts))
+    bpp = s.geometry.bytes_per_page
+    rows: list[Row] = []
+    for tokens, n in zip(s.tokens, s.page_counts):
+        ceiling = rig.ceilings(n)
+        l1_src = rig.rng.choice(rig.l1.capacity_pages, size=n, replace=False).astype(np.int64)
+        others = np.setdiff1d(np.arange(rig.l1.capacity_pages), l1_src)
+        l1_dst = rig.rng.choice(others, size=n, replace=False).astype(np.int64)
+        for layout, l2_ids in _layouts(rig, n).items():
+            for direction, l1_ids in ((Direction.D2H, l1_src), (Direction.H2D, l1_dst)):
+                d = direction.value.lower()
+                base = {"tokens": tokens, "pages": n, "bytes": n * bpp, "direction": direction.value,
+                        "l2": layout, "ceiling_device_ms": ceiling[f"{d}_device_ms"],
+                        "ceiling_e2e_ms": ceiling[f"{d}_e2e_ms"]}
+                cases: dict[str, Row] = {
+                    name: _mover_case(rig, mover, direction, l1_ids, l2_ids) for name, mover in rig.movers.items()
+                }
+                if layout == "consecutive":  # the baseline copies one host slice, like the anchor
+                    base_ms = _e2e_ms(_enqueued(rig.baseline(direction, l1_ids, l2_ids), s.device), s)
+                    cases["torch index_select + one DMA"] = {"median_ms": base_ms}
+                for path, case in cases.items():
+                    rows.append(_rated({**base, "path": path, **case}))
+    k = rig.kernels
+    return {"gather": k.gather_backend, "scatter": k.scatter_backend, "reason": k.reason, "rows": rows}
+
+
+def _rated(row: Row) -> Row:
+    ms = row["median_ms"]
+    row["GBps"] = row["bytes"] / (ms * 1e-3) / 1e9
+    row["of_dma_ceiling"] = row["ceiling_device_ms"] / ms
+    row["of_dma_ceiling_e2e"] = row["ceiling_e2e_ms"] / ms
+    return row
+
+
+def bench_storage_section(s: Settings) -> dict[str, object]:
+    from hicache.bench.storage import bench_storage  # delegated; ImportError: section missing
+
+    return bench_storage(list(s.tokens), bytes_per_page=s.geometry.bytes_per_page, repeats=max(3, s.repeats // 4))
+
+
+def bench_kernels_section(s: Settings) -> dict[str, object]:
+    from hicache.bench.kernels import bench_kernels  # delegated; ImportError: section missing
+
+    pool_pages = 64 if s.quick else 4096
+    return bench_kernels(preset_name=s.preset_name, pool_pages=pool_pages, tokens=list(s.tokens),
+                         iters=s.repeats, warmup=s.warmup, ceiling_bytes=(16 << 20) if s.quick else (1 << 30),
+                         device=s.device.type, configs=())
+
+
+SECTIONS: dict[str, Callable[[Settings], dict[str, object]]] = {
+    "dma": bench_dma, "storage": bench_storage_section, "kernels": bench_kernels_section,
+}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    """transfer.md: the config line, then one table per section that ran."""
+    c = result["config"]
+    lines = [f"# Transfer benchmark: {c['device_name']}", "",
+             f"torch {c['torch']}, geometry {c['geometry']}, {c['bytes_per_page']:,} bytes/page, "
+             f"median of {c['repeats']} after {c['warmup']} warm-up runs.", ""]
+    for name in SECTIONS:
+        section = result.get(name)
+        if section is None:
+            continue
+        if "error" in section:
+            lines += [f"## {name}: NOT MEASURED", "", f"{section['error']}", ""]
+            continue
+        lines += [f"## {name}", ""] + FORMATTERS[name](section) + [""]
+    return "\n".join(lines)
+
+
+def _dma_md(section: dict[str, Any]) -> list[str]:
+    out = [f"Kernels: gather {section['gather']}, scatter {section['scatter']} ({section['reason']}).", "",
+           "| tokens | pages | dir | L2 | path | ms | GB/s | of DMA ceiling | of e2e ceiling | bytes ok "
+           "| host/device allocs after warm-up |", "|" + " --- |" * 11]
+    for r in section["rows"]:
+        ok = r.get("correct", "-")
+        allocs = f"{r['pinned_allocations_after_warmup']}/{r['device_allocations_after_warmup']}" if "correct" in r else "-"
+        out.append(f"| {r['tokens']} | {r['pages']} | {r['direction']} | {r['l2']} | {r['path']} | "
+                   f"{r['median_ms']:.3f} | {r['GBps']:.1f} | {_pct(r['of_dma_ceiling'])} | "
+                   f"{_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |")
+    ceilings = {(r["tokens"], r["direction"]): r for r in section["rows"]}
+    out += ["", "Ceilings (one contiguous pinned copy of the same bytes):", "",
+            "| tokens | dir | device ms | GB/s | e2e ms |", "|" + " --- |" * 5]
+    for (tokens, direction), r in sorted(ceilings.items()):
+        gbps = r["bytes"] / (r["ceiling_device_ms"] * 1e-3) / 1e9
+        out.append(f"| {tokens} | {direction} | {r['ceiling_device_ms']:.3f} | {gbps:.1f} | {r['ceiling_e2e_ms']:.3f} |")
+    return out
+
+
+def _storage_md(section: dict[str, Any]) -> list[str]:
+    out = ["| pages | extents (consecutive/fragmented) | dir | raw GB/s | consecutive GB/s (of raw) "
+           "| fragmented GB/s (of raw) |", "|" + " --- |" * 6]
+    for r in section["rows"]:
+        extents = f"{r['extents_consecutive']}/{r['extents_fragmented']}"
+        for d, raw in (("h2s", "raw_write"), ("s2h", "raw_read")):
+            out.append(f"| {r['pages']} | {extents} | {d.upper()} | {r[raw + '_GBps']:.2f} | "
+                       f"{r[d + '_consecutive_GBps']:.2f} ({_pct(r[d + '_consecutive_vs_raw'])}) | "
+                       f"{r[d + '_fragmented_GBps']:.2f} ({_pct(r[d + '_fragmented_vs_raw'])}) |")
+    return out
+
+
+def _kernels_md(section: dict[str, Any]) -> list[str]:
+    ceiling = section["ceiling"]
+    out = [f"Device copy ceiling: {ceiling['GBps_rw']:,.0f} GB/s (bytes read + written).", "",
+           "| tokens | pages | kernel | variant | GB/s | of copy ceiling | bytes ok |", "|" + " --- |" * 7]
+    for case in section["cases"]:
+        for direction in ("gather", "scatter"):
+            for variant, r in case[direction].items():
+                if "error" in r:
+                    out.append(f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
+                               f"error: {r['error']} | | |")
+                    continue
+                out.append(f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
+                           f"{r['GBps_rw']:,.0f} | {_pct(r['of_ceiling'])} | {r['correct']} |")
+    return out
+
+
+FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "dma": _dma_md, "storage": _storage_md, "kernels": _kernels_md,
+}
+
+
+def _settings(args: argparse.Namespace) -> Settings | str:
+    """The run's settings, or why it cannot run here."""
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.quick:
+        return ("no CUDA device here: this benchmark measures PCIe DMA and GPU kernels, so "
+                "nothing was measured. Run it on a GPU machine, or pass --quick for a CPU smoke run.")
+    name = "tiny" if args.quick else "qwen3-8b"
+    default_tokens = TOKENS_QUICK if args.quick else TOKENS_DEFAULT
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else default_tokens
+    repeats = args.repeats if args.repeats is not None else (3 if args.quick else 20)
+    return Settings(preset(name), name, tokens, repeats, 1 if args.quick else 3,
+                    torch.device("cuda" if cuda else "cpu"), args.quick)
+
+
+def _config(s: Settings) -> dict[str, object]:
+    name = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else "cpu (smoke run)"
+    return {"device_name": name, "torch": torch.__version__, "geometry": s.preset_name,
+            "geometry_fields": asdict(s.geometry), "bytes_per_page": s.geometry.bytes_per_page,
+            "tokens": list(s.tokens), "repeats": s.repeats, "warmup": s.warmup, "quick": s.quick}
+
+
+def _write(out_dir: str, result: dict[str, Any]) -> None:
+    with open(os.path.join(out_dir, "transfer.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(out_dir, "transfer.md"), "w", encoding="utf-8") as f:
+        f.write(format_markdown(result) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """0: every section measured; 1: a section's module is missing (reported); 2: cannot run."""
+    parser = argparse.ArgumentParser(prog="hicache bench transfer", description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for transfer.json and transfer.md")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)")
+    parser.add_argument("--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)")
+    parser.add_argument("--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)")
+    args = parser.parse_args(argv)
+    settings = _settings(args)
+    if isinstance(settings, str):
+        print(f"hicache bench transfer: {settings}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    result: dict[str, Any] = {"config": _config(settings)}
+    missing = []
+    for name, run in SECTIONS.items():
+        try:
+            result[name] = run(settings)
+        except ImportError as e:  # a piece of hicache is not there: say so, measure the rest
+            result[name] = {"error": f"section {name!r} could not run: {e}"}
+            missing.append(name)
+            print(f"hicache bench transfer: SECTION {name.upper()} NOT MEASURED: {e}", file=sys.stderr)
+        if settings.device.type == "cuda":
+            torch.cuda.empty_cache()  # the next section allocates its own pools
+        _write(args.out, result)
+    print(format_markdown(result))
+    print(f"wrote {os.path.join(args.out, 'transfer.json')} and transfer.md")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
