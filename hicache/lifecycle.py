@@ -172,8 +172,10 @@ class Lifecycle:
         for g in t.guards:
             if not g.holds(states, locks):
                 raise IllegalTransition(name, str(t.tier), composite_name(states), f"guard {g.text!r} fails")
+        # Verify the machine's row agrees with the table's (it was built from it).
+        assert rows[0].dest == t.dest, f"{name}: machine and table disagree on the target state"
         dest = list(states)
-        dest[i] = rows[0].dest
+        dest[i] = t.dest
         return (dest[0], dest[1], dest[2])
 
     def composite(self, states: States) -> CompositeState:
