@@ -88,10 +88,9 @@ def _joined(parts: list[tuple[int, Pages]]) -> tuple[Pages, Ids]:
     """Concatenate page arrays, and repeat each part's id once per page."""
     if not parts:
         return pages(), pages()
-    ids = np.fromiter((i for i, _ in parts), dtype=np.int64, count=len(parts))
-    sizes = np.fromiter((len(p) for _, p in parts), dtype=np.int64, count=len(parts))
-    joined = np.concatenate([p for _, p in parts]).astype(np.int64, copy=False)
-    return joined, np.repeat(ids, sizes)
+    ids, arrays = zip(*parts)
+    joined = np.concatenate(arrays).astype(np.int64, copy=False)
+    return joined, np.repeat(np.asarray(ids, dtype=np.int64), [len(a) for a in arrays])
 
 
 def page_counts(p: Pages, size: int) -> Counts:
