@@ -273,8 +273,8 @@ def test_every_fault_fails_the_handle_and_leaks_nothing(site: FaultSite, directi
     engine = make_engine(faults=faults)
     try:
         l1, l2, slots = pages([3, 4, 8]), pages([5, 6, 7]), pages([1, 2, 9])
-        if direction in ("h2s", "s2h"):
-            done(engine.d2h(l1, l2))
+        if direction in ("h2s", "s2h") or site is FaultSite.PINNED_ALLOC:
+            done(engine.d2h(l1, l2))  # consecutive: no host staging yet, index buffers warm
         if direction == "s2h":
             if site is FaultSite.CORRUPT_SLOT:
                 faults.once(site)  # fires when the slot is written; S2H reads it back
@@ -291,6 +291,8 @@ def test_every_fault_fails_the_handle_and_leaks_nothing(site: FaultSite, directi
         assert handle.wait(timeout_s=30) is TransferStatus.FAILED
         assert isinstance(handle.error, (TransferError, CorruptSlot)), handle.error
         assert faults.fired.get(site, 0) >= 1
+        if site is FaultSite.PINNED_ALLOC:  # the lazily allocated staging for fragmented L2
+            assert f"{3 * engine.geometry.bytes_per_page}-byte host" in str(handle.error)
         assert_nothing_held(engine)
         retry = calls[direction]()  # nothing broken: the same transfer now succeeds
         if direction == "s2h" and site is FaultSite.CORRUPT_SLOT:

@@ -257,9 +257,11 @@ class DeviceHostMover:
         self.bytes_per_page = l1.geometry.bytes_per_page
         self._streams = _Streams(l1.device)
         pin = self._streams.cuda
-        self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults)
+        private = self._streams.compute
+        self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults, alloc_stream=private)
         self.index_buffers = WorkspaceCache(
-            l1.device, pin=pin, faults=faults, max_idle=INDEX_BUFFERS_IDLE, min_bytes=INDEX_BUFFER_BYTES
+            l1.device, pin=pin, faults=faults, alloc_stream=private,
+            max_idle=INDEX_BUFFERS_IDLE, min_bytes=INDEX_BUFFER_BYTES,
         )
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
         self._in_flight: set[DmaHandle] = set()

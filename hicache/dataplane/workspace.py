@@ -21,6 +21,7 @@ Not thread-safe: one thread issues and observes transfers.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from dataclasses import dataclass, field
@@ -77,11 +78,18 @@ class WorkspaceCache:
     ever allocated, so that small requests (index lists) share one buffer.
     DEVICE_ALLOC / PINNED_ALLOC faults fire when a new buffer would be allocated (never on
     reuse); they and real allocation failures raise TransferError with the size asked for.
+
+    `alloc_stream`: the (private) CUDA stream device buffers are allocated on. Why: torch's
+    caching allocator may hand out a block the *allocating* stream freed while that stream's
+    queued work still reads it; a transfer that writes the buffer on another stream without
+    waiting for the caller (H2D's DMA) would then race the caller. Blocks from a private
+    stream's pool were only ever used by transfers already complete.
     """
 
     device: torch.device
     pin: bool
     faults: FaultInjector | None = None
+    alloc_stream: torch.cuda.Stream | None = None
     max_idle: int = 1
     min_bytes: int = 0
     counters: WorkspaceCounters = field(default_factory=WorkspaceCounters)
@@ -142,8 +150,10 @@ class WorkspaceCache:
         where = "pinned host" if pin else f"{kind.value} ({device})"
         if self.faults is not None and self.faults.fire(site):
             raise TransferError(f"cannot allocate a {nbytes}-byte {where} workspace ({site.value} injected)")
+        on_stream = self.alloc_stream is not None and device.type == "cuda"
         try:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+            with torch.cuda.stream(self.alloc_stream) if on_stream else contextlib.nullcontext():
+                return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
         except RuntimeError as e:  # torch.cuda.OutOfMemoryError, the CPU/pinned allocators
             raise TransferError(
                 f"cannot allocate a {nbytes}-byte {where} workspace ({e}); transfer fewer pages"
