@@ -17,9 +17,12 @@ Xeon VM; the dev machine, not the target):
     | blake2s 0.27 | sha3_256 0.17      (a plain 2.25 MiB memcpy: 9.1 GB/s)
 
 crc32 is the fastest the stdlib has, catches every single-byte flip and every burst of up to
-32 bits, and (unlike adler32) is not weak on sparse data. It releases the GIL for buffers over
-5 KiB: 2 threads reached 4.1 GB/s aggregate on 2 cores, so the movers in `storage_io.py` run it
-on their I/O threads, in parallel with the file I/O, instead of on the caller's thread.
+32 bits, and (unlike adler32) is not weak on sparse data. numpy's sum or xor of a page's uint64
+words runs at ~17 GB/s but is blind to words or 4 KiB blocks that trade places: not used.
+At ~1.8 GB/s crc32 is about half the target's page-cache pwrite rate (3.5 GB/s, LIMITS.md),
+so on the I/O thread alone it would dominate. It releases the GIL for buffers over 5 KiB
+(2 threads: 4.1 GB/s on 2 cores), so `storage_io.py` spreads it over the pool's threads, in
+parallel with the file I/O.
 
 Thread safety: the metadata is changed (`record`, `invalidate`) by the thread that issues and
 observes transfers; I/O threads only read it (`verify`), and the corrupt-read counter is locked.

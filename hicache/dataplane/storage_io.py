@@ -163,7 +163,9 @@ class StorageHandle(TransferHandle):
         self.l2_pages = l2_pages
         self.extents = len(extents)
         self.tasks = TaskGroup(self.timings.issued_at)
-        self.checksums: npt.NDArray[np.uint32] = np.zeros(slots.size, dtype=np.uint32)
+        # H2S: crc32 of each source page, by position; published to the L3File on DONE.
+        writing = direction is Direction.H2S
+        self.checksums: npt.NDArray[np.uint32] = np.zeros(slots.size if writing else 0, np.uint32)
         self._mover = mover
         self._delay_polls = delay_polls
 
