@@ -104,3 +104,13 @@ class InvalidPages(HiCacheError, ValueError):
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
         super().__init__(f"{field}: {problem}")
+
+
+class ProducerError(HiCacheError, ValueError):
+    """A KV producer was asked for a range, pages or an L1 tensor that do not fit its geometry
+    (unaligned or empty range, page count not matching the range, page out of range or used
+    twice, L1 of the wrong shape, dtype or device). Nothing was written; fix the caller."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")

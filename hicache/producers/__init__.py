@@ -1,0 +1,23 @@
+"""KV producers: what fills L1 pages with a prefix's KV when a request recomputes.
+
+    KVProducer          the contract (`produce`, `expected`), in base.py
+    SyntheticProducer   KV that is a pure function of the token prefix; CPU-cheap, checkable
+                        byte for byte (`expected`)
+    ModelProducer       real prefill: Qwen3 at real shapes with random weights (needs the
+                        optional `transformers`, imported only when one is built)
+"""
+
+from __future__ import annotations
+
+from hicache.producers.base import KVProducer, PageIndex
+from hicache.producers.model import MODEL_PRESETS, ModelProducer, Qwen3Shape
+from hicache.producers.synthetic import SyntheticProducer
+
+__all__ = [
+    "KVProducer",
+    "MODEL_PRESETS",
+    "ModelProducer",
+    "PageIndex",
+    "Qwen3Shape",
+    "SyntheticProducer",
+]
