@@ -251,6 +251,19 @@ def test_model_reads_the_prefix_from_the_pages(tiny_model: ModelProducer) -> Non
     assert not torch.allclose(l1[:, :, [2, 3]], l1[:, :, [4, 5]])
 
 
+def test_model_without_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.import_module
+
+    def no_transformers(name: str, package: str | None = None) -> object:
+        if name == "transformers":
+            raise ImportError("No module named 'transformers'")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_transformers)
+    with pytest.raises(ConfigError, match="pip install 'transformers"):
+        ModelProducer("tiny")
+
+
 def test_model_rejects_bad_configuration() -> None:
     pytest.importorskip("transformers")
     with pytest.raises(ConfigError, match="producer.preset"):
