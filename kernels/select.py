@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from hicache.errors import BackendError, ConfigError
+from hicache.errors import BackendError, ConfigError, LayoutError
 from hicache.kernels.reference import check_l1, gather_torch, scatter_torch
 
 BACKENDS = ("triton", "torch")
@@ -51,20 +51,20 @@ def gather(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
     Raises LayoutError (a ValueError) on a shape/dtype/device mismatch, BackendError if the
     backend cannot run, ConfigError for an unknown backend name.
     """
-    _kernel("gather", backend)(l1, pages, out)
+    _copy_for("gather", backend)(l1, pages, out)
 
 
 def scatter(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
             backend: str = "triton") -> None:
     """l1[kv, l, pages[i]] = packed[i, kv, l]; the mirror of `gather`. Pages must be distinct;
     rows of other pages are untouched."""
-    _kernel("scatter", backend)(packed, pages, l1)
+    _copy_for("scatter", backend)(packed, pages, l1)
 
 
 Copy = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-def _kernel(direction: str, backend: str) -> Copy:
+def _copy_for(direction: str, backend: str) -> Copy:
     if backend == "torch":
         return gather_torch if direction == "gather" else scatter_torch
     if backend == "triton":
@@ -88,30 +88,38 @@ class KernelSet:
         """Choose backends for `l1`'s geometry (see the module table).
 
         The probe reads `probe_pages` random pages of `l1` (never writes it) and scatters
-        into a scratch pool of the same geometry; it synchronizes the device.
+        into a scratch pool of the same geometry; while it runs it holds about
+        4 * probe_pages pages of device memory, and it synchronizes the device.
         """
         if requested not in REQUESTS:
             raise ConfigError("kernels.backend", f"one of {REQUESTS}, got {requested!r}")
         if probe_pages < 1:
             raise ConfigError("kernels.probe_pages", f"at least 1, got {probe_pages}")
         check_l1(l1)
+        if l1.shape[2] == 0:
+            raise LayoutError("l1: the pool has no pages; nothing to probe or move")
         if requested == "torch":
             return cls("torch", "torch", "torch requested")
         on_gpu = l1.device.type == "cuda"
+        probe_pages = probe_pages if on_gpu else min(probe_pages, PROBE_PAGES_INTERPRETED)
         if requested == "triton":
             load_triton().check_runnable(l1.device)
-            probe = _Probe.build(l1, probe_pages if on_gpu else PROBE_PAGES_INTERPRETED)
+            probe = _Probe.build(l1, probe_pages)
             probe.verify_triton()
             return cls("triton", "triton", f"triton requested; {probe.summary}")
-        if not on_gpu and not load_triton().interpreter_enabled():
-            return cls("torch", "torch", f"auto on {l1.device.type}: Triton runs on CPU tensors "
-                       f"only with TRITON_INTERPRET=1, which is not set; using torch")
-        return cls._auto(l1, probe_pages if on_gpu else PROBE_PAGES_INTERPRETED)
+        return cls._auto(l1, probe_pages)
 
     @classmethod
     def _auto(cls, l1: torch.Tensor, probe_pages: int) -> KernelSet:
         try:
-            load_triton().check_runnable(l1.device)
+            triton_rows = load_triton()
+        except BackendError as exc:
+            return cls("torch", "torch", f"auto: {exc}")
+        if l1.device.type != "cuda" and not triton_rows.interpreter_enabled():
+            return cls("torch", "torch", f"auto on {l1.device.type}: Triton runs on CPU tensors "
+                       f"only with TRITON_INTERPRET=1, which is not set; using torch")
+        try:
+            triton_rows.check_runnable(l1.device)
             probe = _Probe.build(l1, probe_pages)
             probe.verify_triton()
         except BackendError as exc:

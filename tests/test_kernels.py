@@ -9,6 +9,7 @@ every program in Python: shapes stay tiny. GPU tests (`gpu` marker) compile the 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -363,6 +364,24 @@ def test_auto_falls_back_when_triton_fails(interpreted: None,
     assert wrong.gather_backend == "torch" and "different from torch" in wrong.reason
 
 
+def test_without_triton_auto_uses_torch_and_triton_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch-only install: `auto` says why it uses torch, explicit `triton` raises."""
+    import hicache.kernels as package
+
+    monkeypatch.delattr(package, "triton_rows")
+    monkeypatch.setitem(sys.modules, "hicache.kernels.triton_rows", None)  # import fails
+    l1 = random_kv(l1_shape(4), torch.float16, seed=18)
+    kernels = KernelSet.create(l1, "auto")
+    assert (kernels.gather_backend, kernels.scatter_backend) == ("torch", "torch")
+    assert "triton is not importable" in kernels.reason
+    out = poisoned(packed_shape(l1, 2), l1.dtype)
+    with pytest.raises(BackendError, match="not importable"):
+        gather(l1, torch.tensor([1, 2]), out, backend="triton")
+    kernels.gather(l1, torch.tensor([1, 2]), out)
+    assert torch.equal(out.view(torch.uint8), loop_gather(l1, [1, 2]))
+
+
 def test_kernel_set_rejects_bad_requests() -> None:
     l1 = random_kv(l1_shape(4), torch.float32, seed=17)
     with pytest.raises(ConfigError, match="backend"):
@@ -371,6 +390,8 @@ def test_kernel_set_rejects_bad_requests() -> None:
         KernelSet.create(l1, "auto", probe_pages=0)
     with pytest.raises(LayoutError):
         KernelSet.create(l1[0], "torch")
+    with pytest.raises(LayoutError, match="no pages"):
+        KernelSet.create(l1[:, :, :0], "auto")
 
 
 # --- benchmark code path (numbers are meaningless off-GPU) -------------------------------------
