@@ -5,8 +5,9 @@
 For each size, a synthetic valid snapshot with that many pages per tier (three tiers, nodes
 of 16 pages in a 4-ary tree, a few H2D and H2S ops in flight, one request with private
 pages, digests on) is checked by every check; the table shows the median time of each check
-in µs and of `check_all` in µs and in ns per page (pages of all tiers together). A constant
-ns/page across sizes is what linear means. `--out` also writes the numbers as JSON.
+in µs and of `check_all` in µs and in ns per page (pages of all tiers together), as wall time
+and as this process's CPU time (steadier on a shared machine). A constant ns/page across
+sizes is what linear means. `--out` also writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -124,13 +125,16 @@ def _digests(values: dict[str, dict[int, Pages]]) -> Callable[[str, Pages], npt.
     return digests
 
 
-def _median_us(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+def _median_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall-clock and median CPU (this process) time of `fn()`, in µs. On a shared
+    machine the CPU time is the steadier figure: it leaves out time spent descheduled."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1e3
+        wall.append(time.perf_counter_ns() - t0)
+        cpu.append(time.process_time_ns() - c0)
+    return statistics.median(wall) / 1e3, statistics.median(cpu) / 1e3
 
 
 def bench_invariants(pages_per_tier: list[int], repeats: int = 7) -> dict[str, Any]:
@@ -143,13 +147,14 @@ def bench_invariants(pages_per_tier: list[int], repeats: int = 7) -> dict[str, A
         # Verify the snapshot is valid: a failing check may take a different (shorter) path.
         if found:
             raise InvariantViolation(tuple(found), f"building a synthetic snapshot of {n} pages")
-        per_check = {c.id: _median_us(partial(c.func, s), repeats) for c in CHECKS}
-        total_us = _median_us(lambda: check_all(s), repeats)
+        per_check = {c.id: _median_us(partial(c.func, s), repeats)[0] for c in CHECKS}
+        total_us, total_cpu_us = _median_us(lambda: check_all(s), repeats)
         total_pages = n * len(TIERS)
         rows.append({
             "pages_per_tier": n, "pages_total": total_pages,
             "nodes": len(s.nodes), "ops": len(s.ops), "checks_us": per_check,
             "check_all_us": total_us, "ns_per_page": total_us * 1e3 / total_pages,
+            "check_all_cpu_us": total_cpu_us, "cpu_ns_per_page": total_cpu_us * 1e3 / total_pages,
         })
     return {
         "benchmark": "invariants", "repeats": repeats, "rows": rows,
@@ -160,12 +165,13 @@ def bench_invariants(pages_per_tier: list[int], repeats: int = 7) -> dict[str, A
 def format_table(result: dict[str, Any]) -> str:
     """The result as a text table: one row per size, one column per check (µs)."""
     ids = [c.id for c in CHECKS]
-    head = ["pages/tier", "nodes", *ids, "all µs", "ns/page"]
+    head = ["pages/tier", "nodes", *ids, "all µs", "ns/page", "cpu µs", "cpu ns/pg"]
     lines = [" ".join(f"{h:>10}" for h in head)]
     for r in result["rows"]:
         cells = [str(r["pages_per_tier"]), str(r["nodes"]),
                  *(f"{r['checks_us'][i]:.0f}" for i in ids),
-                 f"{r['check_all_us']:.0f}", f"{r['ns_per_page']:.1f}"]
+                 f"{r['check_all_us']:.0f}", f"{r['ns_per_page']:.1f}",
+                 f"{r['check_all_cpu_us']:.0f}", f"{r['cpu_ns_per_page']:.1f}"]
         lines.append(" ".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
 
