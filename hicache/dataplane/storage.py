@@ -10,19 +10,19 @@ each slot's checksum -- lives only in this process, so an explicit path is trunc
 bytes left by an earlier process are never trusted.
 
 Checksum: `zlib.crc32` of the whole page (4 bytes of metadata per slot). Measured on 2.25 MiB
-pages (Qwen3-8B, 2,359,296 bytes/page), one thread, median of 50 (CPython 3.11, zlib 1.2.13,
-Xeon VM; the dev machine, not the target):
+pages (Qwen3-8B, 2,359,296 bytes/page), one thread, 200 rounds interleaved, GB/s best/median
+(CPython 3.11, zlib 1.2.13, a shared 2-core Xeon VM -- the dev machine, not the target):
 
-    crc32 1.81 GB/s | adler32 1.78 | sha256 1.06 | sha1 0.90 | md5 0.46 | blake2b 0.40
-    | blake2s 0.27 | sha3_256 0.17      (a plain 2.25 MiB memcpy: 9.1 GB/s)
+    crc32 2.44/1.89   adler32 2.39/1.93   sha256 1.39/1.18   sha1 1.21/1.00   md5 0.59/0.51
+    blake2b 0.50/0.43   blake2s 0.35/0.30   sha3_256 0.23/0.19   (memcpy: 7.2/5.9)
 
-crc32 is the fastest the stdlib has, catches every single-byte flip and every burst of up to
-32 bits, and (unlike adler32) is not weak on sparse data. numpy's sum or xor of a page's uint64
-words runs at ~17 GB/s but is blind to words or 4 KiB blocks that trade places: not used.
-At ~1.8 GB/s crc32 is about half the target's page-cache pwrite rate (3.5 GB/s, LIMITS.md),
-so on the I/O thread alone it would dominate. It releases the GIL for buffers over 5 KiB
-(2 threads: 4.1 GB/s on 2 cores), so `storage_io.py` spreads it over the pool's threads, in
-parallel with the file I/O.
+crc32 is the fastest the stdlib has (tied with adler32, which is weak on sparse data), and
+catches every single-byte flip and every burst of up to 32 bits. Outside the stdlib, numpy's
+sum of a page's uint64 words runs at ~17 GB/s but is blind to words or 4 KiB blocks that trade
+places; a sum of words times fixed odd multipliers is order-aware but only ~5 GB/s. At ~2 GB/s
+crc32 is about half the target's page-cache pwrite rate (3.5 GB/s, LIMITS.md): on the I/O
+thread alone it would dominate. It releases the GIL for buffers over 5 KiB (2 threads: 4.1
+GB/s on 2 cores), so `storage_io.py` spreads it over the pool's threads, beside the file I/O.
 
 Thread safety: the metadata is changed (`record`, `invalidate`) by the thread that issues and
 observes transfers; I/O threads only read it (`verify`), and the corrupt-read counter is locked.
