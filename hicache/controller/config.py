@@ -1,0 +1,66 @@
+"""CacheConfig: every knob of the controller, validated at construction.
+
+| Name | Default | Description |
+| --- | --- | --- |
+| geometry | tiny | KV geometry preset or `KVGeometry` |
+| l1_pages, l2_pages, l3_slots | 64, 128, 512 | capacity of each tier, in pages |
+| device | None | "cuda", "cpu" or None (cuda when available) |
+| l3_path | None | L3 file; None: a temporary file removed at exit |
+| backend | "auto" | gather/scatter kernels: auto, triton, torch |
+| policy | "cost" | restore-vs-recompute: cost, always, never, threshold |
+| write_policy | "write_through" | write_through (first insert), write_through_selective (second hit), write_back (on L1 eviction) |
+| promotion | True | a restore from L3 keeps the promoted pages in L2 |
+| prefetch | True | restores overlap decode; False: restores block the request |
+| check_mode | "every" | invariant checks: off, every, periodic N |
+| verify | True | compare every restored page with the producer's expected bytes |
+| io_threads | 4 | bounded L3 I/O thread pool |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.errors import ConfigError
+from hicache.invariants.checker import parse_check_mode
+
+POLICIES = ("cost", "always", "never", "threshold")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+BACKENDS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    geometry: KVGeometry | str = "tiny"
+    l1_pages: int = 64
+    l2_pages: int = 128
+    l3_slots: int = 512
+    device: str | None = None
+    l3_path: str | None = None
+    backend: str = "auto"
+    policy: str = "cost"
+    write_policy: str = "write_through"
+    promotion: bool = True
+    prefetch: bool = True
+    check_mode: str = "every"
+    verify: bool = True
+    io_threads: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.geometry, str):
+            object.__setattr__(self, "geometry", preset(self.geometry))
+        for name in ("l1_pages", "l2_pages", "l3_slots", "io_threads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ConfigError("device", f"cpu, cuda or cuda:N; got {self.device!r}")
+        parse_check_mode(self.check_mode)  # raises ConfigError naming check_mode
+
+    @property
+    def kv(self) -> KVGeometry:
+        assert isinstance(self.geometry, KVGeometry), "geometry is resolved in __post_init__"
+        return self.geometry

@@ -1,0 +1,395 @@
+"""CacheController: the control plane, a data plane, a policy and a KV producer, joined.
+
+    admit(rid, tokens)   match -> policy -> issue restores (pending materialization)
+    tick()               observe completions: publish or fall back; continue restores/backups
+    ready(rid)           whether the request's restore has settled (decode may run meanwhile)
+    prefill(rid)         advance cached_len over what arrived, recompute the rest, insert,
+                         queue the backup chain (write policy)
+    finish(rid)          cancel what is still pending for it, release, unlock
+    close()              cancel everything, drain, close the data plane
+
+Every step goes through `ControlPlane` (a spec transition, invariants checked per the check
+mode). Pressure in a tier evicts that tier's LRU leaves, never locked or in-flight nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hicache.control import ControlPlane, PendingOp
+from hicache.controller.backup import BackupChain, chain_lacking
+from hicache.controller.config import CacheConfig
+from hicache.controller.materialize import Materialization, plan_parts
+from hicache.controller.metrics import Metrics
+from hicache.dataplane.faults import FaultInjector
+from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.errors import CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, TransferError
+from hicache.invariants.snapshot import Pages
+from hicache.kernels import gather
+from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.policy import CostModel, DecisionLog, make_policy
+from hicache.producers import KVProducer, SyntheticProducer
+from hicache.tiers import TIERS, Direction, Tier
+from hicache.trace import Tracer
+from hicache.tree import TreeNode
+
+
+class RestoreMismatch(HiCacheError):
+    """A restored page's bytes differ from what recomputation writes: a real bug (B15)."""
+
+
+class CacheController:
+    def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
+                 faults: FaultInjector | None = None, tracer: Tracer | None = None) -> None:
+        from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
+
+        self.config = config
+        g = config.kv
+        self.engine = TransferEngine(
+            g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
+            l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads, faults=faults,
+        )
+        self.cp = ControlPlane(
+            g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
+            check_mode=config.check_mode, tracer=tracer, digests=self.engine.digests,
+        )
+        self.producer: KVProducer = producer or SyntheticProducer(g, device=self.engine.device)
+        self.model = CostModel()
+        self.policy = make_policy(config.policy, self.model)
+        self.decisions = DecisionLog()
+        self.metrics = Metrics()
+        self.handles: dict[int, TransferHandle] = {}
+        self.owner: dict[int, Materialization] = {}  # restore op id -> its materialization
+        self.restores: dict[int, Materialization] = {}
+        self.backups = BackupChain(self)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def admit(self, request_id: int, tokens: Sequence[int]) -> Materialization:
+        """Match, decide, and issue the restore the policy chose (it then proceeds on ticks;
+        with `prefetch=False` this call blocks until it settles)."""
+        g = self.config.kv
+        m = self.cp.begin_request(request_id, tokens)
+        aligned = len(tokens) // g.page_size * g.page_size
+        l1, l2, l3 = m.lengths
+        decision = self.policy.decide(l1, l2, l3, max(aligned, 1), g.bytes_per_token)
+        mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
+        self.restores[request_id] = mat
+        self.metrics.prompt_tokens += len(tokens)
+        self.metrics.hit_tokens["L1"] += l1
+        self.metrics.decisions[decision.choice] += 1
+        if decision.choice == "recompute" and decision.extension_tokens:
+            self.metrics.policy_skips += 1
+        self.backups.after_match(m.handles[0])
+        if decision.choice != "recompute":
+            target = l1 + decision.extension_tokens[decision.choice]
+            mat.l2_part, mat.l3_part = plan_parts(m, decision.choice, target)
+            self._issue_restore(mat)
+        if not self.config.prefetch:
+            while not mat.done:
+                for op_id in list(mat.ops):
+                    self.handles[op_id].wait()
+                self.tick()
+        return mat
+
+    def ready(self, request_id: int) -> bool:
+        return self.restores[request_id].done
+
+    def prefill(self, request_id: int) -> int:
+        """Use what the restore delivered, recompute the rest of the page-aligned prompt,
+        insert it, and queue its backup. Returns the tokens recomputed."""
+        mat = self.restores[request_id]
+        assert mat.done, f"request {request_id}: prefill before its restore settled; tick first"
+        req = self.cp.requests[request_id]
+        restored_from = req.cached_len
+        deepest = self._deepest_in_l1(mat)
+        if deepest is not None:
+            self.cp.advance_cached_len(request_id, deepest)
+            self._after_restore(mat, restored_from, req.cached_len)
+        g = self.config.kv
+        end = len(mat.tokens) // g.page_size * g.page_size
+        todo = end - req.cached_len
+        started = time.perf_counter()
+        if todo > 0:
+            self._make_room(0, todo // g.page_size)
+            new_pages = self.cp.compute(request_id, todo)
+            prefix = self._l1_prefix_pages(req.locked)
+            seconds = self.producer.produce(mat.tokens, req.cached_len, end, self.engine.l1.tensor,
+                                            prefix, new_pages)
+            self.model.observe("recompute", todo, seconds)
+            self.cp.insert(request_id)
+            self.backups.after_insert(req.locked)
+        self.metrics.recomputed_tokens += todo + (len(mat.tokens) - end)
+        observed = (mat.ready_at or started) - mat.started_at + (time.perf_counter() - started)
+        if observed > 0:
+            self.decisions.settle(mat.decision_id, observed)
+        return todo
+
+    def finish(self, request_id: int) -> None:
+        """End a request, finished or aborted: cancel its pending restores, release what it
+        holds. Nothing it owned stays behind (B03)."""
+        mat = self.restores.pop(request_id, None)
+        if mat is not None:
+            for op_id in sorted(mat.ops):
+                self.handles[op_id].cancel()
+                self._settle(op_id)
+        self.cp.end_request(request_id)
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Observe every transfer once; apply what completed; continue restores and backups."""
+        for op_id in list(self.handles):
+            if op_id in self.handles and self.handles[op_id].poll().final:
+                self._settle(op_id)
+        for mat in self.restores.values():
+            if mat.needs_l3_h2d:
+                self._issue_l3_h2d(mat)
+            if mat.done and mat.ready_at is None:
+                mat.ready_at = time.perf_counter()
+        self.backups.tick()
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Wait for every transfer (backups included) and apply it."""
+        deadline = time.perf_counter() + timeout_s
+        while self.handles or any(self.backups.wanted.values()):
+            for h in list(self.handles.values()):
+                h.wait(max(0.0, deadline - time.perf_counter()))
+            self.tick()
+            if time.perf_counter() > deadline:
+                raise TransferError(f"drain: {len(self.handles)} transfer(s) still pending after {timeout_s} s")
+            if not self.handles:
+                break
+
+    def close(self) -> None:
+        """Cancel everything in flight, end every request, close the data plane."""
+        for rid in list(self.cp.requests):
+            self.finish(rid)
+        for op_id in list(self.handles):
+            self.handles[op_id].cancel()
+            self._settle(op_id)
+        self.engine.close()
+
+    # -- transfers --------------------------------------------------------------------------
+
+    def issue(self, direction: Direction, chain: list[TreeNode], request_id: int | None = None) -> PendingOp:
+        """Reserve (evicting in the target tier if needed), lock, and start one transfer."""
+        dst = TIERS.index(direction.target)
+        parent = chain[0].parent
+        assert parent is not None, "the root is never transferred"
+        # Keep the chain's parent: evicting it would open a backup gap under the chain.
+        self._make_room(dst, sum(n.num_pages for n in chain), keep=[parent, *chain])
+        op = self.cp.issue(direction, chain, request_id)
+        try:
+            handle = getattr(self.engine, direction.value.lower())(op.source_pages, op.target_pages)
+        except HiCacheError:
+            self.cp.fail(op.op_id)
+            raise
+        self.handles[op.op_id] = handle
+        return op
+
+    def _settle(self, op_id: int) -> None:
+        """Apply one observed final status to the control plane (publish or release)."""
+        handle = self.handles.pop(op_id)
+        op = self.cp.ops[op_id]
+        status = handle.status
+        ok = status is TransferStatus.DONE
+        self.metrics.transfer(op.direction, handle.nbytes, ok, handle.timings)
+        mat = self.owner.pop(op_id, None)
+        if ok:
+            self.cp.complete(op_id)
+            t = handle.timings
+            steady = (t.observed_at or t.issued_at) - t.issued_at - t.workspace_setup_s
+            if steady > 0:
+                self.model.observe(op.direction, handle.nbytes, steady)
+            if op.direction is Direction.D2H:
+                self.backups.after_d2h(op.nodes[-1])
+        elif status is TransferStatus.CANCELLED:
+            self.cp.cancel(op_id)
+        else:
+            self.cp.fail(op_id)
+            if isinstance(handle.error, CorruptSlot):
+                self._invalidate_slot(op, handle.error.slot)
+        if mat is not None:
+            mat.ops.discard(op_id)
+            # A split while in flight adds nodes to the op: the op's chain is the truth.
+            if op.direction is Direction.S2H:
+                mat.s2h_done = ok
+                mat.l3_part = list(op.nodes)
+            elif mat.l3_part and op.nodes[-1] is mat.l3_part[-1]:
+                mat.l3_part = list(op.nodes)
+            else:
+                mat.l2_part = list(op.nodes)
+            if not ok:
+                mat.failed = True
+                self.metrics.fallbacks += 1
+        elif not ok and op.direction in (Direction.D2H, Direction.H2S):
+            self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
+
+    def _issue_restore(self, mat: Materialization) -> None:
+        for part, direction in ((mat.l2_part, Direction.H2D), (mat.l3_part, Direction.S2H)):
+            if not part:
+                continue
+            try:
+                op = self.issue(direction, part, mat.request_id)
+            except (OutOfPages, IllegalTransition):
+                if direction is Direction.S2H:
+                    mat.l3_part = []  # no room to promote: those tokens are recomputed
+                else:
+                    mat.l2_part, mat.l3_part = [], []
+                    return
+                continue
+            mat.ops.add(op.op_id)
+            self.owner[op.op_id] = mat
+
+    def _issue_l3_h2d(self, mat: Materialization) -> None:
+        """Second step of an L3 restore: once promoted, load back -- but only after the L2
+        part is in L1, so the chain's parent holds L1 (no gap, S6)."""
+        if mat.ops:
+            return  # the promotion is done; what is still in flight is the L2 part's load-back
+        mat.l3_h2d_issued = True
+        parent = mat.l3_part[0].parent
+        assert parent is not None, "the root is never restored"
+        if not parent.is_root and parent.state[0] != RESIDENT:
+            return  # the L2 part did not arrive: the promoted pages stay in L2, tokens recomputed
+        try:
+            op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
+        except (OutOfPages, IllegalTransition):
+            mat.failed = True
+            self.metrics.fallbacks += 1
+            return
+        mat.ops.add(op.op_id)
+        self.owner[op.op_id] = mat
+
+    def _invalidate_slot(self, op: PendingOp, slot: int) -> None:
+        """A slot failed its checksum: drop the L3 copy of the node holding it (and of its
+        L3 descendants, leaf-first), so it is a miss from now on, never served."""
+        holder = next((n for n in op.nodes if n.value[2] is not None and slot in n.value[2]), None)
+        if holder is None:
+            return
+        doomed: list[TreeNode] = []
+        stack = [holder]
+        while stack:
+            n = stack.pop()
+            if n.state[2] == RESIDENT:
+                doomed.append(n)
+                stack.extend(n.children.values())
+        for n in reversed(doomed):
+            try:
+                self.cp.evict_node(n, 2, "invalidate_l3")
+            except IllegalTransition:
+                return  # a reader holds it: it stays (and fails its checksum again), counted
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
+        deepest = None
+        for node in mat.l2_part + mat.l3_part:
+            if node.state[0] != RESIDENT:
+                break
+            deepest = node
+        return deepest
+
+    def _after_restore(self, mat: Materialization, start: int, end: int) -> None:
+        """Count, verify every restored page against recomputation, drop promotions if off."""
+        g = self.config.kv
+        self.metrics.restores += 1
+        from_l2 = sum(len(n.key) for n in mat.l2_part if n.state[0] == RESIDENT)
+        self.metrics.hit_tokens["L2"] += min(from_l2, end - start)
+        self.metrics.hit_tokens["L3"] += max(0, end - start - from_l2)
+        promoted = [n for n in mat.l3_part if n.state[0] == RESIDENT]
+        if self.config.verify:
+            self._verify(mat.tokens, start, end, self._l1_prefix_pages(self.cp.requests[mat.request_id].locked)[start // g.page_size:])
+        if not promoted:
+            return
+        if self.config.promotion:
+            self.metrics.promotions += sum(n.num_pages for n in promoted)
+            return
+        for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
+            try:
+                self.cp.evict_node(node, 1)
+            except IllegalTransition:
+                break  # locked by another reader, or not a leaf any more: keep it
+
+    def _verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> None:
+        expected = self.producer.expected(tokens, start, end) if hasattr(self.producer, "expected") else None
+        if expected is None or end <= start:
+            return
+        l1 = self.engine.l1.tensor
+        got = torch.empty_like(expected, device=l1.device)
+        gather(l1, torch.as_tensor(pages, device=l1.device), got, backend="torch")
+        a = got.cpu().view(torch.uint8).reshape(len(pages), -1)
+        b = expected.cpu().view(torch.uint8).reshape(len(pages), -1)
+        bad = (a != b).any(dim=1).nonzero().flatten().tolist()
+        if bad:
+            raise RestoreMismatch(
+                f"restored pages {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ "
+                "from recomputation: a cross-prefix mix-up or a torn transfer"
+            )
+        self.metrics.verified_pages += len(pages)
+
+    def _l1_prefix_pages(self, node: TreeNode) -> Pages:
+        path = list(reversed(self.cp.tree.path_to_root(node))) if not node.is_root else []
+        values = [n.value[0] for n in path]
+        assert all(v is not None for v in values), "a locked L1 prefix holds L1 on every node"
+        return np.concatenate([v for v in values if v is not None]) if values else np.zeros(0, np.int64)
+
+    def _make_room(self, t: int, n_pages: int, keep: Sequence[TreeNode] = ()) -> None:
+        """Evict LRU leaves of tier index `t` until `n_pages` are free (or none is left).
+        Under write_back, an L1 leaf without an L2 copy is backed up (and waited for) first;
+        otherwise its tokens are counted as dropped."""
+        table = self.cp.tables[t]
+        kept = {n.node_id for n in keep}
+        while table.free_count < n_pages:
+            candidates = [n for n in self.cp.tree.evictable(t) if n.node_id not in kept]
+            if not candidates:
+                return
+            node = candidates[0]
+            if t == 0 and node.state[1] == ABSENT:
+                if self.config.write_policy == "write_back" and self._backup_now(node):
+                    continue  # the node is backed up now; take the next candidate round
+                self.metrics.drop("write_through_unbacked_eviction", len(node.key))
+            self.cp.evict_node(node, t)
+            self.metrics.evictions[str(TIERS[t])] += 1
+
+    def _backup_now(self, node: TreeNode) -> bool:
+        """Write-back: back `node` (and the chain it needs) up to L2 and wait. False if
+        that cannot be done (no room, or blocked)."""
+        chain = chain_lacking(node, Direction.D2H)
+        if not chain or chain[-1] is not node:
+            return False
+        try:
+            op = self.issue(Direction.D2H, chain)
+        except OutOfPages:
+            self.metrics.drop("host_pressure", sum(len(n.key) for n in chain))
+            return False
+        self.handles[op.op_id].wait()
+        self._settle(op.op_id)
+        return node.state[1] == RESIDENT
+
+    def alive(self, node: TreeNode) -> bool:
+        """Whether `node` is still in the tree (nodes are removed when empty everywhere)."""
+        return node.is_root or node.parent is not None and any(c is node for c in node.parent.children.values())
+
+    # -- observation ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        tiers = {}
+        for i, (t, table) in enumerate(zip(TIERS, self.cp.tables)):
+            nodes = list(self.cp.tree.nodes())
+            tiers[str(t)] = {
+                "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
+                "tree": table.count(2),
+                "evictable": sum(n.num_pages for n in self.cp.tree.evictable(i)),
+                "locked": sum(n.num_pages for n in nodes if n.lock[i] > 0 and n.state[i] == RESIDENT),
+            }
+        return {
+            "tiers": tiers, "pending_ops": len(self.cp.ops), "requests": len(self.cp.requests),
+            "engine": self.engine.status(), "cost_model": self.model.state(),
+            "policy": self.policy.name, "decisions": self.decisions.summary(),
+            "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
+        }

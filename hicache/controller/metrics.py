@@ -1,0 +1,116 @@
+"""Metrics: what the controller counts and times, and their Prometheus text form.
+
+Names are the spec's: hits per tier, recomputed tokens, evictions, promotions, fallbacks,
+policy skips, dropped tokens by reason; per direction (D2H/H2D/H2S/S2H) bytes, count, steady
+seconds and GiB/s; L3 extents; enqueue, workspace setup, queue wait, service and end-to-end
+latency; restores and decode-overlapped seconds. Counters only grow (never clamped).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from hicache.dataplane.handles import TransferTimings
+from hicache.tiers import Direction
+
+GIB = float(1 << 30)
+DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure", "backup_failed")
+
+
+@dataclass
+class DirectionStats:
+    """One transfer direction. `seconds` is end to end: issue until the completion is observed."""
+
+    count: int = 0
+    failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    enqueue_s: float = 0.0
+    workspace_setup_s: float = 0.0
+    queue_wait_s: float = 0.0
+    service_s: float = 0.0
+
+    @property
+    def gib_per_s(self) -> float:
+        return self.bytes / GIB / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Metrics:
+    hit_tokens: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    recomputed_tokens: int = 0
+    prompt_tokens: int = 0
+    evictions: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    promotions: int = 0  # L3 -> L2 pages kept in L2 after a restore
+    fallbacks: int = 0  # restores that failed and fell back to recompute
+    policy_skips: int = 0
+    restores: int = 0
+    verified_pages: int = 0
+    decode_overlap_s: float = 0.0
+    decode_steps: int = 0
+    dropped_tokens: dict[str, int] = field(default_factory=lambda: {r: 0 for r in DROP_REASONS})
+    directions: dict[str, DirectionStats] = field(default_factory=lambda: {d.value: DirectionStats() for d in Direction})
+    decisions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    latency_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def transfer(self, direction: Direction, nbytes: int, ok: bool, timings: TransferTimings) -> None:
+        d = self.directions[direction.value]
+        if not ok:
+            d.failed += 1
+            return
+        d.count += 1
+        d.bytes += nbytes
+        end = timings.observed_at if timings.observed_at is not None else timings.issued_at
+        d.seconds += max(0.0, end - timings.issued_at)
+        d.enqueue_s += timings.enqueue_s
+        d.workspace_setup_s += timings.workspace_setup_s
+        d.queue_wait_s += timings.queue_wait_s
+        d.service_s += timings.service_s
+
+    def drop(self, reason: str, tokens: int) -> None:
+        assert reason in self.dropped_tokens, f"unknown drop reason {reason!r}"
+        self.dropped_tokens[reason] += tokens
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
+            "prompt_tokens": self.prompt_tokens, "evictions": dict(self.evictions),
+            "promotions": self.promotions, "fallbacks": self.fallbacks,
+            "policy_skips": self.policy_skips, "restores": self.restores,
+            "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
+            "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
+            "decisions": dict(self.decisions),
+            "directions": {k: {**vars(v), "gib_per_s": v.gib_per_s} for k, v in self.directions.items()},
+        }
+
+    def to_prometheus(self, prefix: str = "hicache") -> str:
+        """Prometheus text exposition format (version 0.0.4)."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {prefix}_{name} {help_}")
+            out.append(f"# TYPE {prefix}_{name} {kind}")
+            out.extend(f"{prefix}_{name}{labels} {value:g}" for labels, value in rows)
+
+        family("hit_tokens_total", "counter", "Prompt tokens served from each tier.",
+               [(f'{{tier="{t}"}}', v) for t, v in self.hit_tokens.items()])
+        family("recomputed_tokens_total", "counter", "Prompt tokens recomputed.", [("", self.recomputed_tokens)])
+        family("evictions_total", "counter", "Node values evicted per tier.",
+               [(f'{{tier="{t}"}}', v) for t, v in self.evictions.items()])
+        family("promotions_total", "counter", "Restores from L3 whose pages stayed in L2.", [("", self.promotions)])
+        family("fallbacks_total", "counter", "Failed restores that fell back to recompute.", [("", self.fallbacks)])
+        family("policy_skips_total", "counter", "Restore candidates the policy declined.", [("", self.policy_skips)])
+        family("dropped_tokens_total", "counter", "Tokens whose backup was dropped, by reason.",
+               [(f'{{reason="{r}"}}', v) for r, v in self.dropped_tokens.items()])
+        family("decisions_total", "counter", "Policy decisions by choice.",
+               [(f'{{choice="{c}"}}', v) for c, v in sorted(self.decisions.items())])
+        for attr, help_ in (("count", "Completed transfers."), ("failed", "Failed or cancelled transfers."),
+                            ("bytes", "Bytes moved."), ("seconds", "Seconds from issue to observed completion."),
+                            ("enqueue_s", "Seconds spent issuing."), ("workspace_setup_s", "Seconds allocating workspaces."),
+                            ("queue_wait_s", "Seconds waiting for an I/O thread."), ("service_s", "Seconds of kernel/DMA/I/O service.")):
+            family(f"transfer_{attr}_total", "counter", help_,
+                   [(f'{{direction="{d}"}}', getattr(s, attr)) for d, s in self.directions.items()])
+        family("decode_overlap_seconds_total", "counter", "Decode seconds that overlapped a pending restore.",
+               [("", self.decode_overlap_s)])
+        return "\n".join(out) + "\n"
