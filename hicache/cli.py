@@ -31,6 +31,8 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "kernels"): "hicache.bench.kernels",
     ("bench", "storage"): "hicache.bench.storage",
     ("bench", "transfer"): "hicache.bench.transfer",
+    ("bench", "recompute"): "hicache.bench.recompute",
+    ("demo",): "hicache.demo",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""

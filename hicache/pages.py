@@ -48,6 +48,9 @@ class PageTable:
         self.capacity = capacity
         self.group = group
         self.owner: npt.NDArray[np.uint8] = np.zeros(capacity, dtype=np.uint8)  # all FREE
+        # Per page, how many times it was reserved: a page's bytes may change only while it is
+        # PRIVATE, so (page, generation) names one immutable content once it is published.
+        self.generation: npt.NDArray[np.uint64] = np.zeros(capacity, dtype=np.uint64)
 
     # -- counts ---------------------------------------------------------------------------
 
@@ -74,11 +77,13 @@ class PageTable:
             raise OutOfPages(self.tier, n, int(idx.size))
         chosen = _best_fit_run(idx, n)
         self.owner[chosen] = PRIVATE
+        self.generation[chosen] += np.uint64(1)
         return chosen
 
     def reserve_exact(self, chosen: Pages) -> None:
         """FREE -> PRIVATE for exactly these pages (replay, tests)."""
         self._move(chosen, FREE, PRIVATE, "reserve")
+        self.generation[pages(chosen)] += np.uint64(1)
 
     def publish(self, p: Pages) -> None:
         """PRIVATE -> TREE: the pages become part of a node's value."""

@@ -23,6 +23,7 @@ import torch
 from hicache.control import ControlPlane, PendingOp
 from hicache.controller.backup import BackupChain, chain_lacking
 from hicache.controller.config import CacheConfig
+from hicache.controller.digests import CachedDigests
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.dataplane.faults import FaultInjector
@@ -55,8 +56,9 @@ class CacheController:
         )
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
-            check_mode=config.check_mode, tracer=tracer, digests=self.engine.digests,
+            check_mode=config.check_mode, tracer=tracer,
         )
+        self.cp.digests = CachedDigests(self.engine.digests, self.cp.tables)
         self.producer: KVProducer = producer or SyntheticProducer(g, device=self.engine.device)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
@@ -203,7 +205,9 @@ class CacheController:
         if ok:
             self.cp.complete(op_id)
             t = handle.timings
-            steady = (t.observed_at or t.issued_at) - t.issued_at - t.workspace_setup_s
+            # The write-up's sample: enqueue + queue wait + service, not one-time workspace
+            # setup, and not how late this loop happened to poll.
+            steady = t.enqueue_s + t.queue_wait_s + t.service_s - t.workspace_setup_s
             if steady > 0:
                 self.model.observe(op.direction, handle.nbytes, steady)
             if op.direction is Direction.D2H:

@@ -32,8 +32,14 @@ class DirectionStats:
     service_s: float = 0.0
 
     @property
+    def steady_s(self) -> float:
+        """Issue + queue wait + service, without workspace setup: the transfer's own time."""
+        return self.enqueue_s + self.queue_wait_s + self.service_s - self.workspace_setup_s
+
+    @property
     def gib_per_s(self) -> float:
-        return self.bytes / GIB / self.seconds if self.seconds > 0 else 0.0
+        """Bandwidth over the steady time (not over `seconds`, which includes poll latency)."""
+        return self.bytes / GIB / self.steady_s if self.steady_s > 0 else 0.0
 
 
 @dataclass

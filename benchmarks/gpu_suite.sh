@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
+#
+#   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]      stages: env tests kernels transfer recompute
+#
+# Runs from the repository root with the project importable from the working tree
+# (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
+# its own files; a failing stage is reported and the suite goes on (exit status: failures).
+set -uo pipefail
+out=${1:?usage: benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]}
+shift
+stages=${*:-env tests transfer}
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+failed=0
+
+run() {  # run NAME CMD...: log to $out/NAME.log, note failure
+  local name=$1; shift
+  echo "== $name: $*"
+  if ! "$@" >"$out/$name.log" 2>&1; then
+    echo "!! $name failed (see $name.log)"; failed=$((failed + 1))
+  fi
+  tail -n 25 "$out/$name.log"
+}
+
+for stage in $stages; do
+  case $stage in
+    env) run env bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
+    tests) run gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
+    kernels) run bench_kernels python3 -m hicache bench kernels --out "$out/kernels.json" ;;
+    transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
+    recompute) run bench_recompute python3 -m hicache bench recompute --out "$out/recompute.json" ;;
+    *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
+  esac
+done
+echo "== gpu suite done: $failed stage(s) failed"
+exit "$failed"
