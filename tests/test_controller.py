@@ -1,0 +1,219 @@
+"""The cache controller on the CPU data plane: backup chain, restores from L2 and L3 with
+every restored page verified, each failure/abort edge, write policies, metrics. Invariants
+are checked after every transition (check mode `every`) in every test."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.errors import ConfigError
+from hicache.invariants.registry import check_all
+from hicache.lifecycle import RESIDENT
+
+PS = 4  # the tiny geometry's page size
+PROMPT = tuple(range(100, 124))  # 6 pages
+OTHER = tuple(range(200, 240))  # 10 pages
+
+
+def make(faults: FaultInjector | None = None, **kw: object) -> CacheController:
+    cfg = CacheConfig(**{"l1_pages": 16, "l2_pages": 32, "l3_slots": 64, "policy": "always", **kw})  # type: ignore[arg-type]
+    return CacheController(cfg, faults=faults)
+
+
+@pytest.fixture
+def ctl() -> Iterator[CacheController]:
+    c = make()
+    yield c
+    c.close()
+
+
+def serve(c: CacheController, rid: int, tokens: tuple[int, ...]) -> int:
+    """Admit, wait for the restore, prefill, finish; returns tokens recomputed."""
+    c.admit(rid, tokens)
+    while not c.ready(rid):
+        c.tick()
+    done = c.prefill(rid)
+    c.finish(rid)
+    return done
+
+
+def push_out_of(c: CacheController, tiers: str) -> None:
+    """Evict everything evictable from the named tiers (after the backups landed)."""
+    c.drain()
+    for t in tiers:
+        c.cp.evict(f"L{t}", 10_000)
+
+
+def assert_clean(c: CacheController) -> None:
+    c.drain()
+    assert not c.cp.ops and not c.handles
+    for table in c.cp.tables:
+        assert table.count(1) == 0, f"{table.tier}: private pages left"
+    assert c.cp.checker.violations_found == 0
+
+
+def test_write_through_backs_up_to_l2_and_l3(ctl: CacheController) -> None:
+    assert serve(ctl, 1, PROMPT) == 24
+    ctl.drain()
+    states = {tuple(n.state) for n in ctl.cp.tree.nodes()}
+    assert states == {(RESIDENT, RESIDENT, RESIDENT)}
+    assert ctl.metrics.directions["D2H"].count == 1 and ctl.metrics.directions["H2S"].count == 1
+
+
+@pytest.mark.parametrize("evicted, tier", [("1", "L2"), ("12", "L3")])
+def test_restore_is_verified_byte_for_byte(ctl: CacheController, evicted: str, tier: str) -> None:
+    serve(ctl, 1, PROMPT)
+    push_out_of(ctl, evicted)
+    assert serve(ctl, 2, PROMPT + (7, 7, 7, 7)) == 4  # only the new page is recomputed
+    assert ctl.metrics.hit_tokens[tier] == 24
+    assert ctl.metrics.verified_pages == 6
+    assert_clean(ctl)
+
+
+def test_no_promotion_drops_the_l2_copy() -> None:
+    c = make(promotion=False)
+    serve(c, 1, PROMPT)
+    push_out_of(c, "12")
+    serve(c, 2, PROMPT)
+    assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
+    assert c.metrics.promotions == 0
+    c.close()
+
+
+@pytest.mark.parametrize("site, evicted", [
+    (FaultSite.H2D_COMPLETE, "1"), (FaultSite.IO_EIO, "12"), (FaultSite.CORRUPT_SLOT, "12"),
+])
+def test_failed_restore_falls_back_to_recompute(site: FaultSite, evicted: str) -> None:
+    faults = FaultInjector()
+    # A corrupted slot breaks I4 the moment it is written (the medium changed the bytes, not
+    # hicache): check once it has been detected and dropped instead of after every step.
+    c = make(faults, check_mode="off" if site is FaultSite.CORRUPT_SLOT else "every")
+    if site is FaultSite.CORRUPT_SLOT:
+        faults.once(site)  # corrupts the slot as it is written
+    serve(c, 1, PROMPT)
+    push_out_of(c, evicted)
+    if site is not FaultSite.CORRUPT_SLOT:
+        faults.once(site)
+    assert serve(c, 2, PROMPT) == 24  # everything recomputed (B12: no raise, no hang)
+    assert c.metrics.fallbacks == 1 and c.metrics.verified_pages == 0
+    if site is FaultSite.CORRUPT_SLOT:
+        assert all(n.state[2] != RESIDENT for n in c.cp.tree.nodes())  # the slot is a miss now
+        assert check_all(c.cp.snapshot()) == []
+    assert_clean(c)
+    c.close()
+
+
+@pytest.mark.parametrize("site", [FaultSite.D2H_COMPLETE, FaultSite.IO_ENOSPC])
+def test_failed_backup_is_counted_and_leaks_nothing(site: FaultSite) -> None:
+    faults = FaultInjector().once(site)
+    c = make(faults)
+    serve(c, 1, PROMPT)
+    c.drain()
+    assert c.metrics.dropped_tokens["backup_failed"] == 24
+    assert_clean(c)
+    c.close()
+
+
+def test_abort_while_restore_is_pending_leaves_nothing() -> None:
+    """B03: finish (abort) a request whose restore is still in flight."""
+    faults = FaultInjector(delay_polls=1000)
+    c = make(faults)
+    serve(c, 1, PROMPT)
+    push_out_of(c, "1")
+    faults.once(FaultSite.DELAY)
+    mat = c.admit(2, PROMPT)
+    c.tick()
+    assert mat.ops and not c.ready(2)
+    c.finish(2)
+    assert_clean(c)
+    assert all(n.lock == [0, 0, 0] for n in c.cp.tree.nodes())
+    c.close()
+
+
+def test_close_cancels_everything_in_flight() -> None:
+    faults = FaultInjector(delay_polls=1000)
+    c = make(faults)
+    faults.once(FaultSite.DELAY)
+    c.admit(1, PROMPT)
+    c.prefill(1)  # its D2H is issued on the next tick and stays pending (DELAY)
+    c.tick()
+    assert c.handles
+    c.close()
+    assert not c.cp.ops and not c.cp.requests
+    assert all(t.count(1) == 0 for t in c.cp.tables)
+
+
+def test_blocking_restore_without_prefetch() -> None:
+    c = make(prefetch=False)
+    serve(c, 1, PROMPT)
+    push_out_of(c, "1")
+    mat = c.admit(2, PROMPT)
+    assert mat.done  # admit waited for the load-back
+    c.prefill(2)
+    c.finish(2)
+    assert c.metrics.hit_tokens["L2"] == 24
+    c.close()
+
+
+def test_never_policy_recomputes_and_counts_skips() -> None:
+    c = make(policy="never")
+    serve(c, 1, PROMPT)
+    push_out_of(c, "1")
+    assert serve(c, 2, PROMPT) == 24
+    assert c.metrics.policy_skips == 1 and c.metrics.decisions["recompute"] == 2
+    c.close()
+
+
+def test_selective_write_through_backs_up_on_second_hit() -> None:
+    c = make(write_policy="write_through_selective")
+    serve(c, 1, PROMPT)
+    c.drain()
+    assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
+    serve(c, 2, PROMPT)
+    serve(c, 3, PROMPT)
+    c.drain()
+    assert any(n.state[1] == RESIDENT for n in c.cp.tree.nodes())
+    c.close()
+
+
+def test_write_back_backs_up_on_eviction() -> None:
+    c = make(write_policy="write_back", l1_pages=12)
+    serve(c, 1, PROMPT)
+    c.drain()
+    assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
+    serve(c, 2, OTHER)  # needs L1 room: the first prompt is backed up, then evicted
+    first = c.cp.tree.match(PROMPT, split=False, touch=False)
+    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    c.close()
+
+
+def test_unbacked_eviction_counts_dropped_tokens() -> None:
+    c = make(write_policy="write_through_selective", l1_pages=12)
+    serve(c, 1, PROMPT)
+    serve(c, 2, OTHER)
+    assert c.metrics.dropped_tokens["write_through_unbacked_eviction"] >= 24
+    c.close()
+
+
+def test_config_errors_name_the_field() -> None:
+    for kw, field in (({"l1_pages": 0}, "l1_pages"), ({"policy": "sometimes"}, "policy"),
+                      ({"write_policy": "later"}, "write_policy"), ({"check_mode": "often"}, "check_mode")):
+        with pytest.raises(ConfigError) as e:
+            CacheConfig(**kw)  # type: ignore[arg-type]
+        assert e.value.field == field
+
+
+def test_status_and_prometheus(ctl: CacheController) -> None:
+    serve(ctl, 1, PROMPT)
+    ctl.drain()
+    s = ctl.status()
+    tiers = s["tiers"]
+    assert isinstance(tiers, dict) and tiers["L1"]["tree"] == 6 and tiers["L1"]["private"] == 0
+    text = ctl.metrics.to_prometheus()
+    assert 'hicache_transfer_count_total{direction="D2H"} 1' in text
+    assert 'hicache_hit_tokens_total{tier="L1"} 0' in text
