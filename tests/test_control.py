@@ -112,11 +112,13 @@ def test_failed_restore_after_promotion_keeps_published_l2(outcome: str) -> None
     cp.evict("L1", 2)
     cp.evict("L2", 2)
     cp.complete(cp.issue(Direction.S2H, [node]).op_id)
-    l2_pages = node.value[1].copy()
+    promoted = node.value[1]
+    assert promoted is not None
+    l2_pages = promoted.copy()
     h2d = cp.issue(Direction.H2D, [node])
     getattr(cp, outcome)(h2d.op_id)
     assert node.state == ["ABSENT", "RESIDENT", "RESIDENT"]
-    assert np.array_equal(node.value[1], l2_pages)
+    assert node.value[1] is not None and np.array_equal(node.value[1], l2_pages)
     assert cp.tables[0].free_count == 16 and cp.tables[1].free_count == 14
 
 

@@ -204,7 +204,7 @@ def test_config_errors_name_the_field() -> None:
     for kw, field in (({"l1_pages": 0}, "l1_pages"), ({"policy": "sometimes"}, "policy"),
                       ({"write_policy": "later"}, "write_policy"), ({"check_mode": "often"}, "check_mode")):
         with pytest.raises(ConfigError) as e:
-            CacheConfig(**kw)  # type: ignore[arg-type]
+            CacheConfig(**kw)
         assert e.value.field == field
 
 
