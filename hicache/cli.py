@@ -32,6 +32,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "storage"): "hicache.bench.storage",
     ("bench", "transfer"): "hicache.bench.transfer",
     ("bench", "recompute"): "hicache.bench.recompute",
+    ("bench", "serving"): "hicache.bench.serving",
     ("demo",): "hicache.demo",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.

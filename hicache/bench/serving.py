@@ -1,0 +1,150 @@
+"""Restore vs recompute through the whole controller, with the model producer on a GPU.
+
+    hicache bench serving --out DIR [--presets qwen3-8b qwen3-4b] [--mode eager|graphs|compile]
+
+Two experiments per preset (the first write-up's, SOURCES.md):
+  latency   a prompt = a cached prefix of N tokens + one new page; time from admission until
+            its prefill is done (`torch.cuda.synchronize`), with the prefix forced to come
+            from: nowhere (recompute, policy `never`), L2 (L1 copy evicted, policy `always`),
+            L3 (L1 and L2 copies evicted, `always`), and as the `cost` policy decides.
+  stress    8 prefixes x 350 tokens, 80 requests, batch 1, through the serving loop; L1 holds
+            2 prefixes, so the rest come from L2 (or, with L2 holding 2 as well, from L3).
+            Requests per second for recompute / L2 / L3 / cost.
+Invariant checks are off here (they are the tests' job; here they would be timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.producers.model import ModelProducer
+from hicache.serving import ServingLoop
+from hicache.workload import repeated_prefix_workload
+
+LENGTHS = (350, 1000, 2000, 3500)
+PATHS = ("recompute", "L2", "L3", "cost")
+
+
+def _controller(producer: ModelProducer, policy: str, l1: int, l2: int, l3: int) -> CacheController:
+    cfg = CacheConfig(geometry=producer.geometry, l1_pages=l1, l2_pages=l2, l3_slots=l3,
+                      device=str(producer.device),
+                      policy=policy, check_mode="off", verify=False)
+    return CacheController(cfg, producer)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    ctl.admit(rid, tokens)
+    while not ctl.ready(rid):
+        ctl.tick()
+    ctl.prefill(rid)
+    _sync()
+    elapsed = time.perf_counter() - t0
+    ctl.finish(rid)
+    return elapsed
+
+
+def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    ps = producer.geometry.page_size
+    rows = []
+    for n in lengths:
+        prefix_len = n // ps * ps
+        pages = prefix_len // ps + 1
+        for path in PATHS:
+            policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
+            ctl = _controller(producer, policy, 4 * pages + 8, 4 * pages + 8, 4 * pages + 8)
+            samples = []
+            try:
+                for r in range(repeats + 1):  # the first (r == 0) warms the cost model and caches
+                    gen = torch.Generator().manual_seed(1000 * n + r)
+                    prefix = torch.randint(0, producer.shape.vocab, (prefix_len,), generator=gen).tolist()
+                    _serve(ctl, 2 * r, prefix)  # puts the prefix in L1, backs it up to L2 and L3
+                    ctl.drain()
+                    if path in ("L2", "L3", "cost"):
+                        ctl.cp.evict("L1", 10**9)
+                    if path in ("L3", "cost"):
+                        ctl.cp.evict("L2", 10**9)
+                    s = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
+                    ctl.drain()
+                    if r:
+                        samples.append(s)
+                choice = dict(ctl.metrics.decisions)
+            finally:
+                ctl.close()
+            rows.append({"tokens": n, "prefix_tokens": prefix_len, "path": path,
+                         "median_ms": statistics.median(samples) * 1e3, "samples_ms": [x * 1e3 for x in samples],
+                         "decisions": choice})
+            print(f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  {choice}", flush=True)
+    return rows
+
+
+def stress(producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80) -> list[dict[str, Any]]:
+    ps = producer.geometry.page_size
+    per = -(-prefix_len // ps) + 1
+    rows = []
+    for path in PATHS:
+        policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
+        l2 = 2 * per + 2 if path == "L3" else n_prefixes * per * 2
+        ctl = _controller(producer, policy, 2 * per + 2, l2, n_prefixes * per * 2)
+        try:
+            work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=producer.shape.vocab)
+            loop = ServingLoop(ctl, batch_size=1)
+            report = loop.run(work)
+            _sync()
+            rows.append({"path": path, "requests": report.requests, "wall_s": report.wall_s,
+                         "requests_per_s": report.requests_per_s, "hit_tokens": dict(ctl.metrics.hit_tokens),
+                         "recomputed_tokens": ctl.metrics.recomputed_tokens,
+                         "decisions": dict(ctl.metrics.decisions)})
+        finally:
+            ctl.close()
+        print(f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hits {rows[-1]['hit_tokens']}", flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hicache bench serving", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--out", required=True, help="directory for serving.json")
+    p.add_argument("--presets", nargs="+", default=["qwen3-8b", "qwen3-4b"])
+    p.add_argument("--mode", default="eager", help="model producer mode: eager, compile, graphs")
+    p.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-stress", action="store_true")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    if not torch.cuda.is_available():
+        print("hicache bench serving: needs a CUDA GPU (none found)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "mode": args.mode, "presets": {}}
+    for preset in args.presets:
+        print(f"{preset} ({args.mode})", flush=True)
+        producer = ModelProducer(preset, "cuda", mode=args.mode)
+        entry = {"latency": latency(producer, args.lengths, args.repeats)}
+        if not args.no_stress:
+            entry["stress"] = stress(producer)
+        result["presets"][preset] = entry
+        del producer
+        torch.cuda.empty_cache()
+        (out / "serving.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
