@@ -6,7 +6,10 @@ status (DONE, FAILED or CANCELLED), i.e. only once the hardware no longer touche
     kind     where                                 used by
     -------  ------------------------------------  ------------------------------------------
     DEVICE   the mover's device (GPU, else CPU)   packed page-major pages; uploaded indices
-    HOST     host memory, pinned where CUDA is    fragmented-L2 packing; index staging
+    HOST     host memory, pinned where CUDA is    staged L2 pages (small runs); index staging
+
+`TransferBuffers.borrow` takes the set one D2H/H2D transfer needs from two caches (pages,
+and indices) in one step, and gives all of them back in one step.
 
 Why reuse at all: a pinned allocation is the expensive part of a transfer's setup (tens of ms
 for tens of MiB; LIMITS.md measures 37 ms for 64 MiB), while the DMA itself moves 2.25 MiB in
@@ -23,10 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite
@@ -52,8 +55,7 @@ class Workspace:
 
     def view(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """The first `prod(shape)` elements of `dtype` as a contiguous tensor (no copy)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         # Verify the view fits: a short buffer would let two transfers' bytes overlap.
         assert nbytes <= self.nbytes, (nbytes, self.nbytes)
         return self.data[:nbytes].view(dtype).view(shape)
@@ -158,3 +160,58 @@ class WorkspaceCache:
             raise TransferError(
                 f"cannot allocate a {nbytes}-byte {where} workspace ({e}); transfer fewer pages"
             ) from None
+
+
+@dataclass
+class TransferBuffers:
+    """The buffers one D2H/H2D transfer holds until its handle is final.
+
+        packed        DEVICE  [n, *page_shape]          the pages, packed page-major
+        index_host    HOST    int64 [n]                 L1 pages in packed order (upload source)
+        index_device  DEVICE  int64 [n]                 the same, on the device
+        host          HOST    [n_staged, *page_shape]   staged pages; None when none is staged
+    """
+
+    held: list[tuple[WorkspaceCache, Workspace]]
+    packed: torch.Tensor
+    index_host: torch.Tensor
+    index_device: torch.Tensor
+    host: torch.Tensor | None
+    setup_s: float  # seconds spent allocating (0.0 when every buffer was reused)
+
+    @classmethod
+    def borrow(
+        cls, pages: WorkspaceCache, indices: WorkspaceCache, dtype: torch.dtype,
+        page_shape: tuple[int, ...], n: int, n_staged: int,
+    ) -> TransferBuffers:
+        """Every buffer for `n` pages (`n_staged` of them staged), or TransferError with none
+        kept. Host staging only when `n_staged` > 0: a transfer without staged pages allocates
+        no host memory once the index buffers are warm."""
+        held: list[tuple[WorkspaceCache, Workspace]] = []
+        setup_s = 0.0
+
+        def take(
+            cache: WorkspaceCache, kind: WorkspaceKind, dt: torch.dtype, shape: tuple[int, ...]
+        ) -> torch.Tensor:
+            nonlocal setup_s
+            ws, seconds = cache.acquire(kind, math.prod(shape) * dt.itemsize)
+            held.append((cache, ws))
+            setup_s += seconds
+            return ws.view(dt, shape)
+
+        try:
+            packed = take(pages, WorkspaceKind.DEVICE, dtype, (n, *page_shape))
+            index_host = take(indices, WorkspaceKind.HOST, torch.int64, (n,))
+            index_device = take(indices, WorkspaceKind.DEVICE, torch.int64, (n,))
+            host = take(pages, WorkspaceKind.HOST, dtype, (n_staged, *page_shape)) if n_staged else None
+        except TransferError:
+            for cache, ws in held:
+                cache.release(ws)
+            raise
+        return cls(held, packed, index_host, index_device, host, setup_s)
+
+    def release(self) -> None:
+        """Give every buffer back; a second call returns nothing twice (`held` is emptied)."""
+        for cache, ws in self.held:
+            cache.release(ws)
+        self.held.clear()
