@@ -18,7 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.dataplane.dma import DeviceHostMover, chunk_bounds
+from hicache.dataplane.dma import (
+    DeviceHostMover, DmaHandle, DmaPlan, Run, chunk_bounds, plan_route, split_runs,
+)
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
@@ -78,6 +80,12 @@ def done(handle: TransferHandle) -> None:
     status = handle.wait(timeout_s=30)
     # Verify the transfer completed: every check below reads its target bytes.
     assert status is TransferStatus.DONE, (status, handle.error)
+
+
+def plan_of(handle: TransferHandle) -> DmaPlan:
+    """How a D2H/H2D handle was issued (empty and failed issues return handles without one)."""
+    assert isinstance(handle, DmaHandle), type(handle)
+    return handle.plan
 
 
 def layout(kind: str, n: int, capacity: int, rng: np.random.Generator) -> Pages:
@@ -243,12 +251,199 @@ def test_workspace_cache_is_best_fit_and_keeps_the_largest_idle() -> None:
 def test_chunk_bounds_cover_in_order() -> None:
     mib = 1 << 20
     assert chunk_bounds(0, mib) == []
-    assert chunk_bounds(10, mib, first_bytes=mib) == [(0, 1), (1, 3), (3, 7), (7, 10)]
-    assert chunk_bounds(10, mib, first_bytes=mib, descending=True) == [(0, 3), (3, 7), (7, 9), (9, 10)]
+    assert chunk_bounds(10, mib, first_bytes=mib, single_max_bytes=0) == [(0, 1), (1, 3), (3, 7), (7, 10)]
+    assert chunk_bounds(10, mib, first_bytes=mib, descending=True, single_max_bytes=0) == [
+        (0, 3), (3, 7), (7, 9), (9, 10)
+    ]
     assert chunk_bounds(7, mib, 3) == [(0, 3), (3, 6), (6, 7)]
-    assert chunk_bounds(5, 100, first_bytes=250) == [(0, 3), (3, 5)]  # 250 B -> 3 pages first
-    bounds = chunk_bounds(219, 2359296)
-    assert len(bounds) == 8 and bounds[0] == (0, 1) and bounds[-1][1] == 219
+    assert chunk_bounds(7, mib, 3, single_max_bytes=1 << 40) == [(0, 3), (3, 6), (6, 7)], "fixed wins"
+    assert chunk_bounds(5, 100, first_bytes=250, single_max_bytes=0) == [(0, 3), (3, 5)]  # 3 pages first
+    # Small transfers are one chunk (one gather, one DMA per run); the limit is inclusive.
+    assert chunk_bounds(10, mib, single_max_bytes=10 * mib) == [(0, 10)]
+    assert len(chunk_bounds(11, mib, single_max_bytes=10 * mib)) > 1
+    qwen_page = 2359296
+    assert chunk_bounds(22, qwen_page) == [(0, 22)], "350 Qwen3-8B tokens: one chunk"
+    bounds = chunk_bounds(219, qwen_page)
+    assert len(bounds) == 8 and bounds[0] == (0, 1) and bounds[-1][1] == 219, "3,500 tokens: unchanged"
+
+
+# -- routes: direct runs and host staging --------------------------------------------------------
+
+
+def sorted_runs(ids: Pages) -> list[tuple[int, int]]:
+    """(first page, length) of each run of consecutive pages of sorted(ids) -- the oracle."""
+    out: list[tuple[int, int]] = []
+    for p in sorted(ids.tolist()):
+        if out and p == out[-1][0] + out[-1][1]:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return out
+
+
+@settings(max_examples=200)
+@given(
+    ids=st.lists(st.integers(0, 40), min_size=1, max_size=30),
+    distinct=st.booleans(),
+    min_pages=st.integers(0, 5),
+    staged_first=st.booleans(),
+)
+def test_route_moves_every_pair_once_by_the_run_rule(
+    ids: list[int], distinct: bool, min_pages: int, staged_first: bool
+) -> None:
+    l2 = pages(list(dict.fromkeys(ids)) if distinct else ids)  # H2D sources may repeat
+    n, bpp = l2.size, 100
+    route = plan_route(l2, bpp, min_pages * bpp, staged_first=staged_first)
+    order = np.arange(n) if route.order is None else route.order
+    assert sorted(order.tolist()) == list(range(n)), "a permutation of the caller's pairs"
+    covered = np.zeros(n, dtype=int)
+    for lo, hi, first in route.direct:  # each direct run: one slice of the pool
+        assert np.array_equal(l2[order[lo:hi]], np.arange(first, first + hi - lo))
+        covered[lo:hi] += 1
+    covered[route.staged_lo : route.staged_hi] += 1
+    assert (covered == 1).all(), "every packed position is moved exactly once"
+    assert np.array_equal(route.l2_staged, l2[order[route.staged_lo : route.staged_hi]])
+    assert route.staged_lo == 0 if staged_first else route.staged_hi == n
+    runs = sorted_runs(l2)
+    assert route.runs == len(runs)
+    small = [k for _, k in runs if k < min_pages]
+    assert route.staged_pages == (sum(small) if len(small) >= 2 else 0), "small runs staged, two or more"
+    assert len(route.direct) == len(runs) - (len(small) if len(small) >= 2 else 0)
+    assert route.kind == ("direct" if not route.staged_pages else "mixed" if route.direct else "staged")
+
+
+@given(
+    runs=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12),
+)
+def test_split_runs_cuts_runs_at_chunk_edges_only(runs: list[int], chunks: list[int]) -> None:
+    direct, lo = [], 3  # positions 0..2 stand for staged pages
+    for i, k in enumerate(runs):
+        direct.append(Run(lo, lo + k, 100 * i))
+        lo += k
+    bounds, start = [], 0
+    for k in chunks:
+        bounds.append((start, start + k))
+        start += k
+    if start < lo:
+        bounds.append((start, lo))
+    pieces = split_runs(direct, bounds)
+    assert len(pieces) == len(bounds)
+    moved = {}
+    for (c_lo, c_hi), here in zip(bounds, pieces):
+        for p_lo, p_hi, first in here:
+            assert c_lo <= p_lo < p_hi <= c_hi, "a piece stays inside its chunk"
+            moved.update({pos: first + pos - p_lo for pos in range(p_lo, p_hi)})
+    want = {pos: r.l2_first + pos - r.lo for r in direct for pos in range(r.lo, r.hi)}
+    assert moved == want, "the pieces move exactly the runs' positions to the runs' pages"
+
+
+@st.composite
+def runs_of_mixed_lengths(draw: st.DrawFn, capacity: int) -> Pages:
+    """L2 pages made of runs of 1-6 consecutive pages with gaps between them (so they stay
+    separate runs), in a random order; a run may also be listed backwards."""
+    lengths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=6))
+    gaps = draw(st.lists(st.integers(1, 3), min_size=len(lengths), max_size=len(lengths)))
+    start = draw(st.integers(0, max(0, capacity - sum(lengths) - sum(gaps))))
+    ids: list[int] = []
+    for k, gap in zip(lengths, gaps):
+        run = list(range(start, start + k))
+        ids += run[::-1] if draw(st.booleans()) else run
+        start += k + gap
+    assert start <= capacity + gaps[-1]
+    return pages(draw(st.permutations(ids)))
+
+
+ROUTE_L1, ROUTE_L2 = 40, 64
+
+
+@pytest.fixture(scope="module")
+def route_mover() -> DeviceHostMover:
+    g = tiny("fp8", 4)  # 256-byte pages
+    l1, l2 = DevicePool(g, ROUTE_L1, "cpu"), HostPool(g, ROUTE_L2, pin=False)
+    randomize(l1.tensor, seed=8)
+    return DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "torch"))
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_per_run_path_is_byte_exact(route_mover: DeviceHostMover, data: st.DataObject) -> None:
+    """Random fragmented L2 sets with runs of mixed lengths, some direct, some staged, chunks
+    cutting through runs; both sides poisoned first. D2H then H2D to other L1 pages."""
+    m = route_mover
+    l2_ids = data.draw(runs_of_mixed_lengths(ROUTE_L2))
+    n = l2_ids.size
+    m.direct_min_bytes = data.draw(st.sampled_from([0, 2, 3, 4, 1 << 20])) * m.bytes_per_page
+    m.chunk_pages = data.draw(st.sampled_from([None, 1, 2, 5]))
+    m.single_chunk_max_bytes = data.draw(st.sampled_from([0, 1 << 30]))  # doubling, or one chunk
+    src = pages(data.draw(st.permutations(range(ROUTE_L1)))[:n])
+    poison(m.l2.tensor)
+    handle = m.d2h(src, l2_ids)
+    done(handle)
+    expect = rows(m.l1.packed(src))
+    assert torch.equal(rows(m.l2.tensor[torch.from_numpy(l2_ids)]), expect)
+    rest = torch.from_numpy(np.setdiff1d(np.arange(ROUTE_L2), l2_ids))
+    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), "D2H wrote outside its targets"
+    small = [k for _, k in sorted_runs(l2_ids) if k * m.bytes_per_page < m.direct_min_bytes]
+    plan = plan_of(handle)
+    assert plan.route.staged_pages == (sum(small) if len(small) >= 2 else 0), str(plan)
+
+    dst = pages(data.draw(st.permutations(range(ROUTE_L1)))[:n])
+    untouched = torch.from_numpy(np.setdiff1d(np.arange(ROUTE_L1), dst))
+    before = m.l1.tensor.view(torch.uint8)[:, :, untouched].clone()
+    m.l1.tensor.view(torch.uint8)[:, :, torch.from_numpy(dst)] = POISON
+    done(m.h2d(l2_ids, dst))
+    assert torch.equal(rows(m.l1.packed(dst)), expect)
+    after = m.l1.tensor.view(torch.uint8)[:, :, untouched]
+    assert torch.equal(after, before), "H2D wrote outside its targets"
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_direct_fragmented_path_allocates_no_host_memory_after_warmup(device: str) -> None:
+    engine = make_engine(device=device, backend="torch")
+    try:
+        direct_fragmented_allocates_nothing(engine)
+    finally:
+        engine.close()
+
+
+def direct_fragmented_allocates_nothing(engine: TransferEngine) -> None:
+    m = engine.dma
+    m.direct_min_bytes = 0  # every run direct, as 2.25 MiB Qwen3-8B pages are
+    l2_ids = pages([30, 4, 5, 6, 17, 16, 0])
+    done(engine.d2h(pages([1, 2, 3, 7, 8, 9, 10]), l2_ids))  # warm-up: device buffers, indices
+    done(engine.h2d(l2_ids, pages([11, 12, 13, 14, 15, 16, 17])))
+    warm = {d: (c.pinned_allocations, c.device_allocations) for d, c in m.counters.items()}
+    for shift in (0, 1, 2):
+        handle = engine.d2h(pages([5, 6, 7, 1, 2]), pages([20, 9, 10, 25, 26]) + shift)
+        assert str(plan_of(handle)).startswith("direct: 3 runs"), str(plan_of(handle))
+        done(handle)
+        done(engine.h2d(pages([20, 9, 10, 25, 26]) + shift, pages([0, 1, 2, 3, 4])))
+    assert {d: (c.pinned_allocations, c.device_allocations) for d, c in m.counters.items()} == warm
+    assert m.workspaces.counters.pinned_allocations == 0, "direct runs need no host staging"
+    for c in m.counters.values():
+        assert c.fragmented == 4 and c.staged == 0 and c.staged_pages == 0
+    assert m.counters[Direction.D2H].direct_dmas == 4 + 3 * 3
+
+
+def test_small_runs_share_one_staged_dma(engine: TransferEngine) -> None:
+    m = engine.dma
+    m.direct_min_bytes = 3 * m.bytes_per_page  # runs of 1-2 pages staged, 3+ direct
+    m.single_chunk_max_bytes = 1 << 30
+    handle = engine.d2h(pages([1, 2, 3, 4, 5, 6, 7, 8]), pages([9, 0, 1, 20, 21, 22, 23, 5]))
+    assert str(plan_of(handle)) == "mixed: 4 runs, 1 chunks, 2 DMAs, 4 pages staged"
+    assert plan_of(handle).route.staged_lo == 0, "D2H: staged pages first (their host copies start early)"
+    done(handle)
+    handle = engine.h2d(pages([9, 0, 1, 20, 21, 22, 23, 5]), pages([10, 11, 12, 13, 14, 15, 16, 17]))
+    assert plan_of(handle).route.staged_hi == 8, "H2D: staged pages last"
+    done(handle)
+    assert torch.equal(l1_bytes(engine, pages([10, 11, 12, 13, 14, 15, 16, 17])),
+                       l1_bytes(engine, pages([1, 2, 3, 4, 5, 6, 7, 8])))
+    one_small = engine.d2h(pages([1, 2, 3, 4]), pages([9, 20, 21, 22]))  # one small run: no saving
+    assert plan_of(one_small).route.kind == "direct"
+    done(one_small)
+    assert m.counters[Direction.D2H].staged == 1 and m.counters[Direction.D2H].staged_pages == 4
 
 
 # -- faults, cancel, fail -------------------------------------------------------------------------
@@ -417,8 +612,14 @@ def test_pool_configs_are_checked() -> None:
         with pytest.raises(ConfigError, match="device"):
             DevicePool(tiny(), 2, "cuda")
     l1 = DevicePool(tiny(), 2, "cpu")
+    kernels = KernelSet.create(l1.tensor, "torch")
     with pytest.raises(ConfigError, match="l2.geometry"):
-        DeviceHostMover(l1, HostPool(tiny("fp16"), 2, pin=False), KernelSet.create(l1.tensor, "torch"))
+        DeviceHostMover(l1, HostPool(tiny("fp16"), 2, pin=False), kernels)
+    l2 = HostPool(tiny(), 2, pin=False)
+    for bad in ({"direct_min_bytes": -1}, {"single_chunk_max_bytes": True}, {"direct_min_bytes": 1.5}):
+        with pytest.raises(ConfigError) as info:
+            DeviceHostMover(l1, l2, kernels, **bad)
+        assert info.value.field == next(iter(bad))
 
 
 @pytest.mark.parametrize("plane", ["real", "null"])
@@ -489,10 +690,12 @@ def test_triton_kernels_round_trip_interpreted(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 @pytest.mark.parametrize("kind", ["consecutive", "fragmented", "random"])
-def test_gpu_round_trip(dtype: str, kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct_min_bytes", [0, 1 << 20])  # every run direct; small runs staged
+def test_gpu_round_trip(dtype: str, kind: str, direct_min_bytes: int, tmp_path: Path) -> None:
     engine = make_engine(tiny(dtype, 16), device="cuda", backend="triton", l3_path=str(tmp_path / "l3"))
     try:
         assert engine.l2.tensor.is_pinned()
+        engine.dma.direct_min_bytes = direct_min_bytes
         for chunking in (None, 2):
             engine.dma.chunk_pages = chunking
             round_trip(engine, kind, seed=11)
@@ -502,14 +705,65 @@ def test_gpu_round_trip(dtype: str, kind: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_pages", [None, 3])
+def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
+    """Mixed routes (direct runs and staged pages) over several chunks, issued behind a long
+    sleep on the caller's stream: the handle must stay PENDING, and once it says DONE the
+    bytes must be there -- read with no synchronization but the handle's own."""
+    g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)  # 256 KiB pages
+    engine = TransferEngine(g, 40, 64, 4, device="cuda", backend="triton", chunk_pages=chunk_pages)
+    try:
+        randomize(engine.l1.tensor, seed=12)
+        m = engine.dma
+        m.direct_min_bytes, m.single_chunk_max_bytes = 2 * g.bytes_per_page, 0
+        l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])
+        src = pages(np.random.default_rng(3).permutation(40)[: l2_ids.size])
+        expect = l1_bytes(engine, src)  # synchronizes: L1 holds its bytes before the issue
+        poison(engine.l2.tensor)
+        torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # the caller is still busy
+        handle = engine.d2h(src, l2_ids)
+        plan = plan_of(handle)
+        assert plan.route.kind == "mixed" and len(plan.bounds) > 1, str(plan)
+        assert handle.poll() is TransferStatus.PENDING
+        done(handle)
+        assert torch.equal(l2_bytes(engine, l2_ids), expect), "DONE before every byte reached L2"
+
+        dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
+        engine.l1.tensor[:, :, torch.from_numpy(dst).cuda()] = 0
+        torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+        handle = engine.h2d(l2_ids, dst)
+        assert handle.poll() is TransferStatus.PENDING
+        done(handle)
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # ordered after nothing of ours
+        with torch.cuda.stream(side):
+            got = l1_bytes(engine, dst)
+        assert torch.equal(got, expect), "DONE before every byte reached L1"
+        assert_nothing_held(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.gpu
+def test_gpu_mover_needs_pinned_l2() -> None:
+    g = tiny()
+    l1 = DevicePool(g, 2, "cuda")
+    with pytest.raises(ConfigError) as info:
+        DeviceHostMover(l1, HostPool(g, 2, pin=False), KernelSet.create(l1.tensor, "torch"))
+    assert info.value.field == "l2.pin"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("explicit", [False, True])
-def test_gpu_transfer_waits_for_the_callers_stream(explicit: bool) -> None:
+@pytest.mark.parametrize("route", ["consecutive", "direct runs", "staged runs"])
+def test_gpu_transfer_waits_for_the_callers_stream(explicit: bool, route: str) -> None:
     """The producer writes on a side stream after a long sleep; the transfer is issued right
     away. Without the wait on the caller's stream (B05) the transfer reads stale bytes."""
     engine = make_engine(tiny("bf16", 16), device="cuda", backend="triton")
     try:
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        src, l2_ids, dst = pages([3, 7, 1]), pages([10, 11, 12]), pages([0, 4, 9])
+        src, dst = pages([3, 7, 1]), pages([0, 4, 9])
+        l2_ids = pages([10, 11, 12]) if route == "consecutive" else pages([12, 10, 14])
+        engine.dma.direct_min_bytes = 0 if route == "direct runs" else 1 << 20
         with torch.cuda.stream(side):
             torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]  # ~tens of ms
             for p in src.tolist():
@@ -565,6 +819,11 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "transfer.json").read_text())
     rows = result["dma"]["rows"]
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
-    assert len(mover_rows) == 12 and all(r["correct"] for r in mover_rows)
+    # Per direction: 4 variants on consecutive L2 pages, those and "hicache staged" on fragmented.
+    assert len(mover_rows) == 2 * (4 + 5) and all(r["correct"] for r in mover_rows)
     assert all(r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"] for r in mover_rows)
+    assert all(r["issue_ms"] > 0 and r["device_ms"] > 0 for r in mover_rows)
+    routes = {(r["l2"], r["path"]): r["route"] for r in mover_rows}
+    assert routes["consecutive", "hicache"] == "direct: 1 runs, 1 chunks, 1 DMAs"
+    assert routes["fragmented", "hicache staged"].startswith("staged:"), "tiny pages: every run staged"
     assert "NOT MEASURED" not in (tmp_path / "transfer.md").read_text()

@@ -1,19 +1,27 @@
 """Transfer benchmark: D2H / H2D end to end against the DMA ceiling measured in the same run.
 
     hicache bench transfer --out DIR [--quick] [--repeats N] [--tokens 350,1000,2000,3500]
+                           [--page-size 16]
 
 Qwen3-8B geometry (36 layers, 8 KV heads, head_dim 128, bf16, 16-token pages: 2,359,296
 bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages. Sections:
 
-    dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive, fragmented):
-              DeviceHostMover with the doubling chunk schedule, with one chunk, and with fixed
-              ~16 MiB chunks; and a torch `index_select` gather + one DMA (the baseline a user
+    dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
+              L2 pages in random order): DeviceHostMover as configured by default ("hicache":
+              one chunk up to 64 MiB, doubling chunks above; one DMA per run of consecutive L2
+              pages of >= 256 KiB, smaller runs staged), and variants: always doubling, one
+              chunk, fixed ~16 MiB chunks, and (fragmented) every run staged -- the path before
+              per-run DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user
               would write). Each timed end to end: issue -> poll until DONE, from an idle
-              device, median of `repeats`. Ceilings of the same byte count in the same run:
-              one contiguous pinned copy, timed by CUDA events (device time: the ratio
+              device, median of `repeats`; beside it the median CPU time of the issue call
+              (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from its
+              first to its last operation), and the route it took (`route`: direct / staged /
+              mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same run: one
+              contiguous pinned copy, timed by CUDA events (device time: the ratio
               `of_dma_ceiling`) and end to end like the rest (`of_dma_ceiling_e2e`). Every path
               is checked for the right bytes (digests); host buffers allocated after warm-up
-              are counted.
+              are counted. `--page-size` changes tokens per page (e.g. 1 or 2 puts runs of one
+              page below / above the 256 KiB direct-DMA threshold).
     storage   H2S / S2H against raw pwrite / preadv of the same bytes, with extent counts
               (`hicache.bench.storage`).
     kernels   gather / scatter GB/s against a 1 GiB device copy (`hicache.bench.kernels`).
@@ -34,14 +42,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.invariants.snapshot import Pages
 from hicache.kernels import KernelSet
@@ -51,6 +60,8 @@ TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 TOKENS_QUICK = (48, 160)
 FIXED_CHUNK_BYTES = 16 << 20  # the "fixed" variant: 16 MiB reaches 54 of 55.4 GB/s (LIMITS.md)
 L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
+DEFAULT_PATH = "hicache"
+STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
 Row = dict[str, Any]
 Poll = Callable[[], bool]  # True once the work is complete
 
@@ -131,10 +142,13 @@ class _Rig:
         self.l2 = HostPool(g, 2 * max_pages + 64, pin=s.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, "auto")
         fixed = max(1, FIXED_CHUNK_BYTES // g.bytes_per_page)
+        l1, l2, k, mover = self.l1, self.l2, self.kernels, DeviceHostMover
         self.movers = {
-            "hicache doubling": DeviceHostMover(self.l1, self.l2, self.kernels),
-            "hicache one chunk": DeviceHostMover(self.l1, self.l2, self.kernels, chunk_pages=1 << 30),
-            f"hicache fixed {fixed} pages": DeviceHostMover(self.l1, self.l2, self.kernels, chunk_pages=fixed),
+            DEFAULT_PATH: mover(l1, l2, k),
+            "hicache doubling": mover(l1, l2, k, single_chunk_max_bytes=0),  # the schedule before
+            "hicache one chunk": mover(l1, l2, k, chunk_pages=1 << 30),
+            f"hicache fixed {fixed} pages": mover(l1, l2, k, chunk_pages=fixed),
+            STAGED_PATH: mover(l1, l2, k, direct_min_bytes=1 << 62),  # the fragmented path before
         }
         shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
         self.packed = torch.empty(shape, dtype=self.l1.tensor.dtype, device=s.device)
@@ -176,14 +190,20 @@ class _Rig:
 
 
 def _mover_case(rig: _Rig, mover: DeviceHostMover, direction: Direction, l1_ids: Pages, l2_ids: Pages) -> Row:
-    """Time one mover path; check its bytes; count buffers allocated after warm-up."""
+    """Time one mover path end to end; beside it the issue call's CPU time and the device
+    time of every run (medians); check its bytes; count buffers allocated after warm-up."""
     s = rig.s
     issue = mover.d2h if direction is Direction.D2H else mover.h2d
     src, dst = (l1_ids, l2_ids) if direction is Direction.D2H else (l2_ids, l1_ids)
     failures: list[str] = []
+    handles: list[TransferHandle] = []
+    issue_s: list[float] = []
 
     def start() -> Poll:
+        t0 = time.perf_counter()
         handle = issue(src, dst)
+        issue_s.append(time.perf_counter() - t0)
+        handles.append(handle)
 
         def complete() -> bool:
             status = handle.poll()
@@ -197,11 +217,17 @@ def _mover_case(rig: _Rig, mover: DeviceHostMover, direction: Direction, l1_ids:
         pass
     counters = mover.counters[direction]
     before = (counters.pinned_allocations, counters.device_allocations)
+    del handles[:], issue_s[:]
     ms = _e2e_ms(start, s)
     if failures:
         raise RuntimeError(f"{direction} failed during the benchmark: {failures[0]}")
+    timed = slice(s.warmup, None)  # the runs `_e2e_ms` kept
+    last = handles[-1]
     correct = bool(np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids)))
     return {"median_ms": ms, "correct": correct,
+            "issue_ms": statistics.median(issue_s[timed]) * 1e3,
+            "device_ms": statistics.median(h.timings.service_s for h in handles[timed]) * 1e3,
+            "route": str(last.plan) if isinstance(last, DmaHandle) else "-",
             "pinned_allocations_after_warmup": counters.pinned_allocations - before[0],
             "device_allocations_after_warmup": counters.device_allocations - before[1]}
 
@@ -230,7 +256,9 @@ def bench_dma(s: Settings) -> dict[str, object]:
                         "l2": layout, "ceiling_device_ms": ceiling[f"{d}_device_ms"],
                         "ceiling_e2e_ms": ceiling[f"{d}_e2e_ms"]}
                 cases: dict[str, Row] = {
-                    name: _mover_case(rig, mover, direction, l1_ids, l2_ids) for name, mover in rig.movers.items()
+                    name: _mover_case(rig, mover, direction, l1_ids, l2_ids)
+                    for name, mover in rig.movers.items()
+                    if name != STAGED_PATH or layout != "consecutive"  # one run: never staged
                 }
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor
                     base_ms = _e2e_ms(_enqueued(rig.baseline(direction, l1_ids, l2_ids), s.device), s)
@@ -258,7 +286,7 @@ def bench_storage_section(s: Settings) -> dict[str, object]:
 def bench_kernels_section(s: Settings) -> dict[str, object]:
     from hicache.bench.kernels import bench_kernels  # delegated; ImportError: section missing
 
-    pool_pages = 64 if s.quick else 4096
+    pool_pages = max(64, 2 * max(s.page_counts)) if s.quick else 4096  # --tokens may ask for more
     return bench_kernels(preset_name=s.preset_name, pool_pages=pool_pages, tokens=list(s.tokens),
                          iters=s.repeats, warmup=s.warmup, ceiling_bytes=(16 << 20) if s.quick else (1 << 30),
                          device=s.device.type, configs=())
@@ -292,14 +320,18 @@ def format_markdown(result: dict[str, Any]) -> str:
 
 def _dma_md(section: dict[str, Any]) -> list[str]:
     out = [f"Kernels: gather {section['gather']}, scatter {section['scatter']} ({section['reason']}).", "",
-           "| tokens | pages | dir | L2 | path | ms | GB/s | of DMA ceiling | of e2e ceiling | bytes ok "
-           "| host/device allocs after warm-up |", "|" + " --- |" * 11]
+           "ms: end to end (issue -> DONE observed); issue ms: CPU time of the issue call; "
+           "device ms: the transfer's first to last device operation (CUDA events).", "",
+           "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s | of DMA ceiling "
+           "| of e2e ceiling | bytes ok | host/device allocs after warm-up |", "|" + " --- |" * 14]
     for r in section["rows"]:
+        mover = "correct" in r
         ok = r.get("correct", "-")
-        allocs = f"{r['pinned_allocations_after_warmup']}/{r['device_allocations_after_warmup']}" if "correct" in r else "-"
+        allocs = f"{r['pinned_allocations_after_warmup']}/{r['device_allocations_after_warmup']}" if mover else "-"
+        issue, device = (f"{r['issue_ms']:.3f}", f"{r['device_ms']:.3f}") if mover else ("-", "-")
         out.append(f"| {r['tokens']} | {r['pages']} | {r['direction']} | {r['l2']} | {r['path']} | "
-                   f"{r['median_ms']:.3f} | {r['GBps']:.1f} | {_pct(r['of_dma_ceiling'])} | "
-                   f"{_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |")
+                   f"{r.get('route', '-')} | {r['median_ms']:.3f} | {issue} | {device} | {r['GBps']:.1f} | "
+                   f"{_pct(r['of_dma_ceiling'])} | {_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |")
     ceilings = {(r["tokens"], r["direction"]): r for r in section["rows"]}
     out += ["", "Ceilings (one contiguous pinned copy of the same bytes):", "",
             "| tokens | dir | device ms | GB/s | e2e ms |", "|" + " --- |" * 5]
@@ -349,10 +381,15 @@ def _settings(args: argparse.Namespace) -> Settings | str:
         return ("no CUDA device here: this benchmark measures PCIe DMA and GPU kernels, so "
                 "nothing was measured. Run it on a GPU machine, or pass --quick for a CPU smoke run.")
     name = "tiny" if args.quick else "qwen3-8b"
+    geometry = preset(name)
+    if args.page_size is not None:
+        if args.page_size < 1:
+            return f"--page-size must be a positive number of tokens, got {args.page_size}"
+        geometry = replace(geometry, page_size=args.page_size)  # dma, storage; not kernels
     default_tokens = TOKENS_QUICK if args.quick else TOKENS_DEFAULT
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else default_tokens
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 20)
-    return Settings(preset(name), name, tokens, repeats, 1 if args.quick else 3,
+    return Settings(geometry, name, tokens, repeats, 1 if args.quick else 3,
                     torch.device("cuda" if cuda else "cpu"), args.quick)
 
 
@@ -377,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)")
     parser.add_argument("--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)")
     parser.add_argument("--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)")
+    parser.add_argument("--page-size", type=int, help="tokens per page (default: the preset's, 16)")
     args = parser.parse_args(argv)
     settings = _settings(args)
     if isinstance(settings, str):

@@ -1,42 +1,63 @@
-"""D2H (L1 -> L2 backup) and H2D (L2 -> L1 load-back): one gather, one DMA, in chunks.
+"""D2H (L1 -> L2 backup) and H2D (L2 -> L1 load-back): one gather, DMAs per L2 run, in chunks.
 
     D2H   compute stream: wait(caller) -> upload L1 indices -> gather chunk 0, 1, 2, ...
-          copy stream:                     DMA chunk 0 (after gather 0), DMA chunk 1, ...
-          into the L2 pool directly when the L2 pages are consecutive, else into a pinned
-          staging buffer that is index_copy_'d into L2 as each chunk is seen landed.
-    H2D   copy stream:    DMA chunk 0, DMA chunk 1, ...  (from L2 directly, or from pinned
-                          staging filled on the CPU chunk by chunk when L2 is fragmented)
-          compute stream: wait(caller) -> upload L1 indices -> scatter chunk 0 (after DMA 0),
-                          scatter chunk 1, ...
+          copy stream:    (after gather k) chunk k's DMAs: one per run of consecutive L2
+                          pages straight into the L2 pool; runs too small to pay for a DMA
+                          go as one DMA into pinned staging, copied into L2 on the CPU as
+                          each chunk is seen landed.
+    H2D   copy stream:    chunk k's DMAs: one per L2 run straight from the pool; small runs
+                          packed on the CPU into pinned staging first, then one DMA
+          compute stream: wait(caller) -> upload L1 indices -> scatter chunk 0 (after its
+                          DMAs), scatter chunk 1, ...
 
 Why the caller wait comes first (bug class B05): the caller's stream may still be producing
 what the transfer reads (page contents, and the L1 pages an H2D overwrites); the transfer's
 streams are private, so without it the kernels could race ahead of the caller's work.
 
-Why chunks, and their sizes (`chunk_bounds`): a DMA cannot start before its bytes are packed,
-so unchunked the whole gather is exposed before the DMA (LIMITS.md: 0.3 ms with the row
-kernel, 1.6 ms with torch's index_select, against a 9.3 ms DMA for 219 Qwen3-8B pages).
-Chunk k+1's gather runs while chunk k's DMA copies, so only the first gather is exposed. Each
-DMA costs a fixed ~7 us (LIMITS.md: 1 MiB copies reach 41 GB/s, 16 MiB 54, >=128 MiB 55.3:
-t = 7 us + bytes / 55.4 GB/s fits all three), so chunks should be few. Doubling sizes from
-FIRST_CHUNK_BYTES gives both: the exposed first gather moves one 2.25 MiB page (~1-7 us), and
-219 pages take 8 DMAs (~56 us of fixed cost, 0.6% of the DMA). Doubling stays DMA-bound while
-packing outruns the DMA by 4x (gathering 2c bytes, read + written, must finish within the DMA
-of c bytes: G_rw > 4 x 55 GB/s = 222 GB/s; torch's index_select measured 379-640 GB/s, the row
-kernel ~3,400). H2D runs the sizes in descending order, so its exposed tail is one page's
-scatter. A fixed `chunk_pages` overrides the schedule (benchmarks compare the two).
+Routes (`plan_route`). The packed device buffer is private, so the mover picks the order of
+pages in it: sorted by L2 page, so every run of consecutive L2 pages (in whatever order the
+caller listed them) is one slice of the buffer and one slice of the pool -- one DMA. A run
+of fewer than DIRECT_MIN_BYTES goes through host staging (when at least two such runs exist:
+staging one run would save no DMA). Why 256 KiB: a DMA pays a fixed cost (LIMITS.md: 1 MiB
+pinned copies reach 36-41 GB/s against 55 GB/s for large ones, i.e. ~7 us D2H, ~10 us H2D
+per copy), so a 256 KiB run moves at about 256 KiB / (10 us + 4.7 us) ~ 18 GB/s or better.
+Staging moves it through the one thread that issues and polls every transfer: D2H's host
+scatter measured 7.7 GB/s (fragmented D2H, 219 pages, H200), so direct wins 2-3x from 256
+KiB on (break-even ~60 KiB). H2D's host packing overlaps earlier DMAs and reached ~30 GB/s
+end to end, so direct runs of 256 KiB-1 MiB may cost some device time there but free the
+issuing thread (~35 us of CPU per staged MiB). Far below 256 KiB the per-DMA fixed cost and
+the Python issue cost (one `copy_` per run) dominate, and staging's one large DMA wins.
+Staged pages sit first in the buffer for D2H (their host copies run on polls while the direct
+DMAs still copy) and last for H2D (the CPU packs them while the direct DMAs copy).
 
-Completion is observed by polling CUDA events (`event.query()`), never by blocking; the
-buffers a transfer holds go back to the workspace cache once its handle is final. On CPU the
-same code runs with no streams, synchronously, and the handle completes on its first poll.
-One thread issues and polls (not thread-safe).
+Chunks (`chunk_bounds`). A DMA cannot start before its bytes are packed, so unchunked the
+whole gather is exposed before the DMA. Chunk k+1's gather runs while chunk k's DMAs copy, so
+only the first gather is exposed. Doubling sizes from FIRST_CHUNK_BYTES: the exposed gather
+is one 2.25 MiB page, and 219 pages take 8 chunks (~56 us of fixed DMA cost, 0.6% of the
+DMA); it stays DMA-bound while packing outruns the DMA by 4x (gathering 2c bytes, read +
+written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s,
+the row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is one
+page's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: each chunk costs the
+issuing thread a kernel launch, events, stream switches and DMA calls (~tens of us of Python
+each), and small chunks' DMAs (1 page: ~50 us) finish before the next chunk is issued, so the
+copy engine idles; one gather + one DMA exposes the whole gather instead, which the row
+kernel does at ~1,950 GB/s: 64 MiB -> ~70 us, under 6% of that size's ~1.2 ms DMA. A fixed
+`chunk_pages` overrides both rules (benchmarks compare them).
+
+Completion is observed by polling CUDA events (`event.query()`), never by blocking. Every
+tensor the device touches asynchronously (packed buffer, index buffers, pinned staging, L2
+pool slices) is a workspace the handle holds, or the pool itself, and goes back to the
+workspace cache only once the handle is final (its last event passed, or quiesced). On CPU
+the same code runs with no streams, synchronously, and the handle completes on its first
+poll. One thread issues and polls (not thread-safe).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -45,13 +66,15 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
-from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
+from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
 from hicache.invariants.snapshot import Pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
 
 FIRST_CHUNK_BYTES = 2 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
+SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked
+DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 
@@ -62,10 +85,13 @@ Bounds = list[tuple[int, int]]
 def chunk_bounds(
     n_pages: int, bytes_per_page: int, chunk_pages: int | None = None, *,
     descending: bool = False, first_bytes: int = FIRST_CHUNK_BYTES,
+    single_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
 ) -> Bounds:
-    """[lo, hi) page ranges covering 0..n_pages in order. `chunk_pages` None: sizes double from
-    ceil(first_bytes / bytes_per_page) pages (the last one takes what is left); else fixed
-    `chunk_pages`. `descending` reverses the sizes (largest first)."""
+    """[lo, hi) page ranges covering 0..n_pages in order. `chunk_pages` None: one chunk up to
+    `single_max_bytes`, else sizes doubling from ceil(first_bytes / bytes_per_page) pages (the
+    last takes what is left); a number: fixed chunks. `descending` reverses the sizes."""
+    if chunk_pages is None and n_pages * bytes_per_page <= single_max_bytes:
+        return [(0, n_pages)] if n_pages > 0 else []
     size = chunk_pages if chunk_pages is not None else max(1, -(-first_bytes // bytes_per_page))
     sizes: list[int] = []
     left = n_pages
@@ -75,17 +101,128 @@ def chunk_bounds(
         size = size if chunk_pages is not None else 2 * size
     if descending:
         sizes.reverse()
-    ends = np.cumsum(sizes, dtype=np.int64).tolist()
-    return [(hi - s, hi) for s, hi in zip(sizes, ends)]
+    bounds, lo = [], 0
+    for s in sizes:
+        bounds.append((lo, lo + s))
+        lo += s
+    return bounds
 
 
-def is_consecutive(ids: Pages) -> bool:
-    """True when ids are n ascending consecutive pages (one slice of the pool)."""
-    return ids.size > 0 and bool(np.all(np.diff(ids) == 1))
+class Run(NamedTuple):
+    """Packed positions [lo, hi) <-> L2 pages l2_first .. l2_first + (hi - lo) - 1: one DMA."""
+
+    lo: int
+    hi: int
+    l2_first: int
 
 
-def _new_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+@dataclass(frozen=True)
+class Route:
+    """Where each page of one transfer sits in the packed buffer, and how it reaches L2.
+
+    Packed position p moves the caller's pair `order[p]` (None: p itself). Positions in a
+    `direct` run are DMA'd straight to/from the L2 pool; positions [staged_lo, staged_hi) go
+    through pinned host staging, their L2 pages being `l2_staged` (in packed order).
+    """
+
+    order: Pages | None
+    direct: list[Run]
+    staged_lo: int
+    staged_hi: int
+    l2_staged: Pages
+    runs: int  # runs of consecutive L2 pages, direct and staged (1: one slice of the pool)
+
+    @property
+    def staged_pages(self) -> int:
+        return self.staged_hi - self.staged_lo
+
+    @property
+    def kind(self) -> str:
+        """'direct' (no host copy), 'staged' (all through staging), or 'mixed'."""
+        if not self.staged_pages:
+            return "direct"
+        return "mixed" if self.direct else "staged"
+
+
+def plan_route(l2_ids: Pages, bytes_per_page: int, direct_min_bytes: int, *, staged_first: bool) -> Route:
+    """The route of a transfer touching L2 pages `l2_ids` (n >= 1; may repeat for H2D).
+
+    Pages are sorted by L2 page (stable) and cut into runs of consecutive pages; runs of
+    fewer than `direct_min_bytes` are staged when there are at least two of them. Staged
+    positions come first when `staged_first`, else last. Numpy only: O(n log n)."""
+    n = int(l2_ids.size)
+    first = int(l2_ids[0])
+    if n == 1 or bool((np.diff(l2_ids) == 1).all()):  # one slice already in order: the hot path
+        end = 0 if staged_first else n
+        return Route(None, [Run(0, n, first)], end, end, l2_ids[:0], runs=1)
+    order = np.argsort(l2_ids, kind="stable")
+    ids = l2_ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], np.diff(ids) != 1)))
+    lengths = np.diff(np.append(starts, n))
+    small = lengths * bytes_per_page < direct_min_bytes
+    if np.count_nonzero(small) < 2:  # staging a single run would save no DMA
+        small[:] = False
+    staged_mask = np.repeat(small, lengths)
+    staged_order, direct_order = order[staged_mask], order[~staged_mask]
+    n_staged = int(staged_order.size)
+    base = n_staged if staged_first else 0
+    direct_lengths = lengths[~small]
+    direct_lo = base + np.cumsum(direct_lengths) - direct_lengths
+    direct = [
+        Run(lo, lo + k, f)
+        for lo, k, f in zip(direct_lo.tolist(), direct_lengths.tolist(), ids[starts[~small]].tolist())
+    ]
+    parts = (staged_order, direct_order) if staged_first else (direct_order, staged_order)
+    staged_lo = 0 if staged_first else n - n_staged
+    # Verify every position is moved exactly once: a gap or overlap would lose or mix pages.
+    assert sum(r.hi - r.lo for r in direct) + n_staged == n, (direct, n_staged, n)
+    return Route(np.concatenate(parts), direct, staged_lo, staged_lo + n_staged,
+                 l2_ids[staged_order], runs=int(starts.size))
+
+
+def split_runs(runs: list[Run], bounds: Bounds) -> list[list[Run]]:
+    """Per chunk of `bounds`, the pieces of `runs` (sorted, disjoint) inside it: a run that
+    spans chunks becomes one DMA per chunk, so no DMA waits for a later chunk's gather."""
+    out: list[list[Run]] = []
+    k = 0
+    for lo, hi in bounds:
+        here: list[Run] = []
+        while k < len(runs) and runs[k].lo < hi:
+            r = runs[k]
+            a, b = max(r.lo, lo), min(r.hi, hi)
+            if a < b:
+                here.append(Run(a, b, r.l2_first + a - r.lo))
+            if r.hi > hi:
+                break  # the rest of this run belongs to the next chunk
+            k += 1
+        out.append(here)
+    return out
+
+
+@dataclass(frozen=True)
+class DmaPlan:
+    """How one D2H/H2D transfer is issued: its route, its chunks, and per chunk the direct
+    DMAs (`pieces`). `str()` is the one-line summary benchmarks report per case."""
+
+    route: Route
+    bounds: Bounds
+    pieces: list[list[Run]]
+
+    def staged_in(self, lo: int, hi: int) -> tuple[int, int]:
+        """The staged positions of chunk [lo, hi), as rows [a, b) of the staging buffer."""
+        r = self.route
+        return max(lo, r.staged_lo) - r.staged_lo, min(hi, r.staged_hi) - r.staged_lo
+
+    @property
+    def dmas(self) -> int:
+        """DMAs issued: the direct pieces, and one per chunk holding staged pages."""
+        staged = sum(a < b for a, b in (self.staged_in(lo, hi) for lo, hi in self.bounds))
+        return sum(map(len, self.pieces)) + staged
+
+    def __str__(self) -> str:
+        r = self.route
+        staged = f", {r.staged_pages} pages staged" if r.staged_pages else ""
+        return f"{r.kind}: {r.runs} runs, {len(self.bounds)} chunks, {self.dmas} DMAs{staged}"
 
 
 def landed(event: Event) -> bool:
@@ -100,8 +237,8 @@ class _Streams:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
-        self.compute = _new_stream(device) if self.cuda else None
-        self.copy = _new_stream(device) if self.cuda else None
+        self.compute = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
+        self.copy = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
 
     def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -132,46 +269,43 @@ class DirectionCounters:
     failed: int = 0
     cancelled: int = 0
     bytes: int = 0
-    fragmented: int = 0  # issued with non-consecutive L2 pages (staging + host copy)
+    fragmented: int = 0  # issued with L2 pages that are not one run of consecutive pages
+    staged: int = 0  # issued with some pages through host staging (+ a host copy)
+    staged_pages: int = 0
+    direct_dmas: int = 0  # DMAs straight between the packed buffer and the L2 pool
     pinned_allocations: int = 0  # host buffers allocated while issuing (pinned on CUDA)
     device_allocations: int = 0
     workspace_setup_s: float = 0.0
 
 
-@dataclass
-class _Staging:
-    """The buffers one transfer holds until its handle is final."""
-
-    held: list[tuple[WorkspaceCache, Workspace]]
-    packed: torch.Tensor  # device, [n, 2, layers, page_size, kv_heads, head_dim]
-    index_host: torch.Tensor  # int64 [n], pinned on CUDA: the L1 pages
-    index_device: torch.Tensor  # int64 [n] on the device
-    host: torch.Tensor | None  # host packing buffer (fragmented L2 only), like `packed`
-    setup_s: float
+def _byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """Pages as uint8 `[pages, bytes_per_page]`: host copies move bytes (CPU index_copy_ has
+    no fp8 kernel, and bytes are what must arrive)."""
+    return t.view(t.shape[0], -1).view(torch.uint8)
 
 
 @dataclass
 class _HostScatter:
-    """Fragmented D2H: chunk k of the staging buffer belongs at L2 pages index[lo:hi]; it is
-    copied there once chunk k's DMA is seen landed (`landed[k]`; None: already landed).
-    Both sides are uint8 `[pages, bytes_per_page]`: host copies move bytes (CPU index_copy_
-    has no fp8 kernel, and bytes are what must arrive)."""
+    """Staged D2H: staging rows [lo, hi) belong at L2 pages index[lo:hi]; they are copied
+    there once their DMA is seen landed (`pieces`: (lo, hi, event); event None: landed)."""
 
     l2: torch.Tensor
     index: torch.Tensor
     staged: torch.Tensor
-    bounds: Bounds
-    landed: list[Event | None]
-    next_chunk: int = 0
+    pieces: list[tuple[int, int, Event | None]]
+    next_piece: int = 0
 
     def advance(self) -> None:
-        while self.next_chunk < len(self.bounds):
-            event = self.landed[self.next_chunk]
+        while self.next_piece < len(self.pieces):
+            lo, hi, event = self.pieces[self.next_piece]
             if event is not None and not landed(event):
                 return
-            lo, hi = self.bounds[self.next_chunk]
             self.l2.index_copy_(0, self.index[lo:hi], self.staged[lo:hi])
-            self.next_chunk += 1
+            self.next_piece += 1
+
+    @property
+    def finished(self) -> bool:
+        return self.next_piece == len(self.pieces)
 
 
 @dataclass
@@ -179,21 +313,22 @@ class _Completion:
     start: Event | None  # timing events bracketing the device work (None on CPU)
     end: Event | None  # recorded after the last DMA / kernel: the transfer's completion
     scatter: _HostScatter | None = None
-    keep: tuple[torch.Tensor, ...] = field(default_factory=tuple)  # alive until final
 
 
 class DmaHandle(TransferHandle):
-    """A D2H or H2D transfer issued by `DeviceHostMover`; returns its buffers when final."""
+    """A D2H or H2D transfer issued by `DeviceHostMover`; returns its buffers when final.
+    `plan` says how it was issued."""
 
     def __init__(
-        self, mover: DeviceHostMover, direction: Direction, nbytes: int, staging: _Staging,
-        completion: _Completion, delay_polls: int,
+        self, mover: DeviceHostMover, direction: Direction, nbytes: int, buffers: TransferBuffers,
+        completion: _Completion, delay_polls: int, plan: DmaPlan,
     ) -> None:
         super().__init__(direction, nbytes)
         self._mover = mover
-        self._staging = staging
+        self._buffers: TransferBuffers | None = buffers  # None once final: nothing kept alive
         self._completion = completion
         self._delay_polls = delay_polls
+        self.plan = plan
 
     def _landed(self) -> bool:
         end = self._completion.end
@@ -217,8 +352,8 @@ class DmaHandle(TransferHandle):
             return TransferStatus.FAILED
         if scatter is not None:
             scatter.advance()
-            # Verify every chunk reached L2: DONE publishes the target pages.
-            assert scatter.next_chunk == len(scatter.bounds), (scatter.next_chunk, len(scatter.bounds))
+            # Verify every staged piece reached L2: DONE publishes the target pages.
+            assert scatter.finished, (scatter.next_piece, len(scatter.pieces))
         return TransferStatus.DONE
 
     def _quiesce(self) -> None:
@@ -232,7 +367,10 @@ class DmaHandle(TransferHandle):
         c = self._completion
         if c.start is not None and c.end is not None:
             self.timings.service_s = c.start.elapsed_time(c.end) / 1e3
-        self._mover._retire(self, self._staging, status)
+        buffers, self._buffers = self._buffers, None
+        # Verify the buffers go back once: a second return would hand them to two transfers.
+        assert buffers is not None, "a DMA handle finished twice"
+        self._mover._retire(self, buffers, status)
         self._completion = _Completion(None, None)
 
 
@@ -241,20 +379,33 @@ class DeviceHostMover:
 
     Page arguments are int64 arrays (InvalidPages otherwise, nothing issued). A failed buffer
     allocation (DEVICE_ALLOC / PINNED_ALLOC, or real memory exhaustion) returns a handle that
-    reports FAILED with a TransferError naming the size; nothing was enqueued.
+    reports FAILED with a TransferError naming the size; nothing was enqueued. On CUDA, L2
+    must be pinned: the DMAs are asynchronous and read or write the pool in place.
+    `chunk_pages`, `single_chunk_max_bytes` and `direct_min_bytes` tune chunks and routes
+    (module docstring); the defaults are the measured choices.
     """
 
     def __init__(
         self, l1: DevicePool, l2: HostPool, kernels: KernelSet, *,
         faults: FaultInjector | None = None, chunk_pages: int | None = None,
+        single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES, direct_min_bytes: int = DIRECT_MIN_BYTES,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
+        if l1.device.type == "cuda" and not l2.pinned:
+            raise ConfigError("l2.pin", "L1 is on CUDA: L2 must be pinned for asynchronous DMA")
         if chunk_pages is not None and (not isinstance(chunk_pages, int) or chunk_pages < 1):
             raise ConfigError("chunk_pages", f"a positive number of pages or None, got {chunk_pages!r}")
+        sizes = {"single_chunk_max_bytes": single_chunk_max_bytes, "direct_min_bytes": direct_min_bytes}
+        for name, value in sizes.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, f"a number of bytes >= 0, got {value!r}")
         self.l1, self.l2, self.kernels, self.faults = l1, l2, kernels, faults
         self.chunk_pages = chunk_pages
+        self.single_chunk_max_bytes = single_chunk_max_bytes
+        self.direct_min_bytes = direct_min_bytes
         self.bytes_per_page = l1.geometry.bytes_per_page
+        self._page_shape = (*l1.tensor.shape[:2], *l1.tensor.shape[3:])  # one packed page
         self._streams = _Streams(l1.device)
         pin = self._streams.cuda
         private = self._streams.compute
@@ -283,6 +434,14 @@ class DeviceHostMover:
         )
         return self._issue(Direction.H2D, dst, src, after)
 
+    def plan(self, direction: Direction, l2_ids: Pages) -> DmaPlan:
+        """Route and chunks of a transfer touching `l2_ids` (validated, n >= 1); no side effect."""
+        d2h = direction is Direction.D2H
+        route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
+        bounds = chunk_bounds(int(l2_ids.size), self.bytes_per_page, self.chunk_pages,
+                              descending=not d2h, single_max_bytes=self.single_chunk_max_bytes)
+        return DmaPlan(route, bounds, split_runs(route.direct, bounds))
+
     def _issue(
         self, direction: Direction, l1_ids: Pages, l2_ids: Pages, after: torch.cuda.Stream | None
     ) -> TransferHandle:
@@ -295,125 +454,119 @@ class DeviceHostMover:
         if n == 0:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        fragmented = not is_consecutive(l2_ids)
-        counters.fragmented += int(fragmented)
+        plan = self.plan(direction, l2_ids)
+        route = plan.route
         try:
-            staging = self._borrow(counters, n, fragmented)
+            buffers = self._borrow(counters, n, route.staged_pages)
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, n * self.bytes_per_page, error=e)
-        staging.index_host.copy_(torch.from_numpy(l1_ids))
+        index = buffers.index_host.numpy()  # pinned on CUDA: the upload reads it asynchronously
+        if route.order is None:
+            np.copyto(index, l1_ids)
+        else:
+            np.take(l1_ids, route.order, out=index)
         delay = 0
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             delay = self.faults.delay_polls
-        bounds = chunk_bounds(n, self.bytes_per_page, self.chunk_pages, descending=direction is Direction.H2D)
         enqueued = False
         try:
             work_started = time.perf_counter()
             enqueue = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
-            completion = enqueue(staging, l2_ids, bounds, after)
+            completion = enqueue(buffers, plan, after)
             work_s = time.perf_counter() - work_started
             enqueued = True
         finally:
             if not enqueued:  # a kernel refused its operands: nothing may stay borrowed
-                self._abandon(staging)
-        handle = DmaHandle(self, direction, n * self.bytes_per_page, staging, completion, delay)
+                self._abandon(buffers)
+        counters.fragmented += route.runs > 1
+        counters.staged += route.staged_pages > 0
+        counters.staged_pages += route.staged_pages
+        counters.direct_dmas += sum(map(len, plan.pieces))
+        handle = DmaHandle(self, direction, n * self.bytes_per_page, buffers, completion, delay, plan)
         t = handle.timings
-        t.issued_at, t.workspace_setup_s = entered, staging.setup_s
-        t.enqueue_s = time.perf_counter() - entered - staging.setup_s
+        t.issued_at, t.workspace_setup_s = entered, buffers.setup_s
+        t.enqueue_s = time.perf_counter() - entered - buffers.setup_s
         if not self._streams.cuda:  # CPU: the copies ran inside the call
             t.service_s, t.enqueue_s = work_s, t.enqueue_s - work_s
         self._in_flight.add(handle)
         return handle
 
-    def _borrow(self, counters: DirectionCounters, n: int, fragmented: bool) -> _Staging:
-        """Every buffer the transfer needs, or TransferError with none kept."""
-        held: list[tuple[WorkspaceCache, Workspace]] = []
-        setup_s = 0.0
+    def _borrow(self, counters: DirectionCounters, n: int, n_staged: int) -> TransferBuffers:
+        """`TransferBuffers.borrow`, counting what it allocated."""
         before = self._allocation_counts()
-
-        def take(cache: WorkspaceCache, kind: WorkspaceKind, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-            nonlocal setup_s
-            nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-            ws, seconds = cache.acquire(kind, nbytes)
-            held.append((cache, ws))
-            setup_s += seconds
-            return ws.view(dtype, shape)
-
-        page_shape = (n, *self.l1.tensor.shape[:2], *self.l1.tensor.shape[3:])
-        dtype = self.l1.tensor.dtype
         try:
-            packed = take(self.workspaces, WorkspaceKind.DEVICE, dtype, page_shape)
-            index_host = take(self.index_buffers, WorkspaceKind.HOST, torch.int64, (n,))
-            index_device = take(self.index_buffers, WorkspaceKind.DEVICE, torch.int64, (n,))
-            host = take(self.workspaces, WorkspaceKind.HOST, dtype, page_shape) if fragmented else None
-        except TransferError:
-            self._release(held)
-            raise
-        finally:
+            buffers = TransferBuffers.borrow(
+                self.workspaces, self.index_buffers, self.l1.tensor.dtype, self._page_shape, n, n_staged
+            )
+        finally:  # a failed borrow may have allocated (and released) some buffers first
             pinned, device = self._allocation_counts()
             counters.pinned_allocations += pinned - before[0]
             counters.device_allocations += device - before[1]
-            counters.workspace_setup_s += setup_s
-        return _Staging(held, packed, index_host, index_device, host, setup_s)
+        counters.workspace_setup_s += buffers.setup_s
+        return buffers
 
     def _enqueue_d2h(
-        self, st: _Staging, l2_ids: Pages, bounds: Bounds, after: torch.cuda.Stream | None
+        self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
     ) -> _Completion:
         s = self._streams
         s.wait_caller(s.compute, after)  # before anything reads L1 or the indices (B05)
         start = s.mark(s.compute, timing=True)
+        l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        staged: list[tuple[int, int, Event | None]] = []
         with s.on(s.compute):
-            st.index_device.copy_(st.index_host, non_blocking=True)
-        first = int(l2_ids[0])
-        target = self.l2.tensor[first : first + l2_ids.size] if st.host is None else st.host
-        landed: list[Event | None] = []
-        for lo, hi in bounds:
-            with s.on(s.compute):
-                self.kernels.gather(self.l1.tensor, st.index_device[lo:hi], st.packed[lo:hi])
-            s.wait(s.copy, s.mark(s.compute))
-            with s.on(s.copy):
-                target[lo:hi].copy_(st.packed[lo:hi], non_blocking=True)
-            if st.host is not None:
-                landed.append(s.mark(s.copy))
-        end = s.mark(s.copy, timing=True)
-        if st.host is None:
+            buf.index_device.copy_(buf.index_host, non_blocking=True)
+            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
+                self.kernels.gather(l1, buf.index_device[lo:hi], packed[lo:hi])
+                gathered = s.mark(s.compute)
+                with s.on(s.copy):
+                    s.wait(s.copy, gathered)
+                    for a, b, first in runs:
+                        l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
+                    a, b = plan.staged_in(lo, hi)
+                    if host is not None and a < b:
+                        offset = plan.route.staged_lo
+                        host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
+                        staged.append((a, b, s.mark(s.copy)))
+        end = s.mark(s.copy, timing=True)  # the copy stream ran every DMA before this
+        if host is None:
             return _Completion(start, end)
-        staged = st.host.view(st.host.shape[0], -1).view(torch.uint8)
-        scatter = _HostScatter(self.l2.bytes_view(), torch.from_numpy(l2_ids), staged, bounds, landed)
-        return _Completion(start, end, scatter)
+        index = torch.from_numpy(plan.route.l2_staged)
+        return _Completion(start, end, _HostScatter(self.l2.bytes_view(), index, _byte_rows(host), staged))
 
     def _enqueue_h2d(
-        self, st: _Staging, l2_ids: Pages, bounds: Bounds, after: torch.cuda.Stream | None
+        self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
     ) -> _Completion:
         s = self._streams
         # The DMAs read locked L2 pages into a private buffer: they need not wait for the
         # caller. The scatter reads the indices and overwrites L1 pages: it must (B05).
         start = s.mark(s.copy, timing=True)
         s.wait_caller(s.compute, after)
+        l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        l2_rows, staged_index = self.l2.bytes_view(), torch.from_numpy(plan.route.l2_staged)
+        offset = plan.route.staged_lo
         with s.on(s.compute):
-            st.index_device.copy_(st.index_host, non_blocking=True)
-        l2_index = torch.from_numpy(l2_ids)
-        first = int(l2_ids[0])
-        source = self.l2.tensor[first : first + l2_ids.size] if st.host is None else st.host
-        l2_rows = self.l2.bytes_view()
-        for lo, hi in bounds:
-            if st.host is not None:  # pack this chunk on the CPU while the previous one copies
-                rows = st.host[lo:hi].view(hi - lo, -1).view(torch.uint8)
-                torch.index_select(l2_rows, 0, l2_index[lo:hi], out=rows)
-            with s.on(s.copy):
-                st.packed[lo:hi].copy_(source[lo:hi], non_blocking=True)
-            s.wait(s.compute, s.mark(s.copy))
-            with s.on(s.compute):
-                self.kernels.scatter(st.packed[lo:hi], st.index_device[lo:hi], self.l1.tensor)
-        end = s.mark(s.compute, timing=True)
-        return _Completion(start, end, keep=(l2_index,))
+            buf.index_device.copy_(buf.index_host, non_blocking=True)
+            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
+                a, b = plan.staged_in(lo, hi)
+                if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
+                    torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
+                with s.on(s.copy):
+                    for lo_r, hi_r, first in runs:
+                        packed[lo_r:hi_r].copy_(l2[first : first + hi_r - lo_r], non_blocking=True)
+                    if host is not None and a < b:
+                        packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
+                    copied = s.mark(s.copy)
+                s.wait(s.compute, copied)
+                self.kernels.scatter(packed[lo:hi], buf.index_device[lo:hi], l1)
+        end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
+        return _Completion(start, end)
 
     # -- completion and lifetime --------------------------------------------------------------
 
-    def _retire(self, handle: DmaHandle, staging: _Staging, status: TransferStatus) -> None:
+    def _retire(self, handle: DmaHandle, buffers: TransferBuffers, status: TransferStatus) -> None:
         """Called once per handle when it turns final: buffers back, counters."""
-        self._release(staging.held)
+        buffers.release()
         self._in_flight.discard(handle)
         counters = self.counters[handle.direction]
         if status is TransferStatus.DONE:
@@ -424,18 +577,11 @@ class DeviceHostMover:
         else:
             counters.cancelled += 1
 
-    def _abandon(self, staging: _Staging) -> None:
+    def _abandon(self, buffers: TransferBuffers) -> None:
         """Issue failed half-way: wait for whatever was enqueued, then return the buffers."""
         if self._streams.cuda:
             torch.cuda.synchronize(self.l1.device)
-        self._release(staging.held)
-
-    @staticmethod
-    def _release(held: list[tuple[WorkspaceCache, Workspace]]) -> None:
-        """Return borrowed buffers (emptying `held`, so none goes back twice)."""
-        for cache, ws in held:
-            cache.release(ws)
-        held.clear()
+        buffers.release()
 
     def _allocation_counts(self) -> tuple[int, int]:
         """(host allocations, device allocations) over both caches, cumulative."""
@@ -456,7 +602,10 @@ class DeviceHostMover:
         return {
             "device": str(self.l1.device),
             "l2_pinned": self.l2.pinned,
-            "chunk_pages": self.chunk_pages if self.chunk_pages is not None else f"doubling from {FIRST_CHUNK_BYTES} bytes",
+            "chunk_pages": self.chunk_pages if self.chunk_pages is not None else (
+                f"one chunk up to {self.single_chunk_max_bytes} bytes, else doubling from "
+                f"{FIRST_CHUNK_BYTES} bytes"),
+            "direct_min_bytes": self.direct_min_bytes,
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,
             "workspace_bytes_held": self.workspaces.held_bytes + self.index_buffers.held_bytes,
