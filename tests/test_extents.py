@@ -1,4 +1,5 @@
-"""Extent coalescing: exact, minimal, and never merging on one consecutive side (B13)."""
+"""Extent coalescing: exact, minimal, and never merging on one consecutive side (B13); splitting
+extents into bounded I/O pieces: every page in exactly one piece, pieces inside their extent."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.dataplane.extents import Extent, coalesce
+from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.invariants.snapshot import pages
 
 
@@ -83,3 +84,39 @@ def test_empty_and_invalid_input() -> None:
         coalesce(pages([1, 2]), pages([5, 5]))
     with pytest.raises(ValueError, match="2 sources but 1 destinations"):
         coalesce(pages([1, 2]), np.array([5], dtype=np.int64))
+
+
+# -- split -------------------------------------------------------------------------------------
+
+@given(mappings(), st.integers(1, 7))
+def test_split_maps_every_page_once_inside_its_extent(
+    m: tuple[list[int], list[int]], max_pages: int
+) -> None:
+    src, dst = m
+    extents = coalesce(pages(src), pages(dst))
+    pieces = split(extents, max_pages)
+    # Every pair exactly once, in the extents' order (so still ordered by destination).
+    assert expand(pieces) == expand(extents)
+    assert all(1 <= p.count <= max_pages for p in pieces)
+    # Each piece lies inside one extent: splitting never joins what coalescing kept apart (B13).
+    for p in pieces:
+        owners = [e for e in extents if e.dst_start <= p.dst_start < e.dst_start + e.count]
+        assert len(owners) == 1
+        e = owners[0]
+        assert p.src_start - e.src_start == p.dst_start - e.dst_start
+        assert p.dst_start + p.count <= e.dst_start + e.count
+    # Minimal for the bound: an extent of n pages gives ceil(n / max_pages) pieces.
+    assert len(pieces) == sum(-(-e.count // max_pages) for e in extents)
+
+
+def test_split_docstring_example() -> None:
+    pieces = split([Extent(10, 40, 7)], 3)
+    assert pieces == [Extent(10, 40, 3), Extent(13, 43, 3), Extent(16, 46, 1)]
+    assert split([Extent(10, 40, 7), Extent(0, 2, 1)], 7) == [Extent(10, 40, 7), Extent(0, 2, 1)]
+    assert split([], 4) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0])
+def test_split_rejects_a_bound_below_one_page(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_pages must be a positive integer"):
+        split([Extent(0, 0, 3)], bad)  # type: ignore[arg-type]

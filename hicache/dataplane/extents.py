@@ -16,10 +16,16 @@ The mapping is a set of pairs, so the order the caller lists them in does not ma
 on one diagonal (equal src - dst) whose sources are consecutive integers form one extent,
 however they were listed. That gives the minimal number of extents the rule allows: a pair
 starts a new extent exactly when (src - 1, dst - 1) is not also in the mapping.
+
+`split` then cuts extents into pieces of bounded length, so that no single I/O call (and the
+checksum work that follows it) is too long to share among threads:
+
+    extent (10, 40, 7), at most 3 pages  ->  (10, 40, 3) (13, 43, 3) (16, 46, 1)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,3 +71,23 @@ def coalesce(src: Pages, dst: Pages) -> list[Extent]:
     # Verify the extents cover every pair once: a miscount would skip or repeat pages.
     assert sum(e.count for e in extents) == dst.size
     return extents
+
+
+def split(extents: Sequence[Extent], max_pages: int) -> list[Extent]:
+    """Each extent cut, in order, into consecutive pieces of at most `max_pages` pages.
+
+    A piece is a sub-run of one extent, so it is consecutive on both sides as its extent is
+    (B13 holds for pieces too) and whole pages by construction; the pieces of an extent tile it
+    exactly, so every (src, dst) pair lands in exactly one piece. Order is kept: pieces of
+    `coalesce` output are still ordered by `dst_start`.
+    """
+    if not isinstance(max_pages, int) or max_pages < 1:
+        raise ValueError(f"split: max_pages must be a positive integer, got {max_pages!r}")
+    pieces = [
+        Extent(e.src_start + first, e.dst_start + first, min(max_pages, e.count - first))
+        for e in extents
+        for first in range(0, e.count, max_pages)
+    ]
+    # Verify the pieces cover every page once: a slip here would skip or repeat a page's I/O.
+    assert sum(p.count for p in pieces) == sum(e.count for e in extents)
+    return pieces
