@@ -7,7 +7,10 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from hicache.bench.storage import main as bench_main
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
-from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
+from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover, TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
 from hicache.invariants.snapshot import pages
 
@@ -56,6 +59,9 @@ def round_trip(mover: StorageMover, l2: torch.Tensor, src: list[int], slots: lis
     page_of_slot = dict(zip(slots, src))
     for d, s in zip(dst, back):
         assert torch.equal(l2[d], expected[page_of_slot[s]]), (d, s)
+    # Each slot's recorded checksum is its own page's (pieces index checksums by position).
+    for s, p in page_of_slot.items():
+        assert mover.l3.checksum(s) == zlib.crc32(expected[p].numpy().tobytes()), (s, p)
 
 
 # -- round trips ---------------------------------------------------------------------------
@@ -85,10 +91,11 @@ def transfers(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], list[in
     return src, slots, back, dst
 
 
-@given(transfers(), st.integers(1, 4), st.booleans())
+@given(transfers(), st.integers(1, 4), st.booleans(), st.integers(1, 4 * BPP))
 def test_round_trip_property(t: tuple[list[int], list[int], list[int], list[int]],
-                             threads: int, short_io: bool) -> None:
-    """Random page/slot sets, reads in any order (repeats allowed), short I/O at random."""
+                             threads: int, short_io: bool, piece_bytes: int) -> None:
+    """Random page/slot sets, reads in any order (repeats allowed), short I/O at random, long
+    extents cut into pieces of 1 to 4 pages."""
     src, slots, back, dst = t
     faults = None
     if short_io:
@@ -96,7 +103,9 @@ def test_round_trip_property(t: tuple[list[int], list[int], list[int], list[int]
         faults = FaultInjector(seed=len(src), rates=rates)
     l2 = random_l2(len(src))
     with L3File(None, SLOTS, BPP) as l3:
-        with StorageMover(l3, l2, io_threads=threads, faults=faults) as mover:
+        with StorageMover(
+            l3, l2, io_threads=threads, piece_bytes=piece_bytes, faults=faults
+        ) as mover:
             round_trip(mover, l2, src, slots, back, dst)
 
 
@@ -107,10 +116,77 @@ def test_extents_follow_coalescing(l3: L3File) -> None:
         assert mover.counters.extents_issued == 3
 
 
+@pytest.mark.parametrize("piece_bytes,pieces", [(3 * BPP, 4), (3 * BPP + BPP - 1, 4), (1, 10)])
+def test_long_extents_are_cut_into_pieces(l3: L3File, piece_bytes: int, pieces: int) -> None:
+    l2 = random_l2()
+    with StorageMover(l3, l2, piece_bytes=piece_bytes) as mover:
+        h = done(mover.h2s(pages(range(10)), pages(range(10, 20))))
+        assert (h.extents, h.pieces) == (1, pieces)
+        round_trip(mover, l2, list(range(10)), list(range(10, 20)), list(range(10, 20)),
+                   list(range(12, 22)))
+        assert mover.counters.extents_issued == 3 and mover.counters.pieces_issued == 3 * pieces
+
+
+def test_piece_bytes_must_be_positive(l3: L3File) -> None:
+    with pytest.raises(ConfigError, match="piece_bytes"):
+        StorageMover(l3, random_l2(), piece_bytes=0)
+
+
 def test_empty_transfer_is_done(l3: L3File) -> None:
     with StorageMover(l3, random_l2()) as mover:
         h = done(mover.h2s(pages([]), pages([])))
-        assert h.nbytes == 0 and h.extents == 0
+        assert h.nbytes == 0 and h.extents == 0 and h.pieces == 0
+
+
+# -- the task group's lanes ---------------------------------------------------------------------
+
+def run_spread(items: list[int], lanes: int, workers: int,
+               fail_at: tuple[int, int] | None = None) -> tuple[TaskGroup, list[tuple[int, int]]]:
+    """Spread `items` over `lanes` recording lanes; (lane, item) == fail_at raises."""
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def lane(k: int) -> Callable[[int], None]:
+        def work(item: int) -> None:
+            with lock:
+                seen.append((k, item))
+            if (k, item) == fail_at:
+                raise TransferError(f"injected at lane {k} item {item}")
+        return work
+
+    group = TaskGroup(0.0)
+    with ThreadPoolExecutor(workers) as pool:
+        group.spread(pool, items, [lane(k) for k in range(lanes)], workers)
+        assert group.join(10)
+    return group, seen
+
+
+@pytest.mark.parametrize("lanes,workers", [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 4)])
+def test_spread_runs_every_lane_on_every_item_once(lanes: int, workers: int) -> None:
+    group, seen = run_spread(list(range(40)), lanes, workers)
+    assert sorted(seen) == [(k, i) for k in range(lanes) for i in range(40)]
+    assert group.errors == []
+
+
+def test_spread_with_one_worker_does_lane_after_lane_and_stops_at_an_error() -> None:
+    _, seen = run_spread([0, 1, 2], lanes=2, workers=1)
+    assert seen == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    group, seen = run_spread([0, 1, 2], lanes=2, workers=1, fail_at=(0, 1))
+    assert seen == [(0, 0), (0, 1)]  # the rest is skipped: the transfer has failed
+    assert [str(e) for e in group.errors] == ["injected at lane 0 item 1"]
+
+
+def test_spread_keeps_a_bug_for_the_observer() -> None:
+    group = TaskGroup(0.0)
+
+    def buggy(item: int) -> None:
+        raise KeyError(item)
+
+    with ThreadPoolExecutor(2) as pool:
+        group.spread(pool, [7], [buggy], 2)
+        assert group.join(10) and group.errors == []
+        with pytest.raises(KeyError):
+            group.reraise_bug()
 
 
 # -- faults --------------------------------------------------------------------------------
@@ -159,6 +235,25 @@ def test_write_error_fails_the_handle_and_nothing_else(
         rig.mover.s2h(pages([10]), pages([20]))
     rig.assert_reference_slots_intact()
     assert rig.mover.counters.failed_ops == 1 and rig.mover.counters.h2s_ops == 1
+
+
+@pytest.mark.parametrize("direction", ["h2s", "s2h"])
+def test_an_error_in_one_piece_fails_the_whole_transfer(l3: L3File, direction: str) -> None:
+    l2 = random_l2()
+    faults = FaultInjector()
+    with StorageMover(l3, l2, io_threads=3, piece_bytes=BPP, faults=faults) as mover:
+        done(mover.h2s(pages(range(6)), pages(range(10, 16))))
+        faults.rates = {FaultSite.IO_EIO: 0.3}  # seeded: some pieces of six fail, not all
+        if direction == "h2s":
+            h = mover.h2s(pages(range(6)), pages(range(20, 26)))
+        else:
+            h = mover.s2h(pages(range(10, 16)), pages(range(6, 12)))
+        assert h.wait(timeout_s=10) is TransferStatus.FAILED and h.tasks.idle()
+        assert 0 < faults.fired[FaultSite.IO_EIO] < 6 and h.pieces == 6
+        assert isinstance(h.error, TransferError) and "EIO" in str(h.error)
+        assert mover.counters.failed_ops == 1
+        # A failed write publishes no slot, not even the pieces that made it to the file.
+        assert not l3.written(pages(range(20, 26))).any()
 
 
 def test_read_error_fails_the_handle_and_a_retry_succeeds(rig: Rig) -> None:
@@ -213,9 +308,10 @@ def test_corrupt_slot_fault_is_caught_and_counted(rig: Rig) -> None:
     rig.assert_reference_slots_intact()
 
 
-def test_bytes_changed_in_the_file_are_never_served(l3: L3File) -> None:
+@pytest.mark.parametrize("piece_bytes", [BPP, 4 << 20])
+def test_bytes_changed_in_the_file_are_never_served(l3: L3File, piece_bytes: int) -> None:
     l2 = random_l2()
-    with StorageMover(l3, l2) as mover:
+    with StorageMover(l3, l2, piece_bytes=piece_bytes) as mover:
         done(mover.h2s(pages([3, 4]), pages([6, 7])))
         with open(l3.path, "r+b") as f:  # someone else scribbles one byte into slot 7
             f.seek(7 * BPP + 100)
@@ -250,10 +346,11 @@ def test_delay_keeps_the_handle_pending_and_the_slots_unpublished(l3: L3File) ->
 
 
 @pytest.mark.parametrize("how", ["cancel", "fail"])
-def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str) -> None:
+@pytest.mark.parametrize("piece_bytes", [BPP, 4 << 20])
+def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str, piece_bytes: int) -> None:
     l2 = random_l2()
     faults = FaultInjector(delay_polls=1000).once(FaultSite.DELAY)
-    with StorageMover(l3, l2, faults=faults) as mover:
+    with StorageMover(l3, l2, piece_bytes=piece_bytes, faults=faults) as mover:
         h = mover.h2s(pages(range(8)), pages(range(8)))
         if how == "cancel":
             h.cancel()

@@ -22,7 +22,10 @@ sum of a page's uint64 words runs at ~17 GB/s but is blind to words or 4 KiB blo
 places; a sum of words times fixed odd multipliers is order-aware but only ~5 GB/s. At ~2 GB/s
 crc32 is about half the target's page-cache pwrite rate (3.5 GB/s, LIMITS.md): on the I/O
 thread alone it would dominate. It releases the GIL for buffers over 5 KiB (2 threads: 4.1
-GB/s on 2 cores), so `storage_io.py` spreads it over the pool's threads, beside the file I/O.
+GB/s on 2 cores; and while one thread checksums 1 GiB in one call, ~0.4 s, a Python loop on
+another thread never stalls longer than ~16 ms, the switch interval on a busy VM), so
+`storage_io.py` runs it on the pool's threads beside the file I/O. The first mover's H200
+figures fit a schedule model with crc32 at ~1.8 GB/s per thread there.
 
 Thread safety: the metadata is changed (`record`, `invalidate`) by the thread that issues and
 observes transfers; I/O threads only read it (`verify`), and the corrupt-read counter is locked.

@@ -1,41 +1,59 @@
 """H2S (L2 -> L3) and S2H (L3 -> L2): file I/O between the L2 pool and the slot file.
 
-    h2s(l2_pages, slots)   coalesce -> one pwrite per extent     + crc32 of each source page
-    s2h(slots, l2_pages)   coalesce -> one preadv per extent     -> crc32 check of each page
+    h2s(l2_pages, slots)   coalesce -> split -> lane 1: one pwrite per piece
+                                                lane 2: crc32 of each piece's source pages
+    s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then crc32 check of its pages
 
-Bytes go straight between the L2 tensor's memory and the file: every extent's buffer is a
-slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Extents
-and checksum work run on one bounded `ThreadPoolExecutor` of `io_threads` threads (both
-syscalls and `zlib.crc32` release the GIL). A short return is resumed from where it stopped,
-at most `MAX_SHORT_RESUMES` times per extent, never accepted (bug class B14); Linux alone
-caps one call at 2 GiB - 4 KiB, so a larger extent always needs a resume.
+Extents (`extents.coalesce`, both sides consecutive, B13) are cut into pieces of at most
+`piece_bytes` (whole pages, at least one; `extents.split`). Why, from the H200 figures of the
+first version (one task per extent, H2S checksums queued behind all writes):
+
+- S2H: buffered reads of one file run in parallel, but one long extent was read by one
+  thread, then checked (~60% of a one-call preadv); many one-page extents, each read and
+  checked by its own task, reached ~105%. Pieces make a long extent look like the latter.
+  The check follows the read on the same thread, while the pages are still in its cache.
+- H2S: buffered writes to one file serialise on its inode lock (ext4, xfs, tmpfs), so
+  writes never go faster than one thread; what must overlap them is the checksum work
+  (crc32 runs at about half the pwrite rate). Checksums that waited behind every write ran
+  at ~50% of raw; so worker 0 writes the pieces in order while the others checksum them
+  (`TaskGroup.spread`'s lanes), and each helps the other lane once its own is empty.
+
+Bytes go straight between the L2 tensor's memory and the file: every piece's buffer is a
+slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Pieces
+run on one bounded `ThreadPoolExecutor` of `io_threads` threads; a transfer submits one
+task per thread (not per piece), and each takes the next piece until none is left. Both
+syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. A short return is resumed
+from where it stopped, at most `MAX_SHORT_RESUMES` times per piece, never accepted (bug
+class B14); Linux alone caps one call at 2 GiB - 4 KiB, so a larger piece needs a resume.
 
 Metadata order (DESIGN.md §7, completion precedes publication): an H2S forgets its target
 slots' checksums when issued and records them only when its completion is observed DONE; a
 failed or cancelled H2S leaves them unreadable. An S2H is DONE only after every page it read
 matched its slot's checksum; a mismatch fails it with `CorruptSlot` (a miss, never served).
 
-Faults (`faults.py`) are drawn on the issuing thread, so a seeded injector replays exactly;
-with `faults=None` no fault code runs at all.
+Faults (`faults.py`) are drawn per piece on the issuing thread, so a seeded injector replays
+exactly; with `faults=None` no fault code runs at all.
 """
 
 from __future__ import annotations
 
 import errno
-import math
+import functools
+import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from hicache.dataplane.extents import Extent, coalesce
+from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
@@ -43,8 +61,15 @@ from hicache.errors import ConfigError, CorruptSlot, HiCacheError, StorageError,
 from hicache.invariants.snapshot import Pages
 from hicache.tiers import Direction
 
-MAX_SHORT_RESUMES = 64  # per extent; each resume must move at least one byte
+MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
 MAX_IO_THREADS = 64
+# Bytes one I/O call moves at most (a piece; never less than one page). Small enough that a
+# long extent spreads over the threads and a piece's pages are still in the CPU cache when
+# they are checksummed; large enough that per-call costs (~20 us of Python and syscall) stay
+# under 1% at the page-cache rate.
+PIECE_BYTES = 4 << 20
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,26 +81,36 @@ class StorageCounters:
     s2h_bytes: int = 0
     s2h_ops: int = 0
     failed_ops: int = 0  # observed FAILED (I/O error, corrupt slot, injected failure)
-    extents_issued: int = 0  # one per pwrite/preadv extent handed to the pool
+    extents_issued: int = 0  # coalesced extents (runs consecutive on both sides)
+    pieces_issued: int = 0  # I/O pieces the extents were cut into (one pwrite/preadv each)
     short_io_resumed: int = 0  # short returns that were resumed
     corrupt_reads: int = 0  # pages that failed their slot's checksum (the L3File's count)
 
 
-class _ExtentFaults(NamedTuple):
-    """The faults one extent will meet, drawn at issue."""
+class _PieceFaults(NamedTuple):
+    """The faults one piece will meet, drawn at issue."""
 
-    errno: int | None  # the extent's first call fails with this errno
+    errno: int | None  # the piece's first call fails with this errno
     short_calls: int  # this many leading calls return short
     corrupt_slots: tuple[int, ...]  # H2S: flip a byte in these slots after the write
 
 
+class _Piece(NamedTuple):
+    """One I/O task: a bounded part of an extent."""
+
+    ext: Extent
+    first: int  # index of its first page in the transfer's piece order (H2S checksums)
+    faults: _PieceFaults | None
+
+
 class TaskGroup:
-    """The pool tasks of one transfer, follow-ups its own tasks submit included.
+    """The pool tasks of one transfer, and the work items (pieces) they share.
 
     `idle()` is true once no task of the transfer runs or waits, i.e. no thread touches its
-    pages any more. A task that raises a `HiCacheError` records it and stops the tasks not yet
-    started (the transfer has failed; their I/O would be wasted). Any other exception is a
-    bug: it stays in its future and `reraise_bug()` raises it on the observing thread.
+    pages any more. An item that raises a `HiCacheError` records it and stops the group: items
+    not yet taken are skipped (the transfer has failed; their I/O would be wasted). Any other
+    exception is a bug: it stays in its future and `reraise_bug()` raises it on the observing
+    thread.
     """
 
     def __init__(self, issued_at: float) -> None:
@@ -88,7 +123,36 @@ class TaskGroup:
         self._first_start: float | None = None
         self._last_end: float | None = None
 
-    def submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: object) -> None:
+    def spread(
+        self, pool: ThreadPoolExecutor, items: Sequence[T], lanes: Sequence[Callable[[T], None]],
+        workers: int,
+    ) -> None:
+        """Apply every lane's function to every item, on at most `workers` pool tasks.
+
+        Lanes are independent (no order between two lanes' work on one item); within a lane,
+        items are taken in order. Worker k starts on lane min(k, lanes - 1) and, once that is
+        empty, helps the others: with lanes (write, checksum), worker 0 writes while the rest
+        checksum, then everyone finishes whatever is left. One submit per worker, not per
+        item: issuing costs the same for 1 piece or 1,000, and the issuing thread does not
+        hold the GIL through a loop of submits while the first pieces wait for it. Items not
+        yet taken when the group stops (an error, a cancel) are skipped.
+        """
+        # popleft is atomic: workers share each queue without a lock.
+        queues = [(fn, deque(items)) for fn in lanes]
+        for k in range(min(workers, len(items) * len(lanes))):
+            first = min(k, len(queues) - 1)
+            self._submit(pool, self._drain, queues[first:] + queues[:first])
+
+    def _drain(self, queues: list[tuple[Callable[[T], None], deque[T]]]) -> None:
+        for fn, queue in queues:
+            while not self._stop:
+                try:
+                    item = queue.popleft()
+                except IndexError:
+                    break
+                fn(item)
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: object) -> None:
         with self._cond:  # counted before it can run, so the group is never idle too early
             self._outstanding += 1
         try:
@@ -156,16 +220,19 @@ class StorageHandle(TransferHandle):
 
     def __init__(
         self, mover: StorageMover, direction: Direction, slots: Pages, l2_pages: Pages,
-        extents: list[Extent], delay_polls: int,
+        extents: int, pieces: list[_Piece], delay_polls: int,
     ) -> None:
         super().__init__(direction, int(slots.size) * mover.l3.bytes_per_page)
         self.slots = slots
         self.l2_pages = l2_pages
-        self.extents = len(extents)
+        self.extents = extents
+        self.pieces = len(pieces)
         self.tasks = TaskGroup(self.timings.issued_at)
-        # H2S: crc32 of each source page, by position; published to the L3File on DONE.
+        # H2S: crc32 of each written page in piece order, and the slot it went to; published
+        # to the L3File on DONE. (S2H: empty; its pages are checked against the file's record.)
         writing = direction is Direction.H2S
         self.checksums: npt.NDArray[np.uint32] = np.zeros(slots.size if writing else 0, np.uint32)
+        self.checksum_slots: Pages = _slots_in_piece_order(pieces) if writing else slots[:0]
         self._mover = mover
         self._delay_polls = delay_polls
 
@@ -201,15 +268,18 @@ class StorageMover:
 
     def __init__(
         self, l3: L3File, l2_bytes: torch.Tensor, *, io_threads: int = 4,
-        faults: FaultInjector | None = None,
+        piece_bytes: int = PIECE_BYTES, faults: FaultInjector | None = None,
     ) -> None:
         _check_l2(l2_bytes, l3.bytes_per_page)
         if not isinstance(io_threads, int) or not 1 <= io_threads <= MAX_IO_THREADS:
             raise ConfigError(
                 "io_threads", f"must be an integer in [1, {MAX_IO_THREADS}], got {io_threads!r}"
             )
+        if not isinstance(piece_bytes, int) or piece_bytes <= 0:
+            raise ConfigError("piece_bytes", f"must be a positive integer, got {piece_bytes!r}")
         self.l3 = l3
         self.io_threads = io_threads
+        self.piece_pages = max(1, piece_bytes // l3.bytes_per_page)  # pages per I/O call, max
         self.capacity_pages = int(l2_bytes.shape[0])
         self._l2 = l2_bytes  # keeps the memory alive while views of it are in flight
         self._l2_view = l2_bytes.numpy().data.cast("B")
@@ -226,16 +296,14 @@ class StorageMover:
         """Write L2 pages into L3 slots (l2_pages[i] -> slots[i]); slots must be distinct."""
         src, dst = self._mapping(l2_pages, slots, Direction.H2S)
         extents = coalesce(src, dst)
-        handle = self._new_handle(Direction.H2S, dst, src, extents)
+        pieces = self._pieces(Direction.H2S, extents)
+        handle = self._new_handle(Direction.H2S, dst, src, len(extents), pieces)
         self.l3.invalidate(dst)  # unreadable until this write is observed DONE
-        for ext, plan in zip(extents, self._draw_faults(Direction.H2S, extents)):
-            handle.tasks.submit(self._pool, self._write_extent, ext, plan)
-        # Checksums read the (locked, unchanging) source pages while the writes run; 2 chunks
-        # per thread so that a thread freed by a short write picks up the remaining work.
-        chunks = max(1, min(src.size, 2 * self.io_threads))
-        for positions in np.array_split(np.arange(src.size), chunks):
-            handle.tasks.submit(self._pool, self._checksum_sources, handle, positions)
-        return self._issued(handle, extents)
+        # Two lanes: writes serialise on the file, so one worker writes while the others
+        # checksum the same (locked, unchanging) source pages beside it.
+        checksum = functools.partial(self._checksum_piece, handle)
+        handle.tasks.spread(self._pool, pieces, (self._write_piece, checksum), self.io_threads)
+        return self._issued(handle)
 
     def s2h(self, slots: Pages, l2_pages: Pages) -> StorageHandle:
         """Read L3 slots into L2 pages (slots[i] -> l2_pages[i]); pages must be distinct and
@@ -248,10 +316,10 @@ class StorageMover:
                 "last H2S into them failed or is not yet observed DONE); read published slots only"
             )
         extents = coalesce(src, dst)
-        handle = self._new_handle(Direction.S2H, src, dst, extents)
-        for ext, plan in zip(extents, self._draw_faults(Direction.S2H, extents)):
-            handle.tasks.submit(self._pool, self._read_extent, handle, ext, plan)
-        return self._issued(handle, extents)
+        pieces = self._pieces(Direction.S2H, extents)
+        handle = self._new_handle(Direction.S2H, src, dst, len(extents), pieces)
+        handle.tasks.spread(self._pool, pieces, (self._read_piece,), self.io_threads)
+        return self._issued(handle)
 
     def _mapping(
         self, l2_pages: Pages, slots: Pages, direction: Direction
@@ -276,34 +344,43 @@ class StorageMover:
         self.l3.check_identity()  # once per batch: one stat call
         return pages_, slots_
 
+    def _pieces(self, direction: Direction, extents: list[Extent]) -> list[_Piece]:
+        """The extents cut into I/O pieces, each with its first page's index and its faults."""
+        parts = split(extents, self.piece_pages)
+        firsts = itertools.accumulate((p.count for p in parts), initial=0)
+        plans = self._draw_faults(direction, parts)
+        return [_Piece(p, first, plan) for p, first, plan in zip(parts, firsts, plans)]
+
     def _new_handle(
-        self, direction: Direction, slots: Pages, pages_: Pages, extents: list[Extent]
+        self, direction: Direction, slots: Pages, pages_: Pages, extents: int,
+        pieces: list[_Piece],
     ) -> StorageHandle:
         delay = 0
         if self._faults is not None and self._faults.fire(FaultSite.DELAY):
             delay = self._faults.delay_polls
-        handle = StorageHandle(self, direction, slots, pages_, extents, delay)
+        handle = StorageHandle(self, direction, slots, pages_, extents, pieces, delay)
         self._groups = [g for g in self._groups if not g.idle()]
         self._groups.append(handle.tasks)
         return handle
 
-    def _issued(self, handle: StorageHandle, extents: list[Extent]) -> StorageHandle:
+    def _issued(self, handle: StorageHandle) -> StorageHandle:
         with self._lock:
-            self._counters.extents_issued += len(extents)
+            self._counters.extents_issued += handle.extents
+            self._counters.pieces_issued += handle.pieces
         handle.timings.enqueue_s = handle.tasks.seconds_since_issue()
         return handle
 
     def _draw_faults(
-        self, direction: Direction, extents: list[Extent]
-    ) -> list[_ExtentFaults | None]:
-        """Per extent, which faults it meets (drawn here, on the issuing thread)."""
+        self, direction: Direction, pieces: list[Extent]
+    ) -> list[_PieceFaults | None]:
+        """Per piece, which faults it meets (drawn here, on the issuing thread)."""
         f = self._faults
         if f is None:
-            return [None] * len(extents)
+            return [None] * len(pieces)
         writing = direction is Direction.H2S
         short_site = FaultSite.SHORT_WRITE if writing else FaultSite.SHORT_READ
-        plans: list[_ExtentFaults | None] = []
-        for ext in extents:
+        plans: list[_PieceFaults | None] = []
+        for ext in pieces:
             err = errno.EIO if f.fire(FaultSite.IO_EIO) else None
             if err is None and writing and f.fire(FaultSite.IO_ENOSPC):
                 err = errno.ENOSPC
@@ -312,7 +389,7 @@ class StorageMover:
                 shorts += 1
             slots = range(ext.dst_start, ext.dst_start + ext.count) if writing else range(0)
             corrupt = tuple(s for s in slots if f.fire(FaultSite.CORRUPT_SLOT))
-            plans.append(_ExtentFaults(err, shorts, corrupt))
+            plans.append(_PieceFaults(err, shorts, corrupt))
         return plans
 
     # -- work on the I/O threads ------------------------------------------------------------
@@ -321,32 +398,29 @@ class StorageMover:
         bpp = self.l3.bytes_per_page
         return self._l2_view[first_page * bpp:(first_page + count) * bpp]
 
-    def _write_extent(self, ext: Extent, plan: _ExtentFaults | None) -> None:
+    def _write_piece(self, piece: _Piece) -> None:
         """L2 pages src_start.. -> slots dst_start..: pwrite until every byte is in."""
+        ext = piece.ext
         view = self._pages_view(ext.src_start, ext.count)
-        self._move_all(Direction.H2S, view, ext.dst_start, plan)
-        if plan is not None:
-            for slot in plan.corrupt_slots:
+        self._move_all(Direction.H2S, view, ext.dst_start, piece.faults)
+        if piece.faults is not None:
+            for slot in piece.faults.corrupt_slots:
                 self._flip_byte(slot)
 
-    def _checksum_sources(self, handle: StorageHandle, positions: npt.NDArray[np.int64]) -> None:
-        for i in positions.tolist():
-            handle.checksums[i] = page_checksum(self._pages_view(int(handle.l2_pages[i]), 1))
+    def _checksum_piece(self, handle: StorageHandle, piece: _Piece) -> None:
+        """crc32 of the piece's (locked, unchanging) source pages, by page index."""
+        ext = piece.ext
+        for i in range(ext.count):
+            crc = page_checksum(self._pages_view(ext.src_start + i, 1))
+            handle.checksums[piece.first + i] = crc
 
-    def _read_extent(
-        self, handle: StorageHandle, ext: Extent, plan: _ExtentFaults | None
-    ) -> None:
+    def _read_piece(self, piece: _Piece) -> None:
         """Slots src_start.. -> L2 pages dst_start..: preadv until every byte is in, then
-        verify; a long extent's checks are spread over the pool (crc32 is the slow part)."""
+        verify those pages here, while they are still in this core's cache."""
+        ext = piece.ext
         view = self._pages_view(ext.dst_start, ext.count)
-        self._move_all(Direction.S2H, view, ext.src_start, plan)
-        per_task = max(1, math.ceil(ext.count / self.io_threads))
-        for first in range(per_task, ext.count, per_task):
-            n = min(per_task, ext.count - first)
-            handle.tasks.submit(
-                self._pool, self._verify, Extent(ext.src_start + first, ext.dst_start + first, n)
-            )
-        self._verify(Extent(ext.src_start, ext.dst_start, min(per_task, ext.count)))
+        self._move_all(Direction.S2H, view, ext.src_start, piece.faults)
+        self._verify(ext)
 
     def _verify(self, ext: Extent) -> None:
         """CorruptSlot for the first mismatching page; every page is checked (and counted)."""
@@ -360,7 +434,7 @@ class StorageMover:
             raise first_bad
 
     def _move_all(
-        self, direction: Direction, view: memoryview, first_slot: int, plan: _ExtentFaults | None
+        self, direction: Direction, view: memoryview, first_slot: int, plan: _PieceFaults | None
     ) -> None:
         """Move all of `view` to/from the file at `first_slot`'s offset, resuming short
         returns. TransferError (naming path, slots and errno) on failure."""
@@ -420,7 +494,7 @@ class StorageMover:
     def _observed_done(self, handle: StorageHandle) -> None:
         """On the observing thread: publish H2S checksums; count the transfer."""
         if handle.direction is Direction.H2S:
-            self.l3.record(handle.slots, handle.checksums)
+            self.l3.record(handle.checksum_slots, handle.checksums)
         with self._lock:
             if handle.direction is Direction.H2S:
                 self._counters.h2s_bytes += handle.nbytes
@@ -456,8 +530,16 @@ class StorageMover:
         self.close()
 
 
-def _apply_faults(plan: _ExtentFaults, part: memoryview, calls: int, total: int) -> memoryview:
-    """Injected EIO/ENOSPC on the first call. A short call moves a sliver of the extent
+def _slots_in_piece_order(pieces: list[_Piece]) -> Pages:
+    """The slot of each page, pieces in order: piece j's page i (index first_j + i) goes to
+    slot dst_start_j + i. One numpy expression, no loop over pages."""
+    counts = np.fromiter((p.ext.count for p in pieces), np.int64, len(pieces))
+    starts = np.fromiter((p.ext.dst_start - p.first for p in pieces), np.int64, len(pieces))
+    return np.repeat(starts, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+
+
+def _apply_faults(plan: _PieceFaults, part: memoryview, calls: int, total: int) -> memoryview:
+    """Injected EIO/ENOSPC on the first call. A short call moves a sliver of the piece
     (1/(4 * (MAX_SHORT_RESUMES + 1)) of it, at least 1 byte), so one short call is resumed
     but short calls that persist past the bound cannot finish the extent by accident."""
     if calls == 0 and plan.errno is not None:
