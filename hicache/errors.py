@@ -86,6 +86,11 @@ class BackendError(HiCacheError):
     """An explicitly requested kernel backend cannot run here (e.g. Triton failed to compile)."""
 
 
+class TreeError(HiCacheError):
+    """The HiRadixTree was misused (unaligned split, unknown or removed node, duplicate child,
+    negative lock, value of the wrong length). Nothing was changed; fix the caller."""
+
+
 class LayoutError(HiCacheError, ValueError):
     """A tensor handed to a data-plane kernel has the wrong shape, dtype, device or memory
     layout. Nothing was enqueued; the message names the tensor and what it must be."""

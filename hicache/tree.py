@@ -1,0 +1,461 @@
+"""The HiRadixTree: one token topology for all tiers, with each tier's residency on its nodes.
+
+    root ─┬─ [a b c d e f g h] ─┬─ [i j k l]      page_size 4: every key is whole pages;
+          │                     └─ [m n o p]      children are keyed by their first page
+          └─ [q r s t]
+
+Per tier (index 0, 1, 2 = L1, L2, L3; `hicache.tiers.TIERS`) every node carries:
+
+    value        that tier's physical pages for the node's key (int64, one per page), or None
+    state        residency sub-state from spec/lifecycle.toml ("ABSENT", "RESIDENT",
+                 "<DIR>_PENDING"); never "PRIVATE", which only requests hold
+    lock         lock count (request holds and transfer sources); never negative
+    pending      op id of the transfer filling this tier, or None
+    last_access  LRU tick from the tree's monotonic counter
+
+The tree is mechanical: it keeps topology, counters and per-tier leaf sets exact and rejects
+misuse with `TreeError`, changing nothing. Which transition is legal is the control plane's
+business (hicache/control.py checks the lifecycle tables before it calls in here).
+
+Contract for callers: change `value` and `state` only through `set_value` (the per-tier leaf
+sets and `pages_held` are maintained there), locks only through `lock`/`unlock`. `pending` may
+be assigned directly or through `set_pending`; it is read when `evictable` is asked.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from hicache.errors import ConfigError, TreeError
+from hicache.invariants.snapshot import Pages
+from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, load_lifecycle
+from hicache.tiers import TIERS
+
+Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+"""Token ids: any int sequence, or an integer numpy array."""
+
+ROOT_ID = 0
+N_TIERS = len(TIERS)
+
+
+@functools.lru_cache(maxsize=1)
+def node_states() -> tuple[frozenset[str], ...]:
+    """Per tier, the residency sub-states a node may hold: the tier's states in
+    spec/lifecycle.toml except PRIVATE (private pages belong to a request, not to a node)."""
+    spec = load_lifecycle()
+    return tuple(frozenset(s for s in spec.states[t] if s != PRIVATE) for t in TIERS)
+
+
+class TreeNode:
+    """One node: a page-aligned token key and, per tier, value/state/lock/pending/LRU tick."""
+
+    __slots__ = ("node_id", "parent", "children", "key", "value", "state", "lock", "pending",
+                 "last_access", "hits", "present_children", "page_size")
+
+    def __init__(self, node_id: int, parent: TreeNode | None, key: tuple[int, ...], tick: int,
+                 page_size: int) -> None:
+        self.node_id = node_id
+        self.page_size = page_size
+        self.parent = parent
+        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.key = key
+        self.value: list[Pages | None] = [None] * N_TIERS
+        self.state: list[str] = [ABSENT] * N_TIERS
+        self.lock: list[int] = [0] * N_TIERS
+        self.pending: list[int | None] = [None] * N_TIERS
+        self.last_access: list[int] = [tick] * N_TIERS
+        self.hits = 0
+        # Per tier, how many children are not ABSENT there: a node is a leaf in tier T when
+        # this is 0. Kept by HiRadixTree.set_value; read-only for everyone else.
+        self.present_children: list[int] = [0] * N_TIERS
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in this node's key (its key length is a whole number of pages)."""
+        return len(self.key) // self.page_size
+
+    @property
+    def is_root(self) -> bool:
+        return self.node_id == ROOT_ID
+
+    def holds(self, tier: int) -> bool:
+        """True when the node's pages are published (RESIDENT) in `tier`."""
+        return self.state[tier] == RESIDENT
+
+    def is_dead(self) -> bool:
+        """No tier holds or awaits data, nothing is locked, no child: safe to remove."""
+        return (not self.is_root and not self.children
+                and all(s == ABSENT for s in self.state) and all(v is None for v in self.value)
+                and not any(self.lock) and all(p is None for p in self.pending))
+
+    def __repr__(self) -> str:
+        return (f"TreeNode(id={self.node_id}, tokens={len(self.key)}, state={self.state}, "
+                f"lock={self.lock}, pending={self.pending})")
+
+
+class MatchResult(NamedTuple):
+    """One walk's answer. Lengths are in tokens, page aligned.
+
+    lengths  per tier: tokens in the leading run of `path` nodes RESIDENT in that tier
+    handles  per tier: the deepest node of that run (the root when the run is empty)
+    path     matched nodes, the root's child first, whatever their tier states
+    """
+
+    lengths: tuple[int, int, int]
+    handles: tuple[TreeNode, TreeNode, TreeNode]
+    path: tuple[TreeNode, ...]
+    matched_len: int
+
+
+class HiRadixTree:
+    """The shared radix tree of all tiers (DESIGN.md section 4)."""
+
+    def __init__(self, page_size: int) -> None:
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ConfigError("page_size", f"must be a positive integer of tokens, got {page_size!r}")
+        self.page_size = page_size
+        self._tick = 0
+        self._next_id = ROOT_ID + 1
+        self.root = TreeNode(ROOT_ID, None, (), 0, page_size)
+        self._nodes: dict[int, TreeNode] = {ROOT_ID: self.root}
+        # Per tier: nodes RESIDENT there with no non-ABSENT child there (eviction candidates
+        # before the lock/pending filter), keyed by node id.
+        self._leaves: list[dict[int, TreeNode]] = [{} for _ in TIERS]
+        self.pages_held: list[int] = [0] * N_TIERS
+        self.on_split: list[Callable[[TreeNode, TreeNode], None]] = []
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def node(self, node_id: int) -> TreeNode:
+        """The live node with this id; TreeError if there is none (never created, or removed)."""
+        found = self._nodes.get(node_id)
+        if found is None:
+            raise TreeError(f"no live node {node_id}; it was removed or never existed -- match again")
+        return found
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every live node except the root, in creation order (a copy: safe to mutate while iterating)."""
+        return iter([n for n in self._nodes.values() if not n.is_root])
+
+    def __len__(self) -> int:
+        """Live nodes, the root excluded."""
+        return len(self._nodes) - 1
+
+    def path_to_root(self, node: TreeNode) -> list[TreeNode]:
+        """`node`, its parent, ... up to the root's child (the root itself excluded)."""
+        self._own(node)
+        out: list[TreeNode] = []
+        n: TreeNode | None = node
+        while n is not None and not n.is_root:
+            out.append(n)
+            n = n.parent
+        return out
+
+    def prefix_tokens(self, node: TreeNode) -> int:
+        """Tokens from the root to the end of `node` (0 for the root)."""
+        return sum(len(n.key) for n in self.path_to_root(node))
+
+    # -- match ----------------------------------------------------------------------------
+
+    def match(self, tokens: Tokens, *, split: bool = True, touch: bool = True) -> MatchResult:
+        """Walk `tokens` (aligned down to page_size first) from the root.
+
+        When the match ends inside a node: with `split`, that node is split so `path` ends
+        exactly at `matched_len`; without, the partly matched node is left out of `path`.
+        With `touch`, every per-tier hit node gets a fresh LRU tick in that tier and every
+        `path` node's `hits` grows by one.
+        """
+        seq = _as_tuple(tokens)
+        ps = self.page_size
+        end = len(seq) - len(seq) % ps
+        node, pos = self.root, 0
+        path: list[TreeNode] = []
+        while pos < end:
+            child = node.children.get(seq[pos:pos + ps])
+            if child is None:
+                break
+            klen = len(child.key)
+            if pos + klen <= end and seq[pos:pos + klen] == child.key:
+                path.append(child)
+                node, pos = child, pos + klen
+                continue
+            if split:
+                # Ends inside `child`: the common part is >= 1 page and < the key.
+                path.append(self.split(child, _common_pages(child.key, seq, pos, end, ps) * ps))
+                pos += len(path[-1].key)
+            break
+        lengths, handles = [0] * N_TIERS, [self.root] * N_TIERS
+        runs = [0] * N_TIERS
+        for t in range(N_TIERS):
+            for i, n in enumerate(path):
+                if n.state[t] != RESIDENT:
+                    break
+                lengths[t] += len(n.key)
+                handles[t] = n
+                runs[t] = i + 1
+        if touch:
+            tick = self._next_tick()
+            for t in range(N_TIERS):
+                for n in path[:runs[t]]:
+                    n.last_access[t] = tick
+            for n in path:
+                n.hits += 1
+        return MatchResult((lengths[0], lengths[1], lengths[2]),
+                           (handles[0], handles[1], handles[2]), tuple(path), pos)
+
+    # -- topology -------------------------------------------------------------------------
+
+    def split(self, node: TreeNode, at_tokens: int) -> TreeNode:
+        """Split `node` after `at_tokens` tokens (page aligned, inside the key).
+
+        A new upper node takes key[:at] and, in every tier, value[:at/page_size] with the same
+        state, lock, pending op and LRU tick; `node` keeps the rest and becomes its only child
+        (locks are per subtree, so the upper node's equal count is exact). Returns the upper
+        node, after calling every `on_split` hook with (upper, node).
+        """
+        self._own(node)
+        ps = self.page_size
+        if node.is_root:
+            raise TreeError("the root has no key to split")
+        if not isinstance(at_tokens, int) or not 0 < at_tokens < len(node.key) or at_tokens % ps:
+            raise TreeError(f"split of node {node.node_id} ({len(node.key)} tokens) at {at_tokens!r}: "
+                            f"need a multiple of page_size {ps} strictly inside the key")
+        parent = node.parent
+        assert parent is not None  # Verify: only the root lacks a parent.
+        k = at_tokens // ps
+        upper = TreeNode(self._new_id(), parent, node.key[:at_tokens], 0, ps)
+        upper.value = [None if v is None else v[:k].copy() for v in node.value]
+        upper.state = list(node.state)
+        upper.lock = list(node.lock)
+        upper.pending = list(node.pending)
+        upper.last_access = list(node.last_access)
+        upper.hits = node.hits
+        upper.present_children = [int(s != ABSENT) for s in node.state]
+        node.value = [None if v is None else v[k:].copy() for v in node.value]
+        node.key = node.key[at_tokens:]
+        node.parent = upper
+        upper.children[node.key[:ps]] = node
+        parent.children[upper.key[:ps]] = upper
+        self._nodes[upper.node_id] = upper
+        # Leaf sets are unchanged: upper has `node` below it in every tier it is not ABSENT in,
+        # and the parent sees upper in exactly the states it saw `node` in.
+        for hook in self.on_split:
+            hook(upper, node)
+        return upper
+
+    def add_child(self, parent: TreeNode, key: Tokens) -> TreeNode:
+        """A new node under `parent` for `key` (page aligned, non-empty, no sibling with the
+        same first page), holding nothing in any tier; its LRU ticks are fresh."""
+        self._own(parent)
+        ps = self.page_size
+        k = _as_tuple(key)
+        if not k or len(k) % ps:
+            raise TreeError(f"child key of {len(k)} tokens: need a positive multiple of page_size {ps}")
+        first = k[:ps]
+        if first in parent.children:
+            raise TreeError(f"node {parent.node_id} already has child {parent.children[first].node_id} "
+                            "starting with that page; match (and split) instead of adding")
+        child = TreeNode(self._new_id(), parent, k, self._next_tick(), ps)
+        parent.children[first] = child
+        self._nodes[child.node_id] = child
+        return child
+
+    def remove_if_dead(self, node: TreeNode) -> list[TreeNode]:
+        """Remove `node` if it is dead (`TreeNode.is_dead`), then its parent likewise, up the
+        path. Returns the removed nodes, deepest first (their `parent` is then None)."""
+        self._own(node)
+        removed: list[TreeNode] = []
+        n = node
+        while n.is_dead():
+            parent = n.parent
+            assert parent is not None  # Verify: a dead node is never the root.
+            del parent.children[n.key[:self.page_size]]
+            del self._nodes[n.node_id]
+            n.parent = None
+            removed.append(n)
+            n = parent
+        return removed
+
+    # -- per-tier residency ---------------------------------------------------------------
+
+    def set_value(self, node: TreeNode, tier: int, value: Pages | None, state: str) -> None:
+        """Set `node`'s value and sub-state in `tier`. A value is present exactly when the state
+        is RESIDENT (pending targets live in the op, not the node), one page per key page. The
+        tree stores its own int64 copy. Becoming RESIDENT refreshes the node's LRU tick there."""
+        self._own(node)
+        self._check_tier(tier)
+        if node.is_root:
+            raise TreeError("the root holds no pages")
+        if state not in node_states()[tier]:
+            raise TreeError(f"{state!r} is not a node state of {TIERS[tier]}: "
+                            f"one of {sorted(node_states()[tier])}")
+        if (value is None) != (state != RESIDENT):
+            raise TreeError(f"node {node.node_id} {TIERS[tier]}: a value is given exactly when the "
+                            f"state is RESIDENT (got state {state}, value {'None' if value is None else 'pages'})")
+        stored: Pages | None = None
+        if value is not None:
+            want = node.num_pages
+            if not isinstance(value, np.ndarray) or value.ndim != 1 or len(value) != want \
+                    or not np.issubdtype(value.dtype, np.integer):
+                raise TreeError(f"node {node.node_id} {TIERS[tier]}: value must be a 1-D integer array "
+                                f"of {want} pages (one per key page), got {value!r}")
+            stored = value.astype(np.int64, copy=True)
+        old, before = node.value[tier], node.state[tier]
+        self.pages_held[tier] += (0 if stored is None else len(stored)) - (0 if old is None else len(old))
+        node.value[tier], node.state[tier] = stored, state
+        if state == RESIDENT and before != RESIDENT:
+            node.last_access[tier] = self._next_tick()
+        parent = node.parent
+        assert parent is not None  # Verify: checked not root above.
+        if (before == ABSENT) != (state == ABSENT):
+            parent.present_children[tier] += 1 if before == ABSENT else -1
+            self._refresh_leaf(parent, tier)
+        self._refresh_leaf(node, tier)
+
+    def set_pending(self, node: TreeNode, tier: int, op_id: int | None) -> None:
+        """Mark (op id) or clear (None) the transfer filling `node` in `tier`. Replacing one op id
+        by another is refused: the first op would be lost."""
+        self._own(node)
+        self._check_tier(tier)
+        held = node.pending[tier]
+        if op_id is not None and held is not None and held != op_id:
+            raise TreeError(f"node {node.node_id} {TIERS[tier]} is already pending on op {held}; "
+                            f"finish it before op {op_id}")
+        node.pending[tier] = op_id
+
+    def lock(self, node: TreeNode, tier: int) -> None:
+        """+1 on `node` and every ancestor in `tier` (the root is never counted; locking it is
+        a no-op, which is what a zero-length hit needs)."""
+        self._check_tier(tier)
+        for n in self.path_to_root(node):
+            n.lock[tier] += 1
+
+    def unlock(self, node: TreeNode, tier: int) -> None:
+        """-1 on `node` and every ancestor in `tier`; TreeError, nothing changed, if any count
+        would go negative (a lock released twice, or never taken)."""
+        self._check_tier(tier)
+        path = self.path_to_root(node)
+        zero = [n.node_id for n in path if n.lock[tier] < 1]
+        if zero:
+            raise TreeError(f"unlock of node {node.node_id} in {TIERS[tier]}: nodes {zero} hold no "
+                            "lock there (released twice, or never taken)")
+        for n in path:
+            n.lock[tier] -= 1
+
+    def touch(self, node: TreeNode, tier: int) -> None:
+        """Give `node` and its ancestors a fresh LRU tick in `tier`."""
+        self._check_tier(tier)
+        path = self.path_to_root(node)
+        tick = self._next_tick()
+        for n in path:
+            n.last_access[tier] = tick
+
+    def evictable(self, tier: int) -> list[TreeNode]:
+        """Eviction candidates of `tier`, least recently used first (ties: older node first):
+        RESIDENT there, unlocked there, no transfer pending there, and a leaf in that tier
+        (every child ABSENT there; children holding only other tiers do not count).
+        Cost: linear in the tier's leaves, not in the tree."""
+        self._check_tier(tier)
+        found = [n for n in self._leaves[tier].values() if n.lock[tier] == 0 and n.pending[tier] is None]
+        found.sort(key=lambda n: (n.last_access[tier], n.node_id))
+        return found
+
+    # -- self-check -----------------------------------------------------------------------
+
+    def audit(self) -> list[str]:
+        """Recount everything from scratch; one line per disagreement ([] when consistent).
+        Checks links, key alignment, value/state agreement, lock counts, the per-tier
+        present-children counts and leaf sets, and `pages_held`."""
+        problems: list[str] = []
+        held = [0] * N_TIERS
+        reached = self._audit_links(problems)
+        for n in reached:
+            for t in range(N_TIERS):
+                v = n.value[t]
+                held[t] += 0 if v is None else len(v)
+                if (v is None) != (n.state[t] != RESIDENT):
+                    problems.append(f"node {n.node_id} {TIERS[t]}: state {n.state[t]} with value {v}")
+                if v is not None and len(v) * self.page_size != len(n.key):
+                    problems.append(f"node {n.node_id} {TIERS[t]}: {len(v)} pages for {len(n.key)} tokens")
+                if not n.is_root and n.lock[t] < sum(c.lock[t] for c in n.children.values()):
+                    problems.append(f"node {n.node_id} {TIERS[t]}: lock {n.lock[t]} < its children's")
+                present = sum(c.state[t] != ABSENT for c in n.children.values())
+                if present != n.present_children[t]:
+                    problems.append(f"node {n.node_id} {TIERS[t]}: present_children "
+                                    f"{n.present_children[t]}, counted {present}")
+                leaf = not n.is_root and n.state[t] == RESIDENT and present == 0
+                if leaf != (n.node_id in self._leaves[t]):
+                    problems.append(f"node {n.node_id} {TIERS[t]}: leaf set says {not leaf}, is {leaf}")
+        problems += [f"{TIERS[t]}: pages_held {self.pages_held[t]}, counted {held[t]}"
+                     for t in range(N_TIERS) if held[t] != self.pages_held[t]]
+        return problems
+
+    def _audit_links(self, problems: list[str]) -> list[TreeNode]:
+        """Walk from the root checking parent/child links and keys; the nodes reached."""
+        ps, reached, stack = self.page_size, [self.root], [self.root]
+        while stack:
+            n = stack.pop()
+            for first, c in n.children.items():
+                if c.parent is not n or first != c.key[:ps] or not c.key or len(c.key) % ps:
+                    problems.append(f"node {c.node_id}: bad link or key under node {n.node_id}")
+                if any(x < 0 for x in c.lock):
+                    problems.append(f"node {c.node_id}: negative lock {c.lock}")
+                reached.append(c)
+                stack.append(c)
+        if {n.node_id for n in reached} != set(self._nodes) or len(reached) != len(self._nodes):
+            problems.append("the nodes reachable from the root differ from the node index")
+        return reached
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _own(self, node: TreeNode) -> None:
+        # Verify the handle is live in this tree: a removed node or another tree's node would
+        # silently corrupt counters.
+        if self._nodes.get(node.node_id) is not node:
+            raise TreeError(f"node {node.node_id} is not live in this tree (removed, or from another "
+                            "tree); match again for a live handle")
+
+    @staticmethod
+    def _check_tier(tier: int) -> None:
+        if not isinstance(tier, int) or not 0 <= tier < N_TIERS:
+            raise TreeError(f"tier index {tier!r}: need 0..{N_TIERS - 1} (L1, L2, L3)")
+
+    def _refresh_leaf(self, node: TreeNode, tier: int) -> None:
+        if not node.is_root and node.state[tier] == RESIDENT and node.present_children[tier] == 0:
+            self._leaves[tier][node.node_id] = node
+        else:
+            self._leaves[tier].pop(node.node_id, None)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+
+def _as_tuple(tokens: Tokens) -> tuple[int, ...]:
+    """Tokens as a tuple of Python ints (tuple slices hash and compare in C)."""
+    if isinstance(tokens, tuple):
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        return tuple(tokens.reshape(-1).tolist())
+    return tuple(tokens)
+
+
+def _common_pages(key: tuple[int, ...], seq: tuple[int, ...], pos: int, end: int, ps: int) -> int:
+    """Whole pages `key` shares with seq[pos:end], given that the first page is shared.
+    Binary search over slice equality: prefix equality is monotone in length."""
+    lo, hi = 1, min(len(key), end - pos) // ps
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key[:mid * ps] == seq[pos:pos + mid * ps]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
