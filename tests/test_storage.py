@@ -499,5 +499,8 @@ def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
     assert all(r["extents_consecutive"] == 1 for r in rows)
     assert all(1 <= r["extents_fragmented"] <= r["pages"] for r in rows)
     assert all(r["s2h_fragmented_GBps"] > 0 and r["h2s_consecutive_vs_raw"] > 0 for r in rows)
+    assert all(r["pieces_consecutive"] == 1 for r in rows)  # 5 pages of 4 KiB: one 4 MiB piece
+    assert all(r["pieces_fragmented"] == r["extents_fragmented"] for r in rows)
+    assert all(r["h2s_fragmented_cpu_ms"] >= 0 and r["crc32_cpu_ms"] >= 0 for r in rows)
     assert result["config"]["corrupt_reads"] == 0
     assert list(tmp_path.iterdir()) == [out]  # the benchmark's L3 file is gone
