@@ -65,8 +65,8 @@ MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
 MAX_IO_THREADS = 64
 # Bytes one I/O call moves at most (a piece; never less than one page). Small enough that a
 # long extent spreads over the threads and a piece's pages are still in the CPU cache when
-# they are checksummed; large enough that per-call costs (~20 us of Python and syscall) stay
-# under 1% at the page-cache rate.
+# they are checksummed; large enough that per-call costs vanish in the copy (dev VM: one
+# 2.25 MiB page per pwrite or preadv costs the same CPU per byte as one 516 MB call).
 PIECE_BYTES = 4 << 20
 
 T = TypeVar("T")
