@@ -1,7 +1,7 @@
 """L3 bandwidth: H2S / S2H through the mover against the raw file ceiling of the same run.
 
     python -m hicache.bench.storage --out storage.json [--dir /path/on/the/l3/disk]
-        [--io-threads 4] [--piece-bytes 4194304]
+        [--io-threads 8] [--piece-bytes 4194304]
 
 Qwen3-8B pages (2,359,296 bytes), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens (22 / 63 /
 125 / 219 pages of 16 tokens). For each: a consecutive set (L2 pages 0..n-1 <-> n consecutive
@@ -144,7 +144,7 @@ def _bench_one(
 
 def bench_storage(
     tokens: Sequence[int] = TOKENS_DEFAULT, *, bytes_per_page: int = QWEN3_8B_BYTES_PER_PAGE,
-    io_threads: int = 4, piece_bytes: int = PIECE_BYTES, repeats: int = 5,
+    io_threads: int = 8, piece_bytes: int = PIECE_BYTES, repeats: int = 5,
     directory: str | None = None, seed: int = 0,
 ) -> dict[str, object]:
     """Run the benchmark; returns {"config": ..., "rows": [one per prefix size]}.
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS_DEFAULT))
     parser.add_argument("--bytes-per-page", type=int, default=QWEN3_8B_BYTES_PER_PAGE)
-    parser.add_argument("--io-threads", type=int, default=4)
+    parser.add_argument("--io-threads", type=int, default=8)
     parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES,
                         help="most bytes one mover I/O call moves (whole pages, at least one)")
     parser.add_argument("--repeats", type=int, default=5)
