@@ -38,11 +38,13 @@ DMA); it stays DMA-bound while packing outruns the DMA by 4x (gathering 2c bytes
 written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s,
 the row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is one
 page's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: each chunk costs the
-issuing thread a kernel launch, events, stream switches and DMA calls (~tens of us of Python
-each), and small chunks' DMAs (1 page: ~50 us) finish before the next chunk is issued, so the
-copy engine idles; one gather + one DMA exposes the whole gather instead, which the row
-kernel does at ~1,950 GB/s: 64 MiB -> ~70 us, under 6% of that size's ~1.2 ms DMA. A fixed
-`chunk_pages` overrides both rules (benchmarks compare them).
+issuing thread a kernel launch, events, a stream switch and its DMA calls (tens of us of
+Python), and the first chunks' DMAs (1 page: ~50 us) can end before the next chunk is issued,
+leaving the copy engine idle (350 tokens took 2.26 ms in 5 chunks where its DMA alone needs
+~1 ms). One gather + one DMA exposes the whole gather instead, which the row kernel does at
+~1,950 GB/s: 64 MiB -> ~70 us, under 6% of that size's ~1.2 ms DMA (torch's index_select,
+if `auto` picks it, is ~5x slower; `single_chunk_max_bytes=0` restores the doubling, and the
+transfer benchmark measures both). A fixed `chunk_pages` overrides both rules.
 
 Completion is observed by polling CUDA events (`event.query()`), never by blocking. Every
 tensor the device touches asynchronously (packed buffer, index buffers, pinned staging, L2
@@ -523,11 +525,12 @@ class DeviceHostMover:
                     s.wait(s.copy, gathered)
                     for a, b, first in runs:
                         l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
-                    a, b = plan.staged_in(lo, hi)
-                    if host is not None and a < b:
-                        offset = plan.route.staged_lo
-                        host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
-                        staged.append((a, b, s.mark(s.copy)))
+                    if host is not None:
+                        a, b = plan.staged_in(lo, hi)
+                        if a < b:
+                            offset = plan.route.staged_lo
+                            host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
+                            staged.append((a, b, s.mark(s.copy)))
         end = s.mark(s.copy, timing=True)  # the copy stream ran every DMA before this
         if host is None:
             return _Completion(start, end)
@@ -548,7 +551,7 @@ class DeviceHostMover:
         with s.on(s.compute):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
             for (lo, hi), runs in zip(plan.bounds, plan.pieces):
-                a, b = plan.staged_in(lo, hi)
+                a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
                 with s.on(s.copy):
@@ -585,9 +588,9 @@ class DeviceHostMover:
 
     def _allocation_counts(self) -> tuple[int, int]:
         """(host allocations, device allocations) over both caches, cumulative."""
-        caches = (self.workspaces, self.index_buffers)
-        pinned = sum(c.counters.pinned_allocations for c in caches)
-        return pinned, sum(c.counters.allocations for c in caches) - pinned
+        pages, indices = self.workspaces.counters, self.index_buffers.counters
+        pinned = pages.pinned_allocations + indices.pinned_allocations
+        return pinned, pages.allocations + indices.allocations - pinned
 
     @property
     def in_flight(self) -> int:

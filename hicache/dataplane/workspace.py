@@ -48,10 +48,10 @@ class Workspace:
     kind: WorkspaceKind
     data: torch.Tensor
     busy: bool = True
+    nbytes: int = field(init=False)  # fixed: read on every acquire, so computed once
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.numel())
+    def __post_init__(self) -> None:
+        self.nbytes = int(self.data.numel())
 
     def view(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """The first `prod(shape)` elements of `dtype` as a contiguous tensor (no copy)."""
