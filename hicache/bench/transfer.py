@@ -305,8 +305,9 @@ def format_markdown(result: dict[str, Any]) -> str:
     """transfer.md: the config line, then one table per section that ran."""
     c = result["config"]
     lines = [f"# Transfer benchmark: {c['device_name']}", "",
-             f"torch {c['torch']}, geometry {c['geometry']}, {c['bytes_per_page']:,} bytes/page, "
-             f"median of {c['repeats']} after {c['warmup']} warm-up runs.", ""]
+             f"torch {c['torch']}, geometry {c['geometry']} ({c['geometry_fields']['page_size']} "
+             f"tokens/page), {c['bytes_per_page']:,} bytes/page, median of {c['repeats']} after "
+             f"{c['warmup']} warm-up runs.", ""]
     for name in SECTIONS:
         section = result.get(name)
         if section is None:
