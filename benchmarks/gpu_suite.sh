@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
-#   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]      stages: env tests kernels transfer recompute
+#   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
+#   stages: env tests kernels transfer recompute serving (default: env tests transfer recompute serving)
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -9,7 +10,7 @@
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]}
 shift
-stages=${*:-env tests transfer}
+stages=${*:-env tests transfer recompute serving}
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 failed=0
@@ -29,7 +30,8 @@ for stage in $stages; do
     tests) run gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
     kernels) run bench_kernels python3 -m hicache bench kernels --out "$out/kernels.json" ;;
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
-    recompute) run bench_recompute python3 -m hicache bench recompute --out "$out/recompute.json" ;;
+    recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
+    serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
   esac
 done
