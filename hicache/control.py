@@ -118,12 +118,13 @@ class ControlPlane:
 
     # -- requests -------------------------------------------------------------------------
 
-    def begin_request(self, request_id: int, tokens: Sequence[int]) -> MatchResult:
-        """Match the prompt, lock its L1 hit, and serve that prefix from the cache
-        (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles)."""
+    def begin_request(self, request_id: int, tokens: Sequence[int], match_len: int | None = None) -> MatchResult:
+        """Match the prompt (its first `match_len` tokens, default all), lock its L1 hit, and
+        serve that prefix from the cache (`cached_len` = L1 hit length). Returns the match
+        (per-tier lengths and handles)."""
         if request_id in self.requests:
             raise HiCacheError(f"request {request_id} is already live; end it first")
-        m = self.tree.match(tokens)
+        m = self.tree.match(tokens[: len(tokens) if match_len is None else max(0, match_len)])
         l1 = m.handles[0]
         if not l1.is_root:
             self.tree.lock(l1, 0)
@@ -138,15 +139,17 @@ class ControlPlane:
 
     def compute(self, request_id: int, n_tokens: int) -> Pages:
         """Reserve private L1 pages for the request's next `n_tokens` (page aligned) tokens,
-        after its published prefix: transition `compute` (ABSENT -> PRIVATE)."""
+        after its published prefix: transition `compute` (ABSENT -> PRIVATE). The range may
+        end in the prompt's partial last page (the *tail page*): it is computed like any page
+        but never inserted -- it stays private to the request and is released at its end."""
         req = self._request(request_id)
         # Verify the range is page aligned and inside the prompt (invariant I3).
         if n_tokens % self.page_size or n_tokens <= 0:
             raise IllegalTransition("compute", "L1", "ABSENT", f"{n_tokens} tokens is not a positive multiple of page size {self.page_size}")
         if req.private_pages.size:
             raise IllegalTransition("compute", "L1", "L1_PRIVATE", "the request already holds private pages; insert or end it first")
-        if req.published_len + n_tokens > len(req.tokens):
-            raise IllegalTransition("compute", "L1", "ABSENT", "range runs past the prompt")
+        if req.published_len + n_tokens > -(-len(req.tokens) // self.page_size) * self.page_size:
+            raise IllegalTransition("compute", "L1", "ABSENT", "range runs past the prompt's last page")
         got = self.tables[0].reserve(n_tokens // self.page_size)
         req.private_pages, req.private_start = got, req.published_len
         if self.tracer.enabled:
@@ -165,7 +168,10 @@ class ControlPlane:
         if not req.private_pages.size:
             return req.cached_len
         ps = self.page_size
-        end = req.private_start + req.private_pages.size * ps
+        # Only whole pages of the prompt are published; a tail page stays private.
+        end = min(req.private_start + req.private_pages.size * ps, len(req.tokens) // ps * ps)
+        if end <= req.private_start:
+            return req.cached_len
         m = self.tree.match(req.tokens[:end], touch=False)
         plan: list[tuple[TreeNode, str, Pages]] = []
         pos = 0
@@ -185,7 +191,10 @@ class ControlPlane:
                 break  # load-back in flight: keep the rest private (see docstring)
         else:
             if m.matched_len < end:
-                plan.append((m.path[-1] if m.path else self.tree.root, "new", req.private_pages[(max(m.matched_len, req.private_start) - req.private_start) // ps:]))
+                first = (max(m.matched_len, req.private_start) - req.private_start) // ps
+                last = (end - req.private_start) // ps
+                parent = m.path[-1] if m.path else self.tree.root
+                plan.append((parent, "new", req.private_pages[first:last]))
         for node, what, _ in plan:
             sub = node.state if what != "new" else [ABSENT, ABSENT, ABSENT]
             self.lifecycle.check("insert" if what != "discard" else "discard", (PRIVATE, sub[1], sub[2]))

@@ -116,6 +116,6 @@ class ServingLoop:
     def _wait_for_restores(self, restoring: dict[int, float]) -> None:
         """Nothing to decode: block on one in-flight restore instead of spinning."""
         for rid in restoring:
-            for op_id in self.ctl.restores[rid].ops:
-                self.ctl.handles[op_id].wait(0.05)
+            if self.ctl.restores[rid].ops:
+                self.ctl.wait(rid)
                 return

@@ -152,12 +152,19 @@ def test_blocking_restore_without_prefetch() -> None:
     c = make(prefetch=False)
     serve(c, 1, PROMPT)
     push_out_of(c, "1")
-    mat = c.admit(2, PROMPT)
+    mat = c.admit(2, PROMPT + (9,))
     assert mat.done  # admit waited for the load-back
-    c.prefill(2)
+    assert c.prefill(2) == 1  # the one-token tail, in a private page never published
+    assert c.cp.tables[0].count(1) == 1
     c.finish(2)
-    assert c.metrics.hit_tokens["L2"] == 24
+    assert c.metrics.hit_tokens["L2"] == 24 and c.cp.tables[0].count(1) == 0
     c.close()
+
+
+def test_last_page_is_always_recomputed(ctl: CacheController) -> None:
+    """A hit covers at most len - 1 tokens: the last token's logits need a forward pass."""
+    serve(ctl, 1, PROMPT)
+    assert serve(ctl, 2, PROMPT) == 4 and ctl.metrics.hit_tokens["L1"] == 20
 
 
 def test_never_policy_recomputes_and_counts_skips() -> None:

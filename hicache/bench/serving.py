@@ -6,7 +6,8 @@ Two experiments per preset (the first write-up's, SOURCES.md):
   latency   a prompt = a cached prefix of N tokens + one new page; time from admission until
             its prefill is done (`torch.cuda.synchronize`), with the prefix forced to come
             from: nowhere (recompute, policy `never`), L2 (L1 copy evicted, policy `always`),
-            L3 (L1 and L2 copies evicted, `always`), and as the `cost` policy decides.
+            L3 (L1 and L2 copies evicted, `always`), and as the `cost` policy decides (L1 copy
+            evicted: it chooses among recompute, L2 and L3).
   stress    8 prefixes x 350 tokens, 80 requests, batch 1, through the serving loop; L1 holds
             2 prefixes, so the rest come from L2 (or, with L2 holding 2 as well, from L3).
             Requests per second for recompute / L2 / L3 / cost.
@@ -52,6 +53,7 @@ def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> float:
     t0 = time.perf_counter()
     ctl.admit(rid, tokens)
     while not ctl.ready(rid):
+        ctl.wait(rid)
         ctl.tick()
     ctl.prefill(rid)
     _sync()
@@ -76,9 +78,8 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                     prefix = torch.randint(0, producer.shape.vocab, (prefix_len,), generator=gen).tolist()
                     _serve(ctl, 2 * r, prefix)  # puts the prefix in L1, backs it up to L2 and L3
                     ctl.drain()
-                    if path in ("L2", "L3", "cost"):
-                        ctl.cp.evict("L1", 10**9)
-                    if path in ("L3", "cost"):
+                    ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
+                    if path == "L3":
                         ctl.cp.evict("L2", 10**9)
                     s = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
                     ctl.drain()

@@ -75,7 +75,9 @@ class CacheController:
         """Match, decide, and issue the restore the policy chose (it then proceeds on ticks;
         with `prefetch=False` this call blocks until it settles)."""
         g = self.config.kv
-        m = self.cp.begin_request(request_id, tokens)
+        # The last prompt token is always computed (it yields the first output's logits), so
+        # a hit may cover at most len - 1 tokens (the second write-up's insert guard).
+        m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1)
         aligned = len(tokens) // g.page_size * g.page_size
         l1, l2, l3 = m.lengths
         decision = self.policy.decide(l1, l2, l3, max(aligned, 1), g.bytes_per_token)
@@ -101,6 +103,13 @@ class CacheController:
     def ready(self, request_id: int) -> bool:
         return self.restores[request_id].done
 
+    def wait(self, request_id: int, timeout_s: float = 0.05) -> None:
+        """Block (GIL released) until one of the request's transfers finishes or `timeout_s`
+        passes. Spinning on `tick` instead starves the L3 I/O threads of the GIL."""
+        for op_id in self.restores[request_id].ops:
+            self.handles[op_id].wait(timeout_s)
+            return
+
     def prefill(self, request_id: int) -> int:
         """Use what the restore delivered, recompute the rest of the page-aligned prompt,
         insert it, and queue its backup. Returns the tokens recomputed."""
@@ -113,23 +122,27 @@ class CacheController:
             self.cp.advance_cached_len(request_id, deepest)
             self._after_restore(mat, restored_from, req.cached_len)
         g = self.config.kv
-        end = len(mat.tokens) // g.page_size * g.page_size
+        # Compute through the prompt's last token: whole pages are inserted, a partial last
+        # page (the tail) is computed into a private page that is never published.
+        end = -(-len(mat.tokens) // g.page_size) * g.page_size
         todo = end - req.cached_len
+        recomputed = max(0, len(mat.tokens) - req.cached_len)
         started = time.perf_counter()
         if todo > 0:
             self._make_room(0, todo // g.page_size)
             new_pages = self.cp.compute(request_id, todo)
             prefix = self._l1_prefix_pages(req.locked)
-            seconds = self.producer.produce(mat.tokens, req.cached_len, end, self.engine.l1.tensor,
+            padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
+            seconds = self.producer.produce(padded, req.cached_len, end, self.engine.l1.tensor,
                                             prefix, new_pages)
             self.model.observe("recompute", todo, seconds)
             self.cp.insert(request_id)
             self.backups.after_insert(req.locked)
-        self.metrics.recomputed_tokens += todo + (len(mat.tokens) - end)
+        self.metrics.recomputed_tokens += recomputed
         observed = (mat.ready_at or started) - mat.started_at + (time.perf_counter() - started)
         if observed > 0:
             self.decisions.settle(mat.decision_id, observed)
-        return todo
+        return recomputed
 
     def finish(self, request_id: int) -> None:
         """End a request, finished or aborted: cancel its pending restores, release what it
