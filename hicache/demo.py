@@ -156,11 +156,11 @@ def _table(s: dict[str, object]) -> str:
     decisions = s["decisions"]
     assert isinstance(decisions, dict)
     lines += [f"| {k} | {v} |" for k, v in sorted(decisions.items())]
-    lines += ["", "| transfer | count | failed | MiB | GiB/s |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "| transfer | count | failed | MiB | MiB/s (steady) |", "| --- | --- | --- | --- | --- |"]
     transfers = s["transfers"]
     assert isinstance(transfers, dict)
     for d, t in transfers.items():
-        lines.append(f"| {d} | {t['count']} | {t['failed']} | {t['bytes'] / 2**20:.1f} | {t['gib_per_s']:.2f} |")
+        lines.append(f"| {d} | {t['count']} | {t['failed']} | {t['bytes'] / 2**20:.1f} | {t['gib_per_s'] * 1024:.1f} |")
     inv = s["invariants"]
     assert isinstance(inv, dict)
     lines += [
