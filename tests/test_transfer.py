@@ -9,6 +9,7 @@ write cannot pass for correct ones.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,20 +19,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.dataplane.dma import (
-    DeviceHostMover, DmaHandle, DmaPlan, Run, chunk_bounds, plan_route, split_runs,
-)
+from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_digest
+from hicache.dataplane.routes import DmaPlan
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
 from hicache.invariants.snapshot import Pages, pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
+from tests.test_routes import sorted_runs
 
 POISON = 0xA5
 L1_PAGES, L2_PAGES, L3_SLOTS = 24, 32, 32
@@ -248,94 +249,7 @@ def test_workspace_cache_is_best_fit_and_keeps_the_largest_idle() -> None:
         cache.release(g)
 
 
-def test_chunk_bounds_cover_in_order() -> None:
-    mib = 1 << 20
-    assert chunk_bounds(0, mib) == []
-    assert chunk_bounds(10, mib, first_bytes=mib, single_max_bytes=0) == [(0, 1), (1, 3), (3, 7), (7, 10)]
-    assert chunk_bounds(10, mib, first_bytes=mib, descending=True, single_max_bytes=0) == [
-        (0, 3), (3, 7), (7, 9), (9, 10)
-    ]
-    assert chunk_bounds(7, mib, 3) == [(0, 3), (3, 6), (6, 7)]
-    assert chunk_bounds(7, mib, 3, single_max_bytes=1 << 40) == [(0, 3), (3, 6), (6, 7)], "fixed wins"
-    assert chunk_bounds(5, 100, first_bytes=250, single_max_bytes=0) == [(0, 3), (3, 5)]  # 3 pages first
-    # Small transfers are one chunk (one gather, one DMA per run); the limit is inclusive.
-    assert chunk_bounds(10, mib, single_max_bytes=10 * mib) == [(0, 10)]
-    assert len(chunk_bounds(11, mib, single_max_bytes=10 * mib)) > 1
-    qwen_page = 2359296
-    assert chunk_bounds(22, qwen_page) == [(0, 22)], "350 Qwen3-8B tokens: one chunk"
-    bounds = chunk_bounds(219, qwen_page)
-    assert len(bounds) == 8 and bounds[0] == (0, 1) and bounds[-1][1] == 219, "3,500 tokens: unchanged"
-
-
-# -- routes: direct runs and host staging --------------------------------------------------------
-
-
-def sorted_runs(ids: Pages) -> list[tuple[int, int]]:
-    """(first page, length) of each run of consecutive pages of sorted(ids) -- the oracle."""
-    out: list[tuple[int, int]] = []
-    for p in sorted(ids.tolist()):
-        if out and p == out[-1][0] + out[-1][1]:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((p, 1))
-    return out
-
-
-@settings(max_examples=200)
-@given(
-    ids=st.lists(st.integers(0, 40), min_size=1, max_size=30),
-    distinct=st.booleans(),
-    min_pages=st.integers(0, 5),
-    staged_first=st.booleans(),
-)
-def test_route_moves_every_pair_once_by_the_run_rule(
-    ids: list[int], distinct: bool, min_pages: int, staged_first: bool
-) -> None:
-    l2 = pages(list(dict.fromkeys(ids)) if distinct else ids)  # H2D sources may repeat
-    n, bpp = l2.size, 100
-    route = plan_route(l2, bpp, min_pages * bpp, staged_first=staged_first)
-    order = np.arange(n) if route.order is None else route.order
-    assert sorted(order.tolist()) == list(range(n)), "a permutation of the caller's pairs"
-    covered = np.zeros(n, dtype=int)
-    for lo, hi, first in route.direct:  # each direct run: one slice of the pool
-        assert np.array_equal(l2[order[lo:hi]], np.arange(first, first + hi - lo))
-        covered[lo:hi] += 1
-    covered[route.staged_lo : route.staged_hi] += 1
-    assert (covered == 1).all(), "every packed position is moved exactly once"
-    assert np.array_equal(route.l2_staged, l2[order[route.staged_lo : route.staged_hi]])
-    assert route.staged_lo == 0 if staged_first else route.staged_hi == n
-    runs = sorted_runs(l2)
-    assert route.runs == len(runs)
-    small = [k for _, k in runs if k < min_pages]
-    assert route.staged_pages == (sum(small) if len(small) >= 2 else 0), "small runs staged, two or more"
-    assert len(route.direct) == len(runs) - (len(small) if len(small) >= 2 else 0)
-    assert route.kind == ("direct" if not route.staged_pages else "mixed" if route.direct else "staged")
-
-
-@given(
-    runs=st.lists(st.integers(1, 9), min_size=1, max_size=6),
-    chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12),
-)
-def test_split_runs_cuts_runs_at_chunk_edges_only(runs: list[int], chunks: list[int]) -> None:
-    direct, lo = [], 3  # positions 0..2 stand for staged pages
-    for i, k in enumerate(runs):
-        direct.append(Run(lo, lo + k, 100 * i))
-        lo += k
-    bounds, start = [], 0
-    for k in chunks:
-        bounds.append((start, start + k))
-        start += k
-    if start < lo:
-        bounds.append((start, lo))
-    pieces = split_runs(direct, bounds)
-    assert len(pieces) == len(bounds)
-    moved = {}
-    for (c_lo, c_hi), here in zip(bounds, pieces):
-        for p_lo, p_hi, first in here:
-            assert c_lo <= p_lo < p_hi <= c_hi, "a piece stays inside its chunk"
-            moved.update({pos: first + pos - p_lo for pos in range(p_lo, p_hi)})
-    want = {pos: r.l2_first + pos - r.lo for r in direct for pos in range(r.lo, r.hi)}
-    assert moved == want, "the pieces move exactly the runs' positions to the runs' pages"
+# -- per-run routes through the mover ------------------------------------------------------------
 
 
 @st.composite
@@ -397,6 +311,62 @@ def test_per_run_path_is_byte_exact(route_mover: DeviceHostMover, data: st.DataO
     after = m.l1.tensor.view(torch.uint8)[:, :, untouched]
     assert torch.equal(after, before), "H2D wrote outside its targets"
     assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+class AlignmentRecorder:
+    """Stands in for a mover's KernelSet: runs the real kernels, and records for every launch
+    the byte offset of its index slice and whether the pointer is 16-byte aligned."""
+
+    def __init__(self, kernels: KernelSet) -> None:
+        self.kernels = kernels
+        self.launches: list[tuple[str, int, bool]] = []
+
+    def _record(self, kind: str, index: torch.Tensor) -> None:
+        offset = int(index.storage_offset()) * index.element_size()
+        self.launches.append((kind, offset, index.data_ptr() % 16 == 0))
+
+    def gather(self, l1: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+        self._record("gather", index)
+        self.kernels.gather(l1, index, out)
+
+    def scatter(self, packed: torch.Tensor, index: torch.Tensor, l1: torch.Tensor) -> None:
+        self._record("scatter", index)
+        self.kernels.scatter(packed, index, l1)
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 5])
+def test_every_chunk_hands_the_kernels_a_16_byte_aligned_index_slice(chunk_pages: int) -> None:
+    """Triton compiles one kernel per pointer alignment; a chunk whose indices start at an odd
+    int64 would compile (and load, which waits for the device) inside the issuing call -- the
+    GPU failure of test_gpu_done_only_once_every_byte_landed[3]. Same configuration on CPU:
+    every launch's index slice must start 16-byte aligned, and the bytes must still be right."""
+    g = KVGeometry(layers=1, kv_heads=1, head_dim=4, dtype="fp8", page_size=4)  # 32-byte pages
+    engine = TransferEngine(g, 40, 64, 4, device="cpu", backend="torch", chunk_pages=chunk_pages)
+    try:
+        randomize(engine.l1.tensor, seed=12)
+        m = engine.dma
+        recorder = AlignmentRecorder(m.kernels)
+        m.kernels = recorder  # type: ignore[assignment]
+        m.direct_min_bytes = 2 * g.bytes_per_page
+        l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])
+        src = pages(np.random.default_rng(3).permutation(40)[: l2_ids.size])
+        expect = l1_bytes(engine, src)
+        poison(engine.l2.tensor)
+        handle = engine.d2h(src, l2_ids)
+        assert plan_of(handle).route.kind == "mixed", str(plan_of(handle))
+        done(handle)
+        assert torch.equal(l2_bytes(engine, l2_ids), expect)
+        dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
+        engine.l1.tensor[:, :, torch.from_numpy(dst)] = 0
+        done(engine.h2d(l2_ids, dst))
+        assert torch.equal(l1_bytes(engine, dst), expect)
+        chunks = -(-l2_ids.size // chunk_pages)
+        assert [k for k, _, _ in recorder.launches] == ["gather"] * chunks + ["scatter"] * chunks
+        misaligned = [(k, off) for k, off, ok in recorder.launches if off % 16 or not ok]
+        assert not misaligned, f"index slices not 16-byte aligned (kind, byte offset): {misaligned}"
+        assert_nothing_held(engine)
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -721,18 +691,24 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
         expect = l1_bytes(engine, src)  # synchronizes: L1 holds its bytes before the issue
         poison(engine.l2.tensor)
         torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # the caller is still busy
+        issued = time.perf_counter()
         handle = engine.d2h(src, l2_ids)
+        issue_s = time.perf_counter() - issued
         plan = plan_of(handle)
         assert plan.route.kind == "mixed" and len(plan.bounds) > 1, str(plan)
-        assert handle.poll() is TransferStatus.PENDING
+        # Issue took ~the caller's sleep (~0.1 s): the issue blocked on the device. Issue was
+        # quick but DONE anyway: completion was reported before the device work ran (B01/B05).
+        assert handle.poll() is TransferStatus.PENDING, f"D2H issue took {issue_s:.4f} s; {plan}"
         done(handle)
         assert torch.equal(l2_bytes(engine, l2_ids), expect), "DONE before every byte reached L2"
 
         dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
         engine.l1.tensor[:, :, torch.from_numpy(dst).cuda()] = 0
         torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+        issued = time.perf_counter()
         handle = engine.h2d(l2_ids, dst)
-        assert handle.poll() is TransferStatus.PENDING
+        issue_s = time.perf_counter() - issued
+        assert handle.poll() is TransferStatus.PENDING, f"H2D issue took {issue_s:.4f} s; {plan_of(handle)}"
         done(handle)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # ordered after nothing of ours
         with torch.cuda.stream(side):

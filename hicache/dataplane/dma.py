@@ -14,37 +14,9 @@ Why the caller wait comes first (bug class B05): the caller's stream may still b
 what the transfer reads (page contents, and the L1 pages an H2D overwrites); the transfer's
 streams are private, so without it the kernels could race ahead of the caller's work.
 
-Routes (`plan_route`). The packed device buffer is private, so the mover picks the order of
-pages in it: sorted by L2 page, so every run of consecutive L2 pages (in whatever order the
-caller listed them) is one slice of the buffer and one slice of the pool -- one DMA. A run
-of fewer than DIRECT_MIN_BYTES goes through host staging (when at least two such runs exist:
-staging one run would save no DMA). Why 256 KiB: a DMA pays a fixed cost (LIMITS.md: 1 MiB
-pinned copies reach 36-41 GB/s against 55 GB/s for large ones, i.e. ~7 us D2H, ~10 us H2D
-per copy), so a 256 KiB run moves at about 256 KiB / (10 us + 4.7 us) ~ 18 GB/s or better.
-Staging moves it through the one thread that issues and polls every transfer: D2H's host
-scatter measured 7.7 GB/s (fragmented D2H, 219 pages, H200), so direct wins 2-3x from 256
-KiB on (break-even ~60 KiB). H2D's host packing overlaps earlier DMAs and reached ~30 GB/s
-end to end, so direct runs of 256 KiB-1 MiB may cost some device time there but free the
-issuing thread (~35 us of CPU per staged MiB). Far below 256 KiB the per-DMA fixed cost and
-the Python issue cost (one `copy_` per run) dominate, and staging's one large DMA wins.
-Staged pages sit first in the buffer for D2H (their host copies run on polls while the direct
-DMAs still copy) and last for H2D (the CPU packs them while the direct DMAs copy).
-
-Chunks (`chunk_bounds`). A DMA cannot start before its bytes are packed, so unchunked the
-whole gather is exposed before the DMA. Chunk k+1's gather runs while chunk k's DMAs copy, so
-only the first gather is exposed. Doubling sizes from FIRST_CHUNK_BYTES: the exposed gather
-is one 2.25 MiB page, and 219 pages take 8 chunks (~56 us of fixed DMA cost, 0.6% of the
-DMA); it stays DMA-bound while packing outruns the DMA by 4x (gathering 2c bytes, read +
-written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s,
-the row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is one
-page's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: each chunk costs the
-issuing thread a kernel launch, events, a stream switch and its DMA calls (tens of us of
-Python), and the first chunks' DMAs (1 page: ~50 us) can end before the next chunk is issued,
-leaving the copy engine idle (350 tokens took 2.26 ms in 5 chunks where its DMA alone needs
-~1 ms). One gather + one DMA exposes the whole gather instead, which the row kernel does at
-~1,950 GB/s: 64 MiB -> ~70 us, under 6% of that size's ~1.2 ms DMA (torch's index_select,
-if `auto` picks it, is ~5x slower; `single_chunk_max_bytes=0` restores the doubling, and the
-transfer benchmark measures both). A fixed `chunk_pages` overrides both rules.
+Routes, chunks and index slots are planned in routes.py (`DmaPlan`; its docstring says why
+256 KiB runs, why one chunk up to 64 MiB, and why every chunk's index slice starts 16-byte
+aligned: so that issuing never compiles a kernel, which would wait for the device).
 
 Completion is observed by polling CUDA events (`event.query()`), never by blocking. Every
 tensor the device touches asynchronously (packed buffer, index buffers, pinned staging, L2
@@ -59,172 +31,26 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
+from hicache.dataplane.routes import (
+    DIRECT_MIN_BYTES, FIRST_CHUNK_BYTES, SINGLE_CHUNK_MAX_BYTES, DmaPlan, chunk_bounds, plan_route, split_runs,
+)
 from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
 from hicache.invariants.snapshot import Pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
 
-FIRST_CHUNK_BYTES = 2 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
-SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked
-DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 
 Event = torch.cuda.Event
-Bounds = list[tuple[int, int]]
-
-
-def chunk_bounds(
-    n_pages: int, bytes_per_page: int, chunk_pages: int | None = None, *,
-    descending: bool = False, first_bytes: int = FIRST_CHUNK_BYTES,
-    single_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
-) -> Bounds:
-    """[lo, hi) page ranges covering 0..n_pages in order. `chunk_pages` None: one chunk up to
-    `single_max_bytes`, else sizes doubling from ceil(first_bytes / bytes_per_page) pages (the
-    last takes what is left); a number: fixed chunks. `descending` reverses the sizes."""
-    if chunk_pages is None and n_pages * bytes_per_page <= single_max_bytes:
-        return [(0, n_pages)] if n_pages > 0 else []
-    size = chunk_pages if chunk_pages is not None else max(1, -(-first_bytes // bytes_per_page))
-    sizes: list[int] = []
-    left = n_pages
-    while left > 0:
-        sizes.append(min(size, left))
-        left -= sizes[-1]
-        size = size if chunk_pages is not None else 2 * size
-    if descending:
-        sizes.reverse()
-    bounds, lo = [], 0
-    for s in sizes:
-        bounds.append((lo, lo + s))
-        lo += s
-    return bounds
-
-
-class Run(NamedTuple):
-    """Packed positions [lo, hi) <-> L2 pages l2_first .. l2_first + (hi - lo) - 1: one DMA."""
-
-    lo: int
-    hi: int
-    l2_first: int
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where each page of one transfer sits in the packed buffer, and how it reaches L2.
-
-    Packed position p moves the caller's pair `order[p]` (None: p itself). Positions in a
-    `direct` run are DMA'd straight to/from the L2 pool; positions [staged_lo, staged_hi) go
-    through pinned host staging, their L2 pages being `l2_staged` (in packed order).
-    """
-
-    order: Pages | None
-    direct: list[Run]
-    staged_lo: int
-    staged_hi: int
-    l2_staged: Pages
-    runs: int  # runs of consecutive L2 pages, direct and staged (1: one slice of the pool)
-
-    @property
-    def staged_pages(self) -> int:
-        return self.staged_hi - self.staged_lo
-
-    @property
-    def kind(self) -> str:
-        """'direct' (no host copy), 'staged' (all through staging), or 'mixed'."""
-        if not self.staged_pages:
-            return "direct"
-        return "mixed" if self.direct else "staged"
-
-
-def plan_route(l2_ids: Pages, bytes_per_page: int, direct_min_bytes: int, *, staged_first: bool) -> Route:
-    """The route of a transfer touching L2 pages `l2_ids` (n >= 1; may repeat for H2D).
-
-    Pages are sorted by L2 page (stable) and cut into runs of consecutive pages; runs of
-    fewer than `direct_min_bytes` are staged when there are at least two of them. Staged
-    positions come first when `staged_first`, else last. Numpy only: O(n log n)."""
-    n = int(l2_ids.size)
-    first = int(l2_ids[0])
-    if n == 1 or bool((np.diff(l2_ids) == 1).all()):  # one slice already in order: the hot path
-        end = 0 if staged_first else n
-        return Route(None, [Run(0, n, first)], end, end, l2_ids[:0], runs=1)
-    order = np.argsort(l2_ids, kind="stable")
-    ids = l2_ids[order]
-    starts = np.flatnonzero(np.concatenate(([True], np.diff(ids) != 1)))
-    lengths = np.diff(np.append(starts, n))
-    small = lengths * bytes_per_page < direct_min_bytes
-    if np.count_nonzero(small) < 2:  # staging a single run would save no DMA
-        small[:] = False
-    staged_mask = np.repeat(small, lengths)
-    staged_order, direct_order = order[staged_mask], order[~staged_mask]
-    n_staged = int(staged_order.size)
-    base = n_staged if staged_first else 0
-    direct_lengths = lengths[~small]
-    direct_lo = base + np.cumsum(direct_lengths) - direct_lengths
-    direct = [
-        Run(lo, lo + k, f)
-        for lo, k, f in zip(direct_lo.tolist(), direct_lengths.tolist(), ids[starts[~small]].tolist())
-    ]
-    parts = (staged_order, direct_order) if staged_first else (direct_order, staged_order)
-    staged_lo = 0 if staged_first else n - n_staged
-    # Verify every position is moved exactly once: a gap or overlap would lose or mix pages.
-    assert sum(r.hi - r.lo for r in direct) + n_staged == n, (direct, n_staged, n)
-    return Route(np.concatenate(parts), direct, staged_lo, staged_lo + n_staged,
-                 l2_ids[staged_order], runs=int(starts.size))
-
-
-def split_runs(runs: list[Run], bounds: Bounds) -> list[list[Run]]:
-    """Per chunk of `bounds`, the pieces of `runs` (sorted, disjoint) inside it: a run that
-    spans chunks becomes one DMA per chunk, so no DMA waits for a later chunk's gather."""
-    out: list[list[Run]] = []
-    k = 0
-    for lo, hi in bounds:
-        here: list[Run] = []
-        while k < len(runs) and runs[k].lo < hi:
-            r = runs[k]
-            a, b = max(r.lo, lo), min(r.hi, hi)
-            if a < b:
-                here.append(Run(a, b, r.l2_first + a - r.lo))
-            if r.hi > hi:
-                break  # the rest of this run belongs to the next chunk
-            k += 1
-        out.append(here)
-    return out
-
-
-@dataclass(frozen=True)
-class DmaPlan:
-    """How one D2H/H2D transfer is issued: its route, its chunks, and per chunk the direct
-    DMAs (`pieces`). `str()` is the one-line summary benchmarks report per case."""
-
-    route: Route
-    bounds: Bounds
-    pieces: list[list[Run]]
-
-    def staged_in(self, lo: int, hi: int) -> tuple[int, int]:
-        """The staged positions of chunk [lo, hi), as rows [a, b) of the staging buffer."""
-        r = self.route
-        return max(lo, r.staged_lo) - r.staged_lo, min(hi, r.staged_hi) - r.staged_lo
-
-    @property
-    def dmas(self) -> int:
-        """DMAs issued: the direct pieces, and one per chunk holding staged pages."""
-        staged = sum(a < b for a, b in (self.staged_in(lo, hi) for lo, hi in self.bounds))
-        return sum(map(len, self.pieces)) + staged
-
-    def __str__(self) -> str:
-        r = self.route
-        staged = f", {r.staged_pages} pages staged" if r.staged_pages else ""
-        return f"{r.kind}: {r.runs} runs, {len(self.bounds)} chunks, {self.dmas} DMAs{staged}"
 
 
 def landed(event: Event) -> bool:
@@ -459,15 +285,12 @@ class DeviceHostMover:
         plan = self.plan(direction, l2_ids)
         route = plan.route
         try:
-            buffers = self._borrow(counters, n, route.staged_pages)
+            buffers = self._borrow(counters, n, route.staged_pages, plan.index_len)
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, n * self.bytes_per_page, error=e)
-        index = buffers.index_host.numpy()  # pinned on CUDA: the upload reads it asynchronously
-        if route.order is None:
-            np.copyto(index, l1_ids)
-        else:
-            np.take(l1_ids, route.order, out=index)
+        # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
+        plan.fill_index(l1_ids, buffers.index_host.numpy())
         delay = 0
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             delay = self.faults.delay_polls
@@ -494,12 +317,13 @@ class DeviceHostMover:
         self._in_flight.add(handle)
         return handle
 
-    def _borrow(self, counters: DirectionCounters, n: int, n_staged: int) -> TransferBuffers:
+    def _borrow(self, counters: DirectionCounters, n: int, n_staged: int, n_index: int) -> TransferBuffers:
         """`TransferBuffers.borrow`, counting what it allocated."""
         before = self._allocation_counts()
         try:
             buffers = TransferBuffers.borrow(
-                self.workspaces, self.index_buffers, self.l1.tensor.dtype, self._page_shape, n, n_staged
+                self.workspaces, self.index_buffers, self.l1.tensor.dtype, self._page_shape, n, n_staged,
+                n_index=n_index,
             )
         finally:  # a failed borrow may have allocated (and released) some buffers first
             pinned, device = self._allocation_counts()
@@ -518,8 +342,8 @@ class DeviceHostMover:
         staged: list[tuple[int, int, Event | None]] = []
         with s.on(s.compute):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
-            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
-                self.kernels.gather(l1, buf.index_device[lo:hi], packed[lo:hi])
+            for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
+                self.kernels.gather(l1, buf.index_device[at : at + hi - lo], packed[lo:hi])
                 gathered = s.mark(s.compute)
                 with s.on(s.copy):
                     s.wait(s.copy, gathered)
@@ -550,7 +374,7 @@ class DeviceHostMover:
         offset = plan.route.staged_lo
         with s.on(s.compute):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
-            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
+            for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
@@ -561,7 +385,7 @@ class DeviceHostMover:
                         packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
                     copied = s.mark(s.copy)
                 s.wait(s.compute, copied)
-                self.kernels.scatter(packed[lo:hi], buf.index_device[lo:hi], l1)
+                self.kernels.scatter(packed[lo:hi], buf.index_device[at : at + hi - lo], l1)
         end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
         return _Completion(start, end)
 

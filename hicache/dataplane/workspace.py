@@ -167,8 +167,9 @@ class TransferBuffers:
     """The buffers one D2H/H2D transfer holds until its handle is final.
 
         packed        DEVICE  [n, *page_shape]          the pages, packed page-major
-        index_host    HOST    int64 [n]                 L1 pages in packed order (upload source)
-        index_device  DEVICE  int64 [n]                 the same, on the device
+        index_host    HOST    int64 [n_index]           L1 pages in packed order (upload source),
+                                                        each chunk at its aligned slot (routes.py)
+        index_device  DEVICE  int64 [n_index]           the same, on the device
         host          HOST    [n_staged, *page_shape]   staged pages; None when none is staged
     """
 
@@ -182,11 +183,15 @@ class TransferBuffers:
     @classmethod
     def borrow(
         cls, pages: WorkspaceCache, indices: WorkspaceCache, dtype: torch.dtype,
-        page_shape: tuple[int, ...], n: int, n_staged: int,
+        page_shape: tuple[int, ...], n: int, n_staged: int, *, n_index: int | None = None,
     ) -> TransferBuffers:
-        """Every buffer for `n` pages (`n_staged` of them staged), or TransferError with none
-        kept. Host staging only when `n_staged` > 0: a transfer without staged pages allocates
-        no host memory once the index buffers are warm."""
+        """Every buffer for `n` pages (`n_staged` of them staged; `n_index` index entries, at
+        least n, default n), or TransferError with none kept. Host staging only when
+        `n_staged` > 0: a transfer without staged pages allocates no host memory once the
+        index buffers are warm."""
+        n_index = n if n_index is None else n_index
+        # Verify room for every page's index: a short buffer would drop pages from the kernels.
+        assert n_index >= n, (n_index, n)
         held: list[tuple[WorkspaceCache, Workspace]] = []
         setup_s = 0.0
 
@@ -201,8 +206,8 @@ class TransferBuffers:
 
         try:
             packed = take(pages, WorkspaceKind.DEVICE, dtype, (n, *page_shape))
-            index_host = take(indices, WorkspaceKind.HOST, torch.int64, (n,))
-            index_device = take(indices, WorkspaceKind.DEVICE, torch.int64, (n,))
+            index_host = take(indices, WorkspaceKind.HOST, torch.int64, (n_index,))
+            index_device = take(indices, WorkspaceKind.DEVICE, torch.int64, (n_index,))
             host = take(pages, WorkspaceKind.HOST, dtype, (n_staged, *page_shape)) if n_staged else None
         except TransferError:
             for cache, ws in held:
