@@ -144,7 +144,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         del producer
         torch.cuda.empty_cache()
         (out / "serving.json").write_text(json.dumps(result, indent=2))
+    (out / "serving.md").write_text(report_md(result))
+    print(report_md(result))
     return 0
+
+
+def report_md(result: dict[str, Any]) -> str:
+    """Tables: latency per path with speed-up over recompute, and the cost policy's time as
+    a ratio to the better forced choice (<= 1.05 is the goal); the stress run likewise."""
+    lines = [f"# Restore vs recompute through the controller: {result['device']}", "",
+             f"torch {result['torch']}, model producer mode {result['mode']}, median of repeats.", ""]
+    for preset, entry in result["presets"].items():
+        lines += [f"## {preset}: latency (prefix + one new page, admission to prefill done)", "",
+                  "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms | cost / best forced |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        by: dict[int, dict[str, float]] = {}
+        for row in entry["latency"]:
+            by.setdefault(row["tokens"], {})[row["path"]] = row["median_ms"]
+        for n, t in sorted(by.items()):
+            best = min(t["recompute"], t["L2"], t["L3"])
+            lines.append(f"| {n} | {t['recompute']:.2f} | {t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
+                         f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | {t['cost'] / best:.3f} |")
+        if "stress" in entry:
+            lines += ["", f"## {preset}: stress (8 prefixes x 350 tokens, 80 requests, batch 1)", "",
+                      "| path | req/s | vs recompute | hits (L2 / L3 tokens) |", "| --- | --- | --- | --- |"]
+            rates = {r["path"]: r["requests_per_s"] for r in entry["stress"]}
+            for r in entry["stress"]:
+                lines.append(f"| {r['path']} | {r['requests_per_s']:.2f} | {r['requests_per_s'] / rates['recompute']:.2f}x | "
+                             f"{r['hit_tokens']['L2']} / {r['hit_tokens']['L3']} |")
+            best = max(rates["recompute"], rates["L2"], rates["L3"])
+            lines.append(f"\ncost / best forced (throughput): {rates['cost'] / best:.3f}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
