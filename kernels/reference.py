@@ -20,7 +20,7 @@ for bit and the copy runs on wide loads. This module is the definition; the Trit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -37,9 +37,13 @@ WORD_DTYPES: dict[int, torch.dtype] = {
 }
 
 
-@dataclass(frozen=True)
-class RowLayout:
-    """One gather/scatter call in rows and words (sizes in elements of the named unit)."""
+class RowLayout(NamedTuple):
+    """One gather/scatter call in rows and words (sizes in elements of the named unit).
+
+    A NamedTuple, not a dataclass: one is built per call and hashed per launch (the Triton
+    plan cache), and both are C-level for a tuple; a launch's Python cost counts at small
+    transfers.
+    """
 
     layers: int
     l1_pages: int  # pages in the L1 pool
@@ -95,20 +99,24 @@ def check_operands(
     n = pages.shape[0]
     name = "packed" if scatter else "out"
     want = (n, 2, layers, page_size, kv_heads, head_dim)
-    if tuple(packed.shape) != want:
+    if packed.shape != want:
         raise LayoutError(f"{name}: expected shape {want} (len(pages), 2, layers, ps, H, D), "
                           f"got {tuple(packed.shape)}")
     if packed.dtype != l1.dtype:
         raise LayoutError(f"{name}: dtype {packed.dtype} differs from l1's {l1.dtype}")
     if not packed.is_contiguous():
         raise LayoutError(f"{name}: must be contiguous")
+    device = l1.device
     for tensor, label in ((pages, "pages"), (packed, name)):
-        if tensor.device != l1.device:
-            raise LayoutError(f"{label}: on {tensor.device}, but l1 is on {l1.device}")
-    if pages.device.type == "cpu" and n > 0:
+        if tensor.device != device:
+            raise LayoutError(f"{label}: on {tensor.device}, but l1 is on {device}")
+    if n > 0 and device.type == "cpu":
         _check_page_values(pages, l1_pages, scatter=scatter)
-    row_bytes = page_size * kv_heads * head_dim * l1.element_size()
-    return RowLayout(layers, l1_pages, n, row_bytes, _word_bytes(row_bytes, l1, packed))
+    element = l1.element_size()
+    row_bytes = page_size * kv_heads * head_dim * element
+    # element sizes are powers of two, so scaling the OR scales each offset the same way
+    offsets = (int(l1.storage_offset()) | int(packed.storage_offset())) * element
+    return RowLayout(layers, l1_pages, n, row_bytes, _word_bytes(row_bytes | offsets))
 
 
 def _check_page_values(pages: torch.Tensor, l1_pages: int, *, scatter: bool) -> None:
@@ -119,13 +127,11 @@ def _check_page_values(pages: torch.Tensor, l1_pages: int, *, scatter: bool) -> 
         raise LayoutError("pages: scatter needs distinct pages (two rows cannot land on one page)")
 
 
-def _word_bytes(row_bytes: int, *tensors: torch.Tensor) -> int:
-    """The widest word that divides the row and every tensor's byte offset in its storage."""
-    for width in (8, 4, 2):
-        offsets_ok = all(t.storage_offset() * t.element_size() % width == 0 for t in tensors)
-        if row_bytes % width == 0 and offsets_ok:
-            return width
-    return 1
+def _word_bytes(sizes: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing every byte count OR-ed into `sizes` (the
+    row and each tensor's offset in its storage): a power of two divides all of them exactly
+    when it divides their bitwise OR, so this is the OR's lowest set bit, capped at 8."""
+    return min(8, sizes & -sizes) if sizes else 8
 
 
 def word_view(tensor: torch.Tensor, layout: RowLayout) -> torch.Tensor:

@@ -18,7 +18,6 @@ environment at the time of the call. CPU tensors need the interpreter.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -188,20 +187,23 @@ def _launch(
     layout = check_operands(l1, pages, packed, scatter=not gather)
     if layout.n == 0:
         return
-    check_runnable(l1.device)
-    plan = plan_launch(layout, config or default_config(layout.row_bytes),
-                       programs_target(l1.device))
+    device = l1.device
+    check_runnable(device)
+    plan, constants = _plan_for(layout, config, device)
     # The kernel computes every offset itself: it needs the word pointers, not the shapes.
     l1_words, packed_words = word_view(l1, layout), word_view(packed, layout)
     src, dst = (l1_words, packed_words) if gather else (packed_words, l1_words)
-    guard = torch.cuda.device(l1.device) if l1.device.type == "cuda" else contextlib.nullcontext()
     try:
-        with guard:
-            _kernel()[plan.grid](
-                src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
-                ROW_WORDS=layout.row_words, SPAN=plan.span_words, BLOCK=plan.block_words,
-                EVEN=plan.even, GATHER=gather, num_warps=plan.num_warps,
-            )
+        kernel = _kernel()[plan.grid]
+        # The guard only matters when l1 is not on the current device; entering it costs
+        # microseconds per launch, so skip it when it would change nothing.
+        if device.type != "cuda" or device.index == torch.cuda.current_device():
+            kernel(src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
+                   GATHER=gather, **constants)
+        else:
+            with torch.cuda.device(device):
+                kernel(src, dst, pages, pages.stride(0), layout.rows_per_page,
+                       layout.l1_pages, GATHER=gather, **constants)
     except LAUNCH_FAILURES as exc:
         what = "gather" if gather else "scatter"
         raise BackendError(
@@ -209,6 +211,22 @@ def _launch(
             f"{plan.block_words}x{layout.word_bytes}-byte blocks): {type(exc).__name__}: {exc}; "
             f"use backend 'torch' or 'auto'"
         ) from exc
+
+
+@functools.lru_cache(maxsize=256)  # pure per (geometry, config, device): one lookup a launch
+def _plan_for(layout: RowLayout, config: LaunchConfig | None,
+              device: torch.device) -> tuple[LaunchPlan, dict[str, Any]]:
+    """The launch plan and the kernel's compile-time keyword arguments (GATHER aside).
+
+    Callers must not mutate the returned dict: it is shared by every launch of this key.
+    """
+    plan = plan_launch(layout, config or default_config(layout.row_bytes),
+                       programs_target(device))
+    constants: dict[str, Any] = {
+        "ROW_WORDS": layout.row_words, "SPAN": plan.span_words, "BLOCK": plan.block_words,
+        "EVEN": plan.even, "num_warps": plan.num_warps,
+    }
+    return plan, constants
 
 
 def check_runnable(device: torch.device) -> None:
