@@ -143,6 +143,9 @@ class TreeMachine(RuleBasedStateMachine):
     def unlock(self, data: st.DataObject) -> None:
         node, tier = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
         self.tree.unlock(node, tier)
+        # The lock may have been all that kept an evicted node (locked in a tier it did not
+        # hold); the control plane only locks held tiers, the tree allows either.
+        self.tree.remove_if_dead(node)
 
     @rule(tier=TIER, data=st.data())
     def toggle_pending(self, tier: int, data: st.DataObject) -> None:
@@ -200,6 +203,8 @@ class TreeMachine(RuleBasedStateMachine):
 
     @invariant()
     def locks_count_held_locks_below(self) -> None:
+        # A locked node is never removed, whatever its tiers hold.
+        assert all(self.tree.node(h.node_id) is h for h, _ in self.locks)
         for n in self.tree.nodes():
             for t in range(3):
                 assert n.lock[t] == sum(1 for h, ht in self.locks if ht == t and n in self.tree.path_to_root(h))
