@@ -24,7 +24,8 @@ from hicache.bench.storage import main as bench_main
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
-from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover, TaskGroup
+from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
+from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
 from hicache.invariants.snapshot import pages
 
