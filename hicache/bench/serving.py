@@ -28,6 +28,7 @@ import torch
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.policy import Decision
 from hicache.producers.model import ModelProducer
 from hicache.serving import ServingLoop
 from hicache.workload import repeated_prefix_workload
@@ -48,10 +49,11 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> float:
+def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> tuple[float, Decision]:
+    """Seconds from admission to prefill done, and the policy's decision for it."""
     _sync()
     t0 = time.perf_counter()
-    ctl.admit(rid, tokens)
+    mat = ctl.admit(rid, tokens)
     while not ctl.ready(rid):
         ctl.wait(rid)
         ctl.tick()
@@ -59,7 +61,7 @@ def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> float:
     _sync()
     elapsed = time.perf_counter() - t0
     ctl.finish(rid)
-    return elapsed
+    return elapsed, mat.decision
 
 
 def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> list[dict[str, Any]]:
@@ -72,6 +74,7 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
             policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
             ctl = _controller(producer, policy, 4 * pages + 8, 4 * pages + 8, 4 * pages + 8)
             samples = []
+            predicted: list[dict[str, Any]] = []
             try:
                 for r in range(repeats + 1):  # the first (r == 0) warms the cost model and caches
                     gen = torch.Generator().manual_seed(1000 * n + r)
@@ -81,16 +84,20 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                     ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
                     if path == "L3":
                         ctl.cp.evict("L2", 10**9)
-                    s = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
+                    s, d = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
                     ctl.drain()
                     if r:
                         samples.append(s)
+                        predicted.append({"choice": d.choice, "predicted_ms": {k: v * 1e3 for k, v in d.predicted_s.items()}})
                 choice = dict(ctl.metrics.decisions)
+                model_state = ctl.model.state()
+                log = ctl.decisions.summary()
             finally:
                 ctl.close()
             rows.append({"tokens": n, "prefix_tokens": prefix_len, "path": path,
                          "median_ms": statistics.median(samples) * 1e3, "samples_ms": [x * 1e3 for x in samples],
-                         "decisions": choice})
+                         "decisions": choice, "predicted": predicted, "cost_model": model_state,
+                         "decision_log": log})
             print(f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  {choice}", flush=True)
     return rows
 
