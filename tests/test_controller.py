@@ -224,3 +224,12 @@ def test_status_and_prometheus(ctl: CacheController) -> None:
     text = ctl.metrics.to_prometheus()
     assert 'hicache_transfer_count_total{direction="D2H"} 1' in text
     assert 'hicache_hit_tokens_total{tier="L1"} 0' in text
+
+
+def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController) -> None:
+    """The warm-up transfer pays one-time costs (JIT, first touch): the model skips it."""
+    serve(ctl, 1, PROMPT)
+    serve(ctl, 2, OTHER)
+    ctl.drain()
+    assert ctl.metrics.directions["D2H"].count == 2
+    assert ctl.model.line("d2h").samples_seen == 1

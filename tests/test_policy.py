@@ -427,3 +427,16 @@ def test_policy_package_does_not_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_one_size_faster_than_the_prior_slope_lowers_the_slope() -> None:
+    """A prior from a slower link must not stay stuck: samples of one size that beat the
+    slope alone pull the slope down until the line passes through them."""
+    line = LinearCost("h2d", "byte", fixed_s=20e-6, per_unit_s=1 / (12 * 2**30))
+    size = 49_000_000.0
+    true_s = size / 50e9  # an H200's link: about 4x faster than the prior
+    for _ in range(40):
+        line.observe(size, true_s)
+    assert line.mode == "ewma"
+    assert abs(line.predict(size) - true_s) / true_s < 0.02
+    assert line.fixed_s >= 0.0 and line.per_unit_s >= 0.0

@@ -141,9 +141,15 @@ class LinearCost:
         sizes = [x for x, _ in self._window]
         spread = max(sizes) - min(sizes)
         if spread <= max(SPREAD_FLOOR, SPREAD_FRACTION * max(sizes)):
-            # One size: only the fixed part is identifiable; the slope stays as it was.
-            residual = max(0.0, seconds - self.per_unit_s * size)
-            self.fixed_s = (1.0 - self.alpha) * self.fixed_s + self.alpha * residual
+            # One size: only the total at that size is identifiable. A slower-than-line sample
+            # feeds the fixed part (the write-up's EWMA of the positive residual). A faster one
+            # means the slope itself is too steep (a prior from a slower machine: 12 GiB/s
+            # against an H200's ~50 GB/s); the write-up leaves that case stuck, so the slope
+            # moves toward seconds/size and the fixed part decays toward 0.
+            residual = seconds - self.per_unit_s * size
+            self.fixed_s = (1.0 - self.alpha) * self.fixed_s + self.alpha * max(0.0, residual)
+            if residual < 0.0 and size > 0:
+                self.per_unit_s = (1.0 - self.alpha) * self.per_unit_s + self.alpha * (seconds / size)
             self.mode = "ewma"
         else:
             self.fixed_s, self.per_unit_s = nnls_line(sizes, [y for _, y in self._window])
