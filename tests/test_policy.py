@@ -440,3 +440,21 @@ def test_one_size_faster_than_the_prior_slope_lowers_the_slope() -> None:
     assert line.mode == "ewma"
     assert abs(line.predict(size) - true_s) / true_s < 0.02
     assert line.fixed_s >= 0.0 and line.per_unit_s >= 0.0
+
+
+def test_cost_policy_explores_a_near_candidate_with_prior_only_costs() -> None:
+    """A restore predicted slightly slower than recompute on prior-only transfer costs is
+    tried (else a pessimistic prior is never corrected); once sampled, predictions decide."""
+    model = CostModel()
+    bpt = 147_456
+    policy = CostPolicy(model)
+    l2_s = model.restore_s(320, 0, bpt)
+    # Make recompute of the 320 restorable tokens cost just under the predicted restore.
+    for _ in range(8):
+        model.observe("recompute", 336, 0.97 * l2_s + model.recompute_s(16))
+        model.observe("recompute", 16, model.recompute_s(16))
+    d = policy.decide(16, 336, 0, 352, bpt)
+    assert d.choice == "L2" and "exploring" in d.reason
+    for _ in range(2):  # the link turns out slow: restores really are slower
+        model.observe("h2d", 320 * bpt, 2 * l2_s)
+    assert policy.decide(16, 336, 0, 352, bpt).choice == "recompute"

@@ -128,6 +128,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
 
+EXPLORE_MARGIN = 0.10
+"""How close (relative) to recompute a never-sampled restore candidate must be to be tried."""
+EXPLORE_SAMPLES = 2
+"""Samples a transfer line needs before its candidate is trusted (the first transfer of each
+direction is a warm-up the controller does not feed to the model)."""
+
+
 class PricedPolicy(abc.ABC):
     """Base of the built-in policies: validate and price the candidates with `model`, then
     let `choose` apply the policy's rule. Every decision carries the model's prices, whatever
@@ -168,12 +175,32 @@ class CostPolicy(PricedPolicy):
         if best is None:
             return cands.decision("recompute", "cost: no tier extends the L1 hit")
         if cands.benefit_s(best) <= 0.0:
+            near = self._unexplored_near(cands)
+            if near is not None:
+                return cands.decision(near, (
+                    f"cost: exploring {near}: its transfer cost is still the prior, and it is "
+                    f"predicted within {EXPLORE_MARGIN:.0%} of recompute"))
             return cands.decision("recompute", (
                 f"cost: best restore ({best}) predicted {_ms(cands.predicted_s[best])}, "
                 f"not faster than recompute {_ms(cands.predicted_s['recompute'])}"))
         return cands.decision(best, (
             f"cost: {best} predicted {_ms(cands.predicted_s[best])} vs recompute "
             f"{_ms(cands.predicted_s['recompute'])}, saves {_ms(cands.benefit_s(best))}"))
+
+
+    def _unexplored_near(self, cands: Candidates) -> Choice | None:
+        """A restore candidate whose transfer lines have never seen a sample (priors from
+        another machine) and that is predicted within EXPLORE_MARGIN of recompute: try it,
+        else a wrong prior is never corrected because the candidate is never chosen."""
+        for choice in RESTORE_CHOICES:
+            if choice not in cands.split:
+                continue
+            lines = ("h2d",) if choice == "L2" else ("h2d", "s2h")
+            unexplored = any(self.model.line(k).samples_seen < EXPLORE_SAMPLES for k in lines)
+            close = cands.predicted_s[choice] <= (1.0 + EXPLORE_MARGIN) * cands.predicted_s["recompute"]
+            if unexplored and close:
+                return choice
+        return None
 
 
 class AlwaysPolicy(PricedPolicy):
