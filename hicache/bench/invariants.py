@@ -27,7 +27,7 @@ import numpy.typing as npt
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, check_all
 from hicache.invariants.snapshot import (
-    FREE, PRIVATE, TREE, NodeView, OpView, Pages, RequestView, Snapshot, TierView, pages,
+    FREE, PRIVATE, TREE, NodeView, OpView, Pages, RequestView, Snapshot, TierView,
 )
 
 TIERS = ("L1", "L2", "L3")

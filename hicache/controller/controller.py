@@ -34,7 +34,7 @@ from hicache.kernels import gather
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.producers import KVProducer, SyntheticProducer
-from hicache.tiers import TIERS, Direction, Tier
+from hicache.tiers import TIERS, Direction
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
 

@@ -55,7 +55,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
 from hicache.dataplane.taskgroup import TaskGroup
-from hicache.errors import ConfigError, CorruptSlot, HiCacheError, StorageError, TransferError
+from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
 from hicache.invariants.snapshot import Pages
 from hicache.tiers import Direction
 
