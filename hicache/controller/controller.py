@@ -248,7 +248,7 @@ class CacheController:
                 mat.l2_part = list(op.nodes)
             if not ok:
                 mat.failed = True
-                self.metrics.fallbacks += 1
+                self.metrics.fallback("transfer_failed")
         elif not ok and op.direction in (Direction.D2H, Direction.H2S):
             self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
 
@@ -259,6 +259,7 @@ class CacheController:
             try:
                 op = self.issue(direction, part, mat.request_id)
             except (OutOfPages, IllegalTransition):
+                self.metrics.fallback("no_room")
                 if direction is Direction.S2H:
                     mat.l3_part = []  # no room to promote: those tokens are recomputed
                 else:
@@ -282,7 +283,7 @@ class CacheController:
             op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
         except (OutOfPages, IllegalTransition):
             mat.failed = True
-            self.metrics.fallbacks += 1
+            self.metrics.fallback("no_room")
             return
         mat.ops.add(op.op_id)
         self.owner[op.op_id] = mat

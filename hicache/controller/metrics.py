@@ -15,6 +15,9 @@ from hicache.dataplane.handles import TransferTimings
 from hicache.tiers import Direction
 
 GIB = float(1 << 30)
+# Why a planned restore fell back to recompute: its transfer failed or was cancelled, or the
+# tier it needed could not make room even after eviction (live requests hold the pages).
+FALLBACK_REASONS = ("transfer_failed", "no_room")
 DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure", "backup_failed")
 
 
@@ -49,7 +52,7 @@ class Metrics:
     prompt_tokens: int = 0
     evictions: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
     promotions: int = 0  # L3 -> L2 pages kept in L2 after a restore
-    fallbacks: int = 0  # restores that failed and fell back to recompute
+    fallbacks: dict[str, int] = field(default_factory=lambda: {r: 0 for r in FALLBACK_REASONS})
     policy_skips: int = 0
     restores: int = 0
     verified_pages: int = 0
@@ -74,6 +77,10 @@ class Metrics:
         d.queue_wait_s += timings.queue_wait_s
         d.service_s += timings.service_s
 
+    def fallback(self, reason: str) -> None:
+        assert reason in self.fallbacks, f"unknown fallback reason {reason!r}"
+        self.fallbacks[reason] += 1
+
     def drop(self, reason: str, tokens: int) -> None:
         assert reason in self.dropped_tokens, f"unknown drop reason {reason!r}"
         self.dropped_tokens[reason] += tokens
@@ -82,7 +89,7 @@ class Metrics:
         return {
             "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
             "prompt_tokens": self.prompt_tokens, "evictions": dict(self.evictions),
-            "promotions": self.promotions, "fallbacks": self.fallbacks,
+            "promotions": self.promotions, "fallbacks": dict(self.fallbacks),
             "policy_skips": self.policy_skips, "restores": self.restores,
             "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
             "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
@@ -105,7 +112,8 @@ class Metrics:
         family("evictions_total", "counter", "Node values evicted per tier.",
                [(f'{{tier="{t}"}}', v) for t, v in self.evictions.items()])
         family("promotions_total", "counter", "Restores from L3 whose pages stayed in L2.", [("", self.promotions)])
-        family("fallbacks_total", "counter", "Failed restores that fell back to recompute.", [("", self.fallbacks)])
+        family("fallbacks_total", "counter", "Restores that fell back to recompute, by reason.",
+               [(f'{{reason="{r}"}}', v) for r, v in self.fallbacks.items()])
         family("policy_skips_total", "counter", "Restore candidates the policy declined.", [("", self.policy_skips)])
         family("dropped_tokens_total", "counter", "Tokens whose backup was dropped, by reason.",
                [(f'{{reason="{r}"}}', v) for r, v in self.dropped_tokens.items()])
