@@ -61,8 +61,7 @@ class PendingOp:
 
     @property
     def token_range(self) -> tuple[int, int]:
-        ps = self.nodes[0]
-        start = _prefix_start(ps)
+        start = _prefix_start(self.nodes[0])
         return start, start + sum(len(n.key) for n in self.nodes)
 
 

@@ -339,7 +339,7 @@ class CacheController:
                 break  # locked by another reader, or not a leaf any more: keep it
 
     def _verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> None:
-        expected = self.producer.expected(tokens, start, end) if hasattr(self.producer, "expected") else None
+        expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
         if expected is None or end <= start:
             return
         l1 = self.engine.l1.tensor
@@ -402,8 +402,8 @@ class CacheController:
 
     def status(self) -> dict[str, object]:
         tiers = {}
+        nodes = list(self.cp.tree.nodes())
         for i, (t, table) in enumerate(zip(TIERS, self.cp.tables)):
-            nodes = list(self.cp.tree.nodes())
             tiers[str(t)] = {
                 "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
                 "tree": table.count(2),
