@@ -13,6 +13,7 @@ torch's, for scatter if at most 1.02x. Times are device times (CUDA events, medi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -43,35 +44,39 @@ def load_triton() -> ModuleType:
 
 
 def gather(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
-           backend: str = "triton") -> None:
-    """out[i, kv, l] = l1[kv, l, pages[i]] for every i, kv, l; enqueued on the current stream.
+           backend: str = "triton", stream: torch.cuda.Stream | None = None) -> None:
+    """out[i, kv, l] = l1[kv, l, pages[i]] for every i, kv, l; enqueued on `stream` (default:
+    the current stream).
 
     pages: 1-D int32/int64 on l1's device, values in [0, num_pages) (may repeat).
     out: contiguous [len(pages), 2, layers, page_size, kv_heads, head_dim], l1's dtype.
     Raises LayoutError (a ValueError) on a shape/dtype/device mismatch, BackendError if the
     backend cannot run, ConfigError for an unknown backend name.
     """
-    _copy_for("gather", backend)(l1, pages, out)
+    _copy("gather", backend, l1, pages, out, stream)
 
 
 def scatter(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
-            backend: str = "triton") -> None:
+            backend: str = "triton", stream: torch.cuda.Stream | None = None) -> None:
     """l1[kv, l, pages[i]] = packed[i, kv, l]; the mirror of `gather`. Pages must be distinct;
     rows of other pages are untouched."""
-    _copy_for("scatter", backend)(packed, pages, l1)
+    _copy("scatter", backend, packed, pages, l1, stream)
 
 
-Copy = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
-
-
-def _copy_for(direction: str, backend: str) -> Copy:
-    if backend == "torch":
-        return gather_torch if direction == "gather" else scatter_torch
+def _copy(direction: str, backend: str, a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor,
+          stream: torch.cuda.Stream | None) -> None:
+    """Run one backend's copy on `stream`: Triton takes the stream as an argument; torch ops
+    run on the current stream, so for them it is made current around the call."""
     if backend == "triton":
         triton_rows = load_triton()
-        copy: Copy = triton_rows.gather_rows if direction == "gather" else triton_rows.scatter_rows
-        return copy
-    raise ConfigError("kernels.backend", f"one of {BACKENDS}, got {backend!r}")
+        copy = triton_rows.gather_rows if direction == "gather" else triton_rows.scatter_rows
+        copy(a, pages, b, stream=stream)
+    elif backend == "torch":
+        on = contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+        with on:
+            (gather_torch if direction == "gather" else scatter_torch)(a, pages, b)
+    else:
+        raise ConfigError("kernels.backend", f"one of {BACKENDS}, got {backend!r}")
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,17 @@ class KernelSet:
             load_triton().check_runnable(l1.device)
             probe = _Probe.build(l1, probe_pages)
             probe.verify_triton()
-            return cls("triton", "triton", f"triton requested; {probe.summary}")
-        return cls._auto(l1, probe_pages)
+            chosen = cls("triton", "triton", f"triton requested; {probe.summary}")
+        else:
+            chosen = cls._auto(l1, probe_pages)
+        if "triton" in (chosen.gather_backend, chosen.scatter_backend):
+            try:
+                _prebuild(l1)
+            except BackendError as exc:
+                if requested == "triton":
+                    raise
+                return cls("torch", "torch", f"auto: Triton unusable, falling back to torch: {exc}")
+        return chosen
 
     @classmethod
     def _auto(cls, l1: torch.Tensor, probe_pages: int) -> KernelSet:
@@ -137,11 +151,24 @@ class KernelSet:
                    f"gather -> {gather_pick} (triton if <= {GATHER_TOLERANCE}x torch), "
                    f"scatter -> {scatter_pick} (triton if <= {SCATTER_TOLERANCE}x torch)")
 
-    def gather(self, l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor) -> None:
-        gather(l1, pages, out, backend=self.gather_backend)
+    def gather(self, l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
+               stream: torch.cuda.Stream | None = None) -> None:
+        gather(l1, pages, out, backend=self.gather_backend, stream=stream)
 
-    def scatter(self, packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor) -> None:
-        scatter(packed, pages, l1, backend=self.scatter_backend)
+    def scatter(self, packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
+                stream: torch.cuda.Stream | None = None) -> None:
+        scatter(packed, pages, l1, backend=self.scatter_backend, stream=stream)
+
+
+def _prebuild(l1: torch.Tensor) -> None:
+    """Compile every Triton variant transfers on `l1` can need, now rather than while issuing
+    one (where loading a module would wait for the device); BackendError if that fails."""
+    triton_rows = load_triton()
+    try:
+        triton_rows.prebuild(l1)
+    except triton_rows.LAUNCH_FAILURES as exc:
+        raise BackendError(f"Triton kernels for this pool failed to compile: "
+                           f"{type(exc).__name__}: {exc}; use backend 'torch'") from exc
 
 
 def _pick(times: dict[str, float], direction: str, tolerance: float) -> str:

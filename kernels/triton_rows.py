@@ -13,13 +13,18 @@ GPU; LIMITS.md measured this row-per-program shape at 83% of device-copy bandwid
 
 Kernels are compiled lazily, once per mode: Triton decides compiled vs interpreted
 (TRITON_INTERPRET) when `triton.jit` runs, so deferring it lets the mode follow the
-environment at the time of the call. CPU tensors need the interpreter.
+environment at the time of the call. CPU tensors need the interpreter. On a GPU, launches go
+through `launch.CompiledCache` (Triton's dispatch once per specialization, then the compiled
+kernel directly), and `prebuild` compiles every chunk-split variant of a pool up front, so no
+transfer ever compiles inside its issuing call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +40,7 @@ except ImportError:  # older Triton: its two compile-time failure types
     TritonError = CompilationError
 
 from hicache.errors import BackendError, ConfigError, LayoutError
+from hicache.kernels.launch import CompiledCache, arg_key
 from hicache.kernels.reference import RowLayout, check_operands, word_view
 
 GRID_ROWS_MAX = 2**31 - 1  # CUDA grid.x limit
@@ -167,43 +173,47 @@ def plan_launch(layout: RowLayout, config: LaunchConfig, target_programs: int) -
 
 
 def gather_rows(
-    l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, config: LaunchConfig | None = None
+    l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, config: LaunchConfig | None = None,
+    *, stream: torch.cuda.Stream | None = None,
 ) -> None:
-    """out[i, kv, l] = l1[kv, l, pages[i]], enqueued on the current stream (no sync)."""
-    _launch(l1, pages, out, gather=True, config=config)
+    """out[i, kv, l] = l1[kv, l, pages[i]], enqueued on `stream` (default: the current
+    stream) with no sync. Passing the stream saves the caller a stream switch."""
+    _launch(l1, pages, out, gather=True, config=config, stream=stream)
 
 
 def scatter_rows(
-    packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, config: LaunchConfig | None = None
+    packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, config: LaunchConfig | None = None,
+    *, stream: torch.cuda.Stream | None = None,
 ) -> None:
-    """l1[kv, l, pages[i]] = packed[i, kv, l] (pages distinct), on the current stream."""
-    _launch(l1, pages, packed, gather=False, config=config)
+    """l1[kv, l, pages[i]] = packed[i, kv, l] (pages distinct), enqueued on `stream`."""
+    _launch(l1, pages, packed, gather=False, config=config, stream=stream)
 
 
 def _launch(
     l1: torch.Tensor, pages: torch.Tensor, packed: torch.Tensor, *,
-    gather: bool, config: LaunchConfig | None,
+    gather: bool, config: LaunchConfig | None, stream: torch.cuda.Stream | None,
 ) -> None:
     layout = check_operands(l1, pages, packed, scatter=not gather)
     if layout.n == 0:
         return
     device = l1.device
-    check_runnable(device)
+    interpreted = interpreter_enabled()
+    check_runnable(device, interpreted)
     plan, constants = _plan_for(layout, config, device)
     # The kernel computes every offset itself: it needs the word pointers, not the shapes.
     l1_words, packed_words = word_view(l1, layout), word_view(packed, layout)
     src, dst = (l1_words, packed_words) if gather else (packed_words, l1_words)
+    args = (src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
+            *constants, gather)
     try:
-        kernel = _kernel()[plan.grid]
-        # The guard only matters when l1 is not on the current device; entering it costs
-        # microseconds per launch, so skip it when it would change nothing.
-        if device.type != "cuda" or device.index == torch.cuda.current_device():
-            kernel(src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
-                   GATHER=gather, **constants)
-        else:
+        if device.type != "cuda" or interpreted:
+            with _on(stream):
+                _kernel()[plan.grid](*args, num_warps=plan.num_warps)
+        elif _one_gpu() or device.index == torch.cuda.current_device():
+            _launch_compiled(plan, args, device, stream)
+        else:  # kernels are loaded per device: launch with l1's device current
             with torch.cuda.device(device):
-                kernel(src, dst, pages, pages.stride(0), layout.rows_per_page,
-                       layout.l1_pages, GATHER=gather, **constants)
+                _launch_compiled(plan, args, device, stream)
     except LAUNCH_FAILURES as exc:
         what = "gather" if gather else "scatter"
         raise BackendError(
@@ -213,25 +223,93 @@ def _launch(
         ) from exc
 
 
+def _launch_compiled(plan: LaunchPlan, args: tuple[Any, ...], device: torch.device,
+                     stream: torch.cuda.Stream | None) -> None:
+    """Through the compiled-kernel cache (kernels/launch.py), on `stream` or the current one."""
+    key = _specialization(args, plan.num_warps, device)
+    _compiled().launch(key, plan.grid, args, {"num_warps": plan.num_warps}, stream=stream)
+
+
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
+
+@functools.cache
+def _one_gpu() -> bool:
+    """One visible CUDA device: no launch can target another, so no device check is needed."""
+    return torch.cuda.device_count() == 1
+
+
+def _specialization(args: tuple[Any, ...], num_warps: int, device: torch.device) -> Hashable:
+    """`launch.CompiledCache`'s key: what Triton specializes on (see kernels/launch.py)."""
+    src, dst, pages, *scalars = args
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (index, num_warps, arg_key(src), arg_key(dst), arg_key(pages), *scalars)
+
+
+_COMPILED: list[CompiledCache] = []  # the compiled-mode cache, made on first GPU launch
+
+
+def _compiled() -> CompiledCache:
+    """The compiled-kernel cache (call only while the interpreter is off)."""
+    if not _COMPILED:
+        assert not interpreter_enabled(), "the interpreter has no compiled kernels"
+        _COMPILED.append(CompiledCache(_kernel()))
+    return _COMPILED[0]
+
+
+def prebuild(l1: torch.Tensor, pages_dtype: torch.dtype = torch.int64) -> int:
+    """Compile and load, without running, every kernel variant a default-config gather or
+    scatter on `l1` (a CUDA pool) can need: each chunk split, with 16-byte aligned operands
+    and contiguous `pages_dtype` indices -- what the transfer engine passes. Returns the
+    number of variants compiled now (0 when all were built before)."""
+    if l1.device.type != "cuda" or interpreter_enabled():
+        return 0
+    cache = _compiled()
+    before = cache.dispatches
+    one = torch.empty((1, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype, device=l1.device)
+    pages = torch.zeros(1, dtype=pages_dtype, device=l1.device)
+    layout = check_operands(l1, pages, one, scatter=False)
+    base = default_config(layout.row_bytes)
+    words = (word_view(l1, layout), word_view(one, layout))
+    for chunks in _chunk_splits(layout, base):
+        plan, constants = _plan_for(layout, LaunchConfig(base.block_bytes, base.num_warps, chunks),
+                                    l1.device)
+        for gather in (True, False):
+            src, dst = words if gather else words[::-1]
+            args = (src, dst, pages, 1, layout.rows_per_page, layout.l1_pages, *constants, gather)
+            with torch.cuda.device(l1.device):
+                cache.prebuild(_specialization(args, plan.num_warps, l1.device), args,
+                               {"num_warps": plan.num_warps})
+    return cache.dispatches - before
+
+
+def _chunk_splits(layout: RowLayout, config: LaunchConfig) -> list[int]:
+    """Every chunk count `plan_launch` can pick for rows of this layout: 1, 2, 4, ... up to
+    the first power of two covering a row's loop steps."""
+    block_words = max(1, min(config.block_bytes // layout.word_bytes,
+                             _next_pow2(layout.row_words)))
+    steps = -(-layout.row_words // block_words)
+    splits = [1]
+    while splits[-1] < steps:
+        splits.append(2 * splits[-1])
+    return splits
+
+
 @functools.lru_cache(maxsize=256)  # pure per (geometry, config, device): one lookup a launch
 def _plan_for(layout: RowLayout, config: LaunchConfig | None,
-              device: torch.device) -> tuple[LaunchPlan, dict[str, Any]]:
-    """The launch plan and the kernel's compile-time keyword arguments (GATHER aside).
-
-    Callers must not mutate the returned dict: it is shared by every launch of this key.
-    """
+              device: torch.device) -> tuple[LaunchPlan, tuple[int, int, int, bool]]:
+    """The launch plan and the kernel's compile-time constants but GATHER, in parameter
+    order: (ROW_WORDS, SPAN, BLOCK, EVEN)."""
     plan = plan_launch(layout, config or default_config(layout.row_bytes),
                        programs_target(device))
-    constants: dict[str, Any] = {
-        "ROW_WORDS": layout.row_words, "SPAN": plan.span_words, "BLOCK": plan.block_words,
-        "EVEN": plan.even, "num_warps": plan.num_warps,
-    }
-    return plan, constants
+    return plan, (layout.row_words, plan.span_words, plan.block_words, plan.even)
 
 
-def check_runnable(device: torch.device) -> None:
-    """Raise BackendError unless Triton can run on `device` in the current mode."""
-    if device.type == "cuda" or interpreter_enabled():
+def check_runnable(device: torch.device, interpreted: bool | None = None) -> None:
+    """Raise BackendError unless Triton can run on `device` in the current mode
+    (`interpreted`: the mode, when the caller has just read it)."""
+    if device.type == "cuda" or (interpreter_enabled() if interpreted is None else interpreted):
         return
     raise BackendError(
         f"Triton cannot run on {device.type} tensors: it compiles for GPUs only. Set "
