@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -314,9 +315,8 @@ def test_bytes_changed_in_the_file_are_never_served(l3: L3File, piece_bytes: int
     l2 = random_l2()
     with StorageMover(l3, l2, piece_bytes=piece_bytes) as mover:
         done(mover.h2s(pages([3, 4]), pages([6, 7])))
-        with open(l3.path, "r+b") as f:  # someone else scribbles one byte into slot 7
-            f.seek(7 * BPP + 100)
-            f.write(bytes([int(l2[4, 100]) ^ 1]))
+        # Someone else scribbles one byte into slot 7 (the temporary file has no name: its fd).
+        os.pwrite(l3.fd, bytes([int(l2[4, 100]) ^ 1]), 7 * BPP + 100)
         h = mover.s2h(pages([6, 7]), pages([0, 1]))
         assert h.wait(timeout_s=10) is TransferStatus.FAILED
         assert isinstance(h.error, CorruptSlot) and h.error.slot == 7
@@ -327,7 +327,7 @@ def test_truncated_file_fails_the_read(l3: L3File) -> None:
     l2 = random_l2()
     with StorageMover(l3, l2) as mover:
         done(mover.h2s(pages([3, 4]), pages([20, 21])))
-        os.truncate(l3.path, 21 * BPP + 10)
+        os.ftruncate(l3.fd, 21 * BPP + 10)
         h = mover.s2h(pages([20, 21]), pages([0, 1]))
         assert h.wait(timeout_s=10) is TransferStatus.FAILED
         assert "file ended early" in str(h.error) and l3.path in str(h.error)
@@ -365,26 +365,29 @@ def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str, piece_bytes:
 
 # -- the file --------------------------------------------------------------------------------
 
-def test_temp_file_is_0600_sized_and_removed_on_close() -> None:
+def test_temp_file_is_0600_sized_and_has_no_name_from_the_start() -> None:
     f = L3File(None, SLOTS, BPP)
-    st_ = os.stat(f.path)
+    st_ = os.fstat(f.fd)
     assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_size == SLOTS * BPP
+    assert st_.st_nlink == 0 and not os.path.exists(f.path)  # only our descriptor holds it
+    f.check_identity()  # nothing to check, nothing wrong
     f.close()
-    assert not os.path.exists(f.path)
     f.close()  # idempotent
     with pytest.raises(StorageError, match="closed"):
         f.fd
 
 
-@pytest.mark.parametrize("ending", ["", "raise RuntimeError('boom')"])
-def test_temp_file_is_removed_at_exit(ending: str) -> None:
+@pytest.mark.parametrize("ending", ["", "raise RuntimeError('boom')",
+                                    "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+def test_temp_file_leaves_nothing_behind_however_the_process_ends(ending: str) -> None:
     code = (
         "from hicache.dataplane.storage import L3File\n"
         "f = L3File(None, 4, 512)\n"
         "print(f.path, flush=True)\n" + ending
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == (1 if ending else 0), out.stderr
+    expected = {"": 0, "raise RuntimeError('boom')": 1}.get(ending, -signal.SIGKILL)
+    assert out.returncode == expected, out.stderr
     path = out.stdout.strip()
     assert path.endswith(".slots") and not os.path.exists(path)
 
@@ -482,7 +485,7 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
     l2 = random_l2()
     with StorageMover(l3, l2) as mover:
         done(mover.h2s(pages([7, 3]), pages([5, 30])))
-    raw = np.fromfile(l3.path, dtype=np.uint8)
+    raw = np.frombuffer(os.pread(l3.fd, l3.size_bytes, 0), dtype=np.uint8)
     assert np.array_equal(raw[5 * BPP:6 * BPP], l2[7].numpy())
     assert np.array_equal(raw[30 * BPP:31 * BPP], l2[3].numpy())
 

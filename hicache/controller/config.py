@@ -5,7 +5,7 @@
 | geometry | tiny | KV geometry preset or `KVGeometry` |
 | l1_pages, l2_pages, l3_slots | 64, 128, 512 | capacity of each tier, in pages |
 | device | None | "cuda", "cpu" or None (cuda when available) |
-| l3_path | None | L3 file; None: a temporary file removed at exit |
+| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash) |
 | backend | "auto" | gather/scatter kernels: auto, triton, torch |
 | policy | "cost" | restore-vs-recompute: cost, always, never, threshold |
 | write_policy | "write_through" | write_through (first insert), write_through_selective (second hit), write_back (on L1 eviction) |

@@ -33,7 +33,6 @@ observes transfers; I/O threads only read it (`verify`), and the corrupt-read co
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import stat
@@ -48,30 +47,6 @@ import numpy.typing as npt
 from hicache.errors import ConfigError, CorruptSlot, StorageError
 from hicache.invariants.snapshot import Pages
 
-# Temporary L3 files still on disk; removed by `close()`, else at interpreter exit (normal
-# exit, `sys.exit`, or an uncaught exception -- not SIGKILL or `os._exit`, which skip atexit).
-_TEMP_PATHS: set[str] = set()
-_TEMP_LOCK = threading.Lock()
-
-
-def _remove_temp_files() -> None:
-    with _TEMP_LOCK:
-        for path in sorted(_TEMP_PATHS):
-            _unlink_quietly(path)
-        _TEMP_PATHS.clear()
-
-
-def _unlink_quietly(path: str) -> None:
-    # Why quiet only on ENOENT: a temp file someone else already removed is the goal reached.
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-
-
-atexit.register(_remove_temp_files)
-
-
 def page_checksum(data: memoryview) -> int:
     """crc32 of one page's bytes (see the module docstring for why crc32)."""
     return zlib.crc32(data)
@@ -80,8 +55,11 @@ def page_checksum(data: memoryview) -> int:
 class L3File:
     """`slots` fixed slots of `bytes_per_page` bytes each in one file, plus their checksums.
 
-    `path=None`: a temporary file (mode 0600) removed on `close()` or at exit. An explicit
-    path is created or truncated (mode 0600). Raises `StorageError` naming the path when it
+    `path=None`: a temporary file (mode 0600) whose name is removed as soon as it is created:
+    the descriptor keeps it, and the kernel frees its space when the descriptor closes --
+    on `close()`, at exit, or when the process is killed (SIGKILL, the OOM killer), so a
+    crashed server never leaves gigabytes behind. `path` then names where it was, for
+    messages. An explicit path is created or truncated (mode 0600). Raises `StorageError` naming the path when it
     cannot be used, `ConfigError` for non-positive sizes.
     """
 
@@ -128,8 +106,11 @@ class L3File:
 
     def check_identity(self) -> None:
         """StorageError if the path no longer names the file we opened (deleted, replaced,
-        renamed over). One `stat` call; run once per transfer batch, not per extent."""
+        renamed over). One `stat` call; run once per transfer batch, not per extent. A
+        temporary file has no name left to check: no other process can reach it."""
         fd = self.fd
+        if self.temporary:
+            return
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -204,11 +185,7 @@ class L3File:
 
     def _close_fd_and_temp(self) -> None:
         fd, self._fd = self._fd, -1
-        os.close(fd)
-        if self.temporary:
-            with _TEMP_LOCK:
-                _TEMP_PATHS.discard(self.path)
-            _unlink_quietly(self.path)
+        os.close(fd)  # a temporary file's space is freed here: its name is already gone
 
     def __enter__(self) -> L3File:
         return self
@@ -226,15 +203,18 @@ class L3File:
 
 
 def _open_temp() -> tuple[str, int]:
-    """mkstemp: created 0600, O_EXCL; registered for removal before anything can fail."""
+    """mkstemp (created 0600, O_EXCL), then unlinked at once: only the descriptor holds it."""
     try:
         fd, path = tempfile.mkstemp(prefix="hicache-l3-", suffix=".slots")
     except OSError as e:
         where = tempfile.gettempdir()
         why = f"cannot create a temporary L3 file: {describe_os_error(e)}; set TMPDIR"
         raise StorageError(where, why) from e
-    with _TEMP_LOCK:
-        _TEMP_PATHS.add(path)
+    try:
+        os.unlink(path)
+    except OSError as e:
+        os.close(fd)
+        raise StorageError(path, f"cannot unlink the new temporary L3 file: {describe_os_error(e)}") from e
     return path, fd
 
 
