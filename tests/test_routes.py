@@ -26,11 +26,12 @@ def test_chunk_bounds_cover_in_order() -> None:
     assert chunk_bounds(5, 100, first_bytes=250, single_max_bytes=0) == [(0, 3), (3, 5)]  # 3 pages first
     # Small transfers are one chunk (one gather, one DMA per run); the limit is inclusive.
     assert chunk_bounds(10, mib, single_max_bytes=10 * mib) == [(0, 10)]
-    assert len(chunk_bounds(11, mib, single_max_bytes=10 * mib)) > 1
+    assert len(chunk_bounds(11, mib, first_bytes=mib, single_max_bytes=10 * mib)) > 1
     qwen_page = 2359296
     assert chunk_bounds(22, qwen_page) == [(0, 22)], "350 Qwen3-8B tokens: one chunk"
     bounds = chunk_bounds(219, qwen_page)
-    assert len(bounds) == 8 and bounds[0] == (0, 1) and bounds[-1][1] == 219, "3,500 tokens: unchanged"
+    # 3,500 tokens: a first chunk of 16 MiB (8 pages; its DMA outlasts issuing the next chunk)
+    assert bounds == [(0, 8), (8, 24), (24, 56), (56, 120), (120, 219)]
 
 
 def sorted_runs(ids: Pages) -> list[tuple[int, int]]:

@@ -325,13 +325,15 @@ class AlignmentRecorder:
         offset = int(index.storage_offset()) * index.element_size()
         self.launches.append((kind, offset, index.data_ptr() % 16 == 0))
 
-    def gather(self, l1: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    def gather(self, l1: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *,
+               stream: torch.cuda.Stream | None = None) -> None:
         self._record("gather", index)
-        self.kernels.gather(l1, index, out)
+        self.kernels.gather(l1, index, out, stream=stream)
 
-    def scatter(self, packed: torch.Tensor, index: torch.Tensor, l1: torch.Tensor) -> None:
+    def scatter(self, packed: torch.Tensor, index: torch.Tensor, l1: torch.Tensor, *,
+                stream: torch.cuda.Stream | None = None) -> None:
         self._record("scatter", index)
-        self.kernels.scatter(packed, index, l1)
+        self.kernels.scatter(packed, index, l1, stream=stream)
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 5])
@@ -686,6 +688,7 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
         randomize(engine.l1.tensor, seed=12)
         m = engine.dma
         m.direct_min_bytes, m.single_chunk_max_bytes = 2 * g.bytes_per_page, 0
+        m.first_chunk_bytes = g.bytes_per_page  # chunks of 1, 2, 4, ... pages: several
         l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])
         src = pages(np.random.default_rng(3).permutation(40)[: l2_ids.size])
         expect = l1_bytes(engine, src)  # synchronizes: L1 holds its bytes before the issue
@@ -795,8 +798,8 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "transfer.json").read_text())
     rows = result["dma"]["rows"]
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
-    # Per direction: 4 variants on consecutive L2 pages, those and "hicache staged" on fragmented.
-    assert len(mover_rows) == 2 * (4 + 5) and all(r["correct"] for r in mover_rows)
+    # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" on fragmented.
+    assert len(mover_rows) == 2 * (5 + 6) and all(r["correct"] for r in mover_rows)
     assert all(r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"] for r in mover_rows)
     assert all(r["issue_ms"] > 0 and r["device_ms"] > 0 for r in mover_rows)
     routes = {(r["l2"], r["path"]): r["route"] for r in mover_rows}

@@ -9,9 +9,9 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
               one chunk up to 64 MiB, doubling chunks above; one DMA per run of consecutive L2
-              pages of >= 256 KiB, smaller runs staged), and variants: always doubling, one
-              chunk, fixed ~16 MiB chunks, and (fragmented) every run staged -- the path before
-              per-run DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user
+              pages of >= 256 KiB, smaller runs staged), and variants: doubling at every size,
+              one chunk, doubling from a 2 MiB or a 32 MiB first chunk, and (fragmented) every
+              run staged -- the path before per-run DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user
               would write). Each timed end to end: issue -> poll until DONE, from an idle
               device, median of `repeats`; beside it the median CPU time of the issue call
               (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from its
@@ -58,7 +58,7 @@ from hicache.tiers import Direction
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 TOKENS_QUICK = (48, 160)
-FIXED_CHUNK_BYTES = 16 << 20  # the "fixed" variant: 16 MiB reaches 54 of 55.4 GB/s (LIMITS.md)
+FIRST_CHUNK_MIB_OTHER = (2, 64)  # first-chunk sizes (MiB) measured beside the default's
 L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
@@ -75,6 +75,8 @@ class Settings:
     warmup: int
     device: torch.device
     quick: bool
+    first_chunk_mib: tuple[int, ...] = FIRST_CHUNK_MIB_OTHER  # variants beside the default
+    sections: tuple[str, ...] = ("dma", "storage", "kernels")
 
     @property
     def page_counts(self) -> list[int]:
@@ -141,13 +143,13 @@ class _Rig:
         self.l1.tensor.view(torch.uint8).random_(0, 256)
         self.l2 = HostPool(g, 2 * max_pages + 64, pin=s.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, "auto")
-        fixed = max(1, FIXED_CHUNK_BYTES // g.bytes_per_page)
         l1, l2, k, mover = self.l1, self.l2, self.kernels, DeviceHostMover
         self.movers = {
             DEFAULT_PATH: mover(l1, l2, k),
-            "hicache doubling": mover(l1, l2, k, single_chunk_max_bytes=0),  # the schedule before
+            "hicache doubling": mover(l1, l2, k, single_chunk_max_bytes=0),  # chunked at any size
             "hicache one chunk": mover(l1, l2, k, chunk_pages=1 << 30),
-            f"hicache fixed {fixed} pages": mover(l1, l2, k, chunk_pages=fixed),
+            **{f"hicache first {mib} MiB": mover(l1, l2, k, first_chunk_bytes=mib << 20)
+               for mib in s.first_chunk_mib},
             STAGED_PATH: mover(l1, l2, k, direct_min_bytes=1 << 62),  # the fragmented path before
         }
         shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
@@ -390,8 +392,13 @@ def _settings(args: argparse.Namespace) -> Settings | str:
     default_tokens = TOKENS_QUICK if args.quick else TOKENS_DEFAULT
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else default_tokens
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 20)
+    sections = tuple(args.sections.split(","))
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        return f"--sections: unknown {unknown}; choose from {sorted(SECTIONS)}"
+    first = tuple(int(m) for m in args.first_chunk_mib.split(",") if m)
     return Settings(geometry, name, tokens, repeats, 1 if args.quick else 3,
-                    torch.device("cuda" if cuda else "cpu"), args.quick)
+                    torch.device("cuda" if cuda else "cpu"), args.quick, first, sections)
 
 
 def _config(s: Settings) -> dict[str, object]:
@@ -416,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)")
     parser.add_argument("--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)")
     parser.add_argument("--page-size", type=int, help="tokens per page (default: the preset's, 16)")
+    parser.add_argument("--first-chunk-mib", default=",".join(map(str, FIRST_CHUNK_MIB_OTHER)),
+                        help="first-chunk sizes (MiB) measured as variants beside the default")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = parser.parse_args(argv)
     settings = _settings(args)
     if isinstance(settings, str):
@@ -425,6 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {"config": _config(settings)}
     missing = []
     for name, run in SECTIONS.items():
+        if name not in settings.sections:
+            continue
         try:
             result[name] = run(settings)
         except ImportError as e:  # a piece of hicache is not there: say so, measure the rest

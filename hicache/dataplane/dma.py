@@ -59,17 +59,34 @@ def landed(event: Event) -> bool:
 
 
 class _Streams:
-    """CUDA: private `compute` (index upload, kernels) and `copy` (DMA) streams, so one chunk's
-    kernel overlaps another chunk's DMA. CPU: no streams; every step runs synchronously."""
+    """CUDA: private streams -- `compute` (index uploads, kernels), and one DMA stream per
+    direction (`d2h`, `h2d`), so a load-back never queues behind a backup: PCIe copies each
+    way on its own engine. CPU: no streams; every step runs synchronously.
+
+    Switching streams costs host time (a `torch.cuda.stream` block measured ~18 us on the
+    H200 host: it looks the current stream up twice), so an issue looks the caller's stream
+    up once and switches with `use(stream, back)`; kernels take their stream as an argument.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
-        self.compute = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
-        self.copy = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
 
-    def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
-        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        def new() -> torch.cuda.Stream | None:
+            return torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
+
+        self.compute, self.d2h, self.h2d = new(), new(), new()
+
+    def current(self) -> torch.cuda.Stream | None:
+        """The caller's current stream on our device (None on CPU)."""
+        return torch.cuda.current_stream(self.device) if self.cuda else None
+
+    def use(self, stream: torch.cuda.Stream | None,
+            back: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
+        """Make `stream` current for a block, then `back` (the stream that was current)."""
+        if stream is None or back is None:
+            return contextlib.nullcontext()
+        return _Current(stream, back)
 
     def mark(self, stream: torch.cuda.Stream | None, *, timing: bool = False) -> Event | None:
         """An event recorded on `stream` now (None on CPU: the work is already done)."""
@@ -83,9 +100,26 @@ class _Streams:
         if stream is not None and event is not None:
             stream.wait_event(event)
 
-    def wait_caller(self, stream: torch.cuda.Stream | None, after: torch.cuda.Stream | None) -> None:
-        if stream is not None:
-            stream.wait_stream(after if after is not None else torch.cuda.current_stream(self.device))
+    def wait_for(self, stream: torch.cuda.Stream | None, other: torch.cuda.Stream | None) -> None:
+        """`stream` runs nothing more until `other`'s work so far is done."""
+        if stream is not None and other is not None:
+            stream.wait_stream(other)
+
+
+class _Current:
+    """`torch.cuda.set_stream(stream)` for a block, `back` after it (no lookups)."""
+
+    __slots__ = ("stream", "back")
+
+    def __init__(self, stream: torch.cuda.Stream, back: torch.cuda.Stream) -> None:
+        self.stream, self.back = stream, back
+
+    def __enter__(self) -> object:
+        torch.cuda.set_stream(self.stream)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.set_stream(self.back)
 
 
 @dataclass
@@ -209,14 +243,15 @@ class DeviceHostMover:
     allocation (DEVICE_ALLOC / PINNED_ALLOC, or real memory exhaustion) returns a handle that
     reports FAILED with a TransferError naming the size; nothing was enqueued. On CUDA, L2
     must be pinned: the DMAs are asynchronous and read or write the pool in place.
-    `chunk_pages`, `single_chunk_max_bytes` and `direct_min_bytes` tune chunks and routes
-    (module docstring); the defaults are the measured choices.
+    `chunk_pages`, `single_chunk_max_bytes`, `first_chunk_bytes` and `direct_min_bytes` tune
+    chunks and routes (routes.py); the defaults are the measured choices.
     """
 
     def __init__(
         self, l1: DevicePool, l2: HostPool, kernels: KernelSet, *,
         faults: FaultInjector | None = None, chunk_pages: int | None = None,
         single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES, direct_min_bytes: int = DIRECT_MIN_BYTES,
+        first_chunk_bytes: int = FIRST_CHUNK_BYTES,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -224,7 +259,8 @@ class DeviceHostMover:
             raise ConfigError("l2.pin", "L1 is on CUDA: L2 must be pinned for asynchronous DMA")
         if chunk_pages is not None and (not isinstance(chunk_pages, int) or chunk_pages < 1):
             raise ConfigError("chunk_pages", f"a positive number of pages or None, got {chunk_pages!r}")
-        sizes = {"single_chunk_max_bytes": single_chunk_max_bytes, "direct_min_bytes": direct_min_bytes}
+        sizes = {"single_chunk_max_bytes": single_chunk_max_bytes, "direct_min_bytes": direct_min_bytes,
+                 "first_chunk_bytes": first_chunk_bytes}
         for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"a number of bytes >= 0, got {value!r}")
@@ -232,6 +268,7 @@ class DeviceHostMover:
         self.chunk_pages = chunk_pages
         self.single_chunk_max_bytes = single_chunk_max_bytes
         self.direct_min_bytes = direct_min_bytes
+        self.first_chunk_bytes = first_chunk_bytes
         self.bytes_per_page = l1.geometry.bytes_per_page
         self._page_shape = (*l1.tensor.shape[:2], *l1.tensor.shape[3:])  # one packed page
         self._streams = _Streams(l1.device)
@@ -267,7 +304,8 @@ class DeviceHostMover:
         d2h = direction is Direction.D2H
         route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
         bounds = chunk_bounds(int(l2_ids.size), self.bytes_per_page, self.chunk_pages,
-                              descending=not d2h, single_max_bytes=self.single_chunk_max_bytes)
+                              descending=not d2h, first_bytes=self.first_chunk_bytes,
+                              single_max_bytes=self.single_chunk_max_bytes)
         return DmaPlan(route, bounds, split_runs(route.direct, bounds))
 
     def _issue(
@@ -336,26 +374,27 @@ class DeviceHostMover:
         self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
     ) -> _Completion:
         s = self._streams
-        s.wait_caller(s.compute, after)  # before anything reads L1 or the indices (B05)
+        caller = s.current()
+        s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
         start = s.mark(s.compute, timing=True)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         staged: list[tuple[int, int, Event | None]] = []
-        with s.on(s.compute):
+        with s.use(s.compute, caller):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
+        with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
             for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
-                self.kernels.gather(l1, buf.index_device[at : at + hi - lo], packed[lo:hi])
-                gathered = s.mark(s.compute)
-                with s.on(s.copy):
-                    s.wait(s.copy, gathered)
-                    for a, b, first in runs:
-                        l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
-                    if host is not None:
-                        a, b = plan.staged_in(lo, hi)
-                        if a < b:
-                            offset = plan.route.staged_lo
-                            host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
-                            staged.append((a, b, s.mark(s.copy)))
-        end = s.mark(s.copy, timing=True)  # the copy stream ran every DMA before this
+                self.kernels.gather(l1, buf.index_device[at : at + hi - lo], packed[lo:hi],
+                                    stream=s.compute)
+                s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
+                for a, b, first in runs:
+                    l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
+                if host is not None:
+                    a, b = plan.staged_in(lo, hi)
+                    if a < b:
+                        offset = plan.route.staged_lo
+                        host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
+                        staged.append((a, b, s.mark(s.d2h)))
+        end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
         if host is None:
             return _Completion(start, end)
         index = torch.from_numpy(plan.route.l2_staged)
@@ -367,25 +406,26 @@ class DeviceHostMover:
         s = self._streams
         # The DMAs read locked L2 pages into a private buffer: they need not wait for the
         # caller. The scatter reads the indices and overwrites L1 pages: it must (B05).
-        start = s.mark(s.copy, timing=True)
-        s.wait_caller(s.compute, after)
+        start = s.mark(s.h2d, timing=True)
+        caller = s.current()
+        s.wait_for(s.compute, after if after is not None else caller)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         l2_rows, staged_index = self.l2.bytes_view(), torch.from_numpy(plan.route.l2_staged)
         offset = plan.route.staged_lo
-        with s.on(s.compute):
+        with s.use(s.compute, caller):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
+        with s.use(s.h2d, caller):  # DMAs are `copy_` calls: they run on the current stream
             for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
-                with s.on(s.copy):
-                    for lo_r, hi_r, first in runs:
-                        packed[lo_r:hi_r].copy_(l2[first : first + hi_r - lo_r], non_blocking=True)
-                    if host is not None and a < b:
-                        packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
-                    copied = s.mark(s.copy)
-                s.wait(s.compute, copied)
-                self.kernels.scatter(packed[lo:hi], buf.index_device[at : at + hi - lo], l1)
+                for lo_r, hi_r, first in runs:
+                    packed[lo_r:hi_r].copy_(l2[first : first + hi_r - lo_r], non_blocking=True)
+                if host is not None and a < b:
+                    packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
+                s.wait(s.compute, s.mark(s.h2d))  # chunk k's scatter after its DMAs
+                self.kernels.scatter(packed[lo:hi], buf.index_device[at : at + hi - lo], l1,
+                                     stream=s.compute)
         end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
         return _Completion(start, end)
 
@@ -431,7 +471,7 @@ class DeviceHostMover:
             "l2_pinned": self.l2.pinned,
             "chunk_pages": self.chunk_pages if self.chunk_pages is not None else (
                 f"one chunk up to {self.single_chunk_max_bytes} bytes, else doubling from "
-                f"{FIRST_CHUNK_BYTES} bytes"),
+                f"{self.first_chunk_bytes} bytes"),
             "direct_min_bytes": self.direct_min_bytes,
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,

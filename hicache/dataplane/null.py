@@ -12,6 +12,8 @@ which plane it holds. Imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -22,19 +24,24 @@ from hicache.invariants.snapshot import Pages
 from hicache.tiers import Direction, Tier
 
 
-def page_array(field: str, values: object, capacity: int) -> Pages:
+def page_array(field: str | Callable[[], str], values: object, capacity: int) -> Pages:
     """`values` as a 1-D int64 array of pages in [0, capacity); InvalidPages naming `field`
-    otherwise (non-integer values are refused, not truncated)."""
+    otherwise (non-integer values are refused, not truncated). `field` may be a callable that
+    names it: called only for the error (transfers issue in a hot loop)."""
     arr = np.asarray(values)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise InvalidPages(field, f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
-    ids = arr.astype(np.int64)
+        raise InvalidPages(_named(field), f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+    ids = arr.astype(np.int64, copy=False)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= capacity:
-        raise InvalidPages(field, f"pages must lie in [0, {capacity}), got values in [{low}, {high}]")
+        raise InvalidPages(_named(field), f"pages must lie in [0, {capacity}), got values in [{low}, {high}]")
     return ids
+
+
+def _named(field: str | Callable[[], str]) -> str:
+    return field if isinstance(field, str) else field()
 
 
 def transfer_pages(
@@ -45,14 +52,18 @@ def transfer_pages(
     Targets must be distinct (two copies landing on one page race); sources may repeat.
     Raises InvalidPages (a ValueError) with nothing issued.
     """
-    src_field = f"{direction}.{direction.source}_pages"
-    dst_field = f"{direction}.{direction.target}_pages"
+    def src_field() -> str:
+        return f"{direction}.{direction.source}_pages"
+
+    def dst_field() -> str:
+        return f"{direction}.{direction.target}_pages"
+
     src = page_array(src_field, source, source_capacity)
     dst = page_array(dst_field, target, target_capacity)
     if src.size != dst.size:
-        raise InvalidPages(dst_field, f"{dst.size} target pages for {src.size} source pages")
+        raise InvalidPages(dst_field(), f"{dst.size} target pages for {src.size} source pages")
     if _has_repeat(dst):
-        raise InvalidPages(dst_field, "a target page is named twice")
+        raise InvalidPages(dst_field(), "a target page is named twice")
     return src, dst
 
 

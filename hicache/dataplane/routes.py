@@ -52,7 +52,7 @@ import numpy as np
 
 from hicache.invariants.snapshot import Pages
 
-FIRST_CHUNK_BYTES = 2 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
+FIRST_CHUNK_BYTES = 16 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
 SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked
 DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts aligned

@@ -1,0 +1,164 @@
+"""Where an issuing call's host time goes, on a CUDA GPU: per primitive, then per issue.
+
+    PYTHONPATH=. python3 benchmarks/issue_profile.py [--out DIR]
+
+Part 1 times, in host microseconds (median of 200 calls, device kept busy so nothing waits),
+each primitive `DeviceHostMover` issues with: events, stream switches and waits, small
+uploads, one-page DMAs, and the Triton gather through Triton's dispatch (`kernel[grid]`),
+through `CompiledCache` (the compiled kernel directly) and through `gather_rows` (checks
+included). Part 2 runs cProfile over 200 consecutive-page D2H and H2D issues of 22 and 219
+pages (Qwen3-8B geometry) and prints the top entries by own time. A diagnostic, not a
+benchmark: no ceilings, nothing to compare across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.geometry import preset
+from hicache.dataplane.handles import TransferHandle
+from hicache.dataplane.pools import DevicePool, HostPool
+from hicache.kernels import KernelSet, triton_rows
+from hicache.kernels.reference import check_operands, word_view
+
+REPS = 200
+
+
+def host_us(fn: Callable[[], object], reps: int = REPS) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def primitives(mover: DeviceHostMover) -> dict[str, float]:
+    dev = mover.l1.device
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+    busy = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
+    with torch.cuda.stream(s2):  # keep the device busy: no call below can finish early
+        for _ in range(50):
+            busy.add_(1)
+    ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    ev.record(s1)
+    host_idx = torch.zeros(8192, dtype=torch.int64).pin_memory()
+    dev_idx = torch.zeros(8192, dtype=torch.int64, device=dev)
+    l1, l2 = mover.l1.tensor, mover.l2.tensor
+    pages = torch.randperm(l1.shape[2], device=dev)[:219]
+    out = torch.empty((219, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype, device=dev)
+    layout = check_operands(l1, pages, out, scatter=False)
+    plan, constants = triton_rows._plan_for(layout, None, dev)
+    args = (word_view(l1, layout), word_view(out, layout), pages, 1, layout.rows_per_page,
+            layout.l1_pages, *constants, True)
+    jitted = triton_rows._kernel()
+    key = triton_rows._specialization(args, plan.num_warps, dev)
+    cache = triton_rows._compiled()
+    one_page_dev, one_page_host = out[:1], l2[:1]
+
+    def switch() -> None:
+        with torch.cuda.stream(s1):
+            pass
+
+    caller = torch.cuda.current_stream(dev)
+
+    def set_twice() -> None:
+        torch.cuda.set_stream(s1)
+        torch.cuda.set_stream(caller)
+
+    result = {
+        "event()": host_us(lambda: torch.cuda.Event()),  # type: ignore[no-untyped-call]
+        "event(timing)": host_us(lambda: torch.cuda.Event(enable_timing=True)),  # type: ignore[no-untyped-call]
+        "event.record": host_us(lambda: ev.record(s1)),
+        "event.query": host_us(lambda: ev.query()),  # type: ignore[no-untyped-call]
+        "with torch.cuda.stream": host_us(switch),
+        "set_stream there and back": host_us(set_twice),
+        "stream.wait_event": host_us(lambda: s1.wait_event(ev)),
+        "stream.wait_stream": host_us(lambda: s1.wait_stream(s2)),
+        "current_stream()": host_us(torch.cuda.current_stream),
+        "upload 64 KiB index": host_us(lambda: dev_idx.copy_(host_idx, non_blocking=True)),
+        "upload 2 KiB index": host_us(lambda: dev_idx[:256].copy_(host_idx[:256], non_blocking=True)),
+        "D2H one page": host_us(lambda: one_page_host.copy_(one_page_dev, non_blocking=True)),
+        "check_operands": host_us(lambda: check_operands(l1, pages, out, scatter=False)),
+        "triton kernel[grid]": host_us(lambda: jitted[plan.grid](*args, num_warps=plan.num_warps)),
+        "CompiledCache.launch": host_us(lambda: cache.launch(key, plan.grid, args, {"num_warps": plan.num_warps})),
+        "gather_rows": host_us(lambda: triton_rows.gather_rows(l1, pages, out)),
+        "gather_rows(stream=)": host_us(lambda: triton_rows.gather_rows(l1, pages, out, stream=s1)),
+        "KernelSet.gather": host_us(lambda: mover.kernels.gather(l1, pages, out)),
+    }
+    torch.cuda.synchronize(dev)
+    return result
+
+
+def profile_issues(mover: DeviceHostMover, n: int) -> tuple[dict[str, float], str]:
+    src = np.arange(n, dtype=np.int64)
+    dst = np.arange(n, dtype=np.int64)
+    times: dict[str, float] = {}
+    text = io.StringIO()
+    issues: dict[str, Callable[[], TransferHandle]] = {
+        "d2h": lambda: mover.d2h(src, dst), "h2d": lambda: mover.h2d(dst, src)}
+    for name, issue in issues.items():
+        for _ in range(5):
+            issue().wait()
+        handles = []
+        profiler = cProfile.Profile()
+        spans = []
+        for i in range(60):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if i >= 30:
+                profiler.enable()
+            handles.append(issue())
+            if i >= 30:
+                profiler.disable()
+            spans.append(time.perf_counter() - t0)
+            handles[-1].wait()
+        times[f"{name} {n} pages issue us (no profiler)"] = statistics.median(spans[:30]) * 1e6
+        stats = pstats.Stats(profiler, stream=text)
+        text.write(f"\n==== {name}, {n} pages: 30 profiled issues ====\n")
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(40)
+    return times, text.getvalue()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", help="directory for issue_profile.json and .txt")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("issue_profile: no CUDA device; nothing measured")
+        return 2
+    g = preset("qwen3-8b")
+    l1 = DevicePool(g, 1024, "cuda")
+    l2 = HostPool(g, 512, pin=True)
+    mover = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "triton"))
+    result: dict[str, float] = primitives(mover)
+    texts = []
+    for n in (22, 219):
+        times, text = profile_issues(mover, n)
+        result.update(times)
+        texts.append(text)
+    for name, us in result.items():
+        print(f"{name:<40} {us:9.1f} us")
+    print("".join(texts))
+    if args.out:
+        with open(f"{args.out}/issue_profile.json", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        with open(f"{args.out}/issue_profile.txt", "w", encoding="utf-8") as f:
+            f.write("".join(texts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
