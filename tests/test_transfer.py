@@ -25,6 +25,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine
+from hicache.dataplane import pools
 from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_digest
 from hicache.dataplane.routes import DmaPlan
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
@@ -205,6 +206,40 @@ def test_host_pool_views_agree() -> None:
 
 
 # -- workspaces and allocation --------------------------------------------------------------------
+
+
+class PinnedShortage:
+    """Stands in for `torch.empty`: the first `failures` pinned requests fail as pinned memory
+    running out does; the rest (and every unpinned one) allocate plain memory."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.pinned_calls = 0
+        self.real = torch.empty
+
+    def __call__(self, *args: object, pin_memory: bool = False, **kwargs: object) -> torch.Tensor:
+        if pin_memory:
+            self.pinned_calls += 1
+            if self.pinned_calls <= self.failures:
+                raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+        return self.real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_pinned_shortage_releases_torchs_cached_blocks_then_retries_once(
+    monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    shortage, released = PinnedShortage(failures), []
+    monkeypatch.setattr(torch, "empty", shortage)
+    monkeypatch.setattr(pools, "release_cached_pinned", lambda: released.append(True))
+    shape = (3, 2, 1, 4, 1, 8)
+    if failures == 1:
+        t = pools.allocate(shape, torch.float16, torch.device("cpu"), pin=True, field="l2_pages")
+        assert tuple(t.shape) == shape and not t.view(torch.uint8).any()
+    else:
+        with pytest.raises(ConfigError, match="l2_pages.*384 bytes of pinned host memory"):
+            pools.allocate(shape, torch.float16, torch.device("cpu"), pin=True, field="l2_pages")
+    assert released == [True] and shortage.pinned_calls == 2
 
 
 def test_consecutive_path_allocates_no_host_memory_after_warmup(engine: TransferEngine) -> None:

@@ -18,6 +18,8 @@ read back from the file).
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -70,10 +72,11 @@ def _check_capacity(field: str, capacity_pages: object) -> int:
 def allocate(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, pin: bool, field: str
 ) -> torch.Tensor:
-    """A zero-filled tensor; ConfigError naming `field` and the size when memory is short."""
+    """A zero-filled tensor; ConfigError naming `field` and the size when memory is short.
+    A pinned allocation that fails is retried once after `release_cached_pinned()`."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
     try:
-        t = torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
+        t = empty_retrying(shape, dtype, device, pin=pin)
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError and the CPU allocator's failure
         where = "pinned host" if pin else str(device)
         raise ConfigError(
@@ -81,6 +84,33 @@ def allocate(
         ) from None
     t.view(torch.uint8).zero_()
     return t
+
+
+def empty_retrying(shape: tuple[int, ...] | int, dtype: torch.dtype, device: torch.device, *,
+                   pin: bool) -> torch.Tensor:
+    """`torch.empty`; when pinned memory runs out, release torch's cached pinned blocks and try
+    once more (RuntimeError if that fails too)."""
+    try:
+        return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
+    except RuntimeError:
+        if not pin:
+            raise
+    release_cached_pinned()
+    return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+def release_cached_pinned() -> None:
+    """Give the pinned blocks torch caches but nobody uses back to the system.
+
+    Why: torch keeps freed pinned blocks for reuse by later allocations of a similar size and
+    never returns them on its own; a process that builds engines of several sizes (the serving
+    benchmark builds ~30) ran out of pinned memory with most of it cached and idle. The
+    collection first frees pools that only reference cycles still hold.
+    """
+    gc.collect()
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    if empty is not None:  # torch >= 2.8; before that the cache stays (the retry still runs)
+        empty()
 
 
 class DevicePool:

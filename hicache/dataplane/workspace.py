@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.pools import empty_retrying
 from hicache.errors import TransferError
 
 
@@ -170,7 +171,7 @@ class WorkspaceCache:
         on_stream = self.alloc_stream is not None and device.type == "cuda"
         try:
             with torch.cuda.stream(self.alloc_stream) if on_stream else contextlib.nullcontext():
-                return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+                return empty_retrying(nbytes, torch.uint8, device, pin=pin)
         except RuntimeError as e:  # torch.cuda.OutOfMemoryError, the CPU/pinned allocators
             raise TransferError(
                 f"cannot allocate a {nbytes}-byte {where} workspace ({e}); transfer fewer pages"
