@@ -1,14 +1,18 @@
 """D2H (L1 -> L2 backup) and H2D (L2 -> L1 load-back): one gather, DMAs per L2 run, in chunks.
 
     D2H   compute stream: wait(caller) -> upload L1 indices -> gather chunk 0, 1, 2, ...
-          copy stream:    (after gather k) chunk k's DMAs: one per run of consecutive L2
+          d2h stream:     (after gather k) chunk k's DMAs: one per run of consecutive L2
                           pages straight into the L2 pool; runs too small to pay for a DMA
                           go as one DMA into pinned staging, copied into L2 on the CPU as
                           each chunk is seen landed.
-    H2D   copy stream:    chunk k's DMAs: one per L2 run straight from the pool; small runs
+    H2D   h2d stream:     chunk k's DMAs: one per L2 run straight from the pool; small runs
                           packed on the CPU into pinned staging first, then one DMA
           compute stream: wait(caller) -> upload L1 indices -> scatter chunk 0 (after its
                           DMAs), scatter chunk 1, ...
+
+Each direction has its own DMA stream, so a load-back never waits behind a backup's DMAs.
+The host enqueues chunk by chunk (gather k, then its DMAs) with the DMA stream current and
+the kernels launched onto the compute stream by argument: two stream switches per transfer.
 
 Why the caller wait comes first (bug class B05): the caller's stream may still be producing
 what the transfer reads (page contents, and the L1 pages an H2D overwrites); the transfer's

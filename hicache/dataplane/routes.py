@@ -20,19 +20,19 @@ DMAs still copy) and last for H2D (the CPU packs them while the direct DMAs copy
 
 Chunks (`chunk_bounds`). A DMA cannot start before its bytes are packed, so unchunked the
 whole gather is exposed before the DMA. Chunk k+1's gather runs while chunk k's DMAs copy, so
-only the first gather is exposed. Doubling sizes from FIRST_CHUNK_BYTES: the exposed gather
-is one 2.25 MiB page, and 219 pages take 8 chunks (~56 us of fixed DMA cost, 0.6% of the
-DMA); it stays DMA-bound while packing outruns the DMA by 4x (gathering 2c bytes, read +
-written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s,
-the row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is one
-page's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: each chunk costs the
-issuing thread a kernel launch, events, a stream switch and its DMA calls (tens of us of
-Python), and the first chunks' DMAs (1 page: ~50 us) can end before the next chunk is issued,
-leaving the copy engine idle (350 tokens took 2.26 ms in 5 chunks where its DMA alone needs
-~1 ms). One gather + one DMA exposes the whole gather instead, which the row kernel does at
-~1,950 GB/s: 64 MiB -> ~70 us, under 6% of that size's ~1.2 ms DMA (torch's index_select,
-if `auto` picks it, is ~5x slower; `single_chunk_max_bytes=0` restores the doubling, and the
-transfer benchmark measures both). A fixed `chunk_pages` overrides both rules.
+only the first gather is exposed. Sizes double from FIRST_CHUNK_BYTES, 16 MiB: issuing a chunk
+(a kernel launch, an event, a wait, its DMA calls) costs the issuing thread 50-150 us on the
+H200 host, and the copy engine idles whenever a chunk's DMA ends before the next chunk is
+issued -- a 2 MiB first chunk (one page, ~45 us of DMA) left it idle, a 16 MiB one (~300 us)
+does not, and its exposed gather is ~9 us at the row kernel's speed. 219 pages (3,500 tokens)
+take 5 chunks. It stays DMA-bound while packing outruns the DMA (gathering 2c bytes, read +
+written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s, the
+row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is the smallest
+chunk's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: one gather + one DMA
+exposes the whole gather, which the row kernel does at ~1,950 GB/s: 64 MiB -> ~70 us, under 6%
+of that size's ~1.2 ms DMA (torch's index_select, if `auto` picks it, is ~5x slower;
+`single_chunk_max_bytes=0` chunks every size, and the transfer benchmark measures both, with
+other first-chunk sizes). A fixed `chunk_pages` overrides both rules.
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
