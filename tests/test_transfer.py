@@ -8,6 +8,7 @@ write cannot pass for correct ones.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -229,17 +230,59 @@ class PinnedShortage:
 def test_pinned_shortage_releases_torchs_cached_blocks_then_retries_once(
     monkeypatch: pytest.MonkeyPatch, failures: int
 ) -> None:
+    """Workspaces allocate through torch's pinned allocator, which caches freed blocks."""
     shortage, released = PinnedShortage(failures), []
     monkeypatch.setattr(torch, "empty", shortage)
     monkeypatch.setattr(pools, "release_cached_pinned", lambda: released.append(True))
-    shape = (3, 2, 1, 4, 1, 8)
     if failures == 1:
-        t = pools.allocate(shape, torch.float16, torch.device("cpu"), pin=True, field="l2_pages")
-        assert tuple(t.shape) == shape and not t.view(torch.uint8).any()
+        t = pools.empty_retrying(384, torch.uint8, torch.device("cpu"), pin=True)
+        assert tuple(t.shape) == (384,)
     else:
-        with pytest.raises(ConfigError, match="l2_pages.*384 bytes of pinned host memory"):
-            pools.allocate(shape, torch.float16, torch.device("cpu"), pin=True, field="l2_pages")
+        with pytest.raises(RuntimeError, match="out of memory"):
+            pools.empty_retrying(384, torch.uint8, torch.device("cpu"), pin=True)
     assert released == [True] and shortage.pinned_calls == 2
+
+
+class FakeCudart:
+    """Records cudaHostRegister / cudaHostUnregister; `status` is what register returns."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.status = status
+        self.registered: list[tuple[int, int, int]] = []
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+        self.registered.append((ptr, size, flags))
+        return self.status
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_l2_pool_is_registered_at_its_exact_size_and_unregistered_with_it(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not torch's pinned allocator (power-of-two blocks, cached after free): the pool's own
+    memory, page-locked in place, released when the pool goes."""
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    shape = (3, 2, 1, 4, 1, 8)  # 384 bytes of fp16: a power of two would be 512
+    t = pools.allocate(shape, torch.float16, torch.device("cpu"), pin=True, field="l2_pages")
+    ptr = t.data_ptr()
+    assert cudart.registered == [(ptr, 384, 0)] and not t.view(torch.uint8).any()
+    del t
+    gc.collect()
+    assert cudart.unregistered == [ptr]
+
+
+def test_l2_pool_registration_failure_names_the_field_and_size(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(status=2))
+    with pytest.raises(ConfigError, match="l2_pages.*384 bytes of pinned host.*cudaError 2.*ulimit"):
+        pools.allocate((3, 2, 1, 4, 1, 8), torch.float16, torch.device("cpu"), pin=True,
+                       field="l2_pages")
 
 
 def test_consecutive_path_allocates_no_host_memory_after_warmup(engine: TransferEngine) -> None:

@@ -25,6 +25,7 @@ import numpy.typing as npt
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.pinned import pinned_empty
 from hicache.errors import ConfigError
 from hicache.invariants.snapshot import Pages, pages
 
@@ -73,10 +74,11 @@ def allocate(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, pin: bool, field: str
 ) -> torch.Tensor:
     """A zero-filled tensor; ConfigError naming `field` and the size when memory is short.
-    A pinned allocation that fails is retried once after `release_cached_pinned()`."""
+    Pinned means `pinned.pinned_empty`: the exact size, registered in place, released with the
+    tensor (torch's pinned allocator would round a pool up to a power of two and cache it)."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
     try:
-        t = empty_retrying(shape, dtype, device, pin=pin)
+        t = pinned_empty(shape, dtype) if pin else torch.empty(shape, dtype=dtype, device=device)
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError and the CPU allocator's failure
         where = "pinned host" if pin else str(device)
         raise ConfigError(
@@ -88,8 +90,9 @@ def allocate(
 
 def empty_retrying(shape: tuple[int, ...] | int, dtype: torch.dtype, device: torch.device, *,
                    pin: bool) -> torch.Tensor:
-    """`torch.empty`; when pinned memory runs out, release torch's cached pinned blocks and try
-    once more (RuntimeError if that fails too)."""
+    """`torch.empty` for buffers torch's pinned allocator may cache (workspaces, reused); when
+    pinned memory runs out, release its cached blocks and try once more (RuntimeError if that
+    fails too)."""
     try:
         return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
     except RuntimeError:
@@ -103,13 +106,14 @@ def release_cached_pinned() -> None:
     """Give the pinned blocks torch caches but nobody uses back to the system.
 
     Why: torch keeps freed pinned blocks for reuse by later allocations of a similar size and
-    never returns them on its own; a process that builds engines of several sizes (the serving
-    benchmark builds ~30) ran out of pinned memory with most of it cached and idle. The
-    collection first frees pools that only reference cycles still hold.
+    never returns them on its own. The collection first frees buffers that only reference
+    cycles still hold.
     """
     gc.collect()
     empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
-    if empty is not None:  # torch >= 2.8; before that the cache stays (the retry still runs)
+    if empty is None:  # torch < 2.12 (the H200 machine has 2.11): the CUDA-only binding
+        empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
         empty()
 
 
