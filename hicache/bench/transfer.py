@@ -13,7 +13,9 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
               one chunk, doubling from a 2 MiB or a 32 MiB first chunk, and (fragmented) every
               run staged -- the path before per-run DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user
               would write). Each timed end to end: issue -> poll until DONE, from an idle
-              device, median of `repeats`; beside it the median CPU time of the issue call
+              device, median of `repeats`, the paths of one case taking turns run by run (a
+              drifting machine shifts them alike); each path's bytes are checked on its own
+              warm-up run, over poisoned targets; beside it the median CPU time of the issue call
               (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from its
               first to its last operation), and the route it took (`route`: direct / staged /
               mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same run: one
@@ -62,6 +64,8 @@ FIRST_CHUNK_MIB_OTHER = (2, 64)  # first-chunk sizes (MiB) measured beside the d
 L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
+BASELINE_PATH = "torch index_select + one DMA"
+POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
 Row = dict[str, Any]
 Poll = Callable[[], bool]  # True once the work is complete
 
@@ -86,17 +90,25 @@ class Settings:
 def _e2e_ms(start: Callable[[], Poll], s: Settings) -> float:
     """Median ms from calling `start` (which issues the work) until its poll says complete,
     each run from an idle device."""
-    times = []
+    return _e2e_ms_interleaved({"only": start}, s)["only"]
+
+
+def _e2e_ms_interleaved(starts: dict[str, Callable[[], Poll]], s: Settings) -> dict[str, float]:
+    """`_e2e_ms` of several paths, timed round-robin (one run of each per round), so that a
+    machine drifting during the measurement shifts every path alike instead of whichever
+    happened to run then (the shared H200 machine drifts by several percent in seconds)."""
+    times: dict[str, list[float]] = {name: [] for name in starts}
     for i in range(s.warmup + s.repeats):
-        if s.device.type == "cuda":
-            torch.cuda.synchronize(s.device)
-        t0 = time.perf_counter()
-        complete = start()
-        while not complete():
-            pass
-        if i >= s.warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for name, start in starts.items():
+            if s.device.type == "cuda":
+                torch.cuda.synchronize(s.device)
+            t0 = time.perf_counter()
+            complete = start()
+            while not complete():
+                pass
+            if i >= s.warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _device_ms(fn: Callable[[], None], s: Settings) -> float:
@@ -191,47 +203,64 @@ class _Rig:
         return h2d
 
 
-def _mover_case(rig: _Rig, mover: DeviceHostMover, direction: Direction, l1_ids: Pages, l2_ids: Pages) -> Row:
-    """Time one mover path end to end; beside it the issue call's CPU time and the device
-    time of every run (medians); check its bytes; count buffers allocated after warm-up."""
-    s = rig.s
-    issue = mover.d2h if direction is Direction.D2H else mover.h2d
-    src, dst = (l1_ids, l2_ids) if direction is Direction.D2H else (l2_ids, l1_ids)
-    failures: list[str] = []
-    handles: list[TransferHandle] = []
-    issue_s: list[float] = []
+class _MoverCase:
+    """One mover path of one case: `start` issues it (for `_e2e_ms_interleaved`), `row()`
+    reports it afterwards: the issue call's CPU time and each run's device time (medians),
+    whether the bytes arrived, and buffers allocated after warm-up."""
 
-    def start() -> Poll:
+    def __init__(self, rig: _Rig, mover: DeviceHostMover, direction: Direction,
+                 l1_ids: Pages, l2_ids: Pages) -> None:
+        self.rig, self.mover, self.direction = rig, mover, direction
+        self.l1_ids, self.l2_ids = l1_ids, l2_ids
+        self.issue = mover.d2h if direction is Direction.D2H else mover.h2d
+        self.args = (l1_ids, l2_ids) if direction is Direction.D2H else (l2_ids, l1_ids)
+        self.failures: list[str] = []
+        self.handles: list[TransferHandle] = []
+        self.issue_s: list[float] = []
+        self._poison_targets()
+        complete = self.start()  # warm-up outside the count: first use allocates buffers
+        while not complete():
+            pass
+        # Checked now, on this path's own bytes: later paths of the case write the same pages.
+        self.correct = bool(np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids)))
+        counters = mover.counters[direction]
+        self.before = (counters.pinned_allocations, counters.device_allocations)
+        del self.handles[:], self.issue_s[:]
+
+    def _poison_targets(self) -> None:
+        """Overwrite the pages this path writes, so that a path that moved nothing fails."""
+        rig = self.rig
+        if self.direction is Direction.D2H:
+            rig.l2.tensor.view(torch.uint8)[torch.from_numpy(self.l2_ids)] = POISON_BYTE
+        else:
+            index = torch.from_numpy(self.l1_ids).to(rig.l1.tensor.device)
+            rig.l1.tensor.view(torch.uint8)[:, :, index] = POISON_BYTE
+
+    def start(self) -> Poll:
         t0 = time.perf_counter()
-        handle = issue(src, dst)
-        issue_s.append(time.perf_counter() - t0)
-        handles.append(handle)
+        handle = self.issue(*self.args)
+        self.issue_s.append(time.perf_counter() - t0)
+        self.handles.append(handle)
 
         def complete() -> bool:
             status = handle.poll()
             if status.final and handle.error is not None:
-                failures.append(str(handle.error))
+                self.failures.append(str(handle.error))
             return status.final
         return complete
 
-    complete = start()  # warm-up outside the count: first use allocates the mover's buffers
-    while not complete():
-        pass
-    counters = mover.counters[direction]
-    before = (counters.pinned_allocations, counters.device_allocations)
-    del handles[:], issue_s[:]
-    ms = _e2e_ms(start, s)
-    if failures:
-        raise RuntimeError(f"{direction} failed during the benchmark: {failures[0]}")
-    timed = slice(s.warmup, None)  # the runs `_e2e_ms` kept
-    last = handles[-1]
-    correct = bool(np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids)))
-    return {"median_ms": ms, "correct": correct,
-            "issue_ms": statistics.median(issue_s[timed]) * 1e3,
-            "device_ms": statistics.median(h.timings.service_s for h in handles[timed]) * 1e3,
-            "route": str(last.plan) if isinstance(last, DmaHandle) else "-",
-            "pinned_allocations_after_warmup": counters.pinned_allocations - before[0],
-            "device_allocations_after_warmup": counters.device_allocations - before[1]}
+    def row(self, median_ms: float) -> Row:
+        if self.failures:
+            raise RuntimeError(f"{self.direction} failed during the benchmark: {self.failures[0]}")
+        timed = slice(self.rig.s.warmup, None)  # the runs `_e2e_ms_interleaved` kept
+        last = self.handles[-1]
+        counters = self.mover.counters[self.direction]
+        return {"median_ms": median_ms, "correct": self.correct,
+                "issue_ms": statistics.median(self.issue_s[timed]) * 1e3,
+                "device_ms": statistics.median(h.timings.service_s for h in self.handles[timed]) * 1e3,
+                "route": str(last.plan) if isinstance(last, DmaHandle) else "-",
+                "pinned_allocations_after_warmup": counters.pinned_allocations - self.before[0],
+                "device_allocations_after_warmup": counters.device_allocations - self.before[1]}
 
 
 def _layouts(rig: _Rig, n: int) -> dict[str, Pages]:
@@ -257,15 +286,17 @@ def bench_dma(s: Settings) -> dict[str, object]:
                 base = {"tokens": tokens, "pages": n, "bytes": n * bpp, "direction": direction.value,
                         "l2": layout, "ceiling_device_ms": ceiling[f"{d}_device_ms"],
                         "ceiling_e2e_ms": ceiling[f"{d}_e2e_ms"]}
-                cases: dict[str, Row] = {
-                    name: _mover_case(rig, mover, direction, l1_ids, l2_ids)
+                movers = {
+                    name: _MoverCase(rig, mover, direction, l1_ids, l2_ids)
                     for name, mover in rig.movers.items()
                     if name != STAGED_PATH or layout != "consecutive"  # one run: never staged
                 }
+                starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor
-                    base_ms = _e2e_ms(_enqueued(rig.baseline(direction, l1_ids, l2_ids), s.device), s)
-                    cases["torch index_select + one DMA"] = {"median_ms": base_ms}
-                for path, case in cases.items():
+                    starts[BASELINE_PATH] = _enqueued(rig.baseline(direction, l1_ids, l2_ids), s.device)
+                medians = _e2e_ms_interleaved(starts, s)
+                for path, ms in medians.items():
+                    case = movers[path].row(ms) if path in movers else {"median_ms": ms}
                     rows.append(_rated({**base, "path": path, **case}))
     k = rig.kernels
     return {"gather": k.gather_backend, "scatter": k.scatter_backend, "reason": k.reason, "rows": rows}
@@ -294,8 +325,11 @@ def bench_kernels_section(s: Settings) -> dict[str, object]:
                          device=s.device.type, configs=())
 
 
+# Kernels run before storage: right after the storage section, synced kernel calls on the H200
+# machine took ~30 us more launch latency (two runs; probably the writeback of the gigabytes
+# of page cache it dirties -- not isolated).
 SECTIONS: dict[str, Callable[[Settings], dict[str, object]]] = {
-    "dma": bench_dma, "storage": bench_storage_section, "kernels": bench_kernels_section,
+    "dma": bench_dma, "kernels": bench_kernels_section, "storage": bench_storage_section,
 }
 
 
