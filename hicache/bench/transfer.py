@@ -8,22 +8,23 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
 
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              one chunk up to 64 MiB, doubling chunks above; one DMA per run of consecutive L2
-              pages of >= 256 KiB, smaller runs staged), and variants: doubling at every size,
-              one chunk, doubling from a 2 MiB or a 32 MiB first chunk, and (fragmented) every
-              run staged -- the path before per-run DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user
-              would write). Each timed end to end: issue -> poll until DONE, from an idle
-              device, median of `repeats`, the paths of one case taking turns run by run (a
-              drifting machine shifts them alike); each path's bytes are checked on its own
-              warm-up run, over poisoned targets; beside it the median CPU time of the issue call
-              (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from its
-              first to its last operation), and the route it took (`route`: direct / staged /
-              mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same run: one
-              contiguous pinned copy, timed by CUDA events (device time: the ratio
-              `of_dma_ceiling`) and end to end like the rest (`of_dma_ceiling_e2e`). Every path
-              is checked for the right bytes (digests); host buffers allocated after warm-up
-              are counted. `--page-size` changes tokens per page (e.g. 1 or 2 puts runs of one
-              page below / above the 256 KiB direct-DMA threshold).
+              one chunk up to 64 MiB, above that chunks doubling from 16 MiB; one DMA per run
+              of consecutive L2 pages of >= 256 KiB, smaller runs staged), and variants:
+              doubling at every size, one chunk, other first-chunk sizes (`--first-chunk-mib`,
+              default 2 and 64), and (fragmented) every run staged -- the path before per-run
+              DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user would
+              write). Each timed end to end: issue -> poll until DONE, from an idle device,
+              median of `repeats`, the paths of one case taking turns run by run (a drifting
+              machine shifts them alike); each path's bytes are checked (digests) on its own
+              warm-up run, over poisoned targets. Beside it the median CPU time of the issue
+              call (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from
+              its first to its last operation), and the route it took (`route`: direct /
+              staged / mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same
+              run: one contiguous pinned copy, timed by CUDA events (device time: the ratio
+              `of_dma_ceiling`) and end to end like the rest (`of_dma_ceiling_e2e`). Host
+              buffers allocated after warm-up are counted. `--page-size` changes tokens per
+              page (e.g. 1 or 2 puts runs of one page below / above the 256 KiB direct-DMA
+              threshold).
     storage   H2S / S2H against raw pwrite / preadv of the same bytes, with extent counts
               (`hicache.bench.storage`).
     kernels   gather / scatter GB/s against a 1 GiB device copy (`hicache.bench.kernels`).
