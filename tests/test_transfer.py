@@ -209,6 +209,20 @@ def test_host_pool_views_agree() -> None:
 # -- workspaces and allocation --------------------------------------------------------------------
 
 
+def test_mover_reuses_a_plan_only_for_the_same_consecutive_pages(engine: TransferEngine) -> None:
+    m = engine.dma
+    m.single_chunk_max_bytes, m.first_chunk_bytes = 0, engine.l1.geometry.bytes_per_page
+    run = pages(range(5, 15))
+    first = m.plan(Direction.D2H, run)
+    assert m.plan(Direction.D2H, pages(range(5, 15))) is first  # remembered
+    assert m.plan(Direction.H2D, run) is not first  # H2D orders its chunks the other way
+    # Same size, first and last page, but not one ordered run: planned afresh.
+    shuffled = m.plan(Direction.D2H, pages([5, 7, 6, 8, 9, 10, 11, 12, 13, 14]))
+    assert shuffled is not first and shuffled.route.order is not None
+    m.chunk_pages = 3  # a setting changed: planned afresh
+    assert m.plan(Direction.D2H, run).bounds == [(0, 3), (3, 6), (6, 9), (9, 10)]
+
+
 class PinnedShortage:
     """Stands in for `torch.empty`: the first `failures` pinned requests fail as pinned memory
     running out does; the rest (and every unpinned one) allocate plain memory."""

@@ -31,7 +31,7 @@ def page_array(field: str | Callable[[], str], values: object, capacity: int) ->
     arr = np.asarray(values)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":  # signed or unsigned integers
         raise InvalidPages(_named(field), f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
     ids = arr.astype(np.int64, copy=False)
     low, high = int(ids.min()), int(ids.max())
