@@ -32,7 +32,6 @@ poll. One thread issues and polls (not thread-safe).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -46,6 +45,7 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES, FIRST_CHUNK_BYTES, SINGLE_CHUNK_MAX_BYTES, DmaPlan, chunk_bounds, plan_route, split_runs,
 )
+from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
 from hicache.invariants.snapshot import Pages
@@ -55,78 +55,6 @@ from hicache.tiers import Direction
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 PLANS_KEPT = 256  # remembered consecutive-run plans (a serving loop repeats a few sizes)
-
-Event = torch.cuda.Event
-
-
-def landed(event: Event) -> bool:
-    """Has the device passed `event`? (non-blocking)"""
-    return bool(event.query())  # type: ignore[no-untyped-call]
-
-
-class _Streams:
-    """CUDA: private streams -- `compute` (index uploads, kernels), and one DMA stream per
-    direction (`d2h`, `h2d`), so a load-back never queues behind a backup: PCIe copies each
-    way on its own engine. CPU: no streams; every step runs synchronously.
-
-    Switching streams costs host time (a `torch.cuda.stream` block measured ~18 us on the
-    H200 host: it looks the current stream up twice), so an issue looks the caller's stream
-    up once and switches with `use(stream, back)`; kernels take their stream as an argument.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-        def new() -> torch.cuda.Stream | None:
-            return torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
-
-        self.compute, self.d2h, self.h2d = new(), new(), new()
-
-    def current(self) -> torch.cuda.Stream | None:
-        """The caller's current stream on our device (None on CPU)."""
-        return torch.cuda.current_stream(self.device) if self.cuda else None
-
-    def use(self, stream: torch.cuda.Stream | None,
-            back: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
-        """Make `stream` current for a block, then `back` (the stream that was current)."""
-        if stream is None or back is None:
-            return contextlib.nullcontext()
-        return _Current(stream, back)
-
-    def mark(self, stream: torch.cuda.Stream | None, *, timing: bool = False) -> Event | None:
-        """An event recorded on `stream` now (None on CPU: the work is already done)."""
-        if stream is None:
-            return None
-        event = torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
-        event.record(stream)
-        return event
-
-    def wait(self, stream: torch.cuda.Stream | None, event: Event | None) -> None:
-        if stream is not None and event is not None:
-            stream.wait_event(event)
-
-    def wait_for(self, stream: torch.cuda.Stream | None, other: torch.cuda.Stream | None) -> None:
-        """`stream` runs nothing more until `other`'s work so far is done."""
-        if stream is not None and other is not None:
-            stream.wait_stream(other)
-
-
-class _Current:
-    """`torch.cuda.set_stream(stream)` for a block, `back` after it (no lookups)."""
-
-    __slots__ = ("stream", "back")
-
-    def __init__(self, stream: torch.cuda.Stream, back: torch.cuda.Stream) -> None:
-        self.stream, self.back = stream, back
-
-    def __enter__(self) -> object:
-        torch.cuda.set_stream(self.stream)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        torch.cuda.set_stream(self.back)
-
 
 @dataclass
 class DirectionCounters:
@@ -277,7 +205,7 @@ class DeviceHostMover:
         self.first_chunk_bytes = first_chunk_bytes
         self.bytes_per_page = l1.geometry.bytes_per_page
         self._page_shape = (*l1.tensor.shape[:2], *l1.tensor.shape[3:])  # one packed page
-        self._streams = _Streams(l1.device)
+        self._streams = Streams(l1.device)
         pin = self._streams.cuda
         private = self._streams.compute
         self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults, alloc_stream=private)
