@@ -131,6 +131,7 @@ def _summary(ctl: object, report: object, status: dict[str, object], wall_s: flo
         "transfers": {d: {"count": s.count, "failed": s.failed, "bytes": s.bytes, "gib_per_s": s.gib_per_s}
                       for d, s in m.directions.items()},
         "decode_steps": report.decode_steps, "decode_overlap_s": report.decode_overlap_s,
+        "preemptions": report.preemptions,
         "prediction_error": ctl.decisions.summary(),
         "invariants": status["invariant_checks"], "tiers": status["tiers"],
     }
@@ -167,7 +168,8 @@ def _table(s: dict[str, object]) -> str:
         f"restores {s['restores']}, restored pages verified byte for byte {s['verified_pages']}, "
         f"fallbacks {s['fallbacks']}, policy skips {s['policy_skips']}, evictions {s['evictions']}",
         f"decode steps {s['decode_steps']}, decode overlapped with restores "
-        f"{float(s['decode_overlap_s']) * 1e3:.1f} ms, dropped tokens {s['dropped_tokens']}",  # type: ignore[arg-type]
+        f"{float(s['decode_overlap_s']) * 1e3:.1f} ms, dropped tokens {s['dropped_tokens']}, "  # type: ignore[arg-type]
+        f"preemptions {s['preemptions']}",
         f"invariant checks run {inv['run']}, violations {inv['violations']}",
     ]
     return "\n".join(lines)

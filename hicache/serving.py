@@ -4,7 +4,10 @@ overlapped with decode.
     each iteration
       admit      waiting requests, up to `batch_size` live ones (restores are issued here)
       tick       observe transfer completions (publish, fall back, continue chains)
-      prefill    every request whose restore has settled: use it, recompute the rest
+      prefill    every request whose restore has settled: use it, recompute the rest; when
+                 no request decodes and every live one is waiting for L1 pages the others
+                 hold, the newest is preempted (finished, queued again; its pages stay
+                 cached) -- otherwise the loop would wait forever
       decode     one step for every request in decode -- while other requests' restores
                  are still in flight (the overlap the write-up measures)
       finish     requests whose decode is done
@@ -24,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from hicache.controller.controller import CacheController
-from hicache.errors import OutOfPages
+from hicache.errors import ConfigError, OutOfPages
 from hicache.workload import RequestSpec
 
 Progress = Callable[[int, int], None]
@@ -40,6 +43,7 @@ class LoopReport:
     decode_s: float = 0.0
     decode_overlap_s: float = 0.0  # decode seconds while at least one restore was in flight
     latencies_s: list[float] = field(default_factory=list)  # admission -> prefill done
+    preemptions: int = 0  # requests sent back to the queue to break an L1 deadlock
 
     @property
     def requests_per_s(self) -> float:
@@ -57,6 +61,7 @@ class ServingLoop:
 
     def run(self, requests: Sequence[RequestSpec], progress: Progress | None = None) -> LoopReport:
         ctl = self.ctl
+        self._check_fits(requests)
         report = LoopReport()
         waiting = list(requests)
         waiting.reverse()
@@ -65,22 +70,45 @@ class ServingLoop:
         specs = {r.request_id: r for r in requests}
         started = time.perf_counter()
         done = 0
+        hold_admission = False  # set by a preemption until some request gets to decode
         while waiting or restoring or decoding:
-            while waiting and len(restoring) + len(decoding) < self.batch_size:
+            while not hold_admission and waiting and len(restoring) + len(decoding) < self.batch_size:
                 spec = waiting.pop()
                 restoring[spec.request_id] = time.perf_counter()
                 ctl.admit(spec.request_id, spec.tokens)
                 report.prompt_tokens += len(spec.tokens)
             ctl.tick()
+            blocked: list[int] = []
+            no_room: OutOfPages | None = None
             for rid in [r for r in restoring if ctl.ready(r)]:
                 try:
                     report.recomputed_tokens += ctl.prefill(rid)
-                except OutOfPages:
-                    if not decoding and len(restoring) == 1:
-                        raise  # alone and still no room: L1 cannot hold this request
-                    continue  # L1 is held by live requests: retry once some finish
+                except OutOfPages as e:
+                    blocked.append(rid)  # L1 is held by others: retry once some let go
+                    no_room = e
+                    continue
                 report.latencies_s.append(time.perf_counter() - restoring.pop(rid))
                 decoding[rid] = specs[rid].decode_tokens
+                hold_admission = False
+            if blocked and not decoding and len(blocked) == len(restoring):
+                # Nobody decodes and every live request waits for L1 pages. Transfers in
+                # flight (backups read L1 pages) let go on their own: wait for them first.
+                if ctl.handles:
+                    self._wait_for_transfers()
+                    continue
+                if len(restoring) == 1:
+                    assert no_room is not None  # set with every blocked request
+                    raise no_room  # alone, nothing in flight, and still no room
+                # Deadlock: each holds L1 pages locked that the others need, and none will
+                # finish. Preempt the newest (its pages stay cached, unlocked, so the others
+                # can evict them); admit again once another request decodes.
+                rid = max(blocked, key=restoring.__getitem__)
+                ctl.finish(rid)
+                del restoring[rid]
+                waiting.append(specs[rid])
+                report.preemptions += 1
+                hold_admission = True
+                continue
             if decoding:
                 in_flight = any(ctl.restores[r].ops for r in restoring)
                 step_s = self._decode_step(len(decoding))
@@ -105,6 +133,19 @@ class ServingLoop:
         ctl.metrics.decode_steps += report.decode_steps
         return report
 
+    def _check_fits(self, requests: Sequence[RequestSpec]) -> None:
+        """ConfigError naming l1_pages when a prompt needs more pages than L1 has: its KV
+        must sit in L1 whole, so it could never be served (the loop would stop half-way)."""
+        if not requests:
+            return
+        ps, capacity = self.ctl.config.kv.page_size, self.ctl.engine.l1.capacity_pages
+        longest = max(requests, key=lambda r: len(r.tokens))
+        needed = -(-len(longest.tokens) // ps)
+        if needed > capacity:
+            raise ConfigError("l1_pages", f"request {longest.request_id} has {len(longest.tokens)} "
+                              f"prompt tokens, {needed} pages, but L1 holds {capacity}; give L1 "
+                              f"at least {needed} pages")
+
     def _decode_step(self, batch: int) -> float:
         t0 = time.perf_counter()
         x = torch.ones(batch, self._w.shape[0], device=self._w.device)
@@ -112,6 +153,12 @@ class ServingLoop:
         if y.is_cuda:
             torch.cuda.synchronize(y.device)
         return time.perf_counter() - t0
+
+    def _wait_for_transfers(self) -> None:
+        """Block until every transfer in flight now has finished, then apply them."""
+        for handle in list(self.ctl.handles.values()):
+            handle.wait()
+        self.ctl.tick()
 
     def _wait_for_restores(self, restoring: dict[int, float]) -> None:
         """Nothing to decode: block on one in-flight restore instead of spinning."""

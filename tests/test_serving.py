@@ -1,0 +1,107 @@
+"""The serving loop (`hicache/serving.py`) and the demo on top of it: every request is served,
+an L1 deadlock between live requests is broken by preemption, a prompt L1 can never hold is a
+ConfigError before anything runs, and the demo ends with verified restores and no invariant
+violation. CPU data plane; the GPU test runs the demo on CUDA with the Triton kernels.
+
+A loop that never ends is the failure these tests exist for, so each arms a watchdog that
+dumps every thread's stack and exits instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hicache import demo
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.errors import ConfigError
+from hicache.serving import ServingLoop
+from hicache.workload import RequestSpec
+
+WATCHDOG_S = 300  # far above any of these tests' run time (seconds) on the 2-core CI machine
+PS = 4  # the tiny geometry's page size
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def prompt(first: int, pages: int) -> tuple[int, ...]:
+    return tuple(range(first, first + pages * PS))
+
+
+def test_l1_deadlock_between_live_requests_is_broken_by_preemption() -> None:
+    """A's and B's 7-page prefixes sit in a 16-page L1; A' and B' extend them by 6 pages each.
+    Admitted together, each locks its prefix (14 pages locked, 2 free) and then needs 6 more
+    pages to prefill: neither can, and neither will finish -- this looped forever. The loop
+    preempts B' (the newest); A' evicts B's unlocked prefix and runs; B' is admitted again
+    and served."""
+    ctl = CacheController(CacheConfig(l1_pages=16, l2_pages=64, l3_slots=64, policy="always"))
+    try:
+        a_prefix, b_prefix = prompt(1000, 7), prompt(2000, 7)
+        warm = ServingLoop(ctl, batch_size=1).run([RequestSpec(0, a_prefix + (1,), 1, "warm"),
+                                                   RequestSpec(1, b_prefix + (1,), 1, "warm")])
+        assert warm.requests == 2 and warm.preemptions == 0
+        ctl.drain()
+        assert ctl.cp.tables[0].free_count == 2  # both prefixes in L1, unlocked
+        loop = ServingLoop(ctl, batch_size=2)
+        report = loop.run([RequestSpec(2, a_prefix + prompt(3000, 6), 1, "a"),
+                           RequestSpec(3, b_prefix + prompt(4000, 6), 1, "b")])
+        assert report.requests == 2 and report.preemptions == 1
+        assert ctl.cp.checker.violations_found == 0
+        assert all(table.count(1) == 0 for table in ctl.cp.tables)  # no private page left
+    finally:
+        ctl.close()
+
+
+def test_a_prompt_longer_than_l1_is_a_config_error_before_anything_runs() -> None:
+    ctl = CacheController(CacheConfig(l1_pages=16, l2_pages=32, l3_slots=32))
+    try:
+        too_long = RequestSpec(7, prompt(0, 17), 1, "long")
+        with pytest.raises(ConfigError, match=r"request 7 has 68 prompt tokens, 17 pages.*16"):
+            ServingLoop(ctl).run([RequestSpec(6, prompt(500, 2), 1, "short"), too_long])
+        assert ctl.metrics.prompt_tokens == 0  # nothing was admitted
+    finally:
+        ctl.close()
+
+
+def run_demo(tmp_path: Path, *args: str) -> dict[str, object]:
+    out = tmp_path / "demo.json"
+    assert demo.main(["--quiet", "--json", str(out), *args]) == 0
+    summary: dict[str, object] = json.loads(out.read_text())
+    return summary
+
+
+def test_demo_with_a_tight_l1_serves_every_request(tmp_path: Path) -> None:
+    """72 L1 pages barely hold the longest prompt (70 pages): live requests collide over L1
+    (this configuration looped forever before preemption) and every tier is restored from."""
+    s = run_demo(tmp_path, "--requests", "60", "--l1-pages", "72", "--l2-pages", "80")
+    hits = s["hit_tokens"]
+    assert isinstance(hits, dict) and hits["L2"] > 0 and hits["L3"] > 0
+    assert s["requests"] == 60 and s["invariants"] == {"run": s["invariants"]["run"], "violations": 0}  # type: ignore[index]
+    assert isinstance(s["verified_pages"], int) and s["verified_pages"] > 0
+
+
+def test_demo_says_which_option_to_raise_when_l1_is_too_small(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(["--quiet", "--requests", "60", "--l1-pages", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hicache demo: --l1-pages: request ")
+
+
+@pytest.mark.gpu
+def test_gpu_demo_restores_verified_bytes_through_triton(tmp_path: Path) -> None:
+    s = run_demo(tmp_path, "--device", "cuda", "--backend", "triton", "--requests", "60",
+                 "--l1-pages", "80", "--l2-pages", "80")
+    hits = s["hit_tokens"]
+    assert isinstance(hits, dict) and hits["L2"] > 0 and hits["L3"] > 0
+    assert s["invariants"]["violations"] == 0 and s["verified_pages"] > 0  # type: ignore[index, operator]
