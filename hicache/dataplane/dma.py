@@ -235,7 +235,7 @@ class DeviceHostMover:
         return self._issue(Direction.H2D, dst, src, after)
 
     def plan(self, direction: Direction, l2_ids: Pages) -> DmaPlan:
-        """Route and chunks of a transfer touching `l2_ids` (validated, n >= 1); no side effect.
+        """Route and chunks of a transfer touching `l2_ids` (validated, n >= 1).
 
         Plans of one run of consecutive L2 pages depend only on (direction, n, first page)
         and the mover's settings: they are remembered (planning costs ~30 us of the issuing
@@ -244,11 +244,10 @@ class DeviceHostMover:
         settings = (self.chunk_pages, self.first_chunk_bytes, self.single_chunk_max_bytes,
                     self.direct_min_bytes)
         key = (direction, n, first, settings)
-        one_run = int(l2_ids[-1]) - first == n - 1
-        if one_run and key in self._plans:
-            cached = self._plans[key]
-            if cached.route.runs == 1 and bool((np.diff(l2_ids) == 1).all()):
-                return cached
+        cached = self._plans.get(key)
+        # Same size and first page is not enough: [5, 7, 6] is no run.
+        if cached is not None and bool((np.diff(l2_ids) == 1).all()):
+            return cached
         d2h = direction is Direction.D2H
         route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
         bounds = chunk_bounds(n, self.bytes_per_page, self.chunk_pages,
