@@ -37,6 +37,11 @@ ALIGN_BYTES = 16  # Triton marks a pointer argument divisible by 16 bytes, or no
 CACHE_MAX = 256  # specialization keys kept; past this the cache is cleared (never seen in use)
 
 
+def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
+    """Make `stream` current for a block (nothing to do for None: the current stream)."""
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
+
 def arg_key(value: object) -> Hashable:
     """The part of the specialization key one kernel argument contributes (see the module)."""
     if isinstance(value, torch.Tensor):
@@ -72,8 +77,7 @@ class CompiledCache:
             compiled[(*grid, 1, 1)[:3]](*args, stream=handle)
             return
         self.dispatches += 1
-        on = contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
-        with on:  # Triton's dispatch launches on the current stream
+        with on_stream(stream):  # Triton's dispatch launches on the current stream
             kernel = self.jitted[grid](*args, **options)
         if self.enabled:
             self._keep(key, kernel)

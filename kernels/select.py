@@ -13,7 +13,6 @@ torch's, for scatter if at most 1.02x. Times are device times (CUDA events, medi
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -21,6 +20,7 @@ from types import ModuleType
 import torch
 
 from hicache.errors import BackendError, ConfigError, LayoutError
+from hicache.kernels.launch import on_stream
 from hicache.kernels.reference import check_l1, gather_torch, scatter_torch
 
 BACKENDS = ("triton", "torch")
@@ -72,8 +72,7 @@ def _copy(direction: str, backend: str, a: torch.Tensor, pages: torch.Tensor, b:
         copy = triton_rows.gather_rows if direction == "gather" else triton_rows.scatter_rows
         copy(a, pages, b, stream=stream)
     elif backend == "torch":
-        on = contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
-        with on:
+        with on_stream(stream):
             (gather_torch if direction == "gather" else scatter_torch)(a, pages, b)
     else:
         raise ConfigError("kernels.backend", f"one of {BACKENDS}, got {backend!r}")

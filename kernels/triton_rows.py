@@ -21,7 +21,6 @@ transfer ever compiles inside its issuing call.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Hashable
@@ -40,7 +39,7 @@ except ImportError:  # older Triton: its two compile-time failure types
     TritonError = CompilationError
 
 from hicache.errors import BackendError, ConfigError, LayoutError
-from hicache.kernels.launch import CompiledCache, arg_key
+from hicache.kernels.launch import CompiledCache, arg_key, on_stream
 from hicache.kernels.reference import RowLayout, check_operands, word_view
 
 GRID_ROWS_MAX = 2**31 - 1  # CUDA grid.x limit
@@ -207,7 +206,7 @@ def _launch(
             *constants, gather)
     try:
         if device.type != "cuda" or interpreted:
-            with _on(stream):
+            with on_stream(stream):
                 _kernel()[plan.grid](*args, num_warps=plan.num_warps)
         elif _one_gpu() or device.index == torch.cuda.current_device():
             _launch_compiled(plan, args, device, stream)
@@ -228,10 +227,6 @@ def _launch_compiled(plan: LaunchPlan, args: tuple[Any, ...], device: torch.devi
     """Through the compiled-kernel cache (kernels/launch.py), on `stream` or the current one."""
     key = _specialization(args, plan.num_warps, device)
     _compiled().launch(key, plan.grid, args, {"num_warps": plan.num_warps}, stream=stream)
-
-
-def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
-    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
 
 @functools.cache
