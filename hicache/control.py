@@ -77,6 +77,7 @@ class Request:
     cached_len: int = 0
     private_pages: Pages = field(default_factory=pages)
     private_start: int = 0  # token offset the private pages begin at
+    pins: list[tuple[TreeNode, int]] = field(default_factory=list)  # (node, tier index) locks
 
 
 def _prefix_start(node: TreeNode) -> int:
@@ -251,10 +252,42 @@ class ControlPlane:
         self._check(f"cached_len {request_id}")
         return req.cached_len
 
-    def end_request(self, request_id: int) -> None:
-        """Finish or abort: release private pages (`discard`), unlock its prefix. Transfers
-        it issued stay pending; the caller cancels them first (see `cancel`)."""
+    def pin(self, request_id: int, node: TreeNode, tier: int) -> None:
+        """Lock `node`'s path in tier index `tier` for the request until `unpin` or the
+        request's end: what a multi-stage restore holds on the nodes it planned, so that no
+        eviction (nested make-room included) removes them between its stages. Traced `lock`.
+        IllegalTransition (nothing changed) if `node` is not in the tree."""
         req = self._request(request_id)
+        self._verify_live([node], "lock", TIERS[tier])
+        self.tree.lock(node, tier)
+        req.pins.append((node, tier))
+        if self.tracer.enabled:
+            self.tracer.emit("lock", tier=str(TIERS[tier]), node=node.node_id, request=request_id)
+
+    def unpin(self, request_id: int, node: TreeNode | None = None) -> int:
+        """Release the request's pins (all of them, or those on `node`), newest first; a node
+        left dead by it is removed. Returns how many were released."""
+        req = self._request(request_id)
+        keep = [(n, t) for n, t in req.pins if node is not None and n is not node]
+        gone = [(n, t) for n, t in req.pins if node is None or n is node]
+        req.pins = keep
+        for n, t in reversed(gone):
+            self.tree.unlock(n, t)
+            if self.tracer.enabled:
+                self.tracer.emit("unlock", tier=str(TIERS[t]), node=n.node_id, request=request_id)
+        for n, _ in reversed(gone):
+            for r in self.tree.remove_if_dead(n):
+                if self.tracer.enabled:
+                    self.tracer.emit("node_remove", node=r.node_id)
+        if gone:
+            self._check(f"unpin {request_id}")
+        return len(gone)
+
+    def end_request(self, request_id: int) -> None:
+        """Finish or abort: release private pages (`discard`), its pins and its prefix lock.
+        Transfers it issued stay pending; the caller cancels them first (see `cancel`)."""
+        req = self._request(request_id)
+        self.unpin(request_id)
         if req.private_pages.size:
             self.tables[0].release(req.private_pages)
             if self.tracer.enabled:
@@ -281,8 +314,9 @@ class ControlPlane:
         for parent, child in zip(nodes, nodes[1:]):
             if child.parent is not parent:
                 raise IllegalTransition(name, str(direction.target), "-", f"node {child.node_id} is not a child of {parent.node_id}")
+        self._verify_live(nodes, name, direction.target)
         first_parent = nodes[0].parent
-        assert first_parent is not None, "the root is never transferred"
+        assert first_parent is not None, "a live non-root node has a parent"
         if not first_parent.is_root and first_parent.state[dst] != RESIDENT:
             raise IllegalTransition(
                 name, str(direction.target), composite_name(_states(first_parent)),
@@ -421,6 +455,14 @@ class ControlPlane:
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }
         return Snapshot(self.page_size, tiers, tuple(views), ops, reqs, self.digests, self.tree.root.node_id)
+
+    def _verify_live(self, nodes: Sequence[TreeNode], event: str, tier: Tier) -> None:
+        """IllegalTransition unless every node is a live, non-root node of this tree: a caller
+        holding a node the tree has since removed must re-match, never act on it."""
+        for n in nodes:
+            if n.is_root or not self.tree.contains(n):
+                why = "the root holds no pages" if n.is_root else "it was removed from the tree"
+                raise IllegalTransition(event, str(tier), "-", f"node {n.node_id}: {why}; match again")
 
     def _check(self, context: str) -> None:
         self.checker.after_transition(self.snapshot, context)

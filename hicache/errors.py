@@ -74,12 +74,46 @@ class StorageError(HiCacheError):
 
 
 class CorruptSlot(HiCacheError):
-    """An L3 slot failed its checksum. Treated as a miss, never served."""
+    """An L3 slot failed its checksum. Treated as a miss, never served; the controller drops
+    the L3 copy that held it (`invalidate_l3`)."""
 
     def __init__(self, slot: int, path: str) -> None:
         self.slot = slot
+        self.slots = (slot,)
         self.path = path
         super().__init__(f"L3 slot {slot} in {path} failed its checksum; treat as a miss")
+
+
+class UnreadableSlot(TransferError):
+    """L3 slots could not be read whole (an I/O error, or the file ends before them: truncated
+    under us). Like a corrupt slot: a miss, never served, and the L3 copy that held them is
+    dropped -- a slot that failed once is not read again for every later request."""
+
+    def __init__(self, slots: tuple[int, ...], path: str, why: str) -> None:
+        self.slot = slots[0]
+        self.slots = slots
+        self.path = path
+        super().__init__(f"L3 slots {slots[0]}..{slots[-1]} in {path} cannot be read: {why}; "
+                         "treat as a miss")
+
+
+class RestorePending(HiCacheError):
+    """`prefill` was called before the request's restore settled: tick (or wait) until
+    `ready(request_id)` is true, then prefill."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        super().__init__(f"request {request_id}: its restore has not settled; tick until ready()")
+
+
+class RequestTooLarge(HiCacheError, ValueError):
+    """A prompt needs more L1 pages than L1 has: its KV must sit in L1 whole, so it can never
+    be served. Raised by `admit` before anything changes."""
+
+    def __init__(self, request_id: int, tokens: int, pages_needed: int, l1_pages: int) -> None:
+        super().__init__(
+            f"request {request_id} has {tokens} prompt tokens ({pages_needed} pages) but L1 holds "
+            f"{l1_pages} pages; give L1 at least {pages_needed} pages (l1_pages) or shorten it")
 
 
 class BackendError(HiCacheError):

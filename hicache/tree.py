@@ -137,6 +137,10 @@ class HiRadixTree:
             raise TreeError(f"no live node {node_id}; it was removed or never existed -- match again")
         return found
 
+    def contains(self, node: TreeNode) -> bool:
+        """Whether `node` (this very object) is a live node of this tree, the root included."""
+        return node is self.root or self._nodes.get(node.node_id) is node
+
     def nodes(self) -> Iterator[TreeNode]:
         """Every live node except the root, in creation order (a copy: safe to mutate while iterating)."""
         return iter([n for n in self._nodes.values() if not n.is_root])

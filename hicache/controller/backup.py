@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hicache.errors import OutOfPages
+from hicache.errors import OutOfPages, StorageError
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.tiers import TIERS, Direction
 from hicache.tree import TreeNode
@@ -100,9 +100,12 @@ class BackupChain:
         room can be made the backup is dropped and its tokens counted, not retried."""
         try:
             self.ctl.issue(direction, chain)
-        except OutOfPages:
+        except (OutOfPages, StorageError) as e:
             tokens = sum(len(n.key) for n in chain)
-            reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
+            if isinstance(e, StorageError):
+                reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
+            else:
+                reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
             self.ctl.metrics.drop(reason, tokens)
 
 

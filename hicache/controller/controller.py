@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hicache.control import ControlPlane, PendingOp
+from hicache.control import ControlPlane, PendingOp, UnknownRequest
 from hicache.controller.backup import BackupChain, chain_lacking
 from hicache.controller.config import CacheConfig
 from hicache.controller.digests import CachedDigests
@@ -28,13 +28,16 @@ from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.handles import TransferHandle, TransferStatus
-from hicache.errors import CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, TransferError
+from hicache.errors import (
+    CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, RequestTooLarge, RestorePending,
+    StorageError, TransferError, UnreadableSlot,
+)
 from hicache.invariants.snapshot import Pages
 from hicache.kernels import gather
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.producers import KVProducer, SyntheticProducer
-from hicache.tiers import TIERS, Direction
+from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
 
@@ -69,18 +72,29 @@ class CacheController:
         self.restores: dict[int, Materialization] = {}
         self.backups = BackupChain(self)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
+        self.l3_offline_reason: str | None = None  # set once the L3 file is lost (for good)
 
     # -- requests ---------------------------------------------------------------------------
 
     def admit(self, request_id: int, tokens: Sequence[int]) -> Materialization:
-        """Match, decide, and issue the restore the policy chose (it then proceeds on ticks;
-        with `prefetch=False` this call blocks until it settles)."""
+        """Match, decide, pin the planned nodes and issue the restore the policy chose (it then
+        proceeds on ticks; with `prefetch=False` this call blocks until it settles).
+
+        Raises, with nothing changed: `RequestTooLarge` (the prompt needs more pages than L1
+        has), `HiCacheError` (the request id is already live). A restore that cannot be
+        issued (no room, L3 offline) is not an error: its tokens are recomputed and the
+        fallback is counted by reason."""
         g = self.config.kv
+        pages_needed = -(-len(tokens) // g.page_size)
+        if pages_needed > self.config.l1_pages:
+            raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_pages)
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the second write-up's insert guard).
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1)
         aligned = len(tokens) // g.page_size * g.page_size
         l1, l2, l3 = m.lengths
+        if not self.l3_online:
+            l3 = l2  # an offline L3 serves nothing (what it still holds is being dropped)
         decision = self.policy.decide(l1, l2, l3, max(aligned, 1), g.bytes_per_token)
         mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
         self.restores[request_id] = mat
@@ -93,6 +107,7 @@ class CacheController:
         if decision.choice != "recompute":
             target = l1 + decision.extension_tokens[decision.choice]
             mat.l2_part, mat.l3_part = plan_parts(m, decision.choice, target)
+            self._pin_planned(mat)
             self._issue_restore(mat)
         if not self.config.prefetch:
             while not mat.done:
@@ -102,35 +117,54 @@ class CacheController:
         return mat
 
     def ready(self, request_id: int) -> bool:
-        return self.restores[request_id].done
+        """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
+        an id that is not live."""
+        return self._restore(request_id).done
 
     def wait(self, request_id: int, timeout_s: float = 0.05) -> None:
         """Block (GIL released) until one of the request's transfers finishes or `timeout_s`
         passes. Spinning on `tick` instead starves the L3 I/O threads of the GIL."""
-        for op_id in self.restores[request_id].ops:
+        for op_id in self._restore(request_id).ops:
             self.handles[op_id].wait(timeout_s)
             return
 
     def prefill(self, request_id: int) -> int:
         """Use what the restore delivered, recompute the rest of the page-aligned prompt,
-        insert it, and queue its backup. Returns the tokens recomputed."""
-        mat = self.restores[request_id]
-        assert mat.done, f"request {request_id}: prefill before its restore settled; tick first"
+        insert it, and queue its backup. Returns the tokens recomputed.
+
+        Check, then change: `UnknownRequest` (not admitted, or finished), `RestorePending`
+        (tick until `ready`), and `OutOfPages` (L1 cannot hold the pages to compute, because
+        other requests hold it locked) are raised before the request changes -- its
+        `cached_len` and the restore counters move once, on the call that succeeds. Trying
+        to make room may evict unlocked cached pages (cache maintenance, not request state)."""
+        mat = self._restore(request_id)
+        if not mat.done:
+            raise RestorePending(request_id)
         req = self.cp.requests[request_id]
-        restored_from = req.cached_len
         deepest = self._deepest_in_l1(mat)
-        if deepest is not None:
-            self.cp.advance_cached_len(request_id, deepest)
-            self._after_restore(mat, restored_from, req.cached_len)
         g = self.config.kv
+        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else req.cached_len
         # Compute through the prompt's last token: whole pages are inserted, a partial last
         # page (the tail) is computed into a private page that is never published.
         end = -(-len(mat.tokens) // g.page_size) * g.page_size
-        todo = end - req.cached_len
+        todo = end - start
+        if todo > 0:
+            # The restored nodes are pinned in L1 (and the prefix locked), so this evicts
+            # only what nobody holds.
+            self._make_room(0, todo // g.page_size)
+            free = self.cp.tables[0].free_count
+            if free < todo // g.page_size:
+                raise OutOfPages("L1", todo // g.page_size, free)
+        # -- change (nothing below can run out of L1 pages) --
+        restored_from = req.cached_len
+        if deepest is not None:
+            self.cp.advance_cached_len(request_id, deepest)
+        self.cp.unpin(request_id)  # the request's own lock now covers what it uses
+        if deepest is not None:
+            self._after_restore(mat, restored_from, req.cached_len)
         recomputed = max(0, len(mat.tokens) - req.cached_len)
         started = time.perf_counter()
         if todo > 0:
-            self._make_room(0, todo // g.page_size)
             new_pages = self.cp.compute(request_id, todo)
             prefix = self._l1_prefix_pages(req.locked)
             padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
@@ -147,7 +181,8 @@ class CacheController:
 
     def finish(self, request_id: int) -> None:
         """End a request, finished or aborted: cancel its pending restores, release what it
-        holds. Nothing it owned stays behind (B03)."""
+        holds (private pages, restore pins, its prefix lock). Nothing it owned stays behind
+        (B03). UnknownRequest for an id that is not live."""
         mat = self.restores.pop(request_id, None)
         if mat is not None:
             for op_id in sorted(mat.ops):
@@ -158,7 +193,9 @@ class CacheController:
     # -- progress ---------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Observe every transfer once; apply what completed; continue restores and backups."""
+        """Observe every transfer once; apply what completed; continue restores and backups.
+        Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
+        takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         for op_id in list(self.handles):
             if op_id in self.handles and self.handles[op_id].poll().final:
                 self._settle(op_id)
@@ -168,9 +205,12 @@ class CacheController:
             if mat.done and mat.ready_at is None:
                 mat.ready_at = time.perf_counter()
         self.backups.tick()
+        if not self.l3_online:
+            self._drop_l3_copies()  # copies that in-flight readers held are dropped once free
 
     def drain(self, timeout_s: float = 60.0) -> None:
-        """Wait for every transfer (backups included) and apply it."""
+        """Wait for every transfer (backups included) and apply it. TransferError if some are
+        still pending after `timeout_s` seconds."""
         deadline = time.perf_counter() + timeout_s
         while self.handles or any(self.backups.wanted.values()):
             for h in list(self.handles.values()):
@@ -182,7 +222,8 @@ class CacheController:
                 break
 
     def close(self) -> None:
-        """Cancel everything in flight, end every request, close the data plane."""
+        """Cancel everything in flight, end every request, close the data plane. Raises
+        nothing in normal operation."""
         for rid in list(self.cp.requests):
             self.finish(rid)
         for op_id in list(self.handles):
@@ -193,7 +234,13 @@ class CacheController:
     # -- transfers --------------------------------------------------------------------------
 
     def issue(self, direction: Direction, chain: list[TreeNode], request_id: int | None = None) -> PendingOp:
-        """Reserve (evicting in the target tier if needed), lock, and start one transfer."""
+        """Reserve (evicting in the target tier if needed), lock, and start one transfer.
+
+        Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
+        `IllegalTransition` (a guard fails, or a node was removed from the tree), and
+        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline)."""
+        if not self.l3_online and Tier.L3 in (direction.source, direction.target):
+            raise StorageError(self.engine.l3.path, f"L3 is offline: {self.l3_offline_reason}")
         dst = TIERS.index(direction.target)
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
@@ -202,8 +249,10 @@ class CacheController:
         op = self.cp.issue(direction, chain, request_id)
         try:
             handle = getattr(self.engine, direction.value.lower())(op.source_pages, op.target_pages)
-        except HiCacheError:
+        except HiCacheError as e:
             self.cp.fail(op.op_id)
+            if isinstance(e, StorageError):
+                self._take_l3_offline(e)
             raise
         self.handles[op.op_id] = handle
         return op
@@ -218,39 +267,82 @@ class CacheController:
         mat = self.owner.pop(op_id, None)
         if ok:
             self.cp.complete(op_id)
-            t = handle.timings
-            # The write-up's sample: enqueue + queue wait + service, not one-time workspace
-            # setup, and not how late this loop happened to poll.
-            steady = t.enqueue_s + t.queue_wait_s + t.service_s - t.workspace_setup_s
-            # The first transfer of each direction also pays one-time costs the handle cannot
-            # separate (kernel JIT for the real shapes, first touch): it is not a sample.
-            first = op.direction not in self._observed
-            self._observed.add(op.direction)
-            if steady > 0 and not first:
-                self.model.observe(op.direction, handle.nbytes, steady)
+            self._sample(op.direction, handle)
             if op.direction is Direction.D2H:
                 self.backups.after_d2h(op.nodes[-1])
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
         else:
             self.cp.fail(op_id)
-            if isinstance(handle.error, CorruptSlot):
-                self._invalidate_slot(op, handle.error.slot)
         if mat is not None:
-            mat.ops.discard(op_id)
-            # A split while in flight adds nodes to the op: the op's chain is the truth.
-            if op.direction is Direction.S2H:
-                mat.s2h_done = ok
-                mat.l3_part = list(op.nodes)
-            elif mat.l3_part and op.nodes[-1] is mat.l3_part[-1]:
-                mat.l3_part = list(op.nodes)
-            else:
-                mat.l2_part = list(op.nodes)
-            if not ok:
-                mat.failed = True
-                self.metrics.fallback("transfer_failed")
+            self._settle_restore(mat, op, status)
         elif not ok and op.direction in (Direction.D2H, Direction.H2S):
             self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
+        if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
+            reason = "corrupt" if isinstance(handle.error, CorruptSlot) else "unreadable"
+            for slot in handle.error.slots:  # after the restore let go of its pins
+                self._invalidate_slot(op, slot, reason)
+
+    def _sample(self, direction: Direction, handle: TransferHandle) -> None:
+        """Feed a completed transfer's time to the cost model.
+
+        The write-up's sample: enqueue + queue wait + service, not one-time workspace setup,
+        and not how late this loop happened to poll. The first transfer of each direction
+        also pays one-time costs the handle cannot separate (kernel JIT for the real shapes,
+        first touch): it is a warm-up, not a sample."""
+        t = handle.timings
+        steady = t.enqueue_s + t.queue_wait_s + t.service_s - t.workspace_setup_s
+        first = direction not in self._observed
+        self._observed.add(direction)
+        if steady > 0 and not first:
+            self.model.observe(direction, handle.nbytes, steady)
+
+    def _settle_restore(self, mat: Materialization, op: PendingOp, status: TransferStatus) -> None:
+        """A restore stage ended: pin what landed, or drop the part (its tokens recomputed;
+        a failure is a counted fallback, a cancel -- the request is ending -- is not)."""
+        ok = status is TransferStatus.DONE
+        mat.ops.discard(op.op_id)
+        # A split while in flight adds nodes to the op: the op's chain is the truth.
+        if op.direction is Direction.S2H:
+            mat.s2h_done = ok
+            mat.l3_part = list(op.nodes)
+        elif mat.l3_part and op.nodes[-1] is mat.l3_part[-1]:
+            mat.l3_part = list(op.nodes)
+        else:
+            mat.l2_part = list(op.nodes)
+        if ok:
+            self._pin_landed(mat, op)
+            return
+        mat.failed = True
+        if status is TransferStatus.CANCELLED:
+            self.cp.unpin(mat.request_id, op.nodes[-1])
+        else:
+            self._drop_part(mat, list(op.nodes), "transfer_failed")
+
+    def _pin_planned(self, mat: Materialization) -> None:
+        """Pin the restore's planned chains in the tier each is read from, before anything is
+        issued: a nested make-room (an L1 eviction that backs a victim up under write_back
+        evicts in L2) must not evict or remove them. Each stage pins the next tier as its
+        data lands (`_pin_landed`); `prefill` (or the request's end) releases every pin."""
+        rid = mat.request_id
+        if mat.l2_part:
+            self.cp.pin(rid, mat.l2_part[-1], 1)
+        if mat.l3_part:
+            self.cp.pin(rid, mat.l3_part[-1], 2)
+
+    def _pin_landed(self, mat: Materialization, op: PendingOp) -> None:
+        """A restore stage completed: pin what it filled in the tier it filled, so that the
+        next stage (or `prefill`) finds it there."""
+        self.cp.pin(mat.request_id, op.nodes[-1], TIERS.index(op.direction.target))
+
+    def _drop_part(self, mat: Materialization, part: list[TreeNode], reason: str) -> None:
+        """A restore part cannot proceed: release its pins and count one fallback by
+        `reason`; its tokens are recomputed."""
+        if part:
+            self.cp.unpin(mat.request_id, part[-1])
+        self.metrics.fallback(reason)
+        if not self.l3_online:
+            self._drop_l3_copies()  # what the part held in L3 is free to go now
 
     def _issue_restore(self, mat: Materialization) -> None:
         for part, direction in ((mat.l2_part, Direction.H2D), (mat.l3_part, Direction.S2H)):
@@ -258,14 +350,17 @@ class CacheController:
                 continue
             try:
                 op = self.issue(direction, part, mat.request_id)
-            except (OutOfPages, IllegalTransition):
-                self.metrics.fallback("no_room")
+            except (OutOfPages, IllegalTransition, StorageError) as e:
+                reason = "l3_offline" if isinstance(e, StorageError) else "no_room"
                 if direction is Direction.S2H:
-                    mat.l3_part = []  # no room to promote: those tokens are recomputed
-                else:
-                    mat.l2_part, mat.l3_part = [], []
-                    return
-                continue
+                    self._drop_part(mat, mat.l3_part, reason)
+                    mat.l3_part = []  # no promotion: those tokens are recomputed
+                    continue
+                if mat.l3_part:
+                    self.cp.unpin(mat.request_id, mat.l3_part[-1])
+                self._drop_part(mat, mat.l2_part, reason)
+                mat.l2_part, mat.l3_part = [], []
+                return
             mat.ops.add(op.op_id)
             self.owner[op.op_id] = mat
 
@@ -276,21 +371,24 @@ class CacheController:
             return  # the promotion is done; what is still in flight is the L2 part's load-back
         mat.l3_h2d_issued = True
         parent = mat.l3_part[0].parent
-        assert parent is not None, "the root is never restored"
+        assert parent is not None, "a pinned node is live, and a live node has a parent"
         if not parent.is_root and parent.state[0] != RESIDENT:
-            return  # the L2 part did not arrive: the promoted pages stay in L2, tokens recomputed
+            # The L2 part did not arrive: the promoted pages stay in L2, the tokens are recomputed.
+            self._drop_part(mat, mat.l3_part, "restore_gap")
+            return
         try:
             op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
         except (OutOfPages, IllegalTransition):
             mat.failed = True
-            self.metrics.fallback("no_room")
+            self._drop_part(mat, mat.l3_part, "no_room")
             return
         mat.ops.add(op.op_id)
         self.owner[op.op_id] = mat
 
-    def _invalidate_slot(self, op: PendingOp, slot: int) -> None:
-        """A slot failed its checksum: drop the L3 copy of the node holding it (and of its
-        L3 descendants, leaf-first), so it is a miss from now on, never served."""
+    def _invalidate_slot(self, op: PendingOp, slot: int, reason: str) -> None:
+        """A slot failed its checksum or could not be read: drop the L3 copy of the node
+        holding it (and of its L3 descendants, leaf-first), so it is a miss from now on,
+        never served, and never read again."""
         holder = next((n for n in op.nodes if n.value[2] is not None and slot in n.value[2]), None)
         if holder is None:
             return
@@ -303,11 +401,44 @@ class CacheController:
                 stack.extend(n.children.values())
         for n in reversed(doomed):
             try:
-                self.cp.evict_node(n, 2, "invalidate_l3")
+                self.metrics.invalidated(reason, self.cp.evict_node(n, 2, "invalidate_l3"))
             except IllegalTransition:
                 return  # a reader holds it: it stays (and fails its checksum again), counted
 
+    @property
+    def l3_online(self) -> bool:
+        """Whether L3 serves restores and takes backups (False once its file was lost)."""
+        return self.l3_offline_reason is None
+
+    def _take_l3_offline(self, error: StorageError) -> None:
+        """The L3 file was removed or replaced under us: its slots are lost for good. L3 goes
+        offline for the rest of this controller's life (restores plan no L3 part, backups to L3
+        are dropped and counted, every L3 copy is dropped as soon as no reader holds it);
+        L1 and L2 keep serving. Recovery: close this controller, build one on a new L3 path."""
+        if self.l3_offline_reason is None:
+            self.l3_offline_reason = str(error)
+        self._drop_l3_copies()
+
+    def _drop_l3_copies(self) -> None:
+        """Drop (`invalidate_l3`) every L3 copy that no reader holds, leaves first."""
+        while True:
+            dropped = 0
+            for node in self.cp.tree.evictable(2):
+                try:
+                    self.metrics.invalidated("l3_offline", self.cp.evict_node(node, 2, "invalidate_l3"))
+                    dropped += 1
+                except IllegalTransition:
+                    continue  # a promotion reads it into L2 right now: next tick
+            if not dropped:
+                return
+
     # -- helpers ----------------------------------------------------------------------------
+
+    def _restore(self, request_id: int) -> Materialization:
+        mat = self.restores.get(request_id)
+        if mat is None:
+            raise UnknownRequest(request_id)
+        return mat
 
     def _deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
         deepest = None
@@ -419,5 +550,6 @@ class CacheController:
             "tiers": tiers, "pending_ops": len(self.cp.ops), "requests": len(self.cp.requests),
             "engine": self.engine.status(), "cost_model": self.model.state(),
             "policy": self.policy.name, "decisions": self.decisions.summary(),
+            "l3": "online" if self.l3_online else f"offline: {self.l3_offline_reason}",
             "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
         }

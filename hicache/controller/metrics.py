@@ -15,10 +15,19 @@ from hicache.dataplane.handles import TransferTimings
 from hicache.tiers import Direction
 
 GIB = float(1 << 30)
-# Why a planned restore fell back to recompute: its transfer failed or was cancelled, or the
-# tier it needed could not make room even after eviction (live requests hold the pages).
-FALLBACK_REASONS = ("transfer_failed", "no_room")
-DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure", "backup_failed")
+# Why a planned restore (or one part of it) fell back to recompute:
+#   transfer_failed  its transfer failed (a cancel, when the request ends, is not counted)
+#   no_room          the tier it needed could not make room even after eviction (live
+#                    requests hold the pages)
+#   restore_gap      an L3 part was promoted but the L2 part before it did not reach L1, so
+#                    loading it back would leave a gap; it stays in L2, the tokens are recomputed
+#   l3_offline       the L3 file is offline (removed or replaced under us)
+FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline")
+DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
+                "backup_failed", "l3_offline")
+# Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: a slot failed its
+# checksum, could not be read (I/O error, file ended early), or the whole file went offline.
+INVALIDATION_REASONS = ("corrupt", "unreadable", "l3_offline")
 
 
 @dataclass
@@ -59,6 +68,8 @@ class Metrics:
     decode_overlap_s: float = 0.0
     decode_steps: int = 0
     dropped_tokens: dict[str, int] = field(default_factory=lambda: {r: 0 for r in DROP_REASONS})
+    l3_invalidated_pages: dict[str, int] = field(
+        default_factory=lambda: {r: 0 for r in INVALIDATION_REASONS})
     directions: dict[str, DirectionStats] = field(default_factory=lambda: {d.value: DirectionStats() for d in Direction})
     decisions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     latency_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -85,6 +96,10 @@ class Metrics:
         assert reason in self.dropped_tokens, f"unknown drop reason {reason!r}"
         self.dropped_tokens[reason] += tokens
 
+    def invalidated(self, reason: str, n_pages: int) -> None:
+        assert reason in self.l3_invalidated_pages, f"unknown invalidation reason {reason!r}"
+        self.l3_invalidated_pages[reason] += n_pages
+
     def summary(self) -> dict[str, object]:
         return {
             "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
@@ -93,6 +108,7 @@ class Metrics:
             "policy_skips": self.policy_skips, "restores": self.restores,
             "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
             "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
+            "l3_invalidated_pages": dict(self.l3_invalidated_pages),
             "decisions": dict(self.decisions),
             "directions": {k: {**vars(v), "gib_per_s": v.gib_per_s} for k, v in self.directions.items()},
         }
@@ -117,6 +133,9 @@ class Metrics:
         family("policy_skips_total", "counter", "Restore candidates the policy declined.", [("", self.policy_skips)])
         family("dropped_tokens_total", "counter", "Tokens whose backup was dropped, by reason.",
                [(f'{{reason="{r}"}}', v) for r, v in self.dropped_tokens.items()])
+        family("l3_invalidated_pages_total", "counter",
+               "L3 pages dropped outside eviction (corrupt, unreadable, file offline), by reason.",
+               [(f'{{reason="{r}"}}', v) for r, v in self.l3_invalidated_pages.items()])
         family("decisions_total", "counter", "Policy decisions by choice.",
                [(f'{{choice="{c}"}}', v) for c, v in sorted(self.decisions.items())])
         for attr, help_ in (("count", "Completed transfers."), ("failed", "Failed or cancelled transfers."),

@@ -27,6 +27,7 @@ import torch
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.pinned import pinned_empty
 from hicache.errors import ConfigError
+from hicache.invariants.bytes import UNSERVABLE
 from hicache.invariants.snapshot import Pages, pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -227,4 +228,6 @@ def digest_rows(rows: torch.Tensor) -> npt.NDArray[np.uint64]:
     h = (mixed * _word_weights(words.shape[1], rows.device)).sum(dim=1)
     h = (h ^ (h >> 29)) * _MIX
     result: npt.NDArray[np.uint64] = h.cpu().numpy().view(np.uint64)
+    # Real bytes never digest to the reserved UNSERVABLE value (I4 skips it): fold it away.
+    result[result == UNSERVABLE] -= np.uint64(1)
     return result

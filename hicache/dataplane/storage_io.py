@@ -29,7 +29,8 @@ class B14); Linux alone caps one call at 2 GiB - 4 KiB, so a larger piece needs 
 Metadata order (DESIGN.md §7, completion precedes publication): an H2S forgets its target
 slots' checksums when issued and records them only when its completion is observed DONE; a
 failed or cancelled H2S leaves them unreadable. An S2H is DONE only after every page it read
-matched its slot's checksum; a mismatch fails it with `CorruptSlot` (a miss, never served).
+matched its slot's checksum; a mismatch fails it with `CorruptSlot`, a read that cannot finish
+(an I/O error, a file that ends early) with `UnreadableSlot`: both a miss, never served.
 
 Faults (`faults.py`) are drawn per piece on the issuing thread, so a seeded injector replays
 exactly; with `faults=None` no fault code runs at all.
@@ -55,7 +56,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
 from hicache.dataplane.taskgroup import TaskGroup
-from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
+from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError, UnreadableSlot
 from hicache.invariants.snapshot import Pages
 from hicache.tiers import Direction
 
@@ -304,7 +305,13 @@ class StorageMover:
         verify those pages here, while they are still in this core's cache."""
         ext = piece.ext
         view = self._pages_view(ext.dst_start, ext.count)
-        self._move_all(Direction.S2H, view, ext.src_start, piece.faults)
+        try:
+            self._move_all(Direction.S2H, view, ext.src_start, piece.faults)
+        except TransferError as e:
+            # The slots themselves failed (EOF of a truncated file, a medium error): name them,
+            # so the controller drops their L3 copy instead of reading them again and again.
+            slots = tuple(range(ext.src_start, ext.src_start + ext.count))
+            raise UnreadableSlot(slots, self.l3.path, str(e)) from e
         self._verify(ext)
 
     def _verify(self, ext: Extent) -> None:
