@@ -140,8 +140,9 @@ class ControllerMachine(RuleBasedStateMachine):
         assert self.ctl.cp.tree.audit() == []
 
 
+_profile = settings()  # the loaded profile (dev, ci or fuzz)
 ControllerMachine.TestCase.settings = settings(
-    settings.default, max_examples=min(settings.default.max_examples, 40), stateful_step_count=30,
-    deadline=None,
+    _profile, max_examples=min(_profile.max_examples, 40) if _profile.max_examples < 1000
+    else _profile.max_examples, stateful_step_count=30, deadline=None,
 )
 TestControllerMachine = ControllerMachine.TestCase
