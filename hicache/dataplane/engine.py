@@ -63,7 +63,7 @@ class TransferEngine:
         self.l2 = HostPool(geometry, l2_pages, pin=self.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, requested=backend)
         self.dma = DeviceHostMover(self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages)
-        self.l3 = L3File(l3_path, l3_slots, geometry.bytes_per_page)
+        self.l3 = L3File(l3_path, l3_slots, geometry.bytes_per_page, geometry=geometry)
         try:
             self.storage = StorageMover(self.l3, self.l2.bytes_view(), io_threads=io_threads, faults=faults)
         except HiCacheError:
