@@ -17,6 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from hicache import demo
+from hicache.controller.config import CacheConfig
+from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Header, decode, encode
@@ -227,6 +230,8 @@ def test_bad_arguments_raise_config_error(tmp_path: Path) -> None:
         L3File(None, SLOTS, BPP, overwrite="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="l3.slots"):
         L3File(None, 1 << 62, BPP)
+    with pytest.raises(ConfigError, match="l3_overwrite"):
+        CacheConfig(l3_overwrite=1)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -241,6 +246,54 @@ def test_slot_bytes_live_after_the_header(tmp_path: Path) -> None:
         assert np.array_equal(on_disk[f.offset(5):f.offset(6)], page.numpy())
         assert not on_disk[HEADER_BYTES:f.offset(5)].any() and not on_disk[f.offset(6):].any()
         assert decode(on_disk[:HEADER_BYTES].tobytes()) == f.header  # the header is intact
+
+
+def test_engine_refuses_a_text_file_and_overwrites_only_when_told(text_file: Path) -> None:
+    geometry = preset("tiny")
+    before = snapshot(text_file)
+    with pytest.raises(L3PathRefused):
+        TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file))
+    assert snapshot(text_file) == before
+    with TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch",
+                        l3_path=str(text_file), l3_overwrite=True) as engine:
+        assert decode(l3_header_of(text_file)) == L3Header(geometry.bytes_per_page, 4, geometry)
+        raw = engine.l2.bytes_view()
+        raw[1] = torch.arange(raw.shape[1], dtype=torch.int64).remainder(251).to(torch.uint8)
+        assert engine.h2s(pages([1]), pages([2])).wait(timeout_s=10) is TransferStatus.DONE
+        assert engine.digests("L3", pages([2]))[0] == engine.digests("L2", pages([1]))[0]
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+def test_demo_refuses_an_existing_text_file(text_file: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(text_file)
+    assert demo.main(["--quiet", "--requests", "1", "--l3-path", str(text_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hicache demo: --l3-path ")
+    assert str(text_file) in err and "--l3-overwrite" in err
+    assert snapshot(text_file) == before
+
+
+def test_demo_refuses_a_symlink_even_with_overwrite(tmp_path: Path, text_file: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    link = tmp_path / "l3.slots"
+    link.symlink_to(text_file)
+    before = snapshot(text_file)
+    args = ["--quiet", "--requests", "1", "--l3-path", str(link), "--l3-overwrite"]
+    assert demo.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "symbolic link" in err and "--l3-overwrite" not in err
+    assert snapshot(text_file) == before
+
+
+def test_demo_help_says_what_happens_to_an_existing_path(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "is refused and left unchanged" in text and "symlink is never followed" in text
+    assert "--l3-overwrite" in text and "its slots start empty" in text
 
 
 def test_storage_error_still_names_a_missing_directory(tmp_path: Path) -> None:
