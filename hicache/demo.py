@@ -15,7 +15,7 @@ import sys
 import time
 from typing import NoReturn, Sequence
 
-from hicache.errors import ConfigError, HiCacheError
+from hicache.errors import ConfigError, HiCacheError, L3PathRefused
 
 OPTION_OF_FIELD = {
     "l1_pages": "--l1-pages", "l2_pages": "--l2-pages", "l3_slots": "--l3-slots",
@@ -41,7 +41,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--l1-pages", type=int, default=160)
     p.add_argument("--l2-pages", type=int, default=256)
     p.add_argument("--l3-slots", type=int, default=1024)
-    p.add_argument("--l3-path", default=None, help="L3 file (default: a temporary file)")
+    p.add_argument("--l3-path", default=None, help=(
+        "L3 file (default: a temporary file that leaves nothing on disk). A new path is "
+        "created (mode 0600) with a header; an existing one is used only if it is a hicache "
+        "L3 file (its slots start empty: nothing from an earlier run is trusted). Any other "
+        "existing file is refused and left unchanged; a symlink is never followed"))
+    p.add_argument("--l3-overwrite", action="store_true", help=(
+        "let --l3-path replace an existing regular file that is not a hicache L3 file (its "
+        "contents are lost, its mode becomes 0600); never a symlink, directory or device"))
     p.add_argument("--requests", type=int, default=120, help="requests in the workload")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -64,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(f"argument --batch-size: must be >= 1, got {args.batch_size}")
     try:
         return _run(args)
+    except L3PathRefused as e:
+        todo = "choose another path" + (", or pass --l3-overwrite to replace it"
+                                        if e.overwrite_helps else "")
+        sys.stderr.write(f"hicache demo: --l3-path {e.path}: {e.reason}; left unchanged: {todo}\n")
+        return 2
     except ConfigError as e:
         sys.stderr.write(f"hicache demo: {OPTION_OF_FIELD.get(e.field, e.field)}: {str(e).split(': ', 1)[-1]}\n")
         return 2
@@ -82,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         geometry=args.geometry, l1_pages=args.l1_pages, l2_pages=args.l2_pages, l3_slots=args.l3_slots,
         device=args.device, l3_path=args.l3_path, backend=args.backend, policy=args.policy,
         write_policy=args.write_policy, promotion=not args.no_promotion, prefetch=not args.no_prefetch,
-        check_mode=args.check_mode, io_threads=args.io_threads,
+        check_mode=args.check_mode, io_threads=args.io_threads, l3_overwrite=args.l3_overwrite,
     )
     started = time.perf_counter()
     ctl = CacheController(config)

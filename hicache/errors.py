@@ -73,6 +73,21 @@ class StorageError(HiCacheError):
         super().__init__(f"L3 file {path}: {problem}")
 
 
+class L3PathRefused(StorageError):
+    """An existing path that L3 will not take over: a symlink, not a regular file, or a
+    regular file that is not a hicache L3 file. It was left exactly as it was (bytes, mode,
+    a symlink's target). `reason` follows "the path ..."; `overwrite_helps`: the explicit
+    overwrite flag would let L3 replace it (never for a symlink or a non-regular file)."""
+
+    def __init__(self, path: str, reason: str, *, overwrite_helps: bool) -> None:
+        self.reason = reason
+        self.overwrite_helps = overwrite_helps
+        todo = "choose another path"
+        if overwrite_helps:
+            todo += ", or set the overwrite flag (CacheConfig.l3_overwrite) to replace it"
+        super().__init__(path, f"{reason}; refused, nothing was changed: {todo}")
+
+
 class CorruptSlot(HiCacheError):
     """An L3 slot failed its checksum. Treated as a miss, never served; the controller drops
     the L3 copy that held it (`invalidate_l3`)."""

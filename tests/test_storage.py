@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hicache.bench.storage import main as bench_main
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.l3format import HEADER_BYTES
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
 from hicache.dataplane.taskgroup import TaskGroup
@@ -316,7 +317,7 @@ def test_bytes_changed_in_the_file_are_never_served(l3: L3File, piece_bytes: int
     with StorageMover(l3, l2, piece_bytes=piece_bytes) as mover:
         done(mover.h2s(pages([3, 4]), pages([6, 7])))
         # Someone else scribbles one byte into slot 7 (the temporary file has no name: its fd).
-        os.pwrite(l3.fd, bytes([int(l2[4, 100]) ^ 1]), 7 * BPP + 100)
+        os.pwrite(l3.fd, bytes([int(l2[4, 100]) ^ 1]), l3.offset(7) + 100)
         h = mover.s2h(pages([6, 7]), pages([0, 1]))
         assert h.wait(timeout_s=10) is TransferStatus.FAILED
         assert isinstance(h.error, CorruptSlot) and h.error.slot == 7
@@ -327,7 +328,7 @@ def test_truncated_file_fails_the_read(l3: L3File) -> None:
     l2 = random_l2()
     with StorageMover(l3, l2) as mover:
         done(mover.h2s(pages([3, 4]), pages([20, 21])))
-        os.ftruncate(l3.fd, 21 * BPP + 10)
+        os.ftruncate(l3.fd, l3.offset(21) + 10)
         h = mover.s2h(pages([20, 21]), pages([0, 1]))
         assert h.wait(timeout_s=10) is TransferStatus.FAILED
         assert "file ended early" in str(h.error) and l3.path in str(h.error)
@@ -368,7 +369,8 @@ def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str, piece_bytes:
 def test_temp_file_is_0600_sized_and_has_no_name_from_the_start() -> None:
     f = L3File(None, SLOTS, BPP)
     st_ = os.fstat(f.fd)
-    assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_size == SLOTS * BPP
+    assert stat.S_IMODE(st_.st_mode) == 0o600
+    assert st_.st_size == f.size_bytes == HEADER_BYTES + SLOTS * BPP
     assert st_.st_nlink == 0 and not os.path.exists(f.path)  # only our descriptor holds it
     f.check_identity()  # nothing to check, nothing wrong
     f.close()
@@ -390,18 +392,6 @@ def test_temp_file_leaves_nothing_behind_however_the_process_ends(ending: str) -
     assert out.returncode == expected, out.stderr
     path = out.stdout.strip()
     assert path.endswith(".slots") and not os.path.exists(path)
-
-
-def test_explicit_path_is_truncated_and_0600(tmp_path: Path) -> None:
-    path = tmp_path / "l3.slots"
-    path.write_bytes(b"\x7f" * 10_000)
-    path.chmod(0o644)
-    with L3File(str(path), 4, 512) as f:
-        st_ = os.stat(path)
-        assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_size == 4 * 512
-        assert path.read_bytes() == bytes(4 * 512)
-        assert f.path == str(path)
-    assert path.exists()  # an explicit file is the caller's
 
 
 def test_unusable_paths_raise_storage_error_naming_them(tmp_path: Path) -> None:
@@ -486,8 +476,9 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
     with StorageMover(l3, l2) as mover:
         done(mover.h2s(pages([7, 3]), pages([5, 30])))
     raw = np.frombuffer(os.pread(l3.fd, l3.size_bytes, 0), dtype=np.uint8)
-    assert np.array_equal(raw[5 * BPP:6 * BPP], l2[7].numpy())
-    assert np.array_equal(raw[30 * BPP:31 * BPP], l2[3].numpy())
+    assert l3.offset(5) == HEADER_BYTES + 5 * BPP and raw.size == l3.offset(SLOTS)
+    assert np.array_equal(raw[l3.offset(5):l3.offset(6)], l2[7].numpy())
+    assert np.array_equal(raw[l3.offset(30):l3.offset(31)], l2[3].numpy())
 
 
 # -- the benchmark runs (its figures are not asserted: performance lives in benchmarks) ----------

@@ -119,7 +119,7 @@ def _bench_one(
     """One prefix size: ceilings and the mover on both page sets, interleaved per repeat."""
     l3, bpp = mover.l3, mover.l3.bytes_per_page
     nbytes = n * bpp
-    buf, at = l2_view[:nbytes], raw_slot * bpp
+    buf, at = l2_view[:nbytes], l3.offset(raw_slot)
     row: Row = {"pages": n, "tokens": n * PAGE_TOKENS, "bytes": nbytes}
     _timed(row, "raw_write", lambda: _raw(os.pwrite, l3.fd, buf, at), repeats)
     _timed(row, "raw_read", lambda: _raw(_preadv, l3.fd, buf, at), repeats)

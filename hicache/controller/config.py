@@ -5,7 +5,8 @@
 | geometry | tiny | KV geometry preset or `KVGeometry` |
 | l1_pages, l2_pages, l3_slots | 64, 128, 512 | capacity of each tier, in pages |
 | device | None | "cuda", "cpu" or None (cuda when available) |
-| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash) |
+| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash). An existing path is used only if it is a hicache L3 file (its slots start empty); a symlink is never followed |
+| l3_overwrite | False | let `l3_path` replace an existing regular file that is not a hicache L3 file (never a symlink or a non-regular file) |
 | backend | "auto" | gather/scatter kernels: auto, triton, torch |
 | policy | "cost" | restore-vs-recompute: cost, always, never, threshold |
 | write_policy | "write_through" | write_through (first insert), write_through_selective (second hit), write_back (on L1 eviction) |
@@ -37,6 +38,7 @@ class CacheConfig:
     l3_slots: int = 512
     device: str | None = None
     l3_path: str | None = None
+    l3_overwrite: bool = False
     backend: str = "auto"
     policy: str = "cost"
     write_policy: str = "write_through"
@@ -53,6 +55,8 @@ class CacheConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(name, f"must be a positive integer, got {v!r}")
+        if not isinstance(self.l3_overwrite, bool):
+            raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
         for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")

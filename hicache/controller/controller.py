@@ -56,6 +56,7 @@ class CacheController:
         self.engine = TransferEngine(
             g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
             l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads, faults=faults,
+            l3_overwrite=config.l3_overwrite,
         )
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),

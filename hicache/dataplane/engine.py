@@ -44,7 +44,9 @@ class TransferEngine:
     """L1, L2 and L3 with the movers between them (see the module docstring).
 
     `device`: None picks cuda when available. `backend`: "auto" | "triton" | "torch" for the
-    gather/scatter kernels (`KernelSet.create`). `l3_path`: None for a temporary file.
+    gather/scatter kernels (`KernelSet.create`). `l3_path`: None for a temporary file; an
+    existing path is taken over only if it is a hicache L3 file or `l3_overwrite` (never a
+    symlink; `L3File`). The L3 header records `geometry`.
     `chunk_pages`: fixed DMA chunking (None: the doubling schedule of dma.py).
     Raises ConfigError naming the field for bad sizes, StorageError for an unusable L3 path,
     BackendError when an explicitly requested backend cannot run.
@@ -56,6 +58,7 @@ class TransferEngine:
         self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
         device: str | None = None, l3_path: str | None = None, backend: str = "auto",
         io_threads: int = 4, faults: FaultInjector | None = None, chunk_pages: int | None = None,
+        l3_overwrite: bool = False,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         self.geometry = geometry
@@ -64,7 +67,9 @@ class TransferEngine:
         self.l2 = HostPool(geometry, l2_pages, pin=self.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, requested=backend)
         self.dma = DeviceHostMover(self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages)
-        self.l3 = L3File(l3_path, l3_slots, geometry.bytes_per_page)
+        self.l3 = L3File(
+            l3_path, l3_slots, geometry.bytes_per_page, geometry=geometry, overwrite=l3_overwrite
+        )
         try:
             self.storage = StorageMover(self.l3, self.l2.bytes_view(), io_threads=io_threads, faults=faults)
         except HiCacheError:

@@ -87,8 +87,9 @@ def check_capacities(l1_pages: object, l2_pages: object, l3_slots: object) -> No
 class NullEngine:
     """The byte-free twin of `TransferEngine`: same constructor, same methods.
 
-    `device`, `l3_path`, `backend`, `io_threads` and `faults` are accepted and ignored (a null
-    plane has no device, file or kernels; its failures are the caller's `finish(False)`).
+    `device`, `l3_path`, `l3_overwrite`, `backend`, `io_threads` and `faults` are accepted and
+    ignored (a null plane has no device, file or kernels; its failures are the caller's
+    `finish(False)`).
     """
 
     has_bytes = False
@@ -96,7 +97,7 @@ class NullEngine:
     def __init__(
         self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
         device: str | None = None, l3_path: str | None = None, backend: str = "auto",
-        io_threads: int = 4, faults: object = None,
+        io_threads: int = 4, faults: object = None, l3_overwrite: bool = False,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         self.geometry = geometry

@@ -1,13 +1,17 @@
-"""The L3 tier: one local file of fixed slots, and its in-memory metadata.
+"""The L3 tier: one local file of fixed slots after a header, and its in-memory metadata.
 
-    file offset   0        B        2B               s*B            slots*B
-                  | slot 0 | slot 1 | ...            | slot s | ... |
-    B = bytes_per_page; slot s lives at s * B, computed, never allocated.
+    file offset   0        H        H + B    H + 2B           H + s*B          H + slots*B
+                  | header | slot 0 | slot 1 | ...            | slot s | ...   |
+    H = HEADER_BYTES (4096), B = bytes_per_page; slot s lives at H + s*B, computed, never
+    allocated. The header (`l3format.py`) says the file is hicache's, and for what geometry.
 
 The file is sized once at start (`ftruncate`, then `posix_fallocate` so that a full disk shows
 up here, not halfway through a backup). Its metadata -- which slots hold a written page, and
-each slot's checksum -- lives only in this process, so an explicit path is truncated at start:
-bytes left by an earlier process are never trusted.
+each slot's checksum -- lives only in this process: a file opened again, by this process or
+another, starts with every slot empty (it is truncated to its new header when taken over),
+so bytes left by an earlier process are never trusted. An existing path is taken over only
+when it is already a hicache L3 file, or when the caller says to overwrite it; a symlink never
+is (see `L3File`).
 
 Checksum: `zlib.crc32` of the whole page (4 bytes of metadata per slot). Measured on 2.25 MiB
 pages (Qwen3-8B, 2,359,296 bytes/page), one thread, 200 rounds interleaved, GB/s best/median
@@ -44,8 +48,13 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 
-from hicache.errors import ConfigError, CorruptSlot, StorageError
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
+from hicache.errors import ConfigError, CorruptSlot, L3PathRefused, StorageError
 from hicache.invariants.snapshot import Pages
+
+MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
+
 
 def page_checksum(data: memoryview) -> int:
     """crc32 of one page's bytes (see the module docstring for why crc32)."""
@@ -55,27 +64,45 @@ def page_checksum(data: memoryview) -> int:
 class L3File:
     """`slots` fixed slots of `bytes_per_page` bytes each in one file, plus their checksums.
 
+    Every file starts with a header (`l3format.py`: magic, version, `geometry` when given,
+    bytes_per_page, slots); slot s lives at `offset(s)`, after it. Slot metadata is this
+    process's alone: every slot starts empty, whatever the file held before.
+
     `path=None`: a temporary file (mode 0600) whose name is removed as soon as it is created:
     the descriptor keeps it, and the kernel frees its space when the descriptor closes --
     on `close()`, at exit, or when the process is killed (SIGKILL, the OOM killer), so a
     crashed server never leaves gigabytes behind. `path` then names where it was, for
-    messages. An explicit path is created or truncated (mode 0600). Raises `StorageError` naming the path when it
-    cannot be used, `ConfigError` for non-positive sizes.
+    messages.
+
+    An explicit `path` (its directories may be symlinks, its last component may not):
+
+    - missing: created exclusively (O_CREAT|O_EXCL, mode 0600);
+    - a hicache L3 file (magic, header checksum and version valid): taken over -- mode set
+      to 0600, truncated, a new header for this geometry and slot count written, resized;
+    - any other regular file: refused, unless `overwrite` -- then taken over the same way;
+    - a symlink (never followed: O_NOFOLLOW, even with `overwrite`), a directory, FIFO,
+      device or socket: refused.
+
+    The decision is made on the opened descriptor (fstat, then the header read from it), so
+    the name cannot be swapped between check and use. A refused path is left exactly as it
+    was -- bytes, mode, a symlink's target -- and raises `L3PathRefused` (a StorageError)
+    saying why and what to do. Other failures raise `StorageError` naming the path;
+    non-positive sizes or a geometry of another bytes_per_page raise `ConfigError`.
     """
 
-    def __init__(self, path: str | None, slots: int, bytes_per_page: int) -> None:
-        if not isinstance(slots, int) or slots <= 0:
-            raise ConfigError("l3.slots", f"must be a positive integer, got {slots!r}")
-        if not isinstance(bytes_per_page, int) or bytes_per_page <= 0:
-            raise ConfigError(
-                "l3.bytes_per_page", f"must be a positive integer, got {bytes_per_page!r}"
-            )
+    def __init__(
+        self, path: str | None, slots: int, bytes_per_page: int, *,
+        geometry: KVGeometry | None = None, overwrite: bool = False,
+    ) -> None:
+        _check_config(slots, bytes_per_page, geometry, overwrite)
         self.slots = slots
         self.bytes_per_page = bytes_per_page
-        self.size_bytes = slots * bytes_per_page
+        self.header = L3Header(bytes_per_page, slots, geometry)
+        self.size_bytes = HEADER_BYTES + slots * bytes_per_page  # the file: header and slots
         self.temporary = path is None
-        self.path, self._fd = _open_temp() if path is None else _open_explicit(path)
+        self.path, self._fd = _open_temp() if path is None else _open_explicit(path, overwrite)
         try:
+            self._write_header()
             self._size_file()
             st = os.fstat(self._fd)
         except BaseException:
@@ -101,8 +128,8 @@ class L3File:
         return self._fd < 0
 
     def offset(self, slot: int) -> int:
-        """Byte offset of `slot` in the file."""
-        return slot * self.bytes_per_page
+        """Byte offset of `slot` in the file: after the header, HEADER_BYTES + slot * B."""
+        return HEADER_BYTES + slot * self.bytes_per_page
 
     def check_identity(self) -> None:
         """StorageError if the path no longer names the file we opened (deleted, replaced,
@@ -123,6 +150,18 @@ class L3File:
         """ValueError naming `field` unless every slot is in [0, slots)."""
         if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.slots):
             raise ValueError(f"{field}: slot out of range [0, {self.slots}) in {slots.tolist()}")
+
+    def _write_header(self) -> None:
+        """Drop whatever the file held (its slots are not trusted), then write our header.
+        Before sizing: a file cut short by a crash while sizing is still recognisably ours."""
+        blob = encode(self.header)
+        try:
+            os.ftruncate(self._fd, 0)
+            wrote = os.pwrite(self._fd, blob, 0)
+        except OSError as e:
+            raise StorageError(self.path, f"cannot write its header: {describe_os_error(e)}") from e
+        if wrote != len(blob):
+            raise StorageError(self.path, f"header write stopped at {wrote} of {len(blob)} bytes")
 
     def _size_file(self) -> None:
         try:
@@ -218,35 +257,99 @@ def _open_temp() -> tuple[str, int]:
     return path, fd
 
 
-def _open_explicit(path: str) -> tuple[str, int]:
-    """Create or truncate `path` (0600). Refuses anything that is not a regular file before
-    touching it: truncating a device or a FIFO is never what a cache path meant."""
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
+    """Create `path` exclusively, or open what is there and decide from the descriptor
+    whether L3 may take it over (see `L3File`). Returns the absolute path and a descriptor
+    of a regular file, mode 0600; nothing in the file is changed yet."""
     path = os.path.abspath(path)
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
+        return path, os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass  # something is there (a file, a symlink, dangling or not): look at it below
     except OSError as e:
-        raise StorageError(path, f"cannot stat: {describe_os_error(e)}") from e
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise StorageError(path, "exists and is not a regular file; choose a file path for L3")
-    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        raise _cannot_open(path, "create", e) from e
+    fd = _open_existing(path)
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as e:
-        hint = "the directory does not exist" if e.errno == errno.ENOENT else "check permissions"
-        raise StorageError(path, f"cannot open for writing: {describe_os_error(e)}; {hint}") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StorageError(path, "is not a regular file; choose a file path for L3")
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode under O_CREAT; metadata is ours
+        _check_takeover(path, fd, overwrite)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode under open(); the data is ours
     except OSError as e:
         os.close(fd)
         raise StorageError(path, f"cannot set mode 0600: {describe_os_error(e)}") from e
-    except StorageError:
+    except BaseException:
         os.close(fd)
         raise
     return path, fd
+
+
+def _open_existing(path: str) -> int:
+    """A descriptor of the regular file at `path` (the name itself, never a symlink's target).
+    O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            why = "is a symbolic link; L3 never follows one, not even to overwrite it"
+            raise L3PathRefused(path, why, overwrite_helps=False) from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # a directory; a socket
+            raise _not_regular(path) from None
+        raise _cannot_open(path, "open", e) from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _not_regular(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_takeover(path: str, fd: int, overwrite: bool) -> None:
+    """L3PathRefused unless the open regular file `fd` holds a hicache L3 header, or
+    `overwrite`. Reads the header's fields; writes nothing."""
+    try:
+        raw = os.pread(fd, FIELDS_BYTES, 0)
+    except OSError as e:
+        raise StorageError(path, f"cannot read its header: {describe_os_error(e)}") from e
+    try:
+        decode(raw)
+    except ValueError as e:
+        if not overwrite:
+            raise L3PathRefused(path, f"exists and {e}", overwrite_helps=True) from None
+
+
+def _not_regular(path: str) -> L3PathRefused:
+    why = "is not a regular file (a directory, FIFO, device or socket); L3 needs a file path"
+    return L3PathRefused(path, why, overwrite_helps=False)
+
+
+def _cannot_open(path: str, what: str, e: OSError) -> StorageError:
+    hint = "check permissions"
+    if e.errno == errno.ENOENT:  # creating: no directory; opening: removed since the create
+        hint = "the directory does not exist" if what == "create" else "removed meanwhile; retry"
+    return StorageError(path, f"cannot {what} for writing: {describe_os_error(e)}; {hint}")
+
+
+def _check_config(
+    slots: int, bytes_per_page: int, geometry: KVGeometry | None, overwrite: bool
+) -> None:
+    """ConfigError naming the first bad argument of `L3File`."""
+    if not isinstance(slots, int) or slots <= 0:
+        raise ConfigError("l3.slots", f"must be a positive integer, got {slots!r}")
+    if not isinstance(bytes_per_page, int) or bytes_per_page <= 0:
+        raise ConfigError(
+            "l3.bytes_per_page", f"must be a positive integer, got {bytes_per_page!r}"
+        )
+    if HEADER_BYTES + slots * bytes_per_page > MAX_FILE_BYTES:
+        why = f"{slots} slots of {bytes_per_page} bytes exceed the largest file offset"
+        raise ConfigError("l3.slots", why)
+    if geometry is not None and geometry.bytes_per_page != bytes_per_page:
+        why = f"{geometry.bytes_per_page} bytes per page, the L3 file's is {bytes_per_page}"
+        raise ConfigError("l3.geometry", why)
+    if not isinstance(overwrite, bool):
+        raise ConfigError("l3.overwrite", f"must be True or False, got {overwrite!r}")
 
 
 def describe_os_error(e: OSError) -> str:

@@ -1,0 +1,303 @@
+"""The L3 file at an explicit path: its header, and what it does with a path that exists.
+
+A path that is not a hicache L3 file -- a text file, a symlink, a FIFO -- is refused and left
+exactly as it was (bytes, mode, a symlink's target); a hicache L3 file is taken over with every
+slot empty; the overwrite flag replaces a foreign regular file, never a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hicache import demo
+from hicache.controller.config import CacheConfig
+from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Header, decode, encode
+from hicache.dataplane.storage import L3File
+from hicache.dataplane.storage_io import StorageMover
+from hicache.errors import ConfigError, L3PathRefused, StorageError
+from hicache.invariants.snapshot import pages
+from hicache.speccheck import check_l3_header
+
+BPP = 3080  # not a multiple of 4096: an offset that forgot the header or B shows
+SLOTS = 8
+TEXT = b"my notes\nnothing to do with a KV cache\n" * 300
+SPEC_README = Path(__file__).resolve().parent.parent / "spec" / "README.md"
+
+
+def snapshot(path: Path) -> tuple[bytes, int]:
+    """A regular file's bytes and permission bits (through symlinks)."""
+    return path.read_bytes(), stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(TEXT)
+    path.chmod(0o640)
+    return path
+
+
+def l3_header_of(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(HEADER_BYTES)
+
+
+# -- refusing what is not ours ------------------------------------------------------------------
+
+def test_a_text_file_is_refused_and_left_unchanged(text_file: Path) -> None:
+    before = snapshot(text_file)
+    with pytest.raises(L3PathRefused) as info:
+        L3File(str(text_file), SLOTS, BPP)
+    assert snapshot(text_file) == before == (TEXT, 0o640)
+    e = info.value
+    assert e.path == str(text_file) and str(text_file) in str(e)
+    assert "not a hicache L3 file" in str(e) and "nothing was changed" in str(e)
+    assert e.overwrite_helps and "l3_overwrite" in str(e)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_symlink_is_never_followed_even_to_overwrite(tmp_path: Path, text_file: Path,
+                                                       overwrite: bool) -> None:
+    link = tmp_path / "l3.slots"
+    link.symlink_to(text_file)
+    before = snapshot(text_file)
+    with pytest.raises(L3PathRefused, match="symbolic link") as info:
+        L3File(str(link), SLOTS, BPP, overwrite=overwrite)
+    assert snapshot(text_file) == before and link.is_symlink()
+    assert not info.value.overwrite_helps and "l3_overwrite" not in str(info.value)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_symlink_to_an_l3_file_or_to_nowhere_is_refused(tmp_path: Path, overwrite: bool) -> None:
+    real = tmp_path / "real.slots"
+    L3File(str(real), SLOTS, BPP).close()
+    before = real.read_bytes()
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "would-be-created")
+    for link, target in ((tmp_path / "to-l3", real), (dangling, None)):
+        if target is not None:
+            link.symlink_to(target)
+        with pytest.raises(L3PathRefused, match="symbolic link"):
+            L3File(str(link), SLOTS, BPP, overwrite=overwrite)
+    assert real.read_bytes() == before
+    assert not (tmp_path / "would-be-created").exists()  # O_EXCL never creates through a link
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_non_regular_files_are_refused_even_with_overwrite(tmp_path: Path, overwrite: bool) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad in (fifo, tmp_path):
+        with pytest.raises(L3PathRefused, match="not a regular file") as info:
+            L3File(str(bad), SLOTS, BPP, overwrite=overwrite)
+        assert info.value.path == str(bad) and not info.value.overwrite_helps
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def garbled(kind: str) -> bytes:
+    """Bytes that start like (or nothing like) an L3 header but must not be taken for one."""
+    good = encode(L3Header(BPP, SLOTS, None)) + bytes(SLOTS * BPP)
+    if kind == "empty":
+        return b""
+    if kind == "magic only":
+        return good[:8]
+    if kind == "truncated fields":
+        return good[:FIELDS_BYTES - 1]
+    if kind == "flipped slots field":
+        return good[:24] + bytes([good[24] ^ 1]) + good[25:]
+    if kind == "wrong magic":
+        return b"HICACHL4" + good[8:]
+    assert kind == "future version"
+    head = good[:8] + struct.pack("<I", 2) + good[12:56]
+    return head + struct.pack("<I", zlib.crc32(head)) + good[60:]
+
+
+@pytest.mark.parametrize("kind,why", [
+    ("empty", "not a hicache L3 file"), ("magic only", "truncated"),
+    ("truncated fields", "truncated"), ("flipped slots field", "damaged"),
+    ("wrong magic", "not a hicache L3 file"), ("future version", "format version 2"),
+])
+def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why: str) -> None:
+    path = tmp_path / "l3.slots"
+    path.write_bytes(garbled(kind))
+    path.chmod(0o600)
+    before = snapshot(path)
+    with pytest.raises(L3PathRefused, match=why):
+        L3File(str(path), SLOTS, BPP)
+    assert snapshot(path) == before
+    with L3File(str(path), SLOTS, BPP, overwrite=True) as f:  # the explicit way out
+        assert decode(l3_header_of(path)) == f.header
+
+
+# -- taking over ---------------------------------------------------------------------------------
+
+def write_slot(l3: L3File, slot: int, seed: int) -> torch.Tensor:
+    """H2S one random page into `slot`; returns the page."""
+    g = torch.Generator().manual_seed(seed)
+    l2 = torch.randint(0, 256, (1, l3.bytes_per_page), dtype=torch.uint8, generator=g)
+    with StorageMover(l3, l2, io_threads=1) as mover:
+        assert mover.h2s(pages([0]), pages([slot])).wait(timeout_s=10) is TransferStatus.DONE
+    return l2[0]
+
+
+def test_a_hicache_l3_file_is_reused_with_every_slot_empty(tmp_path: Path) -> None:
+    path = tmp_path / "l3.slots"
+    with L3File(str(path), SLOTS, BPP) as first:
+        write_slot(first, 3, seed=1)
+        assert first.written(pages([3])).all()
+    inode = os.stat(path).st_ino
+    tiny = preset("tiny")
+    with L3File(str(path), 5, tiny.bytes_per_page, geometry=tiny) as again:
+        assert not again.written(pages(range(5))).any()  # nothing from the first is trusted
+        assert again.checksum(3) is None
+        assert os.stat(path).st_ino == inode and os.stat(path).st_size == again.size_bytes
+        assert decode(l3_header_of(path)) == L3Header(tiny.bytes_per_page, 5, tiny)
+        assert path.read_bytes()[HEADER_BYTES:] == bytes(5 * tiny.bytes_per_page)  # old bytes gone
+        again.check_identity()
+
+
+def test_overwrite_replaces_a_foreign_file(text_file: Path) -> None:
+    with L3File(str(text_file), SLOTS, BPP, overwrite=True) as f:
+        st = os.stat(text_file)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == HEADER_BYTES + SLOTS * BPP
+        data = text_file.read_bytes()
+        assert decode(data) == f.header and data[HEADER_BYTES:] == bytes(SLOTS * BPP)
+        f.check_identity()
+    assert text_file.exists()  # an explicit file is the caller's: closing keeps it
+
+
+def test_a_new_file_is_created_0600_with_a_header(tmp_path: Path) -> None:
+    path = tmp_path / "new.slots"
+    geometry = preset("tiny")
+    with L3File(str(path), SLOTS, geometry.bytes_per_page, geometry=geometry) as f:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert os.stat(path).st_size == f.size_bytes == f.offset(SLOTS)
+        assert decode(l3_header_of(path)) == L3Header(geometry.bytes_per_page, SLOTS, geometry)
+
+
+# -- the header ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("geometry", [None, preset("qwen3-8b"), KVGeometry(3, 1, 8, "fp8", 2)])
+def test_header_fields_round_trip(geometry: KVGeometry | None) -> None:
+    bpp = geometry.bytes_per_page if geometry else BPP
+    header = L3Header(bpp, 1 << 40, geometry)
+    raw = encode(header)
+    assert len(raw) == HEADER_BYTES and raw[FIELDS_BYTES:] == bytes(HEADER_BYTES - FIELDS_BYTES)
+    assert decode(raw) == header
+    # Read at the spec's offsets, not through the struct the code uses.
+    assert raw[:8] == b"HICACHL3" and struct.unpack_from("<IIQQ", raw, 8) == (1, 4096, bpp, 1 << 40)
+    shape = struct.unpack_from("<IIII", raw, 32)
+    dtype = raw[48:56].rstrip(b"\0").decode()
+    if geometry is None:
+        assert shape == (0, 0, 0, 0) and dtype == ""
+    else:
+        g = geometry
+        assert shape == (g.page_size, g.layers, g.kv_heads, g.head_dim) and dtype == g.dtype
+    assert struct.unpack_from("<I", raw, 56)[0] == zlib.crc32(raw[:56])
+
+
+def test_header_of_a_real_file_round_trips() -> None:
+    geometry = preset("tiny")
+    with L3File(None, SLOTS, geometry.bytes_per_page, geometry=geometry) as f:
+        assert decode(os.pread(f.fd, HEADER_BYTES, 0)) == f.header == L3Header(
+            geometry.bytes_per_page, SLOTS, geometry)
+
+
+def test_spec_table_is_the_header_layout() -> None:
+    readme = SPEC_README.read_text(encoding="utf-8")
+    assert check_l3_header(readme) == []
+    assert [f.offset + f.size for f in LAYOUT][-1] == HEADER_BYTES
+    drifted = readme.replace("| 24 | 8 | `slots` |", "| 24 | 4 | `slots` |")
+    (problem,) = check_l3_header(drifted)
+    assert "README.md line" in problem and "24 | 4 | slots" in problem
+
+
+def test_bad_arguments_raise_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="l3.geometry"):
+        L3File(None, SLOTS, BPP, geometry=preset("tiny"))
+    with pytest.raises(ConfigError, match="l3.overwrite"):
+        L3File(None, SLOTS, BPP, overwrite="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="l3.slots"):
+        L3File(None, 1 << 62, BPP)
+    with pytest.raises(ConfigError, match="l3_overwrite"):
+        CacheConfig(l3_overwrite=1)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- slots at their offsets ------------------------------------------------------------------
+
+def test_slot_bytes_live_after_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "l3.slots"
+    with L3File(str(path), SLOTS, BPP) as f:
+        page = write_slot(f, 5, seed=2)
+        on_disk = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+        assert f.offset(5) == HEADER_BYTES + 5 * BPP
+        assert np.array_equal(on_disk[f.offset(5):f.offset(6)], page.numpy())
+        assert not on_disk[HEADER_BYTES:f.offset(5)].any() and not on_disk[f.offset(6):].any()
+        assert decode(on_disk[:HEADER_BYTES].tobytes()) == f.header  # the header is intact
+
+
+def test_engine_refuses_a_text_file_and_overwrites_only_when_told(text_file: Path) -> None:
+    geometry = preset("tiny")
+    before = snapshot(text_file)
+    with pytest.raises(L3PathRefused):
+        TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file))
+    assert snapshot(text_file) == before
+    with TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch",
+                        l3_path=str(text_file), l3_overwrite=True) as engine:
+        assert decode(l3_header_of(text_file)) == L3Header(geometry.bytes_per_page, 4, geometry)
+        raw = engine.l2.bytes_view()
+        raw[1] = torch.arange(raw.shape[1], dtype=torch.int64).remainder(251).to(torch.uint8)
+        assert engine.h2s(pages([1]), pages([2])).wait(timeout_s=10) is TransferStatus.DONE
+        assert engine.digests("L3", pages([2]))[0] == engine.digests("L2", pages([1]))[0]
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+def test_demo_refuses_an_existing_text_file(text_file: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(text_file)
+    assert demo.main(["--quiet", "--requests", "1", "--l3-path", str(text_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hicache demo: --l3-path ")
+    assert str(text_file) in err and "--l3-overwrite" in err
+    assert snapshot(text_file) == before
+
+
+def test_demo_refuses_a_symlink_even_with_overwrite(tmp_path: Path, text_file: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    link = tmp_path / "l3.slots"
+    link.symlink_to(text_file)
+    before = snapshot(text_file)
+    args = ["--quiet", "--requests", "1", "--l3-path", str(link), "--l3-overwrite"]
+    assert demo.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "symbolic link" in err and "--l3-overwrite" not in err
+    assert snapshot(text_file) == before
+
+
+def test_demo_help_says_what_happens_to_an_existing_path(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "is refused and left unchanged" in text and "symlink is never followed" in text
+    assert "--l3-overwrite" in text and "its slots start empty" in text
+
+
+def test_storage_error_still_names_a_missing_directory(tmp_path: Path) -> None:
+    bad = tmp_path / "missing" / "l3.slots"
+    with pytest.raises(StorageError, match="directory does not exist") as info:
+        L3File(str(bad), SLOTS, BPP)
+    assert not isinstance(info.value, L3PathRefused) and info.value.path == str(bad)
