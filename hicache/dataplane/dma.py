@@ -27,7 +27,9 @@ tensor the device touches asynchronously (packed buffer, index buffers, pinned s
 pool slices) is a workspace the handle holds, or the pool itself, and goes back to the
 workspace cache only once the handle is final (its last event passed, or quiesced). On CPU
 the same code runs with no streams, synchronously, and the handle completes on its first
-poll. One thread issues and polls (not thread-safe).
+poll. One thread issues and polls (not thread-safe), and never while it captures a CUDA graph:
+issuing allocates and records events, polling queries them -- calls a capture refuses
+(capture.py). Work already queued may stay in flight across a capture.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ by the same function the null engine uses (`null.transfer_pages`): both planes r
 InvalidPages for the same inputs, before anything is issued.
 
 `digests(tier, pages)` fingerprints page bytes for invariant I4; the same bytes give the same
-digest in L1, L2 and L3. Not thread-safe: one thread issues and polls.
+digest in L1, L2 and L3. Not thread-safe: one thread issues and polls. Transfers may be in
+flight while that thread captures a CUDA graph; `capture.py` says what may run meanwhile.
 """
 
 from __future__ import annotations

@@ -13,13 +13,22 @@ serving benchmark builds ~30) runs out of pinned memory with most of it cached a
 pool that owns it must therefore outlive every transfer that uses it (the movers hold their
 pools, and handles hold their movers). A view that outlives the tensor sees ordinary
 (pageable) memory: copies from it stay correct, only synchronous.
+
+Collection can happen at any allocation, on any thread -- also while a CUDA graph is being
+captured, where `cudaHostUnregister` would invalidate the capture. So the unregister goes
+through `capture.outside_capture`: during a capture window it waits until the window closes
+(capture.py states what may run during a capture). The memory is kept until it is unregistered:
+page-locked memory must not be freed while registered.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
+
+from hicache.dataplane.capture import outside_capture
 
 REGISTER_DEFAULT = 0  # cudaHostRegisterDefault: page-locked, usable by every context (UVA)
 
@@ -40,11 +49,14 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if status != 0:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed (cudaError {status}); "
                            f"host memory or the locked-memory limit (ulimit -l) is short")
-    weakref.finalize(tensor, _unregister, ptr)
+    # The finalizer holds the storage, so the memory outlives the tensor until unregistered.
+    unregister = functools.partial(_unregister, ptr, tensor.untyped_storage())
+    weakref.finalize(tensor, outside_capture, unregister)
     return tensor
 
 
-def _unregister(ptr: int) -> None:
-    # Why the status is ignored: this runs at collection or interpreter exit, where raising
-    # helps nobody; a failure means the context is already gone, and the pages with it.
+def _unregister(ptr: int, memory: torch.UntypedStorage) -> None:
+    """Unlock `ptr`; `memory` (its storage) is freed by the caller dropping it afterwards."""
+    # Why the status is ignored: this runs after collection or at interpreter exit, where
+    # raising helps nobody; a failure means the context is already gone, and the pages with it.
     torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]

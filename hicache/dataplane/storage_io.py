@@ -22,9 +22,11 @@ Bytes go straight between the L2 tensor's memory and the file: every piece's buf
 slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Pieces
 run on one bounded `ThreadPoolExecutor` of `io_threads` threads; a transfer submits one
 task per thread (not per piece), and each takes the next piece until none is left. Both
-syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. A short return is resumed
-from where it stopped, at most `MAX_SHORT_RESUMES` times per piece, never accepted (bug
-class B14); Linux alone caps one call at 2 GiB - 4 KiB, so a larger piece needs a resume.
+syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. The threads make no CUDA
+call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
+a capture). A short return is resumed from where it stopped, at most `MAX_SHORT_RESUMES`
+times per piece, never accepted (bug class B14); Linux alone caps one call at 2 GiB - 4 KiB,
+so a larger piece needs a resume.
 
 Metadata order (DESIGN.md §7, completion precedes publication): an H2S forgets its target
 slots' checksums when issued and records them only when its completion is observed DONE; a

@@ -26,6 +26,15 @@ Modes (`mode=`):
 
 `graphs` keeps at most `GRAPHS_MAX` captured shapes (least recently used is dropped); each holds
 the activations and the KV of its shape in its own memory pool.
+
+Captures are lazy: the first `produce` of a shape captures it, in the middle of serving, while
+the transfer engine has work in flight. What may run meanwhile is the contract of
+`hicache.dataplane.capture`: the capture runs in a capture window (garbage collected first, the
+collector off until the end, finalizers that call CUDA deferred), in thread-local capture mode,
+so L3 I/O threads and queued DMAs go on undisturbed. The caller must not issue or poll
+transfers from another thread during `produce` (the data plane is single-threaded anyway).
+Without the window, a collection inside the capture can unregister a dropped controller's
+pinned L2 pool there, which invalidates the capture (`cudaErrorStreamCaptureInvalidated`).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from typing import Any
 
 import torch
 
+from hicache.dataplane.capture import capture
 from hicache.dataplane.geometry import PRESETS as GEOMETRY_PRESETS
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.pools import TORCH_DTYPES, resolve_device
@@ -264,7 +274,8 @@ class ModelProducer:
         return torch.stack([keys, values]).transpose(2, 3)
 
     def _capture(self, start: int, n: int) -> _Captured:
-        """Capture one prefill of `n` tokens after a `start`-token prefix as a CUDA graph."""
+        """Capture one prefill of `n` tokens after a `start`-token prefix as a CUDA graph
+        (in a capture window: see the module docstring)."""
         s = self.shape
         input_ids = torch.zeros((1, n), dtype=torch.int64, device=self.device)
         empty = torch.zeros(
@@ -279,8 +290,7 @@ class ModelProducer:
         torch.cuda.current_stream(self.device).wait_stream(side)
         cache, held = self._cache_from(empty)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._run(cache, input_ids, start)
+        capture(graph, lambda: self._run(cache, input_ids, start))
         return _Captured(graph, input_ids, held, dict(cache.new_kv))
 
 
