@@ -55,7 +55,13 @@ def test_l1_deadlock_between_live_requests_is_broken_by_preemption() -> None:
         loop = ServingLoop(ctl, batch_size=2)
         report = loop.run([RequestSpec(2, a_prefix + prompt(3000, 6), 1, "a"),
                            RequestSpec(3, b_prefix + prompt(4000, 6), 1, "b")])
-        assert report.requests == 2 and report.preemptions == 1
+        assert report.requests == 2 and report.preemptions == 1 and report.admissions == 3
+        # B''s first admission is counted as a preemption, and the L1 hit credited to it (its
+        # 7-page prefix) is taken back: every admitted prompt token is counted exactly once.
+        m = ctl.metrics
+        assert (m.preemptions, m.preempted_tokens, m.preempted_hits["L1"]) == (1, 13 * PS, 7 * PS)
+        shares = m.token_shares()
+        assert sum(shares.values()) == m.prompt_tokens and shares["preempted"] == 13 * PS
         assert ctl.cp.checker.violations_found == 0
         assert all(table.count(1) == 0 for table in ctl.cp.tables)  # no private page left
     finally:
