@@ -6,11 +6,14 @@ sized from the workload, and no progress bar in a log file.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +32,16 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
     assert demo.main(list(args)) == 0
     captured = capsys.readouterr()
     return captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """The report and the JSON summary of one TIGHT run (shared: a demo run takes a second)."""
+    path = tmp_path_factory.mktemp("demo") / "demo.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert demo.main([*TIGHT, "--json", str(path)]) == 0
+    return out.getvalue(), json.loads(path.read_text())
 
 
 def test_report_echoes_the_configuration_and_defines_every_term(
@@ -54,16 +67,16 @@ def test_report_echoes_the_configuration_and_defines_every_term(
     assert undefined <= configuration | {"D2H", "H2D", "H2S", "S2H"}  # those are, by name
 
 
-def test_always_policy_decisions_say_why_they_recompute(capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = run(capsys, *TIGHT)
+def test_always_policy_decisions_say_why_they_recompute(tight: tuple[str, Any]) -> None:
+    out, _ = tight
     section = next(s for s in out.split("\n\n") if s.startswith("Decisions by reason"))
     rows = dict(re.findall(r"^  (.+?)  +([\d,]+)$", section, flags=re.MULTILINE))
     assert int(rows["recompute: nothing cached beyond L1"]) > 0
     assert int(rows["total"]) == 42  # 40 requests + 2 preemptions: one decision per admission
 
 
-def test_token_shares_print_as_exactly_100_percent(capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = run(capsys, *TIGHT)
+def test_token_shares_print_as_exactly_100_percent(tight: tuple[str, Any]) -> None:
+    out, _ = tight
     section = next(s for s in out.split("\n\n") if s.startswith("Prompt tokens by source"))
     rows = re.findall(r"^  (.+?)  +([\d,]+)  +([\d.]+)%$", section, flags=re.MULTILINE)
     *parts, total = rows
@@ -79,10 +92,8 @@ def test_percents_add_to_exactly_100() -> None:
     assert sum(round(float(p[:-1]) * 10) for p in shares) == 1000
 
 
-def test_json_stays_machine_readable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "demo.json"
-    run(capsys, *TIGHT, "--json", str(out))
-    s = json.loads(out.read_text())
+def test_json_stays_machine_readable(tight: tuple[str, dict[str, Any]]) -> None:
+    _, s = tight
     assert s["config"]["l1_pages"] == 40 and s["config"]["sized"] == []
     assert s["decision_reasons"]["recompute: nothing cached beyond L1"] > 0
     assert sum(s["decision_reasons"].values()) == s["admissions"]
@@ -131,8 +142,8 @@ def test_300_requests_run_with_the_default_sizes(
 def test_no_progress_bar_unless_stderr_is_a_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, err = run(capsys, *TIGHT)  # captured stderr is not a terminal: a CI log
+    _, err = run(capsys, *TIGHT, "--check-mode", "off")  # captured stderr: not a terminal
     assert err == ""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    _, err = run(capsys, *TIGHT)
+    _, err = run(capsys, *TIGHT, "--check-mode", "off")
     assert err.endswith("] 40/40 requests\n")
