@@ -5,16 +5,23 @@
     hicache spec write-diagrams [--spec-dir DIR]    refresh the generated blocks in lifecycle.md
     hicache invariants                              the registered checks: id, name, one line
     hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
+    hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
+    hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
-naming the option). Delegated commands live in `DELEGATED`; their modules are imported only
-when run, so `hicache spec check` needs neither torch nor the data plane.
+naming the option), 130 interrupted (Ctrl-C; one line on stderr), 141 stdout was closed early
+(`hicache invariants | head -1`; nothing on stderr, as a Unix tool cut off by SIGPIPE).
+Delegated commands live in `DELEGATED`; their modules are imported only when run, so
+`hicache spec check` needs neither torch nor the data plane.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
@@ -38,8 +45,24 @@ DELEGATED: dict[tuple[str, ...], str] = {
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
 
+SUMMARIES: dict[tuple[str, ...], str] = {
+    ("bench",): "benchmarks of hicache's own code (`hicache bench NAME --help` for each)",
+    ("bench", "control"): "time the radix tree's match and insert on the CPU",
+    ("bench", "invariants"): "time the invariant checks on synthetic snapshots of N pages",
+    ("bench", "kernels"): "gather/scatter GB/s against a device copy (needs CUDA)",
+    ("bench", "storage"): "L3 file write/read GB/s against raw pwrite/preadv",
+    ("bench", "transfer"): "L1<->L2 DMA, L3 and kernels in one report (needs CUDA; --quick on CPU)",
+    ("bench", "recompute"): "prefill latency of the model producer (needs CUDA)",
+    ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
+    ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
+}
+"""Command words -> the one line `--help` shows for them (a command without one shows its
+module's name)."""
+
 EXIT_DRIFT = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: what a shell reports for a command ended by Ctrl-C
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141: a tool cut off by `| head` (SIGPIPE)
 
 
 class UsageError(HiCacheError):
@@ -54,8 +77,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the exit status (the console script exits with it)."""
+    """Run one command; returns the exit status (the console script exits with it).
+
+    Ctrl-C ends any command with one line on stderr and status 130; a reader that closes
+    stdout early (`| head`) ends it quietly with status 141, as Unix tools do."""
     words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _dispatch(words)
+        sys.stdout.flush()  # a reader gone away shows here, not at interpreter exit
+        return status
+    except KeyboardInterrupt:
+        print(f"{_command_name(words)}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(words: list[str]) -> int:
     try:
         delegated = _delegated(words)
         if delegated is not None:
@@ -71,8 +110,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def _command_name(words: list[str]) -> str:
+    """`hicache` and the command words, as messages name the command (`hicache demo`)."""
+    for n in (2, 1):
+        if tuple(words[:n]) in DELEGATED:
+            return " ".join(["hicache", *words[:n]])
+    command = [w for w in words[:1] if not w.startswith("-")]
+    return " ".join(["hicache", *command])
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, and that flush would raise
+    BrokenPipeError once more (the recipe of the Python docs' note on SIGPIPE)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a real file (a test's capture): nothing is flushed to a pipe at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hicache")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown: the package is not installed; `pip install -e .`)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hicache", description="Executable spec of a hierarchical KV cache.")
+    parser.add_argument("--version", action="version", version=f"hicache {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_Parser)
     spec = commands.add_parser("spec", help="check the spec, print or refresh its diagrams")
@@ -109,20 +177,28 @@ def _delegated(words: list[str]) -> tuple[str, list[str]] | None:
 
 
 def _add_delegated(commands: argparse._SubParsersAction[_Parser]) -> None:
-    groups: dict[str, dict[str, str]] = {}
-    for words, module in DELEGATED.items():
+    """One parser per delegated command, for `--help` and usage errors only (`_delegated`
+    runs the command before argparse sees it)."""
+    groups: dict[str, list[tuple[str, ...]]] = {}
+    for words in DELEGATED:
         if len(words) == 1:
-            cmd = commands.add_parser(words[0], help=f"run {module}", add_help=False)
-            cmd.add_argument("args", nargs="*", help=f"passed to {module}.main")
-            cmd.set_defaults(handler=_not_dispatched)
+            _add_passthrough(commands, words)
         else:
-            groups.setdefault(words[0], {})[words[1]] = module
+            groups.setdefault(words[0], []).append(words)
     for group, members in groups.items():
-        cmd = commands.add_parser(group, help=f"{group}: {', '.join(members)}")
-        cmd.add_argument("name", choices=sorted(members), metavar="NAME",
-                         help=f"one of {', '.join(sorted(members))}")
-        cmd.add_argument("args", nargs="*", help="passed to the module's main")
-        cmd.set_defaults(handler=_not_dispatched)
+        cmd = commands.add_parser(group, help=SUMMARIES.get((group,), group),
+                                  description=SUMMARIES.get((group,)))
+        names = cmd.add_subparsers(dest="name", required=True, metavar="NAME",
+                                   parser_class=_Parser)
+        for words in sorted(members):
+            _add_passthrough(names, words)
+
+
+def _add_passthrough(commands: argparse._SubParsersAction[_Parser], words: tuple[str, ...]) -> None:
+    module = DELEGATED[words]
+    cmd = commands.add_parser(words[-1], help=SUMMARIES.get(words, f"run {module}"), add_help=False)
+    cmd.add_argument("args", nargs="*", help=f"passed to {module}.main ({words[-1]} --help)")
+    cmd.set_defaults(handler=_not_dispatched)
 
 
 # -- handlers -----------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 happened -- hits by tier, policy decisions, transfer bandwidths, invariant checks.
 
 Defaults fit a 2-core CPU in well under a minute: the `tiny` geometry, CPU when there is no
-GPU, a temporary L3 file, a working set larger than L1 (and L2), so restores come from both
-lower tiers; invariants are checked after every transition and every restored page is
-compared byte for byte with recomputation (the synthetic producer).
+GPU, a temporary L3 file, capacities sized from the workload (`hicache.demo_sizing`: L1 holds
+the longest prompt and room for the batch, the working set is larger than L1 and L2, so
+restores come from both lower tiers); invariants are checked after every transition and every
+restored page is compared byte for byte with recomputation (the synthetic producer). The
+report (`hicache.demo_report`) echoes the configuration; `--help` ends with its glossary.
 """
 
 from __future__ import annotations
@@ -30,17 +32,34 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, except None and off flags (their help says what happens),
+    and keeps the glossary epilog's layout."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hicache demo", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    from hicache.demo_report import glossary_text
+
+    p = _Parser(prog="hicache demo", description=__doc__.split("\n\n")[0] if __doc__ else None,
+                formatter_class=_HelpFormatter, epilog=glossary_text())
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--geometry", default="tiny", help="KV geometry preset: tiny, qwen3-4b, qwen3-8b")
     p.add_argument("--policy", default="always",
-                   help="always (default here: every tier is exercised), cost, never, threshold")
+                   help="restore or recompute: always (uses every tier), cost, never, threshold")
     p.add_argument("--write-policy", default="write_through",
                    help="write_through, write_through_selective, write_back")
-    p.add_argument("--l1-pages", type=int, default=160)
-    p.add_argument("--l2-pages", type=int, default=256)
-    p.add_argument("--l3-slots", type=int, default=1024)
+    p.add_argument("--l1-pages", type=int, default=None,
+                   help="L1 capacity in pages (default: the longest prompt + (batch size - 1) "
+                        "x the mean prompt)")
+    p.add_argument("--l2-pages", type=int, default=None,
+                   help="L2 capacity in pages (default: 3/2 x L1)")
+    p.add_argument("--l3-slots", type=int, default=None,
+                   help="L3 capacity in page slots (default: every distinct page of the workload)")
     p.add_argument("--l3-path", default=None, help=(
         "L3 file (default: a temporary file that leaves nothing on disk). A new path is "
         "created (mode 0600) with a header; an existing one is used only if it is a hicache "
@@ -50,16 +69,17 @@ def parser() -> argparse.ArgumentParser:
         "let --l3-path replace an existing regular file that is not a hicache L3 file (its "
         "contents are lost, its mode becomes 0600); never a symlink, directory or device"))
     p.add_argument("--requests", type=int, default=120, help="requests in the workload")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=4, help="live requests at most")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload")
     p.add_argument("--check-mode", default="every", help="off, every, 'periodic N'")
     p.add_argument("--backend", default="auto", help="gather/scatter kernels: auto, triton, torch")
-    p.add_argument("--io-threads", type=int, default=4)
+    p.add_argument("--io-threads", type=int, default=4, help="threads doing L3 file I/O")
     p.add_argument("--no-prefetch", action="store_true", help="restores block (no decode overlap)")
     p.add_argument("--no-promotion", action="store_true", help="do not keep L3 restores in L2")
     p.add_argument("--json", default=None, help="write the summary as JSON to this path")
     p.add_argument("--prometheus", default=None, help="write the metrics in Prometheus text format")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (it is drawn only when stderr is a terminal)")
     return p
 
 
@@ -87,26 +107,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hicache.controller.config import CacheConfig
     from hicache.controller.controller import CacheController
+    from hicache.dataplane.geometry import preset
+    from hicache.demo_report import DecisionTally, format_report
+    from hicache.demo_sizing import size_tiers
     from hicache.serving import ServingLoop
     from hicache.workload import shared_prefix_workload
 
+    workload = shared_prefix_workload(args.requests, seed=args.seed)
+    sizes = size_tiers(workload, preset(args.geometry).page_size, args.batch_size,
+                       l1_pages=args.l1_pages, l2_pages=args.l2_pages, l3_slots=args.l3_slots)
     config = CacheConfig(
-        geometry=args.geometry, l1_pages=args.l1_pages, l2_pages=args.l2_pages, l3_slots=args.l3_slots,
-        device=args.device, l3_path=args.l3_path, backend=args.backend, policy=args.policy,
-        write_policy=args.write_policy, promotion=not args.no_promotion, prefetch=not args.no_prefetch,
-        check_mode=args.check_mode, io_threads=args.io_threads, l3_overwrite=args.l3_overwrite,
+        geometry=args.geometry, l1_pages=sizes.l1_pages, l2_pages=sizes.l2_pages,
+        l3_slots=sizes.l3_slots, device=args.device, l3_path=args.l3_path, backend=args.backend,
+        policy=args.policy, write_policy=args.write_policy, promotion=not args.no_promotion,
+        prefetch=not args.no_prefetch, check_mode=args.check_mode, io_threads=args.io_threads,
+        l3_overwrite=args.l3_overwrite,
     )
     started = time.perf_counter()
     ctl = CacheController(config)
+    tally = ctl.policy = DecisionTally(ctl.policy)
     try:
-        workload = shared_prefix_workload(args.requests, seed=args.seed)
         loop = ServingLoop(ctl, batch_size=args.batch_size)
-        report = loop.run(workload, None if args.quiet else _progress_bar)
+        draw = not args.quiet and sys.stderr.isatty()  # a log file gets no progress bar
+        report = loop.run(workload, _progress_bar if draw else None)
         status = ctl.status()
     finally:
         ctl.close()
     summary = _summary(ctl, report, status, time.perf_counter() - started)
-    print(_table(summary))
+    summary["config"] = _config_echo(args, config, sizes.sized, status["engine"], summary["device"])
+    summary["decision_reasons"] = dict(tally.by_reason)
+    longest = max(workload, key=lambda r: len(r.tokens))
+    summary["longest_prompt"] = {"request_id": longest.request_id, "tokens": len(longest.tokens),
+                                 "pages": -(-len(longest.tokens) // config.kv.page_size)}
+    print(format_report(summary))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2, default=str)
@@ -126,6 +159,25 @@ def _progress_bar(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
+def _config_echo(args: argparse.Namespace, config: object, sized: frozenset[str],
+                 engine: object, device: object) -> dict[str, object]:
+    """Every setting the run used (`engine`: the data plane's status; `device`: the one it
+    resolved), as the report's Configuration section shows it."""
+    from hicache.controller.config import CacheConfig
+
+    assert isinstance(config, CacheConfig) and isinstance(engine, dict)
+    return {
+        "geometry": args.geometry, "geometry_fields": vars(config.kv),
+        "bytes_per_page": config.kv.bytes_per_page, "l1_pages": config.l1_pages,
+        "l2_pages": config.l2_pages, "l3_slots": config.l3_slots, "sized": sorted(sized),
+        "l3_path": config.l3_path, "write_policy": config.write_policy, "policy": config.policy,
+        "check_mode": config.check_mode, "device": str(device),
+        "backend": config.backend, "backends": engine["backends"], "seed": args.seed,
+        "batch_size": args.batch_size, "requests": args.requests, "prefetch": config.prefetch,
+        "promotion": config.promotion, "io_threads": config.io_threads,
+    }
+
+
 def _summary(ctl: object, report: object, status: dict[str, object], wall_s: float) -> dict[str, object]:
     from hicache.controller.controller import CacheController
     from hicache.serving import LoopReport
@@ -134,57 +186,21 @@ def _summary(ctl: object, report: object, status: dict[str, object], wall_s: flo
     m = ctl.metrics
     return {
         "device": str(ctl.engine.device), "geometry": vars(ctl.config.kv), "policy": ctl.policy.name,
-        "requests": report.requests, "wall_s": wall_s, "requests_per_s": report.requests_per_s,
-        "prompt_tokens": m.prompt_tokens, "hit_tokens": dict(m.hit_tokens),
-        "recomputed_tokens": m.recomputed_tokens, "decisions": dict(m.decisions),
+        "requests": report.requests, "admissions": report.admissions,
+        "preemptions": m.preemptions, "wall_s": wall_s, "requests_per_s": report.requests_per_s,
+        "prompt_tokens": m.prompt_tokens, "token_shares": m.token_shares(),
+        "hit_tokens": dict(m.hit_tokens), "recomputed_tokens": m.recomputed_tokens,
+        "preempted_tokens": m.preempted_tokens, "decisions": dict(m.decisions),
         "policy_skips": m.policy_skips, "fallbacks": m.fallbacks, "restores": m.restores,
         "verified_pages": m.verified_pages, "evictions": dict(m.evictions), "promotions": m.promotions,
         "dropped_tokens": dict(m.dropped_tokens),
+        "l3_invalidated_pages": dict(m.l3_invalidated_pages),
         "transfers": {d: {"count": s.count, "failed": s.failed, "bytes": s.bytes, "gib_per_s": s.gib_per_s}
                       for d, s in m.directions.items()},
         "decode_steps": report.decode_steps, "decode_overlap_s": report.decode_overlap_s,
-        "preemptions": report.preemptions,
         "prediction_error": ctl.decisions.summary(),
         "invariants": status["invariant_checks"], "tiers": status["tiers"],
     }
-
-
-def _table(s: dict[str, object]) -> str:
-    hits = s["hit_tokens"]
-    assert isinstance(hits, dict)
-    prompt = max(1, int(s["prompt_tokens"]))  # type: ignore[call-overload]
-    lines = [
-        f"hicache demo: {s['requests']} requests on {s['device']} in {float(s['wall_s']):.1f} s "  # type: ignore[arg-type]
-        f"({float(s['requests_per_s']):.1f} req/s), policy {s['policy']}",  # type: ignore[arg-type]
-        "",
-        "| tokens | count | share of prompt tokens |",
-        "| --- | --- | --- |",
-    ]
-    for tier in ("L1", "L2", "L3"):
-        lines.append(f"| hit in {tier} | {hits[tier]:,} | {hits[tier] / prompt:.1%} |")
-    rec = int(s["recomputed_tokens"])  # type: ignore[call-overload]
-    lines.append(f"| recomputed | {rec:,} | {rec / prompt:.1%} |")
-    lines += ["", "| decision | count |", "| --- | --- |"]
-    decisions = s["decisions"]
-    assert isinstance(decisions, dict)
-    lines += [f"| {k} | {v} |" for k, v in sorted(decisions.items())]
-    lines += ["", "| transfer | count | failed | MiB | MiB/s (steady) |", "| --- | --- | --- | --- | --- |"]
-    transfers = s["transfers"]
-    assert isinstance(transfers, dict)
-    for d, t in transfers.items():
-        lines.append(f"| {d} | {t['count']} | {t['failed']} | {t['bytes'] / 2**20:.1f} | {t['gib_per_s'] * 1024:.1f} |")
-    inv = s["invariants"]
-    assert isinstance(inv, dict)
-    lines += [
-        "",
-        f"restores {s['restores']}, restored pages verified byte for byte {s['verified_pages']}, "
-        f"fallbacks {s['fallbacks']}, policy skips {s['policy_skips']}, evictions {s['evictions']}",
-        f"decode steps {s['decode_steps']}, decode overlapped with restores "
-        f"{float(s['decode_overlap_s']) * 1e3:.1f} ms, dropped tokens {s['dropped_tokens']}, "  # type: ignore[arg-type]
-        f"preemptions {s['preemptions']}",
-        f"invariant checks run {inv['run']}, violations {inv['violations']}",
-    ]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

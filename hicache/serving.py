@@ -7,7 +7,9 @@ overlapped with decode.
       prefill    every request whose restore has settled: use it, recompute the rest; when
                  no request decodes and every live one is waiting for L1 pages the others
                  hold, the newest is preempted (finished, queued again; its pages stay
-                 cached) -- otherwise the loop would wait forever
+                 cached) -- otherwise the loop would wait forever. Its admission is
+                 counted as a preemption (`Metrics.preempt`), so each admitted prompt
+                 token is a hit, recomputed or preempted exactly once
       decode     one step for every request in decode -- while other requests' restores
                  are still in flight (the overlap the write-up measures)
       finish     requests whose decode is done
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -31,12 +33,14 @@ from hicache.errors import ConfigError, OutOfPages
 from hicache.workload import RequestSpec
 
 Progress = Callable[[int, int], None]
+T = TypeVar("T")
 
 
 @dataclass
 class LoopReport:
-    requests: int = 0
-    prompt_tokens: int = 0
+    requests: int = 0  # served to the end
+    admissions: int = 0  # requests + preemptions: a preempted request is admitted again
+    prompt_tokens: int = 0  # over all admissions
     recomputed_tokens: int = 0
     wall_s: float = 0.0
     decode_steps: int = 0
@@ -71,22 +75,27 @@ class ServingLoop:
         started = time.perf_counter()
         done = 0
         hold_admission = False  # set by a preemption until some request gets to decode
+        credited: dict[int, dict[str, int]] = {}  # rid -> hits credited to its admission
         while waiting or restoring or decoding:
             while not hold_admission and waiting and len(restoring) + len(decoding) < self.batch_size:
                 spec = waiting.pop()
                 restoring[spec.request_id] = time.perf_counter()
-                ctl.admit(spec.request_id, spec.tokens)
+                credit = credited[spec.request_id] = dict.fromkeys(ctl.metrics.hit_tokens, 0)
+                self._crediting(credit, lambda: ctl.admit(spec.request_id, spec.tokens))
+                report.admissions += 1
                 report.prompt_tokens += len(spec.tokens)
             ctl.tick()
             blocked: list[int] = []
             no_room: OutOfPages | None = None
             for rid in [r for r in restoring if ctl.ready(r)]:
                 try:
-                    report.recomputed_tokens += ctl.prefill(rid)
+                    recomputed = self._crediting(credited[rid], lambda: ctl.prefill(rid))
                 except OutOfPages as e:
                     blocked.append(rid)  # L1 is held by others: retry once some let go
                     no_room = e
                     continue
+                report.recomputed_tokens += recomputed
+                del credited[rid]
                 report.latencies_s.append(time.perf_counter() - restoring.pop(rid))
                 decoding[rid] = specs[rid].decode_tokens
                 hold_admission = False
@@ -106,6 +115,7 @@ class ServingLoop:
                 ctl.finish(rid)
                 del restoring[rid]
                 waiting.append(specs[rid])
+                ctl.metrics.preempt(len(specs[rid].tokens), credited.pop(rid))
                 report.preemptions += 1
                 hold_admission = True
                 continue
@@ -132,6 +142,20 @@ class ServingLoop:
         ctl.metrics.decode_overlap_s += report.decode_overlap_s
         ctl.metrics.decode_steps += report.decode_steps
         return report
+
+    def _crediting(self, credit: dict[str, int], call: Callable[[], T]) -> T:
+        """`call()`, adding the hit tokens the controller credits meanwhile to `credit`. The
+        controller credits a request's hits inside its own `admit` (L1) and `prefill` (L2,
+        L3) calls only, so these are the hits of the request the call is about -- the ones
+        to take back if its admission is preempted (a raising prefill may have credited
+        a restore before it ran out of L1 pages)."""
+        hits = self.ctl.metrics.hit_tokens
+        before = dict(hits)
+        try:
+            return call()
+        finally:
+            for tier, tokens in hits.items():
+                credit[tier] += tokens - before[tier]
 
     def _check_fits(self, requests: Sequence[RequestSpec]) -> None:
         """ConfigError naming l1_pages when a prompt needs more pages than L1 has: its KV

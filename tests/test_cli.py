@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -109,3 +111,96 @@ def test_python_dash_m() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("OK: ")
+
+
+# -- interruption, closed pipes, version and help ------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, *, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter that imports this checkout's hicache (stderr captured)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, timeout=120,
+                          check=False, stdout=stdout, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("words, name", [
+    (["demo", "--requests", "5"], "hicache demo"),
+    (["bench", "control", "--tokens", "64"], "hicache bench control"),
+])
+def test_ctrl_c_in_a_delegated_command_is_one_line_and_status_130(
+    words: list[str], name: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Module:
+        @staticmethod
+        def main(argv: list[str]) -> int:
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "hicache_test_fake_command", Module)
+    monkeypatch.setitem(cli.DELEGATED, tuple(words[:-2]), "hicache_test_fake_command")
+    assert main(words) == 130
+    assert capsys.readouterr().err == f"{name}: interrupted\n"
+
+
+def test_ctrl_c_in_a_builtin_command_is_one_line_and_status_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "registry_checks", interrupted)
+    assert main(["invariants"]) == 130
+    assert capsys.readouterr().err == "hicache invariants: interrupted\n"
+
+
+def test_sigint_during_the_demo_exits_130_with_one_line() -> None:
+    """A real SIGINT in the middle of a real demo run (its L3 I/O threads running): the demo
+    cleans up, the process exits 130, and stderr is one line -- it was a 15-line traceback."""
+    code = (
+        "import os, signal, sys\n"
+        "import hicache.serving as serving\n"
+        "from hicache.cli import main\n"
+        "step = serving.ServingLoop._decode_step\n"
+        "calls = []\n"
+        "def interrupted(self, batch):\n"
+        "    calls.append(batch)\n"
+        "    if len(calls) == 10:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to this process\n"
+        "    return step(self, batch)\n"
+        "serving.ServingLoop._decode_step = interrupted\n"
+        "sys.exit(main(['demo', '--device', 'cpu', '--requests', '40', '--check-mode', 'off', '--quiet']))\n"
+    )
+    done = run_python(code)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "hicache demo: interrupted\n"
+
+
+def test_stdout_closed_early_exits_141_without_a_traceback() -> None:
+    """`hicache invariants | head -1`: the reader is gone before anything is written (its end
+    of the pipe is closed before the command starts), so every write fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = run_python("import sys; from hicache.cli import main; sys.exit(main(['invariants']))",
+                          stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == ""
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"hicache {importlib.metadata.version('hicache')}\n"
+
+
+def test_help_describes_every_command_in_one_real_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    top = " ".join(capsys.readouterr().out.split())
+    assert main(["bench", "--help"]) == 0
+    bench = " ".join(capsys.readouterr().out.split())
+    assert "run hicache." not in top and "bench: control" not in top
+    for words in cli.DELEGATED:
+        assert cli.SUMMARIES[words] in (top if len(words) == 1 else bench)
+    assert cli.SUMMARIES[("bench",)] in top

@@ -55,7 +55,13 @@ def test_l1_deadlock_between_live_requests_is_broken_by_preemption() -> None:
         loop = ServingLoop(ctl, batch_size=2)
         report = loop.run([RequestSpec(2, a_prefix + prompt(3000, 6), 1, "a"),
                            RequestSpec(3, b_prefix + prompt(4000, 6), 1, "b")])
-        assert report.requests == 2 and report.preemptions == 1
+        assert report.requests == 2 and report.preemptions == 1 and report.admissions == 3
+        # B''s first admission is counted as a preemption, and the L1 hit credited to it (its
+        # 7-page prefix) is taken back: every admitted prompt token is counted exactly once.
+        m = ctl.metrics
+        assert (m.preemptions, m.preempted_tokens, m.preempted_hits["L1"]) == (1, 13 * PS, 7 * PS)
+        shares = m.token_shares()
+        assert sum(shares.values()) == m.prompt_tokens and shares["preempted"] == 13 * PS
         assert ctl.cp.checker.violations_found == 0
         assert all(table.count(1) == 0 for table in ctl.cp.tables)  # no private page left
     finally:
@@ -93,9 +99,31 @@ def test_demo_with_a_tight_l1_serves_every_request(tmp_path: Path) -> None:
 def test_demo_says_which_option_to_raise_when_l1_is_too_small(
     capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert demo.main(["--quiet", "--requests", "60", "--l1-pages", "64"]) == 2
+    """The needed value and the reason first: `--requests 300` needs 206 L1 pages because
+    its longest prompt (an agent conversation grown to 822 tokens) is 206 pages of 4."""
+    assert demo.main(["--quiet", "--requests", "300", "--l1-pages", "160"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hicache demo: --l1-pages: request ")
+    assert len(err) == 1
+    assert err[0].startswith("hicache demo: --l1-pages: 160 is too small: this workload needs at "
+                             "least 206 L1 pages, because its longest prompt (request 287, 822 "
+                             "tokens) is 206 pages of 4 tokens")
+    assert "--l1-pages 206 or more" in err[0]
+
+
+def test_preempted_admissions_are_counted_and_the_token_shares_add_up(tmp_path: Path) -> None:
+    """L1 of 40 pages for prompts of up to 34: live requests collide, two admissions are
+    preempted. Every admitted prompt token is a hit, recomputed or preempted exactly once (it
+    was 3,793 of 3,947 before preemptions were counted), and each admission made one decision."""
+    s = run_demo(tmp_path, "--device", "cpu", "--l1-pages", "40", "--l2-pages", "8",
+                 "--l3-slots", "8", "--requests", "40")
+    shares, decisions, preempted = s["token_shares"], s["decisions"], s["preempted_tokens"]
+    assert isinstance(shares, dict) and isinstance(decisions, dict)
+    assert isinstance(preempted, int) and preempted > 0
+    assert (s["requests"], s["preemptions"], s["admissions"]) == (40, 2, 42)
+    assert sum(decisions.values()) == 42  # one decision per admission
+    assert set(shares) == {"L1", "L2", "L3", "recomputed", "preempted"}
+    assert sum(shares.values()) == s["prompt_tokens"] == 3947
+    assert shares["preempted"] == preempted
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """How long the control plane's tree walks take on the CPU: HiRadixTree match and insert.
 
-    python -m hicache.bench.control [--tokens 350 3500 35000] [--background 100]
-                                    [--repeats 21] [--page-size 16] [--seed 0] [--out PATH]
+    hicache bench control [--tokens 350 3500 35000] [--background 100]
+                          [--repeats 21] [--page-size 16] [--seed 0] [--out PATH]
 
 The tree first holds `--background` random prefixes (64..4,096 tokens each; a quarter of them
 continue one of 8 shared 256-token "system prompts", so the root has siblings and inner
@@ -21,7 +21,6 @@ turning them into the tree's tuples is part of the measurement, making them is n
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import platform
@@ -33,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hicache.bench import BenchParser
 from hicache.lifecycle import RESIDENT
 from hicache.tree import HiRadixTree, TreeNode
 
@@ -152,8 +152,10 @@ def format_table(result: dict[str, Any]) -> str:
     """The tree result as a text table, one row per size (µs; CPU time in brackets)."""
     lines = [f"HiRadixTree, page_size {result['page_size']}, {result['background_prefixes']} "
              f"background prefixes ({result['background_nodes']} nodes); median of "
-             f"{result['repeats']}, µs wall (cpu)"]
-    head = ("tokens", "pages", "match hit", "match miss", "insert")
+             f"{result['repeats']} runs",
+             "legend: µs = microseconds per call, wall clock (this process's CPU time); match "
+             "hit / miss: a held / random prefix; insert: match, add the new half, publish it"]
+    head = ("tokens", "pages", "match hit µs", "match miss µs", "insert µs")
     lines.append(f"{head[0]:>8} {head[1]:>6} {head[2]:>18} {head[3]:>18} {head[4]:>18}")
     for r in result["rows"]:
         cells = [f"{r[k]:.1f} ({r[k.replace('_us', '_cpu_us')]:.1f})"
@@ -163,9 +165,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hicache.bench.control",
-        description="Time HiRadixTree match and insert on the CPU.")
+    parser = BenchParser("control", "Time HiRadixTree match and insert on the CPU.")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(SIZES_DEFAULT),
                         help="prefix lengths in tokens, one row each (aligned down to the page size)")
     parser.add_argument("--background", type=int, default=100, help="other prefixes the tree holds")

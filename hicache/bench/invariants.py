@@ -1,6 +1,6 @@
 """How long the invariant checks take, and that the cost grows linearly in pages.
 
-    python -m hicache.bench.invariants [--pages 1000 10000 100000] [--repeats 7] [--out PATH]
+    hicache bench invariants [--pages 1000 10000 100000] [--repeats 7] [--out PATH]
 
 For each size, a synthetic valid snapshot with that many pages per tier (three tiers, nodes
 of 16 pages in a 4-ary tree, a few H2D and H2S ops in flight, one request with private
@@ -12,7 +12,6 @@ sizes is what linear means. `--out` also writes the numbers as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -24,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hicache.bench import BenchParser
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, check_all
 from hicache.invariants.snapshot import (
@@ -33,18 +33,37 @@ from hicache.invariants.snapshot import (
 TIERS = ("L1", "L2", "L3")
 ARITY = 4  # children per node of the synthetic tree
 SIZES_DEFAULT = (1_000, 10_000, 100_000)
+NODE_PAGES = 16  # pages per node of the synthetic tree
+TREE_SHARE = 0.75  # of each tier's pages held by tree nodes; the rest: ops, a request, free
 
 
-def synthetic_snapshot(pages_per_tier: int, *, seed: int = 0, node_pages: int = 16,
+def min_pages_per_tier(node_pages: int = NODE_PAGES) -> int:
+    """The fewest pages per tier a synthetic snapshot can be built with: its tree needs at
+    least ARITY nodes of `node_pages` pages within TREE_SHARE (3/4) of each tier."""
+    least = -(-ARITY * node_pages * 4 // 3)  # ceil(ARITY * node_pages / TREE_SHARE)
+    # Verify the closed form against the rule synthetic_snapshot applies.
+    nodes = [int(TREE_SHARE * pages) // node_pages for pages in (least - 1, least)]
+    assert nodes[0] < ARITY <= nodes[1], f"minimum {least} for {node_pages}-page nodes is off"
+    return least
+
+
+def too_few_pages(pages_per_tier: int, node_pages: int = NODE_PAGES) -> str:
+    """Why `pages_per_tier` is too few, the rule and the exact minimum first."""
+    return (f"{pages_per_tier} pages per tier is too few: the synthetic tree needs at least "
+            f"{ARITY} nodes of {node_pages} pages within 3/4 of each tier (the rest holds "
+            f"in-flight transfers and a request's pages), so at least "
+            f"{min_pages_per_tier(node_pages)} pages per tier")
+
+
+def synthetic_snapshot(pages_per_tier: int, *, seed: int = 0, node_pages: int = NODE_PAGES,
                        n_ops: int = 3, page_size: int = 16) -> Snapshot:
     """A valid snapshot: `N = 0.75 * pages_per_tier / node_pages` nodes, all RESIDENT in L2, the
     first N/3 in L1 and N/2 in L3; `n_ops` H2D ops (one node each) restore the next nodes into
     L1 and `n_ops` H2S ops back up the next ones to L3; one request holds `node_pages` private
     L1 pages. Physical pages are a random permutation per tier (`seed`)."""
-    n_nodes = int(0.75 * pages_per_tier) // node_pages
+    n_nodes = int(TREE_SHARE * pages_per_tier) // node_pages
     if n_nodes < ARITY:
-        raise ConfigError("pages_per_tier", f"{pages_per_tier} holds fewer than {ARITY} nodes of "
-                          f"{node_pages} pages; use at least {(ARITY * node_pages * 4 + 2) // 3}")
+        raise ConfigError("pages_per_tier", too_few_pages(pages_per_tier, node_pages))
     rng = np.random.default_rng(seed)
     perm = {t: rng.permutation(pages_per_tier).astype(np.int64) for t in TIERS}
     in_l1, in_l3 = n_nodes // 3, n_nodes // 2
@@ -165,21 +184,23 @@ def bench_invariants(pages_per_tier: list[int], repeats: int = 7) -> dict[str, A
 def format_table(result: dict[str, Any]) -> str:
     """The result as a text table: one row per size, one column per check (µs)."""
     ids = [c.id for c in CHECKS]
-    head = ["pages/tier", "nodes", *ids, "all µs", "ns/page", "cpu µs", "cpu ns/pg"]
-    lines = [" ".join(f"{h:>10}" for h in head)]
+    head = ["pages/tier", "nodes", *(f"{i} µs" for i in ids), "all µs", "ns/page", "cpu µs",
+            "cpu ns/page"]
+    legend = (f"legend: median of {result['repeats']} runs, wall clock; {ids[0]}..{ids[-1]}: "
+              "each check (`hicache invariants` names them); all: check_all, every check once; "
+              "ns/page: all per page of the three tiers; cpu: this process's CPU time")
+    lines = [legend, " ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
         cells = [str(r["pages_per_tier"]), str(r["nodes"]),
                  *(f"{r['checks_us'][i]:.0f}" for i in ids),
                  f"{r['check_all_us']:.0f}", f"{r['ns_per_page']:.1f}",
                  f"{r['check_all_cpu_us']:.0f}", f"{r['cpu_ns_per_page']:.1f}"]
-        lines.append(" ".join(f"{c:>10}" for c in cells))
+        lines.append(" ".join(f"{c:>11}" for c in cells))
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hicache.bench.invariants",
-        description="Time the invariant checks on synthetic snapshots.")
+    parser = BenchParser("invariants", "Time the invariant checks on synthetic snapshots.")
     parser.add_argument("--pages", type=int, nargs="+", default=list(SIZES_DEFAULT),
                         help="pages per tier, one snapshot each")
     parser.add_argument("--repeats", type=int, default=7,
@@ -188,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    for n in args.pages:
+        if n < min_pages_per_tier():
+            parser.error(f"--pages: {too_few_pages(n)}")
     result = bench_invariants(args.pages, args.repeats)
     print(format_table(result))
     if args.out:

@@ -1,6 +1,6 @@
 """Gather/scatter bandwidth on a CUDA GPU, against the device-copy ceiling of the same run.
 
-    python -m hicache.bench.kernels --out kernels.json
+    hicache bench kernels --out kernels.json
 
 Geometry: a preset (default Qwen3-8B: 36 layers, 8 KV heads, head_dim 128, bf16, 16-token
 pages, so 32 KiB rows), an L1 pool of 4,096 pages (9.7 GB), distinct random pages for 350 /
@@ -20,10 +20,8 @@ TRITON_INTERPRET=1); it exists to test this module, its numbers mean nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 import triton
 
+from hicache.bench import BenchParser, columns, no_cuda
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import BackendError
 from hicache.kernels import triton_rows
@@ -220,30 +219,36 @@ def bench_kernels(*, preset_name: str = "qwen3-8b", pool_pages: int = POOL_PAGES
             "warmup": warmup, "ceiling": ceiling, "cases": cases}
 
 
+LEGEND = ("legend: GB/s = bytes read + written per second (GB = 1e9 bytes); synced: each call "
+          "timed alone, launch latency included; queued: calls back to back (device time); "
+          "% ceiling: of the device copy timed the same way; bytes ok: the variant moved the "
+          "right bytes; variant triton B/w/c: block bytes / warps / chunks per row")
+_HEAD = ("tokens", "pages", "direction", "variant", "GB/s synced", "% ceiling", "GB/s queued",
+         "% ceiling", "bytes ok")
+
+
 def format_table(result: dict[str, Any]) -> str:
     """One line per (tokens, direction, variant): GB/s (read + written) and share of ceiling."""
     ceiling = result["ceiling"]
-    lines = [f"{result['device']}: device copy {ceiling['GBps_rw']:,.0f} GB/s synced, "
-             f"{ceiling['GBps_rw_queued']:,.0f} GB/s queued (read + written)",
-             f"{'tokens':>6} {'pages':>5} {'direction':<9} {'variant':<26} "
-             f"{'GB/s':>8} {'ceiling':>8} {'queued':>8} {'ceiling':>8}  ok"]
+    rows: list[list[str]] = []
     for case in result["cases"]:
         for direction in ("gather", "scatter"):
             for name, row in case[direction].items():
-                head = f"{case['tokens']:>6} {case['pages']:>5} {direction:<9} {name:<26} "
+                head = [f"{case['tokens']:,}", f"{case['pages']:,}", direction, name]
                 if "error" in row:
-                    lines.append(head + f"error: {row['error']}")
+                    rows.append(head + [f"error: {row['error']}", "", "", "", ""])
                     continue
-                lines.append(head + f"{row['GBps_rw']:>8,.0f} {row['of_ceiling']:>8.1%} "
-                             f"{row['GBps_rw_queued']:>8,.0f} {row['of_ceiling_queued']:>8.1%}"
-                             f"  {row['correct']}")
-    return "\n".join(lines)
+                rows.append(head + [f"{row['GBps_rw']:,.0f}", f"{row['of_ceiling']:.1%}",
+                                    f"{row['GBps_rw_queued']:,.0f}",
+                                    f"{row['of_ceiling_queued']:.1%}", str(row["correct"])])
+    return "\n".join([f"{result['device']}: device copy {ceiling['GBps_rw']:,.0f} GB/s synced, "
+                      f"{ceiling['GBps_rw_queued']:,.0f} GB/s queued (read + written)", LEGEND,
+                      *columns(_HEAD, rows)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry; 0 on success, 2 when there is no CUDA device (nothing is measured)."""
-    parser = argparse.ArgumentParser(prog="python -m hicache.bench.kernels",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = BenchParser("kernels", __doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", help="write the JSON result to this path")
     parser.add_argument("--preset", default="qwen3-8b", help="KV geometry preset")
     parser.add_argument("--pool-pages", type=int, default=POOL_PAGES_DEFAULT)
@@ -253,9 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("hicache.bench.kernels: no CUDA device here; this benchmark measures GPU "
-              "kernels, so nothing was measured. Run it on a machine with a GPU.", file=sys.stderr)
-        return 2
+        return no_cuda("kernels")
     result = bench_kernels(preset_name=args.preset, pool_pages=args.pool_pages,
                            tokens=[int(t) for t in args.tokens.split(",")],
                            iters=args.iters, warmup=args.warmup)

@@ -1,7 +1,7 @@
 """Recompute latency: prefill with the model producer on a CUDA GPU (the cost a restore must beat).
 
-    python -m hicache.bench.recompute --out recompute.json
-    python -m hicache.bench.recompute --presets qwen3-8b --lengths 350 3500 --modes eager graphs
+    hicache bench recompute --out recompute.json
+    hicache bench recompute --presets qwen3-8b --lengths 350 3500 --modes eager graphs
 
 For each preset, mode and prefix length: a fresh L1 holding exactly the prefix's pages, then
 `warmup` untimed `produce` calls (the first also compiles or captures: its wall time is kept as
@@ -17,7 +17,6 @@ below ~2,000 tokens (per-layer launch overhead).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from hicache.bench import BenchParser, no_cuda
 from hicache.errors import ConfigError
 from hicache.producers.model import MODES, ModelProducer, import_transformers
 
@@ -144,9 +144,9 @@ def _row_line(preset: str, row: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry. Exit 0 after writing results, or with a message when there is no CUDA device;
-    2 when the configuration is unusable (e.g. transformers missing)."""
-    ap = argparse.ArgumentParser(prog="hicache.bench.recompute", description=__doc__.split("\n")[0])
+    """CLI entry. Exit 0 after writing results; 2 with one line when there is no CUDA device
+    (nothing is measured) or the configuration is unusable (e.g. transformers missing)."""
+    ap = BenchParser("recompute", __doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS))
     ap.add_argument("--lengths", nargs="+", type=int, default=list(DEFAULT_LENGTHS))
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES))
@@ -156,9 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("recompute benchmark: no CUDA device here; it measures GPU prefill, nothing was run",
-              file=sys.stderr)
-        return 0
+        return no_cuda("recompute")
     try:
         tf = import_transformers()
         report = {
@@ -171,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
         }
     except ConfigError as e:
-        print(f"recompute benchmark: {e}", file=sys.stderr)
+        print(f"hicache bench recompute: {e}", file=sys.stderr)
         return 2
     text = json.dumps(report, indent=1)
     if args.out:

@@ -16,16 +16,15 @@ Invariant checks are off here (they are the tests' job; here they would be timed
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.policy import Decision
@@ -98,7 +97,8 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                          "median_ms": statistics.median(samples) * 1e3, "samples_ms": [x * 1e3 for x in samples],
                          "decisions": choice, "predicted": predicted, "cost_model": model_state,
                          "decision_log": log})
-            print(f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  {choice}", flush=True)
+            print(f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  decisions "
+                  f"{_counts(choice)}", flush=True)
     return rows
 
 
@@ -129,12 +129,18 @@ def stress(producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, 
                          "decisions": dict(ctl.metrics.decisions)})
         finally:
             ctl.close()
-        print(f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hits {rows[-1]['hit_tokens']}", flush=True)
+        print(f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hit tokens "
+              f"{_counts(ctl.metrics.hit_tokens)}", flush=True)
     return rows
 
 
+def _counts(counts: dict[str, int]) -> str:
+    """`{"L2": 3, "recompute": 1}` as `L2 3, recompute 1` (progress lines, not dicts)."""
+    return ", ".join(f"{k} {v:,}" for k, v in counts.items()) or "none"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hicache bench serving", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = BenchParser("serving", __doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--out", required=True, help="directory for serving.json")
     p.add_argument("--presets", nargs="+", default=["qwen3-8b", "qwen3-4b"])
     p.add_argument("--mode", default="eager", help="model producer mode: eager, compile, graphs")
@@ -143,8 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-stress", action="store_true")
     args = p.parse_args(list(argv) if argv is not None else None)
     if not torch.cuda.is_available():
-        print("hicache bench serving: needs a CUDA GPU (none found)", file=sys.stderr)
-        return 2
+        return no_cuda("serving")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

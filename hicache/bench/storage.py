@@ -1,6 +1,6 @@
 """L3 bandwidth: H2S / S2H through the mover against the raw file ceiling of the same run.
 
-    python -m hicache.bench.storage --out storage.json [--dir /path/on/the/l3/disk]
+    hicache bench storage --out storage.json [--dir /path/on/the/l3/disk]
         [--io-threads 8] [--piece-bytes 4194304]
 
 Qwen3-8B pages (2,359,296 bytes), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens (22 / 63 /
@@ -27,7 +27,6 @@ is pinned (as in the engine); on CPU it is not, which does not change file I/O.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -38,10 +37,12 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from hicache.bench import BenchParser, columns
 from hicache.dataplane.extents import coalesce, split
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
@@ -191,34 +192,45 @@ def bench_storage(
     return {"config": config, "rows": rows}
 
 
-_GBPS_ROW = (
-    "{pages:>5} {extents_consecutive:>3}/{extents_fragmented:<4} {raw_write_GBps:6.2f} "
-    "{h2s_consecutive_GBps:6.2f} {h2s_fragmented_GBps:6.2f} {raw_read_GBps:6.2f} "
-    "{s2h_consecutive_GBps:6.2f} {s2h_fragmented_GBps:6.2f}   "
-    "H2S {h2s_consecutive_vs_raw:.2f}/{h2s_fragmented_vs_raw:.2f} "
-    "S2H {s2h_consecutive_vs_raw:.2f}/{s2h_fragmented_vs_raw:.2f}"
-)
-_CPU_ROW = (
-    "{pages:>5}  H2S {raw_write_cpu_ms:.1f} + {crc32_cpu_ms:.1f} | "
-    "{h2s_consecutive_cpu_ms:.1f} / {h2s_fragmented_cpu_ms:.1f}   "
-    "S2H {raw_read_cpu_ms:.1f} + {crc32_cpu_ms:.1f} | "
-    "{s2h_consecutive_cpu_ms:.1f} / {s2h_fragmented_cpu_ms:.1f}"
-)
+LEGEND = ("legend: c = consecutive (n L2 pages <-> n consecutive slots: 1 extent), f = "
+          "fragmented (random pages <-> random slots); extents = runs of consecutive slots; "
+          "raw = one pwrite (write) or preadv (read) of the same bytes, the ceiling; x raw = "
+          "the mover's GB/s over raw's; GB = 1e9 bytes; CPU ms = this process's CPU time per "
+          "transfer, all threads; crc32 = checksumming the pages on one thread")
+_GBPS_HEAD = ("pages", "extents c/f", "raw write GB/s", "H2S c GB/s (x raw)",
+              "H2S f GB/s (x raw)", "raw read GB/s", "S2H c GB/s (x raw)", "S2H f GB/s (x raw)")
+_CPU_HEAD = ("pages", "raw write CPU ms", "H2S c CPU ms", "H2S f CPU ms", "raw read CPU ms",
+             "S2H c CPU ms", "S2H f CPU ms", "crc32 CPU ms")
 
 
-def _table(result: dict[str, object]) -> str:
-    rows = result["rows"]
-    assert isinstance(rows, list)
-    head = (f"{'pages':>5} {'ext c/f':>8} {'raw W':>6} {'H2S c':>6} {'H2S f':>6} "
-            f"{'raw R':>6} {'S2H c':>6} {'S2H f':>6}   GB/s (ratio to raw)")
-    cpu_head = "CPU ms per transfer (all threads): raw call + crc32 of its pages | mover c / f"
-    return "\n".join([head] + [_GBPS_ROW.format(**r) for r in rows]
-                     + [cpu_head] + [_CPU_ROW.format(**r) for r in rows])
+def _gbps_cells(r: dict[str, Any]) -> list[str]:
+    def rated(key: str) -> str:
+        return f"{r[key + '_GBps']:.2f} ({r[key + '_vs_raw']:.2f}x)"
+
+    return [f"{r['pages']:,}", f"{r['extents_consecutive']}/{r['extents_fragmented']}",
+            f"{r['raw_write_GBps']:.2f}", rated("h2s_consecutive"), rated("h2s_fragmented"),
+            f"{r['raw_read_GBps']:.2f}", rated("s2h_consecutive"), rated("s2h_fragmented")]
+
+
+def _cpu_cells(r: dict[str, Any]) -> list[str]:
+    keys = ("raw_write", "h2s_consecutive", "h2s_fragmented", "raw_read", "s2h_consecutive",
+            "s2h_fragmented", "crc32")
+    return [f"{r['pages']:,}", *(f"{r[k + '_cpu_ms']:.1f}" for k in keys)]
+
+
+def _table(result: dict[str, Any]) -> str:
+    c, rows = result["config"], result["rows"]
+    about = (f"L3 file {c['l3_path']}; {c['bytes_per_page']:,} bytes/page; {c['io_threads']} I/O "
+             f"threads; I/O calls of at most {c['piece_bytes']:,} bytes ({c['piece_pages']} "
+             f"pages); median of {c['repeats']}; L2 pinned: {'yes' if c['l2_pinned'] else 'no'}; "
+             f"crc32 on one thread {c['crc32_one_thread_GBps']:.2f} GB/s; corrupt reads "
+             f"{c['corrupt_reads']}, short I/O resumed {c['short_io_resumed']}")
+    return "\n".join([about, LEGEND, *columns(_GBPS_HEAD, [_gbps_cells(r) for r in rows]), "",
+                      *columns(_CPU_HEAD, [_cpu_cells(r) for r in rows])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hicache.bench.storage",
-                                     description=(__doc__ or "").split("\n")[0])
+    parser = BenchParser("storage", (__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS_DEFAULT))
     parser.add_argument("--bytes-per-page", type=int, default=QWEN3_8B_BYTES_PER_PAGE)
     parser.add_argument("--io-threads", type=int, default=8)
@@ -231,7 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = bench_storage(args.tokens, bytes_per_page=args.bytes_per_page,
                            io_threads=args.io_threads, piece_bytes=args.piece_bytes,
                            repeats=args.repeats, directory=args.dir)
-    print(json.dumps(result["config"], indent=2))
     print(_table(result))
     if args.out:
         with open(args.out, "w") as f:

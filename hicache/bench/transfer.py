@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hicache.bench import BenchParser, no_cuda
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferHandle
@@ -359,7 +360,11 @@ def format_markdown(result: dict[str, Any]) -> str:
 def _dma_md(section: dict[str, Any]) -> list[str]:
     out = [f"Kernels: gather {section['gather']}, scatter {section['scatter']} ({section['reason']}).", "",
            "ms: end to end (issue -> DONE observed); issue ms: CPU time of the issue call; "
-           "device ms: the transfer's first to last device operation (CUDA events).", "",
+           "device ms: the transfer's first to last device operation (CUDA events). dir: D2H "
+           "= L1 -> L2, H2D = L2 -> L1; L2: the L2 pages' layout (consecutive, or fragmented: "
+           "random pages in random order); of DMA / e2e ceiling: the ceiling's time over this "
+           "path's (device / end to end); bytes ok: the path moved the right bytes; allocs: "
+           "pinned host / device buffers allocated after warm-up; GB = 1e9 bytes.", "",
            "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s | of DMA ceiling "
            "| of e2e ceiling | bytes ok | host/device allocs after warm-up |", "|" + " --- |" * 14]
     for r in section["rows"]:
@@ -380,8 +385,11 @@ def _dma_md(section: dict[str, Any]) -> list[str]:
 
 
 def _storage_md(section: dict[str, Any]) -> list[str]:
-    out = ["| pages | extents (consecutive/fragmented) | dir | raw GB/s | consecutive GB/s (of raw) "
-           "| fragmented GB/s (of raw) |", "|" + " --- |" * 6]
+    out = ["dir: H2S = L2 -> L3 (write), S2H = L3 -> L2 (read); raw: one pwrite / preadv of the "
+           "same bytes; (of raw): the mover's GB/s over raw's; extents: runs of consecutive "
+           "slots; GB = 1e9 bytes.", "",
+           "| pages | extents (consecutive/fragmented) | dir | raw GB/s "
+           "| consecutive GB/s (of raw) | fragmented GB/s (of raw) |", "|" + " --- |" * 6]
     for r in section["rows"]:
         extents = f"{r['extents_consecutive']}/{r['extents_fragmented']}"
         for d, raw in (("h2s", "raw_write"), ("s2h", "raw_read")):
@@ -421,9 +429,6 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
 def _settings(args: argparse.Namespace) -> Settings | str:
     """The run's settings, or why it cannot run here."""
     cuda = torch.cuda.is_available()
-    if not cuda and not args.quick:
-        return ("no CUDA device here: this benchmark measures PCIe DMA and GPU kernels, so "
-                "nothing was measured. Run it on a GPU machine, or pass --quick for a CPU smoke run.")
     name = "tiny" if args.quick else "qwen3-8b"
     geometry = preset(name)
     if args.page_size is not None:
@@ -458,7 +463,7 @@ def _write(out_dir: str, result: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """0: every section measured; 1: a section's module is missing (reported); 2: cannot run."""
-    parser = argparse.ArgumentParser(prog="hicache bench transfer", description=(__doc__ or "").split("\n")[0])
+    parser = BenchParser("transfer", (__doc__ or "").split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for transfer.json and transfer.md")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)")
     parser.add_argument("--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)")
@@ -469,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = parser.parse_args(argv)
+    if not args.quick and not torch.cuda.is_available():
+        return no_cuda("transfer", "run it on a machine with a GPU, or pass --quick for a CPU "
+                                   "smoke run (its numbers mean nothing)")
     settings = _settings(args)
     if isinstance(settings, str):
         print(f"hicache bench transfer: {settings}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """Metrics: what the controller counts and times, and their Prometheus text form.
 
 Names are the spec's: hits per tier, recomputed tokens, evictions, promotions, fallbacks,
-policy skips, dropped tokens by reason; per direction (D2H/H2D/H2S/S2H) bytes, count, steady
-seconds and GiB/s; L3 extents; enqueue, workspace setup, queue wait, service and end-to-end
-latency; restores and decode-overlapped seconds. Counters only grow (never clamped).
+policy skips, dropped tokens by reason, preempted admissions; per direction (D2H/H2D/H2S/S2H)
+bytes, count, steady seconds and GiB/s; L3 extents; enqueue, workspace setup, queue wait,
+service and end-to-end latency; restores and decode-overlapped seconds. Counters only grow
+(never clamped): `token_shares` derives the per-source split, it stores nothing.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ class Metrics:
     directions: dict[str, DirectionStats] = field(default_factory=lambda: {d.value: DirectionStats() for d in Direction})
     decisions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     latency_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Admissions a serving loop abandoned to break an L1 deadlock (the request is admitted
+    # again later, and that admission is counted anew): their prompt tokens, and the hit
+    # tokens already credited to them, which `token_shares` moves out of the hits.
+    preemptions: int = 0
+    preempted_tokens: int = 0
+    preempted_hits: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
 
     def transfer(self, direction: Direction, nbytes: int, ok: bool, timings: TransferTimings) -> None:
         d = self.directions[direction.value]
@@ -100,6 +107,24 @@ class Metrics:
         assert reason in self.l3_invalidated_pages, f"unknown invalidation reason {reason!r}"
         self.l3_invalidated_pages[reason] += n_pages
 
+    def preempt(self, prompt_tokens: int, credited_hits: dict[str, int]) -> None:
+        """Count one abandoned admission of `prompt_tokens` tokens, to which `credited_hits`
+        (tier -> tokens) had been credited as hits before it was abandoned."""
+        # Verify the credits are this admission's: never more than its prompt, never negative.
+        assert all(n >= 0 for n in credited_hits.values()), f"negative credit {credited_hits}"
+        assert sum(credited_hits.values()) <= prompt_tokens, "credited more than the prompt"
+        self.preemptions += 1
+        self.preempted_tokens += prompt_tokens
+        for tier, tokens in credited_hits.items():
+            self.preempted_hits[tier] += tokens
+
+    def token_shares(self) -> dict[str, int]:
+        """Where every admitted prompt token went, in tokens: hit in L1, L2 or L3 or
+        recomputed by an admission that was served, or `preempted` with an abandoned one.
+        The values add up to `prompt_tokens` exactly."""
+        shares = {tier: n - self.preempted_hits[tier] for tier, n in self.hit_tokens.items()}
+        return {**shares, "recomputed": self.recomputed_tokens, "preempted": self.preempted_tokens}
+
     def summary(self) -> dict[str, object]:
         return {
             "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
@@ -109,7 +134,8 @@ class Metrics:
             "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
             "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
             "l3_invalidated_pages": dict(self.l3_invalidated_pages),
-            "decisions": dict(self.decisions),
+            "decisions": dict(self.decisions), "preemptions": self.preemptions,
+            "preempted_tokens": self.preempted_tokens, "token_shares": self.token_shares(),
             "directions": {k: {**vars(v), "gib_per_s": v.gib_per_s} for k, v in self.directions.items()},
         }
 
@@ -138,6 +164,10 @@ class Metrics:
                [(f'{{reason="{r}"}}', v) for r, v in self.l3_invalidated_pages.items()])
         family("decisions_total", "counter", "Policy decisions by choice.",
                [(f'{{choice="{c}"}}', v) for c, v in sorted(self.decisions.items())])
+        family("preemptions_total", "counter", "Admissions abandoned to break an L1 deadlock.",
+               [("", self.preemptions)])
+        family("preempted_tokens_total", "counter", "Prompt tokens of abandoned admissions.",
+               [("", self.preempted_tokens)])
         for attr, help_ in (("count", "Completed transfers."), ("failed", "Failed or cancelled transfers."),
                             ("bytes", "Bytes moved."), ("seconds", "Seconds from issue to observed completion."),
                             ("enqueue_s", "Seconds spent issuing."), ("workspace_setup_s", "Seconds allocating workspaces."),

@@ -1,0 +1,134 @@
+"""`hicache bench NAME`: usage names the command as typed, a bench that needs CUDA exits 2
+with one line where there is none, tables carry units and a legend, and the invariants
+benchmark states its `--pages` rule with the exact minimum that works."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from hicache import cli
+from hicache.bench import invariants
+from hicache.bench.invariants import min_pages_per_tier, synthetic_snapshot
+from hicache.errors import ConfigError
+
+BENCHES = sorted(words[1] for words in cli.DELEGATED if words[0] == "bench")
+NEEDS_CUDA = ("kernels", "recompute", "serving", "transfer")
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_usage_names_the_command_as_typed(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    module = importlib.import_module(f"hicache.bench.{name}")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: hicache bench {name} ")
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_a_usage_error_is_one_line_naming_the_command(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = importlib.import_module(f"hicache.bench.{name}")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--no-such-option"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hicache bench {name}: error: ") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without CUDA")
+@pytest.mark.parametrize("name", NEEDS_CUDA)
+def test_a_bench_that_needs_cuda_exits_2_with_one_line(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recompute exited 0 here while kernels and serving exited 2; now all say so alike."""
+    assert cli.main(["bench", name, "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"hicache bench {name}: no CUDA device here")
+    assert "nothing was measured" in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invariants_pages_error_states_the_rule_and_the_minimum_that_works(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said '64 holds fewer than 4 nodes of 16 pages; use at least 86' without saying
+    why 86: 4 nodes x 16 pages must fit in 3/4 of the tier. 85 fails, 86 runs."""
+    assert min_pages_per_tier() == 86
+    with pytest.raises(SystemExit) as done:
+        invariants.main(["--pages", "85", "--repeats", "1"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "hicache bench invariants: error: --pages: 85 pages per tier is too few: the synthetic "
+        "tree needs at least 4 nodes of 16 pages within 3/4 of each tier (the rest holds "
+        "in-flight transfers and a request's pages), so at least 86 pages per tier\n")
+    assert invariants.main(["--pages", "86", "--repeats", "1"]) == 0
+    with pytest.raises(ConfigError, match="so at least 86 pages per tier"):
+        synthetic_snapshot(85)
+    for node_pages in (1, 4, 16, 33):  # the stated minimum is exact for any node size
+        least = min_pages_per_tier(node_pages)
+        synthetic_snapshot(least, node_pages=node_pages)
+        with pytest.raises(ConfigError, match=f"so at least {least} pages"):
+            synthetic_snapshot(least - 1, node_pages=node_pages)
+
+
+def header_and_legend(out: str, first_column: str) -> tuple[list[str], str]:
+    """The header cells of the table whose header starts with `first_column`, and the legend."""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.split()[:1] == [first_column])
+    legend = next(line for line in lines if line.startswith("legend: "))
+    return re.split(r"\s{2,}", header.strip()), legend
+
+
+def test_invariants_table_has_units_and_a_legend(capsys: pytest.CaptureFixture[str]) -> None:
+    assert invariants.main(["--pages", "100", "--repeats", "1"]) == 0
+    header, legend = header_and_legend(capsys.readouterr().out, "pages/tier")
+    assert all(cell.endswith(("µs", "ns/page")) for cell in header[2:])
+    assert "ns/page:" in legend and "cpu:" in legend
+
+
+def test_control_table_has_units_and_a_legend(capsys: pytest.CaptureFixture[str]) -> None:
+    from hicache.bench import control
+
+    assert control.main(["--tokens", "32", "--background", "2", "--repeats", "1",
+                         "--page-size", "4"]) == 0
+    header, legend = header_and_legend(capsys.readouterr().out, "tokens")
+    assert header == ["tokens", "pages", "match hit µs", "match miss µs", "insert µs"]
+    assert "µs = microseconds" in legend
+
+
+def test_storage_tables_have_units_and_explain_c_f_and_extents(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hicache.bench import storage
+
+    assert storage.main(["--tokens", "32", "--bytes-per-page", "4096", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out  # the configuration is a line, not a JSON dump
+    header, legend = header_and_legend(out, "pages")
+    assert "ext c/f" not in out and header[1] == "extents c/f"
+    assert all("GB/s" in cell for cell in header[2:])
+    for term in ("c = consecutive", "f = fragmented", "extents = ", "raw = ", "x raw = "):
+        assert term in legend
+    cpu_header = next(line for line in out.splitlines() if "CPU ms" in line and "pages" in line)
+    assert all(cell.endswith("CPU ms") for cell in re.split(r"\s{2,}", cpu_header.strip())[1:])
+
+
+def test_kernels_table_has_units_and_a_legend() -> None:
+    from hicache.bench.kernels import format_table
+
+    row = {"GBps_rw": 900.0, "of_ceiling": 0.5, "GBps_rw_queued": 1200.0,
+           "of_ceiling_queued": 0.6, "correct": True}
+    result = {"device": "cpu", "ceiling": {"GBps_rw": 1800.0, "GBps_rw_queued": 2000.0},
+              "cases": [{"tokens": 350, "pages": 22, "gather": {"torch": row},
+                         "scatter": {"torch": row}}]}
+    header, legend = header_and_legend(format_table(result), "tokens")
+    assert header == ["tokens", "pages", "direction", "variant", "GB/s synced", "% ceiling",
+                      "GB/s queued", "% ceiling", "bytes ok"]
+    assert "synced:" in legend and "queued:" in legend and "bytes ok:" in legend

@@ -1,0 +1,149 @@
+"""`hicache demo`'s report, sizing, help and progress bar (`hicache/demo.py`,
+`demo_report.py`, `demo_sizing.py`): a report an engineer reads at a glance -- the
+configuration echoed, every term defined in `--help`, shares that add to 100% -- capacities
+sized from the workload, and no progress bar in a log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache import demo
+from hicache.demo_report import GLOSSARY, percents
+from hicache.demo_sizing import longest_prompt, size_tiers
+from hicache.errors import ConfigError
+from hicache.workload import shared_prefix_workload
+
+# Small and fast, yet with preemptions, drops and fallbacks to report (see test_serving.py).
+TIGHT = ["--device", "cpu", "--l1-pages", "40", "--l2-pages", "8", "--l3-slots", "8",
+         "--requests", "40"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
+    assert demo.main(list(args)) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """The report and the JSON summary of one TIGHT run (shared: a demo run takes a second)."""
+    path = tmp_path_factory.mktemp("demo") / "demo.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert demo.main([*TIGHT, "--json", str(path)]) == 0
+    return out.getvalue(), json.loads(path.read_text())
+
+
+def test_report_echoes_the_configuration_and_defines_every_term(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = run(capsys, *TIGHT, "--seed", "3", "--write-policy", "write_back")
+    config = dict(re.findall(r"^  (\S+(?: \S+)*?)  +(.+)$",
+                             out.split("\n\n")[1], flags=re.MULTILINE))
+    assert config["geometry"].startswith("tiny: 2 layers")
+    assert config["L1 (device)"] == "40 pages" and config["L2 (host)"] == "8 pages"
+    assert config["L3 (file)"] == "8 slots" and config["L3 path"].startswith("a temporary file")
+    assert config["write policy"] == "write_back" and config["policy"] == "always"
+    assert config["check mode"] == "every" and config["device"] == "cpu"
+    assert config["backend"].startswith("auto: gather torch") and config["seed"] == "3"
+    # No raw dicts, no terms the glossary does not define.
+    assert "{" not in out and "steady" not in out and "no_room" not in out
+    assert "policy skips" not in out and "host_pressure" not in out
+    labels = re.findall(r"^  (\S+(?: \S+)*?)(?:  +|$)", out, flags=re.MULTILINE)
+    undefined = {label for label in labels if label not in GLOSSARY and label != "total"}
+    configuration = {"geometry", "L1 (device)", "L2 (host)", "L3 (file)", "L3 path",
+                     "write policy", "policy", "check mode", "device", "backend", "seed",
+                     "batch size"}
+    assert undefined <= configuration | {"D2H", "H2D", "H2S", "S2H"}  # those are, by name
+
+
+def test_always_policy_decisions_say_why_they_recompute(tight: tuple[str, Any]) -> None:
+    out, _ = tight
+    section = next(s for s in out.split("\n\n") if s.startswith("Decisions by reason"))
+    rows = dict(re.findall(r"^  (.+?)  +([\d,]+)$", section, flags=re.MULTILINE))
+    assert int(rows["recompute: nothing cached beyond L1"]) > 0
+    assert int(rows["total"]) == 42  # 40 requests + 2 preemptions: one decision per admission
+
+
+def test_token_shares_print_as_exactly_100_percent(tight: tuple[str, Any]) -> None:
+    out, _ = tight
+    section = next(s for s in out.split("\n\n") if s.startswith("Prompt tokens by source"))
+    rows = re.findall(r"^  (.+?)  +([\d,]+)  +([\d.]+)%$", section, flags=re.MULTILINE)
+    *parts, total = rows
+    assert total[0] == "total" and total[2] == "100.0"
+    assert sum(int(n.replace(",", "")) for _, n, _ in parts) == int(total[1].replace(",", ""))
+    assert sum(round(float(p) * 10) for _, _, p in parts) == 1000
+
+
+def test_percents_add_to_exactly_100() -> None:
+    assert percents([1, 1, 1]) == ["33.4%", "33.3%", "33.3%"]
+    assert percents([0, 0]) == ["-", "-"]
+    shares = percents([7536, 696, 1480, 4992, 1])
+    assert sum(round(float(p[:-1]) * 10) for p in shares) == 1000
+
+
+def test_json_stays_machine_readable(tight: tuple[str, dict[str, Any]]) -> None:
+    _, s = tight
+    assert s["config"]["l1_pages"] == 40 and s["config"]["sized"] == []
+    assert s["decision_reasons"]["recompute: nothing cached beyond L1"] > 0
+    assert sum(s["decision_reasons"].values()) == s["admissions"]
+
+
+def test_help_shows_defaults_and_the_glossary(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        demo.main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "requests in the workload (default: 120)" in text
+    assert "(default: always)" in text and "(default: None)" not in text
+    for term, meaning in GLOSSARY.items():
+        assert f"{term}: {' '.join(meaning.split())}" in text
+
+
+def test_defaults_are_sized_from_the_workload() -> None:
+    """--requests 300 needs 206 L1 pages for its longest prompt; the old fixed default (160)
+    refused it. Sized: longest + 3 mean prompts in L1, half again in L2, every page in L3."""
+    workload = shared_prefix_workload(300, seed=0)
+    longest = longest_prompt(workload, 4)
+    assert (longest.request_id, longest.tokens, longest.pages) == (287, 822, 206)
+    mean_pages = math.ceil(sum(len(r.tokens) for r in workload) / (4 * 300))
+    sizes = size_tiers(workload, 4, 4)
+    assert sizes.l1_pages == 206 + 3 * mean_pages and sizes.l2_pages == sizes.l1_pages * 3 // 2
+    assert sizes.sized == {"l1_pages", "l2_pages", "l3_slots"}
+    given = size_tiers(workload, 4, 4, l1_pages=206, l3_slots=64)
+    assert (given.l1_pages, given.l2_pages, given.l3_slots) == (206, 309, 64)
+    assert given.sized == {"l2_pages"}
+    with pytest.raises(ConfigError, match="205 is too small: this workload needs at least 206"):
+        size_tiers(workload, 4, 4, l1_pages=205)
+
+
+def test_300_requests_run_with_the_default_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "demo.json"
+    report, _ = run(capsys, "--device", "cpu", "--requests", "300", "--check-mode", "off",
+                    "--json", str(out))
+    config = json.loads(out.read_text())["config"]
+    assert config["l1_pages"] >= 206
+    assert set(config["sized"]) == {"l1_pages", "l2_pages", "l3_slots"}
+    assert f"{config['l1_pages']} pages (sized from the workload)" in report
+
+
+def test_no_progress_bar_unless_stderr_is_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, err = run(capsys, *TIGHT, "--check-mode", "off")  # captured stderr: not a terminal
+    assert err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    _, err = run(capsys, *TIGHT, "--check-mode", "off")
+    assert err.endswith("] 40/40 requests\n")
