@@ -158,3 +158,25 @@ def test_admit_refuses_a_prompt_l1_can_never_hold() -> None:
         c.admit(1, A)
     assert not c.cp.requests and not c.restores  # nothing changed
     c.close()
+
+
+def test_a_closed_controller_frees_its_pools_without_the_garbage_collector() -> None:
+    """A closed, dropped controller's pools go at once: before, reference cycles (controller
+    and backup chain; control plane, tree and the engine's digest method) kept GPU and pinned
+    memory until a collection -- which could then run inside a CUDA graph capture."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        c = make(l1_pages=16, l2_pages=32, l3_slots=64)
+        serve(c, 1, A)
+        l1, l2 = weakref.ref(c.engine.l1.tensor), weakref.ref(c.engine.l2.tensor)
+        c.close()
+        del c
+        assert l1() is None and l2() is None
+    finally:
+        if enabled:
+            gc.enable()

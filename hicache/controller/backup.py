@@ -15,6 +15,7 @@ still pending stay wanted and are retried on a later tick.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from hicache.errors import OutOfPages, StorageError
@@ -58,7 +59,10 @@ class BackupChain:
     """Keeps the wanted backups and issues them when their chain is free."""
 
     def __init__(self, ctl: CacheController) -> None:
-        self.ctl = ctl
+        # A weak proxy: the controller owns this chain, and a strong back-reference would make
+        # a cycle that keeps a closed controller's pools (GPU and pinned memory) alive until
+        # the garbage collector happens to run.
+        self.ctl: CacheController = weakref.proxy(ctl)
         self.wanted: dict[Direction, dict[int, TreeNode]] = {Direction.D2H: {}, Direction.H2S: {}}
 
     def want(self, direction: Direction, node: TreeNode) -> None:

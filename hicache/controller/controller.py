@@ -231,6 +231,9 @@ class CacheController:
             self.handles[op_id].cancel()
             self._settle(op_id)
         self.engine.close()
+        # The control plane and its tree reference each other (split callbacks); without this
+        # the cycle would hold the engine's pools until the garbage collector runs.
+        self.cp.digests = None
 
     # -- transfers --------------------------------------------------------------------------
 
