@@ -95,7 +95,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         profile=PROFILE,
         report_text=report.longreprtext,
         hypothesis_test=function is not None and is_hypothesis_test(function),
-        forced_seed=None if forced is None else int(forced),
+        forced_seed=None if forced is None else str(forced),
         # Hypothesis records the seed it drew on the test function (no public accessor).
         generated_seed=getattr(function, "_hypothesis_internal_use_generated_seed", None),
         database=(Path(database.path) if isinstance(database, DirectoryBasedExampleDatabase)

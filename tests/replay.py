@@ -33,7 +33,7 @@ class Failure:
     profile: str
     report_text: str  # the failure's full report (Hypothesis' notes included)
     hypothesis_test: bool
-    forced_seed: int | None  # --hypothesis-seed, if given
+    forced_seed: str | None  # --hypothesis-seed, if given (Hypothesis takes any string)
     generated_seed: int | None  # the seed Hypothesis drew for this test, if known
     database: Path | None  # the example database directory, if the profile has one
 
@@ -43,7 +43,7 @@ def replay_lines(failure: Failure) -> list[str]:
     env = "CI=true" if failure.profile == "ci" else f"HICACHE_HYPOTHESIS_PROFILE={failure.profile}"
     command = f"{env} python3 -m pytest {shlex.quote(failure.nodeid)} -p no:cacheprovider"
     if failure.forced_seed is not None:
-        command += f" --hypothesis-seed={failure.forced_seed}"
+        command += " " + shlex.quote(f"--hypothesis-seed={failure.forced_seed}")
     lines = [f"replay: {command}"]
     if not failure.hypothesis_test:
         return lines

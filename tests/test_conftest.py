@@ -102,10 +102,12 @@ def test_replay_lines_say_why_each_replay_works() -> None:
         "exact",
         "  exact, on any machine: decorate the test with @reproduce_failure('6.1', b'AA==')",
     ]
-    forced = dataclasses.replace(failure, profile="fuzz", forced_seed=7, report_text="")
+    forced = dataclasses.replace(failure, profile="fuzz", forced_seed="7", report_text="")
     lines = replay_lines(forced)
     assert lines[0].startswith("replay: HICACHE_HYPOTHESIS_PROFILE=fuzz python3 -m pytest")
     assert lines[0].endswith(" --hypothesis-seed=7") and "database off" in lines[1]
+    words = dataclasses.replace(forced, forced_seed="any string")  # Hypothesis takes strings
+    assert replay_lines(words)[0].endswith(" '--hypothesis-seed=any string'")
     plain = dataclasses.replace(failure, hypothesis_test=False)
     assert len(replay_lines(plain)) == 1
 
