@@ -71,9 +71,13 @@ def test_cpu_kernels_need_no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     """Backend "auto" on CPU picks torch when Triton cannot be imported, so the `data` extra
     leaves Triton out."""
     torch = pytest.importorskip("torch")
+    import hicache.kernels
     from hicache.kernels import KernelSet
 
-    monkeypatch.setitem(sys.modules, "hicache.kernels.triton_rows", None)  # import fails
+    # As if triton were not installed, even if an earlier test imported the Triton kernels.
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "hicache.kernels.triton_rows", raising=False)
+    monkeypatch.delattr(hicache.kernels, "triton_rows", raising=False)
     l1 = torch.zeros((2, 1, 4, 16, 1, 8), dtype=torch.float16)
     chosen = KernelSet.create(l1, "auto")
     assert (chosen.gather_backend, chosen.scatter_backend) == ("torch", "torch")
