@@ -28,6 +28,7 @@ from typing import Callable, NoReturn, Sequence
 
 from hicache.diagram import DIAGRAMS, all_diagrams, diagram, replace_blocks
 from hicache.errors import HiCacheError, SpecError
+from hicache.extras import install_hint, is_optional
 from hicache.lifecycle import Lifecycle
 from hicache.spec import SPEC_DIR, load_toml
 from hicache.speccheck import check_spec, registry_checks, spec_counts
@@ -287,9 +288,16 @@ def _run_module(module: str, argv: list[str]) -> int:
     try:
         entry = importlib.import_module(module)
     except ModuleNotFoundError as e:
+        if is_optional(e.name):
+            raise UsageError(install_hint(module, str(e.name))) from e
         raise UsageError(f"{module} cannot be imported: no module named {e.name!r}") from e
     run = getattr(entry, "main", None)
     if not callable(run):
         raise UsageError(f"{module} has no main(argv) function")
-    status = run(argv)
+    try:
+        status = run(argv)
+    except ModuleNotFoundError as e:  # a command importing an optional dependency lazily
+        if not is_optional(e.name):
+            raise
+        raise UsageError(install_hint(module, str(e.name))) from e
     return int(status or 0)

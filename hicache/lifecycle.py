@@ -7,8 +7,8 @@ equal the named list in the tables (`hicache spec check`).
 
 The `transitions` library validates every step: one `Machine` per tier is built from the
 tables, and `Lifecycle.check` asks it whether `event` leaves `source`. We do not keep a
-`Machine` per page (DESIGN.md §7): callers keep sub-states in compact arrays/fields and ask
-`check` before they mutate anything, so a rejected transition changes nothing.
+`Machine` per page: callers keep sub-states in compact arrays/fields and ask `check` before
+they mutate anything, so a rejected transition changes nothing.
 """
 
 from __future__ import annotations

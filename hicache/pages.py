@@ -5,10 +5,10 @@ every physical page of the tier, in one uint8 array (FREE / PRIVATE / TREE). Eac
 one ownership transition over a batch of pages; it checks every page first and raises
 `IllegalTransition` with nothing changed if any page is in the wrong state.
 
-A tier holds a *pool group* (DESIGN.md §8): an anchor pool whose page indices are also the
-indices of every sidecar pool. The table allocates anchor indices, so one reservation takes
-the matching slot in every pool of the group at once (atomic by construction). Plain MHA is a
-group of one pool.
+A tier holds a *pool group* (spec/README.md, glossary): an anchor pool whose page indices are
+also the indices of every sidecar pool. The table allocates anchor indices, so one reservation
+takes the matching slot in every pool of the group at once (atomic by construction). Plain MHA
+is a group of one pool.
 """
 
 from __future__ import annotations

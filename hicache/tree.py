@@ -112,7 +112,7 @@ class MatchResult(NamedTuple):
 
 
 class HiRadixTree:
-    """The shared radix tree of all tiers (DESIGN.md section 4)."""
+    """The shared radix tree of all tiers (spec/tree.md)."""
 
     def __init__(self, page_size: int) -> None:
         if not isinstance(page_size, int) or page_size < 1:

@@ -1,5 +1,5 @@
 """The six ownership invariants and the structural checks, as pure predicates over a
-`Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (DESIGN.md §2).
+`Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a symlink).
 
     from hicache.invariants import check_all, InvariantChecker
     violations = check_all(control_plane.snapshot())   # [] when every check holds

@@ -2,7 +2,7 @@
 
     id  name                    one line
     --  ----------------------  ------------------------------------------------------------
-    I1..I6                      the six ownership invariants (DESIGN.md section 7)
+    I1..I6                      the six ownership invariants
     S1..S6                      structural checks of the tree's own bookkeeping
 
 `check_all` runs them all; `get_check` finds one by id or name (for a CLI's `--only I2`).

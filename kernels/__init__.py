@@ -1,5 +1,5 @@
 """Gather/scatter kernels between the L1 layout and packed page-major buffers.
-Imported as `hicache.kernels` (DESIGN.md §2, §5-§6).
+Imported as `hicache.kernels` (a symlink).
 
     gather(l1, pages, out, backend=)      out[i, kv, l] = l1[kv, l, pages[i]]
     scatter(packed, pages, l1, backend=)  l1[kv, l, pages[i]] = packed[i, kv, l]

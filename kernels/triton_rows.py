@@ -9,7 +9,8 @@
 Each row is contiguous on both sides, so every step is a BLOCK-wide vector copy (16-byte loads
 and stores when the row is a multiple of 16 bytes). Offsets are 64-bit: pools pass 2^31 words.
 A row is split over several programs (chunks) only when there are too few rows to fill the
-GPU; LIMITS.md measured this row-per-program shape at 83% of device-copy bandwidth.
+GPU; on the H200 a probe of this row-per-program shape moved 3,459 GB/s (read + written) over
+219 Qwen3-8B pages, 83% of a 1 GiB device-to-device copy.
 
 Kernels are compiled lazily, once per mode: Triton decides compiled vs interpreted
 (TRITON_INTERPRET) when `triton.jit` runs, so deferring it lets the mode follow the
@@ -129,8 +130,8 @@ class LaunchConfig:
 @functools.lru_cache(maxsize=64)
 def default_config(row_bytes: int) -> LaunchConfig:
     """8 KiB steps on 4 warps (64 bytes, four 16-byte vectors, per thread per step) for rows of
-    8 KiB and more -- the shape LIMITS.md measured; smaller rows take one step of the whole
-    row with fewer warps, keeping at least 16 bytes per thread."""
+    8 KiB and more -- the shape of the H200 probe (module docstring); smaller rows take one
+    step of the whole row with fewer warps, keeping at least 16 bytes per thread."""
     block_bytes = min(8192, _next_pow2(row_bytes))
     return LaunchConfig(block_bytes, max(1, min(4, block_bytes // 2048)))
 

@@ -1,7 +1,8 @@
 """The spec's machine-readable tables, as files next to the prose.
 
-`hicache.spec` is this directory (a symlink, DESIGN.md §2). Only loaders live here; the
-meaning of the tables is in the *.md files beside them.
+`hicache.spec` is this directory (`hicache/spec` is a symlink to it, so the installed package
+carries the spec). Only loaders live here; the meaning of the tables is in the *.md files
+beside them.
 """
 
 from __future__ import annotations

@@ -1,36 +1,63 @@
-"""Shared test setup: Hypothesis profiles and the GPU marker.
+"""Shared test setup: Hypothesis profiles, the example database, replay lines, progress lines
+and the GPU marker.
 
 Profiles (select with HICACHE_HYPOTHESIS_PROFILE, or CI=true for `ci`):
   dev   default for local runs: 100 examples
   ci    derandomised (Hypothesis' own `ci` settings), loaded when CI=true
-  fuzz  long fuzzing: 5,000 examples, no deadline; HICACHE_HYPOTHESIS_PROFILE=fuzz
-Every failure prints its seed and a one-line replay command (see `pytest_runtest_makereport`);
-Hypothesis also prints the failing example and a `@reproduce_failure` blob.
+  fuzz  long fuzzing: 5,000 examples, no deadline, a progress line per 1,000 examples of a test
+Every profile prints Hypothesis' `@reproduce_failure` blob for a failure. dev and fuzz keep
+failing examples in Hypothesis' example database at `<rootdir>/.hypothesis/examples`, so
+rerunning a failed test id replays its failing example first. Every failure's report ends with
+a `hicache replay` section: the command to rerun it and why that reproduces (tests/replay.py).
+HICACHE_PROGRESS_EVERY=N writes a progress line per N examples of a test under any profile
+(0: none; tests/progress.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator, Mapping
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, is_hypothesis_test, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
-settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True)
-settings.register_profile(
-    "fuzz", max_examples=5000, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-_profile = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-if _profile == "ci":
-    settings.register_profile("ci", settings.get_profile("ci"), deadline=None)
-settings.load_profile(_profile)
+from tests import progress, replay
+
+pytest_plugins = ["pytester"]
+
+PROFILE = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+PROGRESS_EVERY_DEFAULT = {"fuzz": 1000}  # profile -> examples per progress line (else none)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Pick the run's Hypothesis seed ourselves (unless given), so a failure can name it."""
-    if _profile != "ci" and config.getoption("hypothesis_seed", None) is None:
-        config.option.hypothesis_seed = int.from_bytes(os.urandom(4), "little")
+    """Register the profiles with the database under this run's rootdir and load PROFILE
+    (before Hypothesis' plugin, whose --hypothesis-profile still wins)."""
+    database = DirectoryBasedExampleDatabase(str(config.rootpath / ".hypothesis" / "examples"))
+    settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True,
+                              database=database)
+    settings.register_profile(
+        "fuzz", max_examples=5000, deadline=None, print_blob=True, database=database,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    # Hypothesis' `ci` is derandomised, which implies no database; the blob is the replay.
+    settings.register_profile("ci", settings.get_profile("ci"), deadline=None, print_blob=True)
+    settings.load_profile(PROFILE)
+
+
+def progress_every(profile: str, environ: Mapping[str, str]) -> int:
+    """Examples per progress line under `profile` (0: none): HICACHE_PROGRESS_EVERY if set,
+    else the profile's default."""
+    raw = environ.get("HICACHE_PROGRESS_EVERY")
+    if raw is None:
+        return PROGRESS_EVERY_DEFAULT.get(profile, 0)
+    if not raw.isdigit():
+        raise pytest.UsageError(
+            f"HICACHE_PROGRESS_EVERY={raw!r}: give examples per progress line, an integer >= 0 "
+            f"(0: no progress lines)")
+    return int(raw)
 
 
 def _cuda_available() -> bool:
@@ -42,23 +69,37 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
+    every = progress_every(PROFILE, os.environ)
+    if every > 0:
+        for item in items:
+            progress.install(item, progress.Progress(config, item.nodeid, every))
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _cuda_available():  # torch is imported only if a GPU test is run
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in gpu_items:
             item.add_marker(skip)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed and hasattr(item, "obj"):
-        seed = item.config.getoption("hypothesis_seed", None)
-        env = "CI=true" if _profile == "ci" else f"HICACHE_HYPOTHESIS_PROFILE={_profile}"
-        replay = (
-            f"replay: {env} python -m pytest '{item.nodeid}' -p no:cacheprovider"
-            + (f" --hypothesis-seed={seed}" if seed is not None else " (derandomised: same examples every run)")
-        )
-        report.sections.append(("hicache replay", replay))
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Append the `hicache replay` section to a failed test's report."""
+    report = yield
+    if report.when != "call" or not report.failed:
+        return report
+    function = getattr(item, "obj", None)
+    forced = item.config.getoption("hypothesis_seed", None)
+    database = settings().database  # the loaded profile's
+    failure = replay.Failure(
+        nodeid=item.nodeid,
+        profile=PROFILE,
+        report_text=report.longreprtext,
+        hypothesis_test=function is not None and is_hypothesis_test(function),
+        forced_seed=None if forced is None else str(forced),
+        # Hypothesis records the seed it drew on the test function (no public accessor).
+        generated_seed=getattr(function, "_hypothesis_internal_use_generated_seed", None),
+        database=(Path(database.path) if isinstance(database, DirectoryBasedExampleDatabase)
+                  else None),
+    )
+    report.sections.append(("hicache replay", "\n".join(replay.replay_lines(failure))))
+    return report

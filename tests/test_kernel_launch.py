@@ -13,6 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+pytest.importorskip("triton", reason="runs the Triton kernels: pip install -e '.[gpu]'")
+
 import torch
 
 from hicache.kernels import KernelSet, gather_torch, scatter_torch

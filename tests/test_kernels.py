@@ -13,6 +13,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+pytest.importorskip("triton", reason="runs the Triton kernels: pip install -e '.[gpu]'")
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st

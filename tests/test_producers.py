@@ -11,6 +11,9 @@ import importlib
 from collections.abc import Sequence
 
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -9,9 +9,9 @@ torch, Triton with its default launch config, and Triton with each candidate con
 `default_config`). Every variant is checked for the right bytes before it is timed.
 
 Bandwidth counts bytes read + written (twice the bytes moved), as the ceiling -- a 1 GiB
-`dst.copy_(src)` -- does (LIMITS.md). Times are medians of CUDA-event timings after warm-up:
+`dst.copy_(src)` -- does. Times are medians of CUDA-event timings after warm-up:
 
-    median_ms          events around each call, synchronized per call (LIMITS.md's method)
+    median_ms          events around each call, synchronized per call (as the ceiling is)
     median_ms_queued   calls queued back to back: device time, without launch latency
 
 `bench_kernels(device="cpu")` runs the same path with wall-clock timing (Triton only under

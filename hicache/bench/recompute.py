@@ -11,8 +11,8 @@ Lengths are rounded up to whole pages (350 -> 352 tokens with 16-token pages); t
 both. Only the last token's logits are computed, as in a serving engine's prefill.
 
 A mode that fails on this machine (compilation, capture, memory) is recorded with its error
-and the other modes still run; `LIMITS.md` explains why eager alone is not an honest baseline
-below ~2,000 tokens (per-layer launch overhead).
+and the other modes still run. Eager alone is not an honest baseline below ~2,000 tokens:
+there per-layer launch overhead (~60 ms for Qwen3-8B on the H200), not FLOPs, sets the time.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ whose I/O calls move at most `piece_bytes` (whole pages) each.
 
 The ceiling is measured in the same run on the same bytes: one `os.pwrite` of the n pages'
 bytes straight from the L2 tensor, and one `os.preadv` back into it, on one thread -- what
-LIMITS.md calls file pwrite/preadv. Reads are from a warm page cache (the bytes were just
+the file pwrite/preadv ceiling. Reads are from a warm page cache (the bytes were just
 written), for the mover and the ceiling alike; nothing is fsync'ed. GB = 1e9 bytes; times
 are medians over `repeats`, each from issue to the completion observed DONE. The mover may
 beat the ceiling on reads (they run on `io_threads` threads; the ceiling is one call), not on

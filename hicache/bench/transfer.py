@@ -114,7 +114,7 @@ def _e2e_ms_interleaved(starts: dict[str, Callable[[], Poll]], s: Settings) -> d
 
 
 def _device_ms(fn: Callable[[], None], s: Settings) -> float:
-    """Median device ms of `fn` by CUDA events, synchronized per call (LIMITS.md's method);
+    """Median device ms of `fn` by CUDA events, synchronized per call (as the ceilings are);
     wall-clock on CPU."""
     times = []
     for i in range(s.warmup + s.repeats):

@@ -9,8 +9,8 @@
 L3 follows L2 for every policy: a completed D2H queues the H2S of the same chain.
 
 A *chain* is a run of path nodes lacking the target tier whose first node's parent holds it
-(DESIGN.md §7, structural check S6: no backup gap). Nodes behind a chain whose transfer is
-still pending stay wanted and are retried on a later tick.
+(structural check S6 `tier_ancestor_closed` in spec/invariants.md: no backup gap). Nodes
+behind a chain whose transfer is still pending stay wanted and are retried on a later tick.
 """
 
 from __future__ import annotations

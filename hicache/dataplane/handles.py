@@ -36,8 +36,8 @@ class TransferStatus(str, enum.Enum):
 
 @dataclass
 class TransferTimings:
-    """Seconds spent in each stage of one transfer (metrics; DESIGN.md §9 excludes
-    `workspace_setup_s` from the cost model's samples)."""
+    """Seconds spent in each stage of one transfer (metrics; the cost model's samples exclude
+    `workspace_setup_s`, a one-time cost, see hicache/policy/costmodel.py)."""
 
     enqueue_s: float = 0.0  # CPU time to issue (index upload, kernel launch, DMA enqueue)
     workspace_setup_s: float = 0.0  # one-time workspace / pinned allocation inside the call

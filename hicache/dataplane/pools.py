@@ -1,4 +1,4 @@
-"""The L1 device pool and the L2 host pool: the tensors that hold KV bytes (DESIGN.md §5).
+"""The L1 device pool and the L2 host pool: the tensors that hold KV bytes.
 
     L1  DevicePool  [K/V, layer, page, token_in_page, kv_head, head_dim]   attention order
     L2  HostPool    [page, K/V, layer, token_in_page, kv_head, head_dim]   page-major

@@ -6,7 +6,7 @@ Routes (`plan_route`). The packed device buffer is private, so the mover picks t
 pages in it: sorted by L2 page, so every run of consecutive L2 pages (in whatever order the
 caller listed them) is one slice of the buffer and one slice of the pool -- one DMA. A run
 of fewer than DIRECT_MIN_BYTES goes through host staging (when at least two such runs exist:
-staging one run would save no DMA). Why 256 KiB: a DMA pays a fixed cost (LIMITS.md: 1 MiB
+staging one run would save no DMA). Why 256 KiB: a DMA pays a fixed cost (on the H200, 1 MiB
 pinned copies reach 36-41 GB/s against 55 GB/s for large ones, i.e. ~7 us D2H, ~10 us H2D
 per copy), so a 256 KiB run moves at about 256 KiB / (10 us + 4.7 us) ~ 18 GB/s or better.
 Staging moves it through the one thread that issues and polls every transfer: D2H's host

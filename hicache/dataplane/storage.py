@@ -24,7 +24,7 @@ crc32 is the fastest the stdlib has (tied with adler32, which is weak on sparse 
 catches every single-byte flip and every burst of up to 32 bits. Outside the stdlib, numpy's
 sum of a page's uint64 words runs at ~17 GB/s but is blind to words or 4 KiB blocks that trade
 places; a sum of words times fixed odd multipliers is order-aware but only ~5 GB/s. At ~2 GB/s
-crc32 is about half the target's page-cache pwrite rate (3.5 GB/s, LIMITS.md): on the I/O
+crc32 is about half the target's page-cache pwrite rate (3.5 GB/s on the H200 host): on the I/O
 thread alone it would dominate. It releases the GIL for buffers over 5 KiB (2 threads: 4.1
 GB/s on 2 cores; and while one thread checksums 1 GiB in one call, ~0.4 s, a Python loop on
 another thread never stalls longer than ~16 ms, the switch interval on a busy VM), so

@@ -28,7 +28,7 @@ a capture). A short return is resumed from where it stopped, at most `MAX_SHORT_
 times per piece, never accepted (bug class B14); Linux alone caps one call at 2 GiB - 4 KiB,
 so a larger piece needs a resume.
 
-Metadata order (DESIGN.md §7, completion precedes publication): an H2S forgets its target
+Metadata order (I5 `publish_order`, spec/invariants.md): an H2S forgets its target
 slots' checksums when issued and records them only when its completion is observed DONE; a
 failed or cancelled H2S leaves them unreadable. An S2H is DONE only after every page it read
 matched its slot's checksum; a mismatch fails it with `CorruptSlot`, a read that cannot finish

@@ -1,4 +1,4 @@
-"""Restore-vs-recompute policy (DESIGN.md section 9): the online cost model, the policies
+"""Restore-vs-recompute policy: the online cost model, the policies
 that use it, and the log that checks its predictions against what happened.
 
     costmodel.py   LinearCost (one learned latency line), CostModel (recompute + 4 directions)

@@ -1,4 +1,4 @@
-"""Online latency models for restore-vs-recompute decisions (DESIGN.md section 9).
+"""Online latency models for restore-vs-recompute decisions.
 
 Every operation the policy weighs is modelled as a line, learned online:
 

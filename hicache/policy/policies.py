@@ -48,7 +48,8 @@ class Decision:
     predicted_s        candidate -> predicted seconds to fill [l1_len, prompt_len) that way;
                        "recompute" always, a restore candidate only if it extends the hit
     extension_tokens   restore candidate -> tokens beyond l1_len it would restore
-    benefit_s          predicted_s["recompute"] - predicted_s[choice] (0.0 for recompute)
+    benefit_s          predicted_s["recompute"] - predicted_s[choice] (0.0 for recompute;
+                       negative only when `cost` explores, see CostPolicy)
     reason             one line saying why, for logs and status
     """
 
@@ -129,7 +130,8 @@ def _ms(seconds: float) -> str:
 
 
 EXPLORE_MARGIN = 0.10
-"""How close (relative) to recompute a never-sampled restore candidate must be to be tried."""
+"""How far (relative) above predicted recompute an untimed candidate may be and still be
+explored (rule 3 of `CostPolicy`)."""
 EXPLORE_SAMPLES = 2
 """Samples a transfer line needs before its candidate is trusted (the first transfer of each
 direction is a warm-up the controller does not feed to the model)."""
@@ -156,10 +158,30 @@ class PricedPolicy(abc.ABC):
 
 
 class CostPolicy(PricedPolicy):
-    """`cost`: restore from the candidate with the largest positive predicted benefit, else
-    recompute. Only the restore is weighed: write-through backup runs asynchronously, off the
-    request's critical path, so its cost does not count against admission (counting it would
-    make a slow disk refuse even the backups that later restores need)."""
+    """`cost`: choose by predicted seconds, trying untimed transfer lines within a bound.
+
+    The rule, in order (benefit = predicted recompute seconds - predicted candidate seconds):
+
+      1. Only restore candidates that extend the L1 hit by >= 1 token are offered; a tier
+         that adds nothing is never chosen, by this or any rule below.
+      2. If some candidate's benefit is > 0, choose the largest (ties: the shallower tier).
+      3. Else *explore*: choose the shallowest candidate that is
+           (a) untimed: one of its transfer lines (H2D for L2; S2H or H2D for L3) has fewer
+               than EXPLORE_SAMPLES samples, so its price still rests on a prior, and
+           (b) near: predicted <= (1 + EXPLORE_MARGIN) x predicted recompute.
+         Its benefit is then <= 0 but >= -EXPLORE_MARGIN x predicted recompute.
+      4. Else recompute (benefit 0).
+
+    So a decision's benefit is negative only while exploring, and never by more than
+    EXPLORE_MARGIN of the recompute it replaces. Why explore: the priors come from another
+    machine; a pessimistic one (an H200's link is ~4x the 12 GiB/s prior) would otherwise never
+    be corrected, because a candidate that is never chosen is never timed (Qwen3-4B at 350
+    tokens recomputed every request). Once every line of a candidate has EXPLORE_SAMPLES
+    samples, rule 3 no longer applies to it and the predictions alone decide.
+
+    Only the restore is weighed: write-through backup runs asynchronously, off the request's
+    critical path, so its cost does not count against admission (counting it would make a
+    slow disk refuse even the backups that later restores need)."""
 
     name = "cost"
 
@@ -178,8 +200,8 @@ class CostPolicy(PricedPolicy):
             near = self._unexplored_near(cands)
             if near is not None:
                 return cands.decision(near, (
-                    f"cost: exploring {near}: its transfer cost is still the prior, and it is "
-                    f"predicted within {EXPLORE_MARGIN:.0%} of recompute"))
+                    f"cost: exploring {near}: a transfer line of it has < {EXPLORE_SAMPLES} "
+                    f"samples, and it is predicted within {EXPLORE_MARGIN:.0%} of recompute"))
             return cands.decision("recompute", (
                 f"cost: best restore ({best}) predicted {_ms(cands.predicted_s[best])}, "
                 f"not faster than recompute {_ms(cands.predicted_s['recompute'])}"))
@@ -187,17 +209,17 @@ class CostPolicy(PricedPolicy):
             f"cost: {best} predicted {_ms(cands.predicted_s[best])} vs recompute "
             f"{_ms(cands.predicted_s['recompute'])}, saves {_ms(cands.benefit_s(best))}"))
 
-
     def _unexplored_near(self, cands: Candidates) -> Choice | None:
-        """A restore candidate whose transfer lines have never seen a sample (priors from
-        another machine) and that is predicted within EXPLORE_MARGIN of recompute: try it,
-        else a wrong prior is never corrected because the candidate is never chosen."""
+        """The shallowest candidate that rule 3 of the class docstring may explore: one of its
+        transfer lines has fewer than EXPLORE_SAMPLES samples and it is predicted within
+        EXPLORE_MARGIN of recompute; None if there is none."""
         for choice in RESTORE_CHOICES:
             if choice not in cands.split:
                 continue
             lines = ("h2d",) if choice == "L2" else ("h2d", "s2h")
             unexplored = any(self.model.line(k).samples_seen < EXPLORE_SAMPLES for k in lines)
-            close = cands.predicted_s[choice] <= (1.0 + EXPLORE_MARGIN) * cands.predicted_s["recompute"]
+            limit_s = (1.0 + EXPLORE_MARGIN) * cands.predicted_s["recompute"]
+            close = cands.predicted_s[choice] <= limit_s
             if unexplored and close:
                 return choice
         return None

@@ -5,10 +5,11 @@
     pages      start / page_size        | (end - start) / page_size  |
 
 `produce` writes the KV of `tokens[start:end]` into `new_pages` of the L1 tensor
-(`[K/V, layer, page, token_in_page, kv_head, head_dim]`, DESIGN.md §5) and nothing else. It may
-read `prefix_pages` (the model producer attends to that KV; the synthetic one needs only the
-tokens). It returns the steady seconds the work took -- one-time setup such as compilation or
-graph capture is excluded -- which is the recompute sample the cost model learns from.
+(`[K/V, layer, page, token_in_page, kv_head, head_dim]`, see dataplane/pools.py) and nothing
+else. It may read `prefix_pages` (the model producer attends to that KV; the synthetic one
+needs only the tokens). It returns the steady seconds the work took -- one-time setup such as
+compilation or graph capture is excluded -- which is the recompute sample the cost model
+learns from.
 
 `expected` says what the bytes must be, when a producer can say so without an L1: the packed
 page-major KV `[n_pages, K/V, layer, token_in_page, kv_head, head_dim]` of `tokens[start:end]`.

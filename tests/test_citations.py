@@ -1,0 +1,38 @@
+"""The repository cites only what it contains: no tracked file may point a reader at the
+project's private background notes, which are not in the repository. What a reader needs from
+them belongs in spec/, in benchmarks/results/ or in the docstring itself."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRIVATE_NOTES = ("DESIGN", "LIMITS", "SOURCES", "BUGCLASSES", "MULTIPOOL")
+# Built from parts so that this file does not cite them itself.
+CITATION = re.compile(r"\b(" + "|".join(PRIVATE_NOTES) + r")\.md\b")
+
+
+def _tracked_files() -> list[Path]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    paths = [ROOT / name for name in listed if name]
+    return [p for p in paths if p.is_file() and not p.is_symlink()]
+
+
+def test_no_tracked_file_cites_the_private_notes() -> None:
+    files = _tracked_files()
+    assert any(p.name == "README.md" for p in files)  # the listing found the repository
+    found = []
+    for path in files:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if CITATION.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "cites notes that are not in the repository:\n" + "\n".join(found)
