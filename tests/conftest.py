@@ -1,5 +1,5 @@
 """Shared test setup: Hypothesis profiles, the example database, replay lines, progress lines
-and the GPU marker.
+and the GPU and torch markers.
 
 Profiles (select with HICACHE_HYPOTHESIS_PROFILE, or CI=true for `ci`):
   dev   default for local runs: 100 examples
@@ -60,11 +60,18 @@ def progress_every(profile: str, environ: Mapping[str, str]) -> int:
     return int(raw)
 
 
-def _cuda_available() -> bool:
+def _torch_importable() -> bool:
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         return False
+    return True
+
+
+def _cuda_available() -> bool:
+    if not _torch_importable():
+        return False
+    import torch
     return bool(torch.cuda.is_available())
 
 
@@ -73,6 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if every > 0:
         for item in items:
             progress.install(item, progress.Progress(config, item.nodeid, every))
+    torch_items = [item for item in items if item.get_closest_marker("torch")]
+    if torch_items and not _torch_importable():
+        skip = pytest.mark.skip(reason="needs torch (the data plane): pip install -e '.[data]'")
+        for item in torch_items:
+            item.add_marker(skip)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():  # torch is imported only if a GPU test is run
         skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 import torch
 
 from hicache import cli

@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 import torch
 
 from hicache.controller.config import CacheConfig

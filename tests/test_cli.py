@@ -154,6 +154,7 @@ def test_ctrl_c_in_a_builtin_command_is_one_line_and_status_130(
     assert capsys.readouterr().err == "hicache invariants: interrupted\n"
 
 
+@pytest.mark.torch  # runs the demo
 def test_sigint_during_the_demo_exits_130_with_one_line() -> None:
     """A real SIGINT in the middle of a real demo run (its L3 I/O threads running): the demo
     cleans up, the process exits 130, and stderr is one line -- it was a 15-line traceback."""

@@ -19,6 +19,10 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

@@ -44,6 +44,7 @@ def tight(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]
     return out.getvalue(), json.loads(path.read_text())
 
 
+@pytest.mark.torch  # runs the demo
 def test_report_echoes_the_configuration_and_defines_every_term(
     capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -67,6 +68,7 @@ def test_report_echoes_the_configuration_and_defines_every_term(
     assert undefined <= configuration | {"D2H", "H2D", "H2S", "S2H"}  # those are, by name
 
 
+@pytest.mark.torch  # runs the demo
 def test_always_policy_decisions_say_why_they_recompute(tight: tuple[str, Any]) -> None:
     out, _ = tight
     section = next(s for s in out.split("\n\n") if s.startswith("Decisions by reason"))
@@ -75,6 +77,7 @@ def test_always_policy_decisions_say_why_they_recompute(tight: tuple[str, Any]) 
     assert int(rows["total"]) == 42  # 40 requests + 2 preemptions: one decision per admission
 
 
+@pytest.mark.torch  # runs the demo
 def test_token_shares_print_as_exactly_100_percent(tight: tuple[str, Any]) -> None:
     out, _ = tight
     section = next(s for s in out.split("\n\n") if s.startswith("Prompt tokens by source"))
@@ -92,6 +95,7 @@ def test_percents_add_to_exactly_100() -> None:
     assert sum(round(float(p[:-1]) * 10) for p in shares) == 1000
 
 
+@pytest.mark.torch  # runs the demo
 def test_json_stays_machine_readable(tight: tuple[str, dict[str, Any]]) -> None:
     _, s = tight
     assert s["config"]["l1_pages"] == 40 and s["config"]["sized"] == []
@@ -127,6 +131,7 @@ def test_defaults_are_sized_from_the_workload() -> None:
         size_tiers(workload, 4, 4, l1_pages=205)
 
 
+@pytest.mark.torch  # runs the demo
 def test_300_requests_run_with_the_default_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -139,6 +144,7 @@ def test_300_requests_run_with_the_default_sizes(
     assert f"{config['l1_pages']} pages (sized from the workload)" in report
 
 
+@pytest.mark.torch  # runs the demo
 def test_no_progress_bar_unless_stderr_is_a_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

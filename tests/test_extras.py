@@ -3,8 +3,10 @@ CPU data plane runs without Triton."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +84,28 @@ def test_cpu_kernels_need_no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen = KernelSet.create(l1, "auto")
     assert (chosen.gather_backend, chosen.scatter_backend) == ("torch", "torch")
     assert "triton is not importable" in chosen.reason
+
+
+
+SHADOW = 'raise ModuleNotFoundError("No module named {0!r}", name={0!r})\n'
+
+
+@pytest.mark.skipif(os.environ.get("HICACHE_WITHOUT_TORCH") == "1",
+                    reason="this is the run without torch")
+def test_the_suite_passes_without_torch(tmp_path: Path) -> None:
+    """The README's test command on a machine without torch: every test that needs it skips
+    itself (module-level importorskip or the `torch` marker) and the rest pass. torch and
+    triton are shadowed by packages that fail to import, on PYTHONPATH, so the subprocesses
+    the tests start lack them too; a new test that forgets to say it needs torch fails here."""
+    for module in ("torch", "triton"):
+        (tmp_path / module).mkdir()
+        (tmp_path / module / "__init__.py").write_text(SHADOW.format(module))
+    env = {**os.environ, "HICACHE_WITHOUT_TORCH": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                        os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-x", "tests"], capture_output=True, text=True, timeout=900,
+                          check=False, env=env, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.splitlines()[-1]
+    assert " passed" in summary and " skipped" in summary, summary

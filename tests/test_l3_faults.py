@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite

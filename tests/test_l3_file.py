@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 import torch
 
 from hicache import demo

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite
