@@ -12,7 +12,7 @@ each; an empty list means the spec is consistent. What it compares:
     registry CHECKS  vs  invariants.md headings (`I1 `name``), checker and test names
     lifecycle.toml   vs  trace.schema.json: event enum, tier per event, composite names
     TraceEvent       vs  trace.schema.json properties; schema enum vs trace.md's event table
-    l3format.LAYOUT  vs  README.md's L3 header table, row by row
+    l3format.LAYOUT  vs  l3.md's L3 header table, row by row
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     trace_md = _read(spec_dir / "trace.md", problems)
     if schema_text is not None:
         problems += check_trace_schema(lc, schema_text, trace_md)
-    readme = _read(spec_dir / "README.md", problems)
+    readme = _read(spec_dir / "l3.md", problems)
     if readme is not None:
         problems += check_l3_header(readme)
     return problems
@@ -332,17 +332,17 @@ L3_HEADER_COLUMNS = ("offset", "size", "field", "meaning")
 
 
 def check_l3_header(readme: str) -> list[str]:
-    """README.md's table with columns `L3_HEADER_COLUMNS` lists `l3format.LAYOUT`, in order."""
+    """l3.md's table with columns `L3_HEADER_COLUMNS` lists `l3format.LAYOUT`, in order."""
     found = [t for t in parse_tables(readme) if t.headers == L3_HEADER_COLUMNS]
     if len(found) != 1:
         columns = ", ".join(L3_HEADER_COLUMNS)
-        return [f"README.md: {len(found)} L3 header tables (columns {columns}), want 1"]
+        return [f"l3.md: {len(found)} L3 header tables (columns {columns}), want 1"]
     want = [(str(f.offset), str(f.size), f.name, _normalise(f.meaning)) for f in LAYOUT]
     have = [(line, tuple(row[c] for c in L3_HEADER_COLUMNS)) for line, row in found[0].rows]
-    problems = [f"README.md line {line}: L3 header row {' | '.join(row)!r}, "
+    problems = [f"l3.md line {line}: L3 header row {' | '.join(row)!r}, "
                 f"the code has {' | '.join(w)!r}" for (line, row), w in zip(have, want) if row != w]
     if len(have) != len(want):
-        problems.append(f"README.md: L3 header table has {len(have)} rows, the code {len(want)}")
+        problems.append(f"l3.md: L3 header table has {len(have)} rows, the code {len(want)}")
     return problems
 
 

@@ -35,7 +35,7 @@ from hicache.speccheck import check_l3_header
 BPP = 3080  # not a multiple of 4096: an offset that forgot the header or B shows
 SLOTS = 8
 TEXT = b"my notes\nnothing to do with a KV cache\n" * 300
-SPEC_README = Path(__file__).resolve().parent.parent / "spec" / "README.md"
+SPEC_L3 = Path(__file__).resolve().parent.parent / "spec" / "l3.md"
 
 
 def snapshot(path: Path) -> tuple[bytes, int]:
@@ -218,12 +218,12 @@ def test_header_of_a_real_file_round_trips() -> None:
 
 
 def test_spec_table_is_the_header_layout() -> None:
-    readme = SPEC_README.read_text(encoding="utf-8")
+    readme = SPEC_L3.read_text(encoding="utf-8")
     assert check_l3_header(readme) == []
     assert [f.offset + f.size for f in LAYOUT][-1] == HEADER_BYTES
     drifted = readme.replace("| 24 | 8 | `slots` |", "| 24 | 4 | `slots` |")
     (problem,) = check_l3_header(drifted)
-    assert "README.md line" in problem and "24 | 4 | slots" in problem
+    assert "l3.md line" in problem and "24 | 4 | slots" in problem
 
 
 def test_bad_arguments_raise_config_error(tmp_path: Path) -> None:

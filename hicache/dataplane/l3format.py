@@ -5,7 +5,7 @@
     B = bytes_per_page; the header is HEADER_BYTES = 4096 bytes, so slots stay 4 KiB aligned
     whenever B is a multiple of 4096 (every preset but `tiny`).
 
-`LAYOUT` is the header (spec/README.md, "The L3 file", is a checked copy: `hicache spec check`);
+`LAYOUT` is the header (spec/l3.md, "Layout", is a checked copy: `hicache spec check`);
 integers are unsigned little-endian and the bytes after the last field are zero. The header
 records the geometry the file was sized for and the slot count, never which slots hold a
 page: that metadata lives only in the process that wrote the slots (`storage.py`).
@@ -60,7 +60,7 @@ _CRC_AT = HEADER_FIELDS[-1].offset
 assert all(a.offset + a.size == b.offset for a, b in zip(HEADER_FIELDS, HEADER_FIELDS[1:]))
 assert FIELDS_BYTES == _CRC_AT + 4 and FIELDS_BYTES <= HEADER_BYTES
 
-# The whole header as spec/README.md tabulates it: the fields, then zeros up to slot 0.
+# The whole header as spec/l3.md tabulates it: the fields, then zeros up to slot 0.
 LAYOUT = HEADER_FIELDS + (
     HeaderField(
         FIELDS_BYTES, HEADER_BYTES - FIELDS_BYTES, "reserved", "x", "zero bytes up to slot 0"
