@@ -180,7 +180,8 @@ class DeviceHostMover:
     reports FAILED with a TransferError naming the size; nothing was enqueued. On CUDA, L2
     must be pinned: the DMAs are asynchronous and read or write the pool in place.
     `chunk_pages`, `single_chunk_max_bytes`, `first_chunk_bytes` and `direct_min_bytes` tune
-    chunks and routes (routes.py); the defaults are the measured choices.
+    chunks and routes (routes.py; the measurements behind the defaults are in
+    benchmarks/results/HISTORY.md).
     """
 
     def __init__(
@@ -240,8 +241,8 @@ class DeviceHostMover:
         """Route and chunks of a transfer touching `l2_ids` (validated, n >= 1).
 
         Plans of one run of consecutive L2 pages depend only on (direction, n, first page)
-        and the mover's settings: they are remembered (planning costs ~30 us of the issuing
-        thread, before any device work can start)."""
+        and the mover's settings: they are remembered (planning costs tens of microseconds of
+        the issuing thread, before any device work can start)."""
         n, first = int(l2_ids.size), int(l2_ids[0])
         settings = (self.chunk_pages, self.first_chunk_bytes, self.single_chunk_max_bytes,
                     self.direct_min_bytes)

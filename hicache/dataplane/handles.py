@@ -10,6 +10,12 @@ which completions, failures and cancels reach the control plane.
     DONE         every byte arrived (and, for S2H, verified)      published by the caller
     FAILED       the transfer did not complete; `error` says why  released (target), unlocked
     CANCELLED    cancelled; the hardware no longer touches them   released (target), unlocked
+
+A final status is reported only once the hardware no longer reads or writes the transfer's
+pages: `cancel` and `fail` quiesce first, and a subclass's `_probe` returns FAILED only when
+no part of the transfer still runs. That is what lets the caller release the target and
+unlock the source on the status alone (the quiesce rule: spec/lifecycle.md, "Cancel, fail
+and live hardware").
 """
 
 from __future__ import annotations

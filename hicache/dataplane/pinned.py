@@ -1,8 +1,8 @@
 """Pinned host memory a pool owns: allocated at its exact size, page-locked in place.
 
 `torch.empty(..., pin_memory=True)` goes through torch's caching host allocator, which rounds
-every block up to a power of two (a 20.4 GiB request pins 32 GiB; SGLang measured it on
-DeepSeek-V4 pools) and keeps freed blocks cached for reuse instead of returning them. For the
+every block up to a power of two (a 20.4 GiB request pins 32 GiB) and keeps freed blocks
+cached for reuse instead of returning them (benchmarks/results/HISTORY.md). For the
 L2 pool -- one large block per engine, most of the host's memory -- both hurt: the rounding
 can pin up to twice what was asked for, and a process that builds several engines (the
 serving benchmark builds ~30) runs out of pinned memory with most of it cached and idle.

@@ -6,33 +6,24 @@ Routes (`plan_route`). The packed device buffer is private, so the mover picks t
 pages in it: sorted by L2 page, so every run of consecutive L2 pages (in whatever order the
 caller listed them) is one slice of the buffer and one slice of the pool -- one DMA. A run
 of fewer than DIRECT_MIN_BYTES goes through host staging (when at least two such runs exist:
-staging one run would save no DMA). Why 256 KiB: a DMA pays a fixed cost (on the H200, 1 MiB
-pinned copies reach 36-41 GB/s against 55 GB/s for large ones, i.e. ~7 us D2H, ~10 us H2D
-per copy), so a 256 KiB run moves at about 256 KiB / (10 us + 4.7 us) ~ 18 GB/s or better.
-Staging moves it through the one thread that issues and polls every transfer: D2H's host
-scatter measured 7.7 GB/s (fragmented D2H, 219 pages, H200), so direct wins 2-3x from 256
-KiB on (break-even ~60 KiB). H2D's host packing overlaps earlier DMAs and reached ~30 GB/s
-end to end, so direct runs of 256 KiB-1 MiB may cost some device time there but free the
-issuing thread (~35 us of CPU per staged MiB). Far below 256 KiB the per-DMA fixed cost and
-the Python issue cost (one `copy_` per run) dominate, and staging's one large DMA wins.
+staging one run would save no DMA). Why a threshold: every DMA pays a fixed cost, so a
+short run moves slowly on its own, while staging moves bytes through the one thread that
+issues and polls every transfer; from DIRECT_MIN_BYTES up a direct DMA wins, far below it the
+per-DMA cost and the Python issue cost (one `copy_` per run) make one staged DMA cheaper.
 Staged pages sit first in the buffer for D2H (their host copies run on polls while the direct
 DMAs still copy) and last for H2D (the CPU packs them while the direct DMAs copy).
 
 Chunks (`chunk_bounds`). A DMA cannot start before its bytes are packed, so unchunked the
 whole gather is exposed before the DMA. Chunk k+1's gather runs while chunk k's DMAs copy, so
-only the first gather is exposed. Sizes double from FIRST_CHUNK_BYTES, 16 MiB: issuing a chunk
-(a kernel launch, an event, a wait, its DMA calls) costs the issuing thread 50-150 us on the
-H200 host, and the copy engine idles whenever a chunk's DMA ends before the next chunk is
-issued -- a 2 MiB first chunk (one page, ~45 us of DMA) left it idle, a 16 MiB one (~300 us)
-does not, and its exposed gather is ~9 us at the row kernel's speed. 219 pages (3,500 tokens)
-take 5 chunks. It stays DMA-bound while packing outruns the DMA (gathering 2c bytes, read +
-written, within the DMA of c bytes: G_rw > 222 GB/s; index_select measured 379-640 GB/s, the
-row kernel ~3,400). H2D runs the sizes in descending order (the exposed tail is the smallest
-chunk's scatter). Up to SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: one gather + one DMA
-exposes the whole gather, which the row kernel does at ~1,950 GB/s: 64 MiB -> ~70 us, under 6%
-of that size's ~1.2 ms DMA (torch's index_select, if `auto` picks it, is ~5x slower;
-`single_chunk_max_bytes=0` chunks every size, and the transfer benchmark measures both, with
-other first-chunk sizes). A fixed `chunk_pages` overrides both rules.
+only the first gather is exposed. Sizes double from FIRST_CHUNK_BYTES: a first chunk must be
+long enough that its DMA outlasts issuing the next chunk (a kernel launch, an event, a wait,
+its DMA calls), or the copy engine idles between chunks; and short enough that its exposed
+gather is small. The schedule stays DMA-bound while packing outruns the DMA. H2D runs the
+sizes in descending order (the exposed tail is the smallest chunk's scatter). Up to
+SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: one gather + one DMA, whose exposed gather is
+a few percent of the DMA at the row kernel's speed (`single_chunk_max_bytes=0` chunks every
+size, and the transfer benchmark measures both). A fixed `chunk_pages` overrides both rules.
+The measurements behind the three constants: benchmarks/results/HISTORY.md.
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per

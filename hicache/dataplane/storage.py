@@ -1,4 +1,5 @@
-"""The L3 tier: one local file of fixed slots after a header, and its in-memory metadata.
+"""The L3 tier: one local file of fixed slots after a header, and its in-memory metadata
+(the format is spec/l3.md).
 
     file offset   0        H        H + B    H + 2B           H + s*B          H + slots*B
                   | header | slot 0 | slot 1 | ...            | slot s | ...   |
@@ -13,23 +14,11 @@ so bytes left by an earlier process are never trusted. An existing path is taken
 when it is already a hicache L3 file, or when the caller says to overwrite it; a symlink never
 is (see `L3File`).
 
-Checksum: `zlib.crc32` of the whole page (4 bytes of metadata per slot). Measured on 2.25 MiB
-pages (Qwen3-8B, 2,359,296 bytes/page), one thread, 200 rounds interleaved, GB/s best/median
-(CPython 3.11, zlib 1.2.13, a shared 2-core Xeon VM -- the dev machine, not the target):
-
-    crc32 2.44/1.89   adler32 2.39/1.93   sha256 1.39/1.18   sha1 1.21/1.00   md5 0.59/0.51
-    blake2b 0.50/0.43   blake2s 0.35/0.30   sha3_256 0.23/0.19   (memcpy: 7.2/5.9)
-
-crc32 is the fastest the stdlib has (tied with adler32, which is weak on sparse data), and
-catches every single-byte flip and every burst of up to 32 bits. Outside the stdlib, numpy's
-sum of a page's uint64 words runs at ~17 GB/s but is blind to words or 4 KiB blocks that trade
-places; a sum of words times fixed odd multipliers is order-aware but only ~5 GB/s. At ~2 GB/s
-crc32 is about half the target's page-cache pwrite rate (3.5 GB/s on the H200 host): on the I/O
-thread alone it would dominate. It releases the GIL for buffers over 5 KiB (2 threads: 4.1
-GB/s on 2 cores; and while one thread checksums 1 GiB in one call, ~0.4 s, a Python loop on
-another thread never stalls longer than ~16 ms, the switch interval on a busy VM), so
-`storage_io.py` runs it on the pool's threads beside the file I/O. The first mover's H200
-figures fit a schedule model with crc32 at ~1.8 GB/s per thread there.
+Checksum: `zlib.crc32` of the whole page, 4 bytes of metadata per slot (spec/l3.md, "Slot
+metadata and the checksum", says when it is recorded and checked). It catches every single-byte
+change and every burst of up to 32 bits, and it is the fastest checksum the standard library
+has; it releases the GIL for buffers over 5 KiB, so `storage_io.py` runs it on the I/O threads
+beside the file I/O. The candidates' timings are in benchmarks/results/HISTORY.md.
 
 Thread safety: the metadata is changed (`record`, `invalidate`) by the thread that issues and
 observes transfers; I/O threads only read it (`verify`), and the corrupt-read counter is locked.
@@ -57,7 +46,7 @@ MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can addr
 
 
 def page_checksum(data: memoryview) -> int:
-    """crc32 of one page's bytes (see the module docstring for why crc32)."""
+    """crc32 of one page's bytes, as an unsigned 32-bit integer (spec/l3.md)."""
     return zlib.crc32(data)
 
 

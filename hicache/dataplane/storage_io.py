@@ -5,18 +5,16 @@
     s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then crc32 check of its pages
 
 Extents (`extents.coalesce`, both sides consecutive, B13) are cut into pieces of at most
-`piece_bytes` (whole pages, at least one; `extents.split`). Why, from the H200 figures of the
-first version (one task per extent, H2S checksums queued behind all writes):
+`piece_bytes` (whole pages, at least one; `extents.split`), so that one long extent spreads
+over the threads like many short ones:
 
-- S2H: buffered reads of one file run in parallel, but one long extent was read by one
-  thread, then checked (~60% of a one-call preadv); many one-page extents, each read and
-  checked by its own task, reached ~105%. Pieces make a long extent look like the latter.
-  The check follows the read on the same thread, while the pages are still in its cache.
-- H2S: buffered writes to one file serialise on its inode lock (ext4, xfs, tmpfs), so
-  writes never go faster than one thread; what must overlap them is the checksum work
-  (crc32 runs at about half the pwrite rate). Checksums that waited behind every write ran
-  at ~50% of raw; so worker 0 writes the pieces in order while the others checksum them
+- S2H: each piece is one `preadv`, then the crc32 check of its pages on the same thread,
+  while they are still in its cache.
+- H2S: writes to one file serialise on its inode lock, so worker 0 writes the pieces in
+  order while the others checksum the same (locked, unchanging) source pages
   (`TaskGroup.spread`'s lanes), and each helps the other lane once its own is empty.
+
+(The measurements behind pieces and lanes: benchmarks/results/HISTORY.md.)
 
 Bytes go straight between the L2 tensor's memory and the file: every piece's buffer is a
 slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Pieces
@@ -25,7 +23,8 @@ task per thread (not per piece), and each takes the next piece until none is lef
 syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. The threads make no CUDA
 call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
 a capture). A short return is resumed from where it stopped, at most `MAX_SHORT_RESUMES`
-times per piece, never accepted (bug class B14); Linux alone caps one call at 2 GiB - 4 KiB,
+times per piece, never accepted (bug class B14); a return of 0 bytes fails the transfer at
+once (spec/l3.md, "Short I/O and I/O errors"). Linux alone caps one call at 2 GiB - 4 KiB,
 so a larger piece needs a resume.
 
 Metadata order (I5 `publish_order`, spec/invariants.md): an H2S forgets its target
@@ -66,8 +65,7 @@ MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
 MAX_IO_THREADS = 64
 # Bytes one I/O call moves at most (a piece; never less than one page). Small enough that a
 # long extent spreads over the threads and a piece's pages are still in the CPU cache when
-# they are checksummed; large enough that per-call costs vanish in the copy (dev VM: one
-# 2.25 MiB page per pwrite or preadv costs the same CPU per byte as one 516 MB call).
+# they are checksummed; large enough that per-call costs vanish in the copy.
 PIECE_BYTES = 4 << 20
 
 

@@ -28,9 +28,10 @@ class Streams:
     direction (`d2h`, `h2d`), so a load-back never queues behind a backup: PCIe copies each
     way on its own engine. CPU: no streams; every step runs synchronously.
 
-    Switching streams costs host time (a `torch.cuda.stream` block measured ~18 us on the
-    H200 host: it looks the current stream up twice), so an issue looks the caller's stream
-    up once and switches with `use(stream, back)`; kernels take their stream as an argument.
+    Switching streams costs host time (a `torch.cuda.stream` block looks the current stream
+    up twice; benchmarks/results/HISTORY.md has the figures), so an issue looks the caller's
+    stream up once and switches with `use(stream, back)`; kernels take their stream as an
+    argument.
     """
 
     def __init__(self, device: torch.device) -> None:

@@ -12,8 +12,8 @@ status (DONE, FAILED or CANCELLED), i.e. only once the hardware no longer touche
 and indices) in one step, and gives all of them back in one step.
 
 Why reuse at all: a pinned allocation is the expensive part of a transfer's setup (tens of ms
-for tens of MiB; pinning 64 MiB took 37 ms on the H200), while the DMA itself moves 2.25 MiB in
-~45 us. Why so few idle buffers: a long prefix would otherwise leave a large pinned block
+for tens of MiB, against tens of microseconds for the DMA of one page; benchmarks/results/
+HISTORY.md). Why so few idle buffers: a long prefix would otherwise leave a large pinned block
 held forever. Acquire takes the *smallest* idle buffer that fits (best fit); release keeps
 the `max_idle` *largest* idle buffers of each kind and drops the rest.
 

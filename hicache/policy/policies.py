@@ -22,7 +22,8 @@ runs anyway, and counts it when the restore covers the whole prompt.
 
     benefit_s(candidate) = predicted_s["recompute"] - predicted_s[candidate]
 
-Policies (`make_policy` names): `cost` (default), `always`, `never`, `threshold`.
+Policies (`make_policy` names): `cost` (default), `always`, `never`, `threshold`; their rules
+and a worked example are in spec/policies.md, "Restore policies".
 """
 
 from __future__ import annotations
@@ -174,10 +175,10 @@ class CostPolicy(PricedPolicy):
 
     So a decision's benefit is negative only while exploring, and never by more than
     EXPLORE_MARGIN of the recompute it replaces. Why explore: the priors come from another
-    machine; a pessimistic one (an H200's link is ~4x the 12 GiB/s prior) would otherwise never
-    be corrected, because a candidate that is never chosen is never timed (Qwen3-4B at 350
-    tokens recomputed every request). Once every line of a candidate has EXPLORE_SAMPLES
-    samples, rule 3 no longer applies to it and the predictions alone decide.
+    machine; a pessimistic one would otherwise never be corrected, because a candidate that is
+    never chosen is never timed (benchmarks/results/HISTORY.md, "Cost model priors"). Once
+    every line of a candidate has EXPLORE_SAMPLES samples, rule 3 no longer applies to it and
+    the predictions alone decide.
 
     Only the restore is weighed: write-through backup runs asynchronously, off the request's
     critical path, so its cost does not count against admission (counting it would make a
