@@ -12,8 +12,9 @@ Every operation the policy weighs is modelled as a line, learned online:
     s2h         L3 -> L2 storage read (promotion)     byte    1 / (3 GiB/s)        100 us
     h2s         L2 -> L3 storage write (backup)       byte    1 / (3 GiB/s)        100 us
 
-The slopes are the sources' priors. The fixed priors are ours, kept small so that the first
-decisions are driven by bandwidth: a kernel launch plus one DMA and event sync is tens of
+The slopes are conservative bandwidths for a PCIe host link and a local disk (a real machine
+differs, and the lines learn it). The fixed priors are kept small so that the first decisions
+are driven by bandwidth: a kernel launch plus one DMA and event sync is tens of
 microseconds, a thread-pool hand-off plus one file syscall about a hundred, and an engine's
 shortest prefill launch chain about a millisecond. Storage read and write are separate lines
 because writes are usually slower, and one slow backup must not talk the model out of fast
@@ -142,10 +143,10 @@ class LinearCost:
         spread = max(sizes) - min(sizes)
         if spread <= max(SPREAD_FLOOR, SPREAD_FRACTION * max(sizes)):
             # One size: only the total at that size is identifiable. A slower-than-line sample
-            # feeds the fixed part (the write-up's EWMA of the positive residual). A faster one
-            # means the slope itself is too steep (a prior from a slower machine: 12 GiB/s
-            # against an H200's ~50 GB/s); the write-up leaves that case stuck, so the slope
-            # moves toward seconds/size and the fixed part decays toward 0.
+            # feeds the fixed part (an EWMA of the positive residual). A faster one means the
+            # slope itself is too steep (a prior from a slower machine: 12 GiB/s against an
+            # H200's ~50 GB/s); learning the fixed part alone would leave that case stuck, so
+            # the slope moves toward seconds/size and the fixed part decays toward 0.
             residual = seconds - self.per_unit_s * size
             self.fixed_s = (1.0 - self.alpha) * self.fixed_s + self.alpha * max(0.0, residual)
             if residual < 0.0 and size > 0:
