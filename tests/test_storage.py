@@ -31,7 +31,7 @@ from hicache.dataplane.l3format import HEADER_BYTES
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
 from hicache.dataplane.taskgroup import TaskGroup
-from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError
+from hicache.errors import ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError
 from hicache.invariants.snapshot import pages
 
 BPP = 3080  # bytes per page: small, and not a power of two, so offset slips show
@@ -443,12 +443,13 @@ def test_invalid_arguments_raise_before_anything_is_issued(l3: L3File) -> None:
             (mover.h2s, pages([L2_PAGES]), pages([3])),  # L2 page out of range
             (mover.h2s, pages([1]), pages([SLOTS])),  # slot out of range
         ]
+        # Typed (a HiCacheError the controller handles), and still a ValueError.
         for call, a, b in bad:
-            with pytest.raises(ValueError):
+            with pytest.raises(InvalidPages):
                 call(a, b)
-        with pytest.raises(ValueError, match="distinct"):
+        with pytest.raises(InvalidPages, match="distinct"):
             mover.s2h(pages([1, 2]), pages([5, 5]))  # one L2 page filled twice
-        with pytest.raises(ValueError, match="hold no written page"):
+        with pytest.raises(InvalidPages, match="hold no written page"):
             mover.s2h(pages([1, 9]), pages([5, 6]))
         assert mover.counters == before
         assert l3.written(pages([1, 2])).all() and not l3.written(pages([3])).any()

@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
-from hicache.errors import ConfigError, CorruptSlot, L3PathRefused, StorageError
+from hicache.errors import ConfigError, CorruptSlot, InvalidPages, L3PathRefused, StorageError
 from hicache.invariants.snapshot import Pages
 
 MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
@@ -136,9 +136,9 @@ class L3File:
             raise StorageError(self.path, why)
 
     def check_slots(self, slots: Pages, field: str) -> None:
-        """ValueError naming `field` unless every slot is in [0, slots)."""
+        """InvalidPages naming `field` unless every slot is in [0, slots)."""
         if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.slots):
-            raise ValueError(f"{field}: slot out of range [0, {self.slots}) in {slots.tolist()}")
+            raise InvalidPages(field, f"slot out of range [0, {self.slots}) in {slots.tolist()}")
 
     def _write_header(self) -> None:
         """Drop whatever the file held (its slots are not trusted), then write our header.

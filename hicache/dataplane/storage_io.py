@@ -57,7 +57,9 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
 from hicache.dataplane.taskgroup import TaskGroup
-from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError, UnreadableSlot
+from hicache.errors import (
+    ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError, UnreadableSlot,
+)
 from hicache.invariants.snapshot import Pages
 from hicache.tiers import Direction
 
@@ -149,7 +151,8 @@ class StorageMover:
 
     `l2_bytes`: uint8 CPU tensor `[capacity_pages, bytes_per_page]`, contiguous (pinned on
     CUDA machines) -- a byte view of the page-major L2 pool. Page and slot arguments are
-    int64 arrays. Invalid arguments raise `ValueError` before anything is issued.
+    int64 arrays. Invalid arguments raise `InvalidPages` (a `HiCacheError`) before anything is
+    issued.
     """
 
     def __init__(
@@ -197,8 +200,8 @@ class StorageMover:
         dst, src = self._mapping(l2_pages, slots, Direction.S2H)
         unwritten = src[~self.l3.written(src)]
         if unwritten.size:
-            raise ValueError(
-                f"s2h: slots {unwritten.tolist()} hold no written page (never written, or the "
+            raise InvalidPages(
+                "s2h slots", f"{unwritten.tolist()} hold no written page (never written, or the "
                 "last H2S into them failed or is not yet observed DONE); read published slots only"
             )
         extents = coalesce(src, dst)
@@ -216,17 +219,17 @@ class StorageMover:
         pages_ = np.array(l2_pages, dtype=np.int64).reshape(-1)
         slots_ = np.array(slots, dtype=np.int64).reshape(-1)
         if pages_.size != slots_.size:
-            raise ValueError(f"{direction}: {pages_.size} L2 pages but {slots_.size} slots")
+            raise InvalidPages(str(direction), f"{pages_.size} L2 pages but {slots_.size} slots")
         if pages_.size and (int(pages_.min()) < 0 or int(pages_.max()) >= self.capacity_pages):
-            raise ValueError(
-                f"{direction}: L2 page out of range [0, {self.capacity_pages}) in {pages_.tolist()}"
-            )
+            raise InvalidPages(
+                f"{direction} L2 pages",
+                f"out of range [0, {self.capacity_pages}) in {pages_.tolist()}")
         self.l3.check_slots(slots_, f"{direction} slots")
         target = slots_ if direction is Direction.H2S else pages_
         if np.unique(target).size != target.size:
-            raise ValueError(
-                f"{direction}: {direction.target} targets must be distinct, got {target.tolist()}"
-            )
+            raise InvalidPages(
+                f"{direction} {direction.target} targets",
+                f"must be distinct, got {target.tolist()}")
         self.l3.check_identity()  # once per batch: one stat call
         return pages_, slots_
 
