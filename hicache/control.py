@@ -25,11 +25,9 @@ import numpy.typing as npt
 
 from hicache.errors import HiCacheError, IllegalTransition
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
-from hicache.invariants.snapshot import (
-    NodeView, OpView, Pages, RequestView, Snapshot, TierView, pages,
-)
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, composite_name, load_lifecycle
-from hicache.pages import PageTable
+from hicache.pages import PageTable, Pages, pages
+from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
@@ -441,13 +439,17 @@ class ControlPlane:
                 pending={str(t): n.pending[i] for i, t in enumerate(TIERS)},
                 parent_link_ok=n.parent is None or any(c is n for c in n.parent.children.values()),
             ))
+        # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
         ops = tuple(
             OpView(op.op_id, op.direction.value, str(op.direction.source), str(op.direction.target),
-                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range)
+                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range,
+                   lock_node_id=op.nodes[-1].node_id)
             for op in self.ops.values()
         )
         reqs = tuple(
-            RequestView(r.request_id, r.cached_len, r.published_len, {"L1": r.private_pages})
+            RequestView(r.request_id, r.cached_len, locked_node_id=r.locked.node_id,
+                        pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
+                        private_pages={"L1": r.private_pages})
             for r in self.requests.values()
         )
         tiers = {

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, TreeError
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, load_lifecycle
 from hicache.tiers import TIERS
 

@@ -10,7 +10,7 @@ import pytest
 
 from hicache.bench.control import main as bench_main
 from hicache.errors import ConfigError, TreeError
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 from hicache.tree import HiRadixTree, TreeNode
 
 L1, L2, L3 = 0, 1, 2

@@ -59,7 +59,7 @@ from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
 from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, StorageError, TransferError, UnreadableSlot
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.tiers import Direction
 
 MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
