@@ -170,11 +170,17 @@ class ControlPlane:
         end = min(req.private_start + req.private_pages.size * ps, len(req.tokens) // ps * ps)
         if end <= req.private_start:
             return req.cached_len
-        m = self.tree.match(req.tokens[:end], touch=False)
+        # Validate before any split: walk without splitting; the node the walk ends inside
+        # (`cut`) stands for the upper part a split will make, which has the same states.
+        m = self.tree.match(req.tokens[:end], split=False, touch=False)
+        cut = self.tree.cut(req.tokens[:end])
+        walked = [*m.path, cut.node] if cut is not None else list(m.path)
+        matched = m.matched_len + (0 if cut is None else cut.at_tokens)
         plan: list[tuple[TreeNode, str, Pages]] = []
         pos = 0
-        for node in m.path:
-            n_start, pos = pos, pos + len(node.key)
+        for node in walked:
+            n_start = pos
+            pos += cut.at_tokens if cut is not None and node is cut.node else len(node.key)
             if pos <= req.private_start:
                 continue
             # Verify node boundaries line up with the private range (splits only add boundaries).
@@ -188,14 +194,17 @@ class ControlPlane:
             else:
                 break  # load-back in flight: keep the rest private (see docstring)
         else:
-            if m.matched_len < end:
-                first = (max(m.matched_len, req.private_start) - req.private_start) // ps
+            if matched < end:
+                first = (max(matched, req.private_start) - req.private_start) // ps
                 last = (end - req.private_start) // ps
-                parent = m.path[-1] if m.path else self.tree.root
+                parent = walked[-1] if walked else self.tree.root
                 plan.append((parent, "new", req.private_pages[first:last]))
         for node, what, _ in plan:
             sub = node.state if what != "new" else [ABSENT, ABSENT, ABSENT]
             self.lifecycle.check("insert" if what != "discard" else "discard", (PRIVATE, sub[1], sub[2]))
+        if cut is not None and any(node is cut.node for node, _, _ in plan):
+            upper = self.tree.split(cut.node, cut.at_tokens)  # validated: the first change
+            plan = [(upper if node is cut.node else node, what, mine) for node, what, mine in plan]
         published = req.published_len
         deepest = req.locked
         used = 0
@@ -206,7 +215,7 @@ class ControlPlane:
                 self._emit_node("discard", node, 0, mine, (PRIVATE, node.state[1], node.state[2]), request_id)
             else:
                 if what == "new":
-                    start = max(m.matched_len, req.private_start)
+                    start = max(matched, req.private_start)
                     node = self.tree.add_child(node, req.tokens[start:end])
                 before = (PRIVATE, node.state[1], node.state[2])
                 self.tables[0].publish(mine)

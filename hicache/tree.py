@@ -111,6 +111,14 @@ class MatchResult(NamedTuple):
     matched_len: int
 
 
+class Cut(NamedTuple):
+    """Where a walk ends inside a node's key: `node` shares its first `at_tokens` tokens (whole
+    pages, at least one, fewer than its key) with the tokens walked."""
+
+    node: TreeNode
+    at_tokens: int
+
+
 class HiRadixTree:
     """The shared radix tree of all tiers (spec/tree.md)."""
 
@@ -173,25 +181,10 @@ class HiRadixTree:
         With `touch`, every per-tier hit node gets a fresh LRU tick in that tier and every
         `path` node's `hits` grows by one.
         """
-        seq = _as_tuple(tokens)
-        ps = self.page_size
-        end = len(seq) - len(seq) % ps
-        node, pos = self.root, 0
-        path: list[TreeNode] = []
-        while pos < end:
-            child = node.children.get(seq[pos:pos + ps])
-            if child is None:
-                break
-            klen = len(child.key)
-            if pos + klen <= end and seq[pos:pos + klen] == child.key:
-                path.append(child)
-                node, pos = child, pos + klen
-                continue
-            if split:
-                # Ends inside `child`: the common part is >= 1 page and < the key.
-                path.append(self.split(child, _common_pages(child.key, seq, pos, end, ps) * ps))
-                pos += len(path[-1].key)
-            break
+        path, pos, cut = self._walk(_as_tuple(tokens))
+        if split and cut is not None:
+            path.append(self.split(cut.node, cut.at_tokens))
+            pos += cut.at_tokens
         lengths, handles = [0] * N_TIERS, [self.root] * N_TIERS
         runs = [0] * N_TIERS
         for t in range(N_TIERS):
@@ -210,6 +203,32 @@ class HiRadixTree:
                 n.hits += 1
         return MatchResult((lengths[0], lengths[1], lengths[2]),
                            (handles[0], handles[1], handles[2]), tuple(path), pos)
+
+    def cut(self, tokens: Tokens) -> Cut | None:
+        """The split `match(tokens)` would make, without making it (nothing changes, no LRU
+        tick): the node the walk ends inside and the tokens it shares, or None when the walk
+        ends on a node boundary. What a caller validates before it lets `match` split."""
+        return self._walk(_as_tuple(tokens))[2]
+
+    def _walk(self, seq: tuple[int, ...]) -> tuple[list[TreeNode], int, Cut | None]:
+        """The whole-key nodes of `seq` (aligned down to page_size) from the root, the tokens
+        they cover, and where the walk ends inside a node's key (>= 1 page shared, < the key).
+        Reads only."""
+        ps = self.page_size
+        end = len(seq) - len(seq) % ps
+        node, pos = self.root, 0
+        path: list[TreeNode] = []
+        while pos < end:
+            child = node.children.get(seq[pos:pos + ps])
+            if child is None:
+                break
+            klen = len(child.key)
+            if pos + klen <= end and seq[pos:pos + klen] == child.key:
+                path.append(child)
+                node, pos = child, pos + klen
+                continue
+            return path, pos, Cut(child, _common_pages(child.key, seq, pos, end, ps) * ps)
+        return path, pos, None
 
     # -- topology -------------------------------------------------------------------------
 
