@@ -23,10 +23,11 @@ from typing import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hicache.errors import HiCacheError, IllegalTransition
+from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, composite_name, load_lifecycle
 from hicache.pages import PageTable, Pages, pages
+from hicache.poison import refuse_when_poisoned
 from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
@@ -87,8 +88,11 @@ def _prefix_start(node: TreeNode) -> int:
     return start
 
 
+@refuse_when_poisoned("snapshot")  # after an InvariantViolation, only observation (poison.py)
 class ControlPlane:
     """Tree + page tables + pending ops + requests, changed only through spec transitions."""
+
+    poisoned: InvariantViolation | None = None  # the violation that poisoned the plane, if any
 
     def __init__(
         self,
@@ -476,7 +480,14 @@ class ControlPlane:
                 raise IllegalTransition(event, str(tier), "-", f"node {n.node_id}: {why}; match again")
 
     def _check(self, context: str) -> None:
-        self.checker.after_transition(self.snapshot, context)
+        """Run the checks the mode says are due. On a violation the plane (and its tree) is
+        poisoned before the violation propagates: every later transition raises PlanePoisoned."""
+        try:
+            self.checker.after_transition(self.snapshot, context)
+        except InvariantViolation as violation:
+            self.poisoned = violation
+            self.tree.poison(violation)
+            raise
 
     def _request(self, request_id: int) -> Request:
         req = self.requests.get(request_id)
