@@ -12,7 +12,7 @@ What a library user starts from, importable from `hicache` (each is imported on 
     ControlPlane      hicache.control                  no   every spec transition, checked
     CacheConfig       hicache.controller.config        no   every controller knob, validated
     CacheController   hicache.controller.controller    yes  control plane + data plane + policy
-    Snapshot          hicache.invariants.snapshot      no   what the invariant checks read
+    Snapshot          hicache.snapshot                 no   what the invariant checks read
     check_all         hicache.invariants.registry      no   every violation in a Snapshot
     Violation         hicache.invariants.violation     no   one failed check
     Tracer            hicache.trace                    no   numbers trace events for a sink
@@ -33,15 +33,15 @@ if TYPE_CHECKING:
     from hicache.controller.controller import CacheController
     from hicache.errors import HiCacheError
     from hicache.invariants.registry import check_all
-    from hicache.invariants.snapshot import Snapshot
     from hicache.invariants.violation import Violation
+    from hicache.snapshot import Snapshot
     from hicache.trace import ListSink, NdjsonSink, Tracer
 
 _SOURCE = {
     "ControlPlane": "hicache.control",
     "CacheConfig": "hicache.controller.config",
     "CacheController": "hicache.controller.controller",
-    "Snapshot": "hicache.invariants.snapshot",
+    "Snapshot": "hicache.snapshot",
     "check_all": "hicache.invariants.registry",
     "Violation": "hicache.invariants.violation",
     "Tracer": "hicache.trace",

@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hicache.errors import HiCacheError, IllegalTransition
+from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
-from hicache.invariants.snapshot import (
-    NodeView, OpView, Pages, RequestView, Snapshot, TierView, pages,
-)
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, composite_name, load_lifecycle
-from hicache.pages import PageTable
+from hicache.pages import PageTable, Pages, pages
+from hicache.poison import refuse_when_poisoned
+from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
@@ -89,8 +88,11 @@ def _prefix_start(node: TreeNode) -> int:
     return start
 
 
+@refuse_when_poisoned("snapshot")  # after an InvariantViolation, only observation (poison.py)
 class ControlPlane:
     """Tree + page tables + pending ops + requests, changed only through spec transitions."""
+
+    poisoned: InvariantViolation | None = None  # the violation that poisoned the plane, if any
 
     def __init__(
         self,
@@ -172,11 +174,17 @@ class ControlPlane:
         end = min(req.private_start + req.private_pages.size * ps, len(req.tokens) // ps * ps)
         if end <= req.private_start:
             return req.cached_len
-        m = self.tree.match(req.tokens[:end], touch=False)
+        # Validate before any split: walk without splitting; the node the walk ends inside
+        # (`cut`) stands for the upper part a split will make, which has the same states.
+        m = self.tree.match(req.tokens[:end], split=False, touch=False)
+        cut = self.tree.cut(req.tokens[:end])
+        walked = [*m.path, cut.node] if cut is not None else list(m.path)
+        matched = m.matched_len + (0 if cut is None else cut.at_tokens)
         plan: list[tuple[TreeNode, str, Pages]] = []
         pos = 0
-        for node in m.path:
-            n_start, pos = pos, pos + len(node.key)
+        for node in walked:
+            n_start = pos
+            pos += cut.at_tokens if cut is not None and node is cut.node else len(node.key)
             if pos <= req.private_start:
                 continue
             # Verify node boundaries line up with the private range (splits only add boundaries).
@@ -190,14 +198,17 @@ class ControlPlane:
             else:
                 break  # load-back in flight: keep the rest private (see docstring)
         else:
-            if m.matched_len < end:
-                first = (max(m.matched_len, req.private_start) - req.private_start) // ps
+            if matched < end:
+                first = (max(matched, req.private_start) - req.private_start) // ps
                 last = (end - req.private_start) // ps
-                parent = m.path[-1] if m.path else self.tree.root
+                parent = walked[-1] if walked else self.tree.root
                 plan.append((parent, "new", req.private_pages[first:last]))
         for node, what, _ in plan:
             sub = node.state if what != "new" else [ABSENT, ABSENT, ABSENT]
             self.lifecycle.check("insert" if what != "discard" else "discard", (PRIVATE, sub[1], sub[2]))
+        if cut is not None and any(node is cut.node for node, _, _ in plan):
+            upper = self.tree.split(cut.node, cut.at_tokens)  # validated: the first change
+            plan = [(upper if node is cut.node else node, what, mine) for node, what, mine in plan]
         published = req.published_len
         deepest = req.locked
         used = 0
@@ -208,7 +219,7 @@ class ControlPlane:
                 self._emit_node("discard", node, 0, mine, (PRIVATE, node.state[1], node.state[2]), request_id)
             else:
                 if what == "new":
-                    start = max(m.matched_len, req.private_start)
+                    start = max(matched, req.private_start)
                     node = self.tree.add_child(node, req.tokens[start:end])
                 before = (PRIVATE, node.state[1], node.state[2])
                 self.tables[0].publish(mine)
@@ -441,13 +452,17 @@ class ControlPlane:
                 pending={str(t): n.pending[i] for i, t in enumerate(TIERS)},
                 parent_link_ok=n.parent is None or any(c is n for c in n.parent.children.values()),
             ))
+        # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
         ops = tuple(
             OpView(op.op_id, op.direction.value, str(op.direction.source), str(op.direction.target),
-                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range)
+                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range,
+                   lock_node_id=op.nodes[-1].node_id)
             for op in self.ops.values()
         )
         reqs = tuple(
-            RequestView(r.request_id, r.cached_len, r.published_len, {"L1": r.private_pages})
+            RequestView(r.request_id, r.cached_len, locked_node_id=r.locked.node_id,
+                        pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
+                        private_pages={"L1": r.private_pages})
             for r in self.requests.values()
         )
         tiers = {
@@ -465,7 +480,14 @@ class ControlPlane:
                 raise IllegalTransition(event, str(tier), "-", f"node {n.node_id}: {why}; match again")
 
     def _check(self, context: str) -> None:
-        self.checker.after_transition(self.snapshot, context)
+        """Run the checks the mode says are due. On a violation the plane (and its tree) is
+        poisoned before the violation propagates: every later transition raises PlanePoisoned."""
+        try:
+            self.checker.after_transition(self.snapshot, context)
+        except InvariantViolation as violation:
+            self.poisoned = violation
+            self.tree.poison(violation)
+            raise
 
     def _request(self, request_id: int) -> Request:
         req = self.requests.get(request_id)

@@ -51,14 +51,36 @@ class OutOfPages(HiCacheError):
 
 
 class InvariantViolation(HiCacheError):
-    """An ownership invariant or structural check failed; carries every violation found."""
+    """An ownership invariant or structural check failed; carries every violation found and
+    the transition after which it was found (`context`). The control plane that raised it is
+    poisoned from then on (`PlanePoisoned`)."""
 
     def __init__(self, violations: "tuple[object, ...]", context: str = "") -> None:
         self.violations = violations
+        self.context = context
         head = "; ".join(str(v) for v in violations[:3])
         more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
         where = f" after {context}" if context else ""
         super().__init__(f"{len(violations)} invariant violation(s){where}: {head}{more}")
+
+
+class PlanePoisoned(HiCacheError):
+    """A control plane refused `attempted` because an earlier transition broke an invariant
+    (`cause`): its records disagree, so no transition on it can be validated any more
+    (spec/invariants.md, "A poisoned plane"). Nothing was changed. Still allowed: `snapshot()`,
+    the tree's read-only queries, reading the trace. What to do: find the cause from those,
+    quiesce the data plane's transfer handles directly, and start a new control plane."""
+
+    def __init__(self, attempted: str, cause: InvariantViolation) -> None:
+        self.attempted = attempted
+        self.cause = cause
+        after = f" after {cause.context}" if cause.context else ""
+        first = f": {cause.violations[0]}" if cause.violations else ""
+        super().__init__(
+            f"{attempted} refused, nothing changed: the control plane is poisoned since "
+            f"{len(cause.violations)} invariant violation(s){after}{first}. Read snapshot() and "
+            "the trace to find the cause, cancel in-flight transfer handles on the data plane, "
+            "then start over with a new control plane")
 
 
 class TransferError(HiCacheError):

@@ -1,5 +1,10 @@
 """Per-tier page tables: who owns each physical page, and the allocator.
 
+The ownership vocabulary lives here, at the bottom of the control plane: `Pages` (an int64
+page array), `pages()` (its constructor) and the ownership codes FREE / PRIVATE / TREE. Every
+other module -- the tree, the data plane, the snapshot and the invariant checker -- imports it
+from here.
+
 One `PageTable` per tier holds the ownership machine of spec/lifecycle.toml [ownership] for
 every physical page of the tier, in one uint8 array (FREE / PRIVATE / TREE). Each method is
 one ownership transition over a batch of pages; it checks every page first and raises
@@ -19,7 +24,21 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
-from hicache.invariants.snapshot import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
+
+Pages = npt.NDArray[np.int64]
+"""Physical page indices of one tier, in the order a record holds them (int64, 1-D)."""
+
+# Codes of the physical-page ownership machine (spec/lifecycle.toml [ownership]): every page of
+# every tier is, at every moment, exactly one of these.
+FREE = 0
+PRIVATE = 1
+TREE = 2
+OWNER_NAMES = ("FREE", "PRIVATE", "TREE")
+
+
+def pages(values: object = ()) -> Pages:
+    """An int64 page array from any sequence (the one constructor every record uses)."""
+    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ business (hicache/control.py checks the lifecycle tables before it calls in here
 Contract for callers: change `value` and `state` only through `set_value` (the per-tier leaf
 sets and `pages_held` are maintained there), locks only through `lock`/`unlock`. `pending` may
 be assigned directly or through `set_pending`; it is read when `evictable` is asked.
+
+Poisoning: once the control plane that owns the tree finds an invariant broken, it calls
+`poison`; from then on every mutator (and a `match` that would split or refresh LRU ticks)
+raises `PlanePoisoned` with nothing changed. Read-only queries keep working.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence, Union
 import numpy as np
 import numpy.typing as npt
 
-from hicache.errors import ConfigError, TreeError
-from hicache.invariants.snapshot import Pages
+from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned, TreeError
+from hicache.pages import Pages
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, load_lifecycle
 from hicache.tiers import TIERS
 
@@ -111,6 +115,14 @@ class MatchResult(NamedTuple):
     matched_len: int
 
 
+class Cut(NamedTuple):
+    """Where a walk ends inside a node's key: `node` shares its first `at_tokens` tokens (whole
+    pages, at least one, fewer than its key) with the tokens walked."""
+
+    node: TreeNode
+    at_tokens: int
+
+
 class HiRadixTree:
     """The shared radix tree of all tiers (spec/tree.md)."""
 
@@ -127,6 +139,7 @@ class HiRadixTree:
         self._leaves: list[dict[int, TreeNode]] = [{} for _ in TIERS]
         self.pages_held: list[int] = [0] * N_TIERS
         self.on_split: list[Callable[[TreeNode, TreeNode], None]] = []
+        self.poisoned: InvariantViolation | None = None  # set once by `poison`, never cleared
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -173,25 +186,12 @@ class HiRadixTree:
         With `touch`, every per-tier hit node gets a fresh LRU tick in that tier and every
         `path` node's `hits` grows by one.
         """
-        seq = _as_tuple(tokens)
-        ps = self.page_size
-        end = len(seq) - len(seq) % ps
-        node, pos = self.root, 0
-        path: list[TreeNode] = []
-        while pos < end:
-            child = node.children.get(seq[pos:pos + ps])
-            if child is None:
-                break
-            klen = len(child.key)
-            if pos + klen <= end and seq[pos:pos + klen] == child.key:
-                path.append(child)
-                node, pos = child, pos + klen
-                continue
-            if split:
-                # Ends inside `child`: the common part is >= 1 page and < the key.
-                path.append(self.split(child, _common_pages(child.key, seq, pos, end, ps) * ps))
-                pos += len(path[-1].key)
-            break
+        if split or touch:
+            self._writable("match (with split or touch)")
+        path, pos, cut = self._walk(_as_tuple(tokens))
+        if split and cut is not None:
+            path.append(self.split(cut.node, cut.at_tokens))
+            pos += cut.at_tokens
         lengths, handles = [0] * N_TIERS, [self.root] * N_TIERS
         runs = [0] * N_TIERS
         for t in range(N_TIERS):
@@ -211,6 +211,32 @@ class HiRadixTree:
         return MatchResult((lengths[0], lengths[1], lengths[2]),
                            (handles[0], handles[1], handles[2]), tuple(path), pos)
 
+    def cut(self, tokens: Tokens) -> Cut | None:
+        """The split `match(tokens)` would make, without making it (nothing changes, no LRU
+        tick): the node the walk ends inside and the tokens it shares, or None when the walk
+        ends on a node boundary. What a caller validates before it lets `match` split."""
+        return self._walk(_as_tuple(tokens))[2]
+
+    def _walk(self, seq: tuple[int, ...]) -> tuple[list[TreeNode], int, Cut | None]:
+        """The whole-key nodes of `seq` (aligned down to page_size) from the root, the tokens
+        they cover, and where the walk ends inside a node's key (>= 1 page shared, < the key).
+        Reads only."""
+        ps = self.page_size
+        end = len(seq) - len(seq) % ps
+        node, pos = self.root, 0
+        path: list[TreeNode] = []
+        while pos < end:
+            child = node.children.get(seq[pos:pos + ps])
+            if child is None:
+                break
+            klen = len(child.key)
+            if pos + klen <= end and seq[pos:pos + klen] == child.key:
+                path.append(child)
+                node, pos = child, pos + klen
+                continue
+            return path, pos, Cut(child, _common_pages(child.key, seq, pos, end, ps) * ps)
+        return path, pos, None
+
     # -- topology -------------------------------------------------------------------------
 
     def split(self, node: TreeNode, at_tokens: int) -> TreeNode:
@@ -221,6 +247,7 @@ class HiRadixTree:
         (locks are per subtree, so the upper node's equal count is exact). Returns the upper
         node, after calling every `on_split` hook with (upper, node).
         """
+        self._writable("split")
         self._own(node)
         ps = self.page_size
         if node.is_root:
@@ -254,6 +281,7 @@ class HiRadixTree:
     def add_child(self, parent: TreeNode, key: Tokens) -> TreeNode:
         """A new node under `parent` for `key` (page aligned, non-empty, no sibling with the
         same first page), holding nothing in any tier; its LRU ticks are fresh."""
+        self._writable("add_child")
         self._own(parent)
         ps = self.page_size
         k = _as_tuple(key)
@@ -271,6 +299,7 @@ class HiRadixTree:
     def remove_if_dead(self, node: TreeNode) -> list[TreeNode]:
         """Remove `node` if it is dead (`TreeNode.is_dead`), then its parent likewise, up the
         path. Returns the removed nodes, deepest first (their `parent` is then None)."""
+        self._writable("remove_if_dead")
         self._own(node)
         removed: list[TreeNode] = []
         n = node
@@ -290,6 +319,7 @@ class HiRadixTree:
         """Set `node`'s value and sub-state in `tier`. A value is present exactly when the state
         is RESIDENT (pending targets live in the op, not the node), one page per key page. The
         tree stores its own int64 copy. Becoming RESIDENT refreshes the node's LRU tick there."""
+        self._writable("set_value")
         self._own(node)
         self._check_tier(tier)
         if node.is_root:
@@ -323,6 +353,7 @@ class HiRadixTree:
     def set_pending(self, node: TreeNode, tier: int, op_id: int | None) -> None:
         """Mark (op id) or clear (None) the transfer filling `node` in `tier`. Replacing one op id
         by another is refused: the first op would be lost."""
+        self._writable("set_pending")
         self._own(node)
         self._check_tier(tier)
         held = node.pending[tier]
@@ -334,6 +365,7 @@ class HiRadixTree:
     def lock(self, node: TreeNode, tier: int) -> None:
         """+1 on `node` and every ancestor in `tier` (the root is never counted; locking it is
         a no-op, which is what a zero-length hit needs)."""
+        self._writable("lock")
         self._check_tier(tier)
         for n in self.path_to_root(node):
             n.lock[tier] += 1
@@ -341,6 +373,7 @@ class HiRadixTree:
     def unlock(self, node: TreeNode, tier: int) -> None:
         """-1 on `node` and every ancestor in `tier`; TreeError, nothing changed, if any count
         would go negative (a lock released twice, or never taken)."""
+        self._writable("unlock")
         self._check_tier(tier)
         path = self.path_to_root(node)
         zero = [n.node_id for n in path if n.lock[tier] < 1]
@@ -352,6 +385,7 @@ class HiRadixTree:
 
     def touch(self, node: TreeNode, tier: int) -> None:
         """Give `node` and its ancestors a fresh LRU tick in `tier`."""
+        self._writable("touch")
         self._check_tier(tier)
         path = self.path_to_root(node)
         tick = self._next_tick()
@@ -414,7 +448,17 @@ class HiRadixTree:
             problems.append("the nodes reachable from the root differ from the node index")
         return reached
 
+    def poison(self, cause: InvariantViolation) -> None:
+        """Refuse every later change (`PlanePoisoned`, naming `cause`); reads keep working.
+        Called by the control plane when a check fails; the first cause is kept."""
+        if self.poisoned is None:
+            self.poisoned = cause
+
     # -- internals ------------------------------------------------------------------------
+
+    def _writable(self, op: str) -> None:
+        if self.poisoned is not None:
+            raise PlanePoisoned(f"tree.{op}", self.poisoned)
 
     def _own(self, node: TreeNode) -> None:
         # Verify the handle is live in this tree: a removed node or another tree's node would

@@ -5,6 +5,22 @@
     violations = check_all(control_plane.snapshot())   # [] when every check holds
 
 Each check is `check_<name>(snapshot) -> list[Violation]`; `CHECKS` lists them in spec order.
+
+The checker sits above the core: it imports the vocabulary it reads (`hicache.pages`:
+`Pages`, `pages()`, FREE / PRIVATE / TREE; `hicache.snapshot`: `Snapshot` and its records)
+and the core never imports a check. Code outside this package uses only the entry points
+below (`tests/test_layering.py` enforces it); the individual `check_<name>` functions and
+their helpers are the checker's own business (and its tests').
+
+    entry point        module                        what for
+    -----------------  ----------------------------  --------------------------------------
+    InvariantChecker   hicache.invariants.checker    the control plane runs the checks
+    CheckMode          hicache.invariants.checker    a parsed `check_mode` setting
+    parse_check_mode   hicache.invariants.checker    validates `check_mode` (configs)
+    check_all          hicache.invariants.registry   every violation in a snapshot (library)
+    CHECKS, Check      hicache.invariants.registry   the list the CLI, spec check, bench show
+    get_check          hicache.invariants.registry   one check by id or name (`--only I2`)
+    Violation          hicache.invariants.violation  one failed check (library, reports)
 """
 
 from __future__ import annotations
@@ -17,21 +33,24 @@ from hicache.invariants.ownership import (
     check_inflight_source_pinned, check_ownership_disjoint, check_page_conservation,
 )
 from hicache.invariants.registry import CHECKS, Check, check_all, get_check
-from hicache.invariants.snapshot import (
-    FREE, PRIVATE, TREE, NodeView, OpView, Pages, RequestView, Snapshot, TierView, pages,
-)
 from hicache.invariants.structure import (
-    check_locks_non_negative, check_no_dead_node, check_no_double_reference,
-    check_parent_child_links, check_tier_ancestor_closed, check_tier_size_accounting,
+    check_lock_accounting, check_locks_non_negative, check_no_dead_node,
+    check_no_double_reference, check_parent_child_links, check_tier_ancestor_closed,
+    check_tier_size_accounting,
 )
 from hicache.invariants.violation import Violation
 
+ENTRY_POINTS = frozenset({
+    "InvariantChecker", "CheckMode", "parse_check_mode", "check_all", "CHECKS", "Check",
+    "get_check", "Violation",
+})
+"""The names code outside `hicache.invariants` may import from it (see the table above)."""
+
 __all__ = [
-    "CHECKS", "Check", "CheckMode", "FREE", "InvariantChecker", "NodeView", "OpView", "PRIVATE",
-    "Pages", "RequestView", "Snapshot", "TREE", "TierView", "Violation", "check_all",
-    "check_inflight_source_pinned", "check_locks_non_negative", "check_no_dead_node",
-    "check_no_double_reference", "check_ownership_disjoint", "check_page_aligned",
-    "check_page_conservation", "check_parent_child_links", "check_publish_order",
-    "check_tier_ancestor_closed", "check_tier_bytes_equal", "check_tier_size_accounting",
-    "get_check", "pages", "parse_check_mode",
+    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "InvariantChecker", "Violation", "check_all",
+    "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",
+    "check_no_dead_node", "check_no_double_reference", "check_ownership_disjoint",
+    "check_page_aligned", "check_page_conservation", "check_parent_child_links",
+    "check_publish_order", "check_tier_ancestor_closed", "check_tier_bytes_equal",
+    "check_tier_size_accounting", "get_check", "parse_check_mode",
 ]

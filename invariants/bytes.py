@@ -26,13 +26,11 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.invariants.ownership import RESIDENT, Ids
-from hicache.invariants.snapshot import Pages, Snapshot, pages
 from hicache.invariants.violation import CheckName, Violation
+from hicache.pages import Pages, pages
+from hicache.snapshot import UNSERVABLE, Snapshot
 
 TIER_BYTES_EQUAL = CheckName("I4", "tier_bytes_equal")
-UNSERVABLE = np.uint64(np.iinfo(np.uint64).max)
-"""The digest of a page whose bytes can never be served (an L3 slot failing its own checksum,
-or unreadable). Digest functions never return it for real bytes; I4 skips such pages."""
 
 
 def check_tier_bytes_equal(s: Snapshot) -> list[Violation]:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, Check, check_all
-from hicache.invariants.snapshot import Snapshot
+from hicache.snapshot import Snapshot
 
 OFF, EVERY, PERIODIC = "off", "every", "periodic"
 

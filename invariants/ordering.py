@@ -8,7 +8,9 @@ op in one step. So, in any snapshot:
                               and lists the node (and the op's nodes point back at it)
     op target page        ->  never TREE in the page table
     value[T] present      <-> state[T] == RESIDENT (publication is one step)
-    request               ->  cached_len <= published_len
+    request               ->  the node it holds L1-locked is in the tree, every node from the
+                              root to it is RESIDENT in L1, and cached_len <= the tokens of
+                              that path (its published prefix, measured in the tree)
 
 The root holds no tokens and is exempt from the value/state rule.
 """
@@ -20,8 +22,9 @@ from typing import Mapping
 import numpy as np
 
 from hicache.invariants.ownership import RESIDENT, inside
-from hicache.invariants.snapshot import TREE, NodeView, OpView, Snapshot
 from hicache.invariants.violation import CheckName, Violation, shown
+from hicache.pages import TREE
+from hicache.snapshot import NodeView, OpView, Snapshot
 
 PUBLISH_ORDER = CheckName("I5", "publish_order")
 
@@ -29,17 +32,47 @@ PUBLISH_ORDER = CheckName("I5", "publish_order")
 def check_publish_order(s: Snapshot) -> list[Violation]:
     """I5: no node is RESIDENT (or holds a value) in a tier while an op is pending into it;
     pending links between nodes and ops agree; no op target page is TREE; a value is present
-    exactly when the node is RESIDENT; every request's cached_len <= its published_len."""
+    exactly when the node is RESIDENT; every request serves only tokens the tree has published
+    in L1 on the path it holds locked."""
     ops = {op.op_id: op for op in s.ops}
     out = _pending_nodes(s, ops) + _op_back_links(s) + _unpublished_targets(s)
     out += _value_matches_state(s)
-    early = [r for r in s.requests if r.cached_len > r.published_len]
-    if early:
-        first = early[0]
+    return out + _requests_published(s)
+
+
+def _requests_published(s: Snapshot) -> list[Violation]:
+    """The request clause, read off the tree: the path from the root to the request's locked
+    node must exist and be RESIDENT in L1, and cached_len may not pass its end."""
+    astray: list[int] = []  # requests whose locked node is not in the tree
+    early: list[tuple[int, int, int]] = []  # (request, cached_len, tokens published on its path)
+    unpublished: list[tuple[int, int]] = []  # (request, first path node not RESIDENT in L1)
+    for r in s.requests:
+        path = s.path_to_root(r.locked_node_id)
+        if path is None:
+            astray.append(r.request_id)
+            continue
+        gaps = [n for n in path if s.by_id[n].states.get("L1") != RESIDENT]
+        if gaps:
+            unpublished.append((r.request_id, gaps[-1]))
+        published = sum(s.by_id[n].key_tokens for n in path)
+        if r.cached_len > published:
+            early.append((r.request_id, r.cached_len, published))
+    out: list[Violation] = []
+    if astray:
         out.append(PUBLISH_ORDER.violation(
-            f"request(s) [{shown([r.request_id for r in early])}] serve tokens not yet published "
-            f"in L1 (request {first.request_id}: cached_len {first.cached_len} > published_len "
-            f"{first.published_len})"))
+            f"request(s) [{shown(astray)}] hold L1 locks on nodes that are not in the tree, so "
+            "nothing they serve is known to be published"))
+    if unpublished:
+        reqs, nodes = zip(*unpublished)
+        out.append(PUBLISH_ORDER.violation(
+            f"request(s) [{shown(reqs)}] hold L1 prefixes through node(s) [{shown(nodes)}] that "
+            "are not RESIDENT in L1", tier="L1", nodes=nodes))
+    if early:
+        rid, cached, published = early[0]
+        out.append(PUBLISH_ORDER.violation(
+            f"request(s) [{shown([e[0] for e in early])}] serve tokens not yet published in L1 "
+            f"(request {rid}: cached_len {cached} > {published} tokens published on the path "
+            "it holds locked)"))
     return out
 
 

@@ -23,10 +23,9 @@ from typing import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from hicache.invariants.snapshot import (
-    FREE, OWNER_NAMES, PRIVATE, TREE, NodeView, OpView, Pages, Snapshot, pages,
-)
 from hicache.invariants.violation import CheckName, Violation, shown
+from hicache.pages import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
+from hicache.snapshot import NodeView, OpView, Snapshot
 
 RESIDENT = "RESIDENT"  # the residency sub-state of a published value (spec/lifecycle.toml)
 

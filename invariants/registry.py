@@ -3,7 +3,7 @@
     id  name                    one line
     --  ----------------------  ------------------------------------------------------------
     I1..I6                      the six ownership invariants
-    S1..S6                      structural checks of the tree's own bookkeeping
+    S1..S7                      structural checks of the tree's own bookkeeping
 
 `check_all` runs them all; `get_check` finds one by id or name (for a CLI's `--only I2`).
 """
@@ -21,14 +21,15 @@ from hicache.invariants.ownership import (
     INFLIGHT_SOURCE_PINNED, OWNERSHIP_DISJOINT, PAGE_CONSERVATION,
     check_inflight_source_pinned, check_ownership_disjoint, check_page_conservation,
 )
-from hicache.invariants.snapshot import Snapshot
 from hicache.invariants.structure import (
-    LOCKS_NON_NEGATIVE, NO_DEAD_NODE, NO_DOUBLE_REFERENCE, PARENT_CHILD_LINKS,
-    TIER_ANCESTOR_CLOSED, TIER_SIZE_ACCOUNTING,
-    check_locks_non_negative, check_no_dead_node, check_no_double_reference,
-    check_parent_child_links, check_tier_ancestor_closed, check_tier_size_accounting,
+    LOCK_ACCOUNTING, LOCKS_NON_NEGATIVE, NO_DEAD_NODE, NO_DOUBLE_REFERENCE,
+    PARENT_CHILD_LINKS, TIER_ANCESTOR_CLOSED, TIER_SIZE_ACCOUNTING,
+    check_lock_accounting, check_locks_non_negative, check_no_dead_node,
+    check_no_double_reference, check_parent_child_links, check_tier_ancestor_closed,
+    check_tier_size_accounting,
 )
 from hicache.invariants.violation import CheckName, Violation
+from hicache.snapshot import Snapshot
 
 CheckFunc = Callable[[Snapshot], list[Violation]]
 
@@ -37,7 +38,7 @@ CheckFunc = Callable[[Snapshot], list[Violation]]
 class Check:
     """One invariant or structural check: a pure function of a snapshot."""
 
-    id: str  # "I1".."I6", "S1".."S6"
+    id: str  # "I1".."I6", "S1".."S7"
     name: str
     summary: str  # one line
     func: CheckFunc
@@ -74,6 +75,8 @@ CHECKS: tuple[Check, ...] = (
            check_no_double_reference),
     _check(TIER_ANCESTOR_CLOSED, "a node present in a tier has its parent present there too",
            check_tier_ancestor_closed),
+    _check(LOCK_ACCOUNTING, "every lock count equals the locks its requests and ops hold",
+           check_lock_accounting),
 )
 
 _BY_KEY: dict[str, Check] = {**{c.id: c for c in CHECKS}, **{c.name: c for c in CHECKS}}

@@ -1,4 +1,4 @@
-"""Structural checks S1..S6: the tree's own bookkeeping agrees with itself.
+"""Structural checks S1..S7: the tree's own bookkeeping agrees with itself and its holders.
 
     S1 parent_child_links     parent and child ids agree; one root; every node reaches it
     S2 no_dead_node           a node that holds nothing, is unlocked, waits on nothing and has
@@ -10,6 +10,9 @@
     S6 tier_ancestor_closed   a node present in tier T (RESIDENT, or pending into T) has a
                               parent that is the root, RESIDENT in T, or pending into T on the
                               same op (no backup gap, bug class B07)
+    S7 lock_accounting        every node's lock count per tier == the path locks its holders
+                              record on it or below it: requests' L1 prefix locks and pins,
+                              pending ops' source locks (a leaked lock pins a prefix forever)
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from collections import deque
 import numpy as np
 
 from hicache.invariants.ownership import RESIDENT, page_counts, tier_claims
-from hicache.invariants.snapshot import NodeView, Snapshot
 from hicache.invariants.violation import CheckName, Violation, shown
+from hicache.snapshot import NodeView, Snapshot
 
 PARENT_CHILD_LINKS = CheckName("S1", "parent_child_links")
 NO_DEAD_NODE = CheckName("S2", "no_dead_node")
@@ -28,6 +31,7 @@ TIER_SIZE_ACCOUNTING = CheckName("S3", "tier_size_accounting")
 LOCKS_NON_NEGATIVE = CheckName("S4", "locks_non_negative")
 NO_DOUBLE_REFERENCE = CheckName("S5", "no_double_reference")
 TIER_ANCESTOR_CLOSED = CheckName("S6", "tier_ancestor_closed")
+LOCK_ACCOUNTING = CheckName("S7", "lock_accounting")
 
 
 def check_parent_child_links(s: Snapshot) -> list[Violation]:
@@ -174,4 +178,51 @@ def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
                 f"node(s) [{shown(gaps)}] are present in {tier} under a parent that is not (a "
                 "backup gap: a suffix held without its prefix)",
                 tier=tier, nodes=gaps, ops=ops))
+    return out
+
+
+def lock_holders(s: Snapshot) -> list[tuple[str, int, str]]:
+    """Every path lock the holders' records name, as (tier, node id, holder): each request's
+    L1 prefix lock (none when it is the root), each of its pins, each op's source lock."""
+    out: list[tuple[str, int, str]] = []
+    for r in s.requests:
+        if r.locked_node_id != s.root_id:
+            out.append(("L1", r.locked_node_id, f"request {r.request_id}"))
+        out += [(tier, node, f"request {r.request_id} (pin)") for node, tier in r.pins]
+    out += [(op.source, op.lock_node_id, f"op {op.op_id}") for op in s.ops
+            if op.lock_node_id is not None]
+    return out
+
+
+def check_lock_accounting(s: Snapshot) -> list[Violation]:
+    """S7: for every tier T and non-root node n, `n.locks[T]` equals the number of path locks
+    in T that holders record on n or a descendant of n (`lock_holders`). A holder naming a node
+    that is not in the tree is reported too (its lock counts nowhere); negative counts are
+    left to S4."""
+    expected: dict[tuple[str, int], int] = {}
+    astray: list[str] = []
+    for tier, node, holder in lock_holders(s):
+        path = s.path_to_root(node)
+        if path is None or tier not in s.tiers:
+            astray.append(f"{holder} in {tier} on node {node}")
+            continue
+        for n in path:
+            expected[(tier, n)] = expected.get((tier, n), 0) + 1
+    out: list[Violation] = []
+    if astray:
+        out.append(LOCK_ACCOUNTING.violation(
+            f"{len(astray)} lock(s) are held on nodes that are not in the tree ({astray[0]})"))
+    for tier in s.tiers:
+        # A negative count is S4's report; comparing it here would only repeat it.
+        more = [(n.node_id, n.locks.get(tier, 0) - expected.get((tier, n.node_id), 0))
+                for n in s.nodes if n.node_id != s.root_id and n.locks.get(tier, 0) >= 0]
+        for ids, what in (([i for i, d in more if d > 0], "more locks than their holders record "
+                           "(a leaked lock: nothing will release it, so the prefix stays pinned)"),
+                          ([i for i, d in more if d < 0], "fewer locks than their holders record "
+                           "(a lost lock: eviction may take a prefix a holder still uses)")):
+            if ids:
+                first = next(d for i, d in more if i == ids[0])
+                out.append(LOCK_ACCOUNTING.violation(
+                    f"node(s) [{shown(ids)}] hold {what} in {tier}; node {ids[0]} is off by "
+                    f"{first:+d}", tier=tier, nodes=ids))
     return out

@@ -26,7 +26,7 @@ IdsLike = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
 class Violation:
     """One broken invariant or structural fact, with the first few things that break it."""
 
-    invariant: str  # "I1".."I6" or "S1".."S6"
+    invariant: str  # "I1".."I6" or "S1".."S7"
     name: str  # the spec's name, e.g. "ownership_disjoint"
     tier: str | None
     pages: tuple[int, ...]  # physical pages of `tier` (smallest first, at most LISTED_MAX)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.dataplane.extents import Extent, coalesce, split
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 
 
 def expand(extents: list[Extent]) -> list[tuple[int, int]]:

@@ -1,15 +1,16 @@
-"""Invariants I1..I6 and structural checks S1..S6: a valid snapshot passes every check, and
+"""Invariants I1..I6 and structural checks S1..S7: a valid snapshot passes every check, and
 breaking one property is reported with the exact check, tier, pages, nodes and ops.
 
-The hand-built snapshot (page size 4 tokens, 8 pages per tier):
+The hand-built snapshot (page size 4 tokens, 8 pages per tier; locks are path locks):
 
     root 0 ─┬─ node 1 (8 tokens)  L1 [0,1]  L2 [0,1]  L3 [0,1]       all RESIDENT
-            │   └─ node 2 (4)     L1 [2] RESIDENT, lock 1 (source of op 10)
+            │   │                 L1 lock 2 (the two path locks on node 2)
+            │   └─ node 2 (4)     L1 [2] RESIDENT, lock 2 (source of op 10; request 7's prefix)
             │                     L2 D2H_PENDING: op 10 fills L2 page 2
             └─ node 3 (8 tokens)  L1 H2D_PENDING: op 11 fills L1 pages 3,4 from L2 3,4
                                   L2 [3,4] RESIDENT, lock 2 (source of ops 11 and 12)
                                   L3 H2S_PENDING: op 12 fills L3 pages 5,6 from L2 3,4
-    request 7: cached_len 8 <= published_len 12, private L1 page 5
+    request 7: holds node 2 locked in L1 (12 tokens published), cached_len 8, private L1 page 5
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from hypothesis import strategies as st
 from hicache.bench.invariants import main as bench_main
 from hicache.bench.invariants import synthetic_snapshot
 from hicache.errors import ConfigError, InvariantViolation
-from hicache.invariants import (
-    CHECKS, FREE, PRIVATE, TREE, CheckMode, InvariantChecker, NodeView, OpView, Pages, RequestView,
-    Snapshot, TierView, Violation, check_all, get_check, pages,
-)
+from hicache.invariants import CHECKS, CheckMode, InvariantChecker, Violation, check_all, get_check
 from hicache.invariants.ownership import RESIDENT
 from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
+from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
+from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 
 CAP = 8
 TIERS = ("L1", "L2", "L3")
@@ -84,23 +84,29 @@ def valid() -> Snapshot:
     nodes = (
         node(0, None, (1, 3), 0, {}, {}),
         node(1, 0, (2,), 8, {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]},
-             {"L1": R, "L2": R, "L3": R}),
-        node(2, 1, (), 4, {"L1": [2]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": 10}),
+             {"L1": R, "L2": R, "L3": R}, {"L1": 2}),
+        node(2, 1, (), 4, {"L1": [2]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 2}, {"L2": 10}),
         node(3, 0, (), 8, {"L2": [3, 4]}, {"L1": "H2D_PENDING", "L2": R, "L3": "H2S_PENDING"},
              {"L2": 2}, {"L1": 11, "L3": 12}),
     )
     ops = (
-        OpView(10, "D2H", "L1", "L2", (2,), pages([2]), pages([2]), 8, 12),
-        OpView(11, "H2D", "L2", "L1", (3,), pages([3, 4]), pages([3, 4]), 0, 8),
-        OpView(12, "H2S", "L2", "L3", (3,), pages([3, 4]), pages([5, 6]), 0, 8),
+        OpView(10, "D2H", "L1", "L2", (2,), pages([2]), pages([2]), 8, 12, lock_node_id=2),
+        OpView(11, "H2D", "L2", "L1", (3,), pages([3, 4]), pages([3, 4]), 0, 8, lock_node_id=3),
+        OpView(12, "H2S", "L2", "L3", (3,), pages([3, 4]), pages([5, 6]), 0, 8, lock_node_id=3),
     )
     tiers = {
         "L1": TierView("L1", CAP, owner([0, 1, 2], [3, 4, 5]), 3),
         "L2": TierView("L2", CAP, owner([0, 1, 3, 4], [2]), 4),
         "L3": TierView("L3", CAP, owner([0, 1], [5, 6]), 2),
     }
-    requests = (RequestView(7, 8, 12, {"L1": pages([5])}),)
+    requests = (request(7, 8, 2, [5]),)
     return Snapshot(4, tiers, nodes, ops, requests, digests_of(CONTENT), 0)
+
+
+def request(request_id: int, cached_len: int, locked: int, private: list[int],
+            pins: tuple[tuple[int, str], ...] = ()) -> RequestView:
+    return RequestView(request_id, cached_len, locked_node_id=locked, pins=pins,
+                       private_pages={"L1": pages(private)})
 
 
 # -- helpers that break one record ------------------------------------------------------------
@@ -166,8 +172,8 @@ def test_every_check_has_a_violation_test() -> None:
     assert [c.name for c in CHECKS if f"test_{c.name}_violation" not in globals()] == []
 
 
-def test_registry_lists_twelve_checks_in_spec_order() -> None:
-    assert [c.id for c in CHECKS] == [f"I{i}" for i in range(1, 7)] + [f"S{i}" for i in range(1, 7)]
+def test_registry_lists_thirteen_checks_in_spec_order() -> None:
+    assert [c.id for c in CHECKS] == [f"I{i}" for i in range(1, 7)] + [f"S{i}" for i in range(1, 8)]
     assert get_check("I2").name == "inflight_source_pinned"
     assert get_check("tier_ancestor_closed").id == "S6"
     with pytest.raises(ConfigError, match="invariant"):
@@ -205,7 +211,7 @@ def test_ownership_disjoint_request_page_the_table_calls_tree() -> None:
 
 def test_ownership_disjoint_tree_page_also_private_to_a_request() -> None:
     s = valid()
-    s = dataclasses.replace(s, requests=(RequestView(7, 8, 12, {"L1": pages([2])}),))
+    s = dataclasses.replace(s, requests=(request(7, 8, 2, [2]),))
     s = with_owner(s, "L1", 5, FREE)
     v = only(check_all(s), "I1")
     assert (v.tier, v.pages, v.nodes) == ("L1", (2,), (2,))
@@ -217,7 +223,7 @@ def test_inflight_source_pinned_violation() -> None:
     found = check_all(with_node(valid(), 2, locks={"L1": 0}))
     v = only(found, "I2")
     assert (v.tier, v.nodes, v.ops) == ("L1", (2,), (10,))
-    assert ids(found) == {"I2"}
+    assert ids(found) == {"I2", "S7"}  # op 10 and request 7 record locks the tree lost
 
 
 def test_inflight_source_pinned_pages_are_not_the_nodes_value() -> None:
@@ -280,9 +286,37 @@ def test_publish_order_op_target_already_tree() -> None:
 
 
 def test_publish_order_cached_len_ahead_of_publication() -> None:
-    s = dataclasses.replace(valid(), requests=(RequestView(7, 16, 12, {"L1": pages([5])}),))
+    s = dataclasses.replace(valid(), requests=(request(7, 16, 2, [5]),))
     v = only(check_all(s), "I5")
-    assert "request(s) [7]" in v.message and "16 > published_len 12" in v.message
+    assert "request(s) [7]" in v.message and "cached_len 16 > 12 tokens published" in v.message
+
+
+def test_publish_order_request_clause_reads_the_tree() -> None:
+    """The published prefix is measured in the tree, not taken from the request: moving the
+    request's lock to node 1 (8 tokens) makes cached_len 12 early, whatever the request says."""
+    s = dataclasses.replace(valid(), requests=(request(7, 12, 2, [5]),))
+    assert check_all(s) == []
+    s = dataclasses.replace(s, requests=(request(7, 12, 1, [5]),))
+    s = with_node(with_node(s, 2, locks={"L1": 1}), 1, locks={"L1": 2})
+    v = only(check_all(s), "I5")
+    assert "cached_len 12 > 8 tokens published" in v.message
+
+
+def test_publish_order_request_locks_an_unpublished_node() -> None:
+    """Request 7 holds node 3, which is still being loaded back into L1 (H2D_PENDING)."""
+    s = dataclasses.replace(valid(), requests=(request(7, 0, 3, [5]),))
+    s = with_node(with_node(s, 2, locks={"L1": 1}), 1, locks={"L1": 1})
+    s = with_node(s, 3, locks={"L1": 1})
+    v = only(check_all(s), "I5")
+    assert (v.tier, v.nodes) == ("L1", (3,)) and "not RESIDENT in L1" in v.message
+
+
+def test_publish_order_request_locks_a_removed_node() -> None:
+    s = dataclasses.replace(valid(), requests=(request(7, 0, 42, [5]),))
+    s = with_node(with_node(s, 2, locks={"L1": 1}), 1, locks={"L1": 1})
+    found = check_all(s)
+    assert "not in the tree" in only(found, "I5").message
+    assert "not in the tree" in only(found, "S7").message
 
 
 def test_publish_order_pending_node_names_an_op_that_is_gone() -> None:
@@ -386,7 +420,8 @@ def test_tier_ancestor_closed_violation() -> None:
 def test_tier_ancestor_closed_resident_child() -> None:
     # Op 10 completed (node 2 now RESIDENT in L2 page 2), then node 1 lost its L2 value.
     s = dataclasses.replace(valid(), ops=tuple(o for o in valid().ops if o.op_id != 10))
-    s = with_node(s, 2, values={"L2": [0]}, states={"L2": R}, pending={"L2": None}, locks={"L1": 0})
+    s = with_node(s, 2, values={"L2": [0]}, states={"L2": R}, pending={"L2": None}, locks={"L1": 1})
+    s = with_node(s, 1, locks={"L1": 1})  # request 7's lock is left
     s = with_node(s, 1, values={"L2": None}, states={"L2": A})
     s = with_owner(with_owner(s, "L2", 1, FREE), "L2", 2, FREE)
     s = with_tier(s, "L2", tree_pages_counted=3)
@@ -397,19 +432,51 @@ def test_tier_ancestor_closed_resident_child() -> None:
     assert ids(found) == {"S6"}
 
 
+def test_lock_accounting_violation() -> None:
+    """A leaked lock: node 3 is locked once more in L2 than ops 11 and 12 account for (a
+    `tree.lock` no holder records). Nothing else is wrong, so only S7 sees it."""
+    found = check_all(with_node(valid(), 3, locks={"L2": 3}))
+    v = only(found, "S7")
+    assert (v.tier, v.nodes) == ("L2", (3,))
+    assert "leaked" in v.message and "+1" in v.message
+    assert ids(found) == {"S7"}
+
+
+def test_lock_accounting_lost_lock() -> None:
+    """A lost lock: request 7's L1 lock on node 2 is gone from the tree (node 2 and its parent
+    count only op 10's), though the request still records it."""
+    found = check_all(with_node(with_node(valid(), 2, locks={"L1": 1}), 1, locks={"L1": 1}))
+    v = only(found, "S7")
+    assert (v.tier, v.nodes) == ("L1", (1, 2))
+    assert "lost" in v.message and "-1" in v.message
+    assert ids(found) == {"S7"}
+
+
+def test_lock_accounting_counts_pins_and_path_locks() -> None:
+    """A pin is a path lock too: pinning node 2 in L3 must show on nodes 2 and 1."""
+    s = dataclasses.replace(valid(), requests=(request(7, 8, 2, [5], pins=((2, "L3"),)),))
+    assert ids(check_all(s)) == {"S7"}
+    s = with_node(with_node(s, 2, locks={"L3": 1}), 1, locks={"L3": 1})
+    assert check_all(s) == []
+    s = with_node(s, 1, locks={"L3": 0})  # the pin counted on node 2 but not its ancestor
+    assert only(check_all(s), "S7").nodes == (1,)
+
+
 def with_grandchild(s: Snapshot, d2h_op: int) -> Snapshot:
     """`s` plus node 5 (child of node 2, L1 page 6) being backed up to L2 page 7 by op
     `d2h_op`: op 10 itself (one op over the chain 2 -> 5) or a separate op."""
-    s = with_node(s, 2, child_ids=(5,))
     child = node(5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"},
                  {"L1": 1}, {"L2": d2h_op})
     s = dataclasses.replace(s, nodes=(*s.nodes, child))
-    if d2h_op == 10:
+    if d2h_op == 10:  # op 10's one source lock moves down to the chain's deepest node
         s = with_op(s, 10, node_ids=(2, 5), source_pages=pages([2, 6]),
-                    target_pages=pages([2, 7]), token_end=16)
-    else:
-        op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16)
+                    target_pages=pages([2, 7]), token_end=16, lock_node_id=5)
+        s = with_node(s, 2, child_ids=(5,))
+    else:  # op 13's lock counts on node 5 and on its ancestors 2 and 1
+        op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16,
+                    lock_node_id=5)
         s = dataclasses.replace(s, ops=(*s.ops, op))
+        s = with_node(with_node(s, 2, child_ids=(5,), locks={"L1": 3}), 1, locks={"L1": 3})
     s = with_tier(with_owner(s, "L1", 6, TREE), "L1", tree_pages_counted=4)
     return with_owner(s, "L2", 7, PRIVATE)
 

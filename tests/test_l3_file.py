@@ -29,7 +29,7 @@ from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Hea
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import ConfigError, L3PathRefused, StorageError
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 from hicache.speccheck import check_l3_header
 
 BPP = 3080  # not a multiple of 4096: an offset that forgot the header or B shows

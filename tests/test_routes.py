@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hicache.dataplane.routes import (
     INDEX_ALIGN, DmaPlan, Run, chunk_bounds, index_slots, plan_route, split_runs,
 )
-from hicache.invariants.snapshot import Pages, pages
+from hicache.pages import Pages, pages
 
 
 def test_chunk_bounds_cover_in_order() -> None:

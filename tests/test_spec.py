@@ -162,8 +162,8 @@ def test_invariant_section_must_name_checker_and_test(spec: Path) -> None:
 
 def test_invariant_heading_without_check(spec: Path) -> None:
     with (spec / "invariants.md").open("a", encoding="utf-8") as f:
-        f.write("\n### S7 `no_such_check`\n")
-    assert has(check_spec(spec), "heading S7 `no_such_check` is not in the registry")
+        f.write("\n### S8 `no_such_check`\n")
+    assert has(check_spec(spec), "heading S8 `no_such_check` is not in the registry")
 
 
 def test_unimportable_registry_is_reported_not_raised(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:

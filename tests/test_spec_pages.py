@@ -14,7 +14,7 @@ from hicache.controller.backup import WANTED_MAX
 from hicache.dataplane.extents import Extent, coalesce
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.l3format import HEADER_BYTES, VERSION
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 from hicache.policy import CostModel, make_policy, price_candidates
 from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES, ThresholdPolicy
 from hicache.speccheck import parse_tables

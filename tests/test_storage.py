@@ -32,7 +32,7 @@ from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
 from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 
 BPP = 3080  # bytes per page: small, and not a power of two, so offset slips show
 L2_PAGES = 24

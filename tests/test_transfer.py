@@ -34,7 +34,7 @@ from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_dige
 from hicache.dataplane.routes import DmaPlan
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
-from hicache.invariants.snapshot import Pages, pages
+from hicache.pages import Pages, pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
 from tests.test_routes import sorted_runs

@@ -10,7 +10,7 @@ import pytest
 
 from hicache.bench.control import main as bench_main
 from hicache.errors import ConfigError, TreeError
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 from hicache.tree import HiRadixTree, TreeNode
 
 L1, L2, L3 = 0, 1, 2
@@ -123,6 +123,17 @@ def test_match_without_split_stops_at_node_boundary() -> None:
     m = tree.match([1, 2, 3, 4, 5, 9], split=False)
     assert m.path == (a,) and m.matched_len == 2 and m.lengths == (2, 0, 0)
     assert fired == [] and b.parent is a and len(tree) == 2
+
+
+def test_cut_names_the_split_match_would_make_and_changes_nothing() -> None:
+    tree, pager = HiRadixTree(2), Pager()
+    a, b = chain(tree, pager, [[1, 2], [3, 4, 5, 6]], [(L1,), (L1,)])
+    ticks = (list(a.last_access), list(b.last_access))
+    assert tree.cut([1, 2, 3, 4, 5, 9]) == (b, 2)  # ends inside b after one shared page
+    assert tree.cut([1, 2, 3, 4, 5, 6]) is None and tree.cut([7, 7]) is None  # on a boundary
+    assert len(tree) == 2 and b.key == (3, 4, 5, 6) and (a.last_access, b.last_access) == ticks
+    upper = tree.match([1, 2, 3, 4, 5, 9]).path[-1]
+    assert (upper.key, upper.children[(5, 6)]) == ((3, 4), b)
 
 
 def test_split_rejects_bad_offsets_and_changes_nothing() -> None:

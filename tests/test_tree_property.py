@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.invariants.snapshot import pages
+from hicache.pages import pages
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.tree import HiRadixTree, TreeNode
 

@@ -26,9 +26,8 @@ import numpy.typing as npt
 from hicache.bench import BenchParser
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, check_all
-from hicache.invariants.snapshot import (
-    FREE, PRIVATE, TREE, NodeView, OpView, Pages, RequestView, Snapshot, TierView,
-)
+from hicache.pages import FREE, PRIVATE, TREE, Pages
+from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 
 TIERS = ("L1", "L2", "L3")
 ARITY = 4  # children per node of the synthetic tree
@@ -81,8 +80,9 @@ def synthetic_snapshot(pages_per_tier: int, *, seed: int = 0, node_pages: int = 
     ops += [_op(200 + k, "H2S", "L2", "L3", i, values["L2"][i], chunk("L3", in_l3 + k), key_tokens)
             for k, i in enumerate(h2s)]
     held = chunk("L1", in_l1 + len(h2d))
-    request = RequestView(1, key_tokens, key_tokens, {"L1": held})
-    nodes = _nodes(n_nodes, values, ops, key_tokens)
+    # The request holds node 1 (a child of the root, RESIDENT in L1) locked in L1.
+    request = RequestView(1, key_tokens, locked_node_id=1, private_pages={"L1": held})
+    nodes = _nodes(n_nodes, values, ops, key_tokens, [("L1", 1)])
     owner = {t: np.full(pages_per_tier, FREE, dtype=np.uint8) for t in TIERS}
     for t in TIERS:
         for v in values[t].values():
@@ -98,20 +98,25 @@ def _op(op_id: int, direction: str, source: str, target: str, node_id: int, src:
         key_tokens: int) -> OpView:
     # Token ranges are only checked for alignment and length, so each op claims its node's
     # length from token 0 (the real start would be the node's depth times key_tokens).
-    return OpView(op_id, direction, source, target, (node_id,), src, dst, 0, key_tokens)
+    return OpView(op_id, direction, source, target, (node_id,), src, dst, 0, key_tokens,
+                  lock_node_id=node_id)
 
 
 def _nodes(n_nodes: int, values: dict[str, dict[int, Pages]], ops: list[OpView],
-           key_tokens: int) -> list[NodeView]:
+           key_tokens: int, request_locks: list[tuple[str, int]]) -> list[NodeView]:
     """Root 0 and nodes 1..n_nodes; node i's parent is (i - 1) // ARITY (so the root has ARITY
-    children and any prefix 1..k of node ids is closed under parents)."""
+    children and any prefix 1..k of node ids is closed under parents). Lock counts are path
+    locks: each op's source lock and each (tier, node) of `request_locks` count on the node and
+    every ancestor below the root."""
     children: dict[int, list[int]] = {}
     for i in range(1, n_nodes + 1):
         children.setdefault((i - 1) // ARITY, []).append(i)
     pending = {(op.target, op.node_ids[0]): op for op in ops}
-    locks = {(op.source, op.node_ids[0]): 0 for op in ops}
-    for op in ops:
-        locks[(op.source, op.node_ids[0])] += 1
+    locks: dict[tuple[str, int], int] = {}
+    for tier, held in [(op.source, op.node_ids[0]) for op in ops] + request_locks:
+        while held != 0:
+            locks[(tier, held)] = locks.get((tier, held), 0) + 1
+            held = (held - 1) // ARITY
     out = [NodeView(0, None, tuple(children.get(0, ())), 0, dict.fromkeys(TIERS),
                     dict.fromkeys(TIERS, "ABSENT"), dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS))]
     for i in range(1, n_nodes + 1):

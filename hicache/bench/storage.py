@@ -48,7 +48,7 @@ from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import PIECE_BYTES, StorageHandle, StorageMover
 from hicache.errors import TransferError
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 
 QWEN3_8B_BYTES_PER_PAGE = 2_359_296  # 2 * 36 layers * 16 tokens * 8 heads * 128 * 2 bytes
 PAGE_TOKENS = 16

@@ -56,7 +56,7 @@ from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
 

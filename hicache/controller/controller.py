@@ -32,7 +32,7 @@ from hicache.errors import (
     CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, RequestTooLarge, RestorePending,
     StorageError, TransferError, UnreadableSlot,
 )
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.kernels import gather
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.policy import CostModel, DecisionLog, make_policy

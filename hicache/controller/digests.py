@@ -17,8 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hicache.invariants.snapshot import Pages
-from hicache.pages import PageTable
+from hicache.pages import PageTable, Pages
 from hicache.tiers import TIERS
 
 Digests = Callable[[str, Pages], npt.NDArray[np.uint64]]

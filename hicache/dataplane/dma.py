@@ -50,7 +50,7 @@ from hicache.dataplane.routes import (
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction
 

@@ -35,8 +35,8 @@ from hicache.dataplane.pools import DIGEST_BATCH_BYTES, DevicePool, HostPool, di
 from hicache.dataplane.storage import L3File, page_checksum
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import HiCacheError, InvalidPages
-from hicache.invariants.bytes import UNSERVABLE
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
+from hicache.snapshot import UNSERVABLE
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction, Tier
 

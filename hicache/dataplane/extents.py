@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 
 
 @dataclass(frozen=True, slots=True)

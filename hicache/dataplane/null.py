@@ -20,7 +20,7 @@ import numpy.typing as npt
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import NullHandle, TransferHandle
 from hicache.errors import ConfigError, InvalidPages
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
 
 

@@ -27,8 +27,8 @@ import torch
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.pinned import pinned_empty
 from hicache.errors import ConfigError
-from hicache.invariants.bytes import UNSERVABLE
-from hicache.invariants.snapshot import Pages, pages
+from hicache.pages import Pages, pages
+from hicache.snapshot import UNSERVABLE
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,

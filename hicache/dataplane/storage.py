@@ -40,7 +40,7 @@ import numpy.typing as npt
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, L3PathRefused, StorageError
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 
 MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
 

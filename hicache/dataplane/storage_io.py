@@ -60,7 +60,7 @@ from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import (
     ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError, UnreadableSlot,
 )
-from hicache.invariants.snapshot import Pages
+from hicache.pages import Pages
 from hicache.tiers import Direction
 
 MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
