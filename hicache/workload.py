@@ -55,7 +55,7 @@ def shared_prefix_workload(n_requests: int, *, seed: int = 0, system_prompts: in
 
 def repeated_prefix_workload(n_prefixes: int, prefix_len: int, n_requests: int, *, seed: int = 0,
                              vocab: int = 50_000) -> list[RequestSpec]:
-    """The write-up's stress shape: `n_prefixes` prefixes of `prefix_len` tokens, requests
+    """The stress shape: `n_prefixes` prefixes of `prefix_len` tokens, requests
     cycling through them (each request is exactly one prefix), decode of one token."""
     rng = random.Random(seed)
     prefixes = [tuple(rng.randrange(vocab) for _ in range(prefix_len)) for _ in range(n_prefixes)]

@@ -7,7 +7,7 @@
     "auto"      probe, time both, pick per direction     torch (the interpreter, if enabled, is
                 (Triton failing -> torch, reason says)    verified but too slow to pick)
 
-The `auto` rule is the source write-up's: keep Triton for gather if its time is at most 1.05x
+The `auto` rule keeps Triton for gather if its time is at most 1.05x
 torch's, for scatter if at most 1.02x. Times are device times (CUDA events, medians).
 """
 

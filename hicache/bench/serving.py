@@ -2,7 +2,7 @@
 
     hicache bench serving --out DIR [--presets qwen3-8b qwen3-4b] [--mode eager|graphs|compile]
 
-Two experiments per preset (those of the first source write-up):
+Two experiments per preset:
   latency   a prompt = a cached prefix of N tokens + one new page; time from admission until
             its prefill is done (`torch.cuda.synchronize`), with the prefix forced to come
             from: nowhere (recompute, policy `never`), L2 (L1 copy evicted, policy `always`),
