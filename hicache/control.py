@@ -324,8 +324,7 @@ class ControlPlane:
             self._request(request_id)
         op_id = self._next_op
         step = self.executor.plan(name, node_segments(nodes), request_id=request_id, op_id=op_id)
-        # Verify the chain's source is published (the row's guard on the source tier says so).
-        source = np.concatenate([_value(n, src) for n in nodes])
+        source = np.concatenate([_value(n, src) for n in nodes])  # the source is published
         # -- change --
         target = self.executor.run(step)
         op = PendingOp(op_id, direction, list(nodes), source.astype(np.int64), target, request_id)
@@ -472,6 +471,11 @@ class ControlPlane:
 
 
 def _value(n: TreeNode, t: int) -> Pages:
+    """The node's pages in tier index `t`; IllegalTransition when it holds none there (a
+    transfer's source must be published: an edited row that drops that guard is refused
+    here, before anything changed)."""
     v = n.value[t]
-    assert v is not None, f"node {n.node_id} holds nothing in {TIERS[t]}"
+    if v is None:
+        raise IllegalTransition("issue", str(TIERS[t]), n.state[t],
+                                f"node {n.node_id} holds nothing in {TIERS[t]} to read from")
     return v
