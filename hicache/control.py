@@ -2,13 +2,13 @@
 
 `ControlPlane` joins the HiRadixTree (topology + per-tier values), one `PageTable` per tier
 (physical-page ownership), the pending-op table, the live requests, the lifecycle machine and
-the tracer. Every public method is one spec transition applied to a set of logical pages
-(the pages of one or more nodes) *atomically*:
+the tracer. Every public method applies spec transitions to a set of logical pages *atomically*, and
+every transition goes through one path, `hicache.execute` (`apply` below for node rows):
 
-    1. validate   every affected node's transition with `Lifecycle.check` (and every other
-                  precondition) -- raise a typed error with NOTHING changed if any fails;
-    2. apply      page-table moves, tree values/sub-states, locks;
-    3. trace      one event per node touched (spec/trace.md), only when a sink is set;
+    1. plan       every step's row, source sub-state, guards and pages, from the loaded
+                  tables -- raise a typed error with NOTHING changed if any fails;
+    2. run        the row's effects in table order (page-table moves, locks), the sub-states;
+    3. trace      one event per segment (spec/trace.md), only when a sink is set;
     4. check      the invariants, per the check mode (off / every / periodic N).
 
 No bytes move here. The controller (data plane attached) calls `issue`, then later -- when a
@@ -24,13 +24,15 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
+from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
-from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, composite_name, load_lifecycle
+from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
 from hicache.pages import PageTable, Pages, pages
 from hicache.poison import refuse_when_poisoned
 from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
+from hicache.tracewalk import walk_hook
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
 
 Digests = Callable[[str, Pages], npt.NDArray[np.uint64]]
@@ -116,17 +118,28 @@ class ControlPlane:
         self.digests = digests
         self.checker = InvariantChecker(parse_check_mode(check_mode))
         self._next_op = 1
+        self.executor = Executor(self.lifecycle, self.tree, self.tables, self.tracer)
         self.tree.on_split.append(self._on_split)
+        walk_hook(self.tracer, self.lifecycle)
 
     # -- requests -------------------------------------------------------------------------
 
     def begin_request(self, request_id: int, tokens: Sequence[int], match_len: int | None = None) -> MatchResult:
-        """Match the prompt (its first `match_len` tokens, default all), lock its L1 hit, and
-        serve that prefix from the cache (`cached_len` = L1 hit length). Returns the match
-        (per-tier lengths and handles)."""
+        """Match the prompt's first `match_len` tokens (default and most: `len(tokens) - 1`,
+        the rule `match_short_of_last_token`: the last prompt token is always computed, for the
+        first output's logits), lock its L1 hit, and serve that prefix from the cache
+        (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles).
+        HiCacheError / IllegalTransition, nothing changed: a live id, an empty prompt, or a
+        `match_len` outside 0..len(tokens) - 1."""
         if request_id in self.requests:
             raise HiCacheError(f"request {request_id} is already live; end it first")
-        m = self.tree.match(tokens[: len(tokens) if match_len is None else max(0, match_len)])
+        most = len(tokens) - 1
+        limit = most if match_len is None else match_len
+        # Verify the match leaves the last prompt token to compute (rule match_short_of_last_token).
+        if not 0 <= limit <= most:
+            raise IllegalTransition("request_start", "L1", "-", f"match_len {match_len} with {len(tokens)} "
+                                    f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
+        m = self.tree.match(tokens[:limit])
         l1 = m.handles[0]
         if not l1.is_root:
             self.tree.lock(l1, 0)
@@ -140,24 +153,20 @@ class ControlPlane:
         return m
 
     def compute(self, request_id: int, n_tokens: int) -> Pages:
-        """Reserve private L1 pages for the request's next `n_tokens` (page aligned) tokens,
-        after its published prefix: transition `compute` (ABSENT -> PRIVATE). The range may
-        end in the prompt's partial last page (the *tail page*): it is computed like any page
-        but never inserted -- it stays private to the request and is released at its end."""
+        """Reserve private L1 pages for the request's next `n_tokens` tokens, after its
+        published prefix: transition `compute`, whose guards are the range rules
+        (`aligned(range)`, `range <= prompt`, `no_private(request)`). One event per node the
+        range covers (and one for tokens no node holds), each with the request's view
+        (spec/lifecycle.md, "Whose state a composite is"). The range may end in the prompt's
+        partial last page (the *tail page*): computed like any page, never inserted, released
+        at the request's end."""
         req = self._request(request_id)
-        # Verify the range is page aligned and inside the prompt (invariant I3).
-        if n_tokens % self.page_size or n_tokens <= 0:
-            raise IllegalTransition("compute", "L1", "ABSENT", f"{n_tokens} tokens is not a positive multiple of page size {self.page_size}")
-        if req.private_pages.size:
-            raise IllegalTransition("compute", "L1", "L1_PRIVATE", "the request already holds private pages; insert or end it first")
-        if req.published_len + n_tokens > -(-len(req.tokens) // self.page_size) * self.page_size:
-            raise IllegalTransition("compute", "L1", "ABSENT", "range runs past the prompt's last page")
-        got = self.tables[0].reserve(n_tokens // self.page_size)
-        req.private_pages, req.private_start = got, req.published_len
-        if self.tracer.enabled:
-            self.tracer.emit("compute", tier="L1", request=request_id, token_start=req.private_start,
-                             token_end=req.private_start + n_tokens, pages=tuple(int(p) for p in got),
-                             before="ABSENT", after="L1_PRIVATE")
+        start, end = req.published_len, req.published_len + n_tokens
+        segments = copy_segments(self.tree, req.tokens, start, end, ABSENT) if n_tokens > 0 else []
+        rng = RequestRange(start, end, len(req.tokens), int(req.private_pages.size), self.page_size)
+        step = self.executor.plan("compute", segments, request_id=request_id, rng=rng)
+        got = self.executor.run(step)
+        req.private_pages, req.private_start = got, start
         self._check(f"compute {request_id}")
         return got
 
@@ -180,7 +189,7 @@ class ControlPlane:
         cut = self.tree.cut(req.tokens[:end])
         walked = [*m.path, cut.node] if cut is not None else list(m.path)
         matched = m.matched_len + (0 if cut is None else cut.at_tokens)
-        plan: list[tuple[TreeNode, str, Pages]] = []
+        steps: list[tuple[Step, TreeNode | None]] = []  # (step, parent of the node it creates)
         pos = 0
         for node in walked:
             n_start = pos
@@ -189,44 +198,33 @@ class ControlPlane:
                 continue
             # Verify node boundaries line up with the private range (splits only add boundaries).
             assert n_start >= req.private_start, "a node straddles the request's published boundary"
-            mine = req.private_pages[(n_start - req.private_start) // ps:(pos - req.private_start) // ps]
-            l1 = node.state[0]
-            if l1 == ABSENT:
-                plan.append((node, "insert", mine))
-            elif l1 == RESIDENT:
-                plan.append((node, "discard", mine))
-            else:
+            if node.state[0] not in (ABSENT, RESIDENT):
                 break  # load-back in flight: keep the rest private (see docstring)
+            view = (PRIVATE, node.state[1], node.state[2])
+            duplicate = node.state[0] == RESIDENT
+            steps.append((self._copy_step("discard" if duplicate else "insert", req, node,
+                                          n_start, pos, view, duplicate), None))
         else:
             if matched < end:
-                first = (max(matched, req.private_start) - req.private_start) // ps
-                last = (end - req.private_start) // ps
+                first = max(matched, req.private_start)
                 parent = walked[-1] if walked else self.tree.root
-                plan.append((parent, "new", req.private_pages[first:last]))
-        for node, what, _ in plan:
-            sub = node.state if what != "new" else [ABSENT, ABSENT, ABSENT]
-            self.lifecycle.check("insert" if what != "discard" else "discard", (PRIVATE, sub[1], sub[2]))
-        if cut is not None and any(node is cut.node for node, _, _ in plan):
+                steps.append((self._copy_step("insert", req, None, first, end,
+                                              (PRIVATE, ABSENT, ABSENT), False), parent))
+        # -- change (every step was planned: nothing below can fail) --
+        if cut is not None and any(step.segments[0].node is cut.node or parent is cut.node
+                                   for step, parent in steps):
             upper = self.tree.split(cut.node, cut.at_tokens)  # validated: the first change
-            plan = [(upper if node is cut.node else node, what, mine) for node, what, mine in plan]
-        published = req.published_len
-        deepest = req.locked
-        used = 0
-        for node, what, mine in plan:
-            used += mine.size
-            if what == "discard":
-                self.tables[0].release(mine)
-                self._emit_node("discard", node, 0, mine, (PRIVATE, node.state[1], node.state[2]), request_id)
-            else:
-                if what == "new":
-                    start = max(matched, req.private_start)
-                    node = self.tree.add_child(node, req.tokens[start:end])
-                before = (PRIVATE, node.state[1], node.state[2])
-                self.tables[0].publish(mine)
-                self.tree.set_value(node, 0, mine, RESIDENT)
-                self._emit_node("insert", node, 0, mine, before, request_id)
-            deepest = node
-            published += mine.size * ps
+            steps = [(step.with_node(0, upper) if step.segments[0].node is cut.node else step,
+                      upper if parent is cut.node else parent) for step, parent in steps]
+        published, deepest, used = req.published_len, req.locked, 0
+        for step, parent in steps:
+            if parent is not None:
+                step = step.with_node(0, self.tree.add_child(parent, req.tokens[step.segments[0].start:end]))
+            self.executor.run(step)
+            done = step.segments[0].node
+            assert done is not None  # Verify: every insert step names its node now.
+            deepest, used = done, used + step.n_pages
+            published += step.n_pages * ps
         if deepest is not req.locked:
             self.tree.lock(deepest, 0)
             if not req.locked.is_root:
@@ -239,6 +237,14 @@ class ControlPlane:
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"insert {request_id}")
         return req.cached_len
+
+    def _copy_step(self, name: str, req: Request, node: TreeNode | None, start: int, end: int,
+                   view: States, duplicate: bool) -> Step:
+        """Plan `insert` or `discard` of the request's private pages over [start, end)."""
+        ps = self.page_size
+        mine = req.private_pages[(start - req.private_start) // ps:(end - req.private_start) // ps]
+        return self.executor.plan(name, [Segment(node, start, end, view, duplicate)],
+                                  pages_moved=mine, request_id=req.request_id)
 
     def advance_cached_len(self, request_id: int, node: TreeNode) -> int:
         """After a restore into L1 completed and was published: take the request's L1 lock
@@ -287,9 +293,8 @@ class ControlPlane:
             if self.tracer.enabled:
                 self.tracer.emit("unlock", tier=str(TIERS[t]), node=n.node_id, request=request_id)
         for n, _ in reversed(gone):
-            for r in self.tree.remove_if_dead(n):
-                if self.tracer.enabled:
-                    self.tracer.emit("node_remove", node=r.node_id)
+            if self.tree.contains(n):
+                self._remove_dead(n)
         if gone:
             self._check(f"unpin {request_id}")
         return len(gone)
@@ -300,10 +305,11 @@ class ControlPlane:
         req = self._request(request_id)
         self.unpin(request_id)
         if req.private_pages.size:
-            self.tables[0].release(req.private_pages)
-            if self.tracer.enabled:
-                self.tracer.emit("discard", tier="L1", request=request_id, pages=tuple(int(p) for p in req.private_pages),
-                                 before="L1_PRIVATE", after="ABSENT")
+            end = req.private_start + req.private_pages.size * self.page_size
+            segments = copy_segments(self.tree, req.tokens, req.private_start, end, PRIVATE)
+            self.executor.run(self.executor.plan("discard", segments, pages_moved=req.private_pages,
+                                                 request_id=request_id))
+            req.private_pages = pages()
         if not req.locked.is_root:
             self.tree.unlock(req.locked, 0)
         del self.requests[request_id]
@@ -315,10 +321,11 @@ class ControlPlane:
 
     def issue(self, direction: Direction, nodes: Sequence[TreeNode], request_id: int | None = None) -> PendingOp:
         """`<dir>_issue` on every node: reserve private target pages, lock the source, mark
-        the target tier pending. `nodes` must be a parent-first chain whose first node's
-        parent already holds the target tier (no backup gap, S6). OutOfPages or
+        the target tier pending -- the row's effects, run by the executor. `nodes` must be a
+        parent-first chain; the row's guard `parent(<target>) == RESIDENT` refuses a chain
+        whose first node's parent lacks the target tier (no backup gap, S6). OutOfPages or
         IllegalTransition leave everything unchanged."""
-        src, dst = TIERS.index(direction.source), TIERS.index(direction.target)
+        src = TIERS.index(direction.source)
         name = f"{direction.value.lower()}_issue"
         if not nodes:
             raise IllegalTransition(name, str(direction.target), "-", "no nodes")
@@ -326,34 +333,17 @@ class ControlPlane:
             if child.parent is not parent:
                 raise IllegalTransition(name, str(direction.target), "-", f"node {child.node_id} is not a child of {parent.node_id}")
         self._verify_live(nodes, name, direction.target)
-        first_parent = nodes[0].parent
-        assert first_parent is not None, "a live non-root node has a parent"
-        if not first_parent.is_root and first_parent.state[dst] != RESIDENT:
-            raise IllegalTransition(
-                name, str(direction.target), composite_name(_states(first_parent)),
-                f"parent node {first_parent.node_id} does not hold {direction.target} (a backup gap)",
-            )
         if request_id is not None:
             self._request(request_id)
-        for n in nodes:
-            self.lifecycle.check(name, _states(n), _locks(n))
-        n_pages = sum(n.num_pages for n in nodes)
-        target = self.tables[dst].reserve(n_pages)  # OutOfPages here changes nothing
-        source = np.concatenate([_value(n, src) for n in nodes]) if nodes else pages()
-        op = PendingOp(self._next_op, direction, list(nodes), source.astype(np.int64), target, request_id)
+        op_id = self._next_op
+        step = self.executor.plan(name, node_segments(nodes), request_id=request_id, op_id=op_id)
+        source = np.concatenate([_value(n, src) for n in nodes])  # the source is published
+        # -- change --
+        target = self.executor.run(step)
+        op = PendingOp(op_id, direction, list(nodes), source.astype(np.int64), target, request_id)
         self._next_op += 1
-        self.ops[op.op_id] = op
-        # One path lock on the deepest node pins the whole chain and its ancestors (and stays
-        # right when a split later adds a node to the chain).
-        self.tree.lock(nodes[-1], src)
-        at = 0
-        for n in nodes:
-            before = _states(n)
-            self.tree.set_value(n, dst, None, f"{direction.value}_PENDING")
-            n.pending[dst] = op.op_id
-            self._emit_node(name, n, dst, target[at:at + n.num_pages], before, request_id, op.op_id)
-            at += n.num_pages
-        self._check(f"{name} op {op.op_id}")
+        self.ops[op_id] = op
+        self._check(f"{name} op {op_id}")
         return op
 
     def complete(self, op_id: int) -> PendingOp:
@@ -370,35 +360,20 @@ class ControlPlane:
         return self._finish(op_id, "cancel")
 
     def _finish(self, op_id: int, outcome: str) -> PendingOp:
+        """Run `<dir>_<outcome>` on every node of the op, in path order, over the op's one
+        ordered page list (cut by the nodes' key lengths: a split while the op was pending
+        only added a cut), then remove the nodes it leaves dead, each traced `node_remove`."""
         op = self.ops.get(op_id)
         if op is None:
             raise UnknownOp(op_id)
-        src, dst = TIERS.index(op.direction.source), TIERS.index(op.direction.target)
         name = f"{op.direction.value.lower()}_{outcome}"
-        for n in op.nodes:
-            # Verify the op still owns each node's pending slot (a second finish would not).
-            assert n.pending[dst] == op_id, f"node {n.node_id} is not pending on op {op_id}"
-            self.lifecycle.check(name, _states(n), _locks(n))
-        if outcome == "complete":
-            self.tables[dst].publish(op.target_pages)
-        else:
-            self.tables[dst].release(op.target_pages)
-        at = 0
-        for n in op.nodes:
-            before = _states(n)
-            mine = op.target_pages[at:at + n.num_pages]
-            at += n.num_pages
-            n.pending[dst] = None
-            if outcome == "complete":
-                self.tree.set_value(n, dst, mine, RESIDENT)
-            else:
-                self.tree.set_value(n, dst, None, ABSENT)
-            self._emit_node(name, n, dst, mine, before, op.request_id, op.op_id)
-        self.tree.unlock(op.nodes[-1], src)
+        step = self.executor.plan(name, node_segments(op.nodes), pages_moved=op.target_pages,
+                                  request_id=op.request_id, op_id=op_id)
+        self.executor.run(step)
         del self.ops[op_id]
-        if outcome != "complete":
-            for n in reversed(op.nodes):
-                self.tree.remove_if_dead(n)
+        for n in reversed(op.nodes):
+            if self.tree.contains(n):
+                self._remove_dead(n)
         self._check(f"{name} op {op_id}")
         return op
 
@@ -418,22 +393,35 @@ class ControlPlane:
         return freed
 
     def evict_node(self, node: TreeNode, t: int, name: str | None = None) -> int:
-        """Evict one node's value in tier index `t` (`evict_lN`, or `invalidate_l3`)."""
+        """Evict one node's value in tier index `t` (`evict_lN`, or `invalidate_l3`): the row's
+        guards (unlocked, a leaf in the tier, ...) and its `free` effect. Returns pages freed."""
         name = name or f"evict_{str(TIERS[t]).lower()}"
-        before = _states(node)
-        self.lifecycle.check(name, before, _locks(node))
-        if any(c.state[t] != ABSENT for c in node.children.values()):
-            raise IllegalTransition(name, str(TIERS[t]), composite_name(before), "not a leaf in this tier (children hold it)")
-        mine = _value(node, t)
-        self.tables[t].free(mine)
-        self.tree.set_value(node, t, None, ABSENT)
-        self._emit_node(name, node, t, mine, before, None, None)
-        removed = self.tree.remove_if_dead(node)
-        if self.tracer.enabled:
-            for r in removed:
+        self._verify_live([node], name, TIERS[t])
+        freed = self.apply(name, [node])
+        return int(freed.size)
+
+    def apply(self, name: str, nodes: Sequence[TreeNode], pages_moved: Pages | None = None, *,
+              request_id: int | None = None, op_id: int | None = None) -> Pages:
+        """Apply lifecycle row `name` to a parent-first chain of live nodes: check its source
+        state and guards on every node, run its effects in table order, trace one event per
+        node, remove the nodes left dead (traced `node_remove`), check the invariants.
+        `pages_moved` are the pages a publish/release moves. Returns the pages the row's
+        ownership effect moved. IllegalTransition / OutOfPages: nothing changed."""
+        step = self.executor.plan(name, node_segments(nodes), pages_moved=pages_moved,
+                                  request_id=request_id, op_id=op_id)
+        moved = self.executor.run(step)
+        for n in reversed(nodes):
+            if self.tree.contains(n):
+                self._remove_dead(n)
+        self._check(f"{name} nodes {[n.node_id for n in nodes]}")
+        return moved
+
+    def _remove_dead(self, node: TreeNode) -> None:
+        """Remove `node` and then its ancestors while they are dead; each removal is traced
+        `node_remove` (every removal of the reference goes through here)."""
+        for r in self.tree.remove_if_dead(node):
+            if self.tracer.enabled:
                 self.tracer.emit("node_remove", node=r.node_id)
-        self._check(f"{name} node {node.node_id}")
-        return int(mine.size)
 
     # -- observation ----------------------------------------------------------------------
 
@@ -505,27 +493,13 @@ class ControlPlane:
         if self.tracer.enabled:
             self.tracer.emit("split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)})
 
-    def _emit_node(self, event: str, node: TreeNode, t: int, touched: Pages, before: States,
-                   request_id: int | None, op_id: int | None = None) -> None:
-        if not self.tracer.enabled:
-            return
-        start = _prefix_start(node)
-        self.tracer.emit(
-            event, tier=str(TIERS[t]), node=node.node_id, op=op_id, request=request_id,
-            token_start=start, token_end=start + len(node.key), pages=tuple(int(p) for p in touched),
-            before=composite_name(before), after=composite_name(_states(node)),
-        )
-
-
-def _states(n: TreeNode) -> States:
-    return (n.state[0], n.state[1], n.state[2])
-
-
-def _locks(n: TreeNode) -> tuple[int, int, int]:
-    return (n.lock[0], n.lock[1], n.lock[2])
-
 
 def _value(n: TreeNode, t: int) -> Pages:
+    """The node's pages in tier index `t`; IllegalTransition when it holds none there (a
+    transfer's source must be published: an edited row that drops that guard is refused
+    here, before anything changed)."""
     v = n.value[t]
-    assert v is not None, f"node {n.node_id} holds nothing in {TIERS[t]}"
+    if v is None:
+        raise IllegalTransition("issue", str(TIERS[t]), n.state[t],
+                                f"node {n.node_id} holds nothing in {TIERS[t]} to read from")
     return v

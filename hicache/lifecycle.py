@@ -5,10 +5,21 @@ transition acts on one tier's sub-machine, guarded by the other tiers' sub-state
 lock counts. The composite states (every reachable triple) are derived by search and must
 equal the named list in the tables (`hicache spec check`).
 
-The `transitions` library validates every step: one `Machine` per tier is built from the
-tables, and `Lifecycle.check` asks it whether `event` leaves `source`. We do not keep a
-`Machine` per page: callers keep sub-states in compact arrays/fields and ask `check` before
-they mutate anything, so a rejected transition changes nothing.
+`Lifecycle.check` is a plain table lookup: the row named `event`, its source sub-state, its
+guards. Nothing here keeps state: callers keep sub-states in compact fields and ask `check`
+before they mutate anything, so a rejected transition changes nothing. The executor that runs
+a row's effects is `hicache.execute`.
+
+Guards come in three families (the vocabulary is the header of lifecycle.toml):
+
+    sub-state   "L2 == RESIDENT", "L1 != H2D_PENDING"   read the page's triple
+    lock        "locks(L1) == 0"                          read the node's lock counts
+    context     "leaf(L1)", "parent(L2) == RESIDENT",     read the tree around the node, or
+                "aligned(range)", ...                     the request's range (`GuardContext`)
+
+Without a context (the composite-graph search) lock and context guards are taken as
+satisfiable: every lock is eventually released, and the tree and the request are not part of
+a logical page's state.
 """
 
 from __future__ import annotations
@@ -17,9 +28,7 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-from transitions import Machine
+from typing import Any, Iterator, Mapping, Protocol
 
 from hicache.errors import IllegalTransition, SpecError
 from hicache.spec import LIFECYCLE_TOML, load_toml
@@ -34,22 +43,91 @@ PRIVATE = "PRIVATE"
 
 _GUARD_STATE = re.compile(r"^(L[123]) (==|!=) ([A-Z0-9_]+)$")
 _GUARD_LOCK = re.compile(r"^locks\((L[123])\) == 0$")
+_GUARD_LEAF = re.compile(r"^leaf\((L[123])\)$")
+_GUARD_PARENT = re.compile(r"^parent\((L[123])\) == RESIDENT$")
 _EFFECT = re.compile(r"^(reserve|publish|release|free|lock|unlock)\((L[123])\)$")
+
+
+REQUEST_GUARDS: dict[str, str] = {
+    "aligned(range)": "the request's range is a positive whole number of pages",
+    "range <= prompt": "the range ends no later than the end of the prompt's last (possibly partial) page",
+    "no_private(request)": "the request holds no private pages (one compute between inserts)",
+}
+"""Guards on a request's range (the `compute` row), by their exact text."""
+
+GUARD_VOCABULARY: dict[str, str] = {
+    "Ln == S": "tier `Ln`'s sub-state of the same logical page is `S`",
+    "Ln != S": "tier `Ln`'s sub-state is not `S`",
+    "locks(Ln) == 0": "nobody (request or transfer) holds a lock on the node in tier `Ln`",
+    "leaf(Ln)": "no child of the node is present (not `ABSENT`) in tier `Ln`",
+    "parent(Ln) == RESIDENT": "the node's parent is the root, `RESIDENT` in `Ln`, or an earlier "
+                                "node of the same op: no gap before these pages in `Ln`",
+    **REQUEST_GUARDS,
+}
+"""Every guard form the parser accepts -> when it holds (lifecycle.md's guard table)."""
+
+
+@dataclass(frozen=True)
+class ControlRule:
+    """A precondition of a public operation that is no residency transition (`[[rule]]`)."""
+
+    name: str
+    operation: str
+    condition: str
+    why: str
+
+
+class GuardContext(Protocol):
+    """What context guards read: the tree around one node, and the request's range."""
+
+    def leaf(self, tier: Tier) -> bool:
+        """No child of the node is present (non-ABSENT) in `tier`."""
+
+    def parent_resident(self, tier: Tier) -> bool:
+        """The node's parent is the root, RESIDENT in `tier`, or filled by the same step."""
+
+    def request(self, rule: str) -> bool:
+        """The request guard `rule` (a key of REQUEST_GUARDS) holds."""
 
 
 @dataclass(frozen=True)
 class Guard:
-    """One precondition: another tier's sub-state (`==`/`!=`), or no lock in a tier."""
+    """One precondition. `op`: "==" / "!=" (another tier's sub-state), "unlocked" (no lock in
+    `tier`), "leaf", "parent" (the tree around the node) or "request" (the request's range)."""
 
     text: str
-    tier: Tier
-    op: str  # "==", "!=", or "unlocked"
+    tier: Tier | None
+    op: str
     state: str = ""
 
-    def holds(self, states: States, locks: tuple[int, int, int]) -> bool:
+    @property
+    def needs_context(self) -> bool:
+        return self.op in ("leaf", "parent", "request")
+
+    def meaning(self) -> str:
+        """What a failure of this guard means, for the error message ("" when plain)."""
+        if self.op == "leaf":
+            return f": a child holds {self.tier}, so the node is not a leaf there; evict the child first"
+        if self.op == "parent":
+            return (f": the parent node does not hold {self.tier} (a backup gap); include the "
+                    "parent in the chain, parent first")
+        if self.op == "request":
+            return f": {REQUEST_GUARDS[self.text]}"
+        return ""
+
+    def holds(self, states: States, locks: tuple[int, int, int], ctx: GuardContext | None = None) -> bool:
+        """Whether the guard holds; lock and context guards hold when their input is absent
+        (`locks` all zero and no `ctx` is what the composite-graph search passes)."""
+        if self.op == "request":
+            return ctx is None or ctx.request(self.text)
+        assert self.tier is not None  # Verify: only request guards name no tier.
         i = TIERS.index(self.tier)
         if self.op == "unlocked":
             return locks[i] == 0
+        if self.op == "leaf":
+            return ctx is None or ctx.leaf(self.tier)
+        if self.op == "parent":
+            return ctx is None or ctx.parent_resident(self.tier)
         return (states[i] == self.state) == (self.op == "==")
 
 
@@ -77,6 +155,14 @@ class Transition:
     trigger: str
     guards: tuple[Guard, ...]
     effects: tuple[Effect, ...]
+
+    @property
+    def acts_on_copy(self) -> bool:
+        """Whether the row acts on a request's private copy only and never writes a node
+        (`compute`, `discard`): source or target PRIVATE, target not RESIDENT. Its events carry
+        no `before`/`after` when the copy is a duplicate (spec/lifecycle.md, "Whose state a
+        composite is")."""
+        return PRIVATE in (self.source, self.dest) and self.dest != RESIDENT
 
 
 @dataclass(frozen=True)
@@ -112,7 +198,7 @@ def composite_name(states: States) -> str:
 
 
 class Lifecycle:
-    """The tables, parsed and cross-checked, plus one `transitions.Machine` per tier."""
+    """The tables, parsed and cross-checked: states, rows (guards, effects), composites."""
 
     def __init__(self, tables: Mapping[str, Any]) -> None:
         self.tables = tables
@@ -125,7 +211,6 @@ class Lifecycle:
         self.states: dict[Tier, tuple[str, ...]] = {}
         self.initial: dict[Tier, str] = {}
         self.transitions: dict[str, Transition] = {}
-        self.machines: dict[Tier, Machine] = {}
         for tier in TIERS:  # all states first: guards name other tiers' states
             names = tuple(st["name"] for st in tables["residency"][str(tier)]["states"])
             if len(set(names)) != len(names):
@@ -138,42 +223,39 @@ class Lifecycle:
             for c in tables.get("composite", [])
         )
         self._composite_by_states = {c.states: c for c in self.composites}
+        self.rules: tuple[ControlRule, ...] = tuple(
+            ControlRule(r["name"], r["operation"], r["condition"], r["why"]) for r in tables.get("rule", [])
+        )
 
     def _load_tier(self, tier: Tier, table: Mapping[str, Any]) -> None:
-        names = self.states[tier]
+        if table["initial"] not in self.states[tier]:
+            raise SpecError(f"{tier}: initial state {table['initial']!r} is not an {tier} state")
         self.initial[tier] = table["initial"]
-        rows = []
         for row in table["transitions"]:
             t = _parse_transition(tier, row, self.states)
             if t.name in self.transitions:
                 raise SpecError(f"transition name {t.name!r} is used twice; names must be unique")
             self.transitions[t.name] = t
-            rows.append({"trigger": t.name, "source": t.source, "dest": t.dest})
-        self.machines[tier] = Machine(
-            model=None, states=list(names), transitions=rows,
-            initial=table["initial"], auto_transitions=False,
-        )
 
     # -- validation -------------------------------------------------------------------
 
-    def check(self, name: str, states: States, locks: tuple[int, int, int] = (0, 0, 0)) -> States:
+    def check(self, name: str, states: States, locks: tuple[int, int, int] = (0, 0, 0),
+              ctx: GuardContext | None = None) -> States:
         """The triple after transition `name` from `states`; raises IllegalTransition, changing
-        nothing, when the transition is unknown, leaves another sub-state, or a guard fails."""
+        nothing, when the transition is unknown, leaves another sub-state, or a guard fails.
+        Context guards are checked only when `ctx` is given (see the module docstring)."""
         t = self.transitions.get(name)
         if t is None:
             raise IllegalTransition(name, "-", composite_name(states), "no such transition")
         i = TIERS.index(t.tier)
-        rows = self.machines[t.tier].get_transitions(trigger=name, source=states[i])
-        if not rows:
+        if states[i] != t.source:
             raise IllegalTransition(
                 name, str(t.tier), composite_name(states),
                 f"{t.tier} is {states[i]}, the transition leaves {t.source}",
             )
         for g in t.guards:
-            if not g.holds(states, locks):
-                raise IllegalTransition(name, str(t.tier), composite_name(states), f"guard {g.text!r} fails")
-        # Verify the machine's row agrees with the table's (it was built from it).
-        assert rows[0].dest == t.dest, f"{name}: machine and table disagree on the target state"
+            if not g.holds(states, locks, ctx):
+                raise IllegalTransition(name, str(t.tier), composite_name(states), f"guard {g.text!r} fails{g.meaning()}")
         dest = list(states)
         dest[i] = t.dest
         return (dest[0], dest[1], dest[2])
@@ -225,8 +307,40 @@ def _parse_transition(tier: Tier, row: Mapping[str, Any], states: Mapping[Tier, 
             raise SpecError(f"{name}: effect {e!r} is not reserve|publish|release|free|lock|unlock(Ln)")
         effects.append(Effect(m.group(1), Tier(m.group(2))))
     direction = Direction(row["direction"]) if "direction" in row else None
-    return Transition(name, row["kind"], tier, direction, row["from"], row["to"],
-                      row["trigger"], guards, tuple(effects))
+    t = Transition(name, row["kind"], tier, direction, row["from"], row["to"],
+                   row["trigger"], guards, tuple(effects))
+    _check_effects(t)
+    return t
+
+
+_OWNERSHIP_EFFECTS = {
+    # effect: (what the row's source must be, what its target must be), "moving" = a private
+    # or pending sub-state (the pages are PRIVATE while the tier is in it)
+    "reserve": ("ABSENT", "moving"),
+    "publish": ("moving", RESIDENT),
+    "release": ("moving", ABSENT),
+    "free": (RESIDENT, ABSENT),
+}
+
+
+def _check_effects(t: Transition) -> None:
+    """SpecError unless the row's effects agree with its states, so that the executor can run
+    any loadable row: exactly one ownership effect, on the row's own tier, and of the kind its
+    source and target states imply; lock effects on other tiers only."""
+    own = [e for e in t.effects if e.op in _OWNERSHIP_EFFECTS]
+    if len(own) != 1 or own[0].tier != t.tier:
+        raise SpecError(f"{t.name}: needs exactly one of reserve|publish|release|free({t.tier}), "
+                        f"has {[str(e) for e in own]}")
+    want = _OWNERSHIP_EFFECTS[own[0].op]
+    for state, need in zip((t.source, t.dest), want):
+        moving = state not in (ABSENT, RESIDENT)
+        if (need == "moving") != moving or (not moving and state != need):
+            raise SpecError(f"{t.name}: effect {own[0]} does not fit {t.source} -> {t.dest} "
+                            f"(it moves pages {need if need != 'moving' else 'PRIVATE/pending'} "
+                            "at that end)")
+    for e in t.effects:
+        if e.op in ("lock", "unlock") and e.tier == t.tier:
+            raise SpecError(f"{t.name}: {e} locks the row's own tier; a transfer locks its source")
 
 
 def _parse_guard(name: str, text: str, states: Mapping[Tier, tuple[str, ...]]) -> Guard:
@@ -239,7 +353,16 @@ def _parse_guard(name: str, text: str, states: Mapping[Tier, tuple[str, ...]]) -
     m = _GUARD_LOCK.match(text)
     if m is not None:
         return Guard(text, Tier(m.group(1)), "unlocked")
-    raise SpecError(f"{name}: guard {text!r} is not 'Ln == S', 'Ln != S' or 'locks(Ln) == 0'")
+    m = _GUARD_LEAF.match(text)
+    if m is not None:
+        return Guard(text, Tier(m.group(1)), "leaf")
+    m = _GUARD_PARENT.match(text)
+    if m is not None:
+        return Guard(text, Tier(m.group(1)), "parent")
+    if text in REQUEST_GUARDS:
+        return Guard(text, None, "request")
+    raise SpecError(f"{name}: guard {text!r} is not 'Ln == S', 'Ln != S', 'locks(Ln) == 0', "
+                    f"'leaf(Ln)', 'parent(Ln) == RESIDENT' or one of {sorted(REQUEST_GUARDS)}")
 
 
 @functools.lru_cache(maxsize=None)

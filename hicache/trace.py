@@ -28,7 +28,8 @@ class TraceEvent:
     token_start: int | None = None  # logical pages, as a page-aligned token range
     token_end: int | None = None
     pages: tuple[int, ...] = ()  # physical pages of `tier` touched
-    before: str | None = None  # composite state name before / after (lifecycle events)
+    before: str | None = None  # composite state before / after (lifecycle events; none for a
+    # duplicate request copy's compute/discard: spec/lifecycle.md, "Whose state a composite is")
     after: str | None = None
     detail: dict[str, object] = field(default_factory=dict)
 

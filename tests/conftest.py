@@ -27,6 +27,10 @@ from tests import progress, replay
 
 pytest_plugins = ["pytester"]
 
+# Every control plane a test (or a `hicache demo` it runs) builds walks its trace through the
+# composite graph as it is emitted (hicache/tracewalk.py): a non-edge fails that test.
+os.environ.setdefault("HICACHE_TRACE_WALK", "1")
+
 PROFILE = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 PROGRESS_EVERY_DEFAULT = {"fuzz": 1000}  # profile -> examples per progress line (else none)
 

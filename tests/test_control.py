@@ -12,6 +12,7 @@ from hicache.control import ControlPlane, UnknownOp
 from hicache.errors import IllegalTransition, OutOfPages
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
+from hicache.tracewalk import ENV_VAR
 
 PS = 2
 
@@ -87,7 +88,7 @@ def test_backup_chain_and_restore() -> None:
     assert cp.evict("L1", 2) == 2 and cp.evict("L2", 2) == 2
     assert node.state == ["ABSENT", "ABSENT", "RESIDENT"]
     # Restore from L3: promote into L2, then load back into L1, then serve.
-    m = cp.begin_request(2, [1, 2, 3, 4])
+    m = cp.begin_request(2, [1, 2, 3, 4, 5])  # a hit leaves the last prompt token to compute
     assert m.lengths == (0, 0, 4)
     s2h = cp.issue(Direction.S2H, [node], request_id=2)
     cp.complete(s2h.op_id)
@@ -174,7 +175,7 @@ def test_abort_with_pending_restore_leaves_nothing_behind() -> None:
     (node,) = list(cp.tree.nodes())
     cp.complete(cp.issue(Direction.D2H, [node]).op_id)
     cp.evict("L1", 2)
-    cp.begin_request(2, [1, 2, 3, 4])
+    cp.begin_request(2, [1, 2, 3, 4, 5])
     op = cp.issue(Direction.H2D, [node], request_id=2)
     cp.cancel(op.op_id)
     cp.end_request(2)
@@ -192,7 +193,8 @@ def test_trace_events_are_lifecycle_names() -> None:
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
-def test_no_trace_sink_costs_no_events() -> None:
+def test_no_trace_sink_costs_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)  # the suite's trace walk enables every tracer
     cp = ControlPlane(PS, (8, 8, 8), check_mode="off")
     assert not cp.tracer.enabled
     served(cp, 1, [1, 2])

@@ -17,13 +17,15 @@ from typing import Any
 import pytest
 
 import hicache.speccheck as speccheck
+import hicache.speccheck.invariants as speccheck_invariants
+import hicache.speccheck.rules as speccheck_rules
 from hicache.control import ControlPlane
 from hicache.diagram import all_diagrams, extract_blocks, replace_blocks
 from hicache.errors import SpecError
-from hicache.lifecycle import Lifecycle, load_lifecycle
-from hicache.spec import SPEC_DIR, load_toml
-from hicache.speccheck import check_machines, check_spec, parse_tables
-from hicache.tiers import Direction, Tier
+from hicache.lifecycle import load_lifecycle
+from hicache.spec import SPEC_DIR
+from hicache.speccheck import check_spec, parse_tables
+from hicache.tiers import Direction
 from hicache.trace import NdjsonSink, Tracer
 
 
@@ -69,11 +71,22 @@ def test_copy_is_consistent(spec: Path) -> None:
 
 def test_changed_to_state_in_toml(spec: Path) -> None:
     row = toml_row("d2h_fail")
-    edit(spec / "lifecycle.toml", row, row.replace('to = "ABSENT"', 'to = "RESIDENT"'))
+    edit(spec / "lifecycle.toml", row, row.replace('to = "ABSENT"', 'to = "RESIDENT"')
+         .replace('effects = ["release(L2)"', 'effects = ["publish(L2)"'))
     problems = check_spec(spec)
     assert has(problems, "d2h_fail", "'to'", "'ABSENT'", "'RESIDENT'")
+    assert has(problems, "d2h_fail", "'effects'", "publish(L2)")
     # The L2 diagram is generated from the tables, so it is stale too.
     assert has(problems, "diagram 'L2' is stale", "write-diagrams")
+
+
+def test_effects_that_do_not_fit_the_states_do_not_load(spec: Path) -> None:
+    """The executor runs any row that loads, so a row whose effects contradict its states is
+    refused at load: here d2h_fail would reach RESIDENT while releasing its pages."""
+    row = toml_row("d2h_fail")
+    edit(spec / "lifecycle.toml", row, row.replace('to = "ABSENT"', 'to = "RESIDENT"'))
+    (problem,) = check_spec(spec)
+    assert "cannot be loaded" in problem and "d2h_fail" in problem and "release(L2)" in problem
 
 
 def test_changed_guard_cell_in_markdown(spec: Path) -> None:
@@ -130,20 +143,36 @@ def test_misnamed_and_unreachable_composites(spec: Path) -> None:
 
 
 def test_unloadable_toml(spec: Path) -> None:
-    edit(spec / "lifecycle.toml", 'guards = ["L2 == RESIDENT"]\neffects = ["reserve(L1)"',
-         'guards = ["L2 == RESIDNT"]\neffects = ["reserve(L1)"')
+    edit(spec / "lifecycle.toml", 'guards = ["L2 == RESIDENT", "parent(L1) == RESIDENT"]',
+         'guards = ["L2 == RESIDNT", "parent(L1) == RESIDENT"]')
     (problem,) = check_spec(spec)
     assert "lifecycle.toml: cannot be loaded" in problem and "RESIDNT" in problem
 
 
-def test_machine_that_differs_from_rows_is_reported() -> None:
-    lc = Lifecycle(load_toml(SPEC_DIR / "lifecycle.toml"))  # a fresh one: not the cached machine
-    assert check_machines(lc) == []
-    lc.machines[Tier.L1].add_transition("ghost", "ABSENT", "RESIDENT")
-    lc.machines[Tier.L3].remove_transition("h2s_fail")
-    problems = check_machines(lc)
-    assert has(problems, "L1 machine", "ghost", "not a table row")
-    assert has(problems, "L3 machine", "h2s_fail", "not in the machine")
+def test_unknown_guard_form_does_not_load(spec: Path) -> None:
+    edit(spec / "lifecycle.toml", '"leaf(L1)"]', '"leafy(L1)"]')
+    (problem,) = check_spec(spec)
+    assert "cannot be loaded" in problem and "leafy(L1)" in problem and "leaf(Ln)" in problem
+
+
+def test_guard_vocabulary_table_is_checked(spec: Path) -> None:
+    md = spec / "lifecycle.md"
+    row = next(line for line in md.read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `leaf(Ln)` |"))
+    edit(md, row + "\n", "")
+    assert has(check_spec(spec), "guard `leaf(Ln)`", "has no table row")
+
+
+def test_control_plane_rule_must_be_enforced(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A [[rule]] of lifecycle.toml is probed against the reference: a rule it does not enforce,
+    and a rule without a probe, are reported."""
+    monkeypatch.setitem(speccheck_rules.PROBES, "match_short_of_last_token", lambda: "accepted it")
+    assert has(check_spec(spec), "rule match_short_of_last_token is not enforced", "accepted it")
+    monkeypatch.undo()
+    edit(spec / "lifecycle.toml", 'name = "match_short_of_last_token"', 'name = "another_rule"')
+    problems = check_spec(spec)
+    assert has(problems, "rule another_rule has no probe")
+    assert has(problems, "probe match_short_of_last_token names no [[rule]]")
 
 
 # -- invariants.md vs the registry ---------------------------------------------------------------
@@ -167,7 +196,7 @@ def test_invariant_heading_without_check(spec: Path) -> None:
 
 
 def test_unimportable_registry_is_reported_not_raised(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(speccheck, "REGISTRY_MODULE", "hicache.invariants.no_such_registry")
+    monkeypatch.setattr(speccheck_invariants, "REGISTRY_MODULE", "hicache.invariants.no_such_registry")
     assert has(check_spec(spec), "invariants.md: headings not checked", "no_such_registry")
 
 

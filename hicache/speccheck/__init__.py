@@ -1,0 +1,76 @@
+"""The drift check: the spec's prose, diagrams, tables, executor and code must agree.
+
+`check_spec(spec_dir)` reads one spec directory (an edited copy is checked as it stands, not
+the cached shipped tables) and returns every difference it finds, one human-readable line
+each; an empty list means the spec is consistent. One module per thing compared:
+
+    lifecycle.toml   loads: every row's guards are in the vocabulary and its effects fit its
+                     states (hicache.lifecycle; the executor runs any row that loads)
+    tables           [[composite]] list: reachable set, naming rule, duplicates; lifecycle.md
+                     tables (constants, ownership, residency, transitions, guard vocabulary,
+                     control-plane rules, composites); the embedded Mermaid blocks
+    rules            each control-plane rule of lifecycle.toml is enforced by the reference
+                     (a probe per rule must be refused with a typed error)
+    invariants       registry CHECKS vs invariants.md headings, checker and test names
+    trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table
+    l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from hicache.errors import SpecError
+from hicache.lifecycle import Lifecycle
+from hicache.spec import load_toml
+from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, registry_checks
+from hicache.speccheck.l3header import check_l3_header
+from hicache.speccheck.mdtables import parse_tables
+from hicache.speccheck.rules import check_rules
+from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
+from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_trace_schema
+
+__all__ = [
+    "NON_LIFECYCLE_EVENTS", "CheckInfo", "check_l3_header", "check_rules", "check_spec",
+    "parse_tables", "registry_checks", "spec_counts",
+]
+
+
+def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> list[str]:
+    """Every difference between the parts of the spec in `spec_dir`; empty means consistent.
+
+    `checks` defaults to `hicache.invariants.registry.CHECKS`; if that module cannot be
+    imported, one difference says so instead of raising."""
+    try:
+        lc = Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
+    except (OSError, ValueError, KeyError, TypeError, SpecError) as e:
+        return [f"lifecycle.toml: cannot be loaded ({type(e).__name__}: {e})"]
+    problems = check_composites(lc) + check_rules(lc)
+    lifecycle_md = _read(spec_dir / "lifecycle.md", problems)
+    if lifecycle_md is not None:
+        problems += check_lifecycle_tables(lc, lifecycle_md)
+        problems += check_diagrams(lc, lifecycle_md)
+    invariants_md = _read(spec_dir / "invariants.md", problems)
+    if invariants_md is not None:
+        loaded = registry_checks() if checks is None else checks
+        if isinstance(loaded, str):
+            problems.append(loaded)
+        else:
+            problems += check_invariant_headings(loaded, invariants_md)
+    schema_text = _read(spec_dir / "trace.schema.json", problems)
+    trace_md = _read(spec_dir / "trace.md", problems)
+    if schema_text is not None:
+        problems += check_trace_schema(lc, schema_text, trace_md)
+    readme = _read(spec_dir / "l3.md", problems)
+    if readme is not None:
+        problems += check_l3_header(readme)
+    return problems
+
+
+def _read(path: Path, problems: list[str]) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        problems.append(f"{path.name}: cannot be read ({e.strerror or e})")
+        return None

@@ -1,0 +1,76 @@
+"""invariants.md against the invariants registry: one heading per check, naming its checker
+and its test."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Callable, Protocol, Sequence
+
+REGISTRY_MODULE = "hicache.invariants.registry"
+
+
+
+
+class CheckInfo(Protocol):
+    """What the drift check reads from one entry of the invariants registry's CHECKS."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def func(self) -> Callable[..., object]: ...
+
+
+def registry_checks() -> Sequence[CheckInfo] | str:
+    """The registry's CHECKS, or one line saying why they cannot be read."""
+    try:
+        module = importlib.import_module(REGISTRY_MODULE)
+    except ImportError as e:
+        return f"invariants.md: headings not checked: {REGISTRY_MODULE} cannot be imported ({e})"
+    checks = getattr(module, "CHECKS", None)
+    if not isinstance(checks, (list, tuple)):
+        return f"invariants.md: headings not checked: {REGISTRY_MODULE}.CHECKS is not a sequence"
+    return checks
+
+
+_HEADING = re.compile(r"^#{2,4}\s+([IS]\d+)\s+`([a-z0-9_]+)`\s*$")
+
+
+def check_invariant_headings(checks: Sequence[CheckInfo], markdown: str) -> list[str]:
+    """One heading `<id> `<name>`` per registered check, no other such heading, and each
+    section names the checker `check_<name>` and its test `test_<name>_violation`."""
+    problems: list[str] = []
+    sections: dict[str, tuple[str, int, str]] = {}  # id -> (name, line, section text)
+    lines = markdown.split("\n")
+    starts = [(i, _HEADING.match(line)) for i, line in enumerate(lines)]
+    heads = [(i, m) for i, m in starts if m is not None]
+    for j, (i, m) in enumerate(heads):
+        end = heads[j + 1][0] if j + 1 < len(heads) else len(lines)
+        if m.group(1) in sections:
+            problems.append(f"invariants.md line {i + 1}: {m.group(1)} has a second heading")
+        sections[m.group(1)] = (m.group(2), i + 1, "\n".join(lines[i:end]))
+    registered = {c.id: c for c in checks}
+    for cid, c in registered.items():
+        if c.func.__name__ != f"check_{c.name}":
+            problems.append(f"registry: {cid} `{c.name}` is checked by {c.func.__name__}, not check_{c.name}")
+        if cid not in sections:
+            problems.append(f"invariants.md: no heading for {cid} `{c.name}` (registry)")
+            continue
+        name, line, text = sections[cid]
+        if name != c.name:
+            problems.append(
+                f"invariants.md line {line}: heading {cid} `{name}`, registry names it `{c.name}`"
+            )
+            continue
+        for needed in (f"check_{c.name}", f"test_{c.name}_violation"):
+            if needed not in text:
+                problems.append(f"invariants.md line {line}: section {cid} does not name `{needed}`")
+    for cid in sorted(set(sections) - set(registered)):
+        name, line, _ = sections[cid]
+        problems.append(f"invariants.md line {line}: heading {cid} `{name}` is not in the registry")
+    return problems
+

@@ -1,0 +1,49 @@
+"""The control-plane rules of lifecycle.toml (`[[rule]]`) are enforced by the reference.
+
+A rule is a precondition of a public operation that is not a residency transition (so it is
+no row's guard). Each rule has one probe here: a call that breaks exactly that rule on a
+fresh control plane. `check_rules` fails when a rule has no probe, when a probe names no
+rule, or when the reference accepts a probe instead of raising a typed error (and changing
+nothing it could be asked about: the probe's plane is thrown away).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hicache.errors import HiCacheError
+from hicache.lifecycle import Lifecycle
+
+
+def _match_short_of_last_token() -> str | None:
+    from hicache.control import ControlPlane  # the control plane imports the tables: late
+
+    cp = ControlPlane(1, (4, 4, 4), check_mode="off")
+    try:
+        cp.begin_request(1, [7, 8], match_len=2)
+    except HiCacheError:
+        return None if not cp.requests else "begin_request raised but left the request live"
+    return "begin_request accepted match_len = len(tokens)"
+
+
+PROBES: dict[str, Callable[[], str | None]] = {
+    "match_short_of_last_token": _match_short_of_last_token,
+}
+"""Rule name -> a probe returning why the rule is not enforced (None: it is)."""
+
+
+def check_rules(lc: Lifecycle) -> list[str]:
+    """One problem per rule without a probe, probe without a rule, or rule not enforced."""
+    problems: list[str] = []
+    names = [r.name for r in lc.rules]
+    for name in names:
+        probe = PROBES.get(name)
+        if probe is None:
+            problems.append(f"lifecycle.toml: rule {name} has no probe in hicache/speccheck/rules.py")
+            continue
+        why = probe()
+        if why is not None:
+            problems.append(f"rule {name} is not enforced by the reference: {why}")
+    for name in sorted(set(PROBES) - set(names)):
+        problems.append(f"hicache/speccheck/rules.py: probe {name} names no [[rule]] of lifecycle.toml")
+    return problems
