@@ -211,15 +211,15 @@ class ControlPlane:
                 steps.append((self._copy_step("insert", req, None, first, end,
                                               (PRIVATE, ABSENT, ABSENT), False), parent))
         # -- change (every step was planned: nothing below can fail) --
-        if cut is not None and any(step.segments[0].node is cut.node or parent is cut.node
-                                   for step, parent in steps):
+        if cut is not None and any(step.segments[0].node is cut.node or under is cut.node
+                                   for step, under in steps):
             upper = self.tree.split(cut.node, cut.at_tokens)  # validated: the first change
             steps = [(step.with_node(0, upper) if step.segments[0].node is cut.node else step,
-                      upper if parent is cut.node else parent) for step, parent in steps]
+                      upper if under is cut.node else under) for step, under in steps]
         published, deepest, used = req.published_len, req.locked, 0
-        for step, parent in steps:
-            if parent is not None:
-                step = step.with_node(0, self.tree.add_child(parent, req.tokens[step.segments[0].start:end]))
+        for step, under in steps:
+            if under is not None:
+                step = step.with_node(0, self.tree.add_child(under, req.tokens[step.segments[0].start:end]))
             self.executor.run(step)
             done = step.segments[0].node
             assert done is not None  # Verify: every insert step names its node now.
