@@ -84,7 +84,7 @@ def test_no_promotion_drops_the_l2_copy() -> None:
     push_out_of(c, "12")
     serve(c, 2, PROMPT)
     assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
-    assert c.metrics.promotions == 0
+    assert c.metrics.promoted_pages == 0
     c.close()
 
 
@@ -172,7 +172,7 @@ def test_a_restore_that_brought_nothing_new_is_not_verified(ctl: CacheController
     tokens = tuple(range(64))
     with pytest.raises(ProducerError, match="start < end"):
         ctl.producer.expected(tokens, 32, 32)  # why the check must come first
-    ctl._verify(tokens, 32, 32, np.zeros(0, dtype=np.int64))  # nothing to compare: no error
+    assert ctl.verifier.verify(tokens, 32, 32, np.zeros(0, dtype=np.int64)) == 0  # nothing to compare
     assert_clean(ctl)
 
 
@@ -237,7 +237,7 @@ def test_status_and_prometheus(ctl: CacheController) -> None:
     tiers = s["tiers"]
     assert isinstance(tiers, dict) and tiers["L1"]["tree"] == 6 and tiers["L1"]["private"] == 0
     text = ctl.metrics.to_prometheus()
-    assert 'hicache_transfer_count_total{direction="D2H"} 1' in text
+    assert 'hicache_transfers_done_total{direction="D2H"} 1' in text
     assert 'hicache_hit_tokens_total{tier="L1"} 0' in text
 
 
