@@ -12,6 +12,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.controller.materialize import Materialization
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.errors import OutOfPages
 from hicache.tiers import Direction
@@ -35,6 +36,20 @@ def in_l2_only(c: CacheController, tokens: tuple[int, ...] = A) -> None:
 
 def h2d_ops(c: CacheController) -> list[int]:
     return [op_id for op_id, op in c.cp.ops.items() if op.direction is Direction.H2D]
+
+
+def sharing(delay_polls: int) -> tuple[CacheController, Materialization]:
+    """Request 2 loads A back from L2 (observed `delay_polls` polls late); request 3, admitted
+    meanwhile for the same prompt, shares that load-back. Returns request 3's restore."""
+    faults = FaultInjector(delay_polls=delay_polls)
+    c = make(faults)
+    in_l2_only(c)
+    faults.once(FaultSite.DELAY)
+    c.admit(2, A)
+    mat3 = c.admit(3, A)
+    assert mat3.awaited and not mat3.ops and not c.ready(3)
+    assert len(h2d_ops(c)) == 1
+    return c, mat3
 
 
 def test_a_restored_node_survives_another_requests_prefill_before_its_own() -> None:
@@ -63,14 +78,7 @@ def test_a_request_shares_the_load_back_another_request_is_filling() -> None:
     """Request 3 wants the pages request 2's H2D is filling: it waits for that op and uses
     it (one transfer for both). Before, it planned nothing there and recomputed them, and its
     insert kept the recomputed pages private (the node was still H2D_PENDING)."""
-    faults = FaultInjector(delay_polls=3)
-    c = make(faults)
-    in_l2_only(c)
-    faults.once(FaultSite.DELAY)
-    c.admit(2, A)
-    mat3 = c.admit(3, A)
-    assert mat3.awaited and not mat3.ops and not c.ready(3)
-    assert len(h2d_ops(c)) == 1
+    c, _ = sharing(delay_polls=3)
     while not (c.ready(2) and c.ready(3)):
         c.tick()
     assert c.prefill(3) == 4 and c.prefill(2) == 4
@@ -87,13 +95,7 @@ def test_a_request_that_ends_cancels_its_load_back_and_the_sharer_loads_it_itsel
     """Request 2 ends while its H2D is in flight and request 3 shares it: the op is
     cancelled (counted as cancelled, not failed, and no fallback), and request 3 issues its
     own load-back of the same nodes on the next tick."""
-    faults = FaultInjector(delay_polls=1000)
-    c = make(faults)
-    in_l2_only(c)
-    faults.once(FaultSite.DELAY)
-    c.admit(2, A)
-    mat3 = c.admit(3, A)
-    assert mat3.awaited
+    c, mat3 = sharing(delay_polls=1000)
     c.finish(2)
     assert c.metrics.directions["H2D"].cancelled == 1 and c.metrics.directions["H2D"].failed == 0
     assert c.metrics.fallbacks["transfer_failed"] == 0
