@@ -79,9 +79,10 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped())
         self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor)
+        self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
+                                    lambda: me._after_part_dropped(),
+                                    self.verifier if config.verify else None, config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
 
     @property
@@ -176,7 +177,7 @@ class CacheController:
         self.cp.unpin(request_id)  # cached_len covers every pin now: the prefix lock holds it
         cached = self.cp.cached_len(request_id)
         if deepest is not None:
-            self._after_restore(mat, restored_from, cached)
+            self.stager.served(mat, restored_from, cached)
         self.metrics.restored_unused_pages += max(0, mat.landed_pages - (cached - restored_from) // g.page_size)
         recomputed = max(0, len(mat.tokens) - cached)
         started = time.perf_counter()
@@ -337,29 +338,6 @@ class CacheController:
             self.l3.drop_unread()  # what the part held in L3 is free to go now
 
     # -- after a restore ----------------------------------------------------------------------
-
-    def _after_restore(self, mat: Materialization, start: int, end: int) -> None:
-        """Count, verify every restored page against recomputation, drop promotions if off."""
-        g = self.config.kv
-        self.metrics.restores += 1
-        in_l1 = [n for n in mat.shared + mat.l2_part if self.cp.holds(n, Tier.L1)]
-        from_l2 = sum(len(n.key) for n in in_l1)
-        self.metrics.hit_tokens["L2"] += min(from_l2, end - start)
-        self.metrics.hit_tokens["L3"] += max(0, end - start - from_l2)
-        self.metrics.shared_load_back_pages += sum(n.num_pages for n in mat.shared if n in in_l1)
-        promoted = [n for n in mat.l3_part if self.cp.holds(n, Tier.L1)]
-        if self.config.verify:
-            pages = self.cp.prefix_pages(self.cp.prefix_node(mat.request_id), Tier.L1)
-            self.metrics.verified_pages += self.verifier.verify(mat.tokens, start, end, pages[start // g.page_size:])
-        if not promoted:
-            return
-        if self.config.promotion:
-            self.metrics.promoted_pages += sum(n.num_pages for n in promoted)
-            return
-        for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
-            if node not in self.cp.candidates(Tier.L2):
-                break  # locked by another reader, or not a leaf any more: keep it
-            self.cp.evict_node(node, TIERS.index(Tier.L2))
 
     def _compute(self, mat: Materialization, start: int, end: int) -> None:
         """Recompute tokens `[start, end)` into private L1 pages and insert them."""

@@ -56,6 +56,11 @@ class Materialization:
         return not self.ops and not self.awaited and not self.deferred and not self.needs_l3_h2d
 
     @property
+    def in_flight(self) -> bool:
+        """Whether a transfer this restore waits for is running (its own, or a shared one)."""
+        return bool(self.ops or self.awaited)
+
+    @property
     def needs_l3_h2d(self) -> bool:
         return bool(self.l3_part) and self.s2h_done and not self.l3_h2d_issued and not self.failed
 

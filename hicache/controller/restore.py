@@ -14,7 +14,8 @@ load-back", "A request that ends with ops in flight"):
   recomputed, one fallback is counted by reason. A cancel (only when the request ends) is not
   a fallback. A waiter whose shared op failed or was cancelled loads those nodes itself.
 - `deepest_in_l1` is what `prefill` may serve: the last planned node of the leading run that
-  L1 holds; every pin is released by the controller once `cached_len` covers it.
+  L1 holds; every pin is released by the controller once `cached_len` covers it, and
+  `served` then counts the hits, verifies the restored pages and keeps or drops promotions.
 
 The stager never reads node fields: every question goes to the control plane's queries.
 """
@@ -27,6 +28,7 @@ from typing import Callable
 from hicache.control import ControlPlane, PendingOp
 from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
+from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import IllegalTransition, OutOfPages, StorageError
 from hicache.tiers import TIERS, Direction, Tier
@@ -37,8 +39,11 @@ Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, rese
 
 class RestoreStager:
     def __init__(self, cp: ControlPlane, metrics: Metrics, issue: Issue,
-                 after_drop: Callable[[], None]) -> None:
+                 after_drop: Callable[[], None], verifier: RestoreVerifier | None,
+                 promotion: bool) -> None:
         self.cp = cp
+        self.verifier = verifier  # None: restored pages are not compared (CacheConfig.verify)
+        self.promotion = promotion  # False: an L3 restore's promoted L2 copies are dropped
         self.metrics = metrics
         self.issue = issue
         self.after_drop = after_drop  # a dropped part's pins are gone: L3 cleanup may proceed
@@ -95,6 +100,28 @@ class RestoreStager:
             if mat in waiting:
                 waiting.remove(mat)
         mat.awaited.clear()
+
+    def served(self, mat: Materialization, start: int, end: int) -> None:
+        """`prefill` served tokens `[start, end)` from the restore: count the hits by tier,
+        verify the restored pages against recomputation, keep or drop the promotions."""
+        self.metrics.restores += 1
+        in_l1 = [n for n in mat.shared + mat.l2_part if self.cp.holds(n, Tier.L1)]
+        from_l2 = sum(len(n.key) for n in in_l1)
+        self.metrics.hit_tokens["L2"] += min(from_l2, end - start)
+        self.metrics.hit_tokens["L3"] += max(0, end - start - from_l2)
+        self.metrics.shared_load_back_pages += sum(n.num_pages for n in mat.shared if n in in_l1)
+        if self.verifier is not None:
+            pages = self.cp.prefix_pages(self.cp.prefix_node(mat.request_id), Tier.L1)
+            ps = self.cp.page_size
+            self.metrics.verified_pages += self.verifier.verify(mat.tokens, start, end, pages[start // ps:])
+        promoted = [n for n in mat.l3_part if self.cp.holds(n, Tier.L1)]
+        if self.promotion:
+            self.metrics.promoted_pages += sum(n.num_pages for n in promoted)
+            return
+        for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
+            if node not in self.cp.candidates(Tier.L2):
+                break  # locked by another reader, or not a leaf any more: keep it
+            self.cp.evict_node(node, TIERS.index(Tier.L2))
 
     def deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
         """The last planned node of the leading run L1 holds (what `prefill` may serve)."""
