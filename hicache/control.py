@@ -460,6 +460,10 @@ class ControlPlane:
         """The id of the pending op filling `node` in `tier`, or None."""
         return None if node.is_root else node.pending[TIERS.index(Tier(tier))]
 
+    def hits(self, node: TreeNode) -> int:
+        """How many touching matches passed through `node` (what selective write-through reads)."""
+        return node.hits
+
     def is_live(self, node: TreeNode) -> bool:
         """Whether `node` (this very object) is still in the tree; a removed node must never
         be acted on (match again)."""

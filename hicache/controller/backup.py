@@ -83,8 +83,7 @@ class BackupPlanner:
             self.want(Direction.D2H, node)
 
     def after_match(self, node: TreeNode) -> None:
-        # `hits` counts the matches that ended at or below the node (spec/tree.md, `match`).
-        if self.write_policy == "write_through_selective" and node.hits >= 2:
+        if self.write_policy == "write_through_selective" and self.cp.hits(node) >= 2:
             self.want(Direction.D2H, node)
 
     def after_d2h(self, node: TreeNode) -> None:
