@@ -18,7 +18,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -490,14 +490,20 @@ class ControlPlane:
             raise IllegalTransition("-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}")
         return np.concatenate([v for v in values if v is not None]) if values else pages()
 
-    def holder(self, nodes: Sequence[TreeNode], tier: Tier | str, page: int) -> TreeNode | None:
-        """The node among `nodes` whose `tier` value holds physical page `page`, or None."""
+    def holder(self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None) -> TreeNode | None:
+        """The node (among `nodes`, default every node) whose `tier` value holds physical
+        page `page`, or None."""
         t = TIERS.index(Tier(tier))
-        for n in nodes:
+        for n in self.tree.nodes() if nodes is None else nodes:
             v = n.value[t]
             if v is not None and page in v:
                 return n
         return None
+
+    def generation(self, tier: Tier | str, page: int) -> int:
+        """How many times physical page `page` of `tier` has been reserved: (page, generation)
+        names one content, so a remembered page is the same only while this is unchanged."""
+        return int(self.tables[TIERS.index(Tier(tier))].generation[page])
 
     def subtree_holding(self, node: TreeNode, tier: Tier | str) -> list[TreeNode]:
         """`node` and every descendant reached through nodes RESIDENT in `tier`, parent first

@@ -152,3 +152,27 @@ def test_a_bad_slot_invalidates_its_node_only_and_evicts_healthy_copies_below_it
     assert c.metrics.evicted_pages["L3"] == 0  # corruption is not pressure
     assert_clean(c)
     c.close()
+
+
+def test_a_bad_slot_a_reader_still_holds_is_reported_by_match_but_never_planned() -> None:
+    """Between detection and the drop (a reader holds the copy), `match` still reports the L3
+    copy; the controller plans no L3 read through it (no S2H), and drops it once let go. The
+    quarantine follows the slot through the split the next match makes."""
+    c = make()
+    serve(c, 1, A)
+    push_out_of(c, "12")
+    node = c.cp.tree.match(A, split=False, touch=False).path[-1]
+    slot = int(c.cp.prefix_pages(node, "L3")[0])
+    c.cp.begin_request(50, B)
+    c.cp.pin(50, node, 2)  # a reader holds the node in L3
+    c.l3.bad_slot([node], slot, "corrupt")
+    assert c.l3.quarantine and c.cp.tree.match(A, split=False, touch=False).lengths[2] == 24
+    assert serve(c, 2, A) == 24  # recomputed, not read: the match split the node meanwhile
+    assert c.metrics.directions["S2H"].count + c.metrics.directions["S2H"].failed == 0
+    c.cp.end_request(50)
+    c.tick()
+    assert not c.l3.quarantine
+    assert c.metrics.l3_invalidated_pages["corrupt"] == 5  # the upper node holds the slot
+    assert c.metrics.l3_invalidated_pages["below_bad_slot"] == 1
+    assert_clean(c)
+    c.close()

@@ -2,9 +2,10 @@
 
 Contract:
 
-- A slot that failed its checksum (`corrupt`) or could not be read whole (`unreadable`) puts
-  the node holding it into *quarantine*: from then on no restore plans an L3 read through it
-  (`servable_len`, `stops_at`). Its L3 copy -- that node's only -- is dropped
+- A slot that failed its checksum (`corrupt`) or could not be read whole (`unreadable`) is
+  put into *quarantine* (by slot and generation, so a split of its node or a later reuse of
+  the slot is followed exactly): from then on no restore plans an L3 read through the node
+  holding it (`servable_len`, `stops_at`). Its L3 copy -- that node's only -- is dropped
   (`invalidate_l3`) as soon as no reader holds it. L3 stays closed under ancestors (S6), so
   descendants still holding L3 leave it first; their bytes are good, so they are *evicted*
   (`evict_l3`, traced as the eviction it is, never as an invalidation) and counted apart as
@@ -31,7 +32,10 @@ class L3Health:
         self.cp = cp
         self.metrics = metrics
         self.offline_reason: str | None = None  # set once the L3 file is lost (for good)
-        self.quarantine: dict[int, tuple[TreeNode, str]] = {}  # node id -> (node, reason)
+        # Bad slots: slot -> (its generation when it failed, reason). Kept by slot, not by node:
+        # a split moves the slot to the upper node, and the generation tells a slot that was
+        # freed and written again (a new, good copy) from the bad one.
+        self.quarantine: dict[int, tuple[int, str]] = {}
 
     @property
     def online(self) -> bool:
@@ -47,15 +51,16 @@ class L3Health:
 
     def bad_slot(self, nodes: list[TreeNode], slot: int, reason: str) -> None:
         """Slot `slot` of L3 failed (`corrupt` or `unreadable`) during a read of `nodes`:
-        quarantine its holder, and drop its copy now if nothing holds it."""
-        holder = self.cp.holder(nodes, Tier.L3, slot)
-        if holder is not None and holder.node_id not in self.quarantine:
-            self.quarantine[holder.node_id] = (holder, reason)
+        quarantine it, and drop its node's copy now if nothing holds it."""
+        if self.cp.holder(Tier.L3, slot, nodes) is not None and slot not in self.quarantine:
+            self.quarantine[slot] = (self.cp.generation(Tier.L3, slot), reason)
         self.drop_unread()
 
     def stops_at(self, node: TreeNode) -> bool:
-        """Whether a restore must not read `node` from L3 (quarantined, or L3 offline)."""
-        return not self.online or node.node_id in self.quarantine
+        """Whether a restore must not read `node` from L3 (it holds a bad slot, or L3 is
+        offline)."""
+        return not self.online or any(self.cp.holder(Tier.L3, slot, [node]) is not None
+                                      for slot in self._bad_slots())
 
     def servable_len(self, match: MatchResult) -> int:
         """The L3 hit length a restore may use: `match`'s L3 run, cut before the first node
@@ -68,20 +73,31 @@ class L3Health:
         return min(tokens, match.lengths[2])
 
     def drop_unread(self) -> None:
-        """Drop every quarantined copy (offline: every copy) that is an L3 leaf nobody holds;
-        the rest stay until a later tick. Each drop is one `invalidate_l3`."""
-        for node_id, (node, reason) in list(self.quarantine.items()):
-            if not self.cp.is_live(node) or not self.cp.holds(node, Tier.L3):
-                del self.quarantine[node_id]  # gone already (by eviction, or removed)
-                continue
+        """Drop every quarantined copy (offline: every copy) that no reader holds, evicting
+        the healthy copies below it first; the rest stay until a later tick. Each drop of a
+        bad copy is one `invalidate_l3`."""
+        for slot in self._bad_slots():
+            node = self.cp.holder(Tier.L3, slot)
+            if node is None:
+                continue  # dropped with an earlier bad slot of the same node
+            reason = self.quarantine[slot][1]
             for below in reversed(self.cp.subtree_holding(node, Tier.L3)[1:]):  # leaves first
                 if below in self.cp.candidates(Tier.L3):
                     self.metrics.invalidated("below_bad_slot", self.cp.evict_node(below, 2))
-            if node in self.cp.candidates(Tier.L3) and self._drop(node, reason):
-                del self.quarantine[node_id]
+            if node in self.cp.candidates(Tier.L3):
+                self._drop(node, reason)
+        self._bad_slots()  # forget the slots just dropped
         while not self.online:
             if not any(self._drop(n, "l3_offline") for n in self.cp.candidates(Tier.L3)):
                 return
+
+    def _bad_slots(self) -> list[int]:
+        """The quarantined slots still holding their bad copy; forgets the others (dropped,
+        evicted, or freed and written again since)."""
+        for slot, (generation, _) in list(self.quarantine.items()):
+            if self.cp.generation(Tier.L3, slot) != generation or self.cp.holder(Tier.L3, slot) is None:
+                del self.quarantine[slot]
+        return list(self.quarantine)
 
     def _drop(self, node: TreeNode, reason: str) -> bool:
         try:
