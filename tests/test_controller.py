@@ -241,6 +241,26 @@ def test_status_and_prometheus(ctl: CacheController) -> None:
     assert 'hicache_hit_tokens_total{tier="L1"} 0' in text
 
 
+def test_every_metric_family_is_documented_and_carries_its_unit() -> None:
+    """The metrics module's table (attribute, unit, family) is the exporter's list: a family
+    added or renamed without the table, or without a unit or `_total`, fails here."""
+    import re
+
+    from hicache.controller import metrics
+
+    text = metrics.Metrics().to_prometheus()
+    exported = set(re.findall(r"^# TYPE hicache_(\S+) counter$", text, re.M))
+    documented = set(re.findall(r"\b([a-z0-9_<>]+_total)\b", metrics.__doc__ or ""))
+    stages = {f"transfer_{s}_seconds_total" for s in ("enqueue", "workspace_setup", "queue_wait", "service")}
+    documented = (documented - {"transfer_<stage>_seconds_total"}) | stages
+    assert exported == documented
+    units = ("_tokens_total", "_pages_total", "_seconds_total", "_bytes_total")
+    counts = {"fallbacks_total", "policy_skips_total", "restores_total", "preemptions_total",
+              "decisions_total", "transfers_done_total", "transfers_failed_total",
+              "transfers_cancelled_total"}  # events: the unit is the count itself
+    assert all(name.endswith(units) or name in counts for name in exported), exported
+
+
 def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController) -> None:
     """The warm-up transfer pays one-time costs (JIT, first touch): the model skips it."""
     serve(ctl, 1, PROMPT)

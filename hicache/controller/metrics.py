@@ -27,6 +27,7 @@ nothing.
     directions[d].failed       events   transfers_failed_total{direction}   (never a cancel)
     directions[d].cancelled    events   transfers_cancelled_total{direction}
     directions[d].bytes        bytes    transfer_bytes_total{direction}
+    directions[d].seconds      seconds  transfer_seconds_total{direction}  (issue -> observed)
     directions[d].<stage>_s    seconds  transfer_<stage>_seconds_total{direction}
 """
 
