@@ -268,3 +268,20 @@ def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController)
     ctl.drain()
     assert ctl.metrics.directions["D2H"].count == 2
     assert ctl.model.line("d2h").samples_seen == 1
+
+
+def test_the_controller_asks_the_control_plane_and_evicts_through_its_one_loop() -> None:
+    """No controller module reads a node's state, value, lock or pending op, or picks
+    eviction victims itself (spec/eviction.md, "One loop"): it asks ControlPlane's queries."""
+    import re
+    from pathlib import Path
+
+    import hicache.controller
+
+    forbidden = re.compile(r"\.(state|value|lock|pending)\[|\.evictable\(|\bcp\.tables\[|free_count")
+    found = []
+    for path in sorted(Path(hicache.controller.__file__).parent.glob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if forbidden.search(line) and path.name != "digests.py":  # digests reads page tables
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []
