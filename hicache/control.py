@@ -18,7 +18,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -379,17 +379,37 @@ class ControlPlane:
 
     # -- eviction -------------------------------------------------------------------------
 
-    def evict(self, tier: Tier | str, n_pages: int) -> int:
-        """Per-tier LRU leaf eviction (`evict_lN`) until `n_pages` are freed or no candidate
-        is left; locked and in-flight nodes are never candidates. Returns pages freed."""
+    def evict(self, tier: Tier | str, n_pages: int, keep: Collection[TreeNode] = (), *,
+              before: Callable[[TreeNode], None] | None = None) -> int:
+        """Per-tier LRU leaf eviction (`evict_lN`, spec/eviction.md) until at least `n_pages`
+        pages of `tier` are freed or no candidate is left. Returns the pages freed (0 when
+        `n_pages` <= 0). This is the only eviction loop: every eviction under pressure, the
+        controller's included, runs here.
+
+        Granularity is one node's value in `tier` (all its pages together), so a call may
+        free more than `n_pages`. The victim is always the first of `candidates(tier, keep)`:
+        the least recently used (ties: the older node) unlocked, not-pending leaf in `tier`
+        whose `evict_lN` guards hold, never a node of `keep` (the caller's protected set: a
+        transfer's chain parent, which must keep its copy until the issue, spec S6).
+
+        `before(victim)`, when given, runs once per victim before it is evicted and may change
+        the cache (write-back: back the victim up to L2 first). The victim is then evicted only
+        if it is still a candidate; otherwise the next one is chosen. A victim is offered to
+        `before` at most once per call, which bounds the loop by the tree's size."""
         t = TIERS.index(Tier(tier))
         name = f"evict_{str(TIERS[t]).lower()}"
+        offered: set[int] = set()
         freed = 0
         while freed < n_pages:
-            candidates = self.tree.evictable(t)
-            if not candidates:
+            found = self.candidates(TIERS[t], keep)
+            if not found:
                 break
-            freed += self.evict_node(candidates[0], t, name)
+            victim = found[0]
+            if before is not None and victim.node_id not in offered:
+                offered.add(victim.node_id)
+                before(victim)
+                continue  # choose again: `before` may have changed which node goes first
+            freed += self.evict_node(victim, t, name)
         return freed
 
     def evict_node(self, node: TreeNode, t: int, name: str | None = None) -> int:
@@ -422,6 +442,122 @@ class ControlPlane:
         for r in self.tree.remove_if_dead(node):
             if self.tracer.enabled:
                 self.tracer.emit("node_remove", node=r.node_id)
+
+    # -- queries (the controller asks; it never reads node fields) ------------------------
+
+    def holds(self, node: TreeNode, tier: Tier | str) -> bool:
+        """Whether `node`'s pages are published (RESIDENT) in `tier`. The root holds every
+        tier (it has no pages: an empty prefix is always present)."""
+        return node.is_root or node.state[TIERS.index(Tier(tier))] == RESIDENT
+
+    def residency(self, node: TreeNode, tier: Tier | str) -> str:
+        """`node`'s residency sub-state in `tier` (spec/lifecycle.toml: ABSENT, RESIDENT or
+        `<DIR>_PENDING`); RESIDENT for the root."""
+        return RESIDENT if node.is_root else node.state[TIERS.index(Tier(tier))]
+
+    def filling_op(self, node: TreeNode, tier: Tier | str) -> int | None:
+        """The id of the pending op filling `node` in `tier`, or None."""
+        return None if node.is_root else node.pending[TIERS.index(Tier(tier))]
+
+    def hits(self, node: TreeNode) -> int:
+        """How many touching matches passed through `node` (what selective write-through reads)."""
+        return node.hits
+
+    def is_live(self, node: TreeNode) -> bool:
+        """Whether `node` (this very object) is still in the tree; a removed node must never
+        be acted on (match again)."""
+        return self.tree.contains(node)
+
+    def leading_run(self, nodes: Sequence[TreeNode], tier: Tier | str) -> TreeNode | None:
+        """The last node of the leading run of `nodes` (parent first) RESIDENT in `tier`;
+        None when the first is not."""
+        deepest = None
+        for n in nodes:
+            if not self.holds(n, tier):
+                break
+            deepest = n
+        return deepest
+
+    def prefix_pages(self, node: TreeNode, tier: Tier | str) -> Pages:
+        """`tier`'s physical pages of the whole prefix ending at `node`, in token order (the
+        root's: none). IllegalTransition if some node on the path does not hold `tier`."""
+        t = TIERS.index(Tier(tier))
+        path = [] if node.is_root else list(reversed(self.tree.path_to_root(node)))
+        values = [n.value[t] for n in path]
+        if any(v is None for v in values):
+            gap = next(n.node_id for n, v in zip(path, values) if v is None)
+            raise IllegalTransition("-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}")
+        return np.concatenate([v for v in values if v is not None]) if values else pages()
+
+    def holder(self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None) -> TreeNode | None:
+        """The node (among `nodes`, default every node) whose `tier` value holds physical
+        page `page`, or None."""
+        t = TIERS.index(Tier(tier))
+        for n in self.tree.nodes() if nodes is None else nodes:
+            v = n.value[t]
+            if v is not None and page in v:
+                return n
+        return None
+
+    def generation(self, tier: Tier | str, page: int) -> int:
+        """How many times physical page `page` of `tier` has been reserved: (page, generation)
+        names one content, so a remembered page is the same only while this is unchanged."""
+        return int(self.tables[TIERS.index(Tier(tier))].generation[page])
+
+    def subtree_holding(self, node: TreeNode, tier: Tier | str) -> list[TreeNode]:
+        """`node` and every descendant reached through nodes RESIDENT in `tier`, parent first
+        (empty when `node` does not hold `tier`)."""
+        t = TIERS.index(Tier(tier))
+        found: list[TreeNode] = []
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if not n.is_root and n.state[t] == RESIDENT:
+                found.append(n)
+                stack.extend(n.children.values())
+        return found
+
+    def candidates(self, tier: Tier | str, keep: Collection[TreeNode] = ()) -> list[TreeNode]:
+        """Eviction candidates of `tier`, in eviction order (spec/eviction.md): leaves in
+        `tier`, unlocked and not pending there, whose `evict_lN` guards hold, not in `keep`;
+        least recently used first, ties broken by the older node id."""
+        t = TIERS.index(Tier(tier))
+        name = f"evict_{str(TIERS[t]).lower()}"
+        kept = {n.node_id for n in keep}
+        return [n for n in self.tree.evictable(t)
+                if n.node_id not in kept and self._allows(name, n)]
+
+    def _allows(self, name: str, node: TreeNode) -> bool:
+        """Whether transition `name` is enabled on `node` (the row's source sub-state and every
+        guard hold, context guards included), changing nothing: the executor's pure plan."""
+        try:
+            self.executor.plan(name, node_segments([node]))
+        except IllegalTransition:
+            return False
+        return True
+
+    def free_pages(self, tier: Tier | str) -> int:
+        """Pages of `tier` that are FREE (neither private nor published)."""
+        return self.tables[TIERS.index(Tier(tier))].free_count
+
+    def usage(self, tier: Tier | str) -> dict[str, int]:
+        """`tier`'s pages by owner (capacity, free, private, tree) and how many published
+        pages are evictable now or locked."""
+        t = TIERS.index(Tier(tier))
+        table = self.tables[t]
+        return {
+            "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
+            "tree": table.count(2), "evictable": sum(n.num_pages for n in self.candidates(TIERS[t])),
+            "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
+        }
+
+    def cached_len(self, request_id: int) -> int:
+        """Tokens of the request's prompt served from the cache (UnknownRequest if not live)."""
+        return self._request(request_id).cached_len
+
+    def prefix_node(self, request_id: int) -> TreeNode:
+        """The deepest node whose L1 prefix the request holds locked (the root: none)."""
+        return self._request(request_id).locked
 
     # -- observation ----------------------------------------------------------------------
 

@@ -192,10 +192,12 @@ def _summary(ctl: object, report: object, status: dict[str, object], wall_s: flo
         "hit_tokens": dict(m.hit_tokens), "recomputed_tokens": m.recomputed_tokens,
         "preempted_tokens": m.preempted_tokens, "decisions": dict(m.decisions),
         "policy_skips": m.policy_skips, "fallbacks": m.fallbacks, "restores": m.restores,
-        "verified_pages": m.verified_pages, "evictions": dict(m.evictions), "promotions": m.promotions,
+        "verified_pages": m.verified_pages, "evicted_pages": dict(m.evicted_pages),
+        "promoted_pages": m.promoted_pages, "shared_load_back_pages": m.shared_load_back_pages,
         "dropped_tokens": dict(m.dropped_tokens),
         "l3_invalidated_pages": dict(m.l3_invalidated_pages),
-        "transfers": {d: {"count": s.count, "failed": s.failed, "bytes": s.bytes, "gib_per_s": s.gib_per_s}
+        "transfers": {d: {"count": s.count, "failed": s.failed, "cancelled": s.cancelled,
+                          "bytes": s.bytes, "gib_per_s": s.gib_per_s}
                       for d, s in m.directions.items()},
         "decode_steps": report.decode_steps, "decode_overlap_s": report.decode_overlap_s,
         "prediction_error": ctl.decisions.summary(),

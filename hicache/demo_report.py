@@ -55,11 +55,16 @@ GLOSSARY: dict[str, str] = {
     "restores": "restores that delivered pages to L1",
     "verified pages": "restored pages compared byte for byte with recomputation (mismatches "
                       "stop the demo with RestoreMismatch)",
-    "promotions": "pages restored from L3 that stayed in L2 (--no-promotion drops them)",
-    "evictions": "node values evicted per tier to make room (least recently used leaves)",
+    "promoted pages": "pages restored from L3 that stayed in L2 (--no-promotion drops them)",
+    "shared load-back pages": "pages a request got from another request's load-back (it "
+                              "waited for that transfer instead of loading or recomputing)",
+    "evicted pages": "pages evicted per tier to make room (least recently used leaves, one "
+                     "node at a time); copies dropped for a bad L3 slot are not counted here",
     "decode": "decode steps run; 'overlapped' is decode time while a restore was in flight",
     "transfer failed": "a restore's transfer failed (a cancel, when the request ends, is not "
                        "counted): its tokens recomputed ('transfer_failed')",
+    "cancelled": "transfers cancelled because their request ended or at shutdown (not "
+                 "failures)",
     "no room in the target tier": "a restore found no free pages even after eviction (live "
                                   "requests hold them): its tokens recomputed ('no_room')",
     "promoted, not loaded": "an L3 part reached L2 but the L2 part before it did not reach "
@@ -71,9 +76,11 @@ GLOSSARY: dict[str, str] = {
                                     "('write_through_unbacked_eviction')",
     "L3 full": "a backup to L3 found no room ('storage_pressure')",
     "backup transfer failed": "a D2H or H2S backup failed ('backup_failed')",
-    "L3 copies dropped": "L3 pages dropped outside eviction: a slot failed its checksum "
-                         "('corrupt'), could not be read ('unreadable'), or the file went "
-                         "offline ('l3_offline'); the next request for them recomputes",
+    "L3 copies dropped": "L3 pages dropped outside pressure eviction: a node's slot failed "
+                         "its checksum ('corrupt') or could not be read ('unreadable'), the "
+                         "file went offline ('l3_offline'), or a healthy copy below a bad "
+                         "slot's node was evicted first ('below_bad_slot'); the next request "
+                         "for them recomputes",
     "invariant checks": "runs of the ownership invariants (I1-I6) and structural checks, per "
                         "--check-mode; any violation fails the demo (exit status 1)",
 }
@@ -251,18 +258,20 @@ def _decisions(s: dict[str, Any]) -> list[str]:
 
 def _transfers(transfers: dict[str, Any]) -> list[str]:
     rows = [[_term(d), DIRECTION_LABELS[d], f"{t['count']:,}", f"{t['failed']:,}",
-             f"{t['bytes'] / 2**20:.2f}", f"{t['gib_per_s']:.3f}"]
+             f"{t['cancelled']:,}", f"{t['bytes'] / 2**20:.2f}", f"{t['gib_per_s']:.3f}"]
             for d, t in transfers.items()]
-    return table("Transfers", ["", "tiers", "count", "failed", "MiB", _term("GiB/s")], rows)
+    return table("Transfers", ["", "tiers", "count", "failed", _term("cancelled"), "MiB",
+                               _term("GiB/s")], rows)
 
 
 def _restores(s: dict[str, Any]) -> list[str]:
-    ev = s["evictions"]
+    ev = s["evicted_pages"]
     return pairs("Restores and evictions", [
         (_term("restores"), f"{s['restores']:,}"),
         (_term("verified pages"), f"{s['verified_pages']:,} (0 mismatches)"),
-        (_term("promotions"), f"{s['promotions']:,} pages"),
-        (_term("evictions"), f"L1 {ev['L1']:,}, L2 {ev['L2']:,}, L3 {ev['L3']:,}"),
+        (_term("promoted pages"), f"{s['promoted_pages']:,}"),
+        (_term("shared load-back pages"), f"{s['shared_load_back_pages']:,}"),
+        (_term("evicted pages"), f"L1 {ev['L1']:,}, L2 {ev['L2']:,}, L3 {ev['L3']:,}"),
         (_term("L3 copies dropped"), ", ".join(
             f"{n:,} {why}" for why, n in s["l3_invalidated_pages"].items()) + " (pages)"),
     ])

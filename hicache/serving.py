@@ -120,7 +120,7 @@ class ServingLoop:
                 hold_admission = True
                 continue
             if decoding:
-                in_flight = any(ctl.restores[r].ops for r in restoring)
+                in_flight = any(ctl.restores[r].in_flight for r in restoring)
                 step_s = self._decode_step(len(decoding))
                 report.decode_steps += 1
                 report.decode_s += step_s
@@ -187,6 +187,6 @@ class ServingLoop:
     def _wait_for_restores(self, restoring: dict[int, float]) -> None:
         """Nothing to decode: block on one in-flight restore instead of spinning."""
         for rid in restoring:
-            if self.ctl.restores[rid].ops:
+            if self.ctl.restores[rid].in_flight:
                 self.ctl.wait(rid)
                 return

@@ -84,7 +84,7 @@ def test_no_promotion_drops_the_l2_copy() -> None:
     push_out_of(c, "12")
     serve(c, 2, PROMPT)
     assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
-    assert c.metrics.promotions == 0
+    assert c.metrics.promoted_pages == 0
     c.close()
 
 
@@ -172,7 +172,7 @@ def test_a_restore_that_brought_nothing_new_is_not_verified(ctl: CacheController
     tokens = tuple(range(64))
     with pytest.raises(ProducerError, match="start < end"):
         ctl.producer.expected(tokens, 32, 32)  # why the check must come first
-    ctl._verify(tokens, 32, 32, np.zeros(0, dtype=np.int64))  # nothing to compare: no error
+    assert ctl.verifier.verify(tokens, 32, 32, np.zeros(0, dtype=np.int64)) == 0  # nothing to compare
     assert_clean(ctl)
 
 
@@ -237,8 +237,28 @@ def test_status_and_prometheus(ctl: CacheController) -> None:
     tiers = s["tiers"]
     assert isinstance(tiers, dict) and tiers["L1"]["tree"] == 6 and tiers["L1"]["private"] == 0
     text = ctl.metrics.to_prometheus()
-    assert 'hicache_transfer_count_total{direction="D2H"} 1' in text
+    assert 'hicache_transfers_done_total{direction="D2H"} 1' in text
     assert 'hicache_hit_tokens_total{tier="L1"} 0' in text
+
+
+def test_every_metric_family_is_documented_and_carries_its_unit() -> None:
+    """The metrics module's table (attribute, unit, family) is the exporter's list: a family
+    added or renamed without the table, or without a unit or `_total`, fails here."""
+    import re
+
+    from hicache.controller import metrics
+
+    text = metrics.Metrics().to_prometheus()
+    exported = set(re.findall(r"^# TYPE hicache_(\S+) counter$", text, re.M))
+    documented = set(re.findall(r"\b([a-z0-9_<>]+_total)\b", metrics.__doc__ or ""))
+    stages = {f"transfer_{s}_seconds_total" for s in ("enqueue", "workspace_setup", "queue_wait", "service")}
+    documented = (documented - {"transfer_<stage>_seconds_total"}) | stages
+    assert exported == documented
+    units = ("_tokens_total", "_pages_total", "_seconds_total", "_bytes_total")
+    counts = {"fallbacks_total", "policy_skips_total", "restores_total", "preemptions_total",
+              "decisions_total", "transfers_done_total", "transfers_failed_total",
+              "transfers_cancelled_total"}  # events: the unit is the count itself
+    assert all(name.endswith(units) or name in counts for name in exported), exported
 
 
 def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController) -> None:
@@ -248,3 +268,20 @@ def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController)
     ctl.drain()
     assert ctl.metrics.directions["D2H"].count == 2
     assert ctl.model.line("d2h").samples_seen == 1
+
+
+def test_the_controller_asks_the_control_plane_and_evicts_through_its_one_loop() -> None:
+    """No controller module reads a node's state, value, lock or pending op, or picks
+    eviction victims itself (spec/eviction.md, "One loop"): it asks ControlPlane's queries."""
+    import re
+    from pathlib import Path
+
+    import hicache.controller
+
+    forbidden = re.compile(r"\.(state|value|lock|pending)\[|\.evictable\(|\bcp\.tables\[|free_count")
+    found = []
+    for path in sorted(Path(hicache.controller.__file__).parent.glob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if forbidden.search(line) and path.name != "digests.py":  # digests reads page tables
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []

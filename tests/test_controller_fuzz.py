@@ -60,6 +60,7 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         self.ctl = CacheController(cfg, faults=self.faults)
         self.next_rid = 1
+        self.seen: list[tuple[int, ...]] = []  # prompts admitted so far
 
     def teardown(self) -> None:
         ctl = getattr(self, "ctl", None)
@@ -72,6 +73,8 @@ class ControllerMachine(RuleBasedStateMachine):
         assert not ctl.cp.ops and not ctl.handles
         assert all(t.count(1) == 0 for t in ctl.cp.tables), "private pages left behind"
         assert all(n.lock == [0, 0, 0] for n in ctl.cp.tree.nodes()), "a lock left behind"
+        # Every page a restore put into L1 was served: pins hold it until cached_len does.
+        assert ctl.metrics.restored_unused_pages == 0, "a restored page was recomputed"
         ctl.close()
         self.dir.cleanup()
 
@@ -84,6 +87,18 @@ class ControllerMachine(RuleBasedStateMachine):
     def admit(self, tokens: tuple[int, ...]) -> None:
         rid, self.next_rid = self.next_rid, self.next_rid + 1
         self.ctl.admit(rid, tokens)
+        self.seen.append(tokens)
+
+    @precondition(lambda self: len(self.ctl.restores) < 3 and bool(self.seen))
+    @rule(pick=st.integers(0, 7), twice=st.booleans())
+    def admit_again(self, pick: int, twice: bool) -> None:
+        """A prompt admitted before, after everything evictable left L1: it is restored, and
+        admitted twice at once the second admission shares the first one's load-back."""
+        tokens = self.seen[-1 - pick % len(self.seen)]
+        self.ctl.drain()  # the backups land in L2 first: L1 then gives up only copies
+        self.ctl.cp.evict("L1", 10_000)
+        for _ in range(1 + twice):
+            self.admit(tokens)
 
     @rule()
     def tick(self) -> None:
@@ -119,6 +134,13 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(tier=st.sampled_from(TIERS), pages=st.integers(1, 8))
     def pressure(self, tier: object, pages: int) -> None:
         self.ctl.cp.evict(str(tier), pages)  # another tenant's make-room, between ticks
+
+    @rule(tiers=st.sampled_from(["L1", "L1 L2"]))
+    def push_out(self, tiers: str) -> None:
+        """Evict everything evictable from the upper tiers: the next admissions of these
+        prefixes restore (and, while one is in flight, share a load-back)."""
+        for tier in tiers.split():
+            self.ctl.cp.evict(tier, 10_000)
 
     @rule(site=st.sampled_from(NEXT_FAULT))
     def fault_next(self, site: FaultSite) -> None:

@@ -61,7 +61,7 @@ def test_l1_deadlock_between_live_requests_is_broken_by_preemption() -> None:
         # B''s first admission is counted as a preemption, and the L1 hit credited to it (its
         # 7-page prefix) is taken back: every admitted prompt token is counted exactly once.
         m = ctl.metrics
-        assert (m.preemptions, m.preempted_tokens, m.preempted_hits["L1"]) == (1, 13 * PS, 7 * PS)
+        assert (m.preemptions, m.preempted_tokens, m.preempted_hit_tokens["L1"]) == (1, 13 * PS, 7 * PS)
         shares = m.token_shares()
         assert sum(shares.values()) == m.prompt_tokens and shares["preempted"] == 13 * PS
         assert ctl.cp.checker.violations_found == 0

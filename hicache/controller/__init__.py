@@ -1,10 +1,19 @@
 """The cache controller: the control plane joined to a data plane, a policy and a producer.
 
+One room per concept; every room asks the control plane's queries and changes state only
+through its transitions (no room reads a node's state, value or lock):
+
+    controller.py   CacheController, the facade: admit, tick, ready, wait, prefill, finish,
+                    drain, close, status; routes each observed completion to the rooms below
+    restore.py      restore staging: pins, parts, stages, sharing another request's load-back
+    materialize.py  a request's pending restore (plain data) and the planner of its parts
+    eviction.py     eviction under pressure (through ControlPlane.evict) and write-back
+    backup.py       the backup planner: which chains to copy down a tier, when (write policy)
+    l3health.py     bad L3 slots (quarantine, invalidate) and a lost L3 file (offline)
+    verify.py       restored bytes compared with recomputation (RestoreMismatch)
+    metrics.py      counters, per-direction transfer stats; Prometheus text export
     config.py       CacheConfig: every knob, validated at construction (errors name the field)
-    metrics.py      counters, per-direction transfer stats, latencies; Prometheus text export
-    backup.py       the write-through / write-back backup chain (D2H, then H2S)
-    materialize.py  a request's pending restore (S2H -> H2D -> publish), advanced by ticks
-    controller.py   CacheController: admit, tick, prefill, finish, evict under pressure, status
+    digests.py      page digests for invariant I4, cached per page generation
 """
 
 from __future__ import annotations

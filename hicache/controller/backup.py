@@ -1,69 +1,75 @@
-"""The backup chain: D2H after insert, H2S after D2H, asynchronous, never blocking a request.
+"""The backup planner: which chains to copy down a tier (D2H, then H2S), and when.
 
-    write policy              when a node is backed up to L2
+    write policy              when a node is wanted in L2
     ------------------------  -------------------------------------------------------
     write_through             on insert (first hit)
     write_through_selective   once the node has been matched twice (second hit)
-    write_back                only when L1 evicts it (the eviction waits for the D2H)
+    write_back                only when L1 evicts it (eviction.py asks for it then)
 
-L3 follows L2 for every policy: a completed D2H queues the H2S of the same chain.
+L3 follows L2 for every policy: a completed D2H makes the same node wanted in L3 (H2S).
 
-A *chain* is a run of path nodes lacking the target tier whose first node's parent holds it
-(structural check S6 `tier_ancestor_closed` in spec/invariants.md: no backup gap). Nodes
-behind a chain whose transfer is still pending stay wanted and are retried on a later tick.
+Contract: the planner decides, it never acts. `due()` yields the chains to issue now; the
+controller issues them (and counts a chain it cannot issue as dropped). A *chain* is a
+parent-first run of path nodes that hold the source tier and lack the target, whose first
+node's parent holds the target (or is the root): issuing it opens no backup gap (structural
+check S6 `tier_ancestor_closed`, spec/invariants.md). A wanted node behind a chain whose
+transfer is still pending stays wanted and is planned again on a later tick. At most
+`WANTED_MAX` targets are remembered per direction; beyond it the oldest are forgotten.
+Every question about a node goes to the control plane (its queries), never to node fields.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING
+from typing import Iterator
 
-from hicache.errors import OutOfPages, StorageError
+from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.tiers import TIERS, Direction
+from hicache.tiers import Direction
 from hicache.tree import TreeNode
 
-if TYPE_CHECKING:
-    from hicache.controller.controller import CacheController
-
-WANTED_MAX = 65536  # bound on remembered backup targets; beyond it the oldest are forgotten
+WANTED_MAX = 65536  # bound on remembered backup targets per direction
+Chain = list[TreeNode]
 
 
-def chain_lacking(node: TreeNode, direction: Direction) -> list[TreeNode]:
+def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction) -> Chain:
     """Parent-first nodes on `node`'s path that hold the source tier and lack the target, and
-    whose first node's parent holds the target (or is the root). Empty when blocked (a
-    node on the way is pending in the target tier) or nothing is missing."""
-    src, dst = TIERS.index(direction.source), TIERS.index(direction.target)
-    path: list[TreeNode] = []
-    n: TreeNode | None = node
-    while n is not None and not n.is_root:
-        path.append(n)
-        n = n.parent
-    path.reverse()
-    chain: list[TreeNode] = []
+    whose first node's parent holds the target (or is the root). Empty when blocked (a node
+    on the way is pending in the target tier, or lost its source) or nothing is missing."""
+    src, dst = direction.source, direction.target
+    path = list(reversed(cp.tree.path_to_root(node))) if not node.is_root else []
+    chain: Chain = []
     for n in path:
-        if n.state[dst] == RESIDENT and not chain:
+        if cp.holds(n, dst) and not chain:
             continue
-        if n.state[dst] != ABSENT or n.state[src] != RESIDENT:
+        if cp.residency(n, dst) != ABSENT or not cp.holds(n, src):
             break  # pending here, or the source is gone: the chain ends (or is blocked)
         chain.append(n)
     if chain:
         parent = chain[0].parent
-        assert parent is not None
-        if not parent.is_root and parent.state[dst] != RESIDENT:
+        assert parent is not None, "a live non-root node has a parent"
+        if not cp.holds(parent, dst):
             return []
     return chain
 
 
-class BackupChain:
-    """Keeps the wanted backups and issues them when their chain is free."""
+def blocked(cp: ControlPlane, node: TreeNode, direction: Direction) -> bool:
+    """Whether some node on `node`'s path is pending in the target tier (plan again later)."""
+    return any(cp.residency(n, direction.target) not in (ABSENT, RESIDENT)
+               for n in cp.tree.path_to_root(node))
 
-    def __init__(self, ctl: CacheController) -> None:
-        # A weak proxy: the controller owns this chain, and a strong back-reference would make
-        # a cycle that keeps a closed controller's pools (GPU and pinned memory) alive until
-        # the garbage collector happens to run.
-        self.ctl: CacheController = weakref.proxy(ctl)
+
+class BackupPlanner:
+    """Remembers the wanted backups per direction and plans the chains that can go now."""
+
+    def __init__(self, cp: ControlPlane, write_policy: str) -> None:
+        self.cp = cp
+        self.write_policy = write_policy
         self.wanted: dict[Direction, dict[int, TreeNode]] = {Direction.D2H: {}, Direction.H2S: {}}
+
+    @property
+    def pending(self) -> bool:
+        """Whether some backup is still wanted (a drain must keep ticking)."""
+        return any(self.wanted.values())
 
     def want(self, direction: Direction, node: TreeNode) -> None:
         queue = self.wanted[direction]
@@ -73,52 +79,34 @@ class BackupChain:
             queue.pop(next(iter(queue)))
 
     def after_insert(self, node: TreeNode) -> None:
-        if self.ctl.config.write_policy == "write_through":
+        if self.write_policy == "write_through":
             self.want(Direction.D2H, node)
 
     def after_match(self, node: TreeNode) -> None:
-        if self.ctl.config.write_policy == "write_through_selective" and node.hits >= 2:
+        if self.write_policy == "write_through_selective" and self.cp.hits(node) >= 2:
             self.want(Direction.D2H, node)
 
     def after_d2h(self, node: TreeNode) -> None:
         self.want(Direction.H2S, node)
 
-    def tick(self) -> None:
-        """Issue every wanted chain that can go now; forget targets with nothing to do."""
+    def due(self) -> Iterator[tuple[Direction, Chain]]:
+        """The chains to issue now, D2H first, one at a time: each is planned only when the
+        caller asks for the next, so it sees what issuing the previous one changed (its
+        make-room may have evicted a node an earlier plan relied on). Forgets targets with
+        nothing left to do, or removed from the tree. A yielded chain's target is no longer
+        wanted: issuing it is the caller's job, and one that cannot be issued is dropped."""
         for direction in (Direction.D2H, Direction.H2S):
             queue = self.wanted[direction]
             for node_id, node in list(queue.items()):
-                if not self.ctl.alive(node):
-                    del queue[node_id]  # removed from the tree meanwhile
+                if node_id not in queue:
                     continue
-                chain = chain_lacking(node, direction)
+                if not self.cp.is_live(node):
+                    del queue[node_id]
+                    continue
+                chain = chain_lacking(self.cp, node, direction)
                 if not chain:
-                    if not _blocked(node, direction):
+                    if not blocked(self.cp, node, direction):
                         del queue[node_id]
                     continue
-                self.issue(direction, chain)
                 del queue[node_id]
-
-    def issue(self, direction: Direction, chain: list[TreeNode]) -> None:
-        """Issue one backup (the controller evicts in the target tier if it is full); when no
-        room can be made the backup is dropped and its tokens counted, not retried."""
-        try:
-            self.ctl.issue(direction, chain)
-        except (OutOfPages, StorageError) as e:
-            tokens = sum(len(n.key) for n in chain)
-            if isinstance(e, StorageError):
-                reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
-            else:
-                reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
-            self.ctl.metrics.drop(reason, tokens)
-
-
-def _blocked(node: TreeNode, direction: Direction) -> bool:
-    """Whether some node on the path is pending in the target tier (retry later)."""
-    dst = TIERS.index(direction.target)
-    n: TreeNode | None = node
-    while n is not None and not n.is_root:
-        if n.state[dst] not in (ABSENT, RESIDENT):
-            return True
-        n = n.parent
-    return False
+                yield direction, chain

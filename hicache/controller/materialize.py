@@ -1,24 +1,33 @@
-"""A request's pending restore (the write-up's "pending materialization").
+"""A request's pending restore (the write-up's "pending materialization") and its plan.
 
     stage      ops in flight                        next
     ---------  -----------------------------------  -----------------------------------------
+    awaiting   another request's load-back fills    once it ends: pin what it filled, or take
+               the shared part                      the shared part into this request's L2 part
     issued     H2D of the L2 part, S2H of the L3    each completion is observed on a tick
                part (both at once)
     promoted   S2H done -> H2D of the L3 part       issued once the L2 part is in L1 (its
                                                     parent must hold L1: no gap)
-    done       nothing                              publish: advance cached_len to the deepest
+    done       nothing                              `prefill` advances cached_len to the deepest
                                                     node whose whole path is in L1
-A failed or cancelled op ends its part; what did arrive is used, the rest is recomputed
-(the fallback). The decode loop runs between ticks, so restores overlap decode.
+
+Contract: a Materialization is plain data owned by the controller's restore stager
+(restore.py); `done` is true exactly when nothing of the restore is pending or still to be
+issued. A failed op ends its part (what arrived is used, the rest recomputed, one counted
+fallback); a cancel happens only when the request ends. Parts are parent-first chains in path
+order: shared, then L2 part, then L3 part (spec/restore.md, "Stages of a restore").
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
+from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.policy import Decision
+from hicache.tiers import Direction, Tier
 from hicache.tree import MatchResult, TreeNode
 
 
@@ -29,29 +38,54 @@ class Materialization:
     decision: Decision
     decision_id: int
     match: MatchResult
+    shared: list[TreeNode] = field(default_factory=list)  # filled by other requests' load-backs
     l2_part: list[TreeNode] = field(default_factory=list)  # restored by H2D directly
     l3_part: list[TreeNode] = field(default_factory=list)  # S2H, then H2D
-    ops: set[int] = field(default_factory=set)  # op ids in flight for this request
+    awaited: set[int] = field(default_factory=set)  # other requests' op ids filling `shared`
+    deferred: bool = False  # own parts planned, issued once `awaited` is empty
+    ops: set[int] = field(default_factory=set)  # this request's op ids in flight
     s2h_done: bool = False
     l3_h2d_issued: bool = False
     failed: bool = False
+    landed_pages: int = 0  # pages this restore's H2D ops (or shared ones) put into L1
     started_at: float = field(default_factory=time.perf_counter)
     ready_at: float | None = None
 
     @property
     def done(self) -> bool:
-        return not self.ops and not self.needs_l3_h2d
+        return not self.ops and not self.awaited and not self.deferred and not self.needs_l3_h2d
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a transfer this restore waits for is running (its own, or a shared one)."""
+        return bool(self.ops or self.awaited)
 
     @property
     def needs_l3_h2d(self) -> bool:
         return bool(self.l3_part) and self.s2h_done and not self.l3_h2d_issued and not self.failed
 
+    @property
+    def nodes(self) -> list[TreeNode]:
+        """Every planned node, parent first."""
+        return self.shared + self.l2_part + self.l3_part
 
-def plan_parts(match: MatchResult, choice: str, target_len: int) -> tuple[list[TreeNode], list[TreeNode]]:
-    """Split the path beyond the L1 hit, up to `target_len` tokens, into the nodes restored
-    from L2 (L1 absent, L2 resident) and, for an L3 choice, the nodes promoted from L3 first
-    (L1 and L2 absent, L3 resident). The plan stops at the first node that fits neither
-    (e.g. a load-back already pending for another request): those tokens are recomputed."""
+
+@dataclass(frozen=True)
+class Plan:
+    shared: list[TreeNode]
+    l2_part: list[TreeNode]
+    l3_part: list[TreeNode]
+
+
+def plan_parts(cp: ControlPlane, match: MatchResult, choice: str, target_len: int,
+               unreadable: Callable[[TreeNode], bool] = lambda node: False) -> Plan:
+    """Split the path beyond the L1 hit, up to `target_len` tokens, into three parent-first
+    runs: `shared` (L1 `H2D_PENDING`: another request's load-back is filling it; this one
+    waits for it instead of loading or computing it again), the L2 part (L1 `ABSENT`, L2
+    `RESIDENT`) and, for an L3 choice, the L3 part (L1 and L2 `ABSENT`, L3 `RESIDENT`). The
+    plan stops at the first node that fits none (e.g. a promotion S2H in flight, or an L3
+    copy `unreadable` says must not be read): the tokens from there on are recomputed."""
+    shared: list[TreeNode] = []
     l2_part: list[TreeNode] = []
     l3_part: list[TreeNode] = []
     pos = 0
@@ -61,11 +95,14 @@ def plan_parts(match: MatchResult, choice: str, target_len: int) -> tuple[list[T
             continue
         if pos > target_len:
             break
-        s1, s2, s3 = node.state
-        if s1 == ABSENT and s2 == RESIDENT and not l3_part:
+        l1, l2 = cp.residency(node, Tier.L1), cp.residency(node, Tier.L2)
+        if l1 == f"{Direction.H2D.value}_PENDING" and not l2_part and not l3_part:
+            shared.append(node)
+        elif l1 == ABSENT and l2 == RESIDENT and not l3_part:
             l2_part.append(node)
-        elif choice == "L3" and s1 == ABSENT and s2 == ABSENT and s3 == RESIDENT:
+        elif (choice == "L3" and l1 == ABSENT and l2 == ABSENT and cp.holds(node, Tier.L3)
+              and not unreadable(node)):
             l3_part.append(node)
         else:
             break
-    return l2_part, l3_part
+    return Plan(shared, l2_part, l3_part)

@@ -1,10 +1,34 @@
 """Metrics: what the controller counts and times, and their Prometheus text form.
 
-Names are the spec's: hits per tier, recomputed tokens, evictions, promotions, fallbacks,
-policy skips, dropped tokens by reason, preempted admissions; per direction (D2H/H2D/H2S/S2H)
-bytes, count, steady seconds and GiB/s; L3 extents; enqueue, workspace setup, queue wait,
-service and end-to-end latency; restores and decode-overlapped seconds. Counters only grow
-(never clamped): `token_shares` derives the per-source split, it stores nothing.
+Contract: every name carries its unit (`_tokens`, `_pages`, `_s`/`_seconds`, `bytes`) or is
+a count of events (Prometheus `_total`); the Python attribute, the summary key and the
+Prometheus family (prefix `hicache_`, suffix `_total` for counters) are the same words.
+Counters only grow (never clamped); `token_shares` derives the per-source split, it stores
+nothing.
+
+    attribute                  unit     Prometheus family
+    -------------------------  -------  -------------------------------------------------
+    hit_tokens[tier]           tokens   hit_tokens_total{tier}
+    recomputed_tokens          tokens   recomputed_tokens_total
+    prompt_tokens              tokens   prompt_tokens_total
+    evicted_pages[tier]        pages    evicted_pages_total{tier}       (pressure only)
+    l3_invalidated_pages[why]  pages    l3_invalidated_pages_total{reason} (bad slot, offline)
+    promoted_pages             pages    promoted_pages_total
+    shared_load_back_pages     pages    shared_load_back_pages_total
+    restored_unused_pages      pages    restored_unused_pages_total
+    verified_pages             pages    verified_pages_total
+    fallbacks[reason]          parts    fallbacks_total{reason}
+    dropped_tokens[reason]     tokens   dropped_tokens_total{reason}
+    restores, policy_skips,    events   restores_total, policy_skips_total,
+    preemptions, decisions              preemptions_total, decisions_total{choice}
+    preempted_tokens           tokens   preempted_tokens_total
+    decode_overlap_s           seconds  decode_overlap_seconds_total
+    directions[d].count        events   transfers_done_total{direction}
+    directions[d].failed       events   transfers_failed_total{direction}   (never a cancel)
+    directions[d].cancelled    events   transfers_cancelled_total{direction}
+    directions[d].bytes        bytes    transfer_bytes_total{direction}
+    directions[d].seconds      seconds  transfer_seconds_total{direction}  (issue -> observed)
+    directions[d].<stage>_s    seconds  transfer_<stage>_seconds_total{direction}
 """
 
 from __future__ import annotations
@@ -12,8 +36,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from hicache.dataplane.handles import TransferTimings
-from hicache.tiers import Direction
+from hicache.dataplane.handles import TransferStatus, TransferTimings
+from hicache.tiers import Direction, Tier
 
 GIB = float(1 << 30)
 # Why a planned restore (or one part of it) fell back to recompute:
@@ -26,17 +50,21 @@ GIB = float(1 << 30)
 FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline")
 DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
                 "backup_failed", "l3_offline")
-# Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: a slot failed its
-# checksum, could not be read (I/O error, file ended early), or the whole file went offline.
-INVALIDATION_REASONS = ("corrupt", "unreadable", "l3_offline")
+# Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: the node's slot
+# failed its checksum, could not be read (I/O error, file ended early), or the whole file went
+# offline. Only the bad slot's node is invalidated; pressure evictions count in evicted_pages.
+#   below_bad_slot: healthy L3 copies under a bad slot's node, *evicted* (`evict_l3`) first
+#   so that L3 stays closed under ancestors (S6) when that node's copy is dropped.
+INVALIDATION_REASONS = ("corrupt", "unreadable", "l3_offline", "below_bad_slot")
 
 
 @dataclass
 class DirectionStats:
     """One transfer direction. `seconds` is end to end: issue until the completion is observed."""
 
-    count: int = 0
-    failed: int = 0
+    count: int = 0  # completed (DONE)
+    failed: int = 0  # FAILED: a fault; never a cancel
+    cancelled: int = 0  # CANCELLED: the request ended, or shutdown
     bytes: int = 0
     seconds: float = 0.0
     enqueue_s: float = 0.0
@@ -60,8 +88,12 @@ class Metrics:
     hit_tokens: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
     recomputed_tokens: int = 0
     prompt_tokens: int = 0
-    evictions: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
-    promotions: int = 0  # L3 -> L2 pages kept in L2 after a restore
+    evicted_pages: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    promoted_pages: int = 0  # L3 -> L2 pages kept in L2 after a restore
+    shared_load_back_pages: int = 0  # pages a request got from another request's load-back
+    # Pages a restore put into L1 that `prefill` did not serve (recomputed instead). The pins
+    # make this 0; it is counted, never silent, should a path ever waste a restore.
+    restored_unused_pages: int = 0
     fallbacks: dict[str, int] = field(default_factory=lambda: {r: 0 for r in FALLBACK_REASONS})
     policy_skips: int = 0
     restores: int = 0
@@ -79,11 +111,16 @@ class Metrics:
     # tokens already credited to them, which `token_shares` moves out of the hits.
     preemptions: int = 0
     preempted_tokens: int = 0
-    preempted_hits: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    preempted_hit_tokens: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
 
-    def transfer(self, direction: Direction, nbytes: int, ok: bool, timings: TransferTimings) -> None:
+    def transfer(self, direction: Direction, nbytes: int, status: TransferStatus,
+                 timings: TransferTimings) -> None:
+        """Count one transfer's observed final `status`; time and bytes only when DONE."""
         d = self.directions[direction.value]
-        if not ok:
+        if status is TransferStatus.CANCELLED:
+            d.cancelled += 1
+            return
+        if status is not TransferStatus.DONE:
             d.failed += 1
             return
         d.count += 1
@@ -94,6 +131,9 @@ class Metrics:
         d.workspace_setup_s += timings.workspace_setup_s
         d.queue_wait_s += timings.queue_wait_s
         d.service_s += timings.service_s
+
+    def evicted(self, tier: Tier | str, n_pages: int) -> None:
+        self.evicted_pages[str(tier)] += n_pages
 
     def fallback(self, reason: str) -> None:
         assert reason in self.fallbacks, f"unknown fallback reason {reason!r}"
@@ -116,20 +156,22 @@ class Metrics:
         self.preemptions += 1
         self.preempted_tokens += prompt_tokens
         for tier, tokens in credited_hits.items():
-            self.preempted_hits[tier] += tokens
+            self.preempted_hit_tokens[tier] += tokens
 
     def token_shares(self) -> dict[str, int]:
         """Where every admitted prompt token went, in tokens: hit in L1, L2 or L3 or
         recomputed by an admission that was served, or `preempted` with an abandoned one.
         The values add up to `prompt_tokens` exactly."""
-        shares = {tier: n - self.preempted_hits[tier] for tier, n in self.hit_tokens.items()}
+        shares = {tier: n - self.preempted_hit_tokens[tier] for tier, n in self.hit_tokens.items()}
         return {**shares, "recomputed": self.recomputed_tokens, "preempted": self.preempted_tokens}
 
     def summary(self) -> dict[str, object]:
         return {
             "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
-            "prompt_tokens": self.prompt_tokens, "evictions": dict(self.evictions),
-            "promotions": self.promotions, "fallbacks": dict(self.fallbacks),
+            "prompt_tokens": self.prompt_tokens, "evicted_pages": dict(self.evicted_pages),
+            "promoted_pages": self.promoted_pages, "fallbacks": dict(self.fallbacks),
+            "shared_load_back_pages": self.shared_load_back_pages,
+            "restored_unused_pages": self.restored_unused_pages,
             "policy_skips": self.policy_skips, "restores": self.restores,
             "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
             "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
@@ -151,9 +193,18 @@ class Metrics:
         family("hit_tokens_total", "counter", "Prompt tokens served from each tier.",
                [(f'{{tier="{t}"}}', v) for t, v in self.hit_tokens.items()])
         family("recomputed_tokens_total", "counter", "Prompt tokens recomputed.", [("", self.recomputed_tokens)])
-        family("evictions_total", "counter", "Node values evicted per tier.",
-               [(f'{{tier="{t}"}}', v) for t, v in self.evictions.items()])
-        family("promotions_total", "counter", "Restores from L3 whose pages stayed in L2.", [("", self.promotions)])
+        family("prompt_tokens_total", "counter", "Prompt tokens admitted.", [("", self.prompt_tokens)])
+        family("evicted_pages_total", "counter", "Pages evicted per tier under pressure (LRU leaves).",
+               [(f'{{tier="{t}"}}', v) for t, v in self.evicted_pages.items()])
+        family("promoted_pages_total", "counter", "Pages restored from L3 that stayed in L2.",
+               [("", self.promoted_pages)])
+        family("shared_load_back_pages_total", "counter",
+               "Pages a request got from another request's load-back.", [("", self.shared_load_back_pages)])
+        family("restored_unused_pages_total", "counter",
+               "Pages restored into L1 that prefill recomputed instead.", [("", self.restored_unused_pages)])
+        family("verified_pages_total", "counter", "Restored pages compared with recomputation.",
+               [("", self.verified_pages)])
+        family("restores_total", "counter", "Restores that delivered pages to L1.", [("", self.restores)])
         family("fallbacks_total", "counter", "Restores that fell back to recompute, by reason.",
                [(f'{{reason="{r}"}}', v) for r, v in self.fallbacks.items()])
         family("policy_skips_total", "counter", "Restore candidates the policy declined.", [("", self.policy_skips)])
@@ -168,11 +219,17 @@ class Metrics:
                [("", self.preemptions)])
         family("preempted_tokens_total", "counter", "Prompt tokens of abandoned admissions.",
                [("", self.preempted_tokens)])
-        for attr, help_ in (("count", "Completed transfers."), ("failed", "Failed or cancelled transfers."),
-                            ("bytes", "Bytes moved."), ("seconds", "Seconds from issue to observed completion."),
-                            ("enqueue_s", "Seconds spent issuing."), ("workspace_setup_s", "Seconds allocating workspaces."),
-                            ("queue_wait_s", "Seconds waiting for an I/O thread."), ("service_s", "Seconds of kernel/DMA/I/O service.")):
-            family(f"transfer_{attr}_total", "counter", help_,
+        for name, attr, help_ in (
+                ("transfers_done_total", "count", "Completed transfers."),
+                ("transfers_failed_total", "failed", "Failed transfers (faults; cancels are not failures)."),
+                ("transfers_cancelled_total", "cancelled", "Cancelled transfers (request ended, shutdown)."),
+                ("transfer_bytes_total", "bytes", "Bytes moved."),
+                ("transfer_seconds_total", "seconds", "Seconds from issue to observed completion."),
+                ("transfer_enqueue_seconds_total", "enqueue_s", "Seconds spent issuing."),
+                ("transfer_workspace_setup_seconds_total", "workspace_setup_s", "Seconds allocating workspaces."),
+                ("transfer_queue_wait_seconds_total", "queue_wait_s", "Seconds waiting for an I/O thread."),
+                ("transfer_service_seconds_total", "service_s", "Seconds of kernel/DMA/I/O service.")):
+            family(name, "counter", help_,
                    [(f'{{direction="{d}"}}', getattr(s, attr)) for d, s in self.directions.items()])
         family("decode_overlap_seconds_total", "counter", "Decode seconds that overlapped a pending restore.",
                [("", self.decode_overlap_s)])

@@ -1,0 +1,52 @@
+"""Eviction under pressure, and the write-back it triggers.
+
+Contract: `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
+`tier` by running the control plane's one eviction loop (`ControlPlane.evict`, spec/eviction.md:
+LRU leaves of that tier, one node's value at a time, never a locked, pending or kept node).
+It never raises for lack of room: the caller's reservation raises `OutOfPages` if the room
+was not made. Pages freed are counted in `evicted_pages[tier]` (pressure only: copies dropped
+because an L3 slot is bad are counted apart, see l3health.py).
+
+An L1 victim without an L2 copy loses its tokens from the cache. Under `write_back` it is
+backed up first (`back_up`: a D2H of the chain it needs, waited for); when that cannot be
+done, or under the other write policies (whose backups were not in time), its tokens are
+counted in `dropped_tokens["write_through_unbacked_eviction"]`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Collection
+
+from hicache.control import ControlPlane
+from hicache.controller.metrics import Metrics
+from hicache.tiers import Tier
+from hicache.tree import TreeNode
+
+BackUp = Callable[[TreeNode], bool]  # back the node up to L2 now; whether it holds L2 after
+
+
+class Evictor:
+    def __init__(self, cp: ControlPlane, metrics: Metrics, write_policy: str, back_up: BackUp) -> None:
+        self.cp = cp
+        self.metrics = metrics
+        self.write_back = write_policy == "write_back"
+        self.back_up = back_up
+
+    def make_room(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
+        """Evict until `n_pages` pages of `tier` are free or no candidate is left; the pages
+        freed. `keep`: nodes that must keep their copy in `tier` (a transfer's chain parent)."""
+        need = n_pages - self.cp.free_pages(tier)
+        if need <= 0:
+            return 0
+        before = self._before_l1_eviction if tier is Tier.L1 else None
+        freed = self.cp.evict(tier, need, keep, before=before)
+        self.metrics.evicted(tier, freed)
+        return freed
+
+    def _before_l1_eviction(self, victim: TreeNode) -> None:
+        """An L1 victim that L2 does not hold: back it up (write-back) or count its loss."""
+        if self.cp.holds(victim, Tier.L2):
+            return
+        if self.write_back and self.back_up(victim):
+            return
+        self.metrics.drop("write_through_unbacked_eviction", len(victim.key))

@@ -1,0 +1,238 @@
+"""Restore staging: a request's planned restore, from pins to ops to what `prefill` may use.
+
+Contract (spec/restore.md, "Stages of a restore", "Locks a restore holds", "Sharing a
+load-back", "A request that ends with ops in flight"):
+
+- `start` pins the plan before any op is issued (shared and L2 parts in L2, the L3 part in
+  L3), then issues the L2 part's H2D and the L3 part's S2H -- unless the plan begins with a
+  node another request's load-back is filling (`shared`): then it waits for that op and issues
+  its own parts once it ended (`advance`).
+- Every completed stage pins what it filled in the tier it filled (an H2D: in L1), in the same
+  step that publishes it, so a restored page is never an unlocked leaf before `prefill`; a
+  shared op's completion pins it in L1 for every waiting request too.
+- A part whose op fails, or that cannot be issued, is dropped: its pins go, its tokens are
+  recomputed, one fallback is counted by reason. A cancel (only when the request ends) is not
+  a fallback. A waiter whose shared op failed or was cancelled loads those nodes itself.
+- `deepest_in_l1` is what `prefill` may serve: the last planned node of the leading run that
+  L1 holds; every pin is released by the controller once `cached_len` covers it, and
+  `served` then counts the hits, verifies the restored pages and keeps or drops promotions.
+
+The stager never reads node fields: every question goes to the control plane's queries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hicache.control import ControlPlane, PendingOp
+from hicache.controller.materialize import Materialization, Plan
+from hicache.controller.metrics import Metrics
+from hicache.controller.verify import RestoreVerifier
+from hicache.dataplane.handles import TransferStatus
+from hicache.errors import IllegalTransition, OutOfPages, StorageError
+from hicache.tiers import TIERS, Direction, Tier
+from hicache.tree import TreeNode
+
+Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, reserve, start
+
+
+class RestoreStager:
+    def __init__(self, cp: ControlPlane, metrics: Metrics, issue: Issue,
+                 after_drop: Callable[[], None], verifier: RestoreVerifier | None,
+                 promotion: bool) -> None:
+        self.cp = cp
+        self.verifier = verifier  # None: restored pages are not compared (CacheConfig.verify)
+        self.promotion = promotion  # False: an L3 restore's promoted L2 copies are dropped
+        self.metrics = metrics
+        self.issue = issue
+        self.after_drop = after_drop  # a dropped part's pins are gone: L3 cleanup may proceed
+        self.restores: dict[int, Materialization] = {}  # request id -> its restore
+        self.owner: dict[int, Materialization] = {}  # op id -> the restore that issued it
+        self.waiters: dict[int, list[Materialization]] = {}  # op id -> restores sharing it
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def start(self, mat: Materialization, plan: Plan) -> None:
+        """Pin the plan, then issue it, or wait for the load-back it shares."""
+        mat.shared, mat.l2_part, mat.l3_part = list(plan.shared), list(plan.l2_part), list(plan.l3_part)
+        head = mat.shared + mat.l2_part
+        if head:
+            self.cp.pin(mat.request_id, head[-1], TIERS.index(Tier.L2))
+        if mat.l3_part:
+            self.cp.pin(mat.request_id, mat.l3_part[-1], TIERS.index(Tier.L3))
+        if mat.shared:
+            self._await(mat, mat.shared[0])
+            mat.deferred = bool(mat.l2_part or mat.l3_part)
+            return
+        self._issue_parts(mat)
+
+    def advance(self) -> None:
+        """Per tick, after completions were applied: issue what a restore may issue now."""
+        for mat in self.restores.values():
+            if mat.deferred and not mat.awaited:
+                self._resume(mat)
+            if mat.needs_l3_h2d:
+                self._issue_l3_h2d(mat)
+            if mat.done and mat.ready_at is None:
+                mat.ready_at = time.perf_counter()
+
+    def settled(self, op: PendingOp, status: TransferStatus) -> None:
+        """Op `op` ended with `status` (the control plane already applied it)."""
+        ok = status is TransferStatus.DONE
+        for waiter in self.waiters.pop(op.op_id, []):
+            waiter.awaited.discard(op.op_id)
+            deepest = self.cp.leading_run(waiter.shared, Tier.L1)
+            if ok and deepest is not None:
+                self.cp.pin(waiter.request_id, deepest, TIERS.index(Tier.L1))
+                waiter.landed_pages += sum(n.num_pages for n in self._through(waiter.shared, deepest))
+            elif not waiter.deferred:
+                waiter.deferred = True  # load the shared nodes itself (`_resume`)
+        mat = self.owner.pop(op.op_id, None)
+        if mat is not None:
+            self._settle_own(mat, op, status)
+
+    def forget(self, mat: Materialization) -> None:
+        """The request ends: stop waiting for shared ops (its own ops are cancelled by the
+        controller, which applies them through `settled`)."""
+        for op_id in mat.awaited:
+            waiting = self.waiters.get(op_id, [])
+            if mat in waiting:
+                waiting.remove(mat)
+        mat.awaited.clear()
+
+    def served(self, mat: Materialization, start: int, end: int) -> None:
+        """`prefill` served tokens `[start, end)` from the restore: count the hits by tier,
+        verify the restored pages against recomputation, keep or drop the promotions."""
+        self.metrics.restores += 1
+        in_l1 = [n for n in mat.shared + mat.l2_part if self.cp.holds(n, Tier.L1)]
+        from_l2 = sum(len(n.key) for n in in_l1)
+        self.metrics.hit_tokens["L2"] += min(from_l2, end - start)
+        self.metrics.hit_tokens["L3"] += max(0, end - start - from_l2)
+        self.metrics.shared_load_back_pages += sum(n.num_pages for n in mat.shared if n in in_l1)
+        if self.verifier is not None:
+            pages = self.cp.prefix_pages(self.cp.prefix_node(mat.request_id), Tier.L1)
+            ps = self.cp.page_size
+            self.metrics.verified_pages += self.verifier.verify(mat.tokens, start, end, pages[start // ps:])
+        promoted = [n for n in mat.l3_part if self.cp.holds(n, Tier.L1)]
+        if self.promotion:
+            self.metrics.promoted_pages += sum(n.num_pages for n in promoted)
+            return
+        for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
+            if node not in self.cp.candidates(Tier.L2):
+                break  # locked by another reader, or not a leaf any more: keep it
+            self.cp.evict_node(node, TIERS.index(Tier.L2))
+
+    def deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
+        """The last planned node of the leading run L1 holds (what `prefill` may serve)."""
+        return self.cp.leading_run(mat.nodes, Tier.L1)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _await(self, mat: Materialization, node: TreeNode) -> None:
+        op_id = self.cp.filling_op(node, Tier.L1)
+        assert op_id is not None, "a shared node is H2D_PENDING in L1, so an op fills it"
+        mat.awaited.add(op_id)
+        self.waiters.setdefault(op_id, []).append(mat)
+
+    def _resume(self, mat: Materialization) -> None:
+        """The shared op ended: what it filled is pinned; the nodes it did not fill (it failed
+        or was cancelled) join this request's L2 part, loaded by this request."""
+        mat.deferred = False
+        head = self._refresh(mat.shared + mat.l2_part, mat.match.lengths[0])
+        landed = self.cp.leading_run(head, Tier.L1)
+        at = 0 if landed is None else head.index(landed) + 1
+        mat.shared, mat.l2_part = head[:at], head[at:]
+        mat.l3_part = self._refresh(mat.l3_part, self.cp.tree.prefix_tokens(head[-1]) if head
+                                    else mat.match.lengths[0])
+        if mat.l2_part and self.cp.residency(mat.l2_part[0], Tier.L1) == "H2D_PENDING":
+            mat.shared += mat.l2_part  # yet another request's load-back fills it now: wait again
+            mat.l2_part = []
+            self._await(mat, mat.shared[at])
+            mat.deferred = True
+            return
+        self._issue_parts(mat)
+
+    def _refresh(self, part: list[TreeNode], start: int) -> list[TreeNode]:
+        """`part` (planned to begin at token `start`) as the tree has it now: a split since
+        planning inserted upper nodes, and split boundaries never move a part's start."""
+        if not part:
+            return part
+        path = reversed(self.cp.tree.path_to_root(part[-1]))
+        return [n for n in path if self.cp.tree.prefix_tokens(n) > start]
+
+    def _issue_parts(self, mat: Materialization) -> None:
+        for part, direction in ((mat.l2_part, Direction.H2D), (mat.l3_part, Direction.S2H)):
+            if not part:
+                continue
+            try:
+                op = self.issue(direction, part, mat.request_id)
+            except (OutOfPages, IllegalTransition, StorageError) as e:
+                reason = "l3_offline" if isinstance(e, StorageError) else "no_room"
+                if direction is Direction.S2H:
+                    self._drop_part(mat, mat.l3_part, reason)
+                    mat.l3_part = []  # no promotion: those tokens are recomputed
+                    continue
+                if mat.l3_part:
+                    self.cp.unpin(mat.request_id, mat.l3_part[-1])
+                self._drop_part(mat, mat.l2_part, reason)
+                mat.l2_part, mat.l3_part = [], []
+                return
+            mat.ops.add(op.op_id)
+            self.owner[op.op_id] = mat
+
+    def _issue_l3_h2d(self, mat: Materialization) -> None:
+        """Second step of an L3 restore: once promoted, load back -- but only after the L2
+        part is in L1, so the chain's parent holds L1 (no gap, S6)."""
+        if mat.ops:
+            return  # the promotion is done; what is still in flight is the L2 part's load-back
+        mat.l3_h2d_issued = True
+        parent = mat.l3_part[0].parent
+        assert parent is not None, "a pinned node is live, and a live node has a parent"
+        if not self.cp.holds(parent, Tier.L1):
+            # The L2 part did not arrive: the promoted pages stay in L2, the tokens are recomputed.
+            self._drop_part(mat, mat.l3_part, "restore_gap")
+            return
+        try:
+            op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
+        except (OutOfPages, IllegalTransition):
+            mat.failed = True
+            self._drop_part(mat, mat.l3_part, "no_room")
+            return
+        mat.ops.add(op.op_id)
+        self.owner[op.op_id] = mat
+
+    def _settle_own(self, mat: Materialization, op: PendingOp, status: TransferStatus) -> None:
+        """A stage of this request's restore ended: pin what landed, or drop the part."""
+        ok = status is TransferStatus.DONE
+        mat.ops.discard(op.op_id)
+        # A split while in flight adds nodes to the op: the op's chain is the truth.
+        if op.direction is Direction.S2H:
+            mat.s2h_done = ok
+            mat.l3_part = list(op.nodes)
+        elif mat.l3_part and op.nodes[-1] is mat.l3_part[-1]:
+            mat.l3_part = list(op.nodes)
+        else:
+            mat.l2_part = list(op.nodes)
+        if ok:
+            self.cp.pin(mat.request_id, op.nodes[-1], TIERS.index(op.direction.target))
+            if op.direction is Direction.H2D:
+                mat.landed_pages += int(op.target_pages.size)
+            return
+        mat.failed = True
+        if status is TransferStatus.CANCELLED:
+            self.cp.unpin(mat.request_id, op.nodes[-1])
+        else:
+            self._drop_part(mat, list(op.nodes), "transfer_failed")
+
+    def _drop_part(self, mat: Materialization, part: list[TreeNode], reason: str) -> None:
+        """A part cannot proceed: release its pins, count one fallback by `reason`; its tokens
+        are recomputed."""
+        if part:
+            self.cp.unpin(mat.request_id, part[-1])
+        self.metrics.fallback(reason)
+        self.after_drop()
+
+    @staticmethod
+    def _through(nodes: list[TreeNode], last: TreeNode) -> list[TreeNode]:
+        return nodes[:nodes.index(last) + 1] if last in nodes else []

@@ -1,0 +1,57 @@
+"""Verification: restored bytes compared with what recomputation writes.
+
+Contract: `RestoreVerifier.verify(tokens, start, end, pages)` reads the L1 pages a restore
+delivered for tokens `[start, end)` (page aligned, `pages` one per page in token order) and
+compares them, byte for byte, with the producer's `expected` KV for the same tokens. It
+returns the pages compared (0 when the range is empty or the producer cannot say what it
+would write) and raises `RestoreMismatch`, changing nothing, when any page differs: a
+restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
+bug in the cache, never a fallback. It only reads; the caller decides when to verify
+(`CacheConfig.verify`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from hicache.errors import HiCacheError
+from hicache.pages import Pages
+from hicache.kernels import gather
+from hicache.producers import KVProducer
+
+
+class RestoreMismatch(HiCacheError):
+    """A restored page's bytes differ from what recomputation writes: a real bug (B15). The
+    controller's state is suspect: report (`status()`, the trace) and close it."""
+
+
+class RestoreVerifier:
+    def __init__(self, producer: KVProducer, l1: torch.Tensor) -> None:
+        self.producer = producer
+        self.l1 = l1  # the L1 pool tensor, in L1 layout
+
+    def verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> int:
+        """Compare L1 `pages` with the producer's KV of tokens `[start, end)`; the pages
+        compared. RestoreMismatch names the first differing pages."""
+        # Why the empty range is checked first: a restore can settle with nothing new in L1
+        # (another request's restore already made the deepest node resident), and producers
+        # refuse an empty range (ProducerError).
+        if end <= start:
+            return 0
+        expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
+        if expected is None:
+            return 0
+        got = torch.empty_like(expected, device=self.l1.device)
+        gather(self.l1, torch.as_tensor(pages, device=self.l1.device), got, backend="torch")
+        a = got.cpu().view(torch.uint8).reshape(len(pages), -1)
+        b = expected.cpu().view(torch.uint8).reshape(len(pages), -1)
+        bad = (a != b).any(dim=1).nonzero().flatten().tolist()
+        if bad:
+            raise RestoreMismatch(
+                f"restored pages {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ "
+                "from recomputation: a cross-prefix mix-up or a torn transfer; report the trace "
+                "and close this controller"
+            )
+        return len(pages)
