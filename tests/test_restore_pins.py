@@ -182,3 +182,28 @@ def test_a_closed_controller_frees_its_pools_without_the_garbage_collector() -> 
     finally:
         if enabled:
             gc.enable()
+
+
+def test_close_quiesces_the_data_plane_of_a_poisoned_plane() -> None:
+    """After an InvariantViolation the control plane refuses every transition; close() must
+    still cancel and wait for the transfers in flight and close the data plane, leaving the
+    plane's records for diagnosis (it used to die in finish() with PlanePoisoned)."""
+    from hicache.errors import InvariantViolation
+
+    faults = FaultInjector(delay_polls=1000)
+    c = make(faults, l1_pages=16, l2_pages=32, l3_slots=64)
+    c.admit(1, A)
+    while not c.ready(1):
+        c.tick()
+    c.prefill(1)  # write_through: the D2H backup is queued
+    faults.once(FaultSite.DELAY, 10)
+    c.tick()  # ... issued, and held in flight
+    assert c.handles, "a backup is in flight"
+    handles = list(c.handles.values())
+    c.cp.tree.lock(c.cp.requests[1].locked, 1)  # a lock no holder records (S7)
+    with pytest.raises(InvariantViolation):
+        c.admit(2, B)
+    c.close()
+    assert all(h.status.final for h in handles) and not c.handles
+    assert 1 in c.cp.requests  # records kept for diagnosis
+    c.close()  # idempotent

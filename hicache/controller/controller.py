@@ -232,7 +232,17 @@ class CacheController:
 
     def close(self) -> None:
         """Cancel everything in flight, end every request, close the data plane. Raises
-        nothing in normal operation; idempotent."""
+        nothing in normal operation; idempotent. On a poisoned control plane (an invariant
+        broke; it refuses every transition) the data plane is still quiesced and closed: each
+        handle is cancelled and waited for, and the plane's records are left as they were for
+        diagnosis (spec/invariants.md, "A poisoned plane")."""
+        if self.cp.poisoned is not None:
+            for handle in self.handles.values():
+                handle.cancel()  # returns once the hardware no longer touches its pages
+            self.handles.clear()
+            self.engine.close()
+            self.cp.digests = None
+            return
         for rid in list(self.cp.requests):
             self.finish(rid)
         for op_id in list(self.handles):
