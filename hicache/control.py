@@ -137,7 +137,7 @@ class ControlPlane:
         limit = most if match_len is None else match_len
         # Verify the match leaves the last prompt token to compute (rule match_short_of_last_token).
         if not 0 <= limit <= most:
-            raise IllegalTransition("request_start", "L1", "-", f"match_len {match_len} with {len(tokens)} "
+            raise IllegalTransition("begin_request", "L1", "-", f"match_len {match_len} with {len(tokens)} "
                                     f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
         m = self.tree.match(tokens[:limit])
         l1 = m.handles[0]
@@ -146,7 +146,7 @@ class ControlPlane:
         req = Request(request_id, tuple(tokens), l1, m.lengths[0], m.lengths[0])
         self.requests[request_id] = req
         if self.tracer.enabled:
-            self.tracer.emit("request_start", request=request_id,
+            self.tracer.emit("begin_request", request=request_id,
                              detail={"hit": list(m.lengths), "tokens": len(tokens)})
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"begin_request {request_id}")
@@ -269,17 +269,18 @@ class ControlPlane:
         self._check(f"cached_len {request_id}")
         return req.cached_len
 
-    def pin(self, request_id: int, node: TreeNode, tier: int) -> None:
-        """Lock `node`'s path in tier index `tier` for the request until `unpin` or the
+    def pin(self, request_id: int, node: TreeNode, tier: Tier | str) -> None:
+        """Lock `node`'s path in `tier` for the request until `unpin` or the
         request's end: what a multi-stage restore holds on the nodes it planned, so that no
         eviction (nested make-room included) removes them between its stages. Traced `lock`.
         IllegalTransition (nothing changed) if `node` is not in the tree."""
         req = self._request(request_id)
-        self._verify_live([node], "lock", TIERS[tier])
-        self.tree.lock(node, tier)
-        req.pins.append((node, tier))
+        t = TIERS.index(Tier(tier))
+        self._verify_live([node], "lock", TIERS[t])
+        self.tree.lock(node, t)
+        req.pins.append((node, t))
         if self.tracer.enabled:
-            self.tracer.emit("lock", tier=str(TIERS[tier]), node=node.node_id, request=request_id)
+            self.tracer.emit("lock", tier=str(TIERS[t]), node=node.node_id, request=request_id)
 
     def unpin(self, request_id: int, node: TreeNode | None = None) -> int:
         """Release the request's pins (all of them, or those on `node`), newest first; a node
@@ -314,7 +315,7 @@ class ControlPlane:
             self.tree.unlock(req.locked, 0)
         del self.requests[request_id]
         if self.tracer.enabled:
-            self.tracer.emit("request_end", request=request_id)
+            self.tracer.emit("end_request", request=request_id)
         self._check(f"end_request {request_id}")
 
     # -- transfers ------------------------------------------------------------------------
@@ -409,12 +410,13 @@ class ControlPlane:
                 offered.add(victim.node_id)
                 before(victim)
                 continue  # choose again: `before` may have changed which node goes first
-            freed += self.evict_node(victim, t, name)
+            freed += self.evict_node(victim, TIERS[t], name)
         return freed
 
-    def evict_node(self, node: TreeNode, t: int, name: str | None = None) -> int:
-        """Evict one node's value in tier index `t` (`evict_lN`, or `invalidate_l3`): the row's
+    def evict_node(self, node: TreeNode, tier: Tier | str, name: str | None = None) -> int:
+        """Evict one node's value in `tier` (`evict_lN`, or `invalidate_l3`): the row's
         guards (unlocked, a leaf in the tier, ...) and its `free` effect. Returns pages freed."""
+        t = TIERS.index(Tier(tier))
         name = name or f"evict_{str(TIERS[t]).lower()}"
         self._verify_live([node], name, TIERS[t])
         freed = self.apply(name, [node])
@@ -524,7 +526,7 @@ class ControlPlane:
         t = TIERS.index(Tier(tier))
         name = f"evict_{str(TIERS[t]).lower()}"
         kept = {n.node_id for n in keep}
-        return [n for n in self.tree.evictable(t)
+        return [n for n in self.tree.candidates(t)
                 if n.node_id not in kept and self._allows(name, n)]
 
     def _allows(self, name: str, node: TreeNode) -> bool:
@@ -542,12 +544,12 @@ class ControlPlane:
 
     def usage(self, tier: Tier | str) -> dict[str, int]:
         """`tier`'s pages by owner (capacity, free, private, tree) and how many published
-        pages are evictable now or locked."""
+        pages are eviction candidates now, or locked (all counts in pages)."""
         t = TIERS.index(Tier(tier))
         table = self.tables[t]
         return {
             "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
-            "tree": table.count(2), "evictable": sum(n.num_pages for n in self.candidates(TIERS[t])),
+            "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
             "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
         }
 

@@ -13,7 +13,7 @@ tables; it does not rebuild the control plane. `first_non_edge` judges each even
 `first_break` also follows each node's walk: a node event's `before` must be the state the
 node's previous event left it in (a `split` copies it to the new upper node, `node_remove`
 needs it all-ABSENT), and a request-copy event on a node must agree with the tree's L1
-(a candidate's view over an L1-ABSENT node, a duplicate beside an L1 copy).
+(a contender's view over an L1-ABSENT node, a duplicate beside an L1 copy).
 
 `walk_hook` installs a checking sink (`first_break`'s rules, event by event) on a control plane's tracer when the environment variable HICACHE_TRACE_WALK is set
 (the test suite sets it, so every trace a test produces is walked as it is emitted).
@@ -104,7 +104,7 @@ class Walker:
                 return f"{e.event} on node {e.node} claims a duplicate, but the tree's L1 is ABSENT"
             return None
         before, after = self.graph.states[e.before], self.graph.states[e.after]
-        # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a candidate.
+        # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
         tree_before = (ABSENT, before[1], before[2]) if PRIVATE in (t.source, t.dest) else before
         if known is not None and known != tree_before:
             return (f"node {e.node} is {composite_name(known)} after its previous event, "

@@ -19,7 +19,7 @@ business (hicache/control.py checks the lifecycle tables before it calls in here
 
 Contract for callers: change `value` and `state` only through `set_value` (the per-tier leaf
 sets and `pages_held` are maintained there), locks only through `lock`/`unlock`. `pending` may
-be assigned directly or through `set_pending`; it is read when `evictable` is asked.
+be assigned directly or through `set_pending`; it is read when `candidates` is asked.
 
 Poisoning: once the control plane that owns the tree finds an invariant broken, it calls
 `poison`; from then on every mutator (and a `match` that would split or refresh LRU ticks)
@@ -392,7 +392,7 @@ class HiRadixTree:
         for n in path:
             n.last_access[tier] = tick
 
-    def evictable(self, tier: int) -> list[TreeNode]:
+    def candidates(self, tier: int) -> list[TreeNode]:
         """Eviction candidates of `tier`, least recently used first (ties: older node first):
         RESIDENT there, unlocked there, no transfer pending there, and a leaf in that tier
         (every child ABSENT there; children holding only other tiers do not count).

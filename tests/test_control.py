@@ -52,7 +52,7 @@ def test_insert_publishes_and_advances_cached_len() -> None:
     cp.compute(1, 4)
     assert cp.insert(1) == 4
     events = [e.event for e in sink.events]
-    assert events[:4] == ["request_start", "cached_len", "compute", "insert"]
+    assert events[:4] == ["begin_request", "cached_len", "compute", "insert"]
     assert events[-1] == "cached_len" and sink.events[-1].token_end == 4
     cp.end_request(1)
     m = cp.begin_request(2, [1, 2, 3, 4, 9, 9])
@@ -80,7 +80,7 @@ def test_backup_chain_and_restore() -> None:
     d2h = cp.issue(Direction.D2H, [node])
     assert node.state == ["RESIDENT", "D2H_PENDING", "ABSENT"]
     with pytest.raises(IllegalTransition):  # L1 is a source in flight (I2): not evictable
-        cp.evict_node(node, 0)
+        cp.evict_node(node, "L1")
     cp.complete(d2h.op_id)
     h2s = cp.issue(Direction.H2S, [node])
     cp.complete(h2s.op_id)
@@ -187,7 +187,7 @@ def test_abort_with_pending_restore_leaves_nothing_behind() -> None:
 def test_trace_events_are_lifecycle_names() -> None:
     cp, sink = plane()
     served(cp, 1, [1, 2, 3, 4])
-    known = set(cp.lifecycle.transitions) | {"request_start", "request_end", "cached_len", "split", "node_remove"}
+    known = set(cp.lifecycle.transitions) | {"begin_request", "end_request", "cached_len", "split", "node_remove"}
     assert {e.event for e in sink.events} <= known
     seqs = [e.seq for e in sink.events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

@@ -57,7 +57,7 @@ def test_a_guarded_node_is_no_candidate() -> None:
     cp, _ = plane()
     a = cached(cp, 1, [1, 2])
     cp.complete(cp.issue(Direction.D2H, [a]).op_id)
-    cp.evict_node(a, 0)
+    cp.evict_node(a, "L1")
     cp.issue(Direction.H2D, [a])  # locks a in L2 for the read
     assert cp.candidates(Tier.L2) == []
     assert cp.evict(Tier.L2, 10) == 0

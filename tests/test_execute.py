@@ -92,9 +92,9 @@ def test_guards_column_is_what_runs() -> None:
         assert any(c.state[0] == "RESIDENT" for c in parent.children.values())
         if refused:
             with pytest.raises(IllegalTransition, match="not a leaf"):
-                cp.evict_node(parent, 0)
+                cp.evict_node(parent, "L1")
         else:
-            assert cp.evict_node(parent, 0) == 1 and parent.state[0] == "ABSENT"
+            assert cp.evict_node(parent, "L1") == 1 and parent.state[0] == "ABSENT"
 
 
 def test_compute_range_rules_are_guards() -> None:

@@ -30,7 +30,7 @@ def test_snapshot_carries_each_holders_lock_records() -> None:
     cp = plane_with_prefix()
     upper = cp.requests[2].locked
     lower = cp.requests[1].locked
-    cp.pin(2, upper, 2)
+    cp.pin(2, upper, "L3")
     s = cp.snapshot()
     reqs = {r.request_id: r for r in s.requests}
     assert (reqs[1].locked_node_id, reqs[2].locked_node_id) == (lower.node_id, upper.node_id)
@@ -64,7 +64,7 @@ def test_a_lost_lock_is_caught() -> None:
     found = check_all(cp.snapshot())
     assert {v.invariant for v in found} == {"S7"}
     assert all("lost" in v.message and v.tier == "L1" for v in found)
-    assert cp.tree.evictable(0) == [cp.requests[1].locked]  # what the lost lock allows
+    assert cp.tree.candidates(0) == [cp.requests[1].locked]  # what the lost lock allows
 
 
 def test_an_op_that_records_the_wrong_source_lock_is_caught() -> None:

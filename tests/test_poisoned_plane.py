@@ -79,11 +79,11 @@ def test_observation_still_works() -> None:
     assert {v.invariant for v in check_all(s)} == {"S7"}  # the cause is still visible
     # The request the violating transition began is there: the check ran after it applied.
     assert sorted(cp.requests) == [1, 2]
-    assert any(e.event == "request_start" and e.request == 2 for e in sink.events)
+    assert any(e.event == "begin_request" and e.request == 2 for e in sink.events)
     node = cp.requests[1].locked
     m = cp.tree.match(PROMPT, split=False, touch=False)
     assert m.lengths[0] == 8 and cp.tree.cut([0, 1, 2, 3, 50]) is not None
-    assert cp.tree.evictable(0) == [] and cp.tree.audit() == []
+    assert cp.tree.candidates(0) == [] and cp.tree.audit() == []
     assert cp.tree.path_to_root(node)[0] is node
 
 

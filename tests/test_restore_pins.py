@@ -60,7 +60,7 @@ def test_promoted_pages_stay_pinned_until_they_are_loaded_back() -> None:
     in_l2_only(c)
     c.cp.tree.match(A[:12])  # split A: [0, 12) keeps L2, [12, 24) is pushed out of L2
     lower = c.cp.tree.match(A, split=False, touch=False).path[-1]
-    c.cp.evict_node(lower, 1)
+    c.cp.evict_node(lower, "L2")
     faults.once(FaultSite.DELAY)  # the L2 part's H2D (issued first) is observed late
     mat = c.admit(2, A)
     assert len(mat.ops) == 2 and mat.l3_part
@@ -104,14 +104,14 @@ def test_control_plane_refuses_a_removed_node() -> None:
     serve(c, 1, A)
     c.drain()
     node = c.cp.tree.match(A, split=False, touch=False).path[-1]
-    for t in range(3):
-        c.cp.evict_node(node, t)
+    for tier in ("L1", "L2", "L3"):
+        c.cp.evict_node(node, tier)
     assert not c.cp.tree.contains(node)
     with pytest.raises(IllegalTransition, match="removed from the tree"):
         c.cp.issue(Direction.H2D, [node])
     c.cp.begin_request(7, B)
     with pytest.raises(IllegalTransition, match="removed from the tree"):
-        c.cp.pin(7, node, 0)
+        c.cp.pin(7, node, "L1")
     assert c.cp.requests[7].pins == []
     c.cp.end_request(7)
     c.close()

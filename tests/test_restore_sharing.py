@@ -164,7 +164,7 @@ def test_a_bad_slot_a_reader_still_holds_is_reported_by_match_but_never_planned(
     node = c.cp.tree.match(A, split=False, touch=False).path[-1]
     slot = int(c.cp.prefix_pages(node, "L3")[0])
     c.cp.begin_request(50, B)
-    c.cp.pin(50, node, 2)  # a reader holds the node in L3
+    c.cp.pin(50, node, "L3")  # a reader holds the node in L3
     c.l3.bad_slot([node], slot, "corrupt")
     assert c.l3.quarantine and c.cp.tree.match(A, split=False, touch=False).lengths[2] == 24
     assert serve(c, 2, A) == 24  # recomputed, not read: the match split the node meanwhile

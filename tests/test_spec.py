@@ -282,7 +282,7 @@ def test_trace_md_example_matches_schema() -> None:
     ({"seq": 1, "event": "h2d_issue", "tier": "L2", "before": "L2", "after": "H2D_PENDING_L2"}, "wrong tier"),
     ({"seq": 1, "event": "d2h_issue", "tier": "L2"}, "no before/after"),
     ({"seq": 1, "event": "cached_len", "request": 3}, "no token_end"),
-    ({"seq": 0, "event": "request_end", "request": 3}, "seq starts at 1"),
+    ({"seq": 0, "event": "end_request", "request": 3}, "seq starts at 1"),
     ({"seq": 1, "event": "split", "node": 4, "detail": {"upper": 5}}, "split without at"),
     ({"seq": 1, "event": "node_remove", "node": 4, "colour": "red"}, "unknown key"),
     ({"seq": 1, "event": "evict_l1", "tier": "L1", "before": "L1", "after": "NOWHERE"}, "unknown composite"),

@@ -154,11 +154,11 @@ def test_per_tier_lru_order() -> None:
     for n in (a, b, c):
         pager.publish(tree, n, L1)
         pager.publish(tree, n, L2)
-    assert tree.evictable(L1) == [a, b, c]
+    assert tree.candidates(L1) == [a, b, c]
     tree.match([1])  # a is now the most recent in both tiers
     tree.touch(b, L2)  # b is the most recent in L2 only
-    assert tree.evictable(L1) == [b, c, a]
-    assert tree.evictable(L2) == [c, a, b]
+    assert tree.candidates(L1) == [b, c, a]
+    assert tree.candidates(L2) == [c, a, b]
 
 
 def test_touch_refreshes_ancestors() -> None:
@@ -168,13 +168,13 @@ def test_touch_refreshes_ancestors() -> None:
     pager.publish(tree, other, L1)
     tree.touch(b, L1)
     tree.set_value(b, L1, None, "ABSENT")  # a becomes an L1 leaf, with b's tick
-    assert tree.evictable(L1) == [other, a]
+    assert tree.candidates(L1) == [other, a]
     # A match touches the whole hit run in each tier, not only its deepest node.
     pager.publish(tree, b, L1)
     tree.touch(other, L1)
     tree.match([1, 2])
     tree.set_value(b, L1, None, "ABSENT")
-    assert tree.evictable(L1) == [other, a]
+    assert tree.candidates(L1) == [other, a]
 
 
 def test_locked_and_pending_nodes_are_never_evictable() -> None:
@@ -183,29 +183,29 @@ def test_locked_and_pending_nodes_are_never_evictable() -> None:
     c = tree.add_child(tree.root, [3])
     pager.publish(tree, c, L1)
     tree.lock(b, L1)
-    assert tree.evictable(L1) == [c]  # b locked; a is not an L1 leaf
-    assert tree.evictable(L2) == [b]  # the L1 lock says nothing about L2
+    assert tree.candidates(L1) == [c]  # b locked; a is not an L1 leaf
+    assert tree.candidates(L2) == [b]  # the L1 lock says nothing about L2
     tree.set_pending(b, L2, 41)
-    assert tree.evictable(L2) == []
+    assert tree.candidates(L2) == []
     # A lock on the parent alone keeps the parent out once it becomes a leaf.
     tree.unlock(b, L1)
     tree.set_value(b, L1, None, "ABSENT")
     tree.lock(a, L1)
-    assert tree.evictable(L1) == [c]
+    assert tree.candidates(L1) == [c]
     tree.unlock(a, L1)
-    assert set(tree.evictable(L1)) == {a, c}
+    assert set(tree.candidates(L1)) == {a, c}
 
 
 def test_leaf_in_l2_with_l1_only_children_is_evictable_in_l2() -> None:
     tree, pager = HiRadixTree(1), Pager()
     a, b = chain(tree, pager, [[1], [2]], [(L1, L2), (L1,)])
-    assert tree.evictable(L2) == [a]
-    assert tree.evictable(L1) == [b]
+    assert tree.candidates(L2) == [a]
+    assert tree.candidates(L1) == [b]
     # A child with a transfer pending into L2 makes the parent an L2 non-leaf.
     tree.set_value(b, L2, None, "D2H_PENDING")
-    assert tree.evictable(L2) == []
+    assert tree.candidates(L2) == []
     tree.set_value(b, L2, None, "ABSENT")
-    assert tree.evictable(L2) == [a]
+    assert tree.candidates(L2) == [a]
 
 
 def test_remove_if_dead_removes_only_empty_unlocked_idle_childless_nodes() -> None:

@@ -118,7 +118,7 @@ class TreeMachine(RuleBasedStateMachine):
 
     @rule(tier=TIER)
     def evict_lru(self, tier: int) -> None:
-        candidates = self.tree.evictable(tier)
+        candidates = self.tree.candidates(tier)
         if not candidates:
             return
         victim = candidates[0]
@@ -194,7 +194,7 @@ class TreeMachine(RuleBasedStateMachine):
     @invariant()
     def evictable_is_exact(self) -> None:
         for t in range(3):
-            got = self.tree.evictable(t)
+            got = self.tree.candidates(t)
             want = {n for n in self.tree.nodes() if n.holds(t) and n.lock[t] == 0 and n.pending[t] is None
                     and all(c.state[t] == ABSENT for c in n.children.values())}
             assert set(got) == want and len(got) == len(want)

@@ -83,7 +83,7 @@ class L3Health:
             reason = self.quarantine[slot][1]
             for below in reversed(self.cp.subtree_holding(node, Tier.L3)[1:]):  # leaves first
                 if below in self.cp.candidates(Tier.L3):
-                    self.metrics.invalidated("below_bad_slot", self.cp.evict_node(below, 2))
+                    self.metrics.invalidated("below_bad_slot", self.cp.evict_node(below, Tier.L3))
             if node in self.cp.candidates(Tier.L3):
                 self._drop(node, reason)
         self._bad_slots()  # forget the slots just dropped
@@ -101,7 +101,7 @@ class L3Health:
 
     def _drop(self, node: TreeNode, reason: str) -> bool:
         try:
-            self.metrics.invalidated(reason, self.cp.evict_node(node, 2, "invalidate_l3"))
+            self.metrics.invalidated(reason, self.cp.evict_node(node, Tier.L3, "invalidate_l3"))
         except IllegalTransition:
             return False  # a promotion reads it right now (its guard): next tick
         return True

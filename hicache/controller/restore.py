@@ -31,7 +31,7 @@ from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import IllegalTransition, OutOfPages, StorageError
-from hicache.tiers import TIERS, Direction, Tier
+from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
 Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, reserve, start
@@ -58,9 +58,9 @@ class RestoreStager:
         mat.shared, mat.l2_part, mat.l3_part = list(plan.shared), list(plan.l2_part), list(plan.l3_part)
         head = mat.shared + mat.l2_part
         if head:
-            self.cp.pin(mat.request_id, head[-1], TIERS.index(Tier.L2))
+            self.cp.pin(mat.request_id, head[-1], Tier.L2)
         if mat.l3_part:
-            self.cp.pin(mat.request_id, mat.l3_part[-1], TIERS.index(Tier.L3))
+            self.cp.pin(mat.request_id, mat.l3_part[-1], Tier.L3)
         if mat.shared:
             self._await(mat, mat.shared[0])
             mat.deferred = bool(mat.l2_part or mat.l3_part)
@@ -84,7 +84,7 @@ class RestoreStager:
             waiter.awaited.discard(op.op_id)
             deepest = self.cp.leading_run(waiter.shared, Tier.L1)
             if ok and deepest is not None:
-                self.cp.pin(waiter.request_id, deepest, TIERS.index(Tier.L1))
+                self.cp.pin(waiter.request_id, deepest, Tier.L1)
                 waiter.landed_pages += sum(n.num_pages for n in self._through(waiter.shared, deepest))
             elif not waiter.deferred:
                 waiter.deferred = True  # load the shared nodes itself (`_resume`)
@@ -121,7 +121,7 @@ class RestoreStager:
         for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
             if node not in self.cp.candidates(Tier.L2):
                 break  # locked by another reader, or not a leaf any more: keep it
-            self.cp.evict_node(node, TIERS.index(Tier.L2))
+            self.cp.evict_node(node, Tier.L2)
 
     def deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
         """The last planned node of the leading run L1 holds (what `prefill` may serve)."""
@@ -215,7 +215,7 @@ class RestoreStager:
         else:
             mat.l2_part = list(op.nodes)
         if ok:
-            self.cp.pin(mat.request_id, op.nodes[-1], TIERS.index(op.direction.target))
+            self.cp.pin(mat.request_id, op.nodes[-1], op.direction.target)
             if op.direction is Direction.H2D:
                 mat.landed_pages += int(op.target_pages.size)
             return

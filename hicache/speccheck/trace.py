@@ -12,7 +12,7 @@ from hicache.tiers import TIERS
 from hicache.trace import TraceEvent
 
 NON_LIFECYCLE_EVENTS: tuple[str, ...] = (
-    "request_start", "request_end", "cached_len", "split", "lock", "unlock", "node_remove",
+    "begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove",
 )
 """Trace events that are not lifecycle transitions (spec/trace.md)."""
 
