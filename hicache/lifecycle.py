@@ -175,11 +175,12 @@ class OwnershipTransition:
 
 @dataclass(frozen=True)
 class CompositeState:
-    """A named, reachable triple of sub-states; `source_name` is the write-ups' name, if any."""
+    """A named, reachable triple of sub-states; `path_name` is its linear-path label, if it has one
+    (spec/lifecycle.md, "Linear paths")."""
 
     name: str
     states: States
-    source_name: str
+    path_name: str
 
 
 def composite_name(states: States) -> str:
@@ -219,7 +220,7 @@ class Lifecycle:
         for tier in TIERS:
             self._load_tier(tier, tables["residency"][str(tier)])
         self.composites: tuple[CompositeState, ...] = tuple(
-            CompositeState(c["name"], (c["L1"], c["L2"], c["L3"]), c.get("source_name", ""))
+            CompositeState(c["name"], (c["L1"], c["L2"], c["L3"]), c.get("path_name", ""))
             for c in tables.get("composite", [])
         )
         self._composite_by_states = {c.states: c for c in self.composites}

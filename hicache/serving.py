@@ -11,7 +11,7 @@ overlapped with decode.
                  counted as a preemption (`Metrics.preempt`), so each admitted prompt
                  token is a hit, recomputed or preempted exactly once
       decode     one step for every request in decode -- while other requests' restores
-                 are still in flight (the overlap the write-up measures)
+                 are still in flight (the overlap the serving bench measures)
       finish     requests whose decode is done
 
 With `prefetch=False` (the controller's config) admission blocks until the restore settles,

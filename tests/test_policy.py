@@ -32,7 +32,7 @@ from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES
 from hicache.tiers import Direction
 
 GIB = float(1 << 30)
-BPT = 147_456  # Qwen3-8B bytes per token (the sources' geometry)
+BPT = 147_456  # Qwen3-8B bytes per token (the qwen3-8b preset's geometry)
 PAGE = 16
 
 
@@ -215,7 +215,7 @@ def _slow_storage(model: CostModel, gib_per_s: float) -> None:
 
 
 def test_cost_policy_restores_when_cheaper_and_recomputes_when_storage_is_slow() -> None:
-    model = CostModel(recompute_us_per_token=138.0)  # the sources' slower GPU
+    model = CostModel(recompute_us_per_token=138.0)  # a slower GPU than the H200
     policy = CostPolicy(model)
     l2 = policy.decide(l1_len=0, l2_len=1024, l3_len=0, prompt_len=2048, bytes_per_token=BPT)
     assert l2.choice == "L2" and l2.benefit_s > 0

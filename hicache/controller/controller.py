@@ -105,7 +105,7 @@ class CacheController:
         if pages_needed > self.config.l1_pages:
             raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_pages)
         # The last prompt token is always computed (it yields the first output's logits), so
-        # a hit may cover at most len - 1 tokens (the second write-up's insert guard).
+        # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1)
         aligned = len(tokens) // g.page_size * g.page_size
         l1, l2 = m.lengths[0], m.lengths[1]
@@ -305,7 +305,7 @@ class CacheController:
     def _sample(self, direction: Direction, handle: TransferHandle) -> None:
         """Feed a completed transfer's time to the cost model.
 
-        The write-up's sample: enqueue + queue wait + service, not one-time workspace setup,
+        The sample: enqueue + queue wait + service, not one-time workspace setup,
         and not how late this loop happened to poll. The first transfer of each direction
         also pays one-time costs the handle cannot separate (kernel JIT for the real shapes,
         first touch): it is a warm-up, not a sample."""

@@ -1,4 +1,4 @@
-"""A request's pending restore (the write-up's "pending materialization") and its plan.
+"""A request's pending restore (a "pending materialization") and its plan.
 
     stage      ops in flight                        next
     ---------  -----------------------------------  -----------------------------------------

@@ -76,7 +76,7 @@ def expected_tables(lc: Lifecycle) -> dict[str, TableSpec]:
     ]
     composites = [
         {"composite": c["name"], "L1": c["L1"], "L2": c["L2"], "L3": c["L3"],
-         "write-ups' name": c.get("source_name", "")}
+         "linear-path name": c.get("path_name", "")}
         for c in t.get("composite", [])
     ]
     tables: dict[str, list[Row]] = {
