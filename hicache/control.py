@@ -302,8 +302,15 @@ class ControlPlane:
 
     def end_request(self, request_id: int) -> None:
         """Finish or abort: release private pages (`discard`), its pins and its prefix lock.
-        Transfers it issued stay pending; the caller cancels them first (see `cancel`)."""
+        The caller first ends the transfers the request issued (`cancel`, once its handle is
+        quiet): IllegalTransition, nothing changed, while one is pending -- its pages would
+        otherwise outlive the request that owns them (spec/restore.md)."""
         req = self._request(request_id)
+        # Verify no op issued for this request is still pending.
+        mine = sorted(op.op_id for op in self.ops.values() if op.request_id == request_id)
+        if mine:
+            raise IllegalTransition("end_request", "-", "-", f"request {request_id} still has "
+                                    f"ops {mine} pending; cancel them (quiesce their handles) first")
         self.unpin(request_id)
         if req.private_pages.size:
             end = req.private_start + req.private_pages.size * self.page_size

@@ -215,3 +215,24 @@ def test_deepcopy_free_snapshot_is_independent() -> None:
     owner = copy.deepcopy(s.tiers["L1"].owner)
     cp.tables[0].reserve(1)
     assert np.array_equal(s.tiers["L1"].owner, owner)
+
+
+def test_end_request_refuses_while_an_op_it_issued_is_pending() -> None:
+    """A request's op owns private target pages; ending the request first would leave them
+    with no owner to cancel them (spec/restore.md). Refused, nothing changed; after the
+    cancel the request ends."""
+    cp = ControlPlane(PS, (16, 16, 16), check_mode="every")
+    prompt = list(range(9))
+    cp.begin_request(1, prompt, match_len=0)
+    cp.compute(1, 8)
+    cp.insert(1)
+    node = cp.prefix_node(1)
+    op = cp.issue(Direction.D2H, cp.tree.path_to_root(node)[::-1], request_id=1)
+    before = (dict(cp.requests), dict(cp.ops), [t.owner.copy() for t in cp.tables])
+    with pytest.raises(IllegalTransition, match=f"ops \\[{op.op_id}\\] pending"):
+        cp.end_request(1)
+    assert (dict(cp.requests), dict(cp.ops)) == before[:2]
+    assert all((t.owner == o).all() for t, o in zip(cp.tables, before[2]))
+    cp.cancel(op.op_id)
+    cp.end_request(1)
+    assert not cp.requests and not cp.ops
