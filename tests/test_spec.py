@@ -326,3 +326,34 @@ def test_composite_diagram_covers_every_reachable_edge() -> None:
     text = all_diagrams(lc)["composite"]
     labels = sum(len(line.split(": ", 1)[1].split(", ")) for line in text.splitlines() if ": " in line)
     assert labels == speccheck.spec_counts(lc)["COMPOSITE_EDGES"] == 94
+
+
+def test_spec_check_covers_the_pages(spec: Path) -> None:
+    """The reading order, bug-class ids and metric names of the pages are checked against
+    the pages and the code: each drift below is reported."""
+    assert check_spec(spec) == []
+    edit(spec / "README.md", "10. [bugclasses.md](bugclasses.md)", "10. [bugs.md](bugs.md)")
+    (spec / "extra.md").write_text("# An unlisted page\n\nCites B17.\n", encoding="utf-8")
+    edit(spec / "restore.md", "`transfers_cancelled_total`", "`transfers_canceled_total`")
+    edit(spec / "restore.md", "`fallbacks_total{reason}`", "`fallbacks_total{cause}`")
+    problems = check_spec(spec)
+    assert has(problems, "reading order lists bugs.md, which does not exist")
+    assert has(problems, "bugclasses.md: not in README.md's reading order")
+    assert has(problems, "extra.md: not in README.md's reading order")
+    assert has(problems, "extra.md line 3", "B17")
+    assert has(problems, "restore.md", "`transfers_canceled_total` is not a metric")
+    assert has(problems, "restore.md", "`fallbacks_total` has no label 'cause'")
+    assert len(problems) == 6, problems
+
+
+def test_spec_check_knows_the_label_values() -> None:
+    from hicache.speccheck.pages import check_metric_names, exported_metrics
+
+    exported = exported_metrics('hicache_fallbacks_total{reason="no_room"} 0\n'
+                                "hicache_restores_total 3\n")
+    assert exported == {"fallbacks_total": {"reason": frozenset({"no_room"})},
+                        "restores_total": {}}
+    pages = {"a.md": 'x `fallbacks_total{reason="no_room"}` `restores_total`\n'
+                     'y `fallbacks_total{reason="gone"}`\n'}
+    assert check_metric_names(pages, exported) == [
+        "a.md line 2: `fallbacks_total` has no reason='gone' (it has no_room)"]

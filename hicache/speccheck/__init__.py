@@ -14,6 +14,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
     invariants       registry CHECKS vs invariants.md headings, checker and test names
     trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table
     l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
+    pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
+                     metric names in the pages vs what the reference exports
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from hicache.spec import load_toml
 from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, registry_checks
 from hicache.speccheck.l3header import check_l3_header
 from hicache.speccheck.mdtables import parse_tables
+from hicache.speccheck.pages import (
+    check_bug_classes, check_metric_names, check_reading_order, reference_metrics,
+)
 from hicache.speccheck.rules import check_rules
 from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
 from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_trace_schema
@@ -62,9 +67,14 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     trace_md = _read(spec_dir / "trace.md", problems)
     if schema_text is not None:
         problems += check_trace_schema(lc, schema_text, trace_md)
-    readme = _read(spec_dir / "l3.md", problems)
-    if readme is not None:
-        problems += check_l3_header(readme)
+    l3_md = _read(spec_dir / "l3.md", problems)
+    if l3_md is not None:
+        problems += check_l3_header(l3_md)
+    pages = {p.name: text for p in sorted(spec_dir.glob("*.md"))
+             if (text := _read(p, problems)) is not None}
+    problems += check_reading_order(pages) + check_bug_classes(pages)
+    metrics = reference_metrics()
+    problems += [metrics] if isinstance(metrics, str) else check_metric_names(pages, metrics)
     return problems
 
 
