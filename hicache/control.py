@@ -17,11 +17,9 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
@@ -29,69 +27,17 @@ from hicache.invariants.checker import InvariantChecker, parse_check_mode
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
 from hicache.pages import PageTable, Pages, pages
 from hicache.poison import refuse_when_poisoned
-from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
+from hicache.queries import PlaneQueries
+from hicache.records import PendingOp, Request, UnknownOp
+from hicache.snapshot import Digests
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tracewalk import walk_hook
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
 
-Digests = Callable[[str, Pages], npt.NDArray[np.uint64]]
 
-
-class UnknownRequest(HiCacheError):
-    def __init__(self, request_id: int) -> None:
-        super().__init__(f"request {request_id} is not live; call begin_request first")
-
-
-class UnknownOp(HiCacheError):
-    def __init__(self, op_id: int) -> None:
-        super().__init__(f"op {op_id} is not pending (already completed, failed or cancelled?)")
-
-
-@dataclass
-class PendingOp:
-    """One transfer between `issue` and its observed completion. `nodes` are in path order
-    (parent first); page arrays are the nodes' pages concatenated in that order."""
-
-    op_id: int
-    direction: Direction
-    nodes: list[TreeNode]
-    source_pages: Pages
-    target_pages: Pages
-    request_id: int | None
-
-    @property
-    def token_range(self) -> tuple[int, int]:
-        start = _prefix_start(self.nodes[0])
-        return start, start + sum(len(n.key) for n in self.nodes)
-
-
-@dataclass
-class Request:
-    """A live request. `locked` is the deepest node whose L1 prefix it holds locked (root:
-    none); `cached_len` tokens of its prefix are served from the cache (<= published_len)."""
-
-    request_id: int
-    tokens: tuple[int, ...]
-    locked: TreeNode
-    published_len: int = 0
-    cached_len: int = 0
-    private_pages: Pages = field(default_factory=pages)
-    private_start: int = 0  # token offset the private pages begin at
-    pins: list[tuple[TreeNode, int]] = field(default_factory=list)  # (node, tier index) locks
-
-
-def _prefix_start(node: TreeNode) -> int:
-    start = 0
-    p = node.parent
-    while p is not None:
-        start += len(p.key)
-        p = p.parent
-    return start
-
-
-@refuse_when_poisoned("snapshot")  # after an InvariantViolation, only observation (poison.py)
-class ControlPlane:
+@refuse_when_poisoned()  # after an InvariantViolation, only PlaneQueries (poison.py)
+class ControlPlane(PlaneQueries):
     """Tree + page tables + pending ops + requests, changed only through spec transitions."""
 
     poisoned: InvariantViolation | None = None  # the violation that poisoned the plane, if any
@@ -452,158 +398,6 @@ class ControlPlane:
             if self.tracer.enabled:
                 self.tracer.emit("node_remove", node=r.node_id)
 
-    # -- queries (the controller asks; it never reads node fields) ------------------------
-
-    def holds(self, node: TreeNode, tier: Tier | str) -> bool:
-        """Whether `node`'s pages are published (RESIDENT) in `tier`. The root holds every
-        tier (it has no pages: an empty prefix is always present)."""
-        return node.is_root or node.state[TIERS.index(Tier(tier))] == RESIDENT
-
-    def residency(self, node: TreeNode, tier: Tier | str) -> str:
-        """`node`'s residency sub-state in `tier` (spec/lifecycle.toml: ABSENT, RESIDENT or
-        `<DIR>_PENDING`); RESIDENT for the root."""
-        return RESIDENT if node.is_root else node.state[TIERS.index(Tier(tier))]
-
-    def filling_op(self, node: TreeNode, tier: Tier | str) -> int | None:
-        """The id of the pending op filling `node` in `tier`, or None."""
-        return None if node.is_root else node.pending[TIERS.index(Tier(tier))]
-
-    def hits(self, node: TreeNode) -> int:
-        """How many touching matches passed through `node` (what selective write-through reads)."""
-        return node.hits
-
-    def is_live(self, node: TreeNode) -> bool:
-        """Whether `node` (this very object) is still in the tree; a removed node must never
-        be acted on (match again)."""
-        return self.tree.contains(node)
-
-    def leading_run(self, nodes: Sequence[TreeNode], tier: Tier | str) -> TreeNode | None:
-        """The last node of the leading run of `nodes` (parent first) RESIDENT in `tier`;
-        None when the first is not."""
-        deepest = None
-        for n in nodes:
-            if not self.holds(n, tier):
-                break
-            deepest = n
-        return deepest
-
-    def prefix_pages(self, node: TreeNode, tier: Tier | str) -> Pages:
-        """`tier`'s physical pages of the whole prefix ending at `node`, in token order (the
-        root's: none). IllegalTransition if some node on the path does not hold `tier`."""
-        t = TIERS.index(Tier(tier))
-        path = [] if node.is_root else list(reversed(self.tree.path_to_root(node)))
-        values = [n.value[t] for n in path]
-        if any(v is None for v in values):
-            gap = next(n.node_id for n, v in zip(path, values) if v is None)
-            raise IllegalTransition("-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}")
-        return np.concatenate([v for v in values if v is not None]) if values else pages()
-
-    def holder(self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None) -> TreeNode | None:
-        """The node (among `nodes`, default every node) whose `tier` value holds physical
-        page `page`, or None."""
-        t = TIERS.index(Tier(tier))
-        for n in self.tree.nodes() if nodes is None else nodes:
-            v = n.value[t]
-            if v is not None and page in v:
-                return n
-        return None
-
-    def generation(self, tier: Tier | str, page: int) -> int:
-        """How many times physical page `page` of `tier` has been reserved: (page, generation)
-        names one content, so a remembered page is the same only while this is unchanged."""
-        return int(self.tables[TIERS.index(Tier(tier))].generation[page])
-
-    def subtree_holding(self, node: TreeNode, tier: Tier | str) -> list[TreeNode]:
-        """`node` and every descendant reached through nodes RESIDENT in `tier`, parent first
-        (empty when `node` does not hold `tier`)."""
-        t = TIERS.index(Tier(tier))
-        found: list[TreeNode] = []
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if not n.is_root and n.state[t] == RESIDENT:
-                found.append(n)
-                stack.extend(n.children.values())
-        return found
-
-    def candidates(self, tier: Tier | str, keep: Collection[TreeNode] = ()) -> list[TreeNode]:
-        """Eviction candidates of `tier`, in eviction order (spec/eviction.md): leaves in
-        `tier`, unlocked and not pending there, whose `evict_lN` guards hold, not in `keep`;
-        least recently used first, ties broken by the older node id."""
-        t = TIERS.index(Tier(tier))
-        name = f"evict_{str(TIERS[t]).lower()}"
-        kept = {n.node_id for n in keep}
-        return [n for n in self.tree.candidates(t)
-                if n.node_id not in kept and self._allows(name, n)]
-
-    def _allows(self, name: str, node: TreeNode) -> bool:
-        """Whether transition `name` is enabled on `node` (the row's source sub-state and every
-        guard hold, context guards included), changing nothing: the executor's pure plan."""
-        try:
-            self.executor.plan(name, node_segments([node]))
-        except IllegalTransition:
-            return False
-        return True
-
-    def free_pages(self, tier: Tier | str) -> int:
-        """Pages of `tier` that are FREE (neither private nor published)."""
-        return self.tables[TIERS.index(Tier(tier))].free_count
-
-    def usage(self, tier: Tier | str) -> dict[str, int]:
-        """`tier`'s pages by owner (capacity, free, private, tree) and how many published
-        pages are eviction candidates now, or locked (all counts in pages)."""
-        t = TIERS.index(Tier(tier))
-        table = self.tables[t]
-        return {
-            "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
-            "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
-            "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
-        }
-
-    def cached_len(self, request_id: int) -> int:
-        """Tokens of the request's prompt served from the cache (UnknownRequest if not live)."""
-        return self._request(request_id).cached_len
-
-    def prefix_node(self, request_id: int) -> TreeNode:
-        """The deepest node whose L1 prefix the request holds locked (the root: none)."""
-        return self._request(request_id).locked
-
-    # -- observation ----------------------------------------------------------------------
-
-    def snapshot(self) -> Snapshot:
-        """Every record, independently, as plain data for the invariant checkers."""
-        views = []
-        for n in [self.tree.root, *self.tree.nodes()]:
-            views.append(NodeView(
-                node_id=n.node_id,
-                parent_id=None if n.parent is None else n.parent.node_id,
-                child_ids=tuple(c.node_id for c in n.children.values()),
-                key_tokens=len(n.key),
-                values={str(t): n.value[i] for i, t in enumerate(TIERS)},
-                states={str(t): n.state[i] for i, t in enumerate(TIERS)},
-                locks={str(t): n.lock[i] for i, t in enumerate(TIERS)},
-                pending={str(t): n.pending[i] for i, t in enumerate(TIERS)},
-                parent_link_ok=n.parent is None or any(c is n for c in n.parent.children.values()),
-            ))
-        # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
-        ops = tuple(
-            OpView(op.op_id, op.direction.value, str(op.direction.source), str(op.direction.target),
-                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range,
-                   lock_node_id=op.nodes[-1].node_id)
-            for op in self.ops.values()
-        )
-        reqs = tuple(
-            RequestView(r.request_id, r.cached_len, locked_node_id=r.locked.node_id,
-                        pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
-                        private_pages={"L1": r.private_pages})
-            for r in self.requests.values()
-        )
-        tiers = {
-            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i])
-            for i, (t, tab) in enumerate(zip(TIERS, self.tables))
-        }
-        return Snapshot(self.page_size, tiers, tuple(views), ops, reqs, self.digests, self.tree.root.node_id)
-
     def _verify_live(self, nodes: Sequence[TreeNode], event: str, tier: Tier) -> None:
         """IllegalTransition unless every node is a live, non-root node of this tree: a caller
         holding a node the tree has since removed must re-match, never act on it."""
@@ -621,12 +415,6 @@ class ControlPlane:
             self.poisoned = violation
             self.tree.poison(violation)
             raise
-
-    def _request(self, request_id: int) -> Request:
-        req = self.requests.get(request_id)
-        if req is None:
-            raise UnknownRequest(request_id)
-        return req
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         """A split inserts `upper` before `lower`; ops covering `lower` now cover both."""

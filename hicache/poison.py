@@ -8,13 +8,15 @@ plane"):
 
     still allowed                          refused with PlanePoisoned (nothing changed)
     -------------------------------------  ---------------------------------------------
-    snapshot(), `poisoned` (the cause)     every other public method: every transition
+    snapshot(), `poisoned` (the cause)     every public method ControlPlane itself
+    the queries (hicache.queries)          defines: every transition
     the tree's read-only queries           the tree's mutators (split, lock, set_value, ...,
     reading requests, ops, page tables     match that splits or refreshes LRU ticks)
     the trace emitted so far
 
-`refuse_when_poisoned` is the class decorator that enforces the left column for a class: each
-public method not named as allowed first checks `self.poisoned`. New methods are refused by
+`refuse_when_poisoned` is the class decorator that enforces the right column for a class: each
+public method the class itself defines (not one it inherits: the read-only `PlaneQueries`),
+unless named as allowed, first checks `self.poisoned`. New methods are refused by
 default, so a transition added later cannot forget the rule.
 """
 

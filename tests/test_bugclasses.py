@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hicache.control import UnknownOp
+from hicache.records import UnknownOp
 from hicache.errors import IllegalTransition
 from hicache.tiers import Direction
 from tests.test_control import fingerprint, plane, served

@@ -8,7 +8,8 @@ import copy
 import numpy as np
 import pytest
 
-from hicache.control import ControlPlane, UnknownOp
+from hicache.control import ControlPlane
+from hicache.records import UnknownOp
 from hicache.errors import IllegalTransition, OutOfPages
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer

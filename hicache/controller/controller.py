@@ -23,7 +23,8 @@ import time
 import weakref
 from typing import Sequence
 
-from hicache.control import ControlPlane, PendingOp, UnknownRequest
+from hicache.control import ControlPlane
+from hicache.records import PendingOp, UnknownRequest
 from hicache.controller.backup import BackupPlanner, chain_lacking
 from hicache.controller.config import CacheConfig
 from hicache.controller.digests import CachedDigests

@@ -25,7 +25,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hicache.control import ControlPlane, PendingOp
+from hicache.control import ControlPlane
+from hicache.records import PendingOp
 from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier

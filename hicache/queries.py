@@ -1,0 +1,189 @@
+"""The control plane's read-only side: the queries the controller asks, and the snapshot.
+
+`PlaneQueries` is the base of `ControlPlane`. Nothing here changes the plane, so every method
+stays available on a poisoned plane (spec/invariants.md, "A poisoned plane"): callers that
+must not read node fields (the controller, spec/restore.md) ask these instead.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Iterable, Sequence
+
+import numpy as np
+
+from hicache.errors import IllegalTransition
+from hicache.execute import Executor, node_segments
+from hicache.lifecycle import RESIDENT
+from hicache.pages import PageTable, Pages, pages
+from hicache.records import PendingOp, Request, UnknownRequest
+from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
+from hicache.tiers import TIERS, Tier
+from hicache.tree import HiRadixTree, TreeNode
+
+
+class PlaneQueries:
+    """Read-only questions about the tree, the page tables, the requests and the ops."""
+
+    tree: HiRadixTree
+    tables: tuple[PageTable, ...]
+    executor: Executor
+    page_size: int
+    ops: dict[int, PendingOp]
+    requests: dict[int, Request]
+    digests: Digests | None  # page digests for I4 (the data plane's), or None
+
+    def holds(self, node: TreeNode, tier: Tier | str) -> bool:
+        """Whether `node`'s pages are published (RESIDENT) in `tier`. The root holds every
+        tier (it has no pages: an empty prefix is always present)."""
+        return node.is_root or node.state[TIERS.index(Tier(tier))] == RESIDENT
+
+    def residency(self, node: TreeNode, tier: Tier | str) -> str:
+        """`node`'s residency sub-state in `tier` (spec/lifecycle.toml: ABSENT, RESIDENT or
+        `<DIR>_PENDING`); RESIDENT for the root."""
+        return RESIDENT if node.is_root else node.state[TIERS.index(Tier(tier))]
+
+    def filling_op(self, node: TreeNode, tier: Tier | str) -> int | None:
+        """The id of the pending op filling `node` in `tier`, or None."""
+        return None if node.is_root else node.pending[TIERS.index(Tier(tier))]
+
+    def hits(self, node: TreeNode) -> int:
+        """How many touching matches passed through `node` (what selective write-through reads)."""
+        return node.hits
+
+    def is_live(self, node: TreeNode) -> bool:
+        """Whether `node` (this very object) is still in the tree; a removed node must never
+        be acted on (match again)."""
+        return self.tree.contains(node)
+
+    def leading_run(self, nodes: Sequence[TreeNode], tier: Tier | str) -> TreeNode | None:
+        """The last node of the leading run of `nodes` (parent first) RESIDENT in `tier`;
+        None when the first is not."""
+        deepest = None
+        for n in nodes:
+            if not self.holds(n, tier):
+                break
+            deepest = n
+        return deepest
+
+    def prefix_pages(self, node: TreeNode, tier: Tier | str) -> Pages:
+        """`tier`'s physical pages of the whole prefix ending at `node`, in token order (the
+        root's: none). IllegalTransition if some node on the path does not hold `tier`."""
+        t = TIERS.index(Tier(tier))
+        path = [] if node.is_root else list(reversed(self.tree.path_to_root(node)))
+        values = [n.value[t] for n in path]
+        if any(v is None for v in values):
+            gap = next(n.node_id for n, v in zip(path, values) if v is None)
+            raise IllegalTransition("-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}")
+        return np.concatenate([v for v in values if v is not None]) if values else pages()
+
+    def holder(self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None) -> TreeNode | None:
+        """The node (among `nodes`, default every node) whose `tier` value holds physical
+        page `page`, or None."""
+        t = TIERS.index(Tier(tier))
+        for n in self.tree.nodes() if nodes is None else nodes:
+            v = n.value[t]
+            if v is not None and page in v:
+                return n
+        return None
+
+    def generation(self, tier: Tier | str, page: int) -> int:
+        """How many times physical page `page` of `tier` has been reserved: (page, generation)
+        names one content, so a remembered page is the same only while this is unchanged."""
+        return int(self.tables[TIERS.index(Tier(tier))].generation[page])
+
+    def subtree_holding(self, node: TreeNode, tier: Tier | str) -> list[TreeNode]:
+        """`node` and every descendant reached through nodes RESIDENT in `tier`, parent first
+        (empty when `node` does not hold `tier`)."""
+        t = TIERS.index(Tier(tier))
+        found: list[TreeNode] = []
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if not n.is_root and n.state[t] == RESIDENT:
+                found.append(n)
+                stack.extend(n.children.values())
+        return found
+
+    def candidates(self, tier: Tier | str, keep: Collection[TreeNode] = ()) -> list[TreeNode]:
+        """Eviction candidates of `tier`, in eviction order (spec/eviction.md): leaves in
+        `tier`, unlocked and not pending there, whose `evict_lN` guards hold, not in `keep`;
+        least recently used first, ties broken by the older node id."""
+        t = TIERS.index(Tier(tier))
+        name = f"evict_{str(TIERS[t]).lower()}"
+        kept = {n.node_id for n in keep}
+        return [n for n in self.tree.candidates(t)
+                if n.node_id not in kept and self._allows(name, n)]
+
+    def _allows(self, name: str, node: TreeNode) -> bool:
+        """Whether transition `name` is enabled on `node` (the row's source sub-state and every
+        guard hold, context guards included), changing nothing: the executor's pure plan."""
+        try:
+            self.executor.plan(name, node_segments([node]))
+        except IllegalTransition:
+            return False
+        return True
+
+    def free_pages(self, tier: Tier | str) -> int:
+        """Pages of `tier` that are FREE (neither private nor published)."""
+        return self.tables[TIERS.index(Tier(tier))].free_count
+
+    def usage(self, tier: Tier | str) -> dict[str, int]:
+        """`tier`'s pages by owner (capacity, free, private, tree) and how many published
+        pages are eviction candidates now, or locked (all counts in pages)."""
+        t = TIERS.index(Tier(tier))
+        table = self.tables[t]
+        return {
+            "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
+            "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
+            "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
+        }
+
+    def cached_len(self, request_id: int) -> int:
+        """Tokens of the request's prompt served from the cache (UnknownRequest if not live)."""
+        return self._request(request_id).cached_len
+
+    def prefix_node(self, request_id: int) -> TreeNode:
+        """The deepest node whose L1 prefix the request holds locked (the root: none)."""
+        return self._request(request_id).locked
+
+    # -- observation ----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Every record, independently, as plain data for the invariant checkers."""
+        views = []
+        for n in [self.tree.root, *self.tree.nodes()]:
+            views.append(NodeView(
+                node_id=n.node_id,
+                parent_id=None if n.parent is None else n.parent.node_id,
+                child_ids=tuple(c.node_id for c in n.children.values()),
+                key_tokens=len(n.key),
+                values={str(t): n.value[i] for i, t in enumerate(TIERS)},
+                states={str(t): n.state[i] for i, t in enumerate(TIERS)},
+                locks={str(t): n.lock[i] for i, t in enumerate(TIERS)},
+                pending={str(t): n.pending[i] for i, t in enumerate(TIERS)},
+                parent_link_ok=n.parent is None or any(c is n for c in n.parent.children.values()),
+            ))
+        # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
+        ops = tuple(
+            OpView(op.op_id, op.direction.value, str(op.direction.source), str(op.direction.target),
+                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range,
+                   lock_node_id=op.nodes[-1].node_id)
+            for op in self.ops.values()
+        )
+        reqs = tuple(
+            RequestView(r.request_id, r.cached_len, locked_node_id=r.locked.node_id,
+                        pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
+                        private_pages={"L1": r.private_pages})
+            for r in self.requests.values()
+        )
+        tiers = {
+            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i])
+            for i, (t, tab) in enumerate(zip(TIERS, self.tables))
+        }
+        return Snapshot(self.page_size, tiers, tuple(views), ops, reqs, self.digests, self.tree.root.node_id)
+
+    def _request(self, request_id: int) -> Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequest(request_id)
+        return req
