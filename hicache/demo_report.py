@@ -72,8 +72,9 @@ GLOSSARY: dict[str, str] = {
     "L3 offline": "the L3 file was removed or replaced under the cache: L3 serves and takes "
                   "nothing more, L1 and L2 keep serving ('l3_offline')",
     "L2 full": "a backup to L2 found no room after eviction ('host_pressure')",
-    "evicted before its L2 backup": "L1 evicted a node before its L2 copy existed "
-                                    "('write_through_unbacked_eviction')",
+    "evicted before its L2 backup": "L1 evicted a node that had no L2 copy: its backup was "
+                                    "not in time, or write-back found no room "
+                                    "('unbacked_eviction')",
     "L3 full": "a backup to L3 found no room ('storage_pressure')",
     "backup transfer failed": "a D2H or H2S backup failed ('backup_failed')",
     "L3 copies dropped": "L3 pages dropped outside pressure eviction: a node's slot failed "
@@ -88,7 +89,7 @@ GLOSSARY: dict[str, str] = {
 
 FALLBACK_LABELS = {"transfer_failed": "transfer failed", "no_room": "no room in the target tier",
                    "restore_gap": "promoted, not loaded", "l3_offline": "L3 offline"}
-DROP_LABELS = {"host_pressure": "L2 full", "write_through_unbacked_eviction":
+DROP_LABELS = {"host_pressure": "L2 full", "unbacked_eviction":
                "evicted before its L2 backup", "storage_pressure": "L3 full",
                "backup_failed": "backup transfer failed", "l3_offline": "L3 offline"}
 DIRECTION_LABELS = {"D2H": "L1 -> L2", "H2D": "L2 -> L1", "H2S": "L2 -> L3", "S2H": "L3 -> L2"}

@@ -210,7 +210,7 @@ def test_write_back_backs_up_on_eviction() -> None:
     assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
     serve(c, 2, OTHER)  # needs L1 room: the first prompt is backed up, then evicted
     first = c.cp.tree.match(PROMPT, split=False, touch=False)
-    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["unbacked_eviction"] == 0
     c.close()
 
 
@@ -218,7 +218,7 @@ def test_unbacked_eviction_counts_dropped_tokens() -> None:
     c = make(write_policy="write_through_selective", l1_pages=12)
     serve(c, 1, PROMPT)
     serve(c, 2, OTHER)
-    assert c.metrics.dropped_tokens["write_through_unbacked_eviction"] >= 24
+    assert c.metrics.dropped_tokens["unbacked_eviction"] >= 24
     c.close()
 
 

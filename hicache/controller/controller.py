@@ -331,14 +331,13 @@ class CacheController:
 
     def _back_up_now(self, node: TreeNode) -> bool:
         """Write-back: back `node` (and the chain it needs) up to L2 and wait. False if that
-        cannot be done (no room, or blocked)."""
+        cannot be done (no room, or blocked); the caller counts the victim's loss, once."""
         chain = chain_lacking(self.cp, node, Direction.D2H)
         if not chain or chain[-1] is not node:
             return False
         try:
             op = self.issue(Direction.D2H, chain)
         except OutOfPages:
-            self.metrics.drop("host_pressure", sum(len(n.key) for n in chain))
             return False
         self.handles[op.op_id].wait()
         self._settle(op.op_id)

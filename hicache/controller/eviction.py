@@ -10,7 +10,7 @@ because an L3 slot is bad are counted apart, see l3health.py).
 An L1 victim without an L2 copy loses its tokens from the cache. Under `write_back` it is
 backed up first (`back_up`: a D2H of the chain it needs, waited for); when that cannot be
 done, or under the other write policies (whose backups were not in time), its tokens are
-counted in `dropped_tokens["write_through_unbacked_eviction"]`.
+counted once, in `dropped_tokens["unbacked_eviction"]`.
 """
 
 from __future__ import annotations
@@ -49,4 +49,4 @@ class Evictor:
             return
         if self.write_back and self.back_up(victim):
             return
-        self.metrics.drop("write_through_unbacked_eviction", len(victim.key))
+        self.metrics.drop("unbacked_eviction", len(victim.key))

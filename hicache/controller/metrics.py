@@ -48,7 +48,7 @@ GIB = float(1 << 30)
 #                    loading it back would leave a gap; it stays in L2, the tokens are recomputed
 #   l3_offline       the L3 file is offline (removed or replaced under us)
 FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline")
-DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
+DROP_REASONS = ("host_pressure", "unbacked_eviction", "storage_pressure",
                 "backup_failed", "l3_offline")
 # Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: the node's slot
 # failed its checksum, could not be read (I/O error, file ended early), or the whole file went
