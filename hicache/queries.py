@@ -21,6 +21,9 @@ from hicache.tiers import TIERS, Tier
 from hicache.tree import HiRadixTree, TreeNode
 
 
+TIER_NAMES = tuple(str(t) for t in TIERS)  # "L1", "L2", "L3": the snapshot's keys
+
+
 class PlaneQueries:
     """Read-only questions about the tree, the page tables, the requests and the ops."""
 
@@ -157,11 +160,11 @@ class PlaneQueries:
                 parent_id=None if n.parent is None else n.parent.node_id,
                 child_ids=tuple(c.node_id for c in n.children.values()),
                 key_tokens=len(n.key),
-                values={str(t): n.value[i] for i, t in enumerate(TIERS)},
-                states={str(t): n.state[i] for i, t in enumerate(TIERS)},
-                locks={str(t): n.lock[i] for i, t in enumerate(TIERS)},
-                pending={str(t): n.pending[i] for i, t in enumerate(TIERS)},
-                parent_link_ok=n.parent is None or any(c is n for c in n.parent.children.values()),
+                values=dict(zip(TIER_NAMES, n.value)),
+                states=dict(zip(TIER_NAMES, n.state)),
+                locks=dict(zip(TIER_NAMES, n.lock)),
+                pending=dict(zip(TIER_NAMES, n.pending)),
+                parent_link_ok=n.parent is None or n.parent.children.get(n.key[:self.page_size]) is n,
             ))
         # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
         ops = tuple(

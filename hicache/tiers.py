@@ -17,8 +17,9 @@ class Tier(str, enum.Enum):
     L2 = "L2"
     L3 = "L3"
 
-    def __str__(self) -> str:
-        return self.value
+    # The plain string ("L1"): str's own __str__ skips the enum's `value` descriptor, which
+    # matters on the checker's hot path (a tier name per node per check).
+    __str__ = str.__str__
 
 
 TIERS: tuple[Tier, ...] = (Tier.L1, Tier.L2, Tier.L3)
