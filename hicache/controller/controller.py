@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hicache.control import ControlPlane
 from hicache.records import PendingOp, UnknownRequest
@@ -32,41 +32,68 @@ from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
+from hicache.controller.pending import PendingTransfer, pending_transfers
 from hicache.controller.restore import RestoreStager
 from hicache.controller.verify import RestoreMismatch, RestoreVerifier
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
-    CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
+    ConfigError, CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
     TransferError, UnreadableSlot,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
-from hicache.producers import KVProducer, SyntheticProducer
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
+
+if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
+    from hicache.dataplane.engine import TransferEngine
+    from hicache.producers import KVProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
 
 
 class CacheController:
     def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
-                 faults: FaultInjector | None = None, tracer: Tracer | None = None) -> None:
-        from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
-
+                 faults: FaultInjector | None = None, tracer: Tracer | None = None,
+                 engine: DataPlane | None = None) -> None:
+        """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
+        chooses op by op); None builds a `TransferEngine` from `config`. A plane without
+        bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
+        is a no-op and torch is never imported. ConfigError when a producer is given for a
+        byte-free plane (it would never be called)."""
         self.config = config
         g = config.kv
-        self.engine = TransferEngine(
-            g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
-            l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads, faults=faults,
-            l3_overwrite=config.l3_overwrite,
-        )
+        self.faults = faults
+        self._bytes: TransferEngine | None = None  # the plane's pools, when it has bytes
+        if engine is None:
+            self._bytes = _build_engine(config, faults)
+            engine = self._bytes
+        elif engine.has_bytes:
+            from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
+
+            if not isinstance(engine, TransferEngine):
+                raise ConfigError("engine", "a plane with bytes must be a TransferEngine (the "
+                                  "verifier and producer read its L1 pool); pass a NullEngine or none")
+            self._bytes = engine
+        elif producer is not None:
+            raise ConfigError("producer", "the data plane holds no bytes (has_bytes is False), "
+                              "so a producer would never run; pass none")
+        self.engine: DataPlane = engine
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer,
         )
-        self.cp.digests = CachedDigests(self.engine.digests, self.cp.tables)
-        self.producer: KVProducer = producer or SyntheticProducer(g, device=self.engine.device)
+        self.producer: KVProducer | None = None
+        verifier: RestoreVerifier | None = None
+        if self._bytes is not None:
+            from hicache.producers import SyntheticProducer  # torch-heavy; only with bytes
+
+            self.cp.digests = CachedDigests(self._bytes.digests, self.cp.tables)
+            self.producer = producer or SyntheticProducer(g, device=self._bytes.device)
+            if config.verify:
+                verifier = RestoreVerifier(self.producer, self._bytes.l1.tensor)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -80,11 +107,18 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor)
+        self.verifier = verifier  # None: restored bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(),
-                                    self.verifier if config.verify else None, config.promotion)
+                                    lambda: me._after_part_dropped(), verifier, config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
+
+    @property
+    def transfer_engine(self) -> TransferEngine:
+        """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane."""
+        if self._bytes is None:
+            raise ConfigError("engine", "this controller drives a data plane without bytes "
+                              "(has_bytes is False): it has no pools; use `engine` for transfers")
+        return self._bytes
 
     @property
     def restores(self) -> dict[int, Materialization]:
@@ -263,7 +297,7 @@ class CacheController:
         `IllegalTransition` (a guard fails, or a node was removed from the tree), and
         `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline)."""
         if not self.l3.online and Tier.L3 in (direction.source, direction.target):
-            raise StorageError(self.engine.l3.path, f"L3 is offline: {self.l3.offline_reason}")
+            raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
         # Keep the chain's parent: evicting it would open a backup gap under the chain.
@@ -354,9 +388,10 @@ class CacheController:
         rid = mat.request_id
         new_pages = self.cp.compute(rid, end - start)
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
-        padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
-        seconds = self.producer.produce(padded, start, end, self.engine.l1.tensor, prefix, new_pages)
-        self.model.observe("recompute", end - start, seconds)
+        if self.producer is not None and self._bytes is not None:  # a byte-free plane computes nothing
+            padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
+            seconds = self.producer.produce(padded, start, end, self._bytes.l1.tensor, prefix, new_pages)
+            self.model.observe("recompute", end - start, seconds)
         self.cp.insert(rid)
         self.backups.after_insert(self.cp.prefix_node(rid))
 
@@ -383,6 +418,11 @@ class CacheController:
 
     # -- observation ------------------------------------------------------------------------
 
+    def pending(self) -> list[PendingTransfer]:
+        """The transfers in flight (op id, direction, request, stage; controller/pending.py),
+        in issue order: what a driver may finish or fail next through `handles[op_id]`."""
+        return pending_transfers(self.cp, self.stager)
+
     def status(self) -> dict[str, object]:
         return {
             "tiers": {str(t): self.cp.usage(t) for t in TIERS},
@@ -392,3 +432,14 @@ class CacheController:
             "l3": "online" if self.l3.online else f"offline: {self.l3.offline_reason}",
             "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
         }
+
+
+def _build_engine(config: CacheConfig, faults: FaultInjector | None) -> TransferEngine:
+    """The real data plane `config` describes (imports torch)."""
+    from hicache.dataplane.engine import TransferEngine
+
+    return TransferEngine(
+        config.kv, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
+        l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads,
+        faults=faults, l3_overwrite=config.l3_overwrite,
+    )

@@ -79,6 +79,11 @@ class TransferEngine:
         self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         self._closed = False
 
+    @property
+    def l3_path(self) -> str:
+        """The L3 file's path (named in errors)."""
+        return self.l3.path
+
     # -- transfers ------------------------------------------------------------------------------
 
     def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:

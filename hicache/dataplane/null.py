@@ -104,6 +104,11 @@ class NullEngine:
         self.capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         self.handles: list[NullHandle] = []
 
+    @property
+    def l3_path(self) -> str:
+        """There is no L3 file; errors name this instead."""
+        return "<null>"
+
     def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: object = None) -> TransferHandle:
         return self._issue(Direction.D2H, l1_pages, l2_pages)
 

@@ -1,0 +1,174 @@
+"""The controller on the null data plane: no torch, completions chosen op by op.
+
+A driver (the stateful machine) finishes, fails or leaves pending each transfer it picks from
+`controller.pending()`; every controller path must hold up whatever order the completions
+arrive in, including a restore's S2H and H2D in adverse orders, and an abort at any point.
+Invariants are checked after every transition (check mode `every`)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.dataplane.handles import NullHandle
+from hicache.dataplane.null import NullEngine
+from hicache.errors import ConfigError
+from hicache.tiers import Direction, Tier
+
+A = tuple(range(100, 112))  # 3 pages
+AB = A + tuple(range(300, 312))  # 6 pages: A's node, then B's
+ABC = AB + (7, 8, 9, 10, 11)  # restores A (from L2) and B (from L3), computes the rest
+
+
+def make(**kw: object) -> CacheController:
+    cfg = CacheConfig(**{"l1_pages": 16, "l2_pages": 32, "l3_slots": 64, "policy": "always", **kw})  # type: ignore[arg-type]
+    return CacheController(cfg, engine=NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots))
+
+
+def finish(c: CacheController, op_id: int, ok: bool) -> None:
+    """Let the next tick observe op `op_id` done (ok) or failed."""
+    handle = c.handles[op_id]
+    assert isinstance(handle, NullHandle), "the null plane issues NullHandles"
+    handle.finish(ok)
+
+
+def settle_all(c: CacheController, ok: bool = True) -> None:
+    """Tick (which issues due backups); finish every pending transfer with `ok`; until none
+    is left."""
+    for _ in range(100):
+        c.tick()
+        if not c.handles:
+            return
+        for op_id in list(c.handles):
+            finish(c, op_id, ok)
+    raise AssertionError("transfers still pending after 100 rounds")
+
+
+def serve(c: CacheController, rid: int, tokens: tuple[int, ...]) -> None:
+    c.admit(rid, tokens)
+    while not c.ready(rid):
+        settle_all(c)
+    c.prefill(rid)
+    c.finish(rid)
+
+
+def assert_clean(c: CacheController) -> None:
+    """No op, handle, request, private page or lock is left; no invariant ever broke."""
+    settle_all(c)
+    assert not c.cp.ops and not c.handles and not c.cp.requests
+    for table in c.cp.tables:
+        assert table.count(1) == 0, f"{table.tier}: private pages left"
+    assert all(c.cp.usage(t)["locked"] == 0 for t in Tier)
+    assert c.cp.checker.violations_found == 0
+
+
+def two_stage_restore() -> CacheController:
+    """A controller where admitting ABC restores A from L2 (H2D) and B from L3 (S2H, H2D)."""
+    c = make()
+    serve(c, 1, A + (1,))
+    serve(c, 2, AB + (1,))
+    settle_all(c)  # backups: both nodes in L1, L2 and L3
+    path = c.cp.tree.match(AB, split=False, touch=False).path
+    node_a, node_b = path
+    c.cp.evict_node(node_b, Tier.L1)
+    c.cp.evict_node(node_b, Tier.L2)
+    c.cp.evict_node(node_a, Tier.L1)
+    return c
+
+
+def test_the_null_path_imports_no_torch() -> None:
+    code = ("import sys; from tests.test_null_plane import make, serve; c = make(); "
+            "serve(c, 1, tuple(range(30))); c.close(); assert 'torch' not in sys.modules, 'torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_producer_for_a_byte_free_plane_is_refused() -> None:
+    cfg = CacheConfig(l1_pages=8, l2_pages=8, l3_slots=8)
+    with pytest.raises(ConfigError, match="producer"):
+        CacheController(cfg, producer=object(),  # type: ignore[arg-type]
+                        engine=NullEngine(cfg.kv, 8, 8, 8))
+    with pytest.raises(ConfigError, match="no pools"):
+        make().transfer_engine
+
+
+def test_pending_names_direction_request_and_stage() -> None:
+    c = two_stage_restore()
+    c.admit(3, ABC)
+    got = {(p.direction, p.request_id, p.stage) for p in c.pending()}
+    assert got == {(Direction.H2D, 3, "load_l2"), (Direction.S2H, 3, "promote")}
+    for p in c.pending():
+        finish(c, p.op_id, True)
+    c.tick()
+    c.tick()
+    assert [(p.direction, p.stage) for p in c.pending()] == [(Direction.H2D, "load_l3")]
+    settle_all(c)
+    c.prefill(3)
+    c.finish(3)
+    assert_clean(c)
+    c.close()
+
+
+OUTCOMES = [(True, True), (True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("h2d_first", [True, False])
+@pytest.mark.parametrize("outcome", OUTCOMES)
+@pytest.mark.parametrize("abort_at", [None, 0, 1, 2])
+@pytest.mark.parametrize("tick_between", [True, False])
+def test_restore_stages_in_any_order(h2d_first: bool, outcome: tuple[bool, bool],
+                                     abort_at: int | None, tick_between: bool) -> None:
+    """H2D (L2 part) and S2H (L3 part) end in either order, each done or failed, observed on
+    one tick or two; the request may be aborted before, between or after them; then the
+    L3 part's H2D ends either way. Nothing leaks, no invariant breaks."""
+    c = two_stage_restore()
+    c.admit(3, ABC)
+    by_stage: dict[str, int] = {p.stage: p.op_id for p in c.pending()}
+    order = ["load_l2", "promote"] if h2d_first else ["promote", "load_l2"]
+    oks = dict(zip(["load_l2", "promote"], outcome))
+    for step, stage in enumerate(order):
+        if abort_at == step:
+            c.finish(3)
+            break
+        finish(c, by_stage[stage], oks[stage])
+        if tick_between or step == 1:
+            c.tick()
+    else:
+        if abort_at == 2:
+            c.finish(3)
+        else:
+            c.tick()
+            settle_all(c, ok=outcome[0])  # the L3 part's H2D, if it was issued
+            assert c.ready(3)
+            c.prefill(3)
+            c.finish(3)
+    assert_clean(c)
+    c.close()
+
+
+def test_any_permutation_of_completions_under_load() -> None:
+    """Requests with shared prefixes; the pending ops are finished in rotations of issue
+    order, some done and some failed; every third request is aborted mid-restore."""
+    for shift, fail_every in itertools.product(range(3), (2, 3)):
+        c = make(l1_pages=12, l2_pages=16, l3_slots=24)
+        prompts = [AB + (1,), A + (2, 3, 4, 5), ABC, AB + (9,) * 7]
+        for rid, p in enumerate(prompts * 2):
+            c.admit(rid, p)
+            ops = c.pending()
+            ops = ops[shift % max(1, len(ops)):] + ops[:shift % max(1, len(ops))]
+            for i, op in enumerate(ops):
+                finish(c, op.op_id, i % fail_every != 0)
+                c.tick()
+            if rid % 3 == 2:
+                c.finish(rid)  # aborted, its restore perhaps still in flight
+                continue
+            while not c.ready(rid):
+                settle_all(c)
+            c.prefill(rid)
+            c.finish(rid)
+        assert_clean(c)
+        c.close()
