@@ -15,7 +15,7 @@ import pytest
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.handles import NullHandle
+from hicache.dataplane.handles import Finishable
 from hicache.dataplane.null import NullEngine
 from hicache.errors import ConfigError
 from hicache.tiers import Direction, Tier
@@ -33,7 +33,7 @@ def make(**kw: object) -> CacheController:
 def finish(c: CacheController, op_id: int, ok: bool) -> None:
     """Let the next tick observe op `op_id` done (ok) or failed."""
     handle = c.handles[op_id]
-    assert isinstance(handle, NullHandle), "the null plane issues NullHandles"
+    assert isinstance(handle, Finishable), "the null plane's handles are finished by the driver"
     handle.finish(ok)
 
 

@@ -105,6 +105,12 @@ class TransferEngine:
         src, dst = self._pages(Direction.S2H, slots, l2_pages)
         return self.storage.s2h(src, dst)
 
+    def corrupt_slot(self, slot: int) -> None:
+        """Flip one byte of an L3 slot in the file (an aimed `corrupt` fault): the next S2H
+        that reads it fails its checksum (CorruptSlot, a miss)."""
+        ids = page_array("corrupt_slot.slot", [slot], self._capacity[Tier.L3])
+        self.storage.flip_byte(int(ids[0]))
+
     def _pages(self, direction: Direction, source: Pages, target: Pages) -> tuple[Pages, Pages]:
         return transfer_pages(
             direction, source, target, self._capacity[direction.source], self._capacity[direction.target]

@@ -294,7 +294,7 @@ class StorageMover:
         self._move_all(Direction.H2S, view, ext.dst_start, piece.faults)
         if piece.faults is not None:
             for slot in piece.faults.corrupt_slots:
-                self._flip_byte(slot)
+                self.flip_byte(slot)
 
     def _checksum_piece(self, handle: StorageHandle, piece: _Piece) -> None:
         """crc32 of the piece's (locked, unchanging) source pages, by page index."""
@@ -374,7 +374,7 @@ class StorageMover:
             f"{self.l3.path} failed: {why}; the transfer failed, release its target pages"
         )
 
-    def _flip_byte(self, slot: int) -> None:
+    def flip_byte(self, slot: int) -> None:
         """CORRUPT_SLOT fault: invert the slot's middle byte in the file (not in L2)."""
         fd, at = self.l3.fd, self.l3.offset(slot) + self.l3.bytes_per_page // 2
         try:
