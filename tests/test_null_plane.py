@@ -172,3 +172,18 @@ def test_any_permutation_of_completions_under_load() -> None:
             c.finish(rid)
         assert_clean(c)
         c.close()
+
+
+def test_a_scripted_engine_decides_outcomes_at_issue() -> None:
+    from hicache.dataplane.null import ScriptedEngine
+
+    cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always")
+    fail_h2s = ScriptedEngine(cfg.kv, 16, 32, 64, script=lambda d, i: d is not Direction.H2S)
+    c = CacheController(cfg, engine=fail_h2s)
+    serve(c, 1, ABC)
+    for _ in range(3):
+        c.tick()  # D2H done, H2S issued and failed: no driver needed
+    assert not c.handles and c.metrics.dropped_tokens["backup_failed"] > 0
+    assert c.cp.usage(Tier.L2)["tree"] > 0 and c.cp.usage(Tier.L3)["tree"] == 0
+    assert_clean(c)
+    c.close()

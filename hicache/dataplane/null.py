@@ -5,6 +5,9 @@ transfer returns a `NullHandle` that stays PENDING until the caller (the fuzzer,
 trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes, so
 there are no digests: `has_bytes` is False and `digests` raises.
 
+`ScriptedEngine` decides each outcome at issue by a script (the default: every transfer
+completes on the next poll), for drivers that care about some ops only.
+
 Page arguments are checked exactly as the real engine checks them (`transfer_pages`, shared
 by both), so a controller driven by either plane meets the same errors: it never branches on
 which plane it holds. Imports no torch.
@@ -185,3 +188,28 @@ class NullEngine:
             return TransferError(f"{direction}: injected EIO or ENOSPC; release the target slots")
         self.corrupt.update(s for s in dst.tolist() if f.fire(FaultSite.CORRUPT_SLOT))
         return None
+
+
+# Decides a transfer's outcome when it is issued: True (done), False (failed), or None (left
+# PENDING for the driver to `finish`).
+Script = Callable[[Direction, int], "bool | None"]
+
+
+class ScriptedEngine(NullEngine):
+    """A null plane whose outcomes a script decides at issue: `script(direction, index)`,
+    `index` counting this engine's transfers from 0. The default completes everything on the
+    next poll (the fastest way to drive the controller when no op matters). The outcome is
+    set before any fault is drawn, so a fired fault still fails the transfer."""
+
+    def __init__(self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
+                 script: Script | None = None, faults: FaultInjector | None = None) -> None:
+        super().__init__(geometry, l1_pages, l2_pages, l3_slots, faults=faults)
+        self.script: Script = script or (lambda direction, index: True)
+
+    def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
+        outcome = self.script(direction, len(self.handles))
+        handle = super()._issue(direction, source, target)
+        inner = self.handles[-1]
+        if outcome is not None and not inner.status.final:
+            inner.finish(outcome)
+        return handle
