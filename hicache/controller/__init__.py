@@ -10,6 +10,7 @@ through its transitions (no room reads a node's state, value or lock):
     eviction.py     eviction under pressure (through ControlPlane.evict) and write-back
     backup.py       the backup planner: which chains to copy down a tier, when (write policy)
     l3health.py     bad L3 slots (quarantine, invalidate) and a lost L3 file (offline)
+    pending.py      the transfers in flight as a driver sees them (direction, request, stage)
     verify.py       restored bytes compared with recomputation (RestoreMismatch)
     metrics.py      counters, per-direction transfer stats; Prometheus text export
     config.py       CacheConfig: every knob, validated at construction (errors name the field)

@@ -7,6 +7,11 @@
                          the backup chain (write policy)
     finish(rid)          cancel the request's restore ops, release, unlock
     drain(), close()     wait for / cancel everything; status() reads the counters
+    pending()            the transfers in flight: op id, direction, request, stage
+
+The data plane is given (`engine=`, e.g. a NullEngine whose completions the caller picks op
+by op) or built from the config (a TransferEngine); spec/faults.md says what each injected
+fault does, including the crash between a transfer and its publication.
 
 Contract: this class is the facade; each concept has its own room and the facade only routes.
 Restore staging is restore.py, eviction and write-back eviction.py, the backup planner
@@ -63,7 +68,10 @@ class CacheController:
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
         bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
         is a no-op and torch is never imported. ConfigError when a producer is given for a
-        byte-free plane (it would never be called)."""
+        byte-free plane (it would never be called). `faults` serves the controller's own
+        sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
+        the engine, the data plane's; a caller-built engine takes its injector itself (pass
+        the same one)."""
         self.config = config
         g = config.kv
         self.faults = faults
