@@ -32,6 +32,7 @@ from hicache.control import ControlPlane
 from hicache.records import PendingOp, UnknownRequest
 from hicache.controller.backup import BackupPlanner, chain_lacking
 from hicache.controller.config import CacheConfig
+from hicache.controller.crashsite import ControllerFaults
 from hicache.controller.digests import CachedDigests
 from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
@@ -41,7 +42,7 @@ from hicache.controller.pending import PendingTransfer, pending_transfers
 from hicache.controller.restore import RestoreStager
 from hicache.controller.verify import RestoreMismatch, RestoreVerifier
 from hicache.dataplane.aimed import issue_aimed
-from hicache.dataplane.faults import ALLOC_SITES, FaultInjector, FaultSite, SimulatedCrash
+from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
@@ -74,7 +75,6 @@ class CacheController:
         the same one)."""
         self.config = config
         g = config.kv
-        self.faults = faults
         self._bytes: TransferEngine | None = None  # the plane's pools, when it has bytes
         if engine is None:
             self._bytes = _build_engine(config, faults)
@@ -120,8 +120,7 @@ class CacheController:
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
                                     lambda: me._after_part_dropped(), verifier, config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
-        self._crash_ops: set[int] = set()  # ops aimed at `crash`: the process dies on their DONE
-        self.crashed: SimulatedCrash | None = None  # set by an injected crash; only close() runs
+        self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
     @property
     def transfer_engine(self) -> TransferEngine:
@@ -130,6 +129,20 @@ class CacheController:
             raise ConfigError("engine", "this controller drives a data plane without bytes "
                               "(has_bytes is False): it has no pools; use `engine` for transfers")
         return self._bytes
+
+    @property
+    def faults(self) -> FaultInjector | None:
+        """The injector of the controller's own sites and aims (settable: a new schedule)."""
+        return self.hooks.faults
+
+    @faults.setter
+    def faults(self, faults: FaultInjector | None) -> None:
+        self.hooks.faults = faults
+
+    @property
+    def crashed(self) -> SimulatedCrash | None:
+        """The injected crash this controller died of (then only `close` runs), or None."""
+        return self.hooks.crashed
 
     @property
     def restores(self) -> dict[int, Materialization]:
@@ -146,7 +159,7 @@ class CacheController:
         has), `HiCacheError` (the request id is already live). A restore that cannot be
         issued (no room, L3 offline) is not an error: its tokens are recomputed and the
         fallback is counted by reason."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         g = self.config.kv
         pages_needed = -(-len(tokens) // g.page_size)
         if pages_needed > self.config.l1_pages:
@@ -200,7 +213,7 @@ class CacheController:
         other requests hold it locked) are raised before the request changes -- its
         `cached_len` and the restore counters move once, on the call that succeeds. Trying
         to make room may evict unlocked cached pages (cache maintenance, not request state)."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
         if not mat.done:
             raise RestorePending(request_id)
@@ -243,7 +256,7 @@ class CacheController:
         pages, restore pins, its prefix lock). Backups are the cache's and continue. A request
         that shared a cancelled load-back loads those pages itself. Nothing it owned stays
         behind (B03). UnknownRequest for an id that is not live."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         mat = self.stager.restores.pop(request_id, None)
         if mat is not None:
             self.stager.forget(mat)
@@ -258,7 +271,7 @@ class CacheController:
         """Observe every transfer once; apply what completed; continue restores and backups.
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         for op_id in list(self.handles):
             if op_id in self.handles and self.handles[op_id].poll().final:
                 self._settle(op_id)
@@ -270,7 +283,7 @@ class CacheController:
     def drain(self, timeout_s: float = 60.0) -> None:
         """Wait for every transfer (backups included) and apply it. TransferError if some are
         still pending after `timeout_s` seconds."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         deadline = time.perf_counter() + timeout_s
         while self.handles or self.backups.pending:
             for h in list(self.handles.values()):
@@ -316,19 +329,19 @@ class CacheController:
         `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline).
         Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
         reservation fails as if the tier were full: OutOfPages, nothing changed)."""
-        self._refuse_if_crashed()
+        self.hooks.refuse_if_crashed()
         if not self.l3.online and Tier.L3 in (direction.source, direction.target):
             raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
         # Keep the chain's parent: evicting it would open a backup gap under the chain.
-        aim = self.faults.aimed(direction, request_id) if self.faults is not None else None
+        aim = self.hooks.aimed(direction, request_id)
         need = sum(n.num_pages for n in chain)
         self.evictor.make_room(direction.target, need, keep=[parent])
-        self._alloc_fault(direction.target, need, aim is not None and aim.action == "alloc")
+        self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
         op = self.cp.issue(direction, chain, request_id)
         if aim is not None and aim.action == "crash":
-            self._crash_ops.add(op.op_id)
+            self.hooks.crash_ops.add(op.op_id)
         try:
             handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim)
         except HiCacheError as e:
@@ -344,12 +357,10 @@ class CacheController:
         handle = self.handles.pop(op_id)
         op = self.cp.ops[op_id]
         status = handle.status
-        if status is TransferStatus.DONE and self._crash_due(op_id):
+        crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
+        if crash is not None:
             self.handles[op_id] = handle  # still unpublished: close() releases it
-            self.crashed = SimulatedCrash(
-                f"injected crash: op {op_id} ({op.direction}) moved its bytes but was not "
-                "published; close this controller and open a new one (it starts empty)")
-            raise self.crashed
+            raise crash
         self.metrics.transfer(op.direction, handle.nbytes, status, handle.timings)
         if status is TransferStatus.DONE:
             self.cp.complete(op_id)
@@ -368,22 +379,6 @@ class CacheController:
             reason = "corrupt" if isinstance(handle.error, CorruptSlot) else "unreadable"
             for slot in handle.error.slots:  # after the restore let go of its pins
                 self.l3.bad_slot(op.nodes, slot, reason)
-
-    def _alloc_fault(self, tier: Tier, need: int, aimed: bool) -> None:
-        """ALLOC_<tier>: the reservation fails as if `tier` were full (OutOfPages)."""
-        if aimed or (self.faults is not None and self.faults.fire(ALLOC_SITES[tier])):
-            raise OutOfPages(str(tier), need, self.cp.free_pages(tier))
-
-    def _crash_due(self, op_id: int) -> bool:
-        """Whether the process dies now, between op `op_id`'s DONE and its publication."""
-        if op_id in self._crash_ops:
-            self._crash_ops.discard(op_id)
-            return True
-        return self.faults is not None and self.faults.fire(FaultSite.CRASH_BEFORE_PUBLISH)
-
-    def _refuse_if_crashed(self) -> None:
-        if self.crashed is not None:
-            raise SimulatedCrash(f"this controller crashed ({self.crashed}); close it and open a new one")
 
     def _sample(self, direction: Direction, handle: TransferHandle) -> None:
         """Feed a completed transfer's time to the cost model.
