@@ -7,7 +7,9 @@ Invariants are checked after every transition (check mode `every`)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import random
 import subprocess
 import sys
 
@@ -17,7 +19,8 @@ from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.handles import Finishable
 from hicache.dataplane.null import NullEngine
-from hicache.errors import ConfigError
+from hicache.dataplane.faults import FaultInjector, FaultSite, sites_for
+from hicache.errors import ConfigError, OutOfPages
 from hicache.tiers import Direction, Tier
 
 A = tuple(range(100, 112))  # 3 pages
@@ -187,3 +190,69 @@ def test_a_scripted_engine_decides_outcomes_at_issue() -> None:
     assert c.cp.usage(Tier.L2)["tree"] > 0 and c.cp.usage(Tier.L3)["tree"] == 0
     assert_clean(c)
     c.close()
+
+
+@pytest.mark.parametrize("fail_d2h", [False, True])
+def test_write_back_blocks_on_its_d2h_and_the_null_plane_ends_it(fail_d2h: bool) -> None:
+    """Write-back backs an L1 victim up synchronously: on the null plane the blocking wait
+    ends the D2H (done by default; failed when a fault is aimed at it), instead of hanging."""
+    faults = FaultInjector()
+    if fail_d2h:
+        faults.aim("fail", direction=Direction.D2H)
+    cfg = CacheConfig(l1_pages=8, l2_pages=16, l3_slots=16, policy="always", write_policy="write_back")
+    c = CacheController(cfg, faults=faults, engine=NullEngine(cfg.kv, 8, 16, 16, faults=faults))
+    serve(c, 1, A + (1,))  # 3 pages in L1 only (write-back: no backup yet)
+    serve(c, 2, tuple(range(500, 528)) + (1,))  # 8 pages: A is evicted, backed up first
+    assert c.cp.usage(Tier.L2)["tree"] == (0 if fail_d2h else 3)
+    assert (c.metrics.dropped_tokens["unbacked_eviction"] > 0) == fail_d2h
+    assert_clean(c)
+    c.close()
+
+
+def drive(seed: int, write_policy: str, steps: int = 200) -> None:
+    """A seeded random driver: admit from shared prefixes, finish or fail a random pending op,
+    tick, prefill, abort, under a seeded fault schedule; then nothing may be left."""
+    rng = random.Random(seed)
+    sites = tuple(s for s in sites_for("null") if s is not FaultSite.CRASH_BEFORE_PUBLISH)
+    faults = FaultInjector.schedule(seed, 0.5, 0.1, sites=sites)
+    cfg = CacheConfig(l1_pages=rng.choice((10, 14)), l2_pages=rng.choice((8, 12, 20)),
+                      l3_slots=rng.choice((12, 24)), policy="always", write_policy=write_policy,
+                      promotion=rng.random() < 0.5)
+    c = CacheController(cfg, faults=faults,
+                        engine=NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, faults=faults))
+    prefixes = [tuple(range(1000 * p, 1000 * p + 4 * rng.randint(1, 4))) for p in range(3)]
+    live: set[int] = set()
+    prefilled: set[int] = set()
+    for rid in range(steps):
+        r = rng.random()
+        if r < 0.2 and len(live) < 3:
+            suffix = tuple(range(7, 7 + 4 * rng.randint(0, 3))) + (rng.randrange(3),) * rng.randint(1, 5)
+            with contextlib.suppress(OutOfPages):
+                c.admit(rid, rng.choice(prefixes) + suffix)
+                live.add(rid)
+        elif r < 0.5 and c.handles:
+            finish(c, rng.choice(c.pending()).op_id, rng.random() < 0.8)
+        elif r < 0.7:
+            c.tick()
+        elif r < 0.8 and live:
+            q = rng.choice(sorted(live))
+            if c.ready(q) and q not in prefilled:
+                with contextlib.suppress(OutOfPages):
+                    c.prefill(q)
+                    prefilled.add(q)
+        elif r < 0.9 and live:
+            q = rng.choice(sorted(live))
+            c.finish(q)  # finished, or aborted in whatever state its restore is
+            live.discard(q)
+        else:
+            settle_all(c)
+    for q in live:
+        c.finish(q)
+    assert_clean(c)
+    c.close()
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back", "write_through_selective"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_completion_orders_with_faults_leave_nothing(seed: int, write_policy: str) -> None:
+    drive(seed, write_policy)

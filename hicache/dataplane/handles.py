@@ -138,11 +138,17 @@ class ReadyHandle(TransferHandle):
 
 
 class NullHandle(TransferHandle):
-    """No bytes: completes when the caller says (`finish`). For model checking and replay."""
+    """No bytes: completes when the caller says (`finish`). For model checking and replay.
 
-    def __init__(self, direction: Direction, nbytes: int = 0) -> None:
+    `on_wait`: what a blocking wait does while nobody has finished the handle. None: raise
+    TransferError (the wait would hang). True/False: finish it done/failed, as if the
+    hardware had -- for a controller path that blocks on its own transfer (write-back's
+    synchronous D2H), whose outcome a driver can still choose by an aimed fault at issue."""
+
+    def __init__(self, direction: Direction, nbytes: int = 0, on_wait: bool | None = None) -> None:
         super().__init__(direction, nbytes)
         self._outcome = TransferStatus.PENDING
+        self.on_wait = on_wait
 
     def finish(self, ok: bool = True) -> None:
         """Let the next poll observe success (or failure)."""
@@ -157,7 +163,9 @@ class NullHandle(TransferHandle):
         return None
 
     def _block(self, seconds: float) -> None:
-        raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")
+        if self.on_wait is None:
+            raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")
+        self.finish(self.on_wait)
 
 
 class DelayedHandle(TransferHandle):

@@ -96,7 +96,9 @@ class NullEngine:
     or `faults`' sites drawn when a transfer is issued (faults.py, `SITES`: the null plane
     reaches every site but the DMA workspace's and SHORT_WRITE): a site that fires makes the
     handle FAILED at once, with the error the real plane would report; DELAY wraps it in a
-    `DelayedHandle`. A slot marked corrupt (CORRUPT_SLOT on a write, or `corrupt_slot`)
+    `DelayedHandle`. `on_wait`: how a blocking wait ends a transfer nobody finished (True:
+    done, the default; False: failed; None: TransferError) -- the controller blocks only on
+    write-back's D2H and in `drain`. A slot marked corrupt (CORRUPT_SLOT on a write, or `corrupt_slot`)
     fails every S2H that reads it with CorruptSlot until an H2S rewrites it.
     """
 
@@ -106,12 +108,14 @@ class NullEngine:
         self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
         device: str | None = None, l3_path: str | None = None, backend: str = "auto",
         io_threads: int = 4, faults: FaultInjector | None = None, l3_overwrite: bool = False,
+        on_wait: bool | None = True,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         self.geometry = geometry
         self.capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         self.handles: list[NullHandle] = []
         self.faults = faults
+        self.on_wait = on_wait  # a blocking wait on an unfinished transfer ends it so (NullHandle)
         self.corrupt: set[int] = set()  # slots whose bytes would fail their checksum
 
     @property
@@ -157,7 +161,7 @@ class NullEngine:
         src, dst = transfer_pages(
             direction, source, target, self.capacity[direction.source], self.capacity[direction.target]
         )
-        handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page)
+        handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page, self.on_wait)
         self.handles.append(handle)
         if direction is Direction.H2S:
             self.corrupt.difference_update(dst.tolist())  # rewritten (corrupt again if it fires)
