@@ -182,7 +182,7 @@ class DelayedHandle(TransferHandle):
     def finish(self, ok: bool = True) -> None:
         """Forwarded to the wrapped NullHandle; TransferError for a real transfer (the
         hardware ends it, not the caller)."""
-        if not isinstance(self.inner, NullHandle):
+        if not isinstance(self.inner, (NullHandle, DelayedHandle)):  # delays may nest
             raise TransferError(f"{self.direction}: only a null-data-plane transfer is finished by its caller")
         self.inner.finish(ok)
 
