@@ -39,8 +39,9 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
+from hicache.controller.planes import choose_plane
 from hicache.controller.restore import RestoreStager
-from hicache.controller.verify import RestoreMismatch, RestoreVerifier
+from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle, TransferStatus
@@ -68,41 +69,22 @@ class CacheController:
         """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
         bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
-        is a no-op and torch is never imported. ConfigError when a producer is given for a
-        byte-free plane (it would never be called). `faults` serves the controller's own
+        is a no-op and torch is never imported (planes.py; its ConfigErrors). `faults` serves the controller's own
         sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
         the engine, the data plane's; a caller-built engine takes its injector itself (pass
         the same one)."""
         self.config = config
         g = config.kv
-        self._bytes: TransferEngine | None = None  # the plane's pools, when it has bytes
-        if engine is None:
-            self._bytes = _build_engine(config, faults)
-            engine = self._bytes
-        elif engine.has_bytes:
-            from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
-
-            if not isinstance(engine, TransferEngine):
-                raise ConfigError("engine", "a plane with bytes must be a TransferEngine (the "
-                                  "verifier and producer read its L1 pool); pass a NullEngine or none")
-            self._bytes = engine
-        elif producer is not None:
-            raise ConfigError("producer", "the data plane holds no bytes (has_bytes is False), "
-                              "so a producer would never run; pass none")
-        self.engine: DataPlane = engine
+        plane = choose_plane(config, engine, producer, faults)
+        self.engine: DataPlane = plane.engine
+        self._bytes = plane.pools  # the plane's pools, when it has bytes
+        self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer,
         )
-        self.producer: KVProducer | None = None
-        verifier: RestoreVerifier | None = None
-        if self._bytes is not None:
-            from hicache.producers import SyntheticProducer  # torch-heavy; only with bytes
-
-            self.cp.digests = CachedDigests(self._bytes.digests, self.cp.tables)
-            self.producer = producer or SyntheticProducer(g, device=self._bytes.device)
-            if config.verify:
-                verifier = RestoreVerifier(self.producer, self._bytes.l1.tensor)
+        if plane.pools is not None:
+            self.cp.digests = CachedDigests(plane.pools.digests, self.cp.tables)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -116,9 +98,9 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.verifier = verifier  # None: restored bytes are not compared (no bytes, or verify off)
+        self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(), verifier, config.promotion)
+                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
         self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
@@ -476,13 +458,3 @@ class CacheController:
             "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
         }
 
-
-def _build_engine(config: CacheConfig, faults: FaultInjector | None) -> TransferEngine:
-    """The real data plane `config` describes (imports torch)."""
-    from hicache.dataplane.engine import TransferEngine
-
-    return TransferEngine(
-        config.kv, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
-        l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads,
-        faults=faults, l3_overwrite=config.l3_overwrite,
-    )
