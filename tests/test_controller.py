@@ -170,6 +170,7 @@ def test_a_restore_that_brought_nothing_new_is_not_verified(ctl: CacheController
     made the deepest node resident first): the verification range is empty, and producers
     refuse empty ranges. `hicache demo` failed that way in about one run of four."""
     tokens = tuple(range(64))
+    assert ctl.producer is not None and ctl.verifier is not None  # a plane with bytes, verify on
     with pytest.raises(ProducerError, match="start < end"):
         ctl.producer.expected(tokens, 32, 32)  # why the check must come first
     assert ctl.verifier.verify(tokens, 32, 32, np.zeros(0, dtype=np.int64)) == 0  # nothing to compare

@@ -149,7 +149,7 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(keep_bytes=st.integers(0, 3))
     def truncate_l3(self, keep_bytes: int) -> None:
         """Cut the file under the cache (to a few bytes, or to nothing)."""
-        os.ftruncate(self.ctl.engine.l3.fd, keep_bytes)
+        os.ftruncate(self.ctl.transfer_engine.l3.fd, keep_bytes)
 
     @precondition(lambda self: os.path.exists(self.path))
     @rule()

@@ -39,7 +39,7 @@ def test_a_truncated_l3_file_is_a_miss_once_then_dropped() -> None:
     forever (only a checksum mismatch invalidated; a read past the end did not)."""
     c = make()
     l3_only(c, A)
-    os.ftruncate(c.engine.l3.fd, 0)  # the file is cut under the running cache
+    os.ftruncate(c.transfer_engine.l3.fd, 0)  # the file is cut under the running cache
     assert serve(c, 1, A) == 24  # the restore fails: everything is recomputed
     assert c.metrics.fallbacks["transfer_failed"] == 1
     # The read node's copy is gone, not kept (5 pages: the match split A at its last page);

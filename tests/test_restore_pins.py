@@ -178,7 +178,7 @@ def test_a_closed_controller_frees_its_pools_without_the_garbage_collector() -> 
     try:
         c = make(l1_pages=16, l2_pages=32, l3_slots=64)
         serve(c, 1, A)
-        l1, l2 = weakref.ref(c.engine.l1.tensor), weakref.ref(c.engine.l2.tensor)
+        l1, l2 = weakref.ref(c.transfer_engine.l1.tensor), weakref.ref(c.transfer_engine.l2.tensor)
         c.close()
         del c
         assert l1() is None and l2() is None

@@ -657,7 +657,7 @@ def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
     "kwargs, field",
     [
         ({"l1_pages": 0}, "l1_pages"), ({"l2_pages": -1}, "l2_pages"), ({"l3_slots": 0}, "l3_slots"),
-        ({"chunk_pages": 0}, "chunk_pages"), ({"device": "mps"}, "device"), ({"io_threads": 0}, "io_threads"),
+        ({"chunk_pages": 0}, "chunk_pages"), ({"device": "mps"}, "device"), ({"io_threads": -1}, "io_threads"),
         ({"backend": "fast"}, "kernels.backend"), ({"l1_pages": 1 << 44}, "l1_pages"),
     ],
 )

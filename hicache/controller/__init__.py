@@ -10,6 +10,10 @@ through its transitions (no room reads a node's state, value or lock):
     eviction.py     eviction under pressure (through ControlPlane.evict) and write-back
     backup.py       the backup planner: which chains to copy down a tier, when (write policy)
     l3health.py     bad L3 slots (quarantine, invalidate) and a lost L3 file (offline)
+    crashsite.py    the controller's own fault sites: a failed reservation, a crash before
+                    publication (spec/faults.md)
+    planes.py       the data plane to drive (given, or built) and what comes with bytes
+    pending.py      the transfers in flight as a driver sees them (direction, request, stage)
     verify.py       restored bytes compared with recomputation (RestoreMismatch)
     metrics.py      counters, per-direction transfer stats; Prometheus text export
     config.py       CacheConfig: every knob, validated at construction (errors name the field)

@@ -14,7 +14,7 @@
 | prefetch | True | restores overlap decode; False: restores block the request |
 | check_mode | "every" | invariant checks: off, every, periodic N |
 | verify | True | compare every restored page with the producer's expected bytes |
-| io_threads | 4 | bounded L3 I/O thread pool |
+| io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ class CacheConfig:
             object.__setattr__(self, "geometry", preset(self.geometry))
         for name in ("l1_pages", "l2_pages", "l3_slots", "io_threads"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+            low = 0 if name == "io_threads" else 1  # 0 threads: the deterministic I/O schedule
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
         if not isinstance(self.l3_overwrite, bool):
             raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
         for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS)):

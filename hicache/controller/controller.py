@@ -7,6 +7,11 @@
                          the backup chain (write policy)
     finish(rid)          cancel the request's restore ops, release, unlock
     drain(), close()     wait for / cancel everything; status() reads the counters
+    pending()            the transfers in flight: op id, direction, request, stage
+
+The data plane is given (`engine=`, e.g. a NullEngine whose completions the caller picks op
+by op) or built from the config (a TransferEngine); spec/faults.md says what each injected
+fault does, including the crash between a transfer and its publication.
 
 Contract: this class is the facade; each concept has its own room and the facade only routes.
 Restore staging is restore.py, eviction and write-back eviction.py, the backup planner
@@ -21,52 +26,65 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hicache.control import ControlPlane
 from hicache.records import PendingOp, UnknownRequest
 from hicache.controller.backup import BackupPlanner, chain_lacking
 from hicache.controller.config import CacheConfig
+from hicache.controller.crashsite import ControllerFaults
 from hicache.controller.digests import CachedDigests
 from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
+from hicache.controller.pending import PendingTransfer, pending_transfers
+from hicache.controller.planes import choose_plane
 from hicache.controller.restore import RestoreStager
-from hicache.controller.verify import RestoreMismatch, RestoreVerifier
-from hicache.dataplane.faults import FaultInjector
+from hicache.controller.verify import RestoreMismatch
+from hicache.dataplane.aimed import issue_aimed
+from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
-    CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
+    ConfigError, CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
     TransferError, UnreadableSlot,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
-from hicache.producers import KVProducer, SyntheticProducer
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
+
+if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
+    from hicache.dataplane.engine import TransferEngine
+    from hicache.producers import KVProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
 
 
 class CacheController:
     def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
-                 faults: FaultInjector | None = None, tracer: Tracer | None = None) -> None:
-        from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
-
+                 faults: FaultInjector | None = None, tracer: Tracer | None = None,
+                 engine: DataPlane | None = None) -> None:
+        """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
+        chooses op by op); None builds a `TransferEngine` from `config`. A plane without
+        bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
+        is a no-op and torch is never imported (planes.py; its ConfigErrors). `faults` serves the controller's own
+        sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
+        the engine, the data plane's; a caller-built engine takes its injector itself (pass
+        the same one)."""
         self.config = config
         g = config.kv
-        self.engine = TransferEngine(
-            g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
-            l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads, faults=faults,
-            l3_overwrite=config.l3_overwrite,
-        )
+        plane = choose_plane(config, engine, producer, faults)
+        self.engine: DataPlane = plane.engine
+        self._bytes = plane.pools  # the plane's pools, when it has bytes
+        self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer,
         )
-        self.cp.digests = CachedDigests(self.engine.digests, self.cp.tables)
-        self.producer: KVProducer = producer or SyntheticProducer(g, device=self.engine.device)
+        if plane.pools is not None:
+            self.cp.digests = CachedDigests(plane.pools.digests, self.cp.tables)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -80,11 +98,33 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor)
+        self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(),
-                                    self.verifier if config.verify else None, config.promotion)
+                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
+        self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
+
+    @property
+    def transfer_engine(self) -> TransferEngine:
+        """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane."""
+        if self._bytes is None:
+            raise ConfigError("engine", "this controller drives a data plane without bytes "
+                              "(has_bytes is False): it has no pools; use `engine` for transfers")
+        return self._bytes
+
+    @property
+    def faults(self) -> FaultInjector | None:
+        """The injector of the controller's own sites and aims (settable: a new schedule)."""
+        return self.hooks.faults
+
+    @faults.setter
+    def faults(self, faults: FaultInjector | None) -> None:
+        self.hooks.faults = faults
+
+    @property
+    def crashed(self) -> SimulatedCrash | None:
+        """The injected crash this controller died of (then only `close` runs), or None."""
+        return self.hooks.crashed
 
     @property
     def restores(self) -> dict[int, Materialization]:
@@ -101,6 +141,7 @@ class CacheController:
         has), `HiCacheError` (the request id is already live). A restore that cannot be
         issued (no room, L3 offline) is not an error: its tokens are recomputed and the
         fallback is counted by reason."""
+        self.hooks.refuse_if_crashed()
         g = self.config.kv
         pages_needed = -(-len(tokens) // g.page_size)
         if pages_needed > self.config.l1_pages:
@@ -154,6 +195,7 @@ class CacheController:
         other requests hold it locked) are raised before the request changes -- its
         `cached_len` and the restore counters move once, on the call that succeeds. Trying
         to make room may evict unlocked cached pages (cache maintenance, not request state)."""
+        self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
         if not mat.done:
             raise RestorePending(request_id)
@@ -196,6 +238,7 @@ class CacheController:
         pages, restore pins, its prefix lock). Backups are the cache's and continue. A request
         that shared a cancelled load-back loads those pages itself. Nothing it owned stays
         behind (B03). UnknownRequest for an id that is not live."""
+        self.hooks.refuse_if_crashed()
         mat = self.stager.restores.pop(request_id, None)
         if mat is not None:
             self.stager.forget(mat)
@@ -210,6 +253,7 @@ class CacheController:
         """Observe every transfer once; apply what completed; continue restores and backups.
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
+        self.hooks.refuse_if_crashed()
         for op_id in list(self.handles):
             if op_id in self.handles and self.handles[op_id].poll().final:
                 self._settle(op_id)
@@ -221,6 +265,7 @@ class CacheController:
     def drain(self, timeout_s: float = 60.0) -> None:
         """Wait for every transfer (backups included) and apply it. TransferError if some are
         still pending after `timeout_s` seconds."""
+        self.hooks.refuse_if_crashed()
         deadline = time.perf_counter() + timeout_s
         while self.handles or self.backups.pending:
             for h in list(self.handles.values()):
@@ -236,8 +281,10 @@ class CacheController:
         nothing in normal operation; idempotent. On a poisoned control plane (an invariant
         broke; it refuses every transition) the data plane is still quiesced and closed: each
         handle is cancelled and waited for, and the plane's records are left as they were for
-        diagnosis (spec/invariants.md, "A poisoned plane")."""
-        if self.cp.poisoned is not None:
+        diagnosis (spec/invariants.md, "A poisoned plane"). After an injected crash
+        (`SimulatedCrash`) the same: nothing in flight is published (spec/faults.md)."""
+        if self.cp.poisoned is not None or self.crashed is not None:
+            # A crashed process publishes nothing more (spec/faults.md): quiesce, release.
             for handle in self.handles.values():
                 handle.cancel()  # returns once the hardware no longer touches its pages
             self.handles.clear()
@@ -261,16 +308,24 @@ class CacheController:
 
         Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
         `IllegalTransition` (a guard fails, or a node was removed from the tree), and
-        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline)."""
+        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline).
+        Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
+        reservation fails as if the tier were full: OutOfPages, nothing changed)."""
+        self.hooks.refuse_if_crashed()
         if not self.l3.online and Tier.L3 in (direction.source, direction.target):
-            raise StorageError(self.engine.l3.path, f"L3 is offline: {self.l3.offline_reason}")
+            raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
         # Keep the chain's parent: evicting it would open a backup gap under the chain.
-        self.evictor.make_room(direction.target, sum(n.num_pages for n in chain), keep=[parent])
+        aim = self.hooks.aimed(direction, request_id)
+        need = sum(n.num_pages for n in chain)
+        self.evictor.make_room(direction.target, need, keep=[parent])
+        self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
         op = self.cp.issue(direction, chain, request_id)
+        if aim is not None and aim.action == "crash":
+            self.hooks.crash_ops.add(op.op_id)
         try:
-            handle = getattr(self.engine, direction.value.lower())(op.source_pages, op.target_pages)
+            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim)
         except HiCacheError as e:
             self.cp.fail(op.op_id)
             if isinstance(e, StorageError):
@@ -284,6 +339,10 @@ class CacheController:
         handle = self.handles.pop(op_id)
         op = self.cp.ops[op_id]
         status = handle.status
+        crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
+        if crash is not None:
+            self.handles[op_id] = handle  # still unpublished: close() releases it
+            raise crash
         self.metrics.transfer(op.direction, handle.nbytes, status, handle.timings)
         if status is TransferStatus.DONE:
             self.cp.complete(op_id)
@@ -354,9 +413,10 @@ class CacheController:
         rid = mat.request_id
         new_pages = self.cp.compute(rid, end - start)
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
-        padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
-        seconds = self.producer.produce(padded, start, end, self.engine.l1.tensor, prefix, new_pages)
-        self.model.observe("recompute", end - start, seconds)
+        if self.producer is not None and self._bytes is not None:  # a byte-free plane computes nothing
+            padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
+            seconds = self.producer.produce(padded, start, end, self._bytes.l1.tensor, prefix, new_pages)
+            self.model.observe("recompute", end - start, seconds)
         self.cp.insert(rid)
         self.backups.after_insert(self.cp.prefix_node(rid))
 
@@ -383,6 +443,11 @@ class CacheController:
 
     # -- observation ------------------------------------------------------------------------
 
+    def pending(self) -> list[PendingTransfer]:
+        """The transfers in flight (op id, direction, request, stage; controller/pending.py),
+        in issue order: what a driver may finish or fail next through `handles[op_id]`."""
+        return pending_transfers(self.cp, self.stager)
+
     def status(self) -> dict[str, object]:
         return {
             "tiers": {str(t): self.cp.usage(t) for t in TIERS},
@@ -392,3 +457,4 @@ class CacheController:
             "l3": "online" if self.l3.online else f"offline: {self.l3.offline_reason}",
             "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
         }
+

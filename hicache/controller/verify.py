@@ -7,19 +7,21 @@ returns the pages compared (0 when the range is empty or the producer cannot say
 would write) and raises `RestoreMismatch`, changing nothing, when any page differs: a
 restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
 bug in the cache, never a fallback. It only reads; the caller decides when to verify
-(`CacheConfig.verify`).
+(`CacheConfig.verify`). Importing this module does not import torch (the null data plane
+never builds a verifier).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from hicache.errors import HiCacheError
 from hicache.pages import Pages
-from hicache.kernels import gather
-from hicache.producers import KVProducer
+
+if TYPE_CHECKING:  # torch is imported only when a verifier is built (a plane with bytes)
+    import torch
+
+    from hicache.producers import KVProducer
 
 
 class RestoreMismatch(HiCacheError):
@@ -40,6 +42,9 @@ class RestoreVerifier:
         # refuse an empty range (ProducerError).
         if end <= start:
             return 0
+        import torch
+
+        from hicache.kernels import gather
         expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
         if expected is None:
             return 0

@@ -1,8 +1,16 @@
 """The data plane: pools that hold bytes and the transfer engine that moves them.
 
-Needs torch (imported by the modules here, never by the control plane). `null.py` is the
-byte-free data plane used for model checking and trace replay. `capture.py` says what may run
-while a CUDA graph is captured in the same process (transfers in flight, I/O threads, finalizers).
+The real plane (`engine.py` and the movers it holds) needs torch. These do not, so a
+controller on the null plane never imports it:
+
+    plane.py     DataPlane, what the controller needs from any plane
+    null.py      NullEngine (completions are the caller's `finish`), ScriptedEngine
+    handles.py   transfer handles and their status table; DelayedHandle (observed late)
+    faults.py    fault sites (the registry), schedules, faults aimed at one op
+    aimed.py     issuing one transfer with the fault aimed at it
+
+`capture.py` says what may run while a CUDA graph is captured in the same process (transfers
+in flight, I/O threads, finalizers).
 """
 
 from __future__ import annotations

@@ -79,6 +79,11 @@ class TransferEngine:
         self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         self._closed = False
 
+    @property
+    def l3_path(self) -> str:
+        """The L3 file's path (named in errors)."""
+        return self.l3.path
+
     # -- transfers ------------------------------------------------------------------------------
 
     def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
@@ -99,6 +104,12 @@ class TransferEngine:
         """Promotion: L3 slots -> L2 pages (DONE only after every page's checksum matched)."""
         src, dst = self._pages(Direction.S2H, slots, l2_pages)
         return self.storage.s2h(src, dst)
+
+    def corrupt_slot(self, slot: int) -> None:
+        """Flip one byte of an L3 slot in the file (an aimed `corrupt` fault): the next S2H
+        that reads it fails its checksum (CorruptSlot, a miss)."""
+        ids = page_array("corrupt_slot.slot", [slot], self._capacity[Tier.L3])
+        self.storage.flip_byte(int(ids[0]))
 
     def _pages(self, direction: Direction, source: Pages, target: Pages) -> tuple[Pages, Pages]:
         return transfer_pages(

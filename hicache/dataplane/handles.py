@@ -138,11 +138,17 @@ class ReadyHandle(TransferHandle):
 
 
 class NullHandle(TransferHandle):
-    """No bytes: completes when the caller says (`finish`). For model checking and replay."""
+    """No bytes: completes when the caller says (`finish`). For model checking and replay.
 
-    def __init__(self, direction: Direction, nbytes: int = 0) -> None:
+    `on_wait`: what a blocking wait does while nobody has finished the handle. None: raise
+    TransferError (the wait would hang). True/False: finish it done/failed, as if the
+    hardware had -- for a controller path that blocks on its own transfer (write-back's
+    synchronous D2H), whose outcome a driver can still choose by an aimed fault at issue."""
+
+    def __init__(self, direction: Direction, nbytes: int = 0, on_wait: bool | None = None) -> None:
         super().__init__(direction, nbytes)
         self._outcome = TransferStatus.PENDING
+        self.on_wait = on_wait
 
     def finish(self, ok: bool = True) -> None:
         """Let the next poll observe success (or failure)."""
@@ -157,4 +163,47 @@ class NullHandle(TransferHandle):
         return None
 
     def _block(self, seconds: float) -> None:
-        raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")
+        if self.on_wait is None:
+            raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")
+        self.finish(self.on_wait)
+
+
+class DelayedHandle(TransferHandle):
+    """Another handle whose final status is observed `polls` polls late (the DELAY fault and
+    an aimed `delay`): the transfer itself is untouched, only its observation waits.
+    `finish(ok)` reaches a wrapped `NullHandle`, so a driver can still end the op."""
+
+    def __init__(self, inner: TransferHandle, polls: int) -> None:
+        super().__init__(inner.direction, inner.nbytes)
+        self.inner = inner
+        self.timings = inner.timings
+        self._polls_left = polls
+
+    def finish(self, ok: bool = True) -> None:
+        """Forwarded to the wrapped NullHandle; TransferError for a real transfer (the
+        hardware ends it, not the caller)."""
+        if not isinstance(self.inner, (NullHandle, DelayedHandle)):  # delays may nest
+            raise TransferError(f"{self.direction}: only a null-data-plane transfer is finished by its caller")
+        self.inner.finish(ok)
+
+    def _probe(self) -> TransferStatus:
+        status = self.inner.poll()
+        if not status.final:
+            return status
+        if self._polls_left > 0:
+            self._polls_left -= 1
+            return TransferStatus.PENDING
+        self.error = self.inner.error
+        return status
+
+    def _quiesce(self) -> None:
+        self.inner.cancel()  # returns once the hardware no longer touches the pages
+
+    def _block(self, seconds: float) -> None:
+        if self.inner.status.final:
+            return  # only the observation waits: the next poll counts one down
+        self.inner.wait(seconds)
+
+
+# What a driver may `finish(ok)`: a null transfer, possibly observed late (DELAY).
+Finishable = (NullHandle, DelayedHandle)

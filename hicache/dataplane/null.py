@@ -5,6 +5,9 @@ transfer returns a `NullHandle` that stays PENDING until the caller (the fuzzer,
 trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes, so
 there are no digests: `has_bytes` is False and `digests` raises.
 
+`ScriptedEngine` decides each outcome at issue by a script (the default: every transfer
+completes on the next poll), for drivers that care about some ops only.
+
 Page arguments are checked exactly as the real engine checks them (`transfer_pages`, shared
 by both), so a controller driven by either plane meets the same errors: it never branches on
 which plane it holds. Imports no torch.
@@ -17,9 +20,10 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
-from hicache.dataplane.handles import NullHandle, TransferHandle
-from hicache.errors import ConfigError, InvalidPages
+from hicache.dataplane.handles import DelayedHandle, NullHandle, TransferHandle
+from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError, UnreadableSlot
 from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
 
@@ -87,9 +91,15 @@ def check_capacities(l1_pages: object, l2_pages: object, l3_slots: object) -> No
 class NullEngine:
     """The byte-free twin of `TransferEngine`: same constructor, same methods.
 
-    `device`, `l3_path`, `l3_overwrite`, `backend`, `io_threads` and `faults` are accepted and
-    ignored (a null plane has no device, file or kernels; its failures are the caller's
-    `finish(False)`).
+    `device`, `l3_path`, `l3_overwrite`, `backend` and `io_threads` are accepted and ignored
+    (a null plane has no device, file or kernels). Failures are the caller's `finish(False)`,
+    or `faults`' sites drawn when a transfer is issued (faults.py, `SITES`: the null plane
+    reaches every site but the DMA workspace's and SHORT_WRITE): a site that fires makes the
+    handle FAILED at once, with the error the real plane would report; DELAY wraps it in a
+    `DelayedHandle`. `on_wait`: how a blocking wait ends a transfer nobody finished (True:
+    done, the default; False: failed; None: TransferError) -- the controller blocks only on
+    write-back's D2H and in `drain`. A slot marked corrupt (CORRUPT_SLOT on a write, or `corrupt_slot`)
+    fails every S2H that reads it with CorruptSlot until an H2S rewrites it.
     """
 
     has_bytes = False
@@ -97,12 +107,21 @@ class NullEngine:
     def __init__(
         self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
         device: str | None = None, l3_path: str | None = None, backend: str = "auto",
-        io_threads: int = 4, faults: object = None, l3_overwrite: bool = False,
+        io_threads: int = 4, faults: FaultInjector | None = None, l3_overwrite: bool = False,
+        on_wait: bool | None = True,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         self.geometry = geometry
         self.capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         self.handles: list[NullHandle] = []
+        self.faults = faults
+        self.on_wait = on_wait  # a blocking wait on an unfinished transfer ends it so (NullHandle)
+        self.corrupt: set[int] = set()  # slots whose bytes would fail their checksum
+
+    @property
+    def l3_path(self) -> str:
+        """There is no L3 file; errors name this instead."""
+        return "<null>"
 
     def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: object = None) -> TransferHandle:
         return self._issue(Direction.D2H, l1_pages, l2_pages)
@@ -115,6 +134,11 @@ class NullEngine:
 
     def s2h(self, slots: Pages, l2_pages: Pages) -> TransferHandle:
         return self._issue(Direction.S2H, slots, l2_pages)
+
+    def corrupt_slot(self, slot: int) -> None:
+        """Mark one L3 slot corrupt (an aimed `corrupt`): the next S2H reading it fails."""
+        page_array("corrupt_slot.slot", [slot], self.capacity[Tier.L3])
+        self.corrupt.add(int(slot))
 
     def pending(self) -> list[NullHandle]:
         """Handles not yet observed final, in issue order (what a fuzzer may finish next)."""
@@ -134,9 +158,62 @@ class NullEngine:
             h.cancel()
 
     def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
-        src, _ = transfer_pages(
+        src, dst = transfer_pages(
             direction, source, target, self.capacity[direction.source], self.capacity[direction.target]
         )
-        handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page)
+        handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page, self.on_wait)
         self.handles.append(handle)
+        if direction is Direction.H2S:
+            self.corrupt.difference_update(dst.tolist())  # rewritten (corrupt again if it fires)
+        error = self._fault(direction, src, dst)
+        if error is not None:
+            handle.fail(error)
+        if self.faults is not None and self.faults.fire(FaultSite.DELAY):
+            return DelayedHandle(handle, self.faults.delay_polls)
+        return handle
+
+    def _fault(self, direction: Direction, src: Pages, dst: Pages) -> HiCacheError | None:
+        """The error a transfer meets (drawn now, in issue order), or None."""
+        slots = src.tolist() if direction is Direction.S2H else []
+        bad = [s for s in slots if s in self.corrupt]
+        if bad:
+            return CorruptSlot(bad[0], self.l3_path)
+        f = self.faults
+        if f is None:
+            return None
+        if direction in (Direction.D2H, Direction.H2D):
+            site = FaultSite.D2H_COMPLETE if direction is Direction.D2H else FaultSite.H2D_COMPLETE
+            return TransferError(f"{direction}: completion failed ({site.value} injected)") if f.fire(site) else None
+        if direction is Direction.S2H:
+            if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.SHORT_READ):
+                return UnreadableSlot(tuple(slots), self.l3_path, "injected EIO or persistent short read")
+            return None
+        if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.IO_ENOSPC):
+            return TransferError(f"{direction}: injected EIO or ENOSPC; release the target slots")
+        self.corrupt.update(s for s in dst.tolist() if f.fire(FaultSite.CORRUPT_SLOT))
+        return None
+
+
+# Decides a transfer's outcome when it is issued: True (done), False (failed), or None (left
+# PENDING for the driver to `finish`).
+Script = Callable[[Direction, int], "bool | None"]
+
+
+class ScriptedEngine(NullEngine):
+    """A null plane whose outcomes a script decides at issue: `script(direction, index)`,
+    `index` counting this engine's transfers from 0. The default completes everything on the
+    next poll (the fastest way to drive the controller when no op matters). The outcome is
+    set before any fault is drawn, so a fired fault still fails the transfer."""
+
+    def __init__(self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
+                 script: Script | None = None, faults: FaultInjector | None = None) -> None:
+        super().__init__(geometry, l1_pages, l2_pages, l3_slots, faults=faults)
+        self.script: Script = script or (lambda direction, index: True)
+
+    def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
+        outcome = self.script(direction, len(self.handles))
+        handle = super()._issue(direction, source, target)
+        inner = self.handles[-1]
+        if outcome is not None and not inner.status.final:
+            inner.finish(outcome)
         return handle

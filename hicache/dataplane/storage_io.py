@@ -35,6 +35,12 @@ matched its slot's checksum; a mismatch fails it with `CorruptSlot`, a read that
 
 Faults (`faults.py`) are drawn per piece on the issuing thread, so a seeded injector replays
 exactly; with `faults=None` no fault code runs at all.
+
+Deterministic schedule (`io_threads=0`): no thread is started; a transfer's I/O is queued at
+issue and runs on the caller's thread, in issue order, at the first poll (or wait, cancel,
+close) of any transfer after it -- so the same calls give the same bytes, checksums and
+completions at the same points, and a replay of a real-byte run matches its original
+(spec/faults.md, "Deterministic I/O").
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
-from hicache.dataplane.taskgroup import TaskGroup
+from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
 from hicache.errors import (
     ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError, UnreadableSlot,
 )
@@ -125,6 +131,7 @@ class StorageHandle(TransferHandle):
         self._delay_polls = delay_polls
 
     def _probe(self) -> TransferStatus:
+        self._mover.run_deferred()  # deterministic schedule: the I/O runs at this poll
         if not self.tasks.idle():
             return TransferStatus.PENDING
         self.tasks.reraise_bug()
@@ -140,7 +147,9 @@ class StorageHandle(TransferHandle):
         return TransferStatus.DONE
 
     def _quiesce(self) -> None:
-        self.tasks.stop_and_join()
+        self.tasks.stop()
+        self._mover.run_deferred()  # earlier transfers' I/O runs; this one's is skipped
+        self.tasks.join(None)
 
     def _block(self, seconds: float) -> None:
         self.tasks.join(seconds)
@@ -160,9 +169,10 @@ class StorageMover:
         piece_bytes: int = PIECE_BYTES, faults: FaultInjector | None = None,
     ) -> None:
         _check_l2(l2_bytes, l3.bytes_per_page)
-        if not isinstance(io_threads, int) or not 1 <= io_threads <= MAX_IO_THREADS:
+        if not isinstance(io_threads, int) or not 0 <= io_threads <= MAX_IO_THREADS:
             raise ConfigError(
-                "io_threads", f"must be an integer in [1, {MAX_IO_THREADS}], got {io_threads!r}"
+                "io_threads", f"must be an integer in [0, {MAX_IO_THREADS}] (0: deterministic, "
+                f"I/O on the polling thread), got {io_threads!r}"
             )
         if not isinstance(piece_bytes, int) or piece_bytes <= 0:
             raise ConfigError("piece_bytes", f"must be a positive integer, got {piece_bytes!r}")
@@ -173,7 +183,9 @@ class StorageMover:
         self._l2 = l2_bytes  # keeps the memory alive while views of it are in flight
         self._l2_view = l2_bytes.numpy().data.cast("B")
         self._faults = faults
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="hicache-l3-io")
+        self._deferred = DeferredExecutor() if io_threads == 0 else None
+        self._pool = self._deferred or ThreadPoolExecutor(io_threads, thread_name_prefix="hicache-l3-io")
+        self._workers = max(1, io_threads)  # pool tasks per transfer
         self._groups: list[TaskGroup] = []  # live transfers' task groups, drained by close()
         self._lock = threading.Lock()
         self._counters = StorageCounters()
@@ -191,7 +203,7 @@ class StorageMover:
         # Two lanes: writes serialise on the file, so one worker writes while the others
         # checksum the same (locked, unchanging) source pages beside it.
         checksum = functools.partial(self._checksum_piece, handle)
-        handle.tasks.spread(self._pool, pieces, (self._write_piece, checksum), self.io_threads)
+        handle.tasks.spread(self._pool, pieces, (self._write_piece, checksum), self._workers)
         return self._issued(handle)
 
     def s2h(self, slots: Pages, l2_pages: Pages) -> StorageHandle:
@@ -207,7 +219,7 @@ class StorageMover:
         extents = coalesce(src, dst)
         pieces = self._pieces(Direction.S2H, extents)
         handle = self._new_handle(Direction.S2H, src, dst, len(extents), pieces)
-        handle.tasks.spread(self._pool, pieces, (self._read_piece,), self.io_threads)
+        handle.tasks.spread(self._pool, pieces, (self._read_piece,), self._workers)
         return self._issued(handle)
 
     def _mapping(
@@ -294,7 +306,7 @@ class StorageMover:
         self._move_all(Direction.H2S, view, ext.dst_start, piece.faults)
         if piece.faults is not None:
             for slot in piece.faults.corrupt_slots:
-                self._flip_byte(slot)
+                self.flip_byte(slot)
 
     def _checksum_piece(self, handle: StorageHandle, piece: _Piece) -> None:
         """crc32 of the piece's (locked, unchanging) source pages, by page index."""
@@ -374,7 +386,7 @@ class StorageMover:
             f"{self.l3.path} failed: {why}; the transfer failed, release its target pages"
         )
 
-    def _flip_byte(self, slot: int) -> None:
+    def flip_byte(self, slot: int) -> None:
         """CORRUPT_SLOT fault: invert the slot's middle byte in the file (not in L2)."""
         fd, at = self.l3.fd, self.l3.offset(slot) + self.l3.bytes_per_page // 2
         try:
@@ -414,9 +426,16 @@ class StorageMover:
         if self._closed:
             return
         self._closed = True
+        self.run_deferred()
         for group in self._groups:
             group.join(None)
         self._pool.shutdown(wait=True)
+
+    def run_deferred(self) -> None:
+        """Deterministic schedule (`io_threads=0`): run the I/O issued so far, in issue
+        order, on this thread. No effect with threads."""
+        if self._deferred is not None:
+            self._deferred.run_queued()
 
     def __enter__(self) -> StorageMover:
         return self

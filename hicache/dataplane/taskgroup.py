@@ -3,6 +3,11 @@
 The L3 mover (storage_io.py) spreads one transfer's pieces over a bounded pool; the group
 knows when no task touches the transfer's pages any more (what cancel and fail wait for),
 stops on the first fault, keeps bugs apart from faults, and times queue wait and service.
+
+`DeferredExecutor` is the pool of the deterministic I/O schedule (`io_threads=0`): tasks are
+queued at issue and run, in issue order, on the thread that calls `run_queued` (the mover
+does so in the first poll, wait, cancel or close after the issue), so a seeded run replays
+exactly: the same calls make the same I/O at the same points.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Sequence, TypeVar
+from concurrent.futures import Executor, Future
+from typing import Any, Callable, Sequence, TypeVar
 
 from hicache.errors import HiCacheError
 
@@ -39,7 +44,7 @@ class TaskGroup:
         self._last_end: float | None = None
 
     def spread(
-        self, pool: ThreadPoolExecutor, items: Sequence[T], lanes: Sequence[Callable[[T], None]],
+        self, pool: Executor, items: Sequence[T], lanes: Sequence[Callable[[T], None]],
         workers: int,
     ) -> None:
         """Apply every lane's function to every item, on at most `workers` pool tasks.
@@ -67,7 +72,7 @@ class TaskGroup:
                     break
                 fn(item)
 
-    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: object) -> None:
+    def _submit(self, pool: Executor, fn: Callable[..., None], *args: object) -> None:
         with self._cond:  # counted before it can run, so the group is never idle too early
             self._outstanding += 1
         try:
@@ -107,10 +112,14 @@ class TaskGroup:
         with self._cond:
             return self._cond.wait_for(lambda: self._outstanding == 0, timeout_s)
 
-    def stop_and_join(self) -> None:
-        """Skip the tasks not yet started, wait for the running ones."""
+    def stop(self) -> None:
+        """Skip the tasks not yet started (running ones finish their item)."""
         with self._cond:
             self._stop = True
+
+    def stop_and_join(self) -> None:
+        """Skip the tasks not yet started, wait for the running ones."""
+        self.stop()
         self.join(None)
 
     def reraise_bug(self) -> None:
@@ -128,3 +137,37 @@ class TaskGroup:
 
     def seconds_since_issue(self) -> float:
         return time.perf_counter() - self._issued_at
+
+
+class DeferredExecutor(Executor):
+    """An executor that runs nothing until `run_queued`: then every queued task, in submit
+    order, on the calling thread. Bounded by what the issuing thread submits (one task per
+    transfer on the deterministic schedule); never starts a thread."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Future[Any], Callable[[], Any]]] = deque()
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        future: Future[T] = Future()
+        self._queue.append((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def run_queued(self) -> None:
+        """Run every queued task in submit order (tasks a task submits run too)."""
+        while self._queue:
+            future, fn = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # a bug in the task: kept in its future, as a pool does
+                future.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Run what is queued (issued I/O finishes, as with a thread pool), then refuse more."""
+        if not cancel_futures:
+            self.run_queued()
+        self._shutdown = True

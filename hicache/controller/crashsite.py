@@ -1,0 +1,49 @@
+"""The controller's own fault sites: a reservation that fails, and a crash before publication.
+
+    site / aim              consulted                        effect
+    ----------------------  -------------------------------  ---------------------------------
+    ALLOC_L1/L2/L3, alloc   `issue`, after make-room         OutOfPages for the target tier
+    CRASH_BEFORE_PUBLISH,   `_settle` of a DONE, before      SimulatedCrash; the controller
+    crash                   `complete`                       refuses all but close()
+
+Contract: the hooks only decide; the controller acts (spec/faults.md, "A crash between a
+transfer and its publication"). With `faults=None` nothing is drawn.
+"""
+
+from __future__ import annotations
+
+from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
+from hicache.errors import OutOfPages
+from hicache.tiers import Direction, Tier
+
+
+class ControllerFaults:
+    def __init__(self, faults: FaultInjector | None) -> None:
+        self.faults = faults
+        self.crash_ops: set[int] = set()  # ops aimed at `crash`: the process dies on their DONE
+        self.crashed: SimulatedCrash | None = None  # set once; then only close() runs
+
+    def aimed(self, direction: Direction, request_id: int | None) -> Aim | None:
+        """The fault aimed at the op about to be issued, if any (consumed)."""
+        return self.faults.aimed(direction, request_id) if self.faults is not None else None
+
+    def reserve(self, tier: Tier, need: int, free: int, aim: Aim | None) -> None:
+        """ALLOC_<tier> (or an aimed `alloc`): OutOfPages, as if `tier` were full."""
+        aimed = aim is not None and aim.action == "alloc"
+        if aimed or (self.faults is not None and self.faults.fire(ALLOC_SITES[tier])):
+            raise OutOfPages(str(tier), need, free)
+
+    def crash_now(self, op_id: int, what: str) -> SimulatedCrash | None:
+        """The crash to raise between op `op_id`'s DONE and its publication, or None."""
+        due = op_id in self.crash_ops
+        self.crash_ops.discard(op_id)
+        if not due and (self.faults is None or not self.faults.fire(FaultSite.CRASH_BEFORE_PUBLISH)):
+            return None
+        self.crashed = SimulatedCrash(
+            f"injected crash: op {op_id} ({what}) moved its bytes but was not published; close "
+            "this controller and open a new one (it starts empty)")
+        return self.crashed
+
+    def refuse_if_crashed(self) -> None:
+        if self.crashed is not None:
+            raise SimulatedCrash(f"this controller crashed ({self.crashed}); close it and open a new one")
