@@ -2,7 +2,7 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer recompute serving (default: env tests transfer recompute serving)
+#   stages: env tests kernels transfer recompute serving fuzz (default: env tests transfer recompute serving)
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -32,6 +32,7 @@ for stage in $stages; do
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
+    fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed 1 --steps 300 --report ;;
     *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
   esac
 done
