@@ -107,8 +107,9 @@ class ControllerMachine(RuleBasedStateMachine):
     def restore_round(self, tokens: tuple[int, ...], deep: bool, site: FaultSite | None) -> None:
         """A prompt served, backed up, pushed out and restored, end to end: admitted, ticked
         until ready and prefilled, its backups drained; then once everything evictable left
-        L1 (with `deep`, L2 too: a promotion from L3) admitted again with fault `site` armed,
-        ticked until ready (at most 8 ticks), prefilled and finished. Requests still live
+        L1 (with `deep`, L2 too: a promotion from L3) admitted again, ticked until ready (at
+        most 8 ticks), prefilled and finished. Fault `site` is armed for each half (the
+        backups' writes, the restore's reads). Requests still live
         are aborted first: their locked prefixes would otherwise leave no room to compute."""
         for rid in sorted(self.ctl.restores):
             self.ctl.finish(rid)
@@ -116,8 +117,8 @@ class ControllerMachine(RuleBasedStateMachine):
             if again:
                 for tier in ("L1", "L2") if deep else ("L1",):
                     self.ctl.cp.evict(tier, 10_000)
-                if site is not None:
-                    self.faults.once(site)
+            if site is not None:
+                self.faults.once(site)
             rid = self.next_rid
             self.admit(tokens)
             for _ in range(8):

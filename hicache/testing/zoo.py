@@ -273,7 +273,8 @@ def table(results: Sequence[Catch]) -> str:
     rows = ["| mutant | class | machine | caught | steps to catch (median) | per seed | "
             "check | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        per_seed = ", ".join([str(f.step) for f in r.failures] + ["miss"] * len(r.missed))
+        steps = {f.seed: str(f.step) for f in r.failures} | {seed: "miss" for seed in r.missed}
+        per_seed = ", ".join(steps[seed] for seed in sorted(steps))
         median = "-" if r.median_steps is None else f"{r.median_steps:g}"
         rows.append(f"| {r.mutant} | {get(r.mutant).bug_class} | {r.machine} | "
                     f"{len(r.failures)}/{len(r.failures) + len(r.missed)} | {median} | {per_seed} | "
