@@ -113,10 +113,8 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         parent = chain[0].parent
         assert parent is not None  # Verify: a chain never starts at the root.
         self.cp.evict("L2", sum(n.num_pages for n in chain) - self.cp.free_pages("L2"), keep=[parent])
-        op = None
         if not self.attempt(lambda: self.cp.issue(Direction.D2H, chain)):
-            op = max(self.cp.ops)
-            self.cp.complete(op)
+            self.cp.complete(max(self.cp.ops))  # the op just issued: ids only grow
         self.cp.evict("L1", 10_000)
 
     @precondition(lambda self: any(op.direction is Direction.H2D for op in self.cp.ops.values()))

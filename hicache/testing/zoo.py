@@ -16,6 +16,9 @@ What names a check (`Failure.check`):
     any other exception                           "contract: <Type> escaped <Class>.<rule>"
                                                   (the machine allows only documented errors)
 
+A seed's run is repeatable within one process history, but Hypothesis also draws constants
+from the modules loaded so far, so the same seed may take other steps after other runs.
+
 A machine is any `RuleBasedStateMachine` subclass; `MACHINES` names the ones this repository
 has ("module:Class"), and `DEFAULT_MACHINE` says which one each mutant is measured against.
 `main(argv)` is the `hicache fuzz --mutant` command line.
