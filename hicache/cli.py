@@ -42,6 +42,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "recompute"): "hicache.bench.recompute",
     ("bench", "serving"): "hicache.bench.serving",
     ("demo",): "hicache.demo",
+    ("fuzz",): "hicache.testing.zoo",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -56,6 +57,7 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "recompute"): "prefill latency of the model producer (needs CUDA)",
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
+    ("fuzz",): "run the bug zoo's mutants against the stateful machines (--mutant list)",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""

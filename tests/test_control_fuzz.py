@@ -1,16 +1,30 @@
 """Stateful fuzzing of the control plane alone (no bytes): random requests, backups,
 restores, completions, failures, cancels and evictions, with every invariant checked after
-every transition (check mode `every`). A rejected step must leave the state unchanged."""
+every transition (check mode `every`). A rejected step must leave the state unchanged.
+
+Besides the legal moves, the machine tries moves the spec forbids and asserts they are
+refused with nothing changed: a chain issued below a parent that lacks the target (a backup
+gap, B07) and serving a prefix whose load-back is still in flight (B01). After every step it
+also recounts the tree (`HiRadixTree.audit`: leaf sets, counters, links) and tests the checker
+itself: every transition was checked, and each tier's copy of the live snapshot with one page
+put on the free list (I1) or leaked (I6) is reported for that tier. The bug zoo
+(`hicache.testing.mutants`) measures what this catches."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
+import numpy as np
+from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.control import ControlPlane
 from hicache.errors import IllegalTransition, OutOfPages
+from hicache.invariants.registry import Check, check_all
+from hicache.pages import FREE, PRIVATE
+from hicache.snapshot import Snapshot
 from hicache.tiers import TIERS, Direction
 from hicache.tree import TreeNode
 from tests.test_control import fingerprint
@@ -30,19 +44,22 @@ def chain_into(node: TreeNode, dst: int) -> list[TreeNode]:
 
 
 class ControlPlaneMachine(RuleBasedStateMachine):
-    @initialize(caps=st.tuples(st.integers(2, 12), st.integers(2, 12), st.integers(2, 12)))
+    @initialize(caps=st.tuples(st.integers(4, 12), st.integers(2, 12), st.integers(2, 12)))
     def setup(self, caps: tuple[int, int, int]) -> None:
         self.cp = ControlPlane(PS, caps, check_mode="every")
         self.next_rid = 1
         self.rejections = 0
 
-    def attempt(self, step: Callable[[], object]) -> None:
+    def attempt(self, step: Callable[[], object]) -> bool:
+        """Run `step`; whether it was refused (then nothing may have changed)."""
         before = fingerprint(self.cp)
         try:
             step()
         except (IllegalTransition, OutOfPages):
             self.rejections += 1
             assert fingerprint(self.cp) == before, "a rejected transition changed state"
+            return True
+        return False
 
     @rule(tokens=prompts)
     def serve(self, tokens: list[int]) -> None:
@@ -50,19 +67,76 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         m = self.cp.begin_request(rid, tokens)
         todo = (len(tokens) // PS) * PS - m.lengths[0]
         if todo > 0:
+            self.cp.evict("L1", todo // PS - self.cp.free_pages("L1"))  # make room, as a cache does
             self.attempt(lambda: self.cp.compute(rid, todo))
             self.cp.insert(rid)
         self.cp.end_request(rid)
 
-    @rule(data=st.data(), direction=st.sampled_from(list(Direction)))
-    def issue(self, data: st.DataObject, direction: Direction) -> None:
-        src, dst = TIERS.index(direction.source), TIERS.index(direction.target)
-        nodes = [n for n in self.cp.tree.nodes() if n.state[src] == "RESIDENT" and n.state[dst] == "ABSENT"]
+    @rule(data=st.data(), gap=st.booleans())
+    def issue(self, data: st.DataObject, gap: bool) -> None:
+        """Issue the chain a node needs, in a direction it can go (any that has a node); with
+        `gap`, the chain without its first node, whose parent then lacks the target: the
+        issue guard must refuse it (no backup gap, B07)."""
+        moves = [(d, n) for d in Direction for n in self.cp.tree.nodes()
+                 if n.state[TIERS.index(d.source)] == "RESIDENT" and n.state[TIERS.index(d.target)] == "ABSENT"]
+        # Prefer chains the source tier holds whole (the rest are refused by a guard).
+        whole = [(d, n) for d, n in moves if all(
+            c.state[TIERS.index(d.source)] == "RESIDENT" for c in chain_into(n, TIERS.index(d.target)))]
+        if not moves:
+            return
+        pick = whole or moves  # a direction first (uniform over those with a node), then a node
+        direction = data.draw(st.sampled_from(sorted({d for d, _ in pick}, key=lambda d: d.value)))
+        node = data.draw(st.sampled_from([n for d, n in pick if d is direction]))
+        dst = TIERS.index(direction.target)
+        chain = chain_into(node, dst)
+        if gap and len(chain) > 1:
+            refused = self.attempt(lambda: self.cp.issue(direction, chain[1:]))
+            assert refused, f"{direction} issued below node {chain[0].node_id}, which lacks {TIERS[dst]}"
+            return
+        parent = chain[0].parent
+        assert parent is not None  # Verify: a chain never starts at the root.
+        # Make room as the controller does (never evicting the chain's parent, S6).
+        short = sum(n.num_pages for n in chain) - self.cp.free_pages(direction.target)
+        self.cp.evict(direction.target, short, keep=[parent])
+        self.attempt(lambda: self.cp.issue(direction, chain))
+
+    @rule(data=st.data())
+    def back_up_and_drop(self, data: st.DataObject) -> None:
+        """Back an L1 chain up to L2 at once (issue, complete), then drop L1 copies: the
+        prefix is now L2-only, so later load-backs (and their failures) have a source."""
+        nodes = [n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT" and n.state[1] == "ABSENT"]
         if not nodes:
             return
-        node = data.draw(st.sampled_from(sorted(nodes, key=lambda n: n.node_id)))
-        chain = chain_into(node, dst)
-        self.attempt(lambda: self.cp.issue(direction, chain))
+        chain = chain_into(data.draw(st.sampled_from(nodes)), 1)
+        if any(n.state[0] != "RESIDENT" for n in chain):
+            return
+        parent = chain[0].parent
+        assert parent is not None  # Verify: a chain never starts at the root.
+        self.cp.evict("L2", sum(n.num_pages for n in chain) - self.cp.free_pages("L2"), keep=[parent])
+        if not self.attempt(lambda: self.cp.issue(Direction.D2H, chain)):
+            self.cp.complete(max(self.cp.ops))  # the op just issued: ids only grow
+        self.cp.evict("L1", 10_000)
+
+    @precondition(lambda self: any(op.direction is Direction.H2D for op in self.cp.ops.values()))
+    @rule(data=st.data())
+    def serve_early(self, data: st.DataObject) -> None:
+        """A request may not be served a prefix whose load-back is still in flight (B01):
+        `advance_cached_len` over it is refused with nothing changed."""
+        loads = sorted(i for i, op in self.cp.ops.items() if op.direction is Direction.H2D)
+        node = self.cp.ops[data.draw(st.sampled_from(loads))].nodes[-1]
+        tokens = [t for n in reversed(self.cp.tree.path_to_root(node)) for t in n.key] + [0]
+        rid, self.next_rid = self.next_rid, self.next_rid + 1
+        self.cp.begin_request(rid, tokens)
+        refused = self.attempt(lambda: self.cp.advance_cached_len(rid, node))
+        assert refused, f"request {rid} was served node {node.node_id} before its load-back completed"
+        self.cp.end_request(rid)
+
+    @rule(tiers=st.sampled_from(["L1", "L2", "L1 L2"]))
+    def push_out(self, tiers: str) -> None:
+        """Evict everything evictable from these tiers, so that restores (from L2, or
+        promotions from L3) have something to do."""
+        for tier in tiers.split():
+            self.cp.evict(tier, 10_000)
 
     @rule(data=st.data(), outcome=st.sampled_from(["complete", "fail", "cancel"]))
     def finish(self, data: st.DataObject, outcome: str) -> None:
@@ -81,6 +155,36 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             for t, table in zip(TIERS, self.cp.tables):
                 assert table.free_count + table.count(1) + table.count(2) == table.capacity, t
 
+    @invariant()
+    def tree_recounts(self) -> None:
+        """The tree's own recount: links, counters, per-tier leaf sets, lock sums."""
+        if hasattr(self, "cp"):
+            problems = self.cp.tree.audit()
+            assert not problems, f"the tree's recount disagrees: {problems[0]}"
+
+    @invariant()
+    def checker_sees_what_breaks(self) -> None:
+        """The checker is under test too: it ran after every transition (mode `every`), and
+        on the live snapshot with one page of a tier put on the free list (I1) or leaked
+        (I6) it reports that tier (one tier per step, in turn: the cost of a third)."""
+        if not hasattr(self, "cp"):
+            return
+        checker = self.cp.checker
+        assert checker.checks_run == checker.transitions, \
+            f"{checker.transitions} transitions but {checker.checks_run} checked (mode every)"
+        s = self.cp.snapshot()
+        self.canary_turn = getattr(self, "canary_turn", -1) + 1
+        tier = TIERS[self.canary_turn % len(TIERS)].value
+        view = s.tiers[tier]
+        held = [v for n in s.nodes if (v := n.values.get(tier)) is not None and v.size]
+        if held:
+            found = _found(_owned(s, tier, int(held[0][0]), FREE), checker.checks, "I1")
+            assert ("I1", tier) in found, f"I1 misses a {tier} page in a node value and FREE"
+        free = np.flatnonzero(view.owner == FREE)
+        if free.size:
+            found = _found(_owned(s, tier, int(free[0]), PRIVATE), checker.checks, "I6")
+            assert ("I6", tier) in found, f"I6 misses a leaked PRIVATE page of {tier}"
+
     def teardown(self) -> None:
         if not hasattr(self, "cp"):
             return
@@ -90,4 +194,21 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             assert table.count(1) == 0, f"{t}: private pages left after drain"
 
 
+def _owned(s: Snapshot, tier: str, page: int, owner: int) -> Snapshot:
+    """A copy of `s` in which `page` of `tier` has owner code `owner`."""
+    codes = s.tiers[tier].owner.copy()
+    codes[page] = owner
+    return replace(s, tiers={**s.tiers, tier: replace(s.tiers[tier], owner=codes)})
+
+
+def _found(s: Snapshot, checks: tuple[Check, ...], check_id: str) -> set[tuple[str, str | None]]:
+    """(check id, tier) of every violation the checker's check `check_id` finds in `s`."""
+    return {(v.invariant, v.tier) for v in check_all(s, tuple(c for c in checks if c.id == check_id))}
+
+
+_profile = settings()  # the loaded profile (dev, ci or fuzz); the zoo runs this machine longer
+ControlPlaneMachine.TestCase.settings = settings(
+    _profile, max_examples=min(_profile.max_examples, 50) if _profile.max_examples < 1000
+    else _profile.max_examples, stateful_step_count=50, deadline=None,
+)
 TestControlPlaneMachine = ControlPlaneMachine.TestCase

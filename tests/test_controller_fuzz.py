@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
@@ -32,6 +33,7 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.storage_io import StorageHandle
 from hicache.errors import OutOfPages
+from hicache.snapshot import UNSERVABLE
 from hicache.tiers import TIERS
 
 PS = 4  # the tiny geometry's page size
@@ -42,7 +44,7 @@ prompts = st.builds(
     st.integers(0, 2), st.integers(0, 3), st.integers(1, PS), st.integers(0, 2),
 )
 NEXT_FAULT = [FaultSite.DELAY, FaultSite.H2D_COMPLETE, FaultSite.D2H_COMPLETE,
-              FaultSite.CORRUPT_SLOT, FaultSite.IO_EIO, FaultSite.SHORT_READ]
+              FaultSite.CORRUPT_SLOT, FaultSite.IO_EIO, FaultSite.SHORT_READ, FaultSite.SHORT_WRITE]
 
 
 class ControllerMachine(RuleBasedStateMachine):
@@ -61,6 +63,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.ctl = CacheController(cfg, faults=self.faults)
         self.next_rid = 1
         self.seen: list[tuple[int, ...]] = []  # prompts admitted so far
+        self.damaged = False  # the L3 file was truncated or removed under the cache
 
     def teardown(self) -> None:
         ctl = getattr(self, "ctl", None)
@@ -99,6 +102,34 @@ class ControllerMachine(RuleBasedStateMachine):
         self.ctl.cp.evict("L1", 10_000)
         for _ in range(1 + twice):
             self.admit(tokens)
+
+    @rule(tokens=prompts, deep=st.booleans(), site=st.sampled_from([None, *NEXT_FAULT]))
+    def restore_round(self, tokens: tuple[int, ...], deep: bool, site: FaultSite | None) -> None:
+        """A prompt served, backed up, pushed out and restored, end to end: admitted, ticked
+        until ready and prefilled, its backups drained; then once everything evictable left
+        L1 (with `deep`, L2 too: a promotion from L3) admitted again, ticked until ready (at
+        most 8 ticks), prefilled and finished. Fault `site` is armed for each half (the
+        backups' writes, the restore's reads). Requests still live
+        are aborted first: their locked prefixes would otherwise leave no room to compute."""
+        for rid in sorted(self.ctl.restores):
+            self.ctl.finish(rid)
+        for again in (False, True):
+            if again:
+                for tier in ("L1", "L2") if deep else ("L1",):
+                    self.ctl.cp.evict(tier, 10_000)
+            if site is not None:
+                self.faults.once(site)
+            rid = self.next_rid
+            self.admit(tokens)
+            for _ in range(8):
+                if self.ctl.ready(rid):
+                    break
+                self.tick()
+            if self.ctl.ready(rid):
+                self.prefill(sorted(self.ctl.restores).index(rid))
+            if rid in self.ctl.restores:
+                self.ctl.finish(rid)
+            self.ctl.drain()
 
     @rule()
     def tick(self) -> None:
@@ -146,19 +177,39 @@ class ControllerMachine(RuleBasedStateMachine):
     def fault_next(self, site: FaultSite) -> None:
         self.faults.once(site)
 
+    @precondition(lambda self: len(self.seen) >= 6)
     @rule(keep_bytes=st.integers(0, 3))
     def truncate_l3(self, keep_bytes: int) -> None:
-        """Cut the file under the cache (to a few bytes, or to nothing)."""
+        """Cut the file under the cache (to a few bytes, or to nothing); only once a few
+        prompts were admitted, so that runs also reach L3 restores before L3 goes offline."""
         os.ftruncate(self.ctl.transfer_engine.l3.fd, keep_bytes)
+        self.damaged = True
 
-    @precondition(lambda self: os.path.exists(self.path))
+    @precondition(lambda self: os.path.exists(self.path) and len(self.seen) >= 6)
     @rule()
     def remove_l3(self) -> None:
         os.unlink(self.path)
+        self.damaged = True
 
+    @precondition(lambda self: bool(self.ctl.handles))  # else a no-op that crowds out the rest
     @rule()
     def drain(self) -> None:
         self.ctl.drain()
+
+    @invariant()
+    def l3_serves_what_it_holds(self) -> None:
+        """Unless the L3 file was damaged (a CORRUPT_SLOT fault, the file cut or removed),
+        every slot the tree holds is servable and no read failed its checksum: short and
+        failed I/O is resumed or fails its transfer, never leaves a slot half written or a
+        page half read (B14)."""
+        if self.damaged or self.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
+            return
+        assert self.ctl.transfer_engine.l3.corrupt_reads == 0, \
+            f"{self.ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+        held = [v for n in self.ctl.cp.tree.nodes() if (v := n.value[2]) is not None]
+        if held:
+            digests = self.ctl.transfer_engine.digests("L3", np.concatenate(held))
+            assert not (digests == UNSERVABLE).any(), "an L3 slot the tree holds fails its checksum"
 
     @invariant()
     def every_lock_has_a_holder(self) -> None:

@@ -2,7 +2,7 @@
 
 The state machine inserts prefixes into tiers the way the control plane does (match, add_child
 for the rest, publish parent before child), matches, evicts each tier's LRU leaf and takes and
-releases locks. After every step the tree must agree with the model and with a brute-force
+releases locks (and tries to release one not held, which must be refused). After every step the tree must agree with the model and with a brute-force
 recount of its own counters, leaf sets and locks.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from hicache.errors import TreeError
 from hicache.pages import pages
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.tree import HiRadixTree, TreeNode
@@ -146,6 +147,23 @@ class TreeMachine(RuleBasedStateMachine):
         # The lock may have been all that kept an evicted node (locked in a tier it did not
         # hold); the control plane only locks held tiers, the tree allows either.
         self.tree.remove_if_dead(node)
+
+    @rule(tier=TIER, data=st.data())
+    def unlock_unheld(self, tier: int, data: st.DataObject) -> None:
+        """Releasing a lock a node does not hold (a double release) is refused with nothing
+        changed: a count clamped at zero instead would hide the bug, and the ancestors'
+        counts would lose locks other holders still take (B11)."""
+        free = [n for n in self.tree.nodes() if n.lock[tier] == 0]
+        if not free:
+            return
+        node = data.draw(st.sampled_from(free))
+        before = [(n.node_id, tuple(n.lock)) for n in self.tree.nodes()]
+        try:
+            self.tree.unlock(node, tier)
+        except TreeError:
+            assert [(n.node_id, tuple(n.lock)) for n in self.tree.nodes()] == before
+            return
+        raise AssertionError(f"unlock of node {node.node_id}, which holds no lock in tier {tier}, was accepted")
 
     @rule(tier=TIER, data=st.data())
     def toggle_pending(self, tier: int, data: st.DataObject) -> None:

@@ -1,0 +1,398 @@
+"""The bug zoo: deliberately broken variants of the reference, one per bug class.
+
+Each mutant is a small, named patch of one real function, modelled on a class of
+spec/bugclasses.md (or on a failure mode of the invariant checker itself). `activate(name)`
+returns a context manager that swaps the broken version in and restores the original on exit:
+
+    with activate("B06"):          # a split that forgets a pending op's node list
+        run_the_machine()          # must fail, naming the check that caught it
+
+Nothing else reaches these patches: no configuration field, flag or environment variable
+of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's tests call
+`activate`. B09, B10 (multi-pool) and B16 (tensor parallelism) have no mutant yet: the
+reference moves bytes for one pool on one rank.
+
+    name         class  patched function                          what is broken
+    -----------  -----  ----------------------------------------  ----------------------------
+    B01          B01    ControlPlane.advance_cached_len           serves before publication
+    B02          B02    ControlPlane.fail                         frees the published L2 source
+    B03          B03    ControlPlane.cancel                       leaks the target pages
+    B04          B04    ControlPlane.issue                        never locks the source
+    B05          B05    DeviceHostMover.d2h                       reads a stale index buffer
+    B06          B06    ControlPlane._on_split                    op forgets the upper half
+    B07          B07    execute._Context.parent_resident          issue guard always passes
+    B07-leaf     B07    HiRadixTree._refresh_leaf                 leaf set keyed on L1's children
+    B08          B08    HiRadixTree.split                         cuts values by tokens
+    B11          B11    HiRadixTree.unlock                        clamps at zero
+    B12          B12    RestoreStager._settle_own                 a failed load raises
+    B13          B13    storage_io.coalesce                       merges on one side
+    B14          B14    StorageMover._move_all                    short I/O taken as complete
+    B15          B15    TransferEngine.h2d                        scatters to the wrong pages
+    I1-skip-L2   -      the I1 check                              skips tier L2
+    checker-off  -      InvariantChecker.after_transition         never checks
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from hicache.errors import ConfigError
+
+Patch = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken variant: its name, the bug class it belongs to ("-" for the checker's own
+    failure modes), the function it patches, a one-line description and the patch."""
+
+    name: str
+    bug_class: str
+    target: str
+    description: str
+    patch: Patch
+
+
+@contextlib.contextmanager
+def _swapped(owner: Any, attr: str, replacement: Any) -> Iterator[None]:
+    """`owner.attr` is `replacement` inside the block, the original again after it."""
+    original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+    setattr(owner, attr, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, original)
+
+
+# -- the control plane ------------------------------------------------------------------------
+
+
+def _b01() -> contextlib.AbstractContextManager[None]:
+    """advance_cached_len without its check that every node up to `node` is RESIDENT in L1:
+    a request's cached_len may then cover a load-back still in flight."""
+    from hicache.control import ControlPlane
+
+    def advance_cached_len(self: Any, request_id: int, node: Any) -> int:
+        req = self._request(request_id)
+        self.tree.lock(node, 0)
+        if not req.locked.is_root:
+            self.tree.unlock(req.locked, 0)
+        req.locked = node
+        req.published_len = req.cached_len = self.tree.prefix_tokens(node)
+        self._check(f"cached_len {request_id}")
+        return int(req.cached_len)
+
+    return _swapped(ControlPlane, "advance_cached_len", advance_cached_len)
+
+
+def _b02() -> contextlib.AbstractContextManager[None]:
+    """A failed load-back "undoes the restore": it also returns the L2 pages it read (which
+    the tree still holds, e.g. promoted by an S2H) to the free list."""
+    from hicache.control import ControlPlane
+    from hicache.pages import FREE
+    from hicache.tiers import TIERS, Direction
+
+    original = ControlPlane.__dict__["fail"]
+
+    def fail(self: Any, op_id: int) -> Any:
+        op = original(self, op_id)
+        if op.direction is Direction.H2D:
+            self.tables[TIERS.index(op.direction.source)].owner[op.source_pages] = FREE
+            self._check(f"h2d_fail cleanup op {op_id}")
+        return op
+
+    return _swapped(ControlPlane, "fail", fail)
+
+
+def _b03() -> contextlib.AbstractContextManager[None]:
+    """A cancel (abort, drain) ends the op but never releases its target pages: they stay
+    PRIVATE with no op or request holding them."""
+    from hicache.control import ControlPlane
+    from hicache.pages import PRIVATE
+    from hicache.tiers import TIERS
+
+    original = ControlPlane.__dict__["cancel"]
+
+    def cancel(self: Any, op_id: int) -> Any:
+        op = original(self, op_id)
+        self.tables[TIERS.index(op.direction.target)].owner[op.target_pages] = PRIVATE
+        self._check(f"cancel op {op_id}")
+        return op
+
+    return _swapped(ControlPlane, "cancel", cancel)
+
+
+def _b04() -> contextlib.AbstractContextManager[None]:
+    """An issue that never locks its source: eviction may take the pages the transfer reads."""
+    from hicache.control import ControlPlane
+    from hicache.tiers import TIERS
+
+    original = ControlPlane.__dict__["issue"]
+
+    def issue(self: Any, *args: Any, **kwargs: Any) -> Any:
+        op = original(self, *args, **kwargs)
+        self.tree.unlock(op.nodes[-1], TIERS.index(op.direction.source))
+        self._check(f"issue op {op.op_id} (source left unlocked)")
+        return op
+
+    return _swapped(ControlPlane, "issue", issue)
+
+
+def _b06() -> contextlib.AbstractContextManager[None]:
+    """A split while an op is pending does not add the new upper node to the op's node list:
+    the op's one page list no longer matches its nodes, and the upper node waits on an op that
+    will never publish or release it."""
+    from hicache.control import ControlPlane
+
+    def on_split(self: Any, upper: Any, lower: Any) -> None:
+        if self.tracer.enabled:
+            self.tracer.emit("split", node=lower.node_id,
+                             detail={"upper": upper.node_id, "at": len(upper.key)})
+
+    return _swapped(ControlPlane, "_on_split", on_split)
+
+
+def _b07() -> contextlib.AbstractContextManager[None]:
+    """The issue guard `parent(<target>) == RESIDENT` always passes: a chain may be backed
+    up (or loaded back) below a parent that lacks the target tier."""
+    from hicache import execute
+
+    def parent_resident(self: Any, tier: Any) -> bool:
+        return True
+
+    return _swapped(execute._Context, "parent_resident", parent_resident)
+
+
+def _b07_leaf() -> contextlib.AbstractContextManager[None]:
+    """The per-tier leaf sets are keyed on the node's L1 children in every tier: an L2 node
+    whose children hold L2 (but not L1) is taken for a leaf, and eviction reaches a
+    non-leaf."""
+    from hicache.lifecycle import RESIDENT
+    from hicache.tree import HiRadixTree
+
+    def refresh_leaf(self: Any, node: Any, tier: int) -> None:
+        if not node.is_root and node.state[tier] == RESIDENT and node.present_children[0] == 0:
+            self._leaves[tier][node.node_id] = node
+        else:
+            self._leaves[tier].pop(node.node_id, None)
+
+    return _swapped(HiRadixTree, "_refresh_leaf", refresh_leaf)
+
+
+def _b08() -> contextlib.AbstractContextManager[None]:
+    """A split cuts every tier's value at `at_tokens` pages instead of `at_tokens /
+    page_size`: the halves point at too many and too few pages."""
+    from hicache.tree import HiRadixTree
+
+    original = HiRadixTree.__dict__["split"]
+
+    def split(self: Any, node: Any, at_tokens: int) -> Any:
+        whole = list(node.value)
+        upper = original(self, node, at_tokens)
+        upper.value = [None if v is None else v[:at_tokens].copy() for v in whole]
+        node.value = [None if v is None else v[at_tokens:].copy() for v in whole]
+        return upper
+
+    return _swapped(HiRadixTree, "split", split)
+
+
+def _b11() -> contextlib.AbstractContextManager[None]:
+    """An unlock clamps each count at zero instead of refusing a lock released twice (or
+    never taken): the double release is hidden and other holders' locks are lost."""
+    from hicache.tree import HiRadixTree
+
+    def unlock(self: Any, node: Any, tier: int) -> None:
+        self._writable("unlock")
+        self._check_tier(tier)
+        for n in self.path_to_root(node):
+            n.lock[tier] = max(0, n.lock[tier] - 1)
+
+    return _swapped(HiRadixTree, "unlock", unlock)
+
+
+# -- the controller and the data plane -------------------------------------------------------
+
+
+def _b05() -> contextlib.AbstractContextManager[None]:
+    """A D2H reads its page indices before the stream producing them finished: the index
+    buffer still holds the previous transfer's first index, so one page is copied from the
+    wrong L1 page (on the CPU plane, the race is reproduced by reusing that stale index)."""
+    from hicache.dataplane.dma import DeviceHostMover
+    from hicache.pages import pages
+
+    original = DeviceHostMover.__dict__["d2h"]
+    previous: list[int] = []
+
+    def d2h(self: Any, l1_pages: Any, l2_pages: Any, *, after: Any = None) -> Any:
+        src = pages(l1_pages).copy()
+        stale = previous[-1] if previous else None
+        if src.size:
+            previous.append(int(src[0]))
+        if stale is not None and stale not in src.tolist():
+            src[0] = stale
+        return original(self, src, l2_pages, after=after)
+
+    return _swapped(DeviceHostMover, "d2h", d2h)
+
+
+def _b12() -> contextlib.AbstractContextManager[None]:
+    """A failed restore stage raises instead of dropping its part to recompute."""
+    from hicache.controller.restore import RestoreStager
+    from hicache.dataplane.handles import TransferStatus
+    from hicache.errors import TransferError
+
+    original = RestoreStager.__dict__["_settle_own"]
+
+    def settle_own(self: Any, mat: Any, op: Any, status: Any) -> None:
+        if status is TransferStatus.FAILED:
+            raise TransferError(f"restore op {op.op_id} of request {mat.request_id} failed")
+        original(self, mat, op, status)
+
+    return _swapped(RestoreStager, "_settle_own", settle_own)
+
+
+def _b13() -> contextlib.AbstractContextManager[None]:
+    """Extents merge whenever the destinations are consecutive, whether or not the sources
+    are: an L3 write moves the wrong L2 pages into the later slots of a run."""
+    from hicache.dataplane import storage_io
+    from hicache.dataplane.extents import Extent
+
+    def coalesce(src: Any, dst: Any) -> list[Extent]:
+        s_all = np.asarray(src, dtype=np.int64).reshape(-1)
+        d_all = np.asarray(dst, dtype=np.int64).reshape(-1)
+        if d_all.size == 0:
+            return []
+        order = np.argsort(d_all, kind="stable")
+        s, d = s_all[order], d_all[order]
+        joins = np.diff(d) == 1  # the bug: the sources are never compared
+        starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+        counts = np.diff(np.append(starts, d.size))
+        return [Extent(int(s[i]), int(d[i]), int(c)) for i, c in zip(starts, counts)]
+
+    return _swapped(storage_io, "coalesce", coalesce)
+
+
+def _b14() -> contextlib.AbstractContextManager[None]:
+    """A short `pwrite`/`preadv` is taken as complete: the rest of the piece never moves."""
+    from hicache.dataplane import storage_io
+    from hicache.dataplane.storage import describe_os_error
+
+    def move_all(self: Any, direction: Any, view: memoryview, first_slot: int, plan: Any) -> None:
+        offset, total = self.l3.offset(first_slot), len(view)
+        try:
+            part = view if plan is None else storage_io._apply_faults(plan, view, 0, total)
+            moved = self._syscall(direction, part, offset)
+        except OSError as e:
+            raise self._io_error(direction, first_slot, total, describe_os_error(e)) from e
+        if moved == 0:
+            raise self._io_error(direction, first_slot, total, "no progress at byte 0")
+
+    return _swapped(storage_io.StorageMover, "_move_all", move_all)
+
+
+def _b15() -> contextlib.AbstractContextManager[None]:
+    """A load-back scatters page i of the source into the L1 page meant for page i+1 (a
+    mapping off by one): a prefix is served another position's KV."""
+    from hicache.dataplane.engine import TransferEngine
+    from hicache.pages import pages
+
+    original = TransferEngine.__dict__["h2d"]
+
+    def h2d(self: Any, l2_pages: Any, l1_pages: Any, *, after: Any = None) -> Any:
+        dst = pages(l1_pages)
+        return original(self, l2_pages, np.roll(dst, 1) if dst.size > 1 else dst, after=after)
+
+    return _swapped(TransferEngine, "h2d", h2d)
+
+
+# -- the checker's own failure modes ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _i1_skip_l2() -> Iterator[None]:
+    """I1 `ownership_disjoint` checks every tier but L2."""
+    from hicache.invariants.registry import CHECKS
+
+    check = next(c for c in CHECKS if c.id == "I1")
+    original = check.func
+
+    def skipping(s: Any) -> Any:
+        return original(dataclasses.replace(s, tiers={k: v for k, v in s.tiers.items() if k != "L2"}))
+
+    object.__setattr__(check, "func", skipping)
+    try:
+        yield
+    finally:
+        object.__setattr__(check, "func", original)
+
+
+def _checker_off() -> contextlib.AbstractContextManager[None]:
+    """The checker counts transitions but never checks a snapshot, whatever its mode."""
+    from hicache.invariants.checker import InvariantChecker
+
+    def after_transition(self: Any, snapshot_fn: Any, context: str) -> None:
+        self.transitions += 1
+
+    return _swapped(InvariantChecker, "after_transition", after_transition)
+
+
+ZOO: tuple[Mutant, ...] = (
+    Mutant("B01", "B01", "ControlPlane.advance_cached_len", "cached_len advances over a node "
+           "whose load-back is still pending (no publication check)", _b01),
+    Mutant("B02", "B02", "ControlPlane.fail", "a failed load-back also frees the published L2 "
+           "pages it read", _b02),
+    Mutant("B03", "B03", "ControlPlane.cancel", "a cancelled op never releases its target "
+           "pages (leak on abort)", _b03),
+    Mutant("B04", "B04", "ControlPlane.issue", "an issue leaves its source unlocked, so "
+           "eviction may take pages in flight", _b04),
+    Mutant("B05", "B05", "DeviceHostMover.d2h", "a D2H reads a stale page index (no wait on "
+           "the stream that wrote the indices)", _b05),
+    Mutant("B06", "B06", "ControlPlane._on_split", "a split of a pending node leaves the new "
+           "upper node out of the op's node list", _b06),
+    Mutant("B07", "B07", "execute._Context.parent_resident", "the issue guard parent(target) "
+           "== RESIDENT always passes (backup gap)", _b07),
+    Mutant("B07-leaf", "B07", "HiRadixTree._refresh_leaf", "leaf sets keyed on L1's children "
+           "in every tier: eviction reaches a non-leaf", _b07_leaf),
+    Mutant("B08", "B08", "HiRadixTree.split", "a split cuts values at at_tokens pages instead "
+           "of at_tokens / page_size", _b08),
+    Mutant("B11", "B11", "HiRadixTree.unlock", "an unlock below zero is clamped at zero "
+           "instead of refused", _b11),
+    Mutant("B12", "B12", "RestoreStager._settle_own", "a failed restore stage raises instead "
+           "of falling back to recompute", _b12),
+    Mutant("B13", "B13", "storage_io.coalesce", "L3 extents merge when only the destinations "
+           "are consecutive", _b13),
+    Mutant("B14", "B14", "StorageMover._move_all", "a short pwrite/preadv is accepted as "
+           "complete", _b14),
+    Mutant("B15", "B15", "TransferEngine.h2d", "a load-back scatters each page into the L1 "
+           "page of the next one", _b15),
+    Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "
+           "check skips tier L2", _i1_skip_l2),
+    Mutant("checker-off", "-", "InvariantChecker.after_transition", "the invariant checker "
+           "never runs a check, whatever the check mode", _checker_off),
+)
+
+MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
+"""Every mutant's name -> its one-line description (what is broken)."""
+
+_BY_NAME: dict[str, Mutant] = {m.name: m for m in ZOO}
+
+
+def get(name: str) -> Mutant:
+    """The mutant called `name` (an "M-" prefix is accepted: "M-B06" is "B06"). ConfigError,
+    listing the names, for an unknown one."""
+    key = name[2:] if name.startswith("M-") else name
+    mutant = _BY_NAME.get(key)
+    if mutant is None:
+        raise ConfigError("mutant", f"no mutant named {name!r}; known: {', '.join(MUTANTS)}")
+    return mutant
+
+
+def activate(name: str) -> contextlib.AbstractContextManager[None]:
+    """A context manager that switches mutant `name` on inside its block (and off after it,
+    also when the block raises). Activations do not nest: one mutant at a time."""
+    return get(name).patch()

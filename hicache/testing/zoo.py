@@ -1,0 +1,285 @@
+"""Running the bug zoo: does a stateful machine alone catch a mutant, with which check, and
+after how many steps?
+
+    catch(mutant, machine, seeds, max_steps) -> Catch
+        for each seed: switch the mutant on, run the Hypothesis state machine `machine`
+        (generation only: no shrinking, no example database) until it fails or has run
+        `max_steps` rule steps, and record the first failure: the step it happened at
+        (counted over every example of that seed, from 1) and the check that raised it.
+
+What names a check (`Failure.check`):
+
+    raised                                        check
+    --------------------------------------------  ---------------------------------------
+    InvariantViolation (the plane's own checker)  its violations' ids and names, "I5 publish_order"
+    AssertionError in the machine's module        "machine <Class>.<method>" (its rule or invariant)
+    any other exception                           "contract: <Type> escaped <Class>.<rule>"
+                                                  (the machine allows only documented errors)
+
+A seed's run is repeatable within one process history, but Hypothesis also draws constants
+from the modules loaded so far, so the same seed may take other steps after other runs.
+
+A machine is any `RuleBasedStateMachine` subclass; `MACHINES` names the ones this repository
+has ("module:Class"), and `DEFAULT_MACHINE` says which one each mutant is measured against.
+`main(argv)` is the `hicache fuzz --mutant` command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.errors import HypothesisException
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from hicache.errors import ConfigError, InvariantViolation
+from hicache.testing.mutants import MUTANTS, activate, get
+
+MACHINES: dict[str, str] = {
+    "control": "tests.test_control_fuzz:ControlPlaneMachine",
+    "controller": "tests.test_controller_fuzz:ControllerMachine",
+    "tree": "tests.test_tree_property:TreeMachine",
+}
+"""Machine name -> "module:Class" (the tests' machines need a source checkout on sys.path)."""
+
+DEFAULT_MACHINE: dict[str, str] = {
+    "B01": "control", "B02": "control", "B03": "control", "B04": "control",
+    "B05": "controller", "B06": "control", "B07": "control", "B07-leaf": "tree",
+    "B08": "control", "B11": "tree", "B12": "controller", "B13": "controller",
+    "B14": "controller", "B15": "controller", "I1-skip-L2": "control", "checker-off": "control",
+}
+"""The machine each mutant is measured against (the fastest one that catches it)."""
+
+STEPS_PER_EXAMPLE: dict[str, int] = {"control": 50, "controller": 30, "tree": 50}
+"""Rule steps per Hypothesis example, per machine (a machine not listed: 50)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one seed's run ended: at rule step `step` (counted from 1 over all its examples),
+    caught by `check`, with the exception's first line."""
+
+    seed: int
+    step: int
+    check: str
+    message: str
+
+
+@dataclass
+class Catch:
+    """One mutant against one machine over some seeds: the failures (one per seed that
+    caught it) and the seeds that ran `max_steps` steps without a failure."""
+
+    mutant: str
+    machine: str
+    max_steps: int
+    failures: list[Failure] = field(default_factory=list)
+    missed: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def caught(self) -> bool:
+        """Every seed caught it."""
+        return not self.missed and bool(self.failures)
+
+    @property
+    def median_steps(self) -> float | None:
+        return statistics.median(f.step for f in self.failures) if self.failures else None
+
+    @property
+    def checks(self) -> list[str]:
+        """The checks that caught it, most frequent first."""
+        names = [f.check for f in self.failures]
+        return sorted(set(names), key=lambda c: (-names.count(c), c))
+
+
+class _Tally:
+    """Steps run so far for one seed, and the first failure seen."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.first: tuple[int, BaseException] | None = None
+
+    def fail(self, step: int, error: BaseException | None) -> None:
+        """Record `error` at `step` unless a failure was recorded already, or it is one of
+        Hypothesis' own control-flow exceptions (end of data, a rejected example)."""
+        if self.first is None and _verdict(error):
+            self.first = (step, error)  # type: ignore[assignment]
+
+
+def _verdict(error: BaseException | None) -> bool:
+    """Whether `error` is the machine's verdict rather than Hypothesis' control flow."""
+    return isinstance(error, Exception) and not isinstance(error, HypothesisException)
+
+
+def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBasedStateMachine]:
+    """A subclass of `machine` that counts rule steps and records the first exception
+    (Hypothesis checks the invariants once after setup and once after every step, and
+    tears the machine down in a `finally`, where the exception in flight is visible)."""
+
+    class Counted(machine):  # type: ignore[valid-type, misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self._zoo_started = False
+
+        def check_invariants(self, *args: Any, **kwargs: Any) -> None:
+            if self._zoo_started:
+                tally.steps += 1
+            self._zoo_started = True
+            try:
+                super().check_invariants(*args, **kwargs)
+            except Exception as e:
+                tally.fail(tally.steps, e)
+                raise
+
+        def teardown(self) -> None:
+            tally.fail(tally.steps + 1, sys.exc_info()[1])
+            try:
+                super().teardown()
+            except Exception as e:
+                tally.fail(tally.steps, e)
+                raise
+
+    Counted.__name__ = Counted.__qualname__ = machine.__name__
+    return Counted
+
+
+def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
+             steps_per_example: int = 50) -> tuple[int, BaseException | None]:
+    """Run `machine` with Hypothesis seed `seed` for at most `max_steps` rule steps; the steps
+    run and the first exception (None when none was raised)."""
+    tally = _Tally()
+    factory: Any = _counted(machine, tally)
+    factory._hypothesis_internal_use_seed = seed
+    examples = max(1, -(-max_steps // steps_per_example))
+    config = settings(
+        max_examples=examples, stateful_step_count=steps_per_example, deadline=None,
+        phases=[Phase.generate], database=None, derandomize=False, print_blob=False,
+        report_multiple_bugs=False, verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+    )
+    try:
+        run_state_machine_as_test(factory, settings=config)  # type: ignore[no-untyped-call]
+    except Exception as e:  # the machine's verdict (recorded as it was raised, see _counted)
+        if tally.first is None and not _verdict(e):
+            raise  # Hypothesis itself gave up (a health check): not a verdict on the mutant
+        tally.fail(tally.steps + 1, e)
+    if tally.first is None:
+        return tally.steps, None
+    return tally.first
+
+
+def name_check(error: BaseException, machine: type[RuleBasedStateMachine]) -> str:
+    """The check that raised `error` (see the module docstring's table)."""
+    if isinstance(error, InvariantViolation):
+        seen: list[str] = []
+        for v in error.violations:
+            label = f"{getattr(v, 'invariant', '?')} {getattr(v, 'name', type(v).__name__)}"
+            if label not in seen:
+                seen.append(label)
+        return ", ".join(seen)
+    frames = traceback.extract_tb(error.__traceback__)
+    module = sys.modules.get(machine.__module__)
+    path = getattr(module, "__file__", None)
+    mine = [f for f in frames if path is not None and f.filename == path]
+    where = f"{machine.__name__}.{mine[-1].name}" if mine else machine.__name__
+    if isinstance(error, AssertionError) and mine:
+        return f"machine {where}"
+    return f"contract: {type(error).__name__} escaped {where}"
+
+
+def catch(mutant: str, machine: type[RuleBasedStateMachine], seeds: Sequence[int],
+          max_steps: int, steps_per_example: int = 50) -> Catch:
+    """Run `machine` with `mutant` switched on, once per seed, each for at most `max_steps`
+    rule steps; which seeds caught it, where, and by which check."""
+    result = Catch(get(mutant).name, machine.__name__, max_steps)
+    started = time.perf_counter()
+    for seed in seeds:
+        with activate(mutant):
+            steps, error = run_seed(machine, seed, max_steps, steps_per_example)
+        if error is None:
+            result.missed.append(seed)
+        else:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            result.failures.append(Failure(seed, steps, name_check(error, machine), first[:200]))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def load_machine(name: str) -> type[RuleBasedStateMachine]:
+    """The machine `name` ("control", or "module:Class"). ConfigError saying what to do when
+    it cannot be imported."""
+    spec = MACHINES.get(name, name)
+    module_name, _, cls_name = spec.partition(":")
+    if module_name.startswith("tests.") and Path("tests", "__init__.py").is_file() \
+            and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a source checkout's machines, from its root
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError("machine", f"cannot load {spec!r} ({e}); the tests' machines need a "
+                          "source checkout: run from the repository root") from e
+    if not (isinstance(cls, type) and issubclass(cls, RuleBasedStateMachine)):
+        raise ConfigError("machine", f"{spec!r} is not a RuleBasedStateMachine subclass")
+    return cls
+
+
+def catch_default(mutant: str, seeds: Sequence[int], max_steps: int,
+                  machine: str | None = None) -> Catch:
+    """`catch` against the mutant's default machine (or `machine`)."""
+    name = machine or DEFAULT_MACHINE[get(mutant).name]
+    return catch(mutant, load_machine(name), seeds, max_steps, STEPS_PER_EXAMPLE.get(name, 50))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`hicache fuzz --mutant NAME|list|all [--seed S ...] [--steps N] [--machine M]`.
+
+    `list` prints every mutant and exits 0. A NAME runs against its machine (or `--machine`):
+    exit 1 when every seed caught it, naming the check, 0 when it escaped (the fuzz found
+    nothing: for a mutant, that is the machine's failure). `all` runs the whole zoo and prints
+    a Markdown table (steps to catch, median over the seeds); exit 0 when every mutant was
+    caught, 1 otherwise."""
+    parser = argparse.ArgumentParser(prog="hicache fuzz", description=main.__doc__)
+    parser.add_argument("--mutant", required=True, help="a mutant's name, 'list' or 'all'")
+    parser.add_argument("--seed", type=int, action="append", help="Hypothesis seed (repeat)")
+    parser.add_argument("--steps", type=int, default=2000, help="rule steps per seed, at most")
+    parser.add_argument("--machine", help=f"one of {', '.join(MACHINES)} or module:Class")
+    args = parser.parse_args(argv)
+    if args.mutant == "list":
+        for m, description in MUTANTS.items():
+            print(f"{m:12} {get(m).bug_class:4} {DEFAULT_MACHINE[m]:11} {description}")
+        return 0
+    seeds = args.seed or [0]
+    if args.mutant == "all":
+        results = [catch_default(m, seeds, args.steps, args.machine) for m in MUTANTS]
+        print(table(results))
+        return 0 if all(r.caught for r in results) else 1
+    result = catch_default(args.mutant, seeds, args.steps, args.machine)
+    for f in result.failures:
+        print(f"{result.mutant}: caught by {f.check} at step {f.step} (seed {f.seed}): {f.message}")
+    for seed in result.missed:
+        print(f"{result.mutant}: NOT caught by {result.machine} in {args.steps} steps (seed {seed})")
+    return 1 if result.caught else 0
+
+
+def table(results: Sequence[Catch]) -> str:
+    """A Markdown table of zoo results: one row per mutant."""
+    rows = ["| mutant | class | machine | caught | steps to catch (median) | per seed | "
+            "check | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        steps = {f.seed: str(f.step) for f in r.failures} | {seed: "miss" for seed in r.missed}
+        per_seed = ", ".join(steps[seed] for seed in sorted(steps))
+        median = "-" if r.median_steps is None else f"{r.median_steps:g}"
+        rows.append(f"| {r.mutant} | {get(r.mutant).bug_class} | {r.machine} | "
+                    f"{len(r.failures)}/{len(r.failures) + len(r.missed)} | {median} | {per_seed} | "
+                    f"{'; '.join(r.checks)} | {r.seconds:.1f} |")
+    return "\n".join(rows)
