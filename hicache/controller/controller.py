@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 from hicache.control import ControlPlane
 from hicache.records import PendingOp, UnknownRequest
@@ -51,22 +51,31 @@ __all__ = ["CacheController", "RestoreMismatch"]
 
 class CacheController:
     def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
-                 faults: FaultInjector | None = None, tracer: Tracer | None = None) -> None:
-        from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
-
+                 faults: FaultInjector | None = None, tracer: Tracer | None = None,
+                 engine: Any = None) -> None:
+        """`engine`: a data plane to use instead of building a `TransferEngine` (e.g. a
+        `NullEngine`); with `engine.has_bytes` False nothing produces, digests or verifies
+        bytes (the control plane alone is exercised)."""
         self.config = config
         g = config.kv
-        self.engine = TransferEngine(
-            g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
-            l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads, faults=faults,
-            l3_overwrite=config.l3_overwrite,
-        )
+        if engine is None:
+            from hicache.dataplane.engine import TransferEngine  # torch-heavy; only here
+
+            engine = TransferEngine(
+                g, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
+                l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads,
+                faults=faults, l3_overwrite=config.l3_overwrite,
+            )
+        self.engine = engine
+        has_bytes = bool(engine.has_bytes)
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer,
         )
-        self.cp.digests = CachedDigests(self.engine.digests, self.cp.tables)
-        self.producer: KVProducer = producer or SyntheticProducer(g, device=self.engine.device)
+        if has_bytes:
+            self.cp.digests = CachedDigests(self.engine.digests, self.cp.tables)
+        self.producer: KVProducer = producer or (SyntheticProducer(g, device=self.engine.device)
+                                                 if has_bytes else cast(KVProducer, _NoBytes(g)))
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -80,10 +89,11 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor)
+        self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor) if has_bytes else None
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
                                     lambda: me._after_part_dropped(),
                                     self.verifier if config.verify else None, config.promotion)
+        self._l1_tensor: Any = self.engine.l1.tensor if has_bytes else None
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
 
     @property
@@ -355,7 +365,7 @@ class CacheController:
         new_pages = self.cp.compute(rid, end - start)
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
         padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
-        seconds = self.producer.produce(padded, start, end, self.engine.l1.tensor, prefix, new_pages)
+        seconds = self.producer.produce(padded, start, end, self._l1_tensor, prefix, new_pages)
         self.model.observe("recompute", end - start, seconds)
         self.cp.insert(rid)
         self.backups.after_insert(self.cp.prefix_node(rid))
@@ -392,3 +402,17 @@ class CacheController:
             "l3": "online" if self.l3.online else f"offline: {self.l3.offline_reason}",
             "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
         }
+
+
+class _NoBytes:
+    """The producer of a data plane without bytes: nothing to write, no time spent."""
+
+    def __init__(self, geometry: object) -> None:
+        self.geometry = geometry
+
+    def produce(self, tokens: Sequence[int], start: int, end: int, l1: object, prefix: object,
+                new_pages: object) -> float:
+        return 0.0
+
+    def expected(self, tokens: Sequence[int], start: int, end: int) -> None:
+        return None
