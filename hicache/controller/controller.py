@@ -271,7 +271,9 @@ class CacheController:
 
         Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
         `IllegalTransition` (a guard fails, or a node was removed from the tree), and
-        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline)."""
+        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline), and
+        `TransferError` when the data plane refuses the transfer (no workspace); callers in
+        this package turn the last into a fallback or a dropped backup, never an escape."""
         if not self.l3.online and Tier.L3 in (direction.source, direction.target):
             raise StorageError(self.engine.l3.path, f"L3 is offline: {self.l3.offline_reason}")
         parent = chain[0].parent
@@ -332,9 +334,11 @@ class CacheController:
         and its tokens counted, not retried."""
         try:
             self.issue(direction, chain)
-        except (OutOfPages, StorageError) as e:
+        except (OutOfPages, StorageError, TransferError) as e:
             if isinstance(e, StorageError):
                 reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
+            elif isinstance(e, TransferError):
+                reason = "backup_failed"  # refused at issue (no workspace): as a failed one
             else:
                 reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
             self.metrics.drop(reason, sum(len(n.key) for n in chain))
@@ -347,7 +351,7 @@ class CacheController:
             return False
         try:
             op = self.issue(Direction.D2H, chain)
-        except OutOfPages:
+        except (OutOfPages, TransferError):
             return False
         self.handles[op.op_id].wait()
         self._settle(op.op_id)
