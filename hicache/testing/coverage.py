@@ -78,7 +78,8 @@ class Coverage:
 
     def report(self) -> str:
         """Per-edge, per-state and per-site counts, then what was not reached."""
-        lines = [f"coverage: {self.runs} runs, {self.events} trace events"]
+        lines = [f"coverage: {self.runs} runs, {self.steps} steps, {self.events} trace events",
+                 "rules run: " + ", ".join(f"{r} {n}" for r, n in sorted(self.rules.items()))]
         goals = self.goals()
         counted = {"transition": self.transitions, "composite state": self.states, "fault site": self.sites}
         for kind, names in goals.items():

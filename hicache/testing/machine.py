@@ -13,7 +13,7 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  nodes split (also while transfers on them are pending)
     resubmit     admit an earlier prompt again (once, or twice at once to share a load-back)
                  after evicting L1 (and L2, for an L3 restore): restores on every run
-    tick         one scheduler / decode step
+    tick         one scheduler / decode step (the oldest 0-2 transfers end first)
     complete     a chosen pending transfer succeeds (per the fault schedule), then a tick
     fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
     prefill      a ready request is served: restored pages used, the rest computed
@@ -105,14 +105,31 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             return rids[pick % len(rids)]
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
-        @rule(tokens=prompt)
-        def submit(self, tokens: tuple[int, ...]) -> None:
+        @rule(tokens=prompt, serve=st.integers(0, 2))
+        def submit(self, tokens: tuple[int, ...], serve: int) -> None:
+            """Admit; `serve` 1: then tick (transfers ending in order) until ready, and
+            prefill; 2: and finish. So every run serves, backs up and restores."""
             self._count("submit")
+            rid = self._admit(tokens)
+            if serve == 0:
+                return
+            for _ in range(8):
+                if self.cache.ready(rid):
+                    break
+                self.tick(2)
+            self._sync()
+            if rid in self.model.requests and self.cache.ready(rid):
+                self._prefill(rid)
+                if serve == 2 and rid in self.prefilled:
+                    self._end(rid)
+
+        def _admit(self, tokens: tuple[int, ...]) -> int:
             rid, self.next_rid = self.next_rid, self.next_rid + 1
             self._sync()  # the model as the engine is now (resubmit admits twice in a step)
             got = self.cache.submit(rid, tokens)
             self.model.admit(rid, tokens, got)
             self.seen.append(tokens)
+            return rid
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
         @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(), settle=st.booleans())
@@ -127,8 +144,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
                     self.cache.evict(tier, 10_000)
             self._sync()
-            for _ in range(1 + twice):
-                self.submit(tokens)
+            for i in range(1 + twice):
+                self.submit(tokens, 0 if twice and i == 0 else 1)
 
         @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
         @rule(pick=st.integers(0, 7))
@@ -138,9 +155,13 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if not self.cache.ready(rid):
                 self.cache.tick()
                 return
+            self._prefill(rid)
+
+        def _prefill(self, rid: int) -> None:
             self._sync()
             expected = self.model.expected_after_prefill(rid)
             if self.cache.prefill(rid):
+                self._sync()  # its make-room ran before the request was served more
                 self.model.prefilled(rid, expected, self.cache.cached_len(rid))
                 self.prefilled.add(rid)
                 self.model.served(rid, self.cache.served_digests(rid))
@@ -164,9 +185,13 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         # -- transfers and pressure ----------------------------------------------------------
 
-        @rule()
-        def tick(self) -> None:
+        @rule(finish=st.integers(0, 2))
+        def tick(self, finish: int) -> None:
+            """A decode step: the `finish` oldest transfers end (per the schedule), then the
+            engine observes what ended."""
             self._count("tick")
+            for op_id in self.cache.pending_ops()[:finish]:
+                self.cache.complete(op_id)
             self.cache.tick()
 
         @precondition(lambda self: bool(self.cache.pending_ops()))
