@@ -89,11 +89,13 @@ class CacheController:
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
-        self.verifier = RestoreVerifier(self.producer, self.engine.l1.tensor) if has_bytes else None
+        l1_tensor: Any = self.engine.l1.tensor if has_bytes else None  # None: no bytes
+        self._l1_tensor = l1_tensor
+        self.verifier = RestoreVerifier(self.producer, l1_tensor)  # used only with bytes
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
                                     lambda: me._after_part_dropped(),
-                                    self.verifier if config.verify else None, config.promotion)
-        self._l1_tensor: Any = self.engine.l1.tensor if has_bytes else None
+                                    self.verifier if config.verify and has_bytes else None,
+                                    config.promotion)
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
 
     @property

@@ -111,16 +111,20 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             prefill; 2: and finish. So every run serves, backs up and restores."""
             self._count("submit")
             rid = self._admit(tokens)
-            if serve == 0:
-                return
+            if serve:
+                self._serve(rid, finish=serve == 2)
+
+        def _serve(self, rid: int, finish: bool) -> None:
+            """Tick (transfers ending in order) until the request is ready, prefill it, and,
+            `finish`, end it."""
             for _ in range(8):
-                if self.cache.ready(rid):
+                if rid not in self.model.requests or self.cache.ready(rid):
                     break
                 self.tick(2)
             self._sync()
-            if rid in self.model.requests and self.cache.ready(rid):
+            if rid in self.model.requests and rid not in self.prefilled and self.cache.ready(rid):
                 self._prefill(rid)
-                if serve == 2 and rid in self.prefilled:
+                if finish and rid in self.prefilled:
                     self._end(rid)
 
         def _admit(self, tokens: tuple[int, ...]) -> int:
@@ -132,20 +136,38 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             return rid
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
-        @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(), settle=st.booleans())
-        def resubmit(self, pick: int, twice: bool, deep: bool, settle: bool) -> None:
+        @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(),
+              settle=st.integers(0, 2), abort_first=st.booleans(),
+              aim=st.sampled_from((None, None) + FAIL_KINDS))
+        def resubmit(self, pick: int, twice: bool, deep: bool, settle: int,
+                     abort_first: bool, aim: str | None) -> None:
             """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
-            from L2 or L3; `twice`, two admissions share the first one's load-back."""
+            from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
+            2 only the oldest one, once (an L3 write is then often in flight). `twice`: a
+            second admission shares the first one's load-back; `abort_first`: the first is
+            aborted while its restore is in flight; `aim`: the restore's newest transfer
+            (an S2H when `deep`) fails that way -- a fault aimed at one op."""
             self._count("resubmit")
             tokens = self.seen[-1 - pick % len(self.seen)]
-            if settle:
+            if settle == 1:
                 self.cache.drain()  # backups land first, so eviction gives up only copies
+            elif settle == 2:
+                self.tick(1)
             for tier in self.cache.tiers[:2 if deep else 1]:
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
                     self.cache.evict(tier, 10_000)
             self._sync()
-            for i in range(1 + twice):
-                self.submit(tokens, 0 if twice and i == 0 else 1)
+            first = self._admit(tokens)
+            ops = self.cache.pending_ops()
+            if aim is not None and ops:
+                self.cache.fail(ops[-1], aim)
+                self.cache.tick()
+            if abort_first and first in self.model.requests:
+                self._end(first)
+            if twice:
+                self.submit(tokens, 1)
+            if not abort_first:
+                self._serve(first, finish=False)
 
         @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
         @rule(pick=st.integers(0, 7))

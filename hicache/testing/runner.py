@@ -103,7 +103,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
     runs = max(1, args.steps // STEPS_PER_RUN)
     config = settings(max_examples=runs, stateful_step_count=min(args.steps, STEPS_PER_RUN),
-                      deadline=None, database=None, print_blob=True, report_multiple_bugs=False,
+                      deadline=None, database=None, derandomize=False, print_blob=True,
+                      report_multiple_bugs=False,
                       phases=[Phase.generate, Phase.shrink],
                       suppress_health_check=list(HealthCheck))
     started = time.perf_counter()

@@ -275,4 +275,7 @@ def setups(plane: str = "null") -> "st.SearchStrategy[Setup]":
         Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
         promotion=st.booleans(), plane=st.just(plane),
+        # The machine checks everything after every step; inside each transition as well
+        # on the real planes (a bad byte is best caught where it lands).
+        check_mode=st.just("off" if plane == "null" else "every"),
     )

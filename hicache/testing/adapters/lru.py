@@ -25,7 +25,7 @@ Prefix = tuple[int, ...]
 class LRUCache:
     """`CacheUnderTest` over an OrderedDict of page prefixes (oldest first)."""
 
-    tiers = ("L1",)
+    tiers: tuple[str, ...] = ("L1",)
 
     def __init__(self, capacity: int = 6, page_size: int = 4) -> None:
         self.capacity, self.page_size = capacity, page_size

@@ -36,6 +36,9 @@ COMPLETE_SITES: dict[Direction, tuple[FaultSite, ...]] = {
     Direction.S2H: (FaultSite.IO_EIO, FaultSite.SHORT_READ, FaultSite.CORRUPT_SLOT),
 }
 
+TARGETED = {"corrupt": FaultSite.CORRUPT_SLOT, "unreadable": FaultSite.SHORT_READ}
+"""`settle(False, kind)` of an S2H: the site a targeted fault of that kind stands for."""
+
 
 class FaultyNullHandle(NullHandle):
     """A null handle that knows its source pages (an S2H failure names a slot)."""
@@ -53,6 +56,9 @@ class FaultyNullHandle(NullHandle):
         if self.status.final:
             return
         if not ok:
+            if self.direction is Direction.S2H and kind in TARGETED:
+                site = TARGETED[kind]  # this op's fault: the site fired, for this op only
+                self.engine.faults.fired[site] = self.engine.faults.fired.get(site, 0) + 1
             self.fail(self.engine.error_for(self, kind))
             return
         for site in COMPLETE_SITES[self.direction]:
