@@ -3,6 +3,10 @@ must do with each (spec/restore.md: nothing escapes `admit` or `tick` in normal 
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
 from hicache.dataplane.faults import FaultSite
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.adapters.nullengine import FaultyNullHandle

@@ -4,10 +4,13 @@ LRU that the machine must catch, naming the difference."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
 import argparse
 import io
 
-import pytest
 from hypothesis import settings
 
 from hicache.testing import make_machine

@@ -14,6 +14,10 @@ one schedule means the same on both planes:
     CORRUPT_SLOT                  `settle(ok=True)` of an S2H      FAILED (CorruptSlot)
     DELAY                         `settle(ok=True)`                observed one poll later
 
+A failure the machine aims at one op (`settle(False, kind)`) counts as the site that would
+have failed it (`TARGETED`): D2H/H2D any kind -> *_COMPLETE; S2H error/corrupt/unreadable ->
+IO_EIO/CORRUPT_SLOT/SHORT_READ; H2S -> IO_EIO/IO_ENOSPC/SHORT_WRITE.
+
 A controller that waits on a transfer (write-back's D2H) settles it as if the machine had said
 "complete" (`_block`), so a wait never hangs.
 """
@@ -36,8 +40,15 @@ COMPLETE_SITES: dict[Direction, tuple[FaultSite, ...]] = {
     Direction.S2H: (FaultSite.IO_EIO, FaultSite.SHORT_READ, FaultSite.CORRUPT_SLOT),
 }
 
-TARGETED = {"corrupt": FaultSite.CORRUPT_SLOT, "unreadable": FaultSite.SHORT_READ}
-"""`settle(False, kind)` of an S2H: the site a targeted fault of that kind stands for."""
+TARGETED: dict[Direction, dict[str, FaultSite]] = {
+    Direction.D2H: {"error": FaultSite.D2H_COMPLETE},
+    Direction.H2D: {"error": FaultSite.H2D_COMPLETE},
+    Direction.H2S: {"error": FaultSite.IO_EIO, "corrupt": FaultSite.IO_ENOSPC,
+                    "unreadable": FaultSite.SHORT_WRITE},
+    Direction.S2H: {"error": FaultSite.IO_EIO, "corrupt": FaultSite.CORRUPT_SLOT,
+                    "unreadable": FaultSite.SHORT_READ},
+}
+"""`settle(False, kind)`: the fault site a failure of that kind, aimed at one op, stands for."""
 
 
 class FaultyNullHandle(NullHandle):
@@ -56,9 +67,9 @@ class FaultyNullHandle(NullHandle):
         if self.status.final:
             return
         if not ok:
-            if self.direction is Direction.S2H and kind in TARGETED:
-                site = TARGETED[kind]  # this op's fault: the site fired, for this op only
-                self.engine.faults.fired[site] = self.engine.faults.fired.get(site, 0) + 1
+            site = TARGETED[self.direction].get(kind, TARGETED[self.direction]["error"])
+            # This op's fault: the site that fails it fired, for this op only.
+            self.engine.faults.fired[site] = self.engine.faults.fired.get(site, 0) + 1
             self.fail(self.engine.error_for(self, kind))
             return
         for site in COMPLETE_SITES[self.direction]:
