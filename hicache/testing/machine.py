@@ -143,13 +143,14 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
                      abort_first: bool, aim: str | None) -> None:
             """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
             from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
-            2 only the oldest one, once (an L3 write is then often in flight). `twice`: a
+            2 only the oldest one, once (an L3 write is then often in flight); `deep` always
+            lets every transfer end (so L3 holds the prompt). `twice`: a
             second admission shares the first one's load-back; `abort_first`: the first is
             aborted while its restore is in flight; `aim`: the restore's newest transfer
             (an S2H when `deep`) fails that way -- a fault aimed at one op."""
             self._count("resubmit")
             tokens = self.seen[-1 - pick % len(self.seen)]
-            if settle == 1:
+            if settle == 1 or deep:
                 self.cache.drain()  # backups land first, so eviction gives up only copies
             elif settle == 2:
                 self.tick(1)

@@ -53,24 +53,26 @@ class LRUCache:
 
     def prefill(self, request_id: int) -> bool:
         tokens, _ = self.requests[request_id]
-        new = [p for p in self._prefixes(tokens, len(tokens)) if p not in self.pages]
-        if len(new) > self.capacity - len(self.pages) + len(self._victims()):
+        mine = self._prefixes(tokens, len(tokens))
+        new = [p for p in mine if p not in self.pages]
+        if len(new) > self.capacity - len(self.pages) + len(self._victims(mine)):
             return False
         for p in new:
             if len(self.pages) >= self.capacity:
-                self._evict_one()
+                self._evict_one(mine)
             self.pages[p] = None
             self._changes.append(PageChange("L1", p, "RESIDENT"))
         self.requests[request_id] = (tokens, len(tokens) // self.page_size * self.page_size)
         return True
 
-    def _victims(self) -> list[Prefix]:
-        """Pages in LRU order that no live request is served from."""
+    def _victims(self, keep: Sequence[Prefix] = ()) -> list[Prefix]:
+        """Pages in LRU order that no live request is served from (nor in `keep`)."""
         held = {p for tokens, cached in self.requests.values() for p in self._prefixes(tokens, cached)}
+        held.update(keep)
         return [p for p in self.pages if p not in held]
 
-    def _evict_one(self) -> bool:
-        victims = self._victims()
+    def _evict_one(self, keep: Sequence[Prefix] = ()) -> bool:
+        victims = self._victims(keep)
         if not victims:
             return False
         del self.pages[victims[0]]
@@ -134,8 +136,8 @@ class LRUCache:
 class ForgetfulLRU(LRUCache):
     """A broken LRU: evicting, it forgets to report the page it dropped."""
 
-    def _evict_one(self) -> bool:
-        victims = self._victims()
+    def _evict_one(self, keep: Sequence[Prefix] = ()) -> bool:
+        victims = self._victims(keep)
         if not victims:
             return False
         del self.pages[victims[0]]
