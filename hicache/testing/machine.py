@@ -147,7 +147,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             lets every transfer end (so L3 holds the prompt). `twice`: a
             second admission shares the first one's load-back; `abort_first`: the first is
             aborted while its restore is in flight; `aim`: the restore's newest transfer
-            (an S2H when `deep`) fails that way -- a fault aimed at one op."""
+            (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
+            `abort_first`, whose restore is cancelled in flight)."""
             self._count("resubmit")
             tokens = self.seen[-1 - pick % len(self.seen)]
             if settle == 1 or deep:
@@ -160,7 +161,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self._sync()
             first = self._admit(tokens)
             ops = self.cache.pending_ops()
-            if aim is not None and ops:
+            if aim is not None and ops and not abort_first:
                 self.cache.fail(ops[-1], aim)
                 self.cache.tick()
             if abort_first and first in self.model.requests:
