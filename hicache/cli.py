@@ -6,6 +6,7 @@
     hicache invariants                              the registered checks: id, name, one line
     hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
+    hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
     hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
@@ -42,7 +43,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "recompute"): "hicache.bench.recompute",
     ("bench", "serving"): "hicache.bench.serving",
     ("demo",): "hicache.demo",
-    ("fuzz",): "hicache.testing.zoo",
+    ("fuzz",): "hicache.testing.runner",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -57,7 +58,7 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "recompute"): "prefill latency of the model producer (needs CUDA)",
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
-    ("fuzz",): "run the bug zoo's mutants against the stateful machines (--mutant list)",
+    ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""

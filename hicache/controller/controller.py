@@ -308,7 +308,9 @@ class CacheController:
 
         Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
         `IllegalTransition` (a guard fails, or a node was removed from the tree), and
-        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline).
+        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline), and
+        `TransferError` when the data plane refuses the transfer (no workspace); callers in
+        this package turn the last into a fallback or a dropped backup, never an escape.
         Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
         reservation fails as if the tier were full: OutOfPages, nothing changed)."""
         self.hooks.refuse_if_crashed()
@@ -381,9 +383,11 @@ class CacheController:
         and its tokens counted, not retried."""
         try:
             self.issue(direction, chain)
-        except (OutOfPages, StorageError) as e:
+        except (OutOfPages, StorageError, TransferError) as e:
             if isinstance(e, StorageError):
                 reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
+            elif isinstance(e, TransferError):
+                reason = "backup_failed"  # refused at issue (no workspace): as a failed one
             else:
                 reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
             self.metrics.drop(reason, sum(len(n.key) for n in chain))
@@ -396,7 +400,7 @@ class CacheController:
             return False
         try:
             op = self.issue(Direction.D2H, chain)
-        except OutOfPages:
+        except (OutOfPages, TransferError):
             return False
         self.handles[op.op_id].wait()
         self._settle(op.op_id)

@@ -31,7 +31,7 @@ from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.handles import TransferStatus
-from hicache.errors import IllegalTransition, OutOfPages, StorageError
+from hicache.errors import IllegalTransition, OutOfPages, StorageError, TransferError
 from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
@@ -168,8 +168,9 @@ class RestoreStager:
                 continue
             try:
                 op = self.issue(direction, part, mat.request_id)
-            except (OutOfPages, IllegalTransition, StorageError) as e:
-                reason = "l3_offline" if isinstance(e, StorageError) else "no_room"
+            except (OutOfPages, IllegalTransition, StorageError, TransferError) as e:
+                reason = ("l3_offline" if isinstance(e, StorageError) else
+                          "transfer_failed" if isinstance(e, TransferError) else "no_room")
                 if direction is Direction.S2H:
                     self._drop_part(mat, mat.l3_part, reason)
                     mat.l3_part = []  # no promotion: those tokens are recomputed
@@ -196,9 +197,9 @@ class RestoreStager:
             return
         try:
             op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
-        except (OutOfPages, IllegalTransition):
+        except (OutOfPages, IllegalTransition, TransferError) as e:
             mat.failed = True
-            self._drop_part(mat, mat.l3_part, "no_room")
+            self._drop_part(mat, mat.l3_part, "transfer_failed" if isinstance(e, TransferError) else "no_room")
             return
         mat.ops.add(op.op_id)
         self.owner[op.op_id] = mat

@@ -1,0 +1,288 @@
+"""The fuzz machine: a Hypothesis `RuleBasedStateMachine` over any `CacheUnderTest`.
+
+    from hicache.testing import make_machine
+    from hicache.testing.adapters.controller import controller_adapter, setups
+
+    TestMyCache = make_machine(controller_adapter, setups("null")).TestCase   # pytest finds it
+
+Rules (each a step; preconditions, never `assume`, decide when one may run):
+
+    rule         what it does
+    -----------  ---------------------------------------------------------------------------
+    submit       admit a prompt from a bundle of shared prefixes with divergent suffixes, so
+                 nodes split (also while transfers on them are pending)
+    resubmit     admit an earlier prompt again (once, or twice at once to share a load-back)
+                 after evicting L1 (and L2, for an L3 restore): restores on every run
+    tick         one scheduler / decode step (the oldest 0-2 transfers end first)
+    complete     a chosen pending transfer succeeds (per the fault schedule), then a tick
+    fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
+    prefill      a ready request is served: restored pages used, the rest computed
+    finish       a served request ends normally
+    abort        a chosen live request ends, in whatever state it is
+    pressure     eviction pressure on a chosen tier
+    faults       a new fault schedule: each site on with some probability, then a rate
+    drain        every transfer ends and is applied
+    restart      close and open again
+
+After every step: the engine's own checks (`check()`: for the controller, every invariant and
+structural check over its snapshot), then the differential check against the reference model
+(hicache/testing/reference.py): page steps, hit lengths, `cached_len`, the live set, served
+bytes. `Coverage` (coverage.py), when given, collects each run's trace and fault counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from hicache.dataplane.faults import FaultSite
+from hicache.testing.coverage import Coverage
+from hicache.testing.protocol import CacheUnderTest, FaultSchedule
+from hicache.testing.reference import ReferenceModel
+
+LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
+PREFIX_PAGES = 2  # pages every prompt of one bundle shares
+SUFFIX_PAGES_MAX = 3
+QUIET_STEPS = 8  # steps between fault-schedule changes (restarts: twice as many)
+FAIL_KINDS = ("error", "corrupt", "unreadable")
+
+AdapterFactory = Callable[[Any], CacheUnderTest]
+
+
+def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Three shared prefixes of PREFIX_PAGES pages, then 0..SUFFIX_PAGES_MAX pages drawn from
+    three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail."""
+    prefixes = [tuple(range(1000 * p, 1000 * p + PREFIX_PAGES * page_size)) for p in (1, 2, 3)]
+    return st.builds(
+        lambda p, extra, tail, salt: prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail)),
+        st.integers(0, 2), st.integers(0, SUFFIX_PAGES_MAX), st.integers(1, page_size), st.integers(0, 2),
+    )
+
+
+def schedules() -> st.SearchStrategy[FaultSchedule]:
+    """Each fault site switched on with probability 1/3, then firing at a rate in (0, 0.5]."""
+    sites = [s.value for s in FaultSite]
+    rate = st.one_of(st.just(0.0), st.just(0.0), st.sampled_from([0.1, 0.25, 0.5]))
+    return st.builds(lambda seed, rates: FaultSchedule(seed, {s: r for s, r in zip(sites, rates) if r}),
+                     st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
+
+
+def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, page_size: int = 4,
+                 coverage: Coverage | None = None, name: str = "CacheMachine"
+                 ) -> type[RuleBasedStateMachine]:
+    """A machine class driving `adapter(setup)` (one `setup` drawn from `setups` per run)
+    against the reference model. `page_size` shapes the prompts (the adapter's own must
+    match). `coverage`, when given, collects every run's trace and fault counts."""
+    prompt = prompts(page_size)
+
+    class CacheMachine(RuleBasedStateMachine):
+        @initialize(setup=setups)
+        def start(self, setup: Any) -> None:
+            self.cache = adapter(setup)
+            self.model = ReferenceModel(self.cache.page_size, self.cache.tiers)
+            self.next_rid = 1
+            self.seen: list[tuple[int, ...]] = []
+            self.prefilled: set[int] = set()
+            self.steps = self.last_faults = self.last_restart = 0
+
+        def teardown(self) -> None:
+            cache = getattr(self, "cache", None)
+            if cache is None:
+                return
+            try:
+                cache.close()
+            finally:
+                if coverage is not None:
+                    coverage.add(cache.trace(), cache.fault_counts())
+
+        # -- requests ---------------------------------------------------------------------
+
+        def _live(self, pick: int, served: bool | None = None) -> int:
+            rids = sorted(r for r in self.model.requests
+                          if served is None or (r in self.prefilled) == served)
+            return rids[pick % len(rids)]
+
+        @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
+        @rule(tokens=prompt, serve=st.integers(0, 2))
+        def submit(self, tokens: tuple[int, ...], serve: int) -> None:
+            """Admit; `serve` 1: then tick (transfers ending in order) until ready, and
+            prefill; 2: and finish. So every run serves, backs up and restores."""
+            self._count("submit")
+            rid = self._admit(tokens)
+            if serve:
+                self._serve(rid, finish=serve == 2)
+
+        def _serve(self, rid: int, finish: bool) -> None:
+            """Tick (transfers ending in order) until the request is ready, prefill it, and,
+            `finish`, end it."""
+            for _ in range(8):
+                if rid not in self.model.requests or self.cache.ready(rid):
+                    break
+                self.tick(2)
+            self._sync()
+            if rid in self.model.requests and rid not in self.prefilled and self.cache.ready(rid):
+                self._prefill(rid)
+                if finish and rid in self.prefilled:
+                    self._end(rid)
+
+        def _admit(self, tokens: tuple[int, ...]) -> int:
+            rid, self.next_rid = self.next_rid, self.next_rid + 1
+            self._sync()  # the model as the engine is now (resubmit admits twice in a step)
+            got = self.cache.submit(rid, tokens)
+            self.model.admit(rid, tokens, got)
+            self.seen.append(tokens)
+            return rid
+
+        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
+        @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(),
+              settle=st.integers(0, 2), abort_first=st.booleans(),
+              aim=st.sampled_from((None, None) + FAIL_KINDS))
+        def resubmit(self, pick: int, twice: bool, deep: bool, settle: int,
+                     abort_first: bool, aim: str | None) -> None:
+            """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
+            from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
+            2 only the oldest one, once (an L3 write is then often in flight); `deep` always
+            lets every transfer end (so L3 holds the prompt). `twice`: a
+            second admission shares the first one's load-back; `abort_first`: the first is
+            aborted while its restore is in flight; `aim`: the restore's newest transfer
+            (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
+            `abort_first`, whose restore is cancelled in flight)."""
+            self._count("resubmit")
+            tokens = self.seen[-1 - pick % len(self.seen)]
+            if settle == 1 or deep:
+                self.cache.drain()  # backups land first, so eviction gives up only copies
+            elif settle == 2:
+                self.tick(1)
+            for tier in self.cache.tiers[:2 if deep else 1]:
+                if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
+                    self.cache.evict(tier, 10_000)
+            self._sync()
+            first = self._admit(tokens)
+            ops = self.cache.pending_ops()
+            if aim is not None and ops and not abort_first:
+                self.cache.fail(ops[-1], aim)
+                self.cache.tick()
+            if abort_first and first in self.model.requests:
+                self._end(first)
+            if twice:
+                self.submit(tokens, 1)
+            if not abort_first:
+                self._serve(first, finish=False)
+
+        @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
+        @rule(pick=st.integers(0, 7))
+        def prefill(self, pick: int) -> None:
+            self._count("prefill")
+            rid = self._live(pick, served=False)
+            if not self.cache.ready(rid):
+                self.cache.tick()
+                return
+            self._prefill(rid)
+
+        def _prefill(self, rid: int) -> None:
+            self._sync()
+            expected = self.model.expected_after_prefill(rid)
+            if self.cache.prefill(rid):
+                self._sync()  # its make-room ran before the request was served more
+                self.model.prefilled(rid, expected, self.cache.cached_len(rid))
+                self.prefilled.add(rid)
+                self.model.served(rid, self.cache.served_digests(rid))
+
+        @precondition(lambda self: bool(self.prefilled))
+        @rule(pick=st.integers(0, 7))
+        def finish(self, pick: int) -> None:
+            self._count("finish")
+            self._end(self._live(pick, served=True))
+
+        @precondition(lambda self: bool(self.model.requests))
+        @rule(pick=st.integers(0, 7))
+        def abort(self, pick: int) -> None:
+            self._count("abort")
+            self._end(self._live(pick))
+
+        def _end(self, rid: int) -> None:
+            self.cache.finish(rid)
+            self.model.finished(rid)
+            self.prefilled.discard(rid)
+
+        # -- transfers and pressure ----------------------------------------------------------
+
+        @rule(finish=st.integers(0, 2))
+        def tick(self, finish: int) -> None:
+            """A decode step: the `finish` oldest transfers end (per the schedule), then the
+            engine observes what ended."""
+            self._count("tick")
+            for op_id in self.cache.pending_ops()[:finish]:
+                self.cache.complete(op_id)
+            self.cache.tick()
+
+        @precondition(lambda self: bool(self.cache.pending_ops()))
+        @rule(pick=st.integers(0, 7))
+        def complete(self, pick: int) -> None:
+            self._count("complete")
+            ops = self.cache.pending_ops()
+            self.cache.complete(ops[pick % len(ops)])
+            self.cache.tick()
+
+        @precondition(lambda self: bool(self.cache.pending_ops()))
+        @rule(pick=st.integers(0, 7), kind=st.sampled_from(FAIL_KINDS))
+        def fail(self, pick: int, kind: str) -> None:
+            self._count("fail")
+            ops = self.cache.pending_ops()
+            self.cache.fail(ops[pick % len(ops)], kind)
+            self.cache.tick()
+
+        @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
+        def pressure(self, tier: int, pages: int) -> None:
+            self._count("pressure")
+            self.cache.evict(self.cache.tiers[tier % len(self.cache.tiers)], pages)
+
+        @precondition(lambda self: self.steps - self.last_faults >= QUIET_STEPS)
+        @rule(schedule=schedules())
+        def faults(self, schedule: FaultSchedule) -> None:
+            self._count("faults")
+            self.cache.set_faults(schedule)
+            self.last_faults = self.steps
+
+        @precondition(lambda self: bool(self.cache.pending_ops()))
+        @rule()
+        def drain(self) -> None:
+            self._count("drain")
+            self.cache.drain()
+
+        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS)
+        @rule()
+        def restart(self) -> None:
+            self._count("restart")
+            self.cache.restart()
+            self.cache.changes()  # the closed engine's last changes: everything goes anyway
+            self.model.restart()
+            self.prefilled.clear()
+            self.last_restart = self.steps
+
+        # -- after every step -----------------------------------------------------------------
+
+        def _count(self, name: str) -> None:
+            if coverage is not None:
+                coverage.rules[name] += 1
+
+        def _sync(self) -> None:
+            self.model.apply(self.cache.changes())
+
+        @invariant()
+        def agrees_with_reference(self) -> None:
+            if not hasattr(self, "cache"):
+                return
+            found = self.cache.check()
+            assert not found, "engine checks failed:\n  " + "\n  ".join(found)
+            self._sync()
+            self.steps += 1
+            if coverage is not None:
+                coverage.steps += 1
+            live = self.cache.live()
+            self.model.compare(live, {rid: self.cache.cached_len(rid) for rid in live})
+
+    CacheMachine.__name__ = CacheMachine.__qualname__ = name
+    return CacheMachine

@@ -1,0 +1,161 @@
+"""`CacheUnderTest`: what an engine implements to be driven by the fuzz machine.
+
+The machine (hicache/testing/machine.py) calls the methods below in an order it chooses and,
+after every step, compares what the engine reports with the reference model
+(hicache/testing/reference.py). An engine reports three kinds of things:
+
+    what                   method                 the reference checks
+    ---------------------  ---------------------  ------------------------------------------
+    per-tier hit lengths   `submit` -> Admission  each tier's hit is the leading run of pages
+                                                  the engine itself reported RESIDENT there
+    page changes           `changes()`            each is a legal step of one tier's page
+                                                  (ABSENT -> PENDING -> RESIDENT -> ABSENT),
+                                                  and no page a live request is served from
+                                                  leaves L1
+    cached_len, live set   `cached_len`, `live`   admission: the L1 hit; after `prefill`: the
+                                                  prompt's whole pages, short only of a page
+                                                  another request is loading
+    served bytes           `served_digests`       a page's digest is the same every time the
+                                                  same token prefix is served (None: no bytes)
+
+A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
+prompt, in every tier, whatever node or slot holds it. That is what keeps the reference
+independent of the engine's tree.
+
+Contract for implementers: every method raises only `HiCacheError` subclasses for refused
+input, and a refused call changes nothing. `pending_ops` lists the transfers the machine may
+complete or fail, in a stable order; `complete`/`fail` take effect on the next `tick` (the
+engine observes them then), as a real completion would. `check()` returns the engine's own
+structural findings (empty when it has none to offer). `trace()` returns the lifecycle trace
+events so far (spec/trace.md) for coverage; an engine without one returns [].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+from hicache.trace import TraceEvent
+
+PENDING = "PENDING"
+"""A page-change state: a transfer is filling the page in that tier (any direction)."""
+
+
+@dataclass(frozen=True)
+class PageChange:
+    """One page of one tier changed state: `state` is ABSENT, PENDING or RESIDENT. `prefix`
+    is the page's token prefix (its length a multiple of the page size)."""
+
+    tier: str
+    prefix: tuple[int, ...]
+    state: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `submit` reports: each tier's hit length (tokens, page aligned) for the prompt's
+    first `len(tokens) - 1` tokens, and the request's `cached_len` right after admission."""
+
+    hits: dict[str, int]
+    cached_len: int
+
+
+@dataclass
+class FaultSchedule:
+    """Per fault site: the probability that it fires each time it is reached (0: off).
+    Sites are `hicache.dataplane.faults.FaultSite` names; an engine ignores sites it has
+    not got. `seed` makes the draws repeatable."""
+
+    seed: int = 0
+    rates: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class CacheUnderTest(Protocol):
+    """An engine as the machine drives it (see the module docstring)."""
+
+    page_size: int
+    tiers: tuple[str, ...]  # e.g. ("L1", "L2", "L3"); a plain cache: ("L1",)
+
+    def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
+        """Admit a request: match, plan, start restores."""
+        ...
+
+    def ready(self, request_id: int) -> bool:
+        """Whether the request's restore has settled (`prefill` may run)."""
+        ...
+
+    def prefill(self, request_id: int) -> bool:
+        """Serve what arrived, compute the rest, insert. False (nothing changed) when the
+        engine refuses for lack of room."""
+        ...
+
+    def finish(self, request_id: int) -> None:
+        """End a request, finished or aborted, in whatever state it is."""
+        ...
+
+    def tick(self) -> None:
+        """One scheduler step: observe completions, continue restores and backups."""
+        ...
+
+    def pending_ops(self) -> list[int]:
+        """Ids of the transfers in flight, in issue order."""
+        ...
+
+    def complete(self, op_id: int) -> None:
+        """Let transfer `op_id` succeed (observed on the next tick)."""
+        ...
+
+    def fail(self, op_id: int, kind: str) -> None:
+        """Let transfer `op_id` fail (`kind`: "error", "corrupt" or "unreadable"; an engine
+        treats a kind it does not know as "error")."""
+        ...
+
+    def evict(self, tier: str, n_pages: int) -> None:
+        """Eviction pressure from outside: free up to `n_pages` pages of `tier`."""
+        ...
+
+    def set_faults(self, schedule: FaultSchedule) -> None:
+        """Use `schedule` from now on."""
+        ...
+
+    def drain(self) -> None:
+        """Let every transfer end (each per the fault schedule) and apply it."""
+        ...
+
+    def restart(self) -> None:
+        """Close and open again: every request ends, the cache starts empty."""
+        ...
+
+    def close(self) -> None:
+        """Release everything; the adapter is not used again."""
+        ...
+
+    def live(self) -> set[int]:
+        """Ids of the live requests."""
+        ...
+
+    def cached_len(self, request_id: int) -> int:
+        """Tokens of the request's prompt served from the cache."""
+        ...
+
+    def served_digests(self, request_id: int) -> list[int] | None:
+        """A digest of each page the request is served from (its first `cached_len` tokens),
+        in token order; None when the engine holds no bytes."""
+        ...
+
+    def changes(self) -> list[PageChange]:
+        """The page changes since the last call, in order."""
+        ...
+
+    def check(self) -> list[str]:
+        """The engine's own invariant and structural findings now ([]: none)."""
+        ...
+
+    def trace(self) -> list[TraceEvent]:
+        """Every lifecycle trace event so far ([] when the engine has no trace)."""
+        ...
+
+    def fault_counts(self) -> dict[str, int]:
+        """How often each fault site fired so far."""
+        ...

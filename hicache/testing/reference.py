@@ -1,0 +1,180 @@
+"""The reference model: what an engine's observable outputs must be, kept by the harness.
+
+Independent of any engine's tree: a page is named by its token prefix, and the model holds,
+per tier, the state of every page the engine has reported (`PageChange`), plus each live
+request's tokens and `cached_len`. It does not choose victims or plans (those are the
+engine's freedom); it checks that what the engine says is consistent with what it did:
+
+    check                         rule
+    ----------------------------  -------------------------------------------------------------
+    page step                     ABSENT -> PENDING | RESIDENT, PENDING -> RESIDENT | ABSENT,
+                                  RESIDENT -> ABSENT; nothing else (no state reported twice)
+    served pages stay             an L1 page inside a live request's first `cached_len` tokens
+                                  never leaves L1 while the request lives
+    hit lengths (admission)       tier T's hit is the leading run of the prompt's pages (its
+                                  first len - 1 tokens) RESIDENT in T, page by page
+    cached_len at admission       the L1 hit
+    cached_len after prefill      the prompt's whole pages, cut at the first page another
+                                  request's load-back is filling (PENDING in L1) at the time
+    cached_len between steps      unchanged except by `prefill`
+    live requests                 exactly those submitted and not finished
+    served bytes                  a page prefix's digest is the same every time it is served
+
+A failed check raises `Mismatch` naming what differed, the engine's value and the model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from hicache.testing.protocol import PENDING, Admission, PageChange
+
+ABSENT = "ABSENT"
+RESIDENT = "RESIDENT"
+STEPS = {(ABSENT, PENDING), (ABSENT, RESIDENT), (PENDING, RESIDENT), (PENDING, ABSENT),
+         (RESIDENT, ABSENT)}
+"""The page steps an engine may report (from-state, to-state)."""
+
+Prefix = tuple[int, ...]
+
+
+class Mismatch(AssertionError):
+    """The engine's output differs from the reference model's."""
+
+    def __init__(self, what: str, engine: object, reference: object, context: str = "") -> None:
+        self.what, self.engine, self.reference = what, engine, reference
+        where = f" ({context})" if context else ""
+        super().__init__(f"differential check failed: {what}: engine {engine!r}, "
+                         f"reference {reference!r}{where}")
+
+
+@dataclass
+class RefRequest:
+    tokens: tuple[int, ...]
+    cached_len: int
+
+
+class ReferenceModel:
+    """Pages by tier and token prefix, live requests, and digests of served prefixes."""
+
+    def __init__(self, page_size: int, tiers: Sequence[str]) -> None:
+        self.page_size = page_size
+        self.tiers = tuple(tiers)
+        self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
+        self.requests: dict[int, RefRequest] = {}
+        self.digests: dict[Prefix, int] = {}
+        self.checks = 0  # comparisons made (a test reads it to see the model really ran)
+
+    # -- what the engine did ------------------------------------------------------------------
+
+    def apply(self, changes: Sequence[PageChange]) -> None:
+        """Take the engine's page changes, each checked as a legal step."""
+        for c in changes:
+            if c.tier not in self.pages:
+                raise Mismatch("tier of a page change", c.tier, self.tiers)
+            if len(c.prefix) % self.page_size or not c.prefix:
+                raise Mismatch("page prefix length", len(c.prefix), f"a positive multiple of {self.page_size}")
+            was = self.pages[c.tier].get(c.prefix, ABSENT)
+            self.checks += 1
+            if (was, c.state) not in STEPS:
+                raise Mismatch(f"{c.tier} page step of a {len(c.prefix)}-token prefix",
+                               f"{was} -> {c.state}", sorted(f"{a} -> {b}" for a, b in STEPS if a == was))
+            if c.tier == self.tiers[0] and was == RESIDENT:
+                self._verify_unserved(c.prefix)
+            if c.state == ABSENT:
+                del self.pages[c.tier][c.prefix]
+            else:
+                self.pages[c.tier][c.prefix] = c.state
+
+    def _verify_unserved(self, prefix: Prefix) -> None:
+        for rid, r in self.requests.items():
+            if len(prefix) <= r.cached_len and r.tokens[:len(prefix)] == prefix:
+                raise Mismatch(f"L1 page of a {len(prefix)}-token prefix left while request {rid} "
+                               f"is served from it (cached_len {r.cached_len})", "ABSENT", RESIDENT)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def hits(self, tokens: Sequence[int]) -> dict[str, int]:
+        """Per tier, the leading run of `tokens`' whole pages RESIDENT there (in tokens)."""
+        ps, out = self.page_size, {}
+        for t in self.tiers:
+            n = 0
+            while (n + 1) * ps <= len(tokens) and \
+                    self.pages[t].get(tuple(tokens[:(n + 1) * ps])) == RESIDENT:
+                n += 1
+            out[t] = n * ps
+        return out
+
+    def admit(self, request_id: int, tokens: Sequence[int], got: Admission) -> None:
+        """Check an admission against the model as it was before it (call before `apply`ing
+        the admission's own changes), then track the request."""
+        context = f"request {request_id}, {len(tokens)} tokens"
+        if request_id in self.requests:
+            raise Mismatch("admitted a live request id again", request_id, "refused")
+        want = self.hits(tokens[:len(tokens) - 1])
+        self.checks += 1
+        for t in self.tiers:
+            if got.hits.get(t) != want[t]:
+                raise Mismatch(f"{t} hit length at admission", got.hits.get(t), want[t], context)
+        if got.cached_len != want[self.tiers[0]]:
+            raise Mismatch("cached_len at admission", got.cached_len, want[self.tiers[0]], context)
+        self.requests[request_id] = RefRequest(tuple(tokens), got.cached_len)
+
+    def expected_after_prefill(self, request_id: int) -> int:
+        """`cached_len` a prefill must reach, judged before it runs."""
+        r = self.requests[request_id]
+        ps, l1 = self.page_size, self.pages[self.tiers[0]]
+        aligned = len(r.tokens) // ps * ps
+        for end in range(ps, aligned + 1, ps):
+            if l1.get(r.tokens[:end]) == PENDING:
+                return end - ps
+        return aligned
+
+    def prefilled(self, request_id: int, expected: int, got: int) -> None:
+        self.checks += 1
+        if got != expected:
+            raise Mismatch("cached_len after prefill", got, expected, f"request {request_id}")
+        self.requests[request_id].cached_len = got
+
+    def finished(self, request_id: int) -> None:
+        self.requests.pop(request_id, None)
+
+    def restart(self) -> None:
+        """The engine closed and opened again: nothing cached, nobody live."""
+        self.pages = {t: {} for t in self.tiers}
+        self.requests.clear()
+
+    # -- after every step ---------------------------------------------------------------------
+
+    def compare(self, live: set[int], cached: dict[int, int]) -> None:
+        """The engine's live requests and their `cached_len` against the model's."""
+        self.checks += 1
+        if live != set(self.requests):
+            raise Mismatch("live requests", sorted(live), sorted(self.requests))
+        for rid, r in self.requests.items():
+            if cached.get(rid) != r.cached_len:
+                raise Mismatch("cached_len", cached.get(rid), r.cached_len, f"request {rid}")
+            end = r.cached_len
+            l1 = self.pages[self.tiers[0]]
+            for k in range(self.page_size, end + 1, self.page_size):
+                if l1.get(r.tokens[:k]) != RESIDENT:
+                    raise Mismatch(f"L1 page {k // self.page_size - 1} of request {rid}'s served prefix",
+                                   l1.get(r.tokens[:k], ABSENT), RESIDENT)
+
+    def served(self, request_id: int, digests: list[int] | None) -> None:
+        """The digests of the pages a request is served from: each must equal the digest its
+        token prefix had when first served."""
+        if digests is None:
+            return
+        r = self.requests[request_id]
+        ps = self.page_size
+        if len(digests) != r.cached_len // ps:
+            raise Mismatch("served pages", len(digests), r.cached_len // ps, f"request {request_id}")
+        for i, d in enumerate(digests):
+            prefix = r.tokens[:(i + 1) * ps]
+            self.checks += 1
+            known = self.digests.setdefault(prefix, d)
+            if known != d:
+                raise Mismatch(f"bytes of page {i} (a {len(prefix)}-token prefix)", hex(d), hex(known),
+                               f"request {request_id}")

@@ -1,0 +1,175 @@
+"""`hicache fuzz`: run the fuzz machine outside pytest, with a seed, a replay line and a report.
+
+    hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
+                 [--progress] [--mutant NAME|list]
+
+The machine runs `N // STEPS_PER_RUN` runs of at most `STEPS_PER_RUN` steps each, drawn from
+seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
+steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
+for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
+printed, the error, and a one-line replay command; exit status 1.
+
+`--adapter module:factory` drives another engine: `factory(setup)` returns a
+`CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
+else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
+tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
+it is a terminal, or with `--progress`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import os
+import shlex
+import sys
+import time
+from typing import Any, Sequence
+
+from hicache.testing.coverage import Coverage
+
+STEPS_PER_RUN = 50
+DEFAULT_STEPS = 2_000
+NIGHTLY_STEPS = 250_000
+PROGRESS_EVERY_S = 5.0
+
+
+class Progress(Coverage):
+    """Coverage that writes a progress line to stderr at most every PROGRESS_EVERY_S."""
+
+    def __init__(self, total_steps: int, show: bool) -> None:
+        super().__init__()
+        self.total_steps, self.show = total_steps, show
+        self.started = self.last = time.monotonic()
+
+    def add(self, events: Any, fired: Any) -> None:
+        super().add(events, fired)
+        now = time.monotonic()
+        if self.show and now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            print(f"fuzz: {self.steps}/{self.total_steps} steps, {self.runs} runs, "
+                  f"{now - self.started:.0f} s", file=sys.stderr, flush=True)
+
+
+def _adapter(spec: str | None, plane: str) -> tuple[Any, Any]:
+    """(factory, setups strategy) for `--adapter` (default: the hicache controller)."""
+    from hypothesis import strategies as st
+
+    if spec is None:
+        from hicache.testing.adapters.controller import controller_adapter, setups
+
+        return controller_adapter, setups(plane)
+    module_name, _, name = spec.partition(":")
+    if not name:
+        raise SystemExit(f"hicache fuzz: --adapter {spec!r}: give module:factory")
+    module = importlib.import_module(module_name)
+    factory = getattr(module, name)
+    strategy = module.setups(plane) if hasattr(module, "setups") else st.just(plane)
+    return factory, strategy
+
+
+def _mutant(name: str | None) -> contextlib.AbstractContextManager[Any]:
+    if name is None:
+        return contextlib.nullcontext()
+    try:
+        mutants = importlib.import_module("hicache.testing.mutants")
+    except ImportError:
+        raise SystemExit("hicache fuzz: --mutant: this build has no bug zoo (hicache.testing.mutants)")
+    return mutants.activate(name)  # type: ignore[no-any-return]
+
+
+def replay_command(args: argparse.Namespace) -> str:
+    words = ["hicache", "fuzz", "--seed", str(args.seed), "--steps", str(args.steps), "--plane", args.plane]
+    if args.adapter:
+        words += ["--adapter", args.adapter]
+    if args.mutant:
+        words += ["--mutant", args.mutant]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
+    """Run the machine as `args` say; print the summary (or the failure) to `out`."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from hicache.testing.machine import make_machine
+
+    out = out or sys.stdout
+    factory, strategy = _adapter(args.adapter, args.plane)
+    coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
+    machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
+    setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
+    runs = max(1, args.steps // STEPS_PER_RUN)
+    config = settings(max_examples=runs, stateful_step_count=min(args.steps, STEPS_PER_RUN),
+                      deadline=None, database=None, derandomize=False, print_blob=True,
+                      report_multiple_bugs=False,
+                      phases=[Phase.generate, Phase.shrink],
+                      suppress_health_check=list(HealthCheck))
+    started = time.perf_counter()
+    with _mutant(args.mutant):
+        try:
+            captured = io.StringIO()
+            with contextlib.redirect_stdout(captured):
+                run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
+        except Exception as failure:  # noqa: BLE001 -- any escape is the finding to report
+            _report_failure(out, args, failure, captured.getvalue())
+            return 1
+    seconds = time.perf_counter() - started
+    print(f"fuzz: seed {args.seed}, plane {args.plane}: {coverage.runs} runs, {coverage.steps} steps, "
+          f"{coverage.events} trace events in {seconds:.1f} s ({coverage.steps / seconds:.0f} steps/s, "
+          f"{coverage.events / seconds:.0f} transitions/s)", file=out)
+    print(f"trace digest: {coverage.digest}", file=out)
+    if args.report:
+        print(coverage.report(), file=out)
+    return 0
+
+
+def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
+    print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane", file=out)
+    steps = printed.strip() or "\n".join(getattr(failure, "__notes__", []))
+    print("shrunk steps:", file=out)
+    for line in steps.splitlines():
+        print(f"  {line}", file=out)
+    print(f"error: {type(failure).__name__}: {failure}", file=out)
+    print(f"replay: {replay_command(args)}", file=out)
+
+
+def parser() -> argparse.ArgumentParser:
+    nightly = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") == "fuzz"
+    p = argparse.ArgumentParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)")
+    p.add_argument("--steps", type=int, default=NIGHTLY_STEPS if nightly else DEFAULT_STEPS,
+                   help=f"machine steps in all (runs of {STEPS_PER_RUN})")
+    p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
+    p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
+    p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
+    p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
+    p.add_argument("--mutant", metavar="NAME",
+                   help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
+                        "(see hicache.testing.zoo: --seed may repeat, --machine picks the machine)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    if any(a == "--mutant" or a.startswith("--mutant=") for a in argv):
+        # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.
+        from hicache.testing import zoo
+        return zoo.main(list(argv))
+    args = parser().parse_args(list(argv))
+    if args.steps < 1:
+        print("hicache fuzz: --steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.plane == "cuda" and not _cuda():
+        print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
+        return 2
+    return run(args)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

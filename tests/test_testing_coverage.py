@@ -1,0 +1,65 @@
+"""Coverage as a gate: within the CI budget the fuzz machine (controller, null plane) must
+reach every transition and every composite state of spec/lifecycle.toml and every fault
+site of `FaultSite` (read now: a site added later joins the goal by itself). The test fails
+listing what no run reached."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
+import argparse
+import io
+
+from hicache.testing.adapters.controller import NOT_DRAWN
+from hicache.testing.coverage import Coverage
+from hicache.testing.runner import Progress, run
+
+SEEDS, STEPS = (1, 2, 3, 4), 8_000  # about 45 s in all on one core of the CI machine
+KNOWN_GAPS: dict[str, set[str]] = {
+    "composite state": {"L1_PRIVATE_L2_H2S_PENDING"},  # rarely reached at all
+    # Reached by most seed sets, but not by every set of loaded test modules (Hypothesis'
+    # draws depend on them): open until the machine makes them certain.
+    "transition": {"s2h_cancel"},
+    "fault site": {"H2D_COMPLETE", "CORRUPT_SLOT"} | NOT_DRAWN,
+}
+"""Goals the CI budget does not reach yet, named so the gate still fails on anything else."""
+
+
+def test_every_transition_state_and_fault_site_is_reached() -> None:
+    seen: list[Coverage] = []
+
+    class Keep(Progress):
+        def __init__(self, total_steps: int, show: bool) -> None:
+            super().__init__(total_steps, show)
+            seen.append(self)
+
+    import hicache.testing.runner as runner
+    original, runner.Progress = runner.Progress, Keep  # type: ignore[misc]
+    try:
+        for seed in SEEDS:
+            args = argparse.Namespace(seed=seed, steps=STEPS, plane="null", adapter=None,
+                                      report=False, progress=False, mutant=None)
+            out = io.StringIO()
+            assert run(args, out) == 0, out.getvalue()
+    finally:
+        runner.Progress = original  # type: ignore[misc]
+    union = Coverage()
+    for one in seen:
+        union.transitions += one.transitions
+        union.states += one.states
+        union.sites += one.sites
+    missing = {kind: set(names) - KNOWN_GAPS.get(kind, set())
+               for kind, names in union.missing().items()}
+    missing = {kind: names for kind, names in missing.items() if names}
+    assert not missing, "not reached within the CI budget: " + "; ".join(
+        f"{kind}s {', '.join(sorted(names))}" for kind, names in missing.items())
+
+
+def test_coverage_names_what_was_not_reached() -> None:
+    cov = Coverage()
+    assert "evict_l1" in cov.missing()["transition"]
+    assert "L1_L2_L3" in cov.missing()["composite state"]
+    assert "DELAY" in cov.missing()["fault site"]
+    assert "not reached: transitions" in cov.report()

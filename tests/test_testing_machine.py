@@ -1,0 +1,80 @@
+"""The fuzz machine of `hicache.testing` in CI: the controller on the null plane (fast) and
+the CPU data plane (real bytes), a plain LRU cache through the same protocol, and a broken
+LRU that the machine must catch, naming the difference."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
+import argparse
+import io
+
+from hypothesis import settings
+
+from hicache.testing import make_machine
+from hicache.testing.adapters import lru
+from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.runner import run
+
+_profile = settings()  # the loaded profile (dev, ci or fuzz)
+
+
+def _budget(examples: int, steps: int) -> settings:
+    """`examples` runs of at most `steps` steps, unless the profile asks for more (fuzz)."""
+    return settings(_profile, max_examples=max(examples, _profile.max_examples)
+                    if _profile.max_examples >= 1000 else examples,
+                    stateful_step_count=steps, deadline=None)
+
+
+NullMachine = make_machine(controller_adapter, setups("null"), name="NullMachine")
+NullMachine.TestCase.settings = _budget(60, 50)
+TestControllerOnNullPlane = NullMachine.TestCase
+
+LRUMachine = make_machine(lru.lru_adapter, lru.setups("null"), name="LRUMachine")
+LRUMachine.TestCase.settings = _budget(30, 30)
+TestPlainLRU = LRUMachine.TestCase
+
+
+def fuzz(steps: int, seed: int = 1, plane: str = "null", adapter: str | None = None,
+         report: bool = False) -> tuple[int, str]:
+    args = argparse.Namespace(seed=seed, steps=steps, plane=plane, adapter=adapter, report=report,
+                              progress=False, mutant=None)
+    out = io.StringIO()
+    return run(args, out), out.getvalue()
+
+
+def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None:
+    status, text = fuzz(400, adapter="hicache.testing.adapters.lru:forgetful_adapter")
+    assert status == 1
+    assert "differential check failed: L1 hit length at admission" in text
+    assert "state.resubmit(" in text or "state.pressure(" in text  # the shrunk steps
+    assert ("replay: hicache fuzz --seed 1 --steps 400 --plane null "
+            "--adapter hicache.testing.adapters.lru:forgetful_adapter") in text
+
+
+def test_the_same_seed_gives_the_same_trace_on_the_null_plane() -> None:
+    first, second = fuzz(300, seed=7)[1], fuzz(300, seed=7)[1]
+    digest = [line for line in first.splitlines() if line.startswith("trace digest:")]
+    assert digest and digest[0] in second.splitlines()
+    assert fuzz(300, seed=8)[1].count(digest[0]) == 0  # another seed, another trace
+
+
+@pytest.mark.torch
+def test_the_same_seed_gives_the_same_trace_on_the_cpu_plane() -> None:
+    first, second = fuzz(60, seed=3, plane="cpu")[1], fuzz(60, seed=3, plane="cpu")[1]
+    digest = [line for line in first.splitlines() if line.startswith("trace digest:")]
+    assert digest and digest[0] in second.splitlines(), first
+
+
+@pytest.mark.torch
+def test_the_machine_on_the_cpu_plane() -> None:
+    status, text = fuzz(300, seed=2, plane="cpu")
+    assert status == 0, text
+
+
+@pytest.mark.gpu
+def test_the_machine_on_cuda() -> None:
+    status, text = fuzz(300, seed=2, plane="cuda")
+    assert status == 0, text
