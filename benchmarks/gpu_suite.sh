@@ -3,6 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer recompute serving fuzz (default: env tests transfer recompute serving)
+#   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -32,7 +33,8 @@ for stage in $stages; do
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
-    fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed 1 --steps 300 --report ;;
+    fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
+            --steps "${FUZZ_STEPS:-20000}" --report --progress ;;
     *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
   esac
 done
