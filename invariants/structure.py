@@ -21,7 +21,8 @@ from collections import deque
 
 import numpy as np
 
-from hicache.invariants.ownership import RESIDENT, page_counts, tier_claims
+from hicache.invariants.claims import page_counts, tier_claims, unsettled
+from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation, shown
 from hicache.snapshot import NodeView, Snapshot
 
@@ -110,7 +111,7 @@ def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
     """S3: per tier, `tree_pages_counted` equals the pages in all node values of that tier."""
     out: list[Violation] = []
     for tier, view in s.tiers.items():
-        held = sum(int(np.size(v)) for n in s.nodes if (v := n.values.get(tier)) is not None)
+        held = sum(v.size for n in s.nodes if (v := n.values.get(tier)) is not None)
         if held != view.tree_pages_counted:
             out.append(TIER_SIZE_ACCOUNTING.violation(
                 f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
@@ -135,7 +136,7 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
     """S5: within a tier, no physical page occurs twice among node values, op target pages and
     request-private pages taken together (within one record, too)."""
     out: list[Violation] = []
-    for tier in s.tiers:
+    for tier in unsettled(s):
         c = tier_claims(s, tier)
         every = np.concatenate((c.tree, c.private))
         outside = every[(every < 0) | (every >= c.capacity)]  # rare (I6 names them): sort those
