@@ -73,7 +73,7 @@ def check_inflight_source_pinned(s: Snapshot) -> list[Violation]:
     """I2: every pending op reads exactly its nodes' values in the source tier, in node order;
     those pages are TREE-owned, and every such node is RESIDENT there with a lock > 0, so no
     eviction can free (and no allocation reuse) a page the transfer still reads."""
-    by_id = {n.node_id: n for n in s.nodes}
+    by_id = s.by_id
     out: list[Violation] = []
     for op in s.ops:
         out += _source_pinned(s, op, by_id)
