@@ -10,7 +10,6 @@ read it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Callable
 
 import numpy as np
@@ -23,7 +22,6 @@ from hicache.invariants import Violation, check_all
 from hicache.invariants import alignment, claims, ownership, structure
 from hicache.pages import FREE, PRIVATE, TREE, pages
 from hicache.snapshot import Snapshot
-from hicache.trace import TraceEvent
 
 Corrupt = Callable[[Snapshot, str, st.DataObject], Snapshot]
 
@@ -136,14 +134,3 @@ def test_claims_are_gathered_once_per_snapshot(monkeypatch: pytest.MonkeyPatch,
     assert [v.invariant for v in check_all(s)] == ["I6"] * 3
     assert sorted(calls) == ["_gather"] * 3 + ["_unsettled"]
 
-
-def test_trace_json_is_every_set_field() -> None:
-    """`to_json` reads fields one by one: the same text as the dataclass's own dict view."""
-    e = TraceEvent(seq=3, event="split", tier="L1", node=4, op=0, request=None, token_start=0,
-                   token_end=16, pages=(5, 6), before="A", after="B",
-                   detail={"upper": 7, "hit": [1, (2, 3)], "nested": {"x": None}})
-    want = {k: v for k, v in dataclasses.asdict(e).items() if v not in (None, (), {})}
-    want["pages"] = [5, 6]
-    assert e.to_json() == json.dumps(want, separators=(",", ":"), sort_keys=True)
-    assert TraceEvent.from_json(e.to_json()).to_json() == e.to_json()
-    assert TraceEvent(seq=1, event="lock").to_json() == '{"event":"lock","seq":1}'
