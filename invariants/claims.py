@@ -125,39 +125,60 @@ def unsettled(s: Snapshot) -> list[str]:
 
 def _unsettled(s: Snapshot) -> list[str]:
     """`unsettled`, reading each node, op and request once."""
-    tree: dict[str, list[int]] = {t: [] for t in s.tiers}
-    private: dict[str, list[int]] = {t: [] for t in s.tiers}
+    tree: dict[str, list[Pages]] = {t: [] for t in s.tiers}
+    private: dict[str, list[Pages]] = {t: [] for t in s.tiers}
     for n in s.nodes:
         for t, v in n.values.items():
             if v is not None and t in tree:
-                tree[t] += v.tolist()
+                tree[t].append(v)
     for op in s.ops:
         if op.target in private:
-            private[op.target] += op.target_pages.tolist()
+            private[op.target].append(op.target_pages)
     for r in s.requests:
         for t, v in r.private_pages.items():
             if t in private:
-                private[t] += v.tolist()
+                private[t].append(v)
     return [t for t, view in s.tiers.items() if not _settled(view, tree[t], private[t])]
 
 
-def _settled(view: TierView, tree: list[int], private: list[int]) -> bool:
+def _settled(view: TierView, tree: list[Pages], private: list[Pages]) -> bool:
     """The all-clear of one tier. Records distinct and in range, every tree page TREE and
     every private page PRIVATE, and the table counting exactly as many TREE and PRIVATE pages
     as the records hold and FREE for all the rest: then each page is claimed exactly once."""
-    cap, owner = view.capacity, view.owner
-    records = tree + private
-    if owner.size != cap or len(set(records)) != len(records):
+    if view.owner.size != view.capacity:
+        return False
+    if view.capacity <= SMALL_TIER:
+        return _settled_small(view, [p for v in tree for p in v.tolist()],
+                              [p for v in private for p in v.tolist()])
+    return _settled_large(view, np.concatenate(tree or [pages()]),
+                          np.concatenate(private or [pages()]))
+
+
+def _settled_small(view: TierView, tree: list[int], private: list[int]) -> bool:
+    """`_settled` in plain Python (a few pages: numpy's fixed cost per call would dominate)."""
+    cap, records = view.capacity, tree + private
+    if len(set(records)) != len(records):
         return False
     if records and (min(records) < 0 or max(records) >= cap):
         return False
-    if cap <= SMALL_TIER:
-        codes = owner.tolist()
-        counted = [codes.count(FREE), codes.count(PRIVATE), codes.count(TREE)]
-        return (counted == [cap - len(records), len(private), len(tree)]
-                and all(codes[p] == TREE for p in tree)
-                and all(codes[p] == PRIVATE for p in private))
-    counts = np.bincount(owner, minlength=TREE + 1).tolist()
-    return (counts == [cap - len(records), len(private), len(tree)]
-            and bool(np.all(owner[pages(tree)] == TREE))
-            and bool(np.all(owner[pages(private)] == PRIVATE)))
+    codes = view.owner.tolist()
+    counted = [codes.count(FREE), codes.count(PRIVATE), codes.count(TREE)]
+    return (counted == [cap - len(records), len(private), len(tree)]
+            and all(codes[p] == TREE for p in tree)
+            and all(codes[p] == PRIVATE for p in private))
+
+
+def _settled_large(view: TierView, tree: Pages, private: Pages) -> bool:
+    """`_settled` with numpy: a fixed number of calls, each linear in pages."""
+    cap, owner = view.capacity, view.owner
+    records = np.concatenate((tree, private)).astype(np.int64, copy=False)
+    if records.size and (int(records.min()) < 0 or int(records.max()) >= cap):
+        return False
+    if np.bincount(owner, minlength=TREE + 1).tolist() != [cap - records.size, private.size,
+                                                          tree.size]:
+        return False
+    if not (np.all(owner[tree] == TREE) and np.all(owner[private] == PRIVATE)):
+        return False
+    seen = np.zeros(cap, dtype=bool)
+    seen[records] = True
+    return int(np.count_nonzero(seen)) == records.size  # no page named twice

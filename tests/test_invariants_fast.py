@@ -134,3 +134,19 @@ def test_claims_are_gathered_once_per_snapshot(monkeypatch: pytest.MonkeyPatch,
     assert [v.invariant for v in check_all(s)] == ["I6"] * 3
     assert sorted(calls) == ["_gather"] * 3 + ["_unsettled"]
 
+
+
+def test_the_invariants_bench_times_each_run_on_a_fresh_snapshot() -> None:
+    """`hicache bench invariants` repeats each check: every run must start with an empty
+    memo, or the repeats would time a lookup of what the first run derived."""
+    from hicache.bench.invariants import _median_us
+
+    s = synthetic_snapshot(100, node_pages=4)
+    seen: list[Snapshot] = []
+
+    def run(fresh: Snapshot) -> None:
+        assert fresh.memo == {} and fresh.nodes is s.nodes
+        seen.append(fresh)
+        fresh.memo["ran"] = True
+    _median_us(run, s, 3)
+    assert len({id(x) for x in seen}) == 3 and all(x is not s for x in seen)
