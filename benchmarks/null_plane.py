@@ -1,8 +1,10 @@
 """Controller throughput on the null data plane: admissions, ticks and control-plane
-transitions per second, with every invariant checked after each transition.
+transitions per second, with every invariant checked after each transition; and, with
+`--fuzz`, the fuzz machine's steps and transitions per second with and without its checks.
 
     PYTHONPATH=. python3 benchmarks/null_plane.py [--requests N] [--seed S] [--check every]
         [--tiers L1 L2 L3]
+    PYTHONPATH=. python3 benchmarks/null_plane.py --fuzz [--seeds 1 2 3 4 5] [--steps 3000]
 
 The workload: prompts drawn from a few shared prefixes with divergent suffixes (nodes split,
 restores from L2 and L3, backups under pressure in small tiers); after each admission the
@@ -10,16 +12,28 @@ pending transfers are finished in a seeded random order, one in ten failed, with
 each. Every request is prefilled and finished (one in five aborted before). One process, one
 thread: the number is per core. Transitions are the control plane's own count
 (`InvariantChecker.transitions`); with `--check every` each was followed by a full check.
-Prints one JSON line.
+Prints one JSON line; `cpu_transitions_per_s` counts this process's CPU time instead of
+wall time (steadier on a shared host).
+
+`--fuzz` runs `hicache fuzz --seed S --steps N` (null plane) per seed twice: as is (every
+invariant and the tree's audit after each step), then with the adapter's check returning
+nothing -- the floor the checks are measured against (`checks_ratio`, on / off). Rates are
+given per second of wall time and of this process's CPU time (steadier on a shared host);
+transitions are trace events, what `hicache fuzz` prints. Both runs draw the same steps, so
+their trace digests must agree (`same_trace`). One JSON line per seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import random
+import re
 import sys
 import time
+from typing import Iterator
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
@@ -47,7 +61,7 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
     rng = random.Random(seed)
     prompts = workload(rng, requests, cfg.kv.page_size)
     ticks = admissions = refused = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for rid, tokens in enumerate(prompts):
         c.admit(rid, tokens)
         admissions += 1
@@ -70,7 +84,7 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
         except OutOfPages:
             refused += 1  # L1 held by pins and backups in flight: the request gives up
         c.finish(rid)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     transitions = c.cp.checker.transitions
     c.close()
     return {
@@ -78,7 +92,58 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
         "admissions_per_s": round(admissions / seconds), "ticks_per_s": round(ticks / seconds),
         "prefills_refused": refused,
         "transitions": transitions, "transitions_per_s": round(transitions / seconds),
+        "cpu_seconds": round(cpu, 3), "cpu_transitions_per_s": round(transitions / cpu),
         "checks_run": c.cp.checker.checks_run, "torch_imported": "torch" in sys.modules,
+    }
+
+
+SUMMARY = re.compile(r"(\d+) steps, (\d+) trace events .*\ntrace digest: (\w+)")
+
+
+@contextlib.contextmanager
+def checks_off() -> Iterator[None]:
+    """The fuzz machine's after-step check (every invariant, the tree's audit) finds nothing."""
+    from hicache.testing.adapters.controller import ControllerAdapter
+
+    real = ControllerAdapter.check
+    ControllerAdapter.check = lambda self: []  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ControllerAdapter.check = real  # type: ignore[method-assign]
+
+
+def fuzz_once(seed: int, steps: int) -> tuple[dict[str, int], str]:
+    """One `hicache fuzz --seed seed --steps steps` run on the null plane: its counts and
+    rates, and its trace digest."""
+    from hicache.testing import runner
+
+    args = argparse.Namespace(seed=seed, steps=steps, plane="null", adapter=None, report=False,
+                              progress=False, mutant=None)
+    out = io.StringIO()
+    wall, cpu = time.perf_counter(), time.process_time()
+    status = runner.run(args, out)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    found = SUMMARY.search(out.getvalue())
+    if status != 0 or found is None:
+        raise SystemExit(f"null_plane --fuzz: seed {seed} did not finish cleanly:\n{out.getvalue()}")
+    done, events = int(found[1]), int(found[2])
+    return {"steps": done, "transitions": events,
+            "steps_per_s": round(done / wall), "transitions_per_s": round(events / wall),
+            "cpu_steps_per_s": round(done / cpu), "cpu_transitions_per_s": round(events / cpu)}, found[3]
+
+
+def fuzz(seed: int, steps: int) -> dict[str, object]:
+    """The fuzz machine on one seed with its checks, then without (the floor)."""
+    on, digest = fuzz_once(seed, steps)
+    with checks_off():
+        off, digest_off = fuzz_once(seed, steps)
+    rates = ("steps_per_s", "transitions_per_s", "cpu_steps_per_s", "cpu_transitions_per_s")
+    return {
+        "plane": "null", "mode": "fuzz", "seed": seed, "steps": on["steps"],
+        "transitions": on["transitions"], "same_trace": digest == digest_off,
+        **{k: on[k] for k in rates}, **{f"{k}_checks_off": off[k] for k in rates},
+        "checks_ratio": round(on["cpu_steps_per_s"] / off["cpu_steps_per_s"], 2),
     }
 
 
@@ -88,7 +153,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", default="every", help="check mode: off, every, periodic N")
     ap.add_argument("--tiers", type=int, nargs=3, default=[24, 32, 48], metavar=("L1", "L2", "L3"))
+    ap.add_argument("--fuzz", action="store_true", help="time the fuzz machine instead")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--steps", type=int, default=3000, help="fuzz steps per seed")
     args = ap.parse_args()
+    if args.fuzz:
+        fuzz_once(0, 100)  # warm up: imports and the lifecycle tables, outside the timing
+        for seed in args.seeds:
+            print(json.dumps(fuzz(seed, args.steps)), flush=True)
+        return
     print(json.dumps(run(args.requests, args.seed, args.check, tuple(args.tiers))))
 
 

@@ -110,6 +110,14 @@ class Snapshot:
     root_id: int = 0
 
     @cached_property
+    def memo(self) -> dict[str, object]:
+        """Data its readers derive from this snapshot, kept so that each is computed once per
+        snapshot (the checks share one index of every tier's page claims here). Empty when
+        built and not a record: a snapshot is never changed after it is built, so whatever
+        is derived from it stays true."""
+        return {}
+
+    @cached_property
     def by_id(self) -> Mapping[int, NodeView]:
         """Each node by id (the last one, should two share an id: S1 reports that)."""
         return {n.node_id: n for n in self.nodes}

@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from hicache.invariants.ownership import RESIDENT, Ids
+from hicache.invariants.claims import Ids
+from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation
 from hicache.pages import Pages, pages
 from hicache.snapshot import UNSERVABLE, Snapshot

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
-
-from hicache.invariants.ownership import RESIDENT, inside
+from hicache.invariants.claims import inside
+from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation, shown
 from hicache.pages import TREE
 from hicache.snapshot import NodeView, OpView, Snapshot
@@ -136,16 +135,14 @@ def _unpublished_targets(s: Snapshot) -> list[Violation]:
 
 def _value_matches_state(s: Snapshot) -> list[Violation]:
     out: list[Violation] = []
-    ids = np.asarray([n.node_id for n in s.nodes], dtype=np.int64)
     for tier in s.tiers:
-        has_value = np.asarray([n.values.get(tier) is not None for n in s.nodes], dtype=bool)
-        resident = np.asarray([n.states.get(tier) == RESIDENT for n in s.nodes], dtype=bool)
         # A pending node that looks published was reported by `_pending_nodes` already.
-        pending = np.asarray([n.pending.get(tier) is not None for n in s.nodes], dtype=bool)
-        wrong = (has_value != resident) & (ids != s.root_id) & ~pending
-        if wrong.any():
+        wrong = [n.node_id for n in s.nodes
+                 if ((n.values.get(tier) is not None) != (n.states.get(tier) == RESIDENT))
+                 and n.node_id != s.root_id and n.pending.get(tier) is None]
+        if wrong:
             out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown(ids[wrong])}] hold a value in {tier} without being RESIDENT "
+                f"node(s) [{shown(wrong)}] hold a value in {tier} without being RESIDENT "
                 "there, or are RESIDENT without a value (publication is one step)",
-                tier=tier, nodes=ids[wrong]))
+                tier=tier, nodes=wrong))
     return out

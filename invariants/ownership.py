@@ -1,28 +1,20 @@
 """I1, I2 and I6: who owns each physical page of a tier, and what an in-flight transfer reads.
 
-Three records claim a tier's pages, each kept by a different part of the control plane, so a
-bug in one shows up as a disagreement with the others:
-
-    record      its pages                                          owner code it implies
-    ----------  -------------------------------------------------  ---------------------
-    tree        every node's value in the tier                     TREE
-    private     pending ops' target pages + requests' private pages  PRIVATE
-    free list   pages whose owner code is FREE (the allocator)     FREE
-
-`tier_claims` gathers the tree and private records of one tier once (a loop over nodes, ops
-and requests; never over pages). The checks then work on whole page arrays with
-`np.bincount` and masks, so their cost is linear in pages.
+The tree, private and free-list records of a tier (`hicache.invariants.claims`) must agree
+page by page. I1 and I6 first ask `unsettled`: one plain-Python pass per snapshot names the
+tiers where some page is not claimed exactly once with its record's code (both hold in the
+others). Only in those do they read the tier's `tier_claims` and work on whole page arrays
+with `np.bincount` and masks, so their cost is linear in pages.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Mapping
 
 import numpy as np
-import numpy.typing as npt
 
+from hicache.invariants.claims import TierClaims, inside, page_counts, tier_claims, unsettled
 from hicache.invariants.violation import CheckName, Violation, shown
 from hicache.pages import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
 from hicache.snapshot import NodeView, OpView, Snapshot
@@ -33,75 +25,6 @@ OWNERSHIP_DISJOINT = CheckName("I1", "ownership_disjoint")
 INFLIGHT_SOURCE_PINNED = CheckName("I2", "inflight_source_pinned")
 PAGE_CONSERVATION = CheckName("I6", "page_conservation")
 
-Ids = npt.NDArray[np.int64]
-Counts = npt.NDArray[np.intp]
-
-
-@dataclass(frozen=True)
-class TierClaims:
-    """The tree and private records of one tier, each as one page array plus, per page, the
-    id of the node / op / request that claims it."""
-
-    tier: str
-    capacity: int  # pages
-    owner: npt.NDArray[np.uint8]
-    tree: Pages  # node values, concatenated in snapshot node order
-    tree_nodes: Ids
-    targets: Pages  # target pages of ops filling this tier
-    target_ops: Ids
-    held: Pages  # requests' private pages in this tier
-    held_requests: Ids
-
-    @property
-    def known(self) -> int:
-        """Pages the owner array describes (the checks index it only below this)."""
-        return min(self.capacity, int(self.owner.size))
-
-    @property
-    def private(self) -> Pages:
-        return np.concatenate((self.targets, self.held))
-
-    def nodes_at(self, p: Pages) -> Ids:
-        """Ids of the nodes whose value holds any of pages `p`."""
-        return self.tree_nodes[np.isin(self.tree, p)]
-
-    def ops_at(self, p: Pages) -> Ids:
-        """Ids of the ops whose target pages include any of pages `p`."""
-        return self.target_ops[np.isin(self.targets, p)]
-
-
-def tier_claims(s: Snapshot, tier: str) -> TierClaims:
-    """Gather tier `tier`'s records from `s` (the tier must be one of `s.tiers`)."""
-    view = s.tiers[tier]
-    tree, tree_nodes = _joined(
-        [(n.node_id, v) for n in s.nodes if (v := n.values.get(tier)) is not None])
-    targets, target_ops = _joined(
-        [(op.op_id, op.target_pages) for op in s.ops if op.target == tier])
-    held, held_requests = _joined(
-        [(r.request_id, v) for r in s.requests if (v := r.private_pages.get(tier)) is not None])
-    return TierClaims(tier, view.capacity, view.owner, tree, tree_nodes,
-                      targets, target_ops, held, held_requests)
-
-
-def _joined(parts: list[tuple[int, Pages]]) -> tuple[Pages, Ids]:
-    """Concatenate page arrays, and repeat each part's id once per page."""
-    if not parts:
-        return pages(), pages()
-    ids, arrays = zip(*parts)
-    joined = np.concatenate(arrays).astype(np.int64, copy=False)
-    return joined, np.repeat(np.asarray(ids, dtype=np.int64), [len(a) for a in arrays])
-
-
-def page_counts(p: Pages, size: int) -> Counts:
-    """How often each page 0..size-1 occurs in `p` (length `size`); other pages are ignored."""
-    return np.bincount(inside(p, size), minlength=size)[:size]
-
-
-def inside(p: Pages, size: int) -> Pages:
-    """The pages of `p` in 0..size-1 (a page outside is a conservation violation, I6)."""
-    return p[(p >= 0) & (p < size)]
-
-
 # -- I1 ----------------------------------------------------------------------------------------
 
 
@@ -109,7 +32,7 @@ def check_ownership_disjoint(s: Snapshot) -> list[Violation]:
     """I1: per tier, tree-owned, free and private pages are pairwise disjoint, and each page a
     record claims carries that record's owner code (tree -> TREE, private -> PRIVATE)."""
     out: list[Violation] = []
-    for tier in s.tiers:
+    for tier in unsettled(s):
         c = tier_claims(s, tier)
         n = c.known
         owner = c.owner[:n]
@@ -150,7 +73,7 @@ def check_inflight_source_pinned(s: Snapshot) -> list[Violation]:
     """I2: every pending op reads exactly its nodes' values in the source tier, in node order;
     those pages are TREE-owned, and every such node is RESIDENT there with a lock > 0, so no
     eviction can free (and no allocation reuse) a page the transfer still reads."""
-    by_id = {n.node_id: n for n in s.nodes}
+    by_id = s.by_id
     out: list[Violation] = []
     for op in s.ops:
         out += _source_pinned(s, op, by_id)
@@ -203,7 +126,7 @@ def check_page_conservation(s: Snapshot) -> list[Violation]:
     page table's PRIVATE and TREE counts equal the records'. Once a tier has no transfer into
     it and no request holds pages of it, it has no PRIVATE page."""
     out: list[Violation] = []
-    for tier in s.tiers:
+    for tier in unsettled(s):
         out += _conserved(tier_claims(s, tier))
     return out
 

@@ -18,10 +18,12 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Mapping
 
 import numpy as np
 
-from hicache.invariants.ownership import RESIDENT, page_counts, tier_claims
+from hicache.invariants.claims import page_counts, tier_claims, unsettled
+from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation, shown
 from hicache.snapshot import NodeView, Snapshot
 
@@ -38,7 +40,7 @@ def check_parent_child_links(s: Snapshot) -> list[Violation]:
     """S1: node ids are unique; exactly one node (`root_id`) has no parent; every other node's
     parent exists and lists it as a child (`parent_link_ok` too); every listed child exists,
     once, and names that parent; every node reaches the root through parent links (no cycle)."""
-    by_id = {n.node_id: n for n in s.nodes}
+    by_id = s.by_id
     found: dict[str, list[int]] = {}
 
     def flag(problem: str, node_id: int) -> None:
@@ -77,7 +79,7 @@ def check_parent_child_links(s: Snapshot) -> list[Violation]:
             for problem, ids in found.items()]
 
 
-def _unreachable(s: Snapshot, by_id: dict[int, NodeView]) -> list[int]:
+def _unreachable(s: Snapshot, by_id: Mapping[int, NodeView]) -> list[int]:
     """Nodes whose parent exists but that the root does not reach through parent links."""
     children: dict[int, list[int]] = {}
     for n in s.nodes:
@@ -110,7 +112,7 @@ def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
     """S3: per tier, `tree_pages_counted` equals the pages in all node values of that tier."""
     out: list[Violation] = []
     for tier, view in s.tiers.items():
-        held = sum(int(np.size(v)) for n in s.nodes if (v := n.values.get(tier)) is not None)
+        held = sum(v.size for n in s.nodes if (v := n.values.get(tier)) is not None)
         if held != view.tree_pages_counted:
             out.append(TIER_SIZE_ACCOUNTING.violation(
                 f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
@@ -135,7 +137,7 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
     """S5: within a tier, no physical page occurs twice among node values, op target pages and
     request-private pages taken together (within one record, too)."""
     out: list[Violation] = []
-    for tier in s.tiers:
+    for tier in unsettled(s):
         c = tier_claims(s, tier)
         every = np.concatenate((c.tree, c.private))
         outside = every[(every < 0) | (every >= c.capacity)]  # rare (I6 names them): sort those
@@ -153,7 +155,7 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
 def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
     """S6: a non-root node RESIDENT or pending in tier T has a parent that is the root, RESIDENT
     in T, or pending into T on the same op."""
-    by_id = {n.node_id: n for n in s.nodes}
+    by_id = s.by_id
     out: list[Violation] = []
     for tier in s.tiers:
         gaps: list[int] = []
@@ -214,8 +216,9 @@ def check_lock_accounting(s: Snapshot) -> list[Violation]:
             f"{len(astray)} lock(s) are held on nodes that are not in the tree ({astray[0]})"))
     for tier in s.tiers:
         # A negative count is S4's report; comparing it here would only repeat it.
-        more = [(n.node_id, n.locks.get(tier, 0) - expected.get((tier, n.node_id), 0))
-                for n in s.nodes if n.node_id != s.root_id and n.locks.get(tier, 0) >= 0]
+        more = [(n.node_id, d) for n in s.nodes
+                if n.node_id != s.root_id and (count := n.locks.get(tier, 0)) >= 0
+                and (d := count - expected.get((tier, n.node_id), 0))]
         for ids, what in (([i for i, d in more if d > 0], "more locks than their holders record "
                            "(a leaked lock: nothing will release it, so the prefix stays pinned)"),
                           ([i for i, d in more if d < 0], "fewer locks than their holders record "

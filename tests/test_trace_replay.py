@@ -14,7 +14,9 @@ to emit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import os
 
 import pytest
@@ -203,3 +205,15 @@ def test_a_walk_sink_raises_at_the_break() -> None:
     with pytest.raises(TraceWalkError, match="is not an edge"):
         tracer.emit("discard", tier="L1", request=1, before="L1_PRIVATE_L2", after="L1_L2")
     assert cp.lifecycle is load_lifecycle()
+
+
+def test_trace_json_is_every_set_field() -> None:
+    """`to_json` reads fields one by one: the same text as the dataclass's own dict view."""
+    e = TraceEvent(seq=3, event="split", tier="L1", node=4, op=0, request=None, token_start=0,
+                   token_end=16, pages=(5, 6), before="A", after="B",
+                   detail={"upper": 7, "hit": [1, (2, 3)], "nested": {"x": None}})
+    want = {k: v for k, v in dataclasses.asdict(e).items() if v not in (None, (), {})}
+    want["pages"] = [5, 6]
+    assert e.to_json() == json.dumps(want, separators=(",", ":"), sort_keys=True)
+    assert TraceEvent.from_json(e.to_json()).to_json() == e.to_json()
+    assert TraceEvent(seq=1, event="lock").to_json() == '{"event":"lock","seq":1}'
