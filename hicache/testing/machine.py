@@ -11,12 +11,15 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
     -----------  ---------------------------------------------------------------------------
     submit       admit a prompt from a bundle of shared prefixes with divergent suffixes, so
                  nodes split (also while transfers on them are pending)
-    resubmit     admit an earlier prompt again (once, or twice at once to share a load-back)
-                 after evicting L1 (and L2, for an L3 restore): restores on every run
+    resubmit     admit an earlier prompt the cache holds again (once, or twice at once to
+                 share a load-back) after evicting L1 (and L2, for an L3 restore): restores
+                 on every run, some racing the prompt's own L3 backup
     tick         one scheduler / decode step (the oldest 0-2 transfers end first); only
                  while the engine has work (`has_work`)
     complete     a chosen pending transfer succeeds (per the fault schedule), then a tick
     fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
+    aimed        a fault aimed at the next transfer into a tier (refused reservation, crash,
+                 or a failure of `fail`'s kinds), then a resubmit that issues that transfer
     prefill      a ready request is served: restored pages used, the rest computed
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
@@ -198,6 +201,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             for tier in self.cache.tiers[:2 if deep else 1]:
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
                     self.cache.evict(tier, 10_000)
+                    if deep:
+                        self.cache.drain()  # write-back's copies of L1 reach L3 too
             self._sync()
             first = self._admit(tokens)
             ops = self.cache.pending_ops()
@@ -227,13 +232,18 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
         def aimed(self, action: str, tier: int, pick: int) -> None:
             """A fault aimed at the next transfer into a tier (`CacheUnderTest.aim`), then a
             resubmit that issues one: into L1 a load-back from L2 (racing an L3 backup when
-            one is in flight), into L2 a read from L3, into L3 the backup of what it serves."""
+            one is in flight), into L2 a read from L3 (twice: the second admission computes
+            while the read is in flight), into L3 the backup of what it serves."""
             self._count("aimed")
             into = self.cache.tiers[tier % len(self.cache.tiers)]
             self.cache.aim(action, into)
-            level = tier % len(self.cache.tiers)  # L1: let the oldest transfer end (a backup
-            # into L2 lands, its L3 write starts); L2: all end (L3 holds the prompt); L3: none
-            self.resubmit(pick=pick, twice=False, deep=level == 1, settle=(2, 1, 0)[level],
+            level = tier % len(self.cache.tiers)
+            if level == 0:  # backups start and the oldest ends (its L3 write starts), then a
+                self.tick(0)  # prompt racing its L3 backup is preferred (an even pick)
+                self.tick(1)
+                pick -= pick % 2
+            # L2: every transfer ends first (L3 holds the prompt); L3: none
+            self.resubmit(pick=pick, twice=level == 1, deep=level == 1, settle=(0, 1, 0)[level],
                           abort_first=False, aim=None)
 
         @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
