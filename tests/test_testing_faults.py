@@ -165,3 +165,21 @@ def test_tick_is_drawn_only_while_the_engine_has_work() -> None:
     cache.drain()
     assert not cache.has_work()
     cache.close()
+
+
+def test_steps_that_would_change_nothing_are_not_drawn() -> None:
+    machine_class = make_machine(controller_adapter, st.just(Setup()))
+    machine: Any = machine_class()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.last_restart = -100  # long enough ago
+
+    def drawable() -> set[str]:
+        rules = machine._rules_strategy.rules  # what Hypothesis draws from
+        return {r.function.__name__ for r in rules if all(p(machine) for p in r.preconditions)}
+
+    idle = drawable()
+    assert not {"tick", "pressure", "restart"} & idle  # an empty cache with nothing in flight
+    machine.submit(tokens=PROMPT, serve=2)
+    busy = drawable()
+    assert {"tick", "pressure", "restart"} <= busy  # a wanted backup; pages nobody holds
+    machine.teardown()

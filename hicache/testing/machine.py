@@ -20,16 +20,18 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
     fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
     aimed        a fault aimed at the next transfer into a tier (refused reservation, crash,
                  or a failure of `fail`'s kinds), then a resubmit that issues that transfer
-    prefill      a ready request is served: restored pages used, the rest computed
+    prefill      a ready request is served: restored pages used, the rest computed (when
+                 refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
-    pressure     eviction pressure on a chosen tier that holds pages
+    pressure     eviction pressure on a chosen tier holding a page no live request's
+                 prompt begins with
     faults       a new fault schedule: each site on with some probability, then a rate
                  (every site: allocation refusals and the crash before publication too)
     damage       the L3 file is cut or removed under the cache (once per cache, after a few
                  admissions): restores from L3 then fail into recomputation
     drain        every transfer ends and is applied
-    restart      close and open again
+    restart      close and open again (a cache holding something)
 
 A crash (`SimulatedCrash`, the schedule's CRASH_BEFORE_PUBLISH) may end any step that
 observes a transfer: the step stops there, the machine closes and reopens the engine, and
@@ -250,12 +252,19 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
         @rule(pick=st.integers(0, 7))
         @survives_crash
         def prefill(self, pick: int) -> None:
+            """A request not served yet: when its restore is still in flight, one decode step
+            (the oldest transfer ends); when ready, it is served -- and when others hold L1
+            so that it is refused, the oldest served request ends and it is tried again."""
             self._count("prefill")
             rid = self._live(pick, served=False)
             if not self.cache.ready(rid):
-                self.cache.tick()
+                self.tick(1)
                 return
             self._prefill(rid)
+            others = sorted(self.prefilled)
+            if rid in self.model.requests and rid not in self.prefilled and others:
+                self._end(others[0])
+                self._prefill(rid)
 
         def _prefill(self, rid: int) -> None:
             self._sync()
@@ -317,8 +326,9 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self.cache.tick()
 
         def _holding(self) -> list[str]:
-            """The tiers holding some page (pressure elsewhere would change nothing)."""
-            return [t for t in self.cache.tiers if self.model.pages[t]]
+            """The tiers holding a page no live request's prompt begins with (pressure
+            elsewhere would change nothing)."""
+            return [t for t in self.cache.tiers if self.model.unclaimed(t)]
 
         @precondition(lambda self: bool(self._holding()))
         @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
@@ -353,7 +363,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if self.seen and len(self.model.requests) < LIVE_MAX - 1:
                 self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
 
-        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS)
+        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS
+                      and (bool(self.model.requests) or any(self.model.pages.values())))
         @rule()
         def restart(self) -> None:
             self._count("restart")
