@@ -3,20 +3,26 @@ must do with each (spec/restore.md: nothing escapes `admit` or `tick` in normal 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
+from hypothesis import strategies as st
+
 from hicache.dataplane.faults import FaultSite
-from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.errors import ConfigError
+from hicache.testing import make_machine
+from hicache.testing.adapters.controller import ControllerAdapter, Setup, controller_adapter
 from hicache.testing.adapters.nullengine import FaultyNullHandle
 
 PROMPT = tuple(range(1000, 1008)) + (50, 51, 52)
 
 
-def served_then_evicted() -> ControllerAdapter:
-    """A controller whose L2 holds PROMPT's pages and whose L1 gave them up."""
-    cache = ControllerAdapter(Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+def served_then_evicted(plane: str = "null") -> ControllerAdapter:
+    """A controller whose L2 (and L3) hold PROMPT's pages and whose L1 gave them up."""
+    cache = ControllerAdapter(Setup(l1_pages=8, l2_pages=8, l3_slots=8, plane=plane))
     cache.submit(1, PROMPT)
     assert cache.prefill(1)
     cache.finish(1)
@@ -73,3 +79,107 @@ def test_a_delayed_completion_is_observed_one_tick_late() -> None:
     cache.tick()
     assert cache.ready(2)
     cache.close()
+
+
+def test_an_l1_reservation_refused_falls_back_to_recompute() -> None:
+    cache = served_then_evicted()
+    cache.aim("refuse", "L1")  # ALLOC_L1 aimed at the load-back
+    got = cache.submit(2, PROMPT)
+    assert got.hits["L2"] == 8 and cache.pending_ops() == [] and cache.ready(2)
+    assert cache.fault_counts()["ALLOC_L1"] == 1
+    assert cache.ctl.metrics.fallbacks["no_room"] == 1
+    assert cache.prefill(2) and cache.cached_len(2) == 8
+    assert cache.check() == []
+    cache.close()
+
+
+def test_an_aim_is_refused_with_a_typed_error_and_nothing_changes() -> None:
+    cache = served_then_evicted()
+    for action, tier in (("explode", "L1"), ("refuse", "L4")):
+        with pytest.raises(ConfigError, match="an action of"):
+            cache.aim(action, tier)
+    assert cache.faults.aims == []
+    with pytest.raises(ConfigError, match="'truncate' or 'remove'"):
+        cache.damage_storage("burn")
+    cache.close()
+
+
+def test_an_aimed_corrupt_read_fails_on_the_null_plane_and_drops_the_slot() -> None:
+    cache = served_then_evicted()
+    cache.evict("L2", 100)
+    cache.aim("corrupt", "L2")
+    cache.submit(2, PROMPT)
+    (op,) = cache.pending_ops()
+    cache.complete(op)  # the machine says "complete": the corrupt slot still fails its read
+    cache.tick()
+    names = [e.event for e in cache.trace()]
+    assert "s2h_fail" in names and "invalidate_l3" in names and "s2h_complete" not in names
+    assert cache.ready(2) and cache.prefill(2) and cache.check() == []
+    cache.close()
+
+
+@pytest.mark.parametrize("plane", ["null", "cpu"])
+@pytest.mark.parametrize("how", ["truncate", "remove"])
+def test_a_damaged_l3_file_turns_restores_into_recomputation(plane: str, how: str) -> None:
+    cache = served_then_evicted(plane)
+    cache.evict("L2", 100)
+    cache.damage_storage(how)
+    got = cache.submit(2, PROMPT)
+    assert got.hits["L3"] == 8  # the tree still names the copy (match is mechanical)
+    cache.drain()  # an issued read fails (short), or none was issued (the file is gone)
+    assert cache.ready(2) and cache.prefill(2) and cache.cached_len(2) == 8
+    assert sum(cache.ctl.metrics.fallbacks.values()) == 1
+    assert cache.check() == []
+    names = [e.event for e in cache.trace()]
+    assert "s2h_complete" not in names
+    cache.finish(2)
+    cache.drain()
+    if how == "remove":
+        assert not cache.ctl.l3_online  # offline for this controller's life
+    cache.close()
+
+
+def test_a_crash_ends_the_step_and_the_machine_reopens_the_cache_empty() -> None:
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.submit(tokens=PROMPT, serve=2)
+    machine.drain()
+    first = machine.cache.ctl
+    machine.cache.aim("crash", "L1")  # the load-back's DONE is observed, never published
+    machine.resubmit(pick=0, twice=False, deep=False, settle=1, abort_first=False, aim=None)
+    assert first.crashed is not None and machine.cache.ctl is not first
+    assert machine.model.requests == {} and machine.cache.live() == set()
+    machine.agrees_with_reference()
+    machine.submit(tokens=PROMPT, serve=0)  # nothing survived: a miss in every tier
+    assert machine.model.requests[machine.next_rid - 1].cached_len == 0
+    machine.agrees_with_reference()
+    machine.teardown()
+
+
+def test_tick_is_drawn_only_while_the_engine_has_work() -> None:
+    cache = ControllerAdapter(Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    assert not cache.has_work()
+    cache.submit(1, PROMPT)
+    assert cache.prefill(1)
+    assert cache.has_work()  # write-through: the backup is wanted on the next tick
+    cache.drain()
+    assert not cache.has_work()
+    cache.close()
+
+
+def test_steps_that_would_change_nothing_are_not_drawn() -> None:
+    machine_class = make_machine(controller_adapter, st.just(Setup()))
+    machine: Any = machine_class()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.last_restart = -100  # long enough ago
+
+    def drawable() -> set[str]:
+        rules = machine._rules_strategy.rules  # what Hypothesis draws from
+        return {r.function.__name__ for r in rules if all(p(machine) for p in r.preconditions)}
+
+    idle = drawable()
+    assert not {"tick", "pressure", "restart"} & idle  # an empty cache with nothing in flight
+    machine.submit(tokens=PROMPT, serve=2)
+    busy = drawable()
+    assert {"tick", "pressure", "restart"} <= busy  # a wanted backup; pages nobody holds
+    machine.teardown()

@@ -11,18 +11,32 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
     -----------  ---------------------------------------------------------------------------
     submit       admit a prompt from a bundle of shared prefixes with divergent suffixes, so
                  nodes split (also while transfers on them are pending)
-    resubmit     admit an earlier prompt again (once, or twice at once to share a load-back)
-                 after evicting L1 (and L2, for an L3 restore): restores on every run
-    tick         one scheduler / decode step (the oldest 0-2 transfers end first)
+    resubmit     admit an earlier prompt the cache holds again (once, or twice at once to
+                 share a load-back) after evicting L1 (and L2, for an L3 restore): restores
+                 on every run, some racing the prompt's own L3 backup
+    tick         one scheduler / decode step (the oldest 0-2 transfers end first); only
+                 while the engine has work (`has_work`)
     complete     a chosen pending transfer succeeds (per the fault schedule), then a tick
     fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
-    prefill      a ready request is served: restored pages used, the rest computed
+    aimed        a fault aimed at the next transfer into a tier (refused reservation, crash,
+                 or a failure of `fail`'s kinds), then a resubmit that issues that transfer
+    prefill      a ready request is served: restored pages used, the rest computed (when
+                 refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
-    pressure     eviction pressure on a chosen tier
+    pressure     eviction pressure on a chosen tier holding a page no live request's
+                 prompt begins with
     faults       a new fault schedule: each site on with some probability, then a rate
+                 (every site: allocation refusals and the crash before publication too)
+    damage       the L3 file is cut or removed under the cache (once per cache, after a few
+                 admissions): restores from L3 then fail into recomputation
     drain        every transfer ends and is applied
-    restart      close and open again
+    restart      close and open again (a cache holding something)
+
+A crash (`SimulatedCrash`, the schedule's CRASH_BEFORE_PUBLISH) may end any step that
+observes a transfer: the step stops there, the machine closes and reopens the engine, and
+the reference model starts empty, as after `restart` (spec/faults.md: nothing survives,
+not even what L3 held before the crash).
 
 After every step: the engine's own checks (`check()`: for the controller, every invariant and
 structural check over its snapshot), then the differential check against the reference model
@@ -32,12 +46,13 @@ bytes. `Coverage` (coverage.py), when given, collects each run's trace and fault
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.dataplane.faults import FaultSite
+from hicache.dataplane.faults import FaultSite, SimulatedCrash
 from hicache.testing.coverage import Coverage
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
 from hicache.testing.reference import ReferenceModel
@@ -47,6 +62,11 @@ PREFIX_PAGES = 2  # pages every prompt of one bundle shares
 SUFFIX_PAGES_MAX = 3
 QUIET_STEPS = 8  # steps between fault-schedule changes (restarts: twice as many)
 FAIL_KINDS = ("error", "corrupt", "unreadable")
+CRASH_RATES = (0.02, 0.05)  # a crash empties the cache: rarer than the other sites
+AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`)
+DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
+
+Step = TypeVar("Step", bound=Callable[..., None])
 
 AdapterFactory = Callable[[Any], CacheUnderTest]
 
@@ -62,11 +82,29 @@ def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 
 def schedules() -> st.SearchStrategy[FaultSchedule]:
-    """Each fault site switched on with probability 1/3, then firing at a rate in (0, 0.5]."""
+    """Each fault site switched on with probability 1/3, then firing at a rate in (0, 0.5]
+    (CRASH_BEFORE_PUBLISH: at one of CRASH_RATES, since each crash empties the cache)."""
     sites = [s.value for s in FaultSite]
     rate = st.one_of(st.just(0.0), st.just(0.0), st.sampled_from([0.1, 0.25, 0.5]))
-    return st.builds(lambda seed, rates: FaultSchedule(seed, {s: r for s, r in zip(sites, rates) if r}),
-                     st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
+    crash = FaultSite.CRASH_BEFORE_PUBLISH.value
+
+    def build(seed: int, rates: list[float]) -> FaultSchedule:
+        scaled = {s: (CRASH_RATES[0 if r <= 0.25 else 1] if s == crash else r) for s, r in zip(sites, rates) if r}
+        return FaultSchedule(seed, scaled)
+
+    return st.builds(build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
+
+
+def survives_crash(step: Step) -> Step:
+    """A rule that may meet a crash: the step ends there and the machine reopens the engine
+    (`_reopen`), as a supervisor restarts a process that died."""
+    @functools.wraps(step)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            step(self, *args, **kwargs)
+        except SimulatedCrash:
+            self._reopen("crash")
+    return guarded  # type: ignore[return-value]
 
 
 def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, page_size: int = 4,
@@ -86,6 +124,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self.seen: list[tuple[int, ...]] = []
             self.prefilled: set[int] = set()
             self.steps = self.last_faults = self.last_restart = 0
+            self.admitted = 0  # admissions into the cache as now opened
+            self.damaged = False  # its L3 file was cut or removed (`damage`)
 
         def teardown(self) -> None:
             cache = getattr(self, "cache", None)
@@ -106,6 +146,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
         @rule(tokens=prompt, serve=st.integers(0, 2))
+        @survives_crash
         def submit(self, tokens: tuple[int, ...], serve: int) -> None:
             """Admit; `serve` 1: then tick (transfers ending in order) until ready, and
             prefill; 2: and finish. So every run serves, backs up and restores."""
@@ -133,31 +174,37 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             got = self.cache.submit(rid, tokens)
             self.model.admit(rid, tokens, got)
             self.seen.append(tokens)
+            self.admitted += 1
             return rid
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
         @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(),
               settle=st.integers(0, 2), abort_first=st.booleans(),
               aim=st.sampled_from((None, None) + FAIL_KINDS))
+        @survives_crash
         def resubmit(self, pick: int, twice: bool, deep: bool, settle: int,
                      abort_first: bool, aim: str | None) -> None:
             """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
             from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
-            2 only the oldest one, once (an L3 write is then often in flight); `deep` always
+            2 wanted backups start, then only the oldest transfer ends (an L3 write is then
+            often in flight); `deep` always
             lets every transfer end (so L3 holds the prompt). `twice`: a
             second admission shares the first one's load-back; `abort_first`: the first is
             aborted while its restore is in flight; `aim`: the restore's newest transfer
             (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
             `abort_first`, whose restore is cancelled in flight)."""
             self._count("resubmit")
-            tokens = self.seen[-1 - pick % len(self.seen)]
+            tokens = self._earlier(pick)
             if settle == 1 or deep:
                 self.cache.drain()  # backups land first, so eviction gives up only copies
             elif settle == 2:
+                self.tick(0)  # wanted backups start
                 self.tick(1)
             for tier in self.cache.tiers[:2 if deep else 1]:
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
                     self.cache.evict(tier, 10_000)
+                    if deep:
+                        self.cache.drain()  # write-back's copies of L1 reach L3 too
             self._sync()
             first = self._admit(tokens)
             ops = self.cache.pending_ops()
@@ -171,15 +218,53 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if not abort_first:
                 self._serve(first, finish=False)
 
+        def _earlier(self, pick: int) -> tuple[int, ...]:
+            """An earlier prompt the cache holds a page of (any earlier one when none): an
+            even `pick` prefers one whose backup into the last tier is in flight (a page
+            PENDING there), so that its restore races the backup."""
+            racing = [t for t in self.seen if self.model.pending_in(self.cache.tiers[-1], t)]
+            if racing and pick % 2 == 0:
+                return racing[-1 - pick // 2 % len(racing)]
+            held = [t for t in self.seen if self.model.holds_any(t)] or self.seen
+            return held[-1 - pick % len(held)]
+
+        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
+        @rule(action=st.sampled_from(AIMS), tier=st.integers(0, 2), pick=st.integers(0, 7))
+        @survives_crash
+        def aimed(self, action: str, tier: int, pick: int) -> None:
+            """A fault aimed at the next transfer into a tier (`CacheUnderTest.aim`), then a
+            resubmit that issues one: into L1 a load-back from L2 (racing an L3 backup when
+            one is in flight), into L2 a read from L3 (twice: the second admission computes
+            while the read is in flight), into L3 the backup of what it serves."""
+            self._count("aimed")
+            into = self.cache.tiers[tier % len(self.cache.tiers)]
+            self.cache.aim(action, into)
+            level = tier % len(self.cache.tiers)
+            if level == 0:  # backups start and the oldest ends (its L3 write starts), then a
+                self.tick(0)  # prompt racing its L3 backup is preferred (an even pick)
+                self.tick(1)
+                pick -= pick % 2
+            # L2: every transfer ends first (L3 holds the prompt); L3: none
+            self.resubmit(pick=pick, twice=level == 1, deep=level == 1, settle=(0, 1, 0)[level],
+                          abort_first=False, aim=None)
+
         @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
         @rule(pick=st.integers(0, 7))
+        @survives_crash
         def prefill(self, pick: int) -> None:
+            """A request not served yet: when its restore is still in flight, one decode step
+            (the oldest transfer ends); when ready, it is served -- and when others hold L1
+            so that it is refused, the oldest served request ends and it is tried again."""
             self._count("prefill")
             rid = self._live(pick, served=False)
             if not self.cache.ready(rid):
-                self.cache.tick()
+                self.tick(1)
                 return
             self._prefill(rid)
+            others = sorted(self.prefilled)
+            if rid in self.model.requests and rid not in self.prefilled and others:
+                self._end(others[0])
+                self._prefill(rid)
 
         def _prefill(self, rid: int) -> None:
             self._sync()
@@ -192,12 +277,14 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: bool(self.prefilled))
         @rule(pick=st.integers(0, 7))
+        @survives_crash
         def finish(self, pick: int) -> None:
             self._count("finish")
             self._end(self._live(pick, served=True))
 
         @precondition(lambda self: bool(self.model.requests))
         @rule(pick=st.integers(0, 7))
+        @survives_crash
         def abort(self, pick: int) -> None:
             self._count("abort")
             self._end(self._live(pick))
@@ -209,7 +296,9 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         # -- transfers and pressure ----------------------------------------------------------
 
+        @precondition(lambda self: self.cache.has_work())
         @rule(finish=st.integers(0, 2))
+        @survives_crash
         def tick(self, finish: int) -> None:
             """A decode step: the `finish` oldest transfers end (per the schedule), then the
             engine observes what ended."""
@@ -220,6 +309,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: bool(self.cache.pending_ops()))
         @rule(pick=st.integers(0, 7))
+        @survives_crash
         def complete(self, pick: int) -> None:
             self._count("complete")
             ops = self.cache.pending_ops()
@@ -228,16 +318,24 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: bool(self.cache.pending_ops()))
         @rule(pick=st.integers(0, 7), kind=st.sampled_from(FAIL_KINDS))
+        @survives_crash
         def fail(self, pick: int, kind: str) -> None:
             self._count("fail")
             ops = self.cache.pending_ops()
             self.cache.fail(ops[pick % len(ops)], kind)
             self.cache.tick()
 
+        def _holding(self) -> list[str]:
+            """The tiers holding a page no live request's prompt begins with (pressure
+            elsewhere would change nothing)."""
+            return [t for t in self.cache.tiers if self.model.unclaimed(t)]
+
+        @precondition(lambda self: bool(self._holding()))
         @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
         def pressure(self, tier: int, pages: int) -> None:
             self._count("pressure")
-            self.cache.evict(self.cache.tiers[tier % len(self.cache.tiers)], pages)
+            holding = self._holding()
+            self.cache.evict(holding[tier % len(holding)], pages)
 
         @precondition(lambda self: self.steps - self.last_faults >= QUIET_STEPS)
         @rule(schedule=schedules())
@@ -248,19 +346,41 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: bool(self.cache.pending_ops()))
         @rule()
+        @survives_crash
         def drain(self) -> None:
             self._count("drain")
             self.cache.drain()
 
-        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS)
+        @precondition(lambda self: not self.damaged and self.admitted >= DAMAGE_AFTER)
+        @rule(how=st.sampled_from(("truncate", "remove")))
+        @survives_crash
+        def damage(self, how: str) -> None:
+            """The L3 file is cut or removed; then a resubmit restoring from L3, so the
+            failed read (or the refused issue) falls back to recomputation at once."""
+            self._count("damage")
+            self.cache.damage_storage(how)
+            self.damaged = True
+            if self.seen and len(self.model.requests) < LIVE_MAX - 1:
+                self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
+
+        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS
+                      and (bool(self.model.requests) or any(self.model.pages.values())))
         @rule()
         def restart(self) -> None:
             self._count("restart")
+            self._reopen("restart")
+            self.last_restart = self.steps
+
+        def _reopen(self, why: str) -> None:
+            """Close and open the engine again (`why`: a restart, or after a crash): it
+            starts empty, and so does the model."""
+            if why == "crash":
+                self._count("crash")
             self.cache.restart()
             self.cache.changes()  # the closed engine's last changes: everything goes anyway
             self.model.restart()
             self.prefilled.clear()
-            self.last_restart = self.steps
+            self.admitted, self.damaged = 0, False
 
         # -- after every step -----------------------------------------------------------------
 

@@ -28,6 +28,14 @@ complete or fail, in a stable order; `complete`/`fail` take effect on the next `
 engine observes them then), as a real completion would. `check()` returns the engine's own
 structural findings (empty when it has none to offer). `trace()` returns the lifecycle trace
 events so far (spec/trace.md) for coverage; an engine without one returns [].
+
+A crash: any call that observes a transfer (`tick`, `drain`, `finish`, `submit`, `prefill`)
+may raise `hicache.dataplane.faults.SimulatedCrash` when the schedule's CRASH_BEFORE_PUBLISH
+fires -- the process died between a transfer and its publication. The machine then calls
+`restart()` and, as spec/faults.md says, expects the engine to start empty: the reference
+model forgets every page and request. `damage_storage` cuts or removes the last tier's
+backing file (an engine without one does nothing); the engine must answer with misses and
+recomputation, never with the lost bytes.
 """
 
 from __future__ import annotations
@@ -98,6 +106,11 @@ class CacheUnderTest(Protocol):
         """One scheduler step: observe completions, continue restores and backups."""
         ...
 
+    def has_work(self) -> bool:
+        """Whether a `tick` could change anything now: a transfer in flight, a restore not
+        settled, or work queued for the next tick (a wanted backup)."""
+        ...
+
     def pending_ops(self) -> list[int]:
         """Ids of the transfers in flight, in issue order."""
         ...
@@ -117,6 +130,19 @@ class CacheUnderTest(Protocol):
 
     def set_faults(self, schedule: FaultSchedule) -> None:
         """Use `schedule` from now on."""
+        ...
+
+    def aim(self, action: str, tier: str) -> None:
+        """Aim a fault at the next transfer whose target is `tier` (one aim at a time: a new
+        one replaces it): "refuse" (its reservation fails as if the tier were full), "crash"
+        (the process dies once it is done, before it is published), or it fails as `fail`'s
+        kinds say ("error", "corrupt", "unreadable"). An engine without such transfers
+        ignores it."""
+        ...
+
+    def damage_storage(self, how: str) -> None:
+        """The last tier's backing store is damaged under the engine: `how` is "truncate"
+        (cut to a few bytes: what it held reads short) or "remove" (the file is gone)."""
         ...
 
     def drain(self) -> None:

@@ -93,6 +93,23 @@ class ReferenceModel:
                 raise Mismatch(f"L1 page of a {len(prefix)}-token prefix left while request {rid} "
                                f"is served from it (cached_len {r.cached_len})", "ABSENT", RESIDENT)
 
+    def pending_in(self, tier: str, tokens: Sequence[int]) -> bool:
+        """Whether some whole page of `tokens` is PENDING in `tier` (a transfer fills it)."""
+        pages, ps = self.pages[tier], self.page_size
+        return any(pages.get(tuple(tokens[:end])) == PENDING for end in range(ps, len(tokens) + 1, ps))
+
+    def unclaimed(self, tier: str) -> bool:
+        """Whether `tier` holds a RESIDENT page that no live request's prompt begins with
+        (one that eviction pressure may free)."""
+        claimed = [r.tokens for r in self.requests.values()]
+        return any(state == RESIDENT and not any(t[:len(p)] == p for t in claimed)
+                   for p, state in self.pages[tier].items())
+
+    def holds_any(self, tokens: Sequence[int]) -> bool:
+        """Whether the first page of `tokens` is in some tier (RESIDENT or PENDING)."""
+        first = tuple(tokens[:self.page_size])
+        return len(first) == self.page_size and any(first in self.pages[t] for t in self.tiers)
+
     # -- requests -----------------------------------------------------------------------------
 
     def hits(self, tokens: Sequence[int]) -> dict[str, int]:

@@ -25,23 +25,23 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.faults import FaultInjector, FaultSite
-from hicache.errors import CorruptSlot, OutOfPages, TransferError, UnreadableSlot
+from hicache.dataplane.faults import Action, FaultInjector, FaultSite, SimulatedCrash
+from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
-from hicache.tiers import TIERS, Tier
+from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import ListSink, TraceEvent, Tracer
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
 
 PLANES = ("null", "cpu", "cuda")
-
-
-NOT_DRAWN = {FaultSite.ALLOC_L1.value, FaultSite.ALLOC_L2.value, FaultSite.ALLOC_L3.value,
-             FaultSite.CRASH_BEFORE_PUBLISH.value}
-"""Fault sites the machine does not draw yet (an open gap of issue 10; see set_faults)."""
+INTO = {"L1": Direction.H2D, "L2": Direction.S2H, "L3": Direction.H2S}
+"""`aim`: the transfer into each tier that an aimed fault strikes (L2: a restore's read)."""
+AIM_ACTIONS: dict[str, Action] = {"refuse": "alloc", "crash": "crash", "error": "fail", "corrupt": "corrupt",
+                                   "unreadable": "short_read"}
+"""`aim`'s actions as `FaultInjector.aim`'s (corrupt and unreadable: reads only, else fail)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,10 @@ class ControllerAdapter:
         self._join_io()
         self.ctl.tick()
 
+    def has_work(self) -> bool:
+        ctl = self.ctl
+        return bool(ctl.handles) or ctl.backups.pending or not all(m.done for m in ctl.restores.values())
+
     def pending_ops(self) -> list[int]:
         return sorted(op for op, h in self.ctl.handles.items() if not h.status.final)
 
@@ -166,10 +170,10 @@ class ControllerAdapter:
         self.ctl.cp.evict(tier, n_pages)
 
     def set_faults(self, schedule: FaultSchedule) -> None:
-        # The controller's own sites (an allocation refused in one tier, a crash before
-        # publication) are not drawn yet: the machine's reference model has no close-and-reopen
-        # after a crash (tests/test_faults.py drives them directly).
-        known = {s.value for s in FaultSite} - NOT_DRAWN
+        """Every site is drawn, the controller's own included: ALLOC_L1/L2/L3 (a reservation
+        refused: a fallback or a dropped backup) and CRASH_BEFORE_PUBLISH (`SimulatedCrash`
+        out of the call that observed the DONE; the machine then restarts)."""
+        known = {s.value for s in FaultSite}
         self.faults.rates = {FaultSite(k): v for k, v in schedule.rates.items() if k in known and v > 0}
         self.faults.seed = schedule.seed
         self.faults.__post_init__()  # a fresh, seeded draw sequence
@@ -185,14 +189,52 @@ class ControllerAdapter:
             self.tick()
         raise TransferError("drain: transfers still pending after 64 ticks")
 
+    def aim(self, action: str, tier: str) -> None:
+        """`FaultInjector.aim` at the next transfer into `tier` (INTO); "corrupt" and
+        "unreadable" other than into L2 (a read of L3) are "fail". ConfigError for an
+        unknown action or tier, nothing changed."""
+        if action not in AIM_ACTIONS or tier not in INTO:
+            raise ConfigError("aim", f"an action of {sorted(AIM_ACTIONS)} and a tier of {sorted(INTO)}, "
+                              f"got {action!r}, {tier!r}")
+        direction = INTO[tier]
+        kind = AIM_ACTIONS[action]
+        if kind in ("corrupt", "short_read") and direction is not Direction.S2H:
+            kind = "fail"
+        self.faults.aims.clear()  # one aim at a time: an earlier one that never met its op goes
+        self.faults.aim(kind, direction=direction)
+
+    def damage_storage(self, how: str) -> None:
+        """Cut the L3 file to 3 bytes or remove it (the null plane: its equivalent, see
+        nullengine.py). ConfigError for another `how`, nothing changed."""
+        if how not in ("truncate", "remove"):
+            raise ConfigError("damage_storage", f"'truncate' or 'remove', got {how!r}")
+        engine = self.ctl.engine
+        if isinstance(engine, FaultyNullEngine):
+            engine.damage(how)
+            return
+        self._join_io()  # the cut lands between transfers, the same on every replay
+        l3 = self.ctl.transfer_engine.l3
+        if how == "truncate":
+            os.ftruncate(l3.fd, 3)
+        elif os.path.exists(l3.path):
+            os.unlink(l3.path)
+
     def restart(self) -> None:
-        self.ctl.close()
+        self._close_controller()
         self._flush_into_events()
         self.tokens.clear()
         self.ctl = self._build()
 
+    def _close_controller(self) -> None:
+        """Close, even when the close itself observes a DONE the schedule crashes on (a
+        crashed controller then only quiesces and releases)."""
+        try:
+            self.ctl.close()
+        except SimulatedCrash:
+            self.ctl.close()
+
     def close(self) -> None:
-        self.ctl.close()
+        self._close_controller()
         self._flush_into_events()
         if self.dir is not None:
             self.dir.cleanup()

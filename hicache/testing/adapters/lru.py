@@ -91,6 +91,9 @@ class LRUCache:
 
     def tick(self) -> None: ...
 
+    def has_work(self) -> bool:
+        return False
+
     def pending_ops(self) -> list[int]:
         return []
 
@@ -101,6 +104,10 @@ class LRUCache:
     def set_faults(self, schedule: FaultSchedule) -> None: ...
 
     def drain(self) -> None: ...
+
+    def damage_storage(self, how: str) -> None: ...  # no backing store
+
+    def aim(self, action: str, tier: str) -> None: ...  # no transfers
 
     def restart(self) -> None:
         self.pages.clear()

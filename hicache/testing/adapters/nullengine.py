@@ -13,6 +13,18 @@ one schedule means the same on both planes:
     IO_EIO, SHORT_READ            `settle(ok=True)` of an S2H      FAILED (UnreadableSlot)
     CORRUPT_SLOT                  `settle(ok=True)` of an S2H      FAILED (CorruptSlot)
     DELAY                         `settle(ok=True)`                observed one poll later
+    (aimed `corrupt`)             `settle(ok=True)` of an S2H of   FAILED (CorruptSlot), until
+                                  the slot                         an H2S writes the slot again
+
+L3 file damage (`damage`), the null plane's equivalent of a file cut or removed underneath:
+
+    damage     the real plane                        here
+    ---------  ------------------------------------  ---------------------------------------
+    truncate   a read of a slot past the cut is      every slot is unreadable (an S2H of it
+               short (UnreadableSlot)                FAILS, UnreadableSlot) until an H2S
+                                                     writes it again
+    remove     the next L3 transfer's issue raises   the same: StorageError at the issue of
+               StorageError (L3 goes offline)        every H2S and S2H from then on
 
 A failure the machine aims at one op (`settle(False, kind)`) counts as the site that would
 have failed it (`TARGETED`): D2H/H2D any kind -> *_COMPLETE; S2H error/corrupt/unreadable ->
@@ -28,9 +40,9 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine, transfer_pages
-from hicache.errors import CorruptSlot, HiCacheError, TransferError, UnreadableSlot
+from hicache.errors import ConfigError, CorruptSlot, HiCacheError, StorageError, TransferError, UnreadableSlot
 from hicache.pages import Pages
-from hicache.tiers import Direction
+from hicache.tiers import Direction, Tier
 
 L3_PATH = "<null L3>"
 COMPLETE_SITES: dict[Direction, tuple[FaultSite, ...]] = {
@@ -72,6 +84,8 @@ class FaultyNullHandle(NullHandle):
             self.engine.injector.fired[site] = self.engine.injector.fired.get(site, 0) + 1
             self.fail(self.engine.error_for(self, kind))
             return
+        if self.direction is Direction.S2H and self._read_bad_slot():
+            return
         for site in COMPLETE_SITES[self.direction]:
             if self.engine.injector.fire(site):
                 kind = {FaultSite.CORRUPT_SLOT: "corrupt", FaultSite.SHORT_READ: "unreadable"}.get(site, "error")
@@ -80,6 +94,17 @@ class FaultyNullHandle(NullHandle):
         if self.engine.injector.fire(FaultSite.DELAY):
             self.delay_polls = 1
         self.finish(True)
+
+    def _read_bad_slot(self) -> bool:
+        """An S2H of a slot marked corrupt (an aimed `corrupt`) or past a cut fails so."""
+        slots = [int(s) for s in self.source]
+        corrupt = [s for s in slots if s in self.engine.corrupt]
+        unreadable = [s for s in slots if s in self.engine.unreadable]
+        if corrupt:
+            self.fail(CorruptSlot(corrupt[0], L3_PATH))
+        elif unreadable:
+            self.fail(UnreadableSlot(tuple(unreadable), L3_PATH, "the L3 file was cut under the cache"))
+        return bool(corrupt or unreadable)
 
     def _probe(self) -> TransferStatus:
         if self.delay_polls > 0:
@@ -101,6 +126,18 @@ class FaultyNullEngine(NullEngine):
         # the machine wants them, from `injector`.
         super().__init__(geometry, l1_pages, l2_pages, l3_slots, faults=None)
         self.injector = faults
+        self.unreadable: set[int] = set()  # slots past a cut (`damage("truncate")`)
+        self.lost = False  # the L3 file was removed (`damage("remove")`)
+
+    def damage(self, how: str) -> None:
+        """The L3 file is cut ("truncate": every slot reads short until written again) or
+        removed ("remove": every L3 transfer is refused at issue). ConfigError otherwise."""
+        if how == "truncate":
+            self.unreadable = set(range(self.capacity[Tier.L3]))
+        elif how == "remove":
+            self.lost = True
+        else:
+            raise ConfigError("damage", f"'truncate' or 'remove', got {how!r}")
 
     def error_for(self, handle: FaultyNullHandle, kind: str) -> HiCacheError:
         if handle.direction is Direction.S2H and kind == "corrupt" and handle.source.size:
@@ -111,8 +148,13 @@ class FaultyNullEngine(NullEngine):
         return TransferError(f"{handle.direction} failed (injected on the null plane)")
 
     def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
-        src, _ = transfer_pages(direction, source, target, self.capacity[direction.source],
-                                self.capacity[direction.target])
+        src, dst = transfer_pages(direction, source, target, self.capacity[direction.source],
+                                  self.capacity[direction.target])
+        if self.lost and direction in (Direction.H2S, Direction.S2H):
+            raise StorageError(L3_PATH, "removed under us; its slots are lost")
+        if direction is Direction.H2S:
+            self.unreadable.difference_update(dst.tolist())  # written again
+            self.corrupt.difference_update(dst.tolist())
         if direction in (Direction.D2H, Direction.H2D):
             for site in (FaultSite.DEVICE_ALLOC, FaultSite.PINNED_ALLOC):
                 if self.injector.fire(site):
