@@ -43,8 +43,11 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.testing.mutants import MUTANTS, activate, get
+from hicache.testing.reference import Mismatch
 
 MACHINES: dict[str, str] = {
+    "fuzz-null": "hicache.testing.machines:FuzzNull",
+    "fuzz-cpu": "hicache.testing.machines:FuzzCpu",
     "control": "tests.test_control_fuzz:ControlPlaneMachine",
     "controller": "tests.test_controller_fuzz:ControllerMachine",
     "tree": "tests.test_tree_property:TreeMachine",
@@ -59,7 +62,11 @@ DEFAULT_MACHINE: dict[str, str] = {
 }
 """The machine each mutant is measured against (the fastest one that catches it)."""
 
-STEPS_PER_EXAMPLE: dict[str, int] = {"control": 50, "controller": 30, "tree": 50}
+BATCH_SEED = 1_000_003
+"""A seed's k-th batch of examples runs with Hypothesis seed `seed + BATCH_SEED * k`."""
+
+STEPS_PER_EXAMPLE: dict[str, int] = {"fuzz-null": 50, "fuzz-cpu": 50, "control": 50, "controller": 30,
+                                     "tree": 50}
 """Rule steps per Hypothesis example, per machine (a machine not listed: 50)."""
 
 
@@ -102,11 +109,16 @@ class Catch:
         return sorted(set(names), key=lambda c: (-names.count(c), c))
 
 
-class _Tally:
-    """Steps run so far for one seed, and the first failure seen."""
+class _BudgetSpent(Exception):
+    """Raised after the last step of the budget: ends the seed's run (never a verdict)."""
 
-    def __init__(self) -> None:
+
+class _Tally:
+    """Steps run so far for one seed (at most `budget`), and the first failure seen."""
+
+    def __init__(self, budget: int) -> None:
         self.steps = 0
+        self.budget = budget
         self.first: tuple[int, BaseException] | None = None
 
     def fail(self, step: int, error: BaseException | None) -> None:
@@ -118,7 +130,7 @@ class _Tally:
 
 def _verdict(error: BaseException | None) -> bool:
     """Whether `error` is the machine's verdict rather than Hypothesis' control flow."""
-    return isinstance(error, Exception) and not isinstance(error, HypothesisException)
+    return isinstance(error, Exception) and not isinstance(error, (HypothesisException, _BudgetSpent))
 
 
 def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBasedStateMachine]:
@@ -140,6 +152,8 @@ def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBa
             except Exception as e:
                 tally.fail(tally.steps, e)
                 raise
+            if tally.steps >= tally.budget:
+                raise _BudgetSpent(f"{tally.steps} steps run")
 
         def teardown(self) -> None:
             tally.fail(tally.steps + 1, sys.exc_info()[1])
@@ -155,12 +169,27 @@ def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBa
 
 def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
              steps_per_example: int = 50) -> tuple[int, BaseException | None]:
-    """Run `machine` with Hypothesis seed `seed` for at most `max_steps` rule steps; the steps
-    run and the first exception (None when none was raised)."""
-    tally = _Tally()
+    """Run `machine` with Hypothesis seed `seed` for `max_steps` rule steps or until it fails;
+    the steps run and the first exception (None when none was raised).
+
+    Hypothesis ends an example after at most `steps_per_example` steps, often sooner, so one
+    batch of max_steps / steps_per_example examples runs fewer steps than the budget (2,000
+    asked, ~1,400-1,700 run). Batches run until the budget is spent: the first with `seed`
+    (so a seed's early steps stay as they were), the k-th with `seed + BATCH_SEED * k`."""
+    tally = _Tally(max_steps)
     factory: Any = _counted(machine, tally)
-    factory._hypothesis_internal_use_seed = seed
-    examples = max(1, -(-max_steps // steps_per_example))
+    for batch in range(max_steps):
+        if tally.first is not None or tally.steps >= max_steps:
+            break
+        factory._hypothesis_internal_use_seed = seed + BATCH_SEED * batch
+        _run_batch(factory, tally, -(-(max_steps - tally.steps) // steps_per_example), steps_per_example)
+    if tally.first is None:
+        return tally.steps, None
+    return tally.first
+
+
+def _run_batch(factory: Any, tally: _Tally, examples: int, steps_per_example: int) -> None:
+    """One Hypothesis run of `examples` examples (generation only), its verdict in `tally`."""
     config = settings(
         max_examples=examples, stateful_step_count=steps_per_example, deadline=None,
         phases=[Phase.generate], database=None, derandomize=False, print_blob=False,
@@ -170,12 +199,11 @@ def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
     try:
         run_state_machine_as_test(factory, settings=config)  # type: ignore[no-untyped-call]
     except Exception as e:  # the machine's verdict (recorded as it was raised, see _counted)
+        if tally.first is None and tally.steps >= tally.budget:
+            return  # the budget is spent (_BudgetSpent, maybe wrapped by Hypothesis)
         if tally.first is None and not _verdict(e):
             raise  # Hypothesis itself gave up (a health check): not a verdict on the mutant
         tally.fail(tally.steps + 1, e)
-    if tally.first is None:
-        return tally.steps, None
-    return tally.first
 
 
 def name_check(error: BaseException, machine: type[RuleBasedStateMachine]) -> str:
@@ -188,13 +216,36 @@ def name_check(error: BaseException, machine: type[RuleBasedStateMachine]) -> st
                 seen.append(label)
         return ", ".join(seen)
     frames = traceback.extract_tb(error.__traceback__)
-    module = sys.modules.get(machine.__module__)
-    path = getattr(module, "__file__", None)
-    mine = [f for f in frames if path is not None and f.filename == path]
+    mine = [f for f in frames if f.filename in _machine_files(machine)]
     where = f"{machine.__name__}.{mine[-1].name}" if mine else machine.__name__
     if isinstance(error, AssertionError) and mine:
-        return f"machine {where}"
+        return f"machine {where}" + _what_failed(error)
     return f"contract: {type(error).__name__} escaped {where}"
+
+
+def _what_failed(error: AssertionError) -> str:
+    """For the product machine's two verdicts, what failed: the engine's own checks (their
+    ids and names, "I1 ownership_disjoint") or the reference model's (`Mismatch.what`)."""
+    if isinstance(error, Mismatch):
+        return f": differential {error.what}"
+    lines = str(error).splitlines()
+    if lines and lines[0].startswith("engine checks failed"):
+        labels = [" ".join(line.split()[:2]).rstrip(":") for line in lines[1:] if line.strip()]
+        return ": " + ", ".join(dict.fromkeys(labels))
+    return ""
+
+
+def _machine_files(machine: type[RuleBasedStateMachine]) -> set[str]:
+    """The source files of `machine` and of its bases up to `RuleBasedStateMachine` (a
+    product machine is built in hicache/testing/machine.py and extended elsewhere)."""
+    files = set()
+    for cls in machine.__mro__:
+        if cls is RuleBasedStateMachine or not issubclass(cls, RuleBasedStateMachine):
+            continue
+        path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if path is not None:
+            files.add(path)
+    return files
 
 
 def catch(mutant: str, machine: type[RuleBasedStateMachine], seeds: Sequence[int],
