@@ -30,12 +30,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from hicache.dataplane.faults import FaultSite
 from hicache.errors import InvariantViolation
-from hicache.invariants.checker import EVERY, InvariantChecker
+from hicache.invariants.checker import InvariantChecker
 from hicache.pages import FREE, PRIVATE
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.machine import make_machine
 from hicache.tiers import TIERS
+
+EVERY = "every"  # the check mode that checks after every transition
 
 
 def _owned(s: Snapshot, tier: str, page: int, owner: int) -> Snapshot:

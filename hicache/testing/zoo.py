@@ -12,15 +12,21 @@ What names a check (`Failure.check`):
     raised                                        check
     --------------------------------------------  ---------------------------------------
     InvariantViolation (the plane's own checker)  its violations' ids and names, "I5 publish_order"
-    AssertionError in the machine's module        "machine <Class>.<method>" (its rule or invariant)
+    AssertionError in the machine's module        "machine <Class>.<method>" (its rule or invariant;
+    (or a base class's)                           for the product machine's engine checks and
+                                                  reference model, ": I3 page_aligned" or
+                                                  ": differential <what>" follows)
     any other exception                           "contract: <Type> escaped <Class>.<rule>"
                                                   (the machine allows only documented errors)
 
-A seed's run is repeatable within one process history, but Hypothesis also draws constants
-from the modules loaded so far, so the same seed may take other steps after other runs.
+A seed's run is repeatable: it runs examples until `max_steps` steps are spent (Hypothesis
+ends many examples early), and draws no constants from the repository's source (Hypothesis
+otherwise draws some from every module loaded so far, so a seed's steps would depend on the
+process history and on any edit to those modules).
 
 A machine is any `RuleBasedStateMachine` subclass; `MACHINES` names the ones this repository
-has ("module:Class"), and `DEFAULT_MACHINE` says which one each mutant is measured against.
+has ("module:Class": the product machine, fuzz-null and fuzz-cpu, and the tests' machines),
+and `DEFAULT_MACHINE` says which one each mutant is measured against.
 `main(argv)` is the `hicache fuzz --mutant` command line.
 """
 
