@@ -221,10 +221,10 @@ def _no_source_constants() -> Iterator[None]:
         from hypothesis.internal.constants_ast import Constants
         from hypothesis.internal.floats import float_to_int
         from sortedcontainers import SortedSet  # type: ignore[import-untyped]
-    except ImportError:
+        original = providers._get_local_constants
+    except (ImportError, AttributeError):
         yield
         return
-    original = providers._get_local_constants
     empty = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(),
                       strings=SortedSet())
     providers._get_local_constants = lambda: empty
