@@ -4,7 +4,10 @@ every transition (check mode `every`). A rejected step must leave the state unch
 
 Besides the legal moves, the machine tries moves the spec forbids and asserts they are
 refused with nothing changed: a chain issued below a parent that lacks the target (a backup
-gap, B07) and serving a prefix whose load-back is still in flight (B01). After every step it
+gap, B07; also below every chain `back_up_and_drop` and `load_back_then_serve_early` issue,
+a nested prompt made first where needed) and serving a prefix whose load-back is still in
+flight (B01; `load_back_then_serve_early` starts one on purpose, then fails, cancels,
+completes or splits it). After every step it
 also recounts the tree (`HiRadixTree.audit`: leaf sets, counters, links) and tests the checker
 itself: every transition was checked, and each tier's copy of the live snapshot with one page
 put on the free list (I1) or leaked (I6) is reported for that tier. The bug zoo
@@ -100,6 +103,14 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         self.cp.evict(direction.target, short, keep=[parent])
         self.attempt(lambda: self.cp.issue(direction, chain))
 
+    def _refused_below_a_gap(self, direction: Direction, chain: list[TreeNode]) -> None:
+        """With room made for `chain`, the chain without its first node must be refused with
+        nothing changed: its parent lacks the target (B07; `issue`'s `gap` draws such a
+        chain rarely, these callers have one at hand)."""
+        if len(chain) > 1:
+            refused = self.attempt(lambda: self.cp.issue(direction, chain[1:]))
+            assert refused, f"{direction} issued below node {chain[0].node_id}, which lacks {direction.target}"
+
     @rule(data=st.data())
     def back_up_and_drop(self, data: st.DataObject) -> None:
         """Back an L1 chain up to L2 at once (issue, complete), then drop L1 copies: the
@@ -107,12 +118,22 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         nodes = [n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT" and n.state[1] == "ABSENT"]
         if not nodes:
             return
-        chain = chain_into(data.draw(st.sampled_from(nodes)), 1)
+        node = data.draw(st.sampled_from(nodes))
+        if len(chain_into(node, 1)) == 1:
+            # A prompt one page past the node, so that a chain of two nodes lacks L2: only
+            # such a chain can test the guard below a gap (B07).
+            path = [t for n in reversed(self.cp.tree.path_to_root(node)) for t in n.key]
+            self.serve(path + [3] * PS)
+            deeper = [n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT"
+                      and n.state[1] == "ABSENT" and len(chain_into(n, 1)) > 1]
+            node = deeper[0] if deeper else node
+        chain = chain_into(node, 1)
         if any(n.state[0] != "RESIDENT" for n in chain):
             return
         parent = chain[0].parent
         assert parent is not None  # Verify: a chain never starts at the root.
         self.cp.evict("L2", sum(n.num_pages for n in chain) - self.cp.free_pages("L2"), keep=[parent])
+        self._refused_below_a_gap(Direction.D2H, chain)
         if not self.attempt(lambda: self.cp.issue(Direction.D2H, chain)):
             self.cp.complete(max(self.cp.ops))  # the op just issued: ids only grow
         self.cp.evict("L1", 10_000)
@@ -130,6 +151,37 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         refused = self.attempt(lambda: self.cp.advance_cached_len(rid, node))
         assert refused, f"request {rid} was served node {node.node_id} before its load-back completed"
         self.cp.end_request(rid)
+
+    def _l2_only(self) -> list[TreeNode]:
+        """Nodes a load-back may start at: in L2, not in L1, their chain into L1 in L2 whole."""
+        return [n for n in self.cp.tree.nodes() if n.state[1] == "RESIDENT" and n.state[0] == "ABSENT"
+                and all(c.state[1] == "RESIDENT" for c in chain_into(n, 0))]
+
+    @precondition(lambda self: bool(self._l2_only()))
+    @rule(data=st.data(), outcome=st.sampled_from(["fail", "fail", "cancel", "complete", None]))
+    def load_back_then_serve_early(self, data: st.DataObject, outcome: str | None) -> None:
+        """A load-back, which `issue` starts rarely (it picks a direction first, and a node
+        must be in L2 but not L1): an L2-only chain is loaded back and served at once, which
+        must be refused (B01); then it ends by `outcome` (a failure, drawn twice as often as
+        the others since nothing else fails load-backs much, must leave its L2 source alone,
+        B02; a cancel must free its targets, B03), or stays in flight while a prompt
+        diverging inside its last node splits that node (the op must follow, B06)."""
+        chain = chain_into(data.draw(st.sampled_from(self._l2_only())), 0)
+        parent = chain[0].parent
+        assert parent is not None  # Verify: a chain never starts at the root.
+        self.cp.evict("L1", sum(n.num_pages for n in chain) - self.cp.free_pages("L1"), keep=[parent])
+        self._refused_below_a_gap(Direction.H2D, chain)
+        if self.attempt(lambda: self.cp.issue(Direction.H2D, chain)):
+            return
+        op_id = max(self.cp.ops)  # the op just issued: ids only grow
+        self.serve_early(data)
+        if outcome is not None:
+            getattr(self.cp, outcome)(op_id)
+            return
+        node = chain[-1]  # left in flight: a prompt diverging inside it splits it (B06)
+        if node.num_pages > 1:
+            path = [t for n in reversed(self.cp.tree.path_to_root(node)) for t in n.key]
+            self.serve(path[:len(path) - len(node.key) + PS] + [3] * PS)
 
     @rule(tiers=st.sampled_from(["L1", "L2", "L1 L2"]))
     def push_out(self, tiers: str) -> None:

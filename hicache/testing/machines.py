@@ -1,0 +1,131 @@
+"""The product machine as importable classes, for the bug zoo and `hicache fuzz --mutant`.
+
+    class     what it drives
+    --------  -------------------------------------------------------------------------
+    FuzzNull  the controller on the null plane (no bytes, no torch work): the control
+              plane's mutants
+    FuzzCpu   the controller on the CPU data plane with a real L3 file: the byte mutants
+
+Both are `make_machine(controller_adapter, setups(plane))` (hicache/testing/machine.py), so
+they need no source checkout, unlike the tests' older machines, plus one invariant of their
+own. `checker_sees_what_breaks`: the invariant checker the controller runs is under test too.
+After every step, on a copy of the live snapshot with one page of a tier (in turn) put on the
+free list while a node holds it, the checker must raise I1 `ownership_disjoint` for that tier;
+with one free page made PRIVATE (leaked), I6 `page_conservation`. Where the controller checks
+every transition (the cpu plane), every transition must have been checked. Without it, a
+checker that goes quiet is never noticed: a correct controller breaks nothing for it to see.
+`l3_serves_what_it_holds` (planes with bytes): unless the L3 file may have been damaged (a
+CORRUPT_SLOT fault fired, or the machine damaged the file), every slot the tree holds passes
+its checksum and no read failed one. Without it, a short write taken as complete (B14) is
+masked: the checksum turns the half-written slot into a miss, and the prompt is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from hypothesis.stateful import RuleBasedStateMachine, invariant
+
+from hicache.dataplane.faults import FaultSite
+from hicache.errors import InvariantViolation
+from hicache.invariants.checker import InvariantChecker
+from hicache.pages import FREE, PRIVATE
+from hicache.snapshot import UNSERVABLE, Snapshot
+from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.machine import make_machine
+from hicache.tiers import TIERS
+
+EVERY = "every"  # the check mode that checks after every transition
+
+
+def _owned(s: Snapshot, tier: str, page: int, owner: int) -> Snapshot:
+    """A copy of `s` in which `page` of `tier` has owner code `owner`."""
+    codes = s.tiers[tier].owner.copy()
+    codes[page] = owner
+    return replace(s, tiers={**s.tiers, tier: replace(s.tiers[tier], owner=codes)})
+
+
+def _reported(checker: InvariantChecker, s: Snapshot, check_id: str) -> set[tuple[Any, Any]]:
+    """(invariant, tier) of each violation a fresh checker of mode `every`, running the
+    controller's check `check_id`, raises for snapshot `s` (empty when it raises nothing)."""
+    fresh = InvariantChecker(EVERY, tuple(c for c in checker.checks if c.id == check_id))
+    try:
+        fresh.after_transition(lambda: s, "zoo canary")
+    except InvariantViolation as e:
+        return {(getattr(v, "invariant", None), getattr(v, "tier", None)) for v in e.violations}
+    return set()
+
+
+def _watch_damage(cache: Any) -> None:
+    """Set `cache.zoo_damaged` (for the rest of the run) once the machine damages its L3 file
+    (`damage_storage`, where the adapter has it)."""
+    cache.zoo_damaged = False
+    damage = getattr(cache, "damage_storage", None)
+    if damage is None:
+        return
+
+    def damaged(how: str) -> None:
+        cache.zoo_damaged = True
+        damage(how)
+
+    cache.damage_storage = damaged
+
+
+def _with_canary(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
+    """`base` plus the invariant `checker_sees_what_breaks` (module docstring)."""
+
+    class Machine(base):  # type: ignore[valid-type, misc]
+        @invariant()
+        def checker_sees_what_breaks(self) -> None:
+            cache = getattr(self, "cache", None)
+            if cache is None:
+                return
+            cp = cache.ctl.cp
+            checker: InvariantChecker = cp.checker
+            if checker.mode.kind == EVERY:
+                # Verify every transition the controller made was checked (mode `every`).
+                assert checker.checks_run == checker.transitions, \
+                    f"{checker.transitions} transitions but {checker.checks_run} checked (mode every)"
+            s = cp.snapshot()
+            self.canary_turn: int = getattr(self, "canary_turn", -1) + 1
+            tier = TIERS[self.canary_turn % len(TIERS)].value
+            held = [v for n in s.nodes if (v := n.values.get(tier)) is not None and v.size]
+            if held:
+                # Verify the checker reports a page a node holds that is also on the free list.
+                found = _reported(checker, _owned(s, tier, int(held[0][0]), FREE), "I1")
+                assert ("I1", tier) in found, f"the checker misses a {tier} page in a node value and FREE"
+            free = np.flatnonzero(s.tiers[tier].owner == FREE)
+            if free.size:
+                # Verify the checker reports a page nobody holds that is not on the free list.
+                found = _reported(checker, _owned(s, tier, int(free[0]), PRIVATE), "I6")
+                assert ("I6", tier) in found, f"the checker misses a leaked PRIVATE page of {tier}"
+
+        @invariant()
+        def l3_serves_what_it_holds(self) -> None:
+            cache = getattr(self, "cache", None)
+            if cache is None or not cache.ctl.engine.has_bytes:
+                return
+            if not hasattr(cache, "zoo_damaged"):
+                _watch_damage(cache)
+            if cache.zoo_damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
+                return
+            ctl = cache.ctl
+            # Verify no read of an undamaged L3 file failed its checksum.
+            assert ctl.transfer_engine.l3.corrupt_reads == 0, \
+                f"{ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+            held = [v for n in ctl.cp.tree.nodes() if (v := n.value[2]) is not None and v.size]
+            if held:
+                digests = ctl.transfer_engine.digests("L3", np.concatenate(held))
+                # Verify every slot the tree holds is servable (its checksum holds).
+                assert not (digests == UNSERVABLE).any(), "an L3 slot the tree holds fails its checksum"
+
+    Machine.__name__ = Machine.__qualname__ = name
+    return Machine
+
+
+FuzzNull = _with_canary(make_machine(controller_adapter, setups("null"), name="FuzzNull"), "FuzzNull")
+FuzzCpu = _with_canary(make_machine(controller_adapter, setups("cpu"), name="FuzzCpu"), "FuzzCpu")
+
+__all__ = ["FuzzCpu", "FuzzNull"]
