@@ -314,6 +314,19 @@ def test_corrupt_slot_fault_is_caught_and_counted(rig: Rig) -> None:
     rig.assert_reference_slots_intact()
 
 
+def test_corrupting_a_slot_the_file_does_not_reach_changes_nothing(l3: L3File) -> None:
+    """CORRUPT_SLOT flips a byte of a slot just written; if the file was cut below that slot
+    meanwhile (or the write stopped short), there is no byte to flip: the fault does nothing
+    (the read of that slot fails anyway) rather than raising an IndexError on an I/O thread."""
+    l2 = random_l2()
+    with StorageMover(l3, l2) as mover:
+        done(mover.h2s(pages([3]), pages([20])))
+        os.ftruncate(l3.fd, l3.offset(20) + 10)
+        size = os.fstat(l3.fd).st_size
+        mover.flip_byte(20)
+        assert os.fstat(l3.fd).st_size == size  # nothing written past the end either
+
+
 @pytest.mark.parametrize("piece_bytes", [BPP, 4 << 20])
 def test_bytes_changed_in_the_file_are_never_served(l3: L3File, piece_bytes: int) -> None:
     l2 = random_l2()

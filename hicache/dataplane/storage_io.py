@@ -387,11 +387,14 @@ class StorageMover:
         )
 
     def flip_byte(self, slot: int) -> None:
-        """CORRUPT_SLOT fault: invert the slot's middle byte in the file (not in L2)."""
+        """CORRUPT_SLOT fault: invert the slot's middle byte in the file (not in L2). A slot
+        the file no longer reaches (cut below it meanwhile) has no byte to flip: nothing is
+        done (its read fails as a short read anyway)."""
         fd, at = self.l3.fd, self.l3.offset(slot) + self.l3.bytes_per_page // 2
         try:
             old = os.pread(fd, 1, at)
-            os.pwrite(fd, bytes([old[0] ^ 0xFF]), at)
+            if old:
+                os.pwrite(fd, bytes([old[0] ^ 0xFF]), at)
         except OSError as e:
             why = describe_os_error(e)
             raise self._io_error(Direction.H2S, slot, self.l3.bytes_per_page, why) from e
