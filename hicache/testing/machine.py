@@ -52,47 +52,21 @@ from typing import Any, Callable, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.dataplane.faults import FaultSite, SimulatedCrash
+from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
+from hicache.testing.draws import prompts, schedules
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
 from hicache.testing.reference import ReferenceModel
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
-PREFIX_PAGES = 2  # pages every prompt of one bundle shares
-SUFFIX_PAGES_MAX = 3
 QUIET_STEPS = 8  # steps between fault-schedule changes (restarts: twice as many)
 FAIL_KINDS = ("error", "corrupt", "unreadable")
-CRASH_RATES = (0.02, 0.05)  # a crash empties the cache: rarer than the other sites
 AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`)
 DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
 
 Step = TypeVar("Step", bound=Callable[..., None])
 
 AdapterFactory = Callable[[Any], CacheUnderTest]
-
-
-def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """Three shared prefixes of PREFIX_PAGES pages, then 0..SUFFIX_PAGES_MAX pages drawn from
-    three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail."""
-    prefixes = [tuple(range(1000 * p, 1000 * p + PREFIX_PAGES * page_size)) for p in (1, 2, 3)]
-    return st.builds(
-        lambda p, extra, tail, salt: prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail)),
-        st.integers(0, 2), st.integers(0, SUFFIX_PAGES_MAX), st.integers(1, page_size), st.integers(0, 2),
-    )
-
-
-def schedules() -> st.SearchStrategy[FaultSchedule]:
-    """Each fault site switched on with probability 1/3, then firing at a rate in (0, 0.5]
-    (CRASH_BEFORE_PUBLISH: at one of CRASH_RATES, since each crash empties the cache)."""
-    sites = [s.value for s in FaultSite]
-    rate = st.one_of(st.just(0.0), st.just(0.0), st.sampled_from([0.1, 0.25, 0.5]))
-    crash = FaultSite.CRASH_BEFORE_PUBLISH.value
-
-    def build(seed: int, rates: list[float]) -> FaultSchedule:
-        scaled = {s: (CRASH_RATES[0 if r <= 0.25 else 1] if s == crash else r) for s, r in zip(sites, rates) if r}
-        return FaultSchedule(seed, scaled)
-
-    return st.builds(build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
 
 
 def survives_crash(step: Step) -> Step:

@@ -1,14 +1,16 @@
-"""The product machine as importable classes, for the bug zoo and `hicache fuzz --mutant`.
+"""The hicache controller's fuzz machine: the generic machine plus two checks of its own.
 
-    class     what it drives
-    --------  -------------------------------------------------------------------------
-    FuzzNull  the controller on the null plane (no bytes, no torch work): the control
-              plane's mutants
-    FuzzCpu   the controller on the CPU data plane with a real L3 file: the byte mutants
+    name                          what it is
+    ----------------------------  ----------------------------------------------------------
+    controller_machine(plane)     `make_machine(controller_adapter, setups(plane))`
+                                  (hicache/testing/machine.py) plus the two invariants below:
+                                  what `hicache fuzz` runs when no `--adapter` is given
+    FuzzNull                      on the null plane (no bytes, no torch work): the bug zoo's
+                                  machine for the control plane's mutants
+    FuzzCpu                       on the CPU data plane with a real L3 file: the byte mutants
 
-Both are `make_machine(controller_adapter, setups(plane))` (hicache/testing/machine.py), so
-they need no source checkout, unlike the tests' older machines, plus one invariant of their
-own. `checker_sees_what_breaks`: the invariant checker the controller runs is under test too.
+They need no source checkout, unlike the tests' older machines. The two invariants are about
+the controller's internals, so they live here rather than in the engine-neutral machine. `checker_sees_what_breaks`: the invariant checker the controller runs is under test too.
 After every step, on a copy of the live snapshot with one page of a tier (in turn) put on the
 free list while a node holds it, the checker must raise I1 `ownership_disjoint` for that tier;
 with one free page made PRIVATE (leaked), I6 `page_conservation`. Where the controller checks
@@ -34,6 +36,7 @@ from hicache.invariants.checker import InvariantChecker
 from hicache.pages import FREE, PRIVATE
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.coverage import Coverage
 from hicache.testing.machine import make_machine
 from hicache.tiers import TIERS
 
@@ -59,22 +62,23 @@ def _reported(checker: InvariantChecker, s: Snapshot, check_id: str) -> set[tupl
 
 
 def _watch_damage(cache: Any) -> None:
-    """Set `cache.zoo_damaged` (for the rest of the run) once the machine damages its L3 file
+    """Set `cache.l3_damaged` (for the rest of the run) once the machine damages its L3 file
     (`damage_storage`, where the adapter has it)."""
-    cache.zoo_damaged = False
+    cache.l3_damaged = False
     damage = getattr(cache, "damage_storage", None)
     if damage is None:
         return
 
     def damaged(how: str) -> None:
-        cache.zoo_damaged = True
+        cache.l3_damaged = True
         damage(how)
 
     cache.damage_storage = damaged
 
 
-def _with_canary(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
-    """`base` plus the invariant `checker_sees_what_breaks` (module docstring)."""
+def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
+    """`base` plus the invariants `checker_sees_what_breaks` and `l3_serves_what_it_holds`
+    (module docstring)."""
 
     class Machine(base):  # type: ignore[valid-type, misc]
         @invariant()
@@ -107,9 +111,9 @@ def _with_canary(base: type[RuleBasedStateMachine], name: str) -> type[RuleBased
             cache = getattr(self, "cache", None)
             if cache is None or not cache.ctl.engine.has_bytes:
                 return
-            if not hasattr(cache, "zoo_damaged"):
+            if not hasattr(cache, "l3_damaged"):
                 _watch_damage(cache)
-            if cache.zoo_damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
+            if cache.l3_damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
                 return
             ctl = cache.ctl
             # Verify no read of an undamaged L3 file failed its checksum.
@@ -125,7 +129,15 @@ def _with_canary(base: type[RuleBasedStateMachine], name: str) -> type[RuleBased
     return Machine
 
 
-FuzzNull = _with_canary(make_machine(controller_adapter, setups("null"), name="FuzzNull"), "FuzzNull")
-FuzzCpu = _with_canary(make_machine(controller_adapter, setups("cpu"), name="FuzzCpu"), "FuzzCpu")
+def controller_machine(plane: str, coverage: Coverage | None = None,
+                       name: str = "CacheMachine") -> type[RuleBasedStateMachine]:
+    """The controller's machine on `plane` ("null", "cpu" or "cuda"), `coverage` (when
+    given) collecting every run's trace and fault counts."""
+    base = make_machine(controller_adapter, setups(plane), coverage=coverage, name=name)
+    return _with_controller_checks(base, name)
 
-__all__ = ["FuzzCpu", "FuzzNull"]
+
+FuzzNull = controller_machine("null", name="FuzzNull")
+FuzzCpu = controller_machine("cpu", name="FuzzCpu")
+
+__all__ = ["FuzzCpu", "FuzzNull", "controller_machine"]

@@ -9,7 +9,9 @@ steps, trace events, seconds, steps/s, transitions/s) and the trace digest, whic
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
 printed, the error, and a one-line replay command; exit status 1.
 
-`--adapter module:factory` drives another engine: `factory(setup)` returns a
+Without `--adapter` the machine drives the hicache controller, with the two checks of its
+own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
+serves what it holds). `--adapter module:factory` drives another engine: `factory(setup)` returns a
 `CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
 else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
 tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
@@ -53,14 +55,10 @@ class Progress(Coverage):
                   f"{now - self.started:.0f} s", file=sys.stderr, flush=True)
 
 
-def _adapter(spec: str | None, plane: str) -> tuple[Any, Any]:
-    """(factory, setups strategy) for `--adapter` (default: the hicache controller)."""
+def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
+    """(factory, setups strategy) for `--adapter module:factory`."""
     from hypothesis import strategies as st
 
-    if spec is None:
-        from hicache.testing.adapters.controller import controller_adapter, setups
-
-        return controller_adapter, setups(plane)
     module_name, _, name = spec.partition(":")
     if not name:
         raise SystemExit(f"hicache fuzz: --adapter {spec!r}: give module:factory")
@@ -97,9 +95,14 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     from hicache.testing.machine import make_machine
 
     out = out or sys.stdout
-    factory, strategy = _adapter(args.adapter, args.plane)
     coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
-    machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
+    if args.adapter is None:  # the controller: its machine has two checks of its own
+        from hicache.testing.machines import controller_machine
+
+        machine = controller_machine(args.plane, coverage)
+    else:
+        factory, strategy = _adapter(args.adapter, args.plane)
+        machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
     setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
     runs = max(1, args.steps // STEPS_PER_RUN)
     config = settings(max_examples=runs, stateful_step_count=min(args.steps, STEPS_PER_RUN),

@@ -63,10 +63,10 @@ MACHINES: dict[str, str] = {
 null and cpu planes, and the tests' older machines (they need a source checkout on sys.path)."""
 
 DEFAULT_MACHINE: dict[str, str] = {
-    "B01": "control", "B02": "control", "B03": "control", "B04": "fuzz-null",
-    "B05": "fuzz-cpu", "B06": "control", "B07": "control", "B07-leaf": "fuzz-null",
-    "B08": "fuzz-null", "B11": "tree", "B12": "controller", "B13": "controller",
-    "B14": "controller", "B15": "controller", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
+    "B01": "control", "B02": "control", "B03": "fuzz-cpu", "B04": "fuzz-null",
+    "B05": "fuzz-cpu", "B06": "fuzz-null", "B07": "control", "B07-leaf": "fuzz-null",
+    "B08": "fuzz-null", "B11": "tree", "B12": "fuzz-null", "B13": "controller",
+    "B14": "controller", "B15": "fuzz-cpu", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not
@@ -74,13 +74,14 @@ the product machine (its catches on seeds 0-4, 2,000 steps, in that file):
 
     mutant          why a test's machine
     --------------  -------------------------------------------------------------------------
-    B01, B11        the controller never relies on the guard: it advances `cached_len` only
-                    over a finished restore, and never releases a lock twice (0/5)
-    B02, B03, B06,  the product machine reaches them too rarely: it seldom loads back (live
-    B07, B12        requests keep their prefixes in L1), so a failed, cancelled or split
-                    load-back, a backup below a gap or a failed restore stage is rare (1-4/5)
-    B13, B14, B15   the same on the cpu plane (B14: a short write must also land on a slot
-                    whose old bytes differ) (1-4/5)
+    B01, B07, B11   the controller never relies on the guard: it advances `cached_len` only
+                    over a finished restore, issues a backup only below a backed-up parent,
+                    and never releases a lock twice (0/5); the control plane's public API
+                    allows each, so the control (or tree) machine tries them
+    B02             a failed transfer whose L2 source is published is reached too rarely
+                    (4/5 on either plane)
+    B13, B14        the cpu-plane machine writes too few multi-run or short L3 extents
+                    (1/5 each)
 """
 
 BATCH_SEED = 1_000_003

@@ -1,0 +1,44 @@
+"""What the fuzz machine draws: prompts from a bundle of shared prefixes, fault schedules.
+
+    strategy             draws
+    -------------------  --------------------------------------------------------------------
+    prompts(page_size)   one of three shared prefixes of PREFIX_PAGES pages, then a suffix
+                         that diverges after 0, 1 or more pages, then a partial tail
+    schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/3, then
+                         firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES)
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from hicache.dataplane.faults import FaultSite
+from hicache.testing.protocol import FaultSchedule
+
+PREFIX_PAGES = 2  # pages every prompt of one bundle shares
+SUFFIX_PAGES_MAX = 3
+CRASH_RATES = (0.02, 0.05)  # a crash empties the cache: rarer than the other sites
+
+
+def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Three shared prefixes of PREFIX_PAGES pages, then 0..SUFFIX_PAGES_MAX pages drawn from
+    three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail."""
+    prefixes = [tuple(range(1000 * p, 1000 * p + PREFIX_PAGES * page_size)) for p in (1, 2, 3)]
+    return st.builds(
+        lambda p, extra, tail, salt: prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail)),
+        st.integers(0, 2), st.integers(0, SUFFIX_PAGES_MAX), st.integers(1, page_size), st.integers(0, 2),
+    )
+
+
+def schedules() -> st.SearchStrategy[FaultSchedule]:
+    """Each fault site switched on with probability 1/3, then firing at a rate in (0, 0.5]
+    (CRASH_BEFORE_PUBLISH: at one of CRASH_RATES, since each crash empties the cache)."""
+    sites = [s.value for s in FaultSite]
+    rate = st.one_of(st.just(0.0), st.just(0.0), st.sampled_from([0.1, 0.25, 0.5]))
+    crash = FaultSite.CRASH_BEFORE_PUBLISH.value
+
+    def build(seed: int, rates: list[float]) -> FaultSchedule:
+        scaled = {s: (CRASH_RATES[0 if r <= 0.25 else 1] if s == crash else r) for s, r in zip(sites, rates) if r}
+        return FaultSchedule(seed, scaled)
+
+    return st.builds(build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
