@@ -210,3 +210,32 @@ def test_close_quiesces_the_data_plane_of_a_poisoned_plane() -> None:
     assert all(h.status.final for h in handles) and not c.handles
     assert 1 in c.cp.requests  # records kept for diagnosis
     c.close()  # idempotent
+
+
+def test_prefill_does_not_evict_the_restored_prefix_it_is_about_to_serve() -> None:
+    """A restore's failed H2D drops its pins; another request then loads the same nodes into
+    L1 and ends, so they are RESIDENT in L1 but nobody's. `prefill` took them as its served
+    prefix, then its make-room for the rest evicted them and `advance_cached_len` raised
+    IllegalTransition (found by `hicache fuzz --plane cpu --seed 3 --steps 20000`)."""
+    faults = FaultInjector()
+    c = make(faults, l1_pages=12, l2_pages=16, l3_slots=16)
+    in_l2_only(c)
+    faults.once(FaultSite.H2D_COMPLETE)  # request 2's load-back of A fails
+    c.admit(2, A + tuple(range(900, 908)))  # A, then two pages nobody has
+    while not c.ready(2):
+        c.tick()
+    assert not c.cp.holds(c.cp.tree.match(A, split=False, touch=False).path[-1], "L1")
+    serve(c, 3, A)  # loads A back into L1 and ends: A is RESIDENT in L1, unlocked
+    c.admit(4, B)  # B fills the rest of L1 and stays locked (served, not finished)
+    while not c.ready(4):
+        c.tick()
+    c.prefill(4)
+    assert c.cp.free_pages("L1") == 0
+    with pytest.raises(OutOfPages):  # A is what it serves: the only candidate is kept
+        c.prefill(2)
+    assert c.cp.cached_len(2) == 0 and c.cp.free_pages("L1") == 0
+    c.finish(4)  # room now
+    assert c.prefill(2) == 8 and c.cp.cached_len(2) == len(A) + 8
+    c.finish(2)
+    assert_clean(c)
+    c.close()

@@ -78,3 +78,18 @@ def test_the_machine_on_the_cpu_plane() -> None:
 def test_the_machine_on_cuda() -> None:
     status, text = fuzz(300, seed=2, plane="cuda")
     assert status == 0, text
+
+
+def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning() -> None:
+    """A slow shrink makes Hypothesis print a warning and attach the falsifying steps to the
+    exception as notes: the report used to print only the warning and lose the steps."""
+    from hicache.testing.runner import _report_failure
+
+    failure = AssertionError("differs")
+    failure.add_note("state = CacheMachine()\nstate.tick(finish=1)")
+    args = argparse.Namespace(seed=3, steps=20, plane="null", adapter=None, mutant=None)
+    out = io.StringIO()
+    _report_failure(out, args, failure, "WARNING: Hypothesis has spent more than five minutes shrinking\n")
+    text = out.getvalue()
+    assert "five minutes" in text and "state.tick(finish=1)" in text
+    assert "replay: hicache fuzz --seed 3 --steps 20 --plane null" in text

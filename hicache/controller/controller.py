@@ -208,8 +208,10 @@ class CacheController:
         todo = end - start
         if todo > 0:
             # The restored nodes are pinned in L1 (and the prefix locked): this evicts only
-            # what nobody holds.
-            self.evictor.make_room(Tier.L1, todo // g.page_size)
+            # what nobody holds, never the prefix about to be served (a failed restore
+            # stage unpins it; another request may have loaded it into L1 since).
+            keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
+            self.evictor.make_room(Tier.L1, todo // g.page_size, keep=keep)
             free = self.cp.free_pages(Tier.L1)
             if free < todo // g.page_size:
                 raise OutOfPages("L1", todo // g.page_size, free)

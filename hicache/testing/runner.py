@@ -131,7 +131,10 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
 
 def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
     print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane", file=out)
-    steps = printed.strip() or "\n".join(getattr(failure, "__notes__", []))
+    # Hypothesis prints warnings (a slow shrink) and may attach the steps as notes instead
+    # of printing them: keep both.
+    notes = [n for n in getattr(failure, "__notes__", []) if n.strip() and n.strip() not in printed]
+    steps = "\n".join([printed.strip()] * bool(printed.strip()) + notes)
     print("shrunk steps:", file=out)
     for line in steps.splitlines():
         print(f"  {line}", file=out)
