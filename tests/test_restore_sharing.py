@@ -176,3 +176,42 @@ def test_a_bad_slot_a_reader_still_holds_is_reported_by_match_but_never_planned(
     assert c.metrics.l3_invalidated_pages["below_bad_slot"] == 1
     assert_clean(c)
     c.close()
+
+
+def test_cancel_restore_keeps_the_request_and_recomputes() -> None:
+    """`cancel_restore`: the request's load-back is cancelled (not failed: no fallback), the
+    request stays live and ready, and `prefill` recomputes what did not arrive."""
+    faults = FaultInjector(delay_polls=1000)
+    c = make(faults)
+    in_l2_only(c)
+    faults.once(FaultSite.DELAY)
+    c.admit(2, A)
+    assert not c.ready(2) and len(h2d_ops(c)) == 1
+    assert c.cancel_restore(2) == 1
+    assert c.ready(2) and not c.handles and 2 in c.cp.requests
+    assert c.cancel_restore(2) == 0  # settled already: nothing to cancel
+    assert c.prefill(2) == len(A)  # every token recomputed
+    assert c.cp.cached_len(2) == len(A)
+    assert c.metrics.directions[Direction.H2D].cancelled == 1
+    assert sum(c.metrics.fallbacks.values()) == 0
+    c.finish(2)
+    assert_clean(c)
+    c.close()
+
+
+def test_cancel_restore_of_a_sharer_leaves_the_owners_load_back_running() -> None:
+    """Request 3 shares request 2's load-back and gives up waiting: request 2's op goes on,
+    request 3 is ready at once and recomputes; both end clean."""
+    c, mat3 = sharing(delay_polls=1000)
+    assert c.cancel_restore(3) == 0  # nothing of its own in flight
+    assert c.ready(3) and not mat3.awaited and len(h2d_ops(c)) == 1 and not c.ready(2)
+    c.prefill(3)  # computes A; L1 is filling A for request 2, so nothing is published for 3
+    assert c.cp.cached_len(3) == 0
+    c.handles[h2d_ops(c)[0]]._delay_polls = 0  # type: ignore[attr-defined]
+    while not c.ready(2):
+        c.tick()
+    c.prefill(2)
+    c.finish(3)
+    c.finish(2)
+    assert_clean(c)
+    c.close()

@@ -49,7 +49,7 @@ def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None
     status, text = fuzz(400, adapter="hicache.testing.adapters.lru:forgetful_adapter")
     assert status == 1
     assert "differential check failed: L1 hit length at admission" in text
-    assert "state.resubmit(" in text or "state.pressure(" in text  # the shrunk steps
+    assert "state.start(setup=" in text and "state.submit(" in text  # the shrunk steps
     assert ("replay: hicache fuzz --seed 1 --steps 400 --plane null "
             "--adapter hicache.testing.adapters.lru:forgetful_adapter") in text
 

@@ -244,10 +244,31 @@ class CacheController:
         mat = self.stager.restores.pop(request_id, None)
         if mat is not None:
             self.stager.forget(mat)
-            for op_id in sorted(mat.ops):
-                self.handles[op_id].cancel()
-                self._settle(op_id)
+            self._cancel_own(mat)
         self.cp.end_request(request_id)
+
+    def cancel_restore(self, request_id: int) -> int:
+        """Stop restoring but keep the request (a scheduler that gives up on a slow load-back):
+        cancel its restore ops as `finish` does, stop waiting for shared ones, issue nothing
+        more, and release the pins of what did not reach L1. The restore is then settled:
+        `prefill` serves the prefix L1 holds and recomputes the rest. A cancel, not a failure
+        (no fallback counted). Returns the ops cancelled (0 when the restore had settled
+        already). UnknownRequest for an id that is not live."""
+        self.hooks.refuse_if_crashed()
+        mat = self._restore(request_id)
+        if mat.done:
+            return 0
+        cancelled = len(mat.ops)
+        self.stager.forget(mat)
+        self._cancel_own(mat)
+        self.stager.abandon(mat)
+        return cancelled
+
+    def _cancel_own(self, mat: Materialization) -> None:
+        """Cancel the restore's own ops (each handle quiesces first) and apply each."""
+        for op_id in sorted(mat.ops):
+            self.handles[op_id].cancel()
+            self._settle(op_id)
 
     # -- progress ---------------------------------------------------------------------------
 

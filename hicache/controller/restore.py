@@ -102,6 +102,16 @@ class RestoreStager:
                 waiting.remove(mat)
         mat.awaited.clear()
 
+    def abandon(self, mat: Materialization) -> None:
+        """The request keeps going without its restore (`cancel_restore`, after its own ops
+        were cancelled and it stopped waiting for shared ones): nothing more is issued, and
+        the pins on nodes L1 does not hold go now (those that landed stay until `prefill`)."""
+        mat.deferred, mat.failed = False, True
+        pinned = {id(n): n for n, _ in self.cp.requests[mat.request_id].pins}
+        for node in pinned.values():
+            if not self.cp.holds(node, Tier.L1):
+                self.cp.unpin(mat.request_id, node)
+
     def served(self, mat: Materialization, start: int, end: int) -> None:
         """`prefill` served tokens `[start, end)` from the restore: count the hits by tier,
         verify the restored pages against recomputation, keep or drop the promotions."""

@@ -24,6 +24,9 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
+    cancel_restore  an earlier prompt restored again, and the request (or a second one
+                 sharing its load-back) gives the restore up in flight and stays: then it
+                 is served (what L1 published; the rest computed)
     pressure     eviction pressure on a chosen tier holding a page no live request's
                  prompt begins with
     faults       a new fault schedule: each site on with some probability, then a rate
@@ -59,7 +62,7 @@ from hicache.testing.protocol import CacheUnderTest, FaultSchedule
 from hicache.testing.reference import ReferenceModel
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
-QUIET_STEPS = 8  # steps between fault-schedule changes (restarts: twice as many)
+QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x)
 FAIL_KINDS = ("error", "corrupt", "unreadable")
 AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`)
 DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
@@ -97,7 +100,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []
             self.prefilled: set[int] = set()
-            self.steps = self.last_faults = self.last_restart = 0
+            self.steps = self.last_faults = self.last_restart = self.last_cancel = 0
             self.admitted = 0  # admissions into the cache as now opened
             self.damaged = False  # its L3 file was cut or removed (`damage`)
 
@@ -174,12 +177,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             elif settle == 2:
                 self.tick(0)  # wanted backups start
                 self.tick(1)
-            for tier in self.cache.tiers[:2 if deep else 1]:
-                if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
-                    self.cache.evict(tier, 10_000)
-                    if deep:
-                        self.cache.drain()  # write-back's copies of L1 reach L3 too
-            self._sync()
+            self._give_up_upper_tiers(deep)
             first = self._admit(tokens)
             ops = self.cache.pending_ops()
             if aim is not None and ops and not abort_first:
@@ -190,6 +188,39 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if twice:
                 self.submit(tokens, 1)
             if not abort_first:
+                self._serve(first, finish=False)
+
+        def _give_up_upper_tiers(self, deep: bool) -> None:
+            """Evict what L1 (and, `deep`, L2) can give up, so an earlier prompt restores."""
+            for tier in self.cache.tiers[:2 if deep else 1]:
+                if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
+                    self.cache.evict(tier, 10_000)
+                    if deep:
+                        self.cache.drain()  # write-back's copies of L1 reach L3 too
+            self._sync()
+
+        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen)
+                      and self.steps - self.last_cancel >= QUIET_STEPS)
+        @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans())
+        @survives_crash
+        def cancel_restore(self, pick: int, deep: bool, sharer: bool) -> None:
+            """An earlier prompt is restored as in `resubmit`, and while the restore is in
+            flight the request gives it up and stays: it is served at once (what L1
+            published, the rest computed). `sharer`: a second admission shares the first's
+            load-back and gives up instead (the first's goes on, then it is served)."""
+            self._count("cancel_restore")
+            self.last_cancel = self.steps
+            tokens = self._earlier(pick)
+            self.cache.drain()
+            self._give_up_upper_tiers(deep)
+            first = self._admit(tokens)
+            rid = self._admit(tokens) if sharer else first
+            self.cache.cancel_restore(rid)
+            self._sync()
+            # Verify the engine no longer waits for anything on the request's behalf.
+            assert self.cache.ready(rid), f"request {rid} is not ready after cancel_restore"
+            self._prefill(rid)
+            if sharer:
                 self._serve(first, finish=False)
 
         def _earlier(self, pick: int) -> tuple[int, ...]:

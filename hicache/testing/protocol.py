@@ -102,6 +102,13 @@ class CacheUnderTest(Protocol):
         """End a request, finished or aborted, in whatever state it is."""
         ...
 
+    def cancel_restore(self, request_id: int) -> None:
+        """Give up the request's restore but keep the request (cancel its transfers, stop
+        waiting for shared ones): it is ready at once, and `prefill` serves what L1 published
+        and computes the rest. Nothing to do for an engine without restores, or when the
+        restore settled already."""
+        ...
+
     def tick(self) -> None:
         """One scheduler step: observe completions, continue restores and backups."""
         ...

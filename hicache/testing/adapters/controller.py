@@ -119,6 +119,9 @@ class ControllerAdapter:
     def finish(self, request_id: int) -> None:
         self.ctl.finish(request_id)
 
+    def cancel_restore(self, request_id: int) -> None:
+        self.ctl.cancel_restore(request_id)
+
     def live(self) -> set[int]:
         return set(self.ctl.cp.requests)
 

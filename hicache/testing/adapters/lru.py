@@ -82,6 +82,8 @@ class LRUCache:
     def finish(self, request_id: int) -> None:
         self.requests.pop(request_id)
 
+    def cancel_restore(self, request_id: int) -> None: ...  # no restores: always ready
+
     def evict(self, tier: str, n_pages: int) -> None:
         for _ in range(n_pages):
             if not self._evict_one():
