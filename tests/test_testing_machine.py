@@ -93,3 +93,18 @@ def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning
     text = out.getvalue()
     assert "five minutes" in text and "state.tick(finish=1)" in text
     assert "replay: hicache fuzz --seed 3 --steps 20 --plane null" in text
+
+
+def test_progress_says_when_a_run_is_past_its_steps_shrinking(capsys: pytest.CaptureFixture[str]) -> None:
+    """Past `--steps` the runs are Hypothesis shrinking a failure, which can take minutes:
+    the progress line says so instead of counting on as if the budget were wrong."""
+    from hicache.testing.runner import Progress
+
+    progress = Progress(total_steps=10, show=True)
+    progress.last -= 60  # the next add prints
+    progress.steps = 25
+    progress.add([], {})
+    assert "25/10 steps" in capsys.readouterr().err.splitlines()[-1]
+    progress.last -= 60
+    progress.add([], {})
+    assert "(shrinking a failure)" in capsys.readouterr().err

@@ -51,8 +51,10 @@ class Progress(Coverage):
         now = time.monotonic()
         if self.show and now - self.last >= PROGRESS_EVERY_S:
             self.last = now
+            # Past the budget, Hypothesis is shrinking a failure (up to its own 5 minutes).
+            doing = " (shrinking a failure)" if self.steps > self.total_steps else ""
             print(f"fuzz: {self.steps}/{self.total_steps} steps, {self.runs} runs, "
-                  f"{now - self.started:.0f} s", file=sys.stderr, flush=True)
+                  f"{now - self.started:.0f} s{doing}", file=sys.stderr, flush=True)
 
 
 def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
