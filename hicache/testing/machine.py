@@ -24,6 +24,8 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
+    failed_restore_then_full_l1  a load-back fails; a second request loads the prompt and
+                 ends; other prompts fill L1; then the first is served
     cancel_restore  an earlier prompt restored again, and the request (or a second one
                  sharing its load-back) gives the restore up in flight and stays: then it
                  is served (what L1 published; the rest computed)
@@ -221,6 +223,31 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             assert self.cache.ready(rid), f"request {rid} is not ready after cancel_restore"
             self._prefill(rid)
             if sharer:
+                self._serve(first, finish=False)
+
+        @precondition(lambda self: not self.model.requests and bool(self.seen)
+                      and self.steps - self.last_cancel >= QUIET_STEPS)
+        @rule(pick=st.integers(0, 7))
+        @survives_crash
+        def failed_restore_then_full_l1(self, pick: int) -> None:
+            """A load-back fails (aimed) and its request waits; a second request loads the
+            same prompt and ends, leaving it in L1, nobody's; other prompts fill L1 with
+            locked pages; then the first is served: what it serves from L1 must survive
+            the room it makes (an order the other rules reach only in long runs)."""
+            self._count("failed_restore_then_full_l1")
+            self.last_cancel = self.steps
+            tokens = self._earlier(pick)
+            self.cache.drain()
+            self._give_up_upper_tiers(False)
+            self.cache.aim("error", self.cache.tiers[0])
+            first = self._admit(tokens)
+            self.tick(1)  # the aimed load-back fails: the first is ready, with nothing restored
+            self.submit(tokens, 2)
+            ps = self.cache.page_size
+            for other in reversed(self.seen):
+                if len(self.model.requests) < LIVE_MAX and other[:ps] != tokens[:ps]:
+                    self.submit(other, 1)
+            if first in self.model.requests and first not in self.prefilled:
                 self._serve(first, finish=False)
 
         def _earlier(self, pick: int) -> tuple[int, ...]:
