@@ -67,21 +67,6 @@ def _reported(checker: InvariantChecker, s: Snapshot, check_id: str) -> set[tupl
     return set()
 
 
-def _watch_damage(cache: Any) -> None:
-    """Set `cache.l3_damaged` (for the rest of the run) once the machine damages its L3 file
-    (`damage_storage`, where the adapter has it)."""
-    cache.l3_damaged = False
-    damage = getattr(cache, "damage_storage", None)
-    if damage is None:
-        return
-
-    def damaged(how: str) -> None:
-        cache.l3_damaged = True
-        damage(how)
-
-    cache.damage_storage = damaged
-
-
 def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
     """`base` plus the invariants `checker_sees_what_breaks` and `l3_serves_what_it_holds`
     (module docstring)."""
@@ -119,9 +104,8 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
             cache = getattr(self, "cache", None)
             if cache is None or not cache.ctl.engine.has_bytes:
                 return
-            if not hasattr(cache, "l3_damaged"):
-                _watch_damage(cache)
-            if cache.l3_damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
+            # `damaged`: the machine cut or removed the file of the cache as now opened.
+            if self.damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
                 return
             ctl = cache.ctl
             # Verify no read of an undamaged L3 file failed its checksum.
