@@ -93,7 +93,8 @@ class ControlPlane(PlaneQueries):
         self.requests[request_id] = req
         if self.tracer.enabled:
             self.tracer.emit("begin_request", request=request_id,
-                             detail={"hit": list(m.lengths), "tokens": len(tokens)})
+                             detail={"hit": list(m.lengths), "tokens": len(tokens),
+                                     "prompt": [int(t) for t in tokens]})
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"begin_request {request_id}")
         return m

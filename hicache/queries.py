@@ -18,6 +18,7 @@ from hicache.pages import PageTable, Pages, pages
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Tier
+from hicache.trace import TraceHeader
 from hicache.tree import HiRadixTree, TreeNode
 
 
@@ -151,6 +152,10 @@ class PlaneQueries:
         return self._request(request_id).locked
 
     # -- observation ----------------------------------------------------------------------
+
+    def trace_header(self, engine: str = "hicache control plane") -> TraceHeader:
+        """The header a trace of this plane starts with (spec/trace.md, "Header")."""
+        return TraceHeader(self.page_size, {t.tier: t.capacity for t in self.tables}, engine=engine)
 
     def snapshot(self) -> Snapshot:
         """Every record, independently, as plain data for the invariant checkers."""

@@ -8,7 +8,89 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import IO, Protocol
+from typing import IO, Mapping, Protocol
+
+FORMAT = "hicache-trace"
+"""The header's `format`: what makes the first line of a file a hicache trace."""
+
+VERSION = 1
+"""The trace format's version (spec/trace.md, "Header"). A reader refuses any other."""
+
+HEADER_OMITS = ("pages", "states", "locks", "node_remove", "split")
+"""What an engine may leave out of its trace (spec/trace.md, "Partial traces"): `pages` (the
+physical pages), `states` (`before`/`after`), `locks` (`lock`/`unlock` events),
+`node_remove` and `split` events."""
+
+
+class TraceFormatError(ValueError):
+    """A header line that is not a hicache trace header: the message names the field."""
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """The first line of an NDJSON trace (spec/trace.header.schema.json): what a reader needs
+    to replay the events after it. `capacities` maps each tier the engine has -- `L1`, then
+    `L2`, then `L3`, a prefix of that order -- to its page count; `omits` names the parts
+    of HEADER_OMITS the engine does not emit; `geometry` (informative) describes one page's
+    bytes (layers, heads, dtype, ...); `engine` names the writer."""
+
+    page_size: int
+    capacities: Mapping[str, int]
+    omits: tuple[str, ...] = ()
+    geometry: Mapping[str, object] = field(default_factory=dict)
+    engine: str = ""
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        tiers = list(self.capacities)
+        if tiers != ["L1", "L2", "L3"][:len(tiers)] or not tiers:
+            raise TraceFormatError(f"header capacities: tiers {tiers} must be L1, L1+L2 or L1+L2+L3, in that order")
+        bad = {t: c for t, c in self.capacities.items() if not isinstance(c, int) or isinstance(c, bool) or c < 0}
+        if bad:
+            raise TraceFormatError(f"header capacities: page counts must be integers >= 0, got {bad}")
+        if not isinstance(self.page_size, int) or isinstance(self.page_size, bool) or self.page_size < 1:
+            raise TraceFormatError(f"header page_size: an integer >= 1, got {self.page_size!r}")
+        unknown = [o for o in self.omits if o not in HEADER_OMITS]
+        if unknown:
+            raise TraceFormatError(f"header omits: {unknown} unknown; allowed {list(HEADER_OMITS)}")
+        if self.version != VERSION:
+            raise TraceFormatError(f"header version {self.version!r}: this reader knows version {VERSION} only")
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        return tuple(self.capacities)
+
+    def to_json(self) -> str:
+        d: dict[str, object] = {"format": FORMAT, "version": self.version, "page_size": self.page_size,
+                                "capacities": dict(self.capacities)}
+        if self.omits:
+            d["omits"] = list(self.omits)
+        if self.geometry:
+            d["geometry"] = dict(self.geometry)
+        if self.engine:
+            d["engine"] = self.engine
+        return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def from_json(line: str) -> "TraceHeader":
+        """Parse a header line; TraceFormatError naming what is wrong (also for bad JSON)."""
+        try:
+            d = json.loads(line)
+        except ValueError as e:
+            raise TraceFormatError(f"header: not JSON ({e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise TraceFormatError(f'header: the first line must be an object with "format": "{FORMAT}"')
+        extra = sorted(set(d) - {"format", "version", "page_size", "capacities", "omits", "geometry", "engine"})
+        if extra:
+            raise TraceFormatError(f"header: unknown keys {extra}")
+        for key in ("version", "page_size", "capacities"):
+            if key not in d:
+                raise TraceFormatError(f"header: {key!r} is missing")
+        caps, omits, geometry = d["capacities"], d.get("omits", []), d.get("geometry", {})
+        if not isinstance(caps, dict) or not isinstance(omits, list) or not isinstance(geometry, dict):
+            raise TraceFormatError("header: capacities and geometry are objects, omits a list")
+        return TraceHeader(page_size=d["page_size"], capacities=caps, omits=tuple(omits),
+                           geometry=geometry, engine=str(d.get("engine", "")), version=d["version"])
 
 
 @dataclass(frozen=True)
@@ -67,10 +149,13 @@ class ListSink:
 
 
 class NdjsonSink:
-    """Writes one JSON object per line to a text stream."""
+    """Writes one JSON object per line to a text stream: the header first, when given (a
+    trace `hicache check-trace` reads needs it), then one line per event."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: IO[str], header: TraceHeader | None = None) -> None:
         self.stream = stream
+        if header is not None:
+            stream.write(header.to_json() + "\n")
 
     def emit(self, event: TraceEvent) -> None:
         self.stream.write(event.to_json() + "\n")

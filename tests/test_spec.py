@@ -26,7 +26,7 @@ from hicache.lifecycle import load_lifecycle
 from hicache.spec import SPEC_DIR
 from hicache.speccheck import check_spec, parse_tables
 from hicache.tiers import Direction
-from hicache.trace import NdjsonSink, Tracer
+from hicache.trace import NdjsonSink, TraceHeader, Tracer
 
 
 @pytest.fixture
@@ -244,6 +244,16 @@ def _build_validator(jsonschema: Any) -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
+def test_header_schema_drift(spec: Path) -> None:
+    """The header schema's keys are TraceHeader's fields; its `omits` enum is HEADER_OMITS."""
+    edit(spec / "trace.header.schema.json", '"engine": {', '"writer": {')
+    edit(spec / "trace.header.schema.json", '"split"\n', '"split",\n          "bytes"\n')
+    problems = check_spec(spec)
+    assert has(problems, "trace.header.schema.json properties", "'engine' is missing")
+    assert has(problems, "trace.header.schema.json properties", "'writer' is not expected")
+    assert has(problems, "trace.header.schema.json omits", "'bytes' is not expected")
+
+
 def test_reference_trace_matches_schema() -> None:
     validator = _validator()
     out = io.StringIO()
@@ -271,7 +281,12 @@ def test_trace_md_example_matches_schema() -> None:
     validator = _validator()
     text = (SPEC_DIR / "trace.md").read_text(encoding="utf-8")
     block = text.split("```json\n", 1)[1].split("```", 1)[0]
-    lines = block.strip().splitlines()
+    header, *lines = block.strip().splitlines()
+    jsonschema = pytest.importorskip("jsonschema")
+    header_schema = json.loads((SPEC_DIR / "trace.header.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(header_schema)
+    assert list(jsonschema.Draft202012Validator(header_schema).iter_errors(json.loads(header))) == []
+    assert TraceHeader.from_json(header).capacities == {"L1": 8, "L2": 8, "L3": 8}
     assert [json.loads(line)["seq"] for line in lines] == list(range(1, len(lines) + 1))
     for line in lines:
         assert list(validator.iter_errors(json.loads(line))) == [], line

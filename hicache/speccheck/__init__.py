@@ -12,7 +12,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
     rules            each control-plane rule of lifecycle.toml is enforced by the reference
                      (a probe per rule must be refused with a typed error)
     invariants       registry CHECKS vs invariants.md headings, checker and test names
-    trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table
+    trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table;
+                     TraceHeader vs trace.header.schema.json
     l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
     pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
                      metric names in the pages vs what the reference exports
@@ -34,7 +35,7 @@ from hicache.speccheck.pages import (
 )
 from hicache.speccheck.rules import check_rules
 from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
-from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_trace_schema
+from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_header_schema, check_trace_schema
 
 __all__ = [
     "NON_LIFECYCLE_EVENTS", "CheckInfo", "check_l3_header", "check_rules", "check_spec",
@@ -67,6 +68,9 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     trace_md = _read(spec_dir / "trace.md", problems)
     if schema_text is not None:
         problems += check_trace_schema(lc, schema_text, trace_md)
+    header_text = _read(spec_dir / "trace.header.schema.json", problems)
+    if header_text is not None:
+        problems += check_header_schema(header_text)
     l3_md = _read(spec_dir / "l3.md", problems)
     if l3_md is not None:
         problems += check_l3_header(l3_md)

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from hicache.lifecycle import Lifecycle
 from hicache.speccheck.mdtables import parse_tables
 from hicache.tiers import TIERS
-from hicache.trace import TraceEvent
+from hicache.trace import HEADER_OMITS, TraceEvent, TraceHeader
 
 NON_LIFECYCLE_EVENTS: tuple[str, ...] = (
     "begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove",
@@ -56,6 +56,19 @@ def check_trace_schema(lc: Lifecycle, schema_text: str, trace_md: str | None) ->
                   if tb.headers and tb.headers[0] == "event" for _, row in tb.rows]
         problems += _set_diff("trace.md event table", listed, want)
     return problems
+
+
+def check_header_schema(schema_text: str) -> list[str]:
+    """trace.header.schema.json's properties are `TraceHeader`'s fields plus `format`, and
+    its `omits` enum is HEADER_OMITS."""
+    try:
+        props: Mapping[str, Any] = json.loads(schema_text)["properties"]
+        omits = list(props["omits"]["items"]["enum"])
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"trace.header.schema.json: properties.omits cannot be read ({type(e).__name__}: {e})"]
+    fields = ["format", *(f.name for f in dataclasses.fields(TraceHeader))]
+    return (_set_diff("trace.header.schema.json properties", list(props), fields)
+            + _set_diff("trace.header.schema.json omits", omits, list(HEADER_OMITS)))
 
 
 def _set_diff(what: str, have: Sequence[str], want: Sequence[str]) -> list[str]:
