@@ -18,7 +18,7 @@ from collections import deque
 from typing import Iterable
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
-from hicache.checktrace.dispatch import Call, Unreplayable, decide
+from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
 from hicache.checktrace.invariants import Checks
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
@@ -82,6 +82,7 @@ class Replay:
         self.sink = inner
         self.buffer = _Buffer(reader)
         self.compare = Comparer(self.cp, lc, self.header.omits)
+        self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
         self.checks = Checks(self.cp, check_every)
         self.events = 0
@@ -94,7 +95,9 @@ class Replay:
             if head is None:
                 return self.events
             try:
-                call = decide(self.cp, self.buffer, self.compare.nodes, self.compare.ops)
+                call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
+            except Ambiguous as e:
+                raise Malformed(e.line.number, e.why, e.line.event.seq) from None
             except Unreplayable as e:
                 raise Violation(e.line, f"not enabled: {e.why}", None, self._concerned(e.line)) from None
             if call is None:  # only splits left: the trace stops inside a call
