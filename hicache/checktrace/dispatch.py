@@ -155,7 +155,7 @@ class Resolver:
         if m is not None and e.pages and frees and len(found) > 1:
             i = TIERS.index(Tier(e.tier))
             want = [m.to_ref.get(p) for p in e.pages]
-            found = [n for n in found if n.value[i] is not None and n.value[i].tolist() == want]
+            found = [n for n in found if (v := n.value[i]) is not None and v.tolist() == want]
         return found
 
 

@@ -62,9 +62,11 @@ class _Buffer:
 
 
 def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
-    """The reference a trace with `header` replays on: its page size, its capacities (0 pages
-    for a tier it does not have), invariants off (the replay runs them itself)."""
-    caps = [header.capacities.get(t, 0) for t in ("L1", "L2", "L3")]
+    """The reference a trace with `header` replays on: its page size and capacities,
+    invariants off (the replay runs them itself). A tier the header does not have gets one
+    page (a page table of none is refused): no event can use it, since an event on a tier the
+    header lacks is malformed. A tier declared with 0 pages gets one too."""
+    caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
     return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc)
 
 
