@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hicache.checktrace.maps import IdMap
 from hicache.control import ControlPlane
 from hicache.errors import IllegalTransition
-from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, States, composite_name
+from hicache.lifecycle import RESIDENT, Lifecycle, States, composite_name
 from hicache.tiers import TIERS, Tier
 from hicache.tree import TreeNode
 
@@ -140,7 +140,3 @@ class Before:
                            f"tokens, published {r.published_len}, private pages {r.private_pages}, "
                            f"pins: {pins}, ops pending: {mine}")
         return out
-
-
-def is_absent(states: States) -> bool:
-    return states == (ABSENT, ABSENT, ABSENT)
