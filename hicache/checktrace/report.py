@@ -12,6 +12,7 @@ pages, pins and ops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hicache.checktrace.maps import IdMap
 from hicache.control import ControlPlane
@@ -21,8 +22,7 @@ from hicache.tiers import TIERS, Tier
 from hicache.tree import TreeNode
 
 
-@dataclass(frozen=True)
-class NodeRecord:
+class NodeRecord(NamedTuple):
     """One node as it was: its triple, locks, pending ops, and the tree context guards read."""
 
     ref_id: int
@@ -33,8 +33,7 @@ class NodeRecord:
     parent_resident: tuple[bool, bool, bool]  # per tier: the parent is the root or RESIDENT
 
 
-@dataclass(frozen=True)
-class RequestRecord:
+class RequestRecord(NamedTuple):
     request_id: int
     live: bool
     cached_len: int = 0
