@@ -120,7 +120,7 @@ def replay_until(lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope]
         return
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(1, 3), at=st.integers(1, 150), kind=st.sampled_from(KINDS), data=st.data())
 def test_the_touched_checks_report_what_the_full_checks_report(seed: int, at: int, kind: str,
                                                                  data: st.DataObject) -> None:
