@@ -15,7 +15,10 @@ import pytest
 from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
 from hicache.checktrace.generate import controller_trace
 from hicache.control import ControlPlane
+from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.replay import Replay
 from hicache.lifecycle import load_lifecycle
+from hicache.pages import FREE
 from hicache.testing.adapters.controller import Setup
 from hicache.tiers import Direction
 from hicache.trace import NdjsonSink, Tracer
@@ -158,6 +161,19 @@ def test_controller_traces_with_faults_are_valid() -> None:
             seen.update(e["event"] for e in events(lines))
     rows = set(load_lifecycle().transitions)
     assert {"d2h_fail", "h2s_fail", "h2d_cancel", "h2s_cancel", "evict_l3"} <= seen <= rows | NON_LIFECYCLE
+
+
+def test_the_maps_hold_only_what_is_live() -> None:
+    """Ids and pages are unbound when the reference retires them, so a replay's memory is
+    bounded by the live state, whatever the trace's length (streaming)."""
+    lc = load_lifecycle()
+    replay = Replay(TraceReader(controller_trace(3, 400), lc), lc, 1)
+    replay.run()
+    cp, c = replay.cp, replay.compare
+    assert set(c.nodes.to_engine) <= {n.node_id for n in cp.tree.nodes()}
+    assert set(c.ops.to_engine) == set(cp.ops)
+    for t, table in zip(("L1", "L2", "L3"), cp.tables):
+        assert all(table.owner[r] != FREE for r in c.pages[t].to_engine)
 
 
 # -- violations ---------------------------------------------------------------------------------
