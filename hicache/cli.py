@@ -7,6 +7,7 @@
     hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
+    hicache vectors generate|run [ARGS...]          delegated: hicache.vectors.generate/run.main
     hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
@@ -44,6 +45,8 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "hicache.bench.serving",
     ("demo",): "hicache.demo",
     ("fuzz",): "hicache.testing.runner",
+    ("vectors", "generate"): "hicache.vectors.generate",
+    ("vectors", "run"): "hicache.vectors.run",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -59,6 +62,9 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
     ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
+    ("vectors",): "conformance vectors: write them, or check an engine's adapter against them",
+    ("vectors", "generate"): "write conformance cases and their manifest into DIR (--count --seed)",
+    ("vectors", "run"): "drive an adapter (--adapter module:Name) through DIR's cases; exit 1 on a failure",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""
