@@ -10,9 +10,9 @@ a line per case (`PASS`, `FAIL` with the step, the operation, the observation, e
 got; `SKIP` when the factory raised `UnsupportedConfig`), a line per file in DIR the manifest
 does not list, then a summary with cases per second.
 
-Exit status: 0 every case passed or was skipped and every file was consumed; 1 a case failed,
-a listed file is missing, unreadable, malformed or has another sha256, or a file in DIR is not
-listed; 2 a usage error (no manifest, a bad `--adapter`): one line on stderr.
+Exit status: 0 every case passed or was skipped (at least one passed) and every file was
+consumed; 1 a case failed, a listed file is missing, unreadable, malformed or has another
+sha256, a file in DIR is not listed, or every case was skipped; 2 a usage error (no manifest, a bad `--adapter`): one line on stderr.
 """
 
 from __future__ import annotations
@@ -194,4 +194,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"vectors: {len(verdicts)} checked ({counts['PASS']} passed, {counts['FAIL']} failed, "
           f"{counts['SKIP']} skipped) in {seconds:.2f} s, {len(verdicts) / seconds:.0f} cases/s; "
           f"adapter {args.adapter}")
-    return 1 if counts["FAIL"] else 0
+    if not counts["PASS"] and not counts["FAIL"]:
+        print("vectors: no case ran (every one skipped): the adapter was checked against nothing")
+    return 1 if counts["FAIL"] or not counts["PASS"] else 0
