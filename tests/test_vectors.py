@@ -10,11 +10,11 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.controller import ControllerAdapter
-from hicache.testing.protocol import Admission, PageChange
+from hicache.testing.protocol import Admission, CacheUnderTest, PageChange
 from hicache.vectors import generate, run
 from hicache.vectors.adapters import controller
 from hicache.vectors.categories import CATEGORIES
@@ -89,7 +89,7 @@ def wrapped(cls: type[ControllerAdapter]) -> run.Factory:
     return factory
 
 
-def misreporting(config: CaseConfig) -> ControllerAdapter:
+def misreporting(config: CaseConfig) -> CacheUnderTest:
     """`--adapter tests.test_vectors:misreporting` for the command-line test."""
     return wrapped(MisreportedHit)(config)
 
@@ -182,17 +182,22 @@ def test_a_tampered_case_fails_on_its_sha(vectors: Path, tmp_path: Path) -> None
     assert [v.name for v in bad] == ["restore_l2-000.json"] and "sha256" in bad[0].detail
 
 
+def rewrite(directory: Path, name: str, case: dict[str, Any]) -> None:
+    """Write `case` as `name` and its sha256 into the manifest (a tamperer who knows the format)."""
+    data = json.dumps(case).encode()
+    (directory / name).write_bytes(data)
+    manifest = json.loads((directory / MANIFEST).read_bytes())
+    next(c for c in manifest["cases"] if c["file"] == name)["sha256"] = sha256_hex(data)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
 def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(vectors: Path, tmp_path: Path) -> None:
     directory = copy_of(vectors, tmp_path)
     name = "restore_l2-000.json"
     case = json.loads((directory / name).read_bytes())
     at = next(i for i, s in enumerate(case["steps"]) if s["expect"]["pending_ops"] == 1)
     case["steps"][at]["expect"]["pending_ops"] = 2
-    data = json.dumps(case).encode()
-    (directory / name).write_bytes(data)
-    manifest = json.loads((directory / MANIFEST).read_bytes())
-    next(c for c in manifest["cases"] if c["file"] == name)["sha256"] = sha256_hex(data)
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    rewrite(directory, name, case)
     bad = failures(directory, controller)
     assert [v.name for v in bad] == [name]
     assert bad[0].detail.startswith(f"step {at} (") and "pending_ops: expected 2, got 1" in bad[0].detail
@@ -203,11 +208,7 @@ def test_a_malformed_case_fails_with_the_field_named(vectors: Path, tmp_path: Pa
     name = "hit_miss-001.json"
     case = json.loads((directory / name).read_bytes())
     del case["steps"][0]["request"]
-    data = json.dumps(case).encode()
-    (directory / name).write_bytes(data)
-    manifest = json.loads((directory / MANIFEST).read_bytes())
-    next(c for c in manifest["cases"] if c["file"] == name)["sha256"] = sha256_hex(data)
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    rewrite(directory, name, case)
     bad = failures(directory, controller)
     assert [v.name for v in bad] == [name] and "submit needs 'request'" in bad[0].detail
 
