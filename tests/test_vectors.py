@@ -238,3 +238,12 @@ def test_usage_errors_exit_2(vectors: Path, tmp_path: Path, capsys: pytest.Captu
     assert exit_status(generate.main, [str(vectors)]) == 2  # not empty
     err = capsys.readouterr().err
     assert "cannot read the manifest" in err and "give module:Name" in err and "not an empty directory" in err
+
+
+def test_the_bench_reports_each_rate_against_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    from hicache.bench import vectors as bench
+
+    assert bench.main(["--count", "1", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(CATEGORIES)} cases" in out and "ceiling: read + sha256 + parse" in out
+    assert out.count("of the ceiling)") == 2
