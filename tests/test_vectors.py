@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.controller import ControllerAdapter
 from hicache.testing.protocol import Admission, CacheUnderTest, PageChange
-from hicache.vectors import generate, run
+from hicache.vectors import adapters, generate, run
 from hicache.vectors.adapters import controller
 from hicache.vectors.categories import CATEGORIES
 from hicache.vectors.format import MANIFEST, CaseConfig, UnsupportedConfig, sha256_hex
@@ -130,6 +130,8 @@ def test_cases_exercise_what_their_category_names(vectors: Path) -> None:
     for category in ("fail_d2h", "fail_h2s", "fail_h2d", "fail_s2h"):
         assert any(s["op"] == "fail" for s in steps[f"{category}-000"])
     assert any(s["op"] == "prefill" and s["expect"]["result"] is False for s in steps["eviction_l1-000"])
+    for category in ("l1_hit_miss", "l1_sharing", "l1_eviction", "l1_refused"):
+        assert all(s["expect"]["pending_ops"] == 0 for s in steps[f"{category}-000"])
     l3_hits = [s["expect"]["result"]["hits"] for s in steps["restore_l3-000"]
                if s["op"] == "submit" and s["request"] == 2]
     assert l3_hits and l3_hits[0]["L3"] > 0 and l3_hits[0]["L2"] == 0
@@ -146,6 +148,22 @@ def test_a_misreported_hit_fails_naming_the_case_step_and_observation(vectors: P
 def test_an_unreported_eviction_fails_on_the_page_changes(vectors: Path) -> None:
     bad = failures(vectors, wrapped(SilentEviction))
     assert any(v.name.startswith("eviction_l1") and "changes.L1" in v.detail for v in bad), bad
+
+
+def test_a_one_tier_lru_runs_the_l1_cases_and_differs_where_the_spec_fixes_eviction(vectors: Path) -> None:
+    """The plain LRU cache passes what any prefix cache does (hits, sharing), skips the
+    three-tier cases, and fails L1 eviction: it frees pages one at a time where the spec frees
+    a node's whole value (eviction.md), so the node's last page is not reported gone."""
+    verdicts = {v.name: v for v in run.run_dir(vectors, adapters.lru)}
+    assert all(v.status == "SKIP" for name, v in verdicts.items() if not name.startswith("l1_"))
+    assert all(verdicts[f"l1_{c}-00{i}.json"].status == "PASS" for c in ("hit_miss", "sharing") for i in (0, 1))
+    eviction = verdicts["l1_eviction-000.json"]
+    assert eviction.status == "FAIL" and "(prefill request 3): changes.L1: 6 expected, 5 got" in eviction.detail
+
+
+def test_the_forgetful_lru_fails_l1_eviction_with_every_eviction_missing(vectors: Path) -> None:
+    bad = {v.name: v for v in failures(vectors, adapters.forgetful)}
+    assert "changes.L1: 6 expected, 3 got; expected but missing [[\"ABSENT\"" in bad["l1_eviction-000.json"].detail
 
 
 def test_op_ids_and_refusal_classes_of_its_own_still_pass(vectors: Path) -> None:

@@ -2,27 +2,77 @@
 
 A factory is any callable `Name(config: CaseConfig) -> CacheUnderTest` that builds a fresh
 engine for one case; it raises `UnsupportedConfig` for a configuration its engine cannot take
-(the case is then skipped, not failed). `controller` is hicache's own: the controller on the
-null data plane, the engine the vectors were generated with.
+(the case is then skipped, not failed).
+
+    factory      engine                                              takes
+    -----------  --------------------------------------------------  -------------------------
+    controller   hicache's controller on the null data plane (the    every case: three tiers,
+                 engine the vectors were generated with)             or L1 only (`ControllerL1`)
+    lru          the plain LRU cache of hicache/testing/adapters/    L1-only cases
+                 lru.py (one tier, evicts page by page)
+    forgetful    the same with its bug: an eviction not reported     L1-only cases
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.testing.adapters.lru import ForgetfulLRU, LRUCache
+from hicache.testing.protocol import Admission, PageChange
 from hicache.vectors.format import TIERS, CaseConfig, UnsupportedConfig
 
 CONTROLLER_PAGE_SIZE = 4
 """The page size (tokens) of the controller's geometry the adapter builds (preset "tiny")."""
 
 
+L1_ONLY_LOWER_PAGES = 4
+"""L2 pages and L3 slots of the controller behind an L1-only case (`ControllerL1`): never
+used, since an L1-only case never ticks, so no backup is issued."""
+
+
+class ControllerL1(ControllerAdapter):
+    """The controller seen as a one-tier cache, for L1-only cases: it reports L1 alone (hits,
+    page changes). Those cases never tick, drain or complete, so nothing reaches L2 or L3 and
+    nothing is restored: what L1 does is what a plain prefix cache does."""
+
+    tiers = ("L1",)
+
+    def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
+        got = super().submit(request_id, tokens)
+        return Admission({"L1": got.hits["L1"]}, got.cached_len)
+
+    def changes(self) -> list[PageChange]:
+        return [c for c in super().changes() if c.tier == "L1"]
+
+
 def controller(config: CaseConfig) -> ControllerAdapter:
     """hicache's controller on the null data plane, sized and configured as `config` says
-    (its own checks off inside transitions: the runner calls `check()` after every step)."""
-    if config.page_size != CONTROLLER_PAGE_SIZE or config.tiers != TIERS:
+    (its own checks off inside transitions: the runner calls `check()` after every step);
+    for an L1-only case, `ControllerL1`."""
+    l1_only = config.tiers == ("L1",)
+    if config.page_size != CONTROLLER_PAGE_SIZE or not (l1_only or config.tiers == TIERS):
         raise UnsupportedConfig(f"the controller adapter takes page size {CONTROLLER_PAGE_SIZE} and "
-                                f"tiers {TIERS}; the case has {config.page_size}, {config.tiers}")
+                                f"tiers {TIERS} or L1 alone; the case has {config.page_size}, {config.tiers}")
     caps = config.capacities
-    return ControllerAdapter(Setup(
-        l1_pages=caps["L1"], l2_pages=caps["L2"], l3_slots=caps["L3"],
-        write_policy=config.write_policy, policy=config.restore_policy, promotion=config.promotion,
-        plane="null", check_mode="off"))
+    setup = Setup(
+        l1_pages=caps["L1"], l2_pages=caps.get("L2", L1_ONLY_LOWER_PAGES),
+        l3_slots=caps.get("L3", L1_ONLY_LOWER_PAGES), write_policy=config.write_policy,
+        policy=config.restore_policy, promotion=config.promotion, plane="null", check_mode="off")
+    return ControllerL1(setup) if l1_only else ControllerAdapter(setup)
+
+
+def _l1_cache(config: CaseConfig, cls: type[LRUCache]) -> LRUCache:
+    if config.tiers != ("L1",):
+        raise UnsupportedConfig(f"the LRU cache has one tier (L1); the case needs {config.tiers}")
+    return cls(config.capacities["L1"], config.page_size)
+
+
+def lru(config: CaseConfig) -> LRUCache:
+    """The plain LRU cache (hicache/testing/adapters/lru.py) for an L1-only case."""
+    return _l1_cache(config, LRUCache)
+
+
+def forgetful(config: CaseConfig) -> LRUCache:
+    """The LRU cache that drops a page without reporting it, for an L1-only case."""
+    return _l1_cache(config, ForgetfulLRU)

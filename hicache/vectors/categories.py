@@ -21,6 +21,10 @@
     storage_damage    the L3 file is cut or removed; a restore from it falls back to compute
     crash             a crash aimed at a transfer: the engine restarts empty
     random            a seeded walk over the operations above (no crash, no damage)
+    l1_hit_miss, l1_sharing, l1_eviction
+                      the scripts of hit_miss, sharing and eviction_l1 on a cache of L1 alone
+                      (they never tick: nothing is backed up or restored)
+    l1_refused        refused calls a one-tier cache must refuse
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import random
 
 from hicache.controller.config import WRITE_POLICIES
 from hicache.vectors.format import CaseConfig
-from hicache.vectors.recorder import ALL, LIVE_MAX, Builder, Recorder, Script, config
+from hicache.vectors.recorder import ALL, LIVE_MAX, PAGE_SIZE, Builder, Recorder, Script, config
 
 
 def hit_miss(rng: random.Random) -> tuple[CaseConfig, Script]:
@@ -41,7 +45,6 @@ def hit_miss(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.serve(4, r.extend(a, rng.randint(1, 2), keep_pages=rng.randint(1, 2)), finish=False)
         r.finish(3)
         r.finish(4)
-        r.tick()
     return config(rng), script
 
 
@@ -343,6 +346,32 @@ def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
     return config(rng, write_policy=policy), script
 
 
+def _l1_only(builder: Builder) -> Builder:
+    """The same script on a one-tier cache of the same L1 size: for scripts that never tick,
+    drain or complete (nothing is backed up, nothing restored), so any prefix cache can run
+    them (hicache/vectors/adapters.py, `ControllerL1`)."""
+    def build(rng: random.Random) -> tuple[CaseConfig, Script]:
+        cfg, script = builder(rng)
+        return CaseConfig(cfg.page_size, {"L1": cfg.capacities["L1"]}, cfg.write_policy,
+                          cfg.restore_policy, cfg.promotion), script
+    return build
+
+
+def l1_refused(rng: random.Random) -> tuple[CaseConfig, Script]:
+    def script(r: Recorder) -> None:
+        a = r.fresh(2)
+        r.serve(1, a, finish=False)
+        r.submit(1, r.fresh(1))  # the id is live
+        r.do({"op": "prefill", "request": 99})  # not live
+        r.do({"op": "finish", "request": 99})
+        r.submit(2, [])  # no token to compute
+        r.submit(3, r.fresh(rng.randint(13, 16)))  # more pages than L1 holds
+        r.prefill(1)  # served already
+        r.finish(1)
+        r.serve(4, a)
+    return CaseConfig(PAGE_SIZE, {"L1": rng.randint(8, 12)}), script
+
+
 CATEGORIES: dict[str, Builder] = {
     "hit_miss": hit_miss, "sharing": sharing, "eviction_l1": eviction_l1, "eviction_l2": eviction_l2,
     "eviction_l3": eviction_l3, "write_policy": write_policy, "restore_l2": restore_l2,
@@ -350,5 +379,7 @@ CATEGORIES: dict[str, Builder] = {
     "fail_h2d": _failure("H2D"), "fail_s2h": _failure("S2H"), "aimed": aimed, "abort": abort,
     "cancel_restore": cancel_restore, "drain": drain, "refused": refused,
     "storage_damage": storage_damage, "crash": crash, "random": random_walk,
+    "l1_hit_miss": _l1_only(hit_miss), "l1_sharing": _l1_only(sharing),
+    "l1_eviction": _l1_only(eviction_l1), "l1_refused": l1_refused,
 }
 """Category name -> its builder (a seeded RNG -> the case's configuration and script)."""

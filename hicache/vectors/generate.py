@@ -26,7 +26,7 @@ from hicache.vectors.format import MANIFEST, ManifestEntry, case_json, manifest_
 from hicache.vectors.recorder import Recorder
 
 DEFAULT_COUNT = 2
-"""Cases per category by default: 20 categories x 2 = 40 cases, generated and run in a few
+"""Cases per category by default: 24 categories x 2 = 48 cases, generated and run in a few
 seconds (tests/test_vectors.py does both)."""
 DEFAULT_SEED = 0
 
@@ -50,6 +50,10 @@ def generate_case(category: str, seed: int, index: int) -> tuple[str, bytes]:
         final = driver.final()
     finally:
         cache.close()
+    # Verify an L1-only case stayed in L1: no transfer was ever in flight (else it would not
+    # be what a one-tier cache does).
+    assert config.tiers != ("L1",) or not any(s["expect"]["pending_ops"] for s in recorder.steps), \
+        f"{category}: an L1-only script issued a transfer"
     name = f"{category}-{index:03d}"
     return f"{name}.json", case_json(name, category, seed, config, recorder.steps, final)
 

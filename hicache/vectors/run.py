@@ -149,16 +149,24 @@ def compare_step(expected: dict[str, Any], got: dict[str, Any]) -> str | None:
 
 def first_difference(expected: object, got: object, path: str) -> str | None:
     """`path: expected X, got Y` for the first differing value (objects compared key by key,
-    so the message names the tier or field), or None when equal."""
+    so the message names the tier or field; of two long lists only the elements one lacks
+    are named), or None when equal."""
     if isinstance(expected, dict) and isinstance(got, dict):
         for key in sorted(set(expected) | set(got)):
             diff = first_difference(expected.get(key), got.get(key), f"{path}.{key}")
             if diff is not None:
                 return diff
         return None
-    if expected != got:
-        return f"{path}: expected {json.dumps(expected)}, got {json.dumps(got)}"
-    return None
+    if expected == got:
+        return None
+    if isinstance(expected, list) and isinstance(got, list) and max(len(expected), len(got)) > 2:
+        want, have = [json.dumps(e) for e in expected], [json.dumps(g) for g in got]
+        missing = [w for w in want if w not in have]
+        extra = [h for h in have if h not in want]
+        if missing or extra:  # a long list: name only the elements that differ
+            return (f"{path}: {len(expected)} expected, {len(got)} got; expected but missing "
+                    f"[{', '.join(missing)}], got but not expected [{', '.join(extra)}]")
+    return f"{path}: expected {json.dumps(expected)}, got {json.dumps(got)}"
 
 
 def describe(op: dict[str, Any]) -> str:
