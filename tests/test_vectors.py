@@ -28,6 +28,14 @@ def vectors(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six cases of three categories: for the tests about the directory, not the engine."""
+    directory = tmp_path_factory.mktemp("small") / "v"
+    generate.generate(directory, 2, 0, ["hit_miss", "restore_l2", "drain"])
+    return directory
+
+
 def copy_of(vectors: Path, tmp_path: Path) -> Path:
     target = tmp_path / "v"
     target.mkdir()
@@ -170,30 +178,30 @@ def test_op_ids_and_refusal_classes_of_its_own_still_pass(vectors: Path) -> None
     assert failures(vectors, wrapped(OwnOpIds)) == []
 
 
-def test_the_command_line_names_the_failure_and_exits_1(vectors: Path,
+def test_the_command_line_names_the_failure_and_exits_1(small: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert run.main([str(vectors), "--adapter", "tests.test_vectors:misreporting", "--quiet"]) == 1
+    assert run.main([str(small), "--adapter", "tests.test_vectors:misreporting", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "FAIL hit_miss-000.json: step " in out and "PASS " not in out
 
 
-def test_a_file_the_manifest_does_not_list_fails_the_run(vectors: Path, tmp_path: Path,
+def test_a_file_the_manifest_does_not_list_fails_the_run(small: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    directory = copy_of(vectors, tmp_path)
+    directory = copy_of(small, tmp_path)
     (directory / "stray.json").write_text("{}")
     assert run.main([str(directory), "--quiet"]) == 1
     assert "FAIL stray.json: in DIR but not in the manifest" in capsys.readouterr().out
 
 
-def test_a_listed_file_that_is_missing_fails_the_run(vectors: Path, tmp_path: Path) -> None:
-    directory = copy_of(vectors, tmp_path)
+def test_a_listed_file_that_is_missing_fails_the_run(small: Path, tmp_path: Path) -> None:
+    directory = copy_of(small, tmp_path)
     (directory / "drain-001.json").unlink()
     bad = failures(directory, controller)
     assert [v.name for v in bad] == ["drain-001.json"] and "unreadable" in bad[0].detail
 
 
-def test_a_tampered_case_fails_on_its_sha(vectors: Path, tmp_path: Path) -> None:
-    directory = copy_of(vectors, tmp_path)
+def test_a_tampered_case_fails_on_its_sha(small: Path, tmp_path: Path) -> None:
+    directory = copy_of(small, tmp_path)
     path = directory / "restore_l2-000.json"
     path.write_bytes(path.read_bytes().replace(b'"pending_ops":1', b'"pending_ops":2', 1))
     bad = failures(directory, controller)
@@ -209,8 +217,8 @@ def rewrite(directory: Path, name: str, case: dict[str, Any]) -> None:
     (directory / MANIFEST).write_text(json.dumps(manifest))
 
 
-def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(vectors: Path, tmp_path: Path) -> None:
-    directory = copy_of(vectors, tmp_path)
+def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(small: Path, tmp_path: Path) -> None:
+    directory = copy_of(small, tmp_path)
     name = "restore_l2-000.json"
     case = json.loads((directory / name).read_bytes())
     at = next(i for i, s in enumerate(case["steps"]) if s["expect"]["pending_ops"] == 1)
@@ -221,8 +229,8 @@ def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(vectors: P
     assert bad[0].detail.startswith(f"step {at} (") and "pending_ops: expected 2, got 1" in bad[0].detail
 
 
-def test_a_malformed_case_fails_with_the_field_named(vectors: Path, tmp_path: Path) -> None:
-    directory = copy_of(vectors, tmp_path)
+def test_a_malformed_case_fails_with_the_field_named(small: Path, tmp_path: Path) -> None:
+    directory = copy_of(small, tmp_path)
     name = "hit_miss-001.json"
     case = json.loads((directory / name).read_bytes())
     del case["steps"][0]["request"]
@@ -235,10 +243,10 @@ def nothing(config: CaseConfig) -> ControllerAdapter:
     raise UnsupportedConfig("this engine has one tier")
 
 
-def test_an_adapter_that_supports_nothing_skips_every_case_and_fails(vectors: Path,
+def test_an_adapter_that_supports_nothing_skips_every_case_and_fails(small: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    assert {v.status for v in run.run_dir(vectors, nothing)} == {"SKIP"}
-    assert run.main([str(vectors), "--adapter", "tests.test_vectors:nothing", "--quiet"]) == 1
+    assert {v.status for v in run.run_dir(small, nothing)} == {"SKIP"}
+    assert run.main([str(small), "--adapter", "tests.test_vectors:nothing", "--quiet"]) == 1
     assert "no case ran (every one skipped)" in capsys.readouterr().out
 
 
@@ -249,11 +257,11 @@ def exit_status(main: Callable[[list[str]], int], argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else -1
 
 
-def test_usage_errors_exit_2(vectors: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2(small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_status(run.main, [str(tmp_path)]) == 2  # no manifest
-    assert exit_status(run.main, [str(vectors), "--adapter", "hicache.vectors.adapters"]) == 2
-    assert exit_status(run.main, [str(vectors), "--adapter", "no_such_module:x"]) == 2
-    assert exit_status(generate.main, [str(vectors)]) == 2  # not empty
+    assert exit_status(run.main, [str(small), "--adapter", "hicache.vectors.adapters"]) == 2
+    assert exit_status(run.main, [str(small), "--adapter", "no_such_module:x"]) == 2
+    assert exit_status(generate.main, [str(small)]) == 2  # not empty
     err = capsys.readouterr().err
     assert "cannot read the manifest" in err and "give module:Name" in err and "not an empty directory" in err
 

@@ -259,17 +259,25 @@ def drain(rng: random.Random) -> tuple[CaseConfig, Script]:
     return config(rng, l1=(10, 12)), script
 
 
+def _refuse_requests(r: Recorder, rng: random.Random) -> tuple[int, ...]:
+    """Request 1 is served and stays; then calls every cache must refuse: request 1 admitted
+    again, request 99 (never admitted) prefilled and finished, an empty prompt, a prompt
+    larger than L1 (at most 12 pages here). Returns request 1's prompt."""
+    a = r.fresh(2)
+    r.serve(1, a, finish=False)
+    r.submit(1, r.fresh(1))  # the id is live
+    r.do({"op": "prefill", "request": 99})  # not live
+    r.do({"op": "finish", "request": 99})
+    r.submit(2, [])  # no token to compute
+    r.submit(3, r.fresh(rng.randint(13, 16)))  # more pages than L1 holds
+    return a
+
+
 def refused(rng: random.Random) -> tuple[CaseConfig, Script]:
     def script(r: Recorder) -> None:
-        a = r.fresh(2)
-        r.serve(1, a, finish=False)
-        r.submit(1, r.fresh(1))  # the id is live
-        r.do({"op": "prefill", "request": 99})  # not live
-        r.do({"op": "finish", "request": 99})
+        a = _refuse_requests(r, rng)
         r.do({"op": "cancel_restore", "request": 99})
         r.do({"op": "ready", "request": 99})
-        r.submit(2, [])  # no token to compute
-        r.submit(3, r.fresh(13))  # more pages than L1 holds
         r.aim("melt", "L1")
         r.do({"op": "damage_storage", "how": "burn"})
         r.finish(1)
@@ -359,13 +367,7 @@ def _l1_only(builder: Builder) -> Builder:
 
 def l1_refused(rng: random.Random) -> tuple[CaseConfig, Script]:
     def script(r: Recorder) -> None:
-        a = r.fresh(2)
-        r.serve(1, a, finish=False)
-        r.submit(1, r.fresh(1))  # the id is live
-        r.do({"op": "prefill", "request": 99})  # not live
-        r.do({"op": "finish", "request": 99})
-        r.submit(2, [])  # no token to compute
-        r.submit(3, r.fresh(rng.randint(13, 16)))  # more pages than L1 holds
+        a = _refuse_requests(r, rng)
         r.prefill(1)  # served already
         r.finish(1)
         r.serve(4, a)
