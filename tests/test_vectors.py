@@ -67,6 +67,23 @@ class SilentEviction(ControllerAdapter):
         return [c for c in super().changes() if not (c.tier == "L1" and c.state == "ABSENT")]
 
 
+class ServedBytes(ControllerAdapter):
+    """Reports a digest per served page: the same for the same prefix (`drift` 0), or one
+    that changes every time a page is served (`drift` 1: bytes that are not what was cached)."""
+
+    drift = 0
+
+    def served_digests(self, request_id: int) -> list[int] | None:
+        self.served = getattr(self, "served", 0) + self.drift
+        tokens, ps = self.tokens[request_id], self.page_size
+        return [hash(tokens[:(i + 1) * ps]) + self.served
+                for i in range(self.cached_len(request_id) // ps)]
+
+
+class DriftingBytes(ServedBytes):
+    drift = 1
+
+
 class OwnOpIds(ControllerAdapter):
     """Correct, with op ids of its own (1000 + hicache's) and its own refusal classes: the
     spec leaves both free, so every case still passes."""
@@ -172,6 +189,12 @@ def test_a_one_tier_lru_runs_the_l1_cases_and_differs_where_the_spec_fixes_evict
 def test_the_forgetful_lru_fails_l1_eviction_with_every_eviction_missing(vectors: Path) -> None:
     bad = {v.name: v for v in failures(vectors, adapters.forgetful)}
     assert "changes.L1: 6 expected, 3 got; expected but missing [[\"ABSENT\"" in bad["l1_eviction-000.json"].detail
+
+
+def test_served_bytes_must_be_the_same_each_time_a_prefix_is_served(small: Path) -> None:
+    assert failures(small, wrapped(ServedBytes)) == []
+    bad = {v.name: v.detail for v in failures(small, wrapped(DriftingBytes))}
+    assert "(prefill request 2): digest of served page 0 of request 2: expected " in bad["hit_miss-000.json"]
 
 
 def test_op_ids_and_refusal_classes_of_its_own_still_pass(vectors: Path) -> None:

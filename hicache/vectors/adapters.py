@@ -7,7 +7,7 @@ engine for one case; it raises `UnsupportedConfig` for a configuration its engin
     factory      engine                                              takes
     -----------  --------------------------------------------------  -------------------------
     controller   hicache's controller on the null data plane (the    every case: three tiers,
-                 engine the vectors were generated with)             or L1 only (`ControllerL1`)
+                 engine the vectors were generated with)             or L1 only
     lru          the plain LRU cache of hicache/testing/adapters/    L1-only cases
                  lru.py (one tier, evicts page by page)
     forgetful    the same with its bug: an eviction not reported     L1-only cases
@@ -15,41 +15,21 @@ engine for one case; it raises `UnsupportedConfig` for a configuration its engin
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.adapters.lru import ForgetfulLRU, LRUCache
-from hicache.testing.protocol import Admission, PageChange
 from hicache.vectors.format import TIERS, CaseConfig, UnsupportedConfig
 
 CONTROLLER_PAGE_SIZE = 4
 """The page size (tokens) of the controller's geometry the adapter builds (preset "tiny")."""
-
-
 L1_ONLY_LOWER_PAGES = 4
-"""L2 pages and L3 slots of the controller behind an L1-only case (`ControllerL1`): never
-used, since an L1-only case never ticks, so no backup is issued."""
-
-
-class ControllerL1(ControllerAdapter):
-    """The controller seen as a one-tier cache, for L1-only cases: it reports L1 alone (hits,
-    page changes). Those cases never tick, drain or complete, so nothing reaches L2 or L3 and
-    nothing is restored: what L1 does is what a plain prefix cache does."""
-
-    tiers = ("L1",)
-
-    def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
-        got = super().submit(request_id, tokens)
-        return Admission({"L1": got.hits["L1"]}, got.cached_len)
-
-    def changes(self) -> list[PageChange]:
-        return [c for c in super().changes() if c.tier == "L1"]
+"""L2 pages and L3 slots of the controller behind an L1-only case: never used, since such a
+case never ticks, so no backup is issued and nothing is restored (the runner observes L1
+alone)."""
 
 
 def controller(config: CaseConfig) -> ControllerAdapter:
     """hicache's controller on the null data plane, sized and configured as `config` says
-    (its own checks off inside transitions: the runner calls `check()` after every step);
-    for an L1-only case, `ControllerL1`."""
+    (its own checks off inside transitions: the runner calls `check()` after every step)."""
     l1_only = config.tiers == ("L1",)
     if config.page_size != CONTROLLER_PAGE_SIZE or not (l1_only or config.tiers == TIERS):
         raise UnsupportedConfig(f"the controller adapter takes page size {CONTROLLER_PAGE_SIZE} and "
@@ -59,7 +39,7 @@ def controller(config: CaseConfig) -> ControllerAdapter:
         l1_pages=caps["L1"], l2_pages=caps.get("L2", L1_ONLY_LOWER_PAGES),
         l3_slots=caps.get("L3", L1_ONLY_LOWER_PAGES), write_policy=config.write_policy,
         policy=config.restore_policy, promotion=config.promotion, plane="null", check_mode="off")
-    return ControllerL1(setup) if l1_only else ControllerAdapter(setup)
+    return ControllerAdapter(setup)
 
 
 def _l1_cache(config: CaseConfig, cls: type[LRUCache]) -> LRUCache:

@@ -357,7 +357,7 @@ def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
 def _l1_only(builder: Builder) -> Builder:
     """The same script on a one-tier cache of the same L1 size: for scripts that never tick,
     drain or complete (nothing is backed up, nothing restored), so any prefix cache can run
-    them (hicache/vectors/adapters.py, `ControllerL1`)."""
+    them (the runner observes L1 alone)."""
     def build(rng: random.Random) -> tuple[CaseConfig, Script]:
         cfg, script = builder(rng)
         return CaseConfig(cfg.page_size, {"L1": cfg.capacities["L1"]}, cfg.write_policy,
