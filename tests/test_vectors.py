@@ -197,6 +197,11 @@ def test_served_bytes_must_be_the_same_each_time_a_prefix_is_served(small: Path)
     assert "(prefill request 2): digest of served page 0 of request 2: expected " in bad["hit_miss-000.json"]
 
 
+def test_comparison_is_of_json_values_where_true_is_not_1() -> None:
+    assert run.first_difference({"result": True}, {"result": 1}, "x") == "x.result: expected true, got 1"
+    assert run.first_difference([["RESIDENT", [1, 2]]], [["RESIDENT", [1, 2]]], "changes") is None
+
+
 def test_op_ids_and_refusal_classes_of_its_own_still_pass(vectors: Path) -> None:
     assert failures(vectors, wrapped(OwnOpIds)) == []
 

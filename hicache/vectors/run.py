@@ -157,7 +157,7 @@ def first_difference(expected: object, got: object, path: str) -> str | None:
             if diff is not None:
                 return diff
         return None
-    if expected == got:
+    if expected == got and isinstance(expected, bool) == isinstance(got, bool):  # JSON: true is not 1
         return None
     if isinstance(expected, list) and isinstance(got, list) and max(len(expected), len(got)) > 2:
         want, have = [json.dumps(e) for e in expected], [json.dumps(g) for g in got]
