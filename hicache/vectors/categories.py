@@ -8,7 +8,8 @@
                       L1, succeeds once one ends; partial pressure on L1
     eviction_l2       L2 fills through backups; pressure on L2; what an L1 miss then hits
     eviction_l3       a few L3 slots fill; pressure on L3; an L3-only restore after it
-    write_policy      the D2H then H2S chain step by step under each write policy
+    write_policy      the D2H then H2S chain step by step under each write policy; then L1
+                      fills and makes room (write-back: the victim is backed up first)
     restore_l2        a load-back from L2 (ready only once it is observed); a sharer joins
     restore_l3        an L3 restore through L2 (promotion on or off), step by step
     fail_d2h/_h2s/    one transfer of that kind fails (an S2H: error, corrupt or unreadable);
@@ -117,10 +118,15 @@ def write_policy(rng: random.Random) -> tuple[CaseConfig, Script]:
                 if r.pending():
                     r.complete(0)
                 r.tick()  # the D2H observed: the H2S starts; then it is observed
-        r.evict("L1")  # write-back: the victim is backed up first
+        # Two more prompts fill L1: prefill makes room, `a` first (least recently used);
+        # under write-back its eviction backs it up first (eviction.md). Not `evict`, which
+        # is pressure from outside the controller's make-room.
+        r.serve(4, r.fresh(3))
+        r.serve(5, r.fresh(3))
         r.drain()
-        r.serve(4, a)
-    return config(rng, write_policy=policy), script
+        r.serve(6, a)
+        r.drain()
+    return config(rng, l1=(7, 8), write_policy=policy), script
 
 
 def restore_l2(rng: random.Random) -> tuple[CaseConfig, Script]:
@@ -320,6 +326,8 @@ def crash(rng: random.Random) -> tuple[CaseConfig, Script]:
 def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
     policy = rng.choice(WRITE_POLICIES)
 
+    tiers = ("L2", "L3") if policy == "write_back" else ("L1", "L2", "L3")
+
     def script(r: Recorder) -> None:
         shared = [r.fresh(2, tail=0) for _ in range(2)]
         rid, served = 0, set[int]()
@@ -342,8 +350,8 @@ def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
                 r.tick()
             elif roll < 0.7 and r.pending():
                 r.fail(rng.randrange(r.pending()), rng.choice(("error", "corrupt", "unreadable")))
-            elif roll < 0.8:
-                r.evict(rng.choice(("L1", "L2", "L3")), rng.choice((1, 2, ALL)))
+            elif roll < 0.8:  # under write-back, L1 gives up pages only through make-room
+                r.evict(rng.choice(tiers), rng.choice((1, 2, ALL)))
             elif roll < 0.85 and unserved:
                 r.cancel(rng.choice(unserved))
             elif roll < 0.9:
