@@ -105,8 +105,8 @@ def run_case(case: Case, factory: Factory, name: str) -> Verdict:
     try:
         if cache.page_size != case.config.page_size or not set(case.config.tiers) <= set(cache.tiers):
             return Verdict(name, "FAIL", f"the adapter built page size {cache.page_size}, tiers "
-                                              f"{list(cache.tiers)}; the case needs {case.config.page_size}, "
-                                              f"{list(case.config.tiers)}")
+                                         f"{list(cache.tiers)}; the case needs {case.config.page_size}, "
+                                         f"{list(case.config.tiers)}")
         return _run_steps(case, Driver(cache, case.config), name)
     finally:
         cache.close()
