@@ -8,6 +8,7 @@
     hicache check-trace FILE [ARGS...]              delegated: hicache.checktrace.command.main
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
+    hicache vectors generate|run [ARGS...]          delegated: hicache.vectors.generate/run.main
     hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
@@ -45,8 +46,11 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "hicache.bench.serving",
     ("bench", "checktrace"): "hicache.bench.checktrace",
     ("check-trace",): "hicache.checktrace.command",
+    ("bench", "vectors"): "hicache.bench.vectors",
     ("demo",): "hicache.demo",
     ("fuzz",): "hicache.testing.runner",
+    ("vectors", "generate"): "hicache.vectors.generate",
+    ("vectors", "run"): "hicache.vectors.run",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -62,8 +66,12 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
     ("bench", "checktrace"): "check-trace events/s: every check, every N events, none, JSON parsing alone",
     ("check-trace",): "judge a trace (FILE or -) against the reference: exit 0 valid, 1 violation, 2 malformed",
+    ("bench", "vectors"): "conformance vectors per second through the controller adapter",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
     ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
+    ("vectors",): "conformance vectors: write them, or check an engine's adapter against them",
+    ("vectors", "generate"): "write conformance cases and their manifest into DIR (--count --seed)",
+    ("vectors", "run"): "drive an adapter (--adapter module:Name) through DIR's cases; exit 1 on a failure",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""
