@@ -191,7 +191,7 @@ class Executor:
                 self.tracer.emit(
                     t.name, tier=str(t.tier), node=None if seg.node is None else seg.node.node_id,
                     op=step.op_id, request=step.request_id, token_start=seg.start, token_end=seg.end,
-                    pages=tuple(int(p) for p in mine),
+                    pages=tuple(mine.tolist()),
                     before=None if seg.duplicate else composite_name(seg.before),
                     after=None if seg.duplicate else composite_name(after),
                 )

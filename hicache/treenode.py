@@ -21,9 +21,17 @@ N_TIERS = len(TIERS)
 @functools.lru_cache(maxsize=1)
 def node_states() -> tuple[frozenset[str], ...]:
     """Per tier, the residency sub-states a node may hold: the tier's states in
-    spec/lifecycle.toml except PRIVATE (private pages belong to a request, not to a node)."""
+    spec/lifecycle.toml except PRIVATE (private pages belong to a request, not to a node).
+    Built once per loaded lifecycle (the tree asks on every write)."""
     spec = load_lifecycle()
-    return tuple(frozenset(s for s in spec.states[t] if s != PRIVATE) for t in TIERS)
+    found = _NODE_STATES.get(id(spec))
+    if found is None or found[0] is not spec:
+        found = (spec, tuple(frozenset(s for s in spec.states[t] if s != PRIVATE) for t in TIERS))
+        _NODE_STATES[id(spec)] = found
+    return found[1]
+
+
+_NODE_STATES: dict[int, tuple[object, tuple[frozenset[str], ...]]] = {}
 
 
 class TreeNode:

@@ -19,12 +19,12 @@ Blank lines are skipped (they carry nothing); line numbers count them, from 1 fo
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from hicache.checktrace.schema import EventSchema, load_event_schema
 from hicache.lifecycle import Lifecycle
-from hicache.trace import TraceEvent, TraceFormatError, TraceHeader
+from hicache.trace import TraceEvent, TraceFormatError, TraceHeader, new_event
 
 
 class Malformed(Exception):
@@ -70,21 +70,6 @@ def absent_tier_events(lc: Lifecycle, tiers: tuple[str, ...]) -> dict[str, str]:
         if missing:
             out[t.name] = missing[0]
     return out
-
-
-_DEFAULTS = {f.name: f.default for f in fields(TraceEvent) if f.default is not MISSING}
-
-
-def _event(d: dict[str, Any]) -> TraceEvent:
-    """`TraceEvent(**d)` for a dict the schema accepted (its keys are the event's fields),
-    without the frozen dataclass's per-field `__setattr__`: the same object, a third of the
-    cost. An absent `detail` is a fresh {} (no event shares a mutable default)."""
-    event = object.__new__(TraceEvent)
-    state = event.__dict__
-    state.update(_DEFAULTS)
-    state["detail"] = {}
-    state.update(d)
-    return event
 
 
 class TraceReader:
@@ -156,4 +141,4 @@ class TraceReader:
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])
-        return Line(n, text, _event(d))
+        return Line(n, text, new_event(d))
