@@ -78,7 +78,7 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
         if type(x) is not dict:
             return not strict  # without a type, object keywords ignore other values
         keys = x.keys()
-        if not required <= keys or (allowed is not None and not keys <= allowed) or len(x) < least:
+        if not keys >= required or (allowed is not None and not keys <= allowed) or len(x) < least:
             return False
         for key, need in depends:
             if key in x and not need <= keys:

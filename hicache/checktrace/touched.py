@@ -42,6 +42,7 @@ from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE
 from hicache.tiers import TIERS, Direction
 from hicache.tree import TreeNode
+from hicache.treenode import ROOT_ID
 
 Holder = tuple[str, int, int]
 """A claiming record: ("node", node id, tier index), ("op", op id, tier), ("request", id, tier)."""
@@ -83,10 +84,9 @@ class TouchedChecks:
             scope.update(n.children.values())
         ops = set(op_ids)
         ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
-        records: list[tuple[str, int, int]] = [("node", i, t) for i in gone for t in range(3)]
-        records += [("node", n.node_id, t) for n in touched for t in range(3)]
-        records += [("op", o, -1) for o in ops] + [("request", r, -1) for r in set(request_ids)]
-        return (self._pages(records, moved) and all(self._node(n) for n in scope)
+        records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
+        records += [("request", r, -1) for r in set(request_ids)]
+        return (self._pages(gone, touched, records, moved) and all(self._node(n) for n in scope)
                 and all(self._op(o) for o in ops) and self._requests() and self._locks(scope))
 
     def rebuild(self) -> None:
@@ -148,13 +148,34 @@ class TouchedChecks:
             self.tree_pages[t] += len(pages)
         return True
 
-    def _pages(self, records: list[tuple[str, int, int]], moved: list[set[int]]) -> bool:
-        """Re-index the records; every page they claim(ed), and every page `moved` names
-        (the pages whose owner code the call changed), must be claimed at most once, by a
-        record whose code it carries -- and no other page may have changed its code."""
+    def _pages(self, gone: list[int], touched: Iterable[TreeNode], records: list[tuple[str, int, int]],
+               moved: list[set[int]]) -> bool:
+        """Re-index the nodes (removed ones: `gone`, live ones: `touched`) and the op and
+        request records; every page they claim(ed), and every page `moved` names (the pages
+        whose owner code the call changed), must be claimed at most once, by a record whose
+        code it carries -- and no other page may have changed its code."""
         dirty = moved
         now: list[tuple[Holder, tuple[int, ...]]] = []
-        for kind, i, t in records:  # every old claim first: a page may move between records
+        held = self.held
+        for i in gone:  # every old claim first: a page may move between records
+            for t in range(3):
+                self._release(("node", i, t), dirty)
+        for n in touched:  # a node's key is its tier: (kind, id, t) whatever it holds
+            value = n.value
+            for t in range(3):
+                key, v = ("node", n.node_id, t), value[t]
+                was = held.get(key)
+                if v is None:
+                    if was is not None:
+                        self._release(key, dirty)
+                    continue
+                listed = tuple(v.tolist())
+                if was == listed:
+                    continue  # the node claims what it claimed
+                if was is not None:
+                    self._release(key, dirty)
+                now.append((key, listed))
+        for kind, i, t in records:
             old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
             found = self._current(kind, i, t)
             if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
@@ -258,7 +279,7 @@ class TouchedChecks:
             n: TreeNode | None = r.locked
             if not self.cp.tree.contains(r.locked):
                 return False
-            while n is not None and not n.is_root:
+            while n is not None and n.node_id != ROOT_ID:  # not n.is_root
                 if n.state[0] != RESIDENT:
                     return False
                 tokens += len(n.key)
@@ -274,18 +295,21 @@ class TouchedChecks:
         holders = [(r.locked, 0) for r in cp.requests.values() if r.locked.parent is not None]
         holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
         holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
-        expected: dict[tuple[TreeNode, int], int] = {}
+        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
+        live, root = cp.tree._nodes, cp.tree.root
         for node, t in holders:
-            if not cp.tree.contains(node):
-                return False
+            if node is not root and live.get(node.node_id) is not node:
+                return False  # a holder's node is not in the tree (cp.tree.contains)
             m = node
             while m.parent is not None:  # up to the root's child
                 if m in scope:
-                    expected[(m, t)] = expected.get((m, t), 0) + 1
+                    counts = expected.get(m)
+                    if counts is None:
+                        counts = expected[m] = [0, 0, 0]
+                    counts[t] += 1
                 m = m.parent
         for n in scope:
-            lock = n.lock
-            if lock[0] != expected.get((n, 0), 0) or lock[1] != expected.get((n, 1), 0) \
-                    or lock[2] != expected.get((n, 2), 0):
+            lock, want = n.lock, expected.get(n, _UNLOCKED)
+            if lock[0] != want[0] or lock[1] != want[1] or lock[2] != want[2]:
                 return False
         return True
