@@ -269,4 +269,6 @@ def _value(n: TreeNode, t: int) -> Pages:
 
 
 def _concat(parts: Sequence[Pages]) -> Pages:
+    if len(parts) == 1:
+        return parts[0].astype(np.int64)  # a copy, as concatenate's
     return np.concatenate(parts).astype(np.int64) if parts else pages()
