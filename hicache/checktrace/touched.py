@@ -61,7 +61,7 @@ class TouchedChecks:
         self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
         self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
-        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
 
     def clear(self, node_ids: Iterable[int], op_ids: Iterable[int], request_ids: Iterable[int],
@@ -76,12 +76,14 @@ class TouchedChecks:
         touched = {live[i] for i in node_ids if i in live and i != root}
         gone = [i for i in set(node_ids) if i not in live]
         scope = set(touched)
+        above: set[TreeNode] = set()  # ancestors walked: each one's own are in it already
         for n in touched:
             p = n.parent
-            while p is not None and p.parent is not None:  # up to the root's child
-                scope.add(p)
+            while p is not None and p.parent is not None and p not in above:  # to the root's child
+                above.add(p)
                 p = p.parent
             scope.update(n.children.values())
+        scope |= above
         ops = set(op_ids)
         ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
@@ -94,7 +96,7 @@ class TouchedChecks:
         cp = self.cp
         self.claims = [{} for _ in TIERS]
         self.held, self.where = {}, {}
-        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
         records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
         records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
@@ -190,21 +192,23 @@ class TouchedChecks:
             if not self._claim(key, pages):
                 return False
             dirty[key[2]].update(pages)
+        held_now = self.cp.tree.pages_held
         for t, table in enumerate(self.cp.tables):
             owner, seen = table.owner, self.owner_seen[t]
-            if owner.size != table.capacity or self.tree_pages[t] != self.cp.tree.pages_held[t]:
+            if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
                 return False
+            codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
             if not dirty[t]:
-                if owner.tobytes() != seen.tobytes():
+                if codes != seen:
                     return False  # a code changed that no record and no event names
                 continue
-            claims = self.claims[t]
+            claims, size = self.claims[t], owner.size
             for p in dirty[t]:
                 holder = claims.get(p)
-                if not 0 <= p < owner.size or int(owner[p]) != (FREE if holder is None else CODE[holder[0]]):
+                if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
                     return False
-                seen[p] = owner[p]
-            if owner.tobytes() != seen.tobytes():
+                seen[p] = codes[p]
+            if codes != seen:
                 return False
         return True
 
