@@ -145,10 +145,7 @@ def new_event(d: Mapping[str, object]) -> TraceEvent:
     if not d.keys() <= _FIELD_SET or "seq" not in d or "event" not in d:
         return TraceEvent(**d)  # type: ignore[arg-type]
     event = object.__new__(TraceEvent)
-    state = event.__dict__
-    state.update(_DEFAULTS)
-    state["detail"] = {}
-    state.update(d)
+    object.__setattr__(event, "__dict__", {**_DEFAULTS, "detail": {}, **d})
     return event
 
 

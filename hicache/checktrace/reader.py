@@ -53,10 +53,19 @@ def _number(text: str) -> int | float:
 
 
 _DECODER = json.JSONDecoder(parse_float=_number)
+_SCAN = _DECODER.scan_once
 
 
 def parse_json(text: str) -> Any:
-    """One JSON value; ValueError when `text` is not JSON."""
+    """One JSON value; ValueError when `text` is not JSON. The decoder's scanner reads a
+    value that fills the whole text at once; anything else (leading or trailing text, bad
+    JSON) takes `decode`'s path, for its answer and its error message."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        value, end = None, -1
+    if end == len(text):
+        return value
     return _DECODER.decode(text)
 
 
