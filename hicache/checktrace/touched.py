@@ -137,10 +137,12 @@ class TouchedChecks:
         """Index `pages` as `key`'s; False (nothing indexed) if one is named twice, out of
         range, or claimed by another record."""
         t = key[2]
-        claims = self.claims[t]
-        if len(set(pages)) != len(pages) or any(p in claims or not 0 <= p < self.cp.tables[t].capacity
-                                                for p in pages):
+        claims, capacity = self.claims[t], self.cp.tables[t].capacity
+        if len(set(pages)) != len(pages):
             return False
+        for p in pages:
+            if p in claims or not 0 <= p < capacity:
+                return False
         for p in pages:
             claims[p] = key
         self.held[key] = pages
