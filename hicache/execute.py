@@ -26,7 +26,6 @@ and its events carry no `before`/`after` (spec/lifecycle.md, "Whose state a comp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -51,9 +50,9 @@ class RequestRange(NamedTuple):
     page_size: int
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Logical pages [start, end) (tokens, page aligned) that one event describes."""
+class Segment(NamedTuple):
+    """Logical pages [start, end) (tokens, page aligned) that one event describes (immutable;
+    a named tuple: built on every call, at a fraction of a frozen dataclass's cost)."""
 
     node: TreeNode | None
     start: int
@@ -65,9 +64,8 @@ class Segment:
         return (self.end - self.start) // page_size
 
 
-@dataclass(frozen=True)
-class Step:
-    """A planned transition: checked, not yet run."""
+class Step(NamedTuple):
+    """A planned transition: checked, not yet run (immutable, a named tuple as `Segment`)."""
 
     transition: Transition
     segments: tuple[Segment, ...]
@@ -76,12 +74,13 @@ class Step:
     lock_node: TreeNode | None  # where lock/unlock effects land (an op's deepest node)
     request_id: int | None
     op_id: int | None
+    afters: tuple[States, ...] = ()  # per segment, the triple after the row (plan's check)
 
     def with_node(self, i: int, node: TreeNode) -> Step:
         """The same step with segment `i` now naming `node` (a node insert just created)."""
         segs = list(self.segments)
-        segs[i] = replace(segs[i], node=node)
-        return replace(self, segments=tuple(segs))
+        segs[i] = segs[i]._replace(node=node)
+        return self._replace(segments=tuple(segs))
 
 
 class _Context:
@@ -135,9 +134,10 @@ class Executor:
         ps = self.tree.page_size
         i = TIERS.index(t.tier)
         nodes = [s.node for s in segments if s.node is not None]
+        afters: list[States] = []
         for seg in segments:
             locks = (0, 0, 0) if seg.node is None else (seg.node.lock[0], seg.node.lock[1], seg.node.lock[2])
-            self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng))
+            afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
             pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
             if pending and (seg.node is None or seg.node.pending[i] != op_id):
                 # Verify the op still owns the node's pending slot (a second end would not).
@@ -159,7 +159,7 @@ class Executor:
             if e.op in ("lock", "unlock") and (lock_node or (nodes[-1] if nodes else None)) is None:
                 raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
         return Step(t, tuple(segments), moved, n_pages, lock_node or (nodes[-1] if nodes else None),
-                    request_id, op_id)
+                    request_id, op_id, tuple(afters))
 
     def run(self, step: Step) -> Pages:
         """Run a planned step: the row's effects in order, then each node's sub-state, then one
@@ -178,20 +178,22 @@ class Executor:
                 assert step.lock_node is not None  # Verify: plan() found a node to lock.
                 (self.tree.lock if e.op == "lock" else self.tree.unlock)(step.lock_node, k)
         assert moved is not None  # Verify: every row has one ownership effect (the parser).
-        at = 0
-        for seg in step.segments:
-            mine = moved[at:at + seg.n_pages(ps)]
-            at += seg.n_pages(ps)
-            after = self.lifecycle.check(t.name, seg.before)
-            if seg.node is not None and not t.acts_on_copy and not seg.duplicate:
+        at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
+        for j, seg in enumerate(step.segments):
+            n = seg.n_pages(ps)
+            mine = moved[at:at + n]
+            at += n
+            # The triple after the row: plan's (its `before` is the segment's, unchanged since).
+            after = step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
+            if seg.node is not None and not on_copy and not seg.duplicate:
                 self._write(seg.node, i, t, mine, step.op_id)
                 # Verify the event names the state the node is now in.
                 assert _states(seg.node) == after, f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
             if self.tracer.enabled:
                 self.tracer.emit(
-                    t.name, tier=str(t.tier), node=None if seg.node is None else seg.node.node_id,
+                    t.name, tier=tier, node=None if seg.node is None else seg.node.node_id,
                     op=step.op_id, request=step.request_id, token_start=seg.start, token_end=seg.end,
-                    pages=tuple(int(p) for p in mine),
+                    pages=tuple(mine.tolist()),
                     before=None if seg.duplicate else composite_name(seg.before),
                     after=None if seg.duplicate else composite_name(after),
                 )
@@ -271,4 +273,6 @@ def _value(n: TreeNode, t: int) -> Pages:
 
 
 def _concat(parts: Sequence[Pages]) -> Pages:
+    if len(parts) == 1:
+        return parts[0].astype(np.int64)  # a copy, as concatenate's
     return np.concatenate(parts).astype(np.int64) if parts else pages()

@@ -186,7 +186,22 @@ class CompositeState:
 def composite_name(states: States) -> str:
     """The canonical name of a triple: per tier, RESIDENT -> the tier's name, a pending or
     private sub-state -> its own name (L1's PRIVATE -> L1_PRIVATE), ABSENT -> nothing;
-    joined by `_` in tier order. The all-absent triple is `ABSENT`."""
+    joined by `_` in tier order. The all-absent triple is `ABSENT`. Memoised per triple
+    (names are asked for on every event)."""
+    if type(states) is not tuple:  # a list (hashable triples only are memoised)
+        return _composite_name(states)
+    found = _COMPOSITE_NAMES.get(states)
+    if found is None:
+        found = _composite_name(states)
+        if len(_COMPOSITE_NAMES) < 4096:  # bounded: the tables name a few dozen triples
+            _COMPOSITE_NAMES[states] = found
+    return found
+
+
+_COMPOSITE_NAMES: dict[States, str] = {}
+
+
+def _composite_name(states: States) -> str:
     parts: list[str] = []
     for tier, sub in zip(TIERS, states):
         if sub == RESIDENT:

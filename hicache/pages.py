@@ -35,6 +35,9 @@ PRIVATE = 1
 TREE = 2
 OWNER_NAMES = ("FREE", "PRIVATE", "TREE")
 
+SMALL_MOVE = 16  # pages: up to this many per move, plain Python checks them faster than numpy
+SMALL_FREE = 256  # free pages: up to this many, the best-fit search runs in plain Python
+
 
 def pages(values: object = ()) -> Pages:
     """An int64 page array from any sequence (the one constructor every record uses)."""
@@ -118,6 +121,9 @@ class PageTable:
 
     def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
         p = pages(p)
+        if p.size <= SMALL_MOVE:
+            self._move_small(p, p.tolist(), source, dest, name)
+            return
         # Verify every page is in range, named once, and in the source state before any write.
         if p.size and (p.min() < 0 or p.max() >= self.capacity):
             raise IllegalTransition(name, self.tier, "-", f"page out of range 0..{self.capacity - 1}")
@@ -125,20 +131,42 @@ class PageTable:
             raise IllegalTransition(name, self.tier, "-", "a page is named twice")
         wrong = p[self.owner[p] != source]
         if wrong.size:
-            got = OWNER_NAMES[int(self.owner[wrong[0]])]
-            raise IllegalTransition(
-                name, self.tier, got,
-                f"page {int(wrong[0])} is {got}, {name} needs {OWNER_NAMES[source]} "
-                f"({wrong.size} page(s) wrong)",
-            )
+            self._wrong(name, source, [int(x) for x in wrong])
         self.owner[p] = dest
+
+    def _move_small(self, p: Pages, listed: list[int], source: int, dest: int, name: str) -> None:
+        """`_move` for a few pages, in plain Python (numpy's per-call cost dominates there):
+        the same checks, in the same order, with the same errors."""
+        # Verify every page is in range, named once, and in the source state before any write.
+        if listed and (min(listed) < 0 or max(listed) >= self.capacity):
+            raise IllegalTransition(name, self.tier, "-", f"page out of range 0..{self.capacity - 1}")
+        if len(set(listed)) != len(listed):
+            raise IllegalTransition(name, self.tier, "-", "a page is named twice")
+        owner = self.owner
+        wrong = [x for x in listed if owner[x] != source]
+        if wrong:
+            self._wrong(name, source, wrong)
+        for x in listed:
+            owner[x] = dest
+
+    def _wrong(self, name: str, source: int, wrong: list[int]) -> None:
+        """IllegalTransition for pages `wrong` (in the order named) not in state `source`."""
+        got = OWNER_NAMES[int(self.owner[wrong[0]])]
+        raise IllegalTransition(
+            name, self.tier, got,
+            f"page {wrong[0]} is {got}, {name} needs {OWNER_NAMES[source]} "
+            f"({len(wrong)} page(s) wrong)",
+        )
 
 
 def _best_fit_run(free_idx: Pages, n: int) -> Pages:
-    """`n` pages from sorted free indices: the shortest consecutive run of length >= n, else
-    the lowest `n`. Vectorised: O(free pages)."""
+    """`n` pages from sorted free indices: the shortest consecutive run of length >= n (the
+    first of the shortest), else the lowest `n`. Vectorised: O(free pages); plain Python for
+    up to SMALL_FREE free pages, where numpy's per-call cost is most of the time."""
     if n == 0:
         return pages()
+    if free_idx.size <= SMALL_FREE:
+        return pages(_best_fit_small(free_idx.tolist(), n))
     breaks = np.flatnonzero(np.diff(free_idx) != 1) + 1
     starts = np.concatenate(([0], breaks))
     lengths = np.diff(np.concatenate((starts, [free_idx.size])))
@@ -148,3 +176,18 @@ def _best_fit_run(free_idx: Pages, n: int) -> Pages:
         s = int(starts[best])
         return free_idx[s : s + n].astype(np.int64)
     return free_idx[:n].astype(np.int64)
+
+
+def _best_fit_small(free: list[int], n: int) -> list[int]:
+    """`_best_fit_run` over a list: the same choice, run by run."""
+    best_start, best_len = -1, 0
+    start = 0
+    for i in range(1, len(free) + 1):
+        if i == len(free) or free[i] != free[i - 1] + 1:
+            length = i - start
+            if length >= n and (best_start < 0 or length < best_len):
+                best_start, best_len = start, length
+            start = i
+    if best_start < 0:
+        return free[:n]
+    return free[best_start:best_start + n]

@@ -255,7 +255,7 @@ class HiRadixTree:
         if value is not None:
             want = node.num_pages
             if not isinstance(value, np.ndarray) or value.ndim != 1 or len(value) != want \
-                    or not np.issubdtype(value.dtype, np.integer):
+                    or value.dtype.kind not in "iu":  # np.issubdtype(.., np.integer), cheaper
                 raise TreeError(f"node {node.node_id} {TIERS[tier]}: value must be a 1-D integer array "
                                 f"of {want} pages (one per key page), got {value!r}")
             stored = value.astype(np.int64, copy=True)

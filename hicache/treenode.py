@@ -21,20 +21,31 @@ N_TIERS = len(TIERS)
 @functools.lru_cache(maxsize=1)
 def node_states() -> tuple[frozenset[str], ...]:
     """Per tier, the residency sub-states a node may hold: the tier's states in
-    spec/lifecycle.toml except PRIVATE (private pages belong to a request, not to a node)."""
+    spec/lifecycle.toml except PRIVATE (private pages belong to a request, not to a node).
+    Built once per loaded lifecycle (the tree asks on every write)."""
     spec = load_lifecycle()
-    return tuple(frozenset(s for s in spec.states[t] if s != PRIVATE) for t in TIERS)
+    found = _NODE_STATES.get(id(spec))
+    if found is None or found[0] is not spec:
+        found = (spec, tuple(frozenset(s for s in spec.states[t] if s != PRIVATE) for t in TIERS))
+        _NODE_STATES[id(spec)] = found
+    return found[1]
+
+
+_NODE_STATES: dict[int, tuple[object, tuple[frozenset[str], ...]]] = {}
 
 
 class TreeNode:
     """One node: a page-aligned token key and, per tier, value/state/lock/pending/LRU tick."""
 
     __slots__ = ("node_id", "parent", "children", "key", "value", "state", "lock", "pending",
-                 "last_access", "hits", "present_children", "page_size")
+                 "last_access", "hits", "present_children", "page_size", "is_root")
 
     def __init__(self, node_id: int, parent: TreeNode | None, key: tuple[int, ...], tick: int,
                  page_size: int) -> None:
         self.node_id = node_id
+        # Whether this is the tree's root (id ROOT_ID); an attribute, not a property: it is
+        # asked on every walk, and a node's id never changes.
+        self.is_root: bool = node_id == ROOT_ID
         self.page_size = page_size
         self.parent = parent
         self.children: dict[tuple[int, ...], TreeNode] = {}
@@ -53,10 +64,6 @@ class TreeNode:
     def num_pages(self) -> int:
         """Pages in this node's key (its key length is a whole number of pages)."""
         return len(self.key) // self.page_size
-
-    @property
-    def is_root(self) -> bool:
-        return self.node_id == ROOT_ID
 
     def holds(self, tier: int) -> bool:
         """True when the node's pages are published (RESIDENT) in `tier`."""

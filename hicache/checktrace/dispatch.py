@@ -169,8 +169,12 @@ def _request(line: Line) -> int:
 def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) -> Call | None:
     """The call the next events stand for; None when only splits are left (a trace cut just
     after them: nothing to check). Unreplayable when it names what the reference lacks."""
-    k = _scan(ahead, 0, lambda ln: ln.event.event == "split")
-    head = ahead.peek(k)
+    head = ahead.peek(0)
+    if head is not None and head.event.event == "split":  # splits lead: skip past them
+        k = _scan(ahead, 0, lambda ln: ln.event.event == "split")
+        head = ahead.peek(k)
+    else:
+        k = 0
     if head is None:
         return None
     e = head.event

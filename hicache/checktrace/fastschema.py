@@ -31,7 +31,7 @@ def compile_fast(schema: Mapping[str, Any]) -> Predicate:
     tests: list[Predicate] = []
     kind = schema.get("type")
     low = schema.get("minimum")
-    if kind == "integer" and low is not None and set(schema) - {"description"} == {"type", "minimum"}:
+    if _int_floor(schema):
         return lambda x: type(x) is int and x >= low  # the common leaf, in one test
     objectish = any(k in schema for k in ("required", "properties", "additionalProperties",
                                           "minProperties", "dependentRequired"))
@@ -73,22 +73,35 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
     allowed = frozenset(props) if schema.get("additionalProperties", True) is False else None
     least = int(schema.get("minProperties", 0))
     depends = tuple((k, frozenset(v)) for k, v in schema.get("dependentRequired", {}).items())
+    # Properties that are the common leaf (an integer with a minimum), tested inline: key -> minimum.
+    floors = {k: v["minimum"] for k, v in schema.get("properties", {}).items() if _int_floor(v)}
 
     def test(x: Any) -> bool:
         if type(x) is not dict:
             return not strict  # without a type, object keywords ignore other values
         keys = x.keys()
-        if not required <= keys or (allowed is not None and not keys <= allowed) or len(x) < least:
+        if not keys >= required or (allowed is not None and not keys <= allowed) or len(x) < least:
             return False
         for key, need in depends:
             if key in x and not need <= keys:
                 return False
         for key, value in x.items():
+            low = floors.get(key)
+            if low is not None:
+                if type(value) is not int or value < low:
+                    return False
+                continue
             check = props.get(key)
             if check is not None and not check(value):
                 return False
         return True
     return test
+
+
+def _int_floor(schema: Mapping[str, Any]) -> bool:
+    """Whether `schema` is exactly an integer with a minimum (a description aside)."""
+    return schema.get("type") == "integer" and "minimum" in schema \
+        and set(schema) - {"description"} == {"type", "minimum"}
 
 
 def _array(schema: Mapping[str, Any]) -> Predicate:

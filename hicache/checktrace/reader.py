@@ -19,12 +19,11 @@ Blank lines are skipped (they carry nothing); line numbers count them, from 1 fo
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, fields
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from hicache.checktrace.schema import EventSchema, load_event_schema
 from hicache.lifecycle import Lifecycle
-from hicache.trace import TraceEvent, TraceFormatError, TraceHeader
+from hicache.trace import TraceEvent, TraceFormatError, TraceHeader, new_event
 
 
 class Malformed(Exception):
@@ -36,9 +35,10 @@ class Malformed(Exception):
         super().__init__(f"line {line}: {why}")
 
 
-@dataclass(frozen=True)
-class Line:
-    """One event line: its number in the input, its text (stripped), and the event."""
+class Line(NamedTuple):
+    """One event line: its number in the input, its text (stripped), and the event
+    (immutable; a named tuple, built once per line at a fraction of a frozen dataclass's
+    cost)."""
 
     number: int
     text: str
@@ -53,10 +53,19 @@ def _number(text: str) -> int | float:
 
 
 _DECODER = json.JSONDecoder(parse_float=_number)
+_SCAN = _DECODER.scan_once
 
 
 def parse_json(text: str) -> Any:
-    """One JSON value; ValueError when `text` is not JSON."""
+    """One JSON value; ValueError when `text` is not JSON. The decoder's scanner reads a
+    value that fills the whole text at once; anything else (leading or trailing text, bad
+    JSON) takes `decode`'s path, for its answer and its error message."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        value, end = None, -1
+    if end == len(text):
+        return value
     return _DECODER.decode(text)
 
 
@@ -70,21 +79,6 @@ def absent_tier_events(lc: Lifecycle, tiers: tuple[str, ...]) -> dict[str, str]:
         if missing:
             out[t.name] = missing[0]
     return out
-
-
-_DEFAULTS = {f.name: f.default for f in fields(TraceEvent) if f.default is not MISSING}
-
-
-def _event(d: dict[str, Any]) -> TraceEvent:
-    """`TraceEvent(**d)` for a dict the schema accepted (its keys are the event's fields),
-    without the frozen dataclass's per-field `__setattr__`: the same object, a third of the
-    cost. An absent `detail` is a fresh {} (no event shares a mutable default)."""
-    event = object.__new__(TraceEvent)
-    state = event.__dict__
-    state.update(_DEFAULTS)
-    state["detail"] = {}
-    state.update(d)
-    return event
 
 
 class TraceReader:
@@ -156,4 +150,4 @@ class TraceReader:
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])
-        return Line(n, text, _event(d))
+        return Line(n, text, new_event(d))

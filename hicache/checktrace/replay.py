@@ -57,7 +57,10 @@ class _Buffer:
         self.skipped = 0
 
     def peek(self, i: int) -> Line | None:
-        while len(self.lines) <= i and not self.done:
+        lines = self.lines
+        if i < len(lines):
+            return lines[i]  # the common case: already read
+        while len(lines) <= i and not self.done:
             try:
                 line = next(self.reader)
             except StopIteration:

@@ -42,6 +42,7 @@ from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE
 from hicache.tiers import TIERS, Direction
 from hicache.tree import TreeNode
+from hicache.treenode import ROOT_ID
 
 Holder = tuple[str, int, int]
 """A claiming record: ("node", node id, tier index), ("op", op id, tier), ("request", id, tier)."""
@@ -60,7 +61,7 @@ class TouchedChecks:
         self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
         self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
-        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
 
     def clear(self, node_ids: Iterable[int], op_ids: Iterable[int], request_ids: Iterable[int],
@@ -75,18 +76,19 @@ class TouchedChecks:
         touched = {live[i] for i in node_ids if i in live and i != root}
         gone = [i for i in set(node_ids) if i not in live]
         scope = set(touched)
+        above: set[TreeNode] = set()  # ancestors walked: each one's own are in it already
         for n in touched:
             p = n.parent
-            while p is not None and p.parent is not None:  # up to the root's child
-                scope.add(p)
+            while p is not None and p.parent is not None and p not in above:  # to the root's child
+                above.add(p)
                 p = p.parent
             scope.update(n.children.values())
+        scope |= above
         ops = set(op_ids)
         ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
-        records: list[tuple[str, int, int]] = [("node", i, t) for i in gone for t in range(3)]
-        records += [("node", n.node_id, t) for n in touched for t in range(3)]
-        records += [("op", o, -1) for o in ops] + [("request", r, -1) for r in set(request_ids)]
-        return (self._pages(records, moved) and all(self._node(n) for n in scope)
+        records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
+        records += [("request", r, -1) for r in set(request_ids)]
+        return (self._pages(gone, touched, records, moved) and all(self._node(n) for n in scope)
                 and all(self._op(o) for o in ops) and self._requests() and self._locks(scope))
 
     def rebuild(self) -> None:
@@ -94,7 +96,7 @@ class TouchedChecks:
         cp = self.cp
         self.claims = [{} for _ in TIERS]
         self.held, self.where = {}, {}
-        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
         records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
         records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
@@ -135,10 +137,12 @@ class TouchedChecks:
         """Index `pages` as `key`'s; False (nothing indexed) if one is named twice, out of
         range, or claimed by another record."""
         t = key[2]
-        claims = self.claims[t]
-        if len(set(pages)) != len(pages) or any(p in claims or not 0 <= p < self.cp.tables[t].capacity
-                                                for p in pages):
+        claims, capacity = self.claims[t], self.cp.tables[t].capacity
+        if len(set(pages)) != len(pages):
             return False
+        for p in pages:
+            if p in claims or not 0 <= p < capacity:
+                return False
         for p in pages:
             claims[p] = key
         self.held[key] = pages
@@ -148,13 +152,34 @@ class TouchedChecks:
             self.tree_pages[t] += len(pages)
         return True
 
-    def _pages(self, records: list[tuple[str, int, int]], moved: list[set[int]]) -> bool:
-        """Re-index the records; every page they claim(ed), and every page `moved` names
-        (the pages whose owner code the call changed), must be claimed at most once, by a
-        record whose code it carries -- and no other page may have changed its code."""
+    def _pages(self, gone: list[int], touched: Iterable[TreeNode], records: list[tuple[str, int, int]],
+               moved: list[set[int]]) -> bool:
+        """Re-index the nodes (removed ones: `gone`, live ones: `touched`) and the op and
+        request records; every page they claim(ed), and every page `moved` names (the pages
+        whose owner code the call changed), must be claimed at most once, by a record whose
+        code it carries -- and no other page may have changed its code."""
         dirty = moved
         now: list[tuple[Holder, tuple[int, ...]]] = []
-        for kind, i, t in records:  # every old claim first: a page may move between records
+        held = self.held
+        for i in gone:  # every old claim first: a page may move between records
+            for t in range(3):
+                self._release(("node", i, t), dirty)
+        for n in touched:  # a node's key is its tier: (kind, id, t) whatever it holds
+            value = n.value
+            for t in range(3):
+                key, v = ("node", n.node_id, t), value[t]
+                was = held.get(key)
+                if v is None:
+                    if was is not None:
+                        self._release(key, dirty)
+                    continue
+                listed = tuple(v.tolist())
+                if was == listed:
+                    continue  # the node claims what it claimed
+                if was is not None:
+                    self._release(key, dirty)
+                now.append((key, listed))
+        for kind, i, t in records:
             old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
             found = self._current(kind, i, t)
             if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
@@ -169,21 +194,23 @@ class TouchedChecks:
             if not self._claim(key, pages):
                 return False
             dirty[key[2]].update(pages)
+        held_now = self.cp.tree.pages_held
         for t, table in enumerate(self.cp.tables):
             owner, seen = table.owner, self.owner_seen[t]
-            if owner.size != table.capacity or self.tree_pages[t] != self.cp.tree.pages_held[t]:
+            if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
                 return False
+            codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
             if not dirty[t]:
-                if owner.tobytes() != seen.tobytes():
+                if codes != seen:
                     return False  # a code changed that no record and no event names
                 continue
-            claims = self.claims[t]
+            claims, size = self.claims[t], owner.size
             for p in dirty[t]:
                 holder = claims.get(p)
-                if not 0 <= p < owner.size or int(owner[p]) != (FREE if holder is None else CODE[holder[0]]):
+                if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
                     return False
-                seen[p] = owner[p]
-            if owner.tobytes() != seen.tobytes():
+                seen[p] = codes[p]
+            if codes != seen:
                 return False
         return True
 
@@ -258,7 +285,7 @@ class TouchedChecks:
             n: TreeNode | None = r.locked
             if not self.cp.tree.contains(r.locked):
                 return False
-            while n is not None and not n.is_root:
+            while n is not None and n.node_id != ROOT_ID:  # not n.is_root
                 if n.state[0] != RESIDENT:
                     return False
                 tokens += len(n.key)
@@ -274,18 +301,21 @@ class TouchedChecks:
         holders = [(r.locked, 0) for r in cp.requests.values() if r.locked.parent is not None]
         holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
         holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
-        expected: dict[tuple[TreeNode, int], int] = {}
+        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
+        live, root = cp.tree._nodes, cp.tree.root
         for node, t in holders:
-            if not cp.tree.contains(node):
-                return False
+            if node is not root and live.get(node.node_id) is not node:
+                return False  # a holder's node is not in the tree (cp.tree.contains)
             m = node
             while m.parent is not None:  # up to the root's child
                 if m in scope:
-                    expected[(m, t)] = expected.get((m, t), 0) + 1
+                    counts = expected.get(m)
+                    if counts is None:
+                        counts = expected[m] = [0, 0, 0]
+                    counts[t] += 1
                 m = m.parent
         for n in scope:
-            lock = n.lock
-            if lock[0] != expected.get((n, 0), 0) or lock[1] != expected.get((n, 1), 0) \
-                    or lock[2] != expected.get((n, 2), 0):
+            lock, want = n.lock, expected.get(n, _UNLOCKED)
+            if lock[0] != want[0] or lock[1] != want[1] or lock[2] != want[2]:
                 return False
         return True
