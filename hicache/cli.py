@@ -7,6 +7,7 @@
     hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
+    hicache model-check [ARGS...]                   delegated: hicache.modelcheck.cli.main(ARGS)
     hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
@@ -44,6 +45,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "hicache.bench.serving",
     ("demo",): "hicache.demo",
     ("fuzz",): "hicache.testing.runner",
+    ("model-check",): "hicache.modelcheck.cli",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -59,6 +61,7 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
     ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
+    ("model-check",): "explore every reachable control-plane state of a small config: --config NAME",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""

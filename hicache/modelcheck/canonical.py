@@ -1,0 +1,148 @@
+"""The state the search hashes: canonical keys of a control plane, and why they are sound.
+
+A key is a plain tuple; two planes with equal keys are the same search state. Three levels:
+
+    level      what the key keeps                              used for
+    ---------  ----------------------------------------------  -------------------------------
+    concrete   everything, ids and page numbers as they are,   the soundness test (no
+               LRU ticks, hits, page generations, id counters  reduction at all) and the
+                                                               "a refusal changed nothing" check
+    canonical  tree shape (keys, per-tier states, locks,       the search (`reduce_requests`
+               values), ops, requests: node ids, op ids and    off)
+               physical pages renamed canonically; history
+               (ticks, hits, generations, counters) dropped
+    symmetric  canonical, minimised over every renaming of     the search when the config's
+               request ids                                     requests are symmetric
+
+Why each step is sound (spec/modelcheck.md says it at length; tests/test_modelcheck.py checks
+that the reduced and unreduced searches reach the same states, transitions and verdicts):
+
+- Physical pages are interchangeable. No guard or effect compares page numbers; `reserve`
+  takes *some* free pages and any choice gives a state equal up to renaming free pages. So a
+  renaming of one tier's pages maps every run onto a run. Labels go in a canonical order:
+  node values in preorder, then op pages, then request pages.
+- Node and op ids are fresh names: nothing reads their order except the eviction order of
+  `evict` (LRU, ties by id), which the search never calls (it evicts every candidate).
+  Nodes are labelled in preorder (children sorted by their first page, which is unique among
+  siblings); ops by (direction, node labels), unique because a node's tier has one pending op.
+- History: LRU ticks order only `evict`'s choice (as above); `hits` feeds write policies, not
+  guards; page generations name bytes for I4, and the null plane has none; the id counters
+  only mint fresh names. Dropping them keeps the state space finite.
+- Request ids are renamed only when every request may begin the same prompts: the actions
+  are then offered alike for every id, so swapping ids maps runs onto runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Sequence
+
+from hicache.control import ControlPlane
+from hicache.pages import Pages
+from hicache.records import PendingOp
+from hicache.tiers import TIERS
+from hicache.tree import TreeNode
+
+Key = tuple[Any, ...]
+_NONE = -1  # stands for None inside a key, so keys of different planes compare (min over renamings)
+
+
+class _Labels:
+    """Per tier, physical page -> label, in order of first sight."""
+
+    def __init__(self) -> None:
+        self.tiers: list[dict[int, int]] = [{} for _ in TIERS]
+
+    def of(self, tier: int, pages: Pages) -> tuple[int, ...]:
+        d = self.tiers[tier]
+        return tuple([d.setdefault(p, len(d)) for p in pages.tolist()])
+
+    def copy(self) -> _Labels:
+        new = _Labels()
+        new.tiers = [dict(d) for d in self.tiers]
+        return new
+
+
+def canonical_key(cp: ControlPlane, request_ids: Sequence[int] = ()) -> Key:
+    """The canonical key of `cp`'s state (module docstring); with `request_ids` (every id the
+    configuration may use, live or not), the least key over every renaming of those ids."""
+    order = _preorder(cp.tree.root)
+    label = {n.node_id: i for i, n in enumerate(order)}
+    ops = sorted(cp.ops.values(), key=lambda op: (op.direction.value, tuple([label[n.node_id] for n in op.nodes])))
+    op_label = {op.op_id: i for i, op in enumerate(ops)}
+    pages = _Labels()
+    tree_part = tuple([
+        (label[n.parent.node_id] if n.parent is not None else _NONE, n.key, tuple(n.state), tuple(n.lock),
+         tuple([_NONE if p is None else op_label[p] for p in n.pending]),
+         tuple([() if v is None else pages.of(t, v) for t, v in enumerate(n.value)]))
+        for n in order[1:]
+    ])
+    op_pages = [(pages.of(TIERS.index(op.direction.source), op.source_pages),
+                 pages.of(TIERS.index(op.direction.target), op.target_pages)) for op in ops]
+    live = sorted(cp.requests)
+    if len(request_ids) > 1 and live:
+        renamings: Iterable[dict[int, int]] = (dict(zip(request_ids, p)) for p in itertools.permutations(request_ids))
+    else:
+        renamings = [{r: r for r in live}]
+    best: Key | None = None
+    seen: set[tuple[int, ...]] = set()
+    for whole in renamings:
+        rename = {r: whole[r] for r in live}
+        image = tuple(rename[r] for r in live)
+        if image in seen:
+            continue  # the renaming of ids no request holds now changes nothing
+        seen.add(image)
+        key = (tree_part, _ops_part(ops, label, op_pages, rename), _requests_part(cp, label, pages.copy(), rename))
+        if best is None or key < best:
+            best = key
+    assert best is not None  # Verify: there is always at least the identity renaming.
+    return best
+
+
+def _ops_part(ops: list[PendingOp], label: dict[int, int], op_pages: list[tuple[tuple[int, ...], tuple[int, ...]]],
+              rename: dict[int, int]) -> Key:
+    return tuple([(op.direction.value, tuple([label[n.node_id] for n in op.nodes]), src, tgt,
+                   _NONE if op.request_id is None else rename.get(op.request_id, op.request_id))
+                  for op, (src, tgt) in zip(ops, op_pages)])
+
+
+def _requests_part(cp: ControlPlane, label: dict[int, int], pages: _Labels, rename: dict[int, int]) -> Key:
+    out = []
+    for old, new in sorted(rename.items(), key=lambda kv: kv[1]):
+        r = cp.requests[old]
+        pins = tuple(sorted((label[n.node_id], t) for n, t in r.pins))
+        out.append((new, r.tokens, label[r.locked.node_id], r.published_len, r.cached_len,
+                    pages.of(0, r.private_pages), r.private_start, pins))
+    return tuple(out)
+
+
+def concrete_key(cp: ControlPlane) -> Key:
+    """Everything the plane records, names and history included (no reduction)."""
+    tree = cp.tree
+    nodes = tuple([
+        (n.node_id, _NONE if n.parent is None else n.parent.node_id, n.key, tuple(n.state), tuple(n.lock),
+         tuple([_NONE if p is None else p for p in n.pending]),
+         tuple([() if v is None else tuple(v.tolist()) for v in n.value]),
+         tuple(n.last_access), n.hits, tuple(sorted(n.children)))
+        for n in [tree.root, *tree.nodes()]
+    ])
+    tables = tuple([(t.owner.tobytes(), t.generation.tobytes()) for t in cp.tables])
+    ops = tuple([(i, op.direction.value, tuple([n.node_id for n in op.nodes]), tuple(op.source_pages.tolist()),
+                  tuple(op.target_pages.tolist()), _NONE if op.request_id is None else op.request_id)
+                 for i, op in sorted(cp.ops.items())])
+    reqs = tuple([(i, r.tokens, r.locked.node_id, r.published_len, r.cached_len,
+                   tuple(r.private_pages.tolist()), r.private_start,
+                   tuple([(n.node_id, t) for n, t in r.pins]))
+                  for i, r in sorted(cp.requests.items())])
+    return (nodes, tables, ops, reqs, tree._tick, tree._next_id, cp._next_op)
+
+
+def _preorder(root: TreeNode) -> list[TreeNode]:
+    """The root, then each subtree in order of its first page (unique among siblings)."""
+    out: list[TreeNode] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack += [c for _, c in sorted(n.children.items(), reverse=True)]
+    return out
