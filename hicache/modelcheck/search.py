@@ -102,10 +102,11 @@ def key_function(cfg: ModelConfig, reduction: str) -> Callable[[ControlPlane], K
 def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: str = "symmetric",
             max_depth: int | None = None, max_states: int | None = None,
             verify_refusals: int = 0, keep_keys: bool = False,
-            progress: Callable[[Result], None] | None = None) -> Result:
+            on_state: Callable[[ControlPlane], None] | None = None) -> Result:
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
-    the state unchanged; `keep_keys` keeps every key seen in `Result.keys` (for tests)."""
+    the state unchanged; `keep_keys` keeps every key seen in `Result.keys`; `on_state` is
+    called with each new state's plane (it must not change it). The last two are for tests."""
     key_of = key_function(cfg, reduction)
     res = Result(cfg, reduction)
     start = time.perf_counter()
@@ -116,18 +117,17 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     bad = _judge(root, cfg)
     res.finding = None if bad is None else Finding(*bad, ())
     frontier = [(root, k0)]
+    if on_state is not None:
+        on_state(root)
     while frontier and res.finding is None and (max_depth is None or res.depth < max_depth):
         following: list[tuple[ControlPlane, Key]] = []
         for plane, key in frontier:
-            res.finding = _expand(plane, key, cfg, key_of, parents, following, res, verify_refusals)
+            res.finding = _expand(plane, key, cfg, key_of, parents, following, res, verify_refusals, on_state)
             if res.finding is not None or (max_states is not None and len(parents) >= max_states):
                 break
         if following:
             res.depth += 1
         frontier = following if res.finding is None else []
-        if progress is not None:
-            res.states, res.seconds = len(parents), time.perf_counter() - start
-            progress(res)
         if max_states is not None and len(parents) >= max_states:
             break
     res.exhaustive = res.finding is None and not frontier
@@ -139,7 +139,7 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
 
 def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[ControlPlane], Key],
             parents: dict[Key, tuple[Key, Action] | None], following: list[tuple[ControlPlane, Key]],
-            res: Result, verify_refusals: int) -> Finding | None:
+            res: Result, verify_refusals: int, on_state: Callable[[ControlPlane], None] | None) -> Finding | None:
     """Try every offered action on `plane`; queue new successors; the first finding, if any."""
     scratch: ControlPlane | None = None
     steps = drain_actions(plane) if cfg.aborts else []
@@ -171,6 +171,8 @@ def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[C
         bad = _judge(child, cfg)
         if bad is not None:
             return Finding(*bad, _path(parents, k))
+        if on_state is not None:
+            on_state(child)
         following.append((child, k))
     return None
 
