@@ -70,8 +70,17 @@ class Result:
     refusals: int = 0  # offered calls the plane refused (no edge)
     refusals_verified: int = 0  # of those, checked to have changed nothing
     fired: set[str] = field(default_factory=set)
-    keys: set[Key] = field(default_factory=set)
+    parents: dict[Key, tuple[Key, Action] | None] = field(default_factory=dict)  # with keep_keys
     finding: Finding | None = None
+
+    @property
+    def keys(self) -> set[Key]:
+        """Every key seen (only when the search ran with `keep_keys`)."""
+        return set(self.parents)
+
+    def path_to(self, key: Key) -> tuple[Action, ...]:
+        """A shortest path from the start to `key` (only when the search ran with `keep_keys`)."""
+        return _path(self.parents, key)
 
     @property
     def states_per_s(self) -> float:
@@ -105,7 +114,7 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
             on_state: Callable[[ControlPlane], None] | None = None) -> Result:
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
-    the state unchanged; `keep_keys` keeps every key seen in `Result.keys`; `on_state` is
+    the state unchanged; `keep_keys` keeps every key seen (and its path) in the result; `on_state` is
     called with each new state's plane (it must not change it). The last two are for tests."""
     key_of = key_function(cfg, reduction)
     res = Result(cfg, reduction)
@@ -133,7 +142,7 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     res.exhaustive = res.finding is None and not frontier
     res.states, res.seconds = len(parents), time.perf_counter() - start
     if keep_keys:
-        res.keys = set(parents)
+        res.parents = parents
     return res
 
 

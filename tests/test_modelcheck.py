@@ -1,0 +1,184 @@
+"""The model checker (hicache/modelcheck/): counts, soundness of its reductions, its findings.
+
+What each test shows:
+- the CI configurations give the manifest's counts, fire every spec transition, find nothing;
+- the reductions are sound: the unreduced search (concrete ids, pages and history) and the
+  reduced one reach the same states up to renaming, the same transitions, the same verdicts;
+- a refused call changes nothing (every refusal of a small search checked);
+- the plane copies equal `copy.deepcopy` and are independent of their original;
+- an injected bug (an edited lifecycle row) is found, with a shortest path whose trace
+  `hicache check-trace` rejects (exit 1) while the path without its last step passes (exit 0);
+  a state from which the drain is refused is found as `stuck`;
+- every path the search takes replays as a valid trace through check-trace.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+
+from hicache.checktrace import check_lines
+from hicache.control import ControlPlane
+from hicache.lifecycle import Lifecycle, load_lifecycle
+from hicache.modelcheck.actions import apply, is_refusal, offered
+from hicache.modelcheck.canonical import canonical_key, concrete_key
+from hicache.modelcheck.clone import clone
+from hicache.modelcheck.config import ModelConfig, get_config, load_configs
+from hicache.modelcheck.counterexample import write_trace
+from hicache.modelcheck.search import Finding, Result, explore
+from tests.test_execute import edited
+
+ALL_TRANSITIONS = set(load_lifecycle().transitions)
+
+# evict_l2 without leaf(L2): an L2 parent can be evicted under an L2 child (a backup gap, S6).
+NO_LEAF_GUARD = ["locks(L2) == 0", "L1 != H2D_PENDING", "L3 != H2S_PENDING"]
+
+
+def ci_configs() -> list[ModelConfig]:
+    return [c for c in load_configs().values() if c.ci]
+
+
+def trace_of(cfg: ModelConfig, f: Finding, lc: Lifecycle | None = None) -> list[str]:
+    buf = io.StringIO()
+    write_trace(cfg, f, buf, lc)
+    return buf.getvalue().splitlines()
+
+
+@pytest.fixture(scope="module")
+def ci_results() -> dict[str, Result]:
+    return {c.name: explore(c, keep_keys=True) for c in ci_configs()}
+
+
+def test_ci_configs_give_the_manifests_counts(ci_results: dict[str, Result]) -> None:
+    assert ci_results, "the manifest has CI configurations"
+    for name, res in ci_results.items():
+        exp = res.config.expected
+        assert exp is not None, f"{name}: a CI config has expected counts"
+        assert res.finding is None and res.exhaustive, name
+        assert (res.states, res.edges, res.depth) == (exp.states, exp.edges, exp.depth), name
+
+
+def test_ci_configs_together_fire_every_spec_transition(ci_results: dict[str, Result]) -> None:
+    fired = set().union(*(r.fired for r in ci_results.values()))
+    assert fired == ALL_TRANSITIONS
+    assert ci_results["tail"].fired == ALL_TRANSITIONS  # spec/modelcheck.md says so
+
+
+def test_every_path_of_a_search_replays_as_a_valid_trace(ci_results: dict[str, Result]) -> None:
+    res = ci_results["tail"]
+    inner = {step[0] for step in res.parents.values() if step is not None}
+    leaves = [k for k in res.parents if k not in inner]  # their paths cover the BFS tree
+    assert len(leaves) > 50
+    for k in leaves:
+        path = res.path_to(k)
+        verdict = check_lines(trace_of(res.config, Finding("path", "", path)))
+        assert verdict.exit_code == 0, (path, verdict.message)
+
+
+def test_reductions_are_sound_within_a_depth_bound() -> None:
+    cfg = get_config("tail")
+    seen: set[object] = set()
+    plain = explore(cfg, reduction="none", max_depth=9, on_state=lambda cp: seen.add(canonical_key(cp)))
+    reduced = explore(cfg, max_depth=9, keep_keys=True)
+    assert plain.states > 3 * reduced.states  # the reduction does reduce
+    assert seen == reduced.keys
+    assert plain.fired == reduced.fired and plain.finding is None and reduced.finding is None
+
+
+def test_request_symmetry_is_sound_within_a_depth_bound() -> None:
+    cfg = get_config("pair")
+    ids = tuple(range(cfg.requests))
+    seen: set[object] = set()
+    plain = explore(cfg, reduction="canonical", max_depth=7, on_state=lambda cp: seen.add(canonical_key(cp, ids)))
+    reduced = explore(cfg, max_depth=7, keep_keys=True)
+    assert plain.states > reduced.states
+    assert seen == reduced.keys and plain.fired == reduced.fired
+
+
+def test_no_request_symmetry_when_prompts_differ() -> None:
+    cfg = ModelConfig("asym", 2, (2, 2, 2), ((1, 2, 3), (4, 5, 6)), 2, per_request=True)
+    assert not cfg.symmetric_requests
+    assert get_config("pair").symmetric_requests
+
+
+def test_reductions_agree_on_a_finding() -> None:
+    cfg, lc = get_config("pages"), edited("evict_l2", guards=NO_LEAF_GUARD)
+    plain = explore(cfg, lifecycle=lc, reduction="none")
+    reduced = explore(cfg, lifecycle=lc)
+    assert plain.finding is not None and reduced.finding is not None
+    assert plain.finding.kind == reduced.finding.kind == "invariant"
+    assert len(plain.finding.path) == len(reduced.finding.path)
+
+
+def test_a_refused_call_changes_nothing() -> None:
+    res = explore(get_config("tail"), verify_refusals=1)
+    assert res.finding is None and res.refusals > 1000
+    assert res.refusals_verified == res.refusals
+
+
+def sample_planes(cfg: ModelConfig, depth: int) -> list[ControlPlane]:
+    planes: list[ControlPlane] = []
+    explore(cfg, max_depth=depth, on_state=planes.append)
+    return planes
+
+
+def test_clone_equals_deepcopy_and_is_independent() -> None:
+    cfg = get_config("pair")
+    planes = sample_planes(cfg, 8)
+    assert len(planes) > 150
+    for cp in planes[::4]:
+        before = concrete_key(cp)
+        twin = clone(cp)
+        assert concrete_key(twin) == concrete_key(copy.deepcopy(cp)) == before
+        for a in offered(cp, cfg):
+            c = clone(cp)
+            try:
+                apply(c, cfg, a)
+            except Exception as e:
+                assert is_refusal(e), e
+            assert concrete_key(cp) == before, f"{a} on a copy changed the original"
+
+
+def test_an_injected_guard_bug_is_found_with_a_trace_check_trace_rejects() -> None:
+    cfg, lc = get_config("pages"), edited("evict_l2", guards=NO_LEAF_GUARD)
+    res = explore(cfg, lifecycle=lc)
+    f = res.finding
+    assert f is not None and f.kind == "invariant" and "S6" in f.message
+    assert str(f.path[-1]) == "evict L2 nodes 1" and len(f.path) == 8  # the shortest path
+    lines = trace_of(cfg, f, lc)
+    assert lines[0].startswith('{"capacities"') and '"format":"hicache-trace"' in lines[0]
+    verdict = check_lines(lines)
+    assert verdict.exit_code == 1 and verdict.seq == len(lines) - 1, verdict.message
+    assert "leaf(L2)" in verdict.message
+    prefix = Finding("path", "", f.path[:-1])  # the same path, short of the bad step: valid
+    assert check_lines(trace_of(cfg, prefix, lc)).exit_code == 0
+
+
+@pytest.mark.parametrize("aborts", [True, False])
+def test_a_state_the_drain_cannot_leave_is_stuck(aborts: bool) -> None:
+    # h2d_cancel refused unless the node also holds L3: a load-back of an L2-only node can
+    # never be cancelled, so its request can never end.
+    lc = edited("h2d_cancel", guards=["L3 == RESIDENT"])
+    cfg = ModelConfig("tail-mutant", 2, (2, 2, 2), ((1, 2, 3),), 1, aborts=aborts)
+    res = explore(cfg, lifecycle=lc)
+    f = res.finding
+    assert f is not None and f.kind == "stuck", res.finding
+    assert "h2d_cancel" in f.message or "cancel" in f.message
+    assert f.path[-1].kind == "issue" and f.path[-1].arg == "H2D"
+    ended = write_trace(cfg, f, io.StringIO(), lc)
+    assert "cancel" in ended
+
+
+def test_an_unexpected_exception_is_a_crash_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ControlPlane.advance_cached_len
+
+    def broken(self: ControlPlane, request_id: int, node: object) -> int:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ControlPlane, "advance_cached_len", broken)
+    res = explore(get_config("tail"))
+    assert res.finding is not None and res.finding.kind == "crash" and "injected" in res.finding.message
+    assert res.finding.path[-1].kind == "advance_cached_len"
+    monkeypatch.setattr(ControlPlane, "advance_cached_len", real)
