@@ -80,18 +80,14 @@ def canonical_key(cp: ControlPlane, request_ids: Sequence[int] = ()) -> Key:
     op_pages = [(pages.of(TIERS.index(op.direction.source), op.source_pages),
                  pages.of(TIERS.index(op.direction.target), op.target_pages)) for op in ops]
     live = sorted(cp.requests)
+    renamings: Iterable[Sequence[int]] = [live]
     if len(request_ids) > 1 and live:
-        renamings: Iterable[dict[int, int]] = (dict(zip(request_ids, p)) for p in itertools.permutations(request_ids))
-    else:
-        renamings = [{r: r for r in live}]
+        # Live ids onto 0..k-1 in every order: the least key over these is the same for every
+        # renaming of the ids (each renaming composed with them gives the same set of keys).
+        renamings = itertools.permutations(range(len(live)))
     best: Key | None = None
-    seen: set[tuple[int, ...]] = set()
-    for whole in renamings:
-        rename = {r: whole[r] for r in live}
-        image = tuple(rename[r] for r in live)
-        if image in seen:
-            continue  # the renaming of ids no request holds now changes nothing
-        seen.add(image)
+    for image in renamings:
+        rename = dict(zip(live, image))
         key = (tree_part, _ops_part(ops, label, op_pages, rename), _requests_part(cp, label, pages.copy(), rename))
         if best is None or key < best:
             best = key
