@@ -27,6 +27,7 @@ from hicache.modelcheck.canonical import canonical_key, concrete_key
 from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
+from hicache.modelcheck.coverage import composite_edges, graph_edges
 from hicache.modelcheck.search import Finding, Result, explore
 from tests.test_execute import edited
 
@@ -64,6 +65,18 @@ def test_ci_configs_together_fire_every_spec_transition(ci_results: dict[str, Re
     fired = set().union(*(r.fired for r in ci_results.values()))
     assert fired == ALL_TRANSITIONS
     assert ci_results["tail"].fired == ALL_TRANSITIONS  # spec/modelcheck.md says so
+
+
+def test_ci_configs_take_every_composite_edge_but_a_private_copys_view_of_a_tree_transition(
+        ci_results: dict[str, Result]) -> None:
+    lc = load_lifecycle()
+    graph = graph_edges(lc)
+    taken = composite_edges(lc, set().union(*(r.steps for r in ci_results.values())))
+    assert taken <= graph  # every traced step is an edge of the composite graph
+    # Not taken: an L2/L3 row seen from a request's private L1 copy. The reference traces such
+    # a row with the node's own triple (its L1 is not the request's copy), never this view.
+    views = {(b, t, a) for b, t, a in graph if b.startswith("L1_PRIVATE") and lc.transitions[t].tier != "L1"}
+    assert graph - taken == views and len(views) == 14
 
 
 def test_every_path_of_a_search_replays_as_a_valid_trace(ci_results: dict[str, Result]) -> None:

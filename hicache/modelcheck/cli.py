@@ -22,7 +22,7 @@ from hicache.errors import HiCacheError
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.modelcheck.config import CONFIGS_TOML, ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
-from hicache.modelcheck.coverage import spec_transitions
+from hicache.modelcheck.coverage import composite_edges, graph_edges, spec_transitions
 from hicache.modelcheck.search import REDUCTIONS, Result, explore
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -90,8 +90,12 @@ def coverage_line(res: Result, lc: Lifecycle) -> str:
     """Which spec transitions the search fired, and which it did not."""
     names = spec_transitions(lc)
     missing = [n for n in names if n not in res.fired]
+    graph = graph_edges(lc)
+    unseen = sorted(graph - composite_edges(lc, res.steps))
     return (f"transitions fired: {len(names) - len(missing)}/{len(names)}"
-            + (f"; not fired: {', '.join(missing)}" if missing else " (every one)"))
+            + (f" (not fired: {', '.join(missing)})" if missing else " (every one)")
+            + f"; composite edges taken: {len(graph) - len(unseen)}/{len(graph)}"
+            + (f" (not taken: {', '.join(f'{b} --{t}--> {a}' for b, t, a in unseen)})" if unseen else " (every one)"))
 
 
 def _describe(cfg: ModelConfig) -> str:

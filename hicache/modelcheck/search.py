@@ -29,7 +29,7 @@ from typing import Callable
 
 from hicache.control import ControlPlane
 from hicache.invariants.registry import check_all
-from hicache.lifecycle import Lifecycle
+from hicache.lifecycle import Lifecycle, States
 from hicache.modelcheck.actions import Action, apply, is_refusal, offered
 from hicache.modelcheck.canonical import Key, canonical_key, concrete_key
 from hicache.modelcheck.clone import clone
@@ -70,6 +70,7 @@ class Result:
     refusals: int = 0  # offered calls the plane refused (no edge)
     refusals_verified: int = 0  # of those, checked to have changed nothing
     fired: set[str] = field(default_factory=set)
+    steps: set[tuple[States, str]] = field(default_factory=set)  # composite steps (coverage.py)
     parents: dict[Key, tuple[Key, Action] | None] = field(default_factory=dict)  # with keep_keys
     finding: Finding | None = None
 
@@ -120,7 +121,7 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     res = Result(cfg, reduction)
     start = time.perf_counter()
     root = initial_plane(cfg, lifecycle)
-    record_into(root, res.fired)
+    record_into(root, res.fired, res.steps)
     k0 = key_of(root)
     parents: dict[Key, tuple[Key, Action] | None] = {k0: None}
     bad = _judge(root, cfg)
@@ -195,7 +196,7 @@ def _judge(plane: ControlPlane, cfg: ModelConfig) -> tuple[str, str] | None:
         return "invariant", "; ".join(str(v) for v in broken)
     if not cfg.aborts:
         copy = clone(plane)
-        record_into(copy, set())  # the drain's rows are not edges of the search
+        record_into(copy, set(), set())  # the drain's rows are not edges of the search
         why = drain(copy, lambda a: apply(copy, cfg, a))
         return None if why is None else ("stuck", why)
     if not plane.ops and not plane.requests:
