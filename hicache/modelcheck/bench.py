@@ -9,11 +9,17 @@ search copies and hashes once per edge). States per second at the ceiling is wha
 would reach if trying actions, the plane's own work and the invariant checks cost nothing;
 `ratio` is measured / ceiling. The invariant checks' share (one `check_all` per state) is
 shown too. CPU seconds are this process's (steadier than wall time on a shared machine).
+
+With `--branching NAME`, a second table compares the ways a search can branch, per state of
+that configuration (CPU µs, mean over every state): this module's field-by-field copy
+(clone.py), `copy.deepcopy` (the lifecycle tables shared, as a search would), and replaying
+the state's shortest path on a fresh plane (the alternative to keeping planes at all).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from typing import Sequence
@@ -22,7 +28,8 @@ from hicache.control import ControlPlane
 from hicache.invariants.registry import check_all
 from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig, load_configs
-from hicache.modelcheck.search import explore, key_function
+from hicache.modelcheck.actions import apply
+from hicache.modelcheck.search import explore, initial_plane, key_function
 
 HEADER = ("| config | states | edges | depth | wall s | CPU s | states/CPU s | copy+hash µs/edge "
           "| ceiling states/s | ratio | check_all µs/state |\n"
@@ -54,15 +61,44 @@ def measure(cfg: ModelConfig) -> str:
             f"{per_check * 1e6:.0f} |")
 
 
+def branching(cfg: ModelConfig) -> str:
+    """The branching table for `cfg` (module docstring)."""
+    planes: list[ControlPlane] = []
+    res = explore(cfg, on_state=planes.append, keep_keys=True)
+    key_of = key_function(cfg, "symmetric")
+    paths = [res.path_to(key_of(cp)) for cp in planes]
+    times: list[float] = []
+    for how in (clone, lambda cp: copy.deepcopy(cp, {id(cp.lifecycle): cp.lifecycle})):
+        t = time.process_time()
+        for cp in planes:
+            how(cp)
+        times.append((time.process_time() - t) / len(planes))
+    t = time.process_time()
+    for path in paths:
+        fresh = initial_plane(cfg)
+        for a in path:
+            apply(fresh, cfg, a)
+    times.append((time.process_time() - t) / len(planes))
+    mean_len = sum(len(p) for p in paths) / len(paths)
+    return ("| branching, per state | µs |\n| --- | ---: |\n"
+            f"| field-by-field copy (clone.py) | {times[0] * 1e6:.0f} |\n"
+            f"| `copy.deepcopy` | {times[1] * 1e6:.0f} |\n"
+            f"| replay of the shortest path (mean {mean_len:.1f} calls) | {times[2] * 1e6:.0f} |")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     configs = load_configs()
     p = argparse.ArgumentParser(prog="python3 -m hicache.modelcheck.bench", description=__doc__.splitlines()[0])
     p.add_argument("--config", nargs="+", choices=sorted(configs), default=list(configs),
                    help="configurations to measure (default: all)")
+    p.add_argument("--branching", choices=sorted(configs), help="also compare ways to branch on this config")
     args = p.parse_args(argv)
     print(HEADER)
     for name in args.config:
         print(measure(configs[name]), flush=True)
+    if args.branching:
+        print()
+        print(branching(configs[args.branching]))
     return 0
 
 
