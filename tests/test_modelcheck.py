@@ -112,8 +112,25 @@ def test_request_symmetry_is_sound_within_a_depth_bound() -> None:
 
 def test_no_request_symmetry_when_prompts_differ() -> None:
     cfg = ModelConfig("asym", 2, (2, 2, 2), ((1, 2, 3), (4, 5, 6)), 2, per_request=True)
-    assert not cfg.symmetric_requests
-    assert get_config("pair").symmetric_requests
+    assert not cfg.symmetric_requests and get_config("pair").symmetric_requests
+    # Request 0 begins [1, 2, 3] only, request 1 [4, 5, 6]: swapping them is no symmetry, so
+    # the "symmetric" search keeps the ids and reaches what the plain canonical one reaches.
+    plain = explore(cfg, reduction="canonical", max_depth=5)
+    symmetric = explore(cfg, max_depth=5)
+    assert (symmetric.states, symmetric.edges) == (plain.states, plain.edges)
+
+
+def test_without_faults_or_aborts_no_fail_or_cancel_fires() -> None:
+    base = get_config("tail")
+    no_faults = explore(ModelConfig("f", base.page_size, base.capacities, base.prompts, 1, faults=False))
+    no_aborts = explore(ModelConfig("a", base.page_size, base.capacities, base.prompts, 1, aborts=False))
+    assert no_faults.exhaustive and no_aborts.exhaustive  # the drain by copy holds without cancels
+    assert {t for t in no_faults.fired if t.endswith("_fail")} == set()
+    assert {t for t in no_aborts.fired if t.endswith("_cancel")} == set()
+    # A fail and a cancel lead to the same state (both release the target, unlock the
+    # source): the states stay, the edges drop.
+    assert no_faults.states == no_aborts.states == 227
+    assert no_faults.edges < 1597 and no_aborts.edges < 1597
 
 
 def test_reductions_agree_on_a_finding() -> None:
@@ -185,8 +202,6 @@ def test_a_state_the_drain_cannot_leave_is_stuck(aborts: bool) -> None:
 
 
 def test_an_unexpected_exception_is_a_crash_finding(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ControlPlane.advance_cached_len
-
     def broken(self: ControlPlane, request_id: int, node: object) -> int:
         raise RuntimeError("injected")
 
@@ -194,4 +209,3 @@ def test_an_unexpected_exception_is_a_crash_finding(monkeypatch: pytest.MonkeyPa
     res = explore(get_config("tail"))
     assert res.finding is not None and res.finding.kind == "crash" and "injected" in res.finding.message
     assert res.finding.path[-1].kind == "advance_cached_len"
-    monkeypatch.setattr(ControlPlane, "advance_cached_len", real)
