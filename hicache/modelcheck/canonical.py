@@ -7,12 +7,12 @@ A key is a plain tuple; two planes with equal keys are the same search state. Th
     concrete   everything, ids and page numbers as they are,   the soundness test (no
                LRU ticks, hits, page generations, id counters  reduction at all) and the
                                                                "a refusal changed nothing" check
-    canonical  tree shape (keys, per-tier states, locks,       the search (`reduce_requests`
-               values), ops, requests: node ids, op ids and    off)
-               physical pages renamed canonically; history
+    canonical  tree shape (keys, per-tier states, locks,       `--reduction canonical`, and the
+               values), ops, requests: node ids, op ids and    search when requests are not
+               physical pages renamed canonically; history     symmetric
                (ticks, hits, generations, counters) dropped
-    symmetric  canonical, minimised over every renaming of     the search when the config's
-               request ids                                     requests are symmetric
+    symmetric  canonical, the least over every ordering of     the search when the config's
+               the live requests' ids onto 0..k-1              requests are symmetric
 
 Why each step is sound (spec/modelcheck.md says it at length; tests/test_modelcheck.py checks
 that the reduced and unreduced searches reach the same states, transitions and verdicts):
