@@ -59,7 +59,8 @@ def test_without_trace_out_the_trace_is_printed(tmp_path: Path, capsys: pytest.C
     assert check_lines(trace).exit_code == 1
 
 
-@pytest.mark.parametrize("argv", [[], ["--config", "nope"], ["--config", "tail", "--max-states", "0"]])
+@pytest.mark.parametrize("argv", [[], ["--config", "nope"], ["--config", "tail", "--max-states", "0"],
+                                  ["--config", "tail", "--reduction", "none"]])
 def test_usage_errors_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         status = mc.main(argv)
@@ -74,6 +75,11 @@ def test_a_malformed_manifest_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     manifest.write_text('[[config]]\nname = "x"\npage_size = 2\ncapacities = [2, 2]\nprompts = [[1, 2]]\nrequests = 1\n')
     assert mc.main(["--config", "x", "--configs", str(manifest)]) == 2
     assert "config x" in capsys.readouterr().err
+
+
+def test_an_unreduced_search_with_a_bound_stops_early(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mc.main(["--config", "tail", "--reduction", "none", "--max-depth", "4"]) == 0
+    assert "stopped early" in capsys.readouterr().out
 
 
 def test_list_names_every_config(capsys: pytest.CaptureFixture[str]) -> None:

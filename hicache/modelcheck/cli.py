@@ -26,6 +26,7 @@ from hicache.modelcheck.coverage import composite_edges, graph_edges, spec_trans
 from hicache.modelcheck.search import REDUCTIONS, Result, explore
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+SHOW_UNSEEN = 20  # composite edges not taken are listed up to this many (else only counted)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.config is None:
             _parser().error("--config NAME is required (or --list)")
+        if args.reduction == "none" and args.max_depth is None and args.max_states is None:
+            _parser().error("--reduction none never ends on its own (ids and LRU ticks grow without "
+                            "bound): give --max-depth or --max-states")
         cfg = get_config(args.config, args.configs)
         lifecycle = None if args.lifecycle is None else load_lifecycle(args.lifecycle)
     except HiCacheError as e:
@@ -95,7 +99,8 @@ def coverage_line(res: Result, lc: Lifecycle) -> str:
     return (f"transitions fired: {len(names) - len(missing)}/{len(names)}"
             + (f" (not fired: {', '.join(missing)})" if missing else " (every one)")
             + f"; composite edges taken: {len(graph) - len(unseen)}/{len(graph)}"
-            + (f" (not taken: {', '.join(f'{b} --{t}--> {a}' for b, t, a in unseen)})" if unseen else " (every one)"))
+            + (f" (not taken: {', '.join(f'{b} --{t}--> {a}' for b, t, a in unseen)})"
+               if 0 < len(unseen) <= SHOW_UNSEEN else " (every one)" if not unseen else ""))
 
 
 def _describe(cfg: ModelConfig) -> str:
