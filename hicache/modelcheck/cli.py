@@ -23,7 +23,7 @@ from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.modelcheck.config import CONFIGS_TOML, ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
 from hicache.modelcheck.coverage import composite_edges, graph_edges, spec_transitions
-from hicache.modelcheck.search import REDUCTIONS, Result, explore
+from hicache.modelcheck.search import REDUCTIONS, VERIFY_REFUSALS, Result, explore
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 SHOW_UNSEEN = 20  # composite edges not taken are listed up to this many (else only counted)
@@ -45,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reduction", choices=REDUCTIONS, default="symmetric", help="state key (default: symmetric)")
     p.add_argument("--max-states", type=_positive, help="stop after this many states (not exhaustive)")
     p.add_argument("--max-depth", type=_positive, help="stop at this BFS depth (not exhaustive)")
-    p.add_argument("--verify-refusals", type=int, default=64, metavar="N",
-                   help="check that every N-th refused call changed nothing (0: never; default 64)")
+    p.add_argument("--verify-refusals", type=int, default=VERIFY_REFUSALS, metavar="N",
+                   help=f"check that every N-th refused call changed nothing (0: never; default {VERIFY_REFUSALS})")
     return p
 
 

@@ -38,6 +38,10 @@ from hicache.modelcheck.coverage import record_into
 from hicache.modelcheck.drain import drain, drain_actions, not_quiescent
 from hicache.trace import Tracer
 
+VERIFY_REFUSALS = 64
+"""By default every 64th refusal is checked to have changed nothing (a concrete key of the
+copy against the original's: about the cost of one copy, so 1/64 of refusals costs little)."""
+
 REDUCTIONS = ("symmetric", "canonical", "none")
 """Key levels (canonical.py): `symmetric` renames request ids too when the configuration
 allows it (else it is `canonical`); `none` hashes the concrete plane (finite only with a
@@ -111,7 +115,7 @@ def key_function(cfg: ModelConfig, reduction: str) -> Callable[[ControlPlane], K
 
 def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: str = "symmetric",
             max_depth: int | None = None, max_states: int | None = None,
-            verify_refusals: int = 0, keep_keys: bool = False,
+            verify_refusals: int = VERIFY_REFUSALS, keep_keys: bool = False,
             on_state: Callable[[ControlPlane], None] | None = None) -> Result:
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
