@@ -197,8 +197,11 @@ def test_a_state_the_drain_cannot_leave_is_stuck(aborts: bool) -> None:
     assert f is not None and f.kind == "stuck", res.finding
     assert "h2d_cancel" in f.message or "cancel" in f.message
     assert f.path[-1].kind == "issue" and f.path[-1].arg == "H2D"
-    ended = write_trace(cfg, f, io.StringIO(), lc)
+    buf = io.StringIO()
+    ended = write_trace(cfg, f, buf, lc)
     assert "cancel" in ended
+    # The refused call emits nothing: the trace itself is valid, the finding is the refusal.
+    assert check_lines(buf.getvalue().splitlines()).exit_code == 0
 
 
 def test_an_unexpected_exception_is_a_crash_finding(monkeypatch: pytest.MonkeyPatch) -> None:
