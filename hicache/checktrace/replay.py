@@ -1,9 +1,10 @@
 """`check_lines`: replay a trace through the reference control plane and judge it.
 
-    header ─► ControlPlane(page size, capacities; a tier the header lacks has 0 pages)
+    header ─► ControlPlane(page size, capacities), no data plane
     events ─► decide the call they stand for (dispatch.py) ─► run it on the reference
            ─► compare what it emitted with the trace, event by event (compare.py)
-           ─► every `check_every` events: the invariants (invariants.py)
+           ─► the invariants: after each call on what it touched, or on the whole state
+              every N events (invariants.py, touched.py)
 
 The reference runs on no data plane at all: only its records change. The first event that
 is not enabled (the reference refuses the call), that differs from what the reference emitted,
@@ -19,7 +20,7 @@ from typing import Iterable
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
-from hicache.checktrace.invariants import Checks
+from hicache.checktrace.invariants import Checks, scope_before
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
@@ -28,8 +29,12 @@ from hicache.errors import HiCacheError, InvariantViolation
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
-DROPPED_BY_OMIT = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",), "split": ("split",)}
-"""Header `omits` entry -> the reference's events left out of the comparison."""
+DROPPED_BY_OMIT = {"locks": ("lock", "unlock", "node_remove"), "node_remove": ("node_remove",),
+                   "split": ("split",)}
+"""Header `omits` entry -> the events left out of the comparison: the reference's are not
+compared, the trace's (should it carry some anyway) are read and skipped. Without locks the
+reference holds no restore pins, so it may remove a node earlier than the engine, whose pin
+kept it: removals are not compared then either."""
 
 
 class Violation(Exception):
@@ -42,19 +47,26 @@ class Violation(Exception):
 
 
 class _Buffer:
-    """The look-ahead: lines read but not yet consumed, oldest first."""
+    """The look-ahead: lines read but not yet consumed, oldest first; events of the `skip`
+    kinds are read (and counted in `skipped`) but never buffered."""
 
-    def __init__(self, reader: TraceReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: TraceReader, skip: frozenset[str]) -> None:
+        self.reader, self.skip = reader, skip
         self.lines: deque[Line] = deque()
         self.done = False
+        self.skipped = 0
 
     def peek(self, i: int) -> Line | None:
         while len(self.lines) <= i and not self.done:
             try:
-                self.lines.append(next(self.reader))
+                line = next(self.reader)
             except StopIteration:
                 self.done = True
+                break
+            if line.event.event in self.skip:
+                self.skipped += 1
+            else:
+                self.lines.append(line)
         return self.lines[i] if i < len(self.lines) else None
 
     def pop(self) -> Line:
@@ -73,7 +85,7 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
 class Replay:
     """One trace's replay; `run` returns the number of events checked or raises Violation."""
 
-    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int) -> None:
+    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int, full: bool = False) -> None:
         self.header = reader.header
         self.lc = lc
         self.cp = plane_for(self.header, lc)
@@ -82,20 +94,20 @@ class Replay:
         inner = getattr(sink, "inner", sink)
         assert isinstance(inner, ListSink), "the reference's tracer has no ListSink"
         self.sink = inner
-        self.buffer = _Buffer(reader)
         self.compare = Comparer(self.cp, lc, self.header.omits)
         self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
-        self.checks = Checks(self.cp, check_every)
+        self.buffer = _Buffer(reader, self.dropped)
+        self.checks = Checks(self.cp, check_every, full)
         self.events = 0
-        self.requests: set[int] = set()
+        self.requests = 0  # begin_request events (counts, not sets: memory stays bounded)
         self.ops = 0
 
     def run(self) -> int:
         while True:
             head = self.buffer.peek(0)
             if head is None:
-                return self.events
+                return self.events + self.buffer.skipped
             try:
                 call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
             except Ambiguous as e:
@@ -106,7 +118,7 @@ class Replay:
                 while self.buffer.peek(0) is not None:
                     self.buffer.pop()
                     self.events += 1
-                return self.events
+                return self.events + self.buffer.skipped
             self._step(call, head)
 
     def _concerned(self, line: Line) -> Before:
@@ -118,6 +130,7 @@ class Replay:
 
     def _step(self, call: Call, head: Line) -> None:
         before = Before.capture(self.cp, call.nodes, call.request)
+        scope = scope_before(self.cp, call.nodes, call.request, call.op) if self.checks.needs_scope else None
         self.sink.events.clear()
         try:
             call.run()
@@ -144,27 +157,31 @@ class Replay:
                 raise Violation(line, f"invariant {e.invariant}: {e.why}", call, before, ref) from None
             self.buffer.pop()
             self.events += 1
-            if ref.event == "begin_request" and ref.request is not None:
-                self.requests.add(ref.request)
+            if ref.event == "begin_request":
+                self.requests += 1
             elif ref.event.endswith("_issue") and ref.op is not None and ref is emitted[0]:
                 self.ops += 1
         self.compare.retire_ops()
-        found = self.checks.after(len(emitted))
+        if scope is not None:
+            scope.add(self.sink.events)
+        found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
 
 
-def check_lines(lines: Iterable[str], *, check_every: int = 1, lifecycle: Lifecycle | None = None) -> Verdict:
+def check_lines(lines: Iterable[str], *, check_every: int = 1, full_checks: bool = False,
+                lifecycle: Lifecycle | None = None) -> Verdict:
     """Judge a trace (the header line first); streams, never holds the whole trace.
 
-    `check_every` N >= 1: run the invariant checks after the call that completes every N-th
-    event (1: after every call); 0: never. Returns the verdict (exit code 0 valid, 1 a
-    violation, 2 malformed input); never raises on bad input."""
+    `check_every` 1: the invariants after every call, incrementally on what it touched
+    (`full_checks`: on the whole state); N > 1: on the whole state once every N events; 0:
+    never. Returns the verdict (exit code 0 valid, 1 a violation, 2 malformed input); never
+    raises on bad input."""
     lc = lifecycle or load_lifecycle()
     replay: Replay | None = None
     try:
         reader = TraceReader(lines, lc)
-        replay = Replay(reader, lc, check_every)
+        replay = Replay(reader, lc, check_every, full_checks)
         n = replay.run()
     except Malformed as e:
         events = 0 if replay is None else replay.events
@@ -174,7 +191,7 @@ def check_lines(lines: Iterable[str], *, check_every: int = 1, lifecycle: Lifecy
         return Verdict(VIOLATION, replay.events, v.line.event.seq, _violation_text(replay, v))
     every = f"checked every {check_every} events" if check_every else "invariants not checked"
     omitted = f"omits {', '.join(replay.header.omits)}" if replay.header.omits else "full trace"
-    return Verdict(VALID, n, None, f"OK: {n} events, {len(replay.requests)} requests, {replay.ops} ops, "
+    return Verdict(VALID, n, None, f"OK: {n} events, {replay.requests} requests, {replay.ops} ops, "
                                    f"{every}; {omitted}")
 
 
