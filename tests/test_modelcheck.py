@@ -29,6 +29,7 @@ from hicache.modelcheck.config import ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
 from hicache.modelcheck.coverage import composite_edges, graph_edges
 from hicache.modelcheck.search import Finding, Result, explore
+from hicache.testing.mutants import activate
 from tests.test_execute import edited
 
 ALL_TRANSITIONS = set(load_lifecycle().transitions)
@@ -184,6 +185,18 @@ def test_an_injected_guard_bug_is_found_with_a_trace_check_trace_rejects() -> No
     assert "leaf(L2)" in verdict.message
     prefix = Finding("path", "", f.path[:-1])  # the same path, short of the bad step: valid
     assert check_lines(trace_of(cfg, prefix, lc)).exit_code == 0
+
+
+@pytest.mark.parametrize("mutant, check", [("B02", "I1"), ("B03", "I6"), ("B04", "S7")])
+def test_a_state_with_a_broken_record_is_never_merged_with_a_correct_one(mutant: str, check: str) -> None:
+    """B02 frees an L2 page a node still holds, B03 leaks an op's target pages: the tree, the
+    ops and the requests are then exactly as in a correct state; only the page table differs.
+    The key once left the owners out (they follow from the rest in a correct plane), so these
+    states were merged with correct ones, never judged, and both mutants went unfound."""
+    with activate(mutant):
+        res = explore(get_config("tail"))
+    assert res.finding is not None and res.finding.kind == "invariant", mutant
+    assert res.finding.message.startswith(check)
 
 
 @pytest.mark.parametrize("aborts", [True, False])
