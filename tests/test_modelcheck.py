@@ -199,6 +199,16 @@ def test_a_state_with_a_broken_record_is_never_merged_with_a_correct_one(mutant:
     assert res.finding.message.startswith(check)
 
 
+def test_a_leaf_set_that_disagrees_with_the_evict_guard_is_found() -> None:
+    """The zoo's B07-leaf keys every tier's leaf sets on L1's children: the plane's guards still
+    refuse a non-leaf, but `candidates(L2)` (what an eviction loop picks from) misses a real
+    leaf. Found by the tree's audit and the candidates-vs-guard comparison in every state."""
+    with activate("B07-leaf"):
+        res = explore(get_config("pages"))
+    assert res.finding is not None and res.finding.kind == "audit"
+    assert "leaf set" in res.finding.message and "candidates(L2)" in res.finding.message
+
+
 @pytest.mark.parametrize("aborts", [True, False])
 def test_a_state_the_drain_cannot_leave_is_stuck(aborts: bool) -> None:
     # h2d_cancel refused unless the node also holds L3: a load-back of an L2-only node can

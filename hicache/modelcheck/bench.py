@@ -10,6 +10,10 @@ would reach if trying actions, the plane's own work and the invariant checks cos
 `ratio` is measured / ceiling. The invariant checks' share (one `check_all` per state) is
 shown too. CPU seconds are this process's (steadier than wall time on a shared machine).
 
+With `--zoo`, a third table runs the control-plane mutants of the bug zoo
+(hicache/testing/mutants.py) through the search: for each, the configurations in order
+until one finds it, with the finding's kind, its path length and the states explored.
+
 With `--branching NAME`, a second table compares the ways a search can branch, per state of
 that configuration (CPU µs, mean over every state): this module's field-by-field copy
 (clone.py), `copy.deepcopy` (the lifecycle tables shared, as a search would), and replaying
@@ -86,13 +90,54 @@ def branching(cfg: ModelConfig) -> str:
             f"| replay of the shortest path (mean {mean_len:.1f} calls) | {times[2] * 1e6:.0f} |")
 
 
+ZOO_MUTANTS = ("B01", "B02", "B03", "B04", "B06", "B07", "B07-leaf", "B08", "B11")
+"""The zoo's mutants of the control plane and the tree (the others patch the data plane, the
+controller or the checker, which the search does not run)."""
+ZOO_CONFIGS = ("tail", "pages", "fork")
+
+
+def zoo() -> str:
+    """The zoo table (module docstring)."""
+    from hicache.testing.mutants import MUTANTS, activate  # the zoo: only this table needs it
+
+    configs = load_configs()
+    rows = ["| mutant | what is broken | found by | finding | path | states | CPU s |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for name in ZOO_MUTANTS:
+        missed: list[str] = []
+        for cname in ZOO_CONFIGS:
+            t = time.process_time()
+            with activate(name):
+                res = explore(configs[cname])
+            cpu = time.process_time() - t
+            if res.finding is not None:
+                f = res.finding
+                why = f.message if len(f.message) < 70 else f.message[:67] + "..."
+                rows.append(f"| {name} | {MUTANTS[name]} | `{cname}`{_missed(missed)} | {f.kind}: {why} | "
+                            f"{len(f.path)} | {res.states:,} | {cpu:.1f} |")
+                break
+            missed.append(cname)
+        else:
+            rows.append(f"| {name} | {MUTANTS[name]} | none of {', '.join(ZOO_CONFIGS)} | - | - | - | - |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return "\n".join(rows)
+
+
+def _missed(names: list[str]) -> str:
+    return f" (not `{'`, `'.join(names)}`)" if names else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     configs = load_configs()
     p = argparse.ArgumentParser(prog="python3 -m hicache.modelcheck.bench", description=__doc__.splitlines()[0])
     p.add_argument("--config", nargs="+", choices=sorted(configs), default=list(configs),
                    help="configurations to measure (default: all)")
     p.add_argument("--branching", choices=sorted(configs), help="also compare ways to branch on this config")
+    p.add_argument("--zoo", action="store_true", help="only the bug-zoo table")
     args = p.parse_args(argv)
+    if args.zoo:
+        print(zoo())
+        return 0
     print(HEADER)
     for name in args.config:
         print(measure(configs[name]), flush=True)

@@ -16,7 +16,9 @@
       stop       at the first finding (the shortest path to it: BFS), or when no new state
                  is left (the search is exhaustive), or at `max_depth` / `max_states`
 
-A finding is one of: `invariant` (a new state breaks an invariant), `crash` (a call raised
+A finding is one of: `invariant` (a new state breaks an invariant), `audit` (the tree's own
+recount, `HiRadixTree.audit`, disagrees with its records, or `candidates(tier)` differs from
+the nodes the `evict_<tier>` row allows), `crash` (a call raised
 something that is no refusal), `stuck` (the drain from a state fails), `refusal` (a refused
 call changed the state: checked on every `verify_refusals`-th refusal).
 """
@@ -28,15 +30,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hicache.control import ControlPlane
+from hicache.errors import IllegalTransition
+from hicache.execute import node_segments
 from hicache.invariants.registry import check_all
-from hicache.lifecycle import Lifecycle, States
+from hicache.lifecycle import RESIDENT, Lifecycle, States
 from hicache.modelcheck.actions import Action, apply, is_refusal, offered
 from hicache.modelcheck.canonical import Key, canonical_key, concrete_key
 from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig
 from hicache.modelcheck.coverage import record_into
 from hicache.modelcheck.drain import drain, drain_actions, not_quiescent
+from hicache.tiers import TIERS
 from hicache.trace import Tracer
+from hicache.tree import TreeNode
 
 VERIFY_REFUSALS = 64
 """By default every 64th refusal is checked to have changed nothing (a concrete key of the
@@ -198,6 +204,9 @@ def _judge(plane: ControlPlane, cfg: ModelConfig) -> tuple[str, str] | None:
     broken = check_all(plane.snapshot())
     if broken:
         return "invariant", "; ".join(str(v) for v in broken)
+    problems = plane.tree.audit() + _candidates_disagree(plane)
+    if problems:
+        return "audit", "; ".join(problems)
     if not cfg.aborts:
         copy = clone(plane)
         record_into(copy, set(), set())  # the drain's rows are not edges of the search
@@ -207,6 +216,27 @@ def _judge(plane: ControlPlane, cfg: ModelConfig) -> tuple[str, str] | None:
         left = not_quiescent(plane)
         return ("stuck", "no op or request is left, yet: " + "; ".join(left)) if left else None
     return None
+
+
+def _candidates_disagree(plane: ControlPlane) -> list[str]:
+    """Where `candidates(tier)` (what an eviction loop picks from: the tree's leaf sets, then
+    the row's guards) differs from the nodes whose `evict_<tier>` row the tables allow."""
+    out = []
+    for t, tier in enumerate(TIERS):
+        name = f"evict_{str(tier).lower()}"
+        listed = sorted(n.node_id for n in plane.candidates(tier))
+        allowed = sorted(n.node_id for n in plane.tree.nodes() if n.state[t] == RESIDENT and _enabled(plane, name, n))
+        if listed != allowed:
+            out.append(f"candidates({tier}) lists nodes {listed}, the {name} row allows {allowed}")
+    return out
+
+
+def _enabled(plane: ControlPlane, name: str, node: TreeNode) -> bool:
+    try:
+        plane.executor.plan(name, node_segments([node]))
+    except IllegalTransition:
+        return False
+    return True
 
 
 def _path(parents: dict[Key, tuple[Key, Action] | None], key: Key) -> tuple[Action, ...]:
