@@ -34,7 +34,11 @@ from tests.test_execute import edited
 
 ALL_TRANSITIONS = set(load_lifecycle().transitions)
 
-# evict_l2 without leaf(L2): an L2 parent can be evicted under an L2 child (a backup gap, S6).
+# d2h_issue without parent(L2) == RESIDENT: a child is backed up to L2 before its parent (a
+# backup gap, S6).
+NO_PARENT_GUARD = ["L1 == RESIDENT"]
+# evict_l2 without leaf(L2): the row now allows evicting an L2 parent, which the tree's leaf
+# sets (and so `candidates`) do not follow.
 NO_LEAF_GUARD = ["locks(L2) == 0", "L1 != H2D_PENDING", "L3 != H2S_PENDING"]
 
 
@@ -135,7 +139,7 @@ def test_without_faults_or_aborts_no_fail_or_cancel_fires() -> None:
 
 
 def test_reductions_agree_on_a_finding() -> None:
-    cfg, lc = get_config("pages"), edited("evict_l2", guards=NO_LEAF_GUARD)
+    cfg, lc = get_config("pages"), edited("d2h_issue", guards=NO_PARENT_GUARD)
     plain = explore(cfg, lifecycle=lc, reduction="none")
     reduced = explore(cfg, lifecycle=lc)
     assert plain.finding is not None and reduced.finding is not None
@@ -173,18 +177,27 @@ def test_clone_equals_deepcopy_and_is_independent() -> None:
 
 
 def test_an_injected_guard_bug_is_found_with_a_trace_check_trace_rejects() -> None:
-    cfg, lc = get_config("pages"), edited("evict_l2", guards=NO_LEAF_GUARD)
+    cfg, lc = get_config("pages"), edited("d2h_issue", guards=NO_PARENT_GUARD)
     res = explore(cfg, lifecycle=lc)
     f = res.finding
-    assert f is not None and f.kind == "invariant" and "S6" in f.message
-    assert str(f.path[-1]) == "evict L2 nodes 1" and len(f.path) == 8  # the shortest path
+    assert f is not None and f.kind == "invariant" and f.message.startswith("S6")
+    assert [str(a) for a in f.path] == ["begin_request r0 0", "compute r0 1", "insert r0", "compute r0 1",
+                                        "insert r0", "issue D2H nodes 2"]  # the shortest path
     lines = trace_of(cfg, f, lc)
-    assert lines[0].startswith('{"capacities"') and '"format":"hicache-trace"' in lines[0]
+    assert '"format":"hicache-trace"' in lines[0]
     verdict = check_lines(lines)
     assert verdict.exit_code == 1 and verdict.seq == len(lines) - 1, verdict.message
-    assert "leaf(L2)" in verdict.message
+    assert "parent(L2) == RESIDENT" in verdict.message
     prefix = Finding("path", "", f.path[:-1])  # the same path, short of the bad step: valid
     assert check_lines(trace_of(cfg, prefix, lc)).exit_code == 0
+
+
+def test_a_row_the_tree_does_not_follow_is_an_audit_finding() -> None:
+    res = explore(get_config("pages"), lifecycle=edited("evict_l2", guards=NO_LEAF_GUARD))
+    f = res.finding
+    assert f is not None and f.kind == "audit"
+    assert f.message == "candidates(L2) lists nodes [2], the evict_l2 row allows [1, 2]"
+    assert str(f.path[-1]) == "complete op 1"
 
 
 @pytest.mark.parametrize("mutant, check", [("B02", "I1"), ("B03", "I6"), ("B04", "S7")])

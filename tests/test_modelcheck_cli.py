@@ -12,16 +12,16 @@ from hicache.modelcheck import cli as mc
 from hicache.modelcheck.config import CONFIGS_TOML
 from hicache.spec import LIFECYCLE_TOML
 
-EVICT_L2_GUARDS = 'guards = ["locks(L2) == 0", "L1 != H2D_PENDING", "L3 != H2S_PENDING", "leaf(L2)"]'
+D2H_ISSUE_GUARDS = 'guards = ["L1 == RESIDENT", "parent(L2) == RESIDENT"]'
 
 
 def mutant_tables(tmp_path: Path) -> Path:
-    """spec/lifecycle.toml with evict_l2's leaf(L2) guard dropped."""
+    """spec/lifecycle.toml with d2h_issue's parent(L2) == RESIDENT guard dropped."""
     text = LIFECYCLE_TOML.read_text()
     # Verify the row is spelled as this test expects (else the edit would not land).
-    assert text.count(EVICT_L2_GUARDS) == 1
+    assert text.count(D2H_ISSUE_GUARDS) == 1
     path = tmp_path / "lifecycle.toml"
-    path.write_text(text.replace(EVICT_L2_GUARDS, EVICT_L2_GUARDS.replace(', "leaf(L2)"', "")))
+    path.write_text(text.replace(D2H_ISSUE_GUARDS, D2H_ISSUE_GUARDS.replace(', "parent(L2) == RESIDENT"', "")))
     return path
 
 
@@ -46,7 +46,7 @@ def test_a_finding_exits_1_and_writes_a_trace_check_trace_rejects(tmp_path: Path
     status = mc.main(["--config", "pages", "--lifecycle", str(mutant_tables(tmp_path)), "--trace-out", str(out_file)])
     out = capsys.readouterr().out
     assert status == 1
-    assert "FOUND invariant" in out and "S6 tier_ancestor_closed" in out and "8. evict L2 nodes 1" in out
+    assert "FOUND invariant" in out and "S6 tier_ancestor_closed" in out and "6. issue D2H nodes 2" in out
     lines = out_file.read_text().splitlines()
     assert '"format":"hicache-trace"' in lines[0]
     assert check_lines(lines).exit_code == 1
