@@ -164,6 +164,7 @@ class Replay:
         self.compare.retire_ops()
         if scope is not None:
             scope.add(self.sink.events)
+            scope.add_holders(self.cp)
         found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
