@@ -82,6 +82,18 @@ def test_an_unreduced_search_with_a_bound_stops_early(capsys: pytest.CaptureFixt
     assert "stopped early" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("option", ["--lifecycle", "--configs"])
+@pytest.mark.parametrize("text", [None, "x = ", "[[config]]\nname = 1\n"])
+def test_an_unreadable_file_exits_2_naming_the_option(option: str, text: str | None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "f.toml"
+    if text is not None:
+        path.write_text(text)
+    assert mc.main(["--config", "tail", option, str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hicache model-check: error: {option}")
+
+
 def test_list_names_every_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert mc.main(["--list"]) == 0
     out = capsys.readouterr().out

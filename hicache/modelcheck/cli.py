@@ -16,9 +16,9 @@ import argparse
 import io
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence, TypeVar
 
-from hicache.errors import HiCacheError
+from hicache.errors import ConfigError, HiCacheError
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.modelcheck.config import CONFIGS_TOML, ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.list:
-            for cfg in load_configs(args.configs).values():
+            for cfg in _read("--configs", lambda: load_configs(args.configs)).values():
                 print(_describe(cfg))
             return EXIT_OK
         if args.config is None:
@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.reduction == "none" and args.max_depth is None and args.max_states is None:
             _parser().error("--reduction none never ends on its own (ids and LRU ticks grow without "
                             "bound): give --max-depth or --max-states")
-        cfg = get_config(args.config, args.configs)
-        lifecycle = None if args.lifecycle is None else load_lifecycle(args.lifecycle)
+        cfg = _read("--configs", lambda: get_config(args.config, args.configs))
+        lifecycle = None if args.lifecycle is None else _read("--lifecycle", lambda: load_lifecycle(args.lifecycle))
     except HiCacheError as e:
         print(f"hicache model-check: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -80,6 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_finding(res, lifecycle, args.trace_out)
     print(coverage_line(res, lifecycle or load_lifecycle()))
     return _compare(res, shipped=lifecycle is None and args.reduction == "symmetric")
+
+
+T = TypeVar("T")
+
+
+def _read(option: str, load: Callable[[], T]) -> T:
+    """`load()`, with an unreadable or malformed file (not found, not TOML, a table missing a
+    key) as a ConfigError naming `option`."""
+    try:
+        return load()
+    except (OSError, ValueError, KeyError, TypeError) as e:  # tomllib's errors are ValueErrors
+        raise ConfigError(option, f"cannot read it: {e}") from None
 
 
 def summary(res: Result) -> str:
