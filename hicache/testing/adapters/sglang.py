@@ -1,0 +1,353 @@
+"""SGLang's `RadixCache`, installed from the package registry and unmodified, as a
+`CacheUnderTest`: a real engine's prefix cache judged by the fuzz machine.
+
+Install (a virtual environment keeps the shared site clean; torch comes from the system):
+
+    python3 -m venv --system-site-packages VENV
+    VENV/bin/pip install --no-deps -r benchmarks/results/2026-12-01-engine-sglang.txt
+
+(the `engine-sglang` extra in pyproject.toml names the same packages). `--no-deps` matters:
+sglang's own requirements pull CUDA kernels and a torch of another version. Then:
+
+    PYTHONPATH=$PWD VENV/bin/python -m hicache fuzz --seed 1 --steps 2000 \\
+        --adapter hicache.testing.adapters.sglang:sglang_adapter
+
+What is driven: `sglang.srt.mem_cache.radix_cache.RadixCache` over sglang's own
+`PagedTokenToKVPoolAllocator` (the KV slots of L1, `capacity` pages; no KV tensors: the
+allocator hands out slot indices only). The calls are the ones sglang's scheduler makes:
+
+    CacheUnderTest   RadixCache / allocator calls (as the scheduler makes them)
+    ---------------  ------------------------------------------------------------------------
+    submit           match_prefix(prompt[:len-1]) + inc_lock_ref(last node)
+                     (Req._compute_max_prefix_len: the last token is always computed)
+    prefill          match_prefix again (the scheduler matches when it schedules) and move
+                     the lock; when the allocator is short, evict(the shortfall) if
+                     free + evictable_size() covers it, else refuse (False, no slot taken);
+                     alloc(the prompt's pages past the match, tail page included);
+                     insert(the prompt's whole pages) and free the slots of pages another
+                     request inserted meanwhile (as RadixCache._insert_cache does); lock
+                     the node ending at the whole pages (as RadixCache.checkpoint does)
+    finish           free the request's tail page (never in the tree) + dec_lock_ref
+    evict(L1, n)     evict(EvictParams(num_tokens=n * page_size))
+    changes()        the page-level difference of the tree since the last call: the tree is
+                     walked (every node's pages, named by their token prefix)
+    check()          the engine's own accounting: evictable_size() + protected_size() is
+                     the tree's size, every slot is free, in the tree or a live tail, and
+                     every node's lock_ref counts the live requests locked below it
+
+The engine has one tier ("L1") and no transfers, so `tick`, `complete`, `fail`, `aim`,
+`drain`, `set_faults` and `damage_storage` have nothing to do; `served_digests` is None (no
+bytes) and `trace` is [] (the machine's differential check is the judge).
+
+Where the engine differs from the spec, and what the adapter makes of it:
+
+- match length: sglang matches at most `len - 1` tokens, page aligned -- as the spec does;
+  nothing to map.
+- eviction by tokens: `evict(num_tokens)` drops whole unlocked leaves until at least that
+  many tokens are gone, so it may free more pages than asked. The spec's `evict` frees *up
+  to* n pages; the reference model does not count, so this is a configuration difference
+  (tokens = pages x page_size), not a divergence.
+- the tail page: sglang allocates the partial last page with the request and frees it when
+  the request ends, never inserting it; the spec's tail page is the same (spec/tree.md,
+  "Whole pages only; the tail page").
+- capacity: sglang's allocator counts tail pages and pages of prompts not inserted yet; the
+  reference model does not judge room, only what `prefill` reports (True and served, or
+  False and nothing changed).
+
+Importing sglang on a CPU machine: `sglang.srt.mem_cache.radix_cache` reaches (through
+`sglang.srt.configs`) multimodal modules that import torchvision at module level, and no
+torchvision build matches the system's CPU torch. `import_radix_cache` therefore puts a
+clearly labelled stub finder for `torchvision*` on `sys.meta_path` for the duration of that
+one import (after transformers has recorded that torchvision is absent, so nothing takes it
+for a real one), then removes the finder. No cache code touches torchvision.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from hicache.errors import HiCacheError
+from hicache.testing.adapters.notransfers import WithoutTransfers
+from hicache.testing.protocol import Admission, PageChange
+
+Prefix = tuple[int, ...]
+TIERS = ("L1",)
+
+
+class EngineUnavailable(HiCacheError):
+    """The engine's package cannot be imported here."""
+
+
+# -- importing sglang's cache modules -------------------------------------------------------
+
+
+class _Anything:
+    """STUB (torchvision is not installed): any attribute, call or subscript gives another
+    stub, so module-level `T.Compose`, `InterpolationMode.BICUBIC` and the like import."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "_Anything":
+        return _Anything()
+
+    def __getattr__(self, name: str) -> "_Anything":
+        return _Anything()
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Anything()
+
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """STUB finder for `torchvision` and its submodules, on `sys.meta_path` only while
+    `import_radix_cache` imports sglang (see the module docstring)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _StubModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []
+
+
+def _transformers_checks_torchvision() -> None:
+    """Let transformers look for torchvision (and cache the answer: absent) while no stub is
+    on `sys.meta_path`; without transformers, the sglang import below says what is missing."""
+    try:
+        utils = importlib.import_module("transformers.utils.import_utils")
+    except ImportError:
+        return
+    utils.is_torchvision_available()
+
+
+def import_radix_cache() -> dict[str, Any]:
+    """sglang's cache classes by name (RadixCache, RadixKey, CacheInitParams, the params
+    types and PagedTokenToKVPoolAllocator). Raises EngineUnavailable, saying how to
+    install sglang, when it cannot be imported."""
+    stub = _TorchvisionStub()
+    try:
+        # transformers records "torchvision absent" before the stub exists
+        _transformers_checks_torchvision()
+        sys.meta_path.insert(0, stub)
+        radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+        base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+        params = importlib.import_module("sglang.srt.mem_cache.cache_init_params")
+        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+    except ImportError as e:
+        raise EngineUnavailable(
+            f"sglang's RadixCache cannot be imported ({e}); install it as "
+            "hicache/testing/adapters/sglang.py's docstring says") from e
+    finally:
+        if stub in sys.meta_path:
+            sys.meta_path.remove(stub)
+    return {"RadixCache": radix.RadixCache, "RadixKey": radix.RadixKey,
+            "CacheInitParams": params.CacheInitParams, "MatchPrefixParams": base.MatchPrefixParams,
+            "InsertParams": base.InsertParams, "EvictParams": base.EvictParams,
+            "Allocator": paged.PagedTokenToKVPoolAllocator}
+
+
+def sglang_version() -> str:
+    """The installed sglang's version (raises EngineUnavailable without it)."""
+    import_radix_cache()
+    return str(importlib.import_module("sglang.version").__version__)
+
+
+# -- the adapter ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    """A live request: its prompt, the tree node it holds locked, what it is served from,
+    and the slots it owns outside the tree (its tail page, after prefill)."""
+
+    tokens: tuple[int, ...]
+    node: Any
+    cached_len: int
+    private: Any = None  # torch.Tensor of slot indices, or None
+    prefilled: bool = False
+
+
+@dataclass
+class SGLangRadixCache(WithoutTransfers):
+    """`CacheUnderTest` over sglang's RadixCache (see the module docstring)."""
+
+    capacity: int = 8  # L1 pages (the allocator's KV slots / page_size)
+    page_size: int = 4
+    tiers: tuple[str, ...] = TIERS
+    requests: dict[int, _Request] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sg = import_radix_cache()
+        self._pages: set[Prefix] = set()  # the tree's pages at the last `changes()`
+        self._open()
+
+    def _open(self) -> None:
+        self.allocator = self.sg["Allocator"](
+            size=self.capacity * self.page_size, page_size=self.page_size, dtype=None,
+            device="cpu", kvcache=None, need_sort=False)
+        self.tree = self.sg["RadixCache"](self.sg["CacheInitParams"](
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
+            page_size=self.page_size))
+
+    def _key(self, tokens: Sequence[int]) -> Any:
+        return self.sg["RadixKey"](array("q", tokens))
+
+    def _match(self, tokens: Sequence[int]) -> Any:
+        return self.tree.match_prefix(self.sg["MatchPrefixParams"](key=self._key(tokens)))
+
+    def _relock(self, r: _Request, node: Any) -> None:
+        self.tree.inc_lock_ref(node)
+        self.tree.dec_lock_ref(r.node)
+        r.node = node
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
+        if request_id in self.requests:
+            raise HiCacheError(f"request {request_id} is already live; finish it first")
+        if not tokens:
+            raise HiCacheError("a prompt needs at least one token")
+        got = self._match(tokens[:len(tokens) - 1])
+        self.tree.inc_lock_ref(got.last_device_node)
+        hit = int(got.device_prefix_len)
+        self.requests[request_id] = _Request(tuple(tokens), got.last_device_node, hit)
+        return Admission({"L1": hit}, hit)
+
+    def prefill(self, request_id: int) -> bool:
+        import torch
+
+        r = self.requests[request_id]
+        if r.prefilled:
+            raise HiCacheError(f"request {request_id} is served already; finish it")
+        ps, tokens = self.page_size, r.tokens
+        got = self._match(tokens[:len(tokens) - 1])
+        self._relock(r, got.last_device_node)
+        matched = int(got.device_prefix_len)
+        need = -(-len(tokens) // ps) * ps - matched  # slots past the match, tail page included
+        short = need - int(self.allocator.available_size())
+        if short > 0:
+            if short > int(self.tree.evictable_size()):
+                return False
+            self.tree.evict(self.sg["EvictParams"](num_tokens=short))
+        fresh = self.allocator.alloc(need)
+        # Verify the evictable size covered the shortfall (the scheduler relies on it too).
+        assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
+        row = torch.cat([self.tree.path_device_indices(got.last_device_node), fresh])
+        aligned = len(tokens) // ps * ps
+        done = self.tree.insert(self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned]))
+        self.allocator.free_segment(row[matched:int(done.prefix_len)], start_pos=matched)
+        self._relock(r, self._match(tokens[:aligned]).last_device_node)
+        r.private, r.cached_len, r.prefilled = row[aligned:], aligned, True
+        return True
+
+    def finish(self, request_id: int) -> None:
+        r = self.requests.pop(request_id)
+        if r.private is not None and r.private.numel():
+            self.allocator.free_segment(r.private, start_pos=r.cached_len)
+        self.tree.dec_lock_ref(r.node)
+
+    def evict(self, tier: str, n_pages: int) -> None:
+        if tier not in self.tiers:
+            raise HiCacheError(f"tier {tier!r}: this engine has only {self.tiers}")
+        self.tree.evict(self.sg["EvictParams"](num_tokens=n_pages * self.page_size))
+
+    def restart(self) -> None:
+        """A fresh tree and allocator: the process started again."""
+        self.requests.clear()
+        self._pages.clear()
+        self._open()
+
+    def close(self) -> None:
+        self.requests.clear()
+
+    # -- observation -------------------------------------------------------------------------
+
+    def live(self) -> set[int]:
+        return set(self.requests)
+
+    def cached_len(self, request_id: int) -> int:
+        return self.requests[request_id].cached_len
+
+    def served_digests(self, request_id: int) -> list[int] | None:
+        return None
+
+    def _walk(self) -> list[tuple[Prefix, Any]]:
+        """Every node below the root with the token prefix ending where it ends."""
+        out, stack = [], [((), self.tree.root_node)]
+        while stack:
+            prefix, node = stack.pop()
+            for child in node.children.values():
+                ends = prefix + tuple(child.key.raw_token_ids())
+                out.append((ends, child))
+                stack.append((ends, child))
+        return out
+
+    def tree_pages(self) -> set[Prefix]:
+        """The tree's pages, each named by its token prefix."""
+        ps, pages = self.page_size, set[Prefix]()
+        for ends, node in self._walk():
+            start = len(ends) - len(node.key)
+            pages.update(ends[:k] for k in range(start + ps, len(ends) + 1, ps))
+        return pages
+
+    def changes(self) -> list[PageChange]:
+        now = self.tree_pages()
+        gone = sorted(self._pages - now, key=lambda p: (-len(p), p))
+        new = sorted(now - self._pages, key=lambda p: (len(p), p))
+        self._pages = now
+        return [PageChange("L1", p, "ABSENT") for p in gone] + [PageChange("L1", p, "RESIDENT") for p in new]
+
+    def check(self) -> list[str]:
+        """sglang's accounting against a recount from the tree (module docstring)."""
+        nodes = self._walk()
+        found, size = [], sum(len(n.key) for _, n in nodes)
+        counted = int(self.tree.evictable_size()) + int(self.tree.protected_size())
+        if counted != size:
+            found.append(f"evictable_size + protected_size = {counted}, tree holds {size} tokens")
+        tails = sum(int(r.private.numel()) for r in self.requests.values() if r.private is not None)
+        free = int(self.allocator.available_size())
+        if free + size + tails != self.capacity * self.page_size:
+            found.append(f"slots: {free} free + {size} in the tree + {tails} in tails "
+                         f"!= {self.capacity * self.page_size}")
+        locks = {id(n): 0 for _, n in nodes}
+        for r in self.requests.values():
+            node = r.node
+            while node is not self.tree.root_node:
+                locks[id(node)] = locks.get(id(node), 0) + 1
+                node = node.parent
+        for ends, n in nodes:
+            if n.lock_ref != locks[id(n)]:
+                found.append(f"node ending at token {len(ends)}: lock_ref {n.lock_ref}, "
+                             f"{locks[id(n)]} live requests locked below it")
+        return found
+
+
+
+def sglang_adapter(capacity: Any) -> SGLangRadixCache:
+    """The factory the machine calls (a capacity in L1 pages -> the adapter)."""
+    return SGLangRadixCache(capacity=int(capacity))
+
+
+def setups(plane: str) -> Any:
+    """Capacities (L1 pages) the machine draws: from tighter than one long prompt (6 pages)
+    to room for two (the plane does not apply). Imports sglang first, so that `hicache fuzz`
+    without it stops with one line saying how to install it (EngineUnavailable)."""
+    from hypothesis import strategies as st
+
+    import_radix_cache()
+
+    return st.integers(4, 12)
