@@ -13,6 +13,7 @@ from hicache.cli import main
 from hicache.testing.adapters.sglang import (
     EngineUnavailable,
     SGLangRadixCache,
+    SGLangStaleLock,
     _TorchvisionStub,
     import_radix_cache,
 )
@@ -23,9 +24,9 @@ ADAPTER = "hicache.testing.adapters.sglang:sglang_adapter"
 PS = 4
 
 
-def _engine(capacity: int) -> SGLangRadixCache:
+def _engine(capacity: int, kind: type[SGLangRadixCache] = SGLangRadixCache) -> SGLangRadixCache:
     try:
-        return SGLangRadixCache(capacity=capacity, page_size=PS)
+        return kind(capacity=capacity, page_size=PS)
     except EngineUnavailable as e:
         pytest.skip(f"sglang is not installed here: {e}")
 
@@ -181,3 +182,23 @@ def test_the_fuzz_machine_drives_sglang_without_a_divergence() -> None:
     run_state_machine_as_test(machine, settings=settings(  # type: ignore[no-untyped-call]
         max_examples=8, stateful_step_count=30, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))
+
+
+SHRUNK = tuple(range(1000, 1008)) + (0,)  # the prompt of the shrunk example
+
+
+@pytest.mark.parametrize("kind", [SGLangRadixCache, SGLangStaleLock])
+def test_a_lock_left_on_the_matched_prefix_is_caught(kind: type[SGLangRadixCache]) -> None:
+    """What `hicache fuzz --adapter ...sglang:stale_lock_adapter --seed 1` shrank to, as a
+    plain script: a request is served from two pages, then L1 is evicted as far as it can
+    be. sglang as its scheduler drives it keeps the pages; with the lock left on the
+    matched prefix (the root here) they go while the request is served, and the reference
+    model says so."""
+    d = Driver(_engine(capacity=4, kind=kind))
+    assert d.submit(1, SHRUNK) == 0 and d.prefill(1)
+    d.engine.evict("L1", 10_000)
+    if kind is SGLangRadixCache:
+        assert d.sync() == [] and d.model.hits(SHRUNK) == {"L1": 8}
+        return
+    with pytest.raises(Mismatch, match="8-token prefix left while request 1 is served"):
+        d.sync()

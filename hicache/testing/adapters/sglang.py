@@ -70,6 +70,7 @@ import importlib.machinery
 import sys
 import types
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -189,6 +190,9 @@ class SGLangRadixCache(WithoutTransfers):
     page_size: int = 4
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
+    stats: Counter[str] = field(default_factory=Counter)
+    """What the engine was made to do: prefills served / refused / that evicted to make
+    room, outside evictions and the pages they freed beyond those asked for."""
 
     def __post_init__(self) -> None:
         self.sg = import_radix_cache()
@@ -241,8 +245,10 @@ class SGLangRadixCache(WithoutTransfers):
         short = need - int(self.allocator.available_size())
         if short > 0:
             if short > int(self.tree.evictable_size()):
+                self.stats["prefill_refused"] += 1
                 return False
             self.tree.evict(self.sg["EvictParams"](num_tokens=short))
+            self.stats["prefill_made_room"] += 1
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
         assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
@@ -250,9 +256,15 @@ class SGLangRadixCache(WithoutTransfers):
         aligned = len(tokens) // ps * ps
         done = self.tree.insert(self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned]))
         self.allocator.free_segment(row[matched:int(done.prefix_len)], start_pos=matched)
-        self._relock(r, self._match(tokens[:aligned]).last_device_node)
+        self._lock_served(r, self._match(tokens[:aligned]).last_device_node)
         r.private, r.cached_len, r.prefilled = row[aligned:], aligned, True
+        self.stats["prefill_served"] += 1
         return True
+
+    def _lock_served(self, r: _Request, node: Any) -> None:
+        """Move the request's lock to the node ending at its whole pages (checkpoint's
+        `unlock(req.lock); req.lock = lock(new_last_node)`)."""
+        self._relock(r, node)
 
     def finish(self, request_id: int) -> None:
         r = self.requests.pop(request_id)
@@ -263,7 +275,9 @@ class SGLangRadixCache(WithoutTransfers):
     def evict(self, tier: str, n_pages: int) -> None:
         if tier not in self.tiers:
             raise HiCacheError(f"tier {tier!r}: this engine has only {self.tiers}")
-        self.tree.evict(self.sg["EvictParams"](num_tokens=n_pages * self.page_size))
+        freed = self.tree.evict(self.sg["EvictParams"](num_tokens=n_pages * self.page_size))
+        self.stats["evict_calls"] += 1
+        self.stats["evict_pages_beyond_asked"] += max(0, freed.num_tokens_evicted // self.page_size - n_pages)
 
     def restart(self) -> None:
         """A fresh tree and allocator: the process started again."""
@@ -337,9 +351,28 @@ class SGLangRadixCache(WithoutTransfers):
 
 
 
+class SGLangStaleLock(SGLangRadixCache):
+    """The adapter with one bug put in on purpose: after inserting, the request keeps its
+    lock on the prefix it matched instead of moving it to the node it inserted -- so the
+    pages it is served from may be evicted under it. A test (and the results page) shows
+    what the machine says when an engine driven through sglang gets its locking wrong."""
+
+    def _lock_served(self, r: _Request, node: Any) -> None: ...
+
+
 def sglang_adapter(capacity: Any) -> SGLangRadixCache:
     """The factory the machine calls (a capacity in L1 pages -> the adapter)."""
     return SGLangRadixCache(capacity=int(capacity))
+
+
+def token_adapter(capacity: Any) -> SGLangRadixCache:
+    """sglang's default page size, 1 token (`make_machine(..., page_size=1)` draws prompts
+    to match; `hicache fuzz` draws pages of 4 tokens, so it takes `sglang_adapter`)."""
+    return SGLangRadixCache(capacity=int(capacity), page_size=1)
+
+
+def stale_lock_adapter(capacity: Any) -> SGLangRadixCache:
+    return SGLangStaleLock(capacity=int(capacity))
 
 
 def setups(plane: str) -> Any:
