@@ -24,9 +24,10 @@ ADAPTER = "hicache.testing.adapters.sglang:sglang_adapter"
 PS = 4
 
 
-def _engine(capacity: int, kind: type[SGLangRadixCache] = SGLangRadixCache) -> SGLangRadixCache:
+def _engine(capacity: int, kind: type[SGLangRadixCache] = SGLangRadixCache,
+            rematch: bool = True) -> SGLangRadixCache:
     try:
-        return kind(capacity=capacity, page_size=PS)
+        return kind(capacity=capacity, page_size=PS, rematch=rematch)
     except EngineUnavailable as e:
         pytest.skip(f"sglang is not installed here: {e}")
 
@@ -110,6 +111,21 @@ def test_sglang_agrees_with_the_reference_on_a_shared_prefix() -> None:
     gone = [c for c in d.sync() if c.state == "ABSENT"]
     assert len(gone) == 1 and gone[0].prefix in (A[:8], B[:8])
     assert d.submit(3, A) == (8 if gone[0].prefix == B[:8] else 4)
+
+
+@pytest.mark.parametrize("rematch", [True, False])
+def test_two_requests_for_one_prompt_insert_it_once(rematch: bool) -> None:
+    """Both admitted before either is served: the second's prefill either matches the
+    first's pages again (`rematch`) or computes them and frees its duplicates after the
+    insert (RadixCache._insert_cache's path); either way the slots add up (check())."""
+    d = Driver(_engine(capacity=8, rematch=rematch))
+    assert d.submit(1, A) == 0 and d.submit(2, A) == 0
+    assert d.prefill(1) and d.prefill(2)
+    assert d.engine.stats["duplicate_pages_freed"] == (0 if rematch else 2)
+    assert d.engine.allocator.available_size() == (8 - 2 - 2) * PS  # two pages + two tails
+    d.finish(1)
+    d.finish(2)
+    assert d.engine.allocator.available_size() == (8 - 2) * PS
 
 
 def test_sglang_evicts_whole_leaves_which_the_reference_accepts() -> None:

@@ -20,8 +20,9 @@ allocator hands out slot indices only). The calls are the ones sglang's schedule
     ---------------  ------------------------------------------------------------------------
     submit           match_prefix(prompt[:len-1]) + inc_lock_ref(last node)
                      (Req._compute_max_prefix_len: the last token is always computed)
-    prefill          match_prefix again (the scheduler matches when it schedules) and move
-                     the lock; when the allocator is short, evict(the shortfall) if
+    prefill          `rematch`: match_prefix again and move the lock (a request scheduled
+                     after others inserted); else keep the admission's match (a request
+                     batched with them); when the allocator is short, evict(the shortfall) if
                      free + evictable_size() covers it, else refuse (False, no slot taken);
                      alloc(the prompt's pages past the match, tail page included);
                      insert(the prompt's whole pages) and free the slots of pages another
@@ -188,11 +189,13 @@ class SGLangRadixCache(WithoutTransfers):
 
     capacity: int = 8  # L1 pages (the allocator's KV slots / page_size)
     page_size: int = 4
+    rematch: bool = True  # prefill matches again (see the module docstring)
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
     """What the engine was made to do: prefills served / refused / that evicted to make
-    room, outside evictions and the pages they freed beyond those asked for."""
+    room, duplicate pages freed after an insert, outside evictions and the pages they freed
+    beyond those asked for."""
 
     def __post_init__(self) -> None:
         self.sg = import_radix_cache()
@@ -238,9 +241,9 @@ class SGLangRadixCache(WithoutTransfers):
         if r.prefilled:
             raise HiCacheError(f"request {request_id} is served already; finish it")
         ps, tokens = self.page_size, r.tokens
-        got = self._match(tokens[:len(tokens) - 1])
-        self._relock(r, got.last_device_node)
-        matched = int(got.device_prefix_len)
+        if self.rematch:
+            self._relock(r, self._match(tokens[:len(tokens) - 1]).last_device_node)
+        matched = len(self.tree.path_device_indices(r.node))
         need = -(-len(tokens) // ps) * ps - matched  # slots past the match, tail page included
         short = need - int(self.allocator.available_size())
         if short > 0:
@@ -252,10 +255,12 @@ class SGLangRadixCache(WithoutTransfers):
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
         assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
-        row = torch.cat([self.tree.path_device_indices(got.last_device_node), fresh])
+        row = torch.cat([self.tree.path_device_indices(r.node), fresh])
         aligned = len(tokens) // ps * ps
         done = self.tree.insert(self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned]))
+        # Pages another request inserted since the match: ours are duplicates, freed.
         self.allocator.free_segment(row[matched:int(done.prefix_len)], start_pos=matched)
+        self.stats["duplicate_pages_freed"] += (int(done.prefix_len) - matched) // ps
         self._lock_served(r, self._match(tokens[:aligned]).last_device_node)
         r.private, r.cached_len, r.prefilled = row[aligned:], aligned, True
         self.stats["prefill_served"] += 1
@@ -360,27 +365,38 @@ class SGLangStaleLock(SGLangRadixCache):
     def _lock_served(self, r: _Request, node: Any) -> None: ...
 
 
-def sglang_adapter(capacity: Any) -> SGLangRadixCache:
-    """The factory the machine calls (a capacity in L1 pages -> the adapter)."""
-    return SGLangRadixCache(capacity=int(capacity))
+@dataclass(frozen=True)
+class Setup:
+    """What the machine draws for one run: L1's pages, and whether prefill matches again."""
+
+    capacity: int = 8
+    rematch: bool = True
 
 
-def token_adapter(capacity: Any) -> SGLangRadixCache:
+def sglang_adapter(setup: Any) -> SGLangRadixCache:
+    """The factory the machine calls (a `Setup`, or a capacity in L1 pages)."""
+    s = setup if isinstance(setup, Setup) else Setup(int(setup))
+    return SGLangRadixCache(capacity=s.capacity, rematch=s.rematch)
+
+
+def token_adapter(setup: Any) -> SGLangRadixCache:
     """sglang's default page size, 1 token (`make_machine(..., page_size=1)` draws prompts
     to match; `hicache fuzz` draws pages of 4 tokens, so it takes `sglang_adapter`)."""
-    return SGLangRadixCache(capacity=int(capacity), page_size=1)
+    s = setup if isinstance(setup, Setup) else Setup(int(setup))
+    return SGLangRadixCache(capacity=s.capacity, page_size=1, rematch=s.rematch)
 
 
-def stale_lock_adapter(capacity: Any) -> SGLangRadixCache:
-    return SGLangStaleLock(capacity=int(capacity))
+def stale_lock_adapter(setup: Any) -> SGLangRadixCache:
+    s = setup if isinstance(setup, Setup) else Setup(int(setup))
+    return SGLangStaleLock(capacity=s.capacity, rematch=s.rematch)
 
 
 def setups(plane: str) -> Any:
-    """Capacities (L1 pages) the machine draws: from tighter than one long prompt (6 pages)
-    to room for two (the plane does not apply). Imports sglang first, so that `hicache fuzz`
-    without it stops with one line saying how to install it (EngineUnavailable)."""
+    """Setups the machine draws: L1 from tighter than one long prompt (6 pages) to room for
+    two, and prefill matching again or not (the plane does not apply). Imports sglang first,
+    so that `hicache fuzz` without it stops with one line saying how to install it
+    (EngineUnavailable)."""
     from hypothesis import strategies as st
 
     import_radix_cache()
-
-    return st.integers(4, 12)
+    return st.builds(Setup, capacity=st.integers(4, 12), rematch=st.booleans())
