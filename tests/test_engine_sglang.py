@@ -4,12 +4,15 @@ cleanly, and those that check what happens without it run everywhere."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from hicache.cli import main
+from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang import (
     EngineUnavailable,
     SGLangRadixCache,
@@ -17,6 +20,7 @@ from hicache.testing.adapters.sglang import (
     _TorchvisionStub,
     import_radix_cache,
 )
+from hicache.testing.adapters.sglang_trace import workload
 from hicache.testing.protocol import PageChange
 from hicache.testing.reference import Mismatch, ReferenceModel
 
@@ -25,9 +29,9 @@ PS = 4
 
 
 def _engine(capacity: int, kind: type[SGLangRadixCache] = SGLangRadixCache,
-            rematch: bool = True) -> SGLangRadixCache:
+            rematch: bool = True, traced: bool = False) -> SGLangRadixCache:
     try:
-        return kind(capacity=capacity, page_size=PS, rematch=rematch)
+        return kind(capacity=capacity, page_size=PS, rematch=rematch, traced=traced)
     except EngineUnavailable as e:
         pytest.skip(f"sglang is not installed here: {e}")
 
@@ -218,3 +222,37 @@ def test_a_lock_left_on_the_matched_prefix_is_caught(kind: type[SGLangRadixCache
         return
     with pytest.raises(Mismatch, match="8-token prefix left while request 1 is served"):
         d.sync()
+
+
+def test_a_trace_needs_the_admissions_match() -> None:
+    """A second match at prefill has no event in spec/trace.md: refused before sglang is
+    even imported (so this runs without it)."""
+    with pytest.raises(HiCacheError, match="a trace needs rematch=False"):
+        SGLangRadixCache(traced=True, rematch=True)
+
+
+def _traced(tmp_path: Path, kind: type[SGLangRadixCache], seed: int, capacity: int) -> Path:
+    cache = _engine(capacity, kind, rematch=False, traced=True)
+    workload(cache, seed, 400)
+    path = tmp_path / f"sglang-{seed}.ndjson"
+    path.write_text("\n".join(cache.traces[-1].lines()) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("seed,capacity", [(1, 8), (4, 5)])
+def test_check_trace_accepts_what_sglang_did(tmp_path: Path, seed: int, capacity: int,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = _traced(tmp_path, SGLangRadixCache, seed, capacity)
+    events = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    names = {e["event"] for e in events}
+    assert {"compute", "insert", "discard", "evict_l1", "split"} <= names, names
+    pytest.importorskip("hicache.checktrace")
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_check_trace_catches_the_stale_lock_from_the_trace_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _traced(tmp_path, SGLangStaleLock, 1, 5)
+    pytest.importorskip("hicache.checktrace")
+    assert main(["check-trace", str(path)]) == 1
+    assert "locks(L1) == 0" in capsys.readouterr().out

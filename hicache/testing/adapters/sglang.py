@@ -77,6 +77,7 @@ from typing import Any, Sequence
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.notransfers import WithoutTransfers
+from hicache.testing.adapters.sglang_trace import SGLangTrace, node_spans
 from hicache.testing.protocol import Admission, PageChange
 
 Prefix = tuple[int, ...]
@@ -190,6 +191,7 @@ class SGLangRadixCache(WithoutTransfers):
     capacity: int = 8  # L1 pages (the allocator's KV slots / page_size)
     page_size: int = 4
     rematch: bool = True  # prefill matches again (see the module docstring)
+    traced: bool = False  # keep a spec/trace.md trace per opened cache (`traces`)
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
@@ -198,7 +200,11 @@ class SGLangRadixCache(WithoutTransfers):
     beyond those asked for."""
 
     def __post_init__(self) -> None:
+        if self.traced and self.rematch:
+            raise HiCacheError("a trace needs rematch=False: a second match at prefill has no "
+                               "event in spec/trace.md (sglang_trace.py)")
         self.sg = import_radix_cache()
+        self.traces: list[SGLangTrace] = []
         self._pages: set[Prefix] = set()  # the tree's pages at the last `changes()`
         self._open()
 
@@ -209,6 +215,21 @@ class SGLangRadixCache(WithoutTransfers):
         self.tree = self.sg["RadixCache"](self.sg["CacheInitParams"](
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
             page_size=self.page_size))
+        if self.traced:
+            engine = f"sglang {sglang_version()} RadixCache (hicache/testing/adapters/sglang.py)"
+            self.traces.append(SGLangTrace(self.page_size, self.capacity, engine))
+
+    @property
+    def _trace(self) -> SGLangTrace | None:
+        return self.traces[-1] if self.traced else None
+
+    def _evict(self, tokens: int) -> Any:
+        """sglang's evict, traced (evict_l1 per node it dropped)."""
+        before = node_spans(self.tree.root_node) if self.traced else {}
+        freed = self.tree.evict(self.sg["EvictParams"](num_tokens=tokens))
+        if self._trace is not None:
+            self._trace.evicted(before, node_spans(self.tree.root_node))
+        return freed
 
     def _key(self, tokens: Sequence[int]) -> Any:
         return self.sg["RadixKey"](array("q", tokens))
@@ -228,10 +249,14 @@ class SGLangRadixCache(WithoutTransfers):
             raise HiCacheError(f"request {request_id} is already live; finish it first")
         if not tokens:
             raise HiCacheError("a prompt needs at least one token")
+        before = node_spans(self.tree.root_node) if self.traced else {}
         got = self._match(tokens[:len(tokens) - 1])
         self.tree.inc_lock_ref(got.last_device_node)
         hit = int(got.device_prefix_len)
         self.requests[request_id] = _Request(tuple(tokens), got.last_device_node, hit)
+        if self._trace is not None:
+            self._trace.splits(before, node_spans(self.tree.root_node))
+            self._trace.begin(request_id, tokens, hit)
         return Admission({"L1": hit}, hit)
 
     def prefill(self, request_id: int) -> bool:
@@ -250,14 +275,21 @@ class SGLangRadixCache(WithoutTransfers):
             if short > int(self.tree.evictable_size()):
                 self.stats["prefill_refused"] += 1
                 return False
-            self.tree.evict(self.sg["EvictParams"](num_tokens=short))
+            self._evict(short)
             self.stats["prefill_made_room"] += 1
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
         assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
         row = torch.cat([self.tree.path_device_indices(r.node), fresh])
         aligned = len(tokens) // ps * ps
+        before = {}
+        if self._trace is not None:
+            self._trace.compute(request_id, self.tree.root_node, tokens, row, matched, matched + need)
+            before = node_spans(self.tree.root_node)
         done = self.tree.insert(self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned]))
+        if self._trace is not None:
+            self._trace.splits(before, node_spans(self.tree.root_node))
+            self._trace.insert(request_id, self.tree.root_node, tokens, row, matched, int(done.prefix_len))
         # Pages another request inserted since the match: ours are duplicates, freed.
         self.allocator.free_segment(row[matched:int(done.prefix_len)], start_pos=matched)
         self.stats["duplicate_pages_freed"] += (int(done.prefix_len) - matched) // ps
@@ -276,11 +308,14 @@ class SGLangRadixCache(WithoutTransfers):
         if r.private is not None and r.private.numel():
             self.allocator.free_segment(r.private, start_pos=r.cached_len)
         self.tree.dec_lock_ref(r.node)
+        if self._trace is not None:
+            tail = (r.cached_len, r.cached_len + int(r.private.numel())) if r.prefilled else None
+            self._trace.end(request_id, tail, r.private)
 
     def evict(self, tier: str, n_pages: int) -> None:
         if tier not in self.tiers:
             raise HiCacheError(f"tier {tier!r}: this engine has only {self.tiers}")
-        freed = self.tree.evict(self.sg["EvictParams"](num_tokens=n_pages * self.page_size))
+        freed = self._evict(n_pages * self.page_size)
         self.stats["evict_calls"] += 1
         self.stats["evict_pages_beyond_asked"] += max(0, freed.num_tokens_evicted // self.page_size - n_pages)
 
