@@ -3,6 +3,7 @@ and throughput through the adapter against the hicache controller adapter and th
 adapter, in one process.
 
     PYTHONPATH=$PWD VENV/bin/python benchmarks/engine_sglang.py [--seeds 1 2 3] [--steps 2000]
+    PYTHONPATH=$PWD VENV/bin/python benchmarks/engine_sglang.py --traces DIR [--seeds ...]
 
 VENV has sglang installed as hicache/testing/adapters/sglang.py says. Per seed, four runs
 of the same seed and step budget: `hicache fuzz --adapter ...sglang:sglang_adapter` (pages
@@ -13,6 +14,11 @@ hicache controller on the null plane (`hicache fuzz` without --adapter). One JSO
 seed and run: steps, wall and CPU seconds, steps per CPU second, the ratio to the LRU
 ceiling and to the controller, whether the run agreed with the reference model, and the
 sglang adapter's `stats` summed over the run's caches.
+
+`--traces DIR` instead writes, per seed, the spec/trace.md trace of sglang driven through
+`sglang_trace.workload` (`--steps` steps, L1 of 3 + seed pages, prefill keeping its
+admission's match) to DIR/sglang-SEED.ndjson, for `hicache check-trace`; one JSON line per
+seed with its event counts.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ import re
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable
 
 from hicache.testing import runner
 from hicache.testing.adapters import sglang
+from hicache.testing.adapters.sglang_import import import_radix_cache
+from hicache.testing.adapters.sglang_trace import workload
 from hicache.testing.coverage import Coverage
 
 STATS: Counter[str] = Counter()  # summed over every sglang cache the current run opens
@@ -100,15 +109,31 @@ def _timed(run: Callable[[], tuple[int, bool]]) -> dict[str, Any]:
             "steps_per_cpu_s": round(steps / cpu, 1) if cpu else None, "stats": dict(STATS)}
 
 
+def _traces(out: Path, seeds: list[int], steps: int) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        cache = sglang.SGLangRadixCache(capacity=3 + seed, rematch=False, traced=True)
+        workload(cache, seed, steps)
+        lines = cache.traces[-1].lines()
+        path = out / f"sglang-{seed}.ndjson"
+        path.write_text("\n".join(lines) + "\n")
+        kinds = Counter(json.loads(line)["event"] for line in lines[1:])
+        print(json.dumps({"seed": seed, "trace": str(path), "events": len(lines) - 1, **kinds}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=2_000)
+    p.add_argument("--traces", metavar="DIR", help="write sglang's traces there instead")
     args = p.parse_args(argv)
+    if args.traces:
+        return _traces(Path(args.traces), args.seeds, args.steps)
     import torch
 
     torch.set_num_threads(1)  # one core, as the other adapters
-    sglang.import_radix_cache()  # its import (seconds) is not the adapter's rate
+    import_radix_cache()  # its import (seconds) is not the adapter's rate
     for seed in args.seeds:
         runs = {
             "sglang": _timed(lambda: _fuzz(seed, args.steps, "__main__:counted")),

@@ -13,13 +13,8 @@ import pytest
 
 from hicache.cli import main
 from hicache.errors import HiCacheError
-from hicache.testing.adapters.sglang import (
-    EngineUnavailable,
-    SGLangRadixCache,
-    SGLangStaleLock,
-    _TorchvisionStub,
-    import_radix_cache,
-)
+from hicache.testing.adapters.sglang import SGLangRadixCache, SGLangStaleLock
+from hicache.testing.adapters.sglang_import import EngineUnavailable, _TorchvisionStub, import_radix_cache
 from hicache.testing.adapters.sglang_trace import workload
 from hicache.testing.protocol import PageChange
 from hicache.testing.reference import Mismatch, ReferenceModel
