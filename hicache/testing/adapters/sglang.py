@@ -53,9 +53,11 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - the tail page: sglang allocates the partial last page with the request and frees it when
   the request ends, never inserting it; the spec's tail page is the same (spec/tree.md,
   "Whole pages only; the tail page").
-- capacity: sglang's allocator counts tail pages and pages of prompts not inserted yet; the
-  reference model does not judge room, only what `prefill` reports (True and served, or
-  False and nothing changed).
+- capacity: sglang's allocator counts the tail pages of served requests too, as the spec's
+  L1 does; the machine's reference model does not judge room, only what `prefill` reports
+  (True and served, or False and nothing changed); a trace's replay does judge it.
+
+What the oracle said: benchmarks/results/2026-12-01-engine-sglang.md.
 
 Importing sglang on a CPU machine needs a stub for torchvision: sglang_import.py says why.
 """
