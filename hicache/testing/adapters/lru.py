@@ -16,13 +16,13 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from hicache.errors import HiCacheError
-from hicache.testing.protocol import Admission, FaultSchedule, PageChange
-from hicache.trace import TraceEvent
+from hicache.testing.adapters.notransfers import WithoutTransfers
+from hicache.testing.protocol import Admission, PageChange
 
 Prefix = tuple[int, ...]
 
 
-class LRUCache:
+class LRUCache(WithoutTransfers):
     """`CacheUnderTest` over an OrderedDict of page prefixes (oldest first)."""
 
     tiers: tuple[str, ...] = ("L1",)
@@ -47,9 +47,6 @@ class LRUCache:
             hit = len(p)
         self.requests[request_id] = (tuple(tokens), hit)
         return Admission({"L1": hit}, hit)
-
-    def ready(self, request_id: int) -> bool:
-        return True
 
     def prefill(self, request_id: int) -> bool:
         tokens, _ = self.requests[request_id]
@@ -82,34 +79,10 @@ class LRUCache:
     def finish(self, request_id: int) -> None:
         self.requests.pop(request_id)
 
-    def cancel_restore(self, request_id: int) -> None: ...  # no restores: always ready
-
     def evict(self, tier: str, n_pages: int) -> None:
         for _ in range(n_pages):
             if not self._evict_one():
                 return
-
-    # -- no transfers: these have nothing to do ---------------------------------------------
-
-    def tick(self) -> None: ...
-
-    def has_work(self) -> bool:
-        return False
-
-    def pending_ops(self) -> list[int]:
-        return []
-
-    def complete(self, op_id: int) -> None: ...
-
-    def fail(self, op_id: int, kind: str) -> None: ...
-
-    def set_faults(self, schedule: FaultSchedule) -> None: ...
-
-    def drain(self) -> None: ...
-
-    def damage_storage(self, how: str) -> None: ...  # no backing store
-
-    def aim(self, action: str, tier: str) -> None: ...  # no transfers
 
     def restart(self) -> None:
         self.pages.clear()
@@ -135,11 +108,6 @@ class LRUCache:
     def check(self) -> list[str]:
         return [] if len(self.pages) <= self.capacity else [f"{len(self.pages)} pages > {self.capacity}"]
 
-    def trace(self) -> list[TraceEvent]:
-        return []
-
-    def fault_counts(self) -> dict[str, int]:
-        return {}
 
 
 class ForgetfulLRU(LRUCache):
