@@ -32,7 +32,8 @@ def compile_fast(schema: Mapping[str, Any]) -> Predicate:
     kind = schema.get("type")
     low = schema.get("minimum")
     if _int_floor(schema):
-        return lambda x: type(x) is int and x >= low  # the common leaf, in one test
+        floor = int(schema["minimum"])
+        return lambda x: type(x) is int and x >= floor  # the common leaf, in one test
     objectish = any(k in schema for k in ("required", "properties", "additionalProperties",
                                           "minProperties", "dependentRequired"))
     if kind == "object" and objectish:

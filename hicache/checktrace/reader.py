@@ -53,7 +53,7 @@ def _number(text: str) -> int | float:
 
 
 _DECODER = json.JSONDecoder(parse_float=_number)
-_SCAN = _DECODER.scan_once
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # set by __init__; typeshed omits it
 
 
 def parse_json(text: str) -> Any:

@@ -52,6 +52,12 @@ def clone(cp: ControlPlane) -> ControlPlane:
     return new
 
 
+_NODE_SLOTS = {"node_id", "key", "hits", "page_size", "is_root", "value", "state", "lock", "pending",
+               "last_access", "present_children", "parent", "children"}
+# Verify the node copy below sets every slot TreeNode has (a slot added later must be copied too).
+assert _NODE_SLOTS == set(TreeNode.__slots__), set(TreeNode.__slots__) ^ _NODE_SLOTS
+
+
 def _clone_tree(tree: HiRadixTree) -> tuple[HiRadixTree, dict[int, TreeNode]]:
     new: HiRadixTree = object.__new__(HiRadixTree)
     new.__dict__.update(tree.__dict__)
@@ -59,7 +65,7 @@ def _clone_tree(tree: HiRadixTree) -> tuple[HiRadixTree, dict[int, TreeNode]]:
     new_node = TreeNode.__new__
     for nid, old in tree._nodes.items():
         n: TreeNode = new_node(TreeNode)
-        n.node_id, n.key, n.hits, n.page_size = nid, old.key, old.hits, old.page_size
+        n.node_id, n.key, n.hits, n.page_size, n.is_root = nid, old.key, old.hits, old.page_size, old.is_root
         n.value, n.state, n.lock = old.value[:], old.state[:], old.lock[:]
         n.pending, n.last_access, n.present_children = old.pending[:], old.last_access[:], old.present_children[:]
         nodes[nid] = n
