@@ -215,6 +215,20 @@ def test_write_back_backs_up_on_eviction() -> None:
     c.close()
 
 
+def test_outside_eviction_backs_up_under_write_back() -> None:
+    """`CacheController.evict` (pressure from outside) runs the write-back hook, as every
+    eviction must (spec/eviction.md): the unbacked prompt is backed up to L2 before its L1
+    copy goes, so nothing is dropped. Calling the control plane's loop directly -- what the
+    fuzz adapter used to do -- skipped it and lost the prompt."""
+    c = make(write_policy="write_back", l1_pages=12)
+    serve(c, 1, PROMPT)
+    c.drain()
+    assert c.evict("L1", 12) >= 6 and c.metrics.evicted_pages["L1"] >= 6
+    first = c.cp.tree.match(PROMPT, split=False, touch=False)
+    assert first.lengths == (0, 24, 0) and c.metrics.dropped_tokens["unbacked_eviction"] == 0
+    c.close()
+
+
 def test_unbacked_eviction_counts_dropped_tokens() -> None:
     c = make(write_policy="write_through_selective", l1_pages=12)
     serve(c, 1, PROMPT)

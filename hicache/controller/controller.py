@@ -272,6 +272,14 @@ class CacheController:
 
     # -- progress ---------------------------------------------------------------------------
 
+    def evict(self, tier: Tier | str, n_pages: int) -> int:
+        """Eviction pressure from outside the controller (the engine needs the memory): free
+        up to `n_pages` pages of `tier` through the same loop and write-back hook as the
+        controller's own make-room (spec/eviction.md), counted in `evicted_pages`. Returns the
+        pages freed. A caller MUST NOT call `ControlPlane.evict` directly: under write-back it
+        would skip the backup an unbacked L1 victim is owed."""
+        return self.evictor.evict(Tier(tier), n_pages)
+
     def tick(self) -> None:
         """Observe every transfer once; apply what completed; continue restores and backups.
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file

@@ -1,6 +1,7 @@
 """Eviction under pressure, and the write-back it triggers.
 
-Contract: `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
+Contract: `evict(tier, n_pages)` frees up to `n_pages` pages of `tier` (pressure from outside
+the controller); `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
 `tier` by running the control plane's one eviction loop (`ControlPlane.evict`, spec/eviction.md:
 LRU leaves of that tier, one node's value at a time, never a locked, pending or kept node).
 It never raises for lack of room: the caller's reservation raises `OutOfPages` if the room
@@ -35,11 +36,16 @@ class Evictor:
     def make_room(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Evict until `n_pages` pages of `tier` are free or no candidate is left; the pages
         freed. `keep`: nodes that must keep their copy in `tier` (a transfer's chain parent)."""
-        need = n_pages - self.cp.free_pages(tier)
-        if need <= 0:
+        return self.evict(tier, n_pages - self.cp.free_pages(tier), keep)
+
+    def evict(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
+        """Free up to `n_pages` pages of `tier` (at least that many when the candidates allow:
+        a node's value goes whole) through the one loop, an L1 victim without an L2 copy first
+        backed up under write-back; the pages freed (0 when `n_pages` <= 0)."""
+        if n_pages <= 0:
             return 0
         before = self._before_l1_eviction if tier is Tier.L1 else None
-        freed = self.cp.evict(tier, need, keep, before=before)
+        freed = self.cp.evict(tier, n_pages, keep, before=before)
         self.metrics.evicted(tier, freed)
         return freed
 

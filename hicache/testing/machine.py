@@ -364,6 +364,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         @precondition(lambda self: bool(self._holding()))
         @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
+        @survives_crash  # write-back: an L1 victim's backup is waited for, and may crash
         def pressure(self, tier: int, pages: int) -> None:
             self._count("pressure")
             holding = self._holding()

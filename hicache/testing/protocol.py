@@ -29,7 +29,8 @@ engine observes them then), as a real completion would. `check()` returns the en
 structural findings (empty when it has none to offer). `trace()` returns the lifecycle trace
 events so far (spec/trace.md) for coverage; an engine without one returns [].
 
-A crash: any call that observes a transfer (`tick`, `drain`, `finish`, `submit`, `prefill`)
+A crash: any call that observes a transfer (`tick`, `drain`, `finish`, `submit`, `prefill`,
+`evict` under write-back, which waits for a victim's backup)
 may raise `hicache.dataplane.faults.SimulatedCrash` when the schedule's CRASH_BEFORE_PUBLISH
 fires -- the process died between a transfer and its publication. The machine then calls
 `restart()` and, as spec/faults.md says, expects the engine to start empty: the reference

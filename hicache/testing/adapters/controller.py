@@ -170,7 +170,7 @@ class ControllerAdapter:
         handle.fail(error or TransferError(f"{op.direction} failed (injected)"))
 
     def evict(self, tier: str, n_pages: int) -> None:
-        self.ctl.cp.evict(tier, n_pages)
+        self.ctl.evict(tier, n_pages)
 
     def set_faults(self, schedule: FaultSchedule) -> None:
         """Every site is drawn, the controller's own included: ALLOC_L1/L2/L3 (a reservation
