@@ -67,6 +67,14 @@ class SilentEviction(ControllerAdapter):
         return [c for c in super().changes() if not (c.tier == "L1" and c.state == "ABSENT")]
 
 
+class BypassedWriteBack(ControllerAdapter):
+    """Outside pressure straight into the control plane's loop, skipping the write-back hook
+    (what the fuzz adapter once did): under write-back an unbacked L1 victim is lost."""
+
+    def evict(self, tier: str, n_pages: int) -> None:
+        self.ctl.cp.evict(tier, n_pages)
+
+
 class ServedBytes(ControllerAdapter):
     """Reports a digest per served page: the same for the same prefix (`drift` 0), or one
     that changes every time a page is served (`drift` 1: bytes that are not what was cached)."""
@@ -173,6 +181,12 @@ def test_a_misreported_hit_fails_naming_the_case_step_and_observation(vectors: P
 def test_an_unreported_eviction_fails_on_the_page_changes(vectors: Path) -> None:
     bad = failures(vectors, wrapped(SilentEviction))
     assert any(v.name.startswith("eviction_l1") and "changes.L1" in v.detail for v in bad), bad
+
+
+def test_outside_pressure_that_skips_write_back_fails(vectors: Path) -> None:
+    bad = failures(vectors, wrapped(BypassedWriteBack))
+    policies = {json.loads((vectors / v.name).read_text())["config"]["write_policy"] for v in bad}
+    assert bad and policies == {"write_back"}, [(v.name, v.detail) for v in bad]
 
 
 def test_a_one_tier_lru_runs_the_l1_cases_and_differs_where_the_spec_fixes_eviction(vectors: Path) -> None:

@@ -119,12 +119,16 @@ def write_policy(rng: random.Random) -> tuple[CaseConfig, Script]:
                     r.complete(0)
                 r.tick()  # the D2H observed: the H2S starts; then it is observed
         # Two more prompts fill L1: prefill makes room, `a` first (least recently used);
-        # under write-back its eviction backs it up first (eviction.md). Not `evict`, which
-        # is pressure from outside the controller's make-room.
+        # under write-back its eviction backs it up first (eviction.md).
         r.serve(4, r.fresh(3))
         r.serve(5, r.fresh(3))
         r.drain()
         r.serve(6, a)
+        r.drain()
+        # Pressure from outside goes through the same hook: under write-back every L1
+        # victim is backed up before it goes, so L2 then holds what L1 gave up.
+        r.serve(7, r.fresh(2))
+        r.evict("L1", ALL)
         r.drain()
     return config(rng, l1=(7, 8), write_policy=policy), script
 
@@ -326,7 +330,7 @@ def crash(rng: random.Random) -> tuple[CaseConfig, Script]:
 def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
     policy = rng.choice(WRITE_POLICIES)
 
-    tiers = ("L2", "L3") if policy == "write_back" else ("L1", "L2", "L3")
+    tiers = ("L1", "L2", "L3")
 
     def script(r: Recorder) -> None:
         shared = [r.fresh(2, tail=0) for _ in range(2)]
@@ -350,7 +354,7 @@ def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
                 r.tick()
             elif roll < 0.7 and r.pending():
                 r.fail(rng.randrange(r.pending()), rng.choice(("error", "corrupt", "unreadable")))
-            elif roll < 0.8:  # under write-back, L1 gives up pages only through make-room
+            elif roll < 0.8:
                 r.evict(rng.choice(tiers), rng.choice((1, 2, ALL)))
             elif roll < 0.85 and unserved:
                 r.cancel(rng.choice(unserved))
