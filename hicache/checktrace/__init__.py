@@ -1,0 +1,1 @@
+"""Trace checking (placeholder: the check-trace package provides this file)."""
