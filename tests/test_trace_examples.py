@@ -1,0 +1,86 @@
+"""The trace examples of spec/examples/: every file is in the manifest and is what the
+generator (hicache/checktrace/examples.py) writes, and `check_lines` gives each the
+manifest's verdict, first bad event and event count."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache.checktrace import check_lines
+from hicache.checktrace import examples as gen
+from hicache.trace import TraceEvent
+from hicache.tracewalk import first_break
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "spec" / "examples"
+MANIFEST: dict[str, dict[str, Any]] = tomllib.loads((EXAMPLES / gen.MANIFEST).read_text())
+EXIT = {"valid": 0, "violation": 1, "malformed": 2}
+
+
+def test_every_file_is_in_the_manifest_and_the_manifest_names_only_files() -> None:
+    on_disk = {p.name for p in EXAMPLES.iterdir()} - {gen.MANIFEST, "README.md"}
+    assert on_disk == set(MANIFEST), (sorted(on_disk - set(MANIFEST)), sorted(set(MANIFEST) - on_disk))
+    readme = (EXAMPLES / "README.md").read_text()
+    assert [f for f in MANIFEST if f"`{f}`" not in readme] == []  # README says what each shows
+
+
+def test_the_committed_files_are_what_the_generator_writes() -> None:
+    wanted = gen.files(gen.examples())
+    stale = [name for name, text in wanted.items() if (EXAMPLES / name).read_text() != text]
+    assert not stale, f"rewrite with: python3 -m hicache.checktrace.examples spec/examples ({stale})"
+
+
+def test_the_check_option_names_a_stale_or_extra_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gen.main([str(tmp_path)]) == 0
+    assert gen.main(["--check", str(tmp_path)]) == 0
+    (tmp_path / "backup_gap.ndjson").write_text("{}\n")
+    (tmp_path / "mine.ndjson").write_text("{}\n")
+    capsys.readouterr()
+    assert gen.main(["--check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "backup_gap.ndjson: differs" in out and "mine.ndjson: not generated here" in out
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_check_trace_gives_the_manifest_verdict(name: str) -> None:
+    want = MANIFEST[name]
+    with open(EXAMPLES / name) as f:
+        verdict = check_lines(f)
+    # Verify the exit code first: a wrong seq means little under a wrong verdict.
+    assert verdict.exit_code == EXIT[want["verdict"]], verdict.message
+    if "seq" in want:
+        assert verdict.seq == want["seq"], verdict.message
+    if want["verdict"] == "valid":
+        assert verdict.events == want["events"]
+
+
+def test_every_violation_names_a_bug_class_of_the_spec_and_its_first_bad_event() -> None:
+    classes = set(re.findall(r"^### (B\d\d) ", (EXAMPLES.parent / "bugclasses.md").read_text(), re.MULTILINE))
+    violations = {n: t for n, t in MANIFEST.items() if t["verdict"] == "violation"}
+    assert len(violations) >= 10
+    assert {n: t.get("bug_class") for n, t in violations.items() if t.get("bug_class") not in classes} == {}
+    assert [n for n, t in violations.items() if "seq" not in t] == []
+
+
+def test_valid_examples_are_walks_and_each_edit_is_at_or_before_its_first_bad_event() -> None:
+    """The valid traces follow the composite graph (tracewalk); an invalid one agrees with
+    its base up to its edit, which is at or before the first bad event (what precedes the
+    edit is valid by construction)."""
+    found = {ex.name: ex for ex in gen.examples()}
+    for ex in found.values():
+        if ex.verdict == "valid":
+            assert first_break(TraceEvent.from_json(line) for line in ex.lines[1:]) is None, ex.name
+        elif ex.verdict == "violation":
+            assert ex.base is not None and ex.seq is not None
+            base = found[ex.base].lines
+            edited_at = next(i for i, (a, b) in enumerate(zip(ex.lines, base)) if a != b)  # = its seq
+            assert 1 <= edited_at <= ex.seq, (ex.name, edited_at, ex.seq)
+
+
+def test_an_edit_whose_event_is_gone_says_the_base_changed() -> None:
+    with pytest.raises(LookupError, match="the base script changed"):
+        gen._at([{"event": "insert"}], "h2d_cancel")
