@@ -5,6 +5,7 @@
     hicache spec write-diagrams [--spec-dir DIR]    refresh the generated blocks in lifecycle.md
     hicache invariants                              the registered checks: id, name, one line
     hicache bench NAME [ARGS...]                    delegated: hicache.bench.NAME.main(ARGS)
+    hicache check-trace FILE [ARGS...]              delegated: hicache.checktrace.command.main
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
     hicache --version                               the installed package's version
@@ -42,6 +43,8 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "transfer"): "hicache.bench.transfer",
     ("bench", "recompute"): "hicache.bench.recompute",
     ("bench", "serving"): "hicache.bench.serving",
+    ("bench", "checktrace"): "hicache.bench.checktrace",
+    ("check-trace",): "hicache.checktrace.command",
     ("demo",): "hicache.demo",
     ("fuzz",): "hicache.testing.runner",
 }
@@ -57,6 +60,8 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "transfer"): "L1<->L2 DMA, L3 and kernels in one report (needs CUDA; --quick on CPU)",
     ("bench", "recompute"): "prefill latency of the model producer (needs CUDA)",
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
+    ("bench", "checktrace"): "check-trace events/s: every check, every N events, none, JSON parsing alone",
+    ("check-trace",): "judge a trace (FILE or -) against the reference: exit 0 valid, 1 violation, 2 malformed",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
     ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
 }

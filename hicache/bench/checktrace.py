@@ -1,0 +1,87 @@
+"""How fast `hicache check-trace` judges a trace, in events per second, on one CPU core.
+
+    hicache bench checktrace [--seed 1] [--steps 3000] [--repeats 3] [--out PATH]
+
+The trace is the hicache controller's own run on the null data plane (seeded random
+workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
+Rows, each the best of `--repeats` runs, as process CPU time:
+
+    json only        `json.loads` of every line: the ceiling (nothing is checked)
+    read + schema    the reader: JSON, the compiled schema, seq, tiers
+    no checks        the full replay, invariants never run (`--check-every 0`)
+    every 100        invariants every 100 events
+    every 10         every 10 events
+    every event      after every call (`--check-every 1`, the default)
+
+Each row shows events/s and its ratio to the json-only ceiling measured in the same run.
+`--out` also writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from typing import Callable, Sequence
+
+from hicache.bench import BenchParser, columns
+from hicache.checktrace import check_lines
+from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.generate import controller_trace
+from hicache.lifecycle import load_lifecycle
+
+ROWS = (("every event", 1), ("every 10", 10), ("every 100", 100), ("no checks", 0))
+
+
+def _best_cpu_s(run: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        run()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def measure(lines: list[str], repeats: int) -> dict[str, float]:
+    """Events/s per row (see the module docstring) over `lines` (header first)."""
+    n = len(lines) - 1
+    lc = load_lifecycle()
+    out = {"json only": n / _best_cpu_s(lambda: [json.loads(x) for x in lines[1:]], repeats),
+           "read + schema": n / _best_cpu_s(lambda: sum(1 for _ in TraceReader(lines, lc)), repeats)}
+    for name, every in ROWS:
+        def run(every: int = every) -> None:
+            v = check_lines(lines, check_every=every)
+            # Verify the whole trace was judged valid (a failure would measure a prefix).
+            assert v.exit_code == 0 and v.events == n, v.message
+        out[name] = n / _best_cpu_s(run, repeats)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = BenchParser("checktrace", __doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--steps", type=int, default=3_000, help="random controller actions (default 3000)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per row; the best counts (default 3)")
+    p.add_argument("--out", default=None, metavar="PATH", help="also write the numbers as JSON")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1:
+        p.error("--steps and --repeats must be >= 1")
+    lines = controller_trace(args.seed, args.steps)
+    rates = measure(lines, args.repeats)
+    ceiling = rates["json only"]
+    print(f"trace: seed {args.seed}, {args.steps} controller actions, {len(lines) - 1} events; "
+          f"best of {args.repeats}, CPU time; Python {platform.python_version()}")
+    rows = [[name, f"{rate:,.0f}", f"{rate / ceiling:.3f}"] for name, rate in rates.items()]
+    for line in columns(["row", "events/s", "x json-only"], rows, left=1):
+        print(line)
+    print("legend: json-only = json.loads of each line, the ceiling; x json-only = events/s / the ceiling's")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"seed": args.seed, "steps": args.steps, "events": len(lines) - 1,
+                       "events_per_s": rates}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

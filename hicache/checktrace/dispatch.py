@@ -1,0 +1,216 @@
+"""Which reference call a trace's next events stand for (spec/trace.md, "Checking a trace").
+
+Every `ControlPlane` call emits a fixed pattern of events; `decide` reads the pattern's head
+(looking ahead as far as it must) and returns the call, not yet run. The replay then runs it
+and compares what the reference emitted with the trace, event by event, so the call's events
+need not be counted here.
+
+    trace's next events (of request r / op o)          reference call
+    -------------------------------------------------  ---------------------------------------
+    [split...] begin_request                            begin_request(r, detail.prompt)
+    compute, compute, ... (one request)                 compute(r, tokens they cover)
+    [split...] insert | cached_len (no node)            insert(r)
+    discard... then insert / cached_len                 insert(r)
+    discard... then end_request                         end_request(r)
+    unlock... [node_remove / discard...] end_request    end_request(r)
+    unlock... of every pin of r                         unpin(r)
+    unlock (some pins of r)                             unpin(r, node)
+    lock                                                pin(r, node, tier)
+    <dir>_issue... (one op id)                          issue(dir, [nodes...], r)
+    <dir>_complete | _fail | _cancel                    complete | fail | cancel(op)
+    evict_lN | invalidate_l3                            evict_node(node, tier, name)
+    cached_len with node                                advance_cached_len(r, node)
+    end_request                                         end_request(r)
+
+Split events come first in the pattern of the call that splits (a match or an insert), so
+they are skipped to find the call. The look-ahead is bounded by `LOOKAHEAD_MAX` events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from hicache.control import ControlPlane
+from hicache.errors import HiCacheError
+from hicache.checktrace.maps import IdMap
+from hicache.checktrace.reader import Line
+from hicache.tiers import Direction, Tier
+from hicache.tree import TreeNode
+
+LOOKAHEAD_MAX = 65_536
+"""Most events one call's pattern may span (a chain of that many nodes is far beyond any
+real cache's tree depth)."""
+
+ENDS = ("complete", "fail", "cancel")
+
+
+class Unreplayable(HiCacheError):
+    """The next events name something the reference cannot act on (an unknown node or op,
+    a request not live): the event is not enabled. `line` is the event that names it."""
+
+    def __init__(self, line: Line, why: str) -> None:
+        self.line, self.why = line, why
+        super().__init__(why)
+
+
+class Lookahead(Protocol):
+    def peek(self, i: int) -> Line | None:
+        """The i-th unconsumed event line (0 = the next), reading ahead; None past the end."""
+
+
+@dataclass
+class Call:
+    """One reference call the trace's next events stand for, not yet run."""
+
+    label: str  # e.g. "issue(D2H, nodes [3, 4], request 1)" in the trace's ids
+    run: Callable[[], object]
+    nodes: list[TreeNode] = field(default_factory=list)  # reference nodes it concerns
+    request: int | None = None
+    op: int | None = None  # the reference op it ends
+
+
+def _scan(ahead: Lookahead, start: int, keep: Callable[[Line], bool]) -> int:
+    """The index of the first line at or after `start` that `keep` rejects (or the end)."""
+    i = start
+    while True:
+        line = ahead.peek(i)
+        if line is None or not keep(line) or i - start >= LOOKAHEAD_MAX:
+            return i
+        i += 1
+
+
+def resolve(cp: ControlPlane, nodes: IdMap, line: Line, engine_id: int | None) -> TreeNode:
+    """The reference node trace node `engine_id` is bound to; Unreplayable when unbound or
+    removed."""
+    if engine_id is None:
+        raise Unreplayable(line, f"{line.event.event} names no node; the reference needs one")
+    ref = nodes.to_ref.get(engine_id)
+    if ref is None:
+        raise Unreplayable(line, f"node {engine_id} is unknown: no earlier event created it in the trace "
+                                 "(an insert, a split) or it was removed")
+    found = cp.tree._nodes.get(ref)
+    if found is None:
+        raise Unreplayable(line, f"node {engine_id} (reference node {ref}) was removed from the tree")
+    return found
+
+
+def _request(line: Line) -> int:
+    r = line.event.request
+    if r is None:
+        raise Unreplayable(line, f"{line.event.event} names no request; the reference needs one")
+    return r
+
+
+def decide(cp: ControlPlane, ahead: Lookahead, nodes: IdMap, ops: IdMap) -> Call | None:
+    """The call the next events stand for; None when only splits are left (a trace cut just
+    after them: nothing to check). Unreplayable when it names what the reference lacks."""
+    k = _scan(ahead, 0, lambda ln: ln.event.event == "split")
+    head = ahead.peek(k)
+    if head is None:
+        return None
+    e = head.event
+    name = e.event
+    if name == "begin_request":
+        r = _request(head)
+        prompt = e.detail.get("prompt")
+        assert isinstance(prompt, list)  # Verify: the schema requires detail.prompt, a list of ints.
+        return Call(f"begin_request({r})", lambda: cp.begin_request(r, prompt), request=r)
+    if name == "compute":
+        return _compute(cp, ahead, k, head)
+    if name in ("insert", "discard"):
+        r = _request(head)
+        end = _scan(ahead, k, lambda ln: ln.event.event in ("insert", "discard") and ln.event.request == r)
+        after = ahead.peek(end)
+        if name == "discard" and after is not None and after.event.event == "end_request" \
+                and after.event.request == r:
+            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+        return Call(f"insert({r})", lambda: cp.insert(r), request=r)
+    if name == "cached_len":
+        r = _request(head)
+        if e.node is None:
+            return Call(f"insert({r})", lambda: cp.insert(r), request=r)
+        node = resolve(cp, nodes, head, e.node)
+        return Call(f"advance_cached_len({r}, node {e.node})", lambda: cp.advance_cached_len(r, node),
+                    nodes=[node], request=r)
+    if name == "end_request":
+        r = _request(head)
+        return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+    if name == "lock":
+        r = _request(head)
+        node = resolve(cp, nodes, head, e.node)
+        tier = Tier(e.tier)
+        return Call(f"pin({r}, node {e.node}, {tier})", lambda: cp.pin(r, node, tier), nodes=[node], request=r)
+    if name == "unlock":
+        return _unlock(cp, ahead, k, head, nodes)
+    if name.endswith("_issue"):
+        return _issue(cp, ahead, k, head, nodes, ops)
+    if name.split("_")[-1] in ENDS:
+        return _end(cp, head, ops)
+    if name.startswith("evict_") or name == "invalidate_l3":
+        node = resolve(cp, nodes, head, e.node)
+        tier = Tier(e.tier)
+        return Call(f"evict_node(node {e.node}, {tier}, {name})", lambda: cp.evict_node(node, tier, name),
+                    nodes=[node])
+    raise Unreplayable(head, f"{name} is emitted only within a call (after the event that starts it), "
+                             "never on its own")
+
+
+def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
+    r = _request(head)
+    end = _scan(ahead, k, lambda ln: ln.event.event == "compute" and ln.event.request == r)
+    last = ahead.peek(end - 1)
+    assert last is not None  # Verify: the scan covered `head` at least.
+    start, stop = head.event.token_start, last.event.token_end
+    if start is None or stop is None:
+        raise Unreplayable(head, "compute names no token range; the reference needs the tokens it reserves for")
+    n = stop - start
+    return Call(f"compute({r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
+
+
+def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, nodes: IdMap) -> Call:
+    r = _request(head)
+    run = _scan(ahead, k, lambda ln: ln.event.event == "unlock" and ln.event.request == r)
+    rest = _scan(ahead, run, lambda ln: ln.event.event == "node_remove"
+                 or (ln.event.event == "discard" and ln.event.request == r))
+    after = ahead.peek(rest)
+    if after is not None and after.event.event == "end_request" and after.event.request == r:
+        return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+    req = cp.requests.get(r)
+    if req is not None and run - k == len(req.pins):
+        return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in req.pins], request=r)
+    node = resolve(cp, nodes, head, head.event.node)
+    return Call(f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r)
+
+
+def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, nodes: IdMap, ops: IdMap) -> Call:
+    e = head.event
+    if e.op is None:
+        raise Unreplayable(head, f"{e.event} names no op")
+    if e.op in ops.to_ref:
+        raise Unreplayable(head, f"op {e.op} is already pending (reference op {ops.to_ref[e.op]}); "
+                                 "an op id is reused only after its end")
+    end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
+    chain: list[TreeNode] = []
+    for i in range(k, end):
+        line = ahead.peek(i)
+        assert line is not None  # Verify: the scan read these lines.
+        chain.append(resolve(cp, nodes, line, line.event.node))
+    direction = Direction(e.event.split("_")[0].upper())
+    r = e.request
+    ids = [ahead.peek(i).event.node for i in range(k, end)]  # type: ignore[union-attr]
+    return Call(f"issue({direction}, nodes {ids}, request {r})", lambda: cp.issue(direction, chain, r),
+                nodes=chain, request=r)
+
+
+def _end(cp: ControlPlane, head: Line, ops: IdMap) -> Call:
+    e = head.event
+    outcome = e.event.split("_")[-1]
+    if e.op is None:
+        raise Unreplayable(head, f"{e.event} names no op")
+    ref = ops.to_ref.get(e.op)
+    if ref is None or ref not in cp.ops:
+        raise Unreplayable(head, f"op {e.op} is not pending: it was never issued, or it already ended")
+    op = cp.ops[ref]
+    run = getattr(cp, outcome)
+    return Call(f"{outcome}(op {e.op})", lambda: run(ref), nodes=list(op.nodes), request=op.request_id, op=ref)

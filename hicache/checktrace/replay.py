@@ -1,0 +1,188 @@
+"""`check_lines`: replay a trace through the reference control plane and judge it.
+
+    header ─► ControlPlane(page size, capacities; a tier the header lacks has 0 pages)
+    events ─► decide the call they stand for (dispatch.py) ─► run it on the reference
+           ─► compare what it emitted with the trace, event by event (compare.py)
+           ─► every `check_every` events: the invariants (invariants.py)
+
+The reference runs on no data plane at all: only its records change. The first event that
+is not enabled (the reference refuses the call), that differs from what the reference emitted,
+that owns a page twice, or after which an invariant fails ends the replay with a report;
+the trace's own ids and pages are mapped onto the reference's (maps.py), never compared raw.
+A trace may stop anywhere: nothing is checked for quiescence at its end.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
+from hicache.checktrace.dispatch import Call, Unreplayable, decide
+from hicache.checktrace.invariants import Checks
+from hicache.checktrace.reader import Line, Malformed, TraceReader
+from hicache.checktrace.report import Before
+from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
+from hicache.control import ControlPlane
+from hicache.errors import HiCacheError, InvariantViolation
+from hicache.lifecycle import Lifecycle, load_lifecycle
+from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+
+DROPPED_BY_OMIT = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",), "split": ("split",)}
+"""Header `omits` entry -> the reference's events left out of the comparison."""
+
+
+class Violation(Exception):
+    """The first bad event: its line, why, and the record of the state before its call."""
+
+    def __init__(self, line: Line, why: str, call: Call | None = None, before: Before | None = None,
+                 ref: TraceEvent | None = None) -> None:
+        self.line, self.why, self.call, self.before, self.ref = line, why, call, before, ref
+        super().__init__(why)
+
+
+class _Buffer:
+    """The look-ahead: lines read but not yet consumed, oldest first."""
+
+    def __init__(self, reader: TraceReader) -> None:
+        self.reader = reader
+        self.lines: deque[Line] = deque()
+        self.done = False
+
+    def peek(self, i: int) -> Line | None:
+        while len(self.lines) <= i and not self.done:
+            try:
+                self.lines.append(next(self.reader))
+            except StopIteration:
+                self.done = True
+        return self.lines[i] if i < len(self.lines) else None
+
+    def pop(self) -> Line:
+        return self.lines.popleft()
+
+
+def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
+    """The reference a trace with `header` replays on: its page size, its capacities (0 pages
+    for a tier it does not have), invariants off (the replay runs them itself)."""
+    caps = [header.capacities.get(t, 0) for t in ("L1", "L2", "L3")]
+    return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc)
+
+
+class Replay:
+    """One trace's replay; `run` returns the number of events checked or raises Violation."""
+
+    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int) -> None:
+        self.header = reader.header
+        self.lc = lc
+        self.cp = plane_for(self.header, lc)
+        sink = self.cp.tracer.sink
+        # Verify the plane's events reach our list (a walk hook may wrap it: tracewalk.py).
+        inner = getattr(sink, "inner", sink)
+        assert isinstance(inner, ListSink), "the reference's tracer has no ListSink"
+        self.sink = inner
+        self.buffer = _Buffer(reader)
+        self.compare = Comparer(self.cp, lc, self.header.omits)
+        self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
+        self.checks = Checks(self.cp, check_every)
+        self.events = 0
+        self.requests: set[int] = set()
+        self.ops = 0
+
+    def run(self) -> int:
+        while True:
+            head = self.buffer.peek(0)
+            if head is None:
+                return self.events
+            try:
+                call = decide(self.cp, self.buffer, self.compare.nodes, self.compare.ops)
+            except Unreplayable as e:
+                raise Violation(e.line, f"not enabled: {e.why}", None, self._concerned(e.line)) from None
+            if call is None:  # only splits left: the trace stops inside a call
+                while self.buffer.peek(0) is not None:
+                    self.buffer.pop()
+                    self.events += 1
+                return self.events
+            self._step(call, head)
+
+    def _concerned(self, line: Line) -> Before:
+        """The record of what an event names that the reference knows (its node, its
+        request), for a report on an event no call could be found for."""
+        ref = None if line.event.node is None else self.compare.nodes.to_ref.get(line.event.node)
+        node = None if ref is None else self.cp.tree._nodes.get(ref)
+        return Before.capture(self.cp, [] if node is None else [node], line.event.request)
+
+    def _step(self, call: Call, head: Line) -> None:
+        before = Before.capture(self.cp, call.nodes, call.request)
+        self.sink.events.clear()
+        try:
+            call.run()
+        except InvariantViolation as e:
+            raise Violation(head, f"invariant: {e}", call, before) from None
+        except HiCacheError as e:
+            raise Violation(head, f"not enabled: {e}", call, before) from None
+        emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
+        for ev in self.sink.events:
+            if ev.event == "node_remove" and ev.event in self.dropped and ev.node is not None:
+                self.compare.nodes.drop_ref(ev.node)
+        if not emitted:
+            raise Violation(head, f"not enabled: the reference's {call.label} changes nothing here "
+                                  "(emits no event)", call, before)
+        for ref in emitted:
+            line = self.buffer.peek(0)
+            if line is None:
+                break  # the trace stops inside this call
+            try:
+                self.compare.compare(ref, line.event)
+            except Mismatch as e:
+                raise Violation(line, f"differs from the reference: {e.why}", call, before, e.ref) from None
+            except DoubleOwnership as e:
+                raise Violation(line, f"invariant {e.invariant}: {e.why}", call, before, ref) from None
+            self.buffer.pop()
+            self.events += 1
+            if ref.event == "begin_request" and ref.request is not None:
+                self.requests.add(ref.request)
+            elif ref.event.endswith("_issue") and ref.op is not None and ref is emitted[0]:
+                self.ops += 1
+        self.compare.retire_ops()
+        found = self.checks.after(len(emitted))
+        if found:
+            raise Violation(head, "invariant: " + "; ".join(found), call, before)
+
+
+def check_lines(lines: Iterable[str], *, check_every: int = 1, lifecycle: Lifecycle | None = None) -> Verdict:
+    """Judge a trace (the header line first); streams, never holds the whole trace.
+
+    `check_every` N >= 1: run the invariant checks after the call that completes every N-th
+    event (1: after every call); 0: never. Returns the verdict (exit code 0 valid, 1 a
+    violation, 2 malformed input); never raises on bad input."""
+    lc = lifecycle or load_lifecycle()
+    replay: Replay | None = None
+    try:
+        reader = TraceReader(lines, lc)
+        replay = Replay(reader, lc, check_every)
+        n = replay.run()
+    except Malformed as e:
+        events = 0 if replay is None else replay.events
+        return Verdict(MALFORMED, events, e.seq, f"malformed: line {e.line}: {e.why}")
+    except Violation as v:
+        assert replay is not None  # Verify: a violation comes from a replay.
+        return Verdict(VIOLATION, replay.events, v.line.event.seq, _violation_text(replay, v))
+    every = f"checked every {check_every} events" if check_every else "invariants not checked"
+    omitted = f"omits {', '.join(replay.header.omits)}" if replay.header.omits else "full trace"
+    return Verdict(VALID, n, None, f"OK: {n} events, {len(replay.requests)} requests, {replay.ops} ops, "
+                                   f"{every}; {omitted}")
+
+
+def _violation_text(replay: Replay, v: Violation) -> str:
+    nodes, ops = replay.compare.nodes, replay.compare.ops
+    out = [f"event {v.line.event.seq}: {v.line.text}", f"  why: {v.why}"]
+    if v.ref is not None:
+        out.append(f"  the reference emitted here (its own ids and pages): {v.ref.to_json()}")
+    if v.call is not None:
+        out.append(f"  the reference's call for it: {v.call.label}")
+    if v.before is not None:
+        out.append("  enabled before it:")
+        out += [f"    {s}" for s in v.before.enabled(replay.lc, nodes, ops)] or ["    (nothing it concerns)"]
+        out.append("  state before it:")
+        out += [f"    {s}" for s in v.before.state(nodes, ops)] or ["    (nothing it concerns)"]
+    return "\n".join(out)

@@ -1,0 +1,145 @@
+"""`hicache check-trace`: valid traces pass, renumbered ids and pages map, violations and
+malformed input give exit 1 / 2 with the first bad event."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.checktrace.generate import controller_trace
+from hicache.control import ControlPlane
+from hicache.tiers import Direction
+from hicache.trace import NdjsonSink, Tracer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plane_trace(script: Callable[[ControlPlane], None], capacities: tuple[int, int, int] = (8, 8, 8),
+                page_size: int = 2) -> list[str]:
+    """The NDJSON lines (header first) the reference emits while `script` drives it."""
+    out = io.StringIO()
+    cp = ControlPlane(page_size, capacities)
+    cp.tracer = Tracer(NdjsonSink(out, cp.trace_header()))
+    cp.executor.tracer = cp.tracer
+    script(cp)
+    return out.getvalue().splitlines()
+
+
+def write_through(cp: ControlPlane) -> None:
+    """Request 1 computes and inserts 4 tokens, backed up to L2 then L3; request 2 shares
+    the first page (a split); L1 and L2 are evicted; a promotion from L3 fails."""
+    cp.begin_request(1, [1, 2, 3, 4, 5])
+    cp.compute(1, 4)
+    cp.insert(1)
+    node = cp.prefix_node(1)
+    cp.complete(cp.issue(Direction.D2H, [node]).op_id)
+    cp.complete(cp.issue(Direction.H2S, [node]).op_id)
+    cp.end_request(1)
+    cp.begin_request(2, [1, 2, 9, 9])
+    cp.end_request(2)
+    cp.evict("L1", 8)
+    cp.evict("L2", 8)
+    chain = list(reversed(cp.tree.path_to_root(node)))
+    cp.fail(cp.issue(Direction.S2H, chain).op_id)
+
+
+def events(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in lines[1:]]
+
+
+def lines_of(header: str, evs: list[dict[str, Any]]) -> list[str]:
+    return [header, *(json.dumps(e, sort_keys=True, separators=(",", ":")) for e in evs)]
+
+
+def renumber(lines: list[str], node: int = 100, op: int = 50, page: int = 1000) -> list[str]:
+    """The same trace in another engine's numbering: node, op and page ids shifted (pages
+    per tier: tier L2's page p becomes page + 2p + 1, ...), detail.upper too."""
+    out = []
+    for e in events(lines):
+        if "node" in e:
+            e["node"] += node
+        if "op" in e:
+            e["op"] += op
+        if "pages" in e:
+            e["pages"] = [page + 3 * p + int(e["tier"][1]) for p in e["pages"]]
+        if e["event"] == "split":
+            e["detail"]["upper"] += node
+        out.append(e)
+    return lines_of(lines[0], out)
+
+
+def edit(lines: list[str], seq: int, **changes: Any) -> list[str]:
+    evs = events(lines)
+    evs[seq - 1].update(changes)
+    return lines_of(lines[0], evs)
+
+
+# -- valid traces -------------------------------------------------------------------------------
+
+
+def test_the_reference_example_is_valid() -> None:
+    lines = plane_trace(write_through)
+    v = check_lines(lines)
+    assert (v.exit_code, v.events, v.seq) == (VALID, len(lines) - 1, None)
+    assert v.message == f"OK: {len(lines) - 1} events, 2 requests, 3 ops, checked every 1 events; full trace"
+
+
+def test_renumbered_ids_and_pages_are_mapped() -> None:
+    lines = renumber(plane_trace(write_through))
+    assert check_lines(lines).exit_code == VALID
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_controller_traces_are_valid(seed: int) -> None:
+    lines = controller_trace(seed, 400)
+    v = check_lines(lines)
+    assert v.exit_code == VALID, v.message
+    assert v.events == len(lines) - 1 > 300
+
+
+# -- violations ---------------------------------------------------------------------------------
+
+
+def test_a_wrong_after_state_is_a_violation_at_its_event() -> None:
+    lines = plane_trace(write_through)
+    seq = next(e["seq"] for e in events(lines) if e["event"] == "d2h_complete")
+    v = check_lines(edit(lines, seq, after="L1"))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert v.message.startswith(f"event {seq}: ")
+    assert "after: the trace has L1, the reference L1_L2" in v.message
+
+
+def test_a_complete_for_an_op_never_issued_is_a_violation() -> None:
+    lines = plane_trace(write_through)
+    evs = events(lines)
+    extra = {"event": "d2h_complete", "op": 77, "node": 1, "tier": "L2", "before": "L1_D2H_PENDING",
+             "after": "L1_L2", "pages": [0], "token_start": 0, "token_end": 2, "seq": 6}
+    evs = evs[:5] + [extra] + [{**e, "seq": e["seq"] + 1} for e in evs[5:]]
+    v = check_lines(lines_of(lines[0], evs))
+    assert (v.exit_code, v.seq) == (VIOLATION, 6)
+    assert "op 77 is not pending" in v.message
+
+
+# -- malformed ----------------------------------------------------------------------------------
+
+
+def test_a_gap_in_seq_is_malformed_naming_the_line() -> None:
+    lines = plane_trace(write_through)
+    v = check_lines(lines[:3] + lines[4:])
+    assert (v.exit_code, v.seq) == (MALFORMED, 4)
+    assert v.message.startswith("malformed: line 4: seq 4 where 3 is due")
+
+
+def test_the_cli_streams_stdin() -> None:
+    lines = plane_trace(write_through)
+    done = subprocess.run([sys.executable, "-m", "hicache", "check-trace", "-"], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == VALID, done.stderr
+    assert done.stdout.startswith("OK: ")
