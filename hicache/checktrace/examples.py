@@ -334,7 +334,7 @@ def header_version_2(lines: list[str]) -> int | None:
 
 def seq_gap(lines: list[str]) -> int | None:
     del lines[6]  # seq 6: the line with seq 7 follows seq 5
-    return None
+    return 7
 
 
 def unknown_event(lines: list[str]) -> int | None:
