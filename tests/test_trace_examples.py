@@ -1,5 +1,5 @@
 """The trace examples of spec/examples/: every file is in the manifest and is what the
-generator (hicache/checktrace/examples.py) writes, and `check_lines` gives each the
+generator (hicache/checktrace/examples/) writes, and `check_lines` gives each the
 manifest's verdict, first bad event and event count."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 from hicache.checktrace import check_lines
 from hicache.checktrace import examples as gen
+from hicache.checktrace.examples import edits
 from hicache.trace import TraceEvent
 from hicache.tracewalk import first_break
 
@@ -99,4 +100,4 @@ def test_valid_examples_are_walks_and_each_edit_is_at_or_before_its_first_bad_ev
 
 def test_an_edit_whose_event_is_gone_says_the_base_changed() -> None:
     with pytest.raises(LookupError, match="the base script changed"):
-        gen._at([{"event": "insert"}], "h2d_cancel")
+        edits._at([{"event": "insert"}], "h2d_cancel")
