@@ -218,8 +218,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
     p.add_argument("--trace", metavar="FILE", help=(
-        "write the last run's trace to FILE (the failing run, shrunk, on a failure): its "
-        "last engine's, when the run restarted it; header first, for `hicache check-trace`"))
+        f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, for "
+        "`hicache check-trace`: on a failure the failing run as Hypothesis shrank it (the one "
+        "to debug), else the last run; of a run that restarted its engine, the last engine's "
+        "(nothing survives a restart)"))
     p.add_argument("--mutant", metavar="NAME",
                    help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
                         "(see hicache.testing.zoo: --seed may repeat, --machine picks the machine)")
