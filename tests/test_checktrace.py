@@ -50,6 +50,32 @@ def write_through(cp: ControlPlane) -> None:
     cp.fail(cp.issue(Direction.S2H, chain).op_id)
 
 
+def load_back(cp: ControlPlane) -> None:
+    """Request 1 inserts 4 tokens, backed up to L2; L1 is evicted; request 2 loads them back
+    (h2d) and serves them (cached_len with the node)."""
+    cp.begin_request(1, [1, 2, 3, 4, 5])
+    cp.compute(1, 4)
+    cp.insert(1)
+    node = cp.prefix_node(1)
+    cp.complete(cp.issue(Direction.D2H, [node]).op_id)
+    cp.end_request(1)
+    cp.evict("L1", 8)
+    cp.begin_request(2, [1, 2, 3, 4, 9])
+    cp.complete(cp.issue(Direction.H2D, [node], 2).op_id)
+    cp.advance_cached_len(2, node)
+    cp.end_request(2)
+
+
+def two_requests(cp: ControlPlane) -> None:
+    """Request 1 inserts [1 2 3 4]; request 2, another prompt, computes 4 tokens."""
+    cp.begin_request(1, [1, 2, 3, 4, 5])
+    cp.compute(1, 4)
+    cp.insert(1)
+    cp.begin_request(2, [7, 8, 9, 9, 9])
+    cp.compute(2, 4)
+    cp.insert(2)
+
+
 def events(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines[1:]]
 
@@ -79,6 +105,17 @@ def edit(lines: list[str], seq: int, **changes: Any) -> list[str]:
     evs = events(lines)
     evs[seq - 1].update(changes)
     return lines_of(lines[0], evs)
+
+
+def insert_before(lines: list[str], seq: int, event: dict[str, Any]) -> list[str]:
+    """`event` inserted as event `seq`, the later events renumbered."""
+    evs = events(lines)
+    evs = evs[:seq - 1] + [{**event, "seq": seq}] + [{**e, "seq": e["seq"] + 1} for e in evs[seq - 1:]]
+    return lines_of(lines[0], evs)
+
+
+def first(lines: list[str], name: str) -> int:
+    return int(next(e["seq"] for e in events(lines) if e["event"] == name))
 
 
 # -- valid traces -------------------------------------------------------------------------------
@@ -118,13 +155,64 @@ def test_a_wrong_after_state_is_a_violation_at_its_event() -> None:
 
 def test_a_complete_for_an_op_never_issued_is_a_violation() -> None:
     lines = plane_trace(write_through)
-    evs = events(lines)
     extra = {"event": "d2h_complete", "op": 77, "node": 1, "tier": "L2", "before": "L1_D2H_PENDING",
-             "after": "L1_L2", "pages": [0], "token_start": 0, "token_end": 2, "seq": 6}
-    evs = evs[:5] + [extra] + [{**e, "seq": e["seq"] + 1} for e in evs[5:]]
-    v = check_lines(lines_of(lines[0], evs))
+             "after": "L1_L2", "pages": [0], "token_start": 0, "token_end": 2}
+    v = check_lines(insert_before(lines, 6, extra))
     assert (v.exit_code, v.seq) == (VIOLATION, 6)
     assert "op 77 is not pending" in v.message
+
+
+def test_a_page_reserved_while_still_owned_is_a_double_ownership() -> None:
+    """Request 2's compute names L1 page 0, which node 1 still holds (TREE): I1."""
+    lines = plane_trace(two_requests)
+    seq = [e["seq"] for e in events(lines) if e["event"] == "compute"][1]
+    v = check_lines(edit(lines, seq, pages=[0, 2]))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert "I1 ownership_disjoint" in v.message
+    assert "[L1] page 0: reserved while still TREE (held by node 1)" in v.message
+
+
+def test_an_eviction_of_a_locked_node_is_not_enabled() -> None:
+    """Node 1 is locked by request 1 (its prefix): evict_l1's guard refuses it; the report
+    lists what was enabled and the node's state before."""
+    lines = plane_trace(write_through)
+    seq = first(lines, "d2h_issue")
+    evict = {"event": "evict_l1", "node": 1, "tier": "L1", "before": "L1", "after": "ABSENT",
+             "pages": [0, 1], "token_start": 0, "token_end": 4}
+    v = check_lines(insert_before(lines, seq, evict))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert "guard 'locks(L1) == 0' fails" in v.message
+    assert "enabled before it:\n    node 1: d2h_issue" in v.message
+    assert "state before it:\n    node 1: L1; locks L1=1 L2=0 L3=0; pending: none" in v.message
+
+
+def test_a_cached_len_before_publication_is_not_enabled() -> None:
+    """Request 2 serves node 1 while its load-back (h2d) is still pending: I5's order."""
+    lines = plane_trace(load_back)
+    seq = first(lines, "h2d_complete")
+    early = {"event": "cached_len", "node": 1, "request": 2, "token_end": 4}
+    v = check_lines(insert_before(lines, seq, early))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert "not RESIDENT in L1 yet" in v.message
+
+
+def test_a_hit_the_reference_disagrees_with_is_a_violation() -> None:
+    lines = plane_trace(load_back)
+    seq = [e["seq"] for e in events(lines) if e["event"] == "begin_request"][1]
+    v = check_lines(edit(lines, seq, detail={"hit": [4, 4, 0], "prompt": [1, 2, 3, 4, 9], "tokens": 5}))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert "detail.hit: the trace has [4,4,0], the reference [0,4,0]" in v.message
+
+
+def test_an_event_the_reference_does_not_emit_is_a_divergence() -> None:
+    """The trace says the backup completed into a different state: after the same call the
+    reference's next event differs, and the report names what it emitted there."""
+    lines = plane_trace(load_back)
+    seq = first(lines, "h2d_issue")
+    v = check_lines(edit(lines, seq, token_end=2))
+    assert (v.exit_code, v.seq) == (VIOLATION, seq)
+    assert "token_end: the trace has 2, the reference 4" in v.message
+    assert "the reference emitted here" in v.message
 
 
 # -- malformed ----------------------------------------------------------------------------------

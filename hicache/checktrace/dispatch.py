@@ -29,13 +29,15 @@ they are skipped to find the call. The look-ahead is bounded by `LOOKAHEAD_MAX` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from hicache.control import ControlPlane
 from hicache.errors import HiCacheError
-from hicache.checktrace.maps import IdMap
+from hicache.checktrace.maps import IdMap, PageMap
 from hicache.checktrace.reader import Line
-from hicache.tiers import Direction, Tier
+from hicache.lifecycle import composite_name
+from hicache.tiers import TIERS, Direction, Tier
+from hicache.trace import TraceEvent
 from hicache.tree import TreeNode
 
 LOOKAHEAD_MAX = 65_536
@@ -52,6 +54,11 @@ class Unreplayable(HiCacheError):
     def __init__(self, line: Line, why: str) -> None:
         self.line, self.why = line, why
         super().__init__(why)
+
+
+class Ambiguous(Unreplayable):
+    """A trace that omits `split` names a new node that several reference nodes fit: the
+    trace does not carry what identifies it, so it cannot be checked (malformed input)."""
 
 
 class Lookahead(Protocol):
@@ -80,19 +87,76 @@ def _scan(ahead: Lookahead, start: int, keep: Callable[[Line], bool]) -> int:
         i += 1
 
 
-def resolve(cp: ControlPlane, nodes: IdMap, line: Line, engine_id: int | None) -> TreeNode:
-    """The reference node trace node `engine_id` is bound to; Unreplayable when unbound or
-    removed."""
-    if engine_id is None:
-        raise Unreplayable(line, f"{line.event.event} names no node; the reference needs one")
-    ref = nodes.to_ref.get(engine_id)
-    if ref is None:
-        raise Unreplayable(line, f"node {engine_id} is unknown: no earlier event created it in the trace "
-                                 "(an insert, a split) or it was removed")
-    found = cp.tree._nodes.get(ref)
-    if found is None:
-        raise Unreplayable(line, f"node {engine_id} (reference node {ref}) was removed from the tree")
-    return found
+class Resolver:
+    """Trace node ids -> the reference's live nodes. With `by_range` (a trace that omits
+    `split`), a node the trace names for the first time is found by its token range: the one
+    unnamed reference node covering exactly [token_start, token_end) (of the event's
+    request's prompt, when it names one) -- the upper part of a split the trace left out."""
+
+    def __init__(self, cp: ControlPlane, nodes: IdMap, by_range: bool,
+                 pages: Mapping[str, PageMap] | None = None) -> None:
+        self.cp, self.nodes, self.by_range = cp, nodes, by_range
+        self.pages = pages or {}
+
+    def __call__(self, line: Line, engine_id: int | None) -> TreeNode:
+        """The reference node trace node `engine_id` stands for; Unreplayable when unbound
+        (and not found by range) or removed."""
+        if engine_id is None:
+            raise Unreplayable(line, f"{line.event.event} names no node; the reference needs one")
+        ref = self.nodes.to_ref.get(engine_id)
+        if ref is None and self.by_range:
+            ref = self._by_range(line, engine_id)
+        if ref is None:
+            raise Unreplayable(line, f"node {engine_id} is unknown: no earlier event created it in the "
+                                     "trace (an insert, a split) or it was removed")
+        found = self.cp.tree._nodes.get(ref)
+        if found is None:
+            raise Unreplayable(line, f"node {engine_id} (reference node {ref}) was removed from the tree")
+        return found
+
+    def _by_range(self, line: Line, engine_id: int) -> int | None:
+        """The one unnamed reference node with the event's token range (any range, for an
+        event without one: a `lock`) on the event's request's prompt (any, without one)."""
+        e = line.event
+        req = self.cp.requests.get(e.request) if e.request is not None else None
+        if req is None and e.token_end is None:
+            return None
+        found = []
+        for n in self.cp.tree.nodes():
+            if n.node_id in self.nodes.to_engine:
+                continue
+            path = list(reversed(self.cp.tree.path_to_root(n)))
+            end = sum(len(p.key) for p in path)
+            if e.token_end is not None and (end - len(n.key), end) != (e.token_start, e.token_end):
+                continue
+            if req is not None and tuple(t for p in path for t in p.key) != req.tokens[:end]:
+                continue
+            found.append(n)
+        if len(found) > 1:
+            found = self._narrow(e, found)
+        if len(found) > 1:
+            where = f"tokens [{e.token_start}, {e.token_end})" if e.token_end is not None else "its request's prompt"
+            raise Ambiguous(line, f"node {engine_id} cannot be identified: {len(found)} reference nodes "
+                                  f"cover {where} in that state (the trace omits split; name the event's "
+                                  "request or carry pages to tell them apart)")
+        if not found:
+            return None
+        # Verify the binding is new on both sides before it is made.
+        assert self.nodes.match(engine_id, found[0].node_id) is None
+        return found[0].node_id
+
+    def _narrow(self, e: TraceEvent, found: list[TreeNode]) -> list[TreeNode]:
+        """Of several candidates, those in the event's `before` state, and those holding the
+        reference pages the event's pages are bound to (an eviction's, a load's source)."""
+        if e.before is not None and e.node is not None:
+            found = [n for n in found if composite_name((n.state[0], n.state[1], n.state[2])) == e.before]
+        m = self.pages.get(e.tier or "")
+        frees = e.event.startswith("evict_") or e.event == "invalidate_l3"  # pages the node holds
+        if m is not None and e.pages and frees and len(found) > 1:
+            i = TIERS.index(Tier(e.tier))
+            want = [m.to_ref.get(p) for p in e.pages]
+            found = [n for n in found if (v := n.value[i]) is not None and v.tolist() == want]
+        return found
 
 
 def _request(line: Line) -> int:
@@ -102,7 +166,7 @@ def _request(line: Line) -> int:
     return r
 
 
-def decide(cp: ControlPlane, ahead: Lookahead, nodes: IdMap, ops: IdMap) -> Call | None:
+def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) -> Call | None:
     """The call the next events stand for; None when only splits are left (a trace cut just
     after them: nothing to check). Unreplayable when it names what the reference lacks."""
     k = _scan(ahead, 0, lambda ln: ln.event.event == "split")
@@ -130,7 +194,7 @@ def decide(cp: ControlPlane, ahead: Lookahead, nodes: IdMap, ops: IdMap) -> Call
         r = _request(head)
         if e.node is None:
             return Call(f"insert({r})", lambda: cp.insert(r), request=r)
-        node = resolve(cp, nodes, head, e.node)
+        node = resolve(head, e.node)
         return Call(f"advance_cached_len({r}, node {e.node})", lambda: cp.advance_cached_len(r, node),
                     nodes=[node], request=r)
     if name == "end_request":
@@ -138,17 +202,17 @@ def decide(cp: ControlPlane, ahead: Lookahead, nodes: IdMap, ops: IdMap) -> Call
         return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
     if name == "lock":
         r = _request(head)
-        node = resolve(cp, nodes, head, e.node)
+        node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(f"pin({r}, node {e.node}, {tier})", lambda: cp.pin(r, node, tier), nodes=[node], request=r)
     if name == "unlock":
-        return _unlock(cp, ahead, k, head, nodes)
+        return _unlock(cp, ahead, k, head, resolve)
     if name.endswith("_issue"):
-        return _issue(cp, ahead, k, head, nodes, ops)
+        return _issue(cp, ahead, k, head, resolve, ops)
     if name.split("_")[-1] in ENDS:
         return _end(cp, head, ops)
     if name.startswith("evict_") or name == "invalidate_l3":
-        node = resolve(cp, nodes, head, e.node)
+        node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(f"evict_node(node {e.node}, {tier}, {name})", lambda: cp.evict_node(node, tier, name),
                     nodes=[node])
@@ -168,22 +232,29 @@ def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
     return Call(f"compute({r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
 
 
-def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, nodes: IdMap) -> Call:
+def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver) -> Call:
+    """`unpin(r)` or `end_request(r)` (which unpins first) when the run of unlocks releases
+    every pin of r, newest first, as they do; else `unpin(r, node)` of the first one."""
     r = _request(head)
     run = _scan(ahead, k, lambda ln: ln.event.event == "unlock" and ln.event.request == r)
-    rest = _scan(ahead, run, lambda ln: ln.event.event == "node_remove"
-                 or (ln.event.event == "discard" and ln.event.request == r))
-    after = ahead.peek(rest)
-    if after is not None and after.event.event == "end_request" and after.event.request == r:
-        return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
     req = cp.requests.get(r)
-    if req is not None and run - k == len(req.pins):
-        return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in req.pins], request=r)
-    node = resolve(cp, nodes, head, head.event.node)
+    pins = [] if req is None else list(reversed(req.pins))
+    released = [ahead.peek(i) for i in range(k, run)]
+    every = len(pins) == len(released) and all(
+        ln is not None and resolve.nodes.to_ref.get(ln.event.node or -1) == n.node_id
+        and ln.event.tier == str(TIERS[t]) for ln, (n, t) in zip(released, pins))
+    if every:
+        rest = _scan(ahead, run, lambda ln: ln.event.event == "node_remove"
+                     or (ln.event.event == "discard" and ln.event.request == r))
+        after = ahead.peek(rest)
+        if after is not None and after.event.event == "end_request" and after.event.request == r:
+            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+        return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r)
+    node = resolve(head, head.event.node)
     return Call(f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r)
 
 
-def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, nodes: IdMap, ops: IdMap) -> Call:
+def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver, ops: IdMap) -> Call:
     e = head.event
     if e.op is None:
         raise Unreplayable(head, f"{e.event} names no op")
@@ -195,7 +266,7 @@ def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, nodes: IdMap,
     for i in range(k, end):
         line = ahead.peek(i)
         assert line is not None  # Verify: the scan read these lines.
-        chain.append(resolve(cp, nodes, line, line.event.node))
+        chain.append(resolve(line, line.event.node))
     direction = Direction(e.event.split("_")[0].upper())
     r = e.request
     ids = [ahead.peek(i).event.node for i in range(k, end)]  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ Blank lines are skipped (they carry nothing); line numbers count them, from 1 fo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, Iterator
 
 from hicache.checktrace.schema import EventSchema, load_event_schema
@@ -52,8 +52,12 @@ def _number(text: str) -> int | float:
     return int(value) if value.is_integer() else value
 
 
+_DECODER = json.JSONDecoder(parse_float=_number)
+
+
 def parse_json(text: str) -> Any:
-    return json.loads(text, parse_float=_number)
+    """One JSON value; ValueError when `text` is not JSON."""
+    return _DECODER.decode(text)
 
 
 def absent_tier_events(lc: Lifecycle, tiers: tuple[str, ...]) -> dict[str, str]:
@@ -68,16 +72,31 @@ def absent_tier_events(lc: Lifecycle, tiers: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+_DEFAULTS = {f.name: f.default for f in fields(TraceEvent) if f.default is not MISSING}
+
+
+def _event(d: dict[str, Any]) -> TraceEvent:
+    """`TraceEvent(**d)` for a dict the schema accepted (its keys are the event's fields),
+    without the frozen dataclass's per-field `__setattr__`: the same object, a third of the
+    cost. An absent `detail` is a fresh {} (no event shares a mutable default)."""
+    event = object.__new__(TraceEvent)
+    state = event.__dict__
+    state.update(_DEFAULTS)
+    state["detail"] = {}
+    state.update(d)
+    return event
+
+
 class TraceReader:
     """Header first, then `Line`s; `Malformed` at the first bad line."""
 
     def __init__(self, lines: Iterable[str], lc: Lifecycle, schema: EventSchema | None = None) -> None:
         self._lines = iter(lines)
         self.lifecycle = lc
-        self.schema = schema or load_event_schema()
         self.number = 0  # the last line read
         self.seq = 0  # the last event's seq
         self.header = self._read_header()
+        self.schema = schema or load_event_schema(omits=self.header.omits)
         self._absent = absent_tier_events(lc, self.header.tiers)
 
     def _next_text(self) -> str | None:
@@ -134,4 +153,4 @@ class TraceReader:
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])
-        return Line(n, text, TraceEvent(**d))
+        return Line(n, text, _event(d))

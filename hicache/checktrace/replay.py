@@ -18,7 +18,7 @@ from collections import deque
 from typing import Iterable
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
-from hicache.checktrace.dispatch import Call, Unreplayable, decide
+from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
 from hicache.checktrace.invariants import Checks
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
@@ -62,9 +62,11 @@ class _Buffer:
 
 
 def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
-    """The reference a trace with `header` replays on: its page size, its capacities (0 pages
-    for a tier it does not have), invariants off (the replay runs them itself)."""
-    caps = [header.capacities.get(t, 0) for t in ("L1", "L2", "L3")]
+    """The reference a trace with `header` replays on: its page size and capacities,
+    invariants off (the replay runs them itself). A tier the header does not have gets one
+    page (a page table of none is refused): no event can use it, since an event on a tier the
+    header lacks is malformed. A tier declared with 0 pages gets one too."""
+    caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
     return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc)
 
 
@@ -82,6 +84,7 @@ class Replay:
         self.sink = inner
         self.buffer = _Buffer(reader)
         self.compare = Comparer(self.cp, lc, self.header.omits)
+        self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
         self.checks = Checks(self.cp, check_every)
         self.events = 0
@@ -94,7 +97,9 @@ class Replay:
             if head is None:
                 return self.events
             try:
-                call = decide(self.cp, self.buffer, self.compare.nodes, self.compare.ops)
+                call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
+            except Ambiguous as e:
+                raise Malformed(e.line.number, e.why, e.line.event.seq) from None
             except Unreplayable as e:
                 raise Violation(e.line, f"not enabled: {e.why}", None, self._concerned(e.line)) from None
             if call is None:  # only splits left: the trace stops inside a call

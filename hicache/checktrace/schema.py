@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from hicache.checktrace.fastschema import Predicate, compile_fast
 from hicache.errors import SpecError
 from hicache.spec import SPEC_DIR
 
@@ -230,10 +231,38 @@ def _fold(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class EventSchema:
-    """The trace-event schema, compiled: `check(obj)` -> the first thing wrong, or None."""
+OMITTED_KEYS = {"pages": ("pages",), "states": ("before", "after")}
+"""Header `omits` entry -> the event keys a partial trace leaves out (spec/trace.md, "Partial
+traces"): the schema's rules that require them are dropped for such a trace."""
 
-    def __init__(self, schema: Mapping[str, Any]) -> None:
+
+def _without(schema: Any, keys: frozenset[str]) -> Any:
+    """`schema` with `keys` struck from every `required` and `dependentRequired` in it."""
+    if isinstance(schema, list):
+        return [_without(x, keys) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k == "required":
+            out[k] = [x for x in v if x not in keys]
+        elif k == "dependentRequired":
+            out[k] = {a: [x for x in b if x not in keys] for a, b in v.items() if a not in keys}
+        elif k == "properties":
+            out[k] = {name: _without(sub, keys) for name, sub in v.items()}
+        else:
+            out[k] = _without(v, keys)
+    return out
+
+
+class EventSchema:
+    """The trace-event schema, compiled: `check(obj)` -> the first thing wrong, or None.
+    `omits` (a header's) drops the requirement of the keys such a trace leaves out."""
+
+    def __init__(self, schema: Mapping[str, Any], omits: tuple[str, ...] = ()) -> None:
+        gone = frozenset(k for o in omits for k in OMITTED_KEYS.get(o, ()))
+        if gone:
+            schema = _without(schema, gone)
         base = {k: v for k, v in schema.items() if k != "allOf"}
         names = tuple(schema["properties"]["event"]["enum"])
         per_event: dict[str, dict[str, Any]] = {n: dict(base) for n in names}
@@ -242,7 +271,9 @@ class EventSchema:
                 if name in per_event:
                     per_event[name] = _merge(per_event[name], clause["then"])
         self.names = names
-        self.by_event: dict[str, Rule] = {n: compile_rule(_resolve(s)) for n, s in per_event.items()}
+        resolved = {n: _resolve(s) for n, s in per_event.items()}
+        self.by_event: dict[str, Rule] = {n: compile_rule(s) for n, s in resolved.items()}
+        self.fast: dict[str, Predicate] = {n: compile_fast(s) for n, s in resolved.items()}
         self.fallback = compile_rule(_resolve(base))  # for an event name outside the enum
 
     def check(self, obj: Any) -> str | None:
@@ -250,16 +281,21 @@ class EventSchema:
         if not isinstance(obj, dict):
             return f"an event is a JSON object, got {_shown(obj)}"
         name = obj.get("event")
+        fast = self.fast.get(name) if type(name) is str else None
+        if fast is not None and fast(obj):
+            return None
         rule = self.by_event.get(name) if isinstance(name, str) else None
         return (rule or self.fallback)(obj)
 
 
-_LOADED: dict[Path, EventSchema] = {}
+_LOADED: dict[tuple[Path, tuple[str, ...]], EventSchema] = {}
 
 
-def load_event_schema(path: Path = TRACE_SCHEMA) -> EventSchema:
-    """The compiled schema of `path` (default: the shipped spec), compiled once per path."""
-    found = _LOADED.get(path)
+def load_event_schema(path: Path = TRACE_SCHEMA, omits: tuple[str, ...] = ()) -> EventSchema:
+    """The compiled schema of `path` (default: the shipped spec) for a trace omitting
+    `omits`, compiled once per (path, omits)."""
+    key = (path, tuple(sorted(omits)))
+    found = _LOADED.get(key)
     if found is None:
-        found = _LOADED[path] = EventSchema(json.loads(path.read_text()))
+        found = _LOADED[key] = EventSchema(json.loads(path.read_text()), key[1])
     return found
