@@ -4,6 +4,7 @@ manifest's verdict, first bad event and event count."""
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -13,8 +14,8 @@ import pytest
 
 from hicache.checktrace import check_lines
 from hicache.checktrace import examples as gen
-from hicache.checktrace.examples import edits
-from hicache.trace import TraceEvent
+from hicache.checktrace.examples import edits, partial, valid
+from hicache.trace import TraceEvent, TraceHeader
 from hicache.tracewalk import first_break
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "spec" / "examples"
@@ -84,18 +85,35 @@ def test_every_violation_names_a_bug_class_of_the_spec_and_its_first_bad_event()
 
 
 def test_valid_examples_are_walks_and_each_edit_is_at_or_before_its_first_bad_event() -> None:
-    """The valid traces follow the composite graph (tracewalk); an invalid one agrees with
+    """The scripts' traces follow the composite graph (tracewalk); an edited one agrees with
     its base up to its edit, which is at or before the first bad event (what precedes the
     edit is valid by construction)."""
     found = {ex.name: ex for ex in gen.examples()}
-    for ex in found.values():
-        if ex.verdict == "valid":
-            assert first_break(TraceEvent.from_json(line) for line in ex.lines[1:]) is None, ex.name
-        elif ex.verdict == "violation":
-            assert ex.base is not None and ex.seq is not None
-            base = found[ex.base].lines
+    for name in valid.VALID:
+        lines = found[name].lines
+        assert first_break(TraceEvent.from_json(line) for line in lines[1:]) is None, name
+    for edit in edits.EDITS:
+        ex, base = found[edit.name], found[edit.base].lines
+        if ex.verdict == "violation":
+            assert ex.seq is not None
             edited_at = next(i for i, (a, b) in enumerate(zip(ex.lines, base)) if a != b)  # = its seq
             assert 1 <= edited_at <= ex.seq, (ex.name, edited_at, ex.seq)
+
+
+def test_a_partial_trace_is_its_source_without_what_its_header_omits() -> None:
+    found = {ex.name: ex for ex in gen.examples()}
+    assert len(partial.PARTIALS) >= 5
+    for p in partial.PARTIALS:
+        ex, source = found[p.name], found[p.source]
+        header = TraceHeader.from_json(ex.lines[0])
+        assert (header.omits, header.tiers) == (p.omits, p.tiers)
+        events = [json.loads(line) for line in ex.lines[1:]]
+        gone_keys = {k for o in p.omits for k in partial.OMITTED_KEYS.get(o, ())}
+        gone_events = {e for o in p.omits for e in partial.OMITTED_EVENTS.get(o, ())}
+        assert [e for e in events if gone_keys & set(e) or e["event"] in gone_events] == []
+        kept = [line for line in source.lines[1:] if json.loads(line)["event"] not in gone_events]
+        assert len(events) == len(kept), p.name
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 
 def test_an_edit_whose_event_is_gone_says_the_base_changed() -> None:

@@ -9,9 +9,11 @@
                 instance of a bug class of spec/bugclasses.md; `seq` is
                 its first bad event
     malformed   one named edit that breaks the format (spec/trace.md)        2
+    partial     another example as an engine that omits parts of the trace   0 or 1
+                would emit it (partial.py); what is left is still checked
 
 `spec/examples/manifest.toml` has one table per file: verdict, `seq` (the first bad event,
-where one event is to blame), bug class, the valid example edited, a one-line description. The
+where one event is to blame), bug class, the example it was made from, a one-line description. The
 files and the manifest are written by
 
     python3 -m hicache.checktrace.examples spec/examples           # (re)write them
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hicache.checktrace.examples.edits import EDITS, edited
+from hicache.checktrace.examples.partial import PARTIALS, stripped
 from hicache.checktrace.examples.valid import VALID, record
 
 MANIFEST = "manifest.toml"
@@ -62,13 +65,19 @@ class Example:
 
 
 def examples() -> list[Example]:
-    """Every example, valid ones first, each generated afresh."""
+    """Every example, each generated afresh: the valid ones, their edits, then the partial
+    traces made of either."""
     valid = {name: record(script) for name, script in VALID.items()}
     out = [Example(name, "valid", " ".join((script.__doc__ or "").split()), valid[name])
            for name, script in VALID.items()]
     for edit in EDITS:
         lines, seq = edited(edit, valid[edit.base])
         out.append(Example(edit.name, edit.verdict, edit.description, lines, seq, edit.bug_class, edit.base))
+    by_name = {ex.name: ex for ex in out}
+    for p in PARTIALS:
+        source = by_name[p.source]
+        lines, seq = stripped(p, source.lines, source.seq)
+        out.append(Example(p.name, p.verdict, p.description, lines, seq, p.bug_class, p.source))
     return out
 
 
@@ -77,8 +86,9 @@ def manifest(found: Sequence[Example]) -> str:
     out = ["# The trace examples of this directory: one table per file, written by",
            "# `python3 -m hicache.checktrace.examples spec/examples` (README.md says what each shows).",
            "# verdict: valid (exit 0), violation (exit 1) or malformed (exit 2) under check-trace;",
-           "# seq: the first bad event; bug_class: spec/bugclasses.md; base: the valid trace edited (by",
-           "# the function of hicache/checktrace/examples/edits.py named as the file).",
+           "# seq: the first bad event; bug_class: spec/bugclasses.md; base: the example it was made",
+           "# from (by the edit of hicache/checktrace/examples/edits.py named as the file, or as a",
+           "# partial trace: partial.py).",
            ""]
     for ex in found:
         out.append(f"[{json.dumps(ex.file)}]")
