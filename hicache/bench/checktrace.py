@@ -6,12 +6,13 @@ The trace is the hicache controller's own run on the null data plane (seeded ran
 workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
 Rows, each the best of `--repeats` runs, as process CPU time:
 
-    json only        `json.loads` of every line: the ceiling (nothing is checked)
-    read + schema    the reader: JSON, the compiled schema, seq, tiers
-    no checks        the full replay, invariants never run (`--check-every 0`)
-    every 100        invariants every 100 events
-    every 10         every 10 events
-    every event      after every call (`--check-every 1`, the default)
+    json only            `json.loads` of every line: the ceiling (nothing is checked)
+    read + schema        the reader: JSON, the compiled schema, seq, tiers
+    no checks            the full replay, invariants never run (`--check-every 0`)
+    every 100            the whole state's checks every 100 events
+    every 10             every 10 events
+    every event, full    the whole state after every call (`--full-checks`)
+    every event          after every call, on what it touched (the default)
 
 Each row shows events/s and its ratio to the json-only ceiling measured in the same run.
 `--out` also writes the numbers as JSON.
@@ -31,7 +32,8 @@ from hicache.checktrace.reader import TraceReader
 from hicache.checktrace.generate import controller_trace
 from hicache.lifecycle import load_lifecycle
 
-ROWS = (("every event", 1), ("every 10", 10), ("every 100", 100), ("no checks", 0))
+ROWS = (("every event", 1, False), ("every event, full", 1, True), ("every 10", 10, False),
+        ("every 100", 100, False), ("no checks", 0, False))
 
 
 def _best_cpu_s(run: Callable[[], object], repeats: int) -> float:
@@ -49,9 +51,9 @@ def measure(lines: list[str], repeats: int) -> dict[str, float]:
     lc = load_lifecycle()
     out = {"json only": n / _best_cpu_s(lambda: [json.loads(x) for x in lines[1:]], repeats),
            "read + schema": n / _best_cpu_s(lambda: sum(1 for _ in TraceReader(lines, lc)), repeats)}
-    for name, every in ROWS:
-        def run(every: int = every) -> None:
-            v = check_lines(lines, check_every=every)
+    for name, every, full in ROWS:
+        def run(every: int = every, full: bool = full) -> None:
+            v = check_lines(lines, check_every=every, full_checks=full)
             # Verify the whole trace was judged valid (a failure would measure a prefix).
             assert v.exit_code == 0 and v.events == n, v.message
         out[name] = n / _best_cpu_s(run, repeats)

@@ -1,13 +1,14 @@
 """`hicache check-trace FILE`: judge a trace against the reference (spec/trace.md).
 
-    hicache check-trace FILE|- [--check-every N] [--quiet]
+    hicache check-trace FILE|- [--check-every N] [--full-checks] [--quiet]
 
 Reads the trace from FILE (`-`: stdin), streamed, and prints the verdict's report on stdout:
 one line `OK: ...` for a valid trace (exit 0), the first bad event with why, the transitions
 enabled then and the state before it for a violation (exit 1), or one line naming the line
-and what is wrong for malformed input (exit 2). `--check-every N` runs the invariant checks
-every N events instead of after every event (0: never); `--quiet` prints nothing (the exit
-status alone). A usage error (an unreadable FILE, a bad option) is one line on stderr, exit 2.
+and what is wrong for malformed input (exit 2). The invariants are checked after every event
+on what it touched (which finds what checking the whole state finds); `--check-every N`
+checks the whole state every N events instead (0: never), `--full-checks` the whole state
+after every event; `--quiet` prints nothing (the exit status alone). A usage error (an unreadable FILE, a bad option) is one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("file", metavar="FILE", help="the trace (NDJSON, header first); - for stdin")
     p.add_argument("--check-every", type=_every, default=1, metavar="N",
                    help="run the invariant checks every N events (default 1; 0: never)")
+    p.add_argument("--full-checks", action="store_true",
+                   help="with --check-every 1: check the whole state after every event (slower)")
     p.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it")
     args = p.parse_args(argv)
     stream: IO[str]
@@ -48,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hicache check-trace: error: {args.file}: {e.strerror or e}", file=sys.stderr)
             return MALFORMED
     try:
-        verdict = check_lines(stream, check_every=args.check_every)
+        verdict = check_lines(stream, check_every=args.check_every, full_checks=args.full_checks)
     except UnicodeDecodeError as e:
         verdict = None
         print(f"hicache check-trace: error: {args.file}: not UTF-8 text ({e.reason})", file=sys.stderr)

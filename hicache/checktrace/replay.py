@@ -19,7 +19,7 @@ from typing import Iterable
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
-from hicache.checktrace.invariants import Checks
+from hicache.checktrace.invariants import Checks, scope_before
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
@@ -73,7 +73,7 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
 class Replay:
     """One trace's replay; `run` returns the number of events checked or raises Violation."""
 
-    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int) -> None:
+    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int, full: bool = False) -> None:
         self.header = reader.header
         self.lc = lc
         self.cp = plane_for(self.header, lc)
@@ -86,7 +86,7 @@ class Replay:
         self.compare = Comparer(self.cp, lc, self.header.omits)
         self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
-        self.checks = Checks(self.cp, check_every)
+        self.checks = Checks(self.cp, check_every, full)
         self.events = 0
         self.requests: set[int] = set()
         self.ops = 0
@@ -118,6 +118,7 @@ class Replay:
 
     def _step(self, call: Call, head: Line) -> None:
         before = Before.capture(self.cp, call.nodes, call.request)
+        scope = scope_before(self.cp, call.nodes, call.request, call.op) if self.checks.needs_scope else None
         self.sink.events.clear()
         try:
             call.run()
@@ -149,22 +150,26 @@ class Replay:
             elif ref.event.endswith("_issue") and ref.op is not None and ref is emitted[0]:
                 self.ops += 1
         self.compare.retire_ops()
-        found = self.checks.after(len(emitted))
+        if scope is not None:
+            scope.add(self.sink.events)
+        found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
 
 
-def check_lines(lines: Iterable[str], *, check_every: int = 1, lifecycle: Lifecycle | None = None) -> Verdict:
+def check_lines(lines: Iterable[str], *, check_every: int = 1, full_checks: bool = False,
+                lifecycle: Lifecycle | None = None) -> Verdict:
     """Judge a trace (the header line first); streams, never holds the whole trace.
 
-    `check_every` N >= 1: run the invariant checks after the call that completes every N-th
-    event (1: after every call); 0: never. Returns the verdict (exit code 0 valid, 1 a
-    violation, 2 malformed input); never raises on bad input."""
+    `check_every` 1: the invariants after every call, incrementally on what it touched
+    (`full_checks`: on the whole state); N > 1: on the whole state once every N events; 0:
+    never. Returns the verdict (exit code 0 valid, 1 a violation, 2 malformed input); never
+    raises on bad input."""
     lc = lifecycle or load_lifecycle()
     replay: Replay | None = None
     try:
         reader = TraceReader(lines, lc)
-        replay = Replay(reader, lc, check_every)
+        replay = Replay(reader, lc, check_every, full_checks)
         n = replay.run()
     except Malformed as e:
         events = 0 if replay is None else replay.events

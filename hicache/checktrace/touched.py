@@ -1,0 +1,282 @@
+"""Incremental invariant checking: an all-clear over what one call touched.
+
+The full checks (`hicache.invariants.check_all`) read a snapshot of the whole plane: tens of
+microseconds even for a small tree, after every call. But when every invariant held before a
+call, one can only break now through a record the call changed. `TouchedChecks.clear`
+tests exactly those, reading the plane's live records (no snapshot):
+
+    scope                                   what is tested there (the full check's rule)
+    --------------------------------------  ----------------------------------------------
+    the touched nodes, their ancestors and  links both ways (S1), not dead (S2), locks >= 0
+    children                                (S4) and equal to the holders' path locks (S7),
+                                            key and values whole pages (I3), value <->
+                                            RESIDENT, pending <-> an op filling that tier for
+                                            it (I5), parent present in the tier (S6)
+    ops touched or covering such a node     source locked, RESIDENT, read as its nodes'
+                                            values, TREE-owned (I2); nodes name it (I5);
+                                            target never TREE (I5); ranges aligned (I3)
+    every live request (a handful)          its locked path in the tree and RESIDENT in L1,
+                                            cached_len within it (I5)
+    pages: the claims index (below) for     claimed at most once (S5, I6), in range, with
+    the touched records, and every page     the claimant's owner code, or FREE when none
+    whose owner code changed                claims it (I1, I6); the tree's page counters
+                                            (S3)
+
+The claims index maps each tier's pages to the record claiming them (a node's value, an op's
+target, a request's private pages); a call re-indexes only the records it touched.
+
+`clear` is an all-clear, never a report: when it says no, the caller runs the full checks and
+reports what they find (so the reports are the full checks' own), and when it says yes the
+full checks find nothing (tests/test_checktrace_touched.py corrupts touched records at random
+and compares). Its assumption is the full checks' verdict on the state before the call: a
+change outside the call's scope (a bug changing a record the call never named) is seen by
+the full checks only, which `--check-every N` runs.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from hicache.control import ControlPlane
+from hicache.lifecycle import RESIDENT
+from hicache.pages import FREE, PRIVATE, TREE
+from hicache.tiers import TIERS
+from hicache.tree import TreeNode
+
+Holder = tuple[str, int, int]
+"""A claiming record: ("node", node id, tier index), ("op", op id, tier), ("request", id, tier)."""
+
+CODE = {"node": TREE, "op": PRIVATE, "request": PRIVATE}
+
+
+class TouchedChecks:
+    """The all-clear over a call's scope, and the claims index it keeps (one per plane)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
+        self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
+        self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
+        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.tree_pages = [0 for _ in TIERS]
+
+    def clear(self, node_ids: Iterable[int], op_ids: Iterable[int], request_ids: Iterable[int],
+              moved: list[set[int]]) -> bool:
+        """Whether no invariant can have broken in the scope of a call that touched these
+        nodes (live or removed), ops (pending or ended) and requests (live or ended) and
+        moved these pages (per tier index). After a no, `rebuild` before the next call (the
+        index may be half updated)."""
+        cp = self.cp
+        live = cp.tree._nodes
+        root = cp.tree.root.node_id
+        touched = {live[i] for i in node_ids if i in live and i != root}
+        gone = [i for i in set(node_ids) if i not in live]
+        scope = set(touched)
+        for n in touched:
+            p = n.parent
+            while p is not None and not p.is_root:
+                scope.add(p)
+                p = p.parent
+            scope.update(n.children.values())
+        ops = set(op_ids)
+        ops.update(o.op_id for o in cp.ops.values() if any(n in scope for n in o.nodes))
+        records: list[tuple[str, int, int]] = [("node", i, t) for i in gone for t in range(3)]
+        records += [("node", n.node_id, t) for n in touched for t in range(3)]
+        records += [("op", o, -1) for o in ops] + [("request", r, -1) for r in set(request_ids)]
+        return (self._pages(records, moved) and all(self._node(n) for n in scope)
+                and all(self._op(o) for o in ops) and self._requests() and self._locks(scope))
+
+    def rebuild(self) -> None:
+        """The claims index and counters from scratch (after `clear` said no)."""
+        cp = self.cp
+        self.claims = [{} for _ in TIERS]
+        self.held, self.where = {}, {}
+        self.owner_seen = [t.owner.copy() for t in cp.tables]
+        self.tree_pages = [0 for _ in TIERS]
+        records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
+        records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
+        for kind, i, t in records:
+            found = self._current(kind, i, t)
+            if found is not None:
+                self._claim((kind, i, found[0]), found[1])
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def _current(self, kind: str, i: int, t: int) -> tuple[int, tuple[int, ...]] | None:
+        """(tier index, pages) record (kind, i) claims now (a node: in tier t), or None."""
+        cp = self.cp
+        if kind == "node":
+            n = cp.tree._nodes.get(i)
+            v = None if n is None else n.value[t]
+            return None if v is None else (t, tuple(v.tolist()))
+        if kind == "op":
+            op = cp.ops.get(i)
+            return None if op is None else (TIERS.index(op.direction.target), tuple(op.target_pages.tolist()))
+        r = cp.requests.get(i)
+        return None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
+
+    def _release(self, key: Holder, dirty: list[set[int]]) -> None:
+        old = self.held.pop(key, None)
+        if old is None:
+            return
+        t = key[2]
+        claims = self.claims[t]
+        for p in old:
+            if claims.get(p) == key:
+                del claims[p]
+        dirty[t].update(old)
+        if key[0] == "node":
+            self.tree_pages[t] -= len(old)
+
+    def _claim(self, key: Holder, pages: tuple[int, ...]) -> bool:
+        """Index `pages` as `key`'s; False (nothing indexed) if one is named twice, out of
+        range, or claimed by another record."""
+        t = key[2]
+        claims = self.claims[t]
+        if len(set(pages)) != len(pages) or any(p in claims or not 0 <= p < self.cp.tables[t].capacity
+                                                for p in pages):
+            return False
+        for p in pages:
+            claims[p] = key
+        self.held[key] = pages
+        if key[0] != "node":
+            self.where[(key[0], key[1])] = key
+        else:
+            self.tree_pages[t] += len(pages)
+        return True
+
+    def _pages(self, records: list[tuple[str, int, int]], moved: list[set[int]]) -> bool:
+        """Re-index the records; every page they claim(ed), and every page `moved` names
+        (the pages whose owner code the call changed), must be claimed at most once, by a
+        record whose code it carries -- and no other page may have changed its code."""
+        dirty = moved
+        now: list[tuple[Holder, tuple[int, ...]]] = []
+        for kind, i, t in records:  # every old claim first: a page may move between records
+            old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
+            found = self._current(kind, i, t)
+            if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
+                continue  # the record claims what it claimed
+            if old is not None:
+                if kind != "node":
+                    del self.where[(kind, i)]
+                self._release(old, dirty)
+            if found is not None:
+                now.append(((kind, i, found[0]), found[1]))
+        for key, pages in now:
+            if not self._claim(key, pages):
+                return False
+            dirty[key[2]].update(pages)
+        for t, table in enumerate(self.cp.tables):
+            owner, seen = table.owner, self.owner_seen[t]
+            if owner.size != table.capacity or self.tree_pages[t] != self.cp.tree.pages_held[t]:
+                return False
+            if not dirty[t]:
+                if owner.tobytes() != seen.tobytes():
+                    return False  # a code changed that no record and no event names
+                continue
+            claims = self.claims[t]
+            for p in dirty[t]:
+                holder = claims.get(p)
+                if not 0 <= p < owner.size or int(owner[p]) != (FREE if holder is None else CODE[holder[0]]):
+                    return False
+                seen[p] = owner[p]
+            if owner.tobytes() != seen.tobytes():
+                return False
+        return True
+
+    # -- nodes, ops, requests ---------------------------------------------------------------
+
+    def _node(self, n: TreeNode) -> bool:
+        """S1, S2, S4, I3, I5 (node clause) and S6 for one live node."""
+        cp = self.cp
+        ps = cp.page_size
+        parent = n.parent
+        if parent is None or cp.tree._nodes.get(n.node_id) is not n \
+                or parent.children.get(n.key[:ps]) is not n or not cp.tree.contains(parent):
+            return False
+        if any(c.parent is not n for c in n.children.values()) or n.is_dead():
+            return False
+        if len(n.key) % ps:
+            return False
+        for t in range(3):
+            v, state, pending = n.value[t], n.state[t], n.pending[t]
+            if n.lock[t] < 0 or (v is not None and v.size != len(n.key) // ps):
+                return False
+            if pending is not None:
+                op = cp.ops.get(pending)
+                if state == RESIDENT or v is not None or op is None \
+                        or TIERS.index(op.direction.target) != t or all(m is not n for m in op.nodes):
+                    return False
+            elif (v is not None) != (state == RESIDENT):
+                return False
+            present = pending is not None or state == RESIDENT
+            if present and not parent.is_root and parent.state[t] != RESIDENT \
+                    and (pending is None or parent.pending[t] != pending):
+                return False
+        return True
+
+    def _op(self, op_id: int) -> bool:
+        """I2, I5 (op clause) and I3 for one pending op (an ended one: nothing)."""
+        cp = self.cp
+        op = cp.ops.get(op_id)
+        if op is None:
+            return True
+        ps = cp.page_size
+        if not op.nodes:
+            return False
+        src, dst = TIERS.index(op.direction.source), TIERS.index(op.direction.target)
+        start, end = op.token_range
+        want = (end - start) // ps
+        if start % ps or end % ps or op.source_pages.size != want or op.target_pages.size != want:
+            return False
+        values = []
+        for n in op.nodes:
+            v = n.value[src]
+            if not cp.tree.contains(n) or n.lock[src] <= 0 or n.state[src] != RESIDENT \
+                    or n.pending[dst] != op_id or v is None:
+                return False
+            values.append(v)
+        if not np.array_equal(np.concatenate(values), op.source_pages):
+            return False
+        source, target = cp.tables[src].owner, cp.tables[dst].owner
+        if not all(0 <= p < a.size for a, ps_ in ((source, op.source_pages), (target, op.target_pages))
+                   for p in ps_.tolist()):
+            return False
+        return bool(np.all(source[op.source_pages] == TREE) and not np.any(target[op.target_pages] == TREE))
+
+    def _requests(self) -> bool:
+        """I5's request clause for every live request."""
+        for r in self.cp.requests.values():
+            tokens = 0
+            n: TreeNode | None = r.locked
+            if not self.cp.tree.contains(r.locked):
+                return False
+            while n is not None and not n.is_root:
+                if n.state[0] != RESIDENT:
+                    return False
+                tokens += len(n.key)
+                n = n.parent
+            if r.cached_len > tokens:
+                return False
+        return True
+
+    def _locks(self, scope: set[TreeNode]) -> bool:
+        """S7 on the scope: each lock count equals the path locks its holders record on the
+        node or below it (requests' prefix locks and pins, ops' source locks)."""
+        cp = self.cp
+        holders = [(r.locked, 0) for r in cp.requests.values() if not r.locked.is_root]
+        holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
+        holders += [(op.nodes[-1], TIERS.index(op.direction.source)) for op in cp.ops.values()]
+        expected: dict[tuple[int, int], int] = {}
+        for node, t in holders:
+            if not cp.tree.contains(node):
+                return False
+            m: TreeNode | None = node
+            while m is not None and not m.is_root:
+                if m in scope:
+                    expected[(m.node_id, t)] = expected.get((m.node_id, t), 0) + 1
+                m = m.parent
+        return all(n.lock[t] == expected.get((n.node_id, t), 0) for n in scope for t in range(3))
+

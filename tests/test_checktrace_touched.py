@@ -1,0 +1,150 @@
+"""The incremental checks report exactly what the full checks report.
+
+A controller trace is replayed with the touched all-clear after every call; at a drawn call
+a drawn record the call touched (a node, its op, its request, a page it moved, the tree's
+counters) is corrupted. Then `Checks.after` -- the all-clear, and the full checks when it
+says no -- must report exactly what `check_all` on the whole state reports; and a trace
+replayed without corruption never needs the full checks at all.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hicache.checktrace import VALID, check_lines
+from hicache.checktrace.generate import controller_trace
+from hicache.checktrace.invariants import Checks, Scope
+from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.replay import Replay
+from hicache.control import ControlPlane
+from hicache.invariants import check_all
+from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
+from hicache.pages import FREE, PRIVATE, TREE
+from hicache.tiers import TIERS
+
+
+@functools.lru_cache(maxsize=None)
+def trace(seed: int) -> tuple[str, ...]:
+    return tuple(controller_trace(seed, 250))
+
+
+class Stop(Exception):
+    pass
+
+
+def _nodes(cp: ControlPlane, scope: Scope) -> list[Any]:
+    live = cp.tree._nodes
+    return [live[i] for i in sorted(scope.nodes) if i in live and i != cp.tree.root.node_id]
+
+
+def corrupt(cp: ControlPlane, scope: Scope, kind: str, data: st.DataObject) -> bool:
+    """Corrupt one record of the call's scope the way `kind` says; False if it has none."""
+    nodes = _nodes(cp, scope)
+    t = data.draw(st.integers(0, 2))
+    if kind == "lock" and nodes:
+        n = data.draw(st.sampled_from(nodes))
+        n.lock[t] += data.draw(st.sampled_from([-1, 1]))
+    elif kind == "state" and nodes:
+        n = data.draw(st.sampled_from(nodes))
+        n.state[t] = ABSENT if n.state[t] == RESIDENT else RESIDENT
+    elif kind == "value" and nodes:
+        n = data.draw(st.sampled_from(nodes))
+        v = n.value[t]
+        if v is None:
+            return False
+        if data.draw(st.booleans()):
+            n.value[t] = None
+        else:
+            v[data.draw(st.integers(0, v.size - 1))] = data.draw(st.integers(0, cp.tables[t].capacity - 1))
+    elif kind == "owner":
+        moved = sorted(scope.pages[t])
+        if not moved:
+            return False
+        cp.tables[t].owner[data.draw(st.sampled_from(moved))] = data.draw(st.sampled_from([FREE, PRIVATE, TREE]))
+    elif kind == "counter":
+        cp.tree.pages_held[t] += 1
+    elif kind == "pending" and nodes:
+        data.draw(st.sampled_from(nodes)).pending[t] = 999
+    elif kind == "cached_len":
+        live = [r for r in scope.requests if r in cp.requests]
+        if not live:
+            return False
+        cp.requests[data.draw(st.sampled_from(live))].cached_len += cp.page_size
+    elif kind == "private":
+        live = [r for r in scope.requests if r in cp.requests]
+        if not live:
+            return False
+        r = cp.requests[data.draw(st.sampled_from(live))]
+        r.private_pages = np.append(r.private_pages, data.draw(st.integers(0, cp.tables[0].capacity - 1)))
+    elif kind == "op":
+        live = [o for o in scope.ops if o in cp.ops]
+        if not live:
+            return False
+        op = cp.ops[data.draw(st.sampled_from(live))]
+        arr = op.target_pages if data.draw(st.booleans()) else op.source_pages
+        arr[0] = (int(arr[0]) + 1) % cp.tables[0].capacity
+    elif kind == "link" and nodes:
+        n = data.draw(st.sampled_from(nodes))
+        del n.parent.children[n.key[:cp.page_size]]
+    else:
+        return False
+    return True
+
+
+KINDS = ["lock", "state", "value", "owner", "counter", "pending", "cached_len", "private", "op", "link"]
+
+
+def replay_until(lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope], None]) -> None:
+    """Replay `lines` with the touched checks; at the `at`-th call, run `hook` and stop."""
+    lc = load_lifecycle()
+    replay = Replay(TraceReader(lines, lc), lc, 1)
+    calls = [0]
+    after = replay.checks.after
+
+    def spy(n_events: int, scope: Scope | None) -> list[str]:
+        assert scope is not None
+        calls[0] += 1
+        if calls[0] == at:
+            hook(replay, scope)
+            raise Stop
+        return after(n_events, scope)
+    replay.checks.after = spy  # type: ignore[method-assign]
+    try:
+        replay.run()
+    except Stop:
+        return
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(1, 3), at=st.integers(1, 150), kind=st.sampled_from(KINDS), data=st.data())
+def test_the_touched_checks_report_what_the_full_checks_report(seed: int, at: int, kind: str,
+                                                                 data: st.DataObject) -> None:
+    def hook(replay: Replay, scope: Scope) -> None:
+        if not corrupt(replay.cp, scope, kind, data):
+            return
+        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        checks = replay.checks
+        assert isinstance(checks, Checks)
+        got = Checks.after(checks, 1, scope)
+        assert got == full, (kind, got, full)
+    replay_until(trace(seed), at, hook)
+
+
+def test_valid_traces_never_need_the_full_checks() -> None:
+    for seed in (1, 2, 3):
+        lc = load_lifecycle()
+        replay = Replay(TraceReader(trace(seed), lc), lc, 1)
+        assert replay.run() == len(trace(seed)) - 1
+        assert replay.checks.full_runs == 0
+        assert check_all(replay.cp.snapshot()) == []
+
+
+def test_full_checks_on_request_agree_on_valid_traces() -> None:
+    for seed in (1, 2):
+        v = check_lines(trace(seed), full_checks=True)
+        assert v.exit_code == VALID and v.message == check_lines(trace(seed)).message
