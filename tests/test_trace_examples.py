@@ -47,14 +47,7 @@ def test_the_check_option_names_a_stale_or_extra_file(tmp_path: Path, capsys: py
     assert "backup_gap.ndjson: differs" in out and "mine.ndjson: not generated here" in out
 
 
-CHECK_TRACE_DISAGREES = {
-    "end_with_pending_restore.ndjson":
-        "check-trace blames seq 15, the unlock of request 2's L2 pin, because it replays the "
-        "unlocks before an end_request together with it as one end_request call; but that "
-        "unlock alone is enabled (unpin has no guard on pending ops; check-trace itself lists "
-        "'unlock (unpin)' as enabled before it), so the first event that is not enabled is "
-        "the end_request, seq 16",
-}
+CHECK_TRACE_DISAGREES: dict[str, str] = {}
 """Manifest entries check-trace judges otherwise, and why the manifest is right."""
 
 
