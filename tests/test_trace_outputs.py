@@ -17,6 +17,8 @@ from typing import Any
 from hicache import demo
 from hicache.checktrace import check_lines
 from hicache.testing import runner
+from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.testing.adapters.controller import setups as controller_setups
 from hicache.trace import TraceEvent, TraceHeader
 
 SEEDS, STEPS = (1, 2, 3), 300  # about 2 s each on the null plane
@@ -97,6 +99,38 @@ def test_every_engine_of_every_fuzz_run_writes_a_trace_check_trace_accepts(
     assert len(EveryEngine.verdicts) >= 10  # runs, and the engines restarts and crashes opened
     assert [v for v in EveryEngine.verdicts if v[0] != 0] == []
     assert sum(v[1] for v in EveryEngine.verdicts) >= 1000
+
+
+class LyingAdapter(ControllerAdapter):
+    """The controller, but it reports one token more of `cached_len` once a prefix of two
+    pages is served: the machine's differential check fails on the first such prefill."""
+
+    def cached_len(self, request_id: int) -> int:
+        n = super().cached_len(request_id)
+        return n + 1 if n >= 8 else n
+
+
+def lying_adapter(setup: Setup) -> LyingAdapter:
+    return LyingAdapter(setup)
+
+
+def setups(plane: str) -> Any:
+    """What `hicache fuzz --adapter` draws the lying adapter's setups from."""
+    return controller_setups(plane)
+
+
+def test_on_a_failure_the_fuzz_trace_is_the_shrunk_failing_run(tmp_path: Path) -> None:
+    path = tmp_path / "fail.ndjson"
+    status, text = fuzz(1, path, steps=400, adapter=f"{__name__}:lying_adapter")
+    assert status == 1 and "cached_len after prefill: engine 9, reference 8" in text, text
+    # Verify the file is the run Hypothesis shrank to and printed: one submit of that prompt.
+    shrunk = [line for line in text.splitlines() if "state.submit(" in line]
+    assert len(shrunk) == 1, text
+    events = [TraceEvent.from_json(line) for line in path.read_text().splitlines()[1:]]
+    begun = [e for e in events if e.event == "begin_request"]
+    assert len(begun) == 1 and f"tokens={tuple(begun[0].detail['prompt'])}" in shrunk[0]  # type: ignore[arg-type]
+    assert f"trace: {path} ({len(events)} events of the last run)" in text
+    assert check_file(path).exit_code == 0  # the controller under the lie is correct
 
 
 def test_last_trace_keeps_the_last_engine_of_the_last_run() -> None:
