@@ -21,8 +21,9 @@ it is a terminal, or with `--progress`.
 `hicache check-trace FILE` replays: the last run's -- on a failure, the failing run as
 Hypothesis shrank it, which it runs last. A run whose engine was restarted (a `restart`
 step, or a crash) has one trace per engine, each numbered from seq 1; FILE holds the last
-engine's, the one the run ended (or failed) in: nothing survives a restart
-(spec/faults.md), so its trace alone builds the state it ended in. The header comes from the
+engine's, the one the run ended (or failed) in (unless that one traced nothing: then the
+one before it): nothing survives a restart (spec/faults.md), so its trace alone builds the
+state it ended in. The header comes from the
 adapter's `trace_header()` (the controller's: its control plane's header).
 """
 
@@ -57,7 +58,7 @@ class LastTrace:
         self.adapter: Any = None  # the adapter the current run built
         self.header: TraceHeader | None = None
         self.events: list[TraceEvent] = []
-        self.engines = 0  # engines the kept run opened (1 + restarts and crashes)
+        self.engines = 0  # engines of the kept run that traced something
 
     def factory(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`make`, remembering each adapter it builds (its header is read in `keep`)."""
