@@ -15,10 +15,16 @@ import pytest
 from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
 from hicache.checktrace.generate import controller_trace
 from hicache.control import ControlPlane
+from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.replay import Replay
+from hicache.lifecycle import load_lifecycle
+from hicache.pages import FREE
+from hicache.testing.adapters.controller import Setup
 from hicache.tiers import Direction
 from hicache.trace import NdjsonSink, Tracer
 
 ROOT = Path(__file__).resolve().parents[1]
+NON_LIFECYCLE = {"begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove"}
 
 
 def plane_trace(script: Callable[[ControlPlane], None], capacities: tuple[int, int, int] = (8, 8, 8),
@@ -131,6 +137,9 @@ def test_the_reference_example_is_valid() -> None:
 def test_renumbered_ids_and_pages_are_mapped() -> None:
     lines = renumber(plane_trace(write_through))
     assert check_lines(lines).exit_code == VALID
+    long = controller_trace(2, 300, faults=True)
+    v = check_lines(renumber(long, node=7_000_000, op=3, page=11))
+    assert (v.exit_code, v.events) == (VALID, len(long) - 1), v.message
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -139,6 +148,32 @@ def test_controller_traces_are_valid(seed: int) -> None:
     v = check_lines(lines)
     assert v.exit_code == VALID, v.message
     assert v.events == len(lines) - 1 > 300
+
+
+def test_controller_traces_with_faults_are_valid() -> None:
+    """Failed and cancelled transfers, refused reservations, write-back: all pass."""
+    seen: set[str] = set()
+    for seed in (1, 2, 3):
+        setup = Setup(l1_pages=9, l2_pages=5, l3_slots=4, write_policy="write_back", check_mode="off")
+        for lines in (controller_trace(seed, 300, faults=True), controller_trace(seed, 300, setup, faults=True)):
+            v = check_lines(lines)
+            assert v.exit_code == VALID, v.message
+            seen.update(e["event"] for e in events(lines))
+    rows = set(load_lifecycle().transitions)
+    assert {"d2h_fail", "h2s_fail", "h2d_cancel", "h2s_cancel", "evict_l3"} <= seen <= rows | NON_LIFECYCLE
+
+
+def test_the_maps_hold_only_what_is_live() -> None:
+    """Ids and pages are unbound when the reference retires them, so a replay's memory is
+    bounded by the live state, whatever the trace's length (streaming)."""
+    lc = load_lifecycle()
+    replay = Replay(TraceReader(controller_trace(3, 400), lc), lc, 1)
+    replay.run()
+    cp, c = replay.cp, replay.compare
+    assert set(c.nodes.to_engine) <= {n.node_id for n in cp.tree.nodes()}
+    assert set(c.ops.to_engine) == set(cp.ops)
+    for t, table in zip(("L1", "L2", "L3"), cp.tables):
+        assert all(table.owner[r] != FREE for r in c.pages[t].to_engine)
 
 
 # -- violations ---------------------------------------------------------------------------------

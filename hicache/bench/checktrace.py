@@ -15,7 +15,9 @@ Rows, each the best of `--repeats` runs, as process CPU time:
     every event          after every call, on what it touched (the default)
 
 Each row shows events/s and its ratio to the json-only ceiling measured in the same run.
-`--out` also writes the numbers as JSON.
+A last line splits the no-checks replay: the share of its time spent inside the reference
+control plane's own calls (the floor no checking scheme can go under). `--out` also writes
+the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from typing import Callable, Sequence
 
 from hicache.bench import BenchParser, columns
 from hicache.checktrace import check_lines
-from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.dispatch import Call
 from hicache.checktrace.generate import controller_trace
+from hicache.checktrace.reader import Line, TraceReader
+from hicache.checktrace.replay import Replay
 from hicache.lifecycle import load_lifecycle
 
 ROWS = (("every event", 1, False), ("every event, full", 1, True), ("every 10", 10, False),
@@ -60,6 +64,33 @@ def measure(lines: list[str], repeats: int) -> dict[str, float]:
     return out
 
 
+class _TimedReplay(Replay):
+    """A replay that adds up the process time spent inside the reference's calls."""
+
+    plane_s = 0.0
+
+    def _step(self, call: Call, head: Line) -> None:
+        run = call.run
+
+        def timed() -> object:
+            t0 = time.process_time()
+            try:
+                return run()
+            finally:
+                _TimedReplay.plane_s += time.process_time() - t0
+        call.run = timed
+        super()._step(call, head)
+
+
+def plane_share(lines: list[str]) -> float:
+    """The fraction of a no-checks replay's process time spent in the reference's calls."""
+    lc = load_lifecycle()
+    _TimedReplay.plane_s = 0.0
+    t0 = time.process_time()
+    _TimedReplay(TraceReader(lines, lc), lc, 0).run()
+    return _TimedReplay.plane_s / (time.process_time() - t0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = BenchParser("checktrace", __doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
@@ -77,11 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [[name, f"{rate:,.0f}", f"{rate / ceiling:.3f}"] for name, rate in rates.items()]
     for line in columns(["row", "events/s", "x json-only"], rows, left=1):
         print(line)
+    share = plane_share(lines)
+    print(f"no checks: {share:.0%} of the replay's time is the reference control plane's own calls")
     print("legend: json-only = json.loads of each line, the ceiling; x json-only = events/s / the ceiling's")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"seed": args.seed, "steps": args.steps, "events": len(lines) - 1,
-                       "events_per_s": rates}, f, indent=2)
+                       "events_per_s": rates, "plane_share_no_checks": share}, f, indent=2)
     return 0
 
 

@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = _Parser(prog="hicache check-trace", description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("file", metavar="FILE", help="the trace (NDJSON, header first); - for stdin")
     p.add_argument("--check-every", type=_every, default=1, metavar="N",
-                   help="run the invariant checks every N events (default 1; 0: never)")
+                   help="1 (default): the invariants after every event, on what it touched; "
+                        "N > 1: on the whole state every N events; 0: never")
     p.add_argument("--full-checks", action="store_true",
                    help="with --check-every 1: check the whole state after every event (slower)")
     p.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it")

@@ -63,11 +63,18 @@ def _step(a: ControllerAdapter, rng: random.Random, next_rid: int, served: set[i
     return next_rid
 
 
-def controller_trace(seed: int, steps: int, setup: Setup | None = None) -> list[str]:
-    """The NDJSON lines (header first) of one controller's run of `steps` random actions."""
+FAULTS = {"D2H_COMPLETE": 0.05, "H2D_COMPLETE": 0.05, "IO_EIO": 0.05, "SHORT_READ": 0.05,
+          "CORRUPT_SLOT": 0.05, "ALLOC_L2": 0.05, "ALLOC_L3": 0.05}
+"""The fault rates `faults=True` draws (sites of hicache.dataplane.faults.FaultSite): failed
+transfers, corrupt and short L3 reads (invalidate_l3), refused reservations."""
+
+
+def controller_trace(seed: int, steps: int, setup: Setup | None = None, faults: bool = False) -> list[str]:
+    """The NDJSON lines (header first) of one controller's run of `steps` random actions;
+    `faults`: with the fault sites of FAULTS firing at random."""
     rng = random.Random(seed)
     a = ControllerAdapter(setup or Setup(l1_pages=12, l2_pages=10, l3_slots=14, check_mode="off"))
-    a.set_faults(FaultSchedule(seed=seed, rates={}))
+    a.set_faults(FaultSchedule(seed=seed, rates=FAULTS if faults else {}))
     header = a.ctl.cp.trace_header("hicache controller (null plane)")
     next_rid, served = 1, set[int]()
     for _ in range(steps):
@@ -75,6 +82,6 @@ def controller_trace(seed: int, steps: int, setup: Setup | None = None) -> list[
             next_rid = _step(a, rng, next_rid, served)
         except HiCacheError:
             continue  # a refused action (OutOfPages, RestorePending...): nothing changed
+    a.close()  # cancels what is still in flight: the trace ends quiescent
     events = a.trace()
-    a.close()
     return [header.to_json(), *(e.to_json() for e in events)]

@@ -12,17 +12,17 @@ pages, pins and ops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hicache.checktrace.maps import IdMap
 from hicache.control import ControlPlane
 from hicache.errors import IllegalTransition
-from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, States, composite_name
+from hicache.lifecycle import RESIDENT, Lifecycle, States, composite_name
 from hicache.tiers import TIERS, Tier
 from hicache.tree import TreeNode
 
 
-@dataclass(frozen=True)
-class NodeRecord:
+class NodeRecord(NamedTuple):
     """One node as it was: its triple, locks, pending ops, and the tree context guards read."""
 
     ref_id: int
@@ -33,8 +33,7 @@ class NodeRecord:
     parent_resident: tuple[bool, bool, bool]  # per tier: the parent is the root or RESIDENT
 
 
-@dataclass(frozen=True)
-class RequestRecord:
+class RequestRecord(NamedTuple):
     request_id: int
     live: bool
     cached_len: int = 0
@@ -140,7 +139,3 @@ class Before:
                            f"tokens, published {r.published_len}, private pages {r.private_pages}, "
                            f"pins: {pins}, ops pending: {mine}")
         return out
-
-
-def is_absent(states: States) -> bool:
-    return states == (ABSENT, ABSENT, ABSENT)
