@@ -71,6 +71,13 @@ def test_malformed_input_is_exit_2_naming_the_line(case: str) -> None:
     assert text in v.message, v.message
 
 
+def test_crlf_line_ends_a_byte_order_mark_and_blank_lines_are_read() -> None:
+    lines = plane_trace(write_through)
+    text = "\ufeff" + "\r\n".join(lines[:5]) + "\r\n\r\n" + "\r\n".join(lines[5:]) + "\r\n"
+    v = check_lines(text.splitlines(keepends=True))
+    assert (v.exit_code, v.events) == (VALID, len(lines) - 1), v.message
+
+
 def test_empty_input_is_malformed() -> None:
     v = check_lines([])
     assert (v.exit_code, v.events, v.seq) == (MALFORMED, 0, None)

@@ -165,6 +165,26 @@ def test_every_op_corruption_is_reported_as_the_full_checks_report() -> None:
             assert seen, f"{name}: no call left an op pending in seed {seed}"
 
 
+def test_a_prefix_lock_no_event_names_is_in_scope() -> None:
+    """begin_request locks its L1 hit, a node no event of the call names: a wrong count there
+    must still be reported (the scope takes the requests' locked nodes after the call)."""
+    seen: list[list[str]] = []
+
+    def hook(replay: Replay, scope: Scope) -> bool:
+        emitted = [e for e in replay.sink.events if e.event == "begin_request"]
+        live = [replay.cp.requests[e.request] for e in emitted if e.request in replay.cp.requests]
+        if not live or live[0].locked.parent is None:
+            return False
+        live[0].locked.lock[0] += 1
+        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        got = Checks.after(replay.checks, 1, scope)
+        assert got == full and full
+        seen.append(got)
+        return True
+    replay_until(trace(1), 1, hook)
+    assert seen, "no begin_request with an L1 hit in the trace"
+
+
 def test_valid_traces_never_need_the_full_checks() -> None:
     for seed in (1, 2, 3, 4, 5):
         lc = load_lifecycle()

@@ -4,7 +4,8 @@
 
 The trace is the hicache controller's own run on the null data plane (seeded random
 workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
-Rows, each the best of `--repeats` runs, as process CPU time:
+Rows, each the best of `--repeats` rounds (the rows take turns in each round), as process
+CPU time:
 
     json only            `json.loads` of every line: the ceiling (nothing is checked)
     read + schema        the reader: JSON, the compiled schema, seq, tiers
@@ -40,28 +41,33 @@ ROWS = (("every event", 1, False), ("every event, full", 1, True), ("every 10", 
         ("every 100", 100, False), ("no checks", 0, False))
 
 
-def _best_cpu_s(run: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        run()
-        best = min(best, time.process_time() - t0)
-    return best
+def _cpu_s(run: Callable[[], object]) -> float:
+    t0 = time.process_time()
+    run()
+    return time.process_time() - t0
 
 
 def measure(lines: list[str], repeats: int) -> dict[str, float]:
-    """Events/s per row (see the module docstring) over `lines` (header first)."""
+    """Events/s per row (see the module docstring) over `lines` (header first): the rows
+    take turns, `repeats` rounds, and each row's best round counts -- so a machine whose load
+    drifts during the run slows every row alike rather than the last ones."""
     n = len(lines) - 1
     lc = load_lifecycle()
-    out = {"json only": n / _best_cpu_s(lambda: [json.loads(x) for x in lines[1:]], repeats),
-           "read + schema": n / _best_cpu_s(lambda: sum(1 for _ in TraceReader(lines, lc)), repeats)}
+    runs: dict[str, Callable[[], object]] = {
+        "json only": lambda: [json.loads(x) for x in lines[1:]],
+        "read + schema": lambda: sum(1 for _ in TraceReader(lines, lc)),
+    }
     for name, every, full in ROWS:
-        def run(every: int = every, full: bool = full) -> None:
+        def replay(every: int = every, full: bool = full) -> None:
             v = check_lines(lines, check_every=every, full_checks=full)
             # Verify the whole trace was judged valid (a failure would measure a prefix).
             assert v.exit_code == 0 and v.events == n, v.message
-        out[name] = n / _best_cpu_s(run, repeats)
-    return out
+        runs[name] = replay
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            best[name] = min(best[name], _cpu_s(run))
+    return {name: n / s for name, s in best.items()}
 
 
 class _TimedReplay(Replay):

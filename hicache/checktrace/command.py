@@ -8,7 +8,8 @@ enabled then and the state before it for a violation (exit 1), or one line namin
 and what is wrong for malformed input (exit 2). The invariants are checked after every event
 on what it touched (which finds what checking the whole state finds); `--check-every N`
 checks the whole state every N events instead (0: never), `--full-checks` the whole state
-after every event; `--quiet` prints nothing (the exit status alone). A usage error (an unreadable FILE, a bad option) is one line on stderr, exit 2.
+after every event; `--quiet` prints nothing (the exit status alone). A usage error (an
+unreadable FILE, a bad option) is one line on stderr, exit 2.
 """
 
 from __future__ import annotations

@@ -43,6 +43,15 @@ class Scope:
         self.requests: set[int] = set() if request is None else {request}
         self.pages: list[set[int]] = [set(), set(), set()]  # per tier index: pages moved
 
+    def add_holders(self, cp: ControlPlane) -> None:
+        """After the call: the prefix lock and pins its live requests hold now (a match
+        locks a prefix no event names)."""
+        for rid in self.requests:
+            r = cp.requests.get(rid)
+            if r is not None:
+                self.nodes.add(r.locked.node_id)
+                self.nodes.update(n.node_id for n, _ in r.pins)
+
     def add(self, events: Iterable[TraceEvent]) -> None:
         for e in events:
             if e.node is not None:

@@ -40,8 +40,9 @@ class IdMap:
             if bound == ref:
                 return None
             other = self.to_engine.get(ref)
-            now = f"the reference's {self.kind} {ref}" + (f" (trace {self.kind} {other})" if other is not None else "")
-            return f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here the reference acts on {now}"
+            named = f" (trace {self.kind} {other})" if other is not None else ""
+            return (f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here "
+                    f"the reference acts on its {self.kind} {ref}{named}")
         back = self.to_engine.get(ref)
         if back is not None:
             return (f"the reference's {self.kind} {ref} is trace {self.kind} {back}, "

@@ -109,8 +109,11 @@ class TraceReader:
 
     def _read_header(self) -> TraceHeader:
         text = self._next_text()
+        if text is not None:
+            text = text.lstrip("\ufeff")  # a byte-order mark some editors write first
         if text is None:
-            raise Malformed(max(self.number, 1), "empty input: a trace starts with its header line (spec/trace.md, Header)")
+            raise Malformed(max(self.number, 1), "empty input: a trace starts with its header line "
+                                                 "(spec/trace.md, Header)")
         try:
             return TraceHeader.from_json(text)
         except TraceFormatError as e:

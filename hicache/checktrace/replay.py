@@ -29,8 +29,12 @@ from hicache.errors import HiCacheError, InvariantViolation
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
-DROPPED_BY_OMIT = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",), "split": ("split",)}
-"""Header `omits` entry -> the reference's events left out of the comparison."""
+DROPPED_BY_OMIT = {"locks": ("lock", "unlock", "node_remove"), "node_remove": ("node_remove",),
+                   "split": ("split",)}
+"""Header `omits` entry -> the events left out of the comparison: the reference's are not
+compared, the trace's (should it carry some anyway) are read and skipped. Without locks the
+reference holds no restore pins, so it may remove a node earlier than the engine, whose pin
+kept it: removals are not compared then either."""
 
 
 class Violation(Exception):
@@ -43,19 +47,26 @@ class Violation(Exception):
 
 
 class _Buffer:
-    """The look-ahead: lines read but not yet consumed, oldest first."""
+    """The look-ahead: lines read but not yet consumed, oldest first; events of the `skip`
+    kinds are read (and counted in `skipped`) but never buffered."""
 
-    def __init__(self, reader: TraceReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: TraceReader, skip: frozenset[str]) -> None:
+        self.reader, self.skip = reader, skip
         self.lines: deque[Line] = deque()
         self.done = False
+        self.skipped = 0
 
     def peek(self, i: int) -> Line | None:
         while len(self.lines) <= i and not self.done:
             try:
-                self.lines.append(next(self.reader))
+                line = next(self.reader)
             except StopIteration:
                 self.done = True
+                break
+            if line.event.event in self.skip:
+                self.skipped += 1
+            else:
+                self.lines.append(line)
         return self.lines[i] if i < len(self.lines) else None
 
     def pop(self) -> Line:
@@ -83,10 +94,10 @@ class Replay:
         inner = getattr(sink, "inner", sink)
         assert isinstance(inner, ListSink), "the reference's tracer has no ListSink"
         self.sink = inner
-        self.buffer = _Buffer(reader)
         self.compare = Comparer(self.cp, lc, self.header.omits)
         self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
+        self.buffer = _Buffer(reader, self.dropped)
         self.checks = Checks(self.cp, check_every, full)
         self.events = 0
         self.requests = 0  # begin_request events (counts, not sets: memory stays bounded)
@@ -96,7 +107,7 @@ class Replay:
         while True:
             head = self.buffer.peek(0)
             if head is None:
-                return self.events
+                return self.events + self.buffer.skipped
             try:
                 call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
             except Ambiguous as e:
@@ -107,7 +118,7 @@ class Replay:
                 while self.buffer.peek(0) is not None:
                     self.buffer.pop()
                     self.events += 1
-                return self.events
+                return self.events + self.buffer.skipped
             self._step(call, head)
 
     def _concerned(self, line: Line) -> Before:
@@ -153,6 +164,7 @@ class Replay:
         self.compare.retire_ops()
         if scope is not None:
             scope.add(self.sink.events)
+            scope.add_holders(self.cp)
         found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)

@@ -86,10 +86,12 @@ def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
                      else f"{at}{_shown(x)} is not one of {listed}")
     if "const" in schema:
         want = schema["const"]
-        rules.append(lambda x: None if x == want and type(x) is type(want) else f"{at}must be {_shown(want)}, got {_shown(x)}")
+        rules.append(lambda x: None if x == want and type(x) is type(want)
+                     else f"{at}must be {_shown(want)}, got {_shown(x)}")
     if "minimum" in schema:
         low = schema["minimum"]
-        rules.append(lambda x: None if not _TYPES["number"](x) or x >= low else f"{at}{_shown(x)} is below the minimum {low}")
+        rules.append(lambda x: None if not _TYPES["number"](x) or x >= low
+                     else f"{at}{_shown(x)} is below the minimum {low}")
     if any(k in schema for k in ("required", "properties", "additionalProperties", "minProperties",
                                  "dependentRequired")):
         rules.append(_object_rule(schema, where))

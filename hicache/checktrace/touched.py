@@ -37,18 +37,19 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
-
 from hicache.control import ControlPlane
-from hicache.lifecycle import RESIDENT
+from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE
-from hicache.tiers import TIERS
+from hicache.tiers import TIERS, Direction
 from hicache.tree import TreeNode
 
 Holder = tuple[str, int, int]
 """A claiming record: ("node", node id, tier index), ("op", op id, tier), ("request", id, tier)."""
 
 CODE = {"node": TREE, "op": PRIVATE, "request": PRIVATE}
+SOURCE = {d: TIERS.index(d.source) for d in Direction}
+TARGET = {d: TIERS.index(d.target) for d in Direction}
+_UNLOCKED = [0, 0, 0]
 
 
 class TouchedChecks:
@@ -76,12 +77,12 @@ class TouchedChecks:
         scope = set(touched)
         for n in touched:
             p = n.parent
-            while p is not None and not p.is_root:
+            while p is not None and p.parent is not None:  # up to the root's child
                 scope.add(p)
                 p = p.parent
             scope.update(n.children.values())
         ops = set(op_ids)
-        ops.update(o.op_id for o in cp.ops.values() if any(n in scope for n in o.nodes))
+        ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
         records: list[tuple[str, int, int]] = [("node", i, t) for i in gone for t in range(3)]
         records += [("node", n.node_id, t) for n in touched for t in range(3)]
         records += [("op", o, -1) for o in ops] + [("request", r, -1) for r in set(request_ids)]
@@ -113,7 +114,7 @@ class TouchedChecks:
             return None if v is None else (t, tuple(v.tolist()))
         if kind == "op":
             op = cp.ops.get(i)
-            return None if op is None else (TIERS.index(op.direction.target), tuple(op.target_pages.tolist()))
+            return None if op is None else (TARGET[op.direction], tuple(op.target_pages.tolist()))
         r = cp.requests.get(i)
         return None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
 
@@ -193,27 +194,33 @@ class TouchedChecks:
         cp = self.cp
         ps = cp.page_size
         parent = n.parent
-        if parent is None or cp.tree._nodes.get(n.node_id) is not n \
-                or parent.children.get(n.key[:ps]) is not n or not cp.tree.contains(parent):
+        live = cp.tree._nodes
+        if parent is None or live.get(n.node_id) is not n or parent.children.get(n.key[:ps]) is not n \
+                or (parent.parent is not None and live.get(parent.node_id) is not parent):
             return False
-        if any(c.parent is not n for c in n.children.values()) or n.is_dead():
-            return False
+        for c in n.children.values():
+            if c.parent is not n:
+                return False
+        state, lock, pending, value = n.state, n.lock, n.pending, n.value
+        if not n.children and state.count(ABSENT) == 3 and lock == _UNLOCKED \
+                and pending.count(None) == 3 and all(v is None for v in value):
+            return False  # dead, yet in the tree (S2)
+        pages = len(n.key) // ps
         if len(n.key) % ps:
             return False
         for t in range(3):
-            v, state, pending = n.value[t], n.state[t], n.pending[t]
-            if n.lock[t] < 0 or (v is not None and v.size != len(n.key) // ps):
+            v, st, op_id = value[t], state[t], pending[t]
+            if lock[t] < 0 or (v is not None and v.size != pages):
                 return False
-            if pending is not None:
-                op = cp.ops.get(pending)
-                if state == RESIDENT or v is not None or op is None \
-                        or TIERS.index(op.direction.target) != t or all(m is not n for m in op.nodes):
+            if op_id is not None:
+                op = cp.ops.get(op_id)
+                if st == RESIDENT or v is not None or op is None or TARGET[op.direction] != t \
+                        or n not in op.nodes:
                     return False
-            elif (v is not None) != (state == RESIDENT):
+            elif (v is not None) != (st == RESIDENT):
                 return False
-            present = pending is not None or state == RESIDENT
-            if present and not parent.is_root and parent.state[t] != RESIDENT \
-                    and (pending is None or parent.pending[t] != pending):
+            if (op_id is not None or st == RESIDENT) and parent.parent is not None \
+                    and parent.state[t] != RESIDENT and (op_id is None or parent.pending[t] != op_id):
                 return False
         return True
 
@@ -226,25 +233,23 @@ class TouchedChecks:
         ps = cp.page_size
         if not op.nodes:
             return False
-        src, dst = TIERS.index(op.direction.source), TIERS.index(op.direction.target)
+        src, dst = SOURCE[op.direction], TARGET[op.direction]
         start, end = op.token_range
         want = (end - start) // ps
-        if start % ps or end % ps or op.source_pages.size != want or op.target_pages.size != want:
+        source_pages, target_pages = op.source_pages.tolist(), op.target_pages.tolist()
+        if start % ps or end % ps or len(source_pages) != want or len(target_pages) != want:
             return False
-        values = []
+        read: list[int] = []
         for n in op.nodes:
             v = n.value[src]
             if not cp.tree.contains(n) or n.lock[src] <= 0 or n.state[src] != RESIDENT \
                     or n.pending[dst] != op_id or v is None:
                 return False
-            values.append(v)
-        if not np.array_equal(np.concatenate(values), op.source_pages):
-            return False
+            read += v.tolist()
         source, target = cp.tables[src].owner, cp.tables[dst].owner
-        if not all(0 <= p < a.size for a, ps_ in ((source, op.source_pages), (target, op.target_pages))
-                   for p in ps_.tolist()):
-            return False
-        return bool(np.all(source[op.source_pages] == TREE) and not np.any(target[op.target_pages] == TREE))
+        return (read == source_pages
+                and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
+                and all(0 <= p < target.size and target[p] != TREE for p in target_pages))
 
     def _requests(self) -> bool:
         """I5's request clause for every live request."""
@@ -266,17 +271,21 @@ class TouchedChecks:
         """S7 on the scope: each lock count equals the path locks its holders record on the
         node or below it (requests' prefix locks and pins, ops' source locks)."""
         cp = self.cp
-        holders = [(r.locked, 0) for r in cp.requests.values() if not r.locked.is_root]
+        holders = [(r.locked, 0) for r in cp.requests.values() if r.locked.parent is not None]
         holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
-        holders += [(op.nodes[-1], TIERS.index(op.direction.source)) for op in cp.ops.values()]
-        expected: dict[tuple[int, int], int] = {}
+        holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
+        expected: dict[tuple[TreeNode, int], int] = {}
         for node, t in holders:
             if not cp.tree.contains(node):
                 return False
-            m: TreeNode | None = node
-            while m is not None and not m.is_root:
+            m = node
+            while m.parent is not None:  # up to the root's child
                 if m in scope:
-                    expected[(m.node_id, t)] = expected.get((m.node_id, t), 0) + 1
+                    expected[(m, t)] = expected.get((m, t), 0) + 1
                 m = m.parent
-        return all(n.lock[t] == expected.get((n.node_id, t), 0) for n in scope for t in range(3))
-
+        for n in scope:
+            lock = n.lock
+            if lock[0] != expected.get((n, 0), 0) or lock[1] != expected.get((n, 1), 0) \
+                    or lock[2] != expected.get((n, 2), 0):
+                return False
+        return True
