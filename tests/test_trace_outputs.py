@@ -76,9 +76,6 @@ class EveryEngine(runner.Progress):
 
     verdicts: list[tuple[int, int, str]] = []
 
-    def __init__(self, total_steps: int, show: bool, last: runner.LastTrace | None = None) -> None:
-        super().__init__(total_steps, show, last)
-
     def add(self, events: Any, fired: Any) -> None:
         events = list(events)
         super().add(events, fired)

@@ -89,11 +89,12 @@ class LastTrace:
 
 class Progress(Coverage):
     """Coverage that writes a progress line to stderr at most every PROGRESS_EVERY_S, and
-    hands each run's trace to `last` (`--trace`) when given."""
+    hands each run's trace to `last_trace` (`--trace`) when one is set."""
 
-    def __init__(self, total_steps: int, show: bool, last: LastTrace | None = None) -> None:
+    def __init__(self, total_steps: int, show: bool) -> None:
         super().__init__()
-        self.total_steps, self.show, self.last_trace = total_steps, show, last
+        self.total_steps, self.show = total_steps, show
+        self.last_trace: LastTrace | None = None
         self.started = self.last = time.monotonic()
 
     def add(self, events: Any, fired: Any) -> None:
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     out = out or sys.stdout
     trace_path: str | None = getattr(args, "trace", None)
     last = LastTrace(trace_path) if trace_path else None
-    coverage = Progress(args.steps, args.progress or sys.stderr.isatty(), last)
+    coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
+    coverage.last_trace = last
     if args.adapter is None:  # the controller: its machine has two checks of its own
         from hicache.testing.adapters.controller import controller_adapter
         from hicache.testing.machines import controller_machine
