@@ -12,10 +12,11 @@ report (`hicache.demo_report`) echoes the configuration; `--help` ends with its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from typing import NoReturn, Sequence
+from typing import IO, NoReturn, Sequence
 
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
 
@@ -78,6 +79,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-promotion", action="store_true", help="do not keep L3 restores in L2")
     p.add_argument("--json", default=None, help="write the summary as JSON to this path")
     p.add_argument("--prometheus", default=None, help="write the metrics in Prometheus text format")
+    p.add_argument("--trace", default=None, metavar="FILE", help=(
+        "write the run's trace to FILE (NDJSON, spec/trace.md): the control plane's header "
+        "line, then one line per event, the controller's close included; `hicache "
+        "check-trace FILE` replays it"))
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it is drawn only when stderr is a terminal)")
     return p
@@ -90,7 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1:
         parser().error(f"argument --batch-size: must be >= 1, got {args.batch_size}")
     try:
-        return _run(args)
+        trace = open(args.trace, "w") if args.trace else None
+    except OSError as e:
+        sys.stderr.write(f"hicache demo: --trace {args.trace}: {e.strerror}; choose a writable path\n")
+        return 2
+    try:
+        with trace or contextlib.nullcontext():
+            return _run(args, trace)
     except L3PathRefused as e:
         todo = "choose another path" + (", or pass --l3-overwrite to replace it"
                                         if e.overwrite_helps else "")
@@ -104,13 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, trace: IO[str] | None = None) -> int:
+    """Serve the workload `args` describe and print the report; `trace`, when given, gets
+    the control plane's header and then its every event."""
     from hicache.controller.config import CacheConfig
     from hicache.controller.controller import CacheController
     from hicache.dataplane.geometry import preset
     from hicache.demo_report import DecisionTally, format_report
     from hicache.demo_sizing import size_tiers
     from hicache.serving import ServingLoop
+    from hicache.trace import NdjsonSink, Tracer
     from hicache.workload import shared_prefix_workload
 
     workload = shared_prefix_workload(args.requests, seed=args.seed)
@@ -124,7 +138,11 @@ def _run(args: argparse.Namespace) -> int:
         l3_overwrite=args.l3_overwrite,
     )
     started = time.perf_counter()
-    ctl = CacheController(config)
+    ctl = CacheController(config, tracer=None if trace is None else Tracer(NdjsonSink(trace)))
+    if trace is not None:
+        # Verify nothing was traced while the controller was built: the header goes first.
+        assert ctl.cp.tracer.seq == 0, f"{ctl.cp.tracer.seq} events traced before the header"
+        trace.write(ctl.cp.trace_header(engine="hicache demo").to_json() + "\n")
     tally = ctl.policy = DecisionTally(ctl.policy)
     try:
         loop = ServingLoop(ctl, batch_size=args.batch_size)

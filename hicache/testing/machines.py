@@ -39,7 +39,7 @@ from hicache.pages import FREE, PRIVATE
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.coverage import Coverage
-from hicache.testing.machine import make_machine
+from hicache.testing.machine import AdapterFactory, make_machine
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -121,11 +121,12 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
     return Machine
 
 
-def controller_machine(plane: str, coverage: Coverage | None = None,
-                       name: str = "CacheMachine") -> type[RuleBasedStateMachine]:
+def controller_machine(plane: str, coverage: Coverage | None = None, name: str = "CacheMachine",
+                       adapter: AdapterFactory = controller_adapter) -> type[RuleBasedStateMachine]:
     """The controller's machine on `plane` ("null", "cpu" or "cuda"), `coverage` (when
-    given) collecting every run's trace and fault counts."""
-    base = make_machine(controller_adapter, setups(plane), coverage=coverage, name=name)
+    given) collecting every run's trace and fault counts; `adapter` builds each run's
+    controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`)."""
+    base = make_machine(adapter, setups(plane), coverage=coverage, name=name)
     return _with_controller_checks(base, name)
 
 

@@ -1,7 +1,7 @@
 """`hicache fuzz`: run the fuzz machine outside pytest, with a seed, a replay line and a report.
 
     hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
-                 [--progress] [--mutant NAME|list]
+                 [--progress] [--mutant NAME|list] [--trace FILE]
 
 The machine runs `N // STEPS_PER_RUN` runs of at most `STEPS_PER_RUN` steps each, drawn from
 seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
@@ -16,6 +16,15 @@ serves what it holds). `--adapter module:factory` drives another engine: `factor
 else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
 tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
 it is a terminal, or with `--progress`.
+
+`--trace FILE` writes one trace (spec/trace.md: a header line, then the events) that
+`hicache check-trace FILE` replays: the last run's -- on a failure, the failing run as
+Hypothesis shrank it, which it runs last. A run whose engine was restarted (a `restart`
+step, or a crash) has one trace per engine, each numbered from seq 1; FILE holds the last
+engine's, the one the run ended (or failed) in (unless that one traced nothing: then the
+one before it): nothing survives a restart (spec/faults.md), so its trace alone builds the
+state it ended in. The header comes from the
+adapter's `trace_header()` (the controller's: its control plane's header).
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from hicache.errors import ConfigError
 from hicache.testing.coverage import Coverage
+from hicache.trace import TraceEvent, TraceHeader
 
 STEPS_PER_RUN = 50
 DEFAULT_STEPS = 2_000
@@ -38,15 +49,58 @@ NIGHTLY_STEPS = 250_000
 PROGRESS_EVERY_S = 5.0
 
 
+class LastTrace:
+    """What `--trace FILE` writes (module docstring): after every run (`keep`), the events
+    of its last engine and the header of the adapter that run built (`factory`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.adapter: Any = None  # the adapter the current run built
+        self.header: TraceHeader | None = None
+        self.events: list[TraceEvent] = []
+        self.engines = 0  # engines of the kept run that traced something
+
+    def factory(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`make`, remembering each adapter it builds (its header is read in `keep`)."""
+        def build(setup: Any) -> Any:
+            self.adapter = make(setup)
+            return self.adapter
+        return build
+
+    def keep(self, events: list[TraceEvent]) -> None:
+        """One run's trace, every engine's in order (each from seq 1): keep the last's."""
+        starts = [i for i, e in enumerate(events) if e.seq == 1] or [0]
+        self.events, self.engines = events[starts[-1]:], len(starts)
+        own = getattr(self.adapter, "trace_header", None)
+        self.header = own() if callable(own) else None
+
+    def write(self) -> str:
+        """Write the kept trace to `path`; the line that says what was written. ConfigError
+        (nothing written) when the adapter gives no header."""
+        if self.header is None:
+            raise ConfigError("--trace", "the adapter has no trace_header(); a trace needs its "
+                              "header (spec/trace.md): add one, or leave --trace out")
+        with open(self.path, "w") as f:
+            f.write(self.header.to_json() + "\n")
+            f.writelines(e.to_json() + "\n" for e in self.events)
+        restarted = f", engine {self.engines} of the run" if self.engines > 1 else ""
+        return f"trace: {self.path} ({len(self.events)} events of the last run{restarted})"
+
+
 class Progress(Coverage):
-    """Coverage that writes a progress line to stderr at most every PROGRESS_EVERY_S."""
+    """Coverage that writes a progress line to stderr at most every PROGRESS_EVERY_S, and
+    hands each run's trace to `last_trace` (`--trace`) when one is set."""
 
     def __init__(self, total_steps: int, show: bool) -> None:
         super().__init__()
         self.total_steps, self.show = total_steps, show
+        self.last_trace: LastTrace | None = None
         self.started = self.last = time.monotonic()
 
     def add(self, events: Any, fired: Any) -> None:
+        if self.last_trace is not None:
+            events = list(events)
+            self.last_trace.keep(events)
         super().add(events, fired)
         now = time.monotonic()
         if self.show and now - self.last >= PROGRESS_EVERY_S:
@@ -86,6 +140,8 @@ def replay_command(args: argparse.Namespace) -> str:
         words += ["--adapter", args.adapter]
     if args.mutant:
         words += ["--mutant", args.mutant]
+    if getattr(args, "trace", None):
+        words += ["--trace", args.trace]
     return shlex.join(words)
 
 
@@ -97,13 +153,19 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     from hicache.testing.machine import make_machine
 
     out = out or sys.stdout
+    trace_path: str | None = getattr(args, "trace", None)
+    last = LastTrace(trace_path) if trace_path else None
     coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
+    coverage.last_trace = last
     if args.adapter is None:  # the controller: its machine has two checks of its own
+        from hicache.testing.adapters.controller import controller_adapter
         from hicache.testing.machines import controller_machine
 
-        machine = controller_machine(args.plane, coverage)
+        adapter = controller_adapter if last is None else last.factory(controller_adapter)
+        machine = controller_machine(args.plane, coverage, adapter=adapter)
     else:
         factory, strategy = _adapter(args.adapter, args.plane)
+        factory = factory if last is None else last.factory(factory)
         machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
     setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
     runs = max(1, args.steps // STEPS_PER_RUN)
@@ -120,6 +182,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
                 run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
         except Exception as failure:  # noqa: BLE001 -- any escape is the finding to report
             _report_failure(out, args, failure, captured.getvalue())
+            if last is not None:
+                print(last.write(), file=out)
             return 1
     seconds = time.perf_counter() - started
     print(f"fuzz: seed {args.seed}, plane {args.plane}: {coverage.runs} runs, {coverage.steps} steps, "
@@ -128,6 +192,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     print(f"trace digest: {coverage.digest}", file=out)
     if args.report:
         print(coverage.report(), file=out)
+    if last is not None:
+        print(last.write(), file=out)
     return 0
 
 
@@ -154,6 +220,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
+    p.add_argument("--trace", metavar="FILE", help=(
+        f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, for "
+        "`hicache check-trace`: on a failure the failing run as Hypothesis shrank it (the one "
+        "to debug), else the last run; of a run that restarted its engine, the last engine's "
+        "(nothing survives a restart)"))
     p.add_argument("--mutant", metavar="NAME",
                    help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
                         "(see hicache.testing.zoo: --seed may repeat, --machine picks the machine)")
@@ -172,7 +243,17 @@ def main(argv: Sequence[str]) -> int:
     if args.plane == "cuda" and not _cuda():
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
         return 2
-    return run(args)
+    if args.trace:
+        try:
+            open(args.trace, "w").close()  # fail now, not after the runs
+        except OSError as e:
+            print(f"hicache fuzz: --trace {args.trace}: {e.strerror}; choose a writable path", file=sys.stderr)
+            return 2
+    try:
+        return run(args)
+    except ConfigError as e:
+        print(f"hicache fuzz: {e}", file=sys.stderr)
+        return 2
 
 
 def _cuda() -> bool:

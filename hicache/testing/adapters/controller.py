@@ -31,7 +31,7 @@ from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
 from hicache.tiers import TIERS, Direction, Tier
-from hicache.trace import ListSink, TraceEvent, Tracer
+from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -260,6 +260,10 @@ class ControllerAdapter:
 
     def trace(self) -> list[TraceEvent]:
         return self.events + self.sink.events
+
+    def trace_header(self) -> TraceHeader:
+        """The header of the current controller's trace (its control plane's)."""
+        return self.ctl.cp.trace_header(engine="hicache controller (fuzz machine)")
 
     def fault_counts(self) -> dict[str, int]:
         return {site.value: n for site, n in self.faults.fired.items()}
