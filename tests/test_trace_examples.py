@@ -47,16 +47,7 @@ def test_the_check_option_names_a_stale_or_extra_file(tmp_path: Path, capsys: py
     assert "backup_gap.ndjson: differs" in out and "mine.ndjson: not generated here" in out
 
 
-CHECK_TRACE_DISAGREES: dict[str, str] = {}
-"""Manifest entries check-trace judges otherwise, and why the manifest is right."""
-
-
-def _cases() -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=CHECK_TRACE_DISAGREES[name]))
-            if name in CHECK_TRACE_DISAGREES else name for name in sorted(MANIFEST)]
-
-
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", sorted(MANIFEST))
 def test_check_trace_gives_the_manifest_verdict(name: str) -> None:
     want = MANIFEST[name]
     with open(EXAMPLES / name) as f:

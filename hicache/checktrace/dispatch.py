@@ -75,6 +75,8 @@ class Call:
     nodes: list[TreeNode] = field(default_factory=list)  # reference nodes it concerns
     request: int | None = None
     op: int | None = None  # the reference op it ends
+    blame: int | None = None  # look-ahead index of the line a refusal of the call itself is
+    # blamed on (`end_request` after the unlocks and discards it emits first); None: the head
 
 
 def _scan(ahead: Lookahead, start: int, keep: Callable[[Line], bool]) -> int:
@@ -192,7 +194,7 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         after = ahead.peek(end)
         if name == "discard" and after is not None and after.event.event == "end_request" \
                 and after.event.request == r:
-            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=end)
         return Call(f"insert({r})", lambda: cp.insert(r), request=r)
     if name == "cached_len":
         r = _request(head)
@@ -252,7 +254,7 @@ def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Res
                      or (ln.event.event == "discard" and ln.event.request == r))
         after = ahead.peek(rest)
         if after is not None and after.event.event == "end_request" and after.event.request == r:
-            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=rest)
         return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r)
     node = resolve(head, head.event.node)
     return Call(f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r)

@@ -25,7 +25,7 @@ from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
 from hicache.control import ControlPlane
-from hicache.errors import HiCacheError, InvariantViolation
+from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
@@ -139,6 +139,11 @@ class Replay:
             call.run()
         except InvariantViolation as e:
             raise Violation(head, f"invariant: {e}", call, before) from None
+        except IllegalTransition as e:
+            # The call's own rule refused it: blame the event that stands for the call (an
+            # end_request's unlocks before it were enabled), else the run's first event.
+            blamed = head if call.blame is None else self.buffer.peek(call.blame) or head
+            raise Violation(blamed, f"not enabled: {e}", call, before) from None
         except HiCacheError as e:
             raise Violation(head, f"not enabled: {e}", call, before) from None
         emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
