@@ -42,9 +42,11 @@ class TraceHeader:
     version: int = VERSION
 
     def __post_init__(self) -> None:
-        tiers = list(self.capacities)
+        tiers = sorted(self.capacities)
         if tiers != ["L1", "L2", "L3"][:len(tiers)] or not tiers:
-            raise TraceFormatError(f"header capacities: tiers {tiers} must be L1, L1+L2 or L1+L2+L3, in that order")
+            raise TraceFormatError(f"header capacities: tiers {list(self.capacities)} must be L1, L1+L2 or L1+L2+L3")
+        if list(self.capacities) != tiers:  # a JSON object's keys have no order: keep tier order
+            object.__setattr__(self, "capacities", {t: self.capacities[t] for t in tiers})
         bad = {t: c for t, c in self.capacities.items() if not isinstance(c, int) or isinstance(c, bool) or c < 0}
         if bad:
             raise TraceFormatError(f"header capacities: page counts must be integers >= 0, got {bad}")
@@ -53,6 +55,10 @@ class TraceHeader:
         unknown = [o for o in self.omits if o not in HEADER_OMITS]
         if unknown:
             raise TraceFormatError(f"header omits: {unknown} unknown; allowed {list(HEADER_OMITS)}")
+        if len(set(self.omits)) != len(self.omits):
+            raise TraceFormatError(f"header omits: {list(self.omits)} names a part twice")
+        if not isinstance(self.engine, str):
+            raise TraceFormatError(f"header engine: a string, got {self.engine!r}")
         if self.version != VERSION:
             raise TraceFormatError(f"header version {self.version!r}: this reader knows version {VERSION} only")
 
@@ -90,7 +96,7 @@ class TraceHeader:
         if not isinstance(caps, dict) or not isinstance(omits, list) or not isinstance(geometry, dict):
             raise TraceFormatError("header: capacities and geometry are objects, omits a list")
         return TraceHeader(page_size=d["page_size"], capacities=caps, omits=tuple(omits),
-                           geometry=geometry, engine=str(d.get("engine", "")), version=d["version"])
+                           geometry=geometry, engine=d.get("engine", ""), version=d["version"])
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def test_the_reference_example_is_valid() -> None:
     lines = plane_trace(write_through)
     v = check_lines(lines)
     assert (v.exit_code, v.events, v.seq) == (VALID, len(lines) - 1, None)
-    assert v.message == f"OK: {len(lines) - 1} events, 2 requests, 3 ops, checked after every event; full trace"
+    assert v.message == f"OK: {len(lines) - 1} events, 2 requests, 3 ops, checked after every call; full trace"
 
 
 def test_renumbered_ids_and_pages_are_mapped() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
 from hicache.control import ControlPlane
+from hicache.spec import SPEC_DIR
 from hicache.trace import NdjsonSink, TraceFormatError, TraceHeader
 
 
@@ -32,6 +34,8 @@ def test_plane_header_round_trips_and_leads_the_stream() -> None:
     ('{"format":"hicache-trace","version":1,"page_size":2,"capacities":{"L1":-1}}', ">= 0"),
     ('{"format":"hicache-trace","version":1,"page_size":2,"capacities":{"L1":4},"omits":["bytes"]}', "omits"),
     ('{"format":"hicache-trace","version":1,"page_size":2,"capacities":{"L1":4},"colour":1}', "unknown keys"),
+    ('{"format":"hicache-trace","version":1,"page_size":2,"capacities":{"L1":4},"omits":["pages","pages"]}', "twice"),
+    ('{"format":"hicache-trace","version":1,"page_size":2,"capacities":{"L1":4},"engine":7}', "engine"),
 ])
 def test_bad_headers_name_the_field(line: str, names: str) -> None:
     with pytest.raises(TraceFormatError, match=names.replace("+", r"\+")):
@@ -42,3 +46,28 @@ def test_an_engine_without_l3() -> None:
     header = TraceHeader.from_json('{"format":"hicache-trace","version":1,"page_size":16,'
                                    '"capacities":{"L1":100,"L2":400},"omits":["pages","locks"]}')
     assert header.tiers == ("L1", "L2") and header.omits == ("pages", "locks")
+
+
+def test_capacities_in_any_key_order_are_tier_order() -> None:
+    """A JSON object's keys have no order (the schema says none): L2 before L1 is the same
+    header, read in tier order."""
+    header = TraceHeader.from_json('{"format":"hicache-trace","version":1,"page_size":2,'
+                                   '"capacities":{"L2":4,"L1":8}}')
+    assert header.tiers == ("L1", "L2") and list(header.capacities.values()) == [8, 4]
+
+
+def test_every_shipped_header_matches_the_header_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((SPEC_DIR / "trace.header.schema.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    files = sorted((SPEC_DIR / "examples").glob("*.ndjson"))
+    assert files
+    for path in files:
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+        try:
+            header = TraceHeader.from_json(first)
+        except TraceFormatError:
+            assert list(validator.iter_errors(json.loads(first))) != [], path.name  # both refuse
+            continue
+        assert list(validator.iter_errors(json.loads(first))) == [], path.name
+        assert TraceHeader.from_json(header.to_json()) == header

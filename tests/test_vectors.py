@@ -281,6 +281,22 @@ def test_a_malformed_case_fails_with_the_field_named(small: Path, tmp_path: Path
     assert [v.name for v in bad] == [name] and "submit needs 'request'" in bad[0].detail
 
 
+@pytest.mark.parametrize("field, value, named", [
+    ("capacities", {"L1": 8, "L3": 8}, "tiers L1 alone or L1, L2 and L3"),
+    ("write_policy", "write_sometimes", "config.write_policy: one of"),
+    ("restore_policy", "maybe", "config.restore_policy: one of"),
+])
+def test_a_configuration_the_spec_does_not_allow_fails(small: Path, tmp_path: Path, field: str,
+                                                       value: object, named: str) -> None:
+    directory = copy_of(small, tmp_path)
+    name = "hit_miss-001.json"
+    case = json.loads((directory / name).read_bytes())
+    case["config"][field] = value
+    rewrite(directory, name, case)
+    bad = failures(directory, controller)
+    assert [v.name for v in bad] == [name] and named in bad[0].detail, [(v.name, v.detail) for v in bad]
+
+
 def nothing(config: CaseConfig) -> ControllerAdapter:
     raise UnsupportedConfig("this engine has one tier")
 

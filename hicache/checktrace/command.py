@@ -5,10 +5,11 @@
 Reads the trace from FILE (`-`: stdin), streamed, and prints the verdict's report on stdout:
 one line `OK: ...` for a valid trace (exit 0), the first bad event with why, the transitions
 enabled then and the state before it for a violation (exit 1), or one line naming the line
-and what is wrong for malformed input (exit 2). The invariants are checked after every event
-on what it touched (which finds what checking the whole state finds); `--check-every N`
-checks the whole state every N events instead (0: never), `--full-checks` the whole state
-after every event; `--quiet` prints nothing (the exit status alone). A usage error (an
+and what is wrong for malformed input (exit 2). The invariants are checked after every call
+(the run of events one reference call emits, applied atomically) on what it touched (which
+finds what checking the whole state finds); `--check-every N` checks the whole state at the
+first call boundary after every N events instead (0: never), `--full-checks` the whole state
+after every call; `--quiet` prints nothing (the exit status alone). A usage error (an
 unreadable FILE, a bad option) is one line on stderr, exit 2.
 """
 
@@ -37,10 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = _Parser(prog="hicache check-trace", description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("file", metavar="FILE", help="the trace (NDJSON, header first); - for stdin")
     p.add_argument("--check-every", type=_every, default=1, metavar="N",
-                   help="1 (default): the invariants after every event, on what it touched; "
-                        "N > 1: on the whole state every N events; 0: never")
+                   help="1 (default): the invariants after every call, on what it touched; "
+                        "N > 1: on the whole state at the first call boundary after each N events; 0: never")
     p.add_argument("--full-checks", action="store_true",
-                   help="with --check-every 1: check the whole state after every event (slower)")
+                   help="with --check-every 1: check the whole state after every call (slower)")
     p.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it")
     args = p.parse_args(argv)
     stream: IO[str]

@@ -19,6 +19,7 @@ from typing import Iterable
 
 from hicache.checktrace.touched import TouchedChecks
 from hicache.control import ControlPlane
+from hicache.errors import ConfigError
 from hicache.invariants import check_all
 from hicache.tiers import TIERS
 from hicache.trace import TraceEvent
@@ -79,7 +80,7 @@ class Checks:
 
     def __init__(self, cp: ControlPlane, every: int, full: bool = False) -> None:
         if every < 0:
-            raise ValueError(f"check_every: 0 (never) or N >= 1 events, got {every}")
+            raise ConfigError("check_every", f"0 (never) or N >= 1 events, got {every}")
         self.cp, self.every = cp, every
         self.touched = TouchedChecks(cp) if every == 1 and not full else None
         self.since = 0

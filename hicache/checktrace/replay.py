@@ -198,7 +198,7 @@ def check_lines(lines: Iterable[str], *, check_every: int = 1, full_checks: bool
     except Violation as v:
         assert replay is not None  # Verify: a violation comes from a replay.
         return Verdict(VIOLATION, replay.events, v.line.event.seq, _violation_text(replay, v))
-    every = ("checked after every event" if check_every == 1 else f"checked every {check_every} events"
+    every = ("checked after every call" if check_every == 1 else f"checked every {check_every} events"
              if check_every else "invariants not checked")
     omitted = f"omits {', '.join(replay.header.omits)}" if replay.header.omits else "full trace"
     return Verdict(VALID, n, None, f"OK: {n} events, {replay.requests} requests, {replay.ops} ops, "

@@ -274,7 +274,8 @@ class CacheController:
 
     def evict(self, tier: Tier | str, n_pages: int) -> int:
         """Eviction pressure from outside the controller (the engine needs the memory): free
-        up to `n_pages` pages of `tier` through the same loop and write-back hook as the
+        at least `n_pages` pages of `tier` (more when a node's value goes whole; fewer only
+        when no candidate is left) through the same loop and write-back hook as the
         controller's own make-room (spec/eviction.md), counted in `evicted_pages`. Returns the
         pages freed. A caller MUST NOT call `ControlPlane.evict` directly: under write-back it
         would skip the backup an unbacked L1 victim is owed."""

@@ -1,7 +1,7 @@
 """Eviction under pressure, and the write-back it triggers.
 
-Contract: `evict(tier, n_pages)` frees up to `n_pages` pages of `tier` (pressure from outside
-the controller); `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
+Contract: `evict(tier, n_pages)` frees at least `n_pages` pages of `tier` while candidates are
+left (pressure from outside the controller); `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
 `tier` by running the control plane's one eviction loop (`ControlPlane.evict`, spec/eviction.md:
 LRU leaves of that tier, one node's value at a time, never a locked, pending or kept node).
 It never raises for lack of room: the caller's reservation raises `OutOfPages` if the room
@@ -39,8 +39,8 @@ class Evictor:
         return self.evict(tier, n_pages - self.cp.free_pages(tier), keep)
 
     def evict(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
-        """Free up to `n_pages` pages of `tier` (at least that many when the candidates allow:
-        a node's value goes whole) through the one loop, an L1 victim without an L2 copy first
+        """Free at least `n_pages` pages of `tier` (more when a node's value goes whole; fewer
+        only when no candidate is left) through the one loop, an L1 victim without an L2 copy first
         backed up under write-back; the pages freed (0 when `n_pages` <= 0)."""
         if n_pages <= 0:
             return 0

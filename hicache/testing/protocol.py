@@ -133,7 +133,8 @@ class CacheUnderTest(Protocol):
         ...
 
     def evict(self, tier: str, n_pages: int) -> None:
-        """Eviction pressure from outside: free up to `n_pages` pages of `tier`."""
+        """Eviction pressure from outside: free at least `n_pages` pages of `tier` while
+        candidates are left (a node's value goes whole, so it may free more)."""
         ...
 
     def set_faults(self, schedule: FaultSchedule) -> None:

@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hicache.controller.config import POLICIES, WRITE_POLICIES
 from hicache.errors import HiCacheError
+from hicache.tiers import TIERS as TIER_ENUM
 
 FORMAT = "hicache-vectors"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-TIERS = ("L1", "L2", "L3")
+TIERS = tuple(str(t) for t in TIER_ENUM)  # "L1", "L2", "L3"
+CASE_TIERS = (TIERS[:1], TIERS)  # a case is for a one-tier cache or a three-tier one
 OPS: dict[str, dict[str, type]] = {
     "submit": {"request": int, "tokens": list}, "ready": {"request": int}, "prefill": {"request": int},
     "finish": {"request": int}, "cancel_restore": {"request": int}, "tick": {},
@@ -78,14 +81,14 @@ class CaseConfig:
         obj = _object(raw, f"{where}: config")
         page_size = _int(obj.get("page_size"), f"{where}: config.page_size", low=1)
         caps = _object(obj.get("capacities"), f"{where}: config.capacities")
-        if not caps or set(caps) - set(TIERS) or "L1" not in caps:
-            raise VectorFormatError(f"{where}: config.capacities: tiers of {TIERS} including L1, "
+        if tuple(sorted(caps)) not in CASE_TIERS:
+            raise VectorFormatError(f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, "
                                     f"got {sorted(caps)}")
         capacities = {t: _int(caps[t], f"{where}: config.capacities.{t}", low=1) for t in TIERS if t in caps}
         strings = {k: obj.get(k) for k in ("write_policy", "restore_policy")}
-        for k, v in strings.items():
-            if not isinstance(v, str):
-                raise VectorFormatError(f"{where}: config.{k}: a string, got {v!r}")
+        for (k, v), allowed in zip(strings.items(), (WRITE_POLICIES, POLICIES)):
+            if v not in allowed:
+                raise VectorFormatError(f"{where}: config.{k}: one of {list(allowed)}, got {v!r}")
         if not isinstance(obj.get("promotion"), bool):
             raise VectorFormatError(f"{where}: config.promotion: true or false, got {obj.get('promotion')!r}")
         return cls(page_size, capacities, str(strings["write_policy"]), str(strings["restore_policy"]),

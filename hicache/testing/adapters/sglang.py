@@ -47,9 +47,8 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - match length: sglang matches at most `len - 1` tokens, page aligned -- as the spec does;
   nothing to map.
 - eviction by tokens: `evict(num_tokens)` drops whole unlocked leaves until at least that
-  many tokens are gone, so it may free more pages than asked. The spec's `evict` frees *up
-  to* n pages; the reference model does not count, so this is a configuration difference
-  (tokens = pages x page_size), not a divergence.
+  many tokens are gone, so it may free more pages than asked -- as the spec's `evict` does
+  (a node's value goes whole); the adapter asks for pages x page_size tokens.
 - the tail page: sglang allocates the partial last page with the request and frees it when
   the request ends, never inserting it; the spec's tail page is the same (spec/tree.md,
   "Whole pages only; the tail page").
