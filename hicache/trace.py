@@ -22,6 +22,15 @@ physical pages), `states` (`before`/`after`), `locks` (`lock`/`unlock` events),
 `node_remove` and `split` events."""
 
 
+OMITTED_KEYS: dict[str, tuple[str, ...]] = {"pages": ("pages",), "states": ("before", "after")}
+"""Header `omits` entry -> the event keys a trace that omits it leaves out."""
+
+OMITTED_EVENTS: dict[str, tuple[str, ...]] = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",),
+                                              "split": ("split",)}
+"""Header `omits` entry -> the events a trace that omits it leaves out (spec/trace.md's
+"Partial traces" table; every HEADER_OMITS entry is in exactly one of the two tables)."""
+
+
 class TraceFormatError(ValueError):
     """A header line that is not a hicache trace header: the message names the field."""
 

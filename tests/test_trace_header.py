@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 
 from hicache.control import ControlPlane
 from hicache.spec import SPEC_DIR
-from hicache.trace import NdjsonSink, TraceFormatError, TraceHeader
+from hicache.trace import HEADER_OMITS, OMITTED_EVENTS, OMITTED_KEYS, NdjsonSink, TraceFormatError, TraceHeader
 
 
 def test_plane_header_round_trips_and_leads_the_stream() -> None:
@@ -71,3 +72,15 @@ def test_every_shipped_header_matches_the_header_schema() -> None:
             continue
         assert list(validator.iter_errors(json.loads(first))) == [], path.name
         assert TraceHeader.from_json(header.to_json()) == header
+
+
+def test_the_omit_tables_are_the_partial_traces_table() -> None:
+    """OMITTED_KEYS / OMITTED_EVENTS (what check-trace and the example generator read) say
+    what spec/trace.md's "Partial traces" table says each omission leaves out."""
+    text = (SPEC_DIR / "trace.md").read_text(encoding="utf-8").split("## Partial traces", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): set(re.findall(r"`([a-z_]+)`", m.group(2)))
+            for m in re.finditer(r"^\| `([a-z_]+)` \| ([^|]*) \|", text, re.M)}
+    assert set(rows) == set(HEADER_OMITS)
+    for omit in HEADER_OMITS:
+        assert set(OMITTED_KEYS.get(omit, ())) | set(OMITTED_EVENTS.get(omit, ())) == rows[omit], omit
+        assert (omit in OMITTED_KEYS) != (omit in OMITTED_EVENTS), omit

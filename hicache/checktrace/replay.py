@@ -27,10 +27,9 @@ from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
 from hicache.control import ControlPlane
 from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.lifecycle import Lifecycle, load_lifecycle
-from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.trace import OMITTED_EVENTS, ListSink, TraceEvent, TraceHeader, Tracer
 
-DROPPED_BY_OMIT = {"locks": ("lock", "unlock", "node_remove"), "node_remove": ("node_remove",),
-                   "split": ("split",)}
+DROPPED_BY_OMIT = {**OMITTED_EVENTS, "locks": (*OMITTED_EVENTS["locks"], "node_remove")}
 """Header `omits` entry -> the events left out of the comparison: the reference's are not
 compared, the trace's (should it carry some anyway) are read and skipped. Without locks the
 reference holds no restore pins, so it may remove a node earlier than the engine, whose pin

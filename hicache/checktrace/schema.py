@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 from hicache.checktrace.fastschema import Predicate, compile_fast
 from hicache.errors import SpecError
 from hicache.spec import SPEC_DIR
+from hicache.trace import OMITTED_KEYS
 
 TRACE_SCHEMA = SPEC_DIR / "trace.schema.json"
 
@@ -232,10 +233,6 @@ def _fold(schema: Mapping[str, Any]) -> dict[str, Any]:
                 out[key] = value
     return out
 
-
-OMITTED_KEYS = {"pages": ("pages",), "states": ("before", "after")}
-"""Header `omits` entry -> the event keys a partial trace leaves out (spec/trace.md, "Partial
-traces"): the schema's rules that require them are dropped for such a trace."""
 
 
 def _without(schema: Any, keys: frozenset[str]) -> Any:

@@ -18,12 +18,11 @@ drops those keys and events, renumbers the seqs, and says what is left to check:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
-OMITTED_KEYS = {"pages": ("pages",), "states": ("before", "after")}
-OMITTED_EVENTS = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",), "split": ("split",)}
-EVERYTHING = ("pages", "states", "locks", "node_remove", "split")
+from hicache.trace import HEADER_OMITS as EVERYTHING
+from hicache.trace import OMITTED_EVENTS, OMITTED_KEYS, TraceHeader
 
 
 @dataclass(frozen=True)
@@ -46,14 +45,14 @@ class Partial:
 def stripped(p: Partial, lines: Sequence[str], source_seq: int | None) -> tuple[tuple[str, ...], int | None]:
     """`lines` (an example's, header first) without what `p` omits; the new lines and the seq
     of the first bad event (None for a valid trace)."""
-    header = json.loads(lines[0])
+    source = TraceHeader.from_json(lines[0])
     # Verify the source has no event of a tier the partial engine lacks.
     assert all(json.loads(line).get("tier") in (None, *p.tiers) for line in lines[1:]), p.name
-    header["capacities"] = {t: n for t, n in header["capacities"].items() if t in p.tiers}
-    header["omits"] = list(p.omits)
+    header = replace(source, capacities={t: n for t, n in source.capacities.items() if t in p.tiers},
+                     omits=tuple(p.omits))
     dropped = {e for o in p.omits for e in OMITTED_EVENTS.get(o, ())}
     keys = [k for o in p.omits for k in OMITTED_KEYS.get(o, ())]
-    out, seq = [json.dumps(header, separators=(",", ":"), sort_keys=True)], None
+    out, seq = [header.to_json()], None
     for line in lines[1:]:
         e = json.loads(line)
         if e["event"] in dropped:
