@@ -70,6 +70,10 @@ Where the engine differs from the spec, and what the adapter makes of it:
   L1 does; the machine's reference model does not judge room, only what `prefill` reports
   (True and served, or False and nothing changed); a trace's replay does judge it.
 
+- a prefill refused for room: sglang evicts nothing (`_make_room`), hicache's controller
+  evicts what it can first; spec/restore.md allows both, the conformance vectors fix the
+  latter, so the L1 eviction cases fail there (the one divergence they find).
+
 What the oracle said: benchmarks/results/2026-12-01-engine-sglang.md.
 
 Importing sglang on a CPU machine needs a stub for torchvision: sglang_import.py says why.
