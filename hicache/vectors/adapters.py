@@ -11,12 +11,16 @@ engine for one case; it raises `UnsupportedConfig` for a configuration its engin
     lru          the plain LRU cache of hicache/testing/adapters/    L1-only cases
                  lru.py (one tier, evicts page by page)
     forgetful    the same with its bug: an eviction not reported     L1-only cases
+    sglang       SGLang's RadixCache as its scheduler drives it      L1-only cases (sglang
+                 (hicache/testing/adapters/sglang.py)                installed: its docstring
+                                                                     says how)
 """
 
 from __future__ import annotations
 
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.adapters.lru import ForgetfulLRU, LRUCache
+from hicache.testing.adapters.sglang import SGLangRadixCache
 from hicache.vectors.format import TIERS, CaseConfig, UnsupportedConfig
 
 CONTROLLER_PAGE_SIZE = 4
@@ -56,3 +60,15 @@ def lru(config: CaseConfig) -> LRUCache:
 def forgetful(config: CaseConfig) -> LRUCache:
     """The LRU cache that drops a page without reporting it, for an L1-only case."""
     return _l1_cache(config, ForgetfulLRU)
+
+
+def sglang(config: CaseConfig) -> SGLangRadixCache:
+    """SGLang's RadixCache for an L1-only case, its pool `capacities["L1"]` pages, matching
+    again at prefill and refusing at admission what sglang's scheduler aborts (its input
+    limit), as a server does. sglang is imported on the first call, not before; without it
+    the call raises EngineUnavailable saying how to install it (the case then fails with
+    that line: an engine that is not there has passed nothing)."""
+    if config.tiers != ("L1",):
+        raise UnsupportedConfig(f"SGLang's RadixCache has one tier (L1); the case needs {config.tiers}")
+    return SGLangRadixCache(capacity=config.capacities["L1"], page_size=config.page_size,
+                            rematch=True, input_limit=True)

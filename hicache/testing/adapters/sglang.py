@@ -18,7 +18,9 @@ allocator hands out slot indices only). The calls are the ones sglang's schedule
 
     CacheUnderTest   RadixCache / allocator calls (as the scheduler makes them)
     ---------------  ------------------------------------------------------------------------
-    submit           match_prefix(prompt[:len-1]) + inc_lock_ref(last node)
+    submit           with `input_limit`: refuse a prompt of at least max_req_input_len
+                     tokens (the scheduler's validate_input_length, below); then
+                     match_prefix(prompt[:len-1]) + inc_lock_ref(last node)
                      (Req._compute_max_prefix_len: the last token is always computed)
     prefill          `rematch`: match_prefix again and move the lock (a request scheduled
                      after others inserted); else keep the admission's match (a request
@@ -35,6 +37,17 @@ allocator hands out slot indices only). The calls are the ones sglang's schedule
     check()          the engine's own accounting: evictable_size() + protected_size() is
                      the tree's size, every slot is free, in the tree or a live tail, and
                      every node's lock_ref counts the live requests locked below it
+
+A call naming a request that is not live raises HiCacheError (a refusal, nothing changed),
+as the protocol asks; sglang's scheduler never makes such a call.
+
+The input limit (`input_limit=True`; the conformance vectors' factory sets it): sglang's
+scheduler aborts at admission a prompt of `max_req_input_len` tokens or more
+(managers/utils.py `validate_input_length`, called from `handle_generate_request`), where
+`max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5` (managers/tp_worker.py
+`get_worker_info`); with a context longer than the pool that is `capacity * page_size - 6`.
+The fuzz machine draws prompts larger than its smallest L1 and expects every admission to
+be accepted (it judges the refusal at prefill instead), so its factories leave the limit off.
 
 The engine has one tier ("L1") and no transfers, so `tick`, `complete`, `fail`, `aim`,
 `drain`, `set_faults` and `damage_storage` have nothing to do; `served_digests` is None (no
@@ -56,6 +69,10 @@ Where the engine differs from the spec, and what the adapter makes of it:
   L1 does; the machine's reference model does not judge room, only what `prefill` reports
   (True and served, or False and nothing changed); a trace's replay does judge it.
 
+- a prefill refused for room: sglang evicts nothing (`_make_room`), hicache's controller
+  evicts what it can first; spec/restore.md allows both, the conformance vectors fix the
+  latter, so the L1 eviction cases fail there (the one divergence they find).
+
 What the oracle said: benchmarks/results/2026-12-01-engine-sglang.md.
 
 Importing sglang on a CPU machine needs a stub for torchvision: sglang_import.py says why.
@@ -76,6 +93,9 @@ from hicache.testing.protocol import Admission, PageChange
 
 Prefix = tuple[int, ...]
 TIERS = ("L1",)
+DECODE_RESERVE_TOKENS = 6
+"""Tokens of the pool sglang keeps from a prompt: `max_req_len = kv_capacity - 1`, then
+`max_req_input_len = max_req_len - 5` (managers/tp_worker.py, `get_worker_info`)."""
 
 
 # -- the adapter ----------------------------------------------------------------------------
@@ -101,6 +121,7 @@ class SGLangRadixCache(WithoutTransfers):
     page_size: int = 4
     rematch: bool = True  # prefill matches again (see the module docstring)
     traced: bool = False  # keep a spec/trace.md trace per opened cache (`traces`)
+    input_limit: bool = False  # refuse a prompt sglang's scheduler aborts at admission
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
@@ -158,6 +179,11 @@ class SGLangRadixCache(WithoutTransfers):
             raise HiCacheError(f"request {request_id} is already live; finish it first")
         if not tokens:
             raise HiCacheError("a prompt needs at least one token")
+        limit = self.capacity * self.page_size - DECODE_RESERVE_TOKENS
+        if self.input_limit and len(tokens) >= limit:
+            raise HiCacheError(f"request {request_id}: input length ({len(tokens)} tokens) exceeds the "
+                               f"maximum allowed length ({limit} tokens, sglang's max_req_input_len for "
+                               f"{self.capacity} pages of {self.page_size}); shorten the prompt")
         before = node_spans(self.tree.root_node) if self.traced else {}
         got = self._match(tokens[:len(tokens) - 1])
         self.tree.inc_lock_ref(got.last_device_node)
@@ -171,7 +197,7 @@ class SGLangRadixCache(WithoutTransfers):
     def prefill(self, request_id: int) -> bool:
         import torch
 
-        r = self.requests[request_id]
+        r = self._live(request_id)
         if r.prefilled:
             raise HiCacheError(f"request {request_id} is served already; finish it")
         ps, tokens = self.page_size, r.tokens
@@ -180,12 +206,9 @@ class SGLangRadixCache(WithoutTransfers):
         matched = len(self.tree.path_device_indices(r.node))
         need = -(-len(tokens) // ps) * ps - matched  # slots past the match, tail page included
         short = need - int(self.allocator.available_size())
-        if short > 0:
-            if short > int(self.tree.evictable_size()):
-                self.stats["prefill_refused"] += 1
-                return False
-            self._evict(short)
-            self.stats["prefill_made_room"] += 1
+        if not self._make_room(short):
+            self.stats["prefill_refused"] += 1
+            return False
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
         assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
@@ -207,13 +230,35 @@ class SGLangRadixCache(WithoutTransfers):
         self.stats["prefill_served"] += 1
         return True
 
+    def _make_room(self, short: int) -> bool:
+        """Evict `short` tokens' worth of unlocked leaves, or refuse (False) without
+        evicting anything when `free + evictable_size()` does not cover the prompt: the
+        scheduler's PrefillAdder admits a request only when its tokens fit in
+        `rem_total_tokens` (available + evictable), and evicts at allocation."""
+        if short <= 0:
+            return True
+        if short > int(self.tree.evictable_size()):
+            return False
+        self._evict(short)
+        self.stats["prefill_made_room"] += 1
+        return True
+
+    def _live(self, request_id: int) -> _Request:
+        """The live request, or HiCacheError (the call is refused, nothing changed)."""
+        r = self.requests.get(request_id)
+        if r is None:
+            raise HiCacheError(f"request {request_id} is not live (never submitted, or finished); "
+                               "submit it first")
+        return r
+
     def _lock_served(self, r: _Request, node: Any) -> None:
         """Move the request's lock to the node ending at its whole pages (checkpoint's
         `unlock(req.lock); req.lock = lock(new_last_node)`)."""
         self._relock(r, node)
 
     def finish(self, request_id: int) -> None:
-        r = self.requests.pop(request_id)
+        r = self._live(request_id)
+        del self.requests[request_id]
         if r.private is not None and r.private.numel():
             self.allocator.free_segment(r.private, start_pos=r.cached_len)
         self.tree.dec_lock_ref(r.node)
@@ -243,7 +288,7 @@ class SGLangRadixCache(WithoutTransfers):
         return set(self.requests)
 
     def cached_len(self, request_id: int) -> int:
-        return self.requests[request_id].cached_len
+        return self._live(request_id).cached_len
 
     def served_digests(self, request_id: int) -> list[int] | None:
         return None
