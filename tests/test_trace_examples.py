@@ -15,7 +15,7 @@ import pytest
 from hicache.checktrace import check_lines
 from hicache.checktrace import examples as gen
 from hicache.checktrace.examples import edits, partial, valid
-from hicache.trace import TraceEvent, TraceHeader
+from hicache.trace import OMITTED_EVENTS, OMITTED_KEYS, TraceEvent, TraceHeader
 from hicache.tracewalk import first_break
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "spec" / "examples"
@@ -92,8 +92,8 @@ def test_a_partial_trace_is_its_source_without_what_its_header_omits() -> None:
         header = TraceHeader.from_json(ex.lines[0])
         assert (header.omits, header.tiers) == (p.omits, p.tiers)
         events = [json.loads(line) for line in ex.lines[1:]]
-        gone_keys = {k for o in p.omits for k in partial.OMITTED_KEYS.get(o, ())}
-        gone_events = {e for o in p.omits for e in partial.OMITTED_EVENTS.get(o, ())}
+        gone_keys = {k for o in p.omits for k in OMITTED_KEYS.get(o, ())}
+        gone_events = {e for o in p.omits for e in OMITTED_EVENTS.get(o, ())}
         assert [e for e in events if gone_keys & set(e) or e["event"] in gone_events] == []
         kept = [line for line in source.lines[1:] if json.loads(line)["event"] not in gone_events]
         assert len(events) == len(kept), p.name
