@@ -13,7 +13,7 @@ import numpy as np
 
 from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
-from hicache.lifecycle import RESIDENT
+from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import PageTable, Pages, pages
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
@@ -24,6 +24,7 @@ from hicache.tree import HiRadixTree, TreeNode
 
 TIER_NAMES = tuple(str(t) for t in TIERS)  # "L1", "L2", "L3": the snapshot's keys
 _L1, _L2, _L3 = TIER_NAMES  # the snapshot spells its per-tier dicts out (faster than zip)
+_D2H_PENDING = "D2H_PENDING"  # L2's state while a backup from L1 is in flight (lifecycle.toml)
 
 
 class PlaneQueries:
@@ -118,6 +119,26 @@ class PlaneQueries:
         kept = {n.node_id for n in keep}
         return [n for n in self.tree.candidates(t)
                 if n.node_id not in kept and self._allows(name, n)]
+
+    def evictable_l1(self, keep: Collection[TreeNode] = ()) -> int:
+        """L1 pages `evict("L1", n, keep)` could free now, leaf by leaf: those of every node
+        resident in L1 whose whole L1 subtree could go -- unlocked in L1, no backup of it in
+        flight (the `evict_l1` guards; tests/test_eviction_room.py holds this to the table),
+        not in `keep`, no load-back pending below it. A caller refusing for lack of room
+        asks this first, so that a refused operation evicts nothing (spec/README.md)."""
+        kept = {n.node_id for n in keep}
+
+        def walk(n: TreeNode) -> tuple[bool, int]:  # (whether n can go, pages its subtree frees)
+            freed, rest_go = 0, True
+            for c in n.children.values():
+                go, got = walk(c)
+                freed += got
+                rest_go = rest_go and (go or c.state[0] == ABSENT)
+            can = (rest_go and not n.is_root and n.state[0] == RESIDENT and n.lock[0] == 0
+                   and n.state[1] != _D2H_PENDING and n.node_id not in kept)
+            return can, freed + (n.num_pages if can else 0)
+
+        return walk(self.tree.root)[1]
 
     def _allows(self, name: str, node: TreeNode) -> bool:
         """Whether transition `name` is enabled on `node` (the row's source sub-state and every

@@ -193,8 +193,9 @@ class CacheController:
         Check, then change: `UnknownRequest` (not admitted, or finished), `RestorePending`
         (tick until `ready`), and `OutOfPages` (L1 cannot hold the pages to compute, because
         other requests hold it locked) are raised before the request changes -- its
-        `cached_len` and the restore counters move once, on the call that succeeds. Trying
-        to make room may evict unlocked cached pages (cache maintenance, not request state)."""
+        `cached_len` and the restore counters move once, on the call that succeeds. A prefill
+        refused for room evicts nothing (it checks that eviction could make the room first);
+        one that succeeds may evict unlocked cached pages to make it."""
         self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
         if not mat.done:
@@ -211,6 +212,9 @@ class CacheController:
             # what nobody holds, never the prefix about to be served (a failed restore
             # stage unpins it; another request may have loaded it into L1 since).
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
+            free = self.cp.free_pages(Tier.L1)
+            if free + self.cp.evictable_l1(keep) < todo // g.page_size:
+                raise OutOfPages("L1", todo // g.page_size, free)  # refused: nothing evicted
             self.evictor.make_room(Tier.L1, todo // g.page_size, keep=keep)
             free = self.cp.free_pages(Tier.L1)
             if free < todo // g.page_size:

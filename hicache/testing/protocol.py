@@ -95,10 +95,8 @@ class CacheUnderTest(Protocol):
         ...
 
     def prefill(self, request_id: int) -> bool:
-        """Serve what arrived, compute the rest, insert. False when the engine refuses for
-        lack of room: the request is unchanged (cached_len, what it holds), though trying to
-        make room may have evicted unlocked cached pages (spec/restore.md's controller
-        contract allows it; the engine reports them in `changes()`)."""
+        """Serve what arrived, compute the rest, insert. False (nothing changed: no page
+        evicted either, spec/restore.md) when the engine refuses for lack of room."""
         ...
 
     def finish(self, request_id: int) -> None:
