@@ -15,7 +15,7 @@ from hypothesis import settings
 
 from hicache.testing import make_machine
 from hicache.testing.adapters import lru
-from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.adapters.controller import ControllerAdapter, Setup, controller_adapter, setups
 from hicache.testing.runner import run
 
 _profile = settings()  # the loaded profile (dev, ci or fuzz)
@@ -52,6 +52,26 @@ def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None
     assert "state.start(setup=" in text and "state.submit(" in text  # the shrunk steps
     assert ("replay: hicache fuzz --seed 1 --steps 400 --plane null "
             "--adapter hicache.testing.adapters.lru:forgetful_adapter") in text
+
+
+class EvictsThenRefuses(ControllerAdapter):
+    """Evicts an L1 page before refusing a prefill for room: what the controller did until a
+    refused prefill checked first (a rejected operation leaves no trace)."""
+
+    def prefill(self, request_id: int) -> bool:
+        served = super().prefill(request_id)
+        if not served:
+            self.ctl.evict("L1", 1)
+        return served
+
+
+def evicts_then_refuses(setup: Setup) -> EvictsThenRefuses:
+    return EvictsThenRefuses(setup)
+
+
+def test_a_refused_prefill_that_evicts_is_caught() -> None:
+    status, text = fuzz(3000, adapter="tests.test_testing_machine:evicts_then_refuses")
+    assert status == 1 and "differential check failed: page changes of a refused prefill" in text, text[-800:]
 
 
 def test_the_same_seed_gives_the_same_trace_on_the_null_plane() -> None:

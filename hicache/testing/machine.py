@@ -61,7 +61,7 @@ from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import prompts, schedules
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
-from hicache.testing.reference import ReferenceModel
+from hicache.testing.reference import Mismatch, ReferenceModel
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
 QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x)
@@ -306,6 +306,12 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
                 self.model.prefilled(rid, expected, self.cache.cached_len(rid))
                 self.prefilled.add(rid)
                 self.model.served(rid, self.cache.served_digests(rid))
+                return
+            # Verify a prefill refused for room changed nothing, no eviction either (a
+            # rejected operation leaves no trace; the protocol's `prefill` contract).
+            changed = self.cache.changes()
+            if changed:
+                raise Mismatch("page changes of a refused prefill", changed[:4], [], f"request {rid}")
 
         @precondition(lambda self: bool(self.prefilled))
         @rule(pick=st.integers(0, 7))
