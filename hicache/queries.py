@@ -127,18 +127,20 @@ class PlaneQueries:
         not in `keep`, no load-back pending below it. A caller refusing for lack of room
         asks this first, so that a refused operation evicts nothing (spec/README.md)."""
         kept = {n.node_id for n in keep}
-
-        def walk(n: TreeNode) -> tuple[bool, int]:  # (whether n can go, pages its subtree frees)
-            freed, rest_go = 0, True
-            for c in n.children.values():
-                go, got = walk(c)
-                freed += got
-                rest_go = rest_go and (go or c.state[0] == ABSENT)
-            can = (rest_go and not n.is_root and n.state[0] == RESIDENT and n.lock[0] == 0
-                   and n.state[1] != _D2H_PENDING and n.node_id not in kept)
-            return can, freed + (n.num_pages if can else 0)
-
-        return walk(self.tree.root)[1]
+        order, stack = [], [self.tree.root]  # parents before children; walked in reverse
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        goes: dict[int, bool] = {}  # node id -> the node and its whole L1 subtree can go
+        freed = 0
+        for n in reversed(order):  # children before their parent (no recursion: trees run deep)
+            goes[n.node_id] = can = (
+                not n.is_root and n.state[0] == RESIDENT and n.lock[0] == 0
+                and n.state[1] != _D2H_PENDING and n.node_id not in kept
+                and all(goes[c.node_id] or c.state[0] == ABSENT for c in n.children.values()))
+            freed += n.num_pages if can else 0
+        return freed
 
     def _allows(self, name: str, node: TreeNode) -> bool:
         """Whether transition `name` is enabled on `node` (the row's source sub-state and every

@@ -212,13 +212,13 @@ class CacheController:
             # what nobody holds, never the prefix about to be served (a failed restore
             # stage unpins it; another request may have loaded it into L1 since).
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
+            need, free = todo // g.page_size, self.cp.free_pages(Tier.L1)
+            if free < need and free + self.cp.evictable_l1(keep) < need:
+                raise OutOfPages("L1", need, free)  # refused: nothing evicted
+            self.evictor.make_room(Tier.L1, need, keep=keep)
             free = self.cp.free_pages(Tier.L1)
-            if free + self.cp.evictable_l1(keep) < todo // g.page_size:
-                raise OutOfPages("L1", todo // g.page_size, free)  # refused: nothing evicted
-            self.evictor.make_room(Tier.L1, todo // g.page_size, keep=keep)
-            free = self.cp.free_pages(Tier.L1)
-            if free < todo // g.page_size:
-                raise OutOfPages("L1", todo // g.page_size, free)
+            if free < need:
+                raise OutOfPages("L1", need, free)
         # -- change (nothing below can run out of L1 pages) --
         restored_from = self.cp.cached_len(request_id)
         if deepest is not None:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 from hicache.errors import ConfigError
 from hicache.testing.coverage import Coverage
-from hicache.trace import TraceEvent, TraceHeader
+from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 
 STEPS_PER_RUN = 50
 DEFAULT_STEPS = 2_000
@@ -81,8 +81,9 @@ class LastTrace:
             raise ConfigError("--trace", "the adapter has no trace_header(); a trace needs its "
                               "header (spec/trace.md): add one, or leave --trace out")
         with open(self.path, "w") as f:
-            f.write(self.header.to_json() + "\n")
-            f.writelines(e.to_json() + "\n" for e in self.events)
+            sink = NdjsonSink(f, self.header)
+            for e in self.events:
+                sink.emit(e)
         restarted = f", engine {self.engines} of the run" if self.engines > 1 else ""
         return f"trace: {self.path} ({len(self.events)} events of the last run{restarted})"
 
