@@ -190,3 +190,17 @@ class ProducerError(HiCacheError, ValueError):
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
         super().__init__(f"{field}: {problem}")
+
+
+class NoAllocator(HiCacheError):
+    """A pool without a free list (a sidecar or state pool, spec/pools.md) was asked to
+    allocate, free or report its free pages. Its indices are its source pool's: ask the
+    source (`source`). Nothing was changed."""
+
+    def __init__(self, pool: str, operation: str, source: str) -> None:
+        self.pool = pool
+        self.operation = operation
+        self.source = source
+        super().__init__(
+            f"pool {pool!r} has no allocator ({operation} refused); it uses {source!r}'s "
+            f"indices: {operation} on {source!r} instead")
