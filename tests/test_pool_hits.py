@@ -131,6 +131,18 @@ def test_f14_the_hit_is_the_largest_common_endpoint_not_the_min_of_maxima() -> N
     assert largest_endpoint(intersect_masks(masks)) == 1
 
 
+def test_ranks_agree_on_the_bound_then_intersect_masks() -> None:
+    """The tensor-parallel form of #39147: rank 0 alone would serve 3, rank 1 alone 2, so the
+    minimum of the ranks' hits is 2; but no endpoint above 1 is legal on both ranks."""
+    group = PoolGroup("swa-only", (anchor(), trailing("swa", 1)))
+    ranks = [agreed_hit(group, {"kv": [T, T, T], "swa": swa}, 3) for swa in ([T, F, T],
+                                                                            [T, T, F])]
+    assert [r.hit for r in ranks] == [3, 2]
+    bound = min(r.bound for r in ranks)  # the first, fixed-size reduction (MIN)
+    common = intersect_masks([r.mask(bound) for r in ranks])  # the second: equal lengths
+    assert common == (1, 1, 0, 0) and largest_endpoint(common) == 1
+
+
 def test_f14_disjoint_endpoints_agree_on_zero() -> None:
     group = two_trailing(2, 1)
     hit = agreed_hit(group, {"kv": [T, T, T], "swa": [F, T, T], "swb": [F, T, F]}, 3)
@@ -278,6 +290,10 @@ def test_bad_masks_paths_and_counts_are_refused() -> None:
         largest_endpoint((0, 1))
     with pytest.raises(ConfigError, match="bound"):
         Endpoints(1, frozenset({0})).endpoint_mask(-1)
+    with pytest.raises(ConfigError, match="legal"):
+        Endpoints(2, frozenset({1, 2}))  # the empty hit is always legal
+    with pytest.raises(ConfigError, match="legal"):
+        Endpoints(2, frozenset({0, 3}))
     with pytest.raises(ConfigError, match="path"):
         swa_boundaries([(0, T)], 1)
     with pytest.raises(ConfigError, match="pages"):

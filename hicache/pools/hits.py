@@ -98,8 +98,9 @@ class Endpoints:
     legal: frozenset[int]
 
     def __post_init__(self) -> None:
-        # Verify the set is a set of endpoints of this prefix, and holds the empty hit.
-        assert 0 in self.legal and all(0 <= e <= self.pages for e in self.legal), self
+        if 0 not in self.legal or not all(0 <= e <= self.pages for e in self.legal):
+            raise ConfigError("legal", f"endpoints in 0..{self.pages}, 0 included, got "
+                                       f"{sorted(self.legal)}")
 
     @property
     def largest(self) -> int:
@@ -165,6 +166,13 @@ class GroupHit(NamedTuple):
     recompute_tokens: int
     pools: tuple[PoolHit, ...]
 
+    def mask(self, n: int) -> tuple[int, ...]:
+        """The endpoints 0..n legal in every required pool, as a fixed-length 0/1 mask. For
+        tensor parallelism: ranks first agree on n (the minimum of their `bound`s), then
+        intersect their masks (elementwise MIN); the largest common endpoint is the hit."""
+        return intersect_masks([p.endpoints.endpoint_mask(n) for p in self.pools
+                                if p.pool in self.required])
+
 
 def check_policy(name: str) -> str:
     """`name` if it is a group hit policy; else ConfigError naming the choices."""
@@ -174,8 +182,11 @@ def check_policy(name: str) -> str:
 
 
 def matched_pools(group: PoolGroup) -> tuple[PoolSpec, ...]:
-    """The pools a hit is matched over, in table order: every backupable non-state pool."""
-    return tuple(p for p in group.pools if p.role != STATE and p.backupable)
+    """The pools a hit is matched over, in table order: the anchor and every backupable
+    non-state pool."""
+    anchor = group.anchor.name
+    return tuple(p for p in group.pools
+                 if p.name == anchor or (p.role != STATE and p.backupable))
 
 
 def required_pools(group: PoolGroup, policy: str) -> tuple[str, ...]:
@@ -226,15 +237,15 @@ def agreed_hit(group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: 
     pools = pool_hits(group, presence, pages)
     needed = [p for p in pools if p.pool in required]
     bound = min((p.leading_run for p in needed if p.hit_policy == ALL_PAGES), default=pages)
-    masks = [p.endpoints.endpoint_mask(bound) for p in needed if p.hit_policy == TRAILING_PAGES]
-    hit = largest_endpoint(intersect_masks(masks)) if masks else bound
-    hit_tokens = hit * group.anchor.page_size
     window_tokens = max((q.window_pages * q.page_size for q in matched_pools(group)
                          if q.hit_policy == TRAILING_PAGES and q.name not in required), default=0)
-    recompute = min(hit_tokens, window_tokens)
+    result = GroupHit(policy, required, pages, bound, 0, 0, 0, pools)
+    hit = largest_endpoint(result.mask(bound))
+    hit_tokens = hit * group.anchor.page_size
     # Verify the hit is legal in every required pool and within the ALL_PAGES bound.
     assert hit <= bound and all(hit in p.endpoints.legal for p in needed), (hit, pools)
-    return GroupHit(policy, required, pages, bound, hit, hit_tokens, recompute, pools)
+    return result._replace(hit=hit, hit_tokens=hit_tokens,
+                           recompute_tokens=min(hit_tokens, window_tokens))
 
 
 class PrefetchClamp(NamedTuple):
