@@ -110,9 +110,9 @@ def test_swa_boundaries_reset_at_a_gap_f23() -> None:
 def test_endpoints_convert_to_anchor_pages_when_page_sizes_differ() -> None:
     group = dsv4_tiny(window=3, kv_page=4, swa_page=2)
     swa = [F, T, T, T, T, T]  # own endpoints 0, 4, 5, 6 -> anchor endpoints 0, 2, 3
-    (kv, swa_hit, *_), = [pool_hits(group, {"kv": [T] * 3, "swa": swa}, 3)]
-    assert swa_hit.endpoints.legal == {0, 2, 3} and swa_hit.leading_run == 0
-    assert kv.endpoints.legal == {0, 1, 2, 3}
+    hits = {p.pool: p for p in pool_hits(group, {"kv": [T] * 3, "swa": swa}, 3)}
+    assert hits["swa"].endpoints.legal == {0, 2, 3} and hits["swa"].leading_run == 0
+    assert hits["kv"].endpoints.legal == {0, 1, 2, 3}
 
 
 # -- the agreed hit ---------------------------------------------------------------------------
