@@ -31,10 +31,12 @@ WORD_DTYPES: dict[int, torch.dtype] = {8: torch.int64, 4: torch.int32, 2: torch.
 
 @dataclass(frozen=True)
 class TableConfig:
-    """piece_bytes: the most one program copies; block_bytes: one loop step (powers of two)."""
+    """piece_bytes: the most one program copies; block_bytes: one loop step (powers of two).
+    The defaults were the fastest of (16 KiB, 8 KiB), (64 KiB, 8 KiB) and (4 KiB, 2 KiB) for
+    the DeepSeek V4 group on an H200 (benchmarks/results/2026-12-01-group-kernels.md)."""
 
-    piece_bytes: int = 16384
-    block_bytes: int = 8192
+    piece_bytes: int = 4096
+    block_bytes: int = 2048
     num_warps: int = 4
 
     def __post_init__(self) -> None:
