@@ -193,3 +193,40 @@ def test_bench_preset_quick_runs_on_cpu_and_checks_every_pool(tmp_path: object) 
     dsv4 = [r for r in rows if r["preset"] == "dsv4-tiny"]
     assert all(len(r["bytes_ok"]) == 6 and all(r["bytes_ok"].values()) for r in dsv4)
     assert transfer.main(["--preset", "dsv5", "--quick", "--out", out]) == 2
+
+
+def test_group_storage_round_trip_keys_slots_by_pool() -> None:
+    from hicache.dataplane.groupstorage import GroupStorageMover
+
+    geometry, l1, l2 = dsv4_tiny()
+    GroupMover(l1, l2, "torch").d2h({"kv": ([1, 2, 3], [0, 1, 2]), "swa": ([4], [3])}).wait()
+    storage = GroupStorageMover(l2, {"kv": 4, "swa": 5}, io_threads=0)
+    try:
+        h2s = storage.h2s({"kv": ([0, 1, 2], [3, 0, 1]), "swa": ([3], [4])})
+        assert h2s.wait().value == "DONE" and set(h2s.parts) == {p.name for p in geometry.pools}
+        l2_before = l2.tensor.clone()
+        with pytest.raises(InvalidPages, match="holds no written page"):  # slot 2 never written
+            storage.s2h({"kv": ([3, 2], [5, 6])})
+        assert torch.equal(l2.tensor, l2_before)  # rejected: nothing issued
+        s2h = storage.s2h({"kv": ([3, 0, 1], [7, 8, 9]), "swa": ([4], [6])})
+        assert s2h.wait().value == "DONE"
+        for p in geometry.pools:
+            a, b = (np.array([0, 1, 2]), np.array([7, 8, 9])) if p.source == "kv" else \
+                (np.array([3]), np.array([6]))
+            assert np.array_equal(pool_digest(l2, p.name, a), pool_digest(l2, p.name, b)), p.name
+    finally:
+        storage.close()
+
+
+def test_one_failed_pool_fails_the_group_storage_transfer() -> None:
+    from hicache.dataplane.groupstorage import GroupStorageMover
+
+    _, _, l2 = dsv4_tiny()
+    storage = GroupStorageMover(l2, {"kv": 4, "swa": 5}, io_threads=0)
+    try:
+        handle = storage.h2s({"kv": ([0, 1], [0, 1]), "swa": ([2], [2])})
+        handle.parts["c128"].fail()
+        assert handle.wait().value == "FAILED" and handle.error is not None
+        assert all(p.status.final for p in handle.parts.values())
+    finally:
+        storage.close()

@@ -69,6 +69,20 @@ class GroupPlan:
         return sum(m.nbytes for m in self.moves)
 
 
+def source_pages(direction: Direction, source: str, src: object, dst: object,
+                 near_capacity: int, far_capacity: int) -> tuple[Pages, Pages]:
+    """`transfer_pages` for one allocating pool's (source, target) pages: `near_capacity` is
+    the capacity of the tier a backup (D2H, H2S) reads, `far_capacity` the other's; the
+    InvalidPages field is prefixed with the pool's name."""
+    caps = (near_capacity, far_capacity)
+    if direction in (Direction.H2D, Direction.S2H):
+        caps = caps[::-1]
+    try:
+        return transfer_pages(direction, src, dst, *caps)
+    except InvalidPages as e:
+        raise InvalidPages(f"{source}.{e.field}", str(e).split(": ", 1)[-1]) from None
+
+
 def plan_group(direction: Direction, request: GroupPages, l1: GroupDevicePool,
                l2: GroupHostPool) -> GroupPlan:
     """Validate `request` (module docstring) and lay its pools out in the workspace."""
@@ -80,13 +94,7 @@ def plan_group(direction: Direction, request: GroupPages, l1: GroupDevicePool,
                                                  f"{list(geometry.sources)}")
     validated: dict[str, tuple[Pages, Pages]] = {}
     for source, (src, dst) in request.items():
-        caps = (l1.capacity(source), l2.capacity(source))
-        if direction is Direction.H2D:
-            caps = caps[::-1]
-        try:
-            a, b = transfer_pages(direction, src, dst, *caps)
-        except InvalidPages as e:
-            raise InvalidPages(f"{source}.{e.field}", str(e).split(": ", 1)[-1]) from None
+        a, b = source_pages(direction, source, src, dst, l1.capacity(source), l2.capacity(source))
         validated[source] = (a, b) if direction is Direction.D2H else (b, a)
     moves: list[PoolMove] = []
     at = 0
