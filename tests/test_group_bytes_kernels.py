@@ -124,9 +124,9 @@ def test_gpu_modes_match_torch(compiled: None, mode: str, name: str) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_auto_picks_the_verified_table(compiled: None) -> None:
+def test_gpu_auto_picks_the_verified_per_pool_kernels(compiled: None) -> None:
     geometry = GroupGeometry.from_group(bench_group("dsv4-tiny"))
     caps = {s: 4 for s in geometry.sources}
     l1 = GroupDevicePool(geometry, caps, GPU)
     mover = GroupMover(l1, GroupHostPool(geometry, caps, pin=True))
-    assert mover.kernels.mode == "table", mover.kernels.reason
+    assert mover.kernels.mode == "per_pool", mover.kernels.reason

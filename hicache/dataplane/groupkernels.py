@@ -33,7 +33,12 @@ from hicache.tiers import Direction
 
 MODES = ("table", "per_pool", "torch")
 REQUESTS = ("auto", *MODES)
-AUTO_CUDA_MODE = "table"  # what `auto` tries first on CUDA (benchmarks/results say why)
+# What `auto` tries on CUDA. The row table is the faster kernel (benchmarks/results/
+# 2026-12-01-group-kernels.md), but end to end one launch per pool wins: building and
+# uploading a table of every 4 KiB piece costs ~1-2 ms of host time per 3,500-token transfer,
+# while the per-pool gathers overlap the DMAs of the pools before them
+# (benchmarks/results/2026-12-01-h200-multipool/).
+AUTO_CUDA_MODE = "per_pool"
 
 
 @dataclass(frozen=True)
