@@ -2,7 +2,8 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer recompute serving fuzz (default: env tests transfer recompute serving)
+#   stages: env tests kernels transfer multipool recompute serving fuzz (default: env tests
+#   transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
 #
 # Runs from the repository root with the project importable from the working tree
@@ -31,6 +32,8 @@ for stage in $stages; do
     tests) run gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
     kernels) run bench_kernels python3 -m hicache bench kernels --out "$out/kernels.json" ;;
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
+    multipool) run group_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_group_bytes_kernels.py
+               run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \

@@ -50,10 +50,11 @@ class RowLayout(NamedTuple):
     n: int  # pages moved (len(pages))
     row_bytes: int
     word_bytes: int  # the integer word the bytes are moved as: 8, 4, 2 or 1
+    rows_per_layer: int = 2  # K and V; pool groups' pools may have 1 (an MLA latent, a sidecar)
 
     @property
     def rows_per_page(self) -> int:
-        return 2 * self.layers
+        return self.rows_per_layer * self.layers
 
     @property
     def rows(self) -> int:

@@ -196,12 +196,23 @@ def _launch(
     layout = check_operands(l1, pages, packed, scatter=not gather)
     if layout.n == 0:
         return
-    device = l1.device
+    # The kernel computes every offset itself: it needs the word pointers, not the shapes.
+    launch_layout(layout, word_view(l1, layout), word_view(packed, layout), pages,
+                  gather=gather, config=config, stream=stream)
+
+
+def launch_layout(
+    layout: RowLayout, l1_words: torch.Tensor, packed_words: torch.Tensor, pages: torch.Tensor,
+    *, gather: bool, config: LaunchConfig | None = None, stream: torch.cuda.Stream | None = None,
+) -> None:
+    """The launch behind `gather_rows`/`scatter_rows` for operands already checked against
+    `layout`: `l1_words` holds `layout.rows_per_page` rows of `layout.l1_pages` pages (row
+    (kl, p) at word (kl * l1_pages + p) * row_words), `packed_words` n pages of rows. Pool
+    groups call it per pool with their own row counts (`RowLayout.rows_per_layer`)."""
+    device = l1_words.device
     interpreted = interpreter_enabled()
     check_runnable(device, interpreted)
     plan, constants = _plan_for(layout, config, device)
-    # The kernel computes every offset itself: it needs the word pointers, not the shapes.
-    l1_words, packed_words = word_view(l1, layout), word_view(packed, layout)
     src, dst = (l1_words, packed_words) if gather else (packed_words, l1_words)
     args = (src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
             *constants, gather)

@@ -473,7 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="first-chunk sizes (MiB) measured as variants beside the default")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument("--preset", help="comma-separated pool groups (dsv4, mla): the "
+                        "multi-pool benchmark instead (hicache/bench/multipool.py)")
     args = parser.parse_args(argv)
+    if args.preset and not args.quick and not torch.cuda.is_available():
+        return no_cuda("transfer", "pass --quick for a CPU smoke run of the multi-pool path")
+    if args.preset:
+        from hicache.bench.multipool import run_cli
+        return run_cli(args)
     if not args.quick and not torch.cuda.is_available():
         return no_cuda("transfer", "run it on a machine with a GPU, or pass --quick for a CPU "
                                    "smoke run (its numbers mean nothing)")

@@ -1,0 +1,236 @@
+"""Group D2H and H2D: every pool of a pool group in one operation, one handle.
+
+    D2H   compute: wait(caller) -> upload operands -> stage 0 gather, stage 1 gather, ...
+          d2h:     (after stage k's gather) one DMA per run of consecutive L2 pages of each
+                   pool of stage k, from its packed part straight into its L2 region
+    H2D   h2d:     stage k's DMAs, L2 runs -> packed parts
+          compute: wait(caller) -> upload operands -> (after stage k's DMAs) stage k scatter
+
+A request names pages per allocating pool; derived pools move their source's pages
+(groupplan.py). Stages and kernels per mode are in groupkernels.py: one stage and one launch
+for the row table, one per pool otherwise. Why the caller wait comes first: the caller's
+stream may still write what a D2H reads or what an H2D overwrites (bug class B05).
+
+Completion is observed by polling the last event; the workspace (packed bytes, operands)
+is held by the handle and returned only once the handle is final. On CPU the same code runs
+synchronously (no streams) and the handle completes on its first poll. One thread issues and
+polls. Every L2 run is one direct DMA (no host staging, unlike the single-pool mover's small
+runs): fragmented L2 pages cost one DMA per page per pool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
+from hicache.dataplane.groupplan import GroupPages, GroupPlan, PoolMove, plan_group
+from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
+from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.streams import Event, Streams, landed
+from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
+from hicache.errors import ConfigError, TransferError
+from hicache.kernels.row_table import TableConfig
+from hicache.tiers import Direction
+
+INDEX_MIN_BYTES = 64 << 10  # operand buffers start here: one serves most transfers
+
+
+@dataclass
+class GroupCounters:
+    """Per direction, cumulative; `bytes` counts transfers observed DONE."""
+
+    ops: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    bytes: int = 0
+    launches: int = 0  # kernel launches issued
+    dmas: int = 0  # host<->device copies issued (operand uploads excluded)
+    issue_s: float = 0.0  # host time inside issuing calls, allocation excluded
+
+
+class GroupHandle(TransferHandle):
+    """One group transfer; returns its workspaces when final. `launches` and `dmas` say
+    how it was issued."""
+
+    def __init__(self, mover: GroupMover, plan: GroupPlan, held: list[tuple[WorkspaceCache, Workspace]],
+                 start: Event | None, end: Event | None, launches: int, dmas: int) -> None:
+        super().__init__(plan.direction, plan.nbytes)
+        self.plan, self.launches, self.dmas = plan, launches, dmas
+        self._mover, self._held, self._start, self._end = mover, held, start, end
+
+    def _probe(self) -> TransferStatus:
+        return TransferStatus.DONE if self._end is None or landed(self._end) else TransferStatus.PENDING
+
+    def _quiesce(self) -> None:
+        if self._end is not None:
+            self._end.synchronize()
+
+    def _finish(self, status: TransferStatus) -> None:
+        super()._finish(status)
+        if self._start is not None and self._end is not None:
+            self.timings.service_s = self._start.elapsed_time(self._end) / 1e3
+        held, self._held = self._held, []
+        for cache, ws in held:
+            cache.release(ws)
+        self._mover._retire(self, status)
+
+
+class GroupMover:
+    """Moves a group's pages between `l1` and `l2` (module docstring). `kernels`: a mode of
+    groupkernels.REQUESTS ("auto" verifies a Triton mode on CUDA, torch on CPU). On CUDA L2
+    must be pinned."""
+
+    def __init__(self, l1: GroupDevicePool, l2: GroupHostPool, kernels: str = "auto", *,
+                 table_config: TableConfig = TableConfig()) -> None:
+        if l2.geometry != l1.geometry:
+            raise ConfigError("l2.geometry", f"L2 holds group {l2.geometry.group.name}, L1 "
+                                             f"{l1.geometry.group.name}")
+        if l1.device.type == "cuda" and not l2.pinned:
+            raise ConfigError("l2.pin", "L1 is on CUDA: L2 must be pinned for asynchronous DMA")
+        self.l1, self.l2 = l1, l2
+        self.kernels: GroupKernels = choose(kernels, l1, l2, table_config)
+        self._streams = Streams(l1.device)
+        pin = self._streams.cuda
+        self.workspaces = WorkspaceCache(l1.device, pin=pin, alloc_stream=self._streams.compute)
+        self.operand_buffers = WorkspaceCache(l1.device, pin=pin, alloc_stream=self._streams.compute,
+                                              max_idle=4, min_bytes=INDEX_MIN_BYTES)
+        self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
+        self.in_flight: set[GroupHandle] = set()
+
+    def d2h(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """L1 -> L2 for every pool: request[source] = (L1 pages, L2 pages)."""
+        return self._issue(Direction.D2H, request, after)
+
+    def h2d(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """L2 -> L1 for every pool: request[source] = (L2 pages, L1 pages)."""
+        return self._issue(Direction.H2D, request, after)
+
+    def _issue(self, direction: Direction, request: GroupPages,
+               after: torch.cuda.Stream | None) -> TransferHandle:
+        entered = time.perf_counter()
+        plan = plan_group(direction, request, self.l1, self.l2)  # raises with nothing issued
+        counters = self.counters[direction]
+        counters.ops += 1
+        if not plan.moves:
+            counters.done += 1
+            return ReadyHandle(direction, 0)
+        ops = self.kernels.operands(plan, self.l1)
+        try:
+            held, packed, host, words, setup_s = self._borrow(plan, ops)
+        except TransferError as e:
+            counters.failed += 1
+            return ReadyHandle(direction, plan.nbytes, error=e)
+        host.copy_(torch.from_numpy(ops.host))
+        run = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
+        start, end, launches, dmas = run(plan, ops, packed, host, words, after)
+        handle = GroupHandle(self, plan, held, start, end, launches, dmas)
+        counters.launches += launches
+        counters.dmas += dmas
+        t = handle.timings
+        t.issued_at, t.workspace_setup_s = entered, setup_s
+        t.enqueue_s = time.perf_counter() - entered - setup_s
+        counters.issue_s += t.enqueue_s
+        self.in_flight.add(handle)
+        return handle
+
+    def _borrow(self, plan: GroupPlan, ops: Operands) -> tuple[
+            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """Packed workspace, host and device operand buffers; TransferError with none kept."""
+        held: list[tuple[WorkspaceCache, Workspace]] = []
+        setup = 0.0
+        words = max(1, int(ops.host.size))
+        wanted = ((self.workspaces, WorkspaceKind.DEVICE, torch.uint8, plan.packed_bytes),
+                  (self.operand_buffers, WorkspaceKind.HOST, torch.int64, words),
+                  (self.operand_buffers, WorkspaceKind.DEVICE, torch.int64, words))
+        views = []
+        try:
+            for cache, kind, dtype, n in wanted:
+                ws, seconds = cache.acquire(kind, n * dtype.itemsize)
+                held.append((cache, ws))
+                setup += seconds
+                views.append(ws.view(dtype, (n,)))
+        except TransferError:
+            for cache, ws in held:
+                cache.release(ws)
+            raise
+        return held, views[0], views[1][: ops.host.size], views[2][: ops.host.size], setup
+
+    def _enqueue_d2h(self, plan: GroupPlan, ops: Operands, packed: torch.Tensor, host: torch.Tensor,
+                     words: torch.Tensor, after: torch.cuda.Stream | None
+                     ) -> tuple[Event | None, Event | None, int, int]:
+        s = self._streams
+        caller = s.current()
+        s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
+        start = s.mark(s.compute, timing=True)
+        launches = dmas = 0
+        with s.use(s.compute, caller):
+            words.copy_(host, non_blocking=True)
+        with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
+            for stage in self.kernels.stages(plan):
+                launches += self.kernels.copy(stage, ops, words, self.l1, packed, gather=True,
+                                              stream=s.compute)
+                s.wait(s.d2h, s.mark(s.compute))
+                dmas += self._dmas(stage, packed, to_host=True)
+        return start, s.mark(s.d2h, timing=True), launches, dmas
+
+    def _enqueue_h2d(self, plan: GroupPlan, ops: Operands, packed: torch.Tensor, host: torch.Tensor,
+                     words: torch.Tensor, after: torch.cuda.Stream | None
+                     ) -> tuple[Event | None, Event | None, int, int]:
+        s = self._streams
+        start = s.mark(s.h2d, timing=True)  # the DMAs read locked L2 pages: no caller wait
+        caller = s.current()
+        s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
+        launches = dmas = 0
+        with s.use(s.compute, caller):
+            words.copy_(host, non_blocking=True)
+        with s.use(s.h2d, caller):
+            for stage in self.kernels.stages(plan):
+                dmas += self._dmas(stage, packed, to_host=False)
+                s.wait(s.compute, s.mark(s.h2d))
+                launches += self.kernels.copy(stage, ops, words, self.l1, packed, gather=False,
+                                              stream=s.compute)
+        return start, s.mark(s.compute, timing=True), launches, dmas
+
+    def _dmas(self, stage: tuple[PoolMove, ...], packed: torch.Tensor, *, to_host: bool) -> int:
+        """One copy per run of consecutive L2 pages of each pool of `stage`, on the current
+        stream; returns how many."""
+        count = 0
+        for m in stage:
+            bpp = m.pool.bytes_per_page
+            l2 = self.l2.bytes_view(m.pool.name)
+            for lo, hi, first in m.runs():
+                part = packed[m.packed_at + lo * bpp : m.packed_at + hi * bpp]
+                target = l2[first : first + hi - lo].view(-1)
+                if to_host:
+                    target.copy_(part, non_blocking=True)
+                else:
+                    part.copy_(target, non_blocking=True)
+                count += 1
+        return count
+
+    def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
+        self.in_flight.discard(handle)
+        c = self.counters[handle.direction]
+        if status is TransferStatus.DONE:
+            c.done += 1
+            c.bytes += handle.nbytes
+        elif status is TransferStatus.FAILED:
+            c.failed += 1
+        else:
+            c.cancelled += 1
+
+    @property
+    def buffers_busy(self) -> int:
+        """Workspaces held by transfers not yet final (0 when idle: nothing leaked)."""
+        return self.workspaces.busy + self.operand_buffers.busy
+
+    def close(self) -> None:
+        """Cancel every transfer in flight (waiting for its hardware); drop idle buffers."""
+        for handle in list(self.in_flight):
+            handle.cancel()
+        self.workspaces.clear_idle()
+        self.operand_buffers.clear_idle()
