@@ -29,6 +29,7 @@ from hicache.pools.spec import (
     ALLOCATING, ANCHOR, SIDECAR, STATE, TRAILING_PAGES, PoolGroup, PoolSpec,
 )
 from hicache.pools.table import GroupPages, GroupTable, InjectedShortage, PoolFaults
+from hicache.testing import zoo
 
 
 def _sidecar(name: str, source: str = "kv", page_size: int = 4) -> PoolSpec:
@@ -459,4 +460,18 @@ GroupTableMachine.TestCase.settings = settings(
     else _profile.max_examples, stateful_step_count=30, deadline=None,
 )
 TestGroupTableMachine = GroupTableMachine.TestCase
+
+
+# -- B09 in the zoo ----------------------------------------------------------------------------
+
+
+def test_the_machine_catches_b09_and_passes_without_it() -> None:
+    """B09 (a failed group reservation keeps the pools it took) is caught by the machine
+    alone, naming the rollback check; the unmutated machine runs the same budget clean."""
+    result = zoo.catch("B09", GroupTableMachine, [0], 1000)
+    assert result.caught, "B09 escaped the group-table machine"
+    assert result.failures[0].check == "I6 reserve_group_rolled_back"
+    steps, error = zoo.run_seed(GroupTableMachine, 0, 1000)
+    assert error is None and steps == 1000, f"the clean machine failed: {error!r}"
+    assert zoo.load_machine(zoo.DEFAULT_MACHINE["B09"]).__name__ == "GroupTableMachine"
 
