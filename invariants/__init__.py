@@ -21,6 +21,10 @@ their helpers are the checker's own business (and its tests').
     CHECKS, Check      hicache.invariants.registry   the list the CLI, spec check, bench show
     get_check          hicache.invariants.registry   one check by id or name (`--only I2`)
     Violation          hicache.invariants.violation  one failed check (library, reports)
+    group_view         hicache.invariants.groups     a pool group table's view (GroupView)
+    check_group_*,     hicache.invariants.groups     I6 per pool of a group, and a failed
+    check_reserve_*                                  reserve_group's rollback (not registered:
+                                                     no control plane holds a group table yet)
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from __future__ import annotations
 from hicache.invariants.alignment import check_page_aligned
 from hicache.invariants.bytes import check_tier_bytes_equal
 from hicache.invariants.checker import CheckMode, InvariantChecker, parse_check_mode
+from hicache.invariants.groups import (
+    GroupView, check_group_conservation, check_reserve_rolled_back, group_view,
+)
 from hicache.invariants.ordering import check_publish_order
 from hicache.invariants.ownership import (
     check_inflight_source_pinned, check_ownership_disjoint, check_page_conservation,
@@ -42,12 +49,14 @@ from hicache.invariants.violation import Violation
 
 ENTRY_POINTS = frozenset({
     "InvariantChecker", "CheckMode", "parse_check_mode", "check_all", "CHECKS", "Check",
-    "get_check", "Violation",
+    "get_check", "Violation", "GroupView", "group_view", "check_group_conservation",
+    "check_reserve_rolled_back",
 })
 """The names code outside `hicache.invariants` may import from it (see the table above)."""
 
 __all__ = [
-    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "InvariantChecker", "Violation", "check_all",
+    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "GroupView", "InvariantChecker", "Violation",
+    "check_all", "check_group_conservation", "check_reserve_rolled_back", "group_view",
     "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",
     "check_no_dead_node", "check_no_double_reference", "check_ownership_disjoint",
     "check_page_aligned", "check_page_conservation", "check_parent_child_links",

@@ -9,8 +9,8 @@ returns a context manager that swaps the broken version in and restores the orig
 
 Nothing else reaches these patches: no configuration field, flag or environment variable
 of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's tests call
-`activate`. B09, B10 (multi-pool) and B16 (tensor parallelism) have no mutant yet: the
-reference moves bytes for one pool on one rank.
+`activate`. B10 (multi-pool eviction) and B16 (tensor parallelism) have no mutant yet: the
+reference evicts and moves bytes for one pool on one rank.
 
     name         class  patched function                          what is broken
     -----------  -----  ----------------------------------------  ----------------------------
@@ -23,6 +23,8 @@ reference moves bytes for one pool on one rank.
     B07          B07    execute._Context.parent_resident          issue guard always passes
     B07-leaf     B07    HiRadixTree._refresh_leaf                 leaf set keyed on L1's children
     B08          B08    HiRadixTree.split                         cuts values by tokens
+    B09          B09    GroupTable._rollback                      a failed group reserve keeps
+                                                                  the pools it took
     B11          B11    HiRadixTree.unlock                        clamps at zero
     B12          B12    RestoreStager._settle_own                 a failed load raises
     B13          B13    storage_io.coalesce                       merges on one side
@@ -215,6 +217,17 @@ def _b11() -> contextlib.AbstractContextManager[None]:
     return _swapped(HiRadixTree, "unlock", unlock)
 
 
+def _b09() -> contextlib.AbstractContextManager[None]:
+    """A group reservation that fails at one pool never rolls back: the pools reserved before
+    it (in sorted name order) keep their pages PRIVATE, held by nobody."""
+    from hicache.pools.table import GroupTable
+
+    def rollback(self: Any, taken: Any) -> None:
+        return None
+
+    return _swapped(GroupTable, "_rollback", rollback)
+
+
 # -- the controller and the data plane -------------------------------------------------------
 
 
@@ -360,6 +373,8 @@ ZOO: tuple[Mutant, ...] = (
            "in every tier: eviction reaches a non-leaf", _b07_leaf),
     Mutant("B08", "B08", "HiRadixTree.split", "a split cuts values at at_tokens pages instead "
            "of at_tokens / page_size", _b08),
+    Mutant("B09", "B09", "GroupTable._rollback", "a group reservation that fails at one pool "
+           "keeps the pages of the pools reserved before it", _b09),
     Mutant("B11", "B11", "HiRadixTree.unlock", "an unlock below zero is clamped at zero "
            "instead of refused", _b11),
     Mutant("B12", "B12", "RestoreStager._settle_own", "a failed restore stage raises instead "
