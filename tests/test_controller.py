@@ -103,7 +103,8 @@ def test_failed_restore_falls_back_to_recompute(site: FaultSite, evicted: str) -
     if site is not FaultSite.CORRUPT_SLOT:
         faults.once(site)
     assert serve(c, 2, PROMPT) == 24  # everything recomputed (B12: no raise, no hang)
-    assert c.metrics.fallbacks == {"transfer_failed": 1, "no_room": 0, "restore_gap": 0, "l3_offline": 0}
+    assert c.metrics.fallbacks == {"transfer_failed": 1, "no_room": 0, "restore_gap": 0, "l3_offline": 0,
+                                   "dropped": 0, "load_back_pending": 0}
     assert c.metrics.verified_pages == 0
     if site is FaultSite.CORRUPT_SLOT:
         assert all(n.state[2] != RESIDENT for n in c.cp.tree.nodes())  # the slot is a miss now
@@ -211,7 +212,7 @@ def test_write_back_backs_up_on_eviction() -> None:
     assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
     serve(c, 2, OTHER)  # needs L1 room: the first prompt is backed up, then evicted
     first = c.cp.tree.match(PROMPT, split=False, touch=False)
-    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["unbacked_eviction"] == 0
+    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
     c.close()
 
 
@@ -225,15 +226,15 @@ def test_outside_eviction_backs_up_under_write_back() -> None:
     c.drain()
     assert c.evict("L1", 12) >= 6 and c.metrics.evicted_pages["L1"] >= 6
     first = c.cp.tree.match(PROMPT, split=False, touch=False)
-    assert first.lengths == (0, 24, 0) and c.metrics.dropped_tokens["unbacked_eviction"] == 0
+    assert first.lengths == (0, 24, 0) and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
     c.close()
 
 
-def test_unbacked_eviction_counts_dropped_tokens() -> None:
+def test_write_through_unbacked_eviction_counts_dropped_tokens() -> None:
     c = make(write_policy="write_through_selective", l1_pages=12)
     serve(c, 1, PROMPT)
     serve(c, 2, OTHER)
-    assert c.metrics.dropped_tokens["unbacked_eviction"] >= 24
+    assert c.metrics.dropped_tokens["write_through_unbacked_eviction"] >= 24
     c.close()
 
 

@@ -100,7 +100,8 @@ class CacheController:
                                lambda node: me._back_up_now(node))
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion)
+                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion,
+                                    share=config.load_back_overlap == "share")
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
         self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
