@@ -286,6 +286,34 @@ def test_first_transfer_per_direction_is_not_a_cost_sample(ctl: CacheController)
     assert ctl.model.line("d2h").samples_seen == 1
 
 
+class _Timed:
+    """A finished transfer's handle as the controller reads it for a cost sample."""
+
+    def __init__(self, nbytes: int, timings: object) -> None:
+        self.nbytes, self.timings = nbytes, timings
+
+
+def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(ctl: CacheController) -> None:
+    """A handle's `enqueue_s` already leaves the workspace setup out (the movers measure the
+    issuing call less the setup, TransferTimings' contract): the sample is enqueue + queue
+    wait + service. Subtracting the setup again made a transfer that allocated a larger
+    workspace than its own run took count as no sample at all (the flake of the test above:
+    the second D2H of a larger size sometimes grew its workspace)."""
+    from hicache.dataplane.handles import TransferTimings
+    from hicache.tiers import Direction
+
+    first = TransferTimings(enqueue_s=1e-3, workspace_setup_s=9e-3, service_s=2e-3)
+    grown = TransferTimings(enqueue_s=1e-3, workspace_setup_s=5e-3, service_s=2e-3)
+    ctl._sample(Direction.D2H, _Timed(4096, first))  # type: ignore[arg-type]  # the warm-up
+    ctl._sample(Direction.D2H, _Timed(4096, grown))  # type: ignore[arg-type]
+    line = ctl.model.line("d2h")
+    assert line.samples_seen == 1
+    assert line._window[-1] == (4096.0, pytest.approx(3e-3))
+    stats = ctl.metrics.directions["D2H"]
+    stats.enqueue_s, stats.workspace_setup_s, stats.service_s = 1e-3, 5e-3, 2e-3
+    assert stats.steady_s == pytest.approx(3e-3)
+
+
 def test_the_controller_asks_the_control_plane_and_evicts_through_its_one_loop() -> None:
     """No controller module reads a node's state, value, lock or pending op, or picks
     eviction victims itself (spec/eviction.md, "One loop"): it asks ControlPlane's queries."""

@@ -86,8 +86,9 @@ class DirectionStats:
 
     @property
     def steady_s(self) -> float:
-        """Issue + queue wait + service, without workspace setup: the transfer's own time."""
-        return self.enqueue_s + self.queue_wait_s + self.service_s - self.workspace_setup_s
+        """Issue + queue wait + service: the transfers' own time (`enqueue_s` leaves workspace
+        setup out; it is counted apart, in `workspace_setup_s`)."""
+        return self.enqueue_s + self.queue_wait_s + self.service_s
 
     @property
     def gib_per_s(self) -> float:
