@@ -308,7 +308,8 @@ def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(
     ctl._sample(Direction.D2H, _Timed(4096, grown))  # type: ignore[arg-type]
     line = ctl.model.line("d2h")
     assert line.samples_seen == 1
-    assert line._window[-1] == (4096.0, pytest.approx(3e-3))
+    size, seconds = line._window[-1]
+    assert size == 4096.0 and seconds == pytest.approx(3e-3)
     stats = ctl.metrics.directions["D2H"]
     stats.enqueue_s, stats.workspace_setup_s, stats.service_s = 1e-3, 5e-3, 2e-3
     assert stats.steady_s == pytest.approx(3e-3)
