@@ -181,8 +181,9 @@ class PoolGroup:
         ConfigError names `<pool>.capacity_pages` or `<pool>.window_pages`."""
         where = f"presets.{self.name}"
         owners = {p.name for p in self.allocating}
-        for name in sorted(set(capacity_pages) - owners):
-            raise ConfigError(f"{where}.{name}.capacity_pages",
+        extra = sorted(set(capacity_pages) - owners)
+        if extra:
+            raise ConfigError(f"{where}.{extra[0]}.capacity_pages",
                               f"only allocating pools have a capacity; those are {sorted(owners)}")
         for name in sorted(owners):
             n = capacity_pages.get(name)
