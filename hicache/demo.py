@@ -24,6 +24,7 @@ OPTION_OF_FIELD = {
     "l1_pages": "--l1-pages", "l2_pages": "--l2-pages", "l3_slots": "--l3-slots",
     "policy": "--policy", "write_policy": "--write-policy", "check_mode": "--check-mode",
     "device": "--device", "backend": "--backend", "geometry": "--geometry", "io_threads": "--io-threads",
+    "pools": "--preset",
 }
 
 
@@ -50,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
                 formatter_class=_HelpFormatter, epilog=glossary_text())
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--geometry", default="tiny", help="KV geometry preset: tiny, qwen3-4b, qwen3-8b")
+    p.add_argument("--preset", default="mha", help=(
+        "pool group: mha (the geometry's single KV pool), or a group whose every pool is moved, "
+        "checked per pool and verified per pool: mla-tiny, dsv4-tiny (CPU sizes, 4-token "
+        "pages like the tiny geometry)"))
     p.add_argument("--policy", default="always",
                    help="restore or recompute: always (uses every tier), cost, never, threshold")
     p.add_argument("--write-policy", default="write_through",
@@ -135,7 +140,7 @@ def _run(args: argparse.Namespace, trace: IO[str] | None = None) -> int:
         l3_slots=sizes.l3_slots, device=args.device, l3_path=args.l3_path, backend=args.backend,
         policy=args.policy, write_policy=args.write_policy, promotion=not args.no_promotion,
         prefetch=not args.no_prefetch, check_mode=args.check_mode, io_threads=args.io_threads,
-        l3_overwrite=args.l3_overwrite,
+        l3_overwrite=args.l3_overwrite, pools=args.preset,
     )
     started = time.perf_counter()
     ctl = CacheController(config, tracer=None if trace is None else Tracer(NdjsonSink(trace)))
@@ -154,6 +159,7 @@ def _run(args: argparse.Namespace, trace: IO[str] | None = None) -> int:
     summary = _summary(ctl, report, status, time.perf_counter() - started)
     summary["config"] = _config_echo(args, config, sizes.sized, status["engine"], summary["device"])
     summary["decision_reasons"] = dict(tally.by_reason)
+    summary["verified_pool_bytes"] = dict(getattr(ctl.verifier, "bytes_checked", {}))
     longest = max(workload, key=lambda r: len(r.tokens))
     summary["longest_prompt"] = {"request_id": longest.request_id, "tokens": len(longest.tokens),
                                  "pages": -(-len(longest.tokens) // config.kv.page_size)}
@@ -186,6 +192,7 @@ def _config_echo(args: argparse.Namespace, config: object, sized: frozenset[str]
     assert isinstance(config, CacheConfig) and isinstance(engine, dict)
     return {
         "geometry": args.geometry, "geometry_fields": vars(config.kv),
+        "preset": _preset_echo(config),
         "bytes_per_page": config.kv.bytes_per_page, "l1_pages": config.l1_pages,
         "l2_pages": config.l2_pages, "l3_slots": config.l3_slots, "sized": sorted(sized),
         "l3_path": config.l3_path, "write_policy": config.write_policy, "policy": config.policy,
@@ -196,6 +203,20 @@ def _config_echo(args: argparse.Namespace, config: object, sized: frozenset[str]
     }
 
 
+def _preset_echo(config: object) -> str:
+    """The pool group line: for a group, the preset and its byte pools' bytes per anchor page;
+    "" (no line) for the single-pool plane, whose report is unchanged."""
+    from hicache.controller.config import CacheConfig
+
+    assert isinstance(config, CacheConfig)
+    group = config.group
+    if group is None:
+        return ""
+    moved = [p for p in group.pools if p.backupable and p.bytes_per_page]
+    per_anchor = sum(p.bytes_per_page * group.anchor.page_size // p.page_size for p in moved)
+    return f"{config.pools}: {len(moved)} byte pools, {per_anchor:,} bytes per anchor page"
+
+
 def _summary(ctl: object, report: object, status: dict[str, object], wall_s: float) -> dict[str, object]:
     from hicache.controller.controller import CacheController
     from hicache.serving import LoopReport
@@ -203,7 +224,7 @@ def _summary(ctl: object, report: object, status: dict[str, object], wall_s: flo
     assert isinstance(ctl, CacheController) and isinstance(report, LoopReport)
     m = ctl.metrics
     return {
-        "device": str(ctl.transfer_engine.device), "geometry": vars(ctl.config.kv), "policy": ctl.policy.name,
+        "device": str(ctl.byte_plane.device), "geometry": vars(ctl.config.kv), "policy": ctl.policy.name,
         "requests": report.requests, "admissions": report.admissions,
         "preemptions": m.preemptions, "wall_s": wall_s, "requests_per_s": report.requests_per_s,
         "prompt_tokens": m.prompt_tokens, "token_shares": m.token_shares(),

@@ -53,6 +53,8 @@ GLOSSARY: dict[str, str] = {
     "GiB/s": "bytes moved over the transfers' own time: issue + queue wait + service, "
              "without one-time workspace setup and without the loop's polling delay",
     "restores": "restores that delivered pages to L1",
+    "verified bytes by pool": "for a pool group (--preset), the restored bytes of each pool "
+                              "compared with recomputation",
     "verified pages": "restored pages compared byte for byte with recomputation (mismatches "
                       "stop the demo with RestoreMismatch)",
     "promoted pages": "pages restored from L3 that stayed in L2 (--no-promotion drops them)",
@@ -212,6 +214,7 @@ def _configuration(c: dict[str, Any]) -> list[str]:
         ("geometry", f"{c['geometry']}: {g['layers']} layers, {g['kv_heads']} KV heads, head_dim "
                      f"{g['head_dim']}, {g['dtype']}, {g['page_size']} tokens/page, "
                      f"{c['bytes_per_page']:,} bytes/page"),
+        *([("pool group", c["preset"])] if c.get("preset") else []),
         ("L1 (device)", cap("l1_pages", "pages")),
         ("L2 (host)", cap("l2_pages", "pages")),
         ("L3 (file)", cap("l3_slots", "slots")),
@@ -278,6 +281,9 @@ def _restores(s: dict[str, Any]) -> list[str]:
     return pairs("Restores and evictions", [
         (_term("restores"), f"{s['restores']:,}"),
         (_term("verified pages"), f"{s['verified_pages']:,} (0 mismatches)"),
+        *([(_term("verified bytes by pool"), ", ".join(f"{k} {n:,}" for k, n in
+                                                s["verified_pool_bytes"].items()))]
+          if s.get("verified_pool_bytes") else []),
         (_term("promoted pages"), f"{s['promoted_pages']:,}"),
         (_term("shared load-back pages"), f"{s['shared_load_back_pages']:,}"),
         (_term("evicted pages"), f"L1 {ev['L1']:,}, L2 {ev['L2']:,}, L3 {ev['L3']:,}"),

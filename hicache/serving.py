@@ -60,7 +60,7 @@ class ServingLoop:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.ctl = controller
         self.batch_size = batch_size
-        device = controller.transfer_engine.device
+        device = controller.byte_plane.device
         self._w = torch.randn(decode_dim, decode_dim, device=device)
 
     def run(self, requests: Sequence[RequestSpec], progress: Progress | None = None) -> LoopReport:
@@ -162,7 +162,7 @@ class ServingLoop:
         must sit in L1 whole, so it could never be served (the loop would stop half-way)."""
         if not requests:
             return
-        ps, capacity = self.ctl.config.kv.page_size, self.ctl.transfer_engine.l1.capacity_pages
+        ps, capacity = self.ctl.config.kv.page_size, self.ctl.config.l1_pages
         longest = max(requests, key=lambda r: len(r.tokens))
         needed = -(-len(longest.tokens) // ps)
         if needed > capacity:

@@ -16,6 +16,7 @@
 | verify | True | compare every restored page with the producer's expected bytes |
 | load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
+| pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
+from hicache.pools.spec import PoolGroup
+
+SINGLE_POOL = "mha"  # the preset that keeps the single-pool TransferEngine, unchanged
+
+
+def pool_group(name: str) -> PoolGroup:
+    """The pool-group preset `name` of spec/pools.toml (`hicache.pools.presets.group`).
+    ConfigError naming `pools` for an unknown name."""
+    from hicache.pools.presets import group
+
+    try:
+        return group(name)
+    except ConfigError as e:
+        raise ConfigError("pools", str(e).split(": ", 1)[-1]) from None
 
 POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -50,6 +65,7 @@ class CacheConfig:
     verify: bool = True
     io_threads: int = 4
     load_back_overlap: str = "share"
+    pools: str = SINGLE_POOL
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, str):
@@ -68,6 +84,26 @@ class CacheConfig:
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ConfigError("device", f"cpu, cuda or cuda:N; got {self.device!r}")
         parse_check_mode(self.check_mode)  # raises ConfigError naming check_mode
+        self._check_pools()
+
+    def _check_pools(self) -> None:
+        """A group's anchor pages are the tree's pages: same page size; its L3 files are
+        temporary (one per pool), so no `l3_path`."""
+        group = self.group
+        if group is None:
+            return
+        if group.anchor.page_size != self.kv.page_size:
+            raise ConfigError("pools", f"{self.pools!r} has {group.anchor.page_size}-token anchor "
+                                       f"pages, the geometry {self.kv.page_size}-token pages; "
+                                       "choose a geometry of the anchor's page size")
+        if self.l3_path is not None:
+            raise ConfigError("l3_path", f"a pool group ({self.pools!r}) keeps one temporary L3 "
+                                         "file per pool; leave l3_path unset")
+
+    @property
+    def group(self) -> PoolGroup | None:
+        """The pool group `pools` names; None for the single-pool plane (`mha`)."""
+        return None if self.pools == SINGLE_POOL else pool_group(self.pools)
 
     @property
     def kv(self) -> KVGeometry:

@@ -39,7 +39,7 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
-from hicache.controller.planes import choose_plane
+from hicache.controller.planes import bind_group, choose_plane
 from hicache.controller.restore import RestoreStager
 from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.aimed import issue_aimed
@@ -57,6 +57,7 @@ from hicache.tree import TreeNode
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
+    from hicache.dataplane.groupengine import GroupTransferEngine
     from hicache.producers import KVProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
@@ -83,6 +84,7 @@ class CacheController:
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer,
         )
+        bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
         if plane.pools is not None:
             self.cp.digests = CachedDigests(plane.pools.digests, self.cp.tables)
         self.model = CostModel()
@@ -107,10 +109,24 @@ class CacheController:
 
     @property
     def transfer_engine(self) -> TransferEngine:
-        """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane."""
+        """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane, and
+        on a pool group's (`byte_plane` is either)."""
+        from hicache.dataplane.engine import TransferEngine
+
         if self._bytes is None:
             raise ConfigError("engine", "this controller drives a data plane without bytes "
                               "(has_bytes is False): it has no pools; use `engine` for transfers")
+        if not isinstance(self._bytes, TransferEngine):
+            raise ConfigError("engine", "this controller drives a pool group's data plane; "
+                              "use `byte_plane` (a GroupTransferEngine)")
+        return self._bytes
+
+    @property
+    def byte_plane(self) -> TransferEngine | GroupTransferEngine:
+        """The data plane with bytes, single-pool or group. ConfigError on a byte-free plane."""
+        if self._bytes is None:
+            raise ConfigError("engine", "this controller drives a data plane without bytes "
+                              "(has_bytes is False)")
         return self._bytes
 
     @property

@@ -7,7 +7,8 @@ returns the pages compared (0 when the range is empty or the producer cannot say
 would write) and raises `RestoreMismatch`, changing nothing, when any page differs: a
 restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
 bug in the cache, never a fallback. It only reads; the caller decides when to verify
-(`CacheConfig.verify`). Importing this module does not import torch (the null data plane
+(`CacheConfig.verify`). `GroupRestoreVerifier` does the same for a pool group, pool by pool
+(the anchor `pages` mapped to every pool's). Importing this module does not import torch (the null data plane
 never builds a verifier).
 """
 
@@ -21,7 +22,8 @@ from hicache.pages import Pages
 if TYPE_CHECKING:  # torch is imported only when a verifier is built (a plane with bytes)
     import torch
 
-    from hicache.producers import KVProducer
+    from hicache.dataplane.groupengine import GroupTransferEngine
+    from hicache.producers import GroupSyntheticProducer, KVProducer
 
 
 class RestoreMismatch(HiCacheError):
@@ -60,3 +62,39 @@ class RestoreVerifier:
                 "and close this controller"
             )
         return len(pages)
+
+
+class GroupRestoreVerifier(RestoreVerifier):
+    """`RestoreVerifier` for a pool group, pool by pool: the L1 pages of every byte pool that
+    a restore of anchor `pages` delivered, compared with the group producer's
+    `expected_pools`. A difference in any one pool raises RestoreMismatch naming the pool."""
+
+    def __init__(self, producer: GroupSyntheticProducer, engine: GroupTransferEngine) -> None:
+        super().__init__(producer, engine.l1.tensor)
+        self.group_producer = producer
+        self.engine = engine
+        self.bytes_checked = {p.name: 0 for p in engine.geometry.pools}  # per pool, cumulative
+
+    def verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> int:
+        """Compare every pool's L1 pages of anchor `pages` with recomputation; the anchor
+        pages compared (0 for an empty range)."""
+        if end <= start:
+            return 0
+        import numpy as np
+
+        from hicache.tiers import Tier
+
+        anchor = np.asarray(pages, dtype=np.int64)
+        mapped = self.engine.pool_pages(Tier.L1, anchor)
+        expected = self.group_producer.expected_pools(tokens, start, end)
+        for p in self.engine.geometry.pools:
+            got = self.engine.l1.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
+            bad = (got != expected[p.name].cpu()).any(dim=1).nonzero().flatten().tolist()
+            if bad:
+                raise RestoreMismatch(
+                    f"pool {p.name}: restored pages of anchor pages {[int(anchor[i]) for i in bad[:8]]} "
+                    f"(tokens {start}..{end}) differ from recomputation: a cross-prefix mix-up "
+                    "or a torn transfer; report the trace and close this controller")
+        for p in self.engine.geometry.pools:
+            self.bytes_checked[p.name] += int(expected[p.name].numel())
+        return int(anchor.size)

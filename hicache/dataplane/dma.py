@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
@@ -141,12 +141,8 @@ class DmaHandle(TransferHandle):
         if self._delay_polls > 0:  # DELAY fault: the completion is observed late
             self._delay_polls -= 1
             return TransferStatus.PENDING
-        site = FaultSite.D2H_COMPLETE if self.direction is Direction.D2H else FaultSite.H2D_COMPLETE
-        faults = self._mover.faults
-        if faults is not None and faults.fire(site):
-            self.error = TransferError(
-                f"{self.direction}: completion failed ({site.value} injected); release the target pages"
-            )
+        self.error = completion_fault(self._mover.faults, self.direction)
+        if self.error is not None:
             return TransferStatus.FAILED
         if scatter is not None:
             scatter.advance()

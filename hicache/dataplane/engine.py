@@ -19,7 +19,6 @@ flight while that thread captures a CUDA graph; `capture.py` says what may run m
 
 from __future__ import annotations
 
-import os
 from types import TracebackType
 
 import numpy as np
@@ -31,12 +30,12 @@ from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.null import check_capacities, page_array, transfer_pages
-from hicache.dataplane.pools import DIGEST_BATCH_BYTES, DevicePool, HostPool, digest_rows, page_digest, resolve_device
-from hicache.dataplane.storage import L3File, page_checksum
+from hicache.dataplane.pools import DevicePool, HostPool, page_digest, resolve_device
+from hicache.dataplane.slotdigest import slot_digests
+from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import HiCacheError, InvalidPages
 from hicache.pages import Pages
-from hicache.snapshot import UNSERVABLE
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction, Tier
 
@@ -129,40 +128,7 @@ class TransferEngine:
             return page_digest(self.l1, ids)
         if which is Tier.L2:
             return page_digest(self.l2, ids)
-        return self._slot_digests(ids)
-
-    def _slot_digests(self, slots: Pages) -> npt.NDArray[np.uint64]:
-        """Digests of what reading each slot would serve: `UNSERVABLE` for a slot whose bytes
-        fail their recorded checksum or cannot be read whole (I4 exempts it; the read that
-        meets it is a miss), else the digest of its bytes."""
-        bpp = self.geometry.bytes_per_page
-        per_batch = max(1, DIGEST_BATCH_BYTES // bpp)
-        out = np.empty(slots.size, dtype=np.uint64)
-        for start in range(0, slots.size, per_batch):
-            batch = slots[start : start + per_batch]
-            rows = torch.empty((batch.size, bpp), dtype=torch.uint8)
-            servable = np.ones(batch.size, dtype=bool)
-            for i, (row, slot) in enumerate(zip(rows.numpy(), batch.tolist())):
-                servable[i] = self._read_servable(int(slot), memoryview(row))
-            digests = digest_rows(rows)
-            digests[~servable] = UNSERVABLE
-            out[start : start + batch.size] = digests
-        return out
-
-    def _read_servable(self, slot: int, into: memoryview) -> bool:
-        """Read one whole slot (resuming short reads); whether a read would serve it: it could
-        be read whole and its bytes match the slot's recorded checksum."""
-        done, offset = 0, self.l3.offset(slot)
-        while done < len(into):
-            try:
-                got = os.preadv(self.l3.fd, [into[done:]], offset + done)
-            except OSError:
-                return False
-            if got == 0:
-                return False  # the file ends before the slot: truncated under us
-            done += got
-        recorded = self.l3.checksum(slot)
-        return recorded is not None and page_checksum(into) == recorded
+        return slot_digests(self.l3, ids)
 
     # -- status and lifetime --------------------------------------------------------------------
 

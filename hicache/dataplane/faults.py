@@ -36,7 +36,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from hicache.errors import ConfigError, HiCacheError
+from hicache.errors import ConfigError, HiCacheError, TransferError
 from hicache.tiers import Direction, Tier
 
 
@@ -223,6 +223,16 @@ class FaultInjector:
     def unreached(self, plane: Plane) -> list[FaultSite]:
         """Sites `plane` can reach that this run never checked (the coverage gate's list)."""
         return [site for site in sites_for(plane) if not self.reached.get(site)]
+
+
+def completion_fault(faults: FaultInjector | None, direction: Direction) -> TransferError | None:
+    """Draw a D2H/H2D transfer's completion site (D2H_COMPLETE, H2D_COMPLETE) as its landing
+    is observed: the TransferError it fails with when the site fires, else None."""
+    site = FaultSite.D2H_COMPLETE if direction is Direction.D2H else FaultSite.H2D_COMPLETE
+    if faults is None or not faults.fire(site):
+        return None
+    return TransferError(f"{direction}: completion failed ({site.value} injected); release the "
+                         "target pages")
 
 
 def _check_rate(name: str, p: float) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.groupplan import GroupPages, source_pages
 from hicache.dataplane.grouppools import GroupHostPool
@@ -61,9 +62,12 @@ class GroupStorageHandle(TransferHandle):
 
 
 class GroupStorageMover:
-    """L3 files per byte pool (temporary files, removed on close) and their movers."""
+    """L3 files per byte pool (temporary files, removed on close) and their movers. `faults`
+    reaches every pool's mover: its I/O sites are drawn per piece of each pool's part, so a
+    fault in any one pool fails the whole group transfer."""
 
-    def __init__(self, l2: GroupHostPool, slots: Mapping[str, int], *, io_threads: int = 2) -> None:
+    def __init__(self, l2: GroupHostPool, slots: Mapping[str, int], *, io_threads: int = 2,
+                 faults: FaultInjector | None = None) -> None:
         geometry: GroupGeometry = l2.geometry
         missing = [s for s in geometry.sources if not isinstance(slots.get(s), int) or slots[s] <= 0]
         if missing or set(slots) - set(geometry.sources):
@@ -75,7 +79,7 @@ class GroupStorageMover:
         for p in geometry.pools:
             self.files[p.name] = L3File(None, slots[p.source], p.bytes_per_page)
             self.movers[p.name] = StorageMover(self.files[p.name], l2.bytes_view(p.name),
-                                               io_threads=io_threads)
+                                               io_threads=io_threads, faults=faults)
 
     def h2s(self, request: GroupPages) -> GroupStorageHandle:
         """L2 -> L3 for every pool: request[source] = (L2 pages, slots)."""

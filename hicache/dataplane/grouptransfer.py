@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPages, GroupPlan, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
@@ -61,9 +62,16 @@ class GroupHandle(TransferHandle):
         super().__init__(plan.direction, plan.nbytes)
         self.plan, self.launches, self.dmas = plan, launches, dmas
         self._mover, self._held, self._start, self._end = mover, held, start, end
+        self._delay_polls = 0
 
     def _probe(self) -> TransferStatus:
-        return TransferStatus.DONE if self._end is None or landed(self._end) else TransferStatus.PENDING
+        if self._end is not None and not landed(self._end):
+            return TransferStatus.PENDING
+        if self._delay_polls > 0:  # DELAY fault: the completion is observed late
+            self._delay_polls -= 1
+            return TransferStatus.PENDING
+        self.error = completion_fault(self._mover.faults, self.direction)  # once per group
+        return TransferStatus.DONE if self.error is None else TransferStatus.FAILED
 
     def _quiesce(self) -> None:
         if self._end is not None:
@@ -82,10 +90,13 @@ class GroupHandle(TransferHandle):
 class GroupMover:
     """Moves a group's pages between `l1` and `l2` (module docstring). `kernels`: a mode of
     groupkernels.REQUESTS ("auto" verifies a Triton mode on CUDA, torch on CPU). On CUDA L2
-    must be pinned."""
+    must be pinned. `faults`: the sites of the single-pool mover, drawn once per group
+    transfer (DEVICE_ALLOC / PINNED_ALLOC at a new workspace, DELAY at issue, D2H_COMPLETE /
+    H2D_COMPLETE when completion is observed); None draws nothing."""
 
     def __init__(self, l1: GroupDevicePool, l2: GroupHostPool, kernels: str = "auto", *,
-                 table_config: TableConfig = TableConfig()) -> None:
+                 table_config: TableConfig = TableConfig(),
+                 faults: FaultInjector | None = None) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 holds group {l2.geometry.group.name}, L1 "
                                              f"{l1.geometry.group.name}")
@@ -95,8 +106,11 @@ class GroupMover:
         self.kernels: GroupKernels = choose(kernels, l1, l2, table_config)
         self._streams = Streams(l1.device)
         pin = self._streams.cuda
-        self.workspaces = WorkspaceCache(l1.device, pin=pin, alloc_stream=self._streams.compute)
-        self.operand_buffers = WorkspaceCache(l1.device, pin=pin, alloc_stream=self._streams.compute,
+        self.faults = faults
+        self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults,
+                                         alloc_stream=self._streams.compute)
+        self.operand_buffers = WorkspaceCache(l1.device, pin=pin, faults=faults,
+                                              alloc_stream=self._streams.compute,
                                               max_idle=4, min_bytes=INDEX_MIN_BYTES)
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
@@ -128,6 +142,8 @@ class GroupMover:
         run = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
         start, end, launches, dmas = run(plan, ops, packed, host, words, after)
         handle = GroupHandle(self, plan, held, start, end, launches, dmas)
+        if self.faults is not None and self.faults.fire(FaultSite.DELAY):
+            handle._delay_polls = self.faults.delay_polls
         counters.launches += launches
         counters.dmas += dmas
         t = handle.timings

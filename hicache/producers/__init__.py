@@ -3,6 +3,7 @@
     KVProducer          the contract (`produce`, `expected`), in base.py
     SyntheticProducer   KV that is a pure function of the token prefix; CPU-cheap, checkable
                         byte for byte (`expected`)
+    GroupSyntheticProducer  the same rule for every pool of a pool group (group.py)
     ModelProducer       real prefill: Qwen3 at real shapes with random weights (needs the
                         optional `transformers`, imported only when one is built)
 """
@@ -10,10 +11,12 @@
 from __future__ import annotations
 
 from hicache.producers.base import KVProducer, PageIndex
+from hicache.producers.group import GroupSyntheticProducer
 from hicache.producers.model import MODEL_PRESETS, ModelProducer, Qwen3Shape
 from hicache.producers.synthetic import SyntheticProducer
 
 __all__ = [
+    "GroupSyntheticProducer",
     "KVProducer",
     "MODEL_PRESETS",
     "ModelProducer",

@@ -1,0 +1,241 @@
+"""The group transfer engine: the controller's data plane for a pool group.
+
+    GroupTransferEngine                       the DataPlane the controller drives
+      l1       GroupDevicePool                per byte pool a layer-first region
+      l2       GroupHostPool                  per byte pool a page-major region
+      mover    GroupMover                     d2h / h2d of every pool, one operation
+      storage  GroupStorageMover              h2s / s2h, one L3 file per pool
+
+The controller names *anchor* pages (a tree value is anchor pages). Each call maps them to
+every allocating pool's pages through `pool_pages(tier, anchor_pages)` -- the control plane's
+answer (its per-tier `TierPools`), injected at construction or bound later (`bind`) -- and
+moves every byte pool in one group operation; derived pools follow their source:
+
+    anchor pages   a0 a1 a2           ->   pool_pages("L1", [a0 a1 a2])
+    kv  (anchor)   a0 a1 a2                 c4, c128 ... move these pages
+    swa            s0 s1 s2 (x ratio)       c4_state ... move these pages
+
+Contract: page arguments are checked exactly as the single-pool engine checks them
+(`transfer_pages`: InvalidPages naming the same fields), then the mapping is checked (every
+allocating pool named, `ratio` pages per anchor page, in range, the anchor's own entry equal
+to the anchor pages): a refused call issues nothing. Request-scoped pools (`backupable =
+False`) are not part of the engine: they never reach L2 or L3.
+
+`digests(tier, pages)` is I4's one uint64 per anchor page, mixed from every pool's page
+digests (`pool_digests`, per pool) so that a changed byte in any single pool changes it;
+L3 slots that a read would not serve digest as `UNSERVABLE` in every pool. Faults are the
+single-pool engine's sites: DMA sites once per group D2H/H2D, I/O sites per piece of each
+pool's L3 part; an L3 slot error names the *anchor* slot, as the controller's tree holds.
+Not thread-safe: one thread issues and polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import TracebackType
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from hicache.dataplane.faults import FaultInjector
+from hicache.dataplane.groupgeometry import GroupGeometry
+from hicache.dataplane.groupmix import mix_columns
+from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, pool_digest
+from hicache.dataplane.groupstorage import GroupStorageMover
+from hicache.dataplane.grouptransfer import GroupMover
+from hicache.dataplane.handles import TransferHandle
+from hicache.dataplane.null import check_capacities, page_array, transfer_pages
+from hicache.dataplane.pools import resolve_device
+from hicache.dataplane.slotdigest import slot_digests
+from hicache.dataplane.slotnames import AnchorSlotHandle
+from hicache.errors import ConfigError, InvalidPages
+from hicache.pages import Pages
+from hicache.pools.spec import PoolGroup
+from hicache.tiers import Direction, Tier
+
+PoolPages = Callable[[str, Pages], Mapping[str, object]]
+"""(tier "L1" | "L2" | "L3", anchor pages) -> pages per allocating pool, anchor included,
+`ratio` pages per anchor page in anchor order (the control plane's `TierPools.pool_pages`)."""
+
+BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}  # CacheConfig.backend -> mode
+
+
+def backed_up(group: PoolGroup) -> PoolGroup:
+    """`group` without its request-scoped pools: what L2 and L3 hold (a request-scoped pool's
+    derived pools are request-scoped too, so what is left is a valid group)."""
+    return PoolGroup(group.name, tuple(p for p in group.pools if p.backupable))
+
+
+class GroupTransferEngine:
+    """L1, L2 and L3 of a pool group with the movers between them (module docstring).
+
+    Capacities are in anchor pages (L3: anchor slots); an allocating pool of anchor/own
+    page-size `ratio` gets `ratio` times as many. `backend`: CacheConfig's name ("auto",
+    "torch", "triton": the per-pool Triton kernels). `pool_pages`: None until `bind`; a
+    transfer or digest before then raises ConfigError. ConfigError naming the field for bad
+    sizes; L3 is one temporary file per byte pool, removed on close.
+    """
+
+    has_bytes = True
+
+    def __init__(self, group: PoolGroup, l1_pages: int, l2_pages: int, l3_slots: int, *,
+                 pool_pages: PoolPages | None = None, device: str | None = None,
+                 backend: str = "auto", io_threads: int = 2,
+                 faults: FaultInjector | None = None) -> None:
+        check_capacities(l1_pages, l2_pages, l3_slots)
+        if backend not in BACKENDS:
+            raise ConfigError("backend", f"one of {sorted(BACKENDS)}, got {backend!r}")
+        self.group = backed_up(group)
+        self.geometry = GroupGeometry.from_group(self.group)
+        anchor = self.group.anchor
+        self.ratios = {p.name: anchor.page_size // p.page_size for p in self.group.allocating}
+        self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
+        self.device = resolve_device(device)
+        self.l1 = GroupDevicePool(self.geometry, self._pool_capacity(Tier.L1), self.device)
+        self.l2 = GroupHostPool(self.geometry, self._pool_capacity(Tier.L2),
+                                pin=self.device.type == "cuda")
+        self.mover = GroupMover(self.l1, self.l2, BACKENDS[backend], faults=faults)
+        self.storage = GroupStorageMover(self.l2, self._pool_capacity(Tier.L3),
+                                         io_threads=io_threads, faults=faults)
+        self._pool_pages = pool_pages
+        self._closed = False
+
+    def _pool_capacity(self, tier: Tier) -> dict[str, int]:
+        return {name: self._capacity[tier] * r for name, r in self.ratios.items()}
+
+    def bind(self, pool_pages: PoolPages) -> None:
+        """Take the control plane's mapping (it exists only once the plane is built)."""
+        self._pool_pages = pool_pages
+
+    @property
+    def l3_path(self) -> str:
+        """The per-pool L3 files' (temporary) paths, for errors."""
+        return ", ".join(f.path for f in self.storage.files.values())
+
+    # -- anchor pages -> pool pages ---------------------------------------------------------
+
+    def pool_pages(self, tier: Tier, anchor_pages: Pages) -> dict[str, Pages]:
+        """Every allocating pool's pages for validated `anchor_pages` of `tier`, checked
+        against the contract (module docstring); InvalidPages naming the pool otherwise."""
+        if self._pool_pages is None:
+            raise ConfigError("pool_pages", "the group engine is not bound to a control plane; "
+                                            "call bind(pool_pages) first")
+        mapped = self._pool_pages(tier.value, anchor_pages)
+        out: dict[str, Pages] = {}
+        for name, ratio in self.ratios.items():
+            field = f"{tier}.pool_pages.{name}"
+            if name not in mapped:
+                raise InvalidPages(field, f"the control plane named no pages of pool {name!r}")
+            ids = page_array(field, mapped[name], self._capacity[tier] * ratio)
+            # Verify `ratio` pages per anchor page: a short list would leave pages unmoved.
+            if ids.size != anchor_pages.size * ratio:
+                raise InvalidPages(field, f"{ids.size} pages for {anchor_pages.size} anchor pages "
+                                          f"of ratio {ratio}")
+            out[name] = ids
+        # Verify the anchor maps to itself: the tree's values are anchor pages.
+        if not np.array_equal(out[self.group.anchor.name], anchor_pages):
+            raise InvalidPages(f"{tier}.pool_pages.{self.group.anchor.name}",
+                               "the anchor's pages must be the anchor pages asked for")
+        return out
+
+    def _request(self, direction: Direction, source: object, target: object
+                 ) -> dict[str, tuple[Pages, Pages]]:
+        src, dst = transfer_pages(direction, source, target, self._capacity[direction.source],
+                                  self._capacity[direction.target])
+        a = self.pool_pages(direction.source, src)
+        b = self.pool_pages(direction.target, dst)
+        return {name: (a[name], b[name]) for name in self.ratios}
+
+    # -- transfers ----------------------------------------------------------------------------
+
+    def d2h(self, l1_pages: Pages, l2_pages: Pages, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """Backup: every pool's pages of L1 anchor pages -> those of L2 anchor pages."""
+        return self.mover.d2h(self._request(Direction.D2H, l1_pages, l2_pages), after=after)
+
+    def h2d(self, l2_pages: Pages, l1_pages: Pages, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
+        """Load-back: L2 -> L1, every pool; see `d2h`."""
+        return self.mover.h2d(self._request(Direction.H2D, l2_pages, l1_pages), after=after)
+
+    def h2s(self, l2_pages: Pages, slots: Pages) -> TransferHandle:
+        """Backup: L2 anchor pages -> L3 anchor slots, every pool into its own file."""
+        request = self._request(Direction.H2S, l2_pages, slots)
+        return AnchorSlotHandle(self.storage.h2s(request), self.geometry, request, self.ratios,
+                                target=True)
+
+    def s2h(self, slots: Pages, l2_pages: Pages) -> TransferHandle:
+        """Promotion: L3 anchor slots -> L2; DONE only once every pool's checksums matched."""
+        request = self._request(Direction.S2H, slots, l2_pages)
+        return AnchorSlotHandle(self.storage.s2h(request), self.geometry, request, self.ratios,
+                                target=False)
+
+    def corrupt_slot(self, slot: int) -> None:
+        """Flip one byte of anchor slot `slot` in the first byte pool's file (an aimed
+        `corrupt`): the next S2H reading it fails (CorruptSlot naming `slot`, a miss)."""
+        ids = page_array("corrupt_slot.slot", [slot], self._capacity[Tier.L3])
+        first = self.geometry.pools[0]
+        pool_slots = self.pool_pages(Tier.L3, ids)[first.source]
+        self.storage.movers[first.name].flip_byte(int(pool_slots[0]))
+
+    # -- invariant I4 ---------------------------------------------------------------------------
+
+    def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
+        """Per byte pool, one uint64 per anchor page of `tier`: its `ratio` pool pages'
+        digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`)."""
+        if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
+            raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
+        which = Tier(tier)
+        ids = page_array(f"digests.{which}_pages", pages, self._capacity[which])
+        if ids.size == 0:
+            return {p.name: np.zeros(0, dtype=np.uint64) for p in self.geometry.pools}
+        mapped = self.pool_pages(which, ids)
+        out: dict[str, npt.NDArray[np.uint64]] = {}
+        for p in self.geometry.pools:
+            own = mapped[p.source]
+            if which is Tier.L3:
+                d = slot_digests(self.storage.files[p.name], own)
+            else:
+                d = pool_digest(self.l1 if which is Tier.L1 else self.l2, p.name, own)
+            out[p.name] = mix_columns(d.reshape(ids.size, self.ratios[p.source]))
+        return out
+
+    def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
+        """One uint64 per anchor page of `tier`: every pool's `pool_digests` mixed, so a
+        change in any one pool changes it; `UNSERVABLE` where any pool's slot is."""
+        per_pool = self.pool_digests(tier, pages)
+        return mix_columns(np.stack(list(per_pool.values()), axis=1))
+
+    # -- status and lifetime --------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        """Kernels (with the reason for the choice), pools, and every counter."""
+        return {
+            "data_plane": "real",
+            "group": self.group.name,
+            "backends": {"gather": self.mover.kernels.mode, "scatter": self.mover.kernels.mode,
+                         "reason": self.mover.kernels.reason},
+            "pools": {p.name: {"source": p.source, "bytes_per_page": p.bytes_per_page}
+                      for p in self.geometry.pools},
+            "capacity": {str(t): self._pool_capacity(t) for t in self._capacity},
+            "dma": {str(d): vars(c).copy() for d, c in self.mover.counters.items()},
+            "storage": {name: vars(m.counters).copy() for name, m in self.storage.movers.items()},
+        }
+
+    def close(self) -> None:
+        """Cancel DMA in flight, let file I/O finish, close the L3 files; forget the mapping
+        (it holds the control plane). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.mover.close()
+        self.storage.close()
+        self._pool_pages = None
+
+    def __enter__(self) -> GroupTransferEngine:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
