@@ -1,0 +1,195 @@
+"""The group data plane in the controller: CacheConfig.pools selects it (mha stays the
+single-pool TransferEngine), the group producer writes every pool from the token prefix, the
+verifier and I4 compare pool by pool, and `hicache demo --preset` serves with 0 violations."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
+import torch
+
+from hicache import demo
+from hicache.bench.grouppresets import bench_group
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.controller.planes import choose_plane, tier_pool_pages
+from hicache.controller.verify import GroupRestoreVerifier, RestoreMismatch
+from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.geometry import preset
+from hicache.dataplane.groupengine import GroupTransferEngine
+from hicache.errors import ConfigError, ProducerError
+from hicache.invariants.bytes import check_tier_bytes_equal
+from hicache.pages import Pages
+from hicache.pools.spec import ALLOCATING, ANCHOR, TRAILING_PAGES, PoolGroup, PoolSpec
+from hicache.producers import GroupSyntheticProducer, SyntheticProducer
+from hicache.tiers import Tier
+
+TOKENS = list(range(100, 116))  # 16 tokens: 4 anchor pages of 4
+
+
+def same_index(tier: str, anchor: Pages) -> dict[str, object]:
+    return {"kv": anchor, "swa": anchor}
+
+
+def group_engine(name: str = "dsv4-tiny") -> tuple[GroupTransferEngine, GroupSyntheticProducer]:
+    e = GroupTransferEngine(bench_group(name), 8, 8, 8, pool_pages=same_index, device="cpu",
+                            io_threads=0)
+    return e, GroupSyntheticProducer(e, preset("tiny"))
+
+
+def test_mha_keeps_the_single_pool_engine_and_a_group_name_selects_the_group_engine() -> None:
+    mha = choose_plane(CacheConfig(device="cpu"), None, None, None)
+    assert type(mha.engine) is TransferEngine and type(mha.producer) is SyntheticProducer
+    assert CacheConfig().pools == "mha" and CacheConfig().group is None
+    mha.engine.close()
+    group = choose_plane(CacheConfig(device="cpu", pools="dsv4-tiny"), None, None, None)
+    assert isinstance(group.engine, GroupTransferEngine) and group.pools is group.engine
+    assert isinstance(group.producer, GroupSyntheticProducer)
+    assert isinstance(group.verifier, GroupRestoreVerifier)
+    group.engine.close()
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"pools": "dsv9"}, "pools"),
+    ({"pools": "dsv4-tiny", "geometry": "qwen3-8b"}, "pools"),  # 16-token pages, anchor 4
+    ({"pools": "mla-tiny", "l3_path": "/tmp/x"}, "l3_path"),
+])
+def test_a_bad_group_config_names_its_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        CacheConfig(**kwargs)
+    assert e.value.field == field
+
+
+def test_a_group_plane_refuses_a_single_pool_producer() -> None:
+    config = CacheConfig(device="cpu", pools="mla-tiny")
+    with pytest.raises(ConfigError) as e:
+        choose_plane(config, None, SyntheticProducer(config.kv), None)
+    assert e.value.field == "producer"
+
+
+def test_the_producer_writes_every_pool_from_the_prefix_alone() -> None:
+    e, producer = group_engine()
+    new = np.array([5, 1, 6, 2], dtype=np.int64)
+    producer.produce(TOKENS, 0, 16, e.l1.tensor, np.zeros(0, np.int64), new)
+    expected = producer.expected_pools(TOKENS, 0, 16)
+    other = producer.expected_pools([99, *TOKENS[1:]], 0, 16)  # one token differs: the first
+    firsts = set()
+    for p in e.geometry.pools:
+        got = e.l1.packed(p.name, new).reshape(4, -1)
+        assert torch.equal(got, expected[p.name]), p.name
+        assert (expected[p.name] != other[p.name]).any(dim=1).all(), p.name  # every page changes
+        firsts.add(bytes(expected[p.name][0, :8].tolist()))
+    assert len(firsts) == len(e.geometry.pools)  # no two pools hold the same bytes
+    assert torch.equal(producer.expected(TOKENS, 0, 16),
+                       torch.cat(list(expected.values()), dim=1))
+    e.close()
+
+
+def test_the_producer_refuses_bad_arguments_writing_nothing() -> None:
+    e, producer = group_engine()
+    before = e.l1.tensor.clone()
+    with pytest.raises(ProducerError, match="l1"):
+        producer.produce(TOKENS, 0, 16, before, np.zeros(0, np.int64), np.arange(4))
+    with pytest.raises(ProducerError, match="new_pages"):
+        producer.produce(TOKENS, 0, 16, e.l1.tensor, np.zeros(0, np.int64), np.array([1, 1, 2, 3]))
+    with pytest.raises(ProducerError, match="range"):
+        producer.produce(TOKENS, 0, 6, e.l1.tensor, np.zeros(0, np.int64), np.arange(2))
+    assert torch.equal(e.l1.tensor, before)
+    e.close()
+
+
+def test_the_verifier_catches_a_flipped_byte_in_any_pool() -> None:
+    e, producer = group_engine()
+    new = np.array([3, 4], dtype=np.int64)
+    producer.produce(TOKENS, 8, 16, e.l1.tensor, np.arange(2), new)
+    verifier = GroupRestoreVerifier(producer, e)
+    assert verifier.verify(TOKENS, 8, 16, new) == 2
+    assert verifier.bytes_checked == {p.name: 2 * p.bytes_per_page for p in e.geometry.pools}
+    for p in e.geometry.pools:
+        region = e.l1.region(p.name)  # [rows, pages, row_bytes]
+        region[-1, 4, 0] ^= 0x80
+        with pytest.raises(RestoreMismatch, match=f"pool {p.name}: .*anchor pages \\[4\\]"):
+            verifier.verify(TOKENS, 8, 16, new)
+        region[-1, 4, 0] ^= 0x80
+    e.close()
+
+
+def serve(ctl: CacheController, rid: int, tokens: list[int]) -> None:
+    ctl.admit(rid, tokens)
+    while not ctl.ready(rid):
+        ctl.tick()
+    ctl.prefill(rid)
+    ctl.finish(rid)
+
+
+@pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny"])
+def test_i4_in_the_controller_compares_every_pool(name: str) -> None:
+    ctl = CacheController(CacheConfig(device="cpu", pools=name, l1_pages=16, l2_pages=16,
+                                      l3_slots=16, io_threads=0, check_mode="off"))
+    serve(ctl, 1, TOKENS)
+    ctl.drain()
+    plane = ctl.byte_plane
+    assert isinstance(plane, GroupTransferEngine)
+    ctl.cp.digests = plane.digests  # uncached: the flips below happen behind the tables' back
+    assert check_tier_bytes_equal(ctl.cp.snapshot()) == []
+    for p in plane.geometry.pools:
+        view = plane.l2.bytes_view(p.name)
+        view[:, -1] ^= 0x01  # one byte of every L2 page of this pool only
+        found = check_tier_bytes_equal(ctl.cp.snapshot())
+        assert [v.invariant for v in found] == ["I4"] and found[0].tier == "L2", p.name
+        view[:, -1] ^= 0x01
+    assert check_tier_bytes_equal(ctl.cp.snapshot()) == []
+    with pytest.raises(ConfigError, match="byte_plane"):
+        ctl.transfer_engine
+    ctl.close()
+
+
+def test_tier_pool_pages_asks_the_tables_and_refuses_what_it_cannot_map() -> None:
+    class Tables:
+        def __init__(self, tier: str) -> None:
+            self.tier = tier
+
+        def pool_pages(self, anchor: Pages) -> dict[str, object]:
+            return {"kv": anchor, "swa": anchor + 10, "tier": self.tier}
+
+    mapping = tier_pool_pages(bench_group("dsv4-tiny"), [Tables("1"), Tables("2"), Tables("3")])
+    assert mapping("L2", np.array([1]))["tier"] == "2"
+    single = tier_pool_pages(bench_group("dsv4-tiny"), [object(), object(), object()])
+    assert {k: list(v) for k, v in single("L3", np.array([4])).items()} == {"kv": [4], "swa": [4]}  # type: ignore[call-overload]
+    ratio2 = PoolGroup("r2", (PoolSpec("kv", ANCHOR, page_size=4, layers=0),
+                              PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES,
+                                       window_pages=1, page_size=2, layers=1, rows_per_layer=1,
+                                       row_bytes=8)))
+    with pytest.raises(ConfigError, match="TierPools"):
+        tier_pool_pages(ratio2, [object(), object(), object()])
+
+
+def run_demo(tmp_path: Path, *args: str) -> dict[str, Any]:
+    path = tmp_path / "demo.json"
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert demo.main([*args, "--quiet", "--json", str(path)]) == 0
+    assert "verified bytes by pool" in out.getvalue()
+    summary: dict[str, Any] = json.loads(path.read_text())
+    return summary
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny"])
+def test_the_demo_serves_a_group_with_every_pool_verified(tmp_path: Path, name: str) -> None:
+    s = run_demo(tmp_path, "--preset", name, "--requests", "80", "--io-threads", "0")
+    assert s["invariants"]["violations"] == 0 and s["invariants"]["run"] > 0
+    assert s["verified_pages"] > 0 and s["restores"] > 0
+    pools = [p.name for p in bench_group(name).pools if p.bytes_per_page]
+    assert sorted(s["verified_pool_bytes"]) == sorted(pools)
+    assert all(n > 0 for n in s["verified_pool_bytes"].values())
+    assert s["config"]["preset"].startswith(f"{name}: {len(pools)} byte pools")
+    assert Tier.L3.value in s["tiers"]
