@@ -297,3 +297,17 @@ def test_a_one_pool_group_digests_like_its_pool() -> None:
     assert np.array_equal(e.digests("L1", pages(0, 1)), pool_digest(e.l1, "kv", pages(0, 1)))
     round_trip(e)
     e.close()
+
+
+def test_side_pool_capacities_follow_the_control_plane_option() -> None:
+    group = bench_group("dsv4-tiny")
+    e = GroupTransferEngine(group, 4, 4, 4, device="cpu", io_threads=0,
+                            pool_capacities={"L2": {"swa": 9}},
+                            pool_pages=lambda tier, a: {"kv": a, "swa": a + (5 if tier == "L2" else 0)})
+    assert e.l2.capacity("swa") == 9 and e.l1.capacity("swa") == 4
+    assert e.d2h(pages(0, 3), pages(1, 3)).wait() is TransferStatus.DONE  # swa L2 pages 6, 8
+    assert np.array_equal(e.digests("L1", pages(0, 3)), e.digests("L2", pages(1, 3)))
+    e.close()
+    with pytest.raises(ConfigError) as bad:
+        GroupTransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L2": {"c4": 9}})
+    assert bad.value.field == "pool_capacities.L2"

@@ -71,7 +71,8 @@ class GroupTransferEngine:
     """L1, L2 and L3 of a pool group with the movers between them (module docstring).
 
     Capacities are in anchor pages (L3: anchor slots); an allocating pool of anchor/own
-    page-size `ratio` gets `ratio` times as many. `backend`: CacheConfig's name ("auto",
+    page-size `ratio` gets `ratio` times as many unless `pool_capacities[tier][pool]` says
+    otherwise (the control plane's own option of that name: pass the same). `backend`: CacheConfig's name ("auto",
     "torch", "triton": the per-pool Triton kernels). `pool_pages`: None until `bind`; a
     transfer or digest before then raises ConfigError. ConfigError naming the field for bad
     sizes; L3 is one temporary file per byte pool, removed on close.
@@ -82,7 +83,8 @@ class GroupTransferEngine:
     def __init__(self, group: PoolGroup, l1_pages: int, l2_pages: int, l3_slots: int, *,
                  pool_pages: PoolPages | None = None, device: str | None = None,
                  backend: str = "auto", io_threads: int = 2,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None,
+                 pool_capacities: Mapping[str, Mapping[str, int]] | None = None) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         if backend not in BACKENDS:
             raise ConfigError("backend", f"one of {sorted(BACKENDS)}, got {backend!r}")
@@ -91,6 +93,15 @@ class GroupTransferEngine:
         anchor = self.group.anchor
         self.ratios = {p.name: anchor.page_size // p.page_size for p in self.group.allocating}
         self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
+        given = pool_capacities or {}
+        for tier, caps in given.items():
+            unknown = sorted(set(caps) - set(self.ratios))
+            if tier not in ("L1", "L2", "L3") or unknown:
+                raise ConfigError(f"pool_capacities.{tier}", f"tiers L1, L2, L3 of allocating "
+                                  f"pools {sorted(self.ratios)}; unknown: {unknown or tier}")
+        self._pool_caps = {t: {name: given.get(str(t), {}).get(name, n * r)
+                               for name, r in self.ratios.items()}
+                           for t, n in self._capacity.items()}
         self.device = resolve_device(device)
         self.l1 = GroupDevicePool(self.geometry, self._pool_capacity(Tier.L1), self.device)
         self.l2 = GroupHostPool(self.geometry, self._pool_capacity(Tier.L2),
@@ -102,7 +113,7 @@ class GroupTransferEngine:
         self._closed = False
 
     def _pool_capacity(self, tier: Tier) -> dict[str, int]:
-        return {name: self._capacity[tier] * r for name, r in self.ratios.items()}
+        return dict(self._pool_caps[tier])
 
     def bind(self, pool_pages: PoolPages) -> None:
         """Take the control plane's mapping (it exists only once the plane is built)."""
@@ -127,7 +138,7 @@ class GroupTransferEngine:
             field = f"{tier}.pool_pages.{name}"
             if name not in mapped:
                 raise InvalidPages(field, f"the control plane named no pages of pool {name!r}")
-            ids = page_array(field, mapped[name], self._capacity[tier] * ratio)
+            ids = page_array(field, mapped[name], self._pool_caps[tier][name])
             # Verify `ratio` pages per anchor page: a short list would leave pages unmoved.
             if ids.size != anchor_pages.size * ratio:
                 raise InvalidPages(field, f"{ids.size} pages for {anchor_pages.size} anchor pages "
