@@ -27,7 +27,7 @@ from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.errors import ConfigError, ProducerError
-from hicache.invariants.bytes import check_tier_bytes_equal
+from hicache.invariants import check_all
 from hicache.pages import Pages
 from hicache.pools.spec import ALLOCATING, ANCHOR, TRAILING_PAGES, PoolGroup, PoolSpec
 from hicache.producers import GroupSyntheticProducer, SyntheticProducer
@@ -140,14 +140,14 @@ def test_i4_in_the_controller_compares_every_pool(name: str) -> None:
     plane = ctl.byte_plane
     assert isinstance(plane, GroupTransferEngine)
     ctl.cp.digests = plane.digests  # uncached: the flips below happen behind the tables' back
-    assert check_tier_bytes_equal(ctl.cp.snapshot()) == []
+    assert check_all(ctl.cp.snapshot()) == []
     for p in plane.geometry.pools:
         view = plane.l2.bytes_view(p.name)
         view[:, -1] ^= 0x01  # one byte of every L2 page of this pool only
-        found = check_tier_bytes_equal(ctl.cp.snapshot())
+        found = check_all(ctl.cp.snapshot())
         assert [v.invariant for v in found] == ["I4"] and found[0].tier == "L2", p.name
         view[:, -1] ^= 0x01
-    assert check_tier_bytes_equal(ctl.cp.snapshot()) == []
+    assert check_all(ctl.cp.snapshot()) == []
     with pytest.raises(ConfigError, match="byte_plane"):
         ctl.transfer_engine
     ctl.close()

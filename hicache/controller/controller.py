@@ -111,11 +111,11 @@ class CacheController:
     def transfer_engine(self) -> TransferEngine:
         """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane, and
         on a pool group's (`byte_plane` is either)."""
-        from hicache.dataplane.engine import TransferEngine
-
         if self._bytes is None:
             raise ConfigError("engine", "this controller drives a data plane without bytes "
                               "(has_bytes is False): it has no pools; use `engine` for transfers")
+        from hicache.dataplane.engine import TransferEngine  # torch is in: a byte plane
+
         if not isinstance(self._bytes, TransferEngine):
             raise ConfigError("engine", "this controller drives a pool group's data plane; "
                               "use `byte_plane` (a GroupTransferEngine)")
