@@ -13,7 +13,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache.bench.grouppresets import bench_group
+from hicache.pools.presets import group as preset_group
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.dataplane.handles import TransferStatus
@@ -74,9 +74,9 @@ def make(group: PoolGroup, faults: FaultInjector | None = None) -> tuple[GroupTr
     return engine, mapping
 
 
-@pytest.fixture(params=["dsv4-tiny", "ratio2"])
+@pytest.fixture(params=["dsv4-tiny", "dsv41-tiny", "mla-tiny", "ratio2"])
 def engine(request: pytest.FixtureRequest) -> Iterator[GroupTransferEngine]:
-    group = bench_group("dsv4-tiny") if request.param == "dsv4-tiny" else ratio_two()
+    group = ratio_two() if request.param == "ratio2" else preset_group(request.param)
     e, _ = make(group)
     yield e
     e.close()
@@ -126,6 +126,9 @@ def test_request_scoped_pools_are_not_moved() -> None:
     assert e.ratios == {"kv": 1, "swa": 2}
     assert [t for t, _ in mapping.calls] == ["L1", "L2"]  # one mapping per side, per transfer
     e.close()
+    v41, _ = make(preset_group("dsv41-tiny"))  # SGLang's V4.1 pair ring: request-scoped
+    assert "pair_ring" not in [p.name for p in v41.geometry.pools] + list(v41.ratios)
+    v41.close()
 
 
 def test_moves_use_the_mapped_pages_of_each_pool(engine: GroupTransferEngine) -> None:
@@ -172,7 +175,7 @@ def test_an_l3_slot_of_any_pool_that_fails_its_checksum_is_unservable(
 
 def test_completion_faults_fail_the_whole_group_transfer_once() -> None:
     faults = FaultInjector()
-    e, _ = make(bench_group("dsv4-tiny"), faults)
+    e, _ = make(preset_group("dsv4-tiny"), faults)
     faults.once(FaultSite.D2H_COMPLETE)
     h = e.d2h(pages(1), pages(2))
     assert h.wait() is TransferStatus.FAILED and isinstance(h.error, TransferError)
@@ -187,7 +190,7 @@ def test_completion_faults_fail_the_whole_group_transfer_once() -> None:
 
 def test_delay_and_workspace_faults_per_group_transfer() -> None:
     faults = FaultInjector(delay_polls=2)
-    e, _ = make(bench_group("dsv4-tiny"), faults)
+    e, _ = make(preset_group("dsv4-tiny"), faults)
     faults.once(FaultSite.DEVICE_ALLOC)  # the first transfer needs a new workspace
     h = e.d2h(pages(1), pages(2))
     assert h.poll() is TransferStatus.FAILED and "workspace" in str(h.error).lower()
@@ -199,7 +202,7 @@ def test_delay_and_workspace_faults_per_group_transfer() -> None:
 
 def test_a_corrupt_side_pool_slot_fails_the_read_naming_the_anchor_slot() -> None:
     faults = FaultInjector()
-    e, _ = make(bench_group("dsv4-tiny"), faults)
+    e, _ = make(preset_group("dsv4-tiny"), faults)
     e.d2h(pages(1, 3), pages(0, 2)).wait()
     faults.once(FaultSite.CORRUPT_SLOT)  # the first slot written: swa's pool slot 12-1-4 = 7
     assert e.h2s(pages(0), pages(4)).wait() is TransferStatus.DONE
@@ -217,7 +220,7 @@ def test_a_corrupt_side_pool_slot_fails_the_read_naming_the_anchor_slot() -> Non
 
 def test_io_faults_reach_every_pool_and_fail_the_group() -> None:
     faults = FaultInjector()
-    e, _ = make(bench_group("dsv4-tiny"), faults)
+    e, _ = make(preset_group("dsv4-tiny"), faults)
     e.d2h(pages(1), pages(0)).wait()
     faults.once(FaultSite.IO_EIO)
     h = e.h2s(pages(0), pages(3))
@@ -237,7 +240,7 @@ BAD_ARGUMENTS = [
 @pytest.mark.parametrize("source,target", BAD_ARGUMENTS)
 def test_invalid_pages_are_refused_as_the_single_pool_engine_refuses_them(
         source: Pages, target: Pages) -> None:
-    e, mapping = make(bench_group("dsv4-tiny"))
+    e, mapping = make(preset_group("dsv4-tiny"))
     null = NullEngine(preset("tiny"), CAPS["L1"], CAPS["L2"], CAPS["L3"])
     with pytest.raises(InvalidPages) as expected:
         null.d2h(source, target)
@@ -270,7 +273,7 @@ def broken(mapping: Reversed, how: str) -> Reversed:
                                        ("anchor", "L1.pool_pages.kv"),
                                        ("range", "L1.pool_pages.swa")])
 def test_a_mapping_that_breaks_the_contract_is_refused_with_nothing_issued(how: str, field: str) -> None:
-    e, mapping = make(bench_group("dsv4-tiny"))
+    e, mapping = make(preset_group("dsv4-tiny"))
     e.bind(broken(mapping, how))
     l2 = e.l2.tensor.clone()
     with pytest.raises(InvalidPages) as got:
@@ -282,7 +285,7 @@ def test_a_mapping_that_breaks_the_contract_is_refused_with_nothing_issued(how: 
 
 
 def test_an_unbound_engine_says_to_bind_it() -> None:
-    e = GroupTransferEngine(bench_group("dsv4-tiny"), 4, 4, 4, device="cpu", io_threads=0)
+    e = GroupTransferEngine(preset_group("dsv4-tiny"), 4, 4, 4, device="cpu", io_threads=0)
     with pytest.raises(ConfigError, match="bind"):
         e.d2h(pages(0), pages(0))
     assert np.array_equal(e.digests("L1", pages()), np.zeros(0, dtype=np.uint64))
@@ -291,7 +294,7 @@ def test_an_unbound_engine_says_to_bind_it() -> None:
 
 
 def test_a_one_pool_group_digests_like_its_pool() -> None:
-    e, _ = make(bench_group("mla-tiny"))
+    e, _ = make(preset_group("mla-tiny"))
     from hicache.dataplane.grouppools import pool_digest
 
     assert np.array_equal(e.digests("L1", pages(0, 1)), pool_digest(e.l1, "kv", pages(0, 1)))
@@ -300,7 +303,7 @@ def test_a_one_pool_group_digests_like_its_pool() -> None:
 
 
 def test_side_pool_capacities_follow_the_control_plane_option() -> None:
-    group = bench_group("dsv4-tiny")
+    group = preset_group("dsv4-tiny")
     e = GroupTransferEngine(group, 4, 4, 4, device="cpu", io_threads=0,
                             pool_capacities={"L2": {"swa": 9}},
                             pool_pages=lambda tier, a: {"kv": a, "swa": a + (5 if tier == "L2" else 0)})

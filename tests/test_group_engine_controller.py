@@ -18,7 +18,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 import torch
 
 from hicache import demo
-from hicache.bench.grouppresets import bench_group
+from hicache.pools.presets import group as preset_group
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.planes import choose_plane, tier_pool_pages
@@ -41,7 +41,7 @@ def same_index(tier: str, anchor: Pages) -> dict[str, object]:
 
 
 def group_engine(name: str = "dsv4-tiny") -> tuple[GroupTransferEngine, GroupSyntheticProducer]:
-    e = GroupTransferEngine(bench_group(name), 8, 8, 8, pool_pages=same_index, device="cpu",
+    e = GroupTransferEngine(preset_group(name), 8, 8, 8, pool_pages=same_index, device="cpu",
                             io_threads=0)
     return e, GroupSyntheticProducer(e, preset("tiny"))
 
@@ -161,9 +161,9 @@ def test_tier_pool_pages_asks_the_tables_and_refuses_what_it_cannot_map() -> Non
         def pool_pages(self, anchor: Pages) -> dict[str, object]:
             return {"kv": anchor, "swa": anchor + 10, "tier": self.tier}
 
-    mapping = tier_pool_pages(bench_group("dsv4-tiny"), [Tables("1"), Tables("2"), Tables("3")])
+    mapping = tier_pool_pages(preset_group("dsv4-tiny"), [Tables("1"), Tables("2"), Tables("3")])
     assert mapping("L2", np.array([1]))["tier"] == "2"
-    single = tier_pool_pages(bench_group("dsv4-tiny"), [object(), object(), object()])
+    single = tier_pool_pages(preset_group("dsv4-tiny"), [object(), object(), object()])
     assert {k: list(v) for k, v in single("L3", np.array([4])).items()} == {"kv": [4], "swa": [4]}  # type: ignore[call-overload]
     ratio2 = PoolGroup("r2", (PoolSpec("kv", ANCHOR, page_size=4, layers=0),
                               PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES,
@@ -183,12 +183,12 @@ def run_demo(tmp_path: Path, *args: str) -> dict[str, Any]:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny"])
+@pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny", "dsv41-tiny"])
 def test_the_demo_serves_a_group_with_every_pool_verified(tmp_path: Path, name: str) -> None:
     s = run_demo(tmp_path, "--preset", name, "--requests", "80", "--io-threads", "0")
     assert s["invariants"]["violations"] == 0 and s["invariants"]["run"] > 0
     assert s["verified_pages"] > 0 and s["restores"] > 0
-    pools = [p.name for p in bench_group(name).pools if p.bytes_per_page]
+    pools = [p.name for p in preset_group(name).pools if p.bytes_per_page and p.backupable]
     assert sorted(s["verified_pool_bytes"]) == sorted(pools)
     assert all(n > 0 for n in s["verified_pool_bytes"].values())
     assert s["config"]["preset"].startswith(f"{name}: {len(pools)} byte pools")
