@@ -15,6 +15,7 @@ from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import PageTable, Pages, pages
+from hicache.pools.tierpools import TierPools
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Tier
@@ -211,7 +212,8 @@ class PlaneQueries:
             for r in self.requests.values()
         )
         tiers = {
-            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i])
+            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i],
+                             tab.pool_views() if isinstance(tab, TierPools) else ())
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }
         return Snapshot(self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id)
