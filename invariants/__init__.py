@@ -24,7 +24,8 @@ their helpers are the checker's own business (and its tests').
     group_view         hicache.invariants.groups     a pool group table's view (GroupView)
     check_group_*,     hicache.invariants.groups     I6 per pool of a group, and a failed
     check_reserve_*                                  reserve_group's rollback (not registered:
-                                                     no control plane holds a group table yet)
+                                                     they read a GroupTable caller's records;
+                                                     a plane's group is I9, registered)
 """
 
 from __future__ import annotations

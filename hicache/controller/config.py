@@ -14,6 +14,7 @@
 | prefetch | True | restores overlap decode; False: restores block the request |
 | check_mode | "every" | invariant checks: off, every, periodic N |
 | verify | True | compare every restored page with the producer's expected bytes |
+| pools | "mha" | pool group preset of every tier: mha (one pool), dsv4-tiny, dsv41-tiny (groups need a data plane without bytes for now: the tree's values are anchor pages, side pools follow) |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
+from hicache.pools.standin import group as pool_group
 
 POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -47,6 +49,7 @@ class CacheConfig:
     check_mode: str = "every"
     verify: bool = True
     io_threads: int = 4
+    pools: str = "mha"
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, str):
@@ -64,6 +67,8 @@ class CacheConfig:
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ConfigError("device", f"cpu, cuda or cuda:N; got {self.device!r}")
         parse_check_mode(self.check_mode)  # raises ConfigError naming check_mode
+        if self.pools != "mha":
+            pool_group(self.pools)  # raises ConfigError naming the preset
 
     @property
     def kv(self) -> KVGeometry:

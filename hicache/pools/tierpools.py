@@ -61,14 +61,16 @@ def ratio_of(group: PoolGroup, pool: str) -> int:
 def tier_capacities(group: PoolGroup, tier: str, anchor_pages: int,
                     given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
     """Capacity in its own pages of every allocating pool of `node_group(group)` in `tier`:
-    `given[tier][pool]`, else `anchor_pages * ratio` (the anchor: `anchor_pages`, always)."""
+    `given[tier][pool]`, else `anchor_pages * ratio` (the anchor: `anchor_pages`, always).
+    Other pools named in `given` are passed on, for `GroupTable` to refuse by name."""
     g = node_group(group)
     mine = dict((given or {}).get(tier, {}))
     if g.anchor.name in mine and mine[g.anchor.name] != anchor_pages:
         raise ConfigError(f"pool_capacities.{tier}.{g.anchor.name}",
                           f"the anchor's capacity is the tier's ({anchor_pages}); leave it out")
-    return {p.name: anchor_pages if p.name == g.anchor.name
-            else mine.get(p.name, anchor_pages * ratio_of(g, p.name)) for p in g.allocating}
+    sizes = {p.name: anchor_pages if p.name == g.anchor.name
+             else mine.get(p.name, anchor_pages * ratio_of(g, p.name)) for p in g.allocating}
+    return {**mine, **sizes}  # a pool named but not allocating: GroupTable names it
 
 
 class TierPools(PageTable):
