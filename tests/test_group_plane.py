@@ -10,6 +10,7 @@ page half the anchor's, so that each anchor page holds two `swa` pages.
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import numpy as np
 import pytest
@@ -17,10 +18,10 @@ import pytest
 from hicache.control import ControlPlane
 from hicache.errors import ConfigError, IllegalTransition, InvariantViolation, NoAllocator, OutOfPages
 from hicache.invariants import Violation, check_all
-from hicache.pages import FREE, PRIVATE, TREE, PageTable, pages
+from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import PoolGroup
 from hicache.pools.standin import group
-from hicache.pools.table import InjectedShortage, PoolFaults
+from hicache.pools.table import GroupTable, InjectedShortage, PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.testing import mutants, zoo
 from hicache.tiers import Direction
@@ -89,6 +90,8 @@ def test_pool_pages_gives_derived_pools_their_sources_pages_in_anchor_order() ->
     assert list(got["c4_state"]) == list(got["swa"]) == list(t.held_by["swa"][a[::-1]].reshape(-1))
     with pytest.raises(IllegalTransition, match="FREE"):
         t.pool_pages(pages([3]))
+    with pytest.raises(IllegalTransition, match="distinct"):
+        t.pool_pages(pages([a[0], a[0]]))
 
 
 def test_free_count_is_the_minimum_over_the_pools_in_anchor_pages() -> None:
@@ -331,6 +334,18 @@ def test_a_group_needs_a_plane_without_bytes() -> None:
 
 
 @pytest.mark.parametrize("name", ["fuzz-dsv4", "fuzz-dsv41"])
-def test_the_fuzz_machine_runs_clean_on_a_group_plane(name: str) -> None:
+def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 steps, every check after every transition: clean, and at least one group
+    reservation failed at `swa` after `kv` was taken (F1) and was rolled back."""
+    rolled: list[tuple[str, ...]] = []
+    original = GroupTable._rollback
+
+    def rollback(self: GroupTable, taken: Mapping[str, Pages]) -> None:
+        rolled.append(tuple(n for n, p in taken.items() if p.size))
+        original(self, taken)
+
+    monkeypatch.setattr(GroupTable, "_rollback", rollback)
     steps, error = zoo.run_seed(zoo.load_machine(name), 0, 300)
     assert error is None and steps >= 300, f"{name}: {error!r}"
+    assert ("kv",) in rolled

@@ -196,7 +196,10 @@ class TierPools(PageTable):
     def _verify_range(self, p: Pages, event: str) -> None:
         # Verify each anchor page is in range and named once before it indexes `held_by`.
         if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
-            getattr(self.groups.tables[self.anchor], event if event != "pool_pages" else "free")(p)
+            if event == "pool_pages":
+                raise IllegalTransition(event, self.tier, "-", f"anchor pages must be distinct, "
+                                        f"in 0..{self.capacity - 1}; got {p.tolist()}")
+            getattr(self.groups.tables[self.anchor], event)(p)  # raises IllegalTransition
             raise AssertionError("the anchor table accepted a page out of range or named twice")
 
     def _forget(self, p: Pages) -> None:

@@ -105,13 +105,15 @@ class ControllerAdapter:
 
     def _fail_pools(self, ctl: CacheController) -> None:
         """A pool group's L2 and L3 reservations fail per pool (scenario F1: pool k of n,
-        after pools 1..k-1 succeeded): each pool's attempt draws the tier's ALLOC site. L1 is
-        left out: a prefill refused for room must change nothing, and its make-room eviction
-        runs before the reservation."""
+        after pools 1..k-1 succeeded): the attempt of every pool but the first (in sorted
+        order, the group's reservation order) draws the tier's ALLOC site; the first pool's
+        failure is the controller's own ALLOC fault. L1 is left out: a prefill refused for
+        room must change nothing, and its make-room eviction runs before the reservation."""
         for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
             if isinstance(table, TierPools):
-                site = ALLOC_SITES[tier]
-                table.groups.fault = lambda pool, site=site: self.faults.fire(site)
+                site, first = ALLOC_SITES[tier], table.pools.allocating[0].name
+                table.groups.fault = lambda pool, site=site, first=first: (
+                    pool != first and self.faults.fire(site))
 
     # -- requests -----------------------------------------------------------------------------
 
