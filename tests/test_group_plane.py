@@ -349,3 +349,18 @@ def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
     steps, error = zoo.run_seed(zoo.load_machine(name), 0, 300)
     assert error is None and steps >= 300, f"{name}: {error!r}"
     assert ("kv",) in rolled
+
+
+# -- the model checker's group configurations ----------------------------------------------------
+
+
+def test_the_model_checkers_group_configs_build_group_planes() -> None:
+    from hicache.modelcheck import get_config
+    from hicache.modelcheck.search import initial_plane
+
+    short = get_config("group-short")
+    assert short.pool_capacities == (("L2", "swa", 2),)
+    cp = initial_plane(short)
+    assert all(isinstance(t, TierPools) for t in cp.tables)
+    assert [cp.free_pages(t) for t in ("L1", "L2", "L3")] == [3, 2, 3]
+    assert get_config("group").expected == get_config("tail").expected

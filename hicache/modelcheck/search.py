@@ -105,8 +105,11 @@ def initial_plane(cfg: ModelConfig, lifecycle: Lifecycle | None = None, tracer: 
     tracer is given (a tracer the environment's walk hook enabled is switched off)."""
     t = tracer or Tracer()
     pools = None if cfg.pools == "mha" else pool_group(cfg.pools)
+    sizes: dict[str, dict[str, int]] = {}
+    for tier, pool, n in cfg.pool_capacities:
+        sizes.setdefault(tier, {})[pool] = n
     cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t, lifecycle=lifecycle,
-                      pools=pools)
+                      pools=pools, pool_capacities=sizes or None)
     if tracer is None:
         t.sink = None
     return cp
