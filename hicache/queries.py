@@ -158,14 +158,19 @@ class PlaneQueries:
 
     def usage(self, tier: Tier | str) -> dict[str, int]:
         """`tier`'s pages by owner (capacity, free, private, tree) and how many published
-        pages are eviction candidates now, or locked (all counts in pages)."""
+        pages are eviction candidates now, or locked (all counts in anchor pages). A pool
+        group adds `free.<pool>` per allocating pool (in its own pages); pools without an
+        allocator (sidecar, state) have no free list and are skipped."""
         t = TIERS.index(Tier(tier))
         table = self.tables[t]
-        return {
+        out = {
             "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
             "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
             "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
         }
+        if isinstance(table, TierPools):
+            out.update({f"free.{pool}": n for pool, n in table.free_pages_by_pool().items()})
+        return out
 
     def cached_len(self, request_id: int) -> int:
         """Tokens of the request's prompt served from the cache (UnknownRequest if not live)."""

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
-from hicache.errors import ConfigError, IllegalTransition, InvariantViolation, NoAllocator, OutOfPages
+from hicache.errors import (
+    ConfigError, IllegalTransition, InvariantViolation, NoAllocator, OutOfPages,
+)
 from hicache.invariants import Violation, check_all
 from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import PoolGroup
@@ -66,7 +68,7 @@ def owners(cp: ControlPlane) -> list[bytes]:
     return out
 
 
-# -- TierPools ---------------------------------------------------------------------------------
+# -- TierPools -------------------------------------------------------------------------------------
 
 
 def test_each_anchor_page_holds_ratio_side_pages_through_its_whole_lifecycle() -> None:
@@ -109,7 +111,8 @@ def test_a_refused_move_changes_no_pool() -> None:
     a = t.reserve(2)
     t.publish(a[:1])
     def state() -> bytes:
-        return t.owner.tobytes() + t.groups.tables["swa"].owner.tobytes() + t.held_by["swa"].tobytes()
+        swa = t.groups.tables["swa"]
+        return t.owner.tobytes() + swa.owner.tobytes() + t.held_by["swa"].tobytes()
 
     before = state()
     for move, p in ((t.publish, a), (t.free, a), (t.release, pages([a[1], a[1]])),
@@ -129,7 +132,7 @@ def test_reserve_exact_takes_the_anchor_pages_named_and_side_pages_as_reserve_do
     assert t.owner[0] == FREE
 
 
-# -- the control plane -------------------------------------------------------------------------
+# -- the control plane -----------------------------------------------------------------------------
 
 
 def test_without_a_group_of_several_pools_each_tier_is_todays_page_table() -> None:
@@ -177,11 +180,12 @@ def test_the_anchor_page_size_must_be_the_planes() -> None:
         ControlPlane(8, (8, 8, 8), pools=RATIO2)
 
 
-# -- F1: pool k of n fails ---------------------------------------------------------------------
+# -- F1: pool k of n fails -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("g", [RATIO2, group("dsv41-tiny")], ids=["dsv4", "dsv41"])
-def test_f1_the_second_pool_failing_refuses_the_issue_with_every_pool_unchanged(g: PoolGroup) -> None:
+def test_f1_the_second_pool_failing_refuses_the_issue_with_every_pool_unchanged(
+        g: PoolGroup) -> None:
     """kv (first in sorted order) is reserved, swa fails: kv is rolled back, no op exists,
     every pool of every tier is as before; the next issue succeeds."""
     cp = plane(g, check_mode="every")
@@ -215,7 +219,7 @@ def test_f1_the_controller_drops_the_backup_when_a_pool_fails() -> None:
         a.close()
 
 
-# -- F2: a reclaim of one pool frees another's ---------------------------------------------------
+# -- F2: a reclaim of one pool frees another's -----------------------------------------------------
 
 
 def test_f2_a_reclaim_for_swa_evicts_a_node_and_frees_its_kv_pages_too() -> None:
@@ -255,7 +259,7 @@ def test_f2_make_room_from_the_group_minimum_frees_every_pool() -> None:
     assert check_all(cp.snapshot()) == []
 
 
-# -- F3 (B10): a partial eviction ----------------------------------------------------------------
+# -- F3 (B10): a partial eviction ------------------------------------------------------------------
 
 
 def test_f3_a_partial_eviction_is_caught_by_group_atomic() -> None:
@@ -297,7 +301,24 @@ def test_f19_derived_pools_refuse_alloc_free_and_available_and_metrics_skip_them
     assert set(l1.free_pages_by_pool()) == {"kv", "swa"}
 
 
-# -- F22: after a close, every pool is whole ---------------------------------------------------------
+def test_f19_the_controllers_status_lists_allocating_pools_only() -> None:
+    from hicache.testing.adapters.controller import ControllerAdapter, Setup
+
+    a = ControllerAdapter(Setup(pools="dsv4-tiny", l2_pages=6))
+    try:
+        a.submit(1, tuple(range(9)))
+        a.prefill(1)
+        tiers = a.ctl.status()["tiers"]
+        assert isinstance(tiers, dict)
+        l1, l2 = tiers["L1"], tiers["L2"]
+        assert {k for k in l1 if k.startswith("free.")} == {"free.kv", "free.swa"}
+        assert l1["free"] == l1["free.kv"] == l1["free.swa"] == 10 - 3  # 2 pages + the tail
+        assert l2["capacity"] == 6 and l2["free.swa"] == 6 - l2["tree"] - l2["private"]
+    finally:
+        a.close()
+
+
+# -- F22: after a close, every pool is whole -------------------------------------------------------
 
 
 @pytest.mark.parametrize("preset", ["dsv4-tiny", "dsv41-tiny"])
@@ -320,7 +341,7 @@ def test_f22_after_close_no_pool_holds_a_private_page(preset: str) -> None:
     assert a.check() == []
 
 
-# -- the controller's configuration and the fuzz -------------------------------------------------------
+# -- the controller's configuration and the fuzz ---------------------------------------------------
 
 
 def test_a_group_needs_a_plane_without_bytes() -> None:
@@ -351,7 +372,7 @@ def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
     assert ("kv",) in rolled
 
 
-# -- the model checker's group configurations ----------------------------------------------------
+# -- the model checker's group configurations ------------------------------------------------------
 
 
 def test_the_model_checkers_group_configs_build_group_planes() -> None:

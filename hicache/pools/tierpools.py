@@ -97,7 +97,7 @@ class TierPools(PageTable):
             name: np.full((self.capacity, r), NONE, dtype=np.int64)
             for name, r in self.ratios.items()}
 
-    # -- counts ---------------------------------------------------------------------------------
+    # -- counts ------------------------------------------------------------------------------------
 
     @property
     def free_count(self) -> int:
@@ -111,7 +111,7 @@ class TierPools(PageTable):
         """FREE pages per allocating pool (in its own pages); derived pools are skipped."""
         return self.groups.free_pages_by_pool()
 
-    # -- ownership transitions of anchor pages ----------------------------------------------------
+    # -- ownership transitions of anchor pages -----------------------------------------------------
 
     def reserve(self, n: int, reclaim: Reclaim | None = None) -> Pages:
         """FREE -> PRIVATE for `n` anchor pages and their side pages, all or nothing (one
@@ -137,7 +137,8 @@ class TierPools(PageTable):
                 raise OutOfPages(table.tier, chosen.size * r, table.free_count)
         self.groups.tables[self.anchor].reserve_exact(chosen)
         for name, r in self.ratios.items():
-            self.held_by[name][chosen] = self.groups.tables[name].reserve(chosen.size * r).reshape(-1, r)
+            side = self.groups.tables[name].reserve(chosen.size * r)
+            self.held_by[name][chosen] = side.reshape(-1, r)
 
     def publish(self, p: Pages) -> None:
         """PRIVATE -> TREE for anchor pages `p` and every side page they hold."""
@@ -153,7 +154,7 @@ class TierPools(PageTable):
         self.groups.free_group(self._group_pages(p, "free"))
         self._forget(p)
 
-    # -- the data plane's interface and the snapshot ----------------------------------------------
+    # -- the data plane's interface and the snapshot -----------------------------------------------
 
     def pool_pages(self, anchor_pages: Pages) -> dict[str, Pages]:
         """For every pool of the group (table order), the pages it holds for `anchor_pages`,
@@ -172,11 +173,12 @@ class TierPools(PageTable):
 
     def pool_views(self) -> tuple[PoolView, ...]:
         """Each side pool's owner codes and `held_by` map, copied (the snapshot's records)."""
-        return tuple(PoolView(name, self.groups.tables[name].tier, self.groups.tables[name].capacity,
-                              self.groups.tables[name].owner.copy(), held.copy())
+        tables = self.groups.tables
+        return tuple(PoolView(name, tables[name].tier, tables[name].capacity,
+                              tables[name].owner.copy(), held.copy())
                      for name, held in self.held_by.items())
 
-    # -- internals ----------------------------------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------------
 
     def _group_pages(self, p: Pages, event: str) -> GroupPages:
         """The group reservation anchor pages `p` stand for. An anchor page out of range,
@@ -189,7 +191,7 @@ class TierPools(PageTable):
             rows = held[p]
             if (rows == NONE).any():
                 getattr(self.groups.tables[self.anchor], event)(p)  # raises: a FREE anchor page
-                raise AssertionError(f"{self.tier}: anchor pages hold no {name} pages but are not FREE")
+                raise AssertionError(f"{self.tier}: anchor pages hold no {name} pages, not FREE")
             by_pool[name] = rows.reshape(-1)
         return GroupPages(self.tier, by_pool)
 
