@@ -10,6 +10,7 @@
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
     hicache vectors generate|run [ARGS...]          delegated: hicache.vectors.generate/run.main
     hicache model-check [ARGS...]                   delegated: hicache.modelcheck.cli.main(ARGS)
+    hicache pools [PRESET]                          delegated: hicache.pools.command.main(ARGS)
     hicache --version                               the installed package's version
 
 Exit status: 0 success, 1 the spec has drifted, 2 a usage or input error (one line on stderr
@@ -53,6 +54,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("vectors", "generate"): "hicache.vectors.generate",
     ("vectors", "run"): "hicache.vectors.run",
     ("model-check",): "hicache.modelcheck.cli",
+    ("pools",): "hicache.pools.command",
 }
 """Command words -> module whose `main(argv: list[str]) -> int | None` runs the command.
 One word (`("demo",)`) makes a top-level command; two make a subcommand of the first."""
@@ -75,6 +77,7 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("vectors", "generate"): "write conformance cases and their manifest into DIR (--count --seed)",
     ("vectors", "run"): "drive an adapter (--adapter module:Name) through DIR's cases; exit 1 on a failure",
     ("model-check",): "explore every reachable control-plane state of a small config: --config NAME",
+    ("pools",): "the pool-group presets of spec/pools.toml, or one preset's table",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
 module's name)."""

@@ -69,12 +69,19 @@ GLOSSARY: dict[str, str] = {
                                   "requests hold them): its tokens recomputed ('no_room')",
     "promoted, not loaded": "an L3 part reached L2 but the L2 part before it did not reach "
                             "L1; it stays cached in L2, its tokens recomputed ('restore_gap')",
+    "graft dropped": "an L3 part could not be grafted into L2 because the node above it has "
+                     "no L2 copy (a host-only suffix under a parent not backed up): its "
+                     "tokens recomputed, nothing reserved ('dropped')",
+    "backed off": "another request's load-back was filling a node on the path and the cache "
+                  "backs off instead of sharing it (load_back_overlap = back_off): the tokens "
+                  "past the L1 hit recomputed ('load_back_pending')",
     "L3 offline": "the L3 file was removed or replaced under the cache: L3 serves and takes "
                   "nothing more, L1 and L2 keep serving ('l3_offline')",
-    "L2 full": "a backup to L2 found no room after eviction ('host_pressure')",
-    "evicted before its L2 backup": "L1 evicted a node that had no L2 copy: its backup was "
-                                    "not in time, or write-back found no room "
-                                    "('unbacked_eviction')",
+    "L2 full": "a backup to L2 found no room after eviction, or write-back could not back "
+               "up an L1 victim before evicting it ('host_pressure')",
+    "evicted before its L2 backup": "under write-through, L1 evicted a node that had no L2 "
+                                    "copy: its backup was not in time "
+                                    "('write_through_unbacked_eviction')",
     "L3 full": "a backup to L3 found no room ('storage_pressure')",
     "backup transfer failed": "a D2H or H2S backup failed ('backup_failed')",
     "L3 copies dropped": "L3 pages dropped outside pressure eviction: a node's slot failed "
@@ -88,8 +95,9 @@ GLOSSARY: dict[str, str] = {
 """Every term the report prints -> what it means (printed by `hicache demo --help`)."""
 
 FALLBACK_LABELS = {"transfer_failed": "transfer failed", "no_room": "no room in the target tier",
-                   "restore_gap": "promoted, not loaded", "l3_offline": "L3 offline"}
-DROP_LABELS = {"host_pressure": "L2 full", "unbacked_eviction":
+                   "restore_gap": "promoted, not loaded", "l3_offline": "L3 offline",
+                   "dropped": "graft dropped", "load_back_pending": "backed off"}
+DROP_LABELS = {"host_pressure": "L2 full", "write_through_unbacked_eviction":
                "evicted before its L2 backup", "storage_pressure": "L3 full",
                "backup_failed": "backup transfer failed", "l3_offline": "L3 offline"}
 DIRECTION_LABELS = {"D2H": "L1 -> L2", "H2D": "L2 -> L1", "H2S": "L2 -> L3", "S2H": "L3 -> L2"}

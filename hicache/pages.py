@@ -10,15 +10,12 @@ every physical page of the tier, in one uint8 array (FREE / PRIVATE / TREE). Eac
 one ownership transition over a batch of pages; it checks every page first and raises
 `IllegalTransition` with nothing changed if any page is in the wrong state.
 
-A tier holds a *pool group* (spec/README.md, glossary): an anchor pool whose page indices are
-also the indices of every sidecar pool. The table allocates anchor indices, so one reservation
-takes the matching slot in every pool of the group at once (atomic by construction). Plain MHA
-is a group of one pool.
+A tier holds a *pool group* (spec/pools.md, hicache.pools): one `PageTable` is the free list
+of one allocating pool (for plain MHA, the group's one pool). Sidecar and state pools have no
+table: they use their source's indices.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -44,31 +41,14 @@ def pages(values: object = ()) -> Pages:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-@dataclass(frozen=True)
-class PoolSpec:
-    """One pool of a group. `role`: "anchor" (allocates indices), "sidecar" (reuses them) or
-    "state" (no allocator, invisible to matching). `hit_policy`: ALL_PAGES | TRAILING_PAGES."""
-
-    name: str
-    role: str = "anchor"
-    hit_policy: str = "ALL_PAGES"
-
-
-MHA_GROUP: tuple[PoolSpec, ...] = (PoolSpec("kv"),)
-
-
 class PageTable:
     """Ownership and allocation of one tier's `capacity` physical pages."""
 
-    def __init__(self, tier: str, capacity: int, group: tuple[PoolSpec, ...] = MHA_GROUP) -> None:
+    def __init__(self, tier: str, capacity: int) -> None:
         if capacity <= 0:
             raise ConfigError(f"{tier}.capacity_pages", f"must be positive, got {capacity}")
-        anchors = [p for p in group if p.role == "anchor"]
-        if len(anchors) != 1:
-            raise ConfigError(f"{tier}.pools", f"a pool group has exactly one anchor, got {len(anchors)}")
         self.tier = tier
         self.capacity = capacity
-        self.group = group
         self.owner: npt.NDArray[np.uint8] = np.zeros(capacity, dtype=np.uint8)  # all FREE
         # Per page, how many times it was reserved: a page's bytes may change only while it is
         # PRIVATE, so (page, generation) names one immutable content once it is published.

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.bench.grouppresets import bench_group
+from hicache.pools import presets
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry, kv_pool_spec, mla_pool_spec
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, group_digest, pool_digest
@@ -27,7 +27,7 @@ L2_CAP = {"kv": 10, "swa": 7}
 
 
 def dsv4_tiny() -> tuple[GroupGeometry, GroupDevicePool, GroupHostPool]:
-    geometry = GroupGeometry.from_group(bench_group("dsv4-tiny"))
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
     l1 = GroupDevicePool(geometry, CAP, "cpu")
     l1.tensor.random_(0, 256, generator=torch.Generator().manual_seed(0))
     return geometry, l1, GroupHostPool(geometry, L2_CAP, pin=False)
@@ -49,7 +49,7 @@ def test_mla_is_one_latent_row_per_layer() -> None:
 
 
 def test_dsv4_anchor_holds_nothing_and_sidecars_follow_sources() -> None:
-    geometry = GroupGeometry.from_group(bench_group("dsv4"))
+    geometry = GroupGeometry.from_group(presets.group("dsv4"))
     assert "kv" not in [p.name for p in geometry.pools]  # no bytes: no region
     assert {p.name for p in geometry.on("kv")} == {"c4", "c4_indexer", "c128"}
     assert {p.name for p in geometry.on("swa")} == {"swa", "c4_state", "c4_indexer_state"}
@@ -60,7 +60,7 @@ def test_dsv4_anchor_holds_nothing_and_sidecars_follow_sources() -> None:
 
 
 def test_capacities_are_per_allocating_pool() -> None:
-    geometry = GroupGeometry.from_group(bench_group("dsv4-tiny"))
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
     with pytest.raises(ConfigError, match=r"l1_pages\.swa"):
         GroupDevicePool(geometry, {"kv": 4}, "cpu")
     with pytest.raises(ConfigError, match="not allocating pools"):
@@ -171,7 +171,7 @@ def test_group_digest_sees_one_byte_of_one_pool() -> None:
 
 
 def test_empty_and_anchor_only_transfers_move_nothing() -> None:
-    mla = GroupGeometry.from_group(bench_group("mla-tiny"))
+    mla = GroupGeometry.from_group(presets.group("mla-tiny"))
     l1 = GroupDevicePool(mla, {"kv": 3}, "cpu")
     l2 = GroupHostPool(mla, {"kv": 3}, pin=False)
     handle = GroupMover(l1, l2, "torch").h2d({"kv": ([], [])})

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.bench.grouppresets import bench_group
+from hicache.pools import presets
 from hicache.dataplane import groupkernels
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
@@ -63,7 +63,7 @@ def test_unit_is_the_widest_dividing_every_offset() -> None:
 
 def moved(mode: str, name: str, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, int]:
     """L1 and L2 bytes after a fixed D2H then H2D on `name` with `mode`; launches used."""
-    geometry = GroupGeometry.from_group(bench_group(name))
+    geometry = GroupGeometry.from_group(presets.group(name))
     caps = {s: 6 for s in geometry.sources}
     l1 = GroupDevicePool(geometry, caps, device)
     l1.tensor.copy_(torch.randint(0, 256, l1.tensor.shape, dtype=torch.uint8,
@@ -85,12 +85,12 @@ def test_triton_modes_match_torch(interpreted: None, mode: str, name: str) -> No
     l1_ref, l2_ref, _ = moved("torch", name)
     l1, l2, launches = moved(mode, name)
     assert torch.equal(l1, l1_ref) and torch.equal(l2, l2_ref)
-    pools = len(GroupGeometry.from_group(bench_group(name)).pools)
+    pools = len(GroupGeometry.from_group(presets.group(name)).pools)
     assert launches == (2 if mode == "table" else 2 * pools)  # one D2H, one H2D
 
 
 def test_choice_on_cpu_and_bad_requests(compiled: None) -> None:
-    geometry = GroupGeometry.from_group(bench_group("mla-tiny"))
+    geometry = GroupGeometry.from_group(presets.group("mla-tiny"))
     l1 = GroupDevicePool(geometry, {"kv": 2}, "cpu")
     l2 = GroupHostPool(geometry, {"kv": 2}, pin=False)
     auto = groupkernels.choose("auto", l1, l2)
@@ -105,7 +105,7 @@ def test_verify_refuses_a_kernel_that_moves_wrong_bytes(
         interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from hicache.kernels import triton_table
 
-    geometry = GroupGeometry.from_group(bench_group("dsv4-tiny"))
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
     l1 = GroupDevicePool(geometry, {"kv": 2, "swa": 2}, "cpu")
     l1.tensor.fill_(7)
     l2 = GroupHostPool(geometry, {"kv": 2, "swa": 2}, pin=False)
@@ -125,7 +125,7 @@ def test_gpu_modes_match_torch(compiled: None, mode: str, name: str) -> None:
 
 @pytest.mark.gpu
 def test_gpu_auto_picks_the_verified_per_pool_kernels(compiled: None) -> None:
-    geometry = GroupGeometry.from_group(bench_group("dsv4-tiny"))
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
     caps = {s: 4 for s in geometry.sources}
     l1 = GroupDevicePool(geometry, caps, GPU)
     mover = GroupMover(l1, GroupHostPool(geometry, caps, pin=True))

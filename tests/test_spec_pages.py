@@ -160,7 +160,7 @@ def test_write_policy_example(write_policy: str) -> None:
         assert nodes() == [(20, 2, upper), (4, 0, second)]
         # Another prompt of 24 tokens needs 6 of L1's 8 pages: the 4-token leaf goes first.
         serve(4, tuple(range(500, 524)))
-        lost = c.metrics.dropped_tokens["unbacked_eviction"]
+        lost = c.metrics.dropped_tokens["write_through_unbacked_eviction"]
         tail = [n for n in c.cp.tree.nodes() if not n.is_root and n.key == prompt[20:]]
         if write_policy == "write_through_selective":
             assert lost >= 4 and not tail  # no copy anywhere: the node is gone

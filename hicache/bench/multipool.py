@@ -2,7 +2,7 @@
 
     hicache bench transfer --preset dsv4,mla --out DIR [--quick] [--repeats N] [--tokens 350,3500]
 
-Per preset (grouppresets.py), prefix (tokens; each allocating pool moves ceil(tokens /
+Per preset (spec/pools.toml), prefix (tokens; each allocating pool moves ceil(tokens /
 page_size) pages: the whole prefix in every pool, as a write-through backup does), direction
 and kernel mode (groupkernels.py: `table`, `per_pool`, `torch`; on CPU only torch, unless
 TRITON_INTERPRET=1): the group transfer end to end (issue -> DONE observed, random L1 pages,
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hicache.bench.grouppresets import bench_group
+from hicache.pools import presets
 from hicache.bench.transfer import Poll, Settings, _e2e_ms_interleaved, _enqueued
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
@@ -83,7 +83,7 @@ def _case(issue: Callable[[], TransferHandle]) -> _Case:
 
 class _GroupRig:
     def __init__(self, name: str, s: Settings, modes: tuple[str, ...]) -> None:
-        self.geometry = GroupGeometry.from_group(bench_group(name))
+        self.geometry = GroupGeometry.from_group(presets.group(name))
         self.s = s
         most = {src: self.pages(max(s.tokens), src) for src in self.geometry.sources}
         self.l1 = GroupDevicePool(self.geometry, {k: max(16, 4 * n) for k, n in most.items()}, s.device)
@@ -202,7 +202,7 @@ def _nbytes(rig: _GroupRig, request: dict[str, tuple[object, object]]) -> int:
 
 def _prefix_bytes(name: str, tokens: int) -> int:
     """Bytes a transfer of a `tokens` prefix moves in group `name` (every pool)."""
-    g = GroupGeometry.from_group(bench_group(name))
+    g = GroupGeometry.from_group(presets.group(name))
     return sum(g.bytes_per_page(src) * math.ceil(tokens / g.group.pool(src).page_size)
                for src in g.sources)
 

@@ -14,6 +14,7 @@
 | prefetch | True | restores overlap decode; False: restores block the request |
 | check_mode | "every" | invariant checks: off, every, periodic N |
 | verify | True | compare every restored page with the producer's expected bytes |
+| load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
 | pools | "mha" | pool group preset of every tier: mha (one pool), dsv4-tiny, dsv41-tiny (groups need a data plane without bytes for now: the tree's values are anchor pages, side pools follow) |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
 """
@@ -30,6 +31,7 @@ from hicache.pools.standin import group as pool_group
 POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 BACKENDS = ("auto", "triton", "torch")
+LOAD_BACK_OVERLAPS = ("share", "back_off")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class CacheConfig:
     check_mode: str = "every"
     verify: bool = True
     io_threads: int = 4
+    load_back_overlap: str = "share"
     pools: str = "mha"
 
     def __post_init__(self) -> None:
@@ -61,7 +64,8 @@ class CacheConfig:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
         if not isinstance(self.l3_overwrite, bool):
             raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
-        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS)):
+        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS),
+                              ("load_back_overlap", LOAD_BACK_OVERLAPS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):

@@ -8,10 +8,12 @@ It never raises for lack of room: the caller's reservation raises `OutOfPages` i
 was not made. Pages freed are counted in `evicted_pages[tier]` (pressure only: copies dropped
 because an L3 slot is bad are counted apart, see l3health.py).
 
-An L1 victim without an L2 copy loses its tokens from the cache. Under `write_back` it is
-backed up first (`back_up`: a D2H of the chain it needs, waited for); when that cannot be
-done, or under the other write policies (whose backups were not in time), its tokens are
-counted once, in `dropped_tokens["unbacked_eviction"]`.
+An L1 victim without an L2 copy loses its tokens from the cache, counted once with SGLang's
+reasons: under `write_back` it is backed up first (`back_up`: a D2H of the chain it needs,
+waited for), and when that cannot be done its tokens count as `host_pressure`; under the
+write-through policies (whose backup was not in time) as `write_through_unbacked_eviction`.
+A victim whose backup is in flight (L2 `D2H_PENDING`) is never offered: the D2H locks its
+source and `evict_l1` is guarded by `L2 != D2H_PENDING` (spec/eviction.md).
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ class Evictor:
         return freed
 
     def _before_l1_eviction(self, victim: TreeNode) -> None:
-        """An L1 victim that L2 does not hold: back it up (write-back) or count its loss."""
+        """An L1 victim that L2 does not hold: back it up (write-back) or count its loss, by
+        exactly its own tokens (the ancestors a write-back would have copied stay in L1)."""
         if self.cp.holds(victim, Tier.L2):
             return
-        if self.write_back and self.back_up(victim):
-            return
-        self.metrics.drop("unbacked_eviction", len(victim.key))
+        if not self.write_back:
+            self.metrics.drop("write_through_unbacked_eviction", len(victim.key))
+        elif not self.back_up(victim):
+            self.metrics.drop("host_pressure", len(victim.key))

@@ -47,8 +47,20 @@ GIB = float(1 << 30)
 #   restore_gap      an L3 part was promoted but the L2 part before it did not reach L1, so
 #                    loading it back would leave a gap; it stays in L2, the tokens are recomputed
 #   l3_offline       the L3 file is offline (removed or replaced under us)
-FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline")
-DROP_REASONS = ("host_pressure", "unbacked_eviction", "storage_pressure",
+#   dropped          the L3 part's graft into L2 was refused: the node above it is not backed
+#                    up in L2 (SGLang's host_insert_dropped, reported with reason "dropped")
+#   load_back_pending  another request's load-back fills a node on the path, and the config
+#                    says back off (load_back_overlap = "back_off", SGLang's guard 3)
+FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline", "dropped",
+                    "load_back_pending")
+# Why tokens left the cache without a copy below (`dropped_tokens`; SGLang's
+# hicache_dropped_tokens_total names the first two):
+#   host_pressure                    a D2H backup, or write-back of an L1 victim, found no L2 room
+#   write_through_unbacked_eviction  L1 evicted a node whose write-through backup was not in time
+#   storage_pressure                 an H2S backup found no L3 room
+#   backup_failed                    a backup transfer failed, or was refused at issue
+#   l3_offline                       the L3 file went offline under a planned backup or a copy
+DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
                 "backup_failed", "l3_offline")
 # Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: the node's slot
 # failed its checksum, could not be read (I/O error, file ended early), or the whole file went
@@ -74,8 +86,9 @@ class DirectionStats:
 
     @property
     def steady_s(self) -> float:
-        """Issue + queue wait + service, without workspace setup: the transfer's own time."""
-        return self.enqueue_s + self.queue_wait_s + self.service_s - self.workspace_setup_s
+        """Issue + queue wait + service: the transfers' own time (`enqueue_s` leaves workspace
+        setup out; it is counted apart, in `workspace_setup_s`)."""
+        return self.enqueue_s + self.queue_wait_s + self.service_s
 
     @property
     def gib_per_s(self) -> float:

@@ -41,8 +41,11 @@ Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, rese
 class RestoreStager:
     def __init__(self, cp: ControlPlane, metrics: Metrics, issue: Issue,
                  after_drop: Callable[[], None], verifier: RestoreVerifier | None,
-                 promotion: bool) -> None:
+                 promotion: bool, *, share: bool = True) -> None:
         self.cp = cp
+        # A plan that meets another request's pending load-back: wait for it (True), or back
+        # off and recompute everything past the L1 hit (False, SGLang's graft guard 3).
+        self.share = share
         self.verifier = verifier  # None: restored pages are not compared (CacheConfig.verify)
         self.promotion = promotion  # False: an L3 restore's promoted L2 copies are dropped
         self.metrics = metrics
@@ -55,7 +58,11 @@ class RestoreStager:
     # -- stages -----------------------------------------------------------------------------
 
     def start(self, mat: Materialization, plan: Plan) -> None:
-        """Pin the plan, then issue it, or wait for the load-back it shares."""
+        """Pin the plan, then issue it, or wait for the load-back it shares (or, when not
+        sharing, back off: nothing pinned or issued, one fallback `load_back_pending`)."""
+        if plan.shared and not self.share:
+            self.metrics.fallback("load_back_pending")  # graft guard 3: the tokens are recomputed
+            return
         mat.shared, mat.l2_part, mat.l3_part = list(plan.shared), list(plan.l2_part), list(plan.l3_part)
         head = mat.shared + mat.l2_part
         if head:
@@ -176,6 +183,12 @@ class RestoreStager:
         for part, direction in ((mat.l2_part, Direction.H2D), (mat.l3_part, Direction.S2H)):
             if not part:
                 continue
+            if direction is Direction.S2H and not self._backed_up_above(part[0]):
+                # Graft guard 2 (SGLang's host_insert_dropped): no L2-only suffix under a node
+                # L2 lacks. Refused before anything is reserved; the tokens are recomputed.
+                self._drop_part(mat, mat.l3_part, "dropped")
+                mat.l3_part = []
+                continue
             try:
                 op = self.issue(direction, part, mat.request_id)
             except (OutOfPages, IllegalTransition, StorageError, TransferError) as e:
@@ -244,6 +257,13 @@ class RestoreStager:
             self.cp.unpin(mat.request_id, part[-1])
         self.metrics.fallback(reason)
         self.after_drop()
+
+    def _backed_up_above(self, node: TreeNode) -> bool:
+        """Whether `node`'s parent is the root or holds L2: where an L3 part may be grafted
+        into L2 (the `parent(L2) == RESIDENT` guard of `s2h_issue`, asked before the issue)."""
+        parent = node.parent
+        assert parent is not None, "a planned node is live, and a live node has a parent"
+        return parent.is_root or self.cp.holds(parent, Tier.L2)
 
     @staticmethod
     def _through(nodes: list[TreeNode], last: TreeNode) -> list[TreeNode]:

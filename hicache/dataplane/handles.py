@@ -45,7 +45,7 @@ class TransferTimings:
     """Seconds spent in each stage of one transfer (metrics; the cost model's samples exclude
     `workspace_setup_s`, a one-time cost, see hicache/policy/costmodel.py)."""
 
-    enqueue_s: float = 0.0  # CPU time to issue (index upload, kernel launch, DMA enqueue)
+    enqueue_s: float = 0.0  # CPU time to issue (index upload, kernel, DMA enqueue), setup excluded
     workspace_setup_s: float = 0.0  # one-time workspace / pinned allocation inside the call
     queue_wait_s: float = 0.0  # I/O: time waiting for a pool thread
     service_s: float = 0.0  # kernel + DMA, or file I/O

@@ -22,11 +22,17 @@ set, not a prefix).
 
 Byte sizes: a pool's page holds `layers * rows_per_layer` rows of `row_bytes` bytes each
 (MHA: 2 rows a layer, K and V; MLA: 1 latent row). An anchor may hold no bytes (`layers = 0`).
-`guesses` names the fields whose values no source states (spec/pools.toml marks them).
+`guesses` names the fields whose values no source states (spec/pools.toml marks them);
+`upstream` is the pool's name in SGLang, where it differs.
+
+A pool with `backupable = False` is request-scoped: it lives in L1 for one request, holds no
+part of any node's value, takes no part in hits, and no backup path (D2H, L2 -> L3) may name
+it (`PoolGroup.backup_pools`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hicache.errors import ConfigError
@@ -64,6 +70,7 @@ class PoolSpec:
     tp_mode: str = REPLICATED
     backupable: bool = True
     guesses: tuple[str, ...] = field(default=())
+    upstream: str = ""
 
     def __post_init__(self) -> None:
         where = f"pools.{self.name}"
@@ -79,6 +86,8 @@ class PoolSpec:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{where}.{name}", f"a non-negative integer, got {v!r}")
+        if not isinstance(self.backupable, bool):
+            raise ConfigError(f"{where}.backupable", f"true or false, got {self.backupable!r}")
         if not isinstance(self.page_size, int) or self.page_size <= 0:
             raise ConfigError(f"{where}.page_size", f"a positive integer, got {self.page_size!r}")
         if self.has_allocator and self.indices_from not in ("", self.name):
@@ -112,7 +121,8 @@ class PoolSpec:
 @dataclass(frozen=True)
 class PoolGroup:
     """A validated pool group: the pools of one tier, in table order. Construction checks
-    every rule of spec/pools.md "Group rules" and raises ConfigError naming the field."""
+    every rule of spec/pools.md "Group rules" and raises ConfigError naming the field;
+    `check_capacity` and `backup_pools` check the two rules that need more than the table."""
 
     name: str
     pools: tuple[PoolSpec, ...]
@@ -127,25 +137,17 @@ class PoolGroup:
             raise ConfigError(f"{where}.pools", f"a group has exactly one anchor, got {anchors}")
         by_name = {p.name: p for p in self.pools}
         anchor = by_name[anchors[0]]
+        # Verify the anchor can be backed up: a node's value in L2/L3 is anchor pages.
+        if not anchor.backupable:
+            raise ConfigError(f"{where}.{anchor.name}.backupable",
+                              "the anchor's indices are every tier's node values; it must be backupable")
         for p in self.pools:
             if p.has_allocator:
                 if p.role == ALLOCATING and anchor.page_size % p.page_size:
                     raise ConfigError(f"{where}.{p.name}.page_size",
                                       f"{p.page_size} must divide the anchor's {anchor.page_size}")
                 continue
-            src = by_name.get(p.indices_from)
-            if src is None:
-                raise ConfigError(f"{where}.{p.name}.indices_from",
-                                  f"source pool {p.indices_from!r} is not in the group")
-            if not src.has_allocator:
-                raise ConfigError(f"{where}.{p.name}.indices_from",
-                                  f"source {src.name!r} is a {src.role} pool; a source allocates")
-            if p.role == STATE and src.role != ALLOCATING:
-                raise ConfigError(f"{where}.{p.name}.indices_from",
-                                  f"a state pool takes an allocating pool's indices, not {src.role} {src.name!r}")
-            if p.page_size != src.page_size:
-                raise ConfigError(f"{where}.{p.name}.page_size",
-                                  f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}")
+            _check_derived(where, p, by_name.get(p.indices_from))
 
     @property
     def anchor(self) -> PoolSpec:
@@ -171,3 +173,60 @@ class PoolGroup:
     def bytes_per_anchor_page(self) -> int:
         """Bytes of every pool on the anchor's indices, per anchor page."""
         return sum(p.bytes_per_page for p in self.pools if p.source == self.anchor.name)
+
+    def check_capacity(self, capacity_pages: Mapping[str, int]) -> None:
+        """Verify a tier's sizes fit the group: `capacity_pages` maps every allocating pool
+        (anchor included) to its page count in the tier, and a TRAILING_PAGES pool's window
+        fits in its source's pages (a hit needs the whole window resident at once).
+        ConfigError names `<pool>.capacity_pages` or `<pool>.window_pages`."""
+        where = f"presets.{self.name}"
+        owners = {p.name for p in self.allocating}
+        extra = sorted(set(capacity_pages) - owners)
+        if extra:
+            raise ConfigError(f"{where}.{extra[0]}.capacity_pages",
+                              f"only allocating pools have a capacity; those are {sorted(owners)}")
+        for name in sorted(owners):
+            n = capacity_pages.get(name)
+            if not isinstance(n, int) or n <= 0:
+                raise ConfigError(f"{where}.{name}.capacity_pages", f"a positive integer, got {n!r}")
+        for p in self.pools:
+            cap = capacity_pages[p.source]
+            if p.window_pages > cap:
+                raise ConfigError(f"{where}.{p.name}.window_pages",
+                                  f"a window of {p.window_pages} pages does not fit in {p.source!r}'s "
+                                  f"{cap} pages; give {p.source!r} more pages or shorten the window")
+
+    def backup_pools(self, names: Iterable[str] | None = None) -> tuple[PoolSpec, ...]:
+        """The pools a backup path (D2H, L2 -> L3) moves: `names`, or every backupable pool
+        when None, in table order. ConfigError naming `<pool>.backupable` if one is
+        request-scoped, or the pool if the group has no such pool."""
+        if names is None:
+            return tuple(p for p in self.pools if p.backupable)
+        wanted = set(names)
+        for name in sorted(wanted):
+            p = self.pool(name)
+            if not p.backupable:
+                raise ConfigError(f"presets.{self.name}.{name}.backupable",
+                                  f"{name!r} is request-scoped (backupable = false); "
+                                  "leave it off every backup path")
+        return tuple(p for p in self.pools if p.name in wanted)
+
+
+def _check_derived(where: str, p: PoolSpec, src: PoolSpec | None) -> None:
+    """The rules for a sidecar or state pool `p` whose source is `src` (None: not in the group)."""
+    if src is None:
+        raise ConfigError(f"{where}.{p.name}.indices_from",
+                          f"source pool {p.indices_from!r} is not in the group")
+    if not src.has_allocator:
+        raise ConfigError(f"{where}.{p.name}.indices_from",
+                          f"source {src.name!r} is a {src.role} pool; a source allocates")
+    if p.role == STATE and src.role != ALLOCATING:
+        raise ConfigError(f"{where}.{p.name}.indices_from",
+                          f"a state pool takes an allocating pool's indices, not {src.role} {src.name!r}")
+    if p.page_size != src.page_size:
+        raise ConfigError(f"{where}.{p.name}.page_size",
+                          f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}")
+    # Verify a derived pool is backed up only with its source: it has no indices of its own.
+    if p.backupable and not src.backupable:
+        raise ConfigError(f"{where}.{p.name}.backupable",
+                          f"its source {src.name!r} is request-scoped, so it is too")

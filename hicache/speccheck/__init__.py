@@ -15,6 +15,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
     trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table;
                      TraceHeader vs trace.header.schema.json
     l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
+    pools            pools.toml loads (every group rule holds) vs pools.md's preset tables,
+                     cell by cell
     pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
                      metric names in the pages vs what the reference exports
 """
@@ -33,6 +35,7 @@ from hicache.speccheck.mdtables import parse_tables
 from hicache.speccheck.pages import (
     check_bug_classes, check_metric_names, check_reading_order, reference_metrics,
 )
+from hicache.speccheck.pools import check_pools
 from hicache.speccheck.rules import check_rules
 from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
 from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_header_schema, check_trace_schema
@@ -74,6 +77,9 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     l3_md = _read(spec_dir / "l3.md", problems)
     if l3_md is not None:
         problems += check_l3_header(l3_md)
+    pools_md = _read(spec_dir / "pools.md", problems)
+    if pools_md is not None:
+        problems += check_pools(pools_md, spec_dir / "pools.toml")
     pages = {p.name: text for p in sorted(spec_dir.glob("*.md"))
              if (text := _read(p, problems)) is not None}
     problems += check_reading_order(pages) + check_bug_classes(pages)

@@ -26,8 +26,36 @@ def _match_short_of_last_token() -> str | None:
     return "begin_request accepted match_len = len(tokens)"
 
 
+def _ack_matches_pending_id() -> str | None:
+    """A stale ack: op 1 backs a node up and is cancelled, op 2 backs it up again; ending op 1
+    again (or applying `d2h_complete` to the node in op 1's name) must be refused."""
+    from hicache.control import ControlPlane
+    from hicache.tiers import Direction
+
+    cp = ControlPlane(1, (4, 4, 4), check_mode="off")
+    cp.begin_request(1, [7, 8])
+    cp.compute(1, 1)
+    cp.insert(1)
+    cp.end_request(1)
+    node = cp.tree.match([7]).path[-1]
+    stale = cp.issue(Direction.D2H, [node])
+    cp.cancel(stale.op_id)
+    live = cp.issue(Direction.D2H, [node])
+    for ack in (lambda: cp.complete(stale.op_id),
+                lambda: cp.apply("d2h_complete", [node], live.target_pages, op_id=stale.op_id)):
+        try:
+            ack()
+        except HiCacheError:
+            continue
+        return f"a stale ack for op {stale.op_id} was accepted while op {live.op_id} fills the node"
+    if live.op_id not in cp.ops or node.pending[1] != live.op_id:
+        return "a refused stale ack changed the live op's pending id"
+    return None
+
+
 PROBES: dict[str, Callable[[], str | None]] = {
     "match_short_of_last_token": _match_short_of_last_token,
+    "ack_matches_pending_id": _ack_matches_pending_id,
 }
 """Rule name -> a probe returning why the rule is not enforced (None: it is)."""
 

@@ -131,7 +131,7 @@ def controller_machine(plane: str, coverage: Coverage | None = None, name: str =
     given) collecting every run's trace and fault counts; `adapter` builds each run's
     controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`);
     `pools` the tiers' pool group preset (a group: the null plane only)."""
-    base = make_machine(adapter, setups(plane, pools), coverage=coverage, name=name)
+    base = make_machine(adapter, setups(plane, pools=pools), coverage=coverage, name=name)
     return _with_controller_checks(base, name)
 
 

@@ -57,6 +57,7 @@ class Setup:
     promotion: bool = True
     plane: str = "null"
     check_mode: str = "every"
+    load_back_overlap: str = "share"  # CacheConfig.load_back_overlap: share, or back off
     pools: str = "mha"  # the tiers' pool group preset (null plane only for a group)
 
 
@@ -90,6 +91,7 @@ class ControllerAdapter:
             device="cpu" if s.plane != "cuda" else "cuda", backend="torch" if s.plane != "cuda" else "auto",
             policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
             check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True, io_threads=2,
+            load_back_overlap=s.load_back_overlap,
             pools=s.pools,
         )
         self.sink = ListSink()
@@ -340,16 +342,19 @@ def with_plane(setup: Setup, plane: str) -> Setup:
     return replace(setup, plane=plane)
 
 
-def setups(plane: str = "null", pools: str = "mha") -> "st.SearchStrategy[Setup]":
+def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = "mha"
+           ) -> "st.SearchStrategy[Setup]":
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
-    and L3 are tight, every write policy, promotion on or off. `pools`: the tiers' pool
-    group preset (a group checks every transition, on the null plane too)."""
+    and L3 are tight, every write policy, promotion on or off. `load_back_overlap` is fixed
+    per strategy, not drawn (a draw would shift every seeded run's steps). `pools`: the
+    tiers' pool group preset (a group checks every transition, on the null plane too)."""
     from hypothesis import strategies as st
 
     return st.builds(
         Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
-        promotion=st.booleans(), plane=st.just(plane), pools=st.just(pools),
+        promotion=st.booleans(), plane=st.just(plane), load_back_overlap=st.just(load_back_overlap),
+        pools=st.just(pools),
         # The machine checks everything after every step; inside each transition as well
         # on the real planes (a bad byte is best caught where it lands).
         check_mode=st.just("off" if plane == "null" and pools == "mha" else "every"),

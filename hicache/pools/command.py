@@ -1,0 +1,36 @@
+"""`hicache pools [PRESET]`: the presets of spec/pools.toml, or one preset's pool table.
+
+    hicache pools             one line per preset: name, pools, bytes per anchor page
+    hicache pools dsv4-tiny   the preset's description and its table, as spec/pools.md holds it
+
+Exit status 0, or 2 with one line on stderr for an unknown preset (naming the choices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hicache.errors import ConfigError
+from hicache.pools.presets import descriptions, group, load_presets
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hicache pools", description=__doc__.split("\n")[0])
+    parser.add_argument("preset", nargs="?", help="a preset of spec/pools.toml")
+    args = parser.parse_args(argv)
+    from hicache.speccheck.pools import preset_table  # the renderer pools.md is checked with
+
+    if args.preset is None:
+        for name, g in load_presets().items():
+            pools = ", ".join(p.name for p in g.pools)
+            print(f"{name:<11} {len(g.pools)} pools, {g.bytes_per_anchor_page:,} B/anchor page: {pools}")
+        return 0
+    try:
+        g = group(args.preset)
+    except ConfigError as e:
+        print(f"hicache pools: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.preset}: {descriptions()[args.preset]}\n")
+    print(preset_table(g), end="")
+    return 0
