@@ -22,7 +22,7 @@ from hicache.errors import (
 from hicache.invariants import Violation, check_all
 from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import PoolGroup
-from hicache.pools.standin import group
+from hicache.pools.presets import group
 from hicache.pools.table import GroupTable, InjectedShortage, PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.testing import mutants, zoo

@@ -15,7 +15,7 @@
 | check_mode | "every" | invariant checks: off, every, periodic N |
 | verify | True | compare every restored page with the producer's expected bytes |
 | load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
-| pools | "mha" | pool group preset of every tier: mha (one pool), dsv4-tiny, dsv41-tiny (groups need a data plane without bytes for now: the tree's values are anchor pages, side pools follow) |
+| pools | "mha" | pool group preset of every tier (spec/pools.toml; its anchor page size must be the geometry's): a group of several pools keeps anchor pages as the tree's values, its side pools following, and needs a data plane without bytes for now |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
-from hicache.pools.standin import group as pool_group
+from hicache.pools.presets import group as pool_group
 
 POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

@@ -50,7 +50,7 @@ from hicache.errors import (
     ConfigError, CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
     TransferError, UnreadableSlot,
 )
-from hicache.pools.standin import group as pool_group
+from hicache.pools.presets import group as pool_group
 from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
@@ -76,14 +76,14 @@ class CacheController:
         the same one)."""
         self.config = config
         g = config.kv
-        if config.pools != "mha" and (engine is None or engine.has_bytes):
+        pools = None if config.pools == "mha" else pool_group(config.pools)
+        if pools is not None and len(pools.pools) > 1 and (engine is None or engine.has_bytes):
             raise ConfigError("pools", f"{config.pools!r} needs a data plane that moves every pool; "
                               "the byte planes move one (pass a plane without bytes: a NullEngine)")
         plane = choose_plane(config, engine, producer, faults)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.pools  # the plane's pools, when it has bytes
         self.producer: KVProducer | None = plane.producer
-        pools = None if config.pools == "mha" else pool_group(config.pools)
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer, pools=pools,

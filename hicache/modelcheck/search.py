@@ -40,7 +40,7 @@ from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig
 from hicache.modelcheck.coverage import record_into
 from hicache.modelcheck.drain import drain, drain_actions, not_quiescent
-from hicache.pools.standin import group as pool_group
+from hicache.pools.presets import group as pool_group
 from hicache.tiers import TIERS
 from hicache.trace import Tracer
 from hicache.tree import TreeNode

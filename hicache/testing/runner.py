@@ -224,7 +224,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
     p.add_argument("--pools", default="mha", metavar="PRESET", help=(
-        "the tiers' pool group (mha, dsv4-tiny, dsv41-tiny; a group: the null plane only)"))
+        "the tiers' pool group preset of spec/pools.toml (dsv4-tiny, dsv41-tiny, ...; other "
+        "than mha: the null plane only)"))
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
     p.add_argument("--trace", metavar="FILE", help=(
