@@ -1,5 +1,6 @@
-"""The six ownership invariants and the structural checks, as pure predicates over a
-`Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a symlink).
+"""The six ownership invariants, the pool-group invariant I9 and the structural checks, as
+pure predicates over a `Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a
+symlink).
 
     from hicache.invariants import check_all, InvariantChecker
     violations = check_all(control_plane.snapshot())   # [] when every check holds
@@ -31,6 +32,7 @@ their helpers are the checker's own business (and its tests').
 from __future__ import annotations
 
 from hicache.invariants.alignment import check_page_aligned
+from hicache.invariants.atomic import check_group_atomic
 from hicache.invariants.bytes import check_tier_bytes_equal
 from hicache.invariants.checker import CheckMode, InvariantChecker, parse_check_mode
 from hicache.invariants.groups import (
@@ -57,7 +59,8 @@ ENTRY_POINTS = frozenset({
 
 __all__ = [
     "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "GroupView", "InvariantChecker", "Violation",
-    "check_all", "check_group_conservation", "check_reserve_rolled_back", "group_view",
+    "check_all", "check_group_atomic", "check_group_conservation", "check_reserve_rolled_back",
+    "group_view",
     "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",
     "check_no_dead_node", "check_no_double_reference", "check_ownership_disjoint",
     "check_page_aligned", "check_page_conservation", "check_parent_child_links",
