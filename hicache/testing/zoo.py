@@ -86,9 +86,9 @@ the product machine (its catches on seeds 0-4, 2,000 steps, in that file):
                     whose load-back is in flight, is reached too rarely (4/5 seeds)
     B13, B14        the cpu-plane machine writes too few multi-run or short L3 extents
                     (1/5 each)
-    B09             fuzz-dsv4 reaches it through the controller's per-pool L2/L3 faults
-                    on 4/5 seeds (I6 and I9, steps 326-453); the group-table machine, which
-                    reserves across pools in every step, on all five
+    B09             the group-table machine names the rule it breaks (reserve_group_rolled_back);
+                    fuzz-dsv4 also catches it on seeds 0-4 through the controller's per-pool
+                    L2/L3 faults (I6 and I9, steps 128-455; not yet in the results file)
 """
 
 BATCH_SEED = 1_000_003
