@@ -17,7 +17,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 
 from __future__ import annotations
 
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -25,8 +25,10 @@ from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
 from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
-from hicache.pages import PageTable, Pages, pages
+from hicache.pages import Pages, pages
 from hicache.poison import refuse_when_poisoned
+from hicache.pools.spec import PoolGroup
+from hicache.pools.tierpools import tier_tables
 from hicache.queries import PlaneQueries
 from hicache.records import PendingOp, Request, UnknownOp
 from hicache.snapshot import Digests
@@ -51,13 +53,21 @@ class ControlPlane(PlaneQueries):
         tracer: Tracer | None = None,
         digests: Digests | None = None,
         lifecycle: Lifecycle | None = None,
+        pools: PoolGroup | None = None,
+        pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
+        """`pools`: the tiers' pool group. With more than the anchor, each tier's table is a
+        `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and
+        every side pool follows them; `pool_capacities[tier][pool]` sizes a side pool (in
+        its own pages; default: the tier's capacity * its ratio). None or one pool: one
+        `PageTable` per tier."""
         if len(capacities) != len(TIERS):
             raise ValueError(f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}")
         self.lifecycle = lifecycle or load_lifecycle()
         self.tree = HiRadixTree(page_size)
         self.page_size = page_size
-        self.tables = tuple(PageTable(str(t), c) for t, c in zip(TIERS, capacities))
+        self.pools = pools
+        self.tables = tier_tables([str(t) for t in TIERS], capacities, page_size, pools, pool_capacities)
         self.ops: dict[int, PendingOp] = {}
         self.requests: dict[int, Request] = {}
         self.tracer = tracer or Tracer()

@@ -15,6 +15,7 @@ from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import PageTable, Pages, pages
+from hicache.pools.tierpools import TierPools
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Tier
@@ -157,14 +158,19 @@ class PlaneQueries:
 
     def usage(self, tier: Tier | str) -> dict[str, int]:
         """`tier`'s pages by owner (capacity, free, private, tree) and how many published
-        pages are eviction candidates now, or locked (all counts in pages)."""
+        pages are eviction candidates now, or locked (all counts in anchor pages). A pool
+        group adds `free.<pool>` per allocating pool (in its own pages); pools without an
+        allocator (sidecar, state) have no free list and are skipped."""
         t = TIERS.index(Tier(tier))
         table = self.tables[t]
-        return {
+        out = {
             "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
             "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
             "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
         }
+        if isinstance(table, TierPools):
+            out.update({f"free.{pool}": n for pool, n in table.free_pages_by_pool().items()})
+        return out
 
     def cached_len(self, request_id: int) -> int:
         """Tokens of the request's prompt served from the cache (UnknownRequest if not live)."""
@@ -211,7 +217,8 @@ class PlaneQueries:
             for r in self.requests.values()
         )
         tiers = {
-            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i])
+            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i],
+                             tab.pool_views() if isinstance(tab, TierPools) else ())
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }
         return Snapshot(self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id)

@@ -10,6 +10,8 @@ checks are vectorised over them (cost linear in pages, no Python loop per page).
     Snapshot
       page_size                     tokens per page (all tiers)
       tiers[T]    TierView          capacity, owner array, the tree's own size counter
+        pools     PoolView...       a pool group's side pools (none for one pool): owner codes
+                                    and which anchor page holds each of their pages (I9)
       nodes       NodeView...       topology + per-tier value / sub-state / lock count / pending op
       ops         OpView...         in-flight transfers: source and target pages, source lock
       requests    RequestView...    cached_len, the L1 node it holds locked, pins, private pages
@@ -40,13 +42,27 @@ or unreadable). Digest functions never return it for real bytes; I4 skips such p
 
 
 @dataclass(frozen=True)
+class PoolView:
+    """One side pool of a tier's pool group (an allocating pool that follows the anchor):
+    its own owner codes, and per anchor page the `ratio` pages of it that page holds."""
+
+    pool: str
+    tier: str  # "<tier>.<pool>", as the pool's page table names itself
+    capacity: int  # this pool's pages
+    owner: npt.NDArray[np.uint8]  # per page of this pool: FREE / PRIVATE / TREE
+    held_by: npt.NDArray[np.int64]  # [anchor page, ratio]: this pool's pages; -1 when none
+
+
+@dataclass(frozen=True)
 class TierView:
-    """One tier's page table, as its allocator records it."""
+    """One tier's page table, as its allocator records it (for a pool group: the anchor's,
+    and in `pools` every side pool's)."""
 
     tier: str
     capacity: int  # pages
     owner: npt.NDArray[np.uint8]  # per physical page: FREE / PRIVATE / TREE
     tree_pages_counted: int  # the tree's own running count of pages it holds in this tier
+    pools: tuple[PoolView, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The six ownership invariants and the structural checks, as pure predicates over a
-`Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a symlink).
+"""The six ownership invariants, the pool-group invariant I9 and the structural checks, as
+pure predicates over a `Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a
+symlink).
 
     from hicache.invariants import check_all, InvariantChecker
     violations = check_all(control_plane.snapshot())   # [] when every check holds
@@ -24,12 +25,14 @@ their helpers are the checker's own business (and its tests').
     group_view         hicache.invariants.groups     a pool group table's view (GroupView)
     check_group_*,     hicache.invariants.groups     I6 per pool of a group, and a failed
     check_reserve_*                                  reserve_group's rollback (not registered:
-                                                     no control plane holds a group table yet)
+                                                     they read a GroupTable caller's records;
+                                                     a plane's group is I9, registered)
 """
 
 from __future__ import annotations
 
 from hicache.invariants.alignment import check_page_aligned
+from hicache.invariants.atomic import check_group_atomic
 from hicache.invariants.bytes import check_tier_bytes_equal
 from hicache.invariants.checker import CheckMode, InvariantChecker, parse_check_mode
 from hicache.invariants.groups import (
@@ -56,7 +59,8 @@ ENTRY_POINTS = frozenset({
 
 __all__ = [
     "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "GroupView", "InvariantChecker", "Violation",
-    "check_all", "check_group_conservation", "check_reserve_rolled_back", "group_view",
+    "check_all", "check_group_atomic", "check_group_conservation", "check_reserve_rolled_back",
+    "group_view",
     "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",
     "check_no_dead_node", "check_no_double_reference", "check_ownership_disjoint",
     "check_page_aligned", "check_page_conservation", "check_parent_child_links",

@@ -18,9 +18,10 @@ pool) and of the caller's records of what it holds.
 The records are `Mapping[str, Pages]` per reservation (a `GroupPages.by_pool`). In a
 violation, `ops` are indices into the reserved records and `nodes` into the published ones.
 
-These checks are not in the plane registry (`registry.CHECKS`): that runs on every control
-plane snapshot, and a control plane does not hold a group table yet. Callers that do (the
-group-table state machine in tests/) call them directly.
+These checks are not in the plane registry (`registry.CHECKS`): they read the records of a
+caller holding a `GroupTable` directly (the group-table state machine in tests/). A control
+plane's pool group (hicache/pools/tierpools.py) is checked by I9 `group_atomic` (atomic.py),
+which is registered.
 """
 
 from __future__ import annotations

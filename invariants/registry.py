@@ -3,6 +3,7 @@
     id  name                    one line
     --  ----------------------  ------------------------------------------------------------
     I1..I6                      the six ownership invariants
+    I9  group_atomic            a tier's pool group moves as one (planes with a group)
     S1..S7                      structural checks of the tree's own bookkeeping
 
 `check_all` runs them all; `get_check` finds one by id or name (for a CLI's `--only I2`).
@@ -15,6 +16,7 @@ from typing import Callable
 
 from hicache.errors import ConfigError
 from hicache.invariants.alignment import PAGE_ALIGNED, check_page_aligned
+from hicache.invariants.atomic import GROUP_ATOMIC, check_group_atomic
 from hicache.invariants.bytes import TIER_BYTES_EQUAL, check_tier_bytes_equal
 from hicache.invariants.ordering import PUBLISH_ORDER, check_publish_order
 from hicache.invariants.ownership import (
@@ -38,7 +40,7 @@ CheckFunc = Callable[[Snapshot], list[Violation]]
 class Check:
     """One invariant or structural check: a pure function of a snapshot."""
 
-    id: str  # "I1".."I6", "S1".."S7"
+    id: str  # "I1".."I6", "I9", "S1".."S7"
     name: str
     summary: str  # one line
     func: CheckFunc
@@ -64,6 +66,8 @@ CHECKS: tuple[Check, ...] = (
            check_publish_order),
     _check(PAGE_CONSERVATION, "free + private + tree == capacity, every page counted once",
            check_page_conservation),
+    _check(GROUP_ATOMIC, "every side pool of a tier's group follows the anchor's pages",
+           check_group_atomic),
     _check(PARENT_CHILD_LINKS, "parent and child links agree; one root; no cycle",
            check_parent_child_links),
     _check(NO_DEAD_NODE, "no node that holds nothing and has no children stays in the tree",

@@ -33,7 +33,7 @@ from hicache.invariants import CHECKS, CheckMode, InvariantChecker, Violation, c
 from hicache.invariants.ownership import RESIDENT
 from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
-from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
+from hicache.snapshot import NodeView, OpView, PoolView, RequestView, Snapshot, TierView
 
 CAP = 8
 TIERS = ("L1", "L2", "L3")
@@ -172,12 +172,14 @@ def test_every_check_has_a_violation_test() -> None:
     assert [c.name for c in CHECKS if f"test_{c.name}_violation" not in globals()] == []
 
 
-def test_registry_lists_thirteen_checks_in_spec_order() -> None:
-    assert [c.id for c in CHECKS] == [f"I{i}" for i in range(1, 7)] + [f"S{i}" for i in range(1, 8)]
+def test_registry_lists_fourteen_checks_in_spec_order() -> None:
+    assert [c.id for c in CHECKS] == ([f"I{i}" for i in range(1, 7)] + ["I9"]
+                                      + [f"S{i}" for i in range(1, 8)])
     assert get_check("I2").name == "inflight_source_pinned"
     assert get_check("tier_ancestor_closed").id == "S6"
+    assert get_check("I9").name == "group_atomic"
     with pytest.raises(ConfigError, match="invariant"):
-        get_check("I9")
+        get_check("I7")
 
 
 def test_resident_state_name_matches_the_spec_tables() -> None:
@@ -550,6 +552,21 @@ def test_checker_raises_with_every_violation_and_context(mode: str, raises_at: i
     assert {getattr(v, "invariant") for v in err.value.violations} == {"I6", "S4"}
     assert f"after step {raises_at}" in str(err.value)
     assert (checker.checks_run, checker.violations_found) == (1, 2)
+
+
+def test_group_atomic_violation() -> None:
+    """I9: a side pool page whose anchor page was freed (B10) is reported; the valid
+    snapshot with that side pool following its anchor passes."""
+    pool = PoolView("swa", "L1.swa", CAP, owner([0, 1, 2], [3, 4, 5]),
+                    np.full((CAP, 1), -1, dtype=np.int64))
+    pool.held_by[[0, 1, 2, 3, 4, 5], 0] = [0, 1, 2, 3, 4, 5]
+    s = valid()
+    good = dataclasses.replace(s, tiers={**s.tiers, "L1": dataclasses.replace(s.tiers["L1"], pools=(pool,))})
+    assert check_all(good) == []
+    freed = with_owner(good, "L1", 0, FREE)  # the anchor page is freed, its swa page kept
+    found = [v for v in check_all(freed) if v.invariant == "I9"]
+    assert {v.tier for v in found} == {"L1"} and found[0].pages == (0,)
+    assert "group_atomic" in str(found[0])
 
 
 def test_checker_off_never_raises() -> None:

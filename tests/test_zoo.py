@@ -31,6 +31,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "B07-leaf": (4, "machine FuzzNull.agrees_with_reference: tree audit"),
     "B08": (0, "machine FuzzNull.agrees_with_reference: I3 page_aligned"),
     "B09": (1, "I6 reserve_group_rolled_back"),
+    "B10": (0, "I9 group_atomic"),
     "B11": (3, "machine TreeMachine.unlock_unheld"),
     "B12": (2, "contract: TransferError escaped FuzzCpu"),
     "B13": (4, "I4 tier_bytes_equal"),

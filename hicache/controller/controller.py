@@ -76,13 +76,14 @@ class CacheController:
         the same one)."""
         self.config = config
         g = config.kv
+        pools = config.group  # None: the single-pool plane (mha)
         plane = choose_plane(config, engine, producer, faults)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.pools  # the plane's pools, when it has bytes
         self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
-            check_mode=config.check_mode, tracer=tracer,
+            check_mode=config.check_mode, tracer=tracer, pools=pools,
         )
         bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
         if plane.pools is not None:

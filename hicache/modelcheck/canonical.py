@@ -45,6 +45,7 @@ from typing import Any, Iterable, Sequence
 
 from hicache.control import ControlPlane
 from hicache.pages import FREE, PRIVATE, TREE, Pages
+from hicache.pools.tierpools import TierPools
 from hicache.records import PendingOp
 from hicache.tiers import TIERS
 from hicache.tree import HiRadixTree, TreeNode
@@ -123,6 +124,23 @@ def _owners(cp: ControlPlane, labels: _Labels) -> Key:
         named = tuple([owner[p] for p in sorted(seen, key=seen.__getitem__)])
         rest = [c for p, c in enumerate(owner) if p not in seen]
         out.append((named, tuple([rest.count(code) for code in (FREE, PRIVATE, TREE)])))
+        if isinstance(table, TierPools):
+            out.append(_side_owners(table, sorted(seen, key=seen.__getitem__)))
+    return tuple(out)
+
+
+def _side_owners(table: TierPools, anchor_pages: list[int]) -> Key:
+    """Per side pool, the owner codes of the pages each labelled anchor page holds (in label
+    order; -1 where it holds none) and how many other pages hold each code: side page
+    numbers are named through their anchor pages, as the anchor's are through labels."""
+    out = []
+    for name, held in table.held_by.items():
+        owner = table.groups.tables[name].owner.tolist()
+        rows = held[anchor_pages].tolist() if anchor_pages else []
+        named = tuple([tuple([_NONE if s < 0 else owner[s] for s in row]) for row in rows])
+        mine = {s for row in rows for s in row if s >= 0}
+        rest = [c for s, c in enumerate(owner) if s not in mine]
+        out.append((named, tuple([rest.count(code) for code in (FREE, PRIVATE, TREE)])))
     return tuple(out)
 
 
@@ -153,7 +171,7 @@ def concrete_key(cp: ControlPlane) -> Key:
          tuple(n.last_access), n.hits, tuple(sorted(n.children)), _bookkeeping(tree, n))
         for n in [tree.root, *tree.nodes()]
     ])
-    tables = tuple([(t.owner.tobytes(), t.generation.tobytes()) for t in cp.tables])
+    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t)) for t in cp.tables])
     ops = tuple([(i, op.direction.value, tuple([n.node_id for n in op.nodes]), tuple(op.source_pages.tolist()),
                   tuple(op.target_pages.tolist()), _NONE if op.request_id is None else op.request_id)
                  for i, op in sorted(cp.ops.items())])
@@ -163,6 +181,14 @@ def concrete_key(cp: ControlPlane) -> Key:
                   for i, r in sorted(cp.requests.items())])
     return (nodes, tables, ops, reqs, tree._tick, tree._next_id, cp._next_op, tuple(tree.pages_held),
             tuple(sorted(tree._nodes)))
+
+
+def _side_tables(t: object) -> Key:
+    """A pool group's side pools, whole: owners, generations and held_by maps (none: ())."""
+    if not isinstance(t, TierPools):
+        return ()
+    return tuple([(name, t.groups.tables[name].owner.tobytes(), t.groups.tables[name].generation.tobytes(),
+                   held.tobytes()) for name, held in t.held_by.items()])
 
 
 def _preorder(root: TreeNode) -> list[TreeNode]:

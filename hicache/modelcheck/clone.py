@@ -22,6 +22,8 @@ from __future__ import annotations
 from hicache.control import ControlPlane
 from hicache.invariants.checker import InvariantChecker
 from hicache.pages import PageTable
+from hicache.pools.table import GroupTable
+from hicache.pools.tierpools import TierPools
 from hicache.records import PendingOp, Request
 from hicache.trace import Tracer
 from hicache.tree import HiRadixTree, TreeNode
@@ -82,8 +84,24 @@ def _clone_tree(tree: HiRadixTree) -> tuple[HiRadixTree, dict[int, TreeNode]]:
 
 
 def _clone_table(t: PageTable) -> PageTable:
+    if isinstance(t, TierPools):
+        return _clone_pools(t)
     new: PageTable = object.__new__(PageTable)
     new.__dict__.update(t.__dict__)
     new.owner = t.owner.copy()
     new.generation = t.generation.copy()
+    return new
+
+
+def _clone_pools(t: TierPools) -> TierPools:
+    """A pool group's table: every pool's table cloned, the anchor's arrays shared with the
+    clone's own owner / generation as in the original."""
+    groups: GroupTable = object.__new__(GroupTable)
+    groups.__dict__.update(t.groups.__dict__)
+    groups.tables = {name: _clone_table(table) for name, table in t.groups.tables.items()}
+    new: TierPools = object.__new__(TierPools)
+    new.__dict__.update(t.__dict__)
+    new.groups = groups
+    new.owner, new.generation = groups.tables[t.anchor].owner, groups.tables[t.anchor].generation
+    new.held_by = {name: held.copy() for name, held in t.held_by.items()}
     return new

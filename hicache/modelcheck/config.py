@@ -13,6 +13,11 @@ A configuration fixes everything the search may choose from:
                    true: request i begins prompts[i] only (no request symmetry)
     faults         `fail(op)` is an action (a transfer completes in failure)
     aborts         `cancel(op)` is an action (an abort, a drain, a cancelled restore)
+    pools          the tiers' pool group preset ("mha": one pool; "dsv4-tiny": anchor pages
+                   with a side pool following each, I9 checked); its anchor page size must
+                   be `page_size`
+    pool_capacities  a side pool's pages in a tier, {L2 = {swa = 1}} (default: the tier's
+                   capacity * the pool's ratio, so the pool never binds)
     ci             explored by the test suite (tests/test_modelcheck*.py)
     expected       states, edges, depth the search must report (a changed count is a
                    changed machine: update it only with a reason in the commit)
@@ -53,6 +58,8 @@ class ModelConfig:
     per_request: bool = False
     faults: bool = True
     aborts: bool = True
+    pools: str = "mha"
+    pool_capacities: tuple[tuple[str, str, int], ...] = ()  # (tier, pool, pages)
     ci: bool = False
     expected: Expected | None = None
 
@@ -93,7 +100,7 @@ def get_config(name: str, path: Path = CONFIGS_TOML) -> ModelConfig:
 def _parse(entry: Mapping[str, Any]) -> ModelConfig:
     name = str(entry.get("name", "?"))
     known = {"name", "page_size", "capacities", "prompts", "requests", "per_request", "faults",
-             "aborts", "ci", "expected", "doc"}
+             "aborts", "pools", "pool_capacities", "ci", "expected", "doc"}
     extra = sorted(set(entry) - known)
     if extra:
         raise ConfigError(f"config {name}", f"unknown fields {extra}; known: {sorted(known)}")
@@ -106,6 +113,10 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
             capacities=(caps[0], caps[1], caps[2]), prompts=prompts,
             requests=int(entry["requests"]), per_request=bool(entry.get("per_request", False)),
             faults=bool(entry.get("faults", True)), aborts=bool(entry.get("aborts", True)),
+            pools=str(entry.get("pools", "mha")),
+            pool_capacities=tuple((str(tier), str(pool), int(n))
+                                  for tier, sizes in entry.get("pool_capacities", {}).items()
+                                  for pool, n in sizes.items()),
             ci=bool(entry.get("ci", False)),
             expected=None if exp is None else Expected(int(exp["states"]), int(exp["edges"]), int(exp["depth"])),
         )

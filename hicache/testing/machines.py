@@ -8,6 +8,9 @@
     FuzzNull                      on the null plane (no bytes, no torch work): the bug zoo's
                                   machine for the control plane's mutants
     FuzzCpu                       on the CPU data plane with a real L3 file: the byte mutants
+    FuzzDsv4, FuzzDsv41           on the null plane with the dsv4-tiny / dsv41-tiny pool group
+                                  in every tier, per-pool reservation faults in L2 and L3,
+                                  every check after every transition: B10's machine
 
 They need no source checkout, unlike the tests' older machines. The two invariants are about
 the controller's internals, so they live here rather than in the engine-neutral machine.
@@ -122,15 +125,19 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
 
 
 def controller_machine(plane: str, coverage: Coverage | None = None, name: str = "CacheMachine",
-                       adapter: AdapterFactory = controller_adapter) -> type[RuleBasedStateMachine]:
+                       adapter: AdapterFactory = controller_adapter, pools: str = "mha"
+                       ) -> type[RuleBasedStateMachine]:
     """The controller's machine on `plane` ("null", "cpu" or "cuda"), `coverage` (when
     given) collecting every run's trace and fault counts; `adapter` builds each run's
-    controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`)."""
-    base = make_machine(adapter, setups(plane), coverage=coverage, name=name)
+    controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`);
+    `pools` the tiers' pool group preset (a group: the null plane only)."""
+    base = make_machine(adapter, setups(plane, pools=pools), coverage=coverage, name=name)
     return _with_controller_checks(base, name)
 
 
 FuzzNull = controller_machine("null", name="FuzzNull")
 FuzzCpu = controller_machine("cpu", name="FuzzCpu")
+FuzzDsv4 = controller_machine("null", name="FuzzDsv4", pools="dsv4-tiny")
+FuzzDsv41 = controller_machine("null", name="FuzzDsv41", pools="dsv41-tiny")
 
-__all__ = ["FuzzCpu", "FuzzNull", "controller_machine"]
+__all__ = ["FuzzCpu", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "controller_machine"]

@@ -9,8 +9,7 @@ returns a context manager that swaps the broken version in and restores the orig
 
 Nothing else reaches these patches: no configuration field, flag or environment variable
 of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's tests call
-`activate`. B10 (multi-pool eviction) and B16 (tensor parallelism) have no mutant yet: the
-reference evicts and moves bytes for one pool on one rank.
+`activate`. B16 (tensor parallelism) has no mutant yet: the reference runs on one rank.
 
     name         class  patched function                          what is broken
     -----------  -----  ----------------------------------------  ----------------------------
@@ -25,6 +24,8 @@ reference evicts and moves bytes for one pool on one rank.
     B08          B08    HiRadixTree.split                         cuts values by tokens
     B09          B09    GroupTable._rollback                      a failed group reserve keeps
                                                                   the pools it took
+    B10          B10    TierPools.free                            an L2 eviction frees the
+                                                                  anchor, not the side pools
     B11          B11    HiRadixTree.unlock                        clamps at zero
     B12          B12    RestoreStager._settle_own                 a failed load raises
     B13          B13    storage_io.coalesce                       merges on one side
@@ -228,6 +229,24 @@ def _b09() -> contextlib.AbstractContextManager[None]:
     return _swapped(GroupTable, "_rollback", rollback)
 
 
+def _b10() -> contextlib.AbstractContextManager[None]:
+    """A host-leaf eviction frees one pool of the group: an L2 `free` of anchor pages returns
+    the anchor's pages and forgets the side pools' (`swa`), which stay TREE, held by no
+    anchor page. Other tiers' frees are left whole."""
+    from hicache.pools.tierpools import TierPools
+
+    original = TierPools.__dict__["free"]
+
+    def free(self: Any, p: Any) -> None:
+        if self.tier != "L2":
+            original(self, p)
+            return
+        self.groups.tables[self.anchor].free(p)
+        self._forget(p)
+
+    return _swapped(TierPools, "free", free)
+
+
 # -- the controller and the data plane -------------------------------------------------------
 
 
@@ -375,6 +394,8 @@ ZOO: tuple[Mutant, ...] = (
            "of at_tokens / page_size", _b08),
     Mutant("B09", "B09", "GroupTable._rollback", "a group reservation that fails at one pool "
            "keeps the pages of the pools reserved before it", _b09),
+    Mutant("B10", "B10", "TierPools.free", "a host-leaf (L2) eviction frees the anchor's pages "
+           "and leaves the side pools' pages held", _b10),
     Mutant("B11", "B11", "HiRadixTree.unlock", "an unlock below zero is clamped at zero "
            "instead of refused", _b11),
     Mutant("B12", "B12", "RestoreStager._settle_own", "a failed restore stage raises instead "

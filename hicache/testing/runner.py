@@ -1,6 +1,7 @@
 """`hicache fuzz`: run the fuzz machine outside pytest, with a seed, a replay line and a report.
 
     hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
+                 [--pools mha|dsv4-tiny|dsv41-tiny]
                  [--progress] [--mutant NAME|list] [--trace FILE]
 
 The machine runs `N // STEPS_PER_RUN` runs of at most `STEPS_PER_RUN` steps each, drawn from
@@ -139,6 +140,8 @@ def replay_command(args: argparse.Namespace) -> str:
     words = ["hicache", "fuzz", "--seed", str(args.seed), "--steps", str(args.steps), "--plane", args.plane]
     if args.adapter:
         words += ["--adapter", args.adapter]
+    if getattr(args, "pools", "mha") != "mha":
+        words += ["--pools", args.pools]
     if args.mutant:
         words += ["--mutant", args.mutant]
     if getattr(args, "trace", None):
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
         from hicache.testing.machines import controller_machine
 
         adapter = controller_adapter if last is None else last.factory(controller_adapter)
-        machine = controller_machine(args.plane, coverage, adapter=adapter)
+        machine = controller_machine(args.plane, coverage, adapter=adapter,
+                                     pools=getattr(args, "pools", "mha"))
     else:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
@@ -219,6 +223,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"machine steps in all (runs of {STEPS_PER_RUN})")
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
+    p.add_argument("--pools", default="mha", metavar="PRESET", help=(
+        "the tiers' pool group preset of spec/pools.toml (dsv4-tiny, dsv41-tiny, ...; other "
+        "than mha: the null plane only)"))
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
     p.add_argument("--trace", metavar="FILE", help=(
@@ -243,6 +250,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if args.plane == "cuda" and not _cuda():
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
+        return 2
+    if args.pools != "mha" and (args.plane != "null" or args.adapter):
+        print("hicache fuzz: --pools needs the controller on the null plane (the byte planes "
+              "move one pool)", file=sys.stderr)
         return 2
     if args.trace:
         try:

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.faults import Action, FaultInjector, FaultSite, SimulatedCrash
+from hicache.dataplane.faults import ALLOC_SITES, Action, FaultInjector, FaultSite, SimulatedCrash
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
+from hicache.pools.tierpools import TierPools
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
 from hicache.tiers import TIERS, Direction, Tier
@@ -57,6 +58,7 @@ class Setup:
     plane: str = "null"
     check_mode: str = "every"
     load_back_overlap: str = "share"  # CacheConfig.load_back_overlap: share, or back off
+    pools: str = "mha"  # the tiers' pool group preset (null plane only for a group)
 
 
 class ControllerAdapter:
@@ -90,6 +92,7 @@ class ControllerAdapter:
             policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
             check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True, io_threads=2,
             load_back_overlap=s.load_back_overlap,
+            pools=s.pools,
         )
         self.sink = ListSink()
         self._seen = 0  # events of `sink` already turned into page changes
@@ -98,7 +101,21 @@ class ControllerAdapter:
         if s.plane == "null":
             g = cfg.kv
             engine = FaultyNullEngine(g, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, self.faults)
-        return CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine)
+        ctl = CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine)
+        self._fail_pools(ctl)
+        return ctl
+
+    def _fail_pools(self, ctl: CacheController) -> None:
+        """A pool group's L2 and L3 reservations fail per pool (scenario F1: pool k of n,
+        after pools 1..k-1 succeeded): the attempt of every pool but the first (in sorted
+        order, the group's reservation order) draws the tier's ALLOC site; the first pool's
+        failure is the controller's own ALLOC fault. L1 is left out: a prefill refused for
+        room must change nothing, and its make-room eviction runs before the reservation."""
+        for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
+            if isinstance(table, TierPools):
+                site, first = ALLOC_SITES[tier], table.pools.allocating[0].name
+                table.groups.fault = lambda pool, site=site, first=first: (
+                    pool != first and self.faults.fire(site))
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -325,17 +342,20 @@ def with_plane(setup: Setup, plane: str) -> Setup:
     return replace(setup, plane=plane)
 
 
-def setups(plane: str = "null", load_back_overlap: str = "share") -> "st.SearchStrategy[Setup]":
+def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = "mha"
+           ) -> "st.SearchStrategy[Setup]":
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
     and L3 are tight, every write policy, promotion on or off. `load_back_overlap` is fixed
-    per strategy, not drawn (a draw would shift every seeded run's steps)."""
+    per strategy, not drawn (a draw would shift every seeded run's steps). `pools`: the
+    tiers' pool group preset (a group checks every transition, on the null plane too)."""
     from hypothesis import strategies as st
 
     return st.builds(
         Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
         promotion=st.booleans(), plane=st.just(plane), load_back_overlap=st.just(load_back_overlap),
+        pools=st.just(pools),
         # The machine checks everything after every step; inside each transition as well
         # on the real planes (a bad byte is best caught where it lands).
-        check_mode=st.just("off" if plane == "null" else "every"),
+        check_mode=st.just("off" if plane == "null" and pools == "mha" else "every"),
     )
