@@ -1,0 +1,274 @@
+"""The upstream failure scenarios that had no example of their own, on a dsv4-tiny group, and
+the index of every scenario (spec/pools.md "Upstream failure scenarios"), checked against the
+tests it names so the table cannot drift.
+
+Each test says in a comment how it was seen to fail with its rule broken: the guard reverted
+or bypassed by hand (a monkeypatch in a scratch run, not kept), or a mutant of the zoo.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from hicache.control import ControlPlane
+from hicache.controller.controller import CacheController
+from hicache.errors import ConfigError, IllegalTransition
+from hicache.invariants import check_all
+from hicache.pages import PRIVATE
+from hicache.pools.presets import group
+from hicache.pools.table import PoolFaults
+from hicache.pools.tierpools import TierPools
+from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.tiers import Direction, Tier
+from hicache.tree import TreeNode
+from tests.test_null_plane import A, make, serve, settle_all
+from tests.test_write_path_rows import a_in_l1_b_in_l3_only
+
+PS = 4  # dsv4-tiny's anchor page size, in tokens
+B = tuple(range(300, 312))  # 3 pages, A's child in A + B
+SPEC = Path(__file__).resolve().parents[1] / "spec" / "pools.md"
+
+
+def group_controller(**kw: object) -> CacheController:
+    """The controller on the null plane with a dsv4-tiny group in every tier, every
+    transition checked."""
+    return make(pools="dsv4-tiny", check_mode="every", **kw)
+
+
+def by_pool(c: CacheController, tier: Tier) -> dict[str, int]:
+    """FREE pages of every allocating pool of `tier`."""
+    table = c.cp.tables[list(Tier).index(tier)]
+    assert isinstance(table, TierPools)
+    return table.free_pages_by_pool()
+
+
+def no_private_page(cp: ControlPlane) -> bool:
+    """No pool of any tier holds a PRIVATE page (what every release must leave)."""
+    for table in cp.tables:
+        assert isinstance(table, TierPools)
+        if table.count(PRIVATE) or any(v.owner.tolist().count(PRIVATE) for v in table.pool_views()):
+            return False
+    return True
+
+
+def owners(cp: ControlPlane) -> list[bytes]:
+    out = []
+    for table in cp.tables:
+        assert isinstance(table, TierPools)
+        out += [table.owner.tobytes()] + [v.owner.tobytes() for v in table.pool_views()]
+    return out
+
+
+def node_of(c: CacheController, tokens: tuple[int, ...]) -> TreeNode:
+    return c.cp.tree.match(tokens, split=False, touch=False).path[-1]
+
+
+# -- F5: write-back eviction whose host allocation fails ------------------------------------------
+
+
+@pytest.mark.parametrize("why", ["swa_fails", "l2_too_small"])
+def test_f5_a_write_back_victim_without_host_room_is_dropped_never_half_evicted(why: str) -> None:
+    """Write-back: an L1 victim is backed up before it goes. When L2 cannot take it (its `swa`
+    reservation fails after `kv`'s, or L2 is smaller than the node), the node leaves L1 with no
+    L2 value (deleted, since no tier holds it), its tokens count once as `host_pressure`, and
+    every L2 pool is as it was. Checked: with `Evictor._before_l1_eviction` made a no-op the
+    drop count stays 0; with `GroupTable._rollback` skipped (B09) L2.kv keeps a PRIVATE page."""
+    c = group_controller(write_policy="write_back", l2_pages=2 if why == "l2_too_small" else 32)
+    serve(c, 1, A + (1,))
+    node = node_of(c, A)
+    assert c.cp.holds(node, Tier.L1) and not c.cp.holds(node, Tier.L2)
+    l2_before = by_pool(c, Tier.L2)
+    if why == "swa_fails":
+        l2 = c.cp.tables[1]
+        assert isinstance(l2, TierPools)
+        l2.groups.fault = PoolFaults({"swa": 2})  # the first try and the retry after a reclaim
+    assert c.evict("L1", 3) == 3
+    assert c.metrics.dropped_tokens["host_pressure"] == len(A)
+    assert node not in c.cp.tree.nodes() and c.cp.residency(node, Tier.L2) == "ABSENT"
+    assert by_pool(c, Tier.L2) == l2_before and no_private_page(c.cp)
+    assert c.cp.checker.violations_found == 0 and check_all(c.cp.snapshot()) == []
+    c.close()
+
+
+def test_f5_a_write_back_victim_with_host_room_is_backed_up_first() -> None:
+    """The same victim with room in L2: it is copied (every allocating pool takes its pages)
+    before it leaves L1, nothing is dropped, and a later request finds it in L2. Checked: with
+    `Evictor._before_l1_eviction` made a no-op the node leaves L1 with no L2 copy."""
+    c = group_controller(write_policy="write_back")
+    serve(c, 1, A + (1,))
+    node = node_of(c, A)
+    assert c.evict("L1", 3) == 3
+    assert c.metrics.dropped_tokens["host_pressure"] == 0
+    assert c.cp.residency(node, Tier.L2) == "RESIDENT" and not c.cp.holds(node, Tier.L1)
+    assert by_pool(c, Tier.L2) == {"kv": 29, "swa": 29}
+    assert c.admit(2, A + (2,)).match.lengths[1] == len(A)
+    c.close()
+
+
+# -- F6: a backup gap ------------------------------------------------------------------------------
+
+
+def parent_and_child(c: CacheController) -> tuple[TreeNode, TreeNode]:
+    serve(c, 1, A + (1,))
+    serve(c, 2, A + B + (1,))
+    child = node_of(c, A + B)
+    assert child.parent is not None and child.parent is node_of(c, A)
+    return child.parent, child
+
+
+def test_f6_a_backup_of_a_child_whose_parent_is_not_backed_up_is_refused() -> None:
+    """A D2H of the child alone, its parent not in L2: refused (the chain's parent must hold
+    the target, S6), with no page of any pool of any tier touched. Checked: with the B07 mutant
+    (`parent_resident` always true) the issue goes through and S6 reports the gap."""
+    c = group_controller(write_policy="write_back")
+    parent, child = parent_and_child(c)
+    before = owners(c.cp)
+    with pytest.raises(IllegalTransition):
+        c.cp.issue(Direction.D2H, [child])
+    assert owners(c.cp) == before and not c.cp.ops
+    op = c.cp.issue(Direction.D2H, [parent, child])  # the whole chain is allowed
+    c.cp.complete(op.op_id)
+    assert c.cp.holds(parent, Tier.L2) and c.cp.holds(child, Tier.L2)
+    c.close()
+
+
+def test_f6_write_back_never_evicts_an_ancestor_before_its_children() -> None:
+    """Write-back backs the L1 victim up with the ancestors L2 lacks (parent first), and an
+    L2 eviction takes leaves only: the parent is refused while its child is in L2, and the
+    pressure loop takes the child first. S6 holds after every step (check mode every).
+    Checked: with the `leaf(L2)` guard made always true (`execute._Context.leaf`) the
+    parent's eviction goes through and S6 `tier_ancestor_closed` reports the child."""
+    c = group_controller(write_policy="write_back")
+    parent, child = parent_and_child(c)
+    assert c.evict("L1", 3) == 3  # the child is the only L1 leaf
+    assert c.cp.holds(parent, Tier.L2) and c.cp.holds(child, Tier.L2)
+    assert c.metrics.dropped_tokens["host_pressure"] == 0
+    before = owners(c.cp)
+    with pytest.raises(IllegalTransition):
+        c.cp.evict_node(parent, Tier.L2)
+    assert owners(c.cp) == before
+    assert c.evict("L2", 3) == 3
+    assert c.cp.holds(parent, Tier.L2) and not c.cp.holds(child, Tier.L2)
+    assert c.cp.checker.violations_found == 0
+    c.close()
+
+
+# -- F7: the graft under a parent not backed up, every pool ---------------------------------------
+
+
+def test_f7_a_dropped_graft_returns_every_pools_host_slots() -> None:
+    """Guard 2 on a group: the L3-only child under an L1-only parent (write-through) is
+    dropped before any L2 page of any pool is reserved, its L3 pin goes with it, and it is
+    counted `dropped`. Checked: with the controller's guard removed
+    (`RestoreStager._backed_up_above` always true) nothing is counted `dropped`."""
+    c = group_controller(write_policy="write_through")
+    _, child = a_in_l1_b_in_l3_only(c)
+    l2_before, l3_before = by_pool(c, Tier.L2), by_pool(c, Tier.L3)
+    mat = c.admit(3, A + B + (7,))
+    assert mat.done and not c.handles and not mat.l3_part
+    assert c.metrics.fallbacks["dropped"] == 1
+    assert by_pool(c, Tier.L2) == l2_before and by_pool(c, Tier.L3) == l3_before
+    assert child.lock == [0, 0, 0] and no_private_page(c.cp)
+    c.close()
+
+
+# -- F20: a request-scoped pool on a backup path ---------------------------------------------------
+
+
+def test_f20_a_request_scoped_pool_is_on_no_tier_and_no_backup_path() -> None:
+    """dsv41's pair ring is request-scoped: a backup path naming it is refused naming the
+    field, and the plane's tiers hold only the pools of a node's value, so a whole backup to
+    L2 and L3 maps every anchor page to pages of backupable pools only. Checked: with
+    `tierpools.node_group` returning the group unchanged, every tier gets a `pair_ring`
+    table."""
+    g = group("dsv41-tiny")
+    with pytest.raises(ConfigError, match="pair_ring.backupable"):
+        g.backup_pools(["kv", "swa", "pair_ring"])
+    c = make(pools="dsv41-tiny", check_mode="every", write_policy="write_through")
+    serve(c, 1, A + (1,))
+    settle_all(c)
+    node = node_of(c, A)
+    assert all(c.cp.holds(node, t) for t in Tier)
+    backupable = {p.name for p in g.backup_pools()}
+    for table in c.cp.tables:
+        assert isinstance(table, TierPools)
+        assert set(table.free_pages_by_pool()) == {"kv", "swa"}
+        value = node.value[c.cp.tables.index(table)]
+        assert value is not None and set(table.pool_pages(value)) <= backupable
+    c.close()
+
+
+# -- F24: a backend error before the slot release -------------------------------------------------
+
+
+@pytest.mark.parametrize("site", ["fail", "enospc"])
+def test_f24_backend_errors_on_l3_writes_never_drain_a_pools_free_list(site: str) -> None:
+    """Every L3 write fails at the backend (EIO when it completes, or ENOSPC), four prompts in
+    a row on an L3 of exactly one prompt: each failure releases its slots in every pool, so
+    the fifth write finds the whole L3 free and lands. Checked: with `ControlPlane.fail` not
+    releasing the target (made to drop the op and return early, SGLang's EIC shape) the
+    L3 free list is short after the first failure."""
+    a = ControllerAdapter(Setup(pools="dsv4-tiny", l3_slots=3, l2_pages=8))
+    try:
+        l3 = a.ctl.cp.tables[2]
+        assert isinstance(l3, TierPools)
+        full = l3.free_pages_by_pool()
+        for rid in range(1, 5):
+            if site == "fail":
+                a.faults.aim("fail", direction=Direction.H2S)
+            else:
+                from hicache.dataplane.faults import FaultSite
+
+                a.faults.once(FaultSite.IO_ENOSPC)
+            prompt = tuple(range(rid * 100, rid * 100 + 3 * PS + 1))
+            a.submit(rid, prompt)
+            assert a.prefill(rid)
+            a.finish(rid)
+            a.drain()
+            assert l3.free_pages_by_pool() == full and a.check() == []
+        assert a.ctl.metrics.dropped_tokens["backup_failed"] == 4 * 3 * PS
+        a.submit(9, tuple(range(900, 913)))
+        assert a.prefill(9)
+        a.finish(9)
+        a.drain()
+        assert l3.free_pages_by_pool() == {"kv": 0, "swa": 0} and a.check() == []
+    finally:
+        a.close()
+
+
+# -- the index ------------------------------------------------------------------------------------
+
+
+def scenario_rows() -> list[tuple[str, list[str]]]:
+    """spec/pools.md "Upstream failure scenarios", in table order: (scenario, the tests its
+    row names as `tests/FILE.py::NAME`)."""
+    text = SPEC.read_text()
+    section = text.split("## Upstream failure scenarios", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        m = re.match(r"\| (F\d+) \|", line)
+        if m:
+            rows.append((m.group(1), re.findall(r"`(tests/[\w/]+\.py::\w+)`", line)))
+    return rows
+
+
+def test_the_index_names_every_scenario_once_each_with_a_test() -> None:
+    rows = scenario_rows()
+    wanted = [f"F{n}" for n in [*range(1, 15), *range(19, 25)]]  # F15-F18: tensor parallelism
+    assert [f for f, _ in rows] == wanted
+    assert [f for f, named in rows if not named] == []
+
+
+def test_every_test_the_index_names_exists() -> None:
+    missing = []
+    for f, named in scenario_rows():
+        for ref in named:
+            path, name = ref.split("::")
+            module = importlib.import_module(path[:-3].replace("/", "."))
+            if not callable(getattr(module, name, None)):
+                missing.append(f"{f}: {ref}")
+    assert missing == []
