@@ -29,7 +29,9 @@ from hicache.errors import InvalidPages
 from hicache.pages import Pages
 from hicache.tiers import Direction
 
-GroupPages = Mapping[str, tuple[object, object]]  # allocating pool -> (source, target) pages
+# What a caller asks one group transfer to move: allocating pool -> (source, target) pages.
+# Not pools.table.GroupPages (a tier's reserved pages per pool, every pool named).
+GroupRequest = Mapping[str, tuple[object, object]]
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def source_pages(direction: Direction, source: str, src: object, dst: object,
         raise InvalidPages(f"{source}.{e.field}", str(e).split(": ", 1)[-1]) from None
 
 
-def plan_group(direction: Direction, request: GroupPages, l1: GroupDevicePool,
+def plan_group(direction: Direction, request: GroupRequest, l1: GroupDevicePool,
                l2: GroupHostPool) -> GroupPlan:
     """Validate `request` (module docstring) and lay its pools out in the workspace."""
     geometry = l1.geometry

@@ -21,7 +21,7 @@ import numpy as np
 
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.groupgeometry import GroupGeometry
-from hicache.dataplane.groupplan import GroupPages, source_pages
+from hicache.dataplane.groupplan import GroupRequest, source_pages
 from hicache.dataplane.grouppools import GroupHostPool
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File
@@ -81,16 +81,16 @@ class GroupStorageMover:
             self.movers[p.name] = StorageMover(self.files[p.name], l2.bytes_view(p.name),
                                                io_threads=io_threads, faults=faults)
 
-    def h2s(self, request: GroupPages) -> GroupStorageHandle:
+    def h2s(self, request: GroupRequest) -> GroupStorageHandle:
         """L2 -> L3 for every pool: request[source] = (L2 pages, slots)."""
         return self._issue(Direction.H2S, request)
 
-    def s2h(self, request: GroupPages) -> GroupStorageHandle:
+    def s2h(self, request: GroupRequest) -> GroupStorageHandle:
         """L3 -> L2 for every pool: request[source] = (slots, L2 pages); every slot of every
         pool on the source must hold a written page."""
         return self._issue(Direction.S2H, request)
 
-    def _issue(self, direction: Direction, request: GroupPages) -> GroupStorageHandle:
+    def _issue(self, direction: Direction, request: GroupRequest) -> GroupStorageHandle:
         checked = self._check(direction, request)
         parts: dict[str, StorageHandle] = {}
         for p in self.l2.geometry.pools:
@@ -102,7 +102,7 @@ class GroupStorageMover:
                              else mover.s2h(slot_ids, l2_ids))
         return GroupStorageHandle(direction, parts)
 
-    def _check(self, direction: Direction, request: GroupPages) -> dict[str, tuple[Pages, Pages]]:
+    def _check(self, direction: Direction, request: GroupRequest) -> dict[str, tuple[Pages, Pages]]:
         """(L2 pages, slots) per named source, validated for every pool before any issue."""
         geometry = self.l2.geometry
         unknown = sorted(set(request) - set(geometry.sources))

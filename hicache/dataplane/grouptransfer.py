@@ -27,7 +27,7 @@ import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
-from hicache.dataplane.groupplan import GroupPages, GroupPlan, PoolMove, plan_group
+from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
 from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.streams import Event, Streams, landed
@@ -115,15 +115,15 @@ class GroupMover:
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
 
-    def d2h(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(self, request: GroupRequest, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L1 -> L2 for every pool: request[source] = (L1 pages, L2 pages)."""
         return self._issue(Direction.D2H, request, after)
 
-    def h2d(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(self, request: GroupRequest, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L2 -> L1 for every pool: request[source] = (L2 pages, L1 pages)."""
         return self._issue(Direction.H2D, request, after)
 
-    def _issue(self, direction: Direction, request: GroupPages,
+    def _issue(self, direction: Direction, request: GroupRequest,
                after: torch.cuda.Stream | None) -> TransferHandle:
         entered = time.perf_counter()
         plan = plan_group(direction, request, self.l1, self.l2)  # raises with nothing issued
