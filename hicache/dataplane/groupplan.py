@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache.dataplane.groupgeometry import PoolGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry
 from hicache.dataplane.grouppools import REGION_ALIGN, GroupDevicePool, GroupHostPool
 from hicache.dataplane.null import transfer_pages
 from hicache.errors import InvalidPages
@@ -85,18 +85,25 @@ def source_pages(direction: Direction, source: str, src: object, dst: object,
         raise InvalidPages(f"{source}.{e.field}", str(e).split(": ", 1)[-1]) from None
 
 
-def plan_group(direction: Direction, request: GroupRequest, l1: GroupDevicePool,
-               l2: GroupHostPool) -> GroupPlan:
-    """Validate `request` (module docstring) and lay its pools out in the workspace."""
-    geometry = l1.geometry
+def check_sources(direction: Direction, request: GroupRequest, geometry: GroupGeometry) -> None:
+    """Verify `request` names allocating pools of `geometry` only (a sidecar or state pool
+    moves its source's pages and is never named); InvalidPages otherwise."""
     unknown = sorted(set(request) - set(geometry.sources))
     if unknown:
         raise InvalidPages(f"{direction}.pools", f"{unknown} are not allocating pools of "
                                                  f"{geometry.group.name}; name pages for "
                                                  f"{list(geometry.sources)}")
+
+
+def plan_group(direction: Direction, request: GroupRequest, l1: GroupDevicePool,
+               l2: GroupHostPool) -> GroupPlan:
+    """Validate `request` (module docstring) and lay its pools out in the workspace."""
+    geometry = l1.geometry
+    check_sources(direction, request, geometry)
     validated: dict[str, tuple[Pages, Pages]] = {}
     for source, (src, dst) in request.items():
-        a, b = source_pages(direction, source, src, dst, l1.capacity(source), l2.capacity(source))
+        a, b = source_pages(direction, source, src, dst, l1.capacity(source),
+                            l2.capacity(source))
         validated[source] = (a, b) if direction is Direction.D2H else (b, a)
     moves: list[PoolMove] = []
     at = 0

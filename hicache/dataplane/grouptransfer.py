@@ -57,8 +57,9 @@ class GroupHandle(TransferHandle):
     """One group transfer; returns its workspaces when final. `launches` and `dmas` say
     how it was issued."""
 
-    def __init__(self, mover: GroupMover, plan: GroupPlan, held: list[tuple[WorkspaceCache, Workspace]],
-                 start: Event | None, end: Event | None, launches: int, dmas: int) -> None:
+    def __init__(self, mover: GroupMover, plan: GroupPlan,
+                 held: list[tuple[WorkspaceCache, Workspace]], start: Event | None,
+                 end: Event | None, launches: int, dmas: int) -> None:
         super().__init__(plan.direction, plan.nbytes)
         self.plan, self.launches, self.dmas = plan, launches, dmas
         self._mover, self._held, self._start, self._end = mover, held, start, end
@@ -115,11 +116,13 @@ class GroupMover:
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
 
-    def d2h(self, request: GroupRequest, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(self, request: GroupRequest, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L1 -> L2 for every pool: request[source] = (L1 pages, L2 pages)."""
         return self._issue(Direction.D2H, request, after)
 
-    def h2d(self, request: GroupRequest, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(self, request: GroupRequest, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L2 -> L1 for every pool: request[source] = (L2 pages, L1 pages)."""
         return self._issue(Direction.H2D, request, after)
 
