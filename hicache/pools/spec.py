@@ -117,6 +117,17 @@ class PoolSpec:
     def bytes_per_page(self) -> int:
         return self.layers * self.rows_per_layer * self.row_bytes
 
+    def check_window(self, where: str, source_pages: int, holder: str = "") -> None:
+        """Verify this pool's trailing window fits in the `source_pages` pages of its source
+        (a hit needs the whole window resident at once); ConfigError naming
+        `<where>.<pool>.window_pages` otherwise. `holder` names where those pages are (a
+        tier), for the message."""
+        if self.window_pages > source_pages:
+            raise ConfigError(f"{where}.{self.name}.window_pages",
+                              f"a window of {self.window_pages} pages does not fit in "
+                              f"{holder}{self.source!r}'s {source_pages} pages; give "
+                              f"{self.source!r} more pages or shorten the window")
+
 
 @dataclass(frozen=True)
 class PoolGroup:
@@ -190,11 +201,7 @@ class PoolGroup:
             if not isinstance(n, int) or n <= 0:
                 raise ConfigError(f"{where}.{name}.capacity_pages", f"a positive integer, got {n!r}")
         for p in self.pools:
-            cap = capacity_pages[p.source]
-            if p.window_pages > cap:
-                raise ConfigError(f"{where}.{p.name}.window_pages",
-                                  f"a window of {p.window_pages} pages does not fit in {p.source!r}'s "
-                                  f"{cap} pages; give {p.source!r} more pages or shorten the window")
+            p.check_window(where, capacity_pages[p.source])
 
     def backup_pools(self, names: Iterable[str] | None = None) -> tuple[PoolSpec, ...]:
         """The pools a backup path (D2H, L2 -> L3) moves: `names`, or every backupable pool

@@ -43,7 +43,7 @@ import numpy as np
 
 from hicache.errors import ConfigError, NoAllocator, OutOfPages
 from hicache.pages import PRIVATE, TREE, PageTable, Pages, pages
-from hicache.pools.spec import TRAILING_PAGES, PoolGroup, PoolSpec
+from hicache.pools.spec import PoolGroup
 
 Reclaim = Callable[[str, int], None]
 """`reclaim(pool, pages_short)`: the caller's eviction, asked to free `pages_short` pages of
@@ -110,7 +110,7 @@ class GroupTable:
         self.tables: dict[str, PageTable] = {
             name: PageTable(f"{tier}.{name}", capacity_pages[name]) for name in allocating}
         for spec in group.pools:
-            _check_window(tier, spec, self.tables[spec.source].capacity)
+            spec.check_window("pools", self.tables[spec.source].capacity, f"{tier}.")
 
     # -- one pool ------------------------------------------------------------------------------
 
@@ -248,10 +248,3 @@ def _allows(table: PageTable, p: Pages, source: int) -> bool:
         return False
     return bool(np.all(table.owner[p] == source))
 
-
-def _check_window(tier: str, spec: PoolSpec, capacity: int) -> None:
-    """A trailing window must fit in the pool it is counted in (its source's capacity)."""
-    if spec.hit_policy == TRAILING_PAGES and spec.window_pages > capacity:
-        raise ConfigError(f"pools.{spec.name}.window_pages",
-                          f"{spec.window_pages} pages do not fit in {tier}.{spec.source}'s "
-                          f"{capacity} pages; lower the window or raise the capacity")
