@@ -216,14 +216,12 @@ class GroupTable:
             table.generation[taken[name]] -= np.uint64(1)
 
     def _move_group(self, gp: GroupPages, source: int, event: str) -> None:
-        """Apply PageTable.`event` to every pool of `gp`, in sorted order, once every pool was
-        seen to allow it: a pool that does not is moved alone, which raises with nothing
-        changed (PageTable checks before it writes), before any other pool is touched."""
+        """Apply PageTable.`event` to every pool of `gp`, in sorted order, once every pool's
+        table has checked it (`PageTable.check_move`): the first refusal raises
+        IllegalTransition before any pool is touched."""
         self._verify_group_pages(gp, event)
         for name, table in self.tables.items():
-            if not _allows(table, gp.by_pool[name], source):
-                getattr(table, event)(gp.by_pool[name])  # raises IllegalTransition
-                raise AssertionError(f"{event} of {name} passed a page table that refuses it")
+            table.check_move(gp.by_pool[name], source, event)
         for name, table in self.tables.items():
             getattr(table, event)(gp.by_pool[name])
 
@@ -237,14 +235,4 @@ class GroupTable:
                 self.table(name, event)  # NoAllocator for a derived pool
             raise ConfigError("group_pages.by_pool",
                               f"{event}: names {list(gp.by_pool)}, needs {list(self.tables)}")
-
-
-def _allows(table: PageTable, p: Pages, source: int) -> bool:
-    """Whether a move of `p` out of state `source` passes `table`'s checks."""
-    p = pages(p)
-    if not p.size:
-        return True
-    if p.min() < 0 or p.max() >= table.capacity or np.unique(p).size != p.size:
-        return False
-    return bool(np.all(table.owner[p] == source))
 
