@@ -37,13 +37,16 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
-from hicache.pages import FREE, PageTable, Pages, pages
+from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import ALLOCATING, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
 from hicache.snapshot import PoolView
 
 NONE = -1
 """`held_by` entry of an anchor page that holds no page of that pool (it is FREE)."""
+
+MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
+"""The state each group move takes anchor pages out of (PageTable's transitions)."""
 
 
 def node_group(group: PoolGroup) -> PoolGroup:
@@ -161,7 +164,10 @@ class TierPools(PageTable):
         in anchor order: the anchor's are `anchor_pages`, a side pool's `ratio` per anchor
         page, a derived pool's its source's. IllegalTransition if an anchor page is FREE."""
         p = pages(anchor_pages)
-        self._verify_range(p, "pool_pages")
+        # Verify each anchor page is in range and named once before it indexes `held_by`.
+        if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
+            raise IllegalTransition("pool_pages", self.tier, "-", f"anchor pages must be "
+                                    f"distinct, in 0..{self.capacity - 1}; got {p.tolist()}")
         free = p[self.owner[p] == FREE]
         if free.size:
             raise IllegalTransition("pool_pages", self.tier, "FREE",
@@ -182,27 +188,17 @@ class TierPools(PageTable):
 
     def _group_pages(self, p: Pages, event: str) -> GroupPages:
         """The group reservation anchor pages `p` stand for. An anchor page out of range,
-        named twice or FREE is refused by the anchor's own table (IllegalTransition, nothing
-        changed)."""
+        named twice or not in the state `event` moves out of is refused by the anchor's own
+        table (IllegalTransition, nothing changed)."""
         p = pages(p)
-        self._verify_range(p, event)
+        self.groups.tables[self.anchor].check_move(p, MOVED_OUT_OF[event], event)
         by_pool: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             rows = held[p]
-            if (rows == NONE).any():
-                getattr(self.groups.tables[self.anchor], event)(p)  # raises: a FREE anchor page
-                raise AssertionError(f"{self.tier}: anchor pages hold no {name} pages, not FREE")
+            # Verify a PRIVATE or TREE anchor page holds its side pages (reserve set them).
+            assert not (rows == NONE).any(), f"{self.tier}: anchor pages hold no {name} pages"
             by_pool[name] = rows.reshape(-1)
         return GroupPages(self.tier, by_pool)
-
-    def _verify_range(self, p: Pages, event: str) -> None:
-        # Verify each anchor page is in range and named once before it indexes `held_by`.
-        if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
-            if event == "pool_pages":
-                raise IllegalTransition(event, self.tier, "-", f"anchor pages must be distinct, "
-                                        f"in 0..{self.capacity - 1}; got {p.tolist()}")
-            getattr(self.groups.tables[self.anchor], event)(p)  # raises IllegalTransition
-            raise AssertionError("the anchor table accepted a page out of range or named twice")
 
     def _forget(self, p: Pages) -> None:
         for held in self.held_by.values():
