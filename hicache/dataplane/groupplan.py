@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.grouppools import REGION_ALIGN, GroupDevicePool, GroupHostPool
 from hicache.dataplane.null import transfer_pages
 from hicache.errors import InvalidPages
 from hicache.pages import Pages
+from hicache.pools.spec import PoolSpec
 from hicache.tiers import Direction
 
 # What a caller asks one group transfer to move: allocating pool -> (source, target) pages.
@@ -39,7 +40,7 @@ class PoolMove:
     """One byte pool's share: its L1 and L2 pages (l1[i] <-> l2[i]) and where its packed
     part starts in the workspace (bytes)."""
 
-    pool: PoolGeometry
+    pool: PoolSpec
     l1: Pages
     l2: Pages
     packed_at: int

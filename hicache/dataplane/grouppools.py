@@ -26,10 +26,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.pools import allocate, digest_rows, resolve_device
 from hicache.errors import ConfigError
 from hicache.pages import Pages, pages
+from hicache.pools.spec import PoolSpec
 
 REGION_ALIGN = 256  # bytes: 16-byte vector loads and DMA-friendly starts for every region
 
@@ -67,10 +68,10 @@ class _Arena:
         self.nbytes = end
         self.tensor = allocate((max(end, REGION_ALIGN),), torch.uint8, device, pin=pin, field=field)
 
-    def pages_of(self, pool: PoolGeometry) -> int:
+    def pages_of(self, pool: PoolSpec) -> int:
         return self.capacity[pool.source]
 
-    def flat(self, pool: PoolGeometry) -> torch.Tensor:
+    def flat(self, pool: PoolSpec) -> torch.Tensor:
         """The pool's region as a flat uint8 view."""
         start = self.offsets[pool.name]
         return self.tensor[start : start + self.pages_of(pool) * pool.bytes_per_page]

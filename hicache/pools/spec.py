@@ -114,8 +114,14 @@ class PoolSpec:
         return self.indices_from or self.name
 
     @property
+    def rows_per_page(self) -> int:
+        """Rows of `row_bytes` one page of this pool holds: `rows_per_layer` per layer."""
+        return self.layers * self.rows_per_layer
+
+    @property
     def bytes_per_page(self) -> int:
-        return self.layers * self.rows_per_layer * self.row_bytes
+        """Raw bytes of one page (0: an index-only pool, such as dsv4's anchor)."""
+        return self.rows_per_page * self.row_bytes
 
     def check_window(self, where: str, source_pages: int, holder: str = "") -> None:
         """Verify this pool's trailing window fits in the `source_pages` pages of its source
@@ -180,10 +186,15 @@ class PoolGroup:
         """The sidecar and state pools on `source`'s indices, in table order."""
         return tuple(p for p in self.pools if not p.has_allocator and p.indices_from == source)
 
+    def bytes_per_page(self, source: str) -> int:
+        """Bytes one page of allocating pool `source` names across every pool on its
+        indices (itself included)."""
+        return sum(p.bytes_per_page for p in self.pools if p.source == source)
+
     @property
     def bytes_per_anchor_page(self) -> int:
         """Bytes of every pool on the anchor's indices, per anchor page."""
-        return sum(p.bytes_per_page for p in self.pools if p.source == self.anchor.name)
+        return self.bytes_per_page(self.anchor.name)
 
     def check_capacity(self, capacity_pages: Mapping[str, int]) -> None:
         """Verify a tier's sizes fit the group: `capacity_pages` maps every allocating pool

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
-from hicache.dataplane.groupgeometry import PoolGeometry
 from hicache.errors import ConfigError, ProducerError
+from hicache.pools.spec import PoolSpec
 from hicache.producers.base import PageIndex, check_range, seconds_since
 from hicache.producers.synthetic import _signed, fmix, fmix_scalar, prefix_hashes
 from hicache.tiers import Tier
@@ -60,7 +60,7 @@ class GroupSyntheticProducer:
         self.device = engine.device
         self._salt = {p.name: pool_salt(p.name) for p in engine.geometry.pools}
 
-    def pool_bytes(self, pool: PoolGeometry, tokens: Sequence[int], start: int, end: int
+    def pool_bytes(self, pool: PoolSpec, tokens: Sequence[int], start: int, end: int
                    ) -> torch.Tensor:
         """uint8 `[pages, bytes_per_page]`: `pool`'s pages for tokens `[start, end)` (aligned
         to the anchor's pages, so to the pool's), in token order, on this producer's device."""
