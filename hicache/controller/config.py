@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
+from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.spec import PoolGroup
 
-SINGLE_POOL = "mha"  # the preset that keeps the single-pool TransferEngine, unchanged
 
 
 def pool_group(name: str) -> PoolGroup:
