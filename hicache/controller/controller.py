@@ -102,9 +102,10 @@ class CacheController:
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
-        self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion,
-                                    share=config.load_back_overlap == "share")
+        self.stager = RestoreStager(self.cp, self.metrics,
+                                    lambda d, chain, rid: me.issue(d, chain, rid),
+                                    lambda: me._after_part_dropped(), plane.verifier,
+                                    config.promotion, share=config.load_back_overlap == "share")
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
         self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
@@ -422,9 +423,9 @@ class CacheController:
         """Feed a completed transfer's time to the cost model.
 
         The sample: enqueue + queue wait + service (the handle's `enqueue_s` already leaves
-        one-time workspace setup out), not how late this loop happened to poll. The first transfer of each direction
-        also pays one-time costs the handle cannot separate (kernel JIT for the real shapes,
-        first touch): it is a warm-up, not a sample."""
+        one-time workspace setup out), not how late this loop happened to poll. The first
+        transfer of each direction also pays one-time costs the handle cannot separate (kernel
+        JIT for the real shapes, first touch): it is a warm-up, not a sample."""
         t = handle.timings
         steady = t.enqueue_s + t.queue_wait_s + t.service_s
         first = direction not in self._observed

@@ -8,8 +8,8 @@ would write) and raises `RestoreMismatch`, changing nothing, when any page diffe
 restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
 bug in the cache, never a fallback. It only reads; the caller decides when to verify
 (`CacheConfig.verify`). `GroupRestoreVerifier` does the same for a pool group, pool by pool
-(the anchor `pages` mapped to every pool's). Importing this module does not import torch (the null data plane
-never builds a verifier).
+(the anchor `pages` mapped to every pool's). Importing this module does not import torch
+(the null data plane never builds a verifier).
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class GroupRestoreVerifier(RestoreVerifier):
             bad = (got != expected[p.name].cpu()).any(dim=1).nonzero().flatten().tolist()
             if bad:
                 raise RestoreMismatch(
-                    f"pool {p.name}: restored pages of anchor pages {[int(anchor[i]) for i in bad[:8]]} "
+                    f"pool {p.name}: restored pages of anchor pages "
+                    f"{[int(anchor[i]) for i in bad[:8]]} "
                     f"(tokens {start}..{end}) differ from recomputation: a cross-prefix mix-up "
                     "or a torn transfer; report the trace and close this controller")
         for p in self.engine.geometry.pools:

@@ -72,10 +72,11 @@ class GroupTransferEngine:
 
     Capacities are in anchor pages (L3: anchor slots); an allocating pool of anchor/own
     page-size `ratio` gets `ratio` times as many unless `pool_capacities[tier][pool]` says
-    otherwise (the control plane's own option of that name: pass the same). `backend`: CacheConfig's name ("auto",
-    "torch", "triton": the per-pool Triton kernels). `pool_pages`: None until `bind`; a
-    transfer or digest before then raises ConfigError. ConfigError naming the field for bad
-    sizes; L3 is one temporary file per byte pool, removed on close.
+    otherwise (the control plane's own option of that name: pass the same). `backend`:
+    CacheConfig's name ("auto", "torch", "triton": the per-pool Triton kernels).
+    `pool_pages`: None until `bind`; a transfer or digest before then raises ConfigError.
+    ConfigError naming the field for bad sizes; L3 is one temporary file per byte pool,
+    removed on close.
     """
 
     has_bytes = True

@@ -114,7 +114,8 @@ class GroupHostPool:
     def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int], *,
                  pin: bool) -> None:
         if pin and not torch.cuda.is_available():
-            raise ConfigError("l2.pin", "pinned host memory needs a CUDA device; pass pin=False on CPU")
+            raise ConfigError("l2.pin",
+                              "pinned host memory needs a CUDA device; pass pin=False on CPU")
         self.geometry = geometry
         self.pinned = pin
         self.arena = _Arena(geometry, capacity_pages, device=torch.device("cpu"), pin=pin,

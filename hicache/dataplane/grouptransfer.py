@@ -157,7 +157,8 @@ class GroupMover:
         return handle
 
     def _borrow(self, plan: GroupPlan, ops: Operands) -> tuple[
-            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor, float]:
+            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor,
+            float]:
         """Packed workspace, host and device operand buffers; TransferError with none kept."""
         held: list[tuple[WorkspaceCache, Workspace]] = []
         setup = 0.0

@@ -171,7 +171,8 @@ def concrete_key(cp: ControlPlane) -> Key:
          tuple(n.last_access), n.hits, tuple(sorted(n.children)), _bookkeeping(tree, n))
         for n in [tree.root, *tree.nodes()]
     ])
-    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t)) for t in cp.tables])
+    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t))
+                    for t in cp.tables])
     ops = tuple([(i, op.direction.value, tuple([n.node_id for n in op.nodes]), tuple(op.source_pages.tolist()),
                   tuple(op.target_pages.tolist()), _NONE if op.request_id is None else op.request_id)
                  for i, op in sorted(cp.ops.items())])
@@ -187,7 +188,8 @@ def _side_tables(t: object) -> Key:
     """A pool group's side pools, whole: owners, generations and held_by maps (none: ())."""
     if not isinstance(t, TierPools):
         return ()
-    return tuple([(name, t.groups.tables[name].owner.tobytes(), t.groups.tables[name].generation.tobytes(),
+    side = t.groups.tables
+    return tuple([(name, side[name].owner.tobytes(), side[name].generation.tobytes(),
                    held.tobytes()) for name, held in t.held_by.items()])
 
 

@@ -108,8 +108,8 @@ def initial_plane(cfg: ModelConfig, lifecycle: Lifecycle | None = None, tracer: 
     sizes: dict[str, dict[str, int]] = {}
     for tier, pool, n in cfg.pool_capacities:
         sizes.setdefault(tier, {})[pool] = n
-    cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t, lifecycle=lifecycle,
-                      pools=pools, pool_capacities=sizes or None)
+    cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t,
+                      lifecycle=lifecycle, pools=pools, pool_capacities=sizes or None)
     if tracer is None:
         t.sink = None
     return cp

@@ -157,7 +157,8 @@ class PoolGroup:
         # Verify the anchor can be backed up: a node's value in L2/L3 is anchor pages.
         if not anchor.backupable:
             raise ConfigError(f"{where}.{anchor.name}.backupable",
-                              "the anchor's indices are every tier's node values; it must be backupable")
+                              "the anchor's indices are every tier's node values; it must be "
+                              "backupable")
         for p in self.pools:
             if p.has_allocator:
                 if p.role == ALLOCATING and anchor.page_size % p.page_size:
@@ -210,7 +211,8 @@ class PoolGroup:
         for name in sorted(owners):
             n = capacity_pages.get(name)
             if not isinstance(n, int) or n <= 0:
-                raise ConfigError(f"{where}.{name}.capacity_pages", f"a positive integer, got {n!r}")
+                raise ConfigError(f"{where}.{name}.capacity_pages",
+                                  f"a positive integer, got {n!r}")
         for p in self.pools:
             p.check_window(where, capacity_pages[p.source])
 
@@ -240,7 +242,8 @@ def _check_derived(where: str, p: PoolSpec, src: PoolSpec | None) -> None:
                           f"source {src.name!r} is a {src.role} pool; a source allocates")
     if p.role == STATE and src.role != ALLOCATING:
         raise ConfigError(f"{where}.{p.name}.indices_from",
-                          f"a state pool takes an allocating pool's indices, not {src.role} {src.name!r}")
+                          f"a state pool takes an allocating pool's indices, not {src.role} "
+                          f"{src.name!r}")
     if p.page_size != src.page_size:
         raise ConfigError(f"{where}.{p.name}.page_size",
                           f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}")
