@@ -135,7 +135,7 @@ def _side_owners(table: TierPools, anchor_pages: list[int]) -> Key:
     numbers are named through their anchor pages, as the anchor's are through labels."""
     out = []
     for name, held in table.held_by.items():
-        owner = table.groups.tables[name].owner.tolist()
+        owner = table.group_table.tables[name].owner.tolist()
         rows = held[anchor_pages].tolist() if anchor_pages else []
         named = tuple([tuple([_NONE if s < 0 else owner[s] for s in row]) for row in rows])
         mine = {s for row in rows for s in row if s >= 0}
@@ -188,7 +188,7 @@ def _side_tables(t: object) -> Key:
     """A pool group's side pools, whole: owners, generations and held_by maps (none: ())."""
     if not isinstance(t, TierPools):
         return ()
-    side = t.groups.tables
+    side = t.group_table.tables
     return tuple([(name, side[name].owner.tobytes(), side[name].generation.tobytes(),
                    held.tobytes()) for name, held in t.held_by.items()])
 

@@ -90,10 +90,10 @@ class TierPools(PageTable):
         if anchor not in capacity_pages:
             raise ConfigError(f"{tier}.{anchor}.capacity_pages", "the anchor needs a capacity")
         super().__init__(tier, capacity_pages[anchor])
-        self.pools = g
+        self.group = g
         self.anchor = anchor
-        self.groups = GroupTable(tier, g, capacity_pages, faults)
-        anchor_table = self.groups.tables[anchor]
+        self.group_table = GroupTable(tier, g, capacity_pages, faults)
+        anchor_table = self.group_table.tables[anchor]
         self.owner, self.generation = anchor_table.owner, anchor_table.generation
         self.ratios = {p.name: ratio_of(g, p.name) for p in g.allocating if p.role == ALLOCATING}
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
@@ -105,14 +105,14 @@ class TierPools(PageTable):
     @property
     def free_count(self) -> int:
         """Anchor pages a group reservation could take now (the minimum over the pools)."""
-        free = self.groups.tables[self.anchor].free_count
+        free = self.group_table.tables[self.anchor].free_count
         for name, r in self.ratios.items():
-            free = min(free, self.groups.tables[name].free_count // r)
+            free = min(free, self.group_table.tables[name].free_count // r)
         return free
 
     def free_pages_by_pool(self) -> dict[str, int]:
         """FREE pages per allocating pool (in its own pages); derived pools are skipped."""
-        return self.groups.free_pages_by_pool()
+        return self.group_table.free_pages_by_pool()
 
     # -- ownership transitions of anchor pages -----------------------------------------------------
 
@@ -122,7 +122,7 @@ class TierPools(PageTable):
         if n < 0:
             raise ValueError(f"cannot reserve {n} pages")
         want = {self.anchor: n, **{name: n * r for name, r in self.ratios.items()}}
-        gp = self.groups.reserve_group(want, reclaim)
+        gp = self.group_table.reserve_group(want, reclaim)
         chosen = gp.by_pool[self.anchor]
         for name, r in self.ratios.items():
             self.held_by[name][chosen] = gp.by_pool[name].reshape(-1, r)
@@ -134,27 +134,27 @@ class TierPools(PageTable):
         changed."""
         chosen = pages(chosen)
         for name, r in self.ratios.items():
-            table = self.groups.tables[name]
+            table = self.group_table.tables[name]
             # Verify every side pool can serve before the anchor changes.
             if table.free_count < chosen.size * r:
                 raise OutOfPages(table.tier, chosen.size * r, table.free_count)
-        self.groups.tables[self.anchor].reserve_exact(chosen)
+        self.group_table.tables[self.anchor].reserve_exact(chosen)
         for name, r in self.ratios.items():
-            side = self.groups.tables[name].reserve(chosen.size * r)
+            side = self.group_table.tables[name].reserve(chosen.size * r)
             self.held_by[name][chosen] = side.reshape(-1, r)
 
     def publish(self, p: Pages) -> None:
         """PRIVATE -> TREE for anchor pages `p` and every side page they hold."""
-        self.groups.publish_group(self._group_pages(p, "publish"))
+        self.group_table.publish_group(self._group_pages(p, "publish"))
 
     def release(self, p: Pages) -> None:
         """PRIVATE -> FREE for anchor pages `p` and every side page they hold."""
-        self.groups.release_group(self._group_pages(p, "release"))
+        self.group_table.release_group(self._group_pages(p, "release"))
         self._forget(p)
 
     def free(self, p: Pages) -> None:
         """TREE -> FREE for anchor pages `p` and every side page they hold (eviction)."""
-        self.groups.free_group(self._group_pages(p, "free"))
+        self.group_table.free_group(self._group_pages(p, "free"))
         self._forget(p)
 
     # -- the data plane's interface and the snapshot -----------------------------------------------
@@ -175,11 +175,11 @@ class TierPools(PageTable):
         own: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             own[name] = held[p].reshape(-1)
-        return {spec.name: own[spec.source] for spec in self.pools.pools}
+        return {spec.name: own[spec.source] for spec in self.group.pools}
 
     def pool_views(self) -> tuple[PoolView, ...]:
         """Each side pool's owner codes and `held_by` map, copied (the snapshot's records)."""
-        tables = self.groups.tables
+        tables = self.group_table.tables
         return tuple(PoolView(name, tables[name].tier, tables[name].capacity,
                               tables[name].owner.copy(), held.copy())
                      for name, held in self.held_by.items())
@@ -191,7 +191,7 @@ class TierPools(PageTable):
         named twice or not in the state `event` moves out of is refused by the anchor's own
         table (IllegalTransition, nothing changed)."""
         p = pages(p)
-        self.groups.tables[self.anchor].check_move(p, MOVED_OUT_OF[event], event)
+        self.group_table.tables[self.anchor].check_move(p, MOVED_OUT_OF[event], event)
         by_pool: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             rows = held[p]

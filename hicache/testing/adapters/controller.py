@@ -114,8 +114,8 @@ class ControllerAdapter:
         room must change nothing, and its make-room eviction runs before the reservation."""
         for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
             if isinstance(table, TierPools):
-                site, first = ALLOC_SITES[tier], table.pools.allocating[0].name
-                table.groups.fault = lambda pool, site=site, first=first: (
+                site, first = ALLOC_SITES[tier], table.group.allocating[0].name
+                table.group_table.fault = lambda pool, site=site, first=first: (
                     pool != first and self.faults.fire(site))
 
     # -- requests -----------------------------------------------------------------------------
