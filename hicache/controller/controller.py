@@ -79,15 +79,15 @@ class CacheController:
         pools = config.group  # None: the single-pool plane (mha)
         plane = choose_plane(config, engine, producer, faults)
         self.engine: DataPlane = plane.engine
-        self._bytes = plane.pools  # the plane's pools, when it has bytes
+        self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
         self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer, pools=pools,
         )
         bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
-        if plane.pools is not None:
-            self.cp.digests = CachedDigests(plane.pools.digests, self.cp.tables)
+        if plane.byte_plane is not None:
+            self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
