@@ -213,7 +213,7 @@ def _preset_echo(config: object) -> str:
     if group is None:
         return ""
     moved = [p for p in group.pools if p.backupable and p.bytes_per_page]
-    per_anchor = sum(p.bytes_per_page * group.anchor.page_size // p.page_size for p in moved)
+    per_anchor = sum(p.bytes_per_page * group.ratio(p.name) for p in moved)
     return f"{config.pools}: {len(moved)} byte pools, {per_anchor:,} bytes per anchor page"
 
 

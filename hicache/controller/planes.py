@@ -120,7 +120,7 @@ def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:
     by_tier = {str(t): table for t, table in zip(TIERS, tables)}
     if all(hasattr(t, "pool_pages") for t in tables):
         return lambda tier, pages: by_tier[tier].pool_pages(pages)  # type: ignore[attr-defined]
-    ratios = {p.name: group.anchor.page_size // p.page_size for p in group.allocating}
+    ratios = {p.name: group.ratio(p.name) for p in group.allocating}
     if any(r != 1 for r in ratios.values()):
         raise ConfigError("pools", f"{group.name}'s side pools have {ratios} pages per anchor "
                                    "page: the control plane must keep a TierPools per tier")

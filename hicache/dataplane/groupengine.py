@@ -61,12 +61,6 @@ PoolPages = Callable[[str, Pages], Mapping[str, object]]
 BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}  # CacheConfig.backend -> mode
 
 
-def backed_up(group: PoolGroup) -> PoolGroup:
-    """`group` without its request-scoped pools: what L2 and L3 hold (a request-scoped pool's
-    derived pools are request-scoped too, so what is left is a valid group)."""
-    return PoolGroup(group.name, tuple(p for p in group.pools if p.backupable))
-
-
 class GroupTransferEngine:
     """L1, L2 and L3 of a pool group with the movers between them (module docstring).
 
@@ -89,10 +83,9 @@ class GroupTransferEngine:
         check_capacities(l1_pages, l2_pages, l3_slots)
         if backend not in BACKENDS:
             raise ConfigError("backend", f"one of {sorted(BACKENDS)}, got {backend!r}")
-        self.group = backed_up(group)
+        self.group = group.backed_up()  # what L2 and L3 hold
         self.geometry = GroupGeometry.from_group(self.group)
-        anchor = self.group.anchor
-        self.ratios = {p.name: anchor.page_size // p.page_size for p in self.group.allocating}
+        self.ratios = {p.name: self.group.ratio(p.name) for p in self.group.allocating}
         self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         given = pool_capacities or {}
         for tier, caps in given.items():

@@ -177,6 +177,18 @@ class PoolGroup:
                 return p
         raise ConfigError(f"presets.{self.name}", f"no pool {name!r}; pools: {[p.name for p in self.pools]}")
 
+    def ratio(self, pool: str) -> int:
+        """Pages of `pool` per anchor page (anchor.page_size // its page_size; the construction
+        rules make it a whole number). A derived pool's is its source's."""
+        return self.anchor.page_size // self.pool(pool).page_size
+
+    def backed_up(self) -> PoolGroup:
+        """This group without its request-scoped (non-backupable) pools: the pools that hold
+        part of a node's value, which L2 and L3 keep (a request-scoped pool's derived pools
+        are request-scoped too, so what is left is a valid group). `self` when none is."""
+        kept = tuple(p for p in self.pools if p.backupable)
+        return self if len(kept) == len(self.pools) else PoolGroup(self.name, kept)
+
     @property
     def allocating(self) -> tuple[PoolSpec, ...]:
         """Pools with a free list, in sorted name order: the order every group reservation

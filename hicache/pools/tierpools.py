@@ -49,30 +49,18 @@ MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
 """The state each group move takes anchor pages out of (PageTable's transitions)."""
 
 
-def node_group(group: PoolGroup) -> PoolGroup:
-    """The pools that hold part of a node's value: `group` without its request-scoped
-    (non-backupable) pools."""
-    kept = tuple(p for p in group.pools if p.backupable)
-    return group if len(kept) == len(group.pools) else PoolGroup(group.name, kept)
-
-
-def ratio_of(group: PoolGroup, pool: str) -> int:
-    """Pages of allocating pool `pool` per anchor page."""
-    return group.anchor.page_size // group.pool(pool).page_size
-
-
 def tier_capacities(group: PoolGroup, tier: str, anchor_pages: int,
                     given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
-    """Capacity in its own pages of every allocating pool of `node_group(group)` in `tier`:
+    """Capacity in its own pages of every allocating pool of `group.backed_up()` in `tier`:
     `given[tier][pool]`, else `anchor_pages * ratio` (the anchor: `anchor_pages`, always).
     Other pools named in `given` are passed on, for `GroupTable` to refuse by name."""
-    g = node_group(group)
+    g = group.backed_up()
     mine = dict((given or {}).get(tier, {}))
     if g.anchor.name in mine and mine[g.anchor.name] != anchor_pages:
         raise ConfigError(f"pool_capacities.{tier}.{g.anchor.name}",
                           f"the anchor's capacity is the tier's ({anchor_pages}); leave it out")
     sizes = {p.name: anchor_pages if p.name == g.anchor.name
-             else mine.get(p.name, anchor_pages * ratio_of(g, p.name)) for p in g.allocating}
+             else mine.get(p.name, anchor_pages * g.ratio(p.name)) for p in g.allocating}
     return {**mine, **sizes}  # a pool named but not allocating: GroupTable names it
 
 
@@ -85,7 +73,7 @@ class TierPools(PageTable):
 
     def __init__(self, tier: str, group: PoolGroup, capacity_pages: Mapping[str, int],
                  faults: ReserveFault | None = None) -> None:
-        g = node_group(group)
+        g = group.backed_up()
         anchor = g.anchor.name
         if anchor not in capacity_pages:
             raise ConfigError(f"{tier}.{anchor}.capacity_pages", "the anchor needs a capacity")
@@ -95,7 +83,7 @@ class TierPools(PageTable):
         self.group_table = GroupTable(tier, g, capacity_pages, faults)
         anchor_table = self.group_table.tables[anchor]
         self.owner, self.generation = anchor_table.owner, anchor_table.generation
-        self.ratios = {p.name: ratio_of(g, p.name) for p in g.allocating if p.role == ALLOCATING}
+        self.ratios = {p.name: g.ratio(p.name) for p in g.allocating if p.role == ALLOCATING}
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
             name: np.full((self.capacity, r), NONE, dtype=np.int64)
             for name, r in self.ratios.items()}
@@ -212,7 +200,7 @@ def tier_tables(tiers: Sequence[str], capacities: Sequence[int], page_size: int,
     """One table per tier: a plain `PageTable` without a group or for a group of one pool,
     else a `TierPools` (side pools' capacities from `pool_capacities`, default anchor
     capacity * ratio). ConfigError if the anchor's page size is not the plane's."""
-    if group is None or len(node_group(group).pools) == 1:
+    if group is None or len(group.backed_up().pools) == 1:
         if pool_capacities:
             raise ConfigError("pool_capacities", "given without a pool group of several pools")
         return tuple(PageTable(t, c) for t, c in zip(tiers, capacities))
