@@ -253,8 +253,9 @@ def main(argv: Sequence[str]) -> int:
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
         return 2
     if args.pools != SINGLE_POOL and (args.plane != "null" or args.adapter):
-        print("hicache fuzz: --pools needs the controller on the null plane (the byte planes "
-              "move one pool)", file=sys.stderr)
+        print("hicache fuzz: --pools needs the controller on the null plane (the fuzz's byte "
+              "planes drive the single-pool TransferEngine and its one named L3 file)",
+              file=sys.stderr)
         return 2
     if args.trace:
         try:
