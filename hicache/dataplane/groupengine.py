@@ -45,7 +45,7 @@ from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, pool_di
 from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.handles import TransferHandle
-from hicache.dataplane.null import check_capacities, page_array, transfer_pages
+from hicache.dataplane.null import check_capacities, digest_pages, page_array, transfer_pages
 from hicache.dataplane.pools import resolve_device
 from hicache.dataplane.slotdigest import slot_digests
 from hicache.dataplane.slotnames import AnchorSlotHandle
@@ -189,10 +189,7 @@ class GroupTransferEngine:
     def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
         """Per byte pool, one uint64 per anchor page of `tier`: its `ratio` pool pages'
         digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`)."""
-        if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
-            raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
-        which = Tier(tier)
-        ids = page_array(f"digests.{which}_pages", pages, self._capacity[which])
+        which, ids = digest_pages(tier, pages, self._capacity)
         if ids.size == 0:
             return {p.name: np.zeros(0, dtype=np.uint64) for p in self.geometry.pools}
         mapped = self.pool_pages(which, ids)
