@@ -77,7 +77,22 @@ class _Arena:
         return self.tensor[start : start + self.pages_of(pool) * pool.bytes_per_page]
 
 
-class GroupDevicePool:
+class _GroupPool:
+    """What L1 and L2 of a group share: one arena, a capacity per allocating pool."""
+
+    geometry: GroupGeometry
+    arena: _Arena
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return self.arena.tensor
+
+    def capacity(self, source: str) -> int:
+        """Pages of allocating pool `source` in this tier (its own pages)."""
+        return self.arena.capacity[source]
+
+
+class GroupDevicePool(_GroupPool):
     """L1 of a group on `device` (CUDA, else CPU): per byte pool a layer-first region."""
 
     def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int],
@@ -86,13 +101,6 @@ class GroupDevicePool:
         self.device = resolve_device(device)
         self.arena = _Arena(geometry, capacity_pages, device=self.device, pin=False,
                             field="l1_pages")
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        return self.arena.tensor
-
-    def capacity(self, source: str) -> int:
-        return self.arena.capacity[source]
 
     def region(self, name: str) -> torch.Tensor:
         """uint8 `[rows_per_page, capacity, row_bytes]` of pool `name` (a view)."""
@@ -107,7 +115,7 @@ class GroupDevicePool:
         return rows.transpose(0, 1).reshape(idx.numel(), -1)
 
 
-class GroupHostPool:
+class GroupHostPool(_GroupPool):
     """L2 of a group in host memory (pinned when `pin`, which needs CUDA): per byte pool a
     page-major region."""
 
@@ -120,13 +128,6 @@ class GroupHostPool:
         self.pinned = pin
         self.arena = _Arena(geometry, capacity_pages, device=torch.device("cpu"), pin=pin,
                             field="l2_pages")
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        return self.arena.tensor
-
-    def capacity(self, source: str) -> int:
-        return self.arena.capacity[source]
 
     def bytes_view(self, name: str) -> torch.Tensor:
         """uint8 `[capacity, bytes_per_page]` of pool `name` (a view: page i is row i)."""
