@@ -29,7 +29,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
-from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -40,14 +40,9 @@ INDEX_MIN_BYTES = 64 << 10  # operand buffers start here: one serves most transf
 
 
 @dataclass
-class GroupCounters:
-    """Per direction, cumulative; `bytes` counts transfers observed DONE."""
+class GroupCounters(OutcomeCounters):
+    """Per direction, cumulative: the outcomes, and how the transfers were issued."""
 
-    ops: int = 0
-    done: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    bytes: int = 0
     launches: int = 0  # kernel launches issued
     dmas: int = 0  # host<->device copies issued (operand uploads excluded)
     issue_s: float = 0.0  # host time inside issuing calls, allocation excluded
@@ -234,14 +229,7 @@ class GroupMover:
 
     def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
         self.in_flight.discard(handle)
-        c = self.counters[handle.direction]
-        if status is TransferStatus.DONE:
-            c.done += 1
-            c.bytes += handle.nbytes
-        elif status is TransferStatus.FAILED:
-            c.failed += 1
-        else:
-            c.cancelled += 1
+        self.counters[handle.direction].finished(status, handle.nbytes)
 
     @property
     def buffers_busy(self) -> int:
