@@ -31,6 +31,18 @@ class RestoreMismatch(HiCacheError):
     controller's state is suspect: report (`status()`, the trace) and close it."""
 
 
+def check_rows(got: torch.Tensor, expected: torch.Tensor, pages: Pages, what: str, start: int,
+               end: int) -> None:
+    """Verify row i of `got` equals row i of `expected` (row i: page `pages[i]`, bytes);
+    RestoreMismatch naming `what` and the first eight differing pages otherwise."""
+    bad = (got != expected).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        raise RestoreMismatch(
+            f"{what} {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ from "
+            "recomputation: a cross-prefix mix-up or a torn transfer; report the trace and "
+            "close this controller")
+
+
 class RestoreVerifier:
     def __init__(self, producer: KVProducer, l1: torch.Tensor) -> None:
         self.producer = producer
@@ -54,13 +66,7 @@ class RestoreVerifier:
         gather(self.l1, torch.as_tensor(pages, device=self.l1.device), got, backend="torch")
         a = got.cpu().view(torch.uint8).reshape(len(pages), -1)
         b = expected.cpu().view(torch.uint8).reshape(len(pages), -1)
-        bad = (a != b).any(dim=1).nonzero().flatten().tolist()
-        if bad:
-            raise RestoreMismatch(
-                f"restored pages {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ "
-                "from recomputation: a cross-prefix mix-up or a torn transfer; report the trace "
-                "and close this controller"
-            )
+        check_rows(a, b, pages, "restored pages", start, end)
         return len(pages)
 
 
@@ -89,13 +95,8 @@ class GroupRestoreVerifier(RestoreVerifier):
         expected = self.group_producer.expected_pools(tokens, start, end)
         for p in self.engine.geometry.pools:
             got = self.engine.l1.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
-            bad = (got != expected[p.name].cpu()).any(dim=1).nonzero().flatten().tolist()
-            if bad:
-                raise RestoreMismatch(
-                    f"pool {p.name}: restored pages of anchor pages "
-                    f"{[int(anchor[i]) for i in bad[:8]]} "
-                    f"(tokens {start}..{end}) differ from recomputation: a cross-prefix mix-up "
-                    "or a torn transfer; report the trace and close this controller")
+            check_rows(got, expected[p.name].cpu(), anchor,
+                       f"pool {p.name}: restored pages of anchor pages", start, end)
         for p in self.engine.geometry.pools:
             self.bytes_checked[p.name] += int(expected[p.name].numel())
         return int(anchor.size)
