@@ -123,15 +123,16 @@ class PoolSpec:
         """Raw bytes of one page (0: an index-only pool, such as dsv4's anchor)."""
         return self.rows_per_page * self.row_bytes
 
-    def check_window(self, where: str, source_pages: int, holder: str = "") -> None:
+    def check_window(self, where: str, source_pages: int, tier: str = "") -> None:
         """Verify this pool's trailing window fits in the `source_pages` pages of its source
         (a hit needs the whole window resident at once); ConfigError naming
-        `<where>.<pool>.window_pages` otherwise. `holder` names where those pages are (a
-        tier), for the message."""
+        `<where>.<pool>.window_pages` otherwise. `tier` names where those pages are, for the
+        message ("" when no tier is meant)."""
         if self.window_pages > source_pages:
+            held = f" in {tier}" if tier else ""
             raise ConfigError(f"{where}.{self.name}.window_pages",
                               f"a window of {self.window_pages} pages does not fit in "
-                              f"{holder}{self.source!r}'s {source_pages} pages; give "
+                              f"{self.source!r}'s {source_pages} pages{held}; give "
                               f"{self.source!r} more pages or shorten the window")
 
 

@@ -110,7 +110,7 @@ class GroupTable:
         self.tables: dict[str, PageTable] = {
             name: PageTable(f"{tier}.{name}", capacity_pages[name]) for name in allocating}
         for spec in group.pools:
-            spec.check_window("pools", self.tables[spec.source].capacity, f"{tier}.")
+            spec.check_window("pools", self.tables[spec.source].capacity, tier)
 
     # -- one pool ------------------------------------------------------------------------------
 
