@@ -67,7 +67,8 @@ class ControlPlane(PlaneQueries):
         self.tree = HiRadixTree(page_size)
         self.page_size = page_size
         self.pools = pools
-        self.tables = tier_tables([str(t) for t in TIERS], capacities, page_size, pools, pool_capacities)
+        self.tables = tier_tables([str(t) for t in TIERS], capacities, page_size, pools,
+                                  pool_capacities)
         self.ops: dict[int, PendingOp] = {}
         self.requests: dict[int, Request] = {}
         self.tracer = tracer or Tracer()

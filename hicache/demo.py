@@ -213,7 +213,7 @@ def _preset_echo(config: object) -> str:
     if group is None:
         return ""
     moved = [p for p in group.pools if p.backupable and p.bytes_per_page]
-    per_anchor = sum(p.bytes_per_page * group.anchor.page_size // p.page_size for p in moved)
+    per_anchor = sum(p.bytes_per_page * group.ratio(p.name) for p in moved)
     return f"{config.pools}: {len(moved)} byte pools, {per_anchor:,} bytes per anchor page"
 
 
@@ -224,7 +224,8 @@ def _summary(ctl: object, report: object, status: dict[str, object], wall_s: flo
     assert isinstance(ctl, CacheController) and isinstance(report, LoopReport)
     m = ctl.metrics
     return {
-        "device": str(ctl.byte_plane.device), "geometry": vars(ctl.config.kv), "policy": ctl.policy.name,
+        "device": str(ctl.byte_plane.device), "geometry": vars(ctl.config.kv),
+        "policy": ctl.policy.name,
         "requests": report.requests, "admissions": report.admissions,
         "preemptions": m.preemptions, "wall_s": wall_s, "requests_per_s": report.requests_per_s,
         "prompt_tokens": m.prompt_tokens, "token_shares": m.token_shares(),

@@ -99,35 +99,52 @@ class PageTable:
         """TREE -> FREE: eviction or invalidation of a node's value."""
         self._move(p, TREE, FREE, "free")
 
+    def check_move(self, p: Pages, source: int, name: str) -> None:
+        """Verify transition `name` may move pages `p` out of state `source`: every page in
+        range, named once and in `source`. IllegalTransition naming the first problem
+        otherwise; changes nothing (a group checks every pool's table before moving one)."""
+        p = pages(p)
+        if p.size <= SMALL_MOVE:
+            self._check_small(p.tolist(), source, name)
+        else:
+            self._check_large(p, source, name)
+
     def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
         p = pages(p)
         if p.size <= SMALL_MOVE:
-            self._move_small(p, p.tolist(), source, dest, name)
+            listed = p.tolist()
+            self._check_small(listed, source, name)
+            owner = self.owner
+            for x in listed:
+                owner[x] = dest
             return
+        self._check_large(p, source, name)
+        self.owner[p] = dest
+
+    def _check_large(self, p: Pages, source: int, name: str) -> None:
         # Verify every page is in range, named once, and in the source state before any write.
         if p.size and (p.min() < 0 or p.max() >= self.capacity):
-            raise IllegalTransition(name, self.tier, "-", f"page out of range 0..{self.capacity - 1}")
+            raise IllegalTransition(name, self.tier, "-",
+                                    f"page out of range 0..{self.capacity - 1}")
         if np.unique(p).size != p.size:
             raise IllegalTransition(name, self.tier, "-", "a page is named twice")
         wrong = p[self.owner[p] != source]
         if wrong.size:
             self._wrong(name, source, [int(x) for x in wrong])
-        self.owner[p] = dest
 
-    def _move_small(self, p: Pages, listed: list[int], source: int, dest: int, name: str) -> None:
-        """`_move` for a few pages, in plain Python (numpy's per-call cost dominates there):
-        the same checks, in the same order, with the same errors."""
+    def _check_small(self, listed: list[int], source: int, name: str) -> None:
+        """`_check_large` for a few pages, in plain Python (numpy's per-call cost dominates
+        there): the same checks, in the same order, with the same errors."""
         # Verify every page is in range, named once, and in the source state before any write.
         if listed and (min(listed) < 0 or max(listed) >= self.capacity):
-            raise IllegalTransition(name, self.tier, "-", f"page out of range 0..{self.capacity - 1}")
+            raise IllegalTransition(name, self.tier, "-",
+                                    f"page out of range 0..{self.capacity - 1}")
         if len(set(listed)) != len(listed):
             raise IllegalTransition(name, self.tier, "-", "a page is named twice")
         owner = self.owner
         wrong = [x for x in listed if owner[x] != source]
         if wrong:
             self._wrong(name, source, wrong)
-        for x in listed:
-            owner[x] = dest
 
     def _wrong(self, name: str, source: int, wrong: list[int]) -> None:
         """IllegalTransition for pages `wrong` (in the order named) not in state `source`."""

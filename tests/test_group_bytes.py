@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hicache.pools import presets
 from hicache.dataplane.geometry import preset
-from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry, kv_pool_spec, mla_pool_spec
+from hicache.dataplane.groupgeometry import GroupGeometry, kv_pool_spec, mla_pool_spec
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, group_digest, pool_digest
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.pools import DevicePool, page_digest
@@ -35,13 +35,13 @@ def dsv4_tiny() -> tuple[GroupGeometry, GroupDevicePool, GroupHostPool]:
 
 def test_kv_geometry_is_the_mha_case() -> None:
     g = preset("qwen3-8b")
-    pool = PoolGeometry.from_spec(kv_pool_spec(g))
+    pool = kv_pool_spec(g)
     assert (pool.rows_per_page, pool.row_bytes) == (g.rows_per_page, g.row_bytes)
     assert pool.bytes_per_page == g.bytes_per_page == 2_359_296
 
 
 def test_mla_is_one_latent_row_per_layer() -> None:
-    pool = PoolGeometry.from_spec(mla_pool_spec(61, 512 + 64, "bf16", 64))
+    pool = mla_pool_spec(61, 512 + 64, "bf16", 64)
     assert pool.rows_per_page == 61
     assert pool.bytes_per_page // 64 == 61 * 576 * 2  # 70,272 bytes per token
     with pytest.raises(ConfigError, match="geometry.dtype"):

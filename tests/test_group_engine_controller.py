@@ -52,7 +52,7 @@ def test_mha_keeps_the_single_pool_engine_and_a_group_name_selects_the_group_eng
     assert CacheConfig().pools == "mha" and CacheConfig().group is None
     mha.engine.close()
     group = choose_plane(CacheConfig(device="cpu", pools="dsv4-tiny"), None, None, None)
-    assert isinstance(group.engine, GroupTransferEngine) and group.pools is group.engine
+    assert isinstance(group.engine, GroupTransferEngine) and group.byte_plane is group.engine
     assert isinstance(group.producer, GroupSyntheticProducer)
     assert isinstance(group.verifier, GroupRestoreVerifier)
     group.engine.close()

@@ -75,9 +75,9 @@ def test_each_anchor_page_holds_ratio_side_pages_through_its_whole_lifecycle() -
     t = TierPools("L2", RATIO2, {"kv": 6, "swa": 12})
     got = t.reserve(2)
     swa = t.pool_pages(got)["swa"]
-    assert swa.size == 4 and (t.groups.tables["swa"].owner[swa] == PRIVATE).all()
+    assert swa.size == 4 and (t.group_table.tables["swa"].owner[swa] == PRIVATE).all()
     t.publish(got)
-    assert (t.owner[got] == TREE).all() and (t.groups.tables["swa"].owner[swa] == TREE).all()
+    assert (t.owner[got] == TREE).all() and (t.group_table.tables["swa"].owner[swa] == TREE).all()
     t.free(got)
     assert t.free_pages_by_pool() == {"kv": 6, "swa": 12}
     assert (t.held_by["swa"] == -1).all()
@@ -111,7 +111,7 @@ def test_a_refused_move_changes_no_pool() -> None:
     a = t.reserve(2)
     t.publish(a[:1])
     def state() -> bytes:
-        swa = t.groups.tables["swa"]
+        swa = t.group_table.tables["swa"]
         return t.owner.tobytes() + swa.owner.tobytes() + t.held_by["swa"].tobytes()
 
     before = state()
@@ -192,7 +192,7 @@ def test_f1_the_second_pool_failing_refuses_the_issue_with_every_pool_unchanged(
     node = served(cp, 1, 2)
     l2 = cp.tables[1]
     assert isinstance(l2, TierPools)
-    l2.groups.fault = PoolFaults({"swa": 1})
+    l2.group_table.fault = PoolFaults({"swa": 1})
     before, generations = owners(cp), l2.generation.copy()
     with pytest.raises(InjectedShortage, match="L2.swa"):
         backed_up(cp, node)
@@ -209,7 +209,7 @@ def test_f1_the_controller_drops_the_backup_when_a_pool_fails() -> None:
     try:
         l2 = a.ctl.cp.tables[1]
         assert isinstance(l2, TierPools)
-        l2.groups.fault = PoolFaults({"swa": 1})
+        l2.group_table.fault = PoolFaults({"swa": 1})
         a.submit(1, tuple(range(13)))
         assert a.prefill(1)
         a.drain()
@@ -293,8 +293,8 @@ def test_f19_derived_pools_refuse_alloc_free_and_available_and_metrics_skip_them
     l1 = cp.tables[0]
     assert isinstance(l1, TierPools)
     before = owners(cp)
-    for call in (lambda: l1.groups.alloc(pool, 1), lambda: l1.groups.free(pool, pages([0])),
-                 lambda: l1.groups.available(pool)):
+    for call in (lambda: l1.group_table.alloc(pool, 1), lambda: l1.group_table.free(pool, pages([0])),
+                 lambda: l1.group_table.available(pool)):
         with pytest.raises(NoAllocator, match=source):
             call()
     assert owners(cp) == before

@@ -86,7 +86,8 @@ class _GroupRig:
         self.geometry = GroupGeometry.from_group(presets.group(name))
         self.s = s
         most = {src: self.pages(max(s.tokens), src) for src in self.geometry.sources}
-        self.l1 = GroupDevicePool(self.geometry, {k: max(16, 4 * n) for k, n in most.items()}, s.device)
+        self.l1 = GroupDevicePool(self.geometry, {k: max(16, 4 * n) for k, n in most.items()},
+                                  s.device)
         self.l1.tensor.random_(0, 256)
         self.l2 = GroupHostPool(self.geometry, {k: 2 * n + 8 for k, n in most.items()},
                                 pin=s.device.type == "cuda")

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
+from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.spec import PoolGroup
 
-SINGLE_POOL = "mha"  # the preset that keeps the single-pool TransferEngine, unchanged
 
 
 def pool_group(name: str) -> PoolGroup:
@@ -77,8 +77,8 @@ class CacheConfig:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
         if not isinstance(self.l3_overwrite, bool):
             raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
-        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES), ("backend", BACKENDS),
-                              ("load_back_overlap", LOAD_BACK_OVERLAPS)):
+        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES),
+                              ("backend", BACKENDS), ("load_back_overlap", LOAD_BACK_OVERLAPS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):

@@ -79,15 +79,15 @@ class CacheController:
         pools = config.group  # None: the single-pool plane (mha)
         plane = choose_plane(config, engine, producer, faults)
         self.engine: DataPlane = plane.engine
-        self._bytes = plane.pools  # the plane's pools, when it has bytes
+        self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
         self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer, pools=pools,
         )
         bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
-        if plane.pools is not None:
-            self.cp.digests = CachedDigests(plane.pools.digests, self.cp.tables)
+        if plane.byte_plane is not None:
+            self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -102,9 +102,10 @@ class CacheController:
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
                                lambda node: me._back_up_now(node))
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
-        self.stager = RestoreStager(self.cp, self.metrics, lambda d, chain, rid: me.issue(d, chain, rid),
-                                    lambda: me._after_part_dropped(), plane.verifier, config.promotion,
-                                    share=config.load_back_overlap == "share")
+        self.stager = RestoreStager(self.cp, self.metrics,
+                                    lambda d, chain, rid: me.issue(d, chain, rid),
+                                    lambda: me._after_part_dropped(), plane.verifier,
+                                    config.promotion, share=config.load_back_overlap == "share")
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
         self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
@@ -422,9 +423,9 @@ class CacheController:
         """Feed a completed transfer's time to the cost model.
 
         The sample: enqueue + queue wait + service (the handle's `enqueue_s` already leaves
-        one-time workspace setup out), not how late this loop happened to poll. The first transfer of each direction
-        also pays one-time costs the handle cannot separate (kernel JIT for the real shapes,
-        first touch): it is a warm-up, not a sample."""
+        one-time workspace setup out), not how late this loop happened to poll. The first
+        transfer of each direction also pays one-time costs the handle cannot separate (kernel
+        JIT for the real shapes, first touch): it is a warm-up, not a sample."""
         t = handle.timings
         steady = t.enqueue_s + t.queue_wait_s + t.service_s
         first = direction not in self._observed

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
 
 class Plane(NamedTuple):
     engine: DataPlane
-    pools: TransferEngine | GroupTransferEngine | None  # the same engine when it has bytes
+    byte_plane: TransferEngine | GroupTransferEngine | None  # `engine` when it has bytes
     producer: KVProducer | None
     verifier: RestoreVerifier | None
 
@@ -101,12 +101,12 @@ def _group_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
 def bind_group(plane: Plane, tables: Sequence[object]) -> None:
     """Hand a group plane the control plane's mapping (`tables`: its page table per tier, in
     TIERS order); nothing for any other plane."""
-    if plane.pools is None:
+    if plane.byte_plane is None:
         return
     from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in: a byte plane
 
-    if isinstance(plane.pools, GroupTransferEngine):
-        plane.pools.bind(tier_pool_pages(plane.pools.group, tables))
+    if isinstance(plane.byte_plane, GroupTransferEngine):
+        plane.byte_plane.bind(tier_pool_pages(plane.byte_plane.group, tables))
 
 
 def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:
@@ -120,7 +120,7 @@ def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:
     by_tier = {str(t): table for t, table in zip(TIERS, tables)}
     if all(hasattr(t, "pool_pages") for t in tables):
         return lambda tier, pages: by_tier[tier].pool_pages(pages)  # type: ignore[attr-defined]
-    ratios = {p.name: group.anchor.page_size // p.page_size for p in group.allocating}
+    ratios = {p.name: group.ratio(p.name) for p in group.allocating}
     if any(r != 1 for r in ratios.values()):
         raise ConfigError("pools", f"{group.name}'s side pools have {ratios} pages per anchor "
                                    "page: the control plane must keep a TierPools per tier")

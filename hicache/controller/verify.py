@@ -8,8 +8,8 @@ would write) and raises `RestoreMismatch`, changing nothing, when any page diffe
 restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
 bug in the cache, never a fallback. It only reads; the caller decides when to verify
 (`CacheConfig.verify`). `GroupRestoreVerifier` does the same for a pool group, pool by pool
-(the anchor `pages` mapped to every pool's). Importing this module does not import torch (the null data plane
-never builds a verifier).
+(the anchor `pages` mapped to every pool's). Importing this module does not import torch
+(the null data plane never builds a verifier).
 """
 
 from __future__ import annotations
@@ -29,6 +29,18 @@ if TYPE_CHECKING:  # torch is imported only when a verifier is built (a plane wi
 class RestoreMismatch(HiCacheError):
     """A restored page's bytes differ from what recomputation writes: a real bug (B15). The
     controller's state is suspect: report (`status()`, the trace) and close it."""
+
+
+def check_rows(got: torch.Tensor, expected: torch.Tensor, pages: Pages, what: str, start: int,
+               end: int) -> None:
+    """Verify row i of `got` equals row i of `expected` (row i: page `pages[i]`, bytes);
+    RestoreMismatch naming `what` and the first eight differing pages otherwise."""
+    bad = (got != expected).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        raise RestoreMismatch(
+            f"{what} {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ from "
+            "recomputation: a cross-prefix mix-up or a torn transfer; report the trace and "
+            "close this controller")
 
 
 class RestoreVerifier:
@@ -54,13 +66,7 @@ class RestoreVerifier:
         gather(self.l1, torch.as_tensor(pages, device=self.l1.device), got, backend="torch")
         a = got.cpu().view(torch.uint8).reshape(len(pages), -1)
         b = expected.cpu().view(torch.uint8).reshape(len(pages), -1)
-        bad = (a != b).any(dim=1).nonzero().flatten().tolist()
-        if bad:
-            raise RestoreMismatch(
-                f"restored pages {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ "
-                "from recomputation: a cross-prefix mix-up or a torn transfer; report the trace "
-                "and close this controller"
-            )
+        check_rows(a, b, pages, "restored pages", start, end)
         return len(pages)
 
 
@@ -89,12 +95,8 @@ class GroupRestoreVerifier(RestoreVerifier):
         expected = self.group_producer.expected_pools(tokens, start, end)
         for p in self.engine.geometry.pools:
             got = self.engine.l1.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
-            bad = (got != expected[p.name].cpu()).any(dim=1).nonzero().flatten().tolist()
-            if bad:
-                raise RestoreMismatch(
-                    f"pool {p.name}: restored pages of anchor pages {[int(anchor[i]) for i in bad[:8]]} "
-                    f"(tokens {start}..{end}) differ from recomputation: a cross-prefix mix-up "
-                    "or a torn transfer; report the trace and close this controller")
+            check_rows(got, expected[p.name].cpu(), anchor,
+                       f"pool {p.name}: restored pages of anchor pages", start, end)
         for p in self.engine.geometry.pools:
             self.bytes_checked[p.name] += int(expected[p.name].numel())
         return int(anchor.size)

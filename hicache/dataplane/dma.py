@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
-from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
@@ -59,14 +59,9 @@ INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several trans
 PLANS_KEPT = 256  # remembered consecutive-run plans (a serving loop repeats a few sizes)
 
 @dataclass
-class DirectionCounters:
-    """Per direction, cumulative. `bytes` counts transfers observed DONE."""
+class DirectionCounters(OutcomeCounters):
+    """Per direction, cumulative: the outcomes, and how the transfers were issued."""
 
-    ops: int = 0  # issued (empty transfers included)
-    done: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    bytes: int = 0
     fragmented: int = 0  # issued with L2 pages that are not one run of consecutive pages
     staged: int = 0  # issued with some pages through host staging (+ a host copy)
     staged_pages: int = 0
@@ -386,14 +381,7 @@ class DeviceHostMover:
         """Called once per handle when it turns final: buffers back, counters."""
         buffers.release()
         self._in_flight.discard(handle)
-        counters = self.counters[handle.direction]
-        if status is TransferStatus.DONE:
-            counters.done += 1
-            counters.bytes += handle.nbytes
-        elif status is TransferStatus.FAILED:
-            counters.failed += 1
-        else:
-            counters.cancelled += 1
+        self.counters[handle.direction].finished(status, handle.nbytes)
 
     def _abandon(self, buffers: TransferBuffers) -> None:
         """Issue failed half-way: wait for whatever was enqueued, then return the buffers."""

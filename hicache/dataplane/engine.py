@@ -29,12 +29,12 @@ from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle
-from hicache.dataplane.null import check_capacities, page_array, transfer_pages
+from hicache.dataplane.null import check_capacities, digest_pages, page_array, transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest, resolve_device
 from hicache.dataplane.slotdigest import slot_digests
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageMover
-from hicache.errors import HiCacheError, InvalidPages
+from hicache.errors import HiCacheError
 from hicache.pages import Pages
 from hicache.kernels import KernelSet
 from hicache.tiers import Direction, Tier
@@ -120,10 +120,7 @@ class TransferEngine:
     def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
         """One uint64 per page of `tier` ("L1", "L2", "L3"): a hash of the page's bytes in
         page-major order (`pools.digest_rows`). L3 slots are read back from the file."""
-        if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
-            raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
-        which = Tier(tier)
-        ids = page_array(f"digests.{which}_pages", pages, self._capacity[which])
+        which, ids = digest_pages(tier, pages, self._capacity)
         if which is Tier.L1:
             return page_digest(self.l1, ids)
         if which is Tier.L2:

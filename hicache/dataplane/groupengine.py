@@ -45,7 +45,7 @@ from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, pool_di
 from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.handles import TransferHandle
-from hicache.dataplane.null import check_capacities, page_array, transfer_pages
+from hicache.dataplane.null import check_capacities, digest_pages, page_array, transfer_pages
 from hicache.dataplane.pools import resolve_device
 from hicache.dataplane.slotdigest import slot_digests
 from hicache.dataplane.slotnames import AnchorSlotHandle
@@ -61,21 +61,16 @@ PoolPages = Callable[[str, Pages], Mapping[str, object]]
 BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}  # CacheConfig.backend -> mode
 
 
-def backed_up(group: PoolGroup) -> PoolGroup:
-    """`group` without its request-scoped pools: what L2 and L3 hold (a request-scoped pool's
-    derived pools are request-scoped too, so what is left is a valid group)."""
-    return PoolGroup(group.name, tuple(p for p in group.pools if p.backupable))
-
-
 class GroupTransferEngine:
     """L1, L2 and L3 of a pool group with the movers between them (module docstring).
 
     Capacities are in anchor pages (L3: anchor slots); an allocating pool of anchor/own
     page-size `ratio` gets `ratio` times as many unless `pool_capacities[tier][pool]` says
-    otherwise (the control plane's own option of that name: pass the same). `backend`: CacheConfig's name ("auto",
-    "torch", "triton": the per-pool Triton kernels). `pool_pages`: None until `bind`; a
-    transfer or digest before then raises ConfigError. ConfigError naming the field for bad
-    sizes; L3 is one temporary file per byte pool, removed on close.
+    otherwise (the control plane's own option of that name: pass the same). `backend`:
+    CacheConfig's name ("auto", "torch", "triton": the per-pool Triton kernels).
+    `pool_pages`: None until `bind`; a transfer or digest before then raises ConfigError.
+    ConfigError naming the field for bad sizes; L3 is one temporary file per byte pool,
+    removed on close.
     """
 
     has_bytes = True
@@ -88,10 +83,9 @@ class GroupTransferEngine:
         check_capacities(l1_pages, l2_pages, l3_slots)
         if backend not in BACKENDS:
             raise ConfigError("backend", f"one of {sorted(BACKENDS)}, got {backend!r}")
-        self.group = backed_up(group)
+        self.group = group.backed_up()  # what L2 and L3 hold
         self.geometry = GroupGeometry.from_group(self.group)
-        anchor = self.group.anchor
-        self.ratios = {p.name: anchor.page_size // p.page_size for p in self.group.allocating}
+        self.ratios = {p.name: self.group.ratio(p.name) for p in self.group.allocating}
         self._capacity = {Tier.L1: l1_pages, Tier.L2: l2_pages, Tier.L3: l3_slots}
         given = pool_capacities or {}
         for tier, caps in given.items():
@@ -195,10 +189,7 @@ class GroupTransferEngine:
     def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
         """Per byte pool, one uint64 per anchor page of `tier`: its `ratio` pool pages'
         digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`)."""
-        if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
-            raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
-        which = Tier(tier)
-        ids = page_array(f"digests.{which}_pages", pages, self._capacity[which])
+        which, ids = digest_pages(tier, pages, self._capacity)
         if ids.size == 0:
             return {p.name: np.zeros(0, dtype=np.uint64) for p in self.geometry.pools}
         mapped = self.pool_pages(which, ids)

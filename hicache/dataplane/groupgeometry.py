@@ -9,8 +9,9 @@
     dsv4     kv (anchor)      -               none: the anchor is index space only
              swa, c4, ...     1               the pool's bytes per page per layer (raw, fp8 ok)
 
-Bytes are moved as raw bytes: the geometry knows no dtype. `KVGeometry` (the single-pool MHA
-geometry) maps to the `mha` case with `kv_pool_spec`; MLA is one latent row per layer
+Bytes are moved as raw bytes: the geometry knows no dtype. A pool's sizes are its
+`PoolSpec`'s (`rows_per_page`, `row_bytes`, `bytes_per_page`). `KVGeometry` (the single-pool
+MHA geometry) maps to the `mha` case with `kv_pool_spec`; MLA is one latent row per layer
 (`mla_pool_spec`). A pool with `bytes_per_page == 0` (the dsv4 anchor) holds nothing and is
 left out of `GroupGeometry.pools`; its page indices still name the pages of its sidecars.
 """
@@ -22,37 +23,6 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import DTYPE_BYTES, KVGeometry
 from hicache.errors import ConfigError
 from hicache.pools.spec import ANCHOR, PoolGroup, PoolSpec
-
-
-@dataclass(frozen=True)
-class PoolGeometry:
-    """One byte-holding pool: `rows_per_page` rows of `row_bytes` bytes per page (units:
-    bytes, tokens for `page_size`). `source` is the allocating pool whose page indices it
-    uses (itself for anchor and allocating pools)."""
-
-    name: str
-    source: str
-    layers: int
-    rows_per_layer: int
-    row_bytes: int
-    page_size: int
-
-    @classmethod
-    def from_spec(cls, spec: PoolSpec) -> PoolGeometry:
-        return cls(spec.name, spec.source, spec.layers, spec.rows_per_layer, spec.row_bytes,
-                   spec.page_size)
-
-    @property
-    def rows_per_page(self) -> int:
-        return self.layers * self.rows_per_layer
-
-    @property
-    def bytes_per_page(self) -> int:
-        return self.rows_per_page * self.row_bytes
-
-    @property
-    def holds_bytes(self) -> bool:
-        return self.bytes_per_page > 0
 
 
 def kv_pool_spec(geometry: KVGeometry, name: str = "kv") -> PoolSpec:
@@ -78,18 +48,17 @@ class GroupGeometry:
     (`sources`, sorted by name: the order a group reservation takes them in)."""
 
     group: PoolGroup
-    pools: tuple[PoolGeometry, ...]
+    pools: tuple[PoolSpec, ...]
 
     @classmethod
     def from_group(cls, group: PoolGroup) -> GroupGeometry:
-        pools = tuple(PoolGeometry.from_spec(p) for p in group.pools)
-        return cls(group, tuple(p for p in pools if p.holds_bytes))
+        return cls(group, tuple(p for p in group.pools if p.bytes_per_page > 0))
 
     @property
     def sources(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.group.allocating)
 
-    def pool(self, name: str) -> PoolGeometry:
+    def pool(self, name: str) -> PoolSpec:
         """The byte pool `name`; ConfigError if the group has none (or it holds no bytes)."""
         for p in self.pools:
             if p.name == name:
@@ -98,10 +67,10 @@ class GroupGeometry:
                           f"no byte-holding pool {name!r}; pools with bytes: "
                           f"{[p.name for p in self.pools]}")
 
-    def on(self, source: str) -> tuple[PoolGeometry, ...]:
+    def on(self, source: str) -> tuple[PoolSpec, ...]:
         """The byte pools that take `source`'s page indices (source itself included)."""
         return tuple(p for p in self.pools if p.source == source)
 
     def bytes_per_page(self, source: str) -> int:
         """Bytes one page of `source` names across every pool on its indices."""
-        return sum(p.bytes_per_page for p in self.on(source))
+        return self.group.bytes_per_page(source)

@@ -22,14 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache.dataplane.groupgeometry import PoolGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.grouppools import REGION_ALIGN, GroupDevicePool, GroupHostPool
 from hicache.dataplane.null import transfer_pages
 from hicache.errors import InvalidPages
 from hicache.pages import Pages
+from hicache.pools.spec import PoolSpec
 from hicache.tiers import Direction
 
-GroupPages = Mapping[str, tuple[object, object]]  # allocating pool -> (source, target) pages
+# What a caller asks one group transfer to move: allocating pool -> (source, target) pages.
+# Not pools.table.GroupPages (a tier's reserved pages per pool, every pool named).
+GroupRequest = Mapping[str, tuple[object, object]]
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class PoolMove:
     """One byte pool's share: its L1 and L2 pages (l1[i] <-> l2[i]) and where its packed
     part starts in the workspace (bytes)."""
 
-    pool: PoolGeometry
+    pool: PoolSpec
     l1: Pages
     l2: Pages
     packed_at: int
@@ -83,18 +86,25 @@ def source_pages(direction: Direction, source: str, src: object, dst: object,
         raise InvalidPages(f"{source}.{e.field}", str(e).split(": ", 1)[-1]) from None
 
 
-def plan_group(direction: Direction, request: GroupPages, l1: GroupDevicePool,
-               l2: GroupHostPool) -> GroupPlan:
-    """Validate `request` (module docstring) and lay its pools out in the workspace."""
-    geometry = l1.geometry
+def check_sources(direction: Direction, request: GroupRequest, geometry: GroupGeometry) -> None:
+    """Verify `request` names allocating pools of `geometry` only (a sidecar or state pool
+    moves its source's pages and is never named); InvalidPages otherwise."""
     unknown = sorted(set(request) - set(geometry.sources))
     if unknown:
         raise InvalidPages(f"{direction}.pools", f"{unknown} are not allocating pools of "
                                                  f"{geometry.group.name}; name pages for "
                                                  f"{list(geometry.sources)}")
+
+
+def plan_group(direction: Direction, request: GroupRequest, l1: GroupDevicePool,
+               l2: GroupHostPool) -> GroupPlan:
+    """Validate `request` (module docstring) and lay its pools out in the workspace."""
+    geometry = l1.geometry
+    check_sources(direction, request, geometry)
     validated: dict[str, tuple[Pages, Pages]] = {}
     for source, (src, dst) in request.items():
-        a, b = source_pages(direction, source, src, dst, l1.capacity(source), l2.capacity(source))
+        a, b = source_pages(direction, source, src, dst, l1.capacity(source),
+                            l2.capacity(source))
         validated[source] = (a, b) if direction is Direction.D2H else (b, a)
     moves: list[PoolMove] = []
     at = 0

@@ -26,10 +26,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hicache.dataplane.groupgeometry import GroupGeometry, PoolGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.pools import allocate, digest_rows, resolve_device
 from hicache.errors import ConfigError
 from hicache.pages import Pages, pages
+from hicache.pools.spec import PoolSpec
 
 REGION_ALIGN = 256  # bytes: 16-byte vector loads and DMA-friendly starts for every region
 
@@ -67,16 +68,31 @@ class _Arena:
         self.nbytes = end
         self.tensor = allocate((max(end, REGION_ALIGN),), torch.uint8, device, pin=pin, field=field)
 
-    def pages_of(self, pool: PoolGeometry) -> int:
+    def pages_of(self, pool: PoolSpec) -> int:
         return self.capacity[pool.source]
 
-    def flat(self, pool: PoolGeometry) -> torch.Tensor:
+    def flat(self, pool: PoolSpec) -> torch.Tensor:
         """The pool's region as a flat uint8 view."""
         start = self.offsets[pool.name]
         return self.tensor[start : start + self.pages_of(pool) * pool.bytes_per_page]
 
 
-class GroupDevicePool:
+class _GroupPool:
+    """What L1 and L2 of a group share: one arena, a capacity per allocating pool."""
+
+    geometry: GroupGeometry
+    arena: _Arena
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return self.arena.tensor
+
+    def capacity(self, source: str) -> int:
+        """Pages of allocating pool `source` in this tier (its own pages)."""
+        return self.arena.capacity[source]
+
+
+class GroupDevicePool(_GroupPool):
     """L1 of a group on `device` (CUDA, else CPU): per byte pool a layer-first region."""
 
     def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int],
@@ -85,13 +101,6 @@ class GroupDevicePool:
         self.device = resolve_device(device)
         self.arena = _Arena(geometry, capacity_pages, device=self.device, pin=False,
                             field="l1_pages")
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        return self.arena.tensor
-
-    def capacity(self, source: str) -> int:
-        return self.arena.capacity[source]
 
     def region(self, name: str) -> torch.Tensor:
         """uint8 `[rows_per_page, capacity, row_bytes]` of pool `name` (a view)."""
@@ -106,25 +115,19 @@ class GroupDevicePool:
         return rows.transpose(0, 1).reshape(idx.numel(), -1)
 
 
-class GroupHostPool:
+class GroupHostPool(_GroupPool):
     """L2 of a group in host memory (pinned when `pin`, which needs CUDA): per byte pool a
     page-major region."""
 
     def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int], *,
                  pin: bool) -> None:
         if pin and not torch.cuda.is_available():
-            raise ConfigError("l2.pin", "pinned host memory needs a CUDA device; pass pin=False on CPU")
+            raise ConfigError("l2.pin",
+                              "pinned host memory needs a CUDA device; pass pin=False on CPU")
         self.geometry = geometry
         self.pinned = pin
         self.arena = _Arena(geometry, capacity_pages, device=torch.device("cpu"), pin=pin,
                             field="l2_pages")
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        return self.arena.tensor
-
-    def capacity(self, source: str) -> int:
-        return self.arena.capacity[source]
 
     def bytes_view(self, name: str) -> torch.Tensor:
         """uint8 `[capacity, bytes_per_page]` of pool `name` (a view: page i is row i)."""

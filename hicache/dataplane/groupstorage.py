@@ -21,7 +21,7 @@ import numpy as np
 
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.groupgeometry import GroupGeometry
-from hicache.dataplane.groupplan import GroupPages, source_pages
+from hicache.dataplane.groupplan import GroupRequest, check_sources, source_pages
 from hicache.dataplane.grouppools import GroupHostPool
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File
@@ -69,7 +69,8 @@ class GroupStorageMover:
     def __init__(self, l2: GroupHostPool, slots: Mapping[str, int], *, io_threads: int = 2,
                  faults: FaultInjector | None = None) -> None:
         geometry: GroupGeometry = l2.geometry
-        missing = [s for s in geometry.sources if not isinstance(slots.get(s), int) or slots[s] <= 0]
+        missing = [s for s in geometry.sources
+                   if not isinstance(slots.get(s), int) or slots[s] <= 0]
         if missing or set(slots) - set(geometry.sources):
             raise ConfigError("l3_slots", f"a positive slot count for each of "
                                           f"{list(geometry.sources)}, got {dict(slots)}")
@@ -81,16 +82,16 @@ class GroupStorageMover:
             self.movers[p.name] = StorageMover(self.files[p.name], l2.bytes_view(p.name),
                                                io_threads=io_threads, faults=faults)
 
-    def h2s(self, request: GroupPages) -> GroupStorageHandle:
+    def h2s(self, request: GroupRequest) -> GroupStorageHandle:
         """L2 -> L3 for every pool: request[source] = (L2 pages, slots)."""
         return self._issue(Direction.H2S, request)
 
-    def s2h(self, request: GroupPages) -> GroupStorageHandle:
+    def s2h(self, request: GroupRequest) -> GroupStorageHandle:
         """L3 -> L2 for every pool: request[source] = (slots, L2 pages); every slot of every
         pool on the source must hold a written page."""
         return self._issue(Direction.S2H, request)
 
-    def _issue(self, direction: Direction, request: GroupPages) -> GroupStorageHandle:
+    def _issue(self, direction: Direction, request: GroupRequest) -> GroupStorageHandle:
         checked = self._check(direction, request)
         parts: dict[str, StorageHandle] = {}
         for p in self.l2.geometry.pools:
@@ -102,13 +103,11 @@ class GroupStorageMover:
                              else mover.s2h(slot_ids, l2_ids))
         return GroupStorageHandle(direction, parts)
 
-    def _check(self, direction: Direction, request: GroupPages) -> dict[str, tuple[Pages, Pages]]:
+    def _check(self, direction: Direction,
+               request: GroupRequest) -> dict[str, tuple[Pages, Pages]]:
         """(L2 pages, slots) per named source, validated for every pool before any issue."""
         geometry = self.l2.geometry
-        unknown = sorted(set(request) - set(geometry.sources))
-        if unknown:
-            raise InvalidPages(f"{direction}.pools", f"{unknown} are not allocating pools; name "
-                                                     f"pages for {list(geometry.sources)}")
+        check_sources(direction, request, geometry)
         out: dict[str, tuple[Pages, Pages]] = {}
         for source, (a, b) in request.items():
             src, dst = source_pages(direction, source, a, b, self.l2.capacity(source),
@@ -120,7 +119,8 @@ class GroupStorageMover:
                     if unwritten.size:
                         raise InvalidPages(f"{source}.S2H.slots",
                                            f"pool {p.name} holds no written page in slots "
-                                           f"{np.unique(unwritten).tolist()}; read published slots only")
+                                           f"{np.unique(unwritten).tolist()}; read published "
+                                           f"slots only")
             out[source] = (l2_ids, slot_ids)
         return out
 

@@ -27,9 +27,9 @@ import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
-from hicache.dataplane.groupplan import GroupPages, GroupPlan, PoolMove, plan_group
+from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
-from hicache.dataplane.handles import ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHandle, TransferStatus
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -40,14 +40,9 @@ INDEX_MIN_BYTES = 64 << 10  # operand buffers start here: one serves most transf
 
 
 @dataclass
-class GroupCounters:
-    """Per direction, cumulative; `bytes` counts transfers observed DONE."""
+class GroupCounters(OutcomeCounters):
+    """Per direction, cumulative: the outcomes, and how the transfers were issued."""
 
-    ops: int = 0
-    done: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    bytes: int = 0
     launches: int = 0  # kernel launches issued
     dmas: int = 0  # host<->device copies issued (operand uploads excluded)
     issue_s: float = 0.0  # host time inside issuing calls, allocation excluded
@@ -57,8 +52,9 @@ class GroupHandle(TransferHandle):
     """One group transfer; returns its workspaces when final. `launches` and `dmas` say
     how it was issued."""
 
-    def __init__(self, mover: GroupMover, plan: GroupPlan, held: list[tuple[WorkspaceCache, Workspace]],
-                 start: Event | None, end: Event | None, launches: int, dmas: int) -> None:
+    def __init__(self, mover: GroupMover, plan: GroupPlan,
+                 held: list[tuple[WorkspaceCache, Workspace]], start: Event | None,
+                 end: Event | None, launches: int, dmas: int) -> None:
         super().__init__(plan.direction, plan.nbytes)
         self.plan, self.launches, self.dmas = plan, launches, dmas
         self._mover, self._held, self._start, self._end = mover, held, start, end
@@ -115,15 +111,17 @@ class GroupMover:
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
 
-    def d2h(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(self, request: GroupRequest, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L1 -> L2 for every pool: request[source] = (L1 pages, L2 pages)."""
         return self._issue(Direction.D2H, request, after)
 
-    def h2d(self, request: GroupPages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(self, request: GroupRequest, *,
+            after: torch.cuda.Stream | None = None) -> TransferHandle:
         """L2 -> L1 for every pool: request[source] = (L2 pages, L1 pages)."""
         return self._issue(Direction.H2D, request, after)
 
-    def _issue(self, direction: Direction, request: GroupPages,
+    def _issue(self, direction: Direction, request: GroupRequest,
                after: torch.cuda.Stream | None) -> TransferHandle:
         entered = time.perf_counter()
         plan = plan_group(direction, request, self.l1, self.l2)  # raises with nothing issued
@@ -154,7 +152,8 @@ class GroupMover:
         return handle
 
     def _borrow(self, plan: GroupPlan, ops: Operands) -> tuple[
-            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor, float]:
+            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor,
+            float]:
         """Packed workspace, host and device operand buffers; TransferError with none kept."""
         held: list[tuple[WorkspaceCache, Workspace]] = []
         setup = 0.0
@@ -230,14 +229,7 @@ class GroupMover:
 
     def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
         self.in_flight.discard(handle)
-        c = self.counters[handle.direction]
-        if status is TransferStatus.DONE:
-            c.done += 1
-            c.bytes += handle.nbytes
-        elif status is TransferStatus.FAILED:
-            c.failed += 1
-        else:
-            c.cancelled += 1
+        self.counters[handle.direction].finished(status, handle.nbytes)
 
     @property
     def buffers_busy(self) -> int:

@@ -53,6 +53,28 @@ class TransferTimings:
     observed_at: float | None = None  # when poll() first returned a final status
 
 
+@dataclass
+class OutcomeCounters:
+    """A mover's per-direction counts of issued transfers and how they ended (cumulative);
+    `bytes` counts transfers observed DONE. Movers extend it with their own counters."""
+
+    ops: int = 0  # issued (empty transfers included)
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    bytes: int = 0
+
+    def finished(self, status: TransferStatus, nbytes: int) -> None:
+        """Count one transfer that turned final with `status` (`nbytes`: its size)."""
+        if status is TransferStatus.DONE:
+            self.done += 1
+            self.bytes += nbytes
+        elif status is TransferStatus.FAILED:
+            self.failed += 1
+        else:
+            self.cancelled += 1
+
+
 class TransferHandle(ABC):
     """One transfer in flight. Subclasses implement `_probe` and `_quiesce`."""
 

@@ -15,7 +15,7 @@ which plane it holds. Imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,16 @@ def page_array(field: str | Callable[[], str], values: object, capacity: int) ->
     if low < 0 or high >= capacity:
         raise InvalidPages(_named(field), f"pages must lie in [0, {capacity}), got values in [{low}, {high}]")
     return ids
+
+
+def digest_pages(tier: str, values: object, capacity: Mapping[Tier, int]) -> tuple[Tier, Pages]:
+    """A byte plane's `digests(tier, pages)` arguments checked: `tier` one of "L1", "L2",
+    "L3" and `values` pages of that tier (`page_array`); InvalidPages naming `digests.tier`
+    or `digests.<tier>_pages` otherwise."""
+    if tier not in (Tier.L1.value, Tier.L2.value, Tier.L3.value):
+        raise InvalidPages("digests.tier", f"one of L1, L2, L3, got {tier!r}")
+    which = Tier(tier)
+    return which, page_array(f"digests.{which}_pages", values, capacity[which])
 
 
 def _named(field: str | Callable[[], str]) -> str:

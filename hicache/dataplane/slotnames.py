@@ -36,7 +36,8 @@ class AnchorSlotHandle(TransferHandle):
         side = 1 if target else 0
         anchors = request[anchor][side].tolist()
         self._anchor_of: dict[str, dict[int, int]] = {
-            source: {int(s): anchors[i // ratios[source]] for i, s in enumerate(pair[side].tolist())}
+            source: {int(s): anchors[i // ratios[source]]
+                     for i, s in enumerate(pair[side].tolist())}
             for source, pair in request.items()}
         self._source = {p.name: p.source for p in geometry.pools}
 

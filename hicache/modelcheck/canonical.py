@@ -135,7 +135,7 @@ def _side_owners(table: TierPools, anchor_pages: list[int]) -> Key:
     numbers are named through their anchor pages, as the anchor's are through labels."""
     out = []
     for name, held in table.held_by.items():
-        owner = table.groups.tables[name].owner.tolist()
+        owner = table.group_table.tables[name].owner.tolist()
         rows = held[anchor_pages].tolist() if anchor_pages else []
         named = tuple([tuple([_NONE if s < 0 else owner[s] for s in row]) for row in rows])
         mine = {s for row in rows for s in row if s >= 0}
@@ -171,7 +171,8 @@ def concrete_key(cp: ControlPlane) -> Key:
          tuple(n.last_access), n.hits, tuple(sorted(n.children)), _bookkeeping(tree, n))
         for n in [tree.root, *tree.nodes()]
     ])
-    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t)) for t in cp.tables])
+    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t))
+                    for t in cp.tables])
     ops = tuple([(i, op.direction.value, tuple([n.node_id for n in op.nodes]), tuple(op.source_pages.tolist()),
                   tuple(op.target_pages.tolist()), _NONE if op.request_id is None else op.request_id)
                  for i, op in sorted(cp.ops.items())])
@@ -187,7 +188,8 @@ def _side_tables(t: object) -> Key:
     """A pool group's side pools, whole: owners, generations and held_by maps (none: ())."""
     if not isinstance(t, TierPools):
         return ()
-    return tuple([(name, t.groups.tables[name].owner.tobytes(), t.groups.tables[name].generation.tobytes(),
+    side = t.group_table.tables
+    return tuple([(name, side[name].owner.tobytes(), side[name].generation.tobytes(),
                    held.tobytes()) for name, held in t.held_by.items()])
 
 

@@ -96,12 +96,12 @@ def _clone_table(t: PageTable) -> PageTable:
 def _clone_pools(t: TierPools) -> TierPools:
     """A pool group's table: every pool's table cloned, the anchor's arrays shared with the
     clone's own owner / generation as in the original."""
-    groups: GroupTable = object.__new__(GroupTable)
-    groups.__dict__.update(t.groups.__dict__)
-    groups.tables = {name: _clone_table(table) for name, table in t.groups.tables.items()}
+    gt: GroupTable = object.__new__(GroupTable)
+    gt.__dict__.update(t.group_table.__dict__)
+    gt.tables = {name: _clone_table(table) for name, table in t.group_table.tables.items()}
     new: TierPools = object.__new__(TierPools)
     new.__dict__.update(t.__dict__)
-    new.groups = groups
-    new.owner, new.generation = groups.tables[t.anchor].owner, groups.tables[t.anchor].generation
+    new.group_table = gt
+    new.owner, new.generation = gt.tables[t.anchor].owner, gt.tables[t.anchor].generation
     new.held_by = {name: held.copy() for name, held in t.held_by.items()}
     return new

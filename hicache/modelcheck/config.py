@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hicache.errors import ConfigError
+from hicache.pools.presets import SINGLE_POOL
 from hicache.spec import load_toml
 
 CONFIGS_TOML = Path(__file__).with_name("configs.toml")
@@ -58,7 +59,7 @@ class ModelConfig:
     per_request: bool = False
     faults: bool = True
     aborts: bool = True
-    pools: str = "mha"
+    pools: str = SINGLE_POOL
     pool_capacities: tuple[tuple[str, str, int], ...] = ()  # (tier, pool, pages)
     ci: bool = False
     expected: Expected | None = None
@@ -113,7 +114,7 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
             capacities=(caps[0], caps[1], caps[2]), prompts=prompts,
             requests=int(entry["requests"]), per_request=bool(entry.get("per_request", False)),
             faults=bool(entry.get("faults", True)), aborts=bool(entry.get("aborts", True)),
-            pools=str(entry.get("pools", "mha")),
+            pools=str(entry.get("pools", SINGLE_POOL)),
             pool_capacities=tuple((str(tier), str(pool), int(n))
                                   for tier, sizes in entry.get("pool_capacities", {}).items()
                                   for pool, n in sizes.items()),

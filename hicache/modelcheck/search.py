@@ -40,7 +40,7 @@ from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig
 from hicache.modelcheck.coverage import record_into
 from hicache.modelcheck.drain import drain, drain_actions, not_quiescent
-from hicache.pools.presets import group as pool_group
+from hicache.pools.presets import SINGLE_POOL, group
 from hicache.tiers import TIERS
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
@@ -104,12 +104,12 @@ def initial_plane(cfg: ModelConfig, lifecycle: Lifecycle | None = None, tracer: 
     """The configuration's empty plane: every page free, no request. Tracing off unless a
     tracer is given (a tracer the environment's walk hook enabled is switched off)."""
     t = tracer or Tracer()
-    pools = None if cfg.pools == "mha" else pool_group(cfg.pools)
+    pools = None if cfg.pools == SINGLE_POOL else group(cfg.pools)
     sizes: dict[str, dict[str, int]] = {}
     for tier, pool, n in cfg.pool_capacities:
         sizes.setdefault(tier, {})[pool] = n
-    cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t, lifecycle=lifecycle,
-                      pools=pools, pool_capacities=sizes or None)
+    cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t,
+                      lifecycle=lifecycle, pools=pools, pool_capacities=sizes or None)
     if tracer is None:
         t.sink = None
     return cp

@@ -1,8 +1,15 @@
 """Pool groups: the pools one tier holds for a model's KV cache (spec/pools.md).
 
-`spec.py` is the vocabulary (`PoolSpec`, `PoolGroup`, roles, hit policies) and the group's
-construction-time rules. `presets.py` builds the presets of spec/pools.toml:
-`group(name)`, `names()`.
+    spec.py       the vocabulary (`PoolSpec`, `PoolGroup`, roles, hit policies) and the
+                  group's construction-time rules
+    presets.py    the presets of spec/pools.toml: `group(name)`, `names()`, `SINGLE_POOL`
+    hits.py       how long a prefix a group can serve (endpoints in anchor pages)
+    table.py      `GroupTable`: one page table per allocating pool, all-or-nothing moves
+    tierpools.py  `TierPools`: a tier's group behind the `PageTable` interface (anchor pages)
+    command.py    `hicache pools [PRESET]`
+
+Only the vocabulary and the preset loader are re-exported here; import the others from their
+modules.
 """
 
 from hicache.pools.spec import (

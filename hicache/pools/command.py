@@ -24,7 +24,8 @@ def main(argv: list[str]) -> int:
     if args.preset is None:
         for name, g in load_presets().items():
             pools = ", ".join(p.name for p in g.pools)
-            print(f"{name:<11} {len(g.pools)} pools, {g.bytes_per_anchor_page:,} B/anchor page: {pools}")
+            print(f"{name:<11} {len(g.pools)} pools, {g.bytes_per_anchor_page:,} B/anchor page: "
+                  f"{pools}")
         return 0
     try:
         g = group(args.preset)

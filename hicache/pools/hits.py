@@ -215,7 +215,7 @@ def pool_hits(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
     _check_presence(group, presence, pages)
     out = []
     for pool in matched_pools(group):
-        ratio = group.anchor.page_size // pool.page_size
+        ratio = group.ratio(pool.name)
         present = presence.get(pool.name, (False,) * (pages * ratio))
         if pool.hit_policy == TRAILING_PAGES:
             own = trailing_endpoints(present, pool.window_pages)
@@ -307,7 +307,7 @@ def trailing_tail(group: PoolGroup, pool: str, held: range, hit: int) -> Trailin
         raise ConfigError("held", f"an ascending range of pages from >= 0, got {held!r}")
     if not isinstance(hit, int) or hit < 0:
         raise ConfigError("hit", f"an endpoint >= 0 in anchor pages, got {hit!r}")
-    end = hit * (group.anchor.page_size // spec.page_size)
+    end = hit * group.ratio(spec.name)
     needed = range(max(0, end - spec.window_pages), end)
     low, high = max(needed.start, held.start), min(needed.stop, held.stop)
     keep = range(low, max(low, high))
@@ -338,7 +338,7 @@ def _check_presence(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
         if name not in matched:
             raise ConfigError(field, "a non-backupable pool is request-scoped and not matched; "
                                      "leave it out")
-        want = pages * (group.anchor.page_size // spec.page_size)
+        want = pages * group.ratio(spec.name)
         if len(present) != want:
             raise ConfigError(field, f"{len(present)} entries; {pages} anchor pages are {want} "
                                      f"of this pool's {spec.page_size}-token pages")

@@ -22,6 +22,9 @@ from hicache.pools.spec import PoolGroup, PoolSpec
 from hicache.spec import POOLS_TOML, load_toml
 
 TINY = "-tiny"
+SINGLE_POOL = "mha"
+"""The preset that is one pool: a tier holds plain `PageTable`s and the single-pool
+TransferEngine moves its bytes (every other preset is a `TierPools` group)."""
 FIELDS = tuple(f.name for f in dataclasses.fields(PoolSpec))
 """The columns of a pool row: every `PoolSpec` field, in declaration order."""
 
@@ -90,7 +93,8 @@ def _pool(preset: str, index: int, row: Mapping[str, Any]) -> PoolSpec:
     where = f"presets.{preset}.pools[{index}]"
     missing = [f for f in FIELDS if f not in row]
     if missing:
-        raise ConfigError(f"{where}.{missing[0]}", f"every pool row gives every field; missing {missing}")
+        raise ConfigError(f"{where}.{missing[0]}",
+                          f"every pool row gives every field; missing {missing}")
     extra = sorted(set(row) - set(FIELDS))
     if extra:
         raise ConfigError(f"{where}.{extra[0]}", f"not a field of a pool; the fields are {FIELDS}")
@@ -105,7 +109,8 @@ def _check_tiny_variants(groups: Mapping[str, PoolGroup]) -> None:
         base, tiny = (name.removesuffix(TINY), name) if name.endswith(TINY) else (name, name + TINY)
         other = tiny if name == base else base
         if other not in groups:
-            raise ConfigError(f"presets.{other}", f"{name!r} needs it: every preset has a {TINY} variant")
+            raise ConfigError(f"presets.{other}",
+                              f"{name!r} needs it: every preset has a {TINY} variant")
         if structure(g) != structure(groups[other]):
             raise ConfigError(f"presets.{tiny}.pools",
                               f"differs in structure from {base!r}: same pools, roles, sources, "

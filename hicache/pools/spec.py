@@ -114,8 +114,26 @@ class PoolSpec:
         return self.indices_from or self.name
 
     @property
+    def rows_per_page(self) -> int:
+        """Rows of `row_bytes` one page of this pool holds: `rows_per_layer` per layer."""
+        return self.layers * self.rows_per_layer
+
+    @property
     def bytes_per_page(self) -> int:
-        return self.layers * self.rows_per_layer * self.row_bytes
+        """Raw bytes of one page (0: an index-only pool, such as dsv4's anchor)."""
+        return self.rows_per_page * self.row_bytes
+
+    def check_window(self, where: str, source_pages: int, tier: str = "") -> None:
+        """Verify this pool's trailing window fits in the `source_pages` pages of its source
+        (a hit needs the whole window resident at once); ConfigError naming
+        `<where>.<pool>.window_pages` otherwise. `tier` names where those pages are, for the
+        message ("" when no tier is meant)."""
+        if self.window_pages > source_pages:
+            held = f" in {tier}" if tier else ""
+            raise ConfigError(f"{where}.{self.name}.window_pages",
+                              f"a window of {self.window_pages} pages does not fit in "
+                              f"{self.source!r}'s {source_pages} pages{held}; give "
+                              f"{self.source!r} more pages or shorten the window")
 
 
 @dataclass(frozen=True)
@@ -140,7 +158,8 @@ class PoolGroup:
         # Verify the anchor can be backed up: a node's value in L2/L3 is anchor pages.
         if not anchor.backupable:
             raise ConfigError(f"{where}.{anchor.name}.backupable",
-                              "the anchor's indices are every tier's node values; it must be backupable")
+                              "the anchor's indices are every tier's node values; it must be "
+                              "backupable")
         for p in self.pools:
             if p.has_allocator:
                 if p.role == ALLOCATING and anchor.page_size % p.page_size:
@@ -159,6 +178,18 @@ class PoolGroup:
                 return p
         raise ConfigError(f"presets.{self.name}", f"no pool {name!r}; pools: {[p.name for p in self.pools]}")
 
+    def ratio(self, pool: str) -> int:
+        """Pages of `pool` per anchor page (anchor.page_size // its page_size; the construction
+        rules make it a whole number). A derived pool's is its source's."""
+        return self.anchor.page_size // self.pool(pool).page_size
+
+    def backed_up(self) -> PoolGroup:
+        """This group without its request-scoped (non-backupable) pools: the pools that hold
+        part of a node's value, which L2 and L3 keep (a request-scoped pool's derived pools
+        are request-scoped too, so what is left is a valid group). `self` when none is."""
+        kept = tuple(p for p in self.pools if p.backupable)
+        return self if len(kept) == len(self.pools) else PoolGroup(self.name, kept)
+
     @property
     def allocating(self) -> tuple[PoolSpec, ...]:
         """Pools with a free list, in sorted name order: the order every group reservation
@@ -169,10 +200,15 @@ class PoolGroup:
         """The sidecar and state pools on `source`'s indices, in table order."""
         return tuple(p for p in self.pools if not p.has_allocator and p.indices_from == source)
 
+    def bytes_per_page(self, source: str) -> int:
+        """Bytes one page of allocating pool `source` names across every pool on its
+        indices (itself included)."""
+        return sum(p.bytes_per_page for p in self.pools if p.source == source)
+
     @property
     def bytes_per_anchor_page(self) -> int:
         """Bytes of every pool on the anchor's indices, per anchor page."""
-        return sum(p.bytes_per_page for p in self.pools if p.source == self.anchor.name)
+        return self.bytes_per_page(self.anchor.name)
 
     def check_capacity(self, capacity_pages: Mapping[str, int]) -> None:
         """Verify a tier's sizes fit the group: `capacity_pages` maps every allocating pool
@@ -188,13 +224,10 @@ class PoolGroup:
         for name in sorted(owners):
             n = capacity_pages.get(name)
             if not isinstance(n, int) or n <= 0:
-                raise ConfigError(f"{where}.{name}.capacity_pages", f"a positive integer, got {n!r}")
+                raise ConfigError(f"{where}.{name}.capacity_pages",
+                                  f"a positive integer, got {n!r}")
         for p in self.pools:
-            cap = capacity_pages[p.source]
-            if p.window_pages > cap:
-                raise ConfigError(f"{where}.{p.name}.window_pages",
-                                  f"a window of {p.window_pages} pages does not fit in {p.source!r}'s "
-                                  f"{cap} pages; give {p.source!r} more pages or shorten the window")
+            p.check_window(where, capacity_pages[p.source])
 
     def backup_pools(self, names: Iterable[str] | None = None) -> tuple[PoolSpec, ...]:
         """The pools a backup path (D2H, L2 -> L3) moves: `names`, or every backupable pool
@@ -222,7 +255,8 @@ def _check_derived(where: str, p: PoolSpec, src: PoolSpec | None) -> None:
                           f"source {src.name!r} is a {src.role} pool; a source allocates")
     if p.role == STATE and src.role != ALLOCATING:
         raise ConfigError(f"{where}.{p.name}.indices_from",
-                          f"a state pool takes an allocating pool's indices, not {src.role} {src.name!r}")
+                          f"a state pool takes an allocating pool's indices, not {src.role} "
+                          f"{src.name!r}")
     if p.page_size != src.page_size:
         raise ConfigError(f"{where}.{p.name}.page_size",
                           f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}")

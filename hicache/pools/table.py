@@ -43,7 +43,7 @@ import numpy as np
 
 from hicache.errors import ConfigError, NoAllocator, OutOfPages
 from hicache.pages import PRIVATE, TREE, PageTable, Pages, pages
-from hicache.pools.spec import TRAILING_PAGES, PoolGroup, PoolSpec
+from hicache.pools.spec import PoolGroup
 
 Reclaim = Callable[[str, int], None]
 """`reclaim(pool, pages_short)`: the caller's eviction, asked to free `pages_short` pages of
@@ -110,7 +110,7 @@ class GroupTable:
         self.tables: dict[str, PageTable] = {
             name: PageTable(f"{tier}.{name}", capacity_pages[name]) for name in allocating}
         for spec in group.pools:
-            _check_window(tier, spec, self.tables[spec.source].capacity)
+            spec.check_window("pools", self.tables[spec.source].capacity, tier)
 
     # -- one pool ------------------------------------------------------------------------------
 
@@ -216,14 +216,12 @@ class GroupTable:
             table.generation[taken[name]] -= np.uint64(1)
 
     def _move_group(self, gp: GroupPages, source: int, event: str) -> None:
-        """Apply PageTable.`event` to every pool of `gp`, in sorted order, once every pool was
-        seen to allow it: a pool that does not is moved alone, which raises with nothing
-        changed (PageTable checks before it writes), before any other pool is touched."""
+        """Apply PageTable.`event` to every pool of `gp`, in sorted order, once every pool's
+        table has checked it (`PageTable.check_move`): the first refusal raises
+        IllegalTransition before any pool is touched."""
         self._verify_group_pages(gp, event)
         for name, table in self.tables.items():
-            if not _allows(table, gp.by_pool[name], source):
-                getattr(table, event)(gp.by_pool[name])  # raises IllegalTransition
-                raise AssertionError(f"{event} of {name} passed a page table that refuses it")
+            table.check_move(gp.by_pool[name], source, event)
         for name, table in self.tables.items():
             getattr(table, event)(gp.by_pool[name])
 
@@ -238,20 +236,3 @@ class GroupTable:
             raise ConfigError("group_pages.by_pool",
                               f"{event}: names {list(gp.by_pool)}, needs {list(self.tables)}")
 
-
-def _allows(table: PageTable, p: Pages, source: int) -> bool:
-    """Whether a move of `p` out of state `source` passes `table`'s checks."""
-    p = pages(p)
-    if not p.size:
-        return True
-    if p.min() < 0 or p.max() >= table.capacity or np.unique(p).size != p.size:
-        return False
-    return bool(np.all(table.owner[p] == source))
-
-
-def _check_window(tier: str, spec: PoolSpec, capacity: int) -> None:
-    """A trailing window must fit in the pool it is counted in (its source's capacity)."""
-    if spec.hit_policy == TRAILING_PAGES and spec.window_pages > capacity:
-        raise ConfigError(f"pools.{spec.name}.window_pages",
-                          f"{spec.window_pages} pages do not fit in {tier}.{spec.source}'s "
-                          f"{capacity} pages; lower the window or raise the capacity")

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
-from hicache.pages import FREE, PageTable, Pages, pages
+from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import ALLOCATING, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
 from hicache.snapshot import PoolView
@@ -45,31 +45,22 @@ from hicache.snapshot import PoolView
 NONE = -1
 """`held_by` entry of an anchor page that holds no page of that pool (it is FREE)."""
 
-
-def node_group(group: PoolGroup) -> PoolGroup:
-    """The pools that hold part of a node's value: `group` without its request-scoped
-    (non-backupable) pools."""
-    kept = tuple(p for p in group.pools if p.backupable)
-    return group if len(kept) == len(group.pools) else PoolGroup(group.name, kept)
-
-
-def ratio_of(group: PoolGroup, pool: str) -> int:
-    """Pages of allocating pool `pool` per anchor page."""
-    return group.anchor.page_size // group.pool(pool).page_size
+MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
+"""The state each group move takes anchor pages out of (PageTable's transitions)."""
 
 
 def tier_capacities(group: PoolGroup, tier: str, anchor_pages: int,
                     given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
-    """Capacity in its own pages of every allocating pool of `node_group(group)` in `tier`:
+    """Capacity in its own pages of every allocating pool of `group.backed_up()` in `tier`:
     `given[tier][pool]`, else `anchor_pages * ratio` (the anchor: `anchor_pages`, always).
     Other pools named in `given` are passed on, for `GroupTable` to refuse by name."""
-    g = node_group(group)
+    g = group.backed_up()
     mine = dict((given or {}).get(tier, {}))
     if g.anchor.name in mine and mine[g.anchor.name] != anchor_pages:
         raise ConfigError(f"pool_capacities.{tier}.{g.anchor.name}",
                           f"the anchor's capacity is the tier's ({anchor_pages}); leave it out")
     sizes = {p.name: anchor_pages if p.name == g.anchor.name
-             else mine.get(p.name, anchor_pages * ratio_of(g, p.name)) for p in g.allocating}
+             else mine.get(p.name, anchor_pages * g.ratio(p.name)) for p in g.allocating}
     return {**mine, **sizes}  # a pool named but not allocating: GroupTable names it
 
 
@@ -82,17 +73,17 @@ class TierPools(PageTable):
 
     def __init__(self, tier: str, group: PoolGroup, capacity_pages: Mapping[str, int],
                  faults: ReserveFault | None = None) -> None:
-        g = node_group(group)
+        g = group.backed_up()
         anchor = g.anchor.name
         if anchor not in capacity_pages:
             raise ConfigError(f"{tier}.{anchor}.capacity_pages", "the anchor needs a capacity")
         super().__init__(tier, capacity_pages[anchor])
-        self.pools = g
+        self.group = g
         self.anchor = anchor
-        self.groups = GroupTable(tier, g, capacity_pages, faults)
-        anchor_table = self.groups.tables[anchor]
+        self.group_table = GroupTable(tier, g, capacity_pages, faults)
+        anchor_table = self.group_table.tables[anchor]
         self.owner, self.generation = anchor_table.owner, anchor_table.generation
-        self.ratios = {p.name: ratio_of(g, p.name) for p in g.allocating if p.role == ALLOCATING}
+        self.ratios = {p.name: g.ratio(p.name) for p in g.allocating if p.role == ALLOCATING}
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
             name: np.full((self.capacity, r), NONE, dtype=np.int64)
             for name, r in self.ratios.items()}
@@ -102,14 +93,14 @@ class TierPools(PageTable):
     @property
     def free_count(self) -> int:
         """Anchor pages a group reservation could take now (the minimum over the pools)."""
-        free = self.groups.tables[self.anchor].free_count
+        free = self.group_table.tables[self.anchor].free_count
         for name, r in self.ratios.items():
-            free = min(free, self.groups.tables[name].free_count // r)
+            free = min(free, self.group_table.tables[name].free_count // r)
         return free
 
     def free_pages_by_pool(self) -> dict[str, int]:
         """FREE pages per allocating pool (in its own pages); derived pools are skipped."""
-        return self.groups.free_pages_by_pool()
+        return self.group_table.free_pages_by_pool()
 
     # -- ownership transitions of anchor pages -----------------------------------------------------
 
@@ -119,7 +110,7 @@ class TierPools(PageTable):
         if n < 0:
             raise ValueError(f"cannot reserve {n} pages")
         want = {self.anchor: n, **{name: n * r for name, r in self.ratios.items()}}
-        gp = self.groups.reserve_group(want, reclaim)
+        gp = self.group_table.reserve_group(want, reclaim)
         chosen = gp.by_pool[self.anchor]
         for name, r in self.ratios.items():
             self.held_by[name][chosen] = gp.by_pool[name].reshape(-1, r)
@@ -131,27 +122,27 @@ class TierPools(PageTable):
         changed."""
         chosen = pages(chosen)
         for name, r in self.ratios.items():
-            table = self.groups.tables[name]
+            table = self.group_table.tables[name]
             # Verify every side pool can serve before the anchor changes.
             if table.free_count < chosen.size * r:
                 raise OutOfPages(table.tier, chosen.size * r, table.free_count)
-        self.groups.tables[self.anchor].reserve_exact(chosen)
+        self.group_table.tables[self.anchor].reserve_exact(chosen)
         for name, r in self.ratios.items():
-            side = self.groups.tables[name].reserve(chosen.size * r)
+            side = self.group_table.tables[name].reserve(chosen.size * r)
             self.held_by[name][chosen] = side.reshape(-1, r)
 
     def publish(self, p: Pages) -> None:
         """PRIVATE -> TREE for anchor pages `p` and every side page they hold."""
-        self.groups.publish_group(self._group_pages(p, "publish"))
+        self.group_table.publish_group(self._group_pages(p, "publish"))
 
     def release(self, p: Pages) -> None:
         """PRIVATE -> FREE for anchor pages `p` and every side page they hold."""
-        self.groups.release_group(self._group_pages(p, "release"))
+        self.group_table.release_group(self._group_pages(p, "release"))
         self._forget(p)
 
     def free(self, p: Pages) -> None:
         """TREE -> FREE for anchor pages `p` and every side page they hold (eviction)."""
-        self.groups.free_group(self._group_pages(p, "free"))
+        self.group_table.free_group(self._group_pages(p, "free"))
         self._forget(p)
 
     # -- the data plane's interface and the snapshot -----------------------------------------------
@@ -161,7 +152,10 @@ class TierPools(PageTable):
         in anchor order: the anchor's are `anchor_pages`, a side pool's `ratio` per anchor
         page, a derived pool's its source's. IllegalTransition if an anchor page is FREE."""
         p = pages(anchor_pages)
-        self._verify_range(p, "pool_pages")
+        # Verify each anchor page is in range and named once before it indexes `held_by`.
+        if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
+            raise IllegalTransition("pool_pages", self.tier, "-", f"anchor pages must be "
+                                    f"distinct, in 0..{self.capacity - 1}; got {p.tolist()}")
         free = p[self.owner[p] == FREE]
         if free.size:
             raise IllegalTransition("pool_pages", self.tier, "FREE",
@@ -169,11 +163,11 @@ class TierPools(PageTable):
         own: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             own[name] = held[p].reshape(-1)
-        return {spec.name: own[spec.source] for spec in self.pools.pools}
+        return {spec.name: own[spec.source] for spec in self.group.pools}
 
     def pool_views(self) -> tuple[PoolView, ...]:
         """Each side pool's owner codes and `held_by` map, copied (the snapshot's records)."""
-        tables = self.groups.tables
+        tables = self.group_table.tables
         return tuple(PoolView(name, tables[name].tier, tables[name].capacity,
                               tables[name].owner.copy(), held.copy())
                      for name, held in self.held_by.items())
@@ -182,27 +176,17 @@ class TierPools(PageTable):
 
     def _group_pages(self, p: Pages, event: str) -> GroupPages:
         """The group reservation anchor pages `p` stand for. An anchor page out of range,
-        named twice or FREE is refused by the anchor's own table (IllegalTransition, nothing
-        changed)."""
+        named twice or not in the state `event` moves out of is refused by the anchor's own
+        table (IllegalTransition, nothing changed)."""
         p = pages(p)
-        self._verify_range(p, event)
+        self.group_table.tables[self.anchor].check_move(p, MOVED_OUT_OF[event], event)
         by_pool: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             rows = held[p]
-            if (rows == NONE).any():
-                getattr(self.groups.tables[self.anchor], event)(p)  # raises: a FREE anchor page
-                raise AssertionError(f"{self.tier}: anchor pages hold no {name} pages, not FREE")
+            # Verify a PRIVATE or TREE anchor page holds its side pages (reserve set them).
+            assert not (rows == NONE).any(), f"{self.tier}: anchor pages hold no {name} pages"
             by_pool[name] = rows.reshape(-1)
         return GroupPages(self.tier, by_pool)
-
-    def _verify_range(self, p: Pages, event: str) -> None:
-        # Verify each anchor page is in range and named once before it indexes `held_by`.
-        if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
-            if event == "pool_pages":
-                raise IllegalTransition(event, self.tier, "-", f"anchor pages must be distinct, "
-                                        f"in 0..{self.capacity - 1}; got {p.tolist()}")
-            getattr(self.groups.tables[self.anchor], event)(p)  # raises IllegalTransition
-            raise AssertionError("the anchor table accepted a page out of range or named twice")
 
     def _forget(self, p: Pages) -> None:
         for held in self.held_by.values():
@@ -216,7 +200,7 @@ def tier_tables(tiers: Sequence[str], capacities: Sequence[int], page_size: int,
     """One table per tier: a plain `PageTable` without a group or for a group of one pool,
     else a `TierPools` (side pools' capacities from `pool_capacities`, default anchor
     capacity * ratio). ConfigError if the anchor's page size is not the plane's."""
-    if group is None or len(node_group(group).pools) == 1:
+    if group is None or len(group.backed_up().pools) == 1:
         if pool_capacities:
             raise ConfigError("pool_capacities", "given without a pool group of several pools")
         return tuple(PageTable(t, c) for t, c in zip(tiers, capacities))

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
-from hicache.dataplane.groupgeometry import PoolGeometry
 from hicache.errors import ConfigError, ProducerError
+from hicache.pools.spec import PoolSpec
 from hicache.producers.base import PageIndex, check_range, seconds_since
 from hicache.producers.synthetic import _signed, fmix, fmix_scalar, prefix_hashes
 from hicache.tiers import Tier
@@ -60,20 +60,22 @@ class GroupSyntheticProducer:
         self.device = engine.device
         self._salt = {p.name: pool_salt(p.name) for p in engine.geometry.pools}
 
-    def pool_bytes(self, pool: PoolGeometry, tokens: Sequence[int], start: int, end: int
+    def pool_bytes(self, pool: PoolSpec, tokens: Sequence[int], start: int, end: int
                    ) -> torch.Tensor:
         """uint8 `[pages, bytes_per_page]`: `pool`'s pages for tokens `[start, end)` (aligned
         to the anchor's pages, so to the pool's), in token order, on this producer's device."""
         hashes = prefix_hashes(tokens, end)
         ps = pool.page_size
-        keys = [fmix_scalar(hashes[t + ps - 1] ^ self._salt[pool.name]) for t in range(start, end, ps)]
+        keys = [fmix_scalar(hashes[t + ps - 1] ^ self._salt[pool.name])
+                for t in range(start, end, ps)]
         key = torch.tensor([_signed(k) for k in keys], dtype=torch.int64, device=self.device)
         words = -(-pool.bytes_per_page // 8)
         word = fmix(torch.arange(1, words + 1, dtype=torch.int64, device=self.device))
         bits = fmix(key.view(-1, 1) ^ word.view(1, -1))  # [pages, words]
         return bits.view(torch.uint8)[:, : pool.bytes_per_page]
 
-    def expected_pools(self, tokens: Sequence[int], start: int, end: int) -> dict[str, torch.Tensor]:
+    def expected_pools(self, tokens: Sequence[int], start: int,
+                       end: int) -> dict[str, torch.Tensor]:
         """Per byte pool, uint8 `[anchor pages, ratio * bytes_per_page]`: what `produce`
         writes for tokens `[start, end)`, each anchor page's pool pages side by side."""
         check_range(self.geometry, len(tokens), start, end)

@@ -39,6 +39,7 @@ from hicache.dataplane.faults import FaultSite
 from hicache.errors import InvariantViolation
 from hicache.invariants.checker import InvariantChecker
 from hicache.pages import FREE, PRIVATE
+from hicache.pools.presets import SINGLE_POOL
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.coverage import Coverage
@@ -125,7 +126,7 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
 
 
 def controller_machine(plane: str, coverage: Coverage | None = None, name: str = "CacheMachine",
-                       adapter: AdapterFactory = controller_adapter, pools: str = "mha"
+                       adapter: AdapterFactory = controller_adapter, pools: str = SINGLE_POOL
                        ) -> type[RuleBasedStateMachine]:
     """The controller's machine on `plane` ("null", "cpu" or "cuda"), `coverage` (when
     given) collecting every run's trace and fault counts; `adapter` builds each run's

@@ -241,7 +241,7 @@ def _b10() -> contextlib.AbstractContextManager[None]:
         if self.tier != "L2":
             original(self, p)
             return
-        self.groups.tables[self.anchor].free(p)
+        self.group_table.tables[self.anchor].free(p)
         self._forget(p)
 
     return _swapped(TierPools, "free", free)

@@ -41,6 +41,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from hicache.errors import ConfigError
+from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 
@@ -140,7 +141,7 @@ def replay_command(args: argparse.Namespace) -> str:
     words = ["hicache", "fuzz", "--seed", str(args.seed), "--steps", str(args.steps), "--plane", args.plane]
     if args.adapter:
         words += ["--adapter", args.adapter]
-    if getattr(args, "pools", "mha") != "mha":
+    if getattr(args, "pools", SINGLE_POOL) != SINGLE_POOL:
         words += ["--pools", args.pools]
     if args.mutant:
         words += ["--mutant", args.mutant]
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
 
         adapter = controller_adapter if last is None else last.factory(controller_adapter)
         machine = controller_machine(args.plane, coverage, adapter=adapter,
-                                     pools=getattr(args, "pools", "mha"))
+                                     pools=getattr(args, "pools", SINGLE_POOL))
     else:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
@@ -223,7 +224,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"machine steps in all (runs of {STEPS_PER_RUN})")
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
-    p.add_argument("--pools", default="mha", metavar="PRESET", help=(
+    p.add_argument("--pools", default=SINGLE_POOL, metavar="PRESET", help=(
         "the tiers' pool group preset of spec/pools.toml (dsv4-tiny, dsv41-tiny, ...; other "
         "than mha: the null plane only)"))
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
@@ -251,9 +252,10 @@ def main(argv: Sequence[str]) -> int:
     if args.plane == "cuda" and not _cuda():
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
         return 2
-    if args.pools != "mha" and (args.plane != "null" or args.adapter):
-        print("hicache fuzz: --pools needs the controller on the null plane (the byte planes "
-              "move one pool)", file=sys.stderr)
+    if args.pools != SINGLE_POOL and (args.plane != "null" or args.adapter):
+        print("hicache fuzz: --pools needs the controller on the null plane (the fuzz's byte "
+              "planes drive the single-pool TransferEngine and its one named L3 file)",
+              file=sys.stderr)
         return 2
     if args.trace:
         try:

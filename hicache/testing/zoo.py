@@ -69,7 +69,8 @@ fuzz-dsv41), and the tests' older machines (they need a source checkout on sys.p
 DEFAULT_MACHINE: dict[str, str] = {
     "B01": "control", "B02": "control", "B03": "fuzz-cpu", "B04": "fuzz-null",
     "B05": "fuzz-cpu", "B06": "control", "B07": "control", "B07-leaf": "fuzz-null",
-    "B08": "fuzz-null", "B09": "group-table", "B10": "fuzz-dsv4", "B11": "tree", "B12": "fuzz-cpu", "B13": "controller",
+    "B08": "fuzz-null", "B09": "group-table", "B10": "fuzz-dsv4", "B11": "tree", "B12": "fuzz-cpu",
+    "B13": "controller",
     "B14": "controller", "B15": "fuzz-cpu", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the

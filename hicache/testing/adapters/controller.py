@@ -28,6 +28,7 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import ALLOC_SITES, Action, FaultInjector, FaultSite, SimulatedCrash
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
+from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.tierpools import TierPools
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
@@ -58,7 +59,7 @@ class Setup:
     plane: str = "null"
     check_mode: str = "every"
     load_back_overlap: str = "share"  # CacheConfig.load_back_overlap: share, or back off
-    pools: str = "mha"  # the tiers' pool group preset (null plane only for a group)
+    pools: str = SINGLE_POOL  # the tiers' pool group preset (null plane only for a group)
 
 
 class ControllerAdapter:
@@ -113,8 +114,8 @@ class ControllerAdapter:
         room must change nothing, and its make-room eviction runs before the reservation."""
         for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
             if isinstance(table, TierPools):
-                site, first = ALLOC_SITES[tier], table.pools.allocating[0].name
-                table.groups.fault = lambda pool, site=site, first=first: (
+                site, first = ALLOC_SITES[tier], table.group.allocating[0].name
+                table.group_table.fault = lambda pool, site=site, first=first: (
                     pool != first and self.faults.fire(site))
 
     # -- requests -----------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def with_plane(setup: Setup, plane: str) -> Setup:
     return replace(setup, plane=plane)
 
 
-def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = "mha"
+def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = SINGLE_POOL
            ) -> "st.SearchStrategy[Setup]":
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
     and L3 are tight, every write policy, promotion on or off. `load_back_overlap` is fixed
@@ -357,5 +358,5 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = "
         pools=st.just(pools),
         # The machine checks everything after every step; inside each transition as well
         # on the real planes (a bad byte is best caught where it lands).
-        check_mode=st.just("off" if plane == "null" and pools == "mha" else "every"),
+        check_mode=st.just("off" if plane == "null" and pools == SINGLE_POOL else "every"),
     )
