@@ -85,7 +85,7 @@ def test_f5_a_write_back_victim_without_host_room_is_dropped_never_half_evicted(
     if why == "swa_fails":
         l2 = c.cp.tables[1]
         assert isinstance(l2, TierPools)
-        l2.groups.fault = PoolFaults({"swa": 2})  # the first try and the retry after a reclaim
+        l2.group_table.fault = PoolFaults({"swa": 2})  # the first try and the retry after a reclaim
     assert c.evict("L1", 3) == 3
     assert c.metrics.dropped_tokens["host_pressure"] == len(A)
     assert node not in c.cp.tree.nodes() and c.cp.residency(node, Tier.L2) == "ABSENT"
