@@ -89,7 +89,8 @@ the product machine (its catches on seeds 0-4, 2,000 steps, in that file):
                     (1/5 each)
     B09             the group-table machine names the rule it breaks (reserve_group_rolled_back);
                     fuzz-dsv4 also catches it on seeds 0-4 through the controller's per-pool
-                    L2/L3 faults (I6 and I9, steps 128-455; not yet in the results file)
+                    L2/L3 faults (I6 and I9, steps 128-455;
+                    benchmarks/results/2026-12-01-zoo.md)
 """
 
 BATCH_SEED = 1_000_003
