@@ -66,7 +66,6 @@ class ControlPlane(PlaneQueries):
         self.lifecycle = lifecycle or load_lifecycle()
         self.tree = HiRadixTree(page_size)
         self.page_size = page_size
-        self.pools = pools
         self.tables = tier_tables([str(t) for t in TIERS], capacities, page_size, pools,
                                   pool_capacities)
         self.ops: dict[int, PendingOp] = {}

@@ -52,6 +52,7 @@ from hicache.dataplane.slotnames import AnchorSlotHandle
 from hicache.errors import ConfigError, InvalidPages
 from hicache.pages import Pages
 from hicache.pools.spec import PoolGroup
+from hicache.pools.tierpools import tier_capacities
 from hicache.tiers import Direction, Tier
 
 PoolPages = Callable[[str, Pages], Mapping[str, object]]
@@ -64,7 +65,8 @@ BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}  # CacheConf
 class GroupTransferEngine:
     """L1, L2 and L3 of a pool group with the movers between them (module docstring).
 
-    Capacities are in anchor pages (L3: anchor slots); an allocating pool of anchor/own
+    Capacities are in anchor pages (L3: anchor slots), sized as the control plane sizes them
+    (`tierpools.tier_capacities`): an allocating pool of anchor/own
     page-size `ratio` gets `ratio` times as many unless `pool_capacities[tier][pool]` says
     otherwise (the control plane's own option of that name: pass the same). `backend`:
     CacheConfig's name ("auto", "torch", "triton": the per-pool Triton kernels).
@@ -93,9 +95,8 @@ class GroupTransferEngine:
             if tier not in ("L1", "L2", "L3") or unknown:
                 raise ConfigError(f"pool_capacities.{tier}", f"tiers L1, L2, L3 of allocating "
                                   f"pools {sorted(self.ratios)}; unknown: {unknown or tier}")
-        self._pool_caps = {t: {name: given.get(str(t), {}).get(name, n * r)
-                               for name, r in self.ratios.items()}
-                           for t, n in self._capacity.items()}
+        self._pool_caps = {t: tier_capacities(self.group, str(t), n, given)
+                           for t, n in self._capacity.items()}  # the control plane's sizing
         self.device = resolve_device(device)
         self.l1 = GroupDevicePool(self.geometry, self._pool_capacity(Tier.L1), self.device)
         self.l2 = GroupHostPool(self.geometry, self._pool_capacity(Tier.L2),
