@@ -314,3 +314,6 @@ def test_side_pool_capacities_follow_the_control_plane_option() -> None:
     with pytest.raises(ConfigError) as bad:
         GroupTransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L2": {"c4": 9}})
     assert bad.value.field == "pool_capacities.L2"
+    with pytest.raises(ConfigError) as anchor:  # the tier's own capacity, as the plane says
+        GroupTransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L1": {"kv": 6}})
+    assert anchor.value.field == "pool_capacities.L1.kv"
