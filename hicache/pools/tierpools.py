@@ -27,6 +27,13 @@ Contract for callers (spec/invariants.md, I9 `group_atomic`, states what always 
   raises `IllegalTransition` with no pool changed.
 - `pool_pages(anchor_pages)` gives, for every pool of the group, the pages it holds for
   those anchor pages, in anchor order: the data plane's interface.
+- `tombstone(p)` frees the *window* of TREE anchor pages `p`: the pages of every trailing
+  side pool (hit policy `TRAILING_PAGES`: dsv4's `swa`, and with it the state pools on its
+  indices) go TREE -> FREE and `held_by` records `TOMBSTONE`; the anchor page and its
+  sidecars stay. A tombstoned row is skipped by `free` (nothing left to free) and reported
+  as `TOMBSTONE` by `pool_pages` (the data plane refuses to move it). `window_present(p)`
+  says which anchor pages still hold their window. There is no way back: a freed window
+  comes back only with a new reservation (the node evicted and restored, or recomputed).
 """
 
 from __future__ import annotations
@@ -38,12 +45,16 @@ import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
 from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
-from hicache.pools.spec import ALLOCATING, PoolGroup
+from hicache.pools.spec import ALLOCATING, TRAILING_PAGES, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
 from hicache.snapshot import PoolView
 
 NONE = -1
 """`held_by` entry of an anchor page that holds no page of that pool (it is FREE)."""
+
+TOMBSTONE = -2
+"""`held_by` entry of a TREE anchor page whose window was freed (`tombstone`): a trailing
+pool's pages, gone while the anchor page and its sidecars stay."""
 
 MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
 """The state each group move takes anchor pages out of (PageTable's transitions)."""
@@ -87,6 +98,9 @@ class TierPools(PageTable):
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
             name: np.full((self.capacity, r), NONE, dtype=np.int64)
             for name, r in self.ratios.items()}
+        self.window = tuple(name for name in self.ratios
+                            if g.pool(name).hit_policy == TRAILING_PAGES)
+        """The trailing side pools: what `tombstone` frees (empty: nothing to tombstone)."""
 
     # -- counts ------------------------------------------------------------------------------------
 
@@ -145,12 +159,49 @@ class TierPools(PageTable):
         self.group_table.free_group(self._group_pages(p, "free"))
         self._forget(p)
 
+    # -- windows (trailing side pools) -------------------------------------------------------------
+
+    def window_present(self, p: Pages) -> npt.NDArray[np.bool_]:
+        """Per anchor page of `p`: whether it holds its window (every trailing side pool's
+        pages). True for every page of a group without trailing pools."""
+        p = pages(p)
+        present = np.ones(p.size, dtype=bool)
+        for name in self.window:
+            present &= self.held_by[name][p, 0] != TOMBSTONE
+        return present
+
+    def window_pages_free(self) -> int:
+        """Anchor pages whose window the trailing pools could give now: the minimum over them
+        of `free // ratio` (the anchor's capacity when there is none)."""
+        free = self.capacity
+        for name in self.window:
+            free = min(free, self.group_table.tables[name].free_count // self.ratios[name])
+        return free
+
+    def tombstone(self, p: Pages) -> None:
+        """TREE -> FREE for the trailing side pools' pages of TREE anchor pages `p`, which keep
+        their anchor and sidecar pages. IllegalTransition, nothing changed: a page not TREE,
+        out of range or named twice, one already tombstoned, or a group with no window."""
+        p = pages(p)
+        if not self.window:
+            raise IllegalTransition("tombstone", self.tier, "-",
+                                    f"group {self.group.name!r} has no trailing side pool")
+        self.group_table.tables[self.anchor].check_move(p, TREE, "tombstone")
+        gone = p[~self.window_present(p)]
+        if gone.size:
+            raise IllegalTransition("tombstone", self.tier, "TREE",
+                                    f"anchor page {int(gone[0])}'s window is already freed")
+        for name in self.window:
+            self.group_table.tables[name].free(self.held_by[name][p].reshape(-1))
+            self.held_by[name][p] = TOMBSTONE
+
     # -- the data plane's interface and the snapshot -----------------------------------------------
 
     def pool_pages(self, anchor_pages: Pages) -> dict[str, Pages]:
         """For every pool of the group (table order), the pages it holds for `anchor_pages`,
         in anchor order: the anchor's are `anchor_pages`, a side pool's `ratio` per anchor
-        page, a derived pool's its source's. IllegalTransition if an anchor page is FREE."""
+        page, a derived pool's its source's; `TOMBSTONE` for a freed window's pages (every
+        pool on a trailing pool's indices). IllegalTransition if an anchor page is FREE."""
         p = pages(anchor_pages)
         # Verify each anchor page is in range and named once before it indexes `held_by`.
         if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
@@ -183,9 +234,10 @@ class TierPools(PageTable):
         by_pool: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             rows = held[p]
-            # Verify a PRIVATE or TREE anchor page holds its side pages (reserve set them).
+            # Verify a PRIVATE or TREE anchor page holds its side pages (reserve set them);
+            # a freed window (only ever of a TREE page) has nothing left to move.
             assert not (rows == NONE).any(), f"{self.tier}: anchor pages hold no {name} pages"
-            by_pool[name] = rows.reshape(-1)
+            by_pool[name] = rows[rows[:, 0] != TOMBSTONE].reshape(-1)
         return GroupPages(self.tier, by_pool)
 
     def _forget(self, p: Pages) -> None:
