@@ -27,8 +27,10 @@ from hicache.invariants.checker import InvariantChecker, parse_check_mode
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
 from hicache.pages import Pages, pages
 from hicache.poison import refuse_when_poisoned
+from hicache.pools.hits import ALL_POOLS
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import tier_tables
+from hicache.pools.windows import L1Windows
 from hicache.queries import PlaneQueries
 from hicache.records import PendingOp, Request, UnknownOp
 from hicache.snapshot import Digests
@@ -55,12 +57,15 @@ class ControlPlane(PlaneQueries):
         lifecycle: Lifecycle | None = None,
         pools: PoolGroup | None = None,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
+        hit_policy: str = ALL_POOLS,
     ) -> None:
         """`pools`: the tiers' pool group. With more than the anchor, each tier's table is a
         `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and
         every side pool follows them; `pool_capacities[tier][pool]` sizes a side pool (in
         its own pages; default: the tier's capacity * its ratio). None or one pool: one
-        `PageTable` per tier."""
+        `PageTable` per tier. `hit_policy`: the group hit policy (spec/pools.md) that decides
+        whether a freed L1 window ends an L1 hit (`all_pools`) or is recomputed
+        (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve."""
         if len(capacities) != len(TIERS):
             raise ValueError(f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}")
         self.lifecycle = lifecycle or load_lifecycle()
@@ -74,6 +79,7 @@ class ControlPlane(PlaneQueries):
         self.digests = digests
         self.checker = InvariantChecker(parse_check_mode(check_mode))
         self._next_op = 1
+        self.windows = L1Windows(self.tables[0], page_size, hit_policy)
         self.executor = Executor(self.lifecycle, self.tree, self.tables, self.tracer)
         self.tree.on_split.append(self._on_split)
         walk_hook(self.tracer, self.lifecycle)
@@ -86,7 +92,8 @@ class ControlPlane(PlaneQueries):
         first output's logits), lock its L1 hit, and serve that prefix from the cache
         (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles).
         HiCacheError / IllegalTransition, nothing changed: a live id, an empty prompt, or a
-        `match_len` outside 0..len(tokens) - 1."""
+        `match_len` outside 0..len(tokens) - 1. Under `all_pools`, the L1 hit ends at the last
+        node end whose window every trailing pool holds (a freed window: `tombstone`)."""
         if request_id in self.requests:
             raise HiCacheError(f"request {request_id} is already live; end it first")
         most = len(tokens) - 1
@@ -95,7 +102,7 @@ class ControlPlane(PlaneQueries):
         if not 0 <= limit <= most:
             raise IllegalTransition("begin_request", "L1", "-", f"match_len {match_len} with {len(tokens)} "
                                     f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
-        m = self.tree.match(tokens[:limit])
+        m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip)
         l1 = m.handles[0]
         if not l1.is_root:
             self.tree.lock(l1, 0)
@@ -300,6 +307,11 @@ class ControlPlane(PlaneQueries):
         self._verify_live(nodes, name, direction.target)
         if request_id is not None:
             self._request(request_id)
+        freed = [n.node_id for n in nodes if direction.source is Tier.L1 and self.windows.freed(n)]
+        if freed:  # a backup copies the whole group; the host tiers never hold a freed window
+            raise IllegalTransition(name, str(direction.target), "-",
+                                    f"node {freed[0]}'s window is freed in L1: a backup needs "
+                                    "every pool; evict it instead")
         op_id = self._next_op
         step = self.executor.plan(name, node_segments(nodes), request_id=request_id, op_id=op_id)
         source = np.concatenate([_value(n, src) for n in nodes])  # the source is published
@@ -341,6 +353,34 @@ class ControlPlane(PlaneQueries):
                 self._remove_dead(n)
         self._check(f"{name} op {op_id}")
         return op
+
+    # -- windows --------------------------------------------------------------------------
+
+    def tombstone(self, node: TreeNode) -> Pages:
+        """Free `node`'s window in L1 (spec/pools.md, "Freed windows"): the pages of every
+        trailing side pool its L1 value holds (and of the state pools on their indices) go
+        FREE; its anchor pages and sidecars stay RESIDENT. Guards, as an L1 eviction's: the
+        node is live and RESIDENT in L1, no request or op holds it there (unlocked: a backup
+        in flight locks its source), and its window is still present. Traced `tombstone`
+        (tier L1, the node's anchor pages). Returns those anchor pages. IllegalTransition,
+        nothing changed, when a guard fails or the L1 group has no trailing pool."""
+        self._verify_live([node], "tombstone", Tier.L1)
+        value = node.value[0]
+        why = ("L1 has no trailing pool to free" if not self.windows.tombstones else
+               "it is not RESIDENT in L1" if node.state[0] != RESIDENT or value is None else
+               f"it is locked in L1 ({node.lock[0]})" if node.lock[0] else
+               "its window is already freed" if self.windows.freed(node) else "")
+        if why:
+            raise IllegalTransition("tombstone", "L1", node.state[0],
+                                    f"node {node.node_id}: {why}")
+        table = self.windows.table
+        assert value is not None and table is not None  # Verify: the guards above.
+        table.tombstone(value)
+        if self.tracer.enabled:
+            self.tracer.emit("tombstone", tier="L1", node=node.node_id,
+                             pages=[int(p) for p in value])
+        self._check(f"tombstone node {node.node_id}")
+        return value
 
     # -- eviction -------------------------------------------------------------------------
 

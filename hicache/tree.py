@@ -99,8 +99,12 @@ class HiRadixTree:
 
     # -- match ----------------------------------------------------------------------------
 
-    def match(self, tokens: Tokens, *, split: bool = True, touch: bool = True) -> MatchResult:
+    def match(self, tokens: Tokens, *, split: bool = True, touch: bool = True,
+              l1_clip: Callable[[Sequence[TreeNode]], int] | None = None) -> MatchResult:
         """Walk `tokens` (aligned down to page_size first) from the root.
+
+        `l1_clip(run)`, when given, says how many nodes of the L1 run (the leading nodes
+        RESIDENT in L1) the L1 hit may cover (a freed window ends it early: pools/windows.py).
 
         When the match ends inside a node: with `split`, that node is split so `path` ends
         exactly at `matched_len`; without, the partly matched node is left out of `path`.
@@ -122,6 +126,11 @@ class HiRadixTree:
                 lengths[t] += len(n.key)
                 handles[t] = n
                 runs[t] = i + 1
+        if l1_clip is not None and runs[0]:
+            keep = l1_clip(path[:runs[0]])
+            assert 0 <= keep <= runs[0], "l1_clip may only shorten the L1 run"
+            runs[0], lengths[0] = keep, sum(len(n.key) for n in path[:keep])
+            handles[0] = path[keep - 1] if keep else self.root
         if touch:
             tick = self._next_tick()
             for t in range(N_TIERS):

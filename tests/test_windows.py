@@ -10,11 +10,16 @@ import dataclasses
 import numpy as np
 import pytest
 
+from hicache.control import ControlPlane
 from hicache.errors import IllegalTransition
 from hicache.pages import FREE, TREE, Pages
+from hicache.pools.hits import agreed_hit
 from hicache.pools.presets import group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
 from hicache.pools.tierpools import TOMBSTONE, TierPools
+from hicache.tiers import Direction
+from hicache.trace import ListSink, Tracer
+from hicache.tree import TreeNode
 
 DSV4 = group("dsv4-tiny")
 DSV41 = group("dsv41-tiny")
@@ -69,3 +74,89 @@ def test_a_group_without_a_window_has_nothing_to_tombstone() -> None:
     assert tp.window_present(p).tolist() == [True]
     with pytest.raises(IllegalTransition):
         tp.tombstone(p)
+
+
+# -- the control plane: `tombstone`, the L1 hit under a freed window, backups -----------------
+
+PS = 4
+
+
+def three_nodes(policy: str = "all_pools") -> tuple[ControlPlane, list[int], list[TreeNode]]:
+    """A plane whose tree holds prompt A's first 4 pages as nodes of 2, 1 and 1 pages (two
+    other requests split it), every node RESIDENT in L1 and unlocked; dsv4-tiny: `swa` W=2."""
+    cp = ControlPlane(PS, (16, 16, 16), pools=DSV4, hit_policy=policy)
+    a = list(range(4 * PS + 1))
+    for rid, prompt in enumerate([a, a[:2 * PS] + [900 + i for i in range(2 * PS + 1)],
+                                  a[:3 * PS] + [950 + i for i in range(PS + 1)]]):
+        cp.begin_request(rid, prompt)
+        cp.compute(rid, len(prompt) // PS * PS - cp.requests[rid].cached_len)
+        cp.insert(rid)
+        cp.end_request(rid)
+    path = list(cp.tree.match(a[:4 * PS], split=False, touch=False).path)
+    assert [len(n.key) // PS for n in path] == [2, 1, 1]
+    return cp, a, path
+
+
+@pytest.mark.parametrize("freed, hit_pages", [
+    ((), 4),          # every window present: the anchor's hit
+    ((0,), 4),        # F23: a gap at the root's child, then 2 pages reach W again
+    ((2,), 3),        # the leaf's window freed: the hit ends before it
+    ((1,), 2),        # F14: only 1 page after the gap (< W), so the hit ends at 2, not 4
+    ((0, 2), 0),      # no legal end but 0
+])
+def test_a_freed_window_ends_the_l1_hit_at_the_last_end_every_trailing_pool_accepts(
+        freed: tuple[int, ...], hit_pages: int) -> None:
+    cp, a, path = three_nodes()
+    for i in freed:
+        cp.tombstone(path[i])
+    m = cp.begin_request(7, a)
+    assert m.lengths[0] == hit_pages * PS
+    assert m.lengths[0] == hits_agreed(path, freed)  # the pure function agrees
+
+
+def hits_agreed(path: list[TreeNode], freed: tuple[int, ...]) -> int:
+    """The pure functions' answer, in tokens: the page-level `agreed_hit` (kv and sidecars all
+    present; swa absent on the freed nodes), which here always falls on a node end."""
+    swa = [i not in freed for i, n in enumerate(path) for _ in range(len(n.key) // PS)]
+    presence = {p.name: [True] * len(swa) for p in DSV4.pools if p.role in ("anchor", "sidecar")}
+    presence["swa"] = swa
+    return agreed_hit(DSV4, presence, len(swa), "all_pools").hit * PS
+
+
+def test_under_anchor_recompute_swa_a_freed_window_does_not_end_the_hit() -> None:
+    cp, a, path = three_nodes("anchor_recompute_swa")
+    cp.tombstone(path[1])
+    assert cp.begin_request(7, a).lengths[0] == 4 * PS
+
+
+def test_tombstone_is_refused_on_a_locked_node_and_twice() -> None:
+    cp, a, path = three_nodes()
+    cp.begin_request(7, a)  # locks the whole path in L1
+    with pytest.raises(IllegalTransition, match="locked"):
+        cp.tombstone(path[0])
+    cp.end_request(7)
+    cp.tombstone(path[0])
+    with pytest.raises(IllegalTransition, match="already freed"):
+        cp.tombstone(path[0])
+
+
+def test_a_node_whose_window_is_freed_is_never_backed_up() -> None:
+    cp, _, path = three_nodes()
+    cp.tombstone(path[0])
+    with pytest.raises(IllegalTransition, match="window is freed"):
+        cp.issue(Direction.D2H, [path[0]])
+    assert cp.tables[1].free_count == 16  # nothing reserved in L2
+
+
+def test_tombstone_is_traced_with_the_nodes_anchor_pages() -> None:
+    sink = ListSink()
+    cp = ControlPlane(PS, (16, 16, 16), pools=DSV4, tracer=Tracer(sink))
+    cp.begin_request(1, list(range(2 * PS + 1)))
+    cp.compute(1, 2 * PS)
+    cp.insert(1)
+    cp.end_request(1)
+    node = cp.tree.match(list(range(2 * PS)), split=False, touch=False).path[0]
+    cp.tombstone(node)
+    last = sink.events[-1]
+    assert (last.event, last.tier, last.node) == ("tombstone", "L1", node.node_id)
+    assert last.pages == [int(p) for p in node.value[0]]  # type: ignore[union-attr]
