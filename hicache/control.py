@@ -184,6 +184,7 @@ class ControlPlane(PlaneQueries):
         for step, under in steps:
             if under is not None:
                 step = step.with_node(0, self.tree.add_child(under, req.tokens[step.segments[0].start:end]))
+            self._revive(step, req.request_id)
             self.executor.run(step)
             done = step.segments[0].node
             assert done is not None  # Verify: every insert step names its node now.
@@ -201,6 +202,21 @@ class ControlPlane(PlaneQueries):
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"insert {request_id}")
         return req.cached_len
+
+    def _revive(self, step: Step, request_id: int) -> None:
+        """Before a `discard` over a node whose L1 window is freed: the node takes the
+        request's copy of that window (the request computed the same tokens), traced
+        `revive`; the discard then releases the rest of the request's pages."""
+        node = step.segments[0].node
+        if step.transition.name != "discard" or node is None or not self.windows.freed(node):
+            return
+        table, value = self.windows.table, node.value[0]
+        # Verify: a freed window is in L1, and a discard names the request's pages.
+        assert table is not None and value is not None and step.pages is not None
+        table.revive(value, step.pages)
+        if self.tracer.enabled:
+            self.tracer.emit("revive", tier="L1", node=node.node_id, request=request_id,
+                             pages=[int(p) for p in value])
 
     def _copy_step(self, name: str, req: Request, node: TreeNode | None, start: int, end: int,
                    view: States, duplicate: bool) -> Step:

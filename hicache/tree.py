@@ -103,8 +103,9 @@ class HiRadixTree:
               l1_clip: Callable[[Sequence[TreeNode]], int] | None = None) -> MatchResult:
         """Walk `tokens` (aligned down to page_size first) from the root.
 
-        `l1_clip(run)`, when given, says how many nodes of the L1 run (the leading nodes
-        RESIDENT in L1) the L1 hit may cover (a freed window ends it early: pools/windows.py).
+        `l1_clip(run)`, when given, says how many pages of the L1 run (the leading nodes
+        RESIDENT in L1) the L1 hit may cover, always a node end (a freed window ends it
+        early: pools/windows.py).
 
         When the match ends inside a node: with `split`, that node is split so `path` ends
         exactly at `matched_len`; without, the partly matched node is left out of `path`.
@@ -127,10 +128,7 @@ class HiRadixTree:
                 handles[t] = n
                 runs[t] = i + 1
         if l1_clip is not None and runs[0]:
-            keep = l1_clip(path[:runs[0]])
-            assert 0 <= keep <= runs[0], "l1_clip may only shorten the L1 run"
-            runs[0], lengths[0] = keep, sum(len(n.key) for n in path[:keep])
-            handles[0] = path[keep - 1] if keep else self.root
+            self._clip_l1(path, runs, lengths, handles, l1_clip(path[:runs[0]]))
         if touch:
             tick = self._next_tick()
             for t in range(N_TIERS):
@@ -140,6 +138,19 @@ class HiRadixTree:
                 n.hits += 1
         return MatchResult((lengths[0], lengths[1], lengths[2]),
                            (handles[0], handles[1], handles[2]), tuple(path), pos)
+
+    def _clip_l1(self, path: list[TreeNode], runs: list[int], lengths: list[int],
+                 handles: list[TreeNode], pages: int) -> None:
+        """Shorten the L1 run to its first `pages` pages (`match`'s `l1_clip`), in place."""
+        keep, pos = 0, 0
+        while keep < runs[0] and pos + len(path[keep].key) <= pages * self.page_size:
+            pos += len(path[keep].key)
+            keep += 1
+        # Verify the clip shortens the run to a node end: a window is freed for a whole node,
+        # so the largest legal end is never inside one (spec/pools.md, "Freed windows").
+        assert pos == pages * self.page_size, f"l1_clip to {pages} pages is not a node end"
+        runs[0], lengths[0] = keep, pos
+        handles[0] = path[keep - 1] if keep else self.root
 
     def cut(self, tokens: Tokens) -> Cut | None:
         """The split `match(tokens)` would make, without making it (nothing changes, no LRU

@@ -24,7 +24,7 @@ from typing import Iterator
 
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.tiers import Direction
+from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
 WANTED_MAX = 65536  # bound on remembered backup targets per direction
@@ -41,8 +41,9 @@ def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction) -> Cha
     for n in path:
         if cp.holds(n, dst) and not chain:
             continue
-        if cp.residency(n, dst) != ABSENT or not cp.holds(n, src):
-            break  # pending here, or the source is gone: the chain ends (or is blocked)
+        if cp.residency(n, dst) != ABSENT or not cp.holds(n, src) or (
+                src is Tier.L1 and cp.windows.freed(n)):
+            break  # pending here, or the source is gone (or its window): the chain ends
         chain.append(n)
     if chain:
         parent = chain[0].parent

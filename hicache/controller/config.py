@@ -16,6 +16,8 @@
 | verify | True | compare every restored page with the producer's expected bytes |
 | load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
+| hit_policy | "all_pools" | a group's hit policy (spec/pools.md): all_pools (a freed L1 window ends the L1 hit) or anchor_recompute_swa (the anchor's pools serve the hit, the window before it is recomputed) |
+| l1_window_pages | None | anchor pages of L1 whose window the trailing side pools (dsv4's `swa`) can hold; None: every L1 page (no window is ever freed). Fewer makes L1 free the windows of least recently used nodes (`tombstone`) before a reservation |
 | pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |
 """
 
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
+from hicache.pools.hits import ALL_POOLS, check_policy, required_pools
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.spec import PoolGroup
+from hicache.pools.tierpools import window_pools
 
 
 
@@ -66,6 +70,8 @@ class CacheConfig:
     io_threads: int = 4
     load_back_overlap: str = "share"
     pools: str = SINGLE_POOL
+    hit_policy: str = ALL_POOLS
+    l1_window_pages: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, str):
@@ -90,8 +96,20 @@ class CacheConfig:
         """A group's anchor pages are the tree's pages: same page size; its L3 files are
         temporary (one per pool), so no `l3_path`."""
         group = self.group
+        check_policy(self.hit_policy)
         if group is None:
+            if self.l1_window_pages is not None:
+                raise ConfigError("l1_window_pages", "needs a pool group with a trailing side "
+                                                     "pool (pools = dsv4-tiny, ...)")
             return
+        required_pools(group, self.hit_policy)  # ConfigError: a group this policy cannot serve
+        if self.l1_window_pages is not None:
+            v = self.l1_window_pages
+            if not window_pools(group):
+                raise ConfigError("l1_window_pages", f"{self.pools!r} has no trailing side pool")
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= self.l1_pages:
+                raise ConfigError("l1_window_pages", f"an integer in 1..l1_pages "
+                                                     f"({self.l1_pages}); got {v!r}")
         if group.anchor.page_size != self.kv.page_size:
             raise ConfigError("pools", f"{self.pools!r} has {group.anchor.page_size}-token anchor "
                                        f"pages, the geometry {self.kv.page_size}-token pages; "
@@ -104,6 +122,22 @@ class CacheConfig:
     def group(self) -> PoolGroup | None:
         """The pool group `pools` names; None for the single-pool plane (`mha`)."""
         return None if self.pools == SINGLE_POOL else pool_group(self.pools)
+
+    @property
+    def l1_request_pages(self) -> int:
+        """The most pages one request may compute in L1: `l1_pages`, or fewer when L1 holds
+        fewer windows (each computed page takes its window)."""
+        return min(self.l1_pages, self.l1_window_pages or self.l1_pages)
+
+    @property
+    def pool_capacities(self) -> dict[str, dict[str, int]] | None:
+        """Side-pool capacities that differ from the default (the tier's * ratio): the
+        trailing side pools of L1 when `l1_window_pages` is set; None otherwise."""
+        group = self.group
+        if group is None or self.l1_window_pages is None:
+            return None
+        return {"L1": {name: self.l1_window_pages * group.ratio(name)
+                       for name in window_pools(group)}}
 
     @property
     def kv(self) -> KVGeometry:

@@ -84,6 +84,7 @@ class CacheController:
         self.cp = ControlPlane(
             g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
             check_mode=config.check_mode, tracer=tracer, pools=pools,
+            pool_capacities=config.pool_capacities, hit_policy=config.hit_policy,
         )
         bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
         if plane.byte_plane is not None:
@@ -163,8 +164,8 @@ class CacheController:
         self.hooks.refuse_if_crashed()
         g = self.config.kv
         pages_needed = -(-len(tokens) // g.page_size)
-        if pages_needed > self.config.l1_pages:
-            raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_pages)
+        if pages_needed > self.config.l1_request_pages:
+            raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_request_pages)
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1)
@@ -176,6 +177,9 @@ class CacheController:
         self.stager.restores[request_id] = mat
         self.metrics.prompt_tokens += len(tokens)
         self.metrics.hit_tokens["L1"] += l1
+        clipped, replayed = self.cp.windows.share(m.path, m.lengths[0])
+        self.metrics.window_clipped_tokens += clipped
+        self.metrics.window_recomputed_tokens += replayed
         self.metrics.decisions[decision.choice] += 1
         if decision.choice == "recompute" and decision.extension_tokens:
             self.metrics.policy_skips += 1
@@ -232,7 +236,7 @@ class CacheController:
             # stage unpins it; another request may have loaded it into L1 since).
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
             need, free = todo // g.page_size, self.cp.free_pages(Tier.L1)
-            if free < need and free + self.cp.evictable_l1(keep) < need:
+            if free < need and not self.evictor.can_make_room_l1(need, keep):
                 raise OutOfPages("L1", need, free)  # refused: nothing evicted
             self.evictor.make_room(Tier.L1, need, keep=keep)
             free = self.cp.free_pages(Tier.L1)

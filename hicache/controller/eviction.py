@@ -37,8 +37,42 @@ class Evictor:
 
     def make_room(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Evict until `n_pages` pages of `tier` are free or no candidate is left; the pages
-        freed. `keep`: nodes that must keep their copy in `tier` (a transfer's chain parent)."""
-        return self.evict(tier, n_pages - self.cp.free_pages(tier), keep)
+        freed. `keep`: nodes that must keep their copy in `tier` (a transfer's chain parent).
+        An L1 that frees windows evicts for its anchor pages only, then frees the windows of
+        the least recently used nodes until `n_pages` windows are free (`free_windows`)."""
+        windows = self.cp.windows
+        if tier is not Tier.L1 or not windows.tombstones:
+            return self.evict(tier, n_pages - self.cp.free_pages(tier), keep)
+        freed = self.evict(tier, n_pages - windows.anchor_free(), keep)
+        self.free_windows(n_pages, keep)
+        return freed
+
+    def can_make_room_l1(self, n_pages: int, keep: Collection[TreeNode] = ()) -> bool:
+        """Whether `make_room(L1, n_pages, keep)` would leave `n_pages` free (a caller that
+        refuses for lack of room asks first, so a refused operation evicts nothing): the
+        anchor's free pages plus what eviction frees, and -- an L1 that frees windows -- the
+        free windows plus every node's window `free_windows` could free (an evictable node's
+        with it)."""
+        windows = self.cp.windows
+        if not windows.tombstones:
+            return self.cp.free_pages(Tier.L1) + self.cp.evictable_l1(keep) >= n_pages
+        freeable = sum(n.num_pages for n in windows.candidates(self.cp.tree.nodes(), keep))
+        return (windows.anchor_free() + self.cp.evictable_l1(keep) >= n_pages
+                and windows.window_free() + freeable >= n_pages)
+
+    def free_windows(self, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
+        """Free L1 windows (`tombstone`), least recently used node first, until `n_pages`
+        anchor pages' windows are free or no candidate is left; the anchor pages whose window
+        was freed (counted in `window_freed_pages`)."""
+        windows = self.cp.windows
+        freed = 0
+        while windows.window_free() < n_pages:
+            found = windows.candidates(self.cp.tree.nodes(), keep)
+            if not found:
+                break
+            freed += int(self.cp.tombstone(found[0]).size)
+        self.metrics.window_freed_pages += freed
+        return freed
 
     def evict(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Free at least `n_pages` pages of `tier` (more when a node's value goes whole; fewer
@@ -56,7 +90,9 @@ class Evictor:
         exactly its own tokens (the ancestors a write-back would have copied stay in L1)."""
         if self.cp.holds(victim, Tier.L2):
             return
-        if not self.write_back:
+        if self.write_back and self.cp.windows.freed(victim):
+            self.metrics.drop("window_freed", len(victim.key))  # no whole group to back up
+        elif not self.write_back:
             self.metrics.drop("write_through_unbacked_eviction", len(victim.key))
         elif not self.back_up(victim):
             self.metrics.drop("host_pressure", len(victim.key))

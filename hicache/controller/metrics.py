@@ -12,6 +12,9 @@ nothing.
     recomputed_tokens          tokens   recomputed_tokens_total
     prompt_tokens              tokens   prompt_tokens_total
     evicted_pages[tier]        pages    evicted_pages_total{tier}       (pressure only)
+    window_freed_pages         pages    window_freed_pages_total        (L1 anchor pages)
+    window_clipped_tokens      tokens   window_clipped_tokens_total     (all_pools)
+    window_recomputed_tokens   tokens   window_recomputed_tokens_total  (anchor_recompute_swa)
     l3_invalidated_pages[why]  pages    l3_invalidated_pages_total{reason} (bad slot, offline)
     promoted_pages             pages    promoted_pages_total
     shared_load_back_pages     pages    shared_load_back_pages_total
@@ -60,8 +63,10 @@ FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline", "
 #   storage_pressure                 an H2S backup found no L3 room
 #   backup_failed                    a backup transfer failed, or was refused at issue
 #   l3_offline                       the L3 file went offline under a planned backup or a copy
+#   window_freed                     write-back evicted an L1 victim whose window was freed: the
+#                                    host tiers hold whole groups, so it cannot be backed up
 DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
-                "backup_failed", "l3_offline")
+                "backup_failed", "l3_offline", "window_freed")
 # Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: the node's slot
 # failed its checksum, could not be read (I/O error, file ended early), or the whole file went
 # offline. Only the bad slot's node is invalidated; pressure evictions count in evicted_pages.
@@ -102,6 +107,12 @@ class Metrics:
     recomputed_tokens: int = 0
     prompt_tokens: int = 0
     evicted_pages: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    # Freed windows (spec/pools.md): L1 anchor pages whose window make-room freed; tokens an
+    # L1 run held that a freed window kept out of the hit (all_pools); tokens of the window
+    # replayed before a hit (anchor_recompute_swa).
+    window_freed_pages: int = 0
+    window_clipped_tokens: int = 0
+    window_recomputed_tokens: int = 0
     promoted_pages: int = 0  # L3 -> L2 pages kept in L2 after a restore
     shared_load_back_pages: int = 0  # pages a request got from another request's load-back
     # Pages a restore put into L1 that `prefill` did not serve (recomputed instead). The pins
@@ -182,6 +193,9 @@ class Metrics:
         return {
             "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
             "prompt_tokens": self.prompt_tokens, "evicted_pages": dict(self.evicted_pages),
+            "window_freed_pages": self.window_freed_pages,
+            "window_clipped_tokens": self.window_clipped_tokens,
+            "window_recomputed_tokens": self.window_recomputed_tokens,
             "promoted_pages": self.promoted_pages, "fallbacks": dict(self.fallbacks),
             "shared_load_back_pages": self.shared_load_back_pages,
             "restored_unused_pages": self.restored_unused_pages,
@@ -209,6 +223,15 @@ class Metrics:
         family("prompt_tokens_total", "counter", "Prompt tokens admitted.", [("", self.prompt_tokens)])
         family("evicted_pages_total", "counter", "Pages evicted per tier under pressure (LRU leaves).",
                [(f'{{tier="{t}"}}', v) for t, v in self.evicted_pages.items()])
+        family("window_freed_pages_total", "counter",
+               "L1 anchor pages whose window (trailing side pools) was freed.",
+               [("", self.window_freed_pages)])
+        family("window_clipped_tokens_total", "counter",
+               "L1 tokens a freed window kept out of a hit (all_pools).",
+               [("", self.window_clipped_tokens)])
+        family("window_recomputed_tokens_total", "counter",
+               "Window tokens replayed before a hit (anchor_recompute_swa).",
+               [("", self.window_recomputed_tokens)])
         family("promoted_pages_total", "counter", "Pages restored from L3 that stayed in L2.",
                [("", self.promoted_pages)])
         family("shared_load_back_pages_total", "counter",

@@ -91,7 +91,8 @@ def _group_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
         assert group is not None, "only a group config builds a group plane"
         engine = GroupTransferEngine(group, config.l1_pages, config.l2_pages, config.l3_slots,
                                      device=config.device, backend=config.backend,
-                                     io_threads=config.io_threads, faults=faults)
+                                     io_threads=config.io_threads, faults=faults,
+                                     pool_capacities=config.pool_capacities)
     assert isinstance(engine, GroupTransferEngine)
     made = producer or GroupSyntheticProducer(engine, config.kv)
     verifier = GroupRestoreVerifier(made, engine) if config.verify else None

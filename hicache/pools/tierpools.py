@@ -32,8 +32,10 @@ Contract for callers (spec/invariants.md, I9 `group_atomic`, states what always 
   indices) go TREE -> FREE and `held_by` records `TOMBSTONE`; the anchor page and its
   sidecars stay. A tombstoned row is skipped by `free` (nothing left to free) and reported
   as `TOMBSTONE` by `pool_pages` (the data plane refuses to move it). `window_present(p)`
-  says which anchor pages still hold their window. There is no way back: a freed window
-  comes back only with a new reservation (the node evicted and restored, or recomputed).
+  says which anchor pages still hold their window. A freed window comes back with a new
+  reservation (the node evicted and restored) or from a request that recomputed the same
+  tokens: `revive(p, donor)` moves the donor's window under `p` before the donor is
+  released (its rows read `TOMBSTONE` for that moment: release skips them too).
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ pool's pages, gone while the anchor page and its sidecars stay."""
 
 MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
 """The state each group move takes anchor pages out of (PageTable's transitions)."""
+
+
+def window_pools(group: PoolGroup) -> tuple[str, ...]:
+    """The trailing side pools of `group.backed_up()` (allocating, `TRAILING_PAGES`): what a
+    freed window frees. Empty for a group without one."""
+    g = group.backed_up()
+    return tuple(p.name for p in g.allocating
+                 if p.role == ALLOCATING and p.hit_policy == TRAILING_PAGES)
 
 
 def tier_capacities(group: PoolGroup, tier: str, anchor_pages: int,
@@ -98,8 +108,7 @@ class TierPools(PageTable):
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
             name: np.full((self.capacity, r), NONE, dtype=np.int64)
             for name, r in self.ratios.items()}
-        self.window = tuple(name for name in self.ratios
-                            if g.pool(name).hit_policy == TRAILING_PAGES)
+        self.window = window_pools(g)
         """The trailing side pools: what `tombstone` frees (empty: nothing to tombstone)."""
 
     # -- counts ------------------------------------------------------------------------------------
@@ -194,6 +203,27 @@ class TierPools(PageTable):
         for name in self.window:
             self.group_table.tables[name].free(self.held_by[name][p].reshape(-1))
             self.held_by[name][p] = TOMBSTONE
+
+    def revive(self, p: Pages, donor: Pages) -> None:
+        """Give TREE anchor pages `p`, whose windows are freed, the windows of PRIVATE anchor
+        pages `donor` (a request's copy of the same tokens, about to be discarded): the
+        donor's trailing pool pages go PRIVATE -> TREE under `p`, and the donor keeps no
+        window (its release then frees only its anchor and sidecar pages). IllegalTransition,
+        nothing changed: lengths differ, `p` not TREE with windows freed, or `donor` not
+        PRIVATE with its windows."""
+        p, donor = pages(p), pages(donor)
+        anchor = self.group_table.tables[self.anchor]
+        if p.size != donor.size:
+            raise IllegalTransition("revive", self.tier, "-", f"{p.size} pages, {donor.size} donors")
+        anchor.check_move(p, TREE, "revive")
+        anchor.check_move(donor, PRIVATE, "revive")
+        if self.window_present(p).any() or not self.window_present(donor).all():
+            raise IllegalTransition("revive", self.tier, "TREE", "needs pages whose windows are "
+                                    "freed and donors that hold theirs")
+        for name in self.window:
+            self.group_table.tables[name].publish(self.held_by[name][donor].reshape(-1))
+            self.held_by[name][p] = self.held_by[name][donor]
+            self.held_by[name][donor] = TOMBSTONE
 
     # -- the data plane's interface and the snapshot -----------------------------------------------
 

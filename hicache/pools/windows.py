@@ -3,14 +3,16 @@
 A group with a trailing side pool (hit policy `TRAILING_PAGES`: dsv4's `swa`) can lose a
 node's *window* in L1 while the node's anchor pages and sidecars stay (`TierPools.tombstone`,
 the control plane's `tombstone`). A hit then needs more than the anchor's pages: under the
-group hit policy `all_pools` it may end only where every required trailing pool has the
-`window_pages` pages before it (`swa_boundaries` over the L1 run, read at node ends), so the
-L1 hit is clipped to the last such end. Under `anchor_recompute_swa` the trailing pools are
-not required: the hit is the anchor's, and its window is recomputed.
+group hit policy `all_pools` it may end only at an endpoint every required pool accepts
+(`agreed_hit` over the L1 run's pages: a trailing pool needs its `window_pages` before the
+end), so the L1 hit is clipped there -- mid-node too (the tree then splits the node). Under
+`anchor_recompute_swa` the trailing pools are not required: the hit is the anchor's, and the
+window before it is recomputed.
 
-    L1 run        A (4 pages, window)   B (2, freed)   C (3, window)      swa W = 4
-    accepted      0       4                            (9: only 3 since the gap)
-    L1 hit        4 pages: A; B and C are recomputed (and their pages discarded at insert)
+    L1 run (pages)   a0 a1 | a2 a3 | a4 a5      swa W = 2 (ratio 1); node 2's window freed
+    swa present      ■  ■  | □  □  | ■  ■
+    legal ends       0 1 2            6          (3..5: a gap within the 2 pages before)
+    L1 hit           6 pages: the window before the end is whole again (SGLang #29204, F23)
 
 Contract: `L1Windows` reads the L1 table and node values only; it changes nothing. A plane
 without such a group (one pool, or no trailing side pool) clips nothing.
@@ -18,33 +20,43 @@ without such a group (one pool, or no trailing side pool) clips nothing.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Iterable, Sequence
 
+import numpy as np
+
+from hicache.lifecycle import RESIDENT
 from hicache.pages import PageTable
-from hicache.pools.hits import ALL_POOLS, check_policy, required_pools, swa_boundaries
+from hicache.pools.hits import ALL_POOLS, agreed_hit, check_policy, matched_pools, required_pools
 from hicache.pools.tierpools import TierPools
 from hicache.treenode import TreeNode
 
 
 class L1Windows:
-    """The L1 table's windows, read for hits under group hit policy `policy`."""
+    """The L1 table's windows, read for hits under group hit policy `policy`; `page_size` is
+    tokens per anchor page."""
 
     def __init__(self, table: PageTable, page_size: int, policy: str = ALL_POOLS) -> None:
         self.policy = check_policy(policy)
-        self.page_size = page_size  # tokens per anchor page
+        self.page_size = page_size
         self.table = table if isinstance(table, TierPools) and table.window else None
-        required: set[str] = set()
         if isinstance(table, TierPools):
-            required = set(required_pools(table.group, policy))  # ConfigError: a bad pairing
-        # (pool, window in the pool's pages, ratio) for every trailing pool a hit needs.
-        self.required: tuple[tuple[str, int, int], ...] = () if self.table is None else tuple(
-            (name, self.table.group.pool(name).window_pages, self.table.ratios[name])
-            for name in self.table.window if name in required)
+            required_pools(table.group, policy)  # ConfigError: a group this policy cannot serve
 
     @property
     def tombstones(self) -> bool:
         """Whether L1 can free a window at all (a group with a trailing side pool)."""
         return self.table is not None
+
+    @property
+    def hit_pages(self) -> int:
+        """Anchor pages an L1 hit needs, each with its window, just before its end: the
+        widest required trailing pool's `ceil(window_pages / ratio)` (0: no clip, as under
+        `anchor_recompute_swa` or without a trailing pool)."""
+        if self.table is None or self.policy != ALL_POOLS:
+            return 0
+        group = self.table.group
+        return max(-(-group.pool(name).window_pages // self.table.ratios[name])
+                   for name in self.table.window)
 
     def freed(self, node: TreeNode) -> bool:
         """Whether `node`'s L1 value has lost its window (False without one, or a value)."""
@@ -53,20 +65,72 @@ class L1Windows:
             return False
         return not bool(self.table.window_present(value[:1])[0])
 
+    # -- hits ----------------------------------------------------------------------------------
+
     def clip(self, run: Sequence[TreeNode]) -> int:
-        """How many nodes of `run` (the L1 run of a match, root's child first) a hit may
-        cover: all of them when no required trailing pool, else up to the last node end that
-        every required trailing pool accepts (`swa_boundaries`, in that pool's pages)."""
-        if not self.required or not any(self.freed(n) for n in run):
-            return len(run)
-        keep = len(run)
-        for _, window, ratio in self.required:
-            path = [(len(n.key) // self.page_size * ratio, not self.freed(n)) for n in run]
-            accepted = set(swa_boundaries(path, window))
-            best, end = 0, 0
-            for i, (pages, _) in enumerate(path):
-                end += pages
-                if end in accepted:
-                    best = i + 1
-            keep = min(keep, best)
-        return keep
+        """The anchor pages of `run` (the L1 run of a match, root's child first) an L1 hit
+        may cover under the policy: all of them unless a required pool's window is freed
+        somewhere, else the largest endpoint every required pool accepts."""
+        return self._hit(run, self.policy)
+
+    def share(self, path: Sequence[TreeNode], hit_tokens: int) -> tuple[int, int]:
+        """A freed window's share of a match over `path` whose L1 hit is `hit_tokens`:
+        (tokens of the L1 run the hit left out: `all_pools` clipped them; tokens of the
+        window replayed before the hit: `anchor_recompute_swa`, when the hit's end has a
+        freed window before it, `min(hit, W * page_size)` for the widest trailing pool)."""
+        if self.table is None:
+            return 0, 0
+        run: list[TreeNode] = []
+        for node in path:
+            if node.state[0] != RESIDENT:
+                break
+            run.append(node)
+        held = sum(len(n.key) for n in run)
+        hit = hit_tokens // self.page_size
+        if self.policy == ALL_POOLS or self._hit(run, ALL_POOLS, upto=hit) == hit:
+            return held - hit_tokens, 0
+        group = self.table.group
+        widest = max(group.pool(name).window_pages * group.pool(name).page_size
+                     for name in self.table.window)
+        return held - hit_tokens, min(hit_tokens, widest)
+
+    def _hit(self, run: Sequence[TreeNode], policy: str, upto: int | None = None) -> int:
+        """`agreed_hit` over the first `upto` (default: all) anchor pages of `run`."""
+        n = sum(len(node.key) // self.page_size for node in run)
+        n = n if upto is None else min(n, upto)
+        if self.table is None or not any(self.freed(node) for node in run):
+            return n
+        table = self.table
+        present = np.concatenate([table.window_present(node.value[0]) for node in run
+                                  if node.value[0] is not None])[:n]
+        group = table.group
+        presence = {
+            p.name: (np.repeat(present, group.ratio(p.name)) if p.source in table.window
+                     else np.ones(n * group.ratio(p.name), dtype=bool)).tolist()
+            for p in matched_pools(group)}
+        return agreed_hit(group, presence, n, policy).hit
+
+    # -- make-room -----------------------------------------------------------------------------
+
+    def anchor_free(self) -> int:
+        """FREE anchor pages of L1 (the anchor's own table: windows aside)."""
+        assert self.table is not None, "only a plane whose L1 frees windows asks"
+        return self.table.group_table.tables[self.table.anchor].free_count
+
+    def window_free(self) -> int:
+        """Anchor pages whose window the trailing pools could give now (`window_pages_free`)."""
+        assert self.table is not None, "only a plane whose L1 frees windows asks"
+        return self.table.window_pages_free()
+
+    def candidates(self, nodes: Iterable[TreeNode], keep: Collection[TreeNode] = ()
+                   ) -> list[TreeNode]:
+        """Nodes whose L1 window may be freed now, least recently used in L1 first (ties: the
+        older node): RESIDENT in L1 with the window present, unlocked there (no request, pin
+        or backup in flight holds it), not in `keep`. Internal nodes too: a freed window
+        keeps the node, so there is no leaf rule (SGLang frees internal nodes' SWA first)."""
+        if self.table is None:
+            return []
+        kept = {n.node_id for n in keep}
+        found = [n for n in nodes if not n.is_root and n.state[0] == RESIDENT
+                 and not n.lock[0] and n.node_id not in kept and not self.freed(n)]
+        return sorted(found, key=lambda n: (n.last_access[0], n.node_id))

@@ -13,7 +13,7 @@ from hicache.trace import HEADER_OMITS, TraceEvent, TraceHeader
 
 NON_LIFECYCLE_EVENTS: tuple[str, ...] = (
     "begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove",
-    "tombstone",
+    "tombstone", "revive",
 )
 """Trace events that are not lifecycle transitions (spec/trace.md)."""
 

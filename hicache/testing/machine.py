@@ -98,7 +98,8 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
         @initialize(setup=setups)
         def start(self, setup: Any) -> None:
             self.cache = adapter(setup)
-            self.model = ReferenceModel(self.cache.page_size, self.cache.tiers)
+            self.model = ReferenceModel(self.cache.page_size, self.cache.tiers,
+                                        getattr(self.cache, "hit_window", 0))
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []
             self.prefilled: set[int] = set()

@@ -18,6 +18,12 @@ after every step, compares what the engine reports with the reference model
     served bytes           `served_digests`       a page's digest is the same every time the
                                                   same token prefix is served (None: no bytes)
 
+An engine whose L1 can free a page's *window* (a pool group with a sliding-window pool,
+spec/pools.md "Freed windows") reports it as the page change `WINDOW_FREED` (L1 only: the
+page stays RESIDENT without its window; `WINDOW_REVIVED` when it has it again) and sets `hit_window` to the pages an L1 hit needs,
+each with its window, just before its end (0, the default, for every other engine): the
+reference then ends an L1 hit at the last page end with a whole window before it.
+
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference
 independent of the engine's tree.
@@ -48,6 +54,14 @@ from hicache.trace import TraceEvent
 
 PENDING = "PENDING"
 """A page-change state: a transfer is filling the page in that tier (any direction)."""
+
+WINDOW_FREED = "WINDOW_FREED"
+"""A page-change state of L1 only: the RESIDENT page lost its window (its trailing pools'
+pages); it stays RESIDENT, and an L1 hit never ends with it in the `hit_window` before."""
+
+WINDOW_REVIVED = "WINDOW_REVIVED"
+"""A page-change state of L1 only: a page whose window was freed has it again (a request
+that recomputed the same tokens gave it its copy)."""
 
 
 @dataclass(frozen=True)

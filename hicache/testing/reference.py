@@ -12,7 +12,13 @@ engine's freedom); it checks that what the engine says is consistent with what i
     served pages stay             an L1 page inside a live request's first `cached_len` tokens
                                   never leaves L1 while the request lives
     hit lengths (admission)       tier T's hit is the leading run of the prompt's pages (its
-                                  first len - 1 tokens) RESIDENT in T, page by page
+                                  first len - 1 tokens) RESIDENT in T, page by page; in L1,
+                                  with `hit_window` > 0, cut to the last page end whose
+                                  `hit_window` pages before it (or all, near the start) kept
+                                  their window
+    freed windows                 WINDOW_FREED only on a RESIDENT L1 page that has its window,
+                                  never one a live request is served from; a page that leaves
+                                  L1 and comes back has its window again
     cached_len at admission       the L1 hit
     cached_len after prefill      the prompt's whole pages, cut at the first page another
                                   request's load-back is filling (PENDING in L1) at the time
@@ -28,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from hicache.testing.protocol import PENDING, Admission, PageChange
+from hicache.testing.protocol import PENDING, WINDOW_FREED, WINDOW_REVIVED, Admission, PageChange
 
 ABSENT = "ABSENT"
 RESIDENT = "RESIDENT"
@@ -58,10 +64,12 @@ class RefRequest:
 class ReferenceModel:
     """Pages by tier and token prefix, live requests, and digests of served prefixes."""
 
-    def __init__(self, page_size: int, tiers: Sequence[str]) -> None:
+    def __init__(self, page_size: int, tiers: Sequence[str], hit_window: int = 0) -> None:
         self.page_size = page_size
         self.tiers = tuple(tiers)
+        self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
+        self.freed: set[Prefix] = set()  # L1 pages RESIDENT without their window
         self.requests: dict[int, RefRequest] = {}
         self.digests: dict[Prefix, int] = {}
         self.checks = 0  # comparisons made (a test reads it to see the model really ran)
@@ -77,6 +85,9 @@ class ReferenceModel:
                 raise Mismatch("page prefix length", len(c.prefix), f"a positive multiple of {self.page_size}")
             was = self.pages[c.tier].get(c.prefix, ABSENT)
             self.checks += 1
+            if c.state in (WINDOW_FREED, WINDOW_REVIVED):
+                self._window_step(c)
+                continue
             if (was, c.state) not in STEPS:
                 raise Mismatch(f"{c.tier} page step of a {len(c.prefix)}-token prefix",
                                f"{was} -> {c.state}", sorted(f"{a} -> {b}" for a, b in STEPS if a == was))
@@ -84,8 +95,26 @@ class ReferenceModel:
                 self._verify_unserved(c.prefix)
             if c.state == ABSENT:
                 del self.pages[c.tier][c.prefix]
+                if c.tier == self.tiers[0]:
+                    self.freed.discard(c.prefix)  # back in L1 later: with its window
             else:
                 self.pages[c.tier][c.prefix] = c.state
+
+    def _window_step(self, c: PageChange) -> None:
+        """WINDOW_FREED of a RESIDENT L1 page with its window, never one a live request is
+        served from; WINDOW_REVIVED of one without."""
+        freeing = c.state == WINDOW_FREED
+        if c.tier != self.tiers[0] or self.pages[c.tier].get(c.prefix) != RESIDENT \
+                or (c.prefix in self.freed) == freeing:
+            want = "with its window" if freeing else "whose window is freed"
+            raise Mismatch(f"{c.tier} {c.state} of a {len(c.prefix)}-token prefix",
+                           f"{self.pages[c.tier].get(c.prefix, ABSENT)}, window freed "
+                           f"{c.prefix in self.freed}", f"a RESIDENT {self.tiers[0]} page {want}")
+        if freeing:
+            self._verify_unserved(c.prefix)
+            self.freed.add(c.prefix)
+        else:
+            self.freed.discard(c.prefix)
 
     def _verify_unserved(self, prefix: Prefix) -> None:
         for rid, r in self.requests.items():
@@ -121,7 +150,18 @@ class ReferenceModel:
                     self.pages[t].get(tuple(tokens[:(n + 1) * ps])) == RESIDENT:
                 n += 1
             out[t] = n * ps
+        first = self.tiers[0]
+        if self.hit_window and any(tuple(tokens[:(k + 1) * ps]) in self.freed
+                                   for k in range(out[first] // ps)):
+            out[first] = self._window_cut(tokens, out[first] // ps) * ps
         return out
+
+    def _window_cut(self, tokens: Sequence[int], run: int) -> int:
+        """The largest end e <= run (in pages) whose `hit_window` pages before it (all of
+        [0, e) when e < hit_window) kept their window."""
+        ps, w = self.page_size, self.hit_window
+        whole = [tuple(tokens[:(k + 1) * ps]) not in self.freed for k in range(run)]
+        return max(e for e in range(run + 1) if all(whole[max(0, e - w):e]))
 
     def admit(self, request_id: int, tokens: Sequence[int], got: Admission) -> None:
         """Check an admission against the model as it was before it (call before `apply`ing
@@ -153,6 +193,13 @@ class ReferenceModel:
         if got != expected:
             raise Mismatch("cached_len after prefill", got, expected, f"request {request_id}")
         self.requests[request_id].cached_len = got
+        tokens, ps = self.requests[request_id].tokens, self.page_size
+        # Verify the served prefix ends with its window whole: decode reads it.
+        freed = [k for k in range(max(0, got // ps - self.hit_window), got // ps)
+                 if tuple(tokens[:(k + 1) * ps]) in self.freed] if self.hit_window else []
+        if freed:
+            raise Mismatch("window before cached_len after prefill", f"page {freed[0]} freed",
+                           "whole", f"request {request_id}")
 
     def finished(self, request_id: int) -> None:
         self.requests.pop(request_id, None)
@@ -160,6 +207,7 @@ class ReferenceModel:
     def restart(self) -> None:
         """The engine closed and opened again: nothing cached, nobody live."""
         self.pages = {t: {} for t in self.tiers}
+        self.freed.clear()
         self.requests.clear()
 
     # -- after every step ---------------------------------------------------------------------

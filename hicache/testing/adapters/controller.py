@@ -28,10 +28,14 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import ALLOC_SITES, Action, FaultInjector, FaultSite, SimulatedCrash
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
-from hicache.pools.presets import SINGLE_POOL
-from hicache.pools.tierpools import TierPools
+from hicache.pools.hits import GROUP_HIT_POLICIES
+from hicache.pools.presets import SINGLE_POOL, group
+from hicache.pools.tierpools import TierPools, window_pools
+from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
-from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
+from hicache.testing.protocol import (
+    PENDING, WINDOW_FREED, WINDOW_REVIVED, Admission, FaultSchedule, PageChange,
+)
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
@@ -60,6 +64,12 @@ class Setup:
     check_mode: str = "every"
     load_back_overlap: str = "share"  # CacheConfig.load_back_overlap: share, or back off
     pools: str = SINGLE_POOL  # the tiers' pool group preset (null plane only for a group)
+    hit_policy: str = "all_pools"  # CacheConfig.hit_policy (a group's)
+    l1_window_pages: int | None = None  # CacheConfig.l1_window_pages: fewer frees L1 windows
+
+
+WINDOW_EVENTS = {"tombstone": WINDOW_FREED, "revive": WINDOW_REVIVED}
+"""Trace events of a node's L1 window, and the page change each makes of its pages."""
 
 
 class ControllerAdapter:
@@ -79,6 +89,7 @@ class ControllerAdapter:
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
         self.page_size = self.ctl.config.kv.page_size
+        self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
 
     def _build(self) -> CacheController:
         s = self.setup
@@ -93,7 +104,7 @@ class ControllerAdapter:
             policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
             check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True, io_threads=2,
             load_back_overlap=s.load_back_overlap,
-            pools=s.pools,
+            pools=s.pools, hit_policy=s.hit_policy, l1_window_pages=s.l1_window_pages,
         )
         self.sink = ListSink()
         self._seen = 0  # events of `sink` already turned into page changes
@@ -312,6 +323,10 @@ class ControllerAdapter:
         if e.event == "node_remove":
             self.nodes.pop(e.node or -1, None)
             return []
+        if e.event in WINDOW_EVENTS:  # a node's L1 window freed or back: each of its pages
+            start, prefix = self.nodes[e.node or -1]
+            return [PageChange("L1", tuple(prefix[:end]), WINDOW_EVENTS[e.event])
+                    for end in range(start + self.page_size, len(prefix) + 1, self.page_size)]
         t = self.lifecycle.transitions.get(e.event)
         if t is None or t.acts_on_copy or e.node is None or e.before is None or e.after is None:
             return []
@@ -351,7 +366,7 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = S
     tiers' pool group preset (a group checks every transition, on the null plane too)."""
     from hypothesis import strategies as st
 
-    return st.builds(
+    base = st.builds(
         Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
         promotion=st.booleans(), plane=st.just(plane), load_back_overlap=st.just(load_back_overlap),
@@ -360,3 +375,12 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = S
         # on the real planes (a bad byte is best caught where it lands).
         check_mode=st.just("off" if plane == "null" and pools == SINGLE_POOL else "every"),
     )
+    if pools == SINGLE_POOL or not window_pools(group(pools)):
+        return base
+    # A group with a trailing side pool: both hit policies, and an L1 that holds fewer
+    # windows than pages (it frees the least recently used ones; the longest prompt still
+    # fits) or one for every page.
+    longest = PREFIX_PAGES + SUFFIX_PAGES_MAX + 1
+    return base.flatmap(lambda s: st.builds(
+        replace, st.just(s), hit_policy=st.sampled_from(GROUP_HIT_POLICIES),
+        l1_window_pages=st.one_of(st.none(), st.integers(longest, max(longest, s.l1_pages - 1)))))
