@@ -352,6 +352,41 @@ class ControlPlane(PlaneQueries):
         """`<dir>_cancel`: as `fail`, for aborts, drain and shutdown."""
         return self._finish(op_id, "cancel")
 
+    def complete_part(self, op_id: int, keep: int) -> PendingOp:
+        """An op whose first `keep` nodes landed and the rest did not (a clamped S2H,
+        spec/pools.md "Upstream failure scenarios" F11, F12): `<dir>_complete` on nodes
+        `[0, keep)` over the first pages of the op's page list, then `<dir>_fail` on the
+        rest, which releases their target pages in every pool. keep == 0 is `fail`, keep ==
+        len(nodes) is `complete`. Both rows are checked before either runs
+        (IllegalTransition, UnknownOp: nothing changed); each row unlocks its source at its
+        last node, so the cut takes one more source lock on the kept part's last node (the
+        op's own lock, at its last node, goes with the failed part)."""
+        op = self.ops.get(op_id)
+        if op is None:
+            raise UnknownOp(op_id)
+        if not 0 <= keep <= len(op.nodes):
+            raise IllegalTransition(f"{op.direction.value.lower()}_complete", str(op.direction.target),
+                                    "-", f"keep {keep} of the op's {len(op.nodes)} nodes")
+        if keep in (0, len(op.nodes)):
+            return self._finish(op_id, "fail" if keep == 0 else "complete")
+        d = op.direction.value.lower()
+        cut = sum(n.num_pages for n in op.nodes[:keep])
+        kept, rest = node_segments(op.nodes[:keep]), node_segments(op.nodes)[keep:]
+        done = self.executor.plan(f"{d}_complete", kept, pages_moved=op.target_pages[:cut],
+                                  request_id=op.request_id, op_id=op_id)
+        failed = self.executor.plan(f"{d}_fail", rest, pages_moved=op.target_pages[cut:],
+                                    request_id=op.request_id, op_id=op_id)
+        # -- change --
+        self.tree.lock(op.nodes[keep - 1], TIERS.index(op.direction.source))
+        self.executor.run(done)
+        self.executor.run(failed)
+        del self.ops[op_id]
+        for n in reversed(op.nodes):
+            if self.tree.contains(n):
+                self._remove_dead(n)
+        self._check(f"{d}_complete of {keep} node(s), {d}_fail of the rest, op {op_id}")
+        return op
+
     def _finish(self, op_id: int, outcome: str) -> PendingOp:
         """Run `<dir>_<outcome>` on every node of the op, in path order, over the op's one
         ordered page list (cut by the nodes' key lengths: a split while the op was pending

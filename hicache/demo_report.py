@@ -77,6 +77,9 @@ GLOSSARY: dict[str, str] = {
     "backed off": "another request's load-back was filling a node on the path and the cache "
                   "backs off instead of sharing it (load_back_overlap = back_off): the tokens "
                   "past the L1 hit recomputed ('load_back_pending')",
+    "L3 read stopped part way": "an L3 part's read into L2 stopped with some pool's pages "
+                                "not all landed: the whole nodes every clamping pool landed "
+                                "are kept, the rest recomputed ('prefetch_clamped')",
     "L3 offline": "the L3 file was removed or replaced under the cache: L3 serves and takes "
                   "nothing more, L1 and L2 keep serving ('l3_offline')",
     "L2 full": "a backup to L2 found no room after eviction, or write-back could not back "
@@ -98,7 +101,8 @@ GLOSSARY: dict[str, str] = {
 
 FALLBACK_LABELS = {"transfer_failed": "transfer failed", "no_room": "no room in the target tier",
                    "restore_gap": "promoted, not loaded", "l3_offline": "L3 offline",
-                   "dropped": "graft dropped", "load_back_pending": "backed off"}
+                   "dropped": "graft dropped", "load_back_pending": "backed off",
+                   "prefetch_clamped": "L3 read stopped part way"}
 DROP_LABELS = {"host_pressure": "L2 full", "write_through_unbacked_eviction":
                "evicted before its L2 backup", "storage_pressure": "L3 full",
                "backup_failed": "backup transfer failed", "l3_offline": "L3 offline"}

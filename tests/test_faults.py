@@ -195,6 +195,7 @@ def test_an_aimed_corrupt_slot_is_caught_by_the_real_checksum() -> None:
 def test_a_full_schedule_reaches_every_null_site_and_breaks_nothing() -> None:
     faults = FaultInjector.schedule(3, enable_p=1.0, fire_p=0.15, sites=sites_for("null"))
     faults.rates.pop(FaultSite.CRASH_BEFORE_PUBLISH)  # reached, never fired: the run goes on
+    faults.rates[FaultSite.S2H_PARTIAL] = 1.0  # S2Hs are few here: every one not failed stops part way
     c = null_ctl(faults, l1_pages=12, l2_pages=16, l3_slots=24)
     rng = random.Random(3)
     for rid in range(60):

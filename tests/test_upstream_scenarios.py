@@ -16,6 +16,7 @@ import pytest
 
 from hicache.control import ControlPlane
 from hicache.controller.controller import CacheController
+from hicache.dataplane.null import StoppedEarly
 from hicache.errors import ConfigError, IllegalTransition
 from hicache.invariants import check_all
 from hicache.pages import PRIVATE
@@ -173,6 +174,84 @@ def test_f7_a_dropped_graft_returns_every_pools_host_slots() -> None:
     assert c.metrics.fallbacks["dropped"] == 1
     assert by_pool(c, Tier.L2) == l2_before and by_pool(c, Tier.L3) == l3_before
     assert child.lock == [0, 0, 0] and no_private_page(c.cp)
+    c.close()
+
+
+# -- F11, F12: an S2H that stops part way, per pool -------------------------------------------------
+
+
+def a_and_b_in_l3_only(c: CacheController) -> tuple[TreeNode, TreeNode]:
+    """A (3 pages) and its child B (3 pages), both held by L3 only: a restore of A + B is
+    one S2H over the chain [A, B] (6 anchor pages), then its load-back."""
+    serve(c, 1, A)
+    serve(c, 2, A + B)
+    settle_all(c)
+    b = node_of(c, A + B)
+    a = b.parent
+    assert a is not None
+    for tier in (Tier.L1, Tier.L2):
+        c.cp.evict_node(b, tier)
+        c.cp.evict_node(a, tier)
+    assert [c.cp.residency(n, t) for n in (a, b) for t in Tier] == ["ABSENT", "ABSENT", "RESIDENT"] * 2
+    return a, b
+
+
+def stop_s2h_part_way(c: CacheController, landed: dict[str, int]) -> None:
+    """The restore's S2H (the only transfer in flight) ends FAILED, reporting `landed`
+    pages per pool (what S2H_PARTIAL reports), and a tick applies it."""
+    (op_id,) = c.handles
+    assert c.cp.ops[op_id].direction is Direction.S2H
+    handle = c.handles[op_id]
+    handle.landed = landed
+    handle.fail(StoppedEarly())
+    c.tick()
+
+
+def test_f11_an_s2h_stopped_before_a_sidecars_pages_publishes_only_the_clamp() -> None:
+    """The anchor and every pool but `c4_indexer` landed all 6 pages; `c4_indexer` stopped
+    after 4. `prefetch_clamp` publishes 4 anchor pages, which is node A whole (3) and not B:
+    A is published in L2 and loaded back, B's pages are released in every pool, one fallback
+    `prefetch_clamped`, and prefill serves A and recomputes the rest. Checked: with the clamp
+    skipped (the anchor's count published, `clamped_nodes` reading `landed["kv"]`) B is
+    published in L2 over `c4_indexer` pages that never arrived."""
+    c = group_controller(write_policy="write_through")
+    a, b = a_and_b_in_l3_only(c)
+    l2_before = by_pool(c, Tier.L2)
+    c.admit(3, A + B + (7,))
+    full = {p.name: 6 for p in group("dsv4-tiny").pools}
+    stop_s2h_part_way(c, {**full, "c4_indexer": 4})
+    assert c.cp.residency(a, Tier.L2) == "RESIDENT" and c.cp.residency(b, Tier.L2) == "ABSENT"
+    assert by_pool(c, Tier.L2) == {pool: n - 3 for pool, n in l2_before.items()}
+    assert c.metrics.fallbacks["prefetch_clamped"] == 1  # A's load-back is in flight now
+    assert not check_all(c.cp.snapshot())
+    while not c.ready(3):
+        settle_all(c)
+    assert c.prefill(3) == len(B) + 1  # A restored; B and the last token recomputed
+    c.finish(3)
+    assert b.lock == [0, 0, 0] and no_private_page(c.cp)
+    c.close()
+
+
+def test_f12_a_pool_left_out_of_the_s2h_report_counts_zero_and_every_slot_is_released() -> None:
+    """Every pool landed all 6 pages, but `c128` is missing from the per-pool report: it
+    counts 0, so nothing is published, every reserved L2 page of every pool is released (no
+    slot owned by nobody: I6, I9), one fallback `prefetch_clamped`, and prefill recomputes
+    the whole prompt. Checked: with the missing pool skipped (`clamped_nodes` taking the
+    minimum over the pools reported) A and B are both published in L2."""
+    c = group_controller(write_policy="write_through")
+    a, b = a_and_b_in_l3_only(c)
+    l2_before = by_pool(c, Tier.L2)
+    c.admit(3, A + B + (7,))
+    full = {p.name: 6 for p in group("dsv4-tiny").pools}
+    stop_s2h_part_way(c, {pool: n for pool, n in full.items() if pool != "c128"})
+    assert [c.cp.residency(n, Tier.L2) for n in (a, b)] == ["ABSENT", "ABSENT"]
+    assert by_pool(c, Tier.L2) == l2_before and no_private_page(c.cp)
+    assert c.metrics.fallbacks["prefetch_clamped"] == 1
+    assert not check_all(c.cp.snapshot())
+    assert c.ready(3)
+    assert c.prefill(3) == len(A + B) + 1  # everything recomputed
+    c.finish(3)
+    assert a.lock == b.lock == [0, 0, 0] and no_private_page(c.cp)
     c.close()
 
 

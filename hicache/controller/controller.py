@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 from hicache.control import ControlPlane
 from hicache.records import PendingOp, UnknownRequest
 from hicache.controller.backup import BackupPlanner, chain_lacking
+from hicache.controller.clamp import clamped_nodes
 from hicache.controller.config import CacheConfig
 from hicache.controller.crashsite import ControllerFaults
 from hicache.controller.digests import CachedDigests
@@ -51,6 +52,7 @@ from hicache.errors import (
     TransferError, UnreadableSlot,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
+from hicache.pools.presets import SINGLE_POOL, group as preset_group
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
 from hicache.tree import TreeNode
@@ -77,6 +79,7 @@ class CacheController:
         self.config = config
         g = config.kv
         pools = config.group  # None: the single-pool plane (mha)
+        self.group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
         plane = choose_plane(config, engine, producer, faults)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
@@ -86,7 +89,7 @@ class CacheController:
             check_mode=config.check_mode, tracer=tracer, pools=pools,
             pool_capacities=config.pool_capacities, hit_policy=config.hit_policy,
         )
-        bind_group(plane, self.cp.tables)  # a group plane maps anchor pages through the tables
+        bind_group(plane, self.cp.tables, self.group)  # anchor pages -> every pool's pages
         if plane.byte_plane is not None:
             self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
         self.model = CostModel()
@@ -412,9 +415,13 @@ class CacheController:
                 self.backups.after_d2h(op.nodes[-1])
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
-        else:
+        kept = None  # an S2H that stopped part way: the whole nodes of its clamp (clamp.py)
+        if status is TransferStatus.FAILED and op.direction is Direction.S2H and handle.landed is not None:
+            kept = clamped_nodes(self.group, op.nodes, handle.landed)
+            self.cp.complete_part(op_id, kept)
+        elif status is TransferStatus.FAILED:
             self.cp.fail(op_id)
-        self.stager.settled(op, status)
+        self.stager.settled(op, status, kept)
         backup = op.direction in (Direction.D2H, Direction.H2S)
         if backup and status is TransferStatus.FAILED:  # a cancel (shutdown) drops nothing
             self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))

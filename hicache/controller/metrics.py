@@ -54,8 +54,10 @@ GIB = float(1 << 30)
 #                    up in L2 (SGLang's host_insert_dropped, reported with reason "dropped")
 #   load_back_pending  another request's load-back fills a node on the path, and the config
 #                    says back off (load_back_overlap = "back_off", SGLang's guard 3)
+#   prefetch_clamped an S2H stopped part way (some pool's pages did not all land): the whole
+#                    nodes of `prefetch_clamp` are kept, the rest recomputed (F11, F12)
 FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline", "dropped",
-                    "load_back_pending")
+                    "load_back_pending", "prefetch_clamped")
 # Why tokens left the cache without a copy below (`dropped_tokens`; SGLang's
 # hicache_dropped_tokens_total names the first two):
 #   host_pressure                    a D2H backup, or write-back of an L1 victim, found no L2 room

@@ -99,10 +99,16 @@ def _group_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
     return Plane(engine, engine, made, verifier)
 
 
-def bind_group(plane: Plane, tables: Sequence[object]) -> None:
+def bind_group(plane: Plane, tables: Sequence[object], group: PoolGroup) -> None:
     """Hand a group plane the control plane's mapping (`tables`: its page table per tier, in
-    TIERS order); nothing for any other plane."""
+    TIERS order); a byte-free plane that reports per-pool landings (`bind_pools`) the
+    backed-up pools of `group` (the single pool's group too) with their pages per anchor
+    page; nothing for any other plane."""
     if plane.byte_plane is None:
+        bind_pools = getattr(plane.engine, "bind_pools", None)
+        if bind_pools is not None:
+            kept = group.backed_up()
+            bind_pools({p.name: kept.ratio(p.name) for p in kept.pools})
         return
     from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in: a byte plane
 

@@ -11,7 +11,10 @@ load-back", "A request that ends with ops in flight"):
   step that publishes it, so a restored page is never an unlocked leaf before `prefill`; a
   shared op's completion pins it in L1 for every waiting request too.
 - A part whose op fails, or that cannot be issued, is dropped: its pins go, its tokens are
-  recomputed, one fallback is counted by reason. A cancel (only when the request ends) is not
+  recomputed, one fallback is counted by reason. An S2H that stopped part way (its handle
+  reports what each pool landed) keeps the whole nodes of its clamp (`kept`, clamp.py) as
+  the L3 part, which is loaded back as after a completed S2H; the rest is recomputed, one
+  fallback `prefetch_clamped`. A cancel (only when the request ends) is not
   a fallback. A waiter whose shared op failed or was cancelled loads those nodes itself.
 - `deepest_in_l1` is what `prefill` may serve: the last planned node of the leading run that
   L1 holds; every pin is released by the controller once `cached_len` covers it, and
@@ -85,8 +88,10 @@ class RestoreStager:
             if mat.done and mat.ready_at is None:
                 mat.ready_at = time.perf_counter()
 
-    def settled(self, op: PendingOp, status: TransferStatus) -> None:
-        """Op `op` ended with `status` (the control plane already applied it)."""
+    def settled(self, op: PendingOp, status: TransferStatus, kept: int | None = None) -> None:
+        """Op `op` ended with `status` (the control plane already applied it). `kept`: an S2H
+        that stopped part way, of which the control plane published that many leading
+        nodes (None: no per-pool report, the usual all-or-nothing end)."""
         ok = status is TransferStatus.DONE
         for waiter in self.waiters.pop(op.op_id, []):
             waiter.awaited.discard(op.op_id)
@@ -97,7 +102,9 @@ class RestoreStager:
             elif not waiter.deferred:
                 waiter.deferred = True  # load the shared nodes itself (`_resume`)
         mat = self.owner.pop(op.op_id, None)
-        if mat is not None:
+        if mat is not None and kept is not None:
+            self._settle_clamped(mat, op, kept)
+        elif mat is not None:
             self._settle_own(mat, op, status)
 
     def forget(self, mat: Materialization) -> None:
@@ -249,6 +256,19 @@ class RestoreStager:
             self.cp.unpin(mat.request_id, op.nodes[-1])
         else:
             self._drop_part(mat, list(op.nodes), "transfer_failed")
+
+    def _settle_clamped(self, mat: Materialization, op: PendingOp, kept: int) -> None:
+        """This restore's S2H stopped part way and its first `kept` nodes were published in
+        L2: they become the L3 part (pinned in L2, loaded back next), the rest is dropped
+        (its L3 pin goes, its tokens are recomputed), one fallback `prefetch_clamped`."""
+        mat.ops.discard(op.op_id)
+        mat.l3_part = list(op.nodes[:kept])
+        if kept:
+            mat.s2h_done = True
+            self.cp.pin(mat.request_id, op.nodes[kept - 1], Tier.L2)
+        else:
+            mat.failed = True
+        self._drop_part(mat, list(op.nodes), "prefetch_clamped")
 
     def _drop_part(self, mat: Materialization, part: list[TreeNode], reason: str) -> None:
         """A part cannot proceed: release its pins, count one fallback by `reason`; its tokens

@@ -20,6 +20,8 @@ planes that reach it, so a coverage gate can list the sites a run never reached
     ALLOC_L1/L2/L3        the controller reserves target pages    OutOfPages, as if the tier
                                                                   were full (nothing changed)
     CRASH_BEFORE_PUBLISH  a DONE completion, before `complete`    SimulatedCrash: close, reopen
+    S2H_PARTIAL           an S2H's landing is observed (null      FAILED, with `landed`: the
+                          planes)                                 pages each pool landed
 
 Schedules. `FaultInjector.schedule(seed, enable_p, fire_p)`: each site is switched on for the
 run with probability `enable_p`, then fires with probability `fire_p` each time it is
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -55,6 +58,7 @@ class FaultSite(str, enum.Enum):
     ALLOC_L2 = "ALLOC_L2"
     ALLOC_L3 = "ALLOC_L3"
     CRASH_BEFORE_PUBLISH = "CRASH_BEFORE_PUBLISH"
+    S2H_PARTIAL = "S2H_PARTIAL"
 
 
 Plane = Literal["real", "null"]
@@ -83,6 +87,9 @@ SITES: dict[FaultSite, SiteInfo] = {
     FaultSite.ALLOC_L3: SiteInfo("controller reserves L3 slots", "OutOfPages(L3)", BOTH),
     FaultSite.CRASH_BEFORE_PUBLISH: SiteInfo("a DONE completion, before publication",
                                              "SimulatedCrash; close and reopen", BOTH),
+    FaultSite.S2H_PARTIAL: SiteInfo("an S2H's landing is observed",
+                                    "FAILED with `landed` (the pages each pool landed; a pool "
+                                    "left out landed none): the clamp is published", ("null",)),
 }
 ALLOC_SITES = {Tier.L1: FaultSite.ALLOC_L1, Tier.L2: FaultSite.ALLOC_L2, Tier.L3: FaultSite.ALLOC_L3}
 
@@ -219,6 +226,22 @@ class FaultInjector:
         if hit:
             self.fired[site] = self.fired.get(site, 0) + 1
         return hit
+
+    def landing(self, pages: Mapping[str, int]) -> dict[str, int]:
+        """S2H_PARTIAL's per-pool report for an S2H of `pages[pool]` pages per pool (each in
+        the pool's own pages), drawn from the seeded generator: one pool, drawn, stopped
+        after a drawn 0..pages[pool] of its pages, every other pool landed all of its own;
+        with probability 1/4 the stopped pool is left out of the report instead (it counts
+        as none landed: F12). A sidecar that stopped before the anchor is F11."""
+        report = dict(pages)
+        if not report:
+            return report
+        pool = sorted(report)[self._rng.randrange(len(report))]
+        if self._rng.random() < 0.25:
+            del report[pool]
+        else:
+            report[pool] = self._rng.randint(0, report[pool])
+        return report
 
     def unreached(self, plane: Plane) -> list[FaultSite]:
         """Sites `plane` can reach that this run never checked (the coverage gate's list)."""

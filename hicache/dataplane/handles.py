@@ -11,6 +11,12 @@ which completions, failures and cancels reach the control plane.
     FAILED       the transfer did not complete; `error` says why  released (target), unlocked
     CANCELLED    cancelled; the hardware no longer touches them   released (target), unlocked
 
+An S2H of a pool group may end FAILED with a per-pool report, `landed`: for each pool, how
+many of its own pages (a leading run of the target, in the pool's pages) landed before it
+stopped. A pool missing from the report landed nothing. The caller publishes at most what
+`prefetch_clamp` allows of it and releases the rest (spec/pools.md, F11, F12); `landed` None
+(every other failure) means nothing is usable.
+
 A final status is reported only once the hardware no longer reads or writes the transfer's
 pages: `cancel` and `fail` quiesce first, and a subclass's `_probe` returns FAILED only when
 no part of the transfer still runs. That is what lets the caller release the target and
@@ -83,6 +89,7 @@ class TransferHandle(ABC):
         self.nbytes = nbytes
         self.timings = TransferTimings()
         self.error: HiCacheError | None = None
+        self.landed: dict[str, int] | None = None  # FAILED S2H: pages each pool landed
         self._status = TransferStatus.PENDING
 
     @property
@@ -215,7 +222,7 @@ class DelayedHandle(TransferHandle):
         if self._polls_left > 0:
             self._polls_left -= 1
             return TransferStatus.PENDING
-        self.error = self.inner.error
+        self.error, self.landed = self.inner.error, self.inner.landed
         return status
 
     def _quiesce(self) -> None:

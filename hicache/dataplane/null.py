@@ -109,7 +109,9 @@ class NullEngine:
     `DelayedHandle`. `on_wait`: how a blocking wait ends a transfer nobody finished (True:
     done, the default; False: failed; None: TransferError) -- the controller blocks only on
     write-back's D2H and in `drain`. A slot marked corrupt (CORRUPT_SLOT on a write, or `corrupt_slot`)
-    fails every S2H that reads it with CorruptSlot until an H2S rewrites it.
+    fails every S2H that reads it with CorruptSlot until an H2S rewrites it. S2H_PARTIAL
+    fails an S2H with a per-pool `landed` report (`FaultInjector.landing`) over the pools
+    `bind_pools` named (none until then: the report is empty, so nothing is usable).
     """
 
     has_bytes = False
@@ -127,6 +129,16 @@ class NullEngine:
         self.faults = faults
         self.on_wait = on_wait  # a blocking wait on an unfinished transfer ends it so (NullHandle)
         self.corrupt: set[int] = set()  # slots whose bytes would fail their checksum
+        self.pools: dict[str, int] = {}  # pool -> its pages per anchor page (`bind_pools`)
+
+    def bind_pools(self, ratios: Mapping[str, int]) -> None:
+        """The tiers' pools (each with its pages per anchor page): what an S2H's per-pool
+        landing report (S2H_PARTIAL) names. The controller binds its group's backed-up pools."""
+        self.pools = dict(ratios)
+
+    def landing(self, faults: FaultInjector, anchor_pages: int) -> dict[str, int]:
+        """S2H_PARTIAL's report for an S2H of `anchor_pages` pages, over the bound pools."""
+        return faults.landing({pool: anchor_pages * r for pool, r in self.pools.items()})
 
     @property
     def l3_path(self) -> str:
@@ -177,6 +189,9 @@ class NullEngine:
             self.corrupt.difference_update(dst.tolist())  # rewritten (corrupt again if it fires)
         error = self._fault(direction, src, dst)
         if error is not None:
+            if isinstance(error, StoppedEarly):
+                assert self.faults is not None  # Verify: only a drawn site stops an S2H early.
+                handle.landed = self.landing(self.faults, int(src.size))
             handle.fail(error)
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             return DelayedHandle(handle, self.faults.delay_polls)
@@ -197,11 +212,20 @@ class NullEngine:
         if direction is Direction.S2H:
             if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.SHORT_READ):
                 return UnreadableSlot(tuple(slots), self.l3_path, "injected EIO or persistent short read")
-            return None
+            return StoppedEarly() if f.fire(FaultSite.S2H_PARTIAL) else None
         if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.IO_ENOSPC):
             return TransferError(f"{direction}: injected EIO or ENOSPC; release the target slots")
         self.corrupt.update(s for s in dst.tolist() if f.fire(FaultSite.CORRUPT_SLOT))
         return None
+
+
+class StoppedEarly(TransferError):
+    """An S2H that stopped after part of each pool landed (S2H_PARTIAL); its handle's
+    `landed` says how much of each pool did."""
+
+    def __init__(self) -> None:
+        super().__init__("S2H stopped early (S2H_PARTIAL injected): publish the clamp of what "
+                         "landed (`landed`), release the rest")
 
 
 # Decides a transfer's outcome when it is issued: True (done), False (failed), or None (left

@@ -50,6 +50,10 @@ AIM_ACTIONS: dict[str, Action] = {"refuse": "alloc", "crash": "crash", "error": 
 """`aim`'s actions as `FaultInjector.aim`'s (corrupt and unreadable: reads only, else fail)."""
 
 
+PARTIAL_RATE = 0.25
+"""A pool group's runs: the rate of S2H_PARTIAL under every schedule (`set_faults`)."""
+
+
 @dataclass(frozen=True)
 class Setup:
     """What the machine draws for one run: tier sizes (pages), policies, and the plane."""
@@ -85,6 +89,8 @@ class ControllerAdapter:
         self.sink = ListSink()
         self.events: list[TraceEvent] = []  # every event of every controller this adapter built
         self.faults = FaultInjector(seed=0, delay_polls=1)
+        if setup.pools != SINGLE_POOL:
+            self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
@@ -206,9 +212,14 @@ class ControllerAdapter:
     def set_faults(self, schedule: FaultSchedule) -> None:
         """Every site is drawn, the controller's own included: ALLOC_L1/L2/L3 (a reservation
         refused: a fallback or a dropped backup) and CRASH_BEFORE_PUBLISH (`SimulatedCrash`
-        out of the call that observed the DONE; the machine then restarts)."""
+        out of the call that observed the DONE; the machine then restarts). A pool group's
+        run adds S2H_PARTIAL at PARTIAL_RATE: an S2H stops with a per-pool report of what
+        landed, the controller publishes its clamp (spec/pools.md F11, F12)."""
         known = {s.value for s in FaultSite}
         self.faults.rates = {FaultSite(k): v for k, v in schedule.rates.items() if k in known and v > 0}
+        if self.setup.pools != SINGLE_POOL:
+            # Scenarios F11, F12: a group's S2H stops part way, per pool (`landing`).
+            self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE
         self.faults.seed = schedule.seed
         self.faults.__post_init__()  # a fresh, seeded draw sequence
 

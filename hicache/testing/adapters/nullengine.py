@@ -12,6 +12,8 @@ one schedule means the same on both planes:
     IO_ENOSPC
     IO_EIO, SHORT_READ            `settle(ok=True)` of an S2H      FAILED (UnreadableSlot)
     CORRUPT_SLOT                  `settle(ok=True)` of an S2H      FAILED (CorruptSlot)
+    S2H_PARTIAL                   `settle(ok=True)` of an S2H      FAILED, with `landed` (the
+                                                                   pages each pool landed)
     DELAY                         `settle(ok=True)`                observed one poll later
     (aimed `corrupt`)             `settle(ok=True)` of an S2H of   FAILED (CorruptSlot), until
                                   the slot                         an H2S writes the slot again
@@ -39,7 +41,7 @@ from __future__ import annotations
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
-from hicache.dataplane.null import NullEngine, transfer_pages
+from hicache.dataplane.null import NullEngine, StoppedEarly, transfer_pages
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, StorageError, TransferError, UnreadableSlot
 from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
@@ -91,6 +93,10 @@ class FaultyNullHandle(NullHandle):
                 kind = {FaultSite.CORRUPT_SLOT: "corrupt", FaultSite.SHORT_READ: "unreadable"}.get(site, "error")
                 self.fail(self.engine.error_for(self, kind))
                 return
+        if self.direction is Direction.S2H and self.engine.injector.fire(FaultSite.S2H_PARTIAL):
+            self.landed = self.engine.landing(self.engine.injector, int(self.source.size))
+            self.fail(StoppedEarly())
+            return
         if self.engine.injector.fire(FaultSite.DELAY):
             self.delay_polls = 1
         self.finish(True)
