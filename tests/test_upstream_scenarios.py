@@ -351,3 +351,23 @@ def test_every_test_the_index_names_exists() -> None:
             if not callable(getattr(module, name, None)):
                 missing.append(f"{f}: {ref}")
     assert missing == []
+
+
+def test_f13_an_s2h_whose_window_stopped_early_publishes_no_page_without_its_window() -> None:
+    """`swa` (trailing: `prefetch_clamp` does not clamp by it) landed 2 of 6 pages, every
+    other pool all 6. L2 holds whole groups (a window is freed in L1 only), so only the
+    pages whose window landed may be published: none of A's 3, so nothing is, and every
+    reserved page of every pool is released -- the window held beyond the hit goes (F13).
+    Checked: with the clamp by `prefetch_clamp` alone, A and B are published in L2 over swa
+    pages that never arrived."""
+    c = group_controller(write_policy="write_through")
+    a, b = a_and_b_in_l3_only(c)
+    l2_before = by_pool(c, Tier.L2)
+    c.admit(3, A + B + (7,))
+    full = {p.name: 6 for p in group("dsv4-tiny").pools}
+    stop_s2h_part_way(c, {**full, "swa": 2, "c4_state": 2, "c4_indexer_state": 2})
+    assert [c.cp.residency(n, Tier.L2) for n in (a, b)] == ["ABSENT", "ABSENT"]
+    assert by_pool(c, Tier.L2) == l2_before and no_private_page(c.cp)
+    assert c.metrics.fallbacks["prefetch_clamped"] == 1
+    assert not check_all(c.cp.snapshot())
+    c.close()

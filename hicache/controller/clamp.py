@@ -23,10 +23,16 @@ def clamped_nodes(group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[s
     """How many leading `nodes` (an S2H's parent-first chain, anchor pages in order) to
     publish when `landed[pool]` of each pool's pages arrived: the most whole nodes whose
     anchor pages fit in `prefetch_clamp(group, landed, reserved).published`, `reserved`
-    being every page of the chain. ConfigError (from `prefetch_clamp`) for a report naming
+    being every page of the chain, and in every other pool's landed pages (L2 holds whole
+    groups). ConfigError (from `prefetch_clamp`) for a report naming
     a pool the group lacks or a count beyond what was reserved."""
     reserved = sum(n.num_pages for n in nodes)
     published = prefetch_clamp(group, landed, reserved).published
+    # The host tiers hold whole groups (a window is freed in L1 only, spec/pools.md "Freed
+    # windows"), so the pools `prefetch_clamp` does not clamp by -- trailing and state pools
+    # -- must have landed too: a published L2 page lacks no pool's bytes.
+    published = min([published] + [landed.get(p.name, 0) // group.ratio(p.name)
+                                    for p in group.backed_up().pools])
     keep = covered = 0
     for node in nodes:
         if covered + node.num_pages > published:
