@@ -88,6 +88,9 @@ GLOSSARY: dict[str, str] = {
                                     "copy: its backup was not in time "
                                     "('write_through_unbacked_eviction')",
     "L3 full": "a backup to L3 found no room ('storage_pressure')",
+    "window freed": "under write-back, L1 evicted a node whose window (the trailing side "
+                    "pools, dsv4's swa) had been freed: the host tiers hold whole groups, so "
+                    "it could not be backed up ('window_freed')",
     "backup transfer failed": "a D2H or H2S backup failed ('backup_failed')",
     "L3 copies dropped": "L3 pages dropped outside pressure eviction: a node's slot failed "
                          "its checksum ('corrupt') or could not be read ('unreadable'), the "
@@ -105,7 +108,8 @@ FALLBACK_LABELS = {"transfer_failed": "transfer failed", "no_room": "no room in 
                    "prefetch_clamped": "L3 read stopped part way"}
 DROP_LABELS = {"host_pressure": "L2 full", "write_through_unbacked_eviction":
                "evicted before its L2 backup", "storage_pressure": "L3 full",
-               "backup_failed": "backup transfer failed", "l3_offline": "L3 offline"}
+               "backup_failed": "backup transfer failed", "l3_offline": "L3 offline",
+               "window_freed": "window freed"}
 DIRECTION_LABELS = {"D2H": "L1 -> L2", "H2D": "L2 -> L1", "H2S": "L2 -> L3", "S2H": "L3 -> L2"}
 
 

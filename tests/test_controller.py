@@ -104,7 +104,7 @@ def test_failed_restore_falls_back_to_recompute(site: FaultSite, evicted: str) -
         faults.once(site)
     assert serve(c, 2, PROMPT) == 24  # everything recomputed (B12: no raise, no hang)
     assert c.metrics.fallbacks == {"transfer_failed": 1, "no_room": 0, "restore_gap": 0, "l3_offline": 0,
-                                   "dropped": 0, "load_back_pending": 0}
+                                   "dropped": 0, "load_back_pending": 0, "prefetch_clamped": 0}
     assert c.metrics.verified_pages == 0
     if site is FaultSite.CORRUPT_SLOT:
         assert all(n.state[2] != RESIDENT for n in c.cp.tree.nodes())  # the slot is a miss now

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from hicache import demo
-from hicache.demo_report import GLOSSARY, percents
+from hicache.controller.metrics import DROP_REASONS, FALLBACK_REASONS
+from hicache.demo_report import DROP_LABELS, FALLBACK_LABELS, GLOSSARY, percents
 from hicache.demo_sizing import longest_prompt, size_tiers
 from hicache.errors import ConfigError
 from hicache.workload import shared_prefix_workload
@@ -86,6 +87,15 @@ def test_token_shares_print_as_exactly_100_percent(tight: tuple[str, Any]) -> No
     assert total[0] == "total" and total[2] == "100.0"
     assert sum(int(n.replace(",", "")) for _, n, _ in parts) == int(total[1].replace(",", ""))
     assert sum(round(float(p) * 10) for _, _, p in parts) == 1000
+
+
+def test_every_fallback_and_drop_reason_has_a_defined_label() -> None:
+    """The report prints every reason the metrics count, so each needs a label the glossary
+    defines (a reason added without one made every demo with a drop raise KeyError)."""
+    assert set(FALLBACK_LABELS) == set(FALLBACK_REASONS)
+    assert set(DROP_LABELS) == set(DROP_REASONS)
+    for label in [*FALLBACK_LABELS.values(), *DROP_LABELS.values()]:
+        assert label in GLOSSARY, label
 
 
 def test_percents_add_to_exactly_100() -> None:
