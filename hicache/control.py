@@ -228,7 +228,10 @@ class ControlPlane(PlaneQueries):
 
     def advance_cached_len(self, request_id: int, node: TreeNode) -> int:
         """After a restore into L1 completed and was published: take the request's L1 lock
-        down to `node` and serve its prefix from the cache (I5: publication precedes this)."""
+        down to `node` and serve its prefix from the cache (I5: publication precedes this).
+        IllegalTransition, nothing changed: a node on the path not RESIDENT in L1, one off the
+        request's locked prefix, private pages held, or an end a freed window refuses
+        (`servable_in_l1` names the deepest legal one)."""
         req = self._request(request_id)
         path = self.tree.path_to_root(node)
         # Verify every node up to `node` is published in L1 (completion -> publication -> cached_len).
@@ -239,6 +242,10 @@ class ControlPlane(PlaneQueries):
             raise IllegalTransition("cached_len", "L1", "-", "node does not extend the request's locked prefix")
         if req.private_pages.size:
             raise IllegalTransition("cached_len", "L1", "L1_PRIVATE", "the request holds private pages; insert them first")
+        # Verify the prefix may end here: no freed window within the hit's window before it.
+        if self.windows.clip(path[::-1]) * self.page_size != self.tree.prefix_tokens(node):
+            raise IllegalTransition("cached_len", "L1", "-", f"node {node.node_id}'s L1 window or one "
+                                    "before it is freed: serve up to servable_in_l1, recompute the rest")
         self.tree.lock(node, 0)
         if not req.locked.is_root:
             self.tree.unlock(req.locked, 0)

@@ -16,6 +16,7 @@ from hicache.execute import Executor, node_segments
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import PageTable, Pages, pages
 from hicache.pools.tierpools import TierPools
+from hicache.pools.windows import L1Windows
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Tier
@@ -38,6 +39,7 @@ class PlaneQueries:
     ops: dict[int, PendingOp]
     requests: dict[int, Request]
     digests: Digests | None  # page digests for I4 (the data plane's), or None
+    windows: L1Windows  # L1's freed windows, read for hits (spec/pools.md, "Freed windows")
 
     def holds(self, node: TreeNode, tier: Tier | str) -> bool:
         """Whether `node`'s pages are published (RESIDENT) in `tier`. The root holds every
@@ -71,6 +73,20 @@ class PlaneQueries:
                 break
             deepest = n
         return deepest
+
+    def servable_in_l1(self, nodes: Sequence[TreeNode]) -> TreeNode | None:
+        """The deepest node of the leading run of `nodes` (parent first, along one path)
+        RESIDENT in L1 at whose end an L1 hit may end: under the group hit policy a freed
+        window before the end refuses it (`windows.clip`, spec/pools.md "Freed windows").
+        None when no node of `nodes` qualifies."""
+        deepest = self.leading_run(nodes, Tier.L1)
+        if deepest is None or not self.windows.tombstones:
+            return deepest
+        end = self.windows.clip(self.tree.path_to_root(deepest)[::-1]) * self.page_size
+        for n in reversed(nodes[:nodes.index(deepest) + 1]):
+            if self.tree.prefix_tokens(n) <= end:
+                return n
+        return None
 
     def prefix_pages(self, node: TreeNode, tier: Tier | str) -> Pages:
         """`tier`'s physical pages of the whole prefix ending at `node`, in token order (the
@@ -218,7 +234,8 @@ class PlaneQueries:
         )
         tiers = {
             str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i],
-                             tab.pool_views() if isinstance(tab, TierPools) else ())
+                             tab.pool_views() if isinstance(tab, TierPools) else (),
+                             self.windows.hit_pages if i == 0 else 0)
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }
         return Snapshot(self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id)

@@ -9,7 +9,8 @@ checks are vectorised over them (cost linear in pages, no Python loop per page).
 
     Snapshot
       page_size                     tokens per page (all tiers)
-      tiers[T]    TierView          capacity, owner array, the tree's own size counter
+      tiers[T]    TierView          capacity, owner array, the tree's own size counter,
+                                    and the window an L1 hit needs before its end
         pools     PoolView...       a pool group's side pools (none for one pool): owner codes
                                     and which anchor page holds each of their pages (I9)
       nodes       NodeView...       topology + per-tier value / sub-state / lock count / pending op
@@ -41,16 +42,26 @@ UNSERVABLE = np.uint64(np.iinfo(np.uint64).max)
 or unreadable). Digest functions never return it for real bytes; I4 skips such pages."""
 
 
+NO_PAGES = -1
+"""`PoolView.held_by` entry of an anchor page that holds no page of the pool (it is FREE)."""
+
+TOMBSTONE = -2
+"""`PoolView.held_by` entry of a TREE anchor page whose *window* was freed (spec/pools.md,
+"Freed windows"): a trailing pool's pages gone while the anchor page and its sidecars stay."""
+
+
 @dataclass(frozen=True)
 class PoolView:
     """One side pool of a tier's pool group (an allocating pool that follows the anchor):
-    its own owner codes, and per anchor page the `ratio` pages of it that page holds."""
+    its own owner codes, and per anchor page the `ratio` pages of it that page holds.
+    `window`: a trailing pool (hit policy TRAILING_PAGES), whose rows may read TOMBSTONE."""
 
     pool: str
     tier: str  # "<tier>.<pool>", as the pool's page table names itself
     capacity: int  # this pool's pages
     owner: npt.NDArray[np.uint8]  # per page of this pool: FREE / PRIVATE / TREE
-    held_by: npt.NDArray[np.int64]  # [anchor page, ratio]: this pool's pages; -1 when none
+    held_by: npt.NDArray[np.int64]  # [anchor page, ratio]: its pages; NO_PAGES or TOMBSTONE
+    window: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,9 @@ class TierView:
     owner: npt.NDArray[np.uint8]  # per physical page: FREE / PRIVATE / TREE
     tree_pages_counted: int  # the tree's own running count of pages it holds in this tier
     pools: tuple[PoolView, ...] = ()
+    # Anchor pages just before the end of each live request's L1 prefix that must hold their
+    # window (the plane's group hit policy; 0: none must, as without a trailing pool).
+    hit_window: int = 0
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ from hicache.invariants import CHECKS, CheckMode, InvariantChecker, Violation, c
 from hicache.invariants.ownership import RESIDENT
 from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
-from hicache.snapshot import NodeView, OpView, PoolView, RequestView, Snapshot, TierView
+from hicache.snapshot import (
+    NO_PAGES, TOMBSTONE, NodeView, OpView, PoolView, RequestView, Snapshot, TierView,
+)
 
 CAP = 8
 TIERS = ("L1", "L2", "L3")
@@ -567,6 +569,38 @@ def test_group_atomic_violation() -> None:
     found = [v for v in check_all(freed) if v.invariant == "I9"]
     assert {v.tier for v in found} == {"L1"} and found[0].pages == (0,)
     assert "group_atomic" in str(found[0])
+
+
+def windowed(freed: list[int], hit_window: int = 1, window: bool = True) -> Snapshot:
+    """valid() with an L1 trailing pool (`swa`, ratio 1) following the anchor, the windows
+    of anchor pages `freed` freed (TOMBSTONE rows, their swa pages FREE)."""
+    held = np.full((CAP, 1), NO_PAGES, dtype=np.int64)
+    held[[0, 1, 2, 3, 4, 5], 0] = [0, 1, 2, 3, 4, 5]
+    held[freed] = TOMBSTONE
+    kept = [p for p in (0, 1, 2) if p not in freed]
+    pool = PoolView("swa", "L1.swa", CAP, owner(kept, [p for p in (3, 4, 5) if p not in freed]),
+                    held, window=window)
+    return with_tier(valid(), "L1", pools=(pool,), hit_window=hit_window)
+
+
+def test_group_atomic_allows_a_freed_window_of_a_whole_node_outside_every_hit_window() -> None:
+    """Node 1 (L1 pages 0, 1) lost its window; request 7 reads the prefix 0, 1, 2 and needs
+    only the last page's window (hit_window 1): I9 holds."""
+    assert check_all(windowed([0, 1])) == []
+
+
+def test_group_atomic_window_violations() -> None:
+    """I9's window rules: a request's prefix with a gap within its hit window; a window
+    freed for part of a node; one freed for a page not TREE; a TOMBSTONE in a pool that is
+    not a trailing pool."""
+    gap = only(check_all(windowed([0, 1], hit_window=2)), "I9")
+    assert gap.pages == (1,) and "request 7" in gap.message
+    half = only(check_all(windowed([1])), "I9")
+    assert half.nodes == (1,) and "whole node" in half.message
+    private = [v for v in check_all(windowed([0, 1, 3])) if v.invariant == "I9"]
+    assert any(v.pages == (3,) and "not TREE" in v.message for v in private)
+    plain = only(check_all(windowed([0, 1], window=False)), "I9")
+    assert "outside" in plain.message and plain.pages == (TOMBSTONE,)  # listed once
 
 
 def test_checker_off_never_raises() -> None:

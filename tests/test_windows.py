@@ -16,7 +16,8 @@ from hicache.pages import FREE, TREE, Pages
 from hicache.pools.hits import agreed_hit
 from hicache.pools.presets import group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
-from hicache.pools.tierpools import TOMBSTONE, TierPools
+from hicache.pools.tierpools import TierPools
+from hicache.snapshot import TOMBSTONE
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
 from hicache.tree import TreeNode
@@ -99,10 +100,11 @@ def three_nodes(policy: str = "all_pools") -> tuple[ControlPlane, list[int], lis
 
 @pytest.mark.parametrize("freed, hit_pages", [
     ((), 4),          # every window present: the anchor's hit
-    ((0,), 4),        # F23: a gap at the root's child, then 2 pages reach W again
+    ((0,), 4),        # a gap at the root's child, then 2 pages reach W again
     ((2,), 3),        # the leaf's window freed: the hit ends before it
-    ((1,), 2),        # F14: only 1 page after the gap (< W), so the hit ends at 2, not 4
+    ((1,), 2),        # only 1 page after the gap (< W), so the hit ends at 2, not 4
     ((0, 2), 0),      # no legal end but 0
+    ((0, 1), 0),      # the last node alone (1 page < W) is not a window
 ])
 def test_a_freed_window_ends_the_l1_hit_at_the_last_end_every_trailing_pool_accepts(
         freed: tuple[int, ...], hit_pages: int) -> None:
@@ -121,6 +123,26 @@ def hits_agreed(path: list[TreeNode], freed: tuple[int, ...]) -> int:
     presence = {p.name: [True] * len(swa) for p in DSV4.pools if p.role in ("anchor", "sidecar")}
     presence["swa"] = swa
     return agreed_hit(DSV4, presence, len(swa), "all_pools").hit * PS
+
+
+def test_f23_a_freed_internal_window_then_a_whole_window_again_is_served_past_the_gap() -> None:
+    """SGLang #29204: write-back frees an internal node's SWA value before the leaf goes. The
+    hit may still end past the gap once W pages follow it (here the whole prompt, 4 pages),
+    and never at an end whose window has the gap in it (pages 2 and 3 are refused)."""
+    cp, a, path = three_nodes()
+    cp.tombstone(path[0])
+    assert cp.begin_request(7, a).lengths[0] == 4 * PS
+    cp.end_request(7)
+    assert cp.begin_request(8, a[:3 * PS + 1]).lengths[0] == 0  # end 3: window [1, 3) has a gap
+
+
+def test_f14_an_anchor_bound_between_trailing_endpoints_falls_back_to_the_last_legal_one() -> None:
+    """SGLang #39147: the anchor serves 4 pages, swa's legal ends are {0, 1, 2} (node 1's
+    window freed, W = 2): the hit is 2, the largest common end -- not min(4, largest swa end
+    ignoring the gap) and not the anchor's 4."""
+    cp, a, path = three_nodes()
+    cp.tombstone(path[1])
+    assert cp.begin_request(7, a).lengths[0] == 2 * PS
 
 
 def test_under_anchor_recompute_swa_a_freed_window_does_not_end_the_hit() -> None:
@@ -160,3 +182,19 @@ def test_tombstone_is_traced_with_the_nodes_anchor_pages() -> None:
     last = sink.events[-1]
     assert (last.event, last.tier, last.node) == ("tombstone", "L1", node.node_id)
     assert last.pages == [int(p) for p in node.value[0]]  # type: ignore[union-attr]
+
+
+def test_a_prefix_loaded_after_admission_is_served_only_up_to_a_whole_window() -> None:
+    """A request admitted with no L1 hit (its load-back failed, say) later finds its prompt
+    in L1 -- another request loaded it -- but the leaf's window was freed since. Serving the
+    whole run would end the hit on a gap: `servable_in_l1` stops at the last legal end and
+    `advance_cached_len` refuses the leaf with nothing changed. (The fuzz found the
+    controller's prefill serving the freed node: I9 reported the gap in request's prefix.)"""
+    cp, a, path = three_nodes()
+    cp.begin_request(7, a, match_len=0)
+    cp.tombstone(path[2])
+    assert cp.servable_in_l1(path) is path[1]
+    with pytest.raises(IllegalTransition, match="window"):
+        cp.advance_cached_len(7, path[2])
+    assert cp.cached_len(7) == 0 and path[2].lock[0] == 0
+    assert cp.advance_cached_len(7, path[1]) == 3 * PS

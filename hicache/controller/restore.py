@@ -149,8 +149,10 @@ class RestoreStager:
             self.cp.evict_node(node, Tier.L2)
 
     def deepest_in_l1(self, mat: Materialization) -> TreeNode | None:
-        """The last planned node of the leading run L1 holds (what `prefill` may serve)."""
-        return self.cp.leading_run(mat.nodes, Tier.L1)
+        """The last planned node of the leading run L1 holds at whose end an L1 hit may end
+        (what `prefill` may serve: a node another request loaded may have lost its window
+        since, spec/pools.md "Freed windows")."""
+        return self.cp.servable_in_l1(mat.nodes)
 
     # -- internals --------------------------------------------------------------------------
 

@@ -35,7 +35,9 @@ Contract for callers (spec/invariants.md, I9 `group_atomic`, states what always 
   says which anchor pages still hold their window. A freed window comes back with a new
   reservation (the node evicted and restored) or from a request that recomputed the same
   tokens: `revive(p, donor)` moves the donor's window under `p` before the donor is
-  released (its rows read `TOMBSTONE` for that moment: release skips them too).
+  released (its rows read `TOMBSTONE` for that moment: release skips them too). Both bump
+  the anchor pages' `generation`: (page, generation) names a group page's content, which a
+  freed or revived window changes.
 """
 
 from __future__ import annotations
@@ -49,14 +51,7 @@ from hicache.errors import ConfigError, IllegalTransition, OutOfPages
 from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
 from hicache.pools.spec import ALLOCATING, TRAILING_PAGES, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
-from hicache.snapshot import PoolView
-
-NONE = -1
-"""`held_by` entry of an anchor page that holds no page of that pool (it is FREE)."""
-
-TOMBSTONE = -2
-"""`held_by` entry of a TREE anchor page whose window was freed (`tombstone`): a trailing
-pool's pages, gone while the anchor page and its sidecars stay."""
+from hicache.snapshot import NO_PAGES, TOMBSTONE, PoolView
 
 MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
 """The state each group move takes anchor pages out of (PageTable's transitions)."""
@@ -90,7 +85,7 @@ class TierPools(PageTable):
 
     `owner`, `generation` and `capacity` are the anchor pool's (the same arrays);
     `held_by[pool][a]` are the `ratio` pages of side pool `pool` that anchor page `a` holds
-    (`NONE` while `a` is FREE)."""
+    (`NO_PAGES` while `a` is FREE)."""
 
     def __init__(self, tier: str, group: PoolGroup, capacity_pages: Mapping[str, int],
                  faults: ReserveFault | None = None) -> None:
@@ -106,7 +101,7 @@ class TierPools(PageTable):
         self.owner, self.generation = anchor_table.owner, anchor_table.generation
         self.ratios = {p.name: g.ratio(p.name) for p in g.allocating if p.role == ALLOCATING}
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
-            name: np.full((self.capacity, r), NONE, dtype=np.int64)
+            name: np.full((self.capacity, r), NO_PAGES, dtype=np.int64)
             for name, r in self.ratios.items()}
         self.window = window_pools(g)
         """The trailing side pools: what `tombstone` frees (empty: nothing to tombstone)."""
@@ -203,6 +198,7 @@ class TierPools(PageTable):
         for name in self.window:
             self.group_table.tables[name].free(self.held_by[name][p].reshape(-1))
             self.held_by[name][p] = TOMBSTONE
+        self.generation[p] += np.uint64(1)  # the group page's content changed (I4's cache key)
 
     def revive(self, p: Pages, donor: Pages) -> None:
         """Give TREE anchor pages `p`, whose windows are freed, the windows of PRIVATE anchor
@@ -224,6 +220,7 @@ class TierPools(PageTable):
             self.group_table.tables[name].publish(self.held_by[name][donor].reshape(-1))
             self.held_by[name][p] = self.held_by[name][donor]
             self.held_by[name][donor] = TOMBSTONE
+        self.generation[p] += np.uint64(1)  # whole again, with the donor's window pages
 
     # -- the data plane's interface and the snapshot -----------------------------------------------
 
@@ -250,7 +247,7 @@ class TierPools(PageTable):
         """Each side pool's owner codes and `held_by` map, copied (the snapshot's records)."""
         tables = self.group_table.tables
         return tuple(PoolView(name, tables[name].tier, tables[name].capacity,
-                              tables[name].owner.copy(), held.copy())
+                              tables[name].owner.copy(), held.copy(), name in self.window)
                      for name, held in self.held_by.items())
 
     # -- internals ---------------------------------------------------------------------------------
@@ -266,13 +263,13 @@ class TierPools(PageTable):
             rows = held[p]
             # Verify a PRIVATE or TREE anchor page holds its side pages (reserve set them);
             # a freed window (only ever of a TREE page) has nothing left to move.
-            assert not (rows == NONE).any(), f"{self.tier}: anchor pages hold no {name} pages"
+            assert not (rows == NO_PAGES).any(), f"{self.tier}: anchor pages hold no {name} pages"
             by_pool[name] = rows[rows[:, 0] != TOMBSTONE].reshape(-1)
         return GroupPages(self.tier, by_pool)
 
     def _forget(self, p: Pages) -> None:
         for held in self.held_by.values():
-            held[pages(p)] = NONE
+            held[pages(p)] = NO_PAGES
 
 
 def tier_tables(tiers: Sequence[str], capacities: Sequence[int], page_size: int,
