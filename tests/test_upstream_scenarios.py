@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from hicache.control import ControlPlane
+from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.null import StoppedEarly
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.null import NullEngine, StoppedEarly
 from hicache.errors import ConfigError, IllegalTransition
 from hicache.invariants import check_all
 from hicache.pages import PRIVATE
@@ -252,6 +254,78 @@ def test_f12_a_pool_left_out_of_the_s2h_report_counts_zero_and_every_slot_is_rel
     assert c.prefill(3) == len(A + B) + 1  # everything recomputed
     c.finish(3)
     assert a.lock == b.lock == [0, 0, 0] and no_private_page(c.cp)
+    c.close()
+
+
+def aimed_partial_restore(seed: int) -> tuple[CacheController, TreeNode, TreeNode, dict[str, int]]:
+    """A controller whose restore of A + B (one S2H over both, from L3) meets an aimed
+    `partial` (FaultInjector seed `seed`); the S2H's drawn report, not yet applied."""
+    faults = FaultInjector(seed=seed).aim("partial", direction=Direction.S2H)
+    cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", pools="dsv4-tiny",
+                      check_mode="every", write_policy="write_through")
+    c = CacheController(cfg, engine=NullEngine(cfg.kv, 16, 32, 64), faults=faults)
+    a, b = a_and_b_in_l3_only(c)
+    c.admit(3, A + B + (7,))
+    (op_id,) = c.handles
+    landed = c.handles[op_id].landed
+    assert landed is not None and faults.fired[FaultSite.S2H_PARTIAL] == 1
+    return c, a, b, landed
+
+
+def test_an_aimed_partial_s2h_stops_with_a_drawn_report_and_publishes_its_clamp() -> None:
+    """The fuzz's aimed `partial` (how the group machines reach F11-F13 every run): the S2H
+    fails at issue with a per-pool report drawn by `FaultInjector.landing` over every
+    backed-up pool (one pool short, or left out), and the controller publishes the whole
+    nodes every pool covers -- A (3 pages) once each pool landed 3, B only with all 6 --
+    releasing the rest of every pool (a pool left out counts none: F12). Over seeds 0-7
+    the reports leave a pool out, stop one short, or land whole; they keep none, A, or both.
+    Aiming it at a transfer that is not an L3 read is refused."""
+    with pytest.raises(ConfigError, match="aim.direction"):
+        FaultInjector().aim("partial", direction=Direction.H2D)
+    pools = {p.name for p in group("dsv4-tiny").pools}
+    outcomes, shapes = set(), set()
+    for seed in range(8):
+        c, a, b, landed = aimed_partial_restore(seed)
+        assert set(landed) <= pools and sum(n < 6 for n in landed.values()) <= 1
+        shapes.add("left out" if set(landed) != pools else  # F12
+                   "short" if min(landed.values()) < 6 else "whole")
+        covered = min(landed.get(p, 0) for p in pools)  # every dsv4-tiny pool: ratio 1
+        c.tick()
+        assert c.metrics.fallbacks["prefetch_clamped"] == 1
+        kept = [n for n in (a, b) if c.cp.residency(n, Tier.L2) == "RESIDENT"]
+        assert kept == [a, b][:(covered >= 3) + (covered >= 6)] and not check_all(c.cp.snapshot())
+        outcomes.add(len(kept))
+        while not c.ready(3):
+            settle_all(c)
+        assert c.prefill(3) == len(A + B) + 1 - sum(len(n.key) for n in kept)
+        c.finish(3)
+        assert no_private_page(c.cp)
+        c.close()
+    assert outcomes == {0, 1, 2} and shapes == {"left out", "short", "whole"}
+
+
+# -- F23: a freed window is never served ---------------------------------------------------------
+
+
+def test_f23_a_prefix_whose_window_was_freed_after_admission_is_recomputed_and_revived() -> None:
+    """Request 2's load-back of A fails, so it waits with nothing restored; request 3 loads A
+    into L1 and ends; then A's window is freed. Request 2's prefill finds A in L1 but may not
+    serve it (a hit ending at A has a gap in its window): it recomputes A, and its copy gives
+    A its window back (`revive`). Seen failing (found by the fuzz, seed 1, 4,000 steps):
+    prefill served A from L1, and I9 reported request 2's prefix ending on a freed window."""
+    c = group_controller(write_policy="write_through")
+    serve(c, 1, A)
+    settle_all(c)
+    a = node_of(c, A)
+    c.cp.evict_node(a, Tier.L1)
+    c.admit(2, A + (7,))
+    settle_all(c, ok=False)  # the load-back fails: request 2 is ready with nothing restored
+    assert c.ready(2) and c.cp.cached_len(2) == 0
+    serve(c, 3, A + (7,))  # loads A back into L1, and ends
+    c.cp.tombstone(a)
+    assert c.prefill(2) == len(A) + 1  # A recomputed: its freed window is never served
+    assert c.cp.windows.freed(a) is False and not check_all(c.cp.snapshot())
+    c.finish(2)
     c.close()
 
 

@@ -389,7 +389,8 @@ class CacheController:
         if aim is not None and aim.action == "crash":
             self.hooks.crash_ops.add(op.op_id)
         try:
-            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim)
+            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
+                                 self.hooks.landing(aim, self.group, need))
         except HiCacheError as e:
             self.cp.fail(op.op_id)
             if isinstance(e, StorageError):

@@ -5,6 +5,8 @@
     ALLOC_L1/L2/L3, alloc   `issue`, after make-room         OutOfPages for the target tier
     CRASH_BEFORE_PUBLISH,   `_settle` of a DONE, before      SimulatedCrash; the controller
     crash                   `complete`                       refuses all but close()
+    partial (aim)           `issue` of an S2H                the per-pool landing report
+                                                             the handle fails with (`landing`)
 
 Contract: the hooks only decide; the controller acts (spec/faults.md, "A crash between a
 transfer and its publication"). With `faults=None` nothing is drawn.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
 from hicache.errors import OutOfPages
+from hicache.pools.spec import PoolGroup
 from hicache.tiers import Direction, Tier
 
 
@@ -32,6 +35,15 @@ class ControllerFaults:
         aimed = aim is not None and aim.action == "alloc"
         if aimed or (self.faults is not None and self.faults.fire(ALLOC_SITES[tier])):
             raise OutOfPages(str(tier), need, free)
+
+    def landing(self, aim: Aim | None, group: PoolGroup, anchor_pages: int) -> dict[str, int] | None:
+        """An aimed `partial`'s report for an S2H of `anchor_pages` anchor pages: each
+        backed-up pool of `group`, in its own pages, drawn by `FaultInjector.landing` (one
+        pool stopped part way or left out); None for any other aim."""
+        if aim is None or aim.action != "partial" or self.faults is None:
+            return None
+        kept = group.backed_up()
+        return self.faults.landing({p.name: anchor_pages * kept.ratio(p.name) for p in kept.pools})
 
     def crash_now(self, op_id: int, what: str) -> SimulatedCrash | None:
         """The crash to raise between op `op_id`'s DONE and its publication, or None."""

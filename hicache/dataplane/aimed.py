@@ -16,8 +16,11 @@ pages when it is observed. Contract: raises what the plane's transfer method rai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hicache.dataplane.faults import Aim
 from hicache.dataplane.handles import DelayedHandle, TransferHandle
+from hicache.dataplane.null import StoppedEarly
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import TransferError, UnreadableSlot
 from hicache.pages import Pages
@@ -25,8 +28,9 @@ from hicache.tiers import Direction
 
 
 def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: Pages,
-                aim: Aim | None) -> TransferHandle:
-    """`engine`'s `direction` transfer of `source` -> `target`, meeting `aim` (None: none)."""
+                aim: Aim | None, landed: Mapping[str, int] | None = None) -> TransferHandle:
+    """`engine`'s `direction` transfer of `source` -> `target`, meeting `aim` (None: none);
+    `landed`: a `partial` aim's per-pool report (pages of each pool that landed)."""
     if aim is not None and aim.action == "corrupt":
         engine.corrupt_slot(int(source[0]))
     handle = getattr(engine, direction.value.lower())(source, target)
@@ -38,6 +42,12 @@ def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: 
     elif aim.action == "short_read":
         slots = tuple(int(s) for s in source.tolist())
         handle.fail(UnreadableSlot(slots, engine.l3_path, "an aimed short read that persists"))
+    elif aim.action == "partial":
+        # Verify the caller drew the report: a partial stop without one would read as "all
+        # or nothing" (F12: a pool missing from a report counts none, never all).
+        assert landed is not None, "a partial aim needs its landing report"
+        handle.landed = dict(landed)
+        handle.fail(StoppedEarly())
     elif aim.action == "delay":
         return DelayedHandle(handle, aim.polls)
     return handle

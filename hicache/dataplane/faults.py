@@ -106,11 +106,13 @@ class SimulatedCrash(HiCacheError):
     empty (spec/faults.md, "A crash between a transfer and its publication")."""
 
 
-Action = Literal["fail", "delay", "corrupt", "short_read", "alloc", "crash"]
-ACTIONS: tuple[Action, ...] = ("fail", "delay", "corrupt", "short_read", "alloc", "crash")
+Action = Literal["fail", "delay", "corrupt", "short_read", "partial", "alloc", "crash"]
+ACTIONS: tuple[Action, ...] = ("fail", "delay", "corrupt", "short_read", "partial", "alloc", "crash")
+READ_ACTIONS: tuple[Action, ...] = ("corrupt", "short_read", "partial")  # S2H only
 ACTION_SITE: dict[Action, FaultSite | None] = {
     "fail": None,  # counted under the direction's completion site (below)
     "delay": FaultSite.DELAY, "corrupt": FaultSite.CORRUPT_SLOT, "short_read": FaultSite.SHORT_READ,
+    "partial": FaultSite.S2H_PARTIAL,
     "alloc": None,  # counted under the target tier's ALLOC site
     "crash": FaultSite.CRASH_BEFORE_PUBLISH,
 }
@@ -129,6 +131,8 @@ class Aim:
     | delay      | observed `polls` polls after it finished                                |
     | corrupt    | S2H only: the first slot it reads is corrupt (CorruptSlot, a miss)      |
     | short_read | S2H only: its reads stay short (UnreadableSlot, a miss)                 |
+    | partial    | S2H only: it stops with part of each pool landed (`landed`, drawn by    |
+    |            | `landing`): the caller publishes the clamp of that (S2H_PARTIAL)        |
     | alloc      | its target reservation fails as if the tier were full (OutOfPages)      |
     | crash      | the process dies once its DONE is observed, before it is published      |
     """
@@ -194,11 +198,11 @@ class FaultInjector:
     def aim(self, action: Action, *, direction: Direction | None = None,
             request_id: int | None = None, polls: int = 3) -> FaultInjector:
         """Aim `action` at the next op matching `direction` and `request_id` (see `Aim`).
-        ConfigError for an unknown action, or corrupt/short_read aimed at a direction other
-        than S2H."""
+        ConfigError for an unknown action, or corrupt/short_read/partial aimed at a direction
+        other than S2H."""
         if action not in ACTIONS:
             raise ConfigError("aim.action", f"one of {', '.join(ACTIONS)}; got {action!r}")
-        if action in ("corrupt", "short_read") and direction is not Direction.S2H:
+        if action in READ_ACTIONS and direction is not Direction.S2H:
             raise ConfigError("aim.direction", f"{action} is a fault of an L3 read: aim it at Direction.S2H")
         self.aims.append(Aim(action, direction, request_id, polls))
         return self
@@ -229,18 +233,21 @@ class FaultInjector:
 
     def landing(self, pages: Mapping[str, int]) -> dict[str, int]:
         """S2H_PARTIAL's per-pool report for an S2H of `pages[pool]` pages per pool (each in
-        the pool's own pages), drawn from the seeded generator: one pool, drawn, stopped
-        after a drawn 0..pages[pool] of its pages, every other pool landed all of its own;
-        with probability 1/4 the stopped pool is left out of the report instead (it counts
-        as none landed: F12). A sidecar that stopped before the anchor is F11."""
+        the pool's own pages), drawn from a generator of its own, seeded by `seed` and by
+        how many site checks this injector has made (so reports differ with the run's
+        history, and drawing one leaves the sites' draws as they were): one pool, drawn,
+        stopped after a drawn 0..pages[pool] of its pages, every other pool landed all of
+        its own; with probability 1/4 the stopped pool is left out of the report instead (it
+        counts as none landed: F12). A sidecar that stopped before the anchor is F11."""
         report = dict(pages)
         if not report:
             return report
-        pool = sorted(report)[self._rng.randrange(len(report))]
-        if self._rng.random() < 0.25:
+        rng = random.Random(f"landing:{self.seed}:{sum(self.reached.values())}")
+        pool = sorted(report)[rng.randrange(len(report))]
+        if rng.random() < 0.25:
             del report[pool]
         else:
-            report[pool] = self._rng.randint(0, report[pool])
+            report[pool] = rng.randint(0, report[pool])
         return report
 
     def unreached(self, plane: Plane) -> list[FaultSite]:

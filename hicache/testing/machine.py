@@ -19,7 +19,8 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
     complete     a chosen pending transfer succeeds (per the fault schedule), then a tick
     fail         a chosen pending transfer fails (error, corrupt or unreadable), then a tick
     aimed        a fault aimed at the next transfer into a tier (refused reservation, crash,
-                 or a failure of `fail`'s kinds), then a resubmit that issues that transfer
+                 a failure of `fail`'s kinds, or -- a pool group's engine -- an L3 read
+                 that stops part way per pool), then a resubmit that issues that transfer
     prefill      a ready request is served: restored pages used, the rest computed (when
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
@@ -52,7 +53,7 @@ bytes. `Coverage` (coverage.py), when given, collects each run's trace and fault
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -67,6 +68,7 @@ LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
 QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x)
 FAIL_KINDS = ("error", "corrupt", "unreadable")
 AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`)
+GROUP_AIMS = AIMS + ("partial",)  # a pool group's engines: an L3 read stops part way per pool
 DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
 
 Step = TypeVar("Step", bound=Callable[..., None])
@@ -87,11 +89,12 @@ def survives_crash(step: Step) -> Step:
 
 
 def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, page_size: int = 4,
-                 coverage: Coverage | None = None, name: str = "CacheMachine"
-                 ) -> type[RuleBasedStateMachine]:
+                 coverage: Coverage | None = None, name: str = "CacheMachine",
+                 aims: Sequence[str] = AIMS) -> type[RuleBasedStateMachine]:
     """A machine class driving `adapter(setup)` (one `setup` drawn from `setups` per run)
     against the reference model. `page_size` shapes the prompts (the adapter's own must
-    match). `coverage`, when given, collects every run's trace and fault counts."""
+    match). `coverage`, when given, collects every run's trace and fault counts. `aims`: the
+    actions `aimed` draws (`GROUP_AIMS` for an engine with a pool group)."""
     prompt = prompts(page_size)
 
     class CacheMachine(RuleBasedStateMachine):
@@ -262,7 +265,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             return held[-1 - pick % len(held)]
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
-        @rule(action=st.sampled_from(AIMS), tier=st.integers(0, 2), pick=st.integers(0, 7))
+        @rule(action=st.sampled_from(tuple(aims)), tier=st.integers(0, 2), pick=st.integers(0, 7))
         @survives_crash
         def aimed(self, action: str, tier: int, pick: int) -> None:
             """A fault aimed at the next transfer into a tier (`CacheUnderTest.aim`), then a

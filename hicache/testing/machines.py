@@ -43,7 +43,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.coverage import Coverage
-from hicache.testing.machine import AdapterFactory, make_machine
+from hicache.testing.machine import AIMS, GROUP_AIMS, AdapterFactory, make_machine
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -132,7 +132,9 @@ def controller_machine(plane: str, coverage: Coverage | None = None, name: str =
     given) collecting every run's trace and fault counts; `adapter` builds each run's
     controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`);
     `pools` the tiers' pool group preset (a group: the null plane only)."""
-    base = make_machine(adapter, setups(plane, pools=pools), coverage=coverage, name=name)
+    aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS  # a group's S2H may stop part way
+    base = make_machine(adapter, setups(plane, pools=pools), coverage=coverage, name=name,
+                        aims=aims)
     return _with_controller_checks(base, name)
 
 

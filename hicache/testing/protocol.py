@@ -158,9 +158,10 @@ class CacheUnderTest(Protocol):
     def aim(self, action: str, tier: str) -> None:
         """Aim a fault at the next transfer whose target is `tier` (one aim at a time: a new
         one replaces it): "refuse" (its reservation fails as if the tier were full), "crash"
-        (the process dies once it is done, before it is published), or it fails as `fail`'s
-        kinds say ("error", "corrupt", "unreadable"). An engine without such transfers
-        ignores it."""
+        (the process dies once it is done, before it is published), it fails as `fail`'s
+        kinds say ("error", "corrupt", "unreadable"), or -- drawn only for an engine with a
+        pool group -- "partial" (an L3 read stops with part of each pool landed; the engine
+        publishes what every pool holds). An engine without such transfers ignores it."""
         ...
 
     def damage_storage(self, how: str) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 
 from hicache.errors import ConfigError
 from hicache.pools.presets import SINGLE_POOL
+from hicache.testing.seeded import no_source_constants
 from hicache.testing.coverage import Coverage
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 
@@ -184,7 +185,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     with _mutant(args.mutant):
         try:
             captured = io.StringIO()
-            with contextlib.redirect_stdout(captured):
+            # A seed's steps depend on the seed alone, in any process (seeded.py).
+            with contextlib.redirect_stdout(captured), no_source_constants():
                 run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
         except Exception as failure:  # noqa: BLE001 -- any escape is the finding to report
             _report_failure(out, args, failure, captured.getvalue())

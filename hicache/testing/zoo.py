@@ -33,7 +33,6 @@ and `DEFAULT_MACHINE` says which one each mutant is measured against.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import statistics
@@ -51,6 +50,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.testing.mutants import MUTANTS, activate, get
 from hicache.testing.reference import Mismatch
+from hicache.testing.seeded import no_source_constants
 
 MACHINES: dict[str, str] = {
     "fuzz-null": "hicache.testing.machines:FuzzNull",
@@ -219,31 +219,6 @@ def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
     return tally.first
 
 
-@contextlib.contextmanager
-def _no_source_constants() -> Iterator[None]:
-    """Hypothesis draws some values from constants in the source of every module loaded so
-    far, so a seed's run depended on what the process had loaded and on any edit to the
-    repository (a seed caught at step 966 alone missed inside `--mutant all`). Inside this
-    block it draws from none: a seed's run depends on the machine, the mutant and the seed
-    only. (A Hypothesis internal; without it, nothing is pinned.)"""
-    try:
-        from hypothesis.internal.conjecture import providers
-        from hypothesis.internal.constants_ast import Constants
-        from hypothesis.internal.floats import float_to_int
-        from sortedcontainers import SortedSet  # type: ignore[import-untyped]
-        original = providers._get_local_constants
-    except (ImportError, AttributeError):
-        yield
-        return
-    empty = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(),
-                      strings=SortedSet())
-    providers._get_local_constants = lambda: empty
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-
-
 def _run_batch(factory: Any, tally: _Tally, examples: int, steps_per_example: int) -> None:
     """One Hypothesis run of `examples` examples (generation only), its verdict in `tally`."""
     config = settings(
@@ -253,7 +228,7 @@ def _run_batch(factory: Any, tally: _Tally, examples: int, steps_per_example: in
         suppress_health_check=list(HealthCheck),
     )
     try:
-        with _no_source_constants():
+        with no_source_constants():
             run_state_machine_as_test(factory, settings=config)  # type: ignore[no-untyped-call]
     except Exception as e:  # the machine's verdict (recorded as it was raised, see _counted)
         if tally.first is None and tally.steps >= tally.budget:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.faults import ALLOC_SITES, Action, FaultInjector, FaultSite, SimulatedCrash
+from hicache.dataplane.faults import (
+    ALLOC_SITES, READ_ACTIONS, Action, FaultInjector, FaultSite, SimulatedCrash,
+)
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.pools.hits import GROUP_HIT_POLICIES
@@ -46,8 +49,9 @@ PLANES = ("null", "cpu", "cuda")
 INTO = {"L1": Direction.H2D, "L2": Direction.S2H, "L3": Direction.H2S}
 """`aim`: the transfer into each tier that an aimed fault strikes (L2: a restore's read)."""
 AIM_ACTIONS: dict[str, Action] = {"refuse": "alloc", "crash": "crash", "error": "fail", "corrupt": "corrupt",
-                                   "unreadable": "short_read"}
-"""`aim`'s actions as `FaultInjector.aim`'s (corrupt and unreadable: reads only, else fail)."""
+                                   "unreadable": "short_read", "partial": "partial"}
+"""`aim`'s actions as `FaultInjector.aim`'s (corrupt, unreadable, partial: reads only, else
+fail)."""
 
 
 PARTIAL_RATE = 0.25
@@ -88,7 +92,9 @@ class ControllerAdapter:
         self.lifecycle: Lifecycle = load_lifecycle()
         self.sink = ListSink()
         self.events: list[TraceEvent] = []  # every event of every controller this adapter built
-        self.faults = FaultInjector(seed=0, delay_polls=1)
+        # Seeded by the setup, so runs differ in what they draw before their first schedule
+        # (a pool group's landing reports; a single pool draws nothing then).
+        self.faults = FaultInjector(seed=zlib.crc32(repr(setup).encode()), delay_polls=1)
         if setup.pools != SINGLE_POOL:
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
@@ -235,15 +241,15 @@ class ControllerAdapter:
         raise TransferError("drain: transfers still pending after 64 ticks")
 
     def aim(self, action: str, tier: str) -> None:
-        """`FaultInjector.aim` at the next transfer into `tier` (INTO); "corrupt" and
-        "unreadable" other than into L2 (a read of L3) are "fail". ConfigError for an
-        unknown action or tier, nothing changed."""
+        """`FaultInjector.aim` at the next transfer into `tier` (INTO); "corrupt",
+        "unreadable" and "partial" other than into L2 (a read of L3) are "fail". ConfigError
+        for an unknown action or tier, nothing changed."""
         if action not in AIM_ACTIONS or tier not in INTO:
             raise ConfigError("aim", f"an action of {sorted(AIM_ACTIONS)} and a tier of {sorted(INTO)}, "
                               f"got {action!r}, {tier!r}")
         direction = INTO[tier]
         kind = AIM_ACTIONS[action]
-        if kind in ("corrupt", "short_read") and direction is not Direction.S2H:
+        if kind in READ_ACTIONS and direction is not Direction.S2H:
             kind = "fail"
         self.faults.aims.clear()  # one aim at a time: an earlier one that never met its op goes
         self.faults.aim(kind, direction=direction)
