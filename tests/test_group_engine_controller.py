@@ -193,3 +193,37 @@ def test_the_demo_serves_a_group_with_every_pool_verified(tmp_path: Path, name: 
     assert all(n > 0 for n in s["verified_pool_bytes"].values())
     assert s["config"]["preset"].startswith(f"{name}: {len(pools)} byte pools")
     assert Tier.L3.value in s["tiers"]
+
+
+def test_freed_windows_on_the_byte_plane_are_skipped_by_i4_and_whole_again_once_revived() -> None:
+    """Real bytes with L1 windows short (`l1_window_pages`): make-room frees windows; an L1
+    page without its window digests UNSERVABLE (I4 skips that copy, not a whole group) and
+    its generation moves, so I4's digest cache cannot serve the whole group's old digest;
+    a request that recomputes the prompt revives the window, and the page digests as its L2
+    copy again. Before: the engine mapped the TOMBSTONE entries as page numbers (InvalidPages
+    on a digest miss) and the cache kept the whole group's digest."""
+    cfg = CacheConfig(geometry="tiny", device="cpu", l1_pages=12, l2_pages=32, l3_slots=64,
+                      policy="always", pools="dsv4-tiny", l1_window_pages=6, check_mode="every",
+                      io_threads=0)
+    ctl = CacheController(cfg)
+    try:
+        prompt = list(range(100, 117))  # 4 whole pages and a tail
+        serve(ctl, 1, prompt)
+        ctl.drain()  # backed up: L1, L2 and L3 hold it
+        node = ctl.cp.tree.match(prompt[:16], split=False, touch=False).path[-1]
+        pages_l1 = node.value[0]
+        digests = ctl.cp.digests
+        assert pages_l1 is not None and ctl.cp.holds(node, Tier.L2) and digests is not None
+        whole = digests("L1", pages_l1).copy()
+        ctl.cp.tombstone(node)
+        assert (digests("L1", pages_l1) == np.iinfo(np.uint64).max).all()
+        assert check_all(ctl.cp.snapshot()) == []
+        serve(ctl, 2, prompt[:8] + [900 + i for i in range(9)])  # shares the first 2 pages
+        head = ctl.cp.tree.match(prompt[:8], split=False, touch=False).path[-1]  # split off
+        assert ctl.cp.windows.freed(head) is False  # revived by request 2's recomputed copy
+        assert ctl.cp.windows.freed(node) is True  # the other half: nobody recomputed it
+        assert head.value[0] is not None and head.value[0].tolist() == pages_l1[:2].tolist()
+        assert digests("L1", head.value[0]).tolist() == whole[:2].tolist()
+        assert check_all(ctl.cp.snapshot()) == []
+    finally:
+        ctl.close()

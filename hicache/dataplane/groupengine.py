@@ -53,6 +53,7 @@ from hicache.errors import ConfigError, InvalidPages
 from hicache.pages import Pages
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import tier_capacities
+from hicache.snapshot import TOMBSTONE, UNSERVABLE
 from hicache.tiers import Direction, Tier
 
 PoolPages = Callable[[str, Pages], Mapping[str, object]]
@@ -189,20 +190,39 @@ class GroupTransferEngine:
 
     def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
         """Per byte pool, one uint64 per anchor page of `tier`: its `ratio` pool pages'
-        digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`)."""
+        digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`). An L1
+        anchor page whose window was freed (a trailing pool's pages gone, spec/pools.md
+        "Freed windows") is not a whole group: `UNSERVABLE` in every pool, so I4 skips that
+        copy (the tiers below still compare theirs)."""
         which, ids = digest_pages(tier, pages, self._capacity)
-        if ids.size == 0:
-            return {p.name: np.zeros(0, dtype=np.uint64) for p in self.geometry.pools}
-        mapped = self.pool_pages(which, ids)
-        out: dict[str, npt.NDArray[np.uint64]] = {}
+        whole = self._window_whole(which, ids)
+        out: dict[str, npt.NDArray[np.uint64]] = {
+            p.name: np.full(ids.size, UNSERVABLE, dtype=np.uint64) for p in self.geometry.pools}
+        if not whole.any():
+            return out
+        kept = ids[whole]
+        mapped = self.pool_pages(which, kept)
         for p in self.geometry.pools:
             own = mapped[p.source]
             if which is Tier.L3:
                 d = slot_digests(self.storage.files[p.name], own)
             else:
                 d = pool_digest(self.l1 if which is Tier.L1 else self.l2, p.name, own)
-            out[p.name] = mix_columns(d.reshape(ids.size, self.ratios[p.source]))
+            out[p.name][whole] = mix_columns(d.reshape(kept.size, self.ratios[p.source]))
         return out
+
+    def _window_whole(self, tier: Tier, ids: Pages) -> npt.NDArray[np.bool_]:
+        """Per anchor page of `ids`: whether every pool holds its pages (False only for an
+        L1 page whose window was freed: the mapping names TOMBSTONE for those pools)."""
+        if tier is not Tier.L1 or not ids.size or self._pool_pages is None:
+            return np.ones(ids.size, dtype=bool)
+        mapped = self._pool_pages(tier.value, ids)
+        whole = np.ones(ids.size, dtype=bool)
+        for name, ratio in self.ratios.items():
+            rows = np.asarray(mapped.get(name, ()), dtype=np.int64)
+            if rows.size == ids.size * ratio:
+                whole &= (rows.reshape(ids.size, ratio) != TOMBSTONE).all(axis=1)
+        return whole
 
     def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
         """One uint64 per anchor page of `tier`: every pool's `pool_digests` mixed, so a
