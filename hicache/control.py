@@ -216,7 +216,7 @@ class ControlPlane(PlaneQueries):
         table.revive(value, step.pages)
         if self.tracer.enabled:
             self.tracer.emit("revive", tier="L1", node=node.node_id, request=request_id,
-                             pages=[int(p) for p in value])
+                             pages=tuple(int(p) for p in value))
 
     def _copy_step(self, name: str, req: Request, node: TreeNode | None, start: int, end: int,
                    view: States, duplicate: bool) -> Step:
@@ -436,7 +436,7 @@ class ControlPlane(PlaneQueries):
         table.tombstone(value)
         if self.tracer.enabled:
             self.tracer.emit("tombstone", tier="L1", node=node.node_id,
-                             pages=[int(p) for p in value])
+                             pages=tuple(int(p) for p in value))
         self._check(f"tombstone node {node.node_id}")
         return value
 

@@ -199,8 +199,20 @@ class PlaneQueries:
     # -- observation ----------------------------------------------------------------------
 
     def trace_header(self, engine: str = "hicache control plane") -> TraceHeader:
-        """The header a trace of this plane starts with (spec/trace.md, "Header")."""
-        return TraceHeader(self.page_size, {t.tier: t.capacity for t in self.tables}, engine=engine)
+        """The header a trace of this plane starts with (spec/trace.md, "Header"); a plane
+        with a pool group names it, its hit policy and its side pools' capacities."""
+        return TraceHeader(self.page_size, {t.tier: t.capacity for t in self.tables}, engine=engine,
+                           pools=self._pools_header())
+
+    def _pools_header(self) -> dict[str, object]:
+        """The header's `pools` (empty for a single-pool plane)."""
+        groups = [t for t in self.tables if isinstance(t, TierPools)]
+        if not groups:
+            return {}
+        side = {t.tier: {name: t.group_table.tables[name].capacity for name in t.held_by}
+                for t in groups}
+        return {"group": groups[0].group.name, "hit_policy": self.windows.policy,
+                "capacities": side}
 
     def snapshot(self) -> Snapshot:
         """Every record, independently, as plain data for the invariant checkers."""

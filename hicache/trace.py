@@ -41,7 +41,10 @@ class TraceHeader:
     to replay the events after it. `capacities` maps each tier the engine has -- `L1`, then
     `L2`, then `L3`, a prefix of that order -- to its page count; `omits` names the parts
     of HEADER_OMITS the engine does not emit; `geometry` (informative) describes one page's
-    bytes (layers, heads, dtype, ...); `engine` names the writer."""
+    bytes (layers, heads, dtype, ...); `engine` names the writer. `pools` (a pool-group
+    engine's; empty for one pool) names the group preset (`group`, spec/pools.toml), its hit
+    policy (`hit_policy`) and the side pools' capacities where they differ from the anchor's
+    times their ratio (`capacities`: tier -> pool -> pages): what the replay's plane needs."""
 
     page_size: int
     capacities: Mapping[str, int]
@@ -49,6 +52,7 @@ class TraceHeader:
     geometry: Mapping[str, object] = field(default_factory=dict)
     engine: str = ""
     version: int = VERSION
+    pools: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         tiers = sorted(self.capacities)
@@ -70,6 +74,27 @@ class TraceHeader:
             raise TraceFormatError(f"header engine: a string, got {self.engine!r}")
         if self.version != VERSION:
             raise TraceFormatError(f"header version {self.version!r}: this reader knows version {VERSION} only")
+        self._check_pools()
+
+    def _check_pools(self) -> None:
+        """`pools`' shape (its preset and policy are resolved by the reader's plane)."""
+        p = self.pools
+        if not p:
+            return
+        extra = sorted(set(p) - {"group", "hit_policy", "capacities"})
+        if extra or not isinstance(p.get("group"), str):
+            raise TraceFormatError(f"header pools: an object with a string 'group' and optional "
+                                   f"'hit_policy' and 'capacities'; got {dict(p)!r}")
+        if not isinstance(p.get("hit_policy", ""), str):
+            raise TraceFormatError(f"header pools.hit_policy: a string, got {p['hit_policy']!r}")
+        caps = p.get("capacities", {})
+        ok = isinstance(caps, dict) and all(
+            t in self.capacities and isinstance(c, dict) and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in c.values())
+            for t, c in caps.items())
+        if not ok:
+            raise TraceFormatError(f"header pools.capacities: tier -> pool -> pages (integers >= "
+                                   f"0) for tiers of capacities; got {caps!r}")
 
     @property
     def tiers(self) -> tuple[str, ...]:
@@ -84,6 +109,8 @@ class TraceHeader:
             d["geometry"] = dict(self.geometry)
         if self.engine:
             d["engine"] = self.engine
+        if self.pools:
+            d["pools"] = dict(self.pools)
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -95,17 +122,21 @@ class TraceHeader:
             raise TraceFormatError(f"header: not JSON ({e})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceFormatError(f'header: the first line must be an object with "format": "{FORMAT}"')
-        extra = sorted(set(d) - {"format", "version", "page_size", "capacities", "omits", "geometry", "engine"})
+        extra = sorted(set(d) - {"format", "version", "page_size", "capacities", "omits", "geometry", "engine",
+                                 "pools"})
         if extra:
             raise TraceFormatError(f"header: unknown keys {extra}")
         for key in ("version", "page_size", "capacities"):
             if key not in d:
                 raise TraceFormatError(f"header: {key!r} is missing")
         caps, omits, geometry = d["capacities"], d.get("omits", []), d.get("geometry", {})
-        if not isinstance(caps, dict) or not isinstance(omits, list) or not isinstance(geometry, dict):
-            raise TraceFormatError("header: capacities and geometry are objects, omits a list")
+        pools = d.get("pools", {})
+        if not isinstance(caps, dict) or not isinstance(omits, list) or not isinstance(geometry, dict) \
+                or not isinstance(pools, dict):
+            raise TraceFormatError("header: capacities, geometry and pools are objects, omits a list")
         return TraceHeader(page_size=d["page_size"], capacities=caps, omits=tuple(omits),
-                           geometry=geometry, engine=d.get("engine", ""), version=d["version"])
+                           geometry=geometry, engine=d.get("engine", ""), version=d["version"],
+                           pools=pools)
 
 
 @dataclass(frozen=True)

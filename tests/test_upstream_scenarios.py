@@ -27,6 +27,7 @@ from hicache.pools.table import PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.tiers import Direction, Tier
+from hicache.trace import Tracer
 from hicache.tree import TreeNode
 from tests.test_null_plane import A, make, serve, settle_all
 from tests.test_write_path_rows import a_in_l1_b_in_l3_only
@@ -257,13 +258,14 @@ def test_f12_a_pool_left_out_of_the_s2h_report_counts_zero_and_every_slot_is_rel
     c.close()
 
 
-def aimed_partial_restore(seed: int) -> tuple[CacheController, TreeNode, TreeNode, dict[str, int]]:
+def aimed_partial_restore(seed: int, tracer: Tracer | None = None
+                          ) -> tuple[CacheController, TreeNode, TreeNode, dict[str, int]]:
     """A controller whose restore of A + B (one S2H over both, from L3) meets an aimed
     `partial` (FaultInjector seed `seed`); the S2H's drawn report, not yet applied."""
     faults = FaultInjector(seed=seed).aim("partial", direction=Direction.S2H)
     cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", pools="dsv4-tiny",
                       check_mode="every", write_policy="write_through")
-    c = CacheController(cfg, engine=NullEngine(cfg.kv, 16, 32, 64), faults=faults)
+    c = CacheController(cfg, engine=NullEngine(cfg.kv, 16, 32, 64), faults=faults, tracer=tracer)
     a, b = a_and_b_in_l3_only(c)
     c.admit(3, A + B + (7,))
     (op_id,) = c.handles

@@ -181,7 +181,7 @@ def test_tombstone_is_traced_with_the_nodes_anchor_pages() -> None:
     cp.tombstone(node)
     last = sink.events[-1]
     assert (last.event, last.tier, last.node) == ("tombstone", "L1", node.node_id)
-    assert last.pages == [int(p) for p in node.value[0]]  # type: ignore[union-attr]
+    assert last.pages == tuple(int(p) for p in node.value[0])  # type: ignore[union-attr]
 
 
 def test_a_prefix_loaded_after_admission_is_served_only_up_to_a_whole_window() -> None:

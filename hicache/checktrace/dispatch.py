@@ -11,6 +11,7 @@ need not be counted here.
     compute, compute, ... (one request)                 compute(r, tokens they cover)
     [split...] insert | cached_len (no node)            insert(r)
     discard... then insert / cached_len                 insert(r)
+    revive, discard ... (a freed window's, in insert)   insert(r)
     discard... then end_request                         end_request(r)
     unlock... [node_remove / discard...] end_request    end_request(r)
     unlock... of every pin of r                         unpin(r)
@@ -18,6 +19,8 @@ need not be counted here.
     lock                                                pin(r, node, tier)
     <dir>_issue... (one op id)                          issue(dir, [nodes...], r)
     <dir>_complete | _fail | _cancel                    complete | fail | cancel(op)
+    <dir>_complete... then <dir>_fail (one op)          complete_part(op, complete events)
+    tombstone                                           tombstone(node)
     evict_lN | invalidate_l3                            evict_node(node, tier, name)
     cached_len with node                                advance_cached_len(r, node)
     end_request                                         end_request(r)
@@ -45,6 +48,7 @@ LOOKAHEAD_MAX = 65_536
 real cache's tree depth)."""
 
 ENDS = ("complete", "fail", "cancel")
+INSERT_EVENTS = ("insert", "discard", "revive")  # what `insert(r)` emits (revive: a group's)
 
 
 class Unreplayable(HiCacheError):
@@ -188,9 +192,9 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         return Call(f"begin_request({r})", lambda: cp.begin_request(r, prompt), request=r)
     if name == "compute":
         return _compute(cp, ahead, k, head)
-    if name in ("insert", "discard"):
+    if name in INSERT_EVENTS:
         r = _request(head)
-        end = _scan(ahead, k, lambda ln: ln.event.event in ("insert", "discard") and ln.event.request == r)
+        end = _scan(ahead, k, lambda ln: ln.event.event in INSERT_EVENTS and ln.event.request == r)
         after = ahead.peek(end)
         if name == "discard" and after is not None and after.event.event == "end_request" \
                 and after.event.request == r:
@@ -216,7 +220,10 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
     if name.endswith("_issue"):
         return _issue(cp, ahead, k, head, resolve, ops)
     if name.split("_")[-1] in ENDS:
-        return _end(cp, head, ops)
+        return _end(cp, ahead, k, head, ops)
+    if name == "tombstone":
+        node = resolve(head, e.node)
+        return Call(f"tombstone(node {e.node})", lambda: cp.tombstone(node), nodes=[node])
     if name.startswith("evict_") or name == "invalidate_l3":
         node = resolve(head, e.node)
         tier = Tier(e.tier)
@@ -280,7 +287,10 @@ def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Reso
                 nodes=chain, request=r)
 
 
-def _end(cp: ControlPlane, head: Line, ops: IdMap) -> Call:
+def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> Call:
+    """`complete`, `fail` or `cancel` of the op; `complete_part(op, keep)` when its first
+    `keep` nodes' `<dir>_complete` events are followed by `<dir>_fail` of the same op (a
+    partly landed read publishes whole nodes, spec/pools.md F11-F13)."""
     e = head.event
     outcome = e.event.split("_")[-1]
     if e.op is None:
@@ -289,5 +299,13 @@ def _end(cp: ControlPlane, head: Line, ops: IdMap) -> Call:
     if ref is None or ref not in cp.ops:
         raise Unreplayable(head, f"op {e.op} is not pending: it was never issued, or it already ended")
     op = cp.ops[ref]
+    if outcome == "complete":
+        end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
+        after = ahead.peek(end)
+        failed = e.event.replace("_complete", "_fail")
+        if after is not None and after.event.event == failed and after.event.op == e.op:
+            keep = end - k
+            return Call(f"complete_part(op {e.op}, {keep} nodes)", lambda: cp.complete_part(ref, keep),
+                        nodes=list(op.nodes), request=op.request_id, op=ref)
     run = getattr(cp, outcome)
     return Call(f"{outcome}(op {e.op})", lambda: run(ref), nodes=list(op.nodes), request=op.request_id, op=ref)

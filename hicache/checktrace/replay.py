@@ -1,6 +1,6 @@
 """`check_lines`: replay a trace through the reference control plane and judge it.
 
-    header ─► ControlPlane(page size, capacities), no data plane
+    header ─► ControlPlane(page size, capacities[, pool group]), no data plane
     events ─► decide the call they stand for (dispatch.py) ─► run it on the reference
            ─► compare what it emitted with the trace, event by event (compare.py)
            ─► the invariants: after each call on what it touched, or on the whole state
@@ -25,8 +25,10 @@ from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
 from hicache.control import ControlPlane
-from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
+from hicache.errors import ConfigError, HiCacheError, IllegalTransition, InvariantViolation
 from hicache.lifecycle import Lifecycle, load_lifecycle
+from hicache.pools.hits import ALL_POOLS
+from hicache.pools.presets import group as preset_group
 from hicache.trace import OMITTED_EVENTS, ListSink, TraceEvent, TraceHeader, Tracer
 
 DROPPED_BY_OMIT = {**OMITTED_EVENTS, "locks": (*OMITTED_EVENTS["locks"], "node_remove")}
@@ -81,7 +83,17 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
     page (a page table of none is refused): no event can use it, since an event on a tier the
     header lacks is malformed. A tier declared with 0 pages gets one too."""
     caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
-    return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc)
+    p = header.pools
+    if not p:
+        return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()),
+                            lifecycle=lc)
+    try:  # a pool group's plane: the preset, its policy and side capacities, as declared
+        group = preset_group(str(p["group"]))
+        return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()),
+                            lifecycle=lc, pools=group, hit_policy=str(p.get("hit_policy", ALL_POOLS)),
+                            pool_capacities=p.get("capacities") or None)  # type: ignore[arg-type]
+    except ConfigError as e:
+        raise Malformed(1, f"header pools: {e}") from None
 
 
 class Replay:
