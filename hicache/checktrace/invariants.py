@@ -10,7 +10,8 @@
     0            nothing                         nothing
 
 `full=True` with `check_every` 1 runs the full checks after every call (the reference mode
-the all-clear is measured and tested against).
+the all-clear is measured and tested against). A pool group's plane always does: the
+all-clear does not read side pools, so I9 is the full checks' alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hicache.checktrace.touched import TouchedChecks
 from hicache.control import ControlPlane
 from hicache.errors import ConfigError
 from hicache.invariants import check_all
+from hicache.pools.tierpools import TierPools
 from hicache.tiers import TIERS
 from hicache.trace import TraceEvent
 from hicache.tree import TreeNode
@@ -82,7 +84,10 @@ class Checks:
         if every < 0:
             raise ConfigError("check_every", f"0 (never) or N >= 1 events, got {every}")
         self.cp, self.every = cp, every
-        self.touched = TouchedChecks(cp) if every == 1 and not full else None
+        # The all-clear reads one page table per tier; a pool group's side pools (I9) are
+        # the full checks' alone, so a group plane runs them after every call.
+        group = any(isinstance(t, TierPools) for t in cp.tables)
+        self.touched = TouchedChecks(cp) if every == 1 and not full and not group else None
         self.since = 0
         self.full_runs = 0  # full checks run (after a no of the all-clear, or periodic)
 
