@@ -86,14 +86,18 @@ class ControlPlane(PlaneQueries):
 
     # -- requests -------------------------------------------------------------------------
 
-    def begin_request(self, request_id: int, tokens: Sequence[int], match_len: int | None = None) -> MatchResult:
+    def begin_request(self, request_id: int, tokens: Sequence[int], match_len: int | None = None,
+                      agree: Callable[[MatchResult], Sequence[int]] | None = None) -> MatchResult:
         """Match the prompt's first `match_len` tokens (default and most: `len(tokens) - 1`,
         the rule `match_short_of_last_token`: the last prompt token is always computed, for the
         first output's logits), lock its L1 hit, and serve that prefix from the cache
         (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles).
         HiCacheError / IllegalTransition, nothing changed: a live id, an empty prompt, or a
         `match_len` outside 0..len(tokens) - 1. Under `all_pools`, the L1 hit ends at the last
-        node end whose window every trailing pool holds (a freed window: `tombstone`)."""
+        node end whose window every trailing pool holds (a freed window: `tombstone`).
+        `agree(match)`, when given (tensor-parallel ranks, spec/tp.md C1), returns the hit in
+        tokens per tier every rank uses, each at most this rank's and at a node end of its
+        path; the match is cut to it before anything is locked or traced."""
         if request_id in self.requests:
             raise HiCacheError(f"request {request_id} is already live; end it first")
         most = len(tokens) - 1
@@ -103,6 +107,8 @@ class ControlPlane(PlaneQueries):
             raise IllegalTransition("begin_request", "L1", "-", f"match_len {match_len} with {len(tokens)} "
                                     f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
         m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip)
+        if agree is not None:
+            m = _cut_to(m, agree(m), self.tree.root)
         l1 = m.handles[0]
         if not l1.is_root:
             self.tree.lock(l1, 0)
@@ -359,6 +365,17 @@ class ControlPlane(PlaneQueries):
         """`<dir>_cancel`: as `fail`, for aborts, drain and shutdown."""
         return self._finish(op_id, "cancel")
 
+    @property
+    def next_op_id(self) -> int:
+        """The id the next issued op gets (ids are never reused)."""
+        return self._next_op
+
+    def skip_op_id(self) -> None:
+        """Use up the next op id without an op: a tensor-parallel rank whose issue failed
+        before it took one, while other ranks' took it (spec/tp.md C2), so the ranks' op ids
+        stay equal."""
+        self._next_op += 1
+
     def complete_part(self, op_id: int, keep: int) -> PendingOp:
         """An op whose first `keep` nodes landed and the rest did not (a clamped S2H,
         spec/pools.md "Upstream failure scenarios" F11, F12): `<dir>_complete` on nodes
@@ -545,3 +562,21 @@ def _value(n: TreeNode, t: int) -> Pages:
         raise IllegalTransition("issue", str(TIERS[t]), n.state[t],
                                 f"node {n.node_id} holds nothing in {TIERS[t]} to read from")
     return v
+
+
+def _cut_to(m: MatchResult, lengths: Sequence[int], root: TreeNode) -> MatchResult:
+    """`m` with each tier's hit cut to `lengths[t]` tokens: the deepest node of its run whose
+    prefix ends there (the agreed hits of tensor-parallel ranks, spec/tp.md C1)."""
+    handles, ends, pos = [root, root, root], [0, 0, 0], 0
+    for node in m.path:
+        pos += len(node.key)
+        for t in range(len(handles)):
+            if pos <= m.lengths[t] and pos <= lengths[t]:
+                handles[t], ends[t] = node, pos
+    # Verify every agreed hit is a node end of this rank's run: the ranks' trees are equal
+    # (I7), so an agreed end is one here too, never inside a node or past the local hit.
+    assert ends == [min(a, b) for a, b in zip(m.lengths, lengths)] == list(lengths), (ends, lengths)
+    handles = [h if e else root for h, e in zip(handles, ends)]
+    return MatchResult((ends[0], ends[1], ends[2]), (handles[0], handles[1], handles[2]),
+                       m.path, m.matched_len)
+

@@ -50,6 +50,19 @@ class OutOfPages(HiCacheError):
         )
 
 
+class ReservationAborted(OutOfPages):
+    """A tensor-parallel issue some rank could not reserve (spec/tp.md C2): every rank released
+    what it reserved and raises this, so each falls back alike. `cause` is this rank's own
+    error (None: its reservation succeeded; another rank's failed)."""
+
+    def __init__(self, tier: str, wanted: int, free: int, cause: HiCacheError | None) -> None:
+        super().__init__(tier, wanted, free)
+        self.cause = cause
+        why = f"this rank: {cause}" if cause is not None else "another rank's reservation failed"
+        self.args = (f"{tier}: the ranks did not all reserve {wanted} pages ({why}); every rank "
+                     "released them",)
+
+
 class InvariantViolation(HiCacheError):
     """An ownership invariant or structural check failed; carries every violation found and
     the transition after which it was found (`context`). The control plane that raised it is

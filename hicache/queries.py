@@ -74,19 +74,32 @@ class PlaneQueries:
             deepest = n
         return deepest
 
-    def servable_in_l1(self, nodes: Sequence[TreeNode]) -> TreeNode | None:
-        """The deepest node of the leading run of `nodes` (parent first, along one path)
-        RESIDENT in L1 at whose end an L1 hit may end: under the group hit policy a freed
-        window before the end refuses it (`windows.clip`, spec/pools.md "Freed windows").
-        None when no node of `nodes` qualifies."""
+    def servable_mask(self, nodes: Sequence[TreeNode]) -> list[int]:
+        """Over `nodes` (parent first, along one path): entry i (0..len) is 1 when the prefix
+        through the i-th node may be served from L1 -- nodes[:i] all RESIDENT in L1 and, under
+        the group hit policy, no freed window refusing that end (`windows.clip`, spec/pools.md
+        "Freed windows"); entry 0 (serve none of them) is always 1. What tensor-parallel
+        ranks intersect before a prefill serves (spec/tp.md C1d)."""
+        mask = [1]
         deepest = self.leading_run(nodes, Tier.L1)
-        if deepest is None or not self.windows.tombstones:
-            return deepest
-        end = self.windows.clip(self.tree.path_to_root(deepest)[::-1]) * self.page_size
-        for n in reversed(nodes[:nodes.index(deepest) + 1]):
-            if self.tree.prefix_tokens(n) <= end:
-                return n
-        return None
+        run = [] if deepest is None else list(nodes[:nodes.index(deepest) + 1])
+        for i in range(1, len(nodes) + 1):
+            if i > len(run):
+                mask.append(0)
+            elif not self.windows.tombstones:
+                mask.append(1)
+            else:
+                path = self.tree.path_to_root(run[i - 1])[::-1]
+                end = self.windows.clip(path) * self.page_size
+                mask.append(int(end == self.tree.prefix_tokens(run[i - 1])))
+        return mask
+
+    def servable_in_l1(self, nodes: Sequence[TreeNode]) -> TreeNode | None:
+        """The deepest node of `nodes` at whose end the prefix may be served from L1
+        (`servable_mask`'s largest entry), or None when no node of `nodes` qualifies."""
+        mask = self.servable_mask(nodes)
+        last = max(i for i, ok in enumerate(mask) if ok)
+        return nodes[last - 1] if last else None
 
     def prefix_pages(self, node: TreeNode, tier: Tier | str) -> Pages:
         """`tier`'s physical pages of the whole prefix ending at `node`, in token order (the

@@ -166,3 +166,36 @@ class Snapshot:
             out.append(at)
             at = node.parent_id
         return tuple(out) if at == self.root_id else None
+
+
+# -- across ranks (tensor parallelism): one rank's view, for I7, I8, I10, I11 ------------------
+# Built by hicache/distributed/rankview.py (which says what each field holds and leaves out).
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node_id: int
+    parent_id: int | None
+    key_tokens: int
+    key_hash: str
+    states: tuple[str, str, str]
+    locks: tuple[int, int, int]
+    filling: tuple[str | None, str | None, str | None]  # direction of the op filling each tier
+    pages: tuple[int, int, int]  # pages held per tier (0: none)
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    size: int
+    nodes: tuple[NodeRecord, ...]
+    requests: tuple[tuple[int, int, tuple[int, ...], int], ...]
+    ops: tuple[tuple[int, str, tuple[int, ...], int, int], ...]
+    free: tuple[tuple[str, str, int], ...]
+    log_count: int
+    log_digest: str
+    log_tail: tuple[str, ...]
+    l3_writes: tuple[tuple[int, str, int], ...]
+    replicated: tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...] = ()
+    quiescent: bool = False
+    modes: tuple[tuple[str, str], ...] = ()  # (pool, tp_mode) of the backed-up group

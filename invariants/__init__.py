@@ -1,5 +1,6 @@
 """The six ownership invariants, the pool-group invariant I9 and the structural checks, as
-pure predicates over a `Snapshot` (spec/invariants.md). Imported as `hicache.invariants` (a
+pure predicates over a `Snapshot`, and the cross-rank invariants over every rank's `RankView`
+(spec/invariants.md). Imported as `hicache.invariants` (a
 symlink).
 
     from hicache.invariants import check_all, InvariantChecker
@@ -23,6 +24,8 @@ their helpers are the checker's own business (and its tests').
     get_check          hicache.invariants.registry   one check by id or name (`--only I2`)
     Violation          hicache.invariants.violation  one failed check (library, reports)
     group_view         hicache.invariants.groups     a pool group table's view (GroupView)
+    check_ranks        hicache.invariants.ranks      I7, I8, I10, I11 over every rank's view
+    RANK_CHECKS        hicache.invariants.ranks      the cross-rank checks (spec check, reports)
     check_group_*,     hicache.invariants.groups     I6 per pool of a group, and a failed
     check_reserve_*                                  reserve_group's rollback (not registered:
                                                      they read a GroupTable caller's records;
@@ -42,6 +45,7 @@ from hicache.invariants.ordering import check_publish_order
 from hicache.invariants.ownership import (
     check_inflight_source_pinned, check_ownership_disjoint, check_page_conservation,
 )
+from hicache.invariants.ranks import RANK_CHECKS, RankCheck, check_ranks
 from hicache.invariants.registry import CHECKS, Check, check_all, get_check
 from hicache.invariants.structure import (
     check_lock_accounting, check_locks_non_negative, check_no_dead_node,
@@ -53,12 +57,12 @@ from hicache.invariants.violation import Violation
 ENTRY_POINTS = frozenset({
     "InvariantChecker", "CheckMode", "parse_check_mode", "check_all", "CHECKS", "Check",
     "get_check", "Violation", "GroupView", "group_view", "check_group_conservation",
-    "check_reserve_rolled_back",
+    "check_reserve_rolled_back", "check_ranks", "RANK_CHECKS", "RankCheck",
 })
 """The names code outside `hicache.invariants` may import from it (see the table above)."""
 
 __all__ = [
-    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "GroupView", "InvariantChecker", "Violation",
+    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "RANK_CHECKS", "RankCheck", "check_ranks", "GroupView", "InvariantChecker", "Violation",
     "check_all", "check_group_atomic", "check_group_conservation", "check_reserve_rolled_back",
     "group_view",
     "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",

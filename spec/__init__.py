@@ -19,6 +19,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 SPEC_DIR = Path(__file__).resolve().parent
 LIFECYCLE_TOML = SPEC_DIR / "lifecycle.toml"
 POOLS_TOML = SPEC_DIR / "pools.toml"
+TP_TOML = SPEC_DIR / "tp.toml"
 
 
 def load_toml(path: Path) -> dict[str, Any]:

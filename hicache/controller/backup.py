@@ -31,10 +31,13 @@ WANTED_MAX = 65536  # bound on remembered backup targets per direction
 Chain = list[TreeNode]
 
 
-def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction) -> Chain:
+def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction,
+                  windows: bool = True) -> Chain:
     """Parent-first nodes on `node`'s path that hold the source tier and lack the target, and
     whose first node's parent holds the target (or is the root). Empty when blocked (a node
-    on the way is pending in the target tier, or lost its source) or nothing is missing."""
+    on the way is pending in the target tier, or lost its source) or nothing is missing.
+    With `windows`, a D2H chain also ends before a node whose L1 window is freed; without
+    (tensor-parallel ranks, whose windows may differ) the issue refuses it instead."""
     src, dst = direction.source, direction.target
     path = list(reversed(cp.tree.path_to_root(node))) if not node.is_root else []
     chain: Chain = []
@@ -42,7 +45,7 @@ def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction) -> Cha
         if cp.holds(n, dst) and not chain:
             continue
         if cp.residency(n, dst) != ABSENT or not cp.holds(n, src) or (
-                src is Tier.L1 and cp.windows.freed(n)):
+                windows and src is Tier.L1 and cp.windows.freed(n)):
             break  # pending here, or the source is gone (or its window): the chain ends
         chain.append(n)
     if chain:
@@ -62,9 +65,10 @@ def blocked(cp: ControlPlane, node: TreeNode, direction: Direction) -> bool:
 class BackupPlanner:
     """Remembers the wanted backups per direction and plans the chains that can go now."""
 
-    def __init__(self, cp: ControlPlane, write_policy: str) -> None:
+    def __init__(self, cp: ControlPlane, write_policy: str, windows: bool = True) -> None:
         self.cp = cp
         self.write_policy = write_policy
+        self.windows = windows  # `chain_lacking`'s: False across ranks
         self.wanted: dict[Direction, dict[int, TreeNode]] = {Direction.D2H: {}, Direction.H2S: {}}
 
     @property
@@ -104,7 +108,7 @@ class BackupPlanner:
                 if not self.cp.is_live(node):
                     del queue[node_id]
                     continue
-                chain = chain_lacking(self.cp, node, direction)
+                chain = chain_lacking(self.cp, node, direction, self.windows)
                 if not chain:
                     if not blocked(self.cp, node, direction):
                         del queue[node_id]

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hicache.dataplane.geometry import KVGeometry, preset
@@ -122,6 +123,20 @@ class CacheConfig:
     def group(self) -> PoolGroup | None:
         """The pool group `pools` names; None for the single-pool plane (`mha`)."""
         return None if self.pools == SINGLE_POOL else pool_group(self.pools)
+
+    RANK_LOCAL = ("device", "l3_path", "l3_overwrite", "backend", "check_mode", "verify",
+                  "io_threads")
+    """Fields a tensor-parallel rank may set for itself (where its bytes live and how it
+    checks them); every other field is in `fingerprint()`."""
+
+    def fingerprint(self) -> dict[str, object]:
+        """The fields every rank of a tensor-parallel cache must share (spec/tp.md C0), by
+        name: all but RANK_LOCAL, the geometry as its sizes."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            if f.name not in self.RANK_LOCAL:
+                out[f.name] = getattr(self, f.name)
+        return out
 
     @property
     def l1_request_pages(self) -> int:

@@ -44,18 +44,25 @@ from hicache.controller.planes import bind_group, choose_plane
 from hicache.controller.restore import RestoreStager
 from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.aimed import issue_aimed
+from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.collectives import Collectives
+from hicache.distributed.ledger import L3Writes
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
-from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
-    ConfigError, CorruptSlot, HiCacheError, OutOfPages, RequestTooLarge, RestorePending, StorageError,
-    TransferError, UnreadableSlot,
+    ConfigError, CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, RequestTooLarge,
+    ReservationAborted,
+    RestorePending, StorageError, TransferError, UnreadableSlot,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
+from hicache.policy.decisions import CHOICES
+from hicache.policy.policies import price_candidates
 from hicache.pools.presets import SINGLE_POOL, group as preset_group
+from hicache.pools.spec import REPLICATED
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
-from hicache.tree import TreeNode
+from hicache.tree import MatchResult, TreeNode
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
@@ -64,23 +71,39 @@ if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
 
 __all__ = ["CacheController", "RestoreMismatch"]
 
+BAD_SLOT = (CorruptSlot, UnreadableSlot)  # a read's bad-slot errors, in C4's reason order
+BAD_SLOT_REASONS = ("corrupt", "unreadable")
+
 
 class CacheController:
     def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
                  faults: FaultInjector | None = None, tracer: Tracer | None = None,
-                 engine: DataPlane | None = None) -> None:
+                 engine: DataPlane | None = None, collectives: Collectives | None = None) -> None:
         """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
         bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
         is a no-op and torch is never imported (planes.py; its ConfigErrors). `faults` serves the controller's own
         sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
         the engine, the data plane's; a caller-built engine takes its injector itself (pass
-        the same one)."""
+        the same one). `collectives`: this rank's, for a tensor-parallel cache (spec/tp.md;
+        None: one rank): every rank agrees at the points of spec/tp.toml, the first (C0)
+        here, before anything is built -- ConfigError when the ranks' configurations differ."""
+        self.agree = Agreement(collectives)
+        self.agree.startup(config.fingerprint())
+        self.tp = self.agree.size > 1  # the same on every rank: no collective depends on it
         self.config = config
         g = config.kv
         pools = config.group  # None: the single-pool plane (mha)
         self.group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
         plane = choose_plane(config, engine, producer, faults)
+        if self.tp and plane.byte_plane is not None and any(
+                p.tp_mode == REPLICATED for p in self.group.backed_up().pools):
+            plane.engine.close()
+            raise ConfigError("pools", f"{config.pools!r} has a replicated pool, which only rank 0 "
+                                       "writes to L3 (spec/tp.md) under a key every rank reads: "
+                                       "byte planes keep one L3 per rank, so run it on the null "
+                                       "plane (or a sharded group) across ranks")
+        self.l3_writes = L3Writes(self.agree.rank)  # what this rank wrote to L3 (I11)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
         self.producer: KVProducer | None = plane.producer
@@ -97,14 +120,16 @@ class CacheController:
         self.decisions = DecisionLog()
         self.metrics = Metrics()
         self.handles: dict[int, TransferHandle] = {}
-        self.backups = BackupPlanner(self.cp, config.write_policy)
+        # Across ranks a window may be freed on one rank only: chains are planned without
+        # windows (the same on every rank) and a freed window refuses its rank's issue (C2).
+        self.backups = BackupPlanner(self.cp, config.write_policy, windows=not self.tp)
         self.l3 = L3Health(self.cp, self.metrics)
         # The rooms call back into the facade through a weak proxy: a strong back-reference
         # would make a cycle that keeps a closed controller's pools (GPU and pinned memory)
         # alive until the garbage collector happens to run.
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
-                               lambda node: me._back_up_now(node))
+                               lambda node: me._back_up_now(node), windows=not self.tp)
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(self.cp, self.metrics,
                                     lambda d, chain, rid: me.issue(d, chain, rid),
@@ -171,11 +196,18 @@ class CacheController:
             raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_request_pages)
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
-        m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1)
+        m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1,
+                                  agree=self._agree_hits if self.tp else None)
         aligned = len(tokens) // g.page_size * g.page_size
         l1, l2 = m.lengths[0], m.lengths[1]
         l3 = max(l2, self.l3.servable_len(m))  # a quarantined or offline L3 copy serves nothing
         decision = self.policy.decide(l1, l2, l3, max(aligned, 1), g.bytes_per_token)
+        if self.tp:  # C1c: rank 0's choice (a cost model's timings are its own)
+            chosen = CHOICES[self.agree.choice(CHOICES.index(decision.choice))]
+            if chosen != decision.choice:
+                cands = price_candidates(self.model, l1, l2, l3, max(aligned, 1), g.bytes_per_token)
+                decision = cands.decision(chosen, f"rank 0's choice ({chosen}; this rank's: "
+                                                  f"{decision.choice}, {decision.reason})")
         mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
         self.stager.restores[request_id] = mat
         self.metrics.prompt_tokens += len(tokens)
@@ -196,6 +228,16 @@ class CacheController:
                 self.wait(request_id, timeout_s=None)
                 self.tick()
         return mat
+
+    def _agree_hits(self, m: MatchResult) -> tuple[int, ...]:
+        """C1 (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m`."""
+        ps = self.config.kv.page_size
+        deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
+        run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
+        bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
+        windows = self.cp.windows
+        mask_for = (lambda bound: windows.endpoint_mask(run, bound)) if windows.hit_pages else None
+        return tuple(pages * ps for pages in self.agree.admit(bounds, mask_for))
 
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
@@ -227,6 +269,9 @@ class CacheController:
         if not mat.done:
             raise RestorePending(request_id)
         deepest = self.stager.deepest_in_l1(mat)
+        if self.tp:  # C1d: serve through the largest planned node every rank can serve
+            served = self.agree.serve(self.cp.servable_mask(mat.nodes))
+            deepest = mat.nodes[served - 1] if served else None
         g = self.config.kv
         start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(request_id)
         # Compute through the prompt's last token: whole pages are inserted, a partial last
@@ -239,7 +284,10 @@ class CacheController:
             # stage unpins it; another request may have loaded it into L1 since).
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
             need, free = todo // g.page_size, self.cp.free_pages(Tier.L1)
-            if free < need and not self.evictor.can_make_room_l1(need, keep):
+            room = free >= need or self.evictor.can_make_room_l1(need, keep)
+            if self.tp:
+                room = self.agree.room(room)  # C3: refused on every rank unless all can
+            if not room:
                 raise OutOfPages("L1", need, free)  # refused: nothing evicted
             self.evictor.make_room(Tier.L1, need, keep=keep)
             free = self.cp.free_pages(Tier.L1)
@@ -316,9 +364,7 @@ class CacheController:
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         self.hooks.refuse_if_crashed()
-        for op_id in list(self.handles):
-            if op_id in self.handles and self.handles[op_id].poll().final:
-                self._settle(op_id)
+        self._conclude(sorted(self.handles))  # C4, unconditionally: every rank, every tick
         self.stager.advance()
         for direction, chain in self.backups.due():
             self._issue_backup(direction, chain)
@@ -374,20 +420,53 @@ class CacheController:
         `TransferError` when the data plane refuses the transfer (no workspace); callers in
         this package turn the last into a fallback or a dropped backup, never an escape.
         Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
-        reservation fails as if the tier were full: OutOfPages, nothing changed)."""
+        reservation fails as if the tier were full: OutOfPages, nothing changed).
+
+        Across ranks (spec/tp.md C2) the issue is two-phase: each rank reserves and issues
+        here, the ranks agree, and unless every rank succeeded with the same pages every rank
+        releases what it took and raises `ReservationAborted` (an OutOfPages): no rank
+        evicts and retries alone."""
         self.hooks.refuse_if_crashed()
-        if not self.l3.online and Tier.L3 in (direction.source, direction.target):
-            raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
-        # Keep the chain's parent: evicting it would open a backup gap under the chain.
-        aim = self.hooks.aimed(direction, request_id)
         need = sum(n.num_pages for n in chain)
-        self.evictor.make_room(direction.target, need, keep=[parent])
-        self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
-        op = self.cp.issue(direction, chain, request_id)
+        next_id = self.cp.next_op_id
+        op, handle, error = self._issue_here(direction, chain, request_id, need, parent)
+        if self.tp:
+            agreed = self.agree.reserve(error is None, need)
+            if not agreed and op is not None and handle is not None:
+                handle.cancel()  # quiesced: the hardware no longer touches its pages
+                self.cp.cancel(op.op_id)
+            if self.cp.next_op_id == next_id:
+                self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
+            if not agreed:
+                raise ReservationAborted(str(direction.target), need,
+                                         self.cp.free_pages(direction.target), error)
+        if error is not None:
+            raise error
+        assert op is not None and handle is not None  # Verify: no error means an op in flight.
+        self.handles[op.op_id] = handle
+        return op
+
+    def _issue_here(self, direction: Direction, chain: list[TreeNode], request_id: int | None,
+                    need: int, parent: TreeNode
+                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None]:
+        """This rank's half of `issue`: the op and its handle, or the error that refused it
+        (whatever was taken released again)."""
+        try:
+            if not self.l3.online and Tier.L3 in (direction.source, direction.target):
+                raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
+            aim = self.hooks.aimed(direction, request_id)
+            # Keep the chain's parent: evicting it would open a backup gap under the chain.
+            self.evictor.make_room(direction.target, need, keep=[parent])
+            self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
+            op = self.cp.issue(direction, chain, request_id)
+        except HiCacheError as e:
+            return None, None, e
         if aim is not None and aim.action == "crash":
             self.hooks.crash_ops.add(op.op_id)
+        if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
+            return op, self._acked(op), None  # C6: this rank writes none of these pools
         try:
             handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
                                  self.hooks.landing(aim, self.group, need))
@@ -395,15 +474,59 @@ class CacheController:
             self.cp.fail(op.op_id)
             if isinstance(e, StorageError):
                 self.l3.take_offline(e)
-            raise
-        self.handles[op.op_id] = handle
-        return op
+            return None, None, e
+        return op, handle, None
 
-    def _settle(self, op_id: int) -> None:
-        """Apply one observed final status to the control plane, then tell whoever cares."""
+    def _acked(self, op: PendingOp) -> TransferHandle:
+        """A finished handle for an H2S this rank does not write (spec/tp.md C6)."""
+        handle = NullHandle(op.direction, 0)
+        handle.finish(True)
+        return handle
+
+    def _conclude(self, op_ids: Sequence[int]) -> None:
+        """C4 over ops `op_ids` (issue order): apply each that ended on every rank, or failed
+        on some rank (a rank still moving it cancels first), keeping the fewest nodes any
+        rank landed. One rank: each final op, as it ended."""
+        local: list[Local] = []
+        for op_id in op_ids:
+            handle = self.handles[op_id]
+            status = handle.poll()
+            nodes = len(self.cp.ops[op_id].nodes)
+            reason, slot = 0, NO_SLOT
+            if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
+                reason, slot = BAD_SLOT.index(type(handle.error)) + 1, min(handle.error.slots)
+            if status is TransferStatus.FAILED:
+                kept = (clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
+                        if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
+                        else 0)
+                local.append((True, True, kept, reason, slot))
+            else:
+                local.append((status.final, False, nodes, reason, slot))
+        agreed = self.agree.completion(local)
+        for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
+            if op_id not in self.handles or not (ended or failed):
+                continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
+            handle = self.handles[op_id]
+            if failed and not handle.status.final:
+                handle.cancel()  # another rank's copy failed: stop moving ours first
+            clamp = kept if failed and (kept or handle.landed is not None) else None
+            bad = (BAD_SLOT_REASONS[reason - 1], slot) if self.tp and reason else None
+            self._settle(op_id, failed=failed, kept=clamp, bad=bad)
+
+    def _settle(self, op_id: int, failed: bool | None = None, kept: int | None = None,
+                bad: tuple[str, int] | None = None) -> None:
+        """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
+        the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
+        handle's own final status (a cancel, the caller's own). `bad`: across ranks, the bad
+        L3 slot some rank's read found (reason, slot), dropped on every rank; one rank: the
+        handle's own error says."""
         handle = self.handles.pop(op_id)
         op = self.cp.ops[op_id]
         status = handle.status
+        if failed:
+            status = TransferStatus.FAILED  # on some rank: on every rank
+        elif failed is not None and status is not TransferStatus.CANCELLED:
+            status = TransferStatus.DONE  # on every rank
         crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
         if crash is not None:
             self.handles[op_id] = handle  # still unpublished: close() releases it
@@ -414,22 +537,37 @@ class CacheController:
             self._sample(op.direction, handle)
             if op.direction is Direction.D2H:
                 self.backups.after_d2h(op.nodes[-1])
+            elif op.direction is Direction.H2S:
+                self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
+                                      self._pool_bytes())
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
-        kept = None  # an S2H that stopped part way: the whole nodes of its clamp (clamp.py)
-        if status is TransferStatus.FAILED and op.direction is Direction.S2H and handle.landed is not None:
-            kept = clamped_nodes(self.group, op.nodes, handle.landed)
-            self.cp.complete_part(op_id, kept)
-        elif status is TransferStatus.FAILED:
-            self.cp.fail(op_id)
+        if status is not TransferStatus.FAILED:
+            kept = None
+        elif kept is None and op.direction is Direction.S2H and handle.landed is not None:
+            kept = clamped_nodes(self.group, op.nodes, handle.landed)  # stopped part way
+        if status is TransferStatus.FAILED:
+            if kept is None:
+                self.cp.fail(op_id)
+            else:  # the whole nodes of the clamp published, the rest released
+                self.cp.complete_part(op_id, min(kept, len(op.nodes)))
         self.stager.settled(op, status, kept)
         backup = op.direction in (Direction.D2H, Direction.H2S)
         if backup and status is TransferStatus.FAILED:  # a cancel (shutdown) drops nothing
             self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
-        if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
+        if self.tp:
+            if bad is not None:  # some rank's read found it: every rank drops that copy
+                self.l3.bad_slot(op.nodes, bad[1], bad[0])
+        elif isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
             reason = "corrupt" if isinstance(handle.error, CorruptSlot) else "unreadable"
             for slot in handle.error.slots:  # after the restore let go of its pins
                 self.l3.bad_slot(op.nodes, slot, reason)
+
+    def _pool_bytes(self) -> dict[str, int]:
+        """Bytes of one own page per backed-up pool (the single pool: the geometry's)."""
+        if self.config.group is None:
+            return {p.name: self.config.kv.bytes_per_page for p in self.group.pools}
+        return {p.name: p.bytes_per_page for p in self.group.backed_up().pools}
 
     def _sample(self, direction: Direction, handle: TransferHandle) -> None:
         """Feed a completed transfer's time to the cost model.
@@ -451,7 +589,9 @@ class CacheController:
         try:
             self.issue(direction, chain)
         except (OutOfPages, StorageError, TransferError) as e:
-            if isinstance(e, StorageError):
+            if isinstance(e, ReservationAborted) and isinstance(e.cause, IllegalTransition):
+                reason = "window_freed"  # this rank's source window is freed (spec/tp.md C2)
+            elif isinstance(e, StorageError):
                 reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
             elif isinstance(e, TransferError):
                 reason = "backup_failed"  # refused at issue (no workspace): as a failed one
@@ -462,15 +602,15 @@ class CacheController:
     def _back_up_now(self, node: TreeNode) -> bool:
         """Write-back: back `node` (and the chain it needs) up to L2 and wait. False if that
         cannot be done (no room, or blocked); the caller counts the victim's loss, once."""
-        chain = chain_lacking(self.cp, node, Direction.D2H)
+        chain = chain_lacking(self.cp, node, Direction.D2H, windows=not self.tp)
         if not chain or chain[-1] is not node:
             return False
         try:
             op = self.issue(Direction.D2H, chain)
-        except (OutOfPages, TransferError):
+        except (OutOfPages, TransferError):  # across ranks, a freed window aborts it (C2)
             return False
         self.handles[op.op_id].wait()
-        self._settle(op.op_id)
+        self._conclude([op.op_id])  # C4 for this one op: its end, agreed
         return self.cp.holds(node, Tier.L2)
 
     def _after_part_dropped(self) -> None:

@@ -29,11 +29,16 @@ BackUp = Callable[[TreeNode], bool]  # back the node up to L2 now; whether it ho
 
 
 class Evictor:
-    def __init__(self, cp: ControlPlane, metrics: Metrics, write_policy: str, back_up: BackUp) -> None:
+    def __init__(self, cp: ControlPlane, metrics: Metrics, write_policy: str, back_up: BackUp,
+                 windows: bool = True) -> None:
+        """`windows` False (tensor-parallel ranks, whose windows may differ): a write-back
+        victim is always offered to `back_up`, whose issue a freed window refuses on its
+        rank, so every rank makes the same calls (spec/tp.md C2)."""
         self.cp = cp
         self.metrics = metrics
         self.write_back = write_policy == "write_back"
         self.back_up = back_up
+        self.windows = windows
 
     def make_room(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Evict until `n_pages` pages of `tier` are free or no candidate is left; the pages
@@ -90,9 +95,10 @@ class Evictor:
         exactly its own tokens (the ancestors a write-back would have copied stay in L1)."""
         if self.cp.holds(victim, Tier.L2):
             return
-        if self.write_back and self.cp.windows.freed(victim):
-            self.metrics.drop("window_freed", len(victim.key))  # no whole group to back up
-        elif not self.write_back:
+        freed = self.cp.windows.freed(victim)
+        if not self.write_back:
             self.metrics.drop("write_through_unbacked_eviction", len(victim.key))
+        elif self.windows and freed:
+            self.metrics.drop("window_freed", len(victim.key))  # no whole group to back up
         elif not self.back_up(victim):
-            self.metrics.drop("host_pressure", len(victim.key))
+            self.metrics.drop("window_freed" if freed else "host_pressure", len(victim.key))

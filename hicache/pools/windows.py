@@ -73,6 +73,20 @@ class L1Windows:
         somewhere, else the largest endpoint every required pool accepts."""
         return self._hit(run, self.policy)
 
+    def endpoint_mask(self, run: Sequence[TreeNode], bound: int) -> list[int]:
+        """Over anchor endpoints 0..`bound` of the L1 run `run` (root's child first): 1 where
+        the endpoint is 0, or a node end at which `clip` lets an L1 hit end. What the ranks of
+        a tensor-parallel cache intersect (spec/tp.md C1b): the largest common endpoint is
+        legal on every rank, the minimum of per-rank maxima need not be."""
+        mask = [0] * (bound + 1)
+        mask[0], end = 1, 0
+        for i, node in enumerate(run):
+            end += len(node.key) // self.page_size
+            if end > bound:
+                break
+            mask[end] = int(self.clip(run[:i + 1]) == end)
+        return mask
+
     def share(self, path: Sequence[TreeNode], hit_tokens: int) -> tuple[int, int]:
         """A freed window's share of a match over `path` whose L1 hit is `hit_tokens`:
         (tokens of the L1 run the hit left out: `all_pools` clipped them; tokens of the

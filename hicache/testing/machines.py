@@ -138,9 +138,45 @@ def controller_machine(plane: str, coverage: Coverage | None = None, name: str =
     return _with_controller_checks(base, name)
 
 
+def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
+               coverage: Coverage | None = None, name: str = "FuzzTp") -> type[RuleBasedStateMachine]:
+    """The controller's machine over a tensor-parallel cache of `sizes` simulated ranks
+    (hicache/testing/adapters/tp.py; the null plane), with the controller machine's checks
+    on rank 0 and, for a group with a trailing pool, a rule that frees one node's window on
+    one rank alone."""
+    from hypothesis import strategies as st
+    from hypothesis.stateful import precondition, rule
+
+    from hicache.pools.presets import group
+    from hicache.pools.tierpools import window_pools
+    from hicache.testing.adapters.tp import TPSetup, tp_adapter
+
+    strategy = st.builds(TPSetup, base=setups("null", pools=pools), size=st.sampled_from(sizes))
+    aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
+    base = _with_controller_checks(
+        make_machine(tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
+    if pools == SINGLE_POOL or not window_pools(group(pools)):
+        return base
+
+    class Machine(base):  # type: ignore[valid-type, misc]
+        @precondition(lambda self: hasattr(self, "cache"))
+        @rule(rank=st.integers(0, 2), pick=st.integers(0, 7))
+        def free_window(self, rank: int, pick: int) -> None:
+            """One rank alone frees a node's sliding window (its SWA memory is its own)."""
+            self._count("free_window")
+            self.cache.free_window(rank, pick)
+
+    Machine.__name__ = Machine.__qualname__ = name
+    return Machine
+
+
 FuzzNull = controller_machine("null", name="FuzzNull")
 FuzzCpu = controller_machine("cpu", name="FuzzCpu")
 FuzzDsv4 = controller_machine("null", name="FuzzDsv4", pools="dsv4-tiny")
 FuzzDsv41 = controller_machine("null", name="FuzzDsv41", pools="dsv41-tiny")
 
-__all__ = ["FuzzCpu", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "controller_machine"]
+FuzzTp = tp_machine(name="FuzzTp")
+FuzzTpDsv4 = tp_machine("dsv4-tiny", name="FuzzTpDsv4")
+
+__all__ = ["FuzzCpu", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "FuzzTp", "FuzzTpDsv4",
+           "controller_machine", "tp_machine"]

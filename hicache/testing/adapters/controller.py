@@ -29,6 +29,7 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import (
     ALLOC_SITES, READ_ACTIONS, Action, FaultInjector, FaultSite, SimulatedCrash,
 )
+from hicache.distributed.collectives import Collectives
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.pools.hits import GROUP_HIT_POLICIES
@@ -85,16 +86,20 @@ class ControllerAdapter:
 
     tiers = tuple(str(t) for t in TIERS)
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup, collectives: Collectives | None = None) -> None:
+        """`collectives`: this adapter is one rank of a tensor-parallel cache (tp.py builds
+        one per rank, each in its rank's thread: the controller's C0 runs here)."""
         if setup.plane not in PLANES:
             raise ValueError(f"plane {setup.plane!r}: one of {', '.join(PLANES)}")
         self.setup = setup
+        self.collectives = collectives
+        rank = 0 if collectives is None else collectives.rank
         self.lifecycle: Lifecycle = load_lifecycle()
         self.sink = ListSink()
         self.events: list[TraceEvent] = []  # every event of every controller this adapter built
         # Seeded by the setup, so runs differ in what they draw before their first schedule
         # (a pool group's landing reports; a single pool draws nothing then).
-        self.faults = FaultInjector(seed=zlib.crc32(repr(setup).encode()), delay_polls=1)
+        self.faults = FaultInjector(seed=zlib.crc32(repr(setup).encode()) + rank, delay_polls=1)
         if setup.pools != SINGLE_POOL:
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
@@ -125,7 +130,8 @@ class ControllerAdapter:
         if s.plane == "null":
             g = cfg.kv
             engine = FaultyNullEngine(g, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, self.faults)
-        ctl = CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine)
+        ctl = CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine,
+                              collectives=self.collectives)
         self._fail_pools(ctl)
         return ctl
 
@@ -270,7 +276,10 @@ class ControllerAdapter:
         elif os.path.exists(l3.path):
             os.unlink(l3.path)
 
-    def restart(self) -> None:
+    def restart(self, collectives: Collectives | None = None) -> None:
+        """Close and open again (a rank of a cache whose job restarted: its new `collectives`)."""
+        if collectives is not None:
+            self.collectives = collectives
         self._close_controller()
         self._flush_into_events()
         self.tokens.clear()

@@ -1,0 +1,94 @@
+"""A rank's view, built: what the cross-rank invariants compare (spec/invariants.md, I7-I11).
+
+    RankView (hicache/snapshot.py, core vocabulary the checker reads)
+      rank, size
+      nodes        NodeRecord per tree node: topology (parent, key length and hash), per tier
+                   residency, lock count, the direction of the op filling it, pages held
+      requests     (request id, cached_len, hits at admission per tier, locked node)
+      ops          (op id, direction, node ids, token range): the pending-op table
+      free         (tier, pool, free pages): counts, never page numbers
+      log          the collective log: count, digest, last entries (I10)
+      l3_writes    (H2S op id, pool, pages this rank wrote) (I11)
+      replicated   ((tier, node id, pool), page digests) of replicated pools (I8; bytes only)
+      quiescent    no op in flight and no backup wanted: I11 is checked only then
+      modes        (pool, tp_mode) of the group: what I11's rule reads
+
+Plain, picklable data: simulated ranks hand it over in memory, processes all-gather it (C7).
+Physical page numbers are left out on purpose (they may differ by rank; counts may not), and
+so are a trailing pool's windows in L1 (a rank's sliding-window memory is its own: a window
+freed on one rank only is legal, and the hits agree on it through C1b).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from hicache.lifecycle import RESIDENT
+from hicache.pools.spec import REPLICATED
+from hicache.pools.tierpools import TierPools
+from hicache.snapshot import NodeRecord, RankView
+from hicache.tiers import TIERS, Tier
+
+if TYPE_CHECKING:
+    from hicache.controller.controller import CacheController
+
+
+def key_hash(tokens: tuple[int, ...]) -> str:
+    return hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
+
+
+def rank_view(ctl: CacheController) -> RankView:
+    """`ctl`'s view (its control plane, restores, collective log and L3 writes)."""
+    cp = ctl.cp
+    nodes = []
+    for n in cp.tree.nodes():
+        filling = tuple(None if op is None else cp.ops[op].direction.value if op in cp.ops else "?"
+                        for op in n.pending)
+        nodes.append(NodeRecord(
+            n.node_id, None if n.parent is None else n.parent.node_id, len(n.key),
+            key_hash(tuple(n.key)), (n.state[0], n.state[1], n.state[2]),
+            (n.lock[0], n.lock[1], n.lock[2]), (filling[0], filling[1], filling[2]),
+            tuple(0 if v is None else int(v.size) for v in n.value)))  # type: ignore[arg-type]
+    requests = tuple(sorted(
+        (rid, r.cached_len, tuple(ctl.restores[rid].match.lengths) if rid in ctl.restores else (),
+         r.locked.node_id) for rid, r in cp.requests.items()))
+    ops = tuple(sorted((op.op_id, op.direction.value, tuple(n.node_id for n in op.nodes),
+                        *op.token_range) for op in cp.ops.values()))
+    free: list[tuple[str, str, int]] = []
+    for t, table in zip(TIERS, cp.tables):
+        if isinstance(table, TierPools):
+            for name, sub in table.group_table.tables.items():
+                if not (str(t) == "L1" and name in table.window):  # a rank's windows are its own
+                    free.append((str(t), name, sub.free_count))
+        else:
+            free.append((str(t), "", table.free_count))
+    log = ctl.agree.c.log
+    writes = tuple((op_id, pool, n) for op_id, by_pool in ctl.l3_writes.ops.items()
+                   for pool, n in by_pool.items())
+    return RankView(ctl.agree.rank, ctl.agree.size, tuple(sorted(nodes, key=lambda r: r.node_id)),
+                    requests, ops, tuple(free), log.count, log.digest,
+                    tuple(e.text() for e in log.tail), writes, _replicated(ctl),
+                    not ctl.handles and not ctl.backups.pending,
+                    tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools))
+
+
+def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
+    """Per (tier, node, replicated pool) the node's page digests there (bytes only)."""
+    pools = [p.name for p in ctl.group.backed_up().pools if p.tp_mode == REPLICATED]
+    plane = getattr(ctl, "_bytes", None)
+    per_pool = getattr(plane, "pool_digests", None)
+    if not pools or per_pool is None:
+        return ()
+    out = []
+    for n in ctl.cp.tree.nodes():
+        for t, v in enumerate(n.value):
+            if v is None or not v.size or n.state[t] != RESIDENT or TIERS[t] is Tier.L3:
+                continue  # L3: a replicated pool's slots are rank 0's, read by every rank
+            for pool, digests in per_pool(TIERS[t].value, v).items():
+                if pool in pools:
+                    out.append(((TIERS[t].value, n.node_id, pool), tuple(int(d) for d in digests)))
+    return tuple(sorted(out))
+
+
+__all__ = ["NodeRecord", "RankView", "key_hash", "rank_view"]

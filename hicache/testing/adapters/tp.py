@@ -1,0 +1,269 @@
+"""A tensor-parallel cache as one `CacheUnderTest`: N controller ranks in lockstep.
+
+Each rank is a `ControllerAdapter` (null plane) with its own fault injector, over one
+`ThreadGroup`; every protocol call runs on every rank at once (`_all`), so the ranks meet at
+the agreement points of spec/tp.toml as a real TP cache's processes do. What the machine
+observes is rank 0's, after checking that every rank observed the same (admissions, ready,
+prefill outcomes); `check` adds the cross-rank invariants (I7, I8, I10, I11) to every rank's
+own checks. Faults are per rank and independent:
+
+    faults rule (schedules)   every rank draws the same rates with its own seed: a refused
+                              reservation, a failed or late completion on one rank only (F15)
+    aim, fail                 one rank, in turn (rank k of the k-th aimed fault)
+    free_window(rank, pick)   a rank frees one node's sliding window alone (its own SWA memory):
+                              the ranks' legal endpoints differ (F17, the B17 mutant)
+
+The reference model follows the cache as a whole: rank 0's page changes, and a page's window
+freed while any rank has it freed (the agreed hit is legal on every rank, so it is legal for
+the union of freed windows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from hicache.distributed.rankview import rank_view
+from hicache.distributed.simulated import ThreadGroup
+from hicache.errors import HiCacheError
+from hicache.invariants import check_ranks
+from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.testing.protocol import WINDOW_FREED, WINDOW_REVIVED, Admission, FaultSchedule, PageChange
+from hicache.trace import TraceEvent, TraceHeader
+
+T = TypeVar("T")
+TIMEOUT_S = 5.0  # a collective the other ranks never reach fails the step after this long
+WINDOW_STATES = (WINDOW_FREED, WINDOW_REVIVED)
+
+
+class RankDisagreement(HiCacheError):
+    """The ranks answered one call differently (what I7 would find one step later)."""
+
+
+@dataclass(frozen=True)
+class TPSetup:
+    """One run: the ranks' shared setup and how many ranks."""
+
+    base: Setup
+    size: int = 2
+
+
+class TPAdapter:
+    """`setup.size` controller ranks as one cache (module docstring)."""
+
+    tiers = ControllerAdapter.tiers
+
+    def __init__(self, setup: TPSetup) -> None:
+        if setup.base.plane != "null":
+            raise ValueError("the TP machine runs on the null plane")
+        self.setup = setup
+        self.size = setup.size
+        self.group = ThreadGroup(self.size, TIMEOUT_S)
+        self.ranks: list[ControllerAdapter] = self.group.run(
+            lambda r: ControllerAdapter(setup.base, self.group.member(r)))
+        self.page_size = self.ranks[0].page_size
+        self.hit_window = self.ranks[0].hit_window
+        self._turn = 0  # the rank the next one-rank fault strikes
+        self._extra: set[tuple[int, ...]] = set()  # pages the model has freed for other ranks
+
+    # -- every rank ---------------------------------------------------------------------------
+
+    def _all(self, fn: Callable[[ControllerAdapter], T]) -> list[T]:
+        return self.group.run(lambda r: fn(self.ranks[r]))
+
+    def _same(self, what: str, got: Sequence[T]) -> T:
+        differ = [r for r, g in enumerate(got) if g != got[0]]
+        if differ:
+            raise RankDisagreement(f"{what}: rank(s) {differ} answered {got[differ[0]]!r}, "
+                                   f"rank 0 {got[0]!r}")
+        return got[0]
+
+    def _next_rank(self) -> int:
+        rank, self._turn = self._turn % self.size, self._turn + 1
+        return rank
+
+    @property
+    def ctl(self) -> Any:
+        """Rank 0's controller (the controller machine's own checks read it)."""
+        return self.ranks[0].ctl
+
+    @property
+    def faults(self) -> Any:
+        return self.ranks[0].faults
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
+        return self._same(f"admission of request {request_id}",
+                          self._all(lambda a: a.submit(request_id, tokens)))
+
+    def ready(self, request_id: int) -> bool:
+        return self._same(f"ready({request_id})", self._all(lambda a: a.ready(request_id)))
+
+    def prefill(self, request_id: int) -> bool:
+        return self._same(f"prefill({request_id})", self._all(lambda a: a.prefill(request_id)))
+
+    def finish(self, request_id: int) -> None:
+        self._all(lambda a: a.finish(request_id))
+
+    def cancel_restore(self, request_id: int) -> None:
+        self._all(lambda a: a.cancel_restore(request_id))
+
+    def live(self) -> set[int]:
+        return self.ranks[0].live()
+
+    def cached_len(self, request_id: int) -> int:
+        return self.ranks[0].cached_len(request_id)
+
+    def served_digests(self, request_id: int) -> list[int] | None:
+        return None  # the null plane: no bytes
+
+    # -- transfers ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self._all(lambda a: a.tick())
+
+    def has_work(self) -> bool:
+        return any(a.has_work() for a in self.ranks)
+
+    def pending_ops(self) -> list[int]:
+        """Ops still moving on some rank (the same op ids on every rank)."""
+        return sorted({op for a in self.ranks for op in a.pending_ops()})
+
+    def complete(self, op_id: int) -> None:
+        for a in self.ranks:  # local: no collective (the next tick agrees on it)
+            if op_id in a.pending_ops():
+                a.complete(op_id)
+
+    def fail(self, op_id: int, kind: str) -> None:
+        """On one rank (in turn, among those still moving it): a transfer failing there only."""
+        moving = [r for r, a in enumerate(self.ranks) if op_id in a.pending_ops()]
+        rank = moving[self._next_rank() % len(moving)]
+        self.ranks[rank].fail(op_id, kind)
+
+    def evict(self, tier: str, n_pages: int) -> None:
+        self._all(lambda a: a.evict(tier, n_pages))
+
+    def set_faults(self, schedule: FaultSchedule) -> None:
+        for r, a in enumerate(self.ranks):  # the same rates, each rank its own draws
+            a.set_faults(replace(schedule, seed=schedule.seed * 1009 + r))
+
+    def aim(self, action: str, tier: str) -> None:
+        self.ranks[self._next_rank()].aim(action, tier)
+
+    def damage_storage(self, how: str) -> None:
+        self._all(lambda a: a.damage_storage(how))
+
+    def drain(self) -> None:
+        """Every rank's transfers end (each per its schedule); tick, in lockstep, until no
+        rank has anything in flight or wanted."""
+        for _ in range(64):
+            if not any(a.ctl.handles or a.ctl.backups.pending for a in self.ranks):
+                return
+            for a in self.ranks:
+                for op_id in a.pending_ops():
+                    a.complete(op_id)
+            self.tick()
+        raise RankDisagreement("drain: transfers still pending after 64 ticks")
+
+    def free_window(self, rank: int, pick: int) -> bool:
+        """Rank `rank` alone frees the window of one node it could (the `pick`-th candidate,
+        least recently used first); False when it has none."""
+        ctl = self.ranks[rank % self.size].ctl
+        found = ctl.cp.windows.candidates(ctl.cp.tree.nodes())
+        if not found:
+            return False
+        ctl.cp.tombstone(found[pick % len(found)])
+        return True
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def restart(self) -> None:
+        """The job restarts: every rank closes and opens again over a new group."""
+        self.group = ThreadGroup(self.size, TIMEOUT_S)
+        self.group.run(lambda r: self.ranks[r].restart(self.group.member(r)))
+        self._extra.clear()
+
+    def close(self) -> None:
+        for a in self.ranks:  # closing makes no collective
+            a.close()
+
+    # -- observation --------------------------------------------------------------------------
+
+    def changes(self) -> list[PageChange]:
+        """Rank 0's page changes, with every rank's freed windows folded in: the reference
+        sees a page's window freed while any rank has it freed. Other ranks' changes are
+        read and dropped: a C2 abort may show there as an issue and its cancel that rank 0
+        never made (their states meet again; I7 compares them)."""
+        for a in self.ranks[1:]:
+            a.changes()
+        out: list[PageChange] = []
+        for c in self.ranks[0].changes():
+            if c.state in WINDOW_STATES and c.prefix in self._extra:
+                if c.state == WINDOW_FREED:
+                    self._extra.discard(c.prefix)  # rank 0's own now: the model has it freed
+                continue
+            if c.state == WINDOW_REVIVED and c.prefix in self._others():
+                self._extra.add(c.prefix)  # still freed on another rank
+                continue
+            if c.tier == self.tiers[0] and c.state == "ABSENT":
+                self._extra.discard(c.prefix)  # it left L1: back with its window
+            out.append(c)
+        mine = _freed_prefixes(self.ranks[0].ctl)
+        want = self._others() - mine
+        out += [PageChange(self.tiers[0], p, WINDOW_FREED) for p in sorted(want - self._extra)]
+        out += [PageChange(self.tiers[0], p, WINDOW_REVIVED) for p in sorted(self._extra - want)
+                if p not in mine and p in _resident_prefixes(self.ranks[0].ctl)]
+        self._extra = want
+        return out
+
+    def _others(self) -> set[tuple[int, ...]]:
+        """L1 pages whose window some rank but 0 has freed now."""
+        return set().union(*(_freed_prefixes(a.ctl) for a in self.ranks[1:]))
+
+    def check(self) -> list[str]:
+        found = [f"rank {r}: {p}" for r, a in enumerate(self.ranks) for p in a.check()]
+        return found + [str(v) for v in check_ranks([rank_view(a.ctl) for a in self.ranks])]
+
+    def trace(self) -> list[TraceEvent]:
+        return self.ranks[0].trace()
+
+    def trace_header(self) -> TraceHeader:
+        return self.ranks[0].trace_header()
+
+    def fault_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.ranks:
+            for site, n in a.fault_counts().items():
+                out[site] = out.get(site, 0) + n
+        return out
+
+
+def _pages_of(ctl: Any, keep: Callable[[Any], bool]) -> set[tuple[int, ...]]:
+    """The token prefixes naming each L1 page of the nodes `keep` accepts (RESIDENT in L1)."""
+    out: set[tuple[int, ...]] = set()
+    ps = ctl.config.kv.page_size
+    for n in ctl.cp.tree.nodes():
+        if not ctl.cp.holds(n, "L1") or not keep(n):
+            continue
+        path = ctl.cp.tree.path_to_root(n)[::-1]
+        tokens = tuple(t for m in path for t in m.key)
+        start = len(tokens) - len(n.key)
+        out.update(tokens[:end] for end in range(start + ps, len(tokens) + 1, ps))
+    return out
+
+
+def _freed_prefixes(ctl: Any) -> set[tuple[int, ...]]:
+    return _pages_of(ctl, ctl.cp.windows.freed)
+
+
+def _resident_prefixes(ctl: Any) -> set[tuple[int, ...]]:
+    return _pages_of(ctl, lambda n: True)
+
+
+def tp_adapter(setup: TPSetup) -> TPAdapter:
+    return TPAdapter(setup)
+
+
+__all__ = ["RankDisagreement", "TPAdapter", "TPSetup", "tp_adapter"]
