@@ -239,6 +239,19 @@ class CacheController:
         mask_for = (lambda bound: windows.endpoint_mask(run, bound)) if windows.hit_pages else None
         return tuple(pages * ps for pages in self.agree.admit(bounds, mask_for))
 
+    def _agree_served(self, mat: Materialization) -> TreeNode | None:
+        """C1d: the planned node every rank may serve through, by a mask over the prompt's
+        page ends (its length is the prompt's: the same on every rank, whatever each rank's
+        restore plan holds now, F17)."""
+        ps = self.config.kv.page_size
+        ends = {self.cp.tree.prefix_tokens(n) // ps: n for n in mat.nodes}
+        mask = [0] * (len(mat.tokens) // ps + 1)
+        for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
+            if ok and i:
+                mask[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = 1
+        served = self.agree.serve(mask)
+        return ends.get(served) if served else None
+
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
         an id that is not live."""
@@ -270,8 +283,7 @@ class CacheController:
             raise RestorePending(request_id)
         deepest = self.stager.deepest_in_l1(mat)
         if self.tp:  # C1d: serve through the largest planned node every rank can serve
-            served = self.agree.serve(self.cp.servable_mask(mat.nodes))
-            deepest = mat.nodes[served - 1] if served else None
+            deepest = self._agree_served(mat)
         g = self.config.kv
         start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(request_id)
         # Compute through the prompt's last token: whole pages are inserted, a partial last
@@ -433,12 +445,18 @@ class CacheController:
         next_id = self.cp.next_op_id
         op, handle, error = self._issue_here(direction, chain, request_id, need, parent)
         if self.tp:
-            agreed = self.agree.reserve(error is None, need)
+            agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
             if not agreed and op is not None and handle is not None:
                 handle.cancel()  # quiesced: the hardware no longer touches its pages
                 self.cp.cancel(op.op_id)
             if self.cp.next_op_id == next_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
+            if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
+                if self.l3.online:
+                    self.l3.take_offline(error if isinstance(error, StorageError) else StorageError(
+                        self.engine.l3_path, "another rank's L3 file was lost"))
+                raise error if isinstance(error, StorageError) else StorageError(
+                    self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
             if not agreed:
                 raise ReservationAborted(str(direction.target), need,
                                          self.cp.free_pages(direction.target), error)

@@ -10,7 +10,7 @@ would be a conditional collective (F16), which the ranks' collective numbers exp
     admit(bounds, mask_for)      C1a  MIN of per-tier hits; C1b MIN of the L1 endpoint mask
     choice(code)                 C1c  rank 0's choice of restore
     serve(servable)              C1d  the largest planned node every rank can serve
-    reserve(ok, pages)           C2   commit on all, or release on all
+    reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
     room(ok)                     C3   refuse everywhere unless every rank can make the room
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
 """
@@ -88,17 +88,19 @@ class Agreement:
         return self.c.all_gather("admit_choice", [code])[0][0]
 
     def serve(self, servable: Sequence[int]) -> int:
-        """C1d: the largest index i (0..k) with servable[i] = 1 on every rank; servable[0]
-        (serve none of the planned nodes) is always 1."""
+        """C1d: the largest index e with servable[e] = 1 on every rank (a page end of the
+        prompt); servable[0] (serve none of the planned nodes) is always 1."""
         common = self.c.all_reduce_min("serve_endpoints", [1, *servable[1:]])
         return max(i for i, ok in enumerate(common) if ok)
 
     # -- C2, C3 -------------------------------------------------------------------------------
 
-    def reserve(self, ok: bool, pages: int) -> bool:
-        """C2: whether every rank reserved (and issued) the same `pages` pages."""
-        low, ok_all, neg = self.c.all_reduce_min("reserve", [pages, int(ok), -pages])
-        return bool(ok_all) and low == -neg
+    def reserve(self, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
+        """C2: (whether every rank reserved and issued the same `pages` pages, whether some
+        rank found its L3 file lost: then every rank takes L3 offline)."""
+        low, ok_all, neg, kept = self.c.all_reduce_min("reserve", [pages, int(ok), -pages,
+                                                                   int(not lost)])
+        return bool(ok_all) and low == -neg, not kept
 
     def room(self, ok: bool) -> bool:
         """C3: whether every rank can make the room."""

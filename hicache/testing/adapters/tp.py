@@ -11,7 +11,7 @@ own checks. Faults are per rank and independent:
                               reservation, a failed or late completion on one rank only (F15)
     aim, fail                 one rank, in turn (rank k of the k-th aimed fault)
     free_window(rank, pick)   a rank frees one node's sliding window alone (its own SWA memory):
-                              the ranks' legal endpoints differ (F17, the B17 mutant)
+                              the ranks' legal endpoints differ (F17, the min-of-maxima mutant)
 
 The reference model follows the cache as a whole: rank 0's page changes, and a page's window
 freed while any rank has it freed (the agreed hit is legal on every rank, so it is legal for
