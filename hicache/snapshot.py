@@ -199,3 +199,4 @@ class RankView:
     replicated: tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...] = ()
     quiescent: bool = False
     modes: tuple[tuple[str, str], ...] = ()  # (pool, tp_mode) of the backed-up group
+    next_op: int = 0  # the op id the next transfer takes (equal on every rank: C2)

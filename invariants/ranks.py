@@ -9,7 +9,8 @@ which rank left the others and where:
     ---  -----------------------  ---------------------------------------------------------
     I7   rank_agreement           equal trees (topology, residency, locks, pending ops by
                                   direction), requests (cached_len, hits, locked node), op
-                                  tables and free counts; page numbers may differ
+                                  tables, the next op id and free counts; page numbers may
+                                  differ
     I8   replicated_bytes_equal   a replicated pool's pages hold the same digests on every
                                   rank where they are resident (sharded pools are exempt)
     I10  collective_sequence      every rank made the same collectives, in the same order
@@ -40,7 +41,8 @@ def check_rank_agreement(views: Sequence[RankView]) -> list[Violation]:
     for v in views[1:]:
         ref = views[0]
         for field, mine, theirs in (("requests", v.requests, ref.requests), ("ops", v.ops, ref.ops),
-                                    ("free counts", v.free, ref.free)):
+                                    ("free counts", v.free, ref.free),
+                                    ("next op ids", (v.next_op,), (ref.next_op,))):
             if mine != theirs:
                 out.append(RANK_AGREEMENT.violation(
                     f"rank {v.rank}'s {field} differ from rank 0's: {_first_difference(mine, theirs)}"))

@@ -244,11 +244,13 @@ class CacheController:
         page ends (its length is the prompt's: the same on every rank, whatever each rank's
         restore plan holds now, F17)."""
         ps = self.config.kv.page_size
-        ends = {self.cp.tree.prefix_tokens(n) // ps: n for n in mat.nodes}
-        mask = [0] * (len(mat.tokens) // ps + 1)
+        ends: dict[int, TreeNode] = {}  # page end -> the servable planned node ending there
         for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
-            if ok and i:
-                mask[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = 1
+            if ok and i:  # (a planned node past the servable run may be gone from the tree)
+                ends[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = mat.nodes[i - 1]
+        mask = [0] * (len(mat.tokens) // ps + 1)
+        for end in ends:
+            mask[end] = 1
         served = self.agree.serve(mask)
         return ends.get(served) if served else None
 
@@ -442,14 +444,13 @@ class CacheController:
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
         need = sum(n.num_pages for n in chain)
-        next_id = self.cp.next_op_id
-        op, handle, error = self._issue_here(direction, chain, request_id, need, parent)
+        op, handle, error, took_id = self._issue_here(direction, chain, request_id, need, parent)
         if self.tp:
             agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
             if not agreed and op is not None and handle is not None:
                 handle.cancel()  # quiesced: the hardware no longer touches its pages
                 self.cp.cancel(op.op_id)
-            if self.cp.next_op_id == next_id:
+            if not took_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
             if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
                 if self.l3.online:
@@ -468,9 +469,11 @@ class CacheController:
 
     def _issue_here(self, direction: Direction, chain: list[TreeNode], request_id: int | None,
                     need: int, parent: TreeNode
-                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None]:
+                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
         """This rank's half of `issue`: the op and its handle, or the error that refused it
-        (whatever was taken released again)."""
+        (whatever was taken released again), and whether this transfer took an op id. (Not
+        "did the next id move": making room may issue write-back's own transfers first, each
+        with its ids and agreement; only this transfer's id may be missing on a rank.)"""
         try:
             if not self.l3.online and Tier.L3 in (direction.source, direction.target):
                 raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
@@ -480,11 +483,11 @@ class CacheController:
             self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
             op = self.cp.issue(direction, chain, request_id)
         except HiCacheError as e:
-            return None, None, e
+            return None, None, e, False
         if aim is not None and aim.action == "crash":
             self.hooks.crash_ops.add(op.op_id)
         if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
-            return op, self._acked(op), None  # C6: this rank writes none of these pools
+            return op, self._acked(op), None, True  # C6: this rank writes none of these pools
         try:
             handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
                                  self.hooks.landing(aim, self.group, need))
@@ -492,8 +495,8 @@ class CacheController:
             self.cp.fail(op.op_id)
             if isinstance(e, StorageError):
                 self.l3.take_offline(e)
-            return None, None, e
-        return op, handle, None
+            return None, None, e, True
+        return op, handle, None, True
 
     def _acked(self, op: PendingOp) -> TransferHandle:
         """A finished handle for an H2S this rank does not write (spec/tp.md C6)."""

@@ -75,10 +75,20 @@ class SimulatedCluster:
                 return
             except Exception:  # noqa: BLE001 -- a rank failed closing: close the rest alone
                 pass
-        for c in self.ranks:  # as after a crash: quiesce, release, publish nothing
-            c.hooks.crashed = c.hooks.crashed or SimulatedCrash(
-                f"the cluster's step failed ({self.group.failed}); the job restarts")
+        abandon(self.ranks, self.group.failed)
+        for c in self.ranks:
             c.close()
 
 
-__all__ = ["SimulatedCluster"]
+def abandon(ranks: Sequence[CacheController], why: str | None) -> None:
+    """A step failed on some rank (`why`): the job restarts, so every rank's controller
+    publishes nothing more, as after a crash (its `close` quiesces and releases only). A
+    rank whose own step ended normally may be mid-way through a transfer the others never
+    agreed on (its C2 or C4 was broken off): closing it normally would finish requests whose
+    ops are still pending."""
+    for c in ranks:
+        c.hooks.crashed = c.hooks.crashed or SimulatedCrash(
+            f"a step of the job failed on some rank ({why}); the job restarts")
+
+
+__all__ = ["SimulatedCluster", "abandon"]

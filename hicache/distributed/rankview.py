@@ -6,6 +6,8 @@
                    residency, lock count, the direction of the op filling it, pages held
       requests     (request id, cached_len, hits at admission per tier, locked node)
       ops          (op id, direction, node ids, token range): the pending-op table
+      next_op      the id the next transfer takes: ids stay equal on every rank, also
+                   when no op is pending (C2: a rank that issued nothing skips the id)
       free         (tier, pool, free pages): counts, never page numbers
       log          the collective log: count, digest, last entries (I10)
       l3_writes    (H2S op id, pool, pages this rank wrote) (I11)
@@ -70,7 +72,8 @@ def rank_view(ctl: CacheController) -> RankView:
                     requests, ops, tuple(free), log.count, log.digest,
                     tuple(e.text() for e in log.tail), writes, _replicated(ctl),
                     not ctl.handles and not ctl.backups.pending,
-                    tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools))
+                    tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools),
+                    cp.next_op_id)
 
 
 def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from hicache.distributed.cluster import abandon
 from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import HiCacheError
@@ -181,13 +182,21 @@ class TPAdapter:
 
     def restart(self) -> None:
         """The job restarts: every rank closes and opens again over a new group."""
+        self._abandon_if_broken()
         self.group = ThreadGroup(self.size, TIMEOUT_S)
         self.group.run(lambda r: self.ranks[r].restart(self.group.member(r)))
         self._extra.clear()
 
     def close(self) -> None:
+        self._abandon_if_broken()
         for a in self.ranks:  # closing makes no collective
             a.close()
+
+    def _abandon_if_broken(self) -> None:
+        """A step failed on some rank (a crash aimed at one rank, a collective error): every
+        rank's controller is the dead job's, publishing nothing more."""
+        if self.group.failed is not None:
+            abandon([a.ctl for a in self.ranks], self.group.failed)
 
     # -- observation --------------------------------------------------------------------------
 

@@ -1,0 +1,328 @@
+"""Tensor parallelism in one process (spec/tp.md): simulated ranks that meet at every
+collective (ThreadGroup), the agreement points (Agreement), the ranks of one cache
+(SimulatedCluster) with per-rank faults, the named scenarios F15-F18, and the fuzz machine
+over 2 and 3 ranks. Cross-rank invariants' violation tests are in test_rank_invariants.py."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
+from hypothesis import settings
+
+from hicache.controller.config import CacheConfig
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.null import NullEngine
+from hicache.distributed.agreement import Agreement
+from hicache.distributed.cluster import SimulatedCluster
+from hicache.distributed.collectives import (
+    Alone, CollectiveMismatch, CollectiveTimeout, RankFailed,
+)
+from hicache.distributed.simulated import ThreadGroup
+from hicache.errors import ConfigError
+from hicache.tiers import Direction
+from hicache.testing.machines import tp_machine
+
+PROMPT = list(range(1, 33))  # 8 pages of the tiny geometry's 4 tokens
+
+
+def cpu_cluster(tmp_path: Path, size: int = 2, faults: list[FaultInjector] | None = None,
+                **fields: object) -> SimulatedCluster:
+    """`size` CPU ranks (mha, sharded: real bytes), each with its own L3 file."""
+    cfgs = [CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32, io_threads=0,
+                        l3_path=str(tmp_path / f"rank{r}.slots"), **fields)  # type: ignore[arg-type]
+            for r in range(size)]
+    return SimulatedCluster(cfgs, size, faults=(lambda r: faults[r]) if faults else None)
+
+
+def serve(cluster: SimulatedCluster, request_id: int, tokens: list[int]) -> list[tuple[int, ...]]:
+    """Admit, prefill and finish one request on every rank; the per-rank hits at admission."""
+    mats = cluster.run(lambda c: c.admit(request_id, tokens))
+    cluster.run(lambda c: c.prefill(request_id))
+    cluster.run(lambda c: c.finish(request_id))
+    return [tuple(m.match.lengths) for m in mats]
+
+
+# -- ThreadGroup: a step never hangs -------------------------------------------------------------
+
+def test_ranks_meet_and_every_rank_takes_the_same_result() -> None:
+    group = ThreadGroup(3, timeout_s=5)
+    got = group.run(lambda r: group.member(r).all_reduce_min("room", [10 - r]))
+    assert got == [(8,), (8,), (8,)]
+    gathered = group.run(lambda r: group.member(r).all_gather("admit_choice", [r * 7]))
+    assert gathered == [((0,), (7,), (14,))] * 3
+    assert len({(m.log.count, m.log.digest) for m in group.members}) == 1
+
+
+def test_f16_a_rank_that_skips_a_collective_is_named_at_once_not_hung() -> None:
+    """F16, a conditional collective: rank 1 has nothing to report and leaves the step."""
+    group = ThreadGroup(2, timeout_s=30)
+
+    def step(rank: int) -> None:
+        if rank == 0:  # only rank 0 has something to agree on
+            group.member(rank).all_reduce_min("completion", [1])
+
+    with pytest.raises(CollectiveTimeout) as e:
+        group.run(step)
+    assert e.value.missing == (1,) and e.value.point == "completion" and "skipped" in str(e.value)
+    with pytest.raises(ConfigError, match="build a new group"):
+        group.run(lambda r: None)  # the ranks' collective numbers differ now
+
+
+def test_f17_a_payload_whose_length_is_local_is_a_mismatch_naming_both_calls() -> None:
+    """F17: a mask sized by local state (here rank 1's plan is a page longer)."""
+    group = ThreadGroup(2, timeout_s=30)
+    with pytest.raises(CollectiveMismatch) as e:
+        group.run(lambda r: group.member(r).all_reduce_min("serve_endpoints", [1] * (3 + r)))
+    assert "rank 0: serve_endpoints all_reduce_min int64[3]" in str(e.value)
+    assert "rank 1: serve_endpoints all_reduce_min int64[4]" in str(e.value)
+
+
+def test_the_watchdog_turns_a_stuck_rank_into_a_timeout_naming_it() -> None:
+    release = threading.Event()
+    group = ThreadGroup(2, timeout_s=0.3)
+
+    def step(rank: int) -> None:
+        if rank == 1:
+            release.wait(5)  # stuck inside its step, never reaching the collective
+            return
+        group.member(rank).all_reduce_min("room", [1])
+
+    t = threading.Timer(1.5, release.set)
+    t.start()
+    try:
+        with pytest.raises(CollectiveTimeout) as e:
+            group.run(step)
+    finally:
+        release.set()
+        t.cancel()
+    assert e.value.missing == (1,) and "timed out" in str(e.value)
+
+
+def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out() -> None:
+    group = ThreadGroup(2, timeout_s=30)
+    seen: list[RankFailed] = []
+
+    def step(rank: int) -> None:
+        if rank == 1:
+            raise ValueError("rank 1's own bug")
+        try:
+            group.member(rank).all_reduce_min("room", [1])
+        except RankFailed as e:
+            seen.append(e)
+            raise
+
+    with pytest.raises(ValueError, match="rank 1's own bug"):
+        group.run(step)
+    assert len(seen) == 1 and seen[0].rank == 1
+
+
+def test_a_point_the_table_lacks_or_the_wrong_op_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'nowhere' is not a point"):
+        Alone().all_reduce_min("nowhere", [1])
+    with pytest.raises(ConfigError, match="all_gather point"):
+        Alone().all_reduce_min("admit_choice", [1])
+    with pytest.raises(ConfigError, match="int64"):
+        Alone().all_reduce_min("room", [1 << 64])
+
+
+# -- Agreement: the rules that decide ----------------------------------------------------------
+
+def agree(size: int, fn: object) -> list[object]:
+    group = ThreadGroup(size, timeout_s=10)
+    return group.run(lambda r: fn(r, Agreement(group.member(r))))  # type: ignore[operator]
+
+
+def test_f17_hits_are_the_intersection_of_legal_endpoints_not_the_min_of_maxima() -> None:
+    """Rank 0 may end a hit at page 2 or 4, rank 1 at 3 or 4 once rank 1 freed a window...
+    here at 1 or 3: the minimum of maxima (3) is illegal on rank 0; the intersection says 1."""
+    legal = [{0, 2, 4}, {0, 1, 3}]
+    got = agree(2, lambda r, a: a.admit([4, 4, 4], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
+    assert got == [(0, 4, 4), (0, 4, 4)]  # no common endpoint but 0
+    legal = [{0, 1, 2, 4}, {0, 1, 3, 4}]
+    got = agree(2, lambda r, a: a.admit([4, 3, 0], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
+    assert got == [(4, 3, 0), (4, 3, 0)]
+    bounds = [[4, 3, 0], [3, 3, 0]]  # rank 1's L1 holds one page less: the mask is over 0..3
+    got = agree(2, lambda r, a: a.admit(bounds[r], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
+    assert got == [(1, 3, 0), (1, 3, 0)]
+
+
+def test_c2_commits_only_when_every_rank_reserved_the_same_pages() -> None:
+    assert agree(2, lambda r, a: a.reserve(True, 4)) == [(True, False)] * 2
+    assert agree(2, lambda r, a: a.reserve(r == 0, 4)) == [(False, False)] * 2  # F15
+    assert agree(2, lambda r, a: a.reserve(True, 4 + r)) == [(False, False)] * 2
+    assert agree(3, lambda r, a: a.reserve(True, 4, lost=r == 2)) == [(True, True)] * 3
+
+
+def test_c0_refuses_ranks_configured_apart_naming_the_field(tmp_path: Path) -> None:
+    cfgs = [CacheConfig(device="cpu", l1_pages=16 + r, l2_pages=16, l3_slots=32,
+                        l3_path=str(tmp_path / f"r{r}.slots")) for r in range(2)]
+    with pytest.raises(ConfigError, match=r"tp\.fingerprint\.l1_pages") as e:
+        SimulatedCluster(cfgs, 2)
+    assert "rank(s) [1]" in str(e.value)
+
+
+# -- The ranks of one cache -------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(tmp_path: Path, size: int) -> None:
+    cluster = cpu_cluster(tmp_path, size)
+    try:
+        assert serve(cluster, 1, PROMPT) == [(0, 0, 0)] * size
+        cluster.run(lambda c: c.drain())
+        assert cluster.check() == []
+        views = cluster.views()
+        assert all(v.quiescent for v in views)
+        writes = [sorted(w for w in v.l3_writes) for v in views]
+        assert writes[0] and all(w == writes[0] for w in writes)  # sharded: every rank, same pages
+        assert all(pages == 8 for _, pool, pages in writes[0] if pool == "kv")
+        assert serve(cluster, 2, PROMPT + [99] * 4) == [(32, 32, 32)] * size
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_f15_an_allocation_failing_on_one_rank_aborts_the_reservation_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1's L2 refuses the write-through's pages; rank 0's succeeded. C2 releases on both:
+    neither has an L2 copy, and the next hit is the same everywhere."""
+    faults = [FaultInjector(), FaultInjector().once(FaultSite.ALLOC_L2)]
+    cluster = cpu_cluster(tmp_path, 2, faults)
+    try:
+        serve(cluster, 1, PROMPT)
+        cluster.run(lambda c: c.drain())
+        assert faults[1].fired.get(FaultSite.ALLOC_L2) == 1 and not faults[0].fired
+        assert cluster.check() == []
+        states = [[n.states for n in v.nodes] for v in cluster.views()]
+        assert states[0] == states[1] == [("RESIDENT", "ABSENT", "ABSENT")]
+        assert serve(cluster, 2, PROMPT + [99] * 4) == [(32, 0, 0)] * 2
+    finally:
+        cluster.close()
+
+
+def test_f18_replicated_pools_reach_l3_from_rank_0_only() -> None:
+    """dsv4-tiny (every pool replicated), null plane: each L3 backup's pages are written by
+    rank 0 alone and recorded by every rank (I11)."""
+    cfg = CacheConfig(device="cpu", pools="dsv4-tiny", l1_pages=16, l2_pages=16, l3_slots=32)
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 16, 16, 32))
+    try:
+        serve(cluster, 1, PROMPT)
+        cluster.run(lambda c: c.drain())
+        assert cluster.check() == []
+        r0, r1 = (v.l3_writes for v in cluster.views())
+        assert r0 and all(pages == 8 for _, _, pages in r0)
+        assert [(op, pool) for op, pool, _ in r0] == [(op, pool) for op, pool, _ in r1]
+        assert all(pages == 0 for _, _, pages in r1)
+    finally:
+        cluster.close()
+
+
+def test_op_ids_stay_equal_when_making_room_issued_backups_before_an_aborted_reservation() -> None:
+    """Write-back: rank 0's H2D reservation is refused after making room issued (and agreed)
+    the D2H backup of the node it evicts; rank 1 issued its H2D. The aborted H2D's id is
+    skipped on rank 0, so the ranks' next ids (and every later op id) stay equal. (The skip
+    once compared the next id with the one before making room: rank 0 skipped nothing.)"""
+    cfg = CacheConfig(device="cpu", l1_pages=10, l2_pages=16, l3_slots=32, write_policy="write_back")
+    faults = [FaultInjector(), FaultInjector()]
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 10, 16, 32),
+                               faults=lambda r: faults[r])
+    a, b = list(range(1, 21)), list(range(101, 129))  # 5 and 7 pages: a's restore evicts b
+    try:
+        serve(cluster, 1, a)
+        cluster.run(lambda c: c.evict("L1", 10))
+        cluster.run(lambda c: c.drain())
+        serve(cluster, 2, b)
+        faults[0].aim("alloc", direction=Direction.H2D)
+        mats = cluster.run(lambda c: c.admit(3, a + [7] * 4))
+        assert [m.match.lengths for m in mats] == [(0, 20, 20)] * 2
+        for _ in range(3):
+            cluster.run(lambda c: c.tick())
+        assert faults[0].fired and len({c.cp.next_op_id for c in cluster.ranks}) == 1
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_a_slot_corrupt_on_one_rank_drops_the_node_everywhere_and_prefill_serves_past_it() -> None:
+    """Rank 1's L3 slot of a planned node is corrupt: its S2H fails, the node is dropped on
+    every rank (C4 carries the bad slot), and the prefill's C1d mask skips the planned node
+    that left the tree (it once read the dropped node: TreeError; found by the TP fuzz)."""
+    cfg = CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32)
+    engines = [NullEngine(cfg.kv, 16, 16, 32) for _ in range(2)]
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: engines[r])
+    try:
+        serve(cluster, 1, PROMPT)
+        cluster.run(lambda c: c.drain())
+        cluster.run(lambda c: c.evict("L1", 16))
+        cluster.run(lambda c: c.evict("L2", 16))
+        (node,) = cluster.ranks[1].cp.tree.nodes()
+        engines[1].corrupt_slot(int(node.value[2][0]))  # type: ignore[index]
+        mats = cluster.run(lambda c: c.admit(2, PROMPT + [7] * 4))
+        assert [m.match.lengths[2] for m in mats] == [32, 32]
+        for _ in range(4):
+            cluster.run(lambda c: c.tick())
+        assert [list(c.cp.tree.nodes()) for c in cluster.ranks] == [[], []]
+        assert cluster.run(lambda c: c.prefill(2)) == [36, 36]
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_tp_with_a_replicated_pool_on_a_byte_plane_is_refused(tmp_path: Path) -> None:
+    cfg = CacheConfig(device="cpu", pools="mla-tiny", l1_pages=16, l2_pages=16, l3_slots=32)
+    with pytest.raises(ConfigError, match="replicated"):
+        SimulatedCluster(cfg, 2)
+
+
+# -- The fuzz machine over 2 and 3 ranks ------------------------------------------------------
+
+_profile = settings()
+
+
+def _budget(examples: int, steps: int) -> settings:
+    return settings(_profile, max_examples=max(examples, _profile.max_examples)
+                    if _profile.max_examples >= 1000 else examples,
+                    stateful_step_count=steps, deadline=None)
+
+
+TpMha = tp_machine(name="TpMha")
+TpMha.TestCase.settings = _budget(30, 50)
+TestTpMha = TpMha.TestCase
+
+TpDsv4 = tp_machine("dsv4-tiny", name="TpDsv4")
+TpDsv4.TestCase.settings = _budget(20, 50)
+TestTpDsv4 = TpDsv4.TestCase
+
+
+def test_a_crash_on_one_rank_restarts_every_rank_even_one_mid_transfer() -> None:
+    """A crash aimed at rank 0's S2H ends the step there; rank 1 had gone on to issue the
+    restore's H2D, its C2 broken off. The job restarts: every rank's controller is the dead
+    job's (quiesce and release, publish nothing), so the restart cannot end a request whose
+    op is still pending on one rank (it once raised IllegalTransition; found by the TP fuzz)."""
+    from hicache.dataplane.faults import SimulatedCrash
+    from hicache.testing.adapters.controller import Setup
+    from hicache.testing.adapters.tp import TPAdapter, TPSetup
+
+    cache = TPAdapter(TPSetup(Setup(l1_pages=10, l2_pages=8, l3_slots=12, promotion=False), 2))
+    prompt = tuple(range(1, 21))
+    cache.submit(1, prompt)
+    cache.prefill(1)
+    cache.finish(1)
+    cache.drain()
+    cache.evict("L1", 10)
+    cache.evict("L2", 8)
+    cache.drain()
+    cache.ranks[0].faults.aim("crash", direction=Direction.S2H)
+    assert cache.submit(2, prompt + (7,) * 4).hits["L3"] == 20
+    with pytest.raises(SimulatedCrash):
+        for _ in range(6):
+            for op in cache.pending_ops():
+                cache.complete(op)
+            cache.tick()
+    assert [list(a.ctl.cp.ops) for a in cache.ranks][1], "rank 1 went on to issue the H2D"
+    cache.restart()
+    assert cache.check() == [] and cache.live() == set()
+    cache.close()
