@@ -11,12 +11,15 @@ each; an empty list means the spec is consistent. One module per thing compared:
                      control-plane rules, composites); the embedded Mermaid blocks
     rules            each control-plane rule of lifecycle.toml is enforced by the reference
                      (a probe per rule must be refused with a typed error)
-    invariants       registry CHECKS vs invariants.md headings, checker and test names
+    invariants       registry CHECKS and the cross-rank RANK_CHECKS vs invariants.md headings,
+                     checker and test names
     trace            lifecycle.toml / TraceEvent vs trace.schema.json and trace.md's table;
                      TraceHeader vs trace.header.schema.json
     l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
     pools            pools.toml loads (every group rule holds) vs pools.md's preset tables,
                      cell by cell
+    tp               tp.toml vs tp.md's point table, point sections and L3 write table; every
+                     collective point is called by the code with its op, and no other
     pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
                      metric names in the pages vs what the reference exports
 """
@@ -37,6 +40,7 @@ from hicache.speccheck.pages import (
 )
 from hicache.speccheck.pools import check_pools
 from hicache.speccheck.rules import check_rules
+from hicache.speccheck.tp import check_tp
 from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
 from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_header_schema, check_trace_schema
 
@@ -49,8 +53,9 @@ __all__ = [
 def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> list[str]:
     """Every difference between the parts of the spec in `spec_dir`; empty means consistent.
 
-    `checks` defaults to `hicache.invariants.registry.CHECKS`; if that module cannot be
-    imported, one difference says so instead of raising."""
+    `checks` defaults to `hicache.invariants.registry.CHECKS` and the cross-rank
+    `hicache.invariants.ranks.RANK_CHECKS`; if they cannot be imported, one difference says so
+    instead of raising."""
     try:
         lc = Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
     except (OSError, ValueError, KeyError, TypeError, SpecError) as e:
@@ -62,7 +67,7 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
         problems += check_diagrams(lc, lifecycle_md)
     invariants_md = _read(spec_dir / "invariants.md", problems)
     if invariants_md is not None:
-        loaded = registry_checks() if checks is None else checks
+        loaded = registry_checks(with_ranks=True) if checks is None else checks
         if isinstance(loaded, str):
             problems.append(loaded)
         else:
@@ -80,6 +85,9 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     pools_md = _read(spec_dir / "pools.md", problems)
     if pools_md is not None:
         problems += check_pools(pools_md, spec_dir / "pools.toml")
+    tp_md = _read(spec_dir / "tp.md", problems)
+    if tp_md is not None:
+        problems += check_tp(tp_md, spec_dir / "tp.toml")
     pages = {p.name: text for p in sorted(spec_dir.glob("*.md"))
              if (text := _read(p, problems)) is not None}
     problems += check_reading_order(pages) + check_bug_classes(pages)

@@ -1,5 +1,6 @@
 """invariants.md against the invariants registry: one heading per check, naming its checker
-and its test."""
+and its test. The page's checks are the registry's CHECKS (over one plane's snapshot) and the
+cross-rank RANK_CHECKS (over every rank's view)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from typing import Callable, Protocol, Sequence
 
 REGISTRY_MODULE = "hicache.invariants.registry"
+RANKS_MODULE = "hicache.invariants"  # its entry point RANK_CHECKS: I7, I8, I10, I11 (ranks.py)
 
 
 
@@ -25,16 +27,21 @@ class CheckInfo(Protocol):
     def func(self) -> Callable[..., object]: ...
 
 
-def registry_checks() -> Sequence[CheckInfo] | str:
-    """The registry's CHECKS, or one line saying why they cannot be read."""
-    try:
-        module = importlib.import_module(REGISTRY_MODULE)
-    except ImportError as e:
-        return f"invariants.md: headings not checked: {REGISTRY_MODULE} cannot be imported ({e})"
-    checks = getattr(module, "CHECKS", None)
-    if not isinstance(checks, (list, tuple)):
-        return f"invariants.md: headings not checked: {REGISTRY_MODULE}.CHECKS is not a sequence"
-    return checks
+def registry_checks(with_ranks: bool = False) -> Sequence[CheckInfo] | str:
+    """The registry's CHECKS (and, `with_ranks`, the cross-rank RANK_CHECKS after them: what
+    invariants.md documents), or one line saying why they cannot be read."""
+    lists = [(REGISTRY_MODULE, "CHECKS")] + ([(RANKS_MODULE, "RANK_CHECKS")] if with_ranks else [])
+    found: list[CheckInfo] = []
+    for name, attr in lists:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            return f"invariants.md: headings not checked: {name} cannot be imported ({e})"
+        checks = getattr(module, attr, None)
+        if not isinstance(checks, (list, tuple)):
+            return f"invariants.md: headings not checked: {name}.{attr} is not a sequence"
+        found += checks
+    return found
 
 
 _HEADING = re.compile(r"^#{2,4}\s+([IS]\d+)\s+`([a-z0-9_]+)`\s*$")
