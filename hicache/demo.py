@@ -16,15 +16,22 @@ import contextlib
 import json
 import sys
 import time
-from typing import IO, NoReturn, Sequence
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, NoReturn, Sequence
 
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
+
+if TYPE_CHECKING:  # torch-heavy: imported when the demo runs
+    from hicache.controller.config import CacheConfig
+    from hicache.controller.controller import CacheController
+    from hicache.demo_sizing import TierSizes
+    from hicache.workload import RequestSpec
 
 OPTION_OF_FIELD = {
     "l1_pages": "--l1-pages", "l2_pages": "--l2-pages", "l3_slots": "--l3-slots",
     "policy": "--policy", "write_policy": "--write-policy", "check_mode": "--check-mode",
     "device": "--device", "backend": "--backend", "geometry": "--geometry", "io_threads": "--io-threads",
-    "pools": "--preset",
+    "pools": "--preset", "tp": "--tp",
 }
 
 
@@ -90,6 +97,11 @@ def parser() -> argparse.ArgumentParser:
         "check-trace FILE` replays it"))
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it is drawn only when stderr is a terminal)")
+    p.add_argument("--tp", type=int, default=1, help=(
+        "tensor-parallel ranks: N > 1 serves the workload on N processes over gloo, each rank "
+        "a cache of the same configuration (its own temporary L3 file) agreeing with the "
+        "others at the points of spec/tp.toml; prints a line per rank and the cross-rank "
+        "checks (I7, I8, I10, I11) (hicache/demo_tp.py)"))
     return p
 
 
@@ -99,14 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(f"argument --requests: must be >= 1, got {args.requests}")
     if args.batch_size < 1:
         parser().error(f"argument --batch-size: must be >= 1, got {args.batch_size}")
-    try:
-        trace = open(args.trace, "w") if args.trace else None
+    if args.tp < 1:
+        parser().error(f"argument --tp: must be >= 1, got {args.tp}")
+    try:  # --tp refuses --trace (demo_tp.py): no file is made for it
+        trace = open(args.trace, "w") if args.trace and args.tp == 1 else None
     except OSError as e:
         sys.stderr.write(f"hicache demo: --trace {args.trace}: {e.strerror}; choose a writable path\n")
         return 2
     try:
         with trace or contextlib.nullcontext():
-            return _run(args, trace)
+            return _run(args, trace) if args.tp == 1 else _run_tp(args)
     except L3PathRefused as e:
         todo = "choose another path" + (", or pass --l3-overwrite to replace it"
                                         if e.overwrite_helps else "")
@@ -123,13 +137,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, trace: IO[str] | None = None) -> int:
     """Serve the workload `args` describe and print the report; `trace`, when given, gets
     the control plane's header and then its every event."""
-    from hicache.controller.config import CacheConfig
     from hicache.controller.controller import CacheController
-    from hicache.dataplane.geometry import preset
-    from hicache.demo_report import DecisionTally, format_report
-    from hicache.demo_sizing import size_tiers
-    from hicache.serving import ServingLoop
+    from hicache.demo_report import format_report
     from hicache.trace import NdjsonSink, Tracer
+
+    setup = demo_setup(args)
+    started = time.perf_counter()
+    tracer = None if trace is None else Tracer(NdjsonSink(trace))
+    ctl = CacheController(setup.config, tracer=tracer)
+    if trace is not None:
+        # Verify nothing was traced while the controller was built: the header goes first.
+        assert ctl.cp.tracer.seq == 0, f"{ctl.cp.tracer.seq} events traced before the header"
+        trace.write(ctl.cp.trace_header(engine="hicache demo").to_json() + "\n")
+    draw = not args.quiet and sys.stderr.isatty()  # a log file gets no progress bar
+    summary = serve(args, setup, ctl, started, progress=draw)
+    print(format_report(summary))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    if args.prometheus:
+        with open(args.prometheus, "w") as f:
+            f.write(ctl.metrics.to_prometheus())
+    violations = summary["invariants"]["violations"]  # type: ignore[index]
+    return 0 if violations == 0 else 1
+
+
+def _run_tp(args: argparse.Namespace) -> int:
+    from hicache.demo_tp import run_tp
+
+    return run_tp(args)
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    """What `args` describe: the workload, the tier capacities sized for it (where not
+    given) and the configuration (every rank of `--tp` builds the same from the same args)."""
+
+    workload: list[RequestSpec]
+    sizes: TierSizes
+    config: CacheConfig
+
+
+def demo_setup(args: argparse.Namespace) -> DemoSetup:
+    from hicache.controller.config import CacheConfig
+    from hicache.dataplane.geometry import preset
+    from hicache.demo_sizing import size_tiers
     from hicache.workload import shared_prefix_workload
 
     workload = shared_prefix_workload(args.requests, seed=args.seed)
@@ -142,36 +194,34 @@ def _run(args: argparse.Namespace, trace: IO[str] | None = None) -> int:
         prefetch=not args.no_prefetch, check_mode=args.check_mode, io_threads=args.io_threads,
         l3_overwrite=args.l3_overwrite, pools=args.preset,
     )
-    started = time.perf_counter()
-    ctl = CacheController(config, tracer=None if trace is None else Tracer(NdjsonSink(trace)))
-    if trace is not None:
-        # Verify nothing was traced while the controller was built: the header goes first.
-        assert ctl.cp.tracer.seq == 0, f"{ctl.cp.tracer.seq} events traced before the header"
-        trace.write(ctl.cp.trace_header(engine="hicache demo").to_json() + "\n")
+    return DemoSetup(workload, sizes, config)
+
+
+def serve(args: argparse.Namespace, setup: DemoSetup, ctl: CacheController, started: float, *,
+          progress: bool) -> dict[str, object]:
+    """Serve `setup`'s workload through `ctl` (built from `setup.config`), close it, and
+    return the report's summary (wall time from `started`, a `time.perf_counter()`);
+    `progress`: draw the progress bar."""
+    from hicache.demo_report import DecisionTally
+    from hicache.serving import ServingLoop
+
+    workload, config = setup.workload, ctl.config
     tally = ctl.policy = DecisionTally(ctl.policy)
     try:
         loop = ServingLoop(ctl, batch_size=args.batch_size)
-        draw = not args.quiet and sys.stderr.isatty()  # a log file gets no progress bar
-        report = loop.run(workload, _progress_bar if draw else None)
+        report = loop.run(workload, _progress_bar if progress else None)
         status = ctl.status()
     finally:
         ctl.close()
     summary = _summary(ctl, report, status, time.perf_counter() - started)
-    summary["config"] = _config_echo(args, config, sizes.sized, status["engine"], summary["device"])
+    summary["config"] = _config_echo(args, config, setup.sizes.sized, status["engine"],
+                                     summary["device"])
     summary["decision_reasons"] = dict(tally.by_reason)
     summary["verified_pool_bytes"] = dict(getattr(ctl.verifier, "bytes_checked", {}))
     longest = max(workload, key=lambda r: len(r.tokens))
     summary["longest_prompt"] = {"request_id": longest.request_id, "tokens": len(longest.tokens),
                                  "pages": -(-len(longest.tokens) // config.kv.page_size)}
-    print(format_report(summary))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
-    if args.prometheus:
-        with open(args.prometheus, "w") as f:
-            f.write(ctl.metrics.to_prometheus())
-    violations = summary["invariants"]["violations"]  # type: ignore[index]
-    return 0 if violations == 0 else 1
+    return summary
 
 
 def _progress_bar(done: int, total: int) -> None:

@@ -1,0 +1,96 @@
+"""What agreeing across ranks costs: time inside the collectives per admitted request, two
+ranks over gloo on CPU, against one bare gloo all_gather of the same size (the ceiling).
+
+    PYTHONPATH=. python3 benchmarks/tp_gloo_overhead.py [--ranks 2] [--requests 120]
+        [--check-mode off] [--seed 0] [--bare-iters 2000]
+
+Each rank (hicache/distributed/processes.py) serves `hicache demo`'s workload (`--requests`,
+`--seed`, the demo's default sizes, CPU) through a CacheController over TorchCollectives,
+which counts the seconds spent in its `_exchange` (every agreement point: the arrival board
+write, the all_gather of the header row with the values inline, a second all_gather for a
+payload longer than INLINE_VALUES; waiting for the slower rank included, as a real rank
+waits). Then, in the same processes, it times `--bare-iters` bare `dist.all_gather`s of
+int64[n], n the mean payload the run sent (at least 1): the least one collective can cost on
+this machine, so `ratio` (time per collective / bare all_gather) says how much of the cost is
+the protocol (one gather and a store write make it a little over 1) and the wait for the
+other rank.
+
+Prints one JSON line: per rank and the slowest rank's figures (`collective_us_per_request`,
+`collectives_per_request`, `collective_us_each`, `bare_all_gather_us`, `ratio`). `--check-mode
+off` by default: the invariant checks after every transition would make one rank wait for
+the other's checks inside a collective, which is not the agreement's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hicache import demo
+from hicache.controller.controller import CacheController
+from hicache.distributed.processes import run_ranks
+from hicache.distributed.torchdist import TorchCollectives
+
+WARMUP_ITERS = 50  # bare all_gathers before the timed ones (connections, allocator)
+
+
+def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
+               bare_iters: int) -> dict[str, Any]:
+    """Serve the demo workload over `c`, then time bare all_gathers of the mean payload."""
+    args = demo.parser().parse_args(argv)
+    setup = demo.demo_setup(args)
+    ctl = CacheController(setup.config, collectives=c)
+    summary = demo.serve(args, setup, ctl, time.perf_counter(), progress=False)
+    admissions = int(summary["admissions"])  # type: ignore[call-overload]
+    n = max(1, round(c.payload_int64 / c.exchanges))
+    mine = torch.zeros(n, dtype=torch.int64)
+    rows = [torch.empty_like(mine) for _ in range(size)]
+    for _ in range(WARMUP_ITERS):
+        dist.all_gather(rows, mine)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(bare_iters):
+        dist.all_gather(rows, mine)
+    bare_s = (time.perf_counter() - started) / bare_iters
+    each_s = c.exchange_s / c.exchanges
+    return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
+            "payload_int64_mean": c.payload_int64 / c.exchanges,
+            "collective_us_per_request": 1e6 * c.exchange_s / admissions,
+            "collectives_per_request": c.exchanges / admissions,
+            "collective_us_each": 1e6 * each_s, "bare_all_gather_us": 1e6 * bare_s,
+            "bare_all_gather_int64": n, "ratio": each_s / bare_s,
+            "violations": summary["invariants"]["violations"]}  # type: ignore[index]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--requests", type=int, default=120)
+    p.add_argument("--check-mode", default="off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bare-iters", type=int, default=2000)
+    a = p.parse_args()
+    argv = ["--device", "cpu", "--requests", str(a.requests), "--seed", str(a.seed),
+            "--check-mode", a.check_mode, "--quiet"]
+    started = time.perf_counter()
+    ranks = run_ranks(bench_rank, a.ranks, (argv, a.bare_iters), timeout_s=1800.0,
+                      collective_timeout_s=60.0)
+    slowest = max(ranks, key=lambda r: r["collective_us_per_request"])
+    print(json.dumps({
+        "bench": "tp_gloo_overhead", "ranks": a.ranks, "requests": a.requests,
+        "check_mode": a.check_mode, "torch": torch.__version__,
+        "wall_s": time.perf_counter() - started,
+        **{k: slowest[k] for k in ("collective_us_per_request", "collectives_per_request",
+                                   "collective_us_each", "bare_all_gather_us",
+                                   "bare_all_gather_int64", "ratio")},
+        "per_rank": ranks,
+    }))
+
+
+if __name__ == "__main__":
+    main()

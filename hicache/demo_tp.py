@@ -1,0 +1,173 @@
+"""`hicache demo --tp N`: the demo's workload on N tensor-parallel ranks, a process each.
+
+    launcher (`hicache demo`)                rank r (hicache/distributed/processes.py)
+    ---------------------------------------  ----------------------------------------------
+    refuse the options N ranks cannot share  the demo's setup from the same arguments (the
+    run_ranks(serve_rank, N) over gloo       same configuration: C0 compares fingerprints),
+                                             its own device and temporary L3 file (both
+                                             RANK_LOCAL); a CacheController over
+                                             TorchCollectives serves the workload as the
+                                             demo does (`demo.serve`: invariants checked
+                                             after every transition), then returns its
+                                             report summary and its RankView
+    rank 0's report, a line per rank, the
+    cross-rank checks (I7, I8, I10, I11) over
+    every rank's view; exit 1 on a violation
+
+A rank that raises ends the run: the others are broken out of their collective (RankFailed)
+or time out after COLLECTIVE_TIMEOUT_S naming the rank that did not arrive, and the launcher
+reports the root cause (exit 1; a rank's ConfigError is the configuration's: exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hicache.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hicache.controller.config import CacheConfig
+    from hicache.distributed.torchdist import TorchCollectives
+    from hicache.invariants import Violation
+    from hicache.snapshot import RankView
+
+COLLECTIVE_TIMEOUT_S = 60.0  # a rank missing from a collective this long is reported
+RUN_TIMEOUT_S = 1800.0  # the whole run; then every rank is terminated and reported
+REFUSED = {  # option -> why N ranks cannot honour it, and what to do
+    "trace": "--trace records one control plane's events: leave it out with --tp, or trace "
+             "a single rank without --tp",
+    "l3_path": "--l3-path names one file, but every rank keeps its own L3 file: leave it out "
+               "with --tp (each rank then uses its own temporary file)",
+    "prometheus": "--prometheus writes one cache's metrics: leave it out with --tp (--json "
+                  "writes every rank's summary)",
+}
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What a rank hands back: its report summary, its view and its collectives' cost."""
+
+    rank: int
+    summary: dict[str, object]
+    view: RankView
+    collectives: int
+    collective_s: float  # seconds inside collectives (header, payload, arrival board)
+
+
+def run_tp(args: argparse.Namespace) -> int:
+    """Serve the demo on `args.tp` ranks and print the report (module docstring); 0 when no
+    rank and no cross-rank check found a violation. ConfigError for an option TP refuses."""
+    from hicache.demo import demo_setup
+    from hicache.demo_report import format_report
+    from hicache.distributed.processes import RankError, run_ranks
+    from hicache.invariants import check_ranks
+
+    for option, why in REFUSED.items():
+        if getattr(args, option):
+            raise ConfigError("tp", why)
+    refuse_replicated(demo_setup(args).config)  # and every other ConfigError, before any rank
+    started = time.perf_counter()
+    try:
+        results: list[RankResult] = run_ranks(serve_rank, args.tp, (args,), timeout_s=RUN_TIMEOUT_S,
+                                              collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    except RankError as e:
+        if e.kind == "ConfigError":  # the configuration's fault, not the run's
+            raise ConfigError("tp", f"rank {e.rank}: {e.message}") from None
+        raise
+    violations = check_ranks([r.view for r in results])
+    print(f"hicache demo --tp {args.tp}: rank 0's report, then a line per rank and the "
+          "cross-rank checks\n")
+    print(format_report(results[0].summary))
+    print()
+    print("\n".join(tp_lines(results, violations, time.perf_counter() - started)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": [r.summary for r in results],
+                       "cross_rank_violations": [str(v) for v in violations]},
+                      f, indent=2, default=str)
+    bad = [r for r in results if _violations(r) != 0]
+    return 0 if not bad and not violations else 1
+
+
+def refuse_replicated(config: CacheConfig) -> None:
+    """ConfigError naming `pools` for a group with a replicated pool: the controller refuses
+    it across ranks on a plane with bytes (rank 0 alone writes such a pool to L3, and each
+    rank here has its own L3 file), so say so before any rank starts."""
+    from hicache.pools.spec import REPLICATED
+
+    group = config.group
+    pools = group.backed_up().pools if group else ()
+    replicated = ", ".join(p.name for p in pools if p.tp_mode == REPLICATED)
+    if replicated:
+        raise ConfigError("pools", f"{config.pools!r} has replicated pools ({replicated}), "
+                                   "which ranks with an L3 file each cannot share (spec/tp.md); "
+                                   "with --tp give a sharded preset: --preset mha")
+
+
+def serve_rank(rank: int, size: int, collectives: TorchCollectives,
+               args: argparse.Namespace) -> RankResult:
+    """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
+    from hicache.controller.controller import CacheController
+    from hicache.demo import demo_setup, serve
+    from hicache.distributed.rankview import rank_view
+
+    setup = demo_setup(args)
+    config = dataclasses.replace(setup.config, device=rank_device(setup.config.device, rank, size))
+    started = time.perf_counter()
+    ctl = CacheController(config, collectives=collectives)
+    draw = rank == 0 and not args.quiet and sys.stderr.isatty()  # one bar, and not in a log
+    summary = serve(args, setup, ctl, started, progress=draw)
+    summary["rank"] = rank
+    return RankResult(rank, summary, rank_view(ctl), collectives.log.count,
+                      collectives.exchange_s)
+
+
+def rank_device(device: str | None, rank: int, size: int) -> str | None:
+    """Rank `rank`'s device: its own GPU (`cuda:rank`) when `device` asks for CUDA (or for
+    the default) and there is one per rank; else `device` itself (every rank on it)."""
+    if device not in (None, "cuda"):
+        return device
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= size:
+        return f"cuda:{rank}"
+    return device
+
+
+def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: float) -> list[str]:
+    """The report's tensor-parallel section: a line per rank, then the cross-rank checks."""
+    from hicache.invariants import RANK_CHECKS
+
+    first = results[0].summary
+    lines = [f"Tensor parallelism: {len(results)} ranks over gloo, preset "
+             f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"]  # type: ignore[index]
+    for r in results:
+        s = r.summary
+        hits = s["hit_tokens"]
+        assert isinstance(hits, dict)  # Verify: the summary's hits are by tier
+        per_call_us = 1e6 * r.collective_s / r.collectives if r.collectives else 0.0
+        lines.append(
+            f"  rank {r.rank}: {s['requests']:,} requests served; hit tokens "
+            + ", ".join(f"{tier} {n:,}" for tier, n in hits.items())
+            + f"; {s['invariants']['run']:,} invariant checks, "  # type: ignore[index]
+            f"{_violations(r)} violations; {r.collectives:,} collectives "
+            f"({per_call_us:,.0f} us each)")
+    checks = ", ".join(f"{c.id} {c.name}" for c in RANK_CHECKS)
+    lines.append(f"  cross-rank checks ({checks}): {len(violations)} violations")
+    lines += [f"    {v}" for v in violations]
+    return lines
+
+
+def _violations(r: RankResult) -> int:
+    inv = r.summary["invariants"]
+    assert isinstance(inv, dict)  # Verify: the controller's invariant_checks status
+    return int(inv["violations"])
+
+
+__all__ = ["RankResult", "run_tp", "serve_rank", "tp_lines"]

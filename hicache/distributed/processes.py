@@ -1,0 +1,182 @@
+"""Real processes: spawn N ranks on gloo, run one function on each, return every result.
+
+    results = run_ranks(fn, 2, (x,), timeout_s=120.0, collective_timeout_s=30.0)
+    # fn(rank, size, collectives, x) in each rank's own process; the results by rank
+
+    launcher (this process)                      rank r (a "spawn" child)
+    -------------------------------------------  -------------------------------------------
+    a TCPStore on a free localhost port: the     its client; gloo over the prefix "gloo/",
+    rendezvous and the arrival board "board/"    TorchCollectives over "board/" (torchdist.py)
+    start N ranks, wait for N reports, at most   report ("ok", r, pickled result), or ("error",
+    `timeout_s` in all                           r, type, message) and `failed/r` on the board
+    end every rank; raise the root cause:        an ok rank waits (at most the collective
+      RankError     a rank raised, or died       timeout) for every rank to report before it
+      RanksTimedOut the overall timeout passed   exits: no peer's op meets a closed connection
+
+`fn` and its arguments and result must be picklable (`fn` a module-level function: each rank
+imports it anew). A rank's collective gives up after `collective_timeout_s` (the gloo op
+timeout): a stuck rank is reported by the others as a CollectiveTimeout, never a hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from hicache.errors import ConfigError, HiCacheError
+
+HOST = "127.0.0.1"  # every rank runs on this machine
+POLL_S = 0.1  # the launcher re-checks its ranks' liveness this often
+DEAD_GRACE_S = 1.0  # a rank that exited unreported is dead once its report is this late
+JOIN_S = 5.0  # a rank gets this long to exit on its own before it is terminated
+ROOT_CAUSE_LAST = ("RankFailed",)  # errors that are another rank's consequence, not a cause
+
+
+class RankError(HiCacheError):
+    """Rank `rank` raised `kind` (`message`), or died (`kind` "died"); `others`: what the
+    other ranks reported meanwhile, by rank ("type: message")."""
+
+    def __init__(self, rank: int, kind: str, message: str, others: dict[int, str]) -> None:
+        self.rank, self.kind, self.message, self.others = rank, kind, message, dict(others)
+        rest = "; ".join(f"rank {r}: {why}" for r, why in sorted(others.items()))
+        super().__init__(f"rank {rank} raised {kind}: {message}"
+                         + (f" (then {rest})" if rest else ""))
+
+
+class RanksTimedOut(HiCacheError):
+    """The ranks `missing` had not reported after `timeout_s` seconds; `last`: where each
+    rank was last, by the arrival board (rank -> (collective number, point))."""
+
+    def __init__(self, missing: Sequence[int], timeout_s: float,
+                 last: dict[int, tuple[int, str]]) -> None:
+        self.missing, self.timeout_s, self.last = tuple(missing), timeout_s, dict(last)
+        where = ", ".join(f"rank {r} at #{s} {p}" for r, (s, p) in sorted(last.items()))
+        super().__init__(f"rank(s) {list(missing)} did not finish within {timeout_s:g} s (last "
+                         f"seen: {where or 'no collective'}); they were terminated: give a "
+                         "longer timeout, or find where the rank waits outside a collective")
+
+
+def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), *,
+              timeout_s: float = 120.0, collective_timeout_s: float = 30.0) -> list[Any]:
+    """`fn(rank, size, collectives, *args)` on `size` spawned ranks; their results by rank.
+    Raises RankError (the root cause: the lowest rank's error that is not a consequence of
+    another's) or RanksTimedOut; every rank has ended when it returns or raises."""
+    from torch._C._distributed_c10d import TCPStore  # torch.distributed's, not re-exported
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigError("tp", f"ranks: an integer >= 1, got {size!r}")
+    if not timeout_s > 0 or not collective_timeout_s > 0:
+        raise ConfigError("tp.timeout_s", f"> 0 seconds, got {timeout_s!r} and "
+                                          f"{collective_timeout_s!r}")
+    ctx = multiprocessing.get_context("spawn")
+    store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=collective_timeout_s))
+    reports: multiprocessing.Queue[tuple[Any, ...]] = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, name=f"hicache-rank{r}", daemon=True,
+                         args=(r, size, store.port, collective_timeout_s, fn, args, reports))
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[Any, ...]] = {}
+    try:
+        got = _collect(procs, reports, time.monotonic() + timeout_s, collective_timeout_s)
+    finally:
+        _end(procs, set(got))
+    missing = [r for r in range(size) if r not in got]
+    if missing and not any(g[0] == "error" for g in got.values()):
+        from hicache.distributed.torchdist import read_board
+
+        raise RanksTimedOut(missing, timeout_s, read_board(PrefixStore("board/", store), size)[0])
+    errors = {r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"}
+    if errors:
+        root = min(errors, key=lambda r: (errors[r][0] in ROOT_CAUSE_LAST, r))
+        others = {r: f"{k}: {m}" for r, (k, m) in errors.items() if r != root}
+        others.update({r: "did not report (terminated)" for r in missing})
+        raise RankError(root, *errors[root], others)
+    return [pickle.loads(got[r][1]) for r in range(size)]
+
+
+def _collect(procs: Sequence[BaseProcess], reports: multiprocessing.Queue[tuple[Any, ...]],
+             deadline: float, collective_timeout_s: float) -> dict[int, tuple[Any, ...]]:
+    """Every rank's report (rank -> ("ok", pickled) or ("error", type, message)) until all
+    reported or `deadline`; after a first error, the others get one collective timeout more
+    (they learn of it from the board, or time out). A rank that exited unreported "died"."""
+    got: dict[int, tuple[Any, ...]] = {}
+    dead_since: dict[int, float] = {}
+    while len(got) < len(procs) and time.monotonic() < deadline:
+        try:
+            kind, rank, *rest = reports.get(timeout=POLL_S)
+            got[rank] = (kind, *rest)
+            if kind == "error":
+                deadline = min(deadline, time.monotonic() + collective_timeout_s + JOIN_S)
+            continue
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            if r not in got and p.exitcode is not None:
+                if now - dead_since.setdefault(r, now) > DEAD_GRACE_S:
+                    got[r] = ("error", "died", f"exited with code {p.exitcode} without a report")
+    return got
+
+
+def _end(procs: Sequence[BaseProcess], reported: set[int]) -> None:
+    """Let each rank that reported exit, then terminate (and at last kill) what still runs."""
+    stop = time.monotonic() + JOIN_S
+    for r, p in enumerate(procs):
+        if r in reported:
+            p.join(max(0.0, stop - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(JOIN_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float,
+               fn: Callable[..., Any], args: tuple[object, ...],
+               reports: multiprocessing.Queue[tuple[Any, ...]]) -> None:
+    """One rank (module docstring): join gloo, run `fn`, report, wait for the others."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    from hicache.distributed.torchdist import TorchCollectives, mark_failed
+
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # localhost only: no hostname lookup
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # ranks share the cores
+    timeout = timedelta(seconds=collective_timeout_s)
+    store = TCPStore(HOST, port, is_master=False, timeout=timeout)
+    board = PrefixStore("board/", store)
+    try:
+        dist.init_process_group("gloo", store=PrefixStore("gloo/", store), rank=rank,
+                                world_size=size, timeout=timeout)
+        result = pickle.dumps(fn(rank, size, TorchCollectives(board), *args))
+    except BaseException as e:  # noqa: BLE001 -- every rank's outcome is reported
+        mark_failed(board, rank, f"{type(e).__name__}: {e}")
+        reports.put(("error", rank, type(e).__name__, str(e)))
+        store.set(f"end/{rank}", "error")
+        return  # at once: the others learn of it from the board, or their gloo op fails
+    reports.put(("ok", rank, result))
+    store.set(f"end/{rank}", "ok")
+    try:  # longer than a collective: a peer still in one reports before this gives up
+        store.wait([f"end/{r}" for r in range(size)], timeout + timedelta(seconds=JOIN_S))
+    except RuntimeError:
+        pass  # a rank is stuck: the launcher terminates it
+    dist.destroy_process_group()
+
+
+__all__ = ["RankError", "RanksTimedOut", "run_ranks"]

@@ -1,0 +1,133 @@
+"""Ranks as processes over gloo (hicache/distributed/torchdist.py, processes.py, demo_tp.py):
+two ranks agree, a mismatched call is a CollectiveMismatch naming both calls, a skipped
+collective a CollectiveTimeout naming the missing rank and the point within the timeout, a
+rank that raises or hangs a typed error in the launcher, and `hicache demo --tp 2` runs.
+
+Each test spawns two processes (a few seconds of start-up on a 2-core machine: torch is
+imported anew in each); the rank functions are module-level so that each rank can import them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+from hicache import demo  # noqa: E402
+from hicache.distributed.collectives import CollectiveError, Collectives  # noqa: E402
+from hicache.distributed.processes import RankError, RanksTimedOut, run_ranks  # noqa: E402
+from hicache.distributed.torchdist import INLINE_VALUES  # noqa: E402
+
+pytestmark = pytest.mark.torch
+TIMEOUT_S = 3.0  # each collective's: a missing rank is reported after this
+Agreed = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...],
+               str, int, list[str]]
+
+
+def _agree_then_mismatch(rank: int, size: int, c: Collectives) -> Agreed:
+    """Agree four times (no values; more than fit in the header's row), then meet with another
+    point, another length, a payload in the row against one of its own: each mismatch is
+    caught on both ranks and returned."""
+    low = c.all_reduce_min("room", [rank + 1])
+    gathered = c.all_gather("admit_choice", [10 * rank + 7])
+    empty = c.all_reduce_min("completion", [])
+    long = c.all_reduce_min("serve_endpoints", [1 - rank] * (INLINE_VALUES + 4))
+    digest, count = c.log.digest, c.log.count
+    caught = []
+    for by_rank in ((("room", [1]), ("reserve", [1, 2, 3, 4])),  # another point
+                    (("admit_bounds", [1, 2, 3]), ("admit_bounds", [1, 2])),  # another length
+                    (("serve_endpoints", [1] * 3),  # one row, or a payload of its own
+                     ("serve_endpoints", [1] * (INLINE_VALUES + 1)))):
+        point, values = by_rank[rank]
+        try:
+            c.all_reduce_min(point, values)
+        except CollectiveError as e:
+            caught.append(f"{type(e).__name__}: {e}")
+    return low, gathered, empty, long, digest, count, caught
+
+
+def _skip_second(rank: int, size: int, c: Collectives) -> None:
+    """Rank 1 makes one collective fewer (a conditional collective, F16) and returns."""
+    c.all_reduce_min("room", [1])
+    if rank == 0:
+        c.all_reduce_min("room", [1])
+
+
+def _rank1_raises(rank: int, size: int, c: Collectives) -> None:
+    if rank == 1:
+        raise ValueError("rank 1's own bug")
+    c.all_reduce_min("room", [1])
+
+
+def _hang(rank: int, size: int, c: Collectives) -> None:
+    time.sleep(600)
+
+
+def test_two_ranks_agree_and_a_mismatch_names_both_calls() -> None:
+    results = run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
+    for low, gathered, empty, long, _, count, _ in results:
+        assert low == (1,) and gathered == ((7,), (17,)) and empty == ()
+        assert long == (0,) * (INLINE_VALUES + 4) and count == 4
+    assert results[0][4] == results[1][4]  # the same log (I10)
+    for caught in (results[0][6], results[1][6]):
+        point, length, inline = caught
+        assert point.startswith("CollectiveMismatch: collective #4 differs across ranks")
+        assert "rank 0: room all_reduce_min int64[1]" in point
+        assert "rank 1: reserve all_reduce_min int64[4]" in point
+        assert "collective #5" in length
+        assert "rank 0: admit_bounds all_reduce_min int64[3]" in length
+        assert "rank 1: admit_bounds all_reduce_min int64[2]" in length
+        assert "collective #6" in inline
+        assert "rank 0: serve_endpoints all_reduce_min int64[3]" in inline
+        assert f"rank 1: serve_endpoints all_reduce_min int64[{INLINE_VALUES + 1}]" in inline
+
+
+def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point() -> None:
+    started = time.monotonic()
+    with pytest.raises(RankError) as failed:
+        run_ranks(_skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
+    e = failed.value
+    assert e.rank == 0 and e.kind == "CollectiveTimeout"
+    assert "collective #1 (room)" in e.message and "rank(s) [1] did not arrive" in e.message
+    assert "rank 1 at #0 room" in e.message  # where the missing rank was last
+    assert time.monotonic() - started < 30  # the timeout's seconds, not a hang
+
+
+def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out() -> None:
+    with pytest.raises(RankError) as failed:
+        run_ranks(_rank1_raises, 2, collective_timeout_s=30.0, timeout_s=60)
+    e = failed.value
+    assert (e.rank, e.kind, e.message) == (1, "ValueError", "rank 1's own bug")
+    assert e.others[0].startswith("RankFailed: rank 1 failed (ValueError: rank 1's own bug)")
+
+
+def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(RanksTimedOut) as failed:
+        run_ranks(_hang, 2, collective_timeout_s=TIMEOUT_S, timeout_s=6)
+    assert failed.value.missing == (0, 1)
+    assert time.monotonic() - started < 20
+
+
+def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "30", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        line = next(li for li in out.splitlines() if li.startswith(f"  rank {rank}: "))
+        assert "30 requests served" in line and " 0 violations" in line
+    assert "cross-rank checks (I7 rank_agreement" in out
+    assert out.rstrip().endswith("0 violations")
+
+
+def test_demo_tp_refuses_what_ranks_cannot_share(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--tp", "2", "--trace", "unused.ndjson"]) == 2
+    err = capsys.readouterr().err
+    assert "hicache demo: --tp: --trace records one control plane's events" in err
+    assert demo.main(["--tp", "2", "--preset", "dsv4-tiny"]) == 2
+    assert "with --tp give a sharded preset: --preset mha" in capsys.readouterr().err
