@@ -37,6 +37,9 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "B13": (4, "I4 tier_bytes_equal"),
     "B14": (2, "machine ControllerMachine.l3_serves_what_it_holds"),
     "B15": (3, "I4 tier_bytes_equal"),
+    "B16": (0, "I11 l3_write_multiplicity"),
+    "TP-conditional": (4, "contract: CollectiveTimeout escaped FuzzTp"),
+    "TP-local-capacity": (1, "I7 rank_agreement"),
     "I1-skip-L2": (3, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }

@@ -9,7 +9,8 @@ returns a context manager that swaps the broken version in and restores the orig
 
 Nothing else reaches these patches: no configuration field, flag or environment variable
 of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's tests call
-`activate`. B16 (tensor parallelism) has no mutant yet: the reference runs on one rank.
+`activate`. The tensor-parallel mutants (B16 and the TP- ones: agreement bugs of the
+F15-F18 scenarios in spec/tp.md) run on the TP machines.
 
     name         class  patched function                          what is broken
     -----------  -----  ----------------------------------------  ----------------------------
@@ -31,6 +32,9 @@ of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's te
     B13          B13    storage_io.coalesce                       merges on one side
     B14          B14    StorageMover._move_all                    short I/O taken as complete
     B15          B15    TransferEngine.h2d                        scatters to the wrong pages
+    B16          B16    ledger.writes_pool                        the L3 write rule inverted
+    TP-conditional  -   Agreement.completion                      skips C4 with nothing to say
+    TP-local-capacity - CacheController._issue_here               evicts and retries alone
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 """
@@ -373,6 +377,56 @@ def _checker_off() -> contextlib.AbstractContextManager[None]:
     return _swapped(InvariantChecker, "after_transition", after_transition)
 
 
+# -- tensor parallelism -------------------------------------------------------------------------
+
+
+def _b16() -> contextlib.AbstractContextManager[None]:
+    """The L3 write rule inverted: a replicated pool written by every rank, a sharded one by
+    rank 0 only."""
+    from hicache.distributed import ledger
+    from hicache.pools.spec import SHARDED
+
+    def writes_pool(tp_mode: str, rank: int) -> bool:
+        return tp_mode != SHARDED or rank == 0
+
+    return _swapped(ledger, "writes_pool", writes_pool)
+
+
+def _tp_conditional() -> contextlib.AbstractContextManager[None]:
+    """A conditional collective: a rank skips the per-tick completion reduction when none of
+    its ops ended locally (it has nothing to report)."""
+    from hicache.distributed.agreement import Agreement
+
+    original = Agreement.__dict__["completion"]
+
+    def completion(self: Any, local: Any) -> Any:
+        if not any(x[0] for x in local):
+            return [(False, False, x[2], x[3], x[4]) for x in local]
+        return original(self, local)
+
+    return _swapped(Agreement, "completion", completion)
+
+
+def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
+    """A rank-local capacity decision: a rank whose reservation was refused evicts more and
+    retries alone, before the ranks agree (C2)."""
+    from hicache.controller.controller import CacheController
+    from hicache.errors import OutOfPages
+
+    original = CacheController.__dict__["_issue_here"]
+
+    def _issue_here(self: Any, direction: Any, chain: Any, request_id: Any, need: int,
+                    parent: Any) -> Any:
+        got = original(self, direction, chain, request_id, need, parent)
+        if self.tp and isinstance(got[2], OutOfPages):
+            self.evictor.evict(direction.target, need, keep=[parent, *chain])
+            got = original(self, direction, chain, request_id, need, parent)
+        return got
+
+    return _swapped(CacheController, "_issue_here", _issue_here)
+
+
+
 ZOO: tuple[Mutant, ...] = (
     Mutant("B01", "B01", "ControlPlane.advance_cached_len", "cached_len advances over a node "
            "whose load-back is still pending (no publication check)", _b01),
@@ -406,6 +460,12 @@ ZOO: tuple[Mutant, ...] = (
            "complete", _b14),
     Mutant("B15", "B15", "TransferEngine.h2d", "a load-back scatters each page into the L1 "
            "page of the next one", _b15),
+    Mutant("B16", "B16", "ledger.writes_pool", "the L3 write rule inverted: replicated pools "
+           "written by every rank, sharded ones by rank 0 only", _b16),
+    Mutant("TP-conditional", "-", "Agreement.completion", "a rank skips the per-tick completion "
+           "reduction when none of its ops ended locally", _tp_conditional),
+    Mutant("TP-local-capacity", "-", "CacheController._issue_here", "a refused reservation "
+           "evicts and retries on that rank alone, before C2", _tp_local_capacity),
     Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "
            "check skips tier L2", _i1_skip_l2),
     Mutant("checker-off", "-", "InvariantChecker.after_transition", "the invariant checker "

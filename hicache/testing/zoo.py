@@ -61,6 +61,7 @@ MACHINES: dict[str, str] = {
     "group-table": "tests.test_group_table:GroupTableMachine",
     "fuzz-dsv4": "hicache.testing.machines:FuzzDsv4",
     "fuzz-dsv41": "hicache.testing.machines:FuzzDsv41",
+    "fuzz-tp": "hicache.testing.machines:FuzzTp",
 }
 """Machine name -> "module:Class": the product machine (hicache/testing/machines.py) on the
 null and cpu planes and, with a pool group in every tier, on the null plane (fuzz-dsv4,
@@ -71,7 +72,8 @@ DEFAULT_MACHINE: dict[str, str] = {
     "B05": "fuzz-cpu", "B06": "control", "B07": "control", "B07-leaf": "fuzz-null",
     "B08": "fuzz-null", "B09": "group-table", "B10": "fuzz-dsv4", "B11": "tree", "B12": "fuzz-cpu",
     "B13": "controller",
-    "B14": "controller", "B15": "fuzz-cpu", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
+    "B14": "controller", "B15": "fuzz-cpu", "B16": "fuzz-tp", "TP-conditional": "fuzz-tp",
+    "TP-local-capacity": "fuzz-tp", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not
