@@ -2,7 +2,7 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool recompute serving fuzz (default: env tests
+#   stages: env tests kernels transfer multipool tp recompute serving fuzz (default: env tests
 #   transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
 #
@@ -34,6 +34,8 @@ for stage in $stages; do
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
     multipool) run group_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_group_bytes_kernels.py
                run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
+    tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_torchdist.py
+        run bench_tp_gloo python3 benchmarks/tp_gloo_overhead.py ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
