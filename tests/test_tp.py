@@ -12,8 +12,6 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
-from hypothesis import settings
-
 from hicache.controller.config import CacheConfig
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.null import NullEngine
@@ -26,6 +24,7 @@ from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError
 from hicache.tiers import Direction
 from hicache.testing.machines import tp_machine
+from tests.test_testing_machine import _budget
 
 PROMPT = list(range(1, 33))  # 8 pages of the tiny geometry's 4 tokens
 
@@ -278,15 +277,6 @@ def test_tp_with_a_replicated_pool_on_a_byte_plane_is_refused(tmp_path: Path) ->
 
 
 # -- The fuzz machine over 2 and 3 ranks ------------------------------------------------------
-
-_profile = settings()
-
-
-def _budget(examples: int, steps: int) -> settings:
-    return settings(_profile, max_examples=max(examples, _profile.max_examples)
-                    if _profile.max_examples >= 1000 else examples,
-                    stateful_step_count=steps, deadline=None)
-
 
 TpMha = tp_machine(name="TpMha")
 TpMha.TestCase.settings = _budget(30, 50)
