@@ -2,7 +2,8 @@
 ranks over gloo on CPU, against one bare gloo all_gather of the same size (the ceiling).
 
     PYTHONPATH=. python3 benchmarks/tp_gloo_overhead.py [--ranks 2] [--requests 120]
-        [--check-mode off] [--seed 0] [--bare-iters 2000]
+        [--check-mode off] [--seed 0] [--bare-iters 2000] [--restore-tokens 3500]
+        [--restore-model qwen3-8b]
 
 Each rank (hicache/distributed/processes.py) serves `hicache demo`'s workload (`--requests`,
 `--seed`, the demo's default sizes, CPU) through a CacheController over TorchCollectives,
@@ -16,7 +17,17 @@ the protocol (one gather and a store write make it a little over 1) and the wait
 other rank.
 
 Prints one JSON line: per rank and the slowest rank's figures (`collective_us_per_request`,
-`collectives_per_request`, `collective_us_each`, `bare_all_gather_us`, `ratio`). `--check-mode
+split into `wait_us_per_request` -- before the last rank arrived: the ranks' own work out of
+step, by the arrival stamps (torchdist.py) -- and `agreement_us_per_request`, the rest: the
+collectives' own cost; `collectives_per_request` and `per_request_by_point`,
+`collective_us_each`, `bare_all_gather_us`, `ratio`).
+
+With CUDA, the launcher also times one rank's share of a `--restore-tokens` L2 restore of
+`--restore-model` (its KV heads split over the ranks: bytes_per_token x tokens / ranks) as
+one contiguous pinned host-to-device copy, by CUDA events, median of RESTORE_REPEATS: the
+fastest such restore can be (the DMA ceiling), so `agreement_share_of_restore` (and
+`collective_share_of_restore`, waiting included) is the most the agreement can add to it.
+Without CUDA those are null. `--check-mode
 off` by default: the invariant checks after every transition would make one rank wait for
 the other's checks inside a collective, which is not the agreement's cost.
 """
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
@@ -33,10 +45,33 @@ import torch.distributed as dist
 
 from hicache import demo
 from hicache.controller.controller import CacheController
+from hicache.dataplane.geometry import preset
 from hicache.distributed.processes import run_ranks
 from hicache.distributed.torchdist import TorchCollectives
 
 WARMUP_ITERS = 50  # bare all_gathers before the timed ones (connections, allocator)
+RESTORE_REPEATS = 20  # timed restores (after one warm-up) whose median is reported
+
+
+def restore_us(tokens: int, model: str, ranks: int) -> float | None:
+    """One rank's share of a `tokens`-token restore of `model`, as one contiguous pinned H2D
+    copy: median device microseconds (CUDA events); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    nbytes = preset(model).bytes_per_token * tokens // ranks
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    times = []
+    for i in range(RESTORE_REPEATS + 1):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        device.copy_(host, non_blocking=True)
+        end.record()
+        end.synchronize()
+        if i:
+            times.append(1e3 * float(start.elapsed_time(end)))
+    return float(statistics.median(times))
 
 
 def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
@@ -61,7 +96,10 @@ def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
     return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
             "payload_int64_mean": c.payload_int64 / c.exchanges,
             "collective_us_per_request": 1e6 * c.exchange_s / admissions,
+            "wait_us_per_request": 1e6 * c.wait_s / admissions,
+            "agreement_us_per_request": 1e6 * (c.exchange_s - c.wait_s) / admissions,
             "collectives_per_request": c.exchanges / admissions,
+            "per_request_by_point": {k: v / admissions for k, v in sorted(c.by_point.items())},
             "collective_us_each": 1e6 * each_s, "bare_all_gather_us": 1e6 * bare_s,
             "bare_all_gather_int64": n, "ratio": each_s / bare_s,
             "violations": summary["invariants"]["violations"]}  # type: ignore[index]
@@ -74,6 +112,8 @@ def main() -> None:
     p.add_argument("--check-mode", default="off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bare-iters", type=int, default=2000)
+    p.add_argument("--restore-tokens", type=int, default=3500)
+    p.add_argument("--restore-model", default="qwen3-8b")
     a = p.parse_args()
     argv = ["--device", "cpu", "--requests", str(a.requests), "--seed", str(a.seed),
             "--check-mode", a.check_mode, "--quiet"]
@@ -81,13 +121,21 @@ def main() -> None:
     ranks = run_ranks(bench_rank, a.ranks, (argv, a.bare_iters), timeout_s=1800.0,
                       collective_timeout_s=60.0)
     slowest = max(ranks, key=lambda r: r["collective_us_per_request"])
+    restore = restore_us(a.restore_tokens, a.restore_model, a.ranks)
     print(json.dumps({
         "bench": "tp_gloo_overhead", "ranks": a.ranks, "requests": a.requests,
         "check_mode": a.check_mode, "torch": torch.__version__,
         "wall_s": time.perf_counter() - started,
-        **{k: slowest[k] for k in ("collective_us_per_request", "collectives_per_request",
+        **{k: slowest[k] for k in ("collective_us_per_request", "wait_us_per_request",
+                                   "agreement_us_per_request", "collectives_per_request",
                                    "collective_us_each", "bare_all_gather_us",
                                    "bare_all_gather_int64", "ratio")},
+        "restore_tokens": a.restore_tokens, "restore_model": a.restore_model,
+        "restore_us": restore,
+        "agreement_share_of_restore": (slowest["agreement_us_per_request"] / restore
+                                       if restore else None),
+        "collective_share_of_restore": (slowest["collective_us_per_request"] / restore
+                                        if restore else None),
         "per_rank": ranks,
     }))
 

@@ -79,7 +79,7 @@ class PlaneQueries:
         through the i-th node may be served from L1 -- nodes[:i] all RESIDENT in L1 and, under
         the group hit policy, no freed window refusing that end (`windows.clip`, spec/pools.md
         "Freed windows"); entry 0 (serve none of them) is always 1. What tensor-parallel
-        ranks intersect before a prefill serves (spec/tp.md C1d)."""
+        ranks intersect before a prefill serves (spec/tp.md C1c)."""
         mask = [1]
         deepest = self.leading_run(nodes, Tier.L1)
         run = [] if deepest is None else list(nodes[:nodes.index(deepest) + 1])

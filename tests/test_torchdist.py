@@ -33,16 +33,16 @@ def _agree_then_mismatch(rank: int, size: int, c: Collectives) -> Agreed:
     """Agree four times (no values; more than fit in the header's row), then meet with another
     point, another length, a payload in the row against one of its own: each mismatch is
     caught on both ranks and returned."""
-    low = c.all_reduce_min("room", [rank + 1])
+    low = c.all_reduce_min("reserve", [rank + 1])
     gathered = c.all_gather("admit_choice", [10 * rank + 7])
     empty = c.all_reduce_min("completion", [])
-    long = c.all_reduce_min("serve_endpoints", [1 - rank] * (INLINE_VALUES + 4))
+    long = c.all_reduce_min("serve", [1 - rank] * (INLINE_VALUES + 4))
     digest, count = c.log.digest, c.log.count
     caught = []
-    for by_rank in ((("room", [1]), ("reserve", [1, 2, 3, 4])),  # another point
-                    (("admit_bounds", [1, 2, 3]), ("admit_bounds", [1, 2])),  # another length
-                    (("serve_endpoints", [1] * 3),  # one row, or a payload of its own
-                     ("serve_endpoints", [1] * (INLINE_VALUES + 1)))):
+    for by_rank in ((("serve", [1]), ("reserve", [1, 2, 3, 4])),  # another point
+                    (("completion", [1, 2, 3]), ("completion", [1, 2])),  # another length
+                    (("serve", [1] * 3),  # one row, or a payload of its own
+                     ("serve", [1] * (INLINE_VALUES + 1)))):
         point, values = by_rank[rank]
         try:
             c.all_reduce_min(point, values)
@@ -53,15 +53,15 @@ def _agree_then_mismatch(rank: int, size: int, c: Collectives) -> Agreed:
 
 def _skip_second(rank: int, size: int, c: Collectives) -> None:
     """Rank 1 makes one collective fewer (a conditional collective, F16) and returns."""
-    c.all_reduce_min("room", [1])
+    c.all_reduce_min("reserve", [1])
     if rank == 0:
-        c.all_reduce_min("room", [1])
+        c.all_reduce_min("reserve", [1])
 
 
 def _rank1_raises(rank: int, size: int, c: Collectives) -> None:
     if rank == 1:
         raise ValueError("rank 1's own bug")
-    c.all_reduce_min("room", [1])
+    c.all_reduce_min("reserve", [1])
 
 
 def _hang(rank: int, size: int, c: Collectives) -> None:
@@ -77,14 +77,14 @@ def test_two_ranks_agree_and_a_mismatch_names_both_calls() -> None:
     for caught in (results[0][6], results[1][6]):
         point, length, inline = caught
         assert point.startswith("CollectiveMismatch: collective #4 differs across ranks")
-        assert "rank 0: room all_reduce_min int64[1]" in point
+        assert "rank 0: serve all_reduce_min int64[1]" in point
         assert "rank 1: reserve all_reduce_min int64[4]" in point
         assert "collective #5" in length
-        assert "rank 0: admit_bounds all_reduce_min int64[3]" in length
-        assert "rank 1: admit_bounds all_reduce_min int64[2]" in length
+        assert "rank 0: completion all_reduce_min int64[3]" in length
+        assert "rank 1: completion all_reduce_min int64[2]" in length
         assert "collective #6" in inline
-        assert "rank 0: serve_endpoints all_reduce_min int64[3]" in inline
-        assert f"rank 1: serve_endpoints all_reduce_min int64[{INLINE_VALUES + 1}]" in inline
+        assert "rank 0: serve all_reduce_min int64[3]" in inline
+        assert f"rank 1: serve all_reduce_min int64[{INLINE_VALUES + 1}]" in inline
 
 
 def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point() -> None:
@@ -93,8 +93,8 @@ def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point
         run_ranks(_skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
     e = failed.value
     assert e.rank == 0 and e.kind == "CollectiveTimeout"
-    assert "collective #1 (room)" in e.message and "rank(s) [1] did not arrive" in e.message
-    assert "rank 1 at #0 room" in e.message  # where the missing rank was last
+    assert "collective #1 (reserve)" in e.message and "rank(s) [1] did not arrive" in e.message
+    assert "rank 1 at #0 reserve" in e.message  # where the missing rank was last
     assert time.monotonic() - started < 30  # the timeout's seconds, not a hang
 
 

@@ -50,7 +50,7 @@ def serve(cluster: SimulatedCluster, request_id: int, tokens: list[int]) -> list
 
 def test_ranks_meet_and_every_rank_takes_the_same_result() -> None:
     group = ThreadGroup(3, timeout_s=5)
-    got = group.run(lambda r: group.member(r).all_reduce_min("room", [10 - r]))
+    got = group.run(lambda r: group.member(r).all_reduce_min("reserve", [10 - r]))
     assert got == [(8,), (8,), (8,)]
     gathered = group.run(lambda r: group.member(r).all_gather("admit_choice", [r * 7]))
     assert gathered == [((0,), (7,), (14,))] * 3
@@ -76,9 +76,9 @@ def test_f17_a_payload_whose_length_is_local_is_a_mismatch_naming_both_calls() -
     """F17: a mask sized by local state (here rank 1's plan is a page longer)."""
     group = ThreadGroup(2, timeout_s=30)
     with pytest.raises(CollectiveMismatch) as e:
-        group.run(lambda r: group.member(r).all_reduce_min("serve_endpoints", [1] * (3 + r)))
-    assert "rank 0: serve_endpoints all_reduce_min int64[3]" in str(e.value)
-    assert "rank 1: serve_endpoints all_reduce_min int64[4]" in str(e.value)
+        group.run(lambda r: group.member(r).all_reduce_min("serve", [1] * (4 + 2 * r)))
+    assert "rank 0: serve all_reduce_min int64[4]" in str(e.value)
+    assert "rank 1: serve all_reduce_min int64[6]" in str(e.value)
 
 
 def test_the_watchdog_turns_a_stuck_rank_into_a_timeout_naming_it() -> None:
@@ -89,7 +89,7 @@ def test_the_watchdog_turns_a_stuck_rank_into_a_timeout_naming_it() -> None:
         if rank == 1:
             release.wait(5)  # stuck inside its step, never reaching the collective
             return
-        group.member(rank).all_reduce_min("room", [1])
+        group.member(rank).all_reduce_min("reserve", [1])
 
     t = threading.Timer(1.5, release.set)
     t.start()
@@ -110,7 +110,7 @@ def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out() -> Non
         if rank == 1:
             raise ValueError("rank 1's own bug")
         try:
-            group.member(rank).all_reduce_min("room", [1])
+            group.member(rank).all_reduce_min("reserve", [1])
         except RankFailed as e:
             seen.append(e)
             raise
@@ -123,10 +123,12 @@ def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out() -> Non
 def test_a_point_the_table_lacks_or_the_wrong_op_is_refused() -> None:
     with pytest.raises(ConfigError, match="'nowhere' is not a point"):
         Alone().all_reduce_min("nowhere", [1])
-    with pytest.raises(ConfigError, match="all_gather point"):
+    with pytest.raises(ConfigError, match="point of op all_gather"):
         Alone().all_reduce_min("admit_choice", [1])
+    with pytest.raises(ConfigError, match="point of op none"):
+        Alone().all_reduce_min("room", [1])  # C3 rides on C1c: no collective of its own
     with pytest.raises(ConfigError, match="int64"):
-        Alone().all_reduce_min("room", [1 << 64])
+        Alone().all_reduce_min("reserve", [1 << 64])
 
 
 # -- Agreement: the rules that decide ----------------------------------------------------------
@@ -138,16 +140,43 @@ def agree(size: int, fn: object) -> list[object]:
 
 def test_f17_hits_are_the_intersection_of_legal_endpoints_not_the_min_of_maxima() -> None:
     """Rank 0 may end a hit at page 2 or 4, rank 1 at 3 or 4 once rank 1 freed a window...
-    here at 1 or 3: the minimum of maxima (3) is illegal on rank 0; the intersection says 1."""
-    legal = [{0, 2, 4}, {0, 1, 3}]
-    got = agree(2, lambda r, a: a.admit([4, 4, 4], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
-    assert got == [(0, 4, 4), (0, 4, 4)]  # no common endpoint but 0
-    legal = [{0, 1, 2, 4}, {0, 1, 3, 4}]
-    got = agree(2, lambda r, a: a.admit([4, 3, 0], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
-    assert got == [(4, 3, 0), (4, 3, 0)]
-    bounds = [[4, 3, 0], [3, 3, 0]]  # rank 1's L1 holds one page less: the mask is over 0..3
-    got = agree(2, lambda r, a: a.admit(bounds[r], lambda u: [int(e in legal[r]) for e in range(u + 1)]))
-    assert got == [(1, 3, 0), (1, 3, 0)]
+    here at 1 or 3: the minimum of maxima (3) is illegal on rank 0; the intersection says 1.
+    The masks span the prompt's page ends (here 0..5), whatever each rank's run."""
+    def admit(bounds: list[list[int]], legal: list[set[int]]) -> list[object]:
+        return agree(2, lambda r, a: a.admit(bounds[r], max(legal[r] & set(range(bounds[r][0] + 1))),
+                                             0, [int(e in legal[r]) for e in range(6)])[0])
+    assert admit([[4, 4, 4]] * 2, [{0, 2, 4}, {0, 1, 3}]) == [(0, 4, 4)] * 2  # only 0 is common
+    assert admit([[4, 3, 0]] * 2, [{0, 1, 2, 4}, {0, 1, 3, 4}]) == [(4, 3, 0)] * 2
+    # Rank 1's L1 holds one page less: endpoints past the agreed run (4) are not served.
+    assert admit([[4, 3, 0], [3, 3, 0]], [{0, 1, 2, 4}, {0, 1, 3, 4}]) == [(1, 3, 0)] * 2
+
+
+def test_c1_takes_rank_0s_choice_from_c1a_unless_rank_0s_own_hits_were_cut() -> None:
+    """C1a carries every rank's choice on its own hits; rank 0's stands when its own hits are
+    the agreed ones (one collective), else None tells every rank alike to ask again (C1b)."""
+    group = ThreadGroup(2, timeout_s=10)
+    same = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4, 1 + r, None))
+    assert same == [((4, 2, 0), 1)] * 2 and group.members[0].log.count == 1
+    cut = group.run(lambda r: Agreement(group.member(r)).admit([4 - r, 2, 0], 4 - r, 1 + r, None))
+    assert cut == [((3, 2, 0), None)] * 2  # rank 0 chose on 4 pages of L1; the ranks agreed 3
+    # Windows: a rank's own L1 hit is the largest endpoint its own mask allows.
+    masks = [[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]  # rank 0 freed the window before page 4
+    mine = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 3 + r, 1 + r, masks[r]))
+    assert mine == [((3, 2, 0), 1)] * 2  # only rank 1 was cut: rank 0's choice stands
+    masks.reverse()  # now rank 1 freed it: rank 0's own hit (4) is cut to 3
+    theirs = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4 - r, 1 + r, masks[r]))
+    assert theirs == [((3, 2, 0), None)] * 2
+
+
+def test_c1c_serves_the_largest_common_endpoint_and_carries_c3_s_room() -> None:
+    """Serving through page 3 is legal on both ranks (page 4 on rank 0 only); the room entry
+    at 3 decides: refused on every rank when one rank cannot make the room after it."""
+    servable = [[1, 0, 0, 1, 1], [1, 0, 1, 1, 0]]
+    both = agree(2, lambda r, a: a.serve(servable[r], [1, 1, 1, 1, 0]))
+    assert both == [(3, True)] * 2
+    one = agree(2, lambda r, a: a.serve(servable[r], [1, 1, 1, r, 1]))
+    assert one == [(3, False)] * 2  # rank 0 could make room only after page 4, never served
+    assert agree(3, lambda r, a: a.serve([1, 0, 0], [int(r != 2), 1, 1])) == [(0, False)] * 3
 
 
 def test_c2_commits_only_when_every_rank_reserved_the_same_pages() -> None:

@@ -86,25 +86,25 @@ def test_spec_check_runs_the_tp_check(tmp_path: Path) -> None:
 # -- the point table and the sections ---------------------------------------------------------
 
 def test_a_payload_changed_in_the_page_is_reported() -> None:
-    row = "| 1: 1 when this rank can make the room"
-    md = replaced(TP_MD, row, row.replace("1: 1", "2: 1"))
-    assert has(check_tp(md, TP_TOML), "point `room` column 'payload' says '2: 1 when")
+    row = "| 4: the pages this rank reserved"
+    md = replaced(TP_MD, row, row.replace("4: the", "5: the"))
+    assert has(check_tp(md, TP_TOML), "point `reserve` column 'payload' says '5: the pages")
 
 
 def test_a_point_removed_from_the_toml_is_reported_in_page_and_code(tmp_path: Path) -> None:
-    problems = check_tp(TP_MD, toml_copy(tmp_path, point_block("room"), ""))
-    assert has(problems, "tp.md line", "point `room` is not in tp.toml")
-    assert has(problems, "section C3 `room` is not a point of tp.toml")
-    assert has(problems, "distributed/agreement.py:", "all_reduce_min('room') names no point")
+    problems = check_tp(TP_MD, toml_copy(tmp_path, point_block("serve"), ""))
+    assert has(problems, "tp.md line", "point `serve` is not in tp.toml")
+    assert has(problems, "section C1c `serve` is not a point of tp.toml")
+    assert has(problems, "distributed/agreement.py:", "all_reduce_min('serve') names no point")
 
 
 def test_a_point_added_to_the_toml_needs_a_row_a_section_and_a_call(tmp_path: Path) -> None:
-    extra = point_block("room").replace('"C3"', '"C3b"').replace('"room"', '"room_again"')
-    room = point_block("room")
-    problems = check_tp(TP_MD, toml_copy(tmp_path, room, room + "\n" + extra))
-    assert has(problems, "point C3b `room_again` of tp.toml has no row in the point table")
-    assert has(problems, "point C3b `room_again` has no section")
-    assert has(problems, "C3b `room_again` is an all_reduce_min point no code calls")
+    extra = point_block("serve").replace('"C1c"', '"C1e"').replace('"serve"', '"serve_again"')
+    serve = point_block("serve")
+    problems = check_tp(TP_MD, toml_copy(tmp_path, serve, serve + "\n" + extra))
+    assert has(problems, "point C1e `serve_again` of tp.toml has no row in the point table")
+    assert has(problems, "point C1e `serve_again` has no section")
+    assert has(problems, "C1e `serve_again` is an all_reduce_min point no code calls")
 
 
 def test_a_row_moved_or_dropped_is_reported() -> None:
@@ -138,7 +138,7 @@ def test_an_unloadable_toml_is_one_line(tmp_path: Path) -> None:
     assert len(problems) == 1 and has(problems, "tp.toml: cannot be loaded", "TOMLDecodeError")
     abort = point_block("abort")
     problems = check_tp(TP_MD, toml_copy(tmp_path, abort, abort.replace('"none"', '"broadcast"')))
-    assert problems == ["tp.toml: cannot be loaded (ConfigError: tp.toml point[8].op: one of "
+    assert problems == ["tp.toml: cannot be loaded (ConfigError: tp.toml point[7].op: one of "
                         "('all_gather', 'all_reduce_min', 'none'), got 'broadcast')"]
 
 
@@ -150,8 +150,8 @@ def test_an_unknown_point_literal_in_the_code_is_reported() -> None:
 
 
 def test_a_point_called_with_another_op_is_reported() -> None:
-    sources = {**package_sources(), "extra.py": "\n\nc.all_gather(point_name='room', values=[1])\n"}
-    assert has(check_tp(TP_MD, TP_TOML, sources), "extra.py:3", "tp.toml's C3 is all_reduce_min")
+    sources = {**package_sources(), "extra.py": "\n\nc.all_gather(point_name='serve', values=[1])\n"}
+    assert has(check_tp(TP_MD, TP_TOML, sources), "extra.py:3", "tp.toml's C1c is all_reduce_min")
 
 
 def test_a_point_no_code_calls_is_reported() -> None:

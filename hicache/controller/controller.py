@@ -57,7 +57,7 @@ from hicache.errors import (
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.policy.decisions import CHOICES
-from hicache.policy.policies import price_candidates
+from hicache.policy.policies import Decision, price_candidates
 from hicache.pools.presets import SINGLE_POOL, group as preset_group
 from hicache.pools.spec import REPLICATED
 from hicache.tiers import TIERS, Direction, Tier
@@ -196,16 +196,26 @@ class CacheController:
             raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_request_pages)
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
+        prompt = max(len(tokens) // g.page_size * g.page_size, 1)  # the page-aligned prompt
+        # C1a's by-products: (this rank's own hits, its decision on them, rank 0's choice code
+        # or None when rank 0's own hits were cut).
+        own: list[tuple[tuple[int, int, int], Decision, int | None]] = []
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1,
-                                  agree=self._agree_hits if self.tp else None)
-        aligned = len(tokens) // g.page_size * g.page_size
+                                  agree=(lambda m: self._agree_hits(m, len(tokens), own))
+                                  if self.tp else None)
         l1, l2 = m.lengths[0], m.lengths[1]
         l3 = max(l2, self.l3.servable_len(m))  # a quarantined or offline L3 copy serves nothing
-        decision = self.policy.decide(l1, l2, l3, max(aligned, 1), g.bytes_per_token)
-        if self.tp:  # C1c: rank 0's choice (a cost model's timings are its own)
-            chosen = CHOICES[self.agree.choice(CHOICES.index(decision.choice))]
+        if own and own[0][0] == (l1, l2, l3):
+            decision = own[0][1]  # the agreed hits are this rank's own: so is the decision
+        else:
+            decision = self.policy.decide(l1, l2, l3, prompt, g.bytes_per_token)
+        if self.tp:  # C1a (or C1b): rank 0's choice (a cost model's timings are its own)
+            code = own[0][2]
+            if code is None:  # rank 0's own hits were cut: it chooses again, on the agreed ones
+                code = self.agree.choice(CHOICES.index(decision.choice))
+            chosen = CHOICES[code]
             if chosen != decision.choice:
-                cands = price_candidates(self.model, l1, l2, l3, max(aligned, 1), g.bytes_per_token)
+                cands = price_candidates(self.model, l1, l2, l3, prompt, g.bytes_per_token)
                 decision = cands.decision(chosen, f"rank 0's choice ({chosen}; this rank's: "
                                                   f"{decision.choice}, {decision.reason})")
         mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
@@ -229,30 +239,56 @@ class CacheController:
                 self.tick()
         return mat
 
-    def _agree_hits(self, m: MatchResult) -> tuple[int, ...]:
-        """C1 (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m`."""
-        ps = self.config.kv.page_size
+    def _agree_hits(self, m: MatchResult, prompt_tokens: int,
+                    own: list[tuple[tuple[int, int, int], Decision, int | None]]) -> tuple[int, ...]:
+        """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
+        rank's own) of a prompt of `prompt_tokens`. Appends to `own` this rank's own hits, its
+        decision on them and rank 0's choice code (None: C1b must ask rank 0 again)."""
+        g = self.config.kv
+        ps = g.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
         run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
         bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
+        hits = (m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m)))
+        decision = self.policy.decide(*hits, max(prompt_tokens // ps * ps, 1), g.bytes_per_token)
         windows = self.cp.windows
-        mask_for = (lambda bound: windows.endpoint_mask(run, bound)) if windows.hit_pages else None
-        return tuple(pages * ps for pages in self.agree.admit(bounds, mask_for))
+        # The mask spans the prompt's page ends: a length every rank knows (F17).
+        mask = windows.endpoint_mask(run, prompt_tokens // ps) if windows.hit_pages else None
+        agreed, rank0 = self.agree.admit(bounds, m.lengths[0] // ps, CHOICES.index(decision.choice),
+                                         mask)
+        own.append((hits, decision, rank0))
+        return tuple(pages * ps for pages in agreed)
 
-    def _agree_served(self, mat: Materialization) -> TreeNode | None:
-        """C1d: the planned node every rank may serve through, by a mask over the prompt's
-        page ends (its length is the prompt's: the same on every rank, whatever each rank's
-        restore plan holds now, F17)."""
+    def _agree_served(self, mat: Materialization) -> tuple[TreeNode | None, bool]:
+        """C1c, carrying C3: (the planned node every rank may serve through, whether every
+        rank can make the L1 room for the rest), by masks over the prompt's page ends (their
+        length is the prompt's: the same on every rank, whatever each rank's restore plan
+        holds now, F17). The room entry of each endpoint this rank can serve says whether it
+        could compute the rest after it."""
         ps = self.config.kv.page_size
         ends: dict[int, TreeNode] = {}  # page end -> the servable planned node ending there
         for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
             if ok and i:  # (a planned node past the servable run may be gone from the tree)
                 ends[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = mat.nodes[i - 1]
-        mask = [0] * (len(mat.tokens) // ps + 1)
-        for end in ends:
-            mask[end] = 1
-        served = self.agree.serve(mask)
-        return ends.get(served) if served else None
+        servable = [0] * (len(mat.tokens) // ps + 1)
+        room = [1] * len(servable)
+        room[0] = int(self._room_for(mat, None))
+        for end, node in ends.items():
+            servable[end], room[end] = 1, int(self._room_for(mat, node))
+        served, room_all = self.agree.serve(servable, room)
+        return (ends.get(served) if served else None), room_all
+
+    def _room_for(self, mat: Materialization, deepest: TreeNode | None) -> bool:
+        """Whether this rank's L1 can take the pages a prefill of `mat` computes when it
+        serves through `deepest` (None: through the request's `cached_len`): free pages, or
+        pages eviction could free without touching the served prefix."""
+        ps = self.config.kv.page_size
+        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(mat.request_id)
+        need = (-(-len(mat.tokens) // ps) * ps - start) // ps
+        if need <= 0:
+            return True
+        keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
+        return self.cp.free_pages(Tier.L1) >= need or self.evictor.can_make_room_l1(need, keep)
 
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
@@ -283,9 +319,9 @@ class CacheController:
         mat = self._restore(request_id)
         if not mat.done:
             raise RestorePending(request_id)
-        deepest = self.stager.deepest_in_l1(mat)
-        if self.tp:  # C1d: serve through the largest planned node every rank can serve
-            deepest = self._agree_served(mat)
+        deepest, room = self.stager.deepest_in_l1(mat), None
+        if self.tp:  # C1c: the largest planned node every rank can serve, and (C3) the room
+            deepest, room = self._agree_served(mat)
         g = self.config.kv
         start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(request_id)
         # Compute through the prompt's last token: whole pages are inserted, a partial last
@@ -298,9 +334,8 @@ class CacheController:
             # stage unpins it; another request may have loaded it into L1 since).
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
             need, free = todo // g.page_size, self.cp.free_pages(Tier.L1)
-            room = free >= need or self.evictor.can_make_room_l1(need, keep)
-            if self.tp:
-                room = self.agree.room(room)  # C3: refused on every rank unless all can
+            if room is None:  # one rank (across ranks C3 rode on C1c: refused unless all can)
+                room = self._room_for(mat, deepest)
             if not room:
                 raise OutOfPages("L1", need, free)  # refused: nothing evicted
             self.evictor.make_room(Tier.L1, need, keep=keep)

@@ -7,11 +7,12 @@ each at the same place on every rank, unconditionally: a call that depends on lo
 would be a conditional collective (F16), which the ranks' collective numbers expose.
 
     startup(fields)              C0   all_gather of field hashes: ConfigError on a difference
-    admit(bounds, mask_for)      C1a  MIN of per-tier hits; C1b MIN of the L1 endpoint mask
-    choice(code)                 C1c  rank 0's choice of restore
-    serve(servable)              C1d  the largest planned node every rank can serve
+    admit(bounds, own, code, m)  C1a  MIN of per-tier hits, the L1 endpoint masks intersected;
+                                      rank 0's choice when its own hits are the agreed ones
+    choice(code)                 C1b  rank 0's choice of restore, made on the agreed hits
+    serve(servable, room)        C1c  the largest planned node every rank can serve, and (C3)
+                                      whether every rank can make the room for the rest
     reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
-    room(ok)                     C3   refuse everywhere unless every rank can make the room
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
 """
 
@@ -68,32 +69,47 @@ class Agreement:
 
     # -- C1 -----------------------------------------------------------------------------------
 
-    def admit(self, bounds: Sequence[int], mask_for: Callable[[int], Sequence[int]] | None
-              ) -> tuple[int, ...]:
-        """C1a, then C1b: the per-tier hits (anchor pages) every rank uses. `mask_for(U)` is
-        this rank's L1 endpoint mask over 0..U (entry e = 1: e is a node end its pools
-        accept), U being the agreed L1 bound; None where no endpoint rule applies (no
-        trailing pool, or a policy that does not require it: the same on every rank)."""
-        agreed = list(self.c.all_reduce_min("admit_bounds", list(bounds)))
-        if mask_for is not None:
-            mask = list(mask_for(agreed[0]))
-            # Verify the mask's length is the agreed bound's, known to every rank (F17).
-            assert len(mask) == agreed[0] + 1, (len(mask), agreed[0])
-            common = self.c.all_reduce_min("admit_endpoints", mask)
-            agreed[0] = max(e for e, ok in enumerate(common) if ok or e == 0)
-        return tuple(agreed)
+    def admit(self, bounds: Sequence[int], own_l1: int, code: int, mask: Sequence[int] | None
+              ) -> tuple[tuple[int, ...], int | None]:
+        """C1a: (the per-tier hits in anchor pages every rank uses, rank 0's choice code or
+        None). `bounds`: this rank's L1 leading run (before any window rule), L2 and L3 hits;
+        `own_l1`: its L1 hit after its own window rule; `code`: its policy's choice on its own
+        hits; `mask`: its L1 endpoint mask over the prompt's page ends 0..P (entry e = 1: e is
+        a node end of its run its pools accept), None where no endpoint rule applies (no
+        trailing pool, or a policy that does not require it: the same on every rank).
+
+        The choice is None when rank 0's own hits are not the agreed ones: its choice was
+        made on other hits, and C1b (`choice`) asks it again. Every rank sees rank 0's row,
+        so every rank makes that call or none (no conditional collective)."""
+        row = [*bounds, own_l1, code, *(mask if mask is not None else ())]
+        rows = self.c.all_gather("admit", row)
+        agreed = [min(col) for col in zip(*(r[:3] for r in rows))]
+        if mask is not None:
+            common = [min(col) for col in zip(*(r[5:] for r in rows))]
+            # The intersection's largest endpoint within the agreed run, never the minimum
+            # of per-rank maxima (which may be legal on no rank but one).
+            agreed[0] = max(e for e in range(min(agreed[0], len(common) - 1) + 1)
+                            if common[e] or e == 0)
+        head = rows[0]
+        return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
 
     def choice(self, code: int) -> int:
-        """C1c: rank 0's choice code."""
+        """C1b: rank 0's choice code (made on the agreed hits)."""
         return self.c.all_gather("admit_choice", [code])[0][0]
 
-    def serve(self, servable: Sequence[int]) -> int:
-        """C1d: the largest index e with servable[e] = 1 on every rank (a page end of the
-        prompt); servable[0] (serve none of the planned nodes) is always 1."""
-        common = self.c.all_reduce_min("serve_endpoints", [1, *servable[1:]])
-        return max(i for i, ok in enumerate(common) if ok)
+    def serve(self, servable: Sequence[int], room: Sequence[int]) -> tuple[int, bool]:
+        """C1c, carrying C3: (the largest index e with servable[e] = 1 on every rank, whether
+        every rank can make the room when serving through e). Both are masks over the
+        prompt's page ends; servable[0] (serve none of the planned nodes) is always 1, and
+        room[e] matters only where servable[e] is 1."""
+        # Verify both masks have the prompt's length (F17: never the local plan's).
+        assert len(servable) == len(room), (len(servable), len(room))
+        n = len(servable)
+        common = self.c.all_reduce_min("serve", [1, *servable[1:], *room])
+        served = max(i for i in range(n) if common[i])
+        return served, bool(common[n + served])
 
-    # -- C2, C3 -------------------------------------------------------------------------------
+    # -- C2 -------------------------------------------------------------------------------
 
     def reserve(self, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
         """C2: (whether every rank reserved and issued the same `pages` pages, whether some
@@ -101,10 +117,6 @@ class Agreement:
         low, ok_all, neg, kept = self.c.all_reduce_min("reserve", [pages, int(ok), -pages,
                                                                    int(not lost)])
         return bool(ok_all) and low == -neg, not kept
-
-    def room(self, ok: bool) -> bool:
-        """C3: whether every rank can make the room."""
-        return bool(self.c.all_reduce_min("room", [int(ok)])[0])
 
     # -- C4 -----------------------------------------------------------------------------------
 

@@ -139,7 +139,7 @@ class RecordingCollectives(ABC):
         p = point(point_name)  # ConfigError for a point spec/tp.toml lacks
         # Verify the call is the table's: its op, and int64 values.
         if p.op != op:
-            raise ConfigError(f"tp.{point_name}", f"is an {p.op} point (spec/tp.toml), called as {op}")
+            raise ConfigError(f"tp.{point_name}", f"is a point of op {p.op} (spec/tp.toml), called as {op}")
         bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)
                or not INT64_MIN <= v <= INT64_MAX]
         if bad:

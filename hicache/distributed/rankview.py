@@ -18,7 +18,7 @@
 Plain, picklable data: simulated ranks hand it over in memory, processes all-gather it (C7).
 Physical page numbers are left out on purpose (they may differ by rank; counts may not), and
 so are a trailing pool's windows in L1 (a rank's sliding-window memory is its own: a window
-freed on one rank only is legal, and the hits agree on it through C1b).
+freed on one rank only is legal, and the hits agree on it through C1a).
 """
 
 from __future__ import annotations

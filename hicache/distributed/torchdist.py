@@ -10,10 +10,11 @@ of a fixed-size row, and a second only for a payload longer than INLINE_VALUES:
     step     what                                           why
     -------  ---------------------------------------------  -----------------------------------
     arrive   board `last/{rank}` = "seq point"              a timeout can say who never came
-    header   int64[5 + INLINE_VALUES]: seq, point index,    every rank made the same call, else
+    header   int64[6 + INLINE_VALUES]: seq, point index,    every rank made the same call, else
              op code, length, crc32 of the entry's text;    CollectiveMismatch (F16, F17); the
-             then the values when there are at most         values are read only once every
-             INLINE_VALUES of them (else zeros)             rank's header is equal
+             the rank's arrival (CLOCK_MONOTONIC ns);       values are read only once every
+             then the values when there are at most         rank's header is equal; the
+             INLINE_VALUES of them (else zeros)             arrivals say who waited for whom
     payload  int64[length], by rank: only for a length      the values that did not fit
              over INLINE_VALUES
 
@@ -33,14 +34,17 @@ when it is unreachable the report says so and names no positions.
 Contract: every rank's `TorchCollectives` is built on the same process group, after
 `init_process_group`; values are int64 (RecordingCollectives checks them); results are the
 same on every rank. `exchange_s`, `exchanges` and `payload_int64` count the seconds spent in
-`_exchange`, its calls and the values sent (the agreement overhead benchmarks/tp_gloo_overhead.py
-reports).
+`_exchange`, its calls and the values sent; `wait_s` the part of `exchange_s` this rank spent
+before the last rank arrived (the ranks' own work out of step, not the agreement's cost), by
+the arrival stamps of one host's shared monotonic clock (benchmarks/tp_gloo_overhead.py
+reports both).
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -54,7 +58,8 @@ from hicache.distributed.collectives import (
 from hicache.distributed.points import COLLECTIVE_OPS, load_points
 
 HEADER_FIELDS = ("seq", "point", "op", "length", "crc")  # the header's int64 entries, in order
-INLINE_VALUES = 16  # a payload of at most this many values rides in the header's row: one op
+STAMP = len(HEADER_FIELDS)  # the row's entry after the header: the rank's arrival, in ns
+INLINE_VALUES = 64  # a payload of at most this many values rides in the header's row: one op
 BOARD_PREFIX = "hicache/board/"  # the default board's keys, in the default process group's store
 WHY_MAX_CHARS = 2000  # a `failed/{r}` entry is cut to this: a report, not a log
 
@@ -82,12 +87,13 @@ def header_of(seq: int, entry: Entry) -> list[int]:
             zlib.crc32(entry.text().encode())]
 
 
-def row_of(seq: int, entry: Entry, inline: tuple[int, ...]) -> list[int]:
-    """The first all_gather's row: the header, then `inline` (the values, or none when they
-    do not fit), zeros to INLINE_VALUES."""
+def row_of(seq: int, entry: Entry, inline: tuple[int, ...], arrived_ns: int = 0) -> list[int]:
+    """The first all_gather's row: the header, the arrival stamp (`time.monotonic_ns()`: one
+    clock for every process of a host), then `inline` (the values, or none when they do not
+    fit), zeros to INLINE_VALUES."""
     # Verify the values fit: a longer payload goes in an all_gather of its own.
     assert len(inline) <= INLINE_VALUES, len(inline)
-    return header_of(seq, entry) + list(inline) + [0] * (INLINE_VALUES - len(inline))
+    return header_of(seq, entry) + [arrived_ns] + list(inline) + [0] * (INLINE_VALUES - len(inline))
 
 
 def entry_of(header: tuple[int, ...]) -> Entry:
@@ -138,6 +144,8 @@ class TorchCollectives(RecordingCollectives):
         self.exchange_s = 0.0  # seconds spent inside `_exchange` (board, header, payload)
         self.exchanges = 0
         self.payload_int64 = 0  # values this rank sent, over every exchange (headers aside)
+        self.wait_s = 0.0  # seconds of `exchange_s` before the last rank arrived
+        self.by_point: Counter[str] = Counter()  # exchanges per point name
 
     def mark_failed(self, why: str) -> None:
         """Tell the other ranks (and the launcher) that this rank raised (`mark_failed`)."""
@@ -150,13 +158,16 @@ class TorchCollectives(RecordingCollectives):
         try:
             self._arrive(seq, entry.point)
             inline = entry.length <= INLINE_VALUES
-            rows = self._gather(seq, entry, row_of(seq, entry, values if inline else ()))
+            arrived = time.monotonic_ns()
+            rows = self._gather(seq, entry, row_of(seq, entry, values if inline else (), arrived))
             width = len(HEADER_FIELDS)
             if len({row[:width] for row in rows}) != 1:
                 calls = {r: entry_of(row[:width]) for r, row in enumerate(rows)}
                 raise CollectiveMismatch(seq, calls)
+            self.wait_s += max(0, max(row[STAMP] for row in rows) - arrived) / 1e9
             # The headers agree: every rank brings `entry.length` values, in its row or next.
-            out = ([row[width:width + entry.length] for row in rows] if inline
+            first = STAMP + 1
+            out = ([row[first:first + entry.length] for row in rows] if inline
                    else self._gather(seq, entry, list(values)))
             # Verify gloo returned one row of the agreed length per rank.
             assert len(out) == self.size and all(len(row) == entry.length for row in out)
@@ -165,6 +176,7 @@ class TorchCollectives(RecordingCollectives):
             self.exchange_s += time.perf_counter() - started
             self.exchanges += 1
             self.payload_int64 += entry.length
+            self.by_point[entry.point] += 1
 
     def _arrive(self, seq: int, point_name: str) -> None:
         """Say on the board that this rank entered collective `seq`; a board that is gone
