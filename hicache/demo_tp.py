@@ -10,9 +10,9 @@
                                              demo does (`demo.serve`: invariants checked
                                              after every transition), then returns its
                                              report summary and its RankView
-    rank 0's report, a line per rank, the
-    cross-rank checks (I7, I8, I10, I11) over
-    every rank's view; exit 1 on a violation
+    rank 0's report, a line per rank, the    and every RANK_CHECK_EVERY admissions the
+    cross-rank checks (I7, I8, I10, I11) over  ranks check each other (C7-C9: a divergence
+    every rank's view; exit 1 on a violation   is an InvariantViolation on every rank)
 
 A rank that raises ends the run: the others are broken out of their collective (RankFailed)
 or time out after COLLECTIVE_TIMEOUT_S naming the rank that did not arrive, and the launcher
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from hicache.snapshot import RankView
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a rank missing from a collective this long is reported
+RANK_CHECK_EVERY = 10  # admissions between the ranks' own cross-rank checks (C7-C9)
 RUN_TIMEOUT_S = 1800.0  # the whole run; then every rank is terminated and reported
 REFUSED = {  # option -> why N ranks cannot honour it, and what to do
     "trace": "--trace records one control plane's events: leave it out with --tp, or trace "
@@ -58,6 +59,7 @@ class RankResult:
     view: RankView
     collectives: int
     collective_s: float  # seconds inside collectives (header, payload, arrival board)
+    rank_checks: int = 0  # cross-rank checks (C7-C9) the rank made and passed during the run
 
 
 def run_tp(args: argparse.Namespace) -> int:
@@ -118,14 +120,15 @@ def serve_rank(rank: int, size: int, collectives: TorchCollectives,
     from hicache.distributed.rankview import rank_view
 
     setup = demo_setup(args)
-    config = dataclasses.replace(setup.config, device=rank_device(setup.config.device, rank, size))
+    config = dataclasses.replace(setup.config, device=rank_device(setup.config.device, rank, size),
+                                 rank_check_every=RANK_CHECK_EVERY)
     started = time.perf_counter()
     ctl = CacheController(config, collectives=collectives)
     draw = rank == 0 and not args.quiet and sys.stderr.isatty()  # one bar, and not in a log
     summary = serve(args, setup, ctl, started, progress=draw)
     summary["rank"] = rank
     return RankResult(rank, summary, rank_view(ctl), collectives.log.count,
-                      collectives.exchange_s)
+                      collectives.exchange_s, ctl.rank_checks)
 
 
 def rank_device(device: str | None, rank: int, size: int) -> str | None:
@@ -158,8 +161,11 @@ def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: flo
             + f"; {s['invariants']['run']:,} invariant checks, "  # type: ignore[index]
             f"{_violations(r)} violations; {r.collectives:,} collectives "
             f"({per_call_us:,.0f} us each)")
+    lines.append(f"  during the run: {results[0].rank_checks} cross-rank checks over the "
+                 f"collectives (C7-C9, every {RANK_CHECK_EVERY} admissions), all passed")
     checks = ", ".join(f"{c.id} {c.name}" for c in RANK_CHECKS)
-    lines.append(f"  cross-rank checks ({checks}): {len(violations)} violations")
+    lines.append(f"  at the end: cross-rank checks ({checks}) over every rank's view: "
+                 f"{len(violations)} violations")
     lines += [f"    {v}" for v in violations]
     return lines
 

@@ -68,6 +68,33 @@ def _hang(rank: int, size: int, c: Collectives) -> None:
     time.sleep(600)
 
 
+def _check_then_diverge(rank: int, size: int, c: Collectives) -> int:
+    """Serve one request and check (C7-C9: passes), then rank 1 alone ends it and every rank
+    checks again: the views are gathered and I7 raises on both ranks."""
+    from hicache.controller.config import CacheConfig
+    from hicache.controller.controller import CacheController
+
+    ctl = CacheController(CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32,
+                                      io_threads=0), collectives=c)
+    ctl.admit(1, list(range(1, 18)))
+    ctl.prefill(1)
+    ctl.check_ranks()
+    passed = ctl.rank_checks
+    if rank == 1:
+        ctl.finish(1)
+    ctl.check_ranks()
+    return passed
+
+
+def test_processes_check_each_other_and_a_divergence_is_an_invariant_violation() -> None:
+    with pytest.raises(RankError) as failed:
+        run_ranks(_check_then_diverge, 2, collective_timeout_s=30.0, timeout_s=90)
+    e = failed.value
+    assert e.rank == 0 and e.kind == "InvariantViolation"  # the lowest rank: the root cause
+    assert "I7 rank_agreement" in e.message and "rank 1's requests differ" in e.message
+    assert e.others[1].startswith("InvariantViolation: ")  # rank 1 found the same
+
+
 def test_two_ranks_agree_and_a_mismatch_names_both_calls() -> None:
     results = run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
     for low, gathered, empty, long, _, count, _ in results:
@@ -121,6 +148,7 @@ def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureF
     for rank in (0, 1):
         line = next(li for li in out.splitlines() if li.startswith(f"  rank {rank}: "))
         assert "30 requests served" in line and " 0 violations" in line
+    assert "during the run: 2 cross-rank checks over the collectives" in out
     assert "cross-rank checks (I7 rank_agreement" in out
     assert out.rstrip().endswith("0 violations")
 

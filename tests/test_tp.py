@@ -6,6 +6,7 @@ over 2 and 3 ranks. Cross-rank invariants' violation tests are in test_rank_inva
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from hicache.distributed.collectives import (
     Alone, CollectiveMismatch, CollectiveTimeout, RankFailed,
 )
 from hicache.distributed.simulated import ThreadGroup
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned
 from hicache.tiers import Direction
 from hicache.testing.machines import tp_machine
 from tests.test_testing_machine import _budget
@@ -195,6 +196,38 @@ def test_c0_refuses_ranks_configured_apart_naming_the_field(tmp_path: Path) -> N
 
 
 # -- The ranks of one cache -------------------------------------------------------------------
+
+def test_the_ranks_check_each_other_every_n_admissions_and_a_divergence_raises_on_every_rank(
+        tmp_path: Path) -> None:
+    """C7-C9 over the collectives: with rank_check_every = 2 the ranks compare hashes of
+    their views before admissions 3 and 5; then rank 1 alone ends a request (a script that
+    is not SPMD), and the next check gathers the views and raises I7 on both ranks."""
+    cluster = cpu_cluster(tmp_path, 2, rank_check_every=2)
+    try:
+        for rid in range(1, 6):
+            serve(cluster, rid, PROMPT[:8 + 4 * rid])
+        assert [c.rank_checks for c in cluster.ranks] == [2, 2]
+        points = [e.point for e in cluster.ranks[0].agree.c.log.tail]
+        assert points.count("check_state") == 2 and "check_log" in points
+        cluster.run(lambda c: c.admit(6, PROMPT))
+        cluster.group.run(lambda r: cluster.ranks[r].finish(6) if r == 1 else None)
+        raised = cluster.group.run(lambda r: _raised(cluster.ranks[r].check_ranks))
+        assert all(isinstance(e, InvariantViolation) for e in raised)
+        assert {str(e) for e in raised} == {str(raised[0])}  # the same report on every rank
+        assert "I7 rank_agreement" in str(raised[0]) and "rank 1's requests differ" in str(raised[0])
+        with pytest.raises(PlanePoisoned):  # the ranks are no longer one cache
+            cluster.ranks[0].cp.compute(6, 4)
+    finally:
+        cluster.close()
+
+
+def _raised(fn: Callable[[], object]) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 -- the test compares what each rank raised
+        return e
+    return None
+
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(tmp_path: Path, size: int) -> None:

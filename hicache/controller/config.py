@@ -18,6 +18,7 @@
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
 | hit_policy | "all_pools" | a group's hit policy (spec/pools.md): all_pools (a freed L1 window ends the L1 hit) or anchor_recompute_swa (the anchor's pools serve the hit, the window before it is recomputed) |
 | l1_window_pages | None | anchor pages of L1 whose window the trailing side pools (dsv4's `swa`) can hold; None: every L1 page (no window is ever freed). Fewer makes L1 free the windows of least recently used nodes (`tombstone`) before a reservation |
+| rank_check_every | 0 | tensor-parallel ranks: admissions between cross-rank checks (spec/tp.md C7-C9: every rank's view hashed and gathered; a difference gathers the views and raises `InvariantViolation` on every rank); 0: never. One rank: ignored |
 | pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |
 """
 
@@ -73,13 +74,15 @@ class CacheConfig:
     pools: str = SINGLE_POOL
     hit_policy: str = ALL_POOLS
     l1_window_pages: int | None = None
+    rank_check_every: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, str):
             object.__setattr__(self, "geometry", preset(self.geometry))
-        for name in ("l1_pages", "l2_pages", "l3_slots", "io_threads"):
+        for name in ("l1_pages", "l2_pages", "l3_slots", "io_threads", "rank_check_every"):
             v = getattr(self, name)
-            low = 0 if name == "io_threads" else 1  # 0 threads: the deterministic I/O schedule
+            # 0 threads: the deterministic I/O schedule; 0 admissions: no cross-rank check.
+            low = 0 if name in ("io_threads", "rank_check_every") else 1
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
         if not isinstance(self.l3_overwrite, bool):

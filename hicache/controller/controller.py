@@ -47,13 +47,14 @@ from hicache.dataplane.aimed import issue_aimed
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.ledger import L3Writes
+from hicache.distributed.rankview import rank_view
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
-    ConfigError, CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, RequestTooLarge,
-    ReservationAborted,
-    RestorePending, StorageError, TransferError, UnreadableSlot,
+    ConfigError, CorruptSlot, HiCacheError, IllegalTransition, InvariantViolation, OutOfPages,
+    RequestTooLarge, ReservationAborted, RestorePending, StorageError, TransferError,
+    UnreadableSlot,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.policy.decisions import CHOICES
@@ -91,6 +92,8 @@ class CacheController:
         self.agree = Agreement(collectives)
         self.agree.startup(config.fingerprint())
         self.tp = self.agree.size > 1  # the same on every rank: no collective depends on it
+        self.admissions = 0  # admit calls past the size check: equal on every rank (SPMD)
+        self.rank_checks = 0  # cross-rank checks passed (C7-C9)
         self.config = config
         g = config.kv
         pools = config.group  # None: the single-pool plane (mha)
@@ -194,6 +197,10 @@ class CacheController:
         pages_needed = -(-len(tokens) // g.page_size)
         if pages_needed > self.config.l1_request_pages:
             raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_request_pages)
+        every = self.config.rank_check_every
+        if self.tp and every and self.admissions and self.admissions % every == 0:
+            self.check_ranks()  # C7-C9, before this admission changes anything
+        self.admissions += 1
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         prompt = max(len(tokens) // g.page_size * g.page_size, 1)  # the page-aligned prompt
@@ -238,6 +245,22 @@ class CacheController:
                 self.wait(request_id, timeout_s=None)
                 self.tick()
         return mat
+
+    def check_ranks(self) -> None:
+        """The cross-rank check (spec/tp.md C7-C9): every rank must call it at the same point
+        of its script (`rank_check_every` calls it before every Nth admission). Raises
+        `InvariantViolation` on every rank alike when the ranks' views differ, and poisons
+        the control plane: the ranks are no longer one cache. One rank: nothing to compare."""
+        if not self.tp:
+            return
+        self.hooks.refuse_if_crashed()
+        found = self.agree.check(rank_view(self))
+        if found:
+            violation = InvariantViolation(tuple(found), "the cross-rank check (C7-C9)")
+            self.cp.poisoned = violation
+            self.cp.tree.poison(violation)
+            raise violation
+        self.rank_checks += 1
 
     def _agree_hits(self, m: MatchResult, prompt_tokens: int,
                     own: list[tuple[tuple[int, int, int], Decision, int | None]]) -> tuple[int, ...]:

@@ -14,6 +14,8 @@ would be a conditional collective (F16), which the ranks' collective numbers exp
                                       whether every rank can make the room for the rest
     reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
+    check(view)                  C7-C9 hashes of the view and the log; on a difference the views
+                                      themselves, and the cross-rank invariants over them
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
 from hicache.distributed.collectives import Alone, Collectives
+from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
 from hicache.errors import ConfigError
+from hicache.invariants import check_ranks
+from hicache.invariants.ranks import RANK_AGREEMENT
+from hicache.invariants.violation import Violation
+from hicache.snapshot import RankView
 
 NO_SLOT = (1 << 63) - 1  # `Local.bad_slot` of an op that found no bad L3 slot
 
@@ -128,6 +135,35 @@ class Agreement:
                                     + [-x[3] for x in local] + [x[4] for x in local])
         return [(bool(got[i]), not got[n + i], got[2 * n + i], -got[3 * n + i], got[4 * n + i])
                 for i in range(n)]
+
+
+    # -- C7-C9 --------------------------------------------------------------------------------
+
+    def check(self, view: RankView) -> list[Violation]:
+        """C7-C9, the cross-rank check: every rank's I7 state hash, I8 bytes hash and
+        collective log (count, digest) are gathered; when any differs (every rank sees it, so
+        every rank goes on alike) every rank's `view` is gathered (the length is C7's: the
+        longest view) and the cross-rank invariants run over them. Returns the violations,
+        the same list on every rank (empty when the hashes agree)."""
+        words, nbytes = encode_view(view)
+        states = self.c.all_gather("check_state", [state_hash(view), len(words), nbytes])
+        digests = self.c.all_gather("check_bytes", [bytes_hash(view)])
+        log = self.c.log
+        logs = self.c.all_gather("check_log", [log.count, int(log.digest, 16) >> 1])
+        # Each rank's (state hash, bytes hash, log count, log digest); view lengths may differ
+        # (a rank's own L3 writes and log tail are in it).
+        keys = [(states[r][0], digests[r][0], *logs[r]) for r in range(self.size)]
+        if len(set(keys)) == 1:
+            return []
+        width = max(r[1] for r in states)
+        rows = self.c.all_gather("check_state", words + [0] * (width - len(words)))
+        views = [decode_view(row, states[r][2]) for r, row in enumerate(rows)]
+        found = check_ranks(views)
+        if not found:  # the hashes differ where no check looks: say so, never pass silently
+            differ = [r for r in range(self.size) if keys[r] != keys[0]]
+            found = [RANK_AGREEMENT.violation(f"rank(s) {differ}'s view hashes differ from rank "
+                                              "0's, yet no cross-rank check names a difference")]
+        return found
 
 
 __all__ = ["Agreed", "Agreement", "Local", "field_hash"]

@@ -24,7 +24,10 @@ freed on one rank only is legal, and the hits agree on it through C1a).
 from __future__ import annotations
 
 import hashlib
+import pickle
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from hicache.lifecycle import RESIDENT
 from hicache.pools.spec import REPLICATED
@@ -94,4 +97,35 @@ def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple
     return tuple(sorted(out))
 
 
-__all__ = ["NodeRecord", "RankView", "key_hash", "rank_view"]
+def state_hash(view: RankView) -> int:
+    """A 63-bit hash of what I7 compares (tree, requests, ops, free counts, next op id)."""
+    return _hash63((view.nodes, view.requests, view.ops, view.free, view.next_op))
+
+
+def bytes_hash(view: RankView) -> int:
+    """A 63-bit hash of what I8 compares (the replicated pools' page digests)."""
+    return _hash63(view.replicated)
+
+
+def _hash63(value: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "big") >> 1
+
+
+def encode_view(view: RankView) -> tuple[list[int], int]:
+    """`view` as int64 words (a collective's payload) and its length in bytes."""
+    blob = pickle.dumps(view, protocol=pickle.HIGHEST_PROTOCOL)
+    padded = blob + b"\0" * (-len(blob) % 8)
+    return np.frombuffer(padded, dtype=np.int64).tolist(), len(blob)
+
+
+def decode_view(words: tuple[int, ...], nbytes: int) -> RankView:
+    """The view `encode_view` made (`words` may carry padding past `nbytes`). The ranks of one
+    job run one program: a view is read only from a peer rank's own collective."""
+    view = pickle.loads(np.array(words, dtype=np.int64).tobytes()[:nbytes])
+    # Verify a peer sent a view, not something else.
+    assert isinstance(view, RankView), type(view)
+    return view
+
+
+__all__ = ["NodeRecord", "RankView", "bytes_hash", "decode_view", "encode_view", "key_hash",
+           "rank_view", "state_hash"]

@@ -155,10 +155,20 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
         make_machine(tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
-    if pools == SINGLE_POOL or not window_pools(group(pools)):
-        return base
 
-    class Machine(base):  # type: ignore[valid-type, misc]
+    class Checked(base):  # type: ignore[valid-type, misc]
+        @precondition(lambda self: hasattr(self, "cache"))
+        @rule()
+        def check_ranks(self) -> None:
+            """Every rank runs the ranks' own cross-rank check (C7-C9, over the collectives)."""
+            self._count("check_ranks")
+            self.cache.check_ranks()
+
+    if pools == SINGLE_POOL or not window_pools(group(pools)):
+        Checked.__name__ = Checked.__qualname__ = name
+        return Checked
+
+    class Machine(Checked):  # type: ignore[misc]
         @precondition(lambda self: hasattr(self, "cache"))
         @rule(rank=st.integers(0, 2), pick=st.integers(0, 7))
         def free_window(self, rank: int, pick: int) -> None:

@@ -108,6 +108,11 @@ class TPAdapter:
     def finish(self, request_id: int) -> None:
         self._all(lambda a: a.finish(request_id))
 
+    def check_ranks(self) -> None:
+        """The ranks' own cross-rank check, over the collectives (C7-C9): InvariantViolation
+        on every rank when their views differ."""
+        self._all(lambda a: a.ctl.check_ranks())
+
     def cancel_restore(self, request_id: int) -> None:
         self._all(lambda a: a.cancel_restore(request_id))
 
