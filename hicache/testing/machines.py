@@ -168,7 +168,7 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
         Checked.__name__ = Checked.__qualname__ = name
         return Checked
 
-    class Machine(Checked):  # type: ignore[misc]
+    class Machine(Checked):
         @precondition(lambda self: hasattr(self, "cache"))
         @rule(rank=st.integers(0, 2), pick=st.integers(0, 7))
         def free_window(self, rank: int, pick: int) -> None:
