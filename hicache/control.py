@@ -106,9 +106,10 @@ class ControlPlane(PlaneQueries):
         if not 0 <= limit <= most:
             raise IllegalTransition("begin_request", "L1", "-", f"match_len {match_len} with {len(tokens)} "
                                     f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
-        m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip)
-        if agree is not None:
+        m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip, touch=agree is None)
+        if agree is not None:  # touched once cut: every rank refreshes the same nodes (I7)
             m = _cut_to(m, agree(m), self.tree.root)
+            self.tree.touch_match(m)
         l1 = m.handles[0]
         if not l1.is_root:
             self.tree.lock(l1, 0)

@@ -182,6 +182,7 @@ class NodeRecord:
     locks: tuple[int, int, int]
     filling: tuple[str | None, str | None, str | None]  # direction of the op filling each tier
     pages: tuple[int, int, int]  # pages held per tier (0: none)
+    lru: tuple[int, int, int] = (0, 0, 0)  # LRU tick per tier: eviction's order, so equal too
 
 
 @dataclass(frozen=True)

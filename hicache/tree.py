@@ -129,15 +129,29 @@ class HiRadixTree:
                 runs[t] = i + 1
         if l1_clip is not None and runs[0]:
             self._clip_l1(path, runs, lengths, handles, l1_clip(path[:runs[0]]))
+        result = MatchResult((lengths[0], lengths[1], lengths[2]),
+                             (handles[0], handles[1], handles[2]), tuple(path), pos)
         if touch:
-            tick = self._next_tick()
-            for t in range(N_TIERS):
-                for n in path[:runs[t]]:
-                    n.last_access[t] = tick
-            for n in path:
-                n.hits += 1
-        return MatchResult((lengths[0], lengths[1], lengths[2]),
-                           (handles[0], handles[1], handles[2]), tuple(path), pos)
+            self.touch_match(result)
+        return result
+
+    def touch_match(self, m: MatchResult) -> None:
+        """What `match(touch=True)` does to the tree, for a match made with `touch=False`
+        whose hits were cut since (tensor-parallel ranks touch only the agreed hits: a rank
+        that refreshed its own longer hit would evict other victims than the others): one
+        fresh LRU tick for every node of each tier's hit, and one more hit on every `path`
+        node."""
+        self._writable("touch")
+        tick = self._next_tick()
+        for t in range(N_TIERS):
+            pos = 0
+            for n in m.path:
+                pos += len(n.key)
+                if pos > m.lengths[t]:
+                    break
+                n.last_access[t] = tick
+        for n in m.path:
+            n.hits += 1
 
     def _clip_l1(self, path: list[TreeNode], runs: list[int], lengths: list[int],
                  handles: list[TreeNode], pages: int) -> None:

@@ -281,6 +281,29 @@ def test_f18_replicated_pools_reach_l3_from_rank_0_only() -> None:
         cluster.close()
 
 
+def test_a_hit_cut_by_another_rank_touches_only_the_agreed_nodes() -> None:
+    """Found by the TP fuzz (dsv4-tiny, L1 of 7 pages): rank 0 freed the window of A's node,
+    so its own L1 hit is 0 and rank 1's is A's node; the ranks agree on 0. The match once
+    refreshed the LRU ticks of each rank's own hit before the agreement: rank 1's A became
+    the most recent, and making room for the prefill evicted A on rank 0 and B on rank 1.
+    Now only the agreed hits are touched (I7 compares the ticks), and both evict A."""
+    cfg = CacheConfig(device="cpu", pools="dsv4-tiny", l1_pages=7, l2_pages=3, l3_slots=2,
+                      policy="always", promotion=False)
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 7, 3, 2))
+    a, b = [1000 + i for i in range(8)], [2000 + i for i in range(8)]
+    try:
+        serve(cluster, 1, a + [0])
+        serve(cluster, 2, b + [0])
+        node = next(n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000)
+        cluster.ranks[0].cp.tombstone(node)  # rank 0 alone frees A's window
+        assert serve(cluster, 3, a + [0, 1, 2, 3, 4]) == [(0, 0, 0)] * 2
+        assert cluster.check() == []
+        keys = [sorted(n.key[0] for n in c.cp.tree.nodes() if not n.is_root) for c in cluster.ranks]
+        assert keys[0] == keys[1] and 2000 in keys[0]  # A (least recently used) was evicted
+    finally:
+        cluster.close()
+
+
 def test_op_ids_stay_equal_when_making_room_issued_backups_before_an_aborted_reservation() -> None:
     """Write-back: rank 0's H2D reservation is refused after making room issued (and agreed)
     the D2H backup of the node it evicts; rank 1 issued its H2D. The aborted H2D's id is

@@ -3,7 +3,8 @@
     RankView (hicache/snapshot.py, core vocabulary the checker reads)
       rank, size
       nodes        NodeRecord per tree node: topology (parent, key length and hash), per tier
-                   residency, lock count, the direction of the op filling it, pages held
+                   residency, lock count, the direction of the op filling it, pages held,
+                   LRU tick (what eviction orders by: equal ticks, equal victims)
       requests     (request id, cached_len, hits at admission per tier, locked node)
       ops          (op id, direction, node ids, token range): the pending-op table
       next_op      the id the next transfer takes: ids stay equal on every rank, also
@@ -54,7 +55,8 @@ def rank_view(ctl: CacheController) -> RankView:
             n.node_id, None if n.parent is None else n.parent.node_id, len(n.key),
             key_hash(tuple(n.key)), (n.state[0], n.state[1], n.state[2]),
             (n.lock[0], n.lock[1], n.lock[2]), (filling[0], filling[1], filling[2]),
-            tuple(0 if v is None else int(v.size) for v in n.value)))  # type: ignore[arg-type]
+            tuple(0 if v is None else int(v.size) for v in n.value),  # type: ignore[arg-type]
+            (n.last_access[0], n.last_access[1], n.last_access[2])))
     requests = tuple(sorted(
         (rid, r.cached_len, tuple(ctl.restores[rid].match.lengths) if rid in ctl.restores else (),
          r.locked.node_id) for rid, r in cp.requests.items()))

@@ -176,6 +176,14 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
             self._count("free_window")
             self.cache.free_window(rank, pick)
 
+        @precondition(lambda self: hasattr(self, "cache"))
+        @rule(pick=st.integers(0, 7))
+        def free_windows_apart(self, pick: int) -> None:
+            """Two ranks free a node's window and its child's: their own largest hits differ
+            where the other's window is freed (the minimum of maxima is illegal)."""
+            self._count("free_windows_apart")
+            self.cache.free_windows_apart(pick)
+
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
 

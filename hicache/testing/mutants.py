@@ -35,6 +35,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     B16          B16    ledger.writes_pool                        the L3 write rule inverted
     TP-conditional  -   Agreement.completion                      skips C4 with nothing to say
     TP-local-capacity - CacheController._issue_here               evicts and retries alone
+    TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
+                                                                  the ranks' own hits
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 """
@@ -426,6 +428,22 @@ def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
     return _swapped(CacheController, "_issue_here", _issue_here)
 
 
+def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
+    """Hit agreement by the minimum of per-rank maxima: the L1 hit is the least of the ranks'
+    own hits (each the largest endpoint its own windows allow), not the largest endpoint
+    every rank allows (C1a's intersection of masks). The same collective as C1a."""
+    from hicache.distributed.agreement import Agreement
+
+    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any) -> Any:
+        rows = self.c.all_gather("admit", [*bounds, own_l1, code, *(mask or ())])
+        agreed = [min(col) for col in zip(*(r[:3] for r in rows))]
+        if mask is not None:
+            agreed[0] = min(agreed[0], min(r[3] for r in rows))
+        head = rows[0]
+        return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+
+    return _swapped(Agreement, "admit", admit)
+
 
 ZOO: tuple[Mutant, ...] = (
     Mutant("B01", "B01", "ControlPlane.advance_cached_len", "cached_len advances over a node "
@@ -466,6 +484,8 @@ ZOO: tuple[Mutant, ...] = (
            "reduction when none of its ops ended locally", _tp_conditional),
     Mutant("TP-local-capacity", "-", "CacheController._issue_here", "a refused reservation "
            "evicts and retries on that rank alone, before C2", _tp_local_capacity),
+    Mutant("TP-min-of-maxima", "-", "Agreement.admit", "the agreed L1 hit is the least of the "
+           "ranks' own hits, not the largest endpoint in every rank's mask", _tp_min_of_maxima),
     Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "
            "check skips tier L2", _i1_skip_l2),
     Mutant("checker-off", "-", "InvariantChecker.after_transition", "the invariant checker "
