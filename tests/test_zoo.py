@@ -40,6 +40,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "B16": (0, "I11 l3_write_multiplicity"),
     "TP-conditional": (4, "contract: CollectiveTimeout escaped FuzzTp"),
     "TP-local-capacity": (1, "I7 rank_agreement"),
+    "TP-min-of-maxima": (3, "I9 group_atomic"),
     "I1-skip-L2": (3, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }

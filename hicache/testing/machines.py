@@ -43,7 +43,9 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.coverage import Coverage
-from hicache.testing.machine import AIMS, GROUP_AIMS, AdapterFactory, make_machine
+from hicache.testing.machine import (
+    AIMS, GROUP_AIMS, LIVE_MAX, AdapterFactory, make_machine, survives_crash,
+)
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -176,13 +178,24 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
             self._count("free_window")
             self.cache.free_window(rank, pick)
 
-        @precondition(lambda self: hasattr(self, "cache"))
-        @rule(pick=st.integers(0, 7))
-        def free_windows_apart(self, pick: int) -> None:
-            """Two ranks free a node's window and its child's: their own largest hits differ
-            where the other's window is freed (the minimum of maxima is illegal)."""
-            self._count("free_windows_apart")
-            self.cache.free_windows_apart(pick)
+        @precondition(lambda self: hasattr(self, "cache") and len(self.model.requests) < LIVE_MAX)
+        @rule(base=st.integers(0, 3), pages=st.integers(2, 4), cut=st.integers(1, 3),
+              pick=st.integers(0, 7), extra=st.integers(0, 3))
+        @survives_crash
+        def windows_apart(self, base: int, pages: int, cut: int, pick: int, extra: int) -> None:
+            """A parent and a child node (a prompt of `pages` pages served after its first
+            `cut`), then two ranks free the parent's window and the child's, then a request
+            asks for the path through both: the ranks' own largest hits differ where the
+            other's window is freed (the least of them is legal on one rank only)."""
+            self._count("windows_apart")
+            ps = self.cache.page_size
+            tokens = tuple(range(9000 + 100 * base, 9000 + 100 * base + pages * ps))
+            for prompt in (tokens[:min(cut, pages - 1) * ps] + (0,), tokens + (0,)):
+                if len(self.model.requests) < LIVE_MAX:
+                    self._serve(self._admit(prompt), finish=True)
+            through = self.cache.free_windows_apart(pick)
+            if through is not None and len(self.model.requests) < LIVE_MAX:
+                self._serve(self._admit(through + tuple(range(extra + 1))), finish=True)
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

@@ -183,14 +183,15 @@ class TPAdapter:
         ctl.cp.tombstone(found[pick % len(found)])
         return True
 
-    def free_windows_apart(self, pick: int) -> bool:
+    def free_windows_apart(self, pick: int) -> tuple[int, ...] | None:
         """Two ranks free two windows of one path: rank a a node's, rank b its child's (the
         `pick`-th such pair). Rank b's largest legal L1 endpoint is then the parent's end,
         where rank a's window is freed: the least of the ranks' own hits is legal on no rank
-        but b, and only the intersection of their endpoint masks (C1a) serves both. False
-        with one rank, or no such pair."""
+        but b, and only the intersection of their endpoint masks (C1a) serves both. Returns
+        the tokens through the child (the prompt that meets both windows); None with one
+        rank, or no such pair."""
         if self.size < 2:
-            return False
+            return None
         a = self._next_rank()
         b = (a + 1) % self.size
         ca, cb = self.ranks[a].ctl, self.ranks[b].ctl
@@ -198,11 +199,11 @@ class TPAdapter:
         pairs = [(parents[n.parent.node_id], n) for n in cb.cp.windows.candidates(cb.cp.tree.nodes())
                  if n.parent is not None and n.parent.node_id in parents]
         if not pairs:
-            return False
+            return None
         parent, child = pairs[pick % len(pairs)]
         ca.cp.tombstone(parent)
         cb.cp.tombstone(child)
-        return True
+        return tuple(t for n in reversed(cb.cp.tree.path_to_root(child)) for t in n.key)
 
     # -- lifetime -----------------------------------------------------------------------------
 
