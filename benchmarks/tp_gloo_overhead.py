@@ -2,7 +2,7 @@
 ranks over gloo on CPU, against one bare gloo all_gather of the same size (the ceiling).
 
     PYTHONPATH=. python3 benchmarks/tp_gloo_overhead.py [--ranks 2] [--requests 120]
-        [--check-mode off] [--seed 0] [--bare-iters 2000] [--restore-tokens 3500]
+        [--check-mode off] [--seed 0] [--bare-iters 2000] [--io-threads 4] [--restore-tokens 3500]
         [--restore-model qwen3-8b]
 
 Each rank (hicache/distributed/processes.py) serves `hicache demo`'s workload (`--requests`,
@@ -20,7 +20,11 @@ Prints one JSON line: per rank and the slowest rank's figures (`collective_us_pe
 split into `wait_us_per_request` -- before the last rank arrived: the ranks' own work out of
 step, by the arrival stamps (torchdist.py) -- and `agreement_us_per_request`, the rest: the
 collectives' own cost; `collectives_per_request` and `per_request_by_point`,
-`collective_us_each`, `bare_all_gather_us`, `ratio`).
+`collective_us_each`, `bare_all_gather_us`, `ratio`). A collective the cache makes comes
+after the rank's own work (`work_between_collectives_us`, the mean gap), not in a hot loop, so
+the bare all_gather is timed that way too (`bare_after_work_us`: the same gap of busy work,
+the ranks started together by a barrier): `agreement_ratio_to_bare_after_work` compares the
+agreement's own cost per collective (`agreement_us_each`) with it.
 
 With CUDA, the launcher also times one rank's share of a `--restore-tokens` L2 restore of
 `--restore-model` (its KV heads split over the ranks: bytes_per_token x tokens / ranks) as
@@ -80,7 +84,9 @@ def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
     args = demo.parser().parse_args(argv)
     setup = demo.demo_setup(args)
     ctl = CacheController(setup.config, collectives=c)
-    summary = demo.serve(args, setup, ctl, time.perf_counter(), progress=False)
+    served = time.perf_counter()
+    summary = demo.serve(args, setup, ctl, served, progress=False)
+    gap_s = (time.perf_counter() - served - c.exchange_s) / c.exchanges  # work between two
     admissions = int(summary["admissions"])  # type: ignore[call-overload]
     n = max(1, round(c.payload_int64 / c.exchanges))
     mine = torch.zeros(n, dtype=torch.int64)
@@ -92,6 +98,18 @@ def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
     for _ in range(bare_iters):
         dist.all_gather(rows, mine)
     bare_s = (time.perf_counter() - started) / bare_iters
+    # The same all_gather made as the cache makes it: after `gap_s` of this rank's own work
+    # (a busy loop; the ranks start each gap together, so no rank waits for the other).
+    sporadic_s = 0.0
+    for _ in range(bare_iters):
+        dist.barrier()
+        until = time.perf_counter() + gap_s
+        while time.perf_counter() < until:
+            pass
+        t = time.perf_counter()
+        dist.all_gather(rows, mine)
+        sporadic_s += time.perf_counter() - t
+    sporadic_s /= bare_iters
     each_s = c.exchange_s / c.exchanges
     return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
             "payload_int64_mean": c.payload_int64 / c.exchanges,
@@ -102,6 +120,10 @@ def bench_rank(rank: int, size: int, c: TorchCollectives, argv: list[str],
             "per_request_by_point": {k: v / admissions for k, v in sorted(c.by_point.items())},
             "collective_us_each": 1e6 * each_s, "bare_all_gather_us": 1e6 * bare_s,
             "bare_all_gather_int64": n, "ratio": each_s / bare_s,
+            "work_between_collectives_us": 1e6 * gap_s,
+            "bare_after_work_us": 1e6 * sporadic_s,
+            "agreement_us_each": 1e6 * (c.exchange_s - c.wait_s) / c.exchanges,
+            "agreement_ratio_to_bare_after_work": (c.exchange_s - c.wait_s) / c.exchanges / sporadic_s,
             "violations": summary["invariants"]["violations"]}  # type: ignore[index]
 
 
@@ -112,11 +134,12 @@ def main() -> None:
     p.add_argument("--check-mode", default="off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bare-iters", type=int, default=2000)
+    p.add_argument("--io-threads", type=int, default=4)
     p.add_argument("--restore-tokens", type=int, default=3500)
     p.add_argument("--restore-model", default="qwen3-8b")
     a = p.parse_args()
     argv = ["--device", "cpu", "--requests", str(a.requests), "--seed", str(a.seed),
-            "--check-mode", a.check_mode, "--quiet"]
+            "--check-mode", a.check_mode, "--io-threads", str(a.io_threads), "--quiet"]
     started = time.perf_counter()
     ranks = run_ranks(bench_rank, a.ranks, (argv, a.bare_iters), timeout_s=1800.0,
                       collective_timeout_s=60.0)
@@ -129,7 +152,9 @@ def main() -> None:
         **{k: slowest[k] for k in ("collective_us_per_request", "wait_us_per_request",
                                    "agreement_us_per_request", "collectives_per_request",
                                    "collective_us_each", "bare_all_gather_us",
-                                   "bare_all_gather_int64", "ratio")},
+                                   "bare_all_gather_int64", "ratio", "work_between_collectives_us",
+                                   "bare_after_work_us", "agreement_us_each",
+                                   "agreement_ratio_to_bare_after_work")},
         "restore_tokens": a.restore_tokens, "restore_model": a.restore_model,
         "restore_us": restore,
         "agreement_share_of_restore": (slowest["agreement_us_per_request"] / restore
