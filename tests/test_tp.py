@@ -21,6 +21,7 @@ from hicache.distributed.cluster import SimulatedCluster
 from hicache.distributed.collectives import (
     Alone, CollectiveMismatch, CollectiveTimeout, RankFailed,
 )
+from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned
 from hicache.tiers import Direction
@@ -217,6 +218,21 @@ def test_the_ranks_check_each_other_every_n_admissions_and_a_divergence_raises_o
         assert "I7 rank_agreement" in str(raised[0]) and "rank 1's requests differ" in str(raised[0])
         with pytest.raises(PlanePoisoned):  # the ranks are no longer one cache
             cluster.ranks[0].cp.compute(6, 4)
+    finally:
+        cluster.close()
+
+
+def test_hashes_that_differ_where_no_check_looks_are_reported_never_passed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """C7's hash differs (here: made rank-dependent) while the gathered views agree: the
+    check reports it as I7 on every rank instead of passing."""
+    cluster = cpu_cluster(tmp_path, 2)
+    try:
+        serve(cluster, 1, PROMPT)
+        monkeypatch.setattr("hicache.distributed.agreement.state_hash", lambda view: view.rank)
+        found = cluster.group.run(lambda r: cluster.ranks[r].agree.check(rank_view(cluster.ranks[r])))
+        assert found[0] == found[1] and [v.invariant for v in found[0]] == ["I7"]
+        assert "rank(s) [1]'s view hashes differ" in found[0][0].message
     finally:
         cluster.close()
 

@@ -26,9 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from hicache.distributed.collectives import Alone, Collectives
 from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
 from hicache.errors import ConfigError
-from hicache.invariants import check_ranks
-from hicache.invariants.ranks import RANK_AGREEMENT
-from hicache.invariants.violation import Violation
+from hicache.invariants import RANK_CHECKS, Violation, check_ranks
 from hicache.snapshot import RankView
 
 NO_SLOT = (1 << 63) - 1  # `Local.bad_slot` of an op that found no bad L3 slot
@@ -161,8 +159,9 @@ class Agreement:
         found = check_ranks(views)
         if not found:  # the hashes differ where no check looks: say so, never pass silently
             differ = [r for r in range(self.size) if keys[r] != keys[0]]
-            found = [RANK_AGREEMENT.violation(f"rank(s) {differ}'s view hashes differ from rank "
-                                              "0's, yet no cross-rank check names a difference")]
+            i7 = RANK_CHECKS[0]  # rank_agreement: the views were to be equal
+            found = [Violation(i7.id, i7.name, None, (), (), (), f"rank(s) {differ}'s view hashes "
+                               "differ from rank 0's, yet no cross-rank check names a difference")]
         return found
 
 
