@@ -208,10 +208,9 @@ class CacheController:
         # or None when rank 0's own hits were cut).
         own: list[tuple[tuple[int, int, int], Decision, int | None]] = []
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1,
-                                  agree=(lambda m: self._agree_hits(m, len(tokens), own))
+                                  agree=(lambda m: self._agree_hits(m, prompt, own))
                                   if self.tp else None)
-        l1, l2 = m.lengths[0], m.lengths[1]
-        l3 = max(l2, self.l3.servable_len(m))  # a quarantined or offline L3 copy serves nothing
+        l1, l2, l3 = self._policy_hits(m)
         if own and own[0][0] == (l1, l2, l3):
             decision = own[0][1]  # the agreed hits are this rank's own: so is the decision
         else:
@@ -262,21 +261,27 @@ class CacheController:
             raise violation
         self.rank_checks += 1
 
-    def _agree_hits(self, m: MatchResult, prompt_tokens: int,
+    def _policy_hits(self, m: MatchResult) -> tuple[int, int, int]:
+        """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
+        as it may serve (a quarantined or offline L3 copy serves nothing)."""
+        return m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m))
+
+    def _agree_hits(self, m: MatchResult, prompt: int,
                     own: list[tuple[tuple[int, int, int], Decision, int | None]]) -> tuple[int, ...]:
         """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
-        rank's own) of a prompt of `prompt_tokens`. Appends to `own` this rank's own hits, its
-        decision on them and rank 0's choice code (None: C1b must ask rank 0 again)."""
+        rank's own) of a prompt of `prompt` page-aligned tokens (at least 1). Appends to `own`
+        this rank's own hits, its decision on them and rank 0's choice code (None: C1b must
+        ask rank 0 again)."""
         g = self.config.kv
         ps = g.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
         run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
         bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
-        hits = (m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m)))
-        decision = self.policy.decide(*hits, max(prompt_tokens // ps * ps, 1), g.bytes_per_token)
+        hits = self._policy_hits(m)
+        decision = self.policy.decide(*hits, prompt, g.bytes_per_token)
         windows = self.cp.windows
         # The mask spans the prompt's page ends: a length every rank knows (F17).
-        mask = windows.endpoint_mask(run, prompt_tokens // ps) if windows.hit_pages else None
+        mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
         agreed, rank0 = self.agree.admit(bounds, m.lengths[0] // ps, CHOICES.index(decision.choice),
                                          mask)
         own.append((hits, decision, rank0))
