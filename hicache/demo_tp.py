@@ -3,10 +3,11 @@
     launcher (`hicache demo`)                rank r (hicache/distributed/processes.py)
     ---------------------------------------  ----------------------------------------------
     refuse the options N ranks cannot share  the demo's setup from the same arguments (the
-    run_ranks(serve_rank, N) over gloo       same configuration: C0 compares fingerprints),
+    run_ranks(serve_rank, N) over gloo, or   same configuration: C0 compares fingerprints),
+    shared memory (--tp-transport shm)
                                              its own device and temporary L3 file (both
                                              RANK_LOCAL); a CacheController over
-                                             TorchCollectives serves the workload as the
+                                             the transport's collectives serves it as the
                                              demo does (`demo.serve`: invariants checked
                                              after every transition), then returns its
                                              report summary and its RankView
@@ -33,7 +34,7 @@ from hicache.errors import ConfigError
 
 if TYPE_CHECKING:
     from hicache.controller.config import CacheConfig
-    from hicache.distributed.torchdist import TorchCollectives
+    from hicache.distributed.wire import ProcessCollectives
     from hicache.invariants import Violation
     from hicache.snapshot import RankView
 
@@ -60,6 +61,7 @@ class RankResult:
     collectives: int
     collective_s: float  # seconds inside collectives (header, payload, arrival board)
     rank_checks: int = 0  # cross-rank checks (C7-C9) the rank made and passed during the run
+    transport: str = "gloo"  # how the ranks met (processes.TRANSPORTS)
 
 
 def run_tp(args: argparse.Namespace) -> int:
@@ -77,7 +79,8 @@ def run_tp(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         results: list[RankResult] = run_ranks(serve_rank, args.tp, (args,), timeout_s=RUN_TIMEOUT_S,
-                                              collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+                                              collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+                                              transport=args.tp_transport)
     except RankError as e:
         if e.kind == "ConfigError":  # the configuration's fault, not the run's
             raise ConfigError("tp", f"rank {e.rank}: {e.message}") from None
@@ -112,7 +115,7 @@ def refuse_replicated(config: CacheConfig) -> None:
                                    "with --tp give a sharded preset: --preset mha")
 
 
-def serve_rank(rank: int, size: int, collectives: TorchCollectives,
+def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
                args: argparse.Namespace) -> RankResult:
     """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
     from hicache.controller.controller import CacheController
@@ -128,7 +131,7 @@ def serve_rank(rank: int, size: int, collectives: TorchCollectives,
     summary = serve(args, setup, ctl, started, progress=draw)
     summary["rank"] = rank
     return RankResult(rank, summary, rank_view(ctl), collectives.log.count,
-                      collectives.exchange_s, ctl.rank_checks)
+                      collectives.exchange_s, ctl.rank_checks, args.tp_transport)
 
 
 def rank_device(device: str | None, rank: int, size: int) -> str | None:
@@ -148,7 +151,7 @@ def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: flo
     from hicache.invariants import RANK_CHECKS
 
     first = results[0].summary
-    lines = [f"Tensor parallelism: {len(results)} ranks over gloo, preset "
+    lines = [f"Tensor parallelism: {len(results)} ranks over {results[0].transport}, preset "
              f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"]  # type: ignore[index]
     for r in results:
         s = r.summary

@@ -1,7 +1,8 @@
-"""Ranks as processes over gloo (hicache/distributed/torchdist.py, processes.py, demo_tp.py):
-two ranks agree, a mismatched call is a CollectiveMismatch naming both calls, a skipped
-collective a CollectiveTimeout naming the missing rank and the point within the timeout, a
-rank that raises or hangs a typed error in the launcher, and `hicache demo --tp 2` runs.
+"""Ranks as processes (hicache/distributed/processes.py, demo_tp.py), over each transport:
+gloo (torchdist.py) and shared memory (shm.py). Two ranks agree, a mismatched call is a
+CollectiveMismatch naming both calls, a skipped collective a CollectiveTimeout naming the
+missing rank and the point within the timeout, a rank that raises, dies or hangs a typed error
+in the launcher, no shared-memory block outlives a run, and `hicache demo --tp 2` runs.
 
 Each test spawns two processes (a few seconds of start-up on a 2-core machine: torch is
 imported anew in each); the rank functions are module-level so that each rank can import them.
@@ -9,7 +10,10 @@ imported anew in each); the rank functions are module-level so that each rank ca
 
 from __future__ import annotations
 
+import os
+import platform
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +24,18 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from hicache import demo  # noqa: E402
 from hicache.distributed.collectives import CollectiveError, Collectives  # noqa: E402
-from hicache.distributed.processes import RankError, RanksTimedOut, run_ranks  # noqa: E402
-from hicache.distributed.torchdist import INLINE_VALUES  # noqa: E402
+from hicache.errors import ConfigError  # noqa: E402
+from hicache.distributed.processes import (  # noqa: E402
+    TRANSPORTS, RankError, RanksTimedOut, run_ranks,
+)
+from hicache.distributed.shm import TSO_MACHINES  # noqa: E402
+from hicache.distributed.wire import INLINE_VALUES  # noqa: E402
 
 pytestmark = pytest.mark.torch
+ON_TSO = platform.machine() in TSO_MACHINES
+transports = pytest.mark.parametrize("transport", [
+    pytest.param(t, marks=pytest.mark.skipif(t == "shm" and not ON_TSO, reason="x86-64 only"))
+    for t in TRANSPORTS])
 TIMEOUT_S = 3.0  # each collective's: a missing rank is reported after this
 Agreed = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...],
                str, int, list[str]]
@@ -64,6 +76,12 @@ def _rank1_raises(rank: int, size: int, c: Collectives) -> None:
     c.all_reduce_min("reserve", [1])
 
 
+def _rank1_dies(rank: int, size: int, c: Collectives) -> None:
+    if rank == 1:
+        os._exit(9)  # no report, no board entry: only the launcher can tell the others
+    c.all_reduce_min("reserve", [1])
+
+
 def _hang(rank: int, size: int, c: Collectives) -> None:
     time.sleep(600)
 
@@ -95,8 +113,10 @@ def test_processes_check_each_other_and_a_divergence_is_an_invariant_violation()
     assert e.others[1].startswith("InvariantViolation: ")  # rank 1 found the same
 
 
-def test_two_ranks_agree_and_a_mismatch_names_both_calls() -> None:
-    results = run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
+@transports
+def test_two_ranks_agree_and_a_mismatch_names_both_calls(transport: str) -> None:
+    results = run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
+                        transport=transport)
     for low, gathered, empty, long, _, count, _ in results:
         assert low == (1,) and gathered == ((7,), (17,)) and empty == ()
         assert long == (0,) * (INLINE_VALUES + 4) and count == 4
@@ -114,10 +134,13 @@ def test_two_ranks_agree_and_a_mismatch_names_both_calls() -> None:
         assert f"rank 1: serve all_reduce_min int64[{INLINE_VALUES + 1}]" in inline
 
 
-def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point() -> None:
+@transports
+def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point(
+        transport: str) -> None:
     started = time.monotonic()
     with pytest.raises(RankError) as failed:
-        run_ranks(_skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60)
+        run_ranks(_skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
+                  transport=transport)
     e = failed.value
     assert e.rank == 0 and e.kind == "CollectiveTimeout"
     assert "collective #1 (reserve)" in e.message and "rank(s) [1] did not arrive" in e.message
@@ -125,12 +148,40 @@ def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point
     assert time.monotonic() - started < 30  # the timeout's seconds, not a hang
 
 
-def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out() -> None:
+@transports
+def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out(transport: str) -> None:
     with pytest.raises(RankError) as failed:
-        run_ranks(_rank1_raises, 2, collective_timeout_s=30.0, timeout_s=60)
+        run_ranks(_rank1_raises, 2, collective_timeout_s=30.0, timeout_s=60, transport=transport)
     e = failed.value
     assert (e.rank, e.kind, e.message) == (1, "ValueError", "rank 1's own bug")
     assert e.others[0].startswith("RankFailed: rank 1 failed (ValueError: rank 1's own bug)")
+
+
+@transports
+def test_a_rank_that_dies_is_the_root_cause_and_the_other_stops_before_its_timeout(
+        transport: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(RankError) as failed:
+        run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport=transport)
+    e = failed.value
+    assert e.rank == 1 and e.kind == "died" and "exited with code 9" in e.message
+    assert e.others[0].startswith(("RankFailed: rank 1 failed (died", "CollectiveTimeout"))
+    assert time.monotonic() - started < 20  # the launcher's notice, not the 30 s timeout
+
+
+@pytest.mark.skipif(not ON_TSO or not Path("/dev/shm").is_dir(), reason="POSIX shm on x86-64")
+def test_no_shared_memory_block_outlives_a_run() -> None:
+    before = set(os.listdir("/dev/shm"))
+    run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
+              transport="shm")
+    with pytest.raises(RankError):
+        run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport="shm")
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_an_unknown_transport_is_refused() -> None:
+    with pytest.raises(ConfigError, match="tp.transport: one of gloo, shm, got 'nccl'"):
+        run_ranks(_hang, 2, transport="nccl")
 
 
 def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() -> None:
@@ -141,10 +192,13 @@ def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() ->
     assert time.monotonic() - started < 20
 
 
-def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureFixture[str]
-                                                         ) -> None:
-    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "30", "--quiet"]) == 0
+@transports
+def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureFixture[str],
+                                                         transport: str) -> None:
+    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "30", "--quiet",
+                      "--tp-transport", transport]) == 0
     out = capsys.readouterr().out
+    assert f"Tensor parallelism: 2 ranks over {transport}, preset mha" in out
     for rank in (0, 1):
         line = next(li for li in out.splitlines() if li.startswith(f"  rank {rank}: "))
         assert "30 requests served" in line and " 0 violations" in line

@@ -1,21 +1,30 @@
 """Real processes: spawn N ranks on gloo, run one function on each, return every result.
 
-    results = run_ranks(fn, 2, (x,), timeout_s=120.0, collective_timeout_s=30.0)
+    results = run_ranks(fn, 2, (x,), timeout_s=120.0, collective_timeout_s=30.0,
+                        transport="gloo")       # or "shm": the ranks meet in shared memory
     # fn(rank, size, collectives, x) in each rank's own process; the results by rank
 
     launcher (this process)                      rank r (a "spawn" child)
     -------------------------------------------  -------------------------------------------
     a TCPStore on a free localhost port: the     its client; gloo over the prefix "gloo/",
-    rendezvous and the arrival board "board/"    TorchCollectives over "board/" (torchdist.py)
+    rendezvous and the arrival board "board/";   and its collectives: TorchCollectives over
+    with "shm", the block (shm.py)               gloo (torchdist.py) or SharedMemoryCollectives
+                                                 over the block (shm.py), "board/" for both
     start N ranks, wait for N reports, at most   report ("ok", r, pickled result), or ("error",
-    `timeout_s` in all                           r, type, message) and `failed/r` on the board
-    end every rank; raise the root cause:        an ok rank waits (at most the collective
-      RankError     a rank raised, or died       timeout) for every rank to report before it
-      RanksTimedOut the overall timeout passed   exits: no peer's op meets a closed connection
+    `timeout_s` in all; a rank that died gets    r, type, message) and `failed/r` on the board
+    `failed/r` (and its flag in the block)       (and its flag in the block)
+    end every rank; unlink the block; raise      an ok rank waits (at most the collective
+    the root cause:                              timeout) for every rank to report before it
+      RankError     a rank that died, else the   exits: no peer's op meets a closed connection
+                    lowest that raised (not a
+                    RankFailed)
+      RanksTimedOut the overall timeout passed
 
 `fn` and its arguments and result must be picklable (`fn` a module-level function: each rank
 imports it anew). A rank's collective gives up after `collective_timeout_s` (the gloo op
-timeout): a stuck rank is reported by the others as a CollectiveTimeout, never a hang.
+timeout, or the shared-memory wait's): a stuck rank is reported by the others as a
+CollectiveTimeout, never a hang. Gloo's process group is made with either transport: `fn` may
+use torch.distributed itself (benchmarks/tp_agreement_overhead.py times bare all_gathers on it).
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ POLL_S = 0.1  # the launcher re-checks its ranks' liveness this often
 DEAD_GRACE_S = 1.0  # a rank that exited unreported is dead once its report is this late
 JOIN_S = 5.0  # a rank gets this long to exit on its own before it is terminated
 ROOT_CAUSE_LAST = ("RankFailed",)  # errors that are another rank's consequence, not a cause
+DIED = "died"  # a rank's kind when it exited without a report: a root cause before any error
+# (its peers' CollectiveTimeouts -- gloo sees the closed connection at once -- follow from it)
+TRANSPORTS = ("gloo", "shm")  # TorchCollectives (torchdist.py), SharedMemoryCollectives (shm.py)
 
 
 class RankError(HiCacheError):
@@ -65,10 +77,12 @@ class RanksTimedOut(HiCacheError):
 
 
 def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), *,
-              timeout_s: float = 120.0, collective_timeout_s: float = 30.0) -> list[Any]:
+              timeout_s: float = 120.0, collective_timeout_s: float = 30.0,
+              transport: str = "gloo") -> list[Any]:
     """`fn(rank, size, collectives, *args)` on `size` spawned ranks; their results by rank.
-    Raises RankError (the root cause: the lowest rank's error that is not a consequence of
-    another's) or RanksTimedOut; every rank has ended when it returns or raises."""
+    `transport` (TRANSPORTS): how the collectives meet. Raises RankError (the root cause: the
+    lowest rank's error that is not a consequence of another's) or RanksTimedOut; every rank
+    has ended, and the shared-memory block is gone, when it returns or raises."""
     from torch._C._distributed_c10d import TCPStore  # torch.distributed's, not re-exported
     from torch.distributed.distributed_c10d import PrefixStore
 
@@ -77,28 +91,42 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
     if not timeout_s > 0 or not collective_timeout_s > 0:
         raise ConfigError("tp.timeout_s", f"> 0 seconds, got {timeout_s!r} and "
                                           f"{collective_timeout_s!r}")
+    if transport not in TRANSPORTS:
+        raise ConfigError("tp.transport", f"one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    from hicache.distributed.shm import ShmBlock
+    from hicache.distributed.wire import mark_failed, read_board
+
     ctx = multiprocessing.get_context("spawn")
     store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=collective_timeout_s))
+    board = PrefixStore("board/", store)
+    block = ShmBlock.create(size) if transport == "shm" else None
+
+    def dead(rank: int, why: str) -> None:  # tell the ranks waiting for it at once
+        mark_failed(board, rank, why)
+        if block is not None:
+            block.mark_dead(rank)
+
     reports: multiprocessing.Queue[tuple[Any, ...]] = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, name=f"hicache-rank{r}", daemon=True,
-                         args=(r, size, store.port, collective_timeout_s, fn, args, reports))
+                         args=(r, size, store.port, collective_timeout_s, block and block.name,
+                               fn, args, reports))
              for r in range(size)]
-    for p in procs:
-        p.start()
     got: dict[int, tuple[Any, ...]] = {}
     try:
-        got = _collect(procs, reports, time.monotonic() + timeout_s, collective_timeout_s)
+        for p in procs:
+            p.start()
+        got = _collect(procs, reports, time.monotonic() + timeout_s, collective_timeout_s, dead)
     finally:
         _end(procs, set(got))
+        if block is not None:
+            block.unlink()
     missing = [r for r in range(size) if r not in got]
     if missing and not any(g[0] == "error" for g in got.values()):
-        from hicache.distributed.torchdist import read_board
-
-        raise RanksTimedOut(missing, timeout_s, read_board(PrefixStore("board/", store), size)[0])
+        raise RanksTimedOut(missing, timeout_s, read_board(board, size)[0])
     errors = {r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"}
     if errors:
-        root = min(errors, key=lambda r: (errors[r][0] in ROOT_CAUSE_LAST, r))
+        root = min(errors, key=lambda r: (errors[r][0] != DIED, errors[r][0] in ROOT_CAUSE_LAST, r))
         others = {r: f"{k}: {m}" for r, (k, m) in errors.items() if r != root}
         others.update({r: "did not report (terminated)" for r in missing})
         raise RankError(root, *errors[root], others)
@@ -106,10 +134,12 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
 
 
 def _collect(procs: Sequence[BaseProcess], reports: multiprocessing.Queue[tuple[Any, ...]],
-             deadline: float, collective_timeout_s: float) -> dict[int, tuple[Any, ...]]:
+             deadline: float, collective_timeout_s: float,
+             dead: Callable[[int, str], None]) -> dict[int, tuple[Any, ...]]:
     """Every rank's report (rank -> ("ok", pickled) or ("error", type, message)) until all
     reported or `deadline`; after a first error, the others get one collective timeout more
-    (they learn of it from the board, or time out). A rank that exited unreported "died"."""
+    (they learn of it from the board, or time out). A rank that exited unreported "died",
+    and `dead(rank, why)` tells the others."""
     got: dict[int, tuple[Any, ...]] = {}
     dead_since: dict[int, float] = {}
     while len(got) < len(procs) and time.monotonic() < deadline:
@@ -125,7 +155,10 @@ def _collect(procs: Sequence[BaseProcess], reports: multiprocessing.Queue[tuple[
         for r, p in enumerate(procs):
             if r not in got and p.exitcode is not None:
                 if now - dead_since.setdefault(r, now) > DEAD_GRACE_S:
-                    got[r] = ("error", "died", f"exited with code {p.exitcode} without a report")
+                    why = f"exited with code {p.exitcode} without a report"
+                    got[r] = ("error", DIED, why)
+                    dead(r, f"died: {why}")
+                    deadline = min(deadline, now + collective_timeout_s + JOIN_S)
     return got
 
 
@@ -144,16 +177,19 @@ def _end(procs: Sequence[BaseProcess], reported: set[int]) -> None:
             p.join()
 
 
-def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float,
+def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, block: str | None,
                fn: Callable[..., Any], args: tuple[object, ...],
                reports: multiprocessing.Queue[tuple[Any, ...]]) -> None:
-    """One rank (module docstring): join gloo, run `fn`, report, wait for the others."""
+    """One rank (module docstring): join gloo, meet over gloo or the shared-memory `block`,
+    run `fn`, report, wait for the others."""
     import torch
     import torch.distributed as dist
     from torch._C._distributed_c10d import TCPStore
     from torch.distributed.distributed_c10d import PrefixStore
 
-    from hicache.distributed.torchdist import TorchCollectives, mark_failed
+    from hicache.distributed.shm import SharedMemoryCollectives
+    from hicache.distributed.torchdist import TorchCollectives
+    from hicache.distributed.wire import ProcessCollectives, mark_failed
 
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # localhost only: no hostname lookup
@@ -161,15 +197,25 @@ def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float,
     timeout = timedelta(seconds=collective_timeout_s)
     store = TCPStore(HOST, port, is_master=False, timeout=timeout)
     board = PrefixStore("board/", store)
+    coll: ProcessCollectives | None = None
     try:
         dist.init_process_group("gloo", store=PrefixStore("gloo/", store), rank=rank,
                                 world_size=size, timeout=timeout)
-        result = pickle.dumps(fn(rank, size, TorchCollectives(board), *args))
+        coll = (TorchCollectives(board) if block is None else
+                SharedMemoryCollectives(block, rank, size, board, collective_timeout_s))
+        result = pickle.dumps(fn(rank, size, coll, *args))
     except BaseException as e:  # noqa: BLE001 -- every rank's outcome is reported
-        mark_failed(board, rank, f"{type(e).__name__}: {e}")
+        why = f"{type(e).__name__}: {e}"
+        if coll is not None:
+            coll.mark_failed(why)  # the board, and the shared-memory flag where there is one
+        else:
+            mark_failed(board, rank, why)
         reports.put(("error", rank, type(e).__name__, str(e)))
         store.set(f"end/{rank}", "error")
-        return  # at once: the others learn of it from the board, or their gloo op fails
+        return  # at once: the others learn of it from the board (or the flag), or time out
+    finally:
+        if isinstance(coll, SharedMemoryCollectives):
+            coll.close()
     reports.put(("ok", rank, result))
     store.set(f"end/{rank}", "ok")
     try:  # longer than a collective: a peer still in one reports before this gives up
@@ -179,4 +225,4 @@ def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float,
     dist.destroy_process_group()
 
 
-__all__ = ["RankError", "RanksTimedOut", "run_ranks"]
+__all__ = ["RankError", "RanksTimedOut", "TRANSPORTS", "run_ranks"]
