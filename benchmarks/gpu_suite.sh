@@ -35,7 +35,7 @@ for stage in $stages; do
     multipool) run group_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_group_bytes_kernels.py
                run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
     tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_torchdist.py
-        run bench_tp_gloo python3 benchmarks/tp_gloo_overhead.py
+        run bench_tp_agreement python3 benchmarks/tp_agreement_overhead.py
         run bench_tp_l3_writes python3 benchmarks/tp_l3_writes.py ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
