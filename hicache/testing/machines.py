@@ -166,6 +166,27 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
             self._count("check_ranks")
             self.cache.check_ranks()
 
+        @precondition(lambda self: hasattr(self, "cache") and len(self.model.requests) < LIVE_MAX)
+        @rule(base=st.integers(0, 3), tier=st.integers(1, 2), held=st.integers(1, 3))
+        @survives_crash
+        def refused_on_one_rank(self, base: int, tier: int, held: int) -> None:
+            """`held` prompts served to the end and their transfers settled (the lower tiers
+            hold evictable nodes), then one rank alone refuses the next reservation into L2
+            or L3 (as if full) and one more prompt is served: the ranks must abort that
+            transfer together (C2, the group's minimum), whatever the refused rank could have
+            freed by itself (F15; the rank-local capacity mutant)."""
+            self._count("refused_on_one_rank")
+            ps = self.cache.page_size
+            for k in range(held + 1):
+                if len(self.model.requests) >= LIVE_MAX:
+                    return
+                if k == held:
+                    self.cache.aim("refuse", self.cache.tiers[tier % len(self.cache.tiers)])
+                start = 7000 + 400 * base + 100 * k
+                self._serve(self._admit(tuple(range(start, start + 2 * ps)) + (k,)), finish=True)
+                if k < held:
+                    self.cache.drain()
+
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         Checked.__name__ = Checked.__qualname__ = name
         return Checked

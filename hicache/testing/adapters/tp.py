@@ -9,7 +9,9 @@ own checks. Faults are per rank and independent:
 
     faults rule (schedules)   every rank draws the same rates with its own seed: a refused
                               reservation, a failed or late completion on one rank only (F15)
-    aim, fail                 one rank, in turn (rank k of the k-th aimed fault)
+    aim, fail                 one rank, in turn (rank k of the k-th aimed fault); the TP
+                              machines' `refused_on_one_rank` aims a refusal at one rank
+                              while the lower tiers hold evictable nodes (F15)
     free_window(rank, pick)   a rank frees one node's sliding window alone (its own SWA memory):
                               the ranks' legal endpoints differ (F17, the min-of-maxima mutant)
 
