@@ -209,7 +209,7 @@ def serve(args: argparse.Namespace, setup: DemoSetup, ctl: CacheController, star
     from hicache.serving import ServingLoop
 
     workload, config = setup.workload, ctl.config
-    tally = ctl.policy = DecisionTally(ctl.policy)
+    tally = ctl.decisions = DecisionTally()  # before any admission: the log starts empty
     try:
         loop = ServingLoop(ctl, batch_size=args.batch_size)
         report = loop.run(workload, _progress_bar if progress else None)

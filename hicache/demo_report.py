@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hicache.policy import Decision, Policy
+from hicache.policy import Decision, DecisionLog
 
 GLOSSARY: dict[str, str] = {
     "requests": "requests in the workload, each served to its last decode step",
@@ -140,23 +140,20 @@ def decision_reason(d: Decision) -> str:
     return _term(f"{d.choice}: predicted {'faster' if d.benefit_s > 0 else 'no faster'}")
 
 
-class DecisionTally:
-    """A Policy that delegates to `policy` and counts its decisions by `decision_reason`."""
+class DecisionTally(DecisionLog):
+    """The controller's decision log (`CacheController.decisions`), also counting each
+    recorded decision by `decision_reason`: one per admission, the decision it is served by
+    (after any tensor-parallel agreement), not each time the policy was asked."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
+    def __init__(self) -> None:
+        super().__init__()
         self.by_reason: dict[str, int] = {}
 
-    @property
-    def name(self) -> str:
-        return self.policy.name
-
-    def decide(self, l1_len: int, l2_len: int, l3_len: int, prompt_len: int,
-               bytes_per_token: int) -> Decision:
-        decision = self.policy.decide(l1_len, l2_len, l3_len, prompt_len, bytes_per_token)
+    def record(self, decision: Decision) -> int:
+        decision_id = super().record(decision)
         reason = decision_reason(decision)
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
-        return decision
+        return decision_id
 
 
 def percents(counts: Sequence[int]) -> list[str]:

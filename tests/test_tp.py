@@ -417,3 +417,27 @@ def test_a_crash_on_one_rank_restarts_every_rank_even_one_mid_transfer() -> None
     cache.restart()
     assert cache.check() == [] and cache.live() == set()
     cache.close()
+
+
+def test_the_demo_tallies_one_decision_per_admission_on_a_rank_whose_hits_were_cut() -> None:
+    """The demo's decision reasons count the decision each admission served by, once: on a
+    rank whose own hits were cut by C1a the policy decides twice (its own hits, then the
+    agreed ones), and the tally once counted both."""
+    from hicache.demo_report import DecisionTally
+
+    cfg = CacheConfig(device="cpu", pools="dsv4-tiny", l1_pages=7, l2_pages=3, l3_slots=2,
+                      policy="always", promotion=False)
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 7, 3, 2))
+    a = [1000 + i for i in range(8)]
+    try:
+        serve(cluster, 1, a + [0])
+        node = next(n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000)
+        cluster.ranks[0].cp.tombstone(node)  # rank 0 alone frees A's window: rank 1 is cut
+        tallies = [DecisionTally() for _ in cluster.ranks]
+        for c, t in zip(cluster.ranks, tallies):
+            c.decisions = t
+        assert serve(cluster, 2, a + [0, 1, 2, 3]) == [(0, 0, 0)] * 2
+        assert tallies[0].by_reason == tallies[1].by_reason
+        assert [sum(t.by_reason.values()) for t in tallies] == [1, 1]
+    finally:
+        cluster.close()
