@@ -36,7 +36,10 @@ for stage in $stages; do
                run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
     tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_torchdist.py
         run bench_tp_agreement python3 benchmarks/tp_agreement_overhead.py
-        run bench_tp_l3_writes python3 benchmarks/tp_l3_writes.py ;;
+        run bench_tp_l3_writes python3 benchmarks/tp_l3_writes.py
+        # per-rank D2H/H2D, together vs alone: one GPU per rank; on one GPU only a code check
+        share=$([ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ] && echo --share-gpu)
+        run bench_tp_bandwidth python3 benchmarks/tp_bandwidth.py $share ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
