@@ -9,7 +9,22 @@ from __future__ import annotations
 
 
 class HiCacheError(Exception):
-    """Base of every error hicache raises on purpose."""
+    """Base of every error hicache raises on purpose.
+
+    Every one pickles with its fields, whatever its constructor takes, so an error raised in
+    another process (a tensor-parallel rank) reaches the launcher as itself."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[HiCacheError], args: tuple[object, ...],
+             fields: dict[str, object]) -> HiCacheError:
+    """`cls`'s error with `args` and `fields`, its constructor not called (unpickling)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
 
 
 class ConfigError(HiCacheError, ValueError):

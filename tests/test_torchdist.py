@@ -23,7 +23,9 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 from hicache import demo  # noqa: E402
-from hicache.distributed.collectives import CollectiveError, Collectives  # noqa: E402
+from hicache.distributed.collectives import (  # noqa: E402
+    CollectiveError, Collectives, CollectiveTimeout,
+)
 from hicache.errors import ConfigError  # noqa: E402
 from hicache.distributed.processes import (  # noqa: E402
     TRANSPORTS, RankError, RanksTimedOut, run_ranks,
@@ -146,6 +148,9 @@ def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point
     assert "collective #1 (reserve)" in e.message and "rank(s) [1] did not arrive" in e.message
     assert "rank 1 at #0 reserve" in e.message  # where the missing rank was last
     assert time.monotonic() - started < 30  # the timeout's seconds, not a hang
+    # The root cause's own error, typed, with its fields, is the RankError's cause.
+    assert isinstance(e.error, CollectiveTimeout) and e.__cause__ is e.error
+    assert (e.error.seq, e.error.point, e.error.missing) == (1, "reserve", (1,))
 
 
 @transports
@@ -154,6 +159,7 @@ def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out(transpor
         run_ranks(_rank1_raises, 2, collective_timeout_s=30.0, timeout_s=60, transport=transport)
     e = failed.value
     assert (e.rank, e.kind, e.message) == (1, "ValueError", "rank 1's own bug")
+    assert isinstance(e.error, ValueError) and str(e.error) == "rank 1's own bug"
     assert e.others[0].startswith("RankFailed: rank 1 failed (ValueError: rank 1's own bug)")
 
 

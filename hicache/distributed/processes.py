@@ -54,10 +54,14 @@ TRANSPORTS = ("gloo", "shm")  # TorchCollectives (torchdist.py), SharedMemoryCol
 
 class RankError(HiCacheError):
     """Rank `rank` raised `kind` (`message`), or died (`kind` "died"); `others`: what the
-    other ranks reported meanwhile, by rank ("type: message")."""
+    other ranks reported meanwhile, by rank ("type: message"). `error`: the error rank `rank`
+    raised, as itself (also the RankError's `__cause__`), or None when it died or its error
+    did not pickle."""
 
-    def __init__(self, rank: int, kind: str, message: str, others: dict[int, str]) -> None:
+    def __init__(self, rank: int, kind: str, message: str, others: dict[int, str],
+                 error: BaseException | None = None) -> None:
         self.rank, self.kind, self.message, self.others = rank, kind, message, dict(others)
+        self.error = error
         rest = "; ".join(f"rank {r}: {why}" for r, why in sorted(others.items()))
         super().__init__(f"rank {rank} raised {kind}: {message}"
                          + (f" (then {rest})" if rest else ""))
@@ -124,13 +128,24 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
     missing = [r for r in range(size) if r not in got]
     if missing and not any(g[0] == "error" for g in got.values()):
         raise RanksTimedOut(missing, timeout_s, read_board(board, size)[0])
-    errors = {r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"}
+    errors: dict[int, tuple[str, str]] = {r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"}
     if errors:
         root = min(errors, key=lambda r: (errors[r][0] != DIED, errors[r][0] in ROOT_CAUSE_LAST, r))
         others = {r: f"{k}: {m}" for r, (k, m) in errors.items() if r != root}
         others.update({r: "did not report (terminated)" for r in missing})
-        raise RankError(root, *errors[root], others)
+        error = _unpickled(got[root][3:])
+        raise RankError(root, *errors[root], others, error=error) from error
     return [pickle.loads(got[r][1]) for r in range(size)]
+
+
+def _unpickled(pickled: tuple[Any, ...]) -> BaseException | None:
+    """A rank's error from its report (`pickle.dumps` of it, or None), or None if it does
+    not load here."""
+    try:
+        error = pickle.loads(pickled[0]) if pickled and pickled[0] is not None else None
+    except Exception:  # noqa: BLE001 -- the report's type and message still say what it was
+        return None
+    return error if isinstance(error, BaseException) else None
 
 
 def _collect(procs: Sequence[BaseProcess], reports: multiprocessing.Queue[tuple[Any, ...]],
@@ -177,6 +192,14 @@ def _end(procs: Sequence[BaseProcess], reported: set[int]) -> None:
             p.join()
 
 
+def _pickled(e: BaseException) -> bytes | None:
+    """`e` pickled, without its traceback and chain (they hold frames), or None."""
+    try:
+        return pickle.dumps(e.with_traceback(None))
+    except Exception:  # noqa: BLE001 -- an error that does not pickle is reported by text
+        return None
+
+
 def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, block: str | None,
                fn: Callable[..., Any], args: tuple[object, ...],
                reports: multiprocessing.Queue[tuple[Any, ...]]) -> None:
@@ -210,7 +233,7 @@ def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, blo
             coll.mark_failed(why)  # the board, and the shared-memory flag where there is one
         else:
             mark_failed(board, rank, why)
-        reports.put(("error", rank, type(e).__name__, str(e)))
+        reports.put(("error", rank, type(e).__name__, str(e), _pickled(e)))
         store.set(f"end/{rank}", "error")
         return  # at once: the others learn of it from the board (or the flag), or time out
     finally:
