@@ -441,3 +441,28 @@ def test_the_demo_tallies_one_decision_per_admission_on_a_rank_whose_hits_were_c
         assert [sum(t.by_reason.values()) for t in tallies] == [1, 1]
     finally:
         cluster.close()
+
+
+def test_i11_records_what_the_data_plane_wrote_not_what_the_rule_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that acks an L3 backup on a rank that should write it (here rank 1 of a
+    sharded group: `writes_any` wrong, the rule `writes_pool` right) wrote nothing there, and
+    I11 says so. (The record once derived each rank's pages from the rule, so it passed.)"""
+    from hicache.distributed.ledger import L3Writes
+
+    cfg = CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32)
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 16, 16, 32))
+    real = L3Writes.writes_any
+    monkeypatch.setattr(L3Writes, "writes_any",
+                        lambda self, group: real(self, group) and self.rank != 1)
+    try:
+        serve(cluster, 1, PROMPT)
+        cluster.run(lambda c: c.drain())
+        r0, r1 = (v.l3_writes for v in cluster.views())
+        assert r0 and all(pages == 8 for _, _, pages in r0)
+        assert r1 and all(pages == 0 for _, _, pages in r1)
+        found = cluster.check()
+        assert [(v.invariant, v.name) for v in found] == [("I11", "l3_write_multiplicity")]
+        assert "written by rank(s) [0]" in found[0].message and "every rank" in found[0].message
+    finally:
+        cluster.close()

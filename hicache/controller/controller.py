@@ -46,10 +46,10 @@ from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.aimed import issue_aimed
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
 from hicache.distributed.collectives import Collectives
-from hicache.distributed.ledger import L3Writes
+from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.distributed.rankview import rank_view
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
-from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
     ConfigError, CorruptSlot, HiCacheError, IllegalTransition, InvariantViolation, OutOfPages,
@@ -563,7 +563,7 @@ class CacheController:
 
     def _acked(self, op: PendingOp) -> TransferHandle:
         """A finished handle for an H2S this rank does not write (spec/tp.md C6)."""
-        handle = NullHandle(op.direction, 0)
+        handle = AckedWrite(op.direction, 0)
         handle.finish(True)
         return handle
 
@@ -623,7 +623,7 @@ class CacheController:
                 self.backups.after_d2h(op.nodes[-1])
             elif op.direction is Direction.H2S:
                 self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
-                                      self._pool_bytes())
+                                      self._pool_bytes(), not isinstance(handle, AckedWrite))
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
         if status is not TransferStatus.FAILED:

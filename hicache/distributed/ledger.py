@@ -3,7 +3,8 @@
     writes_pool(tp_mode, rank)   the rule: a replicated pool's pages by rank 0 only, under a
                                  rank-free key; a sharded pool's by every rank, under a rank key
     L3Writes                     one rank's record of its completed L3 backups (H2S): per op,
-                                 the pages it wrote of each pool; bytes by tp_mode
+                                 the pages its data plane wrote of each pool; bytes by tp_mode
+    AckedWrite                   the handle of an H2S a rank acks without writing (C6)
 
 The controller asks `writes_pool` before an H2S: a rank that writes none of the group's pools
 issues nothing to its data plane and acks at once (C6); the op is published only when every
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from hicache.dataplane.handles import NullHandle
 from hicache.pools.spec import SHARDED, PoolGroup
 
 OPS_MAX = 4096  # completed H2S ops a record keeps (the oldest go first; counters keep all)
@@ -25,6 +27,11 @@ OPS_MAX = 4096  # completed H2S ops a record keeps (the oldest go first; counter
 def writes_pool(tp_mode: str, rank: int) -> bool:
     """Whether `rank` writes a pool of `tp_mode` to L3 (spec/tp.toml, [[l3_write]])."""
     return tp_mode == SHARDED or rank == 0
+
+
+class AckedWrite(NullHandle):
+    """The handle of an H2S this rank does not write (C6): no bytes, finished at once; its
+    completion is recorded as written by no pool."""
 
 
 @dataclass
@@ -42,13 +49,16 @@ class L3Writes:
         return any(writes_pool(p.tp_mode, self.rank) for p in group.backed_up().pools)
 
     def record(self, op_id: int, group: PoolGroup, anchor_pages: int,
-               bytes_per_pool: dict[str, int]) -> None:
+               bytes_per_pool: dict[str, int], written: bool) -> None:
         """A completed H2S of `anchor_pages` anchor pages: what this rank wrote of each pool
-        (`bytes_per_pool[pool]`: bytes of one of the pool's own pages)."""
+        (`bytes_per_pool[pool]`: bytes of one of the pool's own pages). `written`: whether
+        this rank's data plane moved the op (it moves every backed-up pool of the group; a
+        rank that writes none acks at once, C6). What was written, not what the rule says:
+        I11 compares the two."""
         kept = group.backed_up()
         wrote: dict[str, int] = {}
         for p in kept.pools:
-            n = anchor_pages * kept.ratio(p.name) if writes_pool(p.tp_mode, self.rank) else 0
+            n = anchor_pages * kept.ratio(p.name) if written else 0
             wrote[p.name] = n
             self.bytes_by_mode[p.tp_mode] += n * bytes_per_pool.get(p.name, 0)
         self.ops[op_id] = wrote
@@ -56,4 +66,4 @@ class L3Writes:
             self.ops.popitem(last=False)
 
 
-__all__ = ["L3Writes", "OPS_MAX", "writes_pool"]
+__all__ = ["AckedWrite", "L3Writes", "OPS_MAX", "writes_pool"]
