@@ -38,6 +38,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "B14": (2, "machine ControllerMachine.l3_serves_what_it_holds"),
     "B15": (2, "I4 tier_bytes_equal"),
     "B16": (4, "I11 l3_write_multiplicity"),
+    "B16-ack": (4, "I11 l3_write_multiplicity"),
     "TP-conditional": (0, "contract: CollectiveTimeout escaped FuzzTp"),
     "TP-local-capacity": (4, "I7 rank_agreement"),
     "TP-min-of-maxima": (0, "I9 group_atomic"),

@@ -33,6 +33,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     B14          B14    StorageMover._move_all                    short I/O taken as complete
     B15          B15    TransferEngine.h2d                        scatters to the wrong pages
     B16          B16    ledger.writes_pool                        the L3 write rule inverted
+    B16-ack      B16    L3Writes.writes_any                       ranks other than 0 ack L3
+                                                                  backups they should write
     TP-conditional  -   Agreement.completion                      skips C4 with nothing to say
     TP-local-capacity - CacheController._issue_here               evicts and retries alone
     TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
@@ -394,6 +396,20 @@ def _b16() -> contextlib.AbstractContextManager[None]:
     return _swapped(ledger, "writes_pool", writes_pool)
 
 
+def _b16_ack() -> contextlib.AbstractContextManager[None]:
+    """B16 where the rule is right and the controller's use of it is not: every rank but 0
+    acks an L3 backup at once (C6) as if it wrote none of the group's pools, sharded ones
+    included. Caught only because I11 reads what each rank wrote, not the rule."""
+    from hicache.distributed.ledger import L3Writes
+
+    original = L3Writes.__dict__["writes_any"]
+
+    def writes_any(self: Any, group: Any) -> bool:
+        return bool(original(self, group)) and self.rank == 0
+
+    return _swapped(L3Writes, "writes_any", writes_any)
+
+
 def _tp_conditional() -> contextlib.AbstractContextManager[None]:
     """A conditional collective: a rank skips the per-tick completion reduction when none of
     its ops ended locally (it has nothing to report)."""
@@ -480,6 +496,8 @@ ZOO: tuple[Mutant, ...] = (
            "page of the next one", _b15),
     Mutant("B16", "B16", "ledger.writes_pool", "the L3 write rule inverted: replicated pools "
            "written by every rank, sharded ones by rank 0 only", _b16),
+    Mutant("B16-ack", "B16", "L3Writes.writes_any", "ranks other than 0 ack an L3 backup "
+           "without writing it, a sharded pool's included (the rule itself right)", _b16_ack),
     Mutant("TP-conditional", "-", "Agreement.completion", "a rank skips the per-tick completion "
            "reduction when none of its ops ended locally", _tp_conditional),
     Mutant("TP-local-capacity", "-", "CacheController._issue_here", "a refused reservation "
