@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, NoReturn, Sequence
 
+from hicache.distributed.processes import TRANSPORTS
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
 
 if TYPE_CHECKING:  # torch-heavy: imported when the demo runs
@@ -102,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
         "a cache of the same configuration (its own temporary L3 file) agreeing with the "
         "others at the points of spec/tp.toml; prints a line per rank and the cross-rank "
         "checks (I7, I8, I10, I11) (hicache/demo_tp.py)"))
-    p.add_argument("--tp-transport", choices=("gloo", "shm"), default="gloo", help=(
+    p.add_argument("--tp-transport", choices=TRANSPORTS, default=TRANSPORTS[0], help=(
         "how the --tp ranks meet: gloo (torch.distributed), or shm (a shared-memory block: "
         "the ranks of one x86-64 host, several times cheaper per collective)"))
     return p

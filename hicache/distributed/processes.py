@@ -133,16 +133,16 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
         root = min(errors, key=lambda r: (errors[r][0] != DIED, errors[r][0] in ROOT_CAUSE_LAST, r))
         others = {r: f"{k}: {m}" for r, (k, m) in errors.items() if r != root}
         others.update({r: "did not report (terminated)" for r in missing})
-        error = _unpickled(got[root][3:])
+        error = _unpickled(got[root][3] if len(got[root]) > 3 else None)  # none if it died
         raise RankError(root, *errors[root], others, error=error) from error
     return [pickle.loads(got[r][1]) for r in range(size)]
 
 
-def _unpickled(pickled: tuple[Any, ...]) -> BaseException | None:
-    """A rank's error from its report (`pickle.dumps` of it, or None), or None if it does
-    not load here."""
+def _unpickled(pickled: bytes | None) -> BaseException | None:
+    """A rank's error from its report (`_pickled`'s bytes, or None), or None if it does not
+    load here."""
     try:
-        error = pickle.loads(pickled[0]) if pickled and pickled[0] is not None else None
+        error = pickle.loads(pickled) if pickled is not None else None
     except Exception:  # noqa: BLE001 -- the report's type and message still say what it was
         return None
     return error if isinstance(error, BaseException) else None

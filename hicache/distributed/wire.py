@@ -56,9 +56,15 @@ def point_names() -> tuple[str, ...]:
 
 def header_of(seq: int, entry: Entry) -> list[int]:
     """The fixed-size header of collective `seq` (HEADER_FIELDS)."""
-    names = point_names()
-    return [seq, names.index(entry.point), COLLECTIVE_OPS.index(entry.op), entry.length,
-            zlib.crc32(entry.text().encode())]
+    return [seq, *_call_code(entry)]
+
+
+@lru_cache(maxsize=1024)
+def _call_code(entry: Entry) -> tuple[int, int, int, int]:
+    """The header's fields after `seq` for call `entry` (a rank makes few distinct calls, one
+    each per collective: computed once per call, not per collective)."""
+    return (point_names().index(entry.point), COLLECTIVE_OPS.index(entry.op), entry.length,
+            zlib.crc32(entry.text().encode()))
 
 
 def row_of(seq: int, entry: Entry, inline: Sequence[int], arrived_ns: int = 0) -> list[int]:
