@@ -2,7 +2,9 @@
 
     L3      one `L3File` per byte pool, `slots[source]` slots of that pool's bytes_per_page;
             slot s of every pool on one source is the same logical page (the key is
-            (pool, slot), as SGLang keys its storage pages per pool)
+            (pool, slot), as SGLang keys its storage pages per pool); on a tensor-parallel
+            rank other than 0, a replicated pool's file is rank 0's (`attach`: a replica,
+            read here, written there)
     request {"kv": (L2 pages, slots), "swa": (L2 pages, slots)} for H2S; (slots, L2 pages)
             for S2H; derived pools move their source's pages, as in group D2H/H2D
 
@@ -75,12 +77,31 @@ class GroupStorageMover:
             raise ConfigError("l3_slots", f"a positive slot count for each of "
                                           f"{list(geometry.sources)}, got {dict(slots)}")
         self.l2, self.slots = l2, dict(slots)
+        self._io_threads, self._faults = io_threads, faults
         self.files: dict[str, L3File] = {}
         self.movers: dict[str, StorageMover] = {}
         for p in geometry.pools:
             self.files[p.name] = L3File(None, slots[p.source], p.bytes_per_page)
             self.movers[p.name] = StorageMover(self.files[p.name], l2.bytes_view(p.name),
                                                io_threads=io_threads, faults=faults)
+
+    @property
+    def replicas(self) -> frozenset[str]:
+        """The pools read from another rank's file (`attach`): never written here."""
+        return frozenset(n for n, f in self.files.items() if f.replica)
+
+    def attach(self, pool: str, path: str) -> None:
+        """Read `pool` from the file at `path` (rank 0's, `L3File.share_path`) from now on,
+        instead of this mover's own: its own file and mover are closed first, so call it
+        before any transfer of the pool. An H2S skips the pool from then on (rank 0 writes
+        it); an S2H reads rank 0's slots, verified against the checksums `record`ed."""
+        p = self.l2.geometry.pool(pool)
+        replica = L3File.open_replica(path, self.slots[p.source], p.bytes_per_page)
+        self.movers[pool].close()
+        self.files[pool].close()
+        self.files[pool] = replica
+        self.movers[pool] = StorageMover(replica, self.l2.bytes_view(pool),
+                                         io_threads=self._io_threads, faults=self._faults)
 
     def h2s(self, request: GroupRequest) -> GroupStorageHandle:
         """L2 -> L3 for every pool: request[source] = (L2 pages, slots)."""
@@ -97,6 +118,8 @@ class GroupStorageMover:
         for p in self.l2.geometry.pools:
             if p.source not in checked or checked[p.source][0].size == 0:
                 continue
+            if direction is Direction.H2S and self.files[p.name].replica:
+                continue  # rank 0 writes it (spec/tp.md, "L3 writes")
             l2_ids, slot_ids = checked[p.source]
             mover = self.movers[p.name]
             parts[p.name] = (mover.h2s(l2_ids, slot_ids) if direction is Direction.H2S

@@ -98,10 +98,66 @@ class L3File:
             self._close_fd_and_temp()
             raise
         self._identity = (st.st_dev, st.st_ino)
-        self._crc: npt.NDArray[np.uint32] = np.zeros(slots, dtype=np.uint32)
-        self._written: npt.NDArray[np.bool_] = np.zeros(slots, dtype=np.bool_)
+        self.replica = False  # this process's own file (see `open_replica`)
+        self._fresh_metadata()
+
+    def _fresh_metadata(self) -> None:
+        self._crc: npt.NDArray[np.uint32] = np.zeros(self.slots, dtype=np.uint32)
+        self._written: npt.NDArray[np.bool_] = np.zeros(self.slots, dtype=np.bool_)
         self._counter_lock = threading.Lock()
         self.corrupt_reads = 0  # reads whose bytes failed the slot's checksum (never served)
+
+    @classmethod
+    def open_replica(cls, path: str, slots: int, bytes_per_page: int, *,
+                geometry: KVGeometry | None = None) -> L3File:
+        """Another rank's L3 file, opened to read what that rank writes into it: a
+        replicated pool's slots, which rank 0 alone writes, under a key without a rank, and
+        every rank reads (spec/tp.md, "L3 writes"). `path` names the writer's open file --
+        `share_path()` on the writer's side, `/proc/<pid>/fd/<fd>`, which reaches it even
+        though its name was removed -- and it must hold a header for exactly these slots
+        and this geometry (StorageError naming the path otherwise).
+
+        Nothing in the file is changed. Its metadata starts empty and holds only what
+        `record` is told: the writer's checksums of the slots it wrote (C6b), never anything
+        read from the file. The replica's own writes would race the writer's, so its mover
+        never writes through it (`GroupStorageMover`); a CORRUPT_SLOT fault may still flip
+        a byte of the shared copy, as a storage fault every reader then meets."""
+        _check_config(slots, bytes_per_page, geometry, False)
+        self = cls.__new__(cls)
+        self.slots, self.bytes_per_page = slots, bytes_per_page
+        self.header = L3Header(bytes_per_page, slots, geometry)
+        self.size_bytes = HEADER_BYTES + slots * bytes_per_page
+        self.temporary = True  # no name of its own to check: the writer's is removed
+        self.path, self.replica = path, True
+        try:  # a /proc magic link is followed on purpose: it names the writer's open file
+            self._fd = os.open(path, os.O_RDWR | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise StorageError(path, f"cannot open rank 0's L3 file to read it: "
+                                     f"{describe_os_error(e)}; every rank of a tensor-parallel "
+                                     "group must run on one host") from e
+        try:
+            st = os.fstat(self._fd)
+            got = decode(os.pread(self._fd, FIELDS_BYTES, 0))
+            if got != self.header or st.st_size < self.size_bytes:
+                raise StorageError(path, f"holds {got} in {st.st_size} bytes, not {self.header} "
+                                         f"in {self.size_bytes}: the ranks' L3 geometries differ")
+        except (OSError, ValueError) as e:
+            os.close(self._fd)
+            raise StorageError(path, f"is not rank 0's L3 file: {e}") from e
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._identity = (st.st_dev, st.st_ino)
+        self._fresh_metadata()
+        return self
+
+    def share_path(self) -> str:
+        """A path another process of this host opens to reach this open file (`open_replica`),
+        valid while this process holds it open. ConfigError where /proc is missing."""
+        if not os.path.isdir("/proc/self/fd"):
+            raise ConfigError("l3", "sharing an L3 file between ranks needs Linux's /proc "
+                                    "(/proc/<pid>/fd); run the group's ranks on Linux")
+        return share_path(os.getpid(), self.fd)
 
     # -- the file ---------------------------------------------------------------------------
 
@@ -227,7 +283,13 @@ class L3File:
         self.close()
 
     def __repr__(self) -> str:
-        return f"L3File({self.path!r}, slots={self.slots}, bytes_per_page={self.bytes_per_page})"
+        kind = "L3File.replica" if self.replica else "L3File"
+        return f"{kind}({self.path!r}, slots={self.slots}, bytes_per_page={self.bytes_per_page})"
+
+
+def share_path(pid: int, fd: int) -> str:
+    """The path through which another process reaches open file `fd` of process `pid`."""
+    return f"/proc/{pid}/fd/{fd}"
 
 
 def _open_temp() -> tuple[str, int]:
