@@ -75,7 +75,7 @@ def run_tp(args: argparse.Namespace) -> int:
     for option, why in REFUSED.items():
         if getattr(args, option):
             raise ConfigError("tp", why)
-    refuse_replicated(demo_setup(args).config)  # and every other ConfigError, before any rank
+    demo_setup(args)  # every ConfigError of the options, before any rank starts
     started = time.perf_counter()
     try:
         results: list[RankResult] = run_ranks(serve_rank, args.tp, (args,), timeout_s=RUN_TIMEOUT_S,
@@ -98,21 +98,6 @@ def run_tp(args: argparse.Namespace) -> int:
                       f, indent=2, default=str)
     bad = [r for r in results if _violations(r) != 0]
     return 0 if not bad and not violations else 1
-
-
-def refuse_replicated(config: CacheConfig) -> None:
-    """ConfigError naming `pools` for a group with a replicated pool: the controller refuses
-    it across ranks on a plane with bytes (rank 0 alone writes such a pool to L3, and each
-    rank here has its own L3 file), so say so before any rank starts."""
-    from hicache.pools.spec import REPLICATED
-
-    group = config.group
-    pools = group.backed_up().pools if group else ()
-    replicated = ", ".join(p.name for p in pools if p.tp_mode == REPLICATED)
-    if replicated:
-        raise ConfigError("pools", f"{config.pools!r} has replicated pools ({replicated}), "
-                                   "which ranks with an L3 file each cannot share (spec/tp.md); "
-                                   "with --tp give a sharded preset: --preset mha")
 
 
 def serve_rank(rank: int, size: int, collectives: ProcessCollectives,

@@ -199,16 +199,20 @@ def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() ->
 
 
 @transports
+@pytest.mark.parametrize("preset", ["mha", "dsv4-tiny"])  # sharded; replicated (rank 0's L3)
 def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureFixture[str],
-                                                         transport: str) -> None:
-    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "30", "--quiet",
-                      "--tp-transport", transport]) == 0
+                                                         transport: str, preset: str) -> None:
+    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "40", "--quiet",
+                      "--tp-transport", transport, "--preset", preset]) == 0
     out = capsys.readouterr().out
-    assert f"Tensor parallelism: 2 ranks over {transport}, preset mha" in out
+    assert f"Tensor parallelism: 2 ranks over {transport}, preset {preset}" in out
+    hits = []
     for rank in (0, 1):
         line = next(li for li in out.splitlines() if li.startswith(f"  rank {rank}: "))
-        assert "30 requests served" in line and " 0 violations" in line
-    assert "during the run: 2 cross-rank checks over the collectives" in out
+        assert "40 requests served" in line and " 0 violations" in line
+        hits.append(line.split("hit tokens ")[1].split(";")[0])
+    assert hits[0] == hits[1] and not hits[0].endswith("L3 0")  # L3 hits: from rank 0's copy
+    assert "during the run: 3 cross-rank checks over the collectives" in out
     assert "cross-rank checks (I7 rank_agreement" in out
     assert out.rstrip().endswith("0 violations")
 
@@ -217,5 +221,3 @@ def test_demo_tp_refuses_what_ranks_cannot_share(capsys: pytest.CaptureFixture[s
     assert demo.main(["--tp", "2", "--trace", "unused.ndjson"]) == 2
     err = capsys.readouterr().err
     assert "hicache demo: --tp: --trace records one control plane's events" in err
-    assert demo.main(["--tp", "2", "--preset", "dsv4-tiny"]) == 2
-    assert "with --tp give a sharded preset: --preset mha" in capsys.readouterr().err

@@ -371,12 +371,6 @@ def test_a_slot_corrupt_on_one_rank_drops_the_node_everywhere_and_prefill_serves
         cluster.close()
 
 
-def test_tp_with_a_replicated_pool_on_a_byte_plane_is_refused(tmp_path: Path) -> None:
-    cfg = CacheConfig(device="cpu", pools="mla-tiny", l1_pages=16, l2_pages=16, l3_slots=32)
-    with pytest.raises(ConfigError, match="replicated"):
-        SimulatedCluster(cfg, 2)
-
-
 # -- The fuzz machine over 2 and 3 ranks ------------------------------------------------------
 
 TpMha = tp_machine(name="TpMha")

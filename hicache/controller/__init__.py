@@ -13,6 +13,8 @@ through its transitions (no room reads a node's state, value or lock):
     crashsite.py    the controller's own fault sites: a failed reservation, a crash before
                     publication (spec/faults.md)
     planes.py       the data plane to drive (given, or built) and what comes with bytes
+    replicas.py     across ranks, a replicated pool's one L3 copy: rank 0's file shared
+                    (C6a), its checksums handed on as each backup is published (C6b)
     pending.py      the transfers in flight as a driver sees them (direction, request, stage)
     verify.py       restored bytes compared with recomputation (RestoreMismatch)
     metrics.py      counters, per-direction transfer stats; Prometheus text export

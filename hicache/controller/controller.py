@@ -41,6 +41,7 @@ from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
 from hicache.controller.planes import bind_group, choose_plane
+from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
 from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.aimed import issue_aimed
@@ -99,13 +100,6 @@ class CacheController:
         pools = config.group  # None: the single-pool plane (mha)
         self.group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
         plane = choose_plane(config, engine, producer, faults)
-        if self.tp and plane.byte_plane is not None and any(
-                p.tp_mode == REPLICATED for p in self.group.backed_up().pools):
-            plane.engine.close()
-            raise ConfigError("pools", f"{config.pools!r} has a replicated pool, which only rank 0 "
-                                       "writes to L3 (spec/tp.md) under a key every rank reads: "
-                                       "byte planes keep one L3 per rank, so run it on the null "
-                                       "plane (or a sharded group) across ranks")
         self.l3_writes = L3Writes(self.agree.rank)  # what this rank wrote to L3 (I11)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
@@ -116,6 +110,14 @@ class CacheController:
             pool_capacities=config.pool_capacities, hit_policy=config.hit_policy,
         )
         bind_group(plane, self.cp.tables, self.group)  # anchor pages -> every pool's pages
+        # Across ranks, rank 0's L3 copy of each replicated pool is the only one (C6a, C6b).
+        self.replicas = ReplicatedL3(self.cp, self.agree, self.group, plane.byte_plane)
+        if self.replicas.pools:
+            try:
+                self.replicas.share()
+            except BaseException:
+                plane.engine.close()
+                raise
         if plane.byte_plane is not None:
             self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
         self.model = CostModel()
@@ -550,7 +552,7 @@ class CacheController:
         if aim is not None and aim.action == "crash":
             self.hooks.crash_ops.add(op.op_id)
         if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
-            return op, self._acked(op), None, True  # C6: this rank writes none of these pools
+            return op, self._acked(op), None, True  # C6b: this rank writes none of these pools
         try:
             handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
                                  self.hooks.landing(aim, self.group, need))
@@ -562,7 +564,7 @@ class CacheController:
         return op, handle, None, True
 
     def _acked(self, op: PendingOp) -> TransferHandle:
-        """A finished handle for an H2S this rank does not write (spec/tp.md C6)."""
+        """A finished handle for an H2S this rank does not write (spec/tp.md C6b)."""
         handle = AckedWrite(op.direction, 0)
         handle.finish(True)
         return handle
@@ -587,6 +589,10 @@ class CacheController:
             else:
                 local.append((status.final, False, nodes, reason, slot))
         agreed = self.agree.completion(local)
+        if self.replicas.pools:
+            self.replicas.ack([op_id for op_id, (ended, failed, *_) in zip(op_ids, agreed)
+                          if ended and not failed
+                          and self.cp.ops[op_id].direction is Direction.H2S])
         for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
             if op_id not in self.handles or not (ended or failed):
                 continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
@@ -623,7 +629,8 @@ class CacheController:
                 self.backups.after_d2h(op.nodes[-1])
             elif op.direction is Direction.H2S:
                 self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
-                                      self._pool_bytes(), not isinstance(handle, AckedWrite))
+                                      self._pool_bytes(),
+                                      self.replicas.written(isinstance(handle, AckedWrite)))
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
         if status is not TransferStatus.FAILED:

@@ -31,7 +31,8 @@ Not thread-safe: one thread issues and polls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 import numpy as np
@@ -49,6 +50,7 @@ from hicache.dataplane.null import check_capacities, digest_pages, page_array, t
 from hicache.dataplane.pools import resolve_device
 from hicache.dataplane.slotdigest import slot_digests
 from hicache.dataplane.slotnames import AnchorSlotHandle
+from hicache.dataplane.storage import share_path
 from hicache.errors import ConfigError, InvalidPages
 from hicache.pages import Pages
 from hicache.pools.spec import PoolGroup
@@ -186,6 +188,49 @@ class GroupTransferEngine:
         pool_slots = self.pool_pages(Tier.L3, ids)[first.source]
         self.storage.movers[first.name].flip_byte(int(pool_slots[0]))
 
+    # -- a replicated pool's one L3 copy, across ranks (spec/tp.md, "L3 writes") ------------
+
+    def share_l3(self, pools: Sequence[str]) -> list[int]:
+        """Per pool of `pools` (replicated pools, table order), (this process's id, the
+        descriptor of its L3 file); (0, 0) for a pool without bytes: what rank 0 hands the
+        other ranks (C6a) for `attach_l3`."""
+        files = self.storage.files
+        return [v for name in pools
+                for v in ((os.getpid(), files[name].fd) if name in files else (0, 0))]
+
+    def attach_l3(self, pools: Sequence[str], shared: Sequence[int]) -> None:
+        """Read each of `pools` that has bytes from rank 0's file (`shared`: rank 0's
+        `share_l3(pools)`) and never write it here; call it before any transfer.
+        StorageError when a file cannot be reached or is not this geometry's."""
+        # Verify one (pid, fd) pair per pool: C6a's length is the pools'.
+        assert len(shared) == 2 * len(pools), (shared, pools)
+        for i, name in enumerate(pools):
+            if name in self.storage.files:
+                self.storage.attach(name, share_path(shared[2 * i], shared[2 * i + 1]))
+
+    def is_replica(self, pool: str) -> bool:
+        """Whether `pool` is read from rank 0's file here, and never written (`attach_l3`)."""
+        return pool in self.storage.replicas
+
+    def writes(self, pool: str) -> bool:
+        """Whether an H2S writes `pool`'s bytes here (not a replica, nor a pool without bytes)."""
+        return pool in self.storage.files and not self.is_replica(pool)
+
+    def l3_checksums(self, pool: str, slots: Pages) -> list[int] | None:
+        """The checksums this rank recorded for `slots` of `pool` when it wrote them; None
+        when it writes none of the pool (a replica, or a pool without bytes)."""
+        if not self.writes(pool):
+            return None
+        f = self.storage.files[pool]
+        got = [f.checksum(int(s)) for s in slots]
+        # Verify each slot was written: C6b runs only after its H2S was observed DONE here.
+        assert all(c is not None for c in got), (pool, slots.tolist(), got)
+        return [int(c or 0) for c in got]
+
+    def record_l3(self, pool: str, slots: Pages, checksums: Sequence[int]) -> None:
+        """Rank 0's checksums of `slots` of replica `pool` (C6b): read as written from now on."""
+        self.storage.files[pool].record(slots, np.asarray(checksums, dtype=np.uint32))
+
     # -- invariant I4 ---------------------------------------------------------------------------
 
     def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
@@ -245,6 +290,11 @@ class GroupTransferEngine:
             "dma": {str(d): vars(c).copy() for d, c in self.mover.counters.items()},
             "storage": {name: vars(m.counters).copy() for name, m in self.storage.movers.items()},
         }
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` ran: the plane holds no bytes to read any more."""
+        return self._closed
 
     def close(self) -> None:
         """Cancel DMA in flight, let file I/O finish, close the L3 files; forget the mapping

@@ -10,7 +10,7 @@
                     block (x86-64), several times cheaper per collective than gloo
     agreement.py    the controller's side: one method per point
     ledger.py       which rank writes a pool to L3 (the rule), and what each rank wrote
-                    (`AckedWrite`: an H2S a rank acks without writing, C6)
+                    (`AckedWrite`: an H2S a rank acks without writing, C6b)
     rankview.py     a rank's view, for the cross-rank invariants (invariants/ranks.py)
     cluster.py      `SimulatedCluster`: N controllers over one ThreadGroup
     processes.py    real processes: spawn N ranks (transport gloo or shm), run one script on

@@ -14,6 +14,8 @@ would be a conditional collective (F16), which the ranks' collective numbers exp
                                       whether every rank can make the room for the rest
     reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
+    l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read
+    l3_ack(slots, checksums)     C6b  rank 0's checksums of what it wrote; slots equal everywhere
     check(view)                  C7-C9 hashes of the view and the log; on a difference the views
                                       themselves, and the cross-rank invariants over them
 """
@@ -30,6 +32,7 @@ from hicache.invariants import RANK_CHECKS, Violation, check_ranks
 from hicache.snapshot import RankView
 
 NO_SLOT = (1 << 63) - 1  # `Local.bad_slot` of an op that found no bad L3 slot
+NO_CHECKSUM = (1 << 63) - 1  # C6b: a rank that wrote none of a slot (every rank but 0)
 
 Local = tuple[bool, bool, int, int, int]
 """One op's local state at a tick: (ended here, failed here, nodes kept here, bad-slot reason
@@ -134,6 +137,34 @@ class Agreement:
         return [(bool(got[i]), not got[n + i], got[2 * n + i], -got[3 * n + i], got[4 * n + i])
                 for i in range(n)]
 
+
+    # -- C6a, C6b: a replicated pool's one L3 copy ---------------------------------------------
+
+    def l3_share(self, files: Sequence[int]) -> tuple[int, ...]:
+        """C6a: rank 0's `files` (per replicated pool, its process id and its L3 file's
+        descriptor; zeros on a plane without bytes). ConfigError when rank 0 has no bytes to
+        share and this rank has (or the other way round): the ranks' planes differ."""
+        rows = self.c.all_gather("l3_share", list(files))
+        without = [r for r, row in enumerate(rows) if not any(row)]
+        if without and len(without) < len(rows):
+            raise ConfigError("tp.engine", f"rank(s) {without} run a data plane without bytes "
+                              "and the others one with bytes: every rank must run the same kind "
+                              "of data plane")
+        return tuple(rows[0])
+
+    def l3_ack(self, slots: Sequence[int], checksums: Sequence[int | None]
+               ) -> tuple[list[int | None], list[int]]:
+        """C6b over the L3 slots of the replicated pools of the H2S ops C4 just ended (issue
+        order, the same on every rank): (rank 0's checksum per slot, None where rank 0 has
+        none to give -- no bytes; the indices of slots that differ between ranks). `checksums`:
+        this rank's own, None where it wrote none (every rank but 0)."""
+        # Verify one checksum per slot: the payload's length is the slots' (the same everywhere).
+        assert len(slots) == len(checksums), (len(slots), len(checksums))
+        n = len(slots)
+        got = self.c.all_reduce_min("l3_ack", [*slots, *(-s for s in slots),
+                                               *(NO_CHECKSUM if c is None else c for c in checksums)])
+        differ = [i for i in range(n) if got[i] != -got[n + i]]
+        return [None if c == NO_CHECKSUM else c for c in got[2 * n:]], differ
 
     # -- C7-C9 --------------------------------------------------------------------------------
 

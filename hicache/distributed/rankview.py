@@ -82,11 +82,12 @@ def rank_view(ctl: CacheController) -> RankView:
 
 
 def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
-    """Per (tier, node, replicated pool) the node's page digests there (bytes only)."""
+    """Per (tier, node, replicated pool) the node's page digests there (bytes only; none
+    once the plane is closed: a closed cache holds no bytes, on any rank)."""
     pools = [p.name for p in ctl.group.backed_up().pools if p.tp_mode == REPLICATED]
     plane = getattr(ctl, "_bytes", None)
     per_pool = getattr(plane, "pool_digests", None)
-    if not pools or per_pool is None:
+    if not pools or per_pool is None or getattr(plane, "closed", False):
         return ()
     out = []
     for n in ctl.cp.tree.nodes():

@@ -398,7 +398,7 @@ def _b16() -> contextlib.AbstractContextManager[None]:
 
 def _b16_ack() -> contextlib.AbstractContextManager[None]:
     """B16 where the rule is right and the controller's use of it is not: every rank but 0
-    acks an L3 backup at once (C6) as if it wrote none of the group's pools, sharded ones
+    acks an L3 backup at once (C6b) as if it wrote none of the group's pools, sharded ones
     included. Caught only because I11 reads what each rank wrote, not the rule."""
     from hicache.distributed.ledger import L3Writes
 
