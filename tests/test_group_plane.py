@@ -10,7 +10,7 @@ page half the anchor's, so that each anchor page holds two `swa` pages.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pytest
@@ -367,7 +367,7 @@ def test_a_group_controller_with_bytes_maps_through_its_tier_pools() -> None:
         ctl.close()
 
 
-@pytest.mark.parametrize("name", ["fuzz-dsv4", "fuzz-dsv41"])
+@pytest.mark.parametrize("name", ["fuzz-dsv4", "fuzz-dsv41", "fuzz-cpu-dsv4"])
 def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """300 steps, every check after every transition: clean, and at least one group
@@ -398,3 +398,30 @@ def test_the_model_checkers_group_configs_build_group_planes() -> None:
     assert all(isinstance(t, TierPools) for t in cp.tables)
     assert [cp.free_pages(t) for t in ("L1", "L2", "L3")] == [3, 2, 3]
     assert get_config("group").expected == get_config("tail").expected
+
+
+def test_a_restore_served_over_freed_windows_is_verified_in_the_pools_it_holds() -> None:
+    """Under anchor_recompute_swa a prefix is served with its trailing pools' window freed
+    (they are recomputed). The verifier asked the group engine for every pool's pages and
+    met the freed window's TOMBSTONE: InvalidPages out of prefill (found by FuzzCpuDsv4,
+    whose shrunk steps these are). It compares each pool where the pool holds pages."""
+    from hicache.testing.adapters.controller import Setup
+    from hicache.testing.machines import FuzzCpuDsv4
+
+    state: Any = FuzzCpuDsv4()  # the machine's rules, called as Hypothesis prints them
+    state.start(setup=Setup(l1_pages=8, l2_pages=3, l3_slots=2, promotion=False, plane="cpu",
+                            pools="dsv4-tiny", hit_policy="anchor_recompute_swa",
+                            l1_window_pages=6))
+    try:
+        state.submit(serve=0, tokens=(1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 0))
+        state.abort(pick=0)
+        state.resubmit(abort_first=False, aim=None, deep=False, pick=0, settle=0, twice=False)
+        state.finish(pick=0)
+        state.tick(finish=0)
+        state.submit(serve=2, tokens=(2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007, 0, 1, 2, 3, 4))
+        state.drain()
+        state.failed_restore_then_full_l1(pick=0)
+        state.agrees_with_reference()
+        assert state.cache.ctl.verifier.bytes_checked["c4"] > 0  # the restore was verified
+    finally:
+        state.teardown()

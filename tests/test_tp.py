@@ -381,6 +381,12 @@ TpDsv4 = tp_machine("dsv4-tiny", name="TpDsv4")
 TpDsv4.TestCase.settings = _budget(20, 50)
 TestTpDsv4 = TpDsv4.TestCase
 
+# On the CPU plane: each rank's bytes, rank 0's L3 copy of the replicated pools read by both,
+# I8 comparing the replicated pools' bytes after every step.
+TpCpuDsv4 = tp_machine("dsv4-tiny", sizes=(2,), name="TpCpuDsv4", plane="cpu")
+TpCpuDsv4.TestCase.settings = _budget(15, 40)
+TestTpCpuDsv4 = TpCpuDsv4.TestCase
+
 
 def test_a_crash_on_one_rank_restarts_every_rank_even_one_mid_transfer() -> None:
     """A crash aimed at rank 0's S2H ends the step there; rank 1 had gone on to issue the

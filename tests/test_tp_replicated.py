@@ -133,6 +133,28 @@ def test_replicated_bytes_that_differ_between_ranks_are_an_i8_violation_on_every
         cluster.close()
 
 
+def test_a_window_freed_on_one_rank_is_no_i8_difference() -> None:
+    """Each rank frees its own L1 windows. Rank 1 freeing one made its L1 digests of every
+    replicated pool UNSERVABLE for that page, so I8 reported six pools differing, and C8's
+    hash differed on a correct cache (found by FuzzTpCpuDsv4). I8 compares, in L1, the
+    pools no window frees (the others in L2), and those pools' digests stay real."""
+    cluster = SimulatedCluster(config("dsv4-tiny"), 2)
+    try:
+        served(cluster, 1, PROMPT)
+        cp = cluster.ranks[1].cp
+        found = cp.windows.candidates(cp.tree.nodes())
+        assert found
+        cp.tombstone(found[0])
+        assert cluster.check() == []
+        cluster.run(lambda c: c.check_ranks())  # C7-C9: equal hashes, nothing raised
+        views = cluster.views()
+        assert views[0].replicated == views[1].replicated
+        assert {pool for (tier, _, pool), _ in views[1].replicated if tier == "L1"} == \
+            {"c4", "c4_indexer", "c128"}  # on the anchor's indices: no window frees them
+    finally:
+        cluster.close()
+
+
 def test_a_replicated_page_in_another_slot_on_one_rank_is_an_invariant_violation_at_c6b() -> None:
     """Rank 1's L3 allocator takes the highest free slots, rank 0's the lowest: the same
     counts, other slots. C6b raises on every rank before the backup is published."""

@@ -83,6 +83,11 @@ class TransferEngine:
         """The L3 file's path (named in errors)."""
         return self.l3.path
 
+    @property
+    def corrupt_reads(self) -> int:
+        """L3 reads whose bytes failed their slot's checksum (never served)."""
+        return self.l3.corrupt_reads
+
     # -- transfers ------------------------------------------------------------------------------
 
     def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:

@@ -122,11 +122,19 @@ class GroupTransferEngine:
         """The per-pool L3 files' (temporary) paths, for errors."""
         return ", ".join(f.path for f in self.storage.files.values())
 
+    @property
+    def corrupt_reads(self) -> int:
+        """L3 reads, of any pool's file, whose bytes failed their slot's checksum."""
+        return sum(f.corrupt_reads for f in self.storage.files.values())
+
     # -- anchor pages -> pool pages ---------------------------------------------------------
 
-    def pool_pages(self, tier: Tier, anchor_pages: Pages) -> dict[str, Pages]:
+    def pool_pages(self, tier: Tier, anchor_pages: Pages, *, freed: bool = False
+                   ) -> dict[str, Pages]:
         """Every allocating pool's pages for validated `anchor_pages` of `tier`, checked
-        against the contract (module docstring); InvalidPages naming the pool otherwise."""
+        against the contract (module docstring); InvalidPages naming the pool otherwise.
+        `freed`: let a freed window's pages through as `TOMBSTONE` (to read what is left of
+        a page, never to move it: every transfer asks without)."""
         if self._pool_pages is None:
             raise ConfigError("pool_pages", "the group engine is not bound to a control plane; "
                                             "call bind(pool_pages) first")
@@ -136,7 +144,10 @@ class GroupTransferEngine:
             field = f"{tier}.pool_pages.{name}"
             if name not in mapped:
                 raise InvalidPages(field, f"the control plane named no pages of pool {name!r}")
-            ids = page_array(field, mapped[name], self._pool_caps[tier][name])
+            raw = np.asarray(mapped[name], dtype=np.int64)
+            gone = raw == TOMBSTONE if freed else np.zeros(raw.shape, dtype=bool)
+            ids = page_array(field, np.where(gone, 0, raw), self._pool_caps[tier][name])
+            ids[gone] = TOMBSTONE
             # Verify `ratio` pages per anchor page: a short list would leave pages unmoved.
             if ids.size != anchor_pages.size * ratio:
                 raise InvalidPages(field, f"{ids.size} pages for {anchor_pages.size} anchor pages "
@@ -235,39 +246,30 @@ class GroupTransferEngine:
 
     def pool_digests(self, tier: str, pages: Pages) -> dict[str, npt.NDArray[np.uint64]]:
         """Per byte pool, one uint64 per anchor page of `tier`: its `ratio` pool pages'
-        digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`). An L1
-        anchor page whose window was freed (a trailing pool's pages gone, spec/pools.md
-        "Freed windows") is not a whole group: `UNSERVABLE` in every pool, so I4 skips that
-        copy (the tiers below still compare theirs)."""
+        digests mixed (`mix_columns`); L3 reads each pool's file (`slot_digests`). Where an
+        L1 anchor page's window was freed (a trailing pool's pages gone, spec/pools.md
+        "Freed windows"), the pools on the trailing pool's indices hold nothing: `UNSERVABLE`
+        for them, the others' digests as always. A page missing any pool is not a whole
+        group, so `digests` (I4) is `UNSERVABLE` there and skips that copy (the tiers below
+        still compare theirs)."""
         which, ids = digest_pages(tier, pages, self._capacity)
-        whole = self._window_whole(which, ids)
         out: dict[str, npt.NDArray[np.uint64]] = {
             p.name: np.full(ids.size, UNSERVABLE, dtype=np.uint64) for p in self.geometry.pools}
-        if not whole.any():
+        if not ids.size:
             return out
-        kept = ids[whole]
-        mapped = self.pool_pages(which, kept)
+        mapped = self.pool_pages(which, ids, freed=True)
         for p in self.geometry.pools:
-            own = mapped[p.source]
+            rows = mapped[p.source].reshape(ids.size, self.ratios[p.source])
+            held = (rows != TOMBSTONE).all(axis=1)
+            if not held.any():
+                continue
+            own = rows[held].ravel()
             if which is Tier.L3:
                 d = slot_digests(self.storage.files[p.name], own)
             else:
                 d = pool_digest(self.l1 if which is Tier.L1 else self.l2, p.name, own)
-            out[p.name][whole] = mix_columns(d.reshape(kept.size, self.ratios[p.source]))
+            out[p.name][held] = mix_columns(d.reshape(int(held.sum()), self.ratios[p.source]))
         return out
-
-    def _window_whole(self, tier: Tier, ids: Pages) -> npt.NDArray[np.bool_]:
-        """Per anchor page of `ids`: whether every pool holds its pages (False only for an
-        L1 page whose window was freed: the mapping names TOMBSTONE for those pools)."""
-        if tier is not Tier.L1 or not ids.size or self._pool_pages is None:
-            return np.ones(ids.size, dtype=bool)
-        mapped = self._pool_pages(tier.value, ids)
-        whole = np.ones(ids.size, dtype=bool)
-        for name, ratio in self.ratios.items():
-            rows = np.asarray(mapped.get(name, ()), dtype=np.int64)
-            if rows.size == ids.size * ratio:
-                whole &= (rows.reshape(ids.size, ratio) != TOMBSTONE).all(axis=1)
-        return whole
 
     def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
         """One uint64 per anchor page of `tier`: every pool's `pool_digests` mixed, so a

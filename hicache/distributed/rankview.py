@@ -32,7 +32,7 @@ import numpy as np
 
 from hicache.lifecycle import RESIDENT
 from hicache.pools.spec import REPLICATED
-from hicache.pools.tierpools import TierPools
+from hicache.pools.tierpools import TierPools, window_pools
 from hicache.snapshot import NodeRecord, RankView
 from hicache.tiers import TIERS, Tier
 
@@ -83,8 +83,13 @@ def rank_view(ctl: CacheController) -> RankView:
 
 def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
     """Per (tier, node, replicated pool) the node's page digests there (bytes only; none
-    once the plane is closed: a closed cache holds no bytes, on any rank)."""
-    pools = [p.name for p in ctl.group.backed_up().pools if p.tp_mode == REPLICATED]
+    once the plane is closed: a closed cache holds no bytes, on any rank). In L1, the pools
+    a freed window frees are left out: each rank frees its own windows (spec/tp.md), so
+    those pages may be held on one rank and not another; L2 compares them."""
+    kept = ctl.group.backed_up()
+    windowed = set(window_pools(kept))
+    pools = [p.name for p in kept.pools if p.tp_mode == REPLICATED]
+    in_l1 = [n for n in pools if kept.pool(n).source not in windowed]
     plane = getattr(ctl, "_bytes", None)
     per_pool = getattr(plane, "pool_digests", None)
     if not pools or per_pool is None or getattr(plane, "closed", False):
@@ -95,7 +100,7 @@ def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple
             if v is None or not v.size or n.state[t] != RESIDENT or TIERS[t] is Tier.L3:
                 continue  # L3: a replicated pool's slots are rank 0's, read by every rank
             for pool, digests in per_pool(TIERS[t].value, v).items():
-                if pool in pools:
+                if pool in (in_l1 if TIERS[t] is Tier.L1 else pools):
                     out.append(((TIERS[t].value, n.node_id, pool), tuple(int(d) for d in digests)))
     return tuple(sorted(out))
 

@@ -11,6 +11,12 @@
     FuzzDsv4, FuzzDsv41           on the null plane with the dsv4-tiny / dsv41-tiny pool group
                                   in every tier, per-pool reservation faults in L2 and L3,
                                   every check after every transition: B10's machine
+    FuzzCpuDsv4                   the same group on the CPU plane: every pool's bytes moved,
+                                  restores verified pool by pool
+    FuzzTp, FuzzTpDsv4            tp_machine: 2 and 3 simulated ranks, per-rank faults, on the
+                                  null plane (single pool; dsv4-tiny)
+    FuzzTpCpuDsv4                 2 ranks of dsv4-tiny on the CPU plane: rank 0's L3 copy of
+                                  the replicated pools read by both, I8 over real bytes
 
 They need no source checkout, unlike the tests' older machines. The two invariants are about
 the controller's internals, so they live here rather than in the engine-neutral machine.
@@ -110,16 +116,22 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
             cache = getattr(self, "cache", None)
             if cache is None or not cache.ctl.engine.has_bytes:
                 return
-            # `damaged`: the machine cut or removed the file of the cache as now opened.
-            if self.damaged or cache.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
+            # `damaged`: the machine cut or removed the file of the cache as now opened. Across
+            # ranks, a byte flipped by any rank may lie in the one copy every rank reads.
+            injectors = getattr(cache, "rank_faults", [cache.faults])
+            if self.damaged or any(f.fired.get(FaultSite.CORRUPT_SLOT, 0) for f in injectors):
                 return
-            ctl = cache.ctl
+            for ctl in getattr(cache, "rank_controllers", [cache.ctl]):
+                self._l3_serves(ctl)
+
+        def _l3_serves(self, ctl: Any) -> None:
+            plane = ctl.byte_plane
             # Verify no read of an undamaged L3 file failed its checksum.
-            assert ctl.transfer_engine.l3.corrupt_reads == 0, \
-                f"{ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+            assert plane.corrupt_reads == 0, \
+                f"{plane.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
             held = [v for n in ctl.cp.tree.nodes() if (v := n.value[2]) is not None and v.size]
             if held:
-                digests = ctl.transfer_engine.digests("L3", np.concatenate(held))
+                digests = plane.digests("L3", np.concatenate(held))
                 # Verify every slot the tree holds is servable (its checksum holds).
                 assert not (digests == UNSERVABLE).any(), "an L3 slot the tree holds fails its checksum"
 
@@ -141,9 +153,11 @@ def controller_machine(plane: str, coverage: Coverage | None = None, name: str =
 
 
 def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
-               coverage: Coverage | None = None, name: str = "FuzzTp") -> type[RuleBasedStateMachine]:
+               coverage: Coverage | None = None, name: str = "FuzzTp", plane: str = "null"
+               ) -> type[RuleBasedStateMachine]:
     """The controller's machine over a tensor-parallel cache of `sizes` simulated ranks
-    (hicache/testing/adapters/tp.py; the null plane), with the controller machine's checks
+    (hicache/testing/adapters/tp.py; the null plane, or the CPU plane: each rank's bytes,
+    a replicated pool's L3 copy rank 0's), with the controller machine's checks
     on rank 0 and, for a group with a trailing pool, a rule that frees one node's window on
     one rank alone."""
     from hypothesis import strategies as st
@@ -153,7 +167,7 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
     from hicache.pools.tierpools import window_pools
     from hicache.testing.adapters.tp import TPSetup, tp_adapter
 
-    strategy = st.builds(TPSetup, base=setups("null", pools=pools), size=st.sampled_from(sizes))
+    strategy = st.builds(TPSetup, base=setups(plane, pools=pools), size=st.sampled_from(sizes))
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
         make_machine(tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
@@ -226,9 +240,12 @@ FuzzNull = controller_machine("null", name="FuzzNull")
 FuzzCpu = controller_machine("cpu", name="FuzzCpu")
 FuzzDsv4 = controller_machine("null", name="FuzzDsv4", pools="dsv4-tiny")
 FuzzDsv41 = controller_machine("null", name="FuzzDsv41", pools="dsv41-tiny")
+FuzzCpuDsv4 = controller_machine("cpu", name="FuzzCpuDsv4", pools="dsv4-tiny")
 
 FuzzTp = tp_machine(name="FuzzTp")
 FuzzTpDsv4 = tp_machine("dsv4-tiny", name="FuzzTpDsv4")
+FuzzTpCpuDsv4 = tp_machine("dsv4-tiny", sizes=(2,), name="FuzzTpCpuDsv4", plane="cpu")
 
-__all__ = ["FuzzCpu", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "FuzzTp", "FuzzTpDsv4",
+__all__ = ["FuzzCpu", "FuzzCpuDsv4", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "FuzzTp",
+           "FuzzTpCpuDsv4", "FuzzTpDsv4",
            "controller_machine", "tp_machine"]

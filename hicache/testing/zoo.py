@@ -63,10 +63,13 @@ MACHINES: dict[str, str] = {
     "fuzz-dsv41": "hicache.testing.machines:FuzzDsv41",
     "fuzz-tp": "hicache.testing.machines:FuzzTp",
     "fuzz-tp-dsv4": "hicache.testing.machines:FuzzTpDsv4",
+    "fuzz-cpu-dsv4": "hicache.testing.machines:FuzzCpuDsv4",
+    "fuzz-tp-cpu-dsv4": "hicache.testing.machines:FuzzTpCpuDsv4",
 }
 """Machine name -> "module:Class": the product machine (hicache/testing/machines.py) on the
 null and cpu planes and, with a pool group in every tier, on the null plane (fuzz-dsv4,
-fuzz-dsv41), and the tests' older machines (they need a source checkout on sys.path)."""
+fuzz-dsv41) and the CPU plane (fuzz-cpu-dsv4); over 2 and 3 ranks (fuzz-tp*, the last on
+the CPU plane: replicated bytes compared), and the tests' older machines (they need a source checkout on sys.path)."""
 
 DEFAULT_MACHINE: dict[str, str] = {
     "B01": "control", "B02": "control", "B03": "fuzz-cpu", "B04": "fuzz-null",

@@ -111,7 +111,7 @@ class ControllerAdapter:
     def _build(self) -> CacheController:
         s = self.setup
         l3_path = None
-        if s.plane != "null":
+        if s.plane != "null" and s.pools == SINGLE_POOL:  # a group's L3: temporary files
             if self.dir is None:
                 self.dir = tempfile.TemporaryDirectory(prefix="hicache-fuzz-")
             l3_path = os.path.join(self.dir.name, "l3.slots")
@@ -119,7 +119,10 @@ class ControllerAdapter:
             l1_pages=s.l1_pages, l2_pages=s.l2_pages, l3_slots=s.l3_slots,
             device="cpu" if s.plane != "cuda" else "cuda", backend="torch" if s.plane != "cuda" else "auto",
             policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
-            check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True, io_threads=2,
+            check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True,
+            # A group's L3 parts run on the polling thread: the schedule a seed replays
+            # (`_join_io` waits for a single pool's threads).
+            io_threads=2 if s.pools == SINGLE_POOL else 0,
             load_back_overlap=s.load_back_overlap,
             pools=s.pools, hit_policy=s.hit_policy, l1_window_pages=s.l1_window_pages,
         )
@@ -178,7 +181,10 @@ class ControllerAdapter:
         return self.ctl.cp.cached_len(request_id)
 
     def served_digests(self, request_id: int) -> list[int] | None:
-        if not self.ctl.engine.has_bytes:
+        """The served L1 pages' digests; None without bytes, and for a pool group, whose
+        page digest is UNSERVABLE while a trailing pool's window is freed (its restores are
+        compared with the producer's bytes instead: `verify`, and I4 after every transition)."""
+        if not self.ctl.engine.has_bytes or self.setup.pools != SINGLE_POOL:
             return None
         pages = self.ctl.cp.prefix_pages(self.ctl.cp.prefix_node(request_id), Tier.L1)
         ps = self.page_size
@@ -270,7 +276,14 @@ class ControllerAdapter:
             engine.damage(how)
             return
         self._join_io()  # the cut lands between transfers, the same on every replay
-        l3 = self.ctl.transfer_engine.l3
+        from hicache.dataplane.groupengine import GroupTransferEngine  # a plane with bytes
+
+        plane = self.ctl.byte_plane
+        if isinstance(plane, GroupTransferEngine):  # temporary files, no name to remove:
+            for f in plane.storage.files.values():  # both cut every pool's file
+                os.ftruncate(f.fd, 3)
+            return
+        l3 = plane.l3
         if how == "truncate":
             os.ftruncate(l3.fd, 3)
         elif os.path.exists(l3.path):

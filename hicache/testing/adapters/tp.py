@@ -58,8 +58,8 @@ class TPAdapter:
     tiers = ControllerAdapter.tiers
 
     def __init__(self, setup: TPSetup) -> None:
-        if setup.base.plane != "null":
-            raise ValueError("the TP machine runs on the null plane")
+        if setup.base.plane not in ("null", "cpu"):
+            raise ValueError("the TP machine runs on the null plane or the CPU plane")
         self.setup = setup
         self.size = setup.size
         self.group = ThreadGroup(self.size, TIMEOUT_S)
@@ -94,6 +94,17 @@ class TPAdapter:
     @property
     def faults(self) -> Any:
         return self.ranks[0].faults
+
+    @property
+    def rank_controllers(self) -> list[Any]:
+        """Every rank's controller, in rank order (the machine's byte checks read each)."""
+        return [a.ctl for a in self.ranks]
+
+    @property
+    def rank_faults(self) -> list[Any]:
+        """Every rank's fault injector: a byte one rank flips in rank 0's L3 copy of a
+        replicated pool is read by every rank."""
+        return [a.faults for a in self.ranks]
 
     # -- requests -----------------------------------------------------------------------------
 
