@@ -4,13 +4,14 @@ workload on simulated ranks, one request at a time, once per preset, each rank's
     PYTHONPATH=. python3 benchmarks/tp_l3_writes.py [--ranks 2] [--requests 120]
         [--presets mha dsv4-tiny] [--seed 0]
 
-`mha` (one sharded pool) runs on the CPU plane, each rank with its own L3 file; `dsv4-tiny`
-(every pool replicated) on the null plane, where a rank's L3 moves no bytes (the reference's
-byte planes keep one L3 file per rank, which cannot hold a copy every rank reads: spec/tp.md,
-"L3 writes"), but the ledger counts what each rank wrote all the same. The rule says: a
-sharded pool's bytes are written by every rank (equal counts), a replicated pool's by rank 0
-only (the others 0). Prints one JSON line: per preset and rank the bytes by mode and the H2S
-ops completed, and `rule_holds` per preset.
+Both run on the CPU plane: `mha` (one sharded pool) with an L3 file per rank; `dsv4-tiny`
+(every pool replicated) with rank 0's L3 files the one copy every rank reads (spec/tp.md,
+C6a and C6b). The rule says: a sharded pool's bytes are written by every rank (equal
+counts), a replicated pool's by rank 0 only (the others 0). Two counts per rank, each
+exact: the ledger's (`L3Writes.bytes_by_mode`, what I11 reads) and the data plane's own
+(`StorageCounters.h2s_bytes` of every L3 file the rank wrote). Prints one JSON line: per
+preset and rank both counts and the H2S ops completed, and `rule_holds` per preset (the
+rule, and the two counts equal).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from hicache import demo
 from hicache.controller.controller import CacheController
-from hicache.dataplane.null import NullEngine
+from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.workload import RequestSpec
 
@@ -41,26 +42,32 @@ def serve(ctl: CacheController, workload: Sequence[RequestSpec]) -> None:
     ctl.drain()
 
 
+def h2s_bytes(ctl: CacheController) -> int:
+    """Bytes this rank's data plane wrote to L3, from its movers' own counters."""
+    storage = ctl.byte_plane.storage
+    movers = storage.movers.values() if isinstance(storage, GroupStorageMover) else [storage]
+    return sum(m.counters.h2s_bytes for m in movers)
+
+
 def run_preset(preset: str, ranks: int, requests: int, seed: int) -> dict[str, Any]:
     """Serve the demo workload of `preset` on `ranks` simulated ranks; what each wrote."""
     args = demo.parser().parse_args(["--device", "cpu", "--preset", preset, "--requests",
                                      str(requests), "--seed", str(seed), "--check-mode", "off",
                                      "--quiet"])
     setup = demo.demo_setup(args)
-    cfg = setup.config
-    engine = None
-    if cfg.group is not None:  # replicated pools: the null plane
-        engine = lambda r: NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots)  # noqa: E731
-    cluster = SimulatedCluster(cfg, ranks, engine=engine)
+    cluster = SimulatedCluster(setup.config, ranks)
     try:
         cluster.run(lambda c: serve(c, setup.workload))
+        plane = [h2s_bytes(c) for c in cluster.ranks]
     finally:
         cluster.close()
     modes = [dict(c.l3_writes.bytes_by_mode) for c in cluster.ranks]
-    per_rank = [{"rank": c.l3_writes.rank, "bytes_by_mode": m, "h2s_ops_recorded": len(c.l3_writes.ops)}
-                for c, m in zip(cluster.ranks, modes)]
+    per_rank = [{"rank": c.l3_writes.rank, "bytes_by_mode": m, "data_plane_h2s_bytes": b,
+                 "h2s_ops_recorded": len(c.l3_writes.ops)}
+                for c, m, b in zip(cluster.ranks, modes, plane)]
     holds = (all(m["sharded"] == modes[0]["sharded"] for m in modes)
-             and all(m["replicated"] == 0 for m in modes[1:]))
+             and all(m["replicated"] == 0 for m in modes[1:])
+             and all(sum(m.values()) == b for m, b in zip(modes, plane)))
     return {"preset": preset, "per_rank": per_rank, "rule_holds": holds}
 
 
