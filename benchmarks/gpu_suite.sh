@@ -34,7 +34,7 @@ for stage in $stages; do
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
     multipool) run group_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_group_bytes_kernels.py
                run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
-    tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_torchdist.py
+    tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_tp_replicated.py tests/test_torchdist.py
         run bench_tp_agreement python3 benchmarks/tp_agreement_overhead.py
         run bench_tp_l3_writes python3 benchmarks/tp_l3_writes.py
         # per-rank D2H/H2D, together vs alone: one GPU per rank; on one GPU only a code check

@@ -29,8 +29,8 @@ PROMPT = list(range(1, 33))  # 8 anchor pages of the tiny geometry's 4 tokens
 PRESETS = ["dsv4-tiny", "mla-tiny"]  # every pool replicated
 
 
-def config(preset: str) -> CacheConfig:
-    return CacheConfig(device="cpu", pools=preset, l1_pages=16, l2_pages=16, l3_slots=32,
+def config(preset: str, device: str = "cpu") -> CacheConfig:
+    return CacheConfig(device=device, pools=preset, l1_pages=16, l2_pages=16, l3_slots=32,
                        io_threads=0)
 
 
@@ -68,10 +68,14 @@ def restore(cluster: SimulatedCluster, request_id: int, tokens: list[int]) -> li
     return computed
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("size", [2, 3])
-def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(preset: str, size: int) -> None:
-    cluster = SimulatedCluster(config(preset), size)
+def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(preset: str, size: int,
+                                                                     device: str) -> None:
+    """On CUDA the ranks share the one GPU (threads): their pools, pinned L2 and L3 I/O are
+    each rank's own, and the replicas read rank 0's files as on the CPU."""
+    cluster = SimulatedCluster(config(preset, device), size)
     try:
         only_in_l3(cluster, 1, PROMPT)
         assert [[n.states for n in v.nodes] for v in cluster.views()] == \
