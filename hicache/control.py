@@ -539,9 +539,14 @@ class ControlPlane(PlaneQueries):
         try:
             self.checker.after_transition(self.snapshot, context)
         except InvariantViolation as violation:
-            self.poisoned = violation
-            self.tree.poison(violation)
+            self.poison(violation)
             raise
+
+    def poison(self, violation: InvariantViolation) -> None:
+        """From now on every transition of this plane and its tree raises PlanePoisoned
+        naming `violation` (found here, or by a check across ranks)."""
+        self.poisoned = violation
+        self.tree.poison(violation)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         """A split inserts `upper` before `lower`; ops covering `lower` now cover both."""

@@ -19,7 +19,7 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.l3format import HEADER_BYTES
-from hicache.dataplane.storage import L3File
+from hicache.dataplane.storage import L3File, share_path
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.errors import ConfigError, CorruptSlot, InvariantViolation, StorageError
 from hicache.pages import PageTable, Pages, pages
@@ -213,7 +213,7 @@ def test_a_replica_reads_the_writers_file_and_trusts_only_recorded_checksums() -
     page = bytes(range(64))
     with L3File(None, 4, 64) as writer:
         os.pwrite(writer.fd, page, writer.offset(2))
-        with L3File.open_replica(writer.share_path(), 4, 64) as replica:
+        with L3File.open_replica(share_path(*writer.share_handle()), 4, 64) as replica:
             assert replica.replica and not writer.replica
             assert not replica.written(np.arange(4)).any()  # nothing trusted from the file
             read = memoryview(os.pread(replica.fd, 64, replica.offset(2)))
@@ -227,7 +227,7 @@ def test_a_replica_reads_the_writers_file_and_trusts_only_recorded_checksums() -
 def test_a_replica_of_another_geometry_or_no_file_is_a_storage_error(tmp_path: Path) -> None:
     with L3File(None, 4, 64) as writer:
         with pytest.raises(StorageError, match="geometries differ"):
-            L3File.open_replica(writer.share_path(), 8, 64)
+            L3File.open_replica(share_path(*writer.share_handle()), 8, 64)
     with pytest.raises(StorageError, match="one host"):
         L3File.open_replica(str(tmp_path / "missing"), 4, 64)
 

@@ -258,8 +258,7 @@ class CacheController:
         found = self.agree.check(rank_view(self))
         if found:
             violation = InvariantViolation(tuple(found), "the cross-rank check (C7-C9)")
-            self.cp.poisoned = violation
-            self.cp.tree.poison(violation)
+            self.cp.poison(violation)
             raise violation
         self.rank_checks += 1
 

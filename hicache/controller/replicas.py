@@ -115,6 +115,5 @@ class ReplicatedL3:
             f"rank {self.agree.rank} holds replicated pages of these H2S ops in other L3 "
             f"slots than some rank: every rank reads rank 0's slots, so they must be equal"),),
             "C6b l3_ack")
-        self.cp.poisoned = violation
-        self.cp.tree.poison(violation)
+        self.cp.poison(violation)
         raise violation

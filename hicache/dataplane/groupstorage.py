@@ -91,10 +91,10 @@ class GroupStorageMover:
         return frozenset(n for n, f in self.files.items() if f.replica)
 
     def attach(self, pool: str, path: str) -> None:
-        """Read `pool` from the file at `path` (rank 0's, `L3File.share_path`) from now on,
-        instead of this mover's own: its own file and mover are closed first, so call it
-        before any transfer of the pool. An H2S skips the pool from then on (rank 0 writes
-        it); an S2H reads rank 0's slots, verified against the checksums `record`ed."""
+        """Read `pool` from the file at `path` (rank 0's: `share_path(*L3File.share_handle())`)
+        from now on, instead of this mover's own: its own file and mover are closed first,
+        so call it before any transfer of the pool. An H2S skips the pool from then on (rank
+        0 writes it); an S2H reads rank 0's slots, verified against the checksums `record`ed."""
         p = self.l2.geometry.pool(pool)
         replica = L3File.open_replica(path, self.slots[p.source], p.bytes_per_page)
         self.movers[pool].close()

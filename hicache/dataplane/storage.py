@@ -113,7 +113,7 @@ class L3File:
         """Another rank's L3 file, opened to read what that rank writes into it: a
         replicated pool's slots, which rank 0 alone writes, under a key without a rank, and
         every rank reads (spec/tp.md, "L3 writes"). `path` names the writer's open file --
-        `share_path()` on the writer's side, `/proc/<pid>/fd/<fd>`, which reaches it even
+        `share_path(*writer.share_handle())`, `/proc/<pid>/fd/<fd>`, which reaches it even
         though its name was removed -- and it must hold a header for exactly these slots
         and this geometry (StorageError naming the path otherwise).
 
@@ -151,13 +151,14 @@ class L3File:
         self._fresh_metadata()
         return self
 
-    def share_path(self) -> str:
-        """A path another process of this host opens to reach this open file (`open_replica`),
-        valid while this process holds it open. ConfigError where /proc is missing."""
+    def share_handle(self) -> tuple[int, int]:
+        """(process id, descriptor): what another process of this host passes to
+        `share_path` to reach this open file (`open_replica`), valid while this process
+        holds it open. ConfigError where /proc is missing."""
         if not os.path.isdir("/proc/self/fd"):
             raise ConfigError("l3", "sharing an L3 file between ranks needs Linux's /proc "
                                     "(/proc/<pid>/fd); run the group's ranks on Linux")
-        return share_path(os.getpid(), self.fd)
+        return os.getpid(), self.fd
 
     # -- the file ---------------------------------------------------------------------------
 
@@ -236,6 +237,12 @@ class L3File:
     def checksum(self, slot: int) -> int | None:
         """The recorded checksum of `slot`, or None if it holds no written page."""
         return int(self._crc[slot]) if self._written[slot] else None
+
+    def checksums(self, slots: Pages) -> npt.NDArray[np.uint32]:
+        """The recorded checksums of `slots`, every one of which holds a written page."""
+        # Verify each slot was written: an unwritten slot's checksum means nothing.
+        assert self._written[slots].all(), slots[~self._written[slots]].tolist()
+        return self._crc[slots].copy()
 
     def invalidate(self, slots: Pages) -> None:
         """Forget these slots' pages (a write into them is starting, or failed)."""
