@@ -306,6 +306,66 @@ def test_an_aimed_partial_s2h_stops_with_a_drawn_report_and_publishes_its_clamp(
     assert outcomes == {0, 1, 2} and shapes == {"left out", "short", "whole"}
 
 
+def test_an_aimed_partial_s2h_on_bytes_lands_what_it_reports_and_nothing_past_it() -> None:
+    """On the CPU plane an aimed `partial` lets the real S2H run, then reports it stopped
+    (aimed.py, `StoppedHandle`): every page a pool's run covers holds its slot's bytes, every
+    page past it holds UNLANDED_BYTE (bytes that never arrived), so the clamp's nodes serve
+    the slots' bytes (I4) and a page published past the clamp would not. Seen failing
+    (`hicache fuzz --pools dsv4-tiny --plane cpu --seed 1`, I4 after s2h_complete of 1 node):
+    the report was drawn and the handle failed at once, so a group's deferred L3 reads
+    never ran, and the clamp published L2 pages holding another node's bytes."""
+    pytest.importorskip("torch", reason="the CPU plane needs torch")
+    from hicache.dataplane.groupengine import UNLANDED_BYTE, GroupTransferEngine
+
+    for seed in range(8):
+        faults = FaultInjector(seed=seed)
+        cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", device="cpu",
+                          backend="torch", pools="dsv4-tiny", check_mode="every",
+                          write_policy="write_through", io_threads=0)
+        c = CacheController(cfg, faults=faults)
+        serve_bytes(c, 1, A)
+        serve_bytes(c, 2, A + B)
+        c.drain()
+        b = node_of(c, A + B)
+        a = b.parent
+        assert a is not None
+        plane = c.byte_plane
+        assert isinstance(plane, GroupTransferEngine)
+        l2_junk = plane.l2.bytes_view(plane.geometry.pools[0].name)
+        l2_junk.fill_(0x11)  # stale bytes in every free L2 page of the first pool
+        for tier in (Tier.L1, Tier.L2):
+            c.cp.evict_node(b, tier)
+            c.cp.evict_node(a, tier)
+        faults.aim("partial", direction=Direction.S2H)
+        c.admit(3, A + B + (7,))
+        (op_id,) = c.handles
+        target = c.cp.ops[op_id].target_pages
+        handle = c.handles[op_id]
+        assert handle.wait(5.0).final and handle.landed is not None
+        landed, mapped = handle.landed, plane.pool_pages(Tier.L2, target)
+        c.tick()  # the clamp published; I4 checked after the transition (check_mode every)
+        for n in (a, b):
+            if c.cp.residency(n, Tier.L2) == "RESIDENT":
+                l2, l3 = n.value[1], n.value[2]
+                assert l2 is not None and l3 is not None
+                assert (plane.digests("L2", l2) == plane.digests("L3", l3)).all(), seed
+        for p in plane.geometry.pools:  # released, not yet reused
+            run = landed.get(p.name, 0)
+            pages = plane.l2.packed(p.name, mapped[p.source])
+            assert (pages[run:] == UNLANDED_BYTE).all(), (seed, p.name, run)
+        c.drain()
+        c.close()
+
+
+def serve_bytes(c: CacheController, rid: int, tokens: tuple[int, ...]) -> None:
+    """Admit, wait until ready, prefill and finish (a plane with bytes ends its own transfers)."""
+    c.admit(rid, tokens)
+    while not c.ready(rid):
+        c.tick()
+    c.prefill(rid)
+    c.finish(rid)
+
+
 # -- F23: a freed window is never served ---------------------------------------------------------
 
 

@@ -8,6 +8,12 @@
     short_read   after issue: `fail`            FAILED, UnreadableSlot (as a read that stays
                                                 short), a miss
     delay        after issue: wrapped           `polls` polls after it finished
+    partial      after issue (an S2H of a pool      FAILED, StoppedEarly, with `landed`: the
+                 group): the null plane fails it    drawn leading run of each pool's pages.
+                 at once; a plane with bytes lets   With bytes every page reported landed
+                 it run to its end, then writes     holds its slot's bytes and no other page
+                 over each pool's pages past its    does: a stop part way leaves there
+                 run (`StoppedHandle`)              whatever L2 held, never the slot's bytes
     alloc/crash  not here: the controller's reservation and publication apply them
 
 `fail` quiesces first (handles.py), so a real transfer failed this way no longer touches its
@@ -16,15 +22,25 @@ pages when it is observed. Contract: raises what the plane's transfer method rai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 from hicache.dataplane.faults import Aim
-from hicache.dataplane.handles import DelayedHandle, TransferHandle
+from hicache.dataplane.handles import DelayedHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import StoppedEarly
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import TransferError, UnreadableSlot
 from hicache.pages import Pages
 from hicache.tiers import Direction
+
+
+@runtime_checkable
+class Unlands(Protocol):
+    """A plane with bytes whose S2H may stop part way (a pool group's)."""
+
+    def unland(self, l2_pages: Pages, landed: Mapping[str, int]) -> None:
+        """Write over each pool's pages of L2 anchor pages `l2_pages` past its leading run
+        of `landed[pool]` (a pool not named: all of them)."""
 
 
 def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: Pages,
@@ -46,8 +62,46 @@ def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: 
         # Verify the caller drew the report: a partial stop without one would read as "all
         # or nothing" (F12: a pool missing from a report counts none, never all).
         assert landed is not None, "a partial aim needs its landing report"
+        if engine.has_bytes:
+            # Verify the plane can stop part way: only a pool group's S2H draws a report.
+            assert isinstance(engine, Unlands), f"{type(engine).__name__} cannot stop an S2H part way"
+            report, plane = dict(landed), engine
+            return StoppedHandle(handle, report, lambda: plane.unland(target, report))
         handle.landed = dict(landed)
         handle.fail(StoppedEarly())
     elif aim.action == "delay":
         return DelayedHandle(handle, aim.polls)
     return handle
+
+
+class StoppedHandle(TransferHandle):
+    """An S2H of a plane with bytes, stopped part way (an aimed `partial`): the wrapped
+    transfer runs to its end; then `unland` writes over every page past each pool's run of
+    `landed` (what had not arrived when it stopped), and the end is observed FAILED with
+    StoppedEarly and `landed`. The report is then true: a publication within its clamp
+    serves the slot's bytes, one beyond it serves bytes no slot held (I4 and the restore's
+    verification see them). A wrapped transfer that fails by itself (a corrupt slot, an I/O
+    error) is observed as it failed, `landed` None: nothing usable."""
+
+    def __init__(self, inner: TransferHandle, landed: dict[str, int], unland: Callable[[], None]) -> None:
+        super().__init__(inner.direction, inner.nbytes)
+        self.inner = inner
+        self.timings = inner.timings
+        self._report = landed
+        self._unland = unland
+
+    def _probe(self) -> TransferStatus:
+        status = self.inner.poll()
+        if status is TransferStatus.DONE:
+            self._unland()  # the hardware is done with the pages: nothing races the write
+            self.error, self.landed = StoppedEarly(), self._report
+            return TransferStatus.FAILED
+        if status.final:
+            self.error = self.inner.error
+        return status
+
+    def _quiesce(self) -> None:
+        self.inner.cancel()  # returns once the hardware no longer touches the pages
+
+    def _block(self, seconds: float) -> None:
+        self.inner.wait(seconds)

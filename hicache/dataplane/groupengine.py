@@ -62,6 +62,7 @@ PoolPages = Callable[[str, Pages], Mapping[str, object]]
 `ratio` pages per anchor page in anchor order (the control plane's `TierPools.pool_pages`)."""
 
 BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}  # CacheConfig.backend -> mode
+UNLANDED_BYTE = 0xA5  # what `unland` leaves in a pool page an S2H stopped before
 
 
 class GroupTransferEngine:
@@ -189,6 +190,18 @@ class GroupTransferEngine:
         request = self._request(Direction.S2H, slots, l2_pages)
         return AnchorSlotHandle(self.storage.s2h(request), self.geometry, request, self.ratios,
                                 target=False)
+
+    def unland(self, l2_pages: Pages, landed: Mapping[str, int]) -> None:
+        """An S2H into L2 anchor pages `l2_pages` stopped part way (an aimed `partial`,
+        aimed.py): each byte pool's own pages past its leading run of `landed[pool]` (in
+        transfer order; a pool not named: all) are overwritten with UNLANDED_BYTE, as bytes
+        that never arrived hold anything but the slot's. Call only once nothing moves them."""
+        ids = page_array("unland.l2_pages", l2_pages, self._capacity[Tier.L2])
+        mapped = self.pool_pages(Tier.L2, ids)
+        for p in self.geometry.pools:
+            past = mapped[p.source][landed.get(p.name, 0):]
+            if past.size:
+                self.l2.bytes_view(p.name)[torch.from_numpy(past)] = UNLANDED_BYTE
 
     def corrupt_slot(self, slot: int) -> None:
         """Flip one byte of anchor slot `slot` in the first byte pool's file (an aimed
