@@ -105,6 +105,7 @@ def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
     """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
     from hicache.controller.controller import CacheController
     from hicache.demo import demo_setup, serve
+    from hicache.distributed.devices import rank_device
     from hicache.distributed.rankview import rank_view
 
     setup = demo_setup(args)
@@ -117,18 +118,6 @@ def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
     summary["rank"] = rank
     return RankResult(rank, summary, rank_view(ctl), collectives.log.count,
                       collectives.exchange_s, ctl.rank_checks, args.tp_transport)
-
-
-def rank_device(device: str | None, rank: int, size: int) -> str | None:
-    """Rank `rank`'s device: its own GPU (`cuda:rank`) when `device` asks for CUDA (or for
-    the default) and there is one per rank; else `device` itself (every rank on it)."""
-    if device not in (None, "cuda"):
-        return device
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() >= size:
-        return f"cuda:{rank}"
-    return device
 
 
 def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: float) -> list[str]:

@@ -10,6 +10,7 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 
 import argparse
 import io
+import re
 
 from hypothesis import settings
 
@@ -38,9 +39,10 @@ TestPlainLRU = LRUMachine.TestCase
 
 
 def fuzz(steps: int, seed: int = 1, plane: str = "null", adapter: str | None = None,
-         report: bool = False) -> tuple[int, str]:
+         report: bool = False, pools: str = "mha", tp: int = 1, mutant: str | None = None
+         ) -> tuple[int, str]:
     args = argparse.Namespace(seed=seed, steps=steps, plane=plane, adapter=adapter, report=report,
-                              progress=False, mutant=None)
+                              progress=False, mutant=mutant, pools=pools, tp=tp)
     out = io.StringIO()
     return run(args, out), out.getvalue()
 
@@ -49,7 +51,8 @@ def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None
     status, text = fuzz(400, adapter="hicache.testing.adapters.lru:forgetful_adapter")
     assert status == 1
     assert "differential check failed: L1 hit length at admission" in text
-    assert "state.start(setup=" in text and "state.submit(" in text  # the shrunk steps
+    # The shrunk steps: the setup, then some rule that admits a prompt.
+    assert "state.start(setup=" in text and re.search(r"state\.(submit|resubmit|restore_from_l3)\(", text)
     assert ("replay: hicache fuzz --seed 1 --steps 400 --plane null "
             "--adapter hicache.testing.adapters.lru:forgetful_adapter") in text
 
@@ -98,6 +101,60 @@ def test_the_machine_on_the_cpu_plane() -> None:
 def test_the_machine_on_cuda() -> None:
     status, text = fuzz(300, seed=2, plane="cuda")
     assert status == 0, text
+
+
+@pytest.mark.torch
+def test_a_pool_group_fuzzes_on_the_cpu_plane_from_the_command_line() -> None:
+    """`hicache fuzz --pools dsv4-tiny --plane cpu` runs the group machine on bytes (it was
+    refused: "--pools needs the null plane", long after the group planes had bytes), and the
+    command-line parser hands both through."""
+    from hicache.cli import main
+
+    assert main(["fuzz", "--pools", "dsv4-tiny", "--plane", "cpu", "--steps", "60", "--seed", "2"]) == 0
+    status, text = fuzz(60, seed=2, plane="cpu", pools="dsv4-tiny")
+    assert status == 0 and "plane cpu:" in text, text
+
+
+def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
+    """`--tp 2`: two controller ranks in lockstep (the TP machine), each with its own
+    faults; a mutant that breaks the L3 write rule (B16) is caught by I11 and the failure's
+    replay line carries `--tp 2`. A TP run needs the controller, not an --adapter, and at
+    least one rank."""
+    from hicache.cli import main
+
+    status, text = fuzz(100, seed=1, tp=2, pools="dsv4-tiny")
+    assert status == 0 and "plane null, 2 ranks:" in text, text
+    status, text = fuzz(1000, seed=1, tp=2, mutant="B16")
+    assert status == 1 and "I11 l3_write_multiplicity" in text, text[-800:]
+    assert "fuzz: FAILED with seed 1 on the null plane, 2 ranks" in text
+    assert "replay: hicache fuzz --seed 1 --steps 1000 --plane null --tp 2 --mutant B16" in text
+    assert main(["fuzz", "--tp", "2", "--adapter", "hicache.testing.adapters.lru:lru_adapter"]) == 2
+    assert main(["fuzz", "--tp", "0"]) == 2
+    assert main(["fuzz", "--pools", "nope"]) == 2
+
+
+@pytest.mark.torch
+def test_fuzz_tp_on_the_cpu_plane_moves_every_ranks_bytes() -> None:
+    status, text = fuzz(100, seed=3, plane="cpu", tp=2, pools="dsv4-tiny")
+    assert status == 0 and "plane cpu, 2 ranks:" in text, text
+
+
+@pytest.mark.gpu
+def test_fuzz_tp_on_cuda() -> None:
+    """Two ranks on CUDA: each its own GPU when there are two, else both on one."""
+    status, text = fuzz(300, seed=2, plane="cuda", tp=2, pools="dsv4-tiny")
+    assert status == 0, text
+    status, text = fuzz(300, seed=2, plane="cuda", tp=2)
+    assert status == 0, text
+
+
+def test_each_rank_on_its_own_gpu_when_there_is_one_per_rank() -> None:
+    from hicache.distributed.devices import rank_device
+
+    assert [rank_device("cuda", r, 2, gpus=2) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert [rank_device(None, r, 2, gpus=4) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert [rank_device("cuda", r, 2, gpus=1) for r in range(2)] == ["cuda", "cuda"]
+    assert rank_device("cpu", 1, 2, gpus=2) == "cpu" and rank_device(None, 0, 3, gpus=0) is None
 
 
 def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning() -> None:

@@ -13,6 +13,7 @@
                     (`AckedWrite`: an H2S a rank acks without writing, C6b)
     rankview.py     a rank's view, for the cross-rank invariants (invariants/ranks.py)
     cluster.py      `SimulatedCluster`: N controllers over one ThreadGroup
+    devices.py      `rank_device`: each rank its own GPU when there is one per rank
     processes.py    real processes: spawn N ranks (transport gloo or shm), run one script on
                     each, re-raise the root cause (`RankError`, the rank's own error its cause)
 

@@ -153,13 +153,14 @@ def controller_machine(plane: str, coverage: Coverage | None = None, name: str =
 
 
 def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
-               coverage: Coverage | None = None, name: str = "FuzzTp", plane: str = "null"
-               ) -> type[RuleBasedStateMachine]:
+               coverage: Coverage | None = None, name: str = "FuzzTp", plane: str = "null",
+               adapter: AdapterFactory | None = None) -> type[RuleBasedStateMachine]:
     """The controller's machine over a tensor-parallel cache of `sizes` simulated ranks
-    (hicache/testing/adapters/tp.py; the null plane, or the CPU plane: each rank's bytes,
-    a replicated pool's L3 copy rank 0's), with the controller machine's checks
-    on rank 0 and, for a group with a trailing pool, a rule that frees one node's window on
-    one rank alone."""
+    (hicache/testing/adapters/tp.py; the null plane, or the CPU or CUDA plane: each rank's
+    bytes, a replicated pool's L3 copy rank 0's), with the controller machine's checks
+    (the checker's canary on rank 0, the L3 check on every rank) and, for a group with a
+    trailing pool, a rule that frees one node's window on one rank alone. `adapter` builds
+    each run's TP adapter (`tp_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`)."""
     from hypothesis import strategies as st
     from hypothesis.stateful import precondition, rule
 
@@ -170,7 +171,7 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
     strategy = st.builds(TPSetup, base=setups(plane, pools=pools), size=st.sampled_from(sizes))
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
-        make_machine(tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
+        make_machine(adapter or tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))

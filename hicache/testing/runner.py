@@ -1,7 +1,7 @@
 """`hicache fuzz`: run the fuzz machine outside pytest, with a seed, a replay line and a report.
 
     hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
-                 [--pools mha|dsv4-tiny|dsv41-tiny]
+                 [--pools mha|dsv4-tiny|dsv41-tiny] [--tp RANKS]
                  [--progress] [--mutant NAME|list] [--trace FILE]
 
 The machine runs `N // STEPS_PER_RUN` runs of at most `STEPS_PER_RUN` steps each, drawn from
@@ -12,7 +12,12 @@ printed, the error, and a one-line replay command; exit status 1.
 
 Without `--adapter` the machine drives the hicache controller, with the two checks of its
 own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
-serves what it holds). `--adapter module:factory` drives another engine: `factory(setup)` returns a
+serves what it holds). `--tp RANKS` (2 or more) drives a tensor-parallel cache instead:
+that many controller ranks as threads in lockstep, meeting at the agreement points of
+spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py), the
+cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
+when there is one per rank. A rank stuck at a collective is a failure that names the point
+and the ranks that did not arrive (CollectiveTimeout). `--adapter module:factory` drives another engine: `factory(setup)` returns a
 `CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
 else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
 tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
@@ -144,6 +149,8 @@ def replay_command(args: argparse.Namespace) -> str:
         words += ["--adapter", args.adapter]
     if getattr(args, "pools", SINGLE_POOL) != SINGLE_POOL:
         words += ["--pools", args.pools]
+    if getattr(args, "tp", 1) > 1:
+        words += ["--tp", str(args.tp)]
     if args.mutant:
         words += ["--mutant", args.mutant]
     if getattr(args, "trace", None):
@@ -163,13 +170,20 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     last = LastTrace(trace_path) if trace_path else None
     coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
     coverage.last_trace = last
-    if args.adapter is None:  # the controller: its machine has two checks of its own
+    pools = getattr(args, "pools", SINGLE_POOL)
+    if getattr(args, "tp", 1) > 1:  # simulated ranks in lockstep: the TP machine
+        from hicache.testing.adapters.tp import tp_adapter
+        from hicache.testing.machines import tp_machine
+
+        machine = tp_machine(pools, sizes=(args.tp,), coverage=coverage, name="FuzzTp",
+                             plane=args.plane,
+                             adapter=tp_adapter if last is None else last.factory(tp_adapter))
+    elif args.adapter is None:  # the controller: its machine has two checks of its own
         from hicache.testing.adapters.controller import controller_adapter
         from hicache.testing.machines import controller_machine
 
         adapter = controller_adapter if last is None else last.factory(controller_adapter)
-        machine = controller_machine(args.plane, coverage, adapter=adapter,
-                                     pools=getattr(args, "pools", SINGLE_POOL))
+        machine = controller_machine(args.plane, coverage, adapter=adapter, pools=pools)
     else:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
@@ -194,7 +208,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
                 print(last.write(), file=out)
             return 1
     seconds = time.perf_counter() - started
-    print(f"fuzz: seed {args.seed}, plane {args.plane}: {coverage.runs} runs, {coverage.steps} steps, "
+    ranks = f", {args.tp} ranks" if getattr(args, "tp", 1) > 1 else ""
+    print(f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, {coverage.steps} steps, "
           f"{coverage.events} trace events in {seconds:.1f} s ({coverage.steps / seconds:.0f} steps/s, "
           f"{coverage.events / seconds:.0f} transitions/s)", file=out)
     print(f"trace digest: {coverage.digest}", file=out)
@@ -206,7 +221,8 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
 
 
 def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
-    print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane", file=out)
+    ranks = f", {args.tp} ranks" if getattr(args, "tp", 1) > 1 else ""
+    print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane{ranks}", file=out)
     # Hypothesis prints warnings (a slow shrink) and may attach the steps as notes instead
     # of printing them: keep both.
     notes = [n for n in getattr(failure, "__notes__", []) if n.strip() and n.strip() not in printed]
@@ -227,8 +243,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
     p.add_argument("--pools", default=SINGLE_POOL, metavar="PRESET", help=(
-        "the tiers' pool group preset of spec/pools.toml (dsv4-tiny, dsv41-tiny, ...; other "
-        "than mha: the null plane only)"))
+        "the tiers' pool group preset of spec/pools.toml (mha, dsv4-tiny, dsv41-tiny, ...)"))
+    p.add_argument("--tp", type=int, default=1, metavar="RANKS", help=(
+        "a tensor-parallel cache of RANKS simulated ranks (2 or more; 1: one cache), each "
+        "with its own faults, the cross-rank invariants checked after every step"))
     p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
     p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
     p.add_argument("--trace", metavar="FILE", help=(
@@ -254,11 +272,22 @@ def main(argv: Sequence[str]) -> int:
     if args.plane == "cuda" and not _cuda():
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
         return 2
-    if args.pools != SINGLE_POOL and (args.plane != "null" or args.adapter):
-        print("hicache fuzz: --pools needs the controller on the null plane (the fuzz's byte "
-              "planes drive the single-pool TransferEngine and its one named L3 file)",
-              file=sys.stderr)
+    if args.pools != SINGLE_POOL and args.adapter:
+        print("hicache fuzz: --pools sets the hicache controller's pool group; another "
+              "engine's adapter (--adapter) draws its own setup: leave one out", file=sys.stderr)
         return 2
+    if args.tp < 1 or (args.tp > 1 and args.adapter):
+        print("hicache fuzz: --tp needs RANKS >= 1, and drives the hicache controller's ranks "
+              "(not an --adapter's engine)", file=sys.stderr)
+        return 2
+    if args.pools != SINGLE_POOL:
+        from hicache.pools.presets import group
+
+        try:
+            group(args.pools)
+        except ConfigError as e:
+            print(f"hicache fuzz: {e}", file=sys.stderr)
+            return 2
     if args.trace:
         try:
             open(args.trace, "w").close()  # fail now, not after the runs

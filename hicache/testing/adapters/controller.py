@@ -8,7 +8,9 @@
             file (CI)                                waits for that op, every tick first waits
                                                      for the L3 I/O already issued, so a seed
                                                      replays the same schedule
-    cuda    TransferEngine on CUDA (real streams)    as cpu
+    cuda    TransferEngine on CUDA (real streams);   as cpu
+            a TP rank on its own GPU when there is
+            one per rank, else all on the current one
 
 Page changes come from the controller's trace (spec/trace.md): each lifecycle event on a tree
 node becomes one `PageChange` per page of the node, in the event's tier. A node is known by
@@ -30,6 +32,7 @@ from hicache.dataplane.faults import (
     ALLOC_SITES, READ_ACTIONS, Action, FaultInjector, FaultSite, SimulatedCrash,
 )
 from hicache.distributed.collectives import Collectives
+from hicache.distributed.devices import rank_device
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.pools.hits import GROUP_HIT_POLICIES
@@ -108,6 +111,15 @@ class ControllerAdapter:
         self.page_size = self.ctl.config.kv.page_size
         self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
 
+    def _device(self) -> str | None:
+        """The CPU, or on the cuda plane CUDA: a rank of a TP cache its own GPU when there is
+        one per rank (`rank_device`), else every rank on the current one."""
+        if self.setup.plane != "cuda":
+            return "cpu"
+        if self.collectives is None:
+            return "cuda"
+        return rank_device("cuda", self.collectives.rank, self.collectives.size)
+
     def _build(self) -> CacheController:
         s = self.setup
         l3_path = None
@@ -117,7 +129,7 @@ class ControllerAdapter:
             l3_path = os.path.join(self.dir.name, "l3.slots")
         cfg = CacheConfig(
             l1_pages=s.l1_pages, l2_pages=s.l2_pages, l3_slots=s.l3_slots,
-            device="cpu" if s.plane != "cuda" else "cuda", backend="torch" if s.plane != "cuda" else "auto",
+            device=self._device(), backend="torch" if s.plane != "cuda" else "auto",
             policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
             check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True,
             # A group's L3 parts run on the polling thread: the schedule a seed replays

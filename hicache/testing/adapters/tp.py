@@ -1,6 +1,7 @@
 """A tensor-parallel cache as one `CacheUnderTest`: N controller ranks in lockstep.
 
-Each rank is a `ControllerAdapter` (null plane) with its own fault injector, over one
+Each rank is a `ControllerAdapter` (on the null, CPU or CUDA plane: on CUDA each rank its
+own GPU when there is one per rank, else all on one) with its own fault injector, over one
 `ThreadGroup`; every protocol call runs on every rank at once (`_all`), so the ranks meet at
 the agreement points of spec/tp.toml as a real TP cache's processes do. What the machine
 observes is rank 0's, after checking that every rank observed the same (admissions, ready,
@@ -36,7 +37,9 @@ from hicache.testing.protocol import WINDOW_FREED, WINDOW_REVIVED, Admission, Fa
 from hicache.trace import TraceEvent, TraceHeader
 
 T = TypeVar("T")
+PLANES = ("null", "cpu", "cuda")
 TIMEOUT_S = 5.0  # a collective the other ranks never reach fails the step after this long
+CUDA_TIMEOUT_S = 60.0  # on CUDA: a rank's first transfers may compile kernels meanwhile
 WINDOW_STATES = (WINDOW_FREED, WINDOW_REVIVED)
 
 
@@ -58,11 +61,12 @@ class TPAdapter:
     tiers = ControllerAdapter.tiers
 
     def __init__(self, setup: TPSetup) -> None:
-        if setup.base.plane not in ("null", "cpu"):
-            raise ValueError("the TP machine runs on the null plane or the CPU plane")
+        if setup.base.plane not in PLANES:
+            raise ValueError(f"plane {setup.base.plane!r}: the TP machine runs on one of {', '.join(PLANES)}")
         self.setup = setup
         self.size = setup.size
-        self.group = ThreadGroup(self.size, TIMEOUT_S)
+        self.timeout_s = CUDA_TIMEOUT_S if setup.base.plane == "cuda" else TIMEOUT_S
+        self.group = ThreadGroup(self.size, self.timeout_s)
         self.ranks: list[ControllerAdapter] = self.group.run(
             lambda r: ControllerAdapter(setup.base, self.group.member(r)))
         self.page_size = self.ranks[0].page_size
@@ -136,7 +140,9 @@ class TPAdapter:
         return self.ranks[0].cached_len(request_id)
 
     def served_digests(self, request_id: int) -> list[int] | None:
-        return None  # the null plane: no bytes
+        """Rank 0's (`ControllerAdapter.served_digests`: None without bytes or for a group,
+        whose replicated pools I8 compares across ranks instead)."""
+        return self.ranks[0].served_digests(request_id)
 
     # -- transfers ----------------------------------------------------------------------------
 
@@ -223,7 +229,7 @@ class TPAdapter:
     def restart(self) -> None:
         """The job restarts: every rank closes and opens again over a new group."""
         self._abandon_if_broken()
-        self.group = ThreadGroup(self.size, TIMEOUT_S)
+        self.group = ThreadGroup(self.size, self.timeout_s)
         self.group.run(lambda r: self.ranks[r].restart(self.group.member(r)))
         self._extra.clear()
 
