@@ -2,9 +2,11 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool tp recompute serving fuzz (default: env tests
-#   transfer recompute serving)
+#   stages: env tests kernels transfer multipool tp tpfuzz recompute serving fuzz (default: env
+#   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
+#   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
+#   when there are two)
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -40,6 +42,8 @@ for stage in $stages; do
         # per-rank D2H/H2D, together vs alone: one GPU per rank; on one GPU only a code check
         share=$([ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ] && echo --share-gpu)
         run bench_tp_bandwidth python3 benchmarks/tp_bandwidth.py $share ;;
+    tpfuzz) run tp_fuzz python3 benchmarks/tp_fuzz.py --plane cuda --ranks 2 \
+              --seconds "${TPFUZZ_SECONDS:-540}" --steps 1000 ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \

@@ -1,24 +1,29 @@
-"""A timed TP fuzz: the stateful fuzz of simulated ranks for `SECONDS`, fuzz-tp (mha, 2 or 3
-ranks) and fuzz-tp-dsv4 (dsv4-tiny, windows freed per rank) taking turns, one Hypothesis seed
-each, `--steps` rule steps per seed, per-rank faults as the machines draw them.
+"""A timed TP fuzz: `hicache fuzz --tp RANKS` for `--seconds`, the mha and dsv4-tiny groups
+taking turns, one seed each, `--steps` rule steps per seed, per-rank faults as the TP machine
+draws them (hicache/testing/machines.py `tp_machine`), the cross-rank invariants after every
+step.
 
     PYTHONPATH=. python3 benchmarks/tp_fuzz.py [--seconds 600] [--first-seed 100] [--steps 2000]
+                                               [--plane null|cpu|cuda] [--ranks 2]
 
-Prints a line per seed (machine, seed, steps run, seconds, ok or the failure: a
-CollectiveTimeout is the watchdog's report of a stuck rank) and a TOTAL line; exit 1 on any
-failure. Replay one: `hicache fuzz --mutant ...` does not apply; run the machine at the seed
-(`hicache.testing.zoo.run_seed(load_machine(NAME), SEED, STEPS)`).
+On the cuda plane each rank has its own GPU when there is one per rank (two H200s), else
+they share one. Prints a line per seed (pools, seed, steps run, seconds, ok or FAILED) and,
+for a failure, `hicache fuzz`'s report: the shrunk steps, the error (a CollectiveTimeout is the
+watchdog's report of a stuck rank, naming the point and the ranks that did not arrive) and
+its one-line replay command. Ends with a TOTAL line; exit 1 on any failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import re
 import sys
 import time
 
-from hicache.testing import zoo
+from hicache.testing import runner
 
-MACHINES = ("fuzz-tp", "fuzz-tp-dsv4")
+POOLS = ("mha", "dsv4-tiny")
 
 
 def main() -> int:
@@ -26,18 +31,28 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--first-seed", type=int, default=100)
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
+    p.add_argument("--ranks", type=int, default=2)
     a = p.parse_args()
     started, seed, runs, steps_run, failures = time.time(), a.first_seed, 0, 0, 0
     while time.time() - started < a.seconds:
-        for name in MACHINES:
-            t = time.time()
-            steps, error = zoo.run_seed(zoo.load_machine(name), seed, a.steps)
-            runs, steps_run, failures = runs + 1, steps_run + steps, failures + (error is not None)
-            what = "ok" if error is None else f"{type(error).__name__}: {str(error)[:400]}"
-            print(f"{name} {seed} {steps} {time.time() - t:.0f}s {what}", flush=True)
+        for pools in POOLS:
+            args = argparse.Namespace(seed=seed, steps=a.steps, plane=a.plane, adapter=None,
+                                      report=False, progress=False, mutant=None, pools=pools,
+                                      tp=a.ranks, trace=None)
+            out, t = io.StringIO(), time.time()
+            status = runner.run(args, out)
+            text = out.getvalue()
+            ran = re.search(r"runs, (\d+) steps,", text)  # the summary line (none on a failure)
+            steps = int(ran.group(1)) if ran else 0
+            runs, steps_run, failures = runs + 1, steps_run + steps, failures + (status != 0)
+            print(f"{pools} seed {seed}: {steps} steps, {time.time() - t:.0f} s, "
+                  f"{'ok' if status == 0 else 'FAILED'}", flush=True)
+            if status != 0:
+                print(text, flush=True)
         seed += 1
-    print(f"TOTAL runs={runs} steps={steps_run} failures={failures} "
-          f"wall={time.time() - started:.0f}s", flush=True)
+    print(f"TOTAL plane={a.plane} ranks={a.ranks} runs={runs} steps={steps_run} "
+          f"failures={failures} wall={time.time() - started:.0f}s", flush=True)
     return 1 if failures else 0
 
 

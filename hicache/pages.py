@@ -17,6 +17,8 @@ table: they use their source's indices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -53,6 +55,10 @@ class PageTable:
         # Per page, how many times it was reserved: a page's bytes may change only while it is
         # PRIVATE, so (page, generation) names one immutable content once it is published.
         self.generation: npt.NDArray[np.uint64] = np.zeros(capacity, dtype=np.uint64)
+        self.on_reserve: Callable[[Pages], None] | None = None
+        """Called with the pages of each reservation once they are PRIVATE: an observer
+        outside the control plane (the fuzz's poisoning of reserved pages, ControllerAdapter);
+        None: no call."""
 
     # -- counts ---------------------------------------------------------------------------
 
@@ -80,12 +86,16 @@ class PageTable:
         chosen = _best_fit_run(idx, n)
         self.owner[chosen] = PRIVATE
         self.generation[chosen] += np.uint64(1)
+        if self.on_reserve is not None:
+            self.on_reserve(chosen)
         return chosen
 
     def reserve_exact(self, chosen: Pages) -> None:
         """FREE -> PRIVATE for exactly these pages (replay, tests)."""
         self._move(chosen, FREE, PRIVATE, "reserve")
         self.generation[pages(chosen)] += np.uint64(1)
+        if self.on_reserve is not None:
+            self.on_reserve(pages(chosen))
 
     def publish(self, p: Pages) -> None:
         """PRIVATE -> TREE: the pages become part of a node's value."""

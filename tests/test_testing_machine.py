@@ -185,3 +185,67 @@ def test_progress_says_when_a_run_is_past_its_steps_shrinking(capsys: pytest.Cap
     progress.last -= 60
     progress.add([], {})
     assert "(shrinking a failure)" in capsys.readouterr().err
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("pools", ["mha", "dsv4-tiny"])
+def test_the_fuzz_poisons_every_page_a_reservation_takes_on_bytes(pools: str) -> None:
+    """On a plane with bytes the fuzz's adapter fills each L1 and L2 page a reservation takes
+    (every pool's) with a poison byte, so a page published before its bytes arrived holds
+    bytes no copy holds."""
+    import torch
+
+    from hicache.dataplane.engine import TransferEngine
+    from hicache.testing.adapters.controller import POISON_BYTES
+    from hicache.tiers import Tier
+
+    adapter = ControllerAdapter(Setup(plane="cpu", pools=pools))
+    try:
+        plane = adapter.ctl.byte_plane
+        for tier in (Tier.L1, Tier.L2):
+            table = adapter.ctl.cp.tables[list(Tier).index(tier)]
+            got = table.reserve(2)
+            if isinstance(plane, TransferEngine):
+                pool = plane.l1 if tier is Tier.L1 else plane.l2
+                rows = [pool.packed(got).view(torch.uint8)]
+            else:
+                side = plane.pool_pages(tier, got)  # each byte pool's own pages
+                rows = [(plane.l1 if tier is Tier.L1 else plane.l2).packed(p.name, side[p.source])
+                        for p in plane.geometry.pools]
+            for r in rows:
+                first = int(r.reshape(-1)[0])
+                assert first in POISON_BYTES and bool((r == first).all()), tier
+            table.release(got)
+    finally:
+        adapter.close()
+
+
+@pytest.mark.torch
+def test_a_load_back_published_without_its_bytes_is_caught_though_its_pages_held_the_same() -> None:
+    """A prompt leaves L1 and is loaded back into the very L1 pages it left (the allocator
+    takes them again), by a load-back that moves nothing and reports DONE. The pages' old
+    bytes equal the prompt's, so only the poisoning of reserved pages shows the load-back
+    never landed: I4 (L1 against L2) after its publication. Seen passing silently with the
+    poisoning switched off (`_poison_reserved` a no-op)."""
+    from hicache.dataplane.handles import ReadyHandle
+    from hicache.errors import InvariantViolation
+    from hicache.tiers import Direction
+
+    adapter = ControllerAdapter(Setup(plane="cpu", l1_pages=12, l2_pages=12, l3_slots=12))
+    try:
+        tokens = tuple(range(100, 117))
+        adapter.submit(1, tokens)
+        assert adapter.prefill(1)
+        adapter.finish(1)
+        adapter.drain()
+        l1_before = sorted(int(p) for n in adapter.ctl.cp.tree.nodes() if (v := n.value[0]) is not None for p in v)
+        adapter.evict("L1", 10_000)
+        plane = adapter.ctl.byte_plane
+        plane.h2d = lambda src, dst, **kw: ReadyHandle(Direction.H2D, 0)  # type: ignore[method-assign]
+        adapter.submit(2, tokens)
+        (op,) = [op for op in adapter.ctl.cp.ops.values() if op.direction is Direction.H2D]
+        assert set(op.target_pages.tolist()) <= set(l1_before)  # the pages it left, again
+        with pytest.raises(InvariantViolation, match="I4 tier_bytes_equal"):
+            adapter.tick()  # observes the load-back DONE and publishes it
+    finally:
+        adapter.close()

@@ -19,6 +19,7 @@ flight while that thread captures a CUDA graph; `capture.py` says what may run m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 
 import numpy as np
@@ -114,6 +115,26 @@ class TransferEngine:
         that reads it fails its checksum (CorruptSlot, a miss)."""
         ids = page_array("corrupt_slot.slot", [slot], self._capacity[Tier.L3])
         self.storage.flip_byte(int(ids[0]))
+
+    def scribble(self, tier: Tier, pages_of: Mapping[str, Pages], value: int) -> None:
+        """Fill pages of L1 or L2 with byte `value`: a sanitizer's write (the fuzz poisons
+        each page a reservation takes, so one published before its bytes arrived holds bytes
+        no copy holds). `pages_of`: the one pool's pages, under any name. Only for pages no
+        transfer moves now (a reservation's, before its transfer is issued); on CUDA it
+        returns once the fill is done, so a transfer issued next on another stream writes
+        after it."""
+        assert tier in (Tier.L1, Tier.L2) and len(pages_of) <= 1, (tier, list(pages_of))
+        for ids in pages_of.values():
+            idx = page_array(f"scribble.{tier}", ids, self._capacity[tier])
+            if not idx.size:
+                continue
+            if tier is Tier.L1:
+                rows = torch.from_numpy(idx).to(self.l1.device)
+                self.l1.tensor.view(torch.uint8).index_fill_(2, rows, value)
+                if self.l1.device.type == "cuda":
+                    torch.cuda.current_stream(self.l1.device).synchronize()
+            else:
+                self.l2.bytes_view().index_fill_(0, torch.from_numpy(idx), value)
 
     def _pages(self, direction: Direction, source: Pages, target: Pages) -> tuple[Pages, Pages]:
         return transfer_pages(

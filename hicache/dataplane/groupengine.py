@@ -203,6 +203,27 @@ class GroupTransferEngine:
             if past.size:
                 self.l2.bytes_view(p.name)[torch.from_numpy(past)] = UNLANDED_BYTE
 
+    def scribble(self, tier: Tier, pages_of: Mapping[str, Pages], value: int) -> None:
+        """Fill pages of L1 or L2 with byte `value`: a sanitizer's write (the fuzz poisons
+        each page a reservation takes, so one published before its bytes arrived holds bytes
+        no copy holds). `pages_of[source]`: an allocating pool's own pages; every byte pool
+        on its indices is filled there. Only for pages no transfer moves now (a reservation's,
+        before its transfer is issued); on CUDA it returns once the fill is done, so a
+        transfer issued next on another stream writes after it."""
+        assert tier in (Tier.L1, Tier.L2), tier
+        caps = self._pool_caps[tier]
+        for p in self.geometry.pools:
+            ids = pages_of.get(p.source)
+            if ids is None or not len(ids):
+                continue
+            idx = torch.from_numpy(page_array(f"scribble.{tier}.{p.name}", ids, caps[p.source]))
+            if tier is Tier.L1:
+                self.l1.region(p.name).index_fill_(1, idx.to(self.l1.device), value)
+                if self.l1.device.type == "cuda":
+                    torch.cuda.current_stream(self.l1.device).synchronize()
+            else:
+                self.l2.bytes_view(p.name).index_fill_(0, idx, value)
+
     def corrupt_slot(self, slot: int) -> None:
         """Flip one byte of anchor slot `slot` in the first byte pool's file (an aimed
         `corrupt`): the next S2H reading it fails (CorruptSlot naming `slot`, a miss)."""

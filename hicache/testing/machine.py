@@ -25,6 +25,9 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
+    restore_from_l3  a fresh prompt served twice (every write policy backs it up), drained,
+                 given up by L1 and L2, then admitted again: an S2H and a load-back,
+                 the S2H meeting an aimed fault or none, then served
     failed_restore_then_full_l1  a load-back fails; a second request loads the prompt and
                  ends; other prompts fill L1; then the first is served
     cancel_restore  an earlier prompt restored again, and the request (or a second one
@@ -65,10 +68,12 @@ from hicache.testing.protocol import CacheUnderTest, FaultSchedule
 from hicache.testing.reference import Mismatch, ReferenceModel
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
-QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x)
+QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x,
+# restores from L3: half)
 FAIL_KINDS = ("error", "corrupt", "unreadable")
 AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`)
 GROUP_AIMS = AIMS + ("partial",)  # a pool group's engines: an L3 read stops part way per pool
+READ_AIMS = ("corrupt", "unreadable", "partial")  # the aims only an L3 read (S2H) meets
 DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
 
 Step = TypeVar("Step", bound=Callable[..., None])
@@ -107,6 +112,7 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self.seen: list[tuple[int, ...]] = []
             self.prefilled: set[int] = set()
             self.steps = self.last_faults = self.last_restart = self.last_cancel = 0
+            self.last_l3_restore = -QUIET_STEPS  # the first may come at once
             self.admitted = 0  # admissions into the cache as now opened
             self.damaged = False  # its L3 file was cut or removed (`damage`)
 
@@ -228,6 +234,33 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             self._prefill(rid)
             if sharer:
                 self._serve(first, finish=False)
+
+        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1
+                      and self.steps - self.last_l3_restore >= QUIET_STEPS // 2)
+        @rule(base=st.integers(0, 3), pages=st.integers(2, 3),
+              aim=st.sampled_from((None,) + tuple(aims) + tuple(a for a in aims if a in READ_AIMS)))
+        @survives_crash
+        def restore_from_l3(self, base: int, pages: int, aim: str | None) -> None:
+            """A prompt of `pages` pages nobody else starts with, its first page served first
+            (so the prompt is two nodes, and a read stopping part way may stop between them),
+            then the prompt served to the end three times (each node matched twice:
+            write_through_selective backs both up too), then drained; L1 and L2 give it up (a write-back copy reaches
+            L3 on the way); then it is admitted again, so it is restored from L3: an S2H
+            (meeting `aim`, a fault aimed at the next transfer into L2, or none; the ones
+            only a read meets drawn twice as often) and a load-back; then served. The other rules restore from L3 only when an earlier
+            prompt happens to be held there alone."""
+            self._count("restore_from_l3")
+            self.last_l3_restore = self.steps
+            ps = self.cache.page_size
+            tokens = tuple(range(8000 + 100 * base, 8000 + 100 * base + pages * ps)) + (base,)
+            for prompt in (tokens[:ps] + (base,), tokens, tokens, tokens):
+                self.submit(prompt, 2)
+            self.cache.drain()
+            self._give_up_upper_tiers(True)
+            if aim is not None:
+                self.cache.aim(aim, self.cache.tiers[1 % len(self.cache.tiers)])
+            rid = self._admit(tokens)
+            self._serve(rid, finish=False)
 
         @precondition(lambda self: not self.model.requests and bool(self.seen)
                       and self.steps - self.last_cancel >= QUIET_STEPS)

@@ -39,6 +39,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     TP-local-capacity - CacheController._issue_here               evicts and retries alone
     TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
                                                                   the ranks' own hits
+    F11-no-clamp -      controller.clamped_nodes                  a stopped S2H publishes
+                                                                  every node it read
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 """
@@ -461,6 +463,15 @@ def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
     return _swapped(Agreement, "admit", admit)
 
 
+def _f11_no_clamp() -> contextlib.AbstractContextManager[None]:
+    """An S2H that stopped part way publishes every node it was reading, not only the whole
+    nodes within `prefetch_clamp` of what landed (SGLang #30334: a prefix published past a
+    sidecar's coverage). The landed report is still drawn and applied."""
+    import hicache.controller.controller as controller
+
+    return _swapped(controller, "clamped_nodes", lambda group, nodes, landed: len(nodes))
+
+
 ZOO: tuple[Mutant, ...] = (
     Mutant("B01", "B01", "ControlPlane.advance_cached_len", "cached_len advances over a node "
            "whose load-back is still pending (no publication check)", _b01),
@@ -504,6 +515,9 @@ ZOO: tuple[Mutant, ...] = (
            "evicts and retries on that rank alone, before C2", _tp_local_capacity),
     Mutant("TP-min-of-maxima", "-", "Agreement.admit", "the agreed L1 hit is the least of the "
            "ranks' own hits, not the largest endpoint in every rank's mask", _tp_min_of_maxima),
+    Mutant("F11-no-clamp", "-", "controller.clamped_nodes", "an S2H stopped part way "
+           "publishes every node it read, not the clamp of what landed in every pool",
+           _f11_no_clamp),
     Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "
            "check skips tier L2", _i1_skip_l2),
     Mutant("checker-off", "-", "InvariantChecker.after_transition", "the invariant checker "

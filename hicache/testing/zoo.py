@@ -77,7 +77,8 @@ DEFAULT_MACHINE: dict[str, str] = {
     "B08": "fuzz-null", "B09": "group-table", "B10": "fuzz-dsv4", "B11": "tree", "B12": "fuzz-cpu",
     "B13": "controller",
     "B14": "controller", "B15": "fuzz-cpu", "B16": "fuzz-tp", "B16-ack": "fuzz-tp", "TP-conditional": "fuzz-tp",
-    "TP-local-capacity": "fuzz-tp", "TP-min-of-maxima": "fuzz-tp-dsv4", "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
+    "TP-local-capacity": "fuzz-tp", "TP-min-of-maxima": "fuzz-tp-dsv4", "F11-no-clamp": "fuzz-cpu-dsv4",
+    "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not

@@ -24,7 +24,7 @@ import os
 import tempfile
 import zlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
@@ -35,6 +35,7 @@ from hicache.distributed.collectives import Collectives
 from hicache.distributed.devices import rank_device
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
+from hicache.pages import Pages
 from hicache.pools.hits import GROUP_HIT_POLICIES
 from hicache.pools.presets import SINGLE_POOL, group
 from hicache.pools.tierpools import TierPools, window_pools
@@ -79,6 +80,9 @@ class Setup:
     hit_policy: str = "all_pools"  # CacheConfig.hit_policy (a group's)
     l1_window_pages: int | None = None  # CacheConfig.l1_window_pages: fewer frees L1 windows
 
+
+POISON_BYTES = (0x5A, 0xA5, 0x3C)
+"""What `_poison_reserved` fills a reserved page with, in turn."""
 
 WINDOW_EVENTS = {"tombstone": WINDOW_FREED, "revive": WINDOW_REVIVED}
 """Trace events of a node's L1 window, and the page change each makes of its pages."""
@@ -148,7 +152,31 @@ class ControllerAdapter:
         ctl = CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine,
                               collectives=self.collectives)
         self._fail_pools(ctl)
+        self._poison_reserved(ctl)
         return ctl
+
+    def _poison_reserved(self, ctl: CacheController) -> None:
+        """On a plane with bytes, every L1 and L2 page a reservation takes (each pool's) is
+        filled with a byte that changes at each reservation, as a memory sanitizer fills
+        what is allocated: a page published before its bytes arrived then holds bytes no
+        copy holds (I4, the served digests and the restore's verification see them), where
+        the bytes its last owner left -- often the same node's, freed and taken again in one
+        step -- would pass. The null plane holds no bytes."""
+        if not ctl.engine.has_bytes:
+            return
+        plane, count = ctl.byte_plane, [0]
+
+        def poison(tier: Tier, pool: str) -> Callable[[Pages], None]:
+            def fill(ids: Pages) -> None:
+                count[0] += 1
+                plane.scribble(tier, {pool: ids}, POISON_BYTES[count[0] % len(POISON_BYTES)])
+            return fill
+
+        for tier in (Tier.L1, Tier.L2):
+            table = ctl.cp.tables[list(Tier).index(tier)]
+            tables = table.group_table.tables if isinstance(table, TierPools) else {ctl.group.anchor.name: table}
+            for pool, t in tables.items():
+                t.on_reserve = poison(tier, pool)
 
     def _fail_pools(self, ctl: CacheController) -> None:
         """A pool group's L2 and L3 reservations fail per pool (scenario F1: pool k of n,
