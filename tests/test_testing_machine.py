@@ -118,7 +118,7 @@ def test_a_pool_group_fuzzes_on_the_cpu_plane_from_the_command_line() -> None:
 def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     """`--tp 2`: two controller ranks in lockstep (the TP machine), each with its own
     faults; a mutant that breaks the L3 write rule (B16) is caught by I11 and the failure's
-    replay line carries `--tp 2`. A TP run needs the controller, not an --adapter, and at
+    replay line, which carries `--tp 2`, fails the same way when run. A TP run needs the controller, not an --adapter, and at
     least one rank."""
     from hicache.cli import main
 
@@ -127,7 +127,11 @@ def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     status, text = fuzz(1000, seed=1, tp=2, mutant="B16")
     assert status == 1 and "I11 l3_write_multiplicity" in text, text[-800:]
     assert "fuzz: FAILED with seed 1 on the null plane, 2 ranks" in text
-    assert "replay: hicache fuzz --seed 1 --steps 1000 --plane null --tp 2 --mutant B16" in text
+    replay = "hicache fuzz --seed 1 --steps 1000 --plane null --tp 2 --mutant B16"
+    assert f"replay: {replay}" in text
+    # Verify the replay line runs that failure again (a run with the mutant on, not the zoo,
+    # which took --mutant alone and refused --plane).
+    assert main(replay.split()[1:]) == 1
     assert main(["fuzz", "--tp", "2", "--adapter", "hicache.testing.adapters.lru:lru_adapter"]) == 2
     assert main(["fuzz", "--tp", "0"]) == 2
     assert main(["fuzz", "--pools", "nope"]) == 2

@@ -256,12 +256,20 @@ def parser() -> argparse.ArgumentParser:
         "(nothing survives a restart)"))
     p.add_argument("--mutant", metavar="NAME",
                    help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
-                        "(see hicache.testing.zoo: --seed may repeat, --machine picks the machine)")
+                        "(see hicache.testing.zoo: --seed may repeat, --machine picks the "
+                        "machine); with --plane, --pools, --tp or --adapter, this run with "
+                        "the mutant switched on (a failure's replay line)")
     return p
 
 
+RUN_ONLY = ("--plane", "--adapter", "--pools", "--tp", "--report", "--progress", "--trace")
+"""Options only a machine run has: with `--mutant` and one of them, the run goes on with the
+mutant switched on (what a failure's replay line asks for), not to the bug zoo."""
+
+
 def main(argv: Sequence[str]) -> int:
-    if any(a == "--mutant" or a.startswith("--mutant=") for a in argv):
+    mutant = any(a == "--mutant" or a.startswith("--mutant=") for a in argv)
+    if mutant and not any(a.split("=")[0] in RUN_ONLY for a in argv):
         # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.
         from hicache.testing import zoo
         return zoo.main(list(argv))
