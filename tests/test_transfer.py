@@ -640,6 +640,25 @@ def test_digests_differ_for_different_bytes(engine: TransferEngine) -> None:
     assert digest_rows(swapped[None])[0] != base[0], "moved words change the digest"
 
 
+def test_a_word_with_every_bit_flipped_changes_the_digest() -> None:
+    """Every bit of one 8-byte word flipped, of every word, or of a word's sign bit and the
+    bits it would smear over: each changes the digest. Seen failing: the word mix used an
+    arithmetic right shift on int64, so f(~x) = f(x) and a page (or a word) with every bit
+    inverted digested like the original (a rank whose replicated pool held the complement
+    of rank 0's bytes passed I8)."""
+    rows = torch.randint(0, 256, (4, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    base = digest_rows(rows)
+    assert len(set(base.tolist())) == 4
+    assert not (digest_rows(rows.bitwise_not()) == base).any(), "every bit of every word"
+    for word in range(8):
+        one = rows.clone()
+        one[:, 8 * word:8 * word + 8] = one[:, 8 * word:8 * word + 8].bitwise_not()
+        assert not (digest_rows(one) == base).any(), f"every bit of word {word}"
+    high = rows.clone()
+    high[:, 7] ^= 0x80  # the sign bit of word 0 (little-endian)
+    assert not (digest_rows(high) == base).any()
+
+
 def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
     g = KVGeometry(layers=1, kv_heads=1, head_dim=3, dtype="fp8", page_size=1)  # 6-byte pages
     pool = HostPool(g, 3, pin=False)

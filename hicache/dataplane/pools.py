@@ -207,12 +207,19 @@ def _word_weights(words: int, device: torch.device) -> torch.Tensor:
     return w
 
 
+def shift_right(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The logical right shift of int64 bit patterns `x` by 0 < `k` < 64, as on uint64:
+    torch's `>>` on a signed type copies the sign bit into the `k` bits it opens."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
 def digest_rows(rows: torch.Tensor) -> npt.NDArray[np.uint64]:
     """Digest of each row of a uint8 `[n, bytes]` tensor (any device), as numpy uint64.
 
     Each 8-byte word x_i (zero-padded at the end) goes through a bijective mix
-    f(x) = (x ^ (x >> 31)) * odd, and the digest is sum_i w_i * f(x_i) mod 2**64 with fixed odd
-    weights w_i. A change confined to one word always changes the digest (an odd weight times
+    f(x) = (x ^ (x >>> 31)) * odd (`>>>` the logical shift: with torch's arithmetic `>>` on
+    int64, f(~x) = f(x), and a word with every bit flipped went unseen), and the digest is
+    g(sum_i w_i * f(x_i) mod 2**64) with fixed odd weights w_i and g(h) = (h ^ (h >>> 29)) * odd. A change confined to one word always changes the digest (an odd weight times
     a non-zero difference is non-zero mod 2**64); other changes collide with probability about
     2**-64 per page, position included, so swapped words or pages are caught too. Integer
     arithmetic only: CPU and CUDA give identical results.
@@ -224,9 +231,9 @@ def digest_rows(rows: torch.Tensor) -> npt.NDArray[np.uint64]:
     if pad or not rows.is_contiguous() or rows.storage_offset() % 8:  # int64 view needs it
         rows = torch.cat([rows, rows.new_zeros((n, pad))], dim=1)
     words = rows.view(torch.int64)
-    mixed = (words ^ (words >> 31)) * _MIX
+    mixed = (words ^ shift_right(words, 31)) * _MIX
     h = (mixed * _word_weights(words.shape[1], rows.device)).sum(dim=1)
-    h = (h ^ (h >> 29)) * _MIX
+    h = (h ^ shift_right(h, 29)) * _MIX
     result: npt.NDArray[np.uint64] = h.cpu().numpy().view(np.uint64)
     # Real bytes never digest to the reserved UNSERVABLE value (I4 skips it): fold it away.
     result[result == UNSERVABLE] -= np.uint64(1)

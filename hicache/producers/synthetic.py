@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
-from hicache.dataplane.pools import resolve_device, torch_dtype
+from hicache.dataplane.pools import resolve_device, shift_right, torch_dtype
 from hicache.producers.base import (
     PageIndex,
     check_produce_args,
@@ -74,16 +74,11 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns (torch's `>>` copies the sign bit)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
-
-
 def fmix(x: torch.Tensor) -> torch.Tensor:
     """splitmix64's finalizer, elementwise on int64 tensors (multiplication wraps mod 2**64)."""
-    x = (x ^ _shr(x, 30)) * _signed(0xBF58476D1CE4E5B9)
-    x = (x ^ _shr(x, 27)) * _signed(0x94D049BB133111EB)
-    return x ^ _shr(x, 31)
+    x = (x ^ shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ shift_right(x, 27)) * _signed(0x94D049BB133111EB)
+    return x ^ shift_right(x, 31)
 
 
 def value_scalar(prefix_hash: int, element: int) -> float:
@@ -115,7 +110,7 @@ class SyntheticProducer:
         """Token-major KV `[K/V, layer, len(hashes), kv_head, head_dim]` in the geometry's dtype."""
         h = torch.tensor([_signed(x) for x in hashes], dtype=torch.int64, device=self.device)
         bits = (fmix(h).view(1, 1, -1, 1, 1) ^ self._salt) * _signed(SPREAD)
-        top = _shr(bits, 64 - VALUE_BITS) - (1 << (VALUE_BITS - 1))
+        top = shift_right(bits, 64 - VALUE_BITS) - (1 << (VALUE_BITS - 1))
         return (top.to(torch.float32) / float(1 << (VALUE_BITS - 1))).to(self.dtype)
 
     def _chunks(self, start: int, end: int) -> list[tuple[int, int]]:
