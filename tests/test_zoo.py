@@ -44,6 +44,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-local-capacity": (4, "I7 rank_agreement"),
     "TP-min-of-maxima": (2, "I9 group_atomic"),
     "F11-no-clamp": (4, "I4 tier_bytes_equal"),
+    "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }
@@ -54,7 +55,7 @@ def test_every_mutant_has_an_expectation_and_a_machine() -> None:
 
 
 def _needs_torch(name: str) -> bool:
-    return zoo.DEFAULT_MACHINE[name] in ("controller", "fuzz-cpu", "fuzz-cpu-dsv4")
+    return zoo.DEFAULT_MACHINE[name] in ("controller", "fuzz-cpu", "fuzz-cpu-dsv4", "fuzz-tp-cpu-dsv4")
 
 
 def _has_torch() -> bool:

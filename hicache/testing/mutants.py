@@ -39,6 +39,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     TP-local-capacity - CacheController._issue_here               evicts and retries alone
     TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
                                                                   the ranks' own hits
+    TP-rank-local-bytes GroupSyntheticProducer.pool_bytes         a replicated pool's bytes
+                                                                  differ on ranks but 0
     F11-no-clamp -      controller.clamped_nodes                  a stopped S2H publishes
                                                                   every node it read
     I1-skip-L2   -      the I1 check                              skips tier L2
@@ -463,6 +465,22 @@ def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
     return _swapped(Agreement, "admit", admit)
 
 
+def _tp_rank_local_bytes() -> contextlib.AbstractContextManager[None]:
+    """A replicated pool computed rank-locally: on a rank that reads rank 0's L3 copy of it,
+    its pages hold bytes of their own (every byte flipped), as if each rank derived the pool
+    from its shard. Each rank is consistent with itself (I4 holds, its verifier expects its
+    own bytes); only the ranks' digests differ."""
+    from hicache.producers.group import GroupSyntheticProducer
+
+    original = GroupSyntheticProducer.pool_bytes
+
+    def pool_bytes(self: Any, pool: Any, tokens: Any, start: int, end: int) -> Any:
+        out = original(self, pool, tokens, start, end)
+        return out.bitwise_not() if self.engine.is_replica(pool.name) else out
+
+    return _swapped(GroupSyntheticProducer, "pool_bytes", pool_bytes)
+
+
 def _f11_no_clamp() -> contextlib.AbstractContextManager[None]:
     """An S2H that stopped part way publishes every node it was reading, not only the whole
     nodes within `prefetch_clamp` of what landed (SGLang #30334: a prefix published past a
@@ -515,6 +533,9 @@ ZOO: tuple[Mutant, ...] = (
            "evicts and retries on that rank alone, before C2", _tp_local_capacity),
     Mutant("TP-min-of-maxima", "-", "Agreement.admit", "the agreed L1 hit is the least of the "
            "ranks' own hits, not the largest endpoint in every rank's mask", _tp_min_of_maxima),
+    Mutant("TP-rank-local-bytes", "-", "GroupSyntheticProducer.pool_bytes", "a replicated "
+           "pool's bytes computed rank-locally: ranks other than 0 hold bytes of their own",
+           _tp_rank_local_bytes),
     Mutant("F11-no-clamp", "-", "controller.clamped_nodes", "an S2H stopped part way "
            "publishes every node it read, not the clamp of what landed in every pool",
            _f11_no_clamp),

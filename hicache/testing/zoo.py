@@ -78,6 +78,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "B13": "controller",
     "B14": "controller", "B15": "fuzz-cpu", "B16": "fuzz-tp", "B16-ack": "fuzz-tp", "TP-conditional": "fuzz-tp",
     "TP-local-capacity": "fuzz-tp", "TP-min-of-maxima": "fuzz-tp-dsv4", "F11-no-clamp": "fuzz-cpu-dsv4",
+    "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
     "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
