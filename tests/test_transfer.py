@@ -659,6 +659,20 @@ def test_a_word_with_every_bit_flipped_changes_the_digest() -> None:
     assert not (digest_rows(high) == base).any()
 
 
+@given(seed=st.integers(0, 2**32 - 1), word=st.integers(0, 7),
+       mask=st.integers(1, 2**64 - 1) | st.just(2**64 - 1) | st.just(1 << 63))
+def test_any_change_confined_to_one_word_changes_the_digest(seed: int, word: int, mask: int) -> None:
+    """What `digest_rows` promises: the word mix is a bijection and the weights are odd, so
+    XOR-ing any non-zero mask into one word changes the digest, whatever the mask (every
+    bit, the sign bit alone, ...)."""
+    rows = torch.randint(0, 256, (1, 64), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
+    changed = rows.clone()
+    flip = torch.tensor(list(mask.to_bytes(8, "little")), dtype=torch.uint8)
+    changed[0, 8 * word:8 * word + 8] ^= flip
+    assert digest_rows(changed)[0] != digest_rows(rows)[0]
+
+
 def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
     g = KVGeometry(layers=1, kv_heads=1, head_dim=3, dtype="fp8", page_size=1)  # 6-byte pages
     pool = HostPool(g, 3, pin=False)
