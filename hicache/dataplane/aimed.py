@@ -8,12 +8,12 @@
     short_read   after issue: `fail`            FAILED, UnreadableSlot (as a read that stays
                                                 short), a miss
     delay        after issue: wrapped           `polls` polls after it finished
-    partial      after issue (an S2H of a pool      FAILED, StoppedEarly, with `landed`: the
-                 group): the null plane fails it    drawn leading run of each pool's pages.
-                 at once; a plane with bytes lets   With bytes every page reported landed
-                 it run to its end, then writes     holds its slot's bytes and no other page
-                 over each pool's pages past its    does: a stop part way leaves there
-                 run (`StoppedHandle`)              whatever L2 held, never the slot's bytes
+    partial      after issue, a group's S2H:    FAILED, StoppedEarly, with `landed`: the
+                 the null plane fails it at     drawn leading run of each pool's pages; with
+                 once; a plane with bytes lets  bytes, every page the report names holds
+                 it run to its end, then        its slot's bytes and every page past a run
+                 overwrites each pool's pages   holds UNLANDED_BYTE, as bytes that never
+                 past its run (`StoppedHandle`) arrived hold anything but the slot's
     alloc/crash  not here: the controller's reservation and publication apply them
 
 `fail` quiesces first (handles.py), so a real transfer failed this way no longer touches its

@@ -25,9 +25,9 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
-    restore_from_l3  a fresh prompt served twice (every write policy backs it up), drained,
-                 given up by L1 and L2, then admitted again: an S2H and a load-back,
-                 the S2H meeting an aimed fault or none, then served
+    restore_from_l3  a fresh two-node prompt served until every write policy backs it up,
+                 drained, given up by L1 and L2, then admitted again: an S2H and a
+                 load-back, the S2H meeting an aimed fault or none, then served
     failed_restore_then_full_l1  a load-back fails; a second request loads the prompt and
                  ends; other prompts fill L1; then the first is served
     cancel_restore  an earlier prompt restored again, and the request (or a second one
@@ -241,14 +241,15 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
               aim=st.sampled_from((None,) + tuple(aims) + tuple(a for a in aims if a in READ_AIMS)))
         @survives_crash
         def restore_from_l3(self, base: int, pages: int, aim: str | None) -> None:
-            """A prompt of `pages` pages nobody else starts with, its first page served first
-            (so the prompt is two nodes, and a read stopping part way may stop between them),
-            then the prompt served to the end three times (each node matched twice:
-            write_through_selective backs both up too), then drained; L1 and L2 give it up (a write-back copy reaches
-            L3 on the way); then it is admitted again, so it is restored from L3: an S2H
-            (meeting `aim`, a fault aimed at the next transfer into L2, or none; the ones
-            only a read meets drawn twice as often) and a load-back; then served. The other rules restore from L3 only when an earlier
-            prompt happens to be held there alone."""
+            """A prompt of `pages` pages nobody else starts with: its first page served first
+            (so the prompt is two nodes, and a read stopping part way may stop between
+            them), then the prompt served to the end three times (each node matched twice:
+            write_through_selective backs both up too), then drained. L1 and L2 give it up
+            (a write-back copy reaches L3 on the way); then it is admitted again, so it is
+            restored from L3: an S2H (meeting `aim`, a fault aimed at the next transfer into
+            L2, or none; the aims only a read meets drawn twice as often) and a load-back;
+            then served. The other rules restore from L3 only when an earlier prompt happens
+            to be held there alone."""
             self._count("restore_from_l3")
             self.last_l3_restore = self.steps
             ps = self.cache.page_size

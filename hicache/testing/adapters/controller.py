@@ -81,8 +81,9 @@ class Setup:
     l1_window_pages: int | None = None  # CacheConfig.l1_window_pages: fewer frees L1 windows
 
 
-POISON_BYTES = (0x5A, 0xA5, 0x3C)
-"""What `_poison_reserved` fills a reserved page with, in turn."""
+POISON_BYTES = (0x5A, 0x3C, 0xC3)
+"""What `_poison_reserved` fills a reserved page with, in turn (none is UNLANDED_BYTE, so a
+dump tells a poisoned page from one a stopped read left)."""
 
 WINDOW_EVENTS = {"tombstone": WINDOW_FREED, "revive": WINDOW_REVIVED}
 """Trace events of a node's L1 window, and the page change each makes of its pages."""
