@@ -217,15 +217,18 @@ class _Probe:
             raise BackendError("Triton scatter probe wrote bytes different from torch's")
 
     def time_backends(self) -> dict[str, float]:
-        """Median device milliseconds of each (direction, backend); CUDA only."""
+        """Median device milliseconds of each (direction, backend); CUDA only. Timed on L1's
+        device: the events and synchronizations of `cuda_median_ms` follow the current
+        device, which for a rank on its second GPU (a TP rank's thread, say) is another."""
         out = torch.empty_like(self.packed)
         calls: dict[str, Callable[[], None]] = {}
         for backend in BACKENDS:
             calls[f"gather {backend}"] = _bind(gather, self.l1, self.pages, out, backend)
             calls[f"scatter {backend}"] = _bind(
                 scatter, self.packed, self.scratch_pages, self.scratch, backend)
-        return {key: cuda_median_ms(call, reps=PROBE_REPS, warmup=PROBE_WARMUP)
-                for key, call in calls.items()}
+        with torch.cuda.device(self.l1.device):
+            return {key: cuda_median_ms(call, reps=PROBE_REPS, warmup=PROBE_WARMUP)
+                    for key, call in calls.items()}
 
 
 def _bind(fn: Callable[..., None], a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor,
@@ -235,7 +238,8 @@ def _bind(fn: Callable[..., None], a: torch.Tensor, pages: torch.Tensor, b: torc
 
 def cuda_median_ms(fn: Callable[[], None], *, reps: int, warmup: int,
                    sync_each: bool = False) -> float:
-    """Median milliseconds of `fn` on the current CUDA stream, by CUDA events.
+    """Median milliseconds of `fn` on the current CUDA stream, by CUDA events (the current
+    device's: run it under `torch.cuda.device` of the tensors `fn` touches).
 
     sync_each=False queues all calls back to back, so each event pair brackets device time
     only; sync_each=True waits after every call, so launch latency is included.

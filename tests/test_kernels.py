@@ -491,3 +491,27 @@ def test_gpu_auto_times_both_backends(compiled: None) -> None:
     assert kernels.gather_backend in ("triton", "torch")
     assert kernels.scatter_backend in ("triton", "torch")
     assert "gather triton" in kernels.reason and "scatter torch" in kernels.reason
+
+
+@pytest.mark.gpu
+def test_gpu_auto_on_a_second_gpu_times_its_kernels_on_that_gpu(compiled: None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank on cuda:1 whose thread's current device is cuda:0 (the TP fuzz's ranks are
+    threads of one process): the auto probe's events are recorded on cuda:1, where its
+    kernels run, not on the current device's stream. Needs two GPUs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    torch.cuda.set_device(0)
+    recorded: list[int] = []
+    original = torch.cuda.Event.record
+
+    def record(self: torch.cuda.Event, stream: torch.cuda.Stream | None = None) -> None:
+        recorded.append(torch.cuda.current_device())
+        original(self, stream)
+
+    monkeypatch.setattr(torch.cuda.Event, "record", record)
+    l1 = random_kv(l1_shape(16, pages=64, layers=2, heads=2, dim=64), torch.bfloat16, seed=6,
+                   device="cuda:1")
+    kernels = KernelSet.create(l1, "auto", probe_pages=16)
+    assert recorded and set(recorded) == {1}, recorded[:4]
+    assert "gather triton" in kernels.reason
