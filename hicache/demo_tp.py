@@ -105,12 +105,13 @@ def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
     """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
     from hicache.controller.controller import CacheController
     from hicache.demo import demo_setup, serve
-    from hicache.distributed.devices import rank_device
+    from hicache.distributed.devices import bind_device, rank_device
     from hicache.distributed.rankview import rank_view
 
     setup = demo_setup(args)
     config = dataclasses.replace(setup.config, device=rank_device(setup.config.device, rank, size),
                                  rank_check_every=RANK_CHECK_EVERY)
+    bind_device(config.device)
     started = time.perf_counter()
     ctl = CacheController(config, collectives=collectives)
     draw = rank == 0 and not args.quiet and sys.stderr.isatty()  # one bar, and not in a log

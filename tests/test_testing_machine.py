@@ -161,6 +161,20 @@ def test_each_rank_on_its_own_gpu_when_there_is_one_per_rank() -> None:
     assert rank_device("cpu", 1, 2, gpus=2) == "cpu" and rank_device(None, 0, 3, gpus=0) is None
 
 
+def test_a_rank_process_binds_its_own_gpu_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bind_device` makes cuda:N the process's current device (what names no device lands on
+    the rank's GPU, not GPU 0); the CPU, None and a bare "cuda" are left alone."""
+    import torch
+
+    from hicache.distributed.devices import bind_device
+
+    bound: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    for device in ("cpu", None, "cuda", "cuda:1"):
+        bind_device(device)
+    assert bound == [torch.device("cuda:1")]
+
+
 def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning() -> None:
     """A slow shrink makes Hypothesis print a warning and attach the falsifying steps to the
     exception as notes: the report used to print only the warning and lose the steps."""
