@@ -219,8 +219,9 @@ def digest_rows(rows: torch.Tensor) -> npt.NDArray[np.uint64]:
     Each 8-byte word x_i (zero-padded at the end) goes through a bijective mix
     f(x) = (x ^ (x >>> 31)) * odd (`>>>` the logical shift: with torch's arithmetic `>>` on
     int64, f(~x) = f(x), and a word with every bit flipped went unseen), and the digest is
-    g(sum_i w_i * f(x_i) mod 2**64) with fixed odd weights w_i and g(h) = (h ^ (h >>> 29)) * odd. A change confined to one word always changes the digest (an odd weight times
-    a non-zero difference is non-zero mod 2**64); other changes collide with probability about
+    g(sum_i w_i * f(x_i) mod 2**64) with fixed odd weights w_i and g(h) = (h ^ (h >>> 29)) *
+    odd. A change confined to one word always changes the digest (an odd weight times a
+    non-zero difference is non-zero mod 2**64, and g is a bijection); other changes collide with probability about
     2**-64 per page, position included, so swapped words or pages are caught too. Integer
     arithmetic only: CPU and CUDA give identical results.
     """

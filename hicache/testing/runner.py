@@ -17,7 +17,9 @@ that many controller ranks as threads in lockstep, meeting at the agreement poin
 spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py), the
 cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
 when there is one per rank. A rank stuck at a collective is a failure that names the point
-and the ranks that did not arrive (CollectiveTimeout). `--adapter module:factory` drives another engine: `factory(setup)` returns a
+and the ranks that did not arrive (CollectiveTimeout).
+
+`--adapter module:factory` drives another engine: `factory(setup)` returns a
 `CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
 else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
 tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
@@ -143,13 +145,18 @@ def _mutant(name: str | None) -> contextlib.AbstractContextManager[Any]:
     return mutants.activate(name)  # type: ignore[no-any-return]
 
 
+def _ranks(args: argparse.Namespace) -> int:
+    """`--tp`: the simulated ranks (1 for a Namespace built without it, as API callers do)."""
+    return int(getattr(args, "tp", 1))
+
+
 def replay_command(args: argparse.Namespace) -> str:
     words = ["hicache", "fuzz", "--seed", str(args.seed), "--steps", str(args.steps), "--plane", args.plane]
     if args.adapter:
         words += ["--adapter", args.adapter]
     if getattr(args, "pools", SINGLE_POOL) != SINGLE_POOL:
         words += ["--pools", args.pools]
-    if getattr(args, "tp", 1) > 1:
+    if _ranks(args) > 1:
         words += ["--tp", str(args.tp)]
     if args.mutant:
         words += ["--mutant", args.mutant]
@@ -171,7 +178,7 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
     coverage.last_trace = last
     pools = getattr(args, "pools", SINGLE_POOL)
-    if getattr(args, "tp", 1) > 1:  # simulated ranks in lockstep: the TP machine
+    if _ranks(args) > 1:  # simulated ranks in lockstep: the TP machine
         from hicache.testing.adapters.tp import tp_adapter
         from hicache.testing.machines import tp_machine
 
@@ -208,7 +215,7 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
                 print(last.write(), file=out)
             return 1
     seconds = time.perf_counter() - started
-    ranks = f", {args.tp} ranks" if getattr(args, "tp", 1) > 1 else ""
+    ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
     print(f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, {coverage.steps} steps, "
           f"{coverage.events} trace events in {seconds:.1f} s ({coverage.steps / seconds:.0f} steps/s, "
           f"{coverage.events / seconds:.0f} transitions/s)", file=out)
@@ -221,7 +228,7 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
 
 
 def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
-    ranks = f", {args.tp} ranks" if getattr(args, "tp", 1) > 1 else ""
+    ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
     print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane{ranks}", file=out)
     # Hypothesis prints warnings (a slow shrink) and may attach the steps as notes instead
     # of printing them: keep both.

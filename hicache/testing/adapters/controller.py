@@ -20,6 +20,7 @@ knows; a split hands the upper part the shorter prefix), so nothing is read from
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import zlib
@@ -165,13 +166,10 @@ class ControllerAdapter:
         step -- would pass. The null plane holds no bytes."""
         if not ctl.engine.has_bytes:
             return
-        plane, count = ctl.byte_plane, [0]
+        plane, values = ctl.byte_plane, itertools.cycle(POISON_BYTES)
 
         def poison(tier: Tier, pool: str) -> Callable[[Pages], None]:
-            def fill(ids: Pages) -> None:
-                count[0] += 1
-                plane.scribble(tier, {pool: ids}, POISON_BYTES[count[0] % len(POISON_BYTES)])
-            return fill
+            return lambda ids: plane.scribble(tier, {pool: ids}, next(values))
 
         for tier in (Tier.L1, Tier.L2):
             table = ctl.cp.tables[list(Tier).index(tier)]
