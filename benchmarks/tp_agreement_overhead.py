@@ -25,7 +25,11 @@ cache makes comes after the rank's own work (`work_between_collectives_us`, the 
 not in a hot loop, so the bare exchange is timed that way too (`bare_after_work_us`: the
 same gap of busy work, the ranks started together by a barrier):
 `agreement_ratio_to_bare_after_work` compares the agreement's own cost per collective
-(`agreement_us_each`) with it.
+(`agreement_us_each`) with it. Where the rest goes, each part timed after the same gap:
+`arrive_after_work_us`, the arrival board's write alone (a Store round trip to the
+launcher, which every collective makes first), and `protocol_after_work_us`, one whole
+collective of the protocol with no serving around it (checked against spec/tp.toml,
+logged, the board, the header row with its values: C2's shape, 4 values).
 
 With CUDA, the launcher first times one rank's share of a `--restore-tokens` L2 restore of
 `--restore-model` (its KV heads split over the ranks: bytes_per_token x tokens / ranks) as
@@ -54,7 +58,7 @@ from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
 from hicache.distributed.processes import TRANSPORTS, run_ranks
 from hicache.distributed.shm import SharedMemoryCollectives
-from hicache.distributed.wire import ROW_WIDTH, ProcessCollectives
+from hicache.distributed.wire import ROW_WIDTH, ProcessCollectives, last_key
 
 WARMUP_ITERS = 50  # bare all_gathers before the timed ones (connections, allocator)
 RESTORE_REPEATS = 20  # timed restores (after one warm-up) whose median is reported
@@ -101,16 +105,14 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
     bare_s = (time.perf_counter() - started) / bare_iters
     # The same exchange made as the cache makes it: after `gap_s` of this rank's own work
     # (a busy loop; the ranks start each gap together, so no rank waits for the other).
-    sporadic_s = 0.0
-    for _ in range(bare_iters):
-        dist.barrier()
-        until = time.perf_counter() + gap_s
-        while time.perf_counter() < until:
-            pass
-        t = time.perf_counter()
-        bare()
-        sporadic_s += time.perf_counter() - t
-    sporadic_s /= bare_iters
+    sporadic_s = after_work_s(bare, bare_iters, gap_s)
+    # Where a collective's cost beyond the bare exchange goes, each part timed the same way:
+    # the arrival board's write alone (a Store round trip to the launcher), and one whole
+    # collective of the protocol (checked, logged, board, header row, values: C2's shape).
+    arrive_s = after_work_s(lambda: c.board.set(last_key(rank), "0 bench"), bare_iters, gap_s)
+    served_counters = (c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point.copy())
+    protocol_s = after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1, 1)), bare_iters, gap_s)
+    c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point = served_counters
     each_s = c.exchange_s / c.exchanges
     return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
             "payload_int64_mean": c.payload_int64 / c.exchanges,
@@ -125,7 +127,24 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
             "bare_after_work_us": 1e6 * sporadic_s,
             "agreement_us_each": 1e6 * (c.exchange_s - c.wait_s) / c.exchanges,
             "agreement_ratio_to_bare_after_work": (c.exchange_s - c.wait_s) / c.exchanges / sporadic_s,
+            "arrive_after_work_us": 1e6 * arrive_s,
+            "protocol_after_work_us": 1e6 * protocol_s,
             "violations": summary["invariants"]["violations"]}  # type: ignore[index]
+
+
+def after_work_s(exchange: Callable[[], object], iters: int, gap_s: float) -> float:
+    """Mean seconds of `exchange` made `iters` times, each after `gap_s` of busy work that
+    every rank starts together (a barrier), as the cache makes its collectives."""
+    spent = 0.0
+    for _ in range(iters):
+        dist.barrier()
+        until = time.perf_counter() + gap_s
+        while time.perf_counter() < until:
+            pass
+        t = time.perf_counter()
+        exchange()
+        spent += time.perf_counter() - t
+    return spent / iters
 
 
 def bare_exchange(c: ProcessCollectives, size: int) -> Callable[[], object]:
@@ -142,7 +161,7 @@ def bare_exchange(c: ProcessCollectives, size: int) -> Callable[[], object]:
 SUMMARY = ("collective_us_per_request", "wait_us_per_request", "agreement_us_per_request",
            "collectives_per_request", "collective_us_each", "bare_us", "ratio",
            "work_between_collectives_us", "bare_after_work_us", "agreement_us_each",
-           "agreement_ratio_to_bare_after_work")
+           "agreement_ratio_to_bare_after_work", "arrive_after_work_us", "protocol_after_work_us")
 
 
 def main() -> None:
