@@ -29,7 +29,9 @@ same gap of busy work, the ranks started together by a barrier):
 `arrive_after_work_us`, the arrival board's write alone (a Store round trip to the
 launcher, which every collective makes first), and `protocol_after_work_us`, one whole
 collective of the protocol with no serving around it (checked against spec/tp.toml,
-logged, the board, the header row with its values: C2's shape, 4 values).
+logged, the board, the header row with its values: C2's shape, 4 values);
+`staggered_agreement_us`, that collective's agreement (its time less the wait for the last
+rank) when rank r arrives r gaps after rank 0, as serving's ranks arrive out of step.
 
 With CUDA, the launcher first times one rank's share of a `--restore-tokens` L2 restore of
 `--restore-model` (its KV heads split over the ranks: bytes_per_token x tokens / ranks) as
@@ -112,6 +114,7 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
     arrive_s = after_work_s(lambda: c.board.set(last_key(rank), "0 bench"), bare_iters, gap_s)
     served_counters = (c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point.copy())
     protocol_s = after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1, 1)), bare_iters, gap_s)
+    staggered_s = staggered_agreement_s(c, bare_iters, gap_s)
     c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point = served_counters
     each_s = c.exchange_s / c.exchanges
     return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
@@ -129,6 +132,7 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
             "agreement_ratio_to_bare_after_work": (c.exchange_s - c.wait_s) / c.exchanges / sporadic_s,
             "arrive_after_work_us": 1e6 * arrive_s,
             "protocol_after_work_us": 1e6 * protocol_s,
+            "staggered_agreement_us": 1e6 * staggered_s,
             "violations": summary["invariants"]["violations"]}  # type: ignore[index]
 
 
@@ -147,6 +151,21 @@ def after_work_s(exchange: Callable[[], object], iters: int, gap_s: float) -> fl
     return spent / iters
 
 
+def staggered_agreement_s(c: ProcessCollectives, iters: int, gap_s: float) -> float:
+    """Mean agreement seconds of one protocol collective (C2's shape) when rank r arrives
+    r x `gap_s` after rank 0, as serving's ranks arrive out of step: its time minus the wait
+    for the last rank (the rows' arrival stamps), as `agreement_us_each` is counted. On an
+    early rank that includes waking up once the last one comes."""
+    exchange_s, wait_s = c.exchange_s, c.wait_s
+    for _ in range(iters):
+        dist.barrier()
+        until = time.perf_counter() + gap_s * (1 + c.rank)
+        while time.perf_counter() < until:
+            pass
+        c.all_reduce_min("reserve", (1, 1, 1, 1))
+    return ((c.exchange_s - exchange_s) - (c.wait_s - wait_s)) / iters
+
+
 def bare_exchange(c: ProcessCollectives, size: int) -> Callable[[], object]:
     """One bare exchange of a ROW_WIDTH row over `c`'s transport: a gloo all_gather, or one
     round of the shared-memory block (`bare_round`)."""
@@ -161,7 +180,8 @@ def bare_exchange(c: ProcessCollectives, size: int) -> Callable[[], object]:
 SUMMARY = ("collective_us_per_request", "wait_us_per_request", "agreement_us_per_request",
            "collectives_per_request", "collective_us_each", "bare_us", "ratio",
            "work_between_collectives_us", "bare_after_work_us", "agreement_us_each",
-           "agreement_ratio_to_bare_after_work", "arrive_after_work_us", "protocol_after_work_us")
+           "agreement_ratio_to_bare_after_work", "arrive_after_work_us", "protocol_after_work_us",
+           "staggered_agreement_us")
 
 
 def main() -> None:
