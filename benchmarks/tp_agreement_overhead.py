@@ -136,13 +136,15 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
             "violations": summary["invariants"]["violations"]}  # type: ignore[index]
 
 
-def after_work_s(exchange: Callable[[], object], iters: int, gap_s: float) -> float:
+def after_work_s(exchange: Callable[[], object], iters: int, gap_s: float,
+                 lag_s: float = 0.0) -> float:
     """Mean seconds of `exchange` made `iters` times, each after `gap_s` of busy work that
-    every rank starts together (a barrier), as the cache makes its collectives."""
+    every rank starts together (a barrier), as the cache makes its collectives; rank r works
+    r x `lag_s` longer (0: the ranks arrive in step)."""
     spent = 0.0
     for _ in range(iters):
         dist.barrier()
-        until = time.perf_counter() + gap_s
+        until = time.perf_counter() + gap_s + lag_s * dist.get_rank()
         while time.perf_counter() < until:
             pass
         t = time.perf_counter()
@@ -157,12 +159,7 @@ def staggered_agreement_s(c: ProcessCollectives, iters: int, gap_s: float) -> fl
     for the last rank (the rows' arrival stamps), as `agreement_us_each` is counted. On an
     early rank that includes waking up once the last one comes."""
     exchange_s, wait_s = c.exchange_s, c.wait_s
-    for _ in range(iters):
-        dist.barrier()
-        until = time.perf_counter() + gap_s * (1 + c.rank)
-        while time.perf_counter() < until:
-            pass
-        c.all_reduce_min("reserve", (1, 1, 1, 1))
+    after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1, 1)), iters, gap_s, lag_s=gap_s)
     return ((c.exchange_s - exchange_s) - (c.wait_s - wait_s)) / iters
 
 
