@@ -304,8 +304,8 @@ def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(
 
     first = TransferTimings(enqueue_s=1e-3, workspace_setup_s=9e-3, service_s=2e-3)
     grown = TransferTimings(enqueue_s=1e-3, workspace_setup_s=5e-3, service_s=2e-3)
-    ctl._sample(Direction.D2H, _Timed(4096, first))  # type: ignore[arg-type]  # the warm-up
-    ctl._sample(Direction.D2H, _Timed(4096, grown))  # type: ignore[arg-type]
+    ctl.transfers.sample(Direction.D2H, _Timed(4096, first))  # type: ignore[arg-type]  # the warm-up
+    ctl.transfers.sample(Direction.D2H, _Timed(4096, grown))  # type: ignore[arg-type]
     line = ctl.model.line("d2h")
     assert line.samples_seen == 1
     size, seconds = line._window[-1]

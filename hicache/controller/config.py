@@ -31,7 +31,7 @@ from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
 from hicache.pools.hits import ALL_POOLS, check_policy, required_pools
-from hicache.pools.presets import SINGLE_POOL
+from hicache.pools.presets import SINGLE_POOL, group as preset_group
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import window_pools
 
@@ -156,6 +156,14 @@ class CacheConfig:
             return None
         return {"L1": {name: self.l1_window_pages * group.ratio(name)
                        for name in window_pools(group)}}
+
+    def page_bytes(self) -> dict[str, int]:
+        """Bytes of one own page per backed-up pool, by pool name (the single pool's: the
+        geometry's page): the unit the L3 write ledger counts bytes in."""
+        group = self.group
+        if group is None:
+            return {p.name: self.kv.bytes_per_page for p in preset_group(SINGLE_POOL).pools}
+        return {p.name: p.bytes_per_page for p in group.backed_up().pools}
 
     @property
     def kv(self) -> KVGeometry:

@@ -13,13 +13,20 @@ The data plane is given (`engine=`, e.g. a NullEngine whose completions the call
 by op) or built from the config (a TransferEngine); spec/faults.md says what each injected
 fault does, including the crash between a transfer and its publication.
 
-Contract: this class is the facade; each concept has its own room and the facade only routes.
-Restore staging is restore.py, eviction and write-back eviction.py, the backup planner
-backup.py, L3 faults l3health.py, verification verify.py. Every state change is a
-`ControlPlane` transition (invariants checked per the check mode), and every question about
-a node is one of its queries: no module here reads a node's state, value or lock. What each
-operation may raise, and the rules for pins, sharing and ends with ops in flight, are in
-spec/restore.md; eviction in spec/eviction.md.
+Contract: this class is the facade; each concept has its own room and the facade only routes:
+
+    restore.py     restore staging: parts, sharing, promotion, what a settled op means
+    transfers.py   issue, conclude (C4) and settle transfers, planned backups included
+    ranks.py       what this rank brings to the admit and serve agreements (C1a-C1c, C3)
+    eviction.py    eviction and the write-back it triggers
+    backup.py      the backup planner (write policy)
+    l3health.py    L3 faults: bad slots, a lost file
+    verify.py      restored bytes compared with what was computed
+
+Every state change is a `ControlPlane` transition (invariants checked per the check mode),
+and every question about a node is one of its queries: no module here reads a node's state,
+value or lock. What each operation may raise, and the rules for pins, sharing and ends with
+ops in flight, are in spec/restore.md; eviction in spec/eviction.md.
 """
 
 from __future__ import annotations
@@ -29,9 +36,8 @@ import weakref
 from typing import TYPE_CHECKING, Sequence
 
 from hicache.control import ControlPlane
-from hicache.records import PendingOp, UnknownRequest
-from hicache.controller.backup import BackupPlanner, chain_lacking
-from hicache.controller.clamp import clamped_nodes
+from hicache.records import UnknownRequest
+from hicache.controller.backup import BackupPlanner
 from hicache.controller.config import CacheConfig
 from hicache.controller.crashsite import ControllerFaults
 from hicache.controller.digests import CachedDigests
@@ -40,29 +46,24 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
+from hicache.controller.ranks import RankAgreement
 from hicache.controller.planes import bind_group, choose_plane
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
+from hicache.controller.transfers import Transfers
 from hicache.controller.verify import RestoreMismatch
-from hicache.dataplane.aimed import issue_aimed
-from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.agreement import Agreement
 from hicache.distributed.collectives import Collectives
-from hicache.distributed.ledger import AckedWrite, L3Writes
+from hicache.distributed.ledger import L3Writes
 from hicache.distributed.rankview import rank_view
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
-from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import (
-    ConfigError, CorruptSlot, HiCacheError, IllegalTransition, InvariantViolation, OutOfPages,
-    RequestTooLarge, ReservationAborted, RestorePending, StorageError, TransferError,
-    UnreadableSlot,
+    ConfigError, InvariantViolation, OutOfPages, RequestTooLarge, RestorePending, TransferError,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
-from hicache.policy.decisions import CHOICES
-from hicache.policy.policies import Decision, price_candidates
 from hicache.pools.presets import SINGLE_POOL, group as preset_group
-from hicache.pools.spec import REPLICATED
-from hicache.tiers import TIERS, Direction, Tier
+from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
 from hicache.tree import MatchResult, TreeNode
 
@@ -73,8 +74,6 @@ if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
 
 __all__ = ["CacheController", "RestoreMismatch"]
 
-BAD_SLOT = (CorruptSlot, UnreadableSlot)  # a read's bad-slot errors, in C4's reason order
-BAD_SLOT_REASONS = ("corrupt", "unreadable")
 
 
 class CacheController:
@@ -124,7 +123,6 @@ class CacheController:
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
         self.metrics = Metrics()
-        self.handles: dict[int, TransferHandle] = {}
         # Across ranks a window may be freed on one rank only: chains are planned without
         # windows (the same on every rank) and a freed window refuses its rank's issue (C2).
         self.backups = BackupPlanner(self.cp, config.write_policy, windows=not self.tp)
@@ -134,14 +132,20 @@ class CacheController:
         # alive until the garbage collector happens to run.
         me = weakref.proxy(self)
         self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
-                               lambda node: me._back_up_now(node), windows=not self.tp)
+                               lambda node: me.transfers.back_up_now(node), windows=not self.tp)
+        self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
+        self.ranks = RankAgreement(self.cp, self.agree, g, self.policy, self.model, self.evictor,
+                                   lambda m: me._policy_hits(m))  # C1a-C1c, C3
+        self.transfers = Transfers(
+            self.cp, self.engine, self.agree, self.group, config.page_bytes(), hooks=self.hooks,
+            l3=self.l3, evictor=self.evictor, backups=self.backups, replicas=self.replicas,
+            l3_writes=self.l3_writes, metrics=self.metrics, model=self.model,
+            settled=lambda op, status, kept: me.stager.settled(op, status, kept))
+        self.handles = self.transfers.handles  # op id -> handle: what a driver finishes or fails
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
-        self.stager = RestoreStager(self.cp, self.metrics,
-                                    lambda d, chain, rid: me.issue(d, chain, rid),
+        self.stager = RestoreStager(self.cp, self.metrics, self.transfers.issue,
                                     lambda: me._after_part_dropped(), plane.verifier,
                                     config.promotion, share=config.load_back_overlap == "share")
-        self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
-        self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
 
     @property
     def transfer_engine(self) -> TransferEngine:
@@ -206,26 +210,10 @@ class CacheController:
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         prompt = max(len(tokens) // g.page_size * g.page_size, 1)  # the page-aligned prompt
-        # C1a's by-products: (this rank's own hits, its decision on them, rank 0's choice code
-        # or None when rank 0's own hits were cut).
-        own: list[tuple[tuple[int, int, int], Decision, int | None]] = []
         m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1,
-                                  agree=(lambda m: self._agree_hits(m, prompt, own))
-                                  if self.tp else None)
+                                  agree=(lambda m: self.ranks.hits(m, prompt)) if self.tp else None)
         l1, l2, l3 = self._policy_hits(m)
-        if own and own[0][0] == (l1, l2, l3):
-            decision = own[0][1]  # the agreed hits are this rank's own: so is the decision
-        else:
-            decision = self.policy.decide(l1, l2, l3, prompt, g.bytes_per_token)
-        if self.tp:  # C1a (or C1b): rank 0's choice (a cost model's timings are its own)
-            code = own[0][2]
-            if code is None:  # rank 0's own hits were cut: it chooses again, on the agreed ones
-                code = self.agree.choice(CHOICES.index(decision.choice))
-            chosen = CHOICES[code]
-            if chosen != decision.choice:
-                cands = price_candidates(self.model, l1, l2, l3, prompt, g.bytes_per_token)
-                decision = cands.decision(chosen, f"rank 0's choice ({chosen}; this rank's: "
-                                                  f"{decision.choice}, {decision.reason})")
+        decision = self.ranks.decide((l1, l2, l3), prompt)  # across ranks, rank 0's choice
         mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
         self.stager.restores[request_id] = mat
         self.metrics.prompt_tokens += len(tokens)
@@ -267,58 +255,6 @@ class CacheController:
         as it may serve (a quarantined or offline L3 copy serves nothing)."""
         return m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m))
 
-    def _agree_hits(self, m: MatchResult, prompt: int,
-                    own: list[tuple[tuple[int, int, int], Decision, int | None]]) -> tuple[int, ...]:
-        """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
-        rank's own) of a prompt of `prompt` page-aligned tokens (at least 1). Appends to `own`
-        this rank's own hits, its decision on them and rank 0's choice code (None: C1b must
-        ask rank 0 again)."""
-        g = self.config.kv
-        ps = g.page_size
-        deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
-        run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
-        bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
-        hits = self._policy_hits(m)
-        decision = self.policy.decide(*hits, prompt, g.bytes_per_token)
-        windows = self.cp.windows
-        # The mask spans the prompt's page ends: a length every rank knows (F17).
-        mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
-        agreed, rank0 = self.agree.admit(bounds, m.lengths[0] // ps, CHOICES.index(decision.choice),
-                                         mask)
-        own.append((hits, decision, rank0))
-        return tuple(pages * ps for pages in agreed)
-
-    def _agree_served(self, mat: Materialization) -> tuple[TreeNode | None, bool]:
-        """C1c, carrying C3: (the planned node every rank may serve through, whether every
-        rank can make the L1 room for the rest), by masks over the prompt's page ends (their
-        length is the prompt's: the same on every rank, whatever each rank's restore plan
-        holds now, F17). The room entry of each endpoint this rank can serve says whether it
-        could compute the rest after it."""
-        ps = self.config.kv.page_size
-        ends: dict[int, TreeNode] = {}  # page end -> the servable planned node ending there
-        for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
-            if ok and i:  # (a planned node past the servable run may be gone from the tree)
-                ends[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = mat.nodes[i - 1]
-        servable = [0] * (len(mat.tokens) // ps + 1)
-        room = [1] * len(servable)
-        room[0] = int(self._room_for(mat, None))
-        for end, node in ends.items():
-            servable[end], room[end] = 1, int(self._room_for(mat, node))
-        served, room_all = self.agree.serve(servable, room)
-        return (ends.get(served) if served else None), room_all
-
-    def _room_for(self, mat: Materialization, deepest: TreeNode | None) -> bool:
-        """Whether this rank's L1 can take the pages a prefill of `mat` computes when it
-        serves through `deepest` (None: through the request's `cached_len`): free pages, or
-        pages eviction could free without touching the served prefix."""
-        ps = self.config.kv.page_size
-        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(mat.request_id)
-        need = (-(-len(mat.tokens) // ps) * ps - start) // ps
-        if need <= 0:
-            return True
-        keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
-        return self.cp.free_pages(Tier.L1) >= need or self.evictor.can_make_room_l1(need, keep)
-
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
         an id that is not live."""
@@ -350,7 +286,7 @@ class CacheController:
             raise RestorePending(request_id)
         deepest, room = self.stager.deepest_in_l1(mat), None
         if self.tp:  # C1c: the largest planned node every rank can serve, and (C3) the room
-            deepest, room = self._agree_served(mat)
+            deepest, room = self.ranks.served(mat)
         g = self.config.kv
         start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(request_id)
         # Compute through the prompt's last token: whole pages are inserted, a partial last
@@ -364,7 +300,7 @@ class CacheController:
             keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
             need, free = todo // g.page_size, self.cp.free_pages(Tier.L1)
             if room is None:  # one rank (across ranks C3 rode on C1c: refused unless all can)
-                room = self._room_for(mat, deepest)
+                room = self.ranks.room_for(mat, deepest)
             if not room:
                 raise OutOfPages("L1", need, free)  # refused: nothing evicted
             self.evictor.make_room(Tier.L1, need, keep=keep)
@@ -424,7 +360,7 @@ class CacheController:
         """Cancel the restore's own ops (each handle quiesces first) and apply each."""
         for op_id in sorted(mat.ops):
             self.handles[op_id].cancel()
-            self._settle(op_id)
+            self.transfers.settle(op_id)
 
     # -- progress ---------------------------------------------------------------------------
 
@@ -442,10 +378,10 @@ class CacheController:
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         self.hooks.refuse_if_crashed()
-        self._conclude(sorted(self.handles))  # C4, unconditionally: every rank, every tick
+        self.transfers.conclude(sorted(self.handles))  # C4, unconditionally: every rank, every tick
         self.stager.advance()
         for direction, chain in self.backups.due():
-            self._issue_backup(direction, chain)
+            self.transfers.issue_backup(direction, chain)
         self.l3.drop_unread()  # quarantined copies (offline: all) once no reader holds them
 
     def drain(self, timeout_s: float = 60.0) -> None:
@@ -481,227 +417,13 @@ class CacheController:
             self.finish(rid)
         for op_id in list(self.handles):
             self.handles[op_id].cancel()
-            self._settle(op_id)
+            self.transfers.settle(op_id)
         self.engine.close()
         # The control plane and its tree reference each other (split callbacks); without this
         # the cycle would hold the engine's pools until the garbage collector runs.
         self.cp.digests = None
 
-    # -- transfers --------------------------------------------------------------------------
-
-    def issue(self, direction: Direction, chain: list[TreeNode], request_id: int | None = None) -> PendingOp:
-        """Reserve (evicting in the target tier if needed), lock, and start one transfer.
-
-        Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
-        `IllegalTransition` (a guard fails, or a node was removed from the tree), and
-        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline), and
-        `TransferError` when the data plane refuses the transfer (no workspace); callers in
-        this package turn the last into a fallback or a dropped backup, never an escape.
-        Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
-        reservation fails as if the tier were full: OutOfPages, nothing changed).
-
-        Across ranks (spec/tp.md C2) the issue is two-phase: each rank reserves and issues
-        here, the ranks agree, and unless every rank succeeded with the same pages every rank
-        releases what it took and raises `ReservationAborted` (an OutOfPages): no rank
-        evicts and retries alone."""
-        self.hooks.refuse_if_crashed()
-        parent = chain[0].parent
-        assert parent is not None, "the root is never transferred"
-        need = sum(n.num_pages for n in chain)
-        op, handle, error, took_id = self._issue_here(direction, chain, request_id, need, parent)
-        if self.tp:
-            agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
-            if not agreed and op is not None and handle is not None:
-                handle.cancel()  # quiesced: the hardware no longer touches its pages
-                self.cp.cancel(op.op_id)
-            if not took_id:
-                self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
-            if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
-                if self.l3.online:
-                    self.l3.take_offline(error if isinstance(error, StorageError) else StorageError(
-                        self.engine.l3_path, "another rank's L3 file was lost"))
-                raise error if isinstance(error, StorageError) else StorageError(
-                    self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
-            if not agreed:
-                raise ReservationAborted(str(direction.target), need,
-                                         self.cp.free_pages(direction.target), error)
-        if error is not None:
-            raise error
-        assert op is not None and handle is not None  # Verify: no error means an op in flight.
-        self.handles[op.op_id] = handle
-        return op
-
-    def _issue_here(self, direction: Direction, chain: list[TreeNode], request_id: int | None,
-                    need: int, parent: TreeNode
-                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
-        """This rank's half of `issue`: the op and its handle, or the error that refused it
-        (whatever was taken released again), and whether this transfer took an op id. (Not
-        "did the next id move": making room may issue write-back's own transfers first, each
-        with its ids and agreement; only this transfer's id may be missing on a rank.)"""
-        try:
-            if not self.l3.online and Tier.L3 in (direction.source, direction.target):
-                raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
-            aim = self.hooks.aimed(direction, request_id)
-            # Keep the chain's parent: evicting it would open a backup gap under the chain.
-            self.evictor.make_room(direction.target, need, keep=[parent])
-            self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
-            op = self.cp.issue(direction, chain, request_id)
-        except HiCacheError as e:
-            return None, None, e, False
-        if aim is not None and aim.action == "crash":
-            self.hooks.crash_ops.add(op.op_id)
-        if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
-            return op, self._acked(op), None, True  # C6b: this rank writes none of these pools
-        try:
-            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
-                                 self.hooks.landing(aim, self.group, need))
-        except HiCacheError as e:
-            self.cp.fail(op.op_id)
-            if isinstance(e, StorageError):
-                self.l3.take_offline(e)
-            return None, None, e, True
-        return op, handle, None, True
-
-    def _acked(self, op: PendingOp) -> TransferHandle:
-        """A finished handle for an H2S this rank does not write (spec/tp.md C6b)."""
-        handle = AckedWrite(op.direction, 0)
-        handle.finish(True)
-        return handle
-
-    def _conclude(self, op_ids: Sequence[int]) -> None:
-        """C4 over ops `op_ids` (issue order): apply each that ended on every rank, or failed
-        on some rank (a rank still moving it cancels first), keeping the fewest nodes any
-        rank landed. One rank: each final op, as it ended."""
-        local: list[Local] = []
-        for op_id in op_ids:
-            handle = self.handles[op_id]
-            status = handle.poll()
-            nodes = len(self.cp.ops[op_id].nodes)
-            reason, slot = 0, NO_SLOT
-            if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
-                reason, slot = BAD_SLOT.index(type(handle.error)) + 1, min(handle.error.slots)
-            if status is TransferStatus.FAILED:
-                kept = (clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
-                        if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
-                        else 0)
-                local.append((True, True, kept, reason, slot))
-            else:
-                local.append((status.final, False, nodes, reason, slot))
-        agreed = self.agree.completion(local)
-        if self.replicas.pools:
-            self.replicas.ack([op_id for op_id, (ended, failed, *_) in zip(op_ids, agreed)
-                          if ended and not failed
-                          and self.cp.ops[op_id].direction is Direction.H2S])
-        for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
-            if op_id not in self.handles or not (ended or failed):
-                continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
-            handle = self.handles[op_id]
-            if failed and not handle.status.final:
-                handle.cancel()  # another rank's copy failed: stop moving ours first
-            clamp = kept if failed and (kept or handle.landed is not None) else None
-            bad = (BAD_SLOT_REASONS[reason - 1], slot) if self.tp and reason else None
-            self._settle(op_id, failed=failed, kept=clamp, bad=bad)
-
-    def _settle(self, op_id: int, failed: bool | None = None, kept: int | None = None,
-                bad: tuple[str, int] | None = None) -> None:
-        """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
-        the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
-        handle's own final status (a cancel, the caller's own). `bad`: across ranks, the bad
-        L3 slot some rank's read found (reason, slot), dropped on every rank; one rank: the
-        handle's own error says."""
-        handle = self.handles.pop(op_id)
-        op = self.cp.ops[op_id]
-        status = handle.status
-        if failed:
-            status = TransferStatus.FAILED  # on some rank: on every rank
-        elif failed is not None and status is not TransferStatus.CANCELLED:
-            status = TransferStatus.DONE  # on every rank
-        crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
-        if crash is not None:
-            self.handles[op_id] = handle  # still unpublished: close() releases it
-            raise crash
-        self.metrics.transfer(op.direction, handle.nbytes, status, handle.timings)
-        if status is TransferStatus.DONE:
-            self.cp.complete(op_id)
-            self._sample(op.direction, handle)
-            if op.direction is Direction.D2H:
-                self.backups.after_d2h(op.nodes[-1])
-            elif op.direction is Direction.H2S:
-                self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
-                                      self._pool_bytes(),
-                                      self.replicas.written(isinstance(handle, AckedWrite)))
-        elif status is TransferStatus.CANCELLED:
-            self.cp.cancel(op_id)
-        if status is not TransferStatus.FAILED:
-            kept = None
-        elif kept is None and op.direction is Direction.S2H and handle.landed is not None:
-            kept = clamped_nodes(self.group, op.nodes, handle.landed)  # stopped part way
-        if status is TransferStatus.FAILED:
-            if kept is None:
-                self.cp.fail(op_id)
-            else:  # the whole nodes of the clamp published, the rest released
-                self.cp.complete_part(op_id, min(kept, len(op.nodes)))
-        self.stager.settled(op, status, kept)
-        backup = op.direction in (Direction.D2H, Direction.H2S)
-        if backup and status is TransferStatus.FAILED:  # a cancel (shutdown) drops nothing
-            self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
-        if self.tp:
-            if bad is not None:  # some rank's read found it: every rank drops that copy
-                self.l3.bad_slot(op.nodes, bad[1], bad[0])
-        elif isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
-            reason = "corrupt" if isinstance(handle.error, CorruptSlot) else "unreadable"
-            for slot in handle.error.slots:  # after the restore let go of its pins
-                self.l3.bad_slot(op.nodes, slot, reason)
-
-    def _pool_bytes(self) -> dict[str, int]:
-        """Bytes of one own page per backed-up pool (the single pool: the geometry's)."""
-        if self.config.group is None:
-            return {p.name: self.config.kv.bytes_per_page for p in self.group.pools}
-        return {p.name: p.bytes_per_page for p in self.group.backed_up().pools}
-
-    def _sample(self, direction: Direction, handle: TransferHandle) -> None:
-        """Feed a completed transfer's time to the cost model.
-
-        The sample: enqueue + queue wait + service (the handle's `enqueue_s` already leaves
-        one-time workspace setup out), not how late this loop happened to poll. The first
-        transfer of each direction also pays one-time costs the handle cannot separate (kernel
-        JIT for the real shapes, first touch): it is a warm-up, not a sample."""
-        t = handle.timings
-        steady = t.enqueue_s + t.queue_wait_s + t.service_s
-        first = direction not in self._observed
-        self._observed.add(direction)
-        if steady > 0 and not first:
-            self.model.observe(direction, handle.nbytes, steady)
-
-    def _issue_backup(self, direction: Direction, chain: list[TreeNode]) -> None:
-        """Issue one planned backup; when no room can be made, or L3 is lost, it is dropped
-        and its tokens counted, not retried."""
-        try:
-            self.issue(direction, chain)
-        except (OutOfPages, StorageError, TransferError) as e:
-            if isinstance(e, ReservationAborted) and isinstance(e.cause, IllegalTransition):
-                reason = "window_freed"  # this rank's source window is freed (spec/tp.md C2)
-            elif isinstance(e, StorageError):
-                reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
-            elif isinstance(e, TransferError):
-                reason = "backup_failed"  # refused at issue (no workspace): as a failed one
-            else:
-                reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
-            self.metrics.drop(reason, sum(len(n.key) for n in chain))
-
-    def _back_up_now(self, node: TreeNode) -> bool:
-        """Write-back: back `node` (and the chain it needs) up to L2 and wait. False if that
-        cannot be done (no room, or blocked); the caller counts the victim's loss, once."""
-        chain = chain_lacking(self.cp, node, Direction.D2H, windows=not self.tp)
-        if not chain or chain[-1] is not node:
-            return False
-        try:
-            op = self.issue(Direction.D2H, chain)
-        except (OutOfPages, TransferError):  # across ranks, a freed window aborts it (C2)
-            return False
-        self.handles[op.op_id].wait()
-        self._conclude([op.op_id])  # C4 for this one op: its end, agreed
-        return self.cp.holds(node, Tier.L2)
+    # -- transfers ------------------------------------------------------------------------
 
     def _after_part_dropped(self) -> None:
         if not self.l3.online:

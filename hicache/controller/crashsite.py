@@ -3,8 +3,8 @@
     site / aim              consulted                        effect
     ----------------------  -------------------------------  ---------------------------------
     ALLOC_L1/L2/L3, alloc   `issue`, after make-room         OutOfPages for the target tier
-    CRASH_BEFORE_PUBLISH,   `_settle` of a DONE, before      SimulatedCrash; the controller
-    crash                   `complete`                       refuses all but close()
+    CRASH_BEFORE_PUBLISH,   `Transfers.settle` of a DONE,    SimulatedCrash; the controller
+    crash                   before `complete`                refuses all but close()
     partial (aim)           `issue` of an S2H                the per-pool landing report
                                                              the handle fails with (`landing`)
 

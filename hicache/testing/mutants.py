@@ -36,12 +36,12 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     B16-ack      B16    L3Writes.writes_any                       ranks other than 0 ack L3
                                                                   backups they should write
     TP-conditional  -   Agreement.completion                      skips C4 with nothing to say
-    TP-local-capacity - CacheController._issue_here               evicts and retries alone
+    TP-local-capacity - Transfers._issue_here                     evicts and retries alone
     TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
                                                                   the ranks' own hits
     TP-rank-local-bytes GroupSyntheticProducer.pool_bytes         a replicated pool's bytes
                                                                   differ on ranks but 0
-    F11-no-clamp -      controller.clamped_nodes                  a stopped S2H publishes
+    F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
                                                                   every node it read
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
@@ -432,10 +432,10 @@ def _tp_conditional() -> contextlib.AbstractContextManager[None]:
 def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
     """A rank-local capacity decision: a rank whose reservation was refused evicts more and
     retries alone, before the ranks agree (C2)."""
-    from hicache.controller.controller import CacheController
+    from hicache.controller.transfers import Transfers
     from hicache.errors import OutOfPages
 
-    original = CacheController.__dict__["_issue_here"]
+    original = Transfers.__dict__["_issue_here"]
 
     def _issue_here(self: Any, direction: Any, chain: Any, request_id: Any, need: int,
                     parent: Any) -> Any:
@@ -445,7 +445,7 @@ def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
             got = original(self, direction, chain, request_id, need, parent)
         return got
 
-    return _swapped(CacheController, "_issue_here", _issue_here)
+    return _swapped(Transfers, "_issue_here", _issue_here)
 
 
 def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
@@ -485,9 +485,9 @@ def _f11_no_clamp() -> contextlib.AbstractContextManager[None]:
     """An S2H that stopped part way publishes every node it was reading, not only the whole
     nodes within `prefetch_clamp` of what landed (SGLang #30334: a prefix published past a
     sidecar's coverage). The landed report is still drawn and applied."""
-    import hicache.controller.controller as controller
+    import hicache.controller.transfers as transfers
 
-    return _swapped(controller, "clamped_nodes", lambda group, nodes, landed: len(nodes))
+    return _swapped(transfers, "clamped_nodes", lambda group, nodes, landed: len(nodes))
 
 
 ZOO: tuple[Mutant, ...] = (
@@ -529,14 +529,14 @@ ZOO: tuple[Mutant, ...] = (
            "without writing it, a sharded pool's included (the rule itself right)", _b16_ack),
     Mutant("TP-conditional", "-", "Agreement.completion", "a rank skips the per-tick completion "
            "reduction when none of its ops ended locally", _tp_conditional),
-    Mutant("TP-local-capacity", "-", "CacheController._issue_here", "a refused reservation "
+    Mutant("TP-local-capacity", "-", "Transfers._issue_here", "a refused reservation "
            "evicts and retries on that rank alone, before C2", _tp_local_capacity),
     Mutant("TP-min-of-maxima", "-", "Agreement.admit", "the agreed L1 hit is the least of the "
            "ranks' own hits, not the largest endpoint in every rank's mask", _tp_min_of_maxima),
     Mutant("TP-rank-local-bytes", "-", "GroupSyntheticProducer.pool_bytes", "a replicated "
            "pool's bytes computed rank-locally: ranks other than 0 hold bytes of their own",
            _tp_rank_local_bytes),
-    Mutant("F11-no-clamp", "-", "controller.clamped_nodes", "an S2H stopped part way "
+    Mutant("F11-no-clamp", "-", "transfers.clamped_nodes", "an S2H stopped part way "
            "publishes every node it read, not the clamp of what landed in every pool",
            _f11_no_clamp),
     Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "

@@ -1,0 +1,119 @@
+"""What one rank brings to the admit and serve agreements, and what it takes from them.
+
+    hits(m, prompt)           C1a: this rank's bounds, own L1 hit, choice and endpoint mask
+                              in; the hits every rank uses out (tokens)
+    decide(hits, prompt)      the decision on the agreed hits: this rank's own when they are
+                              its own hits, else its policy's; across ranks rank 0's choice
+                              (C1a's, or C1b asked again)
+    served(mat)               C1c carrying C3: the planned node every rank serves through, and
+                              whether every rank can make the L1 room for the rest
+    room_for(mat, deepest)    whether this rank's L1 can take the rest (one rank's C3)
+
+Contract: every payload's size is a length every rank knows (the prompt's pages), never this
+rank's plan's (spec/tp.md, F17); one rank (`agree.size == 1`) makes no collective here and
+`decide` is the policy's own. The collectives themselves are `hicache.distributed.agreement`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hicache.control import ControlPlane
+from hicache.controller.eviction import Evictor
+from hicache.controller.materialize import Materialization
+from hicache.dataplane.geometry import KVGeometry
+from hicache.distributed.agreement import Agreement
+from hicache.policy import CostModel
+from hicache.policy.decisions import CHOICES
+from hicache.policy.policies import Decision, Policy, price_candidates
+from hicache.tiers import Tier
+from hicache.tree import MatchResult, TreeNode
+
+__all__ = ["RankAgreement"]
+
+Hits = tuple[int, int, int]  # tokens hit in L1, L2, and L3 as far as it may serve
+PolicyHits = Callable[[MatchResult], Hits]
+
+
+class RankAgreement:
+    def __init__(self, cp: ControlPlane, agree: Agreement, kv: KVGeometry, policy: Policy,
+                 model: CostModel, evictor: Evictor, policy_hits: PolicyHits) -> None:
+        """`policy_hits(m)`: the hits, in tokens, the policy decides on for match `m`."""
+        self.cp, self.agree, self.kv = cp, agree, kv
+        self.policy, self.model, self.evictor = policy, model, evictor
+        self.policy_hits = policy_hits
+        self.tp = agree.size > 1
+        # C1a's by-products for the admission in progress: this rank's own hits, its decision
+        # on them, and rank 0's choice code (None: rank 0's own hits were cut, C1b decides).
+        self._own: tuple[Hits, Decision, int | None] | None = None
+
+    def hits(self, m: MatchResult, prompt: int) -> tuple[int, ...]:
+        """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
+        rank's own) of a prompt of `prompt` page-aligned tokens (at least 1)."""
+        ps = self.kv.page_size
+        deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
+        run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
+        bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
+        own = self.policy_hits(m)
+        decision = self.policy.decide(*own, prompt, self.kv.bytes_per_token)
+        windows = self.cp.windows
+        # The mask spans the prompt's page ends: a length every rank knows (F17).
+        mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
+        agreed, rank0 = self.agree.admit(bounds, m.lengths[0] // ps, CHOICES.index(decision.choice),
+                                         mask)
+        self._own = (own, decision, rank0)
+        return tuple(pages * ps for pages in agreed)
+
+    def decide(self, hits: Hits, prompt: int) -> Decision:
+        """The decision on `hits` (the agreed ones across ranks) for a prompt of `prompt`
+        page-aligned tokens. Across ranks every rank takes rank 0's choice (a cost model's
+        timings are its own): C1a's when rank 0's own hits were the agreed ones, else C1b's.
+        Consumes the by-products of the `hits` call of this admission."""
+        own, self._own = self._own, None
+        if own is not None and own[0] == hits:
+            decision = own[1]  # the agreed hits are this rank's own: so is the decision
+        else:
+            decision = self.policy.decide(*hits, prompt, self.kv.bytes_per_token)
+        if not self.tp:
+            return decision
+        assert own is not None, "across ranks every admission makes C1a first"
+        code = own[2]
+        if code is None:  # rank 0's own hits were cut: it chooses again, on the agreed ones
+            code = self.agree.choice(CHOICES.index(decision.choice))
+        chosen = CHOICES[code]
+        if chosen == decision.choice:
+            return decision
+        cands = price_candidates(self.model, *hits, prompt, self.kv.bytes_per_token)
+        return cands.decision(chosen, f"rank 0's choice ({chosen}; this rank's: "
+                                      f"{decision.choice}, {decision.reason})")
+
+    def served(self, mat: Materialization) -> tuple[TreeNode | None, bool]:
+        """C1c, carrying C3: (the planned node every rank may serve through, whether every
+        rank can make the L1 room for the rest), by masks over the prompt's page ends (their
+        length is the prompt's: the same on every rank, whatever each rank's restore plan
+        holds now, F17). The room entry of each endpoint this rank can serve says whether it
+        could compute the rest after it."""
+        ps = self.kv.page_size
+        ends: dict[int, TreeNode] = {}  # page end -> the servable planned node ending there
+        for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
+            if ok and i:  # (a planned node past the servable run may be gone from the tree)
+                ends[self.cp.tree.prefix_tokens(mat.nodes[i - 1]) // ps] = mat.nodes[i - 1]
+        servable = [0] * (len(mat.tokens) // ps + 1)
+        room = [1] * len(servable)
+        room[0] = int(self.room_for(mat, None))
+        for end, node in ends.items():
+            servable[end], room[end] = 1, int(self.room_for(mat, node))
+        served, room_all = self.agree.serve(servable, room)
+        return (ends.get(served) if served else None), room_all
+
+    def room_for(self, mat: Materialization, deepest: TreeNode | None) -> bool:
+        """Whether this rank's L1 can take the pages a prefill of `mat` computes when it
+        serves through `deepest` (None: through the request's `cached_len`): free pages, or
+        pages eviction could free without touching the served prefix."""
+        ps = self.kv.page_size
+        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(mat.request_id)
+        need = (-(-len(mat.tokens) // ps) * ps - start) // ps
+        if need <= 0:
+            return True
+        keep = self.cp.tree.path_to_root(deepest) if deepest is not None else ()
+        return self.cp.free_pages(Tier.L1) >= need or self.evictor.can_make_room_l1(need, keep)

@@ -1,0 +1,278 @@
+"""Transfers: issue one, conclude those that ended (C4), settle each into the control plane.
+
+    issue(direction, chain, rid)   evict for room, reserve, lock, start; across ranks two-phase
+                                   (reserve -> agree -> commit or abort, spec/tp.md C2)
+    conclude(op_ids)               C4: the agreed end of each op, applied (every rank, every tick)
+    settle(op_id, ...)             one op's end: complete, clamp, fail or cancel, then the
+                                   cost model, backups, L3 write ledger and bad-slot quarantine
+    issue_backup / back_up_now     a planned backup (dropped and counted when refused), and
+                                   write-back's backup of an eviction victim (waited for)
+
+Contract: `handles` maps every op in flight to its data-plane handle; an op leaves it only
+through `settle` (or `close`'s quiesce). A refused issue changes nothing (its errors are
+`issue`'s). The room a transfer needs comes from the one eviction loop (eviction.py); what a
+restore does with an op's end is the stager's (`settled`, restore.py). spec/restore.md says
+what each end means, spec/tp.md C2/C4/C6 what the ranks agree on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from hicache.control import ControlPlane
+from hicache.controller.backup import BackupPlanner, chain_lacking
+from hicache.controller.clamp import clamped_nodes
+from hicache.controller.crashsite import ControllerFaults
+from hicache.controller.eviction import Evictor
+from hicache.controller.l3health import L3Health
+from hicache.controller.metrics import Metrics
+from hicache.controller.replicas import ReplicatedL3
+from hicache.dataplane.aimed import issue_aimed
+from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.plane import DataPlane
+from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.ledger import AckedWrite, L3Writes
+from hicache.errors import (
+    CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, ReservationAborted, StorageError,
+    TransferError, UnreadableSlot,
+)
+from hicache.policy import CostModel
+from hicache.pools.spec import PoolGroup
+from hicache.records import PendingOp
+from hicache.tiers import Direction, Tier
+from hicache.tree import TreeNode
+
+__all__ = ["Settled", "Transfers"]
+
+BAD_SLOT = (CorruptSlot, UnreadableSlot)  # a read's bad-slot errors, in C4's reason order
+BAD_SLOT_REASONS = ("corrupt", "unreadable")
+
+Settled = Callable[[PendingOp, TransferStatus, "int | None"], None]  # (op, end, nodes kept)
+
+
+class Transfers:
+    def __init__(self, cp: ControlPlane, engine: DataPlane, agree: Agreement, group: PoolGroup,
+                 page_bytes: dict[str, int], *, hooks: ControllerFaults, l3: L3Health,
+                 evictor: Evictor, backups: BackupPlanner, replicas: ReplicatedL3,
+                 l3_writes: L3Writes, metrics: Metrics, model: CostModel,
+                 settled: Settled) -> None:
+        """`page_bytes`: bytes of one own page per backed-up pool (the L3 write ledger's
+        unit). `settled(op, status, kept)`: told after the control plane applied each op's
+        end (the restore stager). The rest are the controller's rooms this one drives."""
+        self.cp, self.engine, self.agree, self.group = cp, engine, agree, group
+        self.tp = agree.size > 1  # the same on every rank: no collective depends on it
+        self.page_bytes = page_bytes
+        self.hooks, self.l3, self.evictor, self.backups = hooks, l3, evictor, backups
+        self.replicas, self.l3_writes = replicas, l3_writes
+        self.metrics, self.model = metrics, model
+        self.settled = settled
+        self.handles: dict[int, TransferHandle] = {}  # op id -> its handle, while in flight
+        self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
+
+    def issue(self, direction: Direction, chain: list[TreeNode], request_id: int | None = None) -> PendingOp:
+        """Reserve (evicting in the target tier if needed), lock, and start one transfer.
+
+        Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
+        `IllegalTransition` (a guard fails, or a node was removed from the tree), and
+        `StorageError` for an L3 transfer when the L3 file is lost (L3 is then offline), and
+        `TransferError` when the data plane refuses the transfer (no workspace); callers in
+        this package turn the last into a fallback or a dropped backup, never an escape.
+        Faults (`faults`): the op aimed at (`FaultInjector.aim`), and ALLOC_L1/L2/L3 (the
+        reservation fails as if the tier were full: OutOfPages, nothing changed).
+
+        Across ranks (spec/tp.md C2) the issue is two-phase: each rank reserves and issues
+        here, the ranks agree, and unless every rank succeeded with the same pages every rank
+        releases what it took and raises `ReservationAborted` (an OutOfPages): no rank
+        evicts and retries alone."""
+        self.hooks.refuse_if_crashed()
+        parent = chain[0].parent
+        assert parent is not None, "the root is never transferred"
+        need = sum(n.num_pages for n in chain)
+        op, handle, error, took_id = self._issue_here(direction, chain, request_id, need, parent)
+        if self.tp:
+            agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
+            if not agreed and op is not None and handle is not None:
+                handle.cancel()  # quiesced: the hardware no longer touches its pages
+                self.cp.cancel(op.op_id)
+            if not took_id:
+                self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
+            if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
+                if self.l3.online:
+                    self.l3.take_offline(error if isinstance(error, StorageError) else StorageError(
+                        self.engine.l3_path, "another rank's L3 file was lost"))
+                raise error if isinstance(error, StorageError) else StorageError(
+                    self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
+            if not agreed:
+                raise ReservationAborted(str(direction.target), need,
+                                         self.cp.free_pages(direction.target), error)
+        if error is not None:
+            raise error
+        assert op is not None and handle is not None  # Verify: no error means an op in flight.
+        self.handles[op.op_id] = handle
+        return op
+
+    def _issue_here(self, direction: Direction, chain: list[TreeNode], request_id: int | None,
+                    need: int, parent: TreeNode
+                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
+        """This rank's half of `issue`: the op and its handle, or the error that refused it
+        (whatever was taken released again), and whether this transfer took an op id. (Not
+        "did the next id move": making room may issue write-back's own transfers first, each
+        with its ids and agreement; only this transfer's id may be missing on a rank.)"""
+        try:
+            if not self.l3.online and Tier.L3 in (direction.source, direction.target):
+                raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
+            aim = self.hooks.aimed(direction, request_id)
+            # Keep the chain's parent: evicting it would open a backup gap under the chain.
+            self.evictor.make_room(direction.target, need, keep=[parent])
+            self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
+            op = self.cp.issue(direction, chain, request_id)
+        except HiCacheError as e:
+            return None, None, e, False
+        if aim is not None and aim.action == "crash":
+            self.hooks.crash_ops.add(op.op_id)
+        if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
+            return op, self._acked(op), None, True  # C6b: this rank writes none of these pools
+        try:
+            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
+                                 self.hooks.landing(aim, self.group, need))
+        except HiCacheError as e:
+            self.cp.fail(op.op_id)
+            if isinstance(e, StorageError):
+                self.l3.take_offline(e)
+            return None, None, e, True
+        return op, handle, None, True
+
+    def _acked(self, op: PendingOp) -> TransferHandle:
+        """A finished handle for an H2S this rank does not write (spec/tp.md C6b)."""
+        handle = AckedWrite(op.direction, 0)
+        handle.finish(True)
+        return handle
+
+    def conclude(self, op_ids: Sequence[int]) -> None:
+        """C4 over ops `op_ids` (issue order): apply each that ended on every rank, or failed
+        on some rank (a rank still moving it cancels first), keeping the fewest nodes any
+        rank landed. One rank: each final op, as it ended."""
+        local: list[Local] = []
+        for op_id in op_ids:
+            handle = self.handles[op_id]
+            status = handle.poll()
+            nodes = len(self.cp.ops[op_id].nodes)
+            reason, slot = 0, NO_SLOT
+            if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
+                reason, slot = BAD_SLOT.index(type(handle.error)) + 1, min(handle.error.slots)
+            if status is TransferStatus.FAILED:
+                kept = (clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
+                        if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
+                        else 0)
+                local.append((True, True, kept, reason, slot))
+            else:
+                local.append((status.final, False, nodes, reason, slot))
+        agreed = self.agree.completion(local)
+        if self.replicas.pools:
+            self.replicas.ack([op_id for op_id, (ended, failed, *_) in zip(op_ids, agreed)
+                          if ended and not failed
+                          and self.cp.ops[op_id].direction is Direction.H2S])
+        for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
+            if op_id not in self.handles or not (ended or failed):
+                continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
+            handle = self.handles[op_id]
+            if failed and not handle.status.final:
+                handle.cancel()  # another rank's copy failed: stop moving ours first
+            clamp = kept if failed and (kept or handle.landed is not None) else None
+            bad = (BAD_SLOT_REASONS[reason - 1], slot) if self.tp and reason else None
+            self.settle(op_id, failed=failed, kept=clamp, bad=bad)
+
+    def settle(self, op_id: int, failed: bool | None = None, kept: int | None = None,
+                bad: tuple[str, int] | None = None) -> None:
+        """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
+        the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
+        handle's own final status (a cancel, the caller's own). `bad`: across ranks, the bad
+        L3 slot some rank's read found (reason, slot), dropped on every rank; one rank: the
+        handle's own error says."""
+        handle = self.handles.pop(op_id)
+        op = self.cp.ops[op_id]
+        status = handle.status
+        if failed:
+            status = TransferStatus.FAILED  # on some rank: on every rank
+        elif failed is not None and status is not TransferStatus.CANCELLED:
+            status = TransferStatus.DONE  # on every rank
+        crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
+        if crash is not None:
+            self.handles[op_id] = handle  # still unpublished: close() releases it
+            raise crash
+        self.metrics.transfer(op.direction, handle.nbytes, status, handle.timings)
+        if status is TransferStatus.DONE:
+            self.cp.complete(op_id)
+            self.sample(op.direction, handle)
+            if op.direction is Direction.D2H:
+                self.backups.after_d2h(op.nodes[-1])
+            elif op.direction is Direction.H2S:
+                self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
+                                      self.page_bytes,
+                                      self.replicas.written(isinstance(handle, AckedWrite)))
+        elif status is TransferStatus.CANCELLED:
+            self.cp.cancel(op_id)
+        if status is not TransferStatus.FAILED:
+            kept = None
+        elif kept is None and op.direction is Direction.S2H and handle.landed is not None:
+            kept = clamped_nodes(self.group, op.nodes, handle.landed)  # stopped part way
+        if status is TransferStatus.FAILED:
+            if kept is None:
+                self.cp.fail(op_id)
+            else:  # the whole nodes of the clamp published, the rest released
+                self.cp.complete_part(op_id, min(kept, len(op.nodes)))
+        self.settled(op, status, kept)
+        backup = op.direction in (Direction.D2H, Direction.H2S)
+        if backup and status is TransferStatus.FAILED:  # a cancel (shutdown) drops nothing
+            self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
+        if self.tp:
+            if bad is not None:  # some rank's read found it: every rank drops that copy
+                self.l3.bad_slot(op.nodes, bad[1], bad[0])
+        elif isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
+            reason = "corrupt" if isinstance(handle.error, CorruptSlot) else "unreadable"
+            for slot in handle.error.slots:  # after the restore let go of its pins
+                self.l3.bad_slot(op.nodes, slot, reason)
+
+    def sample(self, direction: Direction, handle: TransferHandle) -> None:
+        """Feed a completed transfer's time to the cost model.
+
+        The sample: enqueue + queue wait + service (the handle's `enqueue_s` already leaves
+        one-time workspace setup out), not how late this loop happened to poll. The first
+        transfer of each direction also pays one-time costs the handle cannot separate (kernel
+        JIT for the real shapes, first touch): it is a warm-up, not a sample."""
+        t = handle.timings
+        steady = t.enqueue_s + t.queue_wait_s + t.service_s
+        first = direction not in self._observed
+        self._observed.add(direction)
+        if steady > 0 and not first:
+            self.model.observe(direction, handle.nbytes, steady)
+
+    def issue_backup(self, direction: Direction, chain: list[TreeNode]) -> None:
+        """Issue one planned backup; when no room can be made, or L3 is lost, it is dropped
+        and its tokens counted, not retried."""
+        try:
+            self.issue(direction, chain)
+        except (OutOfPages, StorageError, TransferError) as e:
+            if isinstance(e, ReservationAborted) and isinstance(e.cause, IllegalTransition):
+                reason = "window_freed"  # this rank's source window is freed (spec/tp.md C2)
+            elif isinstance(e, StorageError):
+                reason = "l3_offline"  # the file is lost; L1 and L2 keep serving
+            elif isinstance(e, TransferError):
+                reason = "backup_failed"  # refused at issue (no workspace): as a failed one
+            else:
+                reason = "host_pressure" if direction is Direction.D2H else "storage_pressure"
+            self.metrics.drop(reason, sum(len(n.key) for n in chain))
+
+    def back_up_now(self, node: TreeNode) -> bool:
+        """Write-back: back `node` (and the chain it needs) up to L2 and wait. False if that
+        cannot be done (no room, or blocked); the caller counts the victim's loss, once."""
+        chain = chain_lacking(self.cp, node, Direction.D2H, windows=not self.tp)
+        if not chain or chain[-1] is not node:
+            return False
+        try:
+            op = self.issue(Direction.D2H, chain)
+        except (OutOfPages, TransferError):  # across ranks, a freed window aborts it (C2)
+            return False
+        self.handles[op.op_id].wait()
+        self.conclude([op.op_id])  # C4 for this one op: its end, agreed
+        return self.cp.holds(node, Tier.L2)
