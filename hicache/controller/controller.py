@@ -46,8 +46,8 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
-from hicache.controller.ranks import RankAgreement
 from hicache.controller.planes import bind_group, choose_plane
+from hicache.controller.ranks import RankAgreement
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
 from hicache.controller.transfers import Transfers
@@ -73,7 +73,6 @@ if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.producers import KVProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
-
 
 
 class CacheController:
