@@ -132,11 +132,14 @@ def test_f6_a_backup_of_a_child_whose_parent_is_not_backed_up_is_refused() -> No
     parent, child = parent_and_child(c)
     before = owners(c.cp)
     with pytest.raises(IllegalTransition):
-        c.cp.issue(Direction.D2H, [child])
+        c.transfers.issue(Direction.D2H, [child])
     assert owners(c.cp) == before and not c.cp.ops
-    op = c.cp.issue(Direction.D2H, [parent, child])  # the whole chain is allowed
-    c.cp.complete(op.op_id)
+    op = c.transfers.issue(Direction.D2H, [parent, child])  # the whole chain is allowed
+    assert isinstance(c.engine, NullEngine)
+    c.engine.handles[-1].finish(True)  # the copy lands (its content tags arrive in L2)
+    c.transfers.conclude([op.op_id])
     assert c.cp.holds(parent, Tier.L2) and c.cp.holds(child, Tier.L2)
+    assert c.cp.checker.violations_found == 0
     c.close()
 
 

@@ -57,7 +57,7 @@ from hicache.distributed.collectives import Collectives
 from hicache.distributed.ledger import L3Writes
 from hicache.distributed.rankview import rank_view
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
-from hicache.dataplane.plane import DataPlane
+from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.errors import (
     ConfigError, InvariantViolation, OutOfPages, RequestTooLarge, RestorePending, TransferError,
 )
@@ -81,8 +81,9 @@ class CacheController:
                  engine: DataPlane | None = None, collectives: Collectives | None = None) -> None:
         """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
-        bytes (`has_bytes` False) gets no producer, no verifier and no digests: recompute
-        is a no-op and torch is never imported (planes.py; its ConfigErrors). `faults` serves the controller's own
+        bytes (`has_bytes` False) gets no producer and no verifier: recompute moves no bytes
+        and torch is never imported (planes.py; its ConfigErrors); one that keeps content
+        tags (a NullEngine, one rank) is told each compute, and its tags are the digests. `faults` serves the controller's own
         sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
         the engine, the data plane's; a caller-built engine takes its injector itself (pass
         the same one). `collectives`: this rank's, for a tensor-parallel cache (spec/tp.md;
@@ -116,8 +117,15 @@ class CacheController:
             except BaseException:
                 plane.engine.close()
                 raise
+        self.tagged: TaggedPlane | None = None  # a byte-free plane whose content tags I4 reads
         if plane.byte_plane is not None:
             self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
+        elif plane.tagged is not None and not self.tp:
+            # Content tags stand in for bytes (dataplane/tags.py), so I4 runs here too. Not
+            # across ranks: a replicated pool's L3 copy is rank 0's, which no other rank's
+            # tags see (its I4 stays vacuous, as on any byte-free plane).
+            self.tagged = plane.tagged
+            self.cp.digests = CachedDigests(plane.tagged.digests, self.cp.tables)
         self.model = CostModel()
         self.policy = make_policy(config.policy, self.model)
         self.decisions = DecisionLog()
@@ -435,10 +443,12 @@ class CacheController:
         rid = mat.request_id
         new_pages = self.cp.compute(rid, end - start)
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
-        if self.producer is not None and self._bytes is not None:  # a byte-free plane computes nothing
-            padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
+        padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
+        if self.producer is not None and self._bytes is not None:
             seconds = self.producer.produce(padded, start, end, self._bytes.l1.tensor, prefix, new_pages)
             self.model.observe("recompute", end - start, seconds)
+        elif self.tagged is not None:  # no bytes: the pages' content tags
+            self.tagged.computed(padded, start, end, new_pages)
         self.cp.insert(rid)
         self.backups.after_insert(self.cp.prefix_node(rid))
 

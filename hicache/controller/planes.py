@@ -11,7 +11,8 @@
                                     control plane's anchor -> pool pages mapping
     a GroupTransfer-    True        the same, on that engine
     Engine
-    a NullEngine, ...   False       no producer, no verifier, no digests; torch never imported
+    a NullEngine, ...   False       no producer, no verifier; torch never imported. Its
+                                    content tags (a TaggedPlane: the NullEngine) as digests
 
 Contract: `choose_plane` raises ConfigError, nothing built, for a plane with bytes that is
 not a TransferEngine or GroupTransferEngine (the verifier and producer read its L1 pool),
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hicache.controller.config import CacheConfig
 from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.faults import FaultInjector
-from hicache.dataplane.plane import DataPlane
+from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.errors import ConfigError
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
@@ -43,6 +44,7 @@ class Plane(NamedTuple):
     byte_plane: TransferEngine | GroupTransferEngine | None  # `engine` when it has bytes
     producer: KVProducer | None
     verifier: RestoreVerifier | None
+    tagged: TaggedPlane | None = None  # `engine` when it has no bytes but content tags
 
 
 def choose_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProducer | None,
@@ -52,7 +54,7 @@ def choose_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
         if producer is not None:
             raise ConfigError("producer", "the data plane holds no bytes (has_bytes is False), "
                               "so a producer would never run; pass none")
-        return Plane(engine, None, None, None)
+        return Plane(engine, None, None, None, engine if isinstance(engine, TaggedPlane) else None)
     from hicache.dataplane.engine import TransferEngine  # torch-heavy; only with bytes
     from hicache.dataplane.groupengine import GroupTransferEngine
     from hicache.producers import SyntheticProducer
@@ -103,12 +105,12 @@ def bind_group(plane: Plane, tables: Sequence[object], group: PoolGroup) -> None
     """Hand a group plane the control plane's mapping (`tables`: its page table per tier, in
     TIERS order); a byte-free plane that reports per-pool landings (`bind_pools`) the
     backed-up pools of `group` (the single pool's group too) with their pages per anchor
-    page; nothing for any other plane."""
+    page, and its anchor; nothing for any other plane."""
     if plane.byte_plane is None:
         bind_pools = getattr(plane.engine, "bind_pools", None)
         if bind_pools is not None:
             kept = group.backed_up()
-            bind_pools({p.name: kept.ratio(p.name) for p in kept.pools})
+            bind_pools({p.name: kept.ratio(p.name) for p in kept.pools}, kept.anchor.name)
         return
     from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in: a byte plane
 

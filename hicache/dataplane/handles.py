@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hicache.errors import HiCacheError, TransferError
@@ -178,10 +179,26 @@ class NullHandle(TransferHandle):
         super().__init__(direction, nbytes)
         self._outcome = TransferStatus.PENDING
         self.on_wait = on_wait
+        # The plane's content tags (tags.py): told once what arrived, None meaning all of it.
+        self.on_land: Callable[[dict[str, int] | None], None] | None = None
 
     def finish(self, ok: bool = True) -> None:
-        """Let the next poll observe success (or failure)."""
+        """Let the next poll observe success (or failure). Success: the content arrived."""
+        if ok and not self.status.final:
+            self._land(None)
         self._outcome = TransferStatus.DONE if ok else TransferStatus.FAILED
+
+    def fail(self, error: HiCacheError | None = None) -> None:
+        """As `TransferHandle.fail`; an S2H that stopped part way (`landed` set first) lands
+        each pool's leading run."""
+        if self.landed is not None and not self.status.final:
+            self._land(self.landed)
+        super().fail(error)
+
+    def _land(self, landed: dict[str, int] | None) -> None:
+        on_land, self.on_land = self.on_land, None
+        if on_land is not None:
+            on_land(landed)
 
     def _probe(self) -> TransferStatus:
         if self._outcome is TransferStatus.FAILED and self.error is None:

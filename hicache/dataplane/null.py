@@ -2,8 +2,9 @@
 
 Used for model checking, trace replay and fuzzing where only the control plane matters: every
 transfer returns a `NullHandle` that stays PENDING until the caller (the fuzzer, a replayed
-trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes, so
-there are no digests: `has_bytes` is False and `digests` raises.
+trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes
+(`has_bytes` is False), but each page carries a content tag (tags.py) that moves as its
+bytes would, and `digests` returns the tags: the invariants that compare content run here.
 
 `ScriptedEngine` decides each outcome at issue by a script (the default: every transfer
 completes on the next poll), for drivers that care about some ops only.
@@ -15,7 +16,7 @@ which plane it holds. Imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import DelayedHandle, NullHandle, TransferHandle
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError, UnreadableSlot
 from hicache.pages import Pages
+from hicache.dataplane.tags import ContentTags
 from hicache.tiers import Direction, Tier
 
 
@@ -112,6 +114,10 @@ class NullEngine:
     fails every S2H that reads it with CorruptSlot until an H2S rewrites it. S2H_PARTIAL
     fails an S2H with a per-pool `landed` report (`FaultInjector.landing`) over the pools
     `bind_pools` named (none until then: the report is empty, so nothing is usable).
+
+    No bytes, but content tags (tags.py): each anchor page's tag says where its content came
+    from (fresh at a transfer's issue, a hash of the tokens at `computed`, copied when a
+    transfer lands), and `digests` returns them, so I4 runs on this plane too.
     """
 
     has_bytes = False
@@ -130,11 +136,17 @@ class NullEngine:
         self.on_wait = on_wait  # a blocking wait on an unfinished transfer ends it so (NullHandle)
         self.corrupt: set[int] = set()  # slots whose bytes would fail their checksum
         self.pools: dict[str, int] = {}  # pool -> its pages per anchor page (`bind_pools`)
+        self.tags = ContentTags(self.capacity, geometry.page_size)
 
-    def bind_pools(self, ratios: Mapping[str, int]) -> None:
-        """The tiers' pools (each with its pages per anchor page): what an S2H's per-pool
-        landing report (S2H_PARTIAL) names. The controller binds its group's backed-up pools."""
+    def bind_pools(self, ratios: Mapping[str, int], anchor: str) -> None:
+        """The tiers' pools (each with its pages per anchor page), `anchor` among them: what
+        an S2H's per-pool landing report (S2H_PARTIAL) names, and by which such an S2H's
+        content tags land. The controller binds its group's backed-up pools."""
+        if ratios.get(anchor) != 1:
+            raise ConfigError("pools", f"the anchor {anchor!r} must be a bound pool of one page "
+                                       f"per anchor page, got {dict(ratios)}")
         self.pools = dict(ratios)
+        self.tags.ratios = dict(ratios)
 
     def landing(self, faults: FaultInjector, anchor_pages: int) -> dict[str, int]:
         """S2H_PARTIAL's report for an S2H of `anchor_pages` pages, over the bound pools."""
@@ -166,10 +178,27 @@ class NullEngine:
         """Handles not yet observed final, in issue order (what a fuzzer may finish next)."""
         return [h for h in self.handles if not h.status.final]
 
+    def computed(self, tokens: Sequence[int], start: int, end: int, l1_pages: Pages) -> None:
+        """Tokens `[start, end)` of `tokens` (page-aligned) were computed into `l1_pages`:
+        what a producer would write on a plane with bytes (their content tags)."""
+        self.tags.compute(tokens, start, end, page_array("computed.l1_pages", l1_pages,
+                                                         self.capacity[Tier.L1]))
+
     def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
-        """Unavailable: there are no bytes. Check `has_bytes` before asking."""
-        raise ConfigError("data_plane", "the null data plane holds no bytes, so it has no digests; "
-                          "check `has_bytes` or use TransferEngine")
+        """The content tags of `pages` of `tier` (one uint64 per page, tags.py); an L3 slot
+        a read would fail on: UNSERVABLE."""
+        t, p = digest_pages(tier, pages, self.capacity)
+        return self.tags.digests(t, p, self.unservable())
+
+    def unservable(self) -> set[int]:
+        """The L3 slots a read fails on (marked corrupt)."""
+        return set(self.corrupt)
+
+    def _tagged(self, handle: NullHandle, direction: Direction, src: Pages, dst: Pages) -> None:
+        """The transfer's targets are reserved (fresh tags); its handle, when it lands, copies
+        the tags of what it read."""
+        self.tags.reserve(direction.target, dst)
+        handle.on_land = self.tags.lander(direction, src, dst)
 
     def status(self) -> dict[str, object]:
         return {"data_plane": "null", "issued": len(self.handles), "pending": len(self.pending())}
@@ -184,6 +213,7 @@ class NullEngine:
             direction, source, target, self.capacity[direction.source], self.capacity[direction.target]
         )
         handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page, self.on_wait)
+        self._tagged(handle, direction, src, dst)
         self.handles.append(handle)
         if direction is Direction.H2S:
             self.corrupt.difference_update(dst.tolist())  # rewritten (corrupt again if it fires)

@@ -10,12 +10,18 @@
 Contract: every transfer method takes validated page arrays (source first, target second)
 and returns a `TransferHandle` the caller polls; `l3_path` names the L3 file in errors (the
 null plane has none: "<null>"). When `has_bytes` is False the controller neither verifies
-restored bytes nor asks for digests or a producer: there are no bytes to compare.
+restored bytes nor asks for a producer: there are no bytes to compare. A byte-free plane that
+keeps content tags instead (`TaggedPlane`: the NullEngine, dataplane/tags.py) is told each
+compute and gives the tags as its digests, so the invariants that compare content still run.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from hicache.dataplane.handles import TransferHandle
 from hicache.pages import Pages
@@ -41,3 +47,14 @@ class DataPlane(Protocol):
     def status(self) -> dict[str, object]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TaggedPlane(Protocol):
+    """A byte-free plane that keeps a content tag per page in place of its bytes."""
+
+    def computed(self, tokens: Sequence[int], start: int, end: int, l1_pages: Pages) -> None:
+        """Tokens `[start, end)` of `tokens` (page-aligned) were computed into `l1_pages`."""
+
+    def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
+        """One uint64 per page of `tier`: equal exactly when the content is."""

@@ -145,6 +145,10 @@ class FaultyNullEngine(NullEngine):
         else:
             raise ConfigError("damage", f"'truncate' or 'remove', got {how!r}")
 
+    def unservable(self) -> set[int]:
+        """The L3 slots a read fails on: marked corrupt, or past a cut."""
+        return self.corrupt | self.unreadable
+
     def error_for(self, handle: FaultyNullHandle, kind: str) -> HiCacheError:
         if handle.direction is Direction.S2H and kind == "corrupt" and handle.source.size:
             return CorruptSlot(int(handle.source[0]), L3_PATH)
@@ -166,5 +170,6 @@ class FaultyNullEngine(NullEngine):
                 if self.injector.fire(site):
                     raise TransferError(f"cannot allocate a workspace ({site.value} injected)")
         handle = FaultyNullHandle(self, direction, int(src.size) * self.geometry.bytes_per_page, src)
+        self._tagged(handle, direction, src, dst)
         self.handles.append(handle)
         return handle
