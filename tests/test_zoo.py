@@ -89,6 +89,15 @@ def test_the_machine_alone_catches_the_mutant(name: str) -> None:
     assert 0 < failure.step <= MAX_STEPS
 
 
+def test_the_null_plane_catches_a_stopped_s2h_published_past_its_clamp_without_torch() -> None:
+    """F11-no-clamp on fuzz-dsv4 (the null plane: no bytes, no torch), caught by I4 through
+    the plane's content tags (spec/faults.md, "Content tags"); before them I4 was vacuous
+    there and seeds 0-4 all missed it in 2,000 steps."""
+    result = zoo.catch("F11-no-clamp", zoo.load_machine("fuzz-dsv4"), [4], MAX_STEPS)
+    assert result.caught, "F11-no-clamp escaped fuzz-dsv4 on seed 4"
+    assert "I4 tier_bytes_equal" in result.failures[0].check
+
+
 def test_each_mutant_is_switched_off_after_its_block() -> None:
     """Leaving `activate` restores the real functions: the clean machine passes again."""
     from hicache.control import ControlPlane
