@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import io
 import json
-import re
 import sys
 import time
 from collections import Counter
@@ -68,14 +67,10 @@ def setups(plane: str) -> Any:
 
 def _fuzz(seed: int, steps: int, adapter: str | None) -> tuple[int, bool]:
     """`hicache fuzz` in this process: (steps run, agreed)."""
-    args = argparse.Namespace(seed=seed, steps=steps, plane="null", adapter=adapter, report=False,
-                              progress=False, mutant=None)
-    out = io.StringIO()
-    status = runner.run(args, out)
-    found = re.search(r"(\d+) steps", out.getvalue())
-    if status != 0:
-        print(out.getvalue(), file=sys.stderr)
-    return (int(found.group(1)) if found else 0), status == 0
+    result = runner.fuzz(runner.arguments(seed=seed, steps=steps, plane="null", adapter=adapter))
+    if not result.ok:
+        print(result.text, file=sys.stderr)
+    return result.steps, result.ok
 
 
 def _token_pages(seed: int, steps: int) -> tuple[int, bool]:

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import random
-import re
 import sys
 import time
 from typing import Iterator
@@ -97,9 +95,6 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
     }
 
 
-SUMMARY = re.compile(r"(\d+) steps, (\d+) trace events .*\ntrace digest: (\w+)")
-
-
 @contextlib.contextmanager
 def checks_off() -> Iterator[None]:
     """The fuzz machine's after-step check (every invariant, the tree's audit) finds nothing."""
@@ -118,19 +113,15 @@ def fuzz_once(seed: int, steps: int) -> tuple[dict[str, int], str]:
     rates, and its trace digest."""
     from hicache.testing import runner
 
-    args = argparse.Namespace(seed=seed, steps=steps, plane="null", adapter=None, report=False,
-                              progress=False, mutant=None)
-    out = io.StringIO()
     wall, cpu = time.perf_counter(), time.process_time()
-    status = runner.run(args, out)
+    result = runner.fuzz(runner.arguments(seed=seed, steps=steps, plane="null"))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    found = SUMMARY.search(out.getvalue())
-    if status != 0 or found is None:
-        raise SystemExit(f"null_plane --fuzz: seed {seed} did not finish cleanly:\n{out.getvalue()}")
-    done, events = int(found[1]), int(found[2])
+    if not result.ok:
+        raise SystemExit(f"null_plane --fuzz: seed {seed} did not finish cleanly:\n{result.text}")
+    done, events = result.steps, result.events
     return {"steps": done, "transitions": events,
             "steps_per_s": round(done / wall), "transitions_per_s": round(events / wall),
-            "cpu_steps_per_s": round(done / cpu), "cpu_transitions_per_s": round(events / cpu)}, found[3]
+            "cpu_steps_per_s": round(done / cpu), "cpu_transitions_per_s": round(events / cpu)}, result.digest
 
 
 def fuzz(seed: int, steps: int) -> dict[str, object]:

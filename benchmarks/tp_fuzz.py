@@ -16,8 +16,6 @@ its one-line replay command. Ends with a TOTAL line; exit 1 on any failure.
 from __future__ import annotations
 
 import argparse
-import io
-import re
 import sys
 import time
 
@@ -37,19 +35,13 @@ def main() -> int:
     started, seed, runs, steps_run, failures = time.time(), a.first_seed, 0, 0, 0
     while time.time() - started < a.seconds:
         for pools in POOLS:
-            args = argparse.Namespace(seed=seed, steps=a.steps, plane=a.plane, adapter=None,
-                                      report=False, progress=False, mutant=None, pools=pools,
-                                      tp=a.ranks, trace=None)
-            out, t = io.StringIO(), time.time()
-            status = runner.run(args, out)
-            text = out.getvalue()
-            ran = re.search(r"runs, (\d+) steps,", text)  # the summary line (none on a failure)
-            steps = int(ran.group(1)) if ran else 0
-            runs, steps_run, failures = runs + 1, steps_run + steps, failures + (status != 0)
-            print(f"{pools} seed {seed}: {steps} steps, {time.time() - t:.0f} s, "
-                  f"{'ok' if status == 0 else 'FAILED'}", flush=True)
-            if status != 0:
-                print(text, flush=True)
+            result = runner.fuzz(runner.arguments(seed=seed, steps=a.steps, plane=a.plane,
+                                                  pools=pools, tp=a.ranks))
+            runs, steps_run, failures = runs + 1, steps_run + result.steps, failures + (not result.ok)
+            print(f"{pools} seed {seed}: {result.steps} steps, {result.seconds:.0f} s, "
+                  f"{'ok' if result.ok else 'FAILED'}", flush=True)
+            if not result.ok:
+                print(result.text, flush=True)
         seed += 1
     print(f"TOTAL plane={a.plane} ranks={a.ranks} runs={runs} steps={steps_run} "
           f"failures={failures} wall={time.time() - started:.0f}s", flush=True)

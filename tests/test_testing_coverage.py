@@ -10,11 +10,8 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
-import argparse
-import io
-
 from hicache.testing.coverage import Coverage
-from hicache.testing.runner import Progress, run
+from hicache.testing.runner import Progress
 
 SEEDS, STEPS = (1, 2, 3, 4), 8_000  # about 50 s of one core; the rarest goal (CORRUPT_SLOT) is reached ~13 times
 GROUP_RUNS = (("dsv4-tiny", 1, 3_000),)  # (pools, seed, steps): ~8 s; S2H_PARTIAL ~3 times
@@ -32,10 +29,8 @@ def test_every_transition_state_and_fault_site_is_reached() -> None:
     original, runner.Progress = runner.Progress, Keep  # type: ignore[misc]
     try:
         for pools, seed, steps in [("mha", s, STEPS) for s in SEEDS] + list(GROUP_RUNS):
-            args = argparse.Namespace(seed=seed, steps=steps, plane="null", adapter=None,
-                                      report=False, progress=False, mutant=None, pools=pools)
-            out = io.StringIO()
-            assert run(args, out) == 0, out.getvalue()
+            result = runner.fuzz(runner.arguments(seed=seed, steps=steps, pools=pools))
+            assert result.ok, result.text
     finally:
         runner.Progress = original  # type: ignore[misc]
     union = Coverage()

@@ -8,16 +8,17 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
-import argparse
 import io
 import re
 
 from hypothesis import settings
 
+from hicache.errors import ConfigError
 from hicache.testing import make_machine
 from hicache.testing.adapters import lru
 from hicache.testing.adapters.controller import ControllerAdapter, Setup, controller_adapter, setups
-from hicache.testing.runner import run
+from hicache.testing.runner import arguments, run
+from hicache.testing.runner import fuzz as runner_fuzz
 
 _profile = settings()  # the loaded profile (dev, ci or fuzz)
 
@@ -41,10 +42,28 @@ TestPlainLRU = LRUMachine.TestCase
 def fuzz(steps: int, seed: int = 1, plane: str = "null", adapter: str | None = None,
          report: bool = False, pools: str = "mha", tp: int = 1, mutant: str | None = None
          ) -> tuple[int, str]:
-    args = argparse.Namespace(seed=seed, steps=steps, plane=plane, adapter=adapter, report=report,
-                              progress=False, mutant=mutant, pools=pools, tp=tp)
+    args = arguments(seed=seed, steps=steps, plane=plane, adapter=adapter, report=report,
+                     mutant=mutant, pools=pools, tp=tp)
     out = io.StringIO()
     return run(args, out), out.getvalue()
+
+
+def test_a_script_gets_the_run_as_a_record_equal_to_what_it_prints() -> None:
+    """`fuzz` hands scripts (benchmarks/tp_fuzz.py, null_plane.py) the counts `hicache fuzz`
+    prints, so none parses the summary line; the same seed gives the same digest."""
+    result = runner_fuzz(arguments(seed=2, steps=100))
+    assert result.ok and result.status == 0 and result.runs == 2
+    assert f"{result.runs} runs, {result.steps} steps, {result.events} trace events" in result.text
+    assert f"trace digest: {result.digest}" in result.text
+    assert runner_fuzz(arguments(seed=2, steps=100)).digest == result.digest
+    failed = runner_fuzz(arguments(seed=1, steps=400,
+                                   adapter="hicache.testing.adapters.lru:forgetful_adapter"))
+    assert not failed.ok and failed.status == 1 and "replay: hicache fuzz --seed 1" in failed.text
+
+
+def test_the_scripts_arguments_refuse_an_option_hicache_fuzz_lacks() -> None:
+    with pytest.raises(ConfigError, match="no option \\['step'\\]"):
+        arguments(step=10)
 
 
 def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None:
@@ -182,7 +201,7 @@ def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning
 
     failure = AssertionError("differs")
     failure.add_note("state = CacheMachine()\nstate.tick(finish=1)")
-    args = argparse.Namespace(seed=3, steps=20, plane="null", adapter=None, mutant=None)
+    args = arguments(seed=3, steps=20)
     out = io.StringIO()
     _report_failure(out, args, failure, "WARNING: Hypothesis has spent more than five minutes shrinking\n")
     text = out.getvalue()

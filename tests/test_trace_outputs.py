@@ -8,7 +8,6 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
-import argparse
 import contextlib
 import io
 from pathlib import Path
@@ -25,11 +24,9 @@ SEEDS, STEPS = (1, 2, 3), 300  # about 2 s each on the null plane
 
 
 def fuzz(seed: int, trace: Path | None, steps: int = STEPS, **more: Any) -> tuple[int, str]:
-    args = argparse.Namespace(seed=seed, steps=steps, plane="null", adapter=None, report=False,
-                              progress=False, mutant=None, trace=None if trace is None else str(trace))
-    vars(args).update(more)
-    out = io.StringIO()
-    return runner.run(args, out), out.getvalue()
+    result = runner.fuzz(runner.arguments(seed=seed, steps=steps,
+                                          trace=None if trace is None else str(trace), **more))
+    return result.status, result.text
 
 
 def check_file(path: Path) -> Any:
@@ -158,5 +155,5 @@ def test_fuzz_trace_needs_an_adapter_with_a_header(tmp_path: Path, capsys: pytes
 
 
 def test_the_replay_line_keeps_the_trace_option() -> None:
-    args = argparse.Namespace(seed=3, steps=50, plane="null", adapter=None, mutant=None, trace="t.ndjson")
+    args = runner.arguments(seed=3, steps=50, trace="t.ndjson")
     assert runner.replay_command(args).endswith("--trace t.ndjson")

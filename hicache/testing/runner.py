@@ -45,6 +45,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from hicache.errors import ConfigError
@@ -165,14 +166,46 @@ def replay_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
-    """Run the machine as `args` say; print the summary (or the failure) to `out`."""
+@dataclass(frozen=True)
+class FuzzResult:
+    """What one `hicache fuzz` run did: `ok` (no failure), its `runs`, `steps` and trace
+    `events` (counted as Hypothesis ran them, shrinking included), `seconds` (wall, the
+    machine's runs only), the trace `digest` (the same for the same seed, plane and adapter),
+    and `text`: what `hicache fuzz` prints (the summary, or the failure with its replay line)."""
+
+    ok: bool
+    runs: int
+    steps: int
+    events: int
+    seconds: float
+    digest: str
+    text: str
+
+    @property
+    def status(self) -> int:
+        """`hicache fuzz`'s exit status: 0, or 1 on a failure."""
+        return 0 if self.ok else 1
+
+
+def arguments(**given: Any) -> argparse.Namespace:
+    """`hicache fuzz`'s arguments with its defaults, `given` (by option name: seed=3,
+    steps=500, plane="cpu", tp=2, ...) replacing them: what a script passes to `fuzz`."""
+    args = parser().parse_args([])
+    unknown = set(given) - set(vars(args))
+    if unknown:
+        raise ConfigError("fuzz", f"no option {sorted(unknown)}; the options are {sorted(vars(args))}")
+    vars(args).update(given)
+    return args
+
+
+def fuzz(args: argparse.Namespace) -> FuzzResult:
+    """Run the machine as `args` say (`arguments` builds them); what it did (FuzzResult)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from hicache.testing.machine import make_machine
 
-    out = out or sys.stdout
+    out = io.StringIO()
     trace_path: str | None = getattr(args, "trace", None)
     last = LastTrace(trace_path) if trace_path else None
     coverage = Progress(args.steps, args.progress or sys.stderr.isatty())
@@ -203,6 +236,7 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
                       phases=[Phase.generate, Phase.shrink],
                       suppress_health_check=list(HealthCheck))
     started = time.perf_counter()
+    ok = True
     with _mutant(args.mutant):
         try:
             captured = io.StringIO()
@@ -211,20 +245,29 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
                 run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
         except Exception as failure:  # noqa: BLE001 -- any escape is the finding to report
             _report_failure(out, args, failure, captured.getvalue())
-            if last is not None:
-                print(last.write(), file=out)
-            return 1
+            ok = False
     seconds = time.perf_counter() - started
-    ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
-    print(f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, {coverage.steps} steps, "
-          f"{coverage.events} trace events in {seconds:.1f} s ({coverage.steps / seconds:.0f} steps/s, "
-          f"{coverage.events / seconds:.0f} transitions/s)", file=out)
-    print(f"trace digest: {coverage.digest}", file=out)
-    if args.report:
-        print(coverage.report(), file=out)
+    if ok:
+        ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
+        print(f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, "
+              f"{coverage.steps} steps, {coverage.events} trace events in {seconds:.1f} s "
+              f"({coverage.steps / seconds:.0f} steps/s, {coverage.events / seconds:.0f} "
+              f"transitions/s)", file=out)
+        print(f"trace digest: {coverage.digest}", file=out)
+        if args.report:
+            print(coverage.report(), file=out)
     if last is not None:
         print(last.write(), file=out)
-    return 0
+    return FuzzResult(ok, coverage.runs, coverage.steps, coverage.events, seconds,
+                      coverage.digest, out.getvalue())
+
+
+def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
+    """Run the machine as `args` say; print the summary (or the failure) to `out`; the exit
+    status (FuzzResult.status)."""
+    result = fuzz(args)
+    print(result.text, end="", file=out or sys.stdout)
+    return result.status
 
 
 def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
