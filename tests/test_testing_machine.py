@@ -156,6 +156,21 @@ def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     assert main(["fuzz", "--pools", "nope"]) == 2
 
 
+@pytest.mark.parametrize("pools, tp", [("mla", 1), ("dsv4", 1), ("dsv41", 2)])
+def test_a_preset_of_pages_the_machine_cannot_draw_is_refused_before_any_run(
+        pools: str, tp: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """The machine's prompts come in 4-token pages; a full-size preset's anchor pages are
+    64 or 256 tokens. `hicache fuzz --pools mla` used to start, fail in the first setup with
+    a ConfigError, and report it as a finding (exit 1, shrunk steps, a replay line that
+    fails again): now it is a usage error naming the presets it can run."""
+    from hicache.cli import main
+
+    assert main(["fuzz", "--pools", pools, "--tp", str(tp), "--steps", "50"]) == 2
+    err = capsys.readouterr().err
+    assert f"{pools!r} has" in err and "4-token pages" in err and f"{pools}-tiny has" in err, err
+    assert "FAILED" not in err
+
+
 @pytest.mark.torch
 def test_fuzz_tp_on_the_cpu_plane_moves_every_ranks_bytes() -> None:
     status, text = fuzz(100, seed=3, plane="cpu", tp=2, pools="dsv4-tiny")

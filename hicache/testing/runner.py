@@ -293,7 +293,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
     p.add_argument("--pools", default=SINGLE_POOL, metavar="PRESET", help=(
-        "the tiers' pool group preset of spec/pools.toml (mha, dsv4-tiny, dsv41-tiny, ...)"))
+        "the tiers' pool group preset of spec/pools.toml whose anchor pages are the machine's "
+        "4 tokens: mha, or a -tiny one (dsv4-tiny, dsv41-tiny, mla-tiny, ...)"))
     p.add_argument("--tp", type=int, default=1, metavar="RANKS", help=(
         "a tensor-parallel cache of RANKS simulated ranks (2 or more; 1: one cache), each "
         "with its own faults, the cross-rank invariants checked after every step"))
@@ -339,10 +340,10 @@ def main(argv: Sequence[str]) -> int:
               "(not an --adapter's engine)", file=sys.stderr)
         return 2
     if args.pools != SINGLE_POOL:
-        from hicache.pools.presets import group
+        from hicache.testing.adapters.controller import check_preset
 
         try:
-            group(args.pools)
+            check_preset(args.pools)  # before any run: a preset the machine cannot draw
         except ConfigError as e:
             print(f"hicache fuzz: {e}", file=sys.stderr)
             return 2

@@ -38,7 +38,7 @@ from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, 
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.pages import Pages
 from hicache.pools.hits import GROUP_HIT_POLICIES
-from hicache.pools.presets import SINGLE_POOL, group
+from hicache.pools.presets import SINGLE_POOL, TINY, group, names
 from hicache.pools.tierpools import TierPools, window_pools
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
@@ -115,6 +115,7 @@ class ControllerAdapter:
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
         self.page_size = self.ctl.config.kv.page_size
+        assert self.page_size == PAGE_TOKENS, "the machine's prompts are PAGE_TOKENS-token pages"
         self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
 
     def _device(self) -> str | None:
@@ -436,6 +437,27 @@ def with_plane(setup: Setup, plane: str) -> Setup:
     return replace(setup, plane=plane)
 
 
+PAGE_TOKENS = 4
+"""Tokens per page of the machine's prompts (`make_machine`'s page_size) and of the
+controller's default geometry, which the adapter builds."""
+
+
+def fuzz_presets() -> tuple[str, ...]:
+    """The pool presets the machine can drive: the single pool, and every group whose anchor
+    pages are PAGE_TOKENS tokens (the `-tiny` variants; a full-size preset's are 64 or 256)."""
+    return tuple(n for n in names() if n == SINGLE_POOL or group(n).anchor.page_size == PAGE_TOKENS)
+
+
+def check_preset(pools: str) -> None:
+    """ConfigError unless the machine can drive `pools` (`fuzz_presets`), saying which can."""
+    anchor = group(pools).anchor.page_size  # ConfigError: no such preset
+    if pools not in fuzz_presets():
+        tiny = f"; {pools}{TINY} has its structure" if pools + TINY in names() else ""
+        raise ConfigError("pools", f"{pools!r} has {anchor}-token anchor pages and the fuzz "
+                                   f"machine's prompts {PAGE_TOKENS}-token pages: choose one of "
+                                   f"{list(fuzz_presets())}{tiny}")
+
+
 def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = SINGLE_POOL
            ) -> "st.SearchStrategy[Setup]":
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
@@ -444,6 +466,7 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = S
     tiers' pool group preset (a group checks every transition, on the null plane too)."""
     from hypothesis import strategies as st
 
+    check_preset(pools)
     base = st.builds(
         Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
