@@ -156,6 +156,24 @@ def test_the_compiled_schema_agrees_with_jsonschema() -> None:
     assert checked > 500
 
 
+def test_the_schema_requires_the_op_and_node_trace_md_requires() -> None:
+    """spec/trace.md: `op` on every transfer event, `node` on every lifecycle event on a node.
+    The schema used to require neither (only the replay's dispatch refused a transfer that
+    named no op), so a trace the schema called well formed failed in replay."""
+    ours = load_event_schema()
+    events_ = [json.loads(x) for x in plane_trace(write_through) + plane_trace(load_back)[1:]
+               if '"seq"' in x]
+    transfers = [e for e in events_ if e["event"].split("_")[-1] in ("issue", "complete", "fail", "cancel")]
+    on_nodes = [e for e in events_ if e["event"] in ("insert", "evict_l1", "evict_l2", "evict_l3")]
+    assert transfers and on_nodes
+    for e in transfers:
+        assert ours.check(e) is None, e
+        for key in ("op", "node"):
+            assert ours.check({k: v for k, v in e.items() if k != key}) is not None, (key, e)
+    for e in on_nodes:
+        assert ours.check({k: v for k, v in e.items() if k != "node"}) is not None, e
+
+
 # -- streaming and the command line -------------------------------------------------------------
 
 
