@@ -108,7 +108,7 @@ class Endpoints:
 
     def endpoint_mask(self, n: int) -> tuple[int, ...]:
         """The fixed-length form: n + 1 entries, entry e is 1 when e is legal (e = 0..n).
-        Ranks that agreed on the bound n build masks of one length, so one elementwise MIN
+        Ranks that build it over one n (the prompt's pages) get one length, so one elementwise MIN
         (`intersect_masks`) intersects them; endpoints above n are left out."""
         if not isinstance(n, int) or n < 0:
             raise ConfigError("n", f"the mask's bound is an endpoint >= 0, got {n!r}")
@@ -123,8 +123,8 @@ def intersect_masks(masks: Sequence[Sequence[int]]) -> tuple[int, ...]:
         raise ConfigError("masks", "intersect at least one mask")
     lengths = sorted({len(m) for m in masks})
     if len(lengths) != 1:
-        raise ConfigError("masks", f"lengths differ {lengths}: build every mask with the one "
-                                   "agreed bound n (n + 1 entries)")
+        raise ConfigError("masks", f"lengths differ {lengths}: build every mask over the one "
+                                   "n every rank knows (the prompt's pages; n + 1 entries)")
     if any(v not in (0, 1) for m in masks for v in m):
         raise ConfigError("masks", "entries are 0 or 1")
     return tuple(min(column) for column in zip(*masks))
@@ -168,8 +168,9 @@ class GroupHit(NamedTuple):
 
     def mask(self, n: int) -> tuple[int, ...]:
         """The endpoints 0..n legal in every required pool, as a fixed-length 0/1 mask. For
-        tensor parallelism: ranks first agree on n (the minimum of their `bound`s), then
-        intersect their masks (elementwise MIN); the largest common endpoint is the hit."""
+        tensor parallelism n is the prompt's page count, known to every rank before the call
+        (spec/tp.md C1a); the ranks intersect their masks (elementwise MIN) and the largest
+        common endpoint within the agreed run is the hit."""
         return intersect_masks([p.endpoints.endpoint_mask(n) for p in self.pools
                                 if p.pool in self.required])
 
