@@ -91,7 +91,7 @@ class CacheController:
         here, before anything is built -- ConfigError when the ranks' configurations differ."""
         self.agree = Agreement(collectives)
         self.agree.startup(config.fingerprint())
-        self.tp = self.agree.size > 1  # the same on every rank: no collective depends on it
+        self.tp = self.agree.tp
         self.admissions = 0  # admit calls past the size check: equal on every rank (SPMD)
         self.rank_checks = 0  # cross-rank checks passed (C7-C9)
         self.config = config

@@ -42,7 +42,7 @@ class RankAgreement:
         self.cp, self.agree, self.kv = cp, agree, kv
         self.policy, self.model, self.evictor = policy, model, evictor
         self.policy_hits = policy_hits
-        self.tp = agree.size > 1
+        self.tp = agree.tp
         # C1a's by-products for the admission in progress: this rank's own hits, its decision
         # on them, and rank 0's choice code (None: rank 0's own hits were cut, C1b decides).
         self._own: tuple[Hits, Decision, int | None] | None = None

@@ -50,7 +50,7 @@ class ReplicatedL3:
         self._pool_pages = tier_pool_pages(group, cp.tables)  # anchor slots -> each pool's
         kept = group.backed_up().pools
         self.pools: tuple[str, ...] = tuple(
-            p.name for p in kept if p.tp_mode == REPLICATED) if agree.size > 1 else ()
+            p.name for p in kept if p.tp_mode == REPLICATED) if agree.tp else ()
         self.plane: GroupTransferEngine | None = None
         if self.pools and byte_plane is not None:
             from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in

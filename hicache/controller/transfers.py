@@ -60,7 +60,7 @@ class Transfers:
         unit). `settled(op, status, kept)`: told after the control plane applied each op's
         end (the restore stager). The rest are the controller's rooms this one drives."""
         self.cp, self.engine, self.agree, self.group = cp, engine, agree, group
-        self.tp = agree.size > 1  # the same on every rank: no collective depends on it
+        self.tp = agree.tp
         self.page_bytes = page_bytes
         self.hooks, self.l3, self.evictor, self.backups = hooks, l3, evictor, backups
         self.replicas, self.l3_writes = replicas, l3_writes

@@ -61,6 +61,12 @@ class Agreement:
     def size(self) -> int:
         return self.c.size
 
+    @property
+    def tp(self) -> bool:
+        """More than one rank: the agreement points make collectives. The same on every rank
+        (the group's size), so no collective depends on a rank's own answer to it."""
+        return self.c.size > 1
+
     # -- C0 -----------------------------------------------------------------------------------
 
     def startup(self, fields: Mapping[str, object]) -> None:
