@@ -61,6 +61,27 @@ def test_a_script_gets_the_run_as_a_record_equal_to_what_it_prints() -> None:
     assert not failed.ok and failed.status == 1 and "replay: hicache fuzz --seed 1" in failed.text
 
 
+def test_the_seed_decides_the_run_however_few_the_steps() -> None:
+    """Hypothesis' first example is its simplest, the same for every seed: with one run
+    (`--steps` under 100) every seed used to print one digest. A negative seed replayed its
+    positive twin (Python's random seeds by |seed|) and is refused."""
+    from hicache.cli import main
+
+    digests = {runner_fuzz(arguments(seed=s, steps=20)).digest for s in (1, 2, 3)}
+    assert len(digests) == 3
+    assert main(["fuzz", "--seed", "-1", "--steps", "20"]) == 2
+
+
+def test_an_adapter_that_cannot_be_loaded_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from hicache.cli import main
+
+    for spec, says in [("nonexist.mod:f", "cannot import nonexist.mod"),
+                       ("hicache.testing.adapters.lru:nope", "has no callable 'nope'"),
+                       ("hicache.testing.adapters.lru", "give module:factory")]:
+        assert main(["fuzz", "--adapter", spec, "--steps", "20"]) == 2
+        assert says in capsys.readouterr().err
+
+
 def test_the_scripts_arguments_refuse_an_option_hicache_fuzz_lacks() -> None:
     with pytest.raises(ConfigError, match="no option \\['step'\\]"):
         arguments(step=10)

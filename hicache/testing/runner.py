@@ -4,7 +4,8 @@
                  [--pools mha|dsv4-tiny|dsv41-tiny] [--tp RANKS]
                  [--progress] [--mutant NAME|list] [--trace FILE]
 
-The machine runs `N // STEPS_PER_RUN` runs of at most `STEPS_PER_RUN` steps each, drawn from
+The machine runs `N // STEPS_PER_RUN` runs (at least MIN_RUNS: Hypothesis' first run is its
+simplest example, the same for every seed) of at most `STEPS_PER_RUN` steps each, drawn from
 seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
 steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
@@ -55,6 +56,7 @@ from hicache.testing.coverage import Coverage
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 
 STEPS_PER_RUN = 50
+MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed (`fuzz`)
 DEFAULT_STEPS = 2_000
 NIGHTLY_STEPS = 250_000
 PROGRESS_EVERY_S = 5.0
@@ -129,9 +131,15 @@ def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
 
     module_name, _, name = spec.partition(":")
     if not name:
-        raise SystemExit(f"hicache fuzz: --adapter {spec!r}: give module:factory")
-    module = importlib.import_module(module_name)
-    factory = getattr(module, name)
+        raise ConfigError("--adapter", f"{spec!r}: give module:factory")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError("--adapter", f"{spec!r}: cannot import {module_name} ({e}); give an "
+                                       "importable module:factory") from e
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ConfigError("--adapter", f"{spec!r}: {module_name} has no callable {name!r}")
     strategy = module.setups(plane) if hasattr(module, "setups") else st.just(plane)
     return factory, strategy
 
@@ -229,7 +237,9 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         factory = factory if last is None else last.factory(factory)
         machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
     setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
-    runs = max(1, args.steps // STEPS_PER_RUN)
+    # Hypothesis' first example is its simplest, the same for every seed: a second run at
+    # least, so that the seed decides something however few the steps.
+    runs = max(MIN_RUNS, args.steps // STEPS_PER_RUN)
     config = settings(max_examples=runs, stateful_step_count=min(args.steps, STEPS_PER_RUN),
                       deadline=None, database=None, derandomize=False, print_blob=True,
                       report_multiple_bugs=False,
@@ -289,7 +299,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)")
     p.add_argument("--steps", type=int, default=NIGHTLY_STEPS if nightly else DEFAULT_STEPS,
-                   help=f"machine steps in all (runs of {STEPS_PER_RUN})")
+                   help=f"the step budget: N // {STEPS_PER_RUN} runs (at least {MIN_RUNS}) of at most "
+                        f"{STEPS_PER_RUN} steps; a run may end sooner, and the summary counts the "
+                        "steps run")
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
     p.add_argument("--pools", default=SINGLE_POOL, metavar="PRESET", help=(
@@ -327,6 +339,9 @@ def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     if args.steps < 1:
         print("hicache fuzz: --steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.seed < 0:  # Python's random seeds by |seed|: -1 would replay seed 1
+        print("hicache fuzz: --seed must be >= 0", file=sys.stderr)
         return 2
     if args.plane == "cuda" and not _cuda():
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
