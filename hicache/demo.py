@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, NoReturn, Sequence
 
 from hicache.distributed.processes import TRANSPORTS
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
+from hicache.outputs import unwritable
 
 if TYPE_CHECKING:  # torch-heavy: imported when the demo runs
     from hicache.controller.config import CacheConfig
@@ -109,14 +110,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+TP_MAX = 8
+"""Most `--tp` ranks: one host's GPUs (8 on the largest common hosts); each rank is a process
+of its own (about 150 MiB on the CPU)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(argv) if argv is not None else None)
     if args.requests < 1:
         parser().error(f"argument --requests: must be >= 1, got {args.requests}")
     if args.batch_size < 1:
         parser().error(f"argument --batch-size: must be >= 1, got {args.batch_size}")
-    if args.tp < 1:
-        parser().error(f"argument --tp: must be >= 1, got {args.tp}")
+    if not 1 <= args.tp <= TP_MAX:
+        parser().error(f"argument --tp: ranks in 1..{TP_MAX} (a tensor-parallel group spans one "
+                       f"host's GPUs; each rank is a process of its own), got {args.tp}")
+    for option, path in (("--json", args.json), ("--prometheus", args.prometheus)):
+        problem = None if path is None else unwritable(path)
+        if problem:  # before the run, not after it served every request
+            sys.stderr.write(f"hicache demo: {option} {path}: {problem}; choose a writable path\n")
+            return 2
     try:  # --tp refuses --trace (demo_tp.py): no file is made for it
         trace = open(args.trace, "w") if args.trace and args.tp == 1 else None
     except OSError as e:

@@ -163,3 +163,25 @@ def test_no_progress_bar_unless_stderr_is_a_terminal(
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     _, err = run(capsys, *TIGHT, "--check-mode", "off")
     assert err.endswith("] 40/40 requests\n")
+
+
+@pytest.mark.parametrize("option", ["--json", "--prometheus"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(
+        option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--json /nonexistent/x.json` used to serve every request, print the report and then
+    end in a FileNotFoundError traceback; a directory, in IsADirectoryError."""
+    for path, says in [(tmp_path / "no" / "x.json", f"no directory {tmp_path / 'no'}"),
+                       (tmp_path, "is a directory")]:
+        assert demo.main(["--quiet", "--requests", "1", option, str(path)]) == 2
+        err = capsys.readouterr()
+        assert f"{option} {path}: {says}; choose a writable path" in err.err
+        assert "served" not in err.out  # nothing ran
+    assert not (tmp_path / "no").exists()
+
+
+def test_more_tp_ranks_than_one_host_has_gpus_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tp 32` used to start 32 rank processes (about 5 GiB) and print nothing."""
+    with pytest.raises(SystemExit) as exit_:
+        demo.main(["--quiet", "--tp", str(demo.TP_MAX + 1)])
+    assert exit_.value.code == 2
+    assert f"ranks in 1..{demo.TP_MAX}" in capsys.readouterr().err

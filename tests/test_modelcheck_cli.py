@@ -98,3 +98,18 @@ def test_list_names_every_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert mc.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("tail", "pair", "fork", "pages"))
+
+
+def test_an_unknown_config_blames_config_and_an_unwritable_trace_out_is_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--config bogus` used to read '--configs: cannot read it: --config: ...'; a --trace-out
+    in a missing directory used to end, after the search printed its finding, in a
+    FileNotFoundError traceback."""
+    assert mc.main(["--config", "bogus"]) == 2
+    assert capsys.readouterr().err.startswith("hicache model-check: error: --config: 'bogus' is not")
+    out_file = tmp_path / "no" / "bad.ndjson"
+    status = mc.main(["--config", "pages", "--lifecycle", str(mutant_tables(tmp_path)),
+                      "--trace-out", str(out_file)])
+    captured = capsys.readouterr()
+    assert status == 2 and "FOUND" not in captured.out
+    assert f"--trace-out: {out_file}: no directory" in captured.err

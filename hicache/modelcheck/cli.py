@@ -24,6 +24,7 @@ from hicache.modelcheck.config import CONFIGS_TOML, ModelConfig, get_config, loa
 from hicache.modelcheck.counterexample import write_trace
 from hicache.modelcheck.coverage import composite_edges, graph_edges, spec_transitions
 from hicache.modelcheck.search import REDUCTIONS, VERIFY_REFUSALS, Result, explore
+from hicache.outputs import unwritable
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 SHOW_UNSEEN = 20  # composite edges not taken are listed up to this many (else only counted)
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _parser().error("--reduction none never ends on its own (ids and LRU ticks grow without "
                             "bound): give --max-depth or --max-states")
         cfg = _read("--configs", lambda: get_config(args.config, args.configs))
+        problem = None if args.trace_out is None else unwritable(args.trace_out)
+        if problem:  # before the search, not after its finding was printed
+            raise ConfigError("--trace-out", f"{args.trace_out}: {problem}; choose a writable path")
         lifecycle = None if args.lifecycle is None else _read("--lifecycle", lambda: load_lifecycle(args.lifecycle))
     except HiCacheError as e:
         print(f"hicache model-check: error: {e}", file=sys.stderr)
@@ -90,7 +94,13 @@ def _read(option: str, load: Callable[[], T]) -> T:
     key) as a ConfigError naming `option`."""
     try:
         return load()
-    except (OSError, ValueError, KeyError, TypeError) as e:  # tomllib's errors are ValueErrors
+    except ConfigError as e:
+        if e.field.startswith("--"):
+            raise  # an option's own error (--config: not a configuration), not the file's
+        raise ConfigError(option, f"cannot read it: {e}") from None
+    except KeyError as e:
+        raise ConfigError(option, f"cannot read it: a table lacks the key {e}") from None
+    except (OSError, ValueError, TypeError) as e:  # tomllib's errors are ValueErrors
         raise ConfigError(option, f"cannot read it: {e}") from None
 
 
