@@ -14,6 +14,7 @@ import hicache
 from hicache.extras import is_optional
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+PRINTS = re.compile(r"# prints: (.+?)(?: \(.*\))?$", re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 EXPORTS = {"ControlPlane", "CacheConfig", "CacheController", "Snapshot", "check_all",
            "Violation", "Tracer", "ListSink", "NdjsonSink", "HiCacheError"}
@@ -58,4 +59,9 @@ def test_readme_python_block_runs(index: int, capsys: pytest.CaptureFixture[str]
         if not is_optional(e.name):
             raise
         pytest.skip(f"README block {index + 1} needs {e.name}")
-    assert capsys.readouterr().out.strip(), "a README example should show its result"
+    out = capsys.readouterr().out
+    assert out.strip(), "a README example should show its result"
+    # A line's `# prints: X` comment is what it prints (X up to a parenthesised remark); the
+    # example's first comments once said a hit of 12 tokens where it printed 8.
+    for said in PRINTS.findall(code):
+        assert said.strip() in out, f"README block {index + 1} says it prints {said!r}; it printed {out!r}"
