@@ -36,6 +36,8 @@ def test_spec_check_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixture[
     captured = capsys.readouterr()
     assert "diagram 'ownership' is stale" in captured.out
     assert "1 difference(s)" in captured.err
+    # The fix it names is for this copy: without --spec-dir it would rewrite the installed spec.
+    assert f"run `hicache spec write-diagrams --spec-dir {spec}`" in captured.out
     # write-diagrams repairs it in place; the check then passes.
     assert main(["spec", "write-diagrams", "--spec-dir", str(spec)]) == 0
     assert "rewrote ownership" in capsys.readouterr().out

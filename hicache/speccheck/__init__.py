@@ -31,7 +31,7 @@ from typing import Sequence
 
 from hicache.errors import SpecError
 from hicache.lifecycle import Lifecycle
-from hicache.spec import load_toml
+from hicache.spec import SPEC_DIR, load_toml
 from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, registry_checks
 from hicache.speccheck.l3header import check_l3_header
 from hicache.speccheck.mdtables import parse_tables
@@ -64,7 +64,8 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     lifecycle_md = _read(spec_dir / "lifecycle.md", problems)
     if lifecycle_md is not None:
         problems += check_lifecycle_tables(lc, lifecycle_md)
-        problems += check_diagrams(lc, lifecycle_md)
+        installed = spec_dir.resolve() == SPEC_DIR.resolve()
+        problems += check_diagrams(lc, lifecycle_md, None if installed else str(spec_dir))
     invariants_md = _read(spec_dir / "invariants.md", problems)
     if invariants_md is not None:
         loaded = registry_checks(with_ranks=True) if checks is None else checks

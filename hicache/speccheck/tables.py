@@ -121,13 +121,14 @@ def check_lifecycle_tables(lc: Lifecycle, markdown: str) -> list[str]:
 
 
 
-def check_diagrams(lc: Lifecycle, markdown: str) -> list[str]:
-    """Each embedded generated block equals what the tables generate now."""
+def check_diagrams(lc: Lifecycle, markdown: str, spec_dir: str | None = None) -> list[str]:
+    """Each embedded generated block equals what the tables generate now. `spec_dir`: the
+    spec folder checked, when it is not the installed one (the fix's command names it)."""
     try:
         embedded = extract_blocks(markdown)
     except SpecError as e:
         return [f"lifecycle.md: {e}"]
-    fix = "run `hicache spec write-diagrams`"
+    fix = "run `hicache spec write-diagrams" + (f" --spec-dir {spec_dir}`" if spec_dir else "`")
     problems: list[str] = []
     for name, text in all_diagrams(lc).items():
         if name not in embedded:
