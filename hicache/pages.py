@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
+from hicache.tiers import MAX_PAGES
 
 Pages = npt.NDArray[np.int64]
 """Physical page indices of one tier, in the order a record holds them (int64, 1-D)."""
@@ -47,8 +48,8 @@ class PageTable:
     """Ownership and allocation of one tier's `capacity` physical pages."""
 
     def __init__(self, tier: str, capacity: int) -> None:
-        if capacity <= 0:
-            raise ConfigError(f"{tier}.capacity_pages", f"must be positive, got {capacity}")
+        if not 0 < capacity <= MAX_PAGES:
+            raise ConfigError(f"{tier}.capacity_pages", f"in 1..{MAX_PAGES} (MAX_PAGES), got {capacity}")
         self.tier = tier
         self.capacity = capacity
         self.owner: npt.NDArray[np.uint8] = np.zeros(capacity, dtype=np.uint8)  # all FREE

@@ -24,6 +24,11 @@ class Tier(str, enum.Enum):
 
 TIERS: tuple[Tier, ...] = (Tier.L1, Tier.L2, Tier.L3)
 
+MAX_PAGES = 1 << 24
+"""Most pages one tier's table holds (16,777,216: about 150 MB of ownership and generation
+arrays). A reference checks behaviour, not size: a trace, a vector case or a configuration
+asking for more is refused with a typed error rather than allocating until memory runs out."""
+
 
 class Direction(str, enum.Enum):
     """A transfer direction: which tier it reads (source) and which it fills (target)."""

@@ -10,6 +10,8 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import IO, Mapping, Protocol
 
+from hicache.tiers import MAX_PAGES
+
 FORMAT = "hicache-trace"
 """The header's `format`: what makes the first line of a file a hicache trace."""
 
@@ -60,9 +62,11 @@ class TraceHeader:
             raise TraceFormatError(f"header capacities: tiers {list(self.capacities)} must be L1, L1+L2 or L1+L2+L3")
         if list(self.capacities) != tiers:  # a JSON object's keys have no order: keep tier order
             object.__setattr__(self, "capacities", {t: self.capacities[t] for t in tiers})
-        bad = {t: c for t, c in self.capacities.items() if not isinstance(c, int) or isinstance(c, bool) or c < 0}
+        bad = {t: c for t, c in self.capacities.items()
+               if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_PAGES}
         if bad:
-            raise TraceFormatError(f"header capacities: page counts must be integers >= 0, got {bad}")
+            raise TraceFormatError(f"header capacities: page counts must be integers in 0..{MAX_PAGES}, "
+                                   f"got {bad}")
         if not isinstance(self.page_size, int) or isinstance(self.page_size, bool) or self.page_size < 1:
             raise TraceFormatError(f"header page_size: an integer >= 1, got {self.page_size!r}")
         unknown = [o for o in self.omits if o not in HEADER_OMITS]

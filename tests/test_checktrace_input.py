@@ -215,3 +215,16 @@ def test_cli_file_options_and_exit_codes(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1 and "missing.ndjson" in done.stderr
     done = _cli(str(good), "--check-every", "x")
     assert done.returncode == MALFORMED and done.stderr.count("\n") == 1
+
+
+def test_a_header_asking_for_more_pages_than_a_tier_holds_is_malformed() -> None:
+    """`"capacities": {"L1": 10**12}` used to end in numpy's MemoryError (931 GiB), a
+    traceback with the violation exit status; it is a malformed header now, exit 2."""
+    from hicache.tiers import MAX_PAGES
+
+    lines = plane_trace(write_through)
+    for too_many in (MAX_PAGES + 1, 10**12):
+        header = json.loads(lines[0])
+        header["capacities"]["L2"] = too_many
+        verdict = check_lines([json.dumps(header), *lines[1:]])
+        assert verdict.exit_code == MALFORMED and "0..16777216" in verdict.message, verdict.message

@@ -331,3 +331,27 @@ def test_the_bench_reports_each_rate_against_the_ceiling(capsys: pytest.CaptureF
     out = capsys.readouterr().out
     assert f"{len(CATEGORIES)} cases" in out and "ceiling: read + sha256 + parse" in out
     assert out.count("of the ceiling)") == 2
+
+
+def test_a_case_asking_for_more_pages_than_a_tier_holds_is_refused_by_the_reader() -> None:
+    """A case edited to 10**8 pages per tier used to take 46 s and 6.4 GB to run (10**12: no
+    end); the reader refuses it as it refuses the case's other bad fields."""
+    from hicache.tiers import MAX_PAGES
+    from hicache.vectors.format import VectorFormatError, case_json, parse_case
+
+    ok = CaseConfig(page_size=2, capacities={"L1": 4, "L2": 4, "L3": 4})
+    raw = json.loads(case_json("c", "abort", 0, ok, [], {"live": [], "tiers": {}, "usage": {}}))
+    parse_case(json.dumps(raw).encode(), "c.json")  # the unedited case reads
+    raw["config"]["capacities"]["L2"] = MAX_PAGES + 1
+    with pytest.raises(VectorFormatError, match=f"capacities.L2: an integer in 1..{MAX_PAGES}"):
+        parse_case(json.dumps(raw).encode(), "c.json")
+
+
+def test_a_page_table_larger_than_max_pages_is_a_config_error() -> None:
+    from hicache.errors import ConfigError
+    from hicache.pages import PageTable
+    from hicache.tiers import MAX_PAGES
+
+    assert PageTable("L1", MAX_PAGES).capacity == MAX_PAGES
+    with pytest.raises(ConfigError, match="L1.capacity_pages"):
+        PageTable("L1", MAX_PAGES + 1)

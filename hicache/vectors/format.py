@@ -24,6 +24,7 @@ from typing import Any
 
 from hicache.controller.config import POLICIES, WRITE_POLICIES
 from hicache.errors import HiCacheError
+from hicache.tiers import MAX_PAGES
 from hicache.tiers import TIERS as TIER_ENUM
 
 FORMAT = "hicache-vectors"
@@ -59,7 +60,7 @@ class CaseConfig:
     """What an engine is built with for one case (spec/vectors.md, "Configuration").
 
     `capacities`: pages per tier (L3: slots). `write_policy` and `restore_policy` use the
-    names of spec/policies.md; `promotion`: an L3 restore publishes in L2 first."""
+    names of spec/policies.md; `promotion`: an L3 restore's promoted L2 copies stay there (spec/restore.md)."""
 
     page_size: int
     capacities: dict[str, int] = field(default_factory=dict)
@@ -84,7 +85,8 @@ class CaseConfig:
         if tuple(sorted(caps)) not in CASE_TIERS:
             raise VectorFormatError(f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, "
                                     f"got {sorted(caps)}")
-        capacities = {t: _int(caps[t], f"{where}: config.capacities.{t}", low=1) for t in TIERS if t in caps}
+        capacities = {t: _int(caps[t], f"{where}: config.capacities.{t}", low=1, high=MAX_PAGES)
+                      for t in TIERS if t in caps}
         strings = {k: obj.get(k) for k in ("write_policy", "restore_policy")}
         for (k, v), allowed in zip(strings.items(), (WRITE_POLICIES, POLICIES)):
             if v not in allowed:
@@ -223,9 +225,10 @@ def _object(raw: object, where: str) -> dict[str, Any]:
     return raw
 
 
-def _int(raw: object, where: str, low: int) -> int:
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw < low:
-        raise VectorFormatError(f"{where}: an integer >= {low} expected, got {raw!r}")
+def _int(raw: object, where: str, low: int, high: int | None = None) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < low or (high is not None and raw > high):
+        span = f">= {low}" if high is None else f"in {low}..{high}"
+        raise VectorFormatError(f"{where}: an integer {span} expected, got {raw!r}")
     return raw
 
 
