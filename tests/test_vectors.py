@@ -324,6 +324,19 @@ def test_usage_errors_exit_2(small: Path, tmp_path: Path, capsys: pytest.Capture
     assert "cannot read the manifest" in err and "give module:Name" in err and "not an empty directory" in err
 
 
+def test_a_dir_that_cannot_be_made_is_a_usage_error_and_the_usage_puts_dir_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`generate /proc/x` used to end in a FileNotFoundError traceback; the usage line put DIR
+    after `--category NAME [NAME ...]`, which reads it as one more name."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert exit_status(generate.main, [str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hicache vectors generate: error: DIR") and "cannot create it" in err
+    assert exit_status(generate.main, ["--help"]) == 0
+    assert "generate DIR [--count N]" in capsys.readouterr().out
+
+
 def test_the_bench_reports_each_rate_against_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
     from hicache.bench import vectors as bench
 

@@ -75,7 +75,10 @@ def generate(directory: Path, count: int, seed: int, categories: Sequence[str]) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = VectorsParser(prog="hicache vectors generate", description=__doc__.split("\n")[0])
+    # DIR first in the usage line: --category takes every name after it, so a DIR written
+    # after the names would be read as one more (argparse's own usage put DIR last).
+    parser = VectorsParser(prog="hicache vectors generate", description=__doc__.split("\n")[0],
+                           usage="%(prog)s DIR [--count N] [--seed S] [--category NAME [NAME ...]]")
     parser.add_argument("dir", type=Path, metavar="DIR", help="a new or empty directory")
     parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"cases per category (default {DEFAULT_COUNT})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"(default {DEFAULT_SEED})")
@@ -86,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--count: at least 1, got {args.count}")
     if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
         parser.error(f"DIR {args.dir} exists and is not an empty directory; pass a new or empty one")
+    try:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"DIR {args.dir}: cannot create it ({exc.strerror}); pass a writable path")
     started = time.perf_counter()
     entries = generate(args.dir, args.count, args.seed, args.category)
     counts: dict[str, int] = {}
