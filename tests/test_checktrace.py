@@ -176,6 +176,41 @@ def test_the_maps_hold_only_what_is_live() -> None:
         assert all(table.owner[r] != FREE for r in c.pages[t].to_engine)
 
 
+def test_a_trace_cut_at_any_line_is_valid() -> None:
+    """A trace may stop anywhere (spec/trace.md). A cut inside end_request's discards (before
+    its end_request) used to be read as insert(r), which emits nothing there: a violation at
+    every such cut (20 of 264 cuts of the examples; 26 of 726 of four controller traces)."""
+    examples = [p.read_text().splitlines() for p in sorted((ROOT / "spec" / "examples").glob("*.ndjson"))]
+    traces = [t for t in examples if check_lines(t).exit_code == VALID] + [controller_trace(0, 150)]
+    assert len(traces) > 10
+    cut_in_discards = 0
+    for lines in traces:
+        for k in range(2, len(lines)):
+            v = check_lines(lines[:k])
+            assert (v.exit_code, v.events) == (VALID, k - 1), f"cut after line {k}: {v.message}"
+            cut_in_discards += json.loads(lines[k - 1])["event"] == "discard" \
+                and json.loads(lines[k])["event"] == "end_request"
+    assert cut_in_discards > 10
+
+
+def test_a_cut_discard_neither_call_emits_is_a_violation() -> None:
+    """Where the trace stops inside discards, the discards are still checked: against
+    end_request(r) when insert(r) would not emit them."""
+    def abort(cp: ControlPlane) -> None:
+        cp.begin_request(1, [1, 2, 3, 4, 5])
+        cp.compute(1, 6)
+        cp.end_request(1)  # an abort: every computed page discarded, none inserted
+
+    lines = plane_trace(abort)
+    last = events(lines)[-2]
+    assert last["event"] == "discard" and events(lines)[-1]["event"] == "end_request"
+    cut = lines[:-1]
+    assert check_lines(cut).exit_code == VALID  # insert(1) would emit insert, not discard
+    v = check_lines(edit(cut, last["seq"], token_start=2))
+    assert (v.exit_code, v.seq) == (VIOLATION, last["seq"])
+    assert "end_request(1)" in v.message and "token_start" in v.message
+
+
 # -- violations ---------------------------------------------------------------------------------
 
 

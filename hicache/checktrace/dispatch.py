@@ -13,6 +13,7 @@ need not be counted here.
     discard... then insert / cached_len                 insert(r)
     revive, discard ... (a freed window's, in insert)   insert(r)
     discard... then end_request                         end_request(r)
+    discard... then the trace's end                     insert(r) if it emits them, else end_request(r)
     unlock... [node_remove / discard...] end_request    end_request(r)
     unlock... of every pin of r                         unpin(r)
     unlock (some pins of r)                             unpin(r, node)
@@ -81,6 +82,10 @@ class Call:
     op: int | None = None  # the reference op it ends
     blame: int | None = None  # look-ahead index of the line a refusal of the call itself is
     # blamed on (`end_request` after the unlocks and discards it emits first); None: the head
+    alternative: Call | None = None  # a run cut by the trace's end: the other call it may
+    # stand for, made instead when this one, tried on a copy of the reference, does not emit
+    # the events the trace has left
+    on: Callable[[ControlPlane], object] | None = None  # this call on a given plane (the copy)
 
 
 def _scan(ahead: Lookahead, start: int, keep: Callable[[Line], bool]) -> int:
@@ -199,6 +204,10 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         if name == "discard" and after is not None and after.event.event == "end_request" \
                 and after.event.request == r:
             return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=end)
+        if name == "discard" and after is None:  # cut before what tells insert from end_request
+            ending = Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+            return Call(f"insert({r})", lambda: cp.insert(r), request=r, alternative=ending,
+                        on=lambda plane: plane.insert(r))
         return Call(f"insert({r})", lambda: cp.insert(r), request=r)
     if name == "cached_len":
         r = _request(head)
