@@ -9,7 +9,7 @@ import pytest
 from hicache import cli
 from hicache.checktrace import check_lines
 from hicache.modelcheck import cli as mc
-from hicache.modelcheck.config import CONFIGS_TOML
+from hicache.modelcheck.config import CONFIGS_TOML, get_config
 from hicache.spec import LIFECYCLE_TOML
 
 D2H_ISSUE_GUARDS = 'guards = ["L1 == RESIDENT", "parent(L2) == RESIDENT"]'
@@ -60,7 +60,8 @@ def test_without_trace_out_the_trace_is_printed(tmp_path: Path, capsys: pytest.C
 
 
 @pytest.mark.parametrize("argv", [[], ["--config", "nope"], ["--config", "tail", "--max-states", "0"],
-                                  ["--config", "tail", "--reduction", "none"]])
+                                  ["--config", "tail", "--reduction", "none"],
+                                  ["--config", "tail", "--verify-refusals", "-1"]])
 def test_usage_errors_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         status = mc.main(argv)
@@ -79,6 +80,24 @@ def test_a_malformed_manifest_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_an_unreduced_search_with_a_bound_stops_early(capsys: pytest.CaptureFixture[str]) -> None:
     assert mc.main(["--config", "tail", "--reduction", "none", "--max-depth", "4"]) == 0
+    assert "stopped early" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bound", [1, 10, 100])
+def test_max_states_is_the_number_of_states_found(bound: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-states 10 used to report 11 states (the bound was checked only between
+    expansions), and --max-states 1 called its one state exhaustive."""
+    assert mc.main(["--config", "tail", "--max-states", str(bound)]) == 0
+    assert f"tail: {bound} states," in (out := capsys.readouterr().out) and "stopped early" in out
+
+
+def test_a_bound_of_the_whole_space_is_still_exhaustive(capsys: pytest.CaptureFixture[str]) -> None:
+    expected = get_config("tail").expected
+    assert expected is not None
+    whole = expected.states
+    assert mc.main(["--config", "tail", "--max-states", str(whole)]) == 0
+    assert f"tail: {whole} states," in (out := capsys.readouterr().out) and "exhaustive" in out
+    assert mc.main(["--config", "tail", "--max-states", str(whole - 1)]) == 0
     assert "stopped early" in capsys.readouterr().out
 
 

@@ -44,9 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lifecycle", type=Path, help="lifecycle tables to check instead of spec/lifecycle.toml")
     p.add_argument("--trace-out", type=Path, help="write a finding's trace here (default: print it)")
     p.add_argument("--reduction", choices=REDUCTIONS, default="symmetric", help="state key (default: symmetric)")
-    p.add_argument("--max-states", type=_positive, help="stop after this many states (not exhaustive)")
-    p.add_argument("--max-depth", type=_positive, help="stop at this BFS depth (not exhaustive)")
-    p.add_argument("--verify-refusals", type=int, default=VERIFY_REFUSALS, metavar="N",
+    p.add_argument("--max-states", type=_positive, help="keep at most N states: a new one beyond them ends the search (stopped early)", metavar="N")
+    p.add_argument("--max-depth", type=_positive, metavar="N", help="stop at this BFS depth (not exhaustive)")
+    p.add_argument("--verify-refusals", type=_non_negative, default=VERIFY_REFUSALS, metavar="N",
                    help=f"check that every N-th refused call changed nothing (0: never; default {VERIFY_REFUSALS})")
     return p
 
@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0: never)")
     return int(text)
 
 

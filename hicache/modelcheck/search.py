@@ -77,6 +77,7 @@ class Result:
     edges: int = 0
     depth: int = 0
     exhaustive: bool = False  # no state left unexpanded (no finding, no limit reached)
+    bounded: bool = False  # a new state beyond max_states was found and left out
     seconds: float = 0.0  # wall time of the whole search
     refusals: int = 0  # offered calls the plane refused (no edge)
     refusals_verified: int = 0  # of those, checked to have changed nothing
@@ -148,15 +149,16 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     while frontier and res.finding is None and (max_depth is None or res.depth < max_depth):
         following: list[tuple[ControlPlane, Key]] = []
         for plane, key in frontier:
-            res.finding = _expand(plane, key, cfg, key_of, parents, following, res, verify_refusals, on_state)
-            if res.finding is not None or (max_states is not None and len(parents) >= max_states):
+            res.finding = _expand(plane, key, cfg, key_of, parents, following, res, verify_refusals, on_state,
+                                  max_states)
+            if res.finding is not None or res.bounded:
                 break
         if following:
             res.depth += 1
         frontier = following if res.finding is None else []
-        if max_states is not None and len(parents) >= max_states:
+        if res.bounded:
             break
-    res.exhaustive = res.finding is None and not frontier
+    res.exhaustive = res.finding is None and not frontier and not res.bounded
     res.states, res.seconds = len(parents), time.perf_counter() - start
     if keep_keys:
         res.parents = parents
@@ -165,8 +167,11 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
 
 def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[ControlPlane], Key],
             parents: dict[Key, tuple[Key, Action] | None], following: list[tuple[ControlPlane, Key]],
-            res: Result, verify_refusals: int, on_state: Callable[[ControlPlane], None] | None) -> Finding | None:
-    """Try every offered action on `plane`; queue new successors; the first finding, if any."""
+            res: Result, verify_refusals: int, on_state: Callable[[ControlPlane], None] | None,
+            max_states: int | None = None) -> Finding | None:
+    """Try every offered action on `plane`; queue new successors; the first finding, if any.
+    A new state beyond `max_states` is left out and ends the search (`res.bounded`): the bound
+    counts states, and a space of exactly that many is still searched to the end."""
     scratch: ControlPlane | None = None
     steps = drain_actions(plane) if cfg.aborts else []
     first = steps[0] if steps else None  # the drain's first call: it must be an edge (induction)
@@ -193,6 +198,9 @@ def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[C
         k = key_of(child)
         if k in parents:
             continue
+        if max_states is not None and len(parents) >= max_states:
+            res.bounded = True
+            return None
         parents[k] = (key, a)
         bad = _judge(child, cfg)
         if bad is not None:
