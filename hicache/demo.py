@@ -278,9 +278,10 @@ def _preset_echo(config: object) -> str:
     group = config.group
     if group is None:
         return ""
-    moved = [p for p in group.pools if p.backupable and p.bytes_per_page]
-    per_anchor = sum(p.bytes_per_page * group.ratio(p.name) for p in moved)
-    return f"{config.pools}: {len(moved)} byte pools, {per_anchor:,} bytes per anchor page"
+    kept = group.backed_up()  # the pools L2 and L3 hold
+    moved = [p for p in kept.pools if p.bytes_per_page]
+    return (f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per anchor "
+            f"page in all, {kept.bytes_per_anchor_page:,} on {kept.anchor.name}'s indices")
 
 
 def _summary(ctl: object, report: object, status: dict[str, object], wall_s: float) -> dict[str, object]:

@@ -227,3 +227,25 @@ def test_freed_windows_on_the_byte_plane_are_skipped_by_i4_and_whole_again_once_
         assert check_all(ctl.cp.snapshot()) == []
     finally:
         ctl.close()
+
+
+@pytest.mark.parametrize("name", ["dsv4-tiny", "dsv41-tiny"])
+def test_bytes_per_anchor_page_in_all_is_the_width_the_producer_writes_and_both_commands_say_it(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`hicache pools` gave 88 B per anchor page for dsv4-tiny (the anchor's indices only) and
+    the demo 280 (every byte pool) under the same words; dsv41-tiny's request-scoped ring
+    counted in neither the same way. Now both print both figures, named."""
+    from hicache.pools import command
+
+    g = preset_group(name)
+    made = choose_plane(CacheConfig(device="cpu", pools=name), None, None, None)
+    try:
+        assert isinstance(made.producer, GroupSyntheticProducer)
+        width = made.producer.expected(TOKENS, 0, len(TOKENS)).shape[1]
+    finally:
+        made.engine.close()
+    assert width == g.value_bytes_per_anchor_page > g.bytes_per_anchor_page
+    said = f"{width:,} B per anchor page in all, {g.bytes_per_anchor_page:,} on kv's indices"
+    assert command.main([]) == 0
+    assert said in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " "))
+    assert said in demo._preset_echo(CacheConfig(device="cpu", pools=name))

@@ -1,6 +1,7 @@
 """`hicache pools [PRESET]`: the presets of spec/pools.toml, or one preset's pool table.
 
-    hicache pools             one line per preset: name, pools, bytes per anchor page
+    hicache pools             one line per preset: name, pools, bytes per anchor page (in all,
+                              and on the anchor's indices)
     hicache pools dsv4-tiny   the preset's description and its table, as spec/pools.md holds it
 
 Exit status 0, or 2 with one line on stderr for an unknown preset (naming the choices).
@@ -24,8 +25,8 @@ def main(argv: list[str]) -> int:
     if args.preset is None:
         for name, g in load_presets().items():
             pools = ", ".join(p.name for p in g.pools)
-            print(f"{name:<11} {len(g.pools)} pools, {g.bytes_per_anchor_page:,} B/anchor page: "
-                  f"{pools}")
+            print(f"{name:<11} {len(g.pools)} pools, {g.value_bytes_per_anchor_page:,} B per anchor page in "
+                  f"all, {g.bytes_per_anchor_page:,} on {g.anchor.name}'s indices: {pools}")
         return 0
     try:
         g = group(args.preset)

@@ -210,6 +210,15 @@ class PoolGroup:
         """Bytes of every pool on the anchor's indices, per anchor page."""
         return self.bytes_per_page(self.anchor.name)
 
+    @property
+    def value_bytes_per_anchor_page(self) -> int:
+        """Bytes of the group's backupable pools for one anchor page of tokens: each pool's
+        bytes per page times its pages per anchor page, a trailing-window pool counted as if
+        the page were in its window; request-scoped pools hold no part of a node's value. The
+        width of a node's value per anchor page, the pools side by side (what a producer writes
+        and a backup moves); at least `bytes_per_anchor_page`."""
+        return sum(p.bytes_per_page * self.ratio(p.name) for p in self.pools if p.backupable)
+
     def check_capacity(self, capacity_pages: Mapping[str, int]) -> None:
         """Verify a tier's sizes fit the group: `capacity_pages` maps every allocating pool
         (anchor included) to its page count in the tier, and a TRAILING_PAGES pool's window
