@@ -249,3 +249,22 @@ def test_bytes_per_anchor_page_in_all_is_the_width_the_producer_writes_and_both_
     assert command.main([]) == 0
     assert said in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " "))
     assert said in demo._preset_echo(CacheConfig(device="cpu", pools=name))
+
+
+def test_a_group_whose_anchor_page_no_geometry_preset_has_says_what_can_run() -> None:
+    """`demo --preset dsv4` said "choose a geometry of the anchor's page size", which no
+    --geometry offers (256-token pages); the advice is now one the CLI or Python can follow."""
+    from hicache.dataplane.geometry import KVGeometry
+
+    with pytest.raises(ConfigError) as refused:
+        CacheConfig(device="cpu", pools="dsv4")
+    why = str(refused.value)
+    assert "no geometry preset has 256-token pages" in why and "dsv4-tiny" in why
+    assert "KVGeometry(page_size=256" in why
+    with pytest.raises(ConfigError, match="choose --geometry tiny"):
+        CacheConfig(device="cpu", geometry="qwen3-8b", pools="dsv4-tiny")
+    # The Python way it names builds and runs a controller.
+    geo = KVGeometry(layers=2, kv_heads=2, head_dim=16, dtype="fp32", page_size=256)
+    ctl = CacheController(CacheConfig(geometry=geo, pools="dsv4", l1_pages=4, l2_pages=4, l3_slots=4,
+                                      device="cpu"))
+    ctl.close()

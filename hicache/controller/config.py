@@ -115,9 +115,8 @@ class CacheConfig:
                 raise ConfigError("l1_window_pages", f"an integer in 1..l1_pages "
                                                      f"({self.l1_pages}); got {v!r}")
         if group.anchor.page_size != self.kv.page_size:
-            raise ConfigError("pools", f"{self.pools!r} has {group.anchor.page_size}-token anchor "
-                                       f"pages, the geometry {self.kv.page_size}-token pages; "
-                                       "choose a geometry of the anchor's page size")
+            raise ConfigError("pools", page_size_advice(str(self.pools), group.anchor.page_size,
+                                                        self.kv.page_size))
         if self.l3_path is not None:
             raise ConfigError("l3_path", f"a pool group ({self.pools!r}) keeps one temporary L3 "
                                          "file per pool; leave l3_path unset")
@@ -169,3 +168,23 @@ class CacheConfig:
     def kv(self) -> KVGeometry:
         assert isinstance(self.geometry, KVGeometry), "geometry is resolved in __post_init__"
         return self.geometry
+
+
+def page_size_advice(pools: str, anchor_tokens: int, geometry_tokens: int) -> str:
+    """Why pool group `pools` (anchor pages of `anchor_tokens`) cannot run on a geometry of
+    `geometry_tokens`-token pages, and what can: the geometry presets of the anchor's page
+    size, else the groups that fit the geometry and the Python way to a geometry of that size
+    (no preset has 64- or 256-token pages)."""
+    from hicache.dataplane.geometry import PRESETS
+    from hicache.pools.presets import load_presets
+
+    said = (f"{pools!r} has {anchor_tokens}-token anchor pages, the geometry "
+            f"{geometry_tokens}-token pages")
+    fits = sorted(n for n, g in PRESETS.items() if g.page_size == anchor_tokens)
+    if fits:
+        return f"{said}; choose --geometry {' or '.join(fits)} (a geometry of the anchor's page size)"
+    groups = sorted(n for n, g in load_presets().items() if g.anchor.page_size == geometry_tokens)
+    return (f"{said}, and no geometry preset has {anchor_tokens}-token pages; on this geometry "
+            f"choose a group of {geometry_tokens}-token anchor pages ({', '.join(groups)}), or, "
+            f"from Python, CacheConfig(geometry=KVGeometry(page_size={anchor_tokens}, ...), "
+            f"pools={pools!r})")
