@@ -30,8 +30,9 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hicache.testing import runner
 from hicache.testing.adapters import sglang
@@ -42,8 +43,11 @@ from hicache.testing.coverage import Coverage
 STATS: Counter[str] = Counter()  # summed over every sglang cache the current run opens
 
 
-def _counting(factory: Callable[[Any], sglang.SGLangRadixCache]) -> Callable[[Any], sglang.SGLangRadixCache]:
+def _counting(
+    factory: Callable[[Any], sglang.SGLangRadixCache],
+) -> Callable[[Any], sglang.SGLangRadixCache]:
     """`factory`, each cache's stats added to STATS when the machine closes it."""
+
     def make(setup: Any) -> sglang.SGLangRadixCache:
         cache = factory(setup)
         close = cache.close
@@ -51,8 +55,10 @@ def _counting(factory: Callable[[Any], sglang.SGLangRadixCache]) -> Callable[[An
         def close_and_count() -> None:
             STATS.update(cache.stats)
             close()
+
         cache.close = close_and_count  # type: ignore[method-assign]
         return cache
+
     return make
 
 
@@ -82,10 +88,15 @@ def _token_pages(seed: int, steps: int) -> tuple[int, bool]:
 
     coverage = Coverage()
     machine = make_machine(token_counted, sglang.setups("null"), page_size=1, coverage=coverage)
-    setattr(machine, "_hypothesis_internal_use_seed", seed)
-    config = settings(max_examples=max(1, steps // runner.STEPS_PER_RUN),
-                      stateful_step_count=runner.STEPS_PER_RUN, deadline=None, database=None,
-                      phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+    machine._hypothesis_internal_use_seed = seed
+    config = settings(
+        max_examples=max(1, steps // runner.STEPS_PER_RUN),
+        stateful_step_count=runner.STEPS_PER_RUN,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
@@ -100,8 +111,14 @@ def _timed(run: Callable[[], tuple[int, bool]]) -> dict[str, Any]:
     wall, cpu = time.perf_counter(), time.process_time()
     steps, agreed = run()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"steps": steps, "agreed": agreed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-            "steps_per_cpu_s": round(steps / cpu, 1) if cpu else None, "stats": dict(STATS)}
+    return {
+        "steps": steps,
+        "agreed": agreed,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "steps_per_cpu_s": round(steps / cpu, 1) if cpu else None,
+        "stats": dict(STATS),
+    }
 
 
 def _traces(out: Path, seeds: list[int], steps: int) -> int:
@@ -113,7 +130,10 @@ def _traces(out: Path, seeds: list[int], steps: int) -> int:
         path = out / f"sglang-{seed}.ndjson"
         path.write_text("\n".join(lines) + "\n")
         kinds = Counter(json.loads(line)["event"] for line in lines[1:])
-        print(json.dumps({"seed": seed, "trace": str(path), "events": len(lines) - 1, **kinds}), flush=True)
+        print(
+            json.dumps({"seed": seed, "trace": str(path), "events": len(lines) - 1, **kinds}),
+            flush=True,
+        )
     return 0
 
 
@@ -133,7 +153,9 @@ def main(argv: list[str]) -> int:
         runs = {
             "sglang": _timed(lambda: _fuzz(seed, args.steps, "__main__:counted")),
             "sglang_page1": _timed(lambda: _token_pages(seed, args.steps)),
-            "lru": _timed(lambda: _fuzz(seed, args.steps, "hicache.testing.adapters.lru:lru_adapter")),
+            "lru": _timed(
+                lambda: _fuzz(seed, args.steps, "hicache.testing.adapters.lru:lru_adapter")
+            ),
             "controller": _timed(lambda: _fuzz(seed, args.steps, None)),
         }
         for name, r in runs.items():

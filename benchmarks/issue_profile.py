@@ -60,8 +60,16 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
     out = torch.empty((219, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype, device=dev)
     layout = check_operands(l1, pages, out, scatter=False)
     plan, constants = triton_rows._plan_for(layout, None, dev)
-    args = (word_view(l1, layout), word_view(out, layout), pages, 1, layout.rows_per_page,
-            layout.l1_pages, *constants, True)
+    args = (
+        word_view(l1, layout),
+        word_view(out, layout),
+        pages,
+        1,
+        layout.rows_per_page,
+        layout.l1_pages,
+        *constants,
+        True,
+    )
     jitted = triton_rows._kernel()
     key = triton_rows._specialization(args, plan.num_warps, dev)
     cache = triton_rows._compiled()
@@ -88,11 +96,15 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
         "stream.wait_stream": host_us(lambda: s1.wait_stream(s2)),
         "current_stream()": host_us(torch.cuda.current_stream),
         "upload 64 KiB index": host_us(lambda: dev_idx.copy_(host_idx, non_blocking=True)),
-        "upload 2 KiB index": host_us(lambda: dev_idx[:256].copy_(host_idx[:256], non_blocking=True)),
+        "upload 2 KiB index": host_us(
+            lambda: dev_idx[:256].copy_(host_idx[:256], non_blocking=True)
+        ),
         "D2H one page": host_us(lambda: one_page_host.copy_(one_page_dev, non_blocking=True)),
         "check_operands": host_us(lambda: check_operands(l1, pages, out, scatter=False)),
         "triton kernel[grid]": host_us(lambda: jitted[plan.grid](*args, num_warps=plan.num_warps)),
-        "CompiledCache.launch": host_us(lambda: cache.launch(key, plan.grid, args, {"num_warps": plan.num_warps})),
+        "CompiledCache.launch": host_us(
+            lambda: cache.launch(key, plan.grid, args, {"num_warps": plan.num_warps})
+        ),
         "gather_rows": host_us(lambda: triton_rows.gather_rows(l1, pages, out)),
         "gather_rows(stream=)": host_us(lambda: triton_rows.gather_rows(l1, pages, out, stream=s1)),
         "KernelSet.gather": host_us(lambda: mover.kernels.gather(l1, pages, out)),
@@ -107,7 +119,9 @@ def profile_issues(mover: DeviceHostMover, n: int) -> tuple[dict[str, float], st
     times: dict[str, float] = {}
     text = io.StringIO()
     issues: dict[str, Callable[[], TransferHandle]] = {
-        "d2h": lambda: mover.d2h(src, dst), "h2d": lambda: mover.h2d(dst, src)}
+        "d2h": lambda: mover.d2h(src, dst),
+        "h2d": lambda: mover.h2d(dst, src),
+    }
     for name, issue in issues.items():
         for _ in range(5):
             issue().wait()

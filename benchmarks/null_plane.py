@@ -31,7 +31,7 @@ import json
 import random
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
@@ -51,10 +51,17 @@ def workload(rng: random.Random, n: int, page_size: int) -> list[tuple[int, ...]
     return out
 
 
-def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] = (24, 32, 48)) -> dict[str, object]:
+def run(
+    requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] = (24, 32, 48)
+) -> dict[str, object]:
     """Drive `requests` admissions; tiers: (l1_pages, l2_pages, l3_slots)."""
-    cfg = CacheConfig(l1_pages=tiers[0], l2_pages=tiers[1], l3_slots=tiers[2], policy="always",
-                      check_mode=check_mode)
+    cfg = CacheConfig(
+        l1_pages=tiers[0],
+        l2_pages=tiers[1],
+        l3_slots=tiers[2],
+        policy="always",
+        check_mode=check_mode,
+    )
     c = CacheController(cfg, engine=NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots))
     rng = random.Random(seed)
     prompts = workload(rng, requests, cfg.kv.page_size)
@@ -63,7 +70,9 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
     for rid, tokens in enumerate(prompts):
         c.admit(rid, tokens)
         admissions += 1
-        extra = rng.randint(1, 3)  # ticks beyond readiness: backups are issued and observed on ticks
+        extra = rng.randint(
+            1, 3
+        )  # ticks beyond readiness: backups are issued and observed on ticks
         while not c.ready(rid) or extra > 0:
             extra -= 1
             pending = c.pending()
@@ -86,12 +95,20 @@ def run(requests: int, seed: int, check_mode: str, tiers: tuple[int, int, int] =
     transitions = c.cp.checker.transitions
     c.close()
     return {
-        "plane": "null", "check_mode": check_mode, "tiers": list(tiers), "seed": seed, "seconds": round(seconds, 3),
-        "admissions_per_s": round(admissions / seconds), "ticks_per_s": round(ticks / seconds),
+        "plane": "null",
+        "check_mode": check_mode,
+        "tiers": list(tiers),
+        "seed": seed,
+        "seconds": round(seconds, 3),
+        "admissions_per_s": round(admissions / seconds),
+        "ticks_per_s": round(ticks / seconds),
         "prefills_refused": refused,
-        "transitions": transitions, "transitions_per_s": round(transitions / seconds),
-        "cpu_seconds": round(cpu, 3), "cpu_transitions_per_s": round(transitions / cpu),
-        "checks_run": c.cp.checker.checks_run, "torch_imported": "torch" in sys.modules,
+        "transitions": transitions,
+        "transitions_per_s": round(transitions / seconds),
+        "cpu_seconds": round(cpu, 3),
+        "cpu_transitions_per_s": round(transitions / cpu),
+        "checks_run": c.cp.checker.checks_run,
+        "torch_imported": "torch" in sys.modules,
     }
 
 
@@ -119,9 +136,14 @@ def fuzz_once(seed: int, steps: int) -> tuple[dict[str, int], str]:
     if not result.ok:
         raise SystemExit(f"null_plane --fuzz: seed {seed} did not finish cleanly:\n{result.text}")
     done, events = result.steps, result.events
-    return {"steps": done, "transitions": events,
-            "steps_per_s": round(done / wall), "transitions_per_s": round(events / wall),
-            "cpu_steps_per_s": round(done / cpu), "cpu_transitions_per_s": round(events / cpu)}, result.digest
+    return {
+        "steps": done,
+        "transitions": events,
+        "steps_per_s": round(done / wall),
+        "transitions_per_s": round(events / wall),
+        "cpu_steps_per_s": round(done / cpu),
+        "cpu_transitions_per_s": round(events / cpu),
+    }, result.digest
 
 
 def fuzz(seed: int, steps: int) -> dict[str, object]:
@@ -131,9 +153,14 @@ def fuzz(seed: int, steps: int) -> dict[str, object]:
         off, digest_off = fuzz_once(seed, steps)
     rates = ("steps_per_s", "transitions_per_s", "cpu_steps_per_s", "cpu_transitions_per_s")
     return {
-        "plane": "null", "mode": "fuzz", "seed": seed, "steps": on["steps"],
-        "transitions": on["transitions"], "same_trace": digest == digest_off,
-        **{k: on[k] for k in rates}, **{f"{k}_checks_off": off[k] for k in rates},
+        "plane": "null",
+        "mode": "fuzz",
+        "seed": seed,
+        "steps": on["steps"],
+        "transitions": on["transitions"],
+        "same_trace": digest == digest_off,
+        **{k: on[k] for k in rates},
+        **{f"{k}_checks_off": off[k] for k in rates},
         "checks_ratio": round(on["cpu_steps_per_s"] / off["cpu_steps_per_s"], 2),
     }
 

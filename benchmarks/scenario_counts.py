@@ -34,8 +34,8 @@ from typing import Any
 from unittest import mock
 
 import hicache.controller.controller as controller_module
-from hicache.controller.clamp import clamped_nodes
 from hicache.control import ControlPlane
+from hicache.controller.clamp import clamped_nodes
 from hicache.pools.hits import prefetch_clamp
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
@@ -76,7 +76,9 @@ def counting(counts: Counter[str]) -> Iterator[None]:
         counts["F23 past a gap"] += gap
         return pages
 
-    def counted_clamped(group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[str, int]) -> int:
+    def counted_clamped(
+        group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[str, int]
+    ) -> int:
         keep = clamped(group, nodes, landed)
         _classify(group, nodes, landed, counts)
         counts["nodes kept"] += keep
@@ -90,23 +92,30 @@ def counting(counts: Counter[str]) -> Iterator[None]:
         yield
 
 
-def _classify(group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[str, int],
-              counts: Counter[str]) -> None:
+def _classify(
+    group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[str, int], counts: Counter[str]
+) -> None:
     reserved = sum(n.num_pages for n in nodes)
     kept = group.backed_up()
     anchor = group.anchor.name
-    clamping = [p for p in kept.pools if p.name == anchor
-                or (p.hit_policy == ALL_PAGES and p.source == anchor)]
+    clamping = [
+        p
+        for p in kept.pools
+        if p.name == anchor or (p.hit_policy == ALL_PAGES and p.source == anchor)
+    ]
     counts["reports"] += 1
     if any(p.name not in landed for p in clamping):
         counts["F12 missing"] += 1
     anchor_landed = landed.get(anchor, 0)
-    if any(p.name != anchor and p.name in landed and landed[p.name] < anchor_landed
-           for p in clamping):
+    if any(
+        p.name != anchor and p.name in landed and landed[p.name] < anchor_landed for p in clamping
+    ):
         counts["F11 sidecar"] += 1
     published = prefetch_clamp(group, landed, reserved).published
-    if any(p not in clamping and landed.get(p.name, 0) // kept.ratio(p.name) < published
-           for p in kept.pools):
+    if any(
+        p not in clamping and landed.get(p.name, 0) // kept.ratio(p.name) < published
+        for p in kept.pools
+    ):
         counts["F13 window"] += 1
 
 
@@ -120,16 +129,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     total: Counter[str] = Counter()
     for seed in args.seeds:
         counts: Counter[str] = Counter()
-        fuzz = argparse.Namespace(seed=seed, steps=args.steps, plane="null", adapter=None,
-                                  report=False, progress=False, mutant=None, pools=args.pools)
+        fuzz = argparse.Namespace(
+            seed=seed,
+            steps=args.steps,
+            plane="null",
+            adapter=None,
+            report=False,
+            progress=False,
+            mutant=None,
+            pools=args.pools,
+        )
         out = io.StringIO()
         with counting(counts):
             status = run(fuzz, out)
-        print(json.dumps({"pools": args.pools, "seed": seed, "steps": args.steps,
-                          "status": status, **counts}))
+        print(
+            json.dumps(
+                {"pools": args.pools, "seed": seed, "steps": args.steps, "status": status, **counts}
+            )
+        )
         total.update(counts)
-    print(json.dumps({"pools": args.pools, "seeds": args.seeds, "steps": args.steps,
-                      "total": dict(total)}))
+    print(
+        json.dumps(
+            {"pools": args.pools, "seeds": args.seeds, "steps": args.steps, "total": dict(total)}
+        )
+    )
     return 0
 
 

@@ -87,8 +87,9 @@ def restore_us(tokens: int, model: str, ranks: int) -> float | None:
     return float(statistics.median(times))
 
 
-def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
-               bare_iters: int) -> dict[str, Any]:
+def bench_rank(
+    rank: int, size: int, c: ProcessCollectives, argv: list[str], bare_iters: int
+) -> dict[str, Any]:
     """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work."""
     args = demo.parser().parse_args(argv)
     setup = demo.demo_setup(args)
@@ -117,27 +118,34 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, argv: list[str],
     staggered_s = staggered_agreement_s(c, bare_iters, gap_s)
     c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point = served_counters
     each_s = c.exchange_s / c.exchanges
-    return {"rank": rank, "admissions": admissions, "collectives": c.exchanges,
-            "payload_int64_mean": c.payload_int64 / c.exchanges,
-            "collective_us_per_request": 1e6 * c.exchange_s / admissions,
-            "wait_us_per_request": 1e6 * c.wait_s / admissions,
-            "agreement_us_per_request": 1e6 * (c.exchange_s - c.wait_s) / admissions,
-            "collectives_per_request": c.exchanges / admissions,
-            "per_request_by_point": {k: v / admissions for k, v in sorted(c.by_point.items())},
-            "collective_us_each": 1e6 * each_s, "bare_us": 1e6 * bare_s,
-            "bare_int64": ROW_WIDTH, "ratio": each_s / bare_s,
-            "work_between_collectives_us": 1e6 * gap_s,
-            "bare_after_work_us": 1e6 * sporadic_s,
-            "agreement_us_each": 1e6 * (c.exchange_s - c.wait_s) / c.exchanges,
-            "agreement_ratio_to_bare_after_work": (c.exchange_s - c.wait_s) / c.exchanges / sporadic_s,
-            "arrive_after_work_us": 1e6 * arrive_s,
-            "protocol_after_work_us": 1e6 * protocol_s,
-            "staggered_agreement_us": 1e6 * staggered_s,
-            "violations": summary["invariants"]["violations"]}  # type: ignore[index]
+    return {
+        "rank": rank,
+        "admissions": admissions,
+        "collectives": c.exchanges,
+        "payload_int64_mean": c.payload_int64 / c.exchanges,
+        "collective_us_per_request": 1e6 * c.exchange_s / admissions,
+        "wait_us_per_request": 1e6 * c.wait_s / admissions,
+        "agreement_us_per_request": 1e6 * (c.exchange_s - c.wait_s) / admissions,
+        "collectives_per_request": c.exchanges / admissions,
+        "per_request_by_point": {k: v / admissions for k, v in sorted(c.by_point.items())},
+        "collective_us_each": 1e6 * each_s,
+        "bare_us": 1e6 * bare_s,
+        "bare_int64": ROW_WIDTH,
+        "ratio": each_s / bare_s,
+        "work_between_collectives_us": 1e6 * gap_s,
+        "bare_after_work_us": 1e6 * sporadic_s,
+        "agreement_us_each": 1e6 * (c.exchange_s - c.wait_s) / c.exchanges,
+        "agreement_ratio_to_bare_after_work": (c.exchange_s - c.wait_s) / c.exchanges / sporadic_s,
+        "arrive_after_work_us": 1e6 * arrive_s,
+        "protocol_after_work_us": 1e6 * protocol_s,
+        "staggered_agreement_us": 1e6 * staggered_s,
+        "violations": summary["invariants"]["violations"],
+    }  # type: ignore[index]
 
 
-def after_work_s(exchange: Callable[[], object], iters: int, gap_s: float,
-                 lag_s: float = 0.0) -> float:
+def after_work_s(
+    exchange: Callable[[], object], iters: int, gap_s: float, lag_s: float = 0.0
+) -> float:
     """Mean seconds of `exchange` made `iters` times, each after `gap_s` of busy work that
     every rank starts together (a barrier), as the cache makes its collectives; rank r works
     r x `lag_s` longer (0: the ranks arrive in step)."""
@@ -174,11 +182,22 @@ def bare_exchange(c: ProcessCollectives, size: int) -> Callable[[], object]:
     return lambda: dist.all_gather(rows, mine)
 
 
-SUMMARY = ("collective_us_per_request", "wait_us_per_request", "agreement_us_per_request",
-           "collectives_per_request", "collective_us_each", "bare_us", "ratio",
-           "work_between_collectives_us", "bare_after_work_us", "agreement_us_each",
-           "agreement_ratio_to_bare_after_work", "arrive_after_work_us", "protocol_after_work_us",
-           "staggered_agreement_us")
+SUMMARY = (
+    "collective_us_per_request",
+    "wait_us_per_request",
+    "agreement_us_per_request",
+    "collectives_per_request",
+    "collective_us_each",
+    "bare_us",
+    "ratio",
+    "work_between_collectives_us",
+    "bare_after_work_us",
+    "agreement_us_each",
+    "agreement_ratio_to_bare_after_work",
+    "arrive_after_work_us",
+    "protocol_after_work_us",
+    "staggered_agreement_us",
+)
 
 
 def main() -> None:
@@ -193,26 +212,52 @@ def main() -> None:
     p.add_argument("--restore-model", default="qwen3-8b")
     p.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="both")
     a = p.parse_args()
-    argv = ["--device", "cpu", "--requests", str(a.requests), "--seed", str(a.seed),
-            "--check-mode", a.check_mode, "--io-threads", str(a.io_threads), "--quiet"]
+    argv = [
+        "--device",
+        "cpu",
+        "--requests",
+        str(a.requests),
+        "--seed",
+        str(a.seed),
+        "--check-mode",
+        a.check_mode,
+        "--io-threads",
+        str(a.io_threads),
+        "--quiet",
+    ]
     started = time.perf_counter()
     restore = restore_us(a.restore_tokens, a.restore_model, a.ranks)
     out: dict[str, Any] = {
-        "bench": "tp_agreement_overhead", "ranks": a.ranks, "requests": a.requests,
-        "check_mode": a.check_mode, "torch": torch.__version__,
-        "restore_tokens": a.restore_tokens, "restore_model": a.restore_model,
-        "restore_us": restore, "transports": {}}
+        "bench": "tp_agreement_overhead",
+        "ranks": a.ranks,
+        "requests": a.requests,
+        "check_mode": a.check_mode,
+        "torch": torch.__version__,
+        "restore_tokens": a.restore_tokens,
+        "restore_model": a.restore_model,
+        "restore_us": restore,
+        "transports": {},
+    }
     for transport in TRANSPORTS if a.transport == "both" else (a.transport,):
-        ranks = run_ranks(bench_rank, a.ranks, (argv, a.bare_iters), timeout_s=1800.0,
-                          collective_timeout_s=60.0, transport=transport)
+        ranks = run_ranks(
+            bench_rank,
+            a.ranks,
+            (argv, a.bare_iters),
+            timeout_s=1800.0,
+            collective_timeout_s=60.0,
+            transport=transport,
+        )
         slowest = max(ranks, key=lambda r: r["collective_us_per_request"])
         out["transports"][transport] = {
             **{k: slowest[k] for k in SUMMARY},
-            "agreement_share_of_restore": (slowest["agreement_us_per_request"] / restore
-                                           if restore else None),
-            "collective_share_of_restore": (slowest["collective_us_per_request"] / restore
-                                            if restore else None),
-            "per_rank": ranks}
+            "agreement_share_of_restore": (
+                slowest["agreement_us_per_request"] / restore if restore else None
+            ),
+            "collective_share_of_restore": (
+                slowest["collective_us_per_request"] / restore if restore else None
+            ),
+            "per_rank": ranks,
+        }
     out["wall_s"] = time.perf_counter() - started
     print(json.dumps(out))
 

@@ -29,8 +29,8 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -49,8 +49,15 @@ WARMUP = 3  # untimed moves each way before a phase (first use allocates staging
 DIRECTIONS = (Direction.D2H, Direction.H2D)
 
 
-def bench_rank(rank: int, size: int, c: ProcessCollectives, tokens: int, model: str,
-               repeats: int, share_gpu: bool) -> dict[str, Any]:
+def bench_rank(
+    rank: int,
+    size: int,
+    c: ProcessCollectives,
+    tokens: int,
+    model: str,
+    repeats: int,
+    share_gpu: bool,
+) -> dict[str, Any]:
     """This rank's medians (ms) per phase and direction, and its ceilings (module docstring)."""
     device = torch.device("cuda", 0 if share_gpu else rank)
     torch.cuda.set_device(device)
@@ -64,7 +71,9 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, tokens: int, model: 
     l2 = HostPool(g, n, pin=True)
     mover = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "auto"))
     rng = np.random.default_rng(rank)
-    l1_src, l1_dst = np.split(rng.choice(l1.capacity_pages, size=2 * n, replace=False).astype(np.int64), 2)
+    l1_src, l1_dst = np.split(
+        rng.choice(l1.capacity_pages, size=2 * n, replace=False).astype(np.int64), 2
+    )
     l2_ids = np.arange(n, dtype=np.int64)
     packed = torch.empty((n, *l1.tensor[:, :, 0].shape), dtype=l1.tensor.dtype, device=device)
 
@@ -101,16 +110,19 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, tokens: int, model: 
         for d in DIRECTIONS:
             for _ in range(WARMUP):
                 move(d)
-        times: dict[str, dict[str, list[float]]] = {d.value: {"path": [], "ceiling": []}
-                                                    for d in DIRECTIONS}
+        times: dict[str, dict[str, list[float]]] = {
+            d.value: {"path": [], "ceiling": []} for d in DIRECTIONS
+        }
         for _ in range(repeats):
             for d in DIRECTIONS:
                 sync()
                 times[d.value]["path"].append(move(d))
                 sync()
                 times[d.value]["ceiling"].append(ceiling(d))
-        return {d: {k: 1e3 * statistics.median(v) for k, v in kinds.items()}
-                for d, kinds in times.items()}
+        return {
+            d: {k: 1e3 * statistics.median(v) for k, v in kinds.items()}
+            for d, kinds in times.items()
+        }
 
     alone: dict[str, dict[str, float]] = {}
     for turn in range(size):  # one rank moves; the others wait at the barrier
@@ -127,15 +139,27 @@ def bench_rank(rank: int, size: int, c: ProcessCollectives, tokens: int, model: 
     for d in DIRECTIONS:
         a, t = alone[d.value], together[d.value]
         rows[d.value] = {
-            "alone_ms": a["path"], "together_ms": t["path"],
-            "alone_GBps": nbytes / a["path"] * 1e-6, "together_GBps": nbytes / t["path"] * 1e-6,
+            "alone_ms": a["path"],
+            "together_ms": t["path"],
+            "alone_GBps": nbytes / a["path"] * 1e-6,
+            "together_GBps": nbytes / t["path"] * 1e-6,
             "share_of_alone": a["path"] / t["path"],
-            "ceiling_alone_ms": a["ceiling"], "ceiling_together_ms": t["ceiling"],
+            "ceiling_alone_ms": a["ceiling"],
+            "ceiling_together_ms": t["ceiling"],
             "ceiling_share_of_alone": a["ceiling"] / t["ceiling"],
             "of_ceiling_alone": a["ceiling"] / a["path"],
-            "of_ceiling_together": t["ceiling"] / t["path"]}
-    return {"rank": rank, "device": str(device), "gpu": torch.cuda.get_device_name(device),
-            "pages": n, "bytes": nbytes, "kv_heads": g.kv_heads, "correct": correct, **rows}
+            "of_ceiling_together": t["ceiling"] / t["path"],
+        }
+    return {
+        "rank": rank,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device),
+        "pages": n,
+        "bytes": nbytes,
+        "kv_heads": g.kv_heads,
+        "correct": correct,
+        **rows,
+    }
 
 
 def main() -> int:
@@ -147,19 +171,32 @@ def main() -> int:
     p.add_argument("--share-gpu", action="store_true")
     a = p.parse_args()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    out: dict[str, Any] = {"bench": "tp_bandwidth", "ranks": a.ranks, "tokens": a.tokens,
-                           "model": a.model, "gpus": gpus, "share_gpu": a.share_gpu,
-                           "torch": torch.__version__}
+    out: dict[str, Any] = {
+        "bench": "tp_bandwidth",
+        "ranks": a.ranks,
+        "tokens": a.tokens,
+        "model": a.model,
+        "gpus": gpus,
+        "share_gpu": a.share_gpu,
+        "torch": torch.__version__,
+    }
     if gpus == 0 or (gpus < a.ranks and not a.share_gpu):
         out["skipped"] = f"needs {a.ranks} GPUs (or --share-gpu and one), this machine has {gpus}"
         print(json.dumps(out))
         return 0
     started = time.perf_counter()
-    out["per_rank"] = run_ranks(bench_rank, a.ranks, (a.tokens, a.model, a.repeats, a.share_gpu),
-                                timeout_s=1200.0, collective_timeout_s=300.0)
+    out["per_rank"] = run_ranks(
+        bench_rank,
+        a.ranks,
+        (a.tokens, a.model, a.repeats, a.share_gpu),
+        timeout_s=1200.0,
+        collective_timeout_s=300.0,
+    )
     out["wall_s"] = time.perf_counter() - started
     for d in DIRECTIONS:
-        out[f"{d.value}_share_of_alone_min"] = min(r[d.value]["share_of_alone"] for r in out["per_rank"])
+        out[f"{d.value}_share_of_alone_min"] = min(
+            r[d.value]["share_of_alone"] for r in out["per_rank"]
+        )
     print(json.dumps(out))
     return 0 if all(r["correct"] for r in out["per_rank"]) else 1
 

@@ -35,16 +35,27 @@ def main() -> int:
     started, seed, runs, steps_run, failures = time.time(), a.first_seed, 0, 0, 0
     while time.time() - started < a.seconds:
         for pools in POOLS:
-            result = runner.fuzz(runner.arguments(seed=seed, steps=a.steps, plane=a.plane,
-                                                  pools=pools, tp=a.ranks))
-            runs, steps_run, failures = runs + 1, steps_run + result.steps, failures + (not result.ok)
-            print(f"{pools} seed {seed}: {result.steps} steps, {result.seconds:.0f} s, "
-                  f"{'ok' if result.ok else 'FAILED'}", flush=True)
+            result = runner.fuzz(
+                runner.arguments(seed=seed, steps=a.steps, plane=a.plane, pools=pools, tp=a.ranks)
+            )
+            runs, steps_run, failures = (
+                runs + 1,
+                steps_run + result.steps,
+                failures + (not result.ok),
+            )
+            print(
+                f"{pools} seed {seed}: {result.steps} steps, {result.seconds:.0f} s, "
+                f"{'ok' if result.ok else 'FAILED'}",
+                flush=True,
+            )
             if not result.ok:
                 print(result.text, flush=True)
         seed += 1
-    print(f"TOTAL plane={a.plane} ranks={a.ranks} runs={runs} steps={steps_run} "
-          f"failures={failures} wall={time.time() - started:.0f}s", flush=True)
+    print(
+        f"TOTAL plane={a.plane} ranks={a.ranks} runs={runs} steps={steps_run} "
+        f"failures={failures} wall={time.time() - started:.0f}s",
+        flush=True,
+    )
     return 1 if failures else 0
 
 

@@ -51,9 +51,21 @@ def h2s_bytes(ctl: CacheController) -> int:
 
 def run_preset(preset: str, ranks: int, requests: int, seed: int) -> dict[str, Any]:
     """Serve the demo workload of `preset` on `ranks` simulated ranks; what each wrote."""
-    args = demo.parser().parse_args(["--device", "cpu", "--preset", preset, "--requests",
-                                     str(requests), "--seed", str(seed), "--check-mode", "off",
-                                     "--quiet"])
+    args = demo.parser().parse_args(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            preset,
+            "--requests",
+            str(requests),
+            "--seed",
+            str(seed),
+            "--check-mode",
+            "off",
+            "--quiet",
+        ]
+    )
     setup = demo.demo_setup(args)
     cluster = SimulatedCluster(setup.config, ranks)
     try:
@@ -62,12 +74,20 @@ def run_preset(preset: str, ranks: int, requests: int, seed: int) -> dict[str, A
     finally:
         cluster.close()
     modes = [dict(c.l3_writes.bytes_by_mode) for c in cluster.ranks]
-    per_rank = [{"rank": c.l3_writes.rank, "bytes_by_mode": m, "data_plane_h2s_bytes": b,
-                 "h2s_ops_recorded": len(c.l3_writes.ops)}
-                for c, m, b in zip(cluster.ranks, modes, plane)]
-    holds = (all(m["sharded"] == modes[0]["sharded"] for m in modes)
-             and all(m["replicated"] == 0 for m in modes[1:])
-             and all(sum(m.values()) == b for m, b in zip(modes, plane)))
+    per_rank = [
+        {
+            "rank": c.l3_writes.rank,
+            "bytes_by_mode": m,
+            "data_plane_h2s_bytes": b,
+            "h2s_ops_recorded": len(c.l3_writes.ops),
+        }
+        for c, m, b in zip(cluster.ranks, modes, plane)
+    ]
+    holds = (
+        all(m["sharded"] == modes[0]["sharded"] for m in modes)
+        and all(m["replicated"] == 0 for m in modes[1:])
+        and all(sum(m.values()) == b for m, b in zip(modes, plane))
+    )
     return {"preset": preset, "per_rank": per_rank, "rule_holds": holds}
 
 
@@ -78,8 +98,16 @@ def main() -> None:
     p.add_argument("--presets", nargs="+", default=["mha", "dsv4-tiny"])
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    print(json.dumps({"bench": "tp_l3_writes", "ranks": a.ranks, "requests": a.requests,
-                      "presets": [run_preset(x, a.ranks, a.requests, a.seed) for x in a.presets]}))
+    print(
+        json.dumps(
+            {
+                "bench": "tp_l3_writes",
+                "ranks": a.ranks,
+                "requests": a.requests,
+                "presets": [run_preset(x, a.ranks, a.requests, a.seed) for x in a.presets],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,17 @@ _SOURCE = {
 }
 
 __all__ = [  # written out (not built from _SOURCE) so that type checkers see the exports
-    "CacheConfig", "CacheController", "ControlPlane", "HiCacheError", "ListSink", "NdjsonSink",
-    "Snapshot", "Tracer", "Violation", "__version__", "check_all",
+    "CacheConfig",
+    "CacheController",
+    "ControlPlane",
+    "HiCacheError",
+    "ListSink",
+    "NdjsonSink",
+    "Snapshot",
+    "Tracer",
+    "Violation",
+    "__version__",
+    "check_all",
 ]
 
 try:

@@ -28,8 +28,9 @@ import importlib.metadata
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import NoReturn
 
 from hicache.diagram import DIAGRAMS, all_diagrams, diagram, replace_blocks
 from hicache.errors import HiCacheError, SpecError
@@ -68,15 +69,27 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "transfer"): "L1<->L2 DMA, L3 and kernels in one report (needs CUDA; --quick on CPU)",
     ("bench", "recompute"): "prefill latency of the model producer (needs CUDA)",
     ("bench", "serving"): "restore vs recompute through the controller (needs CUDA)",
-    ("bench", "checktrace"): "check-trace events/s: every check, every N events, none, JSON parsing alone",
-    ("check-trace",): "judge a trace (FILE or -) against the reference: exit 0 valid, 1 violation, 2 malformed",
+    (
+        "bench",
+        "checktrace",
+    ): "check-trace events/s: every check, every N events, none, JSON parsing alone",
+    (
+        "check-trace",
+    ): "judge a trace (FILE or -) against the reference: exit 0 valid, 1 violation, 2 malformed",
     ("bench", "vectors"): "conformance vectors per second through the controller adapter",
     ("demo",): "serve a shared-prefix workload through L1/L2/L3 and report what happened",
-    ("fuzz",): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
+    (
+        "fuzz",
+    ): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
     ("vectors",): "conformance vectors: write them, or check an engine's adapter against them",
     ("vectors", "generate"): "write conformance cases and their manifest into DIR (--count --seed)",
-    ("vectors", "run"): "drive an adapter (--adapter module:Name) through DIR's cases; exit 1 on a failure",
-    ("model-check",): "explore every reachable control-plane state of a small config: --config NAME",
+    (
+        "vectors",
+        "run",
+    ): "drive an adapter (--adapter module:Name) through DIR's cases; exit 1 on a failure",
+    (
+        "model-check",
+    ): "explore every reachable control-plane state of a small config: --config NAME",
     ("pools",): "the pool-group presets of spec/pools.toml, or one preset's table",
 }
 """Command words -> the one line `--help` shows for them (a command without one shows its
@@ -164,24 +177,37 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hicache", description="Executable spec of a hierarchical KV cache.")
     parser.add_argument("--version", action="version", version=f"hicache {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                     parser_class=_Parser)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     spec = commands.add_parser("spec", help="check the spec, print or refresh its diagrams")
-    spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="ACTION",
-                                        parser_class=_Parser)
+    spec_commands = spec.add_subparsers(
+        dest="spec_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
     check = spec_commands.add_parser(
-        "check", help="fail on any drift between tables, prose, diagrams and code")
+        "check", help="fail on any drift between tables, prose, diagrams and code"
+    )
     check.set_defaults(handler=_spec_check)
     show = spec_commands.add_parser("diagram", help="print Mermaid stateDiagram-v2 text")
-    show.add_argument("--which", choices=(*DIAGRAMS, "all"), default="all",
-                      help="which diagram (default: all)")
+    show.add_argument(
+        "--which", choices=(*DIAGRAMS, "all"), default="all", help="which diagram (default: all)"
+    )
     show.set_defaults(handler=_spec_diagram)
-    write = spec_commands.add_parser("write-diagrams", help="rewrite the generated blocks in lifecycle.md")
+    write = spec_commands.add_parser(
+        "write-diagrams", help="rewrite the generated blocks in lifecycle.md"
+    )
     write.set_defaults(handler=_spec_write_diagrams)
     for sub in (check, show, write):
-        sub.add_argument("--spec-dir", type=Path, default=SPEC_DIR, metavar="DIR",
-                         help="spec directory to use (default: the installed spec)")
-    inv = commands.add_parser("invariants", help="list the registered invariant and structural checks")
+        sub.add_argument(
+            "--spec-dir",
+            type=Path,
+            default=SPEC_DIR,
+            metavar="DIR",
+            help="spec directory to use (default: the installed spec)",
+        )
+    inv = commands.add_parser(
+        "invariants", help="list the registered invariant and structural checks"
+    )
     inv.set_defaults(handler=_invariants)
     _add_delegated(commands)
     return parser
@@ -209,10 +235,10 @@ def _add_delegated(commands: argparse._SubParsersAction[_Parser]) -> None:
         else:
             groups.setdefault(words[0], []).append(words)
     for group, members in groups.items():
-        cmd = commands.add_parser(group, help=SUMMARIES.get((group,), group),
-                                  description=SUMMARIES.get((group,)))
-        names = cmd.add_subparsers(dest="name", required=True, metavar="NAME",
-                                   parser_class=_Parser)
+        cmd = commands.add_parser(
+            group, help=SUMMARIES.get((group,), group), description=SUMMARIES.get((group,))
+        )
+        names = cmd.add_subparsers(dest="name", required=True, metavar="NAME", parser_class=_Parser)
         for words in sorted(members):
             _add_passthrough(names, words)
 
@@ -238,7 +264,9 @@ def _lifecycle(spec_dir: Path) -> Lifecycle:
     try:
         return Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
     except (ValueError, KeyError, TypeError) as e:
-        raise SpecError(f"{spec_dir / 'lifecycle.toml'}: cannot be loaded ({type(e).__name__}: {e})") from e
+        raise SpecError(
+            f"{spec_dir / 'lifecycle.toml'}: cannot be loaded ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _spec_check(args: argparse.Namespace) -> int:
@@ -279,7 +307,9 @@ def _spec_write_diagrams(args: argparse.Namespace) -> int:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise UsageError(f"--spec-dir {spec_dir}: cannot read lifecycle.md ({e.strerror or e})") from e
+        raise UsageError(
+            f"--spec-dir {spec_dir}: cannot read lifecycle.md ({e.strerror or e})"
+        ) from e
     new_text, changed = replace_blocks(text, all_diagrams(_lifecycle(spec_dir)))
     if changed:
         path.write_text(new_text, encoding="utf-8")

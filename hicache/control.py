@@ -17,7 +17,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 
 from __future__ import annotations
 
-from typing import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -67,12 +67,15 @@ class ControlPlane(PlaneQueries):
         whether a freed L1 window ends an L1 hit (`all_pools`) or is recomputed
         (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve."""
         if len(capacities) != len(TIERS):
-            raise ValueError(f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}")
+            raise ValueError(
+                f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}"
+            )
         self.lifecycle = lifecycle or load_lifecycle()
         self.tree = HiRadixTree(page_size)
         self.page_size = page_size
-        self.tables = tier_tables([str(t) for t in TIERS], capacities, page_size, pools,
-                                  pool_capacities)
+        self.tables = tier_tables(
+            [str(t) for t in TIERS], capacities, page_size, pools, pool_capacities
+        )
         self.ops: dict[int, PendingOp] = {}
         self.requests: dict[int, Request] = {}
         self.tracer = tracer or Tracer()
@@ -86,8 +89,13 @@ class ControlPlane(PlaneQueries):
 
     # -- requests -------------------------------------------------------------------------
 
-    def begin_request(self, request_id: int, tokens: Sequence[int], match_len: int | None = None,
-                      agree: Callable[[MatchResult], Sequence[int]] | None = None) -> MatchResult:
+    def begin_request(
+        self,
+        request_id: int,
+        tokens: Sequence[int],
+        match_len: int | None = None,
+        agree: Callable[[MatchResult], Sequence[int]] | None = None,
+    ) -> MatchResult:
         """Match the prompt's first `match_len` tokens (default and most: `len(tokens) - 1`,
         the rule `match_short_of_last_token`: the last prompt token is always computed, for the
         first output's logits), lock its L1 hit, and serve that prefix from the cache
@@ -104,8 +112,13 @@ class ControlPlane(PlaneQueries):
         limit = most if match_len is None else match_len
         # Verify the match leaves the last prompt token to compute (rule match_short_of_last_token).
         if not 0 <= limit <= most:
-            raise IllegalTransition("begin_request", "L1", "-", f"match_len {match_len} with {len(tokens)} "
-                                    f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)")
+            raise IllegalTransition(
+                "begin_request",
+                "L1",
+                "-",
+                f"match_len {match_len} with {len(tokens)} "
+                f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)",
+            )
         m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip, touch=agree is None)
         if agree is not None:  # touched once cut: every rank refreshes the same nodes (I7)
             m = _cut_to(m, agree(m), self.tree.root)
@@ -116,9 +129,15 @@ class ControlPlane(PlaneQueries):
         req = Request(request_id, tuple(tokens), l1, m.lengths[0], m.lengths[0])
         self.requests[request_id] = req
         if self.tracer.enabled:
-            self.tracer.emit("begin_request", request=request_id,
-                             detail={"hit": list(m.lengths), "tokens": len(tokens),
-                                     "prompt": [int(t) for t in tokens]})
+            self.tracer.emit(
+                "begin_request",
+                request=request_id,
+                detail={
+                    "hit": list(m.lengths),
+                    "tokens": len(tokens),
+                    "prompt": [int(t) for t in tokens],
+                },
+            )
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"begin_request {request_id}")
         return m
@@ -173,24 +192,50 @@ class ControlPlane(PlaneQueries):
                 break  # load-back in flight: keep the rest private (see docstring)
             view = (PRIVATE, node.state[1], node.state[2])
             duplicate = node.state[0] == RESIDENT
-            steps.append((self._copy_step("discard" if duplicate else "insert", req, node,
-                                          n_start, pos, view, duplicate), None))
+            steps.append(
+                (
+                    self._copy_step(
+                        "discard" if duplicate else "insert",
+                        req,
+                        node,
+                        n_start,
+                        pos,
+                        view,
+                        duplicate,
+                    ),
+                    None,
+                )
+            )
         else:
             if matched < end:
                 first = max(matched, req.private_start)
                 parent = walked[-1] if walked else self.tree.root
-                steps.append((self._copy_step("insert", req, None, first, end,
-                                              (PRIVATE, ABSENT, ABSENT), False), parent))
+                steps.append(
+                    (
+                        self._copy_step(
+                            "insert", req, None, first, end, (PRIVATE, ABSENT, ABSENT), False
+                        ),
+                        parent,
+                    )
+                )
         # -- change (every step was planned: nothing below can fail) --
-        if cut is not None and any(step.segments[0].node is cut.node or under is cut.node
-                                   for step, under in steps):
+        if cut is not None and any(
+            step.segments[0].node is cut.node or under is cut.node for step, under in steps
+        ):
             upper = self.tree.split(cut.node, cut.at_tokens)  # validated: the first change
-            steps = [(step.with_node(0, upper) if step.segments[0].node is cut.node else step,
-                      upper if under is cut.node else under) for step, under in steps]
+            steps = [
+                (
+                    step.with_node(0, upper) if step.segments[0].node is cut.node else step,
+                    upper if under is cut.node else under,
+                )
+                for step, under in steps
+            ]
         published, deepest, used = req.published_len, req.locked, 0
         for step, under in steps:
             if under is not None:
-                step = step.with_node(0, self.tree.add_child(under, req.tokens[step.segments[0].start:end]))
+                step = step.with_node(
+                    0, self.tree.add_child(under, req.tokens[step.segments[0].start : end])
+                )
             self._revive(step, req.request_id)
             self.executor.run(step)
             done = step.segments[0].node
@@ -222,16 +267,35 @@ class ControlPlane(PlaneQueries):
         assert table is not None and value is not None and step.pages is not None
         table.revive(value, step.pages)
         if self.tracer.enabled:
-            self.tracer.emit("revive", tier="L1", node=node.node_id, request=request_id,
-                             pages=tuple(int(p) for p in value))
+            self.tracer.emit(
+                "revive",
+                tier="L1",
+                node=node.node_id,
+                request=request_id,
+                pages=tuple(int(p) for p in value),
+            )
 
-    def _copy_step(self, name: str, req: Request, node: TreeNode | None, start: int, end: int,
-                   view: States, duplicate: bool) -> Step:
+    def _copy_step(
+        self,
+        name: str,
+        req: Request,
+        node: TreeNode | None,
+        start: int,
+        end: int,
+        view: States,
+        duplicate: bool,
+    ) -> Step:
         """Plan `insert` or `discard` of the request's private pages over [start, end)."""
         ps = self.page_size
-        mine = req.private_pages[(start - req.private_start) // ps:(end - req.private_start) // ps]
-        return self.executor.plan(name, [Segment(node, start, end, view, duplicate)],
-                                  pages_moved=mine, request_id=req.request_id)
+        mine = req.private_pages[
+            (start - req.private_start) // ps : (end - req.private_start) // ps
+        ]
+        return self.executor.plan(
+            name,
+            [Segment(node, start, end, view, duplicate)],
+            pages_moved=mine,
+            request_id=req.request_id,
+        )
 
     def advance_cached_len(self, request_id: int, node: TreeNode) -> int:
         """After a restore into L1 completed and was published: take the request's L1 lock
@@ -244,22 +308,38 @@ class ControlPlane(PlaneQueries):
         # Verify every node up to `node` is published in L1 (completion -> publication -> cached_len).
         bad = [n.node_id for n in path if n.state[0] != RESIDENT]
         if bad:
-            raise IllegalTransition("cached_len", "L1", "-", f"nodes {bad} are not RESIDENT in L1 yet")
+            raise IllegalTransition(
+                "cached_len", "L1", "-", f"nodes {bad} are not RESIDENT in L1 yet"
+            )
         if req.locked not in path and not req.locked.is_root:
-            raise IllegalTransition("cached_len", "L1", "-", "node does not extend the request's locked prefix")
+            raise IllegalTransition(
+                "cached_len", "L1", "-", "node does not extend the request's locked prefix"
+            )
         if req.private_pages.size:
-            raise IllegalTransition("cached_len", "L1", "L1_PRIVATE", "the request holds private pages; insert them first")
+            raise IllegalTransition(
+                "cached_len",
+                "L1",
+                "L1_PRIVATE",
+                "the request holds private pages; insert them first",
+            )
         # Verify the prefix may end here: no freed window within the hit's window before it.
         if self.windows.clip(path[::-1]) * self.page_size != self.tree.prefix_tokens(node):
-            raise IllegalTransition("cached_len", "L1", "-", f"node {node.node_id}'s L1 window or one "
-                                    "before it is freed: serve up to servable_in_l1, recompute the rest")
+            raise IllegalTransition(
+                "cached_len",
+                "L1",
+                "-",
+                f"node {node.node_id}'s L1 window or one "
+                "before it is freed: serve up to servable_in_l1, recompute the rest",
+            )
         self.tree.lock(node, 0)
         if not req.locked.is_root:
             self.tree.unlock(req.locked, 0)
         req.locked = node
         req.published_len = req.cached_len = self.tree.prefix_tokens(node)
         if self.tracer.enabled:
-            self.tracer.emit("cached_len", request=request_id, node=node.node_id, token_end=req.cached_len)
+            self.tracer.emit(
+                "cached_len", request=request_id, node=node.node_id, token_end=req.cached_len
+            )
         self._check(f"cached_len {request_id}")
         return req.cached_len
 
@@ -303,14 +383,22 @@ class ControlPlane(PlaneQueries):
         # Verify no op issued for this request is still pending.
         mine = sorted(op.op_id for op in self.ops.values() if op.request_id == request_id)
         if mine:
-            raise IllegalTransition("end_request", "-", "-", f"request {request_id} still has "
-                                    f"ops {mine} pending; cancel them (quiesce their handles) first")
+            raise IllegalTransition(
+                "end_request",
+                "-",
+                "-",
+                f"request {request_id} still has "
+                f"ops {mine} pending; cancel them (quiesce their handles) first",
+            )
         self.unpin(request_id)
         if req.private_pages.size:
             end = req.private_start + req.private_pages.size * self.page_size
             segments = copy_segments(self.tree, req.tokens, req.private_start, end, PRIVATE)
-            self.executor.run(self.executor.plan("discard", segments, pages_moved=req.private_pages,
-                                                 request_id=request_id))
+            self.executor.run(
+                self.executor.plan(
+                    "discard", segments, pages_moved=req.private_pages, request_id=request_id
+                )
+            )
             req.private_pages = pages()
         if not req.locked.is_root:
             self.tree.unlock(req.locked, 0)
@@ -321,7 +409,9 @@ class ControlPlane(PlaneQueries):
 
     # -- transfers ------------------------------------------------------------------------
 
-    def issue(self, direction: Direction, nodes: Sequence[TreeNode], request_id: int | None = None) -> PendingOp:
+    def issue(
+        self, direction: Direction, nodes: Sequence[TreeNode], request_id: int | None = None
+    ) -> PendingOp:
         """`<dir>_issue` on every node: reserve private target pages, lock the source, mark
         the target tier pending -- the row's effects, run by the executor. `nodes` must be a
         parent-first chain; the row's guard `parent(<target>) == RESIDENT` refuses a chain
@@ -333,15 +423,24 @@ class ControlPlane(PlaneQueries):
             raise IllegalTransition(name, str(direction.target), "-", "no nodes")
         for parent, child in zip(nodes, nodes[1:]):
             if child.parent is not parent:
-                raise IllegalTransition(name, str(direction.target), "-", f"node {child.node_id} is not a child of {parent.node_id}")
+                raise IllegalTransition(
+                    name,
+                    str(direction.target),
+                    "-",
+                    f"node {child.node_id} is not a child of {parent.node_id}",
+                )
         self._verify_live(nodes, name, direction.target)
         if request_id is not None:
             self._request(request_id)
         freed = [n.node_id for n in nodes if direction.source is Tier.L1 and self.windows.freed(n)]
         if freed:  # a backup copies the whole group; the host tiers never hold a freed window
-            raise IllegalTransition(name, str(direction.target), "-",
-                                    f"node {freed[0]}'s window is freed in L1: a backup needs "
-                                    "every pool; evict it instead")
+            raise IllegalTransition(
+                name,
+                str(direction.target),
+                "-",
+                f"node {freed[0]}'s window is freed in L1: a backup needs "
+                "every pool; evict it instead",
+            )
         op_id = self._next_op
         step = self.executor.plan(name, node_segments(nodes), request_id=request_id, op_id=op_id)
         source = np.concatenate([_value(n, src) for n in nodes])  # the source is published
@@ -390,17 +489,31 @@ class ControlPlane(PlaneQueries):
         if op is None:
             raise UnknownOp(op_id)
         if not 0 <= keep <= len(op.nodes):
-            raise IllegalTransition(f"{op.direction.value.lower()}_complete", str(op.direction.target),
-                                    "-", f"keep {keep} of the op's {len(op.nodes)} nodes")
+            raise IllegalTransition(
+                f"{op.direction.value.lower()}_complete",
+                str(op.direction.target),
+                "-",
+                f"keep {keep} of the op's {len(op.nodes)} nodes",
+            )
         if keep in (0, len(op.nodes)):
             return self._finish(op_id, "fail" if keep == 0 else "complete")
         d = op.direction.value.lower()
         cut = sum(n.num_pages for n in op.nodes[:keep])
         kept, rest = node_segments(op.nodes[:keep]), node_segments(op.nodes)[keep:]
-        done = self.executor.plan(f"{d}_complete", kept, pages_moved=op.target_pages[:cut],
-                                  request_id=op.request_id, op_id=op_id)
-        failed = self.executor.plan(f"{d}_fail", rest, pages_moved=op.target_pages[cut:],
-                                    request_id=op.request_id, op_id=op_id)
+        done = self.executor.plan(
+            f"{d}_complete",
+            kept,
+            pages_moved=op.target_pages[:cut],
+            request_id=op.request_id,
+            op_id=op_id,
+        )
+        failed = self.executor.plan(
+            f"{d}_fail",
+            rest,
+            pages_moved=op.target_pages[cut:],
+            request_id=op.request_id,
+            op_id=op_id,
+        )
         # -- change --
         self.tree.lock(op.nodes[keep - 1], TIERS.index(op.direction.source))
         self.executor.run(done)
@@ -420,8 +533,13 @@ class ControlPlane(PlaneQueries):
         if op is None:
             raise UnknownOp(op_id)
         name = f"{op.direction.value.lower()}_{outcome}"
-        step = self.executor.plan(name, node_segments(op.nodes), pages_moved=op.target_pages,
-                                  request_id=op.request_id, op_id=op_id)
+        step = self.executor.plan(
+            name,
+            node_segments(op.nodes),
+            pages_moved=op.target_pages,
+            request_id=op.request_id,
+            op_id=op_id,
+        )
         self.executor.run(step)
         del self.ops[op_id]
         for n in reversed(op.nodes):
@@ -442,26 +560,39 @@ class ControlPlane(PlaneQueries):
         nothing changed, when a guard fails or the L1 group has no trailing pool."""
         self._verify_live([node], "tombstone", Tier.L1)
         value = node.value[0]
-        why = ("L1 has no trailing pool to free" if not self.windows.tombstones else
-               "it is not RESIDENT in L1" if node.state[0] != RESIDENT or value is None else
-               f"it is locked in L1 ({node.lock[0]})" if node.lock[0] else
-               "its window is already freed" if self.windows.freed(node) else "")
+        why = (
+            "L1 has no trailing pool to free"
+            if not self.windows.tombstones
+            else "it is not RESIDENT in L1"
+            if node.state[0] != RESIDENT or value is None
+            else f"it is locked in L1 ({node.lock[0]})"
+            if node.lock[0]
+            else "its window is already freed"
+            if self.windows.freed(node)
+            else ""
+        )
         if why:
-            raise IllegalTransition("tombstone", "L1", node.state[0],
-                                    f"node {node.node_id}: {why}")
+            raise IllegalTransition("tombstone", "L1", node.state[0], f"node {node.node_id}: {why}")
         table = self.windows.table
         assert value is not None and table is not None  # Verify: the guards above.
         table.tombstone(value)
         if self.tracer.enabled:
-            self.tracer.emit("tombstone", tier="L1", node=node.node_id,
-                             pages=tuple(int(p) for p in value))
+            self.tracer.emit(
+                "tombstone", tier="L1", node=node.node_id, pages=tuple(int(p) for p in value)
+            )
         self._check(f"tombstone node {node.node_id}")
         return value
 
     # -- eviction -------------------------------------------------------------------------
 
-    def evict(self, tier: Tier | str, n_pages: int, keep: Collection[TreeNode] = (), *,
-              before: Callable[[TreeNode], None] | None = None) -> int:
+    def evict(
+        self,
+        tier: Tier | str,
+        n_pages: int,
+        keep: Collection[TreeNode] = (),
+        *,
+        before: Callable[[TreeNode], None] | None = None,
+    ) -> int:
         """Per-tier LRU leaf eviction (`evict_lN`, spec/eviction.md) until at least `n_pages`
         pages of `tier` are freed or no candidate is left. Returns the pages freed (0 when
         `n_pages` <= 0). This is the only eviction loop: every eviction under pressure, the
@@ -502,15 +633,23 @@ class ControlPlane(PlaneQueries):
         freed = self.apply(name, [node])
         return int(freed.size)
 
-    def apply(self, name: str, nodes: Sequence[TreeNode], pages_moved: Pages | None = None, *,
-              request_id: int | None = None, op_id: int | None = None) -> Pages:
+    def apply(
+        self,
+        name: str,
+        nodes: Sequence[TreeNode],
+        pages_moved: Pages | None = None,
+        *,
+        request_id: int | None = None,
+        op_id: int | None = None,
+    ) -> Pages:
         """Apply lifecycle row `name` to a parent-first chain of live nodes: check its source
         state and guards on every node, run its effects in table order, trace one event per
         node, remove the nodes left dead (traced `node_remove`), check the invariants.
         `pages_moved` are the pages a publish/release moves. Returns the pages the row's
         ownership effect moved. IllegalTransition / OutOfPages: nothing changed."""
-        step = self.executor.plan(name, node_segments(nodes), pages_moved=pages_moved,
-                                  request_id=request_id, op_id=op_id)
+        step = self.executor.plan(
+            name, node_segments(nodes), pages_moved=pages_moved, request_id=request_id, op_id=op_id
+        )
         moved = self.executor.run(step)
         for n in reversed(nodes):
             if self.tree.contains(n):
@@ -531,7 +670,9 @@ class ControlPlane(PlaneQueries):
         for n in nodes:
             if n.is_root or not self.tree.contains(n):
                 why = "the root holds no pages" if n.is_root else "it was removed from the tree"
-                raise IllegalTransition(event, str(tier), "-", f"node {n.node_id}: {why}; match again")
+                raise IllegalTransition(
+                    event, str(tier), "-", f"node {n.node_id}: {why}; match again"
+                )
 
     def _check(self, context: str) -> None:
         """Run the checks the mode says are due. On a violation the plane (and its tree) is
@@ -556,7 +697,9 @@ class ControlPlane(PlaneQueries):
                     op.nodes.insert(i, upper)
                     break
         if self.tracer.enabled:
-            self.tracer.emit("split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)})
+            self.tracer.emit(
+                "split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)}
+            )
 
 
 def _value(n: TreeNode, t: int) -> Pages:
@@ -565,8 +708,12 @@ def _value(n: TreeNode, t: int) -> Pages:
     here, before anything changed)."""
     v = n.value[t]
     if v is None:
-        raise IllegalTransition("issue", str(TIERS[t]), n.state[t],
-                                f"node {n.node_id} holds nothing in {TIERS[t]} to read from")
+        raise IllegalTransition(
+            "issue",
+            str(TIERS[t]),
+            n.state[t],
+            f"node {n.node_id} holds nothing in {TIERS[t]} to read from",
+        )
     return v
 
 
@@ -583,6 +730,6 @@ def _cut_to(m: MatchResult, lengths: Sequence[int], root: TreeNode) -> MatchResu
     # (I7), so an agreed end is one here too, never inside a node or past the local hit.
     assert ends == [min(a, b) for a, b in zip(m.lengths, lengths)] == list(lengths), (ends, lengths)
     handles = [h if e else root for h, e in zip(handles, ends)]
-    return MatchResult((ends[0], ends[1], ends[2]), (handles[0], handles[1], handles[2]),
-                       m.path, m.matched_len)
-
+    return MatchResult(
+        (ends[0], ends[1], ends[2]), (handles[0], handles[1], handles[2]), m.path, m.matched_len
+    )

@@ -16,8 +16,9 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, NoReturn, Sequence
+from typing import IO, TYPE_CHECKING, NoReturn
 
 from hicache.distributed.processes import TRANSPORTS
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
@@ -30,10 +31,18 @@ if TYPE_CHECKING:  # torch-heavy: imported when the demo runs
     from hicache.workload import RequestSpec
 
 OPTION_OF_FIELD = {
-    "l1_pages": "--l1-pages", "l2_pages": "--l2-pages", "l3_slots": "--l3-slots",
-    "policy": "--policy", "write_policy": "--write-policy", "check_mode": "--check-mode",
-    "device": "--device", "backend": "--backend", "geometry": "--geometry", "io_threads": "--io-threads",
-    "pools": "--preset", "tp": "--tp",
+    "l1_pages": "--l1-pages",
+    "l2_pages": "--l2-pages",
+    "l3_slots": "--l3-slots",
+    "policy": "--policy",
+    "write_policy": "--write-policy",
+    "check_mode": "--check-mode",
+    "device": "--device",
+    "backend": "--backend",
+    "geometry": "--geometry",
+    "io_threads": "--io-threads",
+    "pools": "--preset",
+    "tp": "--tp",
 }
 
 
@@ -56,33 +65,71 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 def parser() -> argparse.ArgumentParser:
     from hicache.demo_report import glossary_text
 
-    p = _Parser(prog="hicache demo", description=__doc__.split("\n\n")[0] if __doc__ else None,
-                formatter_class=_HelpFormatter, epilog=glossary_text())
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--geometry", default="tiny", help="KV geometry preset: tiny, qwen3-4b, qwen3-8b")
-    p.add_argument("--preset", default="mha", help=(
-        "pool group: mha (the geometry's single KV pool), or a group whose every pool is moved, "
-        "checked per pool and verified per pool: mla-tiny, dsv4-tiny (CPU sizes, 4-token "
-        "pages like the tiny geometry)"))
-    p.add_argument("--policy", default="always",
-                   help="restore or recompute: always (uses every tier), cost, never, threshold")
-    p.add_argument("--write-policy", default="write_through",
-                   help="write_through, write_through_selective, write_back")
-    p.add_argument("--l1-pages", type=int, default=None,
-                   help="L1 capacity in pages (default: the longest prompt + (batch size - 1) "
-                        "x the mean prompt)")
-    p.add_argument("--l2-pages", type=int, default=None,
-                   help="L2 capacity in pages (default: 3/2 x L1)")
-    p.add_argument("--l3-slots", type=int, default=None,
-                   help="L3 capacity in page slots (default: every distinct page of the workload)")
-    p.add_argument("--l3-path", default=None, help=(
-        "L3 file (default: a temporary file that leaves nothing on disk). A new path is "
-        "created (mode 0600) with a header; an existing one is used only if it is a hicache "
-        "L3 file (its slots start empty: nothing from an earlier run is trusted). Any other "
-        "existing file is refused and left unchanged; a symlink is never followed"))
-    p.add_argument("--l3-overwrite", action="store_true", help=(
-        "let --l3-path replace an existing regular file that is not a hicache L3 file (its "
-        "contents are lost, its mode becomes 0600); never a symlink, directory or device"))
+    p = _Parser(
+        prog="hicache demo",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=_HelpFormatter,
+        epilog=glossary_text(),
+    )
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
+    )
+    p.add_argument(
+        "--geometry", default="tiny", help="KV geometry preset: tiny, qwen3-4b, qwen3-8b"
+    )
+    p.add_argument(
+        "--preset",
+        default="mha",
+        help=(
+            "pool group: mha (the geometry's single KV pool), or a group whose every pool is moved, "
+            "checked per pool and verified per pool: mla-tiny, dsv4-tiny (CPU sizes, 4-token "
+            "pages like the tiny geometry)"
+        ),
+    )
+    p.add_argument(
+        "--policy",
+        default="always",
+        help="restore or recompute: always (uses every tier), cost, never, threshold",
+    )
+    p.add_argument(
+        "--write-policy",
+        default="write_through",
+        help="write_through, write_through_selective, write_back",
+    )
+    p.add_argument(
+        "--l1-pages",
+        type=int,
+        default=None,
+        help="L1 capacity in pages (default: the longest prompt + (batch size - 1) "
+        "x the mean prompt)",
+    )
+    p.add_argument(
+        "--l2-pages", type=int, default=None, help="L2 capacity in pages (default: 3/2 x L1)"
+    )
+    p.add_argument(
+        "--l3-slots",
+        type=int,
+        default=None,
+        help="L3 capacity in page slots (default: every distinct page of the workload)",
+    )
+    p.add_argument(
+        "--l3-path",
+        default=None,
+        help=(
+            "L3 file (default: a temporary file that leaves nothing on disk). A new path is "
+            "created (mode 0600) with a header; an existing one is used only if it is a hicache "
+            "L3 file (its slots start empty: nothing from an earlier run is trusted). Any other "
+            "existing file is refused and left unchanged; a symlink is never followed"
+        ),
+    )
+    p.add_argument(
+        "--l3-overwrite",
+        action="store_true",
+        help=(
+            "let --l3-path replace an existing regular file that is not a hicache L3 file (its "
+            "contents are lost, its mode becomes 0600); never a symlink, directory or device"
+        ),
+    )
     p.add_argument("--requests", type=int, default=120, help="requests in the workload")
     p.add_argument("--batch-size", type=int, default=4, help="live requests at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload")
@@ -93,20 +140,41 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-promotion", action="store_true", help="do not keep L3 restores in L2")
     p.add_argument("--json", default=None, help="write the summary as JSON to this path")
     p.add_argument("--prometheus", default=None, help="write the metrics in Prometheus text format")
-    p.add_argument("--trace", default=None, metavar="FILE", help=(
-        "write the run's trace to FILE (NDJSON, spec/trace.md): the control plane's header "
-        "line, then one line per event, the controller's close included; `hicache "
-        "check-trace FILE` replays it"))
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (it is drawn only when stderr is a terminal)")
-    p.add_argument("--tp", type=int, default=1, help=(
-        "tensor-parallel ranks: N > 1 serves the workload on N processes over gloo, each rank "
-        "a cache of the same configuration (its own temporary L3 file) agreeing with the "
-        "others at the points of spec/tp.toml; prints a line per rank and the cross-rank "
-        "checks (I7, I8, I10, I11) (hicache/demo_tp.py)"))
-    p.add_argument("--tp-transport", choices=TRANSPORTS, default=TRANSPORTS[0], help=(
-        "how the --tp ranks meet: gloo (torch.distributed), or shm (a shared-memory block: "
-        "the ranks of one x86-64 host, several times cheaper per collective)"))
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help=(
+            "write the run's trace to FILE (NDJSON, spec/trace.md): the control plane's header "
+            "line, then one line per event, the controller's close included; `hicache "
+            "check-trace FILE` replays it"
+        ),
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar (it is drawn only when stderr is a terminal)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help=(
+            "tensor-parallel ranks: N > 1 serves the workload on N processes over gloo, each rank "
+            "a cache of the same configuration (its own temporary L3 file) agreeing with the "
+            "others at the points of spec/tp.toml; prints a line per rank and the cross-rank "
+            "checks (I7, I8, I10, I11) (hicache/demo_tp.py)"
+        ),
+    )
+    p.add_argument(
+        "--tp-transport",
+        choices=TRANSPORTS,
+        default=TRANSPORTS[0],
+        help=(
+            "how the --tp ranks meet: gloo (torch.distributed), or shm (a shared-memory block: "
+            "the ranks of one x86-64 host, several times cheaper per collective)"
+        ),
+    )
     return p
 
 
@@ -122,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1:
         parser().error(f"argument --batch-size: must be >= 1, got {args.batch_size}")
     if not 1 <= args.tp <= TP_MAX:
-        parser().error(f"argument --tp: ranks in 1..{TP_MAX} (a tensor-parallel group spans one "
-                       f"host's GPUs; each rank is a process of its own), got {args.tp}")
+        parser().error(
+            f"argument --tp: ranks in 1..{TP_MAX} (a tensor-parallel group spans one "
+            f"host's GPUs; each rank is a process of its own), got {args.tp}"
+        )
     for option, path in (("--json", args.json), ("--prometheus", args.prometheus)):
         problem = None if path is None else unwritable(path)
         if problem:  # before the run, not after it served every request
@@ -132,18 +202,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # --tp refuses --trace (demo_tp.py): no file is made for it
         trace = open(args.trace, "w") if args.trace and args.tp == 1 else None
     except OSError as e:
-        sys.stderr.write(f"hicache demo: --trace {args.trace}: {e.strerror}; choose a writable path\n")
+        sys.stderr.write(
+            f"hicache demo: --trace {args.trace}: {e.strerror}; choose a writable path\n"
+        )
         return 2
     try:
         with trace or contextlib.nullcontext():
             return _run(args, trace) if args.tp == 1 else _run_tp(args)
     except L3PathRefused as e:
-        todo = "choose another path" + (", or pass --l3-overwrite to replace it"
-                                        if e.overwrite_helps else "")
+        todo = "choose another path" + (
+            ", or pass --l3-overwrite to replace it" if e.overwrite_helps else ""
+        )
         sys.stderr.write(f"hicache demo: --l3-path {e.path}: {e.reason}; left unchanged: {todo}\n")
         return 2
     except ConfigError as e:
-        sys.stderr.write(f"hicache demo: {OPTION_OF_FIELD.get(e.field, e.field)}: {str(e).split(': ', 1)[-1]}\n")
+        sys.stderr.write(
+            f"hicache demo: {OPTION_OF_FIELD.get(e.field, e.field)}: {str(e).split(': ', 1)[-1]}\n"
+        )
         return 2
     except HiCacheError as e:
         sys.stderr.write(f"hicache demo: {type(e).__name__}: {e}\n")
@@ -201,20 +276,42 @@ def demo_setup(args: argparse.Namespace) -> DemoSetup:
     from hicache.workload import shared_prefix_workload
 
     workload = shared_prefix_workload(args.requests, seed=args.seed)
-    sizes = size_tiers(workload, preset(args.geometry).page_size, args.batch_size,
-                       l1_pages=args.l1_pages, l2_pages=args.l2_pages, l3_slots=args.l3_slots)
+    sizes = size_tiers(
+        workload,
+        preset(args.geometry).page_size,
+        args.batch_size,
+        l1_pages=args.l1_pages,
+        l2_pages=args.l2_pages,
+        l3_slots=args.l3_slots,
+    )
     config = CacheConfig(
-        geometry=args.geometry, l1_pages=sizes.l1_pages, l2_pages=sizes.l2_pages,
-        l3_slots=sizes.l3_slots, device=args.device, l3_path=args.l3_path, backend=args.backend,
-        policy=args.policy, write_policy=args.write_policy, promotion=not args.no_promotion,
-        prefetch=not args.no_prefetch, check_mode=args.check_mode, io_threads=args.io_threads,
-        l3_overwrite=args.l3_overwrite, pools=args.preset,
+        geometry=args.geometry,
+        l1_pages=sizes.l1_pages,
+        l2_pages=sizes.l2_pages,
+        l3_slots=sizes.l3_slots,
+        device=args.device,
+        l3_path=args.l3_path,
+        backend=args.backend,
+        policy=args.policy,
+        write_policy=args.write_policy,
+        promotion=not args.no_promotion,
+        prefetch=not args.no_prefetch,
+        check_mode=args.check_mode,
+        io_threads=args.io_threads,
+        l3_overwrite=args.l3_overwrite,
+        pools=args.preset,
     )
     return DemoSetup(workload, sizes, config)
 
 
-def serve(args: argparse.Namespace, setup: DemoSetup, ctl: CacheController, started: float, *,
-          progress: bool) -> dict[str, object]:
+def serve(
+    args: argparse.Namespace,
+    setup: DemoSetup,
+    ctl: CacheController,
+    started: float,
+    *,
+    progress: bool,
+) -> dict[str, object]:
     """Serve `setup`'s workload through `ctl` (built from `setup.config`), close it, and
     return the report's summary (wall time from `started`, a `time.perf_counter()`);
     `progress`: draw the progress bar."""
@@ -230,13 +327,17 @@ def serve(args: argparse.Namespace, setup: DemoSetup, ctl: CacheController, star
     finally:
         ctl.close()
     summary = _summary(ctl, report, status, time.perf_counter() - started)
-    summary["config"] = _config_echo(args, config, setup.sizes.sized, status["engine"],
-                                     summary["device"])
+    summary["config"] = _config_echo(
+        args, config, setup.sizes.sized, status["engine"], summary["device"]
+    )
     summary["decision_reasons"] = dict(tally.by_reason)
     summary["verified_pool_bytes"] = dict(getattr(ctl.verifier, "bytes_checked", {}))
     longest = max(workload, key=lambda r: len(r.tokens))
-    summary["longest_prompt"] = {"request_id": longest.request_id, "tokens": len(longest.tokens),
-                                 "pages": -(-len(longest.tokens) // config.kv.page_size)}
+    summary["longest_prompt"] = {
+        "request_id": longest.request_id,
+        "tokens": len(longest.tokens),
+        "pages": -(-len(longest.tokens) // config.kv.page_size),
+    }
     return summary
 
 
@@ -249,23 +350,36 @@ def _progress_bar(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-def _config_echo(args: argparse.Namespace, config: object, sized: frozenset[str],
-                 engine: object, device: object) -> dict[str, object]:
+def _config_echo(
+    args: argparse.Namespace, config: object, sized: frozenset[str], engine: object, device: object
+) -> dict[str, object]:
     """Every setting the run used (`engine`: the data plane's status; `device`: the one it
     resolved), as the report's Configuration section shows it."""
     from hicache.controller.config import CacheConfig
 
     assert isinstance(config, CacheConfig) and isinstance(engine, dict)
     return {
-        "geometry": args.geometry, "geometry_fields": vars(config.kv),
+        "geometry": args.geometry,
+        "geometry_fields": vars(config.kv),
         "preset": _preset_echo(config),
-        "bytes_per_page": config.kv.bytes_per_page, "l1_pages": config.l1_pages,
-        "l2_pages": config.l2_pages, "l3_slots": config.l3_slots, "sized": sorted(sized),
-        "l3_path": config.l3_path, "write_policy": config.write_policy, "policy": config.policy,
-        "check_mode": config.check_mode, "device": str(device),
-        "backend": config.backend, "backends": engine["backends"], "seed": args.seed,
-        "batch_size": args.batch_size, "requests": args.requests, "prefetch": config.prefetch,
-        "promotion": config.promotion, "io_threads": config.io_threads,
+        "bytes_per_page": config.kv.bytes_per_page,
+        "l1_pages": config.l1_pages,
+        "l2_pages": config.l2_pages,
+        "l3_slots": config.l3_slots,
+        "sized": sorted(sized),
+        "l3_path": config.l3_path,
+        "write_policy": config.write_policy,
+        "policy": config.policy,
+        "check_mode": config.check_mode,
+        "device": str(device),
+        "backend": config.backend,
+        "backends": engine["backends"],
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "requests": args.requests,
+        "prefetch": config.prefetch,
+        "promotion": config.promotion,
+        "io_threads": config.io_threads,
     }
 
 
@@ -280,36 +394,60 @@ def _preset_echo(config: object) -> str:
         return ""
     kept = group.backed_up()  # the pools L2 and L3 hold
     moved = [p for p in kept.pools if p.bytes_per_page]
-    return (f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per anchor "
-            f"page in all, {kept.bytes_per_anchor_page:,} on {kept.anchor.name}'s indices")
+    return (
+        f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per anchor "
+        f"page in all, {kept.bytes_per_anchor_page:,} on {kept.anchor.name}'s indices"
+    )
 
 
-def _summary(ctl: object, report: object, status: dict[str, object], wall_s: float) -> dict[str, object]:
+def _summary(
+    ctl: object, report: object, status: dict[str, object], wall_s: float
+) -> dict[str, object]:
     from hicache.controller.controller import CacheController
     from hicache.serving import LoopReport
 
     assert isinstance(ctl, CacheController) and isinstance(report, LoopReport)
     m = ctl.metrics
     return {
-        "device": str(ctl.byte_plane.device), "geometry": vars(ctl.config.kv),
+        "device": str(ctl.byte_plane.device),
+        "geometry": vars(ctl.config.kv),
         "policy": ctl.policy.name,
-        "requests": report.requests, "admissions": report.admissions,
-        "preemptions": m.preemptions, "wall_s": wall_s, "serving_s": report.wall_s,
+        "requests": report.requests,
+        "admissions": report.admissions,
+        "preemptions": m.preemptions,
+        "wall_s": wall_s,
+        "serving_s": report.wall_s,
         "requests_per_s": report.requests_per_s,
-        "prompt_tokens": m.prompt_tokens, "token_shares": m.token_shares(),
-        "hit_tokens": dict(m.hit_tokens), "recomputed_tokens": m.recomputed_tokens,
-        "preempted_tokens": m.preempted_tokens, "decisions": dict(m.decisions),
-        "policy_skips": m.policy_skips, "fallbacks": m.fallbacks, "restores": m.restores,
-        "verified_pages": m.verified_pages, "evicted_pages": dict(m.evicted_pages),
-        "promoted_pages": m.promoted_pages, "shared_load_back_pages": m.shared_load_back_pages,
+        "prompt_tokens": m.prompt_tokens,
+        "token_shares": m.token_shares(),
+        "hit_tokens": dict(m.hit_tokens),
+        "recomputed_tokens": m.recomputed_tokens,
+        "preempted_tokens": m.preempted_tokens,
+        "decisions": dict(m.decisions),
+        "policy_skips": m.policy_skips,
+        "fallbacks": m.fallbacks,
+        "restores": m.restores,
+        "verified_pages": m.verified_pages,
+        "evicted_pages": dict(m.evicted_pages),
+        "promoted_pages": m.promoted_pages,
+        "shared_load_back_pages": m.shared_load_back_pages,
         "dropped_tokens": dict(m.dropped_tokens),
         "l3_invalidated_pages": dict(m.l3_invalidated_pages),
-        "transfers": {d: {"count": s.count, "failed": s.failed, "cancelled": s.cancelled,
-                          "bytes": s.bytes, "gib_per_s": s.gib_per_s}
-                      for d, s in m.directions.items()},
-        "decode_steps": report.decode_steps, "decode_overlap_s": report.decode_overlap_s,
+        "transfers": {
+            d: {
+                "count": s.count,
+                "failed": s.failed,
+                "cancelled": s.cancelled,
+                "bytes": s.bytes,
+                "gib_per_s": s.gib_per_s,
+            }
+            for d, s in m.directions.items()
+        },
+        "decode_steps": report.decode_steps,
+        "decode_overlap_s": report.decode_overlap_s,
         "prediction_error": ctl.decisions.summary(),
-        "invariants": status["invariant_checks"], "tiers": status["tiers"],
+        "invariants": status["invariant_checks"],
+        "tiers": status["tiers"],
     }
 
 

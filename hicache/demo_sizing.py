@@ -18,8 +18,8 @@ Prompts are counted in whole pages (a partial last page takes a page).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from hicache.errors import ConfigError
 from hicache.workload import RequestSpec
@@ -62,14 +62,20 @@ def distinct_pages(requests: Sequence[RequestSpec], page_size: int) -> int:
     for r in requests:
         key = 0
         for start in range(0, len(r.tokens) - page_size + 1, page_size):
-            key = hash((key, r.tokens[start:start + page_size]))
+            key = hash((key, r.tokens[start : start + page_size]))
             seen.add(key)
     return len(seen)
 
 
-def size_tiers(requests: Sequence[RequestSpec], page_size: int, batch_size: int, *,
-               l1_pages: int | None = None, l2_pages: int | None = None,
-               l3_slots: int | None = None) -> TierSizes:
+def size_tiers(
+    requests: Sequence[RequestSpec],
+    page_size: int,
+    batch_size: int,
+    *,
+    l1_pages: int | None = None,
+    l2_pages: int | None = None,
+    l3_slots: int | None = None,
+) -> TierSizes:
     """The capacities to run `requests` with: those given, the rest sized (module docstring).
     ConfigError naming l1_pages when a given L1 cannot hold the longest prompt."""
     longest = longest_prompt(requests, page_size)
@@ -92,8 +98,10 @@ def size_tiers(requests: Sequence[RequestSpec], page_size: int, batch_size: int,
 
 def too_small_l1(l1_pages: int, longest: Longest, page_size: int) -> str:
     """Why `l1_pages` cannot serve the workload, the needed value first."""
-    return (f"{l1_pages} is too small: this workload needs at least {longest.pages} L1 pages, "
-            f"because its longest prompt (request {longest.request_id}, {longest.tokens:,} "
-            f"tokens) is {longest.pages} pages of {page_size} tokens and a prompt's KV must "
-            f"sit in L1 whole while it is prefilled. Give --l1-pages {longest.pages} or more, "
-            "or leave it out to size L1 from the workload")
+    return (
+        f"{l1_pages} is too small: this workload needs at least {longest.pages} L1 pages, "
+        f"because its longest prompt (request {longest.request_id}, {longest.tokens:,} "
+        f"tokens) is {longest.pages} pages of {page_size} tokens and a prompt's KV must "
+        f"sit in L1 whole while it is prefilled. Give --l1-pages {longest.pages} or more, "
+        "or leave it out to size L1 from the workload"
+    )

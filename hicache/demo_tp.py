@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 from hicache.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hicache.controller.config import CacheConfig
     from hicache.distributed.wire import ProcessCollectives
     from hicache.invariants import Violation
     from hicache.snapshot import RankView
@@ -43,11 +42,11 @@ RANK_CHECK_EVERY = 10  # admissions between the ranks' own cross-rank checks (C7
 RUN_TIMEOUT_S = 1800.0  # the whole run; then every rank is terminated and reported
 REFUSED = {  # option -> why N ranks cannot honour it, and what to do
     "trace": "--trace records one control plane's events: leave it out with --tp, or trace "
-             "a single rank without --tp",
+    "a single rank without --tp",
     "l3_path": "--l3-path names one file, but every rank keeps its own L3 file: leave it out "
-               "with --tp (each rank then uses its own temporary file)",
+    "with --tp (each rank then uses its own temporary file)",
     "prometheus": "--prometheus writes one cache's metrics: leave it out with --tp (--json "
-                  "writes every rank's summary)",
+    "writes every rank's summary)",
 }
 
 
@@ -78,30 +77,44 @@ def run_tp(args: argparse.Namespace) -> int:
     demo_setup(args)  # every ConfigError of the options, before any rank starts
     started = time.perf_counter()
     try:
-        results: list[RankResult] = run_ranks(serve_rank, args.tp, (args,), timeout_s=RUN_TIMEOUT_S,
-                                              collective_timeout_s=COLLECTIVE_TIMEOUT_S,
-                                              transport=args.tp_transport)
+        results: list[RankResult] = run_ranks(
+            serve_rank,
+            args.tp,
+            (args,),
+            timeout_s=RUN_TIMEOUT_S,
+            collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+            transport=args.tp_transport,
+        )
     except RankError as e:
         if e.kind == "ConfigError":  # the configuration's fault, not the run's
             raise ConfigError("tp", f"rank {e.rank}: {e.message}") from None
         raise
     violations = check_ranks([r.view for r in results])
-    print(f"hicache demo --tp {args.tp}: rank 0's report, then a line per rank and the "
-          "cross-rank checks\n")
+    print(
+        f"hicache demo --tp {args.tp}: rank 0's report, then a line per rank and the "
+        "cross-rank checks\n"
+    )
     print(format_report(results[0].summary))
     print()
     print("\n".join(tp_lines(results, violations, time.perf_counter() - started)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ranks": [r.summary for r in results],
-                       "cross_rank_violations": [str(v) for v in violations]},
-                      f, indent=2, default=str)
+            json.dump(
+                {
+                    "ranks": [r.summary for r in results],
+                    "cross_rank_violations": [str(v) for v in violations],
+                },
+                f,
+                indent=2,
+                default=str,
+            )
     bad = [r for r in results if _violations(r) != 0]
     return 0 if not bad and not violations else 1
 
 
-def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
-               args: argparse.Namespace) -> RankResult:
+def serve_rank(
+    rank: int, size: int, collectives: ProcessCollectives, args: argparse.Namespace
+) -> RankResult:
     """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
     from hicache.controller.controller import CacheController
     from hicache.demo import demo_setup, serve
@@ -109,16 +122,26 @@ def serve_rank(rank: int, size: int, collectives: ProcessCollectives,
     from hicache.distributed.rankview import rank_view
 
     setup = demo_setup(args)
-    config = dataclasses.replace(setup.config, device=rank_device(setup.config.device, rank, size),
-                                 rank_check_every=RANK_CHECK_EVERY)
+    config = dataclasses.replace(
+        setup.config,
+        device=rank_device(setup.config.device, rank, size),
+        rank_check_every=RANK_CHECK_EVERY,
+    )
     bind_device(config.device)
     started = time.perf_counter()
     ctl = CacheController(config, collectives=collectives)
     draw = rank == 0 and not args.quiet and sys.stderr.isatty()  # one bar, and not in a log
     summary = serve(args, setup, ctl, started, progress=draw)
     summary["rank"] = rank
-    return RankResult(rank, summary, rank_view(ctl), collectives.log.count,
-                      collectives.exchange_s, ctl.rank_checks, args.tp_transport)
+    return RankResult(
+        rank,
+        summary,
+        rank_view(ctl),
+        collectives.log.count,
+        collectives.exchange_s,
+        ctl.rank_checks,
+        args.tp_transport,
+    )
 
 
 def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: float) -> list[str]:
@@ -126,8 +149,10 @@ def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: flo
     from hicache.invariants import RANK_CHECKS
 
     first = results[0].summary
-    lines = [f"Tensor parallelism: {len(results)} ranks over {results[0].transport}, preset "
-             f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"]  # type: ignore[index]
+    lines = [
+        f"Tensor parallelism: {len(results)} ranks over {results[0].transport}, preset "
+        f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"
+    ]  # type: ignore[index]
     for r in results:
         s = r.summary
         hits = s["hit_tokens"]
@@ -138,12 +163,17 @@ def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: flo
             + ", ".join(f"{tier} {n:,}" for tier, n in hits.items())
             + f"; {s['invariants']['run']:,} invariant checks, "  # type: ignore[index]
             f"{_violations(r)} violations; {r.collectives:,} collectives "
-            f"({per_call_us:,.0f} us each)")
-    lines.append(f"  during the run: {results[0].rank_checks} cross-rank checks over the "
-                 f"collectives (C7-C9, every {RANK_CHECK_EVERY} admissions), all passed")
+            f"({per_call_us:,.0f} us each)"
+        )
+    lines.append(
+        f"  during the run: {results[0].rank_checks} cross-rank checks over the "
+        f"collectives (C7-C9, every {RANK_CHECK_EVERY} admissions), all passed"
+    )
     checks = ", ".join(f"{c.id} {c.name}" for c in RANK_CHECKS)
-    lines.append(f"  at the end: cross-rank checks ({checks}) over every rank's view: "
-                 f"{len(violations)} violations")
+    lines.append(
+        f"  at the end: cross-rank checks ({checks}) over every rank's view: "
+        f"{len(violations)} violations"
+    )
     lines += [f"    {v}" for v in violations]
     return lines
 

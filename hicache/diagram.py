@@ -139,14 +139,20 @@ def _blocks(markdown: str) -> dict[str, tuple[int, int, str]]:
         try:
             last = lines.index(_END, first)
         except ValueError:
-            raise SpecError(f"generated block {name!r} (line {first + 1}) has no '{_END}'") from None
+            raise SpecError(
+                f"generated block {name!r} (line {first + 1}) has no '{_END}'"
+            ) from None
         inner = lines[first + 1 : last]
         if any(_BEGIN.match(line.strip()) for line in inner):
-            raise SpecError(f"generated block {name!r} (line {first + 1}) is not closed before the next one")
+            raise SpecError(
+                f"generated block {name!r} (line {first + 1}) is not closed before the next one"
+            )
         # Verify the block is empty (markers just added) or exactly one mermaid fence:
         # anything else would be lost on rewrite.
         if inner and (len(inner) < 2 or inner[0] != "```mermaid" or inner[-1] != "```"):
-            raise SpecError(f"generated block {name!r} (line {first + 1}) is not one ```mermaid fence")
+            raise SpecError(
+                f"generated block {name!r} (line {first + 1}) is not one ```mermaid fence"
+            )
         found[name] = (first, last, "\n".join(inner[1:-1]) + "\n" if inner else "")
         i = last + 1
     return found

@@ -18,8 +18,9 @@ class HiCacheError(Exception):
         return _rebuilt, (type(self), self.args, self.__dict__)
 
 
-def _rebuilt(cls: type[HiCacheError], args: tuple[object, ...],
-             fields: dict[str, object]) -> HiCacheError:
+def _rebuilt(
+    cls: type[HiCacheError], args: tuple[object, ...], fields: dict[str, object]
+) -> HiCacheError:
     """`cls`'s error with `args` and `fields`, its constructor not called (unpickling)."""
     error = cls.__new__(cls)
     error.args = args
@@ -74,8 +75,10 @@ class ReservationAborted(OutOfPages):
         super().__init__(tier, wanted, free)
         self.cause = cause
         why = f"this rank: {cause}" if cause is not None else "another rank's reservation failed"
-        self.args = (f"{tier}: the ranks did not all reserve {wanted} pages ({why}); every rank "
-                     "released them",)
+        self.args = (
+            f"{tier}: the ranks did not all reserve {wanted} pages ({why}); every rank "
+            "released them",
+        )
 
 
 class InvariantViolation(HiCacheError):
@@ -83,7 +86,7 @@ class InvariantViolation(HiCacheError):
     the transition after which it was found (`context`). The control plane that raised it is
     poisoned from then on (`PlanePoisoned`)."""
 
-    def __init__(self, violations: "tuple[object, ...]", context: str = "") -> None:
+    def __init__(self, violations: tuple[object, ...], context: str = "") -> None:
         self.violations = violations
         self.context = context
         head = "; ".join(str(v) for v in violations[:3])
@@ -108,7 +111,8 @@ class PlanePoisoned(HiCacheError):
             f"{attempted} refused, nothing changed: the control plane is poisoned since "
             f"{len(cause.violations)} invariant violation(s){after}{first}. Read snapshot() and "
             "the trace to find the cause, cancel in-flight transfer handles on the data plane, "
-            "then start over with a new control plane")
+            "then start over with a new control plane"
+        )
 
 
 class TransferError(HiCacheError):
@@ -158,8 +162,9 @@ class UnreadableSlot(TransferError):
         self.slot = slots[0]
         self.slots = slots
         self.path = path
-        super().__init__(f"L3 slots {slots[0]}..{slots[-1]} in {path} cannot be read: {why}; "
-                         "treat as a miss")
+        super().__init__(
+            f"L3 slots {slots[0]}..{slots[-1]} in {path} cannot be read: {why}; treat as a miss"
+        )
 
 
 class RestorePending(HiCacheError):
@@ -178,7 +183,8 @@ class RequestTooLarge(HiCacheError, ValueError):
     def __init__(self, request_id: int, tokens: int, pages_needed: int, l1_pages: int) -> None:
         super().__init__(
             f"request {request_id} has {tokens} prompt tokens ({pages_needed} pages) but L1 holds "
-            f"{l1_pages} pages; give L1 at least {pages_needed} pages (l1_pages) or shorten it")
+            f"{l1_pages} pages; give L1 at least {pages_needed} pages (l1_pages) or shorten it"
+        )
 
 
 class BackendError(HiCacheError):
@@ -231,4 +237,5 @@ class NoAllocator(HiCacheError):
         self.source = source
         super().__init__(
             f"pool {pool!r} has no allocator ({operation} refused); it uses {source!r}'s "
-            f"indices: {operation} on {source!r} instead")
+            f"indices: {operation} on {source!r} instead"
+        )

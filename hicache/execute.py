@@ -26,14 +26,22 @@ and its events carry no `before`/`after` (spec/lifecycle.md, "Whose state a comp
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from hicache.errors import IllegalTransition, OutOfPages
-from hicache.pages import Pages, pages
-from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, Transition, composite_name
-from hicache.pages import PageTable
+from hicache.lifecycle import (
+    ABSENT,
+    PRIVATE,
+    RESIDENT,
+    Lifecycle,
+    States,
+    Transition,
+    composite_name,
+)
+from hicache.pages import Pages, PageTable, pages
 from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
 from hicache.tree import HiRadixTree, TreeNode
@@ -86,7 +94,9 @@ class Step(NamedTuple):
 class _Context:
     """The guard context of one segment of a step (hicache.lifecycle.GuardContext)."""
 
-    def __init__(self, seg: Segment, step_nodes: Sequence[TreeNode], rng: RequestRange | None) -> None:
+    def __init__(
+        self, seg: Segment, step_nodes: Sequence[TreeNode], rng: RequestRange | None
+    ) -> None:
         self.seg, self.step_nodes, self.rng = seg, step_nodes, rng
 
     def leaf(self, tier: Tier) -> bool:
@@ -96,8 +106,12 @@ class _Context:
     def parent_resident(self, tier: Tier) -> bool:
         node = self.seg.node
         parent = None if node is None else node.parent
-        return (parent is None or parent.is_root or parent.state[TIERS.index(tier)] == RESIDENT
-                or any(parent is n for n in self.step_nodes))
+        return (
+            parent is None
+            or parent.is_root
+            or parent.state[TIERS.index(tier)] == RESIDENT
+            or any(parent is n for n in self.step_nodes)
+        )
 
     def request(self, rule: str) -> bool:
         r = self.rng
@@ -115,13 +129,22 @@ class _Context:
 class Executor:
     """Runs lifecycle rows against the tree, the page tables and the tracer it is given."""
 
-    def __init__(self, lifecycle: Lifecycle, tree: HiRadixTree, tables: Sequence[PageTable],
-                 tracer: Tracer) -> None:
+    def __init__(
+        self, lifecycle: Lifecycle, tree: HiRadixTree, tables: Sequence[PageTable], tracer: Tracer
+    ) -> None:
         self.lifecycle, self.tree, self.tables, self.tracer = lifecycle, tree, tables, tracer
 
-    def plan(self, name: str, segments: Sequence[Segment], *, pages_moved: Pages | None = None,
-             lock_node: TreeNode | None = None, request_id: int | None = None,
-             op_id: int | None = None, rng: RequestRange | None = None) -> Step:
+    def plan(
+        self,
+        name: str,
+        segments: Sequence[Segment],
+        *,
+        pages_moved: Pages | None = None,
+        lock_node: TreeNode | None = None,
+        request_id: int | None = None,
+        op_id: int | None = None,
+        rng: RequestRange | None = None,
+    ) -> Step:
         """Check row `name` on every segment; IllegalTransition or OutOfPages, nothing changed.
 
         `pages_moved` are the pages a publish/release moves (the op's or the request's, in
@@ -136,15 +159,28 @@ class Executor:
         nodes = [s.node for s in segments if s.node is not None]
         afters: list[States] = []
         for seg in segments:
-            locks = (0, 0, 0) if seg.node is None else (seg.node.lock[0], seg.node.lock[1], seg.node.lock[2])
+            locks = (
+                (0, 0, 0)
+                if seg.node is None
+                else (seg.node.lock[0], seg.node.lock[1], seg.node.lock[2])
+            )
             afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
             pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
             if pending and (seg.node is None or seg.node.pending[i] != op_id):
                 # Verify the op still owns the node's pending slot (a second end would not).
-                raise IllegalTransition(name, str(t.tier), composite_name(seg.before),
-                                        f"node {_id(seg.node)} is not pending on op {op_id}")
+                raise IllegalTransition(
+                    name,
+                    str(t.tier),
+                    composite_name(seg.before),
+                    f"node {_id(seg.node)} is not pending on op {op_id}",
+                )
         if not segments:  # request guards still apply to an empty range
-            self.lifecycle.check(name, _source_view(t), (0, 0, 0), _Context(Segment(None, 0, 0, _source_view(t)), [], rng))
+            self.lifecycle.check(
+                name,
+                _source_view(t),
+                (0, 0, 0),
+                _Context(Segment(None, 0, 0, _source_view(t)), [], rng),
+            )
         n_pages = sum(s.n_pages(ps) for s in segments)
         moved = pages_moved
         for e in t.effects:
@@ -154,12 +190,24 @@ class Executor:
             if e.op == "free":
                 moved = _concat([_value(n, k) for n in nodes])
             if e.op in ("publish", "release") and (moved is None or moved.size != n_pages):
-                raise IllegalTransition(name, str(t.tier), "-", f"{n_pages} pages to move, "
-                                        f"{0 if moved is None else moved.size} given")
+                raise IllegalTransition(
+                    name,
+                    str(t.tier),
+                    "-",
+                    f"{n_pages} pages to move, {0 if moved is None else moved.size} given",
+                )
             if e.op in ("lock", "unlock") and (lock_node or (nodes[-1] if nodes else None)) is None:
                 raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
-        return Step(t, tuple(segments), moved, n_pages, lock_node or (nodes[-1] if nodes else None),
-                    request_id, op_id, tuple(afters))
+        return Step(
+            t,
+            tuple(segments),
+            moved,
+            n_pages,
+            lock_node or (nodes[-1] if nodes else None),
+            request_id,
+            op_id,
+            tuple(afters),
+        )
 
     def run(self, step: Step) -> Pages:
         """Run a planned step: the row's effects in order, then each node's sub-state, then one
@@ -181,18 +229,27 @@ class Executor:
         at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
         for j, seg in enumerate(step.segments):
             n = seg.n_pages(ps)
-            mine = moved[at:at + n]
+            mine = moved[at : at + n]
             at += n
             # The triple after the row: plan's (its `before` is the segment's, unchanged since).
-            after = step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
+            after = (
+                step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
+            )
             if seg.node is not None and not on_copy and not seg.duplicate:
                 self._write(seg.node, i, t, mine, step.op_id)
                 # Verify the event names the state the node is now in.
-                assert _states(seg.node) == after, f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
+                assert _states(seg.node) == after, (
+                    f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
+                )
             if self.tracer.enabled:
                 self.tracer.emit(
-                    t.name, tier=tier, node=None if seg.node is None else seg.node.node_id,
-                    op=step.op_id, request=step.request_id, token_start=seg.start, token_end=seg.end,
+                    t.name,
+                    tier=tier,
+                    node=None if seg.node is None else seg.node.node_id,
+                    op=step.op_id,
+                    request=step.request_id,
+                    token_start=seg.start,
+                    token_end=seg.end,
                     pages=tuple(mine.tolist()),
                     before=None if seg.duplicate else composite_name(seg.before),
                     after=None if seg.duplicate else composite_name(after),
@@ -220,8 +277,9 @@ def node_segments(nodes: Sequence[TreeNode]) -> list[Segment]:
     return out
 
 
-def copy_segments(tree: HiRadixTree, tokens: Sequence[int], start: int, end: int,
-                  copy: str) -> list[Segment]:
+def copy_segments(
+    tree: HiRadixTree, tokens: Sequence[int], start: int, end: int, copy: str
+) -> list[Segment]:
     """A request's copy of tokens [start, end) cut where tree nodes begin and end, without
     splitting anything: one segment per node covering some of it (its view: the request's
     copy `copy` in L1, the node's L2 and L3; a duplicate when the tree holds L1 itself), and
@@ -230,17 +288,22 @@ def copy_segments(tree: HiRadixTree, tokens: Sequence[int], start: int, end: int
     aligned = min(end, len(tokens) // ps * ps)
     node, pos = tree.root, 0
     while pos < aligned:
-        child = node.children.get(tuple(tokens[pos:pos + ps]))
+        child = node.children.get(tuple(tokens[pos : pos + ps]))
         if child is None:
             break
         n = 1  # pages of `child` the tokens match (children are keyed by their first page)
-        while n * ps < len(child.key) and pos + (n + 1) * ps <= aligned \
-                and child.key[n * ps:(n + 1) * ps] == tuple(tokens[pos + n * ps:pos + (n + 1) * ps]):
+        while (
+            n * ps < len(child.key)
+            and pos + (n + 1) * ps <= aligned
+            and child.key[n * ps : (n + 1) * ps] == tuple(tokens[pos + n * ps : pos + (n + 1) * ps])
+        ):
             n += 1
         covered = pos + n * ps
         if covered > start:
             view = (copy, child.state[1], child.state[2])
-            out.append(Segment(child, max(pos, start), min(covered, end), view, child.state[0] != ABSENT))
+            out.append(
+                Segment(child, max(pos, start), min(covered, end), view, child.state[0] != ABSENT)
+            )
         if n * ps < len(child.key) or covered >= end:
             pos = covered
             break
@@ -267,8 +330,12 @@ def _id(n: TreeNode | None) -> str:
 def _value(n: TreeNode, t: int) -> Pages:
     v = n.value[t]
     if v is None:
-        raise IllegalTransition("free", str(TIERS[t]), composite_name(_states(n)),
-                                f"node {n.node_id} holds nothing in {TIERS[t]}")
+        raise IllegalTransition(
+            "free",
+            str(TIERS[t]),
+            composite_name(_states(n)),
+            f"node {n.node_id} holds nothing in {TIERS[t]}",
+        )
     return v
 
 

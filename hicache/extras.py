@@ -34,5 +34,7 @@ def install_hint(what: str, missing: str) -> str:
     `missing` must be an optional dependency (see `is_optional`)."""
     module = top_module(missing)
     assert module is not None and module in EXTRA_OF_MODULE, missing
-    return (f"{what} needs {module}, which is not installed: pip install {module}, "
-            f"or pip install -e '.[{EXTRA_OF_MODULE[module]}]' from a checkout")
+    return (
+        f"{what} needs {module}, which is not installed: pip install {module}, "
+        f"or pip install -e '.[{EXTRA_OF_MODULE[module]}]' from a checkout"
+    )

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 from hicache.errors import IllegalTransition, SpecError
 from hicache.spec import LIFECYCLE_TOML, load_toml
@@ -61,7 +62,7 @@ GUARD_VOCABULARY: dict[str, str] = {
     "locks(Ln) == 0": "nobody (request or transfer) holds a lock on the node in tier `Ln`",
     "leaf(Ln)": "no child of the node is present (not `ABSENT`) in tier `Ln`",
     "parent(Ln) == RESIDENT": "the node's parent is the root, `RESIDENT` in `Ln`, or an earlier "
-                                "node of the same op: no gap before these pages in `Ln`",
+    "node of the same op: no gap before these pages in `Ln`",
     **REQUEST_GUARDS,
 }
 """Every guard form the parser accepts -> when it holds (lifecycle.md's guard table)."""
@@ -109,13 +110,17 @@ class Guard:
         if self.op == "leaf":
             return f": a child holds {self.tier}, so the node is not a leaf there; evict the child first"
         if self.op == "parent":
-            return (f": the parent node does not hold {self.tier} (a backup gap); include the "
-                    "parent in the chain, parent first")
+            return (
+                f": the parent node does not hold {self.tier} (a backup gap); include the "
+                "parent in the chain, parent first"
+            )
         if self.op == "request":
             return f": {REQUEST_GUARDS[self.text]}"
         return ""
 
-    def holds(self, states: States, locks: tuple[int, int, int], ctx: GuardContext | None = None) -> bool:
+    def holds(
+        self, states: States, locks: tuple[int, int, int], ctx: GuardContext | None = None
+    ) -> bool:
         """Whether the guard holds; lock and context guards hold when their input is absent
         (`locks` all zero and no `ctx` is what the composite-graph search passes)."""
         if self.op == "request":
@@ -240,7 +245,8 @@ class Lifecycle:
         )
         self._composite_by_states = {c.states: c for c in self.composites}
         self.rules: tuple[ControlRule, ...] = tuple(
-            ControlRule(r["name"], r["operation"], r["condition"], r["why"]) for r in tables.get("rule", [])
+            ControlRule(r["name"], r["operation"], r["condition"], r["why"])
+            for r in tables.get("rule", [])
         )
 
     def _load_tier(self, tier: Tier, table: Mapping[str, Any]) -> None:
@@ -255,8 +261,13 @@ class Lifecycle:
 
     # -- validation -------------------------------------------------------------------
 
-    def check(self, name: str, states: States, locks: tuple[int, int, int] = (0, 0, 0),
-              ctx: GuardContext | None = None) -> States:
+    def check(
+        self,
+        name: str,
+        states: States,
+        locks: tuple[int, int, int] = (0, 0, 0),
+        ctx: GuardContext | None = None,
+    ) -> States:
         """The triple after transition `name` from `states`; raises IllegalTransition, changing
         nothing, when the transition is unknown, leaves another sub-state, or a guard fails.
         Context guards are checked only when `ctx` is given (see the module docstring)."""
@@ -266,12 +277,19 @@ class Lifecycle:
         i = TIERS.index(t.tier)
         if states[i] != t.source:
             raise IllegalTransition(
-                name, str(t.tier), composite_name(states),
+                name,
+                str(t.tier),
+                composite_name(states),
                 f"{t.tier} is {states[i]}, the transition leaves {t.source}",
             )
         for g in t.guards:
             if not g.holds(states, locks, ctx):
-                raise IllegalTransition(name, str(t.tier), composite_name(states), f"guard {g.text!r} fails{g.meaning()}")
+                raise IllegalTransition(
+                    name,
+                    str(t.tier),
+                    composite_name(states),
+                    f"guard {g.text!r} fails{g.meaning()}",
+                )
         dest = list(states)
         dest[i] = t.dest
         return (dest[0], dest[1], dest[2])
@@ -310,7 +328,9 @@ class Lifecycle:
         return graph
 
 
-def _parse_transition(tier: Tier, row: Mapping[str, Any], states: Mapping[Tier, tuple[str, ...]]) -> Transition:
+def _parse_transition(
+    tier: Tier, row: Mapping[str, Any], states: Mapping[Tier, tuple[str, ...]]
+) -> Transition:
     name = row["name"]
     for key in ("from", "to"):
         if row[key] not in states[tier]:
@@ -320,11 +340,22 @@ def _parse_transition(tier: Tier, row: Mapping[str, Any], states: Mapping[Tier, 
     for e in row.get("effects", []):
         m = _EFFECT.match(e)
         if m is None:
-            raise SpecError(f"{name}: effect {e!r} is not reserve|publish|release|free|lock|unlock(Ln)")
+            raise SpecError(
+                f"{name}: effect {e!r} is not reserve|publish|release|free|lock|unlock(Ln)"
+            )
         effects.append(Effect(m.group(1), Tier(m.group(2))))
     direction = Direction(row["direction"]) if "direction" in row else None
-    t = Transition(name, row["kind"], tier, direction, row["from"], row["to"],
-                   row["trigger"], guards, tuple(effects))
+    t = Transition(
+        name,
+        row["kind"],
+        tier,
+        direction,
+        row["from"],
+        row["to"],
+        row["trigger"],
+        guards,
+        tuple(effects),
+    )
     _check_effects(t)
     return t
 
@@ -345,15 +376,19 @@ def _check_effects(t: Transition) -> None:
     source and target states imply; lock effects on other tiers only."""
     own = [e for e in t.effects if e.op in _OWNERSHIP_EFFECTS]
     if len(own) != 1 or own[0].tier != t.tier:
-        raise SpecError(f"{t.name}: needs exactly one of reserve|publish|release|free({t.tier}), "
-                        f"has {[str(e) for e in own]}")
+        raise SpecError(
+            f"{t.name}: needs exactly one of reserve|publish|release|free({t.tier}), "
+            f"has {[str(e) for e in own]}"
+        )
     want = _OWNERSHIP_EFFECTS[own[0].op]
     for state, need in zip((t.source, t.dest), want):
         moving = state not in (ABSENT, RESIDENT)
         if (need == "moving") != moving or (not moving and state != need):
-            raise SpecError(f"{t.name}: effect {own[0]} does not fit {t.source} -> {t.dest} "
-                            f"(it moves pages {need if need != 'moving' else 'PRIVATE/pending'} "
-                            "at that end)")
+            raise SpecError(
+                f"{t.name}: effect {own[0]} does not fit {t.source} -> {t.dest} "
+                f"(it moves pages {need if need != 'moving' else 'PRIVATE/pending'} "
+                "at that end)"
+            )
     for e in t.effects:
         if e.op in ("lock", "unlock") and e.tier == t.tier:
             raise SpecError(f"{t.name}: {e} locks the row's own tier; a transfer locks its source")
@@ -377,11 +412,13 @@ def _parse_guard(name: str, text: str, states: Mapping[Tier, tuple[str, ...]]) -
         return Guard(text, Tier(m.group(1)), "parent")
     if text in REQUEST_GUARDS:
         return Guard(text, None, "request")
-    raise SpecError(f"{name}: guard {text!r} is not 'Ln == S', 'Ln != S', 'locks(Ln) == 0', "
-                    f"'leaf(Ln)', 'parent(Ln) == RESIDENT' or one of {sorted(REQUEST_GUARDS)}")
+    raise SpecError(
+        f"{name}: guard {text!r} is not 'Ln == S', 'Ln != S', 'locks(Ln) == 0', "
+        f"'leaf(Ln)', 'parent(Ln) == RESIDENT' or one of {sorted(REQUEST_GUARDS)}"
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(path: str) -> Lifecycle:
     return Lifecycle(load_toml(Path(path)))
 

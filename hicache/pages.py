@@ -49,7 +49,9 @@ class PageTable:
 
     def __init__(self, tier: str, capacity: int) -> None:
         if not 0 < capacity <= MAX_PAGES:
-            raise ConfigError(f"{tier}.capacity_pages", f"in 1..{MAX_PAGES} (MAX_PAGES), got {capacity}")
+            raise ConfigError(
+                f"{tier}.capacity_pages", f"in 1..{MAX_PAGES} (MAX_PAGES), got {capacity}"
+            )
         self.tier = tier
         self.capacity = capacity
         self.owner: npt.NDArray[np.uint8] = np.zeros(capacity, dtype=np.uint8)  # all FREE
@@ -135,8 +137,9 @@ class PageTable:
     def _check_large(self, p: Pages, source: int, name: str) -> None:
         # Verify every page is in range, named once, and in the source state before any write.
         if p.size and (p.min() < 0 or p.max() >= self.capacity):
-            raise IllegalTransition(name, self.tier, "-",
-                                    f"page out of range 0..{self.capacity - 1}")
+            raise IllegalTransition(
+                name, self.tier, "-", f"page out of range 0..{self.capacity - 1}"
+            )
         if np.unique(p).size != p.size:
             raise IllegalTransition(name, self.tier, "-", "a page is named twice")
         wrong = p[self.owner[p] != source]
@@ -148,8 +151,9 @@ class PageTable:
         there): the same checks, in the same order, with the same errors."""
         # Verify every page is in range, named once, and in the source state before any write.
         if listed and (min(listed) < 0 or max(listed) >= self.capacity):
-            raise IllegalTransition(name, self.tier, "-",
-                                    f"page out of range 0..{self.capacity - 1}")
+            raise IllegalTransition(
+                name, self.tier, "-", f"page out of range 0..{self.capacity - 1}"
+            )
         if len(set(listed)) != len(listed):
             raise IllegalTransition(name, self.tier, "-", "a page is named twice")
         owner = self.owner
@@ -161,7 +165,9 @@ class PageTable:
         """IllegalTransition for pages `wrong` (in the order named) not in state `source`."""
         got = OWNER_NAMES[int(self.owner[wrong[0]])]
         raise IllegalTransition(
-            name, self.tier, got,
+            name,
+            self.tier,
+            got,
             f"page {wrong[0]} is {got}, {name} needs {OWNER_NAMES[source]} "
             f"({len(wrong)} page(s) wrong)",
         )
@@ -198,4 +204,4 @@ def _best_fit_small(free: list[int], n: int) -> list[int]:
             start = i
     if best_start < 0:
         return free[:n]
-    return free[best_start:best_start + n]
+    return free[best_start : best_start + n]

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hicache.errors import InvariantViolation, PlanePoisoned
 
@@ -42,6 +43,7 @@ def refuse_when_poisoned(*allowed: str) -> Callable[[C], C]:
                 continue
             setattr(cls, name, _refusing(name, method))
         return cls
+
     return decorate
 
 
@@ -52,4 +54,5 @@ def _refusing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if cause is not None:
             raise PlanePoisoned(name, cause)
         return method(self, *args, **kwargs)
+
     return refusing

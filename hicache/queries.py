@@ -7,14 +7,14 @@ must not read node fields (the controller, spec/restore.md) ask these instead.
 
 from __future__ import annotations
 
-from typing import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
 from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
 from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.pages import PageTable, Pages, pages
+from hicache.pages import Pages, PageTable, pages
 from hicache.pools.tierpools import TierPools
 from hicache.pools.windows import L1Windows
 from hicache.records import PendingOp, Request, UnknownRequest
@@ -22,7 +22,6 @@ from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, T
 from hicache.tiers import TIERS, Tier
 from hicache.trace import TraceHeader
 from hicache.tree import HiRadixTree, TreeNode
-
 
 TIER_NAMES = tuple(str(t) for t in TIERS)  # "L1", "L2", "L3": the snapshot's keys
 _L1, _L2, _L3 = TIER_NAMES  # the snapshot spells its per-tier dicts out (faster than zip)
@@ -82,7 +81,7 @@ class PlaneQueries:
         ranks intersect before a prefill serves (spec/tp.md C1c)."""
         mask = [1]
         deepest = self.leading_run(nodes, Tier.L1)
-        run = [] if deepest is None else list(nodes[:nodes.index(deepest) + 1])
+        run = [] if deepest is None else list(nodes[: nodes.index(deepest) + 1])
         for i in range(1, len(nodes) + 1):
             if i > len(run):
                 mask.append(0)
@@ -109,10 +108,14 @@ class PlaneQueries:
         values = [n.value[t] for n in path]
         if any(v is None for v in values):
             gap = next(n.node_id for n, v in zip(path, values) if v is None)
-            raise IllegalTransition("-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}")
+            raise IllegalTransition(
+                "-", str(TIERS[t]), "-", f"node {gap} on the path does not hold {TIERS[t]}"
+            )
         return np.concatenate([v for v in values if v is not None]) if values else pages()
 
-    def holder(self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None) -> TreeNode | None:
+    def holder(
+        self, tier: Tier | str, page: int, nodes: Iterable[TreeNode] | None = None
+    ) -> TreeNode | None:
         """The node (among `nodes`, default every node) whose `tier` value holds physical
         page `page`, or None."""
         t = TIERS.index(Tier(tier))
@@ -147,8 +150,9 @@ class PlaneQueries:
         t = TIERS.index(Tier(tier))
         name = f"evict_{str(TIERS[t]).lower()}"
         kept = {n.node_id for n in keep}
-        return [n for n in self.tree.candidates(t)
-                if n.node_id not in kept and self._allows(name, n)]
+        return [
+            n for n in self.tree.candidates(t) if n.node_id not in kept and self._allows(name, n)
+        ]
 
     def evictable_l1(self, keep: Collection[TreeNode] = ()) -> int:
         """L1 pages `evict("L1", n, keep)` could free now, leaf by leaf: those of every node
@@ -166,9 +170,13 @@ class PlaneQueries:
         freed = 0
         for n in reversed(order):  # children before their parent (no recursion: trees run deep)
             goes[n.node_id] = can = (
-                not n.is_root and n.state[0] == RESIDENT and n.lock[0] == 0
-                and n.state[1] != _D2H_PENDING and n.node_id not in kept
-                and all(goes[c.node_id] or c.state[0] == ABSENT for c in n.children.values()))
+                not n.is_root
+                and n.state[0] == RESIDENT
+                and n.lock[0] == 0
+                and n.state[1] != _D2H_PENDING
+                and n.node_id not in kept
+                and all(goes[c.node_id] or c.state[0] == ABSENT for c in n.children.values())
+            )
             freed += n.num_pages if can else 0
         return freed
 
@@ -193,9 +201,14 @@ class PlaneQueries:
         t = TIERS.index(Tier(tier))
         table = self.tables[t]
         out = {
-            "capacity": table.capacity, "free": table.free_count, "private": table.count(1),
-            "tree": table.count(2), "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
-            "locked": sum(n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT),
+            "capacity": table.capacity,
+            "free": table.free_count,
+            "private": table.count(1),
+            "tree": table.count(2),
+            "candidates": sum(n.num_pages for n in self.candidates(TIERS[t])),
+            "locked": sum(
+                n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT
+            ),
         }
         if isinstance(table, TierPools):
             out.update({f"free.{pool}": n for pool, n in table.free_pages_by_pool().items()})
@@ -214,56 +227,86 @@ class PlaneQueries:
     def trace_header(self, engine: str = "hicache control plane") -> TraceHeader:
         """The header a trace of this plane starts with (spec/trace.md, "Header"); a plane
         with a pool group names it, its hit policy and its side pools' capacities."""
-        return TraceHeader(self.page_size, {t.tier: t.capacity for t in self.tables}, engine=engine,
-                           pools=self._pools_header())
+        return TraceHeader(
+            self.page_size,
+            {t.tier: t.capacity for t in self.tables},
+            engine=engine,
+            pools=self._pools_header(),
+        )
 
     def _pools_header(self) -> dict[str, object]:
         """The header's `pools` (empty for a single-pool plane)."""
         groups = [t for t in self.tables if isinstance(t, TierPools)]
         if not groups:
             return {}
-        side = {t.tier: {name: t.group_table.tables[name].capacity for name in t.held_by}
-                for t in groups}
-        return {"group": groups[0].group.name, "hit_policy": self.windows.policy,
-                "capacities": side}
+        side = {
+            t.tier: {name: t.group_table.tables[name].capacity for name in t.held_by}
+            for t in groups
+        }
+        return {
+            "group": groups[0].group.name,
+            "hit_policy": self.windows.policy,
+            "capacities": side,
+        }
 
     def snapshot(self) -> Snapshot:
         """Every record, independently, as plain data for the invariant checkers."""
         ps = self.page_size
-        views = tuple([
-            NodeView(
-                n.node_id,
-                None if (parent := n.parent) is None else parent.node_id,
-                tuple([c.node_id for c in n.children.values()]),
-                len(n.key),
-                {_L1: (v := n.value)[0], _L2: v[1], _L3: v[2]},
-                {_L1: (st := n.state)[0], _L2: st[1], _L3: st[2]},
-                {_L1: (lk := n.lock)[0], _L2: lk[1], _L3: lk[2]},
-                {_L1: (pd := n.pending)[0], _L2: pd[1], _L3: pd[2]},
-                parent is None or parent.children.get(n.key[:ps]) is n,
-            )
-            for n in [self.tree.root, *self.tree.nodes()]
-        ])
+        views = tuple(
+            [
+                NodeView(
+                    n.node_id,
+                    None if (parent := n.parent) is None else parent.node_id,
+                    tuple([c.node_id for c in n.children.values()]),
+                    len(n.key),
+                    {_L1: (v := n.value)[0], _L2: v[1], _L3: v[2]},
+                    {_L1: (st := n.state)[0], _L2: st[1], _L3: st[2]},
+                    {_L1: (lk := n.lock)[0], _L2: lk[1], _L3: lk[2]},
+                    {_L1: (pd := n.pending)[0], _L2: pd[1], _L3: pd[2]},
+                    parent is None or parent.children.get(n.key[:ps]) is n,
+                )
+                for n in [self.tree.root, *self.tree.nodes()]
+            ]
+        )
         # Each op holds one path lock in its source tier, on its deepest node (see `issue`).
         ops = tuple(
-            OpView(op.op_id, op.direction.value, str(op.direction.source), str(op.direction.target),
-                   tuple(n.node_id for n in op.nodes), op.source_pages, op.target_pages, *op.token_range,
-                   lock_node_id=op.nodes[-1].node_id)
+            OpView(
+                op.op_id,
+                op.direction.value,
+                str(op.direction.source),
+                str(op.direction.target),
+                tuple(n.node_id for n in op.nodes),
+                op.source_pages,
+                op.target_pages,
+                *op.token_range,
+                lock_node_id=op.nodes[-1].node_id,
+            )
             for op in self.ops.values()
         )
         reqs = tuple(
-            RequestView(r.request_id, r.cached_len, locked_node_id=r.locked.node_id,
-                        pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
-                        private_pages={"L1": r.private_pages})
+            RequestView(
+                r.request_id,
+                r.cached_len,
+                locked_node_id=r.locked.node_id,
+                pins=tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
+                private_pages={"L1": r.private_pages},
+            )
             for r in self.requests.values()
         )
         tiers = {
-            str(t): TierView(str(t), tab.capacity, tab.owner.copy(), self.tree.pages_held[i],
-                             tab.pool_views() if isinstance(tab, TierPools) else (),
-                             self.windows.hit_pages if i == 0 else 0)
+            str(t): TierView(
+                str(t),
+                tab.capacity,
+                tab.owner.copy(),
+                self.tree.pages_held[i],
+                tab.pool_views() if isinstance(tab, TierPools) else (),
+                self.windows.hit_pages if i == 0 else 0,
+            )
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }
-        return Snapshot(self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id)
+        return Snapshot(
+            self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id
+        )
 
     def _request(self, request_id: int) -> Request:
         req = self.requests.get(request_id)

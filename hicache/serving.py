@@ -23,8 +23,9 @@ overlap, not a sleep.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -55,7 +56,9 @@ class LoopReport:
 
 
 class ServingLoop:
-    def __init__(self, controller: CacheController, *, batch_size: int = 4, decode_dim: int = 256) -> None:
+    def __init__(
+        self, controller: CacheController, *, batch_size: int = 4, decode_dim: int = 256
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.ctl = controller
@@ -77,7 +80,9 @@ class ServingLoop:
         hold_admission = False  # set by a preemption until some request gets to decode
         credited: dict[int, dict[str, int]] = {}  # rid -> hits credited to its admission
         while waiting or restoring or decoding:
-            while not hold_admission and waiting and len(restoring) + len(decoding) < self.batch_size:
+            while (
+                not hold_admission and waiting and len(restoring) + len(decoding) < self.batch_size
+            ):
                 spec = waiting.pop()
                 restoring[spec.request_id] = time.perf_counter()
                 credit = credited[spec.request_id] = dict.fromkeys(ctl.metrics.hit_tokens, 0)
@@ -166,9 +171,12 @@ class ServingLoop:
         longest = max(requests, key=lambda r: len(r.tokens))
         needed = -(-len(longest.tokens) // ps)
         if needed > capacity:
-            raise ConfigError("l1_pages", f"request {longest.request_id} has {len(longest.tokens)} "
-                              f"prompt tokens, {needed} pages, but L1 holds {capacity}; give L1 "
-                              f"at least {needed} pages")
+            raise ConfigError(
+                "l1_pages",
+                f"request {longest.request_id} has {len(longest.tokens)} "
+                f"prompt tokens, {needed} pages, but L1 holds {capacity}; give L1 "
+                f"at least {needed} pages",
+            )
 
     def _decode_step(self, batch: int) -> float:
         t0 = time.perf_counter()

@@ -25,9 +25,9 @@ own records (`RequestView.locked_node_id`, `RequestView.pins`, `OpView.lock_node
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Mapping
 
 import numpy as np
 import numpy.typing as npt

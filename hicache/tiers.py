@@ -1,10 +1,10 @@
 """Tiers and transfer directions: the two small vocabularies every module shares.
 
-    tier  where                      reached by
-    ----  -------------------------  ------------------------------
-    L1    GPU memory (attention)     --
-    L2    pinned host, page-major    PCIe DMA (D2H / H2D)
-    L3    local file, fixed slots    pwrite / preadv (H2S / S2H)
+tier  where                      reached by
+----  -------------------------  ------------------------------
+L1    GPU memory (attention)     --
+L2    pinned host, page-major    PCIe DMA (D2H / H2D)
+L3    local file, fixed slots    pwrite / preadv (H2S / S2H)
 """
 
 from __future__ import annotations

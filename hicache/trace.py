@@ -7,8 +7,9 @@ build an event, so the disabled path is one attribute read.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import IO, Mapping, Protocol
+from typing import IO, Protocol
 
 from hicache.tiers import MAX_PAGES
 
@@ -27,8 +28,11 @@ physical pages), `states` (`before`/`after`), `locks` (`lock`/`unlock` events),
 OMITTED_KEYS: dict[str, tuple[str, ...]] = {"pages": ("pages",), "states": ("before", "after")}
 """Header `omits` entry -> the event keys a trace that omits it leaves out."""
 
-OMITTED_EVENTS: dict[str, tuple[str, ...]] = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",),
-                                              "split": ("split",)}
+OMITTED_EVENTS: dict[str, tuple[str, ...]] = {
+    "locks": ("lock", "unlock"),
+    "node_remove": ("node_remove",),
+    "split": ("split",),
+}
 """Header `omits` entry -> the events a trace that omits it leaves out (spec/trace.md's
 "Partial traces" table; every HEADER_OMITS entry is in exactly one of the two tables)."""
 
@@ -58,16 +62,26 @@ class TraceHeader:
 
     def __post_init__(self) -> None:
         tiers = sorted(self.capacities)
-        if tiers != ["L1", "L2", "L3"][:len(tiers)] or not tiers:
-            raise TraceFormatError(f"header capacities: tiers {list(self.capacities)} must be L1, L1+L2 or L1+L2+L3")
+        if tiers != ["L1", "L2", "L3"][: len(tiers)] or not tiers:
+            raise TraceFormatError(
+                f"header capacities: tiers {list(self.capacities)} must be L1, L1+L2 or L1+L2+L3"
+            )
         if list(self.capacities) != tiers:  # a JSON object's keys have no order: keep tier order
             object.__setattr__(self, "capacities", {t: self.capacities[t] for t in tiers})
-        bad = {t: c for t, c in self.capacities.items()
-               if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_PAGES}
+        bad = {
+            t: c
+            for t, c in self.capacities.items()
+            if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_PAGES
+        }
         if bad:
-            raise TraceFormatError(f"header capacities: page counts must be integers in 0..{MAX_PAGES}, "
-                                   f"got {bad}")
-        if not isinstance(self.page_size, int) or isinstance(self.page_size, bool) or self.page_size < 1:
+            raise TraceFormatError(
+                f"header capacities: page counts must be integers in 0..{MAX_PAGES}, got {bad}"
+            )
+        if (
+            not isinstance(self.page_size, int)
+            or isinstance(self.page_size, bool)
+            or self.page_size < 1
+        ):
             raise TraceFormatError(f"header page_size: an integer >= 1, got {self.page_size!r}")
         unknown = [o for o in self.omits if o not in HEADER_OMITS]
         if unknown:
@@ -77,7 +91,9 @@ class TraceHeader:
         if not isinstance(self.engine, str):
             raise TraceFormatError(f"header engine: a string, got {self.engine!r}")
         if self.version != VERSION:
-            raise TraceFormatError(f"header version {self.version!r}: this reader knows version {VERSION} only")
+            raise TraceFormatError(
+                f"header version {self.version!r}: this reader knows version {VERSION} only"
+            )
         self._check_pools()
 
     def _check_pools(self) -> None:
@@ -87,26 +103,36 @@ class TraceHeader:
             return
         extra = sorted(set(p) - {"group", "hit_policy", "capacities"})
         if extra or not isinstance(p.get("group"), str):
-            raise TraceFormatError(f"header pools: an object with a string 'group' and optional "
-                                   f"'hit_policy' and 'capacities'; got {dict(p)!r}")
+            raise TraceFormatError(
+                f"header pools: an object with a string 'group' and optional "
+                f"'hit_policy' and 'capacities'; got {dict(p)!r}"
+            )
         if not isinstance(p.get("hit_policy", ""), str):
             raise TraceFormatError(f"header pools.hit_policy: a string, got {p['hit_policy']!r}")
         caps = p.get("capacities", {})
         ok = isinstance(caps, dict) and all(
-            t in self.capacities and isinstance(c, dict) and all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in c.values())
-            for t, c in caps.items())
+            t in self.capacities
+            and isinstance(c, dict)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in c.values())
+            for t, c in caps.items()
+        )
         if not ok:
-            raise TraceFormatError(f"header pools.capacities: tier -> pool -> pages (integers >= "
-                                   f"0) for tiers of capacities; got {caps!r}")
+            raise TraceFormatError(
+                f"header pools.capacities: tier -> pool -> pages (integers >= "
+                f"0) for tiers of capacities; got {caps!r}"
+            )
 
     @property
     def tiers(self) -> tuple[str, ...]:
         return tuple(self.capacities)
 
     def to_json(self) -> str:
-        d: dict[str, object] = {"format": FORMAT, "version": self.version, "page_size": self.page_size,
-                                "capacities": dict(self.capacities)}
+        d: dict[str, object] = {
+            "format": FORMAT,
+            "version": self.version,
+            "page_size": self.page_size,
+            "capacities": dict(self.capacities),
+        }
         if self.omits:
             d["omits"] = list(self.omits)
         if self.geometry:
@@ -118,16 +144,29 @@ class TraceHeader:
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
-    def from_json(line: str) -> "TraceHeader":
+    def from_json(line: str) -> TraceHeader:
         """Parse a header line; TraceFormatError naming what is wrong (also for bad JSON)."""
         try:
             d = json.loads(line)
         except ValueError as e:
             raise TraceFormatError(f"header: not JSON ({e})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TraceFormatError(f'header: the first line must be an object with "format": "{FORMAT}"')
-        extra = sorted(set(d) - {"format", "version", "page_size", "capacities", "omits", "geometry", "engine",
-                                 "pools"})
+            raise TraceFormatError(
+                f'header: the first line must be an object with "format": "{FORMAT}"'
+            )
+        extra = sorted(
+            set(d)
+            - {
+                "format",
+                "version",
+                "page_size",
+                "capacities",
+                "omits",
+                "geometry",
+                "engine",
+                "pools",
+            }
+        )
         if extra:
             raise TraceFormatError(f"header: unknown keys {extra}")
         for key in ("version", "page_size", "capacities"):
@@ -135,12 +174,24 @@ class TraceHeader:
                 raise TraceFormatError(f"header: {key!r} is missing")
         caps, omits, geometry = d["capacities"], d.get("omits", []), d.get("geometry", {})
         pools = d.get("pools", {})
-        if not isinstance(caps, dict) or not isinstance(omits, list) or not isinstance(geometry, dict) \
-                or not isinstance(pools, dict):
-            raise TraceFormatError("header: capacities, geometry and pools are objects, omits a list")
-        return TraceHeader(page_size=d["page_size"], capacities=caps, omits=tuple(omits),
-                           geometry=geometry, engine=d.get("engine", ""), version=d["version"],
-                           pools=pools)
+        if (
+            not isinstance(caps, dict)
+            or not isinstance(omits, list)
+            or not isinstance(geometry, dict)
+            or not isinstance(pools, dict)
+        ):
+            raise TraceFormatError(
+                "header: capacities, geometry and pools are objects, omits a list"
+            )
+        return TraceHeader(
+            page_size=d["page_size"],
+            capacities=caps,
+            omits=tuple(omits),
+            geometry=geometry,
+            engine=d.get("engine", ""),
+            version=d["version"],
+            pools=pools,
+        )
 
 
 @dataclass(frozen=True)
@@ -175,7 +226,7 @@ class TraceEvent:
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
-    def from_json(line: str) -> "TraceEvent":
+    def from_json(line: str) -> TraceEvent:
         d = json.loads(line)
         d["pages"] = tuple(d.get("pages", ()))
         return TraceEvent(**d)

@@ -22,10 +22,11 @@ needs it all-ABSENT), and a request-copy event on a node must agree with the tre
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from hicache.lifecycle import ABSENT, PRIVATE, Lifecycle, States, composite_name, load_lifecycle
-from hicache.trace import TraceEvent, TraceSink, Tracer
+from hicache.trace import TraceEvent, Tracer, TraceSink
 
 ENV_VAR = "HICACHE_TRACE_WALK"
 """Set (to anything but "" or "0") to walk every control plane's trace as it is emitted."""
@@ -43,7 +44,9 @@ class TraceWalkError(AssertionError):
     in the reference (or in an edited table), never in its caller. Report the event."""
 
     def __init__(self, found: NonEdge) -> None:
-        super().__init__(f"trace event {found.event.to_json()} is not a composite edge: {found.why}")
+        super().__init__(
+            f"trace event {found.event.to_json()} is not a composite edge: {found.why}"
+        )
         self.found = found
 
 
@@ -55,7 +58,8 @@ class Graph:
         self.states = {c.name: c.states for c in lc.composites}
         self.edges = {
             (composite_name(s), t.name, composite_name(d))
-            for s, out in lc.reachable().items() for t, d in out
+            for s, out in lc.reachable().items()
+            for t, d in out
         }
 
     def judge(self, e: TraceEvent) -> str | None:
@@ -94,7 +98,9 @@ class Walker:
             return None
         if e.event == "node_remove":
             left = self.nodes.pop(e.node, _NOWHERE)
-            return None if left == _NOWHERE else f"node {e.node} removed while {composite_name(left)}"
+            return (
+                None if left == _NOWHERE else f"node {e.node} removed while {composite_name(left)}"
+            )
         t = self.graph.lifecycle.transitions.get(e.event)
         if t is None:
             return None
@@ -107,8 +113,10 @@ class Walker:
         # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
         tree_before = (ABSENT, before[1], before[2]) if PRIVATE in (t.source, t.dest) else before
         if known is not None and known != tree_before:
-            return (f"node {e.node} is {composite_name(known)} after its previous event, "
-                    f"this one starts from {composite_name(tree_before)}")
+            return (
+                f"node {e.node} is {composite_name(known)} after its previous event, "
+                f"this one starts from {composite_name(tree_before)}"
+            )
         self.nodes[e.node] = tree_before if t.acts_on_copy else after
         return None
 

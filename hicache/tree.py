@@ -28,14 +28,15 @@ raises `PlanePoisoned` with nothing changed. Read-only queries keep working.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned, TreeError
-from hicache.pages import Pages
 from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.pages import Pages
 from hicache.tiers import TIERS
 from hicache.treenode import N_TIERS, ROOT_ID, Cut, MatchResult, TreeNode, node_states
 
@@ -44,12 +45,15 @@ __all__ = ["Cut", "HiRadixTree", "MatchResult", "Tokens", "TreeNode", "node_stat
 Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
 """Token ids: any int sequence, or an integer numpy array."""
 
+
 class HiRadixTree:
     """The shared radix tree of all tiers (spec/tree.md)."""
 
     def __init__(self, page_size: int) -> None:
         if not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError("page_size", f"must be a positive integer of tokens, got {page_size!r}")
+            raise ConfigError(
+                "page_size", f"must be a positive integer of tokens, got {page_size!r}"
+            )
         self.page_size = page_size
         self._tick = 0
         self._next_id = ROOT_ID + 1
@@ -68,7 +72,9 @@ class HiRadixTree:
         """The live node with this id; TreeError if there is none (never created, or removed)."""
         found = self._nodes.get(node_id)
         if found is None:
-            raise TreeError(f"no live node {node_id}; it was removed or never existed -- match again")
+            raise TreeError(
+                f"no live node {node_id}; it was removed or never existed -- match again"
+            )
         return found
 
     def contains(self, node: TreeNode) -> bool:
@@ -99,8 +105,14 @@ class HiRadixTree:
 
     # -- match ----------------------------------------------------------------------------
 
-    def match(self, tokens: Tokens, *, split: bool = True, touch: bool = True,
-              l1_clip: Callable[[Sequence[TreeNode]], int] | None = None) -> MatchResult:
+    def match(
+        self,
+        tokens: Tokens,
+        *,
+        split: bool = True,
+        touch: bool = True,
+        l1_clip: Callable[[Sequence[TreeNode]], int] | None = None,
+    ) -> MatchResult:
         """Walk `tokens` (aligned down to page_size first) from the root.
 
         `l1_clip(run)`, when given, says how many pages of the L1 run (the leading nodes
@@ -128,9 +140,13 @@ class HiRadixTree:
                 handles[t] = n
                 runs[t] = i + 1
         if l1_clip is not None and runs[0]:
-            self._clip_l1(path, runs, lengths, handles, l1_clip(path[:runs[0]]))
-        result = MatchResult((lengths[0], lengths[1], lengths[2]),
-                             (handles[0], handles[1], handles[2]), tuple(path), pos)
+            self._clip_l1(path, runs, lengths, handles, l1_clip(path[: runs[0]]))
+        result = MatchResult(
+            (lengths[0], lengths[1], lengths[2]),
+            (handles[0], handles[1], handles[2]),
+            tuple(path),
+            pos,
+        )
         if touch:
             self.touch_match(result)
         return result
@@ -153,8 +169,14 @@ class HiRadixTree:
         for n in m.path:
             n.hits += 1
 
-    def _clip_l1(self, path: list[TreeNode], runs: list[int], lengths: list[int],
-                 handles: list[TreeNode], pages: int) -> None:
+    def _clip_l1(
+        self,
+        path: list[TreeNode],
+        runs: list[int],
+        lengths: list[int],
+        handles: list[TreeNode],
+        pages: int,
+    ) -> None:
         """Shorten the L1 run to its first `pages` pages (`match`'s `l1_clip`), in place."""
         keep, pos = 0, 0
         while keep < runs[0] and pos + len(path[keep].key) <= pages * self.page_size:
@@ -181,11 +203,11 @@ class HiRadixTree:
         node, pos = self.root, 0
         path: list[TreeNode] = []
         while pos < end:
-            child = node.children.get(seq[pos:pos + ps])
+            child = node.children.get(seq[pos : pos + ps])
             if child is None:
                 break
             klen = len(child.key)
-            if pos + klen <= end and seq[pos:pos + klen] == child.key:
+            if pos + klen <= end and seq[pos : pos + klen] == child.key:
                 path.append(child)
                 node, pos = child, pos + klen
                 continue
@@ -208,8 +230,10 @@ class HiRadixTree:
         if node.is_root:
             raise TreeError("the root has no key to split")
         if not isinstance(at_tokens, int) or not 0 < at_tokens < len(node.key) or at_tokens % ps:
-            raise TreeError(f"split of node {node.node_id} ({len(node.key)} tokens) at {at_tokens!r}: "
-                            f"need a multiple of page_size {ps} strictly inside the key")
+            raise TreeError(
+                f"split of node {node.node_id} ({len(node.key)} tokens) at {at_tokens!r}: "
+                f"need a multiple of page_size {ps} strictly inside the key"
+            )
         parent = node.parent
         assert parent is not None  # Verify: only the root lacks a parent.
         k = at_tokens // ps
@@ -241,11 +265,15 @@ class HiRadixTree:
         ps = self.page_size
         k = _as_tuple(key)
         if not k or len(k) % ps:
-            raise TreeError(f"child key of {len(k)} tokens: need a positive multiple of page_size {ps}")
+            raise TreeError(
+                f"child key of {len(k)} tokens: need a positive multiple of page_size {ps}"
+            )
         first = k[:ps]
         if first in parent.children:
-            raise TreeError(f"node {parent.node_id} already has child {parent.children[first].node_id} "
-                            "starting with that page; match (and split) instead of adding")
+            raise TreeError(
+                f"node {parent.node_id} already has child {parent.children[first].node_id} "
+                "starting with that page; match (and split) instead of adding"
+            )
         child = TreeNode(self._new_id(), parent, k, self._next_tick(), ps)
         parent.children[first] = child
         self._nodes[child.node_id] = child
@@ -261,7 +289,7 @@ class HiRadixTree:
         while n.is_dead():
             parent = n.parent
             assert parent is not None  # Verify: a dead node is never the root.
-            del parent.children[n.key[:self.page_size]]
+            del parent.children[n.key[: self.page_size]]
             del self._nodes[n.node_id]
             n.parent = None
             removed.append(n)
@@ -280,21 +308,33 @@ class HiRadixTree:
         if node.is_root:
             raise TreeError("the root holds no pages")
         if state not in node_states()[tier]:
-            raise TreeError(f"{state!r} is not a node state of {TIERS[tier]}: "
-                            f"one of {sorted(node_states()[tier])}")
+            raise TreeError(
+                f"{state!r} is not a node state of {TIERS[tier]}: "
+                f"one of {sorted(node_states()[tier])}"
+            )
         if (value is None) != (state != RESIDENT):
-            raise TreeError(f"node {node.node_id} {TIERS[tier]}: a value is given exactly when the "
-                            f"state is RESIDENT (got state {state}, value {'None' if value is None else 'pages'})")
+            raise TreeError(
+                f"node {node.node_id} {TIERS[tier]}: a value is given exactly when the "
+                f"state is RESIDENT (got state {state}, value {'None' if value is None else 'pages'})"
+            )
         stored: Pages | None = None
         if value is not None:
             want = node.num_pages
-            if not isinstance(value, np.ndarray) or value.ndim != 1 or len(value) != want \
-                    or value.dtype.kind not in "iu":  # np.issubdtype(.., np.integer), cheaper
-                raise TreeError(f"node {node.node_id} {TIERS[tier]}: value must be a 1-D integer array "
-                                f"of {want} pages (one per key page), got {value!r}")
+            if (
+                not isinstance(value, np.ndarray)
+                or value.ndim != 1
+                or len(value) != want
+                or value.dtype.kind not in "iu"
+            ):  # np.issubdtype(.., np.integer), cheaper
+                raise TreeError(
+                    f"node {node.node_id} {TIERS[tier]}: value must be a 1-D integer array "
+                    f"of {want} pages (one per key page), got {value!r}"
+                )
             stored = value.astype(np.int64, copy=True)
         old, before = node.value[tier], node.state[tier]
-        self.pages_held[tier] += (0 if stored is None else len(stored)) - (0 if old is None else len(old))
+        self.pages_held[tier] += (0 if stored is None else len(stored)) - (
+            0 if old is None else len(old)
+        )
         node.value[tier], node.state[tier] = stored, state
         if state == RESIDENT and before != RESIDENT:
             node.last_access[tier] = self._next_tick()
@@ -313,8 +353,10 @@ class HiRadixTree:
         self._check_tier(tier)
         held = node.pending[tier]
         if op_id is not None and held is not None and held != op_id:
-            raise TreeError(f"node {node.node_id} {TIERS[tier]} is already pending on op {held}; "
-                            f"finish it before op {op_id}")
+            raise TreeError(
+                f"node {node.node_id} {TIERS[tier]} is already pending on op {held}; "
+                f"finish it before op {op_id}"
+            )
         node.pending[tier] = op_id
 
     def lock(self, node: TreeNode, tier: int) -> None:
@@ -333,8 +375,10 @@ class HiRadixTree:
         path = self.path_to_root(node)
         zero = [n.node_id for n in path if n.lock[tier] < 1]
         if zero:
-            raise TreeError(f"unlock of node {node.node_id} in {TIERS[tier]}: nodes {zero} hold no "
-                            "lock there (released twice, or never taken)")
+            raise TreeError(
+                f"unlock of node {node.node_id} in {TIERS[tier]}: nodes {zero} hold no "
+                "lock there (released twice, or never taken)"
+            )
         for n in path:
             n.lock[tier] -= 1
 
@@ -353,7 +397,9 @@ class HiRadixTree:
         (every child ABSENT there; children holding only other tiers do not count).
         Cost: linear in the tier's leaves, not in the tree."""
         self._check_tier(tier)
-        found = [n for n in self._leaves[tier].values() if n.lock[tier] == 0 and n.pending[tier] is None]
+        found = [
+            n for n in self._leaves[tier].values() if n.lock[tier] == 0 and n.pending[tier] is None
+        ]
         found.sort(key=lambda n: (n.last_access[tier], n.node_id))
         return found
 
@@ -371,20 +417,33 @@ class HiRadixTree:
                 v = n.value[t]
                 held[t] += 0 if v is None else len(v)
                 if (v is None) != (n.state[t] != RESIDENT):
-                    problems.append(f"node {n.node_id} {TIERS[t]}: state {n.state[t]} with value {v}")
+                    problems.append(
+                        f"node {n.node_id} {TIERS[t]}: state {n.state[t]} with value {v}"
+                    )
                 if v is not None and len(v) * self.page_size != len(n.key):
-                    problems.append(f"node {n.node_id} {TIERS[t]}: {len(v)} pages for {len(n.key)} tokens")
+                    problems.append(
+                        f"node {n.node_id} {TIERS[t]}: {len(v)} pages for {len(n.key)} tokens"
+                    )
                 if not n.is_root and n.lock[t] < sum(c.lock[t] for c in n.children.values()):
-                    problems.append(f"node {n.node_id} {TIERS[t]}: lock {n.lock[t]} < its children's")
+                    problems.append(
+                        f"node {n.node_id} {TIERS[t]}: lock {n.lock[t]} < its children's"
+                    )
                 present = sum(c.state[t] != ABSENT for c in n.children.values())
                 if present != n.present_children[t]:
-                    problems.append(f"node {n.node_id} {TIERS[t]}: present_children "
-                                    f"{n.present_children[t]}, counted {present}")
+                    problems.append(
+                        f"node {n.node_id} {TIERS[t]}: present_children "
+                        f"{n.present_children[t]}, counted {present}"
+                    )
                 leaf = not n.is_root and n.state[t] == RESIDENT and present == 0
                 if leaf != (n.node_id in self._leaves[t]):
-                    problems.append(f"node {n.node_id} {TIERS[t]}: leaf set says {not leaf}, is {leaf}")
-        problems += [f"{TIERS[t]}: pages_held {self.pages_held[t]}, counted {held[t]}"
-                     for t in range(N_TIERS) if held[t] != self.pages_held[t]]
+                    problems.append(
+                        f"node {n.node_id} {TIERS[t]}: leaf set says {not leaf}, is {leaf}"
+                    )
+        problems += [
+            f"{TIERS[t]}: pages_held {self.pages_held[t]}, counted {held[t]}"
+            for t in range(N_TIERS)
+            if held[t] != self.pages_held[t]
+        ]
         return problems
 
     def _audit_links(self, problems: list[str]) -> list[TreeNode]:
@@ -419,8 +478,10 @@ class HiRadixTree:
         # Verify the handle is live in this tree: a removed node or another tree's node would
         # silently corrupt counters.
         if self._nodes.get(node.node_id) is not node:
-            raise TreeError(f"node {node.node_id} is not live in this tree (removed, or from another "
-                            "tree); match again for a live handle")
+            raise TreeError(
+                f"node {node.node_id} is not live in this tree (removed, or from another "
+                "tree); match again for a live handle"
+            )
 
     @staticmethod
     def _check_tier(tier: int) -> None:
@@ -457,7 +518,7 @@ def _common_pages(key: tuple[int, ...], seq: tuple[int, ...], pos: int, end: int
     lo, hi = 1, min(len(key), end - pos) // ps
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if key[:mid * ps] == seq[pos:pos + mid * ps]:
+        if key[: mid * ps] == seq[pos : pos + mid * ps]:
             lo = mid
         else:
             hi = mid - 1

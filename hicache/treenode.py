@@ -37,11 +37,25 @@ _NODE_STATES: dict[int, tuple[object, tuple[frozenset[str], ...]]] = {}
 class TreeNode:
     """One node: a page-aligned token key and, per tier, value/state/lock/pending/LRU tick."""
 
-    __slots__ = ("node_id", "parent", "children", "key", "value", "state", "lock", "pending",
-                 "last_access", "hits", "present_children", "page_size", "is_root")
+    __slots__ = (
+        "children",
+        "hits",
+        "is_root",
+        "key",
+        "last_access",
+        "lock",
+        "node_id",
+        "page_size",
+        "parent",
+        "pending",
+        "present_children",
+        "state",
+        "value",
+    )
 
-    def __init__(self, node_id: int, parent: TreeNode | None, key: tuple[int, ...], tick: int,
-                 page_size: int) -> None:
+    def __init__(
+        self, node_id: int, parent: TreeNode | None, key: tuple[int, ...], tick: int, page_size: int
+    ) -> None:
         self.node_id = node_id
         # Whether this is the tree's root (id ROOT_ID); an attribute, not a property: it is
         # asked on every walk, and a node's id never changes.
@@ -71,13 +85,20 @@ class TreeNode:
 
     def is_dead(self) -> bool:
         """No tier holds or awaits data, nothing is locked, no child: safe to remove."""
-        return (not self.is_root and not self.children
-                and all(s == ABSENT for s in self.state) and all(v is None for v in self.value)
-                and not any(self.lock) and all(p is None for p in self.pending))
+        return (
+            not self.is_root
+            and not self.children
+            and all(s == ABSENT for s in self.state)
+            and all(v is None for v in self.value)
+            and not any(self.lock)
+            and all(p is None for p in self.pending)
+        )
 
     def __repr__(self) -> str:
-        return (f"TreeNode(id={self.node_id}, tokens={len(self.key)}, state={self.state}, "
-                f"lock={self.lock}, pending={self.pending})")
+        return (
+            f"TreeNode(id={self.node_id}, tokens={len(self.key)}, state={self.state}, "
+            f"lock={self.lock}, pending={self.pending})"
+        )
 
 
 class MatchResult(NamedTuple):

@@ -23,10 +23,20 @@ class RequestSpec:
     kind: str
 
 
-def shared_prefix_workload(n_requests: int, *, seed: int = 0, system_prompts: int = 3,
-                           system_len: int = 48, documents: int = 16, document_len: int = 64,
-                           agents: int = 4, turn_len: int = 24, question_len: tuple[int, int] = (6, 20),
-                           decode_tokens: tuple[int, int] = (2, 8), vocab: int = 50_000) -> list[RequestSpec]:
+def shared_prefix_workload(
+    n_requests: int,
+    *,
+    seed: int = 0,
+    system_prompts: int = 3,
+    system_len: int = 48,
+    documents: int = 16,
+    document_len: int = 64,
+    agents: int = 4,
+    turn_len: int = 24,
+    question_len: tuple[int, int] = (6, 20),
+    decode_tokens: tuple[int, int] = (2, 8),
+    vocab: int = 50_000,
+) -> list[RequestSpec]:
     """`n_requests` requests mixing the three kinds (40% RAG, 30% system, 30% agent)."""
     rng = random.Random(seed)
 
@@ -53,8 +63,9 @@ def shared_prefix_workload(n_requests: int, *, seed: int = 0, system_prompts: in
     return out
 
 
-def repeated_prefix_workload(n_prefixes: int, prefix_len: int, n_requests: int, *, seed: int = 0,
-                             vocab: int = 50_000) -> list[RequestSpec]:
+def repeated_prefix_workload(
+    n_prefixes: int, prefix_len: int, n_requests: int, *, seed: int = 0, vocab: int = 50_000
+) -> list[RequestSpec]:
     """The stress shape: `n_prefixes` prefixes of `prefix_len` tokens, requests
     cycling through them (each request is exactly one prefix), decode of one token."""
     rng = random.Random(seed)

@@ -39,35 +39,80 @@ from hicache.invariants.atomic import check_group_atomic
 from hicache.invariants.bytes import check_tier_bytes_equal
 from hicache.invariants.checker import CheckMode, InvariantChecker, parse_check_mode
 from hicache.invariants.groups import (
-    GroupView, check_group_conservation, check_reserve_rolled_back, group_view,
+    GroupView,
+    check_group_conservation,
+    check_reserve_rolled_back,
+    group_view,
 )
 from hicache.invariants.ordering import check_publish_order
 from hicache.invariants.ownership import (
-    check_inflight_source_pinned, check_ownership_disjoint, check_page_conservation,
+    check_inflight_source_pinned,
+    check_ownership_disjoint,
+    check_page_conservation,
 )
 from hicache.invariants.ranks import RANK_CHECKS, RankCheck, check_ranks
 from hicache.invariants.registry import CHECKS, Check, check_all, get_check
 from hicache.invariants.structure import (
-    check_lock_accounting, check_locks_non_negative, check_no_dead_node,
-    check_no_double_reference, check_parent_child_links, check_tier_ancestor_closed,
+    check_lock_accounting,
+    check_locks_non_negative,
+    check_no_dead_node,
+    check_no_double_reference,
+    check_parent_child_links,
+    check_tier_ancestor_closed,
     check_tier_size_accounting,
 )
 from hicache.invariants.violation import Violation
 
-ENTRY_POINTS = frozenset({
-    "InvariantChecker", "CheckMode", "parse_check_mode", "check_all", "CHECKS", "Check",
-    "get_check", "Violation", "GroupView", "group_view", "check_group_conservation",
-    "check_reserve_rolled_back", "check_ranks", "RANK_CHECKS", "RankCheck",
-})
+ENTRY_POINTS = frozenset(
+    {
+        "InvariantChecker",
+        "CheckMode",
+        "parse_check_mode",
+        "check_all",
+        "CHECKS",
+        "Check",
+        "get_check",
+        "Violation",
+        "GroupView",
+        "group_view",
+        "check_group_conservation",
+        "check_reserve_rolled_back",
+        "check_ranks",
+        "RANK_CHECKS",
+        "RankCheck",
+    }
+)
 """The names code outside `hicache.invariants` may import from it (see the table above)."""
 
 __all__ = [
-    "CHECKS", "Check", "CheckMode", "ENTRY_POINTS", "RANK_CHECKS", "RankCheck", "check_ranks", "GroupView", "InvariantChecker", "Violation",
-    "check_all", "check_group_atomic", "check_group_conservation", "check_reserve_rolled_back",
+    "CHECKS",
+    "ENTRY_POINTS",
+    "RANK_CHECKS",
+    "Check",
+    "CheckMode",
+    "GroupView",
+    "InvariantChecker",
+    "RankCheck",
+    "Violation",
+    "check_all",
+    "check_group_atomic",
+    "check_group_conservation",
+    "check_inflight_source_pinned",
+    "check_lock_accounting",
+    "check_locks_non_negative",
+    "check_no_dead_node",
+    "check_no_double_reference",
+    "check_ownership_disjoint",
+    "check_page_aligned",
+    "check_page_conservation",
+    "check_parent_child_links",
+    "check_publish_order",
+    "check_ranks",
+    "check_reserve_rolled_back",
+    "check_tier_ancestor_closed",
+    "check_tier_bytes_equal",
+    "check_tier_size_accounting",
+    "get_check",
     "group_view",
-    "check_inflight_source_pinned", "check_lock_accounting", "check_locks_non_negative",
-    "check_no_dead_node", "check_no_double_reference", "check_ownership_disjoint",
-    "check_page_aligned", "check_page_conservation", "check_parent_child_links",
-    "check_publish_order", "check_tier_ancestor_closed", "check_tier_bytes_equal",
-    "check_tier_size_accounting", "get_check", "parse_check_mode",
+    "parse_check_mode",
 ]

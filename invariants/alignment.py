@@ -37,18 +37,26 @@ def _node_alignment(s: Snapshot) -> list[Violation]:
     out: list[Violation] = []
     if not aligned.all():
         bad = ids[~aligned]
-        out.append(PAGE_ALIGNED.violation(
-            f"node(s) [{shown(bad)}] have keys of {shown(keys[~aligned])} tokens, not whole "
-            f"pages of {ps}",
-            nodes=bad))
+        out.append(
+            PAGE_ALIGNED.violation(
+                f"node(s) [{shown(bad)}] have keys of {shown(keys[~aligned])} tokens, not whole "
+                f"pages of {ps}",
+                nodes=bad,
+            )
+        )
     for tier in s.tiers:
         # -1 marks "no value in this tier"; a present value must be exactly key/page_size long.
         lengths = np.asarray([_length(n.values.get(tier)) for n in s.nodes], dtype=np.int64)
         wrong = aligned & (lengths >= 0) & (lengths != keys // ps)
         if wrong.any():
-            out.append(PAGE_ALIGNED.violation(
-                f"node(s) [{shown(ids[wrong])}] hold {shown(lengths[wrong])} page(s) in {tier}, "
-                f"not one per {ps}-token page of their keys", tier=tier, nodes=ids[wrong]))
+            out.append(
+                PAGE_ALIGNED.violation(
+                    f"node(s) [{shown(ids[wrong])}] hold {shown(lengths[wrong])} page(s) in {tier}, "
+                    f"not one per {ps}-token page of their keys",
+                    tier=tier,
+                    nodes=ids[wrong],
+                )
+            )
     return out
 
 
@@ -77,16 +85,27 @@ def _op_alignment(s: Snapshot) -> list[Violation]:
     for op in s.ops:
         start, end = op.token_start, op.token_end
         if start < 0 or end < start or start % ps or end % ps:
-            out.append(PAGE_ALIGNED.violation(
-                f"op {op.op_id} covers tokens {start}..{end}, not a range of whole {ps}-token "
-                "pages",
-                tier=op.target, ops=(op.op_id,), nodes=op.node_ids))
+            out.append(
+                PAGE_ALIGNED.violation(
+                    f"op {op.op_id} covers tokens {start}..{end}, not a range of whole {ps}-token "
+                    "pages",
+                    tier=op.target,
+                    ops=(op.op_id,),
+                    nodes=op.node_ids,
+                )
+            )
             continue
         want = (end - start) // ps
         sides = (("reads", op.source, op.source_pages), ("fills", op.target, op.target_pages))
         for side, tier, p in sides:
             if p.size != want:
-                out.append(PAGE_ALIGNED.violation(
-                    f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens {start}..{end} "
-                    f"({want} pages)", tier=tier, ops=(op.op_id,), nodes=op.node_ids))
+                out.append(
+                    PAGE_ALIGNED.violation(
+                        f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens {start}..{end} "
+                        f"({want} pages)",
+                        tier=tier,
+                        ops=(op.op_id,),
+                        nodes=op.node_ids,
+                    )
+                )
     return out

@@ -58,54 +58,89 @@ def _pool_follows_anchor(tier: TierView, pool: PoolView) -> list[Violation]:
     held = pool.held_by
     where = pool.tier
     if held.shape[0] != tier.capacity or held.ndim != 2:
-        return [GROUP_ATOMIC.violation(f"{where}: the map has {held.shape[0]} rows, the anchor "
-                                       f"{tier.capacity} pages", tier=where)]
+        return [
+            GROUP_ATOMIC.violation(
+                f"{where}: the map has {held.shape[0]} rows, the anchor {tier.capacity} pages",
+                tier=where,
+            )
+        ]
     taken = held >= 0
     may_free = pool.window and tier.tier == WINDOW_TIER
-    bad_range = held[(held >= pool.capacity) | ((held < 0) & (held != NO_PAGES)
-                                                & ((held != TOMBSTONE) | (not may_free)))]
+    bad_range = held[
+        (held >= pool.capacity)
+        | ((held < 0) & (held != NO_PAGES) & ((held != TOMBSTONE) | (not may_free)))
+    ]
     if bad_range.size:
-        return [GROUP_ATOMIC.violation(f"{where}: side pages [{shown(bad_range)}] are outside "
-                                       f"0..{pool.capacity - 1}", tier=where, pages=bad_range)]
+        return [
+            GROUP_ATOMIC.violation(
+                f"{where}: side pages [{shown(bad_range)}] are outside 0..{pool.capacity - 1}",
+                tier=where,
+                pages=bad_range,
+            )
+        ]
     tomb = held == TOMBSTONE
     freed = tomb.all(axis=1)
     # Verify a freed window frees the whole row, and only of a page the tree holds.
     partial = np.flatnonzero((tomb.any(axis=1) & ~freed) | (freed & (tier.owner != TREE)))
     if partial.size:
-        out.append(GROUP_ATOMIC.violation(
-            f"{partial.size} anchor page(s) of {tier.tier} [{shown(partial)}] have their "
-            f"{pool.pool} window freed in part, or while not TREE", tier=tier.tier, pages=partial))
+        out.append(
+            GROUP_ATOMIC.violation(
+                f"{partial.size} anchor page(s) of {tier.tier} [{shown(partial)}] have their "
+                f"{pool.pool} window freed in part, or while not TREE",
+                tier=tier.tier,
+                pages=partial,
+            )
+        )
     anchor_free = tier.owner == FREE
     whole = taken.all(axis=1)
     # Verify a FREE anchor page holds no side page, and a held one all `ratio` of them.
-    wrong = np.flatnonzero((anchor_free & (taken | tomb).any(axis=1))
-                           | (~anchor_free & ~whole & ~freed))
+    wrong = np.flatnonzero(
+        (anchor_free & (taken | tomb).any(axis=1)) | (~anchor_free & ~whole & ~freed)
+    )
     if wrong.size:
-        out.append(GROUP_ATOMIC.violation(
-            f"{wrong.size} anchor page(s) of {tier.tier} [{shown(wrong)}] hold {pool.pool} pages "
-            f"while FREE, or none (or some) while held: the group moved one pool alone",
-            tier=tier.tier, pages=wrong))
+        out.append(
+            GROUP_ATOMIC.violation(
+                f"{wrong.size} anchor page(s) of {tier.tier} [{shown(wrong)}] hold {pool.pool} pages "
+                f"while FREE, or none (or some) while held: the group moved one pool alone",
+                tier=tier.tier,
+                pages=wrong,
+            )
+        )
     rows = np.flatnonzero(~anchor_free & whole)
     side = held[rows]
     # Verify each side page has its anchor page's owner code.
     differs = pool.owner[side] != tier.owner[rows][:, None]
     if differs.any():
         odd = side[differs]
-        out.append(GROUP_ATOMIC.violation(
-            f"{odd.size} page(s) of {where} [{shown(odd)}] differ in owner from their anchor "
-            f"page: one pool was published or released alone", tier=where, pages=odd))
+        out.append(
+            GROUP_ATOMIC.violation(
+                f"{odd.size} page(s) of {where} [{shown(odd)}] differ in owner from their anchor "
+                f"page: one pool was published or released alone",
+                tier=where,
+                pages=odd,
+            )
+        )
     counts = np.bincount(held[taken], minlength=pool.capacity)
     # Verify every non-FREE side page is held by exactly one anchor page.
     leaked = np.flatnonzero((pool.owner != FREE) & (counts == 0))
     if leaked.size:
-        out.append(GROUP_ATOMIC.violation(
-            f"{leaked.size} page(s) of {where} [{shown(leaked)}] are not FREE but no anchor page "
-            f"holds them (leaked: an eviction freed the anchor only)", tier=where, pages=leaked))
+        out.append(
+            GROUP_ATOMIC.violation(
+                f"{leaked.size} page(s) of {where} [{shown(leaked)}] are not FREE but no anchor page "
+                f"holds them (leaked: an eviction freed the anchor only)",
+                tier=where,
+                pages=leaked,
+            )
+        )
     shared = np.flatnonzero(counts > 1)
     if shared.size:
-        out.append(GROUP_ATOMIC.violation(
-            f"{shared.size} page(s) of {where} [{shown(shared)}] are held by two anchor pages",
-            tier=where, pages=shared))
+        out.append(
+            GROUP_ATOMIC.violation(
+                f"{shared.size} page(s) of {where} [{shown(shared)}] are held by two anchor pages",
+                tier=where,
+                pages=shared,
+            )
+        )
     return out
 
 
@@ -127,10 +162,14 @@ def _windows_whole(s: Snapshot, tier: TierView, freed: npt.NDArray[np.bool_]) ->
             # Verify every trailing pool's window is freed with the others (one tombstone).
             apart = np.flatnonzero((pool.held_by == TOMBSTONE).all(axis=1) != freed)
             if apart.size:
-                out.append(GROUP_ATOMIC.violation(
-                    f"anchor page(s) of {tier.tier} [{shown(apart)}] have the {pool.pool} "
-                    f"window freed apart from the other trailing pools'", tier=tier.tier,
-                    pages=apart))
+                out.append(
+                    GROUP_ATOMIC.violation(
+                        f"anchor page(s) of {tier.tier} [{shown(apart)}] have the {pool.pool} "
+                        f"window freed apart from the other trailing pools'",
+                        tier=tier.tier,
+                        pages=apart,
+                    )
+                )
     if not freed.any():
         return out
     for node in s.nodes:
@@ -140,17 +179,23 @@ def _windows_whole(s: Snapshot, tier: TierView, freed: npt.NDArray[np.bool_]) ->
         gone = freed[value]
         # Verify a window is freed per node: the hit rules read node ends (spec/pools.md).
         if gone.any() and not gone.all():
-            out.append(GROUP_ATOMIC.violation(
-                f"node {node.node_id}'s window is freed for {int(gone.sum())} of its "
-                f"{value.size} {tier.tier} pages: a window is freed for a whole node",
-                tier=tier.tier, pages=value[gone], nodes=(node.node_id,)))
+            out.append(
+                GROUP_ATOMIC.violation(
+                    f"node {node.node_id}'s window is freed for {int(gone.sum())} of its "
+                    f"{value.size} {tier.tier} pages: a window is freed for a whole node",
+                    tier=tier.tier,
+                    pages=value[gone],
+                    nodes=(node.node_id,),
+                )
+            )
     if tier.hit_window:
         out += _prefixes_hold_their_window(s, tier, freed)
     return out
 
 
-def _prefixes_hold_their_window(s: Snapshot, tier: TierView, freed: npt.NDArray[np.bool_]
-                                ) -> list[Violation]:
+def _prefixes_hold_their_window(
+    s: Snapshot, tier: TierView, freed: npt.NDArray[np.bool_]
+) -> list[Violation]:
     out: list[Violation] = []
     for req in s.requests:
         path = s.path_to_root(req.locked_node_id)
@@ -158,16 +203,21 @@ def _prefixes_hold_their_window(s: Snapshot, tier: TierView, freed: npt.NDArray[
         if not path or any(v is None for v in values):
             continue  # the request holds no L1 prefix (or S1/S7 report its path)
         prefix = np.concatenate([v for v in values if v is not None])
-        window = prefix[max(0, prefix.size - tier.hit_window):]
+        window = prefix[max(0, prefix.size - tier.hit_window) :]
         if window.size and (window.min() < 0 or window.max() >= tier.capacity):
             continue
         # Verify the window before the prefix's end is whole (SGLang's SWA validator).
         gap = window[freed[window]]
         if gap.size:
-            out.append(GROUP_ATOMIC.violation(
-                f"request {req.request_id}'s {tier.tier} prefix ({prefix.size} pages) has a "
-                f"freed window within its last {tier.hit_window} pages [{shown(gap)}]",
-                tier=tier.tier, pages=gap, nodes=(req.locked_node_id,)))
+            out.append(
+                GROUP_ATOMIC.violation(
+                    f"request {req.request_id}'s {tier.tier} prefix ({prefix.size} pages) has a "
+                    f"freed window within its last {tier.hit_window} pages [{shown(gap)}]",
+                    tier=tier.tier,
+                    pages=gap,
+                    nodes=(req.locked_node_id,),
+                )
+            )
     return out
 
 

@@ -56,8 +56,10 @@ def check_tier_bytes_equal(s: Snapshot) -> list[Violation]:
         d = np.asarray(s.digests(tier, p), dtype=np.uint64).reshape(-1)
         # Verify the data plane kept the digest contract (one value per page asked).
         if d.size != p.size:
-            raise ValueError(f"digests({tier!r}, {p.size} pages) returned {d.size} values; "
-                             "it must return one uint64 per page")
+            raise ValueError(
+                f"digests({tier!r}, {p.size} pages) returned {d.size} values; "
+                "it must return one uint64 per page"
+            )
         ok = d != UNSERVABLE  # rotten medium: never served, so no copy to compare (see above)
         digest[t, pos[ok]], held[t, pos[ok]], physical[t, pos[ok]] = d[ok], True, p[ok]
     first = np.argmax(held, axis=0)  # the first tier holding each logical page (0 if none)
@@ -67,11 +69,16 @@ def check_tier_bytes_equal(s: Snapshot) -> list[Violation]:
         bad = np.flatnonzero(held[t] & (digest[t] != reference))
         if bad.size:
             ref_tier = tiers[int(first[bad[0]])]
-            out.append(TIER_BYTES_EQUAL.violation(
-                f"{bad.size} page(s) of {tier} hold bytes that differ from the same logical "
-                f"pages in {ref_tier} (first: {tier} page {physical[t, bad[0]]} vs {ref_tier} page "
-                f"{physical[first[bad[0]], bad[0]]})",
-                tier=tier, pages=physical[t, bad], nodes=node_of[bad]))
+            out.append(
+                TIER_BYTES_EQUAL.violation(
+                    f"{bad.size} page(s) of {tier} hold bytes that differ from the same logical "
+                    f"pages in {ref_tier} (first: {tier} page {physical[t, bad[0]]} vs {ref_tier} page "
+                    f"{physical[first[bad[0]], bad[0]]})",
+                    tier=tier,
+                    pages=physical[t, bad],
+                    nodes=node_of[bad],
+                )
+            )
     return out
 
 

@@ -13,8 +13,8 @@ that preceded it, so a fuzzer's failure names the first step that broke an invar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, Check, check_all
@@ -33,14 +33,15 @@ class CheckMode:
 
     @classmethod
     def parse(cls, text: str) -> CheckMode:
-        """"off", "every" or "periodic N" (N a positive integer); ConfigError otherwise."""
+        """ "off", "every" or "periodic N" (N a positive integer); ConfigError otherwise."""
         words = text.split()
         if words == [OFF] or words == [EVERY]:
             return cls(words[0])
         if len(words) == 2 and words[0] == PERIODIC and words[1].isdigit() and int(words[1]) >= 1:
             return cls(PERIODIC, int(words[1]))
-        raise ConfigError("check_mode",
-                          f"{text!r} is not one of 'off', 'every', 'periodic N' (N >= 1)")
+        raise ConfigError(
+            "check_mode", f"{text!r} is not one of 'off', 'every', 'periodic N' (N >= 1)"
+        )
 
     def due(self, transition: int) -> bool:
         """Whether the checks run after the `transition`-th transition (counted from 1)."""

@@ -81,13 +81,17 @@ def tier_claims(s: Snapshot, tier: str) -> TierClaims:
 def _gather(s: Snapshot, tier: str) -> TierClaims:
     view = s.tiers[tier]
     tree, tree_nodes = _joined(
-        [(n.node_id, v) for n in s.nodes if (v := n.values.get(tier)) is not None])
+        [(n.node_id, v) for n in s.nodes if (v := n.values.get(tier)) is not None]
+    )
     targets, target_ops = _joined(
-        [(op.op_id, op.target_pages) for op in s.ops if op.target == tier])
+        [(op.op_id, op.target_pages) for op in s.ops if op.target == tier]
+    )
     held, held_requests = _joined(
-        [(r.request_id, v) for r in s.requests if (v := r.private_pages.get(tier)) is not None])
-    return TierClaims(tier, view.capacity, view.owner, tree, tree_nodes,
-                      targets, target_ops, held, held_requests)
+        [(r.request_id, v) for r in s.requests if (v := r.private_pages.get(tier)) is not None]
+    )
+    return TierClaims(
+        tier, view.capacity, view.owner, tree, tree_nodes, targets, target_ops, held, held_requests
+    )
 
 
 def _joined(parts: list[tuple[int, Pages]]) -> tuple[Pages, Ids]:
@@ -148,10 +152,12 @@ def _settled(view: TierView, tree: list[Pages], private: list[Pages]) -> bool:
     if view.owner.size != view.capacity:
         return False
     if view.capacity <= SMALL_TIER:
-        return _settled_small(view, [p for v in tree for p in v.tolist()],
-                              [p for v in private for p in v.tolist()])
-    return _settled_large(view, np.concatenate(tree or [pages()]),
-                          np.concatenate(private or [pages()]))
+        return _settled_small(
+            view, [p for v in tree for p in v.tolist()], [p for v in private for p in v.tolist()]
+        )
+    return _settled_large(
+        view, np.concatenate(tree or [pages()]), np.concatenate(private or [pages()])
+    )
 
 
 def _settled_small(view: TierView, tree: list[int], private: list[int]) -> bool:
@@ -163,9 +169,11 @@ def _settled_small(view: TierView, tree: list[int], private: list[int]) -> bool:
         return False
     codes = view.owner.tolist()
     counted = [codes.count(FREE), codes.count(PRIVATE), codes.count(TREE)]
-    return (counted == [cap - len(records), len(private), len(tree)]
-            and all(codes[p] == TREE for p in tree)
-            and all(codes[p] == PRIVATE for p in private))
+    return (
+        counted == [cap - len(records), len(private), len(tree)]
+        and all(codes[p] == TREE for p in tree)
+        and all(codes[p] == PRIVATE for p in private)
+    )
 
 
 def _settled_large(view: TierView, tree: Pages, private: Pages) -> bool:
@@ -174,8 +182,11 @@ def _settled_large(view: TierView, tree: Pages, private: Pages) -> bool:
     records = np.concatenate((tree, private)).astype(np.int64, copy=False)
     if records.size and (int(records.min()) < 0 or int(records.max()) >= cap):
         return False
-    if np.bincount(owner, minlength=TREE + 1).tolist() != [cap - records.size, private.size,
-                                                          tree.size]:
+    if np.bincount(owner, minlength=TREE + 1).tolist() != [
+        cap - records.size,
+        private.size,
+        tree.size,
+    ]:
         return False
     if not (np.all(owner[tree] == TREE) and np.all(owner[private] == PRIVATE)):
         return False

@@ -26,8 +26,8 @@ which is registered.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,7 @@ import numpy.typing as npt
 from hicache.invariants.claims import TierClaims, _joined
 from hicache.invariants.ownership import PAGE_CONSERVATION, _conserved
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import PRIVATE, PageTable, Pages, pages
+from hicache.pages import PRIVATE, Pages, PageTable, pages
 
 RESERVE_ROLLED_BACK = CheckName("I6", "reserve_group_rolled_back")
 
@@ -58,15 +58,24 @@ class GroupView:
     pools: Mapping[str, PoolRows]
 
 
-def group_view(tables: Mapping[str, PageTable],
-               reserved: Sequence[Mapping[str, Pages]] = (),
-               published: Sequence[Mapping[str, Pages]] = ()) -> GroupView:
+def group_view(
+    tables: Mapping[str, PageTable],
+    reserved: Sequence[Mapping[str, Pages]] = (),
+    published: Sequence[Mapping[str, Pages]] = (),
+) -> GroupView:
     """A `GroupView` of `tables` (a `GroupTable.tables`) and the caller's records."""
-    return GroupView({
-        name: PoolRows(t.tier, t.capacity, t.owner.copy(),
-                       tuple(pages(r.get(name, ())) for r in reserved),
-                       tuple(pages(r.get(name, ())) for r in published))
-        for name, t in tables.items()})
+    return GroupView(
+        {
+            name: PoolRows(
+                t.tier,
+                t.capacity,
+                t.owner.copy(),
+                tuple(pages(r.get(name, ())) for r in reserved),
+                tuple(pages(r.get(name, ())) for r in published),
+            )
+            for name, t in tables.items()
+        }
+    )
 
 
 def check_group_conservation(view: GroupView) -> list[Violation]:
@@ -85,20 +94,30 @@ def check_reserve_rolled_back(before: GroupView, after: GroupView) -> list[Viola
     pools."""
     out: list[Violation] = []
     if list(before.pools) != list(after.pools):
-        return [RESERVE_ROLLED_BACK.violation(
-            f"the views name different pools: {list(before.pools)} then {list(after.pools)}")]
+        return [
+            RESERVE_ROLLED_BACK.violation(
+                f"the views name different pools: {list(before.pools)} then {list(after.pools)}"
+            )
+        ]
     for name, rows in after.pools.items():
         was, now = before.pools[name].owner == PRIVATE, rows.owner == PRIVATE
         if was.size != now.size:
-            out.append(RESERVE_ROLLED_BACK.violation(
-                f"{rows.tier} has {now.size} pages, {was.size} before", tier=rows.tier))
+            out.append(
+                RESERVE_ROLLED_BACK.violation(
+                    f"{rows.tier} has {now.size} pages, {was.size} before", tier=rows.tier
+                )
+            )
             continue
         left = np.flatnonzero(now & ~was)
         if left.size:
-            out.append(RESERVE_ROLLED_BACK.violation(
-                f"a failed reserve_group left {left.size} page(s) of {rows.tier} PRIVATE "
-                f"([{shown(left)}]): its reservation of pool {name!r} was not rolled back",
-                tier=rows.tier, pages=left))
+            out.append(
+                RESERVE_ROLLED_BACK.violation(
+                    f"a failed reserve_group left {left.size} page(s) of {rows.tier} PRIVATE "
+                    f"([{shown(left)}]): its reservation of pool {name!r} was not rolled back",
+                    tier=rows.tier,
+                    pages=left,
+                )
+            )
     return out
 
 
@@ -106,9 +125,17 @@ def _claims(rows: PoolRows) -> TierClaims:
     """The pool's records in the form I6 reads (reserved records as ops, published as nodes)."""
     tree, tree_ids = _joined(list(enumerate(rows.published)))
     private, private_ids = _joined(list(enumerate(rows.reserved)))
-    return TierClaims(rows.tier, rows.capacity, rows.owner, tree, tree_ids,
-                      private, private_ids, pages(), pages())
+    return TierClaims(
+        rows.tier, rows.capacity, rows.owner, tree, tree_ids, private, private_ids, pages(), pages()
+    )
 
 
-__all__ = ["GroupView", "PAGE_CONSERVATION", "PoolRows", "RESERVE_ROLLED_BACK",
-           "check_group_conservation", "check_reserve_rolled_back", "group_view"]
+__all__ = [
+    "PAGE_CONSERVATION",
+    "RESERVE_ROLLED_BACK",
+    "GroupView",
+    "PoolRows",
+    "check_group_conservation",
+    "check_reserve_rolled_back",
+    "group_view",
+]

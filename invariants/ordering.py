@@ -17,7 +17,7 @@ The root holds no tokens and is exempt from the value/state rule.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from hicache.invariants.claims import inside
 from hicache.invariants.ownership import RESIDENT
@@ -58,20 +58,31 @@ def _requests_published(s: Snapshot) -> list[Violation]:
             early.append((r.request_id, r.cached_len, published))
     out: list[Violation] = []
     if astray:
-        out.append(PUBLISH_ORDER.violation(
-            f"request(s) [{shown(astray)}] hold L1 locks on nodes that are not in the tree, so "
-            "nothing they serve is known to be published"))
+        out.append(
+            PUBLISH_ORDER.violation(
+                f"request(s) [{shown(astray)}] hold L1 locks on nodes that are not in the tree, so "
+                "nothing they serve is known to be published"
+            )
+        )
     if unpublished:
         reqs, nodes = zip(*unpublished)
-        out.append(PUBLISH_ORDER.violation(
-            f"request(s) [{shown(reqs)}] hold L1 prefixes through node(s) [{shown(nodes)}] that "
-            "are not RESIDENT in L1", tier="L1", nodes=nodes))
+        out.append(
+            PUBLISH_ORDER.violation(
+                f"request(s) [{shown(reqs)}] hold L1 prefixes through node(s) [{shown(nodes)}] that "
+                "are not RESIDENT in L1",
+                tier="L1",
+                nodes=nodes,
+            )
+        )
     if early:
         rid, cached, published = early[0]
-        out.append(PUBLISH_ORDER.violation(
-            f"request(s) [{shown([e[0] for e in early])}] serve tokens not yet published in L1 "
-            f"(request {rid}: cached_len {cached} > {published} tokens published on the path "
-            "it holds locked)"))
+        out.append(
+            PUBLISH_ORDER.violation(
+                f"request(s) [{shown([e[0] for e in early])}] serve tokens not yet published in L1 "
+                f"(request {rid}: cached_len {cached} > {published} tokens published on the path "
+                "it holds locked)"
+            )
+        )
     return out
 
 
@@ -91,15 +102,26 @@ def _pending_nodes(s: Snapshot, ops: Mapping[int, OpView]) -> list[Violation]:
                 stray.append((n.node_id, op_id))
         if early:
             nodes, waits = zip(*early)
-            out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown(nodes)}] are published in {tier} while the op filling it is "
-                "still pending", tier=tier, nodes=nodes, ops=waits))
+            out.append(
+                PUBLISH_ORDER.violation(
+                    f"node(s) [{shown(nodes)}] are published in {tier} while the op filling it is "
+                    "still pending",
+                    tier=tier,
+                    nodes=nodes,
+                    ops=waits,
+                )
+            )
         if stray:
             nodes, waits = zip(*stray)
-            out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown(nodes)}] wait on op(s) [{shown(waits)}] that are not pending "
-                f"into {tier} for them, so no completion will publish them",
-                tier=tier, nodes=nodes, ops=waits))
+            out.append(
+                PUBLISH_ORDER.violation(
+                    f"node(s) [{shown(nodes)}] wait on op(s) [{shown(waits)}] that are not pending "
+                    f"into {tier} for them, so no completion will publish them",
+                    tier=tier,
+                    nodes=nodes,
+                    ops=waits,
+                )
+            )
     return out
 
 
@@ -107,13 +129,20 @@ def _op_back_links(s: Snapshot) -> list[Violation]:
     by_id: Mapping[int, NodeView] = {n.node_id: n for n in s.nodes}
     out: list[Violation] = []
     for op in s.ops:
-        unlinked = [i for i in op.node_ids
-                    if i in by_id and by_id[i].pending.get(op.target) != op.op_id]
+        unlinked = [
+            i for i in op.node_ids if i in by_id and by_id[i].pending.get(op.target) != op.op_id
+        ]
         if unlinked:
-            out.append(PUBLISH_ORDER.violation(
-                f"op {op.op_id} fills {op.target} for node(s) [{shown(unlinked)}] that do not "
-                "name it as their pending op, so its completion could publish into a node not "
-                "waiting for it", tier=op.target, nodes=unlinked, ops=(op.op_id,)))
+            out.append(
+                PUBLISH_ORDER.violation(
+                    f"op {op.op_id} fills {op.target} for node(s) [{shown(unlinked)}] that do not "
+                    "name it as their pending op, so its completion could publish into a node not "
+                    "waiting for it",
+                    tier=op.target,
+                    nodes=unlinked,
+                    ops=(op.op_id,),
+                )
+            )
     return out
 
 
@@ -126,10 +155,16 @@ def _unpublished_targets(s: Snapshot) -> list[Violation]:
         p = inside(op.target_pages, min(view.capacity, int(view.owner.size)))
         published = p[view.owner[p] == TREE]
         if published.size:
-            out.append(PUBLISH_ORDER.violation(
-                f"{published.size} target page(s) of pending op {op.op_id} are already TREE in "
-                f"{op.target}", tier=op.target, pages=published, ops=(op.op_id,),
-                nodes=op.node_ids))
+            out.append(
+                PUBLISH_ORDER.violation(
+                    f"{published.size} target page(s) of pending op {op.op_id} are already TREE in "
+                    f"{op.target}",
+                    tier=op.target,
+                    pages=published,
+                    ops=(op.op_id,),
+                    nodes=op.node_ids,
+                )
+            )
     return out
 
 
@@ -137,12 +172,20 @@ def _value_matches_state(s: Snapshot) -> list[Violation]:
     out: list[Violation] = []
     for tier in s.tiers:
         # A pending node that looks published was reported by `_pending_nodes` already.
-        wrong = [n.node_id for n in s.nodes
-                 if ((n.values.get(tier) is not None) != (n.states.get(tier) == RESIDENT))
-                 and n.node_id != s.root_id and n.pending.get(tier) is None]
+        wrong = [
+            n.node_id
+            for n in s.nodes
+            if ((n.values.get(tier) is not None) != (n.states.get(tier) == RESIDENT))
+            and n.node_id != s.root_id
+            and n.pending.get(tier) is None
+        ]
         if wrong:
-            out.append(PUBLISH_ORDER.violation(
-                f"node(s) [{shown(wrong)}] hold a value in {tier} without being RESIDENT "
-                "there, or are RESIDENT without a value (publication is one step)",
-                tier=tier, nodes=wrong))
+            out.append(
+                PUBLISH_ORDER.violation(
+                    f"node(s) [{shown(wrong)}] hold a value in {tier} without being RESIDENT "
+                    "there, or are RESIDENT without a value (publication is one step)",
+                    tier=tier,
+                    nodes=wrong,
+                )
+            )
     return out

@@ -40,22 +40,32 @@ def check_rank_agreement(views: Sequence[RankView]) -> list[Violation]:
     out: list[Violation] = []
     for v in views[1:]:
         ref = views[0]
-        for field, mine, theirs in (("requests", v.requests, ref.requests), ("ops", v.ops, ref.ops),
-                                    ("free counts", v.free, ref.free),
-                                    ("next op ids", (v.next_op,), (ref.next_op,))):
+        for field, mine, theirs in (
+            ("requests", v.requests, ref.requests),
+            ("ops", v.ops, ref.ops),
+            ("free counts", v.free, ref.free),
+            ("next op ids", (v.next_op,), (ref.next_op,)),
+        ):
             if mine != theirs:
-                out.append(RANK_AGREEMENT.violation(
-                    f"rank {v.rank}'s {field} differ from rank 0's: {_first_difference(mine, theirs)}"))
+                out.append(
+                    RANK_AGREEMENT.violation(
+                        f"rank {v.rank}'s {field} differ from rank 0's: {_first_difference(mine, theirs)}"
+                    )
+                )
         if v.nodes != ref.nodes:
             mine_by = {n.node_id: n for n in v.nodes}
             theirs_by = {n.node_id: n for n in ref.nodes}
             ids = sorted(set(mine_by) ^ set(theirs_by)) or sorted(
-                i for i in mine_by if mine_by[i] != theirs_by[i])
+                i for i in mine_by if mine_by[i] != theirs_by[i]
+            )
             first = ids[0]
-            out.append(RANK_AGREEMENT.violation(
-                f"rank {v.rank}'s tree differs from rank 0's at node {first}: rank {v.rank} "
-                f"{_node_text(mine_by.get(first))}, rank 0 {_node_text(theirs_by.get(first))}",
-                nodes=ids))
+            out.append(
+                RANK_AGREEMENT.violation(
+                    f"rank {v.rank}'s tree differs from rank 0's at node {first}: rank {v.rank} "
+                    f"{_node_text(mine_by.get(first))}, rank 0 {_node_text(theirs_by.get(first))}",
+                    nodes=ids,
+                )
+            )
     return out
 
 
@@ -67,11 +77,19 @@ def check_replicated_bytes_equal(views: Sequence[RankView]) -> list[Violation]:
         for (tier, node, pool), digests in v.replicated:
             theirs = ref.get((tier, node, pool))
             if theirs is not None and theirs != digests:
-                page = next(i for i, (a, b) in enumerate(zip(digests, theirs)) if a != b) \
-                    if len(digests) == len(theirs) else 0
-                out.append(REPLICATED_BYTES_EQUAL.violation(
-                    f"rank {v.rank}'s {tier} copy of node {node}'s replicated pool {pool!r} "
-                    f"differs from rank 0's (page {page} of the node)", tier=tier, nodes=(node,)))
+                page = (
+                    next(i for i, (a, b) in enumerate(zip(digests, theirs)) if a != b)
+                    if len(digests) == len(theirs)
+                    else 0
+                )
+                out.append(
+                    REPLICATED_BYTES_EQUAL.violation(
+                        f"rank {v.rank}'s {tier} copy of node {node}'s replicated pool {pool!r} "
+                        f"differs from rank 0's (page {page} of the node)",
+                        tier=tier,
+                        nodes=(node,),
+                    )
+                )
     return out
 
 
@@ -81,10 +99,13 @@ def check_collective_sequence(views: Sequence[RankView]) -> list[Violation]:
     for v in views[1:]:
         ref = views[0]
         if (v.log_count, v.log_digest) != (ref.log_count, ref.log_digest):
-            out.append(COLLECTIVE_SEQUENCE.violation(
-                f"rank {v.rank} made {v.log_count} collectives, rank 0 {ref.log_count}, and "
-                f"their sequences differ; last on rank {v.rank}: {list(v.log_tail[-3:])}, on "
-                f"rank 0: {list(ref.log_tail[-3:])}"))
+            out.append(
+                COLLECTIVE_SEQUENCE.violation(
+                    f"rank {v.rank} made {v.log_count} collectives, rank 0 {ref.log_count}, and "
+                    f"their sequences differ; last on rank {v.rank}: {list(v.log_tail[-3:])}, on "
+                    f"rank 0: {list(ref.log_tail[-3:])}"
+                )
+            )
     return out
 
 
@@ -108,10 +129,14 @@ def check_l3_write_multiplicity(views: Sequence[RankView]) -> list[Violation]:
         wrote = writers.get((op_id, pool), set())
         want = everyone if mode.get(pool) == SHARDED else {0}
         if ranks != everyone or wrote != want:
-            out.append(L3_WRITE_MULTIPLICITY.violation(
-                f"L3 backup op {op_id}: pool {pool!r} ({mode.get(pool)}) was written by rank(s) "
-                f"{sorted(wrote)}, recorded by {sorted(ranks)}; the rule: "
-                f"{'every rank' if want == everyone else 'rank 0 only'}", ops=(op_id,)))
+            out.append(
+                L3_WRITE_MULTIPLICITY.violation(
+                    f"L3 backup op {op_id}: pool {pool!r} ({mode.get(pool)}) was written by rank(s) "
+                    f"{sorted(wrote)}, recorded by {sorted(ranks)}; the rule: "
+                    f"{'every rank' if want == everyone else 'rank 0 only'}",
+                    ops=(op_id,),
+                )
+            )
     return out
 
 
@@ -127,16 +152,30 @@ class RankCheck:
 
 
 RANK_CHECKS: tuple[RankCheck, ...] = (
-    RankCheck(RANK_AGREEMENT.id, RANK_AGREEMENT.name,
-              "every rank's tree, requests, ops and free counts equal rank 0's", check_rank_agreement),
-    RankCheck(REPLICATED_BYTES_EQUAL.id, REPLICATED_BYTES_EQUAL.name,
-              "a replicated pool's pages hold the same bytes on every rank",
-              check_replicated_bytes_equal),
-    RankCheck(COLLECTIVE_SEQUENCE.id, COLLECTIVE_SEQUENCE.name,
-              "every rank made the same collectives in the same order", check_collective_sequence),
-    RankCheck(L3_WRITE_MULTIPLICITY.id, L3_WRITE_MULTIPLICITY.name,
-              "replicated pools reach L3 from rank 0 once, sharded ones from every rank",
-              check_l3_write_multiplicity),
+    RankCheck(
+        RANK_AGREEMENT.id,
+        RANK_AGREEMENT.name,
+        "every rank's tree, requests, ops and free counts equal rank 0's",
+        check_rank_agreement,
+    ),
+    RankCheck(
+        REPLICATED_BYTES_EQUAL.id,
+        REPLICATED_BYTES_EQUAL.name,
+        "a replicated pool's pages hold the same bytes on every rank",
+        check_replicated_bytes_equal,
+    ),
+    RankCheck(
+        COLLECTIVE_SEQUENCE.id,
+        COLLECTIVE_SEQUENCE.name,
+        "every rank made the same collectives in the same order",
+        check_collective_sequence,
+    ),
+    RankCheck(
+        L3_WRITE_MULTIPLICITY.id,
+        L3_WRITE_MULTIPLICITY.name,
+        "replicated pools reach L3 from rank 0 once, sharded ones from every rank",
+        check_l3_write_multiplicity,
+    ),
 )
 
 
@@ -159,7 +198,16 @@ def _node_text(n: object) -> str:
     return "has no such node" if n is None else repr(n)
 
 
-__all__ = ["COLLECTIVE_SEQUENCE", "L3_WRITE_MULTIPLICITY", "RANK_AGREEMENT", "RANK_CHECKS",
-           "REPLICATED_BYTES_EQUAL", "RankCheck", "check_collective_sequence",
-           "check_l3_write_multiplicity", "check_rank_agreement", "check_ranks",
-           "check_replicated_bytes_equal"]
+__all__ = [
+    "COLLECTIVE_SEQUENCE",
+    "L3_WRITE_MULTIPLICITY",
+    "RANK_AGREEMENT",
+    "RANK_CHECKS",
+    "REPLICATED_BYTES_EQUAL",
+    "RankCheck",
+    "check_collective_sequence",
+    "check_l3_write_multiplicity",
+    "check_rank_agreement",
+    "check_ranks",
+    "check_replicated_bytes_equal",
+]

@@ -1,24 +1,24 @@
 """Structural checks S1..S7: the tree's own bookkeeping agrees with itself and its holders.
 
-    S1 parent_child_links     parent and child ids agree; one root; every node reaches it
-    S2 no_dead_node           a node that holds nothing, is unlocked, waits on nothing and has
-                              no children has been removed
-    S3 tier_size_accounting   the tree's per-tier page counter == pages in its node values
-    S4 locks_non_negative     no lock count below zero (a clamped or doubled unlock shows here)
-    S5 no_double_reference    no page of a tier is referenced twice by node values, op
-                              targets and request-private pages together
-    S6 tier_ancestor_closed   a node present in tier T (RESIDENT, or pending into T) has a
-                              parent that is the root, RESIDENT in T, or pending into T on the
-                              same op (no backup gap, bug class B07)
-    S7 lock_accounting        every node's lock count per tier == the path locks its holders
-                              record on it or below it: requests' L1 prefix locks and pins,
-                              pending ops' source locks (a leaked lock pins a prefix forever)
+S1 parent_child_links     parent and child ids agree; one root; every node reaches it
+S2 no_dead_node           a node that holds nothing, is unlocked, waits on nothing and has
+                          no children has been removed
+S3 tier_size_accounting   the tree's per-tier page counter == pages in its node values
+S4 locks_non_negative     no lock count below zero (a clamped or doubled unlock shows here)
+S5 no_double_reference    no page of a tier is referenced twice by node values, op
+                          targets and request-private pages together
+S6 tier_ancestor_closed   a node present in tier T (RESIDENT, or pending into T) has a
+                          parent that is the root, RESIDENT in T, or pending into T on the
+                          same op (no backup gap, bug class B07)
+S7 lock_accounting        every node's lock count per tier == the path locks its holders
+                          record on it or below it: requests' L1 prefix locks and pins,
+                          pending ops' source locks (a leaked lock pins a prefix forever)
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -75,8 +75,10 @@ def check_parent_child_links(s: Snapshot) -> list[Violation]:
     found_unreached = _unreachable(s, by_id)
     if found_unreached:
         found["are not reached from the root through parent links (a cycle)"] = found_unreached
-    return [PARENT_CHILD_LINKS.violation(f"node(s) [{shown(ids)}] {problem}", nodes=ids)
-            for problem, ids in found.items()]
+    return [
+        PARENT_CHILD_LINKS.violation(f"node(s) [{shown(ids)}] {problem}", nodes=ids)
+        for problem, ids in found.items()
+    ]
 
 
 def _unreachable(s: Snapshot, by_id: Mapping[int, NodeView]) -> list[int]:
@@ -92,20 +94,33 @@ def _unreachable(s: Snapshot, by_id: Mapping[int, NodeView]) -> list[int]:
             if c not in reached:
                 reached.add(c)
                 todo.append(c)
-    return [n.node_id for n in s.nodes
-            if n.node_id not in reached and n.parent_id is not None and n.parent_id in by_id]
+    return [
+        n.node_id
+        for n in s.nodes
+        if n.node_id not in reached and n.parent_id is not None and n.parent_id in by_id
+    ]
 
 
 def check_no_dead_node(s: Snapshot) -> list[Violation]:
     """S2: every non-root node holds a value, a lock, a pending op or a child in some tier."""
-    dead = [n.node_id for n in s.nodes if n.node_id != s.root_id and not n.child_ids
-            and all(v is None for v in n.values.values()) and not any(n.locks.values())
-            and all(p is None for p in n.pending.values())]
+    dead = [
+        n.node_id
+        for n in s.nodes
+        if n.node_id != s.root_id
+        and not n.child_ids
+        and all(v is None for v in n.values.values())
+        and not any(n.locks.values())
+        and all(p is None for p in n.pending.values())
+    ]
     if not dead:
         return []
-    return [NO_DEAD_NODE.violation(
-        f"node(s) [{shown(dead)}] hold nothing in any tier, are unlocked, wait on no op and "
-        "have no children, yet are still in the tree", nodes=dead)]
+    return [
+        NO_DEAD_NODE.violation(
+            f"node(s) [{shown(dead)}] hold nothing in any tier, are unlocked, wait on no op and "
+            "have no children, yet are still in the tree",
+            nodes=dead,
+        )
+    ]
 
 
 def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
@@ -114,10 +129,13 @@ def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
     for tier, view in s.tiers.items():
         held = sum(v.size for n in s.nodes if (v := n.values.get(tier)) is not None)
         if held != view.tree_pages_counted:
-            out.append(TIER_SIZE_ACCOUNTING.violation(
-                f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
-                f"hold {held}",
-                tier=tier))
+            out.append(
+                TIER_SIZE_ACCOUNTING.violation(
+                    f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
+                    f"hold {held}",
+                    tier=tier,
+                )
+            )
     return out
 
 
@@ -127,9 +145,14 @@ def check_locks_non_negative(s: Snapshot) -> list[Violation]:
     for tier in s.tiers:
         negative = [n.node_id for n in s.nodes if n.locks.get(tier, 0) < 0]
         if negative:
-            out.append(LOCKS_NON_NEGATIVE.violation(
-                f"node(s) [{shown(negative)}] have a negative lock count in {tier} (an unlock "
-                "without its lock)", tier=tier, nodes=negative))
+            out.append(
+                LOCKS_NON_NEGATIVE.violation(
+                    f"node(s) [{shown(negative)}] have a negative lock count in {tier} (an unlock "
+                    "without its lock)",
+                    tier=tier,
+                    nodes=negative,
+                )
+            )
     return out
 
 
@@ -145,10 +168,16 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
         inner = np.flatnonzero(page_counts(every, c.capacity) > 1)
         twice = np.concatenate((inner, values[counts > 1]))
         if twice.size:
-            out.append(NO_DOUBLE_REFERENCE.violation(
-                f"{twice.size} page(s) of {tier} are referenced more than once by node values, op "
-                "targets and request-private pages", tier=tier, pages=twice,
-                nodes=c.nodes_at(twice), ops=c.ops_at(twice)))
+            out.append(
+                NO_DOUBLE_REFERENCE.violation(
+                    f"{twice.size} page(s) of {tier} are referenced more than once by node values, op "
+                    "targets and request-private pages",
+                    tier=tier,
+                    pages=twice,
+                    nodes=c.nodes_at(twice),
+                    ops=c.ops_at(twice),
+                )
+            )
     return out
 
 
@@ -176,10 +205,15 @@ def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
             gaps.append(n.node_id)
             ops += [o for o in (op, parent.pending.get(tier)) if o is not None]
         if gaps:
-            out.append(TIER_ANCESTOR_CLOSED.violation(
-                f"node(s) [{shown(gaps)}] are present in {tier} under a parent that is not (a "
-                "backup gap: a suffix held without its prefix)",
-                tier=tier, nodes=gaps, ops=ops))
+            out.append(
+                TIER_ANCESTOR_CLOSED.violation(
+                    f"node(s) [{shown(gaps)}] are present in {tier} under a parent that is not (a "
+                    "backup gap: a suffix held without its prefix)",
+                    tier=tier,
+                    nodes=gaps,
+                    ops=ops,
+                )
+            )
     return out
 
 
@@ -191,8 +225,11 @@ def lock_holders(s: Snapshot) -> list[tuple[str, int, str]]:
         if r.locked_node_id != s.root_id:
             out.append(("L1", r.locked_node_id, f"request {r.request_id}"))
         out += [(tier, node, f"request {r.request_id} (pin)") for node, tier in r.pins]
-    out += [(op.source, op.lock_node_id, f"op {op.op_id}") for op in s.ops
-            if op.lock_node_id is not None]
+    out += [
+        (op.source, op.lock_node_id, f"op {op.op_id}")
+        for op in s.ops
+        if op.lock_node_id is not None
+    ]
     return out
 
 
@@ -212,20 +249,40 @@ def check_lock_accounting(s: Snapshot) -> list[Violation]:
             expected[(tier, n)] = expected.get((tier, n), 0) + 1
     out: list[Violation] = []
     if astray:
-        out.append(LOCK_ACCOUNTING.violation(
-            f"{len(astray)} lock(s) are held on nodes that are not in the tree ({astray[0]})"))
+        out.append(
+            LOCK_ACCOUNTING.violation(
+                f"{len(astray)} lock(s) are held on nodes that are not in the tree ({astray[0]})"
+            )
+        )
     for tier in s.tiers:
         # A negative count is S4's report; comparing it here would only repeat it.
-        more = [(n.node_id, d) for n in s.nodes
-                if n.node_id != s.root_id and (count := n.locks.get(tier, 0)) >= 0
-                and (d := count - expected.get((tier, n.node_id), 0))]
-        for ids, what in (([i for i, d in more if d > 0], "more locks than their holders record "
-                           "(a leaked lock: nothing will release it, so the prefix stays pinned)"),
-                          ([i for i, d in more if d < 0], "fewer locks than their holders record "
-                           "(a lost lock: eviction may take a prefix a holder still uses)")):
+        more = [
+            (n.node_id, d)
+            for n in s.nodes
+            if n.node_id != s.root_id
+            and (count := n.locks.get(tier, 0)) >= 0
+            and (d := count - expected.get((tier, n.node_id), 0))
+        ]
+        for ids, what in (
+            (
+                [i for i, d in more if d > 0],
+                "more locks than their holders record "
+                "(a leaked lock: nothing will release it, so the prefix stays pinned)",
+            ),
+            (
+                [i for i, d in more if d < 0],
+                "fewer locks than their holders record "
+                "(a lost lock: eviction may take a prefix a holder still uses)",
+            ),
+        ):
             if ids:
                 first = next(d for i, d in more if i == ids[0])
-                out.append(LOCK_ACCOUNTING.violation(
-                    f"node(s) [{shown(ids)}] hold {what} in {tier}; node {ids[0]} is off by "
-                    f"{first:+d}", tier=tier, nodes=ids))
+                out.append(
+                    LOCK_ACCOUNTING.violation(
+                        f"node(s) [{shown(ids)}] hold {what} in {tier}; node {ids[0]} is off by "
+                        f"{first:+d}",
+                        tier=tier,
+                        nodes=ids,
+                    )
+                )
     return out

@@ -10,8 +10,9 @@ stays short however large the snapshot; the message gives the full count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -61,8 +62,9 @@ class CheckName:
         ops: IdsLike = (),
     ) -> Violation:
         """A `Violation` of this check; each id list is trimmed to its `LISTED_MAX` smallest."""
-        return Violation(self.id, self.name, tier, listed(pages), listed(nodes), listed(ops),
-                         message)
+        return Violation(
+            self.id, self.name, tier, listed(pages), listed(nodes), listed(ops), message
+        )
 
 
 def listed(ids: IdsLike) -> tuple[int, ...]:

@@ -15,5 +15,11 @@ from hicache.kernels.reference import gather_torch, scatter_torch
 from hicache.kernels.select import BACKENDS, REQUESTS, KernelSet, gather, scatter
 
 __all__ = [
-    "BACKENDS", "REQUESTS", "KernelSet", "gather", "gather_torch", "scatter", "scatter_torch",
+    "BACKENDS",
+    "REQUESTS",
+    "KernelSet",
+    "gather",
+    "gather_torch",
+    "scatter",
+    "scatter_torch",
 ]

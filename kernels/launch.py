@@ -67,8 +67,15 @@ class CompiledCache:
         self.disabled_because = ""
         self.dispatches = 0  # calls that went through kernel[grid] (compile or first use)
 
-    def launch(self, key: Hashable, grid: tuple[int, ...], args: tuple[object, ...],
-               options: dict[str, Any], *, stream: torch.cuda.Stream | None = None) -> None:
+    def launch(
+        self,
+        key: Hashable,
+        grid: tuple[int, ...],
+        args: tuple[object, ...],
+        options: dict[str, Any],
+        *,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
         """Launch on `stream` (None: the current stream)."""
         compiled = self.compiled.get(key) if self.enabled else None
         if compiled is not None:
@@ -97,8 +104,10 @@ class CompiledCache:
             kernel = kernel.result()
         if not callable(getattr(type(kernel), "__getitem__", None)) or not hasattr(kernel, "run"):
             self.enabled = False
-            self.disabled_because = (f"Triton returned a {type(kernel).__name__} without a "
-                                     f"launcher; launching through kernel[grid]")
+            self.disabled_because = (
+                f"Triton returned a {type(kernel).__name__} without a "
+                f"launcher; launching through kernel[grid]"
+            )
             self.compiled.clear()
             return
         if len(self.compiled) >= CACHE_MAX:

@@ -33,7 +33,10 @@ KV_DTYPES: frozenset[torch.dtype] = frozenset(
 INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
 # Word width in bytes -> the integer dtype rows are moved as, widest first.
 WORD_DTYPES: dict[int, torch.dtype] = {
-    8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8,
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.uint8,
 }
 
 
@@ -101,8 +104,10 @@ def check_operands(
     name = "packed" if scatter else "out"
     want = (n, 2, layers, page_size, kv_heads, head_dim)
     if packed.shape != want:
-        raise LayoutError(f"{name}: expected shape {want} (len(pages), 2, layers, ps, H, D), "
-                          f"got {tuple(packed.shape)}")
+        raise LayoutError(
+            f"{name}: expected shape {want} (len(pages), 2, layers, ps, H, D), "
+            f"got {tuple(packed.shape)}"
+        )
     if packed.dtype != l1.dtype:
         raise LayoutError(f"{name}: dtype {packed.dtype} differs from l1's {l1.dtype}")
     if not packed.is_contiguous():

@@ -26,8 +26,12 @@ import torch
 
 from hicache.errors import ConfigError, LayoutError
 
-WORD_DTYPES: dict[int, torch.dtype] = {8: torch.int64, 4: torch.int32, 2: torch.int16,
-                                       1: torch.uint8}
+WORD_DTYPES: dict[int, torch.dtype] = {
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.uint8,
+}
 
 
 @dataclass(frozen=True)
@@ -112,16 +116,20 @@ def build_table(segments: list[Segment], config: TableConfig) -> RowTable:
 def units_view(t: torch.Tensor, rows: RowTable) -> torch.Tensor:
     """A flat uint8 tensor as `word_bytes` words (same memory)."""
     if t.dtype != torch.uint8 or t.dim() != 1:
-        raise LayoutError(f"row table operands are flat uint8 tensors, got {t.dtype} "
-                          f"{tuple(t.shape)}")
+        raise LayoutError(
+            f"row table operands are flat uint8 tensors, got {t.dtype} {tuple(t.shape)}"
+        )
     if t.storage_offset() % rows.unit_bytes or t.numel() % rows.word_bytes:
-        raise LayoutError(f"operand offset {t.storage_offset()} / size {t.numel()} is not a "
-                          f"multiple of the {rows.unit_bytes}-byte unit")
+        raise LayoutError(
+            f"operand offset {t.storage_offset()} / size {t.numel()} is not a "
+            f"multiple of the {rows.unit_bytes}-byte unit"
+        )
     return t.view(WORD_DTYPES[rows.word_bytes])
 
 
-def copy_table_torch(src: torch.Tensor, dst: torch.Tensor, rows: RowTable, *,
-                     gather: bool = True) -> None:
+def copy_table_torch(
+    src: torch.Tensor, dst: torch.Tensor, rows: RowTable, *, gather: bool = True
+) -> None:
     """Gather: packed[piece's units] = side[piece's units] for every piece (`src` the side
     tensor, `dst` the packed one); scatter (gather=False): side[...] = packed[...] (`src`
     packed, `dst` side). The definition; the Triton kernel is checked against it."""

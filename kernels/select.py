@@ -38,13 +38,20 @@ def load_triton() -> ModuleType:
     try:
         from hicache.kernels import triton_rows
     except ImportError as exc:
-        raise BackendError(f"triton is not importable ({exc}); install triton or use backend "
-                           f"'torch'") from exc
+        raise BackendError(
+            f"triton is not importable ({exc}); install triton or use backend 'torch'"
+        ) from exc
     return triton_rows
 
 
-def gather(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
-           backend: str = "triton", stream: torch.cuda.Stream | None = None) -> None:
+def gather(
+    l1: torch.Tensor,
+    pages: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    backend: str = "triton",
+    stream: torch.cuda.Stream | None = None,
+) -> None:
     """out[i, kv, l] = l1[kv, l, pages[i]] for every i, kv, l; enqueued on `stream` (default:
     the current stream).
 
@@ -56,15 +63,27 @@ def gather(l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
     _copy("gather", backend, l1, pages, out, stream)
 
 
-def scatter(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
-            backend: str = "triton", stream: torch.cuda.Stream | None = None) -> None:
+def scatter(
+    packed: torch.Tensor,
+    pages: torch.Tensor,
+    l1: torch.Tensor,
+    *,
+    backend: str = "triton",
+    stream: torch.cuda.Stream | None = None,
+) -> None:
     """l1[kv, l, pages[i]] = packed[i, kv, l]; the mirror of `gather`. Pages must be distinct;
     rows of other pages are untouched."""
     _copy("scatter", backend, packed, pages, l1, stream)
 
 
-def _copy(direction: str, backend: str, a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor,
-          stream: torch.cuda.Stream | None) -> None:
+def _copy(
+    direction: str,
+    backend: str,
+    a: torch.Tensor,
+    pages: torch.Tensor,
+    b: torch.Tensor,
+    stream: torch.cuda.Stream | None,
+) -> None:
     """Run one backend's copy on `stream`: Triton takes the stream as an argument; torch ops
     run on the current stream, so for them it is made current around the call."""
     if backend == "triton":
@@ -87,8 +106,9 @@ class KernelSet:
     reason: str
 
     @classmethod
-    def create(cls, l1: torch.Tensor, requested: str = "auto", *,
-               probe_pages: int = 64) -> KernelSet:
+    def create(
+        cls, l1: torch.Tensor, requested: str = "auto", *, probe_pages: int = 64
+    ) -> KernelSet:
         """Choose backends for `l1`'s geometry (see the module table).
 
         The probe reads `probe_pages` random pages of `l1` (never writes it) and scatters
@@ -129,8 +149,12 @@ class KernelSet:
         except BackendError as exc:
             return cls("torch", "torch", f"auto: {exc}")
         if l1.device.type != "cuda" and not triton_rows.interpreter_enabled():
-            return cls("torch", "torch", f"auto on {l1.device.type}: Triton runs on CPU tensors "
-                       f"only with TRITON_INTERPRET=1, which is not set; using torch")
+            return cls(
+                "torch",
+                "torch",
+                f"auto on {l1.device.type}: Triton runs on CPU tensors "
+                f"only with TRITON_INTERPRET=1, which is not set; using torch",
+            )
         try:
             triton_rows.check_runnable(l1.device)
             probe = _Probe.build(l1, probe_pages)
@@ -138,24 +162,43 @@ class KernelSet:
         except BackendError as exc:
             return cls("torch", "torch", f"auto: Triton unusable, falling back to torch: {exc}")
         if l1.device.type != "cuda":
-            return cls("torch", "torch", f"auto on {l1.device.type}: the interpreted Triton "
-                       f"kernels ran ({probe.summary}), but interpreted Triton is far slower "
-                       f"than torch; using torch")
+            return cls(
+                "torch",
+                "torch",
+                f"auto on {l1.device.type}: the interpreted Triton "
+                f"kernels ran ({probe.summary}), but interpreted Triton is far slower "
+                f"than torch; using torch",
+            )
         times = probe.time_backends()
         gather_pick = _pick(times, "gather", GATHER_TOLERANCE)
         scatter_pick = _pick(times, "scatter", SCATTER_TOLERANCE)
         timing = ", ".join(f"{key} {ms:.4f} ms" for key, ms in times.items())
-        return cls(gather_pick, scatter_pick,
-                   f"auto on {probe.pages.numel()} random pages ({probe.summary}): {timing}; "
-                   f"gather -> {gather_pick} (triton if <= {GATHER_TOLERANCE}x torch), "
-                   f"scatter -> {scatter_pick} (triton if <= {SCATTER_TOLERANCE}x torch)")
+        return cls(
+            gather_pick,
+            scatter_pick,
+            f"auto on {probe.pages.numel()} random pages ({probe.summary}): {timing}; "
+            f"gather -> {gather_pick} (triton if <= {GATHER_TOLERANCE}x torch), "
+            f"scatter -> {scatter_pick} (triton if <= {SCATTER_TOLERANCE}x torch)",
+        )
 
-    def gather(self, l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, *,
-               stream: torch.cuda.Stream | None = None) -> None:
+    def gather(
+        self,
+        l1: torch.Tensor,
+        pages: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
         gather(l1, pages, out, backend=self.gather_backend, stream=stream)
 
-    def scatter(self, packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, *,
-                stream: torch.cuda.Stream | None = None) -> None:
+    def scatter(
+        self,
+        packed: torch.Tensor,
+        pages: torch.Tensor,
+        l1: torch.Tensor,
+        *,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
         scatter(packed, pages, l1, backend=self.scatter_backend, stream=stream)
 
 
@@ -166,8 +209,10 @@ def _prebuild(l1: torch.Tensor) -> None:
     try:
         triton_rows.prebuild(l1)
     except triton_rows.LAUNCH_FAILURES as exc:
-        raise BackendError(f"Triton kernels for this pool failed to compile: "
-                           f"{type(exc).__name__}: {exc}; use backend 'torch'") from exc
+        raise BackendError(
+            f"Triton kernels for this pool failed to compile: "
+            f"{type(exc).__name__}: {exc}; use backend 'torch'"
+        ) from exc
 
 
 def _pick(times: dict[str, float], direction: str, tolerance: float) -> str:
@@ -225,19 +270,24 @@ class _Probe:
         for backend in BACKENDS:
             calls[f"gather {backend}"] = _bind(gather, self.l1, self.pages, out, backend)
             calls[f"scatter {backend}"] = _bind(
-                scatter, self.packed, self.scratch_pages, self.scratch, backend)
+                scatter, self.packed, self.scratch_pages, self.scratch, backend
+            )
         with torch.cuda.device(self.l1.device):
-            return {key: cuda_median_ms(call, reps=PROBE_REPS, warmup=PROBE_WARMUP)
-                    for key, call in calls.items()}
+            return {
+                key: cuda_median_ms(call, reps=PROBE_REPS, warmup=PROBE_WARMUP)
+                for key, call in calls.items()
+            }
 
 
-def _bind(fn: Callable[..., None], a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor,
-          backend: str) -> Callable[[], None]:
+def _bind(
+    fn: Callable[..., None], a: torch.Tensor, pages: torch.Tensor, b: torch.Tensor, backend: str
+) -> Callable[[], None]:
     return lambda: fn(a, pages, b, backend=backend)
 
 
-def cuda_median_ms(fn: Callable[[], None], *, reps: int, warmup: int,
-                   sync_each: bool = False) -> float:
+def cuda_median_ms(
+    fn: Callable[[], None], *, reps: int, warmup: int, sync_each: bool = False
+) -> float:
     """Median milliseconds of `fn` on the current CUDA stream, by CUDA events (the current
     device's: run it under `torch.cuda.device` of the tensors `fn` touches).
 

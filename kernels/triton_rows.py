@@ -52,14 +52,26 @@ NUM_WARPS_ALLOWED = (1, 2, 4, 8, 16)
 # What a failing compile or launch raises (driver and toolchain problems surface as
 # RuntimeError or OSError); anything else is a bug and propagates as is.
 LAUNCH_FAILURES: tuple[type[BaseException], ...] = (
-    TritonError, CompilationError, OutOfResources, RuntimeError, OSError,
+    TritonError,
+    CompilationError,
+    OutOfResources,
+    RuntimeError,
+    OSError,
 )
 
 
 def _copy_rows(  # type: ignore[no-untyped-def]
-    src, dst, pages, pages_stride, rows_per_page, l1_pages,
-    ROW_WORDS: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
-    EVEN: tl.constexpr, GATHER: tl.constexpr,
+    src,
+    dst,
+    pages,
+    pages_stride,
+    rows_per_page,
+    l1_pages,
+    ROW_WORDS: tl.constexpr,
+    SPAN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVEN: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """Copy SPAN words of one row between L1 and packed (direction: GATHER)."""
     row = tl.program_id(0).to(tl.int64)
@@ -116,8 +128,9 @@ class LaunchConfig:
         if self.block_bytes < 1 or self.block_bytes & (self.block_bytes - 1):
             raise ConfigError("kernels.block_bytes", f"a power of two, got {self.block_bytes}")
         if self.num_warps not in NUM_WARPS_ALLOWED:
-            raise ConfigError("kernels.num_warps",
-                              f"one of {NUM_WARPS_ALLOWED}, got {self.num_warps}")
+            raise ConfigError(
+                "kernels.num_warps", f"one of {NUM_WARPS_ALLOWED}, got {self.num_warps}"
+            )
         if self.chunks is not None and not 1 <= self.chunks <= GRID_CHUNKS_MAX:
             raise ConfigError("kernels.chunks", f"None or 1..{GRID_CHUNKS_MAX}, got {self.chunks}")
 
@@ -161,8 +174,10 @@ def plan_launch(layout: RowLayout, config: LaunchConfig, target_programs: int) -
     chunks = -(-layout.row_words // span_words)  # no program starts past the row's end
     # Verify the grid fits CUDA's limits before anything is launched.
     if layout.rows > GRID_ROWS_MAX:
-        raise LayoutError(f"pages: {layout.n} pages make {layout.rows} rows, over the grid "
-                          f"limit {GRID_ROWS_MAX}; split the transfer")
+        raise LayoutError(
+            f"pages: {layout.n} pages make {layout.rows} rows, over the grid "
+            f"limit {GRID_ROWS_MAX}; split the transfer"
+        )
     return LaunchPlan(
         grid=(layout.rows, chunks),
         block_words=block_words,
@@ -173,8 +188,12 @@ def plan_launch(layout: RowLayout, config: LaunchConfig, target_programs: int) -
 
 
 def gather_rows(
-    l1: torch.Tensor, pages: torch.Tensor, out: torch.Tensor, config: LaunchConfig | None = None,
-    *, stream: torch.cuda.Stream | None = None,
+    l1: torch.Tensor,
+    pages: torch.Tensor,
+    out: torch.Tensor,
+    config: LaunchConfig | None = None,
+    *,
+    stream: torch.cuda.Stream | None = None,
 ) -> None:
     """out[i, kv, l] = l1[kv, l, pages[i]], enqueued on `stream` (default: the current
     stream) with no sync. Passing the stream saves the caller a stream switch."""
@@ -182,28 +201,50 @@ def gather_rows(
 
 
 def scatter_rows(
-    packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor, config: LaunchConfig | None = None,
-    *, stream: torch.cuda.Stream | None = None,
+    packed: torch.Tensor,
+    pages: torch.Tensor,
+    l1: torch.Tensor,
+    config: LaunchConfig | None = None,
+    *,
+    stream: torch.cuda.Stream | None = None,
 ) -> None:
     """l1[kv, l, pages[i]] = packed[i, kv, l] (pages distinct), enqueued on `stream`."""
     _launch(l1, pages, packed, gather=False, config=config, stream=stream)
 
 
 def _launch(
-    l1: torch.Tensor, pages: torch.Tensor, packed: torch.Tensor, *,
-    gather: bool, config: LaunchConfig | None, stream: torch.cuda.Stream | None,
+    l1: torch.Tensor,
+    pages: torch.Tensor,
+    packed: torch.Tensor,
+    *,
+    gather: bool,
+    config: LaunchConfig | None,
+    stream: torch.cuda.Stream | None,
 ) -> None:
     layout = check_operands(l1, pages, packed, scatter=not gather)
     if layout.n == 0:
         return
     # The kernel computes every offset itself: it needs the word pointers, not the shapes.
-    launch_layout(layout, word_view(l1, layout), word_view(packed, layout), pages,
-                  gather=gather, config=config, stream=stream)
+    launch_layout(
+        layout,
+        word_view(l1, layout),
+        word_view(packed, layout),
+        pages,
+        gather=gather,
+        config=config,
+        stream=stream,
+    )
 
 
 def launch_layout(
-    layout: RowLayout, l1_words: torch.Tensor, packed_words: torch.Tensor, pages: torch.Tensor,
-    *, gather: bool, config: LaunchConfig | None = None, stream: torch.cuda.Stream | None = None,
+    layout: RowLayout,
+    l1_words: torch.Tensor,
+    packed_words: torch.Tensor,
+    pages: torch.Tensor,
+    *,
+    gather: bool,
+    config: LaunchConfig | None = None,
+    stream: torch.cuda.Stream | None = None,
 ) -> None:
     """The launch behind `gather_rows`/`scatter_rows` for operands already checked against
     `layout`: `l1_words` holds `layout.rows_per_page` rows of `layout.l1_pages` pages (row
@@ -214,8 +255,16 @@ def launch_layout(
     check_runnable(device, interpreted)
     plan, constants = _plan_for(layout, config, device)
     src, dst = (l1_words, packed_words) if gather else (packed_words, l1_words)
-    args = (src, dst, pages, pages.stride(0), layout.rows_per_page, layout.l1_pages,
-            *constants, gather)
+    args = (
+        src,
+        dst,
+        pages,
+        pages.stride(0),
+        layout.rows_per_page,
+        layout.l1_pages,
+        *constants,
+        gather,
+    )
     try:
         if device.type != "cuda" or interpreted:
             with on_stream(stream):
@@ -234,8 +283,9 @@ def launch_layout(
         ) from exc
 
 
-def _launch_compiled(plan: LaunchPlan, args: tuple[Any, ...], device: torch.device,
-                     stream: torch.cuda.Stream | None) -> None:
+def _launch_compiled(
+    plan: LaunchPlan, args: tuple[Any, ...], device: torch.device, stream: torch.cuda.Stream | None
+) -> None:
     """Through the compiled-kernel cache (kernels/launch.py), on `stream` or the current one."""
     key = _specialization(args, plan.num_warps, device)
     _compiled().launch(key, plan.grid, args, {"num_warps": plan.num_warps}, stream=stream)
@@ -280,22 +330,25 @@ def prebuild(l1: torch.Tensor, pages_dtype: torch.dtype = torch.int64) -> int:
     base = default_config(layout.row_bytes)
     words = (word_view(l1, layout), word_view(one, layout))
     for chunks in _chunk_splits(layout, base):
-        plan, constants = _plan_for(layout, LaunchConfig(base.block_bytes, base.num_warps, chunks),
-                                    l1.device)
+        plan, constants = _plan_for(
+            layout, LaunchConfig(base.block_bytes, base.num_warps, chunks), l1.device
+        )
         for gather in (True, False):
             src, dst = words if gather else words[::-1]
             args = (src, dst, pages, 1, layout.rows_per_page, layout.l1_pages, *constants, gather)
             with torch.cuda.device(l1.device):
-                cache.prebuild(_specialization(args, plan.num_warps, l1.device), args,
-                               {"num_warps": plan.num_warps})
+                cache.prebuild(
+                    _specialization(args, plan.num_warps, l1.device),
+                    args,
+                    {"num_warps": plan.num_warps},
+                )
     return cache.dispatches - before
 
 
 def _chunk_splits(layout: RowLayout, config: LaunchConfig) -> list[int]:
     """Every chunk count `plan_launch` can pick for rows of this layout: 1, 2, 4, ... up to
     the first power of two covering a row's loop steps."""
-    block_words = max(1, min(config.block_bytes // layout.word_bytes,
-                             _next_pow2(layout.row_words)))
+    block_words = max(1, min(config.block_bytes // layout.word_bytes, _next_pow2(layout.row_words)))
     steps = -(-layout.row_words // block_words)
     splits = [1]
     while splits[-1] < steps:
@@ -304,12 +357,12 @@ def _chunk_splits(layout: RowLayout, config: LaunchConfig) -> list[int]:
 
 
 @functools.lru_cache(maxsize=256)  # pure per (geometry, config, device): one lookup a launch
-def _plan_for(layout: RowLayout, config: LaunchConfig | None,
-              device: torch.device) -> tuple[LaunchPlan, tuple[int, int, int, bool]]:
+def _plan_for(
+    layout: RowLayout, config: LaunchConfig | None, device: torch.device
+) -> tuple[LaunchPlan, tuple[int, int, int, bool]]:
     """The launch plan and the kernel's compile-time constants but GATHER, in parameter
     order: (ROW_WORDS, SPAN, BLOCK, EVEN)."""
-    plan = plan_launch(layout, config or default_config(layout.row_bytes),
-                       programs_target(device))
+    plan = plan_launch(layout, config or default_config(layout.row_bytes), programs_target(device))
     return plan, (layout.row_words, plan.span_words, plan.block_words, plan.even)
 
 

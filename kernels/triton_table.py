@@ -21,7 +21,12 @@ from hicache.kernels.triton_rows import LAUNCH_FAILURES, check_runnable, interpr
 
 
 def _copy_table(  # type: ignore[no-untyped-def]
-    src, dst, table, BLOCK: tl.constexpr, VEC: tl.constexpr, GATHER: tl.constexpr,
+    src,
+    dst,
+    table,
+    BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """One piece: `length` units of VEC words between the side and the packed tensor."""
     p = tl.program_id(0).to(tl.int64)
@@ -52,9 +57,16 @@ def _kernel(interpreted: bool) -> Any:
     return _JITTED[interpreted]
 
 
-def copy_table_triton(src: torch.Tensor, dst: torch.Tensor, rows: RowTable, table: torch.Tensor,
-                      *, gather: bool = True, config: TableConfig = TableConfig(),
-                      stream: torch.cuda.Stream | None = None) -> None:
+def copy_table_triton(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    rows: RowTable,
+    table: torch.Tensor,
+    *,
+    gather: bool = True,
+    config: TableConfig = TableConfig(),
+    stream: torch.cuda.Stream | None = None,
+) -> None:
     """`row_table.copy_table_torch` in one launch, enqueued on `stream`. `table` is
     `rows.table` on src's device (int64 [pieces, 3], contiguous), uploaded by the caller.
     BackendError when Triton cannot compile or launch it."""
@@ -80,6 +92,8 @@ def copy_table_triton(src: torch.Tensor, dst: torch.Tensor, rows: RowTable, tabl
         with torch.cuda.device(src.device):
             _COMPILED[0].launch(key, grid, args, options, stream=stream)
     except LAUNCH_FAILURES as exc:
-        raise BackendError(f"Triton row-table copy failed to compile or launch "
-                           f"({rows.pieces} pieces): {type(exc).__name__}: {exc}; use backend "
-                           f"'torch'") from exc
+        raise BackendError(
+            f"Triton row-table copy failed to compile or launch "
+            f"({rows.pieces} pieces): {type(exc).__name__}: {exc}; use backend "
+            f"'torch'"
+        ) from exc

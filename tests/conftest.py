@@ -40,10 +40,15 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the profiles with the database under this run's rootdir and load PROFILE
     (before Hypothesis' plugin, whose --hypothesis-profile still wins)."""
     database = DirectoryBasedExampleDatabase(str(config.rootpath / ".hypothesis" / "examples"))
-    settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True,
-                              database=database)
     settings.register_profile(
-        "fuzz", max_examples=5000, deadline=None, print_blob=True, database=database,
+        "dev", max_examples=100, deadline=None, print_blob=True, database=database
+    )
+    settings.register_profile(
+        "fuzz",
+        max_examples=5000,
+        deadline=None,
+        print_blob=True,
+        database=database,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     # Hypothesis' `ci` is derandomised, which implies no database; the blob is the replay.
@@ -60,7 +65,8 @@ def progress_every(profile: str, environ: Mapping[str, str]) -> int:
     if not raw.isdigit():
         raise pytest.UsageError(
             f"HICACHE_PROGRESS_EVERY={raw!r}: give examples per progress line, an integer >= 0 "
-            f"(0: no progress lines)")
+            f"(0: no progress lines)"
+        )
     return int(raw)
 
 
@@ -76,6 +82,7 @@ def _cuda_available() -> bool:
     if not _torch_importable():
         return False
     import torch
+
     return bool(torch.cuda.is_available())
 
 
@@ -97,8 +104,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Append the `hicache replay` section to a failed test's report."""
     report = yield
     if report.when != "call" or not report.failed:
@@ -114,8 +122,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         forced_seed=None if forced is None else str(forced),
         # Hypothesis records the seed it drew on the test function (no public accessor).
         generated_seed=getattr(function, "_hypothesis_internal_use_generated_seed", None),
-        database=(Path(database.path) if isinstance(database, DirectoryBasedExampleDatabase)
-                  else None),
+        database=(
+            Path(database.path) if isinstance(database, DirectoryBasedExampleDatabase) else None
+        ),
     )
     report.sections.append(("hicache replay", "\n".join(replay.replay_lines(failure))))
     return report

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import is_hypothesis_test
@@ -42,8 +43,10 @@ class Progress:
         self.examples += 1
         if self.examples % self.every == 0:
             elapsed_s = time.monotonic() - self.started_s
-            write_line(self.config, f"progress: {self.nodeid}: {self.examples} examples run "
-                                    f"({elapsed_s:.0f} s)")
+            write_line(
+                self.config,
+                f"progress: {self.nodeid}: {self.examples} examples run ({elapsed_s:.0f} s)",
+            )
 
 
 def write_line(config: pytest.Config, line: str) -> None:
@@ -62,8 +65,9 @@ def write_line(config: pytest.Config, line: str) -> None:
 def install(item: pytest.Item, progress: Progress) -> bool:
     """Make `item` tick `progress` once per example; False if it is no Hypothesis test."""
     function = getattr(item, "obj", None)
-    if not (isinstance(item, pytest.Function) and function is not None
-            and is_hypothesis_test(function)):
+    if not (
+        isinstance(item, pytest.Function) and function is not None and is_hypothesis_test(function)
+    ):
         return False
     machine = getattr(function, "_hypothesis_state_machine_class", None)
     if machine is not None:
@@ -84,8 +88,9 @@ def _counted(inner: Callable[..., Any], progress: Progress) -> Callable[..., Any
     return counted
 
 
-def _machine_run(run_test: Callable[[], None], machine: type[RuleBasedStateMachine],
-                 progress: Progress) -> Callable[[], None]:
+def _machine_run(
+    run_test: Callable[[], None], machine: type[RuleBasedStateMachine], progress: Progress
+) -> Callable[[], None]:
     """`run_test` (a machine's TestCase.runTest, bound) with a factory that ticks once per
     machine built, i.e. once per example."""
 
@@ -99,7 +104,7 @@ def _machine_run(run_test: Callable[[], None], machine: type[RuleBasedStateMachi
     for name in ("_hypothesis_internal_use_seed", "_hypothesis_internal_use_reproduce_failure"):
         if hasattr(machine, name):
             setattr(factory, name, getattr(machine, name))
-    case_settings = getattr(run_test, "__self__").settings
+    case_settings = run_test.__self__.settings
 
     @functools.wraps(run_test)
     def counted_run() -> None:

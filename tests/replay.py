@@ -48,17 +48,23 @@ def replay_lines(failure: Failure) -> list[str]:
     if not failure.hypothesis_test:
         return lines
     if failure.forced_seed is not None:
-        lines.append(f"  seed {failure.forced_seed} was forced, which turns the example database "
-                     f"off: the same examples come back only if the same test modules load")
+        lines.append(
+            f"  seed {failure.forced_seed} was forced, which turns the example database "
+            f"off: the same examples come back only if the same test modules load"
+        )
     elif failure.database is not None:
         lines.append(f"  it runs the failing example first: it is saved in {failure.database}")
     elif failure.profile == "ci":
-        lines.append("  derandomised: the same examples unless other test modules load; "
-                     "the blob below is exact")
+        lines.append(
+            "  derandomised: the same examples unless other test modules load; "
+            "the blob below is exact"
+        )
     blob = BLOB.search(failure.report_text)
     if blob is not None:
         lines.append(f"  exact, on any machine: decorate the test with {blob.group(0)}")
     if failure.generated_seed is not None:
-        lines.append(f"  seed {failure.generated_seed} (--hypothesis-seed; regenerates the "
-                     f"failure only if the same test modules load)")
+        lines.append(
+            f"  seed {failure.generated_seed} (--hypothesis-seed; regenerates the "
+            f"failure only if the same test modules load)"
+        )
     return lines

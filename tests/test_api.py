@@ -16,8 +16,18 @@ from hicache.extras import is_optional
 README = Path(__file__).resolve().parents[1] / "README.md"
 PRINTS = re.compile(r"# prints: (.+?)(?: \(.*\))?$", re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
-EXPORTS = {"ControlPlane", "CacheConfig", "CacheController", "Snapshot", "check_all",
-           "Violation", "Tracer", "ListSink", "NdjsonSink", "HiCacheError"}
+EXPORTS = {
+    "ControlPlane",
+    "CacheConfig",
+    "CacheController",
+    "Snapshot",
+    "check_all",
+    "Violation",
+    "Tracer",
+    "ListSink",
+    "NdjsonSink",
+    "HiCacheError",
+}
 
 
 def test_hicache_exports_the_starting_points_with_a_version() -> None:
@@ -27,16 +37,19 @@ def test_hicache_exports_the_starting_points_with_a_version() -> None:
     assert issubclass(hicache.HiCacheError, Exception)
     assert hicache.check_all is __import__("hicache.invariants", fromlist=["x"]).check_all
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
-        getattr(hicache, "NoSuchThing")
+        hicache.NoSuchThing
 
 
 def test_import_hicache_and_its_torch_free_names_load_no_torch() -> None:
-    probe = ("import sys, hicache\n"
-             "names = [n for n in hicache.__all__ if n != 'CacheController']\n"
-             "values = [getattr(hicache, n) for n in names]\n"
-             "print('torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, check=True)
+    probe = (
+        "import sys, hicache\n"
+        "names = [n for n in hicache.__all__ if n != 'CacheController']\n"
+        "values = [getattr(hicache, n) for n in names]\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.strip() == "False", done.stderr
 
 
@@ -64,4 +77,6 @@ def test_readme_python_block_runs(index: int, capsys: pytest.CaptureFixture[str]
     # A line's `# prints: X` comment is what it prints (X up to a parenthesised remark); the
     # example's first comments once said a hit of 12 tokens where it printed 8.
     for said in PRINTS.findall(code):
-        assert said.strip() in out, f"README block {index + 1} says it prints {said!r}; it printed {out!r}"
+        assert said.strip() in out, (
+            f"README block {index + 1} says it prints {said!r}; it printed {out!r}"
+        )

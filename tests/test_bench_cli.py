@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
 import torch
@@ -58,7 +59,7 @@ def test_a_bench_that_needs_cuda_exits_2_with_one_line(
 
 
 def test_invariants_pages_error_states_the_rule_and_the_minimum_that_works(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """It said '64 holds fewer than 4 nodes of 16 pages; use at least 86' without saying
     why 86: 4 nodes x 16 pages must fit in 3/4 of the tier. 85 fails, 86 runs."""
@@ -69,7 +70,8 @@ def test_invariants_pages_error_states_the_rule_and_the_minimum_that_works(
     assert capsys.readouterr().err == (
         "hicache bench invariants: error: --pages: 85 pages per tier is too few: the synthetic "
         "tree needs at least 4 nodes of 16 pages within 3/4 of each tier (the rest holds "
-        "in-flight transfers and a request's pages), so at least 86 pages per tier\n")
+        "in-flight transfers and a request's pages), so at least 86 pages per tier\n"
+    )
     assert invariants.main(["--pages", "86", "--repeats", "1"]) == 0
     with pytest.raises(ConfigError, match="so at least 86 pages per tier"):
         synthetic_snapshot(85)
@@ -98,15 +100,17 @@ def test_invariants_table_has_units_and_a_legend(capsys: pytest.CaptureFixture[s
 def test_control_table_has_units_and_a_legend(capsys: pytest.CaptureFixture[str]) -> None:
     from hicache.bench import control
 
-    assert control.main(["--tokens", "32", "--background", "2", "--repeats", "1",
-                         "--page-size", "4"]) == 0
+    assert (
+        control.main(["--tokens", "32", "--background", "2", "--repeats", "1", "--page-size", "4"])
+        == 0
+    )
     header, legend = header_and_legend(capsys.readouterr().out, "tokens")
     assert header == ["tokens", "pages", "match hit µs", "match miss µs", "insert µs"]
     assert "µs = microseconds" in legend
 
 
 def test_storage_tables_have_units_and_explain_c_f_and_extents(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from hicache.bench import storage
 
@@ -125,12 +129,30 @@ def test_storage_tables_have_units_and_explain_c_f_and_extents(
 def test_kernels_table_has_units_and_a_legend() -> None:
     from hicache.bench.kernels import format_table
 
-    row = {"GBps_rw": 900.0, "of_ceiling": 0.5, "GBps_rw_queued": 1200.0,
-           "of_ceiling_queued": 0.6, "correct": True}
-    result = {"device": "cpu", "ceiling": {"GBps_rw": 1800.0, "GBps_rw_queued": 2000.0},
-              "cases": [{"tokens": 350, "pages": 22, "gather": {"torch": row},
-                         "scatter": {"torch": row}}]}
+    row = {
+        "GBps_rw": 900.0,
+        "of_ceiling": 0.5,
+        "GBps_rw_queued": 1200.0,
+        "of_ceiling_queued": 0.6,
+        "correct": True,
+    }
+    result = {
+        "device": "cpu",
+        "ceiling": {"GBps_rw": 1800.0, "GBps_rw_queued": 2000.0},
+        "cases": [
+            {"tokens": 350, "pages": 22, "gather": {"torch": row}, "scatter": {"torch": row}}
+        ],
+    }
     header, legend = header_and_legend(format_table(result), "tokens")
-    assert header == ["tokens", "pages", "direction", "variant", "GB/s synced", "% ceiling",
-                      "GB/s queued", "% ceiling", "bytes ok"]
+    assert header == [
+        "tokens",
+        "pages",
+        "direction",
+        "variant",
+        "GB/s synced",
+        "% ceiling",
+        "GB/s queued",
+        "% ceiling",
+        "bytes ok",
+    ]
     assert "synced:" in legend and "queued:" in legend and "bytes ok:" in legend

@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bench(*args: str) -> list[dict[str, object]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "null_plane.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "null_plane.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 

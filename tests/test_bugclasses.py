@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hicache.records import UnknownOp
 from hicache.errors import IllegalTransition
+from hicache.records import UnknownOp
 from hicache.tiers import Direction
 from tests.test_control import fingerprint, plane, served
 
@@ -44,8 +44,11 @@ def test_every_cited_bug_class_is_defined() -> None:
 def test_every_test_the_page_names_exists() -> None:
     refs = TEST_REF.findall(PAGE.read_text(encoding="utf-8"))
     assert len(refs) > 20  # the pattern still matches how the page names tests
-    missing = [f"tests/{module}::{name}" for module, name in refs
-               if not re.search(rf"^def {name}\(", (ROOT / "tests" / module).read_text(), re.M)]
+    missing = [
+        f"tests/{module}::{name}"
+        for module, name in refs
+        if not re.search(rf"^def {name}\(", (ROOT / "tests" / module).read_text(), re.M)
+    ]
     assert not missing, f"spec/bugclasses.md names tests that do not exist: {missing}"
 
 

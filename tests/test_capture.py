@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
 import torch

@@ -47,23 +47,32 @@ PAGE = 16  # tokens per page
 SMALL = 32  # L1 / L2 pages per D2H / H2D region
 BIG = 1024  # pages per H2S / S2H: 32 MiB each, so the I/O threads are busy through a capture
 GEOMETRY = KVGeometry(layers=4, kv_heads=2, head_dim=32, dtype="fp32", page_size=PAGE)  # 32 KiB
-SHAPE = Qwen3Shape(hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=256,
-                   vocab=512, max_positions=4096)
+SHAPE = Qwen3Shape(
+    hidden=128,
+    layers=4,
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    intermediate=256,
+    vocab=512,
+    max_positions=4096,
+)
 NO_COLLECTION = 10**9  # a collector threshold that is never reached
 
 
 class Traffic:
     """An engine whose four kinds of transfer are in flight while a graph is captured.
 
-        L1 pages  [0, producer)  producer's | D2H sources (SMALL) | H2D targets (SMALL)
-        L2 pages  D2H targets (SMALL) | H2D sources (SMALL) | H2S sources (BIG) | S2H targets (BIG)
-        L3 slots  S2H sources (BIG, written once) | H2S targets (BIG)
+    L1 pages  [0, producer)  producer's | D2H sources (SMALL) | H2D targets (SMALL)
+    L2 pages  D2H targets (SMALL) | H2D sources (SMALL) | H2S sources (BIG) | S2H targets (BIG)
+    L3 slots  S2H sources (BIG, written once) | H2S targets (BIG)
     """
 
     def __init__(self, producer_pages: int) -> None:
         self.p = producer_pages
-        self.engine = TransferEngine(GEOMETRY, self.p + 2 * SMALL, 2 * SMALL + 2 * BIG, 2 * BIG,
-                                     device="cuda", io_threads=4)
+        self.engine = TransferEngine(
+            GEOMETRY, self.p + 2 * SMALL, 2 * SMALL + 2 * BIG, 2 * BIG, device="cuda", io_threads=4
+        )
         e = self.engine
         e.dma.direct_min_bytes = 1 << 30  # every run staged: pinned workspaces come and go
         randomize(e.l1.tensor, seed=1)
@@ -88,8 +97,12 @@ class Traffic:
         e.l2.bytes_view()[int(self.s2h_target[0]) : int(self.s2h_target[-1]) + 1].fill_(POISON)
         e.l1.tensor.view(torch.uint8)[:, :, torch.from_numpy(h2d_dst).cuda()] = POISON
         slots = np.arange(BIG, 2 * BIG)
-        self._handles = [e.d2h(d2h_src, d2h_dst), e.h2d(h2d_src, h2d_dst),
-                         e.h2s(self.h2s_source, slots), e.s2h(np.arange(BIG), self.s2h_target)]
+        self._handles = [
+            e.d2h(d2h_src, d2h_dst),
+            e.h2d(h2d_src, h2d_dst),
+            e.h2s(self.h2s_source, slots),
+            e.s2h(np.arange(BIG), self.s2h_target),
+        ]
         self._checks = [
             lambda: _same(l2_bytes(e, d2h_dst), want_d2h, "D2H"),
             lambda: _same(l1_bytes(e, h2d_dst), want_h2d, "H2D"),
@@ -106,8 +119,11 @@ class Traffic:
 
 
 def _same(got: torch.Tensor | np.ndarray, want: torch.Tensor | np.ndarray, what: str) -> None:
-    same = torch.equal(got, want) if isinstance(got, torch.Tensor) and isinstance(
-        want, torch.Tensor) else np.array_equal(got, want)
+    same = (
+        torch.equal(got, want)
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
+        else np.array_equal(got, want)
+    )
     assert same, f"{what}: bytes differ after a capture during the transfer"
 
 
@@ -153,8 +169,16 @@ class Disturbance:
 
 
 def _closed_controller() -> weakref.ref[CacheController]:
-    cfg = CacheConfig(geometry=GEOMETRY, l1_pages=8, l2_pages=8, l3_slots=8, device="cuda",
-                      backend="torch", check_mode="off", verify=False)  # torch: no probe to time
+    cfg = CacheConfig(
+        geometry=GEOMETRY,
+        l1_pages=8,
+        l2_pages=8,
+        l3_slots=8,
+        device="cuda",
+        backend="torch",
+        check_mode="off",
+        verify=False,
+    )  # torch: no probe to time
     ctl = CacheController(cfg)
     ctl.close()
     return weakref.ref(ctl)  # its backup chain points back to it: only the collector frees it
@@ -178,8 +202,9 @@ def test_gpu_model_capture_survives_transfers_and_dying_pinned_pools(collector: 
     assert graphs.geometry == GEOMETRY
     traffic, disturbance = Traffic(rounds + 1), Disturbance()
     graphs.model.register_forward_pre_hook(disturbance.fire_if_capturing)
-    tokens = torch.randint(0, SHAPE.vocab, (PAGE * (rounds + 1),),
-                           generator=torch.Generator().manual_seed(5)).tolist()
+    tokens = torch.randint(
+        0, SHAPE.vocab, (PAGE * (rounds + 1),), generator=torch.Generator().manual_seed(5)
+    ).tolist()
     l1, eager_l1 = traffic.engine.l1.tensor, torch.zeros_like(traffic.engine.l1.tensor)
     try:
         for r in range(rounds):  # page r: tokens [16r, 16r + 16) after pages 0..r-1
@@ -191,8 +216,14 @@ def test_gpu_model_capture_survives_transfers_and_dying_pinned_pools(collector: 
             eager.produce(tokens, *span, eager_l1, prefix, new)
             torch.testing.assert_close(l1[:, :, r], eager_l1[:, :, r], rtol=1e-4, atol=1e-4)
             traffic.check()
-        graphs.produce(tokens, PAGE * (rounds - 1), PAGE * rounds, l1, np.arange(rounds - 1),
-                       np.array([rounds]))  # the last shape again: a replay, no capture
+        graphs.produce(
+            tokens,
+            PAGE * (rounds - 1),
+            PAGE * rounds,
+            l1,
+            np.arange(rounds - 1),
+            np.array([rounds]),
+        )  # the last shape again: a replay, no capture
         assert torch.equal(l1[:, :, rounds], l1[:, :, rounds - 1])
     finally:
         traffic.engine.close()
@@ -203,15 +234,18 @@ def test_gpu_capture_helper_survives_transfers_and_dying_pinned_pools(collector:
     capture = importlib.import_module("hicache.dataplane.capture")
     traffic, disturbance = Traffic(1), Disturbance()
     gen = torch.Generator(device="cuda").manual_seed(3)
-    x, w1, w2 = (torch.randn(shape, device="cuda", generator=gen)
-                 for shape in ((64, 256), (256, 512), (512, 128)))
+    x, w1, w2 = (
+        torch.randn(shape, device="cuda", generator=gen)
+        for shape in ((64, 256), (256, 512), (512, 128))
+    )
     ran_capturing: list[bool] = []
 
     def work() -> torch.Tensor:
         hidden = torch.relu(x @ w1)
         disturbance.fire()
         capture.outside_capture(
-            lambda: ran_capturing.append(torch.cuda.is_current_stream_capturing()))
+            lambda: ran_capturing.append(torch.cuda.is_current_stream_capturing())
+        )
         return hidden @ w2
 
     _ = torch.relu(x @ w1) @ w2  # warm-up: libraries' lazy setup happens outside the capture
@@ -229,4 +263,3 @@ def test_gpu_capture_helper_survives_transfers_and_dying_pinned_pools(collector:
             traffic.check()
     finally:
         traffic.engine.close()
-

@@ -7,16 +7,17 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
 from hicache.checktrace.generate import controller_trace
-from hicache.control import ControlPlane
 from hicache.checktrace.reader import TraceReader
 from hicache.checktrace.replay import Replay
+from hicache.control import ControlPlane
 from hicache.lifecycle import load_lifecycle
 from hicache.pages import FREE
 from hicache.testing.adapters.controller import Setup
@@ -24,11 +25,22 @@ from hicache.tiers import Direction
 from hicache.trace import NdjsonSink, Tracer
 
 ROOT = Path(__file__).resolve().parents[1]
-NON_LIFECYCLE = {"begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove"}
+NON_LIFECYCLE = {
+    "begin_request",
+    "end_request",
+    "cached_len",
+    "split",
+    "lock",
+    "unlock",
+    "node_remove",
+}
 
 
-def plane_trace(script: Callable[[ControlPlane], None], capacities: tuple[int, int, int] = (8, 8, 8),
-                page_size: int = 2) -> list[str]:
+def plane_trace(
+    script: Callable[[ControlPlane], None],
+    capacities: tuple[int, int, int] = (8, 8, 8),
+    page_size: int = 2,
+) -> list[str]:
     """The NDJSON lines (header first) the reference emits while `script` drives it."""
     out = io.StringIO()
     cp = ControlPlane(page_size, capacities)
@@ -116,7 +128,11 @@ def edit(lines: list[str], seq: int, **changes: Any) -> list[str]:
 def insert_before(lines: list[str], seq: int, event: dict[str, Any]) -> list[str]:
     """`event` inserted as event `seq`, the later events renumbered."""
     evs = events(lines)
-    evs = evs[:seq - 1] + [{**event, "seq": seq}] + [{**e, "seq": e["seq"] + 1} for e in evs[seq - 1:]]
+    evs = (
+        evs[: seq - 1]
+        + [{**event, "seq": seq}]
+        + [{**e, "seq": e["seq"] + 1} for e in evs[seq - 1 :]]
+    )
     return lines_of(lines[0], evs)
 
 
@@ -131,7 +147,10 @@ def test_the_reference_example_is_valid() -> None:
     lines = plane_trace(write_through)
     v = check_lines(lines)
     assert (v.exit_code, v.events, v.seq) == (VALID, len(lines) - 1, None)
-    assert v.message == f"OK: {len(lines) - 1} events, 2 requests, 3 ops, checked after every call; full trace"
+    assert (
+        v.message
+        == f"OK: {len(lines) - 1} events, 2 requests, 3 ops, checked after every call; full trace"
+    )
 
 
 def test_renumbered_ids_and_pages_are_mapped() -> None:
@@ -154,13 +173,22 @@ def test_controller_traces_with_faults_are_valid() -> None:
     """Failed and cancelled transfers, refused reservations, write-back: all pass."""
     seen: set[str] = set()
     for seed in (1, 2, 3):
-        setup = Setup(l1_pages=9, l2_pages=5, l3_slots=4, write_policy="write_back", check_mode="off")
-        for lines in (controller_trace(seed, 300, faults=True), controller_trace(seed, 300, setup, faults=True)):
+        setup = Setup(
+            l1_pages=9, l2_pages=5, l3_slots=4, write_policy="write_back", check_mode="off"
+        )
+        for lines in (
+            controller_trace(seed, 300, faults=True),
+            controller_trace(seed, 300, setup, faults=True),
+        ):
             v = check_lines(lines)
             assert v.exit_code == VALID, v.message
             seen.update(e["event"] for e in events(lines))
     rows = set(load_lifecycle().transitions)
-    assert {"d2h_fail", "h2s_fail", "h2d_cancel", "h2s_cancel", "evict_l3"} <= seen <= rows | NON_LIFECYCLE
+    assert (
+        {"d2h_fail", "h2s_fail", "h2d_cancel", "h2s_cancel", "evict_l3"}
+        <= seen
+        <= rows | NON_LIFECYCLE
+    )
 
 
 def test_the_maps_hold_only_what_is_live() -> None:
@@ -180,7 +208,9 @@ def test_a_trace_cut_at_any_line_is_valid() -> None:
     """A trace may stop anywhere (spec/trace.md). A cut inside end_request's discards (before
     its end_request) used to be read as insert(r), which emits nothing there: a violation at
     every such cut (20 of 264 cuts of the examples; 26 of 726 of four controller traces)."""
-    examples = [p.read_text().splitlines() for p in sorted((ROOT / "spec" / "examples").glob("*.ndjson"))]
+    examples = [
+        p.read_text().splitlines() for p in sorted((ROOT / "spec" / "examples").glob("*.ndjson"))
+    ]
     traces = [t for t in examples if check_lines(t).exit_code == VALID] + [controller_trace(0, 150)]
     assert len(traces) > 10
     cut_in_discards = 0
@@ -188,14 +218,17 @@ def test_a_trace_cut_at_any_line_is_valid() -> None:
         for k in range(2, len(lines)):
             v = check_lines(lines[:k])
             assert (v.exit_code, v.events) == (VALID, k - 1), f"cut after line {k}: {v.message}"
-            cut_in_discards += json.loads(lines[k - 1])["event"] == "discard" \
+            cut_in_discards += (
+                json.loads(lines[k - 1])["event"] == "discard"
                 and json.loads(lines[k])["event"] == "end_request"
+            )
     assert cut_in_discards > 10
 
 
 def test_a_cut_discard_neither_call_emits_is_a_violation() -> None:
     """Where the trace stops inside discards, the discards are still checked: against
     end_request(r) when insert(r) would not emit them."""
+
     def abort(cp: ControlPlane) -> None:
         cp.begin_request(1, [1, 2, 3, 4, 5])
         cp.compute(1, 6)
@@ -225,8 +258,17 @@ def test_a_wrong_after_state_is_a_violation_at_its_event() -> None:
 
 def test_a_complete_for_an_op_never_issued_is_a_violation() -> None:
     lines = plane_trace(write_through)
-    extra = {"event": "d2h_complete", "op": 77, "node": 1, "tier": "L2", "before": "L1_D2H_PENDING",
-             "after": "L1_L2", "pages": [0], "token_start": 0, "token_end": 2}
+    extra = {
+        "event": "d2h_complete",
+        "op": 77,
+        "node": 1,
+        "tier": "L2",
+        "before": "L1_D2H_PENDING",
+        "after": "L1_L2",
+        "pages": [0],
+        "token_start": 0,
+        "token_end": 2,
+    }
     v = check_lines(insert_before(lines, 6, extra))
     assert (v.exit_code, v.seq) == (VIOLATION, 6)
     assert "op 77 is not pending" in v.message
@@ -247,8 +289,16 @@ def test_an_eviction_of_a_locked_node_is_not_enabled() -> None:
     lists what was enabled and the node's state before."""
     lines = plane_trace(write_through)
     seq = first(lines, "d2h_issue")
-    evict = {"event": "evict_l1", "node": 1, "tier": "L1", "before": "L1", "after": "ABSENT",
-             "pages": [0, 1], "token_start": 0, "token_end": 4}
+    evict = {
+        "event": "evict_l1",
+        "node": 1,
+        "tier": "L1",
+        "before": "L1",
+        "after": "ABSENT",
+        "pages": [0, 1],
+        "token_start": 0,
+        "token_end": 4,
+    }
     v = check_lines(insert_before(lines, seq, evict))
     assert (v.exit_code, v.seq) == (VIOLATION, seq)
     assert "guard 'locks(L1) == 0' fails" in v.message
@@ -269,7 +319,9 @@ def test_a_cached_len_before_publication_is_not_enabled() -> None:
 def test_a_hit_the_reference_disagrees_with_is_a_violation() -> None:
     lines = plane_trace(load_back)
     seq = [e["seq"] for e in events(lines) if e["event"] == "begin_request"][1]
-    v = check_lines(edit(lines, seq, detail={"hit": [4, 4, 0], "prompt": [1, 2, 3, 4, 9], "tokens": 5}))
+    v = check_lines(
+        edit(lines, seq, detail={"hit": [4, 4, 0], "prompt": [1, 2, 3, 4, 9], "tokens": 5})
+    )
     assert (v.exit_code, v.seq) == (VIOLATION, seq)
     assert "detail.hit: the trace has [4,4,0], the reference [0,4,0]" in v.message
 
@@ -297,7 +349,13 @@ def test_a_gap_in_seq_is_malformed_naming_the_line() -> None:
 
 def test_the_cli_streams_stdin() -> None:
     lines = plane_trace(write_through)
-    done = subprocess.run([sys.executable, "-m", "hicache", "check-trace", "-"], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "hicache", "check-trace", "-"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == VALID, done.stderr
     assert done.stdout.startswith("OK: ")

@@ -7,15 +7,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
 from hicache.checktrace.generate import controller_trace
 from hicache.checktrace.schema import TRACE_SCHEMA, load_event_schema
-from tests.test_checktrace import edit, events, first, lines_of, load_back, plane_trace, write_through
+from tests.test_checktrace import (
+    edit,
+    events,
+    first,
+    lines_of,
+    load_back,
+    plane_trace,
+    write_through,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DROPPED = {"locks": ("lock", "unlock"), "node_remove": ("node_remove",), "split": ("split",)}
@@ -52,10 +61,15 @@ Case = tuple[Callable[[list[str]], list[str]], str]
 MALFORMED_CASES: dict[str, Case] = {
     "bad JSON": (lambda ls: ls[:3] + ['{"seq": 3, "event"'] + ls[4:], "line 4: not JSON"),
     "missing header": (lambda ls: ls[1:], "line 1: header: the first line must be an object"),
-    "bad header": (lambda ls: [ls[0].replace('"version":1', '"version":2')] + ls[1:],
-                   "line 1: header version 2: this reader knows version 1 only"),
+    "bad header": (
+        lambda ls: [ls[0].replace('"version":1', '"version":2')] + ls[1:],
+        "line 1: header version 2: this reader knows version 1 only",
+    ),
     "unknown event": (lambda ls: edit(ls, 3, event="prefetch"), "line 4: unknown event 'prefetch'"),
-    "schema mismatch": (lambda ls: edit(ls, 3, tier="L2"), 'line 4: schema: tier: must be "L1", got "L2"'),
+    "schema mismatch": (
+        lambda ls: edit(ls, 3, tier="L2"),
+        'line 4: schema: tier: must be "L1", got "L2"',
+    ),
     "unknown key": (lambda ls: edit(ls, 3, slot=4), "line 4: schema: unknown key(s) ['slot']"),
     "out of order": (lambda ls: ls[:2] + [ls[3], ls[2]] + ls[4:], "line 3: seq 3 where 2 is due"),
     "L3 event, no L3": (_no_l3, "line 9: h2s_issue needs tier L3, which the header's capacities"),
@@ -92,8 +106,14 @@ def test_a_malformed_line_reports_its_seq_when_readable() -> None:
 # -- partial traces -----------------------------------------------------------------------------
 
 
-OMITS = [("pages",), ("states",), ("locks",), ("node_remove",), ("split",),
-         ("pages", "states", "locks", "node_remove")]
+OMITS = [
+    ("pages",),
+    ("states",),
+    ("locks",),
+    ("node_remove",),
+    ("split",),
+    ("pages", "states", "locks", "node_remove"),
+]
 
 
 @pytest.mark.parametrize("omits", OMITS, ids=lambda o: "+".join(o))
@@ -161,9 +181,14 @@ def test_the_schema_requires_the_op_and_node_trace_md_requires() -> None:
     The schema used to require neither (only the replay's dispatch refused a transfer that
     named no op), so a trace the schema called well formed failed in replay."""
     ours = load_event_schema()
-    events_ = [json.loads(x) for x in plane_trace(write_through) + plane_trace(load_back)[1:]
-               if '"seq"' in x]
-    transfers = [e for e in events_ if e["event"].split("_")[-1] in ("issue", "complete", "fail", "cancel")]
+    events_ = [
+        json.loads(x)
+        for x in plane_trace(write_through) + plane_trace(load_back)[1:]
+        if '"seq"' in x
+    ]
+    transfers = [
+        e for e in events_ if e["event"].split("_")[-1] in ("issue", "complete", "fail", "cancel")
+    ]
     on_nodes = [e for e in events_ if e["event"] in ("insert", "evict_l1", "evict_l2", "evict_l3")]
     assert transfers and on_nodes
     for e in transfers:
@@ -188,14 +213,21 @@ def test_lines_after_a_violation_are_never_read() -> None:
         for i, line in enumerate(bad):
             read.append(i)
             yield line
+
     v = check_lines(stream())
     assert (v.exit_code, v.seq) == (VIOLATION, seq)
     assert max(read) <= seq + 1 < len(bad) - 1
 
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hicache", "check-trace", *args], input=stdin,
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hicache", "check-trace", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_cli_file_options_and_exit_codes(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ replayed without corruption never needs the full checks at all.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +29,7 @@ from hicache.pages import FREE, PRIVATE, TREE
 from hicache.tiers import TIERS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trace(seed: int) -> tuple[str, ...]:
     """Seeds 1-3 without faults, 4-5 with failed transfers and refused reservations."""
     return tuple(controller_trace(seed, 250, faults=seed > 3))
@@ -61,12 +62,16 @@ def corrupt(cp: ControlPlane, scope: Scope, kind: str, data: st.DataObject) -> b
         if data.draw(st.booleans()):
             n.value[t] = None
         else:
-            v[data.draw(st.integers(0, v.size - 1))] = data.draw(st.integers(0, cp.tables[t].capacity - 1))
+            v[data.draw(st.integers(0, v.size - 1))] = data.draw(
+                st.integers(0, cp.tables[t].capacity - 1)
+            )
     elif kind == "owner":
         moved = sorted(scope.pages[t])
         if not moved:
             return False
-        cp.tables[t].owner[data.draw(st.sampled_from(moved))] = data.draw(st.sampled_from([FREE, PRIVATE, TREE]))
+        cp.tables[t].owner[data.draw(st.sampled_from(moved))] = data.draw(
+            st.sampled_from([FREE, PRIVATE, TREE])
+        )
     elif kind == "counter":
         cp.tree.pages_held[t] += 1
     elif kind == "pending" and nodes:
@@ -81,7 +86,9 @@ def corrupt(cp: ControlPlane, scope: Scope, kind: str, data: st.DataObject) -> b
         if not live:
             return False
         r = cp.requests[data.draw(st.sampled_from(live))]
-        r.private_pages = np.append(r.private_pages, data.draw(st.integers(0, cp.tables[0].capacity - 1)))
+        r.private_pages = np.append(
+            r.private_pages, data.draw(st.integers(0, cp.tables[0].capacity - 1))
+        )
     elif kind == "op":
         live = [o for o in scope.ops if o in cp.ops]
         if not live:
@@ -91,16 +98,29 @@ def corrupt(cp: ControlPlane, scope: Scope, kind: str, data: st.DataObject) -> b
         arr[0] = (int(arr[0]) + 1) % cp.tables[0].capacity
     elif kind == "link" and nodes:
         n = data.draw(st.sampled_from(nodes))
-        del n.parent.children[n.key[:cp.page_size]]
+        del n.parent.children[n.key[: cp.page_size]]
     else:
         return False
     return True
 
 
-KINDS = ["lock", "state", "value", "owner", "counter", "pending", "cached_len", "private", "op", "link"]
+KINDS = [
+    "lock",
+    "state",
+    "value",
+    "owner",
+    "counter",
+    "pending",
+    "cached_len",
+    "private",
+    "op",
+    "link",
+]
 
 
-def replay_until(lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope], bool | None]) -> None:
+def replay_until(
+    lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope], bool | None]
+) -> None:
     """Replay `lines` with the touched checks; from the `at`-th call on, run `hook` after
     each call until it returns anything but False, then stop."""
     lc = load_lifecycle()
@@ -114,6 +134,7 @@ def replay_until(lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope]
         if calls[0] >= at and hook(replay, scope) is not False:
             raise Stop
         return after(n_events, scope)
+
     replay.checks.after = spy  # type: ignore[method-assign]
     try:
         replay.run()
@@ -123,8 +144,9 @@ def replay_until(lines: tuple[str, ...], at: int, hook: Callable[[Replay, Scope]
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(1, 5), at=st.integers(1, 150), kind=st.sampled_from(KINDS), data=st.data())
-def test_the_touched_checks_report_what_the_full_checks_report(seed: int, at: int, kind: str,
-                                                                 data: st.DataObject) -> None:
+def test_the_touched_checks_report_what_the_full_checks_report(
+    seed: int, at: int, kind: str, data: st.DataObject
+) -> None:
     def hook(replay: Replay, scope: Scope) -> None:
         if not corrupt(replay.cp, scope, kind, data):
             return
@@ -133,6 +155,7 @@ def test_the_touched_checks_report_what_the_full_checks_report(seed: int, at: in
         assert isinstance(checks, Checks)
         got = Checks.after(checks, 1, scope)
         assert got == full, (kind, got, full)
+
     replay_until(trace(seed), at, hook)
 
 
@@ -140,8 +163,11 @@ OP_CORRUPTIONS: dict[str, Callable[[ControlPlane, Any], None]] = {
     "source page": lambda cp, op: op.source_pages.__setitem__(0, (int(op.source_pages[0]) + 1) % 4),
     "target page": lambda cp, op: op.target_pages.__setitem__(0, (int(op.target_pages[0]) + 1) % 4),
     "source unlocked": lambda cp, op: op.nodes[-1].lock.__setitem__(
-        TIERS.index(op.direction.source), op.nodes[-1].lock[TIERS.index(op.direction.source)] - 1),
-    "pending cleared": lambda cp, op: op.nodes[0].pending.__setitem__(TIERS.index(op.direction.target), None),
+        TIERS.index(op.direction.source), op.nodes[-1].lock[TIERS.index(op.direction.source)] - 1
+    ),
+    "pending cleared": lambda cp, op: op.nodes[0].pending.__setitem__(
+        TIERS.index(op.direction.target), None
+    ),
 }
 
 
@@ -161,6 +187,7 @@ def test_every_op_corruption_is_reported_as_the_full_checks_report() -> None:
                 assert got == full and full, (name, got, full)
                 seen.append(got)
                 return True
+
             replay_until(trace(seed), 1, hook)
             assert seen, f"{name}: no call left an op pending in seed {seed}"
 
@@ -181,6 +208,7 @@ def test_a_prefix_lock_no_event_names_is_in_scope() -> None:
         assert got == full and full
         seen.append(got)
         return True
+
     replay_until(trace(1), 1, hook)
     assert seen, "no begin_request with an L1 hit in the trace"
 

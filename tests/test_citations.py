@@ -23,8 +23,11 @@ OUTSIDE = re.compile(r"\b" + "write" + r"-?ups?\b|\bthe sources'", re.IGNORECASE
 def _tracked_files() -> list[Path]:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked files are unknown")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     paths = [ROOT / name for name in listed if name]
     return [p for p in paths if p.is_file() and not p.is_symlink()]
 

@@ -31,7 +31,9 @@ def test_spec_check_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixture[
     spec = tmp_path / "spec"
     shutil.copytree(SPEC_DIR, spec, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
     md = spec / "lifecycle.md"
-    md.write_text(md.read_text(encoding="utf-8").replace("    TREE --> FREE: free\n", ""), encoding="utf-8")
+    md.write_text(
+        md.read_text(encoding="utf-8").replace("    TREE --> FREE: free\n", ""), encoding="utf-8"
+    )
     assert main(["spec", "check", "--spec-dir", str(spec)]) == 1
     captured = capsys.readouterr()
     assert "diagram 'ownership' is stale" in captured.out
@@ -68,14 +70,19 @@ def test_invariants_table(capsys: pytest.CaptureFixture[str]) -> None:
         assert line.endswith(check.summary)
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["spec", "diagram", "--which", "L4"], "--which"),
-    (["spec", "check", "--spec-dir", "/nonexistent/spec"], "--spec-dir"),
-    (["spec", "frobnicate"], "ACTION"),
-    (["bench", "nope"], "NAME"),
-    ([], "COMMAND"),
-])
-def test_usage_errors_are_one_line(argv: list[str], option: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["spec", "diagram", "--which", "L4"], "--which"),
+        (["spec", "check", "--spec-dir", "/nonexistent/spec"], "--spec-dir"),
+        (["spec", "frobnicate"], "ACTION"),
+        (["bench", "nope"], "NAME"),
+        ([], "COMMAND"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -109,8 +116,13 @@ def test_delegated_module_missing_is_one_line(
 
 
 def test_python_dash_m() -> None:
-    done = subprocess.run([sys.executable, "-m", "hicache", "spec", "check"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "hicache", "spec", "check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("OK: ")
 
@@ -122,16 +134,28 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_python(code: str, *, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     """`code` in a fresh interpreter that imports this checkout's hicache (stderr captured)."""
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, timeout=120,
-                          check=False, stdout=stdout, stderr=subprocess.PIPE)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        text=True,
+        timeout=120,
+        check=False,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+    )
 
 
-@pytest.mark.parametrize("words, name", [
-    (["demo", "--requests", "5"], "hicache demo"),
-    (["bench", "control", "--tokens", "64"], "hicache bench control"),
-])
+@pytest.mark.parametrize(
+    "words, name",
+    [
+        (["demo", "--requests", "5"], "hicache demo"),
+        (["bench", "control", "--tokens", "64"], "hicache bench control"),
+    ],
+)
 def test_ctrl_c_in_a_delegated_command_is_one_line_and_status_130(
-    words: list[str], name: str, monkeypatch: pytest.MonkeyPatch,
+    words: list[str],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     class Module:
@@ -189,8 +213,10 @@ def test_stdout_closed_early_exits_141_without_a_traceback() -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        done = run_python("import sys; from hicache.cli import main; sys.exit(main(['invariants']))",
-                          stdout=write_end)
+        done = run_python(
+            "import sys; from hicache.cli import main; sys.exit(main(['invariants']))",
+            stdout=write_end,
+        )
     finally:
         os.close(write_end)
     assert done.returncode == 141

@@ -16,7 +16,7 @@ from tests.replay import Failure, replay_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
-INNER = '''
+INNER = """
 import os
 from hypothesis import Phase, given, settings, strategies as st
 
@@ -32,7 +32,7 @@ def maybe(decorator):
 @given(st.integers(0, 1000))
 def test_fails(x):
     assert x < 500
-'''
+"""
 # Hypothesis' report of the shrunk example ("Falsifying example:" or, since 6.16x, "Failing
 # test case:"), then the argument.
 FALSIFIED = ["*: test_fails(", "*x=500,"]
@@ -50,24 +50,28 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "tests.conftest", "-p", "no:cacheprovider",
-                                         "-W", "ignore::DeprecationWarning", *args)
+    return pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning", *args
+    )
 
 
 def _replay(result: pytest.RunResult) -> list[str]:
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if line.startswith("replay: "))
-    return [lines[start]] + [line for line in lines[start + 1:] if line.startswith("  ")]
+    return [lines[start]] + [line for line in lines[start + 1 :] if line.startswith("  ")]
 
 
 def test_a_failure_prints_a_seed_and_replays_that_fail_the_same_way(
-        inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = _run(inner)
     first.assert_outcomes(failed=1)
     first.stdout.fnmatch_lines(FALSIFIED)
     replay = _replay(first)
-    assert replay[0] == ("replay: HICACHE_HYPOTHESIS_PROFILE=dev python3 -m pytest "
-                         "test_inner.py::test_fails -p no:cacheprovider")
+    assert replay[0] == (
+        "replay: HICACHE_HYPOTHESIS_PROFILE=dev python3 -m pytest "
+        "test_inner.py::test_fails -p no:cacheprovider"
+    )
     assert any(re.fullmatch(r"  seed \d+ .*", line) for line in replay), replay
     database = inner.path / ".hypothesis" / "examples"
     assert any(str(database) in line for line in replay), replay
@@ -81,9 +85,11 @@ def test_a_failure_prints_a_seed_and_replays_that_fail_the_same_way(
     # 2. The blob alone, under the `ci` profile (derandomised, no database).
     blob = re.search(r"@reproduce_failure\(.*\)", "\n".join(replay))
     assert blob is not None, replay
-    inner.makepyfile(test_inner=INNER.replace(
-        "from hypothesis import", "from hypothesis import reproduce_failure,").replace(
-        "@maybe(reuse)", blob.group(0)))
+    inner.makepyfile(
+        test_inner=INNER.replace(
+            "from hypothesis import", "from hypothesis import reproduce_failure,"
+        ).replace("@maybe(reuse)", blob.group(0))
+    )
     monkeypatch.setenv("CI", "true")
     exact = _run(inner)
     exact.assert_outcomes(failed=1)
@@ -92,14 +98,18 @@ def test_a_failure_prints_a_seed_and_replays_that_fail_the_same_way(
 
 
 def test_replay_lines_say_why_each_replay_works() -> None:
-    failure = Failure(nodeid="tests/t.py::test_x[a b]", profile="ci",
-                      report_text="... adding @reproduce_failure('6.1', b'AA==') as ...",
-                      hypothesis_test=True, forced_seed=None, generated_seed=None,
-                      database=None)
+    failure = Failure(
+        nodeid="tests/t.py::test_x[a b]",
+        profile="ci",
+        report_text="... adding @reproduce_failure('6.1', b'AA==') as ...",
+        hypothesis_test=True,
+        forced_seed=None,
+        generated_seed=None,
+        database=None,
+    )
     assert replay_lines(failure) == [
         "replay: CI=true python3 -m pytest 'tests/t.py::test_x[a b]' -p no:cacheprovider",
-        "  derandomised: the same examples unless other test modules load; the blob below is "
-        "exact",
+        "  derandomised: the same examples unless other test modules load; the blob below is exact",
         "  exact, on any machine: decorate the test with @reproduce_failure('6.1', b'AA==')",
     ]
     forced = dataclasses.replace(failure, profile="fuzz", forced_seed="7", report_text="")
@@ -113,8 +123,10 @@ def test_replay_lines_say_why_each_replay_works() -> None:
 
 
 def test_progress_lines_count_examples_of_given_and_stateful_tests(
-        inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    inner.makepyfile(test_inner='''
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inner.makepyfile(
+        test_inner="""
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
@@ -133,16 +145,19 @@ class Machine(RuleBasedStateMachine):
 
 Machine.TestCase.settings = settings(max_examples=25, stateful_step_count=2)
 TestMachine = Machine.TestCase
-''')
+"""
+    )
     monkeypatch.setenv("HICACHE_PROGRESS_EVERY", "10")
     result = _run(inner)
     result.assert_outcomes(passed=2)
-    result.stdout.re_match_lines([
-        r"progress: test_inner.py::test_passes: 10 examples run \(\d+ s\)",
-        r"progress: test_inner.py::test_passes: 20 examples run \(\d+ s\)",
-        r"progress: test_inner.py::TestMachine::runTest: 10 examples run \(\d+ s\)",
-        r"progress: test_inner.py::TestMachine::runTest: 20 examples run \(\d+ s\)",
-    ])
+    result.stdout.re_match_lines(
+        [
+            r"progress: test_inner.py::test_passes: 10 examples run \(\d+ s\)",
+            r"progress: test_inner.py::test_passes: 20 examples run \(\d+ s\)",
+            r"progress: test_inner.py::TestMachine::runTest: 10 examples run \(\d+ s\)",
+            r"progress: test_inner.py::TestMachine::runTest: 20 examples run \(\d+ s\)",
+        ]
+    )
 
 
 def test_progress_is_on_for_fuzz_only_unless_asked() -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
-from hicache.records import UnknownOp
 from hicache.errors import IllegalTransition, OutOfPages
+from hicache.records import UnknownOp
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
 from hicache.tracewalk import ENV_VAR
@@ -37,9 +37,17 @@ def fingerprint(cp: ControlPlane) -> object:
     """Every piece of state a rejected transition must leave untouched."""
     s = cp.snapshot()
     nodes = sorted(
-        (n.node_id, n.parent_id, n.key_tokens, tuple(sorted(n.states.items())),
-         tuple(sorted(n.locks.items())), tuple(sorted(n.pending.items())),
-         tuple((k, None if v is None else tuple(v.tolist())) for k, v in sorted(n.values.items())))
+        (
+            n.node_id,
+            n.parent_id,
+            n.key_tokens,
+            tuple(sorted(n.states.items())),
+            tuple(sorted(n.locks.items())),
+            tuple(sorted(n.pending.items())),
+            tuple(
+                (k, None if v is None else tuple(v.tolist())) for k, v in sorted(n.values.items())
+            ),
+        )
         for n in s.nodes
     )
     owners = tuple(tuple(t.owner.tolist()) for t in s.tiers.values())
@@ -99,8 +107,18 @@ def test_backup_chain_and_restore() -> None:
     cp.complete(h2d.op_id)
     assert cp.advance_cached_len(2, node) == 4
     names = {e.event for e in sink.events}
-    assert {"d2h_issue", "d2h_complete", "h2s_issue", "h2s_complete", "evict_l1", "evict_l2",
-            "s2h_issue", "s2h_complete", "h2d_issue", "h2d_complete"} <= names
+    assert {
+        "d2h_issue",
+        "d2h_complete",
+        "h2s_issue",
+        "h2s_complete",
+        "evict_l1",
+        "evict_l2",
+        "s2h_issue",
+        "s2h_complete",
+        "h2d_issue",
+        "h2d_complete",
+    } <= names
 
 
 @pytest.mark.parametrize("outcome", ["fail", "cancel"])
@@ -188,7 +206,13 @@ def test_abort_with_pending_restore_leaves_nothing_behind() -> None:
 def test_trace_events_are_lifecycle_names() -> None:
     cp, sink = plane()
     served(cp, 1, [1, 2, 3, 4])
-    known = set(cp.lifecycle.transitions) | {"begin_request", "end_request", "cached_len", "split", "node_remove"}
+    known = set(cp.lifecycle.transitions) | {
+        "begin_request",
+        "end_request",
+        "cached_len",
+        "split",
+        "node_remove",
+    }
     assert {e.event for e in sink.events} <= known
     seqs = [e.seq for e in sink.events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

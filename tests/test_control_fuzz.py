@@ -15,8 +15,8 @@ put on the free list (I1) or leaked (I6) is reported for that tier. The bug zoo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 from hypothesis import settings
@@ -80,11 +80,22 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         """Issue the chain a node needs, in a direction it can go (any that has a node); with
         `gap`, the chain without its first node, whose parent then lacks the target: the
         issue guard must refuse it (no backup gap, B07)."""
-        moves = [(d, n) for d in Direction for n in self.cp.tree.nodes()
-                 if n.state[TIERS.index(d.source)] == "RESIDENT" and n.state[TIERS.index(d.target)] == "ABSENT"]
+        moves = [
+            (d, n)
+            for d in Direction
+            for n in self.cp.tree.nodes()
+            if n.state[TIERS.index(d.source)] == "RESIDENT"
+            and n.state[TIERS.index(d.target)] == "ABSENT"
+        ]
         # Prefer chains the source tier holds whole (the rest are refused by a guard).
-        whole = [(d, n) for d, n in moves if all(
-            c.state[TIERS.index(d.source)] == "RESIDENT" for c in chain_into(n, TIERS.index(d.target)))]
+        whole = [
+            (d, n)
+            for d, n in moves
+            if all(
+                c.state[TIERS.index(d.source)] == "RESIDENT"
+                for c in chain_into(n, TIERS.index(d.target))
+            )
+        ]
         if not moves:
             return
         pick = whole or moves  # a direction first (uniform over those with a node), then a node
@@ -94,7 +105,9 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         chain = chain_into(node, dst)
         if gap and len(chain) > 1:
             refused = self.attempt(lambda: self.cp.issue(direction, chain[1:]))
-            assert refused, f"{direction} issued below node {chain[0].node_id}, which lacks {TIERS[dst]}"
+            assert refused, (
+                f"{direction} issued below node {chain[0].node_id}, which lacks {TIERS[dst]}"
+            )
             return
         parent = chain[0].parent
         assert parent is not None  # Verify: a chain never starts at the root.
@@ -109,13 +122,17 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         chain rarely, these callers have one at hand)."""
         if len(chain) > 1:
             refused = self.attempt(lambda: self.cp.issue(direction, chain[1:]))
-            assert refused, f"{direction} issued below node {chain[0].node_id}, which lacks {direction.target}"
+            assert refused, (
+                f"{direction} issued below node {chain[0].node_id}, which lacks {direction.target}"
+            )
 
     @rule(data=st.data())
     def back_up_and_drop(self, data: st.DataObject) -> None:
         """Back an L1 chain up to L2 at once (issue, complete), then drop L1 copies: the
         prefix is now L2-only, so later load-backs (and their failures) have a source."""
-        nodes = [n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT" and n.state[1] == "ABSENT"]
+        nodes = [
+            n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT" and n.state[1] == "ABSENT"
+        ]
         if not nodes:
             return
         node = data.draw(st.sampled_from(nodes))
@@ -124,15 +141,20 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             # such a chain can test the guard below a gap (B07).
             path = [t for n in reversed(self.cp.tree.path_to_root(node)) for t in n.key]
             self.serve(path + [3] * PS)
-            deeper = [n for n in self.cp.tree.nodes() if n.state[0] == "RESIDENT"
-                      and n.state[1] == "ABSENT" and len(chain_into(n, 1)) > 1]
+            deeper = [
+                n
+                for n in self.cp.tree.nodes()
+                if n.state[0] == "RESIDENT" and n.state[1] == "ABSENT" and len(chain_into(n, 1)) > 1
+            ]
             node = deeper[0] if deeper else node
         chain = chain_into(node, 1)
         if any(n.state[0] != "RESIDENT" for n in chain):
             return
         parent = chain[0].parent
         assert parent is not None  # Verify: a chain never starts at the root.
-        self.cp.evict("L2", sum(n.num_pages for n in chain) - self.cp.free_pages("L2"), keep=[parent])
+        self.cp.evict(
+            "L2", sum(n.num_pages for n in chain) - self.cp.free_pages("L2"), keep=[parent]
+        )
         self._refused_below_a_gap(Direction.D2H, chain)
         if not self.attempt(lambda: self.cp.issue(Direction.D2H, chain)):
             self.cp.complete(max(self.cp.ops))  # the op just issued: ids only grow
@@ -149,13 +171,20 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         rid, self.next_rid = self.next_rid, self.next_rid + 1
         self.cp.begin_request(rid, tokens)
         refused = self.attempt(lambda: self.cp.advance_cached_len(rid, node))
-        assert refused, f"request {rid} was served node {node.node_id} before its load-back completed"
+        assert refused, (
+            f"request {rid} was served node {node.node_id} before its load-back completed"
+        )
         self.cp.end_request(rid)
 
     def _l2_only(self) -> list[TreeNode]:
         """Nodes a load-back may start at: in L2, not in L1, their chain into L1 in L2 whole."""
-        return [n for n in self.cp.tree.nodes() if n.state[1] == "RESIDENT" and n.state[0] == "ABSENT"
-                and all(c.state[1] == "RESIDENT" for c in chain_into(n, 0))]
+        return [
+            n
+            for n in self.cp.tree.nodes()
+            if n.state[1] == "RESIDENT"
+            and n.state[0] == "ABSENT"
+            and all(c.state[1] == "RESIDENT" for c in chain_into(n, 0))
+        ]
 
     @precondition(lambda self: bool(self._l2_only()))
     @rule(data=st.data(), outcome=st.sampled_from(["fail", "fail", "cancel", "complete", None]))
@@ -169,7 +198,9 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         chain = chain_into(data.draw(st.sampled_from(self._l2_only())), 0)
         parent = chain[0].parent
         assert parent is not None  # Verify: a chain never starts at the root.
-        self.cp.evict("L1", sum(n.num_pages for n in chain) - self.cp.free_pages("L1"), keep=[parent])
+        self.cp.evict(
+            "L1", sum(n.num_pages for n in chain) - self.cp.free_pages("L1"), keep=[parent]
+        )
         self._refused_below_a_gap(Direction.H2D, chain)
         if self.attempt(lambda: self.cp.issue(Direction.H2D, chain)):
             return
@@ -181,7 +212,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         node = chain[-1]  # left in flight: a prompt diverging inside it splits it (B06)
         if node.num_pages > 1:
             path = [t for n in reversed(self.cp.tree.path_to_root(node)) for t in n.key]
-            self.serve(path[:len(path) - len(node.key) + PS] + [3] * PS)
+            self.serve(path[: len(path) - len(node.key) + PS] + [3] * PS)
 
     @rule(tiers=st.sampled_from(["L1", "L2", "L1 L2"]))
     def push_out(self, tiers: str) -> None:
@@ -222,8 +253,9 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         if not hasattr(self, "cp"):
             return
         checker = self.cp.checker
-        assert checker.checks_run == checker.transitions, \
+        assert checker.checks_run == checker.transitions, (
             f"{checker.transitions} transitions but {checker.checks_run} checked (mode every)"
+        )
         s = self.cp.snapshot()
         self.canary_turn = getattr(self, "canary_turn", -1) + 1
         tier = TIERS[self.canary_turn % len(TIERS)].value
@@ -255,12 +287,18 @@ def _owned(s: Snapshot, tier: str, page: int, owner: int) -> Snapshot:
 
 def _found(s: Snapshot, checks: tuple[Check, ...], check_id: str) -> set[tuple[str, str | None]]:
     """(check id, tier) of every violation the checker's check `check_id` finds in `s`."""
-    return {(v.invariant, v.tier) for v in check_all(s, tuple(c for c in checks if c.id == check_id))}
+    return {
+        (v.invariant, v.tier) for v in check_all(s, tuple(c for c in checks if c.id == check_id))
+    }
 
 
 _profile = settings()  # the loaded profile (dev, ci or fuzz); the zoo runs this machine longer
 ControlPlaneMachine.TestCase.settings = settings(
-    _profile, max_examples=min(_profile.max_examples, 50) if _profile.max_examples < 1000
-    else _profile.max_examples, stateful_step_count=50, deadline=None,
+    _profile,
+    max_examples=min(_profile.max_examples, 50)
+    if _profile.max_examples < 1000
+    else _profile.max_examples,
+    stateful_step_count=50,
+    deadline=None,
 )
 TestControlPlaneMachine = ControlPlaneMachine.TestCase

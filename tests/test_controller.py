@@ -4,7 +4,7 @@ are checked after every transition (check mode `every`) in every test."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -88,9 +88,14 @@ def test_no_promotion_drops_the_l2_copy() -> None:
     c.close()
 
 
-@pytest.mark.parametrize("site, evicted", [
-    (FaultSite.H2D_COMPLETE, "1"), (FaultSite.IO_EIO, "12"), (FaultSite.CORRUPT_SLOT, "12"),
-])
+@pytest.mark.parametrize(
+    "site, evicted",
+    [
+        (FaultSite.H2D_COMPLETE, "1"),
+        (FaultSite.IO_EIO, "12"),
+        (FaultSite.CORRUPT_SLOT, "12"),
+    ],
+)
 def test_failed_restore_falls_back_to_recompute(site: FaultSite, evicted: str) -> None:
     faults = FaultInjector()
     # Invariants after every step, CORRUPT_SLOT too: a rotten slot is unservable, and I4
@@ -103,8 +108,15 @@ def test_failed_restore_falls_back_to_recompute(site: FaultSite, evicted: str) -
     if site is not FaultSite.CORRUPT_SLOT:
         faults.once(site)
     assert serve(c, 2, PROMPT) == 24  # everything recomputed (B12: no raise, no hang)
-    assert c.metrics.fallbacks == {"transfer_failed": 1, "no_room": 0, "restore_gap": 0, "l3_offline": 0,
-                                   "dropped": 0, "load_back_pending": 0, "prefetch_clamped": 0}
+    assert c.metrics.fallbacks == {
+        "transfer_failed": 1,
+        "no_room": 0,
+        "restore_gap": 0,
+        "l3_offline": 0,
+        "dropped": 0,
+        "load_back_pending": 0,
+        "prefetch_clamped": 0,
+    }
     assert c.metrics.verified_pages == 0
     if site is FaultSite.CORRUPT_SLOT:
         assert all(n.state[2] != RESIDENT for n in c.cp.tree.nodes())  # the slot is a miss now
@@ -174,7 +186,9 @@ def test_a_restore_that_brought_nothing_new_is_not_verified(ctl: CacheController
     assert ctl.producer is not None and ctl.verifier is not None  # a plane with bytes, verify on
     with pytest.raises(ProducerError, match="start < end"):
         ctl.producer.expected(tokens, 32, 32)  # why the check must come first
-    assert ctl.verifier.verify(tokens, 32, 32, np.zeros(0, dtype=np.int64)) == 0  # nothing to compare
+    assert (
+        ctl.verifier.verify(tokens, 32, 32, np.zeros(0, dtype=np.int64)) == 0
+    )  # nothing to compare
     assert_clean(ctl)
 
 
@@ -212,7 +226,9 @@ def test_write_back_backs_up_on_eviction() -> None:
     assert all(n.state[1] != RESIDENT for n in c.cp.tree.nodes())
     serve(c, 2, OTHER)  # needs L1 room: the first prompt is backed up, then evicted
     first = c.cp.tree.match(PROMPT, split=False, touch=False)
-    assert first.lengths[1] == 24 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    assert (
+        first.lengths[1] == 24 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    )
     c.close()
 
 
@@ -226,7 +242,10 @@ def test_outside_eviction_backs_up_under_write_back() -> None:
     c.drain()
     assert c.evict("L1", 12) >= 6 and c.metrics.evicted_pages["L1"] >= 6
     first = c.cp.tree.match(PROMPT, split=False, touch=False)
-    assert first.lengths == (0, 24, 0) and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    assert (
+        first.lengths == (0, 24, 0)
+        and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    )
     c.close()
 
 
@@ -239,8 +258,12 @@ def test_write_through_unbacked_eviction_counts_dropped_tokens() -> None:
 
 
 def test_config_errors_name_the_field() -> None:
-    for kw, field in (({"l1_pages": 0}, "l1_pages"), ({"policy": "sometimes"}, "policy"),
-                      ({"write_policy": "later"}, "write_policy"), ({"check_mode": "often"}, "check_mode")):
+    for kw, field in (
+        ({"l1_pages": 0}, "l1_pages"),
+        ({"policy": "sometimes"}, "policy"),
+        ({"write_policy": "later"}, "write_policy"),
+        ({"check_mode": "often"}, "check_mode"),
+    ):
         with pytest.raises(ConfigError) as e:
             CacheConfig(**kw)
         assert e.value.field == field
@@ -267,13 +290,23 @@ def test_every_metric_family_is_documented_and_carries_its_unit() -> None:
     text = metrics.Metrics().to_prometheus()
     exported = set(re.findall(r"^# TYPE hicache_(\S+) counter$", text, re.M))
     documented = set(re.findall(r"\b([a-z0-9_<>]+_total)\b", metrics.__doc__ or ""))
-    stages = {f"transfer_{s}_seconds_total" for s in ("enqueue", "workspace_setup", "queue_wait", "service")}
+    stages = {
+        f"transfer_{s}_seconds_total"
+        for s in ("enqueue", "workspace_setup", "queue_wait", "service")
+    }
     documented = (documented - {"transfer_<stage>_seconds_total"}) | stages
     assert exported == documented
     units = ("_tokens_total", "_pages_total", "_seconds_total", "_bytes_total")
-    counts = {"fallbacks_total", "policy_skips_total", "restores_total", "preemptions_total",
-              "decisions_total", "transfers_done_total", "transfers_failed_total",
-              "transfers_cancelled_total"}  # events: the unit is the count itself
+    counts = {
+        "fallbacks_total",
+        "policy_skips_total",
+        "restores_total",
+        "preemptions_total",
+        "decisions_total",
+        "transfers_done_total",
+        "transfers_failed_total",
+        "transfers_cancelled_total",
+    }  # events: the unit is the count itself
     assert all(name.endswith(units) or name in counts for name in exported), exported
 
 
@@ -293,7 +326,9 @@ class _Timed:
         self.nbytes, self.timings = nbytes, timings
 
 
-def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(ctl: CacheController) -> None:
+def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(
+    ctl: CacheController,
+) -> None:
     """A handle's `enqueue_s` already leaves the workspace setup out (the movers measure the
     issuing call less the setup, TransferTimings' contract): the sample is enqueue + queue
     wait + service. Subtracting the setup again made a transfer that allocated a larger
@@ -323,7 +358,9 @@ def test_the_controller_asks_the_control_plane_and_evicts_through_its_one_loop()
 
     import hicache.controller
 
-    forbidden = re.compile(r"\.(state|value|lock|pending)\[|\.evictable\(|\bcp\.tables\[|free_count")
+    forbidden = re.compile(
+        r"\.(state|value|lock|pending)\[|\.evictable\(|\bcp\.tables\[|free_count"
+    )
     found = []
     for path in sorted(Path(hicache.controller.__file__).parent.glob("*.py")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -40,25 +40,48 @@ PS = 4  # the tiny geometry's page size
 # Three shared prefixes (2 pages each) and suffixes that diverge after 0, 1 or 2 more pages.
 PREFIXES = [tuple(range(1000 * p, 1000 * p + 2 * PS)) for p in (1, 2, 3)]
 prompts = st.builds(
-    lambda p, extra, tail, salt: PREFIXES[p] + tuple(range(50 * salt, 50 * salt + extra * PS + tail)),
-    st.integers(0, 2), st.integers(0, 3), st.integers(1, PS), st.integers(0, 2),
+    lambda p, extra, tail, salt: (
+        PREFIXES[p] + tuple(range(50 * salt, 50 * salt + extra * PS + tail))
+    ),
+    st.integers(0, 2),
+    st.integers(0, 3),
+    st.integers(1, PS),
+    st.integers(0, 2),
 )
-NEXT_FAULT = [FaultSite.DELAY, FaultSite.H2D_COMPLETE, FaultSite.D2H_COMPLETE,
-              FaultSite.CORRUPT_SLOT, FaultSite.IO_EIO, FaultSite.SHORT_READ, FaultSite.SHORT_WRITE]
+NEXT_FAULT = [
+    FaultSite.DELAY,
+    FaultSite.H2D_COMPLETE,
+    FaultSite.D2H_COMPLETE,
+    FaultSite.CORRUPT_SLOT,
+    FaultSite.IO_EIO,
+    FaultSite.SHORT_READ,
+    FaultSite.SHORT_WRITE,
+]
 
 
 class ControllerMachine(RuleBasedStateMachine):
     @initialize(
-        l1=st.integers(10, 16), l2=st.integers(4, 16), l3=st.integers(2, 16),
-        write_policy=st.sampled_from(WRITE_POLICIES), promotion=st.booleans(),
+        l1=st.integers(10, 16),
+        l2=st.integers(4, 16),
+        l3=st.integers(2, 16),
+        write_policy=st.sampled_from(WRITE_POLICIES),
+        promotion=st.booleans(),
     )
     def setup(self, l1: int, l2: int, l3: int, write_policy: str, promotion: bool) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="hicache-fuzz-")
         self.path = os.path.join(self.dir.name, "l3.slots")
         self.faults = FaultInjector(delay_polls=2)
         cfg = CacheConfig(
-            l1_pages=l1, l2_pages=l2, l3_slots=l3, device="cpu", backend="torch", policy="always",
-            write_policy=write_policy, promotion=promotion, l3_path=self.path, io_threads=2,
+            l1_pages=l1,
+            l2_pages=l2,
+            l3_slots=l3,
+            device="cpu",
+            backend="torch",
+            policy="always",
+            write_policy=write_policy,
+            promotion=promotion,
+            l3_path=self.path,
+            io_threads=2,
         )
         self.ctl = CacheController(cfg, faults=self.faults)
         self.next_rid = 1
@@ -206,8 +229,9 @@ class ControllerMachine(RuleBasedStateMachine):
         page half read (B14)."""
         if self.damaged or self.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
             return
-        assert self.ctl.transfer_engine.l3.corrupt_reads == 0, \
+        assert self.ctl.transfer_engine.l3.corrupt_reads == 0, (
             f"{self.ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+        )
         held = [v for n in self.ctl.cp.tree.nodes() if (v := n.value[2]) is not None]
         if held:
             digests = self.ctl.transfer_engine.digests("L3", np.concatenate(held))
@@ -221,7 +245,11 @@ class ControllerMachine(RuleBasedStateMachine):
 
 _profile = settings()  # the loaded profile (dev, ci or fuzz)
 ControllerMachine.TestCase.settings = settings(
-    _profile, max_examples=min(_profile.max_examples, 40) if _profile.max_examples < 1000
-    else _profile.max_examples, stateful_step_count=30, deadline=None,
+    _profile,
+    max_examples=min(_profile.max_examples, 40)
+    if _profile.max_examples < 1000
+    else _profile.max_examples,
+    stateful_step_count=30,
+    deadline=None,
 )
 TestControllerMachine = ControllerMachine.TestCase

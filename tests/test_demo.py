@@ -25,8 +25,18 @@ from hicache.errors import ConfigError
 from hicache.workload import shared_prefix_workload
 
 # Small and fast, yet with preemptions, drops and fallbacks to report (see test_serving.py).
-TIGHT = ["--device", "cpu", "--l1-pages", "40", "--l2-pages", "8", "--l3-slots", "8",
-         "--requests", "40"]
+TIGHT = [
+    "--device",
+    "cpu",
+    "--l1-pages",
+    "40",
+    "--l2-pages",
+    "8",
+    "--l3-slots",
+    "8",
+    "--requests",
+    "40",
+]
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
@@ -47,11 +57,12 @@ def tight(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]
 
 @pytest.mark.torch  # runs the demo
 def test_report_echoes_the_configuration_and_defines_every_term(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out, _ = run(capsys, *TIGHT, "--seed", "3", "--write-policy", "write_back")
-    config = dict(re.findall(r"^  (\S+(?: \S+)*?)  +(.+)$",
-                             out.split("\n\n")[1], flags=re.MULTILINE))
+    config = dict(
+        re.findall(r"^  (\S+(?: \S+)*?)  +(.+)$", out.split("\n\n")[1], flags=re.MULTILINE)
+    )
     assert config["geometry"].startswith("tiny: 2 layers")
     assert config["L1 (device)"] == "40 pages" and config["L2 (host)"] == "8 pages"
     assert config["L3 (file)"] == "8 slots" and config["L3 path"].startswith("a temporary file")
@@ -63,9 +74,20 @@ def test_report_echoes_the_configuration_and_defines_every_term(
     assert "policy skips" not in out and "host_pressure" not in out
     labels = re.findall(r"^  (\S+(?: \S+)*?)(?:  +|$)", out, flags=re.MULTILINE)
     undefined = {label for label in labels if label not in GLOSSARY and label != "total"}
-    configuration = {"geometry", "L1 (device)", "L2 (host)", "L3 (file)", "L3 path",
-                     "write policy", "policy", "check mode", "device", "backend", "seed",
-                     "batch size"}
+    configuration = {
+        "geometry",
+        "L1 (device)",
+        "L2 (host)",
+        "L3 (file)",
+        "L3 path",
+        "write policy",
+        "policy",
+        "check mode",
+        "device",
+        "backend",
+        "seed",
+        "batch size",
+    }
     assert undefined <= configuration | {"D2H", "H2D", "H2S", "S2H"}  # those are, by name
 
 
@@ -158,8 +180,9 @@ def test_300_requests_run_with_the_default_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "demo.json"
-    report, _ = run(capsys, "--device", "cpu", "--requests", "300", "--check-mode", "off",
-                    "--json", str(out))
+    report, _ = run(
+        capsys, "--device", "cpu", "--requests", "300", "--check-mode", "off", "--json", str(out)
+    )
     config = json.loads(out.read_text())["config"]
     assert config["l1_pages"] >= 206
     assert set(config["sized"]) == {"l1_pages", "l2_pages", "l3_slots"}
@@ -179,11 +202,14 @@ def test_no_progress_bar_unless_stderr_is_a_terminal(
 
 @pytest.mark.parametrize("option", ["--json", "--prometheus"])
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(
-        option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`--json /nonexistent/x.json` used to serve every request, print the report and then
     end in a FileNotFoundError traceback; a directory, in IsADirectoryError."""
-    for path, says in [(tmp_path / "no" / "x.json", f"no directory {tmp_path / 'no'}"),
-                       (tmp_path, "is a directory")]:
+    for path, says in [
+        (tmp_path / "no" / "x.json", f"no directory {tmp_path / 'no'}"),
+        (tmp_path, "is a directory"),
+    ]:
         assert demo.main(["--quiet", "--requests", "1", option, str(path)]) == 2
         err = capsys.readouterr()
         assert f"{option} {path}: {says}; choose a writable path" in err.err
@@ -191,7 +217,9 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(
     assert not (tmp_path / "no").exists()
 
 
-def test_more_tp_ranks_than_one_host_has_gpus_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_more_tp_ranks_than_one_host_has_gpus_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """`--tp 32` used to start 32 rank processes (about 5 GiB) and print nothing."""
     with pytest.raises(SystemExit) as exit_:
         demo.main(["--quiet", "--tp", str(demo.TP_MAX + 1)])

@@ -23,10 +23,13 @@ PREFIXES = [tuple(range(1000 * p, 1000 * p + 4 * (2 + p))) for p in range(3)]
 def run(seed: int, io_threads: int) -> tuple[list[TraceEvent], dict[FaultSite, int]]:
     """A seeded workload with L3 restores and seeded I/O faults; its trace and fired faults."""
     sink = ListSink()
-    faults = FaultInjector(seed=seed, rates={FaultSite.IO_EIO: 0.1, FaultSite.SHORT_READ: 0.2,
-                                             FaultSite.CORRUPT_SLOT: 0.1})
-    cfg = CacheConfig(l1_pages=10, l2_pages=12, l3_slots=48, policy="always", device="cpu",
-                      io_threads=io_threads)
+    faults = FaultInjector(
+        seed=seed,
+        rates={FaultSite.IO_EIO: 0.1, FaultSite.SHORT_READ: 0.2, FaultSite.CORRUPT_SLOT: 0.1},
+    )
+    cfg = CacheConfig(
+        l1_pages=10, l2_pages=12, l3_slots=48, policy="always", device="cpu", io_threads=io_threads
+    )
     c = CacheController(cfg, faults=faults, tracer=Tracer(sink))
     rng = random.Random(seed)
     for rid in range(40):
@@ -49,14 +52,20 @@ def run(seed: int, io_threads: int) -> tuple[list[TraceEvent], dict[FaultSite, i
 def test_same_seed_twice_gives_the_same_trace_on_the_cpu_plane() -> None:
     first, fired = run(5, io_threads=0)
     second, fired_again = run(5, io_threads=0)
-    assert len(first) > 200 and any(e.event == "s2h_complete" for e in first) and any(e.event == "s2h_fail" for e in first)
+    assert (
+        len(first) > 200
+        and any(e.event == "s2h_complete" for e in first)
+        and any(e.event == "s2h_fail" for e in first)
+    )
     assert fired == fired_again and sum(fired.values()) > 0
     assert first == second
 
 
 def test_no_io_thread_is_started_and_io_waits_for_a_poll() -> None:
     before = {t.name for t in threading.enumerate()}
-    cfg = CacheConfig(l1_pages=16, l2_pages=16, l3_slots=32, policy="always", device="cpu", io_threads=0)
+    cfg = CacheConfig(
+        l1_pages=16, l2_pages=16, l3_slots=32, policy="always", device="cpu", io_threads=0
+    )
     c = CacheController(cfg)
     c.admit(1, PREFIXES[2] + (1,))
     c.prefill(1)
@@ -65,12 +74,15 @@ def test_no_io_thread_is_started_and_io_waits_for_a_poll() -> None:
     c.tick()  # H2S issued
     (h2s,) = [p for p in c.pending() if p.direction.value == "H2S"]
     storage = c.transfer_engine.storage
-    assert storage.counters.h2s_ops == 0 and not c.transfer_engine.l3.written(
-        c.cp.ops[h2s.op_id].target_pages).any()
+    assert (
+        storage.counters.h2s_ops == 0
+        and not c.transfer_engine.l3.written(c.cp.ops[h2s.op_id].target_pages).any()
+    )
     c.tick()  # the first poll runs the write and observes it
     assert storage.counters.h2s_ops == 1 and not c.pending()
-    assert not any(t.name.startswith("hicache-l3-io") for t in threading.enumerate()
-                   if t.name not in before)
+    assert not any(
+        t.name.startswith("hicache-l3-io") for t in threading.enumerate() if t.name not in before
+    )
     c.close()
 
 

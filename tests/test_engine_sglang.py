@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from hicache.cli import main
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang import SGLangRadixCache, SGLangStaleLock
-from hicache.testing.adapters.sglang_import import EngineUnavailable, _TorchvisionStub, import_radix_cache
+from hicache.testing.adapters.sglang_import import (
+    EngineUnavailable,
+    _TorchvisionStub,
+    import_radix_cache,
+)
 from hicache.testing.adapters.sglang_trace import workload
 from hicache.testing.protocol import PageChange
 from hicache.testing.reference import Mismatch, ReferenceModel
@@ -23,8 +27,12 @@ ADAPTER = "hicache.testing.adapters.sglang:sglang_adapter"
 PS = 4
 
 
-def _engine(capacity: int, kind: type[SGLangRadixCache] = SGLangRadixCache,
-            rematch: bool = True, traced: bool = False) -> SGLangRadixCache:
+def _engine(
+    capacity: int,
+    kind: type[SGLangRadixCache] = SGLangRadixCache,
+    rematch: bool = True,
+    traced: bool = False,
+) -> SGLangRadixCache:
     try:
         return kind(capacity=capacity, page_size=PS, rematch=rematch, traced=traced)
     except EngineUnavailable as e:
@@ -47,8 +55,9 @@ def test_without_sglang_the_adapter_says_how_to_install_it(no_sglang: None) -> N
     assert not any(isinstance(f, _TorchvisionStub) for f in sys.meta_path)
 
 
-def test_fuzz_without_sglang_is_one_line_and_exit_2(no_sglang: None,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_fuzz_without_sglang_is_one_line_and_exit_2(
+    no_sglang: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["fuzz", "--adapter", ADAPTER, "--seed", "1", "--steps", "10"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "sglang's RadixCache cannot be imported" in err, err
@@ -194,9 +203,16 @@ def test_the_fuzz_machine_drives_sglang_without_a_divergence() -> None:
 
     _engine(capacity=4)  # skips without sglang
     machine = make_machine(adapter.sglang_adapter, adapter.setups("null"), name="SGLangMachine")
-    run_state_machine_as_test(machine, settings=settings(  # type: ignore[no-untyped-call]
-        max_examples=8, stateful_step_count=30, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(  # type: ignore[no-untyped-call]
+            max_examples=8,
+            stateful_step_count=30,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
 
 
 SHRUNK = tuple(range(1000, 1008)) + (0,)  # the prompt of the shrunk example
@@ -235,8 +251,9 @@ def _traced(tmp_path: Path, kind: type[SGLangRadixCache], seed: int, capacity: i
 
 
 @pytest.mark.parametrize("seed,capacity", [(1, 8), (4, 5)])
-def test_check_trace_accepts_what_sglang_did(tmp_path: Path, seed: int, capacity: int,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_trace_accepts_what_sglang_did(
+    tmp_path: Path, seed: int, capacity: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _traced(tmp_path, SGLangRadixCache, seed, capacity)
     events = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     names = {e["event"] for e in events}
@@ -246,7 +263,8 @@ def test_check_trace_accepts_what_sglang_did(tmp_path: Path, seed: int, capacity
 
 
 def test_check_trace_catches_the_stale_lock_from_the_trace_alone(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _traced(tmp_path, SGLangStaleLock, 1, 5)
     pytest.importorskip("hicache.checktrace")
     assert main(["check-trace", str(path)]) == 1

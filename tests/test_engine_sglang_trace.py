@@ -28,9 +28,9 @@ class Node:
     id: int
     key: Key
     value: list[int]  # KV slot indices, one per token
-    children: dict[Any, "Node"] = field(default_factory=dict)
+    children: dict[Any, Node] = field(default_factory=dict)
 
-    def add(self, child: "Node") -> "Node":
+    def add(self, child: Node) -> Node:
         self.children[child.key.tokens[:PS]] = child
         return child
 
@@ -44,7 +44,10 @@ def _tree() -> tuple[Node, Node, Node]:
 
 
 def _events(trace: SGLangTrace) -> list[dict[str, object]]:
-    return [{k: v for k, v in vars(e).items() if v not in (None, (), {}) and k != "seq"} for e in trace.events]
+    return [
+        {k: v for k, v in vars(e).items() if v not in (None, (), {}) and k != "seq"}
+        for e in trace.events
+    ]
 
 
 def test_nodes_are_named_by_their_token_ranges() -> None:
@@ -52,7 +55,10 @@ def test_nodes_are_named_by_their_token_ranges() -> None:
     assert {nid: span for nid, (_, span) in node_spans(root).items()} == {1: (0, 4), 2: (4, 6)}
     # A prompt sharing A's first page only: the walk ends inside A (no split: read only).
     assert [(n.id, span) for n, span in path_nodes(root, (1, 2, 9, 9), PS)] == [(1, (0, 2))]
-    assert [(n.id, span) for n, span in path_nodes(root, (1, 2, 3, 4, 5, 6, 7), PS)] == [(1, (0, 4)), (2, (4, 6))]
+    assert [(n.id, span) for n, span in path_nodes(root, (1, 2, 3, 4, 5, 6, 7), PS)] == [
+        (1, (0, 4)),
+        (2, (4, 6)),
+    ]
 
 
 def test_a_split_is_traced_as_the_spec_names_it() -> None:
@@ -75,8 +81,23 @@ def test_evictions_go_deepest_first_with_their_pages() -> None:
     trace = SGLangTrace(PS, 8, "test")
     trace.evicted(before, node_spans(root))
     assert _events(trace) == [
-        {"event": "evict_l1", "tier": "L1", "node": 2, "token_start": 4, "token_end": 6, "pages": (10,)},
-        {"event": "evict_l1", "tier": "L1", "node": 1, "token_start": 0, "token_end": 4, "pages": (5, 6)}]
+        {
+            "event": "evict_l1",
+            "tier": "L1",
+            "node": 2,
+            "token_start": 4,
+            "token_end": 6,
+            "pages": (10,),
+        },
+        {
+            "event": "evict_l1",
+            "tier": "L1",
+            "node": 1,
+            "token_start": 0,
+            "token_end": 4,
+            "pages": (5, 6),
+        },
+    ]
 
 
 def test_compute_crosses_nodes_then_the_tokens_no_node_holds() -> None:
@@ -87,9 +108,33 @@ def test_compute_crosses_nodes_then_the_tokens_no_node_holds() -> None:
     trace = SGLangTrace(PS, 8, "test")
     trace.compute(7, root, (1, 2, 3, 4, 5, 6, 7), [10, 11, 40, 41, 42, 43, 44, 45], 2, 8)
     assert _events(trace) == [
-        {"event": "compute", "tier": "L1", "node": 1, "request": 7, "token_start": 2, "token_end": 4, "pages": (20,)},
-        {"event": "compute", "tier": "L1", "node": 2, "request": 7, "token_start": 4, "token_end": 6, "pages": (21,)},
-        {"event": "compute", "tier": "L1", "request": 7, "token_start": 6, "token_end": 8, "pages": (22,)}]
+        {
+            "event": "compute",
+            "tier": "L1",
+            "node": 1,
+            "request": 7,
+            "token_start": 2,
+            "token_end": 4,
+            "pages": (20,),
+        },
+        {
+            "event": "compute",
+            "tier": "L1",
+            "node": 2,
+            "request": 7,
+            "token_start": 4,
+            "token_end": 6,
+            "pages": (21,),
+        },
+        {
+            "event": "compute",
+            "tier": "L1",
+            "request": 7,
+            "token_start": 6,
+            "token_end": 8,
+            "pages": (22,),
+        },
+    ]
 
 
 def test_insert_discards_the_copies_inserts_the_new_node_and_end_discards_the_tail() -> None:
@@ -104,8 +149,32 @@ def test_insert_discards_the_copies_inserts_the_new_node_and_end_discards_the_ta
     trace.insert(8, root, prompt[:5], row, 4, 4)  # only the tail page computed: no event
     trace.end(7, (8, 10), row[8:10])
     assert _events(trace) == [
-        {"event": "discard", "tier": "L1", "node": 2, "request": 7, "token_start": 4, "token_end": 6, "pages": (20,)},
-        {"event": "insert", "tier": "L1", "node": 4, "request": 7, "token_start": 6, "token_end": 8, "pages": (21,)},
+        {
+            "event": "discard",
+            "tier": "L1",
+            "node": 2,
+            "request": 7,
+            "token_start": 4,
+            "token_end": 6,
+            "pages": (20,),
+        },
+        {
+            "event": "insert",
+            "tier": "L1",
+            "node": 4,
+            "request": 7,
+            "token_start": 6,
+            "token_end": 8,
+            "pages": (21,),
+        },
         {"event": "cached_len", "request": 7, "token_end": 8},
-        {"event": "discard", "tier": "L1", "request": 7, "token_start": 8, "token_end": 10, "pages": (22,)},
-        {"event": "end_request", "request": 7}]
+        {
+            "event": "discard",
+            "tier": "L1",
+            "request": 7,
+            "token_start": 8,
+            "token_end": 10,
+            "pages": (22,),
+        },
+        {"event": "end_request", "request": 7},
+    ]

@@ -76,10 +76,14 @@ def _minimal_case() -> Case:
     config = CaseConfig(PS, {"L1": 5})
     a, b, c = list(range(100, 105)), list(range(200, 213)), list(range(300, 305))
     ops: list[dict[str, Any]] = [
-        {"op": "submit", "request": 1, "tokens": a}, {"op": "prefill", "request": 1},
-        {"op": "finish", "request": 1}, {"op": "submit", "request": 2, "tokens": b},
-        {"op": "prefill", "request": 2}, {"op": "submit", "request": 3, "tokens": c},
-        {"op": "prefill", "request": 3}]
+        {"op": "submit", "request": 1, "tokens": a},
+        {"op": "prefill", "request": 1},
+        {"op": "finish", "request": 1},
+        {"op": "submit", "request": 2, "tokens": b},
+        {"op": "prefill", "request": 2},
+        {"op": "submit", "request": 3, "tokens": c},
+        {"op": "prefill", "request": 3},
+    ]
     recorder = Driver(controller(config), config)
     steps = [{**op, "expect": json.loads(json.dumps(recorder.step(op)))} for op in ops]
     return Case("minimal", "l1_eviction", config, steps, json.loads(json.dumps(recorder.final())))
@@ -94,12 +98,15 @@ def test_a_refused_prefill_evicts_nothing_and_an_engine_that_evicts_fails() -> N
     assert run_case(case, sglang, "minimal").status == "PASS"
 
     def evicting(config: CaseConfig) -> SGLangRadixCache:
-        return EvictsBeforeRefusing(capacity=config.capacities["L1"], page_size=config.page_size,
-                                    input_limit=True)
+        return EvictsBeforeRefusing(
+            capacity=config.capacities["L1"], page_size=config.page_size, input_limit=True
+        )
 
     got = run_case(case, evicting, "minimal")
     assert (got.status, got.detail) == (
-        "FAIL", 'step 6 (prefill request 3): changes.L1: expected null, got [["ABSENT", [100, 101, 102, 103]]]')
+        "FAIL",
+        'step 6 (prefill request 3): changes.L1: expected null, got [["ABSENT", [100, 101, 102, 103]]]',
+    )
 
 
 def test_calls_for_a_request_that_is_not_live_are_refused_and_change_nothing() -> None:

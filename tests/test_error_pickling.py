@@ -22,5 +22,5 @@ def test_errors_whose_constructors_take_fields_pickle_as_themselves() -> None:
     assert isinstance(roundtrip(CollectiveMismatch(4, calls)), CollectiveMismatch)
     assert roundtrip(RankFailed(1, "died")).args == RankFailed(1, "died").args
     config = roundtrip(ConfigError("tp.transport", "one of gloo, shm"))
-    assert isinstance(config, ValueError) and getattr(config, "field") == "tp.transport"
+    assert isinstance(config, ValueError) and config.field == "tp.transport"
     roundtrip(InvariantViolation(("I7 rank_agreement",), "the cross-rank check"))

@@ -45,8 +45,17 @@ def test_a_prefill_refused_for_room_evicts_nothing() -> None:
     from hicache.controller.controller import CacheController
     from hicache.errors import OutOfPages
 
-    c = CacheController(CacheConfig(geometry="tiny", device="cpu", l1_pages=5, l2_pages=8, l3_slots=8,
-                                    policy="never", write_policy="write_through_selective"))
+    c = CacheController(
+        CacheConfig(
+            geometry="tiny",
+            device="cpu",
+            l1_pages=5,
+            l2_pages=8,
+            l3_slots=8,
+            policy="never",
+            write_policy="write_through_selective",
+        )
+    )
     try:
         c.admit(1, tuple(range(100, 105)))
         c.prefill(1)

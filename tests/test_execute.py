@@ -32,7 +32,9 @@ def edited(name: str, lc: Lifecycle | None = None, **changes: list[str]) -> Life
 
 def plane(lc: Lifecycle | None = None, check_mode: str = "every") -> tuple[ControlPlane, ListSink]:
     sink = ListSink()
-    return ControlPlane(PS, (16, 16, 16), tracer=Tracer(sink), lifecycle=lc, check_mode=check_mode), sink
+    return ControlPlane(
+        PS, (16, 16, 16), tracer=Tracer(sink), lifecycle=lc, check_mode=check_mode
+    ), sink
 
 
 def backed_up_then_evicted(cp: ControlPlane) -> Any:
@@ -144,6 +146,9 @@ def test_split_while_pending_cuts_one_page_list() -> None:
     ended = [e for e in sink.events if e.event == "d2h_complete"]
     assert [p for e in ended for p in e.pages] == [p for e in issued for p in e.pages]
     assert [(e.node, e.token_start, e.token_end, len(e.pages)) for e in ended] == [
-        (op.nodes[0].node_id, 0, 4, 2), (node.node_id, 4, 6, 1)]
-    assert [int(p) for n in op.nodes for p in (n.value[1] if n.value[1] is not None else [])] == \
-        [int(p) for p in op.target_pages]
+        (op.nodes[0].node_id, 0, 4, 2),
+        (node.node_id, 4, 6, 1),
+    ]
+    assert [int(p) for n in op.nodes for p in (n.value[1] if n.value[1] is not None else [])] == [
+        int(p) for p in op.target_pages
+    ]

@@ -25,11 +25,17 @@ def minimal_count(pairs: set[tuple[int, int]]) -> int:
 def mappings(draw: st.DrawFn) -> tuple[list[int], list[int]]:
     """Runs of (src, dst) pairs, some consecutive on both sides, some on one, shuffled; each
     destination used once (as in every real transfer)."""
-    runs = draw(st.lists(
-        st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 6),
-                  st.sampled_from(["both", "src", "dst"])),
-        max_size=8,
-    ))
+    runs = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 40),
+                st.integers(0, 40),
+                st.integers(1, 6),
+                st.sampled_from(["both", "src", "dst"]),
+            ),
+            max_size=8,
+        )
+    )
     src: list[int] = []
     dst: list[int] = []
     for s0, d0, n, kind in runs:
@@ -87,6 +93,7 @@ def test_empty_and_invalid_input() -> None:
 
 
 # -- split -------------------------------------------------------------------------------------
+
 
 @given(mappings(), st.integers(1, 7))
 def test_split_maps_every_page_once_inside_its_extent(

@@ -17,10 +17,13 @@ from hicache.extras import install_hint, is_optional
 
 def _without(module: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run `hicache ARGV` in a fresh interpreter in which `module` cannot be imported."""
-    probe = (f"import sys; sys.modules[{module!r}] = None\n"
-             f"from hicache.cli import main\nsys.exit(main({argv!r}))")
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, check=False)
+    probe = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        f"from hicache.cli import main\nsys.exit(main({argv!r}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_demo_without_torch_says_what_to_install() -> None:
@@ -43,7 +46,8 @@ def test_the_kernel_bench_without_triton_says_what_to_install() -> None:
 
 
 def test_missing_modules_met_while_running_are_explained_only_if_optional(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     class Module:
         missing = "torch.cuda"
 
@@ -55,7 +59,8 @@ def test_missing_modules_met_while_running_are_explained_only_if_optional(
     monkeypatch.setitem(cli.DELEGATED, ("demo",), "hicache_test_fake_command")
     assert main(["demo"]) == 2
     assert capsys.readouterr().err == (
-        "hicache: error: " + install_hint("hicache_test_fake_command", "torch") + "\n")
+        "hicache: error: " + install_hint("hicache_test_fake_command", "torch") + "\n"
+    )
     Module.missing = "hicache_no_such_internal_module"  # a bug, not a missing extra
     with pytest.raises(ModuleNotFoundError):
         main(["demo"])
@@ -65,8 +70,9 @@ def test_which_modules_are_optional() -> None:
     assert is_optional("torch") and is_optional("triton.language")
     assert is_optional("transformers") and not is_optional("numpy")
     assert not is_optional(None) and not is_optional("hicache.tree")
-    assert install_hint("x", "transformers.models").endswith("pip install -e '.[model]' "
-                                                              "from a checkout")
+    assert install_hint("x", "transformers.models").endswith(
+        "pip install -e '.[model]' from a checkout"
+    )
 
 
 def test_cpu_kernels_need_no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,12 +92,12 @@ def test_cpu_kernels_need_no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "triton is not importable" in chosen.reason
 
 
-
 SHADOW = 'raise ModuleNotFoundError("No module named {0!r}", name={0!r})\n'
 
 
-@pytest.mark.skipif(os.environ.get("HICACHE_WITHOUT_TORCH") == "1",
-                    reason="this is the run without torch")
+@pytest.mark.skipif(
+    os.environ.get("HICACHE_WITHOUT_TORCH") == "1", reason="this is the run without torch"
+)
 def test_the_suite_passes_without_torch(tmp_path: Path) -> None:
     """The README's test command on a machine without torch: every test that needs it skips
     itself (module-level importorskip or the `torch` marker) and the rest pass. torch and
@@ -100,12 +106,20 @@ def test_the_suite_passes_without_torch(tmp_path: Path) -> None:
     for module in ("torch", "triton"):
         (tmp_path / module).mkdir()
         (tmp_path / module / "__init__.py").write_text(SHADOW.format(module))
-    env = {**os.environ, "HICACHE_WITHOUT_TORCH": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
-                                                        os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-x", "tests"], capture_output=True, text=True, timeout=900,
-                          check=False, env=env, cwd=Path(__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "HICACHE_WITHOUT_TORCH": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = done.stdout.splitlines()[-1]
     assert " passed" in summary and " skipped" in summary, summary

@@ -40,8 +40,13 @@ def test_every_site_is_registered_and_planes_are_named() -> None:
     assert set(SITES) == set(FaultSite)
     null_sites = set(sites_for("null"))
     assert FaultSite.DEVICE_ALLOC not in null_sites and FaultSite.SHORT_WRITE not in null_sites
-    assert {FaultSite.ALLOC_L1, FaultSite.ALLOC_L2, FaultSite.ALLOC_L3,
-            FaultSite.CRASH_BEFORE_PUBLISH, FaultSite.DELAY} <= null_sites
+    assert {
+        FaultSite.ALLOC_L1,
+        FaultSite.ALLOC_L2,
+        FaultSite.ALLOC_L3,
+        FaultSite.CRASH_BEFORE_PUBLISH,
+        FaultSite.DELAY,
+    } <= null_sites
     f = FaultInjector()
     f.fire(FaultSite.DELAY)
     assert FaultSite.DELAY not in f.unreached("null") and FaultSite.ALLOC_L1 in f.unreached("null")
@@ -83,7 +88,9 @@ def test_an_aimed_fault_fails_only_that_requests_s2h(action: str) -> None:
 
 
 def test_an_aimed_delay_holds_only_that_h2d() -> None:
-    c = with_faults(two_stage_restore(), FaultInjector().aim("delay", direction=Direction.H2D, polls=2))
+    c = with_faults(
+        two_stage_restore(), FaultInjector().aim("delay", direction=Direction.H2D, polls=2)
+    )
     c.admit(3, ABC)
     pending = {p.stage: p.op_id for p in c.pending()}
     finish(c, pending["load_l2"], True)
@@ -101,7 +108,9 @@ def test_an_aimed_delay_holds_only_that_h2d() -> None:
 
 @pytest.mark.parametrize("tier", [Tier.L1, Tier.L2, Tier.L3])
 def test_allocation_fails_in_every_tier_as_if_it_were_full(tier: Tier) -> None:
-    site = {Tier.L1: FaultSite.ALLOC_L1, Tier.L2: FaultSite.ALLOC_L2, Tier.L3: FaultSite.ALLOC_L3}[tier]
+    site = {Tier.L1: FaultSite.ALLOC_L1, Tier.L2: FaultSite.ALLOC_L2, Tier.L3: FaultSite.ALLOC_L3}[
+        tier
+    ]
     faults = FaultInjector().once(site)
     c = null_ctl(faults)
     c.admit(1, ABC)
@@ -147,7 +156,9 @@ def test_a_crash_on_the_cpu_plane_releases_the_l3_file(tmp_path: os.PathLike[str
     pytest.importorskip("torch")
     path = os.path.join(tmp_path, "l3.bin")
     faults = FaultInjector().once(FaultSite.CRASH_BEFORE_PUBLISH)
-    cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", l3_path=path, device="cpu")
+    cfg = CacheConfig(
+        l1_pages=16, l2_pages=32, l3_slots=64, policy="always", l3_path=path, device="cpu"
+    )
     c = CacheController(cfg, faults=faults)
     fd = c.transfer_engine.l3.fd
     c.admit(1, ABC)
@@ -195,7 +206,9 @@ def test_an_aimed_corrupt_slot_is_caught_by_the_real_checksum() -> None:
 def test_a_full_schedule_reaches_every_null_site_and_breaks_nothing() -> None:
     faults = FaultInjector.schedule(3, enable_p=1.0, fire_p=0.15, sites=sites_for("null"))
     faults.rates.pop(FaultSite.CRASH_BEFORE_PUBLISH)  # reached, never fired: the run goes on
-    faults.rates[FaultSite.S2H_PARTIAL] = 1.0  # S2Hs are few here: every one not failed stops part way
+    faults.rates[FaultSite.S2H_PARTIAL] = (
+        1.0  # S2Hs are few here: every one not failed stops part way
+    )
     c = null_ctl(faults, l1_pages=12, l2_pages=16, l3_slots=24)
     rng = random.Random(3)
     for rid in range(60):

@@ -12,7 +12,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.pools import presets
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import GroupGeometry, kv_pool_spec, mla_pool_spec
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, group_digest, pool_digest
@@ -20,6 +19,7 @@ from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.pools import DevicePool, page_digest
 from hicache.errors import ConfigError, InvalidPages
 from hicache.pages import Pages
+from hicache.pools import presets
 from hicache.pools.spec import PoolGroup
 
 CAP = {"kv": 8, "swa": 6}
@@ -122,7 +122,7 @@ def test_round_trip_is_bit_exact_for_every_pool(n_kv: int, n_swa: int, seed: int
         assert np.array_equal(pool_digest(l1, p.name, src_l1), pool_digest(l1, p.name, back))
         written[p.name] = set(np.asarray(l2_ids).tolist())
     for p in geometry.pools:  # every other L2 page of every pool is untouched
-        view, before = l2.bytes_view(p.name), l2_before[l2.arena.offsets[p.name]:]
+        view, before = l2.bytes_view(p.name), l2_before[l2.arena.offsets[p.name] :]
         others = [i for i in range(view.shape[0]) if i not in written[p.name]]
         before_pages = before[: view.numel()].view(view.shape)
         assert torch.equal(view[others], before_pages[others]), p.name
@@ -140,14 +140,18 @@ def test_derived_pools_are_skipped_without_their_source() -> None:
         assert int(l2.bytes_view(p.name)[:2].count_nonzero()) > 0, p.name
 
 
-@pytest.mark.parametrize("request_, field", [
-    ({"c4": ([0], [0])}, "D2H.pools"),  # a sidecar has no pages of its own
-    ({"kv": ([0], [0]), "swa": ([9], [0])}, "swa.D2H.L1_pages"),  # out of swa's L1 range
-    ({"kv": ([0, 1], [3, 3])}, "kv.D2H.L2_pages"),  # a target named twice
-    ({"kv": ([0, 1], [3])}, "kv.D2H.L2_pages"),  # lengths differ
-])
+@pytest.mark.parametrize(
+    "request_, field",
+    [
+        ({"c4": ([0], [0])}, "D2H.pools"),  # a sidecar has no pages of its own
+        ({"kv": ([0], [0]), "swa": ([9], [0])}, "swa.D2H.L1_pages"),  # out of swa's L1 range
+        ({"kv": ([0, 1], [3, 3])}, "kv.D2H.L2_pages"),  # a target named twice
+        ({"kv": ([0, 1], [3])}, "kv.D2H.L2_pages"),  # lengths differ
+    ],
+)
 def test_rejected_transfer_names_the_field_and_changes_nothing(
-        request_: dict[str, tuple[object, object]], field: str) -> None:
+    request_: dict[str, tuple[object, object]], field: str
+) -> None:
     _, l1, l2 = dsv4_tiny()
     mover = GroupMover(l1, l2, "torch")
     l1_before, l2_before = l1.tensor.clone(), l2.tensor.clone()
@@ -211,8 +215,11 @@ def test_group_storage_round_trip_keys_slots_by_pool() -> None:
         s2h = storage.s2h({"kv": ([3, 0, 1], [7, 8, 9]), "swa": ([4], [6])})
         assert s2h.wait().value == "DONE"
         for p in geometry.pools:
-            a, b = (np.array([0, 1, 2]), np.array([7, 8, 9])) if p.source == "kv" else \
-                (np.array([3]), np.array([6]))
+            a, b = (
+                (np.array([0, 1, 2]), np.array([7, 8, 9]))
+                if p.source == "kv"
+                else (np.array([3]), np.array([6]))
+            )
             assert np.array_equal(pool_digest(l2, p.name, a), pool_digest(l2, p.name, b)), p.name
     finally:
         storage.close()

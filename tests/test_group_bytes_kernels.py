@@ -15,24 +15,37 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.pools import presets
 from hicache.dataplane import groupkernels
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.errors import BackendError, ConfigError
-from hicache.kernels.row_table import Segment, TableConfig, build_table, copy_table_torch, unit_bytes_for
+from hicache.kernels.row_table import (
+    Segment,
+    TableConfig,
+    build_table,
+    copy_table_torch,
+    unit_bytes_for,
+)
+from hicache.pools import presets
 from tests.test_kernels import compiled, interpreted  # noqa: F401  (the fixtures, shared)
 
 GPU = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([3, 8, 16, 40]),
-                          st.integers(0, 3)), min_size=1, max_size=3),
-       st.sampled_from([16, 32]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from([3, 8, 16, 40]), st.integers(0, 3)),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from([16, 32]),
+    st.integers(0, 2**32 - 1),
+)
 @settings(max_examples=40)
-def test_row_table_copies_every_row_once(pools: list[tuple[int, int, int]], piece: int,
-                                         seed: int) -> None:
+def test_row_table_copies_every_row_once(
+    pools: list[tuple[int, int, int]], piece: int, seed: int
+) -> None:
     """copy_table_torch over build_table == a loop over (pool, page, row) copying bytes."""
     rng = np.random.default_rng(seed)
     side = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
@@ -66,8 +79,11 @@ def moved(mode: str, name: str, device: str = "cpu") -> tuple[torch.Tensor, torc
     geometry = GroupGeometry.from_group(presets.group(name))
     caps = {s: 6 for s in geometry.sources}
     l1 = GroupDevicePool(geometry, caps, device)
-    l1.tensor.copy_(torch.randint(0, 256, l1.tensor.shape, dtype=torch.uint8,
-                                  generator=torch.Generator().manual_seed(3)))
+    l1.tensor.copy_(
+        torch.randint(
+            0, 256, l1.tensor.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+        )
+    )
     l2 = GroupHostPool(geometry, caps, pin=device == "cuda")
     mover = GroupMover(l1, l2, mode)
     assert mover.kernels.mode == mode
@@ -102,7 +118,8 @@ def test_choice_on_cpu_and_bad_requests(compiled: None) -> None:
 
 
 def test_verify_refuses_a_kernel_that_moves_wrong_bytes(
-        interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hicache.kernels import triton_table
 
     geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))

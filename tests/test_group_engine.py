@@ -13,15 +13,23 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache.pools.presets import group as preset_group
 from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.null import NullEngine
-from hicache.dataplane.geometry import preset
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, TransferError
 from hicache.pages import Pages
-from hicache.pools.spec import ALLOCATING, ANCHOR, SIDECAR, STATE, TRAILING_PAGES, PoolGroup, PoolSpec
+from hicache.pools.presets import group as preset_group
+from hicache.pools.spec import (
+    ALLOCATING,
+    ANCHOR,
+    SIDECAR,
+    STATE,
+    TRAILING_PAGES,
+    PoolGroup,
+    PoolSpec,
+)
 from hicache.snapshot import UNSERVABLE
 from hicache.tiers import Tier
 
@@ -36,8 +44,9 @@ class Reversed:
     def __init__(self, group: PoolGroup) -> None:
         anchor = group.anchor
         self.anchor = anchor.name
-        self.ratios = {p.name: anchor.page_size // p.page_size for p in group.allocating
-                       if p.backupable}
+        self.ratios = {
+            p.name: anchor.page_size // p.page_size for p in group.allocating if p.backupable
+        }
         self.calls: list[tuple[str, list[int]]] = []
 
     def __call__(self, tier: str, anchor_pages: Pages) -> Mapping[str, object]:
@@ -53,23 +62,69 @@ class Reversed:
 def ratio_two() -> PoolGroup:
     """A group whose side pool has 2-token pages under a 4-token anchor (ratio 2), with a
     sidecar, a state pool and a request-scoped pool (left out of every tier but L1's use)."""
-    return PoolGroup("ratio2", (
-        PoolSpec("kv", ANCHOR, page_size=4, layers=0),
-        PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=2, page_size=2,
-                 layers=2, rows_per_layer=1, row_bytes=24),
-        PoolSpec("c4", SIDECAR, indices_from="kv", page_size=4, layers=1, rows_per_layer=1,
-                 row_bytes=40),
-        PoolSpec("state", STATE, indices_from="swa", hit_policy=TRAILING_PAGES, window_pages=1,
-                 page_size=2, layers=1, rows_per_layer=1, row_bytes=8),
-        PoolSpec("ring", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=1, page_size=4,
-                 layers=1, rows_per_layer=1, row_bytes=16, backupable=False),
-    ))
+    return PoolGroup(
+        "ratio2",
+        (
+            PoolSpec("kv", ANCHOR, page_size=4, layers=0),
+            PoolSpec(
+                "swa",
+                ALLOCATING,
+                hit_policy=TRAILING_PAGES,
+                window_pages=2,
+                page_size=2,
+                layers=2,
+                rows_per_layer=1,
+                row_bytes=24,
+            ),
+            PoolSpec(
+                "c4",
+                SIDECAR,
+                indices_from="kv",
+                page_size=4,
+                layers=1,
+                rows_per_layer=1,
+                row_bytes=40,
+            ),
+            PoolSpec(
+                "state",
+                STATE,
+                indices_from="swa",
+                hit_policy=TRAILING_PAGES,
+                window_pages=1,
+                page_size=2,
+                layers=1,
+                rows_per_layer=1,
+                row_bytes=8,
+            ),
+            PoolSpec(
+                "ring",
+                ALLOCATING,
+                hit_policy=TRAILING_PAGES,
+                window_pages=1,
+                page_size=4,
+                layers=1,
+                rows_per_layer=1,
+                row_bytes=16,
+                backupable=False,
+            ),
+        ),
+    )
 
 
-def make(group: PoolGroup, faults: FaultInjector | None = None) -> tuple[GroupTransferEngine, Reversed]:
+def make(
+    group: PoolGroup, faults: FaultInjector | None = None
+) -> tuple[GroupTransferEngine, Reversed]:
     mapping = Reversed(group)
-    engine = GroupTransferEngine(group, CAPS["L1"], CAPS["L2"], CAPS["L3"], pool_pages=mapping,
-                                 device="cpu", io_threads=0, faults=faults)
+    engine = GroupTransferEngine(
+        group,
+        CAPS["L1"],
+        CAPS["L2"],
+        CAPS["L3"],
+        pool_pages=mapping,
+        device="cpu",
+        io_threads=0,
+        faults=faults,
+    )
     engine.l1.tensor.random_(0, 256, generator=torch.Generator().manual_seed(7))
     return engine, mapping
 
@@ -90,8 +145,10 @@ def held(e: GroupTransferEngine, tier: Tier, anchor: Pages) -> dict[str, torch.T
     """Every byte pool's bytes for `anchor` pages of L1 or L2, page-major, per anchor page."""
     mapped = e.pool_pages(tier, anchor)
     pool = e.l1 if tier is Tier.L1 else e.l2
-    return {p.name: pool.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
-            for p in e.geometry.pools}
+    return {
+        p.name: pool.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
+        for p in e.geometry.pools
+    }
 
 
 def same(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
@@ -113,8 +170,12 @@ def round_trip(e: GroupTransferEngine) -> None:
 def test_every_pool_round_trips_through_all_four_directions(engine: GroupTransferEngine) -> None:
     round_trip(engine)
     d = engine.digests("L1", pages(1, 3, 5))
-    for tier, p in (("L2", pages(0, 2, 4)), ("L3", pages(7, 8, 9)), ("L2", pages(6, 7, 8)),
-                    ("L1", pages(0, 2, 4))):
+    for tier, p in (
+        ("L2", pages(0, 2, 4)),
+        ("L3", pages(7, 8, 9)),
+        ("L2", pages(6, 7, 8)),
+        ("L1", pages(0, 2, 4)),
+    ):
         assert np.array_equal(engine.digests(tier, p), d), tier
     assert len(set(d.tolist())) == 3  # three different pages, three digests
 
@@ -142,7 +203,8 @@ def test_moves_use_the_mapped_pages_of_each_pool(engine: GroupTransferEngine) ->
 
 
 def test_a_flipped_byte_in_any_pool_changes_that_pool_and_the_group_digest(
-        engine: GroupTransferEngine) -> None:
+    engine: GroupTransferEngine,
+) -> None:
     engine.d2h(pages(1, 3), pages(0, 2)).wait()
     l1 = engine.digests("L1", pages(1, 3))
     mapped = engine.pool_pages(Tier.L2, pages(2))
@@ -150,8 +212,11 @@ def test_a_flipped_byte_in_any_pool_changes_that_pool_and_the_group_digest(
         view = engine.l2.bytes_view(p.name)[int(mapped[p.source][-1])]
         view[len(view) // 2] ^= 0x01  # one bit of one byte of anchor page 2's part of pool p
         per_pool = engine.pool_digests("L2", pages(0, 2))
-        changed = [q for q, d in per_pool.items()
-                   if not np.array_equal(d, engine.pool_digests("L1", pages(1, 3))[q])]
+        changed = [
+            q
+            for q, d in per_pool.items()
+            if not np.array_equal(d, engine.pool_digests("L1", pages(1, 3))[q])
+        ]
         assert changed == [p.name]
         l2 = engine.digests("L2", pages(0, 2))
         assert l2[0] == l1[0] and l2[1] != l1[1], p.name  # I4 sees it at that page only
@@ -160,7 +225,8 @@ def test_a_flipped_byte_in_any_pool_changes_that_pool_and_the_group_digest(
 
 
 def test_an_l3_slot_of_any_pool_that_fails_its_checksum_is_unservable(
-        engine: GroupTransferEngine) -> None:
+    engine: GroupTransferEngine,
+) -> None:
     engine.d2h(pages(1, 3), pages(0, 2)).wait()
     engine.h2s(pages(0, 2), pages(4, 5)).wait()
     good = engine.digests("L3", pages(4, 5))
@@ -239,7 +305,8 @@ BAD_ARGUMENTS = [
 
 @pytest.mark.parametrize("source,target", BAD_ARGUMENTS)
 def test_invalid_pages_are_refused_as_the_single_pool_engine_refuses_them(
-        source: Pages, target: Pages) -> None:
+    source: Pages, target: Pages
+) -> None:
     e, mapping = make(preset_group("dsv4-tiny"))
     null = NullEngine(preset("tiny"), CAPS["L1"], CAPS["L2"], CAPS["L3"])
     with pytest.raises(InvalidPages) as expected:
@@ -265,14 +332,22 @@ def broken(mapping: Reversed, how: str) -> Reversed:
         else:
             out["swa"] = np.asarray(out["swa"]) + 100
         return out
+
     return call  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("how,field", [("missing", "L1.pool_pages.swa"),
-                                       ("short", "L1.pool_pages.swa"),
-                                       ("anchor", "L1.pool_pages.kv"),
-                                       ("range", "L1.pool_pages.swa")])
-def test_a_mapping_that_breaks_the_contract_is_refused_with_nothing_issued(how: str, field: str) -> None:
+@pytest.mark.parametrize(
+    "how,field",
+    [
+        ("missing", "L1.pool_pages.swa"),
+        ("short", "L1.pool_pages.swa"),
+        ("anchor", "L1.pool_pages.kv"),
+        ("range", "L1.pool_pages.swa"),
+    ],
+)
+def test_a_mapping_that_breaks_the_contract_is_refused_with_nothing_issued(
+    how: str, field: str
+) -> None:
     e, mapping = make(preset_group("dsv4-tiny"))
     e.bind(broken(mapping, how))
     l2 = e.l2.tensor.clone()
@@ -304,9 +379,16 @@ def test_a_one_pool_group_digests_like_its_pool() -> None:
 
 def test_side_pool_capacities_follow_the_control_plane_option() -> None:
     group = preset_group("dsv4-tiny")
-    e = GroupTransferEngine(group, 4, 4, 4, device="cpu", io_threads=0,
-                            pool_capacities={"L2": {"swa": 9}},
-                            pool_pages=lambda tier, a: {"kv": a, "swa": a + (5 if tier == "L2" else 0)})
+    e = GroupTransferEngine(
+        group,
+        4,
+        4,
+        4,
+        device="cpu",
+        io_threads=0,
+        pool_capacities={"L2": {"swa": 9}},
+        pool_pages=lambda tier, a: {"kv": a, "swa": a + (5 if tier == "L2" else 0)},
+    )
     assert e.l2.capacity("swa") == 9 and e.l1.capacity("swa") == 4
     assert e.d2h(pages(0, 3), pages(1, 3)).wait() is TransferStatus.DONE  # swa L2 pages 6, 8
     assert np.array_equal(e.digests("L1", pages(0, 3)), e.digests("L2", pages(1, 3)))

@@ -18,7 +18,6 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 import torch
 
 from hicache import demo
-from hicache.pools.presets import group as preset_group
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.planes import choose_plane, tier_pool_pages
@@ -29,6 +28,7 @@ from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.errors import ConfigError, ProducerError
 from hicache.invariants import check_all
 from hicache.pages import Pages
+from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import ALLOCATING, ANCHOR, TRAILING_PAGES, PoolGroup, PoolSpec
 from hicache.producers import GroupSyntheticProducer, SyntheticProducer
 from hicache.tiers import Tier
@@ -41,8 +41,9 @@ def same_index(tier: str, anchor: Pages) -> dict[str, object]:
 
 
 def group_engine(name: str = "dsv4-tiny") -> tuple[GroupTransferEngine, GroupSyntheticProducer]:
-    e = GroupTransferEngine(preset_group(name), 8, 8, 8, pool_pages=same_index, device="cpu",
-                            io_threads=0)
+    e = GroupTransferEngine(
+        preset_group(name), 8, 8, 8, pool_pages=same_index, device="cpu", io_threads=0
+    )
     return e, GroupSyntheticProducer(e, preset("tiny"))
 
 
@@ -58,11 +59,14 @@ def test_mha_keeps_the_single_pool_engine_and_a_group_name_selects_the_group_eng
     group.engine.close()
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"pools": "dsv9"}, "pools"),
-    ({"pools": "dsv4-tiny", "geometry": "qwen3-8b"}, "pools"),  # 16-token pages, anchor 4
-    ({"pools": "mla-tiny", "l3_path": "/tmp/x"}, "l3_path"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"pools": "dsv9"}, "pools"),
+        ({"pools": "dsv4-tiny", "geometry": "qwen3-8b"}, "pools"),  # 16-token pages, anchor 4
+        ({"pools": "mla-tiny", "l3_path": "/tmp/x"}, "l3_path"),
+    ],
+)
 def test_a_bad_group_config_names_its_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         CacheConfig(**kwargs)
@@ -89,8 +93,7 @@ def test_the_producer_writes_every_pool_from_the_prefix_alone() -> None:
         assert (expected[p.name] != other[p.name]).any(dim=1).all(), p.name  # every page changes
         firsts.add(bytes(expected[p.name][0, :8].tolist()))
     assert len(firsts) == len(e.geometry.pools)  # no two pools hold the same bytes
-    assert torch.equal(producer.expected(TOKENS, 0, 16),
-                       torch.cat(list(expected.values()), dim=1))
+    assert torch.equal(producer.expected(TOKENS, 0, 16), torch.cat(list(expected.values()), dim=1))
     e.close()
 
 
@@ -133,8 +136,17 @@ def serve(ctl: CacheController, rid: int, tokens: list[int]) -> None:
 
 @pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny"])
 def test_i4_in_the_controller_compares_every_pool(name: str) -> None:
-    ctl = CacheController(CacheConfig(device="cpu", pools=name, l1_pages=16, l2_pages=16,
-                                      l3_slots=16, io_threads=0, check_mode="off"))
+    ctl = CacheController(
+        CacheConfig(
+            device="cpu",
+            pools=name,
+            l1_pages=16,
+            l2_pages=16,
+            l3_slots=16,
+            io_threads=0,
+            check_mode="off",
+        )
+    )
     serve(ctl, 1, TOKENS)
     ctl.drain()
     plane = ctl.byte_plane
@@ -165,10 +177,22 @@ def test_tier_pool_pages_asks_the_tables_and_refuses_what_it_cannot_map() -> Non
     assert mapping("L2", np.array([1]))["tier"] == "2"
     single = tier_pool_pages(preset_group("dsv4-tiny"), [object(), object(), object()])
     assert {k: list(v) for k, v in single("L3", np.array([4])).items()} == {"kv": [4], "swa": [4]}  # type: ignore[call-overload]
-    ratio2 = PoolGroup("r2", (PoolSpec("kv", ANCHOR, page_size=4, layers=0),
-                              PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES,
-                                       window_pages=1, page_size=2, layers=1, rows_per_layer=1,
-                                       row_bytes=8)))
+    ratio2 = PoolGroup(
+        "r2",
+        (
+            PoolSpec("kv", ANCHOR, page_size=4, layers=0),
+            PoolSpec(
+                "swa",
+                ALLOCATING,
+                hit_policy=TRAILING_PAGES,
+                window_pages=1,
+                page_size=2,
+                layers=1,
+                rows_per_layer=1,
+                row_bytes=8,
+            ),
+        ),
+    )
     with pytest.raises(ConfigError, match="TierPools"):
         tier_pool_pages(ratio2, [object(), object(), object()])
 
@@ -202,9 +226,18 @@ def test_freed_windows_on_the_byte_plane_are_skipped_by_i4_and_whole_again_once_
     a request that recomputes the prompt revives the window, and the page digests as its L2
     copy again. Before: the engine mapped the TOMBSTONE entries as page numbers (InvalidPages
     on a digest miss) and the cache kept the whole group's digest."""
-    cfg = CacheConfig(geometry="tiny", device="cpu", l1_pages=12, l2_pages=32, l3_slots=64,
-                      policy="always", pools="dsv4-tiny", l1_window_pages=6, check_mode="every",
-                      io_threads=0)
+    cfg = CacheConfig(
+        geometry="tiny",
+        device="cpu",
+        l1_pages=12,
+        l2_pages=32,
+        l3_slots=64,
+        policy="always",
+        pools="dsv4-tiny",
+        l1_window_pages=6,
+        check_mode="every",
+        io_threads=0,
+    )
     ctl = CacheController(cfg)
     try:
         prompt = list(range(100, 117))  # 4 whole pages and a tail
@@ -231,7 +264,8 @@ def test_freed_windows_on_the_byte_plane_are_skipped_by_i4_and_whole_again_once_
 
 @pytest.mark.parametrize("name", ["dsv4-tiny", "dsv41-tiny"])
 def test_bytes_per_anchor_page_in_all_is_the_width_the_producer_writes_and_both_commands_say_it(
-        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`hicache pools` gave 88 B per anchor page for dsv4-tiny (the anchor's indices only) and
     the demo 280 (every byte pool) under the same words; dsv41-tiny's request-scoped ring
     counted in neither the same way. Now both print both figures, named."""
@@ -247,7 +281,9 @@ def test_bytes_per_anchor_page_in_all_is_the_width_the_producer_writes_and_both_
     assert width == g.value_bytes_per_anchor_page > g.bytes_per_anchor_page
     said = f"{width:,} B per anchor page in all, {g.bytes_per_anchor_page:,} on kv's indices"
     assert command.main([]) == 0
-    assert said in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " "))
+    assert said in next(
+        ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " ")
+    )
     assert said in demo._preset_echo(CacheConfig(device="cpu", pools=name))
 
 
@@ -265,6 +301,7 @@ def test_a_group_whose_anchor_page_no_geometry_preset_has_says_what_can_run() ->
         CacheConfig(device="cpu", geometry="qwen3-8b", pools="dsv4-tiny")
     # The Python way it names builds and runs a controller.
     geo = KVGeometry(layers=2, kv_heads=2, head_dim=16, dtype="fp32", page_size=256)
-    ctl = CacheController(CacheConfig(geometry=geo, pools="dsv4", l1_pages=4, l2_pages=4, l3_slots=4,
-                                      device="cpu"))
+    ctl = CacheController(
+        CacheConfig(geometry=geo, pools="dsv4", l1_pages=4, l2_pages=4, l3_slots=4, device="cpu")
+    )
     ctl.close()

@@ -10,19 +10,24 @@ page half the anchor's, so that each anchor page holds two `swa` pages.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
 from hicache.errors import (
-    ConfigError, IllegalTransition, InvariantViolation, NoAllocator, OutOfPages,
+    ConfigError,
+    IllegalTransition,
+    InvariantViolation,
+    NoAllocator,
+    OutOfPages,
 )
 from hicache.invariants import Violation, check_all
-from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
-from hicache.pools.spec import PoolGroup
+from hicache.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.presets import group
+from hicache.pools.spec import PoolGroup
 from hicache.pools.table import GroupTable, InjectedShortage, PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.testing import mutants, zoo
@@ -32,13 +37,20 @@ from hicache.tree import TreeNode
 
 PS = 4
 DSV4 = group("dsv4-tiny")
-RATIO2 = PoolGroup("dsv4-ratio2", tuple(
-    dataclasses.replace(p, page_size=2, window_pages=min(p.window_pages, 2))
-    if p.source == "swa" else p for p in DSV4.pools))
+RATIO2 = PoolGroup(
+    "dsv4-ratio2",
+    tuple(
+        dataclasses.replace(p, page_size=2, window_pages=min(p.window_pages, 2))
+        if p.source == "swa"
+        else p
+        for p in DSV4.pools
+    ),
+)
 
 
-def plane(g: PoolGroup | None = RATIO2, caps: tuple[int, int, int] = (8, 8, 8),
-          **kw: object) -> ControlPlane:
+def plane(
+    g: PoolGroup | None = RATIO2, caps: tuple[int, int, int] = (8, 8, 8), **kw: object
+) -> ControlPlane:
     return ControlPlane(PS, caps, pools=g, **kw)  # type: ignore[arg-type]
 
 
@@ -110,13 +122,18 @@ def test_a_refused_move_changes_no_pool() -> None:
     t = TierPools("L1", RATIO2, {"kv": 4, "swa": 8})
     a = t.reserve(2)
     t.publish(a[:1])
+
     def state() -> bytes:
         swa = t.group_table.tables["swa"]
         return t.owner.tobytes() + swa.owner.tobytes() + t.held_by["swa"].tobytes()
 
     before = state()
-    for move, p in ((t.publish, a), (t.free, a), (t.release, pages([a[1], a[1]])),
-                    (t.free, pages([9]))):
+    for move, p in (
+        (t.publish, a),
+        (t.free, a),
+        (t.release, pages([a[1], a[1]])),
+        (t.free, pages([9])),
+    ):
         with pytest.raises(IllegalTransition):
             move(p)
         assert state() == before
@@ -160,17 +177,24 @@ def test_a_group_plane_emits_the_single_pool_planes_trace() -> None:
 def test_side_pool_capacities_default_to_the_anchors_times_the_ratio_and_can_be_given() -> None:
     cp = plane(pool_capacities={"L2": {"swa": 6}})
     assert [t.free_pages_by_pool() for t in cp.tables] == [  # type: ignore[attr-defined]
-        {"kv": 8, "swa": 16}, {"kv": 8, "swa": 6}, {"kv": 8, "swa": 16}]
+        {"kv": 8, "swa": 16},
+        {"kv": 8, "swa": 6},
+        {"kv": 8, "swa": 16},
+    ]
     assert cp.free_pages("L2") == 3
 
 
-@pytest.mark.parametrize("given, field", [
-    ({"L4": {"swa": 2}}, "pool_capacities"),
-    ({"L1": {"kv": 3}}, "pool_capacities.L1.kv"),
-    ({"L1": {"c4": 3}}, "L1.c4.capacity_pages"),
-])
-def test_bad_pool_capacities_are_refused_naming_the_field(given: dict[str, dict[str, int]],
-                                                          field: str) -> None:
+@pytest.mark.parametrize(
+    "given, field",
+    [
+        ({"L4": {"swa": 2}}, "pool_capacities"),
+        ({"L1": {"kv": 3}}, "pool_capacities.L1.kv"),
+        ({"L1": {"c4": 3}}, "L1.c4.capacity_pages"),
+    ],
+)
+def test_bad_pool_capacities_are_refused_naming_the_field(
+    given: dict[str, dict[str, int]], field: str
+) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         plane(pool_capacities=given)
 
@@ -185,7 +209,8 @@ def test_the_anchor_page_size_must_be_the_planes() -> None:
 
 @pytest.mark.parametrize("g", [RATIO2, group("dsv41-tiny")], ids=["dsv4", "dsv41"])
 def test_f1_the_second_pool_failing_refuses_the_issue_with_every_pool_unchanged(
-        g: PoolGroup) -> None:
+    g: PoolGroup,
+) -> None:
     """kv (first in sorted order) is reserved, swa fails: kv is rolled back, no op exists,
     every pool of every tier is as before; the next issue succeeds."""
     cp = plane(g, check_mode="every")
@@ -285,16 +310,21 @@ def test_f3_the_whole_eviction_frees_every_pool() -> None:
 # -- F19: state and sidecar pools have no allocator ------------------------------------------------
 
 
-@pytest.mark.parametrize("pool, source", [("c4_state", "swa"), ("c4_indexer_state", "swa"),
-                                          ("c128", "kv")])
+@pytest.mark.parametrize(
+    "pool, source", [("c4_state", "swa"), ("c4_indexer_state", "swa"), ("c128", "kv")]
+)
 def test_f19_derived_pools_refuse_alloc_free_and_available_and_metrics_skip_them(
-        pool: str, source: str) -> None:
+    pool: str, source: str
+) -> None:
     cp = plane()
     l1 = cp.tables[0]
     assert isinstance(l1, TierPools)
     before = owners(cp)
-    for call in (lambda: l1.group_table.alloc(pool, 1), lambda: l1.group_table.free(pool, pages([0])),
-                 lambda: l1.group_table.available(pool)):
+    for call in (
+        lambda: l1.group_table.alloc(pool, 1),
+        lambda: l1.group_table.free(pool, pages([0])),
+        lambda: l1.group_table.available(pool),
+    ):
         with pytest.raises(NoAllocator, match=source):
             call()
     assert owners(cp) == before
@@ -369,7 +399,8 @@ def test_a_group_controller_with_bytes_maps_through_its_tier_pools() -> None:
 
 @pytest.mark.parametrize("name", ["fuzz-dsv4", "fuzz-dsv41", "fuzz-cpu-dsv4"])
 def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """300 steps of seed 2, every check after every transition: clean, and at least one
     group reservation failed at `swa` after `kv` was taken (F1) and was rolled back (seed 2
     rolls back 2-5 per machine; seed 0 none in 300 steps since `restore_from_l3` joined)."""
@@ -413,16 +444,27 @@ def test_a_restore_served_over_freed_windows_is_verified_in_the_pools_it_holds()
     from hicache.testing.machines import FuzzCpuDsv4
 
     state: Any = FuzzCpuDsv4()  # the machine's rules, called as Hypothesis prints them
-    state.start(setup=Setup(l1_pages=8, l2_pages=3, l3_slots=2, promotion=False, plane="cpu",
-                            pools="dsv4-tiny", hit_policy="anchor_recompute_swa",
-                            l1_window_pages=6))
+    state.start(
+        setup=Setup(
+            l1_pages=8,
+            l2_pages=3,
+            l3_slots=2,
+            promotion=False,
+            plane="cpu",
+            pools="dsv4-tiny",
+            hit_policy="anchor_recompute_swa",
+            l1_window_pages=6,
+        )
+    )
     try:
         state.submit(serve=0, tokens=(1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 0))
         state.abort(pick=0)
         state.resubmit(abort_first=False, aim=None, deep=False, pick=0, settle=0, twice=False)
         state.finish(pick=0)
         state.tick(finish=0)
-        state.submit(serve=2, tokens=(2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007, 0, 1, 2, 3, 4))
+        state.submit(
+            serve=2, tokens=(2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007, 0, 1, 2, 3, 4)
+        )
         state.drain()
         state.failed_restore_then_full_l1(pick=0)
         state.agrees_with_reference()

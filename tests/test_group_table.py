@@ -11,7 +11,8 @@ group (anchor `kv` without bytes, allocating `swa`, three sidecars on `kv`, two 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,14 +20,28 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.errors import ConfigError, IllegalTransition, InvariantViolation, NoAllocator
-from hicache.errors import OutOfPages
-from hicache.invariants import (
-    GroupView, check_group_conservation, check_reserve_rolled_back, group_view,
+from hicache.errors import (
+    ConfigError,
+    IllegalTransition,
+    InvariantViolation,
+    NoAllocator,
+    OutOfPages,
 )
-from hicache.pages import PRIVATE, PageTable, Pages
+from hicache.invariants import (
+    GroupView,
+    check_group_conservation,
+    check_reserve_rolled_back,
+    group_view,
+)
+from hicache.pages import PRIVATE, Pages, PageTable
 from hicache.pools.spec import (
-    ALLOCATING, ANCHOR, SIDECAR, STATE, TRAILING_PAGES, PoolGroup, PoolSpec,
+    ALLOCATING,
+    ANCHOR,
+    SIDECAR,
+    STATE,
+    TRAILING_PAGES,
+    PoolGroup,
+    PoolSpec,
 )
 from hicache.pools.table import GroupPages, GroupTable, InjectedShortage, PoolFaults
 from hicache.testing import zoo
@@ -37,44 +52,66 @@ def _sidecar(name: str, source: str = "kv", page_size: int = 4) -> PoolSpec:
 
 
 def _swa_state(name: str) -> PoolSpec:
-    return PoolSpec(name, STATE, indices_from="swa", hit_policy=TRAILING_PAGES, window_pages=2,
-                    page_size=2, row_bytes=8)
+    return PoolSpec(
+        name,
+        STATE,
+        indices_from="swa",
+        hit_policy=TRAILING_PAGES,
+        window_pages=2,
+        page_size=2,
+        row_bytes=8,
+    )
 
 
 KV = PoolSpec("kv", ANCHOR, page_size=4, layers=0)
-SWA = PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=2, page_size=2,
-               row_bytes=8)
+SWA = PoolSpec(
+    "swa", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=2, page_size=2, row_bytes=8
+)
 
 
 def dsv4_like() -> PoolGroup:
     """Seven pools: kv, swa, c4 / c4_indexer / c128 on kv, two state pools on swa."""
-    return PoolGroup("dsv4-like", (KV, SWA, _sidecar("c4"), _sidecar("c4_indexer"),
-                                   _sidecar("c128"), _swa_state("c4_state"),
-                                   _swa_state("c4_indexer_state")))
+    return PoolGroup(
+        "dsv4-like",
+        (
+            KV,
+            SWA,
+            _sidecar("c4"),
+            _sidecar("c4_indexer"),
+            _sidecar("c128"),
+            _swa_state("c4_state"),
+            _swa_state("c4_indexer_state"),
+        ),
+    )
 
 
 def dsv41_like() -> PoolGroup:
     """Eight pools: kv, swa and the six c1* / c2* sidecars on kv; no state pools."""
-    sidecars = [_sidecar(f"c{r}{part}") for r in (1, 2)
-                for part in ("", "_indexer", "_indexer_scale")]
+    sidecars = [
+        _sidecar(f"c{r}{part}") for r in (1, 2) for part in ("", "_indexer", "_indexer_scale")
+    ]
     return PoolGroup("dsv41-like", (KV, SWA, *sidecars))
 
 
 def wide() -> PoolGroup:
     """Four allocating pools whose sorted order does not start at the anchor: a_side, kv,
     m_side, z_side; one sidecar on each side pool."""
-    sides = [PoolSpec(n, ALLOCATING, page_size=4, row_bytes=4) for n in ("z_side", "m_side",
-                                                                           "a_side")]
+    sides = [
+        PoolSpec(n, ALLOCATING, page_size=4, row_bytes=4) for n in ("z_side", "m_side", "a_side")
+    ]
     return PoolGroup("wide", (KV, *sides, *(_sidecar(f"{s.name}_c", s.name) for s in sides)))
 
 
-GROUPS: dict[str, Callable[[], PoolGroup]] = {"dsv4": dsv4_like, "dsv41": dsv41_like,
-                                              "wide": wide}
+GROUPS: dict[str, Callable[[], PoolGroup]] = {"dsv4": dsv4_like, "dsv41": dsv41_like, "wide": wide}
 
 
 def table(group: PoolGroup, cap: int = 6, **fault: int) -> GroupTable:
-    return GroupTable("L2", group, {p.name: cap for p in group.allocating},
-                      PoolFaults(dict(fault)) if fault else None)
+    return GroupTable(
+        "L2",
+        group,
+        {p.name: cap for p in group.allocating},
+        PoolFaults(dict(fault)) if fault else None,
+    )
 
 
 def state(gt: GroupTable) -> dict[str, tuple[list[int], list[int]]]:
@@ -99,18 +136,22 @@ def test_only_allocating_pools_get_a_page_table() -> None:
     assert list(table(wide()).tables) == ["a_side", "kv", "m_side", "z_side"]
 
 
-@pytest.mark.parametrize("pool, source", [("c4", "kv"), ("c128", "kv"), ("c4_state", "swa"),
-                                          ("c4_indexer_state", "swa")])
+@pytest.mark.parametrize(
+    "pool, source", [("c4", "kv"), ("c128", "kv"), ("c4_state", "swa"), ("c4_indexer_state", "swa")]
+)
 def test_a_derived_pool_refuses_alloc_free_and_available_naming_its_source(
-        pool: str, source: str) -> None:
+    pool: str, source: str
+) -> None:
     """F19: a state (or sidecar) pool asked for alloc, free or available raises NoAllocator
     naming its source, with nothing changed."""
     gt = table(dsv4_like())
     gp = fill(gt, {"kv": 2, "swa": 2})
     before = state(gt)
     calls: list[tuple[str, Callable[[], object]]] = [
-        ("alloc", lambda: gt.alloc(pool, 1)), ("free", lambda: gt.free(pool, gp.by_pool[source])),
-        ("available", lambda: gt.available(pool))]
+        ("alloc", lambda: gt.alloc(pool, 1)),
+        ("free", lambda: gt.free(pool, gp.by_pool[source])),
+        ("available", lambda: gt.available(pool)),
+    ]
     for operation, call in calls:
         with pytest.raises(NoAllocator) as e:
             call()
@@ -147,8 +188,9 @@ def test_a_trailing_window_larger_than_its_pool_is_refused() -> None:
     with pytest.raises(ConfigError) as e:
         GroupTable("L2", dsv4_like(), {"kv": 8, "swa": 1})
     assert e.value.field == "pools.swa.window_pages"
-    only_states = PoolGroup("states", (KV, PoolSpec("swa", ALLOCATING, page_size=2),
-                                       _swa_state("c4_state")))
+    only_states = PoolGroup(
+        "states", (KV, PoolSpec("swa", ALLOCATING, page_size=2), _swa_state("c4_state"))
+    )
     with pytest.raises(ConfigError) as e:
         GroupTable("L2", only_states, {"kv": 8, "swa": 1})
     assert e.value.field == "pools.c4_state.window_pages"
@@ -170,13 +212,15 @@ def test_a_reservation_takes_every_allocating_pool_in_sorted_order() -> None:
     assert seen == ["a_side", "kv", "z_side"]  # m_side wants nothing: not asked
     assert gp.num_pages == {"a_side": 3, "kv": 2, "m_side": 0, "z_side": 1}
     assert gt.used_pages_by_pool() == {"a_side": 3, "kv": 2, "m_side": 0, "z_side": 1}
-    assert all(int(gt.tables[n].owner[p].max(initial=PRIVATE)) == PRIVATE
-               for n, p in gp.by_pool.items())
+    assert all(
+        int(gt.tables[n].owner[p].max(initial=PRIVATE)) == PRIVATE for n, p in gp.by_pool.items()
+    )
 
 
 @pytest.mark.parametrize("failing", ["a_side", "kv", "m_side", "z_side"])
 def test_pool_k_of_n_failing_rolls_back_the_pools_before_it_in_reverse(
-        failing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    failing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """F1: the k-th pool (sorted order) fails after pools 1..k-1 were reserved: they are
     released in reverse order, OutOfPages names the pool, and every table is as before
     (owner codes and generations)."""
@@ -189,7 +233,7 @@ def test_pool_k_of_n_failing_rolls_back_the_pools_before_it_in_reverse(
         gt.reserve_group({"kv": 2, "a_side": 2, "m_side": 2, "z_side": 2})
     assert isinstance(e.value, OutOfPages) and e.value.tier == f"L2.{failing}"
     order = list(gt.tables)
-    assert released == [f"L2.{n}" for n in reversed(order[:order.index(failing)])]
+    assert released == [f"L2.{n}" for n in reversed(order[: order.index(failing)])]
     assert state(gt) == before
     assert check_reserve_rolled_back(view, group_view(gt.tables)) == []
 
@@ -251,10 +295,18 @@ def test_a_reclaim_that_raises_still_rolls_back() -> None:
     assert state(gt) == before
 
 
-@pytest.mark.parametrize("want, error", [({"c4": 1}, NoAllocator), ({"nope": 1}, ConfigError),
-                                         ({"kv": -1}, ValueError), ({"swa": 1.5}, ValueError)])
+@pytest.mark.parametrize(
+    "want, error",
+    [
+        ({"c4": 1}, NoAllocator),
+        ({"nope": 1}, ConfigError),
+        ({"kv": -1}, ValueError),
+        ({"swa": 1.5}, ValueError),
+    ],
+)
 def test_a_bad_request_is_refused_before_any_pool_is_touched(
-        want: dict[str, Any], error: type[Exception]) -> None:
+    want: dict[str, Any], error: type[Exception]
+) -> None:
     gt = table(dsv4_like(), cap=4, kv=1)
     before = state(gt)
     with pytest.raises(error):
@@ -267,7 +319,8 @@ def test_a_bad_request_is_refused_before_any_pool_is_touched(
 
 @pytest.mark.parametrize("event", ["publish", "release", "free"])
 def test_each_allocating_pool_moves_once_and_derived_pools_never(
-        event: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    event: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gt = table(dsv4_like())
     gp = gt.reserve_group({"kv": 2, "swa": 3})
     if event == "free":
@@ -325,12 +378,12 @@ def test_group_conservation_holds_and_finds_a_leak_in_one_pool() -> None:
     gt = table(dsv41_like())
     held = gt.reserve_group({"kv": 2, "swa": 1})
     published = fill(gt, {"kv": 1, "swa": 2})
-    assert check_group_conservation(
-        group_view(gt.tables, [held.by_pool], [published.by_pool])) == []
+    assert (
+        check_group_conservation(group_view(gt.tables, [held.by_pool], [published.by_pool])) == []
+    )
     gt.alloc("swa", 2)  # two swa pages PRIVATE, held by no record
     found = check_group_conservation(group_view(gt.tables, [held.by_pool], [published.by_pool]))
-    assert [(v.invariant, v.name, v.tier) for v in found] == [("I6", "page_conservation",
-                                                               "L2.swa")]
+    assert [(v.invariant, v.name, v.tier) for v in found] == [("I6", "page_conservation", "L2.swa")]
     assert "leaked" in found[0].message and len(found[0].pages) == 2
 
 
@@ -349,7 +402,8 @@ def test_reserve_rolled_back_finds_a_pool_left_private() -> None:
     left = gt.alloc("kv", 2)  # what a reservation that was not rolled back leaves
     found = check_reserve_rolled_back(before, group_view(gt.tables))
     assert [(v.invariant, v.name, v.tier, v.pages) for v in found] == [
-        ("I6", "reserve_group_rolled_back", "L2.kv", tuple(left.tolist()))]
+        ("I6", "reserve_group_rolled_back", "L2.kv", tuple(left.tolist()))
+    ]
     other = GroupView({"kv": before.pools["kv"]})
     assert check_reserve_rolled_back(other, before)[0].name == "reserve_group_rolled_back"
 
@@ -372,8 +426,9 @@ class GroupTableMachine(RuleBasedStateMachine):
         self.published: list[GroupPages] = []
 
     def view(self) -> GroupView:
-        return group_view(self.gt.tables, [g.by_pool for g in self.reserved],
-                          [g.by_pool for g in self.published])
+        return group_view(
+            self.gt.tables, [g.by_pool for g in self.reserved], [g.by_pool for g in self.published]
+        )
 
     def _evict(self, pool: str, short: int) -> None:
         """The caller's eviction: free published groups, oldest first, until `pool` gained
@@ -385,8 +440,9 @@ class GroupTableMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def reserve(self, data: st.DataObject) -> None:
         want = {n: data.draw(st.integers(0, 4), label=f"want {n}") for n in self.names}
-        fail = data.draw(st.dictionaries(st.sampled_from(self.names), st.integers(1, 2)),
-                         label="faults")
+        fail = data.draw(
+            st.dictionaries(st.sampled_from(self.names), st.integers(1, 2)), label="faults"
+        )
         reclaim = self._evict if data.draw(st.booleans(), label="reclaim") else None
         self.gt.fault = PoolFaults(fail)
         before, published = self.view(), len(self.published)
@@ -456,8 +512,12 @@ def _owners(view: GroupView) -> dict[str, list[int]]:
 
 _profile = settings()  # the loaded profile (dev, ci or fuzz); the zoo runs this machine longer
 GroupTableMachine.TestCase.settings = settings(
-    _profile, max_examples=min(_profile.max_examples, 50) if _profile.max_examples < 1000
-    else _profile.max_examples, stateful_step_count=30, deadline=None,
+    _profile,
+    max_examples=min(_profile.max_examples, 50)
+    if _profile.max_examples < 1000
+    else _profile.max_examples,
+    stateful_step_count=30,
+    deadline=None,
 )
 TestGroupTableMachine = GroupTableMachine.TestCase
 
@@ -474,4 +534,3 @@ def test_the_machine_catches_b09_and_passes_without_it() -> None:
     steps, error = zoo.run_seed(GroupTableMachine, 0, 1000)
     assert error is None and steps == 1000, f"the clean machine failed: {error!r}"
     assert zoo.load_machine(zoo.DEFAULT_MACHINE["B09"]).__name__ == "GroupTableMachine"
-

@@ -46,10 +46,13 @@ def test_every_engine_of_the_group_fuzz_passes_check_trace() -> None:
                 verdicts.append((v.exit_code, v.message))
                 # A trace may stop anywhere: cut it inside end_request's discards (where a
                 # cut used to be misread as insert) and half way.
-                inside = [i + 1 for i, (e, f) in enumerate(zip(one, one[1:]))
-                          if e.event == "discard" and f.event == "end_request"][:2]
+                inside = [
+                    i + 1
+                    for i, (e, f) in enumerate(zip(one, one[1:]))
+                    if e.event == "discard" and f.event == "end_request"
+                ][:2]
                 for k in (*inside, len(one) // 2):
-                    v = check_lines(lines[:k + 1])
+                    v = check_lines(lines[: k + 1])
                     verdicts.append((v.exit_code, f"cut after event {k}: {v.message}"))
                     seen["cuts inside end_request"] += k in inside
 
@@ -57,9 +60,14 @@ def test_every_engine_of_the_group_fuzz_passes_check_trace() -> None:
         return Judged(setup)
 
     machine = controller_machine("null", adapter=judged, pools="dsv4-tiny")
-    setattr(machine, "_hypothesis_internal_use_seed", 1)
-    config = settings(max_examples=120, stateful_step_count=50, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+    machine._hypothesis_internal_use_seed = 1
+    config = settings(
+        max_examples=120,
+        stateful_step_count=50,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     with no_source_constants():
         run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
     bad = [message for code, message in verdicts if code != 0]
@@ -86,13 +94,19 @@ def test_an_s2h_that_published_part_of_its_chain_replays_as_complete_part() -> N
     assert verdict.exit_code == 0, verdict.message
 
 
-@pytest.mark.parametrize("pools, why", [
-    ({"group": "dsv9"}, "header pools"),                        # no such preset
-    ({"group": "dsv4-tiny", "hit_policy": "best"}, "header pools"),  # no such policy
-    ({"hit_policy": "all_pools"}, "pools"),                     # the group is required
-    ({"group": "dsv4-tiny", "capacities": {"L4": {}}}, "pools.capacities"),
-])
+@pytest.mark.parametrize(
+    "pools, why",
+    [
+        ({"group": "dsv9"}, "header pools"),  # no such preset
+        ({"group": "dsv4-tiny", "hit_policy": "best"}, "header pools"),  # no such policy
+        ({"hit_policy": "all_pools"}, "pools"),  # the group is required
+        ({"group": "dsv4-tiny", "capacities": {"L4": {}}}, "pools.capacities"),
+    ],
+)
 def test_a_bad_pools_header_is_malformed_input(pools: dict[str, object], why: str) -> None:
-    header = TraceHeader(4, {"L1": 8, "L2": 8, "L3": 8}).to_json()[:-1] + f',"pools":{json.dumps(pools)}}}'
+    header = (
+        TraceHeader(4, {"L1": 8, "L2": 8, "L3": 8}).to_json()[:-1]
+        + f',"pools":{json.dumps(pools)}}}'
+    )
     verdict = check_lines([header])
     assert verdict.exit_code == 2 and why in verdict.message, verdict.message

@@ -20,12 +20,12 @@ from hicache.spec import LIFECYCLE_TOML
 from hicache.tiers import Direction, Tier
 
 PS = 4
-INSERT_ROW = '''name = "insert"
+INSERT_ROW = """name = "insert"
 kind = "insert"
 from = "PRIVATE"
 to = "RESIDENT"
 trigger = "the request inserts its computed prefix into the tree"
-guards = []'''
+guards = []"""
 
 
 def plane_refusing_insert_over_l2(tmp_path: Path) -> ControlPlane:
@@ -33,14 +33,17 @@ def plane_refusing_insert_over_l2(tmp_path: Path) -> ControlPlane:
     # Verify the row is still spelled as this test expects (else the guard would not land).
     assert INSERT_ROW in text
     tables = tmp_path / "lifecycle.toml"
-    tables.write_text(text.replace(INSERT_ROW, INSERT_ROW.replace("guards = []",
-                                                                  'guards = ["L2 != RESIDENT"]')))
+    tables.write_text(
+        text.replace(INSERT_ROW, INSERT_ROW.replace("guards = []", 'guards = ["L2 != RESIDENT"]'))
+    )
     return ControlPlane(PS, (16, 16, 16), lifecycle=load_lifecycle(tables))
 
 
 def tree_shape(cp: ControlPlane) -> list[tuple[int, int | None, tuple[int, ...], tuple[str, ...]]]:
-    return [(n.node_id, None if n.parent is None else n.parent.node_id, n.key, tuple(n.state))
-            for n in cp.tree.nodes()]
+    return [
+        (n.node_id, None if n.parent is None else n.parent.node_id, n.key, tuple(n.state))
+        for n in cp.tree.nodes()
+    ]
 
 
 def test_rejected_insert_leaves_the_tree_unsplit(tmp_path: Path) -> None:

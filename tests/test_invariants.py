@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,14 @@ from hicache.invariants.ownership import RESIDENT
 from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
 from hicache.snapshot import (
-    NO_PAGES, TOMBSTONE, NodeView, OpView, PoolView, RequestView, Snapshot, TierView,
+    NO_PAGES,
+    TOMBSTONE,
+    NodeView,
+    OpView,
+    PoolView,
+    RequestView,
+    Snapshot,
+    TierView,
 )
 
 CAP = 8
@@ -49,12 +56,21 @@ def owner(tree: list[int], private: list[int]) -> npt.NDArray[np.uint8]:
     return o
 
 
-def node(node_id: int, parent: int | None, children: tuple[int, ...], key: int,
-         values: dict[str, list[int] | None], states: dict[str, str],
-         locks: dict[str, int] | None = None,
-         pending: dict[str, int | None] | None = None) -> NodeView:
+def node(
+    node_id: int,
+    parent: int | None,
+    children: tuple[int, ...],
+    key: int,
+    values: dict[str, list[int] | None],
+    states: dict[str, str],
+    locks: dict[str, int] | None = None,
+    pending: dict[str, int | None] | None = None,
+) -> NodeView:
     return NodeView(
-        node_id, parent, children, key,
+        node_id,
+        parent,
+        children,
+        key,
         values={t: None if values.get(t) is None else pages(values[t]) for t in TIERS},
         states={t: states.get(t, A) for t in TIERS},
         locks={t: (locks or {}).get(t, 0) for t in TIERS},
@@ -79,17 +95,33 @@ def digests_of(content: dict[str, dict[int, int]]) -> DigestFn:
 
     def digests(tier: str, p: Pages) -> npt.NDArray[np.uint64]:
         return tables[tier][p]
+
     return digests
 
 
 def valid() -> Snapshot:
     nodes = (
         node(0, None, (1, 3), 0, {}, {}),
-        node(1, 0, (2,), 8, {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]},
-             {"L1": R, "L2": R, "L3": R}, {"L1": 2}),
+        node(
+            1,
+            0,
+            (2,),
+            8,
+            {"L1": [0, 1], "L2": [0, 1], "L3": [0, 1]},
+            {"L1": R, "L2": R, "L3": R},
+            {"L1": 2},
+        ),
         node(2, 1, (), 4, {"L1": [2]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 2}, {"L2": 10}),
-        node(3, 0, (), 8, {"L2": [3, 4]}, {"L1": "H2D_PENDING", "L2": R, "L3": "H2S_PENDING"},
-             {"L2": 2}, {"L1": 11, "L3": 12}),
+        node(
+            3,
+            0,
+            (),
+            8,
+            {"L2": [3, 4]},
+            {"L1": "H2D_PENDING", "L2": R, "L3": "H2S_PENDING"},
+            {"L2": 2},
+            {"L1": 11, "L3": 12},
+        ),
     )
     ops = (
         OpView(10, "D2H", "L1", "L2", (2,), pages([2]), pages([2]), 8, 12, lock_node_id=2),
@@ -105,10 +137,20 @@ def valid() -> Snapshot:
     return Snapshot(4, tiers, nodes, ops, requests, digests_of(CONTENT), 0)
 
 
-def request(request_id: int, cached_len: int, locked: int, private: list[int],
-            pins: tuple[tuple[int, str], ...] = ()) -> RequestView:
-    return RequestView(request_id, cached_len, locked_node_id=locked, pins=pins,
-                       private_pages={"L1": pages(private)})
+def request(
+    request_id: int,
+    cached_len: int,
+    locked: int,
+    private: list[int],
+    pins: tuple[tuple[int, str], ...] = (),
+) -> RequestView:
+    return RequestView(
+        request_id,
+        cached_len,
+        locked_node_id=locked,
+        pins=pins,
+        private_pages={"L1": pages(private)},
+    )
 
 
 # -- helpers that break one record ------------------------------------------------------------
@@ -175,8 +217,9 @@ def test_every_check_has_a_violation_test() -> None:
 
 
 def test_registry_lists_fourteen_checks_in_spec_order() -> None:
-    assert [c.id for c in CHECKS] == ([f"I{i}" for i in range(1, 7)] + ["I9"]
-                                      + [f"S{i}" for i in range(1, 8)])
+    assert [c.id for c in CHECKS] == (
+        [f"I{i}" for i in range(1, 7)] + ["I9"] + [f"S{i}" for i in range(1, 8)]
+    )
     assert get_check("I2").name == "inflight_source_pinned"
     assert get_check("tier_ancestor_closed").id == "S6"
     assert get_check("I9").name == "group_atomic"
@@ -327,7 +370,9 @@ def test_publish_order_pending_node_names_an_op_that_is_gone() -> None:
     found = check_all(with_node(valid(), 3, pending={"L3": 99}))
     # Both directions of the link break: node 3 waits on op 99, op 12 no longer has node 3.
     assert {(v.invariant, v.tier, v.nodes, v.ops) for v in found} == {
-        ("I5", "L3", (3,), (99,)), ("I5", "L3", (3,), (12,))}
+        ("I5", "L3", (3,), (99,)),
+        ("I5", "L3", (3,), (12,)),
+    }
 
 
 def test_page_conservation_violation() -> None:
@@ -469,16 +514,23 @@ def test_lock_accounting_counts_pins_and_path_locks() -> None:
 def with_grandchild(s: Snapshot, d2h_op: int) -> Snapshot:
     """`s` plus node 5 (child of node 2, L1 page 6) being backed up to L2 page 7 by op
     `d2h_op`: op 10 itself (one op over the chain 2 -> 5) or a separate op."""
-    child = node(5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"},
-                 {"L1": 1}, {"L2": d2h_op})
+    child = node(
+        5, 2, (), 4, {"L1": [6]}, {"L1": R, "L2": "D2H_PENDING"}, {"L1": 1}, {"L2": d2h_op}
+    )
     s = dataclasses.replace(s, nodes=(*s.nodes, child))
     if d2h_op == 10:  # op 10's one source lock moves down to the chain's deepest node
-        s = with_op(s, 10, node_ids=(2, 5), source_pages=pages([2, 6]),
-                    target_pages=pages([2, 7]), token_end=16, lock_node_id=5)
+        s = with_op(
+            s,
+            10,
+            node_ids=(2, 5),
+            source_pages=pages([2, 6]),
+            target_pages=pages([2, 7]),
+            token_end=16,
+            lock_node_id=5,
+        )
         s = with_node(s, 2, child_ids=(5,))
     else:  # op 13's lock counts on node 5 and on its ancestors 2 and 1
-        op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16,
-                    lock_node_id=5)
+        op = OpView(d2h_op, "D2H", "L1", "L2", (5,), pages([6]), pages([7]), 12, 16, lock_node_id=5)
         s = dataclasses.replace(s, ops=(*s.ops, op))
         s = with_node(with_node(s, 2, child_ids=(5,), locks={"L1": 3}), 1, locks={"L1": 3})
     s = with_tier(with_owner(s, "L1", 6, TREE), "L1", tree_pages_counted=4)
@@ -551,7 +603,7 @@ def test_checker_raises_with_every_violation_and_context(mode: str, raises_at: i
         checker.after_transition(lambda: broken, f"step {step}")
     with pytest.raises(InvariantViolation) as err:
         checker.after_transition(lambda: broken, f"step {raises_at}")
-    assert {getattr(v, "invariant") for v in err.value.violations} == {"I6", "S4"}
+    assert {v.invariant for v in err.value.violations} == {"I6", "S4"}
     assert f"after step {raises_at}" in str(err.value)
     assert (checker.checks_run, checker.violations_found) == (1, 2)
 
@@ -559,11 +611,14 @@ def test_checker_raises_with_every_violation_and_context(mode: str, raises_at: i
 def test_group_atomic_violation() -> None:
     """I9: a side pool page whose anchor page was freed (B10) is reported; the valid
     snapshot with that side pool following its anchor passes."""
-    pool = PoolView("swa", "L1.swa", CAP, owner([0, 1, 2], [3, 4, 5]),
-                    np.full((CAP, 1), -1, dtype=np.int64))
+    pool = PoolView(
+        "swa", "L1.swa", CAP, owner([0, 1, 2], [3, 4, 5]), np.full((CAP, 1), -1, dtype=np.int64)
+    )
     pool.held_by[[0, 1, 2, 3, 4, 5], 0] = [0, 1, 2, 3, 4, 5]
     s = valid()
-    good = dataclasses.replace(s, tiers={**s.tiers, "L1": dataclasses.replace(s.tiers["L1"], pools=(pool,))})
+    good = dataclasses.replace(
+        s, tiers={**s.tiers, "L1": dataclasses.replace(s.tiers["L1"], pools=(pool,))}
+    )
     assert check_all(good) == []
     freed = with_owner(good, "L1", 0, FREE)  # the anchor page is freed, its swa page kept
     found = [v for v in check_all(freed) if v.invariant == "I9"]
@@ -578,8 +633,14 @@ def windowed(freed: list[int], hit_window: int = 1, window: bool = True) -> Snap
     held[[0, 1, 2, 3, 4, 5], 0] = [0, 1, 2, 3, 4, 5]
     held[freed] = TOMBSTONE
     kept = [p for p in (0, 1, 2) if p not in freed]
-    pool = PoolView("swa", "L1.swa", CAP, owner(kept, [p for p in (3, 4, 5) if p not in freed]),
-                    held, window=window)
+    pool = PoolView(
+        "swa",
+        "L1.swa",
+        CAP,
+        owner(kept, [p for p in (3, 4, 5) if p not in freed]),
+        held,
+        window=window,
+    )
     return with_tier(valid(), "L1", pools=(pool,), hit_window=hit_window)
 
 

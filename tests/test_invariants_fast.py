@@ -10,7 +10,7 @@ read it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -18,8 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.bench.invariants import synthetic_snapshot
-from hicache.invariants import Violation, check_all
-from hicache.invariants import alignment, claims, ownership, structure
+from hicache.invariants import Violation, alignment, check_all, claims, ownership, structure
 from hicache.pages import FREE, PRIVATE, TREE, pages
 from hicache.snapshot import Snapshot
 
@@ -70,8 +69,13 @@ def drop_an_op(s: Snapshot, tier: str, data: st.DataObject) -> Snapshot:
     return dataclasses.replace(s, ops=s.ops[1:]) if s.ops else s
 
 
-CORRUPTIONS: tuple[Corrupt, ...] = (flip_owner, reuse_a_tree_page, page_outside, short_table,
-                                    drop_an_op)
+CORRUPTIONS: tuple[Corrupt, ...] = (
+    flip_owner,
+    reuse_a_tree_page,
+    page_outside,
+    short_table,
+    drop_an_op,
+)
 
 
 def full_checks(s: Snapshot) -> list[Violation]:
@@ -85,7 +89,8 @@ def full_checks(s: Snapshot) -> list[Violation]:
 
 @given(st.integers(22, 700), st.integers(0, 2**16), st.sampled_from(CORRUPTIONS), st.data())
 def test_fast_paths_find_exactly_what_the_full_checks_find(
-        n_pages: int, seed: int, corrupt: Corrupt, data: st.DataObject) -> None:
+    n_pages: int, seed: int, corrupt: Corrupt, data: st.DataObject
+) -> None:
     """Valid or broken, small tier (plain Python) or large (numpy): the same violations."""
     # No digests: I4 has no fast path, and the synthetic ones cannot read a corrupted page.
     s = dataclasses.replace(synthetic_snapshot(n_pages, seed=seed, node_pages=4), digests=None)
@@ -110,8 +115,9 @@ def test_pigeonhole_duplicate_is_not_settled() -> None:
 
 
 @pytest.mark.parametrize("n_pages", [64, 2_000])  # below and above claims.SMALL_TIER
-def test_claims_are_gathered_once_per_snapshot(monkeypatch: pytest.MonkeyPatch,
-                                               n_pages: int) -> None:
+def test_claims_are_gathered_once_per_snapshot(
+    monkeypatch: pytest.MonkeyPatch, n_pages: int
+) -> None:
     """I1, I6 and S5 read one claims index per tier and one all-clear per snapshot, even when
     every tier is broken (so each of them reads every tier's claims)."""
     s = synthetic_snapshot(n_pages, node_pages=4)
@@ -127,13 +133,13 @@ def test_claims_are_gathered_once_per_snapshot(monkeypatch: pytest.MonkeyPatch,
         def call(*args: object) -> object:
             calls.append(name)
             return real(*args)
+
         return call
 
     for name in ("_gather", "_unsettled"):
         monkeypatch.setattr(claims, name, counted(name))
     assert [v.invariant for v in check_all(s)] == ["I6"] * 3
     assert sorted(calls) == ["_gather"] * 3 + ["_unsettled"]
-
 
 
 def test_the_invariants_bench_times_each_run_on_a_fresh_snapshot() -> None:
@@ -148,5 +154,6 @@ def test_the_invariants_bench_times_each_run_on_a_fresh_snapshot() -> None:
         assert fresh.memo == {} and fresh.nodes is s.nodes
         seen.append(fresh)
         fresh.memo["ran"] = True
+
     _median_us(run, s, 3)
     assert len({id(x) for x in seen}) == 3 and all(x is not s for x in seen)

@@ -19,8 +19,7 @@ pytest.importorskip("triton", reason="runs the Triton kernels: pip install -e '.
 
 import torch
 
-from hicache.kernels import KernelSet, gather_torch, scatter_torch
-from hicache.kernels import triton_rows
+from hicache.kernels import KernelSet, gather_torch, scatter_torch, triton_rows
 from hicache.kernels.launch import CompiledCache, arg_key
 
 
@@ -34,6 +33,7 @@ class FakeCompiled:
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
         def runner(*args: object, stream: int | None = None) -> None:
             self.log.append(("direct", (grid, args)))
+
         return runner
 
 
@@ -48,6 +48,7 @@ class FakeJitted:
         def dispatch(*args: object, **options: object) -> object:
             self.log.append(("dispatch", (grid, args, options)))
             return self.compiled
+
         return dispatch
 
     def warmup(self, *args: object, grid: tuple[int, ...], **options: object) -> object:
@@ -137,8 +138,10 @@ def test_gpu_each_specialization_gets_its_own_kernel(compiled_mode: None) -> Non
             gather_torch(l1, pages, expected)
             torch.cuda.synchronize()
             assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), name
-    keys = [triton_rows._specialization(
-        (l1, l1, pages, 1, 8, 64, 0, 0, 0, True, True), 4, l1.device) for pages in variants.values()]
+    keys = [
+        triton_rows._specialization((l1, l1, pages, 1, 8, 64, 0, 0, 0, True, True), 4, l1.device)
+        for pages in variants.values()
+    ]
     assert len(set(keys)) == 3
     assert cache.enabled, cache.disabled_because
 

@@ -22,8 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.errors import BackendError, ConfigError, LayoutError
-from hicache.kernels import KernelSet, gather, gather_torch, scatter, scatter_torch
-from hicache.kernels import triton_rows
+from hicache.kernels import KernelSet, gather, gather_torch, scatter, scatter_torch, triton_rows
 from hicache.kernels.reference import RowLayout, check_operands
 from hicache.kernels.triton_rows import LaunchConfig, plan_launch
 
@@ -49,13 +48,15 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def random_kv(shape: tuple[int, ...], dtype: torch.dtype, seed: int,
-              device: str = "cpu") -> torch.Tensor:
+def random_kv(
+    shape: tuple[int, ...], dtype: torch.dtype, seed: int, device: str = "cpu"
+) -> torch.Tensor:
     """Random bytes seen as `dtype`: NaN and odd fp8 patterns included, on purpose."""
     t = torch.empty(shape, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(seed)
-    as_bytes(t).copy_(torch.randint(0, 256, (as_bytes(t).numel(),), generator=gen,
-                                    dtype=torch.uint8))
+    as_bytes(t).copy_(
+        torch.randint(0, 256, (as_bytes(t).numel(),), generator=gen, dtype=torch.uint8)
+    )
     return t
 
 
@@ -65,8 +66,13 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") ->
     return t
 
 
-def l1_shape(page_size: int, pages: int = L1_PAGES, layers: int = LAYERS,
-             heads: int = KV_HEADS, dim: int = HEAD_DIM) -> tuple[int, ...]:
+def l1_shape(
+    page_size: int,
+    pages: int = L1_PAGES,
+    layers: int = LAYERS,
+    heads: int = KV_HEADS,
+    dim: int = HEAD_DIM,
+) -> tuple[int, ...]:
     return (2, layers, pages, page_size, heads, dim)
 
 
@@ -80,8 +86,9 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(as_bytes(a), as_bytes(b)))
 
 
-def random_pages(l1_pages: int, n: int, seed: int, dtype: torch.dtype = torch.int64,
-                 device: str = "cpu") -> torch.Tensor:
+def random_pages(
+    l1_pages: int, n: int, seed: int, dtype: torch.dtype = torch.int64, device: str = "cpu"
+) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randperm(l1_pages, generator=gen)[:n].to(dtype).to(device)
 
@@ -110,14 +117,19 @@ def loop_scatter(packed: torch.Tensor, pages: list[int], l1: torch.Tensor) -> to
 # --- torch reference vs the loop -------------------------------------------------------------
 
 geometries = st.tuples(
-    st.integers(1, 3), st.integers(1, 5), st.integers(1, 2), st.integers(1, 4),
-    st.sampled_from(DTYPES), st.integers(1, 6),
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.integers(1, 2),
+    st.integers(1, 4),
+    st.sampled_from(DTYPES),
+    st.integers(1, 6),
 )
 
 
 @given(geometry=geometries, data=st.data())
-def test_reference_gather_matches_loop(geometry: tuple[int, int, int, int, torch.dtype, int],
-                                       data: st.DataObject) -> None:
+def test_reference_gather_matches_loop(
+    geometry: tuple[int, int, int, int, torch.dtype, int], data: st.DataObject
+) -> None:
     layers, page_size, heads, dim, dtype, l1_pages = geometry
     l1 = random_kv(l1_shape(page_size, l1_pages, layers, heads, dim), dtype, seed=1)
     pages = data.draw(st.lists(st.integers(0, l1_pages - 1), max_size=8), label="pages")
@@ -127,8 +139,9 @@ def test_reference_gather_matches_loop(geometry: tuple[int, int, int, int, torch
 
 
 @given(geometry=geometries, data=st.data())
-def test_reference_scatter_matches_loop(geometry: tuple[int, int, int, int, torch.dtype, int],
-                                        data: st.DataObject) -> None:
+def test_reference_scatter_matches_loop(
+    geometry: tuple[int, int, int, int, torch.dtype, int], data: st.DataObject
+) -> None:
     layers, page_size, heads, dim, dtype, l1_pages = geometry
     l1 = poisoned(l1_shape(page_size, l1_pages, layers, heads, dim), dtype)
     pages = data.draw(st.permutations(range(l1_pages)), label="order")
@@ -141,10 +154,12 @@ def test_reference_scatter_matches_loop(geometry: tuple[int, int, int, int, torc
 
 # --- Triton (interpreted) vs the reference --------------------------------------------------
 
+
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_triton_gather_matches_reference(interpreted: None, dtype: torch.dtype,
-                                         page_size: int) -> None:
+def test_triton_gather_matches_reference(
+    interpreted: None, dtype: torch.dtype, page_size: int
+) -> None:
     l1 = random_kv(l1_shape(page_size), dtype, seed=page_size)
     index_dtype = torch.int32 if page_size == 16 else torch.int64
     pages = random_pages(L1_PAGES, MOVED, seed=page_size + 1, dtype=index_dtype)
@@ -157,8 +172,9 @@ def test_triton_gather_matches_reference(interpreted: None, dtype: torch.dtype,
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_triton_scatter_matches_reference(interpreted: None, dtype: torch.dtype,
-                                          page_size: int) -> None:
+def test_triton_scatter_matches_reference(
+    interpreted: None, dtype: torch.dtype, page_size: int
+) -> None:
     packed = random_kv(packed_shape(l1_shape(page_size), MOVED), dtype, seed=3)
     pages = random_pages(L1_PAGES, MOVED, seed=page_size)
     expected = poisoned(l1_shape(page_size), dtype)
@@ -172,12 +188,19 @@ def test_triton_scatter_matches_reference(interpreted: None, dtype: torch.dtype,
     assert bool((as_bytes(l1[:, :, others].contiguous()) == POISON).all())
 
 
-@pytest.mark.parametrize("config", [LaunchConfig(64, 1, chunks=3), LaunchConfig(16, 2, chunks=3),
-                                    LaunchConfig(8192, 4, chunks=1)], ids=lambda c: c.label)
-@pytest.mark.parametrize("geometry", [(4, 2, 8, torch.float16), (1, 1, 3, torch.float8_e4m3fn),
-                                      (3, 1, 5, torch.bfloat16)], ids=str)
-def test_triton_split_rows_and_masked_tails(interpreted: None, config: LaunchConfig,
-                                            geometry: tuple[int, int, int, torch.dtype]) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [LaunchConfig(64, 1, chunks=3), LaunchConfig(16, 2, chunks=3), LaunchConfig(8192, 4, chunks=1)],
+    ids=lambda c: c.label,
+)
+@pytest.mark.parametrize(
+    "geometry",
+    [(4, 2, 8, torch.float16), (1, 1, 3, torch.float8_e4m3fn), (3, 1, 5, torch.bfloat16)],
+    ids=str,
+)
+def test_triton_split_rows_and_masked_tails(
+    interpreted: None, config: LaunchConfig, geometry: tuple[int, int, int, torch.dtype]
+) -> None:
     """Rows split over several programs, spans that do not divide the row, and rows of odd
     byte counts (moved as 1- or 2-byte words) still copy every byte exactly once."""
     page_size, heads, dim, dtype = geometry
@@ -222,11 +245,17 @@ def test_misaligned_packed_falls_back_to_narrow_words(interpreted: None, backend
     assert bool((as_bytes(storage[:1]) == POISON).all())
 
 
-@given(row_words=st.integers(1, 1 << 13), word=st.sampled_from([1, 2, 4, 8]),
-       rows=st.integers(1, 5000), block=st.sampled_from([16, 256, 4096, 8192, 16384]),
-       chunks=st.one_of(st.none(), st.integers(1, 70)), target=st.integers(1, 10000))
-def test_launch_plan_covers_each_row_once(row_words: int, word: int, rows: int, block: int,
-                                          chunks: int | None, target: int) -> None:
+@given(
+    row_words=st.integers(1, 1 << 13),
+    word=st.sampled_from([1, 2, 4, 8]),
+    rows=st.integers(1, 5000),
+    block=st.sampled_from([16, 256, 4096, 8192, 16384]),
+    chunks=st.one_of(st.none(), st.integers(1, 70)),
+    target=st.integers(1, 10000),
+)
+def test_launch_plan_covers_each_row_once(
+    row_words: int, word: int, rows: int, block: int, chunks: int | None, target: int
+) -> None:
     """Whatever the config, programs (r, c) tile words [0, row_words) of each row exactly:
     spans are whole blocks, no program starts past the row, and the last one reaches its end."""
     layout = RowLayout(layers=1, l1_pages=1, n=rows, row_bytes=row_words * word, word_bytes=word)
@@ -253,6 +282,7 @@ def test_default_plan_for_qwen3_8b() -> None:
 
 # --- errors ------------------------------------------------------------------------------------
 
+
 def bad_calls() -> list[tuple[str, dict[str, torch.Tensor]]]:
     l1 = random_kv(l1_shape(4), torch.float32, seed=10)
     out = poisoned(packed_shape(l1, 2), torch.float32)
@@ -260,8 +290,10 @@ def bad_calls() -> list[tuple[str, dict[str, torch.Tensor]]]:
     return [
         ("out shape", {"out": poisoned(packed_shape(l1, 3), torch.float32)}),
         ("out dtype", {"out": poisoned(packed_shape(l1, 2), torch.float16)}),
-        ("out layout", {"out": poisoned((2, 2, *packed_shape(l1, 2)[2:]), torch.float32)
-                        .transpose(0, 1)}),
+        (
+            "out layout",
+            {"out": poisoned((2, 2, *packed_shape(l1, 2)[2:]), torch.float32).transpose(0, 1)},
+        ),
         ("out device", {"out": torch.empty(out.shape, dtype=out.dtype, device="meta")}),
         ("pages dtype", {"pages": pages.float()}),
         ("pages dim", {"pages": pages.view(1, 2)}),
@@ -276,10 +308,10 @@ def bad_calls() -> list[tuple[str, dict[str, torch.Tensor]]]:
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("case", range(len(bad_calls()) - 1),
-                         ids=[name for name, _ in bad_calls()[:-1]])
-def test_bad_operands_raise_and_touch_nothing(interpreted: None, backend: str,
-                                              case: int) -> None:
+@pytest.mark.parametrize(
+    "case", range(len(bad_calls()) - 1), ids=[name for name, _ in bad_calls()[:-1]]
+)
+def test_bad_operands_raise_and_touch_nothing(interpreted: None, backend: str, case: int) -> None:
     base = bad_calls()[-1][1]
     name, change = bad_calls()[case]
     args = {**base, **change}
@@ -305,6 +337,7 @@ def test_scatter_rejects_repeated_pages_and_unknown_backends() -> None:
 
 # --- backend choice ----------------------------------------------------------------------------
 
+
 def test_triton_on_cpu_without_interpreter_raises(compiled: None) -> None:
     l1 = random_kv(l1_shape(4), torch.bfloat16, seed=12)
     with pytest.raises(BackendError, match="TRITON_INTERPRET=1"):
@@ -313,8 +346,9 @@ def test_triton_on_cpu_without_interpreter_raises(compiled: None) -> None:
         gather(l1, torch.tensor([0]), torch.empty(packed_shape(l1, 1), dtype=l1.dtype))
 
 
-def test_auto_on_cpu_says_why_it_picks_torch(compiled: None,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_on_cpu_says_why_it_picks_torch(
+    compiled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     l1 = random_kv(l1_shape(4), torch.bfloat16, seed=13)
     plain = KernelSet.create(l1)
     assert (plain.gather_backend, plain.scatter_backend) == ("torch", "torch")
@@ -343,12 +377,14 @@ def test_explicit_triton_kernel_set_moves_bytes(interpreted: None) -> None:
     target = poisoned(l1.shape, l1.dtype)
     kernels.scatter(out, pages, target)
     assert torch.equal(out.view(torch.uint8), loop_gather(l1, pages.tolist()))
-    assert torch.equal(target.view(torch.uint8), loop_scatter(out, pages.tolist(),
-                                                              poisoned(l1.shape, l1.dtype)))
+    assert torch.equal(
+        target.view(torch.uint8), loop_scatter(out, pages.tolist(), poisoned(l1.shape, l1.dtype))
+    )
 
 
-def test_auto_falls_back_when_triton_fails(interpreted: None,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_falls_back_when_triton_fails(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     l1 = random_kv(l1_shape(4), torch.float16, seed=16)
 
     def broken(*args: object) -> None:
@@ -368,8 +404,7 @@ def test_auto_falls_back_when_triton_fails(interpreted: None,
     assert wrong.gather_backend == "torch" and "different from torch" in wrong.reason
 
 
-def test_without_triton_auto_uses_torch_and_triton_raises(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_triton_auto_uses_torch_and_triton_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch-only install: `auto` says why it uses torch, explicit `triton` raises."""
     import hicache.kernels as package
 
@@ -400,11 +435,20 @@ def test_kernel_set_rejects_bad_requests() -> None:
 
 # --- benchmark code path (numbers are meaningless off-GPU) -------------------------------------
 
+
 def test_bench_runs_on_cpu_and_checks_every_variant(interpreted: None) -> None:
     from hicache.bench.kernels import bench_kernels, format_table
 
-    result = bench_kernels(preset_name="tiny", pool_pages=6, tokens=(7,), iters=1, warmup=0,
-                           ceiling_bytes=1 << 12, device="cpu", configs=[LaunchConfig(16, 1)])
+    result = bench_kernels(
+        preset_name="tiny",
+        pool_pages=6,
+        tokens=(7,),
+        iters=1,
+        warmup=0,
+        ceiling_bytes=1 << 12,
+        device="cpu",
+        configs=[LaunchConfig(16, 1)],
+    )
     case = result["cases"][0]  # type: ignore[index]
     assert case["pages"] == 2
     for direction in ("gather", "scatter"):
@@ -422,6 +466,7 @@ def test_bench_main_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> 
 
 
 # --- GPU ---------------------------------------------------------------------------------------
+
 
 def assert_triton_matches_torch(l1: torch.Tensor, pages: torch.Tensor) -> None:
     """Both backends gather the same bytes from `l1`, and scatter the same bytes into it
@@ -442,19 +487,18 @@ def assert_triton_matches_torch(l1: torch.Tensor, pages: torch.Tensor) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gpu_triton_matches_reference(compiled: None, dtype: torch.dtype,
-                                      page_size: int) -> None:
+def test_gpu_triton_matches_reference(compiled: None, dtype: torch.dtype, page_size: int) -> None:
     shape = l1_shape(page_size, pages=96, layers=4, heads=8, dim=128)
     l1 = random_kv(shape, dtype, seed=page_size, device="cuda")
-    assert_triton_matches_torch(l1, random_pages(96, 40, seed=1, dtype=torch.int32,
-                                                 device="cuda"))
+    assert_triton_matches_torch(l1, random_pages(96, 40, seed=1, dtype=torch.int32, device="cuda"))
 
 
 @pytest.mark.gpu
 def test_gpu_pages_written_on_a_side_stream(compiled: None) -> None:
     """The kernel on the current stream reads `pages` only after current.wait_stream(side)."""
-    l1 = random_kv(l1_shape(16, pages=64, layers=8, heads=8, dim=128), torch.bfloat16, seed=3,
-                   device="cuda")
+    l1 = random_kv(
+        l1_shape(16, pages=64, layers=8, heads=8, dim=128), torch.bfloat16, seed=3, device="cuda"
+    )
     truth = random_pages(64, 20, seed=4, device="cuda")
     pages = torch.zeros(20, dtype=torch.int64, device="cuda")  # stale until the side writes
     current = torch.cuda.current_stream()
@@ -477,16 +521,20 @@ def test_gpu_offsets_past_2_to_the_31(compiled: None) -> None:
     """A pool over 2^31 words (odd 4,095-byte fp8 rows move as 1-byte words): the last pages'
     offsets need 64-bit arithmetic."""
     l1_pages = (1 << 31) // (2 * 4095) + 8
-    l1 = torch.empty(l1_shape(1, pages=l1_pages, layers=1, heads=1, dim=4095),
-                     dtype=torch.float8_e4m3fn, device="cuda")
+    l1 = torch.empty(
+        l1_shape(1, pages=l1_pages, layers=1, heads=1, dim=4095),
+        dtype=torch.float8_e4m3fn,
+        device="cuda",
+    )
     as_bytes(l1).random_(0, 256)
     assert_triton_matches_torch(l1, torch.arange(l1_pages - 6, l1_pages, device="cuda").flip(0))
 
 
 @pytest.mark.gpu
 def test_gpu_auto_times_both_backends(compiled: None) -> None:
-    l1 = random_kv(l1_shape(16, pages=256, layers=8, heads=8, dim=128), torch.bfloat16, seed=5,
-                   device="cuda")
+    l1 = random_kv(
+        l1_shape(16, pages=256, layers=8, heads=8, dim=128), torch.bfloat16, seed=5, device="cuda"
+    )
     kernels = KernelSet.create(l1, "auto", probe_pages=64)
     assert kernels.gather_backend in ("triton", "torch")
     assert kernels.scatter_backend in ("triton", "torch")
@@ -494,8 +542,9 @@ def test_gpu_auto_times_both_backends(compiled: None) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_auto_on_a_second_gpu_times_its_kernels_on_that_gpu(compiled: None,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_auto_on_a_second_gpu_times_its_kernels_on_that_gpu(
+    compiled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A rank on cuda:1 whose thread's current device is cuda:0 (the TP fuzz's ranks are
     threads of one process): the auto probe's events are recorded on cuda:1, where its
     kernels run, not on the current device's stream. Needs two GPUs."""
@@ -510,8 +559,9 @@ def test_gpu_auto_on_a_second_gpu_times_its_kernels_on_that_gpu(compiled: None,
         original(self, stream)
 
     monkeypatch.setattr(torch.cuda.Event, "record", record)
-    l1 = random_kv(l1_shape(16, pages=64, layers=2, heads=2, dim=64), torch.bfloat16, seed=6,
-                   device="cuda:1")
+    l1 = random_kv(
+        l1_shape(16, pages=64, layers=2, heads=2, dim=64), torch.bfloat16, seed=6, device="cuda:1"
+    )
     kernels = KernelSet.create(l1, "auto", probe_pages=16)
     assert recorded and set(recorded) == {1}, recorded[:4]
     assert "gather triton" in kernels.reason

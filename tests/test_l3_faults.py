@@ -23,8 +23,17 @@ B = tuple(range(200, 224))
 
 
 def make(faults: FaultInjector | None = None, **kw: object) -> CacheController:
-    cfg = CacheConfig(**{"policy": "always", "backend": "torch", "device": "cpu", "l1_pages": 16,
-                         "l2_pages": 32, "l3_slots": 64, **kw})  # type: ignore[arg-type]
+    cfg = CacheConfig(
+        **{
+            "policy": "always",
+            "backend": "torch",
+            "device": "cpu",
+            "l1_pages": 16,
+            "l2_pages": 32,
+            "l3_slots": 64,
+            **kw,
+        }
+    )  # type: ignore[arg-type]
     return CacheController(cfg, faults=faults)
 
 
@@ -72,7 +81,9 @@ def test_a_corrupt_slot_is_a_miss_under_every_check() -> None:
 
 
 @pytest.mark.parametrize("how", ["unlink", "replace"])
-def test_a_removed_l3_file_takes_l3_offline_and_l1_l2_keep_serving(tmp_path: Path, how: str) -> None:
+def test_a_removed_l3_file_takes_l3_offline_and_l1_l2_keep_serving(
+    tmp_path: Path, how: str
+) -> None:
     """Before: StorageError escaped `admit` (the request stayed live) and every later tick
     that wanted an H2S raised, so the serving loop could not make progress."""
     path = tmp_path / "cache.l3"

@@ -58,6 +58,7 @@ def l3_header_of(path: Path) -> bytes:
 
 # -- refusing what is not ours ------------------------------------------------------------------
 
+
 def test_a_text_file_is_refused_and_left_unchanged(text_file: Path) -> None:
     before = snapshot(text_file)
     with pytest.raises(L3PathRefused) as info:
@@ -70,8 +71,9 @@ def test_a_text_file_is_refused_and_left_unchanged(text_file: Path) -> None:
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_a_symlink_is_never_followed_even_to_overwrite(tmp_path: Path, text_file: Path,
-                                                       overwrite: bool) -> None:
+def test_a_symlink_is_never_followed_even_to_overwrite(
+    tmp_path: Path, text_file: Path, overwrite: bool
+) -> None:
     link = tmp_path / "l3.slots"
     link.symlink_to(text_file)
     before = snapshot(text_file)
@@ -116,7 +118,7 @@ def garbled(kind: str) -> bytes:
     if kind == "magic only":
         return good[:8]
     if kind == "truncated fields":
-        return good[:FIELDS_BYTES - 1]
+        return good[: FIELDS_BYTES - 1]
     if kind == "flipped slots field":
         return good[:24] + bytes([good[24] ^ 1]) + good[25:]
     if kind == "wrong magic":
@@ -126,11 +128,17 @@ def garbled(kind: str) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head)) + good[60:]
 
 
-@pytest.mark.parametrize("kind,why", [
-    ("empty", "not a hicache L3 file"), ("magic only", "truncated"),
-    ("truncated fields", "truncated"), ("flipped slots field", "damaged"),
-    ("wrong magic", "not a hicache L3 file"), ("future version", "format version 2"),
-])
+@pytest.mark.parametrize(
+    "kind,why",
+    [
+        ("empty", "not a hicache L3 file"),
+        ("magic only", "truncated"),
+        ("truncated fields", "truncated"),
+        ("flipped slots field", "damaged"),
+        ("wrong magic", "not a hicache L3 file"),
+        ("future version", "format version 2"),
+    ],
+)
 def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why: str) -> None:
     path = tmp_path / "l3.slots"
     path.write_bytes(garbled(kind))
@@ -144,6 +152,7 @@ def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why
 
 
 # -- taking over ---------------------------------------------------------------------------------
+
 
 def write_slot(l3: L3File, slot: int, seed: int) -> torch.Tensor:
     """H2S one random page into `slot`; returns the page."""
@@ -191,6 +200,7 @@ def test_a_new_file_is_created_0600_with_a_header(tmp_path: Path) -> None:
 
 # -- the header ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("geometry", [None, preset("qwen3-8b"), KVGeometry(3, 1, 8, "fp8", 2)])
 def test_header_fields_round_trip(geometry: KVGeometry | None) -> None:
     bpp = geometry.bytes_per_page if geometry else BPP
@@ -213,8 +223,11 @@ def test_header_fields_round_trip(geometry: KVGeometry | None) -> None:
 def test_header_of_a_real_file_round_trips() -> None:
     geometry = preset("tiny")
     with L3File(None, SLOTS, geometry.bytes_per_page, geometry=geometry) as f:
-        assert decode(os.pread(f.fd, HEADER_BYTES, 0)) == f.header == L3Header(
-            geometry.bytes_per_page, SLOTS, geometry)
+        assert (
+            decode(os.pread(f.fd, HEADER_BYTES, 0))
+            == f.header
+            == L3Header(geometry.bytes_per_page, SLOTS, geometry)
+        )
 
 
 def test_spec_table_is_the_header_layout() -> None:
@@ -240,14 +253,15 @@ def test_bad_arguments_raise_config_error(tmp_path: Path) -> None:
 
 # -- slots at their offsets ------------------------------------------------------------------
 
+
 def test_slot_bytes_live_after_the_header(tmp_path: Path) -> None:
     path = tmp_path / "l3.slots"
     with L3File(str(path), SLOTS, BPP) as f:
         page = write_slot(f, 5, seed=2)
         on_disk = np.frombuffer(path.read_bytes(), dtype=np.uint8)
         assert f.offset(5) == HEADER_BYTES + 5 * BPP
-        assert np.array_equal(on_disk[f.offset(5):f.offset(6)], page.numpy())
-        assert not on_disk[HEADER_BYTES:f.offset(5)].any() and not on_disk[f.offset(6):].any()
+        assert np.array_equal(on_disk[f.offset(5) : f.offset(6)], page.numpy())
+        assert not on_disk[HEADER_BYTES : f.offset(5)].any() and not on_disk[f.offset(6) :].any()
         assert decode(on_disk[:HEADER_BYTES].tobytes()) == f.header  # the header is intact
 
 
@@ -257,8 +271,9 @@ def test_engine_refuses_a_text_file_and_overwrites_only_when_told(text_file: Pat
     with pytest.raises(L3PathRefused):
         TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file))
     assert snapshot(text_file) == before
-    with TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch",
-                        l3_path=str(text_file), l3_overwrite=True) as engine:
+    with TransferEngine(
+        geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file), l3_overwrite=True
+    ) as engine:
         assert decode(l3_header_of(text_file)) == L3Header(geometry.bytes_per_page, 4, geometry)
         raw = engine.l2.bytes_view()
         raw[1] = torch.arange(raw.shape[1], dtype=torch.int64).remainder(251).to(torch.uint8)
@@ -268,8 +283,10 @@ def test_engine_refuses_a_text_file_and_overwrites_only_when_told(text_file: Pat
 
 # -- the demo -----------------------------------------------------------------------------------
 
-def test_demo_refuses_an_existing_text_file(text_file: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_demo_refuses_an_existing_text_file(
+    text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = snapshot(text_file)
     assert demo.main(["--quiet", "--requests", "1", "--l3-path", str(text_file)]) == 2
     err = capsys.readouterr().err
@@ -278,8 +295,9 @@ def test_demo_refuses_an_existing_text_file(text_file: Path,
     assert snapshot(text_file) == before
 
 
-def test_demo_refuses_a_symlink_even_with_overwrite(tmp_path: Path, text_file: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_refuses_a_symlink_even_with_overwrite(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     link = tmp_path / "l3.slots"
     link.symlink_to(text_file)
     before = snapshot(text_file)
@@ -291,7 +309,8 @@ def test_demo_refuses_a_symlink_even_with_overwrite(tmp_path: Path, text_file: P
 
 
 def test_demo_help_says_what_happens_to_an_existing_path(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit):
         demo.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())

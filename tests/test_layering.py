@@ -20,11 +20,21 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKER = "hicache.invariants"
 ENTRY_MODULES = {CHECKER, f"{CHECKER}.checker", f"{CHECKER}.registry", f"{CHECKER}.violation"}
 # The checker's own tests reach its individual checks; this file reads ENTRY_POINTS itself.
-EXEMPT = {ROOT / "tests" / "test_invariants.py", ROOT / "tests" / "test_invariants_fast.py",
-          Path(__file__).resolve()}
+EXEMPT = {
+    ROOT / "tests" / "test_invariants.py",
+    ROOT / "tests" / "test_invariants_fast.py",
+    Path(__file__).resolve(),
+}
 # Imported by the checker, so they must import no part of it (not even an entry point).
-CORE = ("hicache.errors", "hicache.pages", "hicache.snapshot", "hicache.tiers", "hicache.tree",
-        "hicache.lifecycle", "hicache.trace")
+CORE = (
+    "hicache.errors",
+    "hicache.pages",
+    "hicache.snapshot",
+    "hicache.tiers",
+    "hicache.tree",
+    "hicache.lifecycle",
+    "hicache.trace",
+)
 # What the checker may import from the rest of hicache: the core it reads, nothing above it.
 CHECKER_READS = ("hicache.errors", "hicache.pages", "hicache.snapshot", CHECKER)
 
@@ -54,8 +64,13 @@ def checker_imports(path: Path) -> list[tuple[int, str, str]]:
             found += [(node.lineno, CHECKER, "*") for a in node.names if a.name == "invariants"]
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name, "*") for a in node.names if a.name.startswith(CHECKER)]
-        elif lazy and isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and node.value.startswith(CHECKER + ".") and " " not in node.value:
+        elif (
+            lazy
+            and isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(CHECKER + ".")
+            and " " not in node.value
+        ):
             found.append((node.lineno, node.value, "*"))
     return found
 
@@ -72,14 +87,20 @@ def test_only_entry_points_are_imported_from_the_checker() -> None:
 
 
 def test_the_core_imports_nothing_from_the_checker() -> None:
-    wrong = [f"{m}:{line} {module}" for m in CORE
-             for line, module, _ in checker_imports(ROOT / (m.replace(".", "/") + ".py"))]
+    wrong = [
+        f"{m}:{line} {module}"
+        for m in CORE
+        for line, module, _ in checker_imports(ROOT / (m.replace(".", "/") + ".py"))
+    ]
     assert wrong == []
     # And at run time: loading the core vocabulary does not load the checker.
-    code = (f"import sys; import {', '.join(CORE)}; "
-            f"print(sorted(m for m in sys.modules if m.startswith('{CHECKER}')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, check=True)
+    code = (
+        f"import sys; import {', '.join(CORE)}; "
+        f"print(sorted(m for m in sys.modules if m.startswith('{CHECKER}')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert done.stdout.strip() == "[]"
 
 
@@ -97,14 +118,21 @@ def test_the_checker_reads_only_the_core() -> None:
 def test_the_rule_catches_a_core_name_taken_from_the_checker(tmp_path: Path) -> None:
     """The scan itself works: each way of reaching past the entry points is found."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from hicache.invariants.ownership import RESIDENT\n"
-                     "from hicache.invariants import check_all, check_publish_order\n"
-                     "import hicache.invariants.structure\n"
-                     "MODULE = 'hicache.invariants.bytes'\n")
+    probe.write_text(
+        "from hicache.invariants.ownership import RESIDENT\n"
+        "from hicache.invariants import check_all, check_publish_order\n"
+        "import hicache.invariants.structure\n"
+        "MODULE = 'hicache.invariants.bytes'\n"
+    )
     found = checker_imports(probe)
     assert [(m, n) for _, m, n in found] == [
-        (f"{CHECKER}.ownership", "RESIDENT"), (CHECKER, "check_all"),
-        (CHECKER, "check_publish_order"), (f"{CHECKER}.structure", "*"), (f"{CHECKER}.bytes", "*")]
-    allowed = [(m, n) for _, m, n in found
-               if m in ENTRY_MODULES and (n == "*" or n in ENTRY_POINTS)]
+        (f"{CHECKER}.ownership", "RESIDENT"),
+        (CHECKER, "check_all"),
+        (CHECKER, "check_publish_order"),
+        (f"{CHECKER}.structure", "*"),
+        (f"{CHECKER}.bytes", "*"),
+    ]
+    allowed = [
+        (m, n) for _, m, n in found if m in ENTRY_MODULES and (n == "*" or n in ENTRY_POINTS)
+    ]
     assert allowed == [(CHECKER, "check_all")]

@@ -76,4 +76,5 @@ def test_an_op_that_records_the_wrong_source_lock_is_caught() -> None:
     found = check_all(cp.snapshot())
     assert {v.invariant for v in found} == {"S7"}
     assert {("leaked" in v.message, v.nodes) for v in found} == {
-        (True, (cp.requests[1].locked.node_id,))}
+        (True, (cp.requests[1].locked.node_id,))
+    }

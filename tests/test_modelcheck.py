@@ -73,14 +73,19 @@ def test_ci_configs_together_fire_every_spec_transition(ci_results: dict[str, Re
 
 
 def test_ci_configs_take_every_composite_edge_but_a_private_copys_view_of_a_tree_transition(
-        ci_results: dict[str, Result]) -> None:
+    ci_results: dict[str, Result],
+) -> None:
     lc = load_lifecycle()
     graph = graph_edges(lc)
     taken = composite_edges(lc, set().union(*(r.steps for r in ci_results.values())))
     assert taken <= graph  # every traced step is an edge of the composite graph
     # Not taken: an L2/L3 row seen from a request's private L1 copy. The reference traces such
     # a row with the node's own triple (its L1 is not the request's copy), never this view.
-    views = {(b, t, a) for b, t, a in graph if b.startswith("L1_PRIVATE") and lc.transitions[t].tier != "L1"}
+    views = {
+        (b, t, a)
+        for b, t, a in graph
+        if b.startswith("L1_PRIVATE") and lc.transitions[t].tier != "L1"
+    }
     assert graph - taken == views and len(views) == 14
 
 
@@ -98,7 +103,9 @@ def test_every_path_of_a_search_replays_as_a_valid_trace(ci_results: dict[str, R
 def test_reductions_are_sound_within_a_depth_bound() -> None:
     cfg = get_config("tail")
     seen: set[object] = set()
-    plain = explore(cfg, reduction="none", max_depth=9, on_state=lambda cp: seen.add(canonical_key(cp)))
+    plain = explore(
+        cfg, reduction="none", max_depth=9, on_state=lambda cp: seen.add(canonical_key(cp))
+    )
     reduced = explore(cfg, max_depth=9, keep_keys=True)
     assert plain.states > 3 * reduced.states  # the reduction does reduce
     assert seen == reduced.keys
@@ -109,7 +116,12 @@ def test_request_symmetry_is_sound_within_a_depth_bound() -> None:
     cfg = get_config("pair")
     ids = tuple(range(cfg.requests))
     seen: set[object] = set()
-    plain = explore(cfg, reduction="canonical", max_depth=7, on_state=lambda cp: seen.add(canonical_key(cp, ids)))
+    plain = explore(
+        cfg,
+        reduction="canonical",
+        max_depth=7,
+        on_state=lambda cp: seen.add(canonical_key(cp, ids)),
+    )
     reduced = explore(cfg, max_depth=7, keep_keys=True)
     assert plain.states > reduced.states
     assert seen == reduced.keys and plain.fired == reduced.fired
@@ -127,8 +139,12 @@ def test_no_request_symmetry_when_prompts_differ() -> None:
 
 def test_without_faults_or_aborts_no_fail_or_cancel_fires() -> None:
     base = get_config("tail")
-    no_faults = explore(ModelConfig("f", base.page_size, base.capacities, base.prompts, 1, faults=False))
-    no_aborts = explore(ModelConfig("a", base.page_size, base.capacities, base.prompts, 1, aborts=False))
+    no_faults = explore(
+        ModelConfig("f", base.page_size, base.capacities, base.prompts, 1, faults=False)
+    )
+    no_aborts = explore(
+        ModelConfig("a", base.page_size, base.capacities, base.prompts, 1, aborts=False)
+    )
     assert no_faults.exhaustive and no_aborts.exhaustive  # the drain by copy holds without cancels
     assert {t for t in no_faults.fired if t.endswith("_fail")} == set()
     assert {t for t in no_aborts.fired if t.endswith("_cancel")} == set()
@@ -181,8 +197,14 @@ def test_an_injected_guard_bug_is_found_with_a_trace_check_trace_rejects() -> No
     res = explore(cfg, lifecycle=lc)
     f = res.finding
     assert f is not None and f.kind == "invariant" and f.message.startswith("S6")
-    assert [str(a) for a in f.path] == ["begin_request r0 0", "compute r0 1", "insert r0", "compute r0 1",
-                                        "insert r0", "issue D2H nodes 2"]  # the shortest path
+    assert [str(a) for a in f.path] == [
+        "begin_request r0 0",
+        "compute r0 1",
+        "insert r0",
+        "compute r0 1",
+        "insert r0",
+        "issue D2H nodes 2",
+    ]  # the shortest path
     lines = trace_of(cfg, f, lc)
     assert '"format":"hicache-trace"' in lines[0]
     verdict = check_lines(lines)
@@ -201,7 +223,9 @@ def test_a_row_the_tree_does_not_follow_is_an_audit_finding() -> None:
 
 
 @pytest.mark.parametrize("mutant, check", [("B02", "I1"), ("B03", "I6"), ("B04", "S7")])
-def test_a_state_with_a_broken_record_is_never_merged_with_a_correct_one(mutant: str, check: str) -> None:
+def test_a_state_with_a_broken_record_is_never_merged_with_a_correct_one(
+    mutant: str, check: str
+) -> None:
     """B02 frees an L2 page a node still holds, B03 leaks an op's target pages: the tree, the
     ops and the requests are then exactly as in a correct state; only the page table differs.
     The key once left the owners out (they follow from the rest in a correct plane), so these
@@ -246,5 +270,9 @@ def test_an_unexpected_exception_is_a_crash_finding(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(ControlPlane, "advance_cached_len", broken)
     res = explore(get_config("tail"))
-    assert res.finding is not None and res.finding.kind == "crash" and "injected" in res.finding.message
+    assert (
+        res.finding is not None
+        and res.finding.kind == "crash"
+        and "injected" in res.finding.message
+    )
     assert res.finding.path[-1].kind == "advance_cached_len"

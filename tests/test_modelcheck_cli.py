@@ -21,18 +21,24 @@ def mutant_tables(tmp_path: Path) -> Path:
     # Verify the row is spelled as this test expects (else the edit would not land).
     assert text.count(D2H_ISSUE_GUARDS) == 1
     path = tmp_path / "lifecycle.toml"
-    path.write_text(text.replace(D2H_ISSUE_GUARDS, D2H_ISSUE_GUARDS.replace(', "parent(L2) == RESIDENT"', "")))
+    path.write_text(
+        text.replace(D2H_ISSUE_GUARDS, D2H_ISSUE_GUARDS.replace(', "parent(L2) == RESIDENT"', ""))
+    )
     return path
 
 
-def test_a_clean_config_exits_0_with_counts_and_coverage(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_clean_config_exits_0_with_counts_and_coverage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli.main(["model-check", "--config", "tail"]) == 0
     out = capsys.readouterr().out
     assert "model-check tail: 227 states, 1597 edges, depth 17," in out and "exhaustive" in out
     assert "transitions fired: 23/23 (every one)" in out and "counts match the manifest" in out
 
 
-def test_counts_that_differ_from_the_manifest_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_counts_that_differ_from_the_manifest_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     manifest = tmp_path / "configs.toml"
     text = CONFIGS_TOML.read_text()
     assert "states = 227," in text
@@ -41,28 +47,54 @@ def test_counts_that_differ_from_the_manifest_exit_1(tmp_path: Path, capsys: pyt
     assert "counts differ from the manifest" in capsys.readouterr().out
 
 
-def test_a_finding_exits_1_and_writes_a_trace_check_trace_rejects(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_finding_exits_1_and_writes_a_trace_check_trace_rejects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_file = tmp_path / "bad.ndjson"
-    status = mc.main(["--config", "pages", "--lifecycle", str(mutant_tables(tmp_path)), "--trace-out", str(out_file)])
+    status = mc.main(
+        [
+            "--config",
+            "pages",
+            "--lifecycle",
+            str(mutant_tables(tmp_path)),
+            "--trace-out",
+            str(out_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 1
-    assert "FOUND invariant" in out and "S6 tier_ancestor_closed" in out and "6. issue D2H nodes 2" in out
+    assert (
+        "FOUND invariant" in out
+        and "S6 tier_ancestor_closed" in out
+        and "6. issue D2H nodes 2" in out
+    )
     lines = out_file.read_text().splitlines()
     assert '"format":"hicache-trace"' in lines[0]
     assert check_lines(lines).exit_code == 1
 
 
-def test_without_trace_out_the_trace_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_trace_out_the_trace_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert mc.main(["--config", "pages", "--lifecycle", str(mutant_tables(tmp_path))]) == 1
     out = capsys.readouterr().out
-    trace = out[out.index("trace:\n") + len("trace:\n"):].splitlines()
+    trace = out[out.index("trace:\n") + len("trace:\n") :].splitlines()
     assert check_lines(trace).exit_code == 1
 
 
-@pytest.mark.parametrize("argv", [[], ["--config", "nope"], ["--config", "tail", "--max-states", "0"],
-                                  ["--config", "tail", "--reduction", "none"],
-                                  ["--config", "tail", "--verify-refusals", "-1"]])
-def test_usage_errors_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--config", "nope"],
+        ["--config", "tail", "--max-states", "0"],
+        ["--config", "tail", "--reduction", "none"],
+        ["--config", "tail", "--verify-refusals", "-1"],
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         status = mc.main(argv)
         raise SystemExit(status)
@@ -73,7 +105,9 @@ def test_usage_errors_exit_2_with_one_line(argv: list[str], capsys: pytest.Captu
 
 def test_a_malformed_manifest_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = tmp_path / "configs.toml"
-    manifest.write_text('[[config]]\nname = "x"\npage_size = 2\ncapacities = [2, 2]\nprompts = [[1, 2]]\nrequests = 1\n')
+    manifest.write_text(
+        '[[config]]\nname = "x"\npage_size = 2\ncapacities = [2, 2]\nprompts = [[1, 2]]\nrequests = 1\n'
+    )
     assert mc.main(["--config", "x", "--configs", str(manifest)]) == 2
     assert "config x" in capsys.readouterr().err
 
@@ -84,7 +118,9 @@ def test_an_unreduced_search_with_a_bound_stops_early(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize("bound", [1, 10, 100])
-def test_max_states_is_the_number_of_states_found(bound: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_max_states_is_the_number_of_states_found(
+    bound: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--max-states 10 used to report 11 states (the bound was checked only between
     expansions), and --max-states 1 called its one state exhaustive."""
     assert mc.main(["--config", "tail", "--max-states", str(bound)]) == 0
@@ -103,8 +139,9 @@ def test_a_bound_of_the_whole_space_is_still_exhaustive(capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("option", ["--lifecycle", "--configs"])
 @pytest.mark.parametrize("text", [None, "x = ", "[[config]]\nname = 1\n"])
-def test_an_unreadable_file_exits_2_naming_the_option(option: str, text: str | None, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreadable_file_exits_2_naming_the_option(
+    option: str, text: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "f.toml"
     if text is not None:
         path.write_text(text)
@@ -120,15 +157,26 @@ def test_list_names_every_config(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_an_unknown_config_blames_config_and_an_unwritable_trace_out_is_refused_first(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`--config bogus` used to read '--configs: cannot read it: --config: ...'; a --trace-out
     in a missing directory used to end, after the search printed its finding, in a
     FileNotFoundError traceback."""
     assert mc.main(["--config", "bogus"]) == 2
-    assert capsys.readouterr().err.startswith("hicache model-check: error: --config: 'bogus' is not")
+    assert capsys.readouterr().err.startswith(
+        "hicache model-check: error: --config: 'bogus' is not"
+    )
     out_file = tmp_path / "no" / "bad.ndjson"
-    status = mc.main(["--config", "pages", "--lifecycle", str(mutant_tables(tmp_path)),
-                      "--trace-out", str(out_file)])
+    status = mc.main(
+        [
+            "--config",
+            "pages",
+            "--lifecycle",
+            str(mutant_tables(tmp_path)),
+            "--trace-out",
+            str(out_file),
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 2 and "FOUND" not in captured.out
     assert f"--trace-out: {out_file}: no directory" in captured.err

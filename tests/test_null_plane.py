@@ -17,9 +17,9 @@ import pytest
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.dataplane.faults import FaultInjector, FaultSite, sites_for
 from hicache.dataplane.handles import Finishable
 from hicache.dataplane.null import NullEngine
-from hicache.dataplane.faults import FaultInjector, FaultSite, sites_for
 from hicache.errors import ConfigError, OutOfPages
 from hicache.tiers import Direction, Tier
 
@@ -85,16 +85,21 @@ def two_stage_restore() -> CacheController:
 
 
 def test_the_null_path_imports_no_torch() -> None:
-    code = ("import sys; from tests.test_null_plane import make, serve; c = make(); "
-            "serve(c, 1, tuple(range(30))); c.close(); assert 'torch' not in sys.modules, 'torch'")
+    code = (
+        "import sys; from tests.test_null_plane import make, serve; c = make(); "
+        "serve(c, 1, tuple(range(30))); c.close(); assert 'torch' not in sys.modules, 'torch'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_producer_for_a_byte_free_plane_is_refused() -> None:
     cfg = CacheConfig(l1_pages=8, l2_pages=8, l3_slots=8)
     with pytest.raises(ConfigError, match="producer"):
-        CacheController(cfg, producer=object(),  # type: ignore[arg-type]
-                        engine=NullEngine(cfg.kv, 8, 8, 8))
+        CacheController(
+            cfg,
+            producer=object(),  # type: ignore[arg-type]
+            engine=NullEngine(cfg.kv, 8, 8, 8),
+        )
     with pytest.raises(ConfigError, match="no pools"):
         make().transfer_engine
 
@@ -123,8 +128,9 @@ OUTCOMES = [(True, True), (True, False), (False, True), (False, False)]
 @pytest.mark.parametrize("outcome", OUTCOMES)
 @pytest.mark.parametrize("abort_at", [None, 0, 1, 2])
 @pytest.mark.parametrize("tick_between", [True, False])
-def test_restore_stages_in_any_order(h2d_first: bool, outcome: tuple[bool, bool],
-                                     abort_at: int | None, tick_between: bool) -> None:
+def test_restore_stages_in_any_order(
+    h2d_first: bool, outcome: tuple[bool, bool], abort_at: int | None, tick_between: bool
+) -> None:
     """H2D (L2 part) and S2H (L3 part) end in either order, each done or failed, observed on
     one tick or two; the request may be aborted before, between or after them; then the
     L3 part's H2D ends either way. Nothing leaks, no invariant breaks."""
@@ -162,7 +168,7 @@ def test_any_permutation_of_completions_under_load() -> None:
         for rid, p in enumerate(prompts * 2):
             c.admit(rid, p)
             ops = c.pending()
-            ops = ops[shift % max(1, len(ops)):] + ops[:shift % max(1, len(ops))]
+            ops = ops[shift % max(1, len(ops)) :] + ops[: shift % max(1, len(ops))]
             for i, op in enumerate(ops):
                 finish(c, op.op_id, i % fail_every != 0)
                 c.tick()
@@ -199,7 +205,9 @@ def test_write_back_blocks_on_its_d2h_and_the_null_plane_ends_it(fail_d2h: bool)
     faults = FaultInjector()
     if fail_d2h:
         faults.aim("fail", direction=Direction.D2H)
-    cfg = CacheConfig(l1_pages=8, l2_pages=16, l3_slots=16, policy="always", write_policy="write_back")
+    cfg = CacheConfig(
+        l1_pages=8, l2_pages=16, l3_slots=16, policy="always", write_policy="write_back"
+    )
     c = CacheController(cfg, faults=faults, engine=NullEngine(cfg.kv, 8, 16, 16, faults=faults))
     serve(c, 1, A + (1,))  # 3 pages in L1 only (write-back: no backup yet)
     serve(c, 2, tuple(range(500, 528)) + (1,))  # 8 pages: A is evicted, backed up first
@@ -225,18 +233,28 @@ def drive(seed: int, write_policy: str, steps: int = 200) -> None:
     rng = random.Random(seed)
     sites = tuple(s for s in sites_for("null") if s is not FaultSite.CRASH_BEFORE_PUBLISH)
     faults = FaultInjector.schedule(seed, 0.5, 0.1, sites=sites)
-    cfg = CacheConfig(l1_pages=rng.choice((10, 14)), l2_pages=rng.choice((8, 12, 20)),
-                      l3_slots=rng.choice((12, 24)), policy="always", write_policy=write_policy,
-                      promotion=rng.random() < 0.5)
-    c = CacheController(cfg, faults=faults,
-                        engine=NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, faults=faults))
+    cfg = CacheConfig(
+        l1_pages=rng.choice((10, 14)),
+        l2_pages=rng.choice((8, 12, 20)),
+        l3_slots=rng.choice((12, 24)),
+        policy="always",
+        write_policy=write_policy,
+        promotion=rng.random() < 0.5,
+    )
+    c = CacheController(
+        cfg,
+        faults=faults,
+        engine=NullEngine(cfg.kv, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, faults=faults),
+    )
     prefixes = [tuple(range(1000 * p, 1000 * p + 4 * rng.randint(1, 4))) for p in range(3)]
     live: set[int] = set()
     prefilled: set[int] = set()
     for rid in range(steps):
         r = rng.random()
         if r < 0.2 and len(live) < 3:
-            suffix = tuple(range(7, 7 + 4 * rng.randint(0, 3))) + (rng.randrange(3),) * rng.randint(1, 5)
+            suffix = tuple(range(7, 7 + 4 * rng.randint(0, 3))) + (rng.randrange(3),) * rng.randint(
+                1, 5
+            )
             with contextlib.suppress(OutOfPages):
                 c.admit(rid, rng.choice(prefixes) + suffix)
                 live.add(rid)
@@ -256,9 +274,17 @@ def drive(seed: int, write_policy: str, steps: int = 200) -> None:
             live.discard(q)
         elif r < 0.93 and live:
             action = rng.choice(["fail", "delay", "corrupt", "short_read", "alloc"])
-            direction = Direction.S2H if action in ("corrupt", "short_read") else rng.choice(list(Direction))
-            faults.aim(action, direction=direction, request_id=rng.choice(sorted(live) + [None]),  # type: ignore[arg-type]
-                       polls=rng.randint(1, 3))
+            direction = (
+                Direction.S2H
+                if action in ("corrupt", "short_read")
+                else rng.choice(list(Direction))
+            )
+            faults.aim(
+                action,
+                direction=direction,
+                request_id=rng.choice(sorted(live) + [None]),  # type: ignore[arg-type]
+                polls=rng.randint(1, 3),
+            )
         else:
             settle_all(c)
     for q in live:

@@ -6,15 +6,15 @@ changed."""
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
-from hicache.queries import PlaneQueries
 from hicache.errors import HiCacheError, InvariantViolation, PlanePoisoned
 from hicache.invariants import check_all
+from hicache.queries import PlaneQueries
 from hicache.snapshot import Snapshot
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
@@ -39,9 +39,17 @@ def poisoned_plane() -> tuple[ControlPlane, ListSink]:
 
 def records(s: Snapshot) -> tuple[object, ...]:
     """Everything a snapshot holds, comparable with ==."""
-    nodes = tuple((n.node_id, n.parent_id, n.child_ids, dict(n.states), dict(n.locks),
-                   {t: None if v is None else v.tolist() for t, v in n.values.items()})
-                  for n in s.nodes)
+    nodes = tuple(
+        (
+            n.node_id,
+            n.parent_id,
+            n.child_ids,
+            dict(n.states),
+            dict(n.locks),
+            {t: None if v is None else v.tolist() for t, v in n.values.items()},
+        )
+        for n in s.nodes
+    )
     owners = tuple(v.owner.tolist() for v in s.tiers.values())
     reqs = tuple((r.request_id, r.cached_len, r.locked_node_id, r.pins) for r in s.requests)
     return nodes, owners, reqs, tuple(op.op_id for op in s.ops)
@@ -50,13 +58,19 @@ def records(s: Snapshot) -> tuple[object, ...]:
 def public_methods() -> list[str]:
     """The transitions: every public method ControlPlane defines itself (queries are inherited
     from PlaneQueries and stay available)."""
-    return [name for name, fn in vars(ControlPlane).items()
-            if inspect.isfunction(fn) and not name.startswith("_")]
+    return [
+        name
+        for name, fn in vars(ControlPlane).items()
+        if inspect.isfunction(fn) and not name.startswith("_")
+    ]
 
 
 def query_methods() -> list[str]:
-    return [name for name, fn in vars(PlaneQueries).items()
-            if inspect.isfunction(fn) and not name.startswith("_")]
+    return [
+        name
+        for name, fn in vars(PlaneQueries).items()
+        if inspect.isfunction(fn) and not name.startswith("_")
+    ]
 
 
 def test_the_violation_poisons_the_plane_and_its_tree() -> None:
@@ -137,8 +151,11 @@ def test_periodic_mode_poisons_when_the_check_runs() -> None:
 def test_every_method_is_a_transition_or_a_query() -> None:
     """A public method is refused on a poisoned plane unless it is one of PlaneQueries' (which
     change nothing); none is both, and the split leaves no public method unclassified."""
-    every = {name for name, _ in inspect.getmembers(ControlPlane, inspect.isfunction)
-             if not name.startswith("_")}
+    every = {
+        name
+        for name, _ in inspect.getmembers(ControlPlane, inspect.isfunction)
+        if not name.startswith("_")
+    }
     assert every == set(public_methods()) | set(query_methods())
     assert not set(public_methods()) & set(query_methods())
     assert {"issue", "evict", "pin", "apply", "end_request"} <= set(public_methods())

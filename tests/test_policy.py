@@ -71,7 +71,8 @@ def test_restore_cost_is_h2d_for_l2_and_serial_s2h_plus_h2d_for_l3() -> None:
     n_bytes = 100 * BPT
     assert model.restore_cost("L2", 100, BPT) == model.predict("h2d", n_bytes)
     assert model.restore_cost("L3", 100, BPT) == pytest.approx(
-        model.predict("s2h", n_bytes) + model.predict("h2d", n_bytes), rel=1e-12)
+        model.predict("s2h", n_bytes) + model.predict("h2d", n_bytes), rel=1e-12
+    )
     assert model.restore_cost("L3", 0, BPT) == 0.0  # no operation, no fixed cost
     with pytest.raises(PolicyError, match="L1 needs no restore"):
         model.restore_cost("L1", 100, BPT)
@@ -103,10 +104,12 @@ def test_ewma_residual_is_clamped_so_fast_samples_pull_fixed_to_zero() -> None:
 
 @pytest.mark.parametrize(
     ("sizes", "mode"),
-    [([3.0, 4.0], "ewma"),  # spread 1.0 <= the 1.0 floor
-     ([3.0, 4.5], "nnls"),
-     ([1000.0, 1050.0], "ewma"),  # spread 50 <= 5% of 1050
-     ([1000.0, 1100.0], "nnls")],
+    [
+        ([3.0, 4.0], "ewma"),  # spread 1.0 <= the 1.0 floor
+        ([3.0, 4.5], "nnls"),
+        ([1000.0, 1050.0], "ewma"),  # spread 50 <= 5% of 1050
+        ([1000.0, 1100.0], "nnls"),
+    ],
 )
 def test_spread_rule_switches_between_ewma_and_nnls(sizes: list[float], mode: str) -> None:
     line = LinearCost("x", "byte", fixed_s=0.0, per_unit_s=1.0)
@@ -143,7 +146,8 @@ def test_nnls_recovers_a_known_line_from_noisy_varied_sizes() -> None:
     seed=st.integers(0, 2**32 - 1),
 )
 def test_nnls_on_random_nonnegative_lines_is_nonnegative_and_close(
-        fixed: float, slope: float, low: float, seed: int) -> None:
+    fixed: float, slope: float, low: float, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     line = LinearCost("x", "byte", fixed_s=0.0, per_unit_s=0.0)
     sizes = rng.uniform(low, 10 * low, size=32)
@@ -157,11 +161,11 @@ def test_nnls_on_random_nonnegative_lines_is_nonnegative_and_close(
 
 
 @given(
-    points=st.lists(st.tuples(st.floats(0.0, 1e3), st.floats(0.0, 1e3)),
-                    min_size=2, max_size=32),
+    points=st.lists(st.tuples(st.floats(0.0, 1e3), st.floats(0.0, 1e3)), min_size=2, max_size=32),
 )
 def test_nnls_meets_the_optimality_conditions_on_any_nonnegative_data(
-        points: list[tuple[float, float]]) -> None:
+    points: list[tuple[float, float]],
+) -> None:
     sizes = [x for x, _ in points]
     seconds = [y for _, y in points]
     if max(sizes) - min(sizes) < 1e-3:
@@ -232,10 +236,14 @@ def test_cost_policy_restores_when_cheaper_and_recomputes_when_storage_is_slow()
 
 def test_cost_policy_prices_the_l3_candidate_as_h2d_over_all_plus_s2h_over_l3() -> None:
     model = CostModel()
-    decision = CostPolicy(model).decide(l1_len=32, l2_len=96, l3_len=256, prompt_len=512,
-                                        bytes_per_token=BPT)
-    expected = (model.predict("h2d", (256 - 32) * BPT) + model.predict("s2h", (256 - 96) * BPT)
-                + model.predict("recompute", 512 - 256))
+    decision = CostPolicy(model).decide(
+        l1_len=32, l2_len=96, l3_len=256, prompt_len=512, bytes_per_token=BPT
+    )
+    expected = (
+        model.predict("h2d", (256 - 32) * BPT)
+        + model.predict("s2h", (256 - 96) * BPT)
+        + model.predict("recompute", 512 - 256)
+    )
     assert decision.predicted_s["L3"] == pytest.approx(expected, rel=1e-12)
     assert decision.extension_tokens == {"L2": 64, "L3": 224}
 
@@ -251,8 +259,9 @@ def _explorable(model: CostModel, d: Decision, choice: str) -> bool:
 def _check_cost_rule(model: CostModel, d: Decision) -> None:
     """The cost policy's rule (CostPolicy's docstring), checked on one decision."""
     assert d.benefit_s == d.predicted_s["recompute"] - d.predicted_s[d.choice]
-    benefits = {c: d.predicted_s["recompute"] - s for c, s in d.predicted_s.items()
-                if c != "recompute"}
+    benefits = {
+        c: d.predicted_s["recompute"] - s for c, s in d.predicted_s.items() if c != "recompute"
+    }
     best = max(benefits.values(), default=0.0)
     if best > 0:  # rule 2: the largest positive benefit
         assert d.choice != "recompute" and d.benefit_s == best
@@ -276,8 +285,12 @@ def test_no_policy_picks_a_tier_that_does_not_extend_the_hit(data: st.DataObject
         gib_per_s = data.draw(st.floats(1.0, 50.0))
         for _ in range(data.draw(st.integers(0, EXPLORE_SAMPLES))):
             model.observe(kind, 64 * BPT, 64 * BPT / (gib_per_s * GIB))
-    for policy in (CostPolicy(model), AlwaysPolicy(model), NeverPolicy(model),
-                   ThresholdPolicy(model=model)):
+    for policy in (
+        CostPolicy(model),
+        AlwaysPolicy(model),
+        NeverPolicy(model),
+        ThresholdPolicy(model=model),
+    ):
         d = policy.decide(l1, l2, l3, prompt, BPT)
         if d.choice != "recompute":
             assert d.extension_tokens[d.choice] >= 1
@@ -322,9 +335,14 @@ def test_never_recomputes_and_prices_what_it_declined() -> None:
 
 @pytest.mark.parametrize(
     ("l2_len", "l3_len", "choice"),
-    [(9, 0, "recompute"), (10, 0, "L2"),  # load-back threshold: 10 tokens
-     (0, 255, "recompute"), (0, 256, "L3"),  # prefetch threshold: 256 tokens from L3
-     (10, 265, "L2"), (10, 266, "L3")],  # L3 counts only what L2 does not hold
+    [
+        (9, 0, "recompute"),
+        (10, 0, "L2"),  # load-back threshold: 10 tokens
+        (0, 255, "recompute"),
+        (0, 256, "L3"),  # prefetch threshold: 256 tokens from L3
+        (10, 265, "L2"),
+        (10, 266, "L3"),
+    ],  # L3 counts only what L2 does not hold
 )
 def test_threshold_boundaries(l2_len: int, l3_len: int, choice: str) -> None:
     assert ThresholdPolicy().decide(0, l2_len, l3_len, 1024, BPT).choice == choice
@@ -339,8 +357,12 @@ def test_threshold_and_policy_names_are_validated() -> None:
         make_policy("greedy", CostModel())
     assert err.value.field == "policy"
     model = CostModel()
-    for name, cls in (("cost", CostPolicy), ("always", AlwaysPolicy), ("never", NeverPolicy),
-                      ("threshold", ThresholdPolicy)):
+    for name, cls in (
+        ("cost", CostPolicy),
+        ("always", AlwaysPolicy),
+        ("never", NeverPolicy),
+        ("threshold", ThresholdPolicy),
+    ):
         policy = make_policy(name, model)
         assert isinstance(policy, cls) and policy.name == name
     with pytest.raises(PolicyError, match="l2_len"):
@@ -351,18 +373,24 @@ def test_threshold_and_policy_names_are_validated() -> None:
 # DecisionLog
 
 
-def _decision(choice: Choice, predicted: dict[str, float],
-              extension: dict[str, int]) -> Decision:
-    return Decision(choice=choice, tokens_from_cache={"L1": 0, "L2": 0, "L3": 0},
-                    predicted_s=predicted, extension_tokens=extension, benefit_s=0.0, reason="t")
+def _decision(choice: Choice, predicted: dict[str, float], extension: dict[str, int]) -> Decision:
+    return Decision(
+        choice=choice,
+        tokens_from_cache={"L1": 0, "L2": 0, "L3": 0},
+        predicted_s=predicted,
+        extension_tokens=extension,
+        benefit_s=0.0,
+        reason="t",
+    )
 
 
 def test_decision_log_errors_are_exact_on_a_known_sequence() -> None:
     log = DecisionLog()
     a = log.record(_decision("L2", {"recompute": 1.0, "L2": 0.5}, {"L2": 64}))
     b = log.record(_decision("recompute", {"recompute": 0.125, "L3": 2.0}, {"L3": 32}))
-    c = log.record(_decision("L2", {"recompute": 1.0, "L2": 0.25, "L3": 0.75},
-                             {"L2": 16, "L3": 48}))
+    c = log.record(
+        _decision("L2", {"recompute": 1.0, "L2": 0.25, "L3": 0.75}, {"L2": 16, "L3": 48})
+    )
     log.settle(a, 0.25)  # |0.25 - 0.5| = 0.25, relative 1.0
     log.settle(b, 0.5)  # |0.5 - 0.125| = 0.375, relative 0.75
     s = log.summary()
@@ -410,8 +438,11 @@ class World:
         from_l2 = max(0, l2 - l1) if choice in ("L2", "L3") else 0
         from_l3 = l3 - max(l1, l2) if choice == "L3" else 0
         rest = prompt - l1 - from_l2 - from_l3
-        return (self.cost("recompute", rest), self.cost("s2h", from_l3 * BPT),
-                self.cost("h2d", (from_l2 + from_l3) * BPT))
+        return (
+            self.cost("recompute", rest),
+            self.cost("s2h", from_l3 * BPT),
+            self.cost("h2d", (from_l2 + from_l3) * BPT),
+        )
 
 
 WORLDS = {
@@ -430,8 +461,13 @@ def _requests(rng: np.random.Generator, n: int) -> list[tuple[int, int, int, int
     return out
 
 
-def _run(world: World, policy: Policy, requests: list[tuple[int, int, int, int]],
-         model: CostModel | None, rng: np.random.Generator) -> float:
+def _run(
+    world: World,
+    policy: Policy,
+    requests: list[tuple[int, int, int, int]],
+    model: CostModel | None,
+    rng: np.random.Generator,
+) -> float:
     """Total true seconds of `policy`'s choices; feeds noisy observations to `model` if given."""
     total = 0.0
     for l1, l2, l3, prompt in requests:
@@ -441,8 +477,11 @@ def _run(world: World, policy: Policy, requests: list[tuple[int, int, int, int]]
             continue
         from_l2, from_l3 = d.tokens_from_cache["L2"], d.tokens_from_cache["L3"]
         rest = prompt - l1 - from_l2 - from_l3
-        for kind, size in (("recompute", rest), ("s2h", from_l3 * BPT),
-                           ("h2d", (from_l2 + from_l3) * BPT)):
+        for kind, size in (
+            ("recompute", rest),
+            ("s2h", from_l3 * BPT),
+            ("h2d", (from_l2 + from_l3) * BPT),
+        ):
             if size > 0:  # the engine times each operation it ran, steady seconds only
                 model.observe(kind, size, world.cost(kind, size) * rng.uniform(0.97, 1.03))
     return total
@@ -457,8 +496,10 @@ def test_cost_policy_is_within_5_percent_of_the_better_forced_choice(world_name:
     _run(world, NeverPolicy(model), _requests(rng, 48), model, rng)
     assert {model.line(k).mode for k in ("recompute", "h2d", "s2h")} == {"nnls"}
     test_set = _requests(rng, 300)
-    totals = {p.name: _run(world, p, test_set, None, rng)
-              for p in (CostPolicy(model), AlwaysPolicy(model), NeverPolicy(model))}
+    totals = {
+        p.name: _run(world, p, test_set, None, rng)
+        for p in (CostPolicy(model), AlwaysPolicy(model), NeverPolicy(model))
+    }
     assert totals["cost"] <= 1.05 * min(totals["always"], totals["never"]), totals
     # and close to the per-request best, which no fixed rule reaches in every world
     oracle = sum(min(sum(world.path_s(*r, c)) for c in _extending_choices(*r)) for r in test_set)
@@ -466,15 +507,15 @@ def test_cost_policy_is_within_5_percent_of_the_better_forced_choice(world_name:
 
 
 def _extending_choices(l1: int, l2: int, l3: int, prompt: int) -> list[str]:
-    return (["recompute"] + (["L2"] if l2 > l1 else [])
-            + (["L3"] if l3 > max(l1, l2) else []))
+    return ["recompute"] + (["L2"] if l2 > l1 else []) + (["L3"] if l3 > max(l1, l2) else [])
 
 
 def test_policy_package_does_not_import_torch() -> None:
     # The control plane and trace checker use the policy; they must run without torch.
     probe = "import sys, hicache.policy; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "False"
 
 

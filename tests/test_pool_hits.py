@@ -42,36 +42,50 @@ def anchor(page_size: int = 1) -> PoolSpec:
     return PoolSpec("kv", page_size=page_size, layers=0)
 
 
-def sidecar(name: str, source: str = "kv", page_size: int = 1,
-            backupable: bool = True) -> PoolSpec:
-    return PoolSpec(name, role=SIDECAR, indices_from=source, page_size=page_size,
-                    backupable=backupable)
+def sidecar(name: str, source: str = "kv", page_size: int = 1, backupable: bool = True) -> PoolSpec:
+    return PoolSpec(
+        name, role=SIDECAR, indices_from=source, page_size=page_size, backupable=backupable
+    )
 
 
-def trailing(name: str, window: int, page_size: int = 1, role: str = ALLOCATING,
-             source: str = "") -> PoolSpec:
-    return PoolSpec(name, role=role, indices_from=source, hit_policy=TRAILING_PAGES,
-                    window_pages=window, page_size=page_size)
+def trailing(
+    name: str, window: int, page_size: int = 1, role: str = ALLOCATING, source: str = ""
+) -> PoolSpec:
+    return PoolSpec(
+        name,
+        role=role,
+        indices_from=source,
+        hit_policy=TRAILING_PAGES,
+        window_pages=window,
+        page_size=page_size,
+    )
 
 
 def dsv4_tiny(window: int = 2, kv_page: int = 1, swa_page: int = 1) -> PoolGroup:
     """The structure of the dsv4 group: byte-less anchor, allocating swa, three ALL_PAGES
     sidecars on the anchor, two state pools on swa."""
-    return PoolGroup("dsv4-test", (
-        anchor(kv_page), trailing("swa", window, swa_page),
-        sidecar("c4", page_size=kv_page), sidecar("c4_indexer", page_size=kv_page),
-        sidecar("c128", page_size=kv_page),
-        trailing("c4_state", window, swa_page, role=STATE, source="swa"),
-        trailing("c4_indexer_state", window, swa_page, role=STATE, source="swa"),
-    ))
+    return PoolGroup(
+        "dsv4-test",
+        (
+            anchor(kv_page),
+            trailing("swa", window, swa_page),
+            sidecar("c4", page_size=kv_page),
+            sidecar("c4_indexer", page_size=kv_page),
+            sidecar("c128", page_size=kv_page),
+            trailing("c4_state", window, swa_page, role=STATE, source="swa"),
+            trailing("c4_indexer_state", window, swa_page, role=STATE, source="swa"),
+        ),
+    )
 
 
 def two_trailing(window_a: int, window_b: int) -> PoolGroup:
-    return PoolGroup("two-trailing", (anchor(), trailing("swa", window_a),
-                                      trailing("swb", window_b)))
+    return PoolGroup(
+        "two-trailing", (anchor(), trailing("swa", window_a), trailing("swb", window_b))
+    )
 
 
 # -- per pool ---------------------------------------------------------------------------------
+
 
 def test_leading_run_is_the_index_of_the_first_absent_page() -> None:
     assert leading_run([]) == 0
@@ -117,6 +131,7 @@ def test_endpoints_convert_to_anchor_pages_when_page_sizes_differ() -> None:
 
 # -- the agreed hit ---------------------------------------------------------------------------
 
+
 def test_f14_the_hit_is_the_largest_common_endpoint_not_the_min_of_maxima() -> None:
     """SGLang #39147: endpoints {1,3} and {1,2}; the agreed hit is 1, min-of-maxima says 2."""
     group = two_trailing(1, 1)
@@ -135,8 +150,7 @@ def test_ranks_agree_on_the_bound_then_intersect_masks() -> None:
     """The tensor-parallel form of #39147: rank 0 alone would serve 3, rank 1 alone 2, so the
     minimum of the ranks' hits is 2; but no endpoint above 1 is legal on both ranks."""
     group = PoolGroup("swa-only", (anchor(), trailing("swa", 1)))
-    ranks = [agreed_hit(group, {"kv": [T, T, T], "swa": swa}, 3) for swa in ([T, F, T],
-                                                                            [T, T, F])]
+    ranks = [agreed_hit(group, {"kv": [T, T, T], "swa": swa}, 3) for swa in ([T, F, T], [T, T, F])]
     assert [r.hit for r in ranks] == [3, 2]
     bound = min(r.bound for r in ranks)  # the first, fixed-size reduction (MIN)
     common = intersect_masks([r.mask(bound) for r in ranks])  # the second: equal lengths
@@ -153,8 +167,13 @@ def test_f14_disjoint_endpoints_agree_on_zero() -> None:
 def test_f14_an_all_pages_pool_truncates_to_an_endpoint_the_trailing_pool_cannot_serve() -> None:
     group = dsv4_tiny(window=2)
     full = [T] * 6
-    presence = {"kv": full, "c4": [T, T, T, F, F, F], "c4_indexer": full, "c128": full,
-                "swa": [T, F, T, T, T, T]}  # swa endpoints 0, 1, 4, 5, 6
+    presence = {
+        "kv": full,
+        "c4": [T, T, T, F, F, F],
+        "c4_indexer": full,
+        "c128": full,
+        "swa": [T, F, T, T, T, T],
+    }  # swa endpoints 0, 1, 4, 5, 6
     hit = agreed_hit(group, presence, 6)
     assert hit.bound == 3
     assert hit.hit == 1  # 3 and 2 need swa pages 1..2; the largest legal endpoint <= 3 is 1
@@ -170,13 +189,15 @@ def test_a_pool_not_reported_holds_nothing() -> None:
 
 def test_state_and_non_backupable_pools_are_not_matched() -> None:
     group = PoolGroup("ring", (*dsv4_tiny().pools, sidecar("pair_ring", backupable=False)))
-    hit = agreed_hit(group, {"kv": [T, T], "c4": [T, T], "c4_indexer": [T, T],
-                             "c128": [T, T], "swa": [T, T]}, 2)
+    hit = agreed_hit(
+        group, {"kv": [T, T], "c4": [T, T], "c4_indexer": [T, T], "c128": [T, T], "swa": [T, T]}, 2
+    )
     assert hit.hit == 2
     assert [p.pool for p in hit.pools] == ["kv", "swa", "c4", "c4_indexer", "c128"]
 
 
 # -- the two group hit policies ---------------------------------------------------------------
+
 
 def test_all_pools_needs_the_window_and_anchor_recompute_swa_replays_it() -> None:
     group = dsv4_tiny(window=3, kv_page=4, swa_page=2)
@@ -214,10 +235,12 @@ def test_an_unknown_hit_policy_is_refused() -> None:
 
 # -- prefetch clamp and trailing tail ---------------------------------------------------------
 
+
 def test_f11_prefetch_publishes_at_most_every_all_pages_sidecar() -> None:
     """F11 (#30334): the prefetch stopped after the KV pages, before c4 landed."""
-    clamp = prefetch_clamp(dsv4_tiny(), {"kv": 5, "c4": 3, "c4_indexer": 5, "c128": 4,
-                                         "swa": 6}, reserved=6)
+    clamp = prefetch_clamp(
+        dsv4_tiny(), {"kv": 5, "c4": 3, "c4_indexer": 5, "c128": 4, "swa": 6}, reserved=6
+    )
     assert clamp.published == 3
     assert clamp.release == range(3, 6)
     assert dict(clamp.by_pool) == {"kv": 5, "c4": 3, "c4_indexer": 5, "c128": 4}
@@ -260,6 +283,7 @@ def test_f13_in_the_pools_own_pages() -> None:
 
 # -- bad input --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("window", [-1, 0])
 def test_a_window_below_one_page_is_refused(window: int) -> None:
     with pytest.raises(ConfigError, match="window"):
@@ -268,14 +292,18 @@ def test_a_window_below_one_page_is_refused(window: int) -> None:
         swa_boundaries([(1, T)], window)
 
 
-@pytest.mark.parametrize(("presence", "field"), [
-    ({"kv": [T, T], "mystery": [T, T]}, "presence.mystery"),
-    ({"kv": [T, T], "c4_state": [T, T]}, "presence.c4_state"),
-    ({"kv": [T, T], "c4": [T, T, T]}, "presence.c4"),
-    ({"kv": [T]}, "presence.kv"),
-])
-def test_bad_presence_is_refused_naming_the_pool(presence: dict[str, list[bool]],
-                                                 field: str) -> None:
+@pytest.mark.parametrize(
+    ("presence", "field"),
+    [
+        ({"kv": [T, T], "mystery": [T, T]}, "presence.mystery"),
+        ({"kv": [T, T], "c4_state": [T, T]}, "presence.c4_state"),
+        ({"kv": [T, T], "c4": [T, T, T]}, "presence.c4"),
+        ({"kv": [T]}, "presence.kv"),
+    ],
+)
+def test_bad_presence_is_refused_naming_the_pool(
+    presence: dict[str, list[bool]], field: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         agreed_hit(dsv4_tiny(), presence, 2)
     assert caught.value.field == field
@@ -310,6 +338,7 @@ def test_bad_masks_paths_and_counts_are_refused() -> None:
 
 # -- properties against brute force -----------------------------------------------------------
 
+
 @st.composite
 def groups_and_presence(draw: st.DrawFn) -> tuple[PoolGroup, dict[str, list[bool]], int]:
     """A group of every matched shape (ALL_PAGES sidecars, trailing pools with smaller pages,
@@ -324,8 +353,11 @@ def groups_and_presence(draw: st.DrawFn) -> tuple[PoolGroup, dict[str, list[bool
         pools.append(trailing(f"swa{i}", window, page))
         pools.append(trailing(f"swa{i}_state", window, page, role=STATE, source=f"swa{i}"))
         if draw(st.booleans()):
-            pools.append(trailing(f"swa{i}_side", draw(st.integers(1, 4)), page, role=SIDECAR,
-                                  source=f"swa{i}"))
+            pools.append(
+                trailing(
+                    f"swa{i}_side", draw(st.integers(1, 4)), page, role=SIDECAR, source=f"swa{i}"
+                )
+            )
     if draw(st.booleans()):
         pools.append(PoolSpec("full2", role=ALLOCATING, page_size=draw(st.sampled_from(divisors))))
     group = PoolGroup("drawn", tuple(pools))
@@ -353,7 +385,8 @@ def serves(pool: PoolSpec, present: Sequence[bool], ratio: int, e: int) -> bool:
 
 @given(groups_and_presence(), st.sampled_from([ALL_POOLS, ANCHOR_RECOMPUTE_SWA]))
 def test_the_agreed_hit_is_the_largest_endpoint_every_required_pool_serves(
-        drawn: tuple[PoolGroup, dict[str, list[bool]], int], policy: str) -> None:
+    drawn: tuple[PoolGroup, dict[str, list[bool]], int], policy: str
+) -> None:
     group, presence, pages = drawn
     if policy == ANCHOR_RECOMPUTE_SWA and any(p.name == "full2" for p in group.pools):
         with pytest.raises(ConfigError, match="full2"):
@@ -362,15 +395,20 @@ def test_the_agreed_hit_is_the_largest_endpoint_every_required_pool_serves(
     hit = agreed_hit(group, presence, pages, policy)
     ratio = {p.name: group.anchor.page_size // p.page_size for p in group.pools}
     absent = {p.name: [F] * (pages * ratio[p.name]) for p in group.pools}
-    rows = {p.name: (p, presence.get(p.name, absent[p.name])) for p in group.pools
-            if p.role != STATE}
+    rows = {
+        p.name: (p, presence.get(p.name, absent[p.name])) for p in group.pools if p.role != STATE
+    }
     for result in hit.pools:  # every pool's endpoint set, by brute force
         pool, present = rows[result.pool]
-        assert result.endpoints.legal == {e for e in range(pages + 1)
-                                          if serves(pool, present, ratio[pool.name], e)}
+        assert result.endpoints.legal == {
+            e for e in range(pages + 1) if serves(pool, present, ratio[pool.name], e)
+        }
     needed = [rows[name] for name in hit.required]
-    expected = max(e for e in range(pages + 1)
-                   if all(serves(pool, present, ratio[pool.name], e) for pool, present in needed))
+    expected = max(
+        e
+        for e in range(pages + 1)
+        if all(serves(pool, present, ratio[pool.name], e) for pool, present in needed)
+    )
     assert hit.hit == expected
     # Min-of-maxima is an upper bound, never below the agreed hit (and the F14 tests show it
     # can be above).
@@ -380,16 +418,16 @@ def test_the_agreed_hit_is_the_largest_endpoint_every_required_pool_serves(
 
 @given(st.lists(st.tuples(st.integers(1, 3), st.booleans()), max_size=6), st.integers(1, 5))
 def test_swa_boundaries_are_the_trailing_endpoints_at_node_ends(
-        path: list[tuple[int, bool]], window: int) -> None:
+    path: list[tuple[int, bool]], window: int
+) -> None:
     pages = [here for length, here in path for _ in range(length)]
     legal = trailing_endpoints(pages, window)
-    ends = [sum(length for length, _ in path[:i + 1]) for i in range(len(path))]
+    ends = [sum(length for length, _ in path[: i + 1]) for i in range(len(path))]
     assert swa_boundaries(path, window) == (0, *[e for e in ends if e in legal])
 
 
 @given(st.integers(0, 8), st.lists(st.sets(st.integers(1, 10)), min_size=1, max_size=4))
-def test_intersecting_masks_intersects_the_endpoint_sets(
-        bound: int, sets: list[set[int]]) -> None:
+def test_intersecting_masks_intersects_the_endpoint_sets(bound: int, sets: list[set[int]]) -> None:
     endpoints = [Endpoints(10, frozenset({0} | s)) for s in sets]
     mask = intersect_masks([e.endpoint_mask(bound) for e in endpoints])
     common = set.intersection(*({0} | s for s in sets))
@@ -399,16 +437,19 @@ def test_intersecting_masks_intersects_the_endpoint_sets(
 
 
 @given(st.lists(st.integers(1, 3), min_size=2, max_size=3), st.integers(1, 8), st.data())
-def test_trailing_pools_agree_on_a_common_endpoint(windows: list[int], pages: int,
-                                                     data: st.DataObject) -> None:
+def test_trailing_pools_agree_on_a_common_endpoint(
+    windows: list[int], pages: int, data: st.DataObject
+) -> None:
     """Trailing pools alone (a whole anchor): the agreed hit is the largest endpoint all of
     them serve, which min-of-maxima often overshoots when their endpoint sets interleave."""
-    group = PoolGroup("trailing", (anchor(), *(trailing(f"sw{i}", w)
-                                               for i, w in enumerate(windows))))
+    group = PoolGroup(
+        "trailing", (anchor(), *(trailing(f"sw{i}", w) for i, w in enumerate(windows)))
+    )
     presence: dict[str, list[bool]] = {"kv": [T] * pages}
     for i in range(len(windows)):
         presence[f"sw{i}"] = data.draw(st.lists(st.booleans(), min_size=pages, max_size=pages))
     rows = [(group.pool(name), present) for name, present in presence.items()]
-    expected = max(e for e in range(pages + 1)
-                   if all(serves(pool, present, 1, e) for pool, present in rows))
+    expected = max(
+        e for e in range(pages + 1) if all(serves(pool, present, 1, e) for pool, present in rows)
+    )
     assert agreed_hit(group, presence, pages).hit == expected

@@ -14,13 +14,24 @@ import pytest
 from hicache.dataplane.geometry import preset as geometry
 from hicache.errors import ConfigError
 from hicache.pools import (
-    ALL_PAGES, ALLOCATING, ANCHOR, SIDECAR, STATE, TRAILING_PAGES, PoolGroup, PoolSpec, group, names,
+    ALL_PAGES,
+    ALLOCATING,
+    ANCHOR,
+    SIDECAR,
+    STATE,
+    TRAILING_PAGES,
+    PoolGroup,
+    PoolSpec,
+    group,
+    names,
 )
 from hicache.pools.presets import read_presets, structure
 from hicache.spec import POOLS_TOML
 
 KV = PoolSpec("kv", page_size=4, layers=0, rows_per_layer=1)
-SWA = PoolSpec("swa", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=2, page_size=4, row_bytes=8)
+SWA = PoolSpec(
+    "swa", ALLOCATING, hit_policy=TRAILING_PAGES, window_pages=2, page_size=4, row_bytes=8
+)
 
 
 def sidecar(name: str, source: str = "kv", **changes: Any) -> PoolSpec:
@@ -31,8 +42,15 @@ def sidecar(name: str, source: str = "kv", **changes: Any) -> PoolSpec:
 
 def state(name: str, source: str = "swa", **changes: Any) -> PoolSpec:
     """A valid state pool on `source`, then `changes` (which may break a rule)."""
-    base = PoolSpec(name, STATE, indices_from=source, hit_policy=TRAILING_PAGES, window_pages=1,
-                    page_size=4, row_bytes=8)
+    base = PoolSpec(
+        name,
+        STATE,
+        indices_from=source,
+        hit_policy=TRAILING_PAGES,
+        window_pages=1,
+        page_size=4,
+        row_bytes=8,
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -48,7 +66,16 @@ def refused(field: str) -> Iterator[None]:
 
 
 def test_presets_are_the_four_groups_and_their_tiny_variants() -> None:
-    assert names() == ("mha", "mha-tiny", "mla", "mla-tiny", "dsv4", "dsv4-tiny", "dsv41", "dsv41-tiny")
+    assert names() == (
+        "mha",
+        "mha-tiny",
+        "mla",
+        "mla-tiny",
+        "dsv4",
+        "dsv4-tiny",
+        "dsv41",
+        "dsv41-tiny",
+    )
 
 
 def test_unknown_preset_names_the_choices() -> None:
@@ -60,9 +87,12 @@ def test_dsv4_is_seven_pools_with_their_roles_and_sources() -> None:
     g = group("dsv4")
     shape = [(p.name, p.role, p.source, p.hit_policy) for p in g.pools]
     assert shape == [
-        ("kv", ANCHOR, "kv", ALL_PAGES), ("swa", ALLOCATING, "swa", TRAILING_PAGES),
-        ("c4", SIDECAR, "kv", ALL_PAGES), ("c4_indexer", SIDECAR, "kv", ALL_PAGES),
-        ("c128", SIDECAR, "kv", ALL_PAGES), ("c4_state", STATE, "swa", TRAILING_PAGES),
+        ("kv", ANCHOR, "kv", ALL_PAGES),
+        ("swa", ALLOCATING, "swa", TRAILING_PAGES),
+        ("c4", SIDECAR, "kv", ALL_PAGES),
+        ("c4_indexer", SIDECAR, "kv", ALL_PAGES),
+        ("c128", SIDECAR, "kv", ALL_PAGES),
+        ("c4_state", STATE, "swa", TRAILING_PAGES),
         ("c4_indexer_state", STATE, "swa", TRAILING_PAGES),
     ]
     assert g.anchor.bytes_per_page == 0
@@ -72,8 +102,12 @@ def test_dsv4_is_seven_pools_with_their_roles_and_sources() -> None:
 
 def test_dsv4_measured_sizes_are_not_guesses() -> None:
     g = group("dsv4")
-    measured = {"swa": (61, 149_760), "c128": (31, 1_728), "c4_state": (30, 65_536),
-                "c4_indexer_state": (30, 16_384)}
+    measured = {
+        "swa": (61, 149_760),
+        "c128": (31, 1_728),
+        "c4_state": (30, 65_536),
+        "c4_indexer_state": (30, 16_384),
+    }
     for name, (layers, row_bytes) in measured.items():
         p = g.pool(name)
         assert (p.layers, p.row_bytes, p.page_size) == (layers, row_bytes, 256)
@@ -84,7 +118,13 @@ def test_dsv4_measured_sizes_are_not_guesses() -> None:
 def test_dsv41_has_six_sidecars_no_state_pool_and_a_request_scoped_ring() -> None:
     g = group("dsv41")
     assert [p.name for p in g.derived("kv")] == [
-        "c1", "c1_indexer", "c1_indexer_scale", "c2", "c2_indexer", "c2_indexer_scale"]
+        "c1",
+        "c1_indexer",
+        "c1_indexer_scale",
+        "c2",
+        "c2_indexer",
+        "c2_indexer_scale",
+    ]
     assert not [p for p in g.pools if p.role == STATE]
     assert [p.name for p in g.pools if not p.backupable] == ["pair_ring"]
     assert "pair_ring" not in [p.name for p in g.backup_pools()]
@@ -101,7 +141,11 @@ def test_mla_is_one_latent_row_per_layer() -> None:
 def test_mha_matches_the_kv_geometry(pool_preset: str, kv_preset: str) -> None:
     p, geo = group(pool_preset).anchor, geometry(kv_preset)
     assert (p.page_size, p.layers, p.rows_per_layer, p.row_bytes) == (
-        geo.page_size, geo.layers, 2, geo.row_bytes)
+        geo.page_size,
+        geo.layers,
+        2,
+        geo.row_bytes,
+    )
     assert group(pool_preset).bytes_per_anchor_page == geo.bytes_per_page
 
 
@@ -115,11 +159,16 @@ def test_tiny_variant_has_the_same_structure_at_cpu_size(base: str) -> None:
 
 def test_tiny_variant_of_another_structure_does_not_load(tmp_path: Path) -> None:
     text = POOLS_TOML.read_text(encoding="utf-8")
-    block = text.index("[[presets.dsv4-tiny.pools]]\nname = \"c128\"")
-    c128 = text[block:].replace('role = "sidecar"', 'role = "state"', 1).replace(  # c128 only
-        'indices_from = "kv"\nhit_policy = "ALL_PAGES"\nwindow_pages = 0\npage_size = 4\nlayers = 1',
-        'indices_from = "swa"\nhit_policy = "TRAILING_PAGES"\nwindow_pages = 1\npage_size = 4\nlayers = 1',
-        1)
+    block = text.index('[[presets.dsv4-tiny.pools]]\nname = "c128"')
+    c128 = (
+        text[block:]
+        .replace('role = "sidecar"', 'role = "state"', 1)
+        .replace(  # c128 only
+            'indices_from = "kv"\nhit_policy = "ALL_PAGES"\nwindow_pages = 0\npage_size = 4\nlayers = 1',
+            'indices_from = "swa"\nhit_policy = "TRAILING_PAGES"\nwindow_pages = 1\npage_size = 4\nlayers = 1',
+            1,
+        )
+    )
     (tmp_path / "pools.toml").write_text(text[:block] + c128, encoding="utf-8")
     with refused("presets.dsv4-tiny.pools"):
         read_presets(tmp_path / "pools.toml")
@@ -130,8 +179,9 @@ def test_pool_row_missing_or_unknown_field_does_not_load(tmp_path: Path) -> None
     (tmp_path / "a.toml").write_text(text.replace('upstream = ""\n', "", 1), encoding="utf-8")
     with refused("presets.mha.pools[0].upstream"):
         read_presets(tmp_path / "a.toml")
-    (tmp_path / "b.toml").write_text(text.replace('upstream = ""\n', 'upstream = ""\ndtype = "bf16"\n', 1),
-                                     encoding="utf-8")
+    (tmp_path / "b.toml").write_text(
+        text.replace('upstream = ""\n', 'upstream = ""\ndtype = "bf16"\n', 1), encoding="utf-8"
+    )
     with refused("presets.mha.pools[0].dtype"):
         read_presets(tmp_path / "b.toml")
 
@@ -168,7 +218,9 @@ def test_state_pool_with_its_own_indices() -> None:
     with refused("pools.c4_state.indices_from"):
         PoolSpec("c4_state", STATE, hit_policy=TRAILING_PAGES, window_pages=1)
     with refused("pools.c4_state.indices_from"):
-        PoolSpec("c4_state", STATE, indices_from="c4_state", hit_policy=TRAILING_PAGES, window_pages=1)
+        PoolSpec(
+            "c4_state", STATE, indices_from="c4_state", hit_policy=TRAILING_PAGES, window_pages=1
+        )
 
 
 def test_allocating_pool_with_another_pools_indices() -> None:
@@ -217,7 +269,9 @@ def test_trailing_window_larger_than_the_pool() -> None:
     g.check_capacity({"kv": 8, "swa": 2})
     with refused("presets.g.swa.window_pages"):
         g.check_capacity({"kv": 8, "swa": 1})
-    g3 = PoolGroup("g", (KV, dataclasses.replace(SWA, window_pages=1), state("c4_state", window_pages=3)))
+    g3 = PoolGroup(
+        "g", (KV, dataclasses.replace(SWA, window_pages=1), state("c4_state", window_pages=3))
+    )
     with refused("presets.g.c4_state.window_pages"):  # a derived pool's window: its source's pages
         g3.check_capacity({"kv": 8, "swa": 2})
 

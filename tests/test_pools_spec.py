@@ -43,26 +43,40 @@ def test_shipped_tables_agree_and_are_the_rendered_ones() -> None:
 
 
 def test_changed_cell_in_markdown_is_caught(spec: Path) -> None:
-    edit(spec / "pools.md", "| `c128` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 31 | 1 | 1,728 |",
-         "| `c128` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 31 | 1 | 1,729 |")
+    edit(
+        spec / "pools.md",
+        "| `c128` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 31 | 1 | 1,728 |",
+        "| `c128` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 31 | 1 | 1,729 |",
+    )
     found = problems(spec)
     assert len(found) == 1
-    assert "preset `dsv4` pool `c128` column 'row_bytes' says '1,729', pools.toml says '1,728'" in found[0]
+    assert (
+        "preset `dsv4` pool `c128` column 'row_bytes' says '1,729', pools.toml says '1,728'"
+        in found[0]
+    )
 
 
 def test_changed_value_in_toml_is_caught(spec: Path) -> None:
-    edit(spec / "pools.toml", "row_bytes = 149_760\ntp_mode = \"replicated\"\nbackupable = true\n"
-         "guesses = [\"window_pages\", \"page_size\"]",
-         "row_bytes = 149_761\ntp_mode = \"replicated\"\nbackupable = true\n"
-         "guesses = [\"window_pages\", \"page_size\"]")
+    edit(
+        spec / "pools.toml",
+        'row_bytes = 149_760\ntp_mode = "replicated"\nbackupable = true\n'
+        'guesses = ["window_pages", "page_size"]',
+        'row_bytes = 149_761\ntp_mode = "replicated"\nbackupable = true\n'
+        'guesses = ["window_pages", "page_size"]',
+    )
     assert any("preset `dsv4` pool `swa` column 'row_bytes'" in p for p in problems(spec))
 
 
 def test_a_dropped_guess_mark_is_caught(spec: Path) -> None:
-    edit(spec / "pools.md", "| `c4` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 30? | 1 | 55,296? |",
-         "| `c4` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 30? | 1 | 55,296 |")
-    assert any("pool `c4` column 'row_bytes' says '55,296', pools.toml says '55,296?'" in p
-               for p in problems(spec))
+    edit(
+        spec / "pools.md",
+        "| `c4` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 30? | 1 | 55,296? |",
+        "| `c4` | `sidecar` | `kv` | `ALL_PAGES` | 0 | 256 | 30? | 1 | 55,296 |",
+    )
+    assert any(
+        "pool `c4` column 'row_bytes' says '55,296', pools.toml says '55,296?'" in p
+        for p in problems(spec)
+    )
 
 
 def test_missing_extra_and_headless_tables_are_caught(spec: Path) -> None:
@@ -77,14 +91,21 @@ def test_missing_extra_and_headless_tables_are_caught(spec: Path) -> None:
 
 
 def test_missing_row_is_caught(spec: Path) -> None:
-    edit(spec / "pools.md", "| `c4_indexer_state` | `state` | `swa` | `TRAILING_PAGES` | 1? | 256? |"
-         " 30 | 1 | 16,384 | `replicated`? | true | `deepseek_v4_c4_indexer_state` |\n", "")
+    edit(
+        spec / "pools.md",
+        "| `c4_indexer_state` | `state` | `swa` | `TRAILING_PAGES` | 1? | 256? |"
+        " 30 | 1 | 16,384 | `replicated`? | true | `deepseek_v4_c4_indexer_state` |\n",
+        "",
+    )
     assert any("preset `dsv4` has 6 pool rows, pools.toml 7" in p for p in problems(spec))
 
 
 def test_toml_breaking_a_group_rule_is_reported_not_raised(spec: Path) -> None:
-    edit(spec / "pools.toml", '[[presets.dsv4.pools]]\nname = "c4_state"\nrole = "state"\nindices_from = "swa"',
-         '[[presets.dsv4.pools]]\nname = "c4_state"\nrole = "state"\nindices_from = "kv"')
+    edit(
+        spec / "pools.toml",
+        '[[presets.dsv4.pools]]\nname = "c4_state"\nrole = "state"\nindices_from = "swa"',
+        '[[presets.dsv4.pools]]\nname = "c4_state"\nrole = "state"\nindices_from = "kv"',
+    )
     found = problems(spec)
     assert len(found) == 1 and "presets.dsv4.c4_state.indices_from" in found[0]
 
@@ -92,10 +113,14 @@ def test_toml_breaking_a_group_rule_is_reported_not_raised(spec: Path) -> None:
 def test_spec_check_runs_the_pool_check(spec: Path, tmp_path: Path) -> None:
     full = tmp_path / "full"
     shutil.copytree(SPEC_DIR, full, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    edit(full / "pools.md", "| `kv` | `anchor` | - | `ALL_PAGES` | 0 | 16 | 36 |",
-         "| `kv` | `anchor` | - | `ALL_PAGES` | 0 | 16 | 32 |")
+    edit(
+        full / "pools.md",
+        "| `kv` | `anchor` | - | `ALL_PAGES` | 0 | 16 | 36 |",
+        "| `kv` | `anchor` | - | `ALL_PAGES` | 0 | 16 | 32 |",
+    )
     assert [p for p in check_spec(full) if "pools.md" in p] == [
-        p for p in check_spec(full) if "column 'layers'" in p]
+        p for p in check_spec(full) if "column 'layers'" in p
+    ]
     assert any("preset `mha` pool `kv` column 'layers'" in p for p in check_spec(full))
 
 

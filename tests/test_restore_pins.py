@@ -50,7 +50,9 @@ def test_write_back_restore_is_not_evicted_by_its_own_nested_make_room() -> None
     # The victim's write-back found no room in L2: its tokens are lost once, as SGLang's
     # write-back failure (`host_pressure`; they used to be counted twice, by two reasons).
     assert c.metrics.dropped_tokens["host_pressure"] == len(B), c.metrics.dropped_tokens
-    assert c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0, c.metrics.dropped_tokens
+    assert c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0, (
+        c.metrics.dropped_tokens
+    )
     assert_clean(c)
     c.close()
 

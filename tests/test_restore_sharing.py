@@ -23,9 +23,20 @@ A = tuple(range(100, 124))  # 6 pages of the tiny geometry
 B = tuple(range(200, 224))
 
 
-def make(faults: FaultInjector | None = None, tracer: Tracer | None = None, **kw: object) -> CacheController:
-    cfg = CacheConfig(**{"policy": "always", "backend": "torch", "device": "cpu", "l1_pages": 16,
-                         "l2_pages": 32, "l3_slots": 64, **kw})  # type: ignore[arg-type]
+def make(
+    faults: FaultInjector | None = None, tracer: Tracer | None = None, **kw: object
+) -> CacheController:
+    cfg = CacheConfig(
+        **{
+            "policy": "always",
+            "backend": "torch",
+            "device": "cpu",
+            "l1_pages": 16,
+            "l2_pages": 32,
+            "l3_slots": 64,
+            **kw,
+        }
+    )  # type: ignore[arg-type]
     return CacheController(cfg, faults=faults, tracer=tracer)
 
 

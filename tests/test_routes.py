@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.dataplane.routes import (
-    INDEX_ALIGN, DmaPlan, Run, chunk_bounds, index_slots, plan_route, split_runs,
+    INDEX_ALIGN,
+    DmaPlan,
+    Run,
+    chunk_bounds,
+    index_slots,
+    plan_route,
+    split_runs,
 )
 from hicache.pages import Pages, pages
 
@@ -17,13 +23,26 @@ from hicache.pages import Pages, pages
 def test_chunk_bounds_cover_in_order() -> None:
     mib = 1 << 20
     assert chunk_bounds(0, mib) == []
-    assert chunk_bounds(10, mib, first_bytes=mib, single_max_bytes=0) == [(0, 1), (1, 3), (3, 7), (7, 10)]
+    assert chunk_bounds(10, mib, first_bytes=mib, single_max_bytes=0) == [
+        (0, 1),
+        (1, 3),
+        (3, 7),
+        (7, 10),
+    ]
     assert chunk_bounds(10, mib, first_bytes=mib, descending=True, single_max_bytes=0) == [
-        (0, 3), (3, 7), (7, 9), (9, 10)
+        (0, 3),
+        (3, 7),
+        (7, 9),
+        (9, 10),
     ]
     assert chunk_bounds(7, mib, 3) == [(0, 3), (3, 6), (6, 7)]
-    assert chunk_bounds(7, mib, 3, single_max_bytes=1 << 40) == [(0, 3), (3, 6), (6, 7)], "fixed wins"
-    assert chunk_bounds(5, 100, first_bytes=250, single_max_bytes=0) == [(0, 3), (3, 5)]  # 3 pages first
+    assert chunk_bounds(7, mib, 3, single_max_bytes=1 << 40) == [(0, 3), (3, 6), (6, 7)], (
+        "fixed wins"
+    )
+    assert chunk_bounds(5, 100, first_bytes=250, single_max_bytes=0) == [
+        (0, 3),
+        (3, 5),
+    ]  # 3 pages first
     # Small transfers are one chunk (one gather, one DMA per run); the limit is inclusive.
     assert chunk_bounds(10, mib, single_max_bytes=10 * mib) == [(0, 10)]
     assert len(chunk_bounds(11, mib, first_bytes=mib, single_max_bytes=10 * mib)) > 1
@@ -71,9 +90,13 @@ def test_route_moves_every_pair_once_by_the_run_rule(
     runs = sorted_runs(l2)
     assert route.runs == len(runs)
     small = [k for _, k in runs if k < min_pages]
-    assert route.staged_pages == (sum(small) if len(small) >= 2 else 0), "small runs staged, two or more"
+    assert route.staged_pages == (sum(small) if len(small) >= 2 else 0), (
+        "small runs staged, two or more"
+    )
     assert len(route.direct) == len(runs) - (len(small) if len(small) >= 2 else 0)
-    assert route.kind == ("direct" if not route.staged_pages else "mixed" if route.direct else "staged")
+    assert route.kind == (
+        "direct" if not route.staged_pages else "mixed" if route.direct else "staged"
+    )
 
 
 @given(
@@ -114,13 +137,17 @@ def test_index_slots_are_aligned_disjoint_and_filled_in_packed_order(
     """Every chunk's index slice starts at a multiple of INDEX_ALIGN (16 bytes of int64), so
     the kernels see one pointer alignment; slices are in order, disjoint, at most one gap
     entry per chunk, and hold exactly that chunk's L1 pages in packed order."""
-    bounds = chunk_bounds(n, 100, chunk_pages, descending=descending, first_bytes=300, single_max_bytes=0)
+    bounds = chunk_bounds(
+        n, 100, chunk_pages, descending=descending, first_bytes=300, single_max_bytes=0
+    )
     at = index_slots(bounds)
     assert len(at) == len(bounds)
     end = 0
     for (lo, hi), start in zip(bounds, at):
         assert start % INDEX_ALIGN == 0, (bounds, at)
-        assert end <= start < end + INDEX_ALIGN, "right after the previous slice, gap under 16 bytes"
+        assert end <= start < end + INDEX_ALIGN, (
+            "right after the previous slice, gap under 16 bytes"
+        )
         end = start + hi - lo
     if n == 0:
         return
@@ -128,7 +155,9 @@ def test_index_slots_are_aligned_disjoint_and_filled_in_packed_order(
     l2 = pages(rng.permutation(n) if shuffled else np.arange(n))
     route = plan_route(l2, 100, 300, staged_first=True)
     plan = DmaPlan(route, bounds, split_runs(route.direct, bounds))
-    assert plan.index_at == at and plan.index_len == end and end <= n + len(bounds) * (INDEX_ALIGN - 1)
+    assert (
+        plan.index_at == at and plan.index_len == end and end <= n + len(bounds) * (INDEX_ALIGN - 1)
+    )
     l1 = pages(rng.permutation(n) + 1000)
     out = np.full(plan.index_len, -1, dtype=np.int64)
     plan.fill_index(l1, out)

@@ -18,8 +18,13 @@ def seeded_draws(examples: int = 300) -> list[int]:
     """The integers one fixed-seed run draws in [LOW, HIGH], in order."""
     seen: list[int] = []
 
-    @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @seed(20261203)
     @given(st.integers(LOW, HIGH))
     def record(x: int) -> None:

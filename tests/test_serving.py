@@ -49,19 +49,28 @@ def test_l1_deadlock_between_live_requests_is_broken_by_preemption() -> None:
     ctl = CacheController(CacheConfig(l1_pages=16, l2_pages=64, l3_slots=64, policy="always"))
     try:
         a_prefix, b_prefix = prompt(1000, 7), prompt(2000, 7)
-        warm = ServingLoop(ctl, batch_size=1).run([RequestSpec(0, a_prefix + (1,), 1, "warm"),
-                                                   RequestSpec(1, b_prefix + (1,), 1, "warm")])
+        warm = ServingLoop(ctl, batch_size=1).run(
+            [RequestSpec(0, a_prefix + (1,), 1, "warm"), RequestSpec(1, b_prefix + (1,), 1, "warm")]
+        )
         assert warm.requests == 2 and warm.preemptions == 0
         ctl.drain()
         assert ctl.cp.tables[0].free_count == 2  # both prefixes in L1, unlocked
         loop = ServingLoop(ctl, batch_size=2)
-        report = loop.run([RequestSpec(2, a_prefix + prompt(3000, 6), 1, "a"),
-                           RequestSpec(3, b_prefix + prompt(4000, 6), 1, "b")])
+        report = loop.run(
+            [
+                RequestSpec(2, a_prefix + prompt(3000, 6), 1, "a"),
+                RequestSpec(3, b_prefix + prompt(4000, 6), 1, "b"),
+            ]
+        )
         assert report.requests == 2 and report.preemptions == 1 and report.admissions == 3
         # B''s first admission is counted as a preemption, and the L1 hit credited to it (its
         # 7-page prefix) is taken back: every admitted prompt token is counted exactly once.
         m = ctl.metrics
-        assert (m.preemptions, m.preempted_tokens, m.preempted_hit_tokens["L1"]) == (1, 13 * PS, 7 * PS)
+        assert (m.preemptions, m.preempted_tokens, m.preempted_hit_tokens["L1"]) == (
+            1,
+            13 * PS,
+            7 * PS,
+        )
         shares = m.token_shares()
         assert sum(shares.values()) == m.prompt_tokens and shares["preempted"] == 13 * PS
         assert ctl.cp.checker.violations_found == 0
@@ -94,21 +103,26 @@ def test_demo_with_a_tight_l1_serves_every_request(tmp_path: Path) -> None:
     s = run_demo(tmp_path, "--requests", "60", "--l1-pages", "72", "--l2-pages", "80")
     hits = s["hit_tokens"]
     assert isinstance(hits, dict) and hits["L2"] > 0 and hits["L3"] > 0
-    assert s["requests"] == 60 and s["invariants"] == {"run": s["invariants"]["run"], "violations": 0}  # type: ignore[index]
+    assert s["requests"] == 60 and s["invariants"] == {
+        "run": s["invariants"]["run"],
+        "violations": 0,
+    }  # type: ignore[index]
     assert isinstance(s["verified_pages"], int) and s["verified_pages"] > 0
 
 
 def test_demo_says_which_option_to_raise_when_l1_is_too_small(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The needed value and the reason first: `--requests 300` needs 206 L1 pages because
     its longest prompt (an agent conversation grown to 822 tokens) is 206 pages of 4."""
     assert demo.main(["--quiet", "--requests", "300", "--l1-pages", "160"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith("hicache demo: --l1-pages: 160 is too small: this workload needs at "
-                             "least 206 L1 pages, because its longest prompt (request 287, 822 "
-                             "tokens) is 206 pages of 4 tokens")
+    assert err[0].startswith(
+        "hicache demo: --l1-pages: 160 is too small: this workload needs at "
+        "least 206 L1 pages, because its longest prompt (request 287, 822 "
+        "tokens) is 206 pages of 4 tokens"
+    )
     assert "--l1-pages 206 or more" in err[0]
 
 
@@ -116,8 +130,19 @@ def test_preempted_admissions_are_counted_and_the_token_shares_add_up(tmp_path: 
     """L1 of 40 pages for prompts of up to 34: live requests collide, two admissions are
     preempted. Every admitted prompt token is a hit, recomputed or preempted exactly once (it
     was 3,793 of 3,947 before preemptions were counted), and each admission made one decision."""
-    s = run_demo(tmp_path, "--device", "cpu", "--l1-pages", "40", "--l2-pages", "8",
-                 "--l3-slots", "8", "--requests", "40")
+    s = run_demo(
+        tmp_path,
+        "--device",
+        "cpu",
+        "--l1-pages",
+        "40",
+        "--l2-pages",
+        "8",
+        "--l3-slots",
+        "8",
+        "--requests",
+        "40",
+    )
     shares, decisions, preempted = s["token_shares"], s["decisions"], s["preempted_tokens"]
     assert isinstance(shares, dict) and isinstance(decisions, dict)
     assert isinstance(preempted, int) and preempted > 0
@@ -130,8 +155,19 @@ def test_preempted_admissions_are_counted_and_the_token_shares_add_up(tmp_path: 
 
 @pytest.mark.gpu
 def test_gpu_demo_restores_verified_bytes_through_triton(tmp_path: Path) -> None:
-    s = run_demo(tmp_path, "--device", "cuda", "--backend", "triton", "--requests", "60",
-                 "--l1-pages", "80", "--l2-pages", "80")
+    s = run_demo(
+        tmp_path,
+        "--device",
+        "cuda",
+        "--backend",
+        "triton",
+        "--requests",
+        "60",
+        "--l1-pages",
+        "80",
+        "--l2-pages",
+        "80",
+    )
     hits = s["hit_tokens"]
     assert isinstance(hits, dict) and hits["L2"] > 0 and hits["L3"] > 0
     assert s["invariants"]["violations"] == 0 and s["verified_pages"] > 0  # type: ignore[index, operator]

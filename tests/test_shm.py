@@ -21,7 +21,10 @@ dist = pytest.importorskip("torch.distributed")
 
 from hicache.distributed import shm  # noqa: E402
 from hicache.distributed.collectives import (  # noqa: E402
-    CollectiveMismatch, CollectiveTimeout, Entry, RankFailed,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    Entry,
+    RankFailed,
 )
 from hicache.distributed.shm import SharedMemoryCollectives, ShmBlock  # noqa: E402
 from hicache.distributed.wire import INLINE_VALUES, ROW_WIDTH, failed_key, row_of  # noqa: E402
@@ -46,15 +49,16 @@ def pair() -> Iterator[list[SharedMemoryCollectives]]:
     block.unlink()
 
 
-def both(ranks: list[SharedMemoryCollectives],
-         fn: Callable[[SharedMemoryCollectives], T]) -> list[T | BaseException]:
+def both(
+    ranks: list[SharedMemoryCollectives], fn: Callable[[SharedMemoryCollectives], T]
+) -> list[T | BaseException]:
     """`fn(rank)` on each rank in its own thread; each one's result or error, by rank."""
     out: list[T | BaseException] = [RuntimeError("did not finish")] * len(ranks)
 
     def run(r: int) -> None:
         try:
             out[r] = fn(ranks[r])
-        except BaseException as e:  # noqa: BLE001 -- each rank's outcome is the test's
+        except BaseException as e:
             out[r] = e
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(len(ranks))]
@@ -66,17 +70,29 @@ def both(ranks: list[SharedMemoryCollectives],
 
 
 def test_two_ranks_agree_on_short_empty_and_several_round_payloads(
-        pair: list[SharedMemoryCollectives]) -> None:
+    pair: list[SharedMemoryCollectives],
+) -> None:
     n = 2 * INLINE_VALUES + 3  # three rounds
 
-    Agreed = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...],
-                   tuple[tuple[int, ...], ...], int, str]
+    Agreed = tuple[
+        tuple[int, ...],
+        tuple[tuple[int, ...], ...],
+        tuple[int, ...],
+        tuple[tuple[int, ...], ...],
+        int,
+        str,
+    ]
 
     def agree(c: SharedMemoryCollectives) -> Agreed:
         r = c.rank
-        return (c.all_reduce_min("reserve", [r + 1, 5 - r]), c.all_gather("admit_choice", [10 * r]),
-                c.all_reduce_min("completion", []),
-                c.all_gather("check_state", [r * 1000 + i for i in range(n)]), c.rounds, c.log.digest)
+        return (
+            c.all_reduce_min("reserve", [r + 1, 5 - r]),
+            c.all_gather("admit_choice", [10 * r]),
+            c.all_reduce_min("completion", []),
+            c.all_gather("check_state", [r * 1000 + i for i in range(n)]),
+            c.rounds,
+            c.log.digest,
+        )
 
     a, b = both(pair, agree)
     assert a == b  # every rank the same results, rounds and log (I10)
@@ -101,6 +117,7 @@ def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank() -> None:
     board = dist.HashStore()
     ranks = [SharedMemoryCollectives(block.name, r, 2, board, 0.3) for r in range(2)]
     try:
+
         def skip(c: SharedMemoryCollectives) -> None:
             c.all_reduce_min("reserve", [1])
             if c.rank == 0:
@@ -121,7 +138,8 @@ def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank() -> None:
 
 
 def test_a_raised_flag_breaks_the_waiting_rank_out_with_the_boards_why(
-        pair: list[SharedMemoryCollectives]) -> None:
+    pair: list[SharedMemoryCollectives],
+) -> None:
     def fail_or_wait(c: SharedMemoryCollectives) -> None:
         if c.rank == 1:
             time.sleep(0.1)
@@ -152,7 +170,8 @@ def test_the_launcher_marks_a_dead_rank_and_the_waiting_one_stops() -> None:
 
 
 def test_a_row_published_before_it_is_whole_is_read_again(
-        pair: list[SharedMemoryCollectives]) -> None:
+    pair: list[SharedMemoryCollectives],
+) -> None:
     """Rank 1's publish seen before its row (a stale guard): rank 0 waits for the row."""
     mine, other = pair
     words = other._words
@@ -163,7 +182,7 @@ def test_a_row_published_before_it_is_whole_is_read_again(
         words[at] = -5  # the guard of some earlier round
         words[1 * shm.CONTROL_WORDS + shm.PUBLISHED] = 1  # published first ...
         time.sleep(0.1)
-        words[at:at + ROW_WIDTH + 2] = array("q", [0, *entry_row, 0])  # ... whole later
+        words[at : at + ROW_WIDTH + 2] = array("q", [0, *entry_row, 0])  # ... whole later
 
     threading.Thread(target=late_row).start()
     assert mine.all_reduce_min("reserve", [9]) == (7,)

@@ -71,8 +71,13 @@ def test_copy_is_consistent(spec: Path) -> None:
 
 def test_changed_to_state_in_toml(spec: Path) -> None:
     row = toml_row("d2h_fail")
-    edit(spec / "lifecycle.toml", row, row.replace('to = "ABSENT"', 'to = "RESIDENT"')
-         .replace('effects = ["release(L2)"', 'effects = ["publish(L2)"'))
+    edit(
+        spec / "lifecycle.toml",
+        row,
+        row.replace('to = "ABSENT"', 'to = "RESIDENT"').replace(
+            'effects = ["release(L2)"', 'effects = ["publish(L2)"'
+        ),
+    )
     problems = check_spec(spec)
     assert has(problems, "d2h_fail", "'to'", "'ABSENT'", "'RESIDENT'")
     assert has(problems, "d2h_fail", "'effects'", "publish(L2)")
@@ -90,22 +95,30 @@ def test_effects_that_do_not_fit_the_states_do_not_load(spec: Path) -> None:
 
 
 def test_changed_guard_cell_in_markdown(spec: Path) -> None:
-    edit(spec / "lifecycle.md", "`locks(L2) == 0`, `L1 != H2D_PENDING`, `L3 != H2S_PENDING`",
-         "`locks(L2) == 0`, `L1 != H2D_PENDING`")
+    edit(
+        spec / "lifecycle.md",
+        "`locks(L2) == 0`, `L1 != H2D_PENDING`, `L3 != H2S_PENDING`",
+        "`locks(L2) == 0`, `L1 != H2D_PENDING`",
+    )
     problems = check_spec(spec)
     assert has(problems, "lifecycle.md line", "evict_l2", "'guards'")
     assert len(problems) == 1
 
 
 def test_effect_order_in_markdown_matters(spec: Path) -> None:
-    edit(spec / "lifecycle.md", "| `publish(L1)`, `unlock(L2)` |", "| `unlock(L2)`, `publish(L1)` |")
+    edit(
+        spec / "lifecycle.md", "| `publish(L1)`, `unlock(L2)` |", "| `unlock(L2)`, `publish(L1)` |"
+    )
     assert has(check_spec(spec), "h2d_complete", "'effects'")
 
 
 def test_missing_and_extra_markdown_rows(spec: Path) -> None:
     md = spec / "lifecycle.md"
-    row = next(line for line in md.read_text(encoding="utf-8").splitlines()
-               if line.startswith("| `s2h_cancel` |"))
+    row = next(
+        line
+        for line in md.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `s2h_cancel` |")
+    )
     edit(md, row + "\n", row.replace("s2h_cancel", "s2h_abort") + "\n")
     problems = check_spec(spec)
     assert has(problems, "s2h_cancel", "has no table row")
@@ -114,7 +127,11 @@ def test_missing_and_extra_markdown_rows(spec: Path) -> None:
 
 def test_stale_diagram_and_its_fix(spec: Path) -> None:
     md = spec / "lifecycle.md"
-    edit(md, "    D2H_PENDING --> RESIDENT: d2h_complete\n", "    D2H_PENDING --> RESIDENT: d2h_done\n")
+    edit(
+        md,
+        "    D2H_PENDING --> RESIDENT: d2h_complete\n",
+        "    D2H_PENDING --> RESIDENT: d2h_done\n",
+    )
     problems = check_spec(spec)
     assert has(problems, "diagram 'L2' is stale", "d2h_done", "d2h_complete")
     # `hicache spec write-diagrams` is how an author fixes it.
@@ -125,8 +142,11 @@ def test_stale_diagram_and_its_fix(spec: Path) -> None:
 
 
 def test_removed_composite_state(spec: Path) -> None:
-    edit(spec / "lifecycle.toml",
-         '[[composite]]\nname = "L1_L3"\nL1 = "RESIDENT"\nL2 = "ABSENT"\nL3 = "RESIDENT"\n\n', "")
+    edit(
+        spec / "lifecycle.toml",
+        '[[composite]]\nname = "L1_L3"\nL1 = "RESIDENT"\nL2 = "ABSENT"\nL3 = "RESIDENT"\n\n',
+        "",
+    )
     problems = check_spec(spec)
     assert has(problems, "reachable state L1_L3", "not a [[composite]] entry")
     assert has(problems, "composite `L1_L3`", "not in lifecycle.toml")
@@ -136,15 +156,20 @@ def test_misnamed_and_unreachable_composites(spec: Path) -> None:
     toml = spec / "lifecycle.toml"
     edit(toml, 'name = "L1_L3"\n', 'name = "L3_L1"\n')
     with toml.open("a", encoding="utf-8") as f:
-        f.write('\n[[composite]]\nname = "H2D_PENDING"\nL1 = "H2D_PENDING"\nL2 = "ABSENT"\nL3 = "ABSENT"\n')
+        f.write(
+            '\n[[composite]]\nname = "H2D_PENDING"\nL1 = "H2D_PENDING"\nL2 = "ABSENT"\nL3 = "ABSENT"\n'
+        )
     problems = check_spec(spec)
     assert has(problems, "composite L3_L1", "the naming rule gives L1_L3")
     assert has(problems, "composite H2D_PENDING", "is not reachable")
 
 
 def test_unloadable_toml(spec: Path) -> None:
-    edit(spec / "lifecycle.toml", 'guards = ["L2 == RESIDENT", "parent(L1) == RESIDENT"]',
-         'guards = ["L2 == RESIDNT", "parent(L1) == RESIDENT"]')
+    edit(
+        spec / "lifecycle.toml",
+        'guards = ["L2 == RESIDENT", "parent(L1) == RESIDENT"]',
+        'guards = ["L2 == RESIDNT", "parent(L1) == RESIDENT"]',
+    )
     (problem,) = check_spec(spec)
     assert "lifecycle.toml: cannot be loaded" in problem and "RESIDNT" in problem
 
@@ -157,8 +182,11 @@ def test_unknown_guard_form_does_not_load(spec: Path) -> None:
 
 def test_guard_vocabulary_table_is_checked(spec: Path) -> None:
     md = spec / "lifecycle.md"
-    row = next(line for line in md.read_text(encoding="utf-8").splitlines()
-               if line.startswith("| `leaf(Ln)` |"))
+    row = next(
+        line
+        for line in md.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `leaf(Ln)` |")
+    )
     edit(md, row + "\n", "")
     assert has(check_spec(spec), "guard `leaf(Ln)`", "has no table row")
 
@@ -195,8 +223,12 @@ def test_invariant_heading_without_check(spec: Path) -> None:
     assert has(check_spec(spec), "heading S8 `no_such_check` is not in the registry")
 
 
-def test_unimportable_registry_is_reported_not_raised(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(speccheck_invariants, "REGISTRY_MODULE", "hicache.invariants.no_such_registry")
+def test_unimportable_registry_is_reported_not_raised(
+    spec: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        speccheck_invariants, "REGISTRY_MODULE", "hicache.invariants.no_such_registry"
+    )
     assert has(check_spec(spec), "invariants.md: headings not checked", "no_such_registry")
 
 
@@ -226,7 +258,11 @@ def test_schema_tier_clause_drift(spec: Path) -> None:
 
 def test_trace_md_event_table_drift(spec: Path) -> None:
     md = spec / "trace.md"
-    row = next(line for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("| `split` |"))
+    row = next(
+        line
+        for line in md.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `split` |")
+    )
     edit(md, row + "\n", "")
     assert has(check_spec(spec), "trace.md event table", "'split' is missing")
 
@@ -271,7 +307,14 @@ def test_reference_trace_matches_schema() -> None:
     cp.evict("L2", 8)
     lines = out.getvalue().splitlines()
     events = {json.loads(line)["event"] for line in lines}
-    assert {"split", "d2h_complete", "h2s_cancel", "evict_l2", "node_remove", "cached_len"} <= events
+    assert {
+        "split",
+        "d2h_complete",
+        "h2s_cancel",
+        "evict_l2",
+        "node_remove",
+        "cached_len",
+    } <= events
     for line in lines:
         errors = [e.message for e in validator.iter_errors(json.loads(line))]
         assert errors == [], line
@@ -285,23 +328,40 @@ def test_trace_md_example_matches_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     header_schema = json.loads((SPEC_DIR / "trace.header.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(header_schema)
-    assert list(jsonschema.Draft202012Validator(header_schema).iter_errors(json.loads(header))) == []
+    assert (
+        list(jsonschema.Draft202012Validator(header_schema).iter_errors(json.loads(header))) == []
+    )
     assert TraceHeader.from_json(header).capacities == {"L1": 8, "L2": 8, "L3": 8}
     assert [json.loads(line)["seq"] for line in lines] == list(range(1, len(lines) + 1))
     for line in lines:
         assert list(validator.iter_errors(json.loads(line))) == [], line
 
 
-@pytest.mark.parametrize("event, why", [
-    ({"seq": 1, "event": "evict_l4"}, "unknown event"),
-    ({"seq": 1, "event": "h2d_issue", "tier": "L2", "before": "L2", "after": "H2D_PENDING_L2"}, "wrong tier"),
-    ({"seq": 1, "event": "d2h_issue", "tier": "L2"}, "no before/after"),
-    ({"seq": 1, "event": "cached_len", "request": 3}, "no token_end"),
-    ({"seq": 0, "event": "end_request", "request": 3}, "seq starts at 1"),
-    ({"seq": 1, "event": "split", "node": 4, "detail": {"upper": 5}}, "split without at"),
-    ({"seq": 1, "event": "node_remove", "node": 4, "colour": "red"}, "unknown key"),
-    ({"seq": 1, "event": "evict_l1", "tier": "L1", "before": "L1", "after": "NOWHERE"}, "unknown composite"),
-])
+@pytest.mark.parametrize(
+    "event, why",
+    [
+        ({"seq": 1, "event": "evict_l4"}, "unknown event"),
+        (
+            {
+                "seq": 1,
+                "event": "h2d_issue",
+                "tier": "L2",
+                "before": "L2",
+                "after": "H2D_PENDING_L2",
+            },
+            "wrong tier",
+        ),
+        ({"seq": 1, "event": "d2h_issue", "tier": "L2"}, "no before/after"),
+        ({"seq": 1, "event": "cached_len", "request": 3}, "no token_end"),
+        ({"seq": 0, "event": "end_request", "request": 3}, "seq starts at 1"),
+        ({"seq": 1, "event": "split", "node": 4, "detail": {"upper": 5}}, "split without at"),
+        ({"seq": 1, "event": "node_remove", "node": 4, "colour": "red"}, "unknown key"),
+        (
+            {"seq": 1, "event": "evict_l1", "tier": "L1", "before": "L1", "after": "NOWHERE"},
+            "unknown composite",
+        ),
+    ],
+)
 def test_schema_rejects(event: dict[str, object], why: str) -> None:
     assert list(_validator().iter_errors(event)), why
 
@@ -317,7 +377,9 @@ def test_generated_block_errors() -> None:
     with pytest.raises(SpecError, match="no generated block for composite"):
         replace_blocks(EMPTY_L1, {"composite": diagrams["composite"]})
     with pytest.raises(SpecError, match="not closed before the next one"):
-        extract_blocks("<!-- BEGIN GENERATED: L1 -->\n<!-- BEGIN GENERATED: L2 -->\n<!-- END GENERATED -->\n")
+        extract_blocks(
+            "<!-- BEGIN GENERATED: L1 -->\n<!-- BEGIN GENERATED: L2 -->\n<!-- END GENERATED -->\n"
+        )
     with pytest.raises(SpecError, match="appears twice"):
         extract_blocks(EMPTY_L1 * 2)
     with pytest.raises(SpecError, match="mermaid fence"):
@@ -339,7 +401,9 @@ def test_parse_tables_normalises_cells() -> None:
 def test_composite_diagram_covers_every_reachable_edge() -> None:
     lc = load_lifecycle()
     text = all_diagrams(lc)["composite"]
-    labels = sum(len(line.split(": ", 1)[1].split(", ")) for line in text.splitlines() if ": " in line)
+    labels = sum(
+        len(line.split(": ", 1)[1].split(", ")) for line in text.splitlines() if ": " in line
+    )
     assert labels == speccheck.spec_counts(lc)["COMPOSITE_EDGES"] == 94
 
 
@@ -365,11 +429,14 @@ def test_spec_check_covers_the_pages(spec: Path) -> None:
 def test_spec_check_knows_the_label_values() -> None:
     from hicache.speccheck.pages import check_metric_names, exported_metrics
 
-    exported = exported_metrics('hicache_fallbacks_total{reason="no_room"} 0\n'
-                                "hicache_restores_total 3\n")
-    assert exported == {"fallbacks_total": {"reason": frozenset({"no_room"})},
-                        "restores_total": {}}
-    pages = {"a.md": 'x `fallbacks_total{reason="no_room"}` `restores_total`\n'
-                     'y `fallbacks_total{reason="gone"}`\n'}
+    exported = exported_metrics(
+        'hicache_fallbacks_total{reason="no_room"} 0\nhicache_restores_total 3\n'
+    )
+    assert exported == {"fallbacks_total": {"reason": frozenset({"no_room"})}, "restores_total": {}}
+    pages = {
+        "a.md": 'x `fallbacks_total{reason="no_room"}` `restores_total`\n'
+        'y `fallbacks_total{reason="gone"}`\n'
+    }
     assert check_metric_names(pages, exported) == [
-        "a.md line 2: `fallbacks_total` has no reason='gone' (it has no_room)"]
+        "a.md line 2: `fallbacks_total` has no reason='gone' (it has no_room)"
+    ]

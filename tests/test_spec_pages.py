@@ -25,8 +25,9 @@ UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 
 def table(page: str, headers: tuple[str, ...]) -> dict[str, dict[str, str]]:
     """The one table of `page` with these headers, rows keyed by their first cell."""
-    (found,) = [t for t in parse_tables((SPEC / page).read_text(encoding="utf-8"))
-                if t.headers == headers]
+    (found,) = [
+        t for t in parse_tables((SPEC / page).read_text(encoding="utf-8")) if t.headers == headers
+    ]
     return {row[headers[0]]: row for _, row in found.rows}
 
 
@@ -43,8 +44,13 @@ def test_l3_constants_are_the_codes() -> None:
     from hicache.dataplane.storage_io import MAX_IO_THREADS, MAX_SHORT_RESUMES, PIECE_BYTES
 
     rows = table("l3.md", ("Name", "Value", "Description"))
-    code = {"HEADER_BYTES": HEADER_BYTES, "VERSION": VERSION, "PIECE_BYTES": PIECE_BYTES,
-            "MAX_SHORT_RESUMES": MAX_SHORT_RESUMES, "MAX_IO_THREADS": MAX_IO_THREADS}
+    code = {
+        "HEADER_BYTES": HEADER_BYTES,
+        "VERSION": VERSION,
+        "PIECE_BYTES": PIECE_BYTES,
+        "MAX_SHORT_RESUMES": MAX_SHORT_RESUMES,
+        "MAX_IO_THREADS": MAX_IO_THREADS,
+    }
     assert {name: size(row["Value"]) for name, row in rows.items()} == code
 
 
@@ -71,12 +77,20 @@ def test_l3_worked_example(tmp_path: Path) -> None:
     geometry = preset("tiny")
     bpp, path = geometry.bytes_per_page, str(tmp_path / "l3.slots")
     assert bpp == 2048
-    l2 = torch.randint(0, 256, (32, bpp), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    l2 = torch.randint(
+        0, 256, (32, bpp), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    )
     faults = FaultInjector()
-    with L3File(path, 8, bpp, geometry=geometry) as l3, StorageMover(l3, l2, faults=faults) as mover:
+    with (
+        L3File(path, 8, bpp, geometry=geometry) as l3,
+        StorageMover(l3, l2, faults=faults) as mover,
+    ):
         assert os.path.getsize(path) == l3.size_bytes == 20_480
         # 1. Two extents; their offsets.
-        assert coalesce(pages([7, 8, 9, 3]), pages([2, 3, 4, 5])) == [Extent(7, 2, 3), Extent(3, 5, 1)]
+        assert coalesce(pages([7, 8, 9, 3]), pages([2, 3, 4, 5])) == [
+            Extent(7, 2, 3),
+            Extent(3, 5, 1),
+        ]
         assert (l3.offset(2), l3.offset(5)) == (8192, 14_336)
         # 2-3. The first pwrite returns short once, is resumed; DONE records the checksums.
         faults.once(FaultSite.SHORT_WRITE)
@@ -131,8 +145,16 @@ def test_write_policy_example(write_policy: str) -> None:
     from hicache.controller.controller import CacheController
 
     prompt = tuple(range(100, 124))
-    c = CacheController(CacheConfig(device="cpu", l1_pages=8, l2_pages=32, l3_slots=64,
-                                    policy="always", write_policy=write_policy))
+    c = CacheController(
+        CacheConfig(
+            device="cpu",
+            l1_pages=8,
+            l2_pages=32,
+            l3_slots=64,
+            policy="always",
+            write_policy=write_policy,
+        )
+    )
 
     def serve(rid: int, tokens: tuple[int, ...]) -> None:
         c.admit(rid, tokens)

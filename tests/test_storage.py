@@ -55,8 +55,14 @@ def done(handle: StorageHandle) -> StorageHandle:
     return handle
 
 
-def round_trip(mover: StorageMover, l2: torch.Tensor, src: list[int], slots: list[int],
-               back: list[int], dst: list[int]) -> None:
+def round_trip(
+    mover: StorageMover,
+    l2: torch.Tensor,
+    src: list[int],
+    slots: list[int],
+    back: list[int],
+    dst: list[int],
+) -> None:
     """H2S src -> slots; poison dst; S2H back (a subset of slots) -> dst; compare bytes."""
     expected = l2.clone()
     done(mover.h2s(pages(src), pages(slots)))
@@ -71,6 +77,7 @@ def round_trip(mover: StorageMover, l2: torch.Tensor, src: list[int], slots: lis
 
 
 # -- round trips ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("case", ["consecutive", "fragmented", "mixed"])
 def test_round_trip_is_byte_exact(l3: L3File, case: str) -> None:
@@ -98,8 +105,12 @@ def transfers(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], list[in
 
 
 @given(transfers(), st.integers(0, 4), st.booleans(), st.integers(1, 4 * BPP))
-def test_round_trip_property(t: tuple[list[int], list[int], list[int], list[int]],
-                             threads: int, short_io: bool, piece_bytes: int) -> None:
+def test_round_trip_property(
+    t: tuple[list[int], list[int], list[int], list[int]],
+    threads: int,
+    short_io: bool,
+    piece_bytes: int,
+) -> None:
     """Random page/slot sets, reads in any order (repeats allowed), short I/O at random, long
     extents cut into pieces of 1 to 4 pages; 0 threads is the deterministic schedule."""
     src, slots, back, dst = t
@@ -128,8 +139,14 @@ def test_long_extents_are_cut_into_pieces(l3: L3File, piece_bytes: int, pieces: 
     with StorageMover(l3, l2, piece_bytes=piece_bytes) as mover:
         h = done(mover.h2s(pages(range(10)), pages(range(10, 20))))
         assert (h.extents, h.pieces) == (1, pieces)
-        round_trip(mover, l2, list(range(10)), list(range(10, 20)), list(range(10, 20)),
-                   list(range(12, 22)))
+        round_trip(
+            mover,
+            l2,
+            list(range(10)),
+            list(range(10, 20)),
+            list(range(10, 20)),
+            list(range(12, 22)),
+        )
         assert mover.counters.extents_issued == 3 and mover.counters.pieces_issued == 3 * pieces
 
 
@@ -146,8 +163,10 @@ def test_empty_transfer_is_done(l3: L3File) -> None:
 
 # -- the task group's lanes ---------------------------------------------------------------------
 
-def run_spread(items: list[int], lanes: int, workers: int,
-               fail_at: tuple[int, int] | None = None) -> tuple[TaskGroup, list[tuple[int, int]]]:
+
+def run_spread(
+    items: list[int], lanes: int, workers: int, fail_at: tuple[int, int] | None = None
+) -> tuple[TaskGroup, list[tuple[int, int]]]:
     """Spread `items` over `lanes` recording lanes; (lane, item) == fail_at raises."""
     seen: list[tuple[int, int]] = []
     lock = threading.Lock()
@@ -158,6 +177,7 @@ def run_spread(items: list[int], lanes: int, workers: int,
                 seen.append((k, item))
             if (k, item) == fail_at:
                 raise TransferError(f"injected at lane {k} item {item}")
+
         return work
 
     group = TaskGroup(0.0)
@@ -196,6 +216,7 @@ def test_spread_keeps_a_bug_for_the_observer() -> None:
 
 
 # -- faults --------------------------------------------------------------------------------
+
 
 def write_reference_slots(mover: StorageMover) -> None:
     done(mover.h2s(pages([0, 1, 2]), pages([0, 1, 2])))
@@ -382,6 +403,7 @@ def test_cancel_and_fail_wait_for_the_threads(l3: L3File, how: str, piece_bytes:
 
 # -- the file --------------------------------------------------------------------------------
 
+
 def test_temp_file_is_0600_sized_and_has_no_name_from_the_start() -> None:
     f = L3File(None, SLOTS, BPP)
     st_ = os.fstat(f.fd)
@@ -395,8 +417,10 @@ def test_temp_file_is_0600_sized_and_has_no_name_from_the_start() -> None:
         f.fd
 
 
-@pytest.mark.parametrize("ending", ["", "raise RuntimeError('boom')",
-                                    "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+@pytest.mark.parametrize(
+    "ending",
+    ["", "raise RuntimeError('boom')", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+)
 def test_temp_file_leaves_nothing_behind_however_the_process_ends(ending: str) -> None:
     code = (
         "from hicache.dataplane.storage import L3File\n"
@@ -444,6 +468,7 @@ def test_file_replaced_under_us_is_detected(tmp_path: Path, how: str) -> None:
 
 
 # -- the mover's contract ----------------------------------------------------------------------
+
 
 def test_invalid_arguments_raise_before_anything_is_issued(l3: L3File) -> None:
     l2 = random_l2()
@@ -494,16 +519,28 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
         done(mover.h2s(pages([7, 3]), pages([5, 30])))
     raw = np.frombuffer(os.pread(l3.fd, l3.size_bytes, 0), dtype=np.uint8)
     assert l3.offset(5) == HEADER_BYTES + 5 * BPP and raw.size == l3.offset(SLOTS)
-    assert np.array_equal(raw[l3.offset(5):l3.offset(6)], l2[7].numpy())
-    assert np.array_equal(raw[l3.offset(30):l3.offset(31)], l2[3].numpy())
+    assert np.array_equal(raw[l3.offset(5) : l3.offset(6)], l2[7].numpy())
+    assert np.array_equal(raw[l3.offset(30) : l3.offset(31)], l2[3].numpy())
 
 
 # -- the benchmark runs (its figures are not asserted: performance lives in benchmarks) ----------
 
+
 def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "storage.json"
-    args = ["--tokens", "32", "80", "--bytes-per-page", "4096", "--repeats", "1",
-            "--dir", str(tmp_path), "--out", str(out)]
+    args = [
+        "--tokens",
+        "32",
+        "80",
+        "--bytes-per-page",
+        "4096",
+        "--repeats",
+        "1",
+        "--dir",
+        str(tmp_path),
+        "--out",
+        str(out),
+    ]
     assert bench_main(args) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]

@@ -160,7 +160,7 @@ def test_a_recompute_matches_the_copy_backed_up_before_it() -> None:
     tokens = tuple(range(100, 100 + 3 * ps)) + (1,)
     serve(c, engine, 1, tokens)
     settle(c, engine)
-    node = c.cp.tree.match(tokens[:3 * ps], split=False, touch=False).path[-1]
+    node = c.cp.tree.match(tokens[: 3 * ps], split=False, touch=False).path[-1]
     l2 = engine.digests("L2", c.cp.prefix_pages(node, Tier.L2))
     assert l2.tolist() == content_tags(tokens, ps, 0, 3).tolist()
     assert c.evict("L1", 3) == 3 and not c.cp.holds(node, Tier.L1)

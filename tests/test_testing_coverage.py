@@ -13,7 +13,10 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 from hicache.testing.coverage import Coverage
 from hicache.testing.runner import Progress
 
-SEEDS, STEPS = (1, 2, 3, 4), 8_000  # about 50 s of one core; the rarest goal (CORRUPT_SLOT) is reached ~13 times
+SEEDS, STEPS = (
+    (1, 2, 3, 4),
+    8_000,
+)  # about 50 s of one core; the rarest goal (CORRUPT_SLOT) is reached ~13 times
 GROUP_RUNS = (("dsv4-tiny", 1, 3_000),)  # (pools, seed, steps): ~8 s; S2H_PARTIAL ~3 times
 
 
@@ -26,6 +29,7 @@ def test_every_transition_state_and_fault_site_is_reached() -> None:
             seen.append(self)
 
     import hicache.testing.runner as runner
+
     original, runner.Progress = runner.Progress, Keep  # type: ignore[misc]
     try:
         for pools, seed, steps in [("mha", s, STEPS) for s in SEEDS] + list(GROUP_RUNS):
@@ -40,7 +44,8 @@ def test_every_transition_state_and_fault_site_is_reached() -> None:
         union.sites += one.sites
     missing = union.missing()
     assert not missing, "not reached within the CI budget: " + "; ".join(
-        f"{kind}s {', '.join(sorted(names))}" for kind, names in missing.items())
+        f"{kind}s {', '.join(sorted(names))}" for kind, names in missing.items()
+    )
 
 
 def test_coverage_names_what_was_not_reached() -> None:

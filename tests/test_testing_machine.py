@@ -25,9 +25,14 @@ _profile = settings()  # the loaded profile (dev, ci or fuzz)
 
 def _budget(examples: int, steps: int) -> settings:
     """`examples` runs of at most `steps` steps, unless the profile asks for more (fuzz)."""
-    return settings(_profile, max_examples=max(examples, _profile.max_examples)
-                    if _profile.max_examples >= 1000 else examples,
-                    stateful_step_count=steps, deadline=None)
+    return settings(
+        _profile,
+        max_examples=max(examples, _profile.max_examples)
+        if _profile.max_examples >= 1000
+        else examples,
+        stateful_step_count=steps,
+        deadline=None,
+    )
 
 
 NullMachine = make_machine(controller_adapter, setups("null"), name="NullMachine")
@@ -39,11 +44,26 @@ LRUMachine.TestCase.settings = _budget(30, 30)
 TestPlainLRU = LRUMachine.TestCase
 
 
-def fuzz(steps: int, seed: int = 1, plane: str = "null", adapter: str | None = None,
-         report: bool = False, pools: str = "mha", tp: int = 1, mutant: str | None = None
-         ) -> tuple[int, str]:
-    args = arguments(seed=seed, steps=steps, plane=plane, adapter=adapter, report=report,
-                     mutant=mutant, pools=pools, tp=tp)
+def fuzz(
+    steps: int,
+    seed: int = 1,
+    plane: str = "null",
+    adapter: str | None = None,
+    report: bool = False,
+    pools: str = "mha",
+    tp: int = 1,
+    mutant: str | None = None,
+) -> tuple[int, str]:
+    args = arguments(
+        seed=seed,
+        steps=steps,
+        plane=plane,
+        adapter=adapter,
+        report=report,
+        mutant=mutant,
+        pools=pools,
+        tp=tp,
+    )
     out = io.StringIO()
     return run(args, out), out.getvalue()
 
@@ -56,8 +76,9 @@ def test_a_script_gets_the_run_as_a_record_equal_to_what_it_prints() -> None:
     assert f"{result.runs} runs, {result.steps} steps, {result.events} trace events" in result.text
     assert f"trace digest: {result.digest}" in result.text
     assert runner_fuzz(arguments(seed=2, steps=100)).digest == result.digest
-    failed = runner_fuzz(arguments(seed=1, steps=400,
-                                   adapter="hicache.testing.adapters.lru:forgetful_adapter"))
+    failed = runner_fuzz(
+        arguments(seed=1, steps=400, adapter="hicache.testing.adapters.lru:forgetful_adapter")
+    )
     assert not failed.ok and failed.status == 1 and "replay: hicache fuzz --seed 1" in failed.text
 
 
@@ -72,12 +93,16 @@ def test_the_seed_decides_the_run_however_few_the_steps() -> None:
     assert main(["fuzz", "--seed", "-1", "--steps", "20"]) == 2
 
 
-def test_an_adapter_that_cannot_be_loaded_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_adapter_that_cannot_be_loaded_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from hicache.cli import main
 
-    for spec, says in [("nonexist.mod:f", "cannot import nonexist.mod"),
-                       ("hicache.testing.adapters.lru:nope", "has no callable 'nope'"),
-                       ("hicache.testing.adapters.lru", "give module:factory")]:
+    for spec, says in [
+        ("nonexist.mod:f", "cannot import nonexist.mod"),
+        ("hicache.testing.adapters.lru:nope", "has no callable 'nope'"),
+        ("hicache.testing.adapters.lru", "give module:factory"),
+    ]:
         assert main(["fuzz", "--adapter", spec, "--steps", "20"]) == 2
         assert says in capsys.readouterr().err
 
@@ -92,9 +117,13 @@ def test_a_forgetful_lru_is_caught_and_the_report_names_the_difference() -> None
     assert status == 1
     assert "differential check failed: L1 hit length at admission" in text
     # The shrunk steps: the setup, then some rule that admits a prompt.
-    assert "state.start(setup=" in text and re.search(r"state\.(submit|resubmit|restore_from_l3)\(", text)
-    assert ("replay: hicache fuzz --seed 1 --steps 400 --plane null "
-            "--adapter hicache.testing.adapters.lru:forgetful_adapter") in text
+    assert "state.start(setup=" in text and re.search(
+        r"state\.(submit|resubmit|restore_from_l3)\(", text
+    )
+    assert (
+        "replay: hicache fuzz --seed 1 --steps 400 --plane null "
+        "--adapter hicache.testing.adapters.lru:forgetful_adapter"
+    ) in text
 
 
 class EvictsThenRefuses(ControllerAdapter):
@@ -114,7 +143,9 @@ def evicts_then_refuses(setup: Setup) -> EvictsThenRefuses:
 
 def test_a_refused_prefill_that_evicts_is_caught() -> None:
     status, text = fuzz(3000, adapter="tests.test_testing_machine:evicts_then_refuses")
-    assert status == 1 and "differential check failed: page changes of a refused prefill" in text, text[-800:]
+    assert status == 1 and "differential check failed: page changes of a refused prefill" in text, (
+        text[-800:]
+    )
 
 
 def test_the_same_seed_gives_the_same_trace_on_the_null_plane() -> None:
@@ -150,7 +181,10 @@ def test_a_pool_group_fuzzes_on_the_cpu_plane_from_the_command_line() -> None:
     command-line parser hands both through."""
     from hicache.cli import main
 
-    assert main(["fuzz", "--pools", "dsv4-tiny", "--plane", "cpu", "--steps", "60", "--seed", "2"]) == 0
+    assert (
+        main(["fuzz", "--pools", "dsv4-tiny", "--plane", "cpu", "--steps", "60", "--seed", "2"])
+        == 0
+    )
     status, text = fuzz(60, seed=2, plane="cpu", pools="dsv4-tiny")
     assert status == 0 and "plane cpu:" in text, text
 
@@ -179,7 +213,8 @@ def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
 
 @pytest.mark.parametrize("pools, tp", [("mla", 1), ("dsv4", 1), ("dsv41", 2)])
 def test_a_preset_of_pages_the_machine_cannot_draw_is_refused_before_any_run(
-        pools: str, tp: int, capsys: pytest.CaptureFixture[str]) -> None:
+    pools: str, tp: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The machine's prompts come in 4-token pages; a full-size preset's anchor pages are
     64 or 256 tokens. `hicache fuzz --pools mla` used to start, fail in the first setup with
     a ConfigError, and report it as a finding (exit 1, shrunk steps, a replay line that
@@ -239,13 +274,17 @@ def test_a_failure_report_keeps_the_steps_when_hypothesis_also_printed_a_warning
     failure.add_note("state = CacheMachine()\nstate.tick(finish=1)")
     args = arguments(seed=3, steps=20)
     out = io.StringIO()
-    _report_failure(out, args, failure, "WARNING: Hypothesis has spent more than five minutes shrinking\n")
+    _report_failure(
+        out, args, failure, "WARNING: Hypothesis has spent more than five minutes shrinking\n"
+    )
     text = out.getvalue()
     assert "five minutes" in text and "state.tick(finish=1)" in text
     assert "replay: hicache fuzz --seed 3 --steps 20 --plane null" in text
 
 
-def test_progress_says_when_a_run_is_past_its_steps_shrinking(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_says_when_a_run_is_past_its_steps_shrinking(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Past `--steps` the runs are Hypothesis shrinking a failure, which can take minutes:
     the progress line says so instead of counting on as if the budget were wrong."""
     from hicache.testing.runner import Progress
@@ -283,8 +322,10 @@ def test_the_fuzz_poisons_every_page_a_reservation_takes_on_bytes(pools: str) ->
                 rows = [pool.packed(got).view(torch.uint8)]
             else:
                 side = plane.pool_pages(tier, got)  # each byte pool's own pages
-                rows = [(plane.l1 if tier is Tier.L1 else plane.l2).packed(p.name, side[p.source])
-                        for p in plane.geometry.pools]
+                rows = [
+                    (plane.l1 if tier is Tier.L1 else plane.l2).packed(p.name, side[p.source])
+                    for p in plane.geometry.pools
+                ]
             for r in rows:
                 first = int(r.reshape(-1)[0])
                 assert first in POISON_BYTES and bool((r == first).all()), tier
@@ -311,7 +352,9 @@ def test_a_load_back_published_without_its_bytes_is_caught_though_its_pages_held
         assert adapter.prefill(1)
         adapter.finish(1)
         adapter.drain()
-        l1_before = sorted(int(p) for n in adapter.ctl.cp.tree.nodes() if (v := n.value[0]) is not None for p in v)
+        l1_before = sorted(
+            int(p) for n in adapter.ctl.cp.tree.nodes() if (v := n.value[0]) is not None for p in v
+        )
         adapter.evict("L1", 10_000)
         plane = adapter.ctl.byte_plane
         plane.h2d = lambda src, dst, **kw: ReadyHandle(Direction.H2D, 0)  # type: ignore[method-assign]

@@ -24,23 +24,39 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from hicache import demo  # noqa: E402
 from hicache.distributed.collectives import (  # noqa: E402
-    CollectiveError, Collectives, CollectiveTimeout,
+    CollectiveError,
+    Collectives,
+    CollectiveTimeout,
 )
-from hicache.errors import ConfigError  # noqa: E402
 from hicache.distributed.processes import (  # noqa: E402
-    TRANSPORTS, RankError, RanksTimedOut, run_ranks,
+    TRANSPORTS,
+    RankError,
+    RanksTimedOut,
+    run_ranks,
 )
 from hicache.distributed.shm import TSO_MACHINES  # noqa: E402
 from hicache.distributed.wire import INLINE_VALUES  # noqa: E402
+from hicache.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 ON_TSO = platform.machine() in TSO_MACHINES
-transports = pytest.mark.parametrize("transport", [
-    pytest.param(t, marks=pytest.mark.skipif(t == "shm" and not ON_TSO, reason="x86-64 only"))
-    for t in TRANSPORTS])
+transports = pytest.mark.parametrize(
+    "transport",
+    [
+        pytest.param(t, marks=pytest.mark.skipif(t == "shm" and not ON_TSO, reason="x86-64 only"))
+        for t in TRANSPORTS
+    ],
+)
 TIMEOUT_S = 3.0  # each collective's: a missing rank is reported after this
-Agreed = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...],
-               str, int, list[str]]
+Agreed = tuple[
+    tuple[int, ...],
+    tuple[tuple[int, ...], ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    str,
+    int,
+    list[str],
+]
 
 
 def _agree_then_mismatch(rank: int, size: int, c: Collectives) -> Agreed:
@@ -53,10 +69,14 @@ def _agree_then_mismatch(rank: int, size: int, c: Collectives) -> Agreed:
     long = c.all_reduce_min("serve", [1 - rank] * (INLINE_VALUES + 4))
     digest, count = c.log.digest, c.log.count
     caught = []
-    for by_rank in ((("serve", [1]), ("reserve", [1, 2, 3, 4])),  # another point
-                    (("completion", [1, 2, 3]), ("completion", [1, 2])),  # another length
-                    (("serve", [1] * 3),  # one row, or a payload of its own
-                     ("serve", [1] * (INLINE_VALUES + 1)))):
+    for by_rank in (
+        (("serve", [1]), ("reserve", [1, 2, 3, 4])),  # another point
+        (("completion", [1, 2, 3]), ("completion", [1, 2])),  # another length
+        (
+            ("serve", [1] * 3),  # one row, or a payload of its own
+            ("serve", [1] * (INLINE_VALUES + 1)),
+        ),
+    ):
         point, values = by_rank[rank]
         try:
             c.all_reduce_min(point, values)
@@ -94,8 +114,10 @@ def _check_then_diverge(rank: int, size: int, c: Collectives) -> int:
     from hicache.controller.config import CacheConfig
     from hicache.controller.controller import CacheController
 
-    ctl = CacheController(CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32,
-                                      io_threads=0), collectives=c)
+    ctl = CacheController(
+        CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32, io_threads=0),
+        collectives=c,
+    )
     ctl.admit(1, list(range(1, 18)))
     ctl.prefill(1)
     ctl.check_ranks()
@@ -117,8 +139,9 @@ def test_processes_check_each_other_and_a_divergence_is_an_invariant_violation()
 
 @transports
 def test_two_ranks_agree_and_a_mismatch_names_both_calls(transport: str) -> None:
-    results = run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
-                        transport=transport)
+    results = run_ranks(
+        _agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60, transport=transport
+    )
     for low, gathered, empty, long, _, count, _ in results:
         assert low == (1,) and gathered == ((7,), (17,)) and empty == ()
         assert long == (0,) * (INLINE_VALUES + 4) and count == 4
@@ -138,11 +161,13 @@ def test_two_ranks_agree_and_a_mismatch_names_both_calls(transport: str) -> None
 
 @transports
 def test_a_skipped_collective_is_a_timeout_naming_the_missing_rank_and_the_point(
-        transport: str) -> None:
+    transport: str,
+) -> None:
     started = time.monotonic()
     with pytest.raises(RankError) as failed:
-        run_ranks(_skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
-                  transport=transport)
+        run_ranks(
+            _skip_second, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60, transport=transport
+        )
     e = failed.value
     assert e.rank == 0 and e.kind == "CollectiveTimeout"
     assert "collective #1 (reserve)" in e.message and "rank(s) [1] did not arrive" in e.message
@@ -165,7 +190,8 @@ def test_a_rank_that_raises_is_the_root_cause_the_others_are_broken_out(transpor
 
 @transports
 def test_a_rank_that_dies_is_the_root_cause_and_the_other_stops_before_its_timeout(
-        transport: str) -> None:
+    transport: str,
+) -> None:
     started = time.monotonic()
     with pytest.raises(RankError) as failed:
         run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport=transport)
@@ -178,8 +204,9 @@ def test_a_rank_that_dies_is_the_root_cause_and_the_other_stops_before_its_timeo
 @pytest.mark.skipif(not ON_TSO or not Path("/dev/shm").is_dir(), reason="POSIX shm on x86-64")
 def test_no_shared_memory_block_outlives_a_run() -> None:
     before = set(os.listdir("/dev/shm"))
-    run_ranks(_agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60,
-              transport="shm")
+    run_ranks(
+        _agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60, transport="shm"
+    )
     with pytest.raises(RankError):
         run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport="shm")
     assert set(os.listdir("/dev/shm")) - before == set()
@@ -200,10 +227,27 @@ def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() ->
 
 @transports
 @pytest.mark.parametrize("preset", ["mha", "dsv4-tiny"])  # sharded; replicated (rank 0's L3)
-def test_demo_tp_2_serves_on_two_ranks_with_no_violation(capsys: pytest.CaptureFixture[str],
-                                                         transport: str, preset: str) -> None:
-    assert demo.main(["--tp", "2", "--device", "cpu", "--requests", "40", "--quiet",
-                      "--tp-transport", transport, "--preset", preset]) == 0
+def test_demo_tp_2_serves_on_two_ranks_with_no_violation(
+    capsys: pytest.CaptureFixture[str], transport: str, preset: str
+) -> None:
+    assert (
+        demo.main(
+            [
+                "--tp",
+                "2",
+                "--device",
+                "cpu",
+                "--requests",
+                "40",
+                "--quiet",
+                "--tp-transport",
+                transport,
+                "--preset",
+                preset,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"Tensor parallelism: 2 ranks over {transport}, preset {preset}" in out
     hits = []

@@ -19,24 +19,37 @@ from hicache.dataplane.null import NullEngine
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.distributed.collectives import (
-    Alone, CollectiveMismatch, CollectiveTimeout, RankFailed,
+    Alone,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    RankFailed,
 )
 from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned
-from hicache.tiers import Direction
 from hicache.testing.machines import tp_machine
+from hicache.tiers import Direction
 from tests.test_testing_machine import _budget
 
 PROMPT = list(range(1, 33))  # 8 pages of the tiny geometry's 4 tokens
 
 
-def cpu_cluster(tmp_path: Path, size: int = 2, faults: list[FaultInjector] | None = None,
-                **fields: object) -> SimulatedCluster:
+def cpu_cluster(
+    tmp_path: Path, size: int = 2, faults: list[FaultInjector] | None = None, **fields: object
+) -> SimulatedCluster:
     """`size` CPU ranks (mha, sharded: real bytes), each with its own L3 file."""
-    cfgs = [CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32, io_threads=0,
-                        l3_path=str(tmp_path / f"rank{r}.slots"), **fields)  # type: ignore[arg-type]
-            for r in range(size)]
+    cfgs = [
+        CacheConfig(
+            device="cpu",
+            l1_pages=16,
+            l2_pages=16,
+            l3_slots=32,
+            io_threads=0,
+            l3_path=str(tmp_path / f"rank{r}.slots"),
+            **fields,
+        )  # type: ignore[arg-type]
+        for r in range(size)
+    ]
     return SimulatedCluster(cfgs, size, faults=(lambda r: faults[r]) if faults else None)
 
 
@@ -49,6 +62,7 @@ def serve(cluster: SimulatedCluster, request_id: int, tokens: list[int]) -> list
 
 
 # -- ThreadGroup: a step never hangs -------------------------------------------------------------
+
 
 def test_ranks_meet_and_every_rank_takes_the_same_result() -> None:
     group = ThreadGroup(3, timeout_s=5)
@@ -135,6 +149,7 @@ def test_a_point_the_table_lacks_or_the_wrong_op_is_refused() -> None:
 
 # -- Agreement: the rules that decide ----------------------------------------------------------
 
+
 def agree(size: int, fn: object) -> list[object]:
     group = ThreadGroup(size, timeout_s=10)
     return group.run(lambda r: fn(r, Agreement(group.member(r))))  # type: ignore[operator]
@@ -144,9 +159,18 @@ def test_f17_hits_are_the_intersection_of_legal_endpoints_not_the_min_of_maxima(
     """Rank 0 may end a hit at page 2 or 4, rank 1 at 3 or 4 once rank 1 freed a window...
     here at 1 or 3: the minimum of maxima (3) is illegal on rank 0; the intersection says 1.
     The masks span the prompt's page ends (here 0..5), whatever each rank's run."""
+
     def admit(bounds: list[list[int]], legal: list[set[int]]) -> list[object]:
-        return agree(2, lambda r, a: a.admit(bounds[r], max(legal[r] & set(range(bounds[r][0] + 1))),
-                                             0, [int(e in legal[r]) for e in range(6)])[0])
+        return agree(
+            2,
+            lambda r, a: a.admit(
+                bounds[r],
+                max(legal[r] & set(range(bounds[r][0] + 1))),
+                0,
+                [int(e in legal[r]) for e in range(6)],
+            )[0],
+        )
+
     assert admit([[4, 4, 4]] * 2, [{0, 2, 4}, {0, 1, 3}]) == [(0, 4, 4)] * 2  # only 0 is common
     assert admit([[4, 3, 0]] * 2, [{0, 1, 2, 4}, {0, 1, 3, 4}]) == [(4, 3, 0)] * 2
     # Rank 1's L1 holds one page less: endpoints past the agreed run (4) are not served.
@@ -166,7 +190,9 @@ def test_c1_takes_rank_0s_choice_from_c1a_unless_rank_0s_own_hits_were_cut() -> 
     mine = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 3 + r, 1 + r, masks[r]))
     assert mine == [((3, 2, 0), 1)] * 2  # only rank 1 was cut: rank 0's choice stands
     masks.reverse()  # now rank 1 freed it: rank 0's own hit (4) is cut to 3
-    theirs = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4 - r, 1 + r, masks[r]))
+    theirs = group.run(
+        lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4 - r, 1 + r, masks[r])
+    )
     assert theirs == [((3, 2, 0), None)] * 2
 
 
@@ -189,8 +215,16 @@ def test_c2_commits_only_when_every_rank_reserved_the_same_pages() -> None:
 
 
 def test_c0_refuses_ranks_configured_apart_naming_the_field(tmp_path: Path) -> None:
-    cfgs = [CacheConfig(device="cpu", l1_pages=16 + r, l2_pages=16, l3_slots=32,
-                        l3_path=str(tmp_path / f"r{r}.slots")) for r in range(2)]
+    cfgs = [
+        CacheConfig(
+            device="cpu",
+            l1_pages=16 + r,
+            l2_pages=16,
+            l3_slots=32,
+            l3_path=str(tmp_path / f"r{r}.slots"),
+        )
+        for r in range(2)
+    ]
     with pytest.raises(ConfigError, match=r"tp\.fingerprint\.l1_pages") as e:
         SimulatedCluster(cfgs, 2)
     assert "rank(s) [1]" in str(e.value)
@@ -198,15 +232,17 @@ def test_c0_refuses_ranks_configured_apart_naming_the_field(tmp_path: Path) -> N
 
 # -- The ranks of one cache -------------------------------------------------------------------
 
+
 def test_the_ranks_check_each_other_every_n_admissions_and_a_divergence_raises_on_every_rank(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """C7-C9 over the collectives: with rank_check_every = 2 the ranks compare hashes of
     their views before admissions 3 and 5; then rank 1 alone ends a request (a script that
     is not SPMD), and the next check gathers the views and raises I7 on both ranks."""
     cluster = cpu_cluster(tmp_path, 2, rank_check_every=2)
     try:
         for rid in range(1, 6):
-            serve(cluster, rid, PROMPT[:8 + 4 * rid])
+            serve(cluster, rid, PROMPT[: 8 + 4 * rid])
         assert [c.rank_checks for c in cluster.ranks] == [2, 2]
         points = [e.point for e in cluster.ranks[0].agree.c.log.tail]
         assert points.count("check_state") == 2 and "check_log" in points
@@ -215,7 +251,9 @@ def test_the_ranks_check_each_other_every_n_admissions_and_a_divergence_raises_o
         raised = cluster.group.run(lambda r: _raised(cluster.ranks[r].check_ranks))
         assert all(isinstance(e, InvariantViolation) for e in raised)
         assert {str(e) for e in raised} == {str(raised[0])}  # the same report on every rank
-        assert "I7 rank_agreement" in str(raised[0]) and "rank 1's requests differ" in str(raised[0])
+        assert "I7 rank_agreement" in str(raised[0]) and "rank 1's requests differ" in str(
+            raised[0]
+        )
         with pytest.raises(PlanePoisoned):  # the ranks are no longer one cache
             cluster.ranks[0].cp.compute(6, 4)
     finally:
@@ -223,14 +261,17 @@ def test_the_ranks_check_each_other_every_n_admissions_and_a_divergence_raises_o
 
 
 def test_hashes_that_differ_where_no_check_looks_are_reported_never_passed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """C7's hash differs (here: made rank-dependent) while the gathered views agree: the
     check reports it as I7 on every rank instead of passing."""
     cluster = cpu_cluster(tmp_path, 2)
     try:
         serve(cluster, 1, PROMPT)
         monkeypatch.setattr("hicache.distributed.agreement.state_hash", lambda view: view.rank)
-        found = cluster.group.run(lambda r: cluster.ranks[r].agree.check(rank_view(cluster.ranks[r])))
+        found = cluster.group.run(
+            lambda r: cluster.ranks[r].agree.check(rank_view(cluster.ranks[r]))
+        )
         assert found[0] == found[1] and [v.invariant for v in found[0]] == ["I7"]
         assert "rank(s) [1]'s view hashes differ" in found[0][0].message
     finally:
@@ -240,13 +281,15 @@ def test_hashes_that_differ_where_no_check_looks_are_reported_never_passed(
 def _raised(fn: Callable[[], object]) -> BaseException | None:
     try:
         fn()
-    except BaseException as e:  # noqa: BLE001 -- the test compares what each rank raised
+    except BaseException as e:
         return e
     return None
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(tmp_path: Path, size: int) -> None:
+def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(
+    tmp_path: Path, size: int
+) -> None:
     cluster = cpu_cluster(tmp_path, size)
     try:
         assert serve(cluster, 1, PROMPT) == [(0, 0, 0)] * size
@@ -263,7 +306,9 @@ def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(tmp_path: 
         cluster.close()
 
 
-def test_f15_an_allocation_failing_on_one_rank_aborts_the_reservation_on_every_rank(tmp_path: Path) -> None:
+def test_f15_an_allocation_failing_on_one_rank_aborts_the_reservation_on_every_rank(
+    tmp_path: Path,
+) -> None:
     """Rank 1's L2 refuses the write-through's pages; rank 0's succeeded. C2 releases on both:
     neither has an L2 copy, and the next hit is the same everywhere."""
     faults = [FaultInjector(), FaultInjector().once(FaultSite.ALLOC_L2)]
@@ -303,14 +348,23 @@ def test_a_hit_cut_by_another_rank_touches_only_the_agreed_nodes() -> None:
     refreshed the LRU ticks of each rank's own hit before the agreement: rank 1's A became
     the most recent, and making room for the prefill evicted A on rank 0 and B on rank 1.
     Now only the agreed hits are touched (I7 compares the ticks), and both evict A."""
-    cfg = CacheConfig(device="cpu", pools="dsv4-tiny", l1_pages=7, l2_pages=3, l3_slots=2,
-                      policy="always", promotion=False)
+    cfg = CacheConfig(
+        device="cpu",
+        pools="dsv4-tiny",
+        l1_pages=7,
+        l2_pages=3,
+        l3_slots=2,
+        policy="always",
+        promotion=False,
+    )
     cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 7, 3, 2))
     a, b = [1000 + i for i in range(8)], [2000 + i for i in range(8)]
     try:
         serve(cluster, 1, a + [0])
         serve(cluster, 2, b + [0])
-        node = next(n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000)
+        node = next(
+            n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000
+        )
         cluster.ranks[0].cp.tombstone(node)  # rank 0 alone frees A's window
         assert serve(cluster, 3, a + [0, 1, 2, 3, 4]) == [(0, 0, 0)] * 2
         assert cluster.check() == []
@@ -325,10 +379,13 @@ def test_op_ids_stay_equal_when_making_room_issued_backups_before_an_aborted_res
     the D2H backup of the node it evicts; rank 1 issued its H2D. The aborted H2D's id is
     skipped on rank 0, so the ranks' next ids (and every later op id) stay equal. (The skip
     once compared the next id with the one before making room: rank 0 skipped nothing.)"""
-    cfg = CacheConfig(device="cpu", l1_pages=10, l2_pages=16, l3_slots=32, write_policy="write_back")
+    cfg = CacheConfig(
+        device="cpu", l1_pages=10, l2_pages=16, l3_slots=32, write_policy="write_back"
+    )
     faults = [FaultInjector(), FaultInjector()]
-    cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 10, 16, 32),
-                               faults=lambda r: faults[r])
+    cluster = SimulatedCluster(
+        cfg, 2, engine=lambda r: NullEngine(cfg.kv, 10, 16, 32), faults=lambda r: faults[r]
+    )
     a, b = list(range(1, 21)), list(range(101, 129))  # 5 and 7 pages: a's restore evicts b
     try:
         serve(cluster, 1, a)
@@ -425,13 +482,22 @@ def test_the_demo_tallies_one_decision_per_admission_on_a_rank_whose_hits_were_c
     agreed ones), and the tally once counted both."""
     from hicache.demo_report import DecisionTally
 
-    cfg = CacheConfig(device="cpu", pools="dsv4-tiny", l1_pages=7, l2_pages=3, l3_slots=2,
-                      policy="always", promotion=False)
+    cfg = CacheConfig(
+        device="cpu",
+        pools="dsv4-tiny",
+        l1_pages=7,
+        l2_pages=3,
+        l3_slots=2,
+        policy="always",
+        promotion=False,
+    )
     cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 7, 3, 2))
     a = [1000 + i for i in range(8)]
     try:
         serve(cluster, 1, a + [0])
-        node = next(n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000)
+        node = next(
+            n for n in cluster.ranks[0].cp.tree.nodes() if not n.is_root and n.key[0] == 1000
+        )
         cluster.ranks[0].cp.tombstone(node)  # rank 0 alone frees A's window: rank 1 is cut
         tallies = [DecisionTally() for _ in cluster.ranks]
         for c, t in zip(cluster.ranks, tallies):
@@ -444,7 +510,8 @@ def test_the_demo_tallies_one_decision_per_admission_on_a_rank_whose_hits_were_c
 
 
 def test_i11_records_what_the_data_plane_wrote_not_what_the_rule_says(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A controller that acks an L3 backup on a rank that should write it (here rank 1 of a
     sharded group: `writes_any` wrong, the rule `writes_pool` right) wrote nothing there, and
     I11 says so. (The record once derived each rank's pages from the rule, so it passed.)"""
@@ -453,8 +520,9 @@ def test_i11_records_what_the_data_plane_wrote_not_what_the_rule_says(
     cfg = CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32)
     cluster = SimulatedCluster(cfg, 2, engine=lambda r: NullEngine(cfg.kv, 16, 16, 32))
     real = L3Writes.writes_any
-    monkeypatch.setattr(L3Writes, "writes_any",
-                        lambda self, group: real(self, group) and self.rank != 1)
+    monkeypatch.setattr(
+        L3Writes, "writes_any", lambda self, group: real(self, group) and self.rank != 1
+    )
     try:
         serve(cluster, 1, PROMPT)
         cluster.run(lambda c: c.drain())

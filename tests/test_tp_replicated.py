@@ -17,12 +17,12 @@ pytest.importorskip("torch", reason="needs torch (the byte plane): pip install -
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.groupengine import GroupTransferEngine
-from hicache.dataplane.null import NullEngine
 from hicache.dataplane.l3format import HEADER_BYTES
+from hicache.dataplane.null import NullEngine
 from hicache.dataplane.storage import L3File, share_path
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.errors import ConfigError, CorruptSlot, InvariantViolation, StorageError
-from hicache.pages import PageTable, Pages, pages
+from hicache.pages import Pages, PageTable, pages
 from hicache.tiers import Tier
 
 PROMPT = list(range(1, 33))  # 8 anchor pages of the tiny geometry's 4 tokens
@@ -30,8 +30,9 @@ PRESETS = ["dsv4-tiny", "mla-tiny"]  # every pool replicated
 
 
 def config(preset: str, device: str = "cpu") -> CacheConfig:
-    return CacheConfig(device=device, pools=preset, l1_pages=16, l2_pages=16, l3_slots=32,
-                       io_threads=0)
+    return CacheConfig(
+        device=device, pools=preset, l1_pages=16, l2_pages=16, l3_slots=32, io_threads=0
+    )
 
 
 def plane(c: CacheController) -> GroupTransferEngine:
@@ -71,15 +72,17 @@ def restore(cluster: SimulatedCluster, request_id: int, tokens: list[int]) -> li
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("size", [2, 3])
-def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(preset: str, size: int,
-                                                                     device: str) -> None:
+def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(
+    preset: str, size: int, device: str
+) -> None:
     """On CUDA the ranks share the one GPU (threads): their pools, pinned L2 and L3 I/O are
     each rank's own, and the replicas read rank 0's files as on the CPU."""
     cluster = SimulatedCluster(config(preset, device), size)
     try:
         only_in_l3(cluster, 1, PROMPT)
-        assert [[n.states for n in v.nodes] for v in cluster.views()] == \
-            [[("ABSENT", "ABSENT", "RESIDENT")]] * size
+        assert [[n.states for n in v.nodes] for v in cluster.views()] == [
+            [("ABSENT", "ABSENT", "RESIDENT")]
+        ] * size
         writes = [v.l3_writes for v in cluster.views()]
         assert writes[0] and all(pages > 0 for _, _, pages in writes[0])
         for w in writes[1:]:  # the same ops and pools recorded, none written (I11)
@@ -101,15 +104,19 @@ def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(preset: str,
         cluster.close()
 
 
-def test_a_byte_flipped_in_the_one_copy_is_found_by_the_rank_reading_it_and_dropped_on_all() -> None:
+def test_a_byte_flipped_in_the_one_copy_is_found_by_the_rank_reading_it_and_dropped_on_all() -> (
+    None
+):
     cluster = SimulatedCluster(config("dsv4-tiny"), 2)
     try:
         only_in_l3(cluster, 1, PROMPT)
         (node,) = cluster.ranks[1].cp.tree.nodes()
         plane(cluster.ranks[1]).corrupt_slot(int(node.value[2][0]))  # type: ignore[index]
         assert restore(cluster, 2, PROMPT + [9] * 4) == [36, 36]  # nothing served
-        corrupt = [sum(m.counters.corrupt_reads for m in plane(c).storage.movers.values())
-                   for c in cluster.ranks]
+        corrupt = [
+            sum(m.counters.corrupt_reads for m in plane(c).storage.movers.values())
+            for c in cluster.ranks
+        ]
         assert min(corrupt) >= 1  # both ranks read the same flipped copy
         assert [list(c.cp.tree.nodes()) for c in cluster.ranks][0] != []  # re-inserted
         assert cluster.check() == []
@@ -153,8 +160,11 @@ def test_a_window_freed_on_one_rank_is_no_i8_difference() -> None:
         cluster.run(lambda c: c.check_ranks())  # C7-C9: equal hashes, nothing raised
         views = cluster.views()
         assert views[0].replicated == views[1].replicated
-        assert {pool for (tier, _, pool), _ in views[1].replicated if tier == "L1"} == \
-            {"c4", "c4_indexer", "c128"}  # on the anchor's indices: no window frees them
+        assert {pool for (tier, _, pool), _ in views[1].replicated if tier == "L1"} == {
+            "c4",
+            "c4_indexer",
+            "c128",
+        }  # on the anchor's indices: no window frees them
     finally:
         cluster.close()
 
@@ -196,18 +206,20 @@ def _highest_first(table: PageTable) -> Callable[[int], Pages]:
         chosen = table.free_pages()[-n:] if n else pages()
         table.reserve_exact(chosen)
         return chosen
+
     return reserve
 
 
 def _raised(fn: object) -> BaseException | None:
     try:
         fn()  # type: ignore[operator]
-    except BaseException as e:  # noqa: BLE001 -- the test compares what each rank raised
+    except BaseException as e:
         return e
     return None
 
 
 # -- L3File.open_replica ----------------------------------------------------------------------
+
 
 def test_a_replica_reads_the_writers_file_and_trusts_only_recorded_checksums() -> None:
     page = bytes(range(64))

@@ -22,7 +22,12 @@ from hicache.spec import SPEC_DIR, TP_TOML, load_toml
 from hicache.speccheck import check_spec
 from hicache.speccheck.invariants import registry_checks
 from hicache.speccheck.tp import (
-    UNCALLED, check_tp, collective_calls, l3_write_table, package_sources, points_table,
+    UNCALLED,
+    check_tp,
+    collective_calls,
+    l3_write_table,
+    package_sources,
+    points_table,
 )
 
 TP_MD = (SPEC_DIR / "tp.md").read_text(encoding="utf-8")
@@ -56,6 +61,7 @@ def point_block(name: str) -> str:
 
 # -- the shipped spec -------------------------------------------------------------------------
 
+
 def test_shipped_tp_page_matches_the_table_and_the_code() -> None:
     assert check_tp(TP_MD, TP_TOML) == []
 
@@ -76,14 +82,16 @@ def test_the_scan_finds_the_agreement_points_collectives() -> None:
 def test_spec_check_runs_the_tp_check(tmp_path: Path) -> None:
     spec = tmp_path / "spec"
     shutil.copytree(SPEC_DIR, spec, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    (spec / "tp.md").write_text(replaced(TP_MD, "| C3 | `room` |", "| C3 | `rooms` |"),
-                                encoding="utf-8")
+    (spec / "tp.md").write_text(
+        replaced(TP_MD, "| C3 | `room` |", "| C3 | `rooms` |"), encoding="utf-8"
+    )
     assert has(check_spec(spec), "tp.md line", "point `rooms` is not in tp.toml")
     (spec / "tp.md").unlink()
     assert has(check_spec(spec), "tp.md: cannot be read")
 
 
 # -- the point table and the sections ---------------------------------------------------------
+
 
 def test_a_payload_changed_in_the_page_is_reported() -> None:
     row = "| 4: the pages this rank reserved"
@@ -110,9 +118,9 @@ def test_a_point_added_to_the_toml_needs_a_row_a_section_and_a_call(tmp_path: Pa
 def test_a_row_moved_or_dropped_is_reported() -> None:
     lines = TP_MD.split("\n")
     c2 = next(i for i, line in enumerate(lines) if line.startswith("| C2 |"))
-    moved = "\n".join(lines[:c2] + [lines[c2 + 1], lines[c2]] + lines[c2 + 2:])
+    moved = "\n".join(lines[:c2] + [lines[c2 + 1], lines[c2]] + lines[c2 + 2 :])
     assert has(check_tp(moved, TP_TOML), "the point table's rows are not in tp.toml's order")
-    dropped = "\n".join(lines[:c2] + lines[c2 + 1:])
+    dropped = "\n".join(lines[:c2] + lines[c2 + 1 :])
     assert has(check_tp(dropped, TP_TOML), "point C2 `reserve` of tp.toml has no row")
 
 
@@ -138,11 +146,14 @@ def test_an_unloadable_toml_is_one_line(tmp_path: Path) -> None:
     assert len(problems) == 1 and has(problems, "tp.toml: cannot be loaded", "TOMLDecodeError")
     abort = point_block("abort")
     problems = check_tp(TP_MD, toml_copy(tmp_path, abort, abort.replace('"none"', '"broadcast"')))
-    assert problems == ["tp.toml: cannot be loaded (ConfigError: tp.toml point[7].op: one of "
-                        "('all_gather', 'all_reduce_min', 'none'), got 'broadcast')"]
+    assert problems == [
+        "tp.toml: cannot be loaded (ConfigError: tp.toml point[7].op: one of "
+        "('all_gather', 'all_reduce_min', 'none'), got 'broadcast')"
+    ]
 
 
 # -- the code ---------------------------------------------------------------------------------
+
 
 def test_an_unknown_point_literal_in_the_code_is_reported() -> None:
     sources = {**package_sources(), "extra.py": "c.all_reduce_min('no_such_point', [1])\n"}
@@ -150,7 +161,10 @@ def test_an_unknown_point_literal_in_the_code_is_reported() -> None:
 
 
 def test_a_point_called_with_another_op_is_reported() -> None:
-    sources = {**package_sources(), "extra.py": "\n\nc.all_gather(point_name='serve', values=[1])\n"}
+    sources = {
+        **package_sources(),
+        "extra.py": "\n\nc.all_gather(point_name='serve', values=[1])\n",
+    }
     assert has(check_tp(TP_MD, TP_TOML, sources), "extra.py:3", "tp.toml's C1c is all_reduce_min")
 
 
@@ -162,8 +176,9 @@ def test_a_point_no_code_calls_is_reported() -> None:
     assert not has(problems, "`abort`")  # op none: no collective to make
 
 
-def test_an_uncalled_point_that_code_calls_must_leave_the_list(monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
+def test_an_uncalled_point_that_code_calls_must_leave_the_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """UNCALLED is empty now; a name listed there that code calls (as agreement.py calls
     check_state) is reported, and so is one that names no point."""
     monkeypatch.setattr("hicache.speccheck.tp.UNCALLED", frozenset({"check_state", "gone"}))
@@ -173,13 +188,15 @@ def test_an_uncalled_point_that_code_calls_must_leave_the_list(monkeypatch: pyte
 
 
 def test_torchs_own_collectives_and_unparsable_modules() -> None:
-    calls, problems = collective_calls({"a.py": "dist.all_gather(rows, mine, group=g)\n",
-                                        "b.py": "def all_gather(:\n"})
+    calls, problems = collective_calls(
+        {"a.py": "dist.all_gather(rows, mine, group=g)\n", "b.py": "def all_gather(:\n"}
+    )
     assert calls == []
     assert has(problems, "b.py: cannot be parsed")
 
 
 # -- the L3 write rule ------------------------------------------------------------------------
+
 
 def test_an_l3_write_cell_changed_in_the_page_is_reported() -> None:
     md = replaced(TP_MD, "| `sharded` | every rank |", "| `sharded` | rank 0 |")
@@ -194,8 +211,11 @@ def test_an_l3_write_rule_the_ledger_does_not_follow_is_reported(tmp_path: Path)
 
 
 def test_an_l3_write_row_for_an_unknown_mode_or_writer_is_reported(tmp_path: Path) -> None:
-    toml = toml_copy(tmp_path, 'tp_mode = "sharded"\nwriters = "every rank"',
-                     'tp_mode = "striped"\nwriters = "some ranks"')
+    toml = toml_copy(
+        tmp_path,
+        'tp_mode = "sharded"\nwriters = "every rank"',
+        'tp_mode = "striped"\nwriters = "some ranks"',
+    )
     problems = check_tp(TP_MD, toml)
     assert has(problems, "[[l3_write]] rows name tp_modes ['replicated', 'striped']")
     assert has(problems, "writers 'some ranks' is not one of")
@@ -207,6 +227,7 @@ def test_the_ledger_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- invariants.md covers the cross-rank checks -----------------------------------------------
+
 
 def test_the_spec_checks_registry_includes_the_cross_rank_checks() -> None:
     checks = registry_checks(with_ranks=True)
@@ -220,22 +241,40 @@ def test_a_cross_rank_heading_missing_from_invariants_md_is_reported(tmp_path: P
     spec = tmp_path / "spec"
     shutil.copytree(SPEC_DIR, spec, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
     page = spec / "invariants.md"
-    page.write_text(replaced(page.read_text(encoding="utf-8"), "### I10 `collective_sequence`\n",
-                             "### I10 collective sequence\n"), encoding="utf-8")
+    page.write_text(
+        replaced(
+            page.read_text(encoding="utf-8"),
+            "### I10 `collective_sequence`\n",
+            "### I10 collective sequence\n",
+        ),
+        encoding="utf-8",
+    )
     assert has(check_spec(spec), "no heading for I10 `collective_sequence`")
 
 
 # -- the cross-rank invariants catch their violations -----------------------------------------
 
-NODE = NodeRecord(1, 0, 4, "k1", ("RESIDENT", "RESIDENT", "ABSENT"), (1, 0, 0),
-                  (None, None, None), (1, 1, 0))
+NODE = NodeRecord(
+    1, 0, 4, "k1", ("RESIDENT", "RESIDENT", "ABSENT"), (1, 0, 0), (None, None, None), (1, 1, 0)
+)
 BASE = RankView(
-    rank=0, size=2, nodes=(NodeRecord(0, None, 0, "root", ("ABSENT",) * 3, (0, 0, 0),
-                                      (None, None, None), (0, 0, 0)), NODE),
-    requests=((7, 4, (4, 4, 0), 1),), ops=(), free=(("L1", "", 3), ("L2", "", 7)),
-    log_count=2, log_digest="ab", log_tail=("startup all_gather int64[9]",),
-    l3_writes=((5, "kv", 1),), replicated=((("L1", 1, "kv"), (11,)),), quiescent=True,
-    modes=(("kv", "replicated"),))
+    rank=0,
+    size=2,
+    nodes=(
+        NodeRecord(0, None, 0, "root", ("ABSENT",) * 3, (0, 0, 0), (None, None, None), (0, 0, 0)),
+        NODE,
+    ),
+    requests=((7, 4, (4, 4, 0), 1),),
+    ops=(),
+    free=(("L1", "", 3), ("L2", "", 7)),
+    log_count=2,
+    log_digest="ab",
+    log_tail=("startup all_gather int64[9]",),
+    l3_writes=((5, "kv", 1),),
+    replicated=((("L1", 1, "kv"), (11,)),),
+    quiescent=True,
+    modes=(("kv", "replicated"),),
+)
 
 
 def two_ranks(**rank1: object) -> list[RankView]:
@@ -289,7 +328,9 @@ def test_l3_write_multiplicity_violation() -> None:
     v = only(check(two_ranks()), "I11")  # both ranks wrote the replicated pool
     assert "written by rank(s) [0, 1]" in v.message and "rank 0 only" in v.message
     sharded = (("kv", "sharded"),)
-    views = [dataclasses.replace(BASE, modes=sharded),
-             dataclasses.replace(BASE, rank=1, modes=sharded, l3_writes=((5, "kv", 0),))]
+    views = [
+        dataclasses.replace(BASE, modes=sharded),
+        dataclasses.replace(BASE, rank=1, modes=sharded, l3_writes=((5, "kv", 0),)),
+    ]
     assert "the rule: every rank" in only(check(views), "I11").message
     assert check(two_ranks(quiescent=False)) == []  # checked after drain only

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from hicache.checktrace import check_lines
 from hicache.checktrace import examples as gen
@@ -25,7 +25,10 @@ EXIT = {"valid": 0, "violation": 1, "malformed": 2}
 
 def test_every_file_is_in_the_manifest_and_the_manifest_names_only_files() -> None:
     on_disk = {p.name for p in EXAMPLES.iterdir()} - {gen.MANIFEST, "README.md"}
-    assert on_disk == set(MANIFEST), (sorted(on_disk - set(MANIFEST)), sorted(set(MANIFEST) - on_disk))
+    assert on_disk == set(MANIFEST), (
+        sorted(on_disk - set(MANIFEST)),
+        sorted(set(MANIFEST) - on_disk),
+    )
     readme = (EXAMPLES / "README.md").read_text()
     assert [f for f in MANIFEST if f"`{f}`" not in readme] == []  # README says what each shows
 
@@ -33,10 +36,14 @@ def test_every_file_is_in_the_manifest_and_the_manifest_names_only_files() -> No
 def test_the_committed_files_are_what_the_generator_writes() -> None:
     wanted = gen.files(gen.examples())
     stale = [name for name, text in wanted.items() if (EXAMPLES / name).read_text() != text]
-    assert not stale, f"rewrite with: python3 -m hicache.checktrace.examples spec/examples ({stale})"
+    assert not stale, (
+        f"rewrite with: python3 -m hicache.checktrace.examples spec/examples ({stale})"
+    )
 
 
-def test_the_check_option_names_a_stale_or_extra_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_check_option_names_a_stale_or_extra_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert gen.main([str(tmp_path)]) == 0
     assert gen.main(["--check", str(tmp_path)]) == 0
     (tmp_path / "backup_gap.ndjson").write_text("{}\n")
@@ -61,10 +68,14 @@ def test_check_trace_gives_the_manifest_verdict(name: str) -> None:
 
 
 def test_every_violation_names_a_bug_class_of_the_spec_and_its_first_bad_event() -> None:
-    classes = set(re.findall(r"^### (B\d\d) ", (EXAMPLES.parent / "bugclasses.md").read_text(), re.MULTILINE))
+    classes = set(
+        re.findall(r"^### (B\d\d) ", (EXAMPLES.parent / "bugclasses.md").read_text(), re.MULTILINE)
+    )
     violations = {n: t for n, t in MANIFEST.items() if t["verdict"] == "violation"}
     assert len(violations) >= 10
-    assert {n: t.get("bug_class") for n, t in violations.items() if t.get("bug_class") not in classes} == {}
+    assert {
+        n: t.get("bug_class") for n, t in violations.items() if t.get("bug_class") not in classes
+    } == {}
     assert [n for n, t in violations.items() if "seq" not in t] == []
 
 
@@ -80,7 +91,9 @@ def test_valid_examples_are_walks_and_each_edit_is_at_or_before_its_first_bad_ev
         ex, base = found[edit.name], found[edit.base].lines
         if ex.verdict == "violation":
             assert ex.seq is not None
-            edited_at = next(i for i, (a, b) in enumerate(zip(ex.lines, base)) if a != b)  # = its seq
+            edited_at = next(
+                i for i, (a, b) in enumerate(zip(ex.lines, base)) if a != b
+            )  # = its seq
             assert 1 <= edited_at <= ex.seq, (ex.name, edited_at, ex.seq)
 
 

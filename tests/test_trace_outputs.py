@@ -24,8 +24,11 @@ SEEDS, STEPS = (1, 2, 3), 300  # about 2 s each on the null plane
 
 
 def fuzz(seed: int, trace: Path | None, steps: int = STEPS, **more: Any) -> tuple[int, str]:
-    result = runner.fuzz(runner.arguments(seed=seed, steps=steps,
-                                          trace=None if trace is None else str(trace), **more))
+    result = runner.fuzz(
+        runner.arguments(
+            seed=seed, steps=steps, trace=None if trace is None else str(trace), **more
+        )
+    )
     return result.status, result.text
 
 
@@ -39,14 +42,25 @@ def test_the_demo_trace_passes_check_trace(tmp_path: Path) -> None:
     path = tmp_path / "demo.ndjson"
     with contextlib.redirect_stdout(io.StringIO()):
         # L1 smaller than the working set: restores from L2 and from L3 (about 600 events).
-        assert demo.main(["--device", "cpu", "--requests", "40", "--l1-pages", "60",
-                          "--trace", str(path)]) == 0
+        assert (
+            demo.main(
+                ["--device", "cpu", "--requests", "40", "--l1-pages", "60", "--trace", str(path)]
+            )
+            == 0
+        )
     lines = path.read_text().splitlines()
     header = TraceHeader.from_json(lines[0])
     assert header.capacities["L1"] == 60 and header.engine == "hicache demo"
     # Verify the trace has the run's backups, restores and evictions, not only admissions.
     names = {TraceEvent.from_json(line).event for line in lines[1:]}
-    assert {"d2h_complete", "h2s_complete", "s2h_complete", "h2d_complete", "lock", "evict_l2"} <= names
+    assert {
+        "d2h_complete",
+        "h2s_complete",
+        "s2h_complete",
+        "h2d_complete",
+        "lock",
+        "evict_l2",
+    } <= names
     verdict = check_file(path)
     assert (verdict.exit_code, verdict.events) == (0, len(lines) - 1), verdict.message
 
@@ -85,7 +99,8 @@ class EveryEngine(runner.Progress):
 
 
 def test_every_engine_of_every_fuzz_run_writes_a_trace_check_trace_accepts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(runner, "Progress", EveryEngine)
     EveryEngine.verdicts = []
     status, text = fuzz(4, tmp_path / "fuzz.ndjson", steps=600)
@@ -129,6 +144,7 @@ def test_on_a_failure_the_fuzz_trace_is_the_shrunk_failing_run(tmp_path: Path) -
 
 def test_last_trace_keeps_the_last_engine_of_the_last_run() -> None:
     """A run that restarted its engine traced each engine from seq 1: the file holds the last."""
+
     class Adapter:
         def trace_header(self) -> TraceHeader:
             return TraceHeader(4, {"L1": 2})
@@ -143,10 +159,20 @@ def test_last_trace_keeps_the_last_engine_of_the_last_run() -> None:
     assert (last.events, last.engines) == ([], 1)
 
 
-def test_fuzz_trace_needs_an_adapter_with_a_header(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fuzz_trace_needs_an_adapter_with_a_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "lru.ndjson"
-    argv = ["--seed", "1", "--steps", "30", "--trace", str(path),
-            "--adapter", "hicache.testing.adapters.lru:lru_adapter"]
+    argv = [
+        "--seed",
+        "1",
+        "--steps",
+        "30",
+        "--trace",
+        str(path),
+        "--adapter",
+        "hicache.testing.adapters.lru:lru_adapter",
+    ]
     assert runner.main(argv) == 2
     assert "--trace: the adapter has no trace_header()" in capsys.readouterr().err
     assert path.read_text() == ""  # nothing written but the emptied file

@@ -26,8 +26,15 @@ from hicache.control import ControlPlane
 from hicache.lifecycle import load_lifecycle
 from hicache.tiers import Direction
 from hicache.trace import ListSink, TraceEvent, Tracer
+from hicache.tracewalk import (
+    ENV_VAR,
+    TraceWalkError,
+    WalkCount,
+    WalkSink,
+    first_break,
+    first_non_edge,
+)
 from hicache.tree import TreeNode
-from hicache.tracewalk import ENV_VAR, TraceWalkError, WalkCount, WalkSink, first_break, first_non_edge
 
 PS = 2
 
@@ -71,8 +78,23 @@ def test_the_suite_walks_every_plane() -> None:
 def test_demo_trace_is_a_walk() -> None:
     before = WalkCount.events
     with contextlib.redirect_stdout(io.StringIO()):
-        assert demo.main(["--device", "cpu", "--l1-pages", "40", "--l2-pages", "8",
-                          "--l3-slots", "8", "--requests", "40"]) == 0
+        assert (
+            demo.main(
+                [
+                    "--device",
+                    "cpu",
+                    "--l1-pages",
+                    "40",
+                    "--l2-pages",
+                    "8",
+                    "--l3-slots",
+                    "8",
+                    "--requests",
+                    "40",
+                ]
+            )
+            == 0
+        )
     # Hundreds of events, each judged as it was emitted (a break would have raised).
     assert WalkCount.events - before > 300
 
@@ -91,8 +113,11 @@ def test_two_requests_computing_the_same_tokens() -> None:
     (node,) = list(cp.tree.nodes())
     assert states(sink, "insert") == [(node.node_id, "L1_PRIVATE", "L1")]
     # Request 2's copy of [0, 4) is a duplicate: no states; the tail pages are candidates.
-    assert states(sink, "discard") == [(node.node_id, None, None), (None, "L1_PRIVATE", "ABSENT"),
-                                       (None, "L1_PRIVATE", "ABSENT")]
+    assert states(sink, "discard") == [
+        (node.node_id, None, None),
+        (None, "L1_PRIVATE", "ABSENT"),
+        (None, "L1_PRIVATE", "ABSENT"),
+    ]
     assert first_break(sink.events) is None
 
 
@@ -107,8 +132,14 @@ def test_compute_over_a_pending_load_back_is_a_duplicate() -> None:
     cp.end_request(3)
     cp.end_request(2)
     # Request 3's copy of [0, 4) sits beside the tree's L1 copy in flight: a duplicate.
-    assert states(sink, "compute")[-2:] == [(node.node_id, None, None), (None, "ABSENT", "L1_PRIVATE")]
-    assert states(sink, "discard")[-2:] == [(node.node_id, None, None), (None, "L1_PRIVATE", "ABSENT")]
+    assert states(sink, "compute")[-2:] == [
+        (node.node_id, None, None),
+        (None, "ABSENT", "L1_PRIVATE"),
+    ]
+    assert states(sink, "discard")[-2:] == [
+        (node.node_id, None, None),
+        (None, "L1_PRIVATE", "ABSENT"),
+    ]
     assert first_break(sink.events) is None
 
 
@@ -118,8 +149,10 @@ def test_recompute_over_l2_is_a_view_of_the_node() -> None:
     cp.compute(2, 6)
     cp.insert(2)
     cp.end_request(2)
-    assert states(sink, "compute")[-2:] == [(node.node_id, "L2", "L1_PRIVATE_L2"),
-                                            (None, "ABSENT", "L1_PRIVATE")]
+    assert states(sink, "compute")[-2:] == [
+        (node.node_id, "L2", "L1_PRIVATE_L2"),
+        (None, "ABSENT", "L1_PRIVATE"),
+    ]
     assert (node.node_id, "L1_PRIVATE_L2", "L1_L2") in states(sink, "insert")
     assert first_break(sink.events) is None
 
@@ -157,12 +190,20 @@ def test_every_removed_node_is_traced() -> None:
 # -- the walker on the traces the reference used to emit ------------------------------------
 
 
-def ev(seq: int, event: str, node: int | None, before: str | None, after: str | None,
-       **extra: object) -> TraceEvent:
-    tier = {"compute": "L1", "insert": "L1", "discard": "L1", "d2h_issue": "L2",
-            "d2h_complete": "L2", "evict_l1": "L1"}.get(event)
-    return TraceEvent(seq=seq, event=event, tier=tier, node=node, before=before, after=after,
-                      **extra)  # type: ignore[arg-type]
+def ev(
+    seq: int, event: str, node: int | None, before: str | None, after: str | None, **extra: object
+) -> TraceEvent:
+    tier = {
+        "compute": "L1",
+        "insert": "L1",
+        "discard": "L1",
+        "d2h_issue": "L2",
+        "d2h_complete": "L2",
+        "evict_l1": "L1",
+    }.get(event)
+    return TraceEvent(
+        seq=seq, event=event, tier=tier, node=node, before=before, after=after, **extra
+    )  # type: ignore[arg-type]
 
 
 #   node 1: inserted, backed up to L2, evicted from L1: it is `L2`.
@@ -176,23 +217,28 @@ PREFIX = [
 
 
 def test_the_walk_accepts_the_reference_shape() -> None:
-    good = PREFIX + [ev(6, "compute", 1, "L2", "L1_PRIVATE_L2", request=2),
-                     ev(7, "discard", 1, "L1_PRIVATE_L2", "L2", request=2)]
+    good = PREFIX + [
+        ev(6, "compute", 1, "L2", "L1_PRIVATE_L2", request=2),
+        ev(7, "discard", 1, "L1_PRIVATE_L2", "L2", request=2),
+    ]
     assert first_non_edge(good) is None and first_break(good) is None
 
 
-@pytest.mark.parametrize("bad, why", [
-    # The duplicate discard the reference used to trace: not an edge of the graph.
-    (ev(6, "discard", 1, "L1_PRIVATE_L2", "L1_L2", request=2), "is not an edge"),
-    # compute over node 1 traced from ABSENT although L2 holds it: an edge, but not node 1's.
-    (ev(6, "compute", 1, "ABSENT", "L1_PRIVATE", request=2), "node 1 is L2"),
-    # end_request's discard always traced `L1_PRIVATE -> ABSENT`: again not node 1's walk.
-    (ev(6, "discard", 1, "L1_PRIVATE", "ABSENT", request=2), "node 1 is L2"),
-    # A node row without states, and a duplicate claimed where the tree's L1 is ABSENT.
-    (ev(6, "evict_l2", 1, None, None), "must name its before and after"),
-    (ev(6, "compute", 1, None, None, request=2), "claims a duplicate"),
-    (ev(6, "node_remove", 1, None, None), "removed while L2"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        # The duplicate discard the reference used to trace: not an edge of the graph.
+        (ev(6, "discard", 1, "L1_PRIVATE_L2", "L1_L2", request=2), "is not an edge"),
+        # compute over node 1 traced from ABSENT although L2 holds it: an edge, but not node 1's.
+        (ev(6, "compute", 1, "ABSENT", "L1_PRIVATE", request=2), "node 1 is L2"),
+        # end_request's discard always traced `L1_PRIVATE -> ABSENT`: again not node 1's walk.
+        (ev(6, "discard", 1, "L1_PRIVATE", "ABSENT", request=2), "node 1 is L2"),
+        # A node row without states, and a duplicate claimed where the tree's L1 is ABSENT.
+        (ev(6, "evict_l2", 1, None, None), "must name its before and after"),
+        (ev(6, "compute", 1, None, None, request=2), "claims a duplicate"),
+        (ev(6, "node_remove", 1, None, None), "removed while L2"),
+    ],
+)
 def test_the_walk_finds_the_first_break(bad: TraceEvent, why: str) -> None:
     found = first_break(PREFIX + [bad, ev(7, "evict_l1", 9, "L1", "ABSENT")])
     assert found is not None and found.event is bad and why in found.why
@@ -209,9 +255,20 @@ def test_a_walk_sink_raises_at_the_break() -> None:
 
 def test_trace_json_is_every_set_field() -> None:
     """`to_json` reads fields one by one: the same text as the dataclass's own dict view."""
-    e = TraceEvent(seq=3, event="split", tier="L1", node=4, op=0, request=None, token_start=0,
-                   token_end=16, pages=(5, 6), before="A", after="B",
-                   detail={"upper": 7, "hit": [1, (2, 3)], "nested": {"x": None}})
+    e = TraceEvent(
+        seq=3,
+        event="split",
+        tier="L1",
+        node=4,
+        op=0,
+        request=None,
+        token_start=0,
+        token_end=16,
+        pages=(5, 6),
+        before="A",
+        after="B",
+        detail={"upper": 7, "hit": [1, (2, 3)], "nested": {"x": None}},
+    )
     want = {k: v for k, v in dataclasses.asdict(e).items() if v not in (None, (), {})}
     want["pages"] = [5, 6]
     assert e.to_json() == json.dumps(want, separators=(",", ":"), sort_keys=True)

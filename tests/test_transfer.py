@@ -23,20 +23,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache.dataplane import pools
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine
-from hicache.dataplane.tags import FRESH
-from hicache.dataplane import pools
 from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_digest
 from hicache.dataplane.routes import DmaPlan
+from hicache.dataplane.tags import FRESH
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
-from hicache.pages import Pages, pages
 from hicache.kernels import KernelSet
+from hicache.pages import Pages, pages
 from hicache.tiers import Direction
 from tests.test_routes import sorted_runs
 
@@ -49,12 +49,25 @@ def tiny(dtype: str = "bf16", page_size: int = 16) -> KVGeometry:
 
 
 def make_engine(
-    geometry: KVGeometry | None = None, *, device: str = "cpu", backend: str = "torch",
-    faults: FaultInjector | None = None, chunk_pages: int | None = None, l3_path: str | None = None,
+    geometry: KVGeometry | None = None,
+    *,
+    device: str = "cpu",
+    backend: str = "torch",
+    faults: FaultInjector | None = None,
+    chunk_pages: int | None = None,
+    l3_path: str | None = None,
 ) -> TransferEngine:
     engine = TransferEngine(
-        geometry or tiny(), L1_PAGES, L2_PAGES, L3_SLOTS, device=device, backend=backend,
-        faults=faults, chunk_pages=chunk_pages, l3_path=l3_path, io_threads=2,
+        geometry or tiny(),
+        L1_PAGES,
+        L2_PAGES,
+        L3_SLOTS,
+        device=device,
+        backend=backend,
+        faults=faults,
+        chunk_pages=chunk_pages,
+        l3_path=l3_path,
+        io_threads=2,
     )
     randomize(engine.l1.tensor, seed=1)
     return engine
@@ -72,7 +85,9 @@ def poison(t: torch.Tensor) -> None:
 
 def rows(packed: torch.Tensor) -> torch.Tensor:
     """Packed pages as uint8 [n, bytes_per_page] (n may be 0)."""
-    return packed.reshape(-1).view(torch.uint8).reshape(packed.shape[0], -1 if packed.shape[0] else 0)
+    return (
+        packed.reshape(-1).view(torch.uint8).reshape(packed.shape[0], -1 if packed.shape[0] else 0)
+    )
 
 
 def l1_bytes(engine: TransferEngine, ids: Pages) -> torch.Tensor:
@@ -102,7 +117,9 @@ def layout(kind: str, n: int, capacity: int, rng: np.random.Generator) -> Pages:
         return np.arange(start, start + n, dtype=np.int64)
     if kind == "fragmented":  # two runs, second before the first
         half = n // 2
-        return np.concatenate([np.arange(capacity - half, capacity), np.arange(0, n - half)]).astype(np.int64)
+        return np.concatenate(
+            [np.arange(capacity - half, capacity), np.arange(0, n - half)]
+        ).astype(np.int64)
     return rng.choice(capacity, size=n, replace=False).astype(np.int64)
 
 
@@ -130,7 +147,11 @@ def round_trip(engine: TransferEngine, kind: str, seed: int) -> None:
     assert torch.equal(l2_bytes(engine, l2_a), expect)
     done(engine.h2s(l2_a, slots))
 
-    l2_b = np.setdiff1d(np.arange(L2_PAGES), l2_a)[:n] if kind != "consecutive" else (l2_a + n) % L2_PAGES
+    l2_b = (
+        np.setdiff1d(np.arange(L2_PAGES), l2_a)[:n]
+        if kind != "consecutive"
+        else (l2_a + n) % L2_PAGES
+    )
     poison(engine.l2.tensor)
     done(engine.s2h(slots, l2_b))
     assert torch.equal(l2_bytes(engine, l2_b), expect)
@@ -180,10 +201,14 @@ def shared_mover() -> DeviceHostMover:
 
 @settings(max_examples=40)
 @given(data=st.data())
-def test_any_mapping_moves_exactly_its_pages(shared_mover: DeviceHostMover, data: st.DataObject) -> None:
+def test_any_mapping_moves_exactly_its_pages(
+    shared_mover: DeviceHostMover, data: st.DataObject
+) -> None:
     m = shared_mover
     n = data.draw(st.integers(0, 12))
-    src = np.array(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)), dtype=np.int64)
+    src = np.array(
+        data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)), dtype=np.int64
+    )
     dst = np.array(data.draw(st.permutations(range(L2_PAGES)))[:n], dtype=np.int64)
     poison(m.l2.tensor)
     done(m.d2h(src, dst))
@@ -191,7 +216,9 @@ def test_any_mapping_moves_exactly_its_pages(shared_mover: DeviceHostMover, data
     got = rows(m.l2.tensor[torch.from_numpy(dst)])
     assert torch.equal(got, expect)
     rest = torch.from_numpy(np.setdiff1d(np.arange(L2_PAGES), dst))
-    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), "D2H wrote outside its targets"
+    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), (
+        "D2H wrote outside its targets"
+    )
 
     back = np.array(data.draw(st.permutations(range(L1_PAGES)))[:n], dtype=np.int64)
     done(m.h2d(dst, back))
@@ -269,17 +296,17 @@ class FakeCudart:
         self.registered: list[tuple[int, int, int]] = []
         self.unregistered: list[int] = []
 
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
         self.registered.append((ptr, size, flags))
         return self.status
 
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+    def cudaHostUnregister(self, ptr: int) -> int:
         self.unregistered.append(ptr)
         return 0
 
 
 def test_l2_pool_is_registered_at_its_exact_size_and_unregistered_with_it(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Not torch's pinned allocator (power-of-two blocks, cached after free): the pool's own
     memory, page-locked in place, released when the pool goes."""
@@ -295,12 +322,15 @@ def test_l2_pool_is_registered_at_its_exact_size_and_unregistered_with_it(
 
 
 def test_l2_pool_registration_failure_names_the_field_and_size(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(status=2))
-    with pytest.raises(ConfigError, match="l2_pages.*384 bytes of pinned host.*cudaError 2.*ulimit"):
-        pools.allocate((3, 2, 1, 4, 1, 8), torch.float16, torch.device("cpu"), pin=True,
-                       field="l2_pages")
+    with pytest.raises(
+        ConfigError, match="l2_pages.*384 bytes of pinned host.*cudaError 2.*ulimit"
+    ):
+        pools.allocate(
+            (3, 2, 1, 4, 1, 8), torch.float16, torch.device("cpu"), pin=True, field="l2_pages"
+        )
 
 
 def test_consecutive_path_allocates_no_host_memory_after_warmup(engine: TransferEngine) -> None:
@@ -312,7 +342,9 @@ def test_consecutive_path_allocates_no_host_memory_after_warmup(engine: Transfer
         done(engine.d2h(pages([4, 6]), pages([20, 21])))
         done(engine.h2d(pages([20, 21]), pages([7, 8])))
     assert {d: (c.pinned_allocations, c.device_allocations) for d, c in m.counters.items()} == warm
-    assert m.workspaces.counters.pinned_allocations == 0, "consecutive L2 pages need no host staging"
+    assert m.workspaces.counters.pinned_allocations == 0, (
+        "consecutive L2 pages need no host staging"
+    )
     # The fragmented path allocates its host staging lazily, once, then reuses it.
     done(engine.d2h(pages([1, 2, 3]), pages([30, 0, 15])))
     assert m.workspaces.counters.pinned_allocations == 1
@@ -393,7 +425,9 @@ def test_per_run_path_is_byte_exact(route_mover: DeviceHostMover, data: st.DataO
     expect = rows(m.l1.packed(src))
     assert torch.equal(rows(m.l2.tensor[torch.from_numpy(l2_ids)]), expect)
     rest = torch.from_numpy(np.setdiff1d(np.arange(ROUTE_L2), l2_ids))
-    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), "D2H wrote outside its targets"
+    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all()), (
+        "D2H wrote outside its targets"
+    )
     small = [k for _, k in sorted_runs(l2_ids) if k * m.bytes_per_page < m.direct_min_bytes]
     plan = plan_of(handle)
     assert plan.route.staged_pages == (sum(small) if len(small) >= 2 else 0), str(plan)
@@ -421,13 +455,25 @@ class AlignmentRecorder:
         offset = int(index.storage_offset()) * index.element_size()
         self.launches.append((kind, offset, index.data_ptr() % 16 == 0))
 
-    def gather(self, l1: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *,
-               stream: torch.cuda.Stream | None = None) -> None:
+    def gather(
+        self,
+        l1: torch.Tensor,
+        index: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self._record("gather", index)
         self.kernels.gather(l1, index, out, stream=stream)
 
-    def scatter(self, packed: torch.Tensor, index: torch.Tensor, l1: torch.Tensor, *,
-                stream: torch.cuda.Stream | None = None) -> None:
+    def scatter(
+        self,
+        packed: torch.Tensor,
+        index: torch.Tensor,
+        l1: torch.Tensor,
+        *,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self._record("scatter", index)
         self.kernels.scatter(packed, index, l1, stream=stream)
 
@@ -501,13 +547,19 @@ def test_small_runs_share_one_staged_dma(engine: TransferEngine) -> None:
     m.single_chunk_max_bytes = 1 << 30
     handle = engine.d2h(pages([1, 2, 3, 4, 5, 6, 7, 8]), pages([9, 0, 1, 20, 21, 22, 23, 5]))
     assert str(plan_of(handle)) == "mixed: 4 runs, 1 chunks, 2 DMAs, 4 pages staged"
-    assert plan_of(handle).route.staged_lo == 0, "D2H: staged pages first (their host copies start early)"
+    assert plan_of(handle).route.staged_lo == 0, (
+        "D2H: staged pages first (their host copies start early)"
+    )
     done(handle)
-    handle = engine.h2d(pages([9, 0, 1, 20, 21, 22, 23, 5]), pages([10, 11, 12, 13, 14, 15, 16, 17]))
+    handle = engine.h2d(
+        pages([9, 0, 1, 20, 21, 22, 23, 5]), pages([10, 11, 12, 13, 14, 15, 16, 17])
+    )
     assert plan_of(handle).route.staged_hi == 8, "H2D: staged pages last"
     done(handle)
-    assert torch.equal(l1_bytes(engine, pages([10, 11, 12, 13, 14, 15, 16, 17])),
-                       l1_bytes(engine, pages([1, 2, 3, 4, 5, 6, 7, 8])))
+    assert torch.equal(
+        l1_bytes(engine, pages([10, 11, 12, 13, 14, 15, 16, 17])),
+        l1_bytes(engine, pages([1, 2, 3, 4, 5, 6, 7, 8])),
+    )
     one_small = engine.d2h(pages([1, 2, 3, 4]), pages([9, 20, 21, 22]))  # one small run: no saving
     assert plan_of(one_small).route.kind == "direct"
     done(one_small)
@@ -524,10 +576,15 @@ def assert_nothing_held(engine: TransferEngine) -> None:
 @pytest.mark.parametrize(
     "site, direction",
     [
-        (FaultSite.DEVICE_ALLOC, "d2h"), (FaultSite.DEVICE_ALLOC, "h2d"),
-        (FaultSite.PINNED_ALLOC, "d2h"), (FaultSite.PINNED_ALLOC, "h2d"),
-        (FaultSite.D2H_COMPLETE, "d2h"), (FaultSite.H2D_COMPLETE, "h2d"),
-        (FaultSite.IO_EIO, "h2s"), (FaultSite.IO_EIO, "s2h"), (FaultSite.IO_ENOSPC, "h2s"),
+        (FaultSite.DEVICE_ALLOC, "d2h"),
+        (FaultSite.DEVICE_ALLOC, "h2d"),
+        (FaultSite.PINNED_ALLOC, "d2h"),
+        (FaultSite.PINNED_ALLOC, "h2d"),
+        (FaultSite.D2H_COMPLETE, "d2h"),
+        (FaultSite.H2D_COMPLETE, "h2d"),
+        (FaultSite.IO_EIO, "h2s"),
+        (FaultSite.IO_EIO, "s2h"),
+        (FaultSite.IO_ENOSPC, "h2s"),
         (FaultSite.CORRUPT_SLOT, "s2h"),
     ],
 )
@@ -581,7 +638,11 @@ def test_delay_keeps_the_handle_pending(direction: str) -> None:
     faults = FaultInjector(delay_polls=3).once(FaultSite.DELAY)
     engine = make_engine(faults=faults)
     try:
-        handle = engine.d2h(pages([1]), pages([2])) if direction == "d2h" else engine.h2d(pages([2]), pages([1]))
+        handle = (
+            engine.d2h(pages([1]), pages([2]))
+            if direction == "d2h"
+            else engine.h2d(pages([2]), pages([1]))
+        )
         assert [handle.poll() for _ in range(3)] == [TransferStatus.PENDING] * 3
         assert engine.dma.buffers_busy > 0, "a pending transfer keeps its buffers"
         assert handle.poll() is TransferStatus.DONE
@@ -609,7 +670,9 @@ def test_cancel_and_fail_leave_a_final_status(engine: TransferEngine, action: st
     assert handle.status is final, "a final status never changes"
     assert_nothing_held(engine)
     counters = engine.dma.counters[handle.direction]
-    assert (counters.cancelled, counters.failed, counters.done) == ((1, 0, 0) if action == "cancel" else (0, 1, 0))
+    assert (counters.cancelled, counters.failed, counters.done) == (
+        (1, 0, 0) if action == "cancel" else (0, 1, 0)
+    )
 
 
 def test_close_cancels_what_is_in_flight() -> None:
@@ -647,30 +710,38 @@ def test_a_word_with_every_bit_flipped_changes_the_digest() -> None:
     arithmetic right shift on int64, so f(~x) = f(x) and a page (or a word) with every bit
     inverted digested like the original (a rank whose replicated pool held the complement
     of rank 0's bytes passed I8)."""
-    rows = torch.randint(0, 256, (4, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    rows = torch.randint(
+        0, 256, (4, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)
+    )
     base = digest_rows(rows)
     assert len(set(base.tolist())) == 4
     assert not (digest_rows(rows.bitwise_not()) == base).any(), "every bit of every word"
     for word in range(8):
         one = rows.clone()
-        one[:, 8 * word:8 * word + 8] = one[:, 8 * word:8 * word + 8].bitwise_not()
+        one[:, 8 * word : 8 * word + 8] = one[:, 8 * word : 8 * word + 8].bitwise_not()
         assert not (digest_rows(one) == base).any(), f"every bit of word {word}"
     high = rows.clone()
     high[:, 7] ^= 0x80  # the sign bit of word 0 (little-endian)
     assert not (digest_rows(high) == base).any()
 
 
-@given(seed=st.integers(0, 2**32 - 1), word=st.integers(0, 7),
-       mask=st.integers(1, 2**64 - 1) | st.just(2**64 - 1) | st.just(1 << 63))
-def test_any_change_confined_to_one_word_changes_the_digest(seed: int, word: int, mask: int) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    word=st.integers(0, 7),
+    mask=st.integers(1, 2**64 - 1) | st.just(2**64 - 1) | st.just(1 << 63),
+)
+def test_any_change_confined_to_one_word_changes_the_digest(
+    seed: int, word: int, mask: int
+) -> None:
     """What `digest_rows` promises: the word mix is a bijection and the weights are odd, so
     XOR-ing any non-zero mask into one word changes the digest, whatever the mask (every
     bit, the sign bit alone, ...)."""
-    rows = torch.randint(0, 256, (1, 64), dtype=torch.uint8,
-                         generator=torch.Generator().manual_seed(seed))
+    rows = torch.randint(
+        0, 256, (1, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
     changed = rows.clone()
     flip = torch.tensor(list(mask.to_bytes(8, "little")), dtype=torch.uint8)
-    changed[0, 8 * word:8 * word + 8] ^= flip
+    changed[0, 8 * word : 8 * word + 8] ^= flip
     assert digest_rows(changed)[0] != digest_rows(rows)[0]
 
 
@@ -680,7 +751,11 @@ def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
     randomize(pool.tensor, seed=5)
     d = page_digest(pool, pages([0, 1, 2]))
     pool.bytes_view()[1, 5] ^= 0x80
-    assert page_digest(pool, pages([0, 1, 2])).tolist() == [d[0], page_digest(pool, pages([1]))[0], d[2]]
+    assert page_digest(pool, pages([0, 1, 2])).tolist() == [
+        d[0],
+        page_digest(pool, pages([1]))[0],
+        d[2],
+    ]
     assert page_digest(pool, pages([1]))[0] != d[1]
 
 
@@ -690,13 +765,23 @@ def test_digest_handles_rows_not_a_multiple_of_eight() -> None:
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        ({"l1_pages": 0}, "l1_pages"), ({"l2_pages": -1}, "l2_pages"), ({"l3_slots": 0}, "l3_slots"),
-        ({"chunk_pages": 0}, "chunk_pages"), ({"device": "mps"}, "device"), ({"io_threads": -1}, "io_threads"),
-        ({"backend": "fast"}, "kernels.backend"), ({"l1_pages": 1 << 44}, "l1_pages"),
+        ({"l1_pages": 0}, "l1_pages"),
+        ({"l2_pages": -1}, "l2_pages"),
+        ({"l3_slots": 0}, "l3_slots"),
+        ({"chunk_pages": 0}, "chunk_pages"),
+        ({"device": "mps"}, "device"),
+        ({"io_threads": -1}, "io_threads"),
+        ({"backend": "fast"}, "kernels.backend"),
+        ({"l1_pages": 1 << 44}, "l1_pages"),
     ],
 )
 def test_bad_config_names_the_field(kwargs: dict[str, object], field: str) -> None:
-    args: dict[str, object] = {"l1_pages": 4, "l2_pages": 4, "l3_slots": 4, "device": "cpu"} | kwargs
+    args: dict[str, object] = {
+        "l1_pages": 4,
+        "l2_pages": 4,
+        "l3_slots": 4,
+        "device": "cpu",
+    } | kwargs
     with pytest.raises(ConfigError) as info:
         TransferEngine(tiny(), **args)  # type: ignore[arg-type]
     assert info.value.field == field
@@ -717,7 +802,11 @@ def test_pool_configs_are_checked() -> None:
     with pytest.raises(ConfigError, match="l2.geometry"):
         DeviceHostMover(l1, HostPool(tiny("fp16"), 2, pin=False), kernels)
     l2 = HostPool(tiny(), 2, pin=False)
-    for bad in ({"direct_min_bytes": -1}, {"single_chunk_max_bytes": True}, {"direct_min_bytes": 1.5}):
+    for bad in (
+        {"direct_min_bytes": -1},
+        {"single_chunk_max_bytes": True},
+        {"direct_min_bytes": 1.5},
+    ):
         with pytest.raises(ConfigError) as info:
             DeviceHostMover(l1, l2, kernels, **bad)
         assert info.value.field == next(iter(bad))
@@ -725,7 +814,9 @@ def test_pool_configs_are_checked() -> None:
 
 @pytest.mark.parametrize("plane", ["real", "null"])
 def test_bad_pages_raise_the_same_error_on_both_planes(plane: str) -> None:
-    e: TransferEngine | NullEngine = make_engine() if plane == "real" else NullEngine(tiny(), L1_PAGES, L2_PAGES, L3_SLOTS)
+    e: TransferEngine | NullEngine = (
+        make_engine() if plane == "real" else NullEngine(tiny(), L1_PAGES, L2_PAGES, L3_SLOTS)
+    )
     try:
         bad: list[tuple[str, object, object]] = [
             ("d2h", pages([L1_PAGES]), pages([0])),  # source out of range
@@ -737,7 +828,9 @@ def test_bad_pages_raise_the_same_error_on_both_planes(plane: str) -> None:
         for method, src, dst in bad:
             with pytest.raises(InvalidPages):
                 getattr(e, method)(src, dst)
-        assert not any(h.status is TransferStatus.PENDING for h in getattr(e, "handles", [])), "nothing issued"
+        assert not any(h.status is TransferStatus.PENDING for h in getattr(e, "handles", [])), (
+            "nothing issued"
+        )
     finally:
         e.close()
 
@@ -773,7 +866,10 @@ def test_triton_kernels_round_trip_interpreted(monkeypatch: pytest.MonkeyPatch) 
     g = KVGeometry(layers=1, kv_heads=1, head_dim=8, dtype="bf16", page_size=2)
     engine = TransferEngine(g, 6, 6, 6, device="cpu", backend="triton", chunk_pages=2)
     try:
-        assert (engine.kernels.gather_backend, engine.kernels.scatter_backend) == ("triton", "triton")
+        assert (engine.kernels.gather_backend, engine.kernels.scatter_backend) == (
+            "triton",
+            "triton",
+        )
         randomize(engine.l1.tensor, seed=9)
         src, l2_ids, dst = pages([4, 0, 2]), pages([5, 1, 3]), pages([1, 3, 5])
         expect = l1_bytes(engine, src)
@@ -795,7 +891,9 @@ def test_triton_kernels_round_trip_interpreted(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize("kind", ["consecutive", "fragmented", "random"])
 @pytest.mark.parametrize("direct_min_bytes", [0, 1 << 20])  # every run direct; small runs staged
 def test_gpu_round_trip(dtype: str, kind: str, direct_min_bytes: int, tmp_path: Path) -> None:
-    engine = make_engine(tiny(dtype, 16), device="cuda", backend="triton", l3_path=str(tmp_path / "l3"))
+    engine = make_engine(
+        tiny(dtype, 16), device="cuda", backend="triton", l3_path=str(tmp_path / "l3")
+    )
     try:
         assert engine.l2.tensor.is_pinned()
         engine.dma.direct_min_bytes = direct_min_bytes
@@ -842,7 +940,9 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
         issued = time.perf_counter()
         handle = engine.h2d(l2_ids, dst)
         issue_s = time.perf_counter() - issued
-        assert handle.poll() is TransferStatus.PENDING, f"H2D issue took {issue_s:.4f} s; {plan_of(handle)}"
+        assert handle.poll() is TransferStatus.PENDING, (
+            f"H2D issue took {issue_s:.4f} s; {plan_of(handle)}"
+        )
         done(handle)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # ordered after nothing of ours
         with torch.cuda.stream(side):
@@ -882,7 +982,9 @@ def test_gpu_transfer_waits_for_the_callers_stream(explicit: bool, route: str) -
             torch.cuda.current_stream().wait_stream(side)
         done(engine.d2h(src, l2_ids, after=side if explicit else None))
         for p, got in zip(src.tolist(), engine.l2.tensor[torch.from_numpy(l2_ids)]):
-            assert bool((got.float() == p + 1).all()), f"D2H read page {p} before the producer wrote it"
+            assert bool((got.float() == p + 1).all()), (
+                f"D2H read page {p} before the producer wrote it"
+            )
 
         # H2D: the caller's stream still writes the target pages; the restore must land after.
         with torch.cuda.stream(side):
@@ -893,12 +995,16 @@ def test_gpu_transfer_waits_for_the_callers_stream(explicit: bool, route: str) -
             torch.cuda.current_stream().wait_stream(side)
         done(engine.h2d(l2_ids, dst, after=side if explicit else None))
         for p, want in zip(dst.tolist(), src.tolist()):
-            assert bool((engine.l1.tensor[:, :, p].float() == want + 1).all()), "H2D landed before the caller's write"
+            assert bool((engine.l1.tensor[:, :, p].float() == want + 1).all()), (
+                "H2D landed before the caller's write"
+            )
     finally:
         engine.close()
 
 
-@pytest.mark.parametrize("site, direction", [(FaultSite.SHORT_WRITE, "h2s"), (FaultSite.SHORT_READ, "s2h")])
+@pytest.mark.parametrize(
+    "site, direction", [(FaultSite.SHORT_WRITE, "h2s"), (FaultSite.SHORT_READ, "s2h")]
+)
 def test_short_io_is_resumed_through_the_engine(site: FaultSite, direction: str) -> None:
     faults = FaultInjector()
     engine = make_engine(faults=faults)
@@ -908,7 +1014,9 @@ def test_short_io_is_resumed_through_the_engine(site: FaultSite, direction: str)
         if direction == "s2h":
             done(engine.h2s(l2, slots))
         faults.once(site, 3)
-        done(engine.h2s(l2, slots) if direction == "h2s" else engine.s2h(slots, pages([20, 21, 22])))
+        done(
+            engine.h2s(l2, slots) if direction == "h2s" else engine.s2h(slots, pages([20, 21, 22]))
+        )
         assert faults.fired[site] == 3 and engine.storage.counters.short_io_resumed >= 3
         assert np.array_equal(engine.digests("L3", slots), engine.digests("L1", pages([3, 4, 8])))
     finally:
@@ -931,9 +1039,14 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
     # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" on fragmented.
     assert len(mover_rows) == 2 * (5 + 6) and all(r["correct"] for r in mover_rows)
-    assert all(r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"] for r in mover_rows)
+    assert all(
+        r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"]
+        for r in mover_rows
+    )
     assert all(r["issue_ms"] > 0 and r["device_ms"] > 0 for r in mover_rows)
     routes = {(r["l2"], r["path"]): r["route"] for r in mover_rows}
     assert routes["consecutive", "hicache"] == "direct: 1 runs, 1 chunks, 1 DMAs"
-    assert routes["fragmented", "hicache staged"].startswith("staged:"), "tiny pages: every run staged"
+    assert routes["fragmented", "hicache staged"].startswith("staged:"), (
+        "tiny pages: every run staged"
+    )
     assert "NOT MEASURED" not in (tmp_path / "transfer.md").read_text()

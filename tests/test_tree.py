@@ -28,7 +28,9 @@ class Pager:
         tree.set_value(node, tier, pages(range(start, start + node.num_pages)), "RESIDENT")
 
 
-def chain(tree: HiRadixTree, pager: Pager, keys: list[list[int]], tiers: list[tuple[int, ...]]) -> list[TreeNode]:
+def chain(
+    tree: HiRadixTree, pager: Pager, keys: list[list[int]], tiers: list[tuple[int, ...]]
+) -> list[TreeNode]:
     """A parent-first chain of nodes under the root; node i is published in tiers[i]."""
     out, parent = [], tree.root
     for key, held in zip(keys, tiers):
@@ -41,8 +43,16 @@ def chain(tree: HiRadixTree, pager: Pager, keys: list[list[int]], tiers: list[tu
 
 def snapshot(node: TreeNode) -> tuple[object, ...]:
     values = tuple(None if v is None else v.tolist() for v in node.value)
-    return (node.key, values, list(node.state), list(node.lock), list(node.pending),
-            list(node.last_access), node.parent, dict(node.children))
+    return (
+        node.key,
+        values,
+        list(node.state),
+        list(node.lock),
+        list(node.pending),
+        list(node.last_access),
+        node.parent,
+        dict(node.children),
+    )
 
 
 def test_page_size_must_be_positive() -> None:
@@ -77,7 +87,9 @@ def test_lengths_are_page_aligned() -> None:
     # 7 tokens align down to 4: the match ends inside `a`, which is split at one page.
     m = tree.match([1, 2, 3, 4, 5, 6, 7])
     assert m.lengths == (4, 4, 0) and m.matched_len == 4
-    assert len(m.path) == 1 and m.path[0].key == (1, 2, 3, 4) and m.path[0].children[(5, 6, 7, 8)] is a
+    assert (
+        len(m.path) == 1 and m.path[0].key == (1, 2, 3, 4) and m.path[0].children[(5, 6, 7, 8)] is a
+    )
     # Fewer tokens than a page: nothing can match.
     assert tree.match([1, 2, 3]).matched_len == 0
     # A mismatch inside a page drops that whole page.
@@ -305,10 +317,28 @@ def test_match_counts_hits_and_accepts_numpy_tokens() -> None:
     assert tree.node(b.node_id) is b
 
 
-def test_bench_control_runs_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_control_runs_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "tree.json"
-    assert bench_main(["--tokens", "40", "64", "--background", "5", "--repeats", "1",
-                       "--page-size", "4", "--out", str(out)]) == 0
+    assert (
+        bench_main(
+            [
+                "--tokens",
+                "40",
+                "64",
+                "--background",
+                "5",
+                "--repeats",
+                "1",
+                "--page-size",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert [r["aligned_tokens"] for r in result["rows"]] == [40, 64]
     assert all(r["match_hit_us"] > 0 and r["insert_us"] > 0 for r in result["rows"])

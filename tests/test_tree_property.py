@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.errors import TreeError
-from hicache.pages import pages
 from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.pages import pages
 from hicache.tree import HiRadixTree, TreeNode
 
 TIER = st.integers(0, 2)
@@ -63,11 +63,11 @@ class TreeMachine(RuleBasedStateMachine):
         if not live or data.draw(st.booleans()):
             return tail
         head = full_tokens(self.tree, data.draw(st.sampled_from(live)))
-        return head[:data.draw(st.integers(0, len(head)))] + tail
+        return head[: data.draw(st.integers(0, len(head)))] + tail
 
     def _aligned(self, tokens: Prefix) -> Prefix:
         ps = self.tree.page_size
-        return tokens[:len(tokens) - len(tokens) % ps]
+        return tokens[: len(tokens) - len(tokens) % ps]
 
     def _node_prefixes(self, node: TreeNode) -> list[Prefix]:
         """The page-aligned prefixes ending inside or at the end of `node`."""
@@ -77,7 +77,7 @@ class TreeMachine(RuleBasedStateMachine):
     def _model_len(self, tier: int, seq: Prefix) -> int:
         ps = self.tree.page_size
         n = 0
-        while n + ps <= len(seq) and seq[:n + ps] in self.model[tier]:
+        while n + ps <= len(seq) and seq[: n + ps] in self.model[tier]:
             n += ps
         return n
 
@@ -90,12 +90,14 @@ class TreeMachine(RuleBasedStateMachine):
         path = list(m.path)
         if m.matched_len < len(seq):
             parent = path[-1] if path else self.tree.root
-            path.append(self.tree.add_child(parent, seq[m.matched_len:]))
+            path.append(self.tree.add_child(parent, seq[m.matched_len :]))
         for node in path:  # parent first: the tier's prefix set stays ancestor-closed
             if node.state[tier] == ABSENT:
                 start = self.next_page[tier]
                 self.next_page[tier] += node.num_pages
-                self.tree.set_value(node, tier, pages(range(start, start + node.num_pages)), RESIDENT)
+                self.tree.set_value(
+                    node, tier, pages(range(start, start + node.num_pages)), RESIDENT
+                )
         ps = self.tree.page_size
         self.model[tier].update(seq[:k] for k in range(ps, len(seq) + 1, ps))
 
@@ -108,14 +110,18 @@ class TreeMachine(RuleBasedStateMachine):
         assert m.matched_len == sum(len(n.key) for n in m.path)
         assert all(length % self.tree.page_size == 0 for length in m.lengths)
         # Splitting only adds a boundary below the unsplit match.
-        assert m.path[:len(loose.path)] == loose.path
+        assert m.path[: len(loose.path)] == loose.path
         assert all(a <= b for a, b in zip(loose.lengths, m.lengths))
         for t in range(3):
             h = m.handles[t]
             assert self.tree.prefix_tokens(h) == m.lengths[t]
             # Every node of the hit run, not only the handle, is now the most recent in t.
             newest = max(n.last_access[t] for n in self.tree.nodes()) if len(self.tree) else 0
-            assert all(n.last_access[t] == newest for n in m.path if self.tree.prefix_tokens(n) <= m.lengths[t])
+            assert all(
+                n.last_access[t] == newest
+                for n in m.path
+                if self.tree.prefix_tokens(n) <= m.lengths[t]
+            )
 
     @rule(tier=TIER)
     def evict_lru(self, tier: int) -> None:
@@ -163,7 +169,9 @@ class TreeMachine(RuleBasedStateMachine):
         except TreeError:
             assert [(n.node_id, tuple(n.lock)) for n in self.tree.nodes()] == before
             return
-        raise AssertionError(f"unlock of node {node.node_id}, which holds no lock in tier {tier}, was accepted")
+        raise AssertionError(
+            f"unlock of node {node.node_id}, which holds no lock in tier {tier}, was accepted"
+        )
 
     @rule(tier=TIER, data=st.data())
     def toggle_pending(self, tier: int, data: st.DataObject) -> None:
@@ -206,15 +214,21 @@ class TreeMachine(RuleBasedStateMachine):
             held = [int(p) for n in nodes if (v := n.value[t]) is not None for p in v]
             assert len(held) == self.tree.pages_held[t] == len(set(held))
         for n in nodes:
-            assert n.parent is not None and n.parent.children[n.key[:self.tree.page_size]] is n
+            assert n.parent is not None and n.parent.children[n.key[: self.tree.page_size]] is n
             assert not n.is_dead()
 
     @invariant()
     def evictable_is_exact(self) -> None:
         for t in range(3):
             got = self.tree.candidates(t)
-            want = {n for n in self.tree.nodes() if n.holds(t) and n.lock[t] == 0 and n.pending[t] is None
-                    and all(c.state[t] == ABSENT for c in n.children.values())}
+            want = {
+                n
+                for n in self.tree.nodes()
+                if n.holds(t)
+                and n.lock[t] == 0
+                and n.pending[t] is None
+                and all(c.state[t] == ABSENT for c in n.children.values())
+            }
             assert set(got) == want and len(got) == len(want)
             ticks = [n.last_access[t] for n in got]
             assert ticks == sorted(ticks)
@@ -225,7 +239,9 @@ class TreeMachine(RuleBasedStateMachine):
         assert all(self.tree.node(h.node_id) is h for h, _ in self.locks)
         for n in self.tree.nodes():
             for t in range(3):
-                assert n.lock[t] == sum(1 for h, ht in self.locks if ht == t and n in self.tree.path_to_root(h))
+                assert n.lock[t] == sum(
+                    1 for h, ht in self.locks if ht == t and n in self.tree.path_to_root(h)
+                )
 
 
 TestTreeMachine = TreeMachine.TestCase

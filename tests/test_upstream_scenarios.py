@@ -198,7 +198,11 @@ def a_and_b_in_l3_only(c: CacheController) -> tuple[TreeNode, TreeNode]:
     for tier in (Tier.L1, Tier.L2):
         c.cp.evict_node(b, tier)
         c.cp.evict_node(a, tier)
-    assert [c.cp.residency(n, t) for n in (a, b) for t in Tier] == ["ABSENT", "ABSENT", "RESIDENT"] * 2
+    assert [c.cp.residency(n, t) for n in (a, b) for t in Tier] == [
+        "ABSENT",
+        "ABSENT",
+        "RESIDENT",
+    ] * 2
     return a, b
 
 
@@ -261,13 +265,21 @@ def test_f12_a_pool_left_out_of_the_s2h_report_counts_zero_and_every_slot_is_rel
     c.close()
 
 
-def aimed_partial_restore(seed: int, tracer: Tracer | None = None
-                          ) -> tuple[CacheController, TreeNode, TreeNode, dict[str, int]]:
+def aimed_partial_restore(
+    seed: int, tracer: Tracer | None = None
+) -> tuple[CacheController, TreeNode, TreeNode, dict[str, int]]:
     """A controller whose restore of A + B (one S2H over both, from L3) meets an aimed
     `partial` (FaultInjector seed `seed`); the S2H's drawn report, not yet applied."""
     faults = FaultInjector(seed=seed).aim("partial", direction=Direction.S2H)
-    cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", pools="dsv4-tiny",
-                      check_mode="every", write_policy="write_through")
+    cfg = CacheConfig(
+        l1_pages=16,
+        l2_pages=32,
+        l3_slots=64,
+        policy="always",
+        pools="dsv4-tiny",
+        check_mode="every",
+        write_policy="write_through",
+    )
     c = CacheController(cfg, engine=NullEngine(cfg.kv, 16, 32, 64), faults=faults, tracer=tracer)
     a, b = a_and_b_in_l3_only(c)
     c.admit(3, A + B + (7,))
@@ -292,13 +304,19 @@ def test_an_aimed_partial_s2h_stops_with_a_drawn_report_and_publishes_its_clamp(
     for seed in range(8):
         c, a, b, landed = aimed_partial_restore(seed)
         assert set(landed) <= pools and sum(n < 6 for n in landed.values()) <= 1
-        shapes.add("left out" if set(landed) != pools else  # F12
-                   "short" if min(landed.values()) < 6 else "whole")
+        shapes.add(
+            "left out"
+            if set(landed) != pools
+            # F12
+            else "short"
+            if min(landed.values()) < 6
+            else "whole"
+        )
         covered = min(landed.get(p, 0) for p in pools)  # every dsv4-tiny pool: ratio 1
         c.tick()
         assert c.metrics.fallbacks["prefetch_clamped"] == 1
         kept = [n for n in (a, b) if c.cp.residency(n, Tier.L2) == "RESIDENT"]
-        assert kept == [a, b][:(covered >= 3) + (covered >= 6)] and not check_all(c.cp.snapshot())
+        assert kept == [a, b][: (covered >= 3) + (covered >= 6)] and not check_all(c.cp.snapshot())
         outcomes.add(len(kept))
         while not c.ready(3):
             settle_all(c)
@@ -322,9 +340,18 @@ def test_an_aimed_partial_s2h_on_bytes_lands_what_it_reports_and_nothing_past_it
 
     for seed in range(8):
         faults = FaultInjector(seed=seed)
-        cfg = CacheConfig(l1_pages=16, l2_pages=32, l3_slots=64, policy="always", device="cpu",
-                          backend="torch", pools="dsv4-tiny", check_mode="every",
-                          write_policy="write_through", io_threads=0)
+        cfg = CacheConfig(
+            l1_pages=16,
+            l2_pages=32,
+            l3_slots=64,
+            policy="always",
+            device="cpu",
+            backend="torch",
+            pools="dsv4-tiny",
+            check_mode="every",
+            write_policy="write_through",
+            io_threads=0,
+        )
         c = CacheController(cfg, faults=faults)
         serve_bytes(c, 1, A)
         serve_bytes(c, 2, A + B)

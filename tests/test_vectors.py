@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.controller import ControllerAdapter
@@ -50,6 +51,7 @@ def failures(directory: Path, factory: run.Factory) -> list[run.Verdict]:
 
 # -- adapters that are wrong in one way, and one that is different but right ------------------
 
+
 class MisreportedHit(ControllerAdapter):
     """Reports an L1 hit one page short (its cached_len stays right)."""
 
@@ -84,8 +86,10 @@ class ServedBytes(ControllerAdapter):
     def served_digests(self, request_id: int) -> list[int] | None:
         self.served = getattr(self, "served", 0) + self.drift
         tokens, ps = self.tokens[request_id], self.page_size
-        return [hash(tokens[:(i + 1) * ps]) + self.served
-                for i in range(self.cached_len(request_id) // ps)]
+        return [
+            hash(tokens[: (i + 1) * ps]) + self.served
+            for i in range(self.cached_len(request_id) // ps)
+        ]
 
 
 class DriftingBytes(ServedBytes):
@@ -119,6 +123,7 @@ class NotLive(HiCacheError):
 def wrapped(cls: type[ControllerAdapter]) -> run.Factory:
     def factory(config: CaseConfig) -> ControllerAdapter:
         return cls(controller(config).setup)
+
     return factory
 
 
@@ -128,6 +133,7 @@ def misreporting(config: CaseConfig) -> CacheUnderTest:
 
 
 # -- tests ------------------------------------------------------------------------------------
+
 
 def test_generate_writes_every_category_and_a_manifest_listing_each_file(vectors: Path) -> None:
     manifest = json.loads((vectors / MANIFEST).read_bytes())
@@ -142,15 +148,20 @@ def test_generate_writes_every_category_and_a_manifest_listing_each_file(vectors
 def test_generation_is_deterministic(vectors: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
     assert generate.main([str(again)]) == 0
-    assert {p.name: p.read_bytes() for p in again.iterdir()} == \
-        {p.name: p.read_bytes() for p in vectors.iterdir()}
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == {
+        p.name: p.read_bytes() for p in vectors.iterdir()
+    }
 
 
-def test_the_controller_passes_every_case(vectors: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_controller_passes_every_case(
+    vectors: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run.main([str(vectors)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert sum(line.startswith("PASS ") for line in lines) == len(CATEGORIES) * generate.DEFAULT_COUNT
+    assert (
+        sum(line.startswith("PASS ") for line in lines) == len(CATEGORIES) * generate.DEFAULT_COUNT
+    )
     assert f"({len(CATEGORIES) * generate.DEFAULT_COUNT} passed, 0 failed, 0 skipped)" in out
 
 
@@ -162,11 +173,16 @@ def test_cases_exercise_what_their_category_names(vectors: Path) -> None:
     assert any(s["expect"]["crashed"] for s in steps["crash-000"])
     for category in ("fail_d2h", "fail_h2s", "fail_h2d", "fail_s2h"):
         assert any(s["op"] == "fail" for s in steps[f"{category}-000"])
-    assert any(s["op"] == "prefill" and s["expect"]["result"] is False for s in steps["eviction_l1-000"])
+    assert any(
+        s["op"] == "prefill" and s["expect"]["result"] is False for s in steps["eviction_l1-000"]
+    )
     for category in ("l1_hit_miss", "l1_sharing", "l1_eviction", "l1_refused"):
         assert all(s["expect"]["pending_ops"] == 0 for s in steps[f"{category}-000"])
-    l3_hits = [s["expect"]["result"]["hits"] for s in steps["restore_l3-000"]
-               if s["op"] == "submit" and s["request"] == 2]
+    l3_hits = [
+        s["expect"]["result"]["hits"]
+        for s in steps["restore_l3-000"]
+        if s["op"] == "submit" and s["request"] == 2
+    ]
     assert l3_hits and l3_hits[0]["L3"] > 0 and l3_hits[0]["L2"] == 0
 
 
@@ -189,30 +205,48 @@ def test_outside_pressure_that_skips_write_back_fails(vectors: Path) -> None:
     assert bad and policies == {"write_back"}, [(v.name, v.detail) for v in bad]
 
 
-def test_a_one_tier_lru_runs_the_l1_cases_and_differs_where_the_spec_fixes_eviction(vectors: Path) -> None:
+def test_a_one_tier_lru_runs_the_l1_cases_and_differs_where_the_spec_fixes_eviction(
+    vectors: Path,
+) -> None:
     """The plain LRU cache passes what any prefix cache does (hits, sharing), skips the
     three-tier cases, and fails L1 eviction: it frees pages one at a time where the spec frees
     a node's whole value (eviction.md), so the node's last page is not reported gone."""
     verdicts = {v.name: v for v in run.run_dir(vectors, adapters.lru)}
     assert all(v.status == "SKIP" for name, v in verdicts.items() if not name.startswith("l1_"))
-    assert all(verdicts[f"l1_{c}-00{i}.json"].status == "PASS" for c in ("hit_miss", "sharing") for i in (0, 1))
+    assert all(
+        verdicts[f"l1_{c}-00{i}.json"].status == "PASS"
+        for c in ("hit_miss", "sharing")
+        for i in (0, 1)
+    )
     eviction = verdicts["l1_eviction-000.json"]
-    assert eviction.status == "FAIL" and "(prefill request 3): changes.L1: 6 expected, 5 got" in eviction.detail
+    assert (
+        eviction.status == "FAIL"
+        and "(prefill request 3): changes.L1: 6 expected, 5 got" in eviction.detail
+    )
 
 
 def test_the_forgetful_lru_fails_l1_eviction_with_every_eviction_missing(vectors: Path) -> None:
     bad = {v.name: v for v in failures(vectors, adapters.forgetful)}
-    assert "changes.L1: 6 expected, 3 got; expected but missing [[\"ABSENT\"" in bad["l1_eviction-000.json"].detail
+    assert (
+        'changes.L1: 6 expected, 3 got; expected but missing [["ABSENT"'
+        in bad["l1_eviction-000.json"].detail
+    )
 
 
 def test_served_bytes_must_be_the_same_each_time_a_prefix_is_served(small: Path) -> None:
     assert failures(small, wrapped(ServedBytes)) == []
     bad = {v.name: v.detail for v in failures(small, wrapped(DriftingBytes))}
-    assert "(prefill request 2): digest of served page 0 of request 2: expected " in bad["hit_miss-000.json"]
+    assert (
+        "(prefill request 2): digest of served page 0 of request 2: expected "
+        in bad["hit_miss-000.json"]
+    )
 
 
 def test_comparison_is_of_json_values_where_true_is_not_1() -> None:
-    assert run.first_difference({"result": True}, {"result": 1}, "x") == "x.result: expected true, got 1"
+    assert (
+        run.first_difference({"result": True}, {"result": 1}, "x")
+        == "x.result: expected true, got 1"
+    )
     assert run.first_difference([["RESIDENT", [1, 2]]], [["RESIDENT", [1, 2]]], "changes") is None
 
 
@@ -220,15 +254,17 @@ def test_op_ids_and_refusal_classes_of_its_own_still_pass(vectors: Path) -> None
     assert failures(vectors, wrapped(OwnOpIds)) == []
 
 
-def test_the_command_line_names_the_failure_and_exits_1(small: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line_names_the_failure_and_exits_1(
+    small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run.main([str(small), "--adapter", "tests.test_vectors:misreporting", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "FAIL hit_miss-000.json: step " in out and "PASS " not in out
 
 
-def test_a_file_the_manifest_does_not_list_fails_the_run(small: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_file_the_manifest_does_not_list_fails_the_run(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     directory = copy_of(small, tmp_path)
     (directory / "stray.json").write_text("{}")
     assert run.main([str(directory), "--quiet"]) == 1
@@ -259,7 +295,9 @@ def rewrite(directory: Path, name: str, case: dict[str, Any]) -> None:
     (directory / MANIFEST).write_text(json.dumps(manifest))
 
 
-def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(small: Path, tmp_path: Path) -> None:
+def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(
+    small: Path, tmp_path: Path
+) -> None:
     directory = copy_of(small, tmp_path)
     name = "restore_l2-000.json"
     case = json.loads((directory / name).read_bytes())
@@ -268,7 +306,10 @@ def test_a_tampered_expectation_with_a_matching_sha_fails_at_its_step(small: Pat
     rewrite(directory, name, case)
     bad = failures(directory, controller)
     assert [v.name for v in bad] == [name]
-    assert bad[0].detail.startswith(f"step {at} (") and "pending_ops: expected 2, got 1" in bad[0].detail
+    assert (
+        bad[0].detail.startswith(f"step {at} (")
+        and "pending_ops: expected 2, got 1" in bad[0].detail
+    )
 
 
 def test_a_malformed_case_fails_with_the_field_named(small: Path, tmp_path: Path) -> None:
@@ -281,28 +322,35 @@ def test_a_malformed_case_fails_with_the_field_named(small: Path, tmp_path: Path
     assert [v.name for v in bad] == [name] and "submit needs 'request'" in bad[0].detail
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("capacities", {"L1": 8, "L3": 8}, "tiers L1 alone or L1, L2 and L3"),
-    ("write_policy", "write_sometimes", "config.write_policy: one of"),
-    ("restore_policy", "maybe", "config.restore_policy: one of"),
-])
-def test_a_configuration_the_spec_does_not_allow_fails(small: Path, tmp_path: Path, field: str,
-                                                       value: object, named: str) -> None:
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("capacities", {"L1": 8, "L3": 8}, "tiers L1 alone or L1, L2 and L3"),
+        ("write_policy", "write_sometimes", "config.write_policy: one of"),
+        ("restore_policy", "maybe", "config.restore_policy: one of"),
+    ],
+)
+def test_a_configuration_the_spec_does_not_allow_fails(
+    small: Path, tmp_path: Path, field: str, value: object, named: str
+) -> None:
     directory = copy_of(small, tmp_path)
     name = "hit_miss-001.json"
     case = json.loads((directory / name).read_bytes())
     case["config"][field] = value
     rewrite(directory, name, case)
     bad = failures(directory, controller)
-    assert [v.name for v in bad] == [name] and named in bad[0].detail, [(v.name, v.detail) for v in bad]
+    assert [v.name for v in bad] == [name] and named in bad[0].detail, [
+        (v.name, v.detail) for v in bad
+    ]
 
 
 def nothing(config: CaseConfig) -> ControllerAdapter:
     raise UnsupportedConfig("this engine has one tier")
 
 
-def test_an_adapter_that_supports_nothing_skips_every_case_and_fails(small: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_adapter_that_supports_nothing_skips_every_case_and_fails(
+    small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert {v.status for v in run.run_dir(small, nothing)} == {"SKIP"}
     assert run.main([str(small), "--adapter", "tests.test_vectors:nothing", "--quiet"]) == 1
     assert "no case ran (every one skipped)" in capsys.readouterr().out
@@ -315,17 +363,24 @@ def exit_status(main: Callable[[list[str]], int], argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else -1
 
 
-def test_usage_errors_exit_2(small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert exit_status(run.main, [str(tmp_path)]) == 2  # no manifest
     assert exit_status(run.main, [str(small), "--adapter", "hicache.vectors.adapters"]) == 2
     assert exit_status(run.main, [str(small), "--adapter", "no_such_module:x"]) == 2
     assert exit_status(generate.main, [str(small)]) == 2  # not empty
     err = capsys.readouterr().err
-    assert "cannot read the manifest" in err and "give module:Name" in err and "not an empty directory" in err
+    assert (
+        "cannot read the manifest" in err
+        and "give module:Name" in err
+        and "not an empty directory" in err
+    )
 
 
 def test_a_dir_that_cannot_be_made_is_a_usage_error_and_the_usage_puts_dir_first(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`generate /proc/x` used to end in a FileNotFoundError traceback; the usage line put DIR
     after `--category NAME [NAME ...]`, which reads it as one more name."""
     blocker = tmp_path / "file"
@@ -337,7 +392,9 @@ def test_a_dir_that_cannot_be_made_is_a_usage_error_and_the_usage_puts_dir_first
     assert "generate DIR [--count N]" in capsys.readouterr().out
 
 
-def test_the_bench_reports_each_rate_against_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_bench_reports_each_rate_against_the_ceiling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from hicache.bench import vectors as bench
 
     assert bench.main(["--count", "1", "--repeat", "1"]) == 0

@@ -47,8 +47,8 @@ def test_tombstone_frees_the_window_and_keeps_the_anchor_and_sidecars(g: PoolGro
         if spec.source == "kv":  # the anchor and its sidecars stay on the anchor's indices
             assert mapped[spec.name].tolist() == p.tolist()
         else:  # swa and the state pools on its indices: the first two windows are gone
-            assert (mapped[spec.name][:2 * r] == TOMBSTONE).all()
-            assert (mapped[spec.name][2 * r:] >= 0).all()
+            assert (mapped[spec.name][: 2 * r] == TOMBSTONE).all()
+            assert (mapped[spec.name][2 * r :] >= 0).all()
     assert tp.window_pages_free() == 3  # 4 anchor pages' windows, one held
     tp.free(p)  # the freed windows are skipped, the rest freed
     assert tp.free_count == 4 and (tp.group_table.tables["swa"].owner == FREE).all()
@@ -68,8 +68,10 @@ def test_tombstone_refuses_with_nothing_changed() -> None:
 
 
 def test_a_group_without_a_window_has_nothing_to_tombstone() -> None:
-    flat = PoolGroup("flat", tuple(dataclasses.replace(p, hit_policy=ALL_PAGES, window_pages=0)
-                                   for p in DSV4.pools))
+    flat = PoolGroup(
+        "flat",
+        tuple(dataclasses.replace(p, hit_policy=ALL_PAGES, window_pages=0) for p in DSV4.pools),
+    )
     tp = TierPools("L1", flat, {"kv": 4, "swa": 4})
     p = published(tp, 1)
     assert tp.window_present(p).tolist() == [True]
@@ -87,27 +89,36 @@ def three_nodes(policy: str = "all_pools") -> tuple[ControlPlane, list[int], lis
     other requests split it), every node RESIDENT in L1 and unlocked; dsv4-tiny: `swa` W=2."""
     cp = ControlPlane(PS, (16, 16, 16), pools=DSV4, hit_policy=policy)
     a = list(range(4 * PS + 1))
-    for rid, prompt in enumerate([a, a[:2 * PS] + [900 + i for i in range(2 * PS + 1)],
-                                  a[:3 * PS] + [950 + i for i in range(PS + 1)]]):
+    for rid, prompt in enumerate(
+        [
+            a,
+            a[: 2 * PS] + [900 + i for i in range(2 * PS + 1)],
+            a[: 3 * PS] + [950 + i for i in range(PS + 1)],
+        ]
+    ):
         cp.begin_request(rid, prompt)
         cp.compute(rid, len(prompt) // PS * PS - cp.requests[rid].cached_len)
         cp.insert(rid)
         cp.end_request(rid)
-    path = list(cp.tree.match(a[:4 * PS], split=False, touch=False).path)
+    path = list(cp.tree.match(a[: 4 * PS], split=False, touch=False).path)
     assert [len(n.key) // PS for n in path] == [2, 1, 1]
     return cp, a, path
 
 
-@pytest.mark.parametrize("freed, hit_pages", [
-    ((), 4),          # every window present: the anchor's hit
-    ((0,), 4),        # a gap at the root's child, then 2 pages reach W again
-    ((2,), 3),        # the leaf's window freed: the hit ends before it
-    ((1,), 2),        # only 1 page after the gap (< W), so the hit ends at 2, not 4
-    ((0, 2), 0),      # no legal end but 0
-    ((0, 1), 0),      # the last node alone (1 page < W) is not a window
-])
+@pytest.mark.parametrize(
+    "freed, hit_pages",
+    [
+        ((), 4),  # every window present: the anchor's hit
+        ((0,), 4),  # a gap at the root's child, then 2 pages reach W again
+        ((2,), 3),  # the leaf's window freed: the hit ends before it
+        ((1,), 2),  # only 1 page after the gap (< W), so the hit ends at 2, not 4
+        ((0, 2), 0),  # no legal end but 0
+        ((0, 1), 0),  # the last node alone (1 page < W) is not a window
+    ],
+)
 def test_a_freed_window_ends_the_l1_hit_at_the_last_end_every_trailing_pool_accepts(
-        freed: tuple[int, ...], hit_pages: int) -> None:
+    freed: tuple[int, ...], hit_pages: int
+) -> None:
     cp, a, path = three_nodes()
     for i in freed:
         cp.tombstone(path[i])
@@ -133,7 +144,7 @@ def test_f23_a_freed_internal_window_then_a_whole_window_again_is_served_past_th
     cp.tombstone(path[0])
     assert cp.begin_request(7, a).lengths[0] == 4 * PS
     cp.end_request(7)
-    assert cp.begin_request(8, a[:3 * PS + 1]).lengths[0] == 0  # end 3: window [1, 3) has a gap
+    assert cp.begin_request(8, a[: 3 * PS + 1]).lengths[0] == 0  # end 3: window [1, 3) has a gap
 
 
 def test_f14_an_anchor_bound_between_trailing_endpoints_falls_back_to_the_last_legal_one() -> None:

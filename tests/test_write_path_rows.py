@@ -139,7 +139,9 @@ def test_an_unacked_write_through_evicted_drops_exactly_the_nodes_tokens() -> No
     c.tick()  # issues the write-through D2H of A's node
     (op_id,) = c.handles
     node = c.cp.ops[op_id].nodes[-1]
-    assert c.evict("L1", 16) == 0 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    assert (
+        c.evict("L1", 16) == 0 and c.metrics.dropped_tokens["write_through_unbacked_eviction"] == 0
+    )
     finish(c, op_id, False)
     c.tick()
     assert c.cp.residency(node, Tier.L2) == "ABSENT" and c.cp.free_pages(Tier.L2) == 32
@@ -304,8 +306,10 @@ def test_write_through_acks_drain_without_new_requests() -> None:
 # The fuzz machine with SGLang's back-off instead of sharing: its resubmit rule admits the same
 # prompt twice at once, so the second meets the first's load-back and backs off; every
 # invariant and the reference model's cached_len rule (cut at a page being loaded) still hold.
-BackOffMachine = make_machine(controller_adapter, setups("null", load_back_overlap="back_off"),
-                              name="BackOffMachine")
-BackOffMachine.TestCase.settings = settings(settings(), max_examples=100, stateful_step_count=50,
-                                            deadline=None)
+BackOffMachine = make_machine(
+    controller_adapter, setups("null", load_back_overlap="back_off"), name="BackOffMachine"
+)
+BackOffMachine.TestCase.settings = settings(
+    settings(), max_examples=100, stateful_step_count=50, deadline=None
+)
 TestBackOffMachine = BackOffMachine.TestCase

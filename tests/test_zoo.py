@@ -55,7 +55,12 @@ def test_every_mutant_has_an_expectation_and_a_machine() -> None:
 
 
 def _needs_torch(name: str) -> bool:
-    return zoo.DEFAULT_MACHINE[name] in ("controller", "fuzz-cpu", "fuzz-cpu-dsv4", "fuzz-tp-cpu-dsv4")
+    return zoo.DEFAULT_MACHINE[name] in (
+        "controller",
+        "fuzz-cpu",
+        "fuzz-cpu-dsv4",
+        "fuzz-tp-cpu-dsv4",
+    )
 
 
 def _has_torch() -> bool:
@@ -151,4 +156,5 @@ def test_the_product_machine_names_the_engine_check_that_failed() -> None:
     machine's invariant."""
     result = zoo.catch_default("B08", [3], MAX_STEPS)
     assert result.caught and result.failures[0].check.startswith(
-        "machine FuzzNull.agrees_with_reference: I3 page_aligned"), result.failures
+        "machine FuzzNull.agrees_with_reference: I3 page_aligned"
+    ), result.failures

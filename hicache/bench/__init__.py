@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 EXIT_NO_CUDA = 2  # the same status as a usage error: nothing was measured
 
@@ -30,14 +31,20 @@ def columns(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0)
     """`header` and `rows` as aligned text lines: the first `left` columns left-aligned (names),
     the rest right-aligned (numbers), two spaces between columns."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(f"{c:<{w}}" if i < left else f"{c:>{w}}"
-                      for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-            for r in [header, *rows]]
+    return [
+        "  ".join(
+            f"{c:<{w}}" if i < left else f"{c:>{w}}" for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in [header, *rows]
+    ]
 
 
 def no_cuda(name: str, hint: str = "run it on a machine with a GPU") -> int:
     """Say on one line that `hicache bench NAME` measured nothing for want of a CUDA device,
     and what to do (`hint`); returns the exit status, EXIT_NO_CUDA."""
-    print(f"hicache bench {name}: no CUDA device here, and this benchmark measures one, so "
-          f"nothing was measured; {hint}", file=sys.stderr)
+    print(
+        f"hicache bench {name}: no CUDA device here, and this benchmark measures one, so "
+        f"nothing was measured; {hint}",
+        file=sys.stderr,
+    )
     return EXIT_NO_CUDA

@@ -27,7 +27,7 @@ import json
 import platform
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from hicache.bench import BenchParser, columns
 from hicache.checktrace import check_lines
@@ -37,8 +37,13 @@ from hicache.checktrace.reader import Line, TraceReader
 from hicache.checktrace.replay import Replay
 from hicache.lifecycle import load_lifecycle
 
-ROWS = (("every event", 1, False), ("every event, full", 1, True), ("every 10", 10, False),
-        ("every 100", 100, False), ("no checks", 0, False))
+ROWS = (
+    ("every event", 1, False),
+    ("every event, full", 1, True),
+    ("every 10", 10, False),
+    ("every 100", 100, False),
+    ("no checks", 0, False),
+)
 
 
 def _cpu_s(run: Callable[[], object]) -> float:
@@ -58,10 +63,12 @@ def measure(lines: list[str], repeats: int) -> dict[str, float]:
         "read + schema": lambda: sum(1 for _ in TraceReader(lines, lc)),
     }
     for name, every, full in ROWS:
+
         def replay(every: int = every, full: bool = full) -> None:
             v = check_lines(lines, check_every=every, full_checks=full)
             # Verify the whole trace was judged valid (a failure would measure a prefix).
             assert v.exit_code == 0 and v.events == n, v.message
+
         runs[name] = replay
     best = {name: float("inf") for name in runs}
     for _ in range(repeats):
@@ -84,6 +91,7 @@ class _TimedReplay(Replay):
                 return run()
             finally:
                 _TimedReplay.plane_s += time.process_time() - t0
+
         call.run = timed
         super()._step(call, head)
 
@@ -100,8 +108,12 @@ def plane_share(lines: list[str]) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     p = BenchParser("checktrace", __doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
-    p.add_argument("--steps", type=int, default=3_000, help="random controller actions (default 3000)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per row; the best counts (default 3)")
+    p.add_argument(
+        "--steps", type=int, default=3_000, help="random controller actions (default 3000)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="runs per row; the best counts (default 3)"
+    )
     p.add_argument("--out", default=None, metavar="PATH", help="also write the numbers as JSON")
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
@@ -109,18 +121,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = controller_trace(args.seed, args.steps)
     rates = measure(lines, args.repeats)
     ceiling = rates["json only"]
-    print(f"trace: seed {args.seed}, {args.steps} controller actions, {len(lines) - 1} events; "
-          f"best of {args.repeats}, CPU time; Python {platform.python_version()}")
+    print(
+        f"trace: seed {args.seed}, {args.steps} controller actions, {len(lines) - 1} events; "
+        f"best of {args.repeats}, CPU time; Python {platform.python_version()}"
+    )
     rows = [[name, f"{rate:,.0f}", f"{rate / ceiling:.3f}"] for name, rate in rates.items()]
     for line in columns(["row", "events/s", "x json-only"], rows, left=1):
         print(line)
     share = plane_share(lines)
     print(f"no checks: {share:.0%} of the replay's time is the reference control plane's own calls")
-    print("legend: json-only = json.loads of each line, the ceiling; x json-only = events/s / the ceiling's")
+    print(
+        "legend: json-only = json.loads of each line, the ceiling; x json-only = events/s / the ceiling's"
+    )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"seed": args.seed, "steps": args.steps, "events": len(lines) - 1,
-                       "events_per_s": rates, "plane_share_no_checks": share}, f, indent=2)
+            json.dump(
+                {
+                    "seed": args.seed,
+                    "steps": args.steps,
+                    "events": len(lines) - 1,
+                    "events_per_s": rates,
+                    "plane_share_no_checks": share,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -44,23 +44,35 @@ CEILING_BYTES_DEFAULT = 1 << 30
 POISON_BYTE = 0xA5
 # Candidate launch configs swept next to the default (block bytes / warps / chunks per row).
 CANDIDATE_CONFIGS: tuple[LaunchConfig, ...] = (
-    LaunchConfig(2048, 1), LaunchConfig(4096, 2), LaunchConfig(4096, 4),
-    LaunchConfig(8192, 4), LaunchConfig(8192, 8), LaunchConfig(16384, 4),
-    LaunchConfig(16384, 8), LaunchConfig(8192, 4, chunks=1),
+    LaunchConfig(2048, 1),
+    LaunchConfig(4096, 2),
+    LaunchConfig(4096, 4),
+    LaunchConfig(8192, 4),
+    LaunchConfig(8192, 8),
+    LaunchConfig(16384, 4),
+    LaunchConfig(16384, 8),
+    LaunchConfig(8192, 4, chunks=1),
 )
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                "fp8": torch.float8_e4m3fn}
+TORCH_DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "fp8": torch.float8_e4m3fn,
+}
 
 Copy = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 Row = dict[str, object]
 
 
-def _measure(fn: Callable[[], None], device: torch.device, iters: int,
-             warmup: int) -> dict[str, float]:
+def _measure(
+    fn: Callable[[], None], device: torch.device, iters: int, warmup: int
+) -> dict[str, float]:
     """Median milliseconds of `fn` both ways (see the module docstring)."""
     if device.type == "cuda":
-        return {"median_ms": cuda_median_ms(fn, reps=iters, warmup=warmup, sync_each=True),
-                "median_ms_queued": cuda_median_ms(fn, reps=iters, warmup=warmup)}
+        return {
+            "median_ms": cuda_median_ms(fn, reps=iters, warmup=warmup, sync_each=True),
+            "median_ms_queued": cuda_median_ms(fn, reps=iters, warmup=warmup),
+        }
     for _ in range(warmup):
         fn()
     times = []
@@ -72,19 +84,21 @@ def _measure(fn: Callable[[], None], device: torch.device, iters: int,
     return {"median_ms": median, "median_ms_queued": median}
 
 
-def _rates(times: dict[str, float], bytes_rw: int,
-           ceiling: dict[str, float]) -> dict[str, float]:
+def _rates(times: dict[str, float], bytes_rw: int, ceiling: dict[str, float]) -> dict[str, float]:
     """GB/s (bytes read + written) for both timings, and each one's share of the ceiling timed
     the same way: synced against synced (`of_ceiling`), queued against queued."""
     gbps = bytes_rw / (times["median_ms"] * 1e-3) / 1e9
     gbps_queued = bytes_rw / (times["median_ms_queued"] * 1e-3) / 1e9
-    return {**times, "GBps_rw": gbps, "GBps_rw_queued": gbps_queued,
-            "of_ceiling": gbps / ceiling["GBps_rw"],
-            "of_ceiling_queued": gbps_queued / ceiling["GBps_rw_queued"]}
+    return {
+        **times,
+        "GBps_rw": gbps,
+        "GBps_rw_queued": gbps_queued,
+        "of_ceiling": gbps / ceiling["GBps_rw"],
+        "of_ceiling_queued": gbps_queued / ceiling["GBps_rw_queued"],
+    }
 
 
-def measure_ceiling(device: torch.device, nbytes: int, iters: int,
-                    warmup: int) -> dict[str, float]:
+def measure_ceiling(device: torch.device, nbytes: int, iters: int, warmup: int) -> dict[str, float]:
     """Device-copy bandwidth of one `nbytes` copy, counting bytes read + written, both ways
     (`GBps_rw` synced per call, `GBps_rw_queued` back to back)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -94,8 +108,10 @@ def measure_ceiling(device: torch.device, nbytes: int, iters: int,
         dst.copy_(src)
 
     times = _measure(copy, device, iters, warmup)
-    gbps = {"GBps_rw": 2 * nbytes / (times["median_ms"] * 1e-3) / 1e9,
-            "GBps_rw_queued": 2 * nbytes / (times["median_ms_queued"] * 1e-3) / 1e9}
+    gbps = {
+        "GBps_rw": 2 * nbytes / (times["median_ms"] * 1e-3) / 1e9,
+        "GBps_rw_queued": 2 * nbytes / (times["median_ms_queued"] * 1e-3) / 1e9,
+    }
     return {"bytes": float(nbytes), **_rates(times, 2 * nbytes, gbps)}
 
 
@@ -124,8 +140,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _run(direction: str, copy: Copy, pool: torch.Tensor, pages: torch.Tensor,
-         payload: torch.Tensor, spare: torch.Tensor) -> tuple[bool, Callable[[], None]]:
+def _run(
+    direction: str,
+    copy: Copy,
+    pool: torch.Tensor,
+    pages: torch.Tensor,
+    payload: torch.Tensor,
+    spare: torch.Tensor,
+) -> tuple[bool, Callable[[], None]]:
     """Check one variant once; return (correct, the call to time).
 
     gather: poisoned `spare` must come back equal to `payload` (the pool's bytes).
@@ -140,15 +162,22 @@ def _run(direction: str, copy: Copy, pool: torch.Tensor, pages: torch.Tensor,
     return bool(torch.equal(_bytes(spare), _bytes(payload))), lambda: copy(payload, pages, pool)
 
 
-def bench_case(pool: torch.Tensor, pages: torch.Tensor, *, iters: int, warmup: int,
-               ceiling: dict[str, float],
-               configs: Sequence[LaunchConfig]) -> dict[str, dict[str, Row]]:
+def bench_case(
+    pool: torch.Tensor,
+    pages: torch.Tensor,
+    *,
+    iters: int,
+    warmup: int,
+    ceiling: dict[str, float],
+    configs: Sequence[LaunchConfig],
+) -> dict[str, dict[str, Row]]:
     """Check, then time, every variant of gather (all first) and scatter for one page list.
 
     The scatters overwrite the listed pool pages; their original bytes are put back at the end.
     """
-    expected = torch.empty((pages.numel(), *pool.shape[:2], *pool.shape[3:]),
-                           dtype=pool.dtype, device=pool.device)
+    expected = torch.empty(
+        (pages.numel(), *pool.shape[:2], *pool.shape[3:]), dtype=pool.dtype, device=pool.device
+    )
     gather_torch(pool, pages, expected)
     incoming = torch.empty_like(expected)
     _bytes(incoming).random_(0, 256)
@@ -162,8 +191,7 @@ def bench_case(pool: torch.Tensor, pages: torch.Tensor, *, iters: int, warmup: i
             try:
                 correct, call = _run(direction, copy, pool, pages, payload, spare)
                 times = _measure(call, pool.device, iters, warmup)
-                result[direction][name] = {"correct": correct,
-                                           **_rates(times, bytes_rw, ceiling)}
+                result[direction][name] = {"correct": correct, **_rates(times, bytes_rw, ceiling)}
             except BackendError as exc:
                 result[direction][name] = {"error": str(exc)}
     scatter_torch(expected, pages, pool)  # leave the pool's bytes as they were
@@ -172,8 +200,9 @@ def bench_case(pool: torch.Tensor, pages: torch.Tensor, *, iters: int, warmup: i
 
 def _default_plan(pool: torch.Tensor, pages: torch.Tensor) -> dict[str, object]:
     """The launch the default config makes for this call (what `gather(...)` runs)."""
-    out = torch.empty((pages.numel(), *pool.shape[:2], *pool.shape[3:]), dtype=pool.dtype,
-                      device=pool.device)
+    out = torch.empty(
+        (pages.numel(), *pool.shape[:2], *pool.shape[3:]), dtype=pool.dtype, device=pool.device
+    )
     layout = check_operands(pool, pages, out, scatter=False)
     config = triton_rows.default_config(layout.row_bytes)
     plan = triton_rows.plan_launch(layout, config, triton_rows.programs_target(pool.device))
@@ -181,18 +210,31 @@ def _default_plan(pool: torch.Tensor, pages: torch.Tensor) -> dict[str, object]:
 
 
 def _random_pool(geometry: KVGeometry, pool_pages: int, device: torch.device) -> torch.Tensor:
-    shape = (2, geometry.layers, pool_pages, geometry.page_size, geometry.kv_heads,
-             geometry.head_dim)
+    shape = (
+        2,
+        geometry.layers,
+        pool_pages,
+        geometry.page_size,
+        geometry.kv_heads,
+        geometry.head_dim,
+    )
     pool = torch.empty(shape, dtype=TORCH_DTYPES[geometry.dtype], device=device)
     _bytes(pool).random_(0, 256)
     return pool
 
 
-def bench_kernels(*, preset_name: str = "qwen3-8b", pool_pages: int = POOL_PAGES_DEFAULT,
-                  tokens: Sequence[int] = TOKENS_DEFAULT, iters: int = 50, warmup: int = 5,
-                  ceiling_bytes: int = CEILING_BYTES_DEFAULT, device: str = "cuda",
-                  configs: Sequence[LaunchConfig] = CANDIDATE_CONFIGS,
-                  seed: int = 0) -> dict[str, object]:
+def bench_kernels(
+    *,
+    preset_name: str = "qwen3-8b",
+    pool_pages: int = POOL_PAGES_DEFAULT,
+    tokens: Sequence[int] = TOKENS_DEFAULT,
+    iters: int = 50,
+    warmup: int = 5,
+    ceiling_bytes: int = CEILING_BYTES_DEFAULT,
+    device: str = "cuda",
+    configs: Sequence[LaunchConfig] = CANDIDATE_CONFIGS,
+    seed: int = 0,
+) -> dict[str, object]:
     """Measure the ceiling, then every variant for each token count; a JSON-ready dict.
 
     Each row has `GBps_rw` and `of_ceiling` (fraction of this run's device-copy GB/s, both
@@ -209,22 +251,46 @@ def bench_kernels(*, preset_name: str = "qwen3-8b", pool_pages: int = POOL_PAGES
         if not 1 <= n <= pool_pages:
             raise ValueError(f"tokens: {count} tokens make {n} pages; the pool has {pool_pages}")
         pages = torch.randperm(pool_pages, generator=generator)[:n].to(dev)
-        rows = bench_case(pool, pages, iters=iters, warmup=warmup, ceiling=ceiling,
-                          configs=configs)
-        cases.append({"tokens": count, "pages": n, "bytes_moved": n * geometry.bytes_per_page,
-                      "default_plan": _default_plan(pool, pages), **rows})
-    return {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
-            "torch": torch.__version__, "triton": triton.__version__,
-            "geometry": asdict(geometry), "pool_pages": pool_pages, "iters": iters,
-            "warmup": warmup, "ceiling": ceiling, "cases": cases}
+        rows = bench_case(pool, pages, iters=iters, warmup=warmup, ceiling=ceiling, configs=configs)
+        cases.append(
+            {
+                "tokens": count,
+                "pages": n,
+                "bytes_moved": n * geometry.bytes_per_page,
+                "default_plan": _default_plan(pool, pages),
+                **rows,
+            }
+        )
+    return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "geometry": asdict(geometry),
+        "pool_pages": pool_pages,
+        "iters": iters,
+        "warmup": warmup,
+        "ceiling": ceiling,
+        "cases": cases,
+    }
 
 
-LEGEND = ("legend: GB/s = bytes read + written per second (GB = 1e9 bytes); synced: each call "
-          "timed alone, launch latency included; queued: calls back to back (device time); "
-          "% ceiling: of the device copy timed the same way; bytes ok: the variant moved the "
-          "right bytes; variant triton B/w/c: block bytes / warps / chunks per row")
-_HEAD = ("tokens", "pages", "direction", "variant", "GB/s synced", "% ceiling", "GB/s queued",
-         "% ceiling", "bytes ok")
+LEGEND = (
+    "legend: GB/s = bytes read + written per second (GB = 1e9 bytes); synced: each call "
+    "timed alone, launch latency included; queued: calls back to back (device time); "
+    "% ceiling: of the device copy timed the same way; bytes ok: the variant moved the "
+    "right bytes; variant triton B/w/c: block bytes / warps / chunks per row"
+)
+_HEAD = (
+    "tokens",
+    "pages",
+    "direction",
+    "variant",
+    "GB/s synced",
+    "% ceiling",
+    "GB/s queued",
+    "% ceiling",
+    "bytes ok",
+)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -238,12 +304,24 @@ def format_table(result: dict[str, Any]) -> str:
                 if "error" in row:
                     rows.append(head + [f"error: {row['error']}", "", "", "", ""])
                     continue
-                rows.append(head + [f"{row['GBps_rw']:,.0f}", f"{row['of_ceiling']:.1%}",
-                                    f"{row['GBps_rw_queued']:,.0f}",
-                                    f"{row['of_ceiling_queued']:.1%}", str(row["correct"])])
-    return "\n".join([f"{result['device']}: device copy {ceiling['GBps_rw']:,.0f} GB/s synced, "
-                      f"{ceiling['GBps_rw_queued']:,.0f} GB/s queued (read + written)", LEGEND,
-                      *columns(_HEAD, rows)])
+                rows.append(
+                    head
+                    + [
+                        f"{row['GBps_rw']:,.0f}",
+                        f"{row['of_ceiling']:.1%}",
+                        f"{row['GBps_rw_queued']:,.0f}",
+                        f"{row['of_ceiling_queued']:.1%}",
+                        str(row["correct"]),
+                    ]
+                )
+    return "\n".join(
+        [
+            f"{result['device']}: device copy {ceiling['GBps_rw']:,.0f} GB/s synced, "
+            f"{ceiling['GBps_rw_queued']:,.0f} GB/s queued (read + written)",
+            LEGEND,
+            *columns(_HEAD, rows),
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,16 +330,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", help="write the JSON result to this path")
     parser.add_argument("--preset", default="qwen3-8b", help="KV geometry preset")
     parser.add_argument("--pool-pages", type=int, default=POOL_PAGES_DEFAULT)
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS_DEFAULT)),
-                        help="comma-separated prefix lengths in tokens")
+    parser.add_argument(
+        "--tokens",
+        default=",".join(map(str, TOKENS_DEFAULT)),
+        help="comma-separated prefix lengths in tokens",
+    )
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return no_cuda("kernels")
-    result = bench_kernels(preset_name=args.preset, pool_pages=args.pool_pages,
-                           tokens=[int(t) for t in args.tokens.split(",")],
-                           iters=args.iters, warmup=args.warmup)
+    result = bench_kernels(
+        preset_name=args.preset,
+        pool_pages=args.pool_pages,
+        tokens=[int(t) for t in args.tokens.split(",")],
+        iters=args.iters,
+        warmup=args.warmup,
+    )
     print(format_table(result))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:

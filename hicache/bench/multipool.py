@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hicache.pools import presets
 from hicache.bench.transfer import Poll, Settings, _e2e_ms_interleaved, _enqueued
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
@@ -47,6 +46,7 @@ from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.kernels import KernelSet
 from hicache.kernels.triton_rows import interpreter_enabled
+from hicache.pools import presets
 from hicache.tiers import Direction
 
 TOKENS = (350, 3500)
@@ -74,6 +74,7 @@ class _Case:
             if status.final and handle.error is not None:
                 raise RuntimeError(f"{handle.direction} failed in the benchmark: {handle.error}")
             return status.final
+
         return complete
 
 
@@ -86,11 +87,13 @@ class _GroupRig:
         self.geometry = GroupGeometry.from_group(presets.group(name))
         self.s = s
         most = {src: self.pages(max(s.tokens), src) for src in self.geometry.sources}
-        self.l1 = GroupDevicePool(self.geometry, {k: max(16, 4 * n) for k, n in most.items()},
-                                  s.device)
+        self.l1 = GroupDevicePool(
+            self.geometry, {k: max(16, 4 * n) for k, n in most.items()}, s.device
+        )
         self.l1.tensor.random_(0, 256)
-        self.l2 = GroupHostPool(self.geometry, {k: 2 * n + 8 for k, n in most.items()},
-                                pin=s.device.type == "cuda")
+        self.l2 = GroupHostPool(
+            self.geometry, {k: 2 * n + 8 for k, n in most.items()}, pin=s.device.type == "cuda"
+        )
         self.movers = {mode: GroupMover(self.l1, self.l2, mode) for mode in modes}
         self.rng = np.random.default_rng(0)
 
@@ -108,8 +111,9 @@ class _GroupRig:
             h2d[src] = (l2, picked[n:])
         return {Direction.D2H: d2h, Direction.H2D: h2d}
 
-    def checked(self, mover: GroupMover, direction: Direction,
-                request: dict[str, tuple[object, object]]) -> dict[str, bool]:
+    def checked(
+        self, mover: GroupMover, direction: Direction, request: dict[str, tuple[object, object]]
+    ) -> dict[str, bool]:
         """Poison the targets, run once, compare every pool's digests: {pool: bytes ok}."""
         for p in self.geometry.pools:
             dst = np.asarray(request[p.source][1])  # D2H: L2 pages; H2D: L1 pages
@@ -125,8 +129,11 @@ class _GroupRig:
         for p in self.geometry.pools:
             a, b = (np.asarray(x) for x in request[p.source])
             l1_ids, l2_ids = (a, b) if direction is Direction.D2H else (b, a)
-            ok[p.name] = bool(np.array_equal(pool_digest(self.l1, p.name, l1_ids),
-                                             pool_digest(self.l2, p.name, l2_ids)))
+            ok[p.name] = bool(
+                np.array_equal(
+                    pool_digest(self.l1, p.name, l1_ids), pool_digest(self.l2, p.name, l2_ids)
+                )
+            )
         return ok
 
 
@@ -152,13 +159,15 @@ class _MhaRig:
         return _case(lambda: self.mover.h2d(l2, l1)), n * bpp
 
 
-def _ceiling(l2: GroupHostPool, buffer: torch.Tensor, nbytes: int, direction: Direction,
-             device: torch.device) -> Callable[[], Poll]:
+def _ceiling(
+    l2: GroupHostPool, buffer: torch.Tensor, nbytes: int, direction: Direction, device: torch.device
+) -> Callable[[], Poll]:
     host, dev = l2.tensor[:nbytes], buffer[:nbytes]
     source, target = (dev, host) if direction is Direction.D2H else (host, dev)
 
     def copy() -> None:
         target.copy_(source, non_blocking=True)
+
     return _enqueued(copy, device)
 
 
@@ -180,20 +189,33 @@ def bench_preset(name: str, s: Settings, modes: tuple[str, ...], mha: _MhaRig) -
             ms = _e2e_ms_interleaved(starts, s)
             mha_gbps = mha_bytes / ms["mha"] / 1e6
             for mode, case in cases.items():
-                timed = case.handles[s.warmup:]
+                timed = case.handles[s.warmup :]
                 last = timed[-1]
                 assert isinstance(last, GroupHandle)
                 gbps = nbytes / ms[mode] / 1e6
-                rows.append({
-                    "preset": name, "tokens": tokens, "direction": direction.value, "mode": mode,
-                    "bytes": nbytes, "median_ms": ms[mode], "GBps": gbps,
-                    "ceiling_ms": ms["ceiling"], "of_ceiling": ms["ceiling"] / ms[mode],
-                    "mha_ms": ms["mha"], "mha_bytes": mha_bytes, "mha_GBps": mha_gbps,
-                    "of_mha": gbps / mha_gbps, "launches": last.launches, "dmas": last.dmas,
-                    "issue_ms": statistics.median(case.issue_s[s.warmup:]) * 1e3,
-                    "device_ms": statistics.median(h.timings.service_s for h in timed) * 1e3,
-                    "bytes_ok": correct[mode], "kernels_reason": rig.movers[mode].kernels.reason,
-                })
+                rows.append(
+                    {
+                        "preset": name,
+                        "tokens": tokens,
+                        "direction": direction.value,
+                        "mode": mode,
+                        "bytes": nbytes,
+                        "median_ms": ms[mode],
+                        "GBps": gbps,
+                        "ceiling_ms": ms["ceiling"],
+                        "of_ceiling": ms["ceiling"] / ms[mode],
+                        "mha_ms": ms["mha"],
+                        "mha_bytes": mha_bytes,
+                        "mha_GBps": mha_gbps,
+                        "of_mha": gbps / mha_gbps,
+                        "launches": last.launches,
+                        "dmas": last.dmas,
+                        "issue_ms": statistics.median(case.issue_s[s.warmup :]) * 1e3,
+                        "device_ms": statistics.median(h.timings.service_s for h in timed) * 1e3,
+                        "bytes_ok": correct[mode],
+                        "kernels_reason": rig.movers[mode].kernels.reason,
+                    }
+                )
     return rows
 
 
@@ -204,28 +226,50 @@ def _nbytes(rig: _GroupRig, request: dict[str, tuple[object, object]]) -> int:
 def _prefix_bytes(name: str, tokens: int) -> int:
     """Bytes a transfer of a `tokens` prefix moves in group `name` (every pool)."""
     g = GroupGeometry.from_group(presets.group(name))
-    return sum(g.bytes_per_page(src) * math.ceil(tokens / g.group.pool(src).page_size)
-               for src in g.sources)
+    return sum(
+        g.bytes_per_page(src) * math.ceil(tokens / g.group.pool(src).page_size) for src in g.sources
+    )
 
 
-def run(presets: list[str], out_dir: str, *, quick: bool, repeats: int | None,
-        tokens: tuple[int, ...] | None) -> int:
+def run(
+    presets: list[str],
+    out_dir: str,
+    *,
+    quick: bool,
+    repeats: int | None,
+    tokens: tuple[int, ...] | None,
+) -> int:
     """Measure every preset (`-tiny` variants with `quick`); write multipool.json/.md."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     mha_name = "tiny" if quick else "qwen3-8b"
-    s = Settings(preset(mha_name), mha_name, tokens or (TOKENS_QUICK if quick else TOKENS),
-                 repeats if repeats is not None else (3 if quick else 20), 1 if quick else 3,
-                 device, quick, sections=())
+    s = Settings(
+        preset(mha_name),
+        mha_name,
+        tokens or (TOKENS_QUICK if quick else TOKENS),
+        repeats if repeats is not None else (3 if quick else 20),
+        1 if quick else 3,
+        device,
+        quick,
+        sections=(),
+    )
     modes = ("table", "per_pool", "torch") if cuda or interpreter_enabled() else ("torch",)
     names = [f"{p}-tiny" if quick else p for p in presets]
     mha = _MhaRig(s, max(_prefix_bytes(n, max(s.tokens)) for n in names))
     rows: list[Row] = []
     for name in names:
         rows += bench_preset(name, s, modes, mha)
-    result = {"config": {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke run)",
-                         "torch": torch.__version__, "repeats": s.repeats, "warmup": s.warmup,
-                         "mha_geometry": mha_name, "modes": list(modes)}, "rows": rows}
+    result = {
+        "config": {
+            "device": torch.cuda.get_device_name() if cuda else "cpu (smoke run)",
+            "torch": torch.__version__,
+            "repeats": s.repeats,
+            "warmup": s.warmup,
+            "mha_geometry": mha_name,
+            "modes": list(modes),
+        },
+        "rows": rows,
+    }
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "multipool.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
@@ -239,23 +283,30 @@ def run(presets: list[str], out_dir: str, *, quick: bool, repeats: int | None,
 
 def format_markdown(result: dict[str, Any]) -> str:
     c = result["config"]
-    lines = [f"# Multi-pool transfer benchmark: {c['device']}", "",
-             f"torch {c['torch']}, median of {c['repeats']} after {c['warmup']} warm-up runs. "
-             f"ms: end to end (issue -> DONE observed); of ceiling: one contiguous pinned copy "
-             f"of the same bytes over this path (time ratio); of MHA: this path's GB/s over the "
-             f"single-pool mover's on {c['mha_geometry']} pages of about the same bytes; "
-             f"launches / DMAs per transfer; issue ms: host time of the issuing call; device "
-             f"ms: first to last device operation; bytes ok: pools whose digests matched "
-             f"(of all). GB = 1e9 bytes.", "",
-             "| preset | tokens | dir | mode | MB | ms | GB/s | of ceiling | of MHA | launches "
-             "| DMAs | issue ms | device ms | bytes ok |", "|" + " --- |" * 14]
+    lines = [
+        f"# Multi-pool transfer benchmark: {c['device']}",
+        "",
+        f"torch {c['torch']}, median of {c['repeats']} after {c['warmup']} warm-up runs. "
+        f"ms: end to end (issue -> DONE observed); of ceiling: one contiguous pinned copy "
+        f"of the same bytes over this path (time ratio); of MHA: this path's GB/s over the "
+        f"single-pool mover's on {c['mha_geometry']} pages of about the same bytes; "
+        f"launches / DMAs per transfer; issue ms: host time of the issuing call; device "
+        f"ms: first to last device operation; bytes ok: pools whose digests matched "
+        f"(of all). GB = 1e9 bytes.",
+        "",
+        "| preset | tokens | dir | mode | MB | ms | GB/s | of ceiling | of MHA | launches "
+        "| DMAs | issue ms | device ms | bytes ok |",
+        "|" + " --- |" * 14,
+    ]
     for r in result["rows"]:
         ok = sum(r["bytes_ok"].values())
-        lines.append(f"| {r['preset']} | {r['tokens']} | {r['direction']} | {r['mode']} | "
-                     f"{r['bytes'] / 1e6:.2f} | {r['median_ms']:.3f} | {r['GBps']:.1f} | "
-                     f"{100 * r['of_ceiling']:.1f}% | {100 * r['of_mha']:.1f}% | {r['launches']} | "
-                     f"{r['dmas']} | {r['issue_ms']:.3f} | {r['device_ms']:.3f} | "
-                     f"{ok}/{len(r['bytes_ok'])} |")
+        lines.append(
+            f"| {r['preset']} | {r['tokens']} | {r['direction']} | {r['mode']} | "
+            f"{r['bytes'] / 1e6:.2f} | {r['median_ms']:.3f} | {r['GBps']:.1f} | "
+            f"{100 * r['of_ceiling']:.1f}% | {100 * r['of_mha']:.1f}% | {r['launches']} | "
+            f"{r['dmas']} | {r['issue_ms']:.3f} | {r['device_ms']:.3f} | "
+            f"{ok}/{len(r['bytes_ok'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -265,8 +316,10 @@ def run_cli(args: argparse.Namespace) -> int:
     presets = [p for p in args.preset.split(",") if p]
     unknown = sorted(set(presets) - {"dsv4", "mla"})
     if unknown:
-        print(f"hicache bench transfer: --preset: unknown {unknown}; choose from dsv4, mla",
-              file=sys.stderr)
+        print(
+            f"hicache bench transfer: --preset: unknown {unknown}; choose from dsv4, mla",
+            file=sys.stderr,
+        )
         return 2
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     return run(presets, args.out, quick=args.quick, repeats=args.repeats, tokens=tokens)

@@ -108,8 +108,11 @@ def bench_recompute(
     about: dict[str, Any] = {}
     for mode in modes:
         producer = ModelProducer(preset, device, mode=mode, seed=seed)
-        about = {"parameters": producer.parameters, "dtype": producer.geometry.dtype,
-                 "page_size": producer.geometry.page_size}
+        about = {
+            "parameters": producer.parameters,
+            "dtype": producer.geometry.dtype,
+            "page_size": producer.geometry.page_size,
+        }
         for length in lengths:
             try:
                 row = bench_one(
@@ -124,8 +127,14 @@ def bench_recompute(
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return {"preset": preset, **about, "device": _device_name(device), "repeats": repeats,
-            "warmup": warmup, "results": rows}
+    return {
+        "preset": preset,
+        **about,
+        "device": _device_name(device),
+        "repeats": repeats,
+        "warmup": warmup,
+        "results": rows,
+    }
 
 
 def _device_name(device: str) -> str:
@@ -163,8 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch": torch.__version__,
             "transformers": tf.__version__,
             "runs": [
-                bench_recompute(p, args.lengths, args.modes, repeats=args.repeats,
-                                warmup=args.warmup, prefix=args.prefix)
+                bench_recompute(
+                    p,
+                    args.lengths,
+                    args.modes,
+                    repeats=args.repeats,
+                    warmup=args.warmup,
+                    prefix=args.prefix,
+                )
                 for p in args.presets
             ],
         }

@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -37,9 +38,16 @@ PATHS = ("recompute", "L2", "L3", "cost")
 
 
 def _controller(producer: ModelProducer, policy: str, l1: int, l2: int, l3: int) -> CacheController:
-    cfg = CacheConfig(geometry=producer.geometry, l1_pages=l1, l2_pages=l2, l3_slots=l3,
-                      device=str(producer.device),
-                      policy=policy, check_mode="off", verify=False)
+    cfg = CacheConfig(
+        geometry=producer.geometry,
+        l1_pages=l1,
+        l2_pages=l2,
+        l3_slots=l3,
+        device=str(producer.device),
+        policy=policy,
+        check_mode="off",
+        verify=False,
+    )
     return CacheController(cfg, producer)
 
 
@@ -77,7 +85,9 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
             try:
                 for r in range(repeats + 1):  # the first (r == 0) warms the cost model and caches
                     gen = torch.Generator().manual_seed(1000 * n + r)
-                    prefix = torch.randint(0, producer.shape.vocab, (prefix_len,), generator=gen).tolist()
+                    prefix = torch.randint(
+                        0, producer.shape.vocab, (prefix_len,), generator=gen
+                    ).tolist()
                     _serve(ctl, 2 * r, prefix)  # puts the prefix in L1, backs it up to L2 and L3
                     ctl.drain()
                     ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
@@ -87,22 +97,41 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                     ctl.drain()
                     if r:
                         samples.append(s)
-                        predicted.append({"choice": d.choice, "predicted_ms": {k: v * 1e3 for k, v in d.predicted_s.items()}})
+                        predicted.append(
+                            {
+                                "choice": d.choice,
+                                "predicted_ms": {k: v * 1e3 for k, v in d.predicted_s.items()},
+                            }
+                        )
                 choice = dict(ctl.metrics.decisions)
                 model_state = ctl.model.state()
                 log = ctl.decisions.summary()
             finally:
                 ctl.close()
-            rows.append({"tokens": n, "prefix_tokens": prefix_len, "path": path,
-                         "median_ms": statistics.median(samples) * 1e3, "samples_ms": [x * 1e3 for x in samples],
-                         "decisions": choice, "predicted": predicted, "cost_model": model_state,
-                         "decision_log": log})
-            print(f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  decisions "
-                  f"{_counts(choice)}", flush=True)
+            rows.append(
+                {
+                    "tokens": n,
+                    "prefix_tokens": prefix_len,
+                    "path": path,
+                    "median_ms": statistics.median(samples) * 1e3,
+                    "samples_ms": [x * 1e3 for x in samples],
+                    "decisions": choice,
+                    "predicted": predicted,
+                    "cost_model": model_state,
+                    "decision_log": log,
+                }
+            )
+            print(
+                f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  decisions "
+                f"{_counts(choice)}",
+                flush=True,
+            )
     return rows
 
 
-def stress(producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80) -> list[dict[str, Any]]:
+def stress(
+    producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80
+) -> list[dict[str, Any]]:
     ps = producer.geometry.page_size
     per = -(-prefix_len // ps) + 1
     rows = []
@@ -111,7 +140,10 @@ def stress(producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, 
     warm = _controller(producer, "always", 2 * per + 2, n_prefixes * per * 2, n_prefixes * per * 2)
     try:
         ServingLoop(warm, batch_size=1).run(
-            repeated_prefix_workload(n_prefixes, prefix_len, 3 * n_prefixes, seed=7, vocab=producer.shape.vocab))
+            repeated_prefix_workload(
+                n_prefixes, prefix_len, 3 * n_prefixes, seed=7, vocab=producer.shape.vocab
+            )
+        )
     finally:
         warm.close()
     for path in PATHS:
@@ -119,18 +151,30 @@ def stress(producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, 
         l2 = 2 * per + 2 if path == "L3" else n_prefixes * per * 2
         ctl = _controller(producer, policy, 2 * per + 2, l2, n_prefixes * per * 2)
         try:
-            work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=producer.shape.vocab)
+            work = repeated_prefix_workload(
+                n_prefixes, prefix_len, n_requests, seed=7, vocab=producer.shape.vocab
+            )
             loop = ServingLoop(ctl, batch_size=1)
             report = loop.run(work)
             _sync()
-            rows.append({"path": path, "requests": report.requests, "wall_s": report.wall_s,
-                         "requests_per_s": report.requests_per_s, "hit_tokens": dict(ctl.metrics.hit_tokens),
-                         "recomputed_tokens": ctl.metrics.recomputed_tokens,
-                         "decisions": dict(ctl.metrics.decisions)})
+            rows.append(
+                {
+                    "path": path,
+                    "requests": report.requests,
+                    "wall_s": report.wall_s,
+                    "requests_per_s": report.requests_per_s,
+                    "hit_tokens": dict(ctl.metrics.hit_tokens),
+                    "recomputed_tokens": ctl.metrics.recomputed_tokens,
+                    "decisions": dict(ctl.metrics.decisions),
+                }
+            )
         finally:
             ctl.close()
-        print(f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hit tokens "
-              f"{_counts(ctl.metrics.hit_tokens)}", flush=True)
+        print(
+            f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hit tokens "
+            f"{_counts(ctl.metrics.hit_tokens)}",
+            flush=True,
+        )
     return rows
 
 
@@ -152,8 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return no_cuda("serving")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "mode": args.mode, "presets": {}}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "mode": args.mode,
+        "presets": {},
+    }
     for preset in args.presets:
         print(f"{preset} ({args.mode})", flush=True)
         producer = ModelProducer(preset, "cuda", mode=args.mode)
@@ -172,26 +220,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 def report_md(result: dict[str, Any]) -> str:
     """Tables: latency per path with speed-up over recompute, and the cost policy's time as
     a ratio to the better forced choice (<= 1.05 is the goal); the stress run likewise."""
-    lines = [f"# Restore vs recompute through the controller: {result['device']}", "",
-             f"torch {result['torch']}, model producer mode {result['mode']}, median of repeats.", ""]
+    lines = [
+        f"# Restore vs recompute through the controller: {result['device']}",
+        "",
+        f"torch {result['torch']}, model producer mode {result['mode']}, median of repeats.",
+        "",
+    ]
     for preset, entry in result["presets"].items():
-        lines += [f"## {preset}: latency (prefix + one new page, admission to prefill done)", "",
-                  "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms | cost / best forced |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"## {preset}: latency (prefix + one new page, admission to prefill done)",
+            "",
+            "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms | cost / best forced |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         by: dict[int, dict[str, float]] = {}
         for row in entry["latency"]:
             by.setdefault(row["tokens"], {})[row["path"]] = row["median_ms"]
         for n, t in sorted(by.items()):
             best = min(t["recompute"], t["L2"], t["L3"])
-            lines.append(f"| {n} | {t['recompute']:.2f} | {t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
-                         f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | {t['cost'] / best:.3f} |")
+            lines.append(
+                f"| {n} | {t['recompute']:.2f} | {t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
+                f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | {t['cost'] / best:.3f} |"
+            )
         if "stress" in entry:
-            lines += ["", f"## {preset}: stress (8 prefixes x 350 tokens, 80 requests, batch 1)", "",
-                      "| path | req/s | vs recompute | hits (L2 / L3 tokens) |", "| --- | --- | --- | --- |"]
+            lines += [
+                "",
+                f"## {preset}: stress (8 prefixes x 350 tokens, 80 requests, batch 1)",
+                "",
+                "| path | req/s | vs recompute | hits (L2 / L3 tokens) |",
+                "| --- | --- | --- | --- |",
+            ]
             rates = {r["path"]: r["requests_per_s"] for r in entry["stress"]}
             for r in entry["stress"]:
-                lines.append(f"| {r['path']} | {r['requests_per_s']:.2f} | {r['requests_per_s'] / rates['recompute']:.2f}x | "
-                             f"{r['hit_tokens']['L2']} / {r['hit_tokens']['L3']} |")
+                lines.append(
+                    f"| {r['path']} | {r['requests_per_s']:.2f} | {r['requests_per_s'] / rates['recompute']:.2f}x | "
+                    f"{r['hit_tokens']['L2']} / {r['hit_tokens']['L3']} |"
+                )
             best = max(rates["recompute"], rates["L2"], rates["L3"])
             lines.append(f"\ncost / best forced (throughput): {rates['cost'] / best:.3f}")
         lines.append("")

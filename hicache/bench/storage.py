@@ -103,19 +103,25 @@ def _preadv(fd: int, view: memoryview, at: int) -> int:
 def _checksum_pages(view: memoryview, bytes_per_page: int) -> None:
     """crc32 of every page of `view` on this thread: the checksum work of one transfer."""
     for at in range(0, len(view), bytes_per_page):
-        zlib.crc32(view[at:at + bytes_per_page])
+        zlib.crc32(view[at : at + bytes_per_page])
 
 
 def _checksum_gbps(view: memoryview, repeats: int) -> float:
     """crc32 of one page on one thread: the checksum's share of the mover's CPU work."""
+
     def crc() -> None:
         zlib.crc32(view)
+
     return len(view) / _median_s(crc, repeats)[0] / 1e9
 
 
 def _bench_one(
-    mover: StorageMover, l2_view: memoryview, n: int, sets: dict[str, tuple[Pages, Pages]],
-    raw_slot: int, repeats: int,
+    mover: StorageMover,
+    l2_view: memoryview,
+    n: int,
+    sets: dict[str, tuple[Pages, Pages]],
+    raw_slot: int,
+    repeats: int,
 ) -> Row:
     """One prefix size: ceilings and the mover on both page sets, interleaved per repeat."""
     l3, bpp = mover.l3, mover.l3.bytes_per_page
@@ -144,9 +150,14 @@ def _bench_one(
 
 
 def bench_storage(
-    tokens: Sequence[int] = TOKENS_DEFAULT, *, bytes_per_page: int = QWEN3_8B_BYTES_PER_PAGE,
-    io_threads: int = 8, piece_bytes: int = PIECE_BYTES, repeats: int = 5,
-    directory: str | None = None, seed: int = 0,
+    tokens: Sequence[int] = TOKENS_DEFAULT,
+    *,
+    bytes_per_page: int = QWEN3_8B_BYTES_PER_PAGE,
+    io_threads: int = 8,
+    piece_bytes: int = PIECE_BYTES,
+    repeats: int = 5,
+    directory: str | None = None,
+    seed: int = 0,
 ) -> dict[str, object]:
     """Run the benchmark; returns {"config": ..., "rows": [one per prefix size]}.
 
@@ -155,8 +166,13 @@ def bench_storage(
     """
     counts = [math.ceil(t / PAGE_TOKENS) for t in tokens]
     big = max(counts)
-    l2 = torch.randint(0, 256, (2 * big, bytes_per_page), dtype=torch.uint8,
-                       generator=torch.Generator().manual_seed(seed))
+    l2 = torch.randint(
+        0,
+        256,
+        (2 * big, bytes_per_page),
+        dtype=torch.uint8,
+        generator=torch.Generator().manual_seed(seed),
+    )
     pinned = torch.cuda.is_available()
     if pinned:
         l2 = l2.pin_memory()
@@ -171,8 +187,10 @@ def bench_storage(
         for n in counts:
             sets = {
                 "consecutive": (np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)),
-                "fragmented": (rng.choice(2 * big, n, replace=False).astype(np.int64),
-                               big + rng.choice(2 * big, n, replace=False).astype(np.int64)),
+                "fragmented": (
+                    rng.choice(2 * big, n, replace=False).astype(np.int64),
+                    big + rng.choice(2 * big, n, replace=False).astype(np.int64),
+                ),
             }
             rows.append(_bench_one(mover, l2_view, n, sets, 3 * big, repeats))
         crc_gbps = _checksum_gbps(l2_view[:bytes_per_page], max(repeats, 5))
@@ -181,52 +199,99 @@ def bench_storage(
     if path is not None:
         os.unlink(path)
     config: dict[str, object] = {
-        "bytes_per_page": bytes_per_page, "io_threads": io_threads,
-        "piece_bytes": piece_bytes, "piece_pages": max(1, piece_bytes // bytes_per_page),
+        "bytes_per_page": bytes_per_page,
+        "io_threads": io_threads,
+        "piece_bytes": piece_bytes,
+        "piece_pages": max(1, piece_bytes // bytes_per_page),
         "repeats": repeats,
-        "l2_pinned": pinned, "l3_path": l3_path, "cpus": os.cpu_count(),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "crc32_one_thread_GBps": crc_gbps, "corrupt_reads": counters.corrupt_reads,
+        "l2_pinned": pinned,
+        "l3_path": l3_path,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "crc32_one_thread_GBps": crc_gbps,
+        "corrupt_reads": counters.corrupt_reads,
         "short_io_resumed": counters.short_io_resumed,
     }
     return {"config": config, "rows": rows}
 
 
-LEGEND = ("legend: c = consecutive (n L2 pages <-> n consecutive slots: 1 extent), f = "
-          "fragmented (random pages <-> random slots); extents = runs of consecutive slots; "
-          "raw = one pwrite (write) or preadv (read) of the same bytes, the ceiling; x raw = "
-          "the mover's GB/s over raw's; GB = 1e9 bytes; CPU ms = this process's CPU time per "
-          "transfer, all threads; crc32 = checksumming the pages on one thread")
-_GBPS_HEAD = ("pages", "extents c/f", "raw write GB/s", "H2S c GB/s (x raw)",
-              "H2S f GB/s (x raw)", "raw read GB/s", "S2H c GB/s (x raw)", "S2H f GB/s (x raw)")
-_CPU_HEAD = ("pages", "raw write CPU ms", "H2S c CPU ms", "H2S f CPU ms", "raw read CPU ms",
-             "S2H c CPU ms", "S2H f CPU ms", "crc32 CPU ms")
+LEGEND = (
+    "legend: c = consecutive (n L2 pages <-> n consecutive slots: 1 extent), f = "
+    "fragmented (random pages <-> random slots); extents = runs of consecutive slots; "
+    "raw = one pwrite (write) or preadv (read) of the same bytes, the ceiling; x raw = "
+    "the mover's GB/s over raw's; GB = 1e9 bytes; CPU ms = this process's CPU time per "
+    "transfer, all threads; crc32 = checksumming the pages on one thread"
+)
+_GBPS_HEAD = (
+    "pages",
+    "extents c/f",
+    "raw write GB/s",
+    "H2S c GB/s (x raw)",
+    "H2S f GB/s (x raw)",
+    "raw read GB/s",
+    "S2H c GB/s (x raw)",
+    "S2H f GB/s (x raw)",
+)
+_CPU_HEAD = (
+    "pages",
+    "raw write CPU ms",
+    "H2S c CPU ms",
+    "H2S f CPU ms",
+    "raw read CPU ms",
+    "S2H c CPU ms",
+    "S2H f CPU ms",
+    "crc32 CPU ms",
+)
 
 
 def _gbps_cells(r: dict[str, Any]) -> list[str]:
     def rated(key: str) -> str:
         return f"{r[key + '_GBps']:.2f} ({r[key + '_vs_raw']:.2f}x)"
 
-    return [f"{r['pages']:,}", f"{r['extents_consecutive']}/{r['extents_fragmented']}",
-            f"{r['raw_write_GBps']:.2f}", rated("h2s_consecutive"), rated("h2s_fragmented"),
-            f"{r['raw_read_GBps']:.2f}", rated("s2h_consecutive"), rated("s2h_fragmented")]
+    return [
+        f"{r['pages']:,}",
+        f"{r['extents_consecutive']}/{r['extents_fragmented']}",
+        f"{r['raw_write_GBps']:.2f}",
+        rated("h2s_consecutive"),
+        rated("h2s_fragmented"),
+        f"{r['raw_read_GBps']:.2f}",
+        rated("s2h_consecutive"),
+        rated("s2h_fragmented"),
+    ]
 
 
 def _cpu_cells(r: dict[str, Any]) -> list[str]:
-    keys = ("raw_write", "h2s_consecutive", "h2s_fragmented", "raw_read", "s2h_consecutive",
-            "s2h_fragmented", "crc32")
+    keys = (
+        "raw_write",
+        "h2s_consecutive",
+        "h2s_fragmented",
+        "raw_read",
+        "s2h_consecutive",
+        "s2h_fragmented",
+        "crc32",
+    )
     return [f"{r['pages']:,}", *(f"{r[k + '_cpu_ms']:.1f}" for k in keys)]
 
 
 def _table(result: dict[str, Any]) -> str:
     c, rows = result["config"], result["rows"]
-    about = (f"L3 file {c['l3_path']}; {c['bytes_per_page']:,} bytes/page; {c['io_threads']} I/O "
-             f"threads; I/O calls of at most {c['piece_bytes']:,} bytes ({c['piece_pages']} "
-             f"pages); median of {c['repeats']}; L2 pinned: {'yes' if c['l2_pinned'] else 'no'}; "
-             f"crc32 on one thread {c['crc32_one_thread_GBps']:.2f} GB/s; corrupt reads "
-             f"{c['corrupt_reads']}, short I/O resumed {c['short_io_resumed']}")
-    return "\n".join([about, LEGEND, *columns(_GBPS_HEAD, [_gbps_cells(r) for r in rows]), "",
-                      *columns(_CPU_HEAD, [_cpu_cells(r) for r in rows])])
+    about = (
+        f"L3 file {c['l3_path']}; {c['bytes_per_page']:,} bytes/page; {c['io_threads']} I/O "
+        f"threads; I/O calls of at most {c['piece_bytes']:,} bytes ({c['piece_pages']} "
+        f"pages); median of {c['repeats']}; L2 pinned: {'yes' if c['l2_pinned'] else 'no'}; "
+        f"crc32 on one thread {c['crc32_one_thread_GBps']:.2f} GB/s; corrupt reads "
+        f"{c['corrupt_reads']}, short I/O resumed {c['short_io_resumed']}"
+    )
+    return "\n".join(
+        [
+            about,
+            LEGEND,
+            *columns(_GBPS_HEAD, [_gbps_cells(r) for r in rows]),
+            "",
+            *columns(_CPU_HEAD, [_cpu_cells(r) for r in rows]),
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -234,15 +299,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS_DEFAULT))
     parser.add_argument("--bytes-per-page", type=int, default=QWEN3_8B_BYTES_PER_PAGE)
     parser.add_argument("--io-threads", type=int, default=8)
-    parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES,
-                        help="most bytes one mover I/O call moves (whole pages, at least one)")
+    parser.add_argument(
+        "--piece-bytes",
+        type=int,
+        default=PIECE_BYTES,
+        help="most bytes one mover I/O call moves (whole pages, at least one)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", help="directory for the L3 file (default: the temp dir)")
     parser.add_argument("--out", help="write the JSON result to this path")
     args = parser.parse_args(argv)
-    result = bench_storage(args.tokens, bytes_per_page=args.bytes_per_page,
-                           io_threads=args.io_threads, piece_bytes=args.piece_bytes,
-                           repeats=args.repeats, directory=args.dir)
+    result = bench_storage(
+        args.tokens,
+        bytes_per_page=args.bytes_per_page,
+        io_threads=args.io_threads,
+        piece_bytes=args.piece_bytes,
+        repeats=args.repeats,
+        directory=args.dir,
+    )
     print(_table(result))
     if args.out:
         with open(args.out, "w") as f:

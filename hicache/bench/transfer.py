@@ -56,8 +56,8 @@ from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
-from hicache.pages import Pages
 from hicache.kernels import KernelSet
+from hicache.pages import Pages
 from hicache.tiers import Direction
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
@@ -137,6 +137,7 @@ def _device_ms(fn: Callable[[], None], s: Settings) -> float:
 
 def _enqueued(fn: Callable[[], None], device: torch.device) -> Callable[[], Poll]:
     """`start` for `_e2e_ms`: enqueue `fn` on the current stream, poll an event after it."""
+
     def start() -> Poll:
         fn()
         if device.type != "cuda":
@@ -144,6 +145,7 @@ def _enqueued(fn: Callable[[], None], device: torch.device) -> Callable[[], Poll
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
         return lambda: bool(event.query())  # type: ignore[no-untyped-call]
+
     return start
 
 
@@ -162,8 +164,10 @@ class _Rig:
             DEFAULT_PATH: mover(l1, l2, k),
             "hicache doubling": mover(l1, l2, k, single_chunk_max_bytes=0),  # chunked at any size
             "hicache one chunk": mover(l1, l2, k, chunk_pages=1 << 30),
-            **{f"hicache first {mib} MiB": mover(l1, l2, k, first_chunk_bytes=mib << 20)
-               for mib in s.first_chunk_mib},
+            **{
+                f"hicache first {mib} MiB": mover(l1, l2, k, first_chunk_bytes=mib << 20)
+                for mib in s.first_chunk_mib
+            },
             STAGED_PATH: mover(l1, l2, k, direct_min_bytes=1 << 62),  # the fragmented path before
         }
         shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
@@ -194,14 +198,17 @@ class _Rig:
         first = int(l2_ids[0])
         host, packed, l1 = self.l2.tensor[first : first + n], self.packed[:n], self.l1.tensor
         if direction is Direction.D2H:
+
             def d2h() -> None:
                 packed.copy_(l1.index_select(2, idx).permute(2, 0, 1, 3, 4, 5))
                 host.copy_(packed, non_blocking=True)
+
             return d2h
 
         def h2d() -> None:
             packed.copy_(host, non_blocking=True)
             l1.index_copy_(2, idx, packed.permute(1, 2, 0, 3, 4, 5))
+
         return h2d
 
 
@@ -210,8 +217,9 @@ class _MoverCase:
     reports it afterwards: the issue call's CPU time and each run's device time (medians),
     whether the bytes arrived, and buffers allocated after warm-up."""
 
-    def __init__(self, rig: _Rig, mover: DeviceHostMover, direction: Direction,
-                 l1_ids: Pages, l2_ids: Pages) -> None:
+    def __init__(
+        self, rig: _Rig, mover: DeviceHostMover, direction: Direction, l1_ids: Pages, l2_ids: Pages
+    ) -> None:
         self.rig, self.mover, self.direction = rig, mover, direction
         self.l1_ids, self.l2_ids = l1_ids, l2_ids
         self.issue = mover.d2h if direction is Direction.D2H else mover.h2d
@@ -224,7 +232,9 @@ class _MoverCase:
         while not complete():
             pass
         # Checked now, on this path's own bytes: later paths of the case write the same pages.
-        self.correct = bool(np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids)))
+        self.correct = bool(
+            np.array_equal(page_digest(rig.l1, l1_ids), page_digest(rig.l2, l2_ids))
+        )
         counters = mover.counters[direction]
         self.before = (counters.pinned_allocations, counters.device_allocations)
         del self.handles[:], self.issue_s[:]
@@ -249,6 +259,7 @@ class _MoverCase:
             if status.final and handle.error is not None:
                 self.failures.append(str(handle.error))
             return status.final
+
         return complete
 
     def row(self, median_ms: float) -> Row:
@@ -257,12 +268,15 @@ class _MoverCase:
         timed = slice(self.rig.s.warmup, None)  # the runs `_e2e_ms_interleaved` kept
         last = self.handles[-1]
         counters = self.mover.counters[self.direction]
-        return {"median_ms": median_ms, "correct": self.correct,
-                "issue_ms": statistics.median(self.issue_s[timed]) * 1e3,
-                "device_ms": statistics.median(h.timings.service_s for h in self.handles[timed]) * 1e3,
-                "route": str(last.plan) if isinstance(last, DmaHandle) else "-",
-                "pinned_allocations_after_warmup": counters.pinned_allocations - self.before[0],
-                "device_allocations_after_warmup": counters.device_allocations - self.before[1]}
+        return {
+            "median_ms": median_ms,
+            "correct": self.correct,
+            "issue_ms": statistics.median(self.issue_s[timed]) * 1e3,
+            "device_ms": statistics.median(h.timings.service_s for h in self.handles[timed]) * 1e3,
+            "route": str(last.plan) if isinstance(last, DmaHandle) else "-",
+            "pinned_allocations_after_warmup": counters.pinned_allocations - self.before[0],
+            "device_allocations_after_warmup": counters.device_allocations - self.before[1],
+        }
 
 
 def _layouts(rig: _Rig, n: int) -> dict[str, Pages]:
@@ -285,9 +299,15 @@ def bench_dma(s: Settings) -> dict[str, object]:
         for layout, l2_ids in _layouts(rig, n).items():
             for direction, l1_ids in ((Direction.D2H, l1_src), (Direction.H2D, l1_dst)):
                 d = direction.value.lower()
-                base = {"tokens": tokens, "pages": n, "bytes": n * bpp, "direction": direction.value,
-                        "l2": layout, "ceiling_device_ms": ceiling[f"{d}_device_ms"],
-                        "ceiling_e2e_ms": ceiling[f"{d}_e2e_ms"]}
+                base = {
+                    "tokens": tokens,
+                    "pages": n,
+                    "bytes": n * bpp,
+                    "direction": direction.value,
+                    "l2": layout,
+                    "ceiling_device_ms": ceiling[f"{d}_device_ms"],
+                    "ceiling_e2e_ms": ceiling[f"{d}_e2e_ms"],
+                }
                 movers = {
                     name: _MoverCase(rig, mover, direction, l1_ids, l2_ids)
                     for name, mover in rig.movers.items()
@@ -295,13 +315,20 @@ def bench_dma(s: Settings) -> dict[str, object]:
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor
-                    starts[BASELINE_PATH] = _enqueued(rig.baseline(direction, l1_ids, l2_ids), s.device)
+                    starts[BASELINE_PATH] = _enqueued(
+                        rig.baseline(direction, l1_ids, l2_ids), s.device
+                    )
                 medians = _e2e_ms_interleaved(starts, s)
                 for path, ms in medians.items():
                     case = movers[path].row(ms) if path in movers else {"median_ms": ms}
                     rows.append(_rated({**base, "path": path, **case}))
     k = rig.kernels
-    return {"gather": k.gather_backend, "scatter": k.scatter_backend, "reason": k.reason, "rows": rows}
+    return {
+        "gather": k.gather_backend,
+        "scatter": k.scatter_backend,
+        "reason": k.reason,
+        "rows": rows,
+    }
 
 
 def _rated(row: Row) -> Row:
@@ -315,23 +342,34 @@ def _rated(row: Row) -> Row:
 def bench_storage_section(s: Settings) -> dict[str, object]:
     from hicache.bench.storage import bench_storage  # delegated; ImportError: section missing
 
-    return bench_storage(list(s.tokens), bytes_per_page=s.geometry.bytes_per_page, repeats=max(3, s.repeats // 4))
+    return bench_storage(
+        list(s.tokens), bytes_per_page=s.geometry.bytes_per_page, repeats=max(3, s.repeats // 4)
+    )
 
 
 def bench_kernels_section(s: Settings) -> dict[str, object]:
     from hicache.bench.kernels import bench_kernels  # delegated; ImportError: section missing
 
     pool_pages = max(64, 2 * max(s.page_counts)) if s.quick else 4096  # --tokens may ask for more
-    return bench_kernels(preset_name=s.preset_name, pool_pages=pool_pages, tokens=list(s.tokens),
-                         iters=s.repeats, warmup=s.warmup, ceiling_bytes=(16 << 20) if s.quick else (1 << 30),
-                         device=s.device.type, configs=())
+    return bench_kernels(
+        preset_name=s.preset_name,
+        pool_pages=pool_pages,
+        tokens=list(s.tokens),
+        iters=s.repeats,
+        warmup=s.warmup,
+        ceiling_bytes=(16 << 20) if s.quick else (1 << 30),
+        device=s.device.type,
+        configs=(),
+    )
 
 
 # Kernels run before storage: right after the storage section, synced kernel calls on the H200
 # machine took ~30 us more launch latency (two runs; probably the writeback of the gigabytes
 # of page cache it dirties -- not isolated).
 SECTIONS: dict[str, Callable[[Settings], dict[str, object]]] = {
-    "dma": bench_dma, "kernels": bench_kernels_section, "storage": bench_storage_section,
+    "dma": bench_dma,
+    "kernels": bench_kernels_section,
+    "storage": bench_storage_section,
 }
 
 
@@ -342,10 +380,14 @@ def _pct(x: float) -> str:
 def format_markdown(result: dict[str, Any]) -> str:
     """transfer.md: the config line, then one table per section that ran."""
     c = result["config"]
-    lines = [f"# Transfer benchmark: {c['device_name']}", "",
-             f"torch {c['torch']}, geometry {c['geometry']} ({c['geometry_fields']['page_size']} "
-             f"tokens/page), {c['bytes_per_page']:,} bytes/page, median of {c['repeats']} after "
-             f"{c['warmup']} warm-up runs.", ""]
+    lines = [
+        f"# Transfer benchmark: {c['device_name']}",
+        "",
+        f"torch {c['torch']}, geometry {c['geometry']} ({c['geometry_fields']['page_size']} "
+        f"tokens/page), {c['bytes_per_page']:,} bytes/page, median of {c['repeats']} after "
+        f"{c['warmup']} warm-up runs.",
+        "",
+    ]
     for name in SECTIONS:
         section = result.get(name)
         if section is None:
@@ -358,71 +400,105 @@ def format_markdown(result: dict[str, Any]) -> str:
 
 
 def _dma_md(section: dict[str, Any]) -> list[str]:
-    out = [f"Kernels: gather {section['gather']}, scatter {section['scatter']} ({section['reason']}).", "",
-           "ms: end to end (issue -> DONE observed); issue ms: CPU time of the issue call; "
-           "device ms: the transfer's first to last device operation (CUDA events). dir: D2H "
-           "= L1 -> L2, H2D = L2 -> L1; L2: the L2 pages' layout (consecutive, or fragmented: "
-           "random pages in random order); of DMA / e2e ceiling: the ceiling's time over this "
-           "path's (device / end to end); bytes ok: the path moved the right bytes; allocs: "
-           "pinned host / device buffers allocated after warm-up; GB = 1e9 bytes.", "",
-           "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s | of DMA ceiling "
-           "| of e2e ceiling | bytes ok | host/device allocs after warm-up |", "|" + " --- |" * 14]
+    out = [
+        f"Kernels: gather {section['gather']}, scatter {section['scatter']} ({section['reason']}).",
+        "",
+        "ms: end to end (issue -> DONE observed); issue ms: CPU time of the issue call; "
+        "device ms: the transfer's first to last device operation (CUDA events). dir: D2H "
+        "= L1 -> L2, H2D = L2 -> L1; L2: the L2 pages' layout (consecutive, or fragmented: "
+        "random pages in random order); of DMA / e2e ceiling: the ceiling's time over this "
+        "path's (device / end to end); bytes ok: the path moved the right bytes; allocs: "
+        "pinned host / device buffers allocated after warm-up; GB = 1e9 bytes.",
+        "",
+        "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s | of DMA ceiling "
+        "| of e2e ceiling | bytes ok | host/device allocs after warm-up |",
+        "|" + " --- |" * 14,
+    ]
     for r in section["rows"]:
         mover = "correct" in r
         ok = r.get("correct", "-")
-        allocs = f"{r['pinned_allocations_after_warmup']}/{r['device_allocations_after_warmup']}" if mover else "-"
+        allocs = (
+            f"{r['pinned_allocations_after_warmup']}/{r['device_allocations_after_warmup']}"
+            if mover
+            else "-"
+        )
         issue, device = (f"{r['issue_ms']:.3f}", f"{r['device_ms']:.3f}") if mover else ("-", "-")
-        out.append(f"| {r['tokens']} | {r['pages']} | {r['direction']} | {r['l2']} | {r['path']} | "
-                   f"{r.get('route', '-')} | {r['median_ms']:.3f} | {issue} | {device} | {r['GBps']:.1f} | "
-                   f"{_pct(r['of_dma_ceiling'])} | {_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |")
+        out.append(
+            f"| {r['tokens']} | {r['pages']} | {r['direction']} | {r['l2']} | {r['path']} | "
+            f"{r.get('route', '-')} | {r['median_ms']:.3f} | {issue} | {device} | {r['GBps']:.1f} | "
+            f"{_pct(r['of_dma_ceiling'])} | {_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |"
+        )
     ceilings = {(r["tokens"], r["direction"]): r for r in section["rows"]}
-    out += ["", "Ceilings (one contiguous pinned copy of the same bytes):", "",
-            "| tokens | dir | device ms | GB/s | e2e ms |", "|" + " --- |" * 5]
+    out += [
+        "",
+        "Ceilings (one contiguous pinned copy of the same bytes):",
+        "",
+        "| tokens | dir | device ms | GB/s | e2e ms |",
+        "|" + " --- |" * 5,
+    ]
     for (tokens, direction), r in sorted(ceilings.items()):
         gbps = r["bytes"] / (r["ceiling_device_ms"] * 1e-3) / 1e9
-        out.append(f"| {tokens} | {direction} | {r['ceiling_device_ms']:.3f} | {gbps:.1f} | {r['ceiling_e2e_ms']:.3f} |")
+        out.append(
+            f"| {tokens} | {direction} | {r['ceiling_device_ms']:.3f} | {gbps:.1f} | {r['ceiling_e2e_ms']:.3f} |"
+        )
     return out
 
 
 def _storage_md(section: dict[str, Any]) -> list[str]:
-    out = ["dir: H2S = L2 -> L3 (write), S2H = L3 -> L2 (read); raw: one pwrite / preadv of the "
-           "same bytes; (of raw): the mover's GB/s over raw's; extents: runs of consecutive "
-           "slots; GB = 1e9 bytes.", "",
-           "| pages | extents (consecutive/fragmented) | dir | raw GB/s "
-           "| consecutive GB/s (of raw) | fragmented GB/s (of raw) |", "|" + " --- |" * 6]
+    out = [
+        "dir: H2S = L2 -> L3 (write), S2H = L3 -> L2 (read); raw: one pwrite / preadv of the "
+        "same bytes; (of raw): the mover's GB/s over raw's; extents: runs of consecutive "
+        "slots; GB = 1e9 bytes.",
+        "",
+        "| pages | extents (consecutive/fragmented) | dir | raw GB/s "
+        "| consecutive GB/s (of raw) | fragmented GB/s (of raw) |",
+        "|" + " --- |" * 6,
+    ]
     for r in section["rows"]:
         extents = f"{r['extents_consecutive']}/{r['extents_fragmented']}"
         for d, raw in (("h2s", "raw_write"), ("s2h", "raw_read")):
-            out.append(f"| {r['pages']} | {extents} | {d.upper()} | {r[raw + '_GBps']:.2f} | "
-                       f"{r[d + '_consecutive_GBps']:.2f} ({_pct(r[d + '_consecutive_vs_raw'])}) | "
-                       f"{r[d + '_fragmented_GBps']:.2f} ({_pct(r[d + '_fragmented_vs_raw'])}) |")
+            out.append(
+                f"| {r['pages']} | {extents} | {d.upper()} | {r[raw + '_GBps']:.2f} | "
+                f"{r[d + '_consecutive_GBps']:.2f} ({_pct(r[d + '_consecutive_vs_raw'])}) | "
+                f"{r[d + '_fragmented_GBps']:.2f} ({_pct(r[d + '_fragmented_vs_raw'])}) |"
+            )
     return out
 
 
 def _kernels_md(section: dict[str, Any]) -> list[str]:
     ceiling = section["ceiling"]
-    out = [f"Device copy ceiling (bytes read + written): {ceiling['GBps_rw']:,.0f} GB/s, one call "
-           f"synced; {ceiling['GBps_rw_queued']:,.0f} GB/s, calls queued back to back. Each "
-           f"kernel is compared with the ceiling timed the same way: synced (one call from "
-           f"Python, launch latency included) and queued (device time).", "",
-           "| tokens | pages | kernel | variant | GB/s synced | of ceiling | GB/s queued | of ceiling "
-           "| bytes ok |", "|" + " --- |" * 9]
+    out = [
+        f"Device copy ceiling (bytes read + written): {ceiling['GBps_rw']:,.0f} GB/s, one call "
+        f"synced; {ceiling['GBps_rw_queued']:,.0f} GB/s, calls queued back to back. Each "
+        f"kernel is compared with the ceiling timed the same way: synced (one call from "
+        f"Python, launch latency included) and queued (device time).",
+        "",
+        "| tokens | pages | kernel | variant | GB/s synced | of ceiling | GB/s queued | of ceiling "
+        "| bytes ok |",
+        "|" + " --- |" * 9,
+    ]
     for case in section["cases"]:
         for direction in ("gather", "scatter"):
             for variant, r in case[direction].items():
                 if "error" in r:
-                    out.append(f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
-                               f"error: {r['error']} | | | | |")
+                    out.append(
+                        f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
+                        f"error: {r['error']} | | | | |"
+                    )
                     continue
-                out.append(f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
-                           f"{r['GBps_rw']:,.0f} | {_pct(r['of_ceiling'])} | "
-                           f"{r['GBps_rw_queued']:,.0f} | {_pct(r['of_ceiling_queued'])} | "
-                           f"{r['correct']} |")
+                out.append(
+                    f"| {case['tokens']} | {case['pages']} | {direction} | {variant} | "
+                    f"{r['GBps_rw']:,.0f} | {_pct(r['of_ceiling'])} | "
+                    f"{r['GBps_rw_queued']:,.0f} | {_pct(r['of_ceiling_queued'])} | "
+                    f"{r['correct']} |"
+                )
     return out
 
 
 FORMATTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "dma": _dma_md, "storage": _storage_md, "kernels": _kernels_md,
+    "dma": _dma_md,
+    "storage": _storage_md,
+    "kernels": _kernels_md,
 }
 
 
@@ -443,15 +519,32 @@ def _settings(args: argparse.Namespace) -> Settings | str:
     if unknown:
         return f"--sections: unknown {unknown}; choose from {sorted(SECTIONS)}"
     first = tuple(int(m) for m in args.first_chunk_mib.split(",") if m)
-    return Settings(geometry, name, tokens, repeats, 1 if args.quick else 3,
-                    torch.device("cuda" if cuda else "cpu"), args.quick, first, sections)
+    return Settings(
+        geometry,
+        name,
+        tokens,
+        repeats,
+        1 if args.quick else 3,
+        torch.device("cuda" if cuda else "cpu"),
+        args.quick,
+        first,
+        sections,
+    )
 
 
 def _config(s: Settings) -> dict[str, object]:
     name = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else "cpu (smoke run)"
-    return {"device_name": name, "torch": torch.__version__, "geometry": s.preset_name,
-            "geometry_fields": asdict(s.geometry), "bytes_per_page": s.geometry.bytes_per_page,
-            "tokens": list(s.tokens), "repeats": s.repeats, "warmup": s.warmup, "quick": s.quick}
+    return {
+        "device_name": name,
+        "torch": torch.__version__,
+        "geometry": s.preset_name,
+        "geometry_fields": asdict(s.geometry),
+        "bytes_per_page": s.geometry.bytes_per_page,
+        "tokens": list(s.tokens),
+        "repeats": s.repeats,
+        "warmup": s.warmup,
+        "quick": s.quick,
+    }
 
 
 def _write(out_dir: str, result: dict[str, Any]) -> None:
@@ -465,25 +558,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     """0: every section measured; 1: a section's module is missing (reported); 2: cannot run."""
     parser = BenchParser("transfer", (__doc__ or "").split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for transfer.json and transfer.md")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)")
-    parser.add_argument("--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)")
-    parser.add_argument("--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)"
+    )
+    parser.add_argument(
+        "--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)"
+    )
     parser.add_argument("--page-size", type=int, help="tokens per page (default: the preset's, 16)")
-    parser.add_argument("--first-chunk-mib", default=",".join(map(str, FIRST_CHUNK_MIB_OTHER)),
-                        help="first-chunk sizes (MiB) measured as variants beside the default")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated subset of {','.join(SECTIONS)}")
-    parser.add_argument("--preset", help="comma-separated pool groups (dsv4, mla): the "
-                        "multi-pool benchmark instead (hicache/bench/multipool.py)")
+    parser.add_argument(
+        "--first-chunk-mib",
+        default=",".join(map(str, FIRST_CHUNK_MIB_OTHER)),
+        help="first-chunk sizes (MiB) measured as variants beside the default",
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--preset",
+        help="comma-separated pool groups (dsv4, mla): the "
+        "multi-pool benchmark instead (hicache/bench/multipool.py)",
+    )
     args = parser.parse_args(argv)
     if args.preset and not args.quick and not torch.cuda.is_available():
         return no_cuda("transfer", "pass --quick for a CPU smoke run of the multi-pool path")
     if args.preset:
         from hicache.bench.multipool import run_cli
+
         return run_cli(args)
     if not args.quick and not torch.cuda.is_available():
-        return no_cuda("transfer", "run it on a machine with a GPU, or pass --quick for a CPU "
-                                   "smoke run (its numbers mean nothing)")
+        return no_cuda(
+            "transfer",
+            "run it on a machine with a GPU, or pass --quick for a CPU "
+            "smoke run (its numbers mean nothing)",
+        )
     settings = _settings(args)
     if isinstance(settings, str):
         print(f"hicache bench transfer: {settings}", file=sys.stderr)
@@ -499,7 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as e:  # a piece of hicache is not there: say so, measure the rest
             result[name] = {"error": f"section {name!r} could not run: {e}"}
             missing.append(name)
-            print(f"hicache bench transfer: SECTION {name.upper()} NOT MEASURED: {e}", file=sys.stderr)
+            print(
+                f"hicache bench transfer: SECTION {name.upper()} NOT MEASURED: {e}", file=sys.stderr
+            )
         if settings.device.type == "cuda":
             torch.cuda.empty_cache()  # the next section allocates its own pools
         _write(args.out, result)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from hicache.bench import BenchParser
 from hicache.testing.adapters.controller import ControllerAdapter
 from hicache.vectors.adapters import controller
-from hicache.vectors.format import CaseConfig, parse_case, read_manifest, sha256_hex
 from hicache.vectors.categories import CATEGORIES
+from hicache.vectors.format import CaseConfig, parse_case, read_manifest, sha256_hex
 from hicache.vectors.generate import generate
 from hicache.vectors.run import Verdict, run_dir
 
@@ -64,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = BenchParser("vectors", __doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--count", type=int, default=10, help="cases per category (default 10)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=3, help="timings per measurement, best kept (default 3)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timings per measurement, best kept (default 3)"
+    )
     args = parser.parse_args(argv)
     if args.count < 1 or args.repeat < 1:
         parser.error("--count and --repeat: at least 1")
@@ -79,13 +81,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_s = best_of(args.repeat, lambda: verdicts.append(run_dir(directory, controller)))
         bare_s = best_of(args.repeat, lambda: verdicts.append(run_dir(directory, unchecked)))
     failed = [v for run in verdicts for v in run if v.status == "FAIL"]
-    print(f"{cases} cases, {steps} steps ({args.count} per category, seed {args.seed}); best of {args.repeat}")
-    print(f"generate (controller, recording):  {cases / generated_s:8.0f} cases/s  {steps / generated_s:9.0f} steps/s")
-    print(f"ceiling: read + sha256 + parse:    {cases / ceiling_s:8.0f} cases/s  {steps / ceiling_s:9.0f} steps/s")
-    print(f"run through the controller:        {cases / run_s:8.0f} cases/s  {steps / run_s:9.0f} steps/s  "
-          f"({ceiling_s / run_s:.3f} of the ceiling)")
-    print(f"  the same, check() skipped:        {cases / bare_s:8.0f} cases/s  {steps / bare_s:9.0f} steps/s  "
-          f"({ceiling_s / bare_s:.3f} of the ceiling)")
+    print(
+        f"{cases} cases, {steps} steps ({args.count} per category, seed {args.seed}); best of {args.repeat}"
+    )
+    print(
+        f"generate (controller, recording):  {cases / generated_s:8.0f} cases/s  {steps / generated_s:9.0f} steps/s"
+    )
+    print(
+        f"ceiling: read + sha256 + parse:    {cases / ceiling_s:8.0f} cases/s  {steps / ceiling_s:9.0f} steps/s"
+    )
+    print(
+        f"run through the controller:        {cases / run_s:8.0f} cases/s  {steps / run_s:9.0f} steps/s  "
+        f"({ceiling_s / run_s:.3f} of the ceiling)"
+    )
+    print(
+        f"  the same, check() skipped:        {cases / bare_s:8.0f} cases/s  {steps / bare_s:9.0f} steps/s  "
+        f"({ceiling_s / bare_s:.3f} of the ceiling)"
+    )
     if failed:
         print(f"{len(failed)} case runs FAILED")
         return 1

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import IO, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import IO, NoReturn
 
 from hicache.checktrace.replay import check_lines
 from hicache.checktrace.verdict import MALFORMED
@@ -35,13 +36,23 @@ def _every(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = _Parser(prog="hicache check-trace", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = _Parser(
+        prog="hicache check-trace", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
     p.add_argument("file", metavar="FILE", help="the trace (NDJSON, header first); - for stdin")
-    p.add_argument("--check-every", type=_every, default=1, metavar="N",
-                   help="1 (default): the invariants after every call, on what it touched; "
-                        "N > 1: on the whole state at the first call boundary after each N events; 0: never")
-    p.add_argument("--full-checks", action="store_true",
-                   help="with --check-every 1: check the whole state after every call (slower)")
+    p.add_argument(
+        "--check-every",
+        type=_every,
+        default=1,
+        metavar="N",
+        help="1 (default): the invariants after every call, on what it touched; "
+        "N > 1: on the whole state at the first call boundary after each N events; 0: never",
+    )
+    p.add_argument(
+        "--full-checks",
+        action="store_true",
+        help="with --check-every 1: check the whole state after every call (slower)",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it")
     args = p.parse_args(argv)
     stream: IO[str]
@@ -57,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = check_lines(stream, check_every=args.check_every, full_checks=args.full_checks)
     except UnicodeDecodeError as e:
         verdict = None
-        print(f"hicache check-trace: error: {args.file}: not UTF-8 text ({e.reason})", file=sys.stderr)
+        print(
+            f"hicache check-trace: error: {args.file}: not UTF-8 text ({e.reason})", file=sys.stderr
+        )
     finally:
         if stream is not sys.stdin:
             stream.close()

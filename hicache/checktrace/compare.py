@@ -19,7 +19,7 @@ the ownership invariant (I1) a reserve of a page still owned breaks.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from hicache.checktrace.maps import IdMap, PageMap
 from hicache.control import ControlPlane
@@ -51,7 +51,9 @@ class DoubleOwnership(Exception):
 
 def ownership_ops(lc: Lifecycle) -> dict[str, str]:
     """Event name -> its row's ownership effect (reserve / publish / release / free)."""
-    return {t.name: e.op for t in lc.transitions.values() for e in t.effects if e.op in OWNERSHIP_OPS}
+    return {
+        t.name: e.op for t in lc.transitions.values() for e in t.effects if e.op in OWNERSHIP_OPS
+    }
 
 
 HELD_PAGES = {"tombstone": "held", "revive": "held"}
@@ -73,10 +75,16 @@ class Comparer:
     def compare(self, ref: TraceEvent, got: TraceEvent) -> None:
         """Mismatch / DoubleOwnership unless `got` is `ref` in the trace's ids; binds ids."""
         if got.event != ref.event:
-            raise Mismatch(f"the trace has {got.event} where the reference emitted {ref.event}", ref)
-        plain = (got.tier == ref.tier and got.request == ref.request and got.token_start == ref.token_start
-                 and got.token_end == ref.token_end
-                 and (not self.states or (got.before == ref.before and got.after == ref.after)))
+            raise Mismatch(
+                f"the trace has {got.event} where the reference emitted {ref.event}", ref
+            )
+        plain = (
+            got.tier == ref.tier
+            and got.request == ref.request
+            and got.token_start == ref.token_start
+            and got.token_end == ref.token_end
+            and (not self.states or (got.before == ref.before and got.after == ref.after))
+        )
         if not plain:  # the slow path names the field
             for key in _PLAIN:
                 self._same(key, getattr(ref, key), getattr(got, key), ref)
@@ -102,8 +110,11 @@ class Comparer:
 
     def _ids(self, m: IdMap, key: str, want: int | None, have: int | None, ref: TraceEvent) -> None:
         if (want is None) != (have is None):
-            raise Mismatch(f"{key}: the trace has {_text(have)}, the reference "
-                           f"{'none' if want is None else 'one'}", ref)
+            raise Mismatch(
+                f"{key}: the trace has {_text(have)}, the reference "
+                f"{'none' if want is None else 'one'}",
+                ref,
+            )
         if want is not None and have is not None:
             why = m.match(have, want)
             if why is not None:
@@ -125,7 +136,10 @@ class Comparer:
             self._same("pages", ref.pages, got.pages, ref)
             return
         if len(got.pages) != len(ref.pages):
-            raise Mismatch(f"pages: the trace moves {len(got.pages)} page(s), the reference {len(ref.pages)}", ref)
+            raise Mismatch(
+                f"pages: the trace moves {len(got.pages)} page(s), the reference {len(ref.pages)}",
+                ref,
+            )
         assert ref.tier is not None  # Verify: every lifecycle event names its tier.
         m = self.pages[ref.tier]
         if op == "reserve":
@@ -140,17 +154,23 @@ class Comparer:
     def _reserve(self, m: PageMap, ref: TraceEvent, got: TraceEvent) -> None:
         table = self.cp.tables[TIERS.index(Tier(ref.tier))]
         mine = set(ref.pages)
-        owned = [(r := m.to_ref.get(e)) is not None and r not in mine and table.owner[r] != FREE
-                 for e in got.pages]
+        owned = [
+            (r := m.to_ref.get(e)) is not None and r not in mine and table.owner[r] != FREE
+            for e in got.pages
+        ]
         twice = m.bind(got.pages, ref.pages, owned)
         if twice is not None:
             check = get_check("I1")
             held = m.to_ref.get(twice)
-            what = "named twice in this event" if held is None or held in mine else \
-                f"still {OWNER_NAMES[int(table.owner[held])]}{self._holder(ref.tier, held)}"  # type: ignore[arg-type]
-            raise DoubleOwnership(f"{check.id} {check.name}",
-                                  f"[{ref.tier}] page {twice}: reserved while {what}; "
-                                  f"{check.summary}")
+            what = (
+                "named twice in this event"
+                if held is None or held in mine
+                else f"still {OWNER_NAMES[int(table.owner[held])]}{self._holder(ref.tier, held)}"
+            )  # type: ignore[arg-type]
+            raise DoubleOwnership(
+                f"{check.id} {check.name}",
+                f"[{ref.tier}] page {twice}: reserved while {what}; {check.summary}",
+            )
 
     def _holder(self, tier: str, ref_page: int) -> str:
         """Who holds reference page `ref_page` of `tier`, in the trace's ids."""

@@ -32,13 +32,14 @@ they are skipped to find the call. The look-ahead is bounded by `LOOKAHEAD_MAX` 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
-from hicache.control import ControlPlane
-from hicache.errors import HiCacheError
 from hicache.checktrace.maps import IdMap, PageMap
 from hicache.checktrace.reader import Line
+from hicache.control import ControlPlane
+from hicache.errors import HiCacheError
 from hicache.lifecycle import composite_name
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import TraceEvent
@@ -104,8 +105,13 @@ class Resolver:
     unnamed reference node covering exactly [token_start, token_end) (of the event's
     request's prompt, when it names one) -- the upper part of a split the trace left out."""
 
-    def __init__(self, cp: ControlPlane, nodes: IdMap, by_range: bool,
-                 pages: Mapping[str, PageMap] | None = None) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        nodes: IdMap,
+        by_range: bool,
+        pages: Mapping[str, PageMap] | None = None,
+    ) -> None:
         self.cp, self.nodes, self.by_range = cp, nodes, by_range
         self.pages = pages or {}
 
@@ -118,11 +124,16 @@ class Resolver:
         if ref is None and self.by_range:
             ref = self._by_range(line, engine_id)
         if ref is None:
-            raise Unreplayable(line, f"node {engine_id} is unknown: no earlier event created it in the "
-                                     "trace (an insert, a split) or it was removed")
+            raise Unreplayable(
+                line,
+                f"node {engine_id} is unknown: no earlier event created it in the "
+                "trace (an insert, a split) or it was removed",
+            )
         found = self.cp.tree._nodes.get(ref)
         if found is None:
-            raise Unreplayable(line, f"node {engine_id} (reference node {ref}) was removed from the tree")
+            raise Unreplayable(
+                line, f"node {engine_id} (reference node {ref}) was removed from the tree"
+            )
         return found
 
     def _by_range(self, line: Line, engine_id: int) -> int | None:
@@ -146,10 +157,17 @@ class Resolver:
         if len(found) > 1:
             found = self._narrow(e, found)
         if len(found) > 1:
-            where = f"tokens [{e.token_start}, {e.token_end})" if e.token_end is not None else "its request's prompt"
-            raise Ambiguous(line, f"node {engine_id} cannot be identified: {len(found)} reference nodes "
-                                  f"cover {where} in that state (the trace omits split; name the event's "
-                                  "request or carry pages to tell them apart)")
+            where = (
+                f"tokens [{e.token_start}, {e.token_end})"
+                if e.token_end is not None
+                else "its request's prompt"
+            )
+            raise Ambiguous(
+                line,
+                f"node {engine_id} cannot be identified: {len(found)} reference nodes "
+                f"cover {where} in that state (the trace omits split; name the event's "
+                "request or carry pages to tell them apart)",
+            )
         if not found:
             return None
         # Verify the binding is new on both sides before it is made.
@@ -160,7 +178,9 @@ class Resolver:
         """Of several candidates, those in the event's `before` state, and those holding the
         reference pages the event's pages are bound to (an eviction's, a load's source)."""
         if e.before is not None and e.node is not None:
-            found = [n for n in found if composite_name((n.state[0], n.state[1], n.state[2])) == e.before]
+            found = [
+                n for n in found if composite_name((n.state[0], n.state[1], n.state[2])) == e.before
+            ]
         m = self.pages.get(e.tier or "")
         frees = e.event.startswith("evict_") or e.event == "invalidate_l3"  # pages the node holds
         if m is not None and e.pages and frees and len(found) > 1:
@@ -193,7 +213,9 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
     if name == "begin_request":
         r = _request(head)
         prompt = e.detail.get("prompt")
-        assert isinstance(prompt, list)  # Verify: the schema requires detail.prompt, a list of ints.
+        assert isinstance(
+            prompt, list
+        )  # Verify: the schema requires detail.prompt, a list of ints.
         return Call(f"begin_request({r})", lambda: cp.begin_request(r, prompt), request=r)
     if name == "compute":
         return _compute(cp, ahead, k, head)
@@ -201,21 +223,34 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         r = _request(head)
         end = _scan(ahead, k, lambda ln: ln.event.event in INSERT_EVENTS and ln.event.request == r)
         after = ahead.peek(end)
-        if name == "discard" and after is not None and after.event.event == "end_request" \
-                and after.event.request == r:
+        if (
+            name == "discard"
+            and after is not None
+            and after.event.event == "end_request"
+            and after.event.request == r
+        ):
             return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=end)
         if name == "discard" and after is None:  # cut before what tells insert from end_request
             ending = Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
-            return Call(f"insert({r})", lambda: cp.insert(r), request=r, alternative=ending,
-                        on=lambda plane: plane.insert(r))
+            return Call(
+                f"insert({r})",
+                lambda: cp.insert(r),
+                request=r,
+                alternative=ending,
+                on=lambda plane: plane.insert(r),
+            )
         return Call(f"insert({r})", lambda: cp.insert(r), request=r)
     if name == "cached_len":
         r = _request(head)
         if e.node is None:
             return Call(f"insert({r})", lambda: cp.insert(r), request=r)
         node = resolve(head, e.node)
-        return Call(f"advance_cached_len({r}, node {e.node})", lambda: cp.advance_cached_len(r, node),
-                    nodes=[node], request=r)
+        return Call(
+            f"advance_cached_len({r}, node {e.node})",
+            lambda: cp.advance_cached_len(r, node),
+            nodes=[node],
+            request=r,
+        )
     if name == "end_request":
         r = _request(head)
         return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
@@ -223,7 +258,12 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         r = _request(head)
         node = resolve(head, e.node)
         tier = Tier(e.tier)
-        return Call(f"pin({r}, node {e.node}, {tier})", lambda: cp.pin(r, node, tier), nodes=[node], request=r)
+        return Call(
+            f"pin({r}, node {e.node}, {tier})",
+            lambda: cp.pin(r, node, tier),
+            nodes=[node],
+            request=r,
+        )
     if name == "unlock":
         return _unlock(cp, ahead, k, head, resolve)
     if name.endswith("_issue"):
@@ -236,10 +276,15 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
     if name.startswith("evict_") or name == "invalidate_l3":
         node = resolve(head, e.node)
         tier = Tier(e.tier)
-        return Call(f"evict_node(node {e.node}, {tier}, {name})", lambda: cp.evict_node(node, tier, name),
-                    nodes=[node])
-    raise Unreplayable(head, f"{name} is emitted only within a call (after the event that starts it), "
-                             "never on its own")
+        return Call(
+            f"evict_node(node {e.node}, {tier}, {name})",
+            lambda: cp.evict_node(node, tier, name),
+            nodes=[node],
+        )
+    raise Unreplayable(
+        head,
+        f"{name} is emitted only within a call (after the event that starts it), never on its own",
+    )
 
 
 def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
@@ -249,7 +294,9 @@ def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
     assert last is not None  # Verify: the scan covered `head` at least.
     start, stop = head.event.token_start, last.event.token_end
     if start is None or stop is None:
-        raise Unreplayable(head, "compute names no token range; the reference needs the tokens it reserves for")
+        raise Unreplayable(
+            head, "compute names no token range; the reference needs the tokens it reserves for"
+        )
     n = stop - start
     return Call(f"compute({r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
 
@@ -263,26 +310,42 @@ def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Res
     pins = [] if req is None else list(reversed(req.pins))
     released = [ahead.peek(i) for i in range(k, run)]
     every = len(pins) == len(released) and all(
-        ln is not None and resolve.nodes.to_ref.get(ln.event.node or -1) == n.node_id
-        and ln.event.tier == str(TIERS[t]) for ln, (n, t) in zip(released, pins))
+        ln is not None
+        and resolve.nodes.to_ref.get(ln.event.node or -1) == n.node_id
+        and ln.event.tier == str(TIERS[t])
+        for ln, (n, t) in zip(released, pins)
+    )
     if every:
-        rest = _scan(ahead, run, lambda ln: ln.event.event == "node_remove"
-                     or (ln.event.event == "discard" and ln.event.request == r))
+        rest = _scan(
+            ahead,
+            run,
+            lambda ln: (
+                ln.event.event == "node_remove"
+                or (ln.event.event == "discard" and ln.event.request == r)
+            ),
+        )
         after = ahead.peek(rest)
         if after is not None and after.event.event == "end_request" and after.event.request == r:
             return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=rest)
         return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r)
     node = resolve(head, head.event.node)
-    return Call(f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r)
+    return Call(
+        f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r
+    )
 
 
-def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver, ops: IdMap) -> Call:
+def _issue(
+    cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver, ops: IdMap
+) -> Call:
     e = head.event
     if e.op is None:
         raise Unreplayable(head, f"{e.event} names no op")
     if e.op in ops.to_ref:
-        raise Unreplayable(head, f"op {e.op} is already pending (reference op {ops.to_ref[e.op]}); "
-                                 "an op id is reused only after its end")
+        raise Unreplayable(
+            head,
+            f"op {e.op} is already pending (reference op {ops.to_ref[e.op]}); "
+            "an op id is reused only after its end",
+        )
     end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
     chain: list[TreeNode] = []
     for i in range(k, end):
@@ -292,8 +355,12 @@ def _issue(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Reso
     direction = Direction(e.event.split("_")[0].upper())
     r = e.request
     ids = [ahead.peek(i).event.node for i in range(k, end)]  # type: ignore[union-attr]
-    return Call(f"issue({direction}, nodes {ids}, request {r})", lambda: cp.issue(direction, chain, r),
-                nodes=chain, request=r)
+    return Call(
+        f"issue({direction}, nodes {ids}, request {r})",
+        lambda: cp.issue(direction, chain, r),
+        nodes=chain,
+        request=r,
+    )
 
 
 def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> Call:
@@ -306,7 +373,9 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
         raise Unreplayable(head, f"{e.event} names no op")
     ref = ops.to_ref.get(e.op)
     if ref is None or ref not in cp.ops:
-        raise Unreplayable(head, f"op {e.op} is not pending: it was never issued, or it already ended")
+        raise Unreplayable(
+            head, f"op {e.op} is not pending: it was never issued, or it already ended"
+        )
     op = cp.ops[ref]
     if outcome == "complete":
         end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
@@ -314,7 +383,18 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
         failed = e.event.replace("_complete", "_fail")
         if after is not None and after.event.event == failed and after.event.op == e.op:
             keep = end - k
-            return Call(f"complete_part(op {e.op}, {keep} nodes)", lambda: cp.complete_part(ref, keep),
-                        nodes=list(op.nodes), request=op.request_id, op=ref)
+            return Call(
+                f"complete_part(op {e.op}, {keep} nodes)",
+                lambda: cp.complete_part(ref, keep),
+                nodes=list(op.nodes),
+                request=op.request_id,
+                op=ref,
+            )
     run = getattr(cp, outcome)
-    return Call(f"{outcome}(op {e.op})", lambda: run(ref), nodes=list(op.nodes), request=op.request_id, op=ref)
+    return Call(
+        f"{outcome}(op {e.op})",
+        lambda: run(ref),
+        nodes=list(op.nodes),
+        request=op.request_id,
+        op=ref,
+    )

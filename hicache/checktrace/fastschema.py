@@ -11,7 +11,8 @@ given directly), never looser -- the rule then has the last word.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 Predicate = Callable[[Any], bool]
 
@@ -34,8 +35,16 @@ def compile_fast(schema: Mapping[str, Any]) -> Predicate:
     if _int_floor(schema):
         floor = int(schema["minimum"])
         return lambda x: type(x) is int and x >= floor  # the common leaf, in one test
-    objectish = any(k in schema for k in ("required", "properties", "additionalProperties",
-                                          "minProperties", "dependentRequired"))
+    objectish = any(
+        k in schema
+        for k in (
+            "required",
+            "properties",
+            "additionalProperties",
+            "minProperties",
+            "dependentRequired",
+        )
+    )
     if kind == "object" and objectish:
         tests.append(_object(schema, strict=True))  # the type test is its first line
         objectish = False
@@ -96,13 +105,17 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
             if check is not None and not check(value):
                 return False
         return True
+
     return test
 
 
 def _int_floor(schema: Mapping[str, Any]) -> bool:
     """Whether `schema` is exactly an integer with a minimum (a description aside)."""
-    return schema.get("type") == "integer" and "minimum" in schema \
+    return (
+        schema.get("type") == "integer"
+        and "minimum" in schema
         and set(schema) - {"description"} == {"type", "minimum"}
+    )
 
 
 def _array(schema: Mapping[str, Any]) -> Predicate:
@@ -119,4 +132,5 @@ def _array(schema: Mapping[str, Any]) -> Predicate:
                 if not item(v):
                     return False
         return True
+
     return test

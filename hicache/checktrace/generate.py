@@ -25,8 +25,9 @@ def _prompt(rng: random.Random) -> tuple[int, ...]:
     p = rng.randrange(PREFIXES)
     salt = rng.randrange(3)
     extra = rng.randrange(4) * PAGE_SIZE + rng.randint(1, PAGE_SIZE)
-    return tuple(range(1000 * (p + 1), 1000 * (p + 1) + PREFIX_PAGES * PAGE_SIZE)) + \
-        tuple(range(50 * salt, 50 * salt + extra))
+    return tuple(range(1000 * (p + 1), 1000 * (p + 1) + PREFIX_PAGES * PAGE_SIZE)) + tuple(
+        range(50 * salt, 50 * salt + extra)
+    )
 
 
 def _step(a: ControllerAdapter, rng: random.Random, next_rid: int, served: set[int]) -> int:
@@ -63,13 +64,22 @@ def _step(a: ControllerAdapter, rng: random.Random, next_rid: int, served: set[i
     return next_rid
 
 
-FAULTS = {"D2H_COMPLETE": 0.05, "H2D_COMPLETE": 0.05, "IO_EIO": 0.05, "SHORT_READ": 0.05,
-          "CORRUPT_SLOT": 0.05, "ALLOC_L2": 0.05, "ALLOC_L3": 0.05}
+FAULTS = {
+    "D2H_COMPLETE": 0.05,
+    "H2D_COMPLETE": 0.05,
+    "IO_EIO": 0.05,
+    "SHORT_READ": 0.05,
+    "CORRUPT_SLOT": 0.05,
+    "ALLOC_L2": 0.05,
+    "ALLOC_L3": 0.05,
+}
 """The fault rates `faults=True` draws (sites of hicache.dataplane.faults.FaultSite): failed
 transfers, corrupt and short L3 reads (invalidate_l3), refused reservations."""
 
 
-def controller_trace(seed: int, steps: int, setup: Setup | None = None, faults: bool = False) -> list[str]:
+def controller_trace(
+    seed: int, steps: int, setup: Setup | None = None, faults: bool = False
+) -> list[str]:
     """The NDJSON lines (header first) of one controller's run of `steps` random actions;
     `faults`: with the fault sites of FAULTS firing at random."""
     rng = random.Random(seed)

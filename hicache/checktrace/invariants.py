@@ -16,7 +16,7 @@ all-clear does not read side pools, so I9 is the full checks' alone.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from hicache.checktrace.touched import TouchedChecks
 from hicache.control import ControlPlane
@@ -34,8 +34,13 @@ class Scope:
     """What one call may have changed, in the reference's ids: the nodes it was asked about
     and their ancestors (before the call), the nodes, ops and requests its events name."""
 
-    def __init__(self, nodes: Iterable[TreeNode], request: int | None, op: int | None,
-                 locked: Iterable[TreeNode]) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[TreeNode],
+        request: int | None,
+        op: int | None,
+        locked: Iterable[TreeNode],
+    ) -> None:
         self.nodes: set[int] = set()
         for n in [*nodes, *locked]:
             m: TreeNode | None = n
@@ -70,7 +75,9 @@ class Scope:
                 self.nodes.add(upper)
 
 
-def scope_before(cp: ControlPlane, nodes: list[TreeNode], request: int | None, op: int | None) -> Scope:
+def scope_before(
+    cp: ControlPlane, nodes: list[TreeNode], request: int | None, op: int | None
+) -> Scope:
     """The scope of a call about to run: `nodes`, and the request's locked prefix and pins."""
     r = None if request is None else cp.requests.get(request)
     locked = [] if r is None else [r.locked, *(n for n, _ in r.pins)]

@@ -21,7 +21,7 @@ to a request or op, or held by a node) is a double ownership: `PageMap.bind` rep
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class IdMap:
@@ -41,12 +41,16 @@ class IdMap:
                 return None
             other = self.to_engine.get(ref)
             named = f" (trace {self.kind} {other})" if other is not None else ""
-            return (f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here "
-                    f"the reference acts on its {self.kind} {ref}{named}")
+            return (
+                f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here "
+                f"the reference acts on its {self.kind} {ref}{named}"
+            )
         back = self.to_engine.get(ref)
         if back is not None:
-            return (f"the reference's {self.kind} {ref} is trace {self.kind} {back}, "
-                    f"but this event names {self.kind} {engine}")
+            return (
+                f"the reference's {self.kind} {ref} is trace {self.kind} {back}, "
+                f"but this event names {self.kind} {engine}"
+            )
         self.to_ref[engine] = ref
         self.to_engine[ref] = engine
         return None
@@ -59,7 +63,11 @@ class IdMap:
     def engine_name(self, ref: int) -> str:
         """How a report names the reference's `ref`: the trace's id when bound."""
         engine = self.to_engine.get(ref)
-        return f"{engine}" if engine is not None else f"(reference {self.kind} {ref}, unnamed in the trace)"
+        return (
+            f"{engine}"
+            if engine is not None
+            else f"(reference {self.kind} {ref}, unnamed in the trace)"
+        )
 
 
 class PageMap:
@@ -97,9 +105,17 @@ class PageMap:
             got = self.to_ref.get(e)
             if got != r:
                 want = self.to_engine.get(r)
-                have = f"trace page {want}" if want is not None else "a page the trace never reserved"
-                where = "was never reserved in the trace" if got is None else f"is the reference's page {got}"
-                return f"{self.tier} page {e} {where}; the reference moves its page {r} here ({have})"
+                have = (
+                    f"trace page {want}" if want is not None else "a page the trace never reserved"
+                )
+                where = (
+                    "was never reserved in the trace"
+                    if got is None
+                    else f"is the reference's page {got}"
+                )
+                return (
+                    f"{self.tier} page {e} {where}; the reference moves its page {r} here ({have})"
+                )
         return None
 
     def unbind(self, ref: Sequence[int]) -> None:

@@ -19,7 +19,8 @@ Blank lines are skipped (they carry nothing); line numbers count them, from 1 fo
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from hicache.checktrace.schema import EventSchema, load_event_schema
 from hicache.lifecycle import Lifecycle
@@ -84,7 +85,9 @@ def absent_tier_events(lc: Lifecycle, tiers: tuple[str, ...]) -> dict[str, str]:
 class TraceReader:
     """Header first, then `Line`s; `Malformed` at the first bad line."""
 
-    def __init__(self, lines: Iterable[str], lc: Lifecycle, schema: EventSchema | None = None) -> None:
+    def __init__(
+        self, lines: Iterable[str], lc: Lifecycle, schema: EventSchema | None = None
+    ) -> None:
         self._lines = iter(lines)
         self.lifecycle = lc
         self.number = 0  # the last line read
@@ -106,8 +109,10 @@ class TraceReader:
         if text is not None:
             text = text.lstrip("\ufeff")  # a byte-order mark some editors write first
         if text is None:
-            raise Malformed(max(self.number, 1), "empty input: a trace starts with its header line "
-                                                 "(spec/trace.md, Header)")
+            raise Malformed(
+                max(self.number, 1),
+                "empty input: a trace starts with its header line (spec/trace.md, Header)",
+            )
         try:
             return TraceHeader.from_json(text)
         except TraceFormatError as e:
@@ -138,15 +143,23 @@ class TraceReader:
         if why is not None:
             raise Malformed(n, f"schema: {why}", seq)
         if seq != self.seq + 1:
-            raise Malformed(n, f"seq {seq} where {self.seq + 1} is due (seq starts at 1 and grows by "
-                               "1 per event: a line was lost, repeated or reordered)", seq)
+            raise Malformed(
+                n,
+                f"seq {seq} where {self.seq + 1} is due (seq starts at 1 and grows by "
+                "1 per event: a line was lost, repeated or reordered)",
+                seq,
+            )
         missing = self._absent.get(name) if isinstance(name, str) else None
         tier = d.get("tier")
         if missing is None and tier is not None and tier not in self.header.tiers:
             missing = tier
         if missing is not None:
-            raise Malformed(n, f"{name} needs tier {missing}, which the header's capacities "
-                               f"{list(self.header.tiers)} do not have", seq)
+            raise Malformed(
+                n,
+                f"{name} needs tier {missing}, which the header's capacities "
+                f"{list(self.header.tiers)} do not have",
+                seq,
+            )
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
@@ -42,8 +42,14 @@ kept it: removals are not compared then either."""
 class Violation(Exception):
     """The first bad event: its line, why, and the record of the state before its call."""
 
-    def __init__(self, line: Line, why: str, call: Call | None = None, before: Before | None = None,
-                 ref: TraceEvent | None = None) -> None:
+    def __init__(
+        self,
+        line: Line,
+        why: str,
+        call: Call | None = None,
+        before: Before | None = None,
+        ref: TraceEvent | None = None,
+    ) -> None:
         self.line, self.why, self.call, self.before, self.ref = line, why, call, before, ref
         super().__init__(why)
 
@@ -86,13 +92,21 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
     caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
     p = header.pools
     if not p:
-        return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()),
-                            lifecycle=lc)
+        return ControlPlane(
+            header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc
+        )
     try:  # a pool group's plane: the preset, its policy and side capacities, as declared
         group = preset_group(str(p["group"]))
-        return ControlPlane(header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()),
-                            lifecycle=lc, pools=group, hit_policy=str(p.get("hit_policy", ALL_POOLS)),
-                            pool_capacities=p.get("capacities") or None)  # type: ignore[arg-type]
+        return ControlPlane(
+            header.page_size,
+            caps,
+            check_mode="off",
+            tracer=Tracer(ListSink()),
+            lifecycle=lc,
+            pools=group,
+            hit_policy=str(p.get("hit_policy", ALL_POOLS)),
+            pool_capacities=p.get("capacities") or None,
+        )  # type: ignore[arg-type]
     except ConfigError as e:
         raise Malformed(1, f"header pools: {e}") from None
 
@@ -100,7 +114,9 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
 class Replay:
     """One trace's replay; `run` returns the number of events checked or raises Violation."""
 
-    def __init__(self, reader: TraceReader, lc: Lifecycle, check_every: int, full: bool = False) -> None:
+    def __init__(
+        self, reader: TraceReader, lc: Lifecycle, check_every: int, full: bool = False
+    ) -> None:
         self.header = reader.header
         self.lc = lc
         self.cp = plane_for(self.header, lc)
@@ -110,7 +126,9 @@ class Replay:
         assert isinstance(inner, ListSink), "the reference's tracer has no ListSink"
         self.sink = inner
         self.compare = Comparer(self.cp, lc, self.header.omits)
-        self.resolve = Resolver(self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages)
+        self.resolve = Resolver(
+            self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages
+        )
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
         self.buffer = _Buffer(reader, self.dropped)
         self.checks = Checks(self.cp, check_every, full)
@@ -128,7 +146,9 @@ class Replay:
             except Ambiguous as e:
                 raise Malformed(e.line.number, e.why, e.line.event.seq) from None
             except Unreplayable as e:
-                raise Violation(e.line, f"not enabled: {e.why}", None, self._concerned(e.line)) from None
+                raise Violation(
+                    e.line, f"not enabled: {e.why}", None, self._concerned(e.line)
+                ) from None
             if call is None:  # only splits left: the trace stops inside a call
                 while self.buffer.peek(0) is not None:
                     self.buffer.pop()
@@ -146,7 +166,9 @@ class Replay:
         left: list[Line] = []
         while (line := self.buffer.peek(len(left))) is not None:
             left.append(line)
-        plane, compare, sink = copy.deepcopy((self.cp, self.compare, self.sink), {id(self.lc): self.lc})
+        plane, compare, sink = copy.deepcopy(
+            (self.cp, self.compare, self.sink), {id(self.lc): self.lc}
+        )
         sink.events.clear()
         try:
             call.on(plane)
@@ -168,7 +190,11 @@ class Replay:
 
     def _step(self, call: Call, head: Line) -> None:
         before = Before.capture(self.cp, call.nodes, call.request)
-        scope = scope_before(self.cp, call.nodes, call.request, call.op) if self.checks.needs_scope else None
+        scope = (
+            scope_before(self.cp, call.nodes, call.request, call.op)
+            if self.checks.needs_scope
+            else None
+        )
         self.sink.events.clear()
         try:
             call.run()
@@ -186,8 +212,12 @@ class Replay:
             if ev.event == "node_remove" and ev.event in self.dropped and ev.node is not None:
                 self.compare.nodes.drop_ref(ev.node)
         if not emitted:
-            raise Violation(head, f"not enabled: the reference's {call.label} changes nothing here "
-                                  "(emits no event)", call, before)
+            raise Violation(
+                head,
+                f"not enabled: the reference's {call.label} changes nothing here (emits no event)",
+                call,
+                before,
+            )
         for ref in emitted:
             line = self.buffer.peek(0)
             if line is None:
@@ -195,9 +225,13 @@ class Replay:
             try:
                 self.compare.compare(ref, line.event)
             except Mismatch as e:
-                raise Violation(line, f"differs from the reference: {e.why}", call, before, e.ref) from None
+                raise Violation(
+                    line, f"differs from the reference: {e.why}", call, before, e.ref
+                ) from None
             except DoubleOwnership as e:
-                raise Violation(line, f"invariant {e.invariant}: {e.why}", call, before, ref) from None
+                raise Violation(
+                    line, f"invariant {e.invariant}: {e.why}", call, before, ref
+                ) from None
             self.buffer.pop()
             self.events += 1
             if ref.event == "begin_request":
@@ -213,8 +247,13 @@ class Replay:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
 
 
-def check_lines(lines: Iterable[str], *, check_every: int = 1, full_checks: bool = False,
-                lifecycle: Lifecycle | None = None) -> Verdict:
+def check_lines(
+    lines: Iterable[str],
+    *,
+    check_every: int = 1,
+    full_checks: bool = False,
+    lifecycle: Lifecycle | None = None,
+) -> Verdict:
     """Judge a trace (the header line first); streams, never holds the whole trace.
 
     `check_every` 1: the invariants after every call, incrementally on what it touched
@@ -233,11 +272,20 @@ def check_lines(lines: Iterable[str], *, check_every: int = 1, full_checks: bool
     except Violation as v:
         assert replay is not None  # Verify: a violation comes from a replay.
         return Verdict(VIOLATION, replay.events, v.line.event.seq, _violation_text(replay, v))
-    every = ("checked after every call" if check_every == 1 else f"checked every {check_every} events"
-             if check_every else "invariants not checked")
+    every = (
+        "checked after every call"
+        if check_every == 1
+        else f"checked every {check_every} events"
+        if check_every
+        else "invariants not checked"
+    )
     omitted = f"omits {', '.join(replay.header.omits)}" if replay.header.omits else "full trace"
-    return Verdict(VALID, n, None, f"OK: {n} events, {replay.requests} requests, {replay.ops} ops, "
-                                   f"{every}; {omitted}")
+    return Verdict(
+        VALID,
+        n,
+        None,
+        f"OK: {n} events, {replay.requests} requests, {replay.ops} ops, {every}; {omitted}",
+    )
 
 
 def _violation_text(replay: Replay, v: Violation) -> str:
@@ -249,7 +297,9 @@ def _violation_text(replay: Replay, v: Violation) -> str:
         out.append(f"  the reference's call for it: {v.call.label}")
     if v.before is not None:
         out.append("  enabled before it:")
-        out += [f"    {s}" for s in v.before.enabled(replay.lc, nodes, ops)] or ["    (nothing it concerns)"]
+        out += [f"    {s}" for s in v.before.enabled(replay.lc, nodes, ops)] or [
+            "    (nothing it concerns)"
+        ]
         out.append("  state before it:")
         out += [f"    {s}" for s in v.before.state(nodes, ops)] or ["    (nothing it concerns)"]
     return "\n".join(out)

@@ -64,8 +64,14 @@ def _node_record(n: TreeNode) -> NodeRecord:
     p = n.parent
     st, lk, pd, pc = n.state, n.lock, n.pending, n.present_children
     up = [p is None or p.is_root or p.state[i] == RESIDENT for i in range(3)]
-    return NodeRecord(n.node_id, (st[0], st[1], st[2]), (lk[0], lk[1], lk[2]), (pd[0], pd[1], pd[2]),
-                      (pc[0] == 0, pc[1] == 0, pc[2] == 0), (up[0], up[1], up[2]))
+    return NodeRecord(
+        n.node_id,
+        (st[0], st[1], st[2]),
+        (lk[0], lk[1], lk[2]),
+        (pd[0], pd[1], pd[2]),
+        (pc[0] == 0, pc[1] == 0, pc[2] == 0),
+        (up[0], up[1], up[2]),
+    )
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Before:
     request: RequestRecord | None
 
     @staticmethod
-    def capture(cp: ControlPlane, nodes: list[TreeNode], request: int | None) -> "Before":
+    def capture(cp: ControlPlane, nodes: list[TreeNode], request: int | None) -> Before:
         rec = None
         if request is not None:
             r = cp.requests.get(request)
@@ -84,9 +90,16 @@ class Before:
                 rec = RequestRecord(request, False)
             else:
                 ops = tuple(o.op_id for o in cp.ops.values() if o.request_id == request)
-                rec = RequestRecord(request, True, r.cached_len, r.published_len, len(r.tokens),
-                                    int(r.private_pages.size),
-                                    tuple((n.node_id, str(TIERS[t])) for n, t in r.pins), ops)
+                rec = RequestRecord(
+                    request,
+                    True,
+                    r.cached_len,
+                    r.published_len,
+                    len(r.tokens),
+                    int(r.private_pages.size),
+                    tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
+                    ops,
+                )
         return Before(tuple(_node_record(n) for n in nodes if not n.is_root), rec)
 
     def enabled(self, lc: Lifecycle, nodes: IdMap, ops: IdMap) -> list[str]:
@@ -102,7 +115,9 @@ class Before:
                 except IllegalTransition:
                     continue
                 filling = rec.pending[TIERS.index(t.tier)]
-                names.append(t.name if filling is None else f"{t.name} (op {ops.engine_name(filling)})")
+                names.append(
+                    t.name if filling is None else f"{t.name} (op {ops.engine_name(filling)})"
+                )
             out.append(f"node {nodes.engine_name(rec.ref_id)}: {', '.join(names) or 'none'}")
         r = self.request
         if r is not None:
@@ -116,7 +131,7 @@ class Before:
                     names.append("insert")
                 if r.pins:
                     names.append("unlock (unpin)")
-                names.append("end_request" if not r.ops else f"end_request after its ops end")
+                names.append("end_request" if not r.ops else "end_request after its ops end")
                 out.append(f"request {r.request_id}: {', '.join(names)}")
         return out
 
@@ -125,9 +140,13 @@ class Before:
         out: list[str] = []
         for rec in self.nodes:
             locks = " ".join(f"{t}={n}" for t, n in zip(TIERS, rec.locks))
-            pend = ", ".join(f"{t} op {ops.engine_name(o)}" for t, o in zip(TIERS, rec.pending) if o is not None)
-            out.append(f"node {nodes.engine_name(rec.ref_id)}: {composite_name(rec.states)}; "
-                       f"locks {locks}; pending: {pend or 'none'}")
+            pend = ", ".join(
+                f"{t} op {ops.engine_name(o)}" for t, o in zip(TIERS, rec.pending) if o is not None
+            )
+            out.append(
+                f"node {nodes.engine_name(rec.ref_id)}: {composite_name(rec.states)}; "
+                f"locks {locks}; pending: {pend or 'none'}"
+            )
         r = self.request
         if r is not None:
             if not r.live:
@@ -135,7 +154,9 @@ class Before:
             else:
                 pins = ", ".join(f"node {nodes.engine_name(n)} {t}" for n, t in r.pins) or "none"
                 mine = ", ".join(ops.engine_name(o) for o in r.ops) or "none"
-                out.append(f"request {r.request_id}: cached_len {r.cached_len} of {r.prompt_len} prompt "
-                           f"tokens, published {r.published_len}, private pages {r.private_pages}, "
-                           f"pins: {pins}, ops pending: {mine}")
+                out.append(
+                    f"request {r.request_id}: cached_len {r.cached_len} of {r.prompt_len} prompt "
+                    f"tokens, published {r.published_len}, private pages {r.private_pages}, "
+                    f"pins: {pins}, ops pending: {mine}"
+                )
         return out

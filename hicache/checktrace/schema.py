@@ -26,8 +26,9 @@ fraction (`2.0`) is one; `hicache.checktrace.reader` parses such numbers as ints
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from hicache.checktrace.fastschema import Predicate, compile_fast
 from hicache.errors import SpecError
@@ -40,13 +41,27 @@ Rule = Callable[[Any], "str | None"]
 """A compiled schema: the first thing wrong with a value, or None when it is valid."""
 
 _ANNOTATIONS = frozenset({"$schema", "$id", "title", "description"})
-_KNOWN = _ANNOTATIONS | {"type", "enum", "const", "minimum", "required", "properties",
-                         "additionalProperties", "minProperties", "dependentRequired", "items",
-                         "minItems", "maxItems", "allOf"}
+_KNOWN = _ANNOTATIONS | {
+    "type",
+    "enum",
+    "const",
+    "minimum",
+    "required",
+    "properties",
+    "additionalProperties",
+    "minProperties",
+    "dependentRequired",
+    "items",
+    "minItems",
+    "maxItems",
+    "allOf",
+}
 
 
 def _is_integer(x: Any) -> bool:
-    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float) and x.is_integer())
+    return (isinstance(x, int) and not isinstance(x, bool)) or (
+        isinstance(x, float) and x.is_integer()
+    )
 
 
 _TYPES: dict[str, Callable[[Any], bool]] = {
@@ -70,8 +85,10 @@ def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
     `where` prefixes each message (the key path, e.g. "detail.hit")."""
     unknown = sorted(set(schema) - _KNOWN - {"allOf"}) or (["allOf"] if "allOf" in schema else [])
     if unknown:
-        raise SpecError(f"trace.schema.json{' at ' + where if where else ''}: keyword(s) {unknown} "
-                        "are not compiled by hicache.checktrace.schema; extend it first")
+        raise SpecError(
+            f"trace.schema.json{' at ' + where if where else ''}: keyword(s) {unknown} "
+            "are not compiled by hicache.checktrace.schema; extend it first"
+        )
     rules: list[Rule] = []
     at = f"{where}: " if where else ""
     if "type" in schema:
@@ -81,20 +98,47 @@ def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
     if "enum" in schema:
         allowed = tuple(schema["enum"])
         choices = set(allowed)
-        listed = f"{list(allowed)}" if len(allowed) <= 6 else f"the {len(allowed)} names the schema lists"
-        rules.append(lambda x: None if isinstance(x, str) and x in choices or
-                     (not isinstance(x, str) and any(x == a and type(x) is type(a) for a in allowed))
-                     else f"{at}{_shown(x)} is not one of {listed}")
+        listed = (
+            f"{list(allowed)}"
+            if len(allowed) <= 6
+            else f"the {len(allowed)} names the schema lists"
+        )
+        rules.append(
+            lambda x: (
+                None
+                if (isinstance(x, str) and x in choices)
+                or (not isinstance(x, str) and any(x == a and type(x) is type(a) for a in allowed))
+                else f"{at}{_shown(x)} is not one of {listed}"
+            )
+        )
     if "const" in schema:
         want = schema["const"]
-        rules.append(lambda x: None if x == want and type(x) is type(want)
-                     else f"{at}must be {_shown(want)}, got {_shown(x)}")
+        rules.append(
+            lambda x: (
+                None
+                if x == want and type(x) is type(want)
+                else f"{at}must be {_shown(want)}, got {_shown(x)}"
+            )
+        )
     if "minimum" in schema:
         low = schema["minimum"]
-        rules.append(lambda x: None if not _TYPES["number"](x) or x >= low
-                     else f"{at}{_shown(x)} is below the minimum {low}")
-    if any(k in schema for k in ("required", "properties", "additionalProperties", "minProperties",
-                                 "dependentRequired")):
+        rules.append(
+            lambda x: (
+                None
+                if not _TYPES["number"](x) or x >= low
+                else f"{at}{_shown(x)} is below the minimum {low}"
+            )
+        )
+    if any(
+        k in schema
+        for k in (
+            "required",
+            "properties",
+            "additionalProperties",
+            "minProperties",
+            "dependentRequired",
+        )
+    ):
         rules.append(_object_rule(schema, where))
     if any(k in schema for k in ("items", "minItems", "maxItems")):
         rules.append(_array_rule(schema, where))
@@ -103,7 +147,10 @@ def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
 
 def _object_rule(schema: Mapping[str, Any], where: str) -> Rule:
     required = tuple(schema.get("required", ()))
-    props = {k: compile_rule(v, f"{where}.{k}" if where else k) for k, v in schema.get("properties", {}).items()}
+    props = {
+        k: compile_rule(v, f"{where}.{k}" if where else k)
+        for k, v in schema.get("properties", {}).items()
+    }
     closed = schema.get("additionalProperties", True) is False
     least = int(schema.get("minProperties", 0))
     depends = {k: tuple(v) for k, v in schema.get("dependentRequired", {}).items()}
@@ -133,6 +180,7 @@ def _object_rule(schema: Mapping[str, Any], where: str) -> Rule:
                 if why is not None:
                     return why
         return None
+
     return rule
 
 
@@ -153,6 +201,7 @@ def _array_rule(schema: Mapping[str, Any], where: str) -> Rule:
                 if why is not None:
                     return why
         return None
+
     return rule
 
 
@@ -166,6 +215,7 @@ def _all(rules: list[Rule]) -> Rule:
             if why is not None:
                 return why
         return None
+
     return rule
 
 
@@ -173,10 +223,16 @@ def _clause_events(clause: Mapping[str, Any]) -> tuple[str, ...]:
     """The event names an `allOf` clause's `if` selects; SpecError for another `if` shape."""
     cond = clause.get("if", {})
     events = cond.get("properties", {}).get("event", {}).get("enum")
-    if set(clause) != {"if", "then"} or events is None or cond.get("required") != ["event"] \
-            or set(cond) != {"properties", "required"}:
-        raise SpecError("trace.schema.json allOf: each clause must be "
-                        '{"if": {"properties": {"event": {"enum": [...]}}, "required": ["event"]}, "then": {...}}')
+    if (
+        set(clause) != {"if", "then"}
+        or events is None
+        or cond.get("required") != ["event"]
+        or set(cond) != {"properties", "required"}
+    ):
+        raise SpecError(
+            "trace.schema.json allOf: each clause must be "
+            '{"if": {"properties": {"event": {"enum": [...]}}, "required": ["event"]}, "then": {...}}'
+        )
     return tuple(events)
 
 
@@ -198,7 +254,9 @@ def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
                 dep[name] = [*dep.get(name, []), *need]
             out["dependentRequired"] = dep
         else:
-            raise SpecError(f"trace.schema.json allOf/then: keyword {key!r} is not merged; extend _merge")
+            raise SpecError(
+                f"trace.schema.json allOf/then: keyword {key!r} is not merged; extend _merge"
+            )
     return out
 
 
@@ -232,7 +290,6 @@ def _fold(schema: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = value
     return out
-
 
 
 def _without(schema: Any, keys: frozenset[str]) -> Any:

@@ -35,7 +35,7 @@ the full checks only, which `--check-every N` runs.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
@@ -64,8 +64,13 @@ class TouchedChecks:
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
 
-    def clear(self, node_ids: Iterable[int], op_ids: Iterable[int], request_ids: Iterable[int],
-              moved: list[set[int]]) -> bool:
+    def clear(
+        self,
+        node_ids: Iterable[int],
+        op_ids: Iterable[int],
+        request_ids: Iterable[int],
+        moved: list[set[int]],
+    ) -> bool:
         """Whether no invariant can have broken in the scope of a call that touched these
         nodes (live or removed), ops (pending or ended) and requests (live or ended) and
         moved these pages (per tier index). After a no, `rebuild` before the next call (the
@@ -88,8 +93,13 @@ class TouchedChecks:
         ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
         records += [("request", r, -1) for r in set(request_ids)]
-        return (self._pages(gone, touched, records, moved) and all(self._node(n) for n in scope)
-                and all(self._op(o) for o in ops) and self._requests() and self._locks(scope))
+        return (
+            self._pages(gone, touched, records, moved)
+            and all(self._node(n) for n in scope)
+            and all(self._op(o) for o in ops)
+            and self._requests()
+            and self._locks(scope)
+        )
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
@@ -118,7 +128,9 @@ class TouchedChecks:
             op = cp.ops.get(i)
             return None if op is None else (TARGET[op.direction], tuple(op.target_pages.tolist()))
         r = cp.requests.get(i)
-        return None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
+        return (
+            None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
+        )
 
     def _release(self, key: Holder, dirty: list[set[int]]) -> None:
         old = self.held.pop(key, None)
@@ -152,8 +164,13 @@ class TouchedChecks:
             self.tree_pages[t] += len(pages)
         return True
 
-    def _pages(self, gone: list[int], touched: Iterable[TreeNode], records: list[tuple[str, int, int]],
-               moved: list[set[int]]) -> bool:
+    def _pages(
+        self,
+        gone: list[int],
+        touched: Iterable[TreeNode],
+        records: list[tuple[str, int, int]],
+        moved: list[set[int]],
+    ) -> bool:
         """Re-index the nodes (removed ones: `gone`, live ones: `touched`) and the op and
         request records; every page they claim(ed), and every page `moved` names (the pages
         whose owner code the call changed), must be claimed at most once, by a record whose
@@ -222,15 +239,24 @@ class TouchedChecks:
         ps = cp.page_size
         parent = n.parent
         live = cp.tree._nodes
-        if parent is None or live.get(n.node_id) is not n or parent.children.get(n.key[:ps]) is not n \
-                or (parent.parent is not None and live.get(parent.node_id) is not parent):
+        if (
+            parent is None
+            or live.get(n.node_id) is not n
+            or parent.children.get(n.key[:ps]) is not n
+            or (parent.parent is not None and live.get(parent.node_id) is not parent)
+        ):
             return False
         for c in n.children.values():
             if c.parent is not n:
                 return False
         state, lock, pending, value = n.state, n.lock, n.pending, n.value
-        if not n.children and state.count(ABSENT) == 3 and lock == _UNLOCKED \
-                and pending.count(None) == 3 and all(v is None for v in value):
+        if (
+            not n.children
+            and state.count(ABSENT) == 3
+            and lock == _UNLOCKED
+            and pending.count(None) == 3
+            and all(v is None for v in value)
+        ):
             return False  # dead, yet in the tree (S2)
         pages = len(n.key) // ps
         if len(n.key) % ps:
@@ -241,13 +267,22 @@ class TouchedChecks:
                 return False
             if op_id is not None:
                 op = cp.ops.get(op_id)
-                if st == RESIDENT or v is not None or op is None or TARGET[op.direction] != t \
-                        or n not in op.nodes:
+                if (
+                    st == RESIDENT
+                    or v is not None
+                    or op is None
+                    or TARGET[op.direction] != t
+                    or n not in op.nodes
+                ):
                     return False
             elif (v is not None) != (st == RESIDENT):
                 return False
-            if (op_id is not None or st == RESIDENT) and parent.parent is not None \
-                    and parent.state[t] != RESIDENT and (op_id is None or parent.pending[t] != op_id):
+            if (
+                (op_id is not None or st == RESIDENT)
+                and parent.parent is not None
+                and parent.state[t] != RESIDENT
+                and (op_id is None or parent.pending[t] != op_id)
+            ):
                 return False
         return True
 
@@ -269,14 +304,21 @@ class TouchedChecks:
         read: list[int] = []
         for n in op.nodes:
             v = n.value[src]
-            if not cp.tree.contains(n) or n.lock[src] <= 0 or n.state[src] != RESIDENT \
-                    or n.pending[dst] != op_id or v is None:
+            if (
+                not cp.tree.contains(n)
+                or n.lock[src] <= 0
+                or n.state[src] != RESIDENT
+                or n.pending[dst] != op_id
+                or v is None
+            ):
                 return False
             read += v.tolist()
         source, target = cp.tables[src].owner, cp.tables[dst].owner
-        return (read == source_pages
-                and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
-                and all(0 <= p < target.size and target[p] != TREE for p in target_pages))
+        return (
+            read == source_pages
+            and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
+            and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
+        )
 
     def _requests(self) -> bool:
         """I5's request clause for every live request."""

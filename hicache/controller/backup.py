@@ -20,7 +20,7 @@ Every question about a node goes to the control plane (its queries), never to no
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
@@ -31,8 +31,9 @@ WANTED_MAX = 65536  # bound on remembered backup targets per direction
 Chain = list[TreeNode]
 
 
-def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction,
-                  windows: bool = True) -> Chain:
+def chain_lacking(
+    cp: ControlPlane, node: TreeNode, direction: Direction, windows: bool = True
+) -> Chain:
     """Parent-first nodes on `node`'s path that hold the source tier and lack the target, and
     whose first node's parent holds the target (or is the root). Empty when blocked (a node
     on the way is pending in the target tier, or lost its source) or nothing is missing.
@@ -44,8 +45,11 @@ def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction,
     for n in path:
         if cp.holds(n, dst) and not chain:
             continue
-        if cp.residency(n, dst) != ABSENT or not cp.holds(n, src) or (
-                windows and src is Tier.L1 and cp.windows.freed(n)):
+        if (
+            cp.residency(n, dst) != ABSENT
+            or not cp.holds(n, src)
+            or (windows and src is Tier.L1 and cp.windows.freed(n))
+        ):
             break  # pending here, or the source is gone (or its window): the chain ends
         chain.append(n)
     if chain:
@@ -58,8 +62,10 @@ def chain_lacking(cp: ControlPlane, node: TreeNode, direction: Direction,
 
 def blocked(cp: ControlPlane, node: TreeNode, direction: Direction) -> bool:
     """Whether some node on `node`'s path is pending in the target tier (plan again later)."""
-    return any(cp.residency(n, direction.target) not in (ABSENT, RESIDENT)
-               for n in cp.tree.path_to_root(node))
+    return any(
+        cp.residency(n, direction.target) not in (ABSENT, RESIDENT)
+        for n in cp.tree.path_to_root(node)
+    )
 
 
 class BackupPlanner:

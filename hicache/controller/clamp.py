@@ -31,8 +31,10 @@ def clamped_nodes(group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[s
     # The host tiers hold whole groups (a window is freed in L1 only, spec/pools.md "Freed
     # windows"), so the pools `prefetch_clamp` does not clamp by -- trailing and state pools
     # -- must have landed too: a published L2 page lacks no pool's bytes.
-    published = min([published] + [landed.get(p.name, 0) // group.ratio(p.name)
-                                    for p in group.backed_up().pools])
+    published = min(
+        [published]
+        + [landed.get(p.name, 0) // group.ratio(p.name) for p in group.backed_up().pools]
+    )
     keep = covered = 0
     for node in nodes:
         if covered + node.num_pages > published:

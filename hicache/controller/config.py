@@ -31,10 +31,10 @@ from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
 from hicache.pools.hits import ALL_POOLS, check_policy, required_pools
-from hicache.pools.presets import SINGLE_POOL, group as preset_group
+from hicache.pools.presets import SINGLE_POOL
+from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import window_pools
-
 
 
 def pool_group(name: str) -> PoolGroup:
@@ -46,6 +46,7 @@ def pool_group(name: str) -> PoolGroup:
         return group(name)
     except ConfigError as e:
         raise ConfigError("pools", str(e).split(": ", 1)[-1]) from None
+
 
 POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -87,8 +88,12 @@ class CacheConfig:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
         if not isinstance(self.l3_overwrite, bool):
             raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
-        for name, allowed in (("policy", POLICIES), ("write_policy", WRITE_POLICIES),
-                              ("backend", BACKENDS), ("load_back_overlap", LOAD_BACK_OVERLAPS)):
+        for name, allowed in (
+            ("policy", POLICIES),
+            ("write_policy", WRITE_POLICIES),
+            ("backend", BACKENDS),
+            ("load_back_overlap", LOAD_BACK_OVERLAPS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -103,8 +108,10 @@ class CacheConfig:
         check_policy(self.hit_policy)
         if group is None:
             if self.l1_window_pages is not None:
-                raise ConfigError("l1_window_pages", "needs a pool group with a trailing side "
-                                                     "pool (pools = dsv4-tiny, ...)")
+                raise ConfigError(
+                    "l1_window_pages",
+                    "needs a pool group with a trailing side pool (pools = dsv4-tiny, ...)",
+                )
             return
         required_pools(group, self.hit_policy)  # ConfigError: a group this policy cannot serve
         if self.l1_window_pages is not None:
@@ -112,22 +119,35 @@ class CacheConfig:
             if not window_pools(group):
                 raise ConfigError("l1_window_pages", f"{self.pools!r} has no trailing side pool")
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= self.l1_pages:
-                raise ConfigError("l1_window_pages", f"an integer in 1..l1_pages "
-                                                     f"({self.l1_pages}); got {v!r}")
+                raise ConfigError(
+                    "l1_window_pages", f"an integer in 1..l1_pages ({self.l1_pages}); got {v!r}"
+                )
         if group.anchor.page_size != self.kv.page_size:
-            raise ConfigError("pools", page_size_advice(str(self.pools), group.anchor.page_size,
-                                                        self.kv.page_size))
+            raise ConfigError(
+                "pools",
+                page_size_advice(str(self.pools), group.anchor.page_size, self.kv.page_size),
+            )
         if self.l3_path is not None:
-            raise ConfigError("l3_path", f"a pool group ({self.pools!r}) keeps one temporary L3 "
-                                         "file per pool; leave l3_path unset")
+            raise ConfigError(
+                "l3_path",
+                f"a pool group ({self.pools!r}) keeps one temporary L3 "
+                "file per pool; leave l3_path unset",
+            )
 
     @property
     def group(self) -> PoolGroup | None:
         """The pool group `pools` names; None for the single-pool plane (`mha`)."""
         return None if self.pools == SINGLE_POOL else pool_group(self.pools)
 
-    RANK_LOCAL = ("device", "l3_path", "l3_overwrite", "backend", "check_mode", "verify",
-                  "io_threads")
+    RANK_LOCAL = (
+        "device",
+        "l3_path",
+        "l3_overwrite",
+        "backend",
+        "check_mode",
+        "verify",
+        "io_threads",
+    )
     """Fields a tensor-parallel rank may set for itself (where its bytes live and how it
     checks them); every other field is in `fingerprint()`."""
 
@@ -153,8 +173,9 @@ class CacheConfig:
         group = self.group
         if group is None or self.l1_window_pages is None:
             return None
-        return {"L1": {name: self.l1_window_pages * group.ratio(name)
-                       for name in window_pools(group)}}
+        return {
+            "L1": {name: self.l1_window_pages * group.ratio(name) for name in window_pools(group)}
+        }
 
     def page_bytes(self) -> dict[str, int]:
         """Bytes of one own page per backed-up pool, by pool name (the single pool's: the
@@ -178,13 +199,19 @@ def page_size_advice(pools: str, anchor_tokens: int, geometry_tokens: int) -> st
     from hicache.dataplane.geometry import PRESETS
     from hicache.pools.presets import load_presets
 
-    said = (f"{pools!r} has {anchor_tokens}-token anchor pages, the geometry "
-            f"{geometry_tokens}-token pages")
+    said = (
+        f"{pools!r} has {anchor_tokens}-token anchor pages, the geometry "
+        f"{geometry_tokens}-token pages"
+    )
     fits = sorted(n for n, g in PRESETS.items() if g.page_size == anchor_tokens)
     if fits:
-        return f"{said}; choose --geometry {' or '.join(fits)} (a geometry of the anchor's page size)"
+        return (
+            f"{said}; choose --geometry {' or '.join(fits)} (a geometry of the anchor's page size)"
+        )
     groups = sorted(n for n, g in load_presets().items() if g.anchor.page_size == geometry_tokens)
-    return (f"{said}, and no geometry preset has {anchor_tokens}-token pages; on this geometry "
-            f"choose a group of {geometry_tokens}-token anchor pages ({', '.join(groups)}), or, "
-            f"from Python, CacheConfig(geometry=KVGeometry(page_size={anchor_tokens}, ...), "
-            f"pools={pools!r})")
+    return (
+        f"{said}, and no geometry preset has {anchor_tokens}-token pages; on this geometry "
+        f"choose a group of {geometry_tokens}-token anchor pages ({', '.join(groups)}), or, "
+        f"from Python, CacheConfig(geometry=KVGeometry(page_size={anchor_tokens}, ...), "
+        f"pools={pools!r})"
+    )

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hicache.control import ControlPlane
-from hicache.records import UnknownRequest
 from hicache.controller.backup import BackupPlanner
 from hicache.controller.config import CacheConfig
 from hicache.controller.crashsite import ControllerFaults
@@ -52,17 +52,24 @@ from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
 from hicache.controller.transfers import Transfers
 from hicache.controller.verify import RestoreMismatch
+from hicache.dataplane.faults import FaultInjector, SimulatedCrash
+from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.ledger import L3Writes
 from hicache.distributed.rankview import rank_view
-from hicache.dataplane.faults import FaultInjector, SimulatedCrash
-from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.errors import (
-    ConfigError, InvariantViolation, OutOfPages, RequestTooLarge, RestorePending, TransferError,
+    ConfigError,
+    InvariantViolation,
+    OutOfPages,
+    RequestTooLarge,
+    RestorePending,
+    TransferError,
 )
 from hicache.policy import CostModel, DecisionLog, make_policy
-from hicache.pools.presets import SINGLE_POOL, group as preset_group
+from hicache.pools.presets import SINGLE_POOL
+from hicache.pools.presets import group as preset_group
+from hicache.records import UnknownRequest
 from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
 from hicache.tree import MatchResult, TreeNode
@@ -76,9 +83,16 @@ __all__ = ["CacheController", "RestoreMismatch"]
 
 
 class CacheController:
-    def __init__(self, config: CacheConfig, producer: KVProducer | None = None, *,
-                 faults: FaultInjector | None = None, tracer: Tracer | None = None,
-                 engine: DataPlane | None = None, collectives: Collectives | None = None) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        producer: KVProducer | None = None,
+        *,
+        faults: FaultInjector | None = None,
+        tracer: Tracer | None = None,
+        engine: DataPlane | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
         """`engine`: the data plane to drive (e.g. a `NullEngine`, whose completions the caller
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
         bytes (`has_bytes` False) gets no producer and no verifier: recompute moves no bytes
@@ -104,9 +118,13 @@ class CacheController:
         self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
         self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
-            g.page_size, (config.l1_pages, config.l2_pages, config.l3_slots),
-            check_mode=config.check_mode, tracer=tracer, pools=pools,
-            pool_capacities=config.pool_capacities, hit_policy=config.hit_policy,
+            g.page_size,
+            (config.l1_pages, config.l2_pages, config.l3_slots),
+            check_mode=config.check_mode,
+            tracer=tracer,
+            pools=pools,
+            pool_capacities=config.pool_capacities,
+            hit_policy=config.hit_policy,
         )
         bind_group(plane, self.cp.tables, self.group)  # anchor pages -> every pool's pages
         # Across ranks, rank 0's L3 copy of each replicated pool is the only one (C6a, C6b).
@@ -138,42 +156,78 @@ class CacheController:
         # would make a cycle that keeps a closed controller's pools (GPU and pinned memory)
         # alive until the garbage collector happens to run.
         me = weakref.proxy(self)
-        self.evictor = Evictor(self.cp, self.metrics, config.write_policy,
-                               lambda node: me.transfers.back_up_now(node), windows=not self.tp)
+        self.evictor = Evictor(
+            self.cp,
+            self.metrics,
+            config.write_policy,
+            lambda node: me.transfers.back_up_now(node),
+            windows=not self.tp,
+        )
         self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
-        self.ranks = RankAgreement(self.cp, self.agree, g, self.policy, self.model, self.evictor,
-                                   lambda m: me._policy_hits(m))  # C1a-C1c, C3
+        self.ranks = RankAgreement(
+            self.cp,
+            self.agree,
+            g,
+            self.policy,
+            self.model,
+            self.evictor,
+            lambda m: me._policy_hits(m),
+        )  # C1a-C1c, C3
         self.transfers = Transfers(
-            self.cp, self.engine, self.agree, self.group, config.page_bytes(), hooks=self.hooks,
-            l3=self.l3, evictor=self.evictor, backups=self.backups, replicas=self.replicas,
-            l3_writes=self.l3_writes, metrics=self.metrics, model=self.model,
-            settled=lambda op, status, kept: me.stager.settled(op, status, kept))
+            self.cp,
+            self.engine,
+            self.agree,
+            self.group,
+            config.page_bytes(),
+            hooks=self.hooks,
+            l3=self.l3,
+            evictor=self.evictor,
+            backups=self.backups,
+            replicas=self.replicas,
+            l3_writes=self.l3_writes,
+            metrics=self.metrics,
+            model=self.model,
+            settled=lambda op, status, kept: me.stager.settled(op, status, kept),
+        )
         self.handles = self.transfers.handles  # op id -> handle: what a driver finishes or fails
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
-        self.stager = RestoreStager(self.cp, self.metrics, self.transfers.issue,
-                                    lambda: me._after_part_dropped(), plane.verifier,
-                                    config.promotion, share=config.load_back_overlap == "share")
+        self.stager = RestoreStager(
+            self.cp,
+            self.metrics,
+            self.transfers.issue,
+            lambda: me._after_part_dropped(),
+            plane.verifier,
+            config.promotion,
+            share=config.load_back_overlap == "share",
+        )
 
     @property
     def transfer_engine(self) -> TransferEngine:
         """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane, and
         on a pool group's (`byte_plane` is either)."""
         if self._bytes is None:
-            raise ConfigError("engine", "this controller drives a data plane without bytes "
-                              "(has_bytes is False): it has no pools; use `engine` for transfers")
+            raise ConfigError(
+                "engine",
+                "this controller drives a data plane without bytes "
+                "(has_bytes is False): it has no pools; use `engine` for transfers",
+            )
         from hicache.dataplane.engine import TransferEngine  # torch is in: a byte plane
 
         if not isinstance(self._bytes, TransferEngine):
-            raise ConfigError("engine", "this controller drives a pool group's data plane; "
-                              "use `byte_plane` (a GroupTransferEngine)")
+            raise ConfigError(
+                "engine",
+                "this controller drives a pool group's data plane; "
+                "use `byte_plane` (a GroupTransferEngine)",
+            )
         return self._bytes
 
     @property
     def byte_plane(self) -> TransferEngine | GroupTransferEngine:
         """The data plane with bytes, single-pool or group. ConfigError on a byte-free plane."""
         if self._bytes is None:
-            raise ConfigError("engine", "this controller drives a data plane without bytes "
-                              "(has_bytes is False)")
+            raise ConfigError(
+                "engine", "this controller drives a data plane without bytes (has_bytes is False)"
+            )
         return self._bytes
 
     @property
@@ -209,7 +263,9 @@ class CacheController:
         g = self.config.kv
         pages_needed = -(-len(tokens) // g.page_size)
         if pages_needed > self.config.l1_request_pages:
-            raise RequestTooLarge(request_id, len(tokens), pages_needed, self.config.l1_request_pages)
+            raise RequestTooLarge(
+                request_id, len(tokens), pages_needed, self.config.l1_request_pages
+            )
         every = self.config.rank_check_every
         if self.tp and every and self.admissions and self.admissions % every == 0:
             self.check_ranks()  # C7-C9, before this admission changes anything
@@ -217,11 +273,17 @@ class CacheController:
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         prompt = max(len(tokens) // g.page_size * g.page_size, 1)  # the page-aligned prompt
-        m = self.cp.begin_request(request_id, tokens, match_len=len(tokens) - 1,
-                                  agree=(lambda m: self.ranks.hits(m, prompt)) if self.tp else None)
+        m = self.cp.begin_request(
+            request_id,
+            tokens,
+            match_len=len(tokens) - 1,
+            agree=(lambda m: self.ranks.hits(m, prompt)) if self.tp else None,
+        )
         l1, l2, l3 = self._policy_hits(m)
         decision = self.ranks.decide((l1, l2, l3), prompt)  # across ranks, rank 0's choice
-        mat = Materialization(request_id, tuple(tokens), decision, self.decisions.record(decision), m)
+        mat = Materialization(
+            request_id, tuple(tokens), decision, self.decisions.record(decision), m
+        )
         self.stager.restores[request_id] = mat
         self.metrics.prompt_tokens += len(tokens)
         self.metrics.hit_tokens["L1"] += l1
@@ -295,7 +357,11 @@ class CacheController:
         if self.tp:  # C1c: the largest planned node every rank can serve, and (C3) the room
             deepest, room = self.ranks.served(mat)
         g = self.config.kv
-        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(request_id)
+        start = (
+            self.cp.tree.prefix_tokens(deepest)
+            if deepest is not None
+            else self.cp.cached_len(request_id)
+        )
         # Compute through the prompt's last token: whole pages are inserted, a partial last
         # page (the tail) is computed into a private page that is never published.
         end = -(-len(mat.tokens) // g.page_size) * g.page_size
@@ -322,7 +388,9 @@ class CacheController:
         cached = self.cp.cached_len(request_id)
         if deepest is not None:
             self.stager.served(mat, restored_from, cached)
-        self.metrics.restored_unused_pages += max(0, mat.landed_pages - (cached - restored_from) // g.page_size)
+        self.metrics.restored_unused_pages += max(
+            0, mat.landed_pages - (cached - restored_from) // g.page_size
+        )
         recomputed = max(0, len(mat.tokens) - cached)
         started = time.perf_counter()
         if todo > 0:
@@ -401,7 +469,9 @@ class CacheController:
                 h.wait(max(0.0, deadline - time.perf_counter()))
             self.tick()
             if time.perf_counter() > deadline:
-                raise TransferError(f"drain: {len(self.handles)} transfer(s) still pending after {timeout_s} s")
+                raise TransferError(
+                    f"drain: {len(self.handles)} transfer(s) still pending after {timeout_s} s"
+                )
             if not self.handles:
                 break
 
@@ -445,7 +515,9 @@ class CacheController:
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
         padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
         if self.producer is not None and self._bytes is not None:
-            seconds = self.producer.produce(padded, start, end, self._bytes.l1.tensor, prefix, new_pages)
+            seconds = self.producer.produce(
+                padded, start, end, self._bytes.l1.tensor, prefix, new_pages
+            )
             self.model.observe("recompute", end - start, seconds)
         elif self.tagged is not None:  # no bytes: the pages' content tags
             self.tagged.computed(padded, start, end, new_pages)
@@ -483,10 +555,15 @@ class CacheController:
     def status(self) -> dict[str, object]:
         return {
             "tiers": {str(t): self.cp.usage(t) for t in TIERS},
-            "pending_ops": len(self.cp.ops), "requests": len(self.cp.requests),
-            "engine": self.engine.status(), "cost_model": self.model.state(),
-            "policy": self.policy.name, "decisions": self.decisions.summary(),
+            "pending_ops": len(self.cp.ops),
+            "requests": len(self.cp.requests),
+            "engine": self.engine.status(),
+            "cost_model": self.model.state(),
+            "policy": self.policy.name,
+            "decisions": self.decisions.summary(),
             "l3": "online" if self.l3.online else f"offline: {self.l3.offline_reason}",
-            "invariant_checks": {"run": self.cp.checker.checks_run, "violations": self.cp.checker.violations_found},
+            "invariant_checks": {
+                "run": self.cp.checker.checks_run,
+                "violations": self.cp.checker.violations_found,
+            },
         }
-

@@ -36,7 +36,9 @@ class ControllerFaults:
         if aimed or (self.faults is not None and self.faults.fire(ALLOC_SITES[tier])):
             raise OutOfPages(str(tier), need, free)
 
-    def landing(self, aim: Aim | None, group: PoolGroup, anchor_pages: int) -> dict[str, int] | None:
+    def landing(
+        self, aim: Aim | None, group: PoolGroup, anchor_pages: int
+    ) -> dict[str, int] | None:
         """An aimed `partial`'s report for an S2H of `anchor_pages` anchor pages: each
         backed-up pool of `group`, in its own pages, drawn by `FaultInjector.landing` (one
         pool stopped part way or left out); None for any other aim."""
@@ -49,13 +51,18 @@ class ControllerFaults:
         """The crash to raise between op `op_id`'s DONE and its publication, or None."""
         due = op_id in self.crash_ops
         self.crash_ops.discard(op_id)
-        if not due and (self.faults is None or not self.faults.fire(FaultSite.CRASH_BEFORE_PUBLISH)):
+        if not due and (
+            self.faults is None or not self.faults.fire(FaultSite.CRASH_BEFORE_PUBLISH)
+        ):
             return None
         self.crashed = SimulatedCrash(
             f"injected crash: op {op_id} ({what}) moved its bytes but was not published; close "
-            "this controller and open a new one (it starts empty)")
+            "this controller and open a new one (it starts empty)"
+        )
         return self.crashed
 
     def refuse_if_crashed(self) -> None:
         if self.crashed is not None:
-            raise SimulatedCrash(f"this controller crashed ({self.crashed}); close it and open a new one")
+            raise SimulatedCrash(
+                f"this controller crashed ({self.crashed}); close it and open a new one"
+            )

@@ -12,12 +12,12 @@ writing the wrong page). The stateful fuzzer runs without the cache for that.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from hicache.pages import PageTable, Pages
+from hicache.pages import Pages, PageTable
 from hicache.tiers import TIERS
 
 Digests = Callable[[str, Pages], npt.NDArray[np.uint64]]
@@ -28,7 +28,10 @@ class CachedDigests:
         self.digests = digests
         self.tables = {str(t): table for t, table in zip(TIERS, tables)}
         self.value = {t: np.zeros(tab.capacity, np.uint64) for t, tab in self.tables.items()}
-        self.valid_for = {t: np.full(tab.capacity, np.iinfo(np.uint64).max, np.uint64) for t, tab in self.tables.items()}
+        self.valid_for = {
+            t: np.full(tab.capacity, np.iinfo(np.uint64).max, np.uint64)
+            for t, tab in self.tables.items()
+        }
         self.computed = 0  # pages digested (misses)
 
     def __call__(self, tier: str, p: Pages) -> npt.NDArray[np.uint64]:

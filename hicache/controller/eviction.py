@@ -18,7 +18,7 @@ source and `evict_l1` is guarded by `L2 != D2H_PENDING` (spec/eviction.md).
 
 from __future__ import annotations
 
-from typing import Callable, Collection
+from collections.abc import Callable, Collection
 
 from hicache.control import ControlPlane
 from hicache.controller.metrics import Metrics
@@ -29,8 +29,14 @@ BackUp = Callable[[TreeNode], bool]  # back the node up to L2 now; whether it ho
 
 
 class Evictor:
-    def __init__(self, cp: ControlPlane, metrics: Metrics, write_policy: str, back_up: BackUp,
-                 windows: bool = True) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        metrics: Metrics,
+        write_policy: str,
+        back_up: BackUp,
+        windows: bool = True,
+    ) -> None:
         """`windows` False (tensor-parallel ranks, whose windows may differ): a write-back
         victim is always offered to `back_up`, whose issue a freed window refuses on its
         rank, so every rank makes the same calls (spec/tp.md C2)."""
@@ -62,8 +68,10 @@ class Evictor:
         if not windows.tombstones:
             return self.cp.free_pages(Tier.L1) + self.cp.evictable_l1(keep) >= n_pages
         freeable = sum(n.num_pages for n in windows.candidates(self.cp.tree.nodes(), keep))
-        return (windows.anchor_free() + self.cp.evictable_l1(keep) >= n_pages
-                and windows.window_free() + freeable >= n_pages)
+        return (
+            windows.anchor_free() + self.cp.evictable_l1(keep) >= n_pages
+            and windows.window_free() + freeable >= n_pages
+        )
 
     def free_windows(self, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Free L1 windows (`tombstone`), least recently used node first, until `n_pages`

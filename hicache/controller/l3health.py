@@ -59,8 +59,9 @@ class L3Health:
     def stops_at(self, node: TreeNode) -> bool:
         """Whether a restore must not read `node` from L3 (it holds a bad slot, or L3 is
         offline)."""
-        return not self.online or any(self.cp.holder(Tier.L3, slot, [node]) is not None
-                                      for slot in self._bad_slots())
+        return not self.online or any(
+            self.cp.holder(Tier.L3, slot, [node]) is not None for slot in self._bad_slots()
+        )
 
     def servable_len(self, match: MatchResult) -> int:
         """The L3 hit length a restore may use: `match`'s L3 run, cut before the first node
@@ -95,7 +96,10 @@ class L3Health:
         """The quarantined slots still holding their bad copy; forgets the others (dropped,
         evicted, or freed and written again since)."""
         for slot, (generation, _) in list(self.quarantine.items()):
-            if self.cp.generation(Tier.L3, slot) != generation or self.cp.holder(Tier.L3, slot) is None:
+            if (
+                self.cp.generation(Tier.L3, slot) != generation
+                or self.cp.holder(Tier.L3, slot) is None
+            ):
                 del self.quarantine[slot]
         return list(self.quarantine)
 

@@ -22,8 +22,8 @@ order: shared, then L2 part, then L3 part (spec/restore.md, "Stages of a restore
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
@@ -78,8 +78,13 @@ class Plan:
     l3_part: list[TreeNode]
 
 
-def plan_parts(cp: ControlPlane, match: MatchResult, choice: str, target_len: int,
-               unreadable: Callable[[TreeNode], bool] = lambda node: False) -> Plan:
+def plan_parts(
+    cp: ControlPlane,
+    match: MatchResult,
+    choice: str,
+    target_len: int,
+    unreadable: Callable[[TreeNode], bool] = lambda node: False,
+) -> Plan:
     """Split the path beyond the L1 hit, up to `target_len` tokens, into three parent-first
     runs: `shared` (L1 `H2D_PENDING`: another request's load-back is filling it; this one
     waits for it instead of loading or computing it again), the L2 part (L1 `ABSENT`, L2
@@ -101,8 +106,13 @@ def plan_parts(cp: ControlPlane, match: MatchResult, choice: str, target_len: in
             shared.append(node)
         elif l1 == ABSENT and l2 == RESIDENT and not l3_part:
             l2_part.append(node)
-        elif (choice == "L3" and l1 == ABSENT and l2 == ABSENT and cp.holds(node, Tier.L3)
-              and not unreadable(node)):
+        elif (
+            choice == "L3"
+            and l1 == ABSENT
+            and l2 == ABSENT
+            and cp.holds(node, Tier.L3)
+            and not unreadable(node)
+        ):
             l3_part.append(node)
         else:
             break

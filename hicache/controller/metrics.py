@@ -56,8 +56,15 @@ GIB = float(1 << 30)
 #                    says back off (load_back_overlap = "back_off", SGLang's guard 3)
 #   prefetch_clamped an S2H stopped part way (some pool's pages did not all land): the whole
 #                    nodes of `prefetch_clamp` are kept, the rest recomputed (F11, F12)
-FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline", "dropped",
-                    "load_back_pending", "prefetch_clamped")
+FALLBACK_REASONS = (
+    "transfer_failed",
+    "no_room",
+    "restore_gap",
+    "l3_offline",
+    "dropped",
+    "load_back_pending",
+    "prefetch_clamped",
+)
 # Why tokens left the cache without a copy below (`dropped_tokens`; SGLang's
 # hicache_dropped_tokens_total names the first two):
 #   host_pressure                    a D2H backup, or write-back of an L1 victim, found no L2 room
@@ -67,8 +74,14 @@ FALLBACK_REASONS = ("transfer_failed", "no_room", "restore_gap", "l3_offline", "
 #   l3_offline                       the L3 file went offline under a planned backup or a copy
 #   window_freed                     write-back evicted an L1 victim whose window was freed: the
 #                                    host tiers hold whole groups, so it cannot be backed up
-DROP_REASONS = ("host_pressure", "write_through_unbacked_eviction", "storage_pressure",
-                "backup_failed", "l3_offline", "window_freed")
+DROP_REASONS = (
+    "host_pressure",
+    "write_through_unbacked_eviction",
+    "storage_pressure",
+    "backup_failed",
+    "l3_offline",
+    "window_freed",
+)
 # Why L3 copies were dropped outside eviction (`invalidate_l3`), in pages: the node's slot
 # failed its checksum, could not be read (I/O error, file ended early), or the whole file went
 # offline. Only the bad slot's node is invalidated; pressure evictions count in evicted_pages.
@@ -128,8 +141,11 @@ class Metrics:
     decode_steps: int = 0
     dropped_tokens: dict[str, int] = field(default_factory=lambda: {r: 0 for r in DROP_REASONS})
     l3_invalidated_pages: dict[str, int] = field(
-        default_factory=lambda: {r: 0 for r in INVALIDATION_REASONS})
-    directions: dict[str, DirectionStats] = field(default_factory=lambda: {d.value: DirectionStats() for d in Direction})
+        default_factory=lambda: {r: 0 for r in INVALIDATION_REASONS}
+    )
+    directions: dict[str, DirectionStats] = field(
+        default_factory=lambda: {d.value: DirectionStats() for d in Direction}
+    )
     decisions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     latency_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     # Admissions a serving loop abandoned to break an L1 deadlock (the request is admitted
@@ -137,10 +153,13 @@ class Metrics:
     # tokens already credited to them, which `token_shares` moves out of the hits.
     preemptions: int = 0
     preempted_tokens: int = 0
-    preempted_hit_tokens: dict[str, int] = field(default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0})
+    preempted_hit_tokens: dict[str, int] = field(
+        default_factory=lambda: {"L1": 0, "L2": 0, "L3": 0}
+    )
 
-    def transfer(self, direction: Direction, nbytes: int, status: TransferStatus,
-                 timings: TransferTimings) -> None:
+    def transfer(
+        self, direction: Direction, nbytes: int, status: TransferStatus, timings: TransferTimings
+    ) -> None:
         """Count one transfer's observed final `status`; time and bytes only when DONE."""
         d = self.directions[direction.value]
         if status is TransferStatus.CANCELLED:
@@ -193,21 +212,31 @@ class Metrics:
 
     def summary(self) -> dict[str, object]:
         return {
-            "hit_tokens": dict(self.hit_tokens), "recomputed_tokens": self.recomputed_tokens,
-            "prompt_tokens": self.prompt_tokens, "evicted_pages": dict(self.evicted_pages),
+            "hit_tokens": dict(self.hit_tokens),
+            "recomputed_tokens": self.recomputed_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "evicted_pages": dict(self.evicted_pages),
             "window_freed_pages": self.window_freed_pages,
             "window_clipped_tokens": self.window_clipped_tokens,
             "window_recomputed_tokens": self.window_recomputed_tokens,
-            "promoted_pages": self.promoted_pages, "fallbacks": dict(self.fallbacks),
+            "promoted_pages": self.promoted_pages,
+            "fallbacks": dict(self.fallbacks),
             "shared_load_back_pages": self.shared_load_back_pages,
             "restored_unused_pages": self.restored_unused_pages,
-            "policy_skips": self.policy_skips, "restores": self.restores,
-            "verified_pages": self.verified_pages, "decode_overlap_s": self.decode_overlap_s,
-            "decode_steps": self.decode_steps, "dropped_tokens": dict(self.dropped_tokens),
+            "policy_skips": self.policy_skips,
+            "restores": self.restores,
+            "verified_pages": self.verified_pages,
+            "decode_overlap_s": self.decode_overlap_s,
+            "decode_steps": self.decode_steps,
+            "dropped_tokens": dict(self.dropped_tokens),
             "l3_invalidated_pages": dict(self.l3_invalidated_pages),
-            "decisions": dict(self.decisions), "preemptions": self.preemptions,
-            "preempted_tokens": self.preempted_tokens, "token_shares": self.token_shares(),
-            "directions": {k: {**vars(v), "gib_per_s": v.gib_per_s} for k, v in self.directions.items()},
+            "decisions": dict(self.decisions),
+            "preemptions": self.preemptions,
+            "preempted_tokens": self.preempted_tokens,
+            "token_shares": self.token_shares(),
+            "directions": {
+                k: {**vars(v), "gib_per_s": v.gib_per_s} for k, v in self.directions.items()
+            },
         }
 
     def to_prometheus(self, prefix: str = "hicache") -> str:
@@ -219,56 +248,154 @@ class Metrics:
             out.append(f"# TYPE {prefix}_{name} {kind}")
             out.extend(f"{prefix}_{name}{labels} {value:g}" for labels, value in rows)
 
-        family("hit_tokens_total", "counter", "Prompt tokens served from each tier.",
-               [(f'{{tier="{t}"}}', v) for t, v in self.hit_tokens.items()])
-        family("recomputed_tokens_total", "counter", "Prompt tokens recomputed.", [("", self.recomputed_tokens)])
-        family("prompt_tokens_total", "counter", "Prompt tokens admitted.", [("", self.prompt_tokens)])
-        family("evicted_pages_total", "counter", "Pages evicted per tier under pressure (LRU leaves).",
-               [(f'{{tier="{t}"}}', v) for t, v in self.evicted_pages.items()])
-        family("window_freed_pages_total", "counter",
-               "L1 anchor pages whose window (trailing side pools) was freed.",
-               [("", self.window_freed_pages)])
-        family("window_clipped_tokens_total", "counter",
-               "L1 tokens a freed window kept out of a hit (all_pools).",
-               [("", self.window_clipped_tokens)])
-        family("window_recomputed_tokens_total", "counter",
-               "Window tokens replayed before a hit (anchor_recompute_swa).",
-               [("", self.window_recomputed_tokens)])
-        family("promoted_pages_total", "counter", "Pages restored from L3 that stayed in L2.",
-               [("", self.promoted_pages)])
-        family("shared_load_back_pages_total", "counter",
-               "Pages a request got from another request's load-back.", [("", self.shared_load_back_pages)])
-        family("restored_unused_pages_total", "counter",
-               "Pages restored into L1 that prefill recomputed instead.", [("", self.restored_unused_pages)])
-        family("verified_pages_total", "counter", "Restored pages compared with recomputation.",
-               [("", self.verified_pages)])
-        family("restores_total", "counter", "Restores that delivered pages to L1.", [("", self.restores)])
-        family("fallbacks_total", "counter", "Restores that fell back to recompute, by reason.",
-               [(f'{{reason="{r}"}}', v) for r, v in self.fallbacks.items()])
-        family("policy_skips_total", "counter", "Restore candidates the policy declined.", [("", self.policy_skips)])
-        family("dropped_tokens_total", "counter", "Tokens whose backup was dropped, by reason.",
-               [(f'{{reason="{r}"}}', v) for r, v in self.dropped_tokens.items()])
-        family("l3_invalidated_pages_total", "counter",
-               "L3 pages dropped outside eviction (corrupt, unreadable, file offline), by reason.",
-               [(f'{{reason="{r}"}}', v) for r, v in self.l3_invalidated_pages.items()])
-        family("decisions_total", "counter", "Policy decisions by choice.",
-               [(f'{{choice="{c}"}}', v) for c, v in sorted(self.decisions.items())])
-        family("preemptions_total", "counter", "Admissions abandoned to break an L1 deadlock.",
-               [("", self.preemptions)])
-        family("preempted_tokens_total", "counter", "Prompt tokens of abandoned admissions.",
-               [("", self.preempted_tokens)])
+        family(
+            "hit_tokens_total",
+            "counter",
+            "Prompt tokens served from each tier.",
+            [(f'{{tier="{t}"}}', v) for t, v in self.hit_tokens.items()],
+        )
+        family(
+            "recomputed_tokens_total",
+            "counter",
+            "Prompt tokens recomputed.",
+            [("", self.recomputed_tokens)],
+        )
+        family(
+            "prompt_tokens_total", "counter", "Prompt tokens admitted.", [("", self.prompt_tokens)]
+        )
+        family(
+            "evicted_pages_total",
+            "counter",
+            "Pages evicted per tier under pressure (LRU leaves).",
+            [(f'{{tier="{t}"}}', v) for t, v in self.evicted_pages.items()],
+        )
+        family(
+            "window_freed_pages_total",
+            "counter",
+            "L1 anchor pages whose window (trailing side pools) was freed.",
+            [("", self.window_freed_pages)],
+        )
+        family(
+            "window_clipped_tokens_total",
+            "counter",
+            "L1 tokens a freed window kept out of a hit (all_pools).",
+            [("", self.window_clipped_tokens)],
+        )
+        family(
+            "window_recomputed_tokens_total",
+            "counter",
+            "Window tokens replayed before a hit (anchor_recompute_swa).",
+            [("", self.window_recomputed_tokens)],
+        )
+        family(
+            "promoted_pages_total",
+            "counter",
+            "Pages restored from L3 that stayed in L2.",
+            [("", self.promoted_pages)],
+        )
+        family(
+            "shared_load_back_pages_total",
+            "counter",
+            "Pages a request got from another request's load-back.",
+            [("", self.shared_load_back_pages)],
+        )
+        family(
+            "restored_unused_pages_total",
+            "counter",
+            "Pages restored into L1 that prefill recomputed instead.",
+            [("", self.restored_unused_pages)],
+        )
+        family(
+            "verified_pages_total",
+            "counter",
+            "Restored pages compared with recomputation.",
+            [("", self.verified_pages)],
+        )
+        family(
+            "restores_total",
+            "counter",
+            "Restores that delivered pages to L1.",
+            [("", self.restores)],
+        )
+        family(
+            "fallbacks_total",
+            "counter",
+            "Restores that fell back to recompute, by reason.",
+            [(f'{{reason="{r}"}}', v) for r, v in self.fallbacks.items()],
+        )
+        family(
+            "policy_skips_total",
+            "counter",
+            "Restore candidates the policy declined.",
+            [("", self.policy_skips)],
+        )
+        family(
+            "dropped_tokens_total",
+            "counter",
+            "Tokens whose backup was dropped, by reason.",
+            [(f'{{reason="{r}"}}', v) for r, v in self.dropped_tokens.items()],
+        )
+        family(
+            "l3_invalidated_pages_total",
+            "counter",
+            "L3 pages dropped outside eviction (corrupt, unreadable, file offline), by reason.",
+            [(f'{{reason="{r}"}}', v) for r, v in self.l3_invalidated_pages.items()],
+        )
+        family(
+            "decisions_total",
+            "counter",
+            "Policy decisions by choice.",
+            [(f'{{choice="{c}"}}', v) for c, v in sorted(self.decisions.items())],
+        )
+        family(
+            "preemptions_total",
+            "counter",
+            "Admissions abandoned to break an L1 deadlock.",
+            [("", self.preemptions)],
+        )
+        family(
+            "preempted_tokens_total",
+            "counter",
+            "Prompt tokens of abandoned admissions.",
+            [("", self.preempted_tokens)],
+        )
         for name, attr, help_ in (
-                ("transfers_done_total", "count", "Completed transfers."),
-                ("transfers_failed_total", "failed", "Failed transfers (faults; cancels are not failures)."),
-                ("transfers_cancelled_total", "cancelled", "Cancelled transfers (request ended, shutdown)."),
-                ("transfer_bytes_total", "bytes", "Bytes moved."),
-                ("transfer_seconds_total", "seconds", "Seconds from issue to observed completion."),
-                ("transfer_enqueue_seconds_total", "enqueue_s", "Seconds spent issuing."),
-                ("transfer_workspace_setup_seconds_total", "workspace_setup_s", "Seconds allocating workspaces."),
-                ("transfer_queue_wait_seconds_total", "queue_wait_s", "Seconds waiting for an I/O thread."),
-                ("transfer_service_seconds_total", "service_s", "Seconds of kernel/DMA/I/O service.")):
-            family(name, "counter", help_,
-                   [(f'{{direction="{d}"}}', getattr(s, attr)) for d, s in self.directions.items()])
-        family("decode_overlap_seconds_total", "counter", "Decode seconds that overlapped a pending restore.",
-               [("", self.decode_overlap_s)])
+            ("transfers_done_total", "count", "Completed transfers."),
+            (
+                "transfers_failed_total",
+                "failed",
+                "Failed transfers (faults; cancels are not failures).",
+            ),
+            (
+                "transfers_cancelled_total",
+                "cancelled",
+                "Cancelled transfers (request ended, shutdown).",
+            ),
+            ("transfer_bytes_total", "bytes", "Bytes moved."),
+            ("transfer_seconds_total", "seconds", "Seconds from issue to observed completion."),
+            ("transfer_enqueue_seconds_total", "enqueue_s", "Seconds spent issuing."),
+            (
+                "transfer_workspace_setup_seconds_total",
+                "workspace_setup_s",
+                "Seconds allocating workspaces.",
+            ),
+            (
+                "transfer_queue_wait_seconds_total",
+                "queue_wait_s",
+                "Seconds waiting for an I/O thread.",
+            ),
+            ("transfer_service_seconds_total", "service_s", "Seconds of kernel/DMA/I/O service."),
+        ):
+            family(
+                name,
+                "counter",
+                help_,
+                [(f'{{direction="{d}"}}', getattr(s, attr)) for d, s in self.directions.items()],
+            )
+        family(
+            "decode_overlap_seconds_total",
+            "counter",
+            "Decode seconds that overlapped a pending restore.",
+            [("", self.decode_overlap_s)],
+        )
         return "\n".join(out) + "\n"

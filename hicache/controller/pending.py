@@ -44,6 +44,7 @@ def pending_transfers(cp: ControlPlane, stager: RestoreStager) -> list[PendingTr
         elif op.direction is Direction.H2D:
             in_l3_part = mat is not None and bool(mat.l3_part) and op.nodes[-1] is mat.l3_part[-1]
             stage = "load_l3" if in_l3_part else "load_l2"
-        out.append(PendingTransfer(op_id, op.direction, op.request_id, stage,
-                                   int(op.target_pages.size)))
+        out.append(
+            PendingTransfer(op_id, op.direction, op.request_id, stage, int(op.target_pages.size))
+        )
     return out

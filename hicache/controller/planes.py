@@ -47,13 +47,20 @@ class Plane(NamedTuple):
     tagged: TaggedPlane | None = None  # `engine` when it has no bytes but content tags
 
 
-def choose_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProducer | None,
-                 faults: FaultInjector | None) -> Plane:
+def choose_plane(
+    config: CacheConfig,
+    engine: DataPlane | None,
+    producer: KVProducer | None,
+    faults: FaultInjector | None,
+) -> Plane:
     """The data plane to drive and what comes with its bytes (see the module table)."""
     if engine is not None and not engine.has_bytes:
         if producer is not None:
-            raise ConfigError("producer", "the data plane holds no bytes (has_bytes is False), "
-                              "so a producer would never run; pass none")
+            raise ConfigError(
+                "producer",
+                "the data plane holds no bytes (has_bytes is False), "
+                "so a producer would never run; pass none",
+            )
         return Plane(engine, None, None, None, engine if isinstance(engine, TaggedPlane) else None)
     from hicache.dataplane.engine import TransferEngine  # torch-heavy; only with bytes
     from hicache.dataplane.groupengine import GroupTransferEngine
@@ -64,21 +71,35 @@ def choose_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
         return _group_plane(config, engine, producer, faults)
     if engine is None:
         engine = TransferEngine(
-            config.kv, config.l1_pages, config.l2_pages, config.l3_slots, device=config.device,
-            l3_path=config.l3_path, backend=config.backend, io_threads=config.io_threads,
-            faults=faults, l3_overwrite=config.l3_overwrite,
+            config.kv,
+            config.l1_pages,
+            config.l2_pages,
+            config.l3_slots,
+            device=config.device,
+            l3_path=config.l3_path,
+            backend=config.backend,
+            io_threads=config.io_threads,
+            faults=faults,
+            l3_overwrite=config.l3_overwrite,
         )
     elif not isinstance(engine, TransferEngine):
-        raise ConfigError("engine", "a plane with bytes must be a TransferEngine or a "
-                          "GroupTransferEngine (the verifier and producer read its L1 pool); "
-                          "pass a NullEngine or none")
+        raise ConfigError(
+            "engine",
+            "a plane with bytes must be a TransferEngine or a "
+            "GroupTransferEngine (the verifier and producer read its L1 pool); "
+            "pass a NullEngine or none",
+        )
     producer = producer or SyntheticProducer(config.kv, device=engine.device)
     verifier = RestoreVerifier(producer, engine.l1.tensor) if config.verify else None
     return Plane(engine, engine, producer, verifier)
 
 
-def _group_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProducer | None,
-                 faults: FaultInjector | None) -> Plane:
+def _group_plane(
+    config: CacheConfig,
+    engine: DataPlane | None,
+    producer: KVProducer | None,
+    faults: FaultInjector | None,
+) -> Plane:
     """A pool group's plane: `engine` (a GroupTransferEngine) or one built for
     `config.pools`, with a group producer and verifier."""
     from hicache.controller.verify import GroupRestoreVerifier
@@ -86,15 +107,25 @@ def _group_plane(config: CacheConfig, engine: DataPlane | None, producer: KVProd
     from hicache.producers import GroupSyntheticProducer
 
     if producer is not None and not isinstance(producer, GroupSyntheticProducer):
-        raise ConfigError("producer", "a pool group's plane writes every pool: pass a "
-                          "GroupSyntheticProducer of its engine, or none")
+        raise ConfigError(
+            "producer",
+            "a pool group's plane writes every pool: pass a "
+            "GroupSyntheticProducer of its engine, or none",
+        )
     if engine is None:
         group = config.group
         assert group is not None, "only a group config builds a group plane"
-        engine = GroupTransferEngine(group, config.l1_pages, config.l2_pages, config.l3_slots,
-                                     device=config.device, backend=config.backend,
-                                     io_threads=config.io_threads, faults=faults,
-                                     pool_capacities=config.pool_capacities)
+        engine = GroupTransferEngine(
+            group,
+            config.l1_pages,
+            config.l2_pages,
+            config.l3_slots,
+            device=config.device,
+            backend=config.backend,
+            io_threads=config.io_threads,
+            faults=faults,
+            pool_capacities=config.pool_capacities,
+        )
     assert isinstance(engine, GroupTransferEngine)
     made = producer or GroupSyntheticProducer(engine, config.kv)
     verifier = GroupRestoreVerifier(made, engine) if config.verify else None
@@ -131,6 +162,9 @@ def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:
         return lambda tier, pages: by_tier[tier].pool_pages(pages)  # type: ignore[attr-defined]
     ratios = {p.name: group.ratio(p.name) for p in group.allocating}
     if any(r != 1 for r in ratios.values()):
-        raise ConfigError("pools", f"{group.name}'s side pools have {ratios} pages per anchor "
-                                   "page: the control plane must keep a TierPools per tier")
+        raise ConfigError(
+            "pools",
+            f"{group.name}'s side pools have {ratios} pages per anchor "
+            "page: the control plane must keep a TierPools per tier",
+        )
     return lambda tier, pages: {name: pages for name in ratios}

@@ -16,7 +16,7 @@ rank's plan's (spec/tp.md, F17); one rank (`agree.size == 1`) makes no collectiv
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from hicache.control import ControlPlane
 from hicache.controller.eviction import Evictor
@@ -36,8 +36,16 @@ PolicyHits = Callable[[MatchResult], Hits]
 
 
 class RankAgreement:
-    def __init__(self, cp: ControlPlane, agree: Agreement, kv: KVGeometry, policy: Policy,
-                 model: CostModel, evictor: Evictor, policy_hits: PolicyHits) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        agree: Agreement,
+        kv: KVGeometry,
+        policy: Policy,
+        model: CostModel,
+        evictor: Evictor,
+        policy_hits: PolicyHits,
+    ) -> None:
         """`policy_hits(m)`: the hits, in tokens, the policy decides on for match `m`."""
         self.cp, self.agree, self.kv = cp, agree, kv
         self.policy, self.model, self.evictor = policy, model, evictor
@@ -52,15 +60,16 @@ class RankAgreement:
         rank's own) of a prompt of `prompt` page-aligned tokens (at least 1)."""
         ps = self.kv.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
-        run = list(m.path[:m.path.index(deepest) + 1]) if deepest is not None else []
+        run = list(m.path[: m.path.index(deepest) + 1]) if deepest is not None else []
         bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
         own = self.policy_hits(m)
         decision = self.policy.decide(*own, prompt, self.kv.bytes_per_token)
         windows = self.cp.windows
         # The mask spans the prompt's page ends: a length every rank knows (F17).
         mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
-        agreed, rank0 = self.agree.admit(bounds, m.lengths[0] // ps, CHOICES.index(decision.choice),
-                                         mask)
+        agreed, rank0 = self.agree.admit(
+            bounds, m.lengths[0] // ps, CHOICES.index(decision.choice), mask
+        )
         self._own = (own, decision, rank0)
         return tuple(pages * ps for pages in agreed)
 
@@ -84,8 +93,9 @@ class RankAgreement:
         if chosen == decision.choice:
             return decision
         cands = price_candidates(self.model, *hits, prompt, self.kv.bytes_per_token)
-        return cands.decision(chosen, f"rank 0's choice ({chosen}; this rank's: "
-                                      f"{decision.choice}, {decision.reason})")
+        return cands.decision(
+            chosen, f"rank 0's choice ({chosen}; this rank's: {decision.choice}, {decision.reason})"
+        )
 
     def served(self, mat: Materialization) -> tuple[TreeNode | None, bool]:
         """C1c, carrying C3: (the planned node every rank may serve through, whether every
@@ -111,7 +121,11 @@ class RankAgreement:
         serves through `deepest` (None: through the request's `cached_len`): free pages, or
         pages eviction could free without touching the served prefix."""
         ps = self.kv.page_size
-        start = self.cp.tree.prefix_tokens(deepest) if deepest is not None else self.cp.cached_len(mat.request_id)
+        start = (
+            self.cp.tree.prefix_tokens(deepest)
+            if deepest is not None
+            else self.cp.cached_len(mat.request_id)
+        )
         need = (-(-len(mat.tokens) // ps) * ps - start) // ps
         if need <= 0:
             return True

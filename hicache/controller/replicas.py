@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hicache.control import ControlPlane
+from hicache.controller.planes import tier_pool_pages
 from hicache.distributed.agreement import Agreement
 from hicache.errors import InvariantViolation
 from hicache.invariants import RANK_CHECKS, Violation
-from hicache.controller.planes import tier_pool_pages
 from hicache.pages import Pages, pages
 from hicache.pools.spec import REPLICATED, PoolGroup
 from hicache.tiers import Tier
@@ -44,13 +44,19 @@ class ReplicatedL3:
     """This rank's side of C6a and C6b (module docstring). `byte_plane`: the controller's
     plane with bytes, or None."""
 
-    def __init__(self, cp: ControlPlane, agree: Agreement, group: PoolGroup,
-                 byte_plane: TransferEngine | GroupTransferEngine | None) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        agree: Agreement,
+        group: PoolGroup,
+        byte_plane: TransferEngine | GroupTransferEngine | None,
+    ) -> None:
         self.cp, self.agree, self.group = cp, agree, group
         self._pool_pages = tier_pool_pages(group, cp.tables)  # anchor slots -> each pool's
         kept = group.backed_up().pools
-        self.pools: tuple[str, ...] = tuple(
-            p.name for p in kept if p.tp_mode == REPLICATED) if agree.tp else ()
+        self.pools: tuple[str, ...] = (
+            tuple(p.name for p in kept if p.tp_mode == REPLICATED) if agree.tp else ()
+        )
         self.plane: GroupTransferEngine | None = None
         if self.pools and byte_plane is not None:
             from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in
@@ -77,8 +83,7 @@ class ReplicatedL3:
         parts: list[tuple[str, Pages]] = []
         for op_id in op_ids:
             by_source = self._pool_pages(str(Tier.L3), self.cp.ops[op_id].target_pages)
-            parts += [(pool, pages(by_source[self.group.pool(pool).source]))
-                      for pool in self.pools]
+            parts += [(pool, pages(by_source[self.group.pool(pool).source])) for pool in self.pools]
         slots = [int(s) for _, ids in parts for s in ids]
         mine: list[int | None] = []
         for pool, ids in parts:
@@ -91,7 +96,7 @@ class ReplicatedL3:
             return
         at = 0
         for pool, ids in parts:
-            crcs = head[at:at + ids.size]
+            crcs = head[at : at + ids.size]
             at += ids.size
             if self.plane.is_replica(pool):
                 # Verify rank 0 wrote every slot it acked: its plane holds these bytes too.
@@ -105,15 +110,26 @@ class ReplicatedL3:
         if acked:
             return ()
         kept = self.group.backed_up().pools
-        return tuple(p.name for p in kept
-                     if self.plane is None or not self.plane.is_replica(p.name))
+        return tuple(
+            p.name for p in kept if self.plane is None or not self.plane.is_replica(p.name)
+        )
 
     def _diverged(self, op_ids: Sequence[int], where: Sequence[int]) -> None:
         i7 = RANK_CHECKS[0]  # rank_agreement
-        violation = InvariantViolation((Violation(
-            i7.id, i7.name, "L3", tuple(sorted(set(where))[:8]), (), tuple(op_ids),
-            f"rank {self.agree.rank} holds replicated pages of these H2S ops in other L3 "
-            f"slots than some rank: every rank reads rank 0's slots, so they must be equal"),),
-            "C6b l3_ack")
+        violation = InvariantViolation(
+            (
+                Violation(
+                    i7.id,
+                    i7.name,
+                    "L3",
+                    tuple(sorted(set(where))[:8]),
+                    (),
+                    tuple(op_ids),
+                    f"rank {self.agree.rank} holds replicated pages of these H2S ops in other L3 "
+                    f"slots than some rank: every rank reads rank 0's slots, so they must be equal",
+                ),
+            ),
+            "C6b l3_ack",
+        )
         self.cp.poison(violation)
         raise violation

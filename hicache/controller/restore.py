@@ -26,15 +26,15 @@ The stager never reads node fields: every question goes to the control plane's q
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from hicache.control import ControlPlane
-from hicache.records import PendingOp
 from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import IllegalTransition, OutOfPages, StorageError, TransferError
+from hicache.records import PendingOp
 from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
@@ -42,9 +42,17 @@ Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, rese
 
 
 class RestoreStager:
-    def __init__(self, cp: ControlPlane, metrics: Metrics, issue: Issue,
-                 after_drop: Callable[[], None], verifier: RestoreVerifier | None,
-                 promotion: bool, *, share: bool = True) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        metrics: Metrics,
+        issue: Issue,
+        after_drop: Callable[[], None],
+        verifier: RestoreVerifier | None,
+        promotion: bool,
+        *,
+        share: bool = True,
+    ) -> None:
         self.cp = cp
         # A plan that meets another request's pending load-back: wait for it (True), or back
         # off and recompute everything past the L1 hit (False, SGLang's graft guard 3).
@@ -66,7 +74,11 @@ class RestoreStager:
         if plan.shared and not self.share:
             self.metrics.fallback("load_back_pending")  # graft guard 3: the tokens are recomputed
             return
-        mat.shared, mat.l2_part, mat.l3_part = list(plan.shared), list(plan.l2_part), list(plan.l3_part)
+        mat.shared, mat.l2_part, mat.l3_part = (
+            list(plan.shared),
+            list(plan.l2_part),
+            list(plan.l3_part),
+        )
         head = mat.shared + mat.l2_part
         if head:
             self.cp.pin(mat.request_id, head[-1], Tier.L2)
@@ -98,7 +110,9 @@ class RestoreStager:
             deepest = self.cp.leading_run(waiter.shared, Tier.L1)
             if ok and deepest is not None:
                 self.cp.pin(waiter.request_id, deepest, Tier.L1)
-                waiter.landed_pages += sum(n.num_pages for n in self._through(waiter.shared, deepest))
+                waiter.landed_pages += sum(
+                    n.num_pages for n in self._through(waiter.shared, deepest)
+                )
             elif not waiter.deferred:
                 waiter.deferred = True  # load the shared nodes itself (`_resume`)
         mat = self.owner.pop(op.op_id, None)
@@ -138,7 +152,9 @@ class RestoreStager:
         if self.verifier is not None:
             pages = self.cp.prefix_pages(self.cp.prefix_node(mat.request_id), Tier.L1)
             ps = self.cp.page_size
-            self.metrics.verified_pages += self.verifier.verify(mat.tokens, start, end, pages[start // ps:])
+            self.metrics.verified_pages += self.verifier.verify(
+                mat.tokens, start, end, pages[start // ps :]
+            )
         promoted = [n for n in mat.l3_part if self.cp.holds(n, Tier.L1)]
         if self.promotion:
             self.metrics.promoted_pages += sum(n.num_pages for n in promoted)
@@ -170,8 +186,9 @@ class RestoreStager:
         landed = self.cp.leading_run(head, Tier.L1)
         at = 0 if landed is None else head.index(landed) + 1
         mat.shared, mat.l2_part = head[:at], head[at:]
-        mat.l3_part = self._refresh(mat.l3_part, self.cp.tree.prefix_tokens(head[-1]) if head
-                                    else mat.match.lengths[0])
+        mat.l3_part = self._refresh(
+            mat.l3_part, self.cp.tree.prefix_tokens(head[-1]) if head else mat.match.lengths[0]
+        )
         if mat.l2_part and self.cp.residency(mat.l2_part[0], Tier.L1) == "H2D_PENDING":
             mat.shared += mat.l2_part  # yet another request's load-back fills it now: wait again
             mat.l2_part = []
@@ -201,8 +218,13 @@ class RestoreStager:
             try:
                 op = self.issue(direction, part, mat.request_id)
             except (OutOfPages, IllegalTransition, StorageError, TransferError) as e:
-                reason = ("l3_offline" if isinstance(e, StorageError) else
-                          "transfer_failed" if isinstance(e, TransferError) else "no_room")
+                reason = (
+                    "l3_offline"
+                    if isinstance(e, StorageError)
+                    else "transfer_failed"
+                    if isinstance(e, TransferError)
+                    else "no_room"
+                )
                 if direction is Direction.S2H:
                     self._drop_part(mat, mat.l3_part, reason)
                     mat.l3_part = []  # no promotion: those tokens are recomputed
@@ -231,7 +253,9 @@ class RestoreStager:
             op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
         except (OutOfPages, IllegalTransition, TransferError) as e:
             mat.failed = True
-            self._drop_part(mat, mat.l3_part, "transfer_failed" if isinstance(e, TransferError) else "no_room")
+            self._drop_part(
+                mat, mat.l3_part, "transfer_failed" if isinstance(e, TransferError) else "no_room"
+            )
             return
         mat.ops.add(op.op_id)
         self.owner[op.op_id] = mat
@@ -289,4 +313,4 @@ class RestoreStager:
 
     @staticmethod
     def _through(nodes: list[TreeNode], last: TreeNode) -> list[TreeNode]:
-        return nodes[:nodes.index(last) + 1] if last in nodes else []
+        return nodes[: nodes.index(last) + 1] if last in nodes else []

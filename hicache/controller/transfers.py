@@ -17,7 +17,7 @@ what each end means, spec/tp.md C2/C4/C6 what the ranks agree on.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner, chain_lacking
@@ -33,8 +33,14 @@ from hicache.dataplane.plane import DataPlane
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import (
-    CorruptSlot, HiCacheError, IllegalTransition, OutOfPages, ReservationAborted, StorageError,
-    TransferError, UnreadableSlot,
+    CorruptSlot,
+    HiCacheError,
+    IllegalTransition,
+    OutOfPages,
+    ReservationAborted,
+    StorageError,
+    TransferError,
+    UnreadableSlot,
 )
 from hicache.policy import CostModel
 from hicache.pools.spec import PoolGroup
@@ -51,11 +57,24 @@ Settled = Callable[[PendingOp, TransferStatus, "int | None"], None]  # (op, end,
 
 
 class Transfers:
-    def __init__(self, cp: ControlPlane, engine: DataPlane, agree: Agreement, group: PoolGroup,
-                 page_bytes: dict[str, int], *, hooks: ControllerFaults, l3: L3Health,
-                 evictor: Evictor, backups: BackupPlanner, replicas: ReplicatedL3,
-                 l3_writes: L3Writes, metrics: Metrics, model: CostModel,
-                 settled: Settled) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        engine: DataPlane,
+        agree: Agreement,
+        group: PoolGroup,
+        page_bytes: dict[str, int],
+        *,
+        hooks: ControllerFaults,
+        l3: L3Health,
+        evictor: Evictor,
+        backups: BackupPlanner,
+        replicas: ReplicatedL3,
+        l3_writes: L3Writes,
+        metrics: Metrics,
+        model: CostModel,
+        settled: Settled,
+    ) -> None:
         """`page_bytes`: bytes of one own page per backed-up pool (the L3 write ledger's
         unit). `settled(op, status, kept)`: told after the control plane applied each op's
         end (the restore stager). The rest are the controller's rooms this one drives."""
@@ -69,7 +88,9 @@ class Transfers:
         self.handles: dict[int, TransferHandle] = {}  # op id -> its handle, while in flight
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
 
-    def issue(self, direction: Direction, chain: list[TreeNode], request_id: int | None = None) -> PendingOp:
+    def issue(
+        self, direction: Direction, chain: list[TreeNode], request_id: int | None = None
+    ) -> PendingOp:
         """Reserve (evicting in the target tier if needed), lock, and start one transfer.
 
         Raises, with the control plane unchanged: `OutOfPages` (no room even after eviction),
@@ -98,22 +119,36 @@ class Transfers:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
             if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
                 if self.l3.online:
-                    self.l3.take_offline(error if isinstance(error, StorageError) else StorageError(
-                        self.engine.l3_path, "another rank's L3 file was lost"))
-                raise error if isinstance(error, StorageError) else StorageError(
-                    self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
+                    self.l3.take_offline(
+                        error
+                        if isinstance(error, StorageError)
+                        else StorageError(self.engine.l3_path, "another rank's L3 file was lost")
+                    )
+                raise (
+                    error
+                    if isinstance(error, StorageError)
+                    else StorageError(
+                        self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}"
+                    )
+                )
             if not agreed:
-                raise ReservationAborted(str(direction.target), need,
-                                         self.cp.free_pages(direction.target), error)
+                raise ReservationAborted(
+                    str(direction.target), need, self.cp.free_pages(direction.target), error
+                )
         if error is not None:
             raise error
         assert op is not None and handle is not None  # Verify: no error means an op in flight.
         self.handles[op.op_id] = handle
         return op
 
-    def _issue_here(self, direction: Direction, chain: list[TreeNode], request_id: int | None,
-                    need: int, parent: TreeNode
-                    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
+    def _issue_here(
+        self,
+        direction: Direction,
+        chain: list[TreeNode],
+        request_id: int | None,
+        need: int,
+        parent: TreeNode,
+    ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
         """This rank's half of `issue`: the op and its handle, or the error that refused it
         (whatever was taken released again), and whether this transfer took an op id. (Not
         "did the next id move": making room may issue write-back's own transfers first, each
@@ -133,8 +168,14 @@ class Transfers:
         if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
             return op, self._acked(op), None, True  # C6b: this rank writes none of these pools
         try:
-            handle = issue_aimed(self.engine, direction, op.source_pages, op.target_pages, aim,
-                                 self.hooks.landing(aim, self.group, need))
+            handle = issue_aimed(
+                self.engine,
+                direction,
+                op.source_pages,
+                op.target_pages,
+                aim,
+                self.hooks.landing(aim, self.group, need),
+            )
         except HiCacheError as e:
             self.cp.fail(op.op_id)
             if isinstance(e, StorageError):
@@ -161,17 +202,23 @@ class Transfers:
             if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
                 reason, slot = BAD_SLOT.index(type(handle.error)) + 1, min(handle.error.slots)
             if status is TransferStatus.FAILED:
-                kept = (clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
-                        if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
-                        else 0)
+                kept = (
+                    clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
+                    if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
+                    else 0
+                )
                 local.append((True, True, kept, reason, slot))
             else:
                 local.append((status.final, False, nodes, reason, slot))
         agreed = self.agree.completion(local)
         if self.replicas.pools:
-            self.replicas.ack([op_id for op_id, (ended, failed, *_) in zip(op_ids, agreed)
-                          if ended and not failed
-                          and self.cp.ops[op_id].direction is Direction.H2S])
+            self.replicas.ack(
+                [
+                    op_id
+                    for op_id, (ended, failed, *_) in zip(op_ids, agreed)
+                    if ended and not failed and self.cp.ops[op_id].direction is Direction.H2S
+                ]
+            )
         for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
             if op_id not in self.handles or not (ended or failed):
                 continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
@@ -182,8 +229,13 @@ class Transfers:
             bad = (BAD_SLOT_REASONS[reason - 1], slot) if self.tp and reason else None
             self.settle(op_id, failed=failed, kept=clamp, bad=bad)
 
-    def settle(self, op_id: int, failed: bool | None = None, kept: int | None = None,
-                bad: tuple[str, int] | None = None) -> None:
+    def settle(
+        self,
+        op_id: int,
+        failed: bool | None = None,
+        kept: int | None = None,
+        bad: tuple[str, int] | None = None,
+    ) -> None:
         """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
         the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
         handle's own final status (a cancel, the caller's own). `bad`: across ranks, the bad
@@ -196,7 +248,11 @@ class Transfers:
             status = TransferStatus.FAILED  # on some rank: on every rank
         elif failed is not None and status is not TransferStatus.CANCELLED:
             status = TransferStatus.DONE  # on every rank
-        crash = self.hooks.crash_now(op_id, str(op.direction)) if status is TransferStatus.DONE else None
+        crash = (
+            self.hooks.crash_now(op_id, str(op.direction))
+            if status is TransferStatus.DONE
+            else None
+        )
         if crash is not None:
             self.handles[op_id] = handle  # still unpublished: close() releases it
             raise crash
@@ -207,9 +263,13 @@ class Transfers:
             if op.direction is Direction.D2H:
                 self.backups.after_d2h(op.nodes[-1])
             elif op.direction is Direction.H2S:
-                self.l3_writes.record(op_id, self.group, sum(n.num_pages for n in op.nodes),
-                                      self.page_bytes,
-                                      self.replicas.written(isinstance(handle, AckedWrite)))
+                self.l3_writes.record(
+                    op_id,
+                    self.group,
+                    sum(n.num_pages for n in op.nodes),
+                    self.page_bytes,
+                    self.replicas.written(isinstance(handle, AckedWrite)),
+                )
         elif status is TransferStatus.CANCELLED:
             self.cp.cancel(op_id)
         if status is not TransferStatus.FAILED:

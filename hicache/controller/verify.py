@@ -14,7 +14,8 @@ bug in the cache, never a fallback. It only reads; the caller decides when to ve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hicache.errors import HiCacheError
 from hicache.pages import Pages
@@ -31,8 +32,9 @@ class RestoreMismatch(HiCacheError):
     controller's state is suspect: report (`status()`, the trace) and close it."""
 
 
-def check_rows(got: torch.Tensor, expected: torch.Tensor, pages: Pages, what: str, start: int,
-               end: int) -> None:
+def check_rows(
+    got: torch.Tensor, expected: torch.Tensor, pages: Pages, what: str, start: int, end: int
+) -> None:
     """Verify row i of `got` equals row i of `expected` (row i: page `pages[i]`, bytes);
     RestoreMismatch naming `what` and the first eight differing pages otherwise."""
     bad = (got != expected).any(dim=1).nonzero().flatten().tolist()
@@ -40,7 +42,8 @@ def check_rows(got: torch.Tensor, expected: torch.Tensor, pages: Pages, what: st
         raise RestoreMismatch(
             f"{what} {[int(pages[i]) for i in bad[:8]]} (tokens {start}..{end}) differ from "
             "recomputation: a cross-prefix mix-up or a torn transfer; report the trace and "
-            "close this controller")
+            "close this controller"
+        )
 
 
 class RestoreVerifier:
@@ -59,6 +62,7 @@ class RestoreVerifier:
         import torch
 
         from hicache.kernels import gather
+
         expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
         if expected is None:
             return 0
@@ -87,12 +91,10 @@ class GroupRestoreVerifier(RestoreVerifier):
         if end <= start:
             return 0
         import numpy as np
-
-        from hicache.tiers import Tier
-
         import torch
 
         from hicache.snapshot import TOMBSTONE
+        from hicache.tiers import Tier
 
         anchor = np.asarray(pages, dtype=np.int64)
         # A page may be served with its trailing pools' window freed (a hit policy that
@@ -107,8 +109,14 @@ class GroupRestoreVerifier(RestoreVerifier):
                 continue
             got = self.engine.l1.packed(p.name, rows[held].ravel()).reshape(int(held.sum()), -1)
             want = expected[p.name].cpu()[torch.from_numpy(held)]
-            check_rows(got.cpu(), want, anchor[held],
-                       f"pool {p.name}: restored pages of anchor pages", start, end)
+            check_rows(
+                got.cpu(),
+                want,
+                anchor[held],
+                f"pool {p.name}: restored pages of anchor pages",
+                start,
+                end,
+            )
             checked[p.name] = int(want.numel())
         for name, n in checked.items():
             self.bytes_checked[name] += n

@@ -43,8 +43,14 @@ class Unlands(Protocol):
         of `landed[pool]` (a pool not named: all of them)."""
 
 
-def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: Pages,
-                aim: Aim | None, landed: Mapping[str, int] | None = None) -> TransferHandle:
+def issue_aimed(
+    engine: DataPlane,
+    direction: Direction,
+    source: Pages,
+    target: Pages,
+    aim: Aim | None,
+    landed: Mapping[str, int] | None = None,
+) -> TransferHandle:
     """`engine`'s `direction` transfer of `source` -> `target`, meeting `aim` (None: none);
     `landed`: a `partial` aim's per-pool report (pages of each pool that landed)."""
     if aim is not None and aim.action == "corrupt":
@@ -54,7 +60,9 @@ def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: 
     if aim is None:
         return handle
     if aim.action == "fail":
-        handle.fail(TransferError(f"{direction}: failed by an aimed fault; release the target pages"))
+        handle.fail(
+            TransferError(f"{direction}: failed by an aimed fault; release the target pages")
+        )
     elif aim.action == "short_read":
         slots = tuple(int(s) for s in source.tolist())
         handle.fail(UnreadableSlot(slots, engine.l3_path, "an aimed short read that persists"))
@@ -64,7 +72,9 @@ def issue_aimed(engine: DataPlane, direction: Direction, source: Pages, target: 
         assert landed is not None, "a partial aim needs its landing report"
         if engine.has_bytes:
             # Verify the plane can stop part way: only a pool group's S2H draws a report.
-            assert isinstance(engine, Unlands), f"{type(engine).__name__} cannot stop an S2H part way"
+            assert isinstance(engine, Unlands), (
+                f"{type(engine).__name__} cannot stop an S2H part way"
+            )
             report, plane = dict(landed), engine
             return StoppedHandle(handle, report, lambda: plane.unland(target, report))
         handle.landed = dict(landed)
@@ -83,7 +93,9 @@ class StoppedHandle(TransferHandle):
     verification see them). A wrapped transfer that fails by itself (a corrupt slot, an I/O
     error) is observed as it failed, `landed` None: nothing usable."""
 
-    def __init__(self, inner: TransferHandle, landed: dict[str, int], unland: Callable[[], None]) -> None:
+    def __init__(
+        self, inner: TransferHandle, landed: dict[str, int], unland: Callable[[], None]
+    ) -> None:
         super().__init__(inner.direction, inner.nbytes)
         self.inner = inner
         self.timings = inner.timings

@@ -45,18 +45,25 @@ from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHand
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
-    DIRECT_MIN_BYTES, FIRST_CHUNK_BYTES, SINGLE_CHUNK_MAX_BYTES, DmaPlan, chunk_bounds, plan_route, split_runs,
+    DIRECT_MIN_BYTES,
+    FIRST_CHUNK_BYTES,
+    SINGLE_CHUNK_MAX_BYTES,
+    DmaPlan,
+    chunk_bounds,
+    plan_route,
+    split_runs,
 )
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
-from hicache.pages import Pages
 from hicache.kernels import KernelSet
+from hicache.pages import Pages
 from hicache.tiers import Direction
 
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 PLANS_KEPT = 256  # remembered consecutive-run plans (a serving loop repeats a few sizes)
+
 
 @dataclass
 class DirectionCounters(OutcomeCounters):
@@ -113,8 +120,14 @@ class DmaHandle(TransferHandle):
     `plan` says how it was issued."""
 
     def __init__(
-        self, mover: DeviceHostMover, direction: Direction, nbytes: int, buffers: TransferBuffers,
-        completion: _Completion, delay_polls: int, plan: DmaPlan,
+        self,
+        mover: DeviceHostMover,
+        direction: Direction,
+        nbytes: int,
+        buffers: TransferBuffers,
+        completion: _Completion,
+        delay_polls: int,
+        plan: DmaPlan,
     ) -> None:
         super().__init__(direction, nbytes)
         self._mover = mover
@@ -176,9 +189,15 @@ class DeviceHostMover:
     """
 
     def __init__(
-        self, l1: DevicePool, l2: HostPool, kernels: KernelSet, *,
-        faults: FaultInjector | None = None, chunk_pages: int | None = None,
-        single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES, direct_min_bytes: int = DIRECT_MIN_BYTES,
+        self,
+        l1: DevicePool,
+        l2: HostPool,
+        kernels: KernelSet,
+        *,
+        faults: FaultInjector | None = None,
+        chunk_pages: int | None = None,
+        single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
+        direct_min_bytes: int = DIRECT_MIN_BYTES,
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
     ) -> None:
         if l2.geometry != l1.geometry:
@@ -186,9 +205,14 @@ class DeviceHostMover:
         if l1.device.type == "cuda" and not l2.pinned:
             raise ConfigError("l2.pin", "L1 is on CUDA: L2 must be pinned for asynchronous DMA")
         if chunk_pages is not None and (not isinstance(chunk_pages, int) or chunk_pages < 1):
-            raise ConfigError("chunk_pages", f"a positive number of pages or None, got {chunk_pages!r}")
-        sizes = {"single_chunk_max_bytes": single_chunk_max_bytes, "direct_min_bytes": direct_min_bytes,
-                 "first_chunk_bytes": first_chunk_bytes}
+            raise ConfigError(
+                "chunk_pages", f"a positive number of pages or None, got {chunk_pages!r}"
+            )
+        sizes = {
+            "single_chunk_max_bytes": single_chunk_max_bytes,
+            "direct_min_bytes": direct_min_bytes,
+            "first_chunk_bytes": first_chunk_bytes,
+        }
         for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"a number of bytes >= 0, got {value!r}")
@@ -204,8 +228,12 @@ class DeviceHostMover:
         private = self._streams.compute
         self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults, alloc_stream=private)
         self.index_buffers = WorkspaceCache(
-            l1.device, pin=pin, faults=faults, alloc_stream=private,
-            max_idle=INDEX_BUFFERS_IDLE, min_bytes=INDEX_BUFFER_BYTES,
+            l1.device,
+            pin=pin,
+            faults=faults,
+            alloc_stream=private,
+            max_idle=INDEX_BUFFERS_IDLE,
+            min_bytes=INDEX_BUFFER_BYTES,
         )
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
         self._in_flight: set[DmaHandle] = set()
@@ -214,14 +242,18 @@ class DeviceHostMover:
 
     # -- issuing ------------------------------------------------------------------------------
 
-    def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(
+        self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Copy L1 pages to L2 pages (l1_pages[i] -> l2_pages[i]); DONE once in L2."""
         src, dst = transfer_pages(
             Direction.D2H, l1_pages, l2_pages, self.l1.capacity_pages, self.l2.capacity_pages
         )
         return self._issue(Direction.D2H, src, dst, after)
 
-    def h2d(self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(
+        self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Copy L2 pages to L1 pages (l2_pages[i] -> l1_pages[i]); DONE once in L1."""
         src, dst = transfer_pages(
             Direction.H2D, l2_pages, l1_pages, self.l2.capacity_pages, self.l1.capacity_pages
@@ -235,8 +267,12 @@ class DeviceHostMover:
         and the mover's settings: they are remembered (planning costs tens of microseconds of
         the issuing thread, before any device work can start)."""
         n, first = int(l2_ids.size), int(l2_ids[0])
-        settings = (self.chunk_pages, self.first_chunk_bytes, self.single_chunk_max_bytes,
-                    self.direct_min_bytes)
+        settings = (
+            self.chunk_pages,
+            self.first_chunk_bytes,
+            self.single_chunk_max_bytes,
+            self.direct_min_bytes,
+        )
         key = (direction, n, first, settings)
         cached = self._plans.get(key)
         # Same size and first page is not enough: [5, 7, 6] is no run.
@@ -244,9 +280,14 @@ class DeviceHostMover:
             return cached
         d2h = direction is Direction.D2H
         route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
-        bounds = chunk_bounds(n, self.bytes_per_page, self.chunk_pages,
-                              descending=not d2h, first_bytes=self.first_chunk_bytes,
-                              single_max_bytes=self.single_chunk_max_bytes)
+        bounds = chunk_bounds(
+            n,
+            self.bytes_per_page,
+            self.chunk_pages,
+            descending=not d2h,
+            first_bytes=self.first_chunk_bytes,
+            single_max_bytes=self.single_chunk_max_bytes,
+        )
         plan = DmaPlan(route, bounds, split_runs(route.direct, bounds))
         if route.order is None and route.runs == 1:  # in order and consecutive: reusable
             if len(self._plans) >= PLANS_KEPT:
@@ -292,7 +333,9 @@ class DeviceHostMover:
         counters.staged += route.staged_pages > 0
         counters.staged_pages += route.staged_pages
         counters.direct_dmas += sum(map(len, plan.pieces))
-        handle = DmaHandle(self, direction, n * self.bytes_per_page, buffers, completion, delay, plan)
+        handle = DmaHandle(
+            self, direction, n * self.bytes_per_page, buffers, completion, delay, plan
+        )
         t = handle.timings
         t.issued_at, t.workspace_setup_s = entered, buffers.setup_s
         t.enqueue_s = time.perf_counter() - entered - buffers.setup_s
@@ -301,12 +344,19 @@ class DeviceHostMover:
         self._in_flight.add(handle)
         return handle
 
-    def _borrow(self, counters: DirectionCounters, n: int, n_staged: int, n_index: int) -> TransferBuffers:
+    def _borrow(
+        self, counters: DirectionCounters, n: int, n_staged: int, n_index: int
+    ) -> TransferBuffers:
         """`TransferBuffers.borrow`, counting what it allocated."""
         before = self._allocation_counts()
         try:
             buffers = TransferBuffers.borrow(
-                self.workspaces, self.index_buffers, self.l1.tensor.dtype, self._page_shape, n, n_staged,
+                self.workspaces,
+                self.index_buffers,
+                self.l1.tensor.dtype,
+                self._page_shape,
+                n,
+                n_staged,
                 n_index=n_index,
             )
         finally:  # a failed borrow may have allocated (and released) some buffers first
@@ -329,8 +379,9 @@ class DeviceHostMover:
             buf.index_device.copy_(buf.index_host, non_blocking=True)
         with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
             for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
-                self.kernels.gather(l1, buf.index_device[at : at + hi - lo], packed[lo:hi],
-                                    stream=s.compute)
+                self.kernels.gather(
+                    l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
+                )
                 s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
                 for a, b, first in runs:
                     l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
@@ -344,7 +395,9 @@ class DeviceHostMover:
         if host is None:
             return _Completion(start, end)
         index = torch.from_numpy(plan.route.l2_staged)
-        return _Completion(start, end, _HostScatter(self.l2.bytes_view(), index, _byte_rows(host), staged))
+        return _Completion(
+            start, end, _HostScatter(self.l2.bytes_view(), index, _byte_rows(host), staged)
+        )
 
     def _enqueue_h2d(
         self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
@@ -370,8 +423,9 @@ class DeviceHostMover:
                 if host is not None and a < b:
                     packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
                 s.wait(s.compute, s.mark(s.h2d))  # chunk k's scatter after its DMAs
-                self.kernels.scatter(packed[lo:hi], buf.index_device[at : at + hi - lo], l1,
-                                     stream=s.compute)
+                self.kernels.scatter(
+                    packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
+                )
         end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
         return _Completion(start, end)
 
@@ -408,9 +462,12 @@ class DeviceHostMover:
         return {
             "device": str(self.l1.device),
             "l2_pinned": self.l2.pinned,
-            "chunk_pages": self.chunk_pages if self.chunk_pages is not None else (
+            "chunk_pages": self.chunk_pages
+            if self.chunk_pages is not None
+            else (
                 f"one chunk up to {self.single_chunk_max_bytes} bytes, else doubling from "
-                f"{self.first_chunk_bytes} bytes"),
+                f"{self.first_chunk_bytes} bytes"
+            ),
             "direct_min_bytes": self.direct_min_bytes,
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,

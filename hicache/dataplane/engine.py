@@ -36,8 +36,8 @@ from hicache.dataplane.slotdigest import slot_digests
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import HiCacheError
-from hicache.pages import Pages
 from hicache.kernels import KernelSet
+from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
 
 
@@ -56,9 +56,18 @@ class TransferEngine:
     has_bytes = True
 
     def __init__(
-        self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
-        device: str | None = None, l3_path: str | None = None, backend: str = "auto",
-        io_threads: int = 4, faults: FaultInjector | None = None, chunk_pages: int | None = None,
+        self,
+        geometry: KVGeometry,
+        l1_pages: int,
+        l2_pages: int,
+        l3_slots: int,
+        *,
+        device: str | None = None,
+        l3_path: str | None = None,
+        backend: str = "auto",
+        io_threads: int = 4,
+        faults: FaultInjector | None = None,
+        chunk_pages: int | None = None,
         l3_overwrite: bool = False,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
@@ -67,12 +76,16 @@ class TransferEngine:
         self.l1 = DevicePool(geometry, l1_pages, self.device)
         self.l2 = HostPool(geometry, l2_pages, pin=self.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, requested=backend)
-        self.dma = DeviceHostMover(self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages)
+        self.dma = DeviceHostMover(
+            self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages
+        )
         self.l3 = L3File(
             l3_path, l3_slots, geometry.bytes_per_page, geometry=geometry, overwrite=l3_overwrite
         )
         try:
-            self.storage = StorageMover(self.l3, self.l2.bytes_view(), io_threads=io_threads, faults=faults)
+            self.storage = StorageMover(
+                self.l3, self.l2.bytes_view(), io_threads=io_threads, faults=faults
+            )
         except HiCacheError:
             self.l3.close()  # a temporary file must not outlive a failed construction
             raise
@@ -91,12 +104,16 @@ class TransferEngine:
 
     # -- transfers ------------------------------------------------------------------------------
 
-    def d2h(self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(
+        self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Backup: L1 pages -> L2 pages. `after`: the stream that produced the pages/indices
         (default: the current stream); the transfer starts after its queued work."""
         return self.dma.d2h(l1_pages, l2_pages, after=after)
 
-    def h2d(self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(
+        self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Load-back: L2 pages -> L1 pages; see `d2h` for `after`."""
         return self.dma.h2d(l2_pages, l1_pages, after=after)
 
@@ -138,7 +155,11 @@ class TransferEngine:
 
     def _pages(self, direction: Direction, source: Pages, target: Pages) -> tuple[Pages, Pages]:
         return transfer_pages(
-            direction, source, target, self._capacity[direction.source], self._capacity[direction.target]
+            direction,
+            source,
+            target,
+            self._capacity[direction.source],
+            self._capacity[direction.target],
         )
 
     # -- invariant I4 ---------------------------------------------------------------------------
@@ -188,6 +209,9 @@ class TransferEngine:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

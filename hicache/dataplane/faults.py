@@ -72,26 +72,44 @@ class SiteInfo(NamedTuple):
 
 
 SITES: dict[FaultSite, SiteInfo] = {
-    FaultSite.DEVICE_ALLOC: SiteInfo("dma workspace (device)", "D2H/H2D FAILED at issue", ("real",)),
-    FaultSite.PINNED_ALLOC: SiteInfo("dma workspace (pinned host)", "D2H/H2D FAILED at issue", ("real",)),
+    FaultSite.DEVICE_ALLOC: SiteInfo(
+        "dma workspace (device)", "D2H/H2D FAILED at issue", ("real",)
+    ),
+    FaultSite.PINNED_ALLOC: SiteInfo(
+        "dma workspace (pinned host)", "D2H/H2D FAILED at issue", ("real",)
+    ),
     FaultSite.D2H_COMPLETE: SiteInfo("D2H completion observed", "FAILED", BOTH),
     FaultSite.H2D_COMPLETE: SiteInfo("H2D completion observed", "FAILED", BOTH),
     FaultSite.IO_EIO: SiteInfo("an L3 read or write", "H2S/S2H FAILED (EIO)", BOTH),
     FaultSite.IO_ENOSPC: SiteInfo("an L3 write", "H2S FAILED (ENOSPC)", BOTH),
-    FaultSite.SHORT_READ: SiteInfo("an L3 read", "resumed; S2H FAILED (UnreadableSlot) if it persists", BOTH),
+    FaultSite.SHORT_READ: SiteInfo(
+        "an L3 read", "resumed; S2H FAILED (UnreadableSlot) if it persists", BOTH
+    ),
     FaultSite.SHORT_WRITE: SiteInfo("an L3 write", "resumed; H2S FAILED if it persists", ("real",)),
-    FaultSite.CORRUPT_SLOT: SiteInfo("an L3 write lands", "a later S2H of the slot FAILED (CorruptSlot)", BOTH),
-    FaultSite.DELAY: SiteInfo("a transfer is issued", "completion observed `delay_polls` polls late", BOTH),
+    FaultSite.CORRUPT_SLOT: SiteInfo(
+        "an L3 write lands", "a later S2H of the slot FAILED (CorruptSlot)", BOTH
+    ),
+    FaultSite.DELAY: SiteInfo(
+        "a transfer is issued", "completion observed `delay_polls` polls late", BOTH
+    ),
     FaultSite.ALLOC_L1: SiteInfo("controller reserves L1 pages", "OutOfPages(L1)", BOTH),
     FaultSite.ALLOC_L2: SiteInfo("controller reserves L2 pages", "OutOfPages(L2)", BOTH),
     FaultSite.ALLOC_L3: SiteInfo("controller reserves L3 slots", "OutOfPages(L3)", BOTH),
-    FaultSite.CRASH_BEFORE_PUBLISH: SiteInfo("a DONE completion, before publication",
-                                             "SimulatedCrash; close and reopen", BOTH),
-    FaultSite.S2H_PARTIAL: SiteInfo("an S2H's landing is observed",
-                                    "FAILED with `landed` (the pages each pool landed; a pool "
-                                    "left out landed none): the clamp is published", ("null",)),
+    FaultSite.CRASH_BEFORE_PUBLISH: SiteInfo(
+        "a DONE completion, before publication", "SimulatedCrash; close and reopen", BOTH
+    ),
+    FaultSite.S2H_PARTIAL: SiteInfo(
+        "an S2H's landing is observed",
+        "FAILED with `landed` (the pages each pool landed; a pool "
+        "left out landed none): the clamp is published",
+        ("null",),
+    ),
 }
-ALLOC_SITES = {Tier.L1: FaultSite.ALLOC_L1, Tier.L2: FaultSite.ALLOC_L2, Tier.L3: FaultSite.ALLOC_L3}
+ALLOC_SITES = {
+    Tier.L1: FaultSite.ALLOC_L1,
+    Tier.L2: FaultSite.ALLOC_L2,
+    Tier.L3: FaultSite.ALLOC_L3,
+}
 
 
 def sites_for(plane: Plane) -> tuple[FaultSite, ...]:
@@ -107,17 +125,31 @@ class SimulatedCrash(HiCacheError):
 
 
 Action = Literal["fail", "delay", "corrupt", "short_read", "partial", "alloc", "crash"]
-ACTIONS: tuple[Action, ...] = ("fail", "delay", "corrupt", "short_read", "partial", "alloc", "crash")
+ACTIONS: tuple[Action, ...] = (
+    "fail",
+    "delay",
+    "corrupt",
+    "short_read",
+    "partial",
+    "alloc",
+    "crash",
+)
 READ_ACTIONS: tuple[Action, ...] = ("corrupt", "short_read", "partial")  # S2H only
 ACTION_SITE: dict[Action, FaultSite | None] = {
     "fail": None,  # counted under the direction's completion site (below)
-    "delay": FaultSite.DELAY, "corrupt": FaultSite.CORRUPT_SLOT, "short_read": FaultSite.SHORT_READ,
+    "delay": FaultSite.DELAY,
+    "corrupt": FaultSite.CORRUPT_SLOT,
+    "short_read": FaultSite.SHORT_READ,
     "partial": FaultSite.S2H_PARTIAL,
     "alloc": None,  # counted under the target tier's ALLOC site
     "crash": FaultSite.CRASH_BEFORE_PUBLISH,
 }
-FAIL_SITE = {Direction.D2H: FaultSite.D2H_COMPLETE, Direction.H2D: FaultSite.H2D_COMPLETE,
-             Direction.H2S: FaultSite.IO_EIO, Direction.S2H: FaultSite.IO_EIO}
+FAIL_SITE = {
+    Direction.D2H: FaultSite.D2H_COMPLETE,
+    Direction.H2D: FaultSite.H2D_COMPLETE,
+    Direction.H2S: FaultSite.IO_EIO,
+    Direction.S2H: FaultSite.IO_EIO,
+}
 
 
 @dataclass(frozen=True)
@@ -179,8 +211,14 @@ class FaultInjector:
             _check_rate(f"rates[{FaultSite(site).value}]", rate)
 
     @classmethod
-    def schedule(cls, seed: int, enable_p: float = 0.5, fire_p: float = 0.05,
-                 sites: tuple[FaultSite, ...] = tuple(SITES), delay_polls: int = 3) -> FaultInjector:
+    def schedule(
+        cls,
+        seed: int,
+        enable_p: float = 0.5,
+        fire_p: float = 0.05,
+        sites: tuple[FaultSite, ...] = tuple(SITES),
+        delay_polls: int = 3,
+    ) -> FaultInjector:
         """A seeded per-site schedule: each of `sites` is switched on for the run with
         probability `enable_p`; a site that is on fires with probability `fire_p` each time
         it is reached. ConfigError for a probability outside [0, 1]."""
@@ -195,15 +233,23 @@ class FaultInjector:
         self._once[site] = self._once.get(site, 0) + times
         return self
 
-    def aim(self, action: Action, *, direction: Direction | None = None,
-            request_id: int | None = None, polls: int = 3) -> FaultInjector:
+    def aim(
+        self,
+        action: Action,
+        *,
+        direction: Direction | None = None,
+        request_id: int | None = None,
+        polls: int = 3,
+    ) -> FaultInjector:
         """Aim `action` at the next op matching `direction` and `request_id` (see `Aim`).
         ConfigError for an unknown action, or corrupt/short_read/partial aimed at a direction
         other than S2H."""
         if action not in ACTIONS:
             raise ConfigError("aim.action", f"one of {', '.join(ACTIONS)}; got {action!r}")
         if action in READ_ACTIONS and direction is not Direction.S2H:
-            raise ConfigError("aim.direction", f"{action} is a fault of an L3 read: aim it at Direction.S2H")
+            raise ConfigError(
+                "aim.direction", f"{action} is a fault of an L3 read: aim it at Direction.S2H"
+            )
         self.aims.append(Aim(action, direction, request_id, polls))
         return self
 
@@ -261,8 +307,9 @@ def completion_fault(faults: FaultInjector | None, direction: Direction) -> Tran
     site = FaultSite.D2H_COMPLETE if direction is Direction.D2H else FaultSite.H2D_COMPLETE
     if faults is None or not faults.fire(site):
         return None
-    return TransferError(f"{direction}: completion failed ({site.value} injected); release the "
-                         "target pages")
+    return TransferError(
+        f"{direction}: completion failed ({site.value} injected); release the target pages"
+    )
 
 
 def _check_rate(name: str, p: float) -> None:

@@ -75,4 +75,6 @@ def preset(name: str) -> KVGeometry:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ConfigError("geometry", f"unknown preset {name!r}; one of {sorted(PRESETS)}") from None
+        raise ConfigError(
+            "geometry", f"unknown preset {name!r}; one of {sorted(PRESETS)}"
+        ) from None

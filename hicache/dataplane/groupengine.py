@@ -80,11 +80,20 @@ class GroupTransferEngine:
 
     has_bytes = True
 
-    def __init__(self, group: PoolGroup, l1_pages: int, l2_pages: int, l3_slots: int, *,
-                 pool_pages: PoolPages | None = None, device: str | None = None,
-                 backend: str = "auto", io_threads: int = 2,
-                 faults: FaultInjector | None = None,
-                 pool_capacities: Mapping[str, Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        group: PoolGroup,
+        l1_pages: int,
+        l2_pages: int,
+        l3_slots: int,
+        *,
+        pool_pages: PoolPages | None = None,
+        device: str | None = None,
+        backend: str = "auto",
+        io_threads: int = 2,
+        faults: FaultInjector | None = None,
+        pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
         if backend not in BACKENDS:
             raise ConfigError("backend", f"one of {sorted(BACKENDS)}, got {backend!r}")
@@ -96,17 +105,23 @@ class GroupTransferEngine:
         for tier, caps in given.items():
             unknown = sorted(set(caps) - set(self.ratios))
             if tier not in ("L1", "L2", "L3") or unknown:
-                raise ConfigError(f"pool_capacities.{tier}", f"tiers L1, L2, L3 of allocating "
-                                  f"pools {sorted(self.ratios)}; unknown: {unknown or tier}")
-        self._pool_caps = {t: tier_capacities(self.group, str(t), n, given)
-                           for t, n in self._capacity.items()}  # the control plane's sizing
+                raise ConfigError(
+                    f"pool_capacities.{tier}",
+                    f"tiers L1, L2, L3 of allocating "
+                    f"pools {sorted(self.ratios)}; unknown: {unknown or tier}",
+                )
+        self._pool_caps = {
+            t: tier_capacities(self.group, str(t), n, given) for t, n in self._capacity.items()
+        }  # the control plane's sizing
         self.device = resolve_device(device)
         self.l1 = GroupDevicePool(self.geometry, self._pool_capacity(Tier.L1), self.device)
-        self.l2 = GroupHostPool(self.geometry, self._pool_capacity(Tier.L2),
-                                pin=self.device.type == "cuda")
+        self.l2 = GroupHostPool(
+            self.geometry, self._pool_capacity(Tier.L2), pin=self.device.type == "cuda"
+        )
         self.mover = GroupMover(self.l1, self.l2, BACKENDS[backend], faults=faults)
-        self.storage = GroupStorageMover(self.l2, self._pool_capacity(Tier.L3),
-                                         io_threads=io_threads, faults=faults)
+        self.storage = GroupStorageMover(
+            self.l2, self._pool_capacity(Tier.L3), io_threads=io_threads, faults=faults
+        )
         self._pool_pages = pool_pages
         self._closed = False
 
@@ -129,15 +144,18 @@ class GroupTransferEngine:
 
     # -- anchor pages -> pool pages ---------------------------------------------------------
 
-    def pool_pages(self, tier: Tier, anchor_pages: Pages, *, freed: bool = False
-                   ) -> dict[str, Pages]:
+    def pool_pages(
+        self, tier: Tier, anchor_pages: Pages, *, freed: bool = False
+    ) -> dict[str, Pages]:
         """Every allocating pool's pages for validated `anchor_pages` of `tier`, checked
         against the contract (module docstring); InvalidPages naming the pool otherwise.
         `freed`: let a freed window's pages through as `TOMBSTONE` (to read what is left of
         a page, never to move it: every transfer asks without)."""
         if self._pool_pages is None:
-            raise ConfigError("pool_pages", "the group engine is not bound to a control plane; "
-                                            "call bind(pool_pages) first")
+            raise ConfigError(
+                "pool_pages",
+                "the group engine is not bound to a control plane; call bind(pool_pages) first",
+            )
         mapped = self._pool_pages(tier.value, anchor_pages)
         out: dict[str, Pages] = {}
         for name, ratio in self.ratios.items():
@@ -150,46 +168,59 @@ class GroupTransferEngine:
             ids[gone] = TOMBSTONE
             # Verify `ratio` pages per anchor page: a short list would leave pages unmoved.
             if ids.size != anchor_pages.size * ratio:
-                raise InvalidPages(field, f"{ids.size} pages for {anchor_pages.size} anchor pages "
-                                          f"of ratio {ratio}")
+                raise InvalidPages(
+                    field, f"{ids.size} pages for {anchor_pages.size} anchor pages of ratio {ratio}"
+                )
             out[name] = ids
         # Verify the anchor maps to itself: the tree's values are anchor pages.
         if not np.array_equal(out[self.group.anchor.name], anchor_pages):
-            raise InvalidPages(f"{tier}.pool_pages.{self.group.anchor.name}",
-                               "the anchor's pages must be the anchor pages asked for")
+            raise InvalidPages(
+                f"{tier}.pool_pages.{self.group.anchor.name}",
+                "the anchor's pages must be the anchor pages asked for",
+            )
         return out
 
-    def _request(self, direction: Direction, source: object, target: object
-                 ) -> dict[str, tuple[Pages, Pages]]:
-        src, dst = transfer_pages(direction, source, target, self._capacity[direction.source],
-                                  self._capacity[direction.target])
+    def _request(
+        self, direction: Direction, source: object, target: object
+    ) -> dict[str, tuple[Pages, Pages]]:
+        src, dst = transfer_pages(
+            direction,
+            source,
+            target,
+            self._capacity[direction.source],
+            self._capacity[direction.target],
+        )
         a = self.pool_pages(direction.source, src)
         b = self.pool_pages(direction.target, dst)
         return {name: (a[name], b[name]) for name in self.ratios}
 
     # -- transfers ----------------------------------------------------------------------------
 
-    def d2h(self, l1_pages: Pages, l2_pages: Pages, *,
-            after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(
+        self, l1_pages: Pages, l2_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Backup: every pool's pages of L1 anchor pages -> those of L2 anchor pages."""
         return self.mover.d2h(self._request(Direction.D2H, l1_pages, l2_pages), after=after)
 
-    def h2d(self, l2_pages: Pages, l1_pages: Pages, *,
-            after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(
+        self, l2_pages: Pages, l1_pages: Pages, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """Load-back: L2 -> L1, every pool; see `d2h`."""
         return self.mover.h2d(self._request(Direction.H2D, l2_pages, l1_pages), after=after)
 
     def h2s(self, l2_pages: Pages, slots: Pages) -> TransferHandle:
         """Backup: L2 anchor pages -> L3 anchor slots, every pool into its own file."""
         request = self._request(Direction.H2S, l2_pages, slots)
-        return AnchorSlotHandle(self.storage.h2s(request), self.geometry, request, self.ratios,
-                                target=True)
+        return AnchorSlotHandle(
+            self.storage.h2s(request), self.geometry, request, self.ratios, target=True
+        )
 
     def s2h(self, slots: Pages, l2_pages: Pages) -> TransferHandle:
         """Promotion: L3 anchor slots -> L2; DONE only once every pool's checksums matched."""
         request = self._request(Direction.S2H, slots, l2_pages)
-        return AnchorSlotHandle(self.storage.s2h(request), self.geometry, request, self.ratios,
-                                target=False)
+        return AnchorSlotHandle(
+            self.storage.s2h(request), self.geometry, request, self.ratios, target=False
+        )
 
     def unland(self, l2_pages: Pages, landed: Mapping[str, int]) -> None:
         """An S2H into L2 anchor pages `l2_pages` stopped part way (an aimed `partial`,
@@ -199,7 +230,7 @@ class GroupTransferEngine:
         ids = page_array("unland.l2_pages", l2_pages, self._capacity[Tier.L2])
         mapped = self.pool_pages(Tier.L2, ids)
         for p in self.geometry.pools:
-            past = mapped[p.source][landed.get(p.name, 0):]
+            past = mapped[p.source][landed.get(p.name, 0) :]
             if past.size:
                 self.l2.bytes_view(p.name)[torch.from_numpy(past)] = UNLANDED_BYTE
 
@@ -239,8 +270,9 @@ class GroupTransferEngine:
         descriptor of its L3 file); (0, 0) for a pool without bytes: what rank 0 hands the
         other ranks (C6a) for `attach_l3`."""
         files = self.storage.files
-        return [v for name in pools
-                for v in (files[name].share_handle() if name in files else (0, 0))]
+        return [
+            v for name in pools for v in (files[name].share_handle() if name in files else (0, 0))
+        ]
 
     def attach_l3(self, pools: Sequence[str], shared: Sequence[int]) -> None:
         """Read each of `pools` that has bytes from rank 0's file (`shared`: rank 0's
@@ -284,7 +316,8 @@ class GroupTransferEngine:
         still compare theirs)."""
         which, ids = digest_pages(tier, pages, self._capacity)
         out: dict[str, npt.NDArray[np.uint64]] = {
-            p.name: np.full(ids.size, UNSERVABLE, dtype=np.uint64) for p in self.geometry.pools}
+            p.name: np.full(ids.size, UNSERVABLE, dtype=np.uint64) for p in self.geometry.pools
+        }
         if not ids.size:
             return out
         mapped = self.pool_pages(which, ids, freed=True)
@@ -314,10 +347,15 @@ class GroupTransferEngine:
         return {
             "data_plane": "real",
             "group": self.group.name,
-            "backends": {"gather": self.mover.kernels.mode, "scatter": self.mover.kernels.mode,
-                         "reason": self.mover.kernels.reason},
-            "pools": {p.name: {"source": p.source, "bytes_per_page": p.bytes_per_page}
-                      for p in self.geometry.pools},
+            "backends": {
+                "gather": self.mover.kernels.mode,
+                "scatter": self.mover.kernels.mode,
+                "reason": self.mover.kernels.reason,
+            },
+            "pools": {
+                p.name: {"source": p.source, "bytes_per_page": p.bytes_per_page}
+                for p in self.geometry.pools
+            },
             "capacity": {str(t): self._pool_capacity(t) for t in self._capacity},
             "dma": {str(d): vars(c).copy() for d, c in self.mover.counters.items()},
             "storage": {name: vars(m.counters).copy() for name, m in self.storage.movers.items()},
@@ -341,6 +379,10 @@ class GroupTransferEngine:
     def __enter__(self) -> GroupTransferEngine:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

@@ -28,18 +28,31 @@ from hicache.pools.spec import ANCHOR, PoolGroup, PoolSpec
 def kv_pool_spec(geometry: KVGeometry, name: str = "kv") -> PoolSpec:
     """The single-pool MHA group's one pool: K and V rows per layer, `KVGeometry.row_bytes`
     each, so its `bytes_per_page` equals `geometry.bytes_per_page`."""
-    return PoolSpec(name, ANCHOR, page_size=geometry.page_size, layers=geometry.layers,
-                    rows_per_layer=2, row_bytes=geometry.row_bytes)
+    return PoolSpec(
+        name,
+        ANCHOR,
+        page_size=geometry.page_size,
+        layers=geometry.layers,
+        rows_per_layer=2,
+        row_bytes=geometry.row_bytes,
+    )
 
 
-def mla_pool_spec(layers: int, latent_dims: int, dtype: str, page_size: int,
-                  name: str = "kv") -> PoolSpec:
+def mla_pool_spec(
+    layers: int, latent_dims: int, dtype: str, page_size: int, name: str = "kv"
+) -> PoolSpec:
     """An MLA pool: one latent row per layer of `latent_dims` elements per token
     (`kv_lora_rank + qk_rope_head_dim`; DeepSeek V3: 512 + 64) of `dtype`."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError("geometry.dtype", f"one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
-    return PoolSpec(name, ANCHOR, page_size=page_size, layers=layers, rows_per_layer=1,
-                    row_bytes=page_size * latent_dims * DTYPE_BYTES[dtype])
+    return PoolSpec(
+        name,
+        ANCHOR,
+        page_size=page_size,
+        layers=layers,
+        rows_per_layer=1,
+        row_bytes=page_size * latent_dims * DTYPE_BYTES[dtype],
+    )
 
 
 @dataclass(frozen=True)
@@ -63,9 +76,10 @@ class GroupGeometry:
         for p in self.pools:
             if p.name == name:
                 return p
-        raise ConfigError(f"presets.{self.group.name}",
-                          f"no byte-holding pool {name!r}; pools with bytes: "
-                          f"{[p.name for p in self.pools]}")
+        raise ConfigError(
+            f"presets.{self.group.name}",
+            f"no byte-holding pool {name!r}; pools with bytes: {[p.name for p in self.pools]}",
+        )
 
     def on(self, source: str) -> tuple[PoolSpec, ...]:
         """The byte pools that take `source`'s page indices (source itself included)."""

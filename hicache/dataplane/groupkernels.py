@@ -78,9 +78,17 @@ class GroupKernels:
         host = np.concatenate([m.l1 for m in plan.moves]) if plan.moves else np.zeros(0, np.int64)
         return Operands(host, index_at, None)
 
-    def copy(self, stage: tuple[PoolMove, ...], ops: Operands, device_words: torch.Tensor,
-             l1: GroupDevicePool, packed: torch.Tensor, *, gather: bool,
-             stream: torch.cuda.Stream | None) -> int:
+    def copy(
+        self,
+        stage: tuple[PoolMove, ...],
+        ops: Operands,
+        device_words: torch.Tensor,
+        l1: GroupDevicePool,
+        packed: torch.Tensor,
+        *,
+        gather: bool,
+        stream: torch.cuda.Stream | None,
+    ) -> int:
         """Enqueue one stage's copies on `stream` (CPU: run them); returns kernel launches.
         `device_words` is `ops.host` on L1's device; `packed` the flat uint8 workspace."""
         if self.mode == "table":
@@ -89,8 +97,9 @@ class GroupKernels:
             assert ops.table is not None
             table = device_words.view(ops.table.pieces, 3)
             src, dst = (l1.tensor, packed) if gather else (packed, l1.tensor)
-            copy_table_triton(src, dst, ops.table, table, gather=gather,
-                              config=self.table_config, stream=stream)
+            copy_table_triton(
+                src, dst, ops.table, table, gather=gather, config=self.table_config, stream=stream
+            )
             return 1
         launches = 0
         for m in stage:
@@ -102,12 +111,26 @@ class GroupKernels:
 
 def _segment(m: PoolMove, l1: GroupDevicePool) -> Segment:
     p = m.pool
-    return Segment(l1.arena.offsets[p.name], l1.capacity(p.source), p.rows_per_page, p.row_bytes,
-                   m.l1, m.packed_at)
+    return Segment(
+        l1.arena.offsets[p.name],
+        l1.capacity(p.source),
+        p.rows_per_page,
+        p.row_bytes,
+        m.l1,
+        m.packed_at,
+    )
 
 
-def _copy_pool(mode: str, m: PoolMove, idx: torch.Tensor, l1: GroupDevicePool,
-               packed: torch.Tensor, *, gather: bool, stream: torch.cuda.Stream | None) -> int:
+def _copy_pool(
+    mode: str,
+    m: PoolMove,
+    idx: torch.Tensor,
+    l1: GroupDevicePool,
+    packed: torch.Tensor,
+    *,
+    gather: bool,
+    stream: torch.cuda.Stream | None,
+) -> int:
     """One pool's gather or scatter between its L1 region and its packed part."""
     p, n = m.pool, int(m.l1.size)
     region = l1.region(p.name)  # [R, cap, row_bytes]
@@ -118,8 +141,14 @@ def _copy_pool(mode: str, m: PoolMove, idx: torch.Tensor, l1: GroupDevicePool,
         word = _word_bytes(p.row_bytes | l1.arena.offsets[p.name] | m.packed_at)
         layout = RowLayout(p.layers, region.shape[1], n, p.row_bytes, word, p.rows_per_layer)
         words = WORD_DTYPES[word]
-        triton_rows.launch_layout(layout, region.reshape(-1).view(words), part.view(words), idx,
-                                  gather=gather, stream=stream)
+        triton_rows.launch_layout(
+            layout,
+            region.reshape(-1).view(words),
+            part.view(words),
+            idx,
+            gather=gather,
+            stream=stream,
+        )
         return 1
     rows = part.view(n, p.rows_per_page, p.row_bytes)
     with on_stream(stream):
@@ -130,8 +159,12 @@ def _copy_pool(mode: str, m: PoolMove, idx: torch.Tensor, l1: GroupDevicePool,
         return 1
 
 
-def choose(requested: str, l1: GroupDevicePool, l2: GroupHostPool,
-           table_config: TableConfig = TableConfig()) -> GroupKernels:
+def choose(
+    requested: str,
+    l1: GroupDevicePool,
+    l2: GroupHostPool,
+    table_config: TableConfig = TableConfig(),
+) -> GroupKernels:
     """The mode for `l1`'s group, and why. `auto`: on CUDA `AUTO_CUDA_MODE` once `verify`
     passes (else torch, the reason says why); on CPU torch (Triton runs there only
     interpreted, far slower). An explicit Triton mode must pass `verify` (BackendError)."""
@@ -141,8 +174,9 @@ def choose(requested: str, l1: GroupDevicePool, l2: GroupHostPool,
         return GroupKernels("torch", "torch requested", table_config)
     on_gpu = l1.device.type == "cuda"
     if requested == "auto" and not on_gpu:
-        return GroupKernels("torch", "auto on cpu: Triton would run interpreted; using torch",
-                            table_config)
+        return GroupKernels(
+            "torch", "auto on cpu: Triton would run interpreted; using torch", table_config
+        )
     mode = AUTO_CUDA_MODE if requested == "auto" else requested
     chosen = GroupKernels(mode, f"{requested}: {mode}, verified against torch", table_config)
     try:

@@ -30,6 +30,7 @@ def mix_columns(cols: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     with np.errstate(over="ignore"):
         weights = (np.arange(1, cols.shape[1] + 1, dtype=np.uint64) * GOLDEN) | np.uint64(1)
         mixed: npt.NDArray[np.uint64] = np.asarray(
-            np.sum(cols.astype(np.uint64) * weights, axis=1, dtype=np.uint64), dtype=np.uint64)
+            np.sum(cols.astype(np.uint64) * weights, axis=1, dtype=np.uint64), dtype=np.uint64
+        )
     mixed[(cols == UNSERVABLE).any(axis=1)] = UNSERVABLE
     return mixed

@@ -72,8 +72,14 @@ class GroupPlan:
         return sum(m.nbytes for m in self.moves)
 
 
-def source_pages(direction: Direction, source: str, src: object, dst: object,
-                 near_capacity: int, far_capacity: int) -> tuple[Pages, Pages]:
+def source_pages(
+    direction: Direction,
+    source: str,
+    src: object,
+    dst: object,
+    near_capacity: int,
+    far_capacity: int,
+) -> tuple[Pages, Pages]:
     """`transfer_pages` for one allocating pool's (source, target) pages: `near_capacity` is
     the capacity of the tier a backup (D2H, H2S) reads, `far_capacity` the other's; the
     InvalidPages field is prefixed with the pool's name."""
@@ -91,20 +97,23 @@ def check_sources(direction: Direction, request: GroupRequest, geometry: GroupGe
     moves its source's pages and is never named); InvalidPages otherwise."""
     unknown = sorted(set(request) - set(geometry.sources))
     if unknown:
-        raise InvalidPages(f"{direction}.pools", f"{unknown} are not allocating pools of "
-                                                 f"{geometry.group.name}; name pages for "
-                                                 f"{list(geometry.sources)}")
+        raise InvalidPages(
+            f"{direction}.pools",
+            f"{unknown} are not allocating pools of "
+            f"{geometry.group.name}; name pages for "
+            f"{list(geometry.sources)}",
+        )
 
 
-def plan_group(direction: Direction, request: GroupRequest, l1: GroupDevicePool,
-               l2: GroupHostPool) -> GroupPlan:
+def plan_group(
+    direction: Direction, request: GroupRequest, l1: GroupDevicePool, l2: GroupHostPool
+) -> GroupPlan:
     """Validate `request` (module docstring) and lay its pools out in the workspace."""
     geometry = l1.geometry
     check_sources(direction, request, geometry)
     validated: dict[str, tuple[Pages, Pages]] = {}
     for source, (src, dst) in request.items():
-        a, b = source_pages(direction, source, src, dst, l1.capacity(source),
-                            l2.capacity(source))
+        a, b = source_pages(direction, source, src, dst, l1.capacity(source), l2.capacity(source))
         validated[source] = (a, b) if direction is Direction.D2H else (b, a)
     moves: list[PoolMove] = []
     at = 0

@@ -35,19 +35,24 @@ from hicache.pools.spec import PoolSpec
 REGION_ALIGN = 256  # bytes: 16-byte vector loads and DMA-friendly starts for every region
 
 
-def _capacities(geometry: GroupGeometry, capacity_pages: Mapping[str, int],
-                field: str) -> dict[str, int]:
+def _capacities(
+    geometry: GroupGeometry, capacity_pages: Mapping[str, int], field: str
+) -> dict[str, int]:
     """Capacity per allocating pool, validated; ConfigError naming `field.<pool>` otherwise."""
     unknown = sorted(set(capacity_pages) - set(geometry.sources))
     if unknown:
-        raise ConfigError(field, f"not allocating pools of {geometry.group.name}: {unknown}; "
-                                 f"give pages for {list(geometry.sources)}")
+        raise ConfigError(
+            field,
+            f"not allocating pools of {geometry.group.name}: {unknown}; "
+            f"give pages for {list(geometry.sources)}",
+        )
     out: dict[str, int] = {}
     for source in geometry.sources:
         value = capacity_pages.get(source)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{field}.{source}",
-                              f"a positive number of pages (at least one), got {value!r}")
+            raise ConfigError(
+                f"{field}.{source}", f"a positive number of pages (at least one), got {value!r}"
+            )
         out[source] = value
     return out
 
@@ -55,8 +60,15 @@ def _capacities(geometry: GroupGeometry, capacity_pages: Mapping[str, int],
 class _Arena:
     """The regions of one tier: byte offset and capacity per byte pool, one flat tensor."""
 
-    def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int], *,
-                 device: torch.device, pin: bool, field: str) -> None:
+    def __init__(
+        self,
+        geometry: GroupGeometry,
+        capacity_pages: Mapping[str, int],
+        *,
+        device: torch.device,
+        pin: bool,
+        field: str,
+    ) -> None:
         self.geometry = geometry
         self.capacity = _capacities(geometry, capacity_pages, field)
         self.offsets: dict[str, int] = {}
@@ -95,12 +107,17 @@ class _GroupPool:
 class GroupDevicePool(_GroupPool):
     """L1 of a group on `device` (CUDA, else CPU): per byte pool a layer-first region."""
 
-    def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int],
-                 device: str | torch.device | None) -> None:
+    def __init__(
+        self,
+        geometry: GroupGeometry,
+        capacity_pages: Mapping[str, int],
+        device: str | torch.device | None,
+    ) -> None:
         self.geometry = geometry
         self.device = resolve_device(device)
-        self.arena = _Arena(geometry, capacity_pages, device=self.device, pin=False,
-                            field="l1_pages")
+        self.arena = _Arena(
+            geometry, capacity_pages, device=self.device, pin=False, field="l1_pages"
+        )
 
     def region(self, name: str) -> torch.Tensor:
         """uint8 `[rows_per_page, capacity, row_bytes]` of pool `name` (a view)."""
@@ -119,15 +136,18 @@ class GroupHostPool(_GroupPool):
     """L2 of a group in host memory (pinned when `pin`, which needs CUDA): per byte pool a
     page-major region."""
 
-    def __init__(self, geometry: GroupGeometry, capacity_pages: Mapping[str, int], *,
-                 pin: bool) -> None:
+    def __init__(
+        self, geometry: GroupGeometry, capacity_pages: Mapping[str, int], *, pin: bool
+    ) -> None:
         if pin and not torch.cuda.is_available():
-            raise ConfigError("l2.pin",
-                              "pinned host memory needs a CUDA device; pass pin=False on CPU")
+            raise ConfigError(
+                "l2.pin", "pinned host memory needs a CUDA device; pass pin=False on CPU"
+            )
         self.geometry = geometry
         self.pinned = pin
-        self.arena = _Arena(geometry, capacity_pages, device=torch.device("cpu"), pin=pin,
-                            field="l2_pages")
+        self.arena = _Arena(
+            geometry, capacity_pages, device=torch.device("cpu"), pin=pin, field="l2_pages"
+        )
 
     def bytes_view(self, name: str) -> torch.Tensor:
         """uint8 `[capacity, bytes_per_page]` of pool `name` (a view: page i is row i)."""
@@ -162,7 +182,8 @@ def group_digest(tier: GroupTier, page_ids: Mapping[str, Pages]) -> int:
             if p.source not in page_ids:
                 continue
             d = pool_digest(tier, p.name, page_ids[p.source])
-            weights = (np.arange(d.size, dtype=np.uint64) + np.uint64(1 + 1000 * i)) * \
-                np.uint64(0x9E3779B97F4A7C15)
+            weights = (np.arange(d.size, dtype=np.uint64) + np.uint64(1 + 1000 * i)) * np.uint64(
+                0x9E3779B97F4A7C15
+            )
             total = total + np.sum(d * (weights | np.uint64(1)), dtype=np.uint64)
     return int(total)

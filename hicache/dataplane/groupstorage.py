@@ -68,22 +68,32 @@ class GroupStorageMover:
     reaches every pool's mover: its I/O sites are drawn per piece of each pool's part, so a
     fault in any one pool fails the whole group transfer."""
 
-    def __init__(self, l2: GroupHostPool, slots: Mapping[str, int], *, io_threads: int = 2,
-                 faults: FaultInjector | None = None) -> None:
+    def __init__(
+        self,
+        l2: GroupHostPool,
+        slots: Mapping[str, int],
+        *,
+        io_threads: int = 2,
+        faults: FaultInjector | None = None,
+    ) -> None:
         geometry: GroupGeometry = l2.geometry
-        missing = [s for s in geometry.sources
-                   if not isinstance(slots.get(s), int) or slots[s] <= 0]
+        missing = [
+            s for s in geometry.sources if not isinstance(slots.get(s), int) or slots[s] <= 0
+        ]
         if missing or set(slots) - set(geometry.sources):
-            raise ConfigError("l3_slots", f"a positive slot count for each of "
-                                          f"{list(geometry.sources)}, got {dict(slots)}")
+            raise ConfigError(
+                "l3_slots",
+                f"a positive slot count for each of {list(geometry.sources)}, got {dict(slots)}",
+            )
         self.l2, self.slots = l2, dict(slots)
         self._io_threads, self._faults = io_threads, faults
         self.files: dict[str, L3File] = {}
         self.movers: dict[str, StorageMover] = {}
         for p in geometry.pools:
             self.files[p.name] = L3File(None, slots[p.source], p.bytes_per_page)
-            self.movers[p.name] = StorageMover(self.files[p.name], l2.bytes_view(p.name),
-                                               io_threads=io_threads, faults=faults)
+            self.movers[p.name] = StorageMover(
+                self.files[p.name], l2.bytes_view(p.name), io_threads=io_threads, faults=faults
+            )
 
     @property
     def replicas(self) -> frozenset[str]:
@@ -100,8 +110,9 @@ class GroupStorageMover:
         self.movers[pool].close()
         self.files[pool].close()
         self.files[pool] = replica
-        self.movers[pool] = StorageMover(replica, self.l2.bytes_view(pool),
-                                         io_threads=self._io_threads, faults=self._faults)
+        self.movers[pool] = StorageMover(
+            replica, self.l2.bytes_view(pool), io_threads=self._io_threads, faults=self._faults
+        )
 
     def h2s(self, request: GroupRequest) -> GroupStorageHandle:
         """L2 -> L3 for every pool: request[source] = (L2 pages, slots)."""
@@ -122,28 +133,33 @@ class GroupStorageMover:
                 continue  # rank 0 writes it (spec/tp.md, "L3 writes")
             l2_ids, slot_ids = checked[p.source]
             mover = self.movers[p.name]
-            parts[p.name] = (mover.h2s(l2_ids, slot_ids) if direction is Direction.H2S
-                             else mover.s2h(slot_ids, l2_ids))
+            parts[p.name] = (
+                mover.h2s(l2_ids, slot_ids)
+                if direction is Direction.H2S
+                else mover.s2h(slot_ids, l2_ids)
+            )
         return GroupStorageHandle(direction, parts)
 
-    def _check(self, direction: Direction,
-               request: GroupRequest) -> dict[str, tuple[Pages, Pages]]:
+    def _check(self, direction: Direction, request: GroupRequest) -> dict[str, tuple[Pages, Pages]]:
         """(L2 pages, slots) per named source, validated for every pool before any issue."""
         geometry = self.l2.geometry
         check_sources(direction, request, geometry)
         out: dict[str, tuple[Pages, Pages]] = {}
         for source, (a, b) in request.items():
-            src, dst = source_pages(direction, source, a, b, self.l2.capacity(source),
-                                    self.slots[source])
+            src, dst = source_pages(
+                direction, source, a, b, self.l2.capacity(source), self.slots[source]
+            )
             l2_ids, slot_ids = (src, dst) if direction is Direction.H2S else (dst, src)
             if direction is Direction.S2H:
                 for p in geometry.on(source):
                     unwritten = slot_ids[~self.files[p.name].written(slot_ids)]
                     if unwritten.size:
-                        raise InvalidPages(f"{source}.S2H.slots",
-                                           f"pool {p.name} holds no written page in slots "
-                                           f"{np.unique(unwritten).tolist()}; read published "
-                                           f"slots only")
+                        raise InvalidPages(
+                            f"{source}.S2H.slots",
+                            f"pool {p.name} holds no written page in slots "
+                            f"{np.unique(unwritten).tolist()}; read published "
+                            f"slots only",
+                        )
             out[source] = (l2_ids, slot_ids)
         return out
 

@@ -52,9 +52,16 @@ class GroupHandle(TransferHandle):
     """One group transfer; returns its workspaces when final. `launches` and `dmas` say
     how it was issued."""
 
-    def __init__(self, mover: GroupMover, plan: GroupPlan,
-                 held: list[tuple[WorkspaceCache, Workspace]], start: Event | None,
-                 end: Event | None, launches: int, dmas: int) -> None:
+    def __init__(
+        self,
+        mover: GroupMover,
+        plan: GroupPlan,
+        held: list[tuple[WorkspaceCache, Workspace]],
+        start: Event | None,
+        end: Event | None,
+        launches: int,
+        dmas: int,
+    ) -> None:
         super().__init__(plan.direction, plan.nbytes)
         self.plan, self.launches, self.dmas = plan, launches, dmas
         self._mover, self._held, self._start, self._end = mover, held, start, end
@@ -90,12 +97,20 @@ class GroupMover:
     transfer (DEVICE_ALLOC / PINNED_ALLOC at a new workspace, DELAY at issue, D2H_COMPLETE /
     H2D_COMPLETE when completion is observed); None draws nothing."""
 
-    def __init__(self, l1: GroupDevicePool, l2: GroupHostPool, kernels: str = "auto", *,
-                 table_config: TableConfig = TableConfig(),
-                 faults: FaultInjector | None = None) -> None:
+    def __init__(
+        self,
+        l1: GroupDevicePool,
+        l2: GroupHostPool,
+        kernels: str = "auto",
+        *,
+        table_config: TableConfig = TableConfig(),
+        faults: FaultInjector | None = None,
+    ) -> None:
         if l2.geometry != l1.geometry:
-            raise ConfigError("l2.geometry", f"L2 holds group {l2.geometry.group.name}, L1 "
-                                             f"{l1.geometry.group.name}")
+            raise ConfigError(
+                "l2.geometry",
+                f"L2 holds group {l2.geometry.group.name}, L1 {l1.geometry.group.name}",
+            )
         if l1.device.type == "cuda" and not l2.pinned:
             raise ConfigError("l2.pin", "L1 is on CUDA: L2 must be pinned for asynchronous DMA")
         self.l1, self.l2 = l1, l2
@@ -103,26 +118,35 @@ class GroupMover:
         self._streams = Streams(l1.device)
         pin = self._streams.cuda
         self.faults = faults
-        self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults,
-                                         alloc_stream=self._streams.compute)
-        self.operand_buffers = WorkspaceCache(l1.device, pin=pin, faults=faults,
-                                              alloc_stream=self._streams.compute,
-                                              max_idle=4, min_bytes=INDEX_MIN_BYTES)
+        self.workspaces = WorkspaceCache(
+            l1.device, pin=pin, faults=faults, alloc_stream=self._streams.compute
+        )
+        self.operand_buffers = WorkspaceCache(
+            l1.device,
+            pin=pin,
+            faults=faults,
+            alloc_stream=self._streams.compute,
+            max_idle=4,
+            min_bytes=INDEX_MIN_BYTES,
+        )
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
 
-    def d2h(self, request: GroupRequest, *,
-            after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def d2h(
+        self, request: GroupRequest, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """L1 -> L2 for every pool: request[source] = (L1 pages, L2 pages)."""
         return self._issue(Direction.D2H, request, after)
 
-    def h2d(self, request: GroupRequest, *,
-            after: torch.cuda.Stream | None = None) -> TransferHandle:
+    def h2d(
+        self, request: GroupRequest, *, after: torch.cuda.Stream | None = None
+    ) -> TransferHandle:
         """L2 -> L1 for every pool: request[source] = (L2 pages, L1 pages)."""
         return self._issue(Direction.H2D, request, after)
 
-    def _issue(self, direction: Direction, request: GroupRequest,
-               after: torch.cuda.Stream | None) -> TransferHandle:
+    def _issue(
+        self, direction: Direction, request: GroupRequest, after: torch.cuda.Stream | None
+    ) -> TransferHandle:
         entered = time.perf_counter()
         plan = plan_group(direction, request, self.l1, self.l2)  # raises with nothing issued
         counters = self.counters[direction]
@@ -151,16 +175,20 @@ class GroupMover:
         self.in_flight.add(handle)
         return handle
 
-    def _borrow(self, plan: GroupPlan, ops: Operands) -> tuple[
-            list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor,
-            float]:
+    def _borrow(
+        self, plan: GroupPlan, ops: Operands
+    ) -> tuple[
+        list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor, float
+    ]:
         """Packed workspace, host and device operand buffers; TransferError with none kept."""
         held: list[tuple[WorkspaceCache, Workspace]] = []
         setup = 0.0
         words = max(1, int(ops.host.size))
-        wanted = ((self.workspaces, WorkspaceKind.DEVICE, torch.uint8, plan.packed_bytes),
-                  (self.operand_buffers, WorkspaceKind.HOST, torch.int64, words),
-                  (self.operand_buffers, WorkspaceKind.DEVICE, torch.int64, words))
+        wanted = (
+            (self.workspaces, WorkspaceKind.DEVICE, torch.uint8, plan.packed_bytes),
+            (self.operand_buffers, WorkspaceKind.HOST, torch.int64, words),
+            (self.operand_buffers, WorkspaceKind.DEVICE, torch.int64, words),
+        )
         views = []
         try:
             for cache, kind, dtype, n in wanted:
@@ -174,9 +202,15 @@ class GroupMover:
             raise
         return held, views[0], views[1][: ops.host.size], views[2][: ops.host.size], setup
 
-    def _enqueue_d2h(self, plan: GroupPlan, ops: Operands, packed: torch.Tensor, host: torch.Tensor,
-                     words: torch.Tensor, after: torch.cuda.Stream | None
-                     ) -> tuple[Event | None, Event | None, int, int]:
+    def _enqueue_d2h(
+        self,
+        plan: GroupPlan,
+        ops: Operands,
+        packed: torch.Tensor,
+        host: torch.Tensor,
+        words: torch.Tensor,
+        after: torch.cuda.Stream | None,
+    ) -> tuple[Event | None, Event | None, int, int]:
         s = self._streams
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
@@ -186,15 +220,22 @@ class GroupMover:
             words.copy_(host, non_blocking=True)
         with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
             for stage in self.kernels.stages(plan):
-                launches += self.kernels.copy(stage, ops, words, self.l1, packed, gather=True,
-                                              stream=s.compute)
+                launches += self.kernels.copy(
+                    stage, ops, words, self.l1, packed, gather=True, stream=s.compute
+                )
                 s.wait(s.d2h, s.mark(s.compute))
                 dmas += self._dmas(stage, packed, to_host=True)
         return start, s.mark(s.d2h, timing=True), launches, dmas
 
-    def _enqueue_h2d(self, plan: GroupPlan, ops: Operands, packed: torch.Tensor, host: torch.Tensor,
-                     words: torch.Tensor, after: torch.cuda.Stream | None
-                     ) -> tuple[Event | None, Event | None, int, int]:
+    def _enqueue_h2d(
+        self,
+        plan: GroupPlan,
+        ops: Operands,
+        packed: torch.Tensor,
+        host: torch.Tensor,
+        words: torch.Tensor,
+        after: torch.cuda.Stream | None,
+    ) -> tuple[Event | None, Event | None, int, int]:
         s = self._streams
         start = s.mark(s.h2d, timing=True)  # the DMAs read locked L2 pages: no caller wait
         caller = s.current()
@@ -206,8 +247,9 @@ class GroupMover:
             for stage in self.kernels.stages(plan):
                 dmas += self._dmas(stage, packed, to_host=False)
                 s.wait(s.compute, s.mark(s.h2d))
-                launches += self.kernels.copy(stage, ops, words, self.l1, packed, gather=False,
-                                              stream=s.compute)
+                launches += self.kernels.copy(
+                    stage, ops, words, self.l1, packed, gather=False, stream=s.compute
+                )
         return start, s.mark(s.compute, timing=True), launches, dmas
 
     def _dmas(self, stage: tuple[PoolMove, ...], packed: torch.Tensor, *, to_host: bool) -> int:

@@ -153,7 +153,9 @@ class TransferHandle(ABC):
 class ReadyHandle(TransferHandle):
     """A handle whose work finished synchronously inside the issuing call (CPU paths)."""
 
-    def __init__(self, direction: Direction, nbytes: int, error: HiCacheError | None = None) -> None:
+    def __init__(
+        self, direction: Direction, nbytes: int, error: HiCacheError | None = None
+    ) -> None:
         super().__init__(direction, nbytes)
         self._outcome = TransferStatus.FAILED if error is not None else TransferStatus.DONE
         self._error = error
@@ -210,7 +212,9 @@ class NullHandle(TransferHandle):
 
     def _block(self, seconds: float) -> None:
         if self.on_wait is None:
-            raise TransferError("waiting on a null-data-plane transfer that nobody finishes would hang")
+            raise TransferError(
+                "waiting on a null-data-plane transfer that nobody finishes would hang"
+            )
         self.finish(self.on_wait)
 
 
@@ -229,7 +233,9 @@ class DelayedHandle(TransferHandle):
         """Forwarded to the wrapped NullHandle; TransferError for a real transfer (the
         hardware ends it, not the caller)."""
         if not isinstance(self.inner, (NullHandle, DelayedHandle)):  # delays may nest
-            raise TransferError(f"{self.direction}: only a null-data-plane transfer is finished by its caller")
+            raise TransferError(
+                f"{self.direction}: only a null-data-plane transfer is finished by its caller"
+            )
         self.inner.finish(ok)
 
     def _probe(self) -> TransferStatus:

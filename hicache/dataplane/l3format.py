@@ -83,8 +83,15 @@ def encode(header: L3Header) -> bytes:
     g = header.geometry
     shape = (g.page_size, g.layers, g.kv_heads, g.head_dim) if g else (0, 0, 0, 0)
     dtype = g.dtype.encode("ascii") if g else b""
-    fields = (MAGIC, header.version, HEADER_BYTES, header.bytes_per_page, header.slots,
-              *shape, dtype)
+    fields = (
+        MAGIC,
+        header.version,
+        HEADER_BYTES,
+        header.bytes_per_page,
+        header.slots,
+        *shape,
+        dtype,
+    )
     head = _STRUCT.pack(*fields, 0)[:_CRC_AT]
     return (head + struct.pack("<I", zlib.crc32(head))).ljust(HEADER_BYTES, b"\0")
 

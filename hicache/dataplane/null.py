@@ -24,9 +24,16 @@ import numpy.typing as npt
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import DelayedHandle, NullHandle, TransferHandle
-from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError, UnreadableSlot
-from hicache.pages import Pages
 from hicache.dataplane.tags import ContentTags
+from hicache.errors import (
+    ConfigError,
+    CorruptSlot,
+    HiCacheError,
+    InvalidPages,
+    TransferError,
+    UnreadableSlot,
+)
+from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
 
 
@@ -38,11 +45,15 @@ def page_array(field: str | Callable[[], str], values: object, capacity: int) ->
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":  # signed or unsigned integers
-        raise InvalidPages(_named(field), f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+        raise InvalidPages(
+            _named(field), f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
+        )
     ids = arr.astype(np.int64, copy=False)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= capacity:
-        raise InvalidPages(_named(field), f"pages must lie in [0, {capacity}), got values in [{low}, {high}]")
+        raise InvalidPages(
+            _named(field), f"pages must lie in [0, {capacity}), got values in [{low}, {high}]"
+        )
     return ids
 
 
@@ -68,6 +79,7 @@ def transfer_pages(
     Targets must be distinct (two copies landing on one page race); sources may repeat.
     Raises InvalidPages (a ValueError) with nothing issued.
     """
+
     def src_field() -> str:
         return f"{direction}.{direction.source}_pages"
 
@@ -97,7 +109,9 @@ def check_capacities(l1_pages: object, l2_pages: object, l3_slots: object) -> No
     """ConfigError naming the first non-positive (or non-integer) tier size."""
     for field, value in (("l1_pages", l1_pages), ("l2_pages", l2_pages), ("l3_slots", l3_slots)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(field, f"must be a positive number of pages (at least one), got {value!r}")
+            raise ConfigError(
+                field, f"must be a positive number of pages (at least one), got {value!r}"
+            )
 
 
 class NullEngine:
@@ -123,9 +137,18 @@ class NullEngine:
     has_bytes = False
 
     def __init__(
-        self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
-        device: str | None = None, l3_path: str | None = None, backend: str = "auto",
-        io_threads: int = 4, faults: FaultInjector | None = None, l3_overwrite: bool = False,
+        self,
+        geometry: KVGeometry,
+        l1_pages: int,
+        l2_pages: int,
+        l3_slots: int,
+        *,
+        device: str | None = None,
+        l3_path: str | None = None,
+        backend: str = "auto",
+        io_threads: int = 4,
+        faults: FaultInjector | None = None,
+        l3_overwrite: bool = False,
         on_wait: bool | None = True,
     ) -> None:
         check_capacities(l1_pages, l2_pages, l3_slots)
@@ -143,8 +166,11 @@ class NullEngine:
         an S2H's per-pool landing report (S2H_PARTIAL) names, and by which such an S2H's
         content tags land. The controller binds its group's backed-up pools."""
         if ratios.get(anchor) != 1:
-            raise ConfigError("pools", f"the anchor {anchor!r} must be a bound pool of one page "
-                                       f"per anchor page, got {dict(ratios)}")
+            raise ConfigError(
+                "pools",
+                f"the anchor {anchor!r} must be a bound pool of one page "
+                f"per anchor page, got {dict(ratios)}",
+            )
         self.pools = dict(ratios)
         self.tags.ratios = dict(ratios)
 
@@ -181,8 +207,9 @@ class NullEngine:
     def computed(self, tokens: Sequence[int], start: int, end: int, l1_pages: Pages) -> None:
         """Tokens `[start, end)` of `tokens` (page-aligned) were computed into `l1_pages`:
         what a producer would write on a plane with bytes (their content tags)."""
-        self.tags.compute(tokens, start, end, page_array("computed.l1_pages", l1_pages,
-                                                         self.capacity[Tier.L1]))
+        self.tags.compute(
+            tokens, start, end, page_array("computed.l1_pages", l1_pages, self.capacity[Tier.L1])
+        )
 
     def digests(self, tier: str, pages: Pages) -> npt.NDArray[np.uint64]:
         """The content tags of `pages` of `tier` (one uint64 per page, tags.py); an L3 slot
@@ -210,7 +237,11 @@ class NullEngine:
 
     def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
         src, dst = transfer_pages(
-            direction, source, target, self.capacity[direction.source], self.capacity[direction.target]
+            direction,
+            source,
+            target,
+            self.capacity[direction.source],
+            self.capacity[direction.target],
         )
         handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page, self.on_wait)
         self._tagged(handle, direction, src, dst)
@@ -238,10 +269,16 @@ class NullEngine:
             return None
         if direction in (Direction.D2H, Direction.H2D):
             site = FaultSite.D2H_COMPLETE if direction is Direction.D2H else FaultSite.H2D_COMPLETE
-            return TransferError(f"{direction}: completion failed ({site.value} injected)") if f.fire(site) else None
+            return (
+                TransferError(f"{direction}: completion failed ({site.value} injected)")
+                if f.fire(site)
+                else None
+            )
         if direction is Direction.S2H:
             if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.SHORT_READ):
-                return UnreadableSlot(tuple(slots), self.l3_path, "injected EIO or persistent short read")
+                return UnreadableSlot(
+                    tuple(slots), self.l3_path, "injected EIO or persistent short read"
+                )
             return StoppedEarly() if f.fire(FaultSite.S2H_PARTIAL) else None
         if f.fire(FaultSite.IO_EIO) or f.fire(FaultSite.IO_ENOSPC):
             return TransferError(f"{direction}: injected EIO or ENOSPC; release the target slots")
@@ -254,8 +291,10 @@ class StoppedEarly(TransferError):
     `landed` says how much of each pool did."""
 
     def __init__(self) -> None:
-        super().__init__("S2H stopped early (S2H_PARTIAL injected): publish the clamp of what "
-                         "landed (`landed`), release the rest")
+        super().__init__(
+            "S2H stopped early (S2H_PARTIAL injected): publish the clamp of what "
+            "landed (`landed`), release the rest"
+        )
 
 
 # Decides a transfer's outcome when it is issued: True (done), False (failed), or None (left
@@ -269,8 +308,16 @@ class ScriptedEngine(NullEngine):
     next poll (the fastest way to drive the controller when no op matters). The outcome is
     set before any fault is drawn, so a fired fault still fails the transfer."""
 
-    def __init__(self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int, *,
-                 script: Script | None = None, faults: FaultInjector | None = None) -> None:
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        l1_pages: int,
+        l2_pages: int,
+        l3_slots: int,
+        *,
+        script: Script | None = None,
+        faults: FaultInjector | None = None,
+    ) -> None:
         super().__init__(geometry, l1_pages, l2_pages, l3_slots, faults=faults)
         self.script: Script = script or (lambda direction, index: True)
 

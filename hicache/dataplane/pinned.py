@@ -47,8 +47,10 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     status = int(cudart.cudaHostRegister(ptr, nbytes, REGISTER_DEFAULT))
     if status != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed (cudaError {status}); "
-                           f"host memory or the locked-memory limit (ulimit -l) is short")
+        raise RuntimeError(
+            f"cudaHostRegister of {nbytes} bytes failed (cudaError {status}); "
+            f"host memory or the locked-memory limit (ulimit -l) is short"
+        )
     # The finalizer holds the storage, so the memory outlives the tensor until unregistered.
     unregister = functools.partial(_unregister, ptr, tensor.untyped_storage())
     weakref.finalize(tensor, outside_capture, unregister)

@@ -66,8 +66,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def _check_capacity(field: str, capacity_pages: object) -> int:
     # Why bool is refused: True would silently mean a one-page pool.
-    if not isinstance(capacity_pages, int) or isinstance(capacity_pages, bool) or capacity_pages <= 0:
-        raise ConfigError(field, f"must be a positive number of pages (at least one), got {capacity_pages!r}")
+    if (
+        not isinstance(capacity_pages, int)
+        or isinstance(capacity_pages, bool)
+        or capacity_pages <= 0
+    ):
+        raise ConfigError(
+            field, f"must be a positive number of pages (at least one), got {capacity_pages!r}"
+        )
     return capacity_pages
 
 
@@ -89,8 +95,9 @@ def allocate(
     return t
 
 
-def empty_retrying(shape: tuple[int, ...] | int, dtype: torch.dtype, device: torch.device, *,
-                   pin: bool) -> torch.Tensor:
+def empty_retrying(
+    shape: tuple[int, ...] | int, dtype: torch.dtype, device: torch.device, *, pin: bool
+) -> torch.Tensor:
     """`torch.empty` for buffers torch's pinned allocator may cache (workspaces, reused); when
     pinned memory runs out, release its cached blocks and try once more (RuntimeError if that
     fails too)."""
@@ -121,7 +128,9 @@ def release_cached_pinned() -> None:
 class DevicePool:
     """L1: `capacity_pages` pages in attention order on `device` (CUDA, or CPU without one)."""
 
-    def __init__(self, geometry: KVGeometry, capacity_pages: int, device: str | torch.device) -> None:
+    def __init__(
+        self, geometry: KVGeometry, capacity_pages: int, device: str | torch.device
+    ) -> None:
         self.geometry = geometry
         self.capacity_pages = _check_capacity("l1_pages", capacity_pages)
         self.device = resolve_device(device)
@@ -149,11 +158,15 @@ class HostPool:
         self.geometry = geometry
         self.capacity_pages = _check_capacity("l2_pages", capacity_pages)
         if pin and not torch.cuda.is_available():
-            raise ConfigError("l2.pin", "pinned host memory needs a CUDA device; pass pin=False on CPU")
+            raise ConfigError(
+                "l2.pin", "pinned host memory needs a CUDA device; pass pin=False on CPU"
+            )
         self.pinned = pin
         g = geometry
         shape = (capacity_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
-        self.tensor = allocate(shape, torch_dtype(g), torch.device("cpu"), pin=pin, field="l2_pages")
+        self.tensor = allocate(
+            shape, torch_dtype(g), torch.device("cpu"), pin=pin, field="l2_pages"
+        )
 
     @property
     def nbytes(self) -> int:

@@ -52,8 +52,12 @@ Bounds = list[tuple[int, int]]
 
 
 def chunk_bounds(
-    n_pages: int, bytes_per_page: int, chunk_pages: int | None = None, *,
-    descending: bool = False, first_bytes: int = FIRST_CHUNK_BYTES,
+    n_pages: int,
+    bytes_per_page: int,
+    chunk_pages: int | None = None,
+    *,
+    descending: bool = False,
+    first_bytes: int = FIRST_CHUNK_BYTES,
     single_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
 ) -> Bounds:
     """[lo, hi) page ranges covering 0..n_pages in order. `chunk_pages` None: one chunk up to
@@ -113,7 +117,9 @@ class Route:
         return "mixed" if self.direct else "staged"
 
 
-def plan_route(l2_ids: Pages, bytes_per_page: int, direct_min_bytes: int, *, staged_first: bool) -> Route:
+def plan_route(
+    l2_ids: Pages, bytes_per_page: int, direct_min_bytes: int, *, staged_first: bool
+) -> Route:
     """The route of a transfer touching L2 pages `l2_ids` (n >= 1; may repeat for H2D).
 
     Pages are sorted by L2 page (stable) and cut into runs of consecutive pages; runs of
@@ -139,14 +145,22 @@ def plan_route(l2_ids: Pages, bytes_per_page: int, direct_min_bytes: int, *, sta
     direct_lo = base + np.cumsum(direct_lengths) - direct_lengths
     direct = [
         Run(lo, lo + k, f)
-        for lo, k, f in zip(direct_lo.tolist(), direct_lengths.tolist(), ids[starts[~small]].tolist())
+        for lo, k, f in zip(
+            direct_lo.tolist(), direct_lengths.tolist(), ids[starts[~small]].tolist()
+        )
     ]
     parts = (staged_order, direct_order) if staged_first else (direct_order, staged_order)
     staged_lo = 0 if staged_first else n - n_staged
     # Verify every position is moved exactly once: a gap or overlap would lose or mix pages.
     assert sum(r.hi - r.lo for r in direct) + n_staged == n, (direct, n_staged, n)
-    return Route(np.concatenate(parts), direct, staged_lo, staged_lo + n_staged,
-                 l2_ids[staged_order], runs=int(starts.size))
+    return Route(
+        np.concatenate(parts),
+        direct,
+        staged_lo,
+        staged_lo + n_staged,
+        l2_ids[staged_order],
+        runs=int(starts.size),
+    )
 
 
 def split_runs(runs: list[Run], bounds: Bounds) -> list[list[Run]]:

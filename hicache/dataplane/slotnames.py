@@ -26,9 +26,15 @@ class AnchorSlotHandle(TransferHandle):
     """`inner` with slot errors renamed; `request[source]` = (source, target) pages as issued,
     the slots being the target (`target=True`, H2S) or the source (S2H)."""
 
-    def __init__(self, inner: GroupStorageHandle, geometry: GroupGeometry,
-                 request: Mapping[str, tuple[Pages, Pages]], ratios: Mapping[str, int], *,
-                 target: bool) -> None:
+    def __init__(
+        self,
+        inner: GroupStorageHandle,
+        geometry: GroupGeometry,
+        request: Mapping[str, tuple[Pages, Pages]],
+        ratios: Mapping[str, int],
+        *,
+        target: bool,
+    ) -> None:
         super().__init__(inner.direction, inner.nbytes)
         self.inner = inner
         self.timings = inner.timings
@@ -36,9 +42,11 @@ class AnchorSlotHandle(TransferHandle):
         side = 1 if target else 0
         anchors = request[anchor][side].tolist()
         self._anchor_of: dict[str, dict[int, int]] = {
-            source: {int(s): anchors[i // ratios[source]]
-                     for i, s in enumerate(pair[side].tolist())}
-            for source, pair in request.items()}
+            source: {
+                int(s): anchors[i // ratios[source]] for i, s in enumerate(pair[side].tolist())
+            }
+            for source, pair in request.items()
+        }
         self._source = {p.name: p.source for p in geometry.pools}
 
     def _probe(self) -> TransferStatus:

@@ -80,8 +80,13 @@ class L3File:
     """
 
     def __init__(
-        self, path: str | None, slots: int, bytes_per_page: int, *,
-        geometry: KVGeometry | None = None, overwrite: bool = False,
+        self,
+        path: str | None,
+        slots: int,
+        bytes_per_page: int,
+        *,
+        geometry: KVGeometry | None = None,
+        overwrite: bool = False,
     ) -> None:
         _check_config(slots, bytes_per_page, geometry, overwrite)
         self.slots = slots
@@ -108,8 +113,9 @@ class L3File:
         self.corrupt_reads = 0  # reads whose bytes failed the slot's checksum (never served)
 
     @classmethod
-    def open_replica(cls, path: str, slots: int, bytes_per_page: int, *,
-                geometry: KVGeometry | None = None) -> L3File:
+    def open_replica(
+        cls, path: str, slots: int, bytes_per_page: int, *, geometry: KVGeometry | None = None
+    ) -> L3File:
         """Another rank's L3 file, opened to read what that rank writes into it: a
         replicated pool's slots, which rank 0 alone writes, under a key without a rank, and
         every rank reads (spec/tp.md, "L3 writes"). `path` names the writer's open file --
@@ -132,15 +138,21 @@ class L3File:
         try:  # a /proc magic link is followed on purpose: it names the writer's open file
             self._fd = os.open(path, os.O_RDWR | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
-            raise StorageError(path, f"cannot open rank 0's L3 file to read it: "
-                                     f"{describe_os_error(e)}; every rank of a tensor-parallel "
-                                     "group must run on one host") from e
+            raise StorageError(
+                path,
+                f"cannot open rank 0's L3 file to read it: "
+                f"{describe_os_error(e)}; every rank of a tensor-parallel "
+                "group must run on one host",
+            ) from e
         try:
             st = os.fstat(self._fd)
             got = decode(os.pread(self._fd, FIELDS_BYTES, 0))
             if got != self.header or st.st_size < self.size_bytes:
-                raise StorageError(path, f"holds {got} in {st.st_size} bytes, not {self.header} "
-                                         f"in {self.size_bytes}: the ranks' L3 geometries differ")
+                raise StorageError(
+                    path,
+                    f"holds {got} in {st.st_size} bytes, not {self.header} "
+                    f"in {self.size_bytes}: the ranks' L3 geometries differ",
+                )
         except (OSError, ValueError) as e:
             os.close(self._fd)
             raise StorageError(path, f"is not rank 0's L3 file: {e}") from e
@@ -156,8 +168,11 @@ class L3File:
         `share_path` to reach this open file (`open_replica`), valid while this process
         holds it open. ConfigError where /proc is missing."""
         if not os.path.isdir("/proc/self/fd"):
-            raise ConfigError("l3", "sharing an L3 file between ranks needs Linux's /proc "
-                                    "(/proc/<pid>/fd); run the group's ranks on Linux")
+            raise ConfigError(
+                "l3",
+                "sharing an L3 file between ranks needs Linux's /proc "
+                "(/proc/<pid>/fd); run the group's ranks on Linux",
+            )
         return os.getpid(), self.fd
 
     # -- the file ---------------------------------------------------------------------------
@@ -311,7 +326,9 @@ def _open_temp() -> tuple[str, int]:
         os.unlink(path)
     except OSError as e:
         os.close(fd)
-        raise StorageError(path, f"cannot unlink the new temporary L3 file: {describe_os_error(e)}") from e
+        raise StorageError(
+            path, f"cannot unlink the new temporary L3 file: {describe_os_error(e)}"
+        ) from e
     return path, fd
 
 

@@ -64,7 +64,12 @@ from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
 from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
 from hicache.errors import (
-    ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError, UnreadableSlot,
+    ConfigError,
+    CorruptSlot,
+    InvalidPages,
+    StorageError,
+    TransferError,
+    UnreadableSlot,
 )
 from hicache.pages import Pages
 from hicache.tiers import Direction
@@ -75,7 +80,6 @@ MAX_IO_THREADS = 64
 # long extent spreads over the threads and a piece's pages are still in the CPU cache when
 # they are checksummed; large enough that per-call costs vanish in the copy.
 PIECE_BYTES = 4 << 20
-
 
 
 @dataclass
@@ -113,8 +117,14 @@ class StorageHandle(TransferHandle):
     """One H2S or S2H transfer. DONE means every byte is in place (S2H: and verified)."""
 
     def __init__(
-        self, mover: StorageMover, direction: Direction, slots: Pages, l2_pages: Pages,
-        extents: int, pieces: list[_Piece], delay_polls: int,
+        self,
+        mover: StorageMover,
+        direction: Direction,
+        slots: Pages,
+        l2_pages: Pages,
+        extents: int,
+        pieces: list[_Piece],
+        delay_polls: int,
     ) -> None:
         super().__init__(direction, int(slots.size) * mover.l3.bytes_per_page)
         self.slots = slots
@@ -165,14 +175,20 @@ class StorageMover:
     """
 
     def __init__(
-        self, l3: L3File, l2_bytes: torch.Tensor, *, io_threads: int = 4,
-        piece_bytes: int = PIECE_BYTES, faults: FaultInjector | None = None,
+        self,
+        l3: L3File,
+        l2_bytes: torch.Tensor,
+        *,
+        io_threads: int = 4,
+        piece_bytes: int = PIECE_BYTES,
+        faults: FaultInjector | None = None,
     ) -> None:
         _check_l2(l2_bytes, l3.bytes_per_page)
         if not isinstance(io_threads, int) or not 0 <= io_threads <= MAX_IO_THREADS:
             raise ConfigError(
-                "io_threads", f"must be an integer in [0, {MAX_IO_THREADS}] (0: deterministic, "
-                f"I/O on the polling thread), got {io_threads!r}"
+                "io_threads",
+                f"must be an integer in [0, {MAX_IO_THREADS}] (0: deterministic, "
+                f"I/O on the polling thread), got {io_threads!r}",
             )
         if not isinstance(piece_bytes, int) or piece_bytes <= 0:
             raise ConfigError("piece_bytes", f"must be a positive integer, got {piece_bytes!r}")
@@ -184,7 +200,9 @@ class StorageMover:
         self._l2_view = l2_bytes.numpy().data.cast("B")
         self._faults = faults
         self._deferred = DeferredExecutor() if io_threads == 0 else None
-        self._pool = self._deferred or ThreadPoolExecutor(io_threads, thread_name_prefix="hicache-l3-io")
+        self._pool = self._deferred or ThreadPoolExecutor(
+            io_threads, thread_name_prefix="hicache-l3-io"
+        )
         self._workers = max(1, io_threads)  # pool tasks per transfer
         self._groups: list[TaskGroup] = []  # live transfers' task groups, drained by close()
         self._lock = threading.Lock()
@@ -213,8 +231,9 @@ class StorageMover:
         unwritten = src[~self.l3.written(src)]
         if unwritten.size:
             raise InvalidPages(
-                "s2h slots", f"{unwritten.tolist()} hold no written page (never written, or the "
-                "last H2S into them failed or is not yet observed DONE); read published slots only"
+                "s2h slots",
+                f"{unwritten.tolist()} hold no written page (never written, or the "
+                "last H2S into them failed or is not yet observed DONE); read published slots only",
             )
         extents = coalesce(src, dst)
         pieces = self._pieces(Direction.S2H, extents)
@@ -222,9 +241,7 @@ class StorageMover:
         handle.tasks.spread(self._pool, pieces, (self._read_piece,), self._workers)
         return self._issued(handle)
 
-    def _mapping(
-        self, l2_pages: Pages, slots: Pages, direction: Direction
-    ) -> tuple[Pages, Pages]:
+    def _mapping(self, l2_pages: Pages, slots: Pages, direction: Direction) -> tuple[Pages, Pages]:
         """Validated int64 copies (l2 pages, slots); the target side must be distinct."""
         if self._closed:
             raise StorageError(self.l3.path, "the mover is closed; make a new StorageMover")
@@ -235,13 +252,15 @@ class StorageMover:
         if pages_.size and (int(pages_.min()) < 0 or int(pages_.max()) >= self.capacity_pages):
             raise InvalidPages(
                 f"{direction} L2 pages",
-                f"out of range [0, {self.capacity_pages}) in {pages_.tolist()}")
+                f"out of range [0, {self.capacity_pages}) in {pages_.tolist()}",
+            )
         self.l3.check_slots(slots_, f"{direction} slots")
         target = slots_ if direction is Direction.H2S else pages_
         if np.unique(target).size != target.size:
             raise InvalidPages(
                 f"{direction} {direction.target} targets",
-                f"must be distinct, got {target.tolist()}")
+                f"must be distinct, got {target.tolist()}",
+            )
         self.l3.check_identity()  # once per batch: one stat call
         return pages_, slots_
 
@@ -253,7 +272,11 @@ class StorageMover:
         return [_Piece(p, first, plan) for p, first, plan in zip(parts, firsts, plans)]
 
     def _new_handle(
-        self, direction: Direction, slots: Pages, pages_: Pages, extents: int,
+        self,
+        direction: Direction,
+        slots: Pages,
+        pages_: Pages,
+        extents: int,
         pieces: list[_Piece],
     ) -> StorageHandle:
         delay = 0
@@ -271,9 +294,7 @@ class StorageMover:
         handle.timings.enqueue_s = handle.tasks.seconds_since_issue()
         return handle
 
-    def _draw_faults(
-        self, direction: Direction, pieces: list[Extent]
-    ) -> list[_PieceFaults | None]:
+    def _draw_faults(self, direction: Direction, pieces: list[Extent]) -> list[_PieceFaults | None]:
         """Per piece, which faults it meets (drawn here, on the issuing thread)."""
         f = self._faults
         if f is None:
@@ -297,7 +318,7 @@ class StorageMover:
 
     def _pages_view(self, first_page: int, count: int) -> memoryview:
         bpp = self.l3.bytes_per_page
-        return self._l2_view[first_page * bpp:(first_page + count) * bpp]
+        return self._l2_view[first_page * bpp : (first_page + count) * bpp]
 
     def _write_piece(self, piece: _Piece) -> None:
         """L2 pages src_start.. -> slots dst_start..: pwrite until every byte is in."""

@@ -47,8 +47,9 @@ class Streams:
         """The caller's current stream on our device (None on CPU)."""
         return torch.cuda.current_stream(self.device) if self.cuda else None
 
-    def use(self, stream: torch.cuda.Stream | None,
-            back: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
+    def use(
+        self, stream: torch.cuda.Stream | None, back: torch.cuda.Stream | None
+    ) -> contextlib.AbstractContextManager[object]:
         """Make `stream` current for a block, then `back` (the stream that was current)."""
         if stream is None or back is None:
             return contextlib.nullcontext()
@@ -75,7 +76,7 @@ class Streams:
 class _Current:
     """`torch.cuda.set_stream(stream)` for a block, `back` after it (no lookups)."""
 
-    __slots__ = ("stream", "back")
+    __slots__ = ("back", "stream")
 
     def __init__(self, stream: torch.cuda.Stream, back: torch.cuda.Stream) -> None:
         self.stream, self.back = stream, back

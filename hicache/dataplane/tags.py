@@ -48,7 +48,9 @@ FRESH = np.uint64(1 << 63)  # fresh tags have this bit; content tags never do
 Lands = Callable[["Mapping[str, int] | None"], None]  # a handle's landing: None, whole
 
 
-def content_tags(tokens: Sequence[int], page_size: int, first: int, last: int) -> npt.NDArray[np.uint64]:
+def content_tags(
+    tokens: Sequence[int], page_size: int, first: int, last: int
+) -> npt.NDArray[np.uint64]:
     """The content tags of pages `first` .. `last` - 1 of `tokens` (page i covers tokens
     [i x page_size, (i + 1) x page_size)): a chained hash of every token through the page's
     end, below 2**63. ValueError unless 0 <= first <= last <= len(tokens) / page_size."""
@@ -56,10 +58,11 @@ def content_tags(tokens: Sequence[int], page_size: int, first: int, last: int) -
         raise ValueError(f"pages {first}..{last} of {len(tokens)} tokens of {page_size} per page")
     out = np.empty(last - first, dtype=np.uint64)
     h = b""
-    words = np.asarray(tokens[:last * page_size], dtype=np.int64)
+    words = np.asarray(tokens[: last * page_size], dtype=np.int64)
     for i in range(last):
-        h = hashlib.blake2b(h + words[i * page_size:(i + 1) * page_size].tobytes(),
-                            digest_size=8).digest()
+        h = hashlib.blake2b(
+            h + words[i * page_size : (i + 1) * page_size].tobytes(), digest_size=8
+        ).digest()
         if i >= first:
             out[i - first] = int.from_bytes(h, "little") >> 1
     return out

@@ -15,8 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from hicache.errors import HiCacheError
 
@@ -44,7 +45,10 @@ class TaskGroup:
         self._last_end: float | None = None
 
     def spread(
-        self, pool: Executor, items: Sequence[T], lanes: Sequence[Callable[[T], None]],
+        self,
+        pool: Executor,
+        items: Sequence[T],
+        lanes: Sequence[Callable[[T], None]],
         workers: int,
     ) -> None:
         """Apply every lane's function to every item, on at most `workers` pool tasks.

@@ -39,7 +39,6 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.pools import empty_retrying
 from hicache.errors import TransferError
 
-
 VIEWS_KEPT = 8  # views remembered per buffer (transfer sizes recur: a prefix, its pages)
 
 
@@ -59,9 +58,11 @@ class Workspace:
     # Views handed out before, by (dtype, shape): a transfer of the same size reuses its view
     # instead of three torch calls (a few us each on the issuing thread).
     _views: dict[tuple[torch.dtype, tuple[int, ...]], torch.Tensor] = field(
-        init=False, default_factory=dict)
+        init=False, default_factory=dict
+    )
     _arrays: dict[tuple[torch.dtype, tuple[int, ...]], npt.NDArray[Any]] = field(
-        init=False, default_factory=dict)
+        init=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.nbytes = int(self.data.numel())
@@ -185,7 +186,9 @@ class WorkspaceCache:
         site = FaultSite.DEVICE_ALLOC if kind is WorkspaceKind.DEVICE else FaultSite.PINNED_ALLOC
         where = "pinned host" if pin else f"{kind.value} ({device})"
         if self.faults is not None and self.faults.fire(site):
-            raise TransferError(f"cannot allocate a {nbytes}-byte {where} workspace ({site.value} injected)")
+            raise TransferError(
+                f"cannot allocate a {nbytes}-byte {where} workspace ({site.value} injected)"
+            )
         on_stream = self.alloc_stream is not None and device.type == "cuda"
         try:
             with torch.cuda.stream(self.alloc_stream) if on_stream else contextlib.nullcontext():
@@ -200,11 +203,11 @@ class WorkspaceCache:
 class TransferBuffers:
     """The buffers one D2H/H2D transfer holds until its handle is final.
 
-        packed        DEVICE  [n, *page_shape]          the pages, packed page-major
-        index_host    HOST    int64 [n_index]           L1 pages in packed order (upload source),
-                                                        each chunk at its aligned slot (routes.py)
-        index_device  DEVICE  int64 [n_index]           the same, on the device
-        host          HOST    [n_staged, *page_shape]   staged pages; None when none is staged
+    packed        DEVICE  [n, *page_shape]          the pages, packed page-major
+    index_host    HOST    int64 [n_index]           L1 pages in packed order (upload source),
+                                                    each chunk at its aligned slot (routes.py)
+    index_device  DEVICE  int64 [n_index]           the same, on the device
+    host          HOST    [n_staged, *page_shape]   staged pages; None when none is staged
     """
 
     held: list[tuple[WorkspaceCache, Workspace]]
@@ -217,8 +220,15 @@ class TransferBuffers:
 
     @classmethod
     def borrow(
-        cls, pages: WorkspaceCache, indices: WorkspaceCache, dtype: torch.dtype,
-        page_shape: tuple[int, ...], n: int, n_staged: int, *, n_index: int | None = None,
+        cls,
+        pages: WorkspaceCache,
+        indices: WorkspaceCache,
+        dtype: torch.dtype,
+        page_shape: tuple[int, ...],
+        n: int,
+        n_staged: int,
+        *,
+        n_index: int | None = None,
     ) -> TransferBuffers:
         """Every buffer for `n` pages (`n_staged` of them staged; `n_index` index entries, at
         least n, default n), or TransferError with none kept. Host staging only when
@@ -244,7 +254,11 @@ class TransferBuffers:
             index_host = take(indices, WorkspaceKind.HOST, torch.int64, (n_index,))
             index_array = held[-1][1].array(torch.int64, (n_index,))
             index_device = take(indices, WorkspaceKind.DEVICE, torch.int64, (n_index,))
-            host = take(pages, WorkspaceKind.HOST, dtype, (n_staged, *page_shape)) if n_staged else None
+            host = (
+                take(pages, WorkspaceKind.HOST, dtype, (n_staged, *page_shape))
+                if n_staged
+                else None
+            )
         except TransferError:
             for cache, ws in held:
                 cache.release(ws)

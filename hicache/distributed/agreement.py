@@ -23,7 +23,7 @@ would be a conditional collective (F16), which the ranks' collective numbers exp
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hicache.distributed.collectives import Alone, Collectives
 from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
@@ -77,14 +77,17 @@ class Agreement:
         for i, name in enumerate(names):
             differ = [r for r, row in enumerate(got) if row[i] != got[0][i]]
             if differ:
-                raise ConfigError(f"tp.fingerprint.{name}",
-                                  f"rank(s) {differ} differ from rank 0 (this rank {self.rank} has "
-                                  f"{fields[name]!r}); every rank must be configured alike")
+                raise ConfigError(
+                    f"tp.fingerprint.{name}",
+                    f"rank(s) {differ} differ from rank 0 (this rank {self.rank} has "
+                    f"{fields[name]!r}); every rank must be configured alike",
+                )
 
     # -- C1 -----------------------------------------------------------------------------------
 
-    def admit(self, bounds: Sequence[int], own_l1: int, code: int, mask: Sequence[int] | None
-              ) -> tuple[tuple[int, ...], int | None]:
+    def admit(
+        self, bounds: Sequence[int], own_l1: int, code: int, mask: Sequence[int] | None
+    ) -> tuple[tuple[int, ...], int | None]:
         """C1a: (the per-tier hits in anchor pages every rank uses, rank 0's choice code or
         None). `bounds`: this rank's L1 leading run (before any window rule), L2 and L3 hits;
         `own_l1`: its L1 hit after its own window rule; `code`: its policy's choice on its own
@@ -102,8 +105,9 @@ class Agreement:
             common = [min(col) for col in zip(*(r[5:] for r in rows))]
             # The intersection's largest endpoint within the agreed run, never the minimum
             # of per-rank maxima (which may be legal on no rank but one).
-            agreed[0] = max(e for e in range(min(agreed[0], len(common) - 1) + 1)
-                            if common[e] or e == 0)
+            agreed[0] = max(
+                e for e in range(min(agreed[0], len(common) - 1) + 1) if common[e] or e == 0
+            )
         head = rows[0]
         return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
 
@@ -128,8 +132,9 @@ class Agreement:
     def reserve(self, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
         """C2: (whether every rank reserved and issued the same `pages` pages, whether some
         rank found its L3 file lost: then every rank takes L3 offline)."""
-        low, ok_all, neg, kept = self.c.all_reduce_min("reserve", [pages, int(ok), -pages,
-                                                                   int(not lost)])
+        low, ok_all, neg, kept = self.c.all_reduce_min(
+            "reserve", [pages, int(ok), -pages, int(not lost)]
+        )
         return bool(ok_all) and low == -neg, not kept
 
     # -- C4 -----------------------------------------------------------------------------------
@@ -137,12 +142,18 @@ class Agreement:
     def completion(self, local: Sequence[Local]) -> list[Agreed]:
         """C4 over the ops in flight (issue order, the same ops on every rank)."""
         n = len(local)
-        got = self.c.all_reduce_min("completion", [int(x[0]) for x in local]
-                                    + [int(not x[1]) for x in local] + [x[2] for x in local]
-                                    + [-x[3] for x in local] + [x[4] for x in local])
-        return [(bool(got[i]), not got[n + i], got[2 * n + i], -got[3 * n + i], got[4 * n + i])
-                for i in range(n)]
-
+        got = self.c.all_reduce_min(
+            "completion",
+            [int(x[0]) for x in local]
+            + [int(not x[1]) for x in local]
+            + [x[2] for x in local]
+            + [-x[3] for x in local]
+            + [x[4] for x in local],
+        )
+        return [
+            (bool(got[i]), not got[n + i], got[2 * n + i], -got[3 * n + i], got[4 * n + i])
+            for i in range(n)
+        ]
 
     # -- C6a, C6b: a replicated pool's one L3 copy ---------------------------------------------
 
@@ -153,13 +164,17 @@ class Agreement:
         rows = self.c.all_gather("l3_share", list(files))
         without = [r for r, row in enumerate(rows) if not any(row)]
         if without and len(without) < len(rows):
-            raise ConfigError("tp.engine", f"rank(s) {without} run a data plane without bytes "
-                              "and the others one with bytes: every rank must run the same kind "
-                              "of data plane")
+            raise ConfigError(
+                "tp.engine",
+                f"rank(s) {without} run a data plane without bytes "
+                "and the others one with bytes: every rank must run the same kind "
+                "of data plane",
+            )
         return tuple(rows[0])
 
-    def l3_ack(self, slots: Sequence[int], checksums: Sequence[int | None]
-               ) -> tuple[list[int | None], list[int]]:
+    def l3_ack(
+        self, slots: Sequence[int], checksums: Sequence[int | None]
+    ) -> tuple[list[int | None], list[int]]:
         """C6b over the L3 slots of the replicated pools of the H2S ops C4 just ended (issue
         order, the same on every rank): (rank 0's checksum per slot, None where rank 0 has
         none to give -- no bytes; the indices of slots that differ between ranks). `checksums`:
@@ -167,10 +182,12 @@ class Agreement:
         # Verify one checksum per slot: the payload's length is the slots' (the same everywhere).
         assert len(slots) == len(checksums), (len(slots), len(checksums))
         n = len(slots)
-        got = self.c.all_reduce_min("l3_ack", [*slots, *(-s for s in slots),
-                                               *(NO_CHECKSUM if c is None else c for c in checksums)])
+        got = self.c.all_reduce_min(
+            "l3_ack",
+            [*slots, *(-s for s in slots), *(NO_CHECKSUM if c is None else c for c in checksums)],
+        )
         differ = [i for i in range(n) if got[i] != -got[n + i]]
-        return [None if c == NO_CHECKSUM else c for c in got[2 * n:]], differ
+        return [None if c == NO_CHECKSUM else c for c in got[2 * n :]], differ
 
     # -- C7-C9 --------------------------------------------------------------------------------
 
@@ -197,8 +214,18 @@ class Agreement:
         if not found:  # the hashes differ where no check looks: say so, never pass silently
             differ = [r for r in range(self.size) if keys[r] != keys[0]]
             i7 = RANK_CHECKS[0]  # rank_agreement: the views were to be equal
-            found = [Violation(i7.id, i7.name, None, (), (), (), f"rank(s) {differ}'s view hashes "
-                               "differ from rank 0's, yet no cross-rank check names a difference")]
+            found = [
+                Violation(
+                    i7.id,
+                    i7.name,
+                    None,
+                    (),
+                    (),
+                    (),
+                    f"rank(s) {differ}'s view hashes "
+                    "differ from rank 0's, yet no cross-rank check names a difference",
+                )
+            ]
         return found
 
 

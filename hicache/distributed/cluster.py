@@ -34,11 +34,16 @@ T = TypeVar("T")
 class SimulatedCluster:
     """`size` rank controllers of `config` in lockstep (module docstring)."""
 
-    def __init__(self, config: CacheConfig | Sequence[CacheConfig], size: int, *,
-                 engine: Callable[[int], DataPlane] | None = None,
-                 faults: Callable[[int], FaultInjector | None] | None = None,
-                 tracer: Callable[[int], Tracer | None] | None = None,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        config: CacheConfig | Sequence[CacheConfig],
+        size: int,
+        *,
+        engine: Callable[[int], DataPlane] | None = None,
+        faults: Callable[[int], FaultInjector | None] | None = None,
+        tracer: Callable[[int], Tracer | None] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
         """`config`: one for every rank, or one per rank (C0 refuses a difference with a
         ConfigError naming the field)."""
         configs = list(config) if isinstance(config, Sequence) else [config] * size
@@ -48,10 +53,13 @@ class SimulatedCluster:
         self.size = size
 
         def build(rank: int) -> CacheController:
-            return CacheController(configs[rank], faults=faults(rank) if faults else None,
-                                   tracer=tracer(rank) if tracer else None,
-                                   engine=engine(rank) if engine else None,
-                                   collectives=self.group.member(rank))
+            return CacheController(
+                configs[rank],
+                faults=faults(rank) if faults else None,
+                tracer=tracer(rank) if tracer else None,
+                engine=engine(rank) if engine else None,
+                collectives=self.group.member(rank),
+            )
 
         self.ranks: list[CacheController] = self.group.run(build)
 
@@ -73,7 +81,7 @@ class SimulatedCluster:
             try:
                 self.run(lambda c: c.close())
                 return
-            except Exception:  # noqa: BLE001 -- a rank failed closing: close the rest alone
+            except Exception:
                 pass
         abandon(self.ranks, self.group.failed)
         for c in self.ranks:
@@ -88,7 +96,8 @@ def abandon(ranks: Sequence[CacheController], why: str | None) -> None:
     ops are still pending."""
     for c in ranks:
         c.hooks.crashed = c.hooks.crashed or SimulatedCrash(
-            f"a step of the job failed on some rank ({why}); the job restarts")
+            f"a step of the job failed on some rank ({why}); the job restarts"
+        )
 
 
 __all__ = ["SimulatedCluster", "abandon"]

@@ -73,13 +73,21 @@ class CollectiveTimeout(CollectiveError):
     """Collective `seq` (`point`) did not complete within the timeout: `missing` ranks never
     arrived; `last` says where each rank was last (its collective number and point)."""
 
-    def __init__(self, seq: int, point_name: str, missing: Sequence[int],
-                 last: Mapping[int, tuple[int, str]], why: str = "timed out") -> None:
+    def __init__(
+        self,
+        seq: int,
+        point_name: str,
+        missing: Sequence[int],
+        last: Mapping[int, tuple[int, str]],
+        why: str = "timed out",
+    ) -> None:
         self.seq, self.point, self.missing, self.last = seq, point_name, tuple(missing), dict(last)
         where = ", ".join(f"rank {r} at #{s} {p}" for r, (s, p) in sorted(self.last.items()))
-        super().__init__(f"collective #{seq} ({point_name}) {why}: rank(s) {list(self.missing)} did "
-                         f"not arrive; last seen: {where or 'none'} (a rank skipped or left a "
-                         "collective: every rank must make the same collectives, spec/tp.md)")
+        super().__init__(
+            f"collective #{seq} ({point_name}) {why}: rank(s) {list(self.missing)} did "
+            f"not arrive; last seen: {where or 'none'} (a rank skipped or left a "
+            "collective: every rank must make the same collectives, spec/tp.md)"
+        )
 
 
 class CollectiveMismatch(CollectiveError):
@@ -89,8 +97,10 @@ class CollectiveMismatch(CollectiveError):
     def __init__(self, seq: int, calls: Mapping[int, Entry]) -> None:
         self.seq, self.calls = seq, dict(calls)
         shown = "; ".join(f"rank {r}: {e.text()}" for r, e in sorted(self.calls.items()))
-        super().__init__(f"collective #{seq} differs across ranks: {shown} (every rank must make the "
-                         "same collectives with the same lengths, spec/tp.md)")
+        super().__init__(
+            f"collective #{seq} differs across ranks: {shown} (every rank must make the "
+            "same collectives with the same lengths, spec/tp.md)"
+        )
 
 
 class RankFailed(CollectiveError):
@@ -122,7 +132,9 @@ class RecordingCollectives(ABC):
 
     def __init__(self, rank: int, size: int) -> None:
         if not isinstance(size, int) or size < 1 or not 0 <= rank < size:
-            raise ConfigError("tp", f"rank {rank!r} of size {size!r}: need 0 <= rank < size, size >= 1")
+            raise ConfigError(
+                "tp", f"rank {rank!r} of size {size!r}: need 0 <= rank < size, size >= 1"
+            )
         self.rank, self.size = rank, size
         self.log = CollectiveLog()
 
@@ -139,9 +151,14 @@ class RecordingCollectives(ABC):
         p = point(point_name)  # ConfigError for a point spec/tp.toml lacks
         # Verify the call is the table's: its op, and int64 values.
         if p.op != op:
-            raise ConfigError(f"tp.{point_name}", f"is a point of op {p.op} (spec/tp.toml), called as {op}")
-        bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)
-               or not INT64_MIN <= v <= INT64_MAX]
+            raise ConfigError(
+                f"tp.{point_name}", f"is a point of op {p.op} (spec/tp.toml), called as {op}"
+            )
+        bad = [
+            v
+            for v in values
+            if not isinstance(v, int) or isinstance(v, bool) or not INT64_MIN <= v <= INT64_MAX
+        ]
         if bad:
             raise ConfigError(f"tp.{point_name}", f"int64 values only, got {bad[:3]!r}")
         entry = Entry(point_name, op, len(values))
@@ -163,5 +180,14 @@ class Alone(RecordingCollectives):
         return [values]
 
 
-__all__ = ["Alone", "CollectiveError", "CollectiveLog", "CollectiveMismatch", "CollectiveTimeout",
-           "Collectives", "Entry", "RankFailed", "RecordingCollectives"]
+__all__ = [
+    "Alone",
+    "CollectiveError",
+    "CollectiveLog",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "Collectives",
+    "Entry",
+    "RankFailed",
+    "RecordingCollectives",
+]

@@ -49,8 +49,14 @@ class L3Writes:
         """Whether this rank writes any pool of `group` (else an H2S is acked at once)."""
         return any(writes_pool(p.tp_mode, self.rank) for p in group.backed_up().pools)
 
-    def record(self, op_id: int, group: PoolGroup, anchor_pages: int,
-               bytes_per_pool: dict[str, int], written: Collection[str]) -> None:
+    def record(
+        self,
+        op_id: int,
+        group: PoolGroup,
+        anchor_pages: int,
+        bytes_per_pool: dict[str, int],
+        written: Collection[str],
+    ) -> None:
         """A completed H2S of `anchor_pages` anchor pages: what this rank wrote of each pool
         (`bytes_per_pool[pool]`: bytes of one of the pool's own pages). `written`: the pools
         this rank's data plane wrote for the op (none when it acked at once, C6b; a replica of
@@ -67,4 +73,4 @@ class L3Writes:
             self.ops.popitem(last=False)
 
 
-__all__ = ["AckedWrite", "L3Writes", "OPS_MAX", "writes_pool"]
+__all__ = ["OPS_MAX", "AckedWrite", "L3Writes", "writes_pool"]

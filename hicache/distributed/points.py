@@ -45,8 +45,11 @@ def load_points(path: str | None = None) -> dict[str, Point]:
         where = f"tp.toml point[{i}]"
         missing = [f for f in FIELDS if not isinstance(row.get(f), str) or not row[f]]
         if missing or set(row) - set(FIELDS):
-            raise ConfigError(where, f"needs string fields {list(FIELDS)} and no others; "
-                                     f"missing or empty: {missing}, extra: {sorted(set(row) - set(FIELDS))}")
+            raise ConfigError(
+                where,
+                f"needs string fields {list(FIELDS)} and no others; "
+                f"missing or empty: {missing}, extra: {sorted(set(row) - set(FIELDS))}",
+            )
         if row["op"] not in COLLECTIVE_OPS:
             raise ConfigError(f"{where}.op", f"one of {COLLECTIVE_OPS}, got {row['op']!r}")
         if row["name"] in out:
@@ -59,8 +62,9 @@ def point(name: str) -> Point:
     """The point called `name`; ConfigError for a name the table lacks."""
     found = load_points().get(name)
     if found is None:
-        raise ConfigError("tp.point", f"{name!r} is not a point of spec/tp.toml "
-                                      f"({', '.join(load_points())})")
+        raise ConfigError(
+            "tp.point", f"{name!r} is not a point of spec/tp.toml ({', '.join(load_points())})"
+        )
     return found
 
 

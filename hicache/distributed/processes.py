@@ -58,31 +58,47 @@ class RankError(HiCacheError):
     raised, as itself (also the RankError's `__cause__`), or None when it died or its error
     did not pickle."""
 
-    def __init__(self, rank: int, kind: str, message: str, others: dict[int, str],
-                 error: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        kind: str,
+        message: str,
+        others: dict[int, str],
+        error: BaseException | None = None,
+    ) -> None:
         self.rank, self.kind, self.message, self.others = rank, kind, message, dict(others)
         self.error = error
         rest = "; ".join(f"rank {r}: {why}" for r, why in sorted(others.items()))
-        super().__init__(f"rank {rank} raised {kind}: {message}"
-                         + (f" (then {rest})" if rest else ""))
+        super().__init__(
+            f"rank {rank} raised {kind}: {message}" + (f" (then {rest})" if rest else "")
+        )
 
 
 class RanksTimedOut(HiCacheError):
     """The ranks `missing` had not reported after `timeout_s` seconds; `last`: where each
     rank was last, by the arrival board (rank -> (collective number, point))."""
 
-    def __init__(self, missing: Sequence[int], timeout_s: float,
-                 last: dict[int, tuple[int, str]]) -> None:
+    def __init__(
+        self, missing: Sequence[int], timeout_s: float, last: dict[int, tuple[int, str]]
+    ) -> None:
         self.missing, self.timeout_s, self.last = tuple(missing), timeout_s, dict(last)
         where = ", ".join(f"rank {r} at #{s} {p}" for r, (s, p) in sorted(last.items()))
-        super().__init__(f"rank(s) {list(missing)} did not finish within {timeout_s:g} s (last "
-                         f"seen: {where or 'no collective'}); they were terminated: give a "
-                         "longer timeout, or find where the rank waits outside a collective")
+        super().__init__(
+            f"rank(s) {list(missing)} did not finish within {timeout_s:g} s (last "
+            f"seen: {where or 'no collective'}); they were terminated: give a "
+            "longer timeout, or find where the rank waits outside a collective"
+        )
 
 
-def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), *,
-              timeout_s: float = 120.0, collective_timeout_s: float = 30.0,
-              transport: str = "gloo") -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    size: int,
+    args: tuple[object, ...] = (),
+    *,
+    timeout_s: float = 120.0,
+    collective_timeout_s: float = 30.0,
+    transport: str = "gloo",
+) -> list[Any]:
     """`fn(rank, size, collectives, *args)` on `size` spawned ranks; their results by rank.
     `transport` (TRANSPORTS): how the collectives meet. Raises RankError (the root cause: the
     lowest rank's error that is not a consequence of another's) or RanksTimedOut; every rank
@@ -93,16 +109,22 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ConfigError("tp", f"ranks: an integer >= 1, got {size!r}")
     if not timeout_s > 0 or not collective_timeout_s > 0:
-        raise ConfigError("tp.timeout_s", f"> 0 seconds, got {timeout_s!r} and "
-                                          f"{collective_timeout_s!r}")
+        raise ConfigError(
+            "tp.timeout_s", f"> 0 seconds, got {timeout_s!r} and {collective_timeout_s!r}"
+        )
     if transport not in TRANSPORTS:
         raise ConfigError("tp.transport", f"one of {', '.join(TRANSPORTS)}, got {transport!r}")
     from hicache.distributed.shm import ShmBlock
     from hicache.distributed.wire import mark_failed, read_board
 
     ctx = multiprocessing.get_context("spawn")
-    store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=collective_timeout_s))
+    store = TCPStore(
+        HOST,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=collective_timeout_s),
+    )
     board = PrefixStore("board/", store)
     block = ShmBlock.create(size) if transport == "shm" else None
 
@@ -112,10 +134,24 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
             block.mark_dead(rank)
 
     reports: multiprocessing.Queue[tuple[Any, ...]] = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, name=f"hicache-rank{r}", daemon=True,
-                         args=(r, size, store.port, collective_timeout_s, block and block.name,
-                               fn, args, reports))
-             for r in range(size)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            name=f"hicache-rank{r}",
+            daemon=True,
+            args=(
+                r,
+                size,
+                store.port,
+                collective_timeout_s,
+                block and block.name,
+                fn,
+                args,
+                reports,
+            ),
+        )
+        for r in range(size)
+    ]
     got: dict[int, tuple[Any, ...]] = {}
     try:
         for p in procs:
@@ -128,7 +164,9 @@ def run_ranks(fn: Callable[..., Any], size: int, args: tuple[object, ...] = (), 
     missing = [r for r in range(size) if r not in got]
     if missing and not any(g[0] == "error" for g in got.values()):
         raise RanksTimedOut(missing, timeout_s, read_board(board, size)[0])
-    errors: dict[int, tuple[str, str]] = {r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"}
+    errors: dict[int, tuple[str, str]] = {
+        r: (g[1], g[2]) for r, g in got.items() if g[0] == "error"
+    }
     if errors:
         root = min(errors, key=lambda r: (errors[r][0] != DIED, errors[r][0] in ROOT_CAUSE_LAST, r))
         others = {r: f"{k}: {m}" for r, (k, m) in errors.items() if r != root}
@@ -143,14 +181,18 @@ def _unpickled(pickled: bytes | None) -> BaseException | None:
     load here."""
     try:
         error = pickle.loads(pickled) if pickled is not None else None
-    except Exception:  # noqa: BLE001 -- the report's type and message still say what it was
+    except Exception:
         return None
     return error if isinstance(error, BaseException) else None
 
 
-def _collect(procs: Sequence[BaseProcess], reports: multiprocessing.Queue[tuple[Any, ...]],
-             deadline: float, collective_timeout_s: float,
-             dead: Callable[[int, str], None]) -> dict[int, tuple[Any, ...]]:
+def _collect(
+    procs: Sequence[BaseProcess],
+    reports: multiprocessing.Queue[tuple[Any, ...]],
+    deadline: float,
+    collective_timeout_s: float,
+    dead: Callable[[int, str], None],
+) -> dict[int, tuple[Any, ...]]:
     """Every rank's report (rank -> ("ok", pickled) or ("error", type, message)) until all
     reported or `deadline`; after a first error, the others get one collective timeout more
     (they learn of it from the board, or time out). A rank that exited unreported "died",
@@ -196,13 +238,20 @@ def _pickled(e: BaseException) -> bytes | None:
     """`e` pickled, without its traceback and chain (they hold frames), or None."""
     try:
         return pickle.dumps(e.with_traceback(None))
-    except Exception:  # noqa: BLE001 -- an error that does not pickle is reported by text
+    except Exception:
         return None
 
 
-def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, block: str | None,
-               fn: Callable[..., Any], args: tuple[object, ...],
-               reports: multiprocessing.Queue[tuple[Any, ...]]) -> None:
+def _rank_main(
+    rank: int,
+    size: int,
+    port: int,
+    collective_timeout_s: float,
+    block: str | None,
+    fn: Callable[..., Any],
+    args: tuple[object, ...],
+    reports: multiprocessing.Queue[tuple[Any, ...]],
+) -> None:
     """One rank (module docstring): join gloo, meet over gloo or the shared-memory `block`,
     run `fn`, report, wait for the others."""
     import torch
@@ -222,12 +271,16 @@ def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, blo
     board = PrefixStore("board/", store)
     coll: ProcessCollectives | None = None
     try:
-        dist.init_process_group("gloo", store=PrefixStore("gloo/", store), rank=rank,
-                                world_size=size, timeout=timeout)
-        coll = (TorchCollectives(board) if block is None else
-                SharedMemoryCollectives(block, rank, size, board, collective_timeout_s))
+        dist.init_process_group(
+            "gloo", store=PrefixStore("gloo/", store), rank=rank, world_size=size, timeout=timeout
+        )
+        coll = (
+            TorchCollectives(board)
+            if block is None
+            else SharedMemoryCollectives(block, rank, size, board, collective_timeout_s)
+        )
         result = pickle.dumps(fn(rank, size, coll, *args))
-    except BaseException as e:  # noqa: BLE001 -- every rank's outcome is reported
+    except BaseException as e:
         why = f"{type(e).__name__}: {e}"
         if coll is not None:
             coll.mark_failed(why)  # the board, and the shared-memory flag where there is one
@@ -248,4 +301,4 @@ def _rank_main(rank: int, size: int, port: int, collective_timeout_s: float, blo
     dist.destroy_process_group()
 
 
-__all__ = ["RankError", "RanksTimedOut", "TRANSPORTS", "run_ranks"]
+__all__ = ["TRANSPORTS", "RankError", "RanksTimedOut", "run_ranks"]

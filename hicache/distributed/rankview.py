@@ -49,19 +49,40 @@ def rank_view(ctl: CacheController) -> RankView:
     cp = ctl.cp
     nodes = []
     for n in cp.tree.nodes():
-        filling = tuple(None if op is None else cp.ops[op].direction.value if op in cp.ops else "?"
-                        for op in n.pending)
-        nodes.append(NodeRecord(
-            n.node_id, None if n.parent is None else n.parent.node_id, len(n.key),
-            key_hash(tuple(n.key)), (n.state[0], n.state[1], n.state[2]),
-            (n.lock[0], n.lock[1], n.lock[2]), (filling[0], filling[1], filling[2]),
-            tuple(0 if v is None else int(v.size) for v in n.value),  # type: ignore[arg-type]
-            (n.last_access[0], n.last_access[1], n.last_access[2])))
-    requests = tuple(sorted(
-        (rid, r.cached_len, tuple(ctl.restores[rid].match.lengths) if rid in ctl.restores else (),
-         r.locked.node_id) for rid, r in cp.requests.items()))
-    ops = tuple(sorted((op.op_id, op.direction.value, tuple(n.node_id for n in op.nodes),
-                        *op.token_range) for op in cp.ops.values()))
+        filling = tuple(
+            None if op is None else cp.ops[op].direction.value if op in cp.ops else "?"
+            for op in n.pending
+        )
+        nodes.append(
+            NodeRecord(
+                n.node_id,
+                None if n.parent is None else n.parent.node_id,
+                len(n.key),
+                key_hash(tuple(n.key)),
+                (n.state[0], n.state[1], n.state[2]),
+                (n.lock[0], n.lock[1], n.lock[2]),
+                (filling[0], filling[1], filling[2]),
+                tuple(0 if v is None else int(v.size) for v in n.value),  # type: ignore[arg-type]
+                (n.last_access[0], n.last_access[1], n.last_access[2]),
+            )
+        )
+    requests = tuple(
+        sorted(
+            (
+                rid,
+                r.cached_len,
+                tuple(ctl.restores[rid].match.lengths) if rid in ctl.restores else (),
+                r.locked.node_id,
+            )
+            for rid, r in cp.requests.items()
+        )
+    )
+    ops = tuple(
+        sorted(
+            (op.op_id, op.direction.value, tuple(n.node_id for n in op.nodes), *op.token_range)
+            for op in cp.ops.values()
+        )
+    )
     free: list[tuple[str, str, int]] = []
     for t, table in zip(TIERS, cp.tables):
         if isinstance(table, TierPools):
@@ -71,14 +92,27 @@ def rank_view(ctl: CacheController) -> RankView:
         else:
             free.append((str(t), "", table.free_count))
     log = ctl.agree.c.log
-    writes = tuple((op_id, pool, n) for op_id, by_pool in ctl.l3_writes.ops.items()
-                   for pool, n in by_pool.items())
-    return RankView(ctl.agree.rank, ctl.agree.size, tuple(sorted(nodes, key=lambda r: r.node_id)),
-                    requests, ops, tuple(free), log.count, log.digest,
-                    tuple(e.text() for e in log.tail), writes, _replicated(ctl),
-                    not ctl.handles and not ctl.backups.pending,
-                    tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools),
-                    cp.next_op_id)
+    writes = tuple(
+        (op_id, pool, n)
+        for op_id, by_pool in ctl.l3_writes.ops.items()
+        for pool, n in by_pool.items()
+    )
+    return RankView(
+        ctl.agree.rank,
+        ctl.agree.size,
+        tuple(sorted(nodes, key=lambda r: r.node_id)),
+        requests,
+        ops,
+        tuple(free),
+        log.count,
+        log.digest,
+        tuple(e.text() for e in log.tail),
+        writes,
+        _replicated(ctl),
+        not ctl.handles and not ctl.backups.pending,
+        tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools),
+        cp.next_op_id,
+    )
 
 
 def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
@@ -135,5 +169,13 @@ def decode_view(words: tuple[int, ...], nbytes: int) -> RankView:
     return view
 
 
-__all__ = ["NodeRecord", "RankView", "bytes_hash", "decode_view", "encode_view", "key_hash",
-           "rank_view", "state_hash"]
+__all__ = [
+    "NodeRecord",
+    "RankView",
+    "bytes_hash",
+    "decode_view",
+    "encode_view",
+    "key_hash",
+    "rank_view",
+    "state_hash",
+]

@@ -55,8 +55,15 @@ from torch.distributed.distributed_c10d import Store
 
 from hicache.distributed.collectives import CollectiveTimeout, Entry, RankFailed
 from hicache.distributed.wire import (
-    INLINE_VALUES, ROW_WIDTH, STAMP, ProcessCollectives, agreed_rows, failed_key, missing_ranks,
-    point_names, row_of,
+    INLINE_VALUES,
+    ROW_WIDTH,
+    STAMP,
+    ProcessCollectives,
+    agreed_rows,
+    failed_key,
+    missing_ranks,
+    point_names,
+    row_of,
 )
 from hicache.errors import ConfigError
 
@@ -78,8 +85,11 @@ def block_words(size: int) -> int:
 def require_tso() -> None:
     """ConfigError unless this machine keeps stores in order (the module's publish rule)."""
     if platform.machine() not in TSO_MACHINES:
-        raise ConfigError("tp.transport", f"shm needs an x86-64 host (stores seen in order); "
-                                          f"this is {platform.machine()!r}: use gloo")
+        raise ConfigError(
+            "tp.transport",
+            f"shm needs an x86-64 host (stores seen in order); "
+            f"this is {platform.machine()!r}: use gloo",
+        )
 
 
 def mapped(shm: SharedMemory) -> memoryview:
@@ -135,8 +145,11 @@ class SharedMemoryCollectives(ProcessCollectives):
         self._shm = SharedMemory(name=name)
         buf = mapped(self._shm)
         if len(buf) < block_words(size) * WORD:
-            raise ConfigError("tp.transport", f"block {name!r} has {len(buf)} bytes, "
-                                              f"not the {block_words(size) * WORD} of {size} ranks")
+            raise ConfigError(
+                "tp.transport",
+                f"block {name!r} has {len(buf)} bytes, "
+                f"not the {block_words(size) * WORD} of {size} ranks",
+            )
         self._words = buf.cast("q")
         self.rounds = 0  # this rank's rounds published (a collective takes one or more)
 
@@ -156,18 +169,19 @@ class SharedMemoryCollectives(ProcessCollectives):
         benchmarks/tp_agreement_overhead.py compares the agreement with)."""
         return self._round(-1, Entry("bare", "all_gather", len(row)), row)
 
-    def _meet(self, seq: int, entry: Entry, values: tuple[int, ...],
-              arrived_ns: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    def _meet(
+        self, seq: int, entry: Entry, values: tuple[int, ...], arrived_ns: int
+    ) -> tuple[list[int], list[tuple[int, ...]]]:
         out: list[list[int]] = [[] for _ in range(self.size)]
         stamps: list[int] = []
         first = STAMP + 1
         for at in range(0, max(1, entry.length), INLINE_VALUES):
-            chunk = values[at:at + INLINE_VALUES]
+            chunk = values[at : at + INLINE_VALUES]
             rows = self._round(seq, entry, row_of(seq, entry, chunk, arrived_ns))
             agreed_rows(seq, rows)
             stamps = stamps or [row[STAMP] for row in rows]
             for r, row in enumerate(rows):
-                out[r].extend(row[first:first + len(chunk)])
+                out[r].extend(row[first : first + len(chunk)])
         return stamps, [tuple(row) for row in out]
 
     def _slot(self, rank: int, round_: int) -> int:
@@ -177,7 +191,7 @@ class SharedMemoryCollectives(ProcessCollectives):
         """Publish `row` as this rank's next round and return every rank's row of it."""
         round_ = self.rounds
         at = self._slot(self.rank, round_)
-        self._words[at:at + ROW_WIDTH + 2] = array("q", [round_, *row, round_])
+        self._words[at : at + ROW_WIDTH + 2] = array("q", [round_, *row, round_])
         self.rounds += 1
         self._words[self.rank * CONTROL_WORDS + PUBLISHED] = self.rounds
         deadline = time.monotonic() + self.timeout_s
@@ -194,7 +208,7 @@ class SharedMemoryCollectives(ProcessCollectives):
         looks, sleeping = 0, False
         while True:
             if words[control + PUBLISHED] > round_:
-                got = words[at:at + ROW_WIDTH + 2].tolist()
+                got = words[at : at + ROW_WIDTH + 2].tolist()
                 if got[0] == round_ == got[-1]:
                     return got[1:-1]
             if words[control + FAILED]:
@@ -229,5 +243,16 @@ class SharedMemoryCollectives(ProcessCollectives):
         return CollectiveTimeout(seq, point_name, missing, last, why=why)
 
 
-__all__ = ["CONTROL_WORDS", "FAILED", "PUBLISHED", "SLEEP_S", "SPIN_S", "TSO_MACHINES",
-           "SharedMemoryCollectives", "ShmBlock", "block_words", "mapped", "require_tso"]
+__all__ = [
+    "CONTROL_WORDS",
+    "FAILED",
+    "PUBLISHED",
+    "SLEEP_S",
+    "SPIN_S",
+    "TSO_MACHINES",
+    "SharedMemoryCollectives",
+    "ShmBlock",
+    "block_words",
+    "mapped",
+    "require_tso",
+]

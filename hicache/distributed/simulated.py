@@ -28,7 +28,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hicache.distributed.collectives import (
-    CollectiveMismatch, CollectiveTimeout, Entry, RankFailed, RecordingCollectives,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    Entry,
+    RankFailed,
+    RecordingCollectives,
 )
 from hicache.errors import ConfigError
 
@@ -71,8 +75,11 @@ class ThreadGroup:
         """`fn(rank)` on every rank at once; the results by rank. Re-raises the root cause
         when a rank raised (RankFailed of the others is its consequence)."""
         if self.failed is not None:
-            raise ConfigError("tp.group", f"a step of this group failed ({self.failed}): its ranks "
-                                          "no longer agree on collective numbers; build a new group")
+            raise ConfigError(
+                "tp.group",
+                f"a step of this group failed ({self.failed}): its ranks "
+                "no longer agree on collective numbers; build a new group",
+            )
         results: list[T | None] = [None] * self.size
         errors: list[BaseException | None] = [None] * self.size
         with self._cond:
@@ -82,7 +89,7 @@ class ThreadGroup:
         def body(rank: int) -> None:
             try:
                 results[rank] = fn(rank)
-            except BaseException as e:  # noqa: BLE001 -- every rank's outcome is reported
+            except BaseException as e:
                 errors[rank] = e
                 if not isinstance(e, RankFailed):
                     self._break(rank, f"{type(e).__name__}: {e}")
@@ -91,8 +98,10 @@ class ThreadGroup:
                     self._idle.add(rank)
                     self._cond.notify_all()
 
-        threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
-                   for r in range(self.size)]
+        threads = [
+            threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
+            for r in range(self.size)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -127,8 +136,13 @@ class ThreadGroup:
                     raise RankFailed(*self._broken)
                 missing = [r for r in range(self.size) if r not in slot.calls]
                 if all(r in self._idle for r in missing):
-                    raise CollectiveTimeout(seq, entry.point, missing, self._last,
-                                            why="was skipped (the missing ranks ended the step)")
+                    raise CollectiveTimeout(
+                        seq,
+                        entry.point,
+                        missing,
+                        self._last,
+                        why="was skipped (the missing ranks ended the step)",
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeout(seq, entry.point, missing, self._last)

@@ -45,7 +45,13 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from hicache.distributed.collectives import CollectiveTimeout, Entry, RankFailed
 from hicache.distributed.wire import (
-    INLINE_VALUES, STAMP, ProcessCollectives, agreed_rows, last_key, missing_ranks, read_board,
+    INLINE_VALUES,
+    STAMP,
+    ProcessCollectives,
+    agreed_rows,
+    last_key,
+    missing_ranks,
+    read_board,
     row_of,
 )
 
@@ -56,8 +62,7 @@ class TorchCollectives(ProcessCollectives):
     """This process's rank of `group` (default: the default process group), reporting its
     arrivals on `board` (default: a prefix of the default group's store)."""
 
-    def __init__(self, board: Store | None = None,
-                 group: ProcessGroup | None = None) -> None:
+    def __init__(self, board: Store | None = None, group: ProcessGroup | None = None) -> None:
         # Verify the process group exists: collectives before init would hang or fail opaquely.
         assert dist.is_initialized(), "call torch.distributed.init_process_group first"
         if board is None:
@@ -65,16 +70,20 @@ class TorchCollectives(ProcessCollectives):
         super().__init__(dist.get_rank(group), dist.get_world_size(group), board)
         self.group = group
 
-    def _meet(self, seq: int, entry: Entry, values: tuple[int, ...],
-              arrived_ns: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    def _meet(
+        self, seq: int, entry: Entry, values: tuple[int, ...], arrived_ns: int
+    ) -> tuple[list[int], list[tuple[int, ...]]]:
         self._arrive(seq, entry.point)
         inline = entry.length <= INLINE_VALUES
         rows = self._gather(seq, entry, row_of(seq, entry, values if inline else (), arrived_ns))
         agreed_rows(seq, rows)
         # The headers agree: every rank brings `entry.length` values, in its row or next.
         first = STAMP + 1
-        out = ([row[first:first + entry.length] for row in rows] if inline
-               else self._gather(seq, entry, list(values)))
+        out = (
+            [row[first : first + entry.length] for row in rows]
+            if inline
+            else self._gather(seq, entry, list(values))
+        )
         return [row[STAMP] for row in rows], out
 
     def _arrive(self, seq: int, point_name: str) -> None:

@@ -63,8 +63,12 @@ def header_of(seq: int, entry: Entry) -> list[int]:
 def _call_code(entry: Entry) -> tuple[int, int, int, int]:
     """The header's fields after `seq` for call `entry` (a rank makes few distinct calls, one
     each per collective: computed once per call, not per collective)."""
-    return (point_names().index(entry.point), COLLECTIVE_OPS.index(entry.op), entry.length,
-            zlib.crc32(entry.text().encode()))
+    return (
+        point_names().index(entry.point),
+        COLLECTIVE_OPS.index(entry.op),
+        entry.length,
+        zlib.crc32(entry.text().encode()),
+    )
 
 
 def row_of(seq: int, entry: Entry, inline: Sequence[int], arrived_ns: int = 0) -> list[int]:
@@ -159,12 +163,27 @@ class ProcessCollectives(RecordingCollectives):
             self.by_point[entry.point] += 1
 
     @abstractmethod
-    def _meet(self, seq: int, entry: Entry, values: tuple[int, ...],
-              arrived_ns: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    def _meet(
+        self, seq: int, entry: Entry, values: tuple[int, ...], arrived_ns: int
+    ) -> tuple[list[int], list[tuple[int, ...]]]:
         """Collective `seq` with every rank: (every rank's arrival stamp, every rank's
         values), by rank; `agreed_rows` checked before any values are read."""
 
 
-__all__ = ["HEADER_FIELDS", "INLINE_VALUES", "ProcessCollectives", "ROW_WIDTH", "STAMP",
-           "agreed_rows", "entry_of", "failed_key", "header_of", "last_key", "mark_failed",
-           "missing_ranks", "point_names", "read_board", "row_of"]
+__all__ = [
+    "HEADER_FIELDS",
+    "INLINE_VALUES",
+    "ROW_WIDTH",
+    "STAMP",
+    "ProcessCollectives",
+    "agreed_rows",
+    "entry_of",
+    "failed_key",
+    "header_of",
+    "last_key",
+    "mark_failed",
+    "missing_ranks",
+    "point_names",
+    "read_board",
+    "row_of",
+]

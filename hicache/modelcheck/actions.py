@@ -40,11 +40,13 @@ from hicache.modelcheck.config import ModelConfig
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.tree import TreeNode
 
+
 def is_refusal(e: BaseException) -> bool:
     """Whether `e` is the plane refusing a call (a HiCacheError: IllegalTransition, OutOfPages,
     UnknownOp, ...), which by contract changed nothing and is no edge. An InvariantViolation
     (or PlanePoisoned after one) is a finding, as is every exception that is no HiCacheError."""
     return isinstance(e, HiCacheError) and not isinstance(e, (InvariantViolation, PlanePoisoned))
+
 
 _FOR_REQUEST = (Direction.H2D, Direction.S2H)  # restores: issued on behalf of a request
 _BACKUPS = (Direction.D2H, Direction.H2S)  # write-through: no request
@@ -64,7 +66,9 @@ class Action(NamedTuple):
         if self.request is not None:
             parts.append(f"r{self.request}")
         if self.arg is not None:
-            parts.append(f"op {self.arg}" if self.kind in ("complete", "fail", "cancel") else str(self.arg))
+            parts.append(
+                f"op {self.arg}" if self.kind in ("complete", "fail", "cancel") else str(self.arg)
+            )
         if self.nodes:
             parts.append("nodes " + ",".join(str(n) for n in self.nodes))
         return " ".join(parts)
@@ -97,8 +101,12 @@ def offered(cp: ControlPlane, cfg: ModelConfig) -> list[Action]:
             out.append(Action("cancel", arg=op_id))
     held = [n for n in cp.tree.nodes() if RESIDENT in n.state]
     for t, tier in enumerate(TIERS):
-        out += [Action("evict", None, (n.node_id,), str(tier)) for n in held if n.state[t] == RESIDENT]
-    out += [Action("invalidate_l3", None, (n.node_id,), "L3") for n in held if n.state[2] == RESIDENT]
+        out += [
+            Action("evict", None, (n.node_id,), str(tier)) for n in held if n.state[t] == RESIDENT
+        ]
+    out += [
+        Action("invalidate_l3", None, (n.node_id,), "L3") for n in held if n.state[2] == RESIDENT
+    ]
     return out
 
 
@@ -110,8 +118,12 @@ def _request_actions(cp: ControlPlane, r: int, path: list[TreeNode]) -> list[Act
     out += [Action("insert", r), Action("end_request", r)]
     out += [Action("advance_cached_len", r, (n.node_id,)) for n in path]
     pinned = {(n.node_id, t) for n, t in req.pins}
-    out += [Action("pin", r, (n.node_id,), str(TIERS[t])) for n in path for t in range(len(TIERS))
-            if n.state[t] == RESIDENT and (n.node_id, t) not in pinned]
+    out += [
+        Action("pin", r, (n.node_id,), str(TIERS[t]))
+        for n in path
+        for t in range(len(TIERS))
+        if n.state[t] == RESIDENT and (n.node_id, t) not in pinned
+    ]
     out += [Action("unpin", r, (nid,)) for nid in sorted({n.node_id for n, _ in req.pins})]
     return out
 

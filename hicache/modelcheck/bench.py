@@ -26,18 +26,20 @@ import argparse
 import copy
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from hicache.control import ControlPlane
 from hicache.invariants.registry import check_all
+from hicache.modelcheck.actions import apply
 from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig, load_configs
-from hicache.modelcheck.actions import apply
 from hicache.modelcheck.search import explore, initial_plane, key_function
 
-HEADER = ("| config | states | edges | depth | wall s | CPU s | states/CPU s | copy+hash µs/edge "
-          "| ceiling states/s | ratio | check_all µs/state |\n"
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+HEADER = (
+    "| config | states | edges | depth | wall s | CPU s | states/CPU s | copy+hash µs/edge "
+    "| ceiling states/s | ratio | check_all µs/state |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
 
 
 def measure(cfg: ModelConfig) -> str:
@@ -60,9 +62,11 @@ def measure(cfg: ModelConfig) -> str:
     per_state_ceiling = per_copy * res.edges / res.states
     rate = res.states / cpu
     ceiling = 1 / per_state_ceiling
-    return (f"| `{cfg.name}` | {res.states:,} | {res.edges:,} | {res.depth} | {wall:.1f} | {cpu:.1f} | "
-            f"{rate:,.0f} | {per_copy * 1e6:.0f} | {ceiling:,.0f} | {rate / ceiling:.2f} | "
-            f"{per_check * 1e6:.0f} |")
+    return (
+        f"| `{cfg.name}` | {res.states:,} | {res.edges:,} | {res.depth} | {wall:.1f} | {cpu:.1f} | "
+        f"{rate:,.0f} | {per_copy * 1e6:.0f} | {ceiling:,.0f} | {rate / ceiling:.2f} | "
+        f"{per_check * 1e6:.0f} |"
+    )
 
 
 def branching(cfg: ModelConfig) -> str:
@@ -84,10 +88,12 @@ def branching(cfg: ModelConfig) -> str:
             apply(fresh, cfg, a)
     times.append((time.process_time() - t) / len(planes))
     mean_len = sum(len(p) for p in paths) / len(paths)
-    return ("| branching, per state | µs |\n| --- | ---: |\n"
-            f"| field-by-field copy (clone.py) | {times[0] * 1e6:.0f} |\n"
-            f"| `copy.deepcopy` | {times[1] * 1e6:.0f} |\n"
-            f"| replay of the shortest path (mean {mean_len:.1f} calls) | {times[2] * 1e6:.0f} |")
+    return (
+        "| branching, per state | µs |\n| --- | ---: |\n"
+        f"| field-by-field copy (clone.py) | {times[0] * 1e6:.0f} |\n"
+        f"| `copy.deepcopy` | {times[1] * 1e6:.0f} |\n"
+        f"| replay of the shortest path (mean {mean_len:.1f} calls) | {times[2] * 1e6:.0f} |"
+    )
 
 
 ZOO_MUTANTS = ("B01", "B02", "B03", "B04", "B06", "B07", "B07-leaf", "B08", "B11")
@@ -101,8 +107,10 @@ def zoo() -> str:
     from hicache.testing.mutants import MUTANTS, activate  # the zoo: only this table needs it
 
     configs = load_configs()
-    rows = ["| mutant | what is broken | found by | finding | path | states | CPU s |",
-            "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    rows = [
+        "| mutant | what is broken | found by | finding | path | states | CPU s |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
     for name in ZOO_MUTANTS:
         missed: list[str] = []
         for cname in ZOO_CONFIGS:
@@ -113,12 +121,16 @@ def zoo() -> str:
             if res.finding is not None:
                 f = res.finding
                 why = f.message if len(f.message) < 70 else f.message[:67] + "..."
-                rows.append(f"| {name} | {MUTANTS[name]} | `{cname}`{_missed(missed)} | {f.kind}: {why} | "
-                            f"{len(f.path)} | {res.states:,} | {cpu:.1f} |")
+                rows.append(
+                    f"| {name} | {MUTANTS[name]} | `{cname}`{_missed(missed)} | {f.kind}: {why} | "
+                    f"{len(f.path)} | {res.states:,} | {cpu:.1f} |"
+                )
                 break
             missed.append(cname)
         else:
-            rows.append(f"| {name} | {MUTANTS[name]} | none of {', '.join(ZOO_CONFIGS)} | - | - | - | - |")
+            rows.append(
+                f"| {name} | {MUTANTS[name]} | none of {', '.join(ZOO_CONFIGS)} | - | - | - | - |"
+            )
         print(rows[-1], file=sys.stderr, flush=True)
     return "\n".join(rows)
 
@@ -129,10 +141,19 @@ def _missed(names: list[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configs = load_configs()
-    p = argparse.ArgumentParser(prog="python3 -m hicache.modelcheck.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--config", nargs="+", choices=sorted(configs), default=list(configs),
-                   help="configurations to measure (default: all)")
-    p.add_argument("--branching", choices=sorted(configs), help="also compare ways to branch on this config")
+    p = argparse.ArgumentParser(
+        prog="python3 -m hicache.modelcheck.bench", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--config",
+        nargs="+",
+        choices=sorted(configs),
+        default=list(configs),
+        help="configurations to measure (default: all)",
+    )
+    p.add_argument(
+        "--branching", choices=sorted(configs), help="also compare ways to branch on this config"
+    )
     p.add_argument("--zoo", action="store_true", help="only the bug-zoo table")
     args = p.parse_args(argv)
     if args.zoo:

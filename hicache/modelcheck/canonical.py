@@ -41,7 +41,8 @@ that the reduced and unreduced searches reach the same states, transitions and v
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hicache.control import ControlPlane
 from hicache.pages import FREE, PRIVATE, TREE, Pages
@@ -75,19 +76,38 @@ def canonical_key(cp: ControlPlane, request_ids: Sequence[int] = ()) -> Key:
     configuration may use, live or not), the least key over every renaming of those ids."""
     order = _preorder(cp.tree.root)
     label = {n.node_id: i for i, n in enumerate(order)}
-    ops = sorted(cp.ops.values(), key=lambda op: (op.direction.value, tuple([label[n.node_id] for n in op.nodes])))
+    ops = sorted(
+        cp.ops.values(),
+        key=lambda op: (op.direction.value, tuple([label[n.node_id] for n in op.nodes])),
+    )
     op_label = {op.op_id: i for i, op in enumerate(ops)}
     pages = _Labels()
     tree = cp.tree
-    tree_part = (tuple([
-        (label[n.parent.node_id] if n.parent is not None else _NONE, n.key, tuple(n.state), tuple(n.lock),
-         tuple([_NONE if p is None else op_label[p] for p in n.pending]),
-         tuple([() if v is None else pages.of(t, v) for t, v in enumerate(n.value)]),
-         _bookkeeping(tree, n))
-        for n in order[1:]
-    ]), len(tree), tuple(tree.pages_held))
-    op_pages = [(pages.of(TIERS.index(op.direction.source), op.source_pages),
-                 pages.of(TIERS.index(op.direction.target), op.target_pages)) for op in ops]
+    tree_part = (
+        tuple(
+            [
+                (
+                    label[n.parent.node_id] if n.parent is not None else _NONE,
+                    n.key,
+                    tuple(n.state),
+                    tuple(n.lock),
+                    tuple([_NONE if p is None else op_label[p] for p in n.pending]),
+                    tuple([() if v is None else pages.of(t, v) for t, v in enumerate(n.value)]),
+                    _bookkeeping(tree, n),
+                )
+                for n in order[1:]
+            ]
+        ),
+        len(tree),
+        tuple(tree.pages_held),
+    )
+    op_pages = [
+        (
+            pages.of(TIERS.index(op.direction.source), op.source_pages),
+            pages.of(TIERS.index(op.direction.target), op.target_pages),
+        )
+        for op in ops
+    ]
     live = sorted(cp.requests)
     renamings: Iterable[Sequence[int]] = [live]
     if len(request_ids) > 1 and live:
@@ -144,44 +164,111 @@ def _side_owners(table: TierPools, anchor_pages: list[int]) -> Key:
     return tuple(out)
 
 
-def _ops_part(ops: list[PendingOp], label: dict[int, int], op_pages: list[tuple[tuple[int, ...], tuple[int, ...]]],
-              rename: dict[int, int]) -> Key:
-    return tuple([(op.direction.value, tuple([label[n.node_id] for n in op.nodes]), src, tgt,
-                   _NONE if op.request_id is None else rename.get(op.request_id, op.request_id))
-                  for op, (src, tgt) in zip(ops, op_pages)])
+def _ops_part(
+    ops: list[PendingOp],
+    label: dict[int, int],
+    op_pages: list[tuple[tuple[int, ...], tuple[int, ...]]],
+    rename: dict[int, int],
+) -> Key:
+    return tuple(
+        [
+            (
+                op.direction.value,
+                tuple([label[n.node_id] for n in op.nodes]),
+                src,
+                tgt,
+                _NONE if op.request_id is None else rename.get(op.request_id, op.request_id),
+            )
+            for op, (src, tgt) in zip(ops, op_pages)
+        ]
+    )
 
 
-def _requests_part(cp: ControlPlane, label: dict[int, int], pages: _Labels, rename: dict[int, int]) -> Key:
+def _requests_part(
+    cp: ControlPlane, label: dict[int, int], pages: _Labels, rename: dict[int, int]
+) -> Key:
     out = []
     for old, new in sorted(rename.items(), key=lambda kv: kv[1]):
         r = cp.requests[old]
         pins = tuple(sorted((label[n.node_id], t) for n, t in r.pins))
-        out.append((new, r.tokens, label[r.locked.node_id], r.published_len, r.cached_len,
-                    pages.of(0, r.private_pages), r.private_start, pins))
+        out.append(
+            (
+                new,
+                r.tokens,
+                label[r.locked.node_id],
+                r.published_len,
+                r.cached_len,
+                pages.of(0, r.private_pages),
+                r.private_start,
+                pins,
+            )
+        )
     return tuple(out)
 
 
 def concrete_key(cp: ControlPlane) -> Key:
     """Everything the plane records, names and history included (no reduction)."""
     tree = cp.tree
-    nodes = tuple([
-        (n.node_id, _NONE if n.parent is None else n.parent.node_id, n.key, tuple(n.state), tuple(n.lock),
-         tuple([_NONE if p is None else p for p in n.pending]),
-         tuple([() if v is None else tuple(v.tolist()) for v in n.value]),
-         tuple(n.last_access), n.hits, tuple(sorted(n.children)), _bookkeeping(tree, n))
-        for n in [tree.root, *tree.nodes()]
-    ])
-    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t))
-                    for t in cp.tables])
-    ops = tuple([(i, op.direction.value, tuple([n.node_id for n in op.nodes]), tuple(op.source_pages.tolist()),
-                  tuple(op.target_pages.tolist()), _NONE if op.request_id is None else op.request_id)
-                 for i, op in sorted(cp.ops.items())])
-    reqs = tuple([(i, r.tokens, r.locked.node_id, r.published_len, r.cached_len,
-                   tuple(r.private_pages.tolist()), r.private_start,
-                   tuple([(n.node_id, t) for n, t in r.pins]))
-                  for i, r in sorted(cp.requests.items())])
-    return (nodes, tables, ops, reqs, tree._tick, tree._next_id, cp._next_op, tuple(tree.pages_held),
-            tuple(sorted(tree._nodes)))
+    nodes = tuple(
+        [
+            (
+                n.node_id,
+                _NONE if n.parent is None else n.parent.node_id,
+                n.key,
+                tuple(n.state),
+                tuple(n.lock),
+                tuple([_NONE if p is None else p for p in n.pending]),
+                tuple([() if v is None else tuple(v.tolist()) for v in n.value]),
+                tuple(n.last_access),
+                n.hits,
+                tuple(sorted(n.children)),
+                _bookkeeping(tree, n),
+            )
+            for n in [tree.root, *tree.nodes()]
+        ]
+    )
+    tables = tuple(
+        [(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t)) for t in cp.tables]
+    )
+    ops = tuple(
+        [
+            (
+                i,
+                op.direction.value,
+                tuple([n.node_id for n in op.nodes]),
+                tuple(op.source_pages.tolist()),
+                tuple(op.target_pages.tolist()),
+                _NONE if op.request_id is None else op.request_id,
+            )
+            for i, op in sorted(cp.ops.items())
+        ]
+    )
+    reqs = tuple(
+        [
+            (
+                i,
+                r.tokens,
+                r.locked.node_id,
+                r.published_len,
+                r.cached_len,
+                tuple(r.private_pages.tolist()),
+                r.private_start,
+                tuple([(n.node_id, t) for n, t in r.pins]),
+            )
+            for i, r in sorted(cp.requests.items())
+        ]
+    )
+    return (
+        nodes,
+        tables,
+        ops,
+        reqs,
+        tree._tick,
+        tree._next_id,
+        cp._next_op,
+        tuple(tree.pages_held),
+        tuple(sorted(tree._nodes)),
+    )
 
 
 def _side_tables(t: object) -> Key:
@@ -189,8 +276,12 @@ def _side_tables(t: object) -> Key:
     if not isinstance(t, TierPools):
         return ()
     side = t.group_table.tables
-    return tuple([(name, side[name].owner.tobytes(), side[name].generation.tobytes(),
-                   held.tobytes()) for name, held in t.held_by.items()])
+    return tuple(
+        [
+            (name, side[name].owner.tobytes(), side[name].generation.tobytes(), held.tobytes())
+            for name, held in t.held_by.items()
+        ]
+    )
 
 
 def _preorder(root: TreeNode) -> list[TreeNode]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence, TypeVar
+from typing import NoReturn, TypeVar
 
 from hicache.errors import ConfigError, HiCacheError
 from hicache.lifecycle import Lifecycle, load_lifecycle
@@ -36,18 +37,49 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hicache model-check", description="Explore every reachable state of the "
-                "control plane for a small configuration (hicache/modelcheck/configs.toml).")
+    p = _Parser(
+        prog="hicache model-check",
+        description="Explore every reachable state of the "
+        "control plane for a small configuration (hicache/modelcheck/configs.toml).",
+    )
     p.add_argument("--config", help="configuration name (--list shows them)")
-    p.add_argument("--list", action="store_true", help="list the configurations and their expected counts")
-    p.add_argument("--configs", type=Path, default=CONFIGS_TOML, help="manifest file (default: the shipped one)")
-    p.add_argument("--lifecycle", type=Path, help="lifecycle tables to check instead of spec/lifecycle.toml")
-    p.add_argument("--trace-out", type=Path, help="write a finding's trace here (default: print it)")
-    p.add_argument("--reduction", choices=REDUCTIONS, default="symmetric", help="state key (default: symmetric)")
-    p.add_argument("--max-states", type=_positive, help="keep at most N states: a new one beyond them ends the search (stopped early)", metavar="N")
-    p.add_argument("--max-depth", type=_positive, metavar="N", help="stop at this BFS depth (not exhaustive)")
-    p.add_argument("--verify-refusals", type=_non_negative, default=VERIFY_REFUSALS, metavar="N",
-                   help=f"check that every N-th refused call changed nothing (0: never; default {VERIFY_REFUSALS})")
+    p.add_argument(
+        "--list", action="store_true", help="list the configurations and their expected counts"
+    )
+    p.add_argument(
+        "--configs",
+        type=Path,
+        default=CONFIGS_TOML,
+        help="manifest file (default: the shipped one)",
+    )
+    p.add_argument(
+        "--lifecycle", type=Path, help="lifecycle tables to check instead of spec/lifecycle.toml"
+    )
+    p.add_argument(
+        "--trace-out", type=Path, help="write a finding's trace here (default: print it)"
+    )
+    p.add_argument(
+        "--reduction",
+        choices=REDUCTIONS,
+        default="symmetric",
+        help="state key (default: symmetric)",
+    )
+    p.add_argument(
+        "--max-states",
+        type=_positive,
+        help="keep at most N states: a new one beyond them ends the search (stopped early)",
+        metavar="N",
+    )
+    p.add_argument(
+        "--max-depth", type=_positive, metavar="N", help="stop at this BFS depth (not exhaustive)"
+    )
+    p.add_argument(
+        "--verify-refusals",
+        type=_non_negative,
+        default=VERIFY_REFUSALS,
+        metavar="N",
+        help=f"check that every N-th refused call changed nothing (0: never; default {VERIFY_REFUSALS})",
+    )
     return p
 
 
@@ -73,18 +105,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.config is None:
             _parser().error("--config NAME is required (or --list)")
         if args.reduction == "none" and args.max_depth is None and args.max_states is None:
-            _parser().error("--reduction none never ends on its own (ids and LRU ticks grow without "
-                            "bound): give --max-depth or --max-states")
+            _parser().error(
+                "--reduction none never ends on its own (ids and LRU ticks grow without "
+                "bound): give --max-depth or --max-states"
+            )
         cfg = _read("--configs", lambda: get_config(args.config, args.configs))
         problem = None if args.trace_out is None else unwritable(args.trace_out)
         if problem:  # before the search, not after its finding was printed
             raise ConfigError("--trace-out", f"{args.trace_out}: {problem}; choose a writable path")
-        lifecycle = None if args.lifecycle is None else _read("--lifecycle", lambda: load_lifecycle(args.lifecycle))
+        lifecycle = (
+            None
+            if args.lifecycle is None
+            else _read("--lifecycle", lambda: load_lifecycle(args.lifecycle))
+        )
     except HiCacheError as e:
         print(f"hicache model-check: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    res = explore(cfg, lifecycle=lifecycle, reduction=args.reduction, max_states=args.max_states,
-                  max_depth=args.max_depth, verify_refusals=args.verify_refusals)
+    res = explore(
+        cfg,
+        lifecycle=lifecycle,
+        reduction=args.reduction,
+        max_states=args.max_states,
+        max_depth=args.max_depth,
+        verify_refusals=args.verify_refusals,
+    )
     print(summary(res))
     if res.finding is not None:
         return _report_finding(res, lifecycle, args.trace_out)
@@ -112,10 +156,18 @@ def _read(option: str, load: Callable[[], T]) -> T:
 
 def summary(res: Result) -> str:
     """One line: the counts, the time, states/s and how the search ended."""
-    how = ("exhaustive" if res.exhaustive else "FOUND " + res.finding.kind if res.finding else "stopped early")
-    return (f"model-check {res.config.name}: {res.states} states, {res.edges} edges, depth {res.depth}, "
-            f"{res.seconds:.2f} s, {res.states_per_s:,.0f} states/s, {res.refusals} refusals "
-            f"({res.refusals_verified} verified unchanged); {how}")
+    how = (
+        "exhaustive"
+        if res.exhaustive
+        else "FOUND " + res.finding.kind
+        if res.finding
+        else "stopped early"
+    )
+    return (
+        f"model-check {res.config.name}: {res.states} states, {res.edges} edges, depth {res.depth}, "
+        f"{res.seconds:.2f} s, {res.states_per_s:,.0f} states/s, {res.refusals} refusals "
+        f"({res.refusals_verified} verified unchanged); {how}"
+    )
 
 
 def coverage_line(res: Result, lc: Lifecycle) -> str:
@@ -124,19 +176,32 @@ def coverage_line(res: Result, lc: Lifecycle) -> str:
     missing = [n for n in names if n not in res.fired]
     graph = graph_edges(lc)
     unseen = sorted(graph - composite_edges(lc, res.steps))
-    return (f"transitions fired: {len(names) - len(missing)}/{len(names)}"
-            + (f" (not fired: {', '.join(missing)})" if missing else " (every one)")
-            + f"; composite edges taken: {len(graph) - len(unseen)}/{len(graph)}"
-            + (f" (not taken: {', '.join(f'{b} --{t}--> {a}' for b, t, a in unseen)})"
-               if 0 < len(unseen) <= SHOW_UNSEEN else " (every one)" if not unseen else ""))
+    return (
+        f"transitions fired: {len(names) - len(missing)}/{len(names)}"
+        + (f" (not fired: {', '.join(missing)})" if missing else " (every one)")
+        + f"; composite edges taken: {len(graph) - len(unseen)}/{len(graph)}"
+        + (
+            f" (not taken: {', '.join(f'{b} --{t}--> {a}' for b, t, a in unseen)})"
+            if 0 < len(unseen) <= SHOW_UNSEEN
+            else " (every one)"
+            if not unseen
+            else ""
+        )
+    )
 
 
 def _describe(cfg: ModelConfig) -> str:
     exp = cfg.expected
-    counts = "no expected counts" if exp is None else f"{exp.states} states, {exp.edges} edges, depth {exp.depth}"
-    return (f"{cfg.name:8s} page_size {cfg.page_size}, capacities {list(cfg.capacities)}, "
-            f"{cfg.requests} request(s), prompts {[list(p) for p in cfg.prompts]}; {counts}"
-            f"{'; in CI' if cfg.ci else ''}")
+    counts = (
+        "no expected counts"
+        if exp is None
+        else f"{exp.states} states, {exp.edges} edges, depth {exp.depth}"
+    )
+    return (
+        f"{cfg.name:8s} page_size {cfg.page_size}, capacities {list(cfg.capacities)}, "
+        f"{cfg.requests} request(s), prompts {[list(p) for p in cfg.prompts]}; {counts}"
+        f"{'; in CI' if cfg.ci else ''}"
+    )
 
 
 def _report_finding(res: Result, lifecycle: Lifecycle | None, trace_out: Path | None) -> int:
@@ -151,7 +216,9 @@ def _report_finding(res: Result, lifecycle: Lifecycle | None, trace_out: Path | 
     print(f"replayed: {ended}")
     if trace_out is not None:
         trace_out.write_text(buf.getvalue())
-        print(f"trace: {trace_out} ({buf.getvalue().count(chr(10))} lines; `hicache check-trace {trace_out}`)")
+        print(
+            f"trace: {trace_out} ({buf.getvalue().count(chr(10))} lines; `hicache check-trace {trace_out}`)"
+        )
     else:
         print("trace:")
         sys.stdout.write(buf.getvalue())
@@ -166,9 +233,11 @@ def _compare(res: Result, shipped: bool) -> int:
         return EXIT_OK
     got = (res.states, res.edges, res.depth)
     if got != (exp.states, exp.edges, exp.depth):
-        print(f"counts differ from the manifest: got states/edges/depth {got}, expected "
-              f"{(exp.states, exp.edges, exp.depth)}; if the machine changed on purpose, update "
-              "hicache/modelcheck/configs.toml with the reason")
+        print(
+            f"counts differ from the manifest: got states/edges/depth {got}, expected "
+            f"{(exp.states, exp.edges, exp.depth)}; if the machine changed on purpose, update "
+            "hicache/modelcheck/configs.toml with the reason"
+        )
         return EXIT_FOUND
     print("counts match the manifest")
     return EXIT_OK

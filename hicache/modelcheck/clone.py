@@ -29,7 +29,6 @@ from hicache.trace import Tracer
 from hicache.tree import HiRadixTree, TreeNode
 
 
-
 def clone(cp: ControlPlane) -> ControlPlane:
     """An independent copy of `cp` with tracing off and the same check mode."""
     new: ControlPlane = object.__new__(type(cp))
@@ -37,13 +36,30 @@ def clone(cp: ControlPlane) -> ControlPlane:
     tree, nodes = _clone_tree(cp.tree)
     new.tree = tree
     new.tables = tuple(_clone_table(t) for t in cp.tables)
-    new.ops = {i: PendingOp(op.op_id, op.direction, [nodes[n.node_id] for n in op.nodes],
-                            op.source_pages, op.target_pages, op.request_id)
-               for i, op in cp.ops.items()}
-    new.requests = {i: Request(r.request_id, r.tokens, nodes[r.locked.node_id], r.published_len,
-                               r.cached_len, r.private_pages, r.private_start,
-                               [(nodes[n.node_id], t) for n, t in r.pins])
-                    for i, r in cp.requests.items()}
+    new.ops = {
+        i: PendingOp(
+            op.op_id,
+            op.direction,
+            [nodes[n.node_id] for n in op.nodes],
+            op.source_pages,
+            op.target_pages,
+            op.request_id,
+        )
+        for i, op in cp.ops.items()
+    }
+    new.requests = {
+        i: Request(
+            r.request_id,
+            r.tokens,
+            nodes[r.locked.node_id],
+            r.published_len,
+            r.cached_len,
+            r.private_pages,
+            r.private_start,
+            [(nodes[n.node_id], t) for n, t in r.pins],
+        )
+        for i, r in cp.requests.items()
+    }
     new.tracer = Tracer()
     new.checker = InvariantChecker(cp.checker.mode, cp.checker.checks)
     executor = object.__new__(type(cp.executor))
@@ -54,8 +70,21 @@ def clone(cp: ControlPlane) -> ControlPlane:
     return new
 
 
-_NODE_SLOTS = {"node_id", "key", "hits", "page_size", "is_root", "value", "state", "lock", "pending",
-               "last_access", "present_children", "parent", "children"}
+_NODE_SLOTS = {
+    "node_id",
+    "key",
+    "hits",
+    "page_size",
+    "is_root",
+    "value",
+    "state",
+    "lock",
+    "pending",
+    "last_access",
+    "present_children",
+    "parent",
+    "children",
+}
 # Verify the node copy below sets every slot TreeNode has (a slot added later must be copied too).
 assert _NODE_SLOTS == set(TreeNode.__slots__), set(TreeNode.__slots__) ^ _NODE_SLOTS
 
@@ -67,9 +96,19 @@ def _clone_tree(tree: HiRadixTree) -> tuple[HiRadixTree, dict[int, TreeNode]]:
     new_node = TreeNode.__new__
     for nid, old in tree._nodes.items():
         n: TreeNode = new_node(TreeNode)
-        n.node_id, n.key, n.hits, n.page_size, n.is_root = nid, old.key, old.hits, old.page_size, old.is_root
+        n.node_id, n.key, n.hits, n.page_size, n.is_root = (
+            nid,
+            old.key,
+            old.hits,
+            old.page_size,
+            old.is_root,
+        )
         n.value, n.state, n.lock = old.value[:], old.state[:], old.lock[:]
-        n.pending, n.last_access, n.present_children = old.pending[:], old.last_access[:], old.present_children[:]
+        n.pending, n.last_access, n.present_children = (
+            old.pending[:],
+            old.last_access[:],
+            old.present_children[:],
+        )
         nodes[nid] = n
     for nid, old in tree._nodes.items():
         n = nodes[nid]

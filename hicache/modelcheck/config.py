@@ -25,9 +25,10 @@ A configuration fixes everything the search may choose from:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hicache.errors import ConfigError
 from hicache.pools.presets import SINGLE_POOL
@@ -74,7 +75,7 @@ class ModelConfig:
     def symmetric_requests(self) -> bool:
         """Whether request ids are interchangeable: every request may begin the same prompts
         (and the actions treat ids alike), so renaming requests maps runs onto runs."""
-        return not self.per_request or len(set(self.prompts[:self.requests])) <= 1
+        return not self.per_request or len(set(self.prompts[: self.requests])) <= 1
 
 
 def load_configs(path: Path = CONFIGS_TOML) -> dict[str, ModelConfig]:
@@ -94,14 +95,29 @@ def get_config(name: str, path: Path = CONFIGS_TOML) -> ModelConfig:
     """The configuration `name`; ConfigError listing the known names otherwise."""
     configs = load_configs(path)
     if name not in configs:
-        raise ConfigError("--config", f"{name!r} is not a configuration; known: {', '.join(configs)}")
+        raise ConfigError(
+            "--config", f"{name!r} is not a configuration; known: {', '.join(configs)}"
+        )
     return configs[name]
 
 
 def _parse(entry: Mapping[str, Any]) -> ModelConfig:
     name = str(entry.get("name", "?"))
-    known = {"name", "page_size", "capacities", "prompts", "requests", "per_request", "faults",
-             "aborts", "pools", "pool_capacities", "ci", "expected", "doc"}
+    known = {
+        "name",
+        "page_size",
+        "capacities",
+        "prompts",
+        "requests",
+        "per_request",
+        "faults",
+        "aborts",
+        "pools",
+        "pool_capacities",
+        "ci",
+        "expected",
+        "doc",
+    }
     extra = sorted(set(entry) - known)
     if extra:
         raise ConfigError(f"config {name}", f"unknown fields {extra}; known: {sorted(known)}")
@@ -110,23 +126,45 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
         prompts = tuple(tuple(int(t) for t in p) for p in entry["prompts"])
         exp = entry.get("expected")
         cfg = ModelConfig(
-            name=name, page_size=int(entry["page_size"]),
-            capacities=(caps[0], caps[1], caps[2]), prompts=prompts,
-            requests=int(entry["requests"]), per_request=bool(entry.get("per_request", False)),
-            faults=bool(entry.get("faults", True)), aborts=bool(entry.get("aborts", True)),
+            name=name,
+            page_size=int(entry["page_size"]),
+            capacities=(caps[0], caps[1], caps[2]),
+            prompts=prompts,
+            requests=int(entry["requests"]),
+            per_request=bool(entry.get("per_request", False)),
+            faults=bool(entry.get("faults", True)),
+            aborts=bool(entry.get("aborts", True)),
             pools=str(entry.get("pools", SINGLE_POOL)),
-            pool_capacities=tuple((str(tier), str(pool), int(n))
-                                  for tier, sizes in entry.get("pool_capacities", {}).items()
-                                  for pool, n in sizes.items()),
+            pool_capacities=tuple(
+                (str(tier), str(pool), int(n))
+                for tier, sizes in entry.get("pool_capacities", {}).items()
+                for pool, n in sizes.items()
+            ),
             ci=bool(entry.get("ci", False)),
-            expected=None if exp is None else Expected(int(exp["states"]), int(exp["edges"]), int(exp["depth"])),
+            expected=None
+            if exp is None
+            else Expected(int(exp["states"]), int(exp["edges"]), int(exp["depth"])),
         )
     except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise ConfigError(f"config {name}", f"missing or malformed field ({e!r}); see hicache/modelcheck/config.py") from None
-    if len(caps) != 3 or min(caps) < 1 or cfg.page_size < 1 or cfg.requests < 1 or not prompts \
-            or any(len(p) < 2 for p in prompts):
-        raise ConfigError(f"config {name}", "need 3 positive capacities, page_size >= 1, requests >= 1 "
-                          "and prompts of at least 2 tokens")
+        raise ConfigError(
+            f"config {name}",
+            f"missing or malformed field ({e!r}); see hicache/modelcheck/config.py",
+        ) from None
+    if (
+        len(caps) != 3
+        or min(caps) < 1
+        or cfg.page_size < 1
+        or cfg.requests < 1
+        or not prompts
+        or any(len(p) < 2 for p in prompts)
+    ):
+        raise ConfigError(
+            f"config {name}",
+            "need 3 positive capacities, page_size >= 1, requests >= 1 "
+            "and prompts of at least 2 tokens",
+        )
     if cfg.per_request and len(prompts) < cfg.requests:
-        raise ConfigError(f"config {name}", f"per_request needs one prompt per request ({cfg.requests})")
+        raise ConfigError(
+            f"config {name}", f"per_request needs one prompt per request ({cfg.requests})"
+        )
     return cfg

@@ -30,13 +30,17 @@ class ReplayDiverged(AssertionError):
     copies or its keys), never in the plane under test. Report the config and the path."""
 
 
-def write_trace(cfg: ModelConfig, finding: Finding, stream: IO[str], lifecycle: Lifecycle | None = None) -> str:
+def write_trace(
+    cfg: ModelConfig, finding: Finding, stream: IO[str], lifecycle: Lifecycle | None = None
+) -> str:
     """Replay `finding.path` (then, for `stuck`, the drain) on a fresh plane of `cfg`, writing
     the trace to `stream`. Returns how the replay ended (the violation, the exception, or why
     the drain is stuck). ReplayDiverged if a call of the path is refused on replay."""
     tracer = Tracer()
     cp = initial_plane(cfg, lifecycle, tracer=tracer, check_mode="every")
-    tracer.sink = NdjsonSink(stream, cp.trace_header(engine=ENGINE))  # (replaces a walk hook's sink)
+    tracer.sink = NdjsonSink(
+        stream, cp.trace_header(engine=ENGINE)
+    )  # (replaces a walk hook's sink)
     for i, a in enumerate(finding.path):
         try:
             apply(cp, cfg, a)
@@ -44,8 +48,9 @@ def write_trace(cfg: ModelConfig, finding: Finding, stream: IO[str], lifecycle: 
             return f"step {i + 1} `{a}`: {e}"
         except Exception as e:  # the search saw this call succeed or crash: sort it out
             if is_refusal(e) and finding.kind != "refusal":
-                raise ReplayDiverged(f"step {i + 1} `{a}` was refused on replay ({e}); the search "
-                                     "saw it succeed") from e
+                raise ReplayDiverged(
+                    f"step {i + 1} `{a}` was refused on replay ({e}); the search saw it succeed"
+                ) from e
             return f"step {i + 1} `{a}` raised {type(e).__name__}: {e}"
     if finding.kind == "stuck":
         return drain(cp, lambda a: apply(cp, cfg, a)) or "the drain succeeded on replay"

@@ -45,12 +45,19 @@ def record_into(cp: ControlPlane, fired: set[str], steps: set[Step_]) -> None:
 
 def composite_edges(lc: Lifecycle, steps: set[Step_]) -> set[tuple[str, str, str]]:
     """`steps` as composite-graph edges (before, row, after), by name."""
-    return {(composite_name(before), name, composite_name(lc.check(name, before))) for before, name in steps}
+    return {
+        (composite_name(before), name, composite_name(lc.check(name, before)))
+        for before, name in steps
+    }
 
 
 def graph_edges(lc: Lifecycle) -> set[tuple[str, str, str]]:
     """Every edge of `lc`'s composite graph (spec/lifecycle.md), by name."""
-    return {(composite_name(s), t.name, composite_name(d)) for s, out in lc.reachable().items() for t, d in out}
+    return {
+        (composite_name(s), t.name, composite_name(d))
+        for s, out in lc.reachable().items()
+        for t, d in out
+    }
 
 
 def spec_transitions(lc: Lifecycle) -> list[str]:

@@ -12,7 +12,7 @@ is refused) or a leak (a lock or private page nobody can release any more).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from hicache.control import ControlPlane
 from hicache.invariants.registry import check_all
@@ -22,8 +22,9 @@ from hicache.pages import PRIVATE
 
 def drain_actions(cp: ControlPlane) -> list[Action]:
     """The drain's calls from `cp`'s state, in order: cancel each op, then end each request."""
-    return ([Action("cancel", arg=op_id) for op_id in sorted(cp.ops)]
-            + [Action("end_request", r) for r in sorted(cp.requests)])
+    return [Action("cancel", arg=op_id) for op_id in sorted(cp.ops)] + [
+        Action("end_request", r) for r in sorted(cp.requests)
+    ]
 
 
 def drain(cp: ControlPlane, run: Callable[[Action], None]) -> str | None:

@@ -26,8 +26,8 @@ call changed the state: checked on every `verify_refusals`-th refusal).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hicache.control import ControlPlane
 from hicache.errors import IllegalTransition
@@ -100,8 +100,12 @@ class Result:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
-def initial_plane(cfg: ModelConfig, lifecycle: Lifecycle | None = None, tracer: Tracer | None = None,
-                  check_mode: str = "off") -> ControlPlane:
+def initial_plane(
+    cfg: ModelConfig,
+    lifecycle: Lifecycle | None = None,
+    tracer: Tracer | None = None,
+    check_mode: str = "off",
+) -> ControlPlane:
     """The configuration's empty plane: every page free, no request. Tracing off unless a
     tracer is given (a tracer the environment's walk hook enabled is switched off)."""
     t = tracer or Tracer()
@@ -109,8 +113,15 @@ def initial_plane(cfg: ModelConfig, lifecycle: Lifecycle | None = None, tracer: 
     sizes: dict[str, dict[str, int]] = {}
     for tier, pool, n in cfg.pool_capacities:
         sizes.setdefault(tier, {})[pool] = n
-    cp = ControlPlane(cfg.page_size, cfg.capacities, check_mode=check_mode, tracer=t,
-                      lifecycle=lifecycle, pools=pools, pool_capacities=sizes or None)
+    cp = ControlPlane(
+        cfg.page_size,
+        cfg.capacities,
+        check_mode=check_mode,
+        tracer=t,
+        lifecycle=lifecycle,
+        pools=pools,
+        pool_capacities=sizes or None,
+    )
     if tracer is None:
         t.sink = None
     return cp
@@ -126,10 +137,17 @@ def key_function(cfg: ModelConfig, reduction: str) -> Callable[[ControlPlane], K
     return lambda cp: canonical_key(cp, ids)
 
 
-def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: str = "symmetric",
-            max_depth: int | None = None, max_states: int | None = None,
-            verify_refusals: int = VERIFY_REFUSALS, keep_keys: bool = False,
-            on_state: Callable[[ControlPlane], None] | None = None) -> Result:
+def explore(
+    cfg: ModelConfig,
+    *,
+    lifecycle: Lifecycle | None = None,
+    reduction: str = "symmetric",
+    max_depth: int | None = None,
+    max_states: int | None = None,
+    verify_refusals: int = VERIFY_REFUSALS,
+    keep_keys: bool = False,
+    on_state: Callable[[ControlPlane], None] | None = None,
+) -> Result:
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
     the state unchanged; `keep_keys` keeps every key seen (and its path) in the result; `on_state` is
@@ -149,8 +167,18 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     while frontier and res.finding is None and (max_depth is None or res.depth < max_depth):
         following: list[tuple[ControlPlane, Key]] = []
         for plane, key in frontier:
-            res.finding = _expand(plane, key, cfg, key_of, parents, following, res, verify_refusals, on_state,
-                                  max_states)
+            res.finding = _expand(
+                plane,
+                key,
+                cfg,
+                key_of,
+                parents,
+                following,
+                res,
+                verify_refusals,
+                on_state,
+                max_states,
+            )
             if res.finding is not None or res.bounded:
                 break
         if following:
@@ -165,10 +193,18 @@ def explore(cfg: ModelConfig, *, lifecycle: Lifecycle | None = None, reduction: 
     return res
 
 
-def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[ControlPlane], Key],
-            parents: dict[Key, tuple[Key, Action] | None], following: list[tuple[ControlPlane, Key]],
-            res: Result, verify_refusals: int, on_state: Callable[[ControlPlane], None] | None,
-            max_states: int | None = None) -> Finding | None:
+def _expand(
+    plane: ControlPlane,
+    key: Key,
+    cfg: ModelConfig,
+    key_of: Callable[[ControlPlane], Key],
+    parents: dict[Key, tuple[Key, Action] | None],
+    following: list[tuple[ControlPlane, Key]],
+    res: Result,
+    verify_refusals: int,
+    on_state: Callable[[ControlPlane], None] | None,
+    max_states: int | None = None,
+) -> Finding | None:
     """Try every offered action on `plane`; queue new successors; the first finding, if any.
     A new state beyond `max_states` is left out and ends the search (`res.bounded`): the bound
     counts states, and a space of exactly that many is still searched to the end."""
@@ -182,16 +218,24 @@ def _expand(plane: ControlPlane, key: Key, cfg: ModelConfig, key_of: Callable[[C
             apply(scratch, cfg, a)
         except Exception as e:  # sorted below: a refusal is no edge, anything else a finding
             if not is_refusal(e):
-                return Finding("crash", f"`{a}` raised {type(e).__name__}: {e}", (*_path(parents, key), a))
+                return Finding(
+                    "crash", f"`{a}` raised {type(e).__name__}: {e}", (*_path(parents, key), a)
+                )
             if a == first:
-                return Finding("stuck", f"the drain's call `{a}` is refused ({type(e).__name__}: {e})",
-                               _path(parents, key))
+                return Finding(
+                    "stuck",
+                    f"the drain's call `{a}` is refused ({type(e).__name__}: {e})",
+                    _path(parents, key),
+                )
             res.refusals += 1
             if verify_refusals and res.refusals % verify_refusals == 0:
                 res.refusals_verified += 1
                 if concrete_key(scratch) != concrete_key(plane):
-                    return Finding("refusal", f"`{a}` was refused ({type(e).__name__}: {e}) but changed "
-                                   "the state", (*_path(parents, key), a))
+                    return Finding(
+                        "refusal",
+                        f"`{a}` was refused ({type(e).__name__}: {e}) but changed the state",
+                        (*_path(parents, key), a),
+                    )
             continue
         res.edges += 1
         child, scratch = scratch, None
@@ -239,7 +283,11 @@ def _candidates_disagree(plane: ControlPlane) -> list[str]:
     for t, tier in enumerate(TIERS):
         name = f"evict_{str(tier).lower()}"
         listed = sorted(n.node_id for n in plane.candidates(tier))
-        allowed = sorted(n.node_id for n in plane.tree.nodes() if n.state[t] == RESIDENT and _enabled(plane, name, n))
+        allowed = sorted(
+            n.node_id
+            for n in plane.tree.nodes()
+            if n.state[t] == RESIDENT and _enabled(plane, name, n)
+        )
         if listed != allowed:
             out.append(f"candidates({tier}) lists nodes {listed}, the {name} row allows {allowed}")
     return out

@@ -150,7 +150,9 @@ class LinearCost:
             residual = seconds - self.per_unit_s * size
             self.fixed_s = (1.0 - self.alpha) * self.fixed_s + self.alpha * max(0.0, residual)
             if residual < 0.0 and size > 0:
-                self.per_unit_s = (1.0 - self.alpha) * self.per_unit_s + self.alpha * (seconds / size)
+                self.per_unit_s = (1.0 - self.alpha) * self.per_unit_s + self.alpha * (
+                    seconds / size
+                )
             self.mode = "ewma"
         else:
             self.fixed_s, self.per_unit_s = nnls_line(sizes, [y for _, y in self._window])
@@ -196,8 +198,10 @@ class CostModel:
         window: int = WINDOW_SAMPLES,
         alpha: float = EWMA_ALPHA,
     ) -> None:
-        for field, value in (("host_gib_per_s", host_gib_per_s),
-                             ("storage_gib_per_s", storage_gib_per_s)):
+        for field, value in (
+            ("host_gib_per_s", host_gib_per_s),
+            ("storage_gib_per_s", storage_gib_per_s),
+        ):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"cost.{field}", f"must be a finite bandwidth > 0, got {value!r}")
         host_s_per_byte = 1.0 / (host_gib_per_s * GIB)
@@ -262,7 +266,8 @@ class CostModel:
         if tier == Tier.L3:
             return self.restore_s(0, tokens, bytes_per_token)
         raise PolicyError(
-            f"restore_cost: tier must be L2 or L3 (L1 needs no restore), got {tier!r}")
+            f"restore_cost: tier must be L2 or L3 (L1 needs no restore), got {tier!r}"
+        )
 
     def state(self) -> dict[str, dict[str, object]]:
         """Every line's state, keyed by kind."""

@@ -99,7 +99,8 @@ class DecisionLog:
         if entry is None:
             raise PolicyError(
                 f"decision {decision_id} is unknown, already settled, or was dropped "
-                f"(more than {self.max_pending} pending); settle each recorded id once")
+                f"(more than {self.max_pending} pending); settle each recorded id once"
+            )
         choice, predicted_s = entry
         self._errors.add(predicted_s, observed_s)
         self._errors_by_choice[choice].add(predicted_s, observed_s)

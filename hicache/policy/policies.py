@@ -86,8 +86,9 @@ class Candidates:
         )
 
 
-def _check_lengths(l1_len: int, l2_len: int, l3_len: int, prompt_len: int,
-                   bytes_per_token: int) -> None:
+def _check_lengths(
+    l1_len: int, l2_len: int, l3_len: int, prompt_len: int, bytes_per_token: int
+) -> None:
     # Verify the hit lengths describe prefixes of this prompt (the tree never reports more).
     if prompt_len < 1:
         raise PolicyError(f"prompt_len must be >= 1, got {prompt_len}")
@@ -98,8 +99,9 @@ def _check_lengths(l1_len: int, l2_len: int, l3_len: int, prompt_len: int,
         raise PolicyError(f"bytes_per_token must be > 0, got {bytes_per_token}")
 
 
-def price_candidates(model: CostModel, l1_len: int, l2_len: int, l3_len: int,
-                     prompt_len: int, bytes_per_token: int) -> Candidates:
+def price_candidates(
+    model: CostModel, l1_len: int, l2_len: int, l3_len: int, prompt_len: int, bytes_per_token: int
+) -> Candidates:
     """Enumerate the candidates that extend the L1 hit and price each end to end."""
     _check_lengths(l1_len, l2_len, l3_len, prompt_len, bytes_per_token)
     split: dict[str, tuple[int, int]] = {}
@@ -122,8 +124,9 @@ class Policy(Protocol):
     @property
     def name(self) -> str: ...
 
-    def decide(self, l1_len: int, l2_len: int, l3_len: int, prompt_len: int,
-               bytes_per_token: int) -> Decision: ...
+    def decide(
+        self, l1_len: int, l2_len: int, l3_len: int, prompt_len: int, bytes_per_token: int
+    ) -> Decision: ...
 
 
 def _ms(seconds: float) -> str:
@@ -148,10 +151,12 @@ class PricedPolicy(abc.ABC):
     def __init__(self, model: CostModel | None = None) -> None:
         self.model = model if model is not None else CostModel()
 
-    def decide(self, l1_len: int, l2_len: int, l3_len: int, prompt_len: int,
-               bytes_per_token: int) -> Decision:
+    def decide(
+        self, l1_len: int, l2_len: int, l3_len: int, prompt_len: int, bytes_per_token: int
+    ) -> Decision:
         return self.choose(
-            price_candidates(self.model, l1_len, l2_len, l3_len, prompt_len, bytes_per_token))
+            price_candidates(self.model, l1_len, l2_len, l3_len, prompt_len, bytes_per_token)
+        )
 
     @abc.abstractmethod
     def choose(self, cands: Candidates) -> Decision:
@@ -192,23 +197,36 @@ class CostPolicy(PricedPolicy):
     def choose(self, cands: Candidates) -> Decision:
         best: Choice | None = None
         for choice in RESTORE_CHOICES:
-            if choice in cands.split and (best is None or
-                                          cands.benefit_s(choice) > cands.benefit_s(best)):
+            if choice in cands.split and (
+                best is None or cands.benefit_s(choice) > cands.benefit_s(best)
+            ):
                 best = choice
         if best is None:
             return cands.decision("recompute", "cost: no tier extends the L1 hit")
         if cands.benefit_s(best) <= 0.0:
             near = self._unexplored_near(cands)
             if near is not None:
-                return cands.decision(near, (
-                    f"cost: exploring {near}: a transfer line of it has < {EXPLORE_SAMPLES} "
-                    f"samples, and it is predicted within {EXPLORE_MARGIN:.0%} of recompute"))
-            return cands.decision("recompute", (
-                f"cost: best restore ({best}) predicted {_ms(cands.predicted_s[best])}, "
-                f"not faster than recompute {_ms(cands.predicted_s['recompute'])}"))
-        return cands.decision(best, (
-            f"cost: {best} predicted {_ms(cands.predicted_s[best])} vs recompute "
-            f"{_ms(cands.predicted_s['recompute'])}, saves {_ms(cands.benefit_s(best))}"))
+                return cands.decision(
+                    near,
+                    (
+                        f"cost: exploring {near}: a transfer line of it has < {EXPLORE_SAMPLES} "
+                        f"samples, and it is predicted within {EXPLORE_MARGIN:.0%} of recompute"
+                    ),
+                )
+            return cands.decision(
+                "recompute",
+                (
+                    f"cost: best restore ({best}) predicted {_ms(cands.predicted_s[best])}, "
+                    f"not faster than recompute {_ms(cands.predicted_s['recompute'])}"
+                ),
+            )
+        return cands.decision(
+            best,
+            (
+                f"cost: {best} predicted {_ms(cands.predicted_s[best])} vs recompute "
+                f"{_ms(cands.predicted_s['recompute'])}, saves {_ms(cands.benefit_s(best))}"
+            ),
+        )
 
     def _unexplored_near(self, cands: Candidates) -> Choice | None:
         """The shallowest candidate that rule 3 of the class docstring may explore: one of its
@@ -258,10 +276,13 @@ class ThresholdPolicy(PricedPolicy):
 
     name = "threshold"
 
-    def __init__(self, prefetch_tokens: int = 256, load_back_tokens: int = 10,
-                 model: CostModel | None = None) -> None:
-        for field, value in (("prefetch_tokens", prefetch_tokens),
-                             ("load_back_tokens", load_back_tokens)):
+    def __init__(
+        self, prefetch_tokens: int = 256, load_back_tokens: int = 10, model: CostModel | None = None
+    ) -> None:
+        for field, value in (
+            ("prefetch_tokens", prefetch_tokens),
+            ("load_back_tokens", load_back_tokens),
+        ):
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"policy.{field}", f"must be an integer >= 1, got {value!r}")
         super().__init__(model)
@@ -272,14 +293,21 @@ class ThresholdPolicy(PricedPolicy):
         l3_only = cands.split.get("L3", (0, 0))[1]
         l2_extension = cands.split.get("L2", (0, 0))[0]
         if l3_only >= self.prefetch_tokens:
-            return cands.decision("L3", (
-                f"threshold: L3 adds {l3_only} >= prefetch_tokens={self.prefetch_tokens}"))
+            return cands.decision(
+                "L3", (f"threshold: L3 adds {l3_only} >= prefetch_tokens={self.prefetch_tokens}")
+            )
         if l2_extension >= self.load_back_tokens:
-            return cands.decision("L2", (
-                f"threshold: L2 adds {l2_extension} >= load_back_tokens={self.load_back_tokens}"))
-        return cands.decision("recompute", (
-            f"threshold: L3 adds {l3_only} < {self.prefetch_tokens}, "
-            f"L2 adds {l2_extension} < {self.load_back_tokens}"))
+            return cands.decision(
+                "L2",
+                (f"threshold: L2 adds {l2_extension} >= load_back_tokens={self.load_back_tokens}"),
+            )
+        return cands.decision(
+            "recompute",
+            (
+                f"threshold: L3 adds {l3_only} < {self.prefetch_tokens}, "
+                f"L2 adds {l2_extension} < {self.load_back_tokens}"
+            ),
+        )
 
 
 def make_policy(name: str, model: CostModel | None = None) -> Policy:

@@ -12,10 +12,11 @@ Only the vocabulary and the preset loader are re-exported here; import the other
 modules.
 """
 
+from hicache.pools.presets import group, names
 from hicache.pools.spec import (
     ALL_PAGES,
-    ANCHOR,
     ALLOCATING,
+    ANCHOR,
     HIT_POLICIES,
     REPLICATED,
     ROLES,
@@ -27,9 +28,21 @@ from hicache.pools.spec import (
     PoolGroup,
     PoolSpec,
 )
-from hicache.pools.presets import group, names
 
 __all__ = [
-    "ALL_PAGES", "ANCHOR", "ALLOCATING", "HIT_POLICIES", "REPLICATED", "ROLES", "SHARDED",
-    "SIDECAR", "STATE", "TP_MODES", "TRAILING_PAGES", "PoolGroup", "PoolSpec", "group", "names",
+    "ALLOCATING",
+    "ALL_PAGES",
+    "ANCHOR",
+    "HIT_POLICIES",
+    "REPLICATED",
+    "ROLES",
+    "SHARDED",
+    "SIDECAR",
+    "STATE",
+    "TP_MODES",
+    "TRAILING_PAGES",
+    "PoolGroup",
+    "PoolSpec",
+    "group",
+    "names",
 ]

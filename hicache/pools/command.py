@@ -25,8 +25,10 @@ def main(argv: list[str]) -> int:
     if args.preset is None:
         for name, g in load_presets().items():
             pools = ", ".join(p.name for p in g.pools)
-            print(f"{name:<11} {len(g.pools)} pools, {g.value_bytes_per_anchor_page:,} B per anchor page in "
-                  f"all, {g.bytes_per_anchor_page:,} on {g.anchor.name}'s indices: {pools}")
+            print(
+                f"{name:<11} {len(g.pools)} pools, {g.value_bytes_per_anchor_page:,} B per anchor page in "
+                f"all, {g.bytes_per_anchor_page:,} on {g.anchor.name}'s indices: {pools}"
+            )
         return 0
     try:
         g = group(args.preset)

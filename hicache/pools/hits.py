@@ -99,8 +99,9 @@ class Endpoints:
 
     def __post_init__(self) -> None:
         if 0 not in self.legal or not all(0 <= e <= self.pages for e in self.legal):
-            raise ConfigError("legal", f"endpoints in 0..{self.pages}, 0 included, got "
-                                       f"{sorted(self.legal)}")
+            raise ConfigError(
+                "legal", f"endpoints in 0..{self.pages}, 0 included, got {sorted(self.legal)}"
+            )
 
     @property
     def largest(self) -> int:
@@ -123,8 +124,11 @@ def intersect_masks(masks: Sequence[Sequence[int]]) -> tuple[int, ...]:
         raise ConfigError("masks", "intersect at least one mask")
     lengths = sorted({len(m) for m in masks})
     if len(lengths) != 1:
-        raise ConfigError("masks", f"lengths differ {lengths}: build every mask over the one "
-                                   "n every rank knows (the prompt's pages; n + 1 entries)")
+        raise ConfigError(
+            "masks",
+            f"lengths differ {lengths}: build every mask over the one "
+            "n every rank knows (the prompt's pages; n + 1 entries)",
+        )
     if any(v not in (0, 1) for m in masks for v in m):
         raise ConfigError("masks", "entries are 0 or 1")
     return tuple(min(column) for column in zip(*masks))
@@ -171,8 +175,9 @@ class GroupHit(NamedTuple):
         tensor parallelism n is the prompt's page count, known to every rank before the call
         (spec/tp.md C1a); the ranks intersect their masks (elementwise MIN) and the largest
         common endpoint within the agreed run is the hit."""
-        return intersect_masks([p.endpoints.endpoint_mask(n) for p in self.pools
-                                if p.pool in self.required])
+        return intersect_masks(
+            [p.endpoints.endpoint_mask(n) for p in self.pools if p.pool in self.required]
+        )
 
 
 def check_policy(name: str) -> str:
@@ -186,8 +191,7 @@ def matched_pools(group: PoolGroup) -> tuple[PoolSpec, ...]:
     """The pools a hit is matched over, in table order: the anchor and every backupable
     non-state pool."""
     anchor = group.anchor.name
-    return tuple(p for p in group.pools
-                 if p.name == anchor or (p.role != STATE and p.backupable))
+    return tuple(p for p in group.pools if p.name == anchor or (p.role != STATE and p.backupable))
 
 
 def required_pools(group: PoolGroup, policy: str) -> tuple[str, ...]:
@@ -201,14 +205,17 @@ def required_pools(group: PoolGroup, policy: str) -> tuple[str, ...]:
     anchor = group.anchor.name
     for p in matched:
         if p.hit_policy == ALL_PAGES and p.source != anchor:
-            raise ConfigError(f"presets.{group.name}.{p.name}.hit_policy",
-                              f"{ANCHOR_RECOMPUTE_SWA} replays only a trailing window, and this "
-                              f"ALL_PAGES pool is on {p.source!r}'s indices; use {ALL_POOLS}")
+            raise ConfigError(
+                f"presets.{group.name}.{p.name}.hit_policy",
+                f"{ANCHOR_RECOMPUTE_SWA} replays only a trailing window, and this "
+                f"ALL_PAGES pool is on {p.source!r}'s indices; use {ALL_POOLS}",
+            )
     return tuple(p.name for p in matched if p.name == anchor or p.hit_policy == ALL_PAGES)
 
 
-def pool_hits(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
-              pages: int) -> tuple[PoolHit, ...]:
+def pool_hits(
+    group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int
+) -> tuple[PoolHit, ...]:
     """Each matched pool's leading run and legal endpoints over the first `pages` anchor
     pages. `presence[pool]` has pages * ratio entries (the pool's own pages). Raises
     ConfigError, naming `presence.<pool>`, for an unknown, state or non-backupable pool or a
@@ -223,13 +230,21 @@ def pool_hits(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
             legal = frozenset(e for e in range(pages + 1) if e * ratio in own)
         else:
             legal = frozenset(range(leading_run(present) // ratio + 1))
-        out.append(PoolHit(pool.name, pool.hit_policy, pool.name in presence,
-                           leading_run(present) // ratio, Endpoints(pages, legal)))
+        out.append(
+            PoolHit(
+                pool.name,
+                pool.hit_policy,
+                pool.name in presence,
+                leading_run(present) // ratio,
+                Endpoints(pages, legal),
+            )
+        )
     return tuple(out)
 
 
-def agreed_hit(group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int,
-               policy: str = ALL_POOLS) -> GroupHit:
+def agreed_hit(
+    group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int, policy: str = ALL_POOLS
+) -> GroupHit:
     """The hit a group can serve under `policy`: the largest endpoint legal in every required
     pool. Not the minimum of per-pool maxima: TRAILING_PAGES endpoints are a set, and with
     {0,1,3} and {0,1,2} the agreed hit is 1, not 2 (SGLang #39147). Same inputs and errors as
@@ -238,15 +253,22 @@ def agreed_hit(group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: 
     pools = pool_hits(group, presence, pages)
     needed = [p for p in pools if p.pool in required]
     bound = min((p.leading_run for p in needed if p.hit_policy == ALL_PAGES), default=pages)
-    window_tokens = max((q.window_pages * q.page_size for q in matched_pools(group)
-                         if q.hit_policy == TRAILING_PAGES and q.name not in required), default=0)
+    window_tokens = max(
+        (
+            q.window_pages * q.page_size
+            for q in matched_pools(group)
+            if q.hit_policy == TRAILING_PAGES and q.name not in required
+        ),
+        default=0,
+    )
     result = GroupHit(policy, required, pages, bound, 0, 0, 0, pools)
     hit = largest_endpoint(result.mask(bound))
     hit_tokens = hit * group.anchor.page_size
     # Verify the hit is legal in every required pool and within the ALL_PAGES bound.
     assert hit <= bound and all(hit in p.endpoints.legal for p in needed), (hit, pools)
-    return result._replace(hit=hit, hit_tokens=hit_tokens,
-                           recompute_tokens=min(hit_tokens, window_tokens))
+    return result._replace(
+        hit=hit, hit_tokens=hit_tokens, recompute_tokens=min(hit_tokens, window_tokens)
+    )
 
 
 class PrefetchClamp(NamedTuple):
@@ -272,11 +294,21 @@ def prefetch_clamp(group: PoolGroup, completed: Mapping[str, int], reserved: int
     for name, count in completed.items():
         ratio = anchor.page_size // _pool(group, name, f"completed.{name}").page_size
         if not isinstance(count, int) or not 0 <= count <= reserved * ratio:
-            raise ConfigError(f"completed.{name}",
-                              f"pages in 0..{reserved * ratio} (what was reserved), got {count!r}")
-    clampers = [p.name for p in group.pools if p.name == anchor.name or (
-        p.source == anchor.name and p.hit_policy == ALL_PAGES and p.backupable
-        and p.role != STATE)]
+            raise ConfigError(
+                f"completed.{name}",
+                f"pages in 0..{reserved * ratio} (what was reserved), got {count!r}",
+            )
+    clampers = [
+        p.name
+        for p in group.pools
+        if p.name == anchor.name
+        or (
+            p.source == anchor.name
+            and p.hit_policy == ALL_PAGES
+            and p.backupable
+            and p.role != STATE
+        )
+    ]
     by_pool = tuple((name, completed.get(name, 0)) for name in clampers)
     published = min(count for _, count in by_pool)
     return PrefetchClamp(published, range(published, reserved), by_pool)
@@ -302,8 +334,10 @@ def trailing_tail(group: PoolGroup, pool: str, held: range, hit: int) -> Trailin
     a held range that is not ascending from >= 0, or a negative hit."""
     spec = _pool(group, pool, "pool")
     if spec.hit_policy != TRAILING_PAGES:
-        raise ConfigError(f"presets.{group.name}.{pool}.hit_policy",
-                          f"the tail is a TRAILING_PAGES pool's, not {spec.hit_policy}")
+        raise ConfigError(
+            f"presets.{group.name}.{pool}.hit_policy",
+            f"the tail is a TRAILING_PAGES pool's, not {spec.hit_policy}",
+        )
     if held.step != 1 or held.start < 0 or held.stop < held.start:
         raise ConfigError("held", f"an ascending range of pages from >= 0, got {held!r}")
     if not isinstance(hit, int) or hit < 0:
@@ -324,8 +358,7 @@ def _check_window(window: int) -> None:
         raise ConfigError("window", f"a trailing window of >= 1 pages, got {window!r}")
 
 
-def _check_presence(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
-                    pages: int) -> None:
+def _check_presence(group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int) -> None:
     """Check every input before anything is computed: names, roles and lengths."""
     if not isinstance(pages, int) or pages < 0:
         raise ConfigError("pages", f"anchor pages matched, >= 0, got {pages!r}")
@@ -334,15 +367,22 @@ def _check_presence(group: PoolGroup, presence: Mapping[str, Sequence[bool]],
         field = f"presence.{name}"
         spec = _pool(group, name, field)
         if spec.role == STATE:
-            raise ConfigError(field, f"a state pool is not matched: it follows its source "
-                                     f"{spec.source!r}; report {spec.source!r} only")
+            raise ConfigError(
+                field,
+                f"a state pool is not matched: it follows its source "
+                f"{spec.source!r}; report {spec.source!r} only",
+            )
         if name not in matched:
-            raise ConfigError(field, "a non-backupable pool is request-scoped and not matched; "
-                                     "leave it out")
+            raise ConfigError(
+                field, "a non-backupable pool is request-scoped and not matched; leave it out"
+            )
         want = pages * group.ratio(spec.name)
         if len(present) != want:
-            raise ConfigError(field, f"{len(present)} entries; {pages} anchor pages are {want} "
-                                     f"of this pool's {spec.page_size}-token pages")
+            raise ConfigError(
+                field,
+                f"{len(present)} entries; {pages} anchor pages are {want} "
+                f"of this pool's {spec.page_size}-token pages",
+            )
 
 
 def _pool(group: PoolGroup, name: str, field: str) -> PoolSpec:
@@ -350,5 +390,6 @@ def _pool(group: PoolGroup, name: str, field: str) -> PoolSpec:
     for pool in group.pools:
         if pool.name == name:
             return pool
-    raise ConfigError(field, f"no pool {name!r} in group {group.name!r}; pools: "
-                             f"{[p.name for p in group.pools]}")
+    raise ConfigError(
+        field, f"no pool {name!r} in group {group.name!r}; pools: {[p.name for p in group.pools]}"
+    )

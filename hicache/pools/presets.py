@@ -69,7 +69,7 @@ def structure(g: PoolGroup) -> tuple[tuple[object, ...], ...]:
     return tuple(tuple(getattr(p, f) for f in STRUCTURE) for p in g.pools)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(path: str) -> Mapping[str, PoolGroup]:
     return read_presets(Path(path))
 
@@ -93,8 +93,9 @@ def _pool(preset: str, index: int, row: Mapping[str, Any]) -> PoolSpec:
     where = f"presets.{preset}.pools[{index}]"
     missing = [f for f in FIELDS if f not in row]
     if missing:
-        raise ConfigError(f"{where}.{missing[0]}",
-                          f"every pool row gives every field; missing {missing}")
+        raise ConfigError(
+            f"{where}.{missing[0]}", f"every pool row gives every field; missing {missing}"
+        )
     extra = sorted(set(row) - set(FIELDS))
     if extra:
         raise ConfigError(f"{where}.{extra[0]}", f"not a field of a pool; the fields are {FIELDS}")
@@ -109,9 +110,12 @@ def _check_tiny_variants(groups: Mapping[str, PoolGroup]) -> None:
         base, tiny = (name.removesuffix(TINY), name) if name.endswith(TINY) else (name, name + TINY)
         other = tiny if name == base else base
         if other not in groups:
-            raise ConfigError(f"presets.{other}",
-                              f"{name!r} needs it: every preset has a {TINY} variant")
+            raise ConfigError(
+                f"presets.{other}", f"{name!r} needs it: every preset has a {TINY} variant"
+            )
         if structure(g) != structure(groups[other]):
-            raise ConfigError(f"presets.{tiny}.pools",
-                              f"differs in structure from {base!r}: same pools, roles, sources, "
-                              f"hit policies, tp modes and backupable, in the same order")
+            raise ConfigError(
+                f"presets.{tiny}.pools",
+                f"differs in structure from {base!r}: same pools, roles, sources, "
+                f"hit policies, tp modes and backupable, in the same order",
+            )

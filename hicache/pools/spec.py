@@ -79,7 +79,9 @@ class PoolSpec:
         if self.role not in ROLES:
             raise ConfigError(f"{where}.role", f"one of {ROLES}, got {self.role!r}")
         if self.hit_policy not in HIT_POLICIES:
-            raise ConfigError(f"{where}.hit_policy", f"one of {HIT_POLICIES}, got {self.hit_policy!r}")
+            raise ConfigError(
+                f"{where}.hit_policy", f"one of {HIT_POLICIES}, got {self.hit_policy!r}"
+            )
         if self.tp_mode not in TP_MODES:
             raise ConfigError(f"{where}.tp_mode", f"one of {TP_MODES}, got {self.tp_mode!r}")
         for name in ("window_pages", "layers", "rows_per_layer", "row_bytes"):
@@ -91,14 +93,20 @@ class PoolSpec:
         if not isinstance(self.page_size, int) or self.page_size <= 0:
             raise ConfigError(f"{where}.page_size", f"a positive integer, got {self.page_size!r}")
         if self.has_allocator and self.indices_from not in ("", self.name):
-            raise ConfigError(f"{where}.indices_from",
-                              f"an {self.role} pool allocates its own indices, got {self.indices_from!r}")
+            raise ConfigError(
+                f"{where}.indices_from",
+                f"an {self.role} pool allocates its own indices, got {self.indices_from!r}",
+            )
         if not self.has_allocator and self.indices_from in ("", self.name):
-            raise ConfigError(f"{where}.indices_from", f"a {self.role} pool takes another pool's indices")
+            raise ConfigError(
+                f"{where}.indices_from", f"a {self.role} pool takes another pool's indices"
+            )
         if (self.hit_policy == TRAILING_PAGES) != (self.window_pages > 0):
-            raise ConfigError(f"{where}.window_pages",
-                              f"positive exactly for TRAILING_PAGES, got {self.window_pages} "
-                              f"with {self.hit_policy}")
+            raise ConfigError(
+                f"{where}.window_pages",
+                f"positive exactly for TRAILING_PAGES, got {self.window_pages} "
+                f"with {self.hit_policy}",
+            )
         unknown = [g for g in self.guesses if g not in self.__dataclass_fields__]
         if unknown:
             raise ConfigError(f"{where}.guesses", f"not fields of a pool: {unknown}")
@@ -130,10 +138,12 @@ class PoolSpec:
         message ("" when no tier is meant)."""
         if self.window_pages > source_pages:
             held = f" in {tier}" if tier else ""
-            raise ConfigError(f"{where}.{self.name}.window_pages",
-                              f"a window of {self.window_pages} pages does not fit in "
-                              f"{self.source!r}'s {source_pages} pages{held}; give "
-                              f"{self.source!r} more pages or shorten the window")
+            raise ConfigError(
+                f"{where}.{self.name}.window_pages",
+                f"a window of {self.window_pages} pages does not fit in "
+                f"{self.source!r}'s {source_pages} pages{held}; give "
+                f"{self.source!r} more pages or shorten the window",
+            )
 
 
 @dataclass(frozen=True)
@@ -157,14 +167,17 @@ class PoolGroup:
         anchor = by_name[anchors[0]]
         # Verify the anchor can be backed up: a node's value in L2/L3 is anchor pages.
         if not anchor.backupable:
-            raise ConfigError(f"{where}.{anchor.name}.backupable",
-                              "the anchor's indices are every tier's node values; it must be "
-                              "backupable")
+            raise ConfigError(
+                f"{where}.{anchor.name}.backupable",
+                "the anchor's indices are every tier's node values; it must be backupable",
+            )
         for p in self.pools:
             if p.has_allocator:
                 if p.role == ALLOCATING and anchor.page_size % p.page_size:
-                    raise ConfigError(f"{where}.{p.name}.page_size",
-                                      f"{p.page_size} must divide the anchor's {anchor.page_size}")
+                    raise ConfigError(
+                        f"{where}.{p.name}.page_size",
+                        f"{p.page_size} must divide the anchor's {anchor.page_size}",
+                    )
                 continue
             _check_derived(where, p, by_name.get(p.indices_from))
 
@@ -176,7 +189,9 @@ class PoolGroup:
         for p in self.pools:
             if p.name == name:
                 return p
-        raise ConfigError(f"presets.{self.name}", f"no pool {name!r}; pools: {[p.name for p in self.pools]}")
+        raise ConfigError(
+            f"presets.{self.name}", f"no pool {name!r}; pools: {[p.name for p in self.pools]}"
+        )
 
     def ratio(self, pool: str) -> int:
         """Pages of `pool` per anchor page (anchor.page_size // its page_size; the construction
@@ -228,13 +243,16 @@ class PoolGroup:
         owners = {p.name for p in self.allocating}
         extra = sorted(set(capacity_pages) - owners)
         if extra:
-            raise ConfigError(f"{where}.{extra[0]}.capacity_pages",
-                              f"only allocating pools have a capacity; those are {sorted(owners)}")
+            raise ConfigError(
+                f"{where}.{extra[0]}.capacity_pages",
+                f"only allocating pools have a capacity; those are {sorted(owners)}",
+            )
         for name in sorted(owners):
             n = capacity_pages.get(name)
             if not isinstance(n, int) or n <= 0:
-                raise ConfigError(f"{where}.{name}.capacity_pages",
-                                  f"a positive integer, got {n!r}")
+                raise ConfigError(
+                    f"{where}.{name}.capacity_pages", f"a positive integer, got {n!r}"
+                )
         for p in self.pools:
             p.check_window(where, capacity_pages[p.source])
 
@@ -248,28 +266,38 @@ class PoolGroup:
         for name in sorted(wanted):
             p = self.pool(name)
             if not p.backupable:
-                raise ConfigError(f"presets.{self.name}.{name}.backupable",
-                                  f"{name!r} is request-scoped (backupable = false); "
-                                  "leave it off every backup path")
+                raise ConfigError(
+                    f"presets.{self.name}.{name}.backupable",
+                    f"{name!r} is request-scoped (backupable = false); "
+                    "leave it off every backup path",
+                )
         return tuple(p for p in self.pools if p.name in wanted)
 
 
 def _check_derived(where: str, p: PoolSpec, src: PoolSpec | None) -> None:
     """The rules for a sidecar or state pool `p` whose source is `src` (None: not in the group)."""
     if src is None:
-        raise ConfigError(f"{where}.{p.name}.indices_from",
-                          f"source pool {p.indices_from!r} is not in the group")
+        raise ConfigError(
+            f"{where}.{p.name}.indices_from", f"source pool {p.indices_from!r} is not in the group"
+        )
     if not src.has_allocator:
-        raise ConfigError(f"{where}.{p.name}.indices_from",
-                          f"source {src.name!r} is a {src.role} pool; a source allocates")
+        raise ConfigError(
+            f"{where}.{p.name}.indices_from",
+            f"source {src.name!r} is a {src.role} pool; a source allocates",
+        )
     if p.role == STATE and src.role != ALLOCATING:
-        raise ConfigError(f"{where}.{p.name}.indices_from",
-                          f"a state pool takes an allocating pool's indices, not {src.role} "
-                          f"{src.name!r}")
+        raise ConfigError(
+            f"{where}.{p.name}.indices_from",
+            f"a state pool takes an allocating pool's indices, not {src.role} {src.name!r}",
+        )
     if p.page_size != src.page_size:
-        raise ConfigError(f"{where}.{p.name}.page_size",
-                          f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}")
+        raise ConfigError(
+            f"{where}.{p.name}.page_size",
+            f"{p.page_size} differs from its source {src.name!r}'s {src.page_size}",
+        )
     # Verify a derived pool is backed up only with its source: it has no indices of its own.
     if p.backupable and not src.backupable:
-        raise ConfigError(f"{where}.{p.name}.backupable",
-                          f"its source {src.name!r} is request-scoped, so it is too")
+        raise ConfigError(
+            f"{where}.{p.name}.backupable",
+            f"its source {src.name!r} is request-scoped, so it is too",
+        )

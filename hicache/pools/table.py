@@ -36,13 +36,13 @@ pages (`InjectedShortage`), so a test can fail pool k of n after pools 1..k-1 su
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 
 from hicache.errors import ConfigError, NoAllocator, OutOfPages
-from hicache.pages import PRIVATE, TREE, PageTable, Pages, pages
+from hicache.pages import PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.spec import PoolGroup
 
 Reclaim = Callable[[str, int], None]
@@ -91,24 +91,33 @@ class GroupTable:
     """Ownership and allocation of one tier's pool group: a `PageTable` per allocating pool,
     `capacity_pages[pool]` pages each (in that pool's pages)."""
 
-    def __init__(self, tier: str, group: PoolGroup, capacity_pages: Mapping[str, int],
-                 fault: ReserveFault | None = None) -> None:
+    def __init__(
+        self,
+        tier: str,
+        group: PoolGroup,
+        capacity_pages: Mapping[str, int],
+        fault: ReserveFault | None = None,
+    ) -> None:
         allocating = [p.name for p in group.allocating]
         for name in capacity_pages:
             spec = group.pool(name)
             if not spec.has_allocator:
-                raise ConfigError(f"{tier}.{name}.capacity_pages",
-                                  f"a {spec.role} pool has no allocator; its capacity is "
-                                  f"{spec.source!r}'s")
+                raise ConfigError(
+                    f"{tier}.{name}.capacity_pages",
+                    f"a {spec.role} pool has no allocator; its capacity is {spec.source!r}'s",
+                )
         missing = [name for name in allocating if name not in capacity_pages]
         if missing:
-            raise ConfigError(f"{tier}.{missing[0]}.capacity_pages",
-                              f"every allocating pool needs a capacity; missing {missing}")
+            raise ConfigError(
+                f"{tier}.{missing[0]}.capacity_pages",
+                f"every allocating pool needs a capacity; missing {missing}",
+            )
         self.tier = tier
         self.group = group
         self.fault = fault
         self.tables: dict[str, PageTable] = {
-            name: PageTable(f"{tier}.{name}", capacity_pages[name]) for name in allocating}
+            name: PageTable(f"{tier}.{name}", capacity_pages[name]) for name in allocating
+        }
         for spec in group.pools:
             spec.check_window("pools", self.tables[spec.source].capacity, tier)
 
@@ -150,8 +159,7 @@ class GroupTable:
 
     # -- the group -----------------------------------------------------------------------------
 
-    def reserve_group(self, want: Mapping[str, int], reclaim: Reclaim | None = None
-                      ) -> GroupPages:
+    def reserve_group(self, want: Mapping[str, int], reclaim: Reclaim | None = None) -> GroupPages:
         """FREE -> PRIVATE for `want[pool]` pages of every allocating pool (a pool not named
         gets none), all or nothing; see the module's contract. Raises OutOfPages naming the
         pool that could not be served, NoAllocator for a derived pool in `want`, ConfigError
@@ -233,6 +241,7 @@ class GroupTable:
         if set(gp.by_pool) != set(self.tables):
             for name in gp.by_pool:
                 self.table(name, event)  # NoAllocator for a derived pool
-            raise ConfigError("group_pages.by_pool",
-                              f"{event}: names {list(gp.by_pool)}, needs {list(self.tables)}")
-
+            raise ConfigError(
+                "group_pages.by_pool",
+                f"{event}: names {list(gp.by_pool)}, needs {list(self.tables)}",
+            )

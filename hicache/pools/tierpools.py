@@ -42,13 +42,13 @@ Contract for callers (spec/invariants.md, I9 `group_atomic`, states what always 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
-from hicache.pages import FREE, PRIVATE, TREE, PageTable, Pages, pages
+from hicache.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.spec import ALLOCATING, TRAILING_PAGES, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
 from hicache.snapshot import NO_PAGES, TOMBSTONE, PoolView
@@ -61,22 +61,33 @@ def window_pools(group: PoolGroup) -> tuple[str, ...]:
     """The trailing side pools of `group.backed_up()` (allocating, `TRAILING_PAGES`): what a
     freed window frees. Empty for a group without one."""
     g = group.backed_up()
-    return tuple(p.name for p in g.allocating
-                 if p.role == ALLOCATING and p.hit_policy == TRAILING_PAGES)
+    return tuple(
+        p.name for p in g.allocating if p.role == ALLOCATING and p.hit_policy == TRAILING_PAGES
+    )
 
 
-def tier_capacities(group: PoolGroup, tier: str, anchor_pages: int,
-                    given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
+def tier_capacities(
+    group: PoolGroup,
+    tier: str,
+    anchor_pages: int,
+    given: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, int]:
     """Capacity in its own pages of every allocating pool of `group.backed_up()` in `tier`:
     `given[tier][pool]`, else `anchor_pages * ratio` (the anchor: `anchor_pages`, always).
     Other pools named in `given` are passed on, for `GroupTable` to refuse by name."""
     g = group.backed_up()
     mine = dict((given or {}).get(tier, {}))
     if g.anchor.name in mine and mine[g.anchor.name] != anchor_pages:
-        raise ConfigError(f"pool_capacities.{tier}.{g.anchor.name}",
-                          f"the anchor's capacity is the tier's ({anchor_pages}); leave it out")
-    sizes = {p.name: anchor_pages if p.name == g.anchor.name
-             else mine.get(p.name, anchor_pages * g.ratio(p.name)) for p in g.allocating}
+        raise ConfigError(
+            f"pool_capacities.{tier}.{g.anchor.name}",
+            f"the anchor's capacity is the tier's ({anchor_pages}); leave it out",
+        )
+    sizes = {
+        p.name: anchor_pages
+        if p.name == g.anchor.name
+        else mine.get(p.name, anchor_pages * g.ratio(p.name))
+        for p in g.allocating
+    }
     return {**mine, **sizes}  # a pool named but not allocating: GroupTable names it
 
 
@@ -87,8 +98,13 @@ class TierPools(PageTable):
     `held_by[pool][a]` are the `ratio` pages of side pool `pool` that anchor page `a` holds
     (`NO_PAGES` while `a` is FREE)."""
 
-    def __init__(self, tier: str, group: PoolGroup, capacity_pages: Mapping[str, int],
-                 faults: ReserveFault | None = None) -> None:
+    def __init__(
+        self,
+        tier: str,
+        group: PoolGroup,
+        capacity_pages: Mapping[str, int],
+        faults: ReserveFault | None = None,
+    ) -> None:
         g = group.backed_up()
         anchor = g.anchor.name
         if anchor not in capacity_pages:
@@ -102,7 +118,8 @@ class TierPools(PageTable):
         self.ratios = {p.name: g.ratio(p.name) for p in g.allocating if p.role == ALLOCATING}
         self.held_by: dict[str, npt.NDArray[np.int64]] = {
             name: np.full((self.capacity, r), NO_PAGES, dtype=np.int64)
-            for name, r in self.ratios.items()}
+            for name, r in self.ratios.items()
+        }
         self.window = window_pools(g)
         """The trailing side pools: what `tombstone` frees (empty: nothing to tombstone)."""
 
@@ -188,13 +205,18 @@ class TierPools(PageTable):
         out of range or named twice, one already tombstoned, or a group with no window."""
         p = pages(p)
         if not self.window:
-            raise IllegalTransition("tombstone", self.tier, "-",
-                                    f"group {self.group.name!r} has no trailing side pool")
+            raise IllegalTransition(
+                "tombstone", self.tier, "-", f"group {self.group.name!r} has no trailing side pool"
+            )
         self.group_table.tables[self.anchor].check_move(p, TREE, "tombstone")
         gone = p[~self.window_present(p)]
         if gone.size:
-            raise IllegalTransition("tombstone", self.tier, "TREE",
-                                    f"anchor page {int(gone[0])}'s window is already freed")
+            raise IllegalTransition(
+                "tombstone",
+                self.tier,
+                "TREE",
+                f"anchor page {int(gone[0])}'s window is already freed",
+            )
         for name in self.window:
             self.group_table.tables[name].free(self.held_by[name][p].reshape(-1))
             self.held_by[name][p] = TOMBSTONE
@@ -210,12 +232,18 @@ class TierPools(PageTable):
         p, donor = pages(p), pages(donor)
         anchor = self.group_table.tables[self.anchor]
         if p.size != donor.size:
-            raise IllegalTransition("revive", self.tier, "-", f"{p.size} pages, {donor.size} donors")
+            raise IllegalTransition(
+                "revive", self.tier, "-", f"{p.size} pages, {donor.size} donors"
+            )
         anchor.check_move(p, TREE, "revive")
         anchor.check_move(donor, PRIVATE, "revive")
         if self.window_present(p).any() or not self.window_present(donor).all():
-            raise IllegalTransition("revive", self.tier, "TREE", "needs pages whose windows are "
-                                    "freed and donors that hold theirs")
+            raise IllegalTransition(
+                "revive",
+                self.tier,
+                "TREE",
+                "needs pages whose windows are freed and donors that hold theirs",
+            )
         for name in self.window:
             self.group_table.tables[name].publish(self.held_by[name][donor].reshape(-1))
             self.held_by[name][p] = self.held_by[name][donor]
@@ -232,12 +260,20 @@ class TierPools(PageTable):
         p = pages(anchor_pages)
         # Verify each anchor page is in range and named once before it indexes `held_by`.
         if p.size and (p.min() < 0 or p.max() >= self.capacity or np.unique(p).size != p.size):
-            raise IllegalTransition("pool_pages", self.tier, "-", f"anchor pages must be "
-                                    f"distinct, in 0..{self.capacity - 1}; got {p.tolist()}")
+            raise IllegalTransition(
+                "pool_pages",
+                self.tier,
+                "-",
+                f"anchor pages must be distinct, in 0..{self.capacity - 1}; got {p.tolist()}",
+            )
         free = p[self.owner[p] == FREE]
         if free.size:
-            raise IllegalTransition("pool_pages", self.tier, "FREE",
-                                    f"anchor page {int(free[0])} holds no pages (it is FREE)")
+            raise IllegalTransition(
+                "pool_pages",
+                self.tier,
+                "FREE",
+                f"anchor page {int(free[0])} holds no pages (it is FREE)",
+            )
         own: dict[str, Pages] = {self.anchor: p}
         for name, held in self.held_by.items():
             own[name] = held[p].reshape(-1)
@@ -246,9 +282,17 @@ class TierPools(PageTable):
     def pool_views(self) -> tuple[PoolView, ...]:
         """Each side pool's owner codes and `held_by` map, copied (the snapshot's records)."""
         tables = self.group_table.tables
-        return tuple(PoolView(name, tables[name].tier, tables[name].capacity,
-                              tables[name].owner.copy(), held.copy(), name in self.window)
-                     for name, held in self.held_by.items())
+        return tuple(
+            PoolView(
+                name,
+                tables[name].tier,
+                tables[name].capacity,
+                tables[name].owner.copy(),
+                held.copy(),
+                name in self.window,
+            )
+            for name, held in self.held_by.items()
+        )
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -272,10 +316,13 @@ class TierPools(PageTable):
             held[pages(p)] = NO_PAGES
 
 
-def tier_tables(tiers: Sequence[str], capacities: Sequence[int], page_size: int,
-                group: PoolGroup | None = None,
-                pool_capacities: Mapping[str, Mapping[str, int]] | None = None
-                ) -> tuple[PageTable, ...]:
+def tier_tables(
+    tiers: Sequence[str],
+    capacities: Sequence[int],
+    page_size: int,
+    group: PoolGroup | None = None,
+    pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
+) -> tuple[PageTable, ...]:
     """One table per tier: a plain `PageTable` without a group or for a group of one pool,
     else a `TierPools` (side pools' capacities from `pool_capacities`, default anchor
     capacity * ratio). ConfigError if the anchor's page size is not the plane's."""
@@ -284,10 +331,14 @@ def tier_tables(tiers: Sequence[str], capacities: Sequence[int], page_size: int,
             raise ConfigError("pool_capacities", "given without a pool group of several pools")
         return tuple(PageTable(t, c) for t, c in zip(tiers, capacities))
     if group.anchor.page_size != page_size:
-        raise ConfigError(f"presets.{group.name}.{group.anchor.name}.page_size",
-                          f"{group.anchor.page_size} tokens, the plane's page size is {page_size}")
+        raise ConfigError(
+            f"presets.{group.name}.{group.anchor.name}.page_size",
+            f"{group.anchor.page_size} tokens, the plane's page size is {page_size}",
+        )
     unknown = sorted(set(pool_capacities or {}) - set(tiers))
     if unknown:
         raise ConfigError("pool_capacities", f"tiers {unknown} are not {list(tiers)}")
-    return tuple(TierPools(t, group, tier_capacities(group, t, c, pool_capacities))
-                 for t, c in zip(tiers, capacities))
+    return tuple(
+        TierPools(t, group, tier_capacities(group, t, c, pool_capacities))
+        for t, c in zip(tiers, capacities)
+    )

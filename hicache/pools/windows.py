@@ -20,7 +20,7 @@ without such a group (one pool, or no trailing side pool) clips nothing.
 
 from __future__ import annotations
 
-from typing import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -55,8 +55,10 @@ class L1Windows:
         if self.table is None or self.policy != ALL_POOLS:
             return 0
         group = self.table.group
-        return max(-(-group.pool(name).window_pages // self.table.ratios[name])
-                   for name in self.table.window)
+        return max(
+            -(-group.pool(name).window_pages // self.table.ratios[name])
+            for name in self.table.window
+        )
 
     def freed(self, node: TreeNode) -> bool:
         """Whether `node`'s L1 value has lost its window (False without one, or a value)."""
@@ -84,7 +86,7 @@ class L1Windows:
             end += len(node.key) // self.page_size
             if end > bound:
                 break
-            mask[end] = int(self.clip(run[:i + 1]) == end)
+            mask[end] = int(self.clip(run[: i + 1]) == end)
         return mask
 
     def share(self, path: Sequence[TreeNode], hit_tokens: int) -> tuple[int, int]:
@@ -104,8 +106,9 @@ class L1Windows:
         if self.policy == ALL_POOLS or self._hit(run, ALL_POOLS, upto=hit) == hit:
             return held - hit_tokens, 0
         group = self.table.group
-        widest = max(group.pool(name).window_pages * group.pool(name).page_size
-                     for name in self.table.window)
+        widest = max(
+            group.pool(name).window_pages * group.pool(name).page_size for name in self.table.window
+        )
         return held - hit_tokens, min(hit_tokens, widest)
 
     def _hit(self, run: Sequence[TreeNode], policy: str, upto: int | None = None) -> int:
@@ -115,13 +118,18 @@ class L1Windows:
         if self.table is None or not any(self.freed(node) for node in run):
             return n
         table = self.table
-        present = np.concatenate([table.window_present(node.value[0]) for node in run
-                                  if node.value[0] is not None])[:n]
+        present = np.concatenate(
+            [table.window_present(node.value[0]) for node in run if node.value[0] is not None]
+        )[:n]
         group = table.group
         presence = {
-            p.name: (np.repeat(present, group.ratio(p.name)) if p.source in table.window
-                     else np.ones(n * group.ratio(p.name), dtype=bool)).tolist()
-            for p in matched_pools(group)}
+            p.name: (
+                np.repeat(present, group.ratio(p.name))
+                if p.source in table.window
+                else np.ones(n * group.ratio(p.name), dtype=bool)
+            ).tolist()
+            for p in matched_pools(group)
+        }
         return agreed_hit(group, presence, n, policy).hit
 
     # -- make-room -----------------------------------------------------------------------------
@@ -136,8 +144,9 @@ class L1Windows:
         assert self.table is not None, "only a plane whose L1 frees windows asks"
         return self.table.window_pages_free()
 
-    def candidates(self, nodes: Iterable[TreeNode], keep: Collection[TreeNode] = ()
-                   ) -> list[TreeNode]:
+    def candidates(
+        self, nodes: Iterable[TreeNode], keep: Collection[TreeNode] = ()
+    ) -> list[TreeNode]:
         """Nodes whose L1 window may be freed now, least recently used in L1 first (ties: the
         older node): RESIDENT in L1 with the window present, unlocked there (no request, pin
         or backup in flight holds it), not in `keep`. Internal nodes too: a freed window
@@ -145,6 +154,13 @@ class L1Windows:
         if self.table is None:
             return []
         kept = {n.node_id for n in keep}
-        found = [n for n in nodes if not n.is_root and n.state[0] == RESIDENT
-                 and not n.lock[0] and n.node_id not in kept and not self.freed(n)]
+        found = [
+            n
+            for n in nodes
+            if not n.is_root
+            and n.state[0] == RESIDENT
+            and not n.lock[0]
+            and n.node_id not in kept
+            and not self.freed(n)
+        ]
         return sorted(found, key=lambda n: (n.last_access[0], n.node_id))

@@ -1,11 +1,11 @@
 """KV producers: what fills L1 pages with a prefix's KV when a request recomputes.
 
-    KVProducer          the contract (`produce`, `expected`), in base.py
-    SyntheticProducer   KV that is a pure function of the token prefix; CPU-cheap, checkable
-                        byte for byte (`expected`)
-    GroupSyntheticProducer  the same rule for every pool of a pool group (group.py)
-    ModelProducer       real prefill: Qwen3 at real shapes with random weights (needs the
-                        optional `transformers`, imported only when one is built)
+KVProducer          the contract (`produce`, `expected`), in base.py
+SyntheticProducer   KV that is a pure function of the token prefix; CPU-cheap, checkable
+                    byte for byte (`expected`)
+GroupSyntheticProducer  the same rule for every pool of a pool group (group.py)
+ModelProducer       real prefill: Qwen3 at real shapes with random weights (needs the
+                    optional `transformers`, imported only when one is built)
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hicache.producers.model import MODEL_PRESETS, ModelProducer, Qwen3Shape
 from hicache.producers.synthetic import SyntheticProducer
 
 __all__ = [
+    "MODEL_PRESETS",
     "GroupSyntheticProducer",
     "KVProducer",
-    "MODEL_PRESETS",
     "ModelProducer",
     "PageIndex",
     "Qwen3Shape",

@@ -118,7 +118,8 @@ def check_produce_args(
     # Verify L1 is this geometry's pool on this producer's device.
     if tuple(l1.shape) != shape or l1.dtype != torch_dtype(g) or l1.device != device:
         raise ProducerError(
-            "l1", f"must be {torch_dtype(g)} of shape [2, {g.layers}, pages, {g.page_size}, "
+            "l1",
+            f"must be {torch_dtype(g)} of shape [2, {g.layers}, pages, {g.page_size}, "
             f"{g.kv_heads}, {g.head_dim}] on {device}, "
             f"got {l1.dtype} {tuple(l1.shape)} on {l1.device}",
         )

@@ -52,44 +52,58 @@ class GroupSyntheticProducer:
     def __init__(self, engine: GroupTransferEngine, geometry: KVGeometry) -> None:
         anchor = engine.group.anchor
         if geometry.page_size != anchor.page_size:
-            raise ConfigError("geometry.page_size",
-                              f"{geometry.page_size} tokens, but the {engine.group.name} anchor's "
-                              f"pages hold {anchor.page_size}; use a geometry of that page size")
+            raise ConfigError(
+                "geometry.page_size",
+                f"{geometry.page_size} tokens, but the {engine.group.name} anchor's "
+                f"pages hold {anchor.page_size}; use a geometry of that page size",
+            )
         self.engine = engine
         self.geometry = geometry
         self.device = engine.device
         self._salt = {p.name: pool_salt(p.name) for p in engine.geometry.pools}
 
-    def pool_bytes(self, pool: PoolSpec, tokens: Sequence[int], start: int, end: int
-                   ) -> torch.Tensor:
+    def pool_bytes(
+        self, pool: PoolSpec, tokens: Sequence[int], start: int, end: int
+    ) -> torch.Tensor:
         """uint8 `[pages, bytes_per_page]`: `pool`'s pages for tokens `[start, end)` (aligned
         to the anchor's pages, so to the pool's), in token order, on this producer's device."""
         hashes = prefix_hashes(tokens, end)
         ps = pool.page_size
-        keys = [fmix_scalar(hashes[t + ps - 1] ^ self._salt[pool.name])
-                for t in range(start, end, ps)]
+        keys = [
+            fmix_scalar(hashes[t + ps - 1] ^ self._salt[pool.name]) for t in range(start, end, ps)
+        ]
         key = torch.tensor([_signed(k) for k in keys], dtype=torch.int64, device=self.device)
         words = -(-pool.bytes_per_page // 8)
         word = fmix(torch.arange(1, words + 1, dtype=torch.int64, device=self.device))
         bits = fmix(key.view(-1, 1) ^ word.view(1, -1))  # [pages, words]
         return bits.view(torch.uint8)[:, : pool.bytes_per_page]
 
-    def expected_pools(self, tokens: Sequence[int], start: int,
-                       end: int) -> dict[str, torch.Tensor]:
+    def expected_pools(
+        self, tokens: Sequence[int], start: int, end: int
+    ) -> dict[str, torch.Tensor]:
         """Per byte pool, uint8 `[anchor pages, ratio * bytes_per_page]`: what `produce`
         writes for tokens `[start, end)`, each anchor page's pool pages side by side."""
         check_range(self.geometry, len(tokens), start, end)
         n = (end - start) // self.geometry.page_size
-        return {p.name: self.pool_bytes(p, tokens, start, end).reshape(n, -1)
-                for p in self.engine.geometry.pools}
+        return {
+            p.name: self.pool_bytes(p, tokens, start, end).reshape(n, -1)
+            for p in self.engine.geometry.pools
+        }
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor:
         """uint8 `[anchor pages, group bytes per anchor page]`: `expected_pools` side by side
         in table order (the KVProducer contract's packed page-major bytes, for a group)."""
         return torch.cat(list(self.expected_pools(tokens, start, end).values()), dim=1)
 
-    def produce(self, tokens: Sequence[int], start: int, end: int, l1: torch.Tensor,
-                prefix_pages: PageIndex, new_pages: PageIndex) -> float:
+    def produce(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        l1: torch.Tensor,
+        prefix_pages: PageIndex,
+        new_pages: PageIndex,
+    ) -> float:
         """Write every pool's bytes of `tokens[start:end]` into the pool pages of anchor
         `new_pages` of the engine's L1 (`l1` must be its arena); the seconds spent. Never
         reads `prefix_pages`. ProducerError, nothing written, for bad arguments."""
@@ -101,8 +115,10 @@ class GroupSyntheticProducer:
         want = (end - start) // self.geometry.page_size
         # Verify one distinct page per page of tokens (a repeat would mix two pages' bytes).
         if new.ndim != 1 or new.size != want or np.unique(new).size != want:
-            raise ProducerError("new_pages", f"{want} distinct anchor pages for tokens "
-                                             f"[{start}, {end}), got {new.tolist()}")
+            raise ProducerError(
+                "new_pages",
+                f"{want} distinct anchor pages for tokens [{start}, {end}), got {new.tolist()}",
+            )
         mapped = self.engine.pool_pages(Tier.L1, new.astype(np.int64))
         started_s = time.perf_counter()
         for p in self.engine.geometry.pools:

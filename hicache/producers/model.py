@@ -266,7 +266,8 @@ class ModelProducer:
         # `Cache.update` would otherwise leave pages unwritten.
         if sorted(new_kv) != list(range(self.shape.layers)):
             raise ProducerError(
-                "transformers", f"KV of layers {sorted(new_kv)} reached the cache, expected all "
+                "transformers",
+                f"KV of layers {sorted(new_kv)} reached the cache, expected all "
                 f"{self.shape.layers}; this transformers version is not supported (try >=4.51)",
             )
         keys = torch.stack([new_kv[layer][0][0] for layer in range(self.shape.layers)])

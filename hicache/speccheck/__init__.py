@@ -26,8 +26,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hicache.errors import SpecError
 from hicache.lifecycle import Lifecycle
@@ -36,17 +36,31 @@ from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, re
 from hicache.speccheck.l3header import check_l3_header
 from hicache.speccheck.mdtables import parse_tables
 from hicache.speccheck.pages import (
-    check_bug_classes, check_metric_names, check_reading_order, reference_metrics,
+    check_bug_classes,
+    check_metric_names,
+    check_reading_order,
+    reference_metrics,
 )
 from hicache.speccheck.pools import check_pools
 from hicache.speccheck.rules import check_rules
+from hicache.speccheck.tables import (
+    check_composites,
+    check_diagrams,
+    check_lifecycle_tables,
+    spec_counts,
+)
 from hicache.speccheck.tp import check_tp
-from hicache.speccheck.tables import check_composites, check_diagrams, check_lifecycle_tables, spec_counts
 from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_header_schema, check_trace_schema
 
 __all__ = [
-    "NON_LIFECYCLE_EVENTS", "CheckInfo", "check_l3_header", "check_rules", "check_spec",
-    "parse_tables", "registry_checks", "spec_counts",
+    "NON_LIFECYCLE_EVENTS",
+    "CheckInfo",
+    "check_l3_header",
+    "check_rules",
+    "check_spec",
+    "parse_tables",
+    "registry_checks",
+    "spec_counts",
 ]
 
 
@@ -89,8 +103,11 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     tp_md = _read(spec_dir / "tp.md", problems)
     if tp_md is not None:
         problems += check_tp(tp_md, spec_dir / "tp.toml")
-    pages = {p.name: text for p in sorted(spec_dir.glob("*.md"))
-             if (text := _read(p, problems)) is not None}
+    pages = {
+        p.name: text
+        for p in sorted(spec_dir.glob("*.md"))
+        if (text := _read(p, problems)) is not None
+    }
     problems += check_reading_order(pages) + check_bug_classes(pages)
     metrics = reference_metrics()
     problems += [metrics] if isinstance(metrics, str) else check_metric_names(pages, metrics)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 REGISTRY_MODULE = "hicache.invariants.registry"
 RANKS_MODULE = "hicache.invariants"  # its entry point RANK_CHECKS: I7, I8, I10, I11 (ranks.py)
-
-
 
 
 class CheckInfo(Protocol):
@@ -63,7 +62,9 @@ def check_invariant_headings(checks: Sequence[CheckInfo], markdown: str) -> list
     registered = {c.id: c for c in checks}
     for cid, c in registered.items():
         if c.func.__name__ != f"check_{c.name}":
-            problems.append(f"registry: {cid} `{c.name}` is checked by {c.func.__name__}, not check_{c.name}")
+            problems.append(
+                f"registry: {cid} `{c.name}` is checked by {c.func.__name__}, not check_{c.name}"
+            )
         if cid not in sections:
             problems.append(f"invariants.md: no heading for {cid} `{c.name}` (registry)")
             continue
@@ -75,9 +76,10 @@ def check_invariant_headings(checks: Sequence[CheckInfo], markdown: str) -> list
             continue
         for needed in (f"check_{c.name}", f"test_{c.name}_violation"):
             if needed not in text:
-                problems.append(f"invariants.md line {line}: section {cid} does not name `{needed}`")
+                problems.append(
+                    f"invariants.md line {line}: section {cid} does not name `{needed}`"
+                )
     for cid in sorted(set(sections) - set(registered)):
         name, line, _ = sections[cid]
         problems.append(f"invariants.md line {line}: heading {cid} `{name}` is not in the registry")
     return problems
-

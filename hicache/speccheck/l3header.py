@@ -16,9 +16,11 @@ def check_l3_header(readme: str) -> list[str]:
         return [f"l3.md: {len(found)} L3 header tables (columns {columns}), want 1"]
     want = [(str(f.offset), str(f.size), f.name, _normalise(f.meaning)) for f in LAYOUT]
     have = [(line, tuple(row[c] for c in L3_HEADER_COLUMNS)) for line, row in found[0].rows]
-    problems = [f"l3.md line {line}: L3 header row {' | '.join(row)!r}, "
-                f"the code has {' | '.join(w)!r}" for (line, row), w in zip(have, want) if row != w]
+    problems = [
+        f"l3.md line {line}: L3 header row {' | '.join(row)!r}, the code has {' | '.join(w)!r}"
+        for (line, row), w in zip(have, want)
+        if row != w
+    ]
     if len(have) != len(want):
         problems.append(f"l3.md: L3 header table has {len(have)} rows, the code {len(want)}")
     return problems
-

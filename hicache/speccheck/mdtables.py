@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 Row = dict[str, str]
 """One markdown or expected table row: column header -> normalised cell text."""
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,6 @@ class MdTable:
     rows: tuple[tuple[int, Row], ...]  # (line, row)
 
 
-
 class TableSpec(NamedTuple):
     """What one lifecycle.md table must hold: its checked columns (the first `key_columns`
     of them identify a row) and the rows."""
@@ -34,8 +33,9 @@ class TableSpec(NamedTuple):
     rows: list[Row]
 
 
-
-def compare_rows(where: str, what: str, spec: TableSpec, found: Iterable[tuple[int, Row]]) -> list[str]:
+def compare_rows(
+    where: str, what: str, spec: TableSpec, found: Iterable[tuple[int, Row]]
+) -> list[str]:
     """Differences between the expected rows and rows found at lines of `where`, matched by
     their key columns; list-valued cells (guards, effects) compare item by item, in order."""
     keys = spec.columns[: spec.key_columns]
@@ -73,7 +73,9 @@ def parse_tables(markdown: str) -> list[MdTable]:
     lines = markdown.split("\n")
     i = 0
     while i + 1 < len(lines):
-        if not (_is_row(lines[i]) and re.fullmatch(r"\|[\s:|-]*-[\s:|-]*\|?", lines[i + 1].strip())):
+        if not (
+            _is_row(lines[i]) and re.fullmatch(r"\|[\s:|-]*-[\s:|-]*\|?", lines[i + 1].strip())
+        ):
             i += 1
             continue
         headers = tuple(_cells(lines[i]))
@@ -102,4 +104,3 @@ def _normalise(cell: str) -> str:
 
 def _items(cell: str) -> list[str]:
     return [item.strip() for item in cell.split(",") if item.strip()]
-

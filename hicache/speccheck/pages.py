@@ -31,10 +31,16 @@ def check_reading_order(pages: Mapping[str, str]) -> list[str]:
     if readme is None:
         return ["README.md: missing, so the reading order cannot be checked"]
     listed = LISTED.findall(readme)
-    problems = [f"README.md: reading order lists {name}, which does not exist"
-                for name in listed if name not in pages]
-    problems += [f"{name}: not in README.md's reading order" for name in sorted(pages)
-                 if name != "README.md" and name not in listed]
+    problems = [
+        f"README.md: reading order lists {name}, which does not exist"
+        for name in listed
+        if name not in pages
+    ]
+    problems += [
+        f"{name}: not in README.md's reading order"
+        for name in sorted(pages)
+        if name != "README.md" and name not in listed
+    ]
     return problems
 
 
@@ -45,8 +51,10 @@ def check_bug_classes(pages: Mapping[str, str]) -> list[str]:
     for name, text in sorted(pages.items()):
         for number, line in enumerate(text.splitlines(), 1):
             missing = sorted(set(CITED_CLASS.findall(line)) - defined)
-            problems += [f"{name} line {number}: cites B{n}, which bugclasses.md does not define"
-                         for n in missing]
+            problems += [
+                f"{name} line {number}: cites B{n}, which bugclasses.md does not define"
+                for n in missing
+            ]
     return problems
 
 

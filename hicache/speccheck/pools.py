@@ -15,8 +15,20 @@ from hicache.pools.presets import read_presets
 from hicache.pools.spec import PoolGroup, PoolSpec
 from hicache.speccheck.mdtables import MdTable, _normalise, parse_tables
 
-POOL_COLUMNS = ("pool", "role", "indices_from", "hit_policy", "window_pages", "page_size",
-                "layers", "rows_per_layer", "row_bytes", "tp_mode", "backupable", "upstream")
+POOL_COLUMNS = (
+    "pool",
+    "role",
+    "indices_from",
+    "hit_policy",
+    "window_pages",
+    "page_size",
+    "layers",
+    "rows_per_layer",
+    "row_bytes",
+    "tp_mode",
+    "backupable",
+    "upstream",
+)
 """A preset table's columns: `pool` is the `name` field, the rest are fields of the same name
 (every field but `guesses`, which the `?` marks show)."""
 
@@ -60,15 +72,20 @@ def check_pools(pools_md: str, toml_path: Path) -> list[str]:
             problems.append(f"pools.md: preset `{name}` of pools.toml has no table")
         else:
             problems += _compare(name, g, table)
-    problems += [f"pools.md line {t.line}: preset `{name}` is not in pools.toml"
-                 for name, t in tables.items()]
+    problems += [
+        f"pools.md line {t.line}: preset `{name}` is not in pools.toml"
+        for name, t in tables.items()
+    ]
     return problems
 
 
 def _tables_by_preset(markdown: str) -> tuple[dict[str, MdTable], list[str]]:
     """Preset name -> its pool table (the last `### Preset` heading above it)."""
-    headings = [(i + 1, m.group(1)) for i, line in enumerate(markdown.split("\n"))
-                if (m := HEADING.match(line))]
+    headings = [
+        (i + 1, m.group(1))
+        for i, line in enumerate(markdown.split("\n"))
+        if (m := HEADING.match(line))
+    ]
     found: dict[str, MdTable] = {}
     problems: list[str] = []
     for t in parse_tables(markdown):
@@ -90,10 +107,13 @@ def _compare(name: str, g: PoolGroup, table: MdTable) -> list[str]:
         for column, want in zip(POOL_COLUMNS, cells(p)):
             have, want = row.get(column, ""), _normalise(want)
             if have != want:
-                problems.append(f"pools.md line {line}: preset `{name}` pool `{p.name}` column "
-                                f"{column!r} says {have or '-'!r}, pools.toml says {want or '-'!r}")
+                problems.append(
+                    f"pools.md line {line}: preset `{name}` pool `{p.name}` column "
+                    f"{column!r} says {have or '-'!r}, pools.toml says {want or '-'!r}"
+                )
     if len(table.rows) != len(g.pools):
-        problems.append(f"pools.md line {table.line}: preset `{name}` has {len(table.rows)} "
-                        f"pool rows, pools.toml {len(g.pools)}")
+        problems.append(
+            f"pools.md line {table.line}: preset `{name}` has {len(table.rows)} "
+            f"pool rows, pools.toml {len(g.pools)}"
+        )
     return problems
-

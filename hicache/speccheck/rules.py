@@ -9,7 +9,7 @@ nothing it could be asked about: the probe's plane is thrown away).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from hicache.errors import HiCacheError
 from hicache.lifecycle import Lifecycle
@@ -41,8 +41,10 @@ def _ack_matches_pending_id() -> str | None:
     stale = cp.issue(Direction.D2H, [node])
     cp.cancel(stale.op_id)
     live = cp.issue(Direction.D2H, [node])
-    for ack in (lambda: cp.complete(stale.op_id),
-                lambda: cp.apply("d2h_complete", [node], live.target_pages, op_id=stale.op_id)):
+    for ack in (
+        lambda: cp.complete(stale.op_id),
+        lambda: cp.apply("d2h_complete", [node], live.target_pages, op_id=stale.op_id),
+    ):
         try:
             ack()
         except HiCacheError:
@@ -67,11 +69,15 @@ def check_rules(lc: Lifecycle) -> list[str]:
     for name in names:
         probe = PROBES.get(name)
         if probe is None:
-            problems.append(f"lifecycle.toml: rule {name} has no probe in hicache/speccheck/rules.py")
+            problems.append(
+                f"lifecycle.toml: rule {name} has no probe in hicache/speccheck/rules.py"
+            )
             continue
         why = probe()
         if why is not None:
             problems.append(f"rule {name} is not enforced by the reference: {why}")
     for name in sorted(set(PROBES) - set(names)):
-        problems.append(f"hicache/speccheck/rules.py: probe {name} names no [[rule]] of lifecycle.toml")
+        problems.append(
+            f"hicache/speccheck/rules.py: probe {name} names no [[rule]] of lifecycle.toml"
+        )
     return problems

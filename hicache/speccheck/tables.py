@@ -1,9 +1,9 @@
 """lifecycle.toml against itself and against lifecycle.md: composites, tables, diagrams.
 
-    [[composite]] list   the reachable set, the naming rule, no duplicates
-    lifecycle.md tables  constants, ownership, residency, transitions, composites, the guard
-                         vocabulary and the control-plane rules: every row once, cells equal
-    generated diagrams   the embedded Mermaid blocks equal what the tables generate
+[[composite]] list   the reachable set, the naming rule, no duplicates
+lifecycle.md tables  constants, ownership, residency, transitions, composites, the guard
+                     vocabulary and the control-plane rules: every row once, cells equal
+generated diagrams   the embedded Mermaid blocks equal what the tables generate
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def check_composites(lc: Lifecycle) -> list[str]:
             "[[composite]] entry"
         )
     for states in sorted(seen_states - reachable, key=composite_name):
-        problems.append(f"lifecycle.toml: composite {composite_name(states)} {states} is not reachable")
+        problems.append(
+            f"lifecycle.toml: composite {composite_name(states)} {states} is not reachable"
+        )
     return problems
-
 
 
 def expected_tables(lc: Lifecycle) -> dict[str, TableSpec]:
@@ -63,36 +64,56 @@ def expected_tables(lc: Lifecycle) -> dict[str, TableSpec]:
     ] + [{"Name": k, "Value": str(v)} for k, v in counts.items()]
     residency = [
         {"tier": str(tier), "state": s["name"], "meaning": s["doc"]}
-        for tier in TIERS for s in t["residency"][str(tier)]["states"]
+        for tier in TIERS
+        for s in t["residency"][str(tier)]["states"]
     ]
     transitions = [
         {
-            "transition": r["name"], "tier": str(tier), "kind": r["kind"],
-            "direction": r.get("direction", ""), "from": r["from"], "to": r["to"],
-            "trigger": r["trigger"], "guards": ", ".join(r.get("guards", [])),
-            "effects": ", ".join(r.get("effects", [])), "trace event": r["name"],
+            "transition": r["name"],
+            "tier": str(tier),
+            "kind": r["kind"],
+            "direction": r.get("direction", ""),
+            "from": r["from"],
+            "to": r["to"],
+            "trigger": r["trigger"],
+            "guards": ", ".join(r.get("guards", [])),
+            "effects": ", ".join(r.get("effects", [])),
+            "trace event": r["name"],
         }
-        for tier in TIERS for r in t["residency"][str(tier)]["transitions"]
+        for tier in TIERS
+        for r in t["residency"][str(tier)]["transitions"]
     ]
     composites = [
-        {"composite": c["name"], "L1": c["L1"], "L2": c["L2"], "L3": c["L3"],
-         "linear-path name": c.get("path_name", "")}
+        {
+            "composite": c["name"],
+            "L1": c["L1"],
+            "L2": c["L2"],
+            "L3": c["L3"],
+            "linear-path name": c.get("path_name", ""),
+        }
         for c in t.get("composite", [])
     ]
     tables: dict[str, list[Row]] = {
         "Name": constants,
-        "ownership state": [{"ownership state": s["name"], "meaning": s["doc"]}
-                            for s in t["ownership"]["states"]],
+        "ownership state": [
+            {"ownership state": s["name"], "meaning": s["doc"]} for s in t["ownership"]["states"]
+        ],
         "ownership transition": [
-            {"ownership transition": r["name"], "from": r["from"], "to": r["to"],
-             "trigger": r["trigger"]}
+            {
+                "ownership transition": r["name"],
+                "from": r["from"],
+                "to": r["to"],
+                "trigger": r["trigger"],
+            }
             for r in t["ownership"]["transitions"]
         ],
         "tier": residency,
         "guard": [{"guard": k, "holds when": v} for k, v in GUARD_VOCABULARY.items()],
         "transition": transitions,
-        "rule": [{"rule": r.name, "operation": r.operation, "condition": r.condition, "why": r.why}
-                 for r in lc.rules],
+        "rule": [
+            {"rule": r.name, "operation": r.operation, "condition": r.condition, "why": r.why}
+            for r in lc.rules
+        ],
         "composite": composites,
     }
     return {
@@ -114,11 +135,12 @@ def check_lifecycle_tables(lc: Lifecycle, markdown: str) -> list[str]:
         for tb in tables:
             absent = [c for c in spec.columns if c not in tb.headers]
             if absent:
-                problems.append(f"lifecycle.md line {tb.line}: {key!r} table lacks column(s) {absent}")
+                problems.append(
+                    f"lifecycle.md line {tb.line}: {key!r} table lacks column(s) {absent}"
+                )
         md_rows = [(line, row) for tb in tables for line, row in tb.rows]
         problems += compare_rows("lifecycle.md", key, spec, md_rows)
     return problems
-
 
 
 def check_diagrams(lc: Lifecycle, markdown: str, spec_dir: str | None = None) -> list[str]:
@@ -136,7 +158,9 @@ def check_diagrams(lc: Lifecycle, markdown: str, spec_dir: str | None = None) ->
             continue
         old, new = embedded[name].split("\n"), text.split("\n")
         if old != new:
-            k = next((j for j, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+            k = next(
+                (j for j, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new))
+            )
             was = old[k] if k < len(old) else "<end>"
             now = new[k] if k < len(new) else "<end>"
             problems.append(
@@ -144,6 +168,7 @@ def check_diagrams(lc: Lifecycle, markdown: str, spec_dir: str | None = None) ->
                 f"the tables give {now.strip()!r}; {fix}"
             )
     for name in sorted(set(embedded) - set(DIAGRAMS)):
-        problems.append(f"lifecycle.md: generated block {name!r} names no diagram ({', '.join(DIAGRAMS)})")
+        problems.append(
+            f"lifecycle.md: generated block {name!r} names no diagram ({', '.join(DIAGRAMS)})"
+        )
     return problems
-

@@ -112,15 +112,22 @@ def collective_calls(sources: Mapping[str, str]) -> tuple[list[Call], list[str]]
         try:
             tree = ast.parse(text, filename=path)
         except SyntaxError as e:
-            problems.append(f"{path}: cannot be parsed for collective calls "
-                            f"({e.msg}, line {e.lineno})")
+            problems.append(
+                f"{path}: cannot be parsed for collective calls ({e.msg}, line {e.lineno})"
+            )
             continue
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in COLLECTIVE_CALLS):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in COLLECTIVE_CALLS
+            ):
                 continue
-            first = node.args[0] if node.args else next(
-                (k.value for k in node.keywords if k.arg == "point_name"), None)
+            first = (
+                node.args[0]
+                if node.args
+                else next((k.value for k in node.keywords if k.arg == "point_name"), None)
+            )
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 calls.append(Call(first.value, node.func.attr, f"{path}:{node.lineno}"))
     return calls, problems
@@ -140,8 +147,9 @@ def check_usage(points: Mapping[str, Point], sources: Mapping[str, str]) -> list
         if p.op != "none" and p.name not in called and p.name not in UNCALLED:
             problems.append(f"tp.toml: {p.id} `{p.name}` is an {p.op} point no code calls")
     for name in sorted(UNCALLED & called):
-        problems.append(f"speccheck/tp.py: `{name}` is listed in UNCALLED, but code calls it: "
-                        "take it out")
+        problems.append(
+            f"speccheck/tp.py: `{name}` is listed in UNCALLED, but code calls it: take it out"
+        )
     for name in sorted(UNCALLED - set(points)):
         problems.append(f"speccheck/tp.py: UNCALLED lists `{name}`, which is no point of tp.toml")
     return problems
@@ -151,15 +159,19 @@ def _l3_rows(rows: Any) -> list[dict[str, str]]:
     """tp.toml's [[l3_write]] rows; ValueError for a row without exactly L3_COLUMNS as text."""
     out = []
     for i, row in enumerate(rows):
-        if not (isinstance(row, dict) and set(row) == set(L3_COLUMNS)
-                and all(isinstance(v, str) and v for v in row.values())):
+        if not (
+            isinstance(row, dict)
+            and set(row) == set(L3_COLUMNS)
+            and all(isinstance(v, str) and v for v in row.values())
+        ):
             raise ValueError(f"l3_write[{i}] needs string fields {list(L3_COLUMNS)} and no others")
         out.append(dict(row))
     return out
 
 
-def _one_table(tables: Sequence[MdTable], columns: tuple[str, ...], what: str,
-               problems: list[str]) -> MdTable | None:
+def _one_table(
+    tables: Sequence[MdTable], columns: tuple[str, ...], what: str, problems: list[str]
+) -> MdTable | None:
     found = [t for t in tables if t.headers == columns]
     if not found:
         problems.append(f"tp.md: no {what} table (columns {', '.join(columns)})")
@@ -175,8 +187,9 @@ def _compare_points(points: Mapping[str, Point], table: MdTable | None) -> list[
     for line, row in table.rows:
         name = row.get("name", "")
         if name in seen:
-            problems.append(f"tp.md line {line}: point `{name}` appears again "
-                            f"(first at line {seen[name]})")
+            problems.append(
+                f"tp.md line {line}: point `{name}` appears again (first at line {seen[name]})"
+            )
             continue
         seen[name] = line
         p = points.get(name)
@@ -186,14 +199,20 @@ def _compare_points(points: Mapping[str, Point], table: MdTable | None) -> list[
         for column, want in zip(POINT_COLUMNS, point_cells(p)):
             have, want = row.get(column, ""), _normalise(want)
             if have != want:
-                problems.append(f"tp.md line {line}: point `{name}` column {column!r} says "
-                                f"{have or '-'!r}, tp.toml says {want or '-'!r}")
-    problems += [f"tp.md: point {p.id} `{p.name}` of tp.toml has no row in the point table"
-                 for p in points.values() if p.name not in seen]
+                problems.append(
+                    f"tp.md line {line}: point `{name}` column {column!r} says "
+                    f"{have or '-'!r}, tp.toml says {want or '-'!r}"
+                )
+    problems += [
+        f"tp.md: point {p.id} `{p.name}` of tp.toml has no row in the point table"
+        for p in points.values()
+        if p.name not in seen
+    ]
     listed = [n for n in seen if n in points]
     if listed != [n for n in points if n in seen]:
-        problems.append(f"tp.md line {table.line}: the point table's rows are not in "
-                        "tp.toml's order")
+        problems.append(
+            f"tp.md line {table.line}: the point table's rows are not in tp.toml's order"
+        )
     return problems
 
 
@@ -218,22 +237,32 @@ def _check_sections(points: Mapping[str, Point], markdown: str) -> list[str]:
         if pid != p.id:
             problems.append(f"tp.md line {i + 1}: section {pid} `{name}`, tp.toml's id is {p.id}")
         end = next((j for j in range(i + 1, len(lines)) if SECTION_END.match(lines[j])), len(lines))
-        if _normalise(p.when) not in _normalise(" ".join(lines[i + 1:end])):
-            problems.append(f"tp.md line {i + 1}: section {p.id} `{name}` does not state tp.toml's "
-                            f"when ({p.when!r})")
-    problems += [f"tp.md: point {p.id} `{p.name}` has no section (### {p.id} `{p.name}`)"
-                 for p in points.values() if p.name not in found]
+        if _normalise(p.when) not in _normalise(" ".join(lines[i + 1 : end])):
+            problems.append(
+                f"tp.md line {i + 1}: section {p.id} `{name}` does not state tp.toml's "
+                f"when ({p.when!r})"
+            )
+    problems += [
+        f"tp.md: point {p.id} `{p.name}` has no section (### {p.id} `{p.name}`)"
+        for p in points.values()
+        if p.name not in found
+    ]
     return problems
 
 
 def _compare_l3(rows: Sequence[Mapping[str, str]], table: MdTable | None) -> list[str]:
     if table is None:
         return []
-    want = [tuple(_normalise(c) for c in cells) for cells in
-            [(r["tp_mode"], r["writers"], r["key"]) for r in rows]]
+    want = [
+        tuple(_normalise(c) for c in cells)
+        for cells in [(r["tp_mode"], r["writers"], r["key"]) for r in rows]
+    ]
     have = [tuple(row.get(c, "") for c in L3_COLUMNS) for _, row in table.rows]
-    problems = [f"tp.md line {line}: L3 write row {' | '.join(h)} differs from tp.toml's "
-                f"{' | '.join(w)}" for (line, _), h, w in zip(table.rows, have, want) if h != w]
+    problems = [
+        f"tp.md line {line}: L3 write row {' | '.join(h)} differs from tp.toml's {' | '.join(w)}"
+        for (line, _), h, w in zip(table.rows, have, want)
+        if h != w
+    ]
     if len(have) != len(want):
         problems.append(f"tp.md line {table.line}: {len(have)} L3 write rows, tp.toml {len(want)}")
     return problems
@@ -244,16 +273,21 @@ def _check_writers(rows: Sequence[Mapping[str, str]]) -> list[str]:
     problems: list[str] = []
     modes = [r["tp_mode"] for r in rows]
     if sorted(modes) != sorted(TP_MODES):
-        problems.append(f"tp.toml: [[l3_write]] rows name tp_modes {modes}, "
-                        f"pools have {list(TP_MODES)}")
+        problems.append(
+            f"tp.toml: [[l3_write]] rows name tp_modes {modes}, pools have {list(TP_MODES)}"
+        )
     for r in rows:
         followers = WRITERS.get(r["writers"])
         if followers is None:
-            problems.append(f"tp.toml: [[l3_write]] {r['tp_mode']}: writers {r['writers']!r} is "
-                            f"not one of {list(WRITERS)}")
+            problems.append(
+                f"tp.toml: [[l3_write]] {r['tp_mode']}: writers {r['writers']!r} is "
+                f"not one of {list(WRITERS)}"
+            )
         elif [ledger.writes_pool(r["tp_mode"], rank) for rank in (0, 1)] != [True, followers]:
-            problems.append(f"hicache/distributed/ledger.py: writes_pool({r['tp_mode']!r}, rank) "
-                            f"does not follow tp.toml's writers {r['writers']!r}")
+            problems.append(
+                f"hicache/distributed/ledger.py: writes_pool({r['tp_mode']!r}, rank) "
+                f"does not follow tp.toml's writers {r['writers']!r}"
+            )
     return problems
 
 
@@ -263,5 +297,16 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["COLLECTIVE_CALLS", "Call", "L3_COLUMNS", "POINT_COLUMNS", "UNCALLED", "check_tp",
-           "check_usage", "collective_calls", "l3_write_table", "package_sources", "points_table"]
+__all__ = [
+    "COLLECTIVE_CALLS",
+    "L3_COLUMNS",
+    "POINT_COLUMNS",
+    "UNCALLED",
+    "Call",
+    "check_tp",
+    "check_usage",
+    "collective_calls",
+    "l3_write_table",
+    "package_sources",
+    "points_table",
+]

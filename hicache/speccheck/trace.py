@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hicache.lifecycle import Lifecycle
 from hicache.speccheck.mdtables import parse_tables
@@ -12,8 +13,15 @@ from hicache.tiers import TIERS
 from hicache.trace import HEADER_OMITS, TraceEvent, TraceHeader
 
 NON_LIFECYCLE_EVENTS: tuple[str, ...] = (
-    "begin_request", "end_request", "cached_len", "split", "lock", "unlock", "node_remove",
-    "tombstone", "revive",
+    "begin_request",
+    "end_request",
+    "cached_len",
+    "split",
+    "lock",
+    "unlock",
+    "node_remove",
+    "tombstone",
+    "revive",
 )
 """Trace events that are not lifecycle transitions (spec/trace.md)."""
 
@@ -26,7 +34,9 @@ def check_trace_schema(lc: Lifecycle, schema_text: str, trace_md: str | None) ->
         props: Mapping[str, Any] = schema["properties"]
         events = list(props["event"]["enum"])
     except (ValueError, KeyError, TypeError) as e:
-        return [f"trace.schema.json: properties.event.enum cannot be read ({type(e).__name__}: {e})"]
+        return [
+            f"trace.schema.json: properties.event.enum cannot be read ({type(e).__name__}: {e})"
+        ]
     want = list(lc.transitions) + list(NON_LIFECYCLE_EVENTS)
     problems = _set_diff("trace.schema.json event enum", events, want)
     fields = [f.name for f in dataclasses.fields(TraceEvent)]
@@ -44,17 +54,35 @@ def check_trace_schema(lc: Lifecycle, schema_text: str, trace_md: str | None) ->
         rows = [t.name for t in lc.transitions.values() if t.tier == tier]
         pinned = by_tier.get(str(tier), [])
         problems += _set_diff(f"trace.schema.json events pinned to tier {tier}", pinned, rows)
-    with_states = [e for c in schema.get("allOf", []) if "before" in c.get("then", {}).get("required", [])
-                   for e in c["if"]["properties"]["event"]["enum"]]
-    problems += _set_diff("trace.schema.json events that require before/after", with_states,
-                          [t.name for t in lc.transitions.values() if not t.acts_on_copy])
-    optional = [e for c in schema.get("allOf", []) if "dependentRequired" in c.get("then", {})
-                for e in c["if"]["properties"]["event"]["enum"]]
-    problems += _set_diff("trace.schema.json events whose before/after may be absent (a duplicate copy)",
-                          optional, [t.name for t in lc.transitions.values() if t.acts_on_copy])
+    with_states = [
+        e
+        for c in schema.get("allOf", [])
+        if "before" in c.get("then", {}).get("required", [])
+        for e in c["if"]["properties"]["event"]["enum"]
+    ]
+    problems += _set_diff(
+        "trace.schema.json events that require before/after",
+        with_states,
+        [t.name for t in lc.transitions.values() if not t.acts_on_copy],
+    )
+    optional = [
+        e
+        for c in schema.get("allOf", [])
+        if "dependentRequired" in c.get("then", {})
+        for e in c["if"]["properties"]["event"]["enum"]
+    ]
+    problems += _set_diff(
+        "trace.schema.json events whose before/after may be absent (a duplicate copy)",
+        optional,
+        [t.name for t in lc.transitions.values() if t.acts_on_copy],
+    )
     if trace_md is not None:
-        listed = [row.get("event", "") for tb in parse_tables(trace_md)
-                  if tb.headers and tb.headers[0] == "event" for _, row in tb.rows]
+        listed = [
+            row.get("event", "")
+            for tb in parse_tables(trace_md)
+            if tb.headers and tb.headers[0] == "event"
+            for _, row in tb.rows
+        ]
         problems += _set_diff("trace.md event table", listed, want)
     return problems
 
@@ -66,10 +94,13 @@ def check_header_schema(schema_text: str) -> list[str]:
         props: Mapping[str, Any] = json.loads(schema_text)["properties"]
         omits = list(props["omits"]["items"]["enum"])
     except (ValueError, KeyError, TypeError) as e:
-        return [f"trace.header.schema.json: properties.omits cannot be read ({type(e).__name__}: {e})"]
+        return [
+            f"trace.header.schema.json: properties.omits cannot be read ({type(e).__name__}: {e})"
+        ]
     fields = ["format", *(f.name for f in dataclasses.fields(TraceHeader))]
-    return (_set_diff("trace.header.schema.json properties", list(props), fields)
-            + _set_diff("trace.header.schema.json omits", omits, list(HEADER_OMITS)))
+    return _set_diff("trace.header.schema.json properties", list(props), fields) + _set_diff(
+        "trace.header.schema.json omits", omits, list(HEADER_OMITS)
+    )
 
 
 def _set_diff(what: str, have: Sequence[str], want: Sequence[str]) -> list[str]:

@@ -24,5 +24,13 @@ from hicache.testing.machine import make_machine
 from hicache.testing.protocol import Admission, CacheUnderTest, FaultSchedule, PageChange
 from hicache.testing.reference import Mismatch, ReferenceModel
 
-__all__ = ["Admission", "CacheUnderTest", "Coverage", "FaultSchedule", "Mismatch", "PageChange",
-           "ReferenceModel", "make_machine"]
+__all__ = [
+    "Admission",
+    "CacheUnderTest",
+    "Coverage",
+    "FaultSchedule",
+    "Mismatch",
+    "PageChange",
+    "ReferenceModel",
+    "make_machine",
+]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from hicache.dataplane.faults import FaultSite
 from hicache.lifecycle import Lifecycle, load_lifecycle
@@ -71,17 +71,28 @@ class Coverage:
 
     def missing(self) -> dict[str, list[str]]:
         """Per kind, the goals nothing reached (kinds with none left out)."""
-        reached = {"transition": self.transitions, "composite state": self.states,
-                   "fault site": self.sites}
-        out = {kind: [g for g in goal if reached[kind][g] == 0] for kind, goal in self.goals().items()}
+        reached = {
+            "transition": self.transitions,
+            "composite state": self.states,
+            "fault site": self.sites,
+        }
+        out = {
+            kind: [g for g in goal if reached[kind][g] == 0] for kind, goal in self.goals().items()
+        }
         return {kind: names for kind, names in out.items() if names}
 
     def report(self) -> str:
         """Per-edge, per-state and per-site counts, then what was not reached."""
-        lines = [f"coverage: {self.runs} runs, {self.steps} steps, {self.events} trace events",
-                 "rules run: " + ", ".join(f"{r} {n}" for r, n in sorted(self.rules.items()))]
+        lines = [
+            f"coverage: {self.runs} runs, {self.steps} steps, {self.events} trace events",
+            "rules run: " + ", ".join(f"{r} {n}" for r, n in sorted(self.rules.items())),
+        ]
         goals = self.goals()
-        counted = {"transition": self.transitions, "composite state": self.states, "fault site": self.sites}
+        counted = {
+            "transition": self.transitions,
+            "composite state": self.states,
+            "fault site": self.sites,
+        }
         for kind, names in goals.items():
             reached = sum(1 for n in names if counted[kind][n])
             lines.append(f"{kind}s: {reached}/{len(names)} reached")
@@ -89,6 +100,12 @@ class Coverage:
         lines.append(f"composite edges taken: {len(self.edges)}")
         lines.extend(f"  {b} --{t}--> {a}  {n}" for (b, t, a), n in sorted(self.edges.items()))
         missing = self.missing()
-        lines.append("not reached: " + ("nothing" if not missing else
-                     "; ".join(f"{k}s {', '.join(v)}" for k, v in missing.items())))
+        lines.append(
+            "not reached: "
+            + (
+                "nothing"
+                if not missing
+                else "; ".join(f"{k}s {', '.join(v)}" for k, v in missing.items())
+            )
+        )
         return "\n".join(lines)

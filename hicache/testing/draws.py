@@ -1,12 +1,12 @@
 """What the fuzz machine draws: prompts from a bundle of shared prefixes, fault schedules.
 
-    strategy             draws
-    -------------------  --------------------------------------------------------------------
-    prompts(page_size)   one of three shared prefixes of PREFIX_PAGES pages, then a suffix
-                         that diverges after 0, 1 or more pages, then a partial tail
-    schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/3, then
-                         firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES);
-                         S2H_PARTIAL is not drawn (the adapter's, for a pool group)
+strategy             draws
+-------------------  --------------------------------------------------------------------
+prompts(page_size)   one of three shared prefixes of PREFIX_PAGES pages, then a suffix
+                     that diverges after 0, 1 or more pages, then a partial tail
+schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/3, then
+                     firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES);
+                     S2H_PARTIAL is not drawn (the adapter's, for a pool group)
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
     three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail."""
     prefixes = [tuple(range(1000 * p, 1000 * p + PREFIX_PAGES * page_size)) for p in (1, 2, 3)]
     return st.builds(
-        lambda p, extra, tail, salt: prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail)),
-        st.integers(0, 2), st.integers(0, SUFFIX_PAGES_MAX), st.integers(1, page_size), st.integers(0, 2),
+        lambda p, extra, tail, salt: (
+            prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail))
+        ),
+        st.integers(0, 2),
+        st.integers(0, SUFFIX_PAGES_MAX),
+        st.integers(1, page_size),
+        st.integers(0, 2),
     )
 
 
@@ -41,7 +46,13 @@ def schedules() -> st.SearchStrategy[FaultSchedule]:
     crash = FaultSite.CRASH_BEFORE_PUBLISH.value
 
     def build(seed: int, rates: list[float]) -> FaultSchedule:
-        scaled = {s: (CRASH_RATES[0 if r <= 0.25 else 1] if s == crash else r) for s, r in zip(sites, rates) if r}
+        scaled = {
+            s: (CRASH_RATES[0 if r <= 0.25 else 1] if s == crash else r)
+            for s, r in zip(sites, rates)
+            if r
+        }
         return FaultSchedule(seed, scaled)
 
-    return st.builds(build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites)))
+    return st.builds(
+        build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites))
+    )

@@ -56,7 +56,8 @@ bytes. `Coverage` (coverage.py), when given, collects each run's trace and fault
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -84,18 +85,26 @@ AdapterFactory = Callable[[Any], CacheUnderTest]
 def survives_crash(step: Step) -> Step:
     """A rule that may meet a crash: the step ends there and the machine reopens the engine
     (`_reopen`), as a supervisor restarts a process that died."""
+
     @functools.wraps(step)
     def guarded(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
             step(self, *args, **kwargs)
         except SimulatedCrash:
             self._reopen("crash")
+
     return guarded  # type: ignore[return-value]
 
 
-def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, page_size: int = 4,
-                 coverage: Coverage | None = None, name: str = "CacheMachine",
-                 aims: Sequence[str] = AIMS) -> type[RuleBasedStateMachine]:
+def make_machine(
+    adapter: AdapterFactory,
+    setups: st.SearchStrategy[Any],
+    *,
+    page_size: int = 4,
+    coverage: Coverage | None = None,
+    name: str = "CacheMachine",
+    aims: Sequence[str] = AIMS,
+) -> type[RuleBasedStateMachine]:
     """A machine class driving `adapter(setup)` (one `setup` drawn from `setups` per run)
     against the reference model. `page_size` shapes the prompts (the adapter's own must
     match). `coverage`, when given, collects every run's trace and fault counts. `aims`: the
@@ -106,8 +115,9 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
         @initialize(setup=setups)
         def start(self, setup: Any) -> None:
             self.cache = adapter(setup)
-            self.model = ReferenceModel(self.cache.page_size, self.cache.tiers,
-                                        getattr(self.cache, "hit_window", 0))
+            self.model = ReferenceModel(
+                self.cache.page_size, self.cache.tiers, getattr(self.cache, "hit_window", 0)
+            )
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []
             self.prefilled: set[int] = set()
@@ -129,8 +139,9 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
         # -- requests ---------------------------------------------------------------------
 
         def _live(self, pick: int, served: bool | None = None) -> int:
-            rids = sorted(r for r in self.model.requests
-                          if served is None or (r in self.prefilled) == served)
+            rids = sorted(
+                r for r in self.model.requests if served is None or (r in self.prefilled) == served
+            )
             return rids[pick % len(rids)]
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
@@ -167,12 +178,24 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             return rid
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
-        @rule(pick=st.integers(0, 7), twice=st.booleans(), deep=st.booleans(),
-              settle=st.integers(0, 2), abort_first=st.booleans(),
-              aim=st.sampled_from((None, None) + FAIL_KINDS))
+        @rule(
+            pick=st.integers(0, 7),
+            twice=st.booleans(),
+            deep=st.booleans(),
+            settle=st.integers(0, 2),
+            abort_first=st.booleans(),
+            aim=st.sampled_from((None, None) + FAIL_KINDS),
+        )
         @survives_crash
-        def resubmit(self, pick: int, twice: bool, deep: bool, settle: int,
-                     abort_first: bool, aim: str | None) -> None:
+        def resubmit(
+            self,
+            pick: int,
+            twice: bool,
+            deep: bool,
+            settle: int,
+            abort_first: bool,
+            aim: str | None,
+        ) -> None:
             """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
             from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
             2 wanted backups start, then only the oldest transfer ends (an L3 write is then
@@ -204,15 +227,20 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
 
         def _give_up_upper_tiers(self, deep: bool) -> None:
             """Evict what L1 (and, `deep`, L2) can give up, so an earlier prompt restores."""
-            for tier in self.cache.tiers[:2 if deep else 1]:
+            for tier in self.cache.tiers[: 2 if deep else 1]:
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
                     self.cache.evict(tier, 10_000)
                     if deep:
                         self.cache.drain()  # write-back's copies of L1 reach L3 too
             self._sync()
 
-        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen)
-                      and self.steps - self.last_cancel >= QUIET_STEPS)
+        @precondition(
+            lambda self: (
+                len(self.model.requests) < LIVE_MAX - 1
+                and bool(self.seen)
+                and self.steps - self.last_cancel >= QUIET_STEPS
+            )
+        )
         @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans())
         @survives_crash
         def cancel_restore(self, pick: int, deep: bool, sharer: bool) -> None:
@@ -235,10 +263,17 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if sharer:
                 self._serve(first, finish=False)
 
-        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1
-                      and self.steps - self.last_l3_restore >= QUIET_STEPS // 2)
-        @rule(base=st.integers(0, 3), pages=st.integers(2, 3),
-              aim=st.sampled_from((None,) + tuple(aims) + tuple(a for a in aims if a in READ_AIMS)))
+        @precondition(
+            lambda self: (
+                len(self.model.requests) < LIVE_MAX - 1
+                and self.steps - self.last_l3_restore >= QUIET_STEPS // 2
+            )
+        )
+        @rule(
+            base=st.integers(0, 3),
+            pages=st.integers(2, 3),
+            aim=st.sampled_from((None,) + tuple(aims) + tuple(a for a in aims if a in READ_AIMS)),
+        )
         @survives_crash
         def restore_from_l3(self, base: int, pages: int, aim: str | None) -> None:
             """A prompt of `pages` pages nobody else starts with: its first page served first
@@ -263,8 +298,13 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             rid = self._admit(tokens)
             self._serve(rid, finish=False)
 
-        @precondition(lambda self: not self.model.requests and bool(self.seen)
-                      and self.steps - self.last_cancel >= QUIET_STEPS)
+        @precondition(
+            lambda self: (
+                not self.model.requests
+                and bool(self.seen)
+                and self.steps - self.last_cancel >= QUIET_STEPS
+            )
+        )
         @rule(pick=st.integers(0, 7))
         @survives_crash
         def failed_restore_then_full_l1(self, pick: int) -> None:
@@ -315,8 +355,14 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
                 self.tick(1)
                 pick -= pick % 2
             # L2: every transfer ends first (L3 holds the prompt); L3: none
-            self.resubmit(pick=pick, twice=level == 1, deep=level == 1, settle=(0, 1, 0)[level],
-                          abort_first=False, aim=None)
+            self.resubmit(
+                pick=pick,
+                twice=level == 1,
+                deep=level == 1,
+                settle=(0, 1, 0)[level],
+                abort_first=False,
+                aim=None,
+            )
 
         @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
         @rule(pick=st.integers(0, 7))
@@ -349,7 +395,9 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             # rejected operation leaves no trace; the protocol's `prefill` contract).
             changed = self.cache.changes()
             if changed:
-                raise Mismatch("page changes of a refused prefill", changed[:4], [], f"request {rid}")
+                raise Mismatch(
+                    "page changes of a refused prefill", changed[:4], [], f"request {rid}"
+                )
 
         @precondition(lambda self: bool(self.prefilled))
         @rule(pick=st.integers(0, 7))
@@ -440,8 +488,12 @@ def make_machine(adapter: AdapterFactory, setups: st.SearchStrategy[Any], *, pag
             if self.seen and len(self.model.requests) < LIVE_MAX - 1:
                 self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
 
-        @precondition(lambda self: self.steps - self.last_restart >= 2 * QUIET_STEPS
-                      and (bool(self.model.requests) or any(self.model.pages.values())))
+        @precondition(
+            lambda self: (
+                self.steps - self.last_restart >= 2 * QUIET_STEPS
+                and (bool(self.model.requests) or any(self.model.pages.values()))
+            )
+        )
         @rule()
         def restart(self) -> None:
             self._count("restart")

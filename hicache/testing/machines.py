@@ -50,7 +50,12 @@ from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import controller_adapter, setups
 from hicache.testing.coverage import Coverage
 from hicache.testing.machine import (
-    AIMS, GROUP_AIMS, LIVE_MAX, AdapterFactory, make_machine, survives_crash,
+    AIMS,
+    GROUP_AIMS,
+    LIVE_MAX,
+    AdapterFactory,
+    make_machine,
+    survives_crash,
 )
 from hicache.tiers import TIERS
 
@@ -79,7 +84,9 @@ def _reported(checker: InvariantChecker, s: Snapshot, check_id: str) -> set[tupl
     return set()
 
 
-def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
+def _with_controller_checks(
+    base: type[RuleBasedStateMachine], name: str
+) -> type[RuleBasedStateMachine]:
     """`base` plus the invariants `checker_sees_what_breaks` and `l3_serves_what_it_holds`
     (module docstring)."""
 
@@ -93,8 +100,9 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
             checker: InvariantChecker = cp.checker
             if checker.mode.kind == EVERY:
                 # Verify every transition the controller made was checked (mode `every`).
-                assert checker.checks_run == checker.transitions, \
+                assert checker.checks_run == checker.transitions, (
                     f"{checker.transitions} transitions but {checker.checks_run} checked (mode every)"
+                )
             self.canary_step: int = getattr(self, "canary_step", -1) + 1
             if self.canary_step % CANARY_EVERY:
                 return
@@ -104,7 +112,9 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
             if held:
                 # Verify the checker reports a page a node holds that is also on the free list.
                 found = _reported(checker, _owned(s, tier, int(held[0][0]), FREE), "I1")
-                assert ("I1", tier) in found, f"the checker misses a {tier} page in a node value and FREE"
+                assert ("I1", tier) in found, (
+                    f"the checker misses a {tier} page in a node value and FREE"
+                )
             free = np.flatnonzero(s.tiers[tier].owner == FREE)
             if free.size:
                 # Verify the checker reports a page nobody holds that is not on the free list.
@@ -127,34 +137,47 @@ def _with_controller_checks(base: type[RuleBasedStateMachine], name: str) -> typ
         def _l3_serves(self, ctl: Any) -> None:
             plane = ctl.byte_plane
             # Verify no read of an undamaged L3 file failed its checksum.
-            assert plane.corrupt_reads == 0, \
+            assert plane.corrupt_reads == 0, (
                 f"{plane.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+            )
             held = [v for n in ctl.cp.tree.nodes() if (v := n.value[2]) is not None and v.size]
             if held:
                 digests = plane.digests("L3", np.concatenate(held))
                 # Verify every slot the tree holds is servable (its checksum holds).
-                assert not (digests == UNSERVABLE).any(), "an L3 slot the tree holds fails its checksum"
+                assert not (digests == UNSERVABLE).any(), (
+                    "an L3 slot the tree holds fails its checksum"
+                )
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
 
 
-def controller_machine(plane: str, coverage: Coverage | None = None, name: str = "CacheMachine",
-                       adapter: AdapterFactory = controller_adapter, pools: str = SINGLE_POOL
-                       ) -> type[RuleBasedStateMachine]:
+def controller_machine(
+    plane: str,
+    coverage: Coverage | None = None,
+    name: str = "CacheMachine",
+    adapter: AdapterFactory = controller_adapter,
+    pools: str = SINGLE_POOL,
+) -> type[RuleBasedStateMachine]:
     """The controller's machine on `plane` ("null", "cpu" or "cuda"), `coverage` (when
     given) collecting every run's trace and fault counts; `adapter` builds each run's
     controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`);
     `pools` the tiers' pool group preset (a group: the null plane only)."""
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS  # a group's S2H may stop part way
-    base = make_machine(adapter, setups(plane, pools=pools), coverage=coverage, name=name,
-                        aims=aims)
+    base = make_machine(
+        adapter, setups(plane, pools=pools), coverage=coverage, name=name, aims=aims
+    )
     return _with_controller_checks(base, name)
 
 
-def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
-               coverage: Coverage | None = None, name: str = "FuzzTp", plane: str = "null",
-               adapter: AdapterFactory | None = None) -> type[RuleBasedStateMachine]:
+def tp_machine(
+    pools: str = SINGLE_POOL,
+    sizes: tuple[int, ...] = (2, 3),
+    coverage: Coverage | None = None,
+    name: str = "FuzzTp",
+    plane: str = "null",
+    adapter: AdapterFactory | None = None,
+) -> type[RuleBasedStateMachine]:
     """The controller's machine over a tensor-parallel cache of `sizes` simulated ranks
     (hicache/testing/adapters/tp.py; the null plane, or the CPU or CUDA plane: each rank's
     bytes, a replicated pool's L3 copy rank 0's), with the controller machine's checks
@@ -171,7 +194,8 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
     strategy = st.builds(TPSetup, base=setups(plane, pools=pools), size=st.sampled_from(sizes))
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
-        make_machine(adapter or tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name)
+        make_machine(adapter or tp_adapter, strategy, coverage=coverage, name=name, aims=aims), name
+    )
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))
@@ -215,8 +239,13 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
             self.cache.free_window(rank, pick)
 
         @precondition(lambda self: hasattr(self, "cache") and len(self.model.requests) < LIVE_MAX)
-        @rule(base=st.integers(0, 3), pages=st.integers(2, 4), cut=st.integers(1, 3),
-              pick=st.integers(0, 7), extra=st.integers(0, 3))
+        @rule(
+            base=st.integers(0, 3),
+            pages=st.integers(2, 4),
+            cut=st.integers(1, 3),
+            pick=st.integers(0, 7),
+            extra=st.integers(0, 3),
+        )
         @survives_crash
         def windows_apart(self, base: int, pages: int, cut: int, pick: int, extra: int) -> None:
             """A parent and a child node (a prompt of `pages` pages served after its first
@@ -226,7 +255,7 @@ def tp_machine(pools: str = SINGLE_POOL, sizes: tuple[int, ...] = (2, 3),
             self._count("windows_apart")
             ps = self.cache.page_size
             tokens = tuple(range(9000 + 100 * base, 9000 + 100 * base + pages * ps))
-            for prompt in (tokens[:min(cut, pages - 1) * ps] + (0,), tokens + (0,)):
+            for prompt in (tokens[: min(cut, pages - 1) * ps] + (0,), tokens + (0,)):
                 if len(self.model.requests) < LIVE_MAX:
                     self._serve(self._admit(prompt), finish=True)
             through = self.cache.free_windows_apart(pick)
@@ -247,6 +276,15 @@ FuzzTp = tp_machine(name="FuzzTp")
 FuzzTpDsv4 = tp_machine("dsv4-tiny", name="FuzzTpDsv4")
 FuzzTpCpuDsv4 = tp_machine("dsv4-tiny", sizes=(2,), name="FuzzTpCpuDsv4", plane="cpu")
 
-__all__ = ["FuzzCpu", "FuzzCpuDsv4", "FuzzDsv4", "FuzzDsv41", "FuzzNull", "FuzzTp",
-           "FuzzTpCpuDsv4", "FuzzTpDsv4",
-           "controller_machine", "tp_machine"]
+__all__ = [
+    "FuzzCpu",
+    "FuzzCpuDsv4",
+    "FuzzDsv4",
+    "FuzzDsv41",
+    "FuzzNull",
+    "FuzzTp",
+    "FuzzTpCpuDsv4",
+    "FuzzTpDsv4",
+    "controller_machine",
+    "tp_machine",
+]

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -166,8 +167,9 @@ def _b06() -> contextlib.AbstractContextManager[None]:
 
     def on_split(self: Any, upper: Any, lower: Any) -> None:
         if self.tracer.enabled:
-            self.tracer.emit("split", node=lower.node_id,
-                             detail={"upper": upper.node_id, "at": len(upper.key)})
+            self.tracer.emit(
+                "split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)}
+            )
 
     return _swapped(ControlPlane, "_on_split", on_split)
 
@@ -366,7 +368,9 @@ def _i1_skip_l2() -> Iterator[None]:
     original = check.func
 
     def skipping(s: Any) -> Any:
-        return original(dataclasses.replace(s, tiers={k: v for k, v in s.tiers.items() if k != "L2"}))
+        return original(
+            dataclasses.replace(s, tiers={k: v for k, v in s.tiers.items() if k != "L2"})
+        )
 
     object.__setattr__(check, "func", skipping)
     try:
@@ -437,8 +441,9 @@ def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
 
     original = Transfers.__dict__["_issue_here"]
 
-    def _issue_here(self: Any, direction: Any, chain: Any, request_id: Any, need: int,
-                    parent: Any) -> Any:
+    def _issue_here(
+        self: Any, direction: Any, chain: Any, request_id: Any, need: int, parent: Any
+    ) -> Any:
         got = original(self, direction, chain, request_id, need, parent)
         if self.tp and isinstance(got[2], OutOfPages):
             self.evictor.evict(direction.target, need, keep=[parent, *chain])
@@ -491,58 +496,187 @@ def _f11_no_clamp() -> contextlib.AbstractContextManager[None]:
 
 
 ZOO: tuple[Mutant, ...] = (
-    Mutant("B01", "B01", "ControlPlane.advance_cached_len", "cached_len advances over a node "
-           "whose load-back is still pending (no publication check)", _b01),
-    Mutant("B02", "B02", "ControlPlane.fail", "a failed load-back also frees the published L2 "
-           "pages it read", _b02),
-    Mutant("B03", "B03", "ControlPlane.cancel", "a cancelled op never releases its target "
-           "pages (leak on abort)", _b03),
-    Mutant("B04", "B04", "ControlPlane.issue", "an issue leaves its source unlocked, so "
-           "eviction may take pages in flight", _b04),
-    Mutant("B05", "B05", "DeviceHostMover.d2h", "a D2H reads a stale page index (no wait on "
-           "the stream that wrote the indices)", _b05),
-    Mutant("B06", "B06", "ControlPlane._on_split", "a split of a pending node leaves the new "
-           "upper node out of the op's node list", _b06),
-    Mutant("B07", "B07", "execute._Context.parent_resident", "the issue guard parent(target) "
-           "== RESIDENT always passes (backup gap)", _b07),
-    Mutant("B07-leaf", "B07", "HiRadixTree._refresh_leaf", "leaf sets keyed on L1's children "
-           "in every tier: eviction reaches a non-leaf", _b07_leaf),
-    Mutant("B08", "B08", "HiRadixTree.split", "a split cuts values at at_tokens pages instead "
-           "of at_tokens / page_size", _b08),
-    Mutant("B09", "B09", "GroupTable._rollback", "a group reservation that fails at one pool "
-           "keeps the pages of the pools reserved before it", _b09),
-    Mutant("B10", "B10", "TierPools.free", "a host-leaf (L2) eviction frees the anchor's pages "
-           "and leaves the side pools' pages held", _b10),
-    Mutant("B11", "B11", "HiRadixTree.unlock", "an unlock below zero is clamped at zero "
-           "instead of refused", _b11),
-    Mutant("B12", "B12", "RestoreStager._settle_own", "a failed restore stage raises instead "
-           "of falling back to recompute", _b12),
-    Mutant("B13", "B13", "storage_io.coalesce", "L3 extents merge when only the destinations "
-           "are consecutive", _b13),
-    Mutant("B14", "B14", "StorageMover._move_all", "a short pwrite/preadv is accepted as "
-           "complete", _b14),
-    Mutant("B15", "B15", "TransferEngine.h2d", "a load-back scatters each page into the L1 "
-           "page of the next one", _b15),
-    Mutant("B16", "B16", "ledger.writes_pool", "the L3 write rule inverted: replicated pools "
-           "written by every rank, sharded ones by rank 0 only", _b16),
-    Mutant("B16-ack", "B16", "L3Writes.writes_any", "ranks other than 0 ack an L3 backup "
-           "without writing it, a sharded pool's included (the rule itself right)", _b16_ack),
-    Mutant("TP-conditional", "-", "Agreement.completion", "a rank skips the per-tick completion "
-           "reduction when none of its ops ended locally", _tp_conditional),
-    Mutant("TP-local-capacity", "-", "Transfers._issue_here", "a refused reservation "
-           "evicts and retries on that rank alone, before C2", _tp_local_capacity),
-    Mutant("TP-min-of-maxima", "-", "Agreement.admit", "the agreed L1 hit is the least of the "
-           "ranks' own hits, not the largest endpoint in every rank's mask", _tp_min_of_maxima),
-    Mutant("TP-rank-local-bytes", "-", "GroupSyntheticProducer.pool_bytes", "a replicated "
-           "pool's bytes computed rank-locally: ranks other than 0 hold bytes of their own",
-           _tp_rank_local_bytes),
-    Mutant("F11-no-clamp", "-", "transfers.clamped_nodes", "an S2H stopped part way "
-           "publishes every node it read, not the clamp of what landed in every pool",
-           _f11_no_clamp),
-    Mutant("I1-skip-L2", "-", "invariants.registry CHECKS[I1]", "the I1 ownership_disjoint "
-           "check skips tier L2", _i1_skip_l2),
-    Mutant("checker-off", "-", "InvariantChecker.after_transition", "the invariant checker "
-           "never runs a check, whatever the check mode", _checker_off),
+    Mutant(
+        "B01",
+        "B01",
+        "ControlPlane.advance_cached_len",
+        "cached_len advances over a node whose load-back is still pending (no publication check)",
+        _b01,
+    ),
+    Mutant(
+        "B02",
+        "B02",
+        "ControlPlane.fail",
+        "a failed load-back also frees the published L2 pages it read",
+        _b02,
+    ),
+    Mutant(
+        "B03",
+        "B03",
+        "ControlPlane.cancel",
+        "a cancelled op never releases its target pages (leak on abort)",
+        _b03,
+    ),
+    Mutant(
+        "B04",
+        "B04",
+        "ControlPlane.issue",
+        "an issue leaves its source unlocked, so eviction may take pages in flight",
+        _b04,
+    ),
+    Mutant(
+        "B05",
+        "B05",
+        "DeviceHostMover.d2h",
+        "a D2H reads a stale page index (no wait on the stream that wrote the indices)",
+        _b05,
+    ),
+    Mutant(
+        "B06",
+        "B06",
+        "ControlPlane._on_split",
+        "a split of a pending node leaves the new upper node out of the op's node list",
+        _b06,
+    ),
+    Mutant(
+        "B07",
+        "B07",
+        "execute._Context.parent_resident",
+        "the issue guard parent(target) == RESIDENT always passes (backup gap)",
+        _b07,
+    ),
+    Mutant(
+        "B07-leaf",
+        "B07",
+        "HiRadixTree._refresh_leaf",
+        "leaf sets keyed on L1's children in every tier: eviction reaches a non-leaf",
+        _b07_leaf,
+    ),
+    Mutant(
+        "B08",
+        "B08",
+        "HiRadixTree.split",
+        "a split cuts values at at_tokens pages instead of at_tokens / page_size",
+        _b08,
+    ),
+    Mutant(
+        "B09",
+        "B09",
+        "GroupTable._rollback",
+        "a group reservation that fails at one pool "
+        "keeps the pages of the pools reserved before it",
+        _b09,
+    ),
+    Mutant(
+        "B10",
+        "B10",
+        "TierPools.free",
+        "a host-leaf (L2) eviction frees the anchor's pages and leaves the side pools' pages held",
+        _b10,
+    ),
+    Mutant(
+        "B11",
+        "B11",
+        "HiRadixTree.unlock",
+        "an unlock below zero is clamped at zero instead of refused",
+        _b11,
+    ),
+    Mutant(
+        "B12",
+        "B12",
+        "RestoreStager._settle_own",
+        "a failed restore stage raises instead of falling back to recompute",
+        _b12,
+    ),
+    Mutant(
+        "B13",
+        "B13",
+        "storage_io.coalesce",
+        "L3 extents merge when only the destinations are consecutive",
+        _b13,
+    ),
+    Mutant(
+        "B14",
+        "B14",
+        "StorageMover._move_all",
+        "a short pwrite/preadv is accepted as complete",
+        _b14,
+    ),
+    Mutant(
+        "B15",
+        "B15",
+        "TransferEngine.h2d",
+        "a load-back scatters each page into the L1 page of the next one",
+        _b15,
+    ),
+    Mutant(
+        "B16",
+        "B16",
+        "ledger.writes_pool",
+        "the L3 write rule inverted: replicated pools "
+        "written by every rank, sharded ones by rank 0 only",
+        _b16,
+    ),
+    Mutant(
+        "B16-ack",
+        "B16",
+        "L3Writes.writes_any",
+        "ranks other than 0 ack an L3 backup "
+        "without writing it, a sharded pool's included (the rule itself right)",
+        _b16_ack,
+    ),
+    Mutant(
+        "TP-conditional",
+        "-",
+        "Agreement.completion",
+        "a rank skips the per-tick completion reduction when none of its ops ended locally",
+        _tp_conditional,
+    ),
+    Mutant(
+        "TP-local-capacity",
+        "-",
+        "Transfers._issue_here",
+        "a refused reservation evicts and retries on that rank alone, before C2",
+        _tp_local_capacity,
+    ),
+    Mutant(
+        "TP-min-of-maxima",
+        "-",
+        "Agreement.admit",
+        "the agreed L1 hit is the least of the "
+        "ranks' own hits, not the largest endpoint in every rank's mask",
+        _tp_min_of_maxima,
+    ),
+    Mutant(
+        "TP-rank-local-bytes",
+        "-",
+        "GroupSyntheticProducer.pool_bytes",
+        "a replicated "
+        "pool's bytes computed rank-locally: ranks other than 0 hold bytes of their own",
+        _tp_rank_local_bytes,
+    ),
+    Mutant(
+        "F11-no-clamp",
+        "-",
+        "transfers.clamped_nodes",
+        "an S2H stopped part way "
+        "publishes every node it read, not the clamp of what landed in every pool",
+        _f11_no_clamp,
+    ),
+    Mutant(
+        "I1-skip-L2",
+        "-",
+        "invariants.registry CHECKS[I1]",
+        "the I1 ownership_disjoint check skips tier L2",
+        _i1_skip_l2,
+    ),
+    Mutant(
+        "checker-off",
+        "-",
+        "InvariantChecker.after_transition",
+        "the invariant checker never runs a check, whatever the check mode",
+        _checker_off,
+    ),
 )
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}

@@ -47,8 +47,9 @@ recomputation, never with the lost bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from hicache.trace import TraceEvent
 

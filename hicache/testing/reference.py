@@ -31,15 +31,20 @@ A failed check raises `Mismatch` naming what differed, the engine's value and th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from hicache.testing.protocol import PENDING, WINDOW_FREED, WINDOW_REVIVED, Admission, PageChange
 
 ABSENT = "ABSENT"
 RESIDENT = "RESIDENT"
-STEPS = {(ABSENT, PENDING), (ABSENT, RESIDENT), (PENDING, RESIDENT), (PENDING, ABSENT),
-         (RESIDENT, ABSENT)}
+STEPS = {
+    (ABSENT, PENDING),
+    (ABSENT, RESIDENT),
+    (PENDING, RESIDENT),
+    (PENDING, ABSENT),
+    (RESIDENT, ABSENT),
+}
 """The page steps an engine may report (from-state, to-state)."""
 
 Prefix = tuple[int, ...]
@@ -51,8 +56,9 @@ class Mismatch(AssertionError):
     def __init__(self, what: str, engine: object, reference: object, context: str = "") -> None:
         self.what, self.engine, self.reference = what, engine, reference
         where = f" ({context})" if context else ""
-        super().__init__(f"differential check failed: {what}: engine {engine!r}, "
-                         f"reference {reference!r}{where}")
+        super().__init__(
+            f"differential check failed: {what}: engine {engine!r}, reference {reference!r}{where}"
+        )
 
 
 @dataclass
@@ -82,15 +88,20 @@ class ReferenceModel:
             if c.tier not in self.pages:
                 raise Mismatch("tier of a page change", c.tier, self.tiers)
             if len(c.prefix) % self.page_size or not c.prefix:
-                raise Mismatch("page prefix length", len(c.prefix), f"a positive multiple of {self.page_size}")
+                raise Mismatch(
+                    "page prefix length", len(c.prefix), f"a positive multiple of {self.page_size}"
+                )
             was = self.pages[c.tier].get(c.prefix, ABSENT)
             self.checks += 1
             if c.state in (WINDOW_FREED, WINDOW_REVIVED):
                 self._window_step(c)
                 continue
             if (was, c.state) not in STEPS:
-                raise Mismatch(f"{c.tier} page step of a {len(c.prefix)}-token prefix",
-                               f"{was} -> {c.state}", sorted(f"{a} -> {b}" for a, b in STEPS if a == was))
+                raise Mismatch(
+                    f"{c.tier} page step of a {len(c.prefix)}-token prefix",
+                    f"{was} -> {c.state}",
+                    sorted(f"{a} -> {b}" for a, b in STEPS if a == was),
+                )
             if c.tier == self.tiers[0] and was == RESIDENT:
                 self._verify_unserved(c.prefix)
             if c.state == ABSENT:
@@ -104,12 +115,18 @@ class ReferenceModel:
         """WINDOW_FREED of a RESIDENT L1 page with its window, never one a live request is
         served from; WINDOW_REVIVED of one without."""
         freeing = c.state == WINDOW_FREED
-        if c.tier != self.tiers[0] or self.pages[c.tier].get(c.prefix) != RESIDENT \
-                or (c.prefix in self.freed) == freeing:
+        if (
+            c.tier != self.tiers[0]
+            or self.pages[c.tier].get(c.prefix) != RESIDENT
+            or (c.prefix in self.freed) == freeing
+        ):
             want = "with its window" if freeing else "whose window is freed"
-            raise Mismatch(f"{c.tier} {c.state} of a {len(c.prefix)}-token prefix",
-                           f"{self.pages[c.tier].get(c.prefix, ABSENT)}, window freed "
-                           f"{c.prefix in self.freed}", f"a RESIDENT {self.tiers[0]} page {want}")
+            raise Mismatch(
+                f"{c.tier} {c.state} of a {len(c.prefix)}-token prefix",
+                f"{self.pages[c.tier].get(c.prefix, ABSENT)}, window freed "
+                f"{c.prefix in self.freed}",
+                f"a RESIDENT {self.tiers[0]} page {want}",
+            )
         if freeing:
             self._verify_unserved(c.prefix)
             self.freed.add(c.prefix)
@@ -118,25 +135,33 @@ class ReferenceModel:
 
     def _verify_unserved(self, prefix: Prefix) -> None:
         for rid, r in self.requests.items():
-            if len(prefix) <= r.cached_len and r.tokens[:len(prefix)] == prefix:
-                raise Mismatch(f"L1 page of a {len(prefix)}-token prefix left while request {rid} "
-                               f"is served from it (cached_len {r.cached_len})", "ABSENT", RESIDENT)
+            if len(prefix) <= r.cached_len and r.tokens[: len(prefix)] == prefix:
+                raise Mismatch(
+                    f"L1 page of a {len(prefix)}-token prefix left while request {rid} "
+                    f"is served from it (cached_len {r.cached_len})",
+                    "ABSENT",
+                    RESIDENT,
+                )
 
     def pending_in(self, tier: str, tokens: Sequence[int]) -> bool:
         """Whether some whole page of `tokens` is PENDING in `tier` (a transfer fills it)."""
         pages, ps = self.pages[tier], self.page_size
-        return any(pages.get(tuple(tokens[:end])) == PENDING for end in range(ps, len(tokens) + 1, ps))
+        return any(
+            pages.get(tuple(tokens[:end])) == PENDING for end in range(ps, len(tokens) + 1, ps)
+        )
 
     def unclaimed(self, tier: str) -> bool:
         """Whether `tier` holds a RESIDENT page that no live request's prompt begins with
         (one that eviction pressure may free)."""
         claimed = [r.tokens for r in self.requests.values()]
-        return any(state == RESIDENT and not any(t[:len(p)] == p for t in claimed)
-                   for p, state in self.pages[tier].items())
+        return any(
+            state == RESIDENT and not any(t[: len(p)] == p for t in claimed)
+            for p, state in self.pages[tier].items()
+        )
 
     def holds_any(self, tokens: Sequence[int]) -> bool:
         """Whether the first page of `tokens` is in some tier (RESIDENT or PENDING)."""
-        first = tuple(tokens[:self.page_size])
+        first = tuple(tokens[: self.page_size])
         return len(first) == self.page_size and any(first in self.pages[t] for t in self.tiers)
 
     # -- requests -----------------------------------------------------------------------------
@@ -146,13 +171,15 @@ class ReferenceModel:
         ps, out = self.page_size, {}
         for t in self.tiers:
             n = 0
-            while (n + 1) * ps <= len(tokens) and \
-                    self.pages[t].get(tuple(tokens[:(n + 1) * ps])) == RESIDENT:
+            while (n + 1) * ps <= len(tokens) and self.pages[t].get(
+                tuple(tokens[: (n + 1) * ps])
+            ) == RESIDENT:
                 n += 1
             out[t] = n * ps
         first = self.tiers[0]
-        if self.hit_window and any(tuple(tokens[:(k + 1) * ps]) in self.freed
-                                   for k in range(out[first] // ps)):
+        if self.hit_window and any(
+            tuple(tokens[: (k + 1) * ps]) in self.freed for k in range(out[first] // ps)
+        ):
             out[first] = self._window_cut(tokens, out[first] // ps) * ps
         return out
 
@@ -160,8 +187,8 @@ class ReferenceModel:
         """The largest end e <= run (in pages) whose `hit_window` pages before it (all of
         [0, e) when e < hit_window) kept their window."""
         ps, w = self.page_size, self.hit_window
-        whole = [tuple(tokens[:(k + 1) * ps]) not in self.freed for k in range(run)]
-        return max(e for e in range(run + 1) if all(whole[max(0, e - w):e]))
+        whole = [tuple(tokens[: (k + 1) * ps]) not in self.freed for k in range(run)]
+        return max(e for e in range(run + 1) if all(whole[max(0, e - w) : e]))
 
     def admit(self, request_id: int, tokens: Sequence[int], got: Admission) -> None:
         """Check an admission against the model as it was before it (call before `apply`ing
@@ -169,7 +196,7 @@ class ReferenceModel:
         context = f"request {request_id}, {len(tokens)} tokens"
         if request_id in self.requests:
             raise Mismatch("admitted a live request id again", request_id, "refused")
-        want = self.hits(tokens[:len(tokens) - 1])
+        want = self.hits(tokens[: len(tokens) - 1])
         self.checks += 1
         for t in self.tiers:
             if got.hits.get(t) != want[t]:
@@ -195,11 +222,22 @@ class ReferenceModel:
         self.requests[request_id].cached_len = got
         tokens, ps = self.requests[request_id].tokens, self.page_size
         # Verify the served prefix ends with its window whole: decode reads it.
-        freed = [k for k in range(max(0, got // ps - self.hit_window), got // ps)
-                 if tuple(tokens[:(k + 1) * ps]) in self.freed] if self.hit_window else []
+        freed = (
+            [
+                k
+                for k in range(max(0, got // ps - self.hit_window), got // ps)
+                if tuple(tokens[: (k + 1) * ps]) in self.freed
+            ]
+            if self.hit_window
+            else []
+        )
         if freed:
-            raise Mismatch("window before cached_len after prefill", f"page {freed[0]} freed",
-                           "whole", f"request {request_id}")
+            raise Mismatch(
+                "window before cached_len after prefill",
+                f"page {freed[0]} freed",
+                "whole",
+                f"request {request_id}",
+            )
 
     def finished(self, request_id: int) -> None:
         self.requests.pop(request_id, None)
@@ -224,8 +262,11 @@ class ReferenceModel:
             l1 = self.pages[self.tiers[0]]
             for k in range(self.page_size, end + 1, self.page_size):
                 if l1.get(r.tokens[:k]) != RESIDENT:
-                    raise Mismatch(f"L1 page {k // self.page_size - 1} of request {rid}'s served prefix",
-                                   l1.get(r.tokens[:k], ABSENT), RESIDENT)
+                    raise Mismatch(
+                        f"L1 page {k // self.page_size - 1} of request {rid}'s served prefix",
+                        l1.get(r.tokens[:k], ABSENT),
+                        RESIDENT,
+                    )
 
     def served(self, request_id: int, digests: list[int] | None) -> None:
         """The digests of the pages a request is served from: each must equal the digest its
@@ -235,11 +276,17 @@ class ReferenceModel:
         r = self.requests[request_id]
         ps = self.page_size
         if len(digests) != r.cached_len // ps:
-            raise Mismatch("served pages", len(digests), r.cached_len // ps, f"request {request_id}")
+            raise Mismatch(
+                "served pages", len(digests), r.cached_len // ps, f"request {request_id}"
+            )
         for i, d in enumerate(digests):
-            prefix = r.tokens[:(i + 1) * ps]
+            prefix = r.tokens[: (i + 1) * ps]
             self.checks += 1
             known = self.digests.setdefault(prefix, d)
             if known != d:
-                raise Mismatch(f"bytes of page {i} (a {len(prefix)}-token prefix)", hex(d), hex(known),
-                               f"request {request_id}")
+                raise Mismatch(
+                    f"bytes of page {i} (a {len(prefix)}-token prefix)",
+                    hex(d),
+                    hex(known),
+                    f"request {request_id}",
+                )

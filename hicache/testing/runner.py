@@ -46,13 +46,14 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hicache.errors import ConfigError
 from hicache.pools.presets import SINGLE_POOL
-from hicache.testing.seeded import no_source_constants
 from hicache.testing.coverage import Coverage
+from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 
 STEPS_PER_RUN = 50
@@ -75,15 +76,17 @@ class LastTrace:
 
     def factory(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`make`, remembering each adapter it builds (its header is read in `keep`)."""
+
         def build(setup: Any) -> Any:
             self.adapter = make(setup)
             return self.adapter
+
         return build
 
     def keep(self, events: list[TraceEvent]) -> None:
         """One run's trace, every engine's in order (each from seq 1): keep the last's."""
         starts = [i for i, e in enumerate(events) if e.seq == 1] or [0]
-        self.events, self.engines = events[starts[-1]:], len(starts)
+        self.events, self.engines = events[starts[-1] :], len(starts)
         own = getattr(self.adapter, "trace_header", None)
         self.header = own() if callable(own) else None
 
@@ -91,8 +94,11 @@ class LastTrace:
         """Write the kept trace to `path`; the line that says what was written. ConfigError
         (nothing written) when the adapter gives no header."""
         if self.header is None:
-            raise ConfigError("--trace", "the adapter has no trace_header(); a trace needs its "
-                              "header (spec/trace.md): add one, or leave --trace out")
+            raise ConfigError(
+                "--trace",
+                "the adapter has no trace_header(); a trace needs its "
+                "header (spec/trace.md): add one, or leave --trace out",
+            )
         with open(self.path, "w") as f:
             sink = NdjsonSink(f, self.header)
             for e in self.events:
@@ -121,8 +127,12 @@ class Progress(Coverage):
             self.last = now
             # Past the budget, Hypothesis is shrinking a failure (up to its own 5 minutes).
             doing = " (shrinking a failure)" if self.steps > self.total_steps else ""
-            print(f"fuzz: {self.steps}/{self.total_steps} steps, {self.runs} runs, "
-                  f"{now - self.started:.0f} s{doing}", file=sys.stderr, flush=True)
+            print(
+                f"fuzz: {self.steps}/{self.total_steps} steps, {self.runs} runs, "
+                f"{now - self.started:.0f} s{doing}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
@@ -135,8 +145,10 @@ def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError("--adapter", f"{spec!r}: cannot import {module_name} ({e}); give an "
-                                       "importable module:factory") from e
+        raise ConfigError(
+            "--adapter",
+            f"{spec!r}: cannot import {module_name} ({e}); give an importable module:factory",
+        ) from e
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ConfigError("--adapter", f"{spec!r}: {module_name} has no callable {name!r}")
@@ -150,7 +162,9 @@ def _mutant(name: str | None) -> contextlib.AbstractContextManager[Any]:
     try:
         mutants = importlib.import_module("hicache.testing.mutants")
     except ImportError:
-        raise SystemExit("hicache fuzz: --mutant: this build has no bug zoo (hicache.testing.mutants)")
+        raise SystemExit(
+            "hicache fuzz: --mutant: this build has no bug zoo (hicache.testing.mutants)"
+        )
     return mutants.activate(name)  # type: ignore[no-any-return]
 
 
@@ -160,7 +174,16 @@ def _ranks(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> str:
-    words = ["hicache", "fuzz", "--seed", str(args.seed), "--steps", str(args.steps), "--plane", args.plane]
+    words = [
+        "hicache",
+        "fuzz",
+        "--seed",
+        str(args.seed),
+        "--steps",
+        str(args.steps),
+        "--plane",
+        args.plane,
+    ]
     if args.adapter:
         words += ["--adapter", args.adapter]
     if getattr(args, "pools", SINGLE_POOL) != SINGLE_POOL:
@@ -201,7 +224,9 @@ def arguments(**given: Any) -> argparse.Namespace:
     args = parser().parse_args([])
     unknown = set(given) - set(vars(args))
     if unknown:
-        raise ConfigError("fuzz", f"no option {sorted(unknown)}; the options are {sorted(vars(args))}")
+        raise ConfigError(
+            "fuzz", f"no option {sorted(unknown)}; the options are {sorted(vars(args))}"
+        )
     vars(args).update(given)
     return args
 
@@ -223,9 +248,14 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         from hicache.testing.adapters.tp import tp_adapter
         from hicache.testing.machines import tp_machine
 
-        machine = tp_machine(pools, sizes=(args.tp,), coverage=coverage, name="FuzzTp",
-                             plane=args.plane,
-                             adapter=tp_adapter if last is None else last.factory(tp_adapter))
+        machine = tp_machine(
+            pools,
+            sizes=(args.tp,),
+            coverage=coverage,
+            name="FuzzTp",
+            plane=args.plane,
+            adapter=tp_adapter if last is None else last.factory(tp_adapter),
+        )
     elif args.adapter is None:  # the controller: its machine has two checks of its own
         from hicache.testing.adapters.controller import controller_adapter
         from hicache.testing.machines import controller_machine
@@ -236,15 +266,21 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
         machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
-    setattr(machine, "_hypothesis_internal_use_seed", args.seed)  # what @seed sets
+    machine._hypothesis_internal_use_seed = args.seed  # what @seed sets
     # Hypothesis' first example is its simplest, the same for every seed: a second run at
     # least, so that the seed decides something however few the steps.
     runs = max(MIN_RUNS, args.steps // STEPS_PER_RUN)
-    config = settings(max_examples=runs, stateful_step_count=min(args.steps, STEPS_PER_RUN),
-                      deadline=None, database=None, derandomize=False, print_blob=True,
-                      report_multiple_bugs=False,
-                      phases=[Phase.generate, Phase.shrink],
-                      suppress_health_check=list(HealthCheck))
+    config = settings(
+        max_examples=runs,
+        stateful_step_count=min(args.steps, STEPS_PER_RUN),
+        deadline=None,
+        database=None,
+        derandomize=False,
+        print_blob=True,
+        report_multiple_bugs=False,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     started = time.perf_counter()
     ok = True
     with _mutant(args.mutant):
@@ -253,23 +289,27 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
             # A seed's steps depend on the seed alone, in any process (seeded.py).
             with contextlib.redirect_stdout(captured), no_source_constants():
                 run_state_machine_as_test(machine, settings=config)  # type: ignore[no-untyped-call]
-        except Exception as failure:  # noqa: BLE001 -- any escape is the finding to report
+        except Exception as failure:
             _report_failure(out, args, failure, captured.getvalue())
             ok = False
     seconds = time.perf_counter() - started
     if ok:
         ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
-        print(f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, "
-              f"{coverage.steps} steps, {coverage.events} trace events in {seconds:.1f} s "
-              f"({coverage.steps / seconds:.0f} steps/s, {coverage.events / seconds:.0f} "
-              f"transitions/s)", file=out)
+        print(
+            f"fuzz: seed {args.seed}, plane {args.plane}{ranks}: {coverage.runs} runs, "
+            f"{coverage.steps} steps, {coverage.events} trace events in {seconds:.1f} s "
+            f"({coverage.steps / seconds:.0f} steps/s, {coverage.events / seconds:.0f} "
+            f"transitions/s)",
+            file=out,
+        )
         print(f"trace digest: {coverage.digest}", file=out)
         if args.report:
             print(coverage.report(), file=out)
     if last is not None:
         print(last.write(), file=out)
-    return FuzzResult(ok, coverage.runs, coverage.steps, coverage.events, seconds,
-                      coverage.digest, out.getvalue())
+    return FuzzResult(
+        ok, coverage.runs, coverage.steps, coverage.events, seconds, coverage.digest, out.getvalue()
+    )
 
 
 def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
@@ -280,7 +320,9 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     return result.status
 
 
-def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, printed: str) -> None:
+def _report_failure(
+    out: Any, args: argparse.Namespace, failure: BaseException, printed: str
+) -> None:
     ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
     print(f"fuzz: FAILED with seed {args.seed} on the {args.plane} plane{ranks}", file=out)
     # Hypothesis prints warnings (a slow shrink) and may attach the steps as notes instead
@@ -297,31 +339,62 @@ def _report_failure(out: Any, args: argparse.Namespace, failure: BaseException, 
 def parser() -> argparse.ArgumentParser:
     nightly = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") == "fuzz"
     p = argparse.ArgumentParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)")
-    p.add_argument("--steps", type=int, default=NIGHTLY_STEPS if nightly else DEFAULT_STEPS,
-                   help=f"the step budget: N // {STEPS_PER_RUN} runs (at least {MIN_RUNS}) of at most "
-                        f"{STEPS_PER_RUN} steps; a run may end sooner, and the summary counts the "
-                        "steps run")
+    p.add_argument(
+        "--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)"
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=NIGHTLY_STEPS if nightly else DEFAULT_STEPS,
+        help=f"the step budget: N // {STEPS_PER_RUN} runs (at least {MIN_RUNS}) of at most "
+        f"{STEPS_PER_RUN} steps; a run may end sooner, and the summary counts the "
+        "steps run",
+    )
     p.add_argument("--plane", choices=("null", "cpu", "cuda"), default="null")
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
-    p.add_argument("--pools", default=SINGLE_POOL, metavar="PRESET", help=(
-        "the tiers' pool group preset of spec/pools.toml whose anchor pages are the machine's "
-        "4 tokens: mha, or a -tiny one (dsv4-tiny, dsv41-tiny, mla-tiny, ...)"))
-    p.add_argument("--tp", type=int, default=1, metavar="RANKS", help=(
-        "a tensor-parallel cache of RANKS simulated ranks (2 or more; 1: one cache), each "
-        "with its own faults, the cross-rank invariants checked after every step"))
-    p.add_argument("--report", action="store_true", help="per-transition, per-state, per-site counts")
-    p.add_argument("--progress", action="store_true", help="progress lines on stderr even when not a terminal")
-    p.add_argument("--trace", metavar="FILE", help=(
-        f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, for "
-        "`hicache check-trace`: on a failure the failing run as Hypothesis shrank it (the one "
-        "to debug), else the last run; of a run that restarted its engine, the last engine's "
-        "(nothing survives a restart)"))
-    p.add_argument("--mutant", metavar="NAME",
-                   help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
-                        "(see hicache.testing.zoo: --seed may repeat, --machine picks the "
-                        "machine); with --plane, --pools, --tp or --adapter, this run with "
-                        "the mutant switched on (a failure's replay line)")
+    p.add_argument(
+        "--pools",
+        default=SINGLE_POOL,
+        metavar="PRESET",
+        help=(
+            "the tiers' pool group preset of spec/pools.toml whose anchor pages are the machine's "
+            "4 tokens: mha, or a -tiny one (dsv4-tiny, dsv41-tiny, mla-tiny, ...)"
+        ),
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="RANKS",
+        help=(
+            "a tensor-parallel cache of RANKS simulated ranks (2 or more; 1: one cache), each "
+            "with its own faults, the cross-rank invariants checked after every step"
+        ),
+    )
+    p.add_argument(
+        "--report", action="store_true", help="per-transition, per-state, per-site counts"
+    )
+    p.add_argument(
+        "--progress", action="store_true", help="progress lines on stderr even when not a terminal"
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help=(
+            f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, for "
+            "`hicache check-trace`: on a failure the failing run as Hypothesis shrank it (the one "
+            "to debug), else the last run; of a run that restarted its engine, the last engine's "
+            "(nothing survives a restart)"
+        ),
+    )
+    p.add_argument(
+        "--mutant",
+        metavar="NAME",
+        help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
+        "(see hicache.testing.zoo: --seed may repeat, --machine picks the "
+        "machine); with --plane, --pools, --tp or --adapter, this run with "
+        "the mutant switched on (a failure's replay line)",
+    )
     return p
 
 
@@ -335,6 +408,7 @@ def main(argv: Sequence[str]) -> int:
     if mutant and not any(a.split("=")[0] in RUN_ONLY for a in argv):
         # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.
         from hicache.testing import zoo
+
         return zoo.main(list(argv))
     args = parser().parse_args(list(argv))
     if args.steps < 1:
@@ -347,12 +421,18 @@ def main(argv: Sequence[str]) -> int:
         print("hicache fuzz: --plane cuda needs a CUDA device", file=sys.stderr)
         return 2
     if args.pools != SINGLE_POOL and args.adapter:
-        print("hicache fuzz: --pools sets the hicache controller's pool group; another "
-              "engine's adapter (--adapter) draws its own setup: leave one out", file=sys.stderr)
+        print(
+            "hicache fuzz: --pools sets the hicache controller's pool group; another "
+            "engine's adapter (--adapter) draws its own setup: leave one out",
+            file=sys.stderr,
+        )
         return 2
     if args.tp < 1 or (args.tp > 1 and args.adapter):
-        print("hicache fuzz: --tp needs RANKS >= 1, and drives the hicache controller's ranks "
-              "(not an --adapter's engine)", file=sys.stderr)
+        print(
+            "hicache fuzz: --tp needs RANKS >= 1, and drives the hicache controller's ranks "
+            "(not an --adapter's engine)",
+            file=sys.stderr,
+        )
         return 2
     if args.pools != SINGLE_POOL:
         from hicache.testing.adapters.controller import check_preset
@@ -366,7 +446,10 @@ def main(argv: Sequence[str]) -> int:
         try:
             open(args.trace, "w").close()  # fail now, not after the runs
         except OSError as e:
-            print(f"hicache fuzz: --trace {args.trace}: {e.strerror}; choose a writable path", file=sys.stderr)
+            print(
+                f"hicache fuzz: --trace {args.trace}: {e.strerror}; choose a writable path",
+                file=sys.stderr,
+            )
             return 2
     try:
         return run(args)

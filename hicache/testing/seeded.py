@@ -27,13 +27,18 @@ def no_source_constants() -> Iterator[None]:
         from hypothesis.internal.constants_ast import Constants
         from hypothesis.internal.floats import float_to_int
         from sortedcontainers import SortedSet  # type: ignore[import-untyped]
+
         original = providers._get_local_constants
         cached = providers.CONSTANTS_CACHE.cache  # this thread's; filled by earlier runs
     except (ImportError, AttributeError):
         yield
         return
-    empty = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(),
-                      strings=SortedSet())
+    empty = Constants(
+        integers=SortedSet(),
+        floats=SortedSet(key=float_to_int),
+        bytes=SortedSet(),
+        strings=SortedSet(),
+    )
     providers._get_local_constants = lambda: empty
     cached.clear()
     try:

@@ -39,9 +39,10 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import HypothesisException
@@ -72,14 +73,31 @@ fuzz-dsv41) and the CPU plane (fuzz-cpu-dsv4); over 2 and 3 ranks (fuzz-tp*, the
 the CPU plane: replicated bytes compared), and the tests' older machines (they need a source checkout on sys.path)."""
 
 DEFAULT_MACHINE: dict[str, str] = {
-    "B01": "control", "B02": "control", "B03": "fuzz-cpu", "B04": "fuzz-null",
-    "B05": "fuzz-cpu", "B06": "control", "B07": "control", "B07-leaf": "fuzz-null",
-    "B08": "fuzz-null", "B09": "group-table", "B10": "fuzz-dsv4", "B11": "tree", "B12": "fuzz-cpu",
+    "B01": "control",
+    "B02": "control",
+    "B03": "fuzz-cpu",
+    "B04": "fuzz-null",
+    "B05": "fuzz-cpu",
+    "B06": "control",
+    "B07": "control",
+    "B07-leaf": "fuzz-null",
+    "B08": "fuzz-null",
+    "B09": "group-table",
+    "B10": "fuzz-dsv4",
+    "B11": "tree",
+    "B12": "fuzz-cpu",
     "B13": "controller",
-    "B14": "controller", "B15": "fuzz-cpu", "B16": "fuzz-tp", "B16-ack": "fuzz-tp", "TP-conditional": "fuzz-tp",
-    "TP-local-capacity": "fuzz-tp", "TP-min-of-maxima": "fuzz-tp-dsv4", "F11-no-clamp": "fuzz-cpu-dsv4",
+    "B14": "controller",
+    "B15": "fuzz-cpu",
+    "B16": "fuzz-tp",
+    "B16-ack": "fuzz-tp",
+    "TP-conditional": "fuzz-tp",
+    "TP-local-capacity": "fuzz-tp",
+    "TP-min-of-maxima": "fuzz-tp-dsv4",
+    "F11-no-clamp": "fuzz-cpu-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
-    "I1-skip-L2": "fuzz-null", "checker-off": "fuzz-null",
+    "I1-skip-L2": "fuzz-null",
+    "checker-off": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not
@@ -104,8 +122,13 @@ the product machine (its catches on seeds 0-4, 2,000 steps, in that file):
 BATCH_SEED = 1_000_003
 """A seed's k-th batch of examples runs with Hypothesis seed `seed + BATCH_SEED * k`."""
 
-STEPS_PER_EXAMPLE: dict[str, int] = {"fuzz-null": 50, "fuzz-cpu": 50, "control": 50, "controller": 30,
-                                     "tree": 50}
+STEPS_PER_EXAMPLE: dict[str, int] = {
+    "fuzz-null": 50,
+    "fuzz-cpu": 50,
+    "control": 50,
+    "controller": 30,
+    "tree": 50,
+}
 """Rule steps per Hypothesis example, per machine (a machine not listed: 50)."""
 
 
@@ -169,7 +192,9 @@ class _Tally:
 
 def _verdict(error: BaseException | None) -> bool:
     """Whether `error` is the machine's verdict rather than Hypothesis' control flow."""
-    return isinstance(error, Exception) and not isinstance(error, (HypothesisException, _BudgetSpent))
+    return isinstance(error, Exception) and not isinstance(
+        error, (HypothesisException, _BudgetSpent)
+    )
 
 
 def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBasedStateMachine]:
@@ -206,8 +231,9 @@ def _counted(machine: type[RuleBasedStateMachine], tally: _Tally) -> type[RuleBa
     return Counted
 
 
-def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
-             steps_per_example: int = 50) -> tuple[int, BaseException | None]:
+def run_seed(
+    machine: type[RuleBasedStateMachine], seed: int, max_steps: int, steps_per_example: int = 50
+) -> tuple[int, BaseException | None]:
     """Run `machine` with Hypothesis seed `seed` for `max_steps` rule steps or until it fails;
     the steps run and the first exception (None when none was raised).
 
@@ -221,7 +247,9 @@ def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
         if tally.first is not None or tally.steps >= max_steps:
             break
         factory._hypothesis_internal_use_seed = seed + BATCH_SEED * batch
-        _run_batch(factory, tally, -(-(max_steps - tally.steps) // steps_per_example), steps_per_example)
+        _run_batch(
+            factory, tally, -(-(max_steps - tally.steps) // steps_per_example), steps_per_example
+        )
     if tally.first is None:
         return tally.steps, None
     return tally.first
@@ -230,9 +258,15 @@ def run_seed(machine: type[RuleBasedStateMachine], seed: int, max_steps: int,
 def _run_batch(factory: Any, tally: _Tally, examples: int, steps_per_example: int) -> None:
     """One Hypothesis run of `examples` examples (generation only), its verdict in `tally`."""
     config = settings(
-        max_examples=examples, stateful_step_count=steps_per_example, deadline=None,
-        phases=[Phase.generate], database=None, derandomize=False, print_blob=False,
-        report_multiple_bugs=False, verbosity=Verbosity.quiet,
+        max_examples=examples,
+        stateful_step_count=steps_per_example,
+        deadline=None,
+        phases=[Phase.generate],
+        database=None,
+        derandomize=False,
+        print_blob=False,
+        report_multiple_bugs=False,
+        verbosity=Verbosity.quiet,
         suppress_health_check=list(HealthCheck),
     )
     try:
@@ -288,8 +322,13 @@ def _machine_files(machine: type[RuleBasedStateMachine]) -> set[str]:
     return files
 
 
-def catch(mutant: str, machine: type[RuleBasedStateMachine], seeds: Sequence[int],
-          max_steps: int, steps_per_example: int = 50) -> Catch:
+def catch(
+    mutant: str,
+    machine: type[RuleBasedStateMachine],
+    seeds: Sequence[int],
+    max_steps: int,
+    steps_per_example: int = 50,
+) -> Catch:
     """Run `machine` with `mutant` switched on, once per seed, each for at most `max_steps`
     rule steps; which seeds caught it, where, and by which check."""
     result = Catch(get(mutant).name, machine.__name__, max_steps)
@@ -311,21 +350,28 @@ def load_machine(name: str) -> type[RuleBasedStateMachine]:
     it cannot be imported."""
     spec = MACHINES.get(name, name)
     module_name, _, cls_name = spec.partition(":")
-    if module_name.startswith("tests.") and Path("tests", "__init__.py").is_file() \
-            and os.getcwd() not in sys.path:
+    if (
+        module_name.startswith("tests.")
+        and Path("tests", "__init__.py").is_file()
+        and os.getcwd() not in sys.path
+    ):
         sys.path.insert(0, os.getcwd())  # a source checkout's machines, from its root
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError) as e:
-        raise ConfigError("machine", f"cannot load {spec!r} ({e}); the tests' machines need a "
-                          "source checkout: run from the repository root") from e
+        raise ConfigError(
+            "machine",
+            f"cannot load {spec!r} ({e}); the tests' machines need a "
+            "source checkout: run from the repository root",
+        ) from e
     if not (isinstance(cls, type) and issubclass(cls, RuleBasedStateMachine)):
         raise ConfigError("machine", f"{spec!r} is not a RuleBasedStateMachine subclass")
     return cls
 
 
-def catch_default(mutant: str, seeds: Sequence[int], max_steps: int,
-                  machine: str | None = None) -> Catch:
+def catch_default(
+    mutant: str, seeds: Sequence[int], max_steps: int, machine: str | None = None
+) -> Catch:
     """`catch` against the mutant's default machine (or `machine`)."""
     name = machine or DEFAULT_MACHINE[get(mutant).name]
     return catch(mutant, load_machine(name), seeds, max_steps, STEPS_PER_EXAMPLE.get(name, 50))
@@ -358,19 +404,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in result.failures:
         print(f"{result.mutant}: caught by {f.check} at step {f.step} (seed {f.seed}): {f.message}")
     for seed in result.missed:
-        print(f"{result.mutant}: NOT caught by {result.machine} in {args.steps} steps (seed {seed})")
+        print(
+            f"{result.mutant}: NOT caught by {result.machine} in {args.steps} steps (seed {seed})"
+        )
     return 1 if result.caught else 0
 
 
 def table(results: Sequence[Catch]) -> str:
     """A Markdown table of zoo results: one row per mutant."""
-    rows = ["| mutant | class | machine | caught | steps to catch (median) | per seed | "
-            "check | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| mutant | class | machine | caught | steps to catch (median) | per seed | "
+        "check | seconds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         steps = {f.seed: str(f.step) for f in r.failures} | {seed: "miss" for seed in r.missed}
         per_seed = ", ".join(steps[seed] for seed in sorted(steps))
         median = "-" if r.median_steps is None else f"{r.median_steps:g}"
-        rows.append(f"| {r.mutant} | {get(r.mutant).bug_class} | {r.machine} | "
-                    f"{len(r.failures)}/{len(r.failures) + len(r.missed)} | {median} | {per_seed} | "
-                    f"{'; '.join(r.checks)} | {r.seconds:.1f} |")
+        rows.append(
+            f"| {r.mutant} | {get(r.mutant).bug_class} | {r.machine} | "
+            f"{len(r.failures)}/{len(r.failures) + len(r.missed)} | {median} | {per_seed} | "
+            f"{'; '.join(r.checks)} | {r.seconds:.1f} |"
+        )
     return "\n".join(rows)

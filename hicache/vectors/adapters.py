@@ -36,13 +36,21 @@ def controller(config: CaseConfig) -> ControllerAdapter:
     (its own checks off inside transitions: the runner calls `check()` after every step)."""
     l1_only = config.tiers == ("L1",)
     if config.page_size != CONTROLLER_PAGE_SIZE or not (l1_only or config.tiers == TIERS):
-        raise UnsupportedConfig(f"the controller adapter takes page size {CONTROLLER_PAGE_SIZE} and "
-                                f"tiers {TIERS} or L1 alone; the case has {config.page_size}, {config.tiers}")
+        raise UnsupportedConfig(
+            f"the controller adapter takes page size {CONTROLLER_PAGE_SIZE} and "
+            f"tiers {TIERS} or L1 alone; the case has {config.page_size}, {config.tiers}"
+        )
     caps = config.capacities
     setup = Setup(
-        l1_pages=caps["L1"], l2_pages=caps.get("L2", L1_ONLY_LOWER_PAGES),
-        l3_slots=caps.get("L3", L1_ONLY_LOWER_PAGES), write_policy=config.write_policy,
-        policy=config.restore_policy, promotion=config.promotion, plane="null", check_mode="off")
+        l1_pages=caps["L1"],
+        l2_pages=caps.get("L2", L1_ONLY_LOWER_PAGES),
+        l3_slots=caps.get("L3", L1_ONLY_LOWER_PAGES),
+        write_policy=config.write_policy,
+        policy=config.restore_policy,
+        promotion=config.promotion,
+        plane="null",
+        check_mode="off",
+    )
     return ControllerAdapter(setup)
 
 
@@ -69,6 +77,9 @@ def sglang(config: CaseConfig) -> SGLangRadixCache:
     the call raises EngineUnavailable saying how to install it (the case then fails with
     that line: an engine that is not there has passed nothing)."""
     if config.tiers != ("L1",):
-        raise UnsupportedConfig(f"SGLang's RadixCache has one tier (L1); the case needs {config.tiers}")
-    return SGLangRadixCache(capacity=config.capacities["L1"], page_size=config.page_size,
-                            rematch=True, input_limit=True)
+        raise UnsupportedConfig(
+            f"SGLang's RadixCache has one tier (L1); the case needs {config.tiers}"
+        )
+    return SGLangRadixCache(
+        capacity=config.capacities["L1"], page_size=config.page_size, rematch=True, input_limit=True
+    )

@@ -1,31 +1,31 @@
 """The case categories: per category, a configuration and a script drawn from a seed.
 
-    category          what a case does
-    ----------------  --------------------------------------------------------------------------
-    hit_miss          a miss, a full L1 hit, a disjoint miss, a partial hit that splits a node
-    sharing           requests sharing a prefix while both live; one resubmitted while live
-    eviction_l1       L1 fills: prefill makes room (LRU), is refused while live requests hold
-                      L1, succeeds once one ends; partial pressure on L1
-    eviction_l2       L2 fills through backups; pressure on L2; what an L1 miss then hits
-    eviction_l3       a few L3 slots fill; pressure on L3; an L3-only restore after it
-    write_policy      the D2H then H2S chain step by step under each write policy; then L1
-                      fills and makes room (write-back: the victim is backed up first)
-    restore_l2        a load-back from L2 (ready only once it is observed); a sharer joins
-    restore_l3        an L3 restore through L2 (promotion on or off), step by step
-    fail_d2h/_h2s/    one transfer of that kind fails (an S2H: error, corrupt or unreadable);
-    _h2d/_s2h         the request falls back to computing
-    aimed             a fault aimed at the next transfer into a tier (refuse, error, corrupt)
-    abort             a request ends with its restore in flight (H2D, or S2H)
-    cancel_restore    a request gives its restore up and stays; or its sharer does
-    drain             many transfers in flight, then every one ends at once
-    refused           calls the engine must refuse (nothing changes: the next step shows it)
-    storage_damage    the L3 file is cut or removed; a restore from it falls back to compute
-    crash             a crash aimed at a transfer: the engine restarts empty
-    random            a seeded walk over the operations above (no crash, no damage)
-    l1_hit_miss, l1_sharing, l1_eviction
-                      the scripts of hit_miss, sharing and eviction_l1 on a cache of L1 alone
-                      (they never tick: nothing is backed up or restored)
-    l1_refused        refused calls a one-tier cache must refuse
+category          what a case does
+----------------  --------------------------------------------------------------------------
+hit_miss          a miss, a full L1 hit, a disjoint miss, a partial hit that splits a node
+sharing           requests sharing a prefix while both live; one resubmitted while live
+eviction_l1       L1 fills: prefill makes room (LRU), is refused while live requests hold
+                  L1, succeeds once one ends; partial pressure on L1
+eviction_l2       L2 fills through backups; pressure on L2; what an L1 miss then hits
+eviction_l3       a few L3 slots fill; pressure on L3; an L3-only restore after it
+write_policy      the D2H then H2S chain step by step under each write policy; then L1
+                  fills and makes room (write-back: the victim is backed up first)
+restore_l2        a load-back from L2 (ready only once it is observed); a sharer joins
+restore_l3        an L3 restore through L2 (promotion on or off), step by step
+fail_d2h/_h2s/    one transfer of that kind fails (an S2H: error, corrupt or unreadable);
+_h2d/_s2h         the request falls back to computing
+aimed             a fault aimed at the next transfer into a tier (refuse, error, corrupt)
+abort             a request ends with its restore in flight (H2D, or S2H)
+cancel_restore    a request gives its restore up and stays; or its sharer does
+drain             many transfers in flight, then every one ends at once
+refused           calls the engine must refuse (nothing changes: the next step shows it)
+storage_damage    the L3 file is cut or removed; a restore from it falls back to compute
+crash             a crash aimed at a transfer: the engine restarts empty
+random            a seeded walk over the operations above (no crash, no damage)
+l1_hit_miss, l1_sharing, l1_eviction
+                  the scripts of hit_miss, sharing and eviction_l1 on a cache of L1 alone
+                  (they never tick: nothing is backed up or restored)
+l1_refused        refused calls a one-tier cache must refuse
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def hit_miss(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.serve(4, r.extend(a, rng.randint(1, 2), keep_pages=rng.randint(1, 2)), finish=False)
         r.finish(3)
         r.finish(4)
+
     return config(rng), script
 
 
@@ -59,6 +60,7 @@ def sharing(rng: random.Random) -> tuple[CaseConfig, Script]:
         for rid in rng.sample([1, 2, 3], 3):
             r.finish(rid)
         r.serve(4, b)
+
     return config(rng), script
 
 
@@ -76,6 +78,7 @@ def eviction_l1(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.finish(5)
         r.evict("L1", rng.randint(1, 3))  # least recently used first, whole nodes
         r.finish(6)
+
     return config(rng, l1=(7, 8)), script
 
 
@@ -89,6 +92,7 @@ def eviction_l2(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.evict("L1")
         r.serve(5, prompts[rng.randrange(4)])
         r.drain()
+
     return config(rng, l2=(3, 5)), script
 
 
@@ -103,6 +107,7 @@ def eviction_l3(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.evict("L2")
         r.serve(5, prompts[rng.randrange(4)])
         r.drain()
+
     return config(rng, l3=(2, 4)), script
 
 
@@ -130,6 +135,7 @@ def write_policy(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.serve(7, r.fresh(2))
         r.evict("L1", ALL)
         r.drain()
+
     return config(rng, l1=(7, 8), write_policy=policy), script
 
 
@@ -149,6 +155,7 @@ def restore_l2(rng: random.Random) -> tuple[CaseConfig, Script]:
             r.prefill(3)
             r.finish(3)
         r.finish(2)
+
     return config(rng), script
 
 
@@ -161,11 +168,13 @@ def restore_l3(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.prefill(2)
         r.finish(2)
         r.drain()
+
     return config(rng, promotion=rng.random() < 0.7), script
 
 
 def _failure(direction: str) -> Builder:
     """One transfer of `direction` fails; the request (if any) computes instead."""
+
     def build(rng: random.Random) -> tuple[CaseConfig, Script]:
         kind = rng.choice(("error", "corrupt", "unreadable")) if direction == "S2H" else "error"
 
@@ -191,7 +200,9 @@ def _failure(direction: str) -> Builder:
                 r.prefill(2)
                 r.finish(2)
                 r.drain()
+
         return config(rng), script
+
     return build
 
 
@@ -213,6 +224,7 @@ def aimed(rng: random.Random) -> tuple[CaseConfig, Script]:
             r.aim(action, tier)
             r.serve(2, a)
         r.drain()
+
     return config(rng), script
 
 
@@ -229,6 +241,7 @@ def abort(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.tick()
         r.drain()
         r.serve(3, a)
+
     return config(rng), script
 
 
@@ -249,6 +262,7 @@ def cancel_restore(rng: random.Random) -> tuple[CaseConfig, Script]:
             r.step_through(2)
             r.prefill(2)
         r.drain()
+
     return config(rng), script
 
 
@@ -266,6 +280,7 @@ def drain(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.drain()
         for rid in (4, 5, 6):
             r.prefill(rid)
+
     return config(rng, l1=(10, 12)), script
 
 
@@ -298,6 +313,7 @@ def refused(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.step_through(4)
         r.prefill(4)
         r.prefill(4)  # served already
+
     return config(rng, l1=(8, 12)), script
 
 
@@ -310,6 +326,7 @@ def storage_damage(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.do({"op": "damage_storage", "how": how})
         r.serve(2, a)
         r.drain()
+
     return config(rng), script
 
 
@@ -324,6 +341,7 @@ def crash(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.serve(2, a)
         r.drain()  # a backup's crash is observed here
         r.serve(3, a)  # after a crash: a miss everywhere
+
     return config(rng), script
 
 
@@ -363,6 +381,7 @@ def random_walk(rng: random.Random) -> tuple[CaseConfig, Script]:
             else:
                 r.tick()
         r.drain()
+
     return config(rng, write_policy=policy), script
 
 
@@ -370,10 +389,17 @@ def _l1_only(builder: Builder) -> Builder:
     """The same script on a one-tier cache of the same L1 size: for scripts that never tick,
     drain or complete (nothing is backed up, nothing restored), so any prefix cache can run
     them (the runner observes L1 alone)."""
+
     def build(rng: random.Random) -> tuple[CaseConfig, Script]:
         cfg, script = builder(rng)
-        return CaseConfig(cfg.page_size, {"L1": cfg.capacities["L1"]}, cfg.write_policy,
-                          cfg.restore_policy, cfg.promotion), script
+        return CaseConfig(
+            cfg.page_size,
+            {"L1": cfg.capacities["L1"]},
+            cfg.write_policy,
+            cfg.restore_policy,
+            cfg.promotion,
+        ), script
+
     return build
 
 
@@ -383,17 +409,34 @@ def l1_refused(rng: random.Random) -> tuple[CaseConfig, Script]:
         r.prefill(1)  # served already
         r.finish(1)
         r.serve(4, a)
+
     return CaseConfig(PAGE_SIZE, {"L1": rng.randint(8, 12)}), script
 
 
 CATEGORIES: dict[str, Builder] = {
-    "hit_miss": hit_miss, "sharing": sharing, "eviction_l1": eviction_l1, "eviction_l2": eviction_l2,
-    "eviction_l3": eviction_l3, "write_policy": write_policy, "restore_l2": restore_l2,
-    "restore_l3": restore_l3, "fail_d2h": _failure("D2H"), "fail_h2s": _failure("H2S"),
-    "fail_h2d": _failure("H2D"), "fail_s2h": _failure("S2H"), "aimed": aimed, "abort": abort,
-    "cancel_restore": cancel_restore, "drain": drain, "refused": refused,
-    "storage_damage": storage_damage, "crash": crash, "random": random_walk,
-    "l1_hit_miss": _l1_only(hit_miss), "l1_sharing": _l1_only(sharing),
-    "l1_eviction": _l1_only(eviction_l1), "l1_refused": l1_refused,
+    "hit_miss": hit_miss,
+    "sharing": sharing,
+    "eviction_l1": eviction_l1,
+    "eviction_l2": eviction_l2,
+    "eviction_l3": eviction_l3,
+    "write_policy": write_policy,
+    "restore_l2": restore_l2,
+    "restore_l3": restore_l3,
+    "fail_d2h": _failure("D2H"),
+    "fail_h2s": _failure("H2S"),
+    "fail_h2d": _failure("H2D"),
+    "fail_s2h": _failure("S2H"),
+    "aimed": aimed,
+    "abort": abort,
+    "cancel_restore": cancel_restore,
+    "drain": drain,
+    "refused": refused,
+    "storage_damage": storage_damage,
+    "crash": crash,
+    "random": random_walk,
+    "l1_hit_miss": _l1_only(hit_miss),
+    "l1_sharing": _l1_only(sharing),
+    "l1_eviction": _l1_only(eviction_l1),
+    "l1_refused": l1_refused,
 }
 """Category name -> its builder (a seeded RNG -> the case's configuration and script)."""

@@ -23,7 +23,8 @@ the same every time its prefix is served (when `served_digests` gives digests).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hicache.dataplane.faults import SimulatedCrash
 from hicache.errors import HiCacheError
@@ -51,8 +52,12 @@ class Driver:
         self.cache, self.config = cache, config
         self.tiers = config.tiers
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
-        self.digests: dict[Prefix, int] = {}  # a served prefix -> the digest it was first served with
-        self.prompts: dict[int, Prefix] = {}  # request id -> its prompt (digests are keyed by prefix)
+        self.digests: dict[
+            Prefix, int
+        ] = {}  # a served prefix -> the digest it was first served with
+        self.prompts: dict[
+            int, Prefix
+        ] = {}  # request id -> its prompt (digests are keyed by prefix)
 
     def step(self, op: dict[str, Any]) -> dict[str, Any]:
         """Run `op` (a step's operation, spec/vectors.md) and observe the engine after it."""
@@ -76,9 +81,15 @@ class Driver:
         if found:
             raise StepError("engine findings (check())", [], found)
         live = sorted(self.cache.live())
-        return {"result": result, "refused": refused, "crashed": crashed, "live": live,
-                "cached_len": [[rid, self.cache.cached_len(rid)] for rid in live],
-                "pending_ops": len(self.cache.pending_ops()), "changes": self._diff(before)}
+        return {
+            "result": result,
+            "refused": refused,
+            "crashed": crashed,
+            "live": live,
+            "cached_len": [[rid, self.cache.cached_len(rid)] for rid in live],
+            "pending_ops": len(self.cache.pending_ops()),
+            "changes": self._diff(before),
+        }
 
     def _call(self, op: dict[str, Any]) -> object:
         c, name = self.cache, op["op"]
@@ -102,12 +113,16 @@ class Driver:
             else:
                 c.fail(ops[op["op_index"]], op["kind"])
             return None
-        simple: dict[str, Callable[[], None]] = {"finish": lambda: c.finish(op["request"]),
+        simple: dict[str, Callable[[], None]] = {
+            "finish": lambda: c.finish(op["request"]),
             "cancel_restore": lambda: c.cancel_restore(op["request"]),
-            "tick": c.tick, "drain": c.drain, "restart": c.restart,
+            "tick": c.tick,
+            "drain": c.drain,
+            "restart": c.restart,
             "evict": lambda: c.evict(op["tier"], op["pages"]),
             "aim": lambda: c.aim(op["action"], op["tier"]),
-            "damage_storage": lambda: c.damage_storage(op["how"])}
+            "damage_storage": lambda: c.damage_storage(op["how"]),
+        }
         simple[name]()
         if name == "restart":
             self.cache.changes()
@@ -123,10 +138,12 @@ class Driver:
             raise StepError(f"served digests of request {request_id}", cached // ps, len(digests))
         tokens = self.prompts[request_id]
         for i, d in enumerate(digests):
-            prefix = tokens[:(i + 1) * ps]
+            prefix = tokens[: (i + 1) * ps]
             known = self.digests.setdefault(prefix, d)
             if known != d:
-                raise StepError(f"digest of served page {i} of request {request_id}", hex(known), hex(d))
+                raise StepError(
+                    f"digest of served page {i} of request {request_id}", hex(known), hex(d)
+                )
 
     def _apply(self, changes: Sequence[PageChange]) -> None:
         """Apply the engine's reports to the observed map; pages of tiers the case does not
@@ -143,7 +160,9 @@ class Driver:
         out: dict[str, list[list[Any]]] = {}
         for t in self.tiers:
             now, was = self.pages[t], before[t]
-            moved = sorted(p for p in set(now) | set(was) if now.get(p, ABSENT) != was.get(p, ABSENT))
+            moved = sorted(
+                p for p in set(now) | set(was) if now.get(p, ABSENT) != was.get(p, ABSENT)
+            )
             if moved:
                 out[t] = [[now.get(p, ABSENT), list(p)] for p in moved]
         return out

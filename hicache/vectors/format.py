@@ -33,11 +33,19 @@ MANIFEST = "manifest.json"
 TIERS = tuple(str(t) for t in TIER_ENUM)  # "L1", "L2", "L3"
 CASE_TIERS = (TIERS[:1], TIERS)  # a case is for a one-tier cache or a three-tier one
 OPS: dict[str, dict[str, type]] = {
-    "submit": {"request": int, "tokens": list}, "ready": {"request": int}, "prefill": {"request": int},
-    "finish": {"request": int}, "cancel_restore": {"request": int}, "tick": {},
-    "complete": {"op_index": int}, "fail": {"op_index": int, "kind": str},
-    "evict": {"tier": str, "pages": int}, "drain": {}, "aim": {"action": str, "tier": str},
-    "damage_storage": {"how": str}, "restart": {},
+    "submit": {"request": int, "tokens": list},
+    "ready": {"request": int},
+    "prefill": {"request": int},
+    "finish": {"request": int},
+    "cancel_restore": {"request": int},
+    "tick": {},
+    "complete": {"op_index": int},
+    "fail": {"op_index": int, "kind": str},
+    "evict": {"tier": str, "pages": int},
+    "drain": {},
+    "aim": {"action": str, "tier": str},
+    "damage_storage": {"how": str},
+    "restart": {},
 }
 """Every operation a step may name, with its arguments' JSON types (spec/vectors.md,
 "Operations")."""
@@ -73,9 +81,13 @@ class CaseConfig:
         return tuple(t for t in TIERS if t in self.capacities)
 
     def to_json(self) -> dict[str, Any]:
-        return {"page_size": self.page_size, "capacities": {t: self.capacities[t] for t in self.tiers},
-                "write_policy": self.write_policy, "restore_policy": self.restore_policy,
-                "promotion": self.promotion}
+        return {
+            "page_size": self.page_size,
+            "capacities": {t: self.capacities[t] for t in self.tiers},
+            "write_policy": self.write_policy,
+            "restore_policy": self.restore_policy,
+            "promotion": self.promotion,
+        }
 
     @classmethod
     def from_json(cls, raw: object, where: str) -> CaseConfig:
@@ -83,18 +95,29 @@ class CaseConfig:
         page_size = _int(obj.get("page_size"), f"{where}: config.page_size", low=1)
         caps = _object(obj.get("capacities"), f"{where}: config.capacities")
         if tuple(sorted(caps)) not in CASE_TIERS:
-            raise VectorFormatError(f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, "
-                                    f"got {sorted(caps)}")
-        capacities = {t: _int(caps[t], f"{where}: config.capacities.{t}", low=1, high=MAX_PAGES)
-                      for t in TIERS if t in caps}
+            raise VectorFormatError(
+                f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, got {sorted(caps)}"
+            )
+        capacities = {
+            t: _int(caps[t], f"{where}: config.capacities.{t}", low=1, high=MAX_PAGES)
+            for t in TIERS
+            if t in caps
+        }
         strings = {k: obj.get(k) for k in ("write_policy", "restore_policy")}
         for (k, v), allowed in zip(strings.items(), (WRITE_POLICIES, POLICIES)):
             if v not in allowed:
                 raise VectorFormatError(f"{where}: config.{k}: one of {list(allowed)}, got {v!r}")
         if not isinstance(obj.get("promotion"), bool):
-            raise VectorFormatError(f"{where}: config.promotion: true or false, got {obj.get('promotion')!r}")
-        return cls(page_size, capacities, str(strings["write_policy"]), str(strings["restore_policy"]),
-                   bool(obj["promotion"]))
+            raise VectorFormatError(
+                f"{where}: config.promotion: true or false, got {obj.get('promotion')!r}"
+            )
+        return cls(
+            page_size,
+            capacities,
+            str(strings["write_policy"]),
+            str(strings["restore_policy"]),
+            bool(obj["promotion"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -132,10 +155,27 @@ def dumps(obj: dict[str, Any], lines: str | None = None) -> bytes:
     return (body + f'{sep}"{lines}":[\n' + ",\n".join(parts) + "\n]}\n").encode()
 
 
-def case_json(name: str, category: str, seed: int, config: CaseConfig,
-              steps: list[dict[str, Any]], final: dict[str, Any]) -> bytes:
-    return dumps({"format": FORMAT, "version": FORMAT_VERSION, "case": name, "category": category,
-                  "seed": seed, "config": config.to_json(), "final": final, "steps": steps}, lines="steps")
+def case_json(
+    name: str,
+    category: str,
+    seed: int,
+    config: CaseConfig,
+    steps: list[dict[str, Any]],
+    final: dict[str, Any],
+) -> bytes:
+    return dumps(
+        {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "case": name,
+            "category": category,
+            "seed": seed,
+            "config": config.to_json(),
+            "final": final,
+            "steps": steps,
+        },
+        lines="steps",
+    )
 
 
 def parse_case(data: bytes, where: str) -> Case:
@@ -152,11 +192,15 @@ def parse_case(data: bytes, where: str) -> Case:
     for i, step in enumerate(steps):
         s = _object(step, f"{where}: step {i}")
         if s.get("op") not in OPS:
-            raise VectorFormatError(f"{where}: step {i}: 'op' must be one of {', '.join(OPS)}, got {s.get('op')!r}")
+            raise VectorFormatError(
+                f"{where}: step {i}: 'op' must be one of {', '.join(OPS)}, got {s.get('op')!r}"
+            )
         for arg, kind in OPS[s["op"]].items():
             if not isinstance(s.get(arg), kind) or isinstance(s.get(arg), bool):
-                raise VectorFormatError(f"{where}: step {i}: {s['op']} needs {arg!r} ({kind.__name__}), "
-                                        f"got {s.get(arg)!r}")
+                raise VectorFormatError(
+                    f"{where}: step {i}: {s['op']} needs {arg!r} ({kind.__name__}), "
+                    f"got {s.get(arg)!r}"
+                )
         expect = _object(s.get("expect"), f"{where}: step {i}: expect")
         missing = [k for k in EXPECT_KEYS if k not in expect]
         if missing:
@@ -172,10 +216,19 @@ def manifest_json(entries: list[ManifestEntry], generator: str) -> bytes:
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.category] = counts.get(e.category, 0) + 1
-    return dumps({"format": FORMAT + "-manifest", "version": FORMAT_VERSION, "generator": generator,
-                  "total": len(entries), "counts": counts,
-                  "cases": [{"file": e.file, "category": e.category, "sha256": e.sha256} for e in entries]},
-                 lines="cases")
+    return dumps(
+        {
+            "format": FORMAT + "-manifest",
+            "version": FORMAT_VERSION,
+            "generator": generator,
+            "total": len(entries),
+            "counts": counts,
+            "cases": [
+                {"file": e.file, "category": e.category, "sha256": e.sha256} for e in entries
+            ],
+        },
+        lines="cases",
+    )
 
 
 def read_manifest(directory: Path) -> list[ManifestEntry]:
@@ -186,8 +239,10 @@ def read_manifest(directory: Path) -> list[ManifestEntry]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise VectorFormatError(f"{where}: cannot read the manifest ({e.strerror}); "
-                                f"is {directory} a directory `hicache vectors generate` wrote?") from None
+        raise VectorFormatError(
+            f"{where}: cannot read the manifest ({e.strerror}); "
+            f"is {directory} a directory `hicache vectors generate` wrote?"
+        ) from None
     obj = _object(_json(data, where), where)
     _version(obj, FORMAT + "-manifest", where)
     cases = obj.get("cases")
@@ -198,7 +253,9 @@ def read_manifest(directory: Path) -> list[ManifestEntry]:
         c = _object(raw, f"{where}: cases[{i}]")
         file, category, sha = c.get("file"), c.get("category"), c.get("sha256")
         if not (isinstance(file, str) and isinstance(category, str) and isinstance(sha, str)):
-            raise VectorFormatError(f"{where}: cases[{i}]: 'file', 'category', 'sha256' must be strings")
+            raise VectorFormatError(
+                f"{where}: cases[{i}]: 'file', 'category', 'sha256' must be strings"
+            )
         if "/" in file or "\\" in file or file in ("", ".", "..", MANIFEST):
             raise VectorFormatError(f"{where}: cases[{i}]: {file!r} is not a plain case file name")
         entries.append(ManifestEntry(file, category, sha))
@@ -226,7 +283,12 @@ def _object(raw: object, where: str) -> dict[str, Any]:
 
 
 def _int(raw: object, where: str, low: int, high: int | None = None) -> int:
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw < low or (high is not None and raw > high):
+    if (
+        not isinstance(raw, int)
+        or isinstance(raw, bool)
+        or raw < low
+        or (high is not None and raw > high)
+    ):
         span = f">= {low}" if high is None else f"in {low}..{high}"
         raise VectorFormatError(f"{where}: an integer {span} expected, got {raw!r}")
     return raw
@@ -234,5 +296,7 @@ def _int(raw: object, where: str, low: int, high: int | None = None) -> int:
 
 def _version(obj: dict[str, Any], fmt: str, where: str) -> None:
     if obj.get("format") != fmt or obj.get("version") != FORMAT_VERSION:
-        raise VectorFormatError(f"{where}: format {obj.get('format')!r} version {obj.get('version')!r}; "
-                                f"this reader takes {fmt!r} version {FORMAT_VERSION}")
+        raise VectorFormatError(
+            f"{where}: format {obj.get('format')!r} version {obj.get('version')!r}; "
+            f"this reader takes {fmt!r} version {FORMAT_VERSION}"
+        )

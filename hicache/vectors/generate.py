@@ -16,8 +16,9 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from hicache.vectors.adapters import controller
 from hicache.vectors.categories import CATEGORIES
@@ -52,13 +53,16 @@ def generate_case(category: str, seed: int, index: int) -> tuple[str, bytes]:
         cache.close()
     # Verify an L1-only case stayed in L1: no transfer was ever in flight (else it would not
     # be what a one-tier cache does).
-    assert config.tiers != ("L1",) or not any(s["expect"]["pending_ops"] for s in recorder.steps), \
+    assert config.tiers != ("L1",) or not any(s["expect"]["pending_ops"] for s in recorder.steps), (
         f"{category}: an L1-only script issued a transfer"
+    )
     name = f"{category}-{index:03d}"
     return f"{name}.json", case_json(name, category, seed, config, recorder.steps, final)
 
 
-def generate(directory: Path, count: int, seed: int, categories: Sequence[str]) -> list[ManifestEntry]:
+def generate(
+    directory: Path, count: int, seed: int, categories: Sequence[str]
+) -> list[ManifestEntry]:
     """Write `count` cases of each of `categories` and the manifest into `directory` (new or
     empty); returns the manifest's entries."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -77,18 +81,34 @@ def generate(directory: Path, count: int, seed: int, categories: Sequence[str]) 
 def main(argv: Sequence[str] | None = None) -> int:
     # DIR first in the usage line: --category takes every name after it, so a DIR written
     # after the names would be read as one more (argparse's own usage put DIR last).
-    parser = VectorsParser(prog="hicache vectors generate", description=__doc__.split("\n")[0],
-                           usage="%(prog)s DIR [--count N] [--seed S] [--category NAME [NAME ...]]")
+    parser = VectorsParser(
+        prog="hicache vectors generate",
+        description=__doc__.split("\n")[0],
+        usage="%(prog)s DIR [--count N] [--seed S] [--category NAME [NAME ...]]",
+    )
     parser.add_argument("dir", type=Path, metavar="DIR", help="a new or empty directory")
-    parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"cases per category (default {DEFAULT_COUNT})")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=DEFAULT_COUNT,
+        help=f"cases per category (default {DEFAULT_COUNT})",
+    )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"(default {DEFAULT_SEED})")
-    parser.add_argument("--category", nargs="+", choices=sorted(CATEGORIES), default=list(CATEGORIES),
-                        metavar="NAME", help="only these categories (default: all)")
+    parser.add_argument(
+        "--category",
+        nargs="+",
+        choices=sorted(CATEGORIES),
+        default=list(CATEGORIES),
+        metavar="NAME",
+        help="only these categories (default: all)",
+    )
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error(f"--count: at least 1, got {args.count}")
     if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
-        parser.error(f"DIR {args.dir} exists and is not an empty directory; pass a new or empty one")
+        parser.error(
+            f"DIR {args.dir} exists and is not an empty directory; pass a new or empty one"
+        )
     try:
         args.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -98,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.category] = counts.get(e.category, 0) + 1
-    print(f"wrote {len(entries)} cases in {len(counts)} categories to {args.dir} "
-          f"({time.perf_counter() - started:.2f} s)", file=sys.stdout)
+    print(
+        f"wrote {len(entries)} cases in {len(counts)} categories to {args.dir} "
+        f"({time.perf_counter() - started:.2f} s)",
+        file=sys.stdout,
+    )
     return 0

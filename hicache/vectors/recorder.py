@@ -10,7 +10,8 @@ prefix then a fresh run), PAGE_SIZE tokens a page as the controller adapter buil
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hicache.vectors.drive import Driver
 from hicache.vectors.format import CaseConfig
@@ -45,7 +46,7 @@ class Recorder:
 
     def extend(self, prefix: Tokens, pages: int, keep_pages: int) -> Tokens:
         """The first `keep_pages` pages of `prefix`, then a fresh run of `pages` pages and a tail."""
-        return prefix[:keep_pages * PAGE_SIZE] + self.fresh(pages)
+        return prefix[: keep_pages * PAGE_SIZE] + self.fresh(pages)
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -124,8 +125,18 @@ Script = Callable[[Recorder], None]
 Builder = Callable[[random.Random], tuple[CaseConfig, Script]]
 
 
-def config(rng: random.Random, l1: tuple[int, int] = (7, 12), l2: tuple[int, int] = (6, 12),
-           l3: tuple[int, int] = (8, 16), write_policy: str = "write_through",
-           promotion: bool = True) -> CaseConfig:
-    return CaseConfig(PAGE_SIZE, {"L1": rng.randint(*l1), "L2": rng.randint(*l2), "L3": rng.randint(*l3)},
-                      write_policy, "always", promotion)
+def config(
+    rng: random.Random,
+    l1: tuple[int, int] = (7, 12),
+    l2: tuple[int, int] = (6, 12),
+    l3: tuple[int, int] = (8, 16),
+    write_policy: str = "write_through",
+    promotion: bool = True,
+) -> CaseConfig:
+    return CaseConfig(
+        PAGE_SIZE,
+        {"L1": rng.randint(*l1), "L2": rng.randint(*l2), "L3": rng.randint(*l3)},
+        write_policy,
+        "always",
+        promotion,
+    )

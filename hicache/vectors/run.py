@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hicache.errors import HiCacheError
 from hicache.testing.protocol import CacheUnderTest
 from hicache.vectors.drive import Driver, StepError
+from hicache.vectors.format import (
+    MANIFEST,
+    Case,
+    CaseConfig,
+    ManifestEntry,
+    UnsupportedConfig,
+    VectorFormatError,
+    parse_case,
+    read_manifest,
+    sha256_hex,
+)
 from hicache.vectors.generate import VectorsParser
-from hicache.vectors.format import (MANIFEST, Case, CaseConfig, ManifestEntry, UnsupportedConfig,
-                                    VectorFormatError, parse_case, read_manifest, sha256_hex)
 
 DEFAULT_ADAPTER = "hicache.vectors.adapters:controller"
 Factory = Callable[[CaseConfig], CacheUnderTest]
@@ -68,8 +77,11 @@ def run_dir(directory: Path, factory: Factory) -> list[Verdict]:
     VectorFormatError when the manifest itself is missing or malformed."""
     entries = read_manifest(directory)
     listed = {e.file for e in entries}
-    verdicts = [Verdict(p.name, "FAIL", "in DIR but not in the manifest: not consumed")
-                for p in sorted(directory.iterdir()) if p.name != MANIFEST and p.name not in listed]
+    verdicts = [
+        Verdict(p.name, "FAIL", "in DIR but not in the manifest: not consumed")
+        for p in sorted(directory.iterdir())
+        if p.name != MANIFEST and p.name not in listed
+    ]
     for entry in entries:
         verdicts.append(run_entry(directory, entry, factory))
     return verdicts
@@ -82,14 +94,20 @@ def run_entry(directory: Path, entry: ManifestEntry, factory: Factory) -> Verdic
     except OSError as e:
         return Verdict(entry.file, "FAIL", f"listed in the manifest but unreadable ({e.strerror})")
     if sha256_hex(data) != entry.sha256:
-        return Verdict(entry.file, "FAIL", f"sha256 {sha256_hex(data)[:16]}... differs from the manifest's "
-                                           f"{entry.sha256[:16]}...: the file changed after generation")
+        return Verdict(
+            entry.file,
+            "FAIL",
+            f"sha256 {sha256_hex(data)[:16]}... differs from the manifest's "
+            f"{entry.sha256[:16]}...: the file changed after generation",
+        )
     try:
         case = parse_case(data, entry.file)
     except VectorFormatError as e:
         return Verdict(entry.file, "FAIL", str(e))
     if case.category != entry.category:
-        return Verdict(entry.file, "FAIL", f"category {case.category!r}, the manifest says {entry.category!r}")
+        return Verdict(
+            entry.file, "FAIL", f"category {case.category!r}, the manifest says {entry.category!r}"
+        )
     return run_case(case, factory, entry.file)
 
 
@@ -103,10 +121,16 @@ def run_case(case: Case, factory: Factory, name: str) -> Verdict:
     except HiCacheError as e:
         return Verdict(name, "FAIL", f"the adapter could not be built: {e}")
     try:
-        if cache.page_size != case.config.page_size or not set(case.config.tiers) <= set(cache.tiers):
-            return Verdict(name, "FAIL", f"the adapter built page size {cache.page_size}, tiers "
-                                         f"{list(cache.tiers)}; the case needs {case.config.page_size}, "
-                                         f"{list(case.config.tiers)}")
+        if cache.page_size != case.config.page_size or not set(case.config.tiers) <= set(
+            cache.tiers
+        ):
+            return Verdict(
+                name,
+                "FAIL",
+                f"the adapter built page size {cache.page_size}, tiers "
+                f"{list(cache.tiers)}; the case needs {case.config.page_size}, "
+                f"{list(case.config.tiers)}",
+            )
         return _run_steps(case, Driver(cache, case.config), name)
     finally:
         cache.close()
@@ -157,20 +181,26 @@ def first_difference(expected: object, got: object, path: str) -> str | None:
             if diff is not None:
                 return diff
         return None
-    if expected == got and isinstance(expected, bool) == isinstance(got, bool):  # JSON: true is not 1
+    if expected == got and isinstance(expected, bool) == isinstance(
+        got, bool
+    ):  # JSON: true is not 1
         return None
     if isinstance(expected, list) and isinstance(got, list) and max(len(expected), len(got)) > 2:
         want, have = [json.dumps(e) for e in expected], [json.dumps(g) for g in got]
         missing = [w for w in want if w not in have]
         extra = [h for h in have if h not in want]
         if missing or extra:  # a long list: name only the elements that differ
-            return (f"{path}: {len(expected)} expected, {len(got)} got; expected but missing "
-                    f"[{', '.join(missing)}], got but not expected [{', '.join(extra)}]")
+            return (
+                f"{path}: {len(expected)} expected, {len(got)} got; expected but missing "
+                f"[{', '.join(missing)}], got but not expected [{', '.join(extra)}]"
+            )
     return f"{path}: expected {json.dumps(expected)}, got {json.dumps(got)}"
 
 
 def describe(op: dict[str, Any]) -> str:
-    args = [f"{k} {len(v)} tokens" if k == "tokens" else f"{k} {v}" for k, v in op.items() if k != "op"]
+    args = [
+        f"{k} {len(v)} tokens" if k == "tokens" else f"{k} {v}" for k, v in op.items() if k != "op"
+    ]
     return " ".join([op["op"], *args]) if args else op["op"]
 
 
@@ -181,9 +211,15 @@ def _plain(obs: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = VectorsParser(prog="hicache vectors run", description=__doc__.split("\n")[0])
-    parser.add_argument("dir", type=Path, metavar="DIR", help="a directory `hicache vectors generate` wrote")
-    parser.add_argument("--adapter", default=DEFAULT_ADAPTER, metavar="module:Name",
-                        help=f"a factory CaseConfig -> CacheUnderTest (default {DEFAULT_ADAPTER})")
+    parser.add_argument(
+        "dir", type=Path, metavar="DIR", help="a directory `hicache vectors generate` wrote"
+    )
+    parser.add_argument(
+        "--adapter",
+        default=DEFAULT_ADAPTER,
+        metavar="module:Name",
+        help=f"a factory CaseConfig -> CacheUnderTest (default {DEFAULT_ADAPTER})",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():
@@ -199,9 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet or v.status == "FAIL":
             print(v.line())
     counts = {s: sum(v.status == s for v in verdicts) for s in ("PASS", "FAIL", "SKIP")}
-    print(f"vectors: {len(verdicts)} checked ({counts['PASS']} passed, {counts['FAIL']} failed, "
-          f"{counts['SKIP']} skipped) in {seconds:.2f} s, {len(verdicts) / seconds:.0f} cases/s; "
-          f"adapter {args.adapter}")
+    print(
+        f"vectors: {len(verdicts)} checked ({counts['PASS']} passed, {counts['FAIL']} failed, "
+        f"{counts['SKIP']} skipped) in {seconds:.2f} s, {len(verdicts) / seconds:.0f} cases/s; "
+        f"adapter {args.adapter}"
+    )
     if not counts["PASS"] and not counts["FAIL"]:
         print("vectors: no case ran (every one skipped): the adapter was checked against nothing")
     return 1 if counts["FAIL"] or not counts["PASS"] else 0

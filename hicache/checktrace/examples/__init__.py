@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from hicache.checktrace.examples.edits import EDITS, edited
 from hicache.checktrace.examples.partial import PARTIALS, stripped
@@ -68,11 +68,17 @@ def examples() -> list[Example]:
     """Every example, each generated afresh: the valid ones, their edits, then the partial
     traces made of either."""
     valid = {name: record(script) for name, script in VALID.items()}
-    out = [Example(name, "valid", " ".join((script.__doc__ or "").split()), valid[name])
-           for name, script in VALID.items()]
+    out = [
+        Example(name, "valid", " ".join((script.__doc__ or "").split()), valid[name])
+        for name, script in VALID.items()
+    ]
     for edit in EDITS:
         lines, seq = edited(edit, valid[edit.base])
-        out.append(Example(edit.name, edit.verdict, edit.description, lines, seq, edit.bug_class, edit.base))
+        out.append(
+            Example(
+                edit.name, edit.verdict, edit.description, lines, seq, edit.bug_class, edit.base
+            )
+        )
     by_name = {ex.name: ex for ex in out}
     for p in PARTIALS:
         source = by_name[p.source]
@@ -83,19 +89,26 @@ def examples() -> list[Example]:
 
 def manifest(found: Sequence[Example]) -> str:
     """manifest.toml: one table per file, keyed by the file's name."""
-    out = ["# The trace examples of this directory: one table per file, written by",
-           "# `python3 -m hicache.checktrace.examples spec/examples` (README.md says what each shows).",
-           "# verdict: valid (exit 0), violation (exit 1) or malformed (exit 2) under check-trace;",
-           "# seq: the first bad event; bug_class: spec/bugclasses.md; base: the example it was made",
-           "# from (by the edit of hicache/checktrace/examples/edits.py named as the file, or as a",
-           "# partial trace: partial.py).",
-           ""]
+    out = [
+        "# The trace examples of this directory: one table per file, written by",
+        "# `python3 -m hicache.checktrace.examples spec/examples` (README.md says what each shows).",
+        "# verdict: valid (exit 0), violation (exit 1) or malformed (exit 2) under check-trace;",
+        "# seq: the first bad event; bug_class: spec/bugclasses.md; base: the example it was made",
+        "# from (by the edit of hicache/checktrace/examples/edits.py named as the file, or as a",
+        "# partial trace: partial.py).",
+        "",
+    ]
     for ex in found:
         out.append(f"[{json.dumps(ex.file)}]")
         events = ex.events if ex.verdict == "valid" else None
-        fields: dict[str, object] = {"verdict": ex.verdict, "events": events, "seq": ex.seq,
-                                     "bug_class": ex.bug_class, "base": ex.base,
-                                     "description": ex.description}
+        fields: dict[str, object] = {
+            "verdict": ex.verdict,
+            "events": events,
+            "seq": ex.seq,
+            "bug_class": ex.bug_class,
+            "base": ex.base,
+            "description": ex.description,
+        }
         out += [f"{k} = {json.dumps(v)}" for k, v in fields.items() if v is not None]
         out.append("")
     return "\n".join(out)
@@ -109,20 +122,29 @@ def files(found: Sequence[Example]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m hicache.checktrace.examples",
-                                description="Write (or --check) the trace examples and their manifest.")
+    p = argparse.ArgumentParser(
+        prog="python3 -m hicache.checktrace.examples",
+        description="Write (or --check) the trace examples and their manifest.",
+    )
     p.add_argument("dir", help="the directory (the repository's copy: spec/examples)")
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that differs")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 naming each file that differs"
+    )
     args = p.parse_args(argv)
     target = Path(args.dir)
     wanted = files(examples())
     if args.check:
-        stale = sorted(n for n, text in wanted.items()
-                       if not (target / n).is_file() or (target / n).read_text() != text)
+        stale = sorted(
+            n
+            for n, text in wanted.items()
+            if not (target / n).is_file() or (target / n).read_text() != text
+        )
         extra = sorted(p.name for p in target.glob(f"*{SUFFIX}") if p.name not in wanted)
         for name in stale + extra:
-            print(f"{target / name}: {'not generated here' if name in extra else 'differs'}; "
-                  f"rewrite with: python3 -m hicache.checktrace.examples {target}")
+            print(
+                f"{target / name}: {'not generated here' if name in extra else 'differs'}; "
+                f"rewrite with: python3 -m hicache.checktrace.examples {target}"
+            )
         return 1 if stale or extra else 0
     target.mkdir(parents=True, exist_ok=True)
     for name, text in wanted.items():

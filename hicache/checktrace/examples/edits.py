@@ -15,8 +15,8 @@ and its `change`, a function named as the example:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from hicache.checktrace.examples.valid import PAGE_SIZE
 
@@ -69,14 +69,27 @@ def cached_len_before_publication(ev: list[Event]) -> int:
 def evict_pinned_promotion(ev: list[Event]) -> int:
     i = _at(ev, "lock", request=2, tier="L2") + 1
     promoted = ev[_at(ev, "s2h_complete")]
-    ev.insert(i, {"event": "evict_l2", "tier": "L2", "node": promoted["node"], "pages": promoted["pages"],
-                  "token_start": 0, "token_end": 4, "before": "L2_L3", "after": "L3"})
+    ev.insert(
+        i,
+        {
+            "event": "evict_l2",
+            "tier": "L2",
+            "node": promoted["node"],
+            "pages": promoted["pages"],
+            "token_start": 0,
+            "token_end": 4,
+            "before": "L2_L3",
+            "after": "L3",
+        },
+    )
     return i
 
 
 def complete_after_cancel(ev: list[Event]) -> int:
     i = _at(ev, "h2d_cancel")
-    ev.insert(i + 1, {**ev[i], "event": "h2d_complete", "before": "H2D_PENDING_L2", "after": "L1_L2"})
+    ev.insert(
+        i + 1, {**ev[i], "event": "h2d_complete", "before": "H2D_PENDING_L2", "after": "L1_L2"}
+    )
     return i + 1
 
 
@@ -107,7 +120,15 @@ def split_inside_a_page(ev: list[Event]) -> int:
 
 def promoted_l2_freed_after_failed_h2d(ev: list[Event]) -> int:
     i = _at(ev, "h2d_fail") + 1
-    ev.insert(i, {**ev[_at(ev, "s2h_complete")], "event": "s2h_cancel", "before": "S2H_PENDING_L3", "after": "L3"})
+    ev.insert(
+        i,
+        {
+            **ev[_at(ev, "s2h_complete")],
+            "event": "s2h_cancel",
+            "before": "S2H_PENDING_L3",
+            "after": "L3",
+        },
+    )
     return i
 
 
@@ -156,48 +177,114 @@ def unknown_event(lines: list[str]) -> int | None:
 
 
 def not_json(lines: list[str]) -> int | None:
-    lines[4] = lines[4][:len(lines[4]) // 2]
+    lines[4] = lines[4][: len(lines[4]) // 2]
     return None
 
 
 EDITS = (
-    Edit("l3_restore_promotion", "violation", "B01",
-         "request 2's cached_len covers node 1 before the h2d_complete that publishes it in L1 (I5)",
-         cached_len_before_publication),
-    Edit("failed_h2d_after_promotion", "violation", "B02",
-         "the failed load-back's cleanup also ends the promotion that completed (s2h_cancel of "
-         "an ended op), returning L2 pages the tree owns", promoted_l2_freed_after_failed_h2d),
-    Edit("abort_mid_h2d", "violation", "B03",
-         "request 2 ends while its load-back is pending (no h2d_cancel): its target pages outlive it",
-         end_with_pending_restore),
-    Edit("l3_restore_promotion", "violation", "B04",
-         "node 1's promoted L2 copy is evicted between the restore's stages while request 2's "
-         "pin locks it", evict_pinned_promotion),
-    Edit("abort_mid_h2d", "violation", "B06",
-         "a completion for the cancelled load-back: the op ends twice", complete_after_cancel),
-    Edit("write_through_l3", "violation", "B06",
-         "request 1's tail page is released twice (a double free)", discard_twice),
-    Edit("write_through_l3", "violation", "B07",
-         "node 2 is backed up to L3 while its parent, node 1, never was", backup_gap),
-    Edit("split_during_pending_op", "violation", "B08",
-         "after the split, the backup's two end events carry each other's page of the op's list",
-         split_op_pages_swapped),
-    Edit("split_during_pending_op", "violation", "B08",
-         "node 1 is split at a token offset inside a page", split_inside_a_page),
-    Edit("l3_restore_promotion", "violation", "B11",
-         "request 2 releases its L1 pin twice: a lock count below zero", unlock_twice),
-    Edit("write_through_l3", "violation", "B15",
-         "request 2 computes into an L1 page node 1 holds (a page handed to two owners)",
-         compute_into_published_page),
-    Edit("failed_s2h_fallback", "violation", "B15",
-         "after its checksum failed and the slot was invalidated (node 1 removed), node 1 is "
-         "read from L3 again", serve_invalidated_slot),
+    Edit(
+        "l3_restore_promotion",
+        "violation",
+        "B01",
+        "request 2's cached_len covers node 1 before the h2d_complete that publishes it in L1 (I5)",
+        cached_len_before_publication,
+    ),
+    Edit(
+        "failed_h2d_after_promotion",
+        "violation",
+        "B02",
+        "the failed load-back's cleanup also ends the promotion that completed (s2h_cancel of "
+        "an ended op), returning L2 pages the tree owns",
+        promoted_l2_freed_after_failed_h2d,
+    ),
+    Edit(
+        "abort_mid_h2d",
+        "violation",
+        "B03",
+        "request 2 ends while its load-back is pending (no h2d_cancel): its target pages outlive it",
+        end_with_pending_restore,
+    ),
+    Edit(
+        "l3_restore_promotion",
+        "violation",
+        "B04",
+        "node 1's promoted L2 copy is evicted between the restore's stages while request 2's "
+        "pin locks it",
+        evict_pinned_promotion,
+    ),
+    Edit(
+        "abort_mid_h2d",
+        "violation",
+        "B06",
+        "a completion for the cancelled load-back: the op ends twice",
+        complete_after_cancel,
+    ),
+    Edit(
+        "write_through_l3",
+        "violation",
+        "B06",
+        "request 1's tail page is released twice (a double free)",
+        discard_twice,
+    ),
+    Edit(
+        "write_through_l3",
+        "violation",
+        "B07",
+        "node 2 is backed up to L3 while its parent, node 1, never was",
+        backup_gap,
+    ),
+    Edit(
+        "split_during_pending_op",
+        "violation",
+        "B08",
+        "after the split, the backup's two end events carry each other's page of the op's list",
+        split_op_pages_swapped,
+    ),
+    Edit(
+        "split_during_pending_op",
+        "violation",
+        "B08",
+        "node 1 is split at a token offset inside a page",
+        split_inside_a_page,
+    ),
+    Edit(
+        "l3_restore_promotion",
+        "violation",
+        "B11",
+        "request 2 releases its L1 pin twice: a lock count below zero",
+        unlock_twice,
+    ),
+    Edit(
+        "write_through_l3",
+        "violation",
+        "B15",
+        "request 2 computes into an L1 page node 1 holds (a page handed to two owners)",
+        compute_into_published_page,
+    ),
+    Edit(
+        "failed_s2h_fallback",
+        "violation",
+        "B15",
+        "after its checksum failed and the slot was invalidated (node 1 removed), node 1 is "
+        "read from L3 again",
+        serve_invalidated_slot,
+    ),
     Edit("write_through_l3", "malformed", None, "the header line is missing", no_header),
-    Edit("write_through_l3", "malformed", None,
-         "the header names trace format version 2", header_version_2),
+    Edit(
+        "write_through_l3",
+        "malformed",
+        None,
+        "the header names trace format version 2",
+        header_version_2,
+    ),
     Edit("write_through_l3", "malformed", None, "the event with seq 6 is lost", seq_gap),
-    Edit("write_through_l3", "malformed", None,
-         "an event name that is no transition (h2s_done)", unknown_event),
+    Edit(
+        "write_through_l3",
+        "malformed",
+        None,
+        "an event name that is no transition (h2s_done)",
+        unknown_event,
+    ),
     Edit("write_through_l3", "malformed", None, "an event line cut in half", not_json),
 )
 

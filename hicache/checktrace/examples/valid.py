@@ -8,7 +8,7 @@ trace's lines. A script's docstring is its manifest description.
 from __future__ import annotations
 
 import io
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from hicache.control import ControlPlane
 from hicache.tiers import Direction
@@ -23,11 +23,14 @@ PROMPT = (1, 2, 3, 4, 5)
 
 Script = Callable[[ControlPlane], None]
 
+
 def record(script: Script) -> tuple[str, ...]:
     """Run `script` on a fresh plane of CAPACITIES traced into an NdjsonSink: the lines."""
     header = TraceHeader(PAGE_SIZE, CAPACITIES, engine="hicache control plane")
     stream = io.StringIO()
-    cp = ControlPlane(PAGE_SIZE, tuple(CAPACITIES.values()), tracer=Tracer(NdjsonSink(stream, header)))
+    cp = ControlPlane(
+        PAGE_SIZE, tuple(CAPACITIES.values()), tracer=Tracer(NdjsonSink(stream, header))
+    )
     # Verify the header written first is the plane's own (spec/trace.md, "Header").
     assert cp.trace_header() == header, f"{cp.trace_header()} != {header}"
     script(cp)
@@ -199,5 +202,3 @@ VALID: dict[str, Script] = {
     "write_back_on_eviction": write_back_on_eviction,
 }
 """Valid examples: name -> script (its docstring is the manifest's description)."""
-
-

@@ -24,13 +24,19 @@ import itertools
 import os
 import tempfile
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import (
-    ALLOC_SITES, READ_ACTIONS, Action, FaultInjector, FaultSite, SimulatedCrash,
+    ALLOC_SITES,
+    READ_ACTIONS,
+    Action,
+    FaultInjector,
+    FaultSite,
+    SimulatedCrash,
 )
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.devices import rank_device
@@ -40,10 +46,15 @@ from hicache.pages import Pages
 from hicache.pools.hits import GROUP_HIT_POLICIES
 from hicache.pools.presets import SINGLE_POOL, TINY, group, names
 from hicache.pools.tierpools import TierPools, window_pools
-from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
+from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.protocol import (
-    PENDING, WINDOW_FREED, WINDOW_REVIVED, Admission, FaultSchedule, PageChange,
+    PENDING,
+    WINDOW_FREED,
+    WINDOW_REVIVED,
+    Admission,
+    FaultSchedule,
+    PageChange,
 )
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
@@ -54,8 +65,14 @@ if TYPE_CHECKING:
 PLANES = ("null", "cpu", "cuda")
 INTO = {"L1": Direction.H2D, "L2": Direction.S2H, "L3": Direction.H2S}
 """`aim`: the transfer into each tier that an aimed fault strikes (L2: a restore's read)."""
-AIM_ACTIONS: dict[str, Action] = {"refuse": "alloc", "crash": "crash", "error": "fail", "corrupt": "corrupt",
-                                   "unreadable": "short_read", "partial": "partial"}
+AIM_ACTIONS: dict[str, Action] = {
+    "refuse": "alloc",
+    "crash": "crash",
+    "error": "fail",
+    "corrupt": "corrupt",
+    "unreadable": "short_read",
+    "partial": "partial",
+}
 """`aim`'s actions as `FaultInjector.aim`'s (corrupt, unreadable, partial: reads only, else
 fail)."""
 
@@ -135,15 +152,24 @@ class ControllerAdapter:
                 self.dir = tempfile.TemporaryDirectory(prefix="hicache-fuzz-")
             l3_path = os.path.join(self.dir.name, "l3.slots")
         cfg = CacheConfig(
-            l1_pages=s.l1_pages, l2_pages=s.l2_pages, l3_slots=s.l3_slots,
-            device=self._device(), backend="torch" if s.plane != "cuda" else "auto",
-            policy=s.policy, write_policy=s.write_policy, promotion=s.promotion,
-            check_mode=s.check_mode, l3_path=l3_path, l3_overwrite=True,
+            l1_pages=s.l1_pages,
+            l2_pages=s.l2_pages,
+            l3_slots=s.l3_slots,
+            device=self._device(),
+            backend="torch" if s.plane != "cuda" else "auto",
+            policy=s.policy,
+            write_policy=s.write_policy,
+            promotion=s.promotion,
+            check_mode=s.check_mode,
+            l3_path=l3_path,
+            l3_overwrite=True,
             # A group's L3 parts run on the polling thread: the schedule a seed replays
             # (`_join_io` waits for a single pool's threads).
             io_threads=2 if s.pools == SINGLE_POOL else 0,
             load_back_overlap=s.load_back_overlap,
-            pools=s.pools, hit_policy=s.hit_policy, l1_window_pages=s.l1_window_pages,
+            pools=s.pools,
+            hit_policy=s.hit_policy,
+            l1_window_pages=s.l1_window_pages,
         )
         self.sink = ListSink()
         self._seen = 0  # events of `sink` already turned into page changes
@@ -152,8 +178,13 @@ class ControllerAdapter:
         if s.plane == "null":
             g = cfg.kv
             engine = FaultyNullEngine(g, cfg.l1_pages, cfg.l2_pages, cfg.l3_slots, self.faults)
-        ctl = CacheController(cfg, faults=self.faults, tracer=Tracer(self.sink), engine=engine,
-                              collectives=self.collectives)
+        ctl = CacheController(
+            cfg,
+            faults=self.faults,
+            tracer=Tracer(self.sink),
+            engine=engine,
+            collectives=self.collectives,
+        )
         self._fail_pools(ctl)
         self._poison_reserved(ctl)
         return ctl
@@ -174,7 +205,11 @@ class ControllerAdapter:
 
         for tier in (Tier.L1, Tier.L2):
             table = ctl.cp.tables[list(Tier).index(tier)]
-            tables = table.group_table.tables if isinstance(table, TierPools) else {ctl.group.anchor.name: table}
+            tables = (
+                table.group_table.tables
+                if isinstance(table, TierPools)
+                else {ctl.group.anchor.name: table}
+            )
             for pool, t in tables.items():
                 t.on_reserve = poison(tier, pool)
 
@@ -188,7 +223,8 @@ class ControllerAdapter:
             if isinstance(table, TierPools):
                 site, first = ALLOC_SITES[tier], table.group.allocating[0].name
                 table.group_table.fault = lambda pool, site=site, first=first: (
-                    pool != first and self.faults.fire(site))
+                    pool != first and self.faults.fire(site)
+                )
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -228,7 +264,7 @@ class ControllerAdapter:
             return None
         pages = self.ctl.cp.prefix_pages(self.ctl.cp.prefix_node(request_id), Tier.L1)
         ps = self.page_size
-        pages = pages[:self.ctl.cp.cached_len(request_id) // ps]
+        pages = pages[: self.ctl.cp.cached_len(request_id) // ps]
         return [int(d) for d in self.ctl.transfer_engine.digests("L1", pages)]
 
     # -- transfers ----------------------------------------------------------------------------
@@ -239,7 +275,11 @@ class ControllerAdapter:
 
     def has_work(self) -> bool:
         ctl = self.ctl
-        return bool(ctl.handles) or ctl.backups.pending or not all(m.done for m in ctl.restores.values())
+        return (
+            bool(ctl.handles)
+            or ctl.backups.pending
+            or not all(m.done for m in ctl.restores.values())
+        )
 
     def pending_ops(self) -> list[int]:
         return sorted(op for op, h in self.ctl.handles.items() if not h.status.final)
@@ -259,9 +299,14 @@ class ControllerAdapter:
         op = self.ctl.cp.ops[op_id]
         path = self.ctl.engine.l3_path
         slot = int(op.source_pages[0])
-        error = {"corrupt": CorruptSlot(slot, path),
-                 "unreadable": UnreadableSlot((slot,), path, "injected")}.get(kind) \
-            if op.direction.value == "S2H" else None
+        error = (
+            {
+                "corrupt": CorruptSlot(slot, path),
+                "unreadable": UnreadableSlot((slot,), path, "injected"),
+            }.get(kind)
+            if op.direction.value == "S2H"
+            else None
+        )
         handle.fail(error or TransferError(f"{op.direction} failed (injected)"))
 
     def evict(self, tier: str, n_pages: int) -> None:
@@ -274,7 +319,9 @@ class ControllerAdapter:
         run adds S2H_PARTIAL at PARTIAL_RATE: an S2H stops with a per-pool report of what
         landed, the controller publishes its clamp (spec/pools.md F11, F12)."""
         known = {s.value for s in FaultSite}
-        self.faults.rates = {FaultSite(k): v for k, v in schedule.rates.items() if k in known and v > 0}
+        self.faults.rates = {
+            FaultSite(k): v for k, v in schedule.rates.items() if k in known and v > 0
+        }
         if self.setup.pools != SINGLE_POOL:
             # Scenarios F11, F12: a group's S2H stops part way, per pool (`landing`).
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE
@@ -297,8 +344,11 @@ class ControllerAdapter:
         "unreadable" and "partial" other than into L2 (a read of L3) are "fail". ConfigError
         for an unknown action or tier, nothing changed."""
         if action not in AIM_ACTIONS or tier not in INTO:
-            raise ConfigError("aim", f"an action of {sorted(AIM_ACTIONS)} and a tier of {sorted(INTO)}, "
-                              f"got {action!r}, {tier!r}")
+            raise ConfigError(
+                "aim",
+                f"an action of {sorted(AIM_ACTIONS)} and a tier of {sorted(INTO)}, "
+                f"got {action!r}, {tier!r}",
+            )
         direction = INTO[tier]
         kind = AIM_ACTIONS[action]
         if kind in READ_ACTIONS and direction is not Direction.S2H:
@@ -380,7 +430,7 @@ class ControllerAdapter:
 
     def changes(self) -> list[PageChange]:
         out: list[PageChange] = []
-        for e in self.sink.events[self._seen:]:
+        for e in self.sink.events[self._seen :]:
             out.extend(self._changes_of(e))
         self._seen = len(self.sink.events)
         return out
@@ -396,7 +446,7 @@ class ControllerAdapter:
             lower = self.nodes.get(e.node or -1)
             if lower is not None and isinstance(upper, int) and isinstance(at, int):
                 start, prefix = lower
-                self.nodes[upper] = [start, prefix[:start + at]]
+                self.nodes[upper] = [start, prefix[: start + at]]
                 lower[0] = start + at
             return []
         if e.event == "node_remove":
@@ -404,22 +454,28 @@ class ControllerAdapter:
             return []
         if e.event in WINDOW_EVENTS:  # a node's L1 window freed or back: each of its pages
             start, prefix = self.nodes[e.node or -1]
-            return [PageChange("L1", tuple(prefix[:end]), WINDOW_EVENTS[e.event])
-                    for end in range(start + self.page_size, len(prefix) + 1, self.page_size)]
+            return [
+                PageChange("L1", tuple(prefix[:end]), WINDOW_EVENTS[e.event])
+                for end in range(start + self.page_size, len(prefix) + 1, self.page_size)
+            ]
         t = self.lifecycle.transitions.get(e.event)
         if t is None or t.acts_on_copy or e.node is None or e.before is None or e.after is None:
             return []
         if e.event == "insert" and e.request is not None:
-            self.nodes[e.node] = [e.token_start, self.tokens[e.request][:e.token_end]]
+            self.nodes[e.node] = [e.token_start, self.tokens[e.request][: e.token_end]]
         known = self.nodes.get(e.node)
         if known is None or e.token_start is None or e.token_end is None:
-            raise AssertionError(f"trace event on node {e.node} the adapter never saw created: {e.to_json()}")
+            raise AssertionError(
+                f"trace event on node {e.node} the adapter never saw created: {e.to_json()}"
+            )
         prefix = known[1]
         i = TIERS.index(t.tier)
         state = self._graph_states(e.after)[i]
         state = state if state in (ABSENT, RESIDENT) else PENDING
-        return [PageChange(str(t.tier), tuple(prefix[:end]), state)
-                for end in range(e.token_start + self.page_size, e.token_end + 1, self.page_size)]
+        return [
+            PageChange(str(t.tier), tuple(prefix[:end]), state)
+            for end in range(e.token_start + self.page_size, e.token_end + 1, self.page_size)
+        ]
 
     def _graph_states(self, name: str) -> tuple[str, str, str]:
         for c in self.lifecycle.composites:
@@ -453,13 +509,17 @@ def check_preset(pools: str) -> None:
     anchor = group(pools).anchor.page_size  # ConfigError: no such preset
     if pools not in fuzz_presets():
         tiny = f"; {pools}{TINY} has its structure" if pools + TINY in names() else ""
-        raise ConfigError("pools", f"{pools!r} has {anchor}-token anchor pages and the fuzz "
-                                   f"machine's prompts {PAGE_TOKENS}-token pages: choose one of "
-                                   f"{list(fuzz_presets())}{tiny}")
+        raise ConfigError(
+            "pools",
+            f"{pools!r} has {anchor}-token anchor pages and the fuzz "
+            f"machine's prompts {PAGE_TOKENS}-token pages: choose one of "
+            f"{list(fuzz_presets())}{tiny}",
+        )
 
 
-def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = SINGLE_POOL
-           ) -> "st.SearchStrategy[Setup]":
+def setups(
+    plane: str = "null", load_back_overlap: str = "share", pools: str = SINGLE_POOL
+) -> st.SearchStrategy[Setup]:
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
     and L3 are tight, every write policy, promotion on or off. `load_back_overlap` is fixed
     per strategy, not drawn (a draw would shift every seeded run's steps). `pools`: the
@@ -468,9 +528,15 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = S
 
     check_preset(pools)
     base = st.builds(
-        Setup, l1_pages=st.integers(7, 12), l2_pages=st.integers(3, 12), l3_slots=st.integers(2, 16),
-        write_policy=st.sampled_from(WRITE_POLICIES), policy=st.sampled_from(("always", "always", "never")),
-        promotion=st.booleans(), plane=st.just(plane), load_back_overlap=st.just(load_back_overlap),
+        Setup,
+        l1_pages=st.integers(7, 12),
+        l2_pages=st.integers(3, 12),
+        l3_slots=st.integers(2, 16),
+        write_policy=st.sampled_from(WRITE_POLICIES),
+        policy=st.sampled_from(("always", "always", "never")),
+        promotion=st.booleans(),
+        plane=st.just(plane),
+        load_back_overlap=st.just(load_back_overlap),
         pools=st.just(pools),
         # The machine checks everything after every step; inside each transition as well
         # on the real planes (a bad byte is best caught where it lands).
@@ -482,6 +548,13 @@ def setups(plane: str = "null", load_back_overlap: str = "share", pools: str = S
     # windows than pages (it frees the least recently used ones; the longest prompt still
     # fits) or one for every page.
     longest = PREFIX_PAGES + SUFFIX_PAGES_MAX + 1
-    return base.flatmap(lambda s: st.builds(
-        replace, st.just(s), hit_policy=st.sampled_from(GROUP_HIT_POLICIES),
-        l1_window_pages=st.one_of(st.none(), st.integers(longest, max(longest, s.l1_pages - 1)))))
+    return base.flatmap(
+        lambda s: st.builds(
+            replace,
+            st.just(s),
+            hit_policy=st.sampled_from(GROUP_HIT_POLICIES),
+            l1_window_pages=st.one_of(
+                st.none(), st.integers(longest, max(longest, s.l1_pages - 1))
+            ),
+        )
+    )

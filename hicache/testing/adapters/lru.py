@@ -13,7 +13,8 @@ an engine is wrong.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.notransfers import WithoutTransfers
@@ -64,7 +65,9 @@ class LRUCache(WithoutTransfers):
 
     def _victims(self, keep: Sequence[Prefix] = ()) -> list[Prefix]:
         """Pages in LRU order that no live request is served from (nor in `keep`)."""
-        held = {p for tokens, cached in self.requests.values() for p in self._prefixes(tokens, cached)}
+        held = {
+            p for tokens, cached in self.requests.values() for p in self._prefixes(tokens, cached)
+        }
         held.update(keep)
         return [p for p in self.pages if p not in held]
 
@@ -106,8 +109,11 @@ class LRUCache(WithoutTransfers):
         return out
 
     def check(self) -> list[str]:
-        return [] if len(self.pages) <= self.capacity else [f"{len(self.pages)} pages > {self.capacity}"]
-
+        return (
+            []
+            if len(self.pages) <= self.capacity
+            else [f"{len(self.pages)} pages > {self.capacity}"]
+        )
 
 
 class ForgetfulLRU(LRUCache):

@@ -42,7 +42,14 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine, StoppedEarly, transfer_pages
-from hicache.errors import ConfigError, CorruptSlot, HiCacheError, StorageError, TransferError, UnreadableSlot
+from hicache.errors import (
+    ConfigError,
+    CorruptSlot,
+    HiCacheError,
+    StorageError,
+    TransferError,
+    UnreadableSlot,
+)
 from hicache.pages import Pages
 from hicache.tiers import Direction, Tier
 
@@ -57,10 +64,16 @@ COMPLETE_SITES: dict[Direction, tuple[FaultSite, ...]] = {
 TARGETED: dict[Direction, dict[str, FaultSite]] = {
     Direction.D2H: {"error": FaultSite.D2H_COMPLETE},
     Direction.H2D: {"error": FaultSite.H2D_COMPLETE},
-    Direction.H2S: {"error": FaultSite.IO_EIO, "corrupt": FaultSite.IO_ENOSPC,
-                    "unreadable": FaultSite.SHORT_WRITE},
-    Direction.S2H: {"error": FaultSite.IO_EIO, "corrupt": FaultSite.CORRUPT_SLOT,
-                    "unreadable": FaultSite.SHORT_READ},
+    Direction.H2S: {
+        "error": FaultSite.IO_EIO,
+        "corrupt": FaultSite.IO_ENOSPC,
+        "unreadable": FaultSite.SHORT_WRITE,
+    },
+    Direction.S2H: {
+        "error": FaultSite.IO_EIO,
+        "corrupt": FaultSite.CORRUPT_SLOT,
+        "unreadable": FaultSite.SHORT_READ,
+    },
 }
 """`settle(False, kind)`: the fault site a failure of that kind, aimed at one op, stands for."""
 
@@ -68,8 +81,9 @@ TARGETED: dict[Direction, dict[str, FaultSite]] = {
 class FaultyNullHandle(NullHandle):
     """A null handle that knows its source pages (an S2H failure names a slot)."""
 
-    def __init__(self, engine: FaultyNullEngine, direction: Direction, nbytes: int,
-                 source: Pages) -> None:
+    def __init__(
+        self, engine: FaultyNullEngine, direction: Direction, nbytes: int, source: Pages
+    ) -> None:
         super().__init__(direction, nbytes)
         self.engine = engine
         self.source = source
@@ -90,7 +104,9 @@ class FaultyNullHandle(NullHandle):
             return
         for site in COMPLETE_SITES[self.direction]:
             if self.engine.injector.fire(site):
-                kind = {FaultSite.CORRUPT_SLOT: "corrupt", FaultSite.SHORT_READ: "unreadable"}.get(site, "error")
+                kind = {FaultSite.CORRUPT_SLOT: "corrupt", FaultSite.SHORT_READ: "unreadable"}.get(
+                    site, "error"
+                )
                 self.fail(self.engine.error_for(self, kind))
                 return
         if self.direction is Direction.S2H and self.engine.injector.fire(FaultSite.S2H_PARTIAL):
@@ -109,7 +125,9 @@ class FaultyNullHandle(NullHandle):
         if corrupt:
             self.fail(CorruptSlot(corrupt[0], L3_PATH))
         elif unreadable:
-            self.fail(UnreadableSlot(tuple(unreadable), L3_PATH, "the L3 file was cut under the cache"))
+            self.fail(
+                UnreadableSlot(tuple(unreadable), L3_PATH, "the L3 file was cut under the cache")
+            )
         return bool(corrupt or unreadable)
 
     def _probe(self) -> TransferStatus:
@@ -126,8 +144,14 @@ class FaultyNullHandle(NullHandle):
 class FaultyNullEngine(NullEngine):
     """`NullEngine` with the fault sites of the module docstring."""
 
-    def __init__(self, geometry: KVGeometry, l1_pages: int, l2_pages: int, l3_slots: int,
-                 faults: FaultInjector) -> None:
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        l1_pages: int,
+        l2_pages: int,
+        l3_slots: int,
+        faults: FaultInjector,
+    ) -> None:
         # The base plane draws no faults (its `faults` stays None): this plane draws them where
         # the machine wants them, from `injector`.
         super().__init__(geometry, l1_pages, l2_pages, l3_slots, faults=None)
@@ -158,8 +182,13 @@ class FaultyNullEngine(NullEngine):
         return TransferError(f"{handle.direction} failed (injected on the null plane)")
 
     def _issue(self, direction: Direction, source: Pages, target: Pages) -> TransferHandle:
-        src, dst = transfer_pages(direction, source, target, self.capacity[direction.source],
-                                  self.capacity[direction.target])
+        src, dst = transfer_pages(
+            direction,
+            source,
+            target,
+            self.capacity[direction.source],
+            self.capacity[direction.target],
+        )
         if self.lost and direction in (Direction.H2S, Direction.S2H):
             raise StorageError(L3_PATH, "removed under us; its slots are lost")
         if direction is Direction.H2S:
@@ -169,7 +198,9 @@ class FaultyNullEngine(NullEngine):
             for site in (FaultSite.DEVICE_ALLOC, FaultSite.PINNED_ALLOC):
                 if self.injector.fire(site):
                     raise TransferError(f"cannot allocate a workspace ({site.value} injected)")
-        handle = FaultyNullHandle(self, direction, int(src.size) * self.geometry.bytes_per_page, src)
+        handle = FaultyNullHandle(
+            self, direction, int(src.size) * self.geometry.bytes_per_page, src
+        )
         self._tagged(handle, direction, src, dst)
         self.handles.append(handle)
         return handle

@@ -82,12 +82,16 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.notransfers import WithoutTransfers
-from hicache.testing.adapters.sglang_import import EngineUnavailable, import_radix_cache, sglang_version
+from hicache.testing.adapters.sglang_import import (
+    import_radix_cache,
+    sglang_version,
+)
 from hicache.testing.adapters.sglang_trace import SGLangTrace, node_spans
 from hicache.testing.protocol import Admission, PageChange
 
@@ -131,8 +135,10 @@ class SGLangRadixCache(WithoutTransfers):
 
     def __post_init__(self) -> None:
         if self.traced and self.rematch:
-            raise HiCacheError("a trace needs rematch=False: a second match at prefill has no "
-                               "event in spec/trace.md (sglang_trace.py)")
+            raise HiCacheError(
+                "a trace needs rematch=False: a second match at prefill has no "
+                "event in spec/trace.md (sglang_trace.py)"
+            )
         self.sg = import_radix_cache()
         self.traces: list[SGLangTrace] = []
         self._pages: set[Prefix] = set()  # the tree's pages at the last `changes()`
@@ -140,11 +146,21 @@ class SGLangRadixCache(WithoutTransfers):
 
     def _open(self) -> None:
         self.allocator = self.sg["Allocator"](
-            size=self.capacity * self.page_size, page_size=self.page_size, dtype=None,
-            device="cpu", kvcache=None, need_sort=False)
-        self.tree = self.sg["RadixCache"](self.sg["CacheInitParams"](
-            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
-            page_size=self.page_size))
+            size=self.capacity * self.page_size,
+            page_size=self.page_size,
+            dtype=None,
+            device="cpu",
+            kvcache=None,
+            need_sort=False,
+        )
+        self.tree = self.sg["RadixCache"](
+            self.sg["CacheInitParams"](
+                disable=False,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=self.page_size,
+            )
+        )
         if self.traced:
             engine = f"sglang {sglang_version()} RadixCache (hicache/testing/adapters/sglang.py)"
             self.traces.append(SGLangTrace(self.page_size, self.capacity, engine))
@@ -181,11 +197,13 @@ class SGLangRadixCache(WithoutTransfers):
             raise HiCacheError("a prompt needs at least one token")
         limit = self.capacity * self.page_size - DECODE_RESERVE_TOKENS
         if self.input_limit and len(tokens) >= limit:
-            raise HiCacheError(f"request {request_id}: input length ({len(tokens)} tokens) exceeds the "
-                               f"maximum allowed length ({limit} tokens, sglang's max_req_input_len for "
-                               f"{self.capacity} pages of {self.page_size}); shorten the prompt")
+            raise HiCacheError(
+                f"request {request_id}: input length ({len(tokens)} tokens) exceeds the "
+                f"maximum allowed length ({limit} tokens, sglang's max_req_input_len for "
+                f"{self.capacity} pages of {self.page_size}); shorten the prompt"
+            )
         before = node_spans(self.tree.root_node) if self.traced else {}
-        got = self._match(tokens[:len(tokens) - 1])
+        got = self._match(tokens[: len(tokens) - 1])
         self.tree.inc_lock_ref(got.last_device_node)
         hit = int(got.device_prefix_len)
         self.requests[request_id] = _Request(tuple(tokens), got.last_device_node, hit)
@@ -202,7 +220,7 @@ class SGLangRadixCache(WithoutTransfers):
             raise HiCacheError(f"request {request_id} is served already; finish it")
         ps, tokens = self.page_size, r.tokens
         if self.rematch:
-            self._relock(r, self._match(tokens[:len(tokens) - 1]).last_device_node)
+            self._relock(r, self._match(tokens[: len(tokens) - 1]).last_device_node)
         matched = len(self.tree.path_device_indices(r.node))
         need = -(-len(tokens) // ps) * ps - matched  # slots past the match, tail page included
         short = need - int(self.allocator.available_size())
@@ -216,14 +234,20 @@ class SGLangRadixCache(WithoutTransfers):
         aligned = len(tokens) // ps * ps
         before = {}
         if self._trace is not None:
-            self._trace.compute(request_id, self.tree.root_node, tokens, row, matched, matched + need)
+            self._trace.compute(
+                request_id, self.tree.root_node, tokens, row, matched, matched + need
+            )
             before = node_spans(self.tree.root_node)
-        done = self.tree.insert(self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned]))
+        done = self.tree.insert(
+            self.sg["InsertParams"](key=self._key(tokens[:aligned]), value=row[:aligned])
+        )
         if self._trace is not None:
             self._trace.splits(before, node_spans(self.tree.root_node))
-            self._trace.insert(request_id, self.tree.root_node, tokens, row, matched, int(done.prefix_len))
+            self._trace.insert(
+                request_id, self.tree.root_node, tokens, row, matched, int(done.prefix_len)
+            )
         # Pages another request inserted since the match: ours are duplicates, freed.
-        self.allocator.free_segment(row[matched:int(done.prefix_len)], start_pos=matched)
+        self.allocator.free_segment(row[matched : int(done.prefix_len)], start_pos=matched)
         self.stats["duplicate_pages_freed"] += (int(done.prefix_len) - matched) // ps
         self._lock_served(r, self._match(tokens[:aligned]).last_device_node)
         r.private, r.cached_len, r.prefilled = row[aligned:], aligned, True
@@ -247,8 +271,9 @@ class SGLangRadixCache(WithoutTransfers):
         """The live request, or HiCacheError (the call is refused, nothing changed)."""
         r = self.requests.get(request_id)
         if r is None:
-            raise HiCacheError(f"request {request_id} is not live (never submitted, or finished); "
-                               "submit it first")
+            raise HiCacheError(
+                f"request {request_id} is not live (never submitted, or finished); submit it first"
+            )
         return r
 
     def _lock_served(self, r: _Request, node: Any) -> None:
@@ -271,7 +296,9 @@ class SGLangRadixCache(WithoutTransfers):
             raise HiCacheError(f"tier {tier!r}: this engine has only {self.tiers}")
         freed = self._evict(n_pages * self.page_size)
         self.stats["evict_calls"] += 1
-        self.stats["evict_pages_beyond_asked"] += max(0, freed.num_tokens_evicted // self.page_size - n_pages)
+        self.stats["evict_pages_beyond_asked"] += max(
+            0, freed.num_tokens_evicted // self.page_size - n_pages
+        )
 
     def restart(self) -> None:
         """A fresh tree and allocator: the process started again."""
@@ -317,7 +344,9 @@ class SGLangRadixCache(WithoutTransfers):
         gone = sorted(self._pages - now, key=lambda p: (-len(p), p))
         new = sorted(now - self._pages, key=lambda p: (len(p), p))
         self._pages = now
-        return [PageChange("L1", p, "ABSENT") for p in gone] + [PageChange("L1", p, "RESIDENT") for p in new]
+        return [PageChange("L1", p, "ABSENT") for p in gone] + [
+            PageChange("L1", p, "RESIDENT") for p in new
+        ]
 
     def check(self) -> list[str]:
         """sglang's accounting against a recount from the tree (module docstring)."""
@@ -329,8 +358,10 @@ class SGLangRadixCache(WithoutTransfers):
         tails = sum(int(r.private.numel()) for r in self.requests.values() if r.private is not None)
         free = int(self.allocator.available_size())
         if free + size + tails != self.capacity * self.page_size:
-            found.append(f"slots: {free} free + {size} in the tree + {tails} in tails "
-                         f"!= {self.capacity * self.page_size}")
+            found.append(
+                f"slots: {free} free + {size} in the tree + {tails} in tails "
+                f"!= {self.capacity * self.page_size}"
+            )
         locks = {id(n): 0 for _, n in nodes}
         for r in self.requests.values():
             node = r.node
@@ -339,10 +370,11 @@ class SGLangRadixCache(WithoutTransfers):
                 node = node.parent
         for ends, n in nodes:
             if n.lock_ref != locks[id(n)]:
-                found.append(f"node ending at token {len(ends)}: lock_ref {n.lock_ref}, "
-                             f"{locks[id(n)]} live requests locked below it")
+                found.append(
+                    f"node ending at token {len(ends)}: lock_ref {n.lock_ref}, "
+                    f"{locks[id(n)]} live requests locked below it"
+                )
         return found
-
 
 
 class SGLangStaleLock(SGLangRadixCache):

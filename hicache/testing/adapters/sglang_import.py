@@ -33,10 +33,10 @@ class _Anything:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "_Anything":
+    def __call__(self, *args: Any, **kwargs: Any) -> _Anything:
         return _Anything()
 
-    def __getattr__(self, name: str) -> "_Anything":
+    def __getattr__(self, name: str) -> _Anything:
         return _Anything()
 
 
@@ -51,7 +51,9 @@ class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """STUB finder for `torchvision` and its submodules, on `sys.meta_path` only while
     `import_radix_cache` imports sglang (see the module docstring)."""
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if name == "torchvision" or name.startswith("torchvision."):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
@@ -89,14 +91,20 @@ def import_radix_cache() -> dict[str, Any]:
     except ImportError as e:
         raise EngineUnavailable(
             f"sglang's RadixCache cannot be imported ({e}); install it as "
-            "hicache/testing/adapters/sglang.py's docstring says") from e
+            "hicache/testing/adapters/sglang.py's docstring says"
+        ) from e
     finally:
         if stub in sys.meta_path:
             sys.meta_path.remove(stub)
-    return {"RadixCache": radix.RadixCache, "RadixKey": radix.RadixKey,
-            "CacheInitParams": params.CacheInitParams, "MatchPrefixParams": base.MatchPrefixParams,
-            "InsertParams": base.InsertParams, "EvictParams": base.EvictParams,
-            "Allocator": paged.PagedTokenToKVPoolAllocator}
+    return {
+        "RadixCache": radix.RadixCache,
+        "RadixKey": radix.RadixKey,
+        "CacheInitParams": params.CacheInitParams,
+        "MatchPrefixParams": base.MatchPrefixParams,
+        "InsertParams": base.InsertParams,
+        "EvictParams": base.EvictParams,
+        "Allocator": paged.PagedTokenToKVPoolAllocator,
+    }
 
 
 def sglang_version() -> str:

@@ -28,7 +28,8 @@ inserted since).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
@@ -60,15 +61,19 @@ def path_nodes(root: Any, tokens: Sequence[int], page_size: int) -> list[tuple[A
     range; the last one may match only its first pages (no split: the tree is read only)."""
     out, node, pos, ps = [], root, 0, page_size
     while pos + ps <= len(tokens):
-        page = tuple(tokens[pos:pos + ps])
-        child = next((c for c in node.children.values()
-                      if tuple(c.key.raw_token_ids()[:ps]) == page), None)
+        page = tuple(tokens[pos : pos + ps])
+        child = next(
+            (c for c in node.children.values() if tuple(c.key.raw_token_ids()[:ps]) == page), None
+        )
         if child is None:
             break
         key = tuple(child.key.raw_token_ids())
         n = 1
-        while n * ps < len(key) and pos + (n + 1) * ps <= len(tokens) \
-                and key[n * ps:(n + 1) * ps] == tuple(tokens[pos + n * ps:pos + (n + 1) * ps]):
+        while (
+            n * ps < len(key)
+            and pos + (n + 1) * ps <= len(tokens)
+            and key[n * ps : (n + 1) * ps] == tuple(tokens[pos + n * ps : pos + (n + 1) * ps])
+        ):
             n += 1
         out.append((child, (pos, pos + n * ps)))
         if n * ps < len(key):
@@ -94,7 +99,9 @@ class SGLangTrace:
         """The NDJSON lines, header first (what `hicache check-trace FILE` reads)."""
         return [self.header.to_json()] + [e.to_json() for e in self.events]
 
-    def splits(self, before: dict[int, tuple[Any, Span]], after: dict[int, tuple[Any, Span]]) -> None:
+    def splits(
+        self, before: dict[int, tuple[Any, Span]], after: dict[int, tuple[Any, Span]]
+    ) -> None:
         """split for every node of `after` new since `before` that is the parent of a node
         `before` had (the upper part of a split; a new leaf is no split)."""
         for nid, (node, (start, end)) in sorted(after.items(), key=lambda a: a[1][1]):
@@ -102,11 +109,16 @@ class SGLangTrace:
                 continue
             for child in node.children.values():
                 if int(child.id) in before:
-                    self.tracer.emit("split", node=int(child.id), detail={"at": end - start, "upper": nid})
+                    self.tracer.emit(
+                        "split", node=int(child.id), detail={"at": end - start, "upper": nid}
+                    )
 
     def begin(self, request: int, tokens: Sequence[int], hit: int) -> None:
-        self.tracer.emit("begin_request", request=request,
-                         detail={"hit": [hit, 0, 0], "tokens": len(tokens), "prompt": [int(t) for t in tokens]})
+        self.tracer.emit(
+            "begin_request",
+            request=request,
+            detail={"hit": [hit, 0, 0], "tokens": len(tokens), "prompt": [int(t) for t in tokens]},
+        )
         self.tracer.emit("cached_len", request=request, token_end=hit)
 
     def evicted(self, before: dict[int, tuple[Any, Span]], after: Iterable[int]) -> None:
@@ -115,10 +127,18 @@ class SGLangTrace:
         kept = set(after)
         gone = [(span, nid, node) for nid, (node, span) in before.items() if nid not in kept]
         for (start, end), nid, node in sorted(gone, key=lambda g: (-g[0][1], g[1])):
-            self.tracer.emit("evict_l1", tier="L1", node=nid, token_start=start, token_end=end,
-                             pages=page_ids(node.value, self.page_size))
+            self.tracer.emit(
+                "evict_l1",
+                tier="L1",
+                node=nid,
+                token_start=start,
+                token_end=end,
+                pages=page_ids(node.value, self.page_size),
+            )
 
-    def compute(self, request: int, root: Any, tokens: Sequence[int], row: Any, start: int, end: int) -> None:
+    def compute(
+        self, request: int, root: Any, tokens: Sequence[int], row: Any, start: int, end: int
+    ) -> None:
         """The request computes [start, end) (its tail page included) into `row`'s slots
         (the request's KV row, by token position): one event per node the whole pages of
         that range cross, then one for the tokens no node holds."""
@@ -130,14 +150,29 @@ class SGLangTrace:
                 continue
             pos = n_end
             a, b = max(n_start, start), min(n_end, end)
-            self.tracer.emit("compute", tier="L1", node=int(node.id), request=request,
-                             token_start=a, token_end=b, pages=page_ids(row[a:b], ps))
+            self.tracer.emit(
+                "compute",
+                tier="L1",
+                node=int(node.id),
+                request=request,
+                token_start=a,
+                token_end=b,
+                pages=page_ids(row[a:b], ps),
+            )
         if max(pos, start) < end:
             a = max(pos, start)
-            self.tracer.emit("compute", tier="L1", request=request, token_start=a, token_end=end,
-                             pages=page_ids(row[a:end], ps))
+            self.tracer.emit(
+                "compute",
+                tier="L1",
+                request=request,
+                token_start=a,
+                token_end=end,
+                pages=page_ids(row[a:end], ps),
+            )
 
-    def insert(self, request: int, root: Any, tokens: Sequence[int], row: Any, start: int, held: int) -> None:
+    def insert(
+        self, request: int, root: Any, tokens: Sequence[int], row: Any, start: int, held: int
+    ) -> None:
         """After sglang's insert of the prompt's whole pages: the nodes past `start` that
         held their pages already (below `held`, insert's prefix_len) are discarded copies,
         the node it made is inserted; then the request's cached_len. Nothing when no whole
@@ -149,15 +184,28 @@ class SGLangTrace:
             if n_end <= start:
                 continue
             name = "discard" if n_end <= held else "insert"
-            self.tracer.emit(name, tier="L1", node=int(node.id), request=request, token_start=n_start,
-                             token_end=n_end, pages=page_ids(row[n_start:n_end], self.page_size))
+            self.tracer.emit(
+                name,
+                tier="L1",
+                node=int(node.id),
+                request=request,
+                token_start=n_start,
+                token_end=n_end,
+                pages=page_ids(row[n_start:n_end], self.page_size),
+            )
         self.tracer.emit("cached_len", request=request, token_end=aligned)
 
     def end(self, request: int, tail: Span | None, slots: Any = None) -> None:
         """The request ends: its tail page (if it computed one: `slots`) is discarded first."""
         if tail is not None and tail[0] < tail[1]:
-            self.tracer.emit("discard", tier="L1", request=request, token_start=tail[0], token_end=tail[1],
-                             pages=page_ids(slots, self.page_size))
+            self.tracer.emit(
+                "discard",
+                tier="L1",
+                request=request,
+                token_start=tail[0],
+                token_end=tail[1],
+                pages=page_ids(slots, self.page_size),
+            )
         self.tracer.emit("end_request", request=request)
 
 
@@ -174,8 +222,11 @@ def workload(cache: Any, seed: int, steps: int) -> None:
         if roll < 0.35 and len(live) < 4:
             p, salt = rng.randrange(3), rng.randrange(3)
             extra = rng.randrange(4) * ps + rng.randint(1, ps)
-            cache.submit(next_id, tuple(range(1000 * (p + 1), 1000 * (p + 1) + 2 * ps))
-                         + tuple(range(50 * salt, 50 * salt + extra)))
+            cache.submit(
+                next_id,
+                tuple(range(1000 * (p + 1), 1000 * (p + 1) + 2 * ps))
+                + tuple(range(50 * salt, 50 * salt + extra)),
+            )
             next_id += 1
         elif roll < 0.65 and live:
             rid = rng.choice(live)

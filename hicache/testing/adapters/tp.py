@@ -33,7 +33,13 @@ from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import HiCacheError
 from hicache.invariants import check_ranks
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
-from hicache.testing.protocol import WINDOW_FREED, WINDOW_REVIVED, Admission, FaultSchedule, PageChange
+from hicache.testing.protocol import (
+    WINDOW_FREED,
+    WINDOW_REVIVED,
+    Admission,
+    FaultSchedule,
+    PageChange,
+)
 from hicache.trace import TraceEvent, TraceHeader
 
 T = TypeVar("T")
@@ -62,13 +68,16 @@ class TPAdapter:
 
     def __init__(self, setup: TPSetup) -> None:
         if setup.base.plane not in PLANES:
-            raise ValueError(f"plane {setup.base.plane!r}: the TP machine runs on one of {', '.join(PLANES)}")
+            raise ValueError(
+                f"plane {setup.base.plane!r}: the TP machine runs on one of {', '.join(PLANES)}"
+            )
         self.setup = setup
         self.size = setup.size
         self.timeout_s = CUDA_TIMEOUT_S if setup.base.plane == "cuda" else TIMEOUT_S
         self.group = ThreadGroup(self.size, self.timeout_s)
         self.ranks: list[ControllerAdapter] = self.group.run(
-            lambda r: ControllerAdapter(setup.base, self.group.member(r)))
+            lambda r: ControllerAdapter(setup.base, self.group.member(r))
+        )
         self.page_size = self.ranks[0].page_size
         self.hit_window = self.ranks[0].hit_window
         self._turn = 0  # the rank the next one-rank fault strikes
@@ -82,8 +91,9 @@ class TPAdapter:
     def _same(self, what: str, got: Sequence[T]) -> T:
         differ = [r for r, g in enumerate(got) if g != got[0]]
         if differ:
-            raise RankDisagreement(f"{what}: rank(s) {differ} answered {got[differ[0]]!r}, "
-                                   f"rank 0 {got[0]!r}")
+            raise RankDisagreement(
+                f"{what}: rank(s) {differ} answered {got[differ[0]]!r}, rank 0 {got[0]!r}"
+            )
         return got[0]
 
     def _next_rank(self) -> int:
@@ -113,8 +123,9 @@ class TPAdapter:
     # -- requests -----------------------------------------------------------------------------
 
     def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
-        return self._same(f"admission of request {request_id}",
-                          self._all(lambda a: a.submit(request_id, tokens)))
+        return self._same(
+            f"admission of request {request_id}", self._all(lambda a: a.submit(request_id, tokens))
+        )
 
     def ready(self, request_id: int) -> bool:
         return self._same(f"ready({request_id})", self._all(lambda a: a.ready(request_id)))
@@ -215,8 +226,11 @@ class TPAdapter:
         b = (a + 1) % self.size
         ca, cb = self.ranks[a].ctl, self.ranks[b].ctl
         parents = {n.node_id: n for n in ca.cp.windows.candidates(ca.cp.tree.nodes())}
-        pairs = [(parents[n.parent.node_id], n) for n in cb.cp.windows.candidates(cb.cp.tree.nodes())
-                 if n.parent is not None and n.parent.node_id in parents]
+        pairs = [
+            (parents[n.parent.node_id], n)
+            for n in cb.cp.windows.candidates(cb.cp.tree.nodes())
+            if n.parent is not None and n.parent.node_id in parents
+        ]
         if not pairs:
             return None
         parent, child = pairs[pick % len(pairs)]
@@ -268,8 +282,11 @@ class TPAdapter:
         mine = _freed_prefixes(self.ranks[0].ctl)
         want = self._others() - mine
         out += [PageChange(self.tiers[0], p, WINDOW_FREED) for p in sorted(want - self._extra)]
-        out += [PageChange(self.tiers[0], p, WINDOW_REVIVED) for p in sorted(self._extra - want)
-                if p not in mine and p in _resident_prefixes(self.ranks[0].ctl)]
+        out += [
+            PageChange(self.tiers[0], p, WINDOW_REVIVED)
+            for p in sorted(self._extra - want)
+            if p not in mine and p in _resident_prefixes(self.ranks[0].ctl)
+        ]
         self._extra = want
         return out
 
