@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import sys
@@ -151,12 +152,14 @@ def main(argv: list[str]) -> int:
     import_radix_cache()  # its import (seconds) is not the adapter's rate
     for seed in args.seeds:
         runs = {
-            "sglang": _timed(lambda: _fuzz(seed, args.steps, "__main__:counted")),
-            "sglang_page1": _timed(lambda: _token_pages(seed, args.steps)),
+            "sglang": _timed(functools.partial(_fuzz, seed, args.steps, "__main__:counted")),
+            "sglang_page1": _timed(functools.partial(_token_pages, seed, args.steps)),
             "lru": _timed(
-                lambda: _fuzz(seed, args.steps, "hicache.testing.adapters.lru:lru_adapter")
+                functools.partial(
+                    _fuzz, seed, args.steps, "hicache.testing.adapters.lru:lru_adapter"
+                )
             ),
-            "controller": _timed(lambda: _fuzz(seed, args.steps, None)),
+            "controller": _timed(functools.partial(_fuzz, seed, args.steps, None)),
         }
         for name, r in runs.items():
             for ceiling in ("lru", "controller"):

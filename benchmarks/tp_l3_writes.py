@@ -1,5 +1,6 @@
 """L3 bytes written by pool mode across ranks, exact (counted, not sampled): `hicache demo`'s
-workload on simulated ranks, one request at a time, once per preset, each rank's `L3Writes.bytes_by_mode`.
+workload on simulated ranks, one request at a time, once per preset, each rank's
+`L3Writes.bytes_by_mode`.
 
     PYTHONPATH=. python3 benchmarks/tp_l3_writes.py [--ranks 2] [--requests 120]
         [--presets mha dsv4-tiny] [--seed 0]

@@ -18,6 +18,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -305,7 +306,8 @@ class ControlPlane(PlaneQueries):
         (`servable_in_l1` names the deepest legal one)."""
         req = self._request(request_id)
         path = self.tree.path_to_root(node)
-        # Verify every node up to `node` is published in L1 (completion -> publication -> cached_len).
+        # Verify every node up to `node` is published in L1
+        # (completion -> publication -> cached_len).
         bad = [n.node_id for n in path if n.state[0] != RESIDENT]
         if bad:
             raise IllegalTransition(
@@ -421,7 +423,7 @@ class ControlPlane(PlaneQueries):
         name = f"{direction.value.lower()}_issue"
         if not nodes:
             raise IllegalTransition(name, str(direction.target), "-", "no nodes")
-        for parent, child in zip(nodes, nodes[1:]):
+        for parent, child in pairwise(nodes):
             if child.parent is not parent:
                 raise IllegalTransition(
                     name,

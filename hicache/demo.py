@@ -81,9 +81,9 @@ def parser() -> argparse.ArgumentParser:
         "--preset",
         default="mha",
         help=(
-            "pool group: mha (the geometry's single KV pool), or a group whose every pool is moved, "
-            "checked per pool and verified per pool: mla-tiny, dsv4-tiny (CPU sizes, 4-token "
-            "pages like the tiny geometry)"
+            "pool group: mha (the geometry's single KV pool), or a group whose every pool is "
+            "moved, checked per pool and verified per pool: mla-tiny, dsv4-tiny (CPU sizes, "
+            "4-token pages like the tiny geometry)"
         ),
     )
     p.add_argument(
@@ -395,8 +395,8 @@ def _preset_echo(config: object) -> str:
     kept = group.backed_up()  # the pools L2 and L3 hold
     moved = [p for p in kept.pools if p.bytes_per_page]
     return (
-        f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per anchor "
-        f"page in all, {kept.bytes_per_anchor_page:,} on {kept.anchor.name}'s indices"
+        f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per "
+        f"anchor page in all, {kept.bytes_per_anchor_page:,} on {kept.anchor.name}'s indices"
     )
 
 

@@ -2,7 +2,8 @@
 
     section                  what it says
     -----------------------  ------------------------------------------------------------
-    headline                 requests served, serving time and its rate, wall time with setup, device, violations
+    headline                 requests served, serving time and its rate, wall time with setup,
+                             device, violations
     Configuration            every option the run used; capacities say which were sized
     Workload                 requests, admissions (= requests + preemptions), prompt tokens
     Prompt tokens by source  where each admitted prompt token's KV came from; adds to 100%

@@ -151,8 +151,8 @@ def tp_lines(results: list[RankResult], violations: list[Violation], wall_s: flo
     first = results[0].summary
     lines = [
         f"Tensor parallelism: {len(results)} ranks over {results[0].transport}, preset "
-        f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"
-    ]  # type: ignore[index]
+        f"{first['config']['preset'] or 'mha'}, {wall_s:.1f} s"  # type: ignore[index]
+    ]
     for r in results:
         s = r.summary
         hits = s["hit_tokens"]

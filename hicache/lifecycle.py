@@ -51,7 +51,9 @@ _EFFECT = re.compile(r"^(reserve|publish|release|free|lock|unlock)\((L[123])\)$"
 
 REQUEST_GUARDS: dict[str, str] = {
     "aligned(range)": "the request's range is a positive whole number of pages",
-    "range <= prompt": "the range ends no later than the end of the prompt's last (possibly partial) page",
+    "range <= prompt": (
+        "the range ends no later than the end of the prompt's last (possibly partial) page"
+    ),
     "no_private(request)": "the request holds no private pages (one compute between inserts)",
 }
 """Guards on a request's range (the `compute` row), by their exact text."""
@@ -108,7 +110,10 @@ class Guard:
     def meaning(self) -> str:
         """What a failure of this guard means, for the error message ("" when plain)."""
         if self.op == "leaf":
-            return f": a child holds {self.tier}, so the node is not a leaf there; evict the child first"
+            return (
+                f": a child holds {self.tier}, so the node is not a leaf there; "
+                "evict the child first"
+            )
         if self.op == "parent":
             return (
                 f": the parent node does not hold {self.tier} (a backup gap); include the "

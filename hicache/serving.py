@@ -22,6 +22,7 @@ overlap, not a sleep.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class ServingLoop:
                 spec = waiting.pop()
                 restoring[spec.request_id] = time.perf_counter()
                 credit = credited[spec.request_id] = dict.fromkeys(ctl.metrics.hit_tokens, 0)
-                self._crediting(credit, lambda: ctl.admit(spec.request_id, spec.tokens))
+                self._crediting(credit, functools.partial(ctl.admit, spec.request_id, spec.tokens))
                 report.admissions += 1
                 report.prompt_tokens += len(spec.tokens)
             ctl.tick()
@@ -94,7 +95,7 @@ class ServingLoop:
             no_room: OutOfPages | None = None
             for rid in [r for r in restoring if ctl.ready(r)]:
                 try:
-                    recomputed = self._crediting(credited[rid], lambda: ctl.prefill(rid))
+                    recomputed = self._crediting(credited[rid], functools.partial(ctl.prefill, rid))
                 except OutOfPages as e:
                     blocked.append(rid)  # L1 is held by others: retry once some let go
                     no_room = e

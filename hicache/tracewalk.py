@@ -15,8 +15,9 @@ node's previous event left it in (a `split` copies it to the new upper node, `no
 needs it all-ABSENT), and a request-copy event on a node must agree with the tree's L1
 (a contender's view over an L1-ABSENT node, a duplicate beside an L1 copy).
 
-`walk_hook` installs a checking sink (`first_break`'s rules, event by event) on a control plane's tracer when the environment variable HICACHE_TRACE_WALK is set
-(the test suite sets it, so every trace a test produces is walked as it is emitted).
+`walk_hook` installs a checking sink (`first_break`'s rules, event by event) on a control plane's
+tracer when the environment variable HICACHE_TRACE_WALK is set (the test suite sets it, so every
+trace a test produces is walked as it is emitted).
 """
 
 from __future__ import annotations

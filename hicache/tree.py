@@ -29,7 +29,7 @@ raises `PlanePoisoned` with nothing changed. Read-only queries keep working.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ from hicache.treenode import N_TIERS, ROOT_ID, Cut, MatchResult, TreeNode, node_
 
 __all__ = ["Cut", "HiRadixTree", "MatchResult", "Tokens", "TreeNode", "node_states"]
 
-Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
 """Token ids: any int sequence, or an integer numpy array."""
 
 
@@ -82,7 +82,8 @@ class HiRadixTree:
         return node is self.root or self._nodes.get(node.node_id) is node
 
     def nodes(self) -> Iterator[TreeNode]:
-        """Every live node except the root, in creation order (a copy: safe to mutate while iterating)."""
+        """Every live node except the root, in creation order (a copy: safe to mutate while
+        iterating)."""
         return iter([n for n in self._nodes.values() if not n.is_root])
 
     def __len__(self) -> int:
@@ -315,7 +316,8 @@ class HiRadixTree:
         if (value is None) != (state != RESIDENT):
             raise TreeError(
                 f"node {node.node_id} {TIERS[tier]}: a value is given exactly when the "
-                f"state is RESIDENT (got state {state}, value {'None' if value is None else 'pages'})"
+                f"state is RESIDENT (got state {state}, value "
+                f"{'None' if value is None else 'pages'})"
             )
         stored: Pages | None = None
         if value is not None:

@@ -51,8 +51,8 @@ def _node_alignment(s: Snapshot) -> list[Violation]:
         if wrong.any():
             out.append(
                 PAGE_ALIGNED.violation(
-                    f"node(s) [{shown(ids[wrong])}] hold {shown(lengths[wrong])} page(s) in {tier}, "
-                    f"not one per {ps}-token page of their keys",
+                    f"node(s) [{shown(ids[wrong])}] hold {shown(lengths[wrong])} page(s) in "
+                    f"{tier}, not one per {ps}-token page of their keys",
                     tier=tier,
                     nodes=ids[wrong],
                 )
@@ -101,8 +101,8 @@ def _op_alignment(s: Snapshot) -> list[Violation]:
             if p.size != want:
                 out.append(
                     PAGE_ALIGNED.violation(
-                        f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens {start}..{end} "
-                        f"({want} pages)",
+                        f"op {op.op_id} {side} {p.size} page(s) of {tier} for tokens "
+                        f"{start}..{end} ({want} pages)",
                         tier=tier,
                         ops=(op.op_id,),
                         nodes=op.node_ids,

@@ -100,8 +100,8 @@ def _pool_follows_anchor(tier: TierView, pool: PoolView) -> list[Violation]:
     if wrong.size:
         out.append(
             GROUP_ATOMIC.violation(
-                f"{wrong.size} anchor page(s) of {tier.tier} [{shown(wrong)}] hold {pool.pool} pages "
-                f"while FREE, or none (or some) while held: the group moved one pool alone",
+                f"{wrong.size} anchor page(s) of {tier.tier} [{shown(wrong)}] hold {pool.pool} "
+                "pages while FREE, or none (or some) while held: the group moved one pool alone",
                 tier=tier.tier,
                 pages=wrong,
             )
@@ -126,8 +126,8 @@ def _pool_follows_anchor(tier: TierView, pool: PoolView) -> list[Violation]:
     if leaked.size:
         out.append(
             GROUP_ATOMIC.violation(
-                f"{leaked.size} page(s) of {where} [{shown(leaked)}] are not FREE but no anchor page "
-                f"holds them (leaked: an eviction freed the anchor only)",
+                f"{leaked.size} page(s) of {where} [{shown(leaked)}] are not FREE but no anchor "
+                "page holds them (leaked: an eviction freed the anchor only)",
                 tier=where,
                 pages=leaked,
             )

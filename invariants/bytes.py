@@ -72,8 +72,8 @@ def check_tier_bytes_equal(s: Snapshot) -> list[Violation]:
             out.append(
                 TIER_BYTES_EQUAL.violation(
                     f"{bad.size} page(s) of {tier} hold bytes that differ from the same logical "
-                    f"pages in {ref_tier} (first: {tier} page {physical[t, bad[0]]} vs {ref_tier} page "
-                    f"{physical[first[bad[0]], bad[0]]})",
+                    f"pages in {ref_tier} (first: {tier} page {physical[t, bad[0]]} vs {ref_tier} "
+                    f"page {physical[first[bad[0]], bad[0]]})",
                     tier=tier,
                     pages=physical[t, bad],
                     nodes=node_of[bad],

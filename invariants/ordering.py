@@ -68,8 +68,8 @@ def _requests_published(s: Snapshot) -> list[Violation]:
         reqs, nodes = zip(*unpublished)
         out.append(
             PUBLISH_ORDER.violation(
-                f"request(s) [{shown(reqs)}] hold L1 prefixes through node(s) [{shown(nodes)}] that "
-                "are not RESIDENT in L1",
+                f"request(s) [{shown(reqs)}] hold L1 prefixes through node(s) [{shown(nodes)}] "
+                "that are not RESIDENT in L1",
                 tier="L1",
                 nodes=nodes,
             )

@@ -49,7 +49,8 @@ def check_rank_agreement(views: Sequence[RankView]) -> list[Violation]:
             if mine != theirs:
                 out.append(
                     RANK_AGREEMENT.violation(
-                        f"rank {v.rank}'s {field} differ from rank 0's: {_first_difference(mine, theirs)}"
+                        f"rank {v.rank}'s {field} differ from rank 0's: "
+                        f"{_first_difference(mine, theirs)}"
                     )
                 )
         if v.nodes != ref.nodes:
@@ -131,8 +132,8 @@ def check_l3_write_multiplicity(views: Sequence[RankView]) -> list[Violation]:
         if ranks != everyone or wrote != want:
             out.append(
                 L3_WRITE_MULTIPLICITY.violation(
-                    f"L3 backup op {op_id}: pool {pool!r} ({mode.get(pool)}) was written by rank(s) "
-                    f"{sorted(wrote)}, recorded by {sorted(ranks)}; the rule: "
+                    f"L3 backup op {op_id}: pool {pool!r} ({mode.get(pool)}) was written by "
+                    f"rank(s) {sorted(wrote)}, recorded by {sorted(ranks)}; the rule: "
                     f"{'every rank' if want == everyone else 'rank 0 only'}",
                     ops=(op_id,),
                 )

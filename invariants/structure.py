@@ -131,8 +131,8 @@ def check_tier_size_accounting(s: Snapshot) -> list[Violation]:
         if held != view.tree_pages_counted:
             out.append(
                 TIER_SIZE_ACCOUNTING.violation(
-                    f"the tree counts {view.tree_pages_counted} pages in {tier} but its node values "
-                    f"hold {held}",
+                    f"the tree counts {view.tree_pages_counted} pages in {tier} but its node "
+                    f"values hold {held}",
                     tier=tier,
                 )
             )
@@ -170,8 +170,8 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
         if twice.size:
             out.append(
                 NO_DOUBLE_REFERENCE.violation(
-                    f"{twice.size} page(s) of {tier} are referenced more than once by node values, op "
-                    "targets and request-private pages",
+                    f"{twice.size} page(s) of {tier} are referenced more than once by node values, "
+                    "op targets and request-private pages",
                     tier=tier,
                     pages=twice,
                     nodes=c.nodes_at(twice),

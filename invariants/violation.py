@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +20,7 @@ import numpy.typing as npt
 LISTED_MAX = 8
 """Most ids a violation lists per field (pages, nodes, ops)."""
 
-IdsLike = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+IdsLike = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 
 @dataclass(frozen=True)

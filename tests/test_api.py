@@ -37,7 +37,7 @@ def test_hicache_exports_the_starting_points_with_a_version() -> None:
     assert issubclass(hicache.HiCacheError, Exception)
     assert hicache.check_all is __import__("hicache.invariants", fromlist=["x"]).check_all
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
-        hicache.NoSuchThing
+        _ = hicache.NoSuchThing
 
 
 def test_import_hicache_and_its_torch_free_names_load_no_torch() -> None:

@@ -175,21 +175,30 @@ def test_every_op_corruption_is_reported_as_the_full_checks_report() -> None:
     """Each corruption of a pending op, at the first call that leaves one in its scope."""
     for name, spoil in OP_CORRUPTIONS.items():
         for seed in (1, 4):
-            seen: list[list[str]] = []
-
-            def hook(replay: Replay, scope: Scope) -> bool:
-                live = [o for o in sorted(scope.ops) if o in replay.cp.ops]
-                if not live:
-                    return False
-                spoil(replay.cp, replay.cp.ops[live[0]])
-                full = [str(v) for v in check_all(replay.cp.snapshot())]
-                got = Checks.after(replay.checks, 1, scope)
-                assert got == full and full, (name, got, full)
-                seen.append(got)
-                return True
-
-            replay_until(trace(seed), 1, hook)
+            seen = _spoil_first_pending_op(name, spoil, seed)
             assert seen, f"{name}: no call left an op pending in seed {seed}"
+
+
+def _spoil_first_pending_op(
+    name: str, spoil: Callable[[ControlPlane, Any], None], seed: int
+) -> list[list[str]]:
+    """Replays `seed`'s trace until a call leaves an op in scope, spoils the first such op and
+    checks the touched checks report what the full checks do; what they reported, if any."""
+    seen: list[list[str]] = []
+
+    def hook(replay: Replay, scope: Scope) -> bool:
+        live = [o for o in sorted(scope.ops) if o in replay.cp.ops]
+        if not live:
+            return False
+        spoil(replay.cp, replay.cp.ops[live[0]])
+        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        got = Checks.after(replay.checks, 1, scope)
+        assert got == full and full, (name, got, full)
+        seen.append(got)
+        return True
+
+    replay_until(trace(seed), 1, hook)
+    return seen
 
 
 def test_a_prefix_lock_no_event_names_is_in_scope() -> None:

@@ -200,7 +200,8 @@ def test_sigint_during_the_demo_exits_130_with_one_line() -> None:
         "        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to this process\n"
         "    return step(self, batch)\n"
         "serving.ServingLoop._decode_step = interrupted\n"
-        "sys.exit(main(['demo', '--device', 'cpu', '--requests', '40', '--check-mode', 'off', '--quiet']))\n"
+        "sys.exit(main(['demo', '--device', 'cpu', '--requests', '40', '--check-mode', 'off', "
+        "'--quiet']))\n"
     )
     done = run_python(code)
     assert done.returncode == 130, done.stderr

@@ -230,7 +230,8 @@ class ControllerMachine(RuleBasedStateMachine):
         if self.damaged or self.faults.fired.get(FaultSite.CORRUPT_SLOT, 0) > 0:
             return
         assert self.ctl.transfer_engine.l3.corrupt_reads == 0, (
-            f"{self.ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) of an L3 file nothing damaged"
+            f"{self.ctl.transfer_engine.l3.corrupt_reads} corrupt read(s) "
+            "of an L3 file nothing damaged"
         )
         held = [v for n in self.ctl.cp.tree.nodes() if (v := n.value[2]) is not None]
         if held:

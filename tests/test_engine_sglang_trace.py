@@ -51,7 +51,7 @@ def _events(trace: SGLangTrace) -> list[dict[str, object]]:
 
 
 def test_nodes_are_named_by_their_token_ranges() -> None:
-    root, a, b = _tree()
+    root, _a, _b = _tree()
     assert {nid: span for nid, (_, span) in node_spans(root).items()} == {1: (0, 4), 2: (4, 6)}
     # A prompt sharing A's first page only: the walk ends inside A (no split: read only).
     assert [(n.id, span) for n, span in path_nodes(root, (1, 2, 9, 9), PS)] == [(1, (0, 2))]
@@ -75,7 +75,7 @@ def test_a_split_is_traced_as_the_spec_names_it() -> None:
 
 
 def test_evictions_go_deepest_first_with_their_pages() -> None:
-    root, a, b = _tree()
+    root, _a, _b = _tree()
     before = node_spans(root)
     root.children = {}
     trace = SGLangTrace(PS, 8, "test")

@@ -105,7 +105,8 @@ def test_a_refused_prefill_evicts_nothing_and_an_engine_that_evicts_fails() -> N
     got = run_case(case, evicting, "minimal")
     assert (got.status, got.detail) == (
         "FAIL",
-        'step 6 (prefill request 3): changes.L1: expected null, got [["ABSENT", [100, 101, 102, 103]]]',
+        "step 6 (prefill request 3): changes.L1: expected null, "
+        'got [["ABSENT", [100, 101, 102, 103]]]',
     )
 
 

@@ -4,13 +4,16 @@ crosses to the launcher of hicache/distributed/processes.py as itself."""
 from __future__ import annotations
 
 import pickle
+from typing import TypeVar
 
 from hicache.distributed.collectives import CollectiveMismatch, CollectiveTimeout, Entry, RankFailed
 from hicache.errors import ConfigError, HiCacheError, InvariantViolation
 
+E = TypeVar("E", bound=HiCacheError)
 
-def roundtrip(e: HiCacheError) -> HiCacheError:
-    back = pickle.loads(pickle.dumps(e))
+
+def roundtrip(e: E) -> E:
+    back: E = pickle.loads(pickle.dumps(e))
     assert type(back) is type(e) and str(back) == str(e) and back.__dict__ == e.__dict__
     return back
 

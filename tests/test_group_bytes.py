@@ -164,7 +164,7 @@ def test_rejected_transfer_names_the_field_and_changes_nothing(
 
 
 def test_group_digest_sees_one_byte_of_one_pool() -> None:
-    geometry, l1, l2 = dsv4_tiny()
+    _geometry, l1, _l2 = dsv4_tiny()
     pages = {"kv": np.array([0, 1]), "swa": np.array([2])}
     before = group_digest(l1, pages)
     assert group_digest(l1, pages) == before

@@ -161,7 +161,7 @@ def test_i4_in_the_controller_compares_every_pool(name: str) -> None:
         view[:, -1] ^= 0x01
     assert check_all(ctl.cp.snapshot()) == []
     with pytest.raises(ConfigError, match="byte_plane"):
-        ctl.transfer_engine
+        _ = ctl.transfer_engine
     ctl.close()
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -603,7 +604,8 @@ def test_checker_raises_with_every_violation_and_context(mode: str, raises_at: i
         checker.after_transition(lambda: broken, f"step {step}")
     with pytest.raises(InvariantViolation) as err:
         checker.after_transition(lambda: broken, f"step {raises_at}")
-    assert {v.invariant for v in err.value.violations} == {"I6", "S4"}
+    found = cast("tuple[Violation, ...]", err.value.violations)
+    assert {v.invariant for v in found} == {"I6", "S4"}
     assert f"after step {raises_at}" in str(err.value)
     assert (checker.checks_run, checker.violations_found) == (1, 2)
 

@@ -24,7 +24,7 @@ B = tuple(range(200, 224))
 
 def make(faults: FaultInjector | None = None, **kw: object) -> CacheController:
     cfg = CacheConfig(
-        **{
+        **{  # type: ignore[arg-type]
             "policy": "always",
             "backend": "torch",
             "device": "cpu",
@@ -33,7 +33,7 @@ def make(faults: FaultInjector | None = None, **kw: object) -> CacheController:
             "l3_slots": 64,
             **kw,
         }
-    )  # type: ignore[arg-type]
+    )
     return CacheController(cfg, faults=faults)
 
 

@@ -106,7 +106,8 @@ def test_usage_errors_exit_2_with_one_line(
 def test_a_malformed_manifest_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = tmp_path / "configs.toml"
     manifest.write_text(
-        '[[config]]\nname = "x"\npage_size = 2\ncapacities = [2, 2]\nprompts = [[1, 2]]\nrequests = 1\n'
+        '[[config]]\nname = "x"\npage_size = 2\ncapacities = [2, 2]\nprompts = [[1, 2]]\n'
+        "requests = 1\n"
     )
     assert mc.main(["--config", "x", "--configs", str(manifest)]) == 2
     assert "config x" in capsys.readouterr().err

@@ -101,7 +101,7 @@ def test_a_producer_for_a_byte_free_plane_is_refused() -> None:
             engine=NullEngine(cfg.kv, 8, 8, 8),
         )
     with pytest.raises(ConfigError, match="no pools"):
-        make().transfer_engine
+        _ = make().transfer_engine
 
 
 def test_pending_names_direction_request_and_stage() -> None:
@@ -280,9 +280,9 @@ def drive(seed: int, write_policy: str, steps: int = 200) -> None:
                 else rng.choice(list(Direction))
             )
             faults.aim(
-                action,
+                action,  # type: ignore[arg-type]
                 direction=direction,
-                request_id=rng.choice(sorted(live) + [None]),  # type: ignore[arg-type]
+                request_id=rng.choice(sorted(live) + [None]),
                 polls=rng.randint(1, 3),
             )
         else:

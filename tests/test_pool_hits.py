@@ -369,7 +369,7 @@ def groups_and_presence(draw: st.DrawFn) -> tuple[PoolGroup, dict[str, list[bool
     presence = {}
     for p in group.pools:
         ratio = kv_page // p.page_size
-        if p.role != STATE and draw(st.integers(0, 15)):  # 1 in 16 matched pools unreported
+        if p.role != STATE and draw(st.integers(0, 15)) != 0:  # 1 in 16 matched pools unreported
             bits = draw(st.lists(st.booleans(), min_size=pages * ratio, max_size=pages * ratio))
             run = 0 if p.hit_policy == TRAILING_PAGES else floor * ratio
             presence[p.name] = [T] * run + bits[run:]

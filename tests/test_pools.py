@@ -164,8 +164,10 @@ def test_tiny_variant_of_another_structure_does_not_load(tmp_path: Path) -> None
         text[block:]
         .replace('role = "sidecar"', 'role = "state"', 1)
         .replace(  # c128 only
-            'indices_from = "kv"\nhit_policy = "ALL_PAGES"\nwindow_pages = 0\npage_size = 4\nlayers = 1',
-            'indices_from = "swa"\nhit_policy = "TRAILING_PAGES"\nwindow_pages = 1\npage_size = 4\nlayers = 1',
+            'indices_from = "kv"\nhit_policy = "ALL_PAGES"\nwindow_pages = 0\npage_size = 4\n'
+            "layers = 1",
+            'indices_from = "swa"\nhit_policy = "TRAILING_PAGES"\nwindow_pages = 1\npage_size = 4\n'
+            "layers = 1",
             1,
         )
     )

@@ -27,7 +27,7 @@ def make(
     faults: FaultInjector | None = None, tracer: Tracer | None = None, **kw: object
 ) -> CacheController:
     cfg = CacheConfig(
-        **{
+        **{  # type: ignore[arg-type]
             "policy": "always",
             "backend": "torch",
             "device": "cpu",
@@ -36,7 +36,7 @@ def make(
             "l3_slots": 64,
             **kw,
         }
-    )  # type: ignore[arg-type]
+    )
     return CacheController(cfg, faults=faults, tracer=tracer)
 
 

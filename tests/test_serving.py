@@ -104,9 +104,9 @@ def test_demo_with_a_tight_l1_serves_every_request(tmp_path: Path) -> None:
     hits = s["hit_tokens"]
     assert isinstance(hits, dict) and hits["L2"] > 0 and hits["L3"] > 0
     assert s["requests"] == 60 and s["invariants"] == {
-        "run": s["invariants"]["run"],
+        "run": s["invariants"]["run"],  # type: ignore[index]
         "violations": 0,
-    }  # type: ignore[index]
+    }
     assert isinstance(s["verified_pages"], int) and s["verified_pages"] > 0
 
 

@@ -58,7 +58,7 @@ def both(
     def run(r: int) -> None:
         try:
             out[r] = fn(ranks[r])
-        except BaseException as e:
+        except BaseException as e:  # each rank's outcome is the test's
             out[r] = e
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(len(ranks))]

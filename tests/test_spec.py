@@ -157,7 +157,8 @@ def test_misnamed_and_unreachable_composites(spec: Path) -> None:
     edit(toml, 'name = "L1_L3"\n', 'name = "L3_L1"\n')
     with toml.open("a", encoding="utf-8") as f:
         f.write(
-            '\n[[composite]]\nname = "H2D_PENDING"\nL1 = "H2D_PENDING"\nL2 = "ABSENT"\nL3 = "ABSENT"\n'
+            '\n[[composite]]\nname = "H2D_PENDING"\nL1 = "H2D_PENDING"\nL2 = "ABSENT"\n'
+            'L3 = "ABSENT"\n'
         )
     problems = check_spec(spec)
     assert has(problems, "composite L3_L1", "the naming rule gives L1_L3")

@@ -414,7 +414,7 @@ def test_temp_file_is_0600_sized_and_has_no_name_from_the_start() -> None:
     f.close()
     f.close()  # idempotent
     with pytest.raises(StorageError, match="closed"):
-        f.fd
+        _ = f.fd
 
 
 @pytest.mark.parametrize(

@@ -192,8 +192,8 @@ def test_a_pool_group_fuzzes_on_the_cpu_plane_from_the_command_line() -> None:
 def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     """`--tp 2`: two controller ranks in lockstep (the TP machine), each with its own
     faults; a mutant that breaks the L3 write rule (B16) is caught by I11 and the failure's
-    replay line, which carries `--tp 2`, fails the same way when run. A TP run needs the controller, not an --adapter, and at
-    least one rank."""
+    replay line, which carries `--tp 2`, fails the same way when run. A TP run needs the controller,
+    not an --adapter, and at least one rank."""
     from hicache.cli import main
 
     status, text = fuzz(100, seed=1, tp=2, pools="dsv4-tiny")

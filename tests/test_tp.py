@@ -46,8 +46,8 @@ def cpu_cluster(
             l3_slots=32,
             io_threads=0,
             l3_path=str(tmp_path / f"rank{r}.slots"),
-            **fields,
-        )  # type: ignore[arg-type]
+            **fields,  # type: ignore[arg-type]
+        )
         for r in range(size)
     ]
     return SimulatedCluster(cfgs, size, faults=(lambda r: faults[r]) if faults else None)
@@ -281,7 +281,7 @@ def test_hashes_that_differ_where_no_check_looks_are_reported_never_passed(
 def _raised(fn: Callable[[], object]) -> BaseException | None:
     try:
         fn()
-    except BaseException as e:
+    except BaseException as e:  # the test compares what each rank raised
         return e
     return None
 

@@ -10,8 +10,9 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 
 import contextlib
 import io
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hicache import demo
 from hicache.checktrace import check_lines
@@ -85,7 +86,7 @@ def test_the_fuzz_trace_passes_check_trace(tmp_path: Path, seed: int) -> None:
 class EveryEngine(runner.Progress):
     """Progress that checks every engine's trace of every run with `check_lines`."""
 
-    verdicts: list[tuple[int, int, str]] = []
+    verdicts: ClassVar[list[tuple[int, int, str]]] = []  # shared: runner builds the instance
 
     def add(self, events: Any, fired: Any) -> None:
         events = list(events)
@@ -93,7 +94,7 @@ class EveryEngine(runner.Progress):
         assert self.last_trace is not None and self.last_trace.header is not None
         header = self.last_trace.header.to_json()
         starts = [i for i, e in enumerate(events) if e.seq == 1] + [len(events)]
-        for a, b in zip(starts, starts[1:]):
+        for a, b in pairwise(starts):
             v = check_lines([header, *(e.to_json() for e in events[a:b])])
             self.verdicts.append((v.exit_code, v.events, v.message))
 

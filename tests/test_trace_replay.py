@@ -202,8 +202,14 @@ def ev(
         "evict_l1": "L1",
     }.get(event)
     return TraceEvent(
-        seq=seq, event=event, tier=tier, node=node, before=before, after=after, **extra
-    )  # type: ignore[arg-type]
+        seq=seq,
+        event=event,
+        tier=tier,
+        node=node,
+        before=before,
+        after=after,
+        **extra,  # type: ignore[arg-type]
+    )
 
 
 #   node 1: inserted, backed up to L2, evicted from L1: it is `L2`.

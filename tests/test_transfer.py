@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -296,7 +296,7 @@ class FakeCudart:
         self.registered: list[tuple[int, int, int]] = []
         self.unregistered: list[int] = []
 
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # CUDA's name
         self.registered.append((ptr, size, flags))
         return self.status
 
@@ -601,7 +601,7 @@ def test_every_fault_fails_the_handle_and_leaks_nothing(site: FaultSite, directi
             done(engine.h2s(l2, slots))
         if site is not FaultSite.CORRUPT_SLOT:
             faults.once(site)
-        calls = {
+        calls: dict[str, Callable[[], TransferHandle]] = {
             "d2h": lambda: engine.d2h(l1, pages([20, 2, 11])),  # fragmented: needs host staging
             "h2d": lambda: engine.h2d(pages([5, 9, 1]), pages([0, 1, 2])),
             "h2s": lambda: engine.h2s(l2, slots),

@@ -2,8 +2,8 @@
 
 The state machine inserts prefixes into tiers the way the control plane does (match, add_child
 for the rest, publish parent before child), matches, evicts each tier's LRU leaf and takes and
-releases locks (and tries to release one not held, which must be refused). After every step the tree must agree with the model and with a brute-force
-recount of its own counters, leaf sets and locks.
+releases locks (and tries to release one not held, which must be refused). After every step the tree
+must agree with the model and with a brute-force recount of its own counters, leaf sets and locks.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_f7_a_dropped_graft_returns_every_pools_host_slots() -> None:
     c.close()
 
 
-# -- F11, F12: an S2H that stops part way, per pool -------------------------------------------------
+# -- F11, F12: an S2H that stops part way, per pool ------------------------------------------------
 
 
 def a_and_b_in_l3_only(c: CacheController) -> tuple[TreeNode, TreeNode]:

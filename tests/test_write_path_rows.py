@@ -185,7 +185,7 @@ def test_a_graft_under_a_parent_not_backed_up_is_dropped() -> None:
     """Guard 2 (SGLang's host_insert_dropped): the L3 part below an L1 hit that L2 lacks is
     dropped before any L2 page is reserved, counted as `dropped`, and recomputed."""
     c = make(write_policy="write_through")
-    a, b = a_in_l1_b_in_l3_only(c)
+    _a, b = a_in_l1_b_in_l3_only(c)
     free_l2 = c.cp.free_pages(Tier.L2)
     mat = c.admit(3, A + B + (7,))
     assert mat.done and not c.handles and not mat.l3_part

@@ -131,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     share = plane_share(lines)
     print(f"no checks: {share:.0%} of the replay's time is the reference control plane's own calls")
     print(
-        "legend: json-only = json.loads of each line, the ceiling; x json-only = events/s / the ceiling's"
+        "legend: json-only = json.loads of each line, the ceiling; "
+        "x json-only = events/s / the ceiling's"
     )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

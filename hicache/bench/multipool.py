@@ -180,7 +180,7 @@ def bench_preset(name: str, s: Settings, modes: tuple[str, ...], mha: _MhaRig) -
             for mode, mover in rig.movers.items():
                 correct[mode] = rig.checked(mover, direction, request)
                 issue = mover.d2h if direction is Direction.D2H else mover.h2d
-                cases[mode] = _case(lambda issue=issue: issue(request))  # type: ignore[misc]
+                cases[mode] = _case(lambda issue=issue, request=request: issue(request))  # type: ignore[misc]
             nbytes = _nbytes(rig, request)
             mha_case, mha_bytes = mha.case(nbytes, direction)
             starts = {m: c.start for m, c in cases.items()}

@@ -230,7 +230,8 @@ def report_md(result: dict[str, Any]) -> str:
         lines += [
             f"## {preset}: latency (prefix + one new page, admission to prefill done)",
             "",
-            "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms | cost / best forced |",
+            "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms "
+            "| cost / best forced |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         by: dict[int, dict[str, float]] = {}
@@ -240,7 +241,8 @@ def report_md(result: dict[str, Any]) -> str:
             best = min(t["recompute"], t["L2"], t["L3"])
             lines.append(
                 f"| {n} | {t['recompute']:.2f} | {t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
-                f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | {t['cost'] / best:.3f} |"
+                f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | "
+                f"{t['cost'] / best:.3f} |"
             )
         if "stress" in entry:
             lines += [
@@ -253,7 +255,8 @@ def report_md(result: dict[str, Any]) -> str:
             rates = {r["path"]: r["requests_per_s"] for r in entry["stress"]}
             for r in entry["stress"]:
                 lines.append(
-                    f"| {r['path']} | {r['requests_per_s']:.2f} | {r['requests_per_s'] / rates['recompute']:.2f}x | "
+                    f"| {r['path']} | {r['requests_per_s']:.2f} | "
+                    f"{r['requests_per_s'] / rates['recompute']:.2f}x | "
                     f"{r['hit_tokens']['L2']} / {r['hit_tokens']['L3']} |"
                 )
             best = max(rates["recompute"], rates["L2"], rates["L3"])

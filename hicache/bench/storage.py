@@ -135,8 +135,16 @@ def _bench_one(
         extents = coalesce(pages_, slots)
         row[f"extents_{name}"] = len(extents)
         row[f"pieces_{name}"] = len(split(extents, mover.piece_pages))
-        _timed(row, f"h2s_{name}", lambda: _finish(mover.h2s(pages_, slots)), repeats)
-        _timed(row, f"s2h_{name}", lambda: _finish(mover.s2h(slots, pages_)), repeats)
+
+        # Defaults bind this set: _timed calls them at once, but a closure would read the loop.
+        def h2s(pages_: Pages = pages_, slots: Pages = slots) -> None:
+            _finish(mover.h2s(pages_, slots))
+
+        def s2h(pages_: Pages = pages_, slots: Pages = slots) -> None:
+            _finish(mover.s2h(slots, pages_))
+
+        _timed(row, f"h2s_{name}", h2s, repeats)
+        _timed(row, f"s2h_{name}", s2h, repeats)
     for key in [k for k in row if k.endswith("_ms") and not k.endswith("_cpu_ms")]:
         ms = row[key]
         assert isinstance(ms, float)

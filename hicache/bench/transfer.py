@@ -410,8 +410,8 @@ def _dma_md(section: dict[str, Any]) -> list[str]:
         "path's (device / end to end); bytes ok: the path moved the right bytes; allocs: "
         "pinned host / device buffers allocated after warm-up; GB = 1e9 bytes.",
         "",
-        "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s | of DMA ceiling "
-        "| of e2e ceiling | bytes ok | host/device allocs after warm-up |",
+        "| tokens | pages | dir | L2 | path | route | ms | issue ms | device ms | GB/s "
+        "| of DMA ceiling | of e2e ceiling | bytes ok | host/device allocs after warm-up |",
         "|" + " --- |" * 14,
     ]
     for r in section["rows"]:
@@ -425,8 +425,8 @@ def _dma_md(section: dict[str, Any]) -> list[str]:
         issue, device = (f"{r['issue_ms']:.3f}", f"{r['device_ms']:.3f}") if mover else ("-", "-")
         out.append(
             f"| {r['tokens']} | {r['pages']} | {r['direction']} | {r['l2']} | {r['path']} | "
-            f"{r.get('route', '-')} | {r['median_ms']:.3f} | {issue} | {device} | {r['GBps']:.1f} | "
-            f"{_pct(r['of_dma_ceiling'])} | {_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |"
+            f"{r.get('route', '-')} | {r['median_ms']:.3f} | {issue} | {device} | {r['GBps']:.1f} "
+            f"| {_pct(r['of_dma_ceiling'])} | {_pct(r['of_dma_ceiling_e2e'])} | {ok} | {allocs} |"
         )
     ceilings = {(r["tokens"], r["direction"]): r for r in section["rows"]}
     out += [
@@ -439,7 +439,8 @@ def _dma_md(section: dict[str, Any]) -> list[str]:
     for (tokens, direction), r in sorted(ceilings.items()):
         gbps = r["bytes"] / (r["ceiling_device_ms"] * 1e-3) / 1e9
         out.append(
-            f"| {tokens} | {direction} | {r['ceiling_device_ms']:.3f} | {gbps:.1f} | {r['ceiling_e2e_ms']:.3f} |"
+            f"| {tokens} | {direction} | {r['ceiling_device_ms']:.3f} | {gbps:.1f} | "
+            f"{r['ceiling_e2e_ms']:.3f} |"
         )
     return out
 

@@ -82,21 +82,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         bare_s = best_of(args.repeat, lambda: verdicts.append(run_dir(directory, unchecked)))
     failed = [v for run in verdicts for v in run if v.status == "FAIL"]
     print(
-        f"{cases} cases, {steps} steps ({args.count} per category, seed {args.seed}); best of {args.repeat}"
+        f"{cases} cases, {steps} steps ({args.count} per category, seed {args.seed}); "
+        f"best of {args.repeat}"
     )
     print(
-        f"generate (controller, recording):  {cases / generated_s:8.0f} cases/s  {steps / generated_s:9.0f} steps/s"
+        f"generate (controller, recording):  {cases / generated_s:8.0f} cases/s  "
+        f"{steps / generated_s:9.0f} steps/s"
     )
     print(
-        f"ceiling: read + sha256 + parse:    {cases / ceiling_s:8.0f} cases/s  {steps / ceiling_s:9.0f} steps/s"
+        f"ceiling: read + sha256 + parse:    {cases / ceiling_s:8.0f} cases/s  "
+        f"{steps / ceiling_s:9.0f} steps/s"
     )
     print(
-        f"run through the controller:        {cases / run_s:8.0f} cases/s  {steps / run_s:9.0f} steps/s  "
-        f"({ceiling_s / run_s:.3f} of the ceiling)"
+        f"run through the controller:        {cases / run_s:8.0f} cases/s  {steps / run_s:9.0f} "
+        f"steps/s  ({ceiling_s / run_s:.3f} of the ceiling)"
     )
     print(
-        f"  the same, check() skipped:        {cases / bare_s:8.0f} cases/s  {steps / bare_s:9.0f} steps/s  "
-        f"({ceiling_s / bare_s:.3f} of the ceiling)"
+        f"  the same, check() skipped:        {cases / bare_s:8.0f} cases/s  {steps / bare_s:9.0f} "
+        f"steps/s  ({ceiling_s / bare_s:.3f} of the ceiling)"
     )
     if failed:
         print(f"{len(failed)} case runs FAILED")

@@ -62,7 +62,8 @@ still the node's after (only side pools move): they must agree through the page 
 
 
 class Comparer:
-    """Compares reference events with trace events and keeps the maps (`hicache.checktrace.maps`)."""
+    """Compares reference events with trace events and keeps the maps
+    (`hicache.checktrace.maps`)."""
 
     def __init__(self, cp: ControlPlane, lc: Lifecycle, omits: tuple[str, ...]) -> None:
         self.cp = cp
@@ -165,8 +166,8 @@ class Comparer:
             what = (
                 "named twice in this event"
                 if held is None or held in mine
-                else f"still {OWNER_NAMES[int(table.owner[held])]}{self._holder(ref.tier, held)}"
-            )  # type: ignore[arg-type]
+                else f"still {OWNER_NAMES[int(table.owner[held])]}{self._holder(ref.tier, held)}"  # type: ignore[arg-type]
+            )
             raise DoubleOwnership(
                 f"{check.id} {check.name}",
                 f"[{ref.tier}] page {twice}: reserved while {what}; {check.summary}",

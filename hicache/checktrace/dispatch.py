@@ -13,7 +13,8 @@ need not be counted here.
     discard... then insert / cached_len                 insert(r)
     revive, discard ... (a freed window's, in insert)   insert(r)
     discard... then end_request                         end_request(r)
-    discard... then the trace's end                     insert(r) if it emits them, else end_request(r)
+    discard... then the trace's end                     insert(r) if it emits them, else
+                                                        end_request(r)
     unlock... [node_remove / discard...] end_request    end_request(r)
     unlock... of every pin of r                         unpin(r)
     unlock (some pins of r)                             unpin(r, node)

@@ -83,7 +83,8 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
     allowed = frozenset(props) if schema.get("additionalProperties", True) is False else None
     least = int(schema.get("minProperties", 0))
     depends = tuple((k, frozenset(v)) for k, v in schema.get("dependentRequired", {}).items())
-    # Properties that are the common leaf (an integer with a minimum), tested inline: key -> minimum.
+    # Properties that are the common leaf (an integer with a minimum), tested inline:
+    # key -> minimum.
     floors = {k: v["minimum"] for k, v in schema.get("properties", {}).items() if _int_floor(v)}
 
     def test(x: Any) -> bool:

@@ -105,8 +105,8 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
             lifecycle=lc,
             pools=group,
             hit_policy=str(p.get("hit_policy", ALL_POOLS)),
-            pool_capacities=p.get("capacities") or None,
-        )  # type: ignore[arg-type]
+            pool_capacities=p.get("capacities") or None,  # type: ignore[arg-type]
+        )
     except ConfigError as e:
         raise Malformed(1, f"header pools: {e}") from None
 

@@ -231,7 +231,8 @@ def _clause_events(clause: Mapping[str, Any]) -> tuple[str, ...]:
     ):
         raise SpecError(
             "trace.schema.json allOf: each clause must be "
-            '{"if": {"properties": {"event": {"enum": [...]}}, "required": ["event"]}, "then": {...}}'
+            '{"if": {"properties": {"event": {"enum": [...]}}, "required": ["event"]}, '
+            '"then": {...}}'
         )
     return tuple(events)
 

@@ -20,7 +20,7 @@
 | l1_window_pages | None | anchor pages of L1 whose window the trailing side pools (dsv4's `swa`) can hold; None: every L1 page (no window is ever freed). Fewer makes L1 free the windows of least recently used nodes (`tombstone`) before a reservation |
 | rank_check_every | 0 | tensor-parallel ranks: admissions between cross-rank checks (spec/tp.md C7-C9: every rank's view hashed and gathered; a difference gathers the views and raises `InvariantViolation` on every rank); 0: never. One rank: ignored |
 | pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |
-"""
+"""  # noqa: E501 -- a markdown table: one row a line
 
 from __future__ import annotations
 

@@ -97,12 +97,12 @@ class CacheController:
         chooses op by op); None builds a `TransferEngine` from `config`. A plane without
         bytes (`has_bytes` False) gets no producer and no verifier: recompute moves no bytes
         and torch is never imported (planes.py; its ConfigErrors); one that keeps content
-        tags (a NullEngine, one rank) is told each compute, and its tags are the digests. `faults` serves the controller's own
-        sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when the controller builds
-        the engine, the data plane's; a caller-built engine takes its injector itself (pass
-        the same one). `collectives`: this rank's, for a tensor-parallel cache (spec/tp.md;
-        None: one rank): every rank agrees at the points of spec/tp.toml, the first (C0)
-        here, before anything is built -- ConfigError when the ranks' configurations differ."""
+        tags (a NullEngine, one rank) is told each compute, and its tags are the digests. `faults`
+        serves the controller's own sites (ALLOC_Ln, CRASH_BEFORE_PUBLISH, aimed faults) and, when
+        the controller builds the engine, the data plane's; a caller-built engine takes its injector
+        itself (pass the same one). `collectives`: this rank's, for a tensor-parallel cache
+        (spec/tp.md; None: one rank): every rank agrees at the points of spec/tp.toml, the first
+        (C0) here, before anything is built -- ConfigError when the ranks' configurations differ."""
         self.agree = Agreement(collectives)
         self.agree.startup(config.fingerprint())
         self.tp = self.agree.tp

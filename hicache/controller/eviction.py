@@ -1,12 +1,12 @@
 """Eviction under pressure, and the write-back it triggers.
 
 Contract: `evict(tier, n_pages)` frees at least `n_pages` pages of `tier` while candidates are
-left (pressure from outside the controller); `make_room(tier, n_pages, keep)` tries to leave at least `n_pages` FREE pages in
-`tier` by running the control plane's one eviction loop (`ControlPlane.evict`, spec/eviction.md:
-LRU leaves of that tier, one node's value at a time, never a locked, pending or kept node).
-It never raises for lack of room: the caller's reservation raises `OutOfPages` if the room
-was not made. Pages freed are counted in `evicted_pages[tier]` (pressure only: copies dropped
-because an L3 slot is bad are counted apart, see l3health.py).
+left (pressure from outside the controller); `make_room(tier, n_pages, keep)` tries to leave at
+least `n_pages` FREE pages in `tier` by running the control plane's one eviction loop
+(`ControlPlane.evict`, spec/eviction.md: LRU leaves of that tier, one node's value at a time, never
+a locked, pending or kept node). It never raises for lack of room: the caller's reservation raises
+`OutOfPages` if the room was not made. Pages freed are counted in `evicted_pages[tier]` (pressure
+only: copies dropped because an L3 slot is bad are counted apart, see l3health.py).
 
 An L1 victim without an L2 copy loses its tokens from the cache, counted once with SGLang's
 reasons: under `write_back` it is backed up first (`back_up`: a D2H of the chain it needs,

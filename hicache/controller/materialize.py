@@ -15,8 +15,9 @@ Contract: a Materialization is plain data owned by the controller's restore stag
 (restore.py); `done` is true exactly when nothing of the restore is pending or still to be
 issued. A failed op ends its part (what arrived is used, the rest recomputed, one counted
 fallback); a cancel happens when the request ends or gives its restore up
-(`cancel_restore`: the restore is then `failed` and settled, with nothing counted). Parts are parent-first chains in path
-order: shared, then L2 part, then L3 part (spec/restore.md, "Stages of a restore").
+(`cancel_restore`: the restore is then `failed` and settled, with nothing counted). Parts are
+parent-first chains in path order: shared, then L2 part, then L3 part (spec/restore.md, "Stages of a
+restore").
 """
 
 from __future__ import annotations

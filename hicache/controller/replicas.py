@@ -88,7 +88,10 @@ class ReplicatedL3:
         mine: list[int | None] = []
         for pool, ids in parts:
             got = self.plane.l3_checksums(pool, ids) if self.plane is not None else None
-            mine += got if got is not None else [None] * ids.size
+            if got is not None:
+                mine += got
+            else:
+                mine += [None] * ids.size
         head, differ = self.agree.l3_ack(slots, mine)
         if differ:
             self._diverged(op_ids, [slots[i] for i in differ])

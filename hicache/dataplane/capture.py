@@ -29,11 +29,11 @@ only thread that issues or polls them is the one capturing (the data plane is si
 Why the collector is the danger: any pinned pool that sits in a reference cycle is unregistered
 whenever a full collection next runs (a closed `CacheController` was in two such cycles; it no
 longer is, but a caller's own objects may be) -- and a model's forward allocates enough Python
-objects to start one in the middle of a capture (torch no longer collects before a capture unless TORCH_CUDAGRAPH_GC=1
-asks it to). The unregister's status was ignored, so the first sign was the invalidated capture.
-That is how the serving benchmark, which drops a controller per configuration and captures a
-graph per new prefill shape, failed: always at the same point of a run (the collector's
-schedule), but at different shapes for different models.
+objects to start one in the middle of a capture (torch no longer collects before a capture unless
+TORCH_CUDAGRAPH_GC=1 asks it to). The unregister's status was ignored, so the first sign was the
+invalidated capture. That is how the serving benchmark, which drops a controller per configuration
+and captures a graph per new prefill shape, failed: always at the same point of a run (the
+collector's schedule), but at different shapes for different models.
 """
 
 from __future__ import annotations

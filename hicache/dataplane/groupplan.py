@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class PoolMove:
             return []
         cuts = np.flatnonzero(np.diff(self.l2) != 1) + 1
         bounds = [0, *cuts.tolist(), n]
-        return [(a, b, int(self.l2[a])) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [(a, b, int(self.l2[a])) for a, b in pairwise(bounds)]
 
 
 @dataclass(frozen=True)

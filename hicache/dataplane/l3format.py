@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import NamedTuple
 
 from hicache.dataplane.geometry import KVGeometry
@@ -57,7 +58,7 @@ FIELDS_BYTES = _STRUCT.size  # 60: what `decode` needs; the rest of the header i
 _CRC_AT = HEADER_FIELDS[-1].offset
 
 # Verify the table is the struct's layout: fields back to back, the checksum last.
-assert all(a.offset + a.size == b.offset for a, b in zip(HEADER_FIELDS, HEADER_FIELDS[1:]))
+assert all(a.offset + a.size == b.offset for a, b in pairwise(HEADER_FIELDS))
 assert FIELDS_BYTES == _CRC_AT + 4 and FIELDS_BYTES <= HEADER_BYTES
 
 # The whole header as spec/l3.md tabulates it: the fields, then zeros up to slot 0.

@@ -124,10 +124,10 @@ class NullEngine:
     handle FAILED at once, with the error the real plane would report; DELAY wraps it in a
     `DelayedHandle`. `on_wait`: how a blocking wait ends a transfer nobody finished (True:
     done, the default; False: failed; None: TransferError) -- the controller blocks only on
-    write-back's D2H and in `drain`. A slot marked corrupt (CORRUPT_SLOT on a write, or `corrupt_slot`)
-    fails every S2H that reads it with CorruptSlot until an H2S rewrites it. S2H_PARTIAL
-    fails an S2H with a per-pool `landed` report (`FaultInjector.landing`) over the pools
-    `bind_pools` named (none until then: the report is empty, so nothing is usable).
+    write-back's D2H and in `drain`. A slot marked corrupt (CORRUPT_SLOT on a write, or
+    `corrupt_slot`) fails every S2H that reads it with CorruptSlot until an H2S rewrites it.
+    S2H_PARTIAL fails an S2H with a per-pool `landed` report (`FaultInjector.landing`) over the
+    pools `bind_pools` named (none until then: the report is empty, so nothing is usable).
 
     No bytes, but content tags (tags.py): each anchor page's tag says where its content came
     from (fresh at a transfer's issue, a hash of the tokens at `computed`, copied when a

@@ -234,9 +234,9 @@ def digest_rows(rows: torch.Tensor) -> npt.NDArray[np.uint64]:
     int64, f(~x) = f(x), and a word with every bit flipped went unseen), and the digest is
     g(sum_i w_i * f(x_i) mod 2**64) with fixed odd weights w_i and g(h) = (h ^ (h >>> 29)) *
     odd. A change confined to one word always changes the digest (an odd weight times a
-    non-zero difference is non-zero mod 2**64, and g is a bijection); other changes collide with probability about
-    2**-64 per page, position included, so swapped words or pages are caught too. Integer
-    arithmetic only: CPU and CUDA give identical results.
+    non-zero difference is non-zero mod 2**64, and g is a bijection); other changes collide with
+    probability about 2**-64 per page, position included, so swapped words or pages are caught too.
+    Integer arithmetic only: CPU and CUDA give identical results.
     """
     # Verify the input is raw bytes, one row per page: anything else would hash a dtype's values.
     assert rows.dtype == torch.uint8 and rows.dim() == 2, (rows.dtype, tuple(rows.shape))

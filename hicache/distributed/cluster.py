@@ -81,7 +81,7 @@ class SimulatedCluster:
             try:
                 self.run(lambda c: c.close())
                 return
-            except Exception:
+            except Exception:  # a rank failed closing: close the rest alone
                 pass
         abandon(self.ranks, self.group.failed)
         for c in self.ranks:

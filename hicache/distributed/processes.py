@@ -181,7 +181,7 @@ def _unpickled(pickled: bytes | None) -> BaseException | None:
     load here."""
     try:
         error = pickle.loads(pickled) if pickled is not None else None
-    except Exception:
+    except Exception:  # the report's type and message still say what it was
         return None
     return error if isinstance(error, BaseException) else None
 
@@ -238,7 +238,7 @@ def _pickled(e: BaseException) -> bytes | None:
     """`e` pickled, without its traceback and chain (they hold frames), or None."""
     try:
         return pickle.dumps(e.with_traceback(None))
-    except Exception:
+    except Exception:  # an error that does not pickle is reported by text
         return None
 
 
@@ -280,7 +280,7 @@ def _rank_main(
             else SharedMemoryCollectives(block, rank, size, board, collective_timeout_s)
         )
         result = pickle.dumps(fn(rank, size, coll, *args))
-    except BaseException as e:
+    except BaseException as e:  # every rank's outcome is reported
         why = f"{type(e).__name__}: {e}"
         if coll is not None:
             coll.mark_failed(why)  # the board, and the shared-memory flag where there is one

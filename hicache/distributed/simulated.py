@@ -89,7 +89,7 @@ class ThreadGroup:
         def body(rank: int) -> None:
             try:
                 results[rank] = fn(rank)
-            except BaseException as e:
+            except BaseException as e:  # every rank's outcome is reported
                 errors[rank] = e
                 if not isinstance(e, RankFailed):
                     self._break(rank, f"{type(e).__name__}: {e}")

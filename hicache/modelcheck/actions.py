@@ -7,7 +7,8 @@ counterexample.py): the plane is deterministic, so a replayed path yields the sa
     kind                 call                                   offered when
     -------------------  -------------------------------------  ------------------------------
     begin_request        begin_request(r, prompts[i])           r is not live, i one of r's prompts
-    compute              compute(r, n)                          r live; n = 1.. pages to the prompt's end
+    compute              compute(r, n)                          r live; n = 1.. pages to the
+                                                                prompt's end
     insert               insert(r)                              r live
     end_request          end_request(r)                         r live (refused while r has ops)
     advance_cached_len   advance_cached_len(r, node)            node on r's prompt path
@@ -25,8 +26,8 @@ counterexample.py): the plane is deterministic, so a replayed path yields the sa
 
 The offer is generous on purpose: the plane's guards decide. (Eviction is offered on every
 node holding the tier, not only on `candidates(tier)`: the candidates list filters by the
-tree's own leaf sets and locks, which would hide a row whose guard was dropped.) A call that raises a refusal
-(`is_refusal`) changes nothing (spec/README.md: "raise, state unchanged") and is no edge.
+tree's own leaf sets and locks, which would hide a row whose guard was dropped.) A call that raises
+a refusal (`is_refusal`) changes nothing (spec/README.md: "raise, state unchanged") and is no edge.
 """
 
 from __future__ import annotations

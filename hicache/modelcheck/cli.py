@@ -78,7 +78,10 @@ def _parser() -> argparse.ArgumentParser:
         type=_non_negative,
         default=VERIFY_REFUSALS,
         metavar="N",
-        help=f"check that every N-th refused call changed nothing (0: never; default {VERIFY_REFUSALS})",
+        help=(
+            "check that every N-th refused call changed nothing "
+            f"(0: never; default {VERIFY_REFUSALS})"
+        ),
     )
     return p
 
@@ -164,9 +167,9 @@ def summary(res: Result) -> str:
         else "stopped early"
     )
     return (
-        f"model-check {res.config.name}: {res.states} states, {res.edges} edges, depth {res.depth}, "
-        f"{res.seconds:.2f} s, {res.states_per_s:,.0f} states/s, {res.refusals} refusals "
-        f"({res.refusals_verified} verified unchanged); {how}"
+        f"model-check {res.config.name}: {res.states} states, {res.edges} edges, depth "
+        f"{res.depth}, {res.seconds:.2f} s, {res.states_per_s:,.0f} states/s, {res.refusals} "
+        f"refusals ({res.refusals_verified} verified unchanged); {how}"
     )
 
 
@@ -217,7 +220,8 @@ def _report_finding(res: Result, lifecycle: Lifecycle | None, trace_out: Path | 
     if trace_out is not None:
         trace_out.write_text(buf.getvalue())
         print(
-            f"trace: {trace_out} ({buf.getvalue().count(chr(10))} lines; `hicache check-trace {trace_out}`)"
+            f"trace: {trace_out} ({buf.getvalue().count(chr(10))} lines; "
+            f"`hicache check-trace {trace_out}`)"
         )
     else:
         print("trace:")

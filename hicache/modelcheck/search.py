@@ -150,8 +150,8 @@ def explore(
 ) -> Result:
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
-    the state unchanged; `keep_keys` keeps every key seen (and its path) in the result; `on_state` is
-    called with each new state's plane (it must not change it). The last two are for tests."""
+    the state unchanged; `keep_keys` keeps every key seen (and its path) in the result; `on_state`
+    is called with each new state's plane (it must not change it). The last two are for tests."""
     key_of = key_function(cfg, reduction)
     res = Result(cfg, reduction)
     start = time.perf_counter()

@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
         for name, g in load_presets().items():
             pools = ", ".join(p.name for p in g.pools)
             print(
-                f"{name:<11} {len(g.pools)} pools, {g.value_bytes_per_anchor_page:,} B per anchor page in "
-                f"all, {g.bytes_per_anchor_page:,} on {g.anchor.name}'s indices: {pools}"
+                f"{name:<11} {len(g.pools)} pools, {g.value_bytes_per_anchor_page:,} B per anchor "
+                f"page in all, {g.bytes_per_anchor_page:,} on {g.anchor.name}'s indices: {pools}"
             )
         return 0
     try:

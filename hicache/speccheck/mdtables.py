@@ -99,7 +99,7 @@ def _cells(line: str) -> list[str]:
 
 def _normalise(cell: str) -> str:
     text = " ".join(cell.replace("`", "").split())
-    return "" if text in {"-", "—", "–"} else text
+    return "" if text in {"-", "\u2014", "\u2013"} else text  # hyphen, em dash, en dash
 
 
 def _items(cell: str) -> list[str]:

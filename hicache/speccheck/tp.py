@@ -123,11 +123,11 @@ def collective_calls(sources: Mapping[str, str]) -> tuple[list[Call], list[str]]
                 and node.func.attr in COLLECTIVE_CALLS
             ):
                 continue
-            first = (
-                node.args[0]
-                if node.args
-                else next((k.value for k in node.keywords if k.arg == "point_name"), None)
-            )
+            first: ast.expr | None
+            if node.args:
+                first = node.args[0]
+            else:
+                first = next((k.value for k in node.keywords if k.arg == "point_name"), None)
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 calls.append(Call(first.value, node.func.attr, f"{path}:{node.lineno}"))
     return calls, problems

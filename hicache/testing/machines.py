@@ -23,8 +23,8 @@ the controller's internals, so they live here rather than in the engine-neutral 
 
 `checker_sees_what_breaks`: the invariant checker the controller runs is under test too.
 Every CANARY_EVERY steps, on a copy of the live snapshot with one page of a tier (in turn)
-put on the free list while a node holds it, the checker must raise I1 `ownership_disjoint` for that tier;
-with one free page made PRIVATE (leaked), I6 `page_conservation`. Where the controller checks
+put on the free list while a node holds it, the checker must raise I1 `ownership_disjoint` for that
+tier; with one free page made PRIVATE (leaked), I6 `page_conservation`. Where the controller checks
 every transition (the cpu plane), every transition must have been checked. Without it, a
 checker that goes quiet is never noticed: a correct controller breaks nothing for it to see.
 `l3_serves_what_it_holds` (planes with bytes): unless the L3 file may have been damaged (a
@@ -101,7 +101,8 @@ def _with_controller_checks(
             if checker.mode.kind == EVERY:
                 # Verify every transition the controller made was checked (mode `every`).
                 assert checker.checks_run == checker.transitions, (
-                    f"{checker.transitions} transitions but {checker.checks_run} checked (mode every)"
+                    f"{checker.transitions} transitions but {checker.checks_run} checked "
+                    "(mode every)"
                 )
             self.canary_step: int = getattr(self, "canary_step", -1) + 1
             if self.canary_step % CANARY_EVERY:

@@ -20,9 +20,9 @@ after every step, compares what the engine reports with the reference model
 
 An engine whose L1 can free a page's *window* (a pool group with a sliding-window pool,
 spec/pools.md "Freed windows") reports it as the page change `WINDOW_FREED` (L1 only: the
-page stays RESIDENT without its window; `WINDOW_REVIVED` when it has it again) and sets `hit_window` to the pages an L1 hit needs,
-each with its window, just before its end (0, the default, for every other engine): the
-reference then ends an L1 hit at the last page end with a whole window before it.
+page stays RESIDENT without its window; `WINDOW_REVIVED` when it has it again) and sets `hit_window`
+to the pages an L1 hit needs, each with its window, just before its end (0, the default, for every
+other engine): the reference then ends an L1 hit at the last page end with a whole window before it.
 
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference

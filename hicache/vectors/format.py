@@ -68,7 +68,8 @@ class CaseConfig:
     """What an engine is built with for one case (spec/vectors.md, "Configuration").
 
     `capacities`: pages per tier (L3: slots). `write_policy` and `restore_policy` use the
-    names of spec/policies.md; `promotion`: an L3 restore's promoted L2 copies stay there (spec/restore.md)."""
+    names of spec/policies.md; `promotion`: an L3 restore's promoted L2 copies stay there
+    (spec/restore.md)."""
 
     page_size: int
     capacities: dict[str, int] = field(default_factory=dict)

@@ -45,7 +45,8 @@ class Recorder:
         return tuple(range(base, base + pages * PAGE_SIZE + tail))
 
     def extend(self, prefix: Tokens, pages: int, keep_pages: int) -> Tokens:
-        """The first `keep_pages` pages of `prefix`, then a fresh run of `pages` pages and a tail."""
+        """The first `keep_pages` pages of `prefix`, then a fresh run of `pages` pages and a
+        tail."""
         return prefix[: keep_pages * PAGE_SIZE] + self.fresh(pages)
 
     # -- operations ---------------------------------------------------------------------------

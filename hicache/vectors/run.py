@@ -12,7 +12,8 @@ does not list, then a summary with cases per second.
 
 Exit status: 0 every case passed or was skipped (at least one passed) and every file was
 consumed; 1 a case failed, a listed file is missing, unreadable, malformed or has another
-sha256, a file in DIR is not listed, or every case was skipped; 2 a usage error (no manifest, a bad `--adapter`): one line on stderr.
+sha256, a file in DIR is not listed, or every case was skipped; 2 a usage error (no manifest, a bad
+`--adapter`): one line on stderr.
 """
 
 from __future__ import annotations

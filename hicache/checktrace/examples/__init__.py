@@ -91,7 +91,8 @@ def manifest(found: Sequence[Example]) -> str:
     """manifest.toml: one table per file, keyed by the file's name."""
     out = [
         "# The trace examples of this directory: one table per file, written by",
-        "# `python3 -m hicache.checktrace.examples spec/examples` (README.md says what each shows).",
+        "# `python3 -m hicache.checktrace.examples spec/examples` "
+        "(README.md says what each shows).",
         "# verdict: valid (exit 0), violation (exit 1) or malformed (exit 2) under check-trace;",
         "# seq: the first bad event; bug_class: spec/bugclasses.md; base: the example it was made",
         "# from (by the edit of hicache/checktrace/examples/edits.py named as the file, or as a",

@@ -201,7 +201,8 @@ EDITS = (
         "abort_mid_h2d",
         "violation",
         "B03",
-        "request 2 ends while its load-back is pending (no h2d_cancel): its target pages outlive it",
+        "request 2 ends while its load-back is pending (no h2d_cancel): "
+        "its target pages outlive it",
         end_with_pending_restore,
     ),
     Edit(

@@ -222,9 +222,11 @@ class ControllerAdapter:
         for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
             if isinstance(table, TierPools):
                 site, first = ALLOC_SITES[tier], table.group.allocating[0].name
-                table.group_table.fault = lambda pool, site=site, first=first: (
-                    pool != first and self.faults.fire(site)
-                )
+
+                def fault(pool: str, site: FaultSite = site, first: str = first) -> bool:
+                    return pool != first and self.faults.fire(site)
+
+                table.group_table.fault = fault
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -20,10 +20,10 @@ sglang's tree node ids (`TreeNode.id`) name the nodes, its allocator's page ids 
 page size) the physical pages, and a split is traced as the
 spec's `split` (sglang's `_split_node` keeps the old id for the lower part and gives the
 upper part a new one, as the spec does), found by comparing the tree before and after the
-call that may split (a match or an insert), and emitted first in that call's events. A trace is written only for prefills
-that keep the admission's match (`rematch=False`): a second match at prefill has no event in
-the spec (the reference's request computes from its admission's hit and discards what others
-inserted since).
+call that may split (a match or an insert), and emitted first in that call's events. A trace is
+written only for prefills that keep the admission's match (`rematch=False`): a second match at
+prefill has no event in the spec (the reference's request computes from its admission's hit and
+discards what others inserted since).
 """
 
 from __future__ import annotations
