@@ -27,6 +27,7 @@ def _copy_table(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
     VEC: tl.constexpr,
     GATHER: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """One piece: `length` units of VEC words between the side and the packed tensor."""
     p = tl.program_id(0).to(tl.int64)
@@ -40,11 +41,28 @@ def _copy_table(  # type: ignore[no-untyped-def]
         src_at = packed * VEC
         dst_at = side * VEC
     lanes = tl.arange(0, VEC)[None, :]
-    for step in range(0, length, BLOCK):
-        units = step + tl.arange(0, BLOCK)
-        inside = (units < length)[:, None]
-        offsets = units[:, None] * VEC + lanes
-        tl.store(dst + dst_at + offsets, tl.load(src + src_at + offsets, mask=inside), mask=inside)
+    if INTERPRETED:
+        # Triton 3.6's interpreter holds a loaded scalar as a 1-element array, which `range`
+        # cannot take as a bound ("only 0-dimensional arrays can be converted to Python
+        # scalars"); a `while` compares it instead. Compiled, the `for` stays (the software
+        # pipeliner schedules a `for`'s loads, not a `while`'s). The two bodies are the same.
+        step = 0
+        while step < length:
+            units = step + tl.arange(0, BLOCK)
+            inside = (units < length)[:, None]
+            offsets = units[:, None] * VEC + lanes
+            tl.store(
+                dst + dst_at + offsets, tl.load(src + src_at + offsets, mask=inside), mask=inside
+            )
+            step += BLOCK
+    else:
+        for step in range(0, length, BLOCK):
+            units = step + tl.arange(0, BLOCK)
+            inside = (units < length)[:, None]
+            offsets = units[:, None] * VEC + lanes
+            tl.store(
+                dst + dst_at + offsets, tl.load(src + src_at + offsets, mask=inside), mask=inside
+            )
 
 
 _JITTED: dict[bool, Any] = {}  # interpreted? -> the jitted kernel
@@ -77,11 +95,12 @@ def copy_table_triton(
     # Verify the table is the uploaded copy: a mismatch would copy from wrong offsets.
     assert tuple(table.shape) == (rows.pieces, 3) and table.is_contiguous(), tuple(table.shape)
     block = max(1, config.block_bytes // rows.unit_bytes)
-    args = (units_view(src, rows), units_view(dst, rows), table, block, rows.vec, gather)
+    on_cpu = src.device.type != "cuda" or interpreted
+    args = (units_view(src, rows), units_view(dst, rows), table, block, rows.vec, gather, on_cpu)
     grid = (rows.pieces,)
     options = {"num_warps": config.num_warps}
     try:
-        if src.device.type != "cuda" or interpreted:
+        if on_cpu:
             with on_stream(stream):
                 _kernel(True)[grid](*args, **options)
             return
