@@ -203,13 +203,28 @@ def test_a_rank_that_dies_is_the_root_cause_and_the_other_stops_before_its_timeo
 
 @pytest.mark.skipif(not ON_TSO or not Path("/dev/shm").is_dir(), reason="POSIX shm on x86-64")
 def test_no_shared_memory_block_outlives_a_run() -> None:
-    before = set(os.listdir("/dev/shm"))
-    run_ranks(
-        _agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60, transport="shm"
-    )
-    with pytest.raises(RankError):
-        run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport="shm")
-    assert set(os.listdir("/dev/shm")) - before == set()
+    """Judged on the blocks this launcher names (`block_prefix`), not on all of /dev/shm:
+    another process (a second suite, an xdist worker, multiprocessing's semaphores) may
+    create and remove files there meanwhile, as the stranger block below does."""
+    from multiprocessing.shared_memory import SharedMemory
+
+    from hicache.distributed.shm import ShmBlock, block_prefix
+
+    ours = block_prefix()
+    probe = ShmBlock.create(2)  # Verify the launcher's blocks carry the prefix judged below.
+    assert probe.name.startswith(ours), probe.name
+    probe.unlink()
+    stranger = SharedMemory(create=True, size=64)  # someone else's, alive across the runs
+    try:
+        run_ranks(
+            _agree_then_mismatch, 2, collective_timeout_s=TIMEOUT_S, timeout_s=60, transport="shm"
+        )
+        with pytest.raises(RankError):
+            run_ranks(_rank1_dies, 2, collective_timeout_s=30.0, timeout_s=60, transport="shm")
+        assert [name for name in os.listdir("/dev/shm") if name.startswith(ours)] == []
+    finally:
+        stranger.close()
+        stranger.unlink()
 
 
 def test_an_unknown_transport_is_refused() -> None:

@@ -46,7 +46,9 @@ Counters (`exchange_s`, `wait_s`, ...) as every ProcessCollectives (wire.py).
 
 from __future__ import annotations
 
+import os
 import platform
+import secrets
 import time
 from array import array
 from multiprocessing.shared_memory import SharedMemory
@@ -99,6 +101,12 @@ def mapped(shm: SharedMemory) -> memoryview:
     return buf
 
 
+def block_prefix(pid: int | None = None) -> str:
+    """The name prefix of the blocks launcher process `pid` (default: this one) creates: what
+    lies in /dev/shm under it after every run of that launcher ended is a leaked block."""
+    return f"hicache-tp-{os.getpid() if pid is None else pid}-"
+
+
 class ShmBlock:
     """The group's block, owned by the launcher: `create`, then `mark_dead` for a rank found
     dead, then `unlink` once every rank ended."""
@@ -108,8 +116,10 @@ class ShmBlock:
 
     @classmethod
     def create(cls, size: int) -> ShmBlock:
+        """A new zeroed block for `size` ranks, named `block_prefix()` + a random suffix."""
         require_tso()
-        shm = SharedMemory(create=True, size=block_words(size) * WORD)
+        name = f"{block_prefix()}{secrets.token_hex(6)}"
+        shm = SharedMemory(name=name, create=True, size=block_words(size) * WORD)
         buf = mapped(shm)
         buf[:] = bytes(len(buf))  # every count 0, every flag clear
         return cls(shm, size)
