@@ -7,14 +7,9 @@ beside them.
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 SPEC_DIR = Path(__file__).resolve().parent
 LIFECYCLE_TOML = SPEC_DIR / "lifecycle.toml"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
 from hicache.checktrace import check_lines
 from hicache.checktrace import examples as gen
