@@ -21,7 +21,9 @@ need not be counted here.
     lock                                                pin(r, node, tier)
     <dir>_issue... (one op id)                          issue(dir, [nodes...], r)
     <dir>_complete | _fail | _cancel                    complete | fail | cancel(op)
-    <dir>_complete... then <dir>_fail (one op)          complete_part(op, complete events)
+    <dir>_complete... then <dir>_fail (one op)          complete_part(op, complete events):
+                                                        an S2H's partial end (the reference
+                                                        refuses any other direction's)
     tombstone                                           tombstone(node)
     evict_lN | invalidate_l3                            evict_node(node, tier, name)
     cached_len with node                                advance_cached_len(r, node)
