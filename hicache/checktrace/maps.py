@@ -8,8 +8,9 @@ released page), so an engine may reuse its ids and pages afterwards.
 
     map       bound at                              unbound at
     --------  ------------------------------------  -------------------------------------
-    nodes     first event naming the node (split:   the reference's `node_remove`
-              its `detail.upper` too)
+    nodes     first event naming the node (split:   the reference's `node_remove` (one the
+              its `detail.upper` too)               trace omits too, after the events
+                                                    before it were compared)
     ops       the op's first `*_issue` event        the op's end (complete / fail / cancel)
     pages     a `reserve` (compute, *_issue): one   a `release` or `free` of the page
     (per      map per tier
@@ -42,8 +43,10 @@ class IdMap:
             other = self.to_engine.get(ref)
             named = f" (trace {self.kind} {other})" if other is not None else ""
             return (
-                f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here "
-                f"the reference acts on its {self.kind} {ref}{named}"
+                f"trace {self.kind} {engine} still names a live {self.kind}, the reference's "
+                f"{bound}, but here the reference acts on its {self.kind} {ref}{named}: an id "
+                f"is named anew only after its {self.kind} is gone (spec/trace.md, "
+                '"Partial traces")'
             )
         back = self.to_engine.get(ref)
         if back is not None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
 from hicache.checktrace.invariants import Checks, scope_before
+from hicache.checktrace.maps import IdMap
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
@@ -175,7 +176,7 @@ class Replay:
             emitted = [ev for ev in sink.events if ev.event not in self.dropped]
             if not emitted:
                 return False
-            for ref, line in zip(emitted, left):
+            for ref, line in zip(_unbinding(sink.events, self.dropped, compare.nodes), left):
                 compare.compare(ref, line.event)
         except (HiCacheError, Mismatch, DoubleOwnership):
             return False
@@ -208,9 +209,6 @@ class Replay:
         except HiCacheError as e:
             raise Violation(head, f"not enabled: {e}", call, before) from None
         emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
-        for ev in self.sink.events:
-            if ev.event == "node_remove" and ev.event in self.dropped and ev.node is not None:
-                self.compare.nodes.drop_ref(ev.node)
         if not emitted:
             raise Violation(
                 head,
@@ -218,7 +216,7 @@ class Replay:
                 call,
                 before,
             )
-        for ref in emitted:
+        for ref in _unbinding(self.sink.events, self.dropped, self.compare.nodes):
             line = self.buffer.peek(0)
             if line is None:
                 break  # the trace stops inside this call
@@ -245,6 +243,20 @@ class Replay:
         found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
+
+
+def _unbinding(
+    events: Iterable[TraceEvent], dropped: frozenset[str], nodes: IdMap
+) -> Iterator[TraceEvent]:
+    """`events` without the kinds the trace omits, in order. A `node_remove` left out unbinds
+    its node as the walk passes it -- after the call's events before it were compared, never
+    before (they name the node) -- so a trace without `node_remove` (or `locks`) may name the
+    id anew once the reference removed its node (spec/trace.md, "Partial traces")."""
+    for ev in events:
+        if ev.event not in dropped:
+            yield ev
+        elif ev.event == "node_remove" and ev.node is not None:
+            nodes.drop_ref(ev.node)
 
 
 def check_lines(
