@@ -5,12 +5,19 @@ may name a node id anew once its node is gone, whether or not its trace carries
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from hicache.checktrace import VALID, VIOLATION, check_lines
 from hicache.control import ControlPlane
-from tests.test_checktrace import events, lines_of, plane_trace
+from hicache.spec import load_toml
+from hicache.tiers import Direction
+from tests.test_checktrace import events, lines_of, plane_trace, renumber
+from tests.test_checktrace_ends import _spliced
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "spec" / "examples"
 
 
 def _two_prompts(evict_first: bool) -> list[str]:
@@ -76,4 +83,53 @@ def test_a_node_id_named_anew_while_its_node_lives_is_a_violation(omit: str | No
     assert verdict.exit_code == VIOLATION, verdict.message
     insert = next(e for e in events(trace) if e["event"] == "insert" and e["request"] == 2)
     assert verdict.seq == insert["seq"]
-    assert "trace node 1 still names a live node" in verdict.message, verdict.message
+    assert "trace node 1 still names the reference's node" in verdict.message, verdict.message
+
+
+MENTION = re.compile(r"([\w']*) (node|op|request)(?:s|\(s\))? (\[[0-9, ]*\]|[0-9]+\b)")
+"""An id a report names, with the word before it (`trace`, or `reference's` for an id the
+trace never named)."""
+NODE, OP = 100, 50
+"""`renumber`'s shifts: every trace node id is at least NODE, every trace op id at least OP."""
+
+
+def _violations() -> list[tuple[str, list[str]]]:
+    """A sample of violations in another engine's numbering (nodes +100, ops +50, pages
+    moved): every violation example of spec/examples, a partial end of an H2D, a node id
+    named anew while its node lives."""
+    manifest = load_toml(EXAMPLES / "manifest.toml")
+    sample = [
+        (name, (EXAMPLES / name).read_text().splitlines())
+        for name, entry in sorted(manifest.items())
+        if entry["verdict"] == "violation"
+    ]
+    sample.append(("partial end of an H2D", _spliced(Direction.H2D)[0]))
+    sample.append(("live reuse", _named(_two_prompts(evict_first=False), {2: 1})))
+    return [(name, renumber(lines, NODE, OP)) for name, lines in sample]
+
+
+@pytest.mark.parametrize(
+    "name, lines", _violations(), ids=lambda x: x if isinstance(x, str) else ""
+)
+def test_a_violation_report_names_the_traces_own_ids(name: str, lines: list[str]) -> None:
+    """Every node, op and request the report names is the trace's (`trace node 101`), or is
+    marked as the reference's own where the trace has no name for it. Before, the reasons the
+    reference gave ("nodes [1] are not RESIDENT", "request 2 still has ops [2] pending") and
+    the state lines ("node 101: ...") named ids without saying whose, and the former were
+    the reference's."""
+    verdict = check_lines(lines)
+    assert verdict.exit_code == VIOLATION, verdict.message
+    report = [
+        line
+        for line in verdict.message.splitlines()[1:]  # the first line is the event itself
+        if not line.startswith("  the reference emitted here (its own ids")
+    ]
+    named = [m for line in report for m in MENTION.finditer(line)]
+    assert named, verdict.message
+    for m in named:
+        word, kind, ids = m.groups()
+        assert word in ("trace", "reference's"), (m.group(0), verdict.message)
+        least = {"node": NODE, "op": OP, "request": 0}[kind]
+        if word == "trace":
+            numbers = [int(i) for i in ids.strip("[]").split(",") if i.strip()]
+            assert all(i >= least for i in numbers), (m.group(0), verdict.message)

@@ -43,16 +43,16 @@ class IdMap:
             other = self.to_engine.get(ref)
             named = f" (trace {self.kind} {other})" if other is not None else ""
             return (
-                f"trace {self.kind} {engine} still names a live {self.kind}, the reference's "
-                f"{bound}, but here the reference acts on its {self.kind} {ref}{named}: an id "
-                f"is named anew only after its {self.kind} is gone (spec/trace.md, "
-                '"Partial traces")'
+                f"trace {self.kind} {engine} still names the reference's {self.kind} {bound}, "
+                f"which lives, but this event stands for the reference's {self.kind} {ref}"
+                f"{named}: an id is named anew only after its {self.kind} is gone "
+                '(spec/trace.md, "Partial traces")'
             )
         back = self.to_engine.get(ref)
         if back is not None:
             return (
                 f"the reference's {self.kind} {ref} is trace {self.kind} {back}, "
-                f"but this event names {self.kind} {engine}"
+                f"but this event names trace {self.kind} {engine}"
             )
         self.to_ref[engine] = ref
         self.to_engine[ref] = engine
@@ -64,12 +64,13 @@ class IdMap:
             self.to_ref.pop(engine, None)
 
     def engine_name(self, ref: int) -> str:
-        """How a report names the reference's `ref`: the trace's id when bound."""
+        """How a report names the reference's `ref`: `trace node 7` (the trace's id) when
+        bound, else `the reference's node 3 (unnamed in the trace)`."""
         engine = self.to_engine.get(ref)
         return (
-            f"{engine}"
+            f"trace {self.kind} {engine}"
             if engine is not None
-            else f"(reference {self.kind} {ref}, unnamed in the trace)"
+            else f"the reference's {self.kind} {ref} (unnamed in the trace)"
         )
 
 
@@ -117,7 +118,8 @@ class PageMap:
                     else f"is the reference's page {got}"
                 )
                 return (
-                    f"{self.tier} page {e} {where}; the reference moves its page {r} here ({have})"
+                    f"trace {self.tier} page {e} {where}; the reference moves its page {r} "
+                    f"here ({have})"
                 )
         return None
 

@@ -23,6 +23,7 @@ from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
 from hicache.checktrace.invariants import Checks, scope_before
 from hicache.checktrace.maps import IdMap
+from hicache.checktrace.names import TraceNames
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
@@ -132,7 +133,8 @@ class Replay:
         )
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
         self.buffer = _Buffer(reader, self.dropped)
-        self.checks = Checks(self.cp, check_every, full)
+        self.names = TraceNames(self.compare.nodes, self.compare.ops, self.compare.pages)
+        self.checks = Checks(self.cp, check_every, full, self.names.violation)
         self.events = 0
         self.requests = 0  # begin_request events (counts, not sets: memory stays bounded)
         self.ops = 0
@@ -200,14 +202,16 @@ class Replay:
         try:
             call.run()
         except InvariantViolation as e:
-            raise Violation(head, f"invariant: {e}", call, before) from None
+            said = "; ".join(self.names.violation(v) for v in e.violations)
+            raise Violation(head, f"invariant: {said}", call, before) from None
         except IllegalTransition as e:
             # The call's own rule refused it: blame the event that stands for the call (an
             # end_request's unlocks before it were enabled), else the run's first event.
             blamed = head if call.blame is None else self.buffer.peek(call.blame) or head
-            raise Violation(blamed, f"not enabled: {e}", call, before) from None
+            said = self.names.text(str(e))
+            raise Violation(blamed, f"not enabled: {said}", call, before) from None
         except HiCacheError as e:
-            raise Violation(head, f"not enabled: {e}", call, before) from None
+            raise Violation(head, f"not enabled: {self.names.text(str(e))}", call, before) from None
         emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
         if not emitted:
             raise Violation(
@@ -306,7 +310,7 @@ def _violation_text(replay: Replay, v: Violation) -> str:
     if v.ref is not None:
         out.append(f"  the reference emitted here (its own ids and pages): {v.ref.to_json()}")
     if v.call is not None:
-        out.append(f"  the reference's call for it: {v.call.label}")
+        out.append(f"  the reference's call for it, in the trace's ids: {v.call.label}")
     if v.before is not None:
         out.append("  enabled before it:")
         out += [f"    {s}" for s in v.before.enabled(replay.lc, nodes, ops)] or [
