@@ -133,3 +133,24 @@ def test_a_chain_behind_a_pending_backup_stays_wanted_and_one_with_nothing_left_
     assert list(planner.due()) == [(Direction.D2H, [y])] and not planner.pending
     planner.want(Direction.D2H, x)
     assert list(planner.due()) == [] and not planner.pending
+
+
+def test_an_l3_part_dropped_with_its_l2_part_is_a_fallback_of_its_own() -> None:
+    """spec/restore.md: one fallback per dropped part. The L2 part's H2D cannot be issued (an
+    aimed `alloc`: L1 refuses the reservation), so the L3 part behind it is dropped too: a
+    `no_room` for the L2 part and a `restore_gap` for the L3 part (before: only the first was
+    counted), both pins released, nothing issued."""
+    from hicache.dataplane.faults import FaultInjector
+    from hicache.tiers import Direction
+
+    c = two_stage_restore()
+    c.faults = FaultInjector()
+    c.faults.aim("alloc", direction=Direction.H2D)
+    before = dict(c.metrics.fallbacks)
+    mat = c.admit(3, ABC)
+    counted = {r: n - before[r] for r, n in c.metrics.fallbacks.items() if n != before[r]}
+    assert counted == {"no_room": 1, "restore_gap": 1}, counted
+    assert not c.handles and not c.cp.requests[3].pins and mat.done
+    assert c.prefill(3) == len(ABC)  # nothing restored: the whole prompt is recomputed
+    c.finish(3)
+    c.close()
