@@ -479,17 +479,30 @@ class ControlPlane(PlaneQueries):
         self._next_op += 1
 
     def complete_part(self, op_id: int, keep: int) -> PendingOp:
-        """An op whose first `keep` nodes landed and the rest did not (a clamped S2H,
-        spec/pools.md "Upstream failure scenarios" F11, F12): `<dir>_complete` on nodes
-        `[0, keep)` over the first pages of the op's page list, then `<dir>_fail` on the
-        rest, which releases their target pages in every pool. keep == 0 is `fail`, keep ==
-        len(nodes) is `complete`. Both rows are checked before either runs
-        (IllegalTransition, UnknownOp: nothing changed); each row unlocks its source at its
-        last node, so the cut takes one more source lock on the kept part's last node (the
-        op's own lock, at its last node, goes with the failed part)."""
+        """The *partial end* of an S2H op whose first `keep` nodes landed and the rest did
+        not (a clamped read, spec/pools.md F11-F13; spec/lifecycle.md, rule
+        `partial_end_s2h_only`): `s2h_complete` on nodes `[0, keep)` over the first pages of
+        the op's page list, then `s2h_fail` on the rest, which releases their target pages in
+        every pool. keep == 0 is `fail`, keep == len(nodes) is `complete`. Both rows are
+        checked before either runs (IllegalTransition -- an op of another direction, or a
+        `keep` out of range -- and UnknownOp: nothing changed). Lock movement, as the spec
+        states it: each row unlocks the source at its own step's deepest node, so the step
+        first takes one more L3 lock on the kept part's last node; the complete rows release
+        it, the fail rows the op's own (at its last node): one source lock goes, as at any
+        end."""
         op = self.ops.get(op_id)
         if op is None:
             raise UnknownOp(op_id)
+        if op.direction is not Direction.S2H:
+            d = op.direction.value.lower()
+            raise IllegalTransition(
+                f"{d}_complete",
+                str(op.direction.target),
+                "-",
+                f"rule partial_end_s2h_only: op {op_id}'s direction is {op.direction.value}, and "
+                f"only an S2H may end part way ({d}_complete on its first nodes, {d}_fail on "
+                "the rest): end it with complete, fail or cancel on every node",
+            )
         if not 0 <= keep <= len(op.nodes):
             raise IllegalTransition(
                 f"{op.direction.value.lower()}_complete",

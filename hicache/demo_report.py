@@ -69,8 +69,9 @@ GLOSSARY: dict[str, str] = {
     "cancelled": "transfers cancelled because their request ended or at shutdown (not failures)",
     "no room in the target tier": "a restore found no free pages even after eviction (live "
     "requests hold them): its tokens recomputed ('no_room')",
-    "promoted, not loaded": "an L3 part reached L2 but the L2 part before it did not reach "
-    "L1; it stays cached in L2, its tokens recomputed ('restore_gap')",
+    "L3 part not loaded": "the L2 part before an L3 part did not reach L1 (failed, or not "
+    "issued: the L3 part is then dropped with it); a promoted L3 part stays cached in L2, its "
+    "tokens recomputed ('restore_gap')",
     "graft dropped": "an L3 part could not be grafted into L2 because the node above it has "
     "no L2 copy (a host-only suffix under a parent not backed up): its "
     "tokens recomputed, nothing reserved ('dropped')",
@@ -105,7 +106,7 @@ GLOSSARY: dict[str, str] = {
 FALLBACK_LABELS = {
     "transfer_failed": "transfer failed",
     "no_room": "no room in the target tier",
-    "restore_gap": "promoted, not loaded",
+    "restore_gap": "L3 part not loaded",
     "l3_offline": "L3 offline",
     "dropped": "graft dropped",
     "load_back_pending": "backed off",

@@ -241,7 +241,7 @@ def test_a_cut_discard_neither_call_emits_is_a_violation() -> None:
     assert check_lines(cut).exit_code == VALID  # insert(1) would emit insert, not discard
     v = check_lines(edit(cut, last["seq"], token_start=2))
     assert (v.exit_code, v.seq) == (VIOLATION, last["seq"])
-    assert "end_request(1)" in v.message and "token_start" in v.message
+    assert "end_request(trace request 1)" in v.message and "token_start" in v.message
 
 
 # -- violations ---------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_a_page_reserved_while_still_owned_is_a_double_ownership() -> None:
     v = check_lines(edit(lines, seq, pages=[0, 2]))
     assert (v.exit_code, v.seq) == (VIOLATION, seq)
     assert "I1 ownership_disjoint" in v.message
-    assert "[L1] page 0: reserved while still TREE (held by node 1)" in v.message
+    assert "trace L1 page 0: reserved while still TREE (held by trace node 1)" in v.message
 
 
 def test_an_eviction_of_a_locked_node_is_not_enabled() -> None:
@@ -302,8 +302,9 @@ def test_an_eviction_of_a_locked_node_is_not_enabled() -> None:
     v = check_lines(insert_before(lines, seq, evict))
     assert (v.exit_code, v.seq) == (VIOLATION, seq)
     assert "guard 'locks(L1) == 0' fails" in v.message
-    assert "enabled before it:\n    node 1: d2h_issue" in v.message
-    assert "state before it:\n    node 1: L1; locks L1=1 L2=0 L3=0; pending: none" in v.message
+    assert "enabled before it:\n    trace node 1: d2h_issue" in v.message
+    state = "state before it:\n    trace node 1: L1; locks L1=1 L2=0 L3=0; pending: none"
+    assert state in v.message
 
 
 def test_a_cached_len_before_publication_is_not_enabled() -> None:

@@ -150,7 +150,7 @@ def test_the_touched_checks_report_what_the_full_checks_report(
     def hook(replay: Replay, scope: Scope) -> None:
         if not corrupt(replay.cp, scope, kind, data):
             return
-        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        full = [replay.names.violation(v) for v in check_all(replay.cp.snapshot())]
         checks = replay.checks
         assert isinstance(checks, Checks)
         got = Checks.after(checks, 1, scope)
@@ -191,7 +191,7 @@ def _spoil_first_pending_op(
         if not live:
             return False
         spoil(replay.cp, replay.cp.ops[live[0]])
-        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        full = [replay.names.violation(v) for v in check_all(replay.cp.snapshot())]
         got = Checks.after(replay.checks, 1, scope)
         assert got == full and full, (name, got, full)
         seen.append(got)
@@ -212,7 +212,7 @@ def test_a_prefix_lock_no_event_names_is_in_scope() -> None:
         if not live or live[0].locked.parent is None:
             return False
         live[0].locked.lock[0] += 1
-        full = [str(v) for v in check_all(replay.cp.snapshot())]
+        full = [replay.names.violation(v) for v in check_all(replay.cp.snapshot())]
         got = Checks.after(replay.checks, 1, scope)
         assert got == full and full
         seen.append(got)

@@ -170,20 +170,20 @@ class Comparer:
             )
             raise DoubleOwnership(
                 f"{check.id} {check.name}",
-                f"[{ref.tier}] page {twice}: reserved while {what}; {check.summary}",
+                f"trace {ref.tier} page {twice}: reserved while {what}; {check.summary}",
             )
 
     def _holder(self, tier: str, ref_page: int) -> str:
         """Who holds reference page `ref_page` of `tier`, in the trace's ids."""
         node = self.cp.holder(tier, ref_page)
         if node is not None:
-            return f" (held by node {self.nodes.engine_name(node.node_id)})"
+            return f" (held by {self.nodes.engine_name(node.node_id)})"
         for op in self.cp.ops.values():
             if str(op.direction.target) == tier and ref_page in op.target_pages:
-                return f" (the target of op {self.ops.engine_name(op.op_id)})"
+                return f" (the target of {self.ops.engine_name(op.op_id)})"
         for r in self.cp.requests.values():
             if tier == "L1" and ref_page in r.private_pages:
-                return f" (private to request {r.request_id})"
+                return f" (private to trace request {r.request_id})"
         return ""
 
 

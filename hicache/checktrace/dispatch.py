@@ -21,7 +21,9 @@ need not be counted here.
     lock                                                pin(r, node, tier)
     <dir>_issue... (one op id)                          issue(dir, [nodes...], r)
     <dir>_complete | _fail | _cancel                    complete | fail | cancel(op)
-    <dir>_complete... then <dir>_fail (one op)          complete_part(op, complete events)
+    <dir>_complete... then <dir>_fail (one op)          complete_part(op, complete events):
+                                                        an S2H's partial end (the reference
+                                                        refuses any other direction's)
     tombstone                                           tombstone(node)
     evict_lN | invalidate_l3                            evict_node(node, tier, name)
     cached_len with node                                advance_cached_len(r, node)
@@ -127,13 +129,14 @@ class Resolver:
         if ref is None:
             raise Unreplayable(
                 line,
-                f"node {engine_id} is unknown: no earlier event created it in the "
+                f"trace node {engine_id} is unknown: no earlier event created it in the "
                 "trace (an insert, a split) or it was removed",
             )
         found = self.cp.tree._nodes.get(ref)
         if found is None:
             raise Unreplayable(
-                line, f"node {engine_id} (reference node {ref}) was removed from the tree"
+                line,
+                f"trace node {engine_id} (the reference's node {ref}) was removed from the tree",
             )
         return found
 
@@ -165,7 +168,7 @@ class Resolver:
             )
             raise Ambiguous(
                 line,
-                f"node {engine_id} cannot be identified: {len(found)} reference nodes "
+                f"trace node {engine_id} cannot be identified: {len(found)} reference nodes "
                 f"cover {where} in that state (the trace omits split; name the event's "
                 "request or carry pages to tell them apart)",
             )
@@ -217,7 +220,9 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         assert isinstance(
             prompt, list
         )  # Verify: the schema requires detail.prompt, a list of ints.
-        return Call(f"begin_request({r})", lambda: cp.begin_request(r, prompt), request=r)
+        return Call(
+            f"begin_request(trace request {r})", lambda: cp.begin_request(r, prompt), request=r
+        )
     if name == "compute":
         return _compute(cp, ahead, k, head)
     if name in INSERT_EVENTS:
@@ -230,37 +235,39 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
             and after.event.event == "end_request"
             and after.event.request == r
         ):
-            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=end)
-        if name == "discard" and after is None:  # cut before what tells insert from end_request
-            ending = Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
             return Call(
-                f"insert({r})",
+                f"end_request(trace request {r})", lambda: cp.end_request(r), request=r, blame=end
+            )
+        if name == "discard" and after is None:  # cut before what tells insert from end_request
+            ending = Call(f"end_request(trace request {r})", lambda: cp.end_request(r), request=r)
+            return Call(
+                f"insert(trace request {r})",
                 lambda: cp.insert(r),
                 request=r,
                 alternative=ending,
                 on=lambda plane: plane.insert(r),
             )
-        return Call(f"insert({r})", lambda: cp.insert(r), request=r)
+        return Call(f"insert(trace request {r})", lambda: cp.insert(r), request=r)
     if name == "cached_len":
         r = _request(head)
         if e.node is None:
-            return Call(f"insert({r})", lambda: cp.insert(r), request=r)
+            return Call(f"insert(trace request {r})", lambda: cp.insert(r), request=r)
         node = resolve(head, e.node)
         return Call(
-            f"advance_cached_len({r}, node {e.node})",
+            f"advance_cached_len(trace request {r}, trace node {e.node})",
             lambda: cp.advance_cached_len(r, node),
             nodes=[node],
             request=r,
         )
     if name == "end_request":
         r = _request(head)
-        return Call(f"end_request({r})", lambda: cp.end_request(r), request=r)
+        return Call(f"end_request(trace request {r})", lambda: cp.end_request(r), request=r)
     if name == "lock":
         r = _request(head)
         node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(
-            f"pin({r}, node {e.node}, {tier})",
+            f"pin(trace request {r}, trace node {e.node}, {tier})",
             lambda: cp.pin(r, node, tier),
             nodes=[node],
             request=r,
@@ -273,12 +280,12 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         return _end(cp, ahead, k, head, ops)
     if name == "tombstone":
         node = resolve(head, e.node)
-        return Call(f"tombstone(node {e.node})", lambda: cp.tombstone(node), nodes=[node])
+        return Call(f"tombstone(trace node {e.node})", lambda: cp.tombstone(node), nodes=[node])
     if name.startswith("evict_") or name == "invalidate_l3":
         node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(
-            f"evict_node(node {e.node}, {tier}, {name})",
+            f"evict_node(trace node {e.node}, {tier}, {name})",
             lambda: cp.evict_node(node, tier, name),
             nodes=[node],
         )
@@ -299,7 +306,7 @@ def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
             head, "compute names no token range; the reference needs the tokens it reserves for"
         )
     n = stop - start
-    return Call(f"compute({r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
+    return Call(f"compute(trace request {r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
 
 
 def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver) -> Call:
@@ -327,11 +334,18 @@ def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Res
         )
         after = ahead.peek(rest)
         if after is not None and after.event.event == "end_request" and after.event.request == r:
-            return Call(f"end_request({r})", lambda: cp.end_request(r), request=r, blame=rest)
-        return Call(f"unpin({r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r)
+            return Call(
+                f"end_request(trace request {r})", lambda: cp.end_request(r), request=r, blame=rest
+            )
+        return Call(
+            f"unpin(trace request {r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r
+        )
     node = resolve(head, head.event.node)
     return Call(
-        f"unpin({r}, node {head.event.node})", lambda: cp.unpin(r, node), nodes=[node], request=r
+        f"unpin(trace request {r}, trace node {head.event.node})",
+        lambda: cp.unpin(r, node),
+        nodes=[node],
+        request=r,
     )
 
 
@@ -344,7 +358,7 @@ def _issue(
     if e.op in ops.to_ref:
         raise Unreplayable(
             head,
-            f"op {e.op} is already pending (reference op {ops.to_ref[e.op]}); "
+            f"trace op {e.op} is already pending (the reference's op {ops.to_ref[e.op]}); "
             "an op id is reused only after its end",
         )
     end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
@@ -356,8 +370,9 @@ def _issue(
     direction = Direction(e.event.split("_")[0].upper())
     r = e.request
     ids = [ahead.peek(i).event.node for i in range(k, end)]  # type: ignore[union-attr]
+    by = "no request" if r is None else f"trace request {r}"
     return Call(
-        f"issue({direction}, nodes {ids}, request {r})",
+        f"issue({direction}, trace nodes {ids}, {by})",
         lambda: cp.issue(direction, chain, r),
         nodes=chain,
         request=r,
@@ -375,7 +390,7 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
     ref = ops.to_ref.get(e.op)
     if ref is None or ref not in cp.ops:
         raise Unreplayable(
-            head, f"op {e.op} is not pending: it was never issued, or it already ended"
+            head, f"trace op {e.op} is not pending: it was never issued, or it already ended"
         )
     op = cp.ops[ref]
     if outcome == "complete":
@@ -385,7 +400,7 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
         if after is not None and after.event.event == failed and after.event.op == e.op:
             keep = end - k
             return Call(
-                f"complete_part(op {e.op}, {keep} nodes)",
+                f"complete_part(trace op {e.op}, {keep} nodes)",
                 lambda: cp.complete_part(ref, keep),
                 nodes=list(op.nodes),
                 request=op.request_id,
@@ -393,7 +408,7 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
             )
     run = getattr(cp, outcome)
     return Call(
-        f"{outcome}(op {e.op})",
+        f"{outcome}(trace op {e.op})",
         lambda: run(ref),
         nodes=list(op.nodes),
         request=op.request_id,

@@ -16,12 +16,13 @@ all-clear does not read side pools, so I9 is the full checks' alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from hicache.checktrace.touched import TouchedChecks
 from hicache.control import ControlPlane
 from hicache.errors import ConfigError
 from hicache.invariants import check_all
+from hicache.invariants.violation import Violation
 from hicache.pools.tierpools import TierPools
 from hicache.tiers import TIERS
 from hicache.trace import TraceEvent
@@ -87,7 +88,15 @@ def scope_before(
 class Checks:
     """Runs the invariants on `cp` per `every` (see the module docstring)."""
 
-    def __init__(self, cp: ControlPlane, every: int, full: bool = False) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        every: int,
+        full: bool = False,
+        render: Callable[[Violation | object], str] = str,
+    ) -> None:
+        """`render`: how a violation is written (the replay's: in the trace's ids)."""
+        self.render = render
         if every < 0:
             raise ConfigError("check_every", f"0 (never) or N >= 1 events, got {every}")
         self.cp, self.every = cp, every
@@ -121,4 +130,4 @@ class Checks:
 
     def _full(self) -> list[str]:
         self.full_runs += 1
-        return [str(v) for v in check_all(self.cp.snapshot())]
+        return [self.render(v) for v in check_all(self.cp.snapshot())]

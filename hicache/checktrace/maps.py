@@ -8,8 +8,9 @@ released page), so an engine may reuse its ids and pages afterwards.
 
     map       bound at                              unbound at
     --------  ------------------------------------  -------------------------------------
-    nodes     first event naming the node (split:   the reference's `node_remove`
-              its `detail.upper` too)
+    nodes     first event naming the node (split:   the reference's `node_remove` (one the
+              its `detail.upper` too)               trace omits too, after the events
+                                                    before it were compared)
     ops       the op's first `*_issue` event        the op's end (complete / fail / cancel)
     pages     a `reserve` (compute, *_issue): one   a `release` or `free` of the page
     (per      map per tier
@@ -42,14 +43,16 @@ class IdMap:
             other = self.to_engine.get(ref)
             named = f" (trace {self.kind} {other})" if other is not None else ""
             return (
-                f"trace {self.kind} {engine} is the reference's {self.kind} {bound}, but here "
-                f"the reference acts on its {self.kind} {ref}{named}"
+                f"trace {self.kind} {engine} still names the reference's {self.kind} {bound}, "
+                f"which lives, but this event stands for the reference's {self.kind} {ref}"
+                f"{named}: an id is named anew only after its {self.kind} is gone "
+                '(spec/trace.md, "Partial traces")'
             )
         back = self.to_engine.get(ref)
         if back is not None:
             return (
                 f"the reference's {self.kind} {ref} is trace {self.kind} {back}, "
-                f"but this event names {self.kind} {engine}"
+                f"but this event names trace {self.kind} {engine}"
             )
         self.to_ref[engine] = ref
         self.to_engine[ref] = engine
@@ -61,12 +64,13 @@ class IdMap:
             self.to_ref.pop(engine, None)
 
     def engine_name(self, ref: int) -> str:
-        """How a report names the reference's `ref`: the trace's id when bound."""
+        """How a report names the reference's `ref`: `trace node 7` (the trace's id) when
+        bound, else `the reference's node 3 (unnamed in the trace)`."""
         engine = self.to_engine.get(ref)
         return (
-            f"{engine}"
+            f"trace {self.kind} {engine}"
             if engine is not None
-            else f"(reference {self.kind} {ref}, unnamed in the trace)"
+            else f"the reference's {self.kind} {ref} (unnamed in the trace)"
         )
 
 
@@ -114,7 +118,8 @@ class PageMap:
                     else f"is the reference's page {got}"
                 )
                 return (
-                    f"{self.tier} page {e} {where}; the reference moves its page {r} here ({have})"
+                    f"trace {self.tier} page {e} {where}; the reference moves its page {r} "
+                    f"here ({have})"
                 )
         return None
 

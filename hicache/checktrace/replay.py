@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from hicache.checktrace.compare import Comparer, DoubleOwnership, Mismatch
 from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable, decide
 from hicache.checktrace.invariants import Checks, scope_before
+from hicache.checktrace.maps import IdMap
+from hicache.checktrace.names import TraceNames
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
@@ -131,7 +133,8 @@ class Replay:
         )
         self.dropped = frozenset(e for o in self.header.omits for e in DROPPED_BY_OMIT.get(o, ()))
         self.buffer = _Buffer(reader, self.dropped)
-        self.checks = Checks(self.cp, check_every, full)
+        self.names = TraceNames(self.compare.nodes, self.compare.ops, self.compare.pages)
+        self.checks = Checks(self.cp, check_every, full, self.names.violation)
         self.events = 0
         self.requests = 0  # begin_request events (counts, not sets: memory stays bounded)
         self.ops = 0
@@ -175,7 +178,7 @@ class Replay:
             emitted = [ev for ev in sink.events if ev.event not in self.dropped]
             if not emitted:
                 return False
-            for ref, line in zip(emitted, left):
+            for ref, line in zip(_unbinding(sink.events, self.dropped, compare.nodes), left):
                 compare.compare(ref, line.event)
         except (HiCacheError, Mismatch, DoubleOwnership):
             return False
@@ -199,18 +202,17 @@ class Replay:
         try:
             call.run()
         except InvariantViolation as e:
-            raise Violation(head, f"invariant: {e}", call, before) from None
+            said = "; ".join(self.names.violation(v) for v in e.violations)
+            raise Violation(head, f"invariant: {said}", call, before) from None
         except IllegalTransition as e:
             # The call's own rule refused it: blame the event that stands for the call (an
             # end_request's unlocks before it were enabled), else the run's first event.
             blamed = head if call.blame is None else self.buffer.peek(call.blame) or head
-            raise Violation(blamed, f"not enabled: {e}", call, before) from None
+            said = self.names.text(str(e))
+            raise Violation(blamed, f"not enabled: {said}", call, before) from None
         except HiCacheError as e:
-            raise Violation(head, f"not enabled: {e}", call, before) from None
+            raise Violation(head, f"not enabled: {self.names.text(str(e))}", call, before) from None
         emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
-        for ev in self.sink.events:
-            if ev.event == "node_remove" and ev.event in self.dropped and ev.node is not None:
-                self.compare.nodes.drop_ref(ev.node)
         if not emitted:
             raise Violation(
                 head,
@@ -218,7 +220,7 @@ class Replay:
                 call,
                 before,
             )
-        for ref in emitted:
+        for ref in _unbinding(self.sink.events, self.dropped, self.compare.nodes):
             line = self.buffer.peek(0)
             if line is None:
                 break  # the trace stops inside this call
@@ -245,6 +247,20 @@ class Replay:
         found = self.checks.after(len(emitted), scope)
         if found:
             raise Violation(head, "invariant: " + "; ".join(found), call, before)
+
+
+def _unbinding(
+    events: Iterable[TraceEvent], dropped: frozenset[str], nodes: IdMap
+) -> Iterator[TraceEvent]:
+    """`events` without the kinds the trace omits, in order. A `node_remove` left out unbinds
+    its node as the walk passes it -- after the call's events before it were compared, never
+    before (they name the node) -- so a trace without `node_remove` (or `locks`) may name the
+    id anew once the reference removed its node (spec/trace.md, "Partial traces")."""
+    for ev in events:
+        if ev.event not in dropped:
+            yield ev
+        elif ev.event == "node_remove" and ev.node is not None:
+            nodes.drop_ref(ev.node)
 
 
 def check_lines(
@@ -294,7 +310,7 @@ def _violation_text(replay: Replay, v: Violation) -> str:
     if v.ref is not None:
         out.append(f"  the reference emitted here (its own ids and pages): {v.ref.to_json()}")
     if v.call is not None:
-        out.append(f"  the reference's call for it: {v.call.label}")
+        out.append(f"  the reference's call for it, in the trace's ids: {v.call.label}")
     if v.before is not None:
         out.append("  enabled before it:")
         out += [f"    {s}" for s in v.before.enabled(replay.lc, nodes, ops)] or [

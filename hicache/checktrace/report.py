@@ -116,13 +116,13 @@ class Before:
                     continue
                 filling = rec.pending[TIERS.index(t.tier)]
                 names.append(
-                    t.name if filling is None else f"{t.name} (op {ops.engine_name(filling)})"
+                    t.name if filling is None else f"{t.name} ({ops.engine_name(filling)})"
                 )
-            out.append(f"node {nodes.engine_name(rec.ref_id)}: {', '.join(names) or 'none'}")
+            out.append(f"{nodes.engine_name(rec.ref_id)}: {', '.join(names) or 'none'}")
         r = self.request
         if r is not None:
             if not r.live:
-                out.append(f"request {r.request_id}: begin_request (it is not live)")
+                out.append(f"trace request {r.request_id}: begin_request (it is not live)")
             else:
                 names = []
                 if r.private_pages == 0 and r.published_len < r.prompt_len:
@@ -132,7 +132,7 @@ class Before:
                 if r.pins:
                     names.append("unlock (unpin)")
                 names.append("end_request" if not r.ops else "end_request after its ops end")
-                out.append(f"request {r.request_id}: {', '.join(names)}")
+                out.append(f"trace request {r.request_id}: {', '.join(names)}")
         return out
 
     def state(self, nodes: IdMap, ops: IdMap) -> list[str]:
@@ -141,22 +141,22 @@ class Before:
         for rec in self.nodes:
             locks = " ".join(f"{t}={n}" for t, n in zip(TIERS, rec.locks))
             pend = ", ".join(
-                f"{t} op {ops.engine_name(o)}" for t, o in zip(TIERS, rec.pending) if o is not None
+                f"{t} by {ops.engine_name(o)}" for t, o in zip(TIERS, rec.pending) if o is not None
             )
             out.append(
-                f"node {nodes.engine_name(rec.ref_id)}: {composite_name(rec.states)}; "
+                f"{nodes.engine_name(rec.ref_id)}: {composite_name(rec.states)}; "
                 f"locks {locks}; pending: {pend or 'none'}"
             )
         r = self.request
         if r is not None:
             if not r.live:
-                out.append(f"request {r.request_id}: not live")
+                out.append(f"trace request {r.request_id}: not live")
             else:
-                pins = ", ".join(f"node {nodes.engine_name(n)} {t}" for n, t in r.pins) or "none"
+                pins = ", ".join(f"{nodes.engine_name(n)} in {t}" for n, t in r.pins) or "none"
                 mine = ", ".join(ops.engine_name(o) for o in r.ops) or "none"
                 out.append(
-                    f"request {r.request_id}: cached_len {r.cached_len} of {r.prompt_len} prompt "
-                    f"tokens, published {r.published_len}, private pages {r.private_pages}, "
+                    f"trace request {r.request_id}: cached_len {r.cached_len} of {r.prompt_len} "
+                    f"prompt tokens, published {r.published_len}, private pages {r.private_pages}, "
                     f"pins: {pins}, ops pending: {mine}"
                 )
         return out

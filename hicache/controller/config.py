@@ -1,26 +1,10 @@
 """CacheConfig: every knob of the controller, validated at construction.
 
-| Name | Default | Description |
-| --- | --- | --- |
-| geometry | tiny | KV geometry preset or `KVGeometry` |
-| l1_pages, l2_pages, l3_slots | 64, 128, 512 | capacity of each tier, in pages |
-| device | None | "cuda", "cpu" or None (cuda when available) |
-| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash). An existing path is used only if it is a hicache L3 file (its slots start empty); a symlink is never followed |
-| l3_overwrite | False | let `l3_path` replace an existing regular file that is not a hicache L3 file (never a symlink or a non-regular file) |
-| backend | "auto" | gather/scatter kernels: auto, triton, torch |
-| policy | "cost" | restore-vs-recompute: cost, always, never, threshold |
-| write_policy | "write_through" | write_through (first insert), write_through_selective (second hit), write_back (on L1 eviction) |
-| promotion | True | a restore from L3 keeps the promoted pages in L2 |
-| prefetch | True | restores overlap decode; False: restores block the request |
-| check_mode | "every" | invariant checks: off, every, periodic N |
-| verify | True | compare every restored page with the producer's expected bytes |
-| load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
-| io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
-| hit_policy | "all_pools" | a group's hit policy (spec/pools.md): all_pools (a freed L1 window ends the L1 hit) or anchor_recompute_swa (the anchor's pools serve the hit, the window before it is recomputed) |
-| l1_window_pages | None | anchor pages of L1 whose window the trailing side pools (dsv4's `swa`) can hold; None: every L1 page (no window is ever freed). Fewer makes L1 free the windows of least recently used nodes (`tombstone`) before a reservation |
-| rank_check_every | 0 | tensor-parallel ranks: admissions between cross-rank checks (spec/tp.md C7-C9: every rank's view hashed and gathered; a difference gathers the views and raises `InvariantViolation` on every rank); 0: never. One rank: ignored |
-| pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |
-"""  # noqa: E501 -- a markdown table: one row a line
+The knobs, their defaults and legal values are spec/config.md's table, a checked copy of this
+class (`hicache spec check` compares the names and defaults and probes the legal values): a
+knob added, renamed or given another default here fails the check until the table says so.
+A value outside a knob's legal values raises ConfigError naming the knob.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +14,7 @@ from dataclasses import dataclass
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
-from hicache.pools.hits import ALL_POOLS, check_policy, required_pools
+from hicache.pools.hits import ALL_POOLS, GROUP_HIT_POLICIES, check_policy, required_pools
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
@@ -52,6 +36,15 @@ POLICIES = ("cost", "always", "never", "threshold")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 BACKENDS = ("auto", "triton", "torch")
 LOAD_BACK_OVERLAPS = ("share", "back_off")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "backend": BACKENDS,
+    "policy": POLICIES,
+    "write_policy": WRITE_POLICIES,
+    "load_back_overlap": LOAD_BACK_OVERLAPS,
+    "hit_policy": GROUP_HIT_POLICIES,
+}
+"""Knob -> its legal values, for the knobs that are one of a list (spec/config.md's `one of:`
+rows, compared with these by `hicache spec check`)."""
 
 
 @dataclass(frozen=True)
@@ -86,15 +79,11 @@ class CacheConfig:
             low = 0 if name in ("io_threads", "rank_check_every") else 1
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
-        if not isinstance(self.l3_overwrite, bool):
-            raise ConfigError("l3_overwrite", f"must be True or False, got {self.l3_overwrite!r}")
-        for name, allowed in (
-            ("policy", POLICIES),
-            ("write_policy", WRITE_POLICIES),
-            ("backend", BACKENDS),
-            ("load_back_overlap", LOAD_BACK_OVERLAPS),
-        ):
-            if getattr(self, name) not in allowed:
+        for name in ("l3_overwrite", "promotion", "prefetch", "verify"):
+            if not isinstance(getattr(self, name), bool):  # a string "no" is truthy
+                raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        for name, allowed in CHOICES.items():
+            if name != "hit_policy" and getattr(self, name) not in allowed:  # hit_policy: below
                 raise ConfigError(name, f"one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ConfigError("device", f"cpu, cuda or cuda:N; got {self.device!r}")

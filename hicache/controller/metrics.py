@@ -47,8 +47,9 @@ GIB = float(1 << 30)
 #   transfer_failed  its transfer failed (a cancel, when the request ends, is not counted)
 #   no_room          the tier it needed could not make room even after eviction (live
 #                    requests hold the pages)
-#   restore_gap      an L3 part was promoted but the L2 part before it did not reach L1, so
-#                    loading it back would leave a gap; it stays in L2, the tokens are recomputed
+#   restore_gap      the L2 part before an L3 part did not reach L1 (failed, or not issued:
+#                    the L3 part is dropped with it), so loading the L3 part back would leave
+#                    a gap; a promoted one stays in L2, the tokens are recomputed
 #   l3_offline       the L3 file is offline (removed or replaced under us)
 #   dropped          the L3 part's graft into L2 was refused: the node above it is not backed
 #                    up in L2 (SGLang's host_insert_dropped, reported with reason "dropped")

@@ -229,8 +229,8 @@ class RestoreStager:
                     self._drop_part(mat, mat.l3_part, reason)
                     mat.l3_part = []  # no promotion: those tokens are recomputed
                     continue
-                if mat.l3_part:
-                    self.cp.unpin(mat.request_id, mat.l3_part[-1])
+                if mat.l3_part:  # never promoted: its chain's parent will not reach L1
+                    self._drop_part(mat, mat.l3_part, "restore_gap")
                 self._drop_part(mat, mat.l2_part, reason)
                 mat.l2_part, mat.l3_part = [], []
                 return

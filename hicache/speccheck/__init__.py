@@ -18,6 +18,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
     l3header         l3format.LAYOUT vs l3.md's L3 header table, row by row
     pools            pools.toml loads (every group rule holds) vs pools.md's preset tables,
                      cell by cell
+    config           CacheConfig's fields vs config.md's knob table: names, defaults, and
+                     the legal values probed on the reference
     tp               tp.toml vs tp.md's point table, point sections and L3 write table; every
                      collective point is called by the code with its op, and no other
     pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
@@ -32,6 +34,7 @@ from pathlib import Path
 from hicache.errors import SpecError
 from hicache.lifecycle import Lifecycle
 from hicache.spec import SPEC_DIR, load_toml
+from hicache.speccheck.config import check_config
 from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, registry_checks
 from hicache.speccheck.l3header import check_l3_header
 from hicache.speccheck.mdtables import parse_tables
@@ -108,6 +111,8 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
         for p in sorted(spec_dir.glob("*.md"))
         if (text := _read(p, problems)) is not None
     }
+    config_md = pages.get("config.md")
+    problems += ["config.md: missing"] if config_md is None else check_config(config_md)
     problems += check_reading_order(pages) + check_bug_classes(pages)
     metrics = reference_metrics()
     problems += [metrics] if isinstance(metrics, str) else check_metric_names(pages, metrics)

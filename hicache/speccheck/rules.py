@@ -55,9 +55,36 @@ def _ack_matches_pending_id() -> str | None:
     return None
 
 
+def _partial_end_s2h_only() -> str | None:
+    """A D2H over a chain of two nodes (one prompt, split by a second request's match)
+    ended part way: complete on the first node, fail on the second. It must be refused,
+    the op still pending over both nodes and no lock moved."""
+    from hicache.control import ControlPlane
+    from hicache.tiers import Direction
+
+    cp = ControlPlane(1, (4, 4, 4), check_mode="off")
+    cp.begin_request(1, [7, 8, 9])
+    cp.compute(1, 3)
+    cp.insert(1)
+    cp.end_request(1)
+    cp.begin_request(2, [7, 5])  # matches [7]: the node of [7, 8] is split at 1
+    cp.end_request(2)
+    chain = list(cp.tree.match([7, 8]).path)
+    op = cp.issue(Direction.D2H, chain)
+    locks = [n.lock[0] for n in chain]
+    try:
+        cp.complete_part(op.op_id, 1)
+    except HiCacheError:
+        if op.op_id not in cp.ops or [n.lock[0] for n in chain] != locks:
+            return "a refused partial end changed the op or its source locks"
+        return None
+    return f"a D2H over {len(chain)} nodes ended part way (complete on 1, fail on the rest)"
+
+
 PROBES: dict[str, Callable[[], str | None]] = {
     "match_short_of_last_token": _match_short_of_last_token,
     "ack_matches_pending_id": _ack_matches_pending_id,
+    "partial_end_s2h_only": _partial_end_s2h_only,
 }
 """Rule name -> a probe returning why the rule is not enforced (None: it is)."""
 
