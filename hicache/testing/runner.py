@@ -51,10 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache.errors import ConfigError
+from hicache.outputs import OUTPUT_FILE
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
+from hicache.usage import UsageParser
 
 STEPS_PER_RUN = 50
 MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed (`fuzz`)
@@ -341,7 +343,7 @@ def _report_failure(
 
 def parser() -> argparse.ArgumentParser:
     nightly = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") == "fuzz"
-    p = argparse.ArgumentParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
+    p = UsageParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
         "--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)"
     )
@@ -382,6 +384,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trace",
+        type=OUTPUT_FILE,
         metavar="FILE",
         help=(
             f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, "
@@ -444,15 +447,6 @@ def main(argv: Sequence[str]) -> int:
             check_preset(args.pools)  # before any run: a preset the machine cannot draw
         except ConfigError as e:
             print(f"hicache fuzz: {e}", file=sys.stderr)
-            return 2
-    if args.trace:
-        try:
-            open(args.trace, "w").close()  # fail now, not after the runs
-        except OSError as e:
-            print(
-                f"hicache fuzz: --trace {args.trace}: {e.strerror}; choose a writable path",
-                file=sys.stderr,
-            )
             return 2
     try:
         return run(args)
