@@ -9,7 +9,10 @@ simplest example, the same for every seed) of at most `STEPS_PER_RUN` steps each
 seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
 steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
-printed, the error, and a one-line replay command; exit status 1.
+printed, the error, and a one-line replay command; exit status 1. With `--mutant NAME` the
+exit status is about the mutant instead: 0 when it was caught (the run failed, as it should
+with the mutant switched on), 1 when it escaped (hicache.testing.zoo for `--mutant` alone);
+2 is a usage error either way.
 
 Without `--adapter` the machine drives the hicache controller, with the two checks of its
 own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
@@ -399,7 +402,9 @@ def parser() -> argparse.ArgumentParser:
         help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
         "(see hicache.testing.zoo: --seed may repeat, --machine picks the "
         "machine); with --plane, --pools, --tp or --adapter, this run with "
-        "the mutant switched on (a failure's replay line)",
+        "the mutant switched on (a failure's replay line). With --mutant the exit "
+        "status says whether the mutant was caught: 0 caught (on every seed, of every "
+        "mutant for 'all'), 1 it escaped",
     )
     return p
 
@@ -449,10 +454,15 @@ def main(argv: Sequence[str]) -> int:
             print(f"hicache fuzz: {e}", file=sys.stderr)
             return 2
     try:
-        return run(args)
+        status = run(args)
     except ConfigError as e:
         print(f"hicache fuzz: {e}", file=sys.stderr)
         return 2
+    if args.mutant is None:
+        return status
+    caught = status == 1  # the run failed: the machine caught the mutant (zoo.main's meaning)
+    print(f"mutant {args.mutant}: {'caught' if caught else 'NOT caught: it escaped'}")
+    return 0 if caught else 1
 
 
 def _cuda() -> bool:

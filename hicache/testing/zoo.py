@@ -382,14 +382,21 @@ def catch_default(
     return catch(mutant, load_machine(name), seeds, max_steps, STEPS_PER_EXAMPLE.get(name, 50))
 
 
+EXIT_CAUGHT, EXIT_ESCAPED = 0, 1
+"""`hicache fuzz --mutant`'s exit status: the machine caught the mutant (on every seed; for
+`all`, every mutant), or it escaped (a seed ran its steps without a failure). A zoo run is a
+test of the machine, so catching is its success."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`hicache fuzz --mutant NAME|list|all [--seed S ...] [--steps N] [--machine M]`.
 
-    `list` prints every mutant and exits 0. A NAME runs against its machine (or `--machine`):
-    exit 1 when every seed caught it, naming the check, 0 when it escaped (the fuzz found
-    nothing: for a mutant, that is the machine's failure). `all` runs the whole zoo and prints
-    a Markdown table (steps to catch, median over the seeds); exit 0 when every mutant was
-    caught, 1 otherwise. A usage error is one line, exit status 2."""
+    `list` prints every mutant and exits 0. A NAME runs against its machine (or `--machine`)
+    and prints, per seed, the check that caught it or that it was not caught: exit 0 when
+    every seed caught it, 1 when it escaped on any seed (the fuzz found nothing: for a mutant,
+    that is the machine's failure). `all` runs the whole zoo and prints a Markdown table
+    (steps to catch, median over the seeds); exit 0 when every mutant was caught on every
+    seed, 1 otherwise. A usage error is one line, exit status 2."""
     parser = UsageParser(prog="hicache fuzz", description=main.__doc__)
     parser.add_argument("--mutant", required=True, help="a mutant's name, 'list' or 'all'")
     parser.add_argument("--seed", type=int, action="append", help="Hypothesis seed (repeat)")
@@ -408,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mutant == "all":
         results = [catch_default(m, seeds, args.steps, args.machine) for m in MUTANTS]
         print(table(results))
-        return 0 if all(r.caught for r in results) else 1
+        return EXIT_CAUGHT if all(r.caught for r in results) else EXIT_ESCAPED
     result = catch_default(args.mutant, seeds, args.steps, args.machine)
     for f in result.failures:
         print(f"{result.mutant}: caught by {f.check} at step {f.step} (seed {f.seed}): {f.message}")
@@ -416,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{result.mutant}: NOT caught by {result.machine} in {args.steps} steps (seed {seed})"
         )
-    return 1 if result.caught else 0
+    return EXIT_CAUGHT if result.caught else EXIT_ESCAPED
 
 
 def table(results: Sequence[Catch]) -> str:
