@@ -176,7 +176,8 @@ def parser() -> argparse.ArgumentParser:
         default=TRANSPORTS[0],
         help=(
             "how the --tp ranks meet: gloo (torch.distributed), or shm (a shared-memory block: "
-            "the ranks of one x86-64 host, several times cheaper per collective)"
+            "the ranks of one x86-64 host; a collective's own cost 22-29x lower than gloo's "
+            "on two idle cores, benchmarks/results/2026-12-04-tp-agreement-2core/)"
         ),
     )
     return p
