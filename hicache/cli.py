@@ -30,7 +30,6 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from hicache.diagram import DIAGRAMS, all_diagrams, diagram, replace_blocks
 from hicache.errors import HiCacheError, SpecError
@@ -38,6 +37,7 @@ from hicache.extras import install_hint, is_optional
 from hicache.lifecycle import Lifecycle
 from hicache.spec import SPEC_DIR, load_toml
 from hicache.speccheck import check_spec, registry_checks, spec_counts
+from hicache.usage import EXIT_USAGE, UsageParser
 
 DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "control"): "hicache.bench.control",
@@ -96,20 +96,12 @@ SUMMARIES: dict[tuple[str, ...], str] = {
 module's name)."""
 
 EXIT_DRIFT = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: what a shell reports for a command ended by Ctrl-C
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141: a tool cut off by `| head` (SIGPIPE)
 
 
 class UsageError(HiCacheError):
     """A command-line option or argument is wrong; the message names it."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but every error is one line (no usage block) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,14 +167,14 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hicache", description="Executable spec of a hierarchical KV cache.")
+    parser = UsageParser(prog="hicache", description="Executable spec of a hierarchical KV cache.")
     parser.add_argument("--version", action="version", version=f"hicache {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=UsageParser
     )
     spec = commands.add_parser("spec", help="check the spec, print or refresh its diagrams")
     spec_commands = spec.add_subparsers(
-        dest="spec_command", required=True, metavar="ACTION", parser_class=_Parser
+        dest="spec_command", required=True, metavar="ACTION", parser_class=UsageParser
     )
     check = spec_commands.add_parser(
         "check", help="fail on any drift between tables, prose, diagrams and code"
@@ -225,7 +217,7 @@ def _delegated(words: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-def _add_delegated(commands: argparse._SubParsersAction[_Parser]) -> None:
+def _add_delegated(commands: argparse._SubParsersAction[UsageParser]) -> None:
     """One parser per delegated command, for `--help` and usage errors only (`_delegated`
     runs the command before argparse sees it)."""
     groups: dict[str, list[tuple[str, ...]]] = {}
@@ -238,12 +230,16 @@ def _add_delegated(commands: argparse._SubParsersAction[_Parser]) -> None:
         cmd = commands.add_parser(
             group, help=SUMMARIES.get((group,), group), description=SUMMARIES.get((group,))
         )
-        names = cmd.add_subparsers(dest="name", required=True, metavar="NAME", parser_class=_Parser)
+        names = cmd.add_subparsers(
+            dest="name", required=True, metavar="NAME", parser_class=UsageParser
+        )
         for words in sorted(members):
             _add_passthrough(names, words)
 
 
-def _add_passthrough(commands: argparse._SubParsersAction[_Parser], words: tuple[str, ...]) -> None:
+def _add_passthrough(
+    commands: argparse._SubParsersAction[UsageParser], words: tuple[str, ...]
+) -> None:
     module = DELEGATED[words]
     cmd = commands.add_parser(words[-1], help=SUMMARIES.get(words, f"run {module}"), add_help=False)
     cmd.add_argument("args", nargs="*", help=f"passed to {module}.main ({words[-1]} --help)")
@@ -312,7 +308,12 @@ def _spec_write_diagrams(args: argparse.Namespace) -> int:
         ) from e
     new_text, changed = replace_blocks(text, all_diagrams(_lifecycle(spec_dir)))
     if changed:
-        path.write_text(new_text, encoding="utf-8")
+        try:
+            path.write_text(new_text, encoding="utf-8")
+        except OSError as e:
+            raise UsageError(
+                f"--spec-dir {spec_dir}: cannot write lifecycle.md ({e.strerror or e})"
+            ) from e
         print(f"rewrote {', '.join(changed)} in {path}")
     else:
         print(f"{path}: every diagram is current")

@@ -205,14 +205,17 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(
     option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--json /nonexistent/x.json` used to serve every request, print the report and then
-    end in a FileNotFoundError traceback; a directory, in IsADirectoryError."""
+    end in a FileNotFoundError traceback; a directory, in IsADirectoryError. (Every command's
+    output options: tests/test_cli_manners.py.)"""
     for path, says in [
         (tmp_path / "no" / "x.json", f"no directory {tmp_path / 'no'}"),
         (tmp_path, "is a directory"),
     ]:
-        assert demo.main(["--quiet", "--requests", "1", option, str(path)]) == 2
+        with pytest.raises(SystemExit) as done:
+            demo.main(["--quiet", "--requests", "1", option, str(path)])
+        assert done.value.code == 2
         err = capsys.readouterr()
-        assert f"{option} {path}: {says}; choose a writable path" in err.err
+        assert f"argument {option}: {path}: {says}; choose a writable path" in err.err
         assert "served" not in err.out  # nothing ran
     assert not (tmp_path / "no").exists()
 

@@ -168,16 +168,17 @@ def test_an_unknown_config_blames_config_and_an_unwritable_trace_out_is_refused_
         "hicache model-check: error: --config: 'bogus' is not"
     )
     out_file = tmp_path / "no" / "bad.ndjson"
-    status = mc.main(
-        [
-            "--config",
-            "pages",
-            "--lifecycle",
-            str(mutant_tables(tmp_path)),
-            "--trace-out",
-            str(out_file),
-        ]
-    )
+    with pytest.raises(SystemExit) as done:
+        mc.main(
+            [
+                "--config",
+                "pages",
+                "--lifecycle",
+                str(mutant_tables(tmp_path)),
+                "--trace-out",
+                str(out_file),
+            ]
+        )
     captured = capsys.readouterr()
-    assert status == 2 and "FOUND" not in captured.out
-    assert f"--trace-out: {out_file}: no directory" in captured.err
+    assert done.value.code == 2 and "FOUND" not in captured.out
+    assert f"argument --trace-out: {out_file}: no directory" in captured.err

@@ -204,8 +204,8 @@ def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     replay = "hicache fuzz --seed 1 --steps 1000 --plane null --tp 2 --mutant B16"
     assert f"replay: {replay}" in text
     # Verify the replay line runs that failure again (a run with the mutant on, not the zoo,
-    # which took --mutant alone and refused --plane).
-    assert main(replay.split()[1:]) == 1
+    # which took --mutant alone and refused --plane): with --mutant, status 0 says caught.
+    assert main(replay.split()[1:]) == 0
     assert main(["fuzz", "--tp", "2", "--adapter", "hicache.testing.adapters.lru:lru_adapter"]) == 2
     assert main(["fuzz", "--tp", "0"]) == 2
     assert main(["fuzz", "--pools", "nope"]) == 2

@@ -67,8 +67,12 @@ def test_the_demo_trace_passes_check_trace(tmp_path: Path) -> None:
 
 
 def test_the_demo_refuses_a_trace_path_it_cannot_write(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--trace", "/nonexistent-dir/t.ndjson"]) == 2
-    assert capsys.readouterr().err.startswith("hicache demo: --trace /nonexistent-dir/t.ndjson: ")
+    with pytest.raises(SystemExit) as done:
+        demo.main(["--trace", "/nonexistent-dir/t.ndjson"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "hicache demo: error: argument --trace: /nonexistent-dir/t.ndjson: "
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -176,8 +180,10 @@ def test_fuzz_trace_needs_an_adapter_with_a_header(
     ]
     assert runner.main(argv) == 2
     assert "--trace: the adapter has no trace_header()" in capsys.readouterr().err
-    assert path.read_text() == ""  # nothing written but the emptied file
-    assert runner.main(["--trace", str(tmp_path / "no" / "such" / "dir")]) == 2
+    assert not path.exists()  # nothing written (the path was tried, not emptied)
+    with pytest.raises(SystemExit) as done:
+        runner.main(["--trace", str(tmp_path / "no" / "such" / "dir")])
+    assert done.value.code == 2
     assert "choose a writable path" in capsys.readouterr().err
 
 

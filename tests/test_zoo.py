@@ -130,10 +130,46 @@ def test_fuzz_mutant_list_names_every_mutant(capsys: pytest.CaptureFixture[str])
     assert [line.split()[0] for line in out.splitlines()] == list(mutants.MUTANTS)
 
 
-def test_fuzz_mutant_exits_non_zero_naming_the_check(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["fuzz", "--mutant", "checker-off", "--seed", "0", "--steps", "500"]) == 1
+def test_fuzz_mutant_exits_0_when_caught_naming_the_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A zoo run tests the machine: catching the mutant is its success. It used to exit 1
+    when caught and 0 when the mutant escaped, the reverse of what a CI step needs."""
+    assert cli.main(["fuzz", "--mutant", "checker-off", "--seed", "0", "--steps", "500"]) == 0
     out = capsys.readouterr().out
     assert "checker-off: caught by machine FuzzNull.checker_sees_what_breaks" in out
+
+
+@pytest.mark.parametrize(
+    "seeds, verdicts",
+    [(["3"], ["caught"]), (["0"], ["NOT caught"]), (["3", "0"], ["caught", "NOT caught"])],
+)
+def test_fuzz_mutant_exits_1_when_it_escapes_on_any_seed(
+    seeds: list[str], verdicts: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B07 is caught on seed 3 at step 62 and not within 100 steps on seed 0: exit 0 only when
+    every seed caught it. It used to exit 0 exactly when the mutant escaped."""
+    argv = ["fuzz", "--mutant", "B07", "--steps", "100"]
+    for seed in seeds:
+        argv += ["--seed", seed]
+    status = cli.main(argv)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1].split(" by ")[0] for line in lines] == verdicts, lines
+    assert status == (0 if verdicts == ["caught"] else 1)
+
+
+@pytest.mark.parametrize("mutant, status", [("checker-off", 0), ("B01", 1)])
+def test_fuzz_with_a_mutant_and_run_options_exits_0_when_caught(
+    mutant: str, status: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--mutant` beside a run option (`--plane`: a failure's replay line) runs the product
+    machine with the mutant on; its status says the same as the zoo's: checker-off fails the
+    run (caught, 0), B01 never does (the controller never relies on its guard: escaped, 1)."""
+    argv = ["fuzz", "--mutant", mutant, "--plane", "null", "--seed", "0", "--steps", "50"]
+    assert cli.main(argv) == status
+    out = capsys.readouterr().out
+    assert out.endswith(f"mutant {mutant}: caught\n" if status == 0 else "it escaped\n"), out
+    assert ("fuzz: FAILED" in out) == (status == 0)
 
 
 def test_a_seed_runs_its_whole_step_budget() -> None:

@@ -1,7 +1,8 @@
 """Benchmarks of hicache's own code, one module each, run as `hicache bench NAME`.
 
 Every benchmark's usage names it `hicache bench NAME` (`BenchParser`), a usage error is one
-line with status 2, and one that needs a CUDA device says so in one line and exits
+line with status 2 (an output path that cannot be written among them, before anything is
+measured: `hicache.outputs`), and one that needs a CUDA device says so in one line and exits
 `EXIT_NO_CUDA` (2) where there is none (`no_cuda`). Tables carry a unit in every column
 header and a legend line for their abbreviations.
 """
@@ -11,20 +12,32 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-EXIT_NO_CUDA = 2  # the same status as a usage error: nothing was measured
+from hicache.usage import EXIT_USAGE, UsageParser
+
+EXIT_NO_CUDA = EXIT_USAGE  # the same status as a usage error: nothing was measured
 
 
-class BenchParser(argparse.ArgumentParser):
+class BenchParser(UsageParser):
     """argparse for `hicache bench NAME`: usage and errors name the command as it is typed;
-    an error is one line on stderr and exit status 2."""
+    an error is one line on stderr and exit status 2 (UsageParser)."""
 
     def __init__(self, name: str, description: str | None) -> None:
         super().__init__(prog=f"hicache bench {name}", description=description)
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+def counts(text: str) -> tuple[int, ...]:
+    """The argparse `type=` of a comma-separated list of whole numbers, each >= 1 (`--tokens
+    350,1000`; empty: none); ArgumentTypeError naming the first that is not."""
+    values = []
+    for word in text.split(",") if text else ():
+        if not word.strip().isdigit() or int(word) < 1:
+            where = f" in {text!r}" if "," in text else ""
+            raise argparse.ArgumentTypeError(
+                f"{word.strip()!r}{where}: give whole numbers >= 1, comma-separated"
+            )
+        values.append(int(word))
+    return tuple(values)
 
 
 def columns(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 0) -> list[str]:

@@ -36,6 +36,7 @@ from hicache.checktrace.generate import controller_trace
 from hicache.checktrace.reader import Line, TraceReader
 from hicache.checktrace.replay import Replay
 from hicache.lifecycle import load_lifecycle
+from hicache.outputs import OUTPUT_FILE
 
 ROWS = (
     ("every event", 1, False),
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--repeats", type=int, default=3, help="runs per row; the best counts (default 3)"
     )
-    p.add_argument("--out", default=None, metavar="PATH", help="also write the numbers as JSON")
+    p.add_argument("--out", type=OUTPUT_FILE, metavar="PATH", help="also write the numbers as JSON")
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         p.error("--steps and --repeats must be >= 1")

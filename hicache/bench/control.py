@@ -35,6 +35,7 @@ import numpy as np
 
 from hicache.bench import BenchParser
 from hicache.lifecycle import RESIDENT
+from hicache.outputs import OUTPUT_FILE
 from hicache.tree import HiRadixTree, TreeNode
 
 SIZES_DEFAULT = (350, 3_500, 35_000)
@@ -214,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
-    parser.add_argument("--out", help="also write the numbers as JSON to this path")
+    parser.add_argument(
+        "--out", type=OUTPUT_FILE, help="also write the numbers as JSON to this path"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from hicache.bench import BenchParser
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, check_all
+from hicache.outputs import OUTPUT_FILE
 from hicache.pages import FREE, PRIVATE, TREE, Pages
 from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 
@@ -289,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=7, help="timed runs per measurement (the median is reported)"
     )
-    parser.add_argument("--out", help="also write the numbers as JSON to this path")
+    parser.add_argument(
+        "--out", type=OUTPUT_FILE, help="also write the numbers as JSON to this path"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

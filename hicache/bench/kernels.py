@@ -30,13 +30,14 @@ from typing import Any
 import torch
 import triton
 
-from hicache.bench import BenchParser, columns, no_cuda
+from hicache.bench import BenchParser, columns, counts, no_cuda
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import BackendError
 from hicache.kernels import triton_rows
 from hicache.kernels.reference import check_operands, gather_torch, scatter_torch
 from hicache.kernels.select import cuda_median_ms
 from hicache.kernels.triton_rows import LaunchConfig
+from hicache.outputs import OUTPUT_FILE
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 POOL_PAGES_DEFAULT = 4096
@@ -327,11 +328,12 @@ def format_table(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry; 0 on success, 2 when there is no CUDA device (nothing is measured)."""
     parser = BenchParser("kernels", __doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--out", help="write the JSON result to this path")
+    parser.add_argument("--out", type=OUTPUT_FILE, help="write the JSON result to this path")
     parser.add_argument("--preset", default="qwen3-8b", help="KV geometry preset")
     parser.add_argument("--pool-pages", type=int, default=POOL_PAGES_DEFAULT)
     parser.add_argument(
         "--tokens",
+        type=counts,
         default=",".join(map(str, TOKENS_DEFAULT)),
         help="comma-separated prefix lengths in tokens",
     )
@@ -343,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = bench_kernels(
         preset_name=args.preset,
         pool_pages=args.pool_pages,
-        tokens=[int(t) for t in args.tokens.split(",")],
+        tokens=list(args.tokens),
         iters=args.iters,
         warmup=args.warmup,
     )

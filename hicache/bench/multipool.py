@@ -321,5 +321,5 @@ def run_cli(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    tokens = args.tokens or None  # parsed by hicache.bench.counts
     return run(presets, args.out, quick=args.quick, repeats=args.repeats, tokens=tokens)

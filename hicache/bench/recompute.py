@@ -29,6 +29,7 @@ import torch
 
 from hicache.bench import BenchParser, no_cuda
 from hicache.errors import ConfigError
+from hicache.outputs import OUTPUT_FILE
 from hicache.producers.model import MODES, ModelProducer, import_transformers
 
 DEFAULT_PRESETS = ("qwen3-8b", "qwen3-4b")
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--prefix", type=int, default=0, help="cached tokens before the new ones")
-    ap.add_argument("--out", help="write the JSON here (default: stdout)")
+    ap.add_argument("--out", type=OUTPUT_FILE, help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         return no_cuda("recompute")

@@ -28,6 +28,7 @@ import torch
 from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.outputs import OUTPUT_DIR
 from hicache.policy import Decision
 from hicache.producers.model import ModelProducer
 from hicache.serving import ServingLoop
@@ -185,7 +186,9 @@ def _counts(counts: dict[str, int]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = BenchParser("serving", __doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--out", required=True, help="directory for serving.json")
+    p.add_argument(
+        "--out", required=True, type=OUTPUT_DIR, help="directory for serving.json (made if missing)"
+    )
     p.add_argument("--presets", nargs="+", default=["qwen3-8b", "qwen3-4b"])
     p.add_argument("--mode", default="eager", help="model producer mode: eager, compile, graphs")
     p.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))

@@ -48,6 +48,7 @@ from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import PIECE_BYTES, StorageHandle, StorageMover
 from hicache.errors import TransferError
+from hicache.outputs import OUTPUT_FILE, WORK_DIR
 from hicache.pages import Pages
 
 QWEN3_8B_BYTES_PER_PAGE = 2_359_296  # 2 * 36 layers * 16 tokens * 8 heads * 128 * 2 bytes
@@ -314,9 +315,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="most bytes one mover I/O call moves (whole pages, at least one)",
     )
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", help="directory for the L3 file (default: the temp dir)")
-    parser.add_argument("--out", help="write the JSON result to this path")
+    parser.add_argument(
+        "--dir", type=WORK_DIR, help="directory for the L3 file (default: the temp dir)"
+    )
+    parser.add_argument("--out", type=OUTPUT_FILE, help="write the JSON result to this path")
     args = parser.parse_args(argv)
+    for option, value, least in (
+        ("--tokens", min(args.tokens), 1),
+        ("--bytes-per-page", args.bytes_per_page, 1),
+        ("--repeats", args.repeats, 1),
+        ("--io-threads", args.io_threads, 0),
+        ("--piece-bytes", args.piece_bytes, args.bytes_per_page),
+    ):
+        if value < least:  # else a ConfigError or a traceback naming no option, mid-run
+            parser.error(f"argument {option}: at least {least}, got {value}")
     result = bench_storage(
         args.tokens,
         bytes_per_page=args.bytes_per_page,

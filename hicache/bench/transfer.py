@@ -51,12 +51,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hicache.bench import BenchParser, no_cuda
+from hicache.bench import BenchParser, counts, no_cuda
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.kernels import KernelSet
+from hicache.outputs import OUTPUT_DIR
 from hicache.pages import Pages
 from hicache.tiers import Direction
 
@@ -513,13 +514,13 @@ def _settings(args: argparse.Namespace) -> Settings | str:
             return f"--page-size must be a positive number of tokens, got {args.page_size}"
         geometry = replace(geometry, page_size=args.page_size)  # dma, storage; not kernels
     default_tokens = TOKENS_QUICK if args.quick else TOKENS_DEFAULT
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else default_tokens
+    tokens = args.tokens or default_tokens
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 20)
     sections = tuple(args.sections.split(","))
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         return f"--sections: unknown {unknown}; choose from {sorted(SECTIONS)}"
-    first = tuple(int(m) for m in args.first_chunk_mib.split(",") if m)
+    first = args.first_chunk_mib
     return Settings(
         geometry,
         name,
@@ -558,7 +559,12 @@ def _write(out_dir: str, result: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """0: every section measured; 1: a section's module is missing (reported); 2: cannot run."""
     parser = BenchParser("transfer", (__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", required=True, help="directory for transfer.json and transfer.md")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=OUTPUT_DIR,
+        help="directory for transfer.json and transfer.md (made if missing)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (runs on CPU; numbers mean nothing)"
     )
@@ -566,11 +572,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats", type=int, help="timed runs per case (default 20; 3 with --quick)"
     )
     parser.add_argument(
-        "--tokens", help="comma-separated prefix lengths (default 350,1000,2000,3500)"
+        "--tokens", type=counts, help="comma-separated prefix lengths (default 350,1000,2000,3500)"
     )
     parser.add_argument("--page-size", type=int, help="tokens per page (default: the preset's, 16)")
     parser.add_argument(
         "--first-chunk-mib",
+        type=counts,
         default=",".join(map(str, FIRST_CHUNK_MIB_OTHER)),
         help="first-chunk sizes (MiB) measured as variants beside the default",
     )

@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import IO, NoReturn
+from typing import IO
 
 from hicache.checktrace.replay import check_lines
 from hicache.checktrace.verdict import MALFORMED
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(MALFORMED, f"{self.prog}: error: {message}\n")
+from hicache.usage import UsageParser
 
 
 def _every(text: str) -> int:
@@ -36,7 +32,7 @@ def _every(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = _Parser(
+    p = UsageParser(
         prog="hicache check-trace", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     p.add_argument("file", metavar="FILE", help="the trace (NDJSON, header first); - for stdin")

@@ -17,7 +17,7 @@ import io
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from hicache.errors import ConfigError, HiCacheError
 from hicache.lifecycle import Lifecycle, load_lifecycle
@@ -25,19 +25,15 @@ from hicache.modelcheck.config import CONFIGS_TOML, ModelConfig, get_config, loa
 from hicache.modelcheck.counterexample import write_trace
 from hicache.modelcheck.coverage import composite_edges, graph_edges, spec_transitions
 from hicache.modelcheck.search import REDUCTIONS, VERIFY_REFUSALS, Result, explore
-from hicache.outputs import unwritable
+from hicache.outputs import OUTPUT_FILE
+from hicache.usage import EXIT_USAGE, UsageParser
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FOUND = 0, 1
 SHOW_UNSEEN = 20  # composite edges not taken are listed up to this many (else only counted)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"hicache model-check: error: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog="hicache model-check",
         description="Explore every reachable state of the "
         "control plane for a small configuration (hicache/modelcheck/configs.toml).",
@@ -56,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         "--lifecycle", type=Path, help="lifecycle tables to check instead of spec/lifecycle.toml"
     )
     p.add_argument(
-        "--trace-out", type=Path, help="write a finding's trace here (default: print it)"
+        "--trace-out", type=OUTPUT_FILE, help="write a finding's trace here (default: print it)"
     )
     p.add_argument(
         "--reduction",
@@ -99,23 +95,21 @@ def _non_negative(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
         if args.list:
             for cfg in _read("--configs", lambda: load_configs(args.configs)).values():
                 print(_describe(cfg))
             return EXIT_OK
         if args.config is None:
-            _parser().error("--config NAME is required (or --list)")
+            parser.error("--config NAME is required (or --list)")
         if args.reduction == "none" and args.max_depth is None and args.max_states is None:
-            _parser().error(
+            parser.error(
                 "--reduction none never ends on its own (ids and LRU ticks grow without "
                 "bound): give --max-depth or --max-states"
             )
         cfg = _read("--configs", lambda: get_config(args.config, args.configs))
-        problem = None if args.trace_out is None else unwritable(args.trace_out)
-        if problem:  # before the search, not after its finding was printed
-            raise ConfigError("--trace-out", f"{args.trace_out}: {problem}; choose a writable path")
         lifecycle = (
             None
             if args.lifecycle is None
@@ -134,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(summary(res))
     if res.finding is not None:
-        return _report_finding(res, lifecycle, args.trace_out)
+        trace_out = None if args.trace_out is None else Path(args.trace_out)
+        return _report_finding(res, lifecycle, trace_out)
     print(coverage_line(res, lifecycle or load_lifecycle()))
     return _compare(res, shipped=lifecycle is None and args.reduction == "symmetric")
 

@@ -9,15 +9,15 @@ Exit status 0, or 2 with one line on stderr for an unknown preset (naming the ch
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from hicache.errors import ConfigError
 from hicache.pools.presets import descriptions, group, load_presets
+from hicache.usage import EXIT_USAGE, UsageParser
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hicache pools", description=__doc__.split("\n")[0])
+    parser = UsageParser(prog="hicache pools", description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", help="a preset of spec/pools.toml")
     args = parser.parse_args(argv)
     from hicache.speccheck.pools import preset_table  # the renderer pools.md is checked with
@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
     try:
         g = group(args.preset)
     except ConfigError as e:
-        print(f"hicache pools: {e}", file=sys.stderr)
-        return 2
+        print(f"hicache pools: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     print(f"{args.preset}: {descriptions()[args.preset]}\n")
     print(preset_table(g), end="")
     return 0

@@ -9,7 +9,10 @@ simplest example, the same for every seed) of at most `STEPS_PER_RUN` steps each
 seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
 steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
-printed, the error, and a one-line replay command; exit status 1.
+printed, the error, and a one-line replay command; exit status 1. With `--mutant NAME` the
+exit status is about the mutant instead: 0 when it was caught (the run failed, as it should
+with the mutant switched on), 1 when it escaped (hicache.testing.zoo for `--mutant` alone);
+2 is a usage error either way.
 
 Without `--adapter` the machine drives the hicache controller, with the two checks of its
 own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
@@ -51,10 +54,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache.errors import ConfigError
+from hicache.outputs import OUTPUT_FILE
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
+from hicache.usage import UsageParser
 
 STEPS_PER_RUN = 50
 MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed (`fuzz`)
@@ -341,7 +346,7 @@ def _report_failure(
 
 def parser() -> argparse.ArgumentParser:
     nightly = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") == "fuzz"
-    p = argparse.ArgumentParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
+    p = UsageParser(prog="hicache fuzz", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
         "--seed", type=int, default=0, help="the seed (same seed: same runs, same trace)"
     )
@@ -382,6 +387,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trace",
+        type=OUTPUT_FILE,
         metavar="FILE",
         help=(
             f"write one run's trace (a run: up to {STEPS_PER_RUN} steps) to FILE, header first, "
@@ -396,7 +402,9 @@ def parser() -> argparse.ArgumentParser:
         help="run the bug zoo instead: a mutant's name, 'list' or 'all' "
         "(see hicache.testing.zoo: --seed may repeat, --machine picks the "
         "machine); with --plane, --pools, --tp or --adapter, this run with "
-        "the mutant switched on (a failure's replay line)",
+        "the mutant switched on (a failure's replay line). With --mutant the exit "
+        "status says whether the mutant was caught: 0 caught (on every seed, of every "
+        "mutant for 'all'), 1 it escaped",
     )
     return p
 
@@ -445,20 +453,16 @@ def main(argv: Sequence[str]) -> int:
         except ConfigError as e:
             print(f"hicache fuzz: {e}", file=sys.stderr)
             return 2
-    if args.trace:
-        try:
-            open(args.trace, "w").close()  # fail now, not after the runs
-        except OSError as e:
-            print(
-                f"hicache fuzz: --trace {args.trace}: {e.strerror}; choose a writable path",
-                file=sys.stderr,
-            )
-            return 2
     try:
-        return run(args)
+        status = run(args)
     except ConfigError as e:
         print(f"hicache fuzz: {e}", file=sys.stderr)
         return 2
+    if args.mutant is None:
+        return status
+    caught = status == 1  # the run failed: the machine caught the mutant (zoo.main's meaning)
+    print(f"mutant {args.mutant}: {'caught' if caught else 'NOT caught: it escaped'}")
+    return 0 if caught else 1
 
 
 def _cuda() -> bool:

@@ -32,7 +32,6 @@ and `DEFAULT_MACHINE` says which one each mutant is measured against.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import statistics
@@ -52,6 +51,7 @@ from hicache.errors import ConfigError, InvariantViolation
 from hicache.testing.mutants import MUTANTS, activate, get
 from hicache.testing.reference import Mismatch
 from hicache.testing.seeded import no_source_constants
+from hicache.usage import UsageParser
 
 # One annotation that suits every Hypothesis: older releases leave this untyped (a call is
 # no-untyped-call), newer ones type its first argument as a machine class only.
@@ -382,20 +382,31 @@ def catch_default(
     return catch(mutant, load_machine(name), seeds, max_steps, STEPS_PER_EXAMPLE.get(name, 50))
 
 
+EXIT_CAUGHT, EXIT_ESCAPED = 0, 1
+"""`hicache fuzz --mutant`'s exit status: the machine caught the mutant (on every seed; for
+`all`, every mutant), or it escaped (a seed ran its steps without a failure). A zoo run is a
+test of the machine, so catching is its success."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`hicache fuzz --mutant NAME|list|all [--seed S ...] [--steps N] [--machine M]`.
 
-    `list` prints every mutant and exits 0. A NAME runs against its machine (or `--machine`):
-    exit 1 when every seed caught it, naming the check, 0 when it escaped (the fuzz found
-    nothing: for a mutant, that is the machine's failure). `all` runs the whole zoo and prints
-    a Markdown table (steps to catch, median over the seeds); exit 0 when every mutant was
-    caught, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="hicache fuzz", description=main.__doc__)
+    `list` prints every mutant and exits 0. A NAME runs against its machine (or `--machine`)
+    and prints, per seed, the check that caught it or that it was not caught: exit 0 when
+    every seed caught it, 1 when it escaped on any seed (the fuzz found nothing: for a mutant,
+    that is the machine's failure). `all` runs the whole zoo and prints a Markdown table
+    (steps to catch, median over the seeds); exit 0 when every mutant was caught on every
+    seed, 1 otherwise. A usage error is one line, exit status 2."""
+    parser = UsageParser(prog="hicache fuzz", description=main.__doc__)
     parser.add_argument("--mutant", required=True, help="a mutant's name, 'list' or 'all'")
     parser.add_argument("--seed", type=int, action="append", help="Hypothesis seed (repeat)")
     parser.add_argument("--steps", type=int, default=2000, help="rule steps per seed, at most")
     parser.add_argument("--machine", help=f"one of {', '.join(MACHINES)} or module:Class")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"argument --steps: at least 1, got {args.steps}")
+    if any(seed < 0 for seed in args.seed or ()):  # random seeds by |seed|: -1 replays 1
+        parser.error(f"argument --seed: each >= 0, got {min(args.seed)}")
     if args.mutant == "list":
         for m, description in MUTANTS.items():
             print(f"{m:12} {get(m).bug_class:4} {DEFAULT_MACHINE[m]:11} {description}")
@@ -404,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mutant == "all":
         results = [catch_default(m, seeds, args.steps, args.machine) for m in MUTANTS]
         print(table(results))
-        return 0 if all(r.caught for r in results) else 1
+        return EXIT_CAUGHT if all(r.caught for r in results) else EXIT_ESCAPED
     result = catch_default(args.mutant, seeds, args.steps, args.machine)
     for f in result.failures:
         print(f"{result.mutant}: caught by {f.check} at step {f.step} (seed {f.seed}): {f.message}")
@@ -412,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{result.mutant}: NOT caught by {result.machine} in {args.steps} steps (seed {seed})"
         )
-    return 1 if result.caught else 0
+    return EXIT_CAUGHT if result.caught else EXIT_ESCAPED
 
 
 def table(results: Sequence[Catch]) -> str:

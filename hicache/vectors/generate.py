@@ -12,14 +12,14 @@ ones would fail `run`). Exit status: 0 written, 2 a usage error (one line on std
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from hicache.outputs import OUTPUT_DIR
+from hicache.usage import UsageParser
 from hicache.vectors.adapters import controller
 from hicache.vectors.categories import CATEGORIES
 from hicache.vectors.drive import Driver
@@ -32,11 +32,7 @@ seconds (tests/test_vectors.py does both)."""
 DEFAULT_SEED = 0
 
 
-class VectorsParser(argparse.ArgumentParser):
-    """argparse for `hicache vectors ...`: an error is one line on stderr, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+VectorsParser = UsageParser  # `hicache vectors run` builds its parser from this name
 
 
 def generate_case(category: str, seed: int, index: int) -> tuple[str, bytes]:
@@ -86,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__.split("\n")[0],
         usage="%(prog)s DIR [--count N] [--seed S] [--category NAME [NAME ...]]",
     )
-    parser.add_argument("dir", type=Path, metavar="DIR", help="a new or empty directory")
+    parser.add_argument(
+        "dir", type=OUTPUT_DIR, metavar="DIR", help="a new or empty directory (made if missing)"
+    )
     parser.add_argument(
         "--count",
         type=int,
@@ -103,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only these categories (default: all)",
     )
     args = parser.parse_args(argv)
+    args.dir = Path(args.dir)
     if args.count < 1:
         parser.error(f"--count: at least 1, got {args.count}")
     if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
