@@ -5,7 +5,7 @@
 | geometry | tiny | KV geometry preset or `KVGeometry` |
 | l1_pages, l2_pages, l3_slots | 64, 128, 512 | capacity of each tier, in pages |
 | device | None | "cuda", "cpu" or None (cuda when available) |
-| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash). An existing path is used only if it is a hicache L3 file (its slots start empty); a symlink is never followed |
+| l3_path | None | L3 file; None: an unlinked temporary file (nothing left on disk, even after a crash). An existing path is used only if it is a hicache L3 file (its slots start empty) that no live controller holds (`L3InUse`: the file is locked while open); a symlink is never followed |
 | l3_overwrite | False | let `l3_path` replace an existing regular file that is not a hicache L3 file (never a symlink or a non-regular file) |
 | backend | "auto" | gather/scatter kernels: auto, triton, torch |
 | policy | "cost" | restore-vs-recompute: cost, always, never, threshold |
