@@ -18,8 +18,9 @@
     FuzzTpCpuDsv4                 2 ranks of dsv4-tiny on the CPU plane: rank 0's L3 copy of
                                   the replicated pools read by both, I8 over real bytes
 
-They need no source checkout, unlike the tests' older machines. The two invariants are about
-the controller's internals, so they live here rather than in the engine-neutral machine.
+They need no source checkout, unlike the tests' older machines. The three invariants are
+about the controller's internals, so they live here rather than in the engine-neutral machine
+(as invariants, they draw nothing: adding one leaves every seed's steps as they were).
 
 `checker_sees_what_breaks`: the invariant checker the controller runs is under test too.
 Every CANARY_EVERY steps, on a copy of the live snapshot with one page of a tier (in turn)
@@ -31,6 +32,11 @@ checker that goes quiet is never noticed: a correct controller breaks nothing fo
 CORRUPT_SLOT fault fired, or the machine damaged the file), every slot the tree holds passes
 its checksum and no read failed one. Without it, a short write taken as complete (B14) is
 masked: the checksum turns the half-written slot into a miss, and the prompt is recomputed.
+`l3_refuses_a_second_opener` (a plane with an L3 path; every OPENER_EVERY steps): a second
+controller opened on the live controller's configuration -- its `l3_path` -- must be refused
+with `L3InUse` (spec/l3.md, rule 8), the file left as it was. Without it, a second opener that
+takes the file over silently (the outside fuzzer's find, issue 30) shows only as the checksum
+failures it causes later, if a restore happens to read L3 then.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import numpy as np
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from hicache.dataplane.faults import FaultSite
-from hicache.errors import InvariantViolation
+from hicache.errors import InvariantViolation, L3InUse
 from hicache.invariants.checker import InvariantChecker
 from hicache.pages import FREE, PRIVATE
 from hicache.pools.presets import SINGLE_POOL
@@ -66,6 +72,27 @@ tests the checker's code, not the cache's state, so it need not run after every 
 cost more than the cache's own checks)."""
 
 
+OPENER_EVERY = 8
+"""Steps between two tries of `l3_refuses_a_second_opener` (each builds a whole controller)."""
+
+
+def second_opener(ctl: Any) -> str | None:
+    """Open a second controller on `ctl`'s configuration while `ctl` lives. None when it is
+    refused with `L3InUse`, or when `ctl` has no L3 path (a byte-free plane, a group's
+    temporary files); else what went wrong (the second was closed again)."""
+    from hicache.controller.controller import CacheController
+
+    path = ctl.config.l3_path
+    if path is None or not ctl.engine.has_bytes:
+        return None
+    try:
+        other = CacheController(ctl.config)
+    except L3InUse:
+        return None
+    other.close()
+    return f"a second controller opened {path}, which a live controller holds"
+
+
 def _owned(s: Snapshot, tier: str, page: int, owner: int) -> Snapshot:
     """A copy of `s` in which `page` of `tier` has owner code `owner`."""
     codes = s.tiers[tier].owner.copy()
@@ -87,8 +114,8 @@ def _reported(checker: InvariantChecker, s: Snapshot, check_id: str) -> set[tupl
 def _with_controller_checks(
     base: type[RuleBasedStateMachine], name: str
 ) -> type[RuleBasedStateMachine]:
-    """`base` plus the invariants `checker_sees_what_breaks` and `l3_serves_what_it_holds`
-    (module docstring)."""
+    """`base` plus the invariants `checker_sees_what_breaks`, `l3_serves_what_it_holds` and
+    `l3_refuses_a_second_opener` (module docstring)."""
 
     class Machine(base):  # type: ignore[valid-type, misc]
         @invariant()
@@ -134,6 +161,19 @@ def _with_controller_checks(
                 return
             for ctl in getattr(cache, "rank_controllers", [cache.ctl]):
                 self._l3_serves(ctl)
+
+        @invariant()
+        def l3_refuses_a_second_opener(self) -> None:
+            cache = getattr(self, "cache", None)
+            if cache is None or getattr(self, "damaged", False):
+                return  # a removed file's path is free again: a second opener may create it
+            self.opener_step: int = getattr(self, "opener_step", -1) + 1
+            if self.opener_step % OPENER_EVERY:
+                return
+            for ctl in getattr(cache, "rank_controllers", [cache.ctl]):
+                found = second_opener(ctl)
+                # Verify a second controller on a live controller's L3 path was refused.
+                assert found is None, found
 
         def _l3_serves(self, ctl: Any) -> None:
             plane = ctl.byte_plane

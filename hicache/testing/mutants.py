@@ -43,6 +43,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   differ on ranks but 0
     F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
                                                                   every node it read
+    L3-no-lock   -      storage._lock                             a live controller's L3 file
+                                                                  is taken over by a second
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 """
@@ -356,6 +358,14 @@ def _b15() -> contextlib.AbstractContextManager[None]:
     return _swapped(TransferEngine, "h2d", h2d)
 
 
+def _l3_no_lock() -> contextlib.AbstractContextManager[None]:
+    """An explicit L3 path is opened without its lock: a second controller on the path a
+    live one uses takes the file over (issue 30, section 5: the outside fuzzer's find)."""
+    from hicache.dataplane import storage
+
+    return _swapped(storage, "_lock", lambda path, fd: None)
+
+
 # -- the checker's own failure modes ---------------------------------------------------------
 
 
@@ -662,6 +672,13 @@ ZOO: tuple[Mutant, ...] = (
         "an S2H stopped part way "
         "publishes every node it read, not the clamp of what landed in every pool",
         _f11_no_clamp,
+    ),
+    Mutant(
+        "L3-no-lock",
+        "-",
+        "storage._lock",
+        "an explicit L3 path is opened unlocked: a second controller takes a live one's file over",
+        _l3_no_lock,
     ),
     Mutant(
         "I1-skip-L2",

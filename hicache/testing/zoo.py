@@ -100,6 +100,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "TP-local-capacity": "fuzz-tp",
     "TP-min-of-maxima": "fuzz-tp-dsv4",
     "F11-no-clamp": "fuzz-cpu-dsv4",
+    "L3-no-lock": "fuzz-cpu",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
