@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
+from hicache.controller.controller import CacheController
 from hicache.errors import IllegalTransition
 from hicache.pages import FREE, TREE, Pages
 from hicache.pools.hits import agreed_hit
@@ -18,9 +19,11 @@ from hicache.pools.presets import group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
 from hicache.pools.tierpools import TierPools
 from hicache.snapshot import TOMBSTONE
-from hicache.tiers import Direction
+from hicache.tiers import Direction, Tier
 from hicache.trace import ListSink, Tracer
 from hicache.tree import TreeNode
+from tests.test_null_plane import A, make, serve, settle_all
+from tests.test_upstream_scenarios import node_of
 
 DSV4 = group("dsv4-tiny")
 DSV41 = group("dsv41-tiny")
@@ -209,3 +212,35 @@ def test_a_prefix_loaded_after_admission_is_served_only_up_to_a_whole_window() -
         cp.advance_cached_len(7, path[2])
     assert cp.cached_len(7) == 0 and path[2].lock[0] == 0
     assert cp.advance_cached_len(7, path[1]) == 3 * PS
+
+
+# -- the controller: decisions and replays over freed windows (issue 30, section 5) ---------------
+
+
+def windowed_controller(policy: str) -> tuple[CacheController, TreeNode]:
+    """A dsv4-tiny controller (null plane, policy `always`) holding A in L1, L2 and L3, with
+    A's L1 window freed."""
+    c = make(pools="dsv4-tiny", check_mode="every", write_policy="write_through", hit_policy=policy)
+    serve(c, 1, A + (1,))
+    settle_all(c)
+    a = node_of(c, A)
+    assert all(c.cp.holds(a, t) for t in Tier)
+    c.cp.tombstone(a)
+    return c, a
+
+
+def test_no_restore_is_chosen_past_a_freed_window_that_no_plan_can_restore() -> None:
+    """all_pools: A's freed window ends the L1 hit before A, and L2 holds A; but L1 holds A
+    too, so every restore plan ends before it. Seen failing (the outside fuzzer, issue 30):
+    the policy chose L2, the plan was empty, nothing was restored, no fallback was counted,
+    and the decision log settled an L2 prediction against a full recompute. The policy now
+    decides on the hits a plan reaches (`plan_reach`): a recompute, recorded as one."""
+    c, a = windowed_controller("all_pools")
+    mat = c.admit(2, A + (7,))
+    assert mat.match.lengths[:2] == (0, len(A))  # L2 holds A; the L1 hit ends before it
+    assert mat.decision.choice == "recompute" and not mat.nodes
+    assert c.decisions.summary()["choices"] == {"recompute": 2, "L2": 0, "L3": 0}
+    assert c.prefill(2) == len(A) + 1  # recomputed, and its copy revives A's window
+    assert not c.cp.windows.freed(a) and c.metrics.window_clipped_tokens == len(A)
+    c.finish(2)
+    c.close()

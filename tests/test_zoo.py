@@ -45,6 +45,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-min-of-maxima": (2, "I9 group_atomic"),
     "F11-no-clamp": (4, "I4 tier_bytes_equal"),
     "L3-no-lock": (0, "machine FuzzCpu.l3_refuses_a_second_opener"),
+    "decision-unplanned": (3, "machine FuzzDsv4.agrees_with_reference: decision unplanned"),
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),

@@ -43,6 +43,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   differ on ranks but 0
     F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
                                                                   every node it read
+    decision-unplanned  CacheController._policy_hits              a restore chosen that no
+                                                                  plan makes (a freed window)
     L3-no-lock   -      storage._lock                             a live controller's L3 file
                                                                   is taken over by a second
     I1-skip-L2   -      the I1 check                              skips tier L2
@@ -356,6 +358,19 @@ def _b15() -> contextlib.AbstractContextManager[None]:
         return original(self, l2_pages, np.roll(dst, 1) if dst.size > 1 else dst, after=after)
 
     return _swapped(TransferEngine, "h2d", h2d)
+
+
+def _decision_unplanned() -> contextlib.AbstractContextManager[None]:
+    """The restore policy decides on the L2 and L3 hits whole, past where every restore plan
+    stops (a node L1 holds with its window freed, a promotion in flight): a restore chosen
+    whose plan restores nothing, no fallback counted (issue 30, section 5: the outside
+    fuzzer's find, an L2 choice over a freed window)."""
+    from hicache.controller.controller import CacheController
+
+    def _policy_hits(self: Any, m: Any) -> tuple[int, int, int]:
+        return m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m))
+
+    return _swapped(CacheController, "_policy_hits", _policy_hits)
 
 
 def _l3_no_lock() -> contextlib.AbstractContextManager[None]:
@@ -672,6 +687,13 @@ ZOO: tuple[Mutant, ...] = (
         "an S2H stopped part way "
         "publishes every node it read, not the clamp of what landed in every pool",
         _f11_no_clamp,
+    ),
+    Mutant(
+        "decision-unplanned",
+        "-",
+        "CacheController._policy_hits",
+        "the policy decides on hits past where every plan stops: a restore chosen, none planned",
+        _decision_unplanned,
     ),
     Mutant(
         "L3-no-lock",

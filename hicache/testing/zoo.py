@@ -101,6 +101,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "TP-min-of-maxima": "fuzz-tp-dsv4",
     "F11-no-clamp": "fuzz-cpu-dsv4",
     "L3-no-lock": "fuzz-cpu",
+    "decision-unplanned": "fuzz-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",

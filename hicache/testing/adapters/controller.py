@@ -16,6 +16,11 @@ Page changes come from the controller's trace (spec/trace.md): each lifecycle ev
 node becomes one `PageChange` per page of the node, in the event's tier. A node is known by
 the token prefix ending where it ends (an insert names its request, whose tokens the adapter
 knows; a split hands the upper part the shorter prefix), so nothing is read from the tree.
+
+`check()` adds the adapter's own finding to the controller's invariants: `decision unplanned`,
+an admission whose policy chose a restore (L2 or L3) that its plan does not make and no
+counted fallback explains -- a decision the log would settle against what did not happen
+(the outside fuzzer's find of issue 30: an L2 choice over a freed window, nothing restored).
 """
 
 from __future__ import annotations
@@ -129,6 +134,7 @@ class ControllerAdapter:
         if setup.pools != SINGLE_POOL:
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
+        self.findings: list[str] = []  # the adapter's own (`check`): decisions not made
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
         self.page_size = self.ctl.config.kv.page_size
@@ -232,7 +238,16 @@ class ControllerAdapter:
 
     def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
         self.tokens[request_id] = tuple(tokens)
+        fallbacks = sum(self.ctl.metrics.fallbacks.values())
         mat = self.ctl.admit(request_id, tokens)
+        d = mat.decision
+        if d.choice != "recompute" and not mat.nodes:
+            if sum(self.ctl.metrics.fallbacks.values()) == fallbacks:
+                self.findings.append(
+                    f"decision unplanned: request {request_id} chose {d.choice} ({d.reason}) "
+                    f"over hits {list(mat.match.lengths)}, but its plan restores nothing and "
+                    "no fallback was counted"
+                )
         hits = {str(t): mat.match.lengths[i] for i, t in enumerate(TIERS)}
         return Admission(hits, self.ctl.cp.cached_len(request_id))
 
@@ -418,7 +433,7 @@ class ControllerAdapter:
         from hicache.invariants import check_all
 
         found = [str(v) for v in check_all(self.ctl.cp.snapshot())]
-        return found + [f"tree audit: {p}" for p in self.ctl.cp.tree.audit()]
+        return found + [f"tree audit: {p}" for p in self.ctl.cp.tree.audit()] + self.findings
 
     def trace(self) -> list[TraceEvent]:
         return self.events + self.sink.events
