@@ -16,7 +16,7 @@
 | verify | True | compare every restored page with the producer's expected bytes |
 | load_back_overlap | "share" | a restore whose path meets another request's pending load-back: share (wait for that op) or back_off (SGLang: plan nothing past the L1 hit, recompute) |
 | io_threads | 4 | bounded L3 I/O thread pool; 0: deterministic, L3 I/O runs on the polling thread at the first poll after its issue, in issue order (replays of real-byte runs match) |
-| hit_policy | "all_pools" | a group's hit policy (spec/pools.md): all_pools (a freed L1 window ends the L1 hit) or anchor_recompute_swa (the anchor's pools serve the hit, the window before it is recomputed) |
+| hit_policy | "all_pools" | a group's hit policy (spec/pools.md): all_pools (a freed L1 window ends the L1 hit) or anchor_recompute_swa (the anchor's pools serve the hit; when the window before its end lost a page, the hit ends before that window, which is recomputed and so revived) |
 | l1_window_pages | None | anchor pages of L1 whose window the trailing side pools (dsv4's `swa`) can hold; None: every L1 page (no window is ever freed). Fewer makes L1 free the windows of least recently used nodes (`tombstone`) before a reservation |
 | rank_check_every | 0 | tensor-parallel ranks: admissions between cross-rank checks (spec/tp.md C7-C9: every rank's view hashed and gathered; a difference gathers the views and raises `InvariantViolation` on every rank); 0: never. One rank: ignored |
 | pools | "mha" | pool-group preset: `mha` is the single-pool plane (`geometry`'s KV); any other (`mla-tiny`, `dsv4-tiny`, ...) moves every pool of that group (`GroupTransferEngine`); its anchor's page size must be `geometry`'s, and its L3 is one temporary file per pool (`l3_path` unset) |

@@ -140,6 +140,7 @@ class ControllerAdapter:
         self.page_size = self.ctl.config.kv.page_size
         assert self.page_size == PAGE_TOKENS, "the machine's prompts are PAGE_TOKENS-token pages"
         self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
+        self.replay_window = self.ctl.cp.windows.replay_pages  # anchor_recompute_swa's
 
     def _device(self) -> str | None:
         """The CPU, or on the cuda plane CUDA: a rank of a TP cache its own GPU when there is
