@@ -45,6 +45,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   every node it read
     decision-unplanned  CacheController._policy_hits              a restore chosen that no
                                                                   plan makes (a freed window)
+    replay-unrevived -  L1Windows.clip                            a replayed window counted,
+                                                                  never recomputed nor revived
     L3-no-lock   -      storage._lock                             a live controller's L3 file
                                                                   is taken over by a second
     I1-skip-L2   -      the I1 check                              skips tier L2
@@ -373,6 +375,23 @@ def _decision_unplanned() -> contextlib.AbstractContextManager[None]:
     return _swapped(CacheController, "_policy_hits", _policy_hits)
 
 
+def _replay_unrevived() -> contextlib.AbstractContextManager[None]:
+    """Under anchor_recompute_swa the L1 hit is the anchor's whole run even when the window
+    before its end has a freed page: the replay is counted but never made, so the window is
+    never revived and every later hit replays it again (issue 30, section 5)."""
+    from hicache.pools.hits import ALL_POOLS
+    from hicache.pools.windows import L1Windows
+
+    original = L1Windows.__dict__["clip"]
+
+    def clip(self: Any, run: Any) -> int:
+        if self.policy == ALL_POOLS:
+            return int(original(self, run))
+        return sum(len(node.key) for node in run) // int(self.page_size)
+
+    return _swapped(L1Windows, "clip", clip)
+
+
 def _l3_no_lock() -> contextlib.AbstractContextManager[None]:
     """An explicit L3 path is opened without its lock: a second controller on the path a
     live one uses takes the file over (issue 30, section 5: the outside fuzzer's find)."""
@@ -694,6 +713,13 @@ ZOO: tuple[Mutant, ...] = (
         "CacheController._policy_hits",
         "the policy decides on hits past where every plan stops: a restore chosen, none planned",
         _decision_unplanned,
+    ),
+    Mutant(
+        "replay-unrevived",
+        "-",
+        "L1Windows.clip",
+        "anchor_recompute_swa serves the anchor's whole run over a freed window: never revived",
+        _replay_unrevived,
     ),
     Mutant(
         "L3-no-lock",

@@ -102,6 +102,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "F11-no-clamp": "fuzz-cpu-dsv4",
     "L3-no-lock": "fuzz-cpu",
     "decision-unplanned": "fuzz-dsv4",
+    "replay-unrevived": "fuzz-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",

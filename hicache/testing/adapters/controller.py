@@ -374,6 +374,19 @@ class ControllerAdapter:
         self.faults.aims.clear()  # one aim at a time: an earlier one that never met its op goes
         self.faults.aim(kind, direction=direction)
 
+    def free_window(self, pick: int) -> tuple[int, ...] | None:
+        """Free the L1 window of the `pick`-th node (modulo) whose window the controller's
+        make-room could free now (`L1Windows.candidates`: unlocked, least recently used
+        first), as window pressure would; the token prefix through that node, or None when
+        no node qualifies (nothing changed)."""
+        cp = self.ctl.cp
+        found = cp.windows.candidates(cp.tree.nodes())
+        if not found:
+            return None
+        node = found[pick % len(found)]
+        cp.tombstone(node)
+        return tuple(self.nodes[node.node_id][1])
+
     def damage_storage(self, how: str) -> None:
         """Cut the L3 file to 3 bytes or remove it (the null plane: its equivalent, see
         nullengine.py). ConfigError for another `how`, nothing changed."""
