@@ -103,7 +103,9 @@ class ControlPlane(PlaneQueries):
         (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles).
         HiCacheError / IllegalTransition, nothing changed: a live id, an empty prompt, or a
         `match_len` outside 0..len(tokens) - 1. Under `all_pools`, the L1 hit ends at the last
-        node end whose window every trailing pool holds (a freed window: `tombstone`).
+        node end whose window every trailing pool holds (a freed window: `tombstone`); under
+        `anchor_recompute_swa` it ends before the window it replays, when a page of it is
+        freed (`L1Windows.clip`; the node straddling that window's start is split first).
         `agree(match)`, when given (tensor-parallel ranks, spec/tp.md C1), returns the hit in
         tokens per tier every rank uses, each at most this rank's and at a node end of its
         path; the match is cut to it before anything is locked or traced."""
@@ -120,6 +122,7 @@ class ControlPlane(PlaneQueries):
                 f"match_len {match_len} with {len(tokens)} "
                 f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)",
             )
+        self._split_at_replay(tokens[:limit])
         m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip, touch=agree is None)
         if agree is not None:  # touched once cut: every rank refreshes the same nodes (I7)
             m = _cut_to(m, agree(m), self.tree.root)
@@ -142,6 +145,21 @@ class ControlPlane(PlaneQueries):
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
         self._check(f"begin_request {request_id}")
         return m
+
+    def _split_at_replay(self, tokens: Sequence[int]) -> None:
+        """Under `anchor_recompute_swa`: split the node of the L1 run of `tokens` that
+        straddles the start of the window a hit on it would replay (`L1Windows.replay_start`),
+        so that a replay recomputes whole nodes and its copy revives their windows (a window
+        is freed per node, I9). Made whatever the windows hold, so every rank of a
+        tensor-parallel cache splits alike (I7); the match below would split at its end too."""
+        if not self.windows.replay_pages:
+            return
+        m = self.tree.match(tokens, touch=False)
+        deepest = self.leading_run(m.path, Tier.L1)
+        at = self.windows.replay_start(m.path[: m.path.index(deepest) + 1] if deepest else ())
+        cut = self.tree.cut(tokens[:at]) if at else None
+        if cut is not None:
+            self.tree.split(cut.node, cut.at_tokens)
 
     def compute(self, request_id: int, n_tokens: int) -> Pages:
         """Reserve private L1 pages for the request's next `n_tokens` tokens, after its

@@ -128,10 +128,11 @@ class StorageError(HiCacheError):
 
 
 class L3PathRefused(StorageError):
-    """An existing path that L3 will not take over: a symlink, not a regular file, or a
-    regular file that is not a hicache L3 file. It was left exactly as it was (bytes, mode,
-    a symlink's target). `reason` follows "the path ..."; `overwrite_helps`: the explicit
-    overwrite flag would let L3 replace it (never for a symlink or a non-regular file)."""
+    """An existing path that L3 will not take over: a symlink, not a regular file, a
+    regular file that is not a hicache L3 file, or one in use (`L3InUse`). It was left
+    exactly as it was (bytes, mode, a symlink's target). `reason` follows "the path ...";
+    `overwrite_helps`: the explicit overwrite flag would let L3 replace it (never for a
+    symlink, a non-regular file or a file in use)."""
 
     def __init__(self, path: str, reason: str, *, overwrite_helps: bool) -> None:
         self.reason = reason
@@ -140,6 +141,21 @@ class L3PathRefused(StorageError):
         if overwrite_helps:
             todo += ", or set the overwrite flag (CacheConfig.l3_overwrite) to replace it"
         super().__init__(path, f"{reason}; refused, nothing was changed: {todo}")
+
+
+class L3InUse(L3PathRefused):
+    """The path names an L3 file another open `L3File` holds: a live controller, in this
+    process or another, uses it (its advisory lock, held for the file's life, spec/l3.md
+    "Opening a path"). Taking it over would truncate that controller's slots under it, so it
+    is refused before anything changes, even with the overwrite flag."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            path,
+            "is in use: another open L3 file (a live controller, in this process or another) "
+            "holds its lock; close that controller first",
+            overwrite_helps=False,
+        )
 
 
 class CorruptSlot(HiCacheError):

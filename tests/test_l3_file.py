@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -26,10 +28,11 @@ from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Header, decode, encode
-from hicache.dataplane.storage import L3File
+from hicache.dataplane.storage import L3File, share_path
 from hicache.dataplane.storage_io import StorageMover
-from hicache.errors import ConfigError, L3PathRefused, StorageError
+from hicache.errors import ConfigError, L3InUse, L3PathRefused, StorageError
 from hicache.pages import pages
+from hicache.snapshot import UNSERVABLE
 from hicache.speccheck import check_l3_header
 
 BPP = 3080  # not a multiple of 4096: an offset that forgot the header or B shows
@@ -54,6 +57,23 @@ def text_file(tmp_path: Path) -> Path:
 def l3_header_of(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read(HEADER_BYTES)
+
+
+def write_slot(l3: L3File, slot: int, seed: int) -> torch.Tensor:
+    """H2S one random page into `slot`; returns the page."""
+    g = torch.Generator().manual_seed(seed)
+    l2 = torch.randint(0, 256, (1, l3.bytes_per_page), dtype=torch.uint8, generator=g)
+    with StorageMover(l3, l2, io_threads=1) as mover:
+        assert mover.h2s(pages([0]), pages([slot])).wait(timeout_s=10) is TransferStatus.DONE
+    return l2[0]
+
+
+def read_slot(l3: L3File, slot: int) -> torch.Tensor:
+    """S2H `slot` (checked against its recorded checksum) into a fresh page; returns it."""
+    l2 = torch.zeros((1, l3.bytes_per_page), dtype=torch.uint8)
+    with StorageMover(l3, l2, io_threads=1) as mover:
+        assert mover.s2h(pages([slot]), pages([0])).wait(timeout_s=10) is TransferStatus.DONE
+    return l2[0]
 
 
 # -- refusing what is not ours ------------------------------------------------------------------
@@ -151,16 +171,96 @@ def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why
         assert decode(l3_header_of(path)) == f.header
 
 
+# -- one opener at a time (spec/l3.md, "Opening a path", rule 8) -------------------------------
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_another_l3_file_holds_is_refused_and_left_unchanged(
+    tmp_path: Path, overwrite: bool
+) -> None:
+    """Seen failing before the lock: the second opener took the file over (truncated it, a
+    new header) and the first's written slot failed its checksum from then on."""
+    path = tmp_path / "l3.slots"
+    with L3File(str(path), SLOTS, BPP) as first:
+        page = write_slot(first, 3, seed=1)
+        before = snapshot(path)
+        with pytest.raises(L3InUse, match="in use") as info:
+            L3File(str(path), SLOTS, BPP, overwrite=overwrite)
+        assert isinstance(info.value, L3PathRefused) and not info.value.overwrite_helps
+        assert info.value.path == str(path) and "close that controller" in str(info.value)
+        assert snapshot(path) == before  # refused before anything changed
+        assert read_slot(first, 3).equal(page)  # the holder still reads what it wrote
+    with L3File(str(path), SLOTS, BPP) as again:  # closed: the lock went with it
+        assert not again.written(pages([3])).any()
+
+
+def test_a_replica_reads_a_held_file_without_being_refused(tmp_path: Path) -> None:
+    """A tensor-parallel rank reads rank 0's file through /proc (open_replica): a reader,
+    which takes no lock, so the writer's lock never refuses it."""
+    with L3File(str(tmp_path / "l3.slots"), SLOTS, BPP) as writer:
+        page = write_slot(writer, 2, seed=5)
+        with L3File.open_replica(share_path(*writer.share_handle()), SLOTS, BPP) as replica:
+            replica.record(pages([2]), writer.checksums(pages([2])))
+            assert read_slot(replica, 2).equal(page)
+
+
+def test_another_process_is_refused_until_the_holder_dies(tmp_path: Path) -> None:
+    """The lock is the open file's, across processes; the OS drops it when the holder is
+    killed, so a crashed server never blocks its successor."""
+    path = tmp_path / "l3.slots"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hicache.dataplane.storage import L3File; "
+            f"f = L3File({str(path)!r}, {SLOTS}, {BPP}); print('open', flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        with pytest.raises(L3InUse):
+            L3File(str(path), SLOTS, BPP, overwrite=True)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with L3File(str(path), SLOTS, BPP) as f:
+        assert f.header == decode(l3_header_of(path))
+
+
+def test_a_second_controller_on_a_live_l3_path_is_refused(tmp_path: Path) -> None:
+    """Issue 30, section 5: a second controller on the l3_path a live one uses took the file
+    over silently. It is refused with nothing changed; the first keeps serving from L3."""
+    from hicache.controller.controller import CacheController
+
+    cfg = CacheConfig(
+        l1_pages=8, l2_pages=8, l3_slots=8, device="cpu", backend="torch",
+        l3_path=str(tmp_path / "l3.slots"), l3_overwrite=True, write_policy="write_through",
+    )  # fmt: skip
+    first = CacheController(cfg)
+    try:
+        prompt = tuple(range(100, 109))
+        first.admit(1, prompt)
+        first.prefill(1)
+        first.finish(1)
+        first.drain()
+        held = [n.value[2] for n in first.cp.tree.nodes() if n.value[2] is not None]
+        assert held, "the prompt was backed up to L3"
+        before = snapshot(tmp_path / "l3.slots")
+        with pytest.raises(L3InUse, match="l3.slots"):
+            CacheController(cfg)
+        assert snapshot(tmp_path / "l3.slots") == before
+        slots = np.concatenate(held)
+        assert (first.byte_plane.digests("L3", slots) != UNSERVABLE).all()
+    finally:
+        first.close()
+    CacheController(cfg).close()  # the first closed: its path is free again
+
+
 # -- taking over ---------------------------------------------------------------------------------
-
-
-def write_slot(l3: L3File, slot: int, seed: int) -> torch.Tensor:
-    """H2S one random page into `slot`; returns the page."""
-    g = torch.Generator().manual_seed(seed)
-    l2 = torch.randint(0, 256, (1, l3.bytes_per_page), dtype=torch.uint8, generator=g)
-    with StorageMover(l3, l2, io_threads=1) as mover:
-        assert mover.h2s(pages([0]), pages([slot])).wait(timeout_s=10) is TransferStatus.DONE
-    return l2[0]
 
 
 def test_a_hicache_l3_file_is_reused_with_every_slot_empty(tmp_path: Path) -> None:

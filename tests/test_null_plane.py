@@ -297,3 +297,29 @@ def drive(seed: int, write_policy: str, steps: int = 200) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2, 102])
 def test_random_completion_orders_with_faults_leave_nothing(seed: int, write_policy: str) -> None:
     drive(seed, write_policy)
+
+
+def test_a_second_admission_during_a_promotion_decides_what_it_can_plan() -> None:
+    """Request 3 promotes B from L3 (its S2H in flight); request 4, for the same prefix, finds
+    B in L3 only, but a node L2 is filling ends every restore plan. Found by the fuzz machine's
+    `decision unplanned` check (tests/test_testing_machine.py): request 4 chose L3, planned
+    nothing, no fallback was counted, and the decision log settled an L3 restore against a
+    recompute. The policy decides on the hits a plan reaches (`plan_reach`): recompute."""
+    c = make()
+    serve(c, 1, A + (1,))
+    serve(c, 2, AB + (1,))
+    settle_all(c)
+    node_b = c.cp.tree.match(AB, split=False, touch=False).path[-1]
+    c.cp.evict_node(node_b, Tier.L1)
+    c.cp.evict_node(node_b, Tier.L2)
+    assert c.admit(3, AB + (5,)).decision.choice == "L3"  # its S2H promotes B
+    mat = c.admit(4, AB + (6,))
+    assert mat.match.lengths == (len(A), len(A), len(AB)) and not mat.nodes
+    assert mat.decision.choice == "recompute"
+    assert c.decisions.summary()["choices"] == {"recompute": 3, "L2": 0, "L3": 1}
+    settle_all(c)  # request 3's promotion and load-back
+    for rid in (3, 4):
+        assert c.ready(rid) and c.prefill(rid) >= 1
+        c.finish(rid)
+    assert_clean(c)
+    c.close()

@@ -11,16 +11,20 @@ import numpy as np
 import pytest
 
 from hicache.control import ControlPlane
+from hicache.controller.controller import CacheController
 from hicache.errors import IllegalTransition
+from hicache.invariants import check_all
 from hicache.pages import FREE, TREE, Pages
 from hicache.pools.hits import agreed_hit
 from hicache.pools.presets import group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
 from hicache.pools.tierpools import TierPools
 from hicache.snapshot import TOMBSTONE
-from hicache.tiers import Direction
+from hicache.tiers import Direction, Tier
 from hicache.trace import ListSink, Tracer
 from hicache.tree import TreeNode
+from tests.test_null_plane import A, make, serve, settle_all
+from tests.test_upstream_scenarios import node_of
 
 DSV4 = group("dsv4-tiny")
 DSV41 = group("dsv41-tiny")
@@ -86,7 +90,9 @@ PS = 4
 
 def three_nodes(policy: str = "all_pools") -> tuple[ControlPlane, list[int], list[TreeNode]]:
     """A plane whose tree holds prompt A's first 4 pages as nodes of 2, 1 and 1 pages (two
-    other requests split it), every node RESIDENT in L1 and unlocked; dsv4-tiny: `swa` W=2."""
+    other requests split it), every node RESIDENT in L1 and unlocked; dsv4-tiny: `swa` W=2.
+    Under anchor_recompute_swa four nodes of 1 page: each admission also splits its L1 run
+    where the window it would replay begins (2 pages before its end)."""
     cp = ControlPlane(PS, (16, 16, 16), pools=DSV4, hit_policy=policy)
     a = list(range(4 * PS + 1))
     for rid, prompt in enumerate(
@@ -101,7 +107,7 @@ def three_nodes(policy: str = "all_pools") -> tuple[ControlPlane, list[int], lis
         cp.insert(rid)
         cp.end_request(rid)
     path = list(cp.tree.match(a[: 4 * PS], split=False, touch=False).path)
-    assert [len(n.key) // PS for n in path] == [2, 1, 1]
+    assert [len(n.key) // PS for n in path] == ([2, 1, 1] if policy == "all_pools" else [1] * 4)
     return cp, a, path
 
 
@@ -156,10 +162,46 @@ def test_f14_an_anchor_bound_between_trailing_endpoints_falls_back_to_the_last_l
     assert cp.begin_request(7, a).lengths[0] == 2 * PS
 
 
-def test_under_anchor_recompute_swa_a_freed_window_does_not_end_the_hit() -> None:
+@pytest.mark.parametrize(
+    "freed, hit_pages",
+    [
+        ((), 4),  # every window present: the anchor's hit
+        ((0, 1), 4),  # the window before the end (pages 2, 3) is whole: the anchor's hit
+        ((3,), 2),  # the window's last page freed: the window (2 pages) is replayed
+        ((2,), 2),  # its first page freed: replayed too
+        ((1, 3), 2),  # all_pools would serve 1 page; here the window alone is replayed
+    ],
+)
+def test_under_anchor_recompute_swa_a_freed_window_ends_the_hit_where_its_replay_begins(
+    freed: tuple[int, ...], hit_pages: int
+) -> None:
+    """The anchor serves its whole run, but when a page of the window before its end (W = 2
+    anchor pages for dsv4-tiny) lost its window, the request replays that window: its L1
+    hit ends where the window begins, and it recomputes the window from there (the test
+    below: its copy revives the freed windows). Before, the hit was the anchor's whatever
+    the window held, and the replay was only counted. (`freed`: pages, one node each.)"""
     cp, a, path = three_nodes("anchor_recompute_swa")
-    cp.tombstone(path[1])
-    assert cp.begin_request(7, a).lengths[0] == 4 * PS
+    for i in freed:
+        cp.tombstone(path[i])
+    assert cp.windows.replay_pages == 2 and cp.windows.hit_pages == 0
+    assert cp.begin_request(7, a).lengths[0] == hit_pages * PS
+
+
+def test_under_anchor_recompute_swa_the_node_across_the_window_start_is_split() -> None:
+    """A 4-page node whose window is freed: the window a hit on it replays is its last 2
+    pages, so the admission splits it there and the hit ends at the split; the upper part
+    keeps its freed window, the lower one is replayed as a whole node."""
+    cp = ControlPlane(PS, (16, 16, 16), pools=DSV4, hit_policy="anchor_recompute_swa")
+    a = list(range(4 * PS + 1))
+    cp.begin_request(1, a)
+    cp.compute(1, 4 * PS)
+    cp.insert(1)
+    cp.end_request(1)
+    (node,) = cp.tree.match(a[: 4 * PS], split=False, touch=False).path
+    cp.tombstone(node)
+    m = cp.begin_request(2, a)
+    assert m.lengths[0] == 2 * PS and [len(n.key) // PS for n in m.path] == [2, 2]
+    assert all(cp.windows.freed(n) for n in m.path) and not check_all(cp.snapshot())
 
 
 def test_tombstone_is_refused_on_a_locked_node_and_twice() -> None:
@@ -209,3 +251,57 @@ def test_a_prefix_loaded_after_admission_is_served_only_up_to_a_whole_window() -
         cp.advance_cached_len(7, path[2])
     assert cp.cached_len(7) == 0 and path[2].lock[0] == 0
     assert cp.advance_cached_len(7, path[1]) == 3 * PS
+
+
+# -- the controller: decisions and replays over freed windows (issue 30, section 5) ---------------
+
+
+def windowed_controller(policy: str) -> tuple[CacheController, TreeNode]:
+    """A dsv4-tiny controller (null plane, policy `always`) holding A in L1, L2 and L3, with
+    A's L1 window freed."""
+    c = make(pools="dsv4-tiny", check_mode="every", write_policy="write_through", hit_policy=policy)
+    serve(c, 1, A + (1,))
+    settle_all(c)
+    a = node_of(c, A)
+    assert all(c.cp.holds(a, t) for t in Tier)
+    c.cp.tombstone(a)
+    return c, a
+
+
+def test_no_restore_is_chosen_past_a_freed_window_that_no_plan_can_restore() -> None:
+    """all_pools: A's freed window ends the L1 hit before A, and L2 holds A; but L1 holds A
+    too, so every restore plan ends before it. Seen failing (the outside fuzzer, issue 30):
+    the policy chose L2, the plan was empty, nothing was restored, no fallback was counted,
+    and the decision log settled an L2 prediction against a full recompute. The policy now
+    decides on the hits a plan reaches (`plan_reach`): a recompute, recorded as one."""
+    c, a = windowed_controller("all_pools")
+    mat = c.admit(2, A + (7,))
+    assert mat.match.lengths[:2] == (0, len(A))  # L2 holds A; the L1 hit ends before it
+    assert mat.decision.choice == "recompute" and not mat.nodes
+    assert c.decisions.summary()["choices"] == {"recompute": 2, "L2": 0, "L3": 0}
+    assert c.prefill(2) == len(A) + 1  # recomputed, and its copy revives A's window
+    assert not c.cp.windows.freed(a) and c.metrics.window_clipped_tokens == len(A)
+    c.finish(2)
+    c.close()
+
+
+def test_under_anchor_recompute_swa_a_replayed_window_is_revived() -> None:
+    """A's window freed, A held in L1 (3 pages; the window W = 2 pages). The request replays
+    the window: its hit ends 2 pages before A's end (A split there), it recomputes them, and
+    its copy revives the lower part's window, so the next hit on A replays nothing. Seen
+    failing (the outside fuzzer, issue 30): the hit was A's, the replay was counted but
+    never made (prefill recomputed 1 token), A's window stayed freed, and every later hit
+    replayed it again (window_recomputed_tokens 8 more each time)."""
+    c, _ = windowed_controller("anchor_recompute_swa")
+    mat = c.admit(2, A + (7,))
+    assert mat.match.lengths[0] == len(A) - 2 * PS and mat.decision.choice == "recompute"
+    assert c.metrics.window_recomputed_tokens == 2 * PS and c.metrics.window_clipped_tokens == 0
+    assert c.prefill(2) == 2 * PS + 1  # the window replayed, then the prompt's last token
+    upper, lower = c.cp.tree.match(A, split=False, touch=False).path
+    assert c.cp.windows.freed(upper) and not c.cp.windows.freed(lower)
+    c.finish(2)
+    again = c.admit(3, A + (8,))
+    assert again.match.lengths[0] == len(A) and c.metrics.window_recomputed_tokens == 2 * PS
+    assert c.cp.checker.violations_found == 0
+    c.finish(3)
+    c.close()

@@ -4,11 +4,11 @@ alone, naming the check that caught it, within a step budget.
 Each mutant runs against its default machine (`hicache.testing.zoo.DEFAULT_MACHINE`: the
 product machine, FuzzNull or FuzzCpu, where it catches the mutant on every seed) with one
 fixed Hypothesis seed, so CI replays the same run: the seed of 0-4 that caught it soonest in
-benchmarks/results/2026-12-03-zoo-l3-restores.md, which measures all five seeds, misses
-included (the zoo draws no constants from the source, so a seed's run does not depend on what
-ran before). The
-test guards against the machines losing a catch; the file stays within a minute on two cores,
-and `MAX_STEPS` bounds each run.
+benchmarks/results/2026-12-03-zoo-l3-restores.md (and, for the mutants added or moved since,
+2026-12-04-zoo-fuzzfind.md), which measure all five seeds, misses included (the zoo draws
+no constants from the source, so a seed's run does not depend on what ran before). The test
+guards against the machines losing a catch; the file stays within a minute on two cores, and
+`MAX_STEPS` bounds each run.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-conditional": (0, "contract: CollectiveTimeout escaped FuzzTp"),
     "TP-local-capacity": (4, "I7 rank_agreement"),
     "TP-min-of-maxima": (2, "I9 group_atomic"),
-    "F11-no-clamp": (4, "I4 tier_bytes_equal"),
+    "F11-no-clamp": (0, "I4 tier_bytes_equal"),
+    "L3-no-lock": (0, "machine FuzzCpu.l3_refuses_a_second_opener"),
+    "decision-unplanned": (0, "machine FuzzDsv4.agrees_with_reference: decision unplanned"),
+    "replay-unrevived": (3, "machine FuzzDsv4._admit: differential L1 hit length at admission"),
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),

@@ -43,7 +43,7 @@ from hicache.controller.crashsite import ControllerFaults
 from hicache.controller.digests import CachedDigests
 from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
-from hicache.controller.materialize import Materialization, plan_parts
+from hicache.controller.materialize import Materialization, plan_parts, plan_reach
 from hicache.controller.metrics import Metrics
 from hicache.controller.pending import PendingTransfer, pending_transfers
 from hicache.controller.planes import bind_group, choose_plane
@@ -321,8 +321,13 @@ class CacheController:
 
     def _policy_hits(self, m: MatchResult) -> tuple[int, int, int]:
         """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
-        as it may serve (a quarantined or offline L3 copy serves nothing)."""
-        return m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m))
+        as it may serve (a quarantined or offline L3 copy serves nothing), both only as far
+        as a restore plan reaches (`plan_reach`: a node L1 holds past its hit, its window
+        freed, or one another request promotes is recomputed): the policy never picks a
+        tier whose plan restores nothing."""
+        reach = plan_reach(self.cp, m, self.l3.stops_at)
+        l3 = max(m.lengths[1], self.l3.servable_len(m))
+        return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for

@@ -91,7 +91,8 @@ def plan_parts(
     waits for it instead of loading or computing it again), the L2 part (L1 `ABSENT`, L2
     `RESIDENT`) and, for an L3 choice, the L3 part (L1 and L2 `ABSENT`, L3 `RESIDENT`). The
     plan stops at the first node that fits none (e.g. a promotion S2H in flight, or an L3
-    copy `unreadable` says must not be read): the tokens from there on are recomputed."""
+    copy `unreadable` says must not be read, or a node L1 holds past the hit: its window
+    freed): the tokens from there on are recomputed."""
     shared: list[TreeNode] = []
     l2_part: list[TreeNode] = []
     l3_part: list[TreeNode] = []
@@ -118,3 +119,18 @@ def plan_parts(
         else:
             break
     return Plan(shared, l2_part, l3_part)
+
+
+def plan_reach(
+    cp: ControlPlane, match: MatchResult, unreadable: Callable[[TreeNode], bool] = lambda n: False
+) -> int:
+    """Tokens of `match`'s path the deepest restore plan reaches: the end of `plan_parts`'
+    plan for L3 with no target, or the L1 hit when it plans nothing. The restore policy
+    decides on L2 and L3 hits cut here, so it never chooses a restore no plan makes (which
+    the decision log would settle against a recompute): a node L1 holds past the hit (its
+    window freed, spec/pools.md "Freed windows") or one L2 is filling (another request's
+    promotion in flight) ends every plan, and its tokens are recomputed."""
+    whole = sum(len(node.key) for node in match.path)
+    plan = plan_parts(cp, match, "L3", whole, unreadable)
+    nodes = plan.shared + plan.l2_part + plan.l3_part
+    return cp.tree.prefix_tokens(nodes[-1]) if nodes else match.lengths[0]

@@ -61,12 +61,16 @@ class RankAgreement:
         ps = self.kv.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
         run = list(m.path[: m.path.index(deepest) + 1]) if deepest is not None else []
-        bounds = [sum(len(n.key) for n in run) // ps, m.lengths[1] // ps, m.lengths[2] // ps]
         own = self.policy_hits(m)
         decision = self.policy.decide(*own, prompt, self.kv.bytes_per_token)
         windows = self.cp.windows
         # The mask spans the prompt's page ends: a length every rank knows (F17).
         mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
+        # Without a mask the L1 bound is this rank's own hit: under anchor_recompute_swa one
+        # ending before the window it replays (a node end on every rank: replay_start split
+        # there), and any end before it is legal too, so the least of them is.
+        l1 = sum(len(n.key) for n in run) if mask is not None else m.lengths[0]
+        bounds = [l1 // ps, m.lengths[1] // ps, m.lengths[2] // ps]
         agreed, rank0 = self.agree.admit(
             bounds, m.lengths[0] // ps, CHOICES.index(decision.choice), mask
         )

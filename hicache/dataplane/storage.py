@@ -12,7 +12,8 @@ each slot's checksum -- lives only in this process: a file opened again, by this
 another, starts with every slot empty (it is truncated to its new header when taken over),
 so bytes left by an earlier process are never trusted. An existing path is taken over only
 when it is already a hicache L3 file, or when the caller says to overwrite it; a symlink never
-is (see `L3File`).
+is, nor a file another open `L3File` holds (see `L3File`): an explicit path is locked
+(`flock`, exclusive) for as long as it is open, so two controllers never share one file.
 
 Checksum: `zlib.crc32` of the whole page, 4 bytes of metadata per slot (spec/l3.md, "Slot
 metadata and the checksum", says when it is recorded and checked). It catches every single-byte
@@ -27,6 +28,7 @@ observes transfers; I/O threads only read it (`verify`), and the corrupt-read co
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
@@ -39,7 +41,14 @@ import numpy.typing as npt
 
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
-from hicache.errors import ConfigError, CorruptSlot, InvalidPages, L3PathRefused, StorageError
+from hicache.errors import (
+    ConfigError,
+    CorruptSlot,
+    InvalidPages,
+    L3InUse,
+    L3PathRefused,
+    StorageError,
+)
 from hicache.pages import Pages
 
 MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
@@ -65,6 +74,10 @@ class L3File:
 
     An explicit `path` (its directories may be symlinks, its last component may not):
 
+    - held by another open `L3File` (a live controller, in this process or another):
+      refused with `L3InUse`, even with `overwrite` -- the descriptor holds an exclusive
+      advisory lock (`flock`) on the file from the moment it is opened until it closes
+      (the OS drops it when the process dies), taken before anything else is decided;
     - missing: created exclusively (O_CREAT|O_EXCL, mode 0600);
     - a hicache L3 file (magic, header checksum and version valid): taken over -- mode set
       to 0600, truncated, a new header for this geometry and slot count written, resized;
@@ -74,9 +87,10 @@ class L3File:
 
     The decision is made on the opened descriptor (fstat, then the header read from it), so
     the name cannot be swapped between check and use. A refused path is left exactly as it
-    was -- bytes, mode, a symlink's target -- and raises `L3PathRefused` (a StorageError)
-    saying why and what to do. Other failures raise `StorageError` naming the path;
-    non-positive sizes or a geometry of another bytes_per_page raise `ConfigError`.
+    was -- bytes, mode, a symlink's target -- and raises `L3PathRefused` (a StorageError;
+    `L3InUse` for a held file) saying why and what to do. Other failures raise
+    `StorageError` naming the path; non-positive sizes or a geometry of another
+    bytes_per_page raise `ConfigError`.
     """
 
     def __init__(
@@ -123,7 +137,9 @@ class L3File:
         though its name was removed -- and it must hold a header for exactly these slots
         and this geometry (StorageError naming the path otherwise).
 
-        Nothing in the file is changed. Its metadata starts empty and holds only what
+        Nothing in the file is changed, and no lock is taken: the writer holds the file
+        (a temporary one, which no `l3_path` can name), the replica only reads it. Its
+        metadata starts empty and holds only what
         `record` is told: the writer's checksums of the slots it wrote (C6b), never anything
         read from the file. The replica's own writes would race the writer's, so its mover
         never writes through it (`GroupStorageMover`); a CORRUPT_SLOT fault may still flip
@@ -336,20 +352,27 @@ _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC",
 
 
 def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
-    """Create `path` exclusively, or open what is there and decide from the descriptor
-    whether L3 may take it over (see `L3File`). Returns the absolute path and a descriptor
-    of a regular file, mode 0600; nothing in the file is changed yet."""
+    """Create `path` exclusively, or open what is there; lock it (`_lock`), then decide from
+    the descriptor whether L3 may take it over (see `L3File`). Returns the absolute path and
+    a locked descriptor of a regular file, mode 0600; nothing in the file is changed yet."""
     path = os.path.abspath(path)
     try:
-        return path, os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        pass  # something is there (a file, a symlink, dangling or not): look at it below
+        fd = -1  # something is there (a file, a symlink, dangling or not): look at it below
     except OSError as e:
         raise _cannot_open(path, "create", e) from e
-    fd = _open_existing(path)
+    created = fd >= 0
+    if not created:
+        fd = _open_existing(path)
     try:
-        _check_takeover(path, fd, overwrite)
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode under open(); the data is ours
+        # Lock first: a file another L3File holds is refused before anything is decided. A
+        # file created here and taken over by another opener before this lock (it found it
+        # empty, with overwrite) is that opener's now: refused too, and left to it.
+        _lock(path, fd)
+        if not created:
+            _check_takeover(path, fd, overwrite)
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode under open(); data is ours
     except OSError as e:
         os.close(fd)
         raise StorageError(path, f"cannot set mode 0600: {describe_os_error(e)}") from e
@@ -357,6 +380,21 @@ def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
         os.close(fd)
         raise
     return path, fd
+
+
+def _lock(path: str, fd: int) -> None:
+    """Take an exclusive advisory lock on the open file `fd` for as long as it is open
+    (spec/l3.md, "Opening a path", rule 8). `flock`, not `fcntl`/`lockf` record locks: those
+    belong to the process, so a second controller in the same process would get the lock
+    too, and closing any descriptor of the file would drop it. L3InUse when another open
+    file description holds it; StorageError when the file system cannot lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise L3InUse(path) from None
+    except OSError as e:
+        why = f"cannot lock it: {describe_os_error(e)}; put l3_path on a local file system"
+        raise StorageError(path, why) from e
 
 
 def _open_existing(path: str) -> int:

@@ -89,7 +89,8 @@ class Agreement:
         self, bounds: Sequence[int], own_l1: int, code: int, mask: Sequence[int] | None
     ) -> tuple[tuple[int, ...], int | None]:
         """C1a: (the per-tier hits in anchor pages every rank uses, rank 0's choice code or
-        None). `bounds`: this rank's L1 leading run (before any window rule), L2 and L3 hits;
+        None). `bounds`: this rank's L1 leading run (before the endpoint rule when it sends
+        a mask; else its L1 hit), L2 and L3 hits;
         `own_l1`: its L1 hit after its own window rule; `code`: its policy's choice on its own
         hits; `mask`: its L1 endpoint mask over the prompt's page ends 0..P (entry e = 1: e is
         a node end of its run its pools accept), None where no endpoint rule applies (no

@@ -6,8 +6,10 @@ the control plane's `tombstone`). A hit then needs more than the anchor's pages:
 group hit policy `all_pools` it may end only at an endpoint every required pool accepts
 (`agreed_hit` over the L1 run's pages: a trailing pool needs its `window_pages` before the
 end), so the L1 hit is clipped there -- mid-node too (the tree then splits the node). Under
-`anchor_recompute_swa` the trailing pools are not required: the hit is the anchor's, and the
-window before it is recomputed.
+`anchor_recompute_swa` the trailing pools are not required: the anchor serves the whole run,
+but when the window before its end (`replay_pages` anchor pages) has a freed page, that window
+is replayed -- the L1 hit ends where it begins, the request recomputes it, and its copy revives
+the freed windows (`ControlPlane._revive`), so the next hit on it replays nothing.
 
     L1 run (pages)   a0 a1 | a2 a3 | a4 a5      swa W = 2 (ratio 1); node 2's window freed
     swa present      ■  ■  | □  □  | ■  ■
@@ -52,13 +54,32 @@ class L1Windows:
         """Anchor pages an L1 hit needs, each with its window, just before its end: the
         widest required trailing pool's `ceil(window_pages / ratio)` (0: no clip, as under
         `anchor_recompute_swa` or without a trailing pool)."""
-        if self.table is None or self.policy != ALL_POOLS:
+        return self._window_anchor_pages() if self.policy == ALL_POOLS else 0
+
+    @property
+    def replay_pages(self) -> int:
+        """Under `anchor_recompute_swa`: the anchor pages before the anchor's hit that are
+        replayed when one of them lost its window -- the widest trailing pool's window,
+        `ceil(window_pages / ratio)` (0 under `all_pools` or without a trailing pool)."""
+        return 0 if self.policy == ALL_POOLS else self._window_anchor_pages()
+
+    def _window_anchor_pages(self) -> int:
+        if self.table is None:
             return 0
         group = self.table.group
         return max(
             -(-group.pool(name).window_pages // self.table.ratios[name])
             for name in self.table.window
         )
+
+    def replay_start(self, run: Sequence[TreeNode]) -> int | None:
+        """Under `anchor_recompute_swa`: the token where the window a hit ending with the L1
+        run `run` (root's child first) would replay begins (None: no replay, or it begins at
+        0). The control plane splits the node straddling it before it matches, so the
+        replay recomputes -- and revives -- whole nodes."""
+        n = sum(len(node.key) for node in run) // self.page_size
+        start = n - self.replay_pages
+        return start * self.page_size if self.replay_pages and start > 0 else None
 
     def freed(self, node: TreeNode) -> bool:
         """Whether `node`'s L1 value has lost its window (False without one, or a value)."""
@@ -71,9 +92,19 @@ class L1Windows:
 
     def clip(self, run: Sequence[TreeNode]) -> int:
         """The anchor pages of `run` (the L1 run of a match, root's child first) an L1 hit
-        may cover under the policy: all of them unless a required pool's window is freed
-        somewhere, else the largest endpoint every required pool accepts."""
-        return self._hit(run, self.policy)
+        may cover under the policy. `all_pools`: all of them unless a required pool's window
+        is freed somewhere, else the largest endpoint every required pool accepts.
+        `anchor_recompute_swa`: all of them unless a page of the last `replay_pages` lost its
+        window, else all but those (the replayed window; 0 when the run is shorter)."""
+        if self.policy == ALL_POOLS:
+            return self._hit(run)
+        n = sum(len(node.key) for node in run) // self.page_size
+        window, end = max(0, n - self.replay_pages), 0
+        for node in run:
+            end += len(node.key) // self.page_size
+            if end > window and self.freed(node):
+                return window
+        return n
 
     def endpoint_mask(self, run: Sequence[TreeNode], bound: int) -> list[int]:
         """Over anchor endpoints 0..`bound` of the L1 run `run` (root's child first): 1 where
@@ -91,9 +122,10 @@ class L1Windows:
 
     def share(self, path: Sequence[TreeNode], hit_tokens: int) -> tuple[int, int]:
         """A freed window's share of a match over `path` whose L1 hit is `hit_tokens`:
-        (tokens of the L1 run the hit left out: `all_pools` clipped them; tokens of the
-        window replayed before the hit: `anchor_recompute_swa`, when the hit's end has a
-        freed window before it, `min(hit, W * page_size)` for the widest trailing pool)."""
+        (tokens of the L1 run the hit left out, but for a replay: `all_pools` clipped them,
+        or the ranks agreed on less; tokens of the window replayed: `anchor_recompute_swa`,
+        when a page of the window before the run's end lost its window, the window's
+        `replay_pages`, all of the run when shorter). Both are recomputed."""
         if self.table is None:
             return 0, 0
         run: list[TreeNode] = []
@@ -102,19 +134,12 @@ class L1Windows:
                 break
             run.append(node)
         held = sum(len(n.key) for n in run)
-        hit = hit_tokens // self.page_size
-        if self.policy == ALL_POOLS or self._hit(run, ALL_POOLS, upto=hit) == hit:
-            return held - hit_tokens, 0
-        group = self.table.group
-        widest = max(
-            group.pool(name).window_pages * group.pool(name).page_size for name in self.table.window
-        )
-        return held - hit_tokens, min(hit_tokens, widest)
+        replayed = 0 if self.policy == ALL_POOLS else held - self.clip(run) * self.page_size
+        return held - hit_tokens - replayed, replayed
 
-    def _hit(self, run: Sequence[TreeNode], policy: str, upto: int | None = None) -> int:
-        """`agreed_hit` over the first `upto` (default: all) anchor pages of `run`."""
+    def _hit(self, run: Sequence[TreeNode]) -> int:
+        """`agreed_hit` under `all_pools` over the anchor pages of `run`."""
         n = sum(len(node.key) // self.page_size for node in run)
-        n = n if upto is None else min(n, upto)
         if self.table is None or not any(self.freed(node) for node in run):
             return n
         table = self.table
@@ -130,7 +155,7 @@ class L1Windows:
             ).tolist()
             for p in matched_pools(group)
         }
-        return agreed_hit(group, presence, n, policy).hit
+        return agreed_hit(group, presence, n, ALL_POOLS).hit
 
     # -- make-room -----------------------------------------------------------------------------
 

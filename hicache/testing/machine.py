@@ -116,7 +116,10 @@ def make_machine(
         def start(self, setup: Any) -> None:
             self.cache = adapter(setup)
             self.model = ReferenceModel(
-                self.cache.page_size, self.cache.tiers, getattr(self.cache, "hit_window", 0)
+                self.cache.page_size,
+                self.cache.tiers,
+                getattr(self.cache, "hit_window", 0),
+                getattr(self.cache, "replay_window", 0),
             )
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []

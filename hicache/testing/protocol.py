@@ -23,6 +23,9 @@ spec/pools.md "Freed windows") reports it as the page change `WINDOW_FREED` (L1 
 page stays RESIDENT without its window; `WINDOW_REVIVED` when it has it again) and sets `hit_window`
 to the pages an L1 hit needs, each with its window, just before its end (0, the default, for every
 other engine): the reference then ends an L1 hit at the last page end with a whole window before it.
+An engine that replays such a window instead (`anchor_recompute_swa`) sets `replay_window` to its
+pages: the reference then ends an L1 hit before the window when a page of it is freed (the
+request recomputes it). Under either, a served prefix ends with its window whole after `prefill`.
 
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference

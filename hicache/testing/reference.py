@@ -15,13 +15,17 @@ engine's freedom); it checks that what the engine says is consistent with what i
                                   first len - 1 tokens) RESIDENT in T, page by page; in L1,
                                   with `hit_window` > 0, cut to the last page end whose
                                   `hit_window` pages before it (or all, near the start) kept
-                                  their window
+                                  their window; with `replay_window` > 0, cut by those pages
+                                  (to 0 when fewer) when one of the last `replay_window` lost
+                                  its window: the window replayed
     freed windows                 WINDOW_FREED only on a RESIDENT L1 page that has its window,
                                   never one a live request is served from; a page that leaves
                                   L1 and comes back has its window again
     cached_len at admission       the L1 hit
     cached_len after prefill      the prompt's whole pages, cut at the first page another
-                                  request's load-back is filling (PENDING in L1) at the time
+                                  request's load-back is filling (PENDING in L1) at the time;
+                                  its last `hit_window` (or `replay_window`) pages hold their
+                                  window: what a prefill recomputed revived what was freed
     cached_len between steps      unchanged except by `prefill`
     live requests                 exactly those submitted and not finished
     served bytes                  a page prefix's digest is the same every time it is served
@@ -70,10 +74,13 @@ class RefRequest:
 class ReferenceModel:
     """Pages by tier and token prefix, live requests, and digests of served prefixes."""
 
-    def __init__(self, page_size: int, tiers: Sequence[str], hit_window: int = 0) -> None:
+    def __init__(
+        self, page_size: int, tiers: Sequence[str], hit_window: int = 0, replay_window: int = 0
+    ) -> None:
         self.page_size = page_size
         self.tiers = tuple(tiers)
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
+        self.replay_window = replay_window  # pages a hit replays when one lost its window
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
         self.freed: set[Prefix] = set()  # L1 pages RESIDENT without their window
         self.requests: dict[int, RefRequest] = {}
@@ -176,11 +183,14 @@ class ReferenceModel:
             ) == RESIDENT:
                 n += 1
             out[t] = n * ps
-        first = self.tiers[0]
-        if self.hit_window and any(
-            tuple(tokens[: (k + 1) * ps]) in self.freed for k in range(out[first] // ps)
+        first, run = self.tiers[0], out[self.tiers[0]] // ps
+        if self.hit_window and any(tuple(tokens[: (k + 1) * ps]) in self.freed for k in range(run)):
+            out[first] = self._window_cut(tokens, run) * ps
+        window = max(0, run - self.replay_window)
+        if self.replay_window and any(
+            tuple(tokens[: (k + 1) * ps]) in self.freed for k in range(window, run)
         ):
-            out[first] = self._window_cut(tokens, out[first] // ps) * ps
+            out[first] = window * ps  # the window is replayed: recomputed from its start
         return out
 
     def _window_cut(self, tokens: Sequence[int], run: int) -> int:
@@ -221,16 +231,14 @@ class ReferenceModel:
             raise Mismatch("cached_len after prefill", got, expected, f"request {request_id}")
         self.requests[request_id].cached_len = got
         tokens, ps = self.requests[request_id].tokens, self.page_size
-        # Verify the served prefix ends with its window whole: decode reads it.
-        freed = (
-            [
-                k
-                for k in range(max(0, got // ps - self.hit_window), got // ps)
-                if tuple(tokens[: (k + 1) * ps]) in self.freed
-            ]
-            if self.hit_window
-            else []
-        )
+        # Verify the served prefix ends with its window whole, under either hit policy: decode
+        # reads it (a replayed window was recomputed, and its copy revived what was freed).
+        window = max(self.hit_window, self.replay_window)
+        freed = [
+            k
+            for k in range(max(0, got // ps - window), got // ps)
+            if tuple(tokens[: (k + 1) * ps]) in self.freed
+        ]
         if freed:
             raise Mismatch(
                 "window before cached_len after prefill",

@@ -16,6 +16,11 @@ Page changes come from the controller's trace (spec/trace.md): each lifecycle ev
 node becomes one `PageChange` per page of the node, in the event's tier. A node is known by
 the token prefix ending where it ends (an insert names its request, whose tokens the adapter
 knows; a split hands the upper part the shorter prefix), so nothing is read from the tree.
+
+`check()` adds the adapter's own finding to the controller's invariants: `decision unplanned`,
+an admission whose policy chose a restore (L2 or L3) that its plan does not make and no
+counted fallback explains -- a decision the log would settle against what did not happen
+(the outside fuzzer's find of issue 30: an L2 choice over a freed window, nothing restored).
 """
 
 from __future__ import annotations
@@ -129,11 +134,13 @@ class ControllerAdapter:
         if setup.pools != SINGLE_POOL:
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
+        self.findings: list[str] = []  # the adapter's own (`check`): decisions not made
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
         self.page_size = self.ctl.config.kv.page_size
         assert self.page_size == PAGE_TOKENS, "the machine's prompts are PAGE_TOKENS-token pages"
         self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
+        self.replay_window = self.ctl.cp.windows.replay_pages  # anchor_recompute_swa's
 
     def _device(self) -> str | None:
         """The CPU, or on the cuda plane CUDA: a rank of a TP cache its own GPU when there is
@@ -232,7 +239,16 @@ class ControllerAdapter:
 
     def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
         self.tokens[request_id] = tuple(tokens)
+        fallbacks = sum(self.ctl.metrics.fallbacks.values())
         mat = self.ctl.admit(request_id, tokens)
+        d = mat.decision
+        if d.choice != "recompute" and not mat.nodes:
+            if sum(self.ctl.metrics.fallbacks.values()) == fallbacks:
+                self.findings.append(
+                    f"decision unplanned: request {request_id} chose {d.choice} ({d.reason}) "
+                    f"over hits {list(mat.match.lengths)}, but its plan restores nothing and "
+                    "no fallback was counted"
+                )
         hits = {str(t): mat.match.lengths[i] for i, t in enumerate(TIERS)}
         return Admission(hits, self.ctl.cp.cached_len(request_id))
 
@@ -358,6 +374,19 @@ class ControllerAdapter:
         self.faults.aims.clear()  # one aim at a time: an earlier one that never met its op goes
         self.faults.aim(kind, direction=direction)
 
+    def free_window(self, pick: int) -> tuple[int, ...] | None:
+        """Free the L1 window of the `pick`-th node (modulo) whose window the controller's
+        make-room could free now (`L1Windows.candidates`: unlocked, least recently used
+        first), as window pressure would; the token prefix through that node, or None when
+        no node qualifies (nothing changed)."""
+        cp = self.ctl.cp
+        found = cp.windows.candidates(cp.tree.nodes())
+        if not found:
+            return None
+        node = found[pick % len(found)]
+        cp.tombstone(node)
+        return tuple(self.nodes[node.node_id][1])
+
     def damage_storage(self, how: str) -> None:
         """Cut the L3 file to 3 bytes or remove it (the null plane: its equivalent, see
         nullengine.py). ConfigError for another `how`, nothing changed."""
@@ -418,7 +447,7 @@ class ControllerAdapter:
         from hicache.invariants import check_all
 
         found = [str(v) for v in check_all(self.ctl.cp.snapshot())]
-        return found + [f"tree audit: {p}" for p in self.ctl.cp.tree.audit()]
+        return found + [f"tree audit: {p}" for p in self.ctl.cp.tree.audit()] + self.findings
 
     def trace(self) -> list[TraceEvent]:
         return self.events + self.sink.events

@@ -80,6 +80,7 @@ class TPAdapter:
         )
         self.page_size = self.ranks[0].page_size
         self.hit_window = self.ranks[0].hit_window
+        self.replay_window = self.ranks[0].replay_window
         self._turn = 0  # the rank the next one-rank fault strikes
         self._extra: set[tuple[int, ...]] = set()  # pages the model has freed for other ranks
 
