@@ -55,6 +55,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
+from hicache.tracewalk import walk_every_plane
 
 STEPS_PER_RUN = 50
 MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed (`fuzz`)
@@ -407,6 +408,7 @@ mutant switched on (what a failure's replay line asks for), not to the bug zoo."
 
 
 def main(argv: Sequence[str]) -> int:
+    walk_every_plane()  # every step of every run through the tables' `transitions` machine
     mutant = any(a == "--mutant" or a.startswith("--mutant=") for a in argv)
     if mutant and not any(a.split("=")[0] in RUN_ONLY for a in argv):
         # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.
