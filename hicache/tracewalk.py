@@ -28,6 +28,7 @@ walks it when the environment variable HICACHE_TRACE_WALK is set (the test suite
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -87,74 +88,102 @@ def acts_on_copy(row: Row) -> bool:
     return PRIVATE in (row.source, row.dest) and row.dest != RESIDENT
 
 
+class Judged(NamedTuple):
+    """What one (event, before, after) means to the walk, worked out once per machine."""
+
+    why: str | None  # why it is no step of the machine; None: it is one, or is not judged
+    machine: str | None  # what the machine does from `before` instead (a disagreement)
+    row: Row | None  # the event's row; None: no lifecycle event
+    tree_before: States | None  # the tree's triple the node must be in (None: no states)
+    tree_after: States | None  # ... and is in after it
+
+
+_NOT_JUDGED = Judged(None, None, None, None, None)
+
+
+def judged(machine: PageMachine, event: str, before: str | None, after: str | None) -> Judged:
+    """`event` from `before` to `after` for the walk, the machine asked (see `Judged`)."""
+    row = machine.rows.get(event)
+    if row is None:
+        return _NOT_JUDGED
+    if before is None or after is None:
+        if before is not None or after is not None:
+            why = f"{event} names one of before and after: both, or neither"
+        elif acts_on_copy(row):
+            return Judged(None, None, row, None, None)  # a duplicate copy: outside the graph
+        else:
+            why = f"{event} acts on tree nodes and must name its before and after states"
+        return Judged(why, None, row, None, None)
+    answer = machine.answer(before, event)
+    if answer.after is None or answer.after != after:
+        why = f"{before} --{event}--> {after} is not an edge: the lifecycle machine {answer.says}"
+        return Judged(why, answer.says, row, None, None)
+    states, reached = machine.triples[before], machine.triples[after]
+    # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
+    tree = (ABSENT, states[1], states[2]) if PRIVATE in (row.source, row.dest) else states
+    return Judged(None, None, row, tree, tree if acts_on_copy(row) else reached)
+
+
 def judge(machine: PageMachine, e: TraceEvent) -> NonEdge | None:
     """Why `e` is not a step of the machine, or None when it is (or is not judged)."""
-    row = machine.rows.get(e.event)
-    if row is None:
-        return None
-    if e.before is None or e.after is None:
-        if e.before is not None or e.after is not None:
-            return NonEdge(e, f"{e.event} names one of before and after: both, or neither")
-        if acts_on_copy(row):
-            return None  # a duplicate request copy: outside the graph by definition
-        return NonEdge(e, f"{e.event} acts on tree nodes and must name its before and after states")
-    answer = machine.answer(e.before, e.event)
-    if answer.after is None or answer.after != e.after:
-        return NonEdge(
-            e,
-            f"{e.before} --{e.event}--> {e.after} is not an edge: the lifecycle machine "
-            f"{answer.says}",
-            answer.says,
-        )
-    return None
+    j = judged(machine, e.event, e.before, e.after)
+    return None if j.why is None else NonEdge(e, j.why, j.machine)
 
 
 _NOWHERE: States = (ABSENT, ABSENT, ABSENT)
+_JUDGED: weakref.WeakKeyDictionary[PageMachine, dict[tuple[str, str | None, str | None], Judged]]
+_JUDGED = weakref.WeakKeyDictionary()
 
 
 class Walker:
     """Follows every node's walk through a trace of one control plane (node ids are never
-    reused within it). `step` returns why an event breaks the walk, or None."""
+    reused within it). `step` returns why an event breaks the walk, or None. What an
+    (event, before, after) means is memoised per machine: the machine is deterministic."""
 
     def __init__(self, machine: PageMachine) -> None:
         self.machine = machine
         self.nodes: dict[int, States] = {}  # node id -> the tree's triple after its last event
+        self.judged = _JUDGED.setdefault(machine, {})
 
     def step(self, e: TraceEvent) -> NonEdge | None:
-        m = self.machine
-        found = judge(m, e)
-        if found is not None or e.node is None:
-            return found
-        if e.event == "split":
-            upper = e.detail.get("upper")
-            if isinstance(upper, int) and e.node in self.nodes:
-                self.nodes[upper] = self.nodes[e.node]
+        key = (e.event, e.before, e.after)
+        j = self.judged.get(key)
+        if j is None:
+            j = self.judged[key] = judged(self.machine, *key)
+        if j.why is not None:
+            return NonEdge(e, j.why, j.machine)
+        node = e.node
+        if node is None:
             return None
-        if e.event == "node_remove":
-            left = self.nodes.pop(e.node, _NOWHERE)
-            if left == _NOWHERE:
-                return None
-            return NonEdge(e, f"node {e.node} removed while {self._name(left)}")
-        row = m.rows.get(e.event)
-        if row is None:
-            return None
-        known = self.nodes.get(e.node)
-        if e.before is None or e.after is None:  # a duplicate copy (judge allowed it)
+        if j.row is None:
+            return self._topology(e, node)
+        known = self.nodes.get(node)
+        if j.tree_before is None:  # a duplicate copy (no states)
             if known is not None and known[0] == ABSENT:
-                why = f"{e.event} on node {e.node} claims a duplicate, but the tree's L1 is ABSENT"
+                why = f"{e.event} on node {node} claims a duplicate, but the tree's L1 is ABSENT"
                 return NonEdge(e, why)
             return None
-        before, after = m.triples[e.before], m.triples[e.after]  # judge: both are named
-        # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
-        on_copy = PRIVATE in (row.source, row.dest)
-        tree_before = (ABSENT, before[1], before[2]) if on_copy else before
-        if known is not None and known != tree_before:
+        if known is not None and known != j.tree_before:
             return NonEdge(
                 e,
-                f"node {e.node} is {self._name(known)} after its previous event, "
-                f"this one starts from {self._name(tree_before)}",
+                f"node {node} is {self._name(known)} after its previous event, "
+                f"this one starts from {self._name(j.tree_before)}",
             )
-        self.nodes[e.node] = tree_before if acts_on_copy(row) else after
+        assert j.tree_after is not None  # Verify: judged names both triples together.
+        self.nodes[node] = j.tree_after
+        return None
+
+    def _topology(self, e: TraceEvent, node: int) -> NonEdge | None:
+        """A node event of no row: a `split` gives the new upper node the node's triple, a
+        `node_remove` needs it all-ABSENT."""
+        if e.event == "split":
+            upper = e.detail.get("upper")
+            if isinstance(upper, int) and node in self.nodes:
+                self.nodes[upper] = self.nodes[node]
+        elif e.event == "node_remove":
+            left = self.nodes.pop(node, _NOWHERE)
+            if left != _NOWHERE:
+                return NonEdge(e, f"node {node} removed while {self._name(left)}")
         return None
 
     def _name(self, states: States) -> str:
