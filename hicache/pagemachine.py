@@ -57,6 +57,10 @@ States = tuple[str, str, str]
 ROOT = "page"
 """The parallel state whose regions are the tiers."""
 
+ANSWERS_MAX = 4096
+"""Most (state, event) answers a machine memoises: the tables have a few hundred pairs; a
+question naming another state is asked afresh past this bound."""
+
 _STATE_GUARD = re.compile(r"^(L[123]) (==|!=) ([A-Z0-9_]+)$")
 
 
@@ -201,7 +205,9 @@ class PageMachine:
         key = (before, event)
         found = self._answers.get(key)
         if found is None:
-            found = self._answers[key] = self._ask(before, event)
+            found = self._ask(before, event)
+            if len(self._answers) < ANSWERS_MAX:
+                self._answers[key] = found
         return found
 
     def _ask(self, before: str, event: str) -> Answer:

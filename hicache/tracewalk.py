@@ -131,6 +131,9 @@ def judge(machine: PageMachine, e: TraceEvent) -> NonEdge | None:
 
 
 _NOWHERE: States = (ABSENT, ABSENT, ABSENT)
+JUDGED_MAX = 4096
+"""Most (event, before, after) a machine's walk memo holds: the tables have a few hundred
+steps; a trace naming other states or events is judged afresh past this bound."""
 _JUDGED: weakref.WeakKeyDictionary[PageMachine, dict[tuple[str, str | None, str | None], Judged]]
 _JUDGED = weakref.WeakKeyDictionary()
 
@@ -149,7 +152,9 @@ class Walker:
         key = (e.event, e.before, e.after)
         j = self.judged.get(key)
         if j is None:
-            j = self.judged[key] = judged(self.machine, *key)
+            j = judged(self.machine, *key)
+            if len(self.judged) < JUDGED_MAX:
+                self.judged[key] = j
         if j.why is not None:
             return NonEdge(e, j.why, j.machine)
         node = e.node

@@ -18,7 +18,10 @@ that many controller ranks as threads in lockstep, meeting at the agreement poin
 spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py), the
 cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
 when there is one per rank. A rank stuck at a collective is a failure that names the point
-and the ranks that did not arrive (CollectiveTimeout).
+and the ranks that did not arrive (CollectiveTimeout). Every control plane a run builds
+walks its trace (hicache/tracewalk.py, whatever HICACHE_TRACE_WALK says): a step the tables'
+`transitions` machine does not take from the state the executor traced is a failure
+(MachineDisagreement), like an invariant violation.
 
 `--adapter module:factory` drives another engine: `factory(setup)` returns a
 `CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
