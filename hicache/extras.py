@@ -9,7 +9,7 @@ lacks, so a command that needs one can say what to install instead of a tracebac
                            interpreter). Without it, backend "auto" uses the torch kernels
     transformers  model    the Qwen3 model producer
 
-The base install (numpy) runs the control plane, the spec checks and the
+The base install (numpy, transitions) runs the control plane, the spec checks and the
 invariant checker.
 """
 

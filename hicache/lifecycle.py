@@ -8,7 +8,9 @@ equal the named list in the tables (`hicache spec check`).
 `Lifecycle.check` is a plain table lookup: the row named `event`, its source sub-state, its
 guards. Nothing here keeps state: callers keep sub-states in compact fields and ask `check`
 before they mutate anything, so a rejected transition changes nothing. The executor that runs
-a row's effects is `hicache.execute`.
+a row's effects is `hicache.execute`. The same tables' other reading, built apart with the
+`transitions` library, is `hicache.pagemachine`; the walk (`hicache.tracewalk`) checks every
+traced step against it, and `hicache spec check` the two composite graphs.
 
 Guards come in three families (the vocabulary is the header of lifecycle.toml):
 

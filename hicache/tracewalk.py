@@ -1,32 +1,39 @@
-"""Replay a trace against the composite graph: every event's `before -> after` is an edge.
+"""The walk: every traced step judged by the `transitions` machine of the same tables.
 
-This is the seed of `hicache check-trace`. It reads nothing but the events and the lifecycle
-tables; it does not rebuild the control plane. `first_non_edge` judges each event on its own:
+The executor (hicache/execute.py) runs the lifecycle rows by hand; the walk replays what it
+traced through an independent machine, `hicache.pagemachine.PageMachine` (the `transitions`
+library's, built from lifecycle.toml's raw rows), and fails on the first step the two do not
+agree about. It reads nothing but the events and the tables; it does not rebuild the control
+plane. `first_non_edge` judges each event on its own:
 
-    a lifecycle event with `before` and `after`   (before, event, after) must be an edge of the
-                                                  composite graph (spec/lifecycle.md)
+    a lifecycle event with `before` and `after`   the machine, set to `before` and fired
+                                                  `event`, must reach `after`
     a lifecycle event without them                allowed only for a row on a request's copy
                                                   (`compute`, `discard`): a duplicate copy,
                                                   which is outside the graph
-    any other event                               not judged here
+    any other event                               not judged here (no row of the machine)
 
 `first_break` also follows each node's walk: a node event's `before` must be the state the
 node's previous event left it in (a `split` copies it to the new upper node, `node_remove`
 needs it all-ABSENT), and a request-copy event on a node must agree with the tree's L1
-(a contender's view over an L1-ABSENT node, a duplicate beside an L1 copy).
+(a contender's view over an L1-ABSENT node, a duplicate beside an L1 copy). Per-node state is
+this walker's dict; the machine is one per tables, asked once per (state, event).
 
-`walk_hook` installs a checking sink (`first_break`'s rules, event by event) on a control plane's
-tracer when the environment variable HICACHE_TRACE_WALK is set (the test suite sets it, so every
-trace a test produces is walked as it is emitted).
+Where it runs: `walk` installs a checking sink (`first_break`'s rules, event by event) on a
+tracer. `hicache check-trace` walks its reference plane always, `hicache fuzz` walks every
+plane it builds (`walk_every_plane`), and `walk_hook` -- called by every control plane --
+walks it when the environment variable HICACHE_TRACE_WALK is set (the test suite sets it).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from hicache.lifecycle import ABSENT, PRIVATE, Lifecycle, States, composite_name, load_lifecycle
+from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
+from hicache.pagemachine import PageMachine, Row, page_machine
 from hicache.trace import TraceEvent, Tracer, TraceSink
 
 ENV_VAR = "HICACHE_TRACE_WALK"
@@ -34,113 +41,184 @@ ENV_VAR = "HICACHE_TRACE_WALK"
 
 
 class NonEdge(NamedTuple):
-    """The first event that is not a step of the composite graph, and why."""
+    """The first event that does not continue the walk, and why; `machine` is what the
+    `transitions` machine does from the event's `before` when that is not the event's `after`
+    (None when the break is no such disagreement)."""
 
     event: TraceEvent
     why: str
+    machine: str | None = None
 
 
 class TraceWalkError(AssertionError):
-    """A control plane emitted an event that is not an edge of its own composite graph: a bug
-    in the reference (or in an edited table), never in its caller. Report the event."""
+    """A control plane emitted an event that does not continue its walk: a bug in the
+    reference (or in an edited table), never in its caller. Report the event.
 
-    def __init__(self, found: NonEdge) -> None:
+    An AssertionError, not a HiCacheError, on purpose: callers catch HiCacheError as a refused
+    operation (the fuzz, the model checker, check-trace), which would hide the bug."""
+
+    def __init__(self, found: NonEdge, message: str = "") -> None:
         super().__init__(
-            f"trace event {found.event.to_json()} is not a composite edge: {found.why}"
+            message or f"trace event {found.event.to_json()} breaks the walk: {found.why}"
         )
         self.found = found
 
 
-class Graph:
-    """The composite graph of a lifecycle, as a set of (before, event, after) names."""
+class MachineDisagreement(TraceWalkError):
+    """The executor traced a step the `transitions` machine of the same tables does not take:
+    `event` on `node` from `before`; the executor says `executor` (the state it traced after),
+    the machine says `machine` (the state it reaches, or why it refuses). One of the two
+    readings of the tables is wrong (spec/README.md, "What is normative")."""
 
-    def __init__(self, lc: Lifecycle) -> None:
-        self.lifecycle = lc
-        self.states = {c.name: c.states for c in lc.composites}
-        self.edges = {
-            (composite_name(s), t.name, composite_name(d))
-            for s, out in lc.reachable().items()
-            for t, d in out
-        }
+    def __init__(self, found: NonEdge) -> None:
+        e = found.event
+        self.event, self.node, self.before = e.event, e.node, e.before
+        self.executor, self.machine = e.after, found.machine
+        super().__init__(
+            found,
+            f"the executor and the transitions machine disagree on {e.event} "
+            f"(node {e.node}, request {e.request}, op {e.op}) from {e.before}: the executor "
+            f"traced {e.after}, the machine {found.machine}; event {e.to_json()}",
+        )
 
-    def judge(self, e: TraceEvent) -> str | None:
-        """Why `e` is not a step of the graph, or None when it is (or is not judged)."""
-        t = self.lifecycle.transitions.get(e.event)
-        if t is None:
-            return None
-        if e.before is None and e.after is None:
-            if t.acts_on_copy:
-                return None  # a duplicate request copy: outside the graph by definition
-            return f"{e.event} acts on tree nodes and must name its before and after states"
-        if (e.before, e.event, e.after) not in self.edges:
-            return f"{e.before} --{e.event}--> {e.after} is not an edge"
-        return None
+
+def acts_on_copy(row: Row) -> bool:
+    """Whether `row` acts on a request's private copy only and never writes a node
+    (`compute`, `discard`): source or target PRIVATE, target not RESIDENT."""
+    return PRIVATE in (row.source, row.dest) and row.dest != RESIDENT
+
+
+class Judged(NamedTuple):
+    """What one (event, before, after) means to the walk, worked out once per machine."""
+
+    why: str | None  # why it is no step of the machine; None: it is one, or is not judged
+    machine: str | None  # what the machine does from `before` instead (a disagreement)
+    row: Row | None  # the event's row; None: no lifecycle event
+    tree_before: States | None  # the tree's triple the node must be in (None: no states)
+    tree_after: States | None  # ... and is in after it
+
+
+_NOT_JUDGED = Judged(None, None, None, None, None)
+
+
+def judged(machine: PageMachine, event: str, before: str | None, after: str | None) -> Judged:
+    """`event` from `before` to `after` for the walk, the machine asked (see `Judged`)."""
+    row = machine.rows.get(event)
+    if row is None:
+        return _NOT_JUDGED
+    if before is None or after is None:
+        if before is not None or after is not None:
+            why = f"{event} names one of before and after: both, or neither"
+        elif acts_on_copy(row):
+            return Judged(None, None, row, None, None)  # a duplicate copy: outside the graph
+        else:
+            why = f"{event} acts on tree nodes and must name its before and after states"
+        return Judged(why, None, row, None, None)
+    answer = machine.answer(before, event)
+    if answer.after is None or answer.after != after:
+        why = f"{before} --{event}--> {after} is not an edge: the lifecycle machine {answer.says}"
+        return Judged(why, answer.says, row, None, None)
+    states, reached = machine.triples[before], machine.triples[after]
+    # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
+    tree = (ABSENT, states[1], states[2]) if PRIVATE in (row.source, row.dest) else states
+    return Judged(None, None, row, tree, tree if acts_on_copy(row) else reached)
+
+
+def judge(machine: PageMachine, e: TraceEvent) -> NonEdge | None:
+    """Why `e` is not a step of the machine, or None when it is (or is not judged)."""
+    j = judged(machine, e.event, e.before, e.after)
+    return None if j.why is None else NonEdge(e, j.why, j.machine)
 
 
 _NOWHERE: States = (ABSENT, ABSENT, ABSENT)
+JUDGED_MAX = 4096
+"""Most (event, before, after) a machine's walk memo holds: the tables have a few hundred
+steps; a trace naming other states or events is judged afresh past this bound."""
+_JUDGED: weakref.WeakKeyDictionary[PageMachine, dict[tuple[str, str | None, str | None], Judged]]
+_JUDGED = weakref.WeakKeyDictionary()
 
 
 class Walker:
     """Follows every node's walk through a trace of one control plane (node ids are never
-    reused within it). `step` returns why an event breaks the walk, or None."""
+    reused within it). `step` returns why an event breaks the walk, or None. What an
+    (event, before, after) means is memoised per machine: the machine is deterministic."""
 
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
+    def __init__(self, machine: PageMachine) -> None:
+        self.machine = machine
         self.nodes: dict[int, States] = {}  # node id -> the tree's triple after its last event
+        self.judged = _JUDGED.setdefault(machine, {})
 
-    def step(self, e: TraceEvent) -> str | None:
-        why = self.graph.judge(e)
-        if why is not None or e.node is None:
-            return why
+    def step(self, e: TraceEvent) -> NonEdge | None:
+        key = (e.event, e.before, e.after)
+        j = self.judged.get(key)
+        if j is None:
+            j = judged(self.machine, *key)
+            if len(self.judged) < JUDGED_MAX:
+                self.judged[key] = j
+        if j.why is not None:
+            return NonEdge(e, j.why, j.machine)
+        node = e.node
+        if node is None:
+            return None
+        if j.row is None:
+            return self._topology(e, node)
+        known = self.nodes.get(node)
+        if j.tree_before is None:  # a duplicate copy (no states)
+            if known is not None and known[0] == ABSENT:
+                why = f"{e.event} on node {node} claims a duplicate, but the tree's L1 is ABSENT"
+                return NonEdge(e, why)
+            return None
+        if known is not None and known != j.tree_before:
+            return NonEdge(
+                e,
+                f"node {node} is {self._name(known)} after its previous event, "
+                f"this one starts from {self._name(j.tree_before)}",
+            )
+        assert j.tree_after is not None  # Verify: judged names both triples together.
+        self.nodes[node] = j.tree_after
+        return None
+
+    def _topology(self, e: TraceEvent, node: int) -> NonEdge | None:
+        """A node event of no row: a `split` gives the new upper node the node's triple, a
+        `node_remove` needs it all-ABSENT."""
         if e.event == "split":
             upper = e.detail.get("upper")
-            if isinstance(upper, int) and e.node in self.nodes:
-                self.nodes[upper] = self.nodes[e.node]
-            return None
-        if e.event == "node_remove":
-            left = self.nodes.pop(e.node, _NOWHERE)
-            return (
-                None if left == _NOWHERE else f"node {e.node} removed while {composite_name(left)}"
-            )
-        t = self.graph.lifecycle.transitions.get(e.event)
-        if t is None:
-            return None
-        known = self.nodes.get(e.node)
-        if e.before is None or e.after is None:  # a duplicate copy (judge allowed it)
-            if known is not None and known[0] == ABSENT:
-                return f"{e.event} on node {e.node} claims a duplicate, but the tree's L1 is ABSENT"
-            return None
-        before, after = self.graph.states[e.before], self.graph.states[e.after]
-        # A request's view (L1 = its copy) shows the tree's L1 as ABSENT: it is a contender.
-        tree_before = (ABSENT, before[1], before[2]) if PRIVATE in (t.source, t.dest) else before
-        if known is not None and known != tree_before:
-            return (
-                f"node {e.node} is {composite_name(known)} after its previous event, "
-                f"this one starts from {composite_name(tree_before)}"
-            )
-        self.nodes[e.node] = tree_before if t.acts_on_copy else after
+            if isinstance(upper, int) and node in self.nodes:
+                self.nodes[upper] = self.nodes[node]
+        elif e.event == "node_remove":
+            left = self.nodes.pop(node, _NOWHERE)
+            if left != _NOWHERE:
+                return NonEdge(e, f"node {node} removed while {self._name(left)}")
         return None
+
+    def _name(self, states: States) -> str:
+        return self.machine.names.get(states) or str(states)
+
+
+def _machine(lc: Lifecycle | None) -> PageMachine:
+    return page_machine((lc or load_lifecycle()).tables)
 
 
 def first_break(events: Iterable[TraceEvent], lc: Lifecycle | None = None) -> NonEdge | None:
-    """The first event of `events` (one control plane's trace, in order) that is not an edge or
-    does not continue its node's walk; None when the whole trace is a walk."""
-    walker = Walker(Graph(lc or load_lifecycle()))
+    """The first event of `events` (one control plane's trace, in order) that the machine of
+    `lc`'s tables (default: the shipped ones) does not take, or that does not continue its
+    node's walk; None when the whole trace is a walk."""
+    walker = Walker(_machine(lc))
     for e in events:
-        why = walker.step(e)
-        if why is not None:
-            return NonEdge(e, why)
+        found = walker.step(e)
+        if found is not None:
+            return found
     return None
 
 
 def first_non_edge(events: Iterable[TraceEvent], lc: Lifecycle | None = None) -> NonEdge | None:
-    """The first event of `events` that is not a step of `lc`'s composite graph (default: the
-    shipped tables), or None when every event is."""
-    graph = Graph(lc or load_lifecycle())
+    """The first event of `events` that is not a step of the machine of `lc`'s tables
+    (default: the shipped ones), or None when every event is."""
+    machine = _machine(lc)
     for e in events:
-        why = graph.judge(e)
-        if why is not None:
-            return NonEdge(e, why)
+        found = judge(machine, e)
+        if found is not None:
+            return found
     return None
 
 
@@ -152,30 +230,35 @@ class WalkCount:
 
 
 class WalkSink:
-    """Walks each event as it is emitted (`first_break`'s rules; TraceWalkError on a break),
-    then passes it on."""
+    """Walks each event as it is emitted (`first_break`'s rules), then passes it on. A step
+    the machine does not take raises MachineDisagreement, any other break TraceWalkError."""
 
-    def __init__(self, graph: Graph, inner: TraceSink | None) -> None:
-        self.walker, self.inner = Walker(graph), inner
+    def __init__(self, machine: PageMachine, inner: TraceSink | None) -> None:
+        self.walker, self.inner = Walker(machine), inner
 
     def emit(self, event: TraceEvent) -> None:
         WalkCount.events += 1
-        why = self.walker.step(event)
-        if why is not None:
-            raise TraceWalkError(NonEdge(event, why))
+        found = self.walker.step(event)
+        if found is not None:
+            raise (TraceWalkError if found.machine is None else MachineDisagreement)(found)
         if self.inner is not None:
             self.inner.emit(event)
 
 
-_GRAPHS: dict[int, Graph] = {}
+def walk(tracer: Tracer, lc: Lifecycle) -> None:
+    """Make `tracer` walk every event it emits through the machine of `lc`'s tables (enabling
+    it when it had no sink); nothing when it walks already."""
+    if not isinstance(tracer.sink, WalkSink):
+        tracer.sink = WalkSink(page_machine(lc.tables), tracer.sink)
 
 
 def walk_hook(tracer: Tracer, lc: Lifecycle) -> None:
-    """With HICACHE_TRACE_WALK set, make `tracer` walk every event it emits through `lc`'s
-    composite graph (enabling it when it had no sink); without it, do nothing."""
-    if os.environ.get(ENV_VAR, "") in ("", "0") or isinstance(tracer.sink, WalkSink):
-        return
-    graph = _GRAPHS.get(id(lc))
-    if graph is None or graph.lifecycle is not lc:
-        graph = _GRAPHS[id(lc)] = Graph(lc)
-    tracer.sink = WalkSink(graph, tracer.sink)
+    """With HICACHE_TRACE_WALK set, `walk(tracer, lc)`; without it, do nothing."""
+    if os.environ.get(ENV_VAR, "") not in ("", "0"):
+        walk(tracer, lc)
+
+
+def walk_every_plane() -> None:
+    """Walk every control plane this process, and any process it starts, builds from now on
+    (sets HICACHE_TRACE_WALK; `hicache fuzz` calls it first)."""
+    os.environ[ENV_VAR] = "1"

@@ -27,8 +27,9 @@ from tests import progress, replay
 
 pytest_plugins = ["pytester"]
 
-# Every control plane a test (or a `hicache demo` it runs) builds walks its trace through the
-# composite graph as it is emitted (hicache/tracewalk.py): a non-edge fails that test.
+# Every control plane a test (or a `hicache demo` it runs) builds walks its trace as it is
+# emitted (hicache/tracewalk.py): a step the tables' `transitions` machine does not take
+# (hicache/pagemachine.py), or one that breaks its node's walk, fails that test.
 os.environ.setdefault("HICACHE_TRACE_WALK", "1")
 
 PROFILE = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")

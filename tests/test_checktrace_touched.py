@@ -22,11 +22,12 @@ from hicache.checktrace.generate import controller_trace
 from hicache.checktrace.invariants import Checks, Scope
 from hicache.checktrace.reader import TraceReader
 from hicache.checktrace.replay import Replay
+from hicache.checktrace.touched import TouchedChecks
 from hicache.control import ControlPlane
 from hicache.invariants import check_all
 from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
 from hicache.pages import FREE, PRIVATE, TREE
-from hicache.tiers import TIERS
+from hicache.tiers import TIERS, Direction
 
 
 @functools.cache
@@ -235,3 +236,28 @@ def test_full_checks_on_request_agree_on_valid_traces() -> None:
     for seed in (1, 2):
         v = check_lines(trace(seed), full_checks=True)
         assert v.exit_code == VALID and v.message == check_lines(trace(seed)).message
+
+
+def test_a_child_no_event_names_is_checked_against_its_touched_parent() -> None:
+    """A call that drops a parent's L2 copy under a child holding L2 (a bug: evict_l2 takes
+    tier leaves only) breaks the child's S6 alone, and no event names the child: the
+    all-clear must still say no (it checks each touched node's children against it)."""
+    cp = ControlPlane(2, (16, 16, 16), check_mode="off")
+    for rid, tokens in ((1, [1, 2, 3, 4, 5]), (2, [1, 2, 3, 4, 5, 6, 7, 8, 9])):
+        m = cp.begin_request(rid, tokens)
+        cp.compute(rid, -(-len(tokens) // 2) * 2 - m.lengths[0])
+        cp.insert(rid)
+        cp.end_request(rid)
+    parent, child = sorted(cp.tree.nodes(), key=lambda n: n.node_id)
+    assert child.parent is parent
+    cp.complete(cp.issue(Direction.D2H, [parent, child]).op_id)
+    checks = TouchedChecks(cp)
+    checks.rebuild()
+    assert checks.clear([], [], [], [set(), set(), set()])
+    dropped = parent.value[1]
+    assert dropped is not None
+    cp.tables[1].free(dropped)
+    cp.tree.set_value(parent, 1, None, ABSENT)
+    found = check_all(cp.snapshot())
+    assert [(v.invariant, v.nodes) for v in found] == [("S6", (child.node_id,))]
+    assert not checks.clear([parent.node_id], [], [], [set(), set(dropped.tolist()), set()])

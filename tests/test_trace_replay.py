@@ -1,5 +1,6 @@
-"""Every trace the reference emits is a walk of its own composite graph (spec/lifecycle.md,
-"Whose state a composite is"; hicache/tracewalk.py).
+"""Every trace the reference emits is a walk of its tables' composite graph, as the
+`transitions` machine of those tables takes it (spec/lifecycle.md, "Whose state a composite
+is"; hicache/tracewalk.py, hicache/pagemachine.py).
 
 What is covered, and how: tests/conftest.py sets HICACHE_TRACE_WALK, so every control plane
 any test builds -- directly, through a controller, or inside a `hicache demo` the tests run --
@@ -23,11 +24,13 @@ import pytest
 
 from hicache import demo
 from hicache.control import ControlPlane
+from hicache.errors import HiCacheError
 from hicache.lifecycle import load_lifecycle
 from hicache.tiers import Direction
 from hicache.trace import ListSink, TraceEvent, Tracer
 from hicache.tracewalk import (
     ENV_VAR,
+    MachineDisagreement,
     TraceWalkError,
     WalkCount,
     WalkSink,
@@ -254,8 +257,14 @@ def test_a_walk_sink_raises_at_the_break() -> None:
     tracer = Tracer(ListSink())
     cp = ControlPlane(PS, (4, 4, 4), tracer=tracer)
     assert isinstance(tracer.sink, WalkSink)
-    with pytest.raises(TraceWalkError, match="is not an edge"):
+    with pytest.raises(MachineDisagreement, match="disagree on discard") as raised:
         tracer.emit("discard", tier="L1", request=1, before="L1_PRIVATE_L2", after="L1_L2")
+    said = raised.value
+    assert (said.event, said.node, said.before) == ("discard", None, "L1_PRIVATE_L2")
+    assert (said.executor, said.machine) == ("L1_L2", "reaches L2")
+    assert isinstance(said, TraceWalkError) and not isinstance(said, HiCacheError)
+    with pytest.raises(TraceWalkError, match="must name its before and after"):
+        tracer.emit("evict_l1", tier="L1", node=3)
     assert cp.lifecycle is load_lifecycle()
 
 

@@ -33,6 +33,7 @@ from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.pools.hits import ALL_POOLS
 from hicache.pools.presets import group as preset_group
 from hicache.trace import OMITTED_EVENTS, ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.tracewalk import WalkSink, walk
 
 DROPPED_BY_OMIT = {**OMITTED_EVENTS, "locks": (*OMITTED_EVENTS["locks"], "node_remove")}
 """Header `omits` entry -> the events left out of the comparison: the reference's are not
@@ -122,11 +123,13 @@ class Replay:
         self.header = reader.header
         self.lc = lc
         self.cp = plane_for(self.header, lc)
+        # Every step the executor takes here is walked through the tables' `transitions`
+        # machine (tracewalk.py): a disagreement raises MachineDisagreement, a reference bug.
+        walk(self.cp.tracer, lc)
         sink = self.cp.tracer.sink
-        # Verify the plane's events reach our list (a walk hook may wrap it: tracewalk.py).
-        inner = getattr(sink, "inner", sink)
-        assert isinstance(inner, ListSink), "the reference's tracer has no ListSink"
-        self.sink = inner
+        # Verify the plane's events reach our list, behind the walk.
+        assert isinstance(sink, WalkSink) and isinstance(sink.inner, ListSink)
+        self.sink = sink.inner
         self.compare = Comparer(self.cp, lc, self.header.omits)
         self.resolve = Resolver(
             self.cp, self.compare.nodes, "split" in self.header.omits, self.compare.pages

@@ -7,11 +7,15 @@ tests exactly those, reading the plane's live records (no snapshot):
 
     scope                                   what is tested there (the full check's rule)
     --------------------------------------  ----------------------------------------------
-    the touched nodes, their ancestors and  links both ways (S1), not dead (S2), locks >= 0
-    children                                (S4) and equal to the holders' path locks (S7),
+    the touched nodes and their ancestors   links both ways (S1), not dead (S2), locks >= 0
+                                            (S4) and equal to the holders' path locks (S7),
                                             key and values whole pages (I3), value <->
                                             RESIDENT, pending <-> an op filling that tier for
                                             it (I5), parent present in the tier (S6)
+    the touched nodes' other children       what reads the touched parent: in the tree under
+                                            their key (S1, S2), the parent present in each
+                                            tier they hold or fill (S6); their own records
+                                            are unchanged (a change to one is an event)
     ops touched or covering such a node     source locked, RESIDENT, read as its nodes'
                                             values, TREE-owned (I2); nodes name it (I5);
                                             target never TREE (I5); ranges aligned (I3)
@@ -87,7 +91,6 @@ class TouchedChecks:
             while p is not None and p.parent is not None and p not in above:  # to the root's child
                 above.add(p)
                 p = p.parent
-            scope.update(n.children.values())
         scope |= above
         ops = set(op_ids)
         ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
@@ -96,6 +99,7 @@ class TouchedChecks:
         return (
             self._pages(gone, touched, records, moved)
             and all(self._node(n) for n in scope)
+            and all(self._children(n, scope) for n in touched)
             and all(self._op(o) for o in ops)
             and self._requests()
             and self._locks(scope)
@@ -284,6 +288,30 @@ class TouchedChecks:
                 and (op_id is None or parent.pending[t] != op_id)
             ):
                 return False
+        return True
+
+    def _children(self, n: TreeNode, scope: set[TreeNode]) -> bool:
+        """S1, S2 (in the tree) and S6 between touched node `n` and each child of it outside
+        `scope`. Such a child's own records are as the last checks left them (a change to one
+        is an event naming it), and its locks change only with a holder at or below it (which
+        puts it in `scope`, an ancestor of a touched node): what can break is what reads `n`,
+        the child's entry in `n.children` and `n` present in each tier the child holds or is
+        filling. The same clauses as `_node`'s on the child; the rest of them cannot fail."""
+        live, ps = self.cp.tree._nodes, self.cp.page_size
+        up, up_pending = n.state, n.pending
+        loose = [t for t in range(3) if up[t] != RESIDENT]  # where S6 can fail
+        for key, c in n.children.items():
+            if c in scope:
+                continue  # checked whole by `_node`
+            if live.get(c.node_id) is not c or c.key[:ps] != key:
+                return False
+            state, pending = c.state, c.pending
+            for t in loose:
+                op_id = pending[t]
+                if (op_id is not None or state[t] == RESIDENT) and (
+                    op_id is None or up_pending[t] != op_id
+                ):
+                    return False
         return True
 
     def _op(self, op_id: int) -> bool:

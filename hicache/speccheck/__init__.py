@@ -9,6 +9,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
     tables           [[composite]] list: reachable set, naming rule, duplicates; lifecycle.md
                      tables (constants, ownership, residency, transitions, guard vocabulary,
                      control-plane rules, composites); the embedded Mermaid blocks
+    machine          the `transitions` machine of the rows (hicache/pagemachine.py) and the
+                     hand-written composition reach the same composite graph
     rules            each control-plane rule of lifecycle.toml is enforced by the reference
                      (a probe per rule must be refused with a typed error)
     invariants       registry CHECKS and the cross-rank RANK_CHECKS vs invariants.md headings,
@@ -37,6 +39,7 @@ from hicache.spec import SPEC_DIR, load_toml
 from hicache.speccheck.config import check_config
 from hicache.speccheck.invariants import CheckInfo, check_invariant_headings, registry_checks
 from hicache.speccheck.l3header import check_l3_header
+from hicache.speccheck.machine import check_machine
 from hicache.speccheck.mdtables import parse_tables
 from hicache.speccheck.pages import (
     check_bug_classes,
@@ -77,7 +80,7 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
         lc = Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
     except (OSError, ValueError, KeyError, TypeError, SpecError) as e:
         return [f"lifecycle.toml: cannot be loaded ({type(e).__name__}: {e})"]
-    problems = check_composites(lc) + check_rules(lc)
+    problems = check_composites(lc) + check_machine(lc) + check_rules(lc)
     lifecycle_md = _read(spec_dir / "lifecycle.md", problems)
     if lifecycle_md is not None:
         problems += check_lifecycle_tables(lc, lifecycle_md)

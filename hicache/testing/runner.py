@@ -21,7 +21,10 @@ that many controller ranks as threads in lockstep, meeting at the agreement poin
 spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py), the
 cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
 when there is one per rank. A rank stuck at a collective is a failure that names the point
-and the ranks that did not arrive (CollectiveTimeout).
+and the ranks that did not arrive (CollectiveTimeout). Every control plane a run builds
+walks its trace (hicache/tracewalk.py, whatever HICACHE_TRACE_WALK says): a step the tables'
+`transitions` machine does not take from the state the executor traced is a failure
+(MachineDisagreement), like an invariant violation.
 
 `--adapter module:factory` drives another engine: `factory(setup)` returns a
 `CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
@@ -59,6 +62,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
+from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
 
 STEPS_PER_RUN = 50
@@ -415,6 +419,7 @@ mutant switched on (what a failure's replay line asks for), not to the bug zoo."
 
 
 def main(argv: Sequence[str]) -> int:
+    walk_every_plane()  # every step of every run through the tables' `transitions` machine
     mutant = any(a == "--mutant" or a.startswith("--mutant=") for a in argv)
     if mutant and not any(a.split("=")[0] in RUN_ONLY for a in argv):
         # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.
