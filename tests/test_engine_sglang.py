@@ -202,7 +202,7 @@ def test_the_fuzz_machine_drives_sglang_without_a_divergence() -> None:
     from hicache.testing.machine import make_machine
 
     _engine(capacity=4)  # skips without sglang
-    machine = make_machine(adapter.sglang_adapter, adapter.setups("null"), name="SGLangMachine")
+    machine = make_machine(adapter.machine_adapter, adapter.setups("null"), name="SGLangMachine")
     # Typed alike for every Hypothesis: older releases leave it untyped (no-untyped-call).
     run_machine: Callable[..., None] = run_state_machine_as_test
     run_machine(

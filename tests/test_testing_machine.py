@@ -1,6 +1,6 @@
 """The fuzz machine of `hicache.testing` in CI: the controller on the null plane (fast) and
-the CPU data plane (real bytes), a plain LRU cache through the same protocol, and a broken
-LRU that the machine must catch, naming the difference."""
+the CPU data plane (real bytes), the adapter template's one-tier cache through the same
+protocol, and broken caches that the machine must catch, naming the difference."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import re
 from hypothesis import settings
 
 from hicache.errors import ConfigError
-from hicache.testing import make_machine
-from hicache.testing.adapters import lru
+from hicache.testing import EngineConfig, make_machine, template
 from hicache.testing.adapters.controller import ControllerAdapter, Setup, controller_adapter, setups
+from hicache.testing.draws import configs
+from hicache.testing.factory import SHAPES
 from hicache.testing.runner import arguments, run
 from hicache.testing.runner import fuzz as runner_fuzz
 
@@ -39,9 +40,9 @@ NullMachine = make_machine(controller_adapter, setups("null"), name="NullMachine
 NullMachine.TestCase.settings = _budget(60, 50)
 TestControllerOnNullPlane = NullMachine.TestCase
 
-LRUMachine = make_machine(lru.lru_adapter, lru.setups("null"), name="LRUMachine")
-LRUMachine.TestCase.settings = _budget(30, 30)
-TestPlainLRU = LRUMachine.TestCase
+TemplateMachine = make_machine(template.factory, configs(SHAPES[:1]), name="TemplateMachine")
+TemplateMachine.TestCase.settings = _budget(30, 30)
+TestAdapterTemplate = TemplateMachine.TestCase
 
 
 def fuzz(
@@ -99,8 +100,8 @@ def test_an_adapter_that_cannot_be_loaded_is_a_usage_error(
     from hicache.cli import main
 
     for spec, says in [
-        ("nonexist.mod:f", "cannot import nonexist.mod"),
-        ("hicache.testing.adapters.lru:nope", "has no callable 'nope'"),
+        ("nonexist.mod:f", "no module nonexist.mod here"),
+        ("hicache.testing.adapters.lru:nope", "has no 'nope'"),
         ("hicache.testing.adapters.lru", "give module:factory"),
     ]:
         assert main(["fuzz", "--adapter", spec, "--steps", "20"]) == 2
@@ -137,8 +138,10 @@ class EvictsThenRefuses(ControllerAdapter):
         return served
 
 
-def evicts_then_refuses(setup: Setup) -> EvictsThenRefuses:
-    return EvictsThenRefuses(setup)
+def evicts_then_refuses(config: EngineConfig) -> EvictsThenRefuses:
+    from hicache.vectors.adapters import controller_setup
+
+    return EvictsThenRefuses(controller_setup(config))
 
 
 def test_a_refused_prefill_that_evicts_is_caught() -> None:

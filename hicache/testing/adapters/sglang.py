@@ -46,8 +46,10 @@ scheduler aborts at admission a prompt of `max_req_input_len` tokens or more
 (managers/utils.py `validate_input_length`, called from `handle_generate_request`), where
 `max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5` (managers/tp_worker.py
 `get_worker_info`); with a context longer than the pool that is `capacity * page_size - 6`.
-The fuzz machine draws prompts larger than its smallest L1 and expects every admission to
-be accepted (it judges the refusal at prefill instead), so its factories leave the limit off.
+The fuzz machine expects every admission to be accepted (it judges the refusal at prefill
+instead): `hicache fuzz` draws L1 of at least 8 pages (hicache/testing/draws.py), where no
+prompt it draws reaches the limit; `machine_adapter` and `token_adapter`, for `make_machine`
+with `setups` (L1 from 4 pages), leave the limit off.
 
 The engine has one tier ("L1") and no transfers, so `tick`, `complete`, `fail`, `aim`,
 `drain`, `set_faults` and `damage_storage` have nothing to do; `served_digests` is None (no
@@ -93,6 +95,7 @@ from hicache.testing.adapters.sglang_import import (
     sglang_version,
 )
 from hicache.testing.adapters.sglang_trace import SGLangTrace, node_spans
+from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, PageChange
 
 Prefix = tuple[int, ...]
@@ -394,29 +397,45 @@ class Setup:
     rematch: bool = True
 
 
-def sglang_adapter(setup: Any) -> SGLangRadixCache:
-    """The factory the machine calls (a `Setup`, or a capacity in L1 pages)."""
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangRadixCache(capacity=s.capacity, rematch=s.rematch)
+def sglang_adapter(config: EngineConfig) -> SGLangRadixCache:
+    """The factory of both `hicache fuzz --adapter` and `hicache vectors run --adapter`
+    (hicache/testing/factory.py): SGLang's RadixCache for a one-tier configuration, its pool
+    `capacities["L1"]` pages, matching again at prefill and refusing at admission what
+    sglang's scheduler aborts (its input limit), as a server does. sglang is imported on the
+    first call; without it the call raises EngineUnavailable saying how to install it."""
+    return SGLangRadixCache(
+        capacity=_one_tier(config), page_size=config.page_size, rematch=True, input_limit=True
+    )
 
 
-def token_adapter(setup: Any) -> SGLangRadixCache:
-    """sglang's default page size, 1 token (`make_machine(..., page_size=1)` draws prompts
-    to match; `hicache fuzz` draws pages of 4 tokens, so it takes `sglang_adapter`)."""
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangRadixCache(capacity=s.capacity, page_size=1, rematch=s.rematch)
+def stale_lock_adapter(config: EngineConfig) -> SGLangRadixCache:
+    """`sglang_adapter` with the stale lock put in (SGLangStaleLock)."""
+    return SGLangStaleLock(
+        capacity=_one_tier(config), page_size=config.page_size, rematch=True, input_limit=True
+    )
 
 
-def stale_lock_adapter(setup: Any) -> SGLangRadixCache:
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangStaleLock(capacity=s.capacity, rematch=s.rematch)
+def _one_tier(config: EngineConfig) -> int:
+    if config.tiers != TIERS:
+        raise UnsupportedConfig(f"SGLang's RadixCache has one tier (L1); asked for {config.tiers}")
+    return config.capacities["L1"]
+
+
+def machine_adapter(setup: Setup) -> SGLangRadixCache:
+    """For `make_machine` with `setups` (a `Setup` drawn: prefill matching again or not)."""
+    return SGLangRadixCache(capacity=setup.capacity, rematch=setup.rematch)
+
+
+def token_adapter(setup: Setup) -> SGLangRadixCache:
+    """sglang's default page size, 1 token (`make_machine(..., page_size=1)` with `setups`
+    draws prompts to match; `hicache fuzz` draws pages of 4 tokens: `sglang_adapter`)."""
+    return SGLangRadixCache(capacity=setup.capacity, page_size=1, rematch=setup.rematch)
 
 
 def setups(plane: str) -> Any:
-    """Setups the machine draws: L1 from tighter than one long prompt (6 pages) to room for
-    two, and prefill matching again or not (the plane does not apply). Imports sglang first,
-    so that `hicache fuzz` without it stops with one line saying how to install it
-    (EngineUnavailable)."""
+    """Setups `make_machine` draws with `machine_adapter` or `token_adapter`: L1 from tighter
+    than one long prompt (6 pages) to room for two, and prefill matching again or not (the
+    plane does not apply). Imports sglang first (EngineUnavailable without it)."""
     from hypothesis import strategies as st
 
     import_radix_cache()
