@@ -32,8 +32,9 @@ allocator hands out slot indices only). The calls are the ones sglang's schedule
                      the node ending at the whole pages (as RadixCache.checkpoint does)
     finish           free the request's tail page (never in the tree) + dec_lock_ref
     evict(L1, n)     evict(EvictParams(num_tokens=n * page_size))
-    changes()        the page-level difference of the tree since the last call: the tree is
-                     walked (every node's pages, named by their token prefix)
+    changes()        the page-level difference of the tree since the last call, an eviction's
+                     apart and first: the tree is walked (every node's pages, named by
+                     their token prefix) before and after each evict
     check()          the engine's own accounting: evictable_size() + protected_size() is
                      the tree's size, every slot is free, in the tree or a live tail, and
                      every node's lock_ref counts the live requests locked below it
@@ -144,7 +145,8 @@ class SGLangRadixCache(WithoutTransfers):
             )
         self.sg = import_radix_cache()
         self.traces: list[SGLangTrace] = []
-        self._pages: set[Prefix] = set()  # the tree's pages at the last `changes()`
+        self._pages: set[Prefix] = set()  # the tree's pages when last compared (`_diff`)
+        self._diffs: list[PageChange] = []  # compared inside a call, not yet reported
         self._open()
 
     def _open(self) -> None:
@@ -175,7 +177,9 @@ class SGLangRadixCache(WithoutTransfers):
     def _evict(self, tokens: int) -> Any:
         """sglang's evict, traced (evict_l1 per node it dropped)."""
         before = node_spans(self.tree.root_node) if self.traced else {}
+        self._diffs += self._diff()  # so that the eviction's pages are reported apart, in order
         freed = self.tree.evict(self.sg["EvictParams"](num_tokens=tokens))
+        self._diffs += self._diff()
         if self._trace is not None:
             self._trace.evicted(before, node_spans(self.tree.root_node))
         return freed
@@ -307,6 +311,7 @@ class SGLangRadixCache(WithoutTransfers):
         """A fresh tree and allocator: the process started again."""
         self.requests.clear()
         self._pages.clear()
+        self._diffs.clear()
         self._open()
 
     def close(self) -> None:
@@ -343,6 +348,13 @@ class SGLangRadixCache(WithoutTransfers):
         return pages
 
     def changes(self) -> list[PageChange]:
+        """The tree's page differences, in order: each eviction's apart (a prefill that evicts
+        a node and inserts some of its pages again reports both, as protocol.py asks)."""
+        out, self._diffs = self._diffs + self._diff(), []
+        return out
+
+    def _diff(self) -> list[PageChange]:
+        """The pages the tree lost and gained since it was last compared."""
         now = self.tree_pages()
         gone = sorted(self._pages - now, key=lambda p: (-len(p), p))
         new = sorted(now - self._pages, key=lambda p: (len(p), p))
