@@ -1,6 +1,6 @@
 """The fuzz machine over SGLang's RadixCache: seeds x steps, what the engine was made to do,
-and throughput through the adapter against the hicache controller adapter and the LRU
-adapter, in one process.
+and throughput through the adapter against the hicache controller adapter and the adapter
+template's one-tier cache, in one process.
 
     PYTHONPATH=$PWD VENV/bin/python benchmarks/engine_sglang.py [--seeds 1 2 3] [--steps 2000]
     PYTHONPATH=$PWD VENV/bin/python benchmarks/engine_sglang.py --traces DIR [--seeds ...]
@@ -8,10 +8,10 @@ adapter, in one process.
 VENV has sglang installed as hicache/testing/adapters/sglang.py says. Per seed, four runs
 of the same seed and step budget: `hicache fuzz --adapter ...sglang:sglang_adapter` (pages
 of 4 tokens), the same machine over sglang at its default page size of 1 token
-(`token_adapter`; prompts drawn for that page size), the LRU adapter (the machine's own
+(`token_adapter`; prompts drawn for that page size), the adapter template (the machine's own
 cost with a trivial engine: the ceiling any adapter's rate is measured against) and the
 hicache controller on the null plane (`hicache fuzz` without --adapter). One JSON line per
-seed and run: steps, wall and CPU seconds, steps per CPU second, the ratio to the LRU
+seed and run: steps, wall and CPU seconds, steps per CPU second, the ratio to the template
 ceiling and to the controller, whether the run agreed with the reference model, and the
 sglang adapter's `stats` summed over the run's caches.
 
@@ -65,11 +65,6 @@ def _counting(
 
 counted = _counting(sglang.sglang_adapter)  # `--adapter __main__:counted`
 token_counted = _counting(sglang.token_adapter)
-
-
-def setups(plane: str) -> Any:
-    """The sglang adapter's setups (`hicache fuzz` reads them from the factory's module)."""
-    return sglang.setups(plane)
 
 
 def _fuzz(seed: int, steps: int, adapter: str | None) -> tuple[int, bool]:
@@ -154,15 +149,13 @@ def main(argv: list[str]) -> int:
         runs = {
             "sglang": _timed(functools.partial(_fuzz, seed, args.steps, "__main__:counted")),
             "sglang_page1": _timed(functools.partial(_token_pages, seed, args.steps)),
-            "lru": _timed(
-                functools.partial(
-                    _fuzz, seed, args.steps, "hicache.testing.adapters.lru:lru_adapter"
-                )
+            "template": _timed(
+                functools.partial(_fuzz, seed, args.steps, "hicache.testing.template:factory")
             ),
             "controller": _timed(functools.partial(_fuzz, seed, args.steps, None)),
         }
         for name, r in runs.items():
-            for ceiling in ("lru", "controller"):
+            for ceiling in ("template", "controller"):
                 base = runs[ceiling]["steps_per_cpu_s"]
                 r[f"ratio_to_{ceiling}"] = round(r["steps_per_cpu_s"] / base, 3) if base else None
             print(json.dumps({"seed": seed, "run": name, **r}), flush=True)

@@ -86,6 +86,7 @@ class ControlPlane(PlaneQueries):
         self.windows = L1Windows(self.tables[0], page_size, hit_policy)
         self.executor = Executor(self.lifecycle, self.tree, self.tables, self.tracer)
         self.tree.on_split.append(self._on_split)
+        self.tracer.begin(self.trace_header())  # a sink that writes a file puts it first
         walk_hook(self.tracer, self.lifecycle)
 
     # -- requests -------------------------------------------------------------------------

@@ -2,13 +2,19 @@
 
 Emission costs nothing when no sink is installed: producers test `tracer.enabled` before they
 build an event, so the disabled path is one attribute read.
+
+A trace file starts with its header (`TraceHeader`), and every public sink that writes one
+writes the header first: `NdjsonSink(stream, header)` takes it, or gets it from the engine
+its tracer serves (`Tracer.begin`: a `ControlPlane` hands its own over when it is built, so
+`CacheController(config, tracer=Tracer(NdjsonSink(f)))` writes a file `hicache check-trace`
+reads). An event reaching an `NdjsonSink` that has no header is refused (TraceFormatError).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import IO, Protocol
 
 from hicache.tiers import MAX_PAGES
@@ -150,6 +156,13 @@ class TraceHeader:
             d = json.loads(line)
         except ValueError as e:
             raise TraceFormatError(f"header: not JSON ({e})") from None
+        if isinstance(d, dict) and "format" not in d and "event" in d:
+            raise TraceFormatError(
+                f"header: the first line is an event (seq {d.get('seq')!r}), not the header: a "
+                f'trace starts with {{"format": "{FORMAT}", "version": {VERSION}, '
+                '"page_size": ..., "capacities": {...}} (spec/trace.md, Header); NdjsonSink '
+                "writes it when given the TraceHeader or put on a ControlPlane's tracer"
+            )
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceFormatError(
                 f'header: the first line must be an object with "format": "{FORMAT}"'
@@ -265,32 +278,70 @@ class ListSink:
 
 
 class NdjsonSink:
-    """Writes one JSON object per line to a text stream: the header first, when given (a
-    trace `hicache check-trace` reads needs it), then one line per event."""
+    """Writes one JSON object per line to a text stream: the trace's header first, then one
+    line per event. The header is `header`, or the one the tracer hands over (`begin`) when
+    the sink serves a `ControlPlane`'s tracer; `engine`, when given, names the writer in it."""
 
-    def __init__(self, stream: IO[str], header: TraceHeader | None = None) -> None:
-        self.stream = stream
+    def __init__(
+        self, stream: IO[str], header: TraceHeader | None = None, engine: str = ""
+    ) -> None:
+        self.stream, self.engine = stream, engine
+        self.header: TraceHeader | None = None
         if header is not None:
-            stream.write(header.to_json() + "\n")
+            self.begin(header)
+
+    def begin(self, header: TraceHeader) -> None:
+        """Write `header` as the first line, once (a sink that has one keeps it)."""
+        if self.header is None:
+            self.header = replace(header, engine=self.engine) if self.engine else header
+            self.stream.write(self.header.to_json() + "\n")
 
     def emit(self, event: TraceEvent) -> None:
+        if self.header is None:  # Verify the header leads: without it no reader can replay
+            raise TraceFormatError(
+                "NdjsonSink: an event before the trace's header; give NdjsonSink(stream, "
+                "header) a TraceHeader, or put it on a ControlPlane's (or CacheController's) "
+                "tracer, which hands the plane's header over (spec/trace.md, Header)"
+            )
         self.stream.write(event.to_json() + "\n")
 
 
 class Tracer:
-    """Numbers events and hands them to the sink, if any."""
+    """Numbers events and hands them to the sink, if any; hands the sink the trace's header
+    (`begin`) when the sink takes one, whichever of the two comes first."""
 
     def __init__(self, sink: TraceSink | None = None) -> None:
-        self.sink = sink
+        self._sink = sink
+        self.header: TraceHeader | None = None
         self.seq = 0
 
     @property
+    def sink(self) -> TraceSink | None:
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: TraceSink | None) -> None:
+        self._sink = sink
+        self._hand_over()
+
+    @property
     def enabled(self) -> bool:
-        return self.sink is not None
+        return self._sink is not None
+
+    def begin(self, header: TraceHeader) -> None:
+        """The header of the trace this tracer writes (the engine it serves calls this when
+        built: ControlPlane); a sink that takes a header (`begin`) gets it now or when set."""
+        self.header = header
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        take = getattr(self._sink, "begin", None)
+        if self.header is not None and callable(take):
+            take(self.header)
 
     def emit(self, event: str, **fields: object) -> None:
         """Build and emit one event; call only when `enabled` (the caller's fast path)."""
-        assert self.sink is not None, "emit() called with tracing disabled; test .enabled first"
+        assert self._sink is not None, "emit() called with tracing disabled; test .enabled first"
         self.seq += 1
         fields["seq"], fields["event"] = self.seq, event
-        self.sink.emit(new_event(fields))
+        self._sink.emit(new_event(fields))

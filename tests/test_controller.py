@@ -14,9 +14,10 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite
-from hicache.errors import ConfigError, ProducerError
+from hicache.errors import ConfigError, IllegalTransition, ProducerError
 from hicache.invariants.registry import check_all
 from hicache.lifecycle import RESIDENT
+from hicache.tiers import Tier
 
 PS = 4  # the tiny geometry's page size
 PROMPT = tuple(range(100, 124))  # 6 pages
@@ -196,6 +197,26 @@ def test_last_page_is_always_recomputed(ctl: CacheController) -> None:
     """A hit covers at most len - 1 tokens: the last token's logits need a forward pass."""
     serve(ctl, 1, PROMPT)
     assert serve(ctl, 2, PROMPT) == 4 and ctl.metrics.hit_tokens["L1"] == 20
+
+
+@pytest.mark.parametrize("tokens, l1_pages", [(PROMPT, 16), (PROMPT + (7,), 7)])
+def test_a_second_prefill_is_refused_before_anything_changes(
+    tokens: tuple[int, ...], l1_pages: int
+) -> None:
+    """A request is prefilled once (the protocol's refusals; spec/vectors.md's l1_refused).
+    Before, the controller refused a second prefill only by chance: a page-aligned prompt's
+    counted its tokens recomputed again, then raised PolicyError (its decision was settled
+    already); with L1 full it raised OutOfPages, "no room, try later"."""
+    c = make(l1_pages=l1_pages)
+    c.admit(1, tokens)
+    c.prefill(1)
+    before = (c.metrics.recomputed_tokens, c.cp.cached_len(1), c.cp.free_pages(Tier.L1))
+    with pytest.raises(IllegalTransition, match="request 1 is served already"):
+        c.prefill(1)
+    assert (c.metrics.recomputed_tokens, c.cp.cached_len(1), c.cp.free_pages(Tier.L1)) == before
+    c.finish(1)
+    assert_clean(c)
+    c.close()
 
 
 def test_never_policy_recomputes_and_counts_skips() -> None:

@@ -306,7 +306,8 @@ def test_reference_trace_matches_schema() -> None:
     cp.end_request(2)
     cp.evict("L1", 8)
     cp.evict("L2", 8)
-    lines = out.getvalue().splitlines()
+    header, *lines = out.getvalue().splitlines()  # the plane handed the sink its header
+    assert json.loads(header)["format"] == "hicache-trace"
     events = {json.loads(line)["event"] for line in lines}
     assert {
         "split",

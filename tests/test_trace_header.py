@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from hicache.checktrace import check_lines
+from hicache.checktrace.verdict import MALFORMED, VALID
 from hicache.control import ControlPlane
 from hicache.spec import SPEC_DIR
 from hicache.trace import (
@@ -17,6 +19,7 @@ from hicache.trace import (
     NdjsonSink,
     TraceFormatError,
     TraceHeader,
+    Tracer,
 )
 
 
@@ -128,3 +131,61 @@ def test_the_omit_tables_are_the_partial_traces_table() -> None:
             omit
         )
         assert (omit in OMITTED_KEYS) != (omit in OMITTED_EVENTS), omit
+
+
+def _script(cp: ControlPlane) -> None:
+    """A request computes a page and a half, inserts the page, ends; the page is evicted."""
+    cp.begin_request(1, [1, 2, 3, 4, 5, 6])
+    cp.compute(1, 8)
+    cp.insert(1)
+    cp.end_request(1)
+    cp.evict("L1", 1)
+
+
+def test_a_plane_traced_through_a_bare_ndjson_sink_writes_its_header_first() -> None:
+    """The public API's sink on a plane's tracer, given no header: the plane hands it its own
+    when built. Before, the file had events only, and check-trace called it malformed until
+    the header line of hicache/demo.py was copied in."""
+    out = io.StringIO()
+    cp = ControlPlane(4, [6, 5, 3], tracer=Tracer(NdjsonSink(out)))
+    _script(cp)
+    lines = out.getvalue().splitlines()
+    assert TraceHeader.from_json(lines[0]) == cp.trace_header()
+    verdict = check_lines(lines)
+    assert verdict.exit_code == VALID, verdict.message
+    # A sink put on the tracer later gets the header too, before the events it writes.
+    later = io.StringIO()
+    cp.tracer.sink = NdjsonSink(later, engine="mine")
+    cp.begin_request(2, [9, 9, 9, 9, 9])
+    first = TraceHeader.from_json(later.getvalue().splitlines()[0])
+    assert first.engine == "mine" and first.capacities == cp.trace_header().capacities
+
+
+def test_a_controller_traced_through_the_public_api_writes_a_trace_check_trace_reads() -> None:
+    pytest.importorskip("torch", reason="the controller's data plane")
+    from hicache import CacheConfig, CacheController
+
+    out = io.StringIO()
+    ctl = CacheController(
+        CacheConfig(l1_pages=8, l2_pages=8, l3_slots=8), tracer=Tracer(NdjsonSink(out))
+    )
+    ctl.admit(1, list(range(20)))
+    ctl.prefill(1)
+    ctl.finish(1)
+    ctl.close()
+    verdict = check_lines(out.getvalue().splitlines())
+    assert verdict.exit_code == VALID, verdict.message
+
+
+def test_an_event_before_any_header_is_refused_and_check_trace_says_what_to_do() -> None:
+    out = io.StringIO()
+    with pytest.raises(TraceFormatError, match="an event before the trace's header"):
+        Tracer(NdjsonSink(out)).emit("end_request", request=1)
+    assert out.getvalue() == ""  # nothing half-written
+    lines = io.StringIO()
+    _script(ControlPlane(4, [6, 5, 3], tracer=Tracer(NdjsonSink(lines))))
+    headless = lines.getvalue().splitlines()[1:]
+    verdict = check_lines(headless)
+    assert verdict.exit_code == MALFORMED
+    assert "the first line is an event (seq 1), not the header" in verdict.message
+    assert "NdjsonSink writes it" in verdict.message

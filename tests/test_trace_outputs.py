@@ -16,9 +16,8 @@ from typing import Any, ClassVar
 
 from hicache import demo
 from hicache.checktrace import check_lines
-from hicache.testing import runner
-from hicache.testing.adapters.controller import ControllerAdapter, Setup
-from hicache.testing.adapters.controller import setups as controller_setups
+from hicache.testing import EngineConfig, runner
+from hicache.testing.adapters.controller import ControllerAdapter
 from hicache.trace import TraceEvent, TraceHeader
 
 SEEDS, STEPS = (1, 2, 3), 300  # about 2 s each on the null plane
@@ -124,13 +123,10 @@ class LyingAdapter(ControllerAdapter):
         return n + 1 if n >= 8 else n
 
 
-def lying_adapter(setup: Setup) -> LyingAdapter:
-    return LyingAdapter(setup)
+def lying_adapter(config: EngineConfig) -> LyingAdapter:
+    from hicache.vectors.adapters import controller_setup
 
-
-def setups(plane: str) -> Any:
-    """What `hicache fuzz --adapter` draws the lying adapter's setups from."""
-    return controller_setups(plane)
+    return LyingAdapter(controller_setup(config))
 
 
 def test_on_a_failure_the_fuzz_trace_is_the_shrunk_failing_run(tmp_path: Path) -> None:

@@ -373,7 +373,7 @@ def test_usage_errors_exit_2(
     err = capsys.readouterr().err
     assert (
         "cannot read the manifest" in err
-        and "give module:Name" in err
+        and "give module:factory" in err
         and "not an empty directory" in err
     )
 

@@ -60,6 +60,7 @@ from hicache.distributed.ledger import L3Writes
 from hicache.distributed.rankview import rank_view
 from hicache.errors import (
     ConfigError,
+    IllegalTransition,
     InvariantViolation,
     OutOfPages,
     RequestTooLarge,
@@ -348,14 +349,19 @@ class CacheController:
         """Use what the restore delivered, recompute the rest of the page-aligned prompt,
         insert it, and queue its backup. Returns the tokens recomputed.
 
-        Check, then change: `UnknownRequest` (not admitted, or finished), `RestorePending`
-        (tick until `ready`), and `OutOfPages` (L1 cannot hold the pages to compute, because
-        other requests hold it locked) are raised before the request changes -- its
-        `cached_len` and the restore counters move once, on the call that succeeds. A prefill
-        refused for room evicts nothing (it checks that eviction could make the room first);
-        one that succeeds may evict unlocked cached pages to make it."""
+        Check, then change: `UnknownRequest` (not admitted, or finished), `IllegalTransition`
+        (served already: a request is prefilled once), `RestorePending` (tick until `ready`),
+        and `OutOfPages` (L1 cannot hold the pages to compute, because other requests hold it
+        locked) are raised before the request changes -- its `cached_len` and the restore
+        counters move once, on the call that succeeds. A prefill refused for room evicts
+        nothing (it checks that eviction could make the room first); one that succeeds may
+        evict unlocked cached pages to make it."""
         self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
+        if mat.prefilled:  # whatever its room or its alignment: the call is wrong, not early
+            raise IllegalTransition(
+                "prefill", "L1", "-", f"request {request_id} is served already; finish it"
+            )
         if not mat.done:
             raise RestorePending(request_id)
         deepest, room = self.stager.deepest_in_l1(mat), None
@@ -401,6 +407,7 @@ class CacheController:
         if todo > 0:
             self._compute(mat, cached, end)
         self.metrics.recomputed_tokens += recomputed
+        mat.prefilled = True
         observed = (mat.ready_at or started) - mat.started_at + (time.perf_counter() - started)
         if observed > 0:
             self.decisions.settle(mat.decision_id, observed)

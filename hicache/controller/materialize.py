@@ -52,6 +52,7 @@ class Materialization:
     landed_pages: int = 0  # pages this restore's H2D ops (or shared ones) put into L1
     started_at: float = field(default_factory=time.perf_counter)
     ready_at: float | None = None
+    prefilled: bool = False  # served: a second prefill is refused
 
     @property
     def done(self) -> bool:

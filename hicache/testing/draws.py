@@ -7,18 +7,28 @@ prompts(page_size)   one of three shared prefixes of PREFIX_PAGES pages, then a 
 schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/3, then
                      firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES);
                      S2H_PARTIAL is not drawn (the adapter's, for a pool group)
+configs(shapes)      an `EngineConfig` of one of `shapes` (`hicache fuzz --adapter`): L1
+                     alone of L1_ALONE_PAGES, or three tiers of THREE_TIER_PAGES
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import strategies as st
 
 from hicache.dataplane.faults import FaultSite
+from hicache.testing.factory import EngineConfig
 from hicache.testing.protocol import FaultSchedule
 
 PREFIX_PAGES = 2  # pages every prompt of one bundle shares
 SUFFIX_PAGES_MAX = 3
 CRASH_RATES = (0.02, 0.05)  # a crash empties the cache: rarer than the other sites
+L1_ALONE_PAGES = (PREFIX_PAGES + SUFFIX_PAGES_MAX + 3, 12)
+"""L1 pages of a one-tier engine: the longest prompt (its tail page too) and 2 pages more,
+so that no prompt reaches an input limit of `capacity * page_size - 6` tokens (sglang's
+scheduler's: hicache/testing/adapters/sglang.py), up to room for two."""
+THREE_TIER_PAGES = {"L1": (7, 12), "L2": (3, 12), "L3": (2, 16)}  # as the controller's setups
 
 
 def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
@@ -56,3 +66,22 @@ def schedules() -> st.SearchStrategy[FaultSchedule]:
     return st.builds(
         build, st.integers(0, 2**16), st.lists(rate, min_size=len(sites), max_size=len(sites))
     )
+
+
+def configs(shapes: Sequence[EngineConfig]) -> st.SearchStrategy[EngineConfig]:
+    """A configuration of one of `shapes` (hicache/testing/factory.py, `shapes_taken`), its
+    capacities drawn: L1 alone from L1_ALONE_PAGES, or each tier from THREE_TIER_PAGES."""
+
+    def sized(shape: EngineConfig) -> st.SearchStrategy[EngineConfig]:
+        ranges = {"L1": L1_ALONE_PAGES} if shape.tiers == ("L1",) else THREE_TIER_PAGES
+        return st.builds(
+            EngineConfig,
+            page_size=st.just(shape.page_size),
+            capacities=st.fixed_dictionaries({t: st.integers(*r) for t, r in ranges.items()}),
+            write_policy=st.just(shape.write_policy),
+            restore_policy=st.just(shape.restore_policy),
+            promotion=st.just(shape.promotion),
+            plane=st.just(shape.plane),
+        )
+
+    return st.sampled_from(list(shapes)).flatmap(sized)

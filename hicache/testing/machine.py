@@ -49,8 +49,13 @@ not even what L3 held before the crash).
 
 After every step: the engine's own checks (`check()`: for the controller, every invariant and
 structural check over its snapshot), then the differential check against the reference model
-(hicache/testing/reference.py): page steps, hit lengths, `cached_len`, the live set, served
-bytes. `Coverage` (coverage.py), when given, collects each run's trace and fault counts.
+(hicache/testing/reference.py): page steps, each tier closed under ancestors, on one tier the
+eviction order, hit lengths, `cached_len`, the live set, served bytes. Inside the steps the
+machine also makes the calls the protocol says an engine refuses (`_verify_refused`: an empty
+prompt, a prompt larger than L1 when the setup is an `EngineConfig`, a live id admitted again,
+a served request prefilled again, an ended request prefilled or finished again): each must
+raise a `HiCacheError` and change nothing. `Coverage` (coverage.py), when given, collects each
+run's trace and fault counts.
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import prompts, schedules
+from hicache.testing.factory import EngineConfig
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
-from hicache.testing.reference import Mismatch, ReferenceModel
+from hicache.testing.reference import Mismatch, ReferenceModel, verify_refused
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
 QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x,
@@ -76,6 +82,7 @@ AIMS = ("refuse", "crash") + FAIL_KINDS  # faults aimed at one transfer (`aimed`
 GROUP_AIMS = AIMS + ("partial",)  # a pool group's engines: an L3 read stops part way per pool
 READ_AIMS = ("corrupt", "unreadable", "partial")  # the aims only an L3 read (S2H) meets
 DAMAGE_AFTER = 20  # admissions into one cache before its L3 file may be damaged
+EVERYTHING = 10_000  # pages an `evict` asks for to give up all a tier can
 
 Step = TypeVar("Step", bound=Callable[..., None])
 
@@ -104,11 +111,13 @@ def make_machine(
     coverage: Coverage | None = None,
     name: str = "CacheMachine",
     aims: Sequence[str] = AIMS,
+    refusals: bool = True,
 ) -> type[RuleBasedStateMachine]:
     """A machine class driving `adapter(setup)` (one `setup` drawn from `setups` per run)
     against the reference model. `page_size` shapes the prompts (the adapter's own must
     match). `coverage`, when given, collects every run's trace and fault counts. `aims`: the
-    actions `aimed` draws (`GROUP_AIMS` for an engine with a pool group)."""
+    actions `aimed` draws (`GROUP_AIMS` for an engine with a pool group). `refusals`: make the
+    calls the protocol refuses (module docstring), checking each is refused."""
     prompt = prompts(page_size)
 
     class CacheMachine(RuleBasedStateMachine):
@@ -128,6 +137,13 @@ def make_machine(
             self.last_l3_restore = -QUIET_STEPS  # the first may come at once
             self.admitted = 0  # admissions into the cache as now opened
             self.damaged = False  # its L3 file was cut or removed (`damage`)
+            self._verify_refused("submit of an empty prompt", lambda: self.cache.submit(0, ()))
+            if isinstance(setup, EngineConfig):  # its L1 is known: one page more is refused
+                big = tuple(range(setup.capacities["L1"] * self.cache.page_size + 1))
+                self._verify_refused(
+                    f"submit of {len(big)} tokens, more than L1 holds",
+                    lambda: self.cache.submit(0, big),
+                )
 
         def teardown(self) -> None:
             cache = getattr(self, "cache", None)
@@ -178,6 +194,10 @@ def make_machine(
             self.model.admit(rid, tokens, got)
             self.seen.append(tokens)
             self.admitted += 1
+            self._sync()
+            self._verify_refused(
+                f"submit of live request {rid} again", lambda: self.cache.submit(rid, tokens)
+            )
             return rid
 
         @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
@@ -232,7 +252,9 @@ def make_machine(
             """Evict what L1 (and, `deep`, L2) can give up, so an earlier prompt restores."""
             for tier in self.cache.tiers[: 2 if deep else 1]:
                 if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
-                    self.cache.evict(tier, 10_000)
+                    self._sync()
+                    self.cache.evict(tier, EVERYTHING)
+                    self._sync(evict_want=EVERYTHING)
                     if deep:
                         self.cache.drain()  # write-back's copies of L1 reach L3 too
             self._sync()
@@ -393,6 +415,9 @@ def make_machine(
                 self.model.prefilled(rid, expected, self.cache.cached_len(rid))
                 self.prefilled.add(rid)
                 self.model.served(rid, self.cache.served_digests(rid))
+                self._verify_refused(
+                    f"prefill of served request {rid}", lambda: self.cache.prefill(rid)
+                )
                 return
             # Verify a prefill refused for room changed nothing, no eviction either (a
             # rejected operation leaves no trace; the protocol's `prefill` contract).
@@ -420,6 +445,13 @@ def make_machine(
             self.cache.finish(rid)
             self.model.finished(rid)
             self.prefilled.discard(rid)
+            self._sync()
+            self._verify_refused(f"finish of ended request {rid}", lambda: self.cache.finish(rid))
+            self._verify_refused(f"prefill of ended request {rid}", lambda: self.cache.prefill(rid))
+
+        def _verify_refused(self, what: str, call: Callable[[], object]) -> None:
+            if refusals:
+                verify_refused(self.cache, what, call)
 
         # -- transfers and pressure ----------------------------------------------------------
 
@@ -463,7 +495,9 @@ def make_machine(
         def pressure(self, tier: int, pages: int) -> None:
             self._count("pressure")
             holding = self._holding()
+            self._sync()
             self.cache.evict(holding[tier % len(holding)], pages)
+            self._sync(evict_want=pages)
 
         @precondition(lambda self: self.steps - self.last_faults >= QUIET_STEPS)
         @rule(schedule=schedules())
@@ -520,8 +554,10 @@ def make_machine(
             if coverage is not None:
                 coverage.rules[name] += 1
 
-        def _sync(self) -> None:
-            self.model.apply(self.cache.changes())
+        def _sync(self, evict_want: int | None = None) -> None:
+            """The engine's page changes since the last sync into the model (`evict_want`:
+            they are one `evict` call's, which asked for that many pages)."""
+            self.model.apply(self.cache.changes(), evict_want)
 
         @invariant()
         def agrees_with_reference(self) -> None:

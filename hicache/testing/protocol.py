@@ -32,7 +32,12 @@ prompt, in every tier, whatever node or slot holds it. That is what keeps the re
 independent of the engine's tree.
 
 Contract for implementers: every method raises only `HiCacheError` subclasses for refused
-input, and a refused call changes nothing. `pending_ops` lists the transfers the machine may
+input, and a refused call changes nothing. Refused input includes (the fuzz machine makes
+these calls; spec/vectors.md's `l1_refused` cases too): `submit` of an empty prompt, of a
+prompt that needs more L1 pages than L1 has (its partial last page too), or of a live id;
+`prefill` of a request served already; `prefill` and `finish` of a request that is not
+live. A factory builds an adapter for an `EngineConfig` (factory.py; template.py is one to
+copy). `pending_ops` lists the transfers the machine may
 complete or fail, in a stable order; `complete`/`fail` take effect on the next `tick` (the
 engine observes them then), as a real completion would. `check()` returns the engine's own
 structural findings (empty when it has none to offer). `trace()` returns the lifecycle trace
@@ -152,7 +157,8 @@ class CacheUnderTest(Protocol):
 
     def evict(self, tier: str, n_pages: int) -> None:
         """Eviction pressure from outside: free at least `n_pages` pages of `tier` while
-        candidates are left (a node's value goes whole, so it may free more)."""
+        candidates are left, least recently used leaf first and no more once `n_pages` are
+        free (a node's value goes whole, so it may free more: spec/eviction.md)."""
         ...
 
     def set_faults(self, schedule: FaultSchedule) -> None:
@@ -199,7 +205,9 @@ class CacheUnderTest(Protocol):
         ...
 
     def changes(self) -> list[PageChange]:
-        """The page changes since the last call, in order."""
+        """The page changes since the last call, in order: what a call evicts before what it
+        then inserts, even a page it evicts and inserts again (reported both times: the
+        reference model checks the eviction order from them)."""
         ...
 
     def check(self) -> list[str]:

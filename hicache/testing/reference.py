@@ -9,6 +9,13 @@ engine's freedom); it checks that what the engine says is consistent with what i
     ----------------------------  -------------------------------------------------------------
     page step                     ABSENT -> PENDING | RESIDENT, PENDING -> RESIDENT | ABSENT,
                                   RESIDENT -> ABSENT; nothing else (no state reported twice)
+    closed under ancestors        after every call, in every tier, a RESIDENT page's parent
+                                  page (one page shorter) is RESIDENT, a PENDING page's is
+                                  RESIDENT or PENDING (spec/invariants.md S6): eviction
+                                  frees leaves only, a prefix never loses its middle
+    eviction order (one tier)     the pages a call frees are whole nodes, least recently used
+                                  unlocked leaf first; `evict(T, n)` stops once n are freed
+                                  (spec/eviction.md; evictorder.py, which says why one tier)
     served pages stay             an L1 page inside a live request's first `cached_len` tokens
                                   never leaves L1 while the request lives
     hit lengths (admission)       tier T's hit is the leading run of the prompt's pages (its
@@ -29,16 +36,28 @@ engine's freedom); it checks that what the engine says is consistent with what i
     cached_len between steps      unchanged except by `prefill`
     live requests                 exactly those submitted and not finished
     served bytes                  a page prefix's digest is the same every time it is served
+    refusals (`verify_refused`)   a call the protocol refuses raises a HiCacheError, and the
+                                  engine reports no page change for it
 
 A failed check raises `Mismatch` naming what differed, the engine's value and the model's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hicache.testing.protocol import PENDING, WINDOW_FREED, WINDOW_REVIVED, Admission, PageChange
+from hicache.dataplane.faults import SimulatedCrash
+from hicache.errors import HiCacheError
+from hicache.testing.evictorder import EvictionViolation, OneTierTree
+from hicache.testing.protocol import (
+    PENDING,
+    WINDOW_FREED,
+    WINDOW_REVIVED,
+    Admission,
+    CacheUnderTest,
+    PageChange,
+)
 
 ABSENT = "ABSENT"
 RESIDENT = "RESIDENT"
@@ -86,11 +105,21 @@ class ReferenceModel:
         self.requests: dict[int, RefRequest] = {}
         self.digests: dict[Prefix, int] = {}
         self.checks = 0  # comparisons made (a test reads it to see the model really ran)
+        # The eviction order is checked on an engine of one tier without windows (why:
+        # evictorder.py); every engine's tiers are checked closed under ancestors.
+        one_tier = len(self.tiers) == 1 and not hit_window
+        self.tree = OneTierTree(page_size) if one_tier else None
 
     # -- what the engine did ------------------------------------------------------------------
 
-    def apply(self, changes: Sequence[PageChange]) -> None:
-        """Take the engine's page changes, each checked as a legal step."""
+    def apply(self, changes: Sequence[PageChange], evict_want: int | None = None) -> None:
+        """Take one call's page changes (or several calls'), each checked as a legal step,
+        then the tiers as they are after them (closed under ancestors) and, on one tier, the
+        pages freed (`evict_want`: the pages an `evict` call asked for)."""
+        touched: set[tuple[str, Prefix]] = set()
+        freed: list[Prefix] = []
+        added: list[Prefix] = []
+        served = self._served_pages()  # before the call: what its evictions must spare
         for c in changes:
             if c.tier not in self.pages:
                 raise Mismatch("tier of a page change", c.tier, self.tiers)
@@ -111,12 +140,55 @@ class ReferenceModel:
                 )
             if c.tier == self.tiers[0] and was == RESIDENT:
                 self._verify_unserved(c.prefix)
+            touched.add((c.tier, c.prefix))
+            (freed if c.state == ABSENT else added).append(c.prefix)
             if c.state == ABSENT:
                 del self.pages[c.tier][c.prefix]
                 if c.tier == self.tiers[0]:
                     self.freed.discard(c.prefix)  # back in L1 later: with its window
             else:
                 self.pages[c.tier][c.prefix] = c.state
+        for tier, prefix in sorted(touched):
+            self._verify_closed(tier, prefix)
+        if self.tree is not None:
+            try:
+                self.tree.batch(freed, added, served, evict_want)
+            except EvictionViolation as e:
+                raise Mismatch(e.what, e.engine, e.spec) from None
+
+    def _served_pages(self) -> set[Prefix]:
+        """The pages live requests are served from (their first `cached_len` tokens')."""
+        ps = self.page_size
+        return {
+            r.tokens[:end]
+            for r in self.requests.values()
+            for end in range(ps, r.cached_len + 1, ps)
+        }
+
+    def _verify_closed(self, tier: str, prefix: Prefix) -> None:
+        """S6 at a page a call changed: held, its parent page is held (RESIDENT, or PENDING
+        under a PENDING page: one transfer fills a parent-first chain); gone, no page one
+        page longer is held."""
+        held, ps = self.pages[tier], self.page_size
+        state = held.get(prefix, ABSENT)
+        if state != ABSENT and len(prefix) > ps:
+            up = held.get(prefix[:-ps], ABSENT)
+            if up != RESIDENT and (state, up) != (PENDING, PENDING):
+                raise Mismatch(
+                    f"{tier} page of a {len(prefix)}-token prefix held without the page before "
+                    "it (spec/invariants.md S6: a tier is closed under ancestors)",
+                    f"{state} under {up}",
+                    f"{state} under RESIDENT" + (" or PENDING" if state == PENDING else ""),
+                )
+        if state == ABSENT:
+            below = [q for q in held if len(q) == len(prefix) + ps and q[: len(prefix)] == prefix]
+            if below:
+                raise Mismatch(
+                    f"{tier} page of a {len(prefix)}-token prefix gone while the page after it "
+                    "stays (spec/invariants.md S6: eviction frees leaves only)",
+                    f"ABSENT above {held[below[0]]}",
+                    "leaves go first",
+                )
 
     def _window_step(self, c: PageChange) -> None:
         """WINDOW_FREED of a RESIDENT L1 page with its window, never one a live request is
@@ -214,6 +286,8 @@ class ReferenceModel:
         if got.cached_len != want[self.tiers[0]]:
             raise Mismatch("cached_len at admission", got.cached_len, want[self.tiers[0]], context)
         self.requests[request_id] = RefRequest(tuple(tokens), got.cached_len)
+        if self.tree is not None:
+            self.tree.admitted(tokens[: len(tokens) - 1])
 
     def expected_after_prefill(self, request_id: int) -> int:
         """`cached_len` a prefill must reach, judged before it runs."""
@@ -231,6 +305,8 @@ class ReferenceModel:
             raise Mismatch("cached_len after prefill", got, expected, f"request {request_id}")
         self.requests[request_id].cached_len = got
         tokens, ps = self.requests[request_id].tokens, self.page_size
+        if self.tree is not None:
+            self.tree.inserted(tokens[:got])
         # Verify the served prefix ends with its window whole, under either hit policy: decode
         # reads it (a replayed window was recomputed, and its copy revived what was freed).
         window = max(self.hit_window, self.replay_window)
@@ -255,6 +331,8 @@ class ReferenceModel:
         self.pages = {t: {} for t in self.tiers}
         self.freed.clear()
         self.requests.clear()
+        if self.tree is not None:
+            self.tree.clear()
 
     # -- after every step ---------------------------------------------------------------------
 
@@ -298,3 +376,25 @@ class ReferenceModel:
                     hex(known),
                     f"request {request_id}",
                 )
+
+
+def verify_refused(cache: CacheUnderTest, what: str, call: Callable[[], object]) -> None:
+    """`call` (`what` it does) is refused as protocol.py asks: it raises a HiCacheError and
+    the engine reports no page change for it (the machine's step checks see the rest
+    unchanged). A crash passes through (the machine reopens the engine)."""
+    try:
+        call()
+    except SimulatedCrash:
+        raise
+    except HiCacheError:
+        changed = cache.changes()
+        if changed:
+            raise Mismatch(f"page changes of a refused {what}", changed[:4], []) from None
+        return
+    except Exception as e:  # an untyped refusal: the finding to report
+        raise Mismatch(
+            f"{what}: the refusal's type",
+            f"{type(e).__name__}: {e}",
+            "a HiCacheError (protocol.py: refused input raises one, nothing changed)",
+        ) from e
+    raise Mismatch(f"{what}: refused", "accepted", "a HiCacheError, nothing changed")

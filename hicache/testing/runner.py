@@ -26,10 +26,12 @@ walks its trace (hicache/tracewalk.py, whatever HICACHE_TRACE_WALK says): a step
 `transitions` machine does not take from the state the executor traced is a failure
 (MachineDisagreement), like an invariant violation.
 
-`--adapter module:factory` drives another engine: `factory(setup)` returns a
-`CacheUnderTest`; `setup` is drawn from `module.setups(plane)` when the module defines it,
-else it is the plane's name. With HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of
-tests/conftest.py) the default `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
+`--adapter module:factory` drives another engine: `factory(config)` returns a
+`CacheUnderTest` for an `EngineConfig` the machine draws (hicache/testing/factory.py: the one
+factory protocol, the same `hicache vectors run --adapter` takes; the current directory is
+importable); a factory that is not one is a usage error, exit 2. With
+HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of tests/conftest.py) the default
+`--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
 it is a terminal, or with `--progress`.
 
 `--trace FILE` writes one trace (spec/trace.md: a header line, then the events) that
@@ -60,6 +62,7 @@ from hicache.errors import ConfigError
 from hicache.outputs import OUTPUT_FILE
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
+from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.tracewalk import walk_every_plane
@@ -145,24 +148,15 @@ class Progress(Coverage):
 
 
 def _adapter(spec: str, plane: str) -> tuple[Any, Any]:
-    """(factory, setups strategy) for `--adapter module:factory`."""
-    from hypothesis import strategies as st
+    """(factory, configurations to draw) for `--adapter module:factory`: the factory protocol
+    of hicache/testing/factory.py, the configurations of every shape the factory takes.
+    AdapterError (a usage error) when it is not such a factory."""
+    from hicache.testing.draws import configs
+    from hicache.testing.factory import build, load_factory, shapes_taken
 
-    module_name, _, name = spec.partition(":")
-    if not name:
-        raise ConfigError("--adapter", f"{spec!r}: give module:factory")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            "--adapter",
-            f"{spec!r}: cannot import {module_name} ({e}); give an importable module:factory",
-        ) from e
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise ConfigError("--adapter", f"{spec!r}: {module_name} has no callable {name!r}")
-    strategy = module.setups(plane) if hasattr(module, "setups") else st.just(plane)
-    return factory, strategy
+    factory = load_factory(spec)
+    shapes = shapes_taken(factory, spec, plane)
+    return (lambda config: build(factory, config, spec)), configs(shapes)
 
 
 def _mutant(name: str | None) -> contextlib.AbstractContextManager[Any]:
@@ -301,6 +295,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
             # A seed's steps depend on the seed alone, in any process (seeded.py).
             with contextlib.redirect_stdout(captured), no_source_constants():
                 run_machine(machine, settings=config)
+        except AdapterError:
+            raise  # not a factory of the protocol: a usage error, not the engine's failure
         except Exception as failure:  # any escape is the finding to report
             _report_failure(out, args, failure, captured.getvalue())
             ok = False

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hicache.controller.config import POLICIES, WRITE_POLICIES
 from hicache.errors import HiCacheError
+from hicache.testing.factory import EngineConfig
+from hicache.testing.factory import UnsupportedConfig as UnsupportedConfig  # its old home
 from hicache.tiers import MAX_PAGES
 from hicache.tiers import TIERS as TIER_ENUM
 
@@ -58,67 +60,51 @@ class VectorFormatError(HiCacheError):
     file and field. Regenerate the directory (`hicache vectors generate DIR`) or fix the file."""
 
 
-class UnsupportedConfig(HiCacheError):
-    """An adapter factory cannot build an engine for a case's configuration (another page
-    size, fewer tiers, a policy it lacks): the runner reports the case as skipped."""
+CaseConfig = EngineConfig
+"""A case's configuration is the `EngineConfig` the adapter's factory is called with
+(hicache/testing/factory.py; spec/vectors.md, "Configuration"); its plane is always null."""
 
 
-@dataclass(frozen=True)
-class CaseConfig:
-    """What an engine is built with for one case (spec/vectors.md, "Configuration").
+def config_to_json(config: CaseConfig) -> dict[str, Any]:
+    """A case file's `config` (the plane is not written: a case runs on the null plane)."""
+    return {
+        "page_size": config.page_size,
+        "capacities": {t: config.capacities[t] for t in config.tiers},
+        "write_policy": config.write_policy,
+        "restore_policy": config.restore_policy,
+        "promotion": config.promotion,
+    }
 
-    `capacities`: pages per tier (L3: slots). `write_policy` and `restore_policy` use the
-    names of spec/policies.md; `promotion`: an L3 restore's promoted L2 copies stay there
-    (spec/restore.md)."""
 
-    page_size: int
-    capacities: dict[str, int] = field(default_factory=dict)
-    write_policy: str = "write_through"
-    restore_policy: str = "always"
-    promotion: bool = True
-
-    @property
-    def tiers(self) -> tuple[str, ...]:
-        return tuple(t for t in TIERS if t in self.capacities)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "page_size": self.page_size,
-            "capacities": {t: self.capacities[t] for t in self.tiers},
-            "write_policy": self.write_policy,
-            "restore_policy": self.restore_policy,
-            "promotion": self.promotion,
-        }
-
-    @classmethod
-    def from_json(cls, raw: object, where: str) -> CaseConfig:
-        obj = _object(raw, f"{where}: config")
-        page_size = _int(obj.get("page_size"), f"{where}: config.page_size", low=1)
-        caps = _object(obj.get("capacities"), f"{where}: config.capacities")
-        if tuple(sorted(caps)) not in CASE_TIERS:
-            raise VectorFormatError(
-                f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, got {sorted(caps)}"
-            )
-        capacities = {
-            t: _int(caps[t], f"{where}: config.capacities.{t}", low=1, high=MAX_PAGES)
-            for t in TIERS
-            if t in caps
-        }
-        strings = {k: obj.get(k) for k in ("write_policy", "restore_policy")}
-        for (k, v), allowed in zip(strings.items(), (WRITE_POLICIES, POLICIES)):
-            if v not in allowed:
-                raise VectorFormatError(f"{where}: config.{k}: one of {list(allowed)}, got {v!r}")
-        if not isinstance(obj.get("promotion"), bool):
-            raise VectorFormatError(
-                f"{where}: config.promotion: true or false, got {obj.get('promotion')!r}"
-            )
-        return cls(
-            page_size,
-            capacities,
-            str(strings["write_policy"]),
-            str(strings["restore_policy"]),
-            bool(obj["promotion"]),
+def config_from_json(raw: object, where: str) -> CaseConfig:
+    """A case file's `config`, each field checked; VectorFormatError naming the field."""
+    obj = _object(raw, f"{where}: config")
+    page_size = _int(obj.get("page_size"), f"{where}: config.page_size", low=1)
+    caps = _object(obj.get("capacities"), f"{where}: config.capacities")
+    if tuple(sorted(caps)) not in CASE_TIERS:
+        raise VectorFormatError(
+            f"{where}: config.capacities: tiers L1 alone or L1, L2 and L3, got {sorted(caps)}"
         )
+    capacities = {
+        t: _int(caps[t], f"{where}: config.capacities.{t}", low=1, high=MAX_PAGES)
+        for t in TIERS
+        if t in caps
+    }
+    strings = {k: obj.get(k) for k in ("write_policy", "restore_policy")}
+    for (k, v), allowed in zip(strings.items(), (WRITE_POLICIES, POLICIES)):
+        if v not in allowed:
+            raise VectorFormatError(f"{where}: config.{k}: one of {list(allowed)}, got {v!r}")
+    if not isinstance(obj.get("promotion"), bool):
+        raise VectorFormatError(
+            f"{where}: config.promotion: true or false, got {obj.get('promotion')!r}"
+        )
+    return CaseConfig(
+        page_size,
+        capacities,
+        str(strings["write_policy"]),
+        str(strings["restore_policy"]),
+        bool(obj["promotion"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -171,7 +157,7 @@ def case_json(
             "case": name,
             "category": category,
             "seed": seed,
-            "config": config.to_json(),
+            "config": config_to_json(config),
             "final": final,
             "steps": steps,
         },
@@ -186,7 +172,7 @@ def parse_case(data: bytes, where: str) -> Case:
     name, category = obj.get("case"), obj.get("category")
     if not isinstance(name, str) or not isinstance(category, str):
         raise VectorFormatError(f"{where}: 'case' and 'category' must be strings")
-    config = CaseConfig.from_json(obj.get("config"), where)
+    config = config_from_json(obj.get("config"), where)
     steps = obj.get("steps")
     if not isinstance(steps, list):
         raise VectorFormatError(f"{where}: 'steps' must be a list")

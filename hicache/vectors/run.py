@@ -1,38 +1,39 @@
 """`hicache vectors run DIR`: drive an adapter through every case in DIR and compare.
 
-    hicache vectors run DIR [--adapter module:Name] [--quiet]
+    hicache vectors run DIR [--adapter module:factory] [--quiet]
 
-`Name(config)` builds a fresh `CacheUnderTest` per case (hicache/vectors/adapters.py; the
-default is hicache's controller). Every file the manifest lists is read, its sha256 checked,
-and its steps run in order; each step's observation is compared with the recorded one as
-spec/vectors.md says (a refusal compares as refused or not, its class is only shown). Output:
-a line per case (`PASS`, `FAIL` with the step, the operation, the observation, expected and
-got; `SKIP` when the factory raised `UnsupportedConfig`), a line per file in DIR the manifest
-does not list, then a summary with cases per second.
+`factory(config)` builds a fresh `CacheUnderTest` per case: the one factory protocol of
+hicache/testing/factory.py, the one `hicache fuzz --adapter` takes too (the built-in ones:
+hicache/vectors/adapters.py; the default is hicache's controller). Every file the manifest
+lists is read, its sha256 checked, and its steps run in order; each step's observation is
+compared with the recorded one as spec/vectors.md says (a refusal compares as refused or not,
+its class is only shown). Output: a line per case (`PASS`, `FAIL` with the step, the
+operation, the observation, expected and got; `SKIP` when the factory raised
+`UnsupportedConfig`), a line per file in DIR the manifest does not list, then a summary with
+cases per second.
 
 Exit status: 0 every case passed or was skipped (at least one passed) and every file was
 consumed; 1 a case failed, a listed file is missing, unreadable, malformed or has another
-sha256, a file in DIR is not listed, or every case was skipped; 2 a usage error (no manifest, a bad
-`--adapter`): one line on stderr.
+sha256, a file in DIR is not listed, or every case was skipped; 2 a usage error (no manifest, an
+`--adapter` that is not a factory of that protocol, named by `AdapterError`): one line on stderr.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hicache.errors import HiCacheError
-from hicache.testing.protocol import CacheUnderTest
+from hicache.testing.factory import AdapterError, build, load_factory
+from hicache.testing.factory import Factory as Factory  # what a factory is (for callers)
 from hicache.vectors.drive import Driver, StepError
 from hicache.vectors.format import (
     MANIFEST,
     Case,
-    CaseConfig,
     ManifestEntry,
     UnsupportedConfig,
     VectorFormatError,
@@ -43,7 +44,6 @@ from hicache.vectors.format import (
 from hicache.vectors.generate import VectorsParser
 
 DEFAULT_ADAPTER = "hicache.vectors.adapters:controller"
-Factory = Callable[[CaseConfig], CacheUnderTest]
 
 
 @dataclass(frozen=True)
@@ -56,21 +56,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{self.status} {self.name}" + (f": {self.detail}" if self.detail else "")
-
-
-def load_factory(spec: str) -> Factory:
-    """`module:Name` -> the callable it names, or VectorFormatError saying what to pass."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise VectorFormatError(f"--adapter {spec!r}: give module:Name (e.g. {DEFAULT_ADAPTER})")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise VectorFormatError(f"--adapter {spec!r}: cannot import {module_name} ({e})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise VectorFormatError(f"--adapter {spec!r}: {module_name} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
 
 
 def run_dir(directory: Path, factory: Factory) -> list[Verdict]:
@@ -119,6 +104,8 @@ def run_case(case: Case, factory: Factory, name: str) -> Verdict:
         cache = factory(case.config)
     except UnsupportedConfig as e:
         return Verdict(name, "SKIP", str(e))
+    except AdapterError:
+        raise  # not a factory of the protocol: a usage error, not this case's failure
     except HiCacheError as e:
         return Verdict(name, "FAIL", f"the adapter could not be built: {e}")
     try:
@@ -218,8 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--adapter",
         default=DEFAULT_ADAPTER,
-        metavar="module:Name",
-        help=f"a factory CaseConfig -> CacheUnderTest (default {DEFAULT_ADAPTER})",
+        metavar="MODULE:FACTORY",
+        help=f"a factory EngineConfig -> CacheUnderTest, as `hicache fuzz --adapter` takes "
+        f"(default {DEFAULT_ADAPTER})",
     )
     parser.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     args = parser.parse_args(argv)
@@ -228,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         factory = load_factory(args.adapter)
-        verdicts = run_dir(args.dir, factory)
-    except VectorFormatError as e:
+        verdicts = run_dir(args.dir, lambda config: build(factory, config, args.adapter))
+    except (VectorFormatError, AdapterError) as e:
         parser.error(str(e))
     seconds = time.perf_counter() - started
     for v in verdicts:

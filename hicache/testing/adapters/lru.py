@@ -1,30 +1,37 @@
-"""A plain LRU prefix cache without tiers: the smallest engine the machine can drive.
+"""Two one-tier caches that are wrong on purpose, to show what the judges say.
 
-It shows what a port must supply (`CacheUnderTest`), with no transfers at all: one tier
-("L1") of `capacity` pages, each named by its token prefix; a request is served from the
-leading run of its prompt's pages that are cached, and `prefill` caches the prompt's whole
-pages, evicting least recently used pages that no live request is served from.
+`LRUCache` is the plain prefix cache a first port often writes: one tier ("L1") of
+`capacity` pages, each named by its token prefix; a request is served from the leading run of
+its prompt's pages that are cached, and `prefill` caches the prompt's whole pages, evicting the
+least recently used *page* that no live request is served from. spec/eviction.md frees a
+node's whole value, least recently used leaf first, so this cache breaks three of its rules:
+it frees a page in the middle of a cached prefix (the tier stops being closed under
+ancestors), part of a node, and not in the spec's order; and it raises `KeyError` for a
+request that is not live, where the protocol asks a typed error. The fuzz machine and the
+conformance vectors both catch it.
 
-`ForgetfulLRU` is the same cache with one bug -- it drops the least recently used page
-without reporting it -- so that a test (and the README) can show what the machine says when
-an engine is wrong.
-"""
+`ForgetfulLRU` is the template's correct cache (hicache/testing/template.py) with one bug: it
+drops its least recently used node without reporting it, so that a test (and the README) can
+show what the machine says when an engine is wrong.
+
+Both factories take the one factory protocol's `EngineConfig` (hicache/testing/factory.py)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.notransfers import WithoutTransfers
+from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, PageChange
+from hicache.testing.template import Adapter, Node, TinyEngine
 
 Prefix = tuple[int, ...]
 
 
 class LRUCache(WithoutTransfers):
-    """`CacheUnderTest` over an OrderedDict of page prefixes (oldest first)."""
+    """`CacheUnderTest` over an OrderedDict of page prefixes (oldest first): page by page."""
 
     tiers: tuple[str, ...] = ("L1",)
 
@@ -116,28 +123,35 @@ class LRUCache(WithoutTransfers):
         )
 
 
-class ForgetfulLRU(LRUCache):
-    """A broken LRU: evicting, it forgets to report the page it dropped."""
+class ForgetfulEngine(TinyEngine):
+    """The template's engine, forgetting to report the pages an eviction drops."""
 
-    def _evict_one(self, keep: Sequence[Prefix] = ()) -> bool:
-        victims = self._victims(keep)
-        if not victims:
-            return False
-        del self.pages[victims[0]]
-        return True
-
-
-def lru_adapter(capacity: Any) -> LRUCache:
-    """The factory the machine calls (a capacity in pages -> a cache)."""
-    return LRUCache(int(capacity))
+    def _report(self, node: Node, state: str) -> int:
+        pages = super()._report(node, state)
+        if state == "ABSENT":
+            del self.changed[-pages:]
+        return pages
 
 
-def forgetful_adapter(capacity: Any) -> LRUCache:
-    return ForgetfulLRU(int(capacity))
+class ForgetfulLRU(Adapter):
+    """The template's adapter over the forgetful engine."""
+
+    def restart(self) -> None:
+        super().restart()
+        self.engine = ForgetfulEngine(self.capacity, self.page_size)
 
 
-def setups(plane: str) -> Any:
-    """Capacities the machine draws for the LRU cache (the plane does not apply)."""
-    from hypothesis import strategies as st
+def _one_tier(config: EngineConfig) -> tuple[int, int]:
+    if config.tiers != ("L1",):
+        raise UnsupportedConfig(f"the LRU cache has one tier (L1); asked for {config.tiers}")
+    return config.capacities["L1"], config.page_size
 
-    return st.integers(4, 8)
+
+def lru_adapter(config: EngineConfig) -> LRUCache:
+    """The page-by-page LRU cache for a one-tier configuration."""
+    return LRUCache(*_one_tier(config))
+
+
+def forgetful_adapter(config: EngineConfig) -> ForgetfulLRU:
+    """The cache that drops pages without reporting them, for a one-tier configuration."""
+    return ForgetfulLRU(*_one_tier(config))

@@ -32,8 +32,9 @@ allocator hands out slot indices only). The calls are the ones sglang's schedule
                      the node ending at the whole pages (as RadixCache.checkpoint does)
     finish           free the request's tail page (never in the tree) + dec_lock_ref
     evict(L1, n)     evict(EvictParams(num_tokens=n * page_size))
-    changes()        the page-level difference of the tree since the last call: the tree is
-                     walked (every node's pages, named by their token prefix)
+    changes()        the page-level difference of the tree since the last call, an eviction's
+                     apart and first: the tree is walked (every node's pages, named by
+                     their token prefix) before and after each evict
     check()          the engine's own accounting: evictable_size() + protected_size() is
                      the tree's size, every slot is free, in the tree or a live tail, and
                      every node's lock_ref counts the live requests locked below it
@@ -46,8 +47,10 @@ scheduler aborts at admission a prompt of `max_req_input_len` tokens or more
 (managers/utils.py `validate_input_length`, called from `handle_generate_request`), where
 `max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5` (managers/tp_worker.py
 `get_worker_info`); with a context longer than the pool that is `capacity * page_size - 6`.
-The fuzz machine draws prompts larger than its smallest L1 and expects every admission to
-be accepted (it judges the refusal at prefill instead), so its factories leave the limit off.
+The fuzz machine expects every admission to be accepted (it judges the refusal at prefill
+instead): `hicache fuzz` draws L1 of at least 8 pages (hicache/testing/draws.py), where no
+prompt it draws reaches the limit; `machine_adapter` and `token_adapter`, for `make_machine`
+with `setups` (L1 from 4 pages), leave the limit off.
 
 The engine has one tier ("L1") and no transfers, so `tick`, `complete`, `fail`, `aim`,
 `drain`, `set_faults` and `damage_storage` have nothing to do; `served_digests` is None (no
@@ -93,6 +96,7 @@ from hicache.testing.adapters.sglang_import import (
     sglang_version,
 )
 from hicache.testing.adapters.sglang_trace import SGLangTrace, node_spans
+from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, PageChange
 
 Prefix = tuple[int, ...]
@@ -141,7 +145,8 @@ class SGLangRadixCache(WithoutTransfers):
             )
         self.sg = import_radix_cache()
         self.traces: list[SGLangTrace] = []
-        self._pages: set[Prefix] = set()  # the tree's pages at the last `changes()`
+        self._pages: set[Prefix] = set()  # the tree's pages when last compared (`_diff`)
+        self._diffs: list[PageChange] = []  # compared inside a call, not yet reported
         self._open()
 
     def _open(self) -> None:
@@ -172,7 +177,9 @@ class SGLangRadixCache(WithoutTransfers):
     def _evict(self, tokens: int) -> Any:
         """sglang's evict, traced (evict_l1 per node it dropped)."""
         before = node_spans(self.tree.root_node) if self.traced else {}
+        self._diffs += self._diff()  # so that the eviction's pages are reported apart, in order
         freed = self.tree.evict(self.sg["EvictParams"](num_tokens=tokens))
+        self._diffs += self._diff()
         if self._trace is not None:
             self._trace.evicted(before, node_spans(self.tree.root_node))
         return freed
@@ -304,6 +311,7 @@ class SGLangRadixCache(WithoutTransfers):
         """A fresh tree and allocator: the process started again."""
         self.requests.clear()
         self._pages.clear()
+        self._diffs.clear()
         self._open()
 
     def close(self) -> None:
@@ -340,6 +348,13 @@ class SGLangRadixCache(WithoutTransfers):
         return pages
 
     def changes(self) -> list[PageChange]:
+        """The tree's page differences, in order: each eviction's apart (a prefill that evicts
+        a node and inserts some of its pages again reports both, as protocol.py asks)."""
+        out, self._diffs = self._diffs + self._diff(), []
+        return out
+
+    def _diff(self) -> list[PageChange]:
+        """The pages the tree lost and gained since it was last compared."""
         now = self.tree_pages()
         gone = sorted(self._pages - now, key=lambda p: (-len(p), p))
         new = sorted(now - self._pages, key=lambda p: (len(p), p))
@@ -394,29 +409,45 @@ class Setup:
     rematch: bool = True
 
 
-def sglang_adapter(setup: Any) -> SGLangRadixCache:
-    """The factory the machine calls (a `Setup`, or a capacity in L1 pages)."""
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangRadixCache(capacity=s.capacity, rematch=s.rematch)
+def sglang_adapter(config: EngineConfig) -> SGLangRadixCache:
+    """The factory of both `hicache fuzz --adapter` and `hicache vectors run --adapter`
+    (hicache/testing/factory.py): SGLang's RadixCache for a one-tier configuration, its pool
+    `capacities["L1"]` pages, matching again at prefill and refusing at admission what
+    sglang's scheduler aborts (its input limit), as a server does. sglang is imported on the
+    first call; without it the call raises EngineUnavailable saying how to install it."""
+    return SGLangRadixCache(
+        capacity=_one_tier(config), page_size=config.page_size, rematch=True, input_limit=True
+    )
 
 
-def token_adapter(setup: Any) -> SGLangRadixCache:
-    """sglang's default page size, 1 token (`make_machine(..., page_size=1)` draws prompts
-    to match; `hicache fuzz` draws pages of 4 tokens, so it takes `sglang_adapter`)."""
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangRadixCache(capacity=s.capacity, page_size=1, rematch=s.rematch)
+def stale_lock_adapter(config: EngineConfig) -> SGLangRadixCache:
+    """`sglang_adapter` with the stale lock put in (SGLangStaleLock)."""
+    return SGLangStaleLock(
+        capacity=_one_tier(config), page_size=config.page_size, rematch=True, input_limit=True
+    )
 
 
-def stale_lock_adapter(setup: Any) -> SGLangRadixCache:
-    s = setup if isinstance(setup, Setup) else Setup(int(setup))
-    return SGLangStaleLock(capacity=s.capacity, rematch=s.rematch)
+def _one_tier(config: EngineConfig) -> int:
+    if config.tiers != TIERS:
+        raise UnsupportedConfig(f"SGLang's RadixCache has one tier (L1); asked for {config.tiers}")
+    return config.capacities["L1"]
+
+
+def machine_adapter(setup: Setup) -> SGLangRadixCache:
+    """For `make_machine` with `setups` (a `Setup` drawn: prefill matching again or not)."""
+    return SGLangRadixCache(capacity=setup.capacity, rematch=setup.rematch)
+
+
+def token_adapter(setup: Setup) -> SGLangRadixCache:
+    """sglang's default page size, 1 token (`make_machine(..., page_size=1)` with `setups`
+    draws prompts to match; `hicache fuzz` draws pages of 4 tokens: `sglang_adapter`)."""
+    return SGLangRadixCache(capacity=setup.capacity, page_size=1, rematch=setup.rematch)
 
 
 def setups(plane: str) -> Any:
-    """Setups the machine draws: L1 from tighter than one long prompt (6 pages) to room for
-    two, and prefill matching again or not (the plane does not apply). Imports sglang first,
-    so that `hicache fuzz` without it stops with one line saying how to install it
-    (EngineUnavailable)."""
+    """Setups `make_machine` draws with `machine_adapter` or `token_adapter`: L1 from tighter
+    than one long prompt (6 pages) to room for two, and prefill matching again or not (the
+    plane does not apply). Imports sglang first (EngineUnavailable without it)."""
     from hypothesis import strategies as st
 
     import_radix_cache()
