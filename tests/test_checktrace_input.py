@@ -60,7 +60,7 @@ Case = tuple[Callable[[list[str]], list[str]], str]
 
 MALFORMED_CASES: dict[str, Case] = {
     "bad JSON": (lambda ls: ls[:3] + ['{"seq": 3, "event"'] + ls[4:], "line 4: not JSON"),
-    "missing header": (lambda ls: ls[1:], "line 1: header: the first line must be an object"),
+    "missing header": (lambda ls: ls[1:], "line 1: header: the first line is an event (seq 1)"),
     "bad header": (
         lambda ls: [ls[0].replace('"version":1', '"version":2')] + ls[1:],
         "line 1: header version 2: this reader knows version 1 only",

@@ -214,7 +214,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(
         (["fuzz", "--bogus"], "unrecognized arguments: --bogus"),
         (["fuzz", "--steps", "0"], "--steps must be >= 1"),
         (["fuzz", "--pools", "dsv4-tiny", "--adapter", "a:b"], "leave one out"),
-        (["fuzz", "--adapter", "nope"], "--adapter: 'nope': give module:factory"),
+        (["fuzz", "--adapter", "nope"], "--adapter: nope: give module:factory"),
         (["fuzz", "--mutant", "B01", "--steps", "0"], "argument --steps: at least 1"),
         (["fuzz", "--mutant", "B01", "--seed", "-1"], "argument --seed: each >= 0"),
         (["fuzz", "--mutant", "nope"], "no mutant named 'nope'"),
