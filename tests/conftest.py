@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from tests import progress, replay
+from tests import budgets, progress, replay
 
 pytest_plugins = ["pytester"]
 
@@ -32,7 +32,7 @@ pytest_plugins = ["pytester"]
 # (hicache/pagemachine.py), or one that breaks its node's walk, fails that test.
 os.environ.setdefault("HICACHE_TRACE_WALK", "1")
 
-PROFILE = os.environ.get("HICACHE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+PROFILE = budgets.profile()
 PROGRESS_EVERY_DEFAULT = {"fuzz": 1000}  # profile -> examples per progress line (else none)
 
 

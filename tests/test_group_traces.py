@@ -24,6 +24,7 @@ from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.machines import controller_machine
 from hicache.testing.seeded import no_source_constants
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from tests.budgets import budget
 
 
 def engines(events: list[TraceEvent]) -> list[list[TraceEvent]]:
@@ -64,7 +65,7 @@ def test_every_engine_of_the_group_fuzz_passes_check_trace() -> None:
     machine = controller_machine("null", adapter=judged, pools="dsv4-tiny")
     machine._hypothesis_internal_use_seed = 1
     config = settings(
-        max_examples=120,
+        max_examples=budget(50, 500),  # runs of the machine (the fuzz profile: 10x)
         stateful_step_count=50,
         deadline=None,
         database=None,

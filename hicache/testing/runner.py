@@ -2,17 +2,17 @@
 
     hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
                  [--pools mha|dsv4-tiny|dsv41-tiny] [--tp RANKS]
-                 [--progress] [--mutant NAME|list] [--trace FILE]
+                 [--progress] [--mutant NAME|list] [--trace FILE] [--no-shrink]
 
 The machine runs `N // STEPS_PER_RUN` runs (at least MIN_RUNS: Hypothesis' first run is its
 simplest example, the same for every seed) of at most `STEPS_PER_RUN` steps each, drawn from
 seed `S` (no example database: the seed alone decides). Output: one summary line (runs,
 steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
-printed, the error, and a one-line replay command; exit status 1. With `--mutant NAME` the
-exit status is about the mutant instead: 0 when it was caught (the run failed, as it should
-with the mutant switched on), 1 when it escaped (hicache.testing.zoo for `--mutant` alone);
-2 is a usage error either way.
+printed (with `--no-shrink`, the failing run's steps as found), the error, and a one-line
+replay command; exit status 1. With `--mutant NAME` the exit status is about the mutant
+instead: 0 when it was caught (the run failed, as it should with the mutant switched on), 1
+when it escaped (hicache.testing.zoo for `--mutant` alone); 2 is a usage error either way.
 
 Without `--adapter` the machine drives the hicache controller, with the two checks of its
 own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
@@ -197,6 +197,8 @@ def replay_command(args: argparse.Namespace) -> str:
         words += ["--mutant", args.mutant]
     if getattr(args, "trace", None):
         words += ["--trace", args.trace]
+    if getattr(args, "no_shrink", False):
+        words += ["--no-shrink"]
     return shlex.join(words)
 
 
@@ -284,7 +286,9 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         derandomize=False,
         print_blob=True,
         report_multiple_bugs=False,
-        phases=[Phase.generate, Phase.shrink],
+        phases=[Phase.generate]
+        if getattr(args, "no_shrink", False)
+        else [Phase.generate, Phase.shrink],
         suppress_health_check=list(HealthCheck),
     )
     started = time.perf_counter()
@@ -337,7 +341,7 @@ def _report_failure(
     # of printing them: keep both.
     notes = [n for n in getattr(failure, "__notes__", []) if n.strip() and n.strip() not in printed]
     steps = "\n".join([printed.strip()] * bool(printed.strip()) + notes)
-    print("shrunk steps:", file=out)
+    print("steps:" if getattr(args, "no_shrink", False) else "shrunk steps:", file=out)
     for line in steps.splitlines():
         print(f"  {line}", file=out)
     print(f"error: {type(failure).__name__}: {failure}", file=out)
@@ -386,6 +390,12 @@ def parser() -> argparse.ArgumentParser:
         "--progress", action="store_true", help="progress lines on stderr even when not a terminal"
     )
     p.add_argument(
+        "--no-shrink",
+        action="store_true",
+        help="report a failing run as found, without shrinking it (faster: a catch-or-not "
+        "check; the replay line finds the same run)",
+    )
+    p.add_argument(
         "--trace",
         type=OUTPUT_FILE,
         metavar="FILE",
@@ -409,7 +419,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-RUN_ONLY = ("--plane", "--adapter", "--pools", "--tp", "--report", "--progress", "--trace")
+RUN_ONLY = (
+    "--plane",
+    "--adapter",
+    "--pools",
+    "--tp",
+    "--report",
+    "--progress",
+    "--trace",
+    "--no-shrink",
+)
 """Options only a machine run has: with `--mutant` and one of them, the run goes on with the
 mutant switched on (what a failure's replay line asks for), not to the bug zoo."""
 
