@@ -905,6 +905,12 @@ def test_gpu_round_trip(dtype: str, kind: str, direct_min_bytes: int, tmp_path: 
         engine.close()
 
 
+SLEEP_CYCLES = 1_000_000_000
+"""GPU clock cycles the caller's stream sleeps before an issue (~0.5 s on an H200): longer
+than any issue takes once its kernels are compiled, so a handle polled right after its issue
+is PENDING unless it reported completion before the device work ran."""
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk_pages", [None, 3])
 def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
@@ -920,23 +926,28 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
         m.first_chunk_bytes = g.bytes_per_page  # chunks of 1, 2, 4, ... pages: several
         l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])
         src = pages(np.random.default_rng(3).permutation(40)[: l2_ids.size])
+        dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
+        # The same routes once first: the kernels' first launch compiles them (seconds on a
+        # busy host, e.g. under pytest -n 8), which would outlast the sleep below and let the
+        # device finish before the poll, a pass the test cannot tell from a bug.
+        done(engine.d2h(src, l2_ids))
+        done(engine.h2d(l2_ids, dst))
         expect = l1_bytes(engine, src)  # synchronizes: L1 holds its bytes before the issue
         poison(engine.l2.tensor)
-        torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # the caller is still busy
+        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]  # the caller is still busy
         issued = time.perf_counter()
         handle = engine.d2h(src, l2_ids)
         issue_s = time.perf_counter() - issued
         plan = plan_of(handle)
         assert plan.route.kind == "mixed" and len(plan.bounds) > 1, str(plan)
-        # Issue took ~the caller's sleep (~0.1 s): the issue blocked on the device. Issue was
+        # Issue took ~the caller's sleep (~0.5 s): the issue blocked on the device. Issue was
         # quick but DONE anyway: completion was reported before the device work ran (B01/B05).
         assert handle.poll() is TransferStatus.PENDING, f"D2H issue took {issue_s:.4f} s; {plan}"
         done(handle)
         assert torch.equal(l2_bytes(engine, l2_ids), expect), "DONE before every byte reached L2"
 
-        dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
         engine.l1.tensor[:, :, torch.from_numpy(dst).cuda()] = 0
-        torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         issued = time.perf_counter()
         handle = engine.h2d(l2_ids, dst)
         issue_s = time.perf_counter() - issued
