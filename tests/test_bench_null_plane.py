@@ -13,7 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args: str) -> list[dict[str, object]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The repository first, then whatever the caller's path held (on a machine where the
+    # dependencies come through PYTHONPATH, replacing it would lose them).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "null_plane.py"), *args],
         capture_output=True,
