@@ -11,7 +11,7 @@ would reach if trying actions, the plane's own work and the invariant checks cos
 shown too. CPU seconds are this process's (steadier than wall time on a shared machine).
 
 With `--zoo`, a third table runs the control-plane mutants of the bug zoo
-(hicache/testing/mutants.py) through the search: for each, the configurations in order
+(hicache/testing/mutants/) through the search: for each, the configurations in order
 until one finds it, with the finding's kind, its path length and the states explored.
 
 With `--branching NAME`, a second table compares the ways a search can branch, per state of

@@ -1,0 +1,91 @@
+"""The bug zoo: deliberately broken variants of the reference, one per bug class.
+
+Each mutant is a small, named patch of one real function, modelled on a class of
+spec/bugclasses.md (or on a failure mode of the invariant checker itself). `activate(name)`
+returns a context manager that swaps the broken version in and restores the original on exit:
+
+    with activate("B06"):          # a split that forgets a pending op's node list
+        run_the_machine()          # must fail, naming the check that caught it
+
+Nothing else reaches these patches: no configuration field, flag or environment variable
+of the cache switches one on; only `hicache fuzz --mutant NAME` and the zoo's tests call
+`activate`. The tensor-parallel mutants (B16 and the TP- ones: agreement bugs of the
+F15-F18 scenarios in spec/tp.md) run on the TP machines.
+
+    name         class  patched function                          what is broken
+    -----------  -----  ----------------------------------------  ----------------------------
+    B01          B01    ControlPlane.advance_cached_len           serves before publication
+    B02          B02    ControlPlane.fail                         frees the published L2 source
+    B03          B03    ControlPlane.cancel                       leaks the target pages
+    B04          B04    ControlPlane.issue                        never locks the source
+    B05          B05    DeviceHostMover.d2h                       reads a stale index buffer
+    B06          B06    ControlPlane._on_split                    op forgets the upper half
+    B07          B07    execute._Context.parent_resident          issue guard always passes
+    B07-leaf     B07    HiRadixTree._refresh_leaf                 leaf set keyed on L1's children
+    B08          B08    HiRadixTree.split                         cuts values by tokens
+    B09          B09    GroupTable._rollback                      a failed group reserve keeps
+                                                                  the pools it took
+    B10          B10    TierPools.free                            an L2 eviction frees the
+                                                                  anchor, not the side pools
+    B11          B11    HiRadixTree.unlock                        clamps at zero
+    B12          B12    RestoreStager._settle_own                 a failed load raises
+    B13          B13    storage_io.coalesce                       merges on one side
+    B14          B14    StorageMover._move_all                    short I/O taken as complete
+    B15          B15    TransferEngine.h2d                        scatters to the wrong pages
+    B16          B16    ledger.writes_pool                        the L3 write rule inverted
+    B16-ack      B16    L3Writes.writes_any                       ranks other than 0 ack L3
+                                                                  backups they should write
+    TP-conditional  -   Agreement.completion                      skips C4 with nothing to say
+    TP-local-capacity - Transfers._issue_here                     evicts and retries alone
+    TP-min-of-maxima -  Agreement.admit                           the L1 hit is the least of
+                                                                  the ranks' own hits
+    TP-rank-local-bytes GroupSyntheticProducer.pool_bytes         a replicated pool's bytes
+                                                                  differ on ranks but 0
+    F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
+                                                                  every node it read
+    decision-unplanned  CacheController._policy_hits              a restore chosen that no
+                                                                  plan makes (a freed window)
+    replay-unrevived -  L1Windows.clip                            a replayed window counted,
+                                                                  never recomputed nor revived
+    L3-no-lock   -      storage._lock                             a live controller's L3 file
+                                                                  is taken over by a second
+    I1-skip-L2   -      the I1 check                              skips tier L2
+    checker-off  -      InvariantChecker.after_transition         never checks
+
+One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
+found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
+defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
+in the table above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from hicache.errors import ConfigError
+from hicache.testing.mutants import bugclasses, checker, found, tp
+from hicache.testing.mutants.base import Mutant
+
+ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO)
+"""Every mutant, in the order `hicache fuzz --mutant list` prints them."""
+
+MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
+"""Every mutant's name -> its one-line description (what is broken)."""
+
+_BY_NAME: dict[str, Mutant] = {m.name: m for m in ZOO}
+
+
+def get(name: str) -> Mutant:
+    """The mutant called `name` (an "M-" prefix is accepted: "M-B06" is "B06"). ConfigError,
+    listing the names, for an unknown one."""
+    key = name[2:] if name.startswith("M-") else name
+    mutant = _BY_NAME.get(key)
+    if mutant is None:
+        raise ConfigError("mutant", f"no mutant named {name!r}; known: {', '.join(MUTANTS)}")
+    return mutant
+
+
+def activate(name: str) -> contextlib.AbstractContextManager[None]:
+    """A context manager that switches mutant `name` on inside its block (and off after it,
+    also when the block raises). Activations do not nest: one mutant at a time."""
+    return get(name).patch()
