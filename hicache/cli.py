@@ -36,7 +36,7 @@ from hicache.errors import HiCacheError, SpecError
 from hicache.extras import install_hint, is_optional
 from hicache.lifecycle import Lifecycle
 from hicache.spec import SPEC_DIR, load_toml
-from hicache.speccheck import check_spec, registry_checks, spec_counts
+from hicache.speccheck import PROPERTIES, check_spec, registry_checks, spec_counts
 from hicache.usage import EXIT_USAGE, UsageParser
 
 DELEGATED: dict[tuple[str, ...], str] = {
@@ -282,7 +282,7 @@ def _spec_check(args: argparse.Namespace) -> int:
         f"{sum(len(s) for s in lc.states.values())} residency states, "
         f"{counts['TRANSITIONS']} transitions, {counts['COMPOSITE_STATES']} composite states, "
         f"{counts['COMPOSITE_EDGES']} composite edges, {len(DIAGRAMS)} diagrams, "
-        f"{n_checks} invariant checks"
+        f"{n_checks} invariant checks, {len(PROPERTIES)} table properties proven"
     )
     return 0
 

@@ -11,6 +11,9 @@ each; an empty list means the spec is consistent. One module per thing compared:
                      control-plane rules, composites); the embedded Mermaid blocks
     machine          the `transitions` machine of the rows (hicache/pagemachine.py) and the
                      hand-written composition reach the same composite graph
+    properties       what the tables must mean, proven from the rows and the composite graph
+                     (no eviction under a child, a source locked for the op's life, ...), so a
+                     wrong table edited consistently still fails; lifecycle.md's property table
     rules            each control-plane rule of lifecycle.toml is enforced by the reference
                      (a probe per rule must be refused with a typed error)
     invariants       registry CHECKS and the cross-rank RANK_CHECKS vs invariants.md headings,
@@ -48,6 +51,7 @@ from hicache.speccheck.pages import (
     reference_metrics,
 )
 from hicache.speccheck.pools import check_pools
+from hicache.speccheck.properties import PROPERTIES, check_properties, check_property_table
 from hicache.speccheck.rules import check_rules
 from hicache.speccheck.tables import (
     check_composites,
@@ -60,6 +64,7 @@ from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS, check_header_schema, c
 
 __all__ = [
     "NON_LIFECYCLE_EVENTS",
+    "PROPERTIES",
     "CheckInfo",
     "check_l3_header",
     "check_rules",
@@ -80,10 +85,10 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
         lc = Lifecycle(load_toml(spec_dir / "lifecycle.toml"))
     except (OSError, ValueError, KeyError, TypeError, SpecError) as e:
         return [f"lifecycle.toml: cannot be loaded ({type(e).__name__}: {e})"]
-    problems = check_composites(lc) + check_machine(lc) + check_rules(lc)
+    problems = check_composites(lc) + check_machine(lc) + check_properties(lc) + check_rules(lc)
     lifecycle_md = _read(spec_dir / "lifecycle.md", problems)
     if lifecycle_md is not None:
-        problems += check_lifecycle_tables(lc, lifecycle_md)
+        problems += check_lifecycle_tables(lc, lifecycle_md) + check_property_table(lifecycle_md)
         installed = spec_dir.resolve() == SPEC_DIR.resolve()
         problems += check_diagrams(lc, lifecycle_md, None if installed else str(spec_dir))
     invariants_md = _read(spec_dir / "invariants.md", problems)

@@ -34,10 +34,15 @@ class TableSpec(NamedTuple):
 
 
 def compare_rows(
-    where: str, what: str, spec: TableSpec, found: Iterable[tuple[int, Row]]
+    where: str,
+    what: str,
+    spec: TableSpec,
+    found: Iterable[tuple[int, Row]],
+    source: str = "lifecycle.toml",
 ) -> list[str]:
-    """Differences between the expected rows and rows found at lines of `where`, matched by
-    their key columns; list-valued cells (guards, effects) compare item by item, in order."""
+    """Differences between the expected rows (from `source`) and rows found at lines of
+    `where`, matched by their key columns; list-valued cells (guards, effects) compare item
+    by item, in order."""
     keys = spec.columns[: spec.key_columns]
     columns = spec.columns[spec.key_columns :]
     want = {" ".join(row[k] for k in keys): row for row in spec.rows}
@@ -52,17 +57,17 @@ def compare_rows(
             continue
         seen[name] = line
         if name not in want:
-            problems.append(f"{where} line {line}: {what} `{name}` is not in lifecycle.toml")
+            problems.append(f"{where} line {line}: {what} `{name}` is not in {source}")
             continue
         for col in columns:
             if col in row and _items(row[col]) != _items(_normalise(want[name][col])):
                 problems.append(
                     f"{where} line {line}: {what} `{name}` column {col!r} says "
-                    f"{row[col] or '-'!r}, lifecycle.toml says {want[name][col] or '-'!r}"
+                    f"{row[col] or '-'!r}, {source} says {want[name][col] or '-'!r}"
                 )
     for name in want:
         if name not in seen:
-            problems.append(f"{where}: {what} `{name}` of lifecycle.toml has no table row")
+            problems.append(f"{where}: {what} `{name}` of {source} has no table row")
     return problems
 
 
