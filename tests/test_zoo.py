@@ -5,8 +5,9 @@ Each mutant runs against its default machine (`hicache.testing.zoo.DEFAULT_MACHI
 product machine, FuzzNull or FuzzCpu, where it catches the mutant on every seed) with one
 fixed Hypothesis seed, so CI replays the same run: the seed of 0-4 that caught it soonest in
 benchmarks/results/2026-12-03-zoo-l3-restores.md (and, for the mutants added or moved since,
-2026-12-04-zoo-fuzzfind.md), which measure all five seeds, misses included (the zoo draws
-no constants from the source, so a seed's run does not depend on what ran before). The test
+2026-12-04-zoo-fuzzfind.md; the table mutants, 2026-12-04-zoo-tables.md), which measure all
+five seeds, misses included (the zoo draws no constants from the source, so a seed's run
+does not depend on what ran before). The test
 guards against the machines losing a catch; the file stays within a minute on two cores, and
 `MAX_STEPS` bounds each run.
 """
@@ -48,6 +49,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "decision-unplanned": (0, "machine FuzzDsv4.agrees_with_reference: decision unplanned"),
     "replay-unrevived": (3, "machine FuzzDsv4._admit: differential L1 hit length at admission"),
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
+    "T-h2d-unpinned": (0, "S7 lock_accounting"),
+    "T-h2d-fail-publishes": (4, "machine FuzzNull.agrees_with_reference: I4 tier_bytes_equal"),
+    "T-h2s-keeps-lock": (0, "machine FuzzNull.agrees_with_reference: S7 lock_accounting"),
+    "T-s2h-locks-l1": (0, "S7 lock_accounting"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }

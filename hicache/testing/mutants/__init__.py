@@ -49,13 +49,22 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   never recomputed nor revived
     L3-no-lock   -      storage._lock                             a live controller's L3 file
                                                                   is taken over by a second
+    T-h2d-unpinned -    lifecycle.toml h2d_* rows                 a load-back never locks (nor
+                                                                  unlocks) its L2 source
+    T-h2d-fail-publishes - lifecycle.toml h2d_fail                a failed load-back publishes
+                                                                  the L1 pages it was filling
+    T-h2s-keeps-lock -  lifecycle.toml h2s_complete               a finished L3 backup keeps
+                                                                  its L2 source locked
+    T-s2h-locks-l1 -    lifecycle.toml s2h_issue                  a promotion locks L1, not
+                                                                  its L3 source
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
-found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
-defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
-in the table above.
+found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
+executor and the walk's machine both read the edited rows), `checker` (the invariant
+checker's own failure modes); `base` defines `Mutant` and `swapped`. A new mutant goes in
+its family's module and its `ZOO`, and in the table above.
 """
 
 from __future__ import annotations
@@ -63,10 +72,10 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, tp
+from hicache.testing.mutants import bugclasses, checker, found, tables, tp
 from hicache.testing.mutants.base import Mutant
 
-ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO)
+ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *tables.ZOO, *checker.ZOO)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
