@@ -54,8 +54,9 @@ from hicache.pages import FREE, PRIVATE
 from hicache.pools.presets import SINGLE_POOL, group
 from hicache.pools.tierpools import window_pools
 from hicache.snapshot import UNSERVABLE, Snapshot
-from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.adapters.controller import PAGE_TOKENS, controller_adapter, setups
 from hicache.testing.coverage import Coverage
+from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.machine import (
     AIMS,
     GROUP_AIMS,
@@ -215,6 +216,18 @@ def controller_machine(
     return _with_window_rule(checked, name)
 
 
+LONGEST_TOKENS = (PREFIX_PAGES + SUFFIX_PAGES_MAX + 1) * PAGE_TOKENS
+"""The longest prompt the machine draws (its tail page too): what `setups` sizes L1 and its
+windows to hold."""
+
+
+def through_prompt(through: tuple[int, ...], extra: int) -> tuple[int, ...]:
+    """A prompt through a node whose window was freed: `through` and `extra` more tokens, cut
+    to LONGEST_TOKENS. Uncut, a prompt admitted so was the next one's `through` when its
+    node was picked again, a page longer each time, until L1 refused it (RequestTooLarge)."""
+    return (through + tuple(range(extra)))[:LONGEST_TOKENS]
+
+
 def _with_window_rule(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
     """`base` plus `free_window`, for a group whose L1 frees windows: without it a window is
     freed only when the make-room runs short of them, and a hit over a freed window -- where
@@ -244,7 +257,7 @@ def _with_window_rule(base: type[RuleBasedStateMachine], name: str) -> type[Rule
             through = self.cache.free_window(pick)
             self._sync()
             if through is not None:
-                self._serve(self._admit(through + tuple(range(tail + 1))), finish=True)
+                self._serve(self._admit(through_prompt(through, tail + 1)), finish=True)
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
@@ -349,7 +362,7 @@ def tp_machine(
                     self._serve(self._admit(prompt), finish=True)
             through = self.cache.free_windows_apart(pick)
             if through is not None and len(self.model.requests) < LIVE_MAX:
-                self._serve(self._admit(through + tuple(range(extra + 1))), finish=True)
+                self._serve(self._admit(through_prompt(through, extra + 1)), finish=True)
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
