@@ -18,6 +18,9 @@
     FuzzTpCpuDsv4                 2 ranks of dsv4-tiny on the CPU plane: rank 0's L3 copy of
                                   the replicated pools read by both, I8 over real bytes
 
+Every one of them also makes illegal calls on the control plane (`illegal_calls`,
+hicache/testing/illegal/): each refused with its typed error, nothing changed.
+
 They need no source checkout, unlike the tests' older machines. The three invariants are
 about the controller's internals, so they live here rather than in the engine-neutral machine
 (as invariants, they draw nothing: adding one leaves every seed's steps as they were).
@@ -57,6 +60,7 @@ from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import PAGE_TOKENS, controller_adapter, setups
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
+from hicache.testing.illegal.rule import with_illegal_calls
 from hicache.testing.machine import (
     AIMS,
     GROUP_AIMS,
@@ -211,6 +215,8 @@ def controller_machine(
         adapter, setups(plane, pools=pools), coverage=coverage, name=name, aims=aims
     )
     checked = _with_controller_checks(base, name)
+    # Illegal calls on the control plane, each refused with nothing changed (issue 31, 2).
+    checked = with_illegal_calls(checked, name, coverage)
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return checked
     return _with_window_rule(checked, name)
@@ -298,6 +304,9 @@ def tp_machine(
         ),
         name,
     )
+    # Illegal calls on one rank's control plane at a time: refused there, nothing changed,
+    # no collective made (issue 31, 2).
+    base = with_illegal_calls(base, name, coverage)
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))
