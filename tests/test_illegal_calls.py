@@ -9,7 +9,9 @@ removed handle, a live id begun again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,3 +251,11 @@ def test_the_fuzz_machine_makes_the_illegal_calls_between_its_steps() -> None:
     refused = _kinds_refused("mha", 1, 10).refused + _kinds_refused("dsv4-tiny", 1, 10).refused
     assert set(KINDS) - RARE - set(refused) == set(), sorted(refused)
     assert refused["unknown_request"] > 0
+
+
+def test_lifecycle_md_lists_every_kind_of_the_catalogue_once() -> None:
+    """spec/lifecycle.md, "Refused calls, and the fuzz that makes them": one row per kind."""
+    text = (Path(__file__).resolve().parent.parent / "spec" / "lifecycle.md").read_text()
+    section = text.split("### Refused calls, and the fuzz that makes them")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(KINDS) and len(rows) == len(set(rows))

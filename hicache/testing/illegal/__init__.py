@@ -48,7 +48,8 @@ ops, the requests, the op id counter, the trace events emitted).
                            lock, its path not all RESIDENT in L1)       (I5)
     advance_off_prefix     advance_cached_len(r, an L1 node off r's     r's locked prefix   IT
                            locked prefix)
-    advance_stale_node     advance_cached_len(r, a removed handle)      a live node         IT
+    advance_stale_node     advance_cached_len(r, a removed handle or    a live node         IT
+                           the root)
     pin_stale_node         pin(r, the root or a removed handle, T)      a live node         IT
     unknown_request        compute / insert / advance_cached_len /      a live request      UR
                            pin / unpin / end_request, id not live

@@ -119,8 +119,10 @@ def advance_off_prefix(cp: ControlPlane, pick: int) -> IllegalCall | None:
 
 
 def advance_stale_node(cp: ControlPlane, pick: int) -> IllegalCall | None:
-    found = [(r, stale(n)) for r in _requests(cp) for n in cp.tree.nodes()]
-    return _advance("advance_stale_node", cp, found, pick, "a removed handle")
+    """advance_cached_len to a removed handle, or (odd picks) to the root."""
+    nodes = [cp.tree.root] if pick % 2 else [stale(n) for n in cp.tree.nodes()]
+    found = [(r, n) for r in _requests(cp) for n in nodes]
+    return _advance("advance_stale_node", cp, found, pick // 2, "not a live node")
 
 
 def _advance(
