@@ -104,6 +104,11 @@ DEFAULT_MACHINE: dict[str, str] = {
     "decision-unplanned": "fuzz-dsv4",
     "replay-unrevived": "fuzz-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
+    "guard-chain-head": "fuzz-null",
+    "parent-guard-grandparent": "fuzz-null",
+    "chain-deepest-first": "fuzz-null",
+    "advance-locks-first": "fuzz-null",
+    "tombstone-locked": "fuzz-dsv4",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
 }

@@ -49,6 +49,15 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   never recomputed nor revived
     L3-no-lock   -      storage._lock                             a live controller's L3 file
                                                                   is taken over by a second
+    guard-chain-head -  Executor.plan                             a row checked on a chain's
+                                                                  first node only
+    parent-guard-grandparent  execute._Context.parent_resident    the issue guard reads the
+                                                                  node's grandparent
+    chain-deepest-first control.pairwise (issue)                  a chain listed deepest first
+                                                                  issued unreversed
+    advance-locks-first ControlPlane.advance_cached_len           a refused advance leaks the
+                                                                  lock it took first
+    tombstone-locked -  ControlPlane.tombstone                    frees a window locked in L1
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 
@@ -56,6 +65,8 @@ One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `f
 found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
 defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
 in the table above.
+`guards`: guards and refusals the controller never crosses, caught by the fuzz machine's
+illegal calls (hicache/testing/illegal/).
 """
 
 from __future__ import annotations
@@ -63,10 +74,10 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, tp
+from hicache.testing.mutants import bugclasses, checker, found, guards, tp
 from hicache.testing.mutants.base import Mutant
 
-ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO)
+ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *guards.ZOO, *checker.ZOO)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
