@@ -50,6 +50,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     # the guards family's seeds: benchmarks/results/2026-12-04-zoo-guards.md
     "guard-chain-head": (2, "machine FuzzNull.illegal_calls"),
+    "guard-chain-tail": (2, "machine FuzzNull.illegal_calls"),
     "parent-guard-grandparent": (2, "machine FuzzNull.illegal_calls"),
     "chain-deepest-first": (1, "machine FuzzNull.illegal_calls"),
     "advance-locks-first": (2, "machine FuzzNull.illegal_calls"),

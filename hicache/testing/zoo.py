@@ -105,6 +105,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "replay-unrevived": "fuzz-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
     "guard-chain-head": "fuzz-null",
+    "guard-chain-tail": "fuzz-null",
     "parent-guard-grandparent": "fuzz-null",
     "chain-deepest-first": "fuzz-null",
     "advance-locks-first": "fuzz-null",

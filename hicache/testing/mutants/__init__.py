@@ -51,6 +51,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   is taken over by a second
     guard-chain-head -  Executor.plan                             a row checked on a chain's
                                                                   first node only
+    guard-chain-tail -  Executor.plan                             a row checked on a chain's
+                                                                  last node only
     parent-guard-grandparent  execute._Context.parent_resident    the issue guard reads the
                                                                   node's grandparent
     chain-deepest-first control.pairwise (issue)                  a chain listed deepest first

@@ -19,24 +19,23 @@ from typing import Any
 from hicache.testing.mutants.base import Mutant, swapped
 
 
-def _guard_chain_head() -> contextlib.AbstractContextManager[None]:
-    """The executor checks a row's source sub-state and guards on a chain's first node only
-    and takes the others' triples to follow ("a chain's nodes move together"): a chain whose
-    head may be issued and whose last node may not (its target pending or held, its source
-    gone) is issued over both."""
+def _guard_on_one_node(which: int) -> contextlib.AbstractContextManager[None]:
+    """The executor checks a row's source sub-state and guards on one node of a chain only
+    (`which`: its index, 0 the first, -1 the last) and takes the others' triples to follow
+    ("a chain's nodes move together")."""
     from hicache.execute import Executor
     from hicache.tiers import TIERS
 
     original = Executor.__dict__["plan"]
 
-    class HeadOnly:
-        """The lifecycle, except that `check` passes every segment but `head` unchecked."""
+    class OneNode:
+        """The lifecycle, except that `check` passes every segment but `checked` unchecked."""
 
-        def __init__(self, lifecycle: Any, head: Any) -> None:
-            self.lifecycle, self.head = lifecycle, head
+        def __init__(self, lifecycle: Any, checked: Any) -> None:
+            self.lifecycle, self.checked = lifecycle, checked
 
         def check(self, name: str, states: Any, locks: Any = (0, 0, 0), ctx: Any = None) -> Any:
-            if ctx is None or ctx.seg is self.head:
+            if ctx is None or ctx.seg is self.checked:
                 return self.lifecycle.check(name, states, locks, ctx)
             row = self.lifecycle.transitions[name]
             after = list(states)
@@ -50,13 +49,26 @@ def _guard_chain_head() -> contextlib.AbstractContextManager[None]:
         if len(segments) < 2:
             return original(self, name, segments, **kwargs)
         lifecycle = self.lifecycle
-        self.lifecycle = HeadOnly(lifecycle, segments[0])
+        self.lifecycle = OneNode(lifecycle, segments[which])
         try:
             return original(self, name, segments, **kwargs)
         finally:
             self.lifecycle = lifecycle
 
     return swapped(Executor, "plan", plan)
+
+
+def _guard_chain_head() -> contextlib.AbstractContextManager[None]:
+    """A row checked on a chain's first node only: a chain whose head may be issued and whose
+    last node may not (its source gone or pending) is issued over both."""
+    return _guard_on_one_node(0)
+
+
+def _guard_chain_tail() -> contextlib.AbstractContextManager[None]:
+    """A row checked on a chain's last node only, the one the op's lock lands on: a chain
+    whose head may not be issued (its parent lacks the target, its source is gone) and whose
+    nodes below it may is issued over all of them."""
+    return _guard_on_one_node(-1)
 
 
 def _parent_guard_grandparent() -> contextlib.AbstractContextManager[None]:
@@ -164,6 +176,13 @@ ZOO: tuple[Mutant, ...] = (
         "Executor.plan",
         "a row's state and guards checked on a chain's first node only",
         _guard_chain_head,
+    ),
+    Mutant(
+        "guard-chain-tail",
+        "-",
+        "Executor.plan",
+        "a row's state and guards checked on a chain's last node only",
+        _guard_chain_tail,
     ),
     Mutant(
         "parent-guard-grandparent",
