@@ -22,10 +22,18 @@ from itertools import pairwise
 
 import numpy as np
 
-from hicache.errors import HiCacheError, IllegalTransition, InvariantViolation
+from hicache.errors import IllegalTransition, InvariantViolation
 from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
-from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
+from hicache.lifecycle import (
+    ABSENT,
+    PRIVATE,
+    RESIDENT,
+    Lifecycle,
+    States,
+    Transition,
+    load_lifecycle,
+)
 from hicache.pages import Pages, pages
 from hicache.poison import refuse_when_poisoned
 from hicache.pools.hits import ALL_POOLS
@@ -33,7 +41,7 @@ from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import tier_tables
 from hicache.pools.windows import L1Windows
 from hicache.queries import PlaneQueries
-from hicache.records import PendingOp, Request, UnknownOp
+from hicache.records import LiveRequest, PendingOp, Request, UnknownOp
 from hicache.snapshot import Digests
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
@@ -102,7 +110,7 @@ class ControlPlane(PlaneQueries):
         the rule `match_short_of_last_token`: the last prompt token is always computed, for the
         first output's logits), lock its L1 hit, and serve that prefix from the cache
         (`cached_len` = L1 hit length). Returns the match (per-tier lengths and handles).
-        HiCacheError / IllegalTransition, nothing changed: a live id, an empty prompt, or a
+        LiveRequest / IllegalTransition, nothing changed: a live id, an empty prompt, or a
         `match_len` outside 0..len(tokens) - 1. Under `all_pools`, the L1 hit ends at the last
         node end whose window every trailing pool holds (a freed window: `tombstone`); under
         `anchor_recompute_swa` it ends before the window it replays, when a page of it is
@@ -111,7 +119,7 @@ class ControlPlane(PlaneQueries):
         tokens per tier every rank uses, each at most this rank's and at a node end of its
         path; the match is cut to it before anything is locked or traced."""
         if request_id in self.requests:
-            raise HiCacheError(f"request {request_id} is already live; end it first")
+            raise LiveRequest(request_id)
         most = len(tokens) - 1
         limit = most if match_len is None else match_len
         # Verify the match leaves the last prompt token to compute (rule match_short_of_last_token).
@@ -321,9 +329,10 @@ class ControlPlane(PlaneQueries):
         """After a restore into L1 completed and was published: take the request's L1 lock
         down to `node` and serve its prefix from the cache (I5: publication precedes this).
         IllegalTransition, nothing changed: a node on the path not RESIDENT in L1, one off the
-        request's locked prefix, private pages held, or an end a freed window refuses
-        (`servable_in_l1` names the deepest legal one)."""
+        request's locked prefix, private pages held, an end a freed window refuses
+        (`servable_in_l1` names the deepest legal one), or `node` the root or removed."""
         req = self._request(request_id)
+        self._verify_live([node], "cached_len", Tier.L1)
         path = self.tree.path_to_root(node)
         # Verify every node up to `node` is published in L1
         # (completion -> publication -> cached_len).
@@ -680,10 +689,24 @@ class ControlPlane(PlaneQueries):
         state and guards on every node, run its effects in table order, trace one event per
         node, remove the nodes left dead (traced `node_remove`), check the invariants.
         `pages_moved` are the pages a publish/release moves. Returns the pages the row's
-        ownership effect moved. IllegalTransition / OutOfPages: nothing changed."""
+        ownership effect moved. IllegalTransition / OutOfPages: nothing changed.
+
+        A transfer's rows (`<dir>_issue`, `_complete`, `_fail`, `_cancel`) are refused here
+        (IllegalTransition; an end only after its plan, so that a stale ack is refused as
+        one, "not pending on op"): an op is one record from its issue to its end on every
+        node it covers, and only `issue`, `complete`, `fail`, `cancel` and `complete_part`
+        keep that record; run here, a row would start an op no record holds, or end one on
+        some nodes and leave it pending (spec/lifecycle.md, "A transfer is one pending
+        operation")."""
+        row = self.lifecycle.transitions.get(name)
+        if row is not None and row.kind == "issue":
+            raise _op_row_refused(row)
         step = self.executor.plan(
             name, node_segments(nodes), pages_moved=pages_moved, request_id=request_id, op_id=op_id
         )
+        # Verify the row ends no op: the op table would no longer match the nodes.
+        if step.transition.direction is not None:
+            raise _op_row_refused(step.transition)
         moved = self.executor.run(step)
         for n in reversed(nodes):
             if self.tree.contains(n):
@@ -734,6 +757,17 @@ class ControlPlane(PlaneQueries):
             self.tracer.emit(
                 "split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)}
             )
+
+
+def _op_row_refused(row: Transition) -> IllegalTransition:
+    """Why `apply` refuses a transfer's row (ControlPlane.apply)."""
+    return IllegalTransition(
+        row.name,
+        str(row.tier),
+        "-",
+        "a transfer's rows run through issue, complete, fail, cancel or complete_part, "
+        "which keep its op record; apply runs evictions and invalidation",
+    )
 
 
 def _value(n: TreeNode, t: int) -> Pages:

@@ -20,7 +20,7 @@ from hicache.pools.windows import L1Windows
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.tiers import TIERS, Tier
-from hicache.trace import TraceHeader
+from hicache.trace import TraceHeader, Tracer
 from hicache.tree import HiRadixTree, TreeNode
 
 TIER_NAMES = tuple(str(t) for t in TIERS)  # "L1", "L2", "L3": the snapshot's keys
@@ -39,6 +39,8 @@ class PlaneQueries:
     requests: dict[int, Request]
     digests: Digests | None  # page digests for I4 (the data plane's), or None
     windows: L1Windows  # L1's freed windows, read for hits (spec/pools.md, "Freed windows")
+    tracer: Tracer
+    _next_op: int  # the id the next issued op takes (ControlPlane.next_op_id)
 
     def holds(self, node: TreeNode, tier: Tier | str) -> bool:
         """Whether `node`'s pages are published (RESIDENT) in `tier`. The root holds every
@@ -308,8 +310,70 @@ class PlaneQueries:
             self.page_size, tiers, views, ops, reqs, self.digests, self.tree.root.node_id
         )
 
+    def state_key(self) -> tuple[object, ...]:
+        """Everything the plane records, as one plain hashable tuple: the tree's records with
+        their history (`HiRadixTree.state_key`: LRU ticks, hits, id counter), every tier's
+        page table (owners, reservation generations; a pool group's side pools and held-by
+        maps), the pending ops in issue order and the next op id, the live requests (tokens,
+        lock, lengths, private pages, pins in order) and the trace events emitted so far.
+        Equal keys before and after a call mean the call changed nothing: what "raise, state
+        unchanged" promises of every refused call (spec/README.md), and what the fuzz
+        machine holds each illegal call to (hicache/testing/illegal.py). Names and history
+        are kept, never renamed (hicache/modelcheck/canonical.py reduces for its search)."""
+        tables = tuple(
+            [
+                (
+                    t.owner.tobytes(),
+                    t.generation.tobytes(),
+                    _side_key(t) if isinstance(t, TierPools) else (),
+                )
+                for t in self.tables
+            ]
+        )
+        ops = tuple(
+            [
+                (
+                    op.op_id,
+                    op.direction.value,
+                    tuple([n.node_id for n in op.nodes]),
+                    op.source_pages.tobytes(),
+                    op.target_pages.tobytes(),
+                    op.request_id,
+                )
+                for op in self.ops.values()
+            ]
+        )
+        reqs = tuple(
+            [
+                (
+                    r.request_id,
+                    r.tokens,
+                    r.locked.node_id,
+                    r.published_len,
+                    r.cached_len,
+                    r.private_pages.tobytes(),
+                    r.private_start,
+                    tuple([(n.node_id, t) for n, t in r.pins]),
+                )
+                for r in self.requests.values()
+            ]
+        )
+        return (self.tree.state_key(), tables, ops, self._next_op, reqs, self.tracer.seq)
+
     def _request(self, request_id: int) -> Request:
         req = self.requests.get(request_id)
         if req is None:
             raise UnknownRequest(request_id)
         return req
+
+
+def _side_key(table: TierPools) -> tuple[object, ...]:
+    """A pool group's side pools, whole: each one's owners and generations, and the
+    side pages each anchor page holds (`held_by`: a freed window is a TOMBSTONE there)."""
+    side = table.group_table.tables
+    return tuple(
+        [
+            (name, side[name].owner.tobytes(), side[name].generation.tobytes(), held.tobytes())
+            for name, held in table.held_by.items()
+        ]
+    )

@@ -20,6 +20,14 @@ class UnknownRequest(HiCacheError):
         super().__init__(f"request {request_id} is not live; call begin_request first")
 
 
+class LiveRequest(HiCacheError):
+    """`begin_request` named a request id that is still live: ids name one request from its
+    begin to its end, so a second begin would orphan the first's lock and pages."""
+
+    def __init__(self, request_id: int) -> None:
+        super().__init__(f"request {request_id} is already live; end it first")
+
+
 class UnknownOp(HiCacheError):
     def __init__(self, op_id: int) -> None:
         super().__init__(f"op {op_id} is not pending (already completed, failed or cancelled?)")

@@ -407,6 +407,38 @@ class HiRadixTree:
 
     # -- self-check -----------------------------------------------------------------------
 
+    def state_key(self) -> tuple[object, ...]:
+        """Everything the tree records, as a plain hashable tuple: every live node's fields
+        (id, parent, key, per-tier value, state, lock, pending op, LRU tick, hits, children,
+        present-children count, leaf-set membership), the LRU clock, the next node id and
+        the per-tier page counts. Equal keys mean equal trees, history included: what a
+        refused change must leave exactly as it was (ControlPlane.state_key)."""
+        leaves = self._leaves
+        return (
+            tuple(
+                [
+                    (
+                        n.node_id,
+                        -1 if n.parent is None else n.parent.node_id,
+                        n.key,
+                        tuple([None if v is None else v.tobytes() for v in n.value]),
+                        tuple(n.state),
+                        tuple(n.lock),
+                        tuple(n.pending),
+                        tuple(n.last_access),
+                        n.hits,
+                        tuple([c.node_id for c in n.children.values()]),
+                        tuple(n.present_children),
+                        tuple([n.node_id in tier for tier in leaves]),
+                    )
+                    for n in self._nodes.values()
+                ]
+            ),
+            self._tick,
+            self._next_id,
+            tuple(self.pages_held),
+        )
+
     def audit(self) -> list[str]:
         """Recount everything from scratch; one line per disagreement ([] when consistent).
         Checks links, key alignment, value/state agreement, lock counts, the per-tier

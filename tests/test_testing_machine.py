@@ -376,3 +376,14 @@ def test_a_load_back_published_without_its_bytes_is_caught_though_its_pages_held
             adapter.tick()  # observes the load-back DONE and publishes it
     finally:
         adapter.close()
+
+
+def test_a_prompt_through_a_freed_window_is_never_longer_than_the_longest_drawn() -> None:
+    """`free_window` admits the prefix through a node plus a tail; uncut, the next pick of
+    that prompt's own node grew it by a page, until L1 refused it (`RequestTooLarge`:
+    `hicache fuzz --pools dsv4-tiny --seed 3` failed so once the machine drew differently)."""
+    from hicache.testing.machines import LONGEST_TOKENS, through_prompt
+
+    through = tuple(range(LONGEST_TOKENS))
+    assert through_prompt(through, 4) == through
+    assert through_prompt(through[:8], 3) == (*through[:8], 0, 1, 2)

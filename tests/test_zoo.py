@@ -53,6 +53,13 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "T-h2d-fail-publishes": (4, "machine FuzzNull.agrees_with_reference: I4 tier_bytes_equal"),
     "T-h2s-keeps-lock": (0, "machine FuzzNull.agrees_with_reference: S7 lock_accounting"),
     "T-s2h-locks-l1": (0, "S7 lock_accounting"),
+    # the guards family's seeds: benchmarks/results/2026-12-04-zoo-guards.md
+    "guard-chain-head": (2, "machine FuzzNull.illegal_calls"),
+    "guard-chain-tail": (2, "machine FuzzNull.illegal_calls"),
+    "parent-guard-grandparent": (2, "machine FuzzNull.illegal_calls"),
+    "chain-deepest-first": (1, "machine FuzzNull.illegal_calls"),
+    "advance-locks-first": (2, "machine FuzzNull.illegal_calls"),
+    "tombstone-locked": (0, "machine FuzzDsv4.illegal_calls"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }
@@ -149,13 +156,14 @@ def test_fuzz_mutant_exits_0_when_caught_naming_the_check(
 
 
 def test_fuzz_mutant_exits_1_when_it_escapes(capsys: pytest.CaptureFixture[str]) -> None:
-    """B01 on the product machine escapes on every seed, whatever Hypothesis draws (the
-    controller never relies on its guard): exit 1, a line per seed. It used to exit 0
-    exactly when the mutant escaped."""
-    argv = ["fuzz", "--mutant", "B01", "--machine", "fuzz-null", "--steps", "100"]
+    """B11 on the product machine escapes on every seed, whatever Hypothesis draws (no
+    caller unlocks what it did not lock: `unpin` releases only a request's own pins; B01
+    was the example until the machine's illegal calls caught it): exit 1, a line per seed.
+    It used to exit 0 exactly when the mutant escaped."""
+    argv = ["fuzz", "--mutant", "B11", "--machine", "fuzz-null", "--steps", "100"]
     assert cli.main([*argv, "--seed", "0", "--seed", "1"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"B01: NOT caught by FuzzNull in 100 steps (seed {s})" for s in (0, 1)]
+    assert lines == [f"B11: NOT caught by FuzzNull in 100 steps (seed {s})" for s in (0, 1)]
 
 
 @pytest.mark.parametrize(
@@ -185,13 +193,13 @@ def test_fuzz_mutant_exits_0_only_when_every_seed_caught_it(
     ), lines
 
 
-@pytest.mark.parametrize("mutant, status", [("checker-off", 0), ("B01", 1)])
+@pytest.mark.parametrize("mutant, status", [("checker-off", 0), ("B11", 1)])
 def test_fuzz_with_a_mutant_and_run_options_exits_0_when_caught(
     mutant: str, status: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--mutant` beside a run option (`--plane`: a failure's replay line) runs the product
     machine with the mutant on; its status says the same as the zoo's: checker-off fails the
-    run (caught, 0), B01 never does (the controller never relies on its guard: escaped, 1)."""
+    run (caught, 0), B11 never does (no caller unlocks below zero: escaped, 1)."""
     argv = ["fuzz", "--mutant", mutant, "--plane", "null", "--seed", "0", "--steps", "50"]
     assert cli.main(argv) == status
     out = capsys.readouterr().out

@@ -37,6 +37,7 @@ class Coverage:
         self.runs = 0
         self.steps = 0  # machine steps (rules run), counted by the machine
         self.rules: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # illegal calls refused, by kind (illegal/)
         self.events = 0
         self._hash = hashlib.sha256()
 
@@ -86,6 +87,9 @@ class Coverage:
         lines = [
             f"coverage: {self.runs} runs, {self.steps} steps, {self.events} trace events",
             "rules run: " + ", ".join(f"{r} {n}" for r, n in sorted(self.rules.items())),
+            f"illegal calls refused: {sum(self.refused.values())} ("
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.refused.items()))
+            + ")",
         ]
         goals = self.goals()
         counted = {

@@ -18,6 +18,9 @@
     FuzzTpCpuDsv4                 2 ranks of dsv4-tiny on the CPU plane: rank 0's L3 copy of
                                   the replicated pools read by both, I8 over real bytes
 
+Every one of them also makes illegal calls on the control plane (`illegal_calls`,
+hicache/testing/illegal/): each refused with its typed error, nothing changed.
+
 They need no source checkout, unlike the tests' older machines. The three invariants are
 about the controller's internals, so they live here rather than in the engine-neutral machine
 (as invariants, they draw nothing: adding one leaves every seed's steps as they were).
@@ -54,8 +57,10 @@ from hicache.pages import FREE, PRIVATE
 from hicache.pools.presets import SINGLE_POOL, group
 from hicache.pools.tierpools import window_pools
 from hicache.snapshot import UNSERVABLE, Snapshot
-from hicache.testing.adapters.controller import controller_adapter, setups
+from hicache.testing.adapters.controller import PAGE_TOKENS, controller_adapter, setups
 from hicache.testing.coverage import Coverage
+from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
+from hicache.testing.illegal.rule import with_illegal_calls
 from hicache.testing.machine import (
     AIMS,
     GROUP_AIMS,
@@ -210,9 +215,23 @@ def controller_machine(
         adapter, setups(plane, pools=pools), coverage=coverage, name=name, aims=aims
     )
     checked = _with_controller_checks(base, name)
+    # Illegal calls on the control plane, each refused with nothing changed (issue 31, 2).
+    checked = with_illegal_calls(checked, name, coverage)
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return checked
     return _with_window_rule(checked, name)
+
+
+LONGEST_TOKENS = (PREFIX_PAGES + SUFFIX_PAGES_MAX + 1) * PAGE_TOKENS
+"""The longest prompt the machine draws (its tail page too): what `setups` sizes L1 and its
+windows to hold."""
+
+
+def through_prompt(through: tuple[int, ...], extra: int) -> tuple[int, ...]:
+    """A prompt through a node whose window was freed: `through` and `extra` more tokens, cut
+    to LONGEST_TOKENS. Uncut, a prompt admitted so was the next one's `through` when its
+    node was picked again, a page longer each time, until L1 refused it (RequestTooLarge)."""
+    return (through + tuple(range(extra)))[:LONGEST_TOKENS]
 
 
 def _with_window_rule(base: type[RuleBasedStateMachine], name: str) -> type[RuleBasedStateMachine]:
@@ -244,7 +263,7 @@ def _with_window_rule(base: type[RuleBasedStateMachine], name: str) -> type[Rule
             through = self.cache.free_window(pick)
             self._sync()
             if through is not None:
-                self._serve(self._admit(through + tuple(range(tail + 1))), finish=True)
+                self._serve(self._admit(through_prompt(through, tail + 1)), finish=True)
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
@@ -285,6 +304,9 @@ def tp_machine(
         ),
         name,
     )
+    # Illegal calls on one rank's control plane at a time: refused there, nothing changed,
+    # no collective made (issue 31, 2).
+    base = with_illegal_calls(base, name, coverage)
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))
@@ -349,7 +371,7 @@ def tp_machine(
                     self._serve(self._admit(prompt), finish=True)
             through = self.cache.free_windows_apart(pick)
             if through is not None and len(self.model.requests) < LIVE_MAX:
-                self._serve(self._admit(through + tuple(range(extra + 1))), finish=True)
+                self._serve(self._admit(through_prompt(through, extra + 1)), finish=True)
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

@@ -111,6 +111,12 @@ DEFAULT_MACHINE: dict[str, str] = {
     "T-h2d-fail-publishes": "fuzz-null",
     "T-h2s-keeps-lock": "fuzz-null",
     "T-s2h-locks-l1": "fuzz-dsv4",
+    "guard-chain-head": "fuzz-null",
+    "guard-chain-tail": "fuzz-null",
+    "parent-guard-grandparent": "fuzz-null",
+    "chain-deepest-first": "fuzz-null",
+    "advance-locks-first": "fuzz-null",
+    "tombstone-locked": "fuzz-dsv4",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
 }

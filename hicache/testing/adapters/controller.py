@@ -443,6 +443,11 @@ class ControllerAdapter:
 
     # -- observation --------------------------------------------------------------------------
 
+    def control_planes(self) -> list[Any]:
+        """The control plane the machine may send illegal calls (hicache/testing/illegal/):
+        each is refused with nothing changed, so the controller never sees them."""
+        return [self.ctl.cp]
+
     def check(self) -> list[str]:
         from hicache.invariants import check_all
 

@@ -110,6 +110,11 @@ class TPAdapter:
     def faults(self) -> Any:
         return self.ranks[0].faults
 
+    def control_planes(self) -> list[Any]:
+        """Every rank's control plane, in rank order: the machine's illegal calls go to one
+        rank's at a time, between collective steps (each refused, nothing changed)."""
+        return [a.ctl.cp for a in self.ranks]
+
     @property
     def rank_controllers(self) -> list[Any]:
         """Every rank's controller, in rank order (the machine's byte checks read each)."""

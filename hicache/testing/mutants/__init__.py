@@ -57,14 +57,27 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   its L2 source locked
     T-s2h-locks-l1 -    lifecycle.toml s2h_issue                  a promotion locks L1, not
                                                                   its L3 source
+    guard-chain-head -  Executor.plan                             a row checked on a chain's
+                                                                  first node only
+    guard-chain-tail -  Executor.plan                             a row checked on a chain's
+                                                                  last node only
+    parent-guard-grandparent  execute._Context.parent_resident    the issue guard reads the
+                                                                  node's grandparent
+    chain-deepest-first control.pairwise (issue)                  a chain listed deepest first
+                                                                  issued unreversed
+    advance-locks-first ControlPlane.advance_cached_len           a refused advance leaks the
+                                                                  lock it took first
+    tombstone-locked -  ControlPlane.tombstone                    frees a window locked in L1
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
-executor and the walk's machine both read the edited rows), `checker` (the invariant
-checker's own failure modes); `base` defines `Mutant` and `swapped`. A new mutant goes in
-its family's module and its `ZOO`, and in the table above.
+executor and the walk's machine both read the edited rows), `guards` (guards and refusals
+the controller never crosses, caught by the fuzz machine's illegal calls:
+hicache/testing/illegal/), `checker` (the invariant checker's own failure modes); `base`
+defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
+in the table above.
 """
 
 from __future__ import annotations
@@ -72,10 +85,17 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, tables, tp
+from hicache.testing.mutants import bugclasses, checker, found, guards, tables, tp
 from hicache.testing.mutants.base import Mutant
 
-ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *tables.ZOO, *checker.ZOO)
+ZOO: tuple[Mutant, ...] = (
+    *bugclasses.ZOO,
+    *tp.ZOO,
+    *found.ZOO,
+    *tables.ZOO,
+    *guards.ZOO,
+    *checker.ZOO,
+)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
