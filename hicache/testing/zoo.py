@@ -104,6 +104,11 @@ DEFAULT_MACHINE: dict[str, str] = {
     "decision-unplanned": "fuzz-dsv4",
     "replay-unrevived": "fuzz-dsv4",
     "TP-rank-local-bytes": "fuzz-tp-cpu-dsv4",
+    "LV-l3-head-only": "fuzz-null",
+    "LV-lru-unsorted": "fuzz-null",
+    "LV-quarantine-forgets": "fuzz-null",
+    "LV-writeback-parent": "fuzz-null",
+    "LV-l3-hit-min": "fuzz-null",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
 }

@@ -49,11 +49,22 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   never recomputed nor revived
     L3-no-lock   -      storage._lock                             a live controller's L3 file
                                                                   is taken over by a second
+    LV-l3-head-only -   Transfers.settle                          a D2H wants its chain's first
+                                                                  node in L3: deeper never go
+    LV-lru-unsorted -   HiRadixTree.candidates                    eviction in leaf order, not
+                                                                  least recently used first
+    LV-quarantine-forgets L3Health._bad_slots                     a bad L3 copy is forgotten,
+                                                                  never dropped
+    LV-writeback-parent Transfers.back_up_now                     write-back backs up the
+                                                                  victim's parent: victim lost
+    LV-l3-hit-min -     CacheController._policy_hits              the L3 hit offered is cut at
+                                                                  the L2 hit: L3 never chosen
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
-found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
+found from outside, put back), `liveness` (the LV- ones: a cache that stays safe but does less
+than the spec promises), `checker` (the invariant checker's own failure modes); `base`
 defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
 in the table above.
 """
@@ -63,10 +74,16 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, tp
+from hicache.testing.mutants import bugclasses, checker, found, liveness, tp
 from hicache.testing.mutants.base import Mutant
 
-ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO)
+ZOO: tuple[Mutant, ...] = (
+    *bugclasses.ZOO,
+    *tp.ZOO,
+    *found.ZOO,
+    *liveness.ZOO,
+    *checker.ZOO,
+)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
