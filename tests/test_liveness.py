@@ -186,3 +186,48 @@ def test_a_fallback_whose_reason_the_state_does_not_allow_is_found(
         got = findings(a, "fallback reason")
         a.close()
         assert bool(got) == found, (reason, got)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_inserted_node_is_in_l2_after_a_drain_under_write_through(
+    planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under write_through an insert owes L2 its node (spec/policies.md, What a drain
+    guarantees). A planted bug: the planner forgets the insert's wish, so the node never
+    reaches L2 and no drop is counted (`backup undelivered`, owed L2)."""
+    from hicache.controller.backup import BackupPlanner
+
+    if planted:
+        monkeypatch.setattr(BackupPlanner, "after_insert", lambda self, node: None)
+    a = adapter(write_policy="write_through")
+    serve(a, 1, P + (1,))
+    a.drain()
+    got = findings(a, "backup undelivered")
+    a.close()
+    assert bool(got) == planted, got
+    assert all("owed L2" in f for f in got)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_eviction_loop_runs_until_want_is_freed_or_no_candidate_is_left(
+    planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """P and Q are leaves of L1 with L2 copies: `evict(L1, ALL)` takes both. A planted bug:
+    the loop stops after its first victim, a candidate left (`eviction count`)."""
+    from hicache.control import ControlPlane
+
+    if planted:
+        original = ControlPlane.evict
+
+        def once(self: Any, tier: Any, n_pages: int, *args: Any, **kwargs: Any) -> int:
+            return original(self, tier, min(n_pages, 1), *args, **kwargs)
+
+        monkeypatch.setattr(ControlPlane, "evict", once)
+    a = adapter(write_policy="write_through")
+    serve(a, 1, P + (1,))
+    serve(a, 2, Q + (1,))
+    a.drain()
+    a.evict("L1", ALL)
+    got = findings(a, "eviction count")
+    a.close()
+    assert bool(got) == planted, got

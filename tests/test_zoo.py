@@ -46,7 +46,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-min-of-maxima": (2, "I9 group_atomic"),
     "F11-no-clamp": (0, "I4 tier_bytes_equal"),
     "L3-no-lock": (0, "machine FuzzCpu.l3_refuses_a_second_opener"),
-    "decision-unplanned": (0, "machine FuzzDsv4.agrees_with_reference: decision unplanned"),
+    "decision-unplanned": (0, "FuzzDsv4.agrees_with_reference: restore choice, decision unplanned"),
     "replay-unrevived": (3, "machine FuzzDsv4._admit: differential L1 hit length at admission"),
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "LV-l3-head-only": (1, "machine FuzzNull.agrees_with_reference: backup undelivered"),
