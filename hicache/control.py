@@ -94,6 +94,10 @@ class ControlPlane(PlaneQueries):
         self.windows = L1Windows(self.tables[0], page_size, hit_policy)
         self.executor = Executor(self.lifecycle, self.tree, self.tables, self.tracer)
         self.tree.on_split.append(self._on_split)
+        # Told (the nodes `_remove_dead` removed, the nearest node left on their path: an
+        # ancestor, or the root): where a caller that remembers a node (the backup planner's
+        # wishes) moves it to.
+        self.on_remove: list[Callable[[list[TreeNode], TreeNode], None]] = []
         self.tracer.begin(self.trace_header())  # a sink that writes a file puts it first
         walk_hook(self.tracer, self.lifecycle)
 
@@ -716,10 +720,17 @@ class ControlPlane(PlaneQueries):
 
     def _remove_dead(self, node: TreeNode) -> None:
         """Remove `node` and then its ancestors while they are dead; each removal is traced
-        `node_remove` (every removal of the reference goes through here)."""
-        for r in self.tree.remove_if_dead(node):
+        `node_remove` (every removal of the reference goes through here), then the
+        `on_remove` hooks are told what went and the nearest node left on its path."""
+        path = self.tree.path_to_root(node) if self.on_remove and node.is_dead() else []
+        removed = self.tree.remove_if_dead(node)
+        for r in removed:
             if self.tracer.enabled:
                 self.tracer.emit("node_remove", node=r.node_id)
+        if removed and self.on_remove:
+            left = path[len(removed)] if len(path) > len(removed) else self.tree.root
+            for hook in self.on_remove:
+                hook(removed, left)
 
     def _verify_live(self, nodes: Sequence[TreeNode], event: str, tier: Tier) -> None:
         """IllegalTransition unless every node is a live, non-root node of this tree: a caller

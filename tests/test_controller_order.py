@@ -154,3 +154,31 @@ def test_an_l3_part_dropped_with_its_l2_part_is_a_fallback_of_its_own() -> None:
     assert c.prefill(3) == len(ABC)  # nothing restored: the whole prompt is recomputed
     c.finish(3)
     c.close()
+
+
+def test_a_wish_on_a_node_that_leaves_the_tree_passes_to_the_node_above_it() -> None:
+    """spec/policies.md, rules 1 and 4: U and X reached L2 by one D2H, so both are owed L3;
+    the wish is X's (the chain's last). X leaves L1 and L2 before its H2S is planned, so it
+    leaves the tree: the wish passes to U, which still holds L2, and U's H2S is planned. (It
+    was forgotten with X: U never reached L3 and no drop was counted -- the fuzz machine's
+    `backup undelivered` finding, seed 0.)"""
+    from hicache.control import ControlPlane
+    from hicache.controller.backup import BackupPlanner
+    from hicache.tiers import Direction, Tier
+
+    cp = ControlPlane(2, (8, 8, 8))
+    planner = BackupPlanner(cp, "write_through")
+    cp.begin_request(1, [1, 2, 3, 4, 9])
+    cp.compute(1, 6)
+    cp.insert(1)
+    cp.end_request(1)
+    cp.begin_request(2, [1, 2, 9])  # its match splits the node after 2 tokens: U, then X
+    cp.end_request(2)
+    u, x = reversed(cp.tree.path_to_root(cp.tree.match([1, 2, 3, 4], touch=False).path[-1]))
+    op = cp.issue(Direction.D2H, [u, x])
+    cp.complete(op.op_id)
+    planner.after_d2h(x)
+    cp.evict_node(x, Tier.L1)
+    cp.evict_node(x, Tier.L2)
+    assert not cp.is_live(x)
+    assert list(planner.due()) == [(Direction.H2S, [u])] and not planner.pending

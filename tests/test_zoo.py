@@ -5,9 +5,9 @@ Each mutant runs against its default machine (`hicache.testing.zoo.DEFAULT_MACHI
 product machine, FuzzNull or FuzzCpu, where it catches the mutant on every seed) with one
 fixed Hypothesis seed, so CI replays the same run: the seed of 0-4 that caught it soonest in
 benchmarks/results/2026-12-03-zoo-l3-restores.md (and, for the mutants added or moved since,
-2026-12-04-zoo-fuzzfind.md; the table mutants, 2026-12-04-zoo-tables.md), which measure all
-five seeds, misses included (the zoo draws no constants from the source, so a seed's run
-does not depend on what ran before). The test
+2026-12-04-zoo-fuzzfind.md; the table mutants, 2026-12-04-zoo-tables.md; the liveness ones,
+2026-12-04-zoo-liveness.md), which measure all five seeds, misses included (the zoo draws no
+constants from the source, so a seed's run does not depend on what ran before). The test
 guards against the machines losing a catch; the file stays within a minute on two cores, and
 `MAX_STEPS` bounds each run.
 """
@@ -46,7 +46,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-min-of-maxima": (2, "I9 group_atomic"),
     "F11-no-clamp": (0, "I4 tier_bytes_equal"),
     "L3-no-lock": (0, "machine FuzzCpu.l3_refuses_a_second_opener"),
-    "decision-unplanned": (0, "machine FuzzDsv4.agrees_with_reference: decision unplanned"),
+    "decision-unplanned": (0, "FuzzDsv4.agrees_with_reference: restore choice, decision unplanned"),
     "replay-unrevived": (3, "machine FuzzDsv4._admit: differential L1 hit length at admission"),
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "T-h2d-unpinned": (0, "S7 lock_accounting"),
@@ -60,6 +60,11 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "chain-deepest-first": (1, "machine FuzzNull.illegal_calls"),
     "advance-locks-first": (2, "machine FuzzNull.illegal_calls"),
     "tombstone-locked": (0, "machine FuzzDsv4.illegal_calls"),
+    "LV-l3-head-only": (1, "machine FuzzNull.agrees_with_reference: backup undelivered"),
+    "LV-lru-unsorted": (1, "machine FuzzNull.agrees_with_reference: eviction order"),
+    "LV-quarantine-forgets": (1, "machine FuzzNull.agrees_with_reference: quarantine kept"),
+    "LV-writeback-parent": (1, "machine FuzzNull.agrees_with_reference: unbacked eviction"),
+    "LV-l3-hit-min": (1, "machine FuzzNull.agrees_with_reference: restore skipped"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
 }

@@ -13,8 +13,10 @@ controller issues them (and counts a chain it cannot issue as dropped). A *chain
 parent-first run of path nodes that hold the source tier and lack the target, whose first
 node's parent holds the target (or is the root): issuing it opens no backup gap (structural
 check S6 `tier_ancestor_closed`, spec/invariants.md). A wanted node behind a chain whose
-transfer is still pending stays wanted and is planned again on a later tick. At most
-`WANTED_MAX` targets are remembered per direction; beyond it the oldest are forgotten.
+transfer is still pending stays wanted and is planned again on a later tick; one that leaves
+the tree passes its wish to the nearest node left on its path (the ancestors its chain would
+have taken along still need it). At most `WANTED_MAX` targets are remembered per direction;
+beyond it the oldest are forgotten.
 Every question about a node goes to the control plane (its queries), never to node fields.
 """
 
@@ -76,6 +78,7 @@ class BackupPlanner:
         self.write_policy = write_policy
         self.windows = windows  # `chain_lacking`'s: False across ranks
         self.wanted: dict[Direction, dict[int, TreeNode]] = {Direction.D2H: {}, Direction.H2S: {}}
+        cp.on_remove.append(self._removed)
 
     @property
     def pending(self) -> bool:
@@ -88,6 +91,15 @@ class BackupPlanner:
         queue[node.node_id] = node
         if len(queue) > WANTED_MAX:
             queue.pop(next(iter(queue)))
+
+    def _removed(self, nodes: list[TreeNode], left: TreeNode) -> None:
+        """Nodes left the tree (dead: they hold nothing): a wish on one of them passes to
+        `left`, the nearest node left on their path, whose chain holds what the wish still
+        needs (rule 4 of spec/policies.md); none passes to the root."""
+        for direction, queue in self.wanted.items():
+            wished = [queue.pop(n.node_id, None) for n in nodes]
+            if any(w is not None for w in wished) and not left.is_root:
+                self.want(direction, left)
 
     def after_insert(self, node: TreeNode) -> None:
         if self.write_policy == "write_through":
@@ -104,8 +116,9 @@ class BackupPlanner:
         """The chains to issue now, D2H first, one at a time: each is planned only when the
         caller asks for the next, so it sees what issuing the previous one changed (its
         make-room may have evicted a node an earlier plan relied on). Forgets targets with
-        nothing left to do, or removed from the tree. A yielded chain's target is no longer
-        wanted: issuing it is the caller's job, and one that cannot be issued is dropped."""
+        nothing left to do (a removed one's wish passed on already: `_removed`). A yielded
+        chain's target is no longer wanted: issuing it is the caller's job, and one that
+        cannot be issued is dropped."""
         for direction in (Direction.D2H, Direction.H2S):
             queue = self.wanted[direction]
             for node_id, node in list(queue.items()):

@@ -117,6 +117,11 @@ DEFAULT_MACHINE: dict[str, str] = {
     "chain-deepest-first": "fuzz-null",
     "advance-locks-first": "fuzz-null",
     "tombstone-locked": "fuzz-dsv4",
+    "LV-l3-head-only": "fuzz-null",
+    "LV-lru-unsorted": "fuzz-null",
+    "LV-quarantine-forgets": "fuzz-null",
+    "LV-writeback-parent": "fuzz-null",
+    "LV-l3-hit-min": "fuzz-null",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
 }

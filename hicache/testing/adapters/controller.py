@@ -53,6 +53,7 @@ from hicache.pools.presets import SINGLE_POOL, TINY, group, names
 from hicache.pools.tierpools import TierPools, window_pools
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
+from hicache.testing.liveness import Liveness, ObservedSink
 from hicache.testing.protocol import (
     PENDING,
     WINDOW_FREED,
@@ -62,7 +63,7 @@ from hicache.testing.protocol import (
     PageChange,
 )
 from hicache.tiers import TIERS, Direction, Tier
-from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.trace import TraceEvent, TraceHeader, Tracer
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -126,7 +127,7 @@ class ControllerAdapter:
         self.collectives = collectives
         rank = 0 if collectives is None else collectives.rank
         self.lifecycle: Lifecycle = load_lifecycle()
-        self.sink = ListSink()
+        self.sink = ObservedSink()
         self.events: list[TraceEvent] = []  # every event of every controller this adapter built
         # Seeded by the setup, so runs differ in what they draw before their first schedule
         # (a pool group's landing reports; a single pool draws nothing then).
@@ -134,7 +135,7 @@ class ControllerAdapter:
         if setup.pools != SINGLE_POOL:
             self.faults.rates[FaultSite.S2H_PARTIAL] = PARTIAL_RATE  # F11, F12 (`set_faults`)
         self.tokens: dict[int, tuple[int, ...]] = {}
-        self.findings: list[str] = []  # the adapter's own (`check`): decisions not made
+        self.findings: list[str] = []  # the adapter's own (`check`), its probes' (liveness)
         self.dir: tempfile.TemporaryDirectory[str] | None = None
         self.ctl = self._build()
         self.page_size = self.ctl.config.kv.page_size
@@ -178,7 +179,7 @@ class ControllerAdapter:
             hit_policy=s.hit_policy,
             l1_window_pages=s.l1_window_pages,
         )
-        self.sink = ListSink()
+        self.sink = ObservedSink()
         self._seen = 0  # events of `sink` already turned into page changes
         self.nodes: dict[int, list[Any]] = {}  # node id -> [start token, end prefix]
         engine = None
@@ -194,6 +195,8 @@ class ControllerAdapter:
         )
         self._fail_pools(ctl)
         self._poison_reserved(ctl)
+        # Liveness, durability, efficiency (hicache/testing/liveness): one rank's probes.
+        self.liveness = Liveness(ctl, s, self.sink, self.findings, self.collectives is not None)
         return ctl
 
     def _poison_reserved(self, ctl: CacheController) -> None:
@@ -240,7 +243,8 @@ class ControllerAdapter:
     def submit(self, request_id: int, tokens: Sequence[int]) -> Admission:
         self.tokens[request_id] = tuple(tokens)
         fallbacks = sum(self.ctl.metrics.fallbacks.values())
-        mat = self.ctl.admit(request_id, tokens)
+        with self.liveness.call("submit", request_id):
+            mat = self.ctl.admit(request_id, tokens)
         d = mat.decision
         if d.choice != "recompute" and not mat.nodes:
             if sum(self.ctl.metrics.fallbacks.values()) == fallbacks:
@@ -257,16 +261,19 @@ class ControllerAdapter:
 
     def prefill(self, request_id: int) -> bool:
         try:
-            self.ctl.prefill(request_id)
+            with self.liveness.call("prefill", request_id):
+                self.ctl.prefill(request_id)
         except OutOfPages:
             return False
         return True
 
     def finish(self, request_id: int) -> None:
-        self.ctl.finish(request_id)
+        with self.liveness.call("finish", request_id):
+            self.ctl.finish(request_id)
 
     def cancel_restore(self, request_id: int) -> None:
-        self.ctl.cancel_restore(request_id)
+        with self.liveness.call("cancel_restore", request_id):
+            self.ctl.cancel_restore(request_id)
 
     def live(self) -> set[int]:
         return set(self.ctl.cp.requests)
@@ -289,7 +296,8 @@ class ControllerAdapter:
 
     def tick(self) -> None:
         self._join_io()
-        self.ctl.tick()
+        with self.liveness.call("tick"):
+            self.ctl.tick()
 
     def has_work(self) -> bool:
         ctl = self.ctl
@@ -328,7 +336,8 @@ class ControllerAdapter:
         handle.fail(error or TransferError(f"{op.direction} failed (injected)"))
 
     def evict(self, tier: str, n_pages: int) -> None:
-        self.ctl.evict(tier, n_pages)
+        with self.liveness.call("evict"):
+            self.ctl.evict(tier, n_pages)
 
     def set_faults(self, schedule: FaultSchedule) -> None:
         """Every site is drawn, the controller's own included: ALLOC_L1/L2/L3 (a reservation
@@ -348,7 +357,12 @@ class ControllerAdapter:
 
     def drain(self) -> None:
         """Every transfer ends (each per the schedule); ticks until nothing is in flight and
-        no backup is wanted (bounded: backups of backups end after L3)."""
+        no backup is wanted (bounded: backups of backups end after L3); then what a drain
+        guarantees is checked (hicache/testing/liveness)."""
+        with self.liveness.call("drain"):
+            self._drain()
+
+    def _drain(self) -> None:
         for _ in range(64):
             if not self.ctl.handles and not self.ctl.backups.pending:
                 return

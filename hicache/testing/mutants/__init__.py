@@ -68,6 +68,16 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     advance-locks-first ControlPlane.advance_cached_len           a refused advance leaks the
                                                                   lock it took first
     tombstone-locked -  ControlPlane.tombstone                    frees a window locked in L1
+    LV-l3-head-only -   Transfers.settle                          a D2H wants its chain's first
+                                                                  node in L3: deeper never go
+    LV-lru-unsorted -   HiRadixTree.candidates                    eviction in leaf order, not
+                                                                  least recently used first
+    LV-quarantine-forgets L3Health._bad_slots                     a bad L3 copy is forgotten,
+                                                                  never dropped
+    LV-writeback-parent Transfers.back_up_now                     write-back backs up the
+                                                                  victim's parent: victim lost
+    LV-l3-hit-min -     CacheController._policy_hits              the L3 hit offered is cut at
+                                                                  the L2 hit: L3 never chosen
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
 
@@ -75,7 +85,8 @@ One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `f
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
 executor and the walk's machine both read the edited rows), `guards` (guards and refusals
 the controller never crosses, caught by the fuzz machine's illegal calls:
-hicache/testing/illegal/), `checker` (the invariant checker's own failure modes); `base`
+hicache/testing/illegal/), `liveness` (the LV- ones: a cache that stays safe but does less
+than the spec promises), `checker` (the invariant checker's own failure modes); `base`
 defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
 in the table above.
 """
@@ -85,7 +96,7 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, guards, tables, tp
+from hicache.testing.mutants import bugclasses, checker, found, guards, liveness, tables, tp
 from hicache.testing.mutants.base import Mutant
 
 ZOO: tuple[Mutant, ...] = (
@@ -94,6 +105,7 @@ ZOO: tuple[Mutant, ...] = (
     *found.ZOO,
     *tables.ZOO,
     *guards.ZOO,
+    *liveness.ZOO,
     *checker.ZOO,
 )
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""

@@ -1,0 +1,233 @@
+"""The liveness probes of the controller adapter (hicache/testing/liveness): each property
+names what a broken controller does -- one of the zoo's liveness mutants, or a bug planted
+here -- and says nothing about the same script on the reference.
+
+Every scenario runs on the null plane (no torch), driven through the adapter as the fuzz
+machine drives it; `findings(...)` are the adapter's `check()` lines the probes added."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.testing.mutants import activate
+
+ALL = 10_000  # pages an `evict` asks for to give up all a tier can
+P = tuple(range(100, 112))  # 3 pages
+Q = tuple(range(200, 208))  # 2 pages
+
+
+def adapter(**kw: Any) -> ControllerAdapter:
+    base = {"l1_pages": 12, "l2_pages": 12, "l3_slots": 12, "policy": "always"}
+    return ControllerAdapter(Setup(**{**base, **kw}))
+
+
+def serve(a: ControllerAdapter, rid: int, tokens: tuple[int, ...], end: bool = True) -> None:
+    """Admit, let the restore settle, prefill, and (`end`) finish."""
+    a.submit(rid, tokens)
+    while not a.ready(rid):
+        a.drain()
+    assert a.prefill(rid)
+    if end:
+        a.finish(rid)
+
+
+def findings(a: ControllerAdapter, name: str) -> list[str]:
+    """The probes' findings named `name` ("backup undelivered", ...)."""
+    return [f for f in a.findings if f.startswith(name)]
+
+
+@contextlib.contextmanager
+def maybe(mutant: str | None) -> Iterator[None]:
+    if mutant is None:
+        yield
+        return
+    with activate(mutant):
+        yield
+
+
+def given_up(a: ControllerAdapter, tiers: tuple[str, ...], *prompts: tuple[int, ...]) -> None:
+    """`prompts` served in turn (requests 1, 2, ...), every backup drained, then `tiers`
+    gave up all they could: the prompts' whole pages are held by the tiers below."""
+    for rid, tokens in enumerate(prompts, 1):
+        serve(a, rid, tokens)
+    a.drain()
+    for tier in tiers:
+        a.evict(tier, ALL)
+
+
+def restore_fails(a: ControllerAdapter, tokens: tuple[int, ...], kind: str) -> None:
+    """Admit `tokens` (request 99): its restore's one transfer fails as `kind`, observed."""
+    a.submit(99, tokens)
+    (op,) = a.pending_ops()
+    a.fail(op, kind)
+    a.tick()
+
+
+@pytest.mark.parametrize("mutant", [None, "LV-l3-head-only"])
+def test_a_node_a_d2h_backed_up_is_in_l3_after_a_drain(mutant: str | None) -> None:
+    """Request 1 inserts P; request 2's match splits it (U, then X) before the backup runs,
+    so one D2H backs up the chain [U, X]: after a drain both are in L3 (L3 follows L2). The
+    mutant wants U alone in L3: X is `backup undelivered`."""
+    with maybe(mutant):
+        a = adapter(write_policy="write_through")
+        serve(a, 1, P + (1,))
+        a.submit(2, P[:8] + (2,))
+        a.drain()
+        got = findings(a, "backup undelivered")
+        a.close()
+    assert bool(got) == (mutant is not None), got
+    assert all("owed L3" in f for f in got)
+
+
+@pytest.mark.parametrize("mutant", [None, "LV-lru-unsorted"])
+def test_each_eviction_takes_the_least_recently_used_leaf(mutant: str | None) -> None:
+    """P, then Q, are leaves of L1; P is matched again, so Q is the least recently used:
+    `evict(L1, 1)` takes Q. The mutant takes the leaf that became one first (P)."""
+    with maybe(mutant):
+        a = adapter(write_policy="write_through")
+        serve(a, 1, P + (1,))
+        serve(a, 2, Q + (1,))
+        a.drain()
+        a.submit(3, P + (3,))
+        a.finish(3)
+        a.evict("L1", 1)
+        got = findings(a, "eviction order")
+        a.close()
+    assert bool(got) == (mutant is not None), got
+
+
+@pytest.mark.parametrize("mutant", [None, "LV-writeback-parent"])
+def test_a_write_back_victim_is_backed_up_or_its_loss_counted(mutant: str | None) -> None:
+    """Under write_back, P and its child P+Q are in L1 alone; evicting L1 backs each victim
+    up first. The mutant backs up the child's parent instead: the child leaves L1 without
+    a copy and without `host_pressure` counted (`unbacked eviction`)."""
+    with maybe(mutant):
+        a = adapter(write_policy="write_back")
+        serve(a, 1, P + (1,))
+        serve(a, 2, P + Q + (1,))
+        a.evict("L1", ALL)
+        got = findings(a, "unbacked eviction")
+        a.close()
+    assert bool(got) == (mutant is not None), got
+
+
+@pytest.mark.parametrize("mutant", [None, "LV-quarantine-forgets"])
+def test_a_bad_l3_copy_is_gone_after_the_tick_that_found_it(mutant: str | None) -> None:
+    """P is in L3 alone; its restore's S2H fails its checksum. No reader is left once the
+    part is dropped, so the tick that observes the failure drops the copy. The mutant
+    forgets the quarantine and keeps the copy (`quarantine kept`)."""
+    with maybe(mutant):
+        a = adapter(write_policy="write_through")
+        given_up(a, ("L1", "L2"), P + (1,))
+        restore_fails(a, P + (2,), "corrupt")
+        got = findings(a, "quarantine kept")
+        a.close()
+    assert bool(got) == (mutant is not None), got
+
+
+@pytest.mark.parametrize("mutant", [None, "LV-l3-hit-min"])
+def test_a_prompt_only_l3_holds_is_restored_under_always(mutant: str | None) -> None:
+    """P is in L3 alone: under `always` the restore from L3 is chosen. The mutant offers an
+    L3 hit cut at the L2 hit (0): recompute (`restore skipped`)."""
+    with maybe(mutant):
+        a = adapter(write_policy="write_through")
+        given_up(a, ("L1", "L2"), P + (1,))
+        serve(a, 2, P + (2,))
+        got = findings(a, "restore skipped")
+        a.close()
+    assert bool(got) == (mutant is not None), got
+
+
+def test_a_restore_served_short_of_its_plan_with_nothing_counted_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planted bug: the plan leaves out its last node (so the request recomputes it, no
+    fallback counted). P was split in two nodes, both in L2 alone: the L2 restore chosen
+    reaches token 12 and serves 8 (`restore short`)."""
+    import hicache.controller.controller as controller
+    from hicache.controller.materialize import Plan, plan_parts
+
+    a = adapter(write_policy="write_through")
+    given_up(a, ("L1",), P + (1,), P[:8] + (2,))
+
+    def short(*args: Any, **kwargs: Any) -> Plan:
+        plan = plan_parts(*args, **kwargs)
+        return Plan(plan.shared, plan.l2_part[:-1], plan.l3_part)
+
+    monkeypatch.setattr(controller, "plan_parts", short)
+    serve(a, 3, P + (3,))
+    got = findings(a, "restore short")
+    a.close()
+    assert got and "to token 12" in got[0] and "to token 8" in got[0], a.findings
+
+
+def test_a_fallback_whose_reason_the_state_does_not_allow_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planted bug: a failed load-back is counted as `prefetch_clamped`, a reason only a
+    pool group's stopped S2H has; the same failure counted as `transfer_failed` is fine."""
+    from hicache.controller.restore import RestoreStager
+
+    original = RestoreStager._drop_part
+    for reason, found in ((None, False), ("prefetch_clamped", True)):
+
+        def drop(self: Any, mat: Any, part: Any, why: str, reason: str | None = reason) -> None:
+            original(self, mat, part, reason or why)
+
+        monkeypatch.setattr(RestoreStager, "_drop_part", drop)
+        a = adapter(write_policy="write_through")
+        given_up(a, ("L1",), P + (1,))
+        restore_fails(a, P + (2,), "error")
+        got = findings(a, "fallback reason")
+        a.close()
+        assert bool(got) == found, (reason, got)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_inserted_node_is_in_l2_after_a_drain_under_write_through(
+    planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under write_through an insert owes L2 its node (spec/policies.md, What a drain
+    guarantees). A planted bug: the planner forgets the insert's wish, so the node never
+    reaches L2 and no drop is counted (`backup undelivered`, owed L2)."""
+    from hicache.controller.backup import BackupPlanner
+
+    if planted:
+        monkeypatch.setattr(BackupPlanner, "after_insert", lambda self, node: None)
+    a = adapter(write_policy="write_through")
+    serve(a, 1, P + (1,))
+    a.drain()
+    got = findings(a, "backup undelivered")
+    a.close()
+    assert bool(got) == planted, got
+    assert all("owed L2" in f for f in got)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_eviction_loop_runs_until_want_is_freed_or_no_candidate_is_left(
+    planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """P and Q are leaves of L1 with L2 copies: `evict(L1, ALL)` takes both. A planted bug:
+    the loop stops after its first victim, a candidate left (`eviction count`)."""
+    from hicache.control import ControlPlane
+
+    if planted:
+        original = ControlPlane.evict
+
+        def once(self: Any, tier: Any, n_pages: int, *args: Any, **kwargs: Any) -> int:
+            return original(self, tier, min(n_pages, 1), *args, **kwargs)
+
+        monkeypatch.setattr(ControlPlane, "evict", once)
+    a = adapter(write_policy="write_through")
+    serve(a, 1, P + (1,))
+    serve(a, 2, Q + (1,))
+    a.drain()
+    a.evict("L1", ALL)
+    got = findings(a, "eviction count")
+    a.close()
+    assert bool(got) == planted, got
