@@ -50,6 +50,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "TP-rank-local-bytes": (3, "I8 replicated_bytes_equal"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
+    "oracle-pages-count": (0, "machine FuzzNull.self_check: accepted pages-freed"),
+    "oracle-two-ids": (2, "machine FuzzNull.self_check: accepted node-second-id"),
+    "oracle-no-before": (1, "machine FuzzNull.self_check: accepted before"),
+    "oracle-seq-repeat": (0, "machine FuzzNull.self_check: accepted seq-repeated"),
 }
 
 

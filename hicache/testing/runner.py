@@ -34,6 +34,11 @@ HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of tests/conftest.py) the d
 `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
 it is a terminal, or with `--progress`.
 
+Every run of the controller's machines also judges its oracle (hicache/testing/selfcheck.py):
+check-trace must accept each engine's trace of the run and reject each of the run's drawn
+corruptions of it (an edit of hicache/checktrace/illegal.py's catalogue); the summary's
+`self-check:` line counts them, `--report` per edit.
+
 `--trace FILE` writes one trace (spec/trace.md: a header line, then the events) that
 `hicache check-trace FILE` replays: the last run's -- on a failure, the failing run as
 Hypothesis shrank it, which it runs last. A run whose engine was restarted (a `restart`
@@ -55,7 +60,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hicache.errors import ConfigError
@@ -64,6 +69,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
+from hicache.testing.selfcheck import SelfCheckCounts
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
@@ -207,7 +213,9 @@ class FuzzResult:
     """What one `hicache fuzz` run did: `ok` (no failure), its `runs`, `steps` and trace
     `events` (counted as Hypothesis ran them, shrinking included), `seconds` (wall, the
     machine's runs only), the trace `digest` (the same for the same seed, plane and adapter),
-    and `text`: what `hicache fuzz` prints (the summary, or the failure with its replay line)."""
+    `text`: what `hicache fuzz` prints (the summary, or the failure with its replay line), and
+    `selfcheck`: what check-trace judged (hicache/testing/selfcheck.py: the traces and events
+    it replayed, the corruptions of them it was given and rejected, per edit)."""
 
     ok: bool
     runs: int
@@ -216,6 +224,7 @@ class FuzzResult:
     seconds: float
     digest: str
     text: str
+    selfcheck: SelfCheckCounts = field(default_factory=SelfCheckCounts)
 
     @property
     def status(self) -> int:
@@ -315,12 +324,20 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
             file=out,
         )
         print(f"trace digest: {coverage.digest}", file=out)
+        print(coverage.selfcheck.summary(), file=out)
         if args.report:
             print(coverage.report(), file=out)
     if last is not None:
         print(last.write(), file=out)
     return FuzzResult(
-        ok, coverage.runs, coverage.steps, coverage.events, seconds, coverage.digest, out.getvalue()
+        ok,
+        coverage.runs,
+        coverage.steps,
+        coverage.events,
+        seconds,
+        coverage.digest,
+        out.getvalue(),
+        coverage.selfcheck,
     )
 
 

@@ -51,9 +51,15 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   is taken over by a second
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
+    oracle-pages-count  checktrace Comparer._pages                an eviction's or release's
+                 -                                                pages compared by count
+    oracle-two-ids -    checktrace IdMap.match                    one node named by two ids
+    oracle-no-before -  checktrace Comparer._same                 `before` never compared
+    oracle-seq-repeat - checktrace TraceReader.parse              a repeated seq is replayed
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
-found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
+found from outside, put back), `checker` (the invariant checker's own failure modes), `oracle`
+(check-trace's own, caught by the fuzz's self-check: hicache/testing/selfcheck.py); `base`
 defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
 in the table above.
 """
@@ -63,10 +69,10 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, tp
+from hicache.testing.mutants import bugclasses, checker, found, oracle, tp
 from hicache.testing.mutants.base import Mutant
 
-ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO)
+ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *checker.ZOO, *oracle.ZOO)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
