@@ -177,6 +177,24 @@ def test_the_fuzz_reports_the_self_check() -> None:
     assert all(kind in result.text for kind in CATALOGUE)  # --report: per edit
 
 
+def test_a_shrink_past_its_budget_reports_the_failure_found_so_far() -> None:
+    """A shrink that runs out of time (here at once: --shrink-seconds 0) is reported as a
+    failure, as shrunk so far, with its replay line and the unshrunk run's -- not left to run
+    past an outer budget (Hypothesis' own limit is five minutes) and end with nothing said."""
+    from hicache.cli import main
+
+    result = fuzz(arguments(seed=0, steps=500, mutant="checker-off", shrink_seconds=0))
+    assert not result.ok
+    text = result.text
+    assert "shrinking stopped: its budget (--shrink-seconds 0) ran out" in text, text
+    assert "error: AssertionError: the checker misses" in text
+    assert "five minutes" not in text  # Hypothesis' own warning, replaced
+    replay = "hicache fuzz --seed 0 --steps 500 --plane null --mutant checker-off"
+    assert f"replay: {replay} --shrink-seconds 0\n" in text
+    assert f"unshrunk: {replay} --no-shrink\n" in text
+    assert main([*replay.split()[1:], "--no-shrink"]) == 0  # it fails again: caught
+
+
 def _hit(e: TraceEvent) -> bool:
     hit = e.detail.get("hit")
     return isinstance(hit, list) and any(hit)
