@@ -1,10 +1,8 @@
 """The fuzz judges its oracle (hicache/testing/selfcheck.py): check-trace replays every run's
-trace, and the catalogue of illegal edits (hicache/checktrace/illegal.py) is rejected.
+trace and must reject its corruptions (each edit's rejection: tests/test_checktrace_catalogue.py).
 
-The forked replay (hicache/checktrace/forks.py) must give each edit the verdict `check_lines`
-gives the whole edited trace; every edit of the catalogue must be rejected where it applies;
-a rejection of the run's own trace, or an accepted edit, is a failure of the run; the fuzz
-reports the counts.
+A rejection of the run's own trace, or an accepted edit, is a failure of the run; the fuzz
+reports the counts; a shrink past its budget reports the failure found so far.
 """
 
 from __future__ import annotations
@@ -13,12 +11,8 @@ import dataclasses
 
 import pytest
 
-from hicache.checktrace.forks import Fork, replay_forked
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.illegal import CATALOGUE, Edited, edit
-from hicache.checktrace.replay import check_lines
+from hicache.checktrace.illegal import CATALOGUE, edit
 from hicache.checktrace.traceview import Trace
-from hicache.checktrace.verdict import VALID
 from hicache.testing.mutants import activate
 from hicache.testing.runner import arguments, fuzz
 from hicache.testing.selfcheck import (
@@ -29,84 +23,12 @@ from hicache.testing.selfcheck import (
     judge_run,
 )
 from hicache.trace import TraceEvent, TraceHeader
-
-POSITIONS = (0, 1, 5, 17, 40, 77, 150, 260)
-"""Where the edits are tried (an index of the trace's events: the first from there on where
-the edit applies)."""
-
-
-def _trace(
-    seed: int, steps: int = 120, faults: bool = True
-) -> tuple[TraceHeader, list[TraceEvent]]:
-    lines = controller_trace(seed, steps, faults=faults)
-    return TraceHeader.from_json(lines[0]), [TraceEvent.from_json(x) for x in lines[1:]]
+from tests.test_checktrace_catalogue import catalogue_traces, edited_lines
 
 
 @pytest.fixture(scope="module")
 def traces() -> list[tuple[TraceHeader, list[TraceEvent]]]:
-    return [_trace(1), _trace(2, faults=False), _trace(3, steps=200)]
-
-
-def _edits(view: Trace, kind: str) -> list[Edited]:
-    out: list[Edited] = []
-    for salt, at in enumerate(POSITIONS):
-        found = edit(view, kind, at, salt)
-        if found is not None and all(e.at != found.at for e in out):
-            out.append(found)
-    return out
-
-
-def _edited_lines(view: Trace, e: Edited) -> list[str]:
-    return [*view.lines[: e.first], *e.tail]
-
-
-def test_the_traces_are_valid(traces: list[tuple[TraceHeader, list[TraceEvent]]]) -> None:
-    for header, events in traces:
-        lines = [header.to_json(), *(e.to_json() for e in events)]
-        assert check_lines(lines).exit_code == VALID, check_lines(lines).message
-
-
-@pytest.mark.parametrize("kind", sorted(CATALOGUE))
-def test_every_edit_applies_and_is_rejected(
-    kind: str, traces: list[tuple[TraceHeader, list[TraceEvent]]]
-) -> None:
-    """Each edit of the catalogue applies to some event of the traces, and check-trace
-    rejects the whole edited trace (exit 1 or 2) at or after the edited event."""
-    applied = 0
-    for header, events in traces:
-        view = Trace(events, header.page_size)
-        for e in _edits(view, kind):
-            applied += 1
-            verdict = check_lines([header.to_json(), *_edited_lines(view, e)])
-            assert verdict.exit_code != VALID, (kind, e.what, view.lines[e.at])
-            if not e.malformed:
-                assert verdict.exit_code == 1, (kind, e.what, verdict.message)
-    assert applied, f"{kind} applied to no event of the test traces"
-
-
-@pytest.mark.parametrize("kind", sorted(CATALOGUE))
-def test_a_forked_replay_gives_check_lines_verdict(
-    kind: str, traces: list[tuple[TraceHeader, list[TraceEvent]]]
-) -> None:
-    """replay_forked judges each edit as check_lines judges the whole edited trace: the same
-    exit code, blamed event and message; and the clean trace as check_lines does."""
-    header, events = traces[0]
-    view = Trace(events, header.page_size)
-    lines = [header.to_json(), *view.lines]
-    edits = _edits(view, kind)
-    clean, judged = replay_forked(lines, [Fork(e.first, e.tail) for e in edits])
-    assert (clean.exit_code, clean.message) == (
-        check_lines(lines).exit_code,
-        check_lines(lines).message,
-    )
-    for e, j in zip(_edits(view, kind), judged, strict=True):
-        whole = check_lines([header.to_json(), *_edited_lines(view, e)])
-        assert (j.verdict.exit_code, j.verdict.seq, j.verdict.message) == (
-            whole.exit_code,
-            whole.seq,
-            whole.message,
-        ), (kind, e.what)
-        assert j.blame_from <= e.first + 1  # a call's first event, at most the first edited
+    return catalogue_traces()
 
 
 def _every_kind(at: int) -> list[Corruption]:
@@ -137,7 +59,7 @@ def test_a_rejected_run_trace_is_a_failure(
     view = Trace(events, header.page_size)
     wrong = edit(view, "pages-freed", 0, 0)
     assert wrong is not None
-    bad = [TraceEvent.from_json(x) for x in _edited_lines(view, wrong)]
+    bad = [TraceEvent.from_json(x) for x in edited_lines(view, wrong)]
     failed = judge_run([(header, bad, "engine 1")], [], SelfCheckCounts())
     assert isinstance(failed, SelfCheckFailed)
     assert failed.what == "rejected the run's trace"
