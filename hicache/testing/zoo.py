@@ -311,13 +311,12 @@ def name_check(error: BaseException, machine: type[RuleBasedStateMachine]) -> st
 
 
 def _what_failed(error: AssertionError) -> str:
-    """For the product machine's verdicts, what failed: the engine's own checks (their ids
-    and names, "I1 ownership_disjoint"), the reference model's (`Mismatch.what`) or the
-    self-check's (`SelfCheckFailed.what`: "accepted pages-freed")."""
+    """For the product machine's two verdicts, what failed: the engine's own checks (their
+    ids and names, "I1 ownership_disjoint") or the reference model's (`Mismatch.what`)."""
     if isinstance(error, Mismatch):
         return f": differential {error.what}"
     if isinstance(error, SelfCheckFailed):
-        return f": {error.what}"  # check-trace judged by the run's self-check
+        return f": {error.what}"  # the self-check's: check-trace judged ("accepted before")
     lines = str(error).splitlines()
     if lines and lines[0].startswith("engine checks failed"):
         labels = [" ".join(line.split()[:2]).rstrip(":") for line in lines[1:] if line.strip()]

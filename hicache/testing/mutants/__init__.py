@@ -58,10 +58,12 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     oracle-seq-repeat - checktrace TraceReader.parse              a repeated seq is replayed
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
-found from outside, put back), `checker` (the invariant checker's own failure modes), `oracle`
-(check-trace's own, caught by the fuzz's self-check: hicache/testing/selfcheck.py); `base`
+found from outside, put back), `checker` (the invariant checker's own failure modes); `base`
 defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
 in the table above.
+
+`oracle` holds check-trace's own failure modes, caught by the fuzz's self-check
+(hicache/testing/selfcheck.py).
 """
 
 from __future__ import annotations
