@@ -235,7 +235,8 @@ def with_self_check(
 
     class Machine(base):  # type: ignore[valid-type, misc]
         @initialize(setup=setups, corruptions=corruptions())
-        def start(self, setup: Any, corruptions: tuple[Corruption, ...]) -> None:
+        def start(self, setup: Any, corruptions: tuple[Corruption, ...] = ()) -> None:
+            # (none: a test that builds the machine and calls start itself)
             self.corruptions = corruptions
             super().start(setup)
 
