@@ -148,13 +148,14 @@ def test_fuzz_mutant_exits_0_when_caught_naming_the_check(
 
 
 def test_fuzz_mutant_exits_1_when_it_escapes(capsys: pytest.CaptureFixture[str]) -> None:
-    """B01 on the product machine escapes on every seed, whatever Hypothesis draws (the
-    controller never relies on its guard): exit 1, a line per seed. It used to exit 0
-    exactly when the mutant escaped."""
-    argv = ["fuzz", "--mutant", "B01", "--machine", "fuzz-null", "--steps", "100"]
+    """B09 on the single-pool product machine escapes on every seed, whatever Hypothesis
+    draws (it breaks a pool group's rollback; the machine has no group): exit 1, a line per
+    seed. It used to exit 0 exactly when the mutant escaped. (B01 was the example until
+    check-trace replayed every run's trace: the self-check catches it.)"""
+    argv = ["fuzz", "--mutant", "B09", "--machine", "fuzz-null", "--steps", "100"]
     assert cli.main([*argv, "--seed", "0", "--seed", "1"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"B01: NOT caught by FuzzNull in 100 steps (seed {s})" for s in (0, 1)]
+    assert lines == [f"B09: NOT caught by FuzzNull in 100 steps (seed {s})" for s in (0, 1)]
 
 
 @pytest.mark.parametrize(
