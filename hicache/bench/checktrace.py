@@ -83,7 +83,7 @@ class _TimedReplay(Replay):
 
     plane_s = 0.0
 
-    def _step(self, call: Call, head: Line) -> None:
+    def execute(self, call: Call, head: Line) -> None:
         run = call.run
 
         def timed() -> object:
@@ -94,7 +94,7 @@ class _TimedReplay(Replay):
                 _TimedReplay.plane_s += time.process_time() - t0
 
         call.run = timed
-        super()._step(call, head)
+        super().execute(call, head)
 
 
 def plane_share(lines: list[str]) -> float:

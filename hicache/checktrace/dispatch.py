@@ -393,8 +393,10 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
             head, f"trace op {e.op} is not pending: it was never issued, or it already ended"
         )
     op = cp.ops[ref]
+    # The op's end events, read ahead (whatever the outcome: a caller copying the replay at
+    # a call boundary knows then which lines the call reads).
+    end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
     if outcome == "complete":
-        end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
         after = ahead.peek(end)
         failed = e.event.replace("_complete", "_fail")
         if after is not None and after.event.event == failed and after.event.op == e.op:

@@ -66,6 +66,7 @@ class _Buffer:
         self.lines: deque[Line] = deque()
         self.done = False
         self.skipped = 0
+        self.read = 0  # lines read from the reader so far (skipped ones too)
 
     def peek(self, i: int) -> Line | None:
         lines = self.lines
@@ -77,6 +78,7 @@ class _Buffer:
             except StopIteration:
                 self.done = True
                 break
+            self.read += 1
             if line.event.event in self.skip:
                 self.skipped += 1
             else:
@@ -143,26 +145,46 @@ class Replay:
         self.ops = 0
 
     def run(self) -> int:
-        while True:
-            head = self.buffer.peek(0)
-            if head is None:
-                return self.events + self.buffer.skipped
-            try:
-                call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
-            except Ambiguous as e:
-                raise Malformed(e.line.number, e.why, e.line.event.seq) from None
-            except Unreplayable as e:
-                raise Violation(
-                    e.line, f"not enabled: {e.why}", None, self._concerned(e.line)
-                ) from None
-            if call is None:  # only splits left: the trace stops inside a call
-                while self.buffer.peek(0) is not None:
-                    self.buffer.pop()
-                    self.events += 1
-                return self.events + self.buffer.skipped
-            if call.alternative is not None and not self._emits_the_rest(call):
-                call = call.alternative
-            self._step(call, head)
+        while self.step():
+            pass
+        return self.events + self.buffer.skipped
+
+    def step(self) -> bool:
+        """Replay the call the next events stand for; False when none is left (the trace
+        ended, or only splits are left). Violation or Malformed at a bad event."""
+        decided = self.decide()
+        if decided is None:
+            return False
+        self.execute(*decided)
+        return True
+
+    def decide(self) -> tuple[Call, Line] | None:
+        """The call the next events stand for and its first event, read but not run (the
+        reference's state is as it was); None when none is left. `step` runs it."""
+        head = self.buffer.peek(0)
+        if head is None:
+            return None
+        try:
+            call = decide(self.cp, self.buffer, self.resolve, self.compare.ops)
+        except Ambiguous as e:
+            raise Malformed(e.line.number, e.why, e.line.event.seq) from None
+        except Unreplayable as e:
+            raise Violation(
+                e.line, f"not enabled: {e.why}", None, self._concerned(e.line)
+            ) from None
+        if call is None:  # only splits left: the trace stops inside a call
+            while self.buffer.peek(0) is not None:
+                self.buffer.pop()
+                self.events += 1
+            return None
+        if call.alternative is not None and not self._emits_the_rest(call):
+            call = call.alternative
+        return call, head
+
+    @property
+    def consumed(self) -> int:
+        """Event lines read and consumed (checked) so far: where the next call starts."""
+        return self.buffer.read - len(self.buffer.lines)
 
     def _emits_the_rest(self, call: Call) -> bool:
         """Whether `call`, run on a copy of the reference (and of the id maps), emits the
@@ -194,7 +216,8 @@ class Replay:
         node = None if ref is None else self.cp.tree._nodes.get(ref)
         return Before.capture(self.cp, [] if node is None else [node], line.event.request)
 
-    def _step(self, call: Call, head: Line) -> None:
+    def execute(self, call: Call, head: Line) -> None:
+        """Run `call`, whose first event is `head`, and compare and check what it emits."""
         before = Before.capture(self.cp, call.nodes, call.request)
         scope = (
             scope_before(self.cp, call.nodes, call.request, call.op)
@@ -285,12 +308,22 @@ def check_lines(
         reader = TraceReader(lines, lc)
         replay = Replay(reader, lc, check_every, full_checks)
         n = replay.run()
-    except Malformed as e:
+    except (Malformed, Violation) as e:
+        return rejected(replay, e)
+    return accepted(replay, n, check_every)
+
+
+def rejected(replay: Replay | None, e: Malformed | Violation) -> Verdict:
+    """The verdict on a trace whose replay (None: not started, a bad header) raised `e`."""
+    if isinstance(e, Malformed):
         events = 0 if replay is None else replay.events
         return Verdict(MALFORMED, events, e.seq, f"malformed: line {e.line}: {e.why}")
-    except Violation as v:
-        assert replay is not None  # Verify: a violation comes from a replay.
-        return Verdict(VIOLATION, replay.events, v.line.event.seq, _violation_text(replay, v))
+    assert replay is not None  # Verify: a violation comes from a replay.
+    return Verdict(VIOLATION, replay.events, e.line.event.seq, _violation_text(replay, e))
+
+
+def accepted(replay: Replay, n: int, check_every: int) -> Verdict:
+    """The verdict on a trace whose `n` events `replay` accepted, checked per `check_every`."""
     every = (
         "checked after every call"
         if check_every == 1

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 from hicache.dataplane.faults import FaultSite
 from hicache.lifecycle import Lifecycle, load_lifecycle
+from hicache.testing.selfcheck import SelfCheckCounts
 from hicache.trace import TraceEvent
 
 
@@ -39,6 +40,7 @@ class Coverage:
         self.rules: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # illegal calls refused, by kind (illegal/)
         self.events = 0
+        self.selfcheck = SelfCheckCounts()  # check-trace judged by the fuzz (selfcheck.py)
         self._hash = hashlib.sha256()
 
     def add(self, events: Iterable[TraceEvent], fired: Mapping[str, int]) -> None:
@@ -103,6 +105,7 @@ class Coverage:
             lines.extend(f"  {n:<40} {counted[kind][n]}" for n in names)
         lines.append(f"composite edges taken: {len(self.edges)}")
         lines.extend(f"  {b} --{t}--> {a}  {n}" for (b, t, a), n in sorted(self.edges.items()))
+        lines.append(self.selfcheck.report())
         missing = self.missing()
         lines.append(
             "not reached: "

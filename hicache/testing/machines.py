@@ -69,6 +69,7 @@ from hicache.testing.machine import (
     make_machine,
     survives_crash,
 )
+from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -199,6 +200,10 @@ def _with_controller_checks(
     return Machine
 
 
+def _counts(coverage: Coverage | None) -> SelfCheckCounts | None:
+    return None if coverage is None else coverage.selfcheck
+
+
 def controller_machine(
     plane: str,
     coverage: Coverage | None = None,
@@ -211,12 +216,13 @@ def controller_machine(
     controller adapter (`controller_adapter`, or a wrapper that keeps it: `hicache fuzz --trace`);
     `pools` the tiers' pool group preset (a group: the null plane only)."""
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS  # a group's S2H may stop part way
-    base = make_machine(
-        adapter, setups(plane, pools=pools), coverage=coverage, name=name, aims=aims
-    )
+    drawn = setups(plane, pools=pools)
+    base = make_machine(adapter, drawn, coverage=coverage, name=name, aims=aims)
     checked = _with_controller_checks(base, name)
     # Illegal calls on the control plane, each refused with nothing changed (issue 31, 2).
     checked = with_illegal_calls(checked, name, coverage)
+    # The oracle judged: check-trace replays every run's trace, rejects its corruptions.
+    checked = with_self_check(checked, drawn, _counts(coverage), name)
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return checked
     return _with_window_rule(checked, name)
@@ -307,6 +313,8 @@ def tp_machine(
     # Illegal calls on one rank's control plane at a time: refused there, nothing changed,
     # no collective made (issue 31, 2).
     base = with_illegal_calls(base, name, coverage)
+    # The oracle judged: check-trace replays every rank's trace, rejects its corruptions.
+    base = with_self_check(base, strategy, _counts(coverage), name)
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))

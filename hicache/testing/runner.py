@@ -3,6 +3,7 @@
     hicache fuzz --seed S --steps N [--plane null|cpu|cuda] [--adapter module:factory] [--report]
                  [--pools mha|dsv4-tiny|dsv41-tiny] [--tp RANKS]
                  [--progress] [--mutant NAME|list] [--trace FILE] [--no-shrink]
+                 [--shrink-seconds S]
 
 The machine runs `N // STEPS_PER_RUN` runs (at least MIN_RUNS: Hypothesis' first run is its
 simplest example, the same for every seed) of at most `STEPS_PER_RUN` steps each, drawn from
@@ -10,9 +11,13 @@ seed `S` (no example database: the seed alone decides). Output: one summary line
 steps, trace events, seconds, steps/s, transitions/s) and the trace digest, which is the same
 for the same seed, plane and adapter. On a failure: the seed, the shrunk step list Hypothesis
 printed (with `--no-shrink`, the failing run's steps as found), the error, and a one-line
-replay command; exit status 1. With `--mutant NAME` the exit status is about the mutant
-instead: 0 when it was caught (the run failed, as it should with the mutant switched on), 1
-when it escaped (hicache.testing.zoo for `--mutant` alone); 2 is a usage error either way.
+replay command; exit status 1. A shrink that runs past `--shrink-seconds` (SHRINK_SECONDS;
+Hypothesis' own limit, five minutes, outlasts many a CI job) stops there: the failure is
+printed as shrunk so far, its replay line and the unshrunk run's (`unshrunk:`, with
+`--no-shrink`), never cut off by an outer timeout with nothing said. With `--mutant NAME`
+the exit status is about the mutant instead: 0 when it was caught (the run failed, as it
+should with the mutant switched on), 1 when it escaped (hicache.testing.zoo for `--mutant`
+alone); 2 is a usage error either way.
 
 Without `--adapter` the machine drives the hicache controller, with the two checks of its
 own in hicache/testing/machines.py (its invariant checker sees a page put wrong; its L3 file
@@ -34,6 +39,11 @@ HICACHE_HYPOTHESIS_PROFILE=fuzz (the nightly profile of tests/conftest.py) the d
 `--steps` is NIGHTLY_STEPS. Progress lines go to stderr when
 it is a terminal, or with `--progress`.
 
+Every run of the controller's machines also judges its oracle (hicache/testing/selfcheck.py):
+check-trace must accept each engine's trace of the run and reject each of the run's drawn
+corruptions of it (an edit of hicache/checktrace/illegal.py's catalogue); the summary's
+`self-check:` line counts them, `--report` per edit.
+
 `--trace FILE` writes one trace (spec/trace.md: a header line, then the events) that
 `hicache check-trace FILE` replays: the last run's -- on a failure, the failing run as
 Hypothesis shrank it, which it runs last. A run whose engine was restarted (a `restart`
@@ -54,8 +64,8 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hicache.errors import ConfigError
@@ -64,6 +74,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
+from hicache.testing.selfcheck import SelfCheckCounts
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
@@ -73,6 +84,11 @@ MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed
 DEFAULT_STEPS = 2_000
 NIGHTLY_STEPS = 250_000
 PROGRESS_EVERY_S = 5.0
+SHRINK_SECONDS = 60
+"""`--shrink-seconds`' default: how long Hypothesis may shrink a failure (its own limit is five
+minutes, past many a CI job's budget); then the failure as shrunk so far is reported."""
+SHRINK_STOPPED = "stopped because it is making very slow progress"
+"""What Hypothesis prints when its shrink time runs out (its words: no API says it)."""
 
 
 class LastTrace:
@@ -199,6 +215,8 @@ def replay_command(args: argparse.Namespace) -> str:
         words += ["--trace", args.trace]
     if getattr(args, "no_shrink", False):
         words += ["--no-shrink"]
+    elif getattr(args, "shrink_seconds", SHRINK_SECONDS) != SHRINK_SECONDS:
+        words += ["--shrink-seconds", str(args.shrink_seconds)]
     return shlex.join(words)
 
 
@@ -207,7 +225,9 @@ class FuzzResult:
     """What one `hicache fuzz` run did: `ok` (no failure), its `runs`, `steps` and trace
     `events` (counted as Hypothesis ran them, shrinking included), `seconds` (wall, the
     machine's runs only), the trace `digest` (the same for the same seed, plane and adapter),
-    and `text`: what `hicache fuzz` prints (the summary, or the failure with its replay line)."""
+    `text`: what `hicache fuzz` prints (the summary, or the failure with its replay line), and
+    `selfcheck`: what check-trace judged (hicache/testing/selfcheck.py: the traces and events
+    it replayed, the corruptions of them it was given and rejected, per edit)."""
 
     ok: bool
     runs: int
@@ -216,6 +236,7 @@ class FuzzResult:
     seconds: float
     digest: str
     text: str
+    selfcheck: SelfCheckCounts = field(default_factory=SelfCheckCounts)
 
     @property
     def status(self) -> int:
@@ -293,7 +314,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
     )
     started = time.perf_counter()
     ok = True
-    with _mutant(args.mutant):
+    shrink_s = int(getattr(args, "shrink_seconds", SHRINK_SECONDS))
+    with _mutant(args.mutant), _shrink_budget(shrink_s):
         try:
             captured = io.StringIO()
             # A seed's steps depend on the seed alone, in any process (seeded.py).
@@ -315,12 +337,20 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
             file=out,
         )
         print(f"trace digest: {coverage.digest}", file=out)
+        print(coverage.selfcheck.summary(), file=out)
         if args.report:
             print(coverage.report(), file=out)
     if last is not None:
         print(last.write(), file=out)
     return FuzzResult(
-        ok, coverage.runs, coverage.steps, coverage.events, seconds, coverage.digest, out.getvalue()
+        ok,
+        coverage.runs,
+        coverage.steps,
+        coverage.events,
+        seconds,
+        coverage.digest,
+        out.getvalue(),
+        coverage.selfcheck,
     )
 
 
@@ -332,6 +362,20 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any = None) -> int:
     return result.status
 
 
+@contextlib.contextmanager
+def _shrink_budget(seconds: int) -> Iterator[None]:
+    """Hypothesis' shrink time limit set to `seconds` inside the block (its module constant,
+    left monkeypatchable for this: hypothesis.internal.conjecture.engine)."""
+    from hypothesis.internal.conjecture import engine
+
+    was = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = was
+
+
 def _report_failure(
     out: Any, args: argparse.Namespace, failure: BaseException, printed: str
 ) -> None:
@@ -341,11 +385,30 @@ def _report_failure(
     # of printing them: keep both.
     notes = [n for n in getattr(failure, "__notes__", []) if n.strip() and n.strip() not in printed]
     steps = "\n".join([printed.strip()] * bool(printed.strip()) + notes)
+    stopped = SHRINK_STOPPED in steps
+    if stopped:  # its warning (about five minutes) replaced by what happened
+        steps = "\n".join(line for line in steps.splitlines() if not _hypothesis_warning(line))
+        seconds = getattr(args, "shrink_seconds", SHRINK_SECONDS)
+        print(
+            f"shrinking stopped: its budget (--shrink-seconds {seconds}) ran out; the failure "
+            "as shrunk so far",
+            file=out,
+        )
     print("steps:" if getattr(args, "no_shrink", False) else "shrunk steps:", file=out)
     for line in steps.splitlines():
         print(f"  {line}", file=out)
     print(f"error: {type(failure).__name__}: {failure}", file=out)
     print(f"replay: {replay_command(args)}", file=out)
+    if stopped:
+        unshrunk = arguments(**{**vars(args), "no_shrink": True})
+        print(f"unshrunk: {replay_command(unshrunk)}", file=out)
+
+
+def _hypothesis_warning(line: str) -> bool:
+    """A line of Hypothesis' slow-shrink warning (SHRINK_STOPPED), or a blank one."""
+    return not line.strip() or any(
+        w in line for w in ("WARNING: Hypothesis", "progress.  When", "PLEASE REPORT", "provide a")
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -396,6 +459,14 @@ def parser() -> argparse.ArgumentParser:
         "check; the replay line finds the same run)",
     )
     p.add_argument(
+        "--shrink-seconds",
+        type=int,
+        default=SHRINK_SECONDS,
+        metavar="S",
+        help="stop shrinking a failure after S seconds and report it as shrunk so far, with "
+        "its replay line and the unshrunk run's (--no-shrink)",
+    )
+    p.add_argument(
         "--trace",
         type=OUTPUT_FILE,
         metavar="FILE",
@@ -428,6 +499,7 @@ RUN_ONLY = (
     "--progress",
     "--trace",
     "--no-shrink",
+    "--shrink-seconds",
 )
 """Options only a machine run has: with `--mutant` and one of them, the run goes on with the
 mutant switched on (what a failure's replay line asks for), not to the bug zoo."""

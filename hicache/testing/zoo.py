@@ -51,6 +51,7 @@ from hicache.errors import ConfigError, InvariantViolation
 from hicache.testing.mutants import MUTANTS, activate, get
 from hicache.testing.reference import Mismatch
 from hicache.testing.seeded import no_source_constants
+from hicache.testing.selfcheck import SelfCheckFailed
 from hicache.usage import UsageParser
 
 # One annotation that suits every Hypothesis: older releases leave this untyped (a call is
@@ -124,6 +125,10 @@ DEFAULT_MACHINE: dict[str, str] = {
     "LV-l3-hit-min": "fuzz-null",
     "I1-skip-L2": "fuzz-null",
     "checker-off": "fuzz-null",
+    "oracle-pages-count": "fuzz-null",
+    "oracle-two-ids": "fuzz-null",
+    "oracle-no-before": "fuzz-null",
+    "oracle-seq-repeat": "fuzz-null",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not
@@ -328,6 +333,8 @@ def _what_failed(error: AssertionError) -> str:
     ids and names, "I1 ownership_disjoint") or the reference model's (`Mismatch.what`)."""
     if isinstance(error, Mismatch):
         return f": differential {error.what}"
+    if isinstance(error, SelfCheckFailed):
+        return f": {error.what}"  # the self-check's: check-trace judged ("accepted before")
     lines = str(error).splitlines()
     if lines and lines[0].startswith("engine checks failed"):
         labels = [" ".join(line.split()[:2]).rstrip(":") for line in lines[1:] if line.strip()]

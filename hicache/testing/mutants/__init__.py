@@ -80,15 +80,21 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   the L2 hit: L3 never chosen
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
+    oracle-pages-count  checktrace Comparer._pages                an eviction's or release's
+                                                                  pages compared by count
+    oracle-two-ids -    checktrace IdMap.match                    one node named by two ids
+    oracle-no-before -  checktrace Comparer._same                 `before` never compared
+    oracle-seq-repeat - checktrace TraceReader.parse              a repeated seq is replayed
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
 executor and the walk's machine both read the edited rows), `guards` (guards and refusals
 the controller never crosses, caught by the fuzz machine's illegal calls:
 hicache/testing/illegal/), `liveness` (the LV- ones: a cache that stays safe but does less
-than the spec promises), `checker` (the invariant checker's own failure modes); `base`
-defines `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and
-in the table above.
+than the spec promises), `checker` (the invariant checker's own failure modes), `oracle`
+(check-trace's own failure modes, caught by the fuzz's self-check:
+hicache/testing/selfcheck.py); `base` defines `Mutant` and `swapped`. A new mutant goes in
+its family's module and its `ZOO`, and in the table above.
 """
 
 from __future__ import annotations
@@ -96,7 +102,16 @@ from __future__ import annotations
 import contextlib
 
 from hicache.errors import ConfigError
-from hicache.testing.mutants import bugclasses, checker, found, guards, liveness, tables, tp
+from hicache.testing.mutants import (
+    bugclasses,
+    checker,
+    found,
+    guards,
+    liveness,
+    oracle,
+    tables,
+    tp,
+)
 from hicache.testing.mutants.base import Mutant
 
 ZOO: tuple[Mutant, ...] = (
@@ -107,6 +122,7 @@ ZOO: tuple[Mutant, ...] = (
     *guards.ZOO,
     *liveness.ZOO,
     *checker.ZOO,
+    *oracle.ZOO,
 )
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
