@@ -64,6 +64,7 @@ from hicache.testing.machine import (
     make_machine,
     survives_crash,
 )
+from hicache.testing.tamper import tamper_hows, with_tamper_rule
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -158,7 +159,12 @@ def _with_controller_checks(
             # `damaged`: the machine cut or removed the file of the cache as now opened. Across
             # ranks, a byte flipped by any rank may lie in the one copy every rank reads.
             injectors = getattr(cache, "rank_faults", [cache.faults])
-            if self.damaged or any(f.fired.get(FaultSite.CORRUPT_SLOT, 0) for f in injectors):
+            tampered = getattr(self, "tampered", False)  # another writer changed slots
+            if (
+                self.damaged
+                or tampered
+                or any(f.fired.get(FaultSite.CORRUPT_SLOT, 0) for f in injectors)
+            ):
                 return
             for ctl in getattr(cache, "rank_controllers", [cache.ctl]):
                 self._l3_serves(ctl)
@@ -210,6 +216,8 @@ def controller_machine(
         adapter, setups(plane, pools=pools), coverage=coverage, name=name, aims=aims
     )
     checked = _with_controller_checks(base, name)
+    # Issue 31: another writer damages the L3 file (hicache/testing/tamper.py).
+    checked = with_tamper_rule(checked, name, tamper_hows(plane, pools))
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return checked
     return _with_window_rule(checked, name)
