@@ -11,8 +11,9 @@ from dataclasses import fields, replace
 from typing import Any
 
 import pytest
-from hypothesis import find
+from hypothesis import find, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from hicache.errors import ConfigError, CorruptSlot
 from hicache.spec import SPEC_DIR
@@ -211,3 +212,44 @@ def test_the_reference_refuses_a_restore_from_a_damaged_copy() -> None:
     model.apply([PageChange("L3", page, ABSENT), PageChange("L3", page, PENDING)])
     model.apply([PageChange("L3", page, RESIDENT), PageChange("L2", page, PENDING)])
     model.apply([PageChange("L2", page, RESIDENT)])
+
+
+# -- TP ranks that differ where a rank may ------------------------------------------------
+
+
+def _drawn_tp(strategy: Any, every: int) -> None:
+    find(strategy, lambda s: s.base.rank_check_every == every)
+
+
+def test_tp_ranks_draw_their_own_rank_local_knobs() -> None:
+    """Half of the TP runs give ranks their own check_mode (and, with bytes, verify and one
+    rank's Triton): before `tp_setups`, every rank had the base setup (NoSuchExample)."""
+    from hicache.controller.config import CacheConfig
+    from hicache.testing.adapters.tp import tp_setups
+
+    def differ(s: Any, knob: str) -> bool:
+        return len({getattr(s.rank(r), knob) for r in range(s.size)}) > 1
+
+    find(tp_setups("null", "mha", (2, 3)), lambda s: differ(s, "check_mode"))
+    on_cpu = tp_setups("cpu", "dsv4-tiny", (2,))
+    find(on_cpu, lambda s: differ(s, "verify"))
+    find(on_cpu, lambda s: differ(s, "backend"))
+    for every in (0, 1, 3):
+        _drawn_tp(tp_setups("null", "mha", (2,)), every)
+
+    def only_rank_local_differ(s: Any) -> bool:
+        ranks = [cache_config(s.rank(r), "cpu", None) for r in range(s.size)]
+        return all(a.fingerprint() == ranks[0].fingerprint() for a in ranks)
+
+    # C0 holds every other field equal; at most one rank runs the (thread-unsafe) interpreter.
+    few = settings(max_examples=40, database=None)
+    with pytest.raises(NoSuchExample):
+        find(on_cpu, lambda s: not only_rank_local_differ(s), settings=few)
+    with pytest.raises(NoSuchExample):
+        triton = "triton"
+        find(
+            on_cpu,
+            lambda s: sum(s.rank(r).kernels == triton for r in range(s.size)) > 1,
+            settings=few,
+        )
+    assert {"check_mode", "verify", "backend"} <= set(CacheConfig.RANK_LOCAL)

@@ -10,23 +10,31 @@ takes one value only.
     ------------------  --------------  ---------------------------------------------------
     l1_pages ...        every plane     tight: L1 holds the longest prompt and a little more
     backend             cpu, cuda       auto, torch, triton (on CPU: Triton's interpreter,
-                                        TRITON_INTERPRET=1 while such an adapter lives)
+                                        TRITON_INTERPRET=1 while such an adapter lives);
+                                        TP ranks: torch, one rank's triton (rank-local)
     policy              every plane     always (twice as often), never, threshold
     write_policy        every plane     each
     promotion           every plane     True, False
     prefetch            every plane     True (twice as often), False: admit blocks
-    check_mode          every plane     the plane's usual mode twice as often, or periodic
+    check_mode          every plane     the plane's usual mode twice as often, or periodic;
+                                        TP ranks: each its own (off, every, periodic 3)
     verify              cpu, cuda       True, False (restored bytes then judged by I4 and
-                                        the served digests alone)
+                                        the served digests alone); TP ranks: each its own
     io_threads          cpu, cuda       2, or 0 (the deterministic schedule); a group: 0
     load_back_overlap   every plane     share (twice as often), back_off
     hit_policy          a window group  all_pools, anchor_recompute_swa
     l1_window_pages     a window group  None, or fewer windows than pages
     rank_check_every    TP machines     0 (twice as often), 1, 3
 
-`interpreted(backend, device)` keeps TRITON_INTERPRET set while an adapter runs Triton on a
-CPU (Triton reads it at each launch: hicache/kernels/triton_rows.py), and restores it when the
-last such adapter closes.
+The TP machines (hicache/testing/adapters/tp.py, `tp_setups`) draw, half of the time, each
+rank's own check_mode, verify and backend (of CacheConfig.RANK_LOCAL, what a rank may set for
+itself; device, l3_path and io_threads stay the plane's); the other fields, capacities too, are
+in C0's fingerprint (spec/tp.md): ranks that differ there are refused at startup, so a rank
+with less room is a refusal (tests/test_tp.py), not a run.
+
+`needs_interpreter`, `interpreter_on` and `interpreter_off` keep TRITON_INTERPRET set while
+an adapter runs Triton on a CPU (Triton reads it at each launch: hicache/kernels/
+triton_rows.py), and put it back when the last such adapter closes.
 """
 
 from __future__ import annotations

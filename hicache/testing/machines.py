@@ -275,9 +275,10 @@ def tp_machine(
     from hypothesis import strategies as st
     from hypothesis.stateful import precondition, rule
 
-    from hicache.testing.adapters.tp import TPSetup, tp_adapter
+    from hicache.testing.adapters.tp import tp_adapter, tp_setups
 
-    strategy = st.builds(TPSetup, base=setups(plane, pools=pools), size=st.sampled_from(sizes))
+    # Issue 31: ranks that differ where a rank may, rank_check_every drawn (tp_setups).
+    strategy = tp_setups(plane, pools, sizes)
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
         make_machine(
