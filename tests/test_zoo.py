@@ -55,6 +55,12 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "T-s2h-locks-l1": (0, "S7 lock_accounting"),
     "I1-skip-L2": (1, "machine FuzzNull.checker_sees_what_breaks"),
     "checker-off": (0, "machine FuzzNull.checker_sees_what_breaks"),
+    # reached by the wider draws only (mutants/reach.py)
+    "split-rounds-up": (4, "differential L1 hit length at admission"),
+    "l3-any-checksum": (0, "I4 tier_bytes_equal"),
+    "rank-check-local-mode": (0, "CollectiveMismatch"),
+    "prefetch-off-ticks-once": (0, "prefetch off"),
+    "triton-one-page": (1, "I4 tier_bytes_equal"),
 }
 
 

@@ -251,6 +251,13 @@ class ControllerAdapter:
                     f"over hits {list(mat.match.lengths)}, but its plan restores nothing and "
                     "no fallback was counted"
                 )
+        # Issue 31 (a drawn knob's promise): with prefetch off, `admit` returns only once its
+        # restore has settled (spec/config.md), so the request is ready at once.
+        if not self.setup.prefetch and not self.ctl.ready(request_id):
+            self.findings.append(
+                f"prefetch off: admit of request {request_id} returned before its restore "
+                "settled (it must block until then)"
+            )
         hits = {str(t): mat.match.lengths[i] for i, t in enumerate(TIERS)}
         return Admission(hits, self.ctl.cp.cached_len(request_id))
 

@@ -59,12 +59,24 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   its L3 source
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks
+    split-rounds-up -   tree._common_pages                        a cut inside a page rounds
+                                                                  up: a page split off unshared
+    l3-any-checksum -   L3File.verify                             a read passes on any written
+                                                                  slot's checksum
+    rank-check-local-mode - CacheController.admit                 the cross-rank check follows
+                                                                  a rank's own check_mode
+    prefetch-off-ticks-once CacheController.admit                 prefetch off: admit returns
+                                                                  before its restore settled
+    triton-one-page -   triton_rows._launch                       Triton moves nothing for a
+                                                                  one-page transfer
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
 executor and the walk's machine both read the edited rows), `checker` (the invariant
 checker's own failure modes); `base` defines `Mutant` and `swapped`. A new mutant goes in
 its family's module and its `ZOO`, and in the table above.
+`reach` holds the paths only the fuzz's wider draws reach (a split inside a page, a
+tampered L3 slot, TP ranks that differ, a knob once fixed).
 """
 
 from __future__ import annotations
@@ -74,9 +86,11 @@ import contextlib
 from hicache.errors import ConfigError
 from hicache.testing.mutants import bugclasses, checker, found, tables, tp
 from hicache.testing.mutants.base import Mutant
+from hicache.testing.mutants.reach import ZOO as REACH_ZOO
 
 ZOO: tuple[Mutant, ...] = (*bugclasses.ZOO, *tp.ZOO, *found.ZOO, *tables.ZOO, *checker.ZOO)
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
+ZOO += REACH_ZOO  # the fuzz's wider draws (issue 31, item 4)
 
 MUTANTS: dict[str, str] = {m.name: m.description for m in ZOO}
 """Every mutant's name -> its one-line description (what is broken)."""
