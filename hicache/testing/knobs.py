@@ -12,16 +12,16 @@ takes one value only.
     backend             cpu, cuda       auto, torch, triton (on CPU: Triton's interpreter,
                                         TRITON_INTERPRET=1 while such an adapter lives);
                                         TP ranks: torch, one rank's triton (rank-local)
-    policy              every plane     always (twice as often), never, threshold
+    policy              every plane     always (5 in 8), never (2 in 8), threshold
     write_policy        every plane     each
     promotion           every plane     True, False
-    prefetch            every plane     True (twice as often), False: admit blocks
+    prefetch            every plane     True (4 in 5), False: admit blocks
     check_mode          every plane     the plane's usual mode twice as often, or periodic;
                                         TP ranks: each its own (off, every, periodic 3)
     verify              cpu, cuda       True, False (restored bytes then judged by I4 and
                                         the served digests alone); TP ranks: each its own
     io_threads          cpu, cuda       2, or 0 (the deterministic schedule); a group: 0
-    load_back_overlap   every plane     share (twice as often), back_off
+    load_back_overlap   every plane     share (4 in 5), back_off
     hit_policy          a window group  all_pools, anchor_recompute_swa
     l1_window_pages     a window group  None, or fewer windows than pages
     rank_check_every    TP machines     0 (twice as often), 1, 3
