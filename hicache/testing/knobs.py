@@ -18,8 +18,9 @@ takes one value only.
     prefetch            every plane     True (4 in 5), False: admit blocks
     check_mode          every plane     the plane's usual mode twice as often, or periodic;
                                         TP ranks: each its own (off, every, periodic 3)
-    verify              cpu, cuda       True, False (restored bytes then judged by I4 and
-                                        the served digests alone); TP ranks: each its own
+    verify              cpu, cuda       True (3 in 4), False (restored bytes then judged by
+                                        I4 and the served digests alone); TP ranks: each
+                                        its own
     io_threads          cpu, cuda       2, or 0 (the deterministic schedule); a group: 0
     load_back_overlap   every plane     share (4 in 5), back_off
     hit_policy          a window group  all_pools, anchor_recompute_swa

@@ -18,8 +18,9 @@ when they were written):
 
 On the null plane (no bytes) a changed slot is one its S2H fails with `CorruptSlot` until an
 H2S writes it again (`FaultyNullEngine.corrupt`, the aimed `corrupt`'s mark), as a checksum
-would fail it. A pool group's files (temporary, one per pool) take `takeover` only: their
-slots are per pool, so one page is several slots.
+would fail it. A pool group's files (temporary, one per pool, one page several slots) are
+not tampered with on a plane with bytes (`tamper_hows` says why); `tamper_l3` takes them
+over when called.
 
 `tamper_l3(adapter, how, pick, at)` damages one controller adapter's L3 (a TP rank's alone,
 when given that rank's) and returns the token prefixes of the pages no read may serve, for
@@ -119,9 +120,12 @@ def _take_over(fd: int, size: int, bytes_per_page: int, slots: int) -> None:
 
 
 def tamper_hows(plane: str, pools: str) -> tuple[str, ...]:
-    """What `tamper` draws for a cache on `plane` with pool preset `pools`: every kind,
-    but a group's files with bytes take `takeover` only (module docstring)."""
-    return ("takeover",) if plane != "null" and pools != SINGLE_POOL else TAMPERS
+    """What `tamper` draws for a cache on `plane` with pool preset `pools`: every kind, but
+    nothing for a group's files with bytes (no rule): there only `takeover` could be drawn,
+    which empties every slot as the `damage` rule's cut does, and every takeover left the
+    machine's group runs with no L3 page to restore (F11-no-clamp, a stopped S2H's bug,
+    escaped 2 of 5 seeds with it)."""
+    return () if plane != "null" and pools != SINGLE_POOL else TAMPERS
 
 
 def with_tamper_rule(
@@ -129,7 +133,10 @@ def with_tamper_rule(
 ) -> type[RuleBasedStateMachine]:
     """`base` (the controller's machine) plus the rule `tamper` (module docstring), drawing
     `hows`; `tampered` says, until a restart or crash opens a fresh file, that slots were
-    changed (the machine's check that every held slot is servable then stands down)."""
+    changed (the machine's check that every held slot is servable then stands down). No
+    `hows`: `base` as it is."""
+    if not hows:
+        return base
 
     def may_tamper(self: Any) -> bool:
         return (
