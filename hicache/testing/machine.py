@@ -523,8 +523,6 @@ def make_machine(
             self._sync()
             self.cache.damage_storage(how)
             self.damaged = True
-            # The reference knows what the damage means: no last-tier copy may serve again.
-            self.model.l3_damaged(list(self.model.pages[self.cache.tiers[-1]]))
             if self.seen and len(self.model.requests) < LIVE_MAX - 1:
                 self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
 
