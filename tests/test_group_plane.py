@@ -401,10 +401,11 @@ def test_a_group_controller_with_bytes_maps_through_its_tier_pools() -> None:
 def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """300 steps of seed 0, every check after every transition: clean, and at least one
-    group reservation failed at `swa` after `kv` was taken (F1) and was rolled back (seed 0
-    rolls back 3 per machine since `illegal_calls` joined; seed 2, used before, none on
-    fuzz-dsv4 since)."""
+    """300 steps a seed, every check after every transition: clean, and within seeds 0-4 at
+    least one group reservation failed at `swa` after `kv` was taken (F1) and was rolled
+    back. Which seed gets there first moves whenever a machine's draws change (seed 2 lost
+    it when `illegal_calls` joined, seed 0 on fuzz-cpu-dsv4 when the wider draws did), so
+    the test takes the first seed that does; every seed it runs must be clean."""
     if "cpu" in name:
         pytest.importorskip("torch", reason="the CPU plane moves bytes with torch")
     rolled: list[tuple[str, ...]] = []
@@ -415,9 +416,12 @@ def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
         original(self, taken)
 
     monkeypatch.setattr(GroupTable, "_rollback", rollback)
-    steps, error = zoo.run_seed(zoo.load_machine(name), 0, 300)
-    assert error is None and steps >= 300, f"{name}: {error!r}"
-    assert ("kv",) in rolled
+    for seed in range(5):
+        steps, error = zoo.run_seed(zoo.load_machine(name), seed, 300)
+        assert error is None and steps >= 300, f"{name} seed {seed}: {error!r}"
+        if ("kv",) in rolled:
+            break
+    assert ("kv",) in rolled, f"{name}: no F1 rollback in 300 steps of seeds 0-4"
 
 
 # -- the model checker's group configurations ------------------------------------------------------

@@ -3,7 +3,9 @@
 strategy             draws
 -------------------  --------------------------------------------------------------------
 prompts(page_size)   one of three shared prefixes of PREFIX_PAGES pages, then a suffix
-                     that diverges after 0, 1 or more pages, then a partial tail
+                     that diverges after 0, 1 or more pages, then a partial tail; about
+                     half of them then diverge again at any token (`diverged`), inside a
+                     page too, where a match splits a node mid-key and rounds to pages
 schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/3, then
                      firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES);
                      S2H_PARTIAL is not drawn (the adapter's, for a pool group)
@@ -29,21 +31,51 @@ L1_ALONE_PAGES = (PREFIX_PAGES + SUFFIX_PAGES_MAX + 3, 12)
 so that no prompt reaches an input limit of `capacity * page_size - 6` tokens (sglang's
 scheduler's: hicache/testing/adapters/sglang.py), up to room for two."""
 THREE_TIER_PAGES = {"L1": (7, 12), "L2": (3, 12), "L3": (2, 16)}  # as the controller's setups
+DIVERGED_BASE = 6000
+"""First token of a `diverged` prompt's own run: above every bundle token (prefixes 1000-3999,
+salted suffixes below 1000), below the rules' own prompts (7000 and up)."""
+DIVERGED_RUNS = 3  # runs a diverged prompt may take from its cut: two prompts share one
 
 
 def prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
     """Three shared prefixes of PREFIX_PAGES pages, then 0..SUFFIX_PAGES_MAX pages drawn from
-    three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail."""
+    three salts (so two prompts diverge after 0, 1 or more pages), then a partial tail; then,
+    half of the time, the prompt diverges again at a token drawn from all of it
+    (`diverged`): two prompts then share a prefix that ends inside a page as often as one
+    that ends on a page start."""
     prefixes = [tuple(range(1000 * p, 1000 * p + PREFIX_PAGES * page_size)) for p in (1, 2, 3)]
+    longest = (PREFIX_PAGES + SUFFIX_PAGES_MAX + 1) * page_size
     return st.builds(
-        lambda p, extra, tail, salt: (
-            prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail))
+        lambda p, extra, tail, salt, cut: diverged(
+            prefixes[p] + tuple(range(50 * salt, 50 * salt + extra * page_size + tail)), cut
         ),
         st.integers(0, 2),
         st.integers(0, SUFFIX_PAGES_MAX),
         st.integers(1, page_size),
         st.integers(0, 2),
+        st.one_of(
+            st.none(), st.tuples(st.integers(1, longest - 1), st.integers(0, DIVERGED_RUNS - 1))
+        ),
     )
+
+
+def diverged(tokens: tuple[int, ...], cut: tuple[int, int] | None) -> tuple[int, ...]:
+    """`tokens` as drawn, or, for `cut` = (at, run), its first `at` tokens and then run
+    `run` of DIVERGED_RUNS (the same length): it shares exactly `at` tokens with every prompt
+    drawn whole, and its whole length with another of the same cut and run. A cut at or past
+    the end changes nothing."""
+    if cut is None or cut[0] >= len(tokens):
+        return tokens
+    at, run = cut
+    start = DIVERGED_BASE + 300 * run + at  # at < 300: each (at, run) its own first token
+    return tokens[:at] + tuple(range(start, start + len(tokens) - at))
+
+
+def l3_prompt(base: int, pages: int, page_size: int) -> tuple[int, ...]:
+    """The prompt the machine's `restore_from_l3(base, pages)` restores from L3: `pages`
+    pages no drawn prompt starts with, and one token more."""
+    first = 8000 + 100 * base
+    return tuple(range(first, first + pages * page_size)) + (base,)
 
 
 def schedules() -> st.SearchStrategy[FaultSchedule]:

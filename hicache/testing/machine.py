@@ -69,7 +69,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
-from hicache.testing.draws import prompts, schedules
+from hicache.testing.draws import l3_prompt, prompts, schedules
 from hicache.testing.factory import EngineConfig
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
 from hicache.testing.reference import Mismatch, ReferenceModel, verify_refused
@@ -313,7 +313,7 @@ def make_machine(
             self._count("restore_from_l3")
             self.last_l3_restore = self.steps
             ps = self.cache.page_size
-            tokens = tuple(range(8000 + 100 * base, 8000 + 100 * base + pages * ps)) + (base,)
+            tokens = l3_prompt(base, pages, ps)
             for prompt in (tokens[:ps] + (base,), tokens, tokens, tokens):
                 self.submit(prompt, 2)
             self.cache.drain()
@@ -520,6 +520,7 @@ def make_machine(
             """The L3 file is cut or removed; then a resubmit restoring from L3, so the
             failed read (or the refused issue) falls back to recomputation at once."""
             self._count("damage")
+            self._sync()
             self.cache.damage_storage(how)
             self.damaged = True
             if self.seen and len(self.model.requests) < LIVE_MAX - 1:

@@ -70,6 +70,7 @@ from hicache.testing.machine import (
     survives_crash,
 )
 from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
+from hicache.testing.tamper import tamper_hows, with_tamper_rule
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -164,7 +165,12 @@ def _with_controller_checks(
             # `damaged`: the machine cut or removed the file of the cache as now opened. Across
             # ranks, a byte flipped by any rank may lie in the one copy every rank reads.
             injectors = getattr(cache, "rank_faults", [cache.faults])
-            if self.damaged or any(f.fired.get(FaultSite.CORRUPT_SLOT, 0) for f in injectors):
+            tampered = getattr(self, "tampered", False)  # another writer changed slots
+            if (
+                self.damaged
+                or tampered
+                or any(f.fired.get(FaultSite.CORRUPT_SLOT, 0) for f in injectors)
+            ):
                 return
             for ctl in getattr(cache, "rank_controllers", [cache.ctl]):
                 self._l3_serves(ctl)
@@ -223,6 +229,8 @@ def controller_machine(
     checked = with_illegal_calls(checked, name, coverage)
     # The oracle judged: check-trace replays every run's trace, rejects its corruptions.
     checked = with_self_check(checked, drawn, _counts(coverage), name)
+    # Issue 31: another writer damages the L3 file (hicache/testing/tamper.py).
+    checked = with_tamper_rule(checked, name, tamper_hows(plane, pools))
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return checked
     return _with_window_rule(checked, name)
@@ -292,9 +300,10 @@ def tp_machine(
     from hypothesis import strategies as st
     from hypothesis.stateful import precondition, rule
 
-    from hicache.testing.adapters.tp import TPSetup, tp_adapter
+    from hicache.testing.adapters.tp import tp_adapter, tp_setups
 
-    strategy = st.builds(TPSetup, base=setups(plane, pools=pools), size=st.sampled_from(sizes))
+    # Issue 31: ranks that differ where a rank may, rank_check_every drawn (tp_setups).
+    strategy = tp_setups(plane, pools, sizes)
     aims = AIMS if pools == SINGLE_POOL else GROUP_AIMS
     base = _with_controller_checks(
         make_machine(

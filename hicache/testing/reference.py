@@ -36,6 +36,11 @@ engine's freedom); it checks that what the engine says is consistent with what i
     cached_len between steps      unchanged except by `prefill`
     live requests                 exactly those submitted and not finished
     served bytes                  a page prefix's digest is the same every time it is served
+    damaged L3 copies             a page whose last-tier copy was damaged under the engine
+                                  (`l3_damaged`: bytes changed, the file cut, removed or
+                                  taken over) is never restored from it: its L2 page does
+                                  not turn RESIDENT while L1 lacks it (then only a read of
+                                  that copy could fill it) until the copy has left the tier
     refusals (`verify_refused`)   a call the protocol refuses raises a HiCacheError, and the
                                   engine reports no page change for it
 
@@ -104,6 +109,7 @@ class ReferenceModel:
         self.freed: set[Prefix] = set()  # L1 pages RESIDENT without their window
         self.requests: dict[int, RefRequest] = {}
         self.digests: dict[Prefix, int] = {}
+        self.damaged: set[Prefix] = set()  # last-tier copies damaged under the engine
         self.checks = 0  # comparisons made (a test reads it to see the model really ran)
         # The eviction order is checked on an engine of one tier without windows (why:
         # evictorder.py); every engine's tiers are checked closed under ancestors.
@@ -140,6 +146,8 @@ class ReferenceModel:
                 )
             if c.tier == self.tiers[0] and was == RESIDENT:
                 self._verify_unserved(c.prefix)
+            if c.prefix in self.damaged:
+                self._verify_not_restored_from_damage(c, was)
             touched.add((c.tier, c.prefix))
             (freed if c.state == ABSENT else added).append(c.prefix)
             if c.state == ABSENT:
@@ -211,6 +219,37 @@ class ReferenceModel:
             self.freed.add(c.prefix)
         else:
             self.freed.discard(c.prefix)
+
+    # -- damaged last-tier copies (issue 31: storage damaged under the engine) -------------
+
+    def l3_damaged(self, prefixes: Sequence[Prefix]) -> None:
+        """The last tier's copies of `prefixes` were damaged under the engine (their bytes
+        changed, or the file was cut, removed or taken over by another writer): none may be
+        restored from now on. A page whose L2 copy is PENDING is left out (a read already
+        made may land: the machine damages only between transfers' I/O). An engine of fewer
+        than three tiers restores nothing from its last: nothing to watch."""
+        if len(self.tiers) < 3:
+            return
+        last, l2 = self.pages[self.tiers[-1]], self.pages[self.tiers[1]]
+        self.damaged.update(p for p in prefixes if last.get(p) == RESIDENT and l2.get(p) != PENDING)
+
+    def _verify_not_restored_from_damage(self, c: PageChange, was: str) -> None:
+        """A damaged page's L2 copy arrives only from L1 (a backup), never from its damaged
+        last-tier copy; once that copy has left the tier, the damage is forgotten (a later
+        backup writes a fresh one)."""
+        if c.tier == self.tiers[-1] and c.state == ABSENT:
+            self.damaged.discard(c.prefix)
+        elif (
+            c.tier == self.tiers[1]
+            and (was, c.state) == (PENDING, RESIDENT)
+            and self.pages[self.tiers[0]].get(c.prefix) != RESIDENT
+        ):
+            raise Mismatch(
+                f"L2 page of a {len(c.prefix)}-token prefix restored from its damaged "
+                f"{self.tiers[-1]} copy (the read must fail its checksum: a miss)",
+                "RESIDENT",
+                "PENDING -> ABSENT",
+            )
 
     def _verify_unserved(self, prefix: Prefix) -> None:
         for rid, r in self.requests.items():
@@ -330,6 +369,7 @@ class ReferenceModel:
         """The engine closed and opened again: nothing cached, nobody live."""
         self.pages = {t: {} for t in self.tiers}
         self.freed.clear()
+        self.damaged.clear()
         self.requests.clear()
         if self.tree is not None:
             self.tree.clear()

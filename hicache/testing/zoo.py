@@ -129,6 +129,12 @@ DEFAULT_MACHINE: dict[str, str] = {
     "oracle-two-ids": "fuzz-null",
     "oracle-no-before": "fuzz-null",
     "oracle-seq-repeat": "fuzz-null",
+    # reached by the wider draws only (mutants/reach.py)
+    "split-rounds-up": "fuzz-null",
+    "l3-any-checksum": "fuzz-cpu",
+    "rank-check-local-mode": "fuzz-tp",
+    "prefetch-off-ticks-once": "fuzz-null",
+    "triton-one-page": "fuzz-cpu",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not

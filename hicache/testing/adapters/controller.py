@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hicache.controller.config import WRITE_POLICIES, CacheConfig
+from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import (
     ALLOC_SITES,
@@ -53,6 +53,7 @@ from hicache.pools.presets import SINGLE_POOL, TINY, group, names
 from hicache.pools.tierpools import TierPools, window_pools
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
+from hicache.testing.knobs import interpreter_off, interpreter_on, needs_interpreter
 from hicache.testing.liveness import Liveness, ObservedSink
 from hicache.testing.protocol import (
     PENDING,
@@ -103,6 +104,18 @@ class Setup:
     pools: str = SINGLE_POOL  # the tiers' pool group preset (null plane only for a group)
     hit_policy: str = "all_pools"  # CacheConfig.hit_policy (a group's)
     l1_window_pages: int | None = None  # CacheConfig.l1_window_pages: fewer frees L1 windows
+    # The knobs below are drawn since issue 31 (hicache/testing/knobs.py); each default is
+    # what the adapter used before, so a Setup built by hand runs as it did.
+    backend: str | None = None  # CacheConfig.backend; None: torch, on the cuda plane auto
+    prefetch: bool = True  # CacheConfig.prefetch: False, admit blocks until restored
+    verify: bool = True  # CacheConfig.verify (a plane with bytes)
+    io_threads: int | None = None  # CacheConfig.io_threads; None: 2, a group's 0
+    rank_check_every: int = 0  # CacheConfig.rank_check_every (TP ranks)
+
+    @property
+    def kernels(self) -> str:
+        """The backend the configuration asks for (`backend`, or the plane's default)."""
+        return self.backend or ("auto" if self.plane == "cuda" else "torch")
 
 
 POISON_BYTES = (0x5A, 0x3C, 0xC3)
@@ -137,7 +150,15 @@ class ControllerAdapter:
         self.tokens: dict[int, tuple[int, ...]] = {}
         self.findings: list[str] = []  # the adapter's own (`check`), its probes' (liveness)
         self.dir: tempfile.TemporaryDirectory[str] | None = None
-        self.ctl = self._build()
+        # Triton on a CPU runs in its interpreter, which Triton reads from the environment.
+        self.interpreted = needs_interpreter(setup.kernels, self._device())
+        if self.interpreted:
+            interpreter_on()
+        try:
+            self.ctl = self._build()
+        except BaseException:
+            self._interpreter_off()
+            raise
         self.page_size = self.ctl.config.kv.page_size
         assert self.page_size == PAGE_TOKENS, "the machine's prompts are PAGE_TOKENS-token pages"
         self.hit_window = self.ctl.cp.windows.hit_pages  # the protocol's (0: no windows)
@@ -159,26 +180,7 @@ class ControllerAdapter:
             if self.dir is None:
                 self.dir = tempfile.TemporaryDirectory(prefix="hicache-fuzz-")
             l3_path = os.path.join(self.dir.name, "l3.slots")
-        cfg = CacheConfig(
-            l1_pages=s.l1_pages,
-            l2_pages=s.l2_pages,
-            l3_slots=s.l3_slots,
-            device=self._device(),
-            backend="torch" if s.plane != "cuda" else "auto",
-            policy=s.policy,
-            write_policy=s.write_policy,
-            promotion=s.promotion,
-            check_mode=s.check_mode,
-            l3_path=l3_path,
-            l3_overwrite=True,
-            # A group's L3 parts run on the polling thread: the schedule a seed replays
-            # (`_join_io` waits for a single pool's threads).
-            io_threads=2 if s.pools == SINGLE_POOL else 0,
-            load_back_overlap=s.load_back_overlap,
-            pools=s.pools,
-            hit_policy=s.hit_policy,
-            l1_window_pages=s.l1_window_pages,
-        )
+        cfg = cache_config(s, self._device(), l3_path)
         self.sink = ObservedSink()
         self._seen = 0  # events of `sink` already turned into page changes
         self.nodes: dict[int, list[Any]] = {}  # node id -> [start token, end prefix]
@@ -253,6 +255,13 @@ class ControllerAdapter:
                     f"over hits {list(mat.match.lengths)}, but its plan restores nothing and "
                     "no fallback was counted"
                 )
+        # Issue 31 (a drawn knob's promise): with prefetch off, `admit` returns only once its
+        # restore has settled (spec/config.md), so the request is ready at once.
+        if not self.setup.prefetch and not self.ctl.ready(request_id):
+            self.findings.append(
+                f"prefetch off: admit of request {request_id} returned before its restore "
+                "settled (it must block until then)"
+            )
         hits = {str(t): mat.match.lengths[i] for i, t in enumerate(TIERS)}
         return Admission(hits, self.ctl.cp.cached_len(request_id))
 
@@ -444,12 +453,22 @@ class ControllerAdapter:
     def close(self) -> None:
         self._close_controller()
         self._flush_into_events()
+        self._interpreter_off()
         if self.dir is not None:
             self.dir.cleanup()
             self.dir = None
 
+    def _interpreter_off(self) -> None:
+        if self.interpreted:
+            self.interpreted = False
+            interpreter_off()
+
     def _join_io(self) -> None:
-        """Wait for L3 I/O already issued (without polling): the schedule a seed replays."""
+        """Wait for L3 I/O already issued (without polling): the schedule a seed replays.
+        On the deterministic schedule (`io_threads=0`) no thread runs it: it runs here."""
+        if self.ctl.engine.has_bytes:
+            mover = getattr(self.ctl.byte_plane, "storage", None)
+            getattr(mover, "run_deferred", lambda: None)()  # a group's movers: no tasks
         for handle in list(self.ctl.handles.values()):
             tasks = getattr(handle, "tasks", None)
             if tasks is not None:
@@ -534,6 +553,34 @@ class ControllerAdapter:
         raise AssertionError(f"composite state {name!r} is not in the tables")
 
 
+def cache_config(s: Setup, device: str | None, l3_path: str | None) -> CacheConfig:
+    """The controller's configuration for setup `s`, its L1 on `device`, its L3 at `l3_path`
+    (None: a temporary file, or none on the null plane)."""
+    return CacheConfig(
+        l1_pages=s.l1_pages,
+        l2_pages=s.l2_pages,
+        l3_slots=s.l3_slots,
+        device=device,
+        backend=s.kernels,
+        policy=s.policy,
+        write_policy=s.write_policy,
+        promotion=s.promotion,
+        prefetch=s.prefetch,
+        check_mode=s.check_mode,
+        verify=s.verify,
+        l3_path=l3_path,
+        l3_overwrite=True,
+        # A group's L3 parts run on the polling thread: the schedule a seed replays
+        # (`_join_io` waits for a single pool's threads).
+        io_threads=(2 if s.pools == SINGLE_POOL else 0) if s.io_threads is None else s.io_threads,
+        load_back_overlap=s.load_back_overlap,
+        pools=s.pools,
+        hit_policy=s.hit_policy,
+        l1_window_pages=s.l1_window_pages,
+        rank_check_every=s.rank_check_every,
+    )
+
+
 def controller_adapter(setup: Setup) -> ControllerAdapter:
     """The factory the machine calls (a `Setup` -> an adapter)."""
     return ControllerAdapter(setup)
@@ -567,30 +614,47 @@ def check_preset(pools: str) -> None:
         )
 
 
+RESTORE_POLICIES = ("always",) * 5 + ("never",) * 2 + ("threshold",)
+"""The restore policies `setups` draws, `always` most often: the new knobs' values (threshold,
+prefetch off, back_off) are drawn rarely enough that the restore-heavy runs the rules are
+written for stay common (with each a third of the runs, no S2H was ever cancelled in 12,000
+single-pool steps: tests/test_testing_coverage.py)."""
+
+
 def setups(
-    plane: str = "null", load_back_overlap: str = "share", pools: str = SINGLE_POOL
+    plane: str = "null", load_back_overlap: str | None = None, pools: str = SINGLE_POOL
 ) -> st.SearchStrategy[Setup]:
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
-    and L3 are tight, every write policy, promotion on or off. `load_back_overlap` is fixed
-    per strategy, not drawn (a draw would shift every seeded run's steps). `pools`: the
-    tiers' pool group preset (a group checks every transition, on the null plane too)."""
+    and L3 are tight, and every knob that changes behaviour is drawn (hicache/testing/
+    knobs.py says which, where, and why the rest are fixed). `load_back_overlap`: fixed to
+    this value, or None to draw it. `pools`: the tiers' pool group preset (a group checks
+    every transition, on the null plane too)."""
     from hypothesis import strategies as st
 
     check_preset(pools)
+    bytes_, single = plane != "null", pools == SINGLE_POOL
+    # The machine checks everything after every step; inside each transition as well on the
+    # real planes and for a group (a bad byte is best caught where it lands), now and then
+    # only every few transitions (the checker's periodic mode).
+    usual = "off" if not bytes_ and single else "every"
     base = st.builds(
         Setup,
         l1_pages=st.integers(7, 12),
         l2_pages=st.integers(3, 12),
         l3_slots=st.integers(2, 16),
         write_policy=st.sampled_from(WRITE_POLICIES),
-        policy=st.sampled_from(("always", "always", "never")),
+        policy=st.sampled_from(RESTORE_POLICIES),
         promotion=st.booleans(),
         plane=st.just(plane),
-        load_back_overlap=st.just(load_back_overlap),
+        load_back_overlap=st.sampled_from(("share",) * 4 + ("back_off",))
+        if load_back_overlap is None
+        else st.just(load_back_overlap),
         pools=st.just(pools),
-        # The machine checks everything after every step; inside each transition as well
-        # on the real planes (a bad byte is best caught where it lands).
-        check_mode=st.just("off" if plane == "null" and pools == SINGLE_POOL else "every"),
+        check_mode=st.sampled_from((usual, usual, "periodic 7")),
+        backend=st.sampled_from(BACKENDS) if bytes_ else st.none(),
+        prefetch=st.sampled_from((True,) * 4 + (False,)),
+        verify=st.sampled_from((True, True, True, False)) if bytes_ else st.just(True),
+        io_threads=st.sampled_from((2, 0)) if bytes_ and single else st.none(),
     )
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return base

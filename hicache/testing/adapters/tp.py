@@ -15,6 +15,9 @@ own checks. Faults are per rank and independent:
                               while the lower tiers hold evictable nodes (F15)
     free_window(rank, pick)   a rank frees one node's sliding window alone (its own SWA memory):
                               the ranks' legal endpoints differ (F17, the min-of-maxima mutant)
+    rank-local knobs          each rank its own check_mode, verify and kernels (`tp_setups`:
+                              CacheConfig.RANK_LOCAL; C0 holds every other field, capacities
+                              too, equal, and the SPMD rule gives every rank the same calls)
 
 The reference model follows the cache as a whole: rank 0's page changes, and a page's window
 freed while any rank has it freed (the agreed hit is legal on every rank, so it is legal for
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hicache.distributed.cluster import abandon
 from hicache.distributed.rankview import rank_view
@@ -42,6 +45,9 @@ from hicache.testing.protocol import (
 )
 from hicache.trace import TraceEvent, TraceHeader
 
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
+
 T = TypeVar("T")
 PLANES = ("null", "cpu", "cuda")
 TIMEOUT_S = 5.0  # a collective the other ranks never reach fails the step after this long
@@ -55,10 +61,17 @@ class RankDisagreement(HiCacheError):
 
 @dataclass(frozen=True)
 class TPSetup:
-    """One run: the ranks' shared setup and how many ranks."""
+    """One run: the ranks' shared setup and how many ranks; `local[r]`, where given, is rank
+    r's own values of fields a rank may set for itself (CacheConfig.RANK_LOCAL: check_mode,
+    verify, backend, ...), over `base`'s (spec/tp.md, C0: every other field is equal)."""
 
     base: Setup
     size: int = 2
+    local: tuple[tuple[tuple[str, Any], ...], ...] = ()
+
+    def rank(self, r: int) -> Setup:
+        """Rank `r`'s setup: `base` with its own rank-local values."""
+        return replace(self.base, **dict(self.local[r])) if r < len(self.local) else self.base
 
 
 class TPAdapter:
@@ -76,7 +89,7 @@ class TPAdapter:
         self.timeout_s = CUDA_TIMEOUT_S if setup.base.plane == "cuda" else TIMEOUT_S
         self.group = ThreadGroup(self.size, self.timeout_s)
         self.ranks: list[ControllerAdapter] = self.group.run(
-            lambda r: ControllerAdapter(setup.base, self.group.member(r))
+            lambda r: ControllerAdapter(setup.rank(r), self.group.member(r))
         )
         self.page_size = self.ranks[0].page_size
         self.hit_window = self.ranks[0].hit_window
@@ -344,4 +357,63 @@ def tp_adapter(setup: TPSetup) -> TPAdapter:
     return TPAdapter(setup)
 
 
-__all__ = ["RankDisagreement", "TPAdapter", "TPSetup", "tp_adapter"]
+RANK_CHECKS = ("off", "every", "periodic 3")
+"""The check modes a rank may draw for itself (`tp_setups`)."""
+
+RANKS_MAX = 3  # the most ranks a TP machine draws (`rank_local` draws for each)
+
+
+def tp_setups(plane: str, pools: str, sizes: tuple[int, ...]) -> st.SearchStrategy[TPSetup]:
+    """The TP machine's runs: the controller's setups over `sizes` ranks, `rank_check_every`
+    drawn (0 twice as often, 1 or 3: every rank alike, C0), and, half of the time, ranks that
+    differ where a rank may (CacheConfig.RANK_LOCAL): each its own check_mode and, on a plane
+    with bytes, its own verify, and one rank's kernels Triton's. A rank with less room is not
+    drawn: the capacities are in C0's fingerprint, so such ranks are refused at startup
+    (tests/test_tp.py), never run.
+
+    On a CPU at most one rank runs Triton, the others torch: the interpreter patches
+    Triton's language module while a kernel runs, so two ranks' threads in it at once break
+    each other (and `auto` probes with it once TRITON_INTERPRET is set)."""
+    from hypothesis import strategies as st
+
+    from hicache.testing.adapters.controller import setups
+
+    bytes_ = plane != "null"
+    base = st.builds(
+        replace,
+        setups(plane, pools=pools),
+        rank_check_every=st.sampled_from((0, 0, 1, 3)),
+        **({"backend": st.just("torch")} if bytes_ else {}),
+    )
+    one = st.tuples(st.sampled_from(RANK_CHECKS), st.booleans() if bytes_ else st.just(True))
+    local = st.builds(
+        rank_local,
+        st.tuples(*[one] * RANKS_MAX),
+        st.sampled_from((None, *range(RANKS_MAX))) if bytes_ else st.none(),
+        st.just(bytes_),
+    )
+    return st.builds(
+        TPSetup,
+        base=base,
+        size=st.sampled_from(sizes),
+        local=st.one_of(st.just(()), local),
+    )
+
+
+def rank_local(
+    drawn: tuple[tuple[str, bool], ...], triton_rank: int | None, bytes_: bool
+) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """`TPSetup.local` from each rank's drawn (check_mode, verify): verify only on a plane
+    with bytes, and `triton_rank`'s kernels Triton's."""
+    out = []
+    for r, (check_mode, verify) in enumerate(drawn):
+        fields: list[tuple[str, Any]] = [("check_mode", check_mode)]
+        if bytes_:
+            fields.append(("verify", verify))
+        if r == triton_rank:
+            fields.append(("backend", "triton"))
+        out.append(tuple(fields))
+    return tuple(out)
+
+
+__all__ = ["RankDisagreement", "TPAdapter", "TPSetup", "tp_adapter", "tp_setups"]

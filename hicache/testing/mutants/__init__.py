@@ -85,6 +85,16 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     oracle-two-ids -    checktrace IdMap.match                    one node named by two ids
     oracle-no-before -  checktrace Comparer._same                 `before` never compared
     oracle-seq-repeat - checktrace TraceReader.parse              a repeated seq is replayed
+    split-rounds-up -   tree._common_pages                        a cut inside a page rounds
+                                                                  up: a page split off unshared
+    l3-any-checksum -   L3File.verify                             a read passes on any written
+                                                                  slot's checksum
+    rank-check-local-mode - CacheController.admit                 the cross-rank check follows
+                                                                  a rank's own check_mode
+    prefetch-off-ticks-once CacheController.admit                 prefetch off: admit returns
+                                                                  before its restore settled
+    triton-one-page -   triton_rows._launch                       Triton moves nothing for a
+                                                                  one-page transfer
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
@@ -93,8 +103,10 @@ the controller never crosses, caught by the fuzz machine's illegal calls:
 hicache/testing/illegal/), `liveness` (the LV- ones: a cache that stays safe but does less
 than the spec promises), `checker` (the invariant checker's own failure modes), `oracle`
 (check-trace's own failure modes, caught by the fuzz's self-check:
-hicache/testing/selfcheck.py); `base` defines `Mutant` and `swapped`. A new mutant goes in
-its family's module and its `ZOO`, and in the table above.
+hicache/testing/selfcheck.py), `reach` (paths only the fuzz's wider draws reach: a split
+inside a page, a tampered L3 slot, TP ranks that differ, a knob once fixed); `base` defines
+`Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and in the
+table above.
 """
 
 from __future__ import annotations
@@ -109,6 +121,7 @@ from hicache.testing.mutants import (
     guards,
     liveness,
     oracle,
+    reach,
     tables,
     tp,
 )
@@ -123,6 +136,7 @@ ZOO: tuple[Mutant, ...] = (
     *liveness.ZOO,
     *checker.ZOO,
     *oracle.ZOO,
+    *reach.ZOO,
 )
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
