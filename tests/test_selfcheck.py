@@ -8,8 +8,10 @@ reports the counts; a shrink past its budget reports the failure found so far.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
 from hicache.checktrace.illegal import CATALOGUE, edit
 from hicache.checktrace.traceview import Trace
@@ -22,6 +24,7 @@ from hicache.testing.selfcheck import (
     SelfCheckFailed,
     judge_run,
 )
+from hicache.testing.walkcheck import WALK_EDITS, must_break, walk_edited
 from hicache.trace import TraceEvent, TraceHeader
 from tests.test_checktrace_catalogue import catalogue_traces, edited_lines
 
@@ -139,3 +142,111 @@ def test_a_tp_ranks_trace_cut_to_the_agreed_hit_is_counted_not_failed(
     assert counts.agreed == 1 and "1 TP rank traces cut to an agreed hit" in counts.summary()
     failed = judge_run([(header, cut, "engine 1")], [], SelfCheckCounts())
     assert isinstance(failed, SelfCheckFailed) and "detail.hit" in str(failed)
+
+
+def _walk_corruptions(at: int) -> list[Corruption]:
+    return [Corruption(kind, at, salt, walk=True) for salt, kind in enumerate(WALK_EDITS)]
+
+
+def test_every_walk_corruption_breaks_the_walk_and_is_counted(
+    traces: list[tuple[TraceHeader, list[TraceEvent]]],
+) -> None:
+    """The walk's half (hicache/testing/walkcheck.py): each run's trace is a walk, and each
+    corruption placed where no walk continues it breaks `first_break` (and check-trace
+    rejects it too); every edit the walk must see is met on these traces."""
+    engines = [(h, ev, f"engine {k + 1}") for k, (h, ev) in enumerate(traces)]
+    drawn = [c for k in range(8) for c in _walk_corruptions(k * AT_MAX // 8)]
+    counts = SelfCheckCounts()
+    assert judge_run(engines, drawn, counts) is None
+    assert set(counts.walk_tried) == set(WALK_EDITS)
+    assert counts.walk_tried == counts.walk_broken
+    assert sum(counts.walk_tried.values()) >= 20
+    assert "broke the walk" in counts.report()
+
+
+def test_a_walk_that_forgets_a_nodes_state_is_caught_by_the_self_check(
+    traces: list[tuple[TraceHeader, list[TraceEvent]]],
+) -> None:
+    """walk-no-continuity (the walk judges each step by the machine, not where the node's
+    walk left it): a duplicated or dropped transition passes it, and the self-check names
+    the edit. Before the walk's half of the self-check, nothing in the fuzz could see this
+    mutant: the reference's own events never leave a node's walk."""
+    engines = [(h, ev, f"engine {k + 1}") for k, (h, ev) in enumerate(traces)]
+    drawn = [Corruption("duplicated", k * AT_MAX // 8, k, walk=True) for k in range(8)]
+    with activate("walk-no-continuity"):
+        failed = judge_run(engines, drawn, SelfCheckCounts())
+    assert isinstance(failed, SelfCheckFailed)
+    assert failed.what == "walked duplicated"
+    assert "the walk continued through an illegal edit" in str(failed)
+
+
+def test_must_break_holds_only_where_the_walk_breaks(
+    traces: list[tuple[TraceHeader, list[TraceEvent]]],
+) -> None:
+    """`must_break` is a claim about every walk: wherever it holds, the walk breaks; and an
+    insert dropped (a node's first event: its walk may start anywhere) is not claimed."""
+    claimed = 0
+    for header, events in traces:
+        view = Trace(events, header.page_size)
+        for kind in WALK_EDITS:
+            for salt in range(40):
+                found = edit(view, kind, salt * len(events) // 40, salt)
+                if found is None or not must_break(events, found):
+                    continue
+                claimed += 1
+                assert walk_edited(events, found, list(found.tail)) is not None, found
+        first = next(i for i, e in enumerate(events) if e.event == "insert")
+        dropped = edit(view, "dropped", first, 0)
+        if dropped is not None and dropped.at == first:
+            assert not must_break(events, dropped)
+    assert claimed >= 20
+
+
+def test_a_self_check_failure_hypothesis_dropped_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run Hypothesis ends for its draws (StopTest) is judged in its teardown, but
+    Hypothesis drops whatever such a run raises: `hicache fuzz` found `walk-no-continuity`'s
+    blind spot in two such runs of seed 7 and reported the seed clean. Their failures are
+    kept (`SelfCheckCounts.lost`) and reported after the runs, with the replay line."""
+
+    def run_machine(machine: Any, settings: Any) -> None:
+        machine.self_check_counts.lost.append(SelfCheckFailed("walked dropped", "planted"))
+
+    monkeypatch.setattr("hypothesis.stateful.run_state_machine_as_test", run_machine)
+    result = fuzz(arguments(seed=3, steps=50))
+    assert not result.ok
+    assert "a run Hypothesis ended for its draws failed the self-check (1 such)" in result.text
+    assert "error: SelfCheckFailed: self-check: planted" in result.text
+    assert "replay: hicache fuzz --seed 3 --steps 50" in result.text
+
+
+def test_a_teardown_after_stoptest_keeps_the_failure() -> None:
+    """The machine's teardown on a run Hypothesis ended for its draws: the self-check's
+    failure is raised (for a caller that sees it, as the bug zoo's counted runs do) and kept."""
+    from hypothesis.errors import StopTest
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    from hicache.testing import selfcheck
+
+    class Base(RuleBasedStateMachine):
+        def start(self, setup: Any) -> None:
+            self.cache = object()
+
+        @rule()
+        def nothing(self) -> None:
+            pass
+
+    counts = SelfCheckCounts()
+    machine: Any = selfcheck.with_self_check(Base, st.just(None), counts, "Planted")()
+    machine.start(None)
+    planted = SelfCheckFailed("accepted before", "planted")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(selfcheck, "engines", lambda cache: [])
+        mp.setattr(selfcheck, "judge_run", lambda *a, **k: planted)
+        try:
+            raise StopTest(0)
+        except StopTest:
+            with pytest.raises(SelfCheckFailed):
+                machine.teardown()
+    assert counts.lost == [planted]

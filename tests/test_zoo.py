@@ -73,6 +73,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "oracle-two-ids": (2, "machine FuzzNull.self_check: accepted node-second-id"),
     "oracle-no-before": (1, "machine FuzzNull.self_check: accepted before"),
     "oracle-seq-repeat": (0, "machine FuzzNull.self_check: accepted seq-repeated"),
+    "walk-no-continuity": (0, "machine FuzzNull.self_check: walked duplicated"),
     # reached by the wider draws only (mutants/reach.py)
     "split-rounds-up": (4, "differential L1 hit length at admission"),
     "l3-any-checksum": (0, "I4 tier_bytes_equal"),

@@ -326,6 +326,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         except Exception as failure:  # any escape is the finding to report
             _report_failure(out, args, failure, captured.getvalue())
             ok = False
+        else:
+            ok = _report_lost(out, args, coverage.selfcheck, captured.getvalue())
     seconds = time.perf_counter() - started
     if ok:
         ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
@@ -374,6 +376,21 @@ def _shrink_budget(seconds: int) -> Iterator[None]:
         yield
     finally:
         engine.MAX_SHRINKING_SECONDS = was
+
+
+def _report_lost(out: Any, args: argparse.Namespace, counts: SelfCheckCounts, printed: str) -> bool:
+    """Whether no self-check failure was lost: a run Hypothesis ended for its draws (StopTest)
+    that failed the self-check in its teardown is dropped by Hypothesis, failure and all; the
+    first such is reported here, unshrunk (the seed's replay line runs it again)."""
+    if not counts.lost:
+        return True
+    print(
+        f"a run Hypothesis ended for its draws failed the self-check ({len(counts.lost)} "
+        "such): Hypothesis drops such a run, so it is not shrunk",
+        file=out,
+    )
+    _report_failure(out, args, counts.lost[0], printed)
+    return False
 
 
 def _report_failure(

@@ -18,14 +18,19 @@ in the machine's teardown:
        a violation (exit 1) at or after the first event of the first call that reads the
        edited line (check-trace blames a refused call's first event), malformed (exit 2)
        for an edit of the format, at or after the edited line. An accepted edit is a blind
-       spot of the oracle, reported as a failure of the run.
+       spot of the oracle, reported as a failure of the run;
+    4. the walk judged the same way (hicache/testing/walkcheck.py): each trace, as written,
+       must be a walk of the tables' machine (`tracewalk.first_break`), and each corruption
+       that no walk continues (`walkcheck.must_break`) must break it.
 
 A failure is `SelfCheckFailed` (an AssertionError: the machine's verdict) naming the engine,
 the event, the edit and check-trace's message. A run that fails on its own is not judged
 again (its trace may be wrong), nor one stopped by a budget; one Hypothesis ended early for
-its draws (`StopTest`) is. `SelfCheckCounts` (on `Coverage.selfcheck`) counts the traces
-and events replayed and, per edit, the corruptions tried and rejected: the fuzz summary and
-`--report` print them.
+its draws (`StopTest`) is, and since Hypothesis drops what such a run raises, its failure is
+also kept (`SelfCheckCounts.lost`) for `hicache fuzz` to report after its runs.
+`SelfCheckCounts` (on `Coverage.selfcheck`) counts the traces and events replayed and, per
+edit, the corruptions tried and rejected (and those the walk must see, broken): the fuzz
+summary and `--report` print them.
 """
 
 from __future__ import annotations
@@ -45,11 +50,19 @@ from hicache.checktrace.forks import Fork, replay_forked
 from hicache.checktrace.illegal import CATALOGUE, Edited, edit
 from hicache.checktrace.traceview import Trace
 from hicache.checktrace.verdict import MALFORMED, VALID, Verdict
+from hicache.testing import walkcheck
 from hicache.trace import TraceEvent, TraceHeader
+from hicache.tracewalk import first_break
 
 CORRUPTIONS = 3
 """Corruptions of each run's trace (each a fork of its replay: a copy and the events from
 the edit to check-trace's verdict)."""
+WALK_CORRUPTIONS = 1
+"""More corruptions of each run's trace, each placed where no walk continues it
+(`walkcheck.must_break`): judged by check-trace and by the walk."""
+WALK_PLACES = 32
+"""Events a walk corruption tries, from its drawn one on, for a place where it breaks every
+walk (the edits of WALK_EDITS apply to many events, most of them not such places)."""
 AT_MAX = 2**16 - 1
 """A corruption's event is drawn as `at` in 0..AT_MAX, a fraction of the run's events."""
 
@@ -62,17 +75,27 @@ class Corruption:
     kind: str
     at: int
     salt: int
+    walk: bool = False  # placed only where no walk continues the edit
 
 
 def corruptions() -> st.SearchStrategy[tuple[Corruption, ...]]:
-    """CORRUPTIONS corruptions: an edit of the catalogue, an event, a salt."""
-    one = st.builds(
-        Corruption,
-        kind=st.sampled_from(tuple(CATALOGUE)),
-        at=st.integers(0, AT_MAX),
-        salt=st.integers(0, 2**16 - 1),
-    )
-    return st.lists(one, min_size=CORRUPTIONS, max_size=CORRUPTIONS).map(tuple)
+    """CORRUPTIONS corruptions (an edit of the catalogue, an event, a salt), then
+    WALK_CORRUPTIONS of the edits the walk must see too."""
+
+    def some(kinds: tuple[str, ...], n: int, walk: bool) -> st.SearchStrategy[list[Corruption]]:
+        one = st.builds(
+            Corruption,
+            kind=st.sampled_from(kinds),
+            at=st.integers(0, AT_MAX),
+            salt=st.integers(0, 2**16 - 1),
+            walk=st.just(walk),
+        )
+        return st.lists(one, min_size=n, max_size=n)
+
+    return st.tuples(
+        some(tuple(CATALOGUE), CORRUPTIONS, False),
+        some(walkcheck.WALK_EDITS, WALK_CORRUPTIONS, True),
+    ).map(lambda two: (*two[0], *two[1]))
 
 
 @dataclass
@@ -85,6 +108,11 @@ class SelfCheckCounts:
     rejected: Counter[str] = field(default_factory=Counter)  # ... that check-trace rejected
     inapplicable: int = 0  # corruptions whose edit applied to no event of the run
     agreed: int = 0  # TP ranks' traces not judged: an admission cut to the agreed hit
+    walk_tried: Counter[str] = field(default_factory=Counter)  # corruptions no walk continues
+    # failures of runs Hypothesis ended for their draws (it drops what such a run raises):
+    # `hicache fuzz` reports them after its runs
+    lost: list[SelfCheckFailed] = field(default_factory=list)
+    walk_broken: Counter[str] = field(default_factory=Counter)  # ... that broke the walk
 
     def summary(self) -> str:
         """One line: what was replayed and how many corruptions check-trace rejected."""
@@ -93,13 +121,21 @@ class SelfCheckCounts:
             f"self-check: {self.traces} traces ({self.events} events) replayed by check-trace, "
             f"{tried} corruptions tried, {rejected} rejected"
             + (f"; {self.agreed} TP rank traces cut to an agreed hit" if self.agreed else "")
+            + f"; the walk: {sum(self.walk_broken.values())} of "
+            f"{sum(self.walk_tried.values())} corruptions it must see broke it"
         )
 
     def report(self) -> str:
         """The summary, then per edit of the catalogue: tried and rejected."""
         lines = [self.summary()]
         lines += [
-            f"  {kind:<40} {self.rejected[kind]}/{self.tried[kind]} rejected" for kind in CATALOGUE
+            f"  {kind:<40} {self.rejected[kind]}/{self.tried[kind]} rejected"
+            + (
+                f", {self.walk_broken[kind]}/{self.walk_tried[kind]} broke the walk"
+                if kind in walkcheck.WALK_EDITS
+                else ""
+            )
+            for kind in CATALOGUE
         ]
         lines.append(f"  {'(applied to no event of the run)':<40} {self.inapplicable}")
         lines.append(f"  {'(TP rank traces cut to an agreed hit)':<40} {self.agreed}")
@@ -154,7 +190,12 @@ def judge_run(
             planned[found[0]].append(found[1])
     for (header, events, where), view, edits in zip(traces, views, planned):
         lines = [header.to_json(), *view.lines]
-        verdict, judged = replay_forked(lines, [Fork(e.first, e.tail) for e in edits])
+        # The tails the walk reads too, read once here (a fork reads its tail lazily).
+        tails = {k: list(e.tail) for k, e in enumerate(edits) if walkcheck.must_break(events, e)}
+        forks = [
+            Fork(e.first, iter(tails[k]) if k in tails else e.tail) for k, e in enumerate(edits)
+        ]
+        verdict, judged = replay_forked(lines, forks)
         if ranks and _agreed_hit(events, verdict):
             counts.agreed += 1  # a TP rank's admission, cut to the ranks' agreed hit
             continue
@@ -164,6 +205,9 @@ def judge_run(
                 f"check-trace rejected the trace of {where} of a run the machine accepted: "
                 f"{verdict.message}",
             )
+        walked = _walk(events, edits, tails, where, counts)
+        if walked is not None:
+            return walked
         counts.traces += 1
         counts.events += len(events)
         for e, j in zip(edits, judged):
@@ -176,6 +220,35 @@ def judge_run(
                     f"the event was {view.lines[e.at]}; check-trace said: {j.verdict.message}",
                 )
             counts.rejected[e.kind] += 1
+    return None
+
+
+def _walk(
+    events: Sequence[TraceEvent],
+    edits: Sequence[Edited],
+    tails: dict[int, list[str]],
+    where: str,
+    counts: SelfCheckCounts,
+) -> SelfCheckFailed | None:
+    """The walk's half of the self-check: `events` must be a walk, and each edit of `tails`
+    (those no walk continues) must break it; the failure, or None (counted in `counts`)."""
+    found = first_break(events)
+    if found is not None:
+        return SelfCheckFailed(
+            "the walk rejected the run's trace",
+            f"the walk broke on the trace of {where} of a run the machine accepted: "
+            f"{found.event.to_json()}: {found.why}",
+        )
+    for k, tail in tails.items():
+        e = edits[k]
+        counts.walk_tried[e.kind] += 1
+        if walkcheck.walk_edited(events, e, tail) is None:
+            return SelfCheckFailed(
+                f"walked {e.kind}",
+                f"the walk continued through an illegal edit: {e.kind} at event {e.at + 1} "
+                f"of {where} ({e.what}); the event was {events[e.at].to_json()}",
+            )
+        counts.walk_broken[e.kind] += 1
     return None
 
 
@@ -192,9 +265,24 @@ def _place(views: Sequence[Trace], c: Corruption) -> tuple[int, Edited] | None:
         first += 1
     for k in range(len(views)):
         t = (first + k) % len(views)
-        found = edit(views[t], c.kind, at if k == 0 else 0, c.salt)
+        found = _place_in(views[t], c, at if k == 0 else 0)
         if found is not None:
             return t, found
+    return None
+
+
+def _place_in(view: Trace, c: Corruption, at: int) -> Edited | None:
+    """`c`'s edit at the first event of `view` from `at` on where it applies (and, for a walk
+    corruption, breaks every walk: WALK_PLACES events tried at most, not wrapping around)."""
+    for _ in range(WALK_PLACES if c.walk else 1):
+        found = edit(view, c.kind, at, c.salt)
+        if found is None or not c.walk or walkcheck.must_break(view.events, found):
+            return found
+        if found.at < at:
+            return None  # wrapped around: the rest of the trace has no place for it
+        at = found.at + 1
+        if at >= len(view.events):
+            return None
     return None
 
 
@@ -247,7 +335,12 @@ def with_self_check(
             cache = getattr(self, "cache", None)
             super().teardown()
             if cache is not None and (ending is None or isinstance(ending, StopTest)):
-                self.self_check(cache)
+                try:
+                    self.self_check(cache)
+                except SelfCheckFailed as failed:
+                    if ending is not None:  # Hypothesis drops it with the run: keep it
+                        kept.lost.append(failed)
+                    raise
 
         def self_check(self, cache: Any) -> None:
             """check-trace accepts the run's traces and rejects their corruptions."""
@@ -256,5 +349,6 @@ def with_self_check(
             if failed is not None:
                 raise failed  # here: the machine's check that failed is `self_check`
 
+    Machine.self_check_counts = kept  # what a caller of the machine reads after its runs
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

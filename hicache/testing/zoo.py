@@ -131,6 +131,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "oracle-two-ids": "fuzz-null",
     "oracle-no-before": "fuzz-null",
     "oracle-seq-repeat": "fuzz-null",
+    "walk-no-continuity": "fuzz-null",
     # reached by the wider draws only (mutants/reach.py)
     "split-rounds-up": "fuzz-null",
     "l3-any-checksum": "fuzz-cpu",

@@ -85,6 +85,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
     oracle-two-ids -    checktrace IdMap.match                    one node named by two ids
     oracle-no-before -  checktrace Comparer._same                 `before` never compared
     oracle-seq-repeat - checktrace TraceReader.parse              a repeated seq is replayed
+    walk-no-continuity  tracewalk Walker.step                     a node's walk not followed
+                                                                  from event to event
     split-rounds-up -   tree._common_pages                        a cut inside a page rounds
                                                                   up: a page split off unshared
     l3-any-checksum -   L3File.verify                             a read passes on any written

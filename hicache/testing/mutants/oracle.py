@@ -89,6 +89,22 @@ def _seq_repeat() -> contextlib.AbstractContextManager[None]:
     return swapped(TraceReader, "parse", parse)
 
 
+def _walk_no_continuity() -> contextlib.AbstractContextManager[None]:
+    """The walk judges each event's (before, after) by the tables' machine but forgets each
+    node's walk: an event that does not start where the node's previous one left it passes
+    (a dropped, repeated or reordered transition is then invisible to it)."""
+    from hicache.tracewalk import Walker
+
+    original = Walker.__dict__["step"]
+
+    def step(self: Any, e: Any) -> Any:
+        if e.node is not None and e.before is not None:
+            self.nodes.pop(e.node, None)  # each state event judged as if the node's first
+        return original(self, e)
+
+    return swapped(Walker, "step", step)
+
+
 ZOO: tuple[Mutant, ...] = (
     Mutant(
         "oracle-pages-count",
@@ -117,5 +133,12 @@ ZOO: tuple[Mutant, ...] = (
         "checktrace TraceReader.parse",
         "check-trace's reader refuses a gap in seq but replays a repeated line",
         _seq_repeat,
+    ),
+    Mutant(
+        "walk-no-continuity",
+        "-",
+        "tracewalk Walker.step",
+        "the walk judges each step by the machine but not where the node's walk left it",
+        _walk_no_continuity,
     ),
 )
