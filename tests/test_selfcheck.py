@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from hicache.checktrace.illegal import CATALOGUE, edit
+from hicache.checktrace.illegal import CATALOGUE, Edited, edit
 from hicache.checktrace.traceview import Trace
 from hicache.testing.mutants import activate
 from hicache.testing.runner import arguments, fuzz
@@ -200,6 +200,23 @@ def test_must_break_holds_only_where_the_walk_breaks(
         if dropped is not None and dropped.at == first:
             assert not must_break(events, dropped)
     assert claimed >= 20
+
+
+def test_must_break_leaves_a_copy_event_to_check_trace() -> None:
+    """A `compute` over a node shows it as a contender sees it and leaves its walk where it
+    was: written twice it may be another contender's, so the walk need not break (found by
+    `hicache fuzz --seed 12`, where the claim failed: the walk continued, rightly). The
+    node's own transition written twice is claimed."""
+    lines = [
+        '{"after":"L1","before":"L1_PRIVATE","event":"insert","node":5,"pages":[0],'
+        '"request":1,"seq":1,"tier":"L1","token_end":4,"token_start":0}',
+        '{"after":"L1_PRIVATE_L3","before":"L3","event":"compute","node":5,"pages":[4,6],'
+        '"request":26,"seq":2,"tier":"L1","token_end":8,"token_start":0}',
+    ]
+    events = [TraceEvent.from_json(x) for x in lines]
+    for at, claimed in ((0, True), (1, False)):
+        twice = Edited("duplicated", at, at + 1, iter(()), "event written twice")
+        assert must_break(events, twice) is claimed, events[at].event
 
 
 def test_a_self_check_failure_hypothesis_dropped_is_reported(

@@ -10,7 +10,9 @@ of the catalogue (hicache/checktrace/illegal.py) that no walk can continue, requ
 the trace before the edit is one (a node's walk continues where its previous event left it,
 and a row's `after` is the one its machine reaches from `before`; a node's "next event" is
 the next that moves its walk: a state event on it, or its removal -- a lock, an unlock, a
-copy event or a split leaves its states as they are):
+split, or an event on a request's copy (`compute`, `discard`: the node as a contender sees
+it) leaves its states as they are; the edits below never touch a copy event either, since a
+copy repeated or changed may be another contender's):
 
     edit         where                                            the walk breaks at
     -----------  -----------------------------------------------  -----------------------------
@@ -33,10 +35,13 @@ walk too: those are judged by check-trace alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 from hicache.checktrace.illegal import Edited
+from hicache.lifecycle import load_lifecycle
+from hicache.pagemachine import page_machine
 from hicache.trace import TraceEvent
-from hicache.tracewalk import NonEdge, first_break
+from hicache.tracewalk import NonEdge, acts_on_copy, first_break
 
 REMOVE = "node_remove"
 """The topology event that ends a node's walk (`node_remove` needs it all-ABSENT)."""
@@ -46,8 +51,22 @@ WALK_EDITS = ("before", "after", "duplicated", "dropped")
 eviction's and its removal), so each node's walk is unchanged."""
 
 
+@cache
+def _copy_events() -> frozenset[str]:
+    """The rows that act on a request's copy, never a node (`compute`, `discard`): their
+    events show the node as a contender sees it and leave its walk where it was."""
+    rows = page_machine(load_lifecycle().tables).rows
+    return frozenset(name for name, row in rows.items() if acts_on_copy(row))
+
+
 def _states(e: TraceEvent) -> bool:
-    return e.node is not None and e.before is not None and e.after is not None
+    """Whether `e` moves its node's walk: a state event of a row that writes the node."""
+    return (
+        e.node is not None
+        and e.before is not None
+        and e.after is not None
+        and e.event not in _copy_events()
+    )
 
 
 def _next_on_node(events: Sequence[TraceEvent], i: int) -> TraceEvent | None:
