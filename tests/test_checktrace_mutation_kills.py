@@ -1,0 +1,119 @@
+"""Traces that kill mutants of check-trace which its other tests and the fuzz let through.
+
+The mutants are first-order edits of check-trace's source drawn by
+benchmarks/checktrace_ast_mutants.py; each test here names the one it was written against
+(benchmarks/results/2026-12-04-checktrace-mutation-score.md). Each edits one event of a valid
+controller trace (hicache/checktrace/generate.py) in a way the spec forbids and requires the
+violation at that event.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hicache.checktrace.generate import controller_trace
+from hicache.checktrace.maps import IdMap
+from hicache.checktrace.names import TraceNames
+from hicache.checktrace.replay import check_lines
+from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
+from tests.test_checktrace_input import strip
+
+
+@pytest.fixture(scope="module")
+def trace() -> list[str]:
+    lines = controller_trace(1, 120)
+    assert check_lines(lines).exit_code == VALID
+    return lines
+
+
+def _with(lines: list[str], i: int, **fields: object) -> list[str]:
+    d = json.loads(lines[i])
+    d.update(fields)
+    return [*lines[:i], json.dumps(d), *lines[i + 1 :]]
+
+
+@pytest.mark.parametrize("kind", ["lock", "unlock", "node_remove", "d2h_cancel", "d2h_issue"])
+def test_an_event_of_another_kind_differs_from_the_reference(trace: list[str], kind: str) -> None:
+    """compare.py's first check (the event's kind is the reference's): a `d2h_complete`
+    renamed, every other field kept, is a violation at that event. (Mutant: the check's
+    `raise` removed; the ids, states and pages of the renamed event still agree.)"""
+    at = [i for i, x in enumerate(trace) if json.loads(x).get("event") == "d2h_complete"][:3]
+    assert at
+    for i in at:
+        verdict = check_lines(_with(trace, i, event=kind))
+        assert verdict.exit_code == VIOLATION, (i, kind, verdict.message)
+        assert verdict.seq == json.loads(trace[i])["seq"], (i, kind, verdict.message)
+
+
+def test_a_split_left_out_is_resolved_by_state_or_is_ambiguous() -> None:
+    """spec/trace.md, "Partial traces": without `split`, a new node id is bound to the one
+    unnamed reference node covering its range in the event's `before` state; when several
+    still fit, exit 2 naming the event. Seed 7's event 106 (a `d2h_issue` on an upper part)
+    has two such nodes. (Mutant: a candidate's L2 state read from its L1 state, which binds
+    one of them and reports a violation.)"""
+    lines = strip(controller_trace(7, 300), ("split",))
+    verdict = check_lines(lines)
+    assert (verdict.exit_code, verdict.seq) == (MALFORMED, 106), verdict.message
+    assert "trace node 6 cannot be identified: 2 reference nodes" in verdict.message
+
+
+def test_a_split_left_out_is_resolved_by_an_evictions_pages() -> None:
+    """spec/trace.md, "Partial traces": without `split` (and `states`), a new node id on an
+    eviction is bound to the one unnamed node covering its range that holds its pages. Seed
+    25's event 150 has two nodes covering its range; the pages tell them apart. (Mutants of
+    `Resolver._narrow`: the page map looked up by no tier, narrowing only past two
+    candidates, or keeping the nodes whose pages differ; each leaves it ambiguous, exit 2.)"""
+    lines = strip(controller_trace(25, 300), ("split", "states"))
+    verdict = check_lines(lines)
+    assert verdict.exit_code == VALID, verdict.message
+
+
+def test_a_compute_without_its_first_token_is_a_violation(trace: list[str]) -> None:
+    """A `compute` without `token_start` passes the schema (only `token_start` needs
+    `token_end`), but the reference cannot tell how many tokens it reserves for: a violation
+    at that event, never a crash. (Mutants of `_compute`'s guard: its `raise` removed, or
+    `or` made `and`; each reaches `stop - None`.)"""
+    i = next(i for i, x in enumerate(trace) if json.loads(x).get("event") == "compute")
+    d = json.loads(trace[i])
+    del d["token_start"]
+    verdict = check_lines([*trace[:i], json.dumps(d), *trace[i + 1 :]])
+    assert (verdict.exit_code, verdict.seq) == (VIOLATION, d["seq"]), verdict.message
+    assert "compute names no token range" in verdict.message
+
+
+def test_a_second_binding_names_the_trace_id_the_reference_id_has() -> None:
+    """IdMap's report on an id naming a second live node names the trace id the other node
+    already has, and only when it has one. (Mutant: the `is not None` test inverted, which
+    says "(trace node None)" and drops the real name.)"""
+    m = IdMap("node")
+    assert m.match(1, 10) is None and m.match(2, 20) is None and m.match(3, 30) is None
+    named = m.match(1, 20)
+    assert named is not None and named.endswith('"Partial traces")')
+    assert "(trace node 2)" in named
+    m.drop_ref(30)
+    unnamed = m.match(2, 30)
+    assert unnamed is not None and "(trace node" not in unnamed
+
+
+def test_a_node_no_event_created_is_reported_as_unknown(trace: list[str]) -> None:
+    """An event naming a node id no earlier event bound is not enabled, and the report says
+    the id is unknown (not that a reference node was removed). (Mutant: the unknown-id test
+    made False; the lookup of None then reports a removed node.)"""
+    i = next(i for i, x in enumerate(trace) if json.loads(x).get("event") == "d2h_issue")
+    verdict = check_lines(_with(trace, i, node=999))
+    assert (verdict.exit_code, verdict.seq) == (VIOLATION, json.loads(trace[i])["seq"])
+    assert "trace node 999 is unknown" in verdict.message, verdict.message
+
+
+def test_a_report_rewrites_the_references_id_lists_into_the_traces() -> None:
+    """names.py's table: `nodes [4, 15]` in the reference's words is `trace nodes [7, 8]` in
+    a report, and an id the trace never named is written `reference <id>`. (Mutants: the
+    list's last character kept, which drops 15's last digit; every id written as the
+    reference's.)"""
+    nodes, ops = IdMap("node"), IdMap("op")
+    assert nodes.match(7, 4) is None and nodes.match(8, 15) is None
+    names = TraceNames(nodes, ops, {})
+    assert names.text("nodes [4, 15] and node 4") == "trace nodes [7, 8] and trace node 7"
+    assert names.text("node(s) [15, 16]") == "trace node(s) [8, reference 16]"
