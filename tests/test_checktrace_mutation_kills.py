@@ -10,15 +10,22 @@ violation at that event.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
 from hicache.checktrace.generate import controller_trace
+from hicache.checktrace.invariants import Checks, Scope
 from hicache.checktrace.maps import IdMap
 from hicache.checktrace.names import TraceNames
-from hicache.checktrace.replay import check_lines
+from hicache.checktrace.replay import Replay, check_lines
+from hicache.checktrace.schema import _fold, compile_rule
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
+from hicache.invariants import check_all
+from hicache.lifecycle import ABSENT, RESIDENT
 from tests.test_checktrace_input import strip
+from tests.test_checktrace_touched import replay_until
+from tests.test_checktrace_touched import trace as trace_of
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +124,51 @@ def test_a_report_rewrites_the_references_id_lists_into_the_traces() -> None:
     names = TraceNames(nodes, ops, {})
     assert names.text("nodes [4, 15] and node 4") == "trace nodes [7, 8] and trace node 7"
     assert names.text("node(s) [15, 16]") == "trace node(s) [8, reference 16]"
+
+
+def test_a_property_given_by_two_parts_keeps_both_parts_rules() -> None:
+    """schema.py folds a property that two `allOf` parts constrain into one schema with both
+    parts' keywords (today's spec never does, so the traces cannot tell). (Mutant: the second
+    part replaces the first, losing `type`.)"""
+    parts = [{"properties": {"a": {"type": "integer"}}}, {"properties": {"a": {"minimum": 1}}}]
+    rule = compile_rule(_fold({"allOf": parts}))
+    assert rule({"a": 2}) is None
+    assert rule({"a": 0}) == "a: 0 is below the minimum 1"
+    assert rule({"a": "x"}) == 'a: expected integer, got "x"'
+
+
+def _an_untouched_ancestor_corrupted(kind: str, seen: list[str]) -> Callable[[Replay, Scope], bool]:
+    """A hook for `replay_until`: after the first call that touched a node with an ancestor
+    (below the root) it did not touch, corrupts that ancestor (`kind`: its L1 lock count or
+    its L1 state) and requires the incremental checks to report what the full checks do."""
+
+    def hook(replay: Replay, scope: Scope) -> bool:
+        live, root = replay.cp.tree._nodes, replay.cp.tree.root.node_id
+        touched = [live[i] for i in sorted(scope.nodes) if i in live and i != root]
+        for n in touched:
+            p = n.parent
+            while p is not None and p.parent is not None and p.node_id in scope.nodes:
+                p = p.parent
+            if p is None or p.parent is None:
+                continue
+            if kind == "lock":
+                p.lock[0] += 1
+            else:
+                p.state[0] = ABSENT if p.state[0] == RESIDENT else RESIDENT
+            full = [replay.names.violation(v) for v in check_all(replay.cp.snapshot())]
+            assert Checks.after(replay.checks, 1, scope) == full and full, kind
+            seen.append(kind)
+            return True
+        return False
+
+    return hook
+
+
+def test_an_untouched_ancestor_of_a_touched_node_is_in_the_checks_scope() -> None:
+    """touched.py: the incremental checks' scope takes every ancestor of a touched node (to
+    the root's child), so a wrong lock count or state there is reported as the full checks
+    report it. (Mutant: the ancestor walk's `not in` made `in`, which walks no ancestor.)"""
+    seen: list[str] = []
+    for kind in ("lock", "state"):
+        replay_until(trace_of(1), 1, _an_untouched_ancestor_corrupted(kind, seen))
+    assert seen == ["lock", "state"]
