@@ -14,15 +14,18 @@ from collections.abc import Callable
 
 import pytest
 
+from hicache.checktrace.compare import ownership_ops
 from hicache.checktrace.generate import controller_trace
 from hicache.checktrace.invariants import Checks, Scope
 from hicache.checktrace.maps import IdMap
 from hicache.checktrace.names import TraceNames
 from hicache.checktrace.replay import Replay, check_lines
 from hicache.checktrace.schema import _fold, compile_rule
+from hicache.checktrace.traceview import StateBefore
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
 from hicache.invariants import check_all
-from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
+from hicache.trace import TraceEvent
 from tests.test_checktrace_input import strip
 from tests.test_checktrace_touched import replay_until
 from tests.test_checktrace_touched import trace as trace_of
@@ -172,3 +175,20 @@ def test_an_untouched_ancestor_of_a_touched_node_is_in_the_checks_scope() -> Non
     for kind in ("lock", "state"):
         replay_until(trace_of(1), 1, _an_untouched_ancestor_corrupted(kind, seen))
     assert seen == ["lock", "state"]
+
+
+def test_the_catalogues_state_before_drops_released_and_freed_pages() -> None:
+    """traceview.StateBefore (what the catalogue of illegal edits thinks is owned) drops a
+    tier's pages on a release or a free and keeps them on a publish: `pages-reserved` must
+    reserve a page that really is still owned. (Mutants: the release/free test inverted, or
+    its tier test inverted; either leaves freed pages "owned".)"""
+    ownership = ownership_ops(load_lifecycle())
+    state = StateBefore()
+    for event, pages in (
+        ("compute", (1, 2, 3)),
+        ("insert", (1, 2, 3)),
+        ("evict_l1", (1,)),
+        ("discard", (3,)),
+    ):
+        state.advance(TraceEvent(seq=1, event=event, tier="L1", node=1, pages=pages), ownership)
+    assert state.owned == {"L1": {2}, "L2": set(), "L3": set()}
