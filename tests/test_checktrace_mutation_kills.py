@@ -21,7 +21,7 @@ from hicache.checktrace.maps import IdMap
 from hicache.checktrace.names import TraceNames
 from hicache.checktrace.replay import Replay, check_lines
 from hicache.checktrace.schema import _fold, compile_rule
-from hicache.checktrace.traceview import StateBefore
+from hicache.checktrace.traceview import StateBefore, Trace
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
 from hicache.invariants import check_all
 from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
@@ -192,3 +192,22 @@ def test_the_catalogues_state_before_drops_released_and_freed_pages() -> None:
     ):
         state.advance(TraceEvent(seq=1, event=event, tier="L1", node=1, pages=pages), ownership)
     assert state.owned == {"L1": {2}, "L2": set(), "L3": set()}
+
+
+def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
+    """traceview's runs (which events of one call the catalogue's edits treat as fixed by the
+    state before them): an eviction and its node's `node_remove` are one determined run; an
+    eviction followed by another node's `node_remove` is a run of one, and a `begin_request`
+    takes its `cached_len` along, nothing else. (Mutants: the `node_remove` test inverted;
+    the `cached_len` test made True.)"""
+
+    def ev(seq: int, event: str, node: int | None = 1) -> TraceEvent:
+        return TraceEvent(seq=seq, event=event, tier="L1", node=node, request=1)
+
+    evict = [ev(1, "evict_l1"), ev(2, "node_remove"), ev(3, "lock")]
+    assert Trace(evict, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
+    other = [ev(1, "evict_l1"), ev(2, "node_remove", node=2), ev(3, "cached_len", None)]
+    assert Trace(other, 4).runs[:2] == [(0, 1, True), (1, 2, False)]
+    begin = [ev(1, "begin_request", None), ev(2, "cached_len", None), ev(3, "lock")]
+    assert Trace(begin, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
+    assert Trace([begin[0], begin[2]], 4).runs == [(0, 1, True), (1, 2, False)]
