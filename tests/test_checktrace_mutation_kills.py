@@ -198,8 +198,9 @@ def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
     """traceview's runs (which events of one call the catalogue's edits treat as fixed by the
     state before them): an eviction and its node's `node_remove` are one determined run; an
     eviction followed by another node's `node_remove` is a run of one, and a `begin_request`
-    takes its `cached_len` along, nothing else. (Mutants: the `node_remove` test inverted;
-    the `cached_len` test made True.)"""
+    takes its `cached_len` along, nothing else; unlocks that end at `end_request` take it
+    along, nothing else. (Mutants: the `node_remove` test inverted; the `cached_len` test
+    made True; the walk over the unlocks stepping two events at a time.)"""
 
     def ev(seq: int, event: str, node: int | None = 1) -> TraceEvent:
         return TraceEvent(seq=seq, event=event, tier="L1", node=node, request=1)
@@ -211,3 +212,5 @@ def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
     begin = [ev(1, "begin_request", None), ev(2, "cached_len", None), ev(3, "lock")]
     assert Trace(begin, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
     assert Trace([begin[0], begin[2]], 4).runs == [(0, 1, True), (1, 2, False)]
+    ends = [ev(1, "unlock"), ev(2, "end_request", None), ev(3, "lock")]
+    assert Trace(ends, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
