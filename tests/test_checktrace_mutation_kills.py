@@ -214,3 +214,13 @@ def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
     assert Trace([begin[0], begin[2]], 4).runs == [(0, 1, True), (1, 2, False)]
     ends = [ev(1, "unlock"), ev(2, "end_request", None), ev(3, "lock")]
     assert Trace(ends, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
+
+
+def test_a_number_is_an_int_or_a_float_never_a_bool_or_a_string() -> None:
+    """schema.py's `number` type (today's spec uses none, so no trace can tell): an int or a
+    float passes, a string or a bool does not. (Mutant: its `and not bool` made `or`, which
+    passes anything but a bool.)"""
+    rule = compile_rule({"type": "number"})
+    assert rule(1) is None and rule(1.5) is None
+    assert rule("x") == 'expected number, got "x"'
+    assert rule(True) == "expected number, got true"
