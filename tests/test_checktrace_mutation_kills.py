@@ -224,3 +224,38 @@ def test_a_number_is_an_int_or_a_float_never_a_bool_or_a_string() -> None:
     assert rule(1) is None and rule(1.5) is None
     assert rule("x") == 'expected number, got "x"'
     assert rule(True) == "expected number, got true"
+
+
+def _a_touched_leaf_made_dead(seen: list[str]) -> Callable[[Replay, Scope], bool]:
+    """A hook for `replay_until`: after the first call that touched an unlocked leaf with no
+    op pending, drops the leaf's copies (pages freed, every tier ABSENT): a dead node left in
+    the tree (S2); the incremental checks must report what the full checks do."""
+
+    def hook(replay: Replay, scope: Scope) -> bool:
+        cp = replay.cp
+        live, root = cp.tree._nodes, cp.tree.root.node_id
+        for i in sorted(scope.nodes):
+            n = live.get(i)
+            if n is None or i == root or n.children or any(n.lock) or n.pending.count(None) != 3:
+                continue
+            for t in range(3):
+                v = n.value[t]
+                if v is not None:
+                    cp.tables[t].free(v)
+                    cp.tree.set_value(n, t, None, ABSENT)
+            full = [replay.names.violation(v) for v in check_all(cp.snapshot())]
+            assert Checks.after(replay.checks, 1, scope) == full and full
+            seen.append("dead")
+            return True
+        return False
+
+    return hook
+
+
+def test_a_dead_leaf_left_in_the_tree_is_reported_by_the_incremental_checks() -> None:
+    """touched.py's all-clear says no for a touched node that is dead yet in the tree (S2):
+    every tier ABSENT, unlocked, nothing pending, no copy. (Mutant: its ABSENT count 3 made
+    2, which never matches a dead node.)"""
+    seen: list[str] = []
+    replay_until(trace_of(1), 1, _a_touched_leaf_made_dead(seen))
+    assert seen == ["dead"]
