@@ -200,7 +200,8 @@ def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
     eviction followed by another node's `node_remove` is a run of one, and a `begin_request`
     takes its `cached_len` along, nothing else; unlocks that end at `end_request` take it
     along, nothing else. (Mutants: the `node_remove` test inverted; the `cached_len` test
-    made True; the walk over the unlocks stepping two events at a time.)"""
+    made True; the walk over the unlocks stepping two events at a time; the look past
+    splits reading beyond the trace's end.)"""
 
     def ev(seq: int, event: str, node: int | None = 1) -> TraceEvent:
         return TraceEvent(seq=seq, event=event, tier="L1", node=node, request=1)
@@ -214,6 +215,8 @@ def test_the_catalogues_runs_of_an_eviction_and_of_a_lock() -> None:
     assert Trace([begin[0], begin[2]], 4).runs == [(0, 1, True), (1, 2, False)]
     ends = [ev(1, "unlock"), ev(2, "end_request", None), ev(3, "lock")]
     assert Trace(ends, 4).runs == [(0, 2, True), (0, 2, True), (2, 3, False)]
+    split = TraceEvent(seq=1, event="split", node=1, detail={"at": 4, "upper": 2})
+    assert Trace([split], 4).runs == [(0, 1, False)]  # a trace may stop inside a call
 
 
 def test_a_number_is_an_int_or_a_float_never_a_bool_or_a_string() -> None:
