@@ -246,9 +246,17 @@ def test_the_product_machine_needs_no_source_checkout() -> None:
 
 
 def test_the_product_machine_names_the_engine_check_that_failed() -> None:
-    """An engine check's failure names its ids ("I1 ownership_disjoint"), not just the
-    machine's invariant."""
-    result = zoo.catch_default("B08", [3], MAX_STEPS)
-    assert result.caught and result.failures[0].check.startswith(
-        "machine FuzzNull.agrees_with_reference: I3 page_aligned"
-    ), result.failures
+    """An engine check's failure, reported through the machine's invariant, names its ids
+    ("I1 ownership_disjoint"), not just the invariant. B08 is caught so on some of seeds 0-4
+    (which ones moves with the machine's draws: seed 3 was, until issue 31's walk
+    corruptions joined the run's draws; there the controller's own check raised first)."""
+    through = "machine FuzzNull.agrees_with_reference:"
+    seen = []
+    for seed in range(5):
+        result = zoo.catch_default("B08", [seed], MAX_STEPS)
+        assert result.caught, f"B08 escaped seed {seed}"
+        seen.append(result.failures[0].check)
+        if seen[-1].startswith(through):
+            assert seen[-1].startswith(f"{through} I3 page_aligned"), seen[-1]
+            return
+    raise AssertionError(f"B08 never caught through the machine's check on seeds 0-4: {seen}")
