@@ -295,6 +295,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
         machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
+    dropped: list[BaseException] = []
+    machine = _keeping_dropped(machine, dropped)
     machine._hypothesis_internal_use_seed = args.seed  # what @seed sets
     # Hypothesis' first example is its simplest, the same for every seed: a second run at
     # least, so that the seed decides something however few the steps.
@@ -327,7 +329,7 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
             _report_failure(out, args, failure, captured.getvalue())
             ok = False
         else:
-            ok = _report_lost(out, args, coverage.selfcheck, captured.getvalue())
+            ok = _report_dropped(out, args, dropped, captured.getvalue())
     seconds = time.perf_counter() - started
     if ok:
         ranks = f", {args.tp} ranks" if _ranks(args) > 1 else ""
@@ -378,18 +380,39 @@ def _shrink_budget(seconds: int) -> Iterator[None]:
         engine.MAX_SHRINKING_SECONDS = was
 
 
-def _report_lost(out: Any, args: argparse.Namespace, counts: SelfCheckCounts, printed: str) -> bool:
-    """Whether no self-check failure was lost: a run Hypothesis ended for its draws (StopTest)
-    that failed the self-check in its teardown is dropped by Hypothesis, failure and all; the
-    first such is reported here, unshrunk (the seed's replay line runs it again)."""
-    if not counts.lost:
+def _keeping_dropped(machine: Any, dropped: list[BaseException]) -> Any:
+    """`machine` whose teardown keeps, in `dropped`, what it raises at the end of a run
+    Hypothesis ended for its draws (StopTest): Hypothesis drops such a run, failure and all,
+    so a check made at teardown (the self-check, the engine's close) would go unreported."""
+    from hypothesis.errors import StopTest
+
+    class Kept(machine):  # type: ignore[misc]
+        def teardown(self) -> None:
+            ending = sys.exc_info()[1]
+            try:
+                super().teardown()
+            except Exception as failed:
+                if isinstance(ending, StopTest):
+                    dropped.append(failed)
+                raise
+
+    Kept.__name__ = Kept.__qualname__ = machine.__name__
+    return Kept
+
+
+def _report_dropped(
+    out: Any, args: argparse.Namespace, dropped: list[BaseException], printed: str
+) -> bool:
+    """Whether no failure was dropped (`_keeping_dropped`); else the first is reported here,
+    unshrunk (the seed's replay line runs it again)."""
+    if not dropped:
         return True
     print(
-        f"a run Hypothesis ended for its draws failed the self-check ({len(counts.lost)} "
-        "such): Hypothesis drops such a run, so it is not shrunk",
+        f"a run Hypothesis ended for its draws failed at its teardown ({len(dropped)} such): "
+        "Hypothesis drops such a run, so it is not shrunk",
         file=out,
     )
-    _report_failure(out, args, counts.lost[0], printed)
+    _report_failure(out, args, dropped[0], printed)
     return False
 
 

@@ -26,8 +26,8 @@ in the machine's teardown:
 A failure is `SelfCheckFailed` (an AssertionError: the machine's verdict) naming the engine,
 the event, the edit and check-trace's message. A run that fails on its own is not judged
 again (its trace may be wrong), nor one stopped by a budget; one Hypothesis ended early for
-its draws (`StopTest`) is, and since Hypothesis drops what such a run raises, its failure is
-also kept (`SelfCheckCounts.lost`) for `hicache fuzz` to report after its runs.
+its draws (`StopTest`) is (Hypothesis drops what such a run raises: `hicache fuzz` keeps it
+and reports it after its runs, hicache/testing/runner.py).
 `SelfCheckCounts` (on `Coverage.selfcheck`) counts the traces and events replayed and, per
 edit, the corruptions tried and rejected (and those the walk must see, broken): the fuzz
 summary and `--report` print them.
@@ -109,9 +109,6 @@ class SelfCheckCounts:
     inapplicable: int = 0  # corruptions whose edit applied to no event of the run
     agreed: int = 0  # TP ranks' traces not judged: an admission cut to the agreed hit
     walk_tried: Counter[str] = field(default_factory=Counter)  # corruptions no walk continues
-    # failures of runs Hypothesis ended for their draws (it drops what such a run raises):
-    # `hicache fuzz` reports them after its runs
-    lost: list[SelfCheckFailed] = field(default_factory=list)
     walk_broken: Counter[str] = field(default_factory=Counter)  # ... that broke the walk
 
     def summary(self) -> str:
@@ -335,12 +332,7 @@ def with_self_check(
             cache = getattr(self, "cache", None)
             super().teardown()
             if cache is not None and (ending is None or isinstance(ending, StopTest)):
-                try:
-                    self.self_check(cache)
-                except SelfCheckFailed as failed:
-                    if ending is not None:  # Hypothesis drops it with the run: keep it
-                        kept.lost.append(failed)
-                    raise
+                self.self_check(cache)
 
         def self_check(self, cache: Any) -> None:
             """check-trace accepts the run's traces and rejects their corruptions."""
@@ -349,6 +341,5 @@ def with_self_check(
             if failed is not None:
                 raise failed  # here: the machine's check that failed is `self_check`
 
-    Machine.self_check_counts = kept  # what a caller of the machine reads after its runs
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
