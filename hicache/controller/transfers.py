@@ -238,12 +238,18 @@ class Transfers:
     ) -> None:
         """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
         the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
-        handle's own final status (a cancel, the caller's own). `bad`: across ranks, the bad
-        L3 slot some rank's read found (reason, slot), dropped on every rank; one rank: the
-        handle's own error says."""
+        handle's own final status (a cancel, the caller's own), and across ranks CANCELLED
+        whatever that status (C5). `bad`: across ranks, the bad L3 slot some rank's read
+        found (reason, slot), dropped on every rank; one rank: the handle's own error says."""
         handle = self.handles.pop(op_id)
         op = self.cp.ops[op_id]
         status = handle.status
+        if failed is None and self.tp:
+            # C5: a cancel is the same call on every rank, so every rank releases the op. A
+            # handle a tick already saw end (a cancel leaves a final handle as it is) ended
+            # on this rank only: C4 had not agreed on its end, and publishing it here alone
+            # would part this rank's tree from the others' (I7).
+            status = TransferStatus.CANCELLED
         if failed:
             status = TransferStatus.FAILED  # on some rank: on every rank
         elif failed is not None and status is not TransferStatus.CANCELLED:
