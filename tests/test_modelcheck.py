@@ -43,7 +43,7 @@ NO_LEAF_GUARD = ["locks(L2) == 0", "L1 != H2D_PENDING", "L3 != H2S_PENDING"]
 
 
 def ci_configs() -> list[ModelConfig]:
-    return [c for c in load_configs().values() if c.ci]
+    return [c for c in load_configs().values() if c.ci and c.ranks == 1]
 
 
 def trace_of(cfg: ModelConfig, f: Finding, lc: Lifecycle | None = None) -> list[str]:

@@ -9,6 +9,11 @@ own copy of the plane (clone.py). In every state every invariant is checked and 
 (drain.py) must be able to reach the quiescent state; every spec transition fired is recorded
 (coverage.py). A finding comes back as the shortest path to it, replayed as a trace
 `hicache check-trace` accepts (counterexample.py). spec/modelcheck.md is the description.
+
+A configuration with `ranks` 2-3 is the TP model (tpsearch.py, tpsteps.py, tpstate.py,
+lockstep.py, tpcli.py): N ranks, each its own plane, running the controller's own issue
+(C2), completion (C4) and cancel (C5) under independent per-rank faults, checked to stay
+one cache (spec/modelcheck.md, "The TP model").
 """
 
 from __future__ import annotations

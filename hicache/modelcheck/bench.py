@@ -148,8 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--config",
         nargs="+",
         choices=sorted(configs),
-        default=list(configs),
-        help="configurations to measure (default: all)",
+        default=[n for n, c in configs.items() if c.ranks == 1],
+        help="configurations to measure (default: every one-plane one; the TP model's "
+        "are measured by `hicache model-check`)",
     )
     p.add_argument(
         "--branching", choices=sorted(configs), help="also compare ways to branch on this config"

@@ -18,6 +18,8 @@ A configuration fixes everything the search may choose from:
                    be `page_size`
     pool_capacities  a side pool's pages in a tier, {L2 = {swa = 1}} (default: the tier's
                    capacity * the pool's ratio, so the pool never binds)
+    ranks          simulated tensor-parallel ranks (default 1: the one-plane search; 2-3: the
+                   TP model, tpsearch.py: each rank its own plane, C2 and C4 across them)
     ci             explored by the test suite (tests/test_modelcheck*.py)
     expected       states, edges, depth the search must report (a changed count is a
                    changed machine: update it only with a reason in the commit)
@@ -62,6 +64,7 @@ class ModelConfig:
     aborts: bool = True
     pools: str = SINGLE_POOL
     pool_capacities: tuple[tuple[str, str, int], ...] = ()  # (tier, pool, pages)
+    ranks: int = 1
     ci: bool = False
     expected: Expected | None = None
 
@@ -114,6 +117,7 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
         "aborts",
         "pools",
         "pool_capacities",
+        "ranks",
         "ci",
         "expected",
         "doc",
@@ -140,6 +144,7 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
                 for tier, sizes in entry.get("pool_capacities", {}).items()
                 for pool, n in sizes.items()
             ),
+            ranks=int(entry.get("ranks", 1)),
             ci=bool(entry.get("ci", False)),
             expected=None
             if exp is None
@@ -155,12 +160,13 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
         or min(caps) < 1
         or cfg.page_size < 1
         or cfg.requests < 1
+        or cfg.ranks < 1
         or not prompts
         or any(len(p) < 2 for p in prompts)
     ):
         raise ConfigError(
             f"config {name}",
-            "need 3 positive capacities, page_size >= 1, requests >= 1 "
+            "need 3 positive capacities, page_size >= 1, requests >= 1, ranks >= 1 "
             "and prompts of at least 2 tokens",
         )
     if cfg.per_request and len(prompts) < cfg.requests:

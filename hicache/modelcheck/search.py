@@ -28,9 +28,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hicache.control import ControlPlane
-from hicache.errors import IllegalTransition
+from hicache.errors import ConfigError, IllegalTransition
 from hicache.execute import node_segments
 from hicache.invariants.registry import check_all
 from hicache.lifecycle import RESIDENT, Lifecycle, States
@@ -151,7 +152,12 @@ def explore(
     """Breadth-first search of `cfg` (module docstring). `lifecycle` replaces the shipped
     tables (an edited row: a mutant); `verify_refusals` N > 0 checks every N-th refusal left
     the state unchanged; `keep_keys` keeps every key seen (and its path) in the result; `on_state`
-    is called with each new state's plane (it must not change it). The last two are for tests."""
+    is called with each new state's plane (it must not change it). The last two are for tests.
+    A configuration of several ranks is the TP model's (tpsearch.explore_tp): ConfigError."""
+    if cfg.ranks != 1:
+        raise ConfigError(
+            f"config {cfg.name}", f"has {cfg.ranks} ranks: explore it with tpsearch.explore_tp"
+        )
     key_of = key_function(cfg, reduction)
     res = Result(cfg, reduction)
     start = time.perf_counter()
@@ -301,9 +307,12 @@ def _enabled(plane: ControlPlane, name: str, node: TreeNode) -> bool:
     return True
 
 
-def _path(parents: dict[Key, tuple[Key, Action] | None], key: Key) -> tuple[Action, ...]:
-    """The actions from the start to `key`, along the BFS tree (a shortest path)."""
-    out: list[Action] = []
+A = TypeVar("A")  # what an edge of a search is labelled with (an Action; a TP model Step)
+
+
+def _path(parents: dict[Key, tuple[Key, A] | None], key: Key) -> tuple[A, ...]:
+    """The edge labels from the start to `key`, along the BFS tree (a shortest path)."""
+    out: list[A] = []
     step = parents[key]
     while step is not None:
         out.append(step[1])

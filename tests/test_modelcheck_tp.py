@@ -1,0 +1,190 @@
+"""The TP model check (hicache/modelcheck/tpsearch.py): simulated ranks, C2 and C4 across them.
+
+The clean model is exhaustive with the manifest's counts; each TP-zoo mutant the model
+reaches is rejected (the finding and its shortest path), and the others are listed with the
+reason they are out of its scope (spec/modelcheck.md, "The TP model").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from hicache.controller.transfers import Transfers
+from hicache.distributed.agreement import Agreement
+from hicache.distributed.collectives import CollectiveMismatch, CollectiveTimeout
+from hicache.distributed.simulated import ThreadGroup
+from hicache.errors import ConfigError
+from hicache.modelcheck.cli import main
+from hicache.modelcheck.config import ModelConfig, get_config, load_configs
+from hicache.modelcheck.lockstep import lockstep
+from hicache.modelcheck.search import explore
+from hicache.modelcheck.tpsearch import explore_tp, state_key
+from hicache.testing.mutants.base import swapped
+from hicache.testing.mutants.tp import ZOO
+
+# Mutant -> (the configuration that shows it, the finding's kind).
+REJECTED = {
+    "B16": ("tp2", "invariant"),
+    "B16-ack": ("tp2", "invariant"),
+    "TP-conditional": ("tp2", "collective"),
+    "TP-local-capacity": ("tp2-fork", "disagree"),
+}
+# Mutants of what the model does not run: C1a admission and windows, bytes.
+OUT_OF_SCOPE = {"TP-min-of-maxima", "TP-rank-local-bytes"}
+
+
+def test_tp2_is_exhaustive_with_the_manifests_counts_and_fires_every_transition() -> None:
+    cfg = get_config("tp2")
+    res = explore_tp(cfg)
+    assert res.finding is None and res.exhaustive
+    assert cfg.expected is not None
+    assert (res.states, res.edges, res.depth) == (
+        cfg.expected.states,
+        cfg.expected.edges,
+        cfg.expected.depth,
+    )
+    assert len(res.fired) == 23
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_each_tp_zoo_mutant_in_scope_is_rejected(name: str) -> None:
+    mutant = next(m for m in ZOO if m.name == name)
+    config, kind = REJECTED[name]
+    with mutant.patch():
+        res = explore_tp(get_config(config), max_states=2000)
+    assert res.finding is not None, f"{name} passed the TP model check"
+    assert res.finding.kind == kind, res.finding
+    assert res.finding.path, "a finding comes with its path"
+
+
+def test_b16_on_replicated_pools_is_rejected_and_the_clean_group_model_writes_from_rank_0() -> None:
+    """tp2-group (every pool replicated): B16 makes every rank write; caught by I11."""
+    mutant = next(m for m in ZOO if m.name == "B16")
+    with mutant.patch():
+        res = explore_tp(get_config("tp2-group"), max_states=1000)
+    assert res.finding is not None and res.finding.kind == "invariant", res.finding
+    assert "I11" in res.finding.message and "rank 0 only" in res.finding.message
+    assert not res.ranks_alike  # rank 0 is the only writer: ranks keep their names
+
+
+def test_every_tp_zoo_mutant_is_rejected_or_listed_out_of_scope() -> None:
+    assert {m.name for m in ZOO} == set(REJECTED) | OUT_OF_SCOPE
+
+
+def test_three_ranks_a_skipped_completion_is_found() -> None:
+    mutant = next(m for m in ZOO if m.name == "TP-conditional")
+    with mutant.patch():
+        res = explore_tp(get_config("tp3"), max_states=500)
+    assert res.finding is not None and res.finding.kind == "collective"
+    assert "skipped" in res.finding.message
+
+
+def test_a_rank_that_does_not_skip_the_op_id_of_an_aborted_issue_is_found() -> None:
+    from hicache.control import ControlPlane
+
+    with swapped(ControlPlane, "skip_op_id", lambda self: None):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree"
+    assert "next op id" in res.finding.message
+    assert any("refused" in str(s) for s in res.finding.path)
+
+
+def test_an_abort_that_keeps_the_reservation_on_one_rank_is_found() -> None:
+    """C2's abort releases on every rank: rank 0 keeping its op when the ranks did not
+    agree (Agreement.reserve answering it alone "commit") leaves the planes apart."""
+    original = Agreement.__dict__["reserve"]
+
+    def reserve(self: Agreement, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
+        agreed, gone = original(self, ok, pages, lost)
+        return (agreed or (self.rank == 0 and ok)), gone
+
+    with swapped(Agreement, "reserve", reserve):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    assert "refused" in str(res.finding.path[-1])
+
+
+def test_a_cancel_settled_by_the_local_end_is_found() -> None:
+    """C5: before the fix, a rank whose handle a tick had seen end published the op on
+    cancel while the others released it (tests/test_tp_cancel.py shows it on the cluster)."""
+    original = Transfers.__dict__["settle"]
+
+    def settle(self: Transfers, op_id: int, failed: bool | None = None, **kw: object) -> None:
+        self.tp = self.tp and failed is not None  # the cancel path as one rank takes it
+        original(self, op_id, failed, **kw)
+
+    with swapped(Transfers, "settle", settle):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    steps = [str(s) for s in res.finding.path]
+    assert steps[-1].startswith("cancel") and "tick" in steps and len(steps) == 7, steps
+
+
+def test_ranks_alike_reaches_the_renamed_states_of_the_full_search() -> None:
+    """The rank-symmetry reduction (tpsearch.symmetric): the states it keeps are exactly
+    the full search's states up to a renaming of ranks, with the same verdict."""
+    cfg = ModelConfig("tp2-one-page", 2, (1, 1, 1), ((1, 2),), 1, ranks=2)
+    full: set[object] = set()
+    alike: set[object] = set()
+    a = explore_tp(cfg, ranks_alike=False, on_state=lambda s: full.add(state_key(s, cfg, True)))
+    b = explore_tp(cfg, ranks_alike=True, on_state=lambda s: alike.add(state_key(s, cfg, True)))
+    assert a.finding is None and b.finding is None and a.exhaustive and b.exhaustive
+    assert full == alike and len(alike) + 1 == b.states  # on_state sees all but the start
+    assert a.states > b.states
+
+
+def test_lockstep_gives_what_the_thread_group_gives() -> None:
+    rows = [(True, 2, False), (False, 2, False), (True, 1, True)]
+    group = ThreadGroup(3, timeout_s=5.0)
+    threads = group.run(lambda r: Agreement(group.member(r)).reserve(*rows[r]))
+    assert lockstep(3, lambda r, agree: agree.reserve(*rows[r])) == threads
+    local = [[(True, False, 2, 0, 5)], [(False, False, 2, 1, 3)]]
+    group2 = ThreadGroup(2, timeout_s=5.0)
+    threads2 = group2.run(lambda r: Agreement(group2.member(r)).completion(local[r]))
+    assert lockstep(2, lambda r, agree: agree.completion(local[r])) == threads2
+
+
+def test_lockstep_reports_a_skipped_and_a_mismatched_collective() -> None:
+    with pytest.raises(CollectiveTimeout, match="skipped"):
+        lockstep(2, lambda r, agree: None if r else agree.reserve(True, 1))
+    with pytest.raises(CollectiveMismatch):
+        lockstep(2, lambda r, agree: agree.completion([(True, False, 1, 0, 0)] * (r + 1)))
+
+
+def test_the_cli_runs_a_tp_config_and_prints_a_finding_with_its_path(tmp_path: Path) -> None:
+    manifest = tmp_path / "configs.toml"
+    manifest.write_text(
+        '[[config]]\nname = "one"\npage_size = 2\ncapacities = [1, 1, 1]\n'
+        "prompts = [[1, 2]]\nrequests = 1\nranks = 2\n"
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--config", "one", "--configs", str(manifest)]) == 0
+    assert "(2 ranks)" in out.getvalue() and "exhaustive" in out.getvalue()
+    mutant = next(m for m in ZOO if m.name == "TP-conditional")
+    out = io.StringIO()
+    with mutant.patch(), contextlib.redirect_stdout(out):
+        assert main(["--config", "one", "--configs", str(manifest)]) == 1
+    text = out.getvalue()
+    assert "finding (collective)" in text and "shortest path" in text and "tick" in text
+
+
+def test_the_cli_refuses_one_plane_options_for_a_tp_config() -> None:
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
+        main(["--config", "tp2", "--max-depth", "3"])
+    assert e.value.code == 2 and "--max-states" in err.getvalue()
+
+
+def test_the_one_plane_search_refuses_a_config_of_several_ranks() -> None:
+    with pytest.raises(ConfigError, match="ranks"):
+        explore(get_config("tp2"))
+
+
+def test_tp_configs_have_expected_counts_and_two_or_three_ranks() -> None:
+    tp = [c for c in load_configs().values() if c.ranks > 1]
+    assert {c.ranks for c in tp} == {2, 3}
+    assert all(c.expected is not None for c in tp)
