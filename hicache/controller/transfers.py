@@ -209,7 +209,10 @@ class Transfers:
                 )
                 local.append((True, True, kept, reason, slot))
             else:
-                local.append((status.final, False, nodes, reason, slot))
+                # Done here: every node landed. Still moving: none it can vouch for yet --
+                # when another rank failed the op, this rank cancels it, and publishing
+                # "the fewest whole nodes any rank landed" must not count its own as all.
+                local.append((status.final, False, nodes if status.final else 0, reason, slot))
         agreed = self.agree.completion(local)
         if self.replicas.pools:
             self.replicas.ack(
