@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from hicache.controller.transfers import Transfers
-from hicache.distributed.agreement import Agreement
+from hicache.distributed.agreement import Agreed, Agreement, Local
 from hicache.distributed.collectives import CollectiveMismatch, CollectiveTimeout
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError
+from hicache.modelcheck.actions import Action
 from hicache.modelcheck.cli import main
 from hicache.modelcheck.config import ModelConfig, get_config, load_configs
 from hicache.modelcheck.lockstep import lockstep
 from hicache.modelcheck.search import explore
+from hicache.modelcheck.tprules import tick_rules
 from hicache.modelcheck.tpsearch import explore_tp, state_key
+from hicache.modelcheck.tpstate import PENDING, End
+from hicache.modelcheck.tpsteps import State, Step, initial_state, take
+from hicache.pools.presets import group
 from hicache.testing.mutants.base import swapped
 from hicache.testing.mutants.tp import ZOO
 
@@ -137,6 +143,93 @@ def test_ranks_alike_reaches_the_renamed_states_of_the_full_search() -> None:
     assert a.states > b.states
 
 
+def _completion_without_reasons(self: Agreement, local: Sequence[Local]) -> list[Agreed]:
+    """Agreement.completion that drops the bad-slot reason: no rank drops the copy."""
+    agreed = ORIGINAL_COMPLETION(self, local)
+    return [(ended, failed, kept, 0, slot) for ended, failed, kept, _, slot in agreed]
+
+
+ORIGINAL_COMPLETION = Agreement.__dict__["completion"]
+
+
+PAGES = ModelConfig("tp2-pages", 1, (2, 2, 2), ((1, 2),), 1, ranks=2)  # two-node reads
+TO_READ = [  # from the empty planes to a two-node read (S2H) in flight on both ranks
+    Step("plane", Action("begin_request", 0, arg=0)),
+    Step("plane", Action("compute", 0, arg=2)),
+    Step("plane", Action("insert", 0)),
+    Step("plane", Action("end_request", 0)),
+    Step("issue", Action("issue", None, (1,), "D2H"), ("ok", "ok")),
+    Step("land", rank=0, op=1, outcome=End("done")),
+    Step("land", rank=1, op=1, outcome=End("done")),
+    Step("tick"),
+    Step("issue", Action("issue", None, (1,), "H2S"), ("ok", "ok")),
+    Step("land", rank=0, op=2, outcome=End("done")),
+    Step("land", rank=1, op=2, outcome=End("done")),
+    Step("tick"),
+    Step("plane", Action("evict", None, (1,), "L2")),
+    Step("plane", Action("begin_request", 0, arg=0)),  # splits the node at the L1 hit
+    Step("issue", Action("issue", 0, (2, 1), "S2H"), ("ok", "ok")),
+]
+
+
+def _ticked(ends: list[End]) -> tuple[State, State]:
+    """The state with the read in flight, each rank's end of it as `ends`; and after a tick."""
+    state = initial_state(PAGES)
+    for step in TO_READ:
+        state = take(state, PAGES, PAGES_GROUP, step)
+    (read,) = state[0].cp.ops
+    assert len(state[0].cp.ops[read].nodes) == 2
+    for r, end in enumerate(ends):
+        if end.kind != "pending":
+            state = take(state, PAGES, PAGES_GROUP, Step("land", rank=r, op=read, outcome=end))
+    return state, take(state, PAGES, PAGES_GROUP, Step("tick"))
+
+
+PAGES_GROUP = group("mha")
+
+
+def test_c4_keeps_no_node_a_rank_still_moving_the_read_never_landed() -> None:
+    """Rank 0's read landed one node and stopped; rank 1's still moves: no node is kept on
+    either rank (before the fix in transfers.py rank 1 counted all as landed, and both
+    published the first node: the C4 rule `landed` reports it)."""
+    before, after = _ticked([End("part", 1), PENDING])
+    assert tick_rules(before, after, PAGES_GROUP) is None
+    assert [[n.state[1] for n in rs.cp.tree.nodes()] for rs in after] == [["ABSENT"] * 2] * 2
+
+
+def test_a_read_published_past_what_landed_is_found() -> None:
+    """Every rank clamps a read that stopped part way to all of its nodes: the ranks agree
+    (each publishes the same), so only the C4 rule `landed` sees it."""
+    from hicache.controller import transfers
+
+    before, after = _ticked([End("part", 1), End("part", 1)])
+    assert tick_rules(before, after, PAGES_GROUP) is None  # the first node kept, rightly
+    with swapped(transfers, "clamped_nodes", lambda group, nodes, landed: len(nodes)):
+        before, after = _ticked([End("part", 1), End("part", 1)])
+    why = tick_rules(before, after, PAGES_GROUP)
+    assert why is not None and "C4 landed" in why and "landed [1, 1]" in why
+
+
+def test_c4_dropping_the_bad_slot_reason_is_found() -> None:
+    with swapped(Agreement, "completion", _completion_without_reasons):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "rule", res.finding
+    assert "C4 bad slot" in res.finding.message
+
+
+def test_a_lost_l3_file_kept_to_one_rank_is_found() -> None:
+    """C2's fourth value: an L3 file lost on one rank takes L3 offline on every rank."""
+    original = Agreement.__dict__["reserve"]
+
+    def reserve(self: Agreement, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
+        return original(self, ok, pages, lost)[0], False
+
+    with swapped(Agreement, "reserve", reserve):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    assert "L3 online" in res.finding.message and "lost" in str(res.finding.path[-1])
+
+
 def test_lockstep_gives_what_the_thread_group_gives() -> None:
     rows = [(True, 2, False), (False, 2, False), (True, 1, True)]
     group = ThreadGroup(3, timeout_s=5.0)
@@ -182,6 +275,16 @@ def test_the_cli_refuses_one_plane_options_for_a_tp_config() -> None:
 def test_the_one_plane_search_refuses_a_config_of_several_ranks() -> None:
     with pytest.raises(ConfigError, match="ranks"):
         explore(get_config("tp2"))
+
+
+def test_a_tp_config_without_aborts_is_refused(tmp_path: Path) -> None:
+    manifest = tmp_path / "configs.toml"
+    manifest.write_text(
+        '[[config]]\nname = "x"\npage_size = 2\ncapacities = [1, 1, 1]\n'
+        "prompts = [[1, 2]]\nrequests = 1\nranks = 2\naborts = false\n"
+    )
+    with pytest.raises(ConfigError, match="always has faults and aborts"):
+        load_configs(manifest)
 
 
 def test_tp_configs_have_expected_counts_and_two_or_three_ranks() -> None:

@@ -19,7 +19,8 @@ A configuration fixes everything the search may choose from:
     pool_capacities  a side pool's pages in a tier, {L2 = {swa = 1}} (default: the tier's
                    capacity * the pool's ratio, so the pool never binds)
     ranks          simulated tensor-parallel ranks (default 1: the one-plane search; 2-3: the
-                   TP model, tpsearch.py: each rank its own plane, C2 and C4 across them)
+                   TP model, tpsearch.py: each rank its own plane, C2, C4 and C5 across
+                   them, faults and aborts always on)
     ci             explored by the test suite (tests/test_modelcheck*.py)
     expected       states, edges, depth the search must report (a changed count is a
                    changed machine: update it only with a reason in the commit)
@@ -168,6 +169,12 @@ def _parse(entry: Mapping[str, Any]) -> ModelConfig:
             f"config {name}",
             "need 3 positive capacities, page_size >= 1, requests >= 1, ranks >= 1 "
             "and prompts of at least 2 tokens",
+        )
+    if cfg.ranks > 1 and not (cfg.faults and cfg.aborts):
+        raise ConfigError(
+            f"config {name}",
+            "the TP model (ranks > 1) always has faults and aborts: its drain is shown by "
+            "cancels, and each rank's faults are the point; leave both out",
         )
     if cfg.per_request and len(prompts) < cfg.requests:
         raise ConfigError(

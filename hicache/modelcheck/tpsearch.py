@@ -9,15 +9,16 @@
                              and next op id -- I7 as the model holds it, and C6b's equal slots)
       every edge             the ranks made the same collectives (lockstep.py: I10, F16, F17)
                              and answered a plane call alike; each tick's completed L3 backups
-                             were written by the ranks the rule names (I11)
+                             were written by the ranks the rule names (I11), and the tick kept
+                             C4's rules (tprules.py: what every rank agreed on was right)
       drain                  by induction, as in the one-plane search (search.py): the drain's
                              first call (cancel the lowest op on every rank, else end the
                              lowest request) is an edge of every state that has one, and a
                              state with neither is quiescent on every rank
 
-A finding is `invariant`, `audit`, `disagree` (the ranks' states differ), `collective` (their
-collectives differ), `diverged` (a plane call answered differently by rank), `crash` or
-`stuck`; with the shortest path of steps to it (BFS).
+A finding is `invariant`, `audit`, `disagree` (the ranks' states differ), `rule` (a C4 rule
+broken), `collective` (their collectives differ), `diverged` (a plane call answered
+differently by rank), `crash` or `stuck`; with the shortest path of steps to it (BFS).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hicache.modelcheck.canonical import Key
 from hicache.modelcheck.config import ModelConfig
 from hicache.modelcheck.drain import not_quiescent
 from hicache.modelcheck.search import _candidates_disagree, _path
+from hicache.modelcheck.tprules import tick_rules
 from hicache.modelcheck.tpsteps import Diverged, Refused, State, Step, initial_state, take, tp_steps
 from hicache.pools.presets import group
 from hicache.pools.spec import SHARDED, PoolGroup
@@ -286,6 +288,9 @@ def _expand(
             why = l3_writes(child, pools)
             if why is not None:
                 return TPFinding("invariant", why, (*_path(parents, key), step))
+            why = tick_rules(state, child, pools)
+            if why is not None:
+                return TPFinding("rule", why, (*_path(parents, key), step))
         k = key_of(child)
         if k in parents:
             continue
