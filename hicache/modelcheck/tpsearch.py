@@ -260,6 +260,10 @@ def _expand(
         if cp.requests and not cp.ops
         else None
     )
+    # An issue every plane refused with no fault (the all-"ok" vector comes first) is tried
+    # under no other vector: with the plane refusing, a fault changes nothing in the shipped
+    # code (a refused reservation fails before the plane would, a lost file is found only
+    # after the plane issued), and trying them would triple the edges of a search.
     refused_chains: set[str] = set()
     for step in tp_steps(state, cfg):
         if step.kind == "issue" and str(step.action) in refused_chains:

@@ -205,7 +205,10 @@ def _issue(state: State, pools: PoolGroup, step: Step) -> State:
 
     out = lockstep(len(state), call)
     if all(f == "ok" for f in step.faults) and all(e is not None for e in errors):
-        raise Refused(str(errors[0]))  # refused alike with no fault: only an op id moved
+        # Refused by every rank with no fault injected: no edge, when only the op id moved
+        # (a refusal that changed a plane is an edge, and its state is judged).
+        if all(old.key(()) == new.key(()) for old, new in zip(state, out)):
+            raise Refused(str(errors[0]))
     return out
 
 
