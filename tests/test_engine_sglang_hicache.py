@@ -4,14 +4,18 @@ does not install sglang: the tests that drive it skip cleanly."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hicache.cli import main
 from hicache.testing.adapters.sglang_hicache import (
     SGLangHiCache,
     SGLangHiCacheStaleLock,
+    hicache_adapter,
 )
 from hicache.testing.adapters.sglang_import import EngineUnavailable
+from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.reference import ReferenceModel
 
 MODULE = "hicache.testing.adapters.sglang_hicache"
@@ -111,3 +115,22 @@ def test_the_machine_catches_the_planted_stale_lock() -> None:
     _engine(kind=SGLangHiCacheStaleLock).close()
     args = ["fuzz", "--seed", "1", "--steps", "2000", "--adapter", f"{MODULE}:stale_lock_adapter"]
     assert main(args) == 1
+
+
+@pytest.mark.parametrize(("policy", "loads"), [("always", 1), ("threshold", 0)])
+def test_the_restore_policy_is_sglangs_load_back_threshold(policy: str, loads: int) -> None:
+    """A host hit of one page (4 tokens): `always` loads it back, `threshold` (sglang's
+    default, 10 tokens) recomputes it; a policy sglang has not is refused."""
+    _engine().close()
+    config = EngineConfig(PS, {"L1": 8, "L2": 8}, "write_through", policy)
+    e = hicache_adapter(config)
+    short = A[:5]
+    e.submit(1, short)
+    assert e.prefill(1)
+    e.finish(1)
+    e.drain()
+    e.evict("L1", 100)
+    e.submit(2, short)
+    assert e.stats["loads_issued"] == loads
+    with pytest.raises(UnsupportedConfig, match="restore policy"):
+        hicache_adapter(replace(config, restore_policy="cost"))

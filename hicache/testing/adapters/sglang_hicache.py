@@ -60,6 +60,14 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - sglang's sanity_check reports "Duplicate missing" while a write-through load-back of a node
   split by the match is in flight (an engine bug: benchmarks/repros/); `check()` leaves that
   one finding out while a load-back is in flight (KNOWN_IN_FLIGHT).
+- restore policy: sglang loads a host hit back only when it is at least
+  `load_back_threshold` tokens (10, set by init_hicache): the spec's `threshold` policy
+  (spec/policies.md, `load_back_tokens` = 10); a shorter hit is recomputed. The factory maps
+  `threshold` to that default and `always` (what the fuzz draws) to 0 (every host hit is
+  loaded: `max(1, threshold)` tokens, unified_radix_cache.py `_load_back_transfers`).
+- L2 size: sglang sizes the host pool as `hicache_ratio` times the device pool's tokens and
+  adds a padding page, so L2 has the drawn pages + 1 (it warns when that is smaller than the
+  device pool); the reference does not judge room.
 - the tree core: sglang's Python TreeCore (`tree_core_backend="python"`); the default, the
   compiled rust_tree_core, runs too but its nodes cannot be walked from Python.
 
@@ -70,6 +78,7 @@ from __future__ import annotations
 
 import atexit
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,8 +134,13 @@ class SGLangHiCache(PageView):
     host_ratio: float = 2.0  # the host pool's size over the device pool's (hicache_ratio)
     page_size: int = 4
     write_policy: str = "write_through"
+    load_back_threshold: int = 10  # sglang's default (the spec's `threshold` policy)
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
+    stats: Counter[str] = field(default_factory=Counter)
+    """What the engine was made to do: backups and loads issued, ticks with a job left
+    pending (late completions), host hits, load-backs refused or shared, prefills refused
+    or that evicted for room, L2 evictions and the tokens they freed."""
 
     @property
     def tier_closure(self) -> str:
@@ -180,6 +194,7 @@ class SGLangHiCache(PageView):
         )  # fmt: skip
         self.cache = sg["UnifiedRadixCache"](params=params)
         self.cache.init_hicache(args, params)
+        self.cache.load_back_threshold = self.load_back_threshold
         atexit.unregister(self.cache.shutdown)  # init_hicache pins the cache until exit
         self.cc = self.cache.cache_controller
         self.full = sg["ComponentType"].FULL
@@ -189,9 +204,13 @@ class SGLangHiCache(PageView):
 
     def _adopt_acks(self) -> None:
         """Give every ack not seen yet a job event (the copy ran; its ack waits)."""
-        for queue in (self.cc.ack_write_queue, self.cc.ack_load_queue):
+        for kind, queue in (
+            ("backups", self.cc.ack_write_queue),
+            ("loads", self.cc.ack_load_queue),
+        ):
             for i, ack in enumerate(queue):
                 if not isinstance(ack.finish_event, _JobEvent):
+                    self.stats[f"{kind}_issued"] += 1
                     self._next_op += 1
                     job = self.jobs[self._next_op] = _JobEvent(self._next_op)
                     queue[i] = ack._replace(finish_event=job)  # HiCacheAck, a NamedTuple
@@ -202,6 +221,7 @@ class SGLangHiCache(PageView):
         that their acks get a job event before the controller polls them."""
         self.cache.flush_pending_backups()
         self._adopt_acks()
+        self.stats["ticks_a_job_stayed_pending"] += any(not j.done for j in self.jobs.values())
         self.cache.check_hicache_events()
         self._adopt_acks()
         live = {id(a.finish_event) for a in [*self.cc.ack_write_queue, *self.cc.ack_load_queue]}
@@ -269,7 +289,10 @@ class SGLangHiCache(PageView):
         node, ack = got.last_device_node, None
         if got.host_hit_length > 0:
             before, held = set(self.cache.ongoing_load_back), self._l1_pages()
-            if self.cache.load_back(got.best_match_node):
+            self.stats["host_hits"] += 1
+            if not self.cache.load_back(got.best_match_node):
+                self.stats["load_back_refused"] += 1
+            else:
                 node = got.best_match_node
                 ack = next(iter(set(self.cache.ongoing_load_back) - before), None)
                 if ack is not None:
@@ -289,6 +312,7 @@ class SGLangHiCache(PageView):
                 break
         if ack is None and sharing:
             ack = sharing[0]
+            self.stats["loads_shared"] += 1
         self.requests[request_id] = _Request(tokens, node, receipt, hit, ack)
         return hit
 
@@ -320,8 +344,10 @@ class SGLangHiCache(PageView):
         short = need - int(self.allocator.available_size())
         if short > 0:
             if short > int(self.cache.evictable_size()):
+                self.stats["prefill_refused"] += 1
                 return False
             self.cache.evict(self.sr["EvictParams"](num_tokens=short))
+            self.stats["prefill_made_room"] += 1
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
         assert fresh is not None, f"alloc({need}) failed after evicting {short} tokens"
@@ -374,7 +400,9 @@ class SGLangHiCache(PageView):
         if tier == "L1":
             self._track(lambda: self.cache.evict(self.sr["EvictParams"](num_tokens=tokens)))
         else:
-            self._track(lambda: self.cache.evict_host(tokens))
+            freed = self._track(lambda: self.cache.evict_host(tokens))
+            self.stats["l2_evict_calls"] += 1
+            self.stats["l2_tokens_freed"] += int(freed)
 
     def restart(self) -> None:
         self.close()
@@ -433,23 +461,32 @@ class SGLangHiCacheStaleLock(SGLangHiCache):
     def _lock_served(self, r: _Request, node: Any) -> None: ...
 
 
-def _two_tiers(config: EngineConfig) -> tuple[int, float]:
+LOAD_BACK_THRESHOLDS = {"always": 0, "threshold": 10}
+"""Restore policy (spec/policies.md) -> sglang's `load_back_threshold` in tokens."""
+
+
+def _two_tiers(config: EngineConfig, kind: type[SGLangHiCache]) -> SGLangHiCache:
     if config.tiers != TIERS:
         raise UnsupportedConfig(
             f"sglang's HiCache is driven with L1 and L2 (L3 is not: "
             f"sglang_hicache_import.py); asked for {config.tiers}"
         )
+    if config.restore_policy not in LOAD_BACK_THRESHOLDS:
+        raise UnsupportedConfig(
+            f"restore policy {config.restore_policy!r}: sglang loads back by a token "
+            f"threshold, one of {sorted(LOAD_BACK_THRESHOLDS)}"
+        )
     l1, l2 = config.capacities["L1"], config.capacities["L2"]
-    return l1, max(1.0, l2 / l1)
+    threshold = LOAD_BACK_THRESHOLDS[config.restore_policy]
+    return kind(l1, l2 / l1, config.page_size, config.write_policy, threshold)
 
 
 def hicache_adapter(config: EngineConfig) -> SGLangHiCache:
-    """`hicache fuzz --adapter` factory: L1 and L2 of `config`, its write policy."""
-    l1, ratio = _two_tiers(config)
-    return SGLangHiCache(l1, ratio, config.page_size, config.write_policy)
+    """`hicache fuzz --adapter` factory: L1 and L2 of `config`, its write and restore
+    policies."""
+    return _two_tiers(config, SGLangHiCache)
 
 
 def stale_lock_adapter(config: EngineConfig) -> SGLangHiCache:
     """`hicache_adapter` with the stale lock put in (SGLangHiCacheStaleLock)."""
-    l1, ratio = _two_tiers(config)
-    return SGLangHiCacheStaleLock(l1, ratio, config.page_size, config.write_policy)
+    return _two_tiers(config, SGLangHiCacheStaleLock)
