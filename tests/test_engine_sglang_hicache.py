@@ -134,3 +134,14 @@ def test_the_restore_policy_is_sglangs_load_back_threshold(policy: str, loads: i
     assert e.stats["loads_issued"] == loads
     with pytest.raises(UnsupportedConfig, match="restore policy"):
         hicache_adapter(replace(config, restore_policy="cost"))
+
+
+def test_the_host_pools_accounting_is_checked() -> None:
+    """check() recounts the host pool: a host slot taken behind the tree's back is a finding."""
+    e = _engine()
+    e.submit(1, A)
+    assert e.prefill(1)
+    e.drain()
+    assert e.check() == []
+    e.cc.mem_pool_host.alloc(PS)  # a page of L2 no node holds
+    assert any("host slots" in f for f in e.check())

@@ -33,8 +33,9 @@ run on CPU (sglang_hicache_import.py says where and why); L3 is not driven (same
                      L2 RESIDENT when it has a host value (PENDING while
                      write_through_pending_id is set)
     served_digests   the device KV bytes at the slots the request is served from
-    check()          the tree core's sanity_check(ongoing write-through, load-back) and
-                     the allocator's count: free + tree values + tails = capacity
+    check()          the tree core's sanity_check(ongoing write-through, load-back), the
+                     allocator's count (free + tree values + tails = capacity) and the host
+                     pool's (free + the tree's host values = its size)
 
 Transfers as jobs: sglang's transfer engine issues each copy on a `torch.cpu` stream (it runs
 at once); the controller observes it only through its ack's `finish_event.query()`
@@ -444,7 +445,15 @@ class SGLangHiCache(PageView):
         except AssertionError as e:
             if not (self.cache.ongoing_load_back and KNOWN_IN_FLIGHT in str(e)):
                 found.append(f"sglang's sanity_check: {e}")
-        values = [n.component_data[self.full].value for _, n in self._walk()]
+        data = [n.component_data[self.full] for _, n in self._walk()]
+        host, held = (
+            self.cc.mem_pool_host,
+            sum(int(d.host_value.numel()) for d in data if d.host_value is not None),
+        )
+        if int(host.available_size()) + held != int(host.size):
+            free = int(host.available_size())
+            found.append(f"host slots: {free} free + {held} in the tree != {int(host.size)}")
+        values = [d.value for d in data]
         in_tree = sum(int(v.numel()) for v in values if v is not None)
         tails = sum(int(r.tail.numel()) for r in self.requests.values() if r.tail is not None)
         free, total = int(self.allocator.available_size()), self.capacity * self.page_size
