@@ -1,8 +1,9 @@
 """The fuzz machine over SGLang's hierarchical cache (UnifiedRadixCache with HiCache on, L1 and
-L2: hicache/testing/adapters/sglang_hicache.py): per seed, `hicache fuzz --adapter` run in this
-process, and what the engine was made to do, summed over the run's caches (the adapter's
-`stats`: backups and loads issued, ticks a job stayed pending, host hits, load-backs refused or
-shared, prefills refused or that evicted for room, L2 evictions).
+L2: hicache/testing/adapters/sglang_hicache.py): per seed, `hicache fuzz --adapter --report`
+run in this process, the rules the machine ran, and what the engine was made to do, summed
+over the run's caches (the adapter's `stats`: backups and loads issued, ticks a job stayed
+pending, host hits, load-backs refused or shared, prefills refused or that evicted for room,
+L2 evictions).
 
     PYTHONPATH=$PWD VENV/bin/python benchmarks/engine_sglang_hicache.py [--seeds 1 2 3] \\
         [--steps 2000]
@@ -46,7 +47,9 @@ def counted(config: EngineConfig) -> sglang_hicache.SGLangHiCache:
 def run(seed: int, steps: int) -> dict[str, Any]:
     STATS.clear()
     wall, cpu = time.perf_counter(), time.process_time()
-    args = runner.arguments(seed=seed, steps=steps, plane="null", adapter="__main__:counted")
+    args = runner.arguments(
+        seed=seed, steps=steps, plane="null", adapter="__main__:counted", report=True
+    )
     result = runner.fuzz(args)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if not result.ok:
@@ -59,7 +62,15 @@ def run(seed: int, steps: int) -> dict[str, Any]:
         "cpu_s": round(cpu, 2),
         "steps_per_cpu_s": round(result.steps / cpu, 1) if cpu else None,
         "stats": dict(sorted(STATS.items())),
+        "rules": _rules(result.text),
     }
+
+
+def _rules(text: str) -> dict[str, int]:
+    """The machine's rules and how often each ran (`--report`'s "rules run:" line)."""
+    line = next((t for t in text.splitlines() if t.startswith("rules run: ")), "")
+    words = line.removeprefix("rules run: ").replace(",", "").split()
+    return {name: int(n) for name, n in zip(words[::2], words[1::2], strict=False)}
 
 
 def main(argv: list[str]) -> int:
