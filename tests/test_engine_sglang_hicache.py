@@ -145,3 +145,14 @@ def test_the_host_pools_accounting_is_checked() -> None:
     assert e.check() == []
     e.cc.mem_pool_host.alloc(PS)  # a page of L2 no node holds
     assert any("host slots" in f for f in e.check())
+
+
+def test_a_request_waits_for_a_later_load_back_of_its_prompt() -> None:
+    """Seed 134 (write-back, L1 7, L2 3): a request admitted before another's load-back of
+    its prompt's pages was issued is prefilled while that load is in flight. sglang's match at
+    prefill takes the published pages; the request shares the load (not ready until it lands)
+    instead of being served pages the reference sees PENDING. Failed before with
+    `cached_len after prefill: engine 8, reference 0`."""
+    _engine().close()
+    args = ["fuzz", "--seed", "134", "--steps", "6000", "--adapter", f"{MODULE}:hicache_adapter"]
+    assert main(args) == 0

@@ -54,7 +54,9 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - a load-back's pages are in the tree at issue: a second request matching them gets them as
   a device hit, and its forward waits on the copy's events. The adapter reports them PENDING
   in L1 until the ack, and such a request shares the load: its cached_len at admission is
-  what is RESIDENT, and it is ready when the load is (the spec's shared load-back).
+  what is RESIDENT, and it is ready when the load is (the spec's shared load-back). So is a
+  request admitted earlier whose prompt's next pages a later load-back fills: sglang's match
+  at prefill would take them.
 - tier closure: under write-back sglang reclaims host copies of device-resident nodes first,
   in no leaf order, so L2 is closed under ancestors only with L1 above it: `tier_closure`
   "hierarchy" (spec/invariants.md S6); under write-through, "tier".
@@ -318,8 +320,18 @@ class SGLangHiCache(PageView):
         return hit
 
     def ready(self, request_id: int) -> bool:
+        """Its own load-back observed, and (before prefill) no load-back in flight filling a
+        page of its prompt past what it holds: sglang's match at prefill would take those
+        pages (published at issue) and its forward wait on their copy, so it shares that
+        load as an admission does (`_admit`)."""
         r = self._live(request_id)
-        return r.load_ack is None or r.load_ack not in self.cache.ongoing_load_back
+        if r.load_ack is not None and r.load_ack in self.cache.ongoing_load_back:
+            return False
+        if r.prefilled:
+            return True
+        ps, ongoing = self.page_size, self.cache.ongoing_load_back
+        ahead = {r.tokens[:end] for end in range(r.cached_len + ps, len(r.tokens), ps)}
+        return not any(a in ongoing and ahead & pages for a, pages in self._loading.items())
 
     def cancel_restore(self, request_id: int) -> None:
         r = self._live(request_id)
