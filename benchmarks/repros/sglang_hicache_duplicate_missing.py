@@ -1,5 +1,6 @@
-"""sglang 0.5.23: UnifiedRadixCache.sanity_check() fails ("Duplicate missing") while a
-write-through load-back of a node split by the match is in flight.
+"""sglang 0.5.23: UnifiedRadixCache.sanity_check() fails while a write-through load-back of a
+node split by the match is in flight: "Duplicate missing" with the Python TreeCore, "Full host
+coexistence missing" with the default compiled rust_tree_core (both cores are run below).
 
 Found by the fuzz machine (benchmarks/results/2026-12-05-engine-sglang-hicache.md). Only
 sglang's own calls: insert a 20-token prompt (write-through backs it up), evict it from the
@@ -41,41 +42,41 @@ args = ServerArgs(
     hicache_mem_layout="layer_first", hicache_write_policy="write_through", hicache_ratio=2.0,
 )  # fmt: skip
 set_global_server_args_for_scheduler(args)
-kv = MHATokenToKVPool(
-    size=SIZE, page_size=PS, dtype=torch.float32, head_num=1, head_dim=2, layer_num=2,
-    device=device, enable_memory_saver=False,
-)  # fmt: skip
-alloc = PagedTokenToKVPoolAllocator(
-    size=SIZE, page_size=PS, dtype=torch.float32, device=device, kvcache=kv, need_sort=False
-)
-params = CacheInitParams(
-    req_to_token_pool=ReqToTokenPool(4, 64, device, False), token_to_kv_pool_allocator=alloc,
-    page_size=PS, disable=False, tree_components=(ComponentType.FULL,),
-    tree_core_backend="python",
-)  # fmt: skip
-cache = UnifiedRadixCache(params=params)
-cache.init_hicache(args, params)
 
 
 def key(tokens):
     return RadixKey(array("q", tokens))
 
 
-prompt = list(range(1000, 1020))  # 20 tokens, 5 pages
-slots = alloc.alloc(20)
-cache.insert(InsertParams(key=key(prompt), value=slots))
-cache.check_hicache_events()  # the write-through is issued ...
-cache.check_hicache_events()  # ... and acknowledged
-cache.evict(EvictParams(num_tokens=20))
-match = cache.match_prefix(MatchPrefixParams(key=key(prompt[:19])))  # splits the node at 16
-print("host hit:", match.host_hit_length)
-assert cache.load_back(match.best_match_node)
-cache.ready_to_load_host_cache()
-try:
+for core in ("python", "rust"):
+    kv = MHATokenToKVPool(
+        size=SIZE, page_size=PS, dtype=torch.float32, head_num=1, head_dim=2, layer_num=2,
+        device=device, enable_memory_saver=False,
+    )  # fmt: skip
+    alloc = PagedTokenToKVPoolAllocator(
+        size=SIZE, page_size=PS, dtype=torch.float32, device=device, kvcache=kv, need_sort=False
+    )
+    params = CacheInitParams(
+        req_to_token_pool=ReqToTokenPool(4, 64, device, False),
+        token_to_kv_pool_allocator=alloc, page_size=PS, disable=False,
+        tree_components=(ComponentType.FULL,), tree_core_backend=core,
+    )  # fmt: skip
+    cache = UnifiedRadixCache(params=params)
+    cache.init_hicache(args, params)
+    prompt = list(range(1000, 1020))  # 20 tokens, 5 pages
+    cache.insert(InsertParams(key=key(prompt), value=alloc.alloc(20)))
+    cache.check_hicache_events()  # the write-through is issued ...
+    cache.check_hicache_events()  # ... and acknowledged
+    cache.evict(EvictParams(num_tokens=20))
+    match = cache.match_prefix(MatchPrefixParams(key=key(prompt[:19])))  # splits at 16
+    print(f"{core} tree core: host hit {match.host_hit_length}")
+    assert cache.load_back(match.best_match_node)
+    cache.ready_to_load_host_cache()
+    try:
+        cache.sanity_check()
+        print("  sanity_check passed while the load-back is in flight")
+    except AssertionError as e:
+        print("  ENGINE BUG reproduced:", str(e).splitlines()[-1].strip())
+    cache.check_hicache_events()  # loading_check observes the ack
     cache.sanity_check()
-    print("sanity_check passed while the load-back is in flight")
-except AssertionError as e:
-    print("ENGINE BUG reproduced:", e)
-cache.check_hicache_events()  # loading_check observes the ack
-cache.sanity_check()
-print("after the ack: sanity_check passes")
+    print("  after the ack: sanity_check passes")
