@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis.errors import NoSuchExample
 pytest.importorskip("torch", reason="needs torch (`vectors run`): pip install -e '.[data]'")
 
 from hicache.cli import main
+from hicache.controller.config import WRITE_POLICIES
 from hicache.testing import EngineConfig, UnsupportedConfig
 from hicache.testing.factory import SHAPES, AdapterError, build, load_factory
 from hicache.testing.template import Adapter, factory
@@ -142,6 +144,27 @@ def test_the_fuzz_draws_only_the_shapes_a_factory_takes() -> None:
     assert len(asked) == len(SHAPES)
     with pytest.raises(NoSuchExample):  # nothing but L1 alone is drawn
         find(configs(taken), lambda c: c.tiers != ("L1",), settings=settings(database=None))
+
+
+def test_a_two_tier_factory_is_drawn_l1_and_l2_only() -> None:
+    """An engine of L1 and L2 (no last tier: sglang's HiCache without storage) is driven
+    with its own shape; before the two-tier shapes the fuzz refused such a factory."""
+
+    def two_tiers(config: EngineConfig) -> Adapter:
+        if config.tiers != ("L1", "L2"):
+            raise UnsupportedConfig(f"L1 and L2; asked for {config.tiers}")
+        engine = factory(replace(config, capacities={"L1": config.capacities["L1"]}))
+        engine.tiers = ("L1", "L2")  # only probed, never driven
+        return engine
+
+    from hicache.testing.draws import configs
+    from hicache.testing.factory import shapes_taken
+
+    taken = shapes_taken(two_tiers, "test:two_tiers", "null")
+    assert [c.tiers for c in taken] == [("L1", "L2")] * 3
+    assert sorted(c.write_policy for c in taken) == sorted(WRITE_POLICIES)
+    drawn = find(configs(taken), lambda c: True, settings=settings(database=None))
+    assert set(drawn.capacities) == {"L1", "L2"}
 
 
 def test_build_checks_page_size_and_protocol_not_the_engine() -> None:

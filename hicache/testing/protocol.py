@@ -64,6 +64,12 @@ from hicache.trace import TraceEvent
 PENDING = "PENDING"
 """A page-change state: a transfer is filling the page in that tier (any direction)."""
 
+TIER_CLOSURES = ("tier", "hierarchy")
+"""How an engine keeps its tiers closed under ancestors (spec/invariants.md S6), its
+`tier_closure` (the reference reads it; "tier", the spec's own, when absent): "tier", each
+tier holds every held page's parent itself; "hierarchy", a parent RESIDENT in a tier above
+counts (an engine that reclaims lower-tier copies of upper-tier pages in any order)."""
+
 WINDOW_FREED = "WINDOW_FREED"
 """A page-change state of L1 only: the RESIDENT page lost its window (its trailing pools'
 pages); it stays RESIDENT, and an L1 hit never ends with it in the `hit_window` before."""

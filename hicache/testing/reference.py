@@ -13,6 +13,8 @@ engine's freedom); it checks that what the engine says is consistent with what i
                                   page (one page shorter) is RESIDENT, a PENDING page's is
                                   RESIDENT or PENDING (spec/invariants.md S6): eviction
                                   frees leaves only, a prefix never loses its middle
+                                  (`tier_closure` "hierarchy": a parent RESIDENT in a tier
+                                  above counts; protocol.py TIER_CLOSURES)
     eviction order (one tier)     the pages a call frees are whole nodes, least recently used
                                   unlocked leaf first; `evict(T, n)` stops once n are freed
                                   (spec/eviction.md; evictorder.py, which says why one tier)
@@ -57,6 +59,7 @@ from hicache.errors import HiCacheError
 from hicache.testing.evictorder import EvictionViolation, OneTierTree
 from hicache.testing.protocol import (
     PENDING,
+    TIER_CLOSURES,
     WINDOW_FREED,
     WINDOW_REVIVED,
     Admission,
@@ -99,10 +102,18 @@ class ReferenceModel:
     """Pages by tier and token prefix, live requests, and digests of served prefixes."""
 
     def __init__(
-        self, page_size: int, tiers: Sequence[str], hit_window: int = 0, replay_window: int = 0
+        self,
+        page_size: int,
+        tiers: Sequence[str],
+        hit_window: int = 0,
+        replay_window: int = 0,
+        tier_closure: str = "tier",
     ) -> None:
+        if tier_closure not in TIER_CLOSURES:
+            raise HiCacheError(f"tier_closure {tier_closure!r}: one of {TIER_CLOSURES}")
         self.page_size = page_size
         self.tiers = tuple(tiers)
+        self.tier_closure = tier_closure  # spec/invariants.md S6: per tier, or over tiers above
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.replay_window = replay_window  # pages a hit replays when one lost its window
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
@@ -173,22 +184,42 @@ class ReferenceModel:
             for end in range(ps, r.cached_len + 1, ps)
         }
 
+    def _above(self, tier: str, prefix: Prefix) -> bool:
+        """Whether a tier above `tier` holds `prefix` RESIDENT and the knob lets that count
+        (tier_closure "hierarchy", spec/invariants.md S6)."""
+        if self.tier_closure != "hierarchy":
+            return False
+        upper = self.tiers[: self.tiers.index(tier)]
+        return any(self.pages[t].get(prefix) == RESIDENT for t in upper)
+
     def _verify_closed(self, tier: str, prefix: Prefix) -> None:
         """S6 at a page a call changed: held, its parent page is held (RESIDENT, or PENDING
         under a PENDING page: one transfer fills a parent-first chain); gone, no page one
-        page longer is held."""
+        page longer is held. Under tier_closure "hierarchy", a parent RESIDENT in a tier
+        above counts as held, and a page gone from a tier is checked in every tier below
+        it too (a child there needs the page in its own tier or one above)."""
+        if self.tier_closure == "hierarchy":
+            for lower in self.tiers[self.tiers.index(tier) + 1 :]:
+                self._verify_closed_at(lower, prefix, gone_only=True)
+        self._verify_closed_at(tier, prefix)
+
+    def _verify_closed_at(self, tier: str, prefix: Prefix, gone_only: bool = False) -> None:
         held, ps = self.pages[tier], self.page_size
         state = held.get(prefix, ABSENT)
-        if state != ABSENT and len(prefix) > ps:
+        if state != ABSENT and len(prefix) > ps and not gone_only:
             up = held.get(prefix[:-ps], ABSENT)
-            if up != RESIDENT and (state, up) != (PENDING, PENDING):
+            if (
+                up != RESIDENT
+                and (state, up) != (PENDING, PENDING)
+                and not self._above(tier, prefix[:-ps])
+            ):
                 raise Mismatch(
                     f"{tier} page of a {len(prefix)}-token prefix held without the page before "
                     "it (spec/invariants.md S6: a tier is closed under ancestors)",
                     f"{state} under {up}",
                     f"{state} under RESIDENT" + (" or PENDING" if state == PENDING else ""),
                 )
-        if state == ABSENT:
+        if state == ABSENT and not self._above(tier, prefix):
             below = [q for q in held if len(q) == len(prefix) + ps and q[: len(prefix)] == prefix]
             if below:
                 raise Mismatch(

@@ -329,15 +329,7 @@ class SGLangRadixCache(WithoutTransfers):
         return None
 
     def _walk(self) -> list[tuple[Prefix, Any]]:
-        """Every node below the root with the token prefix ending where it ends."""
-        out, stack = [], [((), self.tree.root_node)]
-        while stack:
-            prefix, node = stack.pop()
-            for child in node.children.values():
-                ends = prefix + tuple(child.key.raw_token_ids())
-                out.append((ends, child))
-                stack.append((ends, child))
-        return out
+        return walk_nodes(self.tree.root_node)
 
     def tree_pages(self) -> set[Prefix]:
         """The tree's pages, each named by its token prefix."""
@@ -390,6 +382,19 @@ class SGLangRadixCache(WithoutTransfers):
                     f"{locks[id(n)]} live requests locked below it"
                 )
         return found
+
+
+def walk_nodes(root: Any) -> list[tuple[Prefix, Any]]:
+    """Every node below `root` (a node with `children` and a RadixKey `key`: RadixCache's,
+    UnifiedRadixCache's Python TreeCore's) with the token prefix ending where it ends."""
+    out, stack = [], [((), root)]
+    while stack:
+        prefix, node = stack.pop()
+        for child in node.children.values():
+            ends = prefix + tuple(child.key.raw_token_ids())
+            out.append((ends, child))
+            stack.append((ends, child))
+    return out
 
 
 class SGLangStaleLock(SGLangRadixCache):

@@ -18,6 +18,7 @@ import types
 from typing import Any
 
 from hicache.errors import HiCacheError
+from hicache.testing.adapters.engine_path import engine_import_path
 
 
 class EngineUnavailable(HiCacheError):
@@ -81,13 +82,14 @@ def import_radix_cache() -> dict[str, Any]:
     install sglang, when it cannot be imported."""
     stub = _TorchvisionStub()
     try:
-        # transformers records "torchvision absent" before the stub exists
-        _transformers_checks_torchvision()
-        sys.meta_path.insert(0, stub)
-        radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
-        base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
-        params = importlib.import_module("sglang.srt.mem_cache.cache_init_params")
-        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+        with engine_import_path():  # the repository's kernels/ shadows a package (engine_path)
+            # transformers records "torchvision absent" before the stub exists
+            _transformers_checks_torchvision()
+            sys.meta_path.insert(0, stub)
+            radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+            base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+            params = importlib.import_module("sglang.srt.mem_cache.cache_init_params")
+            paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
     except ImportError as e:
         raise EngineUnavailable(
             f"sglang's RadixCache cannot be imported ({e}); install it as "
