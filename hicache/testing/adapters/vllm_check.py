@@ -1,4 +1,4 @@
-"""vLLM's own accounting, recounted after every step (`VLLMOffloading.check`, vllm.py).
+"""vLLM's own accounting, recounted after every step (`VLLMOffloading.check`, vllm_views.py).
 
     part        finding when
     ----------  ------------------------------------------------------------------------------
@@ -21,10 +21,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hicache.testing.adapters.vllm import VLLMOffloading
+    from hicache.testing.adapters.vllm_views import Views
 
 
-def pool_findings(a: VLLMOffloading) -> list[str]:
+def pool_findings(a: Views) -> list[str]:
     """The block pool's ref counts, free queue and hash map against a recount."""
     holders: Counter[int] = Counter()
     for r in a.requests.values():
@@ -54,7 +54,7 @@ def pool_findings(a: VLLMOffloading) -> list[str]:
     return found
 
 
-def manager_findings(a: VLLMOffloading) -> list[str]:
+def manager_findings(a: Views) -> list[str]:
     """The CPU offloading manager's chunks against the jobs in flight."""
     m, found = a.manager, []
     loads: Counter[Any] = Counter()
