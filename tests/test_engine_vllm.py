@@ -223,3 +223,15 @@ def test_l2_holds_a_chunk_without_its_parent_and_shows_what_a_lookup_reaches() -
     lookup = engine.manager.lookup(engine.requests[2].keys[2], engine._observer)
     assert lookup is engine.v["LookupResult"].HIT  # vLLM holds C, ready
     assert engine.submit(3, a_b + c + (3,)).hits["L2"] == 0
+
+
+def test_check_reads_the_managers_events_against_its_state() -> None:
+    """take_events() announced the stored page; an engine whose events lost it is found."""
+    engine = _engine()
+    tokens = tuple(range(100, 100 + PS)) + (1,)
+    engine.submit(1, tokens)
+    assert engine.prefill(1)
+    engine.drain()
+    assert engine.check() == [] and True in engine.l2_announced.values()
+    engine.l2_announced.clear()
+    assert any("L2 events" in f for f in engine.check())

@@ -52,7 +52,8 @@ connector (offloading/scheduler.py), in their order:
     check()         BlockPool: ref counts = holders, the free queue = the blocks of ref 0,
                     every hashed block found by its hash; the manager: chunk ref counts = loads
                     in flight, not-ready chunks = stores in flight, the evictable and
-                    write-pending counts recounted, free + held chunks = num_chunks
+                    write-pending counts recounted, free + held chunks = num_chunks, and its
+                    take_events() stream (stored / removed) agreeing with its lookups
 
 The adapter is split by concern: vllm_jobs.py plays the transfers (the worker side needs
 CUDA), vllm_views.py shows the tiers and checks the accounting (vllm_check.py), vllm_state.py
@@ -152,7 +153,9 @@ class VLLMOffloading(Views, JobPlayer):
 
     def _new_manager(self) -> Any:
         """The offloading manager of L2 (a subclass returns another OffloadingManager)."""
-        return self.v["CPUOffloadingManager"](num_chunks=self.l2_pages, cache_policy=self.policy)
+        return self.v["CPUOffloadingManager"](
+            num_chunks=self.l2_pages, cache_policy=self.policy, enable_events=True
+        )
 
     def restart(self) -> None:
         """A fresh block pool and manager: the process started again, empty."""
@@ -168,6 +171,7 @@ class VLLMOffloading(Views, JobPlayer):
         self._aim: tuple[str, str] | None = None
         self._changes: list[PageChange] = []
         self._orphans: set[Prefix] = set()  # L2 pages seen held without their parent
+        self.l2_announced: dict[bytes, bool] = {}  # key -> stored (True) / removed, per events
         self.views.clear()
         if self.traced:
             engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"

@@ -8,7 +8,8 @@
     manager     a chunk's ref_cnt is not the number of loads in flight reading it; a chunk is
                 not ready (ref_cnt -1) without a store in flight, or ready with one; the
                 manager's evictable or write-pending count differs from the recount; its free
-                chunks plus those it holds are not num_chunks; a key being loaded is evictable
+                chunks plus those it holds are not num_chunks; a key being loaded is evictable;
+                take_events() announced a key stored that is not held ready, or the reverse
 
 The manager's counters (`_num_evictable_cache_chunks`, `_num_write_pending_chunks`,
 `_get_num_free_chunks`) and its policy's `get` are read, never written: vLLM exposes them
@@ -86,8 +87,26 @@ def manager_findings(a: Views) -> list[str]:
             f"L2 counts: evictable {m._num_evictable_cache_chunks}, write pending "
             f"{m._num_write_pending_chunks}; recounted {evictable}, {pending}"
         )
+    found += _event_findings(a, chunks)
     if m._get_num_free_chunks() + len(chunks) != a.l2_pages:
         found.append(
             f"L2 chunks: {m._get_num_free_chunks()} free + {len(chunks)} held != {a.l2_pages}"
+        )
+    return found
+
+
+def _event_findings(a: Views, chunks: dict[Any, Any]) -> list[str]:
+    """The manager's take_events() stream against its state: a key last announced stored
+    is held ready, and a key held ready was announced stored last (a store in flight has
+    no event yet; a removal follows an eviction or a failed store)."""
+    found = []
+    ready = {bytes(k) for k, c in chunks.items() if c.ref_cnt >= 0}
+    announced = {k for k, stored in a.l2_announced.items() if stored}
+    for key in sorted(ready ^ announced)[:3]:
+        page = len(a.prefix_of.get(key, ()))
+        said = "stored" if key in announced else "removed or never stored"
+        found.append(
+            f"L2 events: a {page}-token prefix's key was last announced {said}, "
+            f"but the manager {'holds it ready' if key in ready else 'does not hold it ready'}"
         )
     return found

@@ -51,6 +51,7 @@ class Views:
     _observer: Any  # the ReqContext the adapter's own lookups use
     _changes: list[PageChange]
     _orphans: set[Prefix]
+    l2_announced: dict[bytes, bool]
 
     def _live(self, rid: int) -> Request:
         raise NotImplementedError  # vllm.py
@@ -123,9 +124,17 @@ class Views:
         ]
 
     def _end_step(self) -> None:
-        """The step's last manager call (build_connector_meta's on_schedule_end)."""
+        """The step's last manager calls (build_connector_meta's on_schedule_end, then the
+        connector's take_events, which drains the manager's events)."""
         self.manager.on_schedule_end(self.v["ScheduleEndContext"]((), ()))
+        self._take_events()
         self._note()
+
+    def _take_events(self) -> None:
+        """The manager's events so far: the last word on each key, stored or removed."""
+        for event in self.manager.take_events():
+            for key in event.keys:
+                self.l2_announced[bytes(key)] = not event.removed
 
     def _note(self) -> None:
         """Compare the tiers now with what was last shown (so a call's evictions are
@@ -171,6 +180,7 @@ class Views:
 
     def check(self) -> list[str]:
         """vLLM's accounting recounted (vllm_check.py)."""
+        self._take_events()  # what a call outside a step (evict) announced
         return pool_findings(self) + self._manager_findings()
 
     def _manager_findings(self) -> list[str]:
