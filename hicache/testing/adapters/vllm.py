@@ -45,7 +45,10 @@ connector (offloading/scheduler.py), in their order:
                     next_stored_chunk_idx on -> a store job (None: offered again next step)
     finish          a refused store offered once more; free_blocks(reversed(blocks));
                     on_request_finished
-    evict(L1, n)    evict_blocks of the first n cached blocks of the free queue (its LRU end)
+    ready           no load in flight and no deferred lookup; a request not served yet is
+                    looked up again, as it would be scheduled now (deferred: not ready)
+    evict(L1, n)    evict_blocks of the first n cached blocks of the free queue (its LRU end),
+                    the stores still reading them flushed first (pressure is an allocation)
     evict(L2, n)    pressure from outside: prepare_store of n fresh keys (as many as the free
                     chunks first), so the policy evicts n chunks, then complete_store(success=
                     False) of those keys
@@ -75,13 +78,19 @@ benchmarks/results/2026-12-05-engine-vllm.md):
   by recency, not leaves first). The reference keeps tiers closed under ancestors, so L2 is
   shown as the pages a lookup from the prompt's start reaches (`closed`); pages held without
   their parent are counted (`stats["l2_orphan_pages"]`), not shown.
+- duplicate copies: vLLM may hold two blocks of one hash (a request computing a page another
+  request is loading caches its own; a page-aligned prompt's last page is loaded from L2 again
+  though L1 holds it, past the L1 hit's len - 1 cap). The adapter sets `duplicate_copies`
+  (spec/tree.md): a page is RESIDENT while any copy is.
 - a request waiting for its lookup holds nothing in vLLM; the protocol's admission holds its
   L1 hit, so the adapter holds it (touch) from `submit`.
-- giving up a restore (`cancel_restore`) has no vLLM call; nor does ending a request free a
-  load's blocks before the job ends in the adapter (vLLM frees them and flushes the job when a
-  block is reused). The adapter keeps a given-up load's blocks with the job until it ends,
-  then frees them unpublished. A store's source block reused before the store ended is
-  flushed first (the job ends as told, or succeeds), as vLLM's jobs_to_flush does.
+- giving up a restore (`cancel_restore`) has no vLLM call: the request reads no cache from
+  then on (vLLM's Request.skip_reading_prefix_cache) and its load runs on unpublished; nor
+  does ending a request free a load's blocks before the job ends in the adapter (vLLM frees
+  them and flushes the job when a block is reused). The adapter keeps a given-up load's
+  blocks with the job until it ends, then frees them unpublished. A store's source block
+  reused before the store ended is flushed first (the job ends as told, or succeeds), as
+  vLLM's jobs_to_flush does.
 - failed transfers: vLLM 0.33.0's worker asserts every transfer succeeds ("we currently do
   not support job failures"). The manager takes complete_store(success=False); a failed load
   has no call: the adapter calls complete_load (unpinning), frees the blocks unpublished, and
