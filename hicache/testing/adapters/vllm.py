@@ -166,6 +166,11 @@ class VLLMOffloading(Views, JobPlayer):
             num_chunks=self.l2_pages, cache_policy=self.policy, enable_events=True
         )
 
+    def _cpu(self) -> Any:
+        """The CPU offloading manager holding L2 (a subclass's manager may wrap it; the
+        adapter's own looks at L2 must not reach past it)."""
+        return self.manager
+
     def restart(self) -> None:
         """A fresh block pool and manager: the process started again, empty."""
         self.pool = self.v["BlockPool"](self.l1_pages + 1, True, self.page_size)
@@ -254,7 +259,7 @@ class VLLMOffloading(Views, JobPlayer):
     def _l2_run(self, keys: Sequence[Any]) -> int:
         """Leading pages of `keys` the manager answers HIT for (ready to load)."""
         n, hit = 0, self.v["LookupResult"].HIT
-        while n < len(keys) and self.manager.lookup(keys[n], self._observer) is hit:
+        while n < len(keys) and self._cpu().lookup(keys[n], self._observer) is hit:
             n += 1
         return n
 

@@ -56,6 +56,13 @@ class Views:
     def _live(self, rid: int) -> Request:
         raise NotImplementedError  # vllm.py
 
+    def _cpu(self) -> Any:
+        raise NotImplementedError  # vllm.py: the CPU manager (a subclass's may wrap it)
+
+    def _more_l2_transfers(self, reads: Counter[Any], writes: set[Any]) -> None:
+        """Add the L2 chunks a subclass's own transfers pin (once per transfer) or write
+        (not ready) to what `check` expects; the CPU manager alone has none."""
+
     def _page(self, r: Request, k: int) -> Prefix:
         return r.tokens[: (k + 1) * self.page_size]
 
@@ -133,6 +140,8 @@ class Views:
     def _take_events(self) -> None:
         """The manager's events so far: the last word on each key, stored or removed."""
         for event in self.manager.take_events():
+            if getattr(event, "ownership", None) is not None:
+                continue  # a secondary tier's (a tiering manager's): not the CPU tier's
             for key in event.keys:
                 self.l2_announced[bytes(key)] = not event.removed
 
@@ -156,7 +165,7 @@ class Views:
 
     def _l2_state(self, key: Any) -> str | None:
         """RESIDENT (HIT), PENDING (HIT_PENDING: a store in flight) or None (MISS)."""
-        got = self.manager.lookup(key, self._observer)
+        got = self._cpu().lookup(key, self._observer)
         lr = self.v["LookupResult"]
         return RESIDENT if got is lr.HIT else PENDING if got is lr.HIT_PENDING else None
 
