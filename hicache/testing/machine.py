@@ -129,7 +129,8 @@ def make_machine(
                 self.cache.tiers,
                 getattr(self.cache, "hit_window", 0),
                 getattr(self.cache, "replay_window", 0),
-                getattr(self.cache, "tier_closure", "tier"),
+                tier_closure=getattr(self.cache, "tier_closure", "tier"),
+                duplicate_copies=getattr(self.cache, "duplicate_copies", False),
             )
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []

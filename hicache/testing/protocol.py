@@ -27,6 +27,11 @@ An engine that replays such a window instead (`anchor_recompute_swa`) sets `repl
 pages: the reference then ends an L1 hit before the window when a page of it is freed (the
 request recomputes it). Under either, a served prefix ends with its window whole after `prefill`.
 
+An engine whose L1 may hold two copies of one page (vLLM's block pool keys blocks by hash, several
+blocks to a hash) sets `duplicate_copies` (spec/tree.md, "Duplicate copies"): a request that
+computes a page another request is loading then serves its own copy, and the reference does not
+cut its `cached_len` at that page.
+
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference
 independent of the engine's tree.
