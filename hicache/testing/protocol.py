@@ -27,6 +27,13 @@ An engine that replays such a window instead (`anchor_recompute_swa`) sets `repl
 pages: the reference then ends an L1 hit before the window when a page of it is freed (the
 request recomputes it). Under either, a served prefix ends with its window whole after `prefill`.
 
+An engine whose tier keys each page by a chained hash of its prefix rather than by a node
+of a tree (vLLM's offloading tiers) may hold a page without its parent page there (an orphan:
+the parent's store failed or was evicted first; nothing can match it, a lookup stops at the
+first missing page). It names such tiers in `hash_keyed_tiers` (() by default): the reference
+then does not require that tier closed under ancestors (spec/invariants.md S6, "Hash-keyed
+tiers"); every other check, the hit as the leading run of RESIDENT pages among them, holds.
+
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference
 independent of the engine's tree.

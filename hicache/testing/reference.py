@@ -12,7 +12,10 @@ engine's freedom); it checks that what the engine says is consistent with what i
     closed under ancestors        after every call, in every tier, a RESIDENT page's parent
                                   page (one page shorter) is RESIDENT, a PENDING page's is
                                   RESIDENT or PENDING (spec/invariants.md S6): eviction
-                                  frees leaves only, a prefix never loses its middle
+                                  frees leaves only, a prefix never loses its middle --
+                                  except in a tier the engine declares `hash_keyed_tiers`
+                                  (S6's exception: blocks keyed by chained hashes, where an
+                                  orphan is legal and only the leading run is a hit)
     eviction order (one tier)     the pages a call frees are whole nodes, least recently used
                                   unlocked leaf first; `evict(T, n)` stops once n are freed
                                   (spec/eviction.md; evictorder.py, which says why one tier)
@@ -99,10 +102,16 @@ class ReferenceModel:
     """Pages by tier and token prefix, live requests, and digests of served prefixes."""
 
     def __init__(
-        self, page_size: int, tiers: Sequence[str], hit_window: int = 0, replay_window: int = 0
+        self,
+        page_size: int,
+        tiers: Sequence[str],
+        hit_window: int = 0,
+        replay_window: int = 0,
+        hash_keyed_tiers: Sequence[str] = (),
     ) -> None:
         self.page_size = page_size
         self.tiers = tuple(tiers)
+        self.hash_keyed_tiers = frozenset(hash_keyed_tiers)  # S6 not required there
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.replay_window = replay_window  # pages a hit replays when one lost its window
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
@@ -157,7 +166,8 @@ class ReferenceModel:
             else:
                 self.pages[c.tier][c.prefix] = c.state
         for tier, prefix in sorted(touched):
-            self._verify_closed(tier, prefix)
+            if tier not in self.hash_keyed_tiers:
+                self._verify_closed(tier, prefix)
         if self.tree is not None:
             try:
                 self.tree.batch(freed, added, served, evict_want)
