@@ -10,7 +10,7 @@ schedules()          a `FaultSchedule`: every `FaultSite` on with probability 1/
                      firing at a rate of 0.1, 0.25 or 0.5 (a crash: CRASH_RATES);
                      S2H_PARTIAL is not drawn (the adapter's, for a pool group)
 configs(shapes)      an `EngineConfig` of one of `shapes` (`hicache fuzz --adapter`): L1
-                     alone of L1_ALONE_PAGES, or three tiers of THREE_TIER_PAGES
+                     alone of L1_ALONE_PAGES, or two or three tiers of THREE_TIER_PAGES
 """
 
 from __future__ import annotations
@@ -102,10 +102,12 @@ def schedules() -> st.SearchStrategy[FaultSchedule]:
 
 def configs(shapes: Sequence[EngineConfig]) -> st.SearchStrategy[EngineConfig]:
     """A configuration of one of `shapes` (hicache/testing/factory.py, `shapes_taken`), its
-    capacities drawn: L1 alone from L1_ALONE_PAGES, or each tier from THREE_TIER_PAGES."""
+    capacities drawn: L1 alone from L1_ALONE_PAGES, or each of its tiers from
+    THREE_TIER_PAGES."""
 
     def sized(shape: EngineConfig) -> st.SearchStrategy[EngineConfig]:
         ranges = {"L1": L1_ALONE_PAGES} if shape.tiers == ("L1",) else THREE_TIER_PAGES
+        ranges = {t: r for t, r in ranges.items() if t in shape.tiers}  # two tiers: no L3
         return st.builds(
             EngineConfig,
             page_size=st.just(shape.page_size),

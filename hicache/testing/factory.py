@@ -13,20 +13,21 @@ engine cannot take: the vectors then skip the case, and the fuzz never draws tha
     --------------  ----------------------------------------  -------------------  ----------
     page_size       tokens per page                           4                    the case's
     capacities      pages per tier the engine must have:      L1 alone (8..12),    the case's
-                    {"L1": n}, or {"L1": n, "L2": m, "L3": k}  or L1 7..12, L2
-                    (L3: slots)                                3..12, L3 2..16
+                    {"L1": n}, {"L1": n, "L2": m}, or          or L1 7..12, L2
+                    {"L1": n, "L2": m, "L3": k} (L3: slots)    3..12 (, L3 2..16)
     write_policy    spec/policies.md's names                  each of the three    the case's
     restore_policy  spec/policies.md's names                  always               always
     promotion       an L3 restore's promoted L2 copies stay    true or false        the case's
     plane           null: no bytes; cpu, cuda: real bytes     `--plane`            null
 
 Before its runs the fuzz builds one engine of each shape (`SHAPES`: L1 alone; three tiers
-under each write policy, promotion on and off) and closes it, to learn which the factory
-takes; it then draws every configuration of those shapes, so a factory takes all of a shape
-or none of it. A factory that is not what this protocol asks is a usage error, `AdapterError`
-(exit status 2, one line naming the hook): a module that cannot be imported, a name that is
-missing or not callable, a callable that does not take one argument, a call that raises
-anything but a `HiCacheError`, or a result that lacks a `CacheUnderTest` member.
+under each write policy, promotion on and off; two tiers under each write policy) and closes
+it, to learn which the factory takes; it then draws every configuration of those shapes, so
+a factory takes all of a shape or none of it. A factory that is not what this protocol asks
+is a usage error, `AdapterError` (exit status 2, one line naming the hook): a module that
+cannot be imported, a name that is missing or not callable, a callable that does not take
+one argument, a call that raises anything but a `HiCacheError`, or a result that lacks a
+`CacheUnderTest` member.
 """
 
 from __future__ import annotations
@@ -89,12 +90,18 @@ MEMBERS = tuple(
 )
 """The names a `CacheUnderTest` has: its methods and its data members (page_size, tiers)."""
 
-SHAPES = (EngineConfig(4, {"L1": 8}),) + tuple(
-    EngineConfig(4, {"L1": 10, "L2": 8, "L3": 12}, policy, "always", promotion)
-    for policy in WRITE_POLICIES
-    for promotion in (True, False)
+SHAPES = (
+    (EngineConfig(4, {"L1": 8}),)
+    + tuple(
+        EngineConfig(4, {"L1": 10, "L2": 8, "L3": 12}, policy, "always", promotion)
+        for policy in WRITE_POLICIES
+        for promotion in (True, False)
+    )
+    + tuple(EngineConfig(4, {"L1": 10, "L2": 8}, policy) for policy in WRITE_POLICIES)
 )
-"""One configuration of every shape the fuzz draws (hicache/testing/draws.py: `configs`)."""
+"""One configuration of every shape the fuzz draws (hicache/testing/draws.py: `configs`).
+The two-tier shapes (L1 and L2, no L3: an engine with one offload tier, such as vLLM's CPU
+offloading) come last, so that a factory refusing them draws what it drew before."""
 
 
 def load_factory(spec: str) -> Factory:
@@ -209,8 +216,8 @@ def shapes_taken(factory: Factory, spec: str, plane: str) -> list[EngineConfig]:
         raise AdapterError(
             spec,
             f"{_name(factory)} raised UnsupportedConfig for every shape the fuzz draws "
-            f"({'; '.join(dict.fromkeys(refusals))}); it needs L1 alone or L1, L2 and L3 "
-            f"of {SHAPES[0].page_size}-token pages",
+            f"({'; '.join(dict.fromkeys(refusals))}); it needs L1 alone, L1 and L2, or L1, "
+            f"L2 and L3 of {SHAPES[0].page_size}-token pages",
         )
     return taken
 

@@ -129,7 +129,8 @@ def make_machine(
                 self.cache.tiers,
                 getattr(self.cache, "hit_window", 0),
                 getattr(self.cache, "replay_window", 0),
-                getattr(self.cache, "hash_keyed_tiers", ()),
+                duplicate_copies=getattr(self.cache, "duplicate_copies", False),
+                hash_keyed_tiers=getattr(self.cache, "hash_keyed_tiers", ()),
             )
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []

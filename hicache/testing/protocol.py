@@ -27,6 +27,11 @@ An engine that replays such a window instead (`anchor_recompute_swa`) sets `repl
 pages: the reference then ends an L1 hit before the window when a page of it is freed (the
 request recomputes it). Under either, a served prefix ends with its window whole after `prefill`.
 
+An engine whose L1 may hold two copies of one page (vLLM's block pool keys blocks by hash, several
+blocks to a hash) sets `duplicate_copies` (spec/tree.md, "Duplicate copies"): a request that
+computes a page another request is loading then serves its own copy, and the reference does not
+cut its `cached_len` at that page.
+
 An engine whose tier keys each page by a chained hash of its prefix rather than by a node
 of a tree (vLLM's offloading tiers) may hold a page without its parent page there (an orphan:
 the parent's store failed or was evicted first; nothing can match it, a lookup stops at the

@@ -33,7 +33,8 @@ engine's freedom); it checks that what the engine says is consistent with what i
                                   L1 and comes back has its window again
     cached_len at admission       the L1 hit
     cached_len after prefill      the prompt's whole pages, cut at the first page another
-                                  request's load-back is filling (PENDING in L1) at the time;
+                                  request's load-back is filling (PENDING in L1) at the time
+                                  (not cut with `duplicate_copies`: its own copy is served);
                                   its last `hit_window` (or `replay_window`) pages hold their
                                   window: what a prefill recomputed revived what was freed
     cached_len between steps      unchanged except by `prefill`
@@ -107,6 +108,7 @@ class ReferenceModel:
         tiers: Sequence[str],
         hit_window: int = 0,
         replay_window: int = 0,
+        duplicate_copies: bool = False,
         hash_keyed_tiers: Sequence[str] = (),
     ) -> None:
         self.page_size = page_size
@@ -114,6 +116,7 @@ class ReferenceModel:
         self.hash_keyed_tiers = frozenset(hash_keyed_tiers)  # S6 not required there
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.replay_window = replay_window  # pages a hit replays when one lost its window
+        self.duplicate_copies = duplicate_copies  # L1 may hold two copies of one page
         self.pages: dict[str, dict[Prefix, str]] = {t: {} for t in self.tiers}
         self.freed: set[Prefix] = set()  # L1 pages RESIDENT without their window
         self.requests: dict[int, RefRequest] = {}
@@ -339,10 +342,14 @@ class ReferenceModel:
             self.tree.admitted(tokens[: len(tokens) - 1])
 
     def expected_after_prefill(self, request_id: int) -> int:
-        """`cached_len` a prefill must reach, judged before it runs."""
+        """`cached_len` a prefill must reach, judged before it runs: the whole pages, cut at
+        one another request's load-back is filling -- unless L1 may hold `duplicate_copies`
+        (spec/tree.md, "Duplicate copies"): then the request serves its own copy."""
         r = self.requests[request_id]
         ps, l1 = self.page_size, self.pages[self.tiers[0]]
         aligned = len(r.tokens) // ps * ps
+        if self.duplicate_copies:
+            return aligned
         for end in range(ps, aligned + 1, ps):
             if l1.get(r.tokens[:end]) == PENDING:
                 return end - ps

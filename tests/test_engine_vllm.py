@@ -1,0 +1,119 @@
+"""vLLM's KV offloading (installed unmodified: its GPU block pool over the CPU offloading
+manager, LRU and ARC; hicache/testing/adapters/vllm.py) judged by the fuzz machine. CI does
+not install vLLM: the tests that drive it skip cleanly, and those that check what happens
+without it run everywhere. Everything vLLM hands back is `Any` here, so `mypy --strict tests`
+passes without vLLM installed."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hicache.cli import main
+from hicache.testing.adapters import vllm_import
+from hicache.testing.adapters.sglang_import import EngineUnavailable
+from hicache.testing.factory import EngineConfig, UnsupportedConfig
+from hicache.testing.reference import ReferenceModel
+from hicache.testing.runner import arguments, fuzz
+
+ADAPTER = "hicache.testing.adapters.vllm:vllm_cpu_{}_adapter"
+PS = 4
+TWO_TIERS = EngineConfig(PS, {"L1": 8, "L2": 6})
+
+
+def _engine(kind: Any = None, l1: int = 8, l2: int = 6, policy: str = "lru") -> Any:
+    from hicache.testing.adapters.vllm import VLLMOffloading
+
+    try:
+        return (kind or VLLMOffloading)(l1, l2, PS, policy)
+    except EngineUnavailable as e:
+        pytest.skip(f"vLLM is not installed here: {e}")
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As if vLLM were not installed (even where it is, and was imported already)."""
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(vllm_import, "_CACHE", {})
+    yield
+
+
+def test_without_vllm_the_adapter_says_how_to_install_it(no_vllm: None) -> None:
+    with pytest.raises(EngineUnavailable, match="install it as hicache/testing/adapters/vllm.py"):
+        vllm_import.import_vllm()
+
+
+def test_fuzz_without_vllm_is_one_line_and_exit_2(
+    no_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["fuzz", "--adapter", ADAPTER.format("lru"), "--seed", "1", "--steps", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vLLM cannot be imported" in err, err
+
+
+def test_the_factory_takes_two_write_through_tiers_only() -> None:
+    from hicache.testing.adapters.vllm import vllm_cpu_adapter
+
+    for config in (
+        EngineConfig(PS, {"L1": 8}),
+        EngineConfig(PS, {"L1": 8, "L2": 6, "L3": 4}),
+        EngineConfig(PS, {"L1": 8, "L2": 6}, "write_back"),
+    ):
+        with pytest.raises(UnsupportedConfig):
+            vllm_cpu_adapter(config)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_each_policy_agrees_with_the_reference_for_a_few_hundred_steps(policy: str) -> None:
+    _engine()  # skips without vLLM
+    result = fuzz(arguments(seed=3, steps=300, adapter=ADAPTER.format(policy)))
+    assert result.ok, result.text
+    assert result.steps >= 300
+
+
+def _served(engine: Any, model: ReferenceModel, rid: int, tokens: tuple[int, ...]) -> None:
+    """Admit `tokens`, tick until ready, prefill: each checked by the reference model."""
+    model.apply(engine.changes())
+    model.admit(rid, tokens, engine.submit(rid, tokens))
+    model.apply(engine.changes())
+    for _ in range(4):
+        if engine.ready(rid):
+            break
+        for op in engine.pending_ops():
+            engine.complete(op)
+        engine.tick()
+        model.apply(engine.changes())
+    expected = model.expected_after_prefill(rid)
+    assert engine.prefill(rid)
+    model.apply(engine.changes())
+    model.prefilled(rid, expected, engine.cached_len(rid))
+    model.served(rid, engine.served_digests(rid))
+    assert engine.check() == []
+
+
+def test_a_prompt_evicted_from_l1_is_loaded_back_from_l2_with_its_bytes() -> None:
+    """Served, stored to L2 (the store job completed), evicted from L1, admitted again: the
+    L2 hit is loaded (a load job), and the bytes served are the ones first computed."""
+    engine = _engine()
+    model = ReferenceModel(PS, engine.tiers, duplicate_copies=True)
+    tokens = tuple(range(100, 100 + 3 * PS)) + (7,)
+    _served(engine, model, 1, tokens)
+    engine.drain()
+    engine.finish(1)
+    model.finished(1)
+    engine.evict("L1", 100)
+    model.apply(engine.changes())
+    got = engine.submit(2, tokens)
+    assert got.hits == {"L1": 0, "L2": 3 * PS} and engine.pending_ops()
+    model.admit(2, tokens, got)
+    model.apply(engine.changes())
+    engine.finish(2)
+    model.finished(2)
+    _served(engine, model, 3, tokens)  # request 2's load ended unpublished; 3 loads again
+    assert engine.stats["ended_with_load_in_flight"] == 1
+    assert engine.stats["loads_done"] == 2 and engine.stats["stores_done"] == 1
