@@ -141,6 +141,11 @@ class VLLMOffloading(JobPlayer):
         """The offloading manager of L2 (a subclass returns another OffloadingManager)."""
         return self.v["CPUOffloadingManager"](num_chunks=self.l2_pages, cache_policy=self.policy)
 
+    def _cpu(self) -> Any:
+        """The CPU offloading manager holding L2 (a subclass's manager may wrap it; the
+        adapter's own looks at L2 must not reach past it)."""
+        return self.manager
+
     def restart(self) -> None:
         """A fresh block pool and manager: the process started again, empty."""
         self.pool = self.v["BlockPool"](self.l1_pages + 1, True, self.page_size)
@@ -221,7 +226,7 @@ class VLLMOffloading(JobPlayer):
     def _l2_run(self, keys: Sequence[Any]) -> int:
         """Leading pages of `keys` the manager answers HIT for (ready to load)."""
         n, hit = 0, self.v["LookupResult"].HIT
-        while n < len(keys) and self.manager.lookup(keys[n], self._observer) is hit:
+        while n < len(keys) and self._cpu().lookup(keys[n], self._observer) is hit:
             n += 1
         return n
 
@@ -409,7 +414,7 @@ class VLLMOffloading(JobPlayer):
 
     def _l2_state(self, key: Any) -> str | None:
         """RESIDENT (HIT), PENDING (HIT_PENDING: a store in flight) or None (MISS)."""
-        got = self.manager.lookup(key, self._observer)
+        got = self._cpu().lookup(key, self._observer)
         lr = self.v["LookupResult"]
         return RESIDENT if got is lr.HIT else PENDING if got is lr.HIT_PENDING else None
 
@@ -433,6 +438,10 @@ class VLLMOffloading(JobPlayer):
     def check(self) -> list[str]:
         """vLLM's accounting recounted (vllm_check.py)."""
         return pool_findings(self) + self._manager_findings()
+
+    def _more_l2_transfers(self, reads: Counter[Any], writes: set[Any]) -> None:
+        """Add the L2 chunks a subclass's own transfers pin (once per transfer) or write
+        (not ready) to what `check` expects; the CPU manager alone has none."""
 
     def _manager_findings(self) -> list[str]:
         """The offloading manager's own accounting (a subclass checks its manager's)."""

@@ -56,7 +56,7 @@ def pool_findings(a: VLLMOffloading) -> list[str]:
 
 def manager_findings(a: VLLMOffloading) -> list[str]:
     """The CPU offloading manager's chunks against the jobs in flight."""
-    m, found = a.manager, []
+    m, found = a._cpu(), []
     loads: Counter[Any] = Counter()
     stores: set[Any] = set()
     for job in a.jobs.values():
@@ -64,6 +64,7 @@ def manager_findings(a: VLLMOffloading) -> list[str]:
             stores.update(job.keys)
         else:
             loads.update(job.keys)
+    a._more_l2_transfers(loads, stores)
     chunks = {k: m._policy.get(k) for k in a.l2_keys}
     chunks = {k: c for k, c in chunks.items() if c is not None}
     evictable = pending = 0

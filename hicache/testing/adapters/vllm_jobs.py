@@ -64,6 +64,10 @@ class JobPlayer:
         """The step's last manager call (vllm.py)."""
         raise NotImplementedError
 
+    def _cpu(self) -> Any:
+        """The CPU offloading manager holding L2 (vllm.py)."""
+        raise NotImplementedError
+
     def _lookup_and_load(self, rid: int, r: Request) -> None:
         raise NotImplementedError
 
@@ -209,12 +213,12 @@ class JobPlayer:
     def _l2_pressure(self, n_pages: int) -> None:
         """Another request stores `free + n` fresh chunks (the policy evicts n), and its
         store fails: n chunks freed by the manager's own choice."""
-        m = min(n_pages, int(self.manager._num_evictable_cache_chunks))
+        m = min(n_pages, int(self._cpu()._num_evictable_cache_chunks))
         if m <= 0:
             return
         ctx = self.v["ReqContext"](req_id=f"hicache-pressure-{self.next_op}")
         self.next_op += 1
-        free = int(self.manager._get_num_free_chunks())
+        free = int(self._cpu()._get_num_free_chunks())
         keys = [
             self.v["make_offload_key"](b"hicache-pressure-%d-%d" % (self.next_op, i), 0)
             for i in range(free + m)
