@@ -1,5 +1,5 @@
 """The file tier's deterministic seams (hicache/testing/adapters/vllm_fs.py), without vLLM:
-`JobPlayer` reports what vLLM's `DualQueueThreadPool` would, `LookupPlayer` runs a lookup
+`FileJobPlayer` reports what vLLM's `DualQueueThreadPool` would, `LookupPlayer` runs a lookup
 manager's own worker loop only when asked."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import queue
 import threading
 from typing import Any
 
-from hicache.testing.adapters.vllm_fs import LOAD, STORE, JobPlayer, LookupPlayer
+from hicache.testing.adapters.vllm_fs import LOAD, STORE, FileJobPlayer, LookupPlayer
 
 
 def test_a_job_runs_its_tasks_only_when_played_and_reports_like_the_pool() -> None:
     ran: list[int] = []
-    player = JobPlayer()
+    player = FileJobPlayer()
     player.enqueue_store(3, 1, [lambda: ran.append(3)])
     player.enqueue_load(4, 1, [lambda: ran.append(4)])
     assert ran == [] and player.get_finished() == []
@@ -32,7 +32,7 @@ def test_a_failed_job_runs_nothing_and_a_raising_task_fails_its_job() -> None:
     def broken() -> None:
         raise OSError("Short read: expected 4096 bytes, read 3")
 
-    player = JobPlayer()
+    player = FileJobPlayer()
     player.enqueue_store(1, 1, [lambda: ran.append(1)])
     player.enqueue_load(2, 1, [broken])
     assert not player.play(1, False)
@@ -44,7 +44,7 @@ def test_a_failed_job_runs_nothing_and_a_raising_task_fails_its_job() -> None:
 
 def test_drain_runs_every_queued_job_and_shutdown_drops_them() -> None:
     ran: list[int] = []
-    player = JobPlayer()
+    player = FileJobPlayer()
     for j in range(3):
         player.enqueue_store(j, 1, [functools.partial(ran.append, j)])
     player.wait_idle()

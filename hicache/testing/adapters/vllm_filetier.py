@@ -12,7 +12,7 @@ the adapter says. `FileTier` is that engine as the adapter holds it:
     ----------  ------------------------------------------------------------------------
     manager     the TieringOffloadingManager (the connector calls it; vllm.py drives it)
     fs          its FileSystemTierManager (tier index 0)
-    jobs        the JobPlayer in fs._pool: file jobs queued until played
+    jobs        the FileJobPlayer in fs._pool: file jobs queued until played
     probes      the LookupPlayer over fs._lookup_manager: settled after on_schedule_end
     root        the temporary root_dir, removed by `close`
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache.testing.adapters.sglang_import import EngineUnavailable
-from hicache.testing.adapters.vllm_fs import STORE, JobPlayer, LookupPlayer
+from hicache.testing.adapters.vllm_fs import STORE, FileJobPlayer, LookupPlayer
 from hicache.testing.protocol import PENDING
 
 RESIDENT = "RESIDENT"
@@ -50,7 +50,7 @@ class FileTier:
 
     manager: Any
     fs: Any
-    jobs: JobPlayer
+    jobs: FileJobPlayer
     probes: LookupPlayer
     root: str
 
@@ -138,5 +138,5 @@ def open_tiering(l2_pages: int, page_size: int, policy: str = "lru") -> FileTier
     fs = manager.secondary_tiers[0]
     # Verify the tier took no threads: nothing but the players may run its jobs.
     assert not fs._pool._threads, "the file tier started I/O threads"
-    fs._pool = JobPlayer()
+    fs._pool = FileJobPlayer()
     return FileTier(manager, fs, fs._pool, LookupPlayer(fs._lookup_manager), root)

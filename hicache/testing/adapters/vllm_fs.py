@@ -10,7 +10,7 @@ and interprets every result:
 
     thread             seam                       what the adapter does instead
     -----------------  -------------------------  -------------------------------------------
-    pool workers       `tier._pool`, built with   `JobPlayer`: the same five methods
+    pool workers       `tier._pool`, built with   `FileJobPlayer`: the same five methods
                        `n_read_threads=0,         (enqueue_load/enqueue_store/get_finished/
                        n_write_threads=0`          wait_idle/shutdown); a job's tasks (the
                                                   tier's closures) run on the caller's thread
@@ -23,7 +23,7 @@ and interprets every result:
                                                   (so a probe posted in step n answers in
                                                   step n + 1, as with a thread that keeps up)
 
-`JobPlayer.play` records `(job_id, success, seconds)` in the finished queue exactly as the
+`FileJobPlayer.play` records `(job_id, success, seconds)` in the finished queue exactly as the
 pool's `_worker` does (a task that raises is a failed job), so `get_finished_jobs` -- the
 tier's code -- sees what a real pool would have produced. Nothing here imports vllm.
 """
@@ -49,7 +49,7 @@ class PlayedJob:
 
 
 @dataclass
-class JobPlayer:
+class FileJobPlayer:
     """Stands in for `DualQueueThreadPool` (module docstring): jobs wait until played."""
 
     queued: dict[int, PlayedJob] = field(default_factory=dict)  # issue order (dicts keep it)
