@@ -235,5 +235,21 @@ def test_a_hash_keyed_tier_may_hold_an_orphan() -> None:
         model.apply([PageChange("L1", orphan, "RESIDENT")])
 
 
+def test_a_persistent_tier_keeps_its_resident_pages_across_a_restart() -> None:
+    """A restart forgets every tier but a persistent one's RESIDENT pages; the digests
+    first served stay the judge of what a surviving copy serves."""
+    model = ReferenceModel(PS, ("L1", "L2", "L3"), persistent_tiers=("L3",))
+    kept, lost = tuple(range(4)), tuple(range(8))
+    model.apply([PageChange(t, kept, "RESIDENT") for t in ("L1", "L2", "L3")])
+    model.apply([PageChange("L3", lost, "PENDING")])
+    model.restart()
+    assert model.pages == {"L1": {}, "L2": {}, "L3": {kept: "RESIDENT"}}
+    assert model.hits(lost + (9,)) == {"L1": 0, "L2": 0, "L3": 4}
+    plain = ReferenceModel(PS, ("L1", "L2", "L3"))
+    plain.apply([PageChange("L3", kept, "RESIDENT")])
+    plain.restart()
+    assert plain.pages["L3"] == {}
+
+
 def _admission(hit: int) -> Admission:
     return Admission({"L1": hit}, hit)

@@ -60,9 +60,11 @@ A crash: any call that observes a transfer (`tick`, `drain`, `finish`, `submit`,
 may raise `hicache.dataplane.faults.SimulatedCrash` when the schedule's CRASH_BEFORE_PUBLISH
 fires -- the process died between a transfer and its publication. The machine then calls
 `restart()` and, as spec/faults.md says, expects the engine to start empty: the reference
-model forgets every page and request. `damage_storage` cuts or removes the last tier's
-backing file (an engine without one does nothing); the engine must answer with misses and
-recomputation, never with the lost bytes.
+model forgets every page and request -- but the RESIDENT pages of a tier the engine names in
+`persistent_tiers` (() by default: a content-addressed store such as vLLM's file tier, which a
+new engine on the same directory reads again; spec/faults.md, "Persistent tiers").
+`damage_storage` cuts or removes the last tier's backing file (an engine without one does
+nothing); the engine must answer with misses and recomputation, never with the lost bytes.
 """
 
 from __future__ import annotations

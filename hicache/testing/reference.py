@@ -110,10 +110,12 @@ class ReferenceModel:
         replay_window: int = 0,
         duplicate_copies: bool = False,
         hash_keyed_tiers: Sequence[str] = (),
+        persistent_tiers: Sequence[str] = (),
     ) -> None:
         self.page_size = page_size
         self.tiers = tuple(tiers)
         self.hash_keyed_tiers = frozenset(hash_keyed_tiers)  # S6 not required there
+        self.persistent_tiers = frozenset(persistent_tiers)  # survive a restart
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.replay_window = replay_window  # pages a hit replays when one lost its window
         self.duplicate_copies = duplicate_copies  # L1 may hold two copies of one page
@@ -383,10 +385,16 @@ class ReferenceModel:
         self.requests.pop(request_id, None)
 
     def restart(self) -> None:
-        """The engine closed and opened again: nothing cached, nobody live."""
-        self.pages = {t: {} for t in self.tiers}
+        """The engine closed and opened again: nothing cached, nobody live -- but the
+        RESIDENT pages of a persistent tier (spec/faults.md, "Persistent tiers")."""
+        self.pages = {
+            t: {p: s for p, s in self.pages[t].items() if s == RESIDENT}
+            if t in self.persistent_tiers
+            else {}
+            for t in self.tiers
+        }
         self.freed.clear()
-        self.damaged.clear()
+        self.damaged &= set(self.pages[self.tiers[-1]])  # a surviving copy stays damaged
         self.requests.clear()
         if self.tree is not None:
             self.tree.clear()
