@@ -134,17 +134,41 @@ def test_a_cut_file_reads_short_is_deleted_and_the_restore_fails() -> None:
         cache.close()
 
 
-def test_restart_opens_an_empty_directory_and_close_removes_it() -> None:
+def test_a_restarted_engine_serves_the_files_of_the_old_one() -> None:
+    """L3 persists (spec/faults.md, "Persistent tiers"): the new engine opens the same
+    directory, finds the blocks by their hashes and promotes them, with the same bytes."""
     cache = _engine()
+    try:
+        _serve_and_forget_upper(cache, 1)
+        root = cache.ft.root
+        cache.restart()
+        assert cache.changes() == [] and cache.ft.root == root
+        assert cache.submit(2, PROMPT).hits == {"L1": 0, "L2": 0, "L3": 8}
+        for _ in range(8):
+            if cache.ready(2):
+                break
+            for op in cache.pending_ops():
+                cache.complete(op)
+            cache.tick()
+        assert cache.prefill(2) and cache.stats["file_loads_done"] == 1
+        assert cache.served_digests(2) == [cache._digest(PROMPT[:4]), cache._digest(PROMPT[:8])]
+    finally:
+        cache.close()
+    assert cache.files is None and not os.path.exists(root)
+
+
+def test_without_persistence_a_restart_opens_an_empty_directory() -> None:
+    cache = _engine()
+    cache.close()
+    cache = VLLMTiering(6, 4, PS, persistent=False)
     try:
         _serve_and_forget_upper(cache, 1)
         old = cache.ft.root
         cache.restart()
-        assert not os.path.exists(old) and os.listdir(cache.ft.root) != []  # config.json only
+        assert not os.path.exists(old)
         assert cache.submit(2, PROMPT).hits == {"L1": 0, "L2": 0, "L3": 0}
     finally:
         cache.close()
-    assert cache.files is None
 
 
 def test_a_few_hundred_fuzz_steps_agree_with_the_reference() -> None:

@@ -93,17 +93,22 @@ class FileTier:
                 os.truncate(path, TRUNCATED_BYTES)
         return len(found)
 
-    def close(self) -> None:
-        """Shut the manager down (its /dev/shm region goes) and remove the root."""
+    def close(self, keep_files: bool = False) -> None:
+        """Shut the manager down (its /dev/shm region goes) and remove the root, unless
+        `keep_files` (a restart: the next engine opens the same directory)."""
         try:
             self.manager.shutdown()
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if not keep_files:
+                shutil.rmtree(self.root, ignore_errors=True)
 
 
-def open_tiering(l2_pages: int, page_size: int, policy: str = "lru") -> FileTier:
-    """A fresh engine (module docstring): `l2_pages` CPU chunks, an empty file tier.
-    EngineUnavailable when vLLM cannot be imported."""
+def open_tiering(
+    l2_pages: int, page_size: int, policy: str = "lru", root: str | None = None
+) -> FileTier:
+    """A fresh engine (module docstring): `l2_pages` CPU chunks, a file tier in `root`
+    (None: a new empty temporary directory; else one an earlier engine wrote, whose files the
+    new one finds). EngineUnavailable when vLLM cannot be imported."""
     try:
         cfg = importlib.import_module("vllm.v1.kv_offload.config")
         spec = importlib.import_module("vllm.v1.kv_offload.tiering.spec")
@@ -112,7 +117,7 @@ def open_tiering(l2_pages: int, page_size: int, policy: str = "lru") -> FileTier
             f"vLLM's tiering manager cannot be imported ({e}); install vLLM as "
             "hicache/testing/adapters/vllm.py's docstring says"
         ) from e
-    root = tempfile.mkdtemp(prefix="hicache-vllm-fs-")
+    root = root or tempfile.mkdtemp(prefix="hicache-vllm-fs-")
     parallel = cfg.OffloadingParallelConfig(
         rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
         data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,

@@ -9,9 +9,10 @@ Install as hicache/testing/adapters/vllm.py says (the file tier needs nothing mo
 What is driven, on vllm.py's adapter (L1, the connector's calls, the GPU<->CPU jobs it plays):
 `TieringOffloadingManager`, built by vLLM's own `TieringOffloadingSpec` (vllm_filetier.py),
 over a `CPUPrimaryTierOffloadingManager` of `L2` chunks (policy "lru") and a
-`FileSystemTierManager` writing block files under a temporary directory (removed at close; a
-fresh one at `restart`). The file tier's I/O pool and probe thread are played on the
-adapter's thread (vllm_fs.py): that is how every completion stays under the machine's control.
+`FileSystemTierManager` writing block files under a temporary directory (removed at close;
+a restart opens the new engine on the same directory). The file tier's I/O pool and probe
+thread are played on the adapter's thread (vllm_fs.py): that is how every completion stays
+under the machine's control.
 
     CacheUnderTest  what the tiering manager adds to vllm.py's mapping
     --------------  -------------------------------------------------------------------------
@@ -56,8 +57,10 @@ tiering.md), and what the adapter makes of it:
 - no capacity, no eviction in the file tier: files accumulate; `evict("L3")` has no vLLM call.
   The L3 capacity the machine draws is not enforced by anything.
 - files outlive the engine: a new engine on the same directory serves the old blocks
-  (benchmarks/repros/vllm_tiering_file_tier.py, B). The protocol's restart starts empty, so a
-  restart opens a fresh directory; spec/faults.md would need a knob for a persistent tier.
+  (benchmarks/repros/vllm_tiering_file_tier.py, B), even one a job wrote just before a crash.
+  L3 is declared `persistent_tiers` (spec/faults.md, "Persistent tiers"): the reference keeps
+  its RESIDENT pages across a restart, and judges the bytes served from them by the digests
+  first served (`persistent=False`: a fresh directory per engine, the protocol's empty start).
 - no integrity check on a read (repro C): hicache reads a corrupt copy as a miss, vLLM serves it.
 """
 
@@ -76,7 +79,7 @@ from hicache.testing.adapters.vllm_fs import LOAD, STORE
 from hicache.testing.adapters.vllm_jobs import DRAIN_ROUNDS_MAX, FAILS
 from hicache.testing.adapters.vllm_state import Job, Prefix
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
-from hicache.testing.protocol import Admission
+from hicache.testing.protocol import Admission, PageChange
 
 TIERS = ("L1", "L2", "L3")
 DIGEST_BYTES = 8  # the head of a chunk that holds its digest (little endian)
@@ -105,9 +108,17 @@ class VLLMTiering(VLLMOffloading):
     hash_keyed_tiers: tuple[str, ...] = ("L3",)
 
     def __init__(
-        self, l1_pages: int, l2_pages: int, page_size: int = 4, corrupt_reads: bool = False
+        self,
+        l1_pages: int,
+        l2_pages: int,
+        page_size: int = 4,
+        corrupt_reads: bool = False,
+        persistent: bool = True,
     ) -> None:
         self.corrupt_reads = corrupt_reads
+        self.persistent_tiers: tuple[str, ...] = ("L3",) if persistent else ()
+        self._l3_quiet = False  # the changes() right after a restart leaves L3 out
+        self._synced_l3: dict[Prefix, str] = {}  # L3 as the last changes() reported it
         self.files: FileTier | None = None
         self.file_ops: dict[int, FileOp] = {}  # op id -> file job, in issue order
         self.l3_keys: dict[Any, Prefix] = {}  # keys ever cascaded, by page
@@ -118,15 +129,31 @@ class VLLMTiering(VLLMOffloading):
     # -- the engine's parts -------------------------------------------------------------------
 
     def _new_manager(self) -> Any:
-        """A fresh tiering manager over an empty directory (the old engine shut down)."""
+        """A new tiering manager, the old one shut down: over the old directory when L3
+        persists (its files found again), else over an empty one."""
+        root = None
         if self.files is not None:
-            self.files.close()
-        self.files = open_tiering(self.l2_pages, self.page_size, self.policy)
-        self.file_ops.clear()
-        self.l3_keys.clear()
-        self.on_disk.clear()
+            root = self.files.root if self.persistent_tiers else None
+            self.files.close(keep_files=root is not None)
+        self.files = open_tiering(self.l2_pages, self.page_size, self.policy, root)
+        self.file_ops.clear()  # queued file jobs went with the old engine, never run
+        if root is None:
+            self.l3_keys.clear()
+        self.on_disk = {k for k in self.l3_keys if os.path.exists(self.ft.file(k))}
         self.expected_errors = 0
         return self.files.manager
+
+    def restart(self) -> None:
+        """The process starts again: vllm.py's restart over `_new_manager`. A persistent L3
+        is shown as the reference keeps it (its RESIDENT pages as the last `changes()`
+        reported them: a crash discards the rest of its step's), and the machine's call of
+        `changes()` right after, whose changes it discards, leaves L3 out: a file a crashed
+        job wrote is reported by the next call (ABSENT -> RESIDENT)."""
+        kept = {p: s for p, s in self._synced_l3.items() if s == "RESIDENT"}
+        reopened = self.files is not None  # not the first open, from __init__
+        super().restart()
+        if self.persistent_tiers and reopened:
+            self.views.shown["L3"], self._l3_quiet = kept, True
 
     @property
     def ft(self) -> FileTier:
@@ -297,7 +324,14 @@ class VLLMTiering(VLLMOffloading):
         for key in self._promoting():
             self.l2_keys.setdefault(key, self.prefix_of[bytes(key)])
         super()._note()
-        self._changes += self.views.diff("L3", self._l3_view())
+        if not self._l3_quiet:
+            self._changes += self.views.diff("L3", self._l3_view())
+
+    def changes(self) -> list[PageChange]:
+        out = super().changes()
+        self._l3_quiet = False
+        self._synced_l3 = dict(self.views.shown["L3"])  # what the caller now knows of L3
+        return out
 
     def _promoting(self) -> list[Any]:
         """Keys being promoted into the CPU tier: queued for this step's submit, or in a job."""
