@@ -59,6 +59,19 @@ def test_only_the_three_tier_write_through_shape_with_promotion_is_taken() -> No
             vllm_tiering_adapter(config)
 
 
+def _until_ready(cache: VLLMTiering, rid: int) -> list[PageChange]:
+    """Tick, every transfer completing, until request `rid` is ready; the changes seen."""
+    seen: list[PageChange] = []
+    for _ in range(8):
+        if cache.ready(rid):
+            break
+        for op in cache.pending_ops():
+            cache.complete(op)
+        cache.tick()
+        seen += cache.changes()
+    return seen
+
+
 def _serve_and_forget_upper(cache: VLLMTiering, rid: int) -> None:
     """Serve PROMPT to the end, let every transfer end, then evict L1 and L2."""
     cache.submit(rid, PROMPT)
@@ -81,14 +94,7 @@ def test_a_prompt_restored_from_files_is_promoted_then_loaded() -> None:
         got = cache.submit(2, PROMPT)
         assert got.hits == {"L1": 0, "L2": 0, "L3": 8}
         assert not cache.ready(2)  # the file tier's probe answers RETRY first
-        seen: list[PageChange] = []
-        for _ in range(8):
-            if cache.ready(2):
-                break
-            for op in cache.pending_ops():
-                cache.complete(op)
-            cache.tick()
-            seen += cache.changes()
+        seen = _until_ready(cache, 2)
         assert cache.ready(2) and cache.prefill(2)
         assert cache.cached_len(2) == 8
         l2 = [c.state for c in seen if c.tier == "L2" and c.prefix == PROMPT[:4]]
@@ -121,12 +127,7 @@ def test_a_cut_file_reads_short_is_deleted_and_the_restore_fails() -> None:
         _serve_and_forget_upper(cache, 1)
         cache.damage_storage("truncate")
         cache.submit(2, PROMPT)
-        for _ in range(8):
-            if cache.ready(2):
-                break
-            for op in cache.pending_ops():
-                cache.complete(op)
-            cache.tick()
+        _until_ready(cache, 2)
         assert cache.stats["file_loads_failed"] == 1
         assert not os.path.exists(cache.ft.file(cache.requests[2].keys[0]))  # vLLM deleted it
         assert cache.prefill(2) and cache.check() == []
@@ -144,12 +145,7 @@ def test_a_restarted_engine_serves_the_files_of_the_old_one() -> None:
         cache.restart()
         assert cache.changes() == [] and cache.ft.root == root
         assert cache.submit(2, PROMPT).hits == {"L1": 0, "L2": 0, "L3": 8}
-        for _ in range(8):
-            if cache.ready(2):
-                break
-            for op in cache.pending_ops():
-                cache.complete(op)
-            cache.tick()
+        _until_ready(cache, 2)
         assert cache.prefill(2) and cache.stats["file_loads_done"] == 1
         assert cache.served_digests(2) == [cache._digest(PROMPT[:4]), cache._digest(PROMPT[:8])]
     finally:
