@@ -117,3 +117,17 @@ def test_a_prompt_evicted_from_l1_is_loaded_back_from_l2_with_its_bytes() -> Non
     _served(engine, model, 3, tokens)  # request 2's load ended unpublished; 3 loads again
     assert engine.stats["ended_with_load_in_flight"] == 1
     assert engine.stats["loads_done"] == 2 and engine.stats["stores_done"] == 1
+
+
+def test_a_load_served_before_it_ended_is_caught_by_the_machine() -> None:
+    """The planted bug (VLLMServedBeforeLoad): the fuzz fails, naming a served page that is
+    not RESIDENT in L1 or bytes that differ."""
+    _engine()
+    result = fuzz(
+        arguments(
+            seed=1, steps=2000, adapter="hicache.testing.adapters.vllm:served_before_load_adapter"
+        )
+    )
+    assert not result.ok
+    error = next(x for x in result.text.splitlines() if x.startswith("error:"))
+    assert "served prefix" in error or "bytes of page" in error, error

@@ -159,6 +159,7 @@ class VLLMOffloading(JobPlayer):
         self.being_loaded: Counter[Any] = Counter()  # _chunks_being_loaded (loads may share)
         self._aim: tuple[str, str] | None = None
         self._changes: list[PageChange] = []
+        self._orphans: set[Prefix] = set()  # L2 pages seen held without their parent
         self.views.clear()
 
     def close(self) -> None:
@@ -427,7 +428,8 @@ class VLLMOffloading(JobPlayer):
             else:
                 held[prefix] = state
         view, cut = closed(held, self.page_size)
-        self.stats["l2_orphan_pages_max"] = max(self.stats["l2_orphan_pages_max"], cut)
+        self.stats["l2_orphan_pages"] += len(cut - self._orphans)  # each page once
+        self._orphans |= cut
         return view
 
     def changes(self) -> list[PageChange]:
@@ -449,6 +451,23 @@ class VLLMOffloading(JobPlayer):
 
     def trace(self) -> list[TraceEvent]:
         return []
+
+
+class VLLMServedBeforeLoad(VLLMOffloading):
+    """The adapter with one bug put in on purpose: the connector reports a request's load
+    finished as soon as it is issued (as a get_finished that does not wait for the worker),
+    so the request is scheduled -- and served the loaded pages -- while the bytes are still
+    in flight. A test (and the results page) shows the machine catching it."""
+
+    def ready(self, request_id: int) -> bool:
+        return not self._live(request_id).waiting
+
+
+def served_before_load_adapter(config: EngineConfig) -> VLLMOffloading:
+    """`vllm_cpu_lru_adapter` with the early schedule put in (VLLMServedBeforeLoad)."""
+    vllm_cpu_adapter(config)  # the same shapes
+    caps = config.capacities
+    return VLLMServedBeforeLoad(caps["L1"], caps["L2"], config.page_size, "lru")
 
 
 def vllm_cpu_adapter(config: EngineConfig, policy: str = "lru") -> VLLMOffloading:

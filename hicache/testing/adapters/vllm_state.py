@@ -113,13 +113,13 @@ class PageViews:
         return out
 
 
-def closed(pages: View, page_size: int) -> tuple[View, int]:
+def closed(pages: View, page_size: int) -> tuple[View, set[Prefix]]:
     """`pages` cut to what is reachable from a prompt's start: a page stays when the page
     before it stays RESIDENT (or both are PENDING: one store fills a chain). Returns the
-    view and how many pages were cut (held without their parent: hash-keyed blocks)."""
+    view and the pages cut (held without their parent: hash-keyed blocks)."""
     out: View = {}
     for p in sorted(pages, key=len):
         up = out.get(p[:-page_size]) if len(p) > page_size else RESIDENT
         if up == RESIDENT or (up == PENDING and pages[p] == PENDING):
             out[p] = pages[p]
-    return out, len(pages) - len(out)
+    return out, set(pages) - set(out)
