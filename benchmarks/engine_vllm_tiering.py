@@ -10,7 +10,9 @@ than the repository's root, as every engine adapter is). Per seed: `hicache fuzz
 (file jobs done and failed, promotions, damaged files, ...). One JSON line per seed: steps,
 wall and CPU seconds, steps per CPU second, whether the run agreed with the reference model,
 the stats. `--report DIR` also writes each seed's `hicache fuzz --report` text (rules, fault
-sites reached) to DIR/vllm-tiering-SEED.txt.
+sites reached) to DIR/vllm-tiering-SEED.txt, and `--summarize DIR` reads such a directory
+(and DIR/out.jsonl, this script's output) back: seeds, steps, failures, steps per wall second,
+the stats and the rules and fault sites reached, summed.
 """
 
 from __future__ import annotations
@@ -68,12 +70,59 @@ def seed_run(seed: int, steps: int, report: Path | None) -> dict[str, Any]:
     }
 
 
+def _counts(text: str, heading: str) -> Counter[str]:
+    """The `name  count` lines under `heading` in a `--report` text (a `rules run:` line
+    lists them inline instead)."""
+    out: Counter[str] = Counter()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("rules run:") and heading == "rules run":
+            for part in line.split(":", 1)[1].split(","):
+                name, _, n = part.strip().rpartition(" ")
+                out[name] += int(n)
+        elif line.startswith(heading):
+            for row in lines[i + 1 :]:
+                if not row.startswith("  "):
+                    break
+                name, n = row.split()
+                out[name] += int(n)
+    return out
+
+
+def summarize(folder: Path) -> dict[str, Any]:
+    """What a campaign's JSON lines and reports in `folder` add up to."""
+    runs = [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
+    stats: Counter[str] = Counter()
+    rules: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
+    for run in runs:
+        stats.update(run["stats"])
+        text = (folder / f"vllm-tiering-{run['seed']}.txt").read_text()
+        rules.update(_counts(text, "rules run"))
+        sites.update(_counts(text, "fault sites"))
+    steps, wall = sum(r["steps"] for r in runs), sum(r["wall_s"] for r in runs)
+    return {
+        "seeds": len(runs),
+        "steps": steps,
+        "failed": [r["seed"] for r in runs if not r["agreed"]],
+        "steps_per_wall_s": round(steps / wall, 1) if wall else None,
+        "steps_per_cpu_s": round(steps / sum(r["cpu_s"] for r in runs), 1),
+        "rules": dict(sorted(rules.items())),
+        "fault_sites": dict(sorted(sites.items())),
+        "stats": dict(sorted(stats.items())),
+    }
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=2_000)
     p.add_argument("--report", metavar="DIR", type=Path)
+    p.add_argument("--summarize", metavar="DIR", type=Path, help="sum a campaign's output")
     args = p.parse_args(argv)
+    if args.summarize:
+        print(json.dumps(summarize(args.summarize), indent=1))
+        return 0
     failed = 0
     for seed in args.seeds:
         line = seed_run(seed, args.steps, args.report)
