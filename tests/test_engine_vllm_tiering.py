@@ -182,3 +182,13 @@ def test_the_unread_promotion_is_caught_by_the_machine() -> None:
     result = fuzz(arguments(seed=1, steps=1000, plane="null", adapter=adapter, shrink_seconds=5))
     assert not result.ok
     assert "bytes of page" in result.text
+
+
+def test_a_file_rewritten_under_the_tier_is_served_and_the_machine_says_so() -> None:
+    """vLLM's file tier has no checksum: with `corrupt_reads`, a "corrupt" read rewrites
+    the block file before the tier reads it, and the bytes served differ (repro C)."""
+    _engine().close()
+    adapter = "hicache.testing.adapters.vllm_tiering:corrupt_reads_adapter"
+    result = fuzz(arguments(seed=1, steps=2000, plane="null", adapter=adapter, shrink_seconds=5))
+    assert not result.ok
+    assert "bytes of page" in result.text

@@ -412,3 +412,12 @@ def unread_promotion_adapter(config: EngineConfig) -> VLLMTiering:
     _verify_shape(config)
     caps = config.capacities
     return VLLMTieringUnreadPromotion(caps["L1"], caps["L2"], config.page_size)
+
+
+def corrupt_reads_adapter(config: EngineConfig) -> VLLMTiering:
+    """`vllm_tiering_adapter` where a "corrupt" read rewrites the block file's bytes before
+    the tier reads it (`corrupt_reads`): vLLM has no checksum, so it serves them, and the
+    machine names the page (the finding the results page triages)."""
+    _verify_shape(config)
+    caps = config.capacities
+    return VLLMTiering(caps["L1"], caps["L2"], config.page_size, corrupt_reads=True)
