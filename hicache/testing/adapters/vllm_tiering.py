@@ -85,6 +85,7 @@ TIERS = ("L1", "L2", "L3")
 DIGEST_BYTES = 8  # the head of a chunk that holds its digest (little endian)
 STORE_SITES = (FaultSite.IO_EIO, FaultSite.IO_ENOSPC, FaultSite.SHORT_WRITE)
 LOAD_SITES = (FaultSite.IO_EIO,)  # SHORT_READ and CORRUPT_SLOT: `_read_fault`
+TIERING_METRICS = "vllm:kv_offload_tiering_"  # the tiering manager's counters' prefix
 
 
 @dataclass(eq=False)
@@ -170,10 +171,18 @@ class VLLMTiering(VLLMOffloading):
             self.files = None
 
     def _end_step(self) -> None:
-        """on_schedule_end (promotions submitted, probes posted), then the probes answered."""
+        """on_schedule_end (promotions submitted, probes posted), then the probes answered;
+        the step's metrics taken as the scheduler takes them (get_stats), their tiering
+        counters added to `stats` (promotion allocation failures: a full CPU tier)."""
         super()._end_step()
         self.ft.probes.settle()
         self._note()
+        got = self.manager.get_stats()
+        if got is not None:
+            types, values = got.metric_sections()
+            for key, by_label in values.items():
+                if types.get(key) == "counter" and key.startswith(TIERING_METRICS):
+                    self.stats[key[len(TIERING_METRICS) :]] += int(sum(by_label.values()))
 
     # -- file jobs ------------------------------------------------------------------------------
 
