@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import time
 
@@ -39,6 +40,12 @@ CHUNK = 4096  # bytes per block (one page: the region's alignment)
 END = ScheduleEndContext((), ())
 KEYS = [make_offload_key(hashlib.sha256(bytes([i])).digest()[:16], 0) for i in range(8)]
 _made = 0
+ROOTS: list[str] = []  # every root_dir made, removed at the end
+
+
+def new_root() -> str:
+    ROOTS.append(tempfile.mkdtemp(prefix="vllm-repro-"))
+    return ROOTS[-1]
 
 
 def manager(root: str, chunks: int = 4):  # type: ignore[no-untyped-def]
@@ -114,7 +121,7 @@ def store(m, keys, rid: str, fill: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def orphan() -> None:
-    root = tempfile.mkdtemp()
+    root = new_root()
     m = manager(root)
     ctx = ReqContext("a")
     m.on_new_request(ctx)
@@ -132,7 +139,7 @@ def orphan() -> None:
 
 
 def persistent() -> None:
-    root = tempfile.mkdtemp()
+    root = new_root()
     first = manager(root)
     store(first, KEYS[:2], "a", 7)
     first.shutdown()
@@ -146,7 +153,7 @@ def persistent() -> None:
 
 
 def no_integrity_check() -> None:
-    root = tempfile.mkdtemp()
+    root = new_root()
     m = manager(root, chunks=2)
     store(m, KEYS[:2], "a", 7)
     store(m, KEYS[2:4], "b", 9)  # the CPU tier (2 blocks) gives KEYS[0:2] up
@@ -163,7 +170,7 @@ def no_integrity_check() -> None:
 
 
 def not_healed() -> None:
-    root = tempfile.mkdtemp()
+    root = new_root()
     m = manager(root, chunks=2)
     store(m, KEYS[:1], "a", 7)
     path = m.secondary_tiers[0].file_mapper.get_file_name(KEYS[0])
@@ -177,7 +184,11 @@ def not_healed() -> None:
 
 
 if __name__ == "__main__":
-    orphan()
-    persistent()
-    no_integrity_check()
-    not_healed()
+    try:
+        orphan()
+        persistent()
+        no_integrity_check()
+        not_healed()
+    finally:
+        for root in ROOTS:
+            shutil.rmtree(root, ignore_errors=True)
