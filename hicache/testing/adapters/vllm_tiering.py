@@ -359,6 +359,9 @@ class VLLMTiering(VLLMOffloading):
                 view[prefix] = "RESIDENT"
             elif key in writing:
                 view[prefix] = "PENDING"
+        ps = self.page_size  # orphans: shown as they are (hash-keyed), counted for the results
+        orphans = sum(len(p) > ps and view.get(p[:-ps]) != "RESIDENT" for p in view)
+        self.stats["l3_orphan_pages_max"] = max(self.stats["l3_orphan_pages_max"], orphans)
         return view
 
     def _more_l2_transfers(self, reads: Counter[Any], writes: set[Any]) -> None:
