@@ -221,5 +221,35 @@ def test_a_tier_with_a_hole_in_a_prefix_is_refused_in_every_tier() -> None:
     model.apply([PageChange("L3", p, "PENDING") for p in (tuple(range(4)), tuple(range(8)))])
 
 
+def test_a_hash_keyed_tier_may_hold_an_orphan() -> None:
+    """A tier the engine declares hash-keyed holds a page without its parent (S6's
+    exception); the hit there is still the leading run, and the other tiers stay closed."""
+    model = ReferenceModel(PS, ("L1", "L2", "L3"), hash_keyed_tiers=("L2", "L3"))
+    orphan = tuple(range(8))
+    model.apply([PageChange("L3", orphan, "RESIDENT"), PageChange("L2", orphan, "PENDING")])
+    assert model.hits(orphan + (9,)) == {"L1": 0, "L2": 0, "L3": 0}
+    model.apply([PageChange("L3", orphan[:4], "RESIDENT")])
+    assert model.hits(orphan + (9,))["L3"] == 8
+    model.apply([PageChange("L3", orphan[:4], "ABSENT")])  # a parent leaves first: legal
+    with pytest.raises(Mismatch, match="L1 page of a 8-token prefix held without the page"):
+        model.apply([PageChange("L1", orphan, "RESIDENT")])
+
+
+def test_a_persistent_tier_keeps_its_resident_pages_across_a_restart() -> None:
+    """A restart forgets every tier but a persistent one's RESIDENT pages; the digests
+    first served stay the judge of what a surviving copy serves."""
+    model = ReferenceModel(PS, ("L1", "L2", "L3"), persistent_tiers=("L3",))
+    kept, lost = tuple(range(4)), tuple(range(8))
+    model.apply([PageChange(t, kept, "RESIDENT") for t in ("L1", "L2", "L3")])
+    model.apply([PageChange("L3", lost, "PENDING")])
+    model.restart()
+    assert model.pages == {"L1": {}, "L2": {}, "L3": {kept: "RESIDENT"}}
+    assert model.hits(lost + (9,)) == {"L1": 0, "L2": 0, "L3": 4}
+    plain = ReferenceModel(PS, ("L1", "L2", "L3"))
+    plain.apply([PageChange("L3", kept, "RESIDENT")])
+    plain.restart()
+    assert plain.pages["L3"] == {}
+
+
 def _admission(hit: int) -> Admission:
     return Admission({"L1": hit}, hit)

@@ -131,6 +131,8 @@ def make_machine(
                 getattr(self.cache, "replay_window", 0),
                 tier_closure=getattr(self.cache, "tier_closure", "tier"),
                 duplicate_copies=getattr(self.cache, "duplicate_copies", False),
+                hash_keyed_tiers=getattr(self.cache, "hash_keyed_tiers", ()),
+                persistent_tiers=getattr(self.cache, "persistent_tiers", ()),
             )
             self.next_rid = 1
             self.seen: list[tuple[int, ...]] = []

@@ -32,6 +32,13 @@ blocks to a hash) sets `duplicate_copies` (spec/tree.md, "Duplicate copies"): a 
 computes a page another request is loading then serves its own copy, and the reference does not
 cut its `cached_len` at that page.
 
+An engine whose tier keys each page by a chained hash of its prefix rather than by a node
+of a tree (vLLM's offloading tiers) may hold a page without its parent page there (an orphan:
+the parent's store failed or was evicted first; nothing can match it, a lookup stops at the
+first missing page). It names such tiers in `hash_keyed_tiers` (() by default): the reference
+then does not require that tier closed under ancestors (spec/invariants.md S6, "Hash-keyed
+tiers"); every other check, the hit as the leading run of RESIDENT pages among them, holds.
+
 A *page* is named by its token prefix: `tokens[:k * page_size]` names the k-th page of a
 prompt, in every tier, whatever node or slot holds it. That is what keeps the reference
 independent of the engine's tree.
@@ -53,9 +60,11 @@ A crash: any call that observes a transfer (`tick`, `drain`, `finish`, `submit`,
 may raise `hicache.dataplane.faults.SimulatedCrash` when the schedule's CRASH_BEFORE_PUBLISH
 fires -- the process died between a transfer and its publication. The machine then calls
 `restart()` and, as spec/faults.md says, expects the engine to start empty: the reference
-model forgets every page and request. `damage_storage` cuts or removes the last tier's
-backing file (an engine without one does nothing); the engine must answer with misses and
-recomputation, never with the lost bytes.
+model forgets every page and request -- but the RESIDENT pages of a tier the engine names in
+`persistent_tiers` (() by default: a content-addressed store such as vLLM's file tier, which a
+new engine on the same directory reads again; spec/faults.md, "Persistent tiers").
+`damage_storage` cuts or removes the last tier's backing file (an engine without one does
+nothing); the engine must answer with misses and recomputation, never with the lost bytes.
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ engine's freedom); it checks that what the engine says is consistent with what i
                                   RESIDENT or PENDING (spec/invariants.md S6): eviction
                                   frees leaves only, a prefix never loses its middle
                                   (`tier_closure` "hierarchy": a parent RESIDENT in a tier
-                                  above counts; protocol.py TIER_CLOSURES)
+                                  above counts; protocol.py TIER_CLOSURES) -- except in a
+                                  tier the engine declares `hash_keyed_tiers` (S6's
+                                  exception: blocks keyed by chained hashes, where an
+                                  orphan is legal and only the leading run is a hit)
     eviction order (one tier)     the pages a call frees are whole nodes, least recently used
                                   unlocked leaf first; `evict(T, n)` stops once n are freed
                                   (spec/eviction.md; evictorder.py, which says why one tier)
@@ -110,12 +113,16 @@ class ReferenceModel:
         replay_window: int = 0,
         tier_closure: str = "tier",
         duplicate_copies: bool = False,
+        hash_keyed_tiers: Sequence[str] = (),
+        persistent_tiers: Sequence[str] = (),
     ) -> None:
         if tier_closure not in TIER_CLOSURES:
             raise HiCacheError(f"tier_closure {tier_closure!r}: one of {TIER_CLOSURES}")
         self.page_size = page_size
         self.tiers = tuple(tiers)
         self.tier_closure = tier_closure  # spec/invariants.md S6: per tier, or over tiers above
+        self.hash_keyed_tiers = frozenset(hash_keyed_tiers)  # S6 not required there
+        self.persistent_tiers = frozenset(persistent_tiers)  # survive a restart
         self.hit_window = hit_window  # pages an L1 hit needs with their window (0: none)
         self.replay_window = replay_window  # pages a hit replays when one lost its window
         self.duplicate_copies = duplicate_copies  # L1 may hold two copies of one page
@@ -171,7 +178,8 @@ class ReferenceModel:
             else:
                 self.pages[c.tier][c.prefix] = c.state
         for tier, prefix in sorted(touched):
-            self._verify_closed(tier, prefix)
+            if tier not in self.hash_keyed_tiers:
+                self._verify_closed(tier, prefix)
         if self.tree is not None:
             try:
                 self.tree.batch(freed, added, served, evict_want)
@@ -404,10 +412,16 @@ class ReferenceModel:
         self.requests.pop(request_id, None)
 
     def restart(self) -> None:
-        """The engine closed and opened again: nothing cached, nobody live."""
-        self.pages = {t: {} for t in self.tiers}
+        """The engine closed and opened again: nothing cached, nobody live -- but the
+        RESIDENT pages of a persistent tier (spec/faults.md, "Persistent tiers")."""
+        self.pages = {
+            t: {p: s for p, s in self.pages[t].items() if s == RESIDENT}
+            if t in self.persistent_tiers
+            else {}
+            for t in self.tiers
+        }
         self.freed.clear()
-        self.damaged.clear()
+        self.damaged &= set(self.pages[self.tiers[-1]])  # a surviving copy stays damaged
         self.requests.clear()
         if self.tree is not None:
             self.tree.clear()
