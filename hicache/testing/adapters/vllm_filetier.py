@@ -126,7 +126,7 @@ def open_tiering(
     config = cfg.OffloadingConfig(
         groups=(cfg.OffloadingGroupConfig(page_size, ("layer0",), 0),),
         worker_kv_bytes_per_block=CHUNK_BYTES,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=True,  # vllm_check compares the CPU tier's events with its state
         extra_config={
             "cpu_bytes_to_use": CHUNK_BYTES * l2_pages,
             "eviction_policy": policy,
