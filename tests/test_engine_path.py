@@ -139,3 +139,24 @@ def test_sglang_imports_from_the_root_beside_an_installed_kernels(tmp_path: Path
     assert got.returncode == 0, got.stderr[-2000:]
     available, package = got.stdout.split()[-2:]
     assert available == "True" and package.endswith("site/kernels/__init__.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+def test_vllm_imports_from_the_root_without_taking_the_folder_for_the_package(
+    tmp_path: Path,
+) -> None:
+    """vLLM imports transformers too: from the root, without the hub package installed,
+    transformers took the repository's kernels/ for it (`sys.modules['kernels']` was hicache's
+    gather/scatter module) before vllm_import used the helper."""
+    got = _run_from_root(
+        _site(tmp_path, installed=False),
+        """
+        import sys
+        from hicache.testing.adapters.vllm_import import import_vllm
+        import_vllm()
+        from transformers.utils.import_utils import is_kernels_available
+        print(is_kernels_available(), sys.modules.get('kernels'))
+        """,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split()[-2:] == ["False", "None"], got.stdout

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hicache.testing.adapters.engine_path import engine_import_path
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 from hicache.testing.adapters.vllm_fs import STORE, FileJobPlayer, LookupPlayer
 from hicache.testing.protocol import PENDING
@@ -110,8 +111,9 @@ def open_tiering(
     (None: a new empty temporary directory; else one an earlier engine wrote, whose files the
     new one finds). EngineUnavailable when vLLM cannot be imported."""
     try:
-        cfg = importlib.import_module("vllm.v1.kv_offload.config")
-        spec = importlib.import_module("vllm.v1.kv_offload.tiering.spec")
+        with engine_import_path():  # the repository's kernels/ shadows a package (engine_path)
+            cfg = importlib.import_module("vllm.v1.kv_offload.config")
+            spec = importlib.import_module("vllm.v1.kv_offload.tiering.spec")
     except ImportError as e:
         raise EngineUnavailable(
             f"vLLM's tiering manager cannot be imported ({e}); install vLLM as "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from hicache.testing.adapters.engine_path import engine_import_path
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 
 INSTALL = (
@@ -35,12 +36,13 @@ def import_vllm() -> dict[str, Any]:
     if _CACHE:
         return _CACHE
     try:
-        pool = importlib.import_module("vllm.v1.core.block_pool")
-        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
-        hashing = importlib.import_module("vllm.utils.hashing")
-        base = importlib.import_module("vllm.v1.kv_offload.base")
-        cpu = importlib.import_module("vllm.v1.kv_offload.cpu.manager")
-        version = importlib.import_module("vllm.version")
+        with engine_import_path():  # the repository's kernels/ shadows a package (engine_path)
+            pool = importlib.import_module("vllm.v1.core.block_pool")
+            utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+            hashing = importlib.import_module("vllm.utils.hashing")
+            base = importlib.import_module("vllm.v1.kv_offload.base")
+            cpu = importlib.import_module("vllm.v1.kv_offload.cpu.manager")
+            version = importlib.import_module("vllm.version")
     except ImportError as e:
         raise EngineUnavailable(f"vLLM cannot be imported ({e}); {INSTALL}") from e
     hash_fn = hashing.get_hash_fn_by_name(HASH_ALGO)
