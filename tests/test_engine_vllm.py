@@ -6,8 +6,10 @@ passes without vLLM installed."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +133,105 @@ def test_a_load_served_before_it_ended_is_caught_by_the_machine() -> None:
     assert not result.ok
     error = next(x for x in result.text.splitlines() if x.startswith("error:"))
     assert "served prefix" in error or "bytes of page" in error, error
+
+
+def _traced(tmp_path: Path, kind: Any, seed: int, policy: str = "lru") -> Path:
+    """The trace of `kind` driven through the settled workload (vllm_trace.workload), its
+    L2 larger than anything the workload stores."""
+    from hicache.testing.adapters.vllm_trace import workload
+
+    engine = _engine(kind, l1=8, l2=24, policy=policy)
+    engine.traced = True
+    engine.restart()
+    workload(engine, seed, 400, settle=True, checked=kind is None)
+    path = tmp_path / f"vllm-{seed}.ndjson"
+    path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("seed,policy", [(1, "lru"), (2, "arc"), (3, "lru")])
+def test_check_trace_accepts_what_vllm_did(
+    tmp_path: Path, seed: int, policy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _traced(tmp_path, None, seed, policy)
+    names = {json.loads(line)["event"] for line in path.read_text().splitlines()[1:]}
+    wanted = {"compute", "insert", "discard", "evict_l1", "h2d_issue", "h2d_complete"}
+    assert wanted | {"d2h_issue", "d2h_complete"} <= names, names
+    pytest.importorskip("hicache.checktrace")
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_check_trace_catches_a_load_served_before_it_ended_from_the_trace_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hicache.testing.adapters.vllm import VLLMServedBeforeLoad
+
+    path = _traced(tmp_path, VLLMServedBeforeLoad, 1)
+    pytest.importorskip("hicache.checktrace")
+    assert main(["check-trace", str(path)]) == 1
+    assert "are not RESIDENT in L1 yet" in capsys.readouterr().out
+
+
+def test_l1_pressure_ends_a_store_still_reading_its_block_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished request's block is evicted from L1 while its store to L2 is in flight:
+    the store ends first (vLLM flushes a job whose block is reused), so its page reaches L2
+    and the trace is legal. Before the fix the eviction went first (check-trace: evict_l1
+    on L1_D2H_PENDING, `locks(L1) == 0` fails)."""
+    engine = _engine(l1=8, l2=8)
+    engine.traced = True
+    engine.restart()
+    tokens = tuple(range(100, 100 + 2 * PS)) + (7,)
+    engine.submit(1, tokens)
+    assert engine.prefill(1) and len(engine.pending_ops()) == 1
+    engine.finish(1)
+    engine.evict("L1", 8)
+    assert engine.pending_ops() == [] and engine.stats["stores_flushed"] == 1
+    assert engine.submit(2, tokens).hits == {"L1": 0, "L2": 2 * PS}
+    path = tmp_path / "flush.ndjson"
+    path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
+    pytest.importorskip("hicache.checktrace")
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_l2_holds_a_chunk_without_its_parent_and_shows_what_a_lookup_reaches() -> None:
+    """vLLM's hash-keyed L2 (results finding 2): request 2 stores page C while request 1's
+    store of A and B is in flight (vLLM skips a chunk being stored); that store fails, so L2
+    holds C without A and B. The adapter counts C, shows L2 as what a lookup from the start
+    reaches (nothing here: the reference keeps tiers closed under ancestors), and an
+    admission's L2 hit is 0."""
+    engine = _engine(l1=8, l2=8)
+    model = ReferenceModel(PS, engine.tiers, duplicate_copies=True)
+    a_b = tuple(range(100, 100 + 2 * PS))
+    c = tuple(range(500, 500 + PS))
+    model.admit(1, a_b + (1,), engine.submit(1, a_b + (1,)))
+    assert engine.prefill(1)
+    model.apply(engine.changes())
+    model.admit(2, a_b + c + (2,), engine.submit(2, a_b + c + (2,)))
+    assert engine.prefill(2)
+    model.apply(engine.changes())
+    first, second = engine.pending_ops()
+    assert [len(engine.jobs[op].keys) for op in (first, second)] == [2, 1]
+    engine.fail(first, "error")
+    engine.complete(second)
+    engine.tick()
+    changes = engine.changes()
+    model.apply(changes)
+    assert engine.stats["l2_orphan_pages"] == 1
+    assert not [ch for ch in changes if ch.tier == "L2" and ch.state == "RESIDENT"]
+    lookup = engine.manager.lookup(engine.requests[2].keys[2], engine._observer)
+    assert lookup is engine.v["LookupResult"].HIT  # vLLM holds C, ready
+    assert engine.submit(3, a_b + c + (3,)).hits["L2"] == 0
+
+
+def test_check_reads_the_managers_events_against_its_state() -> None:
+    """take_events() announced the stored page; an engine whose events lost it is found."""
+    engine = _engine()
+    tokens = tuple(range(100, 100 + PS)) + (1,)
+    engine.submit(1, tokens)
+    assert engine.prefill(1)
+    engine.drain()
+    assert engine.check() == [] and True in engine.l2_announced.values()
+    engine.l2_announced.clear()
+    assert any("L2 events" in f for f in engine.check())

@@ -45,14 +45,25 @@ connector (offloading/scheduler.py), in their order:
                     next_stored_chunk_idx on -> a store job (None: offered again next step)
     finish          a refused store offered once more; free_blocks(reversed(blocks));
                     on_request_finished
-    evict(L1, n)    evict_blocks of the first n cached blocks of the free queue (its LRU end)
+    ready           no load in flight and no deferred lookup; a request not served yet is
+                    looked up again, as it would be scheduled now (deferred: not ready)
+    evict(L1, n)    evict_blocks of the first n cached blocks of the free queue (its LRU end),
+                    the stores still reading them flushed first (pressure is an allocation)
     evict(L2, n)    pressure from outside: prepare_store of n fresh keys (as many as the free
                     chunks first), so the policy evicts n chunks, then complete_store(success=
                     False) of those keys
     check()         BlockPool: ref counts = holders, the free queue = the blocks of ref 0,
                     every hashed block found by its hash; the manager: chunk ref counts = loads
                     in flight, not-ready chunks = stores in flight, the evictable and
-                    write-pending counts recounted, free + held chunks = num_chunks
+                    write-pending counts recounted, free + held chunks = num_chunks, and its
+                    take_events() stream (stored / removed) agreeing with its lookups
+
+The adapter is split by concern: vllm_jobs.py plays the transfers (the worker side needs
+CUDA), vllm_views.py shows the tiers and checks the accounting (vllm_check.py), vllm_state.py
+holds the records, vllm_trace.py writes the trace. With `traced=True` the adapter keeps, per
+opened engine, a spec/trace.md trace of what vLLM did (`traces`), for `hicache check-trace`;
+`trace()` stays [] so that the fuzz's self-check does not judge it (vLLM's hash-keyed
+differences below make most such traces fail the spec's S6 guards: that is the finding).
 
 Bytes: each GPU block and each CPU chunk holds a digest (the CRC of the token prefix whose KV
 it holds, written when a block is computed); a store copies a block's digest to its chunk
@@ -67,13 +78,19 @@ benchmarks/results/2026-12-05-engine-vllm.md):
   by recency, not leaves first). The reference keeps tiers closed under ancestors, so L2 is
   shown as the pages a lookup from the prompt's start reaches (`closed`); pages held without
   their parent are counted (`stats["l2_orphan_pages"]`), not shown.
+- duplicate copies: vLLM may hold two blocks of one hash (a request computing a page another
+  request is loading caches its own; a page-aligned prompt's last page is loaded from L2 again
+  though L1 holds it, past the L1 hit's len - 1 cap). The adapter sets `duplicate_copies`
+  (spec/tree.md): a page is RESIDENT while any copy is.
 - a request waiting for its lookup holds nothing in vLLM; the protocol's admission holds its
   L1 hit, so the adapter holds it (touch) from `submit`.
-- giving up a restore (`cancel_restore`) has no vLLM call; nor does ending a request free a
-  load's blocks before the job ends in the adapter (vLLM frees them and flushes the job when a
-  block is reused). The adapter keeps a given-up load's blocks with the job until it ends,
-  then frees them unpublished. A store's source block reused before the store ended is
-  flushed first (the job ends as told, or succeeds), as vLLM's jobs_to_flush does.
+- giving up a restore (`cancel_restore`) has no vLLM call: the request reads no cache from
+  then on (vLLM's Request.skip_reading_prefix_cache) and its load runs on unpublished; nor
+  does ending a request free a load's blocks before the job ends in the adapter (vLLM frees
+  them and flushes the job when a block is reused). The adapter keeps a given-up load's
+  blocks with the job until it ends, then frees them unpublished. A store's source block
+  reused before the store ended is flushed first (the job ends as told, or succeeds), as
+  vLLM's jobs_to_flush does.
 - failed transfers: vLLM 0.33.0's worker asserts every transfer succeeds ("we currently do
   not support job failures"). The manager takes complete_store(success=False); a failed load
   has no call: the adapter calls complete_load (unpinning), frees the blocks unpublished, and
@@ -91,35 +108,41 @@ from collections.abc import Sequence
 from typing import Any
 
 from hicache.errors import HiCacheError
-from hicache.testing.adapters.vllm_check import manager_findings, pool_findings
 from hicache.testing.adapters.vllm_import import import_vllm
 from hicache.testing.adapters.vllm_jobs import JobPlayer
 from hicache.testing.adapters.vllm_state import (
-    RESIDENT,
     Hashes,
     Job,
     PageViews,
     Prefix,
     Request,
-    View,
-    closed,
 )
+from hicache.testing.adapters.vllm_trace import VLLMTrace
+from hicache.testing.adapters.vllm_views import Views
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
-from hicache.testing.protocol import PENDING, Admission, FaultSchedule, PageChange
-from hicache.trace import TraceEvent
+from hicache.testing.protocol import Admission, FaultSchedule, PageChange
 
 TIERS = ("L1", "L2")
 POLICIES = ("lru", "arc")
 
 
-class VLLMOffloading(JobPlayer):
+class VLLMOffloading(Views, JobPlayer):
     """`CacheUnderTest` over vLLM's BlockPool and an offloading manager (module docstring)."""
 
     tiers: tuple[str, ...] = TIERS
     duplicate_copies = True  # a hash may map to several blocks (spec/tree.md)
 
-    def __init__(self, l1_pages: int, l2_pages: int, page_size: int = 4, policy: str = "lru"):
+    def __init__(
+        self,
+        l1_pages: int,
+        l2_pages: int,
+        page_size: int = 4,
+        policy: str = "lru",
+        traced: bool = False,
+    ) -> None:
         self.v = import_vllm()
+        self.traced = traced  # keep a spec/trace.md trace per opened engine (`traces`)
+        self.traces: list[VLLMTrace] = []
         self.l1_pages, self.l2_pages, self.page_size, self.policy = (
             l1_pages,
             l2_pages,
@@ -139,7 +162,9 @@ class VLLMOffloading(JobPlayer):
 
     def _new_manager(self) -> Any:
         """The offloading manager of L2 (a subclass returns another OffloadingManager)."""
-        return self.v["CPUOffloadingManager"](num_chunks=self.l2_pages, cache_policy=self.policy)
+        return self.v["CPUOffloadingManager"](
+            num_chunks=self.l2_pages, cache_policy=self.policy, enable_events=True
+        )
 
     def _cpu(self) -> Any:
         """The CPU offloading manager holding L2 (a subclass's manager may wrap it; the
@@ -160,7 +185,12 @@ class VLLMOffloading(JobPlayer):
         self._aim: tuple[str, str] | None = None
         self._changes: list[PageChange] = []
         self._orphans: set[Prefix] = set()  # L2 pages seen held without their parent
+        self.l2_announced: dict[bytes, bool] = {}  # key -> stored (True) / removed, per events
         self.views.clear()
+        if self.traced:
+            engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
+            caps = {"L1": self.l1_pages, "L2": self.l2_pages}
+            self.traces.append(VLLMTrace(self.page_size, caps, engine))
 
     def close(self) -> None:
         self.requests.clear()
@@ -210,6 +240,8 @@ class VLLMOffloading(JobPlayer):
         self.pool.touch(hit)
         r = Request(prompt, ctx, hashes, keys, list(hit), len(hit) * self.page_size)
         self.requests[request_id] = r
+        if self._trace is not None:
+            self._trace.begin(request_id, prompt, r.cached_len, l2_hit * self.page_size)
         self._lookup_and_load(request_id, r)
         self._end_step()
         return Admission({"L1": r.cached_len, "L2": l2_hit * self.page_size}, r.cached_len)
@@ -303,10 +335,18 @@ class VLLMOffloading(JobPlayer):
             return False
         self.pool.touch(more)
         cached = len(r.blocks) + len(more)
+        held = self._held(r, cached) if self._trace is not None else {}
+        if self._trace is not None and cached * ps > r.cached_len:
+            self._trace.advance(request_id, self._page(r, cached - 1))
         r.blocks += more + self._alloc(need)
         for page in range(cached, len(r.keys)):
             self.l1_bytes[r.blocks[page].block_id] = self._digest(r.tokens[: (page + 1) * ps])
         self.pool.cache_full_blocks(Hashes(r.hashes), r.blocks, cached, len(r.keys), ps, 0)
+        if self._trace is not None:
+            for page in range(cached, len(r.keys)):
+                self._trace.computed(request_id, self._page(r, page), held.get(page, ""))
+            if len(r.tokens) % ps:
+                self._trace.tail(request_id, len(r.keys) * ps, (len(r.keys) + 1) * ps)
         r.cached_len, r.prefilled = len(r.keys) * ps, True
         self._note()
         self._store(request_id, r)
@@ -324,6 +364,7 @@ class VLLMOffloading(JobPlayer):
             self.stats["store_refused"] += 1  # "cannot store chunks": offered next step
             return
         self.stats["l2_evicted_by_store"] += len(out.evicted_keys)
+        self._trace_l2_evicted(out.evicted_keys)
         self._note()
         stored = set(out.keys_to_store)
         pages = [i for i in range(r.next_stored, len(r.keys)) if r.keys[i] in stored]
@@ -348,6 +389,12 @@ class VLLMOffloading(JobPlayer):
         if self._aim is not None and self._aim[1] == into and self._aim[0] != "refuse":
             job.aimed, self._aim = self._aim[0], None
         self.jobs[job.op] = job
+        if not store:  # a page-aligned prompt's last page is looked up past the L1 hit's cap
+            job.again = frozenset(self._job_pages(job)) & self._cached()
+            self.stats["l1_pages_loaded_again"] += len(job.again)
+        if self._trace is not None:
+            event, tier = ("d2h_issue", "L2") if store else ("h2d_issue", "L1")
+            self._trace.transfer(event, tier, job.op, self._job_pages(job), rid)
         self._note()
         return job
 
@@ -357,6 +404,7 @@ class VLLMOffloading(JobPlayer):
         held = r.blocks
         if r.load is not None:  # ends with its load in flight: the job keeps its blocks
             r.load.orphan, held = True, r.blocks[: r.load_start]
+            self._trace_cancel(r.load)
             self.stats["ended_with_load_in_flight"] += 1
         if r.prefilled and r.store_refused:
             self._store(request_id, r)  # the finished request's last store
@@ -365,92 +413,21 @@ class VLLMOffloading(JobPlayer):
         )
         self.pool.free_blocks(reversed(held))
         self.manager.on_request_finished(r.ctx)
+        if self._trace is not None:
+            ps = self.page_size
+            tail = (len(r.keys) * ps, -(-len(r.tokens) // ps) * ps) if r.prefilled else None
+            self._trace.end(request_id, tail)
         self._end_step()
 
     def cancel_restore(self, request_id: int) -> None:
         r = self._live(request_id)
         if r.load is not None:
             r.load.orphan = True
+            self._trace_cancel(r.load)
             r.blocks, r.load = r.blocks[: r.load_start], None
             self.stats["restores_given_up"] += 1
         r.waiting, r.skip_reading = False, True  # computes the rest: no more lookups
         self._note()
-
-    # -- observation -------------------------------------------------------------------------
-
-    def live(self) -> set[int]:
-        return set(self.requests)
-
-    def cached_len(self, request_id: int) -> int:
-        return self._live(request_id).cached_len
-
-    def served_digests(self, request_id: int) -> list[int] | None:
-        r = self._live(request_id)
-        return [
-            self.l1_bytes.get(b.block_id, -1) for b in r.blocks[: r.cached_len // self.page_size]
-        ]
-
-    def _end_step(self) -> None:
-        """The step's last manager call (build_connector_meta's on_schedule_end)."""
-        self.manager.on_schedule_end(self.v["ScheduleEndContext"]((), ()))
-        self._note()
-
-    def _note(self) -> None:
-        """Compare the tiers now with what was last shown (so a call's evictions are
-        reported before what it then inserts)."""
-        self._changes += self.views.diff("L1", self._l1_view())
-        self._changes += self.views.diff("L2", self._l2_view())
-
-    def _l1_view(self) -> View:
-        view: View = {}
-        for job in self.jobs.values():
-            if not job.store and not job.orphan:
-                r = self.requests[job.rid]
-                for page in job.pages:
-                    view[r.tokens[: (page + 1) * self.page_size]] = PENDING
-        for block in self.pool.blocks:
-            if block.block_hash is not None:
-                view[self.prefix_of[bytes(block.block_hash)[:-4]]] = RESIDENT
-        return view
-
-    def _l2_state(self, key: Any) -> str | None:
-        """RESIDENT (HIT), PENDING (HIT_PENDING: a store in flight) or None (MISS)."""
-        got = self._cpu().lookup(key, self._observer)
-        lr = self.v["LookupResult"]
-        return RESIDENT if got is lr.HIT else PENDING if got is lr.HIT_PENDING else None
-
-    def _l2_view(self) -> View:
-        held: View = {}
-        for key, prefix in list(self.l2_keys.items()):
-            state = self._l2_state(key)
-            if state is None:
-                del self.l2_keys[key]
-            else:
-                held[prefix] = state
-        view, cut = closed(held, self.page_size)
-        self.stats["l2_orphan_pages"] += len(cut - self._orphans)  # each page once
-        self._orphans |= cut
-        return view
-
-    def changes(self) -> list[PageChange]:
-        self._note()
-        out, self._changes = self._changes, []
-        return out
-
-    def check(self) -> list[str]:
-        """vLLM's accounting recounted (vllm_check.py)."""
-        return pool_findings(self) + self._manager_findings()
-
-    def _more_l2_transfers(self, reads: Counter[Any], writes: set[Any]) -> None:
-        """Add the L2 chunks a subclass's own transfers pin (once per transfer) or write
-        (not ready) to what `check` expects; the CPU manager alone has none."""
-
-    def _manager_findings(self) -> list[str]:
-        """The offloading manager's own accounting (a subclass checks its manager's)."""
-        return manager_findings(self)
-
-    def trace(self) -> list[TraceEvent]:
-        return []
 
 
 class VLLMServedBeforeLoad(VLLMOffloading):

@@ -1,4 +1,4 @@
-"""vLLM's own accounting, recounted after every step (`VLLMOffloading.check`, vllm.py).
+"""vLLM's own accounting, recounted after every step (`VLLMOffloading.check`, vllm_views.py).
 
     part        finding when
     ----------  ------------------------------------------------------------------------------
@@ -8,7 +8,8 @@
     manager     a chunk's ref_cnt is not the number of loads in flight reading it; a chunk is
                 not ready (ref_cnt -1) without a store in flight, or ready with one; the
                 manager's evictable or write-pending count differs from the recount; its free
-                chunks plus those it holds are not num_chunks; a key being loaded is evictable
+                chunks plus those it holds are not num_chunks; a key being loaded is evictable;
+                take_events() announced a key stored that is not held ready, or the reverse
 
 The manager's counters (`_num_evictable_cache_chunks`, `_num_write_pending_chunks`,
 `_get_num_free_chunks`) and its policy's `get` are read, never written: vLLM exposes them
@@ -21,10 +22,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hicache.testing.adapters.vllm import VLLMOffloading
+    from hicache.testing.adapters.vllm_views import Views
 
 
-def pool_findings(a: VLLMOffloading) -> list[str]:
+def pool_findings(a: Views) -> list[str]:
     """The block pool's ref counts, free queue and hash map against a recount."""
     holders: Counter[int] = Counter()
     for r in a.requests.values():
@@ -54,7 +55,7 @@ def pool_findings(a: VLLMOffloading) -> list[str]:
     return found
 
 
-def manager_findings(a: VLLMOffloading) -> list[str]:
+def manager_findings(a: Views) -> list[str]:
     """The CPU offloading manager's chunks against the jobs in flight."""
     m, found = a._cpu(), []
     loads: Counter[Any] = Counter()
@@ -87,8 +88,26 @@ def manager_findings(a: VLLMOffloading) -> list[str]:
             f"L2 counts: evictable {m._num_evictable_cache_chunks}, write pending "
             f"{m._num_write_pending_chunks}; recounted {evictable}, {pending}"
         )
+    found += _event_findings(a, chunks)
     if m._get_num_free_chunks() + len(chunks) != a.l2_pages:
         found.append(
             f"L2 chunks: {m._get_num_free_chunks()} free + {len(chunks)} held != {a.l2_pages}"
+        )
+    return found
+
+
+def _event_findings(a: Views, chunks: dict[Any, Any]) -> list[str]:
+    """The manager's take_events() stream against its state: a key last announced stored
+    is held ready, and a key held ready was announced stored last (a store in flight has
+    no event yet; a removal follows an eviction or a failed store)."""
+    found = []
+    ready = {bytes(k) for k, c in chunks.items() if c.ref_cnt >= 0}
+    announced = {k for k, stored in a.l2_announced.items() if stored}
+    for key in sorted(ready ^ announced)[:3]:
+        page = len(a.prefix_of.get(key, ()))
+        said = "stored" if key in announced else "removed or never stored"
+        found.append(
+            f"L2 events: a {page}-token prefix's key was last announced {said}, "
+            f"but the manager {'holds it ready' if key in ready else 'does not hold it ready'}"
         )
     return found

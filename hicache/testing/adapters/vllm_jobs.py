@@ -11,8 +11,9 @@ worker side needs CUDA), with the machine's faults, and eviction pressure from o
                   (CRASH_BEFORE_PUBLISH) raises SimulatedCrash before the completion is seen
     _alloc        BlockPool.get_new_blocks, a store reading a block about to be handed out
                   flushed first (the connector's jobs_to_flush)
-    evict         L1: evict_blocks of the free queue's first cached blocks; L2: a store by an
-                  outside request that makes the policy evict, then fails
+    evict         L1: evict_blocks of the free queue's first cached blocks (the stores reading
+                  them flushed first, as an allocation would); L2: a store by an outside
+                  request that makes the policy evict, then fails
 
 Fault sites reached: D2H_COMPLETE (a store fails), H2D_COMPLETE (a load fails), DELAY,
 CRASH_BEFORE_PUBLISH, ALLOC_L1 (a load's blocks refused: the request waits, as when
@@ -74,26 +75,46 @@ class JobPlayer:
     def _store(self, rid: int, r: Request) -> None:
         raise NotImplementedError
 
+    def _cached(self) -> set[Any]:
+        raise NotImplementedError
+
+    def _trace_end(self, job: Job, ok: bool) -> None:
+        """A job's end events (vllm.py)."""
+        raise NotImplementedError
+
+    def _trace_l1_evicted(self, pages: set[Any]) -> None:
+        raise NotImplementedError
+
+    def _trace_l2_evicted(self, keys: list[Any]) -> None:
+        raise NotImplementedError
+
     def _alloc(self, n: int) -> list[Any]:
         """get_new_blocks(n), a pending store reading a block about to be reused flushed
         first (jobs_to_flush); what the allocation evicted is reported before what follows."""
         if n <= 0:
             return []
-        head = {b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()[:n]}
-        for job in [j for j in self.jobs.values() if j.store]:
-            if any(b.block_id in head for b in job.blocks):
-                self.stats["stores_flushed"] += 1
-                self._apply(job, job.outcome is not False)
+        self._flush({b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()[:n]})
         self._note()
+        before = self._cached()
         blocks = self.pool.get_new_blocks(n)
+        self._trace_l1_evicted(before - self._cached())
         for b in blocks:
             self.l1_bytes.pop(b.block_id, None)  # reused: what it held is gone
         self._note()
         return list(blocks)
 
+    def _flush(self, block_ids: set[int]) -> None:
+        """End every store still reading one of `block_ids` (as told, or successfully: the
+        worker finishes it) before those blocks are reused or dropped (jobs_to_flush)."""
+        for job in [j for j in self.jobs.values() if j.store]:
+            if any(b.block_id in block_ids for b in job.blocks):
+                self.stats["stores_flushed"] += 1
+                self._apply(job, job.outcome is not False)
+
     def _apply(self, job: Job, ok: bool) -> None:
         """The worker reported `job` (ok: its bytes moved): the connector's completion."""
         del self.jobs[job.op]
+        self._trace_end(job, ok)
         if job.store:
             if ok:
                 for block, chunk in zip(job.blocks, job.chunks):
@@ -205,7 +226,11 @@ class JobPlayer:
         if tier == "L1":
             free = self.pool.free_block_queue.get_all_free_blocks()
             victims = [b.block_id for b in free if b.block_hash is not None][:n_pages]
+            self._flush(set(victims))  # pressure is an allocation: a reused block flushes
+            self._note()
+            before = self._cached()
             self.pool.evict_blocks(set(victims))
+            self._trace_l1_evicted(before - self._cached())
         else:
             self._l2_pressure(n_pages)
         self._note()
@@ -227,5 +252,6 @@ class JobPlayer:
         out = self.manager.prepare_store(keys, ctx)
         if out is not None:
             self.stats["l2_pressure_evicted"] += len(out.evicted_keys)
+            self._trace_l2_evicted(out.evicted_keys)
             self.manager.complete_store(keys, ctx, success=False)
         self.manager.on_request_finished(ctx)

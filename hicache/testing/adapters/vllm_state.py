@@ -49,6 +49,7 @@ class Job:
     outcome: bool | None = None
     aimed: str | None = None
     orphan: bool = False
+    again: frozenset[Prefix] = frozenset()  # a load's pages L1 held already at its issue
 
 
 @dataclass(eq=False)
