@@ -25,9 +25,10 @@ the same prefix may name a later node), so a request computes and inserts page b
 
 The header omits `pages` (vLLM's block ids are GPU pool slots the spec's pages would be, but a
 load's blocks and a duplicate copy have no spec counterpart), `states`, `locks` and
-`node_remove`. What vLLM does that the spec forbids shows in the replay: a chunk evicted from
-L2 before the page after it (hash-keyed, not leaf first), a chunk stored whose parent L2 lacks,
-a second copy of a page another request is loading (`duplicate_copies`).
+`node_remove`, and declares L2 `hash_keyed_tiers` (spec/tree.md, "Hash-keyed tiers"): a chunk
+evicted from L2 before the page after it, or stored while L2 lacks its parent, is judged legal
+there; serving such an orphan is not. What vLLM does that the spec forbids still shows in the
+replay (a second copy of a page another request is loading: `duplicate_copies`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,17 @@ Prefix = tuple[int, ...]
 class VLLMTrace:
     """The trace of one opened engine: a header, then events as the adapter reports them."""
 
-    def __init__(self, page_size: int, capacities: dict[str, int], engine: str) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        capacities: dict[str, int],
+        engine: str,
+        hash_keyed_tiers: tuple[str, ...] = (),
+    ) -> None:
         self.page_size = page_size
-        self.header = TraceHeader(page_size, capacities, omits=OMITS, engine=engine)
+        self.header = TraceHeader(
+            page_size, capacities, OMITS, engine=engine, hash_keyed_tiers=hash_keyed_tiers
+        )
         self.sink = ListSink()
         self.tracer = Tracer(self.sink)
         self.nodes: dict[Prefix, int] = {}  # each page's node id

@@ -7,8 +7,9 @@ of `VLLMOffloading` (vllm.py), which owns the state named below.
     L1    RESIDENT: some block holds it, hashed (published in the prefix cache; duplicates
           are one page); PENDING: a load not given up fills it and no block holds it yet
     L2    the manager's lookup: HIT -> RESIDENT, HIT_PENDING (a store in flight) -> PENDING;
-          cut to what a lookup from the prompt's start reaches (vllm_state.closed): pages
-          held without their parent are counted (`stats["l2_orphan_pages"]`), not shown
+          shown whole, orphans included (L2 is hash-keyed, spec/tree.md); pages held
+          without their parent (vllm_state.closed's cut) are counted, in
+          `stats["l2_orphan_pages"]`
 """
 
 from __future__ import annotations
@@ -177,10 +178,10 @@ class Views:
                 del self.l2_keys[key]
             else:
                 held[prefix] = state
-        view, cut = closed(held, self.page_size)
+        _, cut = closed(held, self.page_size)
         self.stats["l2_orphan_pages"] += len(cut - self._orphans)  # each page once
         self._orphans |= cut
-        return view
+        return held
 
     def changes(self) -> list[PageChange]:
         self._note()
