@@ -271,14 +271,18 @@ class Lifecycle:
         bad = [g for g in self.hash_keyed_lifts if g not in HASH_KEYED_LIFTABLE]
         if bad:
             raise SpecError(f"[hash_keyed] lifts {bad}: only {list(HASH_KEYED_LIFTABLE)} may be")
+        self.hash_keyed_own_locks = bool(keyed.get("own_locks", False))
         self.hash_keyed_tiers: frozenset[Tier] = frozenset()  # none: every guard holds
+        self.own_lock_tiers: frozenset[int] = frozenset()  # tier indices (Executor reads)
         self._keyed: dict[frozenset[Tier], Lifecycle] = {}
 
     def hash_keyed(self, tiers: Iterable[Tier | str]) -> Lifecycle:
         """These tables for an engine whose `tiers` are hash-keyed (spec/tree.md, "Hash-keyed
         tiers"): on every row, a guard of a form `[hash_keyed].lifts` names, on one of
-        `tiers`, is dropped; all else is as here. `self` for no tiers. SpecError for a tier
-        `[hash_keyed].tiers` does not allow. Built once per set of tiers."""
+        `tiers`, is dropped, and with `[hash_keyed].own_locks` the executor reads
+        `locks(Ln) == 0` there as the node's own locks (`own_lock_tiers`); all else is as
+        here. `self` for no tiers. SpecError for a tier `[hash_keyed].tiers` does not allow.
+        Built once per set of tiers."""
         keyed = frozenset(Tier(t) for t in tiers)
         if not keyed:
             return self
@@ -292,6 +296,8 @@ class Lifecycle:
         if found is None:
             found = copy.copy(self)
             found.hash_keyed_tiers, found._keyed = keyed, {}
+            if self.hash_keyed_own_locks:
+                found.own_lock_tiers = frozenset(TIERS.index(t) for t in keyed)
             found.transitions = {
                 name: replace(t, guards=tuple(g for g in t.guards if not self._lifted(g, keyed)))
                 for name, t in self.transitions.items()

@@ -126,3 +126,37 @@ def test_the_lifted_guards_are_the_tables() -> None:
         want = [g.text for g in row.guards if g.text not in ("leaf(L2)", "parent(L2) == RESIDENT")]
         assert kept == want, name
     assert lc.hash_keyed([]) is lc and lc.hash_keyed(["L2"]) is keyed
+
+
+def _load_under(evicted: tuple[int, ...]) -> list[str]:
+    """P1 stays in L1 and both pages in L2; request 2 loads P2 from L2 and, while the load is
+    in flight, L2 evicts `evicted` (P1: the loaded page's parent, not read; P2: the page the
+    load reads)."""
+    t = VLLMTrace(4, {"L1": 4, "L2": 4}, "test", ("L2",))
+    t.begin(1, TOKENS, 0, 0)
+    t.computed(1, P1, "")
+    t.computed(1, P2, "")
+    t.tail(1, 8, 12)
+    t.transfer("d2h_issue", "L2", 1, [P1, P2], 1)
+    t.transfer("d2h_complete", "L2", 1, [P1, P2], 1)
+    t.end(1, (8, 12))
+    t.evicted("L1", [P2])
+    t.begin(2, TOKENS, 4, 8)
+    t.transfer("h2d_issue", "L1", 2, [P2], 2)
+    t.evicted("L2", [evicted])
+    return t.lines()
+
+
+def test_a_load_pins_the_page_it_reads_not_its_parent_in_a_hash_keyed_tier() -> None:
+    """`own_locks`: the load of P2 locks P2 in L2, and its path lock on P1 does not hold P1
+    there. Failed before ("guard 'locks(L2) == 0' fails" on P1, raw vLLM traces arc-11 and
+    lru-11 of the results); without the knob it still does."""
+    ok = check_lines(_load_under(P1))
+    assert ok.exit_code == VALID, ok.message
+    d = json.loads(_load_under(P1)[0])
+    del d["hash_keyed_tiers"]
+    plain = check_lines([json.dumps(d), *_load_under(P1)[1:]])
+    assert plain.exit_code == VIOLATION and "'locks(L2) == 0' fails" in plain.message
+    read = check_lines(_load_under(P2))
+    assert read.exit_code == VIOLATION and "'locks(L2) == 0' fails" in read.message
+
