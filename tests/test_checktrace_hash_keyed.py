@@ -160,3 +160,30 @@ def test_a_load_pins_the_page_it_reads_not_its_parent_in_a_hash_keyed_tier() -> 
     read = check_lines(_load_under(P2))
     assert read.exit_code == VIOLATION and "'locks(L2) == 0' fails" in read.message
 
+
+def test_a_store_job_that_skips_a_page_is_traced_as_one_op_per_chain() -> None:
+    """vLLM's job 2 stores P1 and P3 (L2 holds P2 already): a spec op is one parent-first
+    chain, so the writer traces the job as two ops, each page's end naming its own. Failed
+    before (the job was one op: "node ... is not a child of ...", raw vLLM traces arc-2,
+    arc-9, arc-15, lru-3, lru-9 of the results)."""
+    tokens = tuple(range(13))
+    p3 = tokens[:12]
+    t = VLLMTrace(4, {"L1": 4, "L2": 4}, "test", ("L2",))
+    t.begin(1, tokens, 0, 0)
+    for page in (P1, P2, p3):
+        t.computed(1, page, "")
+    t.tail(1, 12, 16)
+    t.transfer("d2h_issue", "L2", 1, [P2], 1)
+    t.transfer("d2h_complete", "L2", 1, [P2], 1)
+    t.transfer("d2h_issue", "L2", 2, [p3, P1], 1)
+    t.transfer("d2h_complete", "L2", 2, [P1, p3], 1)
+    t.end(1, (12, 16))
+    ops = [(e.event, e.op, e.token_end) for e in t.events if e.event.startswith("d2h")]
+    assert ops[2:] == [
+        ("d2h_issue", 2, 4),
+        ("d2h_issue", 3, 12),
+        ("d2h_complete", 2, 4),
+        ("d2h_complete", 3, 12),
+    ]
+    verdict = check_lines(t.lines())
+    assert verdict.exit_code == VALID, verdict.message

@@ -81,14 +81,17 @@ class Views:
 
     def _held(self, r: Request, start: int) -> dict[int, str]:
         """The request's pages from `start` on that L1 holds ("L1") or another tier or a job
-        ("other") holds or fills now: the trace's reference has their nodes."""
+        ("other") holds or fills now, or that lie above a page held (an L2 orphan keeps its
+        ancestors' nodes, hash-keyed): the trace's reference has their nodes."""
         cached, out = self._cached(), {}
         filling = {p for j in self.jobs.values() if not j.orphan for p in self._job_pages(j)}
+        held = filling | set(self._l2_view())
+        below = {q[:n] for q in held for n in range(self.page_size, len(q), self.page_size)}
         for k in range(start, len(r.keys)):
             page = self._page(r, k)
             if page in cached:
                 out[k] = "L1"
-            elif page in filling or self._l2_state(r.keys[k]) is not None:
+            elif page in held or page in below or self._l2_state(r.keys[k]) is not None:
                 out[k] = "other"
         return out
 
