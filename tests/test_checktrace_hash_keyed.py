@@ -10,6 +10,8 @@ import json
 import pytest
 
 from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.checktrace.reader import TraceReader
+from hicache.checktrace.replay import Replay
 from hicache.errors import SpecError
 from hicache.lifecycle import load_lifecycle
 from hicache.testing.adapters.vllm_trace import VLLMTrace
@@ -187,3 +189,13 @@ def test_a_store_job_that_skips_a_page_is_traced_as_one_op_per_chain() -> None:
     ]
     verdict = check_lines(t.lines())
     assert verdict.exit_code == VALID, verdict.message
+
+
+@pytest.mark.parametrize("lines", [_trace(("L2",), True), _load_under(P1)], ids=["store", "load"])
+def test_the_all_clear_needs_no_full_checks_for_an_orphan(lines: list[str]) -> None:
+    """The touched all-clear skips S6 in a hash-keyed tier as the full checks do: an orphan
+    does not send every call after it to the full checks (only their cost would show)."""
+    lc = load_lifecycle()
+    replay = Replay(TraceReader(lines, lc), lc, 1)
+    assert replay.run() == len(lines) - 1
+    assert replay.checks.full_runs == 0
