@@ -126,6 +126,20 @@ class _Context:
         raise AssertionError(f"request guard {rule!r} has no predicate")  # the parser knows it
 
 
+def _locks(node: TreeNode, own: frozenset[int]) -> tuple[int, int, int]:
+    """What `locks(Ln) == 0` reads of `node`: its path-lock count per tier (a lock on it or on
+    a descendant), or, in a tier of `own` (tier indices; hash-keyed, spec/tree.md), the locks
+    on its own pages only: its count less its children's."""
+    lock = node.lock
+    if not own:
+        return (lock[0], lock[1], lock[2])
+    out = [
+        lock[t] - sum(c.lock[t] for c in node.children.values()) if t in own else lock[t]
+        for t in range(3)
+    ]
+    return (out[0], out[1], out[2])
+
+
 class Executor:
     """Runs lifecycle rows against the tree, the page tables and the tracer it is given."""
 
@@ -158,12 +172,9 @@ class Executor:
         i = TIERS.index(t.tier)
         nodes = [s.node for s in segments if s.node is not None]
         afters: list[States] = []
+        own = self.lifecycle.own_lock_tiers
         for seg in segments:
-            locks = (
-                (0, 0, 0)
-                if seg.node is None
-                else (seg.node.lock[0], seg.node.lock[1], seg.node.lock[2])
-            )
+            locks = (0, 0, 0) if seg.node is None else _locks(seg.node, own)
             afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
             pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
             if pending and (seg.node is None or seg.node.pending[i] != op_id):

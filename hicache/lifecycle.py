@@ -26,10 +26,11 @@ a logical page's state.
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +72,10 @@ GUARD_VOCABULARY: dict[str, str] = {
 }
 """Every guard form the parser accepts -> when it holds (lifecycle.md's guard table)."""
 
+HASH_KEYED_LIFTABLE = ("leaf(Ln)", "parent(Ln) == RESIDENT")
+"""The guard forms `[hash_keyed].lifts` may name: the tree-shape guards. A hash-keyed tier
+keeps its sub-state, lock and request guards (spec/tree.md, "Hash-keyed tiers")."""
+
 
 @dataclass(frozen=True)
 class ControlRule:
@@ -104,6 +109,11 @@ class Guard:
     tier: Tier | None
     op: str
     state: str = ""
+
+    @property
+    def form(self) -> str:
+        """The guard's vocabulary form: its text with the tier written `Ln`."""
+        return self.text if self.tier is None else self.text.replace(str(self.tier), "Ln")
 
     @property
     def needs_context(self) -> bool:
@@ -255,6 +265,48 @@ class Lifecycle:
             ControlRule(r["name"], r["operation"], r["condition"], r["why"])
             for r in tables.get("rule", [])
         )
+        keyed = tables.get("hash_keyed", {})
+        self.hash_keyed_may: frozenset[Tier] = frozenset(Tier(t) for t in keyed.get("tiers", ()))
+        self.hash_keyed_lifts: tuple[str, ...] = tuple(keyed.get("lifts", ()))
+        bad = [g for g in self.hash_keyed_lifts if g not in HASH_KEYED_LIFTABLE]
+        if bad:
+            raise SpecError(f"[hash_keyed] lifts {bad}: only {list(HASH_KEYED_LIFTABLE)} may be")
+        self.hash_keyed_own_locks = bool(keyed.get("own_locks", False))
+        self.hash_keyed_tiers: frozenset[Tier] = frozenset()  # none: every guard holds
+        self.own_lock_tiers: frozenset[int] = frozenset()  # tier indices (Executor reads)
+        self._keyed: dict[frozenset[Tier], Lifecycle] = {}
+
+    def hash_keyed(self, tiers: Iterable[Tier | str]) -> Lifecycle:
+        """These tables for an engine whose `tiers` are hash-keyed (spec/tree.md, "Hash-keyed
+        tiers"): on every row, a guard of a form `[hash_keyed].lifts` names, on one of
+        `tiers`, is dropped, and with `[hash_keyed].own_locks` the executor reads
+        `locks(Ln) == 0` there as the node's own locks (`own_lock_tiers`); all else is as
+        here. `self` for no tiers. SpecError for a tier `[hash_keyed].tiers` does not allow.
+        Built once per set of tiers."""
+        keyed = frozenset(Tier(t) for t in tiers)
+        if not keyed:
+            return self
+        refused = sorted(str(t) for t in keyed - self.hash_keyed_may)
+        if refused:
+            raise SpecError(
+                f"hash-keyed tiers {refused}: only {sorted(map(str, self.hash_keyed_may))} may "
+                "be hash-keyed (spec/lifecycle.toml [hash_keyed].tiers)"
+            )
+        found = self._keyed.get(keyed)
+        if found is None:
+            found = copy.copy(self)
+            found.hash_keyed_tiers, found._keyed = keyed, {}
+            if self.hash_keyed_own_locks:
+                found.own_lock_tiers = frozenset(TIERS.index(t) for t in keyed)
+            found.transitions = {
+                name: replace(t, guards=tuple(g for g in t.guards if not self._lifted(g, keyed)))
+                for name, t in self.transitions.items()
+            }
+            self._keyed[keyed] = found
+        return found
+
+    def _lifted(self, g: Guard, keyed: frozenset[Tier]) -> bool:
+        return g.tier in keyed and g.form in self.hash_keyed_lifts
 
     def _load_tier(self, tier: Tier, table: Mapping[str, Any]) -> None:
         if table["initial"] not in self.states[tier]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
-from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle
 from hicache.pages import Pages, PageTable, pages
 from hicache.pools.tierpools import TierPools
 from hicache.pools.windows import L1Windows
@@ -34,6 +34,7 @@ class PlaneQueries:
     tree: HiRadixTree
     tables: tuple[PageTable, ...]
     executor: Executor
+    lifecycle: Lifecycle  # its `hash_keyed_tiers` are named in the snapshot's tier views
     page_size: int
     ops: dict[int, PendingOp]
     requests: dict[int, Request]
@@ -303,6 +304,7 @@ class PlaneQueries:
                 self.tree.pages_held[i],
                 tab.pool_views() if isinstance(tab, TierPools) else (),
                 self.windows.hit_pages if i == 0 else 0,
+                t in self.lifecycle.hash_keyed_tiers,
             )
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }

@@ -77,6 +77,9 @@ class TierView:
     # Anchor pages just before the end of each live request's L1 prefix that must hold their
     # window (the plane's group hit policy; 0: none must, as without a trailing pool).
     hit_window: int = 0
+    # Whether the engine declares this tier hash-keyed (spec/tree.md, "Hash-keyed tiers"):
+    # S6, tier closure, is not required of it.
+    hash_keyed: bool = False
 
 
 @dataclass(frozen=True)

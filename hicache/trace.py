@@ -56,7 +56,9 @@ class TraceHeader:
     bytes (layers, heads, dtype, ...); `engine` names the writer. `pools` (a pool-group
     engine's; empty for one pool) names the group preset (`group`, spec/pools.toml), its hit
     policy (`hit_policy`) and the side pools' capacities where they differ from the anchor's
-    times their ratio (`capacities`: tier -> pool -> pages): what the replay's plane needs."""
+    times their ratio (`capacities`: tier -> pool -> pages): what the replay's plane needs.
+    `hash_keyed_tiers` names the engine's tiers keyed by a chained hash of each page's prefix,
+    each stored and evicted on its own (spec/tree.md, "Hash-keyed tiers"; empty: none)."""
 
     page_size: int
     capacities: Mapping[str, int]
@@ -65,6 +67,7 @@ class TraceHeader:
     engine: str = ""
     version: int = VERSION
     pools: Mapping[str, object] = field(default_factory=dict)
+    hash_keyed_tiers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         tiers = sorted(self.capacities)
@@ -101,6 +104,12 @@ class TraceHeader:
                 f"header version {self.version!r}: this reader knows version {VERSION} only"
             )
         self._check_pools()
+        keyed = self.hash_keyed_tiers
+        if len(set(keyed)) != len(keyed) or any(t not in self.capacities for t in keyed):
+            raise TraceFormatError(
+                f"header hash_keyed_tiers: {list(keyed)} must name tiers of capacities "
+                f"{list(self.capacities)}, each once"
+            )
 
     def _check_pools(self) -> None:
         """`pools`' shape (its preset and policy are resolved by the reader's plane)."""
@@ -147,6 +156,8 @@ class TraceHeader:
             d["engine"] = self.engine
         if self.pools:
             d["pools"] = dict(self.pools)
+        if self.hash_keyed_tiers:
+            d["hash_keyed_tiers"] = list(self.hash_keyed_tiers)
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -178,6 +189,7 @@ class TraceHeader:
                 "geometry",
                 "engine",
                 "pools",
+                "hash_keyed_tiers",
             }
         )
         if extra:
@@ -186,15 +198,17 @@ class TraceHeader:
             if key not in d:
                 raise TraceFormatError(f"header: {key!r} is missing")
         caps, omits, geometry = d["capacities"], d.get("omits", []), d.get("geometry", {})
-        pools = d.get("pools", {})
+        pools, keyed = d.get("pools", {}), d.get("hash_keyed_tiers", [])
         if (
             not isinstance(caps, dict)
             or not isinstance(omits, list)
+            or not isinstance(keyed, list)
             or not isinstance(geometry, dict)
             or not isinstance(pools, dict)
         ):
             raise TraceFormatError(
-                "header: capacities, geometry and pools are objects, omits a list"
+                "header: capacities, geometry and pools are objects, omits and "
+                "hash_keyed_tiers lists"
             )
         return TraceHeader(
             page_size=d["page_size"],
@@ -204,6 +218,7 @@ class TraceHeader:
             engine=d.get("engine", ""),
             version=d["version"],
             pools=pools,
+            hash_keyed_tiers=tuple(keyed),
         )
 
 

@@ -195,14 +195,16 @@ def test_l1_pressure_ends_a_store_still_reading_its_block_first(
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
-def test_l2_holds_a_chunk_without_its_parent_and_shows_what_a_lookup_reaches() -> None:
+def test_l2_holds_a_chunk_without_its_parent_and_shows_it_hash_keyed() -> None:
     """vLLM's hash-keyed L2 (results finding 2): request 2 stores page C while request 1's
     store of A and B is in flight (vLLM skips a chunk being stored); that store fails, so L2
-    holds C without A and B. The adapter counts C, shows L2 as what a lookup from the start
-    reaches (nothing here: the reference keeps tiers closed under ancestors), and an
-    admission's L2 hit is 0."""
+    holds C without A and B. The adapter counts C and shows it (L2 is `hash_keyed_tiers`:
+    the reference takes the orphan), and an admission's L2 hit is still 0."""
     engine = _engine(l1=8, l2=8)
-    model = ReferenceModel(PS, engine.tiers, duplicate_copies=True)
+    assert engine.hash_keyed_tiers == ("L2",)
+    model = ReferenceModel(
+        PS, engine.tiers, duplicate_copies=True, hash_keyed_tiers=engine.hash_keyed_tiers
+    )
     a_b = tuple(range(100, 100 + 2 * PS))
     c = tuple(range(500, 500 + PS))
     model.admit(1, a_b + (1,), engine.submit(1, a_b + (1,)))
@@ -219,7 +221,8 @@ def test_l2_holds_a_chunk_without_its_parent_and_shows_what_a_lookup_reaches() -
     changes = engine.changes()
     model.apply(changes)
     assert engine.stats["l2_orphan_pages"] == 1
-    assert not [ch for ch in changes if ch.tier == "L2" and ch.state == "RESIDENT"]
+    shown = [ch.prefix for ch in changes if ch.tier == "L2" and ch.state == "RESIDENT"]
+    assert shown == [a_b + c]  # the orphan, as vLLM holds it
     lookup = engine.manager.lookup(engine.requests[2].keys[2], engine._observer)
     assert lookup is engine.v["LookupResult"].HIT  # vLLM holds C, ready
     assert engine.submit(3, a_b + c + (3,)).hits["L2"] == 0

@@ -28,7 +28,13 @@ from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
 from hicache.control import ControlPlane
-from hicache.errors import ConfigError, HiCacheError, IllegalTransition, InvariantViolation
+from hicache.errors import (
+    ConfigError,
+    HiCacheError,
+    IllegalTransition,
+    InvariantViolation,
+    SpecError,
+)
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.pools.hits import ALL_POOLS
 from hicache.pools.presets import group as preset_group
@@ -116,6 +122,16 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
         raise Malformed(1, f"header pools: {e}") from None
 
 
+def keyed_lifecycle(header: TraceHeader, lc: Lifecycle) -> Lifecycle:
+    """`lc` with the guards a hash-keyed tier lifts lifted in the header's `hash_keyed_tiers`
+    (spec/tree.md, "Hash-keyed tiers"); `lc` itself for a header naming none. Malformed
+    (line 1) for a tier the tables do not let be hash-keyed."""
+    try:
+        return lc.hash_keyed(header.hash_keyed_tiers)
+    except SpecError as e:
+        raise Malformed(1, f"header hash_keyed_tiers: {e}") from None
+
+
 class Replay:
     """One trace's replay; `run` returns the number of events checked or raises Violation."""
 
@@ -123,7 +139,8 @@ class Replay:
         self, reader: TraceReader, lc: Lifecycle, check_every: int, full: bool = False
     ) -> None:
         self.header = reader.header
-        self.lc = lc
+        self.lc = keyed_lifecycle(self.header, lc)
+        lc = self.lc
         self.cp = plane_for(self.header, lc)
         # Every step the executor takes here is walked through the tables' `transitions`
         # machine (tracewalk.py): a disagreement raises MachineDisagreement, a reference bug.

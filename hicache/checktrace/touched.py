@@ -67,6 +67,8 @@ class TouchedChecks:
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
+        # The tiers S6 holds in: not a hash-keyed one (spec/tree.md, "Hash-keyed tiers").
+        self.closed = [i for i, t in enumerate(TIERS) if t not in cp.lifecycle.hash_keyed_tiers]
 
     def clear(
         self,
@@ -285,6 +287,7 @@ class TouchedChecks:
                 (op_id is not None or st == RESIDENT)
                 and parent.parent is not None
                 and parent.state[t] != RESIDENT
+                and t in self.closed
                 and (op_id is None or parent.pending[t] != op_id)
             ):
                 return False
@@ -299,7 +302,7 @@ class TouchedChecks:
         filling. The same clauses as `_node`'s on the child; the rest of them cannot fail."""
         live, ps = self.cp.tree._nodes, self.cp.page_size
         up, up_pending = n.state, n.pending
-        loose = [t for t in range(3) if up[t] != RESIDENT]  # where S6 can fail
+        loose = [t for t in self.closed if up[t] != RESIDENT]  # where S6 can fail
         for key, c in n.children.items():
             if c in scope:
                 continue  # checked whole by `_node`

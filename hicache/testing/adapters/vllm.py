@@ -75,9 +75,10 @@ benchmarks/results/2026-12-05-engine-vllm.md):
 
 - hash-keyed blocks: L2 may hold a page without the page before it (the connector stores only
   the chunks past a load's hit, so an L1-hit chunk may never reach L2, and the policies evict
-  by recency, not leaves first). The reference keeps tiers closed under ancestors, so L2 is
-  shown as the pages a lookup from the prompt's start reaches (`closed`); pages held without
-  their parent are counted (`stats["l2_orphan_pages"]`), not shown.
+  by recency, not leaves first). L2 is declared `hash_keyed_tiers` (spec/tree.md, "Hash-keyed
+  tiers"), in the fuzz and in the traces: it is shown as vLLM holds it, orphans included, and
+  the hit there is the leading run; pages held without their parent are counted
+  (`stats["l2_orphan_pages"]`).
 - duplicate copies: vLLM may hold two blocks of one hash (a request computing a page another
   request is loading caches its own; a page-aligned prompt's last page is loaded from L2 again
   though L1 holds it, past the L1 hit's len - 1 cap). The adapter sets `duplicate_copies`
@@ -131,6 +132,7 @@ class VLLMOffloading(Views, JobPlayer):
 
     tiers: tuple[str, ...] = TIERS
     duplicate_copies = True  # a hash may map to several blocks (spec/tree.md)
+    hash_keyed_tiers: tuple[str, ...] = ("L2",)  # chunks keyed by block hash (spec/tree.md)
 
     def __init__(
         self,
@@ -190,7 +192,8 @@ class VLLMOffloading(Views, JobPlayer):
         if self.traced:
             engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
             caps = {"L1": self.l1_pages, "L2": self.l2_pages}
-            self.traces.append(VLLMTrace(self.page_size, caps, engine))
+            keyed = tuple(t for t in self.hash_keyed_tiers if t in caps)
+            self.traces.append(VLLMTrace(self.page_size, caps, engine, keyed))
 
     def close(self) -> None:
         self.requests.clear()

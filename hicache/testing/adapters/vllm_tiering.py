@@ -106,7 +106,7 @@ class VLLMTiering(VLLMOffloading):
     """`CacheUnderTest` over vLLM's tiering manager with a file tier (module docstring)."""
 
     tiers: tuple[str, ...] = TIERS
-    hash_keyed_tiers: tuple[str, ...] = ("L3",)
+    hash_keyed_tiers: tuple[str, ...] = ("L2", "L3")
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ the same prefix may name a later node), so a request computes and inserts page b
     vLLM did                                   events (spec/trace.md)
     -----------------------------------------  --------------------------------------------
     admission: the L1 hit held, L2 looked up   begin_request (hit [L1, L2, 0]), cached_len
-    prepare_load -> a load job                 h2d_issue per page (op = the job)
+    prepare_load -> a load job                 h2d_issue per page (op: the job's chain)
     the load's completion / failure            h2d_complete / h2d_fail per page
     a request ending (or giving its restore    h2d_cancel per page of its load in flight (the
       up) with its load in flight              job runs on; its blocks are never published)
@@ -16,7 +16,9 @@ the same prefix may name a later node), so a request computes and inserts page b
     prefill: each page computed and cached     compute, insert, cached_len (page by page);
                                                a page L1 held already: discard, not insert
     prefill: the tail page                     compute (no node)
-    prepare_store -> a store job               d2h_issue per page
+    prepare_store -> a store job               d2h_issue per page, one op per parent-first
+                                               chain of the job's pages (vLLM stores each
+                                               chunk on its own: a job may skip a page)
     the store's completion / failure           d2h_complete / d2h_fail per page
     a block's hash dropped (get_new_blocks     evict_l1 per page, deepest first
       reused it, or evict_blocks)
@@ -25,9 +27,10 @@ the same prefix may name a later node), so a request computes and inserts page b
 
 The header omits `pages` (vLLM's block ids are GPU pool slots the spec's pages would be, but a
 load's blocks and a duplicate copy have no spec counterpart), `states`, `locks` and
-`node_remove`. What vLLM does that the spec forbids shows in the replay: a chunk evicted from
-L2 before the page after it (hash-keyed, not leaf first), a chunk stored whose parent L2 lacks,
-a second copy of a page another request is loading (`duplicate_copies`).
+`node_remove`, and declares L2 `hash_keyed_tiers` (spec/tree.md, "Hash-keyed tiers"): a chunk
+evicted from L2 before the page after it, or stored while L2 lacks its parent, is judged legal
+there; serving such an orphan is not. What vLLM does that the spec forbids still shows in the
+replay (a second copy of a page another request is loading: `duplicate_copies`).
 """
 
 from __future__ import annotations
@@ -44,13 +47,23 @@ Prefix = tuple[int, ...]
 class VLLMTrace:
     """The trace of one opened engine: a header, then events as the adapter reports them."""
 
-    def __init__(self, page_size: int, capacities: dict[str, int], engine: str) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        capacities: dict[str, int],
+        engine: str,
+        hash_keyed_tiers: tuple[str, ...] = (),
+    ) -> None:
         self.page_size = page_size
-        self.header = TraceHeader(page_size, capacities, omits=OMITS, engine=engine)
+        self.header = TraceHeader(
+            page_size, capacities, OMITS, engine=engine, hash_keyed_tiers=hash_keyed_tiers
+        )
         self.sink = ListSink()
         self.tracer = Tracer(self.sink)
         self.nodes: dict[Prefix, int] = {}  # each page's node id
         self.next_node = 1
+        self.ops: dict[tuple[int, Prefix], int] = {}  # (job, page) -> its chain's trace op
+        self.next_op = 1
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -84,10 +97,36 @@ class VLLMTrace:
         self.tracer.emit("cached_len", request=request, token_end=l1)
 
     def transfer(self, event: str, tier: str, op: int, pages: list[Prefix], request: int) -> None:
-        """One transfer event per page, parent first (`request`: a load's; a store: none)."""
+        """One transfer event per page of job `op`, parent first (`request`: a load's; a
+        store: none). A spec op is one parent-first chain, and a vLLM job may skip a page
+        (a store skips a chunk L2 holds or another job fills): the issue splits the job into
+        its chains, each a trace op of its own; each page's end names its chain's op."""
+        if event.endswith("_issue"):
+            for chain in self._chains(pages):
+                for page in chain:
+                    self.ops[op, page] = self.next_op
+                self.next_op += 1
+        ends = not event.endswith("_issue")
+        by_op: dict[int, list[Prefix]] = {}
         for page in sorted(pages, key=len):
-            extra = {"request": request} if event.startswith("h2d") else {}
-            self._page(event, page, tier=tier, op=op, **extra)
+            trace_op = self.ops.pop((op, page)) if ends else self.ops[op, page]
+            by_op.setdefault(trace_op, []).append(page)
+        extra = {"request": request} if event.startswith("h2d") else {}
+        for trace_op, chain in by_op.items():
+            for page in chain:
+                self._page(event, page, tier=tier, op=trace_op, **extra)
+
+    def _chains(self, pages: list[Prefix]) -> list[list[Prefix]]:
+        """`pages` as parent-first chains: a page joins the chain that ends at its parent."""
+        chains: list[list[Prefix]] = []
+        for page in sorted(pages, key=len):
+            up = page[: -self.page_size]
+            chain = next((c for c in chains if c[-1] == up), None)
+            if chain is None:
+                chains.append([page])
+            else:
+                chain.append(page)
+        return chains
 
     def advance(self, request: int, page: Prefix) -> None:
         """cached_len moved to the end of `page` (already in L1)."""

@@ -7,8 +7,9 @@ of `VLLMOffloading` (vllm.py), which owns the state named below.
     L1    RESIDENT: some block holds it, hashed (published in the prefix cache; duplicates
           are one page); PENDING: a load not given up fills it and no block holds it yet
     L2    the manager's lookup: HIT -> RESIDENT, HIT_PENDING (a store in flight) -> PENDING;
-          cut to what a lookup from the prompt's start reaches (vllm_state.closed): pages
-          held without their parent are counted (`stats["l2_orphan_pages"]`), not shown
+          shown whole, orphans included (L2 is hash-keyed, spec/tree.md); pages held
+          without their parent (vllm_state.closed's cut) are counted, in
+          `stats["l2_orphan_pages"]`
 """
 
 from __future__ import annotations
@@ -80,14 +81,17 @@ class Views:
 
     def _held(self, r: Request, start: int) -> dict[int, str]:
         """The request's pages from `start` on that L1 holds ("L1") or another tier or a job
-        ("other") holds or fills now: the trace's reference has their nodes."""
+        ("other") holds or fills now, or that lie above a page held (an L2 orphan keeps its
+        ancestors' nodes, hash-keyed): the trace's reference has their nodes."""
         cached, out = self._cached(), {}
         filling = {p for j in self.jobs.values() if not j.orphan for p in self._job_pages(j)}
+        held = filling | set(self._l2_view())
+        below = {q[:n] for q in held for n in range(self.page_size, len(q), self.page_size)}
         for k in range(start, len(r.keys)):
             page = self._page(r, k)
             if page in cached:
                 out[k] = "L1"
-            elif page in filling or self._l2_state(r.keys[k]) is not None:
+            elif page in held or page in below or self._l2_state(r.keys[k]) is not None:
                 out[k] = "other"
         return out
 
@@ -177,10 +181,10 @@ class Views:
                 del self.l2_keys[key]
             else:
                 held[prefix] = state
-        view, cut = closed(held, self.page_size)
+        _, cut = closed(held, self.page_size)
         self.stats["l2_orphan_pages"] += len(cut - self._orphans)  # each page once
         self._orphans |= cut
-        return view
+        return held
 
     def changes(self) -> list[PageChange]:
         self._note()
