@@ -410,7 +410,7 @@ class SGLangHiCache(PageView):
         self._write_kv(tokens, matched, fresh)
         row = torch.cat([self.cache.path_device_indices(r.node), fresh])
         aligned = len(tokens) // ps * ps
-        held, before = self._l1_pages(), self._snap()
+        held, before = self._l1_pages() if self.traced else set(), self._snap()
         if self._trace is not None:
             self._trace.compute(request_id, self.cache.tree_core.root_node, tokens, row, len(row))
         self.cache.insert(

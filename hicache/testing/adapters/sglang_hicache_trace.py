@@ -283,7 +283,6 @@ def workload(cache: Any, seed: int, steps: int, settle: bool = False) -> None:
 
 
 def settle_transfers(cache: Any) -> None:
-    """Complete every transfer in flight and observe it (a tick)."""
-    for op in cache.pending_ops():
-        cache.complete(op)
-    cache.tick()
+    """Every transfer in flight lands and is observed, the backups an insert queued
+    included (sglang copies them at the next tick's flush: `drain` ticks until none is left)."""
+    cache.drain()
