@@ -74,6 +74,10 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - the tree core: sglang's Python TreeCore (`tree_core_backend="python"`); the default, the
   compiled rust_tree_core, runs too but its nodes cannot be walked from Python.
 
+With `traced=True` (write-through only) the adapter also keeps, per opened cache, a
+spec/trace.md trace of what sglang did (`traces`; sglang_hicache_trace.py), for `hicache
+check-trace`; a traced prefill serves what its admission and load-back locked (no second match).
+
 What the oracle said: benchmarks/results/2026-12-05-engine-sglang-hicache.md.
 """
 
