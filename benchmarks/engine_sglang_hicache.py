@@ -11,19 +11,32 @@ L2 evictions).
 VENV has sglang installed as the adapter's docstring says. One JSON line per seed: steps,
 wall and CPU seconds, steps per CPU second, whether the run agreed with the reference model,
 and the stats.
+
+    ... benchmarks/engine_sglang_hicache.py --traces DIR [--settle] [--stale] --seeds ...
+
+writes instead, per seed, the spec/trace.md trace of `sglang_hicache_trace.workload`
+(`--steps` steps, write-through, L1 of 5 + seed % 4 pages, L2 1, 1.5 or 2 times that by
+seed % 3, every host hit loaded back; `--settle`: transfers land before each submit and
+prefill; `--stale`: the planted SGLangHiCacheStaleLock) and judges it with `hicache
+check-trace`: one JSON line per seed with the event counts, the exit code and its first line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from hicache.cli import main as cli
 from hicache.testing import runner
 from hicache.testing.adapters import sglang_hicache
+from hicache.testing.adapters.sglang_hicache_trace import workload
 from hicache.testing.factory import EngineConfig
 
 STATS: Counter[str] = Counter()  # summed over every cache the current run opens
@@ -73,11 +86,41 @@ def _rules(text: str) -> dict[str, int]:
     return {name: int(n) for name, n in zip(words[::2], words[1::2], strict=False)}
 
 
+def traced(out: Path, seed: int, steps: int, settle: bool, stale: bool) -> dict[str, Any]:
+    """One seed's trace, written to `out` and judged by check-trace (module docstring)."""
+    kind = sglang_hicache.SGLangHiCacheStaleLock if stale else sglang_hicache.SGLangHiCache
+    ratio = (1.0, 1.5, 2.0)[seed % 3]
+    cache = kind(5 + seed % 4, ratio, 4, load_back_threshold=0, traced=True)
+    found = ""
+    try:
+        workload(cache, seed, steps, settle)
+    except AssertionError as e:  # sglang's own accounting (the planted bug may break it)
+        found = str(e).splitlines()[0]
+    lines = cache.traces[-1].lines()
+    path = out / f"seed-{seed}.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        code = cli(["check-trace", str(path)])
+    kinds = Counter(json.loads(line)["event"] for line in lines[1:])
+    verdict = said.getvalue().splitlines()[:2]
+    return {"seed": seed, "events": len(lines) - 1, "exit": code, "verdict": verdict,
+            "accounting": found, "kinds": dict(sorted(kinds.items()))}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=2_000)
+    p.add_argument("--traces", metavar="DIR", type=Path, help="write and judge traces there")
+    p.add_argument("--settle", action="store_true", help="transfers land before each request")
+    p.add_argument("--stale", action="store_true", help="the planted stale lock")
     a = p.parse_args(argv)
+    if a.traces:
+        a.traces.mkdir(parents=True, exist_ok=True)
+        for seed in a.seeds:
+            print(json.dumps(traced(a.traces, seed, a.steps, a.settle, a.stale)), flush=True)
+        return 0
     agreed = True
     for seed in a.seeds:
         line = run(seed, a.steps)

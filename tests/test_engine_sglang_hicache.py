@@ -4,16 +4,20 @@ does not install sglang: the tests that drive it skip cleanly."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from hicache.cli import main
+from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang_hicache import (
     SGLangHiCache,
     SGLangHiCacheStaleLock,
     hicache_adapter,
 )
+from hicache.testing.adapters.sglang_hicache_trace import workload
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.reference import ReferenceModel
@@ -156,3 +160,64 @@ def test_a_request_waits_for_a_later_load_back_of_its_prompt() -> None:
     _engine().close()
     args = ["fuzz", "--seed", "134", "--steps", "6000", "--adapter", f"{MODULE}:hicache_adapter"]
     assert main(args) == 0
+
+
+def test_a_trace_needs_write_through() -> None:
+    """Under write-back sglang reclaims host copies in no leaf order: refused before sglang
+    is even imported (so this runs without it)."""
+    with pytest.raises(HiCacheError, match="a trace needs write_through"):
+        SGLangHiCache(write_policy="write_back", traced=True)
+
+
+def _traced(
+    tmp_path: Path, seed: int, settle: bool, kind: type[SGLangHiCache] = SGLangHiCache
+) -> Path:
+    try:
+        # load_back_threshold 0: every host hit is loaded back (the `always` policy)
+        cache = kind(5 + seed % 4, 1.5, PS, load_back_threshold=0, traced=True)
+    except EngineUnavailable as e:
+        pytest.skip(f"sglang is not installed here: {e}")
+    try:
+        workload(cache, seed, 300, settle)
+    except AssertionError:
+        if kind is SGLangHiCache:
+            raise  # sglang's own accounting: only the planted bug may break it
+    path = tmp_path / f"sglang-hicache-{seed}.ndjson"
+    path.write_text("\n".join(cache.traces[-1].lines()) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("seed", [3, 6])
+def test_check_trace_accepts_what_sglangs_hicache_did(
+    tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Transfers settled before each submit and prefill (workload's `settle`): backups,
+    load-backs and both tiers' evictions are traced and every event is judged legal."""
+    path = _traced(tmp_path, seed, settle=True)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["capacities"]["L2"] > 0
+    names = {json.loads(line)["event"] for line in lines[1:]}
+    two_tiers = {"d2h_issue", "d2h_complete", "h2d_issue", "h2d_complete", "evict_l2"}
+    assert two_tiers | {"evict_l1", "insert", "discard", "split"} <= names, names
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_check_trace_refuses_a_backup_behind_its_parents_in_flight_backup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The documented difference: sglang backs up a new child while its parent's backup is
+    in flight (one ack per node, acknowledged in issue order); the spec's `d2h_issue` needs
+    the parent RESIDENT in L2 (no backup gap, S6)."""
+    path = _traced(tmp_path, 2, settle=False)
+    assert main(["check-trace", str(path)]) == 1
+    assert "guard 'parent(L2) == RESIDENT' fails" in capsys.readouterr().out
+
+
+def test_check_trace_catches_the_planted_stale_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLangHiCacheStaleLock keeps its lock on the matched prefix: sglang evicts the node
+    the request is served from, which check-trace refuses from the trace alone."""
+    path = _traced(tmp_path, 1, settle=True, kind=SGLangHiCacheStaleLock)
+    assert main(["check-trace", str(path)]) == 1
+    assert "guard 'locks(L1) == 0' fails" in capsys.readouterr().out

@@ -74,6 +74,10 @@ Where the engine differs from the spec, and what the adapter makes of it:
 - the tree core: sglang's Python TreeCore (`tree_core_backend="python"`); the default, the
   compiled rust_tree_core, runs too but its nodes cannot be walked from Python.
 
+With `traced=True` (write-through only) the adapter also keeps, per opened cache, a
+spec/trace.md trace of what sglang did (`traces`; sglang_hicache_trace.py), for `hicache
+check-trace`; a traced prefill serves what its admission and load-back locked (no second match).
+
 What the oracle said: benchmarks/results/2026-12-05-engine-sglang-hicache.md.
 """
 
@@ -89,6 +93,7 @@ from typing import Any
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang_hicache_import import import_hicache
 from hicache.testing.adapters.sglang_hicache_pages import PageView
+from hicache.testing.adapters.sglang_hicache_trace import SGLangHiCacheTrace
 from hicache.testing.adapters.sglang_import import import_radix_cache
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, FaultSchedule, PageChange
@@ -138,6 +143,7 @@ class SGLangHiCache(PageView):
     page_size: int = 4
     write_policy: str = "write_through"
     load_back_threshold: int = 10  # sglang's default (the spec's `threshold` policy)
+    traced: bool = False  # keep a spec/trace.md trace per opened cache (`traces`)
     tiers: tuple[str, ...] = TIERS
     requests: dict[int, _Request] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
@@ -153,6 +159,12 @@ class SGLangHiCache(PageView):
         return "hierarchy" if self.write_policy == "write_back" else "tier"
 
     def __post_init__(self) -> None:
+        if self.traced and self.write_policy != "write_through":
+            raise HiCacheError(
+                f"a trace needs write_through, not {self.write_policy!r}: under write-back "
+                "sglang reclaims host copies in no leaf order (sglang_hicache_trace.py)"
+            )
+        self.traces: list[SGLangHiCacheTrace] = []
         self.sg = import_hicache()
         self.sr = import_radix_cache()
         self.jobs: dict[int, _JobEvent] = {}
@@ -202,6 +214,28 @@ class SGLangHiCache(PageView):
         self.cc = self.cache.cache_controller
         self.full = sg["ComponentType"].FULL
         self.jobs.clear()
+        if self.traced:
+            l2 = int(self.cc.mem_pool_host.size) // ps
+            engine = (
+                "sglang UnifiedRadixCache + HiCache (hicache/testing/adapters/sglang_hicache.py)"
+            )
+            caps = {"L1": self.capacity, "L2": l2}
+            self.traces.append(SGLangHiCacheTrace(ps, caps, engine, self.full))
+
+    @property
+    def _trace(self) -> SGLangHiCacheTrace | None:
+        return self.traces[-1] if self.traced else None
+
+    def _snap(self) -> Any:
+        return self._trace.snapshot(self.cache.tree_core.root_node) if self._trace else {}
+
+    def _traced(self, call: Any, request: int | None = None, load: bool = False) -> Any:
+        """Run one engine call; trace what it changed in the tree (SGLangHiCacheTrace)."""
+        before = self._snap()
+        got = call()
+        if self._trace is not None:
+            self._trace.changed(before, self._snap(), request, load)
+        return got
 
     # -- transfers as jobs ------------------------------------------------------------------
 
@@ -222,10 +256,13 @@ class SGLangHiCache(PageView):
         """One scheduler step of HiCache: issue queued backups, observe done acks. The
         backups are issued first (flush_pending_backups, as check_hicache_events does) so
         that their acks get a job event before the controller polls them."""
-        self.cache.flush_pending_backups()
+        self._traced(self.cache.flush_pending_backups)
         self._adopt_acks()
         self.stats["ticks_a_job_stayed_pending"] += any(not j.done for j in self.jobs.values())
-        self.cache.check_hicache_events()
+        self._traced(self.cache.check_hicache_events)
+        if self._trace is not None:
+            writing, loading = set(self.cache.ongoing_write_through), self.cache.ongoing_load_back
+            self._trace.ended(writing, set(loading), self._snap())
         self._adopt_acks()
         live = {id(a.finish_event) for a in [*self.cc.ack_write_queue, *self.cc.ack_load_queue]}
         self.jobs = {k: j for k, j in self.jobs.items() if id(j) in live}
@@ -288,8 +325,9 @@ class SGLangHiCache(PageView):
         return Admission(hits, got)
 
     def _admit(self, request_id: int, tokens: Prefix) -> int:
+        l2_hit, unsplit = self._hits(tokens)["L2"] if self.traced else 0, self._snap()
         got = self._match(tokens[: len(tokens) - 1])
-        node, ack = got.last_device_node, None
+        node, ack, matched = got.last_device_node, None, self._snap()
         if got.host_hit_length > 0:
             before, held = set(self.cache.ongoing_load_back), self._l1_pages()
             self.stats["host_hits"] += 1
@@ -317,6 +355,12 @@ class SGLangHiCache(PageView):
             ack = sharing[0]
             self.stats["loads_shared"] += 1
         self.requests[request_id] = _Request(tokens, node, receipt, hit, ack)
+        if self._trace is not None:
+            self._trace.splits(unsplit, matched)
+            self._trace.begin(request_id, tokens, hit, l2_hit)
+            self._trace.changed(matched, self._snap(), request_id, load=True)
+            if ack is not None and got.host_hit_length > 0 and node is got.best_match_node:
+                self._trace.bind_load(ack)
         return hit
 
     def ready(self, request_id: int) -> bool:
@@ -345,21 +389,24 @@ class SGLangHiCache(PageView):
         r = self._live(request_id)
         if r.prefilled:
             raise HiCacheError(f"request {request_id} is served already; finish it")
-        return bool(self._track(lambda: self._prefill(r)))
+        return bool(self._track(lambda: self._prefill(r, request_id)))
 
-    def _prefill(self, r: _Request) -> bool:
+    def _prefill(self, r: _Request, request_id: int) -> bool:
         import torch
 
         ps, tokens = self.page_size, r.tokens
-        self._relock(r, self._match(tokens[: len(tokens) - 1]).last_device_node)
+        if not self.traced:  # a trace serves what its admission and load-back locked
+            self._relock(r, self._match(tokens[: len(tokens) - 1]).last_device_node)
         matched = len(self.cache.path_device_indices(r.node))
+        if self._trace is not None:
+            self._trace.serve_loaded(request_id, r.node, matched)
         need = -(-len(tokens) // ps) * ps - matched
         short = need - int(self.allocator.available_size())
         if short > 0:
             if short > int(self.cache.evictable_size()):
                 self.stats["prefill_refused"] += 1
                 return False
-            self.cache.evict(self.sr["EvictParams"](num_tokens=short))
+            self._traced(lambda: self.cache.evict(self.sr["EvictParams"](num_tokens=short)))
             self.stats["prefill_made_room"] += 1
         fresh = self.allocator.alloc(need)
         # Verify the evictable size covered the shortfall (the scheduler relies on it too).
@@ -367,11 +414,19 @@ class SGLangHiCache(PageView):
         self._write_kv(tokens, matched, fresh)
         row = torch.cat([self.cache.path_device_indices(r.node), fresh])
         aligned = len(tokens) // ps * ps
+        held, before = self._l1_pages() if self.traced else set(), self._snap()
+        if self._trace is not None:
+            self._trace.compute(request_id, self.cache.tree_core.root_node, tokens, row, len(row))
         self.cache.insert(
             self.sr["InsertParams"](
                 key=self._key(tokens[:aligned]), value=row[:aligned], prev_prefix_len=matched
             )
         )
+        if self._trace is not None:
+            after = self._snap()
+            self._trace.splits(before, after)
+            self._trace.insert(request_id, self.cache.tree_core.root_node, tokens, row, held)
+            self._trace.changed(before, after, split=False)  # its write-through backups
         self._lock_served(r, self._match(tokens[:aligned]).last_device_node)
         r.tail, r.cached_len, r.prefilled = row[aligned:], aligned, True
         return True
@@ -403,17 +458,22 @@ class SGLangHiCache(PageView):
             if r.tail is not None and r.tail.numel():
                 self.allocator.free(r.tail)
             self.cache.dec_lock_ref(r.node, r.lock)
+            if self._trace is not None:
+                n = 0 if r.tail is None else int(r.tail.numel())
+                tail = (r.cached_len, r.cached_len + n) if r.prefilled else None
+                self._trace.end(request_id, tail, r.tail)
 
-        self._track(end)
+        self._track(lambda: self._traced(end))
 
     def evict(self, tier: str, n_pages: int) -> None:
         if tier not in self.tiers:
             raise HiCacheError(f"tier {tier!r}: this engine has only {self.tiers}")
         tokens = n_pages * self.page_size
         if tier == "L1":
-            self._track(lambda: self.cache.evict(self.sr["EvictParams"](num_tokens=tokens)))
+            evict = lambda: self.cache.evict(self.sr["EvictParams"](num_tokens=tokens))  # noqa: E731
+            self._track(lambda: self._traced(evict))
         else:
-            freed = self._track(lambda: self.cache.evict_host(tokens))
+            freed = self._track(lambda: self._traced(lambda: self.cache.evict_host(tokens)))
             self.stats["l2_evict_calls"] += 1
             self.stats["l2_tokens_freed"] += int(freed)
 

@@ -28,7 +28,7 @@ discards what others inserted since).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
@@ -177,13 +177,26 @@ class SGLangTrace:
         held their pages already (below `held`, insert's prefix_len) are discarded copies,
         the node it made is inserted; then the request's cached_len. Nothing when no whole
         page was computed (the reference's insert then changes nothing)."""
+        self.publish(request, root, tokens, row, start, lambda end: end <= held)
+
+    def publish(
+        self,
+        request: int,
+        root: Any,
+        tokens: Sequence[int],
+        row: Any,
+        start: int,
+        copied: Callable[[int], bool],
+    ) -> None:
+        """`insert` for each node past `start` on the prompt's whole pages, `discard` for
+        those whose end `copied` says already held their pages; then cached_len."""
         aligned = len(tokens) // self.page_size * self.page_size
         if aligned <= start:
             return  # only the tail page was computed: nothing to publish, no event
         for node, (n_start, n_end) in path_nodes(root, tokens[:aligned], self.page_size):
             if n_end <= start:
                 continue
-            name = "discard" if n_end <= held else "insert"
+            name = "discard" if copied(n_end) else "insert"
             self.tracer.emit(
                 name,
                 tier="L1",
