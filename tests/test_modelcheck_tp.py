@@ -38,6 +38,8 @@ REJECTED = {
     "B16-ack": ("tp2", "invariant"),
     "TP-conditional": ("tp2", "collective"),
     "TP-local-capacity": ("tp2-fork", "disagree"),
+    "TP-cancel-ended": ("tp2", "disagree"),
+    "TP-moving-landed": ("tp2-pages", "rule"),
 }
 # Mutants of what the model does not run: C1a admission and windows, bytes.
 OUT_OF_SCOPE = {"TP-min-of-maxima", "TP-rank-local-bytes"}
@@ -61,10 +63,31 @@ def test_each_tp_zoo_mutant_in_scope_is_rejected(name: str) -> None:
     mutant = next(m for m in ZOO if m.name == name)
     config, kind = REJECTED[name]
     with mutant.patch():
-        res = explore_tp(get_config(config), max_states=2000)
+        res = explore_tp(get_config(config), max_states=5000)  # TP-moving-landed: ~2,900
     assert res.finding is not None, f"{name} passed the TP model check"
     assert res.finding.kind == kind, res.finding
     assert res.finding.path, "a finding comes with its path"
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "kind"),
+    [
+        ("TP-cancel-ended", "tp2", "disagree"),
+        ("TP-cancel-ended", "tp2-pages", "disagree"),
+        ("TP-moving-landed", "tp2-pages", "rule"),
+    ],
+)
+def test_the_bugs_the_model_check_found_are_rejected_as_mutants(
+    name: str, config: str, kind: str
+) -> None:
+    """C5 (4f44ac3) and C4 (417fbcb) re-planted as they were: C5's cancel parts the ranks'
+    trees on both configs; C4's clamp needs a read of two nodes (tp2-pages), where only the
+    `landed` rule sees it (the ranks agree on the wrong count). tp2's reads are one node."""
+    mutant = next(m for m in ZOO if m.name == name)
+    with mutant.patch():
+        res = explore_tp(get_config(config), max_states=5000)
+    assert res.finding is not None, f"{name} passed the TP model check on {config}"
+    assert res.finding.kind == kind, res.finding
 
 
 def test_b16_on_replicated_pools_is_rejected_and_the_clean_group_model_writes_from_rank_0() -> None:

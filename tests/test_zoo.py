@@ -44,7 +44,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "B16-ack": (1, "I11 l3_write_multiplicity"),
     "TP-conditional": (0, "contract: CollectiveTimeout escaped FuzzTp"),
     "TP-local-capacity": (4, "I7 rank_agreement"),
-    "TP-min-of-maxima": (0, "I9 group_atomic"),
+    "TP-min-of-maxima": (0, "I9 group_atomic | differential L1 hit length at admission"),
+    # ends_on_one_rank (hicache/testing/tpends.py); 2026-12-05-zoo-tp-agreement.md
+    "TP-cancel-ended": (0, "C4 landed"),
+    "TP-moving-landed": (0, "C4 landed"),
     "F11-no-clamp": (0, "I4 tier_bytes_equal"),
     "L3-no-lock": (0, "machine FuzzCpu.l3_refuses_a_second_opener"),
     "decision-unplanned": (0, "FuzzDsv4.agrees_with_reference: restore choice, decision unplanned"),

@@ -71,6 +71,7 @@ from hicache.testing.machine import (
 )
 from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
 from hicache.testing.tamper import tamper_hows, with_tamper_rule
+from hicache.testing.tpends import with_one_rank_ends
 from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
@@ -324,6 +325,8 @@ def tp_machine(
     base = with_illegal_calls(base, name, coverage)
     # The oracle judged: check-trace replays every rank's trace, rejects its corruptions.
     base = with_self_check(base, strategy, _counts(coverage), name)
+    # Ends the ranks see apart: an op done or failed on one rank only, then a tick or a cancel.
+    base = with_one_rank_ends(base, name)
 
     class Checked(base):  # type: ignore[valid-type, misc]
         @precondition(lambda self: hasattr(self, "cache"))

@@ -100,6 +100,9 @@ DEFAULT_MACHINE: dict[str, str] = {
     "TP-conditional": "fuzz-tp",
     "TP-local-capacity": "fuzz-tp",
     "TP-min-of-maxima": "fuzz-tp-dsv4",
+    # reached by `ends_on_one_rank` (hicache/testing/tpends.py): an op ended on one rank only
+    "TP-cancel-ended": "fuzz-tp",
+    "TP-moving-landed": "fuzz-tp",
     # the null plane's content tags catch it on seeds 0-4 (steps 103-329); the CPU plane's
     # bytes too, but later (3 of 5 seeds within 2,000 steps once issue 31's rules joined)
     "F11-no-clamp": "fuzz-dsv4",

@@ -43,6 +43,7 @@ from hicache.dataplane.faults import (
     FaultSite,
     SimulatedCrash,
 )
+from hicache.dataplane.null import StoppedEarly
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.devices import rank_device
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
@@ -326,12 +327,25 @@ class ControllerAdapter:
         else:
             handle.wait(None)
 
-    def fail(self, op_id: int, kind: str) -> None:
+    def fail(self, op_id: int, kind: str, landed: int = 0) -> None:
+        """Op `op_id` fails with `kind` ("error", "corrupt", "unreadable"), or, on the null
+        plane, "partial": an S2H stops part way, after 1 + `landed` (modulo its size less one)
+        anchor pages in every backed-up pool (spec/pools.md F11; none of a one-page read);
+        "partial" elsewhere is "error"."""
         handle = self.ctl.handles[op_id]
+        op = self.ctl.cp.ops[op_id]
+        if isinstance(handle, FaultyNullHandle) and kind == "partial":
+            if op.direction is Direction.S2H:
+                kept = self.ctl.group.backed_up()
+                size = sum(n.num_pages for n in op.nodes)
+                pages = 1 + landed % (size - 1) if size > 1 else 0
+                handle.landed = {p.name: pages * kept.ratio(p.name) for p in kept.pools}
+                handle.fail(StoppedEarly())
+                return
+            kind = "error"
         if isinstance(handle, FaultyNullHandle):
             handle.settle(False, kind)
             return
-        op = self.ctl.cp.ops[op_id]
         path = self.ctl.engine.l3_path
         slot = int(op.source_pages[0])
         error = (

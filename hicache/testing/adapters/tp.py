@@ -6,13 +6,17 @@ own GPU when there is one per rank, else all on one) with its own fault injector
 the agreement points of spec/tp.toml as a real TP cache's processes do. What the machine
 observes is rank 0's, after checking that every rank observed the same (admissions, ready,
 prefill outcomes); `check` adds the cross-rank invariants (I7, I8, I10, I11) to every rank's
-own checks. Faults are per rank and independent:
+own checks, and C4's `landed` rule over every collective step (tplanded.py). Faults are
+per rank and independent:
 
     faults rule (schedules)   every rank draws the same rates with its own seed: a refused
                               reservation, a failed or late completion on one rank only (F15)
     aim, fail                 one rank, in turn (rank k of the k-th aimed fault); the TP
                               machines' `refused_on_one_rank` aims a refusal at one rank
                               while the lower tiers hold evictable nodes (F15)
+    end_on_one_rank           an op done or failed (a read stopped part way too) on one
+                              rank only while the others still move it: the machine
+                              ticks, cancels the op's request, or both (F15, C4, C5)
     free_window(rank, pick)   a rank frees one node's sliding window alone (its own SWA memory):
                               the ranks' legal endpoints differ (F17, the min-of-maxima mutant)
     rank-local knobs          each rank its own check_mode, verify and kernels (`tp_setups`:
@@ -36,6 +40,7 @@ from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import HiCacheError
 from hicache.invariants import check_ranks
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
+from hicache.testing.adapters.tplanded import LandedRule
 from hicache.testing.protocol import (
     WINDOW_FREED,
     WINDOW_REVIVED,
@@ -96,11 +101,17 @@ class TPAdapter:
         self.replay_window = self.ranks[0].replay_window
         self._turn = 0  # the rank the next one-rank fault strikes
         self._extra: set[tuple[int, ...]] = set()  # pages the model has freed for other ranks
+        self._landed = LandedRule()  # C4's `landed` rule, over every collective step
+        self._broken: list[str] = []  # what it found (`_all`), for `check`
 
     # -- every rank ---------------------------------------------------------------------------
 
     def _all(self, fn: Callable[[ControllerAdapter], T]) -> list[T]:
-        return self.group.run(lambda r: fn(self.ranks[r]))
+        """`fn` on every rank at once; C4's `landed` rule over what it settled (tplanded)."""
+        self._landed.watch(self.rank_controllers)
+        out = self.group.run(lambda r: fn(self.ranks[r]))
+        self._broken += self._landed.broken(self.rank_controllers)
+        return out
 
     def _same(self, what: str, got: Sequence[T]) -> T:
         differ = [r for r, g in enumerate(got) if g != got[0]]
@@ -197,6 +208,20 @@ class TPAdapter:
         rank = moving[self._next_rank() % len(moving)]
         self.ranks[rank].fail(op_id, kind)
 
+    def end_on_one_rank(self, op_id: int, rank: int, how: str, landed: int = 0) -> int | None:
+        """Op `op_id` ends on one rank only, the `rank`-th (modulo) of those still moving it:
+        `how` "done" (per the schedule), or a failure of `ControllerAdapter.fail`'s kinds
+        ("partial": an S2H that stops after `landed` anchor pages). No tick: the others
+        still move it, so the next tick waits for them (C4) or, when it failed, cancels
+        theirs. The request that issued the op (None: none) -- whose cancel may come first."""
+        moving = [a for a in self.ranks if op_id in a.pending_ops()]
+        one = moving[rank % len(moving)]
+        if how == "done":
+            one.complete(op_id)
+        else:
+            one.fail(op_id, how, landed)
+        return one.ctl.cp.ops[op_id].request_id
+
     def evict(self, tier: str, n_pages: int) -> None:
         self._all(lambda a: a.evict(tier, n_pages))
 
@@ -265,6 +290,8 @@ class TPAdapter:
         self.group = ThreadGroup(self.size, self.timeout_s)
         self.group.run(lambda r: self.ranks[r].restart(self.group.member(r)))
         self._extra.clear()
+        self._broken.clear()
+        self._landed.clear()
 
     def close(self) -> None:
         self._abandon_if_broken()
@@ -315,6 +342,7 @@ class TPAdapter:
 
     def check(self) -> list[str]:
         found = [f"rank {r}: {p}" for r, a in enumerate(self.ranks) for p in a.check()]
+        found += self._broken
         return found + [str(v) for v in check_ranks([rank_view(a.ctl) for a in self.ranks])]
 
     def trace(self) -> list[TraceEvent]:

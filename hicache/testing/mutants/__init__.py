@@ -41,6 +41,10 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   the ranks' own hits
     TP-rank-local-bytes GroupSyntheticProducer.pool_bytes         a replicated pool's bytes
                                                                   differ on ranks but 0
+    TP-cancel-ended  -  Transfers.settle                          C5 before its fix: a cancel
+                                                                  publishes on one rank
+    TP-moving-landed -  Agreement.completion                      C4 before its fix: a rank
+                                                                  still moving counts all landed
     F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
                                                                   every node it read
     decision-unplanned  CacheController._policy_hits              a restore chosen that no

@@ -107,6 +107,46 @@ def _tp_rank_local_bytes() -> contextlib.AbstractContextManager[None]:
     return swapped(GroupSyntheticProducer, "pool_bytes", pool_bytes)
 
 
+def _tp_cancel_ended() -> contextlib.AbstractContextManager[None]:
+    """C5 as it was before 4f44ac3: across ranks a cancel (finish, cancel_restore, close)
+    settles an op from each rank's own handle, so a rank a tick already saw the op end on
+    publishes it (done) or fails it while the ranks still moving it release it."""
+    from hicache.controller.transfers import Transfers
+    from hicache.dataplane.handles import TransferStatus
+
+    original = Transfers.__dict__["settle"]
+
+    def settle(
+        self: Any, op_id: int, failed: Any = None, kept: Any = None, bad: Any = None
+    ) -> None:
+        status = self.handles[op_id].status
+        if failed is None and self.tp and status in (TransferStatus.DONE, TransferStatus.FAILED):
+            failed = status is TransferStatus.FAILED  # the handle's own end, this rank's alone
+        original(self, op_id, failed, kept, bad)
+
+    return swapped(Transfers, "settle", settle)
+
+
+_ALL_NODES = 1 << 30
+"""More nodes than any op has: C4's least of it and a failing rank's clamp is that clamp, as
+the op's own node count was (`_tp_moving_landed`)."""
+
+
+def _tp_moving_landed() -> contextlib.AbstractContextManager[None]:
+    """C4 as it was before 417fbcb: a rank still moving an op reports all its nodes landed,
+    so when another rank's read stopped part way every rank keeps that rank's clamp -- the
+    rank still moving too, which then cancels its read and publishes nodes it never wrote."""
+    from hicache.distributed.agreement import Agreement
+
+    original = Agreement.__dict__["completion"]
+
+    def completion(self: Any, local: Any) -> Any:
+        moving = [(e, f, k if e or f else _ALL_NODES, r, s) for e, f, k, r, s in local]
+        return original(self, moving)
+
+    return swapped(Agreement, "completion", completion)
+
+
 ZOO: tuple[Mutant, ...] = (
     Mutant(
         "B16",
@@ -153,5 +193,21 @@ ZOO: tuple[Mutant, ...] = (
         "a replicated "
         "pool's bytes computed rank-locally: ranks other than 0 hold bytes of their own",
         _tp_rank_local_bytes,
+    ),
+    Mutant(
+        "TP-cancel-ended",
+        "-",
+        "Transfers.settle",
+        "C5 before its fix: a cancel settles an op from "
+        "each rank's own handle, so the rank a tick saw it end on publishes it alone",
+        _tp_cancel_ended,
+    ),
+    Mutant(
+        "TP-moving-landed",
+        "-",
+        "Agreement.completion",
+        "C4 before its fix: a rank still moving "
+        "an op reports all its nodes landed, then publishes a clamp it never wrote",
+        _tp_moving_landed,
     ),
 )
