@@ -106,8 +106,8 @@ class OwnOpIds(ControllerAdapter):
     def complete(self, op_id: int) -> None:
         super().complete(op_id - 1000)
 
-    def fail(self, op_id: int, kind: str) -> None:
-        super().fail(op_id - 1000, kind)
+    def fail(self, op_id: int, kind: str, landed: int = 0) -> None:
+        super().fail(op_id - 1000, kind, landed)
 
     def finish(self, request_id: int) -> None:
         try:
