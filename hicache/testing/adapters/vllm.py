@@ -188,9 +188,13 @@ class VLLMOffloading(Views, JobPlayer):
         self.l2_announced: dict[bytes, bool] = {}  # key -> stored (True) / removed, per events
         self.views.clear()
         if self.traced:
-            engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
-            caps = {"L1": self.l1_pages, "L2": self.l2_pages}
-            self.traces.append(VLLMTrace(self.page_size, caps, engine))
+            self.traces.append(self._new_trace())
+
+    def _new_trace(self) -> VLLMTrace:
+        """The trace of the engine just opened (a subclass's writer may know more tiers)."""
+        engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
+        caps = {"L1": self.l1_pages, "L2": self.l2_pages}
+        return VLLMTrace(self.page_size, caps, engine)
 
     def close(self) -> None:
         self.requests.clear()
