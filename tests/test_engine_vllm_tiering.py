@@ -222,6 +222,36 @@ def test_check_trace_accepts_the_tiering_managers_settled_trace(
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
+def test_a_promotion_into_a_full_cpu_tier_traces_what_it_evicted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A promotion's chunk is allocated with the CPU tier's prepare_write, which evicts when
+    the tier is full; the tiering manager drops that answer. Before the adapter reported
+    it, the trace lacked those evict_l2 and check-trace refused the promotion ('L2: wanted
+    2 pages, 0 free'; raw trace seed 16)."""
+    try:
+        engine = VLLMTiering(6, 2, PS, persistent=False)
+    except EngineUnavailable as e:
+        pytest.skip(f"vLLM is not installed here: {e}")
+    engine.traced = True
+    engine.restart()
+    other = tuple(range(500, 509))
+    for rid, tokens in ((1, PROMPT), (2, other), (3, PROMPT)):  # B's store evicts A's
+        engine.submit(rid, tokens)  # chunks from L2; A is then promoted out of its files
+        _until_ready(engine, rid)
+        assert engine.prefill(rid)
+        engine.finish(rid)
+        engine.drain()
+        engine.evict("L1", 6)
+    assert engine.stats["l2_evicted_by_promotion"] == 2
+    lines = engine.traces[-1].lines()
+    path = tmp_path / "promotion.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    events = [json.loads(line)["event"] for line in lines[1:]]
+    assert events.count("evict_l2") == 4 and "s2h_complete" in events, events
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
 def test_check_trace_catches_the_unread_promotion_from_the_trace_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -145,7 +145,23 @@ class VLLMTiering(VLLMOffloading):
             self.l3_keys.clear()
         self.on_disk = {k for k in self.l3_keys if os.path.exists(self.ft.file(k))}
         self.expected_errors = 0
+        self._watch_promotion_evictions(self.files.manager.primary_tier)
         return self.files.manager
+
+    def _watch_promotion_evictions(self, cpu: Any) -> None:
+        """The CPU tier's `prepare_write` (a promotion's allocation, `_initiate_promotion`)
+        may evict chunks, and the tiering manager drops what it says: report them as the
+        base reports a store's evictions (evict_l2 in a trace), then pass the answer on."""
+        write = cpu.prepare_write
+
+        def prepare_write(keys: Any, ctx: Any) -> Any:
+            out = write(keys, ctx)
+            if out is not None and out.evicted_keys:
+                self.stats["l2_evicted_by_promotion"] += len(out.evicted_keys)
+                self._trace_l2_evicted(list(out.evicted_keys))
+            return out
+
+        cpu.prepare_write = prepare_write
 
     def restart(self) -> None:
         """The process starts again: vllm.py's restart over `_new_manager`. A persistent L3
