@@ -188,17 +188,23 @@ def test_the_unread_promotion_is_caught_by_the_machine() -> None:
     assert "bytes of page" in result.text
 
 
+def _traced_engine(kind: type[VLLMTiering], l1: int, l2: int) -> VLLMTiering:
+    """`kind`, traced, on a fresh directory (a trace has no restart event)."""
+    try:
+        engine = kind(l1, l2, PS, persistent=False)
+    except EngineUnavailable as e:
+        pytest.skip(f"vLLM is not installed here: {e}")
+    engine.traced = True
+    engine.restart()
+    return engine
+
+
 def _settled_trace(tmp_path: Path, kind: type[VLLMTiering], seed: int) -> Path:
     """`kind`'s trace of the settled workload (vllm_trace.workload, L1 and L2 emptied now
     and then so that the file tier serves), one engine on a fresh directory."""
     from hicache.testing.adapters.vllm_trace import workload
 
-    try:
-        engine = kind(8, 24, PS, persistent=False)
-    except EngineUnavailable as e:
-        pytest.skip(f"vLLM is not installed here: {e}")
-    engine.traced = True
-    engine.restart()
+    engine = _traced_engine(kind, 8, 24)
     workload(engine, seed, 400, settle=True, checked=kind is VLLMTiering, flush_l2=True)
     path = tmp_path / f"vllm-tiering-{seed}.ndjson"
     path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
@@ -229,12 +235,7 @@ def test_a_promotion_into_a_full_cpu_tier_traces_what_it_evicted(
     the tier is full; the tiering manager drops that answer. Before the adapter reported
     it, the trace lacked those evict_l2 and check-trace refused the promotion ('L2: wanted
     2 pages, 0 free'; raw trace seed 16)."""
-    try:
-        engine = VLLMTiering(6, 2, PS, persistent=False)
-    except EngineUnavailable as e:
-        pytest.skip(f"vLLM is not installed here: {e}")
-    engine.traced = True
-    engine.restart()
+    engine = _traced_engine(VLLMTiering, 6, 2)
     other = tuple(range(500, 509))
     for rid, tokens in ((1, PROMPT), (2, other), (3, PROMPT)):  # B's store evicts A's
         engine.submit(rid, tokens)  # chunks from L2; A is then promoted out of its files
