@@ -183,10 +183,12 @@ def workload(
             engine.evict("L2", engine.l2_pages)
         else:
             engine.evict("L1" if settle else rng.choice(engine.tiers), rng.randint(1, 3))
-        for _ in range(3 if settle else 0):  # stores end at once (a tier's file jobs too)
-            for op in engine.settled_ops():
+        for _ in range(3 if settle else 0):  # stores end at once (a tier's file jobs too,
+            for op in engine.settled_ops():  # which a store's end may start)
                 engine.complete(op)
             engine.tick()  # loads end when a tick says
+            if not engine.settled_ops():
+                break
         engine.changes()
         found = engine.check() if checked else []
         # Verify vLLM's accounting after every step (a finding is the engine's, not the trace's).
