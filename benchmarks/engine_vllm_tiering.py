@@ -12,7 +12,8 @@ wall and CPU seconds, steps per CPU second, whether the run agreed with the refe
 the stats. `--report DIR` also writes each seed's `hicache fuzz --report` text (rules, fault
 sites reached) to DIR/vllm-tiering-SEED.txt, and `--summarize DIR` reads such a directory
 (and DIR/out.jsonl, this script's output) back: seeds, steps, failures, steps per wall second,
-the stats and the rules and fault sites reached, summed.
+the stats and the rules and fault sites reached, summed. `--traces DIR [--settle]` writes
+each seed's spec/trace.md trace instead (`trace_run`), for `hicache check-trace`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,24 @@ def seed_run(seed: int, steps: int, report: Path | None) -> dict[str, Any]:
     }
 
 
+def trace_run(seed: int, steps: int, folder: Path, settle: bool) -> dict[str, Any]:
+    """Seed `seed`'s trace of `vllm_trace.workload` (L1 8 pages; settled: L2 24 pages, every
+    file job ended at once, L1 and L2 emptied now and then; else an L2 of 3 + seed % 6 and
+    the workload's faults) to FOLDER/{settled,raw}-SEED.ndjson, for `hicache check-trace`.
+    One engine, fresh directory: a trace has no restart event."""
+    from hicache.testing.adapters.vllm_trace import workload
+
+    cache = vllm_tiering.VLLMTiering(8, 24 if settle else 3 + seed % 6, 4, persistent=False)
+    cache.traced = True
+    cache.restart()
+    workload(cache, seed, steps, settle=settle, flush_l2=settle)
+    lines = cache.traces[-1].lines()
+    path = folder / f"{'settled' if settle else 'raw'}-{seed}.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    events = Counter(json.loads(line)["event"] for line in lines[1:])
+    return {"seed": seed, "trace": str(path), "events": dict(sorted(events.items()))}
+
+
 def _counts(text: str, heading: str) -> Counter[str]:
     """The `name  count` lines under `heading` in a `--report` text (a `rules run:` line
     lists them inline instead)."""
@@ -119,7 +138,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=2_000)
     p.add_argument("--report", metavar="DIR", type=Path)
     p.add_argument("--summarize", metavar="DIR", type=Path, help="sum a campaign's output")
+    p.add_argument("--traces", metavar="DIR", type=Path, help="write workload traces there")
+    p.add_argument("--settle", action="store_true", help="--traces: the settled workload")
     args = p.parse_args(argv)
+    if args.traces:
+        args.traces.mkdir(parents=True, exist_ok=True)
+        for seed in args.seeds:
+            print(json.dumps(trace_run(seed, args.steps, args.traces, args.settle)), flush=True)
+        return 0
     if args.summarize:
         print(json.dumps(summarize(args.summarize), indent=1))
         return 0

@@ -8,15 +8,19 @@ Run them with vLLM's interpreter: `VENV/bin/python -m pytest tests/test_engine_v
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from hicache.cli import main
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 from hicache.testing.adapters.vllm_filetier import open_tiering
 from hicache.testing.adapters.vllm_tiering import VLLMTiering, VLLMTieringUnreadPromotion
+from hicache.testing.adapters.vllm_tiering_trace import L3_UNBOUNDED
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import PageChange
 from hicache.testing.runner import arguments, fuzz
@@ -182,6 +186,82 @@ def test_the_unread_promotion_is_caught_by_the_machine() -> None:
     result = fuzz(arguments(seed=1, steps=1000, plane="null", adapter=adapter, shrink_seconds=5))
     assert not result.ok
     assert "bytes of page" in result.text
+
+
+def _traced_engine(kind: type[VLLMTiering], l1: int, l2: int) -> VLLMTiering:
+    """`kind`, traced, on a fresh directory (a trace has no restart event)."""
+    try:
+        engine = kind(l1, l2, PS, persistent=False)
+    except EngineUnavailable as e:
+        pytest.skip(f"vLLM is not installed here: {e}")
+    engine.traced = True
+    engine.restart()
+    return engine
+
+
+def _settled_trace(tmp_path: Path, kind: type[VLLMTiering], seed: int) -> Path:
+    """`kind`'s trace of the settled workload (vllm_trace.workload, L1 and L2 emptied now
+    and then so that the file tier serves), one engine on a fresh directory."""
+    from hicache.testing.adapters.vllm_trace import workload
+
+    engine = _traced_engine(kind, 8, 24)
+    workload(engine, seed, 400, settle=True, checked=kind is VLLMTiering, flush_l2=True)
+    path = tmp_path / f"vllm-tiering-{seed}.ndjson"
+    path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
+    engine.close()
+    return path
+
+
+@pytest.mark.parametrize("seed", [1, 2, 32])
+def test_check_trace_accepts_the_tiering_managers_settled_trace(
+    tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seed 32: a load of a page-aligned prompt's last page, which L1 held at issue (left
+    out of the h2d), ends after L1's copy was evicted; the load's copy is published then
+    (vllm_views._trace_end: an h2d of its own). Before, cached_len named a page the trace
+    never put back in L1 (check-trace: 'are not RESIDENT in L1 yet')."""
+    path = _settled_trace(tmp_path, VLLMTiering, seed)
+    names = {json.loads(line)["event"] for line in path.read_text().splitlines()[1:]}
+    wanted = {"h2s_issue", "h2s_complete", "s2h_issue", "s2h_complete", "evict_l2"}
+    assert wanted <= names, names
+    assert json.loads(path.read_text().splitlines()[0])["capacities"]["L3"] == L3_UNBOUNDED
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_a_promotion_into_a_full_cpu_tier_traces_what_it_evicted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A promotion's chunk is allocated with the CPU tier's prepare_write, which evicts when
+    the tier is full; the tiering manager drops that answer. Before the adapter reported
+    it, the trace lacked those evict_l2 and check-trace refused the promotion ('L2: wanted
+    2 pages, 0 free'; raw trace seed 16)."""
+    engine = _traced_engine(VLLMTiering, 6, 2)
+    other = tuple(range(500, 509))
+    for rid, tokens in ((1, PROMPT), (2, other), (3, PROMPT)):  # B's store evicts A's
+        engine.submit(rid, tokens)  # chunks from L2; A is then promoted out of its files
+        _until_ready(engine, rid)
+        assert engine.prefill(rid)
+        engine.finish(rid)
+        engine.drain()
+        engine.evict("L1", 6)
+    assert engine.stats["l2_evicted_by_promotion"] == 2
+    lines = engine.traces[-1].lines()
+    path = tmp_path / "promotion.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    events = [json.loads(line)["event"] for line in lines[1:]]
+    assert events.count("evict_l2") == 4 and "s2h_complete" in events, events
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
+def test_check_trace_catches_the_unread_promotion_from_the_trace_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planted bug's promotions read nothing, so the trace ends them s2h_fail (the
+    writer counts the blocks the tier's read task read); vLLM publishes the chunks anyway
+    and loads them into L1: an h2d from an L2 the reference does not hold."""
+    path = _settled_trace(tmp_path, VLLMTieringUnreadPromotion, 1)
+    assert main(["check-trace", str(path)]) == 1
+    assert "'h2d_issue' on tier L1 from L3: guard 'L2 == RESIDENT' fails" in capsys.readouterr().out
 
 
 def test_a_file_rewritten_under_the_tier_is_served_and_the_machine_says_so() -> None:

@@ -190,10 +190,14 @@ class VLLMOffloading(Views, JobPlayer):
         self.l2_announced: dict[bytes, bool] = {}  # key -> stored (True) / removed, per events
         self.views.clear()
         if self.traced:
-            engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
-            caps = {"L1": self.l1_pages, "L2": self.l2_pages}
-            keyed = tuple(t for t in self.hash_keyed_tiers if t in caps)
-            self.traces.append(VLLMTrace(self.page_size, caps, engine, keyed))
+            self.traces.append(self._new_trace())
+
+    def _new_trace(self) -> VLLMTrace:
+        """The trace of the engine just opened (a subclass's writer may know more tiers)."""
+        engine = f"vllm {self.v['version']} BlockPool + {type(self.manager).__name__}"
+        caps = {"L1": self.l1_pages, "L2": self.l2_pages}
+        keyed = tuple(t for t in self.hash_keyed_tiers if t in caps)
+        return VLLMTrace(self.page_size, caps, engine, keyed)
 
     def close(self) -> None:
         self.requests.clear()

@@ -170,6 +170,10 @@ class JobPlayer:
     def pending_ops(self) -> list[int]:
         return list(self.jobs)
 
+    def settled_ops(self) -> list[int]:
+        """The pending ops a settled workload ends at once (vllm_trace.workload): stores."""
+        return [op for op, job in self.jobs.items() if job.store]
+
     def complete(self, op_id: int) -> None:
         if op_id in self.jobs:
             self.jobs[op_id].outcome = True

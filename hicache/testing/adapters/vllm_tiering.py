@@ -68,16 +68,18 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hicache.dataplane.faults import FaultSite, SimulatedCrash
 from hicache.testing.adapters.vllm import VLLMOffloading
 from hicache.testing.adapters.vllm_filetier import CHUNK_BYTES, FileTier, open_tiering
-from hicache.testing.adapters.vllm_fs import LOAD, STORE
+from hicache.testing.adapters.vllm_fs import LOAD, STORE, PlayedJob
 from hicache.testing.adapters.vllm_jobs import DRAIN_ROUNDS_MAX, FAILS
 from hicache.testing.adapters.vllm_state import Job, Prefix
+from hicache.testing.adapters.vllm_tiering_trace import VLLMTieringTrace
+from hicache.testing.adapters.vllm_trace import VLLMTrace
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, PageChange
 
@@ -125,6 +127,7 @@ class VLLMTiering(VLLMOffloading):
         self.l3_keys: dict[Any, Prefix] = {}  # keys ever cascaded, by page
         self.on_disk: set[Any] = set()  # keys whose block file exists
         self.expected_errors = 0  # task errors a fault made (a cut file read short)
+        self.blocks_read: dict[int, int] = {}  # a traced promotion's job -> blocks its read read
         super().__init__(l1_pages, l2_pages, page_size, "lru")
 
     # -- the engine's parts -------------------------------------------------------------------
@@ -142,7 +145,23 @@ class VLLMTiering(VLLMOffloading):
             self.l3_keys.clear()
         self.on_disk = {k for k in self.l3_keys if os.path.exists(self.ft.file(k))}
         self.expected_errors = 0
+        self._watch_promotion_evictions(self.files.manager.primary_tier)
         return self.files.manager
+
+    def _watch_promotion_evictions(self, cpu: Any) -> None:
+        """The CPU tier's `prepare_write` (a promotion's allocation, `_initiate_promotion`)
+        may evict chunks, and the tiering manager drops what it says: report them as the
+        base reports a store's evictions (evict_l2 in a trace), then pass the answer on."""
+        write = cpu.prepare_write
+
+        def prepare_write(keys: Any, ctx: Any) -> Any:
+            out = write(keys, ctx)
+            if out is not None and out.evicted_keys:
+                self.stats["l2_evicted_by_promotion"] += len(out.evicted_keys)
+                self._trace_l2_evicted(list(out.evicted_keys))
+            return out
+
+        cpu.prepare_write = prepare_write
 
     def restart(self) -> None:
         """The process starts again: vllm.py's restart over `_new_manager`. A persistent L3
@@ -155,6 +174,20 @@ class VLLMTiering(VLLMOffloading):
         super().restart()
         if self.persistent_tiers and reopened:
             self.views.shown["L3"], self._l3_quiet = kept, True
+
+    def _new_trace(self) -> VLLMTrace:
+        base = super()._new_trace()
+        caps, engine = dict(base.header.capacities), base.header.engine or ""
+        keyed = tuple(t for t in self.hash_keyed_tiers if t in (*caps, "L3"))
+        return VLLMTieringTrace(self.page_size, caps, engine, self._l3_hit, keyed)
+
+    def _l3_hit(self, tokens: Prefix) -> int:
+        """Tokens of `tokens`' leading pages whose block file exists (the admission's L3 hit)."""
+        keys = self._hash_pages(tokens[: (len(tokens) - 1) // self.page_size * self.page_size])[1]
+        n = 0
+        while n < len(keys) and keys[n] in self.on_disk:
+            n += 1
+        return n * self.page_size
 
     @property
     def ft(self) -> FileTier:
@@ -201,6 +234,7 @@ class VLLMTiering(VLLMOffloading):
                 for key in keys:
                     self.l3_keys[key] = self.prefix_of[bytes(key)]
             self.file_ops[self.next_op] = op
+            self._trace_file_issue(self.next_op, op, played)
             self.next_op += 1
 
     def _play(self, op_id: int, ok: bool, kind: str) -> None:
@@ -215,11 +249,49 @@ class VLLMTiering(VLLMOffloading):
         if ok and f.kind == LOAD and not all(self._whole(k) for k in f.keys):
             self.expected_errors += 1  # a file cut or removed under the tier: its read fails
         ran = self.ft.jobs.play(f.job, ok)
+        self._trace_file_end(op_id, f, ran)
         self.stats[f"file_{f.kind}s_{'done' if ran else 'failed'}"] += 1
         self.on_disk = {k for k in self.on_disk | set(f.keys) if os.path.exists(self.ft.file(k))}
         if f.kind == LOAD:  # what landed (a failed key's chunk is freed unpublished)
             for chunk in self.manager._jobs[f.job].transfer_job.chunk_ids:
                 self.l2_bytes[int(chunk)] = self._chunk_digest(int(chunk))
+
+    def _trace_file_issue(self, op_id: int, f: FileOp, played: PlayedJob) -> None:
+        """The file job's issue events; a promotion's read task watched for what it reads."""
+        trace = self._trace
+        if not isinstance(trace, VLLMTieringTrace):
+            return
+        if f.kind == LOAD:
+            played.tasks = [self._watched(f.job, task) for task in played.tasks]
+        trace.file_issue(op_id, f.kind, [self.prefix_of[bytes(k)] for k in f.keys])
+
+    def _watched(self, job_id: int, task: Callable[[], Any]) -> Callable[[], Any]:
+        """`task` (a promotion's read), counting the blocks it read into `blocks_read`."""
+
+        def read() -> Any:
+            self.blocks_read[job_id] = 0
+            try:
+                got = task()
+            except Exception as e:
+                self.blocks_read[job_id] = getattr(e, "num_succeeded", 0)
+                raise
+            self.blocks_read[job_id] = len(self.manager._jobs[job_id].transfer_job.keys)
+            return got
+
+        return read
+
+    def _trace_file_end(self, op_id: int, f: FileOp, ran: bool) -> None:
+        """The file job's end events: a store's pages if it ran; a promotion's, the blocks
+        its read read (whatever the job reports: vllm_tiering_trace.py)."""
+        trace = self._trace
+        if isinstance(trace, VLLMTieringTrace):
+            n = (len(f.keys) if ran else 0) if f.kind == STORE else self.blocks_read.pop(f.job, 0)
+            trace.file_end(op_id, f.kind, [self.prefix_of[bytes(k)] for k in f.keys[:n]])
+
+    def _held(self, r: Any, start: int) -> dict[int, str]:
+        """vllm.py's, and the pages only a block file holds or a cascade writes ("other")."""
+        out, in_l3 = super()._held(r, start), self.on_disk | self.ft.writing()
+        return {**{k: "other" for k in range(start, len(r.keys)) if r.keys[k] in in_l3}, **out}
 
     def _whole(self, key: Any) -> bool:
         """Whether `key`'s block file is there, a whole chunk long."""
@@ -276,6 +348,11 @@ class VLLMTiering(VLLMOffloading):
 
     def pending_ops(self) -> list[int]:
         return sorted(super().pending_ops() + list(self.file_ops))
+
+    def settled_ops(self) -> list[int]:
+        """vllm.py's stores and every file job: a promotion in flight would let the next
+        request's promotion of the page after it start under a parent L2 lacks."""
+        return sorted(super().settled_ops() + list(self.file_ops))
 
     def complete(self, op_id: int) -> None:
         if op_id in self.file_ops:

@@ -88,11 +88,12 @@ class VLLMTrace:
             **fields,
         )
 
-    def begin(self, request: int, tokens: Prefix, l1: int, l2: int) -> None:
+    def begin(self, request: int, tokens: Prefix, l1: int, l2: int, l3: int = 0) -> None:
+        """begin_request with the admission's hit (tokens per tier), then cached_len."""
         self.tracer.emit(
             "begin_request",
             request=request,
-            detail={"hit": [l1, l2, 0], "tokens": len(tokens), "prompt": list(tokens)},
+            detail={"hit": [l1, l2, l3], "tokens": len(tokens), "prompt": list(tokens)},
         )
         self.tracer.emit("cached_len", request=request, token_end=l1)
 
@@ -163,7 +164,12 @@ class VLLMTrace:
 
 
 def workload(
-    engine: Any, seed: int, steps: int, settle: bool = False, checked: bool = True
+    engine: Any,
+    seed: int,
+    steps: int,
+    settle: bool = False,
+    checked: bool = True,
+    flush_l2: bool = False,
 ) -> None:
     """Drive `engine` (a traced vLLM adapter) through a seeded random workload: prompts from
     three shared prefixes with divergent suffixes and tails, up to four live requests,
@@ -173,7 +179,11 @@ def workload(
     none is evicted before the page after it, and the trace shows none of vLLM's hash-keyed
     differences; loads still end only when a tick says. vLLM's own
     accounting is checked after every step (the adapter's `check()`; `checked=False`
-    leaves the trace alone to judge)."""
+    leaves the trace alone to judge). `flush_l2` (settled): one pressure step in three ends
+    every live request, drains, and empties L1 and then L2 (every chunk in one batch,
+    deepest first): a lower tier then serves what they held, no page leaves L2 before the
+    page after it, and a promotion starts at page 0 (vLLM promotes only the pages past the
+    L1 hit, so a promotion under an L1-only parent leaves L2 without ancestors)."""
     import random
 
     rng, ps, next_id, served = random.Random(seed), engine.page_size, 1, set()
@@ -203,13 +213,21 @@ def workload(
                 else:
                     engine.fail(op, "error")
             engine.tick()
+        elif flush_l2 and rng.random() < 1 / 3:
+            for rid in live:
+                engine.finish(rid)
+            served.clear()
+            engine.drain()
+            engine.evict("L1", engine.l1_pages)
+            engine.evict("L2", engine.l2_pages)
         else:
             engine.evict("L1" if settle else rng.choice(engine.tiers), rng.randint(1, 3))
-        if settle:  # stores end at once; loads end when a tick says
-            for op in engine.pending_ops():
-                if engine.jobs[op].store:
-                    engine.complete(op)
-            engine.tick()
+        for _ in range(3 if settle else 0):  # stores end at once (a tier's file jobs too,
+            for op in engine.settled_ops():  # which a store's end may start)
+                engine.complete(op)
+            engine.tick()  # loads end when a tick says
+            if not engine.settled_ops():
+                break
         engine.changes()
         found = engine.check() if checked else []
         # Verify vLLM's accounting after every step (a finding is the engine's, not the trace's).

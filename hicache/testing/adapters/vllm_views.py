@@ -42,6 +42,7 @@ class Views:
     l2_pages: int
     requests: dict[int, Request]
     jobs: dict[int, Job]
+    next_op: int  # the next op id (a trace-only copy takes one too)
     l1_bytes: dict[int, int]
     l2_keys: dict[Any, Prefix]
     prefix_of: dict[bytes, Prefix]
@@ -112,6 +113,11 @@ class Views:
         end = "complete" if ok else "fail"
         event, tier = (f"d2h_{end}", "L2") if job.store else (f"h2d_{end}", "L1")
         self._trace.transfer(event, tier, job.op, self._job_pages(job), job.rid)
+        lost = [p for p in job.again if p not in self._cached()] if ok and not job.store else []
+        if lost:  # L1's copy went while the load ran: the load's copy is published, as a copy
+            op, self.next_op = self.next_op, self.next_op + 1  # of its own, issued and done now
+            self._trace.transfer("h2d_issue", "L1", op, lost, job.rid)
+            self._trace.transfer("h2d_complete", "L1", op, lost, job.rid)
 
     def _trace_l1_evicted(self, pages: set[Prefix]) -> None:
         if self._trace is not None:
