@@ -228,6 +228,25 @@ def test_check_trace_accepts_the_tiering_managers_settled_trace(
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
+@pytest.mark.parametrize("seed", [15, 16])
+def test_check_trace_accepts_a_raw_trace_whose_l3_orphan_keeps_its_ancestors(
+    tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The raw workload (every fault, L2 of 3-8 pages), as benchmarks/engine_vllm_tiering.py
+    --traces writes it: a block file whose parent's file is gone (L3 hash-keyed) keeps its
+    ancestors' nodes in the reference, so `compute` of such a page names its node. Before,
+    the tiering writer counted only the files themselves (check-trace: 'node: the trace has
+    none, the reference one')."""
+    from hicache.testing.adapters.vllm_trace import workload
+
+    engine = _traced_engine(VLLMTiering, 8, 3 + seed % 6)
+    workload(engine, seed, 400)
+    path = tmp_path / f"vllm-tiering-raw-{seed}.ndjson"
+    path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
+    engine.close()
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
 def test_a_promotion_into_a_full_cpu_tier_traces_what_it_evicted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -289,9 +289,15 @@ class VLLMTiering(VLLMOffloading):
             trace.file_end(op_id, f.kind, [self.prefix_of[bytes(k)] for k in f.keys[:n]])
 
     def _held(self, r: Any, start: int) -> dict[int, str]:
-        """vllm.py's, and the pages only a block file holds or a cascade writes ("other")."""
+        """vllm.py's, and the pages only a block file holds or a cascade writes, or that lie
+        above such a page ("other": an L3 orphan keeps its ancestors' nodes, hash-keyed)."""
         out, in_l3 = super()._held(r, start), self.on_disk | self.ft.writing()
-        return {**{k: "other" for k in range(start, len(r.keys)) if r.keys[k] in in_l3}, **out}
+        files = [q for q in (self.prefix_of.get(bytes(k)) for k in in_l3) if q is not None]
+        below = {q[:n] for q in files for n in range(self.page_size, len(q), self.page_size)}
+        other = {
+            k for k in range(start, len(r.keys)) if r.keys[k] in in_l3 or self._page(r, k) in below
+        }
+        return {**{k: "other" for k in other}, **out}
 
     def _whole(self, key: Any) -> bool:
         """Whether `key`'s block file is there, a whole chunk long."""
