@@ -16,7 +16,8 @@ HICACHE_PROGRESS_EVERY=N writes a progress line per N examples of a test under a
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Mapping
+import sys
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,16 @@ def pytest_runtest_makereport(
     )
     report.sections.append(("hicache replay", "\n".join(replay.replay_lines(failure))))
     return report
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As if vLLM were not installed (even where it is, and was imported already): its
+    modules gone, the name unimportable, the adapters' import cache empty."""
+    from hicache.testing.adapters import vllm_import
+
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(vllm_import, "_CACHE", {})
+    yield

@@ -7,8 +7,6 @@ passes without vLLM installed."""
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +31,6 @@ def _engine(kind: Any = None, l1: int = 8, l2: int = 6, policy: str = "lru") -> 
         return (kind or VLLMOffloading)(l1, l2, PS, policy)
     except EngineUnavailable as e:
         pytest.skip(f"vLLM is not installed here: {e}")
-
-
-@pytest.fixture
-def no_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """As if vLLM were not installed (even where it is, and was imported already)."""
-    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "vllm", None)
-    monkeypatch.setattr(vllm_import, "_CACHE", {})
-    yield
 
 
 def test_without_vllm_the_adapter_says_how_to_install_it(no_vllm: None) -> None:

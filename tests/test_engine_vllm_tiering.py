@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,15 +33,6 @@ def _engine(kind: type[VLLMTiering] = VLLMTiering, l1: int = 6, l2: int = 4) -> 
         return kind(l1, l2, PS)
     except EngineUnavailable as e:
         pytest.skip(f"vLLM is not installed here: {e}")
-
-
-@pytest.fixture
-def no_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """As if vLLM were not installed (even where it is, and was imported already)."""
-    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "vllm", None)
-    yield
 
 
 def test_without_vllm_the_file_tier_says_how_to_install_it(no_vllm: None) -> None:
