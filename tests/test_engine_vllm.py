@@ -66,6 +66,19 @@ def test_each_policy_agrees_with_the_reference_for_a_few_hundred_steps(policy: s
     assert result.steps >= 300
 
 
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_the_traced_fuzz_has_every_trace_judged_by_check_trace(policy: str) -> None:
+    """The `*_traced_adapter` factories: every run's traces are replayed by check-trace
+    (accepted; their corruptions rejected) and their transitions counted for `--report`."""
+    _engine()  # skips without vLLM
+    traced = ADAPTER.format(policy).replace("_adapter", "_traced_adapter")
+    result = fuzz(arguments(seed=1, steps=300, adapter=traced))
+    assert result.ok, result.text
+    judged = result.selfcheck
+    assert judged.traces > 0 and judged.events > 0
+    assert sum(judged.rejected.values()) == sum(judged.tried.values()) > 0
+
+
 def _served(engine: Any, model: ReferenceModel, rid: int, tokens: tuple[int, ...]) -> None:
     """Admit `tokens`, tick until ready, prefill: each checked by the reference model."""
     model.apply(engine.changes())

@@ -128,6 +128,30 @@ def test_a_cut_file_reads_short_is_deleted_and_the_restore_fails() -> None:
         cache.close()
 
 
+def test_a_file_a_short_read_deleted_leaves_the_trace_with_its_invalidation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM deletes a block file its read found short: the trace drops the page from L3
+    (invalidate_l3), else the next request's compute is judged against an L3 copy the
+    engine no longer has (the traced fuzz found it, seed 1)."""
+    _engine().close()  # skips without vLLM
+    cache = VLLMTiering(6, 4, PS, persistent=False, traced=True)
+    try:
+        _serve_and_forget_upper(cache, 1)
+        cache.damage_storage("truncate")
+        cache.submit(2, PROMPT)
+        _until_ready(cache, 2)
+        assert cache.prefill(2) and cache.stats["file_loads_failed"] == 1
+        cache.finish(2)
+        lines = cache.traces[-1].lines()
+    finally:
+        cache.close()
+    assert "invalidate_l3" in {json.loads(line)["event"] for line in lines[1:]}
+    path = tmp_path / "short.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
 def test_a_restarted_engine_serves_the_files_of_the_old_one() -> None:
     """L3 persists (spec/faults.md, "Persistent tiers"): the new engine opens the same
     directory, finds the blocks by their hashes and promotes them, with the same bytes."""
@@ -165,6 +189,18 @@ def test_a_few_hundred_fuzz_steps_agree_with_the_reference() -> None:
     result = fuzz(arguments(seed=3, steps=300, plane="null", adapter=ADAPTER))
     assert result.ok, result.text
     assert result.steps >= 300
+
+
+def test_the_traced_fuzz_has_every_trace_judged_by_check_trace() -> None:
+    """`vllm_tiering_traced_adapter`: every run's traces are replayed by check-trace (which
+    must accept them and reject their corruptions) and counted as coverage."""
+    _engine().close()  # skips without vLLM
+    traced = ADAPTER.replace("vllm_tiering_adapter", "vllm_tiering_traced_adapter")
+    result = fuzz(arguments(seed=1, steps=400, plane="null", adapter=traced))
+    assert result.ok, result.text
+    judged = result.selfcheck
+    assert judged.traces > 0 and judged.events > 0
+    assert sum(judged.rejected.values()) == sum(judged.tried.values()) > 0
 
 
 def test_the_unread_promotion_is_caught_by_the_machine() -> None:

@@ -42,7 +42,9 @@ it is a terminal, or with `--progress`.
 Every run of the controller's machines also judges its oracle (hicache/testing/selfcheck.py):
 check-trace must accept each engine's trace of the run and reject each of the run's drawn
 corruptions of it (an edit of hicache/checktrace/illegal.py's catalogue); the summary's
-`self-check:` line counts them, `--report` per edit.
+`self-check:` line counts them, `--report` per edit. So does a run of an `--adapter` engine
+whose `trace()` gives events (the engine adapters' `*_traced_adapter` factories); one that
+gives none has nothing judged.
 
 `--trace FILE` writes one trace (spec/trace.md: a header line, then the events) that
 `hicache check-trace FILE` replays: the last run's -- on a failure, the failing run as
@@ -74,7 +76,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
-from hicache.testing.selfcheck import SelfCheckCounts
+from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
@@ -295,6 +297,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         factory, strategy = _adapter(args.adapter, args.plane)
         factory = factory if last is None else last.factory(factory)
         machine = make_machine(factory, strategy, coverage=coverage, name="CacheMachine")
+        # An engine that traces (trace() not []) has its traces judged as the controller's.
+        machine = with_self_check(machine, strategy, coverage.selfcheck, "CacheMachine")
     dropped: list[BaseException] = []
     machine = _keeping_dropped(machine, dropped)
     machine._hypothesis_internal_use_seed = args.seed  # what @seed sets

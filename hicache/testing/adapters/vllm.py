@@ -122,6 +122,7 @@ from hicache.testing.adapters.vllm_trace import VLLMTrace
 from hicache.testing.adapters.vllm_views import Views
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, FaultSchedule, PageChange
+from hicache.trace import TraceEvent, TraceHeader
 
 TIERS = ("L1", "L2")
 POLICIES = ("lru", "arc")
@@ -191,6 +192,15 @@ class VLLMOffloading(Views, JobPlayer):
         self.views.clear()
         if self.traced:
             self.traces.append(self._new_trace())
+
+    def trace(self) -> list[TraceEvent]:
+        """Every opened engine's trace in order, each from seq 1 ([] untraced): what the fuzz
+        machine counts for `--report` and check-trace judges (hicache/testing/selfcheck.py)."""
+        return [e for t in self.traces for e in t.events]
+
+    def trace_header(self) -> TraceHeader:
+        """The header of the engine now open (every engine of a run has the same)."""
+        return self._new_trace().header
 
     def _new_trace(self) -> VLLMTrace:
         """The trace of the engine just opened (a subclass's writer may know more tiers)."""
@@ -454,7 +464,9 @@ def served_before_load_adapter(config: EngineConfig) -> VLLMOffloading:
     return VLLMServedBeforeLoad(caps["L1"], caps["L2"], config.page_size, "lru")
 
 
-def vllm_cpu_adapter(config: EngineConfig, policy: str = "lru") -> VLLMOffloading:
+def vllm_cpu_adapter(
+    config: EngineConfig, policy: str = "lru", traced: bool = False
+) -> VLLMOffloading:
     """vLLM's prefix cache over its CPU offloading manager under `policy` ("lru", "arc") for
     a two-tier write-through configuration; UnsupportedConfig for any other. vLLM is
     imported on the first call (EngineUnavailable, with the install line, without it)."""
@@ -466,7 +478,7 @@ def vllm_cpu_adapter(config: EngineConfig, policy: str = "lru") -> VLLMOffloadin
     if policy not in POLICIES:
         raise UnsupportedConfig(f"eviction policy {policy!r}: vLLM has {POLICIES}")
     caps = config.capacities
-    return VLLMOffloading(caps["L1"], caps["L2"], config.page_size, policy)
+    return VLLMOffloading(caps["L1"], caps["L2"], config.page_size, policy, traced)
 
 
 def vllm_cpu_lru_adapter(config: EngineConfig) -> VLLMOffloading:
@@ -477,3 +489,14 @@ def vllm_cpu_lru_adapter(config: EngineConfig) -> VLLMOffloading:
 def vllm_cpu_arc_adapter(config: EngineConfig) -> VLLMOffloading:
     """`hicache fuzz --adapter hicache.testing.adapters.vllm:vllm_cpu_arc_adapter`."""
     return vllm_cpu_adapter(config, "arc")
+
+
+def vllm_cpu_lru_traced_adapter(config: EngineConfig) -> VLLMOffloading:
+    """`vllm_cpu_lru_adapter` that traces what vLLM did: `hicache fuzz --report` counts its
+    transitions and check-trace judges every run's trace (hicache/testing/selfcheck.py)."""
+    return vllm_cpu_adapter(config, "lru", traced=True)
+
+
+def vllm_cpu_arc_traced_adapter(config: EngineConfig) -> VLLMOffloading:
+    """`vllm_cpu_arc_adapter`, traced (`vllm_cpu_lru_traced_adapter`)."""
+    return vllm_cpu_adapter(config, "arc", traced=True)

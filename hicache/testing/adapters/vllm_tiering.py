@@ -117,6 +117,7 @@ class VLLMTiering(VLLMOffloading):
         page_size: int = 4,
         corrupt_reads: bool = False,
         persistent: bool = True,
+        traced: bool = False,
     ) -> None:
         self.corrupt_reads = corrupt_reads
         self.persistent_tiers: tuple[str, ...] = ("L3",) if persistent else ()
@@ -128,7 +129,7 @@ class VLLMTiering(VLLMOffloading):
         self.on_disk: set[Any] = set()  # keys whose block file exists
         self.expected_errors = 0  # task errors a fault made (a cut file read short)
         self.blocks_read: dict[int, int] = {}  # a traced promotion's job -> blocks its read read
-        super().__init__(l1_pages, l2_pages, page_size, "lru")
+        super().__init__(l1_pages, l2_pages, page_size, "lru", traced)
 
     # -- the engine's parts -------------------------------------------------------------------
 
@@ -252,6 +253,7 @@ class VLLMTiering(VLLMOffloading):
         self._trace_file_end(op_id, f, ran)
         self.stats[f"file_{f.kind}s_{'done' if ran else 'failed'}"] += 1
         self.on_disk = {k for k in self.on_disk | set(f.keys) if os.path.exists(self.ft.file(k))}
+        self._trace_vanished()  # a short read deletes its block file
         if f.kind == LOAD:  # what landed (a failed key's chunk is freed unpublished)
             for chunk in self.manager._jobs[f.job].transfer_job.chunk_ids:
                 self.l2_bytes[int(chunk)] = self._chunk_digest(int(chunk))
@@ -287,6 +289,14 @@ class VLLMTiering(VLLMOffloading):
         if isinstance(trace, VLLMTieringTrace):
             n = (len(f.keys) if ran else 0) if f.kind == STORE else self.blocks_read.pop(f.job, 0)
             trace.file_end(op_id, f.kind, [self.prefix_of[bytes(k)] for k in f.keys[:n]])
+
+    def _trace_vanished(self) -> None:
+        """The traced pages whose block file is gone, neither on disk nor being written."""
+        trace = self._trace
+        if isinstance(trace, VLLMTieringTrace):
+            writing = self.ft.writing()
+            gone = [p for k, p in self.l3_keys.items() if k not in self.on_disk | writing]
+            trace.vanished(gone)
 
     def _held(self, r: Any, start: int) -> dict[int, str]:
         """vllm.py's, and the pages only a block file holds or a cascade writes, or that lie
@@ -399,6 +409,7 @@ class VLLMTiering(VLLMOffloading):
         self.stats["files_damaged"] += self.ft.damage(how)
         if how == "remove":
             self.on_disk.clear()
+            self._trace_vanished()
         self._note()
 
     def evict(self, tier: str, n_pages: int) -> None:
@@ -487,6 +498,16 @@ def vllm_tiering_adapter(config: EngineConfig) -> VLLMTiering:
     _verify_shape(config)
     caps = config.capacities
     return VLLMTiering(caps["L1"], caps["L2"], config.page_size)
+
+
+def vllm_tiering_traced_adapter(config: EngineConfig) -> VLLMTiering:
+    """`vllm_tiering_adapter` that traces what vLLM did (`hicache fuzz --report` counts its
+    transitions, check-trace judges each run's trace), over a file tier that a restart does
+    not keep: a trace starts from an empty cache (spec/trace.md), and a persistent L3 would
+    start the next engine's trace with pages it never stored."""
+    _verify_shape(config)
+    caps = config.capacities
+    return VLLMTiering(caps["L1"], caps["L2"], config.page_size, persistent=False, traced=True)
 
 
 class VLLMTieringUnreadPromotion(VLLMTiering):

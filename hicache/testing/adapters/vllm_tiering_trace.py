@@ -17,8 +17,11 @@ base trace (vllm_trace.py: L1, the GPU<->CPU jobs, L2's evictions) and the file 
                                                job reports: a job reported done whose read
                                                never ran is s2h_fail, every page
     L3 eviction                                none: the file tier never evicts (results,
-                                               finding 6); a short read deletes a file, but
-                                               the trace workload makes none
+                                               finding 6)
+    a block file gone: a short read deleted    invalidate_l3 per page, deepest first, once no
+      it, or another writer removed it         file job reads or writes it (spec: a slot a
+      (damage)                                 read found unreadable, or whose file went
+                                               offline, is dropped, never served)
 
 The header's L3 capacity is `L3_UNBOUNDED` (the file tier has no capacity; the spec's counts
 reach 2^24). A trace has no restart event: the adapter writes one trace per opened engine, and
@@ -76,3 +79,13 @@ class VLLMTieringTrace(VLLMTrace):
         self.in_l3.difference_update(failed if kind == STORE else ())
         self.transfer(f"{prefix}_complete", tier, op, done, 0)
         self.transfer(f"{prefix}_fail", tier, op, failed, 0)
+
+    def vanished(self, gone: Sequence[Prefix]) -> None:
+        """The block files of `gone` no longer exist: invalidate_l3 for each page the trace
+        holds in L3 that no file job reads or writes now (one that does is judged when its
+        job ends: the caller asks again then), deepest first."""
+        busy = {p for pages in self.file_ops.values() for p in pages}
+        dropped = [p for p in gone if p in self.in_l3 and p not in busy]
+        for page in sorted(dropped, key=lambda p: (-len(p), p)):
+            self._page("invalidate_l3", page, tier="L3")
+            self.in_l3.discard(page)

@@ -29,7 +29,6 @@ from hicache.testing.adapters.vllm_state import (
 )
 from hicache.testing.adapters.vllm_trace import VLLMTrace
 from hicache.testing.protocol import PENDING, PageChange
-from hicache.trace import TraceEvent
 
 
 class Views:
@@ -205,6 +204,3 @@ class Views:
     def _manager_findings(self) -> list[str]:
         """The offloading manager's own accounting (a subclass checks its manager's)."""
         return manager_findings(self)
-
-    def trace(self) -> list[TraceEvent]:
-        return []
