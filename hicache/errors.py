@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 class HiCacheError(Exception):
-    """Base of every error hicache raises on purpose.
+    """Base of every error hicache raises on purpose. An operation that raises one changed
+    nothing (R4): it checked every precondition first.
 
     Every one pickles with its fields, whatever its constructor takes, so an error raised in
     another process (a tensor-parallel rank) reaches the launcher as itself."""

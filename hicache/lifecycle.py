@@ -74,7 +74,7 @@ GUARD_VOCABULARY: dict[str, str] = {
 
 HASH_KEYED_LIFTABLE = ("leaf(Ln)", "parent(Ln) == RESIDENT")
 """The guard forms `[hash_keyed].lifts` may name: the tree-shape guards. A hash-keyed tier
-keeps its sub-state, lock and request guards (spec/tree.md, "Hash-keyed tiers")."""
+keeps its sub-state, lock and request guards (spec/tree.md, "Hash-keyed tiers"; R76)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,8 @@ def _composite_name(states: States) -> str:
 
 
 class Lifecycle:
-    """The tables, parsed and cross-checked: states, rows (guards, effects), composites."""
+    """The tables, parsed and cross-checked: states, rows (guards, effects), composites. The
+    reference's only source of states and transitions (R1): nothing else names a row."""
 
     def __init__(self, tables: Mapping[str, Any]) -> None:
         self.tables = tables
