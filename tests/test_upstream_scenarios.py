@@ -1,5 +1,5 @@
 """The upstream failure scenarios that had no example of their own, on a dsv4-tiny group, and
-the index of every scenario (spec/pools.md "Upstream failure scenarios"), checked against the
+the index of every scenario (spec/appendix-upstream.md, "Pool groups"), checked against the
 tests it names so the table cannot drift.
 
 Each test says in a comment how it was seen to fail with its rule broken: the guard reverted
@@ -34,7 +34,7 @@ from tests.test_write_path_rows import a_in_l1_b_in_l3_only
 
 PS = 4  # dsv4-tiny's anchor page size, in tokens
 B = tuple(range(300, 312))  # 3 pages, A's child in A + B
-SPEC = Path(__file__).resolve().parents[1] / "spec" / "pools.md"
+SPEC = Path(__file__).resolve().parents[1] / "spec" / "appendix-upstream.md"
 
 
 def group_controller(**kw: object) -> CacheController:
@@ -489,10 +489,10 @@ def test_f24_backend_errors_on_l3_writes_never_drain_a_pools_free_list(site: str
 
 
 def scenario_rows() -> list[tuple[str, list[str]]]:
-    """spec/pools.md "Upstream failure scenarios", in table order: (scenario, the tests its
+    """spec/appendix-upstream.md "Pool groups", in table order: (scenario, the tests its
     row names as `tests/FILE.py::NAME`)."""
     text = SPEC.read_text()
-    section = text.split("## Upstream failure scenarios", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Pool groups (F1-F14, F19-F24)", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         m = re.match(r"\| (F\d+) \|", line)

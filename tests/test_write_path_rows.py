@@ -1,8 +1,8 @@
-"""SGLang's write-path and read-path rules, as hicache states them (spec/lifecycle.md "Ack ids,
-in SGLang's names", spec/eviction.md "A victim whose backup is in flight", spec/restore.md "The
-graft and its three guards"): ack ids cleared only by the matching ack and re-pointed at both
-halves of a split, the unbacked-eviction drop, and the graft guards. Each test names the
-upstream failure it would catch."""
+"""SGLang's write-path and read-path rules, as hicache states them (spec/lifecycle.md "Ack ids"
+and spec/appendix-engines.md "Ack ids", spec/eviction.md "A victim whose backup is in flight",
+spec/restore.md "The graft and its three guards"): ack ids cleared only by the matching ack
+and re-pointed at both halves of a split, the unbacked-eviction drop, and the graft guards.
+Each test names the upstream failure it would catch."""
 
 from __future__ import annotations
 
