@@ -340,7 +340,7 @@ class Lifecycle:
                 name,
                 str(t.tier),
                 composite_name(states),
-                f"{t.tier} is {states[i]}, the transition leaves {t.source}",
+                f"{t.tier} is {states[i]}, the transition leaves {t.source} (R3)",
             )
         for g in t.guards:
             if not g.holds(states, locks, ctx):
@@ -348,7 +348,7 @@ class Lifecycle:
                     name,
                     str(t.tier),
                     composite_name(states),
-                    f"guard {g.text!r} fails{g.meaning()}",
+                    f"guard {g.text!r} fails{g.meaning()} (R3)",
                 )
         dest = list(states)
         dest[i] = t.dest
