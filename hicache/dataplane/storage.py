@@ -220,9 +220,9 @@ class L3File:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            raise StorageError(self.path, "removed under us; its slots are lost") from None
+            raise StorageError(self.path, "removed under us; its slots are lost (R52)") from None
         if (st.st_dev, st.st_ino) != self._identity:
-            why = f"replaced under us (fd {fd} is another file); its slots are lost"
+            why = f"replaced under us (fd {fd} is another file); its slots are lost (R52)"
             raise StorageError(self.path, why)
 
     def check_slots(self, slots: Pages, field: str) -> None:
@@ -432,7 +432,7 @@ def _check_takeover(path: str, fd: int, overwrite: bool) -> None:
         decode(raw)
     except ValueError as e:
         if not overwrite:
-            raise L3PathRefused(path, f"exists and {e}", overwrite_helps=True) from None
+            raise L3PathRefused(path, f"exists and {e} (R50)", overwrite_helps=True) from None
 
 
 def _not_regular(path: str) -> L3PathRefused:

@@ -87,7 +87,7 @@ class CollectiveTimeout(CollectiveError):
         super().__init__(
             f"collective #{seq} ({point_name}) {why}: rank(s) {list(self.missing)} did "
             f"not arrive; last seen: {where or 'none'} (a rank skipped or left a "
-            "collective: every rank must make the same collectives, spec/tp.md)"
+            "collective: every rank must make the same collectives, spec/tp.md R70; R73)"
         )
 
 

@@ -127,7 +127,7 @@ def intersect_masks(masks: Sequence[Sequence[int]]) -> tuple[int, ...]:
         raise ConfigError(
             "masks",
             f"lengths differ {lengths}: build every mask over the one "
-            "n every rank knows (the prompt's pages; n + 1 entries)",
+            "n every rank knows (the prompt's pages; n + 1 entries; R65)",
         )
     if any(v not in (0, 1) for m in masks for v in m):
         raise ConfigError("masks", "entries are 0 or 1")
