@@ -104,6 +104,25 @@ def test_a_spec_without_summary_fails(spec: Path) -> None:
     assert has(check_rule_numbers(spec), "SUMMARY.md", "cannot be read")
 
 
+def test_an_invariant_summary_does_not_list_fails(spec: Path) -> None:
+    append(spec / "invariants.md", "\n### I12 `new_invariant`\n\nA new one.")
+    assert has(check_rule_numbers(spec), "SUMMARY.md: I12 of invariants.md is not listed")
+
+
+def test_an_agreement_point_summary_does_not_list_fails(spec: Path) -> None:
+    append(spec / "tp.toml", '\n[[point]]\nid = "C10"\nname = "later"')
+    assert has(check_rule_numbers(spec), "SUMMARY.md: C10 of tp.toml is not listed")
+
+
+def test_summary_listing_an_invariant_nobody_defines_fails(spec: Path) -> None:
+    summary = spec / "SUMMARY.md"
+    text = summary.read_text(encoding="utf-8")
+    summary.write_text(text.replace("| S7 | every lock count", "| S8 | every lock count"))
+    problems = check_rule_numbers(spec)
+    assert has(problems, "SUMMARY.md: lists S8, which neither invariants.md nor tp.toml")
+    assert has(problems, "SUMMARY.md: S7 of invariants.md is not listed")
+
+
 def test_code_that_cites_an_undefined_rule_fails(tmp_path: Path) -> None:
     code = tmp_path / "pkg"
     (code / "sub").mkdir(parents=True)

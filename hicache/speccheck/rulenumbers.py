@@ -10,6 +10,8 @@ cell of its tables' rows (two ids a row are allowed). Those ids are rule ids too
     defined    every tag on a page, and every `R<n>` the code names, is defined in SUMMARY.md
     cited      every rule of SUMMARY.md is named by some code under hicache/ (outside the spec
                itself): the place that enforces it, in a comment or in its error's text
+    complete   SUMMARY.md lists every invariant of invariants.md (its `### I<n>` and `### S<n>`
+               headings) and every agreement point of tp.toml, and no other
 
 An edited copy of the spec is checked as it stands; the code checked is the installed
 package's (or `code_dir`, for tests).
@@ -31,6 +33,8 @@ CODE_SPAN = re.compile(r"`[^`\n]*`")
 CODE_RULE = re.compile(r"\bR\d+\b")
 INFORMATIVE = re.compile(r"^\**Informative\b", re.M)
 OPENING_LINES = 12  # an informative page says so before its first section
+INVARIANT_HEADING = re.compile(r"^### ([IS]\d+) ", re.M)
+POINT_ID = re.compile(r'^id = "(C\d+[a-c]?)"', re.M)
 
 
 def defined_rules(summary: str) -> tuple[list[str], list[str]]:
@@ -113,6 +117,31 @@ def check_code(code_dir: Path, rules: list[str]) -> list[str]:
     return problems
 
 
+def check_complete(rules: list[str], invariants_md: str, tp_toml: str) -> list[str]:
+    """SUMMARY.md's invariant and agreement-point ids against the pages that define them."""
+    listed = {i for i in rules if not i.startswith("R")}
+    wanted = {
+        "invariants.md": set(INVARIANT_HEADING.findall(invariants_md)),
+        "tp.toml": set(POINT_ID.findall(tp_toml)),
+    }
+    problems = []
+    for source, ids in wanted.items():
+        problems += [f"SUMMARY.md: {i} of {source} is not listed" for i in sorted(ids - listed)]
+    known: set[str] = set().union(*wanted.values())
+    problems += [
+        f"SUMMARY.md: lists {i}, which neither invariants.md nor tp.toml defines"
+        for i in sorted(listed - known)
+    ]
+    return problems
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""  # a missing table is reported by the check that reads it
+
+
 def check_rule_numbers(spec_dir: Path, code_dir: Path | None = None) -> list[str]:
     """Every MUST numbered, every number defined, every rule cited by code; empty: all hold."""
     summary_path = spec_dir / "SUMMARY.md"
@@ -126,6 +155,7 @@ def check_rule_numbers(spec_dir: Path, code_dir: Path | None = None) -> list[str
         for p in sorted(spec_dir.rglob("*.md"))
     }
     problems += check_pages(pages, set(rules))
+    problems += check_complete(rules, pages.get("invariants.md", ""), _text(spec_dir / "tp.toml"))
     if code_dir is None:
         code_dir = Path(__file__).resolve().parents[1]
     return problems + check_code(code_dir, rules)
