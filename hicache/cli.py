@@ -37,6 +37,7 @@ from hicache.extras import install_hint, is_optional
 from hicache.lifecycle import Lifecycle
 from hicache.spec import SPEC_DIR, load_toml
 from hicache.speccheck import PROPERTIES, check_spec, registry_checks, spec_counts
+from hicache.speccheck.rulenumbers import defined_rules
 from hicache.usage import EXIT_USAGE, UsageParser
 
 DELEGATED: dict[tuple[str, ...], str] = {
@@ -277,12 +278,14 @@ def _spec_check(args: argparse.Namespace) -> int:
     counts = spec_counts(lc)
     checks = registry_checks()  # importable: check_spec found no difference, so it was read
     n_checks = 0 if isinstance(checks, str) else len(checks)
+    rules, _ = defined_rules((spec_dir / "SUMMARY.md").read_text(encoding="utf-8"))
     print(
         f"OK: {len(lc.ownership_states)} ownership states, "
         f"{sum(len(s) for s in lc.states.values())} residency states, "
         f"{counts['TRANSITIONS']} transitions, {counts['COMPOSITE_STATES']} composite states, "
         f"{counts['COMPOSITE_EDGES']} composite edges, {len(DIAGRAMS)} diagrams, "
-        f"{n_checks} invariant checks, {len(PROPERTIES)} table properties proven"
+        f"{n_checks} invariant checks, {len(PROPERTIES)} table properties proven, "
+        f"{len(rules)} rules numbered and cited by code"
     )
     return 0
 

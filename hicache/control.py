@@ -126,14 +126,15 @@ class ControlPlane(PlaneQueries):
             raise LiveRequest(request_id)
         most = len(tokens) - 1
         limit = most if match_len is None else match_len
-        # Verify the match leaves the last prompt token to compute (rule match_short_of_last_token).
+        # R16: verify the match leaves the last prompt token to compute
+        # (rule match_short_of_last_token).
         if not 0 <= limit <= most:
             raise IllegalTransition(
                 "begin_request",
                 "L1",
                 "-",
                 f"match_len {match_len} with {len(tokens)} "
-                f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed)",
+                f"prompt tokens: need 0 <= match_len <= {most} (the last token is computed, R16)",
             )
         self._split_at_replay(tokens[:limit])
         m = self.tree.match(tokens[:limit], l1_clip=self.windows.clip, touch=agree is None)
@@ -205,7 +206,7 @@ class ControlPlane(PlaneQueries):
         end = min(req.private_start + req.private_pages.size * ps, len(req.tokens) // ps * ps)
         if end <= req.private_start:
             return req.cached_len
-        # Validate before any split: walk without splitting; the node the walk ends inside
+        # R17: validate before any split: walk without splitting; the node the walk ends inside
         # (`cut`) stands for the upper part a split will make, which has the same states.
         m = self.tree.match(req.tokens[:end], split=False, touch=False)
         cut = self.tree.cut(req.tokens[:end])
@@ -223,7 +224,7 @@ class ControlPlane(PlaneQueries):
             if node.state[0] not in (ABSENT, RESIDENT):
                 break  # load-back in flight: keep the rest private (see docstring)
             view = (PRIVATE, node.state[1], node.state[2])
-            duplicate = node.state[0] == RESIDENT
+            duplicate = node.state[0] == RESIDENT  # R14: a duplicate is released, never inserted
             steps.append(
                 (
                     self._copy_step(
@@ -339,7 +340,7 @@ class ControlPlane(PlaneQueries):
         self._verify_live([node], "cached_len", Tier.L1)
         path = self.tree.path_to_root(node)
         # Verify every node up to `node` is published in L1
-        # (completion -> publication -> cached_len).
+        # (completion -> publication -> cached_len, I5).
         bad = [n.node_id for n in path if n.state[0] != RESIDENT]
         if bad:
             raise IllegalTransition(
@@ -414,7 +415,7 @@ class ControlPlane(PlaneQueries):
         quiet): IllegalTransition, nothing changed, while one is pending -- its pages would
         otherwise outlive the request that owns them (spec/restore.md)."""
         req = self._request(request_id)
-        # Verify no op issued for this request is still pending.
+        # R40: verify no op issued for this request is still pending.
         mine = sorted(op.op_id for op in self.ops.values() if op.request_id == request_id)
         if mine:
             raise IllegalTransition(
@@ -422,7 +423,7 @@ class ControlPlane(PlaneQueries):
                 "-",
                 "-",
                 f"request {request_id} still has "
-                f"ops {mine} pending; cancel them (quiesce their handles) first",
+                f"ops {mine} pending; cancel them (quiesce their handles) first (R40)",
             )
         self.unpin(request_id)
         if req.private_pages.size:
@@ -473,7 +474,7 @@ class ControlPlane(PlaneQueries):
                 str(direction.target),
                 "-",
                 f"node {freed[0]}'s window is freed in L1: a backup needs "
-                "every pool; evict it instead",
+                "every pool; evict it instead (R68)",
             )
         op_id = self._next_op
         step = self.executor.plan(name, node_segments(nodes), request_id=request_id, op_id=op_id)
@@ -531,9 +532,10 @@ class ControlPlane(PlaneQueries):
                 f"{d}_complete",
                 str(op.direction.target),
                 "-",
-                f"rule partial_end_s2h_only: op {op_id}'s direction is {op.direction.value}, and "
-                f"only an S2H may end part way ({d}_complete on its first nodes, {d}_fail on "
-                "the rest): end it with complete, fail or cancel on every node",
+                f"rule partial_end_s2h_only (R5): op {op_id}'s direction is "
+                f"{op.direction.value}, and only an S2H may end part way ({d}_complete on its "
+                f"first nodes, {d}_fail on the rest): end it with complete, fail or cancel on "
+                "every node",
             )
         if not 0 <= keep <= len(op.nodes):
             raise IllegalTransition(
@@ -561,7 +563,7 @@ class ControlPlane(PlaneQueries):
             request_id=op.request_id,
             op_id=op_id,
         )
-        # -- change --
+        # -- change --  (R6: the extra source lock lives only inside this step)
         self.tree.lock(op.nodes[keep - 1], TIERS.index(op.direction.source))
         self.executor.run(done)
         self.executor.run(failed)
@@ -643,10 +645,10 @@ class ControlPlane(PlaneQueries):
         """Per-tier LRU leaf eviction (`evict_lN`, spec/eviction.md) until at least `n_pages`
         pages of `tier` are freed or no candidate is left. Returns the pages freed (0 when
         `n_pages` <= 0). This is the only eviction loop: every eviction under pressure, the
-        controller's included, runs here.
+        controller's included, runs here (R22).
 
         Granularity is one node's value in `tier` (all its pages together), so a call may
-        free more than `n_pages`. The victim is always the first of `candidates(tier, keep)`:
+        free more than `n_pages` (R25). The victim is always the first of `candidates(tier, keep)`:
         the least recently used (ties: the older node) unlocked, not-pending leaf in `tier`
         whose `evict_lN` guards hold, never a node of `keep` (the caller's protected set: a
         transfer's chain parent, which must keep its copy until the issue, spec S6).
@@ -720,7 +722,7 @@ class ControlPlane(PlaneQueries):
 
     def _remove_dead(self, node: TreeNode) -> None:
         """Remove `node` and then its ancestors while they are dead; each removal is traced
-        `node_remove` (every removal of the reference goes through here), then the
+        `node_remove` (every removal of the reference goes through here, R20), then the
         `on_remove` hooks are told what went and the nearest node left on its path."""
         path = self.tree.path_to_root(node) if self.on_remove and node.is_dead() else []
         removed = self.tree.remove_if_dead(node)
@@ -739,12 +741,13 @@ class ControlPlane(PlaneQueries):
             if n.is_root or not self.tree.contains(n):
                 why = "the root holds no pages" if n.is_root else "it was removed from the tree"
                 raise IllegalTransition(
-                    event, str(tier), "-", f"node {n.node_id}: {why}; match again"
+                    event, str(tier), "-", f"node {n.node_id}: {why}; match again (R21)"
                 )
 
     def _check(self, context: str) -> None:
         """Run the checks the mode says are due. On a violation the plane (and its tree) is
-        poisoned before the violation propagates: every later transition raises PlanePoisoned."""
+        poisoned before the violation propagates: every later transition raises PlanePoisoned
+        (R59)."""
         try:
             self.checker.after_transition(self.snapshot, context)
         except InvariantViolation as violation:
@@ -758,7 +761,8 @@ class ControlPlane(PlaneQueries):
         self.tree.poison(violation)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
-        """A split inserts `upper` before `lower`; ops covering `lower` now cover both."""
+        """A split inserts `upper` before `lower`; ops covering `lower` now cover both, and
+        their page lists stay as they are (R9)."""
         for op in self.ops.values():
             for i, n in enumerate(op.nodes):
                 if n is lower:
@@ -777,7 +781,7 @@ def _op_row_refused(row: Transition) -> IllegalTransition:
         str(row.tier),
         "-",
         "a transfer's rows run through issue, complete, fail, cancel or complete_part, "
-        "which keep its op record; apply runs evictions and invalidation",
+        "which keep its op record; apply runs evictions and invalidation (R8)",
     )
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 class HiCacheError(Exception):
-    """Base of every error hicache raises on purpose.
+    """Base of every error hicache raises on purpose. An operation that raises one changed
+    nothing (R4): it checked every precondition first.
 
     Every one pickles with its fields, whatever its constructor takes, so an error raised in
     another process (a tensor-parallel rank) reaches the launcher as itself."""
@@ -77,7 +78,7 @@ class ReservationAborted(OutOfPages):
         why = f"this rank: {cause}" if cause is not None else "another rank's reservation failed"
         self.args = (
             f"{tier}: the ranks did not all reserve {wanted} pages ({why}); every rank "
-            "released them",
+            "released them (C2, R72)",
         )
 
 
@@ -111,7 +112,7 @@ class PlanePoisoned(HiCacheError):
             f"{attempted} refused, nothing changed: the control plane is poisoned since "
             f"{len(cause.violations)} invariant violation(s){after}{first}. Read snapshot() and "
             "the trace to find the cause, cancel in-flight transfer handles on the data plane, "
-            "then start over with a new control plane"
+            "then start over with a new control plane (R59)"
         )
 
 
@@ -153,7 +154,7 @@ class L3InUse(L3PathRefused):
         super().__init__(
             path,
             "is in use: another open L3 file (a live controller, in this process or another) "
-            "holds its lock; close that controller first",
+            "holds its lock; close that controller first (R51)",
             overwrite_helps=False,
         )
 
@@ -166,7 +167,7 @@ class CorruptSlot(HiCacheError):
         self.slot = slot
         self.slots = (slot,)
         self.path = path
-        super().__init__(f"L3 slot {slot} in {path} failed its checksum; treat as a miss")
+        super().__init__(f"L3 slot {slot} in {path} failed its checksum; treat as a miss (R53)")
 
 
 class UnreadableSlot(TransferError):
@@ -253,5 +254,5 @@ class NoAllocator(HiCacheError):
         self.source = source
         super().__init__(
             f"pool {pool!r} has no allocator ({operation} refused); it uses {source!r}'s "
-            f"indices: {operation} on {source!r} instead"
+            f"indices: {operation} on {source!r} instead (R62)"
         )

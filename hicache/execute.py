@@ -159,7 +159,8 @@ class Executor:
         op_id: int | None = None,
         rng: RequestRange | None = None,
     ) -> Step:
-        """Check row `name` on every segment; IllegalTransition or OutOfPages, nothing changed.
+        """Check row `name` on every segment; IllegalTransition or OutOfPages, nothing changed
+        (R3: every check before any effect; R4).
 
         `pages_moved` are the pages a publish/release moves (the op's or the request's, in
         token order); a `free` takes the nodes' values; a `reserve` is checked against the
@@ -178,12 +179,12 @@ class Executor:
             afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
             pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
             if pending and (seg.node is None or seg.node.pending[i] != op_id):
-                # Verify the op still owns the node's pending slot (a second end would not).
+                # R7: verify the op still owns the node's pending slot (a second end would not).
                 raise IllegalTransition(
                     name,
                     str(t.tier),
                     composite_name(seg.before),
-                    f"node {_id(seg.node)} is not pending on op {op_id}",
+                    f"node {_id(seg.node)} is not pending on op {op_id} (R7)",
                 )
         if not segments:  # request guards still apply to an empty range
             self.lifecycle.check(
@@ -221,8 +222,9 @@ class Executor:
         )
 
     def run(self, step: Step) -> Pages:
-        """Run a planned step: the row's effects in order, then each node's sub-state, then one
-        trace event per segment. Returns the pages the ownership effect moved."""
+        """Run a planned step: the row's effects in order (R3), then each node's sub-state, then
+        one trace event per segment, after the change (R75). Returns the pages the ownership
+        effect moved."""
         t, ps = step.transition, self.tree.page_size
         i = TIERS.index(t.tier)
         moved = step.pages
@@ -235,6 +237,7 @@ class Executor:
                 getattr(self.tables[k], e.op)(moved)
             else:
                 assert step.lock_node is not None  # Verify: plan() found a node to lock.
+                # R6: one path lock on the step's deepest node is an op's one source lock.
                 (self.tree.lock if e.op == "lock" else self.tree.unlock)(step.lock_node, k)
         assert moved is not None  # Verify: every row has one ownership effect (the parser).
         at, tier, on_copy = 0, str(t.tier), t.acts_on_copy

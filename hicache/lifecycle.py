@@ -74,7 +74,7 @@ GUARD_VOCABULARY: dict[str, str] = {
 
 HASH_KEYED_LIFTABLE = ("leaf(Ln)", "parent(Ln) == RESIDENT")
 """The guard forms `[hash_keyed].lifts` may name: the tree-shape guards. A hash-keyed tier
-keeps its sub-state, lock and request guards (spec/tree.md, "Hash-keyed tiers")."""
+keeps its sub-state, lock and request guards (spec/tree.md, "Hash-keyed tiers"; R76)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,8 @@ def _composite_name(states: States) -> str:
 
 
 class Lifecycle:
-    """The tables, parsed and cross-checked: states, rows (guards, effects), composites."""
+    """The tables, parsed and cross-checked: states, rows (guards, effects), composites. The
+    reference's only source of states and transitions (R1): nothing else names a row."""
 
     def __init__(self, tables: Mapping[str, Any]) -> None:
         self.tables = tables
@@ -339,7 +340,7 @@ class Lifecycle:
                 name,
                 str(t.tier),
                 composite_name(states),
-                f"{t.tier} is {states[i]}, the transition leaves {t.source}",
+                f"{t.tier} is {states[i]}, the transition leaves {t.source} (R3)",
             )
         for g in t.guards:
             if not g.holds(states, locks, ctx):
@@ -347,7 +348,7 @@ class Lifecycle:
                     name,
                     str(t.tier),
                     composite_name(states),
-                    f"guard {g.text!r} fails{g.meaning()}",
+                    f"guard {g.text!r} fails{g.meaning()} (R3)",
                 )
         dest = list(states)
         dest[i] = t.dest

@@ -80,7 +80,8 @@ class PageTable:
     def reserve(self, n: int) -> Pages:
         """FREE -> PRIVATE for `n` pages; a consecutive run when one exists (best fit: the
         shortest run that holds `n`), else the lowest-numbered free pages. OutOfPages if fewer
-        than `n` are free (nothing changes)."""
+        than `n` are free (nothing changes). A function of the free set and `n` alone, so that
+        tensor-parallel ranks with equal free sets reserve equal pages (R69)."""
         if n < 0:
             raise ValueError(f"cannot reserve {n} pages")
         idx = np.flatnonzero(self.owner == FREE)
@@ -123,6 +124,7 @@ class PageTable:
             self._check_large(p, source, name)
 
     def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
+        # R2: the only way a page changes owner; R3: every page is checked before one moves.
         p = pages(p)
         if p.size <= SMALL_MOVE:
             listed = p.tolist()

@@ -123,7 +123,7 @@ class HiRadixTree:
         When the match ends inside a node: with `split`, that node is split so `path` ends
         exactly at `matched_len`; without, the partly matched node is left out of `path`.
         With `touch`, every per-tier hit node gets a fresh LRU tick in that tier and every
-        `path` node's `hits` grows by one.
+        `path` node's `hits` grows by one (R15).
         """
         if split or touch:
             self._writable("match (with split or touch)")
@@ -222,8 +222,9 @@ class HiRadixTree:
 
         A new upper node takes key[:at] and, in every tier, value[:at/page_size] with the same
         state, lock, pending op and LRU tick; `node` keeps the rest and becomes its only child
-        (locks are per subtree, so the upper node's equal count is exact). Returns the upper
-        node, after calling every `on_split` hook with (upper, node).
+        (locks are per subtree, so the upper node's equal count is exact); no page changes
+        owner (R18). Returns the upper node, after calling every `on_split` hook with (upper,
+        node).
         """
         self._writable("split")
         self._own(node)
@@ -282,7 +283,8 @@ class HiRadixTree:
 
     def remove_if_dead(self, node: TreeNode) -> list[TreeNode]:
         """Remove `node` if it is dead (`TreeNode.is_dead`), then its parent likewise, up the
-        path. Returns the removed nodes, deepest first (their `parent` is then None)."""
+        path: the only way a node leaves the tree (R20). Returns the removed nodes, deepest
+        first (their `parent` is then None)."""
         self._writable("remove_if_dead")
         self._own(node)
         removed: list[TreeNode] = []
@@ -379,7 +381,7 @@ class HiRadixTree:
         if zero:
             raise TreeError(
                 f"unlock of node {node.node_id} in {TIERS[tier]}: nodes {zero} hold no "
-                "lock there (released twice, or never taken)"
+                "lock there (released twice, or never taken; R19: never clamped at zero)"
             )
         for n in path:
             n.lock[tier] -= 1
@@ -396,13 +398,13 @@ class HiRadixTree:
     def candidates(self, tier: int) -> list[TreeNode]:
         """Eviction candidates of `tier`, least recently used first (ties: older node first):
         RESIDENT there, unlocked there, no transfer pending there, and a leaf in that tier
-        (every child ABSENT there; children holding only other tiers do not count).
+        (every child ABSENT there; children holding only other tiers do not count): R23.
         Cost: linear in the tier's leaves, not in the tree."""
         self._check_tier(tier)
         found = [
             n for n in self._leaves[tier].values() if n.lock[tier] == 0 and n.pending[tier] is None
         ]
-        found.sort(key=lambda n: (n.last_access[tier], n.node_id))
+        found.sort(key=lambda n: (n.last_access[tier], n.node_id))  # R24: a total LRU order
         return found
 
     # -- self-check -----------------------------------------------------------------------

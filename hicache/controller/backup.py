@@ -7,6 +7,7 @@
     write_back                only when L1 evicts it (eviction.py asks for it then)
 
 L3 follows L2 for every policy: a completed D2H makes the same node wanted in L3 (H2S).
+These are R28; a chain is R29, the wanted sets' order and bound R31.
 
 Contract: the planner decides, it never acts. `due()` yields the chains to issue now; the
 controller issues them (and counts a chain it cannot issue as dropped). A *chain* is a
@@ -29,7 +30,7 @@ from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
-WANTED_MAX = 65536  # bound on remembered backup targets per direction
+WANTED_MAX = 65536  # R31: bound on remembered backup targets per direction
 Chain = list[TreeNode]
 
 
@@ -37,7 +38,7 @@ def chain_lacking(
     cp: ControlPlane, node: TreeNode, direction: Direction, windows: bool = True
 ) -> Chain:
     """Parent-first nodes on `node`'s path that hold the source tier and lack the target, and
-    whose first node's parent holds the target (or is the root). Empty when blocked (a node
+    whose first node's parent holds the target (or is the root): R29. Empty when blocked (a node
     on the way is pending in the target tier, or lost its source) or nothing is missing.
     With `windows`, a D2H chain also ends before a node whose L1 window is freed; without
     (tensor-parallel ranks, whose windows may differ) the issue refuses it instead."""
@@ -95,7 +96,7 @@ class BackupPlanner:
     def _removed(self, nodes: list[TreeNode], left: TreeNode) -> None:
         """Nodes left the tree (dead: they hold nothing): a wish on one of them passes to
         `left`, the nearest node left on their path, whose chain holds what the wish still
-        needs (rule 4 of spec/policies.md); none passes to the root."""
+        needs (R31, rule 4 of spec/policies.md); none passes to the root."""
         for direction, queue in self.wanted.items():
             wished = [queue.pop(n.node_id, None) for n in nodes]
             if any(w is not None for w in wished) and not left.is_root:

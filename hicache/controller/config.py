@@ -71,6 +71,7 @@ class CacheConfig:
     rank_check_every: int = 0
 
     def __post_init__(self) -> None:
+        # R77: every knob is validated here; a value outside its legal values is ConfigError.
         if isinstance(self.geometry, str):
             object.__setattr__(self, "geometry", preset(self.geometry))
         for name in ("l1_pages", "l2_pages", "l3_slots", "io_threads", "rank_check_every"):
@@ -120,7 +121,7 @@ class CacheConfig:
             raise ConfigError(
                 "l3_path",
                 f"a pool group ({self.pools!r}) keeps one temporary L3 "
-                "file per pool; leave l3_path unset",
+                "file per pool; leave l3_path unset (R55)",
             )
 
     @property

@@ -253,8 +253,9 @@ class CacheController:
     # -- requests ---------------------------------------------------------------------------
 
     def admit(self, request_id: int, tokens: Sequence[int]) -> Materialization:
-        """Match, decide, pin the planned nodes and issue the restore the policy chose (it then
-        proceeds on ticks; with `prefetch=False` this call blocks until it settles).
+        """Match, decide, pin the planned nodes and issue the restore the policy chose (R36: in
+        that order; it then proceeds on ticks; with `prefetch=False` this call blocks until it
+        settles).
 
         Raises, with nothing changed: `RequestTooLarge` (the prompt needs more pages than L1
         has), `HiCacheError` (the request id is already live). A restore that cannot be
@@ -386,7 +387,7 @@ class CacheController:
             if room is None:  # one rank (across ranks C3 rode on C1c: refused unless all can)
                 room = self.ranks.room_for(mat, deepest)
             if not room:
-                raise OutOfPages("L1", need, free)  # refused: nothing evicted
+                raise OutOfPages("L1", need, free)  # refused: nothing evicted (R25)
             self.evictor.make_room(Tier.L1, need, keep=keep)
             free = self.cp.free_pages(Tier.L1)
             if free < need:
@@ -395,10 +396,11 @@ class CacheController:
         restored_from = self.cp.cached_len(request_id)
         if deepest is not None:
             self.cp.advance_cached_len(request_id, deepest)
-        self.cp.unpin(request_id)  # cached_len covers every pin now: the prefix lock holds it
+        self.cp.unpin(request_id)  # R37: cached_len covers every pin now: the prefix lock holds it
         cached = self.cp.cached_len(request_id)
         if deepest is not None:
             self.stager.served(mat, restored_from, cached)
+        # R38: a page the restore delivered and prefill did not serve is counted.
         self.metrics.restored_unused_pages += max(
             0, mat.landed_pages - (cached - restored_from) // g.page_size
         )
@@ -415,7 +417,7 @@ class CacheController:
 
     def finish(self, request_id: int) -> None:
         """End a request, finished or aborted: cancel its restore ops (the data plane
-        quiesces each first), stop waiting for shared ones, release what it holds (private
+        quiesces each first; R40), stop waiting for shared ones, release what it holds (private
         pages, restore pins, its prefix lock). Backups are the cache's and continue. A request
         that shared a cancelled load-back loads those pages itself. Nothing it owned stays
         behind (B03). UnknownRequest for an id that is not live."""
@@ -461,7 +463,8 @@ class CacheController:
         return self.evictor.evict(Tier(tier), n_pages)
 
     def tick(self) -> None:
-        """Observe every transfer once; apply what completed; continue restores and backups.
+        """Observe every transfer once; apply what completed; continue restores and backups
+        (R36: these four phases, in this order).
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         self.hooks.refuse_if_crashed()
@@ -495,7 +498,7 @@ class CacheController:
         diagnosis (spec/invariants.md, "A poisoned plane"). After an injected crash
         (`SimulatedCrash`) the same: nothing in flight is published (spec/faults.md)."""
         if self.cp.poisoned is not None or self.crashed is not None:
-            # A crashed process publishes nothing more (spec/faults.md): quiesce, release.
+            # R57: a crashed process publishes nothing more (spec/faults.md): quiesce, release.
             for handle in self.handles.values():
                 handle.cancel()  # returns once the hardware no longer touches its pages
             self.handles.clear()

@@ -57,12 +57,12 @@ class ControllerFaults:
             return None
         self.crashed = SimulatedCrash(
             f"injected crash: op {op_id} ({what}) moved its bytes but was not published; close "
-            "this controller and open a new one (it starts empty)"
+            "this controller and open a new one (it starts empty, R47)"
         )
         return self.crashed
 
     def refuse_if_crashed(self) -> None:
         if self.crashed is not None:
             raise SimulatedCrash(
-                f"this controller crashed ({self.crashed}); close it and open a new one"
+                f"this controller crashed ({self.crashed}); close it and open a new one (R57)"
             )

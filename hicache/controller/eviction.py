@@ -60,14 +60,14 @@ class Evictor:
 
     def can_make_room_l1(self, n_pages: int, keep: Collection[TreeNode] = ()) -> bool:
         """Whether `make_room(L1, n_pages, keep)` would leave `n_pages` free (a caller that
-        refuses for lack of room asks first, so a refused operation evicts nothing): the
+        refuses for lack of room asks first, so a refused operation evicts nothing, R25): the
         anchor's free pages plus what eviction frees, and -- an L1 that frees windows -- the
         free windows plus every node's window `free_windows` could free (an evictable node's
         with it)."""
         windows = self.cp.windows
         if not windows.tombstones:
             return self.cp.free_pages(Tier.L1) + self.cp.evictable_l1(keep) >= n_pages
-        freeable = sum(n.num_pages for n in windows.candidates(self.cp.tree.nodes(), keep))
+        freeable = sum(n.num_pages for n in windows.candidates(self.cp.tree.nodes(), keep))  # R68
         return (
             windows.anchor_free() + self.cp.evictable_l1(keep) >= n_pages
             and windows.window_free() + freeable >= n_pages
@@ -90,7 +90,8 @@ class Evictor:
     def evict(self, tier: Tier, n_pages: int, keep: Collection[TreeNode] = ()) -> int:
         """Free at least `n_pages` pages of `tier` (more when a node's value goes whole; fewer
         only when no candidate is left) through the one loop, an L1 victim without an L2 copy first
-        backed up under write-back; the pages freed (0 when `n_pages` <= 0)."""
+        backed up under write-back; the pages freed (0 when `n_pages` <= 0). R22: the
+        controller never picks victims of its own."""
         if n_pages <= 0:
             return 0
         before = self._before_l1_eviction if tier is Tier.L1 else None
@@ -100,7 +101,7 @@ class Evictor:
 
     def _before_l1_eviction(self, victim: TreeNode) -> None:
         """An L1 victim that L2 does not hold: back it up (write-back) or count its loss, by
-        exactly its own tokens (the ancestors a write-back would have copied stay in L1)."""
+        exactly its own tokens (the ancestors a write-back would have copied stay in L1): R27."""
         if self.cp.holds(victim, Tier.L2):
             return
         freed = self.cp.windows.freed(victim)

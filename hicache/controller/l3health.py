@@ -5,14 +5,14 @@ Contract:
 - A slot that failed its checksum (`corrupt`) or could not be read whole (`unreadable`) is
   put into *quarantine* (by slot and generation, so a split of its node or a later reuse of
   the slot is followed exactly): from then on no restore plans an L3 read through the node
-  holding it (`servable_len`, `stops_at`). Its L3 copy -- that node's only -- is dropped
+  holding it (`servable_len`, `stops_at`; R44). Its L3 copy -- that node's only -- is dropped
   (`invalidate_l3`) as soon as no reader holds it. L3 stays closed under ancestors (S6), so
   descendants still holding L3 leave it first; their bytes are good, so they are *evicted*
   (`evict_l3`, traced as the eviction it is, never as an invalidation) and counted apart as
-  `below_bad_slot`. Until the drop, the tree still reports the copy in L3 (`match` is
+  `below_bad_slot` (R43). Until the drop, the tree still reports the copy in L3 (`match` is
   mechanical); the planner is what refuses it. The node's L1 and L2 copies are untouched,
   and once its L3 copy is gone a backup writes a fresh slot.
-- A lost file (removed or replaced under us) takes L3 *offline* for the controller's life:
+- A lost file (removed or replaced under us) takes L3 *offline* for the controller's life (R45):
   every L3 copy is dropped (`invalidate_l3`, leaves first) as soon as no reader holds it.
 - `l3_invalidated_pages[reason]` counts the pages each `invalidate_l3` dropped, by reason;
   pressure eviction is counted apart (`evicted_pages`), so corruption never reads as pressure.

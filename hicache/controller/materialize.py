@@ -93,7 +93,7 @@ def plan_parts(
     `RESIDENT`) and, for an L3 choice, the L3 part (L1 and L2 `ABSENT`, L3 `RESIDENT`). The
     plan stops at the first node that fits none (e.g. a promotion S2H in flight, or an L3
     copy `unreadable` says must not be read, or a node L1 holds past the hit: its window
-    freed): the tokens from there on are recomputed."""
+    freed): the tokens from there on are recomputed (R35)."""
     shared: list[TreeNode] = []
     l2_part: list[TreeNode] = []
     l3_part: list[TreeNode] = []
@@ -130,7 +130,7 @@ def plan_reach(
     decides on L2 and L3 hits cut here, so it never chooses a restore no plan makes (which
     the decision log would settle against a recompute): a node L1 holds past the hit (its
     window freed, spec/pools.md "Freed windows") or one L2 is filling (another request's
-    promotion in flight) ends every plan, and its tokens are recomputed."""
+    promotion in flight) ends every plan, and its tokens are recomputed (R33)."""
     whole = sum(len(node.key) for node in match.path)
     plan = plan_parts(cp, match, "L3", whole, unreadable)
     nodes = plan.shared + plan.l2_part + plan.l3_part

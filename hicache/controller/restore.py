@@ -4,9 +4,9 @@ Contract (spec/restore.md, "Stages of a restore", "Locks a restore holds", "Shar
 load-back", "A request that ends with ops in flight"):
 
 - `start` pins the plan before any op is issued (shared and L2 parts in L2, the L3 part in
-  L3), then issues the L2 part's H2D and the L3 part's S2H -- unless the plan begins with a
+  L3; R37), then issues the L2 part's H2D and the L3 part's S2H -- unless the plan begins with a
   node another request's load-back is filling (`shared`): then it waits for that op and issues
-  its own parts once it ended (`advance`).
+  its own parts once it ended (`advance`; R39).
 - Every completed stage pins what it filled in the tier it filled (an H2D: in L1), in the same
   step that publishes it, so a restored page is never an unlocked leaf before `prefill`; a
   shared op's completion pins it in L1 for every waiting request too.
@@ -159,7 +159,8 @@ class RestoreStager:
         if self.promotion:
             self.metrics.promoted_pages += sum(n.num_pages for n in promoted)
             return
-        for node in reversed(promoted):  # leaf-first, so each is a leaf in L2 when evicted
+        # R42: without promotion, give the L2 copies up leaf-first (each a leaf in L2 then).
+        for node in reversed(promoted):
             if node not in self.cp.candidates(Tier.L2):
                 break  # locked by another reader, or not a leaf any more: keep it
             self.cp.evict_node(node, Tier.L2)
@@ -210,8 +211,8 @@ class RestoreStager:
             if not part:
                 continue
             if direction is Direction.S2H and not self._backed_up_above(part[0]):
-                # Graft guard 2 (SGLang's host_insert_dropped): no L2-only suffix under a node
-                # L2 lacks. Refused before anything is reserved; the tokens are recomputed.
+                # R42, graft guard 2 (SGLang's host_insert_dropped): no L2-only suffix under a
+                # node L2 lacks. Refused before anything is reserved; the tokens are recomputed.
                 self._drop_part(mat, mat.l3_part, "dropped")
                 mat.l3_part = []
                 continue
@@ -297,8 +298,8 @@ class RestoreStager:
         self._drop_part(mat, list(op.nodes), "prefetch_clamped")
 
     def _drop_part(self, mat: Materialization, part: list[TreeNode], reason: str) -> None:
-        """A part cannot proceed: release its pins, count one fallback by `reason`; its tokens
-        are recomputed."""
+        """A part cannot proceed: release its pins (R37), count one fallback by `reason` (R41);
+        its tokens are recomputed."""
         if part:
             self.cp.unpin(mat.request_id, part[-1])
         self.metrics.fallback(reason)

@@ -104,7 +104,7 @@ class Transfers:
         Across ranks (spec/tp.md C2) the issue is two-phase: each rank reserves and issues
         here, the ranks agree, and unless every rank succeeded with the same pages every rank
         releases what it took and raises `ReservationAborted` (an OutOfPages): no rank
-        evicts and retries alone."""
+        evicts and retries alone (R72)."""
         self.hooks.refuse_if_crashed()
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
@@ -157,7 +157,7 @@ class Transfers:
             if not self.l3.online and Tier.L3 in (direction.source, direction.target):
                 raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
             aim = self.hooks.aimed(direction, request_id)
-            # Keep the chain's parent: evicting it would open a backup gap under the chain.
+            # R26: keep the chain's parent: evicting it would open a backup gap under the chain.
             self.evictor.make_room(direction.target, need, keep=[parent])
             self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
             op = self.cp.issue(direction, chain, request_id)
@@ -177,7 +177,7 @@ class Transfers:
                 self.hooks.landing(aim, self.group, need),
             )
         except HiCacheError as e:
-            self.cp.fail(op.op_id)
+            self.cp.fail(op.op_id)  # R13: an issue that raised left nothing in flight
             if isinstance(e, StorageError):
                 self.l3.take_offline(e)
             return None, None, e, True
@@ -292,6 +292,7 @@ class Transfers:
                 self.cp.complete_part(op_id, min(kept, len(op.nodes)))
         self.settled(op, status, kept)
         backup = op.direction in (Direction.D2H, Direction.H2S)
+        # R56: a failed transfer ends in its fail row, its loss counted once.
         if backup and status is TransferStatus.FAILED:  # a cancel (shutdown) drops nothing
             self.metrics.drop("backup_failed", sum(len(n.key) for n in op.nodes))
         if self.tp:
@@ -318,7 +319,8 @@ class Transfers:
 
     def issue_backup(self, direction: Direction, chain: list[TreeNode]) -> None:
         """Issue one planned backup; when no room can be made, or L3 is lost, it is dropped
-        and its tokens counted, not retried."""
+        and its tokens counted, not retried (R30: a backup never blocks a request; R32: every
+        loss of an owed copy is counted)."""
         try:
             self.issue(direction, chain)
         except (OutOfPages, StorageError, TransferError) as e:

@@ -438,7 +438,8 @@ class DeviceHostMover:
         self.counters[handle.direction].finished(status, handle.nbytes)
 
     def _abandon(self, buffers: TransferBuffers) -> None:
-        """Issue failed half-way: wait for whatever was enqueued, then return the buffers."""
+        """Issue failed half-way: wait for whatever was enqueued, then return the buffers (R13:
+        an issue that raises leaves nothing in flight)."""
         if self._streams.cuda:
             torch.cuda.synchronize(self.l1.device)
         buffers.release()

@@ -20,8 +20,9 @@ stopped. A pool missing from the report landed nothing. The caller publishes at 
 A final status is reported only once the hardware no longer reads or writes the transfer's
 pages: `cancel` and `fail` quiesce first, and a subclass's `_probe` returns FAILED only when
 no part of the transfer still runs. That is what lets the caller release the target and
-unlock the source on the status alone (the quiesce rule: spec/lifecycle.md, "Cancel, fail
-and live hardware").
+unlock the source on the status alone (the quiesce rule, R11: spec/lifecycle.md, "Cancel,
+fail and live hardware"). A deadline that passes is never taken for quiet (R12): `wait`
+returns PENDING then, and nothing may be released on it.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class TransferHandle(ABC):
         self._finish(TransferStatus.FAILED)
 
     def cancel(self) -> None:
-        """Cancel: waits until the hardware no longer touches the pages, then CANCELLED.
+        """Cancel: waits until the hardware no longer touches the pages, then CANCELLED (R12).
         No effect on a final handle."""
         if self._status.final:
             return

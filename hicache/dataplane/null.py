@@ -2,7 +2,8 @@
 
 Used for model checking, trace replay and fuzzing where only the control plane matters: every
 transfer returns a `NullHandle` that stays PENDING until the caller (the fuzzer, a replayed
-trace) calls `finish(ok)` on it; `.handles` keeps them in issue order. There are no bytes
+trace) calls `finish(ok)` on it, in any order it likes (R58: every order must leave the cache
+consistent, which the fuzz holds it to); `.handles` keeps them in issue order. There are no bytes
 (`has_bytes` is False), but each page carries a content tag (tags.py) that moves as its
 bytes would, and `digests` returns the tags: the invariants that compare content run here.
 

@@ -121,6 +121,7 @@ class L3File:
         self._fresh_metadata()
 
     def _fresh_metadata(self) -> None:
+        # R47: slot metadata lives only here, in memory: every open starts with no slot written.
         self._crc: npt.NDArray[np.uint32] = np.zeros(self.slots, dtype=np.uint32)
         self._written: npt.NDArray[np.bool_] = np.zeros(self.slots, dtype=np.bool_)
         self._counter_lock = threading.Lock()
@@ -205,22 +206,23 @@ class L3File:
         return self._fd < 0
 
     def offset(self, slot: int) -> int:
-        """Byte offset of `slot` in the file: after the header, HEADER_BYTES + slot * B."""
+        """Byte offset of `slot` in the file: after the header, HEADER_BYTES + slot * B (R46)."""
         return HEADER_BYTES + slot * self.bytes_per_page
 
     def check_identity(self) -> None:
         """StorageError if the path no longer names the file we opened (deleted, replaced,
-        renamed over). One `stat` call; run once per transfer batch, not per extent. A
-        temporary file has no name left to check: no other process can reach it."""
+        renamed over): R52, L3 then goes offline. One `stat` call; run once per transfer
+        batch, not per extent. A temporary file has no name left to check: no other process
+        can reach it."""
         fd = self.fd
         if self.temporary:
             return
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            raise StorageError(self.path, "removed under us; its slots are lost") from None
+            raise StorageError(self.path, "removed under us; its slots are lost (R52)") from None
         if (st.st_dev, st.st_ino) != self._identity:
-            why = f"replaced under us (fd {fd} is another file); its slots are lost"
+            why = f"replaced under us (fd {fd} is another file); its slots are lost (R52)"
             raise StorageError(self.path, why)
 
     def check_slots(self, slots: Pages, field: str) -> None:
@@ -230,7 +232,7 @@ class L3File:
 
     def _write_header(self) -> None:
         """Drop whatever the file held (its slots are not trusted), then write our header.
-        Before sizing: a file cut short by a crash while sizing is still recognisably ours."""
+        Before sizing (R48): a file cut short by a crash while sizing is still recognisably ours."""
         blob = encode(self.header)
         try:
             os.ftruncate(self._fd, 0)
@@ -276,7 +278,7 @@ class L3File:
         return self._crc[slots].copy()
 
     def invalidate(self, slots: Pages) -> None:
-        """Forget these slots' pages (a write into them is starting, or failed)."""
+        """Forget these slots' pages (a write into them is starting, or failed): R53."""
         self._written[slots] = False
 
     def record(self, slots: Pages, checksums: npt.NDArray[np.uint32]) -> None:
@@ -290,7 +292,7 @@ class L3File:
         """Check `data` (bytes just read from `slot`) against the slot's checksum.
 
         Raises CorruptSlot (and counts it in `corrupt_reads`) on a mismatch, or when the slot
-        holds no written page. Safe to call from I/O threads.
+        holds no written page: such bytes are never served (R53). Safe to call from I/O threads.
         """
         if self._written[slot] and page_checksum(data) == int(self._crc[slot]):
             return
@@ -357,7 +359,7 @@ def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
     a locked descriptor of a regular file, mode 0600; nothing in the file is changed yet."""
     path = os.path.abspath(path)
     try:
-        fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)  # R48
     except FileExistsError:
         fd = -1  # something is there (a file, a symlink, dangling or not): look at it below
     except OSError as e:
@@ -384,7 +386,7 @@ def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
 
 def _lock(path: str, fd: int) -> None:
     """Take an exclusive advisory lock on the open file `fd` for as long as it is open
-    (spec/l3.md, "Opening a path", rule 8). `flock`, not `fcntl`/`lockf` record locks: those
+    (spec/l3.md, "Opening a path", rule 8; R51). `flock`, not `fcntl`/`lockf` record locks: those
     belong to the process, so a second controller in the same process would get the lock
     too, and closing any descriptor of the file would drop it. L3InUse when another open
     file description holds it; StorageError when the file system cannot lock."""
@@ -404,7 +406,7 @@ def _open_existing(path: str) -> int:
         fd = os.open(path, _OPEN_FLAGS | os.O_NONBLOCK)
     except OSError as e:
         if e.errno == errno.ELOOP and os.path.islink(path):
-            why = "is a symbolic link; L3 never follows one, not even to overwrite it"
+            why = "is a symbolic link; L3 never follows one, not even to overwrite it (R49)"
             raise L3PathRefused(path, why, overwrite_helps=False) from None
         if e.errno in (errno.EISDIR, errno.ENXIO):  # a directory; a socket
             raise _not_regular(path) from None
@@ -421,7 +423,7 @@ def _open_existing(path: str) -> int:
 
 def _check_takeover(path: str, fd: int, overwrite: bool) -> None:
     """L3PathRefused unless the open regular file `fd` holds a hicache L3 header, or
-    `overwrite`. Reads the header's fields; writes nothing."""
+    `overwrite`: R50, decided on the descriptor. Reads the header's fields; writes nothing."""
     try:
         raw = os.pread(fd, FIELDS_BYTES, 0)
     except OSError as e:
@@ -430,11 +432,11 @@ def _check_takeover(path: str, fd: int, overwrite: bool) -> None:
         decode(raw)
     except ValueError as e:
         if not overwrite:
-            raise L3PathRefused(path, f"exists and {e}", overwrite_helps=True) from None
+            raise L3PathRefused(path, f"exists and {e} (R50)", overwrite_helps=True) from None
 
 
 def _not_regular(path: str) -> L3PathRefused:
-    why = "is not a regular file (a directory, FIFO, device or socket); L3 needs a file path"
+    why = "is not a regular file (a directory, FIFO, device or socket); L3 needs a file path (R49)"
     return L3PathRefused(path, why, overwrite_helps=False)
 
 

@@ -385,7 +385,7 @@ class StorageMover:
             if done < total:
                 resumes += 1
                 if resumes > MAX_SHORT_RESUMES:
-                    why = f"still short after {MAX_SHORT_RESUMES} resumes"
+                    why = f"still short after {MAX_SHORT_RESUMES} resumes (R54)"
                     raise self._io_error(direction, first_slot, total, why)
         if resumes:
             with self._lock:

@@ -3,8 +3,9 @@
 Each method takes this rank's local answer and returns the answer every rank uses, through
 one collective of its point (spec/tp.toml); with one rank (`Alone`) it returns the local
 answer unchanged, so the single-rank controller runs the same code. The controller calls
-each at the same place on every rank, unconditionally: a call that depends on local state
-would be a conditional collective (F16), which the ranks' collective numbers expose.
+each at the same place on every rank, unconditionally (R70): a call that depends on local
+state would be a conditional collective (F16), which the ranks' collective numbers expose.
+The caller acts on the returned answer only, never on its own where a point exists (R71).
 
     startup(fields)              C0   all_gather of field hashes: ConfigError on a difference
     admit(bounds, own, code, m)  C1a  MIN of per-tier hits, the L1 endpoint masks intersected;
@@ -132,7 +133,8 @@ class Agreement:
 
     def reserve(self, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
         """C2: (whether every rank reserved and issued the same `pages` pages, whether some
-        rank found its L3 file lost: then every rank takes L3 offline)."""
+        rank found its L3 file lost: then every rank takes L3 offline). R72: every rank then
+        commits, or every rank aborts."""
         low, ok_all, neg, kept = self.c.all_reduce_min(
             "reserve", [pages, int(ok), -pages, int(not lost)]
         )
@@ -200,7 +202,7 @@ class Agreement:
         the same list on every rank (empty when the hashes agree)."""
         words, nbytes = encode_view(view)
         states = self.c.all_gather("check_state", [state_hash(view), len(words), nbytes])
-        digests = self.c.all_gather("check_bytes", [bytes_hash(view)])
+        digests = self.c.all_gather("check_bytes", [bytes_hash(view)])  # C8, judged by I8
         log = self.c.log
         logs = self.c.all_gather("check_log", [log.count, int(log.digest, 16) >> 1])
         # Each rank's (state hash, bytes hash, log count, log digest); view lengths may differ

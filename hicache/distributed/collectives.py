@@ -66,7 +66,8 @@ class CollectiveLog:
 
 
 class CollectiveError(HiCacheError):
-    """A collective could not complete: the ranks no longer agree on what they are doing."""
+    """A collective could not complete: the ranks no longer agree on what they are doing.
+    Raised instead of a hang; the group is broken afterwards (R73)."""
 
 
 class CollectiveTimeout(CollectiveError):
@@ -86,7 +87,7 @@ class CollectiveTimeout(CollectiveError):
         super().__init__(
             f"collective #{seq} ({point_name}) {why}: rank(s) {list(self.missing)} did "
             f"not arrive; last seen: {where or 'none'} (a rank skipped or left a "
-            "collective: every rank must make the same collectives, spec/tp.md)"
+            "collective: every rank must make the same collectives, spec/tp.md R70; R73)"
         )
 
 
@@ -99,7 +100,7 @@ class CollectiveMismatch(CollectiveError):
         shown = "; ".join(f"rank {r}: {e.text()}" for r, e in sorted(self.calls.items()))
         super().__init__(
             f"collective #{seq} differs across ranks: {shown} (every rank must make the "
-            "same collectives with the same lengths, spec/tp.md)"
+            "same collectives with the same lengths, spec/tp.md R70)"
         )
 
 

@@ -26,7 +26,7 @@ OPS_MAX = 4096  # completed H2S ops a record keeps (the oldest go first; counter
 
 
 def writes_pool(tp_mode: str, rank: int) -> bool:
-    """Whether `rank` writes a pool of `tp_mode` to L3 (spec/tp.toml, [[l3_write]])."""
+    """Whether `rank` writes a pool of `tp_mode` to L3 (spec/tp.toml, [[l3_write]]; R74)."""
     return tp_mode == SHARDED or rank == 0
 
 

@@ -102,7 +102,7 @@ def _check_lengths(
 def price_candidates(
     model: CostModel, l1_len: int, l2_len: int, l3_len: int, prompt_len: int, bytes_per_token: int
 ) -> Candidates:
-    """Enumerate the candidates that extend the L1 hit and price each end to end."""
+    """Enumerate the candidates that extend the L1 hit (R33) and price each end to end."""
     _check_lengths(l1_len, l2_len, l3_len, prompt_len, bytes_per_token)
     split: dict[str, tuple[int, int]] = {}
     if l2_len > l1_len:
@@ -171,7 +171,7 @@ class CostPolicy(PricedPolicy):
       1. Only restore candidates that extend the L1 hit by >= 1 token are offered; a tier
          that adds nothing is never chosen, by this or any rule below.
       2. If some candidate's benefit is > 0, choose the largest (ties: the shallower tier).
-      3. Else *explore*: choose the shallowest candidate that is
+      3. Else *explore* (R34): choose the shallowest candidate that is
            (a) untimed: one of its transfer lines (H2D for L2; S2H or H2D for L3) has fewer
                than EXPLORE_SAMPLES samples, so its price still rests on a prior, and
            (b) near: predicted <= (1 + EXPLORE_MARGIN) x predicted recompute.

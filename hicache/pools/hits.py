@@ -119,7 +119,7 @@ class Endpoints:
 def intersect_masks(masks: Sequence[Sequence[int]]) -> tuple[int, ...]:
     """The endpoints legal in every mask: the elementwise minimum of equal-length 0/1 masks.
     Masks of different lengths were built with different bounds (SGLang #39267: a gloo
-    reduction of unequal sizes) and are refused, as are entries other than 0 and 1."""
+    reduction of unequal sizes) and are refused, as are entries other than 0 and 1 (R65)."""
     if not masks:
         raise ConfigError("masks", "intersect at least one mask")
     lengths = sorted({len(m) for m in masks})
@@ -127,7 +127,7 @@ def intersect_masks(masks: Sequence[Sequence[int]]) -> tuple[int, ...]:
         raise ConfigError(
             "masks",
             f"lengths differ {lengths}: build every mask over the one "
-            "n every rank knows (the prompt's pages; n + 1 entries)",
+            "n every rank knows (the prompt's pages; n + 1 entries; R65)",
         )
     if any(v not in (0, 1) for m in masks for v in m):
         raise ConfigError("masks", "entries are 0 or 1")
@@ -246,7 +246,7 @@ def agreed_hit(
     group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int, policy: str = ALL_POOLS
 ) -> GroupHit:
     """The hit a group can serve under `policy`: the largest endpoint legal in every required
-    pool. Not the minimum of per-pool maxima: TRAILING_PAGES endpoints are a set, and with
+    pool (R64). Not the minimum of per-pool maxima: TRAILING_PAGES endpoints are a set, and with
     {0,1,3} and {0,1,2} the agreed hit is 1, not 2 (SGLang #39147). Same inputs and errors as
     `pool_hits`; an unknown policy raises ConfigError."""
     required = required_pools(group, policy)
@@ -286,8 +286,8 @@ def prefetch_clamp(group: PoolGroup, completed: Mapping[str, int], reserved: int
     """Clamp a prefetch's publication to min(anchor, every backupable ALL_PAGES sidecar on the
     anchor's indices) (SGLang #30334). `completed[pool]` is the pages that landed, in the pool's
     own pages; `reserved` the anchor host slots the prefetch holds. A clamping pool missing from
-    `completed` counts 0 (#37145), so everything it held is released. Raises ConfigError for an
-    unknown pool or a count outside 0..reserved (in the pool's pages)."""
+    `completed` counts 0 (#37145), so everything it held is released (R66). Raises ConfigError
+    for an unknown pool or a count outside 0..reserved (in the pool's pages)."""
     if not isinstance(reserved, int) or reserved < 0:
         raise ConfigError("reserved", f"a page count >= 0, got {reserved!r}")
     anchor = group.anchor
@@ -330,7 +330,7 @@ def trailing_tail(group: PoolGroup, pool: str, held: range, hit: int) -> Trailin
     """Split a pre-allocated trailing window `held` (pool pages, step 1) against the agreed
     `hit` (anchor pages). When another pool shortened the hit below the window it was
     allocated for, the held pages beyond the hit are released here, not lost (SGLang
-    `_sync_trailing_keys`, #31679). Raises ConfigError for a pool that is not TRAILING_PAGES,
+    `_sync_trailing_keys`, #31679; R67). Raises ConfigError for a pool that is not TRAILING_PAGES,
     a held range that is not ascending from >= 0, or a negative hit."""
     spec = _pool(group, pool, "pool")
     if spec.hit_policy != TRAILING_PAGES:

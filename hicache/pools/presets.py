@@ -5,7 +5,7 @@
 Loading checks, before any group is handed out: every pool row gives every `PoolSpec` field
 and no other; each group passes `PoolGroup`'s rules; and every preset `X` has an `X-tiny`
 of the same structure (`structure`), so a CPU test of the tiny group exercises the real
-group's shape. Each failure is a ConfigError naming the field.
+group's shape. Each failure is a ConfigError naming the field (R60).
 """
 
 from __future__ import annotations

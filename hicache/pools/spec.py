@@ -269,7 +269,7 @@ class PoolGroup:
                 raise ConfigError(
                     f"presets.{self.name}.{name}.backupable",
                     f"{name!r} is request-scoped (backupable = false); "
-                    "leave it off every backup path",
+                    "leave it off every backup path (R63)",
                 )
         return tuple(p for p in self.pools if p.name in wanted)
 

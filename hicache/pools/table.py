@@ -16,7 +16,7 @@ its source, and asking it to `alloc`, `free` or report `available` pages raises
 
 Contract for callers (the group rules of spec/pools.md):
 
-- `reserve_group` is all or nothing. It takes the allocating pools in sorted name order
+- `reserve_group` is all or nothing (R61). It takes the allocating pools in sorted name order
   (`PoolGroup.allocating`); a pool short of pages may call the caller's `reclaim(pool,
   pages_short)` at most once and retry once. When a pool still cannot be served, the pools
   already reserved in this call are released in reverse order -- their page tables, the
@@ -124,7 +124,7 @@ class GroupTable:
     # -- one pool ------------------------------------------------------------------------------
 
     def table(self, pool: str, operation: str = "table") -> PageTable:
-        """The page table of allocating pool `pool`; NoAllocator for a derived pool."""
+        """The page table of allocating pool `pool`; NoAllocator for a derived pool (R62)."""
         spec = self.group.pool(pool)
         if not spec.has_allocator:
             raise NoAllocator(pool, operation, spec.source)

@@ -59,7 +59,7 @@ class L1Windows:
     @property
     def replay_pages(self) -> int:
         """Under `anchor_recompute_swa`: the anchor pages before the anchor's hit that are
-        replayed when one of them lost its window -- the widest trailing pool's window,
+        replayed when one of them lost its window (R68) -- the widest trailing pool's window,
         `ceil(window_pages / ratio)` (0 under `all_pools` or without a trailing pool)."""
         return 0 if self.policy == ALL_POOLS else self._window_anchor_pages()
 

@@ -29,6 +29,8 @@ each; an empty list means the spec is consistent. One module per thing compared:
                      collective point is called by the code with its op, and no other
     pages            README.md's reading order vs the pages; bug-class ids vs bugclasses.md;
                      metric names in the pages vs what the reference exports
+    rulenumbers      every MUST of the pages carries the id of its rule in SUMMARY.md, every
+                     id a page or the code cites is defined there, and code cites every rule
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from hicache.speccheck.pages import (
 )
 from hicache.speccheck.pools import check_pools
 from hicache.speccheck.properties import PROPERTIES, check_properties, check_property_table
+from hicache.speccheck.rulenumbers import check_rule_numbers
 from hicache.speccheck.rules import check_rules
 from hicache.speccheck.tables import (
     check_composites,
@@ -67,6 +70,7 @@ __all__ = [
     "PROPERTIES",
     "CheckInfo",
     "check_l3_header",
+    "check_rule_numbers",
     "check_rules",
     "check_spec",
     "parse_tables",
@@ -124,7 +128,7 @@ def check_spec(spec_dir: Path, checks: Sequence[CheckInfo] | None = None) -> lis
     problems += check_reading_order(pages) + check_bug_classes(pages)
     metrics = reference_metrics()
     problems += [metrics] if isinstance(metrics, str) else check_metric_names(pages, metrics)
-    return problems
+    return problems + check_rule_numbers(spec_dir)
 
 
 def _read(path: Path, problems: list[str]) -> str | None:

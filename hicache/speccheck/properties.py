@@ -1,4 +1,4 @@
-"""Properties the lifecycle tables must have, proven from the rows and the composite graph.
+"""Properties the lifecycle tables must have (R10), proven from the rows and the composite graph.
 
 The rest of `hicache spec check` compares the tables with their own derivations (prose,
 diagrams, the `transitions` machine), so a wrong table edited consistently everywhere passes

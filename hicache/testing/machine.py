@@ -475,7 +475,7 @@ def make_machine(
         @survives_crash
         def complete(self, pick: int) -> None:
             self._count("complete")
-            ops = self.cache.pending_ops()
+            ops = self.cache.pending_ops()  # R58: any pending op may complete next
             self.cache.complete(ops[pick % len(ops)])
             self.cache.tick()
 

@@ -5,7 +5,7 @@
 `factory(config)` builds a fresh `CacheUnderTest` per case: the one factory protocol of
 hicache/testing/factory.py, the one `hicache fuzz --adapter` takes too (the built-in ones:
 hicache/vectors/adapters.py; the default is hicache's controller). Every file the manifest
-lists is read, its sha256 checked, and its steps run in order; each step's observation is
+lists is read, its sha256 checked, and its steps run in order (R78); each step's observation is
 compared with the recorded one as spec/vectors.md says (a refusal compares as refused or not,
 its class is only shown). Output: a line per case (`PASS`, `FAIL` with the step, the
 operation, the observation, expected and got; `SKIP` when the factory raised

@@ -8,7 +8,7 @@ refuses there -- a real node that is locked, a real pending op ended in another 
 or none when the state offers it none; `refusal` (base.py) runs it and says what went wrong:
 accepted, refused with another error than the one named, or refused after changing something
 (`ControlPlane.state_key` before and after: the tree with its LRU ticks, the page tables, the
-ops, the requests, the op id counter, the trace events emitted).
+ops, the requests, the op id counter, the trace events emitted): R4, raise with nothing changed.
 
     kind                   the call                                     refused by          error
     ---------------------  -------------------------------------------  ------------------  -----
