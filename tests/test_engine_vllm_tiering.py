@@ -272,6 +272,29 @@ def test_check_trace_accepts_a_raw_trace_whose_l3_orphan_keeps_its_ancestors(
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="trace-writer error, open: s2h ends are written when the adapter plays the job, "
+    "vLLM takes them off its books at its next poll (results file, raw-34)",
+)
+def test_a_promotion_ends_in_the_trace_when_vllm_polls_it_not_when_it_is_played(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Raw seed 34: a promotion the adapter played is taken off vLLM's books only at the
+    tier's next poll (once a step), so a request admitted in the same step sees the chunk
+    still being written (HIT_PENDING, no L2 hit). The trace's s2h_complete -- the spec's
+    completion observed -- belongs at that poll; it is written at the play, and check-trace
+    refuses the admission: 'detail.hit: the trace has [8,8,16], the reference [8,12,16]'."""
+    from hicache.testing.adapters.vllm_trace import workload
+
+    engine = _traced_engine(VLLMTiering, 8, 3 + 34 % 6)
+    workload(engine, 34, 400)
+    path = tmp_path / "vllm-tiering-raw-34.ndjson"
+    path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
+    engine.close()
+    assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
+
+
 def test_a_promotion_into_a_full_cpu_tier_traces_what_it_evicted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
