@@ -31,15 +31,17 @@ from hicache.errors import ConfigError
 from hicache.invariants import RANK_CHECKS, Violation, check_ranks
 from hicache.snapshot import RankView
 
-NO_SLOT = (1 << 63) - 1  # `Local.bad_slot` of an op that found no bad L3 slot
+NO_SLOT = (1 << 63) - 1  # `Local`'s first bad page of an op that found no bad L3 slot
 NO_CHECKSUM = (1 << 63) - 1  # C6b: a rank that wrote none of a slot (every rank but 0)
 
 Local = tuple[bool, bool, int, int, int]
 """One op's local state at a tick: (ended here, failed here, nodes kept here, bad-slot reason
-(0 none, 1 corrupt, 2 unreadable), the bad slot or NO_SLOT)."""
+(0 none, 1 corrupt, 2 unreadable), the position in the op's source pages of the first bad
+slot its read found here, or NO_SLOT)."""
 Agreed = tuple[bool, bool, int, int, int]
 """One op's agreed state: (ended on every rank, failed on some rank, fewest nodes kept, the
-worst bad-slot reason any rank found, the lowest bad slot)."""
+worst bad-slot reason any rank found, the first bad page any rank found: the least position,
+so every copy from it on is dropped on every rank, whichever bad slots each rank met)."""
 
 
 def field_hash(value: object) -> int:

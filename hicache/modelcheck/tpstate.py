@@ -129,8 +129,8 @@ class RankState:
         return RankState(self.rank, cp, l3, dict(self.ends))
 
     def key(self, request_ids: tuple[int, ...]) -> Key:
-        """The plane's canonical key; its L3 slots concretely (C4 agrees on a physical bad
-        slot, the least any rank found: renaming L3 slots could change which); L3's health;
+        """The plane's canonical key; its L3 slots concretely (C6b compares them as
+        numbers); L3's health;
         each op's end on this rank, by (direction, node labels)."""
         order = _preorder(self.cp.tree.root)
         label = {n.node_id: i for i, n in enumerate(order)}
