@@ -5,6 +5,9 @@
     ALLOC_L1/L2/L3, alloc   `issue`, after make-room         OutOfPages for the target tier
     CRASH_BEFORE_PUBLISH,   `Transfers.settle` of a DONE,    SimulatedCrash; the controller
     crash                   before `complete`                refuses all but close()
+    (hardware, not drawn)   every cancel the controller       QuiesceTimeout past
+                            makes (`cancel`)                 quiesce_timeout_s; the controller
+                                                             is wedged: refuses all but close()
     partial (aim)           `issue` of an S2H                the per-pool landing report
                                                              the handle fails with (`landing`)
 
@@ -15,16 +18,29 @@ transfer and its publication"). With `faults=None` nothing is drawn.
 from __future__ import annotations
 
 from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
-from hicache.errors import OutOfPages
+from hicache.dataplane.handles import TransferHandle
+from hicache.errors import OutOfPages, QuiesceTimeout
 from hicache.pools.spec import PoolGroup
 from hicache.tiers import Direction, Tier
 
 
 class ControllerFaults:
-    def __init__(self, faults: FaultInjector | None) -> None:
+    def __init__(self, faults: FaultInjector | None, quiesce_timeout_s: float) -> None:
         self.faults = faults
         self.crash_ops: set[int] = set()  # ops aimed at `crash`: the process dies on their DONE
         self.crashed: SimulatedCrash | None = None  # set once; then only close() runs
+        self.quiesce_timeout_s = quiesce_timeout_s
+        self.wedged: QuiesceTimeout | None = None  # set once; then only close() runs
+
+    def cancel(self, handle: TransferHandle, op_id: int) -> None:
+        """Cancel op `op_id`'s `handle`, waiting at most `quiesce_timeout_s` for the hardware
+        to go quiet. Past it the op stays in flight (its pages the hardware's), the
+        controller is wedged, and QuiesceTimeout is raised (spec/faults.md)."""
+        try:
+            handle.cancel(self.quiesce_timeout_s)
+        except QuiesceTimeout as e:
+            self.wedged = QuiesceTimeout(f"op {op_id} ({handle.direction}) cancel", e.timeout_s)
+            raise self.wedged from e
 
     def aimed(self, direction: Direction, request_id: int | None) -> Aim | None:
         """The fault aimed at the op about to be issued, if any (consumed)."""
@@ -62,6 +78,11 @@ class ControllerFaults:
         return self.crashed
 
     def refuse_if_crashed(self) -> None:
+        """SimulatedCrash after a crash, QuiesceTimeout once wedged: only close() runs."""
+        if self.wedged is not None:
+            raise QuiesceTimeout(
+                f"this controller is wedged ({self.wedged.what})", self.wedged.timeout_s
+            )
         if self.crashed is not None:
             raise SimulatedCrash(
                 f"this controller crashed ({self.crashed}); close it and open a new one"

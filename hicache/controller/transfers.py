@@ -37,6 +37,7 @@ from hicache.errors import (
     HiCacheError,
     IllegalTransition,
     OutOfPages,
+    QuiesceTimeout,
     ReservationAborted,
     StorageError,
     TransferError,
@@ -124,7 +125,11 @@ class Transfers:
         if self.tp:
             agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
             if not agreed and op is not None and handle is not None:
-                handle.cancel()  # quiesced: the hardware no longer touches its pages
+                try:
+                    self.hooks.cancel(handle, op.op_id)  # the hardware no longer touches it
+                except QuiesceTimeout:
+                    self.handles[op.op_id] = handle  # still in flight: close() leaks it
+                    raise
                 self.cp.cancel(op.op_id)
             if not took_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
@@ -239,13 +244,18 @@ class Transfers:
                 continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
             handle = self.handles[op_id]
             if failed and not handle.status.final:
-                handle.cancel()  # another rank's copy failed: stop moving ours first
+                self.hooks.cancel(handle, op_id)  # another rank's failed: stop ours first
             clamp = kept if failed and (kept or handle.landed is not None) else None
             bad = None
             if self.tp and reason and first_bad != NO_SLOT:  # C4: the first bad page any rank read
                 slot = int(self.cp.ops[op_id].source_pages[first_bad])
                 bad = (BAD_SLOT_REASONS[reason - 1], slot)
             self.settle(op_id, failed=failed, kept=clamp, bad=bad)
+
+    def cancel(self, op_id: int) -> None:
+        """Cancel op `op_id`'s handle (it stays in `handles` for `settle`), waiting at most
+        quiesce_timeout_s: past it, QuiesceTimeout and the controller is wedged."""
+        self.hooks.cancel(self.handles[op_id], op_id)
 
     def settle(
         self,

@@ -45,7 +45,7 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.transfers import Transfers
-from hicache.dataplane.handles import NullHandle
+from hicache.dataplane.handles import NullHandle, TransferHandle
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
@@ -260,6 +260,9 @@ class _ModelHooks:
 
     def crash_now(self, op_id: int, what: str) -> None:
         return None
+
+    def cancel(self, handle: TransferHandle, op_id: int) -> None:
+        handle.cancel()  # a null handle: quiet at once
 
 
 class _ModelEngine:
