@@ -165,3 +165,34 @@ def test_an_l3_read_that_never_returns_keeps_the_l3_path_locked_until_reclaimed(
         assert again.admit(3, PROMPT).match.lengths == (0, 0, 0)
     finally:
         again.close()
+
+
+def test_a_write_back_backup_that_never_lands_wedges_the_controller_not_hangs_it() -> None:
+    """Write-back backs an L1 victim up and waits for it; a D2H the hardware never ends made
+    that wait endless (an unbounded `wait()`): now it ends at quiesce_timeout_s, wedged."""
+    cfg = CacheConfig(
+        device="cpu",
+        l1_pages=8,
+        l2_pages=8,
+        l3_slots=16,
+        write_policy="write_back",
+        quiesce_timeout_s=BOUND_S,
+    )
+    engine = NullEngine(cfg.kv, 8, 8, 16)
+    c = CacheController(cfg, engine=engine)
+    c.admit(1, PROMPT)
+    c.prefill(1)
+    c.finish(1)
+    engine.hang_issued.add(Direction.D2H)
+    parked = leaks.parked()
+    started = time.perf_counter()
+    with pytest.raises(QuiesceTimeout, match="write-back wait"):
+        c.evict("L1", 8)  # the victim's backup first, then the eviction
+    assert time.perf_counter() - started < 1.0
+    with pytest.raises(QuiesceTimeout, match="wedged"):
+        c.admit(2, PROMPT)
+    c.close()
+    assert [op.direction for op in c.leaked] == [Direction.D2H]
+    for handle in engine.handles:
+        handle.unhang()
+    assert leaks.reclaim() == parked

@@ -172,7 +172,7 @@ class CacheController:
             windows=not self.tp,
         )
         # ALLOC_Ln, the crash before publication, a cancel the hardware never lets end
-        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s)
+        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s, lambda: self.agree.c.broken)
         self.ranks = RankAgreement(
             self.cp,
             self.agree,
@@ -511,7 +511,7 @@ class CacheController:
         if self._closed:
             return
         self._closed = True
-        if self.cp.poisoned is None and self.crashed is None and self.hooks.wedged is None:
+        if self.cp.poisoned is None and not self.hooks.dead:
             try:
                 for rid in list(self.cp.requests):
                     self.finish(rid)

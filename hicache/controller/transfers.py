@@ -31,6 +31,7 @@ from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.collectives import CollectiveError
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import (
     CorruptSlot,
@@ -177,6 +178,8 @@ class Transfers:
             self.evictor.make_room(direction.target, need, keep=[parent])
             self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
             op = self.cp.issue(direction, chain, request_id)
+        except (CollectiveError, QuiesceTimeout):
+            raise  # making room met a broken group or wedged hardware: no refusal, dead
         except HiCacheError as e:
             return None, None, e, False
         if aim is not None and aim.action == "crash":
@@ -368,6 +371,7 @@ class Transfers:
             op = self.issue(Direction.D2H, chain)
         except (OutOfPages, TransferError):  # across ranks, a freed window aborts it (C2)
             return False
-        self.handles[op.op_id].wait()
+        if self.handles[op.op_id].wait(self.hooks.quiesce_timeout_s) is TransferStatus.PENDING:
+            raise self.hooks.wedge(f"op {op.op_id} (D2H) write-back wait")  # close() leaks it
         self.conclude([op.op_id])  # C4 for this one op: its end, agreed
         return self.cp.holds(node, Tier.L2)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from hicache.distributed.collectives import Alone, Collectives
+from hicache.distributed.collectives import Alone, Collectives, Guarded
 from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
 from hicache.errors import ConfigError
 from hicache.invariants import RANK_CHECKS, Violation, check_ranks
@@ -53,7 +53,7 @@ class Agreement:
     """The agreement points over `collectives` (default: one rank)."""
 
     def __init__(self, collectives: Collectives | None = None) -> None:
-        self.c: Collectives = collectives or Alone()
+        self.c = Guarded(collectives or Alone())  # refuses every call once a collective failed
 
     @property
     def rank(self) -> int:

@@ -261,8 +261,10 @@ class _ModelHooks:
     def crash_now(self, op_id: int, what: str) -> None:
         return None
 
+    quiesce_timeout_s = None  # a null handle is quiet at once
+
     def cancel(self, handle: TransferHandle, op_id: int) -> None:
-        handle.cancel()  # a null handle: quiet at once
+        handle.cancel()
 
 
 class _ModelEngine:
