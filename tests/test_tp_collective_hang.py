@@ -71,3 +71,41 @@ def test_a_rank_that_hangs_in_c4_leaves_the_others_dead_on_their_own() -> None:
         assert [m.match.lengths for m in mats] == [(0, 0, 0)] * 2
     finally:
         again.close()
+
+
+def test_a_rank_wedged_by_a_cancel_breaks_the_step_and_the_others_close_alone() -> None:
+    """Rank 1's restore op never goes quiet: its finish raises QuiesceTimeout (the step's
+    root cause); rank 0's finish needed no collective and ended. The cluster then closes
+    each rank alone: rank 1 leaks the op and parks its plane, rank 0 leaks nothing."""
+    from hicache.dataplane import leaks
+    from hicache.errors import QuiesceTimeout
+
+    cfg = CacheConfig(
+        device="cpu",
+        l1_pages=16,
+        l2_pages=16,
+        l3_slots=32,
+        policy="always",
+        quiesce_timeout_s=0.05,
+    )
+    engines = [NullEngine(cfg.kv, 16, 16, 32) for _ in range(2)]
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: engines[r], timeout_s=5.0)
+    cluster.run(lambda c: c.admit(1, PROMPT))
+    cluster.run(lambda c: c.prefill(1))
+    cluster.run(lambda c: c.finish(1))
+    cluster.run(lambda c: c.drain())
+    cluster.run(lambda c: c.evict("L1", 16))
+    cluster.run(lambda c: c.admit(2, PROMPT + [7]))
+    (op_id,) = [p.op_id for p in cluster.ranks[1].pending() if p.request_id == 2]
+    handle = cluster.ranks[1].handles[op_id]
+    assert isinstance(handle, NullHandle)
+    handle.hang()
+    parked = leaks.parked()
+    with pytest.raises(QuiesceTimeout, match=f"op {op_id}"):
+        cluster.run(lambda c: c.finish(2))
+    cluster.close()
+    assert cluster.ranks[0].leaked == []
+    assert [op.op_id for op in cluster.ranks[1].leaked] == [op_id]
+    assert leaks.parked() == parked + 1
+    handle.unhang()
+    assert leaks.reclaim() == parked
