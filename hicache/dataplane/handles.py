@@ -21,7 +21,9 @@ A final status is reported only once the hardware no longer reads or writes the 
 pages: `cancel` and `fail` quiesce first, and a subclass's `_probe` returns FAILED only when
 no part of the transfer still runs. That is what lets the caller release the target and
 unlock the source on the status alone (the quiesce rule: spec/lifecycle.md, "Cancel, fail
-and live hardware").
+and live hardware"). A bounded `cancel(timeout_s)` that finds the hardware still busy raises
+QuiesceTimeout and leaves the handle PENDING: a timeout is never taken for quiet
+(spec/faults.md, "Hardware that never goes quiet").
 """
 
 from __future__ import annotations
