@@ -120,6 +120,25 @@ class TransferError(HiCacheError):
     """A transfer failed (device, DMA or I/O). The op's private pages may be released."""
 
 
+class QuiesceTimeout(HiCacheError):
+    """A cancel waited `timeout_s` seconds and the hardware still read or wrote the
+    transfer's pages (a DMA or an I/O that never reports its end). Not a TransferError: its
+    pages may NOT be released. The transfer stays in flight (target pages private, source
+    locked); the controller refuses every operation but `close`, which leaks those pages
+    (`CacheController.leaked`) and keeps the data plane, L3 file included, open until
+    `hicache.dataplane.leaks.reclaim()` finds the hardware quiet (spec/faults.md, "Hardware
+    that never goes quiet")."""
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        self.what = what
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"{what}: the hardware still touches its pages {timeout_s} s after the cancel "
+            "(quiesce_timeout_s); close the controller: its pages stay leaked, and its data "
+            "plane and L3 file open, until hicache.dataplane.leaks.reclaim() finds them quiet"
+        )
+
+
 class StorageError(HiCacheError):
     """The L3 file cannot be used (unwritable, no space, replaced under us). Names the path."""
 

@@ -5,6 +5,7 @@ over 2 and 3 ranks. Cross-rank invariants' violation tests are in test_rank_inva
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
 from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.null import NullEngine
 from hicache.distributed.agreement import Agreement
@@ -423,6 +425,42 @@ def test_a_slot_corrupt_on_one_rank_drops_the_node_everywhere_and_prefill_serves
             cluster.run(lambda c: c.tick())
         assert [list(c.cp.tree.nodes()) for c in cluster.ranks] == [[], []]
         assert cluster.run(lambda c: c.prefill(2)) == [36, 36]
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_bad_slots_on_two_ranks_drop_every_copy_from_the_first_bad_page_on() -> None:
+    """One read of two nodes, A then its child B, meets a different bad slot on each rank:
+    rank 0 B's, rank 1 A's. B's slots are lower than A's (X's freed slots, reused), so the
+    least slot named B alone, and A's bad copy stayed in L3 on both ranks, to fail every
+    later read on rank 1. C4 agrees on the first bad page of the read: A, and B with it."""
+    cfg = CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32)
+    engines = [NullEngine(cfg.kv, 16, 16, 32) for _ in range(2)]
+    cluster = SimulatedCluster(cfg, 2, engine=lambda r: engines[r])
+    a, b = list(range(1, 17)), list(range(17, 25))
+    try:
+        serve(cluster, 1, list(range(100, 108)))  # X: L3 slots 0-1
+        cluster.run(lambda c: c.drain())
+        serve(cluster, 2, a)  # A: slots 2-5
+        cluster.run(lambda c: c.drain())
+        for tier in ("L1", "L2", "L3"):  # X leaves every tier: its slots 0-1 are free
+            cluster.run(functools.partial(CacheController.evict, tier=tier, n_pages=2))
+        serve(cluster, 3, a + b)  # B: slots 0-1, below A's
+        cluster.run(lambda c: c.drain())
+        cluster.run(lambda c: c.evict("L1", 16))
+        cluster.run(lambda c: c.evict("L2", 16))
+        node_a, node_b = cluster.ranks[0].cp.tree.nodes()
+        slot_a, slot_b = int(node_a.value[2][0]), int(node_b.value[2][0])  # type: ignore[index]
+        assert slot_b < slot_a
+        engines[0].corrupt_slot(slot_b)
+        engines[1].corrupt_slot(slot_a)
+        mats = cluster.run(lambda c: c.admit(4, a + b + [7] * 4))
+        assert [m.match.lengths[2] for m in mats] == [24, 24]
+        for _ in range(4):
+            cluster.run(lambda c: c.tick())
+        assert [list(c.cp.tree.nodes()) for c in cluster.ranks] == [[], []]
+        assert cluster.run(lambda c: c.prefill(4)) == [28, 28]
         assert cluster.check() == []
     finally:
         cluster.close()

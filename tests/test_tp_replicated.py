@@ -255,3 +255,24 @@ def test_a_replica_is_never_written_by_its_mover() -> None:
         assert handle.parts == {}  # rank 0 writes it: nothing issued here
     finally:
         cluster.close()
+
+
+def test_ranks_on_two_hosts_are_refused_at_c6a_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replicated pool's one copy is rank 0's file, reached through /proc/<pid>/fd/<fd>:
+    on another host that path names nothing, or another process's file. C6a gathers each
+    rank's host id, and every rank refuses a group whose ranks with bytes run on two
+    hosts (it was accepted whenever the path happened to open)."""
+    import threading
+
+    from hicache.distributed import agreement
+
+    real = agreement.host_id
+    monkeypatch.setattr(
+        agreement,
+        "host_id",
+        lambda: real() + (threading.current_thread().name == "rank1"),  # rank 1: host B
+    )
+    with pytest.raises(StorageError, match=r"rank\(s\) \[1\] run on another host than rank 0"):
+        SimulatedCluster(config("dsv4-tiny"), 2)

@@ -69,6 +69,7 @@ class CacheConfig:
     hit_policy: str = ALL_POOLS
     l1_window_pages: int | None = None
     rank_check_every: int = 0
+    quiesce_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         # R77: every knob is validated here; a value outside its legal values is ConfigError.
@@ -89,6 +90,9 @@ class CacheConfig:
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ConfigError("device", f"cpu, cuda or cuda:N; got {self.device!r}")
         parse_check_mode(self.check_mode)  # raises ConfigError naming check_mode
+        t = self.quiesce_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ConfigError("quiesce_timeout_s", f"must be a number of seconds > 0, got {t!r}")
         self._check_pools()
 
     def _check_pools(self) -> None:

@@ -45,7 +45,12 @@ from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_parts, plan_reach
 from hicache.controller.metrics import Metrics
-from hicache.controller.pending import PendingTransfer, pending_transfers
+from hicache.controller.pending import (
+    LeakedOp,
+    PendingTransfer,
+    pending_transfers,
+    quiesce_or_leak,
+)
 from hicache.controller.planes import bind_group, choose_plane
 from hicache.controller.ranks import RankAgreement
 from hicache.controller.replicas import ReplicatedL3
@@ -53,6 +58,7 @@ from hicache.controller.restore import RestoreStager
 from hicache.controller.transfers import Transfers
 from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
+from hicache.dataplane.leaks import park
 from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.collectives import Collectives
@@ -63,6 +69,7 @@ from hicache.errors import (
     IllegalTransition,
     InvariantViolation,
     OutOfPages,
+    QuiesceTimeout,
     RequestTooLarge,
     RestorePending,
     TransferError,
@@ -164,7 +171,8 @@ class CacheController:
             lambda node: me.transfers.back_up_now(node),
             windows=not self.tp,
         )
-        self.hooks = ControllerFaults(faults)  # ALLOC_Ln and the crash before publication
+        # ALLOC_Ln, the crash before publication, a cancel the hardware never lets end
+        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s, lambda: self.agree.c.broken)
         self.ranks = RankAgreement(
             self.cp,
             self.agree,
@@ -191,6 +199,8 @@ class CacheController:
             settled=lambda op, status, kept: me.stager.settled(op, status, kept),
         )
         self.handles = self.transfers.handles  # op id -> handle: what a driver finishes or fails
+        self.leaked: list[LeakedOp] = []  # ops close() could not quiesce (spec/faults.md)
+        self._closed = False
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = RestoreStager(
             self.cp,
@@ -448,7 +458,7 @@ class CacheController:
     def _cancel_own(self, mat: Materialization) -> None:
         """Cancel the restore's own ops (each handle quiesces first) and apply each."""
         for op_id in sorted(mat.ops):
-            self.handles[op_id].cancel()
+            self.transfers.cancel(op_id)  # QuiesceTimeout past the bound: wedged
             self.transfers.settle(op_id)
 
     # -- progress ---------------------------------------------------------------------------
@@ -492,25 +502,36 @@ class CacheController:
 
     def close(self) -> None:
         """Cancel everything in flight, end every request, close the data plane. Raises
-        nothing in normal operation; idempotent. On a poisoned control plane (an invariant
-        broke; it refuses every transition) the data plane is still quiesced and closed: each
-        handle is cancelled and waited for, and the plane's records are left as they were for
+        nothing; idempotent. On a poisoned control plane (an invariant broke; it refuses
+        every transition) the data plane is still quiesced and closed: each handle is
+        cancelled and waited for, and the plane's records are left as they were for
         diagnosis (spec/invariants.md, "A poisoned plane"). After an injected crash
-        (`SimulatedCrash`) the same: nothing in flight is published (spec/faults.md)."""
-        if self.cp.poisoned is not None or self.crashed is not None:
-            # R57: a crashed process publishes nothing more (spec/faults.md): quiesce, release.
-            for handle in self.handles.values():
-                handle.cancel()  # returns once the hardware no longer touches its pages
-            self.handles.clear()
-            self.engine.close()
-            self.cp.digests = None
+        (`SimulatedCrash`) the same: nothing in flight is published (spec/faults.md). Once
+        wedged (a cancel met hardware that never went quiet, `QuiesceTimeout`) the same, but
+        the ops still busy after quiesce_timeout_s are leaked: listed in `leaked`, their
+        pages left private, and the data plane parked open, L3 file and lock included
+        (hicache.dataplane.leaks), instead of closed."""
+        if self._closed:
             return
-        for rid in list(self.cp.requests):
-            self.finish(rid)
-        for op_id in list(self.handles):
-            self.handles[op_id].cancel()
-            self.transfers.settle(op_id)
-        self.engine.close()
+        self._closed = True
+        if self.cp.poisoned is None and not self.hooks.dead:
+            try:
+                for rid in list(self.cp.requests):
+                    self.finish(rid)
+                for op_id in list(self.handles):
+                    self.transfers.cancel(op_id)
+                    self.transfers.settle(op_id)
+            except QuiesceTimeout:
+                pass  # wedged: what is left is quiesced below, or leaked
+        # R57, R79: dead (poisoned, crashed, wedged) publishes nothing more; quiesce,
+        # release, or leak what the hardware never let go.
+        busy = {i: h for i, h in self.handles.items() if not h.status.final}
+        self.leaked = quiesce_or_leak(self.cp, self.handles, self.config.quiesce_timeout_s)
+        stuck = [busy[op.op_id] for op in self.leaked]
+        if stuck:
+            park(self.engine, stuck)  # the hardware may still write its memory and file
+        else:
+            self.engine.close()
         # The control plane and its tree reference each other (split callbacks); without this
         # the cycle would hold the engine's pools until the garbage collector runs.
         self.cp.digests = None
@@ -577,6 +598,7 @@ class CacheController:
             "policy": self.policy.name,
             "decisions": self.decisions.summary(),
             "l3": "online" if self.l3.online else f"offline: {self.l3.offline_reason}",
+            "leaked": {"ops": len(self.leaked), "pages": sum(op.pages for op in self.leaked)},
             "invariant_checks": {
                 "run": self.cp.checker.checks_run,
                 "violations": self.cp.checker.violations_found,

@@ -5,6 +5,12 @@
     ALLOC_L1/L2/L3, alloc   `issue`, after make-room         OutOfPages for the target tier
     CRASH_BEFORE_PUBLISH,   `Transfers.settle` of a DONE,    SimulatedCrash; the controller
     crash                   before `complete`                refuses all but close()
+    (a collective, not      every call, before it runs       GroupBroken once the rank's group
+    drawn)                                                   broke (a CollectiveError): the
+                                                             controller refuses all but close()
+    (hardware, not drawn)   every cancel the controller       QuiesceTimeout past
+                            makes (`cancel`)                 quiesce_timeout_s; the controller
+                                                             is wedged: refuses all but close()
     partial (aim)           `issue` of an S2H                the per-pool landing report
                                                              the handle fails with (`landing`)
 
@@ -14,17 +20,44 @@ transfer and its publication"). With `faults=None` nothing is drawn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
-from hicache.errors import OutOfPages
+from hicache.dataplane.handles import TransferHandle
+from hicache.distributed.collectives import CollectiveError, GroupBroken
+from hicache.errors import OutOfPages, QuiesceTimeout
 from hicache.pools.spec import PoolGroup
 from hicache.tiers import Direction, Tier
 
 
 class ControllerFaults:
-    def __init__(self, faults: FaultInjector | None) -> None:
+    def __init__(
+        self,
+        faults: FaultInjector | None,
+        quiesce_timeout_s: float,
+        group_broken: Callable[[], CollectiveError | None] = lambda: None,
+    ) -> None:
         self.faults = faults
+        self.group_broken = group_broken  # the error that broke the rank's group, if any
         self.crash_ops: set[int] = set()  # ops aimed at `crash`: the process dies on their DONE
         self.crashed: SimulatedCrash | None = None  # set once; then only close() runs
+        self.quiesce_timeout_s = quiesce_timeout_s
+        self.wedged: QuiesceTimeout | None = None  # set once; then only close() runs
+
+    def cancel(self, handle: TransferHandle, op_id: int) -> None:
+        """R79: cancel op `op_id`'s `handle`, waiting at most `quiesce_timeout_s` for the hardware
+        to go quiet. Past it the op stays in flight (its pages the hardware's), the
+        controller is wedged, and QuiesceTimeout is raised (spec/faults.md)."""
+        try:
+            handle.cancel(self.quiesce_timeout_s)
+        except QuiesceTimeout as e:
+            raise self.wedge(f"op {op_id} ({handle.direction}) cancel") from e
+
+    def wedge(self, what: str) -> QuiesceTimeout:
+        """The hardware of `what` did not go quiet within quiesce_timeout_s: the controller
+        is wedged from now on; the error to raise."""
+        self.wedged = QuiesceTimeout(what, self.quiesce_timeout_s)
+        return self.wedged
 
     def aimed(self, direction: Direction, request_id: int | None) -> Aim | None:
         """The fault aimed at the op about to be issued, if any (consumed)."""
@@ -61,7 +94,23 @@ class ControllerFaults:
         )
         return self.crashed
 
+    @property
+    def dead(self) -> bool:
+        """Crashed, wedged, or its group broken: publishes nothing more, only close() runs."""
+        return (
+            self.crashed is not None or self.wedged is not None or self.group_broken() is not None
+        )
+
     def refuse_if_crashed(self) -> None:
+        """SimulatedCrash after a crash, QuiesceTimeout once wedged, GroupBroken once a
+        collective failed: only close() runs."""
+        broken = self.group_broken()
+        if broken is not None:
+            raise GroupBroken("this call", f"{type(broken).__name__}: {broken}")
+        if self.wedged is not None:
+            raise QuiesceTimeout(
+                f"this controller is wedged ({self.wedged.what})", self.wedged.timeout_s
+            )
         if self.crashed is not None:
             raise SimulatedCrash(
                 f"this controller crashed ({self.crashed}); close it and open a new one (R57)"

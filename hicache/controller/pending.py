@@ -18,6 +18,7 @@ from typing import Literal, NamedTuple
 
 from hicache.control import ControlPlane
 from hicache.controller.restore import RestoreStager
+from hicache.dataplane.handles import TransferHandle, cancel_within, deadline_of, remaining
 from hicache.tiers import Direction
 
 Stage = Literal["load_l2", "promote", "load_l3", "backup"]
@@ -48,3 +49,35 @@ def pending_transfers(cp: ControlPlane, stager: RestoreStager) -> list[PendingTr
             PendingTransfer(op_id, op.direction, op.request_id, stage, int(op.target_pages.size))
         )
     return out
+
+
+class LeakedOp(NamedTuple):
+    """An op `close` could not quiesce within quiesce_timeout_s (spec/faults.md, "Hardware
+    that never goes quiet"): its `pages` target pages of `tier` stay private and its source
+    stays locked in the closed control plane, and its data plane is parked
+    (hicache.dataplane.leaks) until the hardware goes quiet."""
+
+    op_id: int
+    direction: Direction
+    tier: str
+    pages: int
+
+
+def quiesce_or_leak(
+    cp: ControlPlane, handles: dict[int, TransferHandle], timeout_s: float
+) -> list[LeakedOp]:
+    """Cancel every handle in `handles`, waiting at most `timeout_s` seconds in all; clears
+    `handles`. The ops whose hardware was still busy then, leaked (their handles PENDING)."""
+    deadline = deadline_of(timeout_s)
+    leaked = [
+        LeakedOp(
+            op_id,
+            cp.ops[op_id].direction,
+            str(cp.ops[op_id].direction.target),
+            int(cp.ops[op_id].target_pages.size),
+        )
+        for op_id, handle in handles.items()
+        if not cancel_within(handle, remaining(deadline))
+    ]
+    handles.clear()
+    return leaked

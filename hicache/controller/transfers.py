@@ -31,12 +31,14 @@ from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.collectives import CollectiveError
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import (
     CorruptSlot,
     HiCacheError,
     IllegalTransition,
     OutOfPages,
+    QuiesceTimeout,
     ReservationAborted,
     StorageError,
     TransferError,
@@ -54,6 +56,17 @@ BAD_SLOT = (CorruptSlot, UnreadableSlot)  # a read's bad-slot errors, in C4's re
 BAD_SLOT_REASONS = ("corrupt", "unreadable")
 
 Settled = Callable[[PendingOp, TransferStatus, "int | None"], None]  # (op, end, nodes kept)
+
+
+def first_bad_page(op: PendingOp, slots: Sequence[int]) -> int:
+    """The position, in `op`'s source pages, of the first of `slots` (the bad L3 slots its
+    read named), or NO_SLOT when it read none of them. Positions are equal on every rank
+    (the ops are), L3 slot numbers need not be: C4 agrees on the least position (tp.md)."""
+    named = {int(s) for s in slots}
+    for position, slot in enumerate(op.source_pages.tolist()):
+        if slot in named:
+            return position
+    return NO_SLOT
 
 
 class Transfers:
@@ -113,7 +126,11 @@ class Transfers:
         if self.tp:
             agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
             if not agreed and op is not None and handle is not None:
-                handle.cancel()  # quiesced: the hardware no longer touches its pages
+                try:
+                    self.hooks.cancel(handle, op.op_id)  # the hardware no longer touches it
+                except QuiesceTimeout:
+                    self.handles[op.op_id] = handle  # still in flight: close() leaks it
+                    raise
                 self.cp.cancel(op.op_id)
             if not took_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
@@ -161,6 +178,8 @@ class Transfers:
             self.evictor.make_room(direction.target, need, keep=[parent])
             self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
             op = self.cp.issue(direction, chain, request_id)
+        except (CollectiveError, QuiesceTimeout):
+            raise  # making room met a broken group or wedged hardware: no refusal, dead
         except HiCacheError as e:
             return None, None, e, False
         if aim is not None and aim.action == "crash":
@@ -198,21 +217,22 @@ class Transfers:
             handle = self.handles[op_id]
             status = handle.poll()
             nodes = len(self.cp.ops[op_id].nodes)
-            reason, slot = 0, NO_SLOT
-            if isinstance(handle.error, (CorruptSlot, UnreadableSlot)):
-                reason, slot = BAD_SLOT.index(type(handle.error)) + 1, min(handle.error.slots)
+            reason, first_bad = 0, NO_SLOT
+            if isinstance(handle.error, BAD_SLOT):
+                reason = BAD_SLOT.index(type(handle.error)) + 1
+                first_bad = first_bad_page(self.cp.ops[op_id], handle.error.slots)
             if status is TransferStatus.FAILED:
                 kept = (
                     clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
                     if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
                     else 0
                 )
-                local.append((True, True, kept, reason, slot))
+                local.append((True, True, kept, reason, first_bad))
             else:
                 # Done here: every node landed. Still moving: none it can vouch for yet --
                 # when another rank failed the op, this rank cancels it, and publishing
                 # "the fewest whole nodes any rank landed" must not count its own as all.
-                local.append((status.final, False, nodes if status.final else 0, reason, slot))
+                local.append((status.final, False, nodes if status.final else 0, reason, first_bad))
         agreed = self.agree.completion(local)
         if self.replicas.pools:
             self.replicas.ack(
@@ -222,15 +242,23 @@ class Transfers:
                     if ended and not failed and self.cp.ops[op_id].direction is Direction.H2S
                 ]
             )
-        for op_id, (ended, failed, kept, reason, slot) in zip(op_ids, agreed):
+        for op_id, (ended, failed, kept, reason, first_bad) in zip(op_ids, agreed):
             if op_id not in self.handles or not (ended or failed):
                 continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
             handle = self.handles[op_id]
             if failed and not handle.status.final:
-                handle.cancel()  # another rank's copy failed: stop moving ours first
+                self.hooks.cancel(handle, op_id)  # another rank's failed: stop ours first
             clamp = kept if failed and (kept or handle.landed is not None) else None
-            bad = (BAD_SLOT_REASONS[reason - 1], slot) if self.tp and reason else None
+            bad = None
+            if self.tp and reason and first_bad != NO_SLOT:  # C4: the first bad page any rank read
+                slot = int(self.cp.ops[op_id].source_pages[first_bad])
+                bad = (BAD_SLOT_REASONS[reason - 1], slot)
             self.settle(op_id, failed=failed, kept=clamp, bad=bad)
+
+    def cancel(self, op_id: int) -> None:
+        """Cancel op `op_id`'s handle (it stays in `handles` for `settle`), waiting at most
+        quiesce_timeout_s: past it, QuiesceTimeout and the controller is wedged."""
+        self.hooks.cancel(self.handles[op_id], op_id)
 
     def settle(
         self,
@@ -242,8 +270,9 @@ class Transfers:
         """Apply one op's end to the control plane, then tell whoever cares. `failed`/`kept`:
         the agreed end (C4): failed on some rank, keeping `kept` leading nodes; None: the
         handle's own final status (a cancel, the caller's own), and across ranks CANCELLED
-        whatever that status (C5). `bad`: across ranks, the bad L3 slot some rank's read
-        found (reason, slot), dropped on every rank; one rank: the handle's own error says."""
+        whatever that status (C5). `bad`: across ranks, (reason, slot) of the first bad page
+        any rank's read found (C4), its copy dropped on every rank with every copy below it;
+        one rank: the handle's own error names every bad slot."""
         handle = self.handles.pop(op_id)
         op = self.cp.ops[op_id]
         status = handle.status
@@ -344,6 +373,7 @@ class Transfers:
             op = self.issue(Direction.D2H, chain)
         except (OutOfPages, TransferError):  # across ranks, a freed window aborts it (C2)
             return False
-        self.handles[op.op_id].wait()
+        if self.handles[op.op_id].wait(self.hooks.quiesce_timeout_s) is TransferStatus.PENDING:
+            raise self.hooks.wedge(f"op {op.op_id} (D2H) write-back wait")  # close() leaks it
         self.conclude([op.op_id])  # C4 for this one op: its end, agreed
         return self.cp.holds(node, Tier.L2)

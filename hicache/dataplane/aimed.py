@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from hicache.dataplane.faults import Aim
-from hicache.dataplane.handles import DelayedHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import DelayedHandle, TransferHandle, TransferStatus, cancel_within
 from hicache.dataplane.null import StoppedEarly
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import TransferError, UnreadableSlot
@@ -112,8 +112,8 @@ class StoppedHandle(TransferHandle):
             self.error = self.inner.error
         return status
 
-    def _quiesce(self) -> None:
-        self.inner.cancel()  # returns once the hardware no longer touches the pages
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return cancel_within(self.inner, timeout_s)
 
     def _block(self, seconds: float) -> None:
         self.inner.wait(seconds)

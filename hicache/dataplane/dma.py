@@ -41,7 +41,13 @@ import numpy as np
 import torch
 
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
-from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import (
+    OutcomeCounters,
+    ReadyHandle,
+    TransferHandle,
+    TransferStatus,
+    event_passed,
+)
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
@@ -158,10 +164,8 @@ class DmaHandle(TransferHandle):
             assert scatter.finished, (scatter.next_piece, len(scatter.pieces))
         return TransferStatus.DONE
 
-    def _quiesce(self) -> None:
-        end = self._completion.end
-        if end is not None:
-            end.synchronize()
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return event_passed(self._completion.end, timeout_s)
 
     def _finish(self, status: TransferStatus) -> None:
         """Final: the hardware is quiet (landed, or quiesced), so the buffers can go back."""

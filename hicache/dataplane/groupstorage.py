@@ -25,7 +25,13 @@ from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.groupplan import GroupRequest, check_sources, source_pages
 from hicache.dataplane.grouppools import GroupHostPool
-from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.handles import (
+    TransferHandle,
+    TransferStatus,
+    cancel_within,
+    deadline_of,
+    remaining,
+)
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageHandle, StorageMover
 from hicache.errors import ConfigError, InvalidPages
@@ -52,9 +58,10 @@ class GroupStorageHandle(TransferHandle):
             return TransferStatus.CANCELLED
         return TransferStatus.DONE
 
-    def _quiesce(self) -> None:
-        for part in self.parts.values():
-            part.cancel()  # waits for its I/O; no effect on a part already final
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        deadline = deadline_of(timeout_s)  # one bound for every part's I/O together
+        # Each part waits for its I/O; no effect on a part already final.
+        return all([cancel_within(part, remaining(deadline)) for part in self.parts.values()])
 
     def _block(self, seconds: float) -> None:
         for part in self.parts.values():

@@ -29,7 +29,13 @@ from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
-from hicache.dataplane.handles import OutcomeCounters, ReadyHandle, TransferHandle, TransferStatus
+from hicache.dataplane.handles import (
+    OutcomeCounters,
+    ReadyHandle,
+    TransferHandle,
+    TransferStatus,
+    event_passed,
+)
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -76,9 +82,8 @@ class GroupHandle(TransferHandle):
         self.error = completion_fault(self._mover.faults, self.direction)  # once per group
         return TransferStatus.DONE if self.error is None else TransferStatus.FAILED
 
-    def _quiesce(self) -> None:
-        if self._end is not None:
-            self._end.synchronize()
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return event_passed(self._end, timeout_s)
 
     def _finish(self, status: TransferStatus) -> None:
         super()._finish(status)

@@ -22,7 +22,9 @@ pages: `cancel` and `fail` quiesce first, and a subclass's `_probe` returns FAIL
 no part of the transfer still runs. That is what lets the caller release the target and
 unlock the source on the status alone (the quiesce rule, R11: spec/lifecycle.md, "Cancel,
 fail and live hardware"). A deadline that passes is never taken for quiet (R12): `wait`
-returns PENDING then, and nothing may be released on it.
+returns PENDING then, and nothing may be released on it; a bounded `cancel(timeout_s)` that
+finds the hardware still busy raises QuiesceTimeout and leaves the handle PENDING (R79,
+spec/faults.md, "Hardware that never goes quiet").
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from hicache.errors import HiCacheError, TransferError
+from hicache.errors import HiCacheError, QuiesceTimeout, TransferError
 from hicache.tiers import Direction
 
 
@@ -121,16 +124,19 @@ class TransferHandle(ABC):
         pages, then reports FAILED. No effect on a final handle."""
         if self._status.final:
             return
-        self._quiesce()
+        if not self._quiesce(None):
+            raise AssertionError("an unbounded quiesce returned before the hardware was quiet")
         self.error = error or TransferError(f"{self.direction} failed by injection")
         self._finish(TransferStatus.FAILED)
 
-    def cancel(self) -> None:
+    def cancel(self, timeout_s: float | None = None) -> None:
         """Cancel: waits until the hardware no longer touches the pages, then CANCELLED (R12).
-        No effect on a final handle."""
+        No effect on a final handle. `timeout_s` bounds the wait (R79) (None: no bound); past it,
+        QuiesceTimeout, and the handle stays PENDING: its pages are still the hardware's."""
         if self._status.final:
             return
-        self._quiesce()
+        if not self._quiesce(timeout_s):
+            raise QuiesceTimeout(f"{self.direction} cancel", float(timeout_s or 0.0))
         self._finish(TransferStatus.CANCELLED)
 
     def _finish(self, status: TransferStatus) -> None:
@@ -143,8 +149,9 @@ class TransferHandle(ABC):
         """Non-blocking look at the hardware: PENDING, DONE or FAILED (setting `error`)."""
 
     @abstractmethod
-    def _quiesce(self) -> None:
-        """Block until the hardware no longer reads or writes this transfer's pages."""
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        """Block until the hardware no longer reads or writes this transfer's pages, or
+        `timeout_s` seconds pass (None: no bound). Whether it is quiet."""
 
     def _block(self, seconds: float) -> None:
         """Wait a little between polls (subclasses may block on an event instead)."""
@@ -166,8 +173,8 @@ class ReadyHandle(TransferHandle):
             self.error = self._error
         return self._outcome
 
-    def _quiesce(self) -> None:
-        return None
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return True
 
 
 class NullHandle(TransferHandle):
@@ -182,11 +189,15 @@ class NullHandle(TransferHandle):
         super().__init__(direction, nbytes)
         self._outcome = TransferStatus.PENDING
         self.on_wait = on_wait
+        self.hung = False  # `hang`: the hardware never goes quiet
         # The plane's content tags (tags.py): told once what arrived, None meaning all of it.
         self.on_land: Callable[[dict[str, int] | None], None] | None = None
 
     def finish(self, ok: bool = True) -> None:
-        """Let the next poll observe success (or failure). Success: the content arrived."""
+        """Let the next poll observe success (or failure). Success: the content arrived.
+        Ignored while hung (`hang`)."""
+        if self.hung:
+            return
         if ok and not self.status.final:
             self._land(None)
         self._outcome = TransferStatus.DONE if ok else TransferStatus.FAILED
@@ -203,13 +214,29 @@ class NullHandle(TransferHandle):
         if on_land is not None:
             on_land(landed)
 
+    def hang(self) -> None:
+        """Simulate hardware that never goes quiet: every poll reads PENDING, `finish` is
+        ignored, and a bounded cancel times out (QuiesceTimeout) until `unhang`."""
+        self.hung = True
+
+    def unhang(self) -> None:
+        """The hardware went quiet after all (a cancel now succeeds)."""
+        self.hung = False
+
     def _probe(self) -> TransferStatus:
+        if self.hung:
+            return TransferStatus.PENDING
         if self._outcome is TransferStatus.FAILED and self.error is None:
             self.error = TransferError(f"{self.direction} failed (null data plane)")
         return self._outcome
 
-    def _quiesce(self) -> None:
-        return None
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        if not self.hung:
+            return True
+        if timeout_s is None:
+            raise TransferError("an unbounded quiesce of a hung null transfer would never end")
+        time.sleep(timeout_s)  # the bound passes, as on hardware that never answers
+        return not self.hung
 
     def _block(self, seconds: float) -> None:
         if self.on_wait is None:
@@ -249,8 +276,8 @@ class DelayedHandle(TransferHandle):
         self.error, self.landed = self.inner.error, self.inner.landed
         return status
 
-    def _quiesce(self) -> None:
-        self.inner.cancel()  # returns once the hardware no longer touches the pages
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return cancel_within(self.inner, timeout_s)
 
     def _block(self, seconds: float) -> None:
         if self.inner.status.final:
@@ -260,3 +287,48 @@ class DelayedHandle(TransferHandle):
 
 # What a driver may `finish(ok)`: a null transfer, possibly observed late (DELAY).
 Finishable = (NullHandle, DelayedHandle)
+
+
+def cancel_within(handle: TransferHandle, timeout_s: float | None) -> bool:
+    """Cancel `handle` (a wrapper's inner transfer), waiting at most `timeout_s` (None: no
+    bound). Whether the hardware is quiet; on False the handle stays PENDING."""
+    try:
+        handle.cancel(timeout_s)
+    except QuiesceTimeout:
+        return False
+    return True
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until `deadline` (a perf_counter time; None: no bound), never below 0."""
+    return None if deadline is None else max(0.0, deadline - time.perf_counter())
+
+
+def deadline_of(timeout_s: float | None) -> float | None:
+    """The perf_counter time `timeout_s` seconds from now (None: no bound)."""
+    return None if timeout_s is None else time.perf_counter() + timeout_s
+
+
+class DeviceEvent(Protocol):
+    """What a quiesce needs of a recorded device event (torch.cuda.Event has both)."""
+
+    def synchronize(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+
+def event_passed(event: DeviceEvent | None, timeout_s: float | None) -> bool:
+    """Wait until the device passed `event` (None: nothing was queued), at most `timeout_s`
+    seconds (None: no bound). Whether it passed: a queued copy cannot be recalled, only
+    waited for."""
+    if event is None:
+        return True
+    if timeout_s is None:
+        event.synchronize()
+        return True
+    deadline = time.perf_counter() + timeout_s
+    while not event.query():
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(0.0005)
+    return True

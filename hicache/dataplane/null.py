@@ -158,6 +158,9 @@ class NullEngine:
         self.handles: list[NullHandle] = []
         self.faults = faults
         self.on_wait = on_wait  # a blocking wait on an unfinished transfer ends it so (NullHandle)
+        # Directions whose transfers never go quiet once issued (`NullHandle.hang`): hardware
+        # that never completes, for the bounded waits of spec/faults.md.
+        self.hang_issued: set[Direction] = set()
         self.corrupt: set[int] = set()  # slots whose bytes would fail their checksum
         self.pools: dict[str, int] = {}  # pool -> its pages per anchor page (`bind_pools`)
         self.tags = ContentTags(self.capacity, geometry.page_size)
@@ -245,6 +248,8 @@ class NullEngine:
             self.capacity[direction.target],
         )
         handle = NullHandle(direction, int(src.size) * self.geometry.bytes_per_page, self.on_wait)
+        if direction in self.hang_issued:
+            handle.hang()
         self._tagged(handle, direction, src, dst)
         self.handles.append(handle)
         if direction is Direction.H2S:

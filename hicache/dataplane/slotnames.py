@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.groupstorage import GroupStorageHandle
-from hicache.dataplane.handles import TransferHandle, TransferStatus
+from hicache.dataplane.handles import TransferHandle, TransferStatus, cancel_within
 from hicache.errors import CorruptSlot, HiCacheError, UnreadableSlot
 from hicache.pages import Pages
 
@@ -81,8 +81,8 @@ class AnchorSlotHandle(TransferHandle):
             return e
         return self.inner.error
 
-    def _quiesce(self) -> None:
-        self.inner.cancel()  # returns once no part's I/O touches the pages
+    def _quiesce(self, timeout_s: float | None) -> bool:
+        return cancel_within(self.inner, timeout_s)  # quiet once no part's I/O runs
 
     def _block(self, seconds: float) -> None:
         self.inner._block(seconds)

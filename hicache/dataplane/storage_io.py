@@ -156,10 +156,10 @@ class StorageHandle(TransferHandle):
         self._mover._observed_done(self)
         return TransferStatus.DONE
 
-    def _quiesce(self) -> None:
+    def _quiesce(self, timeout_s: float | None) -> bool:
         self.tasks.stop()
         self._mover.run_deferred()  # earlier transfers' I/O runs; this one's is skipped
-        self.tasks.join(None)
+        return self.tasks.join(timeout_s)
 
     def _block(self, seconds: float) -> None:
         self.tasks.join(seconds)

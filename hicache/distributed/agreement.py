@@ -15,7 +15,8 @@ The caller acts on the returned answer only, never on its own where a point exis
                                       whether every rank can make the room for the rest
     reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
-    l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read
+    l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read;
+                                      StorageError when a rank runs on another host than rank 0
     l3_ack(slots, checksums)     C6b  rank 0's checksums of what it wrote; slots equal everywhere
     check(view)                  C7-C9 hashes of the view and the log; on a difference the views
                                       themselves, and the cross-rank invariants over them
@@ -24,27 +25,42 @@ The caller acts on the returned answer only, never on its own where a point exis
 from __future__ import annotations
 
 import hashlib
+import socket
 from collections.abc import Mapping, Sequence
 
-from hicache.distributed.collectives import Alone, Collectives
+from hicache.distributed.collectives import Alone, Collectives, Guarded
 from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, StorageError
 from hicache.invariants import RANK_CHECKS, Violation, check_ranks
 from hicache.snapshot import RankView
 
-NO_SLOT = (1 << 63) - 1  # `Local.bad_slot` of an op that found no bad L3 slot
+NO_SLOT = (1 << 63) - 1  # `Local`'s first bad page of an op that found no bad L3 slot
 NO_CHECKSUM = (1 << 63) - 1  # C6b: a rank that wrote none of a slot (every rank but 0)
 
 Local = tuple[bool, bool, int, int, int]
 """One op's local state at a tick: (ended here, failed here, nodes kept here, bad-slot reason
-(0 none, 1 corrupt, 2 unreadable), the bad slot or NO_SLOT)."""
+(0 none, 1 corrupt, 2 unreadable), the position in the op's source pages of the first bad
+slot its read found here, or NO_SLOT)."""
 Agreed = tuple[bool, bool, int, int, int]
 """One op's agreed state: (ended on every rank, failed on some rank, fewest nodes kept, the
-worst bad-slot reason any rank found, the lowest bad slot)."""
+worst bad-slot reason any rank found, the first bad page any rank found: the least position,
+so every copy from it on is dropped on every rank, whichever bad slots each rank met)."""
+
+
+def host_id() -> int:
+    """This host's 63-bit id: a hash of its boot id (new at every boot, different on every
+    host), or of its host name where the boot id cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            name = f.read().strip()
+    except OSError:
+        name = socket.gethostname()
+    return field_hash(name) or 1
 
 
 def field_hash(value: object) -> int:
-    """A configuration value's 63-bit hash (stable across processes: sha256 of its repr)."""
+    """A configuration value's 63-bit hash (stable across processes: sha256 of its repr).
+    R80: every rank hashes with this one function (C0; C7-C9 use the same construction)."""
     return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "big") >> 1
 
 
@@ -52,7 +68,7 @@ class Agreement:
     """The agreement points over `collectives` (default: one rank)."""
 
     def __init__(self, collectives: Collectives | None = None) -> None:
-        self.c: Collectives = collectives or Alone()
+        self.c = Guarded(collectives or Alone())  # refuses every call once a collective failed
 
     @property
     def rank(self) -> int:
@@ -162,10 +178,13 @@ class Agreement:
 
     def l3_share(self, files: Sequence[int]) -> tuple[int, ...]:
         """C6a: rank 0's `files` (per replicated pool, its process id and its L3 file's
-        descriptor; zeros on a plane without bytes). ConfigError when rank 0 has no bytes to
-        share and this rank has (or the other way round): the ranks' planes differ."""
-        rows = self.c.all_gather("l3_share", list(files))
-        without = [r for r, row in enumerate(rows) if not any(row)]
+        descriptor; zeros on a plane without bytes), each rank sending its host's id first.
+        ConfigError when rank 0 has no bytes to share and this rank has (or the other way
+        round): the ranks' planes differ. StorageError, on every rank, when a rank with
+        bytes runs on another host than rank 0: rank 0's file is out of its reach."""
+        has_bytes = any(files)
+        rows = self.c.all_gather("l3_share", [host_id() if has_bytes else 0, *files])
+        without = [r for r, row in enumerate(rows) if not any(row[1:])]
         if without and len(without) < len(rows):
             raise ConfigError(
                 "tp.engine",
@@ -173,7 +192,15 @@ class Agreement:
                 "and the others one with bytes: every rank must run the same kind "
                 "of data plane",
             )
-        return tuple(rows[0])
+        elsewhere = [r for r, row in enumerate(rows) if row[0] != rows[0][0]]
+        if elsewhere:
+            raise StorageError(
+                "of rank 0",
+                f"rank(s) {elsewhere} run on another host than rank 0: a replicated pool's "
+                "one L3 copy is rank 0's file, which only processes of its host can read; run "
+                "every rank of the group on one host, or back up only sharded pools",
+            )
+        return tuple(rows[0][1:])
 
     def l3_ack(
         self, slots: Sequence[int], checksums: Sequence[int | None]

@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from hicache.distributed.points import point
 from hicache.errors import ConfigError, HiCacheError
+
+T = TypeVar("T")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 LOG_TAIL = 64  # entries a log keeps for a report (the hash and count cover all of them)
@@ -112,6 +114,20 @@ class RankFailed(CollectiveError):
         super().__init__(f"rank {rank} failed ({why}); this rank was broken out of its collective")
 
 
+class GroupBroken(CollectiveError):
+    """A collective was asked of a rank whose group broke at an earlier one (`cause`): the
+    ranks no longer agree on collective numbers, and a late rank's call would pair with
+    another. Close this cache and restart every rank with a new group (spec/tp.md, "A
+    collective that never returns")."""
+
+    def __init__(self, what: str, cause: str) -> None:
+        self.what, self.cause = what, cause
+        super().__init__(
+            f"{what} refused: this rank's group broke earlier ({cause}); "
+            "close the cache and restart every rank with a new group"
+        )
+
+
 class Collectives(Protocol):
     """What a rank's cache calls to agree with the other ranks (spec/tp.md)."""
 
@@ -171,6 +187,46 @@ class RecordingCollectives(ABC):
         """Every rank's values for this collective, by rank (the implementation's own)."""
 
 
+class Guarded:
+    """A rank's cache's view of its collectives (`inner`): the first CollectiveError breaks
+    them for good (`broken`), and every later call raises GroupBroken before it reaches the
+    transport -- a late peer's call would pair with it (spec/tp.md, "A collective that
+    never returns"). The transport itself stays usable by its own tests."""
+
+    def __init__(self, inner: Collectives) -> None:
+        self.inner = inner
+        self.broken: CollectiveError | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    @property
+    def log(self) -> CollectiveLog:
+        return self.inner.log
+
+    def all_reduce_min(self, point_name: str, values: Sequence[int]) -> tuple[int, ...]:
+        return self._guard(point_name, lambda: self.inner.all_reduce_min(point_name, values))
+
+    def all_gather(self, point_name: str, values: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        return self._guard(point_name, lambda: self.inner.all_gather(point_name, values))
+
+    def _guard(self, point_name: str, call: Callable[[], T]) -> T:
+        if self.broken is not None:
+            raise GroupBroken(
+                f"collective {point_name}", f"{type(self.broken).__name__}: {self.broken}"
+            )
+        try:
+            return call()
+        except CollectiveError as e:
+            self.broken = e
+            raise
+
+
 class Alone(RecordingCollectives):
     """A cache of one rank: every collective is its own input (and logged, as anywhere)."""
 
@@ -189,6 +245,8 @@ __all__ = [
     "CollectiveTimeout",
     "Collectives",
     "Entry",
+    "GroupBroken",
+    "Guarded",
     "RankFailed",
     "RecordingCollectives",
 ]

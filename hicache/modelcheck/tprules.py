@@ -7,8 +7,9 @@ what (spec/tp.md, C4). Over one tick, from the state before it to the state afte
                 some rank) keeps at most the whole nodes each rank landed (done: all of
                 them; a read stopped part way: its clamp, `clamped_nodes`; failed, a bad
                 slot, still moving: none)
-    bad slot    an L3 slot some rank's read found bad is, after the tick, quarantined or
-                holding no copy on every rank (dropped)
+    bad slot    the first bad page any rank's read found (the least position in the op's
+                source pages) is, after the tick, quarantined or holding no copy on every
+                rank (dropped); the copies after it go with it (evicted below it)
 
 A mutant that makes every rank agree on a wrong answer (the most nodes any rank landed, no
 bad slot at all) keeps the ranks equal, so only these rules see it.
@@ -54,15 +55,17 @@ def tick_rules(before: State, after: State, pools: PoolGroup) -> str | None:
                     f"({op.direction}), and the ranks landed {landed}: at most "
                     f"{min(landed)} may be kept"
                 )
-        for end in ends:
-            if end.kind != "bad":
-                continue
-            for rs in after:
-                if end.arg not in rs.l3.quarantine and rs.cp.holder(Tier.L3, end.arg):
-                    return (
-                        f"C4 bad slot: a rank's read of op {op_id} found L3 slot {end.arg} "
-                        f"bad, and rank {rs.rank} still holds a copy there unquarantined"
-                    )
+        found = op.source_pages.tolist()
+        bad = [found.index(end.arg) for end in ends if end.kind == "bad"]
+        if not bad:
+            continue
+        slot = found[min(bad)]
+        for rs in after:
+            if slot not in rs.l3.quarantine and rs.cp.holder(Tier.L3, slot):
+                return (
+                    f"C4 bad slot: the first bad page of op {op_id} some rank's read found is "
+                    f"L3 slot {slot}, and rank {rs.rank} still holds a copy there unquarantined"
+                )
     return None
 
 

@@ -45,7 +45,7 @@ from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.transfers import Transfers
-from hicache.dataplane.handles import NullHandle
+from hicache.dataplane.handles import NullHandle, TransferHandle
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
@@ -129,8 +129,8 @@ class RankState:
         return RankState(self.rank, cp, l3, dict(self.ends))
 
     def key(self, request_ids: tuple[int, ...]) -> Key:
-        """The plane's canonical key; its L3 slots concretely (C4 agrees on a physical bad
-        slot, the least any rank found: renaming L3 slots could change which); L3's health;
+        """The plane's canonical key; its L3 slots concretely (C6b compares them as
+        numbers); L3's health;
         each op's end on this rank, by (direction, node labels)."""
         order = _preorder(self.cp.tree.root)
         label = {n.node_id: i for i, n in enumerate(order)}
@@ -260,6 +260,11 @@ class _ModelHooks:
 
     def crash_now(self, op_id: int, what: str) -> None:
         return None
+
+    quiesce_timeout_s = None  # a null handle is quiet at once
+
+    def cancel(self, handle: TransferHandle, op_id: int) -> None:
+        handle.cancel()
 
 
 class _ModelEngine:

@@ -24,7 +24,7 @@ A finding is a line the adapter's `check()` returns (the machine fails on it, na
 property by its first two words: "backup undelivered", "eviction order", "quarantine kept",
 "restore skipped", ...). A rank of a tensor-parallel cache gets the eviction and backup
 probes alone: its restores are agreed across ranks (spec/tp.md C1: the hits, the choice, what
-every rank can serve) and so is a bad slot (C4: the least slot any rank found), which these
+every rank can serve) and so is a bad slot (C4: the first bad page any rank found), which these
 one-controller rules do not model.
 """
 
