@@ -1,4 +1,4 @@
-"""Which reference call a trace's next events stand for (spec/trace.md, "Checking a trace").
+"""Which reference call a trace's next events stand for (spec/appendix-tools.md, "check-trace").
 
 Every `ControlPlane` call emits a fixed pattern of events; `decide` reads the pattern's head
 (looking ahead as far as it must) and returns the call, not yet run. The replay then runs it

@@ -1,4 +1,4 @@
-"""A violation report names things by the trace's own ids (spec/trace.md, "Checking a trace").
+"""A violation report names things by the trace's own ids (spec/appendix-tools.md, "check-trace").
 
 The reference numbers its nodes, ops and pages its own way; the maps (maps.py) bind them to
 the trace's. A report names what the trace names -- `trace node 7`, `trace op 3`, `trace

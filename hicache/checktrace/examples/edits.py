@@ -97,7 +97,7 @@ def end_with_pending_restore(ev: list[Event]) -> int:
     del ev[_at(ev, "h2d_cancel")]
     # The unlock of the request's pin starts its end_request call, which the reference
     # refuses for the op still pending: the violation is the end_request event itself, the
-    # unlocks before it being enabled (spec/trace.md, "Checking a trace").
+    # unlocks before it being enabled (spec/appendix-tools.md, "check-trace").
     return _at(ev, "end_request", request=2)
 
 
