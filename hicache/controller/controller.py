@@ -172,7 +172,7 @@ class CacheController:
             windows=not self.tp,
         )
         # ALLOC_Ln, the crash before publication, a cancel the hardware never lets end
-        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s, lambda: self.agree.c.broken)
+        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s, lambda: me.agree.c.broken)
         self.ranks = RankAgreement(
             self.cp,
             self.agree,
