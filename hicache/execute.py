@@ -113,6 +113,20 @@ class _Context:
             or any(parent is n for n in self.step_nodes)
         )
 
+    def parent_in(self, tier: Tier, state: str) -> bool:
+        node = self.seg.node
+        parent = None if node is None else node.parent
+        return self.parent_resident(tier) or (
+            parent is not None and parent.state[TIERS.index(tier)] == state
+        )
+
+    def children_settled(self, tier: Tier) -> bool:
+        node, i = self.seg.node, TIERS.index(tier)
+        return node is None or all(
+            c.state[i] in (ABSENT, RESIDENT) or any(c is n for n in self.step_nodes)
+            for c in node.children.values()
+        )
+
     def request(self, rule: str) -> bool:
         r = self.rng
         if r is None:

@@ -96,6 +96,13 @@ class GuardContext(Protocol):
     def parent_resident(self, tier: Tier) -> bool:
         """The node's parent is the root, RESIDENT in `tier`, or filled by the same step."""
 
+    def parent_in(self, tier: Tier, state: str) -> bool:
+        """`parent_resident`, or the parent's sub-state in `tier` is `state` (a stacked
+        tier's issue: the parent's op of the same direction is pending)."""
+
+    def children_settled(self, tier: Tier) -> bool:
+        """No child of the node is pending in `tier` but those the same step ends."""
+
     def request(self, rule: str) -> bool:
         """The request guard `rule` (a key of REQUEST_GUARDS) holds."""
 
@@ -117,7 +124,7 @@ class Guard:
 
     @property
     def needs_context(self) -> bool:
-        return self.op in ("leaf", "parent", "request")
+        return self.op in ("leaf", "parent", "parent_in", "settled", "request")
 
     def meaning(self) -> str:
         """What a failure of this guard means, for the error message ("" when plain)."""
@@ -130,6 +137,16 @@ class Guard:
             return (
                 f": the parent node does not hold {self.tier} (a backup gap); include the "
                 "parent in the chain, parent first"
+            )
+        if self.op == "parent_in":
+            return (
+                f": the parent node neither holds {self.tier} nor has its own {self.state} op "
+                'in flight (a stacked tier, spec/tree.md "Stacked ops")'
+            )
+        if self.op == "settled":
+            return (
+                f": a child's op into {self.tier} stacked on this one is still in flight; "
+                'end the child\'s op first (spec/tree.md "Stacked ops")'
             )
         if self.op == "request":
             return f": {REQUEST_GUARDS[self.text]}"
@@ -150,6 +167,10 @@ class Guard:
             return ctx is None or ctx.leaf(self.tier)
         if self.op == "parent":
             return ctx is None or ctx.parent_resident(self.tier)
+        if self.op == "parent_in":
+            return ctx is None or ctx.parent_in(self.tier, self.state)
+        if self.op == "settled":
+            return ctx is None or ctx.children_settled(self.tier)
         return (states[i] == self.state) == (self.op == "==")
 
 
@@ -276,6 +297,10 @@ class Lifecycle:
         self.hash_keyed_tiers: frozenset[Tier] = frozenset()  # none: every guard holds
         self.own_lock_tiers: frozenset[int] = frozenset()  # tier indices (Executor reads)
         self._keyed: dict[frozenset[Tier], Lifecycle] = {}
+        stacked = tables.get("stacked", {})
+        self.stacked_may: frozenset[Tier] = frozenset(Tier(t) for t in stacked.get("tiers", ()))
+        self.stacked_tiers: frozenset[Tier] = frozenset()  # none: every op waits its parent
+        self._stacked: dict[frozenset[Tier], Lifecycle] = {}
 
     def hash_keyed(self, tiers: Iterable[Tier | str]) -> Lifecycle:
         """These tables for an engine whose `tiers` are hash-keyed (spec/tree.md, "Hash-keyed
@@ -284,19 +309,13 @@ class Lifecycle:
         `locks(Ln) == 0` there as the node's own locks (`own_lock_tiers`); all else is as
         here. `self` for no tiers. SpecError for a tier `[hash_keyed].tiers` does not allow.
         Built once per set of tiers."""
-        keyed = frozenset(Tier(t) for t in tiers)
+        keyed = _declared(tiers, self.hash_keyed_may, "hash-keyed", "hash_keyed")
         if not keyed:
             return self
-        refused = sorted(str(t) for t in keyed - self.hash_keyed_may)
-        if refused:
-            raise SpecError(
-                f"hash-keyed tiers {refused}: only {sorted(map(str, self.hash_keyed_may))} may "
-                "be hash-keyed (spec/lifecycle.toml [hash_keyed].tiers)"
-            )
         found = self._keyed.get(keyed)
         if found is None:
             found = copy.copy(self)
-            found.hash_keyed_tiers, found._keyed = keyed, {}
+            found.hash_keyed_tiers, found._keyed, found._stacked = keyed, {}, {}
             if self.hash_keyed_own_locks:
                 found.own_lock_tiers = frozenset(TIERS.index(t) for t in keyed)
             found.transitions = {
@@ -304,6 +323,28 @@ class Lifecycle:
                 for name, t in self.transitions.items()
             }
             self._keyed[keyed] = found
+        return found
+
+    def stacked(self, tiers: Iterable[Tier | str]) -> Lifecycle:
+        """These tables for an engine whose `tiers` are stacked (spec/tree.md, "Stacked ops";
+        R81): in such a tier T an `*_issue` row's `parent(T) == RESIDENT` also holds while
+        the parent's own op of the row's direction into T is pending; an `*_complete` row
+        into T needs the parent RESIDENT in T (a child's op ends after its parent's); an
+        `*_fail` or `*_cancel` row into T needs no child's op stacked on the node still in
+        flight. So every published copy keeps its parent (S6). `self` for no tiers;
+        SpecError for a tier `[stacked].tiers` does not allow. Built once per set."""
+        stacked = _declared(tiers, self.stacked_may, "stacked", "stacked")
+        if not stacked:
+            return self
+        found = self._stacked.get(stacked)
+        if found is None:
+            found = copy.copy(self)
+            found.stacked_tiers, found._keyed, found._stacked = stacked, {}, {}
+            found.transitions = {
+                name: t if t.tier not in stacked else replace(t, guards=_stacked_guards(t))
+                for name, t in self.transitions.items()
+            }
+            self._stacked[stacked] = found
         return found
 
     def _lifted(self, g: Guard, keyed: frozenset[Tier]) -> bool:
@@ -452,6 +493,40 @@ def _check_effects(t: Transition) -> None:
     for e in t.effects:
         if e.op in ("lock", "unlock") and e.tier == t.tier:
             raise SpecError(f"{t.name}: {e} locks the row's own tier; a transfer locks its source")
+
+
+def _declared(
+    tiers: Iterable[Tier | str], may: frozenset[Tier], what: str, table: str
+) -> frozenset[Tier]:
+    """The tiers an engine declares `what` (hash-keyed, stacked); SpecError naming any the
+    tables' `[table].tiers` do not allow."""
+    chosen = frozenset(Tier(t) for t in tiers)
+    refused = sorted(str(t) for t in chosen - may)
+    if refused:
+        raise SpecError(
+            f"{what} tiers {refused}: only {sorted(map(str, may))} may be {what} "
+            f"(spec/lifecycle.toml [{table}].tiers)"
+        )
+    return chosen
+
+
+def _stacked_guards(t: Transition) -> tuple[Guard, ...]:
+    """Row `t`'s guards in a stacked tier (`Lifecycle.stacked`): an issue's parent guard
+    widened to the parent's pending op of the same direction, a complete's parent guard and
+    a fail's or cancel's settled children added; other rows as they are."""
+    tier = t.tier
+    if t.kind == "issue":
+        return tuple(
+            Guard(f"parent({tier}) == RESIDENT or {t.dest}", tier, "parent_in", t.dest)
+            if g.op == "parent" and g.tier == tier
+            else g
+            for g in t.guards
+        )
+    if t.kind == "complete":
+        return (*t.guards, Guard(f"parent({tier}) == RESIDENT", tier, "parent"))
+    if t.kind in ("fail", "cancel"):
+        return (*t.guards, Guard(f"children({tier}) settled", tier, "settled"))
+    return t.guards
 
 
 def _parse_guard(name: str, text: str, states: Mapping[Tier, tuple[str, ...]]) -> Guard:

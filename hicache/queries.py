@@ -305,6 +305,7 @@ class PlaneQueries:
                 tab.pool_views() if isinstance(tab, TierPools) else (),
                 self.windows.hit_pages if i == 0 else 0,
                 t in self.lifecycle.hash_keyed_tiers,
+                t in self.lifecycle.stacked_tiers,
             )
             for i, (t, tab) in enumerate(zip(TIERS, self.tables))
         }

@@ -80,6 +80,9 @@ class TierView:
     # Whether the engine declares this tier hash-keyed (spec/tree.md, "Hash-keyed tiers"):
     # S6, tier closure, is not required of it.
     hash_keyed: bool = False
+    # Whether the engine declares this tier stacked (spec/tree.md, "Stacked ops"): a pending
+    # node's parent may be pending into it on another op of the same direction.
+    stacked: bool = False
 
 
 @dataclass(frozen=True)

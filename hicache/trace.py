@@ -58,7 +58,9 @@ class TraceHeader:
     policy (`hit_policy`) and the side pools' capacities where they differ from the anchor's
     times their ratio (`capacities`: tier -> pool -> pages): what the replay's plane needs.
     `hash_keyed_tiers` names the engine's tiers keyed by a chained hash of each page's prefix,
-    each stored and evicted on its own (spec/tree.md, "Hash-keyed tiers"; empty: none)."""
+    each stored and evicted on its own (spec/tree.md, "Hash-keyed tiers"; empty: none).
+    `stacked_tiers` names the tiers where the engine issues an op under its parent's pending
+    op of the same direction, ending after it (spec/tree.md, "Stacked ops"; empty: none)."""
 
     page_size: int
     capacities: Mapping[str, int]
@@ -68,6 +70,7 @@ class TraceHeader:
     version: int = VERSION
     pools: Mapping[str, object] = field(default_factory=dict)
     hash_keyed_tiers: tuple[str, ...] = ()
+    stacked_tiers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         tiers = sorted(self.capacities)
@@ -104,12 +107,13 @@ class TraceHeader:
                 f"header version {self.version!r}: this reader knows version {VERSION} only"
             )
         self._check_pools()
-        keyed = self.hash_keyed_tiers
-        if len(set(keyed)) != len(keyed) or any(t not in self.capacities for t in keyed):
-            raise TraceFormatError(
-                f"header hash_keyed_tiers: {list(keyed)} must name tiers of capacities "
-                f"{list(self.capacities)}, each once"
-            )
+        for key in ("hash_keyed_tiers", "stacked_tiers"):
+            named = getattr(self, key)
+            if len(set(named)) != len(named) or any(t not in self.capacities for t in named):
+                raise TraceFormatError(
+                    f"header {key}: {list(named)} must name tiers of capacities "
+                    f"{list(self.capacities)}, each once"
+                )
 
     def _check_pools(self) -> None:
         """`pools`' shape (its preset and policy are resolved by the reader's plane)."""
@@ -158,6 +162,8 @@ class TraceHeader:
             d["pools"] = dict(self.pools)
         if self.hash_keyed_tiers:
             d["hash_keyed_tiers"] = list(self.hash_keyed_tiers)
+        if self.stacked_tiers:
+            d["stacked_tiers"] = list(self.stacked_tiers)
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -190,6 +196,7 @@ class TraceHeader:
                 "engine",
                 "pools",
                 "hash_keyed_tiers",
+                "stacked_tiers",
             }
         )
         if extra:
@@ -199,16 +206,18 @@ class TraceHeader:
                 raise TraceFormatError(f"header: {key!r} is missing")
         caps, omits, geometry = d["capacities"], d.get("omits", []), d.get("geometry", {})
         pools, keyed = d.get("pools", {}), d.get("hash_keyed_tiers", [])
+        stacked = d.get("stacked_tiers", [])
         if (
             not isinstance(caps, dict)
             or not isinstance(omits, list)
             or not isinstance(keyed, list)
+            or not isinstance(stacked, list)
             or not isinstance(geometry, dict)
             or not isinstance(pools, dict)
         ):
             raise TraceFormatError(
-                "header: capacities, geometry and pools are objects, omits and "
-                "hash_keyed_tiers lists"
+                "header: capacities, geometry and pools are objects, omits, "
+                "hash_keyed_tiers and stacked_tiers lists"
             )
         return TraceHeader(
             page_size=d["page_size"],
@@ -219,6 +228,7 @@ class TraceHeader:
             version=d["version"],
             pools=pools,
             hash_keyed_tiers=tuple(keyed),
+            stacked_tiers=tuple(stacked),
         )
 
 

@@ -183,7 +183,8 @@ def check_no_double_reference(s: Snapshot) -> list[Violation]:
 
 def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
     """S6: a non-root node RESIDENT or pending in tier T has a parent that is the root, RESIDENT
-    in T, or pending into T on the same op. Not in a hash-keyed tier (spec/tree.md)."""
+    in T, or pending into T on the same op -- in a stacked tier, on any op of the same
+    direction (R81). Not in a hash-keyed tier (spec/tree.md)."""
     by_id = s.by_id
     out: list[Violation] = []
     for tier in s.tiers:
@@ -204,6 +205,9 @@ def check_tier_ancestor_closed(s: Snapshot) -> list[Violation]:
                 continue
             if op is not None and parent.pending.get(tier) == op:
                 continue
+            stacked = s.tiers[tier].stacked and op is not None
+            if stacked and parent.states.get(tier) == n.states.get(tier):
+                continue  # R81: stacked under its parent's op of the same direction
             gaps.append(n.node_id)
             ops += [o for o in (op, parent.pending.get(tier)) if o is not None]
         if gaps:

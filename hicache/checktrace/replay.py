@@ -124,12 +124,17 @@ def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
 
 def keyed_lifecycle(header: TraceHeader, lc: Lifecycle) -> Lifecycle:
     """`lc` with the guards a hash-keyed tier lifts lifted in the header's `hash_keyed_tiers`
-    (spec/tree.md, "Hash-keyed tiers"); `lc` itself for a header naming none. Malformed
-    (line 1) for a tier the tables do not let be hash-keyed."""
+    (spec/tree.md, "Hash-keyed tiers") and the rows of the header's `stacked_tiers` stacked
+    ("Stacked ops"); `lc` itself for a header naming neither. Malformed (line 1) for a tier
+    the tables do not let be either."""
     try:
-        return lc.hash_keyed(header.hash_keyed_tiers)
+        keyed = lc.hash_keyed(header.hash_keyed_tiers)
     except SpecError as e:
         raise Malformed(1, f"header hash_keyed_tiers: {e}") from None
+    try:
+        return keyed.stacked(header.stacked_tiers)
+    except SpecError as e:
+        raise Malformed(1, f"header stacked_tiers: {e}") from None
 
 
 class Replay:

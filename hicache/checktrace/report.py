@@ -56,6 +56,12 @@ class _RecordContext:
     def parent_resident(self, tier: Tier) -> bool:
         return self.rec.parent_resident[TIERS.index(tier)]
 
+    def parent_in(self, tier: Tier, state: str) -> bool:
+        return self.parent_resident(tier)  # a report lists less for a stacked tier, never more
+
+    def children_settled(self, tier: Tier) -> bool:
+        return self.leaf(tier)  # the same: a leaf's children are settled
+
     def request(self, rule: str) -> bool:
         return False  # request rows are listed per request, not per node
 

@@ -63,12 +63,21 @@ class _Op:
     request: int | None  # the request a load-back serves (its end events name it too)
 
 
+STACKED = ("L1", "L2")
+"""The tiers sglang stacks ops in (results finding 7: a child's backup under its parent's,
+finding 8: a child's load-back under its parent's)."""
+
+
 class SGLangHiCacheTrace:
     """The trace of one opened two-tier cache (composes the one-tier `SGLangTrace`)."""
 
     def __init__(self, page_size: int, capacities: dict[str, int], engine: str, full: Any) -> None:
         self.base = SGLangTrace(page_size, capacities["L1"], engine)
-        self.base.header = TraceHeader(page_size, capacities, omits=OMITS, engine=engine)
+        # sglang backs up (and loads back) a node while its parent's op is in flight, one ack
+        # per node, acknowledged in issue order: stacked L2 and L1 (spec/tree.md).
+        self.base.header = TraceHeader(
+            page_size, capacities, omits=OMITS, engine=engine, stacked_tiers=STACKED
+        )
         self.page_size, self.full, self.tracer = page_size, full, self.base.tracer
         self.ops: dict[int, _Op] = {}  # trace op id -> the ack and nodes it covers
         self.served: dict[int, int] = {}  # request -> the cached_len the trace gave it
