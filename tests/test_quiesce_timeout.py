@@ -196,3 +196,27 @@ def test_a_write_back_backup_that_never_lands_wedges_the_controller_not_hangs_it
     for handle in engine.handles:
         handle.unhang()
     assert leaks.reclaim() == parked
+
+
+@pytest.mark.gpu
+def test_a_cuda_cancel_waits_for_the_device_at_most_the_bound() -> None:
+    """The CUDA side of the bound (`event_passed`, which polls the event): an event behind a
+    kernel still running is not passed within a short bound -- the wait returns False at the
+    bound instead of blocking -- and is passed once the device gets there (no bound)."""
+    import torch
+
+    from hicache.dataplane.handles import event_passed
+
+    cuda: Any = torch.cuda  # untyped in torch's stubs
+    stream = cuda.Stream()
+    with cuda.stream(stream):
+        cuda._sleep(2_000_000_000)  # about a second of device time: busy hardware
+        busy = cuda.Event()
+        busy.record(stream)
+    started = time.perf_counter()
+    assert not event_passed(busy, BOUND_S)  # R79: the wait gives up at the bound
+    assert BOUND_S <= time.perf_counter() - started < 0.5
+    assert event_passed(busy, None) and busy.query()
+    done = cuda.Event()
+    done.record(stream)
+    assert event_passed(done, BOUND_S)  # quiet hardware: passed within the bound

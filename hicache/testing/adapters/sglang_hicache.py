@@ -229,12 +229,12 @@ class SGLangHiCache(PageView):
     def _snap(self) -> Any:
         return self._trace.snapshot(self.cache.tree_core.root_node) if self._trace else {}
 
-    def _traced(self, call: Any, request: int | None = None, load: bool = False) -> Any:
+    def _traced(self, call: Any) -> Any:
         """Run one engine call; trace what it changed in the tree (SGLangHiCacheTrace)."""
         before = self._snap()
         got = call()
         if self._trace is not None:
-            self._trace.changed(before, self._snap(), request, load)
+            self._trace.changed(before, self._snap())
         return got
 
     # -- transfers as jobs ------------------------------------------------------------------
@@ -365,7 +365,7 @@ class SGLangHiCache(PageView):
         if self._trace is not None:
             self._trace.splits(unsplit, matched)
             self._trace.begin(request_id, tokens, hit, l2_hit)
-            self._trace.changed(matched, self._snap(), request_id, load=True)
+            self._trace.changed(matched, self._snap(), load=True)
             if ack is not None and got.host_hit_length > 0 and node is got.best_match_node:
                 self._trace.bind_load(ack)
         return hit

@@ -7,7 +7,8 @@ before and after each engine call (`Snapshot`).
     ------------------------------------------  ---------------------------------------------
     a split (match_prefix, insert)              split (SGLangTrace.splits)
     match_prefix + lock at admission            begin_request (hit [L1, L2, 0]), cached_len
-    load_back + ready_to_load_host_cache        h2d_issue per node it gave a device value
+    load_back + ready_to_load_host_cache        h2d_issue per node it gave a device value,
+                                                naming no request (below)
     an ack leaves ongoing_load_back             h2d_complete per node of that load
     start_writing (write_through_pending_id)    d2h_issue per node, one op per parent chain
     an ack leaves ongoing_write_through         d2h_complete per node of that backup
@@ -21,6 +22,13 @@ its nodes are not one (spec/trace.md rule 2: an issue names a chain); a split wh
 in flight adds the new upper node to it (rule 4). The header omits what the one-tier trace
 omits (`states`, `locks`, `node_remove`). Write-through only: under write-back sglang
 reclaims host copies in no leaf order (the results file, finding 2).
+
+A load-back is the tree's op, not a request's: sglang keeps it by node (`ongoing_load_back`),
+any request whose match meets its nodes waits for it, and a request that ends (is aborted)
+while it is in flight leaves it running to land in the tree. So its events name no request
+(spec/trace.md: a request's own op would have to be cancelled before the request ends, R40),
+and each waiting request's cached_len moves past its nodes once it lands. Backups and
+load-backs are stacked in L2 and L1 (spec/tree.md, "Stacked ops"; findings 7 and 8).
 """
 
 from __future__ import annotations
@@ -60,7 +68,6 @@ class _Op:
     direction: str  # "d2h" or "h2d"
     ack: int
     nodes: set[int]
-    request: int | None  # the request a load-back serves (its end events name it too)
 
 
 STACKED = ("L1", "L2")
@@ -103,13 +110,12 @@ class SGLangHiCacheTrace:
         self,
         before: Snapshot,
         after: Snapshot,
-        request: int | None = None,
         load: bool = False,
         split: bool = True,
     ) -> None:
         """The events of one engine call, in the spec's order: splits (new upper nodes join
         the ops in flight on their lower part), evictions (deepest first: a leaf before the
-        parent it exposes), then the transfers it issued (`request`'s, for a load-back)."""
+        parent it exposes), then the transfers it issued (with `load`: a load-back too)."""
         if split:
             self.splits(before, after)
         for tier, held in (("L1", "device"), ("L2", "host")):
@@ -121,7 +127,7 @@ class SGLangHiCacheTrace:
             ]
             for h, nid in sorted(gone, key=lambda g: (-g[0].span[1], g[1])):
                 self._emit(f"evict_{tier.lower()}", tier, nid, h.span, getattr(h, held))
-        self._issued(before, after, request, load)
+        self._issued(before, after, load)
 
     def splits(self, before: Snapshot, after: Snapshot) -> None:
         old = {nid: (h.node, h.span) for nid, h in before.items()}
@@ -133,32 +139,35 @@ class SGLangHiCacheTrace:
                     if op.nodes & below:
                         op.nodes.add(nid)
 
-    def _issued(self, before: Snapshot, after: Snapshot, request: int | None, load: bool) -> None:
+    def _issued(self, before: Snapshot, after: Snapshot, load: bool) -> None:
         backups: dict[int, list[int]] = {}
         loads: list[int] = []
         for nid, h in after.items():
             was = before.get(nid)
-            if was is None and any(int(c.id) in before for c in h.node.children.values()):
-                continue  # a split's upper part: its lower part says what it holds
+            lower = [
+                before[c] for c in (int(c.id) for c in h.node.children.values()) if c in before
+            ]
+            if was is None and lower:  # a split's upper part: it held what its lower part did,
+                # and an op the same call issued on it is new (a backup of a parent the
+                # insert that split it left unbacked)
+                was = Held(h.node, h.span, lower[0].device, lower[0].host, lower[0].writing)
             was = was or Held(h.node, h.span, None, None, None)  # a new node: it held nothing
             if h.writing is not None and was.writing is None:
                 backups.setdefault(h.writing, []).append(nid)
             if load and h.device is not None and was.device is None and h.host is not None:
                 loads.append(nid)  # a host copy given device pages: a load-back
         for ack, nodes in sorted(backups.items()):
-            self._issue("d2h", ack, nodes, after, None)
+            self._issue("d2h", ack, nodes, after)
         if loads:
-            self._issue("h2d", -1, loads, after, request)
+            self._issue("h2d", -1, loads, after)  # the tree's op (module docstring)
 
-    def _issue(
-        self, direction: str, ack: int, nodes: list[int], after: Snapshot, request: int | None
-    ) -> None:
+    def _issue(self, direction: str, ack: int, nodes: list[int], after: Snapshot) -> None:
         for chain in _chains(nodes, after):
             op = self._next_op
             self._next_op += 1
-            self.ops[op] = _Op(direction, ack, set(chain), request)
+            self.ops[op] = _Op(direction, ack, set(chain))
             for nid in chain:
-                self._op_event(f"{direction}_issue", op, nid, after[nid], request)
+                self._op_event(f"{direction}_issue", op, nid, after[nid])
 
     def bind_load(self, ack: int) -> None:
         """Name the ack of the load-back just issued (sglang makes it after the values)."""
@@ -175,9 +184,10 @@ class SGLangHiCacheTrace:
                     continue
                 del self.ops[op_id]
                 for nid in sorted(op.nodes, key=lambda n: after[n].span[0]):
-                    self._op_event(f"{direction}_complete", op_id, nid, after[nid], op.request)
+                    self._op_event(f"{direction}_complete", op_id, nid, after[nid])
 
-    def _op_event(self, name: str, op: int, nid: int, h: Held, request: int | None) -> None:
+    def _op_event(self, name: str, op: int, nid: int, h: Held) -> None:
+        """One node's event of op `op`: no request names it (module docstring)."""
         tier = "L2" if name.startswith("d2h") else "L1"
         pages = h.host if tier == "L2" else h.device
         self.tracer.emit(
@@ -185,7 +195,6 @@ class SGLangHiCacheTrace:
             tier=tier,
             node=nid,
             op=op,
-            request=request,
             token_start=h.span[0],
             token_end=h.span[1],
             pages=pages,

@@ -1,0 +1,40 @@
+"""The SGLang HiCache trace writer (hicache/testing/adapters/sglang_hicache_trace.py) on
+hand-made tree snapshots: what it emits for one engine call, without sglang installed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from hicache.testing.adapters.sglang_hicache_trace import Held, SGLangHiCacheTrace
+
+
+def _node(nid: int, parent: Any = None) -> Any:
+    node = SimpleNamespace(id=nid, parent=parent, children={})
+    if parent is not None:
+        parent.children[nid] = node
+    return node
+
+
+def test_a_split_upper_part_backed_up_in_the_same_call_is_issued() -> None:
+    """sglang's insert splits node 2 (pages 0-8, in L1, its backup deferred: L2 was full) at
+    4 and, in the same call, backs up the new upper part 3 and the request's new leaf 4
+    under it. Before, the writer took a split's upper part to hold only what its lower part
+    held, so the upper part's backup was never issued and the leaf's was refused as a
+    backup gap (the traced fuzz, sglang seed 6)."""
+    trace = SGLangHiCacheTrace(4, {"L1": 8, "L2": 8}, "test", full=None)
+    root = _node(1)
+    lower_before = _node(2, root)
+    before = {2: Held(lower_before, (0, 8), (1, 2), None, None)}
+    root2 = _node(1)
+    upper = _node(3, root2)
+    lower = _node(2, upper)
+    leaf = _node(4, upper)
+    after = {
+        3: Held(upper, (0, 4), (1,), (5,), 11),
+        2: Held(lower, (4, 8), (2,), None, None),
+        4: Held(leaf, (4, 8), (3,), (6,), 11),
+    }
+    trace._issued(before, after, load=False)
+    issued = [(e.event, e.node) for e in trace.base.events]
+    assert issued == [("d2h_issue", 3), ("d2h_issue", 4)]
