@@ -38,3 +38,32 @@ def test_a_split_upper_part_backed_up_in_the_same_call_is_issued() -> None:
     trace._issued(before, after, load=False)
     issued = [(e.event, e.node) for e in trace.base.events]
     assert issued == [("d2h_issue", 3), ("d2h_issue", 4)]
+
+
+def test_one_calls_backups_issue_and_end_parent_first_whatever_their_ids() -> None:
+    """sglang merges one call's pending backups into one copy with one ack (start_writing):
+    a split's lower part, queued first (the lower pending id), and its new upper part are
+    issued -- and end -- together. The trace puts the parent's op first both times; before,
+    it went by pending id, and check-trace refused the child's backup under a parent that
+    was neither in L2 nor being written (the traced fuzz, sglang seed 6)."""
+    trace = SGLangHiCacheTrace(4, {"L1": 8, "L2": 8}, "test", full=None)
+    root = _node(1)
+    upper = _node(3, root)
+    lower = _node(2, upper)
+    before = {
+        3: Held(upper, (0, 8), (1, 2), None, None),
+        2: Held(lower, (8, 12), (3,), None, None),
+    }
+    after = {
+        3: Held(upper, (0, 8), (1, 2), (5, 6), 12),
+        2: Held(lower, (8, 12), (3,), (7,), 11),
+    }
+    trace._issued(before, after, load=False)
+    trace.ended(set(), set(), after)
+    events = [(e.event, e.node) for e in trace.base.events]
+    assert events == [
+        ("d2h_issue", 3),
+        ("d2h_issue", 2),
+        ("d2h_complete", 3),
+        ("d2h_complete", 2),
+    ]

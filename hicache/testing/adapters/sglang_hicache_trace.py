@@ -156,7 +156,9 @@ class SGLangHiCacheTrace:
                 backups.setdefault(h.writing, []).append(nid)
             if load and h.device is not None and was.device is None and h.host is not None:
                 loads.append(nid)  # a host copy given device pages: a load-back
-        for ack, nodes in sorted(backups.items()):
+        # Parent first: sglang merges one call's pending backups into one copy, one ack for
+        # all (start_writing), whatever order their pending ids were given in.
+        for ack, nodes in sorted(backups.items(), key=lambda b: (_depth(b[1], after), b[0])):
             self._issue("d2h", ack, nodes, after)
         if loads:
             self._issue("h2d", -1, loads, after)  # the tree's op (module docstring)
@@ -179,9 +181,10 @@ class SGLangHiCacheTrace:
         """`*_complete` per node of every op whose ack is no longer outstanding (backups
         first: sglang's writing_check runs before its loading_check)."""
         for direction, live in (("d2h", writing), ("h2d", loading)):
-            for op_id, op in sorted(self.ops.items()):
-                if op.direction != direction or op.ack in live:
-                    continue
+            done = [(k, op) for k, op in self.ops.items() if op.direction == direction]
+            done = [(k, op) for k, op in done if op.ack not in live]
+            # Parent first: ops observed at one check end together (one merged copy's ack).
+            for op_id, op in sorted(done, key=lambda d: (_depth(list(d[1].nodes), after), d[0])):
                 del self.ops[op_id]
                 for nid in sorted(op.nodes, key=lambda n: after[n].span[0]):
                     self._op_event(f"{direction}_complete", op_id, nid, after[nid])
@@ -241,6 +244,11 @@ class SGLangHiCacheTrace:
     def end(self, request: int, tail: Span | None, slots: Any) -> None:
         self.served.pop(request, None)
         self.base.end(request, tail, slots)
+
+
+def _depth(nodes: list[int], after: Snapshot) -> int:
+    """Where the shallowest of `nodes` starts (tokens): an ancestor's ops sort first."""
+    return min(after[n].span[0] for n in nodes)
 
 
 def _chains(nodes: list[int], after: Snapshot) -> list[list[int]]:
