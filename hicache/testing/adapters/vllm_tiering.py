@@ -129,6 +129,8 @@ class VLLMTiering(VLLMOffloading):
         self.on_disk: set[Any] = set()  # keys whose block file exists
         self.expected_errors = 0  # task errors a fault made (a cut file read short)
         self.blocks_read: dict[int, int] = {}  # a traced promotion's job -> blocks its read read
+        # op id -> a promotion played that vLLM has not polled yet, and the keys that landed
+        self.unpolled: dict[int, tuple[FileOp, list[Any]]] = {}
         super().__init__(l1_pages, l2_pages, page_size, "lru", traced)
 
     # -- the engine's parts -------------------------------------------------------------------
@@ -142,12 +144,35 @@ class VLLMTiering(VLLMOffloading):
             self.files.close(keep_files=root is not None)
         self.files = open_tiering(self.l2_pages, self.page_size, self.policy, root)
         self.file_ops.clear()  # queued file jobs went with the old engine, never run
+        self.unpolled.clear()  # and the promotions it never polled: their trace ended with it
+        self.blocks_read.clear()
         if root is None:
             self.l3_keys.clear()
         self.on_disk = {k for k in self.l3_keys if os.path.exists(self.ft.file(k))}
         self.expected_errors = 0
         self._watch_promotion_evictions(self.files.manager.primary_tier)
+        self._watch_polls(self.files.manager)
         return self.files.manager
+
+    def _watch_polls(self, manager: Any) -> None:
+        """The tiering manager publishes a promoted chunk (complete_write) only when it
+        polls the tier (`_process_finished_jobs`, once a step or before a store): until
+        then its lookup answers HIT_PENDING. The spec's completion observed is that poll,
+        so a promotion's end events are written after it, then the block files a short
+        read deleted (the poll freed the last job that held them). A store's are written
+        when it is played (`_play`): its block file is there, found by the next lookup."""
+        poll = manager._process_finished_jobs
+
+        def process_finished_jobs(*args: Any, **kwargs: Any) -> Any:
+            out = poll(*args, **kwargs)
+            for op_id, (f, landed) in list(self.unpolled.items()):
+                if f.job not in manager._jobs:
+                    del self.unpolled[op_id]
+                    self._trace_file_end(op_id, f, landed)
+            self._trace_vanished()
+            return out
+
+        manager._process_finished_jobs = process_finished_jobs
 
     def _watch_promotion_evictions(self, cpu: Any) -> None:
         """The CPU tier's `prepare_write` (a promotion's allocation, `_initiate_promotion`)
@@ -250,7 +275,10 @@ class VLLMTiering(VLLMOffloading):
         if ok and f.kind == LOAD and not all(self._whole(k) for k in f.keys):
             self.expected_errors += 1  # a file cut or removed under the tier: its read fails
         ran = self.ft.jobs.play(f.job, ok)
-        self._trace_file_end(op_id, f, ran)
+        if f.kind == LOAD:
+            self.unpolled[op_id] = (f, self._landed(f, ran))  # traced at vLLM's poll
+        else:
+            self._trace_file_end(op_id, f, self._landed(f, ran))
         self.stats[f"file_{f.kind}s_{'done' if ran else 'failed'}"] += 1
         self.on_disk = {k for k in self.on_disk | set(f.keys) if os.path.exists(self.ft.file(k))}
         self._trace_vanished()  # a short read deletes its block file
@@ -282,13 +310,20 @@ class VLLMTiering(VLLMOffloading):
 
         return read
 
-    def _trace_file_end(self, op_id: int, f: FileOp, ran: bool) -> None:
-        """The file job's end events: a store's pages if it ran; a promotion's, the blocks
-        its read read (whatever the job reports: vllm_tiering_trace.py)."""
+    def _landed(self, f: FileOp, ran: bool) -> list[Any]:
+        """The keys whose bytes file job `f` moved, counted when it is played: a store's
+        if it ran; a promotion's, the blocks its read read (whatever the job reports:
+        vllm_tiering_trace.py). The count is taken now, not at vLLM's poll: a crash may
+        come between, and the next engine numbers its jobs from 0 again."""
+        n = (len(f.keys) if ran else 0) if f.kind == STORE else self.blocks_read.pop(f.job, 0)
+        return f.keys[:n]
+
+    def _trace_file_end(self, op_id: int, f: FileOp, landed: list[Any]) -> None:
+        """File job `op_id`'s end events (a store's when played, a promotion's when vLLM
+        polls it: `_watch_polls`), `landed` the keys whose bytes it moved."""
         trace = self._trace
         if isinstance(trace, VLLMTieringTrace):
-            n = (len(f.keys) if ran else 0) if f.kind == STORE else self.blocks_read.pop(f.job, 0)
-            trace.file_end(op_id, f.kind, [self.prefix_of[bytes(k)] for k in f.keys[:n]])
+            trace.file_end(op_id, f.kind, [self.prefix_of[bytes(k)] for k in landed])
 
     def _trace_vanished(self) -> None:
         """The traced pages whose block file is gone, neither on disk nor being written."""

@@ -8,14 +8,18 @@ base trace (vllm_trace.py: L1, the GPU<->CPU jobs, L2's evictions) and the file 
     complete_store cascades a store job to     h2s_issue per page (tier L3, op = the file
       the file tier                              job); a page L3 has already is left out (the
                                                tier's `_store_block` skips an existing file)
-    that job played: written / not             h2s_complete / h2s_fail per page
+    that job played: written / not             h2s_complete / h2s_fail per page, at once
+                                               (the next lookup finds the files; vLLM's
+                                               poll only unpins the CPU chunks)
     a promotion job submitted (on_schedule_    s2h_issue per page (tier L2)
       end: the file blocks one request found)
-    its read ran over the first k blocks       s2h_complete for those k, s2h_fail for the
-                                               rest (rule 4's partial end); k is what the
-                                               tier's read task itself read, not what the
-                                               job reports: a job reported done whose read
-                                               never ran is s2h_fail, every page
+    its read ran over the first k blocks, and  s2h_complete for those k, s2h_fail for the
+      vLLM polled the job (the chunks          rest (rule 4's partial end); k is what the
+      published or freed: complete_write)      tier's read task itself read (counted when
+                                               it ran), not what the job reports: a job
+                                               reported done whose read never ran is
+                                               s2h_fail, every page. Not at the read: until
+                                               the poll, vLLM's lookup answers HIT_PENDING
     L3 eviction                                none: the file tier never evicts (results,
                                                finding 6)
     a block file gone: a short read deleted    invalidate_l3 per page, deepest first, once no
