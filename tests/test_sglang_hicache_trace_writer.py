@@ -67,3 +67,31 @@ def test_one_calls_backups_issue_and_end_parent_first_whatever_their_ids() -> No
         ("d2h_complete", 3),
         ("d2h_complete", 2),
     ]
+
+
+def test_a_split_whose_lower_part_the_same_call_removed_is_still_a_split() -> None:
+    """sglang's insert over a node L1 had evicted (its copy only in L2) splits it where the
+    prompt leaves it, gives the upper part the prompt's device pages, and -- its backup of
+    the new leaf needing host pages -- drops the lower part's host copy, which removes that
+    host-only leaf in the same call. Before, the writer found no split (the lower part was
+    no child of the new node: it was gone), wrote the upper part as a new node's `insert`
+    and the whole old node's L2 copy as evicted; check-trace refused the insert where the
+    reference splits (the traced fuzz, sglang seed 6: results finding 13)."""
+    trace = SGLangHiCacheTrace(4, {"L1": 8, "L2": 5}, "test", full=None)
+    old = _node(2, _node(1))
+    prompt_old = tuple(range(20))
+    before = {2: Held(old, (0, 20), None, (3, 4, 0, 1, 2), None, prompt_old, None)}
+    upper = _node(3, _node(1))
+    leaf = _node(4, upper)
+    after = {
+        3: Held(upper, (0, 8), (1, 2), (3, 4), None, prompt_old[:8], None),
+        4: Held(leaf, (8, 20), (3, 4, 8), (0, 1, 2), 11, (90, 91, 92, 93) * 3, 3),
+    }
+    trace.changed(before, after)
+    events = [(e.event, e.node, e.token_start, e.token_end, e.pages) for e in trace.base.events]
+    assert events == [
+        ("split", 2, None, None, ()),
+        ("evict_l2", 2, 8, 20, (0, 1, 2)),
+        ("d2h_issue", 4, 8, 20, (0, 1, 2)),
+    ]
+    assert trace.base.events[0].detail == {"at": 8, "upper": 3}

@@ -1,12 +1,13 @@
 """SGLang's `RadixCache`, installed from the package registry and unmodified, as a
 `CacheUnderTest`: a real engine's prefix cache judged by the fuzz machine.
 
-Install (a virtual environment keeps the shared site clean; torch comes from the system):
+Install (hicache with the CPU torch in a virtual environment, then sglang):
 
-    python3 -m venv --system-site-packages VENV
+    python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 -e '.[test]'
     VENV/bin/pip install --no-deps -r benchmarks/results/2026-12-01-engine-sglang.txt
 
-(the `engine-sglang` extra in pyproject.toml names the same packages). `--no-deps` matters:
+(the `engine-sglang` extra in pyproject.toml names sglang's own packages; the file is the
+whole environment). `--no-deps` matters:
 sglang's own requirements pull CUDA kernels and a torch of another version. Then:
 
     PYTHONPATH=$PWD VENV/bin/python -m hicache fuzz --seed 1 --steps 2000 \\

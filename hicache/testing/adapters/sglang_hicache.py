@@ -431,7 +431,7 @@ class SGLangHiCache(PageView):
         )
         if self._trace is not None:
             after = self._snap()
-            self._trace.splits(before, after)
+            before = self._trace.splits(before, after)
             self._trace.insert(request_id, self.cache.tree_core.root_node, tokens, row, held)
             self._trace.changed(before, after, split=False)  # its write-through backups
         self._lock_served(r, self._match(tokens[:aligned]).last_device_node)

@@ -58,6 +58,8 @@ class Held:
     device: tuple[int, ...] | None  # device page ids, or None
     host: tuple[int, ...] | None  # host page ids, or None
     writing: int | None  # write_through_pending_id
+    key: tuple[int, ...] = ()  # the node's own tokens, as read (a split changes them)
+    parent: int | None = None  # the parent's id, as read
 
 
 Snapshot = dict[int, Held]
@@ -101,7 +103,9 @@ class SGLangHiCacheTrace:
             data = node.component_data[self.full]
             dev = None if data.value is None else page_ids(data.value, ps)
             host = None if data.host_value is None else page_ids(data.host_value, ps)
-            out[nid] = Held(node, span, dev, host, node.write_through_pending_id)
+            key, parent = tuple(int(t) for t in node.key.raw_token_ids()), node.parent
+            up = None if parent is None or parent.parent is None else int(parent.id)
+            out[nid] = Held(node, span, dev, host, node.write_through_pending_id, key, up)
         return out
 
     # -- what changed -----------------------------------------------------------------------
@@ -117,7 +121,7 @@ class SGLangHiCacheTrace:
         the ops in flight on their lower part), evictions (deepest first: a leaf before the
         parent it exposes), then the transfers it issued (with `load`: a load-back too)."""
         if split:
-            self.splits(before, after)
+            before = self.splits(before, after)
         for tier, held in (("L1", "device"), ("L2", "host")):
             gone = [
                 (h, nid)
@@ -129,15 +133,21 @@ class SGLangHiCacheTrace:
                 self._emit(f"evict_{tier.lower()}", tier, nid, h.span, getattr(h, held))
         self._issued(before, after, load)
 
-    def splits(self, before: Snapshot, after: Snapshot) -> None:
-        old = {nid: (h.node, h.span) for nid, h in before.items()}
-        self.base.splits(old, {nid: (h.node, h.span) for nid, h in after.items()})
-        for nid, h in after.items():
-            if nid not in before:
-                below = {int(c.id) for c in h.node.children.values()}
-                for op in self.ops.values():
-                    if op.nodes & below:
-                        op.nodes.add(nid)
+    def splits(self, before: Snapshot, after: Snapshot) -> Snapshot:
+        """split for every node of `after` that is the upper part of a node of `before`
+        (sglang's `_split_node`: the lower part keeps the id), emitted first in the call's
+        events; the new upper nodes join the ops in flight on their lower parts (rule 4).
+        A lower part the same call removed (an insert over a host-only node whose backup
+        then needed its host pages) is a split too: results finding 13. Returns `before`
+        as the splits left it, for the call's other events."""
+        cuts = _cuts(before, after)
+        for upper, lower in sorted(cuts.items(), key=lambda c: (after[c[0]].span[1], c[0])):
+            at = after[upper].span[1] - after[upper].span[0]
+            self.tracer.emit("split", node=lower, detail={"at": at, "upper": upper})
+            for op in self.ops.values():
+                if lower in op.nodes:
+                    op.nodes.add(upper)
+        return _cut(before, cuts, after, self.page_size)
 
     def _issued(self, before: Snapshot, after: Snapshot, load: bool) -> None:
         backups: dict[int, list[int]] = {}
@@ -244,6 +254,49 @@ class SGLangHiCacheTrace:
     def end(self, request: int, tail: Span | None, slots: Any) -> None:
         self.served.pop(request, None)
         self.base.end(request, tail, slots)
+
+
+def _cuts(before: Snapshot, after: Snapshot) -> dict[int, int]:
+    """The splits between two reads of the tree: new upper node -> the node it was cut
+    from. The lower part is a child of the new node, or, if the call removed it, a node of
+    `before` that `after` lacks, under the same parent, whose tokens start with the new
+    node's and run past them."""
+    out: dict[int, int] = {}
+    for nid, h in after.items():
+        if nid in before:
+            continue
+        lower = next((int(c.id) for c in h.node.children.values() if int(c.id) in before), None)
+        if lower is None:
+            lower = next(
+                (
+                    old
+                    for old, o in before.items()
+                    if old not in after
+                    and o.parent == h.parent
+                    and len(o.key) > len(h.key) > 0
+                    and o.key[: len(h.key)] == h.key
+                ),
+                None,
+            )
+        if lower is not None:
+            out[nid] = lower
+    return out
+
+
+def _cut(before: Snapshot, cuts: dict[int, int], after: Snapshot, page_size: int) -> Snapshot:
+    """`before` with each split of `cuts` made: the upper part holds the first pages of
+    what the node held, the lower part the rest (both keep its pending backup)."""
+    out = dict(before)
+    for upper, lower in cuts.items():
+        o, at = before[lower], after[upper].span[1] - after[upper].span[0]
+        k, mid = at // page_size, o.span[0] + at
+        head = None if o.device is None else o.device[:k], None if o.host is None else o.host[:k]
+        tail = None if o.device is None else o.device[k:], None if o.host is None else o.host[k:]
+        out[upper] = Held(
+            after[upper].node, (o.span[0], mid), *head, o.writing, o.key[:at], o.parent
+        )
+        out[lower] = Held(o.node, (mid, o.span[1]), *tail, o.writing, o.key[at:], upper)
+    return out
 
 
 def _depth(nodes: list[int], after: Snapshot) -> int:

@@ -1,12 +1,14 @@
 """vLLM's KV offloading (`vllm==0.33.0`, installed unmodified) as a `CacheUnderTest`: the GPU
 prefix cache over the CPU offloading manager, two tiers judged by the fuzz machine.
 
-Install (torch comes from the system; `--no-deps` keeps vLLM's CUDA requirements out):
+Install (hicache with the CPU torch, then vLLM with `--no-deps`, which keeps vLLM's CUDA
+requirements out):
 
-    python3 -m venv --system-site-packages VENV
+    python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 -e '.[test]'
     VENV/bin/pip install --no-deps -r benchmarks/results/2026-12-05-engine-vllm.txt
 
-(the `engine-vllm` extra in pyproject.toml names the same packages). Then:
+(the `engine-vllm` extra in pyproject.toml names vLLM's own packages; the file is the whole
+environment). Then:
 
     cd /tmp && PYTHONPATH=REPO VENV/bin/python -m hicache fuzz --seed 1 --steps 2000 \\
         --adapter hicache.testing.adapters.vllm:vllm_cpu_lru_adapter     # or _arc_
