@@ -60,7 +60,10 @@ class TraceHeader:
     `hash_keyed_tiers` names the engine's tiers keyed by a chained hash of each page's prefix,
     each stored and evicted on its own (spec/tree.md, "Hash-keyed tiers"; empty: none).
     `stacked_tiers` names the tiers where the engine issues an op under its parent's pending
-    op of the same direction, ending after it (spec/tree.md, "Stacked ops"; empty: none)."""
+    op of the same direction, ending after it (spec/tree.md, "Stacked ops"; empty: none).
+    `duplicate_copies`: the engine may hold a second L1 copy of a page a load-back is filling
+    (spec/tree.md, "Duplicate copies"), which the reader does not model: it judges the trace
+    up to the first such copy (exit code UNJUDGED)."""
 
     page_size: int
     capacities: Mapping[str, int]
@@ -71,6 +74,7 @@ class TraceHeader:
     pools: Mapping[str, object] = field(default_factory=dict)
     hash_keyed_tiers: tuple[str, ...] = ()
     stacked_tiers: tuple[str, ...] = ()
+    duplicate_copies: bool = False
 
     def __post_init__(self) -> None:
         tiers = sorted(self.capacities)
@@ -107,6 +111,10 @@ class TraceHeader:
                 f"header version {self.version!r}: this reader knows version {VERSION} only"
             )
         self._check_pools()
+        if not isinstance(self.duplicate_copies, bool):
+            raise TraceFormatError(
+                f"header duplicate_copies: true or false, got {self.duplicate_copies!r}"
+            )
         for key in ("hash_keyed_tiers", "stacked_tiers"):
             named = getattr(self, key)
             if len(set(named)) != len(named) or any(t not in self.capacities for t in named):
@@ -164,6 +172,8 @@ class TraceHeader:
             d["hash_keyed_tiers"] = list(self.hash_keyed_tiers)
         if self.stacked_tiers:
             d["stacked_tiers"] = list(self.stacked_tiers)
+        if self.duplicate_copies:
+            d["duplicate_copies"] = True
         return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -197,6 +207,7 @@ class TraceHeader:
                 "pools",
                 "hash_keyed_tiers",
                 "stacked_tiers",
+                "duplicate_copies",
             }
         )
         if extra:
@@ -229,6 +240,7 @@ class TraceHeader:
             pools=pools,
             hash_keyed_tiers=tuple(keyed),
             stacked_tiers=tuple(stacked),
+            duplicate_copies=d.get("duplicate_copies", False),
         )
 
 

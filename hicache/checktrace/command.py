@@ -5,7 +5,9 @@
 Reads the trace from FILE (`-`: stdin), streamed, and prints the verdict's report on stdout:
 one line `OK: ...` for a valid trace (exit 0), the first bad event with why, the transitions
 enabled then and the state before it for a violation (exit 1), or one line naming the line
-and what is wrong for malformed input (exit 2). The invariants are checked after every call
+and what is wrong for malformed input (exit 2), or, for a trace whose header declares
+`duplicate_copies`, one line saying where a second L1 copy of a page a load-back is filling
+stops the judging, every event before it valid (exit 3). The invariants are checked after every call
 (the run of events one reference call emits, applied atomically) on what it touched (which
 finds what checking the whole state finds); `--check-every N` checks the whole state at the
 first call boundary after every N events instead (0: never), `--full-checks` the whole state

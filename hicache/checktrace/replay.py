@@ -26,7 +26,7 @@ from hicache.checktrace.maps import IdMap
 from hicache.checktrace.names import TraceNames
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
-from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION, Verdict
+from hicache.checktrace.verdict import MALFORMED, UNJUDGED, VALID, VIOLATION, Verdict
 from hicache.control import ControlPlane
 from hicache.errors import (
     ConfigError,
@@ -34,10 +34,12 @@ from hicache.errors import (
     IllegalTransition,
     InvariantViolation,
     SpecError,
+    TreeError,
 )
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.pools.hits import ALL_POOLS
 from hicache.pools.presets import group as preset_group
+from hicache.tiers import Direction
 from hicache.trace import OMITTED_EVENTS, ListSink, TraceEvent, TraceHeader, Tracer
 from hicache.tracewalk import WalkSink, walk
 
@@ -341,7 +343,35 @@ def rejected(replay: Replay | None, e: Malformed | Violation) -> Verdict:
         events = 0 if replay is None else replay.events
         return Verdict(MALFORMED, events, e.seq, f"malformed: line {e.line}: {e.why}")
     assert replay is not None  # Verify: a violation comes from a replay.
+    copy_of = _duplicate_copy(replay, e)
+    if copy_of is not None:
+        seq = e.line.event.seq
+        return Verdict(
+            UNJUDGED,
+            replay.events,
+            seq,
+            f"unjudged from event {seq} on: it inserts a second L1 copy of node {copy_of}, "
+            "which a load-back is filling; the header's duplicate_copies allows that "
+            '(spec/tree.md, "Duplicate copies") and this reference holds one copy per page. '
+            f"The {replay.events} events before it are valid.",
+        )
     return Verdict(VIOLATION, replay.events, e.line.event.seq, _violation_text(replay, e))
+
+
+def _duplicate_copy(replay: Replay, v: Violation) -> int | None:
+    """The trace's id of the node event `v.line` inserts a second L1 copy of, when the header
+    declares `duplicate_copies` and the reference refused an `insert` of a node whose L1 copy
+    a load-back is filling (the reference stops a request's insert there: S5); else None."""
+    ev = v.line.event
+    if not replay.header.duplicate_copies or ev.event != "insert" or ev.node is None:
+        return None
+    ref = replay.compare.nodes.to_ref.get(ev.node)
+    try:
+        node = None if ref is None else replay.cp.tree.node(ref)
+    except TreeError:
+        return None
+    filling = node is not None and node.state[0] == f"{Direction.H2D.value}_PENDING"
+    return ev.node if filling else None
 
 
 def accepted(replay: Replay, n: int, check_every: int) -> Verdict:

@@ -11,14 +11,18 @@ in the machine's teardown:
        rejection is the oracle's false alarm (or the machine's miss). One exception: a TP
        rank's trace rejected for an admission's hit (the ranks agree on the least of their
        hits, spec/tp.md C1a, which check-trace replaying one rank cannot know) is counted
-       (`agreed`) and not judged further;
+       (`agreed`) and not judged further; and a trace check-trace leaves unjudged from an
+       event on (exit 3: a duplicate copy its header declares, spec/tree.md) is judged up to
+       that event (`cut`);
     3. the run's CORRUPTIONS corruptions, drawn by Hypothesis when the run starts (so they
        shrink and replay by seed), each an edit of the catalogue of illegal edits
        (hicache/checktrace/illegal.py) at a drawn event: check-trace must reject each --
        a violation (exit 1) at or after the first event of the first call that reads the
        edited line (check-trace blames a refused call's first event), malformed (exit 2)
        for an edit of the format, at or after the edited line. An accepted edit is a blind
-       spot of the oracle, reported as a failure of the run;
+       spot of the oracle, reported as a failure of the run. In a trace judged up to a cut,
+       an edit at or past the cut, or one whose replay reaches the cut unjudged, is counted
+       (`unjudged`), not judged;
     4. the walk judged the same way (hicache/testing/walkcheck.py): each trace, as written,
        must be a walk of the tables' machine (`tracewalk.first_break`), and each corruption
        that no walk continues (`walkcheck.must_break`) must break it.
@@ -49,7 +53,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize
 from hicache.checktrace.forks import Fork, replay_forked
 from hicache.checktrace.illegal import CATALOGUE, Edited, edit
 from hicache.checktrace.traceview import Trace
-from hicache.checktrace.verdict import MALFORMED, VALID, Verdict
+from hicache.checktrace.verdict import MALFORMED, UNJUDGED, VALID, Verdict
 from hicache.testing import walkcheck
 from hicache.trace import TraceEvent, TraceHeader
 from hicache.tracewalk import first_break
@@ -108,6 +112,8 @@ class SelfCheckCounts:
     rejected: Counter[str] = field(default_factory=Counter)  # ... that check-trace rejected
     inapplicable: int = 0  # corruptions whose edit applied to no event of the run
     agreed: int = 0  # TP ranks' traces not judged: an admission cut to the agreed hit
+    cut: int = 0  # traces judged up to a duplicate copy (check-trace's UNJUDGED)
+    unjudged: int = 0  # corruptions of those at or past the cut, or reaching it: not judged
     walk_tried: Counter[str] = field(default_factory=Counter)  # corruptions no walk continues
     walk_broken: Counter[str] = field(default_factory=Counter)  # ... that broke the walk
 
@@ -118,6 +124,12 @@ class SelfCheckCounts:
             f"self-check: {self.traces} traces ({self.events} events) replayed by check-trace, "
             f"{tried} corruptions tried, {rejected} rejected"
             + (f"; {self.agreed} TP rank traces cut to an agreed hit" if self.agreed else "")
+            + (
+                f"; {self.cut} traces judged up to a duplicate copy "
+                f"({self.unjudged} corruptions there or past it not judged)"
+                if self.cut
+                else ""
+            )
             + f"; the walk: {sum(self.walk_broken.values())} of "
             f"{sum(self.walk_tried.values())} corruptions it must see broke it"
         )
@@ -136,6 +148,7 @@ class SelfCheckCounts:
         ]
         lines.append(f"  {'(applied to no event of the run)':<40} {self.inapplicable}")
         lines.append(f"  {'(TP rank traces cut to an agreed hit)':<40} {self.agreed}")
+        lines.append(f"  {'(traces judged up to a duplicate copy)':<40} {self.cut}")
         return "\n".join(lines)
 
 
@@ -198,19 +211,32 @@ def judge_run(
         if ranks and _agreed_hit(events, verdict):
             counts.agreed += 1  # a TP rank's admission, cut to the ranks' agreed hit
             continue
-        if verdict.exit_code != VALID:
+        cut = None
+        if verdict.exit_code == UNJUDGED and verdict.seq is not None:
+            cut = verdict.seq  # a duplicate copy: judged up to it (module docstring)
+            counts.cut += 1
+        elif verdict.exit_code != VALID:
             return SelfCheckFailed(
                 "rejected the run's trace",
                 f"check-trace rejected the trace of {where} of a run the machine accepted: "
                 f"{verdict.message}",
             )
         # The walk reads states: an engine's trace that omits them has no walk to judge.
-        walked = None if "states" in header.omits else _walk(events, edits, tails, where, counts)
+        walked = (
+            None
+            if "states" in header.omits or cut is not None
+            else _walk(events, edits, tails, where, counts)
+        )
         if walked is not None:
             return walked
         counts.traces += 1
-        counts.events += len(events)
+        counts.events += len(events) if cut is None else cut - 1
         for e, j in zip(edits, judged):
+            if cut is not None and (
+                e.at + 1 >= cut or (j.verdict.exit_code == UNJUDGED and j.verdict.seq == cut)
+            ):
+                counts.unjudged += 1  # at or past the cut, or it reached the cut unseen
+                continue
             counts.tried[e.kind] += 1
             why = _not_rejected(e, j.verdict.exit_code, j.verdict.seq, j.blame_from)
             if why is not None:

@@ -29,8 +29,8 @@ The header omits `pages` (vLLM's block ids are GPU pool slots the spec's pages w
 load's blocks and a duplicate copy have no spec counterpart), `states`, `locks` and
 `node_remove`, and declares L2 `hash_keyed_tiers` (spec/tree.md, "Hash-keyed tiers"): a chunk
 evicted from L2 before the page after it, or stored while L2 lacks its parent, is judged legal
-there; serving such an orphan is not. What vLLM does that the spec forbids still shows in the
-replay (a second copy of a page another request is loading: `duplicate_copies`).
+there; serving such an orphan is not. It declares `duplicate_copies` too (a second copy of a
+page another request is loading): check-trace judges the trace up to the first such copy.
 """
 
 from __future__ import annotations
@@ -55,8 +55,15 @@ class VLLMTrace:
         hash_keyed_tiers: tuple[str, ...] = (),
     ) -> None:
         self.page_size = page_size
+        # A hash may map to several blocks: a request computing a page another's load is
+        # filling caches its own copy (spec/tree.md, "Duplicate copies").
         self.header = TraceHeader(
-            page_size, capacities, OMITS, engine=engine, hash_keyed_tiers=hash_keyed_tiers
+            page_size,
+            capacities,
+            OMITS,
+            engine=engine,
+            hash_keyed_tiers=hash_keyed_tiers,
+            duplicate_copies=True,
         )
         self.sink = ListSink()
         self.tracer = Tracer(self.sink)
