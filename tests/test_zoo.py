@@ -79,7 +79,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "walk-no-continuity": (0, "machine FuzzNull.self_check: walked duplicated"),
     # reached by the wider draws only (mutants/reach.py)
     "split-rounds-up": (4, "differential L1 hit length at admission"),
-    "l3-any-checksum": (0, "I4 tier_bytes_equal"),
+    "l3-any-checksum": (0, "I4 tier_bytes_equal | restored from its damaged L3 copy"),
     "rank-check-local-mode": (0, "CollectiveMismatch"),
     "prefetch-off-ticks-once": (0, "prefetch off"),
     "triton-one-page": (1, "I4 tier_bytes_equal"),

@@ -7,7 +7,8 @@
                     factory protocol of `hicache fuzz --adapter` and `vectors run --adapter`
     template        an adapter to copy (`python3 -m hicache.testing.template > mine.py`)
     reference       the reference model the engine's outputs are compared with
-    machine         `make_machine(adapter, setups)`: the Hypothesis RuleBasedStateMachine
+    machine         `CacheMachine`, the Hypothesis RuleBasedStateMachine an engine's test
+                    subclasses (`make_machine(adapter, setups)` builds one from arguments)
     coverage        transitions, composite states and fault sites reached
     runner          `hicache fuzz`: seeds, replay, reports, outside pytest
     adapters/       the controller (null, cpu, cuda planes), SGLang's RadixCache, and caches
@@ -15,23 +16,30 @@
 
 Quick start (pytest collects the TestCase):
 
-    from hicache.testing import make_machine
+    from hicache.testing import CacheMachine
     from hicache.testing.adapters.controller import controller_adapter, setups
-    TestController = make_machine(controller_adapter, setups("null")).TestCase
+
+    class ControllerMachine(CacheMachine):
+        adapter = staticmethod(controller_adapter)
+        setups = setups("null")
+
+    TestController = ControllerMachine.TestCase
 
 Another engine implements `CacheUnderTest` and a factory of `EngineConfig` (template.py is a
-complete one to copy), then runs `hicache fuzz --adapter module:factory`; in pytest,
-`make_machine(factory, strategy)` with a strategy of its configurations.
+complete one to copy), then runs `hicache fuzz --adapter module:factory`; in pytest, a
+subclass of `CacheMachine` with `adapter = staticmethod(factory)` and `setups` a strategy of
+its configurations.
 """
 
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
-from hicache.testing.machine import make_machine
+from hicache.testing.machine import CacheMachine, make_machine
 from hicache.testing.protocol import Admission, CacheUnderTest, FaultSchedule, PageChange
 from hicache.testing.reference import Mismatch, ReferenceModel
 
 __all__ = [
     "Admission",
+    "CacheMachine",
     "CacheUnderTest",
     "Coverage",
     "EngineConfig",

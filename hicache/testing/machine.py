@@ -1,9 +1,19 @@
-"""The fuzz machine: a Hypothesis `RuleBasedStateMachine` over any `CacheUnderTest`.
+"""The fuzz machine: `CacheMachine`, a Hypothesis `RuleBasedStateMachine` over any
+`CacheUnderTest`. An engine's test subclasses it, naming its adapter and the setups to draw:
 
-    from hicache.testing import make_machine
-    from hicache.testing.adapters.controller import controller_adapter, setups
+    from hypothesis import strategies as st
+    from hicache.testing import CacheMachine, EngineConfig
 
-    TestMyCache = make_machine(controller_adapter, setups("null")).TestCase   # pytest finds it
+    class MyCacheMachine(CacheMachine):
+        adapter = staticmethod(my_factory)        # EngineConfig -> a CacheUnderTest
+        setups = st.just(EngineConfig(4, {"L1": 16, "L2": 32}))
+
+    TestMyCache = MyCacheMachine.TestCase         # pytest finds it
+
+(`make_machine(adapter, setups, ...)` builds the same subclass from arguments.) The rules
+are grouped by theme below -- requests, restores, transfers, faults, pressure, storage damage
+and restarts -- and a subclass may add its own (the controller's machines add illegal calls,
+the trace self-check, L3 tampering and TP ends: hicache/testing/machines.py).
 
 Rules (each a step; preconditions, never `assume`, decide when one may run):
 
@@ -62,7 +72,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -103,6 +113,519 @@ def survives_crash(step: Step) -> Step:
     return guarded  # type: ignore[return-value]
 
 
+def _drawn(strategy_of: Callable[[type[CacheMachine]], st.SearchStrategy[Any]]) -> Any:
+    """A rule argument drawn from a strategy the running machine's class decides (its
+    `setups`, its prompts' page size, its aims): `st.runner()` is the machine in a stateful
+    test, so one rule serves every subclass."""
+    return st.runner().flatmap(lambda machine: strategy_of(type(machine)))
+
+
+@functools.cache
+def _prompts(page_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return prompts(page_size)
+
+
+@functools.cache
+def _sampled(values: tuple[str, ...]) -> st.SearchStrategy[str]:
+    return st.sampled_from(values)
+
+
+@functools.cache
+def _aims_of_a_read(aims: tuple[str, ...]) -> st.SearchStrategy[str | None]:
+    """`restore_from_l3`'s aim: none, or one of `aims`, the aims only a read meets drawn
+    twice as often."""
+    return st.sampled_from((None, *aims, *(a for a in aims if a in READ_AIMS)))
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """The machine (module docstring). A subclass names what it drives in class attributes:
+
+        class MyCacheMachine(CacheMachine):
+            adapter = staticmethod(my_factory)    # setup -> a CacheUnderTest
+            setups = st.just(EngineConfig(4, {"L1": 16, "L2": 32}))
+
+        TestMyCache = MyCacheMachine.TestCase    # pytest finds it
+
+    `adapter(setup)` opens one engine per run, `setup` drawn from `setups`; `page_size` shapes
+    the prompts (the adapter's own must match); `coverage`, when set, collects every run's
+    trace and fault counts; `aims` are the actions `aimed` draws (`GROUP_AIMS` for an engine
+    with a pool group); `refusals`: make the calls the protocol refuses, checking each is
+    refused. `make_machine` builds such a subclass from arguments."""
+
+    adapter: ClassVar[AdapterFactory]
+    setups: ClassVar[st.SearchStrategy[Any]]
+    page_size: ClassVar[int] = 4
+    coverage: ClassVar[Coverage | None] = None
+    aims: ClassVar[Sequence[str]] = AIMS
+    refusals: ClassVar[bool] = True
+
+    @initialize(setup=_drawn(lambda m: m.setups))
+    def start(self, setup: Any) -> None:
+        self.cache = type(self).adapter(setup)
+        self.model = ReferenceModel(
+            self.cache.page_size,
+            self.cache.tiers,
+            getattr(self.cache, "hit_window", 0),
+            getattr(self.cache, "replay_window", 0),
+            tier_closure=getattr(self.cache, "tier_closure", "tier"),
+            duplicate_copies=getattr(self.cache, "duplicate_copies", False),
+            hash_keyed_tiers=getattr(self.cache, "hash_keyed_tiers", ()),
+            persistent_tiers=getattr(self.cache, "persistent_tiers", ()),
+        )
+        self.next_rid = 1
+        self.seen: list[tuple[int, ...]] = []
+        self.prefilled: set[int] = set()
+        self.steps = self.last_faults = self.last_restart = self.last_cancel = 0
+        self.last_l3_restore = -QUIET_STEPS  # the first may come at once
+        self.admitted = 0  # admissions into the cache as now opened
+        self.damaged = False  # its L3 file was cut or removed (`damage`)
+        self._verify_refused("submit of an empty prompt", lambda: self.cache.submit(0, ()))
+        if isinstance(setup, EngineConfig):  # its L1 is known: one page more is refused
+            big = tuple(range(setup.capacities["L1"] * self.cache.page_size + 1))
+            self._verify_refused(
+                f"submit of {len(big)} tokens, more than L1 holds",
+                lambda: self.cache.submit(0, big),
+            )
+
+    # -- requests: admission, serving, ending -----------------------------------------------
+
+    def teardown(self) -> None:
+        cache = getattr(self, "cache", None)
+        if cache is None:
+            return
+        try:
+            cache.close()
+        finally:
+            if self.coverage is not None:
+                self.coverage.add(cache.trace(), cache.fault_counts())
+
+    def _live(self, pick: int, served: bool | None = None) -> int:
+        rids = sorted(
+            r for r in self.model.requests if served is None or (r in self.prefilled) == served
+        )
+        return rids[pick % len(rids)]
+
+    @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
+    @rule(tokens=_drawn(lambda m: _prompts(m.page_size)), serve=st.integers(0, 2))
+    @survives_crash
+    def submit(self, tokens: tuple[int, ...], serve: int) -> None:
+        """Admit; `serve` 1: then tick (transfers ending in order) until ready, and
+        prefill; 2: and finish. So every run serves, backs up and restores."""
+        self._count("submit")
+        rid = self._admit(tokens)
+        if serve:
+            self._serve(rid, finish=serve == 2)
+
+    def _serve(self, rid: int, finish: bool) -> None:
+        """Tick (transfers ending in order) until the request is ready, prefill it, and,
+        `finish`, end it."""
+        for _ in range(8):
+            if rid not in self.model.requests or self.cache.ready(rid):
+                break
+            self.tick(2)
+        self._sync()
+        if rid in self.model.requests and rid not in self.prefilled and self.cache.ready(rid):
+            self._prefill(rid)
+            if finish and rid in self.prefilled:
+                self._end(rid)
+
+    def _admit(self, tokens: tuple[int, ...]) -> int:
+        rid, self.next_rid = self.next_rid, self.next_rid + 1
+        self._sync()  # the model as the engine is now (resubmit admits twice in a step)
+        got = self.cache.submit(rid, tokens)
+        self.model.admit(rid, tokens, got)
+        self.seen.append(tokens)
+        self.admitted += 1
+        self._sync()
+        self._verify_refused(
+            f"submit of live request {rid} again", lambda: self.cache.submit(rid, tokens)
+        )
+        return rid
+
+    @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
+    @rule(pick=st.integers(0, 7))
+    @survives_crash
+    def prefill(self, pick: int) -> None:
+        """A request not served yet: when its restore is still in flight, one decode step
+        (the oldest transfer ends); when ready, it is served -- and when others hold L1
+        so that it is refused, the oldest served request ends and it is tried again."""
+        self._count("prefill")
+        rid = self._live(pick, served=False)
+        if not self.cache.ready(rid):
+            self.tick(1)
+            return
+        self._prefill(rid)
+        others = sorted(self.prefilled)
+        if rid in self.model.requests and rid not in self.prefilled and others:
+            self._end(others[0])
+            self._prefill(rid)
+
+    def _prefill(self, rid: int) -> None:
+        self._sync()
+        expected = self.model.expected_after_prefill(rid)
+        if self.cache.prefill(rid):
+            self._sync()  # its make-room ran before the request was served more
+            self.model.prefilled(rid, expected, self.cache.cached_len(rid))
+            self.prefilled.add(rid)
+            self.model.served(rid, self.cache.served_digests(rid))
+            self._verify_refused(
+                f"prefill of served request {rid}", lambda: self.cache.prefill(rid)
+            )
+            return
+        # Verify a prefill refused for room changed nothing, no eviction either (a
+        # rejected operation leaves no trace; the protocol's `prefill` contract).
+        changed = self.cache.changes()
+        if changed:
+            raise Mismatch("page changes of a refused prefill", changed[:4], [], f"request {rid}")
+
+    @precondition(lambda self: bool(self.prefilled))
+    @rule(pick=st.integers(0, 7))
+    @survives_crash
+    def finish(self, pick: int) -> None:
+        self._count("finish")
+        self._end(self._live(pick, served=True))
+
+    @precondition(lambda self: bool(self.model.requests))
+    @rule(pick=st.integers(0, 7))
+    @survives_crash
+    def abort(self, pick: int) -> None:
+        self._count("abort")
+        self._end(self._live(pick))
+
+    def _end(self, rid: int) -> None:
+        self.cache.finish(rid)
+        self.model.finished(rid)
+        self.prefilled.discard(rid)
+        self._sync()
+        self._verify_refused(f"finish of ended request {rid}", lambda: self.cache.finish(rid))
+        self._verify_refused(f"prefill of ended request {rid}", lambda: self.cache.prefill(rid))
+
+    def _verify_refused(self, what: str, call: Callable[[], object]) -> None:
+        if self.refusals:
+            verify_refused(self.cache, what, call)
+
+    # -- restores: a prompt a lower tier holds comes back -----------------------------------
+
+    @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
+    @rule(
+        pick=st.integers(0, 7),
+        twice=st.booleans(),
+        deep=st.booleans(),
+        settle=st.integers(0, 2),
+        abort_first=st.booleans(),
+        aim=st.sampled_from((None, None) + FAIL_KINDS),
+    )
+    @survives_crash
+    def resubmit(
+        self,
+        pick: int,
+        twice: bool,
+        deep: bool,
+        settle: int,
+        abort_first: bool,
+        aim: str | None,
+    ) -> None:
+        """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
+        from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
+        2 wanted backups start, then only the oldest transfer ends (an L3 write is then
+        often in flight); `deep` always
+        lets every transfer end (so L3 holds the prompt). `twice`: a
+        second admission shares the first one's load-back; `abort_first`: the first is
+        aborted while its restore is in flight; `aim`: the restore's newest transfer
+        (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
+        `abort_first`, whose restore is cancelled in flight)."""
+        self._count("resubmit")
+        tokens = self._earlier(pick)
+        if settle == 1 or deep:
+            self.cache.drain()  # backups land first, so eviction gives up only copies
+        elif settle == 2:
+            self.tick(0)  # wanted backups start
+            self.tick(1)
+        self._give_up_upper_tiers(deep)
+        first = self._admit(tokens)
+        ops = self.cache.pending_ops()
+        if aim is not None and ops and not abort_first:
+            self.cache.fail(ops[-1], aim)
+            self.cache.tick()
+        if abort_first and first in self.model.requests:
+            self._end(first)
+        if twice:
+            self.submit(tokens, 1)
+        if not abort_first:
+            self._serve(first, finish=False)
+
+    def _give_up_upper_tiers(self, deep: bool) -> None:
+        """Evict what L1 (and, `deep`, L2) can give up, so an earlier prompt restores."""
+        for tier in self.cache.tiers[: 2 if deep else 1]:
+            if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
+                self._sync()
+                self.cache.evict(tier, EVERYTHING)
+                self._sync(evict_want=EVERYTHING)
+                if deep:
+                    self.cache.drain()  # write-back's copies of L1 reach L3 too
+        self._sync()
+
+    def _earlier(self, pick: int) -> tuple[int, ...]:
+        """An earlier prompt the cache holds a page of (any earlier one when none): an
+        even `pick` prefers one whose backup into the last tier is in flight (a page
+        PENDING there), so that its restore races the backup."""
+        racing = [t for t in self.seen if self.model.pending_in(self.cache.tiers[-1], t)]
+        if racing and pick % 2 == 0:
+            return racing[-1 - pick // 2 % len(racing)]
+        held = [t for t in self.seen if self.model.holds_any(t)] or self.seen
+        return held[-1 - pick % len(held)]
+
+    @precondition(
+        lambda self: (
+            len(self.model.requests) < LIVE_MAX - 1
+            and bool(self.seen)
+            and self.steps - self.last_cancel >= QUIET_STEPS
+        )
+    )
+    @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans())
+    @survives_crash
+    def cancel_restore(self, pick: int, deep: bool, sharer: bool) -> None:
+        """An earlier prompt is restored as in `resubmit`, and while the restore is in
+        flight the request gives it up and stays: it is served at once (what L1
+        published, the rest computed). `sharer`: a second admission shares the first's
+        load-back and gives up instead (the first's goes on, then it is served)."""
+        self._count("cancel_restore")
+        self.last_cancel = self.steps
+        tokens = self._earlier(pick)
+        self.cache.drain()
+        self._give_up_upper_tiers(deep)
+        first = self._admit(tokens)
+        rid = self._admit(tokens) if sharer else first
+        self.cache.cancel_restore(rid)
+        self._sync()
+        # Verify the engine no longer waits for anything on the request's behalf.
+        assert self.cache.ready(rid), f"request {rid} is not ready after cancel_restore"
+        self._prefill(rid)
+        if sharer:
+            self._serve(first, finish=False)
+
+    @precondition(
+        lambda self: (
+            len(self.model.requests) < LIVE_MAX - 1
+            and self.steps - self.last_l3_restore >= QUIET_STEPS // 2
+        )
+    )
+    @rule(
+        base=st.integers(0, 3),
+        pages=st.integers(2, 3),
+        aim=_drawn(lambda m: _aims_of_a_read(tuple(m.aims))),
+    )
+    @survives_crash
+    def restore_from_l3(self, base: int, pages: int, aim: str | None) -> None:
+        """A prompt of `pages` pages nobody else starts with: its first page served first
+        (so the prompt is two nodes, and a read stopping part way may stop between
+        them), then the prompt served to the end three times (each node matched twice:
+        write_through_selective backs both up too), then drained. L1 and L2 give it up
+        (a write-back copy reaches L3 on the way); then it is admitted again, so it is
+        restored from L3: an S2H (meeting `aim`, a fault aimed at the next transfer into
+        L2, or none; the aims only a read meets drawn twice as often) and a load-back;
+        then served. The other rules restore from L3 only when an earlier prompt happens
+        to be held there alone."""
+        self._count("restore_from_l3")
+        self.last_l3_restore = self.steps
+        ps = self.cache.page_size
+        tokens = l3_prompt(base, pages, ps)
+        for prompt in (tokens[:ps] + (base,), tokens, tokens, tokens):
+            self.submit(prompt, 2)
+        self.cache.drain()
+        self._give_up_upper_tiers(True)
+        if aim is not None:
+            self.cache.aim(aim, self.cache.tiers[1 % len(self.cache.tiers)])
+        rid = self._admit(tokens)
+        self._serve(rid, finish=False)
+
+    @precondition(
+        lambda self: (
+            not self.model.requests
+            and bool(self.seen)
+            and self.steps - self.last_cancel >= QUIET_STEPS
+        )
+    )
+    @rule(pick=st.integers(0, 7))
+    @survives_crash
+    def failed_restore_then_full_l1(self, pick: int) -> None:
+        """A load-back fails (aimed) and its request waits; a second request loads the
+        same prompt and ends, leaving it in L1, nobody's; other prompts fill L1 with
+        locked pages; then the first is served: what it serves from L1 must survive
+        the room it makes (an order the other rules reach only in long runs)."""
+        self._count("failed_restore_then_full_l1")
+        self.last_cancel = self.steps
+        tokens = self._earlier(pick)
+        self.cache.drain()
+        self._give_up_upper_tiers(False)
+        self.cache.aim("error", self.cache.tiers[0])
+        first = self._admit(tokens)
+        self.tick(1)  # the aimed load-back fails: the first is ready, with nothing restored
+        self.submit(tokens, 2)
+        ps = self.cache.page_size
+        for other in reversed(self.seen):
+            if len(self.model.requests) < LIVE_MAX and other[:ps] != tokens[:ps]:
+                self.submit(other, 1)
+        if first in self.model.requests and first not in self.prefilled:
+            self._serve(first, finish=False)
+
+    # -- transfers: their ends, in any order ------------------------------------------------
+
+    @precondition(lambda self: self.cache.has_work())
+    @rule(finish=st.integers(0, 2))
+    @survives_crash
+    def tick(self, finish: int) -> None:
+        """A decode step: the `finish` oldest transfers end (per the schedule), then the
+        engine observes what ended."""
+        self._count("tick")
+        for op_id in self.cache.pending_ops()[:finish]:
+            self.cache.complete(op_id)
+        self.cache.tick()
+
+    @precondition(lambda self: bool(self.cache.pending_ops()))
+    @rule(pick=st.integers(0, 7))
+    @survives_crash
+    def complete(self, pick: int) -> None:
+        self._count("complete")
+        ops = self.cache.pending_ops()  # R58: any pending op may complete next
+        self.cache.complete(ops[pick % len(ops)])
+        self.cache.tick()
+
+    @precondition(lambda self: bool(self.cache.pending_ops()))
+    @rule(pick=st.integers(0, 7), kind=st.sampled_from(FAIL_KINDS))
+    @survives_crash
+    def fail(self, pick: int, kind: str) -> None:
+        self._count("fail")
+        ops = self.cache.pending_ops()
+        self.cache.fail(ops[pick % len(ops)], kind)
+        self.cache.tick()
+
+    @precondition(lambda self: bool(self.cache.pending_ops()))
+    @rule()
+    @survives_crash
+    def drain(self) -> None:
+        self._count("drain")
+        self.cache.drain()
+
+    # -- faults: a schedule, or one aimed at the next transfer ------------------------------
+
+    @precondition(lambda self: self.steps - self.last_faults >= QUIET_STEPS)
+    @rule(schedule=schedules())
+    def faults(self, schedule: FaultSchedule) -> None:
+        self._count("faults")
+        self.cache.set_faults(schedule)
+        self.last_faults = self.steps
+
+    @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
+    @rule(
+        action=_drawn(lambda m: _sampled(tuple(m.aims))),
+        tier=st.integers(0, 2),
+        pick=st.integers(0, 7),
+    )
+    @survives_crash
+    def aimed(self, action: str, tier: int, pick: int) -> None:
+        """A fault aimed at the next transfer into a tier (`CacheUnderTest.aim`), then a
+        resubmit that issues one: into L1 a load-back from L2 (racing an L3 backup when
+        one is in flight), into L2 a read from L3 (twice: the second admission computes
+        while the read is in flight), into L3 the backup of what it serves."""
+        self._count("aimed")
+        into = self.cache.tiers[tier % len(self.cache.tiers)]
+        self.cache.aim(action, into)
+        level = tier % len(self.cache.tiers)
+        if level == 0:  # backups start and the oldest ends (its L3 write starts), then a
+            self.tick(0)  # prompt racing its L3 backup is preferred (an even pick)
+            self.tick(1)
+            pick -= pick % 2
+        # L2: every transfer ends first (L3 holds the prompt); L3: none
+        self.resubmit(
+            pick=pick,
+            twice=level == 1,
+            deep=level == 1,
+            settle=(0, 1, 0)[level],
+            abort_first=False,
+            aim=None,
+        )
+
+    # -- pressure: eviction on a tier -------------------------------------------------------
+
+    def _holding(self) -> list[str]:
+        """The tiers holding a page no live request's prompt begins with (pressure
+        elsewhere would change nothing)."""
+        return [t for t in self.cache.tiers if self.model.unclaimed(t)]
+
+    @precondition(lambda self: bool(self._holding()))
+    @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
+    @survives_crash  # write-back: an L1 victim's backup is waited for, and may crash
+    def pressure(self, tier: int, pages: int) -> None:
+        self._count("pressure")
+        holding = self._holding()
+        self._sync()
+        self.cache.evict(holding[tier % len(holding)], pages)
+        self._sync(evict_want=pages)
+
+    # -- storage damage and restarts --------------------------------------------------------
+
+    @precondition(lambda self: not self.damaged and self.admitted >= DAMAGE_AFTER)
+    @rule(how=st.sampled_from(("truncate", "remove")))
+    @survives_crash
+    def damage(self, how: str) -> None:
+        """The L3 file is cut or removed; then a resubmit restoring from L3, so the
+        failed read (or the refused issue) falls back to recomputation at once."""
+        self._count("damage")
+        self._sync()
+        self.cache.damage_storage(how)
+        self.damaged = True
+        if self.seen and len(self.model.requests) < LIVE_MAX - 1:
+            self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
+
+    @precondition(
+        lambda self: (
+            self.steps - self.last_restart >= 2 * QUIET_STEPS
+            and (bool(self.model.requests) or any(self.model.pages.values()))
+        )
+    )
+    @rule()
+    def restart(self) -> None:
+        self._count("restart")
+        self._reopen("restart")
+        self.last_restart = self.steps
+
+    def _reopen(self, why: str) -> None:
+        """Close and open the engine again (`why`: a restart, or after a crash): it
+        starts empty, and so does the model."""
+        if why == "crash":
+            self._count("crash")
+        self.cache.restart()
+        self.cache.changes()  # the closed engine's last changes: everything goes anyway
+        self.model.restart()
+        self.prefilled.clear()
+        self.admitted, self.damaged = 0, False
+
+    # -- after every step -------------------------------------------------------------------
+
+    def _count(self, name: str) -> None:
+        if self.coverage is not None:
+            self.coverage.rules[name] += 1
+
+    def _sync(self, evict_want: int | None = None) -> None:
+        """The engine's page changes since the last sync into the model (`evict_want`:
+        they are one `evict` call's, which asked for that many pages)."""
+        self.model.apply(self.cache.changes(), evict_want)
+
+    @invariant()
+    def agrees_with_reference(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        found = self.cache.check()
+        assert not found, "engine checks failed:\n  " + "\n  ".join(found)
+        self._sync()
+        self.steps += 1
+        if self.coverage is not None:
+            self.coverage.steps += 1
+        live = self.cache.live()
+        self.model.compare(live, {rid: self.cache.cached_len(rid) for rid in live})
+
+
 def make_machine(
     adapter: AdapterFactory,
     setups: st.SearchStrategy[Any],
@@ -112,470 +635,17 @@ def make_machine(
     name: str = "CacheMachine",
     aims: Sequence[str] = AIMS,
     refusals: bool = True,
-) -> type[RuleBasedStateMachine]:
-    """A machine class driving `adapter(setup)` (one `setup` drawn from `setups` per run)
-    against the reference model. `page_size` shapes the prompts (the adapter's own must
-    match). `coverage`, when given, collects every run's trace and fault counts. `aims`: the
-    actions `aimed` draws (`GROUP_AIMS` for an engine with a pool group). `refusals`: make the
-    calls the protocol refuses (module docstring), checking each is refused."""
-    prompt = prompts(page_size)
-
-    class CacheMachine(RuleBasedStateMachine):
-        @initialize(setup=setups)
-        def start(self, setup: Any) -> None:
-            self.cache = adapter(setup)
-            self.model = ReferenceModel(
-                self.cache.page_size,
-                self.cache.tiers,
-                getattr(self.cache, "hit_window", 0),
-                getattr(self.cache, "replay_window", 0),
-                tier_closure=getattr(self.cache, "tier_closure", "tier"),
-                duplicate_copies=getattr(self.cache, "duplicate_copies", False),
-                hash_keyed_tiers=getattr(self.cache, "hash_keyed_tiers", ()),
-                persistent_tiers=getattr(self.cache, "persistent_tiers", ()),
-            )
-            self.next_rid = 1
-            self.seen: list[tuple[int, ...]] = []
-            self.prefilled: set[int] = set()
-            self.steps = self.last_faults = self.last_restart = self.last_cancel = 0
-            self.last_l3_restore = -QUIET_STEPS  # the first may come at once
-            self.admitted = 0  # admissions into the cache as now opened
-            self.damaged = False  # its L3 file was cut or removed (`damage`)
-            self._verify_refused("submit of an empty prompt", lambda: self.cache.submit(0, ()))
-            if isinstance(setup, EngineConfig):  # its L1 is known: one page more is refused
-                big = tuple(range(setup.capacities["L1"] * self.cache.page_size + 1))
-                self._verify_refused(
-                    f"submit of {len(big)} tokens, more than L1 holds",
-                    lambda: self.cache.submit(0, big),
-                )
-
-        def teardown(self) -> None:
-            cache = getattr(self, "cache", None)
-            if cache is None:
-                return
-            try:
-                cache.close()
-            finally:
-                if coverage is not None:
-                    coverage.add(cache.trace(), cache.fault_counts())
-
-        # -- requests ---------------------------------------------------------------------
-
-        def _live(self, pick: int, served: bool | None = None) -> int:
-            rids = sorted(
-                r for r in self.model.requests if served is None or (r in self.prefilled) == served
-            )
-            return rids[pick % len(rids)]
-
-        @precondition(lambda self: len(self.model.requests) < LIVE_MAX)
-        @rule(tokens=prompt, serve=st.integers(0, 2))
-        @survives_crash
-        def submit(self, tokens: tuple[int, ...], serve: int) -> None:
-            """Admit; `serve` 1: then tick (transfers ending in order) until ready, and
-            prefill; 2: and finish. So every run serves, backs up and restores."""
-            self._count("submit")
-            rid = self._admit(tokens)
-            if serve:
-                self._serve(rid, finish=serve == 2)
-
-        def _serve(self, rid: int, finish: bool) -> None:
-            """Tick (transfers ending in order) until the request is ready, prefill it, and,
-            `finish`, end it."""
-            for _ in range(8):
-                if rid not in self.model.requests or self.cache.ready(rid):
-                    break
-                self.tick(2)
-            self._sync()
-            if rid in self.model.requests and rid not in self.prefilled and self.cache.ready(rid):
-                self._prefill(rid)
-                if finish and rid in self.prefilled:
-                    self._end(rid)
-
-        def _admit(self, tokens: tuple[int, ...]) -> int:
-            rid, self.next_rid = self.next_rid, self.next_rid + 1
-            self._sync()  # the model as the engine is now (resubmit admits twice in a step)
-            got = self.cache.submit(rid, tokens)
-            self.model.admit(rid, tokens, got)
-            self.seen.append(tokens)
-            self.admitted += 1
-            self._sync()
-            self._verify_refused(
-                f"submit of live request {rid} again", lambda: self.cache.submit(rid, tokens)
-            )
-            return rid
-
-        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
-        @rule(
-            pick=st.integers(0, 7),
-            twice=st.booleans(),
-            deep=st.booleans(),
-            settle=st.integers(0, 2),
-            abort_first=st.booleans(),
-            aim=st.sampled_from((None, None) + FAIL_KINDS),
-        )
-        @survives_crash
-        def resubmit(
-            self,
-            pick: int,
-            twice: bool,
-            deep: bool,
-            settle: int,
-            abort_first: bool,
-            aim: str | None,
-        ) -> None:
-            """An earlier prompt after L1 (and, `deep`, L2) gave up what it could: restored
-            from L2 or L3. `settle` before the eviction: 0 nothing, 1 every transfer ends,
-            2 wanted backups start, then only the oldest transfer ends (an L3 write is then
-            often in flight); `deep` always
-            lets every transfer end (so L3 holds the prompt). `twice`: a
-            second admission shares the first one's load-back; `abort_first`: the first is
-            aborted while its restore is in flight; `aim`: the restore's newest transfer
-            (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
-            `abort_first`, whose restore is cancelled in flight)."""
-            self._count("resubmit")
-            tokens = self._earlier(pick)
-            if settle == 1 or deep:
-                self.cache.drain()  # backups land first, so eviction gives up only copies
-            elif settle == 2:
-                self.tick(0)  # wanted backups start
-                self.tick(1)
-            self._give_up_upper_tiers(deep)
-            first = self._admit(tokens)
-            ops = self.cache.pending_ops()
-            if aim is not None and ops and not abort_first:
-                self.cache.fail(ops[-1], aim)
-                self.cache.tick()
-            if abort_first and first in self.model.requests:
-                self._end(first)
-            if twice:
-                self.submit(tokens, 1)
-            if not abort_first:
-                self._serve(first, finish=False)
-
-        def _give_up_upper_tiers(self, deep: bool) -> None:
-            """Evict what L1 (and, `deep`, L2) can give up, so an earlier prompt restores."""
-            for tier in self.cache.tiers[: 2 if deep else 1]:
-                if tier != self.cache.tiers[-1] or len(self.cache.tiers) == 1:
-                    self._sync()
-                    self.cache.evict(tier, EVERYTHING)
-                    self._sync(evict_want=EVERYTHING)
-                    if deep:
-                        self.cache.drain()  # write-back's copies of L1 reach L3 too
-            self._sync()
-
-        @precondition(
-            lambda self: (
-                len(self.model.requests) < LIVE_MAX - 1
-                and bool(self.seen)
-                and self.steps - self.last_cancel >= QUIET_STEPS
-            )
-        )
-        @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans())
-        @survives_crash
-        def cancel_restore(self, pick: int, deep: bool, sharer: bool) -> None:
-            """An earlier prompt is restored as in `resubmit`, and while the restore is in
-            flight the request gives it up and stays: it is served at once (what L1
-            published, the rest computed). `sharer`: a second admission shares the first's
-            load-back and gives up instead (the first's goes on, then it is served)."""
-            self._count("cancel_restore")
-            self.last_cancel = self.steps
-            tokens = self._earlier(pick)
-            self.cache.drain()
-            self._give_up_upper_tiers(deep)
-            first = self._admit(tokens)
-            rid = self._admit(tokens) if sharer else first
-            self.cache.cancel_restore(rid)
-            self._sync()
-            # Verify the engine no longer waits for anything on the request's behalf.
-            assert self.cache.ready(rid), f"request {rid} is not ready after cancel_restore"
-            self._prefill(rid)
-            if sharer:
-                self._serve(first, finish=False)
-
-        @precondition(
-            lambda self: (
-                len(self.model.requests) < LIVE_MAX - 1
-                and self.steps - self.last_l3_restore >= QUIET_STEPS // 2
-            )
-        )
-        @rule(
-            base=st.integers(0, 3),
-            pages=st.integers(2, 3),
-            aim=st.sampled_from((None,) + tuple(aims) + tuple(a for a in aims if a in READ_AIMS)),
-        )
-        @survives_crash
-        def restore_from_l3(self, base: int, pages: int, aim: str | None) -> None:
-            """A prompt of `pages` pages nobody else starts with: its first page served first
-            (so the prompt is two nodes, and a read stopping part way may stop between
-            them), then the prompt served to the end three times (each node matched twice:
-            write_through_selective backs both up too), then drained. L1 and L2 give it up
-            (a write-back copy reaches L3 on the way); then it is admitted again, so it is
-            restored from L3: an S2H (meeting `aim`, a fault aimed at the next transfer into
-            L2, or none; the aims only a read meets drawn twice as often) and a load-back;
-            then served. The other rules restore from L3 only when an earlier prompt happens
-            to be held there alone."""
-            self._count("restore_from_l3")
-            self.last_l3_restore = self.steps
-            ps = self.cache.page_size
-            tokens = l3_prompt(base, pages, ps)
-            for prompt in (tokens[:ps] + (base,), tokens, tokens, tokens):
-                self.submit(prompt, 2)
-            self.cache.drain()
-            self._give_up_upper_tiers(True)
-            if aim is not None:
-                self.cache.aim(aim, self.cache.tiers[1 % len(self.cache.tiers)])
-            rid = self._admit(tokens)
-            self._serve(rid, finish=False)
-
-        @precondition(
-            lambda self: (
-                not self.model.requests
-                and bool(self.seen)
-                and self.steps - self.last_cancel >= QUIET_STEPS
-            )
-        )
-        @rule(pick=st.integers(0, 7))
-        @survives_crash
-        def failed_restore_then_full_l1(self, pick: int) -> None:
-            """A load-back fails (aimed) and its request waits; a second request loads the
-            same prompt and ends, leaving it in L1, nobody's; other prompts fill L1 with
-            locked pages; then the first is served: what it serves from L1 must survive
-            the room it makes (an order the other rules reach only in long runs)."""
-            self._count("failed_restore_then_full_l1")
-            self.last_cancel = self.steps
-            tokens = self._earlier(pick)
-            self.cache.drain()
-            self._give_up_upper_tiers(False)
-            self.cache.aim("error", self.cache.tiers[0])
-            first = self._admit(tokens)
-            self.tick(1)  # the aimed load-back fails: the first is ready, with nothing restored
-            self.submit(tokens, 2)
-            ps = self.cache.page_size
-            for other in reversed(self.seen):
-                if len(self.model.requests) < LIVE_MAX and other[:ps] != tokens[:ps]:
-                    self.submit(other, 1)
-            if first in self.model.requests and first not in self.prefilled:
-                self._serve(first, finish=False)
-
-        def _earlier(self, pick: int) -> tuple[int, ...]:
-            """An earlier prompt the cache holds a page of (any earlier one when none): an
-            even `pick` prefers one whose backup into the last tier is in flight (a page
-            PENDING there), so that its restore races the backup."""
-            racing = [t for t in self.seen if self.model.pending_in(self.cache.tiers[-1], t)]
-            if racing and pick % 2 == 0:
-                return racing[-1 - pick // 2 % len(racing)]
-            held = [t for t in self.seen if self.model.holds_any(t)] or self.seen
-            return held[-1 - pick % len(held)]
-
-        @precondition(lambda self: len(self.model.requests) < LIVE_MAX - 1 and bool(self.seen))
-        @rule(action=st.sampled_from(tuple(aims)), tier=st.integers(0, 2), pick=st.integers(0, 7))
-        @survives_crash
-        def aimed(self, action: str, tier: int, pick: int) -> None:
-            """A fault aimed at the next transfer into a tier (`CacheUnderTest.aim`), then a
-            resubmit that issues one: into L1 a load-back from L2 (racing an L3 backup when
-            one is in flight), into L2 a read from L3 (twice: the second admission computes
-            while the read is in flight), into L3 the backup of what it serves."""
-            self._count("aimed")
-            into = self.cache.tiers[tier % len(self.cache.tiers)]
-            self.cache.aim(action, into)
-            level = tier % len(self.cache.tiers)
-            if level == 0:  # backups start and the oldest ends (its L3 write starts), then a
-                self.tick(0)  # prompt racing its L3 backup is preferred (an even pick)
-                self.tick(1)
-                pick -= pick % 2
-            # L2: every transfer ends first (L3 holds the prompt); L3: none
-            self.resubmit(
-                pick=pick,
-                twice=level == 1,
-                deep=level == 1,
-                settle=(0, 1, 0)[level],
-                abort_first=False,
-                aim=None,
-            )
-
-        @precondition(lambda self: any(r not in self.prefilled for r in self.model.requests))
-        @rule(pick=st.integers(0, 7))
-        @survives_crash
-        def prefill(self, pick: int) -> None:
-            """A request not served yet: when its restore is still in flight, one decode step
-            (the oldest transfer ends); when ready, it is served -- and when others hold L1
-            so that it is refused, the oldest served request ends and it is tried again."""
-            self._count("prefill")
-            rid = self._live(pick, served=False)
-            if not self.cache.ready(rid):
-                self.tick(1)
-                return
-            self._prefill(rid)
-            others = sorted(self.prefilled)
-            if rid in self.model.requests and rid not in self.prefilled and others:
-                self._end(others[0])
-                self._prefill(rid)
-
-        def _prefill(self, rid: int) -> None:
-            self._sync()
-            expected = self.model.expected_after_prefill(rid)
-            if self.cache.prefill(rid):
-                self._sync()  # its make-room ran before the request was served more
-                self.model.prefilled(rid, expected, self.cache.cached_len(rid))
-                self.prefilled.add(rid)
-                self.model.served(rid, self.cache.served_digests(rid))
-                self._verify_refused(
-                    f"prefill of served request {rid}", lambda: self.cache.prefill(rid)
-                )
-                return
-            # Verify a prefill refused for room changed nothing, no eviction either (a
-            # rejected operation leaves no trace; the protocol's `prefill` contract).
-            changed = self.cache.changes()
-            if changed:
-                raise Mismatch(
-                    "page changes of a refused prefill", changed[:4], [], f"request {rid}"
-                )
-
-        @precondition(lambda self: bool(self.prefilled))
-        @rule(pick=st.integers(0, 7))
-        @survives_crash
-        def finish(self, pick: int) -> None:
-            self._count("finish")
-            self._end(self._live(pick, served=True))
-
-        @precondition(lambda self: bool(self.model.requests))
-        @rule(pick=st.integers(0, 7))
-        @survives_crash
-        def abort(self, pick: int) -> None:
-            self._count("abort")
-            self._end(self._live(pick))
-
-        def _end(self, rid: int) -> None:
-            self.cache.finish(rid)
-            self.model.finished(rid)
-            self.prefilled.discard(rid)
-            self._sync()
-            self._verify_refused(f"finish of ended request {rid}", lambda: self.cache.finish(rid))
-            self._verify_refused(f"prefill of ended request {rid}", lambda: self.cache.prefill(rid))
-
-        def _verify_refused(self, what: str, call: Callable[[], object]) -> None:
-            if refusals:
-                verify_refused(self.cache, what, call)
-
-        # -- transfers and pressure ----------------------------------------------------------
-
-        @precondition(lambda self: self.cache.has_work())
-        @rule(finish=st.integers(0, 2))
-        @survives_crash
-        def tick(self, finish: int) -> None:
-            """A decode step: the `finish` oldest transfers end (per the schedule), then the
-            engine observes what ended."""
-            self._count("tick")
-            for op_id in self.cache.pending_ops()[:finish]:
-                self.cache.complete(op_id)
-            self.cache.tick()
-
-        @precondition(lambda self: bool(self.cache.pending_ops()))
-        @rule(pick=st.integers(0, 7))
-        @survives_crash
-        def complete(self, pick: int) -> None:
-            self._count("complete")
-            ops = self.cache.pending_ops()  # R58: any pending op may complete next
-            self.cache.complete(ops[pick % len(ops)])
-            self.cache.tick()
-
-        @precondition(lambda self: bool(self.cache.pending_ops()))
-        @rule(pick=st.integers(0, 7), kind=st.sampled_from(FAIL_KINDS))
-        @survives_crash
-        def fail(self, pick: int, kind: str) -> None:
-            self._count("fail")
-            ops = self.cache.pending_ops()
-            self.cache.fail(ops[pick % len(ops)], kind)
-            self.cache.tick()
-
-        def _holding(self) -> list[str]:
-            """The tiers holding a page no live request's prompt begins with (pressure
-            elsewhere would change nothing)."""
-            return [t for t in self.cache.tiers if self.model.unclaimed(t)]
-
-        @precondition(lambda self: bool(self._holding()))
-        @rule(tier=st.integers(0, 2), pages=st.integers(1, 8))
-        @survives_crash  # write-back: an L1 victim's backup is waited for, and may crash
-        def pressure(self, tier: int, pages: int) -> None:
-            self._count("pressure")
-            holding = self._holding()
-            self._sync()
-            self.cache.evict(holding[tier % len(holding)], pages)
-            self._sync(evict_want=pages)
-
-        @precondition(lambda self: self.steps - self.last_faults >= QUIET_STEPS)
-        @rule(schedule=schedules())
-        def faults(self, schedule: FaultSchedule) -> None:
-            self._count("faults")
-            self.cache.set_faults(schedule)
-            self.last_faults = self.steps
-
-        @precondition(lambda self: bool(self.cache.pending_ops()))
-        @rule()
-        @survives_crash
-        def drain(self) -> None:
-            self._count("drain")
-            self.cache.drain()
-
-        @precondition(lambda self: not self.damaged and self.admitted >= DAMAGE_AFTER)
-        @rule(how=st.sampled_from(("truncate", "remove")))
-        @survives_crash
-        def damage(self, how: str) -> None:
-            """The L3 file is cut or removed; then a resubmit restoring from L3, so the
-            failed read (or the refused issue) falls back to recomputation at once."""
-            self._count("damage")
-            self._sync()
-            self.cache.damage_storage(how)
-            self.damaged = True
-            if self.seen and len(self.model.requests) < LIVE_MAX - 1:
-                self.resubmit(pick=0, twice=False, deep=True, settle=1, abort_first=False, aim=None)
-
-        @precondition(
-            lambda self: (
-                self.steps - self.last_restart >= 2 * QUIET_STEPS
-                and (bool(self.model.requests) or any(self.model.pages.values()))
-            )
-        )
-        @rule()
-        def restart(self) -> None:
-            self._count("restart")
-            self._reopen("restart")
-            self.last_restart = self.steps
-
-        def _reopen(self, why: str) -> None:
-            """Close and open the engine again (`why`: a restart, or after a crash): it
-            starts empty, and so does the model."""
-            if why == "crash":
-                self._count("crash")
-            self.cache.restart()
-            self.cache.changes()  # the closed engine's last changes: everything goes anyway
-            self.model.restart()
-            self.prefilled.clear()
-            self.admitted, self.damaged = 0, False
-
-        # -- after every step -----------------------------------------------------------------
-
-        def _count(self, name: str) -> None:
-            if coverage is not None:
-                coverage.rules[name] += 1
-
-        def _sync(self, evict_want: int | None = None) -> None:
-            """The engine's page changes since the last sync into the model (`evict_want`:
-            they are one `evict` call's, which asked for that many pages)."""
-            self.model.apply(self.cache.changes(), evict_want)
-
-        @invariant()
-        def agrees_with_reference(self) -> None:
-            if not hasattr(self, "cache"):
-                return
-            found = self.cache.check()
-            assert not found, "engine checks failed:\n  " + "\n  ".join(found)
-            self._sync()
-            self.steps += 1
-            if coverage is not None:
-                coverage.steps += 1
-            live = self.cache.live()
-            self.model.compare(live, {rid: self.cache.cached_len(rid) for rid in live})
-
-    CacheMachine.__name__ = CacheMachine.__qualname__ = name
-    return CacheMachine
+) -> type[CacheMachine]:
+    """A subclass of `CacheMachine` named `name`, driving `adapter(setup)` (one `setup` drawn
+    from `setups` per run) with these parameters (CacheMachine's docstring says each)."""
+    params = {
+        "adapter": staticmethod(adapter),
+        "setups": setups,
+        "page_size": page_size,
+        "coverage": coverage,
+        "aims": tuple(aims),
+        "refusals": refusals,
+        "__module__": CacheMachine.__module__,
+        "__qualname__": name,
+    }
+    return type(name, (CacheMachine,), params)
