@@ -106,7 +106,7 @@ class _Forks:
         """At the boundary `start` of a decided call: judge each waiting fork whose first
         line the call's look-ahead read, from a copy of `clean` (its state is the edited
         trace's here); keep a copy for each whose first line the call may read as it runs."""
-        read = clean.buffer.read
+        read = _read(clean)
         while self.waiting and self.forks[self.waiting[0]].first < read:
             i = self.waiting.pop(0)
             self.copies.pop(i, None)
@@ -126,7 +126,7 @@ class _Forks:
         if clean is not None:
             end = clean.consumed
             for i in self.waiting:
-                if i not in self.judged and self.forks[i].first >= clean.buffer.read:
+                if i not in self.judged and self.forks[i].first >= _read(clean):
                     self.judged[i] = Judged(_run(self._copy(clean, end, i)), end + 1)
         for i in range(len(self.forks)):
             if i not in self.judged:
@@ -204,11 +204,18 @@ def replay_forked(
             start = clean.consumed
             state.at_boundary(clean, start)
             clean.execute(*decided)
-            state.calls.append((start, clean.buffer.read))
+            state.calls.append((start, _read(clean)))
         verdict = accepted(clean, clean.events + clean.buffer.skipped, check_every)
     except (Malformed, Violation) as e:
         return rejected(clean, e), state.finish(None)
     return verdict, state.finish(clean)
+
+
+def _read(replay: Replay) -> int:
+    """The lines `replay` has read, counting the trace's end as one more once a look-ahead
+    met it: a call that read to the end of the trace would read a line an edit appends
+    there too (a chain of issues the last event of the trace was part of)."""
+    return replay.buffer.read + (1 if replay.buffer.done else 0)
 
 
 def _run(replay: Replay) -> Verdict:
