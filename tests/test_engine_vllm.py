@@ -239,3 +239,36 @@ def test_check_reads_the_managers_events_against_its_state() -> None:
     assert engine.check() == [] and True in engine.l2_announced.values()
     engine.l2_announced.clear()
     assert any("L2 events" in f for f in engine.check())
+
+
+def test_a_page_the_allocation_evicts_is_computed_anew_in_the_trace() -> None:
+    """vLLM's L1 hit stops short of a prompt's last token, so a page-aligned prompt's last
+    page is computed again; with L1 full, get_new_blocks evicts that very page's cached
+    block (nobody holds it) for the request's new one. The trace must show the eviction,
+    then a compute and an insert: before, the writer read what held the request's pages
+    before the allocation, wrote the page a second copy of a RESIDENT node (compute naming
+    it, discard), and check-trace refused it (the traced fuzz of vLLM's tiering manager,
+    seeds 6 and 7: 'node: the trace has 8, the reference none')."""
+    from hicache.checktrace import VALID, check_lines
+
+    _engine()  # skips without vLLM
+    from hicache.testing.adapters.vllm import VLLMOffloading
+
+    e = VLLMOffloading(2, 4, PS, "lru", traced=True)
+    prompt = tuple(range(2 * PS))
+    e.submit(1, prompt)
+    assert e.prefill(1)
+    for op in e.pending_ops():  # its store fails: L2 holds nothing to load the page from
+        e.fail(op, "error")
+    e.tick()
+    e.finish(1)
+    e.submit(2, prompt)
+    assert e.ready(2) and e.prefill(2)
+    e.finish(2)
+    lines = e.traces[-1].lines()
+    events = [json.loads(line) for line in lines[1:]]
+    second = [(ev["event"], ev.get("node")) for ev in events if ev.get("request") != 1]
+    start = second.index(("evict_l1", 2))
+    assert second[start : start + 3] == [("evict_l1", 2), ("compute", None), ("insert", 2)]
+    verdict = check_lines(lines)
+    assert verdict.exit_code == VALID, verdict.message

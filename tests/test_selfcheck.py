@@ -8,14 +8,16 @@ reports the counts; a shrink past its budget reports the failure found so far.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hicache.checktrace import VIOLATION, check_lines
 from hicache.checktrace.illegal import CATALOGUE, Edited, edit
 from hicache.checktrace.traceview import Trace
 from hicache.testing.mutants import activate
-from hicache.testing.runner import arguments, fuzz
+from hicache.testing.runner import LastTrace, arguments, fuzz
 from hicache.testing.selfcheck import (
     AT_MAX,
     Corruption,
@@ -53,7 +55,7 @@ def test_judge_run_counts_what_it_judged(
 
 
 def test_a_rejected_run_trace_is_a_failure(
-    traces: list[tuple[TraceHeader, list[TraceEvent]]],
+    traces: list[tuple[TraceHeader, list[TraceEvent]]], tmp_path: Path
 ) -> None:
     """The run's own trace with a wrong page on an eviction: check-trace rejects it, and the
     self-check says so (the machine accepted a run its oracle rejects)."""
@@ -66,6 +68,14 @@ def test_a_rejected_run_trace_is_a_failure(
     assert isinstance(failed, SelfCheckFailed)
     assert failed.what == "rejected the run's trace"
     assert "check-trace rejected the trace of engine 1" in str(failed)
+    # `hicache fuzz --trace F` writes the trace it judged (not the run's last engine's):
+    # what check-trace rejects again from the file.
+    assert failed.trace[0] == header.to_json() and len(failed.trace) == len(bad) + 1
+    last = LastTrace(str(tmp_path / "t.ndjson"))
+    last.judged = failed.trace
+    assert "the self-check failed on" in last.write()
+    again = check_lines((tmp_path / "t.ndjson").read_text().splitlines())
+    assert again.exit_code == VIOLATION and str(again.seq) in str(failed)
 
 
 @pytest.mark.parametrize(

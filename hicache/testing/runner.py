@@ -76,7 +76,7 @@ from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
-from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
+from hicache.testing.selfcheck import SelfCheckCounts, SelfCheckFailed, with_self_check
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
@@ -103,6 +103,7 @@ class LastTrace:
         self.header: TraceHeader | None = None
         self.events: list[TraceEvent] = []
         self.engines = 0  # engines of the kept run that traced something
+        self.judged: list[str] = []  # the lines of the trace a failed self-check judged
 
     def factory(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`make`, remembering each adapter it builds (its header is read in `keep`)."""
@@ -123,6 +124,13 @@ class LastTrace:
     def write(self) -> str:
         """Write the kept trace to `path`; the line that says what was written. ConfigError
         (nothing written) when the adapter gives no header."""
+        if self.judged:  # the trace the self-check failed on, as check-trace read it
+            with open(self.path, "w") as f:
+                f.writelines(line + "\n" for line in self.judged)
+            return (
+                f"trace: {self.path} (the {len(self.judged) - 1} events of the engine's trace "
+                "the self-check failed on, unedited: `hicache check-trace` it)"
+            )
         if self.header is None:
             raise ConfigError(
                 "--trace",
@@ -330,6 +338,8 @@ def fuzz(args: argparse.Namespace) -> FuzzResult:
         except AdapterError:
             raise  # not a factory of the protocol: a usage error, not the engine's failure
         except Exception as failure:  # any escape is the finding to report
+            if last is not None and isinstance(failure, SelfCheckFailed):
+                last.judged = failure.trace
             _report_failure(out, args, failure, captured.getvalue())
             ok = False
         else:

@@ -156,9 +156,10 @@ class SelfCheckFailed(AssertionError):
     """check-trace rejected a run's own trace, or accepted an illegal edit of it: `what` says
     which in a few words (the bug zoo names the check by it)."""
 
-    def __init__(self, what: str, message: str) -> None:
+    def __init__(self, what: str, message: str, trace: Sequence[str] = ()) -> None:
         super().__init__(f"self-check: {message}")
         self.what = what
+        self.trace = list(trace)  # the judged trace's lines (header first), for `--trace`
 
 
 Engine = tuple[TraceHeader, Sequence[TraceEvent], str]
@@ -220,6 +221,7 @@ def judge_run(
                 "rejected the run's trace",
                 f"check-trace rejected the trace of {where} of a run the machine accepted: "
                 f"{verdict.message}",
+                lines,
             )
         # The walk reads states: an engine's trace that omits them has no walk to judge.
         walked = (
@@ -244,6 +246,7 @@ def judge_run(
                     f"accepted {e.kind}",
                     f"check-trace {why}: {e.kind} at event {e.at + 1} of {where} ({e.what}); "
                     f"the event was {view.lines[e.at]}; check-trace said: {j.verdict.message}",
+                    lines,
                 )
             counts.rejected[e.kind] += 1
     return None

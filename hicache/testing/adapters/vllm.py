@@ -354,10 +354,13 @@ class VLLMOffloading(Views, JobPlayer):
             return False
         self.pool.touch(more)
         cached = len(r.blocks) + len(more)
-        held = self._held(r, cached) if self._trace is not None else {}
         if self._trace is not None and cached * ps > r.cached_len:
             self._trace.advance(request_id, self._page(r, cached - 1))
         r.blocks += more + self._alloc(need)
+        # What holds the pages it computes, read after get_new_blocks: the allocation may
+        # evict one of them (a cached block nobody holds, the prompt's last page past the
+        # len - 1 cap), which is then computed anew, an insert, not a second copy.
+        held = self._held(r, cached) if self._trace is not None else {}
         for page in range(cached, len(r.keys)):
             self.l1_bytes[r.blocks[page].block_id] = self._digest(r.tokens[: (page + 1) * ps])
         self.pool.cache_full_blocks(Hashes(r.hashes), r.blocks, cached, len(r.keys), ps, 0)
