@@ -55,7 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hicache import demo
+from hicache import demo, demo_serve
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
 from hicache.distributed.processes import TRANSPORTS, run_ranks
@@ -92,10 +92,10 @@ def bench_rank(
 ) -> dict[str, Any]:
     """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work."""
     args = demo.parser().parse_args(argv)
-    setup = demo.demo_setup(args)
+    setup = demo_serve.demo_setup(args)
     ctl = CacheController(setup.config, collectives=c)
     served = time.perf_counter()
-    summary = demo.serve(args, setup, ctl, served, progress=False)
+    summary = demo_serve.serve(args, setup, ctl, served, progress=False)
     gap_s = (time.perf_counter() - served - c.exchange_s) / c.exchanges  # work between two
     admissions = int(summary["admissions"])  # type: ignore[call-overload]
     bare = bare_exchange(c, size)

@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hicache import demo
+from hicache import demo, demo_serve
 from hicache.controller.controller import CacheController
 from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.distributed.cluster import SimulatedCluster
@@ -67,7 +67,7 @@ def run_preset(preset: str, ranks: int, requests: int, seed: int) -> dict[str, A
             "--quiet",
         ]
     )
-    setup = demo.demo_setup(args)
+    setup = demo_serve.demo_setup(args)
     cluster = SimulatedCluster(setup.config, ranks)
     try:
         cluster.run(lambda c: serve(c, setup.workload))

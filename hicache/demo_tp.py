@@ -8,7 +8,7 @@
                                              its own device and temporary L3 file (both
                                              RANK_LOCAL); a CacheController over
                                              the transport's collectives serves it as the
-                                             demo does (`demo.serve`: invariants checked
+                                             demo does (`demo_serve.serve`: invariants checked
                                              after every transition), then returns its
                                              report summary and its RankView
     rank 0's report, a line per rank, the    and every RANK_CHECK_EVERY admissions the
@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hicache.demo_serve import demo_setup, serve
 from hicache.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ class RankResult:
 def run_tp(args: argparse.Namespace) -> int:
     """Serve the demo on `args.tp` ranks and print the report (module docstring); 0 when no
     rank and no cross-rank check found a violation. ConfigError for an option TP refuses."""
-    from hicache.demo import demo_setup
     from hicache.demo_report import format_report
     from hicache.distributed.processes import RankError, run_ranks
     from hicache.invariants import check_ranks
@@ -117,7 +117,6 @@ def serve_rank(
 ) -> RankResult:
     """Rank `rank`'s demo: `args`' setup on this rank's device, over `collectives`."""
     from hicache.controller.controller import CacheController
-    from hicache.demo import demo_setup, serve
     from hicache.distributed.devices import bind_device, rank_device
     from hicache.distributed.rankview import rank_view
 

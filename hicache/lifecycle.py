@@ -122,10 +122,6 @@ class Guard:
         """The guard's vocabulary form: its text with the tier written `Ln`."""
         return self.text if self.tier is None else self.text.replace(str(self.tier), "Ln")
 
-    @property
-    def needs_context(self) -> bool:
-        return self.op in ("leaf", "parent", "parent_in", "settled", "request")
-
     def meaning(self) -> str:
         """What a failure of this guard means, for the error message ("" when plain)."""
         if self.op == "leaf":

@@ -56,11 +56,3 @@ _ENDS: dict[Direction, tuple[Tier, Tier]] = {
     Direction.H2S: (Tier.L2, Tier.L3),
     Direction.S2H: (Tier.L3, Tier.L2),
 }
-
-
-def direction_into(target: Tier, source: Tier) -> Direction:
-    """The direction that fills `target` from `source`; ValueError if tiers are not adjacent."""
-    for d, ends in _ENDS.items():
-        if ends == (source, target):
-            return d
-    raise ValueError(f"no transfer direction from {source} to {target}")

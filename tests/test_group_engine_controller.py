@@ -17,7 +17,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache import demo
+from hicache import demo, demo_serve
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.planes import choose_plane, tier_pool_pages
@@ -284,7 +284,7 @@ def test_bytes_per_anchor_page_in_all_is_the_width_the_producer_writes_and_both_
     assert said in next(
         ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " ")
     )
-    assert said in demo._preset_echo(CacheConfig(device="cpu", pools=name))
+    assert said in demo_serve._preset_echo(CacheConfig(device="cpu", pools=name))
 
 
 def test_a_group_whose_anchor_page_no_geometry_preset_has_says_what_can_run() -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hicache.bench.transfer import Poll, Settings, _e2e_ms_interleaved, _enqueued
+from hicache.bench.timing import Poll, Settings, e2e_ms_interleaved, enqueued
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import GroupGeometry
@@ -168,7 +168,7 @@ def _ceiling(
     def copy() -> None:
         target.copy_(source, non_blocking=True)
 
-    return _enqueued(copy, device)
+    return enqueued(copy, device)
 
 
 def bench_preset(name: str, s: Settings, modes: tuple[str, ...], mha: _MhaRig) -> list[Row]:
@@ -186,7 +186,7 @@ def bench_preset(name: str, s: Settings, modes: tuple[str, ...], mha: _MhaRig) -
             starts = {m: c.start for m, c in cases.items()}
             starts["mha"] = mha_case.start
             starts["ceiling"] = _ceiling(rig.l2, mha.device_buffer, nbytes, direction, s.device)
-            ms = _e2e_ms_interleaved(starts, s)
+            ms = e2e_ms_interleaved(starts, s)
             mha_gbps = mha_bytes / ms["mha"] / 1e6
             for mode, case in cases.items():
                 timed = case.handles[s.warmup :]

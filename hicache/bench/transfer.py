@@ -39,21 +39,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from hicache.bench import BenchParser, counts, no_cuda
+from hicache.bench.timing import (
+    FIRST_CHUNK_MIB_OTHER,
+    Poll,
+    Settings,
+    e2e_ms,
+    e2e_ms_interleaved,
+    enqueued,
+)
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
-from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.dataplane.geometry import preset
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.kernels import KernelSet
@@ -63,55 +70,12 @@ from hicache.tiers import Direction
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 TOKENS_QUICK = (48, 160)
-FIRST_CHUNK_MIB_OTHER = (2, 64)  # first-chunk sizes (MiB) measured beside the default's
 L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
 BASELINE_PATH = "torch index_select + one DMA"
 POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
 Row = dict[str, Any]
-Poll = Callable[[], bool]  # True once the work is complete
-
-
-@dataclass(frozen=True)
-class Settings:
-    geometry: KVGeometry
-    preset_name: str
-    tokens: tuple[int, ...]
-    repeats: int
-    warmup: int
-    device: torch.device
-    quick: bool
-    first_chunk_mib: tuple[int, ...] = FIRST_CHUNK_MIB_OTHER  # variants beside the default
-    sections: tuple[str, ...] = ("dma", "storage", "kernels")
-
-    @property
-    def page_counts(self) -> list[int]:
-        return [math.ceil(t / self.geometry.page_size) for t in self.tokens]
-
-
-def _e2e_ms(start: Callable[[], Poll], s: Settings) -> float:
-    """Median ms from calling `start` (which issues the work) until its poll says complete,
-    each run from an idle device."""
-    return _e2e_ms_interleaved({"only": start}, s)["only"]
-
-
-def _e2e_ms_interleaved(starts: dict[str, Callable[[], Poll]], s: Settings) -> dict[str, float]:
-    """`_e2e_ms` of several paths, timed round-robin (one run of each per round), so that a
-    machine drifting during the measurement shifts every path alike instead of whichever
-    happened to run then (the shared H200 machine drifts by several percent in seconds)."""
-    times: dict[str, list[float]] = {name: [] for name in starts}
-    for i in range(s.warmup + s.repeats):
-        for name, start in starts.items():
-            if s.device.type == "cuda":
-                torch.cuda.synchronize(s.device)
-            t0 = time.perf_counter()
-            complete = start()
-            while not complete():
-                pass
-            if i >= s.warmup:
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _device_ms(fn: Callable[[], None], s: Settings) -> float:
@@ -134,20 +98,6 @@ def _device_ms(fn: Callable[[], None], s: Settings) -> float:
         if i >= s.warmup:
             times.append(elapsed)
     return statistics.median(times)
-
-
-def _enqueued(fn: Callable[[], None], device: torch.device) -> Callable[[], Poll]:
-    """`start` for `_e2e_ms`: enqueue `fn` on the current stream, poll an event after it."""
-
-    def start() -> Poll:
-        fn()
-        if device.type != "cuda":
-            return lambda: True
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        return lambda: bool(event.query())  # type: ignore[no-untyped-call]
-
-    return start
 
 
 class _Rig:
@@ -188,8 +138,8 @@ class _Rig:
         return {
             "h2d_device_ms": _device_ms(up, self.s),
             "d2h_device_ms": _device_ms(down, self.s),
-            "h2d_e2e_ms": _e2e_ms(_enqueued(up, self.s.device), self.s),
-            "d2h_e2e_ms": _e2e_ms(_enqueued(down, self.s.device), self.s),
+            "h2d_e2e_ms": e2e_ms(enqueued(up, self.s.device), self.s),
+            "d2h_e2e_ms": e2e_ms(enqueued(down, self.s.device), self.s),
         }
 
     def baseline(self, direction: Direction, l1_ids: Pages, l2_ids: Pages) -> Callable[[], None]:
@@ -214,7 +164,7 @@ class _Rig:
 
 
 class _MoverCase:
-    """One mover path of one case: `start` issues it (for `_e2e_ms_interleaved`), `row()`
+    """One mover path of one case: `start` issues it (for `e2e_ms_interleaved`), `row()`
     reports it afterwards: the issue call's CPU time and each run's device time (medians),
     whether the bytes arrived, and buffers allocated after warm-up."""
 
@@ -266,7 +216,7 @@ class _MoverCase:
     def row(self, median_ms: float) -> Row:
         if self.failures:
             raise RuntimeError(f"{self.direction} failed during the benchmark: {self.failures[0]}")
-        timed = slice(self.rig.s.warmup, None)  # the runs `_e2e_ms_interleaved` kept
+        timed = slice(self.rig.s.warmup, None)  # the runs `e2e_ms_interleaved` kept
         last = self.handles[-1]
         counters = self.mover.counters[self.direction]
         return {
@@ -316,10 +266,10 @@ def bench_dma(s: Settings) -> dict[str, object]:
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor
-                    starts[BASELINE_PATH] = _enqueued(
+                    starts[BASELINE_PATH] = enqueued(
                         rig.baseline(direction, l1_ids, l2_ids), s.device
                     )
-                medians = _e2e_ms_interleaved(starts, s)
+                medians = e2e_ms_interleaved(starts, s)
                 for path, ms in medians.items():
                     case = movers[path].row(ms) if path in movers else {"median_ms": ms}
                     rows.append(_rated({**base, "path": path, **case}))

@@ -80,7 +80,7 @@ from hicache.pools.presets import group as preset_group
 from hicache.records import UnknownRequest
 from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
-from hicache.tree import MatchResult, TreeNode
+from hicache.tree import MatchResult
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
@@ -566,14 +566,6 @@ class CacheController:
     def l3_online(self) -> bool:
         """Whether L3 serves restores and takes backups (False once its file was lost)."""
         return self.l3.online
-
-    @property
-    def l3_offline_reason(self) -> str | None:
-        return self.l3.offline_reason
-
-    def alive(self, node: TreeNode) -> bool:
-        """Whether `node` is still in the tree (nodes are removed when empty everywhere)."""
-        return self.cp.is_live(node)
 
     def _restore(self, request_id: int) -> Materialization:
         mat = self.stager.restores.get(request_id)

@@ -121,11 +121,6 @@ class TaskGroup:
         with self._cond:
             self._stop = True
 
-    def stop_and_join(self) -> None:
-        """Skip the tasks not yet started, wait for the running ones."""
-        self.stop()
-        self.join(None)
-
     def reraise_bug(self) -> None:
         """Raise the first non-HiCacheError exception a task died of (a bug, not a fault)."""
         with self._cond:

@@ -68,10 +68,4 @@ def point(name: str) -> Point:
     return found
 
 
-@lru_cache(maxsize=1)
-def l3_writers() -> dict[str, str]:
-    """tp_mode -> its writers ("rank 0" or "every rank"), from spec/tp.toml's [[l3_write]]."""
-    return {row["tp_mode"]: row["writers"] for row in load_toml(TP_TOML).get("l3_write", [])}
-
-
-__all__ = ["COLLECTIVE_OPS", "Point", "l3_writers", "load_points", "point"]
+__all__ = ["COLLECTIVE_OPS", "Point", "load_points", "point"]

@@ -600,10 +600,6 @@ def controller_adapter(setup: Setup) -> ControllerAdapter:
     return ControllerAdapter(setup)
 
 
-def with_plane(setup: Setup, plane: str) -> Setup:
-    return replace(setup, plane=plane)
-
-
 PAGE_TOKENS = 4
 """Tokens per page of the machine's prompts (`make_machine`'s page_size) and of the
 controller's default geometry, which the adapter builds."""
