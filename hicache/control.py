@@ -22,6 +22,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from hicache.choices import HitPolicy
 from hicache.errors import IllegalTransition, InvariantViolation
 from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
@@ -66,7 +67,7 @@ class ControlPlane(PlaneQueries):
         lifecycle: Lifecycle | None = None,
         pools: PoolGroup | None = None,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
-        hit_policy: str = ALL_POOLS,
+        hit_policy: HitPolicy | str = ALL_POOLS,
     ) -> None:
         """`pools`: the tiers' pool group. With more than the anchor, each tier's table is a
         `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and

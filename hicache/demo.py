@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
+from hicache.choices import WritePolicy
 from hicache.distributed.processes import TRANSPORTS
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
 from hicache.outputs import OUTPUT_FILE
@@ -88,8 +89,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--write-policy",
-        default="write_through",
-        help="write_through, write_through_selective, write_back",
+        default=str(WritePolicy.WRITE_THROUGH),
+        help=", ".join(WritePolicy.names()),
     )
     p.add_argument(
         "--l1-pages",
