@@ -10,6 +10,7 @@
     machine         `make_machine(adapter, setups)`: the Hypothesis RuleBasedStateMachine
     coverage        transitions, composite states and fault sites reached
     runner          `hicache fuzz`: seeds, replay, reports, outside pytest
+    walking         `every_plane_walked()`: every control plane built inside walks its trace
     adapters/       the controller (null, cpu, cuda planes), SGLang's RadixCache, and caches
                     that are wrong on purpose (lru.py)
 
