@@ -22,6 +22,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from hicache.choices import HitPolicy
 from hicache.errors import IllegalTransition, InvariantViolation
 from hicache.execute import Executor, RequestRange, Segment, Step, copy_segments, node_segments
 from hicache.invariants.checker import InvariantChecker, parse_check_mode
@@ -45,7 +46,7 @@ from hicache.records import LiveRequest, PendingOp, Request, UnknownOp
 from hicache.snapshot import Digests
 from hicache.tiers import TIERS, Direction, Tier
 from hicache.trace import Tracer
-from hicache.tracewalk import walk_hook
+from hicache.tracewalk import walk as walk_trace
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
 
 
@@ -66,7 +67,8 @@ class ControlPlane(PlaneQueries):
         lifecycle: Lifecycle | None = None,
         pools: PoolGroup | None = None,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
-        hit_policy: str = ALL_POOLS,
+        hit_policy: HitPolicy | str = ALL_POOLS,
+        walk: bool = False,
     ) -> None:
         """`pools`: the tiers' pool group. With more than the anchor, each tier's table is a
         `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and
@@ -74,7 +76,12 @@ class ControlPlane(PlaneQueries):
         its own pages; default: the tier's capacity * its ratio). None or one pool: one
         `PageTable` per tier. `hit_policy`: the group hit policy (spec/pools.md) that decides
         whether a freed L1 window ends an L1 hit (`all_pools`) or is recomputed
-        (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve."""
+        (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve.
+        `walk`: judge every event this plane traces by the tables' `transitions` machine as it
+        is emitted (hicache/tracewalk.py; a tracer without a sink gets one); a step the machine
+        does not take raises MachineDisagreement. Off by default: with no sink nothing is
+        traced. Code that builds its planes deep inside is walked from outside
+        (hicache/testing/walking.py: the test suite, `hicache fuzz`)."""
         if len(capacities) != len(TIERS):
             raise ValueError(
                 f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}"
@@ -99,7 +106,8 @@ class ControlPlane(PlaneQueries):
         # wishes) moves it to.
         self.on_remove: list[Callable[[list[TreeNode], TreeNode], None]] = []
         self.tracer.begin(self.trace_header())  # a sink that writes a file puts it first
-        walk_hook(self.tracer, self.lifecycle)
+        if walk:
+            walk_trace(self.tracer, self.lifecycle)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from hicache.choices import WritePolicy
 from hicache.demo_serve import demo_setup, serve
 from hicache.distributed.processes import TRANSPORTS
 from hicache.errors import ConfigError, HiCacheError, L3PathRefused
@@ -82,8 +83,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--write-policy",
-        default="write_through",
-        help="write_through, write_through_selective, write_back",
+        default=str(WritePolicy.WRITE_THROUGH),
+        help=", ".join(WritePolicy.names()),
     )
     p.add_argument(
         "--l1-pages",

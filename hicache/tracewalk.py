@@ -20,14 +20,13 @@ needs it all-ABSENT), and a request-copy event on a node must agree with the tre
 this walker's dict; the machine is one per tables, asked once per (state, event).
 
 Where it runs: `walk` installs a checking sink (`first_break`'s rules, event by event) on a
-tracer. `hicache check-trace` walks its reference plane always, `hicache fuzz` walks every
-plane it builds (`walk_every_plane`), and `walk_hook` -- called by every control plane --
-walks it when the environment variable HICACHE_TRACE_WALK is set (the test suite sets it).
+tracer. A control plane calls it when its builder asks (`ControlPlane(..., walk=True)`).
+`hicache check-trace` walks its reference plane always; `hicache fuzz` and the test suite walk
+the planes built deep inside their code from outside (hicache/testing/walking.py).
 """
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -35,9 +34,6 @@ from typing import NamedTuple
 from hicache.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
 from hicache.pagemachine import PageMachine, Row, page_machine
 from hicache.trace import TraceEvent, Tracer, TraceSink
-
-ENV_VAR = "HICACHE_TRACE_WALK"
-"""Set (to anything but "" or "0") to walk every control plane's trace as it is emitted."""
 
 
 class NonEdge(NamedTuple):
@@ -250,15 +246,3 @@ def walk(tracer: Tracer, lc: Lifecycle) -> None:
     it when it had no sink); nothing when it walks already."""
     if not isinstance(tracer.sink, WalkSink):
         tracer.sink = WalkSink(page_machine(lc.tables), tracer.sink)
-
-
-def walk_hook(tracer: Tracer, lc: Lifecycle) -> None:
-    """With HICACHE_TRACE_WALK set, `walk(tracer, lc)`; without it, do nothing."""
-    if os.environ.get(ENV_VAR, "") not in ("", "0"):
-        walk(tracer, lc)
-
-
-def walk_every_plane() -> None:
-    """Walk every control plane this process, and any process it starts, builds from now on
-    (sets HICACHE_TRACE_WALK; `hicache fuzz` calls it first)."""
-    os.environ[ENV_VAR] = "1"

@@ -11,6 +11,10 @@ rerunning a failed test id replays its failing example first. Every failure's re
 a `hicache replay` section: the command to rerun it and why that reproduces (tests/replay.py).
 HICACHE_PROGRESS_EVERY=N writes a progress line per N examples of a test under any profile
 (0: none; tests/progress.py).
+
+The trace walk (`plane_walk`): the control plane's own modules run every test twice, its
+planes walked and unwalked; the drawn and long runs walked; every other module unwalked, as
+users run the reference (WALK_BOTH, WALK_ONLY).
 """
 
 from __future__ import annotations
@@ -24,14 +28,80 @@ import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from hicache.testing.walking import every_plane_walked
 from tests import budgets, progress, replay
 
 pytest_plugins = ["pytester"]
 
-# Every control plane a test (or a `hicache demo` it runs) builds walks its trace as it is
-# emitted (hicache/tracewalk.py): a step the tables' `transitions` machine does not take
-# (hicache/pagemachine.py), or one that breaks its node's walk, fails that test.
-os.environ.setdefault("HICACHE_TRACE_WALK", "1")
+WALKED, UNWALKED = "walked", "unwalked"
+"""How a test builds its control planes (`plane_walk`). Walked: every plane the test builds,
+directly or deep inside (a controller, an adapter, a demo), walks its trace as it is emitted
+(hicache/testing/walking.py, hicache/tracewalk.py): a step the tables' `transitions` machine
+does not take, or one that breaks its node's walk, fails the test. Unwalked: as a user builds
+them (no walk; without a sink of the test's own, no events at all)."""
+WALK_BOTH = frozenset(
+    {
+        "test_control",
+        "test_control_fuzz",
+        "test_controller",
+        "test_controller_order",
+        "test_eviction",
+        "test_eviction_room",
+        "test_execute",
+        "test_illegal_calls",
+        "test_insert_validates",
+        "test_null_plane",
+        "test_restore_pins",
+        "test_restore_sharing",
+        "test_windows",
+        "test_write_path_rows",
+    }
+)
+"""The control plane's and controller's own modules: each test runs twice, [walked] and
+[unwalked] (a Hypothesis TestCase, which pytest cannot parametrize, walked)."""
+WALK_ONLY = frozenset(
+    {
+        "test_bugclasses",
+        "test_controller_fuzz",
+        "test_demo",
+        "test_faults",
+        "test_fuzz_reach",
+        "test_group_engine",
+        "test_group_engine_controller",
+        "test_group_plane",
+        "test_group_traces",
+        "test_l3_faults",
+        "test_liveness",
+        "test_modelcheck",
+        "test_modelcheck_tp",
+        "test_poisoned_plane",
+        "test_quiesce_timeout",
+        "test_seeded",
+        "test_selfcheck",
+        "test_testing_coverage",
+        "test_testing_faults",
+        "test_testing_machine",
+        "test_tp",
+        "test_tp_cancel",
+        "test_tp_fuzz_ends",
+        "test_tp_replicated",
+        "test_trace_replay",
+        "test_upstream_scenarios",
+        "test_zoo",
+    }
+)
+"""Walked only: the machine's and the model checker's runs, pool groups, tensor-parallel
+ranks, faults and the spec's scenarios -- long or drawn runs through every transition, where
+the walk adds checking. Every other module runs unwalked, as users run the reference."""
+
+
+def plane_walks(module: str) -> tuple[str, ...]:
+    """The ways the tests of `module` (its file's stem) build their planes; the first is the
+    one a test that cannot be parametrized gets."""
+    if module in WALK_BOTH:
+        return (WALKED, UNWALKED)
+    return (WALKED,) if module in WALK_ONLY else (UNWALKED,)
+
 
 PROFILE = budgets.profile()
 PROGRESS_EVERY_DEFAULT = {"fuzz": 1000}  # profile -> examples per progress line (else none)
@@ -103,6 +173,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    walks = plane_walks(Path(metafunc.definition.path).stem)
+    if len(walks) > 1:
+        metafunc.parametrize("plane_walk", walks, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def plane_walk(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Builds every control plane of the test walked or unwalked (WALKED, `plane_walks`)."""
+    walk = getattr(request, "param", None) or plane_walks(request.path.stem)[0]
+    if walk == WALKED:
+        with every_plane_walked():
+            yield walk
+    else:
+        yield walk
 
 
 @pytest.hookimpl(wrapper=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import progress_every
+from tests.conftest import WALK_BOTH, WALK_ONLY, plane_walks, progress_every
 from tests.replay import Failure, replay_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,3 +167,12 @@ def test_progress_is_on_for_fuzz_only_unless_asked() -> None:
     assert progress_every("fuzz", {"HICACHE_PROGRESS_EVERY": "0"}) == 0
     with pytest.raises(pytest.UsageError, match="HICACHE_PROGRESS_EVERY='ten'"):
         progress_every("dev", {"HICACHE_PROGRESS_EVERY": "ten"})
+
+
+def test_the_walked_modules_exist_and_the_rest_run_unwalked() -> None:
+    listed = WALK_BOTH | WALK_ONLY
+    assert not WALK_BOTH & WALK_ONLY
+    assert sorted(m for m in listed if not (REPO / "tests" / f"{m}.py").exists()) == []
+    assert plane_walks("test_control") == ("walked", "unwalked")
+    assert plane_walks("test_testing_machine") == ("walked",)
+    assert plane_walks("test_spec") == ("unwalked",)

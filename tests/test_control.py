@@ -13,7 +13,6 @@ from hicache.errors import IllegalTransition, OutOfPages
 from hicache.records import UnknownOp
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
-from hicache.tracewalk import ENV_VAR
 
 PS = 2
 
@@ -218,9 +217,8 @@ def test_trace_events_are_lifecycle_names() -> None:
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
-def test_no_trace_sink_costs_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)  # the suite's trace walk enables every tracer
-    cp = ControlPlane(PS, (8, 8, 8), check_mode="off")
+def test_no_trace_sink_costs_no_events() -> None:
+    cp = ControlPlane(PS, (8, 8, 8), check_mode="off", walk=False)  # walked: a sink
     assert not cp.tracer.enabled
     served(cp, 1, [1, 2])
     assert cp.tracer.seq == 0

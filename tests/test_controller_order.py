@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hicache.choices import WritePolicy
 from hicache.controller.controller import CacheController
 from hicache.speccheck import parse_tables
 from hicache.trace import ListSink, TraceEvent, Tracer
@@ -116,7 +117,7 @@ def test_a_chain_behind_a_pending_backup_stays_wanted_and_one_with_nothing_left_
     from hicache.tiers import Direction
 
     cp = ControlPlane(2, (8, 8, 8))
-    planner = BackupPlanner(cp, "write_through")
+    planner = BackupPlanner(cp, WritePolicy.WRITE_THROUGH)
     cp.begin_request(1, [1, 2, 3, 4, 9])
     cp.compute(1, 6)
     cp.insert(1)
@@ -167,7 +168,7 @@ def test_a_wish_on_a_node_that_leaves_the_tree_passes_to_the_node_above_it() -> 
     from hicache.tiers import Direction, Tier
 
     cp = ControlPlane(2, (8, 8, 8))
-    planner = BackupPlanner(cp, "write_through")
+    planner = BackupPlanner(cp, WritePolicy.WRITE_THROUGH)
     cp.begin_request(1, [1, 2, 3, 4, 9])
     cp.compute(1, 6)
     cp.insert(1)

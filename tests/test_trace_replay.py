@@ -2,11 +2,12 @@
 `transitions` machine of those tables takes it (spec/lifecycle.md, "Whose state a composite
 is"; hicache/tracewalk.py, hicache/pagemachine.py).
 
-What is covered, and how: tests/conftest.py sets HICACHE_TRACE_WALK, so every control plane
-any test builds -- directly, through a controller, or inside a `hicache demo` the tests run --
-walks its trace as it is emitted (a tracer without a sink gets one), and the first event that
-is not an edge, or does not continue its node's walk, fails the test that caused it. This
-module checks that the hook is on, runs the demo under it and counts what was walked, replays
+What is covered, and how: a plane walks its trace as it is emitted when its builder asks
+(`ControlPlane(..., walk=True)`; a tracer without a sink gets one), and the first event that
+is not an edge, or does not continue its node's walk, fails the test that caused it. The tests
+tests/conftest.py runs walked build every plane so -- directly, through a controller, or
+inside a `hicache demo` they run (hicache/testing/walking.py). This module checks the switch,
+runs the demo under it and counts what was walked, replays
 the cases the spec names (two requests computing the same tokens, a compute over a pending
 load-back, a recompute over L2), and shows the walker catching the traces the reference used
 to emit.
@@ -18,7 +19,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import os
 
 import pytest
 
@@ -26,10 +26,10 @@ from hicache import demo
 from hicache.control import ControlPlane
 from hicache.errors import HiCacheError
 from hicache.lifecycle import load_lifecycle
+from hicache.testing.walking import every_plane_walked
 from hicache.tiers import Direction
 from hicache.trace import ListSink, TraceEvent, Tracer
 from hicache.tracewalk import (
-    ENV_VAR,
     MachineDisagreement,
     TraceWalkError,
     WalkCount,
@@ -69,18 +69,10 @@ def only_in_l2() -> tuple[ControlPlane, ListSink, TreeNode]:
     return cp, sink, node
 
 
-def test_the_suite_walks_every_plane() -> None:
-    assert os.environ.get(ENV_VAR) not in (None, "", "0")  # tests/conftest.py
-    bare = ControlPlane(PS, (4, 4, 4))
-    assert isinstance(bare.tracer.sink, WalkSink)
-    _, sink = plane()  # a caller's sink still gets every event, after the walk
-    assert sink.events == []
-
-
 @pytest.mark.torch  # runs the demo
 def test_demo_trace_is_a_walk() -> None:
     before = WalkCount.events
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), every_plane_walked():
         assert (
             demo.main(
                 [
@@ -255,7 +247,7 @@ def test_the_walk_finds_the_first_break(bad: TraceEvent, why: str) -> None:
 
 def test_a_walk_sink_raises_at_the_break() -> None:
     tracer = Tracer(ListSink())
-    cp = ControlPlane(PS, (4, 4, 4), tracer=tracer)
+    cp = ControlPlane(PS, (4, 4, 4), tracer=tracer, walk=True)
     assert isinstance(tracer.sink, WalkSink)
     with pytest.raises(MachineDisagreement, match="disagree on discard") as raised:
         tracer.emit("discard", tier="L1", request=1, before="L1_PRIVATE_L2", after="L1_L2")

@@ -5,7 +5,8 @@ from lifecycle.toml's raw rows; the executor runs the parsed rows by hand. Shown
 machine is what the toml says; the two compositions reach the same graph (and `spec check`
 says when they do not); a row the executor runs differently from the tables, or a machine
 built from other tables, fails the walk with a MachineDisagreement naming the step -- in a
-plane, in check-trace; and check-trace and `hicache fuzz` walk without HICACHE_TRACE_WALK.
+plane, in check-trace; and check-trace and `hicache fuzz` walk without being asked (this
+module's tests build their planes unwalked: tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.pagemachine import PageMachine, page_machine
 from hicache.spec import LIFECYCLE_TOML, load_toml
 from hicache.speccheck.machine import check_machine
+from hicache.testing.walking import every_plane_walked, walks
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
-from hicache.tracewalk import ENV_VAR, MachineDisagreement, WalkCount, walk
+from hicache.tracewalk import MachineDisagreement, WalkCount, walk
 
 PS = 2
 TIERS = ("L1", "L2", "L3")
@@ -45,14 +47,30 @@ def executor_edited(name: str, **fields: Any) -> Lifecycle:
 def backing_up(
     lc: Lifecycle | None = None, tracer: Tracer | None = None
 ) -> tuple[ControlPlane, int]:
-    """A plane whose one node, tokens [0, 4), is in L1 with its D2H backup in flight."""
-    cp = ControlPlane(PS, (16, 16, 16), check_mode="off", lifecycle=lc, tracer=tracer)
+    """A plane whose one node, tokens [0, 4), is in L1 with its D2H backup in flight; walked."""
+    cp = ControlPlane(PS, (16, 16, 16), check_mode="off", lifecycle=lc, tracer=tracer, walk=True)
     cp.begin_request(1, [1, 2, 3, 4, 5])
     cp.compute(1, 6)
     cp.insert(1)
     cp.end_request(1)
     (node,) = list(cp.tree.nodes())
     return cp, cp.issue(Direction.D2H, [node]).op_id
+
+
+def test_a_plane_walks_when_asked() -> None:
+    assert not walks(ControlPlane(PS, (4, 4, 4)))  # the default: no walk, no sink
+    assert not ControlPlane(PS, (4, 4, 4)).tracer.enabled
+    assert walks(ControlPlane(PS, (4, 4, 4), walk=True))  # a tracer without a sink gets one
+    with every_plane_walked():  # the suite's and `hicache fuzz`'s: planes built deep inside
+        assert walks(ControlPlane(PS, (4, 4, 4)))
+        assert not walks(ControlPlane(PS, (4, 4, 4), walk=False))  # the builder still decides
+        with every_plane_walked():
+            assert walks(ControlPlane(PS, (4, 4, 4)))
+        assert walks(ControlPlane(PS, (4, 4, 4)))
+        sink = ListSink()
+        cp, _ = backing_up(tracer=Tracer(sink))  # a caller's sink gets every event, walked
+        assert walks(cp) and [e.event for e in sink.events][-1] == "d2h_issue"
+    assert not walks(ControlPlane(PS, (4, 4, 4)))  # only while it is open
 
 
 def test_the_machine_is_the_librarys_built_from_the_toml() -> None:
@@ -130,8 +148,8 @@ def test_a_machine_from_other_tables_fails_the_walk() -> None:
     assert said.machine == "refuses: guard 'L3 == RESIDENT' fails"
 
 
-def test_check_trace_walks_and_names_a_disagreement(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR)  # check-trace walks whatever the environment says
+def test_check_trace_walks_and_names_a_disagreement() -> None:
+    assert not walks(ControlPlane(PS, (4, 4, 4)))  # unwalked here: check-trace walks itself
     lines = controller_trace(seed=3, steps=120, faults=True)
     before = WalkCount.events
     verdict = check_lines(lines)
@@ -143,11 +161,12 @@ def test_check_trace_walks_and_names_a_disagreement(monkeypatch: pytest.MonkeyPa
         check_lines(lines, lifecycle=executor_edited("d2h_fail", dest="RESIDENT"))
 
 
-def test_hicache_fuzz_walks_every_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hicache_fuzz_walks_every_plane() -> None:
     from hicache.testing import runner
 
-    monkeypatch.delenv(ENV_VAR)
+    assert not walks(ControlPlane(PS, (4, 4, 4)))  # unwalked here: the fuzz walks itself
     before = WalkCount.events
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert runner.main(["--seed", "1", "--steps", "40"]) == 0
     assert WalkCount.events - before > 40, out.getvalue()
+    assert not walks(ControlPlane(PS, (4, 4, 4)))  # and only while it runs

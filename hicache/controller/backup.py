@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from hicache.choices import WritePolicy
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.tiers import Direction, Tier
@@ -74,7 +75,7 @@ def blocked(cp: ControlPlane, node: TreeNode, direction: Direction) -> bool:
 class BackupPlanner:
     """Remembers the wanted backups per direction and plans the chains that can go now."""
 
-    def __init__(self, cp: ControlPlane, write_policy: str, windows: bool = True) -> None:
+    def __init__(self, cp: ControlPlane, write_policy: WritePolicy, windows: bool = True) -> None:
         self.cp = cp
         self.write_policy = write_policy
         self.windows = windows  # `chain_lacking`'s: False across ranks
@@ -103,11 +104,11 @@ class BackupPlanner:
                 self.want(direction, left)
 
     def after_insert(self, node: TreeNode) -> None:
-        if self.write_policy == "write_through":
+        if self.write_policy is WritePolicy.WRITE_THROUGH:
             self.want(Direction.D2H, node)
 
     def after_match(self, node: TreeNode) -> None:
-        if self.write_policy == "write_through_selective" and self.cp.hits(node) >= 2:
+        if self.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE and self.cp.hits(node) >= 2:
             self.want(Direction.D2H, node)
 
     def after_d2h(self, node: TreeNode) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
-from hicache.pools.hits import ALL_POOLS, GROUP_HIT_POLICIES, check_policy, required_pools
+from hicache.pools.hits import GROUP_HIT_POLICIES, check_policy, required_pools
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
@@ -32,10 +33,10 @@ def pool_group(name: str) -> PoolGroup:
         raise ConfigError("pools", str(e).split(": ", 1)[-1]) from None
 
 
-POLICIES = ("cost", "always", "never", "threshold")
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+POLICIES = tuple(RestorePolicy)
+WRITE_POLICIES = tuple(WritePolicy)
 BACKENDS = ("auto", "triton", "torch")
-LOAD_BACK_OVERLAPS = ("share", "back_off")
+LOAD_BACK_OVERLAPS = tuple(LoadBackOverlap)
 CHOICES: dict[str, tuple[str, ...]] = {
     "backend": BACKENDS,
     "policy": POLICIES,
@@ -44,7 +45,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "hit_policy": GROUP_HIT_POLICIES,
 }
 """Knob -> its legal values, for the knobs that are one of a list (spec/config.md's `one of:`
-rows, compared with these by `hicache spec check`)."""
+rows, compared with these by `hicache spec check`). The enumerated ones are hicache/choices.py's
+enums: the field holds the member, set from it or its string (`EnumField`)."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,16 @@ class CacheConfig:
     l3_path: str | None = None
     l3_overwrite: bool = False
     backend: str = "auto"
-    policy: str = "cost"
-    write_policy: str = "write_through"
+    policy: EnumField[RestorePolicy] = EnumField(RestorePolicy.COST)
+    write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
     promotion: bool = True
     prefetch: bool = True
     check_mode: str = "every"
     verify: bool = True
     io_threads: int = 4
-    load_back_overlap: str = "share"
+    load_back_overlap: EnumField[LoadBackOverlap] = EnumField(LoadBackOverlap.SHARE)
     pools: str = SINGLE_POOL
-    hit_policy: str = ALL_POOLS
+    hit_policy: EnumField[HitPolicy] = EnumField(HitPolicy.ALL_POOLS)
     l1_window_pages: int | None = None
     rank_check_every: int = 0
     quiesce_timeout_s: float = 30.0

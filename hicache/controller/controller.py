@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hicache.choices import LoadBackOverlap
 from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner
 from hicache.controller.config import CacheConfig
@@ -209,7 +210,7 @@ class CacheController:
             lambda: me._after_part_dropped(),
             plane.verifier,
             config.promotion,
-            share=config.load_back_overlap == "share",
+            share=config.load_back_overlap is LoadBackOverlap.SHARE,
         )
 
     @property

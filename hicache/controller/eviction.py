@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from hicache.choices import WritePolicy
 from hicache.control import ControlPlane
 from hicache.controller.metrics import Metrics
 from hicache.tiers import Tier
@@ -33,7 +34,7 @@ class Evictor:
         self,
         cp: ControlPlane,
         metrics: Metrics,
-        write_policy: str,
+        write_policy: WritePolicy,
         back_up: BackUp,
         windows: bool = True,
     ) -> None:
@@ -42,7 +43,7 @@ class Evictor:
         rank, so every rank makes the same calls (spec/tp.md C2)."""
         self.cp = cp
         self.metrics = metrics
-        self.write_back = write_policy == "write_back"
+        self.write_policy = write_policy
         self.back_up = back_up
         self.windows = windows
 
@@ -105,7 +106,7 @@ class Evictor:
         if self.cp.holds(victim, Tier.L2):
             return
         freed = self.cp.windows.freed(victim)
-        if not self.write_back:
+        if self.write_policy is not WritePolicy.WRITE_BACK:
             self.metrics.drop("write_through_unbacked_eviction", len(victim.key))
         elif self.windows and freed:
             self.metrics.drop("window_freed", len(victim.key))  # no whole group to back up

@@ -32,12 +32,13 @@ import abc
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from hicache.choices import RestorePolicy
 from hicache.errors import ConfigError, PolicyError
 from hicache.policy.costmodel import CostModel
 
 Choice = Literal["recompute", "L2", "L3"]
 RESTORE_CHOICES: tuple[Choice, ...] = ("L2", "L3")  # shallow first: ties go to the shallower
-POLICY_NAMES: tuple[str, ...] = ("cost", "always", "never", "threshold")
+POLICY_NAMES: tuple[RestorePolicy, ...] = tuple(RestorePolicy)
 
 
 @dataclass(frozen=True)
@@ -310,15 +311,17 @@ class ThresholdPolicy(PricedPolicy):
         )
 
 
-def make_policy(name: str, model: CostModel | None = None) -> Policy:
+def make_policy(name: RestorePolicy | str, model: CostModel | None = None) -> Policy:
     """The policy called `name` (one of POLICY_NAMES), sharing `model` (default: priors)."""
+    if name not in POLICY_NAMES:
+        raise ConfigError("policy", f"unknown policy {name!r}; choose one of {POLICY_NAMES}")
     shared = model if model is not None else CostModel()
-    if name == "cost":
-        return CostPolicy(shared)
-    if name == "always":
-        return AlwaysPolicy(shared)
-    if name == "never":
-        return NeverPolicy(shared)
-    if name == "threshold":
-        return ThresholdPolicy(model=shared)
-    raise ConfigError("policy", f"unknown policy {name!r}; choose one of {POLICY_NAMES}")
+    match RestorePolicy(name):
+        case RestorePolicy.COST:
+            return CostPolicy(shared)
+        case RestorePolicy.ALWAYS:
+            return AlwaysPolicy(shared)
+        case RestorePolicy.NEVER:
+            return NeverPolicy(shared)
+        case RestorePolicy.THRESHOLD:
+            return ThresholdPolicy(model=shared)

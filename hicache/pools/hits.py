@@ -35,12 +35,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hicache.choices import HitPolicy
 from hicache.errors import ConfigError
 from hicache.pools.spec import ALL_PAGES, STATE, TRAILING_PAGES, PoolGroup, PoolSpec
 
-ALL_POOLS = "all_pools"
-ANCHOR_RECOMPUTE_SWA = "anchor_recompute_swa"
-GROUP_HIT_POLICIES = (ALL_POOLS, ANCHOR_RECOMPUTE_SWA)
+ALL_POOLS = HitPolicy.ALL_POOLS
+ANCHOR_RECOMPUTE_SWA = HitPolicy.ANCHOR_RECOMPUTE_SWA
+GROUP_HIT_POLICIES = tuple(HitPolicy)
 
 
 def leading_run(present: Sequence[bool]) -> int:
@@ -161,7 +162,7 @@ class GroupHit(NamedTuple):
     trailing window before the hit that is replayed instead of restored (0 under all_pools).
     """
 
-    policy: str
+    policy: HitPolicy
     required: tuple[str, ...]
     pages: int
     bound: int
@@ -180,11 +181,11 @@ class GroupHit(NamedTuple):
         )
 
 
-def check_policy(name: str) -> str:
-    """`name` if it is a group hit policy; else ConfigError naming the choices."""
+def check_policy(name: HitPolicy | str) -> HitPolicy:
+    """`name` as the group hit policy it names; else ConfigError naming the choices."""
     if name not in GROUP_HIT_POLICIES:
         raise ConfigError("hit_policy", f"one of {GROUP_HIT_POLICIES}, got {name!r}")
-    return name
+    return HitPolicy(name)
 
 
 def matched_pools(group: PoolGroup) -> tuple[PoolSpec, ...]:
@@ -194,7 +195,7 @@ def matched_pools(group: PoolGroup) -> tuple[PoolSpec, ...]:
     return tuple(p for p in group.pools if p.name == anchor or (p.role != STATE and p.backupable))
 
 
-def required_pools(group: PoolGroup, policy: str) -> tuple[str, ...]:
+def required_pools(group: PoolGroup, policy: HitPolicy | str) -> tuple[str, ...]:
     """The pools that must serve a hit under `policy`. all_pools: every matched pool.
     anchor_recompute_swa: the anchor and the ALL_PAGES pools on its indices; the trailing pools
     are rebuilt by replaying their window. A matched ALL_PAGES pool outside the anchor's
@@ -243,12 +244,16 @@ def pool_hits(
 
 
 def agreed_hit(
-    group: PoolGroup, presence: Mapping[str, Sequence[bool]], pages: int, policy: str = ALL_POOLS
+    group: PoolGroup,
+    presence: Mapping[str, Sequence[bool]],
+    pages: int,
+    policy: HitPolicy | str = ALL_POOLS,
 ) -> GroupHit:
     """The hit a group can serve under `policy`: the largest endpoint legal in every required
     pool (R64). Not the minimum of per-pool maxima: TRAILING_PAGES endpoints are a set, and with
     {0,1,3} and {0,1,2} the agreed hit is 1, not 2 (SGLang #39147). Same inputs and errors as
     `pool_hits`; an unknown policy raises ConfigError."""
+    policy = check_policy(policy)
     required = required_pools(group, policy)
     pools = pool_hits(group, presence, pages)
     needed = [p for p in pools if p.pool in required]

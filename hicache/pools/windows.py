@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
+from hicache.choices import HitPolicy
 from hicache.lifecycle import RESIDENT
 from hicache.pages import PageTable
 from hicache.pools.hits import ALL_POOLS, agreed_hit, check_policy, matched_pools, required_pools
@@ -37,7 +38,9 @@ class L1Windows:
     """The L1 table's windows, read for hits under group hit policy `policy`; `page_size` is
     tokens per anchor page."""
 
-    def __init__(self, table: PageTable, page_size: int, policy: str = ALL_POOLS) -> None:
+    def __init__(
+        self, table: PageTable, page_size: int, policy: HitPolicy | str = ALL_POOLS
+    ) -> None:
         self.policy = check_policy(policy)
         self.page_size = page_size
         self.table = table if isinstance(table, TierPools) and table.window else None

@@ -11,6 +11,7 @@
                     subclasses (`make_machine(adapter, setups)` builds one from arguments)
     coverage        transitions, composite states and fault sites reached
     runner          `hicache fuzz`: seeds, replay, reports, outside pytest
+    walking         `every_plane_walked()`: every control plane built inside walks its trace
     adapters/       the controller (null, cpu, cuda planes), SGLang's RadixCache, and caches
                     that are wrong on purpose (lru.py)
 

@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from hicache.choices import EnumField, RestorePolicy, WritePolicy, check
 from hicache.controller.config import WRITE_POLICIES
 from hicache.errors import ConfigError, HiCacheError
 from hicache.testing.protocol import CacheUnderTest
@@ -56,10 +57,14 @@ class EngineConfig:
 
     page_size: int
     capacities: dict[str, int] = field(default_factory=dict)
-    write_policy: str = "write_through"
-    restore_policy: str = "always"
+    write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
+    restore_policy: EnumField[RestorePolicy] = EnumField(RestorePolicy.ALWAYS)
     promotion: bool = True
     plane: str = "null"
+
+    def __post_init__(self) -> None:
+        # The policies' strings become their enums as they are set; a bad one: ConfigError.
+        check(self, "write_policy", "restore_policy")
 
     @property
     def tiers(self) -> tuple[str, ...]:

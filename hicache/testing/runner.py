@@ -27,7 +27,7 @@ spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py),
 cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
 when there is one per rank. A rank stuck at a collective is a failure that names the point
 and the ranks that did not arrive (CollectiveTimeout). Every control plane a run builds
-walks its trace (hicache/tracewalk.py, whatever HICACHE_TRACE_WALK says): a step the tables'
+walks its trace (hicache/tracewalk.py; hicache/testing/walking.py): a step the tables'
 `transitions` machine does not take from the state the executor traced is a failure
 (MachineDisagreement), like an invariant violation.
 
@@ -77,8 +77,8 @@ from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
 from hicache.testing.selfcheck import SelfCheckCounts, SelfCheckFailed, with_self_check
+from hicache.testing.walking import every_plane_walked
 from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
-from hicache.tracewalk import walk_every_plane
 from hicache.usage import UsageParser
 
 STEPS_PER_RUN = 50
@@ -560,7 +560,11 @@ mutant switched on (what a failure's replay line asks for), not to the bug zoo."
 
 
 def main(argv: Sequence[str]) -> int:
-    walk_every_plane()  # every step of every run through the tables' `transitions` machine
+    with every_plane_walked():  # every step of every run through the tables' machine
+        return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     mutant = any(a == "--mutant" or a.startswith("--mutant=") for a in argv)
     if mutant and not any(a.split("=")[0] in RUN_ONLY for a in argv):
         # The bug zoo has its own options (repeated --seed, --machine) and exit statuses.

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hicache.choices import RestorePolicy, WritePolicy
 from hicache.vectors.drive import Driver
 from hicache.vectors.format import CaseConfig
 
@@ -131,13 +132,13 @@ def config(
     l1: tuple[int, int] = (7, 12),
     l2: tuple[int, int] = (6, 12),
     l3: tuple[int, int] = (8, 16),
-    write_policy: str = "write_through",
+    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH,
     promotion: bool = True,
 ) -> CaseConfig:
     return CaseConfig(
         PAGE_SIZE,
         {"L1": rng.randint(*l1), "L2": rng.randint(*l2), "L3": rng.randint(*l3)},
         write_policy,
-        "always",
+        RestorePolicy.ALWAYS,
         promotion,
     )

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy, check
 from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import (
@@ -96,14 +97,15 @@ class Setup:
     l1_pages: int = 10
     l2_pages: int = 8
     l3_slots: int = 12
-    write_policy: str = "write_through"
-    policy: str = "always"
+    write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
+    policy: EnumField[RestorePolicy] = EnumField(RestorePolicy.ALWAYS)
     promotion: bool = True
     plane: str = "null"
     check_mode: str = "every"
-    load_back_overlap: str = "share"  # CacheConfig.load_back_overlap: share, or back off
+    # CacheConfig.load_back_overlap: share, or back off
+    load_back_overlap: EnumField[LoadBackOverlap] = EnumField(LoadBackOverlap.SHARE)
     pools: str = SINGLE_POOL  # the tiers' pool group preset (null plane only for a group)
-    hit_policy: str = "all_pools"  # CacheConfig.hit_policy (a group's)
+    hit_policy: EnumField[HitPolicy] = EnumField(HitPolicy.ALL_POOLS)  # a group's
     l1_window_pages: int | None = None  # CacheConfig.l1_window_pages: fewer frees L1 windows
     # The knobs below are drawn since issue 31 (hicache/testing/knobs.py); each default is
     # what the adapter used before, so a Setup built by hand runs as it did.
@@ -112,6 +114,10 @@ class Setup:
     verify: bool = True  # CacheConfig.verify (a plane with bytes)
     io_threads: int | None = None  # CacheConfig.io_threads; None: 2, a group's 0
     rank_check_every: int = 0  # CacheConfig.rank_check_every (TP ranks)
+
+    def __post_init__(self) -> None:
+        # The policies' strings become their enums as they are set; a bad one: ConfigError.
+        check(self, "write_policy", "policy", "load_back_overlap", "hit_policy")
 
     @property
     def kernels(self) -> str:
@@ -624,7 +630,9 @@ def check_preset(pools: str) -> None:
         )
 
 
-RESTORE_POLICIES = ("always",) * 5 + ("never",) * 2 + ("threshold",)
+RESTORE_POLICIES = (
+    (RestorePolicy.ALWAYS,) * 5 + (RestorePolicy.NEVER,) * 2 + (RestorePolicy.THRESHOLD,)
+)
 """The restore policies `setups` draws, `always` most often: the new knobs' values (threshold,
 prefetch off, back_off) are drawn rarely enough that the restore-heavy runs the rules are
 written for stay common (with each a third of the runs, no S2H was ever cancelled in 12,000
@@ -632,7 +640,9 @@ single-pool steps: tests/test_testing_coverage.py)."""
 
 
 def setups(
-    plane: str = "null", load_back_overlap: str | None = None, pools: str = SINGLE_POOL
+    plane: str = "null",
+    load_back_overlap: LoadBackOverlap | str | None = None,
+    pools: str = SINGLE_POOL,
 ) -> st.SearchStrategy[Setup]:
     """Small, restore-heavy configurations: L1 holds one long prompt and a little more, L2
     and L3 are tight, and every knob that changes behaviour is drawn (hicache/testing/
@@ -656,7 +666,9 @@ def setups(
         policy=st.sampled_from(RESTORE_POLICIES),
         promotion=st.booleans(),
         plane=st.just(plane),
-        load_back_overlap=st.sampled_from(("share",) * 4 + ("back_off",))
+        load_back_overlap=st.sampled_from(
+            (LoadBackOverlap.SHARE,) * 4 + (LoadBackOverlap.BACK_OFF,)
+        )
         if load_back_overlap is None
         else st.just(load_back_overlap),
         pools=st.just(pools),

@@ -90,6 +90,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hicache.choices import RestorePolicy, WritePolicy
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang_hicache_import import import_hicache
 from hicache.testing.adapters.sglang_hicache_pages import PageView
@@ -141,7 +142,7 @@ class SGLangHiCache(PageView):
     capacity: int = 8  # L1 pages
     host_ratio: float = 2.0  # the host pool's size over the device pool's (hicache_ratio)
     page_size: int = 4
-    write_policy: str = "write_through"
+    write_policy: str = WritePolicy.WRITE_THROUGH  # sglang's hicache_write_policy: the same names
     load_back_threshold: int = 10  # sglang's default (the spec's `threshold` policy)
     traced: bool = False  # keep a spec/trace.md trace per opened cache (`traces`)
     tiers: tuple[str, ...] = TIERS
@@ -156,10 +157,10 @@ class SGLangHiCache(PageView):
         """Under write-back sglang reclaims host copies of device-resident nodes first
         (unified_tree_core.py `drive_host_eviction`, `_reclaim_full_host_duplicates`): L2 is
         closed under ancestors only with L1 above it (spec/invariants.md S6)."""
-        return "hierarchy" if self.write_policy == "write_back" else "tier"
+        return "hierarchy" if self.write_policy == WritePolicy.WRITE_BACK else "tier"
 
     def __post_init__(self) -> None:
-        if self.traced and self.write_policy != "write_through":
+        if self.traced and self.write_policy != WritePolicy.WRITE_THROUGH:
             raise HiCacheError(
                 f"a trace needs write_through, not {self.write_policy!r}: under write-back "
                 "sglang reclaims host copies in no leaf order (sglang_hicache_trace.py)"
@@ -549,7 +550,7 @@ class SGLangHiCacheStaleLock(SGLangHiCache):
     def _lock_served(self, r: _Request, node: Any) -> None: ...
 
 
-LOAD_BACK_THRESHOLDS = {"always": 0, "threshold": 10}
+LOAD_BACK_THRESHOLDS = {RestorePolicy.ALWAYS: 0, RestorePolicy.THRESHOLD: 10}
 """Restore policy (spec/policies.md) -> sglang's `load_back_threshold` in tokens."""
 
 
@@ -568,7 +569,7 @@ def _two_tiers(
         )
     l1, l2 = config.capacities["L1"], config.capacities["L2"]
     threshold = LOAD_BACK_THRESHOLDS[config.restore_policy]
-    return kind(l1, l2 / l1, config.page_size, config.write_policy, threshold, traced=traced)
+    return kind(l1, l2 / l1, config.page_size, str(config.write_policy), threshold, traced=traced)
 
 
 def hicache_adapter(config: EngineConfig) -> SGLangHiCache:
@@ -589,7 +590,7 @@ def hicache_traced_adapter(config: EngineConfig) -> SGLangHiCache:
     free timing check-trace refuses the first backup sglang issues under its parent's
     in-flight one (results finding 7: a documented difference the spec has no knob for
     yet), so today this factory shows that finding rather than running clean."""
-    if config.write_policy != "write_through":
+    if config.write_policy is not WritePolicy.WRITE_THROUGH:
         raise UnsupportedConfig(
             f"a traced sglang HiCache writes through; asked for {config.write_policy!r}"
         )

@@ -110,6 +110,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from hicache.choices import WritePolicy
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.vllm_import import import_vllm
 from hicache.testing.adapters.vllm_jobs import JobPlayer
@@ -475,7 +476,7 @@ def vllm_cpu_adapter(
     """vLLM's prefix cache over its CPU offloading manager under `policy` ("lru", "arc") for
     a two-tier write-through configuration; UnsupportedConfig for any other. vLLM is
     imported on the first call (EngineUnavailable, with the install line, without it)."""
-    if config.tiers != TIERS or config.write_policy != "write_through":
+    if config.tiers != TIERS or config.write_policy is not WritePolicy.WRITE_THROUGH:
         raise UnsupportedConfig(
             f"vLLM's CPU offloading has tiers {TIERS} and stores as it computes "
             f"(write_through); asked for {config.tiers}, {config.write_policy}"

@@ -72,6 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hicache.choices import WritePolicy
 from hicache.dataplane.faults import FaultSite, SimulatedCrash
 from hicache.testing.adapters.vllm import VLLMOffloading
 from hicache.testing.adapters.vllm_filetier import CHUNK_BYTES, FileTier, open_tiering
@@ -518,7 +519,11 @@ class VLLMTiering(VLLMOffloading):
 
 def _verify_shape(config: EngineConfig) -> None:
     """UnsupportedConfig for a shape vLLM's tiering manager is not (module docstring)."""
-    if config.tiers != TIERS or config.write_policy != "write_through" or not config.promotion:
+    if (
+        config.tiers != TIERS
+        or config.write_policy is not WritePolicy.WRITE_THROUGH
+        or not config.promotion
+    ):
         raise UnsupportedConfig(
             f"vLLM's tiering manager has tiers {TIERS}, cascades every store "
             f"(write_through) and promotes file blocks into the CPU tier; asked for "

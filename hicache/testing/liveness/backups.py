@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from hicache.choices import WritePolicy
 from hicache.lifecycle import RESIDENT, Lifecycle
 from hicache.tiers import TIERS, Tier
 from hicache.trace import TraceEvent
 from hicache.tree import TreeNode
 
-WRITE_BACK = "write_back"
 EXCUSES: dict[str, tuple[Tier, ...]] = {
     "host_pressure": (Tier.L2,),
     "window_freed": (Tier.L2,),
@@ -58,7 +58,7 @@ class BackupLedger:
     def __init__(
         self,
         ctl: Any,
-        write_policy: str,
+        write_policy: WritePolicy,
         lifecycle: Lifecycle,
         findings: list[str],
         tp: bool = False,
@@ -70,8 +70,8 @@ class BackupLedger:
         self.tree = ctl.cp.tree
         self.ctl = ctl
         self.findings = findings
-        self.write_through = write_policy == "write_through"
-        self.write_back = write_policy == WRITE_BACK
+        self.write_through = write_policy is WritePolicy.WRITE_THROUGH
+        self.write_back = write_policy is WritePolicy.WRITE_BACK
         self.states = {c.name: c.states for c in lifecycle.composites}
         self.owed: dict[Tier, set[int]] = {Tier.L2: set(), Tier.L3: set()}
         self.freed: set[int] = set()  # nodes whose L1 window is freed

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hicache.choices import LoadBackOverlap, RestorePolicy
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.liveness.quarantine import Quarantine
@@ -68,7 +69,7 @@ class RestoreProbe:
     def __init__(self, ctl: Any, setup: Any, quarantine: Quarantine, findings: list[str]) -> None:
         self.ctl = ctl
         self.policy = setup.policy
-        self.share = setup.load_back_overlap == "share"
+        self.share = setup.load_back_overlap is LoadBackOverlap.SHARE
         self.group = setup.pools != SINGLE_POOL
         self.quarantine = quarantine
         self.findings = findings
@@ -96,9 +97,9 @@ class RestoreProbe:
         l2_cut = min(l2, reach)
         l3_cut = min(max(l2, self._servable(m)), reach)
         choice = "recompute"
-        if self.policy == "always" and l3_cut > max(l1, l2_cut):
+        if self.policy is RestorePolicy.ALWAYS and l3_cut > max(l1, l2_cut):
             choice = "L3"
-        elif self.policy == "always" and l2_cut > l1:
+        elif self.policy is RestorePolicy.ALWAYS and l2_cut > l1:
             choice = "L2"
         end = {"L3": l3_cut, "L2": l2_cut}.get(choice, l1)
         return Expected(choice, l1, end)
