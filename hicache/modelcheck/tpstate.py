@@ -51,7 +51,6 @@ from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
 from hicache.modelcheck.actions import is_refusal
 from hicache.modelcheck.canonical import Key, _preorder, canonical_key
-from hicache.modelcheck.clone import clone
 from hicache.pages import Pages
 from hicache.policy import CostModel
 from hicache.pools.spec import PoolGroup
@@ -123,7 +122,7 @@ class RankState:
     ledger: L3Writes | None = None
 
     def copy(self) -> RankState:
-        cp = clone(self.cp)
+        cp = self.cp.clone()
         l3 = L3Health(cp, _METRICS)
         l3.offline_reason, l3.quarantine = self.l3.offline_reason, dict(self.l3.quarantine)
         return RankState(self.rank, cp, l3, dict(self.ends))
