@@ -48,8 +48,12 @@ from hicache.trace import Tracer
 from hicache.tracewalk import walk_hook
 from hicache.tree import HiRadixTree, MatchResult, TreeNode
 
+READS = ("clone",)
+"""ControlPlane's own public methods that change nothing: they answer on a poisoned plane, as
+PlaneQueries' do."""
 
-@refuse_when_poisoned()  # after an InvariantViolation, only PlaneQueries (poison.py)
+
+@refuse_when_poisoned(*READS)  # after an InvariantViolation, only reads (poison.py)
 class ControlPlane(PlaneQueries):
     """Tree + page tables + pending ops + requests, changed only through spec transitions."""
 
@@ -770,7 +774,7 @@ class ControlPlane(PlaneQueries):
         the lifecycle tables, page_size, page arrays (node values, an op's source and target
         pages, a request's private pages: every writer replaces them). A recording executor
         keeps its shared set. tests/test_modelcheck.py checks the copy against
-        `copy.deepcopy` and its independence."""
+        `copy.deepcopy` and its independence. A read: a poisoned plane's copy is poisoned."""
         new: ControlPlane = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         tree = self.tree.clone()
