@@ -457,9 +457,7 @@ class CacheController:
 
     def _cancel_own(self, mat: Materialization) -> None:
         """Cancel the restore's own ops (each handle quiesces first) and apply each."""
-        for op_id in sorted(mat.ops):
-            self.transfers.cancel(op_id)  # QuiesceTimeout past the bound: wedged
-            self.transfers.settle(op_id)
+        self.transfers.cancel_ops(mat.ops)  # QuiesceTimeout past the bound: wedged
 
     # -- progress ---------------------------------------------------------------------------
 
