@@ -63,6 +63,14 @@ class PageTable:
         outside the control plane (the fuzz's poisoning of reserved pages, ControllerAdapter);
         None: no call."""
 
+    def clone(self) -> PageTable:
+        """An independent copy: the owner and generation arrays copied, the rest shared."""
+        new: PageTable = object.__new__(PageTable)
+        new.__dict__.update(self.__dict__)
+        new.owner = self.owner.copy()
+        new.generation = self.generation.copy()
+        return new
+
     # -- counts ---------------------------------------------------------------------------
 
     def count(self, state: int) -> int:

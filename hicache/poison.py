@@ -9,7 +9,7 @@ plane"):
     still allowed                          refused with PlanePoisoned (nothing changed)
     -------------------------------------  ---------------------------------------------
     snapshot(), `poisoned` (the cause)     every public method ControlPlane itself
-    the queries (hicache.queries)          defines: every transition
+    the queries (hicache.queries), clone() defines: every transition
     the tree's read-only queries           the tree's mutators (split, lock, set_value, ...,
     reading requests, ops, page tables     match that splits or refreshes LRU ticks)
     the trace emitted so far

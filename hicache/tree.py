@@ -77,6 +77,30 @@ class HiRadixTree:
             )
         return found
 
+    def get(self, node_id: int) -> TreeNode | None:
+        """The live node with this id (the root's included), or None: removed, or never
+        created (`node` raises instead)."""
+        return self._nodes.get(node_id)
+
+    def node_ids(self) -> list[int]:
+        """The ids of the live nodes, the root's included, in creation order."""
+        return list(self._nodes)
+
+    @property
+    def tick(self) -> int:
+        """The LRU clock: the last tick given out (0: none yet)."""
+        return self._tick
+
+    @property
+    def next_id(self) -> int:
+        """The id the next node gets (ids are never reused)."""
+        return self._next_id
+
+    def in_leaf_sets(self, node: TreeNode) -> tuple[bool, ...]:
+        """Per tier, whether that tier's leaf set (its eviction candidates before the lock
+        and pending filter) holds `node`."""
+        return tuple([node.node_id in leaves for leaves in self._leaves])
+
     def contains(self, node: TreeNode) -> bool:
         """Whether `node` (this very object) is a live node of this tree, the root included."""
         return node is self.root or self._nodes.get(node.node_id) is node
@@ -407,6 +431,45 @@ class HiRadixTree:
         found.sort(key=lambda n: (n.last_access[tier], n.node_id))  # R24: a total LRU order
         return found
 
+    # -- copy -----------------------------------------------------------------------------
+
+    def clone(self) -> HiRadixTree:
+        """An independent copy, made field by field (the model checker branches on it): every
+        node copied (its per-tier lists, children), the node index, the leaf sets and the
+        counters; node keys and values shared (no change writes into one: every writer
+        replaces them). The copy has no split listeners (`on_split` is empty)."""
+        new: HiRadixTree = object.__new__(HiRadixTree)
+        new.__dict__.update(self.__dict__)
+        nodes: dict[int, TreeNode] = {}
+        new_node = TreeNode.__new__
+        for nid, old in self._nodes.items():
+            n: TreeNode = new_node(TreeNode)
+            n.node_id, n.key, n.hits, n.page_size, n.is_root = (
+                nid,
+                old.key,
+                old.hits,
+                old.page_size,
+                old.is_root,
+            )
+            n.value, n.state, n.lock = old.value[:], old.state[:], old.lock[:]
+            n.pending, n.last_access, n.present_children = (
+                old.pending[:],
+                old.last_access[:],
+                old.present_children[:],
+            )
+            nodes[nid] = n
+        for nid, old in self._nodes.items():
+            n = nodes[nid]
+            parent = old.parent
+            n.parent = None if parent is None else nodes[parent.node_id]
+            n.children = {k: nodes[c.node_id] for k, c in old.children.items()}
+        new._nodes = nodes
+        new.root = nodes[self.root.node_id]
+        new._leaves = [{i: nodes[i] for i in leaves} for leaves in self._leaves]
+        new.pages_held = list(self.pages_held)
+        new.on_split = []
+        return new
+
     # -- self-check -----------------------------------------------------------------------
 
     def state_key(self) -> tuple[object, ...]:
@@ -537,6 +600,25 @@ class HiRadixTree:
     def _next_tick(self) -> int:
         self._tick += 1
         return self._tick
+
+
+_NODE_SLOTS = {
+    "node_id",
+    "key",
+    "hits",
+    "page_size",
+    "is_root",
+    "value",
+    "state",
+    "lock",
+    "pending",
+    "last_access",
+    "present_children",
+    "parent",
+    "children",
+}
+# Verify `HiRadixTree.clone` sets every slot TreeNode has (a slot added later must be copied).
+assert _NODE_SLOTS == set(TreeNode.__slots__), set(TreeNode.__slots__) ^ _NODE_SLOTS
 
 
 def _as_tuple(tokens: Tokens) -> tuple[int, ...]:

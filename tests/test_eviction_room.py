@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from hicache.control import ControlPlane
-from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import get_config
 from hicache.modelcheck.search import explore
 
@@ -19,13 +18,13 @@ def test_evictable_l1_is_what_the_eviction_loop_frees(config: str) -> None:
 
     def agree(cp: ControlPlane) -> None:
         said = cp.evictable_l1()
-        scratch = clone(cp)
+        scratch = cp.clone()
         freed = scratch.evict("L1", 10**6)
         assert said == freed, f"evictable_l1 says {said}, the loop frees {freed}"
         if cp.tree.root.children:
             node = next(iter(cp.tree.root.children.values()))
             # Verify a kept node (and so its ancestors) is never counted.
-            kept = clone(cp)
+            kept = cp.clone()
             kept_node = kept.tree._nodes[node.node_id]
             assert kept.evictable_l1([kept_node]) == kept.evict("L1", 10**6, keep=[kept_node])
         seen[0] += 1

@@ -24,7 +24,6 @@ from hicache.control import ControlPlane
 from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.modelcheck.actions import apply, is_refusal, offered
 from hicache.modelcheck.canonical import canonical_key, concrete_key
-from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig, get_config, load_configs
 from hicache.modelcheck.counterexample import write_trace
 from hicache.modelcheck.coverage import composite_edges, graph_edges
@@ -181,10 +180,10 @@ def test_clone_equals_deepcopy_and_is_independent() -> None:
     assert len(planes) > 150
     for cp in planes[::4]:
         before = concrete_key(cp)
-        twin = clone(cp)
+        twin = cp.clone()
         assert concrete_key(twin) == concrete_key(copy.deepcopy(cp)) == before
         for a in offered(cp, cfg):
-            c = clone(cp)
+            c = cp.clone()
             try:
                 apply(c, cfg, a)
             except Exception as e:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.control import READS, ControlPlane
 from hicache.errors import HiCacheError, InvariantViolation, PlanePoisoned
 from hicache.invariants import check_all
 from hicache.queries import PlaneQueries
@@ -56,12 +56,12 @@ def records(s: Snapshot) -> tuple[object, ...]:
 
 
 def public_methods() -> list[str]:
-    """The transitions: every public method ControlPlane defines itself (queries are inherited
-    from PlaneQueries and stay available)."""
+    """The transitions: every public method ControlPlane defines itself but its reads (queries
+    are inherited from PlaneQueries and stay available, as do `READS`)."""
     return [
         name
         for name, fn in vars(ControlPlane).items()
-        if inspect.isfunction(fn) and not name.startswith("_")
+        if inspect.isfunction(fn) and not name.startswith("_") and name not in READS
     ]
 
 
@@ -70,7 +70,7 @@ def query_methods() -> list[str]:
         name
         for name, fn in vars(PlaneQueries).items()
         if inspect.isfunction(fn) and not name.startswith("_")
-    ]
+    ] + list(READS)
 
 
 def test_the_violation_poisons_the_plane_and_its_tree() -> None:
@@ -160,6 +160,15 @@ def test_every_method_is_a_transition_or_a_query() -> None:
     assert not set(public_methods()) & set(query_methods())
     assert {"issue", "evict", "pin", "apply", "end_request"} <= set(public_methods())
     assert {"snapshot", "candidates", "usage", "cached_len", "holds"} <= set(query_methods())
+
+
+def test_a_poisoned_plane_is_copied_poisoned() -> None:
+    cp, _ = poisoned_plane()
+    twin = cp.clone()
+    assert twin.poisoned is cp.poisoned and twin.tree.poisoned is cp.poisoned
+    assert records(twin.snapshot()) == records(cp.snapshot())
+    with pytest.raises(PlanePoisoned):
+        twin.end_request(1)
 
 
 def test_queries_still_answer() -> None:

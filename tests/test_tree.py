@@ -244,6 +244,41 @@ def test_remove_if_dead_removes_only_empty_unlocked_idle_childless_nodes() -> No
     assert tree.remove_if_dead(tree.root) == []
 
 
+def test_public_reads_name_live_nodes_leaf_sets_and_counters() -> None:
+    """What the model checker and the trace checker read (tests/test_layering.py keeps them
+    off the tree's private fields): `get` answers None where `node` raises."""
+    tree, pager = HiRadixTree(1), Pager()
+    assert (tree.tick, tree.next_id, tree.node_ids()) == (0, 1, [0])
+    a, b = chain(tree, pager, [[1], [2]], [(L2,), (L1,)])
+    assert tree.get(0) is tree.root and tree.get(b.node_id) is b
+    assert tree.node_ids() == [0, a.node_id, b.node_id] and tree.next_id == b.node_id + 1
+    assert tree.in_leaf_sets(a) == (False, True, False)  # b holds no L2: a is L2's leaf
+    assert tree.in_leaf_sets(b) == (True, False, False)
+    ticked = tree.tick
+    tree.touch(b, L1)
+    assert tree.tick == ticked + 1 == b.last_access[L1]
+    tree.set_value(b, L1, None, "ABSENT")
+    assert tree.remove_if_dead(b) == [b]
+    assert tree.get(b.node_id) is None and tree.node_ids() == [0, a.node_id]
+    with pytest.raises(TreeError):
+        tree.node(b.node_id)
+
+
+def test_clone_is_equal_and_independent() -> None:
+    tree, pager = HiRadixTree(1), Pager()
+    a, b = chain(tree, pager, [[1, 2], [3]], [(L1, L2), (L1,)])
+    tree.on_split.append(lambda upper, lower: None)
+    twin = tree.clone()
+    assert twin.state_key() == tree.state_key() and twin.audit() == []
+    assert twin.on_split == [] and twin.get(a.node_id) is not a
+    before = tree.state_key()
+    twin.match([1, 3])  # splits a in the copy only
+    twin.lock(twin.node(b.node_id), L1)
+    assert tree.state_key() == before and twin.state_key() != before
+    with pytest.raises(TreeError):
+        tree.lock(twin.node(b.node_id), L1)  # the copy's nodes are not the original's
+
+
 def test_unlock_below_zero_raises_and_changes_nothing() -> None:
     tree, pager = HiRadixTree(1), Pager()
     a, b = chain(tree, pager, [[1], [2]], [(L1,), (L1,)])

@@ -132,7 +132,7 @@ class Resolver:
                 f"trace node {engine_id} is unknown: no earlier event created it in the "
                 "trace (an insert, a split) or it was removed",
             )
-        found = self.cp.tree._nodes.get(ref)
+        found = self.cp.tree.get(ref)
         if found is None:
             raise Unreplayable(
                 line,

@@ -143,7 +143,7 @@ class _Forks:
         walker = getattr(clean.cp.tracer.sink, "walker", None)
         if walker is not None:  # the tables' machine and its answers: one per tables, shared
             keep[id(walker.machine)], keep[id(walker.judged)] = walker.machine, walker.judged
-        keep[id(reader._lines)] = feed
+        keep[id(reader.source)] = feed
         keep[id(clean.buffer.lines)] = type(clean.buffer.lines)()  # read ahead: read again
         out: Replay = copy.deepcopy(clean, keep)
         out.buffer.done, out.buffer.read = False, start

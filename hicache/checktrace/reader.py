@@ -96,6 +96,12 @@ class TraceReader:
         self.schema = schema or load_event_schema(omits=self.header.omits)
         self._absent = absent_tier_events(lc, self.header.tiers)
 
+    @property
+    def source(self) -> Iterator[str]:
+        """The iterator the reader takes its lines from (a copy made with `copy.deepcopy`
+        may be given another in its memo: it then reads that one)."""
+        return self._lines
+
     def _next_text(self) -> str | None:
         for raw in self._lines:
             self.number += 1

@@ -237,7 +237,7 @@ class Replay:
         """The record of what an event names that the reference knows (its node, its
         request), for a report on an event no call could be found for."""
         ref = None if line.event.node is None else self.compare.nodes.to_ref.get(line.event.node)
-        node = None if ref is None else self.cp.tree._nodes.get(ref)
+        node = None if ref is None else self.cp.tree.get(ref)
         return Before.capture(self.cp, [] if node is None else [node], line.event.request)
 
     def execute(self, call: Call, head: Line) -> None:

@@ -82,10 +82,10 @@ class TouchedChecks:
         moved these pages (per tier index). After a no, `rebuild` before the next call (the
         index may be half updated)."""
         cp = self.cp
-        live = cp.tree._nodes
         root = cp.tree.root.node_id
-        touched = {live[i] for i in node_ids if i in live and i != root}
-        gone = [i for i in set(node_ids) if i not in live]
+        live = {i: cp.tree.get(i) for i in set(node_ids)}
+        touched = {n for i, n in live.items() if n is not None and i != root}
+        gone = [i for i, n in live.items() if n is None]
         scope = set(touched)
         above: set[TreeNode] = set()  # ancestors walked: each one's own are in it already
         for n in touched:
@@ -127,7 +127,7 @@ class TouchedChecks:
         """(tier index, pages) record (kind, i) claims now (a node: in tier t), or None."""
         cp = self.cp
         if kind == "node":
-            n = cp.tree._nodes.get(i)
+            n = cp.tree.get(i)
             v = None if n is None else n.value[t]
             return None if v is None else (t, tuple(v.tolist()))
         if kind == "op":
@@ -244,12 +244,12 @@ class TouchedChecks:
         cp = self.cp
         ps = cp.page_size
         parent = n.parent
-        live = cp.tree._nodes
+        live = cp.tree.get
         if (
             parent is None
-            or live.get(n.node_id) is not n
+            or live(n.node_id) is not n
             or parent.children.get(n.key[:ps]) is not n
-            or (parent.parent is not None and live.get(parent.node_id) is not parent)
+            or (parent.parent is not None and live(parent.node_id) is not parent)
         ):
             return False
         for c in n.children.values():
@@ -300,13 +300,13 @@ class TouchedChecks:
         puts it in `scope`, an ancestor of a touched node): what can break is what reads `n`,
         the child's entry in `n.children` and `n` present in each tier the child holds or is
         filling. The same clauses as `_node`'s on the child; the rest of them cannot fail."""
-        live, ps = self.cp.tree._nodes, self.cp.page_size
+        live, ps = self.cp.tree.get, self.cp.page_size
         up, up_pending = n.state, n.pending
         loose = [t for t in self.closed if up[t] != RESIDENT]  # where S6 can fail
         for key, c in n.children.items():
             if c in scope:
                 continue  # checked whole by `_node`
-            if live.get(c.node_id) is not c or c.key[:ps] != key:
+            if live(c.node_id) is not c or c.key[:ps] != key:
                 return False
             state, pending = c.state, c.pending
             for t in loose:
@@ -375,9 +375,9 @@ class TouchedChecks:
         holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
         holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
         expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
-        live, root = cp.tree._nodes, cp.tree.root
+        live, root = cp.tree.get, cp.tree.root
         for node, t in holders:
-            if node is not root and live.get(node.node_id) is not node:
+            if node is not root and live(node.node_id) is not node:
                 return False  # a holder's node is not in the tree (cp.tree.contains)
             m = node
             while m.parent is not None:  # up to the root's child

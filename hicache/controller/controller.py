@@ -64,7 +64,7 @@ from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.ledger import L3Writes
-from hicache.distributed.rankview import rank_view
+from hicache.distributed.rankview import build_view
 from hicache.errors import (
     ConfigError,
     IllegalTransition,
@@ -79,6 +79,7 @@ from hicache.policy import CostModel, DecisionLog, make_policy
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.presets import group as preset_group
 from hicache.records import UnknownRequest
+from hicache.snapshot import RankView
 from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
 from hicache.tree import MatchResult
@@ -325,12 +326,31 @@ class CacheController:
         if not self.tp:
             return
         self.hooks.refuse_if_crashed()
-        found = self.agree.check(rank_view(self))
+        found = self.agree.check(self.rank_view())
         if found:
             violation = InvariantViolation(tuple(found), "the cross-rank check (C7-C9)")
             self.cp.poison(violation)
             raise violation
         self.rank_checks += 1
+
+    def rank_view(self) -> RankView:
+        """This rank's view (hicache/distributed/rankview.py): what the cross-rank check
+        compares (spec/invariants.md, I7-I11). Changes nothing."""
+        plane = self._bytes
+        per_pool = getattr(plane, "pool_digests", None)
+        if getattr(plane, "closed", False):
+            per_pool = None  # a closed cache holds no bytes, on any rank
+        return build_view(
+            self.cp,
+            rank=self.agree.rank,
+            size=self.agree.size,
+            hits={rid: tuple(mat.match.lengths) for rid, mat in self.restores.items()},
+            log=self.agree.c.log,
+            l3_writes=self.l3_writes,
+            quiescent=not self.handles and not self.backups.pending,
+            group=self.group,
+            pool_digests=per_pool,
+        )
 
     def _policy_hits(self, m: MatchResult) -> tuple[int, int, int]:
         """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
@@ -458,9 +478,7 @@ class CacheController:
 
     def _cancel_own(self, mat: Materialization) -> None:
         """Cancel the restore's own ops (each handle quiesces first) and apply each."""
-        for op_id in sorted(mat.ops):
-            self.transfers.cancel(op_id)  # QuiesceTimeout past the bound: wedged
-            self.transfers.settle(op_id)
+        self.transfers.cancel_ops(mat.ops)  # QuiesceTimeout past the bound: wedged
 
     # -- progress ---------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ what each end means, spec/tp.md C2/C4/C6 what the ranks agree on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner, chain_lacking
@@ -259,6 +259,14 @@ class Transfers:
         """Cancel op `op_id`'s handle (it stays in `handles` for `settle`), waiting at most
         quiesce_timeout_s: past it, QuiesceTimeout and the controller is wedged."""
         self.hooks.cancel(self.handles[op_id], op_id)
+
+    def cancel_ops(self, op_ids: Iterable[int]) -> None:
+        """C5 for these ops, in id order: cancel each handle (it quiesces first; QuiesceTimeout
+        past the bound: wedged), then settle the op (what `CacheController.finish` and
+        `cancel_restore` do with a restore's own ops)."""
+        for op_id in sorted(op_ids):
+            self.cancel(op_id)
+            self.settle(op_id)
 
     def settle(
         self,

@@ -26,27 +26,60 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from hicache.lifecycle import RESIDENT
-from hicache.pools.spec import REPLICATED
+from hicache.pages import Pages
+from hicache.pools.spec import REPLICATED, PoolGroup
 from hicache.pools.tierpools import TierPools, window_pools
 from hicache.snapshot import NodeRecord, RankView
 from hicache.tiers import TIERS, Tier
 
 if TYPE_CHECKING:
-    from hicache.controller.controller import CacheController
+    from hicache.control import ControlPlane
+    from hicache.distributed.collectives import CollectiveLog
+    from hicache.distributed.ledger import L3Writes
+
+PoolDigests = Callable[[str, Pages], Mapping[str, npt.NDArray[np.uint64]]]
+"""(tier, pages) -> per pool, the pages' digests: a group byte plane's `pool_digests`."""
+
+
+class HasRankView(Protocol):
+    """What `rank_view` reads: a rank's cache (`CacheController.rank_view` builds it)."""
+
+    def rank_view(self) -> RankView: ...
 
 
 def key_hash(tokens: tuple[int, ...]) -> str:
     return hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
 
 
-def rank_view(ctl: CacheController) -> RankView:
+def rank_view(ctl: HasRankView) -> RankView:
     """`ctl`'s view (its control plane, restores, collective log and L3 writes)."""
-    cp = ctl.cp
+    return ctl.rank_view()
+
+
+def build_view(
+    cp: ControlPlane,
+    *,
+    rank: int,
+    size: int,
+    hits: Mapping[int, tuple[int, ...]],
+    log: CollectiveLog,
+    l3_writes: L3Writes,
+    quiescent: bool,
+    group: PoolGroup,
+    pool_digests: PoolDigests | None,
+) -> RankView:
+    """A rank's view from its parts: its control plane `cp`, the hits at admission of the
+    live requests that restore (`hits`, by request id), its collective `log`, its
+    `l3_writes`, whether it is `quiescent` (no op in flight, no backup wanted), its pool
+    `group` and its byte plane's `pool_digests` (None: no bytes to compare, or the plane is
+    closed)."""
     nodes = []
     for n in cp.tree.nodes():
         filling = tuple(
@@ -71,7 +104,7 @@ def rank_view(ctl: CacheController) -> RankView:
             (
                 rid,
                 r.cached_len,
-                tuple(ctl.restores[rid].match.lengths) if rid in ctl.restores else (),
+                hits.get(rid, ()),
                 r.locked.node_id,
             )
             for rid, r in cp.requests.items()
@@ -91,15 +124,12 @@ def rank_view(ctl: CacheController) -> RankView:
                     free.append((str(t), name, sub.free_count))
         else:
             free.append((str(t), "", table.free_count))
-    log = ctl.agree.c.log
     writes = tuple(
-        (op_id, pool, n)
-        for op_id, by_pool in ctl.l3_writes.ops.items()
-        for pool, n in by_pool.items()
+        (op_id, pool, n) for op_id, by_pool in l3_writes.ops.items() for pool, n in by_pool.items()
     )
     return RankView(
-        ctl.agree.rank,
-        ctl.agree.size,
+        rank,
+        size,
         tuple(sorted(nodes, key=lambda r: r.node_id)),
         requests,
         ops,
@@ -108,28 +138,28 @@ def rank_view(ctl: CacheController) -> RankView:
         log.digest,
         tuple(e.text() for e in log.tail),
         writes,
-        _replicated(ctl),
-        not ctl.handles and not ctl.backups.pending,
-        tuple((p.name, p.tp_mode) for p in ctl.group.backed_up().pools),
+        _replicated(cp, group, pool_digests),
+        quiescent,
+        tuple((p.name, p.tp_mode) for p in group.backed_up().pools),
         cp.next_op_id,
     )
 
 
-def _replicated(ctl: CacheController) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
+def _replicated(
+    cp: ControlPlane, group: PoolGroup, per_pool: PoolDigests | None
+) -> tuple[tuple[tuple[str, int, str], tuple[int, ...]], ...]:
     """Per (tier, node, replicated pool) the node's page digests there (bytes only; none
     once the plane is closed: a closed cache holds no bytes, on any rank). In L1, the pools
     a freed window frees are left out: each rank frees its own windows (spec/tp.md), so
     those pages may be held on one rank and not another; L2 compares them."""
-    kept = ctl.group.backed_up()
+    kept = group.backed_up()
     windowed = set(window_pools(kept))
     pools = [p.name for p in kept.pools if p.tp_mode == REPLICATED]
     in_l1 = [n for n in pools if kept.pool(n).source not in windowed]
-    plane = getattr(ctl, "_bytes", None)
-    per_pool = getattr(plane, "pool_digests", None)
-    if not pools or per_pool is None or getattr(plane, "closed", False):
+    if not pools or per_pool is None:
         return ()
     out = []
-    for n in ctl.cp.tree.nodes():
+    for n in cp.tree.nodes():
         for t, v in enumerate(n.value):
             if v is None or not v.size or n.state[t] != RESIDENT or TIERS[t] is Tier.L3:
                 continue  # L3: a replicated pool's slots are rank 0's, read by every rank
@@ -170,8 +200,11 @@ def decode_view(words: tuple[int, ...], nbytes: int) -> RankView:
 
 
 __all__ = [
+    "HasRankView",
     "NodeRecord",
+    "PoolDigests",
     "RankView",
+    "build_view",
     "bytes_hash",
     "decode_view",
     "encode_view",

@@ -5,9 +5,9 @@ states of `hicache.control.ControlPlane` on no data plane, from the empty plane,
 action a caller may take (actions.py) from a configuration's fixed prompts and capacities
 (config.py, configs.toml). States are hashed by a canonical key (canonical.py: node, op and
 page names and, where the prompts allow, request ids renamed away); each branch works on its
-own copy of the plane (clone.py). In every state every invariant is checked and the drain
-(drain.py) must be able to reach the quiescent state; every spec transition fired is recorded
-(coverage.py). A finding comes back as the shortest path to it, replayed as a trace
+own copy of the plane (`ControlPlane.clone`). In every state every invariant is checked and
+the drain (drain.py) must be able to reach the quiescent state; every spec transition fired is
+recorded (coverage.py). A finding comes back as the shortest path to it, replayed as a trace
 `hicache check-trace` accepts (counterexample.py). spec/modelcheck.md is the description.
 
 A configuration with `ranks` 2-3 is the TP model (tpsearch.py, tpsteps.py, tpstate.py,

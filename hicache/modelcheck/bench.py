@@ -4,10 +4,10 @@
 
 Per configuration: the search's states, edges, depth, wall and CPU seconds and states per
 CPU second; then the *ceiling*: every state the search reached is copied and hashed once
-more (clone.py, canonical.py), timed alone, and scaled by the search's edges per state (the
-search copies and hashes once per edge). States per second at the ceiling is what the search
-would reach if trying actions, the plane's own work and the invariant checks cost nothing;
-`ratio` is measured / ceiling. The invariant checks' share (one `check_all` per state) is
+more (`ControlPlane.clone`, canonical.py), timed alone, and scaled by the search's edges per
+state (the search copies and hashes once per edge). States per second at the ceiling is what
+the search would reach if trying actions, the plane's own work and the invariant checks cost
+nothing; `ratio` is measured / ceiling. The invariant checks' share (one `check_all` per state) is
 shown too. CPU seconds are this process's (steadier than wall time on a shared machine).
 
 With `--zoo`, a third table runs the control-plane mutants of the bug zoo
@@ -15,9 +15,9 @@ With `--zoo`, a third table runs the control-plane mutants of the bug zoo
 until one finds it, with the finding's kind, its path length and the states explored.
 
 With `--branching NAME`, a second table compares the ways a search can branch, per state of
-that configuration (CPU µs, mean over every state): this module's field-by-field copy
-(clone.py), `copy.deepcopy` (the lifecycle tables shared, as a search would), and replaying
-the state's shortest path on a fresh plane (the alternative to keeping planes at all).
+that configuration (CPU µs, mean over every state): the field-by-field copy
+(`ControlPlane.clone`), `copy.deepcopy` (the lifecycle tables shared, as a search would), and
+replaying the state's shortest path on a fresh plane (the alternative to keeping planes at all).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from hicache.control import ControlPlane
 from hicache.invariants.registry import check_all
 from hicache.modelcheck.actions import apply
-from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig, load_configs
 from hicache.modelcheck.search import explore, initial_plane, key_function
 
@@ -53,7 +52,7 @@ def measure(cfg: ModelConfig) -> str:
     key_of = key_function(cfg, "symmetric")
     t = time.process_time()
     for cp in planes:
-        key_of(clone(cp))
+        key_of(cp.clone())
     per_copy = (time.process_time() - t) / len(planes)
     t = time.process_time()
     for cp in planes:
@@ -76,7 +75,7 @@ def branching(cfg: ModelConfig) -> str:
     key_of = key_function(cfg, "symmetric")
     paths = [res.path_to(key_of(cp)) for cp in planes]
     times: list[float] = []
-    for how in (clone, lambda cp: copy.deepcopy(cp, {id(cp.lifecycle): cp.lifecycle})):
+    for how in (ControlPlane.clone, lambda cp: copy.deepcopy(cp, {id(cp.lifecycle): cp.lifecycle})):
         t = time.process_time()
         for cp in planes:
             how(cp)
@@ -90,7 +89,7 @@ def branching(cfg: ModelConfig) -> str:
     mean_len = sum(len(p) for p in paths) / len(paths)
     return (
         "| branching, per state | µs |\n| --- | ---: |\n"
-        f"| field-by-field copy (clone.py) | {times[0] * 1e6:.0f} |\n"
+        f"| field-by-field copy (ControlPlane.clone) | {times[0] * 1e6:.0f} |\n"
         f"| `copy.deepcopy` | {times[1] * 1e6:.0f} |\n"
         f"| replay of the shortest path (mean {mean_len:.1f} calls) | {times[2] * 1e6:.0f} |"
     )

@@ -130,7 +130,7 @@ def _bookkeeping(tree: HiRadixTree, n: TreeNode) -> Key:
     """What the tree keeps about `n` besides its own fields: per tier, its count of present
     children and whether its leaf set holds it (both follow from the states in a correct
     tree; keyed so that a bug which breaks them is not merged with a correct state)."""
-    return tuple(n.present_children), tuple([n.node_id in leaves for leaves in tree._leaves])
+    return tuple(n.present_children), tree.in_leaf_sets(n)
 
 
 def _owners(cp: ControlPlane, labels: _Labels) -> Key:
@@ -263,11 +263,11 @@ def concrete_key(cp: ControlPlane) -> Key:
         tables,
         ops,
         reqs,
-        tree._tick,
-        tree._next_id,
-        cp._next_op,
+        tree.tick,
+        tree.next_id,
+        cp.next_op_id,
         tuple(tree.pages_held),
-        tuple(sorted(tree._nodes)),
+        tuple(sorted(tree.node_ids())),
     )
 
 

@@ -3,7 +3,7 @@
 Every residency transition of the control plane goes through `Executor.run` (hicache/
 execute.py), so recording there sees every transition exactly as it took effect; a refused
 call never reaches `run` (its plan raised first). Two sets, shared by every copy of the plane
-a search makes (hicache/modelcheck/clone.py copies the executor's fields):
+a search makes (`ControlPlane.clone` copies the executor's fields):
 
     fired   row names (spec/lifecycle.toml's transitions)
     steps   (composite state before, row name) of every segment a trace event names with

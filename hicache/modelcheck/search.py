@@ -2,9 +2,9 @@
 
     explore(cfg)
       start      a fresh plane (no pages used, no request): depth 0
-      expand     every action `offered` in a state, each on a copy of it (clone.py); a refusal
-                 is no edge (the copy is unchanged, so the next action reuses it), a success
-                 is one edge to a successor
+      expand     every action `offered` in a state, each on a copy of it (`ControlPlane.clone`);
+                 a refusal is no edge (the copy is unchanged, so the next action reuses it),
+                 a success is one edge to a successor
       new state  one whose key (canonical.py) was never seen: check every invariant on it,
                  queue it for the next depth
       drain      from every state some drain reaches the quiescent state (drain.py), shown by
@@ -37,7 +37,6 @@ from hicache.invariants.registry import check_all
 from hicache.lifecycle import RESIDENT, Lifecycle, States
 from hicache.modelcheck.actions import Action, apply, is_refusal, offered
 from hicache.modelcheck.canonical import Key, canonical_key, concrete_key
-from hicache.modelcheck.clone import clone
 from hicache.modelcheck.config import ModelConfig
 from hicache.modelcheck.coverage import record_into
 from hicache.modelcheck.drain import drain, drain_actions, not_quiescent
@@ -219,7 +218,7 @@ def _expand(
     first = steps[0] if steps else None  # the drain's first call: it must be an edge (induction)
     for a in offered(plane, cfg):
         if scratch is None:
-            scratch = clone(plane)
+            scratch = plane.clone()
         try:
             apply(scratch, cfg, a)
         except Exception as e:  # sorted below: a refusal is no edge, anything else a finding
@@ -272,7 +271,7 @@ def _judge(plane: ControlPlane, cfg: ModelConfig) -> tuple[str, str] | None:
     if problems:
         return "audit", "; ".join(problems)
     if not cfg.aborts:
-        copy = clone(plane)
+        copy = plane.clone()
         record_into(copy, set(), set())  # the drain's rows are not edges of the search
         why = drain(copy, lambda a: apply(copy, cfg, a))
         return None if why is None else ("stuck", why)

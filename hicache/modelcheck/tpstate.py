@@ -14,8 +14,9 @@ A state is every rank's `RankState`:
 
 Each step on a rank runs the controller's own code over that plane and health, built fresh
 for the step (`transfers`): `Transfers.issue` (reserve, C2, commit or abort),
-`Transfers.conclude` (C4, then settle), `CacheController._cancel_own` (C5), with stand-ins for
-what those drive and the model chooses instead:
+`Transfers.conclude` (C4, then settle), `Transfers.cancel_ops` (C5: what
+`CacheController._cancel_own` runs), with stand-ins for what those drive and the model
+chooses instead:
 
     stand-in         for                what it does
     ---------------  -----------------  -----------------------------------------------------
@@ -36,11 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, NamedTuple, cast
 
 from hicache.control import ControlPlane
-from hicache.controller.controller import CacheController
 from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
@@ -51,7 +50,6 @@ from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
 from hicache.modelcheck.actions import is_refusal
 from hicache.modelcheck.canonical import Key, _preorder, canonical_key
-from hicache.modelcheck.clone import clone
 from hicache.pages import Pages
 from hicache.policy import CostModel
 from hicache.pools.spec import PoolGroup
@@ -123,7 +121,7 @@ class RankState:
     ledger: L3Writes | None = None
 
     def copy(self) -> RankState:
-        cp = clone(self.cp)
+        cp = self.cp.clone()
         l3 = L3Health(cp, _METRICS)
         l3.offline_reason, l3.quarantine = self.l3.offline_reason, dict(self.l3.quarantine)
         return RankState(self.rank, cp, l3, dict(self.ends))
@@ -225,11 +223,10 @@ def conclude(rs: RankState, group: PoolGroup, agree: Agreement) -> None:
 
 
 def cancel(rs: RankState, group: PoolGroup, agree: Agreement, op_id: int) -> None:
-    """C5 on this rank: `CacheController._cancel_own` for one op (what `finish`,
-    `cancel_restore` and `close` do: cancel the handle, then settle it)."""
+    """C5 on this rank: `CacheController._cancel_own` for one op (`Transfers.cancel_ops`:
+    what `finish`, `cancel_restore` and `close` do: cancel the handle, then settle it)."""
     t = rs.transfers(group, agree)
-    ctl = SimpleNamespace(handles=t.handles, transfers=t)
-    CacheController._cancel_own(cast(Any, ctl), cast(Any, SimpleNamespace(ops={op_id})))
+    t.cancel_ops([op_id])
     rs.sync(t)
 
 

@@ -123,6 +123,19 @@ class TierPools(PageTable):
         self.window = window_pools(g)
         """The trailing side pools: what `tombstone` frees (empty: nothing to tombstone)."""
 
+    def clone(self) -> TierPools:
+        """An independent copy: every pool's table cloned, the anchor's arrays shared with
+        the copy's own owner / generation as in the original, the held-by maps copied."""
+        gt: GroupTable = object.__new__(GroupTable)
+        gt.__dict__.update(self.group_table.__dict__)
+        gt.tables = {name: table.clone() for name, table in self.group_table.tables.items()}
+        new: TierPools = object.__new__(TierPools)
+        new.__dict__.update(self.__dict__)
+        new.group_table = gt
+        new.owner, new.generation = gt.tables[self.anchor].owner, gt.tables[self.anchor].generation
+        new.held_by = {name: held.copy() for name, held in self.held_by.items()}
+        return new
+
     # -- counts ------------------------------------------------------------------------------------
 
     @property

@@ -86,7 +86,7 @@ def tamper_l3(adapter: Any, how: str, slot: int, at: int) -> list[Prefix]:
         # reference saw a restore from it: dsv41-tiny, seed 12, 3,000 steps): a slot map of
         # a group's pools this module does not model yet, so the reference is not told.
         return damaged if adapter.setup.pools == SINGLE_POOL else []
-    adapter._join_io()  # between transfers' I/O: the same on every replay
+    adapter.join_io()  # between transfers' I/O: the same on every replay
     plane = adapter.ctl.byte_plane
     files = getattr(getattr(plane, "storage", None), "files", None)
     if files is not None:  # a group: temporary files, one per pool

@@ -311,7 +311,7 @@ class ControllerAdapter:
     # -- transfers ----------------------------------------------------------------------------
 
     def tick(self) -> None:
-        self._join_io()
+        self.join_io()
         with self.liveness.call("tick"):
             self.ctl.tick()
 
@@ -439,7 +439,7 @@ class ControllerAdapter:
         if isinstance(engine, FaultyNullEngine):
             engine.damage(how)
             return
-        self._join_io()  # the cut lands between transfers, the same on every replay
+        self.join_io()  # the cut lands between transfers, the same on every replay
         from hicache.dataplane.groupengine import GroupTransferEngine  # a plane with bytes
 
         plane = self.ctl.byte_plane
@@ -483,7 +483,7 @@ class ControllerAdapter:
             self.interpreted = False
             interpreter_off()
 
-    def _join_io(self) -> None:
+    def join_io(self) -> None:
         """Wait for L3 I/O already issued (without polling): the schedule a seed replays.
         On the deterministic schedule (`io_threads=0`) no thread runs it: it runs here."""
         if self.ctl.engine.has_bytes:
@@ -591,7 +591,7 @@ def cache_config(s: Setup, device: str | None, l3_path: str | None) -> CacheConf
         l3_path=l3_path,
         l3_overwrite=True,
         # A group's L3 parts run on the polling thread: the schedule a seed replays
-        # (`_join_io` waits for a single pool's threads).
+        # (`join_io` waits for a single pool's threads).
         io_threads=(2 if s.pools == SINGLE_POOL else 0) if s.io_threads is None else s.io_threads,
         load_back_overlap=s.load_back_overlap,
         pools=s.pools,
