@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import pairwise
+from typing import ClassVar
 
 import numpy as np
 
@@ -59,6 +60,7 @@ class ControlPlane(PlaneQueries):
     """Tree + page tables + pending ops + requests, changed only through spec transitions."""
 
     poisoned: InvariantViolation | None = None  # the violation that poisoned the plane, if any
+    walk_default: ClassVar[bool] = False  # `walk` when a builder passes none (walking.py)
 
     def __init__(
         self,
@@ -72,7 +74,7 @@ class ControlPlane(PlaneQueries):
         pools: PoolGroup | None = None,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
         hit_policy: HitPolicy | str = ALL_POOLS,
-        walk: bool = False,
+        walk: bool | None = None,
     ) -> None:
         """`pools`: the tiers' pool group. With more than the anchor, each tier's table is a
         `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and
@@ -83,9 +85,9 @@ class ControlPlane(PlaneQueries):
         (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve.
         `walk`: judge every event this plane traces by the tables' `transitions` machine as it
         is emitted (hicache/tracewalk.py; a tracer without a sink gets one); a step the machine
-        does not take raises MachineDisagreement. Off by default: with no sink nothing is
-        traced. Code that builds its planes deep inside is walked from outside
-        (hicache/testing/walking.py: the test suite, `hicache fuzz`)."""
+        does not take raises MachineDisagreement. None: `walk_default`, False unless code
+        that builds its planes deep inside is walked from outside (hicache/testing/walking.py:
+        the test suite, `hicache fuzz`); with no sink nothing is traced."""
         if len(capacities) != len(TIERS):
             raise ValueError(
                 f"capacities: one per tier {[str(t) for t in TIERS]}, got {list(capacities)}"
@@ -110,7 +112,7 @@ class ControlPlane(PlaneQueries):
         # wishes) moves it to.
         self.on_remove: list[Callable[[list[TreeNode], TreeNode], None]] = []
         self.tracer.begin(self.trace_header())  # a sink that writes a file puts it first
-        if walk:
+        if self.walk_default if walk is None else walk:
             walk_trace(self.tracer, self.lifecycle)
 
     # -- requests -------------------------------------------------------------------------

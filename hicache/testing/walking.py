@@ -17,9 +17,7 @@ a plane built in another process does not walk.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
-from typing import Any
 
 from hicache.control import ControlPlane
 from hicache.tracewalk import WalkSink
@@ -27,20 +25,14 @@ from hicache.tracewalk import WalkSink
 
 @contextlib.contextmanager
 def every_plane_walked() -> Iterator[None]:
-    """While open, `ControlPlane`'s `walk` defaults to True (a caller that passes `walk`
-    still decides). Nests; on exit the constructor is the one it found."""
-    found = ControlPlane.__init__
-
-    @functools.wraps(found)
-    def walked(self: ControlPlane, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("walk", True)
-        found(self, *args, **kwargs)
-
-    setattr(ControlPlane, "__init__", walked)  # noqa: B010
+    """While open, `ControlPlane`'s `walk` defaults to True (`ControlPlane.walk_default`; a
+    caller that passes `walk` still decides). Nests; on exit the default is the one it found."""
+    found = ControlPlane.walk_default
+    ControlPlane.walk_default = True
     try:
         yield
     finally:
-        setattr(ControlPlane, "__init__", found)  # noqa: B010
+        ControlPlane.walk_default = found
 
 
 def walks(cp: ControlPlane) -> bool:
