@@ -35,9 +35,9 @@ def test_a_split_upper_part_backed_up_in_the_same_call_is_issued() -> None:
         2: Held(lower, (4, 8), (2,), None, None),
         4: Held(leaf, (4, 8), (3,), (6,), 11),
     }
-    trace._issued(before, after, load=False)
+    trace.changed(before, after)
     issued = [(e.event, e.node) for e in trace.base.events]
-    assert issued == [("d2h_issue", 3), ("d2h_issue", 4)]
+    assert issued == [("split", 2), ("d2h_issue", 3), ("d2h_issue", 4)]
 
 
 def test_one_calls_backups_issue_and_end_parent_first_whatever_their_ids() -> None:

@@ -152,16 +152,10 @@ class SGLangHiCacheTrace:
     def _issued(self, before: Snapshot, after: Snapshot, load: bool) -> None:
         backups: dict[int, list[int]] = {}
         loads: list[int] = []
+        # `before` as the call's splits left it (`splits`): a split's upper part is in it,
+        # holding what the node it was cut from held, so an op the call issued on it is new.
         for nid, h in after.items():
-            was = before.get(nid)
-            lower = [
-                before[c] for c in (int(c.id) for c in h.node.children.values()) if c in before
-            ]
-            if was is None and lower:  # a split's upper part: it held what its lower part did,
-                # and an op the same call issued on it is new (a backup of a parent the
-                # insert that split it left unbacked)
-                was = Held(h.node, h.span, lower[0].device, lower[0].host, lower[0].writing)
-            was = was or Held(h.node, h.span, None, None, None)  # a new node: it held nothing
+            was = before.get(nid) or Held(h.node, h.span, None, None, None)  # new: held nothing
             if h.writing is not None and was.writing is None:
                 backups.setdefault(h.writing, []).append(nid)
             if load and h.device is not None and was.device is None and h.host is not None:
