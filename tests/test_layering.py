@@ -141,15 +141,6 @@ def test_the_rule_catches_a_core_name_taken_from_the_checker(tmp_path: Path) -> 
     assert allowed == [(CHECKER, "check_all")]
 
 
-# Import circles among hicache's modules, each a strongly connected component of the import
-# graph (every import counts: module level, in a function, under TYPE_CHECKING). These are
-# known and not yet untangled; a component that is no part of one of them fails the test.
-ALLOWED_CYCLES = (
-    # vllm_views -> vllm_check (its findings), vllm_check -> vllm_views (Views, TYPE_CHECKING)
-    frozenset({"hicache.testing.adapters.vllm_check", "hicache.testing.adapters.vllm_views"}),
-)
-
-
 def package_modules(top: Path) -> dict[str, tuple[Path, bool]]:
     """Module name -> (file, is a package) for every .py file under the package directory
     `top` (symlinked subpackages followed: hicache/invariants, kernels and spec are hicache's)."""
@@ -249,11 +240,12 @@ def one_circle(graph: dict[str, set[str]], component: frozenset[str]) -> str:
     raise AssertionError(f"{sorted(component)} is not a circle")
 
 
-def test_no_import_cycles_among_hicache_modules_but_the_known_ones() -> None:
+def test_no_import_cycles_among_hicache_modules() -> None:
+    """No import circle among hicache's modules: no strongly connected component of the
+    import graph (every import counts: module level, in a function, under TYPE_CHECKING)."""
     graph = import_graph(ROOT / "hicache")
     cycles = import_cycles(graph)
-    new = [c for c in cycles if not any(c <= allowed for allowed in ALLOWED_CYCLES)]
-    assert [one_circle(graph, c) for c in new] == [], (
+    assert [one_circle(graph, c) for c in cycles] == [], (
         "untangle the circle: move what both modules need into a third, or make the "
         "dependency one-way (an import moved into a function is still a circle)"
     )

@@ -19,10 +19,26 @@ only as metrics gauges (get_stats), which round them into fractions.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from hicache.testing.adapters.vllm_views import Views
+from hicache.testing.adapters.vllm_state import Job, Prefix, Request
+
+
+class Views(Protocol):
+    """What the recount reads of the adapter's views (`vllm_views.Views` has it): its own
+    records, and vLLM's objects behind them."""
+
+    pool: Any  # BlockPool
+    requests: dict[int, Request]
+    jobs: dict[int, Job]
+    l2_pages: int
+    l2_keys: dict[Any, Prefix]
+    l2_announced: dict[bytes, bool]
+    prefix_of: dict[bytes, Prefix]
+
+    def _cpu(self) -> Any: ...
+
+    def _more_l2_transfers(self, reads: Counter[Any], writes: set[Any]) -> None: ...
 
 
 def pool_findings(a: Views) -> list[str]:
