@@ -2,11 +2,15 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool tp tpfuzz recompute serving fuzz (default: env
+#   stages: env tests kernels transfer multipool compare tp tpfuzz recompute serving fuzz (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
 #   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
 #   when there are two)
+#   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
+#   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
+#   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
+#   for this tree in turn (twice each, alternating), so before and after share one card
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -42,6 +46,15 @@ for stage in $stages; do
         # per-rank D2H/H2D, together vs alone: one GPU per rank; on one GPU only a code check
         share=$([ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ] && echo --share-gpu)
         run bench_tp_bandwidth python3 benchmarks/tp_bandwidth.py $share ;;
+    compare) for round in 1 2; do
+               for side in baseline current; do
+                 tree=$([ $side = baseline ] && echo "${BASELINE:?compare needs BASELINE}" || echo "$PWD")
+                 run "compare_${side}_${round}" env PYTHONPATH="$tree${PYTHONPATH#$PWD}" bash -c \
+                   "cd '$tree' && python3 -c 'import hicache; print(hicache.__file__)' && python3 -m hicache bench transfer --tokens 350,3500 --sections dma ${COMPARE_ARGS:-} \
+                      --out '$out/compare/$side-$round/single' && python3 -m hicache bench transfer \
+                      --tokens 350,3500 --preset dsv4,mla ${COMPARE_ARGS:-} --out '$out/compare/$side-$round/multipool'"
+               done
+             done ;;
     tpfuzz) run tp_fuzz python3 benchmarks/tp_fuzz.py --plane cuda --ranks 2 \
               --seconds "${TPFUZZ_SECONDS:-540}" --steps 1000 ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
