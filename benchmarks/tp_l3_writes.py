@@ -24,7 +24,6 @@ from typing import Any
 
 from hicache import demo, demo_serve
 from hicache.controller.controller import CacheController
-from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.workload import RequestSpec
 
@@ -45,8 +44,8 @@ def serve(ctl: CacheController, workload: Sequence[RequestSpec]) -> None:
 
 def h2s_bytes(ctl: CacheController) -> int:
     """Bytes this rank's data plane wrote to L3, from its movers' own counters."""
-    storage = ctl.byte_plane.storage
-    movers = storage.movers.values() if isinstance(storage, GroupStorageMover) else [storage]
+    plane = ctl.byte_plane
+    movers = [plane.storage] if plane.one_pool else list(plane.group_storage.movers.values())
     return sum(m.counters.h2s_bytes for m in movers)
 
 

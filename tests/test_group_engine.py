@@ -13,9 +13,9 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
+from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import preset
-from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.null import NullEngine
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, TransferError
@@ -111,11 +111,9 @@ def ratio_two() -> PoolGroup:
     )
 
 
-def make(
-    group: PoolGroup, faults: FaultInjector | None = None
-) -> tuple[GroupTransferEngine, Reversed]:
+def make(group: PoolGroup, faults: FaultInjector | None = None) -> tuple[TransferEngine, Reversed]:
     mapping = Reversed(group)
-    engine = GroupTransferEngine(
+    engine = TransferEngine(
         group,
         CAPS["L1"],
         CAPS["L2"],
@@ -125,12 +123,12 @@ def make(
         io_threads=0,
         faults=faults,
     )
-    engine.l1.tensor.random_(0, 256, generator=torch.Generator().manual_seed(7))
+    engine.group_l1.tensor.random_(0, 256, generator=torch.Generator().manual_seed(7))
     return engine, mapping
 
 
 @pytest.fixture(params=["dsv4-tiny", "dsv41-tiny", "mla-tiny", "ratio2"])
-def engine(request: pytest.FixtureRequest) -> Iterator[GroupTransferEngine]:
+def engine(request: pytest.FixtureRequest) -> Iterator[TransferEngine]:
     group = ratio_two() if request.param == "ratio2" else preset_group(request.param)
     e, _ = make(group)
     yield e
@@ -141,13 +139,13 @@ def pages(*ids: int) -> Pages:
     return np.array(ids, dtype=np.int64)
 
 
-def held(e: GroupTransferEngine, tier: Tier, anchor: Pages) -> dict[str, torch.Tensor]:
+def held(e: TransferEngine, tier: Tier, anchor: Pages) -> dict[str, torch.Tensor]:
     """Every byte pool's bytes for `anchor` pages of L1 or L2, page-major, per anchor page."""
     mapped = e.pool_pages(tier, anchor)
-    pool = e.l1 if tier is Tier.L1 else e.l2
+    pool = e.group_l1 if tier is Tier.L1 else e.group_l2
     return {
         p.name: pool.packed(p.name, mapped[p.source]).reshape(anchor.size, -1).cpu()
-        for p in e.geometry.pools
+        for p in e.pools.pools
     }
 
 
@@ -155,7 +153,7 @@ def same(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def round_trip(e: GroupTransferEngine) -> None:
+def round_trip(e: TransferEngine) -> None:
     """L1 1,3,5 -> L2 0,2,4 -> L3 7,8,9 -> L2 6,7,8 -> L1 0,2,4, each checked on arrival."""
     original = held(e, Tier.L1, pages(1, 3, 5))
     assert e.d2h(pages(1, 3, 5), pages(0, 2, 4)).wait() is TransferStatus.DONE
@@ -167,7 +165,7 @@ def round_trip(e: GroupTransferEngine) -> None:
     assert same(held(e, Tier.L1, pages(0, 2, 4)), original)
 
 
-def test_every_pool_round_trips_through_all_four_directions(engine: GroupTransferEngine) -> None:
+def test_every_pool_round_trips_through_all_four_directions(engine: TransferEngine) -> None:
     round_trip(engine)
     d = engine.digests("L1", pages(1, 3, 5))
     for tier, p in (
@@ -182,34 +180,34 @@ def test_every_pool_round_trips_through_all_four_directions(engine: GroupTransfe
 
 def test_request_scoped_pools_are_not_moved() -> None:
     e, mapping = make(ratio_two())
-    assert "ring" not in [p.name for p in e.geometry.pools] and "ring" not in e.ratios
+    assert "ring" not in [p.name for p in e.pools.pools] and "ring" not in e.ratios
     e.d2h(pages(1), pages(2)).wait()
     assert e.ratios == {"kv": 1, "swa": 2}
     assert [t for t, _ in mapping.calls] == ["L1", "L2"]  # one mapping per side, per transfer
     e.close()
     v41, _ = make(preset_group("dsv41-tiny"))  # SGLang's V4.1 pair ring: request-scoped
-    assert "pair_ring" not in [p.name for p in v41.geometry.pools] + list(v41.ratios)
+    assert "pair_ring" not in [p.name for p in v41.pools.pools] + list(v41.ratios)
     v41.close()
 
 
-def test_moves_use_the_mapped_pages_of_each_pool(engine: GroupTransferEngine) -> None:
+def test_moves_use_the_mapped_pages_of_each_pool(engine: TransferEngine) -> None:
     engine.d2h(pages(1), pages(2)).wait()
     mapped = engine.pool_pages(Tier.L2, pages(2))
-    for p in engine.geometry.pools:
-        own = engine.l2.packed(p.name, mapped[p.source])
+    for p in engine.pools.pools:
+        own = engine.group_l2.packed(p.name, mapped[p.source])
         assert own.any()  # the pool's own mapped pages received the random bytes
         if p.source != "kv":  # a side pool's pages are not the anchor's
             assert not np.array_equal(mapped[p.source][:1], pages(2))
 
 
 def test_a_flipped_byte_in_any_pool_changes_that_pool_and_the_group_digest(
-    engine: GroupTransferEngine,
+    engine: TransferEngine,
 ) -> None:
     engine.d2h(pages(1, 3), pages(0, 2)).wait()
     l1 = engine.digests("L1", pages(1, 3))
     mapped = engine.pool_pages(Tier.L2, pages(2))
-    for p in engine.geometry.pools:
-        view = engine.l2.bytes_view(p.name)[int(mapped[p.source][-1])]
+    for p in engine.pools.pools:
+        view = engine.group_l2.bytes_view(p.name)[int(mapped[p.source][-1])]
         view[len(view) // 2] ^= 0x01  # one bit of one byte of anchor page 2's part of pool p
         per_pool = engine.pool_digests("L2", pages(0, 2))
         changed = [
@@ -225,18 +223,18 @@ def test_a_flipped_byte_in_any_pool_changes_that_pool_and_the_group_digest(
 
 
 def test_an_l3_slot_of_any_pool_that_fails_its_checksum_is_unservable(
-    engine: GroupTransferEngine,
+    engine: TransferEngine,
 ) -> None:
     engine.d2h(pages(1, 3), pages(0, 2)).wait()
     engine.h2s(pages(0, 2), pages(4, 5)).wait()
     good = engine.digests("L3", pages(4, 5))
     assert not (good == UNSERVABLE).any()
     slots = engine.pool_pages(Tier.L3, pages(5))
-    for p in engine.geometry.pools:
-        engine.storage.movers[p.name].flip_byte(int(slots[p.source][0]))
+    for p in engine.pools.pools:
+        engine.group_storage.movers[p.name].flip_byte(int(slots[p.source][0]))
         d = engine.digests("L3", pages(4, 5))
         assert d[0] == good[0] and d[1] == UNSERVABLE, p.name
-        engine.storage.movers[p.name].flip_byte(int(slots[p.source][0]))  # flipped back
+        engine.group_storage.movers[p.name].flip_byte(int(slots[p.source][0]))  # flipped back
 
 
 def test_completion_faults_fail_the_whole_group_transfer_once() -> None:
@@ -291,7 +289,7 @@ def test_io_faults_reach_every_pool_and_fail_the_group() -> None:
     faults.once(FaultSite.IO_EIO)
     h = e.h2s(pages(0), pages(3))
     assert h.wait() is TransferStatus.FAILED and isinstance(h.error, TransferError)
-    assert faults.reached[FaultSite.IO_EIO] == len(e.geometry.pools)  # a draw per pool's piece
+    assert faults.reached[FaultSite.IO_EIO] == len(e.pools.pools)  # a draw per pool's piece
     e.close()
 
 
@@ -311,12 +309,12 @@ def test_invalid_pages_are_refused_as_the_single_pool_engine_refuses_them(
     null = NullEngine(preset("tiny"), CAPS["L1"], CAPS["L2"], CAPS["L3"])
     with pytest.raises(InvalidPages) as expected:
         null.d2h(source, target)
-    l2 = e.l2.tensor.clone()
+    l2 = e.group_l2.tensor.clone()
     with pytest.raises(InvalidPages) as got:
         e.d2h(source, target)
     assert got.value.field == expected.value.field
     assert mapping.calls == [] and all(c.ops == 0 for c in e.mover.counters.values())
-    assert torch.equal(e.l2.tensor, l2)
+    assert torch.equal(e.group_l2.tensor, l2)
     e.close()
 
 
@@ -350,17 +348,17 @@ def test_a_mapping_that_breaks_the_contract_is_refused_with_nothing_issued(
 ) -> None:
     e, mapping = make(preset_group("dsv4-tiny"))
     e.bind(broken(mapping, how))
-    l2 = e.l2.tensor.clone()
+    l2 = e.group_l2.tensor.clone()
     with pytest.raises(InvalidPages) as got:
         e.d2h(pages(1, 2), pages(3, 4))
     assert got.value.field == field
     assert all(c.ops == 0 for c in e.mover.counters.values())
-    assert torch.equal(e.l2.tensor, l2)
+    assert torch.equal(e.group_l2.tensor, l2)
     e.close()
 
 
 def test_an_unbound_engine_says_to_bind_it() -> None:
-    e = GroupTransferEngine(preset_group("dsv4-tiny"), 4, 4, 4, device="cpu", io_threads=0)
+    e = TransferEngine(preset_group("dsv4-tiny"), 4, 4, 4, device="cpu", io_threads=0)
     with pytest.raises(ConfigError, match="bind"):
         e.d2h(pages(0), pages(0))
     assert np.array_equal(e.digests("L1", pages()), np.zeros(0, dtype=np.uint64))
@@ -372,14 +370,14 @@ def test_a_one_pool_group_digests_like_its_pool() -> None:
     e, _ = make(preset_group("mla-tiny"))
     from hicache.dataplane.grouppools import pool_digest
 
-    assert np.array_equal(e.digests("L1", pages(0, 1)), pool_digest(e.l1, "kv", pages(0, 1)))
+    assert np.array_equal(e.digests("L1", pages(0, 1)), pool_digest(e.group_l1, "kv", pages(0, 1)))
     round_trip(e)
     e.close()
 
 
 def test_side_pool_capacities_follow_the_control_plane_option() -> None:
     group = preset_group("dsv4-tiny")
-    e = GroupTransferEngine(
+    e = TransferEngine(
         group,
         4,
         4,
@@ -389,13 +387,13 @@ def test_side_pool_capacities_follow_the_control_plane_option() -> None:
         pool_capacities={"L2": {"swa": 9}},
         pool_pages=lambda tier, a: {"kv": a, "swa": a + (5 if tier == "L2" else 0)},
     )
-    assert e.l2.capacity("swa") == 9 and e.l1.capacity("swa") == 4
+    assert e.group_l2.capacity("swa") == 9 and e.group_l1.capacity("swa") == 4
     assert e.d2h(pages(0, 3), pages(1, 3)).wait() is TransferStatus.DONE  # swa L2 pages 6, 8
     assert np.array_equal(e.digests("L1", pages(0, 3)), e.digests("L2", pages(1, 3)))
     e.close()
     with pytest.raises(ConfigError) as bad:
-        GroupTransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L2": {"c4": 9}})
+        TransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L2": {"c4": 9}})
     assert bad.value.field == "pool_capacities.L2"
     with pytest.raises(ConfigError) as anchor:  # the tier's own capacity, as the plane says
-        GroupTransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L1": {"kv": 6}})
+        TransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L1": {"kv": 6}})
     assert anchor.value.field == "pool_capacities.L1.kv"

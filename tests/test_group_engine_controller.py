@@ -21,10 +21,9 @@ from hicache import demo, demo_serve
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.planes import choose_plane, tier_pool_pages
-from hicache.controller.verify import GroupRestoreVerifier, RestoreMismatch
+from hicache.controller.verify import RestoreMismatch, RestoreVerifier
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import preset
-from hicache.dataplane.groupengine import GroupTransferEngine
 from hicache.errors import ConfigError, ProducerError
 from hicache.invariants import check_all
 from hicache.pages import Pages
@@ -40,8 +39,8 @@ def same_index(tier: str, anchor: Pages) -> dict[str, object]:
     return {"kv": anchor, "swa": anchor}
 
 
-def group_engine(name: str = "dsv4-tiny") -> tuple[GroupTransferEngine, GroupSyntheticProducer]:
-    e = GroupTransferEngine(
+def group_engine(name: str = "dsv4-tiny") -> tuple[TransferEngine, GroupSyntheticProducer]:
+    e = TransferEngine(
         preset_group(name), 8, 8, 8, pool_pages=same_index, device="cpu", io_threads=0
     )
     return e, GroupSyntheticProducer(e, preset("tiny"))
@@ -49,13 +48,14 @@ def group_engine(name: str = "dsv4-tiny") -> tuple[GroupTransferEngine, GroupSyn
 
 def test_mha_keeps_the_single_pool_engine_and_a_group_name_selects_the_group_engine() -> None:
     mha = choose_plane(CacheConfig(device="cpu"), None, None, None)
-    assert type(mha.engine) is TransferEngine and type(mha.producer) is SyntheticProducer
+    assert mha.byte_plane is mha.engine and mha.byte_plane.one_pool  # the fast path
+    assert type(mha.producer) is SyntheticProducer
     assert CacheConfig().pools == "mha" and CacheConfig().group is None
     mha.engine.close()
     group = choose_plane(CacheConfig(device="cpu", pools="dsv4-tiny"), None, None, None)
-    assert isinstance(group.engine, GroupTransferEngine) and group.byte_plane is group.engine
+    assert group.byte_plane is group.engine and not group.byte_plane.one_pool
     assert isinstance(group.producer, GroupSyntheticProducer)
-    assert isinstance(group.verifier, GroupRestoreVerifier)
+    assert isinstance(group.verifier, RestoreVerifier)
     group.engine.close()
 
 
@@ -83,42 +83,42 @@ def test_a_group_plane_refuses_a_single_pool_producer() -> None:
 def test_the_producer_writes_every_pool_from_the_prefix_alone() -> None:
     e, producer = group_engine()
     new = np.array([5, 1, 6, 2], dtype=np.int64)
-    producer.produce(TOKENS, 0, 16, e.l1.tensor, np.zeros(0, np.int64), new)
+    producer.produce(TOKENS, 0, 16, e.l1_arena, np.zeros(0, np.int64), new)
     expected = producer.expected_pools(TOKENS, 0, 16)
     other = producer.expected_pools([99, *TOKENS[1:]], 0, 16)  # one token differs: the first
     firsts = set()
-    for p in e.geometry.pools:
-        got = e.l1.packed(p.name, new).reshape(4, -1)
+    for p in e.pools.pools:
+        got = e.group_l1.packed(p.name, new).reshape(4, -1)
         assert torch.equal(got, expected[p.name]), p.name
         assert (expected[p.name] != other[p.name]).any(dim=1).all(), p.name  # every page changes
         firsts.add(bytes(expected[p.name][0, :8].tolist()))
-    assert len(firsts) == len(e.geometry.pools)  # no two pools hold the same bytes
+    assert len(firsts) == len(e.pools.pools)  # no two pools hold the same bytes
     assert torch.equal(producer.expected(TOKENS, 0, 16), torch.cat(list(expected.values()), dim=1))
     e.close()
 
 
 def test_the_producer_refuses_bad_arguments_writing_nothing() -> None:
     e, producer = group_engine()
-    before = e.l1.tensor.clone()
+    before = e.l1_arena.clone()
     with pytest.raises(ProducerError, match="l1"):
         producer.produce(TOKENS, 0, 16, before, np.zeros(0, np.int64), np.arange(4))
     with pytest.raises(ProducerError, match="new_pages"):
-        producer.produce(TOKENS, 0, 16, e.l1.tensor, np.zeros(0, np.int64), np.array([1, 1, 2, 3]))
+        producer.produce(TOKENS, 0, 16, e.l1_arena, np.zeros(0, np.int64), np.array([1, 1, 2, 3]))
     with pytest.raises(ProducerError, match="range"):
-        producer.produce(TOKENS, 0, 6, e.l1.tensor, np.zeros(0, np.int64), np.arange(2))
-    assert torch.equal(e.l1.tensor, before)
+        producer.produce(TOKENS, 0, 6, e.l1_arena, np.zeros(0, np.int64), np.arange(2))
+    assert torch.equal(e.l1_arena, before)
     e.close()
 
 
 def test_the_verifier_catches_a_flipped_byte_in_any_pool() -> None:
     e, producer = group_engine()
     new = np.array([3, 4], dtype=np.int64)
-    producer.produce(TOKENS, 8, 16, e.l1.tensor, np.arange(2), new)
-    verifier = GroupRestoreVerifier(producer, e)
+    producer.produce(TOKENS, 8, 16, e.l1_arena, np.arange(2), new)
+    verifier = RestoreVerifier(producer, e)
     assert verifier.verify(TOKENS, 8, 16, new) == 2
-    assert verifier.bytes_checked == {p.name: 2 * p.bytes_per_page for p in e.geometry.pools}
-    for p in e.geometry.pools:
-        region = e.l1.region(p.name)  # [rows, pages, row_bytes]
+    assert verifier.bytes_checked == {p.name: 2 * p.bytes_per_page for p in e.pools.pools}
+    for p in e.pools.pools:
+        region = e.group_l1.region(p.name)  # [rows, pages, row_bytes]
         region[-1, 4, 0] ^= 0x80
         with pytest.raises(RestoreMismatch, match=f"pool {p.name}: .*anchor pages \\[4\\]"):
             verifier.verify(TOKENS, 8, 16, new)
@@ -150,18 +150,18 @@ def test_i4_in_the_controller_compares_every_pool(name: str) -> None:
     serve(ctl, 1, TOKENS)
     ctl.drain()
     plane = ctl.byte_plane
-    assert isinstance(plane, GroupTransferEngine)
     ctl.cp.digests = plane.digests  # uncached: the flips below happen behind the tables' back
     assert check_all(ctl.cp.snapshot()) == []
-    for p in plane.geometry.pools:
-        view = plane.l2.bytes_view(p.name)
+    for p in plane.pools.pools:
+        view = plane.group_l2.bytes_view(p.name)
         view[:, -1] ^= 0x01  # one byte of every L2 page of this pool only
         found = check_all(ctl.cp.snapshot())
         assert [v.invariant for v in found] == ["I4"] and found[0].tier == "L2", p.name
         view[:, -1] ^= 0x01
     assert check_all(ctl.cp.snapshot()) == []
-    with pytest.raises(ConfigError, match="byte_plane"):
-        _ = ctl.transfer_engine
+    assert ctl.transfer_engine is plane and not plane.one_pool
+    with pytest.raises(ConfigError, match="single-pool engine"):
+        _ = plane.l3  # a group's L3 is a file per pool (`group_storage`)
     ctl.close()
 
 

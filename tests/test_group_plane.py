@@ -380,14 +380,13 @@ def test_a_group_controller_with_bytes_maps_through_its_tier_pools() -> None:
     pytest.importorskip("torch")
     from hicache.controller.config import CacheConfig
     from hicache.controller.controller import CacheController
-    from hicache.dataplane.groupengine import GroupTransferEngine
 
     with pytest.raises(ConfigError, match="pools"):
         CacheConfig(pools="dsv5")
     ctl = CacheController(CacheConfig(pools="dsv4-tiny", device="cpu", io_threads=0))
     try:
         assert all(isinstance(t, TierPools) for t in ctl.cp.tables)
-        assert isinstance(ctl.byte_plane, GroupTransferEngine)
+        assert not ctl.byte_plane.one_pool  # the group path
         ctl.admit(1, tuple(range(40)))
         ctl.prefill(1)
         ctl.finish(1)

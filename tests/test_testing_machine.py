@@ -318,9 +318,6 @@ def test_the_fuzz_poisons_every_page_a_reservation_takes_on_bytes(pools: str) ->
     """On a plane with bytes the fuzz's adapter fills each L1 and L2 page a reservation takes
     (every pool's) with a poison byte, so a page published before its bytes arrived holds
     bytes no copy holds."""
-    import torch
-
-    from hicache.dataplane.engine import TransferEngine
     from hicache.testing.adapters.controller import POISON_BYTES
     from hicache.tiers import Tier
 
@@ -330,15 +327,8 @@ def test_the_fuzz_poisons_every_page_a_reservation_takes_on_bytes(pools: str) ->
         for tier in (Tier.L1, Tier.L2):
             table = adapter.ctl.cp.tables[list(Tier).index(tier)]
             got = table.reserve(2)
-            if isinstance(plane, TransferEngine):
-                pool = plane.l1 if tier is Tier.L1 else plane.l2
-                rows = [pool.packed(got).view(torch.uint8)]
-            else:
-                side = plane.pool_pages(tier, got)  # each byte pool's own pages
-                rows = [
-                    (plane.l1 if tier is Tier.L1 else plane.l2).packed(p.name, side[p.source])
-                    for p in plane.geometry.pools
-                ]
+            side = plane.pool_pages(tier, got)  # each byte pool's own pages
+            rows = [plane.packed(tier, p.name, side[p.source]) for p in plane.pools.pools]
             for r in rows:
                 first = int(r.reshape(-1)[0])
                 assert first in POISON_BYTES and bool((r == first).all()), tier

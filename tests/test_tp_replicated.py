@@ -16,7 +16,7 @@ pytest.importorskip("torch", reason="needs torch (the byte plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.groupengine import GroupTransferEngine
+from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.l3format import HEADER_BYTES
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.storage import L3File, share_path
@@ -35,7 +35,7 @@ def config(preset: str, device: str = "cpu") -> CacheConfig:
     )
 
 
-def plane(c: CacheController) -> GroupTransferEngine:
+def plane(c: CacheController) -> TransferEngine:
     engine = c.replicas.plane
     assert engine is not None
     return engine
@@ -89,12 +89,12 @@ def test_rank_0_writes_the_one_copy_and_every_rank_restores_from_it(
             assert [(op, pool) for op, pool, _ in w] == [(op, pool) for op, pool, _ in writes[0]]
             assert all(pages == 0 for _, _, pages in w)
         for c in cluster.ranks[1:]:
-            storage = plane(c).storage
+            storage = plane(c).group_storage
             assert storage.replicas == set(storage.files)  # every byte pool is rank 0's file
             assert all(m.counters.h2s_bytes == 0 for m in storage.movers.values())
         assert restore(cluster, 2, PROMPT + [9] * 4) == [4] * size  # 32 tokens from L3
         for c in cluster.ranks:  # each rank read the one copy and its bytes verified
-            movers = plane(c).storage.movers.values()
+            movers = plane(c).group_storage.movers.values()
             assert sum(m.counters.s2h_bytes for m in movers) > 0
             assert all(m.counters.corrupt_reads == 0 for m in movers)
             assert sum(getattr(c.verifier, "bytes_checked", {}).values()) > 0
@@ -114,7 +114,7 @@ def test_a_byte_flipped_in_the_one_copy_is_found_by_the_rank_reading_it_and_drop
         plane(cluster.ranks[1]).corrupt_slot(int(node.value[2][0]))  # type: ignore[index]
         assert restore(cluster, 2, PROMPT + [9] * 4) == [36, 36]  # nothing served
         corrupt = [
-            sum(m.counters.corrupt_reads for m in plane(c).storage.movers.values())
+            sum(m.counters.corrupt_reads for m in plane(c).group_storage.movers.values())
             for c in cluster.ranks
         ]
         assert min(corrupt) >= 1  # both ranks read the same flipped copy
@@ -132,7 +132,7 @@ def test_replicated_bytes_that_differ_between_ranks_are_an_i8_violation_on_every
         served(cluster, 1, PROMPT)
         assert cluster.check() == []
         (node,) = cluster.ranks[1].cp.tree.nodes()
-        l2 = plane(cluster.ranks[1]).l2
+        l2 = plane(cluster.ranks[1]).group_l2
         pool = l2.geometry.pools[0].name
         view = l2.bytes_view(pool)
         page = int(node.value[1][0])  # type: ignore[index]
@@ -251,7 +251,7 @@ def test_a_replica_is_never_written_by_its_mover() -> None:
         rank1 = plane(cluster.ranks[1])
         assert not any(rank1.writes(p) for p in cluster.ranks[1].replicas.pools)
         l2 = rank1.pool_pages(Tier.L2, np.array([0]))
-        handle = rank1.storage.h2s({s: (ids, np.array([5])) for s, ids in l2.items()})
+        handle = rank1.group_storage.h2s({s: (ids, np.array([5])) for s, ids in l2.items()})
         assert handle.parts == {}  # rank 0 writes it: nothing issued here
     finally:
         cluster.close()

@@ -336,7 +336,7 @@ def test_an_aimed_partial_s2h_on_bytes_lands_what_it_reports_and_nothing_past_it
     the report was drawn and the handle failed at once, so a group's deferred L3 reads
     never ran, and the clamp published L2 pages holding another node's bytes."""
     pytest.importorskip("torch", reason="the CPU plane needs torch")
-    from hicache.dataplane.groupengine import UNLANDED_BYTE, GroupTransferEngine
+    from hicache.dataplane.engine import UNLANDED_BYTE
 
     for seed in range(8):
         faults = FaultInjector(seed=seed)
@@ -360,8 +360,8 @@ def test_an_aimed_partial_s2h_on_bytes_lands_what_it_reports_and_nothing_past_it
         a = b.parent
         assert a is not None
         plane = c.byte_plane
-        assert isinstance(plane, GroupTransferEngine)
-        l2_junk = plane.l2.bytes_view(plane.geometry.pools[0].name)
+        assert not plane.one_pool
+        l2_junk = plane.group_l2.bytes_view(plane.pools.pools[0].name)
         l2_junk.fill_(0x11)  # stale bytes in every free L2 page of the first pool
         for tier in (Tier.L1, Tier.L2):
             c.cp.evict_node(b, tier)
@@ -379,9 +379,9 @@ def test_an_aimed_partial_s2h_on_bytes_lands_what_it_reports_and_nothing_past_it
                 l2, l3 = n.value[1], n.value[2]
                 assert l2 is not None and l3 is not None
                 assert (plane.digests("L2", l2) == plane.digests("L3", l3)).all(), seed
-        for p in plane.geometry.pools:  # released, not yet reused
+        for p in plane.pools.pools:  # released, not yet reused
             run = landed.get(p.name, 0)
-            pages = plane.l2.packed(p.name, mapped[p.source])
+            pages = plane.group_l2.packed(p.name, mapped[p.source])
             assert (pages[run:] == UNLANDED_BYTE).all(), (seed, p.name, run)
         c.drain()
         c.close()

@@ -52,7 +52,7 @@ from hicache.controller.pending import (
     pending_transfers,
     quiesce_or_leak,
 )
-from hicache.controller.planes import bind_group, choose_plane
+from hicache.controller.planes import choose_plane
 from hicache.controller.ranks import RankAgreement
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
@@ -86,7 +86,6 @@ from hicache.tree import MatchResult
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
-    from hicache.dataplane.groupengine import GroupTransferEngine
     from hicache.producers import KVProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
@@ -122,11 +121,7 @@ class CacheController:
         g = config.kv
         pools = config.group  # None: the single-pool plane (mha)
         self.group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
-        plane = choose_plane(config, engine, producer, faults)
         self.l3_writes = L3Writes(self.agree.rank)  # what this rank wrote to L3 (I11)
-        self.engine: DataPlane = plane.engine
-        self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
-        self.producer: KVProducer | None = plane.producer
         self.cp = ControlPlane(
             g.page_size,
             (config.l1_pages, config.l2_pages, config.l3_slots),
@@ -136,7 +131,11 @@ class CacheController:
             pool_capacities=config.pool_capacities,
             hit_policy=config.hit_policy,
         )
-        bind_group(plane, self.cp.tables, self.group)  # anchor pages -> every pool's pages
+        # The plane is built once, given the control plane's anchor -> pool pages mapping.
+        plane = choose_plane(config, engine, producer, faults, self.cp.tables)
+        self.engine: DataPlane = plane.engine
+        self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
+        self.producer: KVProducer | None = plane.producer
         # Across ranks, rank 0's L3 copy of each replicated pool is the only one (C6a, C6b).
         self.replicas = ReplicatedL3(self.cp, self.agree, self.group, plane.byte_plane)
         if self.replicas.pools:
@@ -216,30 +215,17 @@ class CacheController:
 
     @property
     def transfer_engine(self) -> TransferEngine:
-        """The real data plane (pools, L3 file, movers). ConfigError on a byte-free plane, and
-        on a pool group's (`byte_plane` is either)."""
+        """The data plane with bytes (pools, L3 files, movers): `byte_plane`'s old name."""
+        return self.byte_plane
+
+    @property
+    def byte_plane(self) -> TransferEngine:
+        """The data plane with bytes, single-pool or group. ConfigError on a byte-free plane."""
         if self._bytes is None:
             raise ConfigError(
                 "engine",
                 "this controller drives a data plane without bytes "
                 "(has_bytes is False): it has no pools; use `engine` for transfers",
-            )
-        from hicache.dataplane.engine import TransferEngine  # torch is in: a byte plane
-
-        if not isinstance(self._bytes, TransferEngine):
-            raise ConfigError(
-                "engine",
-                "this controller drives a pool group's data plane; "
-                "use `byte_plane` (a GroupTransferEngine)",
-            )
-        return self._bytes
-
-    @property
-    def byte_plane(self) -> TransferEngine | GroupTransferEngine:
-        """The data plane with bytes, single-pool or group. ConfigError on a byte-free plane."""
-        if self._bytes is None:
-            raise ConfigError(
-                "engine", "this controller drives a data plane without bytes (has_bytes is False)"
             )
         return self._bytes
 
@@ -336,10 +322,8 @@ class CacheController:
     def rank_view(self) -> RankView:
         """This rank's view (hicache/distributed/rankview.py): what the cross-rank check
         compares (spec/invariants.md, I7-I11). Changes nothing."""
-        plane = self._bytes
-        per_pool = getattr(plane, "pool_digests", None)
-        if getattr(plane, "closed", False):
-            per_pool = None  # a closed cache holds no bytes, on any rank
+        plane = self._bytes  # a closed cache holds no bytes, on any rank
+        per_pool = None if plane is None or plane.closed else plane.pool_digests
         return build_view(
             self.cp,
             rank=self.agree.rank,
@@ -571,7 +555,7 @@ class CacheController:
         padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
         if self.producer is not None and self._bytes is not None:
             seconds = self.producer.produce(
-                padded, start, end, self._bytes.l1.tensor, prefix, new_pages
+                padded, start, end, self._bytes.l1_arena, prefix, new_pages
             )
             self.model.observe("recompute", end - start, seconds)
         elif self.tagged is not None:  # no bytes: the pages' content tags

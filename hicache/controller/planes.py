@@ -2,23 +2,24 @@
 
     engine given        has_bytes   the controller gets
     ------------------  ---------   ------------------------------------------------------
-    none                True        a TransferEngine built from CacheConfig, a producer
-                                    (SyntheticProducer unless given), a verifier (verify on)
-    a TransferEngine    True        the same, on that engine
-    none, a group       True        a GroupTransferEngine for `CacheConfig.pools` (a preset
-    (`pools` != mha)                other than mha), a GroupSyntheticProducer, a
-                                    GroupRestoreVerifier; `bind_group` later hands it the
-                                    control plane's anchor -> pool pages mapping
-    a GroupTransfer-    True        the same, on that engine
-    Engine
+    none                True        a TransferEngine built once from CacheConfig: of
+                                    `config.kv` (the group of one) for `pools = mha`, else
+                                    of the preset's pool group with the control plane's
+                                    anchor -> pool pages mapping (`tables`); a producer
+                                    (SyntheticProducer, GroupSyntheticProducer for a group,
+                                    unless given) and a RestoreVerifier (verify on)
+    a TransferEngine    True        the same, on that engine (one built before its control
+                                    plane takes the mapping here)
     a NullEngine, ...   False       no producer, no verifier; torch never imported. Its
-                                    content tags (a TaggedPlane: the NullEngine) as digests
+                                    content tags (a TaggedPlane: the NullEngine) as digests;
+                                    one that reports per-pool landings (`bind_pools`) gets
+                                    the backed-up pools of the group
 
 Contract: `choose_plane` raises ConfigError, nothing built, for a plane with bytes that is
-not a TransferEngine or GroupTransferEngine (the verifier and producer read its L1 pool),
-for a producer given with a byte-free plane (it would never run), and for a group plane
+not a TransferEngine (the verifier and producer read its L1 pools; `byte_engine`), for a
+producer given with a byte-free plane (it would never run), and for a pool group's plane
 given a producer that is not a GroupSyntheticProducer. torch is imported only on the byte
-paths. `mha` builds exactly the single-pool TransferEngine it always did.
+paths. `mha` builds exactly the single-pool engine it always did (its fast path).
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.errors import ConfigError
+from hicache.pools.presets import SINGLE_POOL
+from hicache.pools.presets import group as preset_group
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
-    from hicache.dataplane.engine import TransferEngine
-    from hicache.dataplane.groupengine import GroupTransferEngine, PoolPages
+    from hicache.dataplane.engine import PoolPages, TransferEngine
     from hicache.pools.spec import PoolGroup
     from hicache.producers import KVProducer
 
 
 class Plane(NamedTuple):
     engine: DataPlane
-    byte_plane: TransferEngine | GroupTransferEngine | None  # `engine` when it has bytes
+    byte_plane: TransferEngine | None  # `engine` when it has bytes
     producer: KVProducer | None
     verifier: RestoreVerifier | None
     tagged: TaggedPlane | None = None  # `engine` when it has no bytes but content tags
@@ -52,8 +54,13 @@ def choose_plane(
     engine: DataPlane | None,
     producer: KVProducer | None,
     faults: FaultInjector | None,
+    tables: Sequence[object] | None = None,
 ) -> Plane:
-    """The data plane to drive and what comes with its bytes (see the module table)."""
+    """The data plane to drive and what comes with its bytes (see the module table).
+    `tables`: the control plane's page table per tier (TIERS order), whose answer maps a
+    group's anchor pages to its pools' pages; None builds a group engine without one (it
+    refuses transfers)."""
+    group = config.group or preset_group(SINGLE_POOL)
     if engine is not None and not engine.has_bytes:
         if producer is not None:
             raise ConfigError(
@@ -61,92 +68,46 @@ def choose_plane(
                 "the data plane holds no bytes (has_bytes is False), "
                 "so a producer would never run; pass none",
             )
+        bind_pools = getattr(engine, "bind_pools", None)
+        if bind_pools is not None:  # per-pool landings: the backed-up pools, the anchor
+            kept = group.backed_up()
+            bind_pools({p.name: kept.ratio(p.name) for p in kept.pools}, kept.anchor.name)
         return Plane(engine, None, None, None, engine if isinstance(engine, TaggedPlane) else None)
-    from hicache.dataplane.engine import TransferEngine  # torch-heavy; only with bytes
-    from hicache.dataplane.groupengine import GroupTransferEngine
-    from hicache.producers import SyntheticProducer
+    from hicache.dataplane.engine import TransferEngine, byte_engine  # torch-heavy: bytes
+    from hicache.producers import GroupSyntheticProducer, SyntheticProducer
 
-    group = config.group
-    if isinstance(engine, GroupTransferEngine) or (engine is None and group is not None):
-        return _group_plane(config, engine, producer, faults)
     if engine is None:
+        pools = config.group  # None: the group of one, `config.kv` (its pages are its own)
         engine = TransferEngine(
-            config.kv,
+            config.kv if pools is None else pools,
             config.l1_pages,
             config.l2_pages,
             config.l3_slots,
+            pool_pages=None if pools is None or tables is None else tier_pool_pages(pools, tables),
             device=config.device,
             l3_path=config.l3_path,
             backend=config.backend,
             io_threads=config.io_threads,
             faults=faults,
             l3_overwrite=config.l3_overwrite,
+            pool_capacities=config.pool_capacities,
         )
-    elif not isinstance(engine, TransferEngine):
-        raise ConfigError(
-            "engine",
-            "a plane with bytes must be a TransferEngine or a "
-            "GroupTransferEngine (the verifier and producer read its L1 pool); "
-            "pass a NullEngine or none",
-        )
-    producer = producer or SyntheticProducer(config.kv, device=engine.device)
-    verifier = RestoreVerifier(producer, engine.l1.tensor) if config.verify else None
-    return Plane(engine, engine, producer, verifier)
-
-
-def _group_plane(
-    config: CacheConfig,
-    engine: DataPlane | None,
-    producer: KVProducer | None,
-    faults: FaultInjector | None,
-) -> Plane:
-    """A pool group's plane: `engine` (a GroupTransferEngine) or one built for
-    `config.pools`, with a group producer and verifier."""
-    from hicache.controller.verify import GroupRestoreVerifier
-    from hicache.dataplane.groupengine import GroupTransferEngine
-    from hicache.producers import GroupSyntheticProducer
-
-    if producer is not None and not isinstance(producer, GroupSyntheticProducer):
+    else:
+        engine = byte_engine(engine)
+        if tables is not None and not engine.one_pool:
+            engine.bind(tier_pool_pages(engine.group, tables))  # built before its control plane
+    if engine.one_pool:
+        made = producer or SyntheticProducer(config.kv, device=engine.device)
+    elif producer is None or isinstance(producer, GroupSyntheticProducer):
+        made = producer or GroupSyntheticProducer(engine, config.kv)
+    else:
         raise ConfigError(
             "producer",
             "a pool group's plane writes every pool: pass a "
             "GroupSyntheticProducer of its engine, or none",
         )
-    if engine is None:
-        group = config.group
-        assert group is not None, "only a group config builds a group plane"
-        engine = GroupTransferEngine(
-            group,
-            config.l1_pages,
-            config.l2_pages,
-            config.l3_slots,
-            device=config.device,
-            backend=config.backend,
-            io_threads=config.io_threads,
-            faults=faults,
-            pool_capacities=config.pool_capacities,
-        )
-    assert isinstance(engine, GroupTransferEngine)
-    made = producer or GroupSyntheticProducer(engine, config.kv)
-    verifier = GroupRestoreVerifier(made, engine) if config.verify else None
+    verifier = RestoreVerifier(made, engine) if config.verify else None
     return Plane(engine, engine, made, verifier)
-
-
-def bind_group(plane: Plane, tables: Sequence[object], group: PoolGroup) -> None:
-    """Hand a group plane the control plane's mapping (`tables`: its page table per tier, in
-    TIERS order); a byte-free plane that reports per-pool landings (`bind_pools`) the
-    backed-up pools of `group` (the single pool's group too) with their pages per anchor
-    page, and its anchor; nothing for any other plane."""
-    if plane.byte_plane is None:
-        bind_pools = getattr(plane.engine, "bind_pools", None)
-        if bind_pools is not None:
-            kept = group.backed_up()
-            bind_pools({p.name: kept.ratio(p.name) for p in kept.pools}, kept.anchor.name)
-        return
-    from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in: a byte plane
-
-    if isinstance(plane.byte_plane, GroupTransferEngine):
-        plane.byte_plane.bind(tier_pool_pages(plane.byte_plane.group, tables))
 
 
 def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:

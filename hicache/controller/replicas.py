@@ -9,7 +9,7 @@
 
 A replicated pool holds the same bytes on every rank, so rank 0 alone writes it to L3, under
 a key without a rank (pool, slot), and every rank reads that copy. On a plane with bytes
-(`GroupTransferEngine`) rank 0 hands its files to the others at C6a (process id and
+(`TransferEngine`) rank 0 hands its files to the others at C6a (process id and
 descriptor: `/proc/<pid>/fd/<fd>` reaches a file whose name was removed, from any process of
 the host); a plane without bytes takes part with zeros, so both planes make the same
 collectives. The slot a node's replicated page sits in is the same on every rank because
@@ -35,7 +35,6 @@ from hicache.tiers import Tier
 
 if TYPE_CHECKING:  # torch-heavy: only a plane with bytes brings it
     from hicache.dataplane.engine import TransferEngine
-    from hicache.dataplane.groupengine import GroupTransferEngine
 
 __all__ = ["ReplicatedL3"]
 
@@ -49,7 +48,7 @@ class ReplicatedL3:
         cp: ControlPlane,
         agree: Agreement,
         group: PoolGroup,
-        byte_plane: TransferEngine | GroupTransferEngine | None,
+        byte_plane: TransferEngine | None,
     ) -> None:
         self.cp, self.agree, self.group = cp, agree, group
         self._pool_pages = tier_pool_pages(group, cp.tables)  # anchor slots -> each pool's
@@ -57,13 +56,7 @@ class ReplicatedL3:
         self.pools: tuple[str, ...] = (
             tuple(p.name for p in kept if p.tp_mode == REPLICATED) if agree.tp else ()
         )
-        self.plane: GroupTransferEngine | None = None
-        if self.pools and byte_plane is not None:
-            from hicache.dataplane.groupengine import GroupTransferEngine  # torch is in
-
-            # Verify a group with replicated pools has a group plane (planes.py builds one).
-            assert isinstance(byte_plane, GroupTransferEngine), type(byte_plane)
-            self.plane = byte_plane
+        self.plane = byte_plane if self.pools else None
 
     def share(self) -> None:
         """C6a: every rank but 0 reads the replicated pools from rank 0's L3 files.

@@ -7,9 +7,9 @@ returns the pages compared (0 when the range is empty or the producer cannot say
 would write) and raises `RestoreMismatch`, changing nothing, when any page differs: a
 restore that serves another prefix's bytes (a cross-prefix mix-up) or a torn transfer is a
 bug in the cache, never a fallback. It only reads; the caller decides when to verify
-(`CacheConfig.verify`). `GroupRestoreVerifier` does the same for a pool group, pool by pool
-(the anchor `pages` mapped to every pool's). Importing this module does not import torch
-(the null data plane never builds a verifier).
+(`CacheConfig.verify`). A pool group is compared pool by pool (the anchor `pages` mapped to
+every pool's); a single pool is the group of one. Importing this module does not import
+torch (the null data plane never builds a verifier).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from hicache.pages import Pages
 if TYPE_CHECKING:  # torch is imported only when a verifier is built (a plane with bytes)
     import torch
 
-    from hicache.dataplane.groupengine import GroupTransferEngine
-    from hicache.producers import GroupSyntheticProducer, KVProducer
+    from hicache.dataplane.engine import TransferEngine
+    from hicache.producers import KVProducer
 
 
 class RestoreMismatch(HiCacheError):
@@ -47,47 +47,24 @@ def check_rows(
 
 
 class RestoreVerifier:
-    def __init__(self, producer: KVProducer, l1: torch.Tensor) -> None:
+    """Restored L1 bytes compared with recomputation, pool by pool (module docstring): the
+    L1 pages of every byte pool that a restore of anchor `pages` delivered (the group of one:
+    its one pool's pages), against the producer's `expected` bytes of the same pages (every
+    byte pool's side by side, in table order). A difference in any one pool raises
+    RestoreMismatch naming the pool (a group's) and the first differing anchor pages."""
+
+    def __init__(self, producer: KVProducer, engine: TransferEngine) -> None:
         self.producer = producer
-        self.l1 = l1  # the L1 pool tensor, in L1 layout
+        self.engine = engine
+        self.bytes_checked = {p.name: 0 for p in engine.pools.pools}  # per pool, cumulative
 
     def verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> int:
-        """Compare L1 `pages` with the producer's KV of tokens `[start, end)`; the pages
-        compared. RestoreMismatch names the first differing pages."""
+        """Compare every pool's L1 pages of anchor `pages` with the producer's bytes of tokens
+        `[start, end)`; the anchor pages compared (0 for an empty range, or when the producer
+        cannot say what it would write)."""
         # Why the empty range is checked first: a restore can settle with nothing new in L1
         # (another request's restore already made the deepest node resident), and producers
         # refuse an empty range (ProducerError).
-        if end <= start:
-            return 0
-        import torch
-
-        from hicache.kernels import gather
-
-        expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
-        if expected is None:
-            return 0
-        got = torch.empty_like(expected, device=self.l1.device)
-        gather(self.l1, torch.as_tensor(pages, device=self.l1.device), got, backend="torch")
-        a = got.cpu().view(torch.uint8).reshape(len(pages), -1)
-        b = expected.cpu().view(torch.uint8).reshape(len(pages), -1)
-        check_rows(a, b, pages, "restored pages", start, end)
-        return len(pages)
-
-
-class GroupRestoreVerifier(RestoreVerifier):
-    """`RestoreVerifier` for a pool group, pool by pool: the L1 pages of every byte pool that
-    a restore of anchor `pages` delivered, compared with the group producer's
-    `expected_pools`. A difference in any one pool raises RestoreMismatch naming the pool."""
-
-    def __init__(self, producer: GroupSyntheticProducer, engine: GroupTransferEngine) -> None:
-        super().__init__(producer, engine.l1.tensor)
-        self.group_producer = producer
-        self.engine = engine
-        self.bytes_checked = {p.name: 0 for p in engine.geometry.pools}  # per pool, cumulative
-
-    def verify(self, tokens: Sequence[int], start: int, end: int, pages: Pages) -> int:
-        """Compare every pool's L1 pages of anchor `pages` with recomputation; the anchor
-        pages compared (0 for an empty range)."""
         if end <= start:
             return 0
         import numpy as np
@@ -96,27 +73,35 @@ class GroupRestoreVerifier(RestoreVerifier):
         from hicache.snapshot import TOMBSTONE
         from hicache.tiers import Tier
 
+        expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
+        if expected is None:
+            return 0
         anchor = np.asarray(pages, dtype=np.int64)
+        packed = expected.cpu().view(torch.uint8).reshape(anchor.size, -1)
         # A page may be served with its trailing pools' window freed (a hit policy that
         # recomputes them): those pools have no pages there to compare.
         mapped = self.engine.pool_pages(Tier.L1, anchor, freed=True)
-        expected = self.group_producer.expected_pools(tokens, start, end)
+        pools = self.engine.pools.pools
         checked: dict[str, int] = {}
-        for p in self.engine.geometry.pools:
+        offset = 0
+        for p in pools:
             rows = mapped[p.source].reshape(anchor.size, -1)
+            width = rows.shape[1] * p.bytes_per_page
+            want = packed[:, offset : offset + width]
+            offset += width
             held = (rows != TOMBSTONE).all(axis=1)
             if not held.any():
                 continue
-            got = self.engine.l1.packed(p.name, rows[held].ravel()).reshape(int(held.sum()), -1)
-            want = expected[p.name].cpu()[torch.from_numpy(held)]
-            check_rows(
-                got.cpu(),
-                want,
-                anchor[held],
-                f"pool {p.name}: restored pages of anchor pages",
-                start,
-                end,
+            got = self.engine.packed(Tier.L1, p.name, rows[held].ravel()).reshape(
+                int(held.sum()), -1
             )
+            want = want[torch.from_numpy(held)]
+            what = (
+                "restored pages"
+                if len(pools) == 1
+                else f"pool {p.name}: restored pages of anchor pages"
+            )
+            check_rows(got.cpu(), want, anchor[held], what, start, end)
             checked[p.name] = int(want.numel())
         for name, n in checked.items():
             self.bytes_checked[name] += n

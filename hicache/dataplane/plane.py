@@ -2,9 +2,9 @@
 
     plane            has_bytes   built by
     ---------------  ---------   -----------------------------------------------------
-    TransferEngine   True        the controller, from CacheConfig (engine.py; needs torch)
-    GroupTransfer-   True        the controller, from CacheConfig.pools: a pool group's
-    Engine                       every pool per call, on anchor pages (groupengine.py)
+    TransferEngine   True        the controller, from CacheConfig (engine.py; needs torch):
+                                 a pool group's every pool per call, on anchor pages; a
+                                 single pool is the group of one (its fast path)
     NullEngine       False       the caller (null.py): completions are the caller's `finish`
 
 Contract: every transfer method takes validated page arrays (source first, target second)

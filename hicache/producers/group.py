@@ -15,7 +15,7 @@ pool page size), each keyed by its own last token.
 
 `produce` writes through the engine's L1 regions at the pool pages `pool_pages("L1", ...)`
 names for the new anchor pages; `expected_pools` says what those pages must hold, per pool,
-so `GroupRestoreVerifier` can compare a restore with recomputation pool by pool.
+so the `RestoreVerifier` can compare a restore with recomputation pool by pool.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from hicache.producers.synthetic import _signed, fmix, fmix_scalar, prefix_hashe
 from hicache.tiers import Tier
 
 if TYPE_CHECKING:
-    from hicache.dataplane.groupengine import GroupTransferEngine
+    from hicache.dataplane.engine import TransferEngine
 
 
 def pool_salt(name: str) -> int:
@@ -49,7 +49,7 @@ class GroupSyntheticProducer:
     controller's page geometry; only its `page_size` (tokens per anchor page) is used, and it
     must equal the anchor's. ConfigError otherwise."""
 
-    def __init__(self, engine: GroupTransferEngine, geometry: KVGeometry) -> None:
+    def __init__(self, engine: TransferEngine, geometry: KVGeometry) -> None:
         anchor = engine.group.anchor
         if geometry.page_size != anchor.page_size:
             raise ConfigError(
@@ -60,7 +60,7 @@ class GroupSyntheticProducer:
         self.engine = engine
         self.geometry = geometry
         self.device = engine.device
-        self._salt = {p.name: pool_salt(p.name) for p in engine.geometry.pools}
+        self._salt = {p.name: pool_salt(p.name) for p in engine.pools.pools}
 
     def pool_bytes(
         self, pool: PoolSpec, tokens: Sequence[int], start: int, end: int
@@ -87,7 +87,7 @@ class GroupSyntheticProducer:
         n = (end - start) // self.geometry.page_size
         return {
             p.name: self.pool_bytes(p, tokens, start, end).reshape(n, -1)
-            for p in self.engine.geometry.pools
+            for p in self.engine.pools.pools
         }
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor:
@@ -109,8 +109,8 @@ class GroupSyntheticProducer:
         reads `prefix_pages`. ProducerError, nothing written, for bad arguments."""
         check_range(self.geometry, len(tokens), start, end)
         # Verify the caller passes this engine's L1: the producer writes through its regions.
-        if l1.data_ptr() != self.engine.l1.tensor.data_ptr():
-            raise ProducerError("l1", "not this group engine's L1 arena; pass engine.l1.tensor")
+        if l1.data_ptr() != self.engine.l1_arena.data_ptr():
+            raise ProducerError("l1", "not this engine's L1 arena; pass engine.l1_arena")
         new = np.asarray(new_pages.cpu() if isinstance(new_pages, torch.Tensor) else new_pages)
         want = (end - start) // self.geometry.page_size
         # Verify one distinct page per page of tokens (a repeat would mix two pages' bytes).
@@ -121,9 +121,9 @@ class GroupSyntheticProducer:
             )
         mapped = self.engine.pool_pages(Tier.L1, new.astype(np.int64))
         started_s = time.perf_counter()
-        for p in self.engine.geometry.pools:
+        for p in self.engine.pools.pools:
             data = self.pool_bytes(p, tokens, start, end)
             idx = torch.from_numpy(mapped[p.source]).to(self.device)
             rows = data.reshape(idx.numel(), p.rows_per_page, p.row_bytes).transpose(0, 1)
-            self.engine.l1.region(p.name).index_copy_(1, idx, rows)
+            self.engine.l1_region(p.name).index_copy_(1, idx, rows)
         return seconds_since(self.device, started_s)

@@ -88,11 +88,10 @@ def tamper_l3(adapter: Any, how: str, slot: int, at: int) -> list[Prefix]:
         return damaged if adapter.setup.pools == SINGLE_POOL else []
     adapter.join_io()  # between transfers' I/O: the same on every replay
     plane = adapter.ctl.byte_plane
-    files = getattr(getattr(plane, "storage", None), "files", None)
-    if files is not None:  # a group: temporary files, one per pool
+    if not plane.one_pool:  # a group: temporary files, one per pool
         if how != "takeover":
             raise ConfigError("tamper", f"a pool group's L3 takes only 'takeover', got {how!r}")
-        for f in files.values():
+        for f in plane.group_storage.files.values():
             if not f.replica:  # a replica is rank 0's file: rank 0's own takeover reaches it
                 _take_over(f.fd, f.size_bytes, f.bytes_per_page, f.slots)
         return damaged

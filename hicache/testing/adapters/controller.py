@@ -440,11 +440,9 @@ class ControllerAdapter:
             engine.damage(how)
             return
         self.join_io()  # the cut lands between transfers, the same on every replay
-        from hicache.dataplane.groupengine import GroupTransferEngine  # a plane with bytes
-
         plane = self.ctl.byte_plane
-        if isinstance(plane, GroupTransferEngine):  # temporary files, no name to remove:
-            for f in plane.storage.files.values():  # both cut every pool's file
+        if not plane.one_pool:  # a group's temporary files, no name to remove:
+            for f in plane.group_storage.files.values():  # both cut every pool's file
                 os.ftruncate(f.fd, 3)
             return
         l3 = plane.l3
@@ -487,8 +485,7 @@ class ControllerAdapter:
         """Wait for L3 I/O already issued (without polling): the schedule a seed replays.
         On the deterministic schedule (`io_threads=0`) no thread runs it: it runs here."""
         if self.ctl.engine.has_bytes:
-            mover = getattr(self.ctl.byte_plane, "storage", None)
-            getattr(mover, "run_deferred", lambda: None)()  # a group's movers: no tasks
+            self.ctl.byte_plane.run_deferred()
         for handle in list(self.ctl.handles.values()):
             tasks = getattr(handle, "tasks", None)
             if tasks is not None:
