@@ -1,14 +1,14 @@
 """H2S (L2 -> L3) and S2H (L3 -> L2): file I/O between the L2 pool and the slot file.
 
     h2s(l2_pages, slots)   coalesce -> split -> lane 1: one pwrite per piece
-                                                lane 2: crc32 of each piece's source pages
-    s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then crc32 check of its pages
+                                                lane 2: checksum of each piece's source pages
+    s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then checksum its pages
 
 Extents (`extents.coalesce`, both sides consecutive, B13) are cut into pieces of at most
 `piece_bytes` (whole pages, at least one; `extents.split`), so that one long extent spreads
 over the threads like many short ones:
 
-- S2H: each piece is one `preadv`, then the crc32 check of its pages on the same thread,
+- S2H: each piece is one `preadv`, then the checksum check of its pages on the same thread,
   while they are still in its cache.
 - H2S: writes to one file serialise on its inode lock, so worker 0 writes the pieces in
   order while the others checksum the same (locked, unchanging) source pages
@@ -20,8 +20,8 @@ Bytes go straight between the L2 tensor's memory and the file: every piece's buf
 slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Pieces
 run on one bounded `ThreadPoolExecutor` of `io_threads` threads; a transfer submits one
 task per thread (not per piece), and each takes the next piece until none is left. Both
-syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. The threads make no CUDA
-call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
+syscalls and the L3 file's page checksum (`checksums.py`) release the GIL. The threads make no
+CUDA call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
 a capture). A short return is resumed from where it stopped, at most `MAX_SHORT_RESUMES`
 times per piece, never accepted (bug class B14); a return of 0 bytes fails the transfer at
 once (spec/l3.md, "Short I/O and I/O errors"). Linux alone caps one call at 2 GiB - 4 KiB,
@@ -61,7 +61,7 @@ import torch
 from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
-from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
+from hicache.dataplane.storage import L3File, describe_os_error
 from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
 from hicache.errors import (
     ConfigError,
@@ -132,7 +132,7 @@ class StorageHandle(TransferHandle):
         self.extents = extents
         self.pieces = len(pieces)
         self.tasks = TaskGroup(self.timings.issued_at)
-        # H2S: crc32 of each written page in piece order, and the slot it went to; published
+        # H2S: the checksum of each written page in piece order, and the slot it went to; published
         # to the L3File on DONE. (S2H: empty; its pages are checked against the file's record.)
         writing = direction is Direction.H2S
         self.checksums: npt.NDArray[np.uint32] = np.zeros(slots.size if writing else 0, np.uint32)
@@ -330,10 +330,10 @@ class StorageMover:
                 self.flip_byte(slot)
 
     def _checksum_piece(self, handle: StorageHandle, piece: _Piece) -> None:
-        """crc32 of the piece's (locked, unchanging) source pages, by page index."""
+        """Checksums of the piece's (locked, unchanging) source pages, by page index."""
         ext = piece.ext
         for i in range(ext.count):
-            crc = page_checksum(self._pages_view(ext.src_start + i, 1))
+            crc = self.l3.page_checksum(self._pages_view(ext.src_start + i, 1))
             handle.checksums[piece.first + i] = crc
 
     def _read_piece(self, piece: _Piece) -> None:
