@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.bench.storage import main as bench_main
+from hicache.dataplane.checksums import default_algorithm
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.l3format import HEADER_BYTES
@@ -525,9 +526,14 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
 # -- the benchmark runs (its figures are not asserted: performance lives in benchmarks) ----------
 
 
-def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checksum", [None, "crc32"])
+def test_bench_storage_runs_on_cpu(tmp_path: Path, checksum: str | None) -> None:
     out = tmp_path / "storage.json"
     args = [
+        *(["--checksum", checksum] if checksum else []),
+        "--ceiling-threads",
+        "1",
+        "2",
         "--tokens",
         "32",
         "80",
@@ -549,6 +555,15 @@ def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
     assert all(r["s2h_fragmented_GBps"] > 0 and r["h2s_consecutive_vs_raw"] > 0 for r in rows)
     assert all(r["pieces_consecutive"] == 1 for r in rows)  # 5 pages of 4 KiB: one 4 MiB piece
     assert all(r["pieces_fragmented"] == r["extents_fragmented"] for r in rows)
-    assert all(r["h2s_fragmented_cpu_ms"] >= 0 and r["crc32_cpu_ms"] >= 0 for r in rows)
-    assert result["config"]["corrupt_reads"] == 0
+    assert all(r["h2s_fragmented_cpu_ms"] >= 0 and r["checksum_cpu_ms"] >= 0 for r in rows)
+    # The multi-thread ceiling: each thread count, its best, and the mover's share of it.
+    for r in rows:
+        for d in ("write", "read"):
+            best = max(r[f"ceiling_{d}_{t}t_GBps"] for t in (1, 2))
+            assert r[f"ceiling_{d}_GBps"] == best > 0 and r[f"ceiling_{d}_threads"] in (1, 2)
+        ratio = r["s2h_consecutive_GBps"] / r["ceiling_read_GBps"]
+        assert r["s2h_consecutive_vs_ceiling"] == pytest.approx(ratio)
+    config = result["config"]
+    assert config["checksum"] == (checksum or default_algorithm())
+    assert config["ceiling_threads"] == [1, 2] and config["corrupt_reads"] == 0
     assert list(tmp_path.iterdir()) == [out]  # the benchmark's L3 file is gone
