@@ -2,7 +2,7 @@
 
     hicache bench storage --out storage.json [--dir /path/on/the/l3/disk]
         [--io-threads 8] [--piece-bytes 4194304] [--checksum xxh3-64-low32|crc32]
-        [--ceiling-threads 1 2 4 8]
+        [--ceiling-threads 1 2 4 8] [--direct]
 
 Qwen3-8B pages (2,359,296 bytes), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens (22 / 63 /
 125 / 219 pages of 16 tokens). For each: a consecutive set (L2 pages 0..n-1 <-> n consecutive
@@ -27,6 +27,11 @@ process's CPU time (all threads) per transfer: set beside `raw_*_cpu_ms` + `chec
 (the work that cannot be avoided) it shows overhead -- Python, lock spinning -- that wall
 time on a busy machine hides. The L3 file checksums with `--checksum` (default: the fastest
 this process has, `checksums.py`); `checksum` is that algorithm over the pages on one thread.
+
+`--direct`: the L3 file is opened O_DIRECT (`L3File(direct=True)`), and the mover and both
+ceilings move bytes through that descriptor, between the disk and a 4 KiB-aligned L2 -- no
+page cache, so the figures are the disk's (put `--dir` on the disk to measure; a file system
+that refuses O_DIRECT is an error naming the path). bytes_per_page must be a multiple of 4096.
 
 Every read lands in the pages its bytes came from, so the L2 contents never change and each
 S2H's checksum check is also a correctness check of the run. On CUDA machines the L2 tensor
@@ -56,7 +61,7 @@ from hicache.dataplane.checksums import ALGORITHMS, PageChecksum, available, def
 from hicache.dataplane.extents import coalesce, split
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
-from hicache.dataplane.storage_io import PIECE_BYTES, StorageHandle, StorageMover
+from hicache.dataplane.storage_io import PIECE_BYTES, StorageHandle, StorageMover, aligned_pages
 from hicache.errors import TransferError
 from hicache.outputs import OUTPUT_FILE, WORK_DIR
 from hicache.pages import Pages
@@ -167,13 +172,14 @@ def _bench_one(
     nbytes = n * bpp
     buf, at = l2_view[:nbytes], l3.offset(raw_slot)
     row: Row = {"pages": n, "tokens": n * PAGE_TOKENS, "bytes": nbytes}
-    _timed(row, "raw_write", lambda: _raw(os.pwrite, l3.fd, buf, at), repeats)
-    _timed(row, "raw_read", lambda: _raw(_preadv, l3.fd, buf, at), repeats)
+    fd = l3.io_fd  # the mover's descriptor: O_DIRECT with --direct
+    _timed(row, "raw_write", lambda: _raw(os.pwrite, fd, buf, at), repeats)
+    _timed(row, "raw_read", lambda: _raw(_preadv, fd, buf, at), repeats)
     for t in ceiling_threads:
         for name, call in (("write", os.pwrite), ("read", _preadv)):
 
             def ceiling(t: int = t, call: Callable[[int, memoryview, int], int] = call) -> None:
-                _threaded(pool, t, call, l3.fd, buf, at)
+                _threaded(pool, t, call, fd, buf, at)
 
             _timed(row, f"ceiling_{name}_{t}t", ceiling, repeats)
     _timed(row, "checksum", lambda: _checksum_pages(l3.page_checksum, buf, bpp), repeats)
@@ -224,6 +230,7 @@ def bench_storage(
     seed: int = 0,
     checksum: str | None = None,
     ceiling_threads: Sequence[int] = CEILING_THREADS,
+    direct: bool = False,
 ) -> dict[str, object]:
     """Run the benchmark; returns {"config": ..., "rows": [one per prefix size]}.
 
@@ -239,15 +246,17 @@ def bench_storage(
         dtype=torch.uint8,
         generator=torch.Generator().manual_seed(seed),
     )
+    if direct:  # O_DIRECT moves 4 KiB-aligned memory
+        l2 = aligned_pages(2 * big, bytes_per_page).copy_(l2)
     pinned = torch.cuda.is_available()
     if pinned:
-        l2 = l2.pin_memory()
+        l2 = l2.pin_memory()  # page-aligned
     rng = np.random.default_rng(seed)
     path = None
     if directory is not None:
         path = os.path.join(directory, f"hicache-bench-{os.getpid()}.slots")
     rows: list[Row] = []
-    l3 = L3File(path, 4 * big, bytes_per_page, checksum=checksum)
+    l3 = L3File(path, 4 * big, bytes_per_page, checksum=checksum, direct=direct)
     with (
         l3,
         StorageMover(l3, l2, io_threads=io_threads, piece_bytes=piece_bytes) as mover,
@@ -281,6 +290,7 @@ def bench_storage(
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "direct": direct,
         "checksum": l3.header.checksum,
         "checksum_one_thread_GBps": sum_gbps,
         "ceiling_threads": list(ceiling_threads),
@@ -377,6 +387,7 @@ def _table(result: dict[str, Any]) -> str:
         f"L3 file {c['l3_path']}; {c['bytes_per_page']:,} bytes/page; {c['io_threads']} I/O "
         f"threads; I/O calls of at most {c['piece_bytes']:,} bytes ({c['piece_pages']} "
         f"pages); median of {c['repeats']}; L2 pinned: {'yes' if c['l2_pinned'] else 'no'}; "
+        f"O_DIRECT: {'yes' if c['direct'] else 'no (page cache)'}; "
         f"checksum {c['checksum']}, on one thread {c['checksum_one_thread_GBps']:.2f} GB/s; "
         f"corrupt reads {c['corrupt_reads']}, short I/O resumed {c['short_io_resumed']}"
     )
@@ -421,6 +432,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="thread counts of the multi-thread pwrite/preadv ceiling",
     )
     parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="open the L3 file O_DIRECT (bypass the page cache; bytes-per-page a multiple of 4096)",
+    )
+    parser.add_argument(
         "--dir", type=WORK_DIR, help="directory for the L3 file (default: the temp dir)"
     )
     parser.add_argument("--out", type=OUTPUT_FILE, help="write the JSON result to this path")
@@ -435,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if value < least:  # else a ConfigError or a traceback naming no option, mid-run
             parser.error(f"argument {option}: at least {least}, got {value}")
+    if args.direct and args.bytes_per_page % 4096:
+        parser.error("argument --direct: --bytes-per-page must be a multiple of 4096")
     if args.checksum is not None and not available(args.checksum):
         parser.error(f"argument --checksum: {args.checksum} needs the xxhash package here")
     result = bench_storage(
@@ -446,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         directory=args.dir,
         checksum=args.checksum,
         ceiling_threads=args.ceiling_threads,
+        direct=args.direct,
     )
     print(_table(result))
     if args.out:

@@ -94,6 +94,16 @@ class L3File:
     existing hicache L3 file whose header names another one is refused like a file that is not
     ours (`L3PathRefused` naming both, unless `overwrite`); one this process cannot compute is
     a ConfigError. `page_checksum(data)` is the file's checksum of one page's bytes.
+
+    `direct`: the movers' I/O bypasses the page cache (`O_DIRECT`, Linux), for real storage
+    where the cache would only double-buffer the L2 pool. It goes through `io_fd`, a second
+    descriptor of the same open file; `fd` (the header, digests, faults' byte flips, replicas)
+    stays buffered, which the kernel keeps coherent with direct I/O. Direct I/O moves whole
+    `DIRECT_ALIGN` blocks between aligned memory and aligned offsets: bytes_per_page must be
+    a multiple of it (ConfigError otherwise; slots then start aligned, after the 4 KiB
+    header), and the mover checks its L2 memory (`aligned_pages` allocates such). A file
+    system that refuses O_DIRECT is a StorageError naming the path, at open. (Injected short
+    I/O faults cut unaligned slivers, which direct I/O refuses: EINVAL, a failed transfer.)
     """
 
     def __init__(
@@ -105,8 +115,12 @@ class L3File:
         geometry: KVGeometry | None = None,
         overwrite: bool = False,
         checksum: str | None = None,
+        direct: bool = False,
     ) -> None:
         _check_config(slots, bytes_per_page, geometry, overwrite)
+        _check_direct(direct, bytes_per_page)
+        self.direct = direct
+        self._io_fd = -1  # the O_DIRECT descriptor, once opened
         checksum = default_algorithm() if checksum is None else checksum
         self.page_checksum = checksum_function(checksum)
         self.slots = slots
@@ -121,6 +135,8 @@ class L3File:
             self._write_header()
             self._size_file()
             st = os.fstat(self._fd)
+            if direct:
+                self._io_fd = _open_direct(self.path, self._fd)
         except BaseException:
             self._close_fd_and_temp()
             raise
@@ -169,6 +185,7 @@ class L3File:
         self.size_bytes = HEADER_BYTES + slots * bytes_per_page
         self.temporary = True  # no name of its own to check: the writer's is removed
         self.path, self.replica = path, True
+        self.direct, self._io_fd = False, -1  # a replica reads through the page cache
         try:  # a /proc magic link is followed on purpose: it names the writer's open file
             self._fd = os.open(path, os.O_RDWR | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
@@ -219,6 +236,13 @@ class L3File:
         if self._fd < 0:
             raise StorageError(self.path, "closed; open a new L3File")
         return self._fd
+
+    @property
+    def io_fd(self) -> int:
+        """The descriptor the movers read and write slots through: `fd`, or with `direct` a
+        second one opened O_DIRECT. StorageError once closed."""
+        fd = self.fd
+        return self._io_fd if self._io_fd >= 0 else fd
 
     @property
     def closed(self) -> bool:
@@ -327,6 +351,9 @@ class L3File:
             self._close_fd_and_temp()
 
     def _close_fd_and_temp(self) -> None:
+        if self._io_fd >= 0:
+            io_fd, self._io_fd = self._io_fd, -1
+            os.close(io_fd)
         fd, self._fd = self._fd, -1
         os.close(fd)  # a temporary file's space is freed here: its name is already gone
 
@@ -357,6 +384,39 @@ def _replica_checksum(path: str, written: str, asked: str | None) -> PageChecksu
     except ConfigError as e:
         why = f"its slots are checksummed with {written}, which this rank cannot compute ({e})"
         raise StorageError(path, f"{why}: install the same hicache extras on every rank") from e
+
+
+DIRECT_ALIGN = 4096  # O_DIRECT: memory, offsets and lengths in multiples of this (any disk's)
+
+
+def _check_direct(direct: bool, bytes_per_page: int) -> None:
+    """ConfigError unless `direct` is a bool this platform and page size can honour."""
+    if not isinstance(direct, bool):
+        raise ConfigError("l3.direct", f"must be True or False, got {direct!r}")
+    if not direct:
+        return
+    if not hasattr(os, "O_DIRECT"):
+        raise ConfigError("l3.direct", "O_DIRECT is Linux's; turn direct I/O off here")
+    if bytes_per_page % DIRECT_ALIGN:
+        why = (
+            f"O_DIRECT moves whole {DIRECT_ALIGN}-byte blocks, and a page of {bytes_per_page} "
+            "bytes is not a multiple of that; turn direct I/O off for this geometry"
+        )
+        raise ConfigError("l3.direct", why)
+
+
+def _open_direct(path: str, fd: int) -> int:
+    """A second descriptor of open file `fd`, with O_DIRECT: reopened through /proc, so it
+    is the same file even when its name was removed or replaced. StorageError naming `path`
+    when the file system refuses direct I/O (EINVAL: tmpfs before Linux 6.6, some FUSE)."""
+    flags = os.O_RDWR | os.O_DIRECT | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError as e:
+        why = f"cannot open it for direct I/O (O_DIRECT): {describe_os_error(e)}"
+        if e.errno == errno.EINVAL:
+            why += "; its file system refuses O_DIRECT (tmpfs does before Linux 6.6)"
+        raise StorageError(path, f"{why}; put it on a disk file system, or turn direct off") from e
 
 
 def share_path(pid: int, fd: int) -> str:

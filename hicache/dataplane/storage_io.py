@@ -61,7 +61,7 @@ import torch
 from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
-from hicache.dataplane.storage import L3File, describe_os_error
+from hicache.dataplane.storage import DIRECT_ALIGN, L3File, describe_os_error
 from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
 from hicache.errors import (
     ConfigError,
@@ -169,7 +169,9 @@ class StorageMover:
     """Moves pages between the L2 pool (`l2_bytes`) and an `L3File` on `io_threads` threads.
 
     `l2_bytes`: uint8 CPU tensor `[capacity_pages, bytes_per_page]`, contiguous (pinned on
-    CUDA machines) -- a byte view of the page-major L2 pool. Page and slot arguments are
+    CUDA machines) -- a byte view of the page-major L2 pool; starting at a multiple of
+    `DIRECT_ALIGN` bytes when the L3 file is `direct` (pinned memory is page-aligned;
+    `aligned_pages` allocates such on CPU), ConfigError otherwise. Page and slot arguments are
     int64 arrays. Invalid arguments raise `InvalidPages` (a `HiCacheError`) before anything is
     issued.
     """
@@ -184,6 +186,14 @@ class StorageMover:
         faults: FaultInjector | None = None,
     ) -> None:
         _check_l2(l2_bytes, l3.bytes_per_page)
+        if l3.direct and l2_bytes.data_ptr() % DIRECT_ALIGN:
+            raise ConfigError(
+                "l2_bytes",
+                f"the L3 file is direct (O_DIRECT), which moves memory aligned to "
+                f"{DIRECT_ALIGN} bytes; this L2 tensor starts at "
+                f"{l2_bytes.data_ptr() % DIRECT_ALIGN} past such a boundary: allocate it "
+                "with aligned_pages() (or pinned memory)",
+            )
         if not isinstance(io_threads, int) or not 0 <= io_threads <= MAX_IO_THREADS:
             raise ConfigError(
                 "io_threads",
@@ -392,7 +402,7 @@ class StorageMover:
                 self._counters.short_io_resumed += resumes
 
     def _syscall(self, direction: Direction, part: memoryview, offset: int) -> int:
-        fd = self.l3.fd
+        fd = self.l3.io_fd  # O_DIRECT where the L3 file is direct
         if direction is Direction.H2S:
             return os.pwrite(fd, part, offset)
         return os.preadv(fd, [part], offset)
@@ -485,6 +495,15 @@ def _apply_faults(plan: _PieceFaults, part: memoryview, calls: int, total: int) 
     if calls < plan.short_calls and len(part) > 1:
         return part[: min(len(part) - 1, max(1, total // (4 * (MAX_SHORT_RESUMES + 1))))]
     return part
+
+
+def aligned_pages(pages: int, bytes_per_page: int) -> torch.Tensor:
+    """A zeroed uint8 CPU tensor `[pages, bytes_per_page]` whose memory starts at a multiple
+    of `DIRECT_ALIGN` bytes: an L2 pool a direct L3 file can read into and write from."""
+    nbytes = pages * bytes_per_page
+    raw = torch.zeros(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
+    skip = -raw.data_ptr() % DIRECT_ALIGN
+    return raw[skip : skip + nbytes].view(pages, bytes_per_page)
 
 
 def _check_l2(l2_bytes: torch.Tensor, bytes_per_page: int) -> None:
