@@ -304,6 +304,7 @@ def bench_storage(
 LEGEND = (
     "legend: c = consecutive (n L2 pages <-> n consecutive slots: 1 extent), f = "
     "fragmented (random pages <-> random slots); extents = runs of consecutive slots; "
+    "raw = one pwrite (write) or preadv (read) call of the same bytes, on one thread; "
     "ceiling = the best of the multi-thread table below (pwrite / preadv of the same bytes in "
     "4 MiB pieces, N threads); x ceil = the mover's GB/s over the ceiling's; GB = 1e9 bytes; "
     "CPU ms = this process's CPU time per transfer, all threads; checksum = the L3 file's "
