@@ -120,7 +120,8 @@ def test_storage_tables_have_units_and_explain_c_f_and_extents(
     header, legend = header_and_legend(out, "pages")
     assert "ext c/f" not in out and header[1] == "extents c/f"
     assert all("GB/s" in cell for cell in header[2:])
-    for term in ("c = consecutive", "f = fragmented", "extents = ", "raw = ", "x raw = "):
+    terms = ("c = consecutive", "f = fragmented", "extents = ", "raw = ", "ceiling = ", "x ceil = ")
+    for term in terms:
         assert term in legend
     cpu_header = next(line for line in out.splitlines() if "CPU ms" in line and "pages" in line)
     assert all(cell.endswith("CPU ms") for cell in re.split(r"\s{2,}", cpu_header.strip())[1:])

@@ -230,6 +230,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(
         (["bench", "control", "--tokens", "1"], "--tokens: each size must be at least"),
         (["bench", "storage", "--tokens", "0"], "argument --tokens: at least 1, got 0"),
         (["bench", "storage", "--repeats", "0"], "argument --repeats: at least 1, got 0"),
+        (
+            ["bench", "storage", "--ceiling-threads", "0"],
+            "argument --ceiling-threads: at least 1, got 0",
+        ),
+        (
+            ["bench", "storage", "--direct", "--bytes-per-page", "3080"],
+            "argument --direct: --bytes-per-page must be a multiple of 4096",
+        ),
         (["bench", "transfer", "--out", "o", "--tokens", "abc"], "argument --tokens: 'abc'"),
         (["bench", "transfer", "--out", "o", "--first-chunk-mib", "1,x"], "'x' in '1,x'"),
         (["bench", "kernels", "--tokens", "0"], "argument --tokens: '0'"),

@@ -24,6 +24,8 @@ import torch
 
 from hicache import demo
 from hicache.controller.config import CacheConfig
+from hicache.dataplane import checksums
+from hicache.dataplane.checksums import CRC32, XXH3_LOW32, available, default_algorithm
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferStatus
@@ -143,9 +145,12 @@ def garbled(kind: str) -> bytes:
         return good[:24] + bytes([good[24] ^ 1]) + good[25:]
     if kind == "wrong magic":
         return b"HICACHL4" + good[8:]
+    if kind == "version 1":  # the layout before the checksum field: crc32 at 56
+        head = good[:8] + struct.pack("<I", 1) + good[12:56]
+        return head + struct.pack("<I", zlib.crc32(head)) + good[60:]
     assert kind == "future version"
-    head = good[:8] + struct.pack("<I", 2) + good[12:56]
-    return head + struct.pack("<I", zlib.crc32(head)) + good[60:]
+    head = good[:8] + struct.pack("<I", 3) + good[12:72]
+    return head + struct.pack("<I", zlib.crc32(head)) + good[76:]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +161,8 @@ def garbled(kind: str) -> bytes:
         ("truncated fields", "truncated"),
         ("flipped slots field", "damaged"),
         ("wrong magic", "not a hicache L3 file"),
-        ("future version", "format version 2"),
+        ("version 1", "format version 1; this hicache reads version 2"),
+        ("future version", "format version 3"),
     ],
 )
 def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why: str) -> None:
@@ -169,6 +175,77 @@ def test_a_truncated_or_garbled_header_is_refused(tmp_path: Path, kind: str, why
     assert snapshot(path) == before
     with L3File(str(path), SLOTS, BPP, overwrite=True) as f:  # the explicit way out
         assert decode(l3_header_of(path)) == f.header
+
+
+# -- the slot checksum the header names (checksums.py) -----------------------------------------
+
+needs_xxhash = pytest.mark.skipif(
+    not available(XXH3_LOW32), reason="needs xxhash: pip install -e '.[data]'"
+)
+
+
+@needs_xxhash
+@pytest.mark.parametrize("written,wanted", [(CRC32, XXH3_LOW32), (XXH3_LOW32, CRC32)])
+def test_a_file_of_another_checksum_is_refused_unless_overwritten(
+    tmp_path: Path, written: str, wanted: str
+) -> None:
+    path = tmp_path / "l3.slots"
+    with L3File(str(path), SLOTS, BPP, checksum=written) as f:
+        assert f.header.checksum == written
+        write_slot(f, 1, seed=2)
+    before = snapshot(path)
+    with pytest.raises(L3PathRefused, match=f"checksummed with {written}, not {wanted}") as info:
+        L3File(str(path), SLOTS, BPP, checksum=wanted)
+    assert info.value.path == str(path) and info.value.overwrite_helps
+    assert snapshot(path) == before
+    with L3File(str(path), SLOTS, BPP, checksum=written):  # its own algorithm: taken over
+        pass
+    with L3File(str(path), SLOTS, BPP, checksum=wanted, overwrite=True) as f:
+        assert decode(l3_header_of(path)).checksum == wanted == f.header.checksum
+
+
+def test_a_header_naming_an_unknown_checksum_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "l3.slots"
+    path.write_bytes(encode(L3Header(BPP, SLOTS, None, checksum="md5")) + bytes(SLOTS * BPP))
+    with pytest.raises(L3PathRefused, match="checksummed with md5"):
+        L3File(str(path), SLOTS, BPP)
+    with pytest.raises(ConfigError, match="l3.checksum: one of"):
+        L3File(str(path), SLOTS, BPP, checksum="md5", overwrite=True)
+
+
+@needs_xxhash
+def test_a_replica_checks_with_the_writers_checksum_and_refuses_another(tmp_path: Path) -> None:
+    with L3File(None, SLOTS, BPP, checksum=CRC32) as writer:
+        page = write_slot(writer, 2, seed=5)
+        where = share_path(*writer.share_handle())
+        with L3File.open_replica(where, SLOTS, BPP) as replica:  # the file's algorithm
+            assert replica.header.checksum == CRC32 and default_algorithm() == XXH3_LOW32
+            replica.record(pages([2]), writer.checksums(pages([2])))
+            assert read_slot(replica, 2).equal(page)
+        with pytest.raises(StorageError, match=f"checksummed with {CRC32}, not {XXH3_LOW32}"):
+            L3File.open_replica(where, SLOTS, BPP, checksum=XXH3_LOW32)
+
+
+def test_without_xxhash_l3_falls_back_to_crc32_and_names_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine without the optional xxhash: new files use crc32; a file or a request for
+    XXH3 is a typed error naming the algorithm and the package, never a crash."""
+    with L3File(None, SLOTS, BPP) as writer:  # XXH3 where xxhash is installed
+        monkeypatch.setitem(checksums._FUNCTIONS, XXH3_LOW32, None)  # now it is not
+        assert default_algorithm() == CRC32
+        with L3File(None, SLOTS, BPP) as f:
+            assert f.header.checksum == CRC32 == decode(os.pread(f.fd, FIELDS_BYTES, 0)).checksum
+            page = write_slot(f, 1, seed=3)
+            assert f.checksum(1) == zlib.crc32(page.numpy().tobytes())
+            assert read_slot(f, 1).equal(page)
+        with pytest.raises(ConfigError, match="l3.checksum: 'xxh3-64-low32' needs the xxhash"):
+            L3File(None, SLOTS, BPP, checksum=XXH3_LOW32)
+        where = share_path(*writer.share_handle())
+        if writer.header.checksum == XXH3_LOW32:
+            with pytest.raises(StorageError, match=f"{XXH3_LOW32}, which this rank cannot") as e:
+                L3File.open_replica(where, SLOTS, BPP)
+            assert e.value.path == where
 
 
 # -- one opener at a time (spec/l3.md, "Opening a path", rule 8) -------------------------------
@@ -309,7 +386,7 @@ def test_header_fields_round_trip(geometry: KVGeometry | None) -> None:
     assert len(raw) == HEADER_BYTES and raw[FIELDS_BYTES:] == bytes(HEADER_BYTES - FIELDS_BYTES)
     assert decode(raw) == header
     # Read at the spec's offsets, not through the struct the code uses.
-    assert raw[:8] == b"HICACHL3" and struct.unpack_from("<IIQQ", raw, 8) == (1, 4096, bpp, 1 << 40)
+    assert raw[:8] == b"HICACHL3" and struct.unpack_from("<IIQQ", raw, 8) == (2, 4096, bpp, 1 << 40)
     shape = struct.unpack_from("<IIII", raw, 32)
     dtype = raw[48:56].rstrip(b"\0").decode()
     if geometry is None:
@@ -317,7 +394,8 @@ def test_header_fields_round_trip(geometry: KVGeometry | None) -> None:
     else:
         g = geometry
         assert shape == (g.page_size, g.layers, g.kv_heads, g.head_dim) and dtype == g.dtype
-    assert struct.unpack_from("<I", raw, 56)[0] == zlib.crc32(raw[:56])
+    assert raw[56:72].rstrip(b"\0").decode() == header.checksum == default_algorithm()
+    assert struct.unpack_from("<I", raw, 72)[0] == zlib.crc32(raw[:72])
 
 
 def test_header_of_a_real_file_round_trips() -> None:

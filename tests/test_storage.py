@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -9,7 +11,6 @@ import stat
 import subprocess
 import sys
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,11 +26,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.bench.storage import main as bench_main
+from hicache.dataplane.checksums import default_algorithm
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.l3format import HEADER_BYTES
-from hicache.dataplane.storage import L3File
-from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, StorageHandle, StorageMover
+from hicache.dataplane.slotdigest import read_servable
+from hicache.dataplane.storage import DIRECT_ALIGN, L3File
+from hicache.dataplane.storage_io import (
+    MAX_SHORT_RESUMES,
+    StorageHandle,
+    StorageMover,
+    aligned_pages,
+)
 from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError
 from hicache.pages import pages
@@ -73,7 +81,7 @@ def round_trip(
         assert torch.equal(l2[d], expected[page_of_slot[s]]), (d, s)
     # Each slot's recorded checksum is its own page's (pieces index checksums by position).
     for s, p in page_of_slot.items():
-        assert mover.l3.checksum(s) == zlib.crc32(expected[p].numpy().tobytes()), (s, p)
+        assert mover.l3.checksum(s) == mover.l3.page_checksum(expected[p].numpy().data), (s, p)
 
 
 # -- round trips ---------------------------------------------------------------------------
@@ -523,12 +531,82 @@ def test_l3_file_reads_back_what_the_mover_wrote_at_computed_offsets(l3: L3File)
     assert np.array_equal(raw[l3.offset(30) : l3.offset(31)], l2[3].numpy())
 
 
+# -- direct I/O (L3File(direct=True): O_DIRECT) ------------------------------------------------
+
+DIRECT_BPP = 2 * DIRECT_ALIGN
+
+
+def test_direct_io_round_trips_through_its_own_descriptor(tmp_path: Path) -> None:
+    path = str(tmp_path / "l3.slots")
+    try:
+        l3 = L3File(path, 8, DIRECT_BPP, direct=True)
+    except StorageError as e:  # this file system refuses O_DIRECT: nothing to round-trip
+        pytest.skip(str(e))
+    l2 = aligned_pages(6, DIRECT_BPP)
+    assert l2.data_ptr() % DIRECT_ALIGN == 0 and l2.is_contiguous()
+    l2.copy_(torch.randint(0, 256, (6, DIRECT_BPP), dtype=torch.uint8))
+    expected = l2.clone()
+    with l3, StorageMover(l3, l2, io_threads=2) as mover:
+        assert fcntl.fcntl(l3.io_fd, fcntl.F_GETFL) & os.O_DIRECT
+        assert not fcntl.fcntl(l3.fd, fcntl.F_GETFL) & os.O_DIRECT  # header, digests: buffered
+        done(mover.h2s(pages([0, 1, 2, 4]), pages([3, 4, 5, 0])))
+        l2[:] = 0xA5
+        done(mover.s2h(pages([3, 4, 5, 0]), pages([0, 1, 2, 4])))
+        assert torch.equal(l2[pages([0, 1, 2, 4])], expected[pages([0, 1, 2, 4])])
+        # The buffered descriptor sees what direct I/O wrote (a digest reads through it).
+        row = memoryview(bytearray(DIRECT_BPP))
+        assert read_servable(l3, 5, row) and bytes(row) == expected[2].numpy().tobytes()
+        io_fd = l3.io_fd
+    assert l3.closed
+    with pytest.raises(OSError):
+        os.fstat(io_fd)  # closed with the file
+
+
+def test_direct_io_refused_by_the_file_system_names_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tmpfs refused O_DIRECT before Linux 6.6 (this kernel may take it): EINVAL at open,
+    simulated, is a StorageError naming the file, and the half-made file is closed."""
+    real_open = os.open
+
+    def refusing(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing)
+    path = str(tmp_path / "l3.slots")
+    with pytest.raises(StorageError, match="file system refuses O_DIRECT") as info:
+        L3File(path, 4, DIRECT_BPP, direct=True)
+    assert info.value.path == path and "turn direct off" in str(info.value)
+    monkeypatch.undo()
+    with L3File(path, 4, DIRECT_BPP):  # the refused open left nothing locked
+        pass
+
+
+def test_direct_io_needs_aligned_pages_and_memory() -> None:
+    with pytest.raises(ConfigError, match="l3.direct: O_DIRECT moves whole 4096-byte blocks"):
+        L3File(None, 4, BPP, direct=True)
+    with pytest.raises(ConfigError, match="l3.direct: must be True or False"):
+        L3File(None, 4, DIRECT_BPP, direct=1)  # type: ignore[arg-type]
+    with L3File(None, 4, DIRECT_BPP, direct=True) as l3:
+        skewed = aligned_pages(3, DIRECT_BPP).view(-1)[64 : 64 + 2 * DIRECT_BPP]
+        with pytest.raises(ConfigError, match="allocate it with aligned_pages"):
+            StorageMover(l3, skewed.view(2, DIRECT_BPP))
+
+
 # -- the benchmark runs (its figures are not asserted: performance lives in benchmarks) ----------
 
 
-def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checksum,direct", [(None, False), ("crc32", False), (None, True)])
+def test_bench_storage_runs_on_cpu(tmp_path: Path, checksum: str | None, direct: bool) -> None:
     out = tmp_path / "storage.json"
     args = [
+        *(["--checksum", checksum] if checksum else []),
+        *(["--direct"] if direct else []),
+        "--ceiling-threads",
+        "1",
+        "2",
         "--tokens",
         "32",
         "80",
@@ -550,6 +628,16 @@ def test_bench_storage_runs_on_cpu(tmp_path: Path) -> None:
     assert all(r["s2h_fragmented_GBps"] > 0 and r["h2s_consecutive_vs_raw"] > 0 for r in rows)
     assert all(r["pieces_consecutive"] == 1 for r in rows)  # 5 pages of 4 KiB: one 4 MiB piece
     assert all(r["pieces_fragmented"] == r["extents_fragmented"] for r in rows)
-    assert all(r["h2s_fragmented_cpu_ms"] >= 0 and r["crc32_cpu_ms"] >= 0 for r in rows)
-    assert result["config"]["corrupt_reads"] == 0
+    assert all(r["h2s_fragmented_cpu_ms"] >= 0 and r["checksum_cpu_ms"] >= 0 for r in rows)
+    # The multi-thread ceiling: each thread count, its best, and the mover's share of it.
+    for r in rows:
+        for d in ("write", "read"):
+            best = max(r[f"ceiling_{d}_{t}t_GBps"] for t in (1, 2))
+            assert r[f"ceiling_{d}_GBps"] == best > 0 and r[f"ceiling_{d}_threads"] in (1, 2)
+        ratio = r["s2h_consecutive_GBps"] / r["ceiling_read_GBps"]
+        assert r["s2h_consecutive_vs_ceiling"] == pytest.approx(ratio)
+    config = result["config"]
+    assert config["checksum"] == (checksum or default_algorithm())
+    assert config["direct"] is direct
+    assert config["ceiling_threads"] == [1, 2] and config["corrupt_reads"] == 0
     assert list(tmp_path.iterdir()) == [out]  # the benchmark's L3 file is gone

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 
 from hicache.dataplane.pools import DIGEST_BATCH_BYTES, digest_rows
-from hicache.dataplane.storage import L3File, page_checksum
+from hicache.dataplane.storage import L3File
 from hicache.pages import Pages
 from hicache.snapshot import UNSERVABLE
 
@@ -52,4 +52,4 @@ def read_servable(l3: L3File, slot: int, into: memoryview) -> bool:
             return False  # the file ends before the slot: truncated under us
         done += got
     recorded = l3.checksum(slot)
-    return recorded is not None and page_checksum(into) == recorded
+    return recorded is not None and l3.page_checksum(into) == recorded

@@ -15,11 +15,13 @@ when it is already a hicache L3 file, or when the caller says to overwrite it; a
 is, nor a file another open `L3File` holds (see `L3File`): an explicit path is locked
 (`flock`, exclusive) for as long as it is open, so two controllers never share one file.
 
-Checksum: `zlib.crc32` of the whole page, 4 bytes of metadata per slot (spec/l3.md, "Slot
-metadata and the checksum", says when it is recorded and checked). It catches every single-byte
-change and every burst of up to 32 bits, and it is the fastest checksum the standard library
-has; it releases the GIL for buffers over 5 KiB, so `storage_io.py` runs it on the I/O threads
-beside the file I/O. The candidates' timings are in benchmarks/results/HISTORY.md.
+Checksum: 32 bits of the whole page, 4 bytes of metadata per slot (spec/l3.md, "Slot
+metadata and the checksum", says when it is recorded and checked), computed with the file's
+algorithm (`checksums.py`: XXH3 where `xxhash` is installed, else zlib's crc32), which the
+header names. Every algorithm releases the GIL on a page, so `storage_io.py` runs it on the
+I/O threads beside the file I/O. A file whose header names another algorithm than this
+`L3File`'s is refused (a takeover: `L3PathRefused`; a replica: `StorageError`), never read
+with the wrong one.
 
 Thread safety: the metadata is changed (`record`, `invalidate`) by the thread that issues and
 observes transfers; I/O threads only read it (`verify`), and the corrupt-read counter is locked.
@@ -33,12 +35,13 @@ import os
 import stat
 import tempfile
 import threading
-import zlib
+from dataclasses import replace as _replace
 from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
 
+from hicache.dataplane.checksums import PageChecksum, checksum_function, default_algorithm
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
 from hicache.errors import (
@@ -52,11 +55,6 @@ from hicache.errors import (
 from hicache.pages import Pages
 
 MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
-
-
-def page_checksum(data: memoryview) -> int:
-    """crc32 of one page's bytes, as an unsigned 32-bit integer (spec/l3.md)."""
-    return zlib.crc32(data)
 
 
 class L3File:
@@ -91,6 +89,21 @@ class L3File:
     `L3InUse` for a held file) saying why and what to do. Other failures raise
     `StorageError` naming the path; non-positive sizes or a geometry of another
     bytes_per_page raise `ConfigError`.
+
+    `checksum`: the slot checksum's name (`checksums.py`); None: this process's fastest. An
+    existing hicache L3 file whose header names another one is refused like a file that is not
+    ours (`L3PathRefused` naming both, unless `overwrite`); one this process cannot compute is
+    a ConfigError. `page_checksum(data)` is the file's checksum of one page's bytes.
+
+    `direct`: the movers' I/O bypasses the page cache (`O_DIRECT`, Linux), for real storage
+    where the cache would only double-buffer the L2 pool. It goes through `io_fd`, a second
+    descriptor of the same open file; `fd` (the header, digests, faults' byte flips, replicas)
+    stays buffered, which the kernel keeps coherent with direct I/O. Direct I/O moves whole
+    `DIRECT_ALIGN` blocks between aligned memory and aligned offsets: bytes_per_page must be
+    a multiple of it (ConfigError otherwise; slots then start aligned, after the 4 KiB
+    header), and the mover checks its L2 memory (`aligned_pages` allocates such). A file
+    system that refuses O_DIRECT is a StorageError naming the path, at open. (Injected short
+    I/O faults cut unaligned slivers, which direct I/O refuses: EINVAL, a failed transfer.)
     """
 
     def __init__(
@@ -101,18 +114,29 @@ class L3File:
         *,
         geometry: KVGeometry | None = None,
         overwrite: bool = False,
+        checksum: str | None = None,
+        direct: bool = False,
     ) -> None:
         _check_config(slots, bytes_per_page, geometry, overwrite)
+        _check_direct(direct, bytes_per_page)
+        self.direct = direct
+        self._io_fd = -1  # the O_DIRECT descriptor, once opened
+        checksum = default_algorithm() if checksum is None else checksum
+        self.page_checksum = checksum_function(checksum)
         self.slots = slots
         self.bytes_per_page = bytes_per_page
-        self.header = L3Header(bytes_per_page, slots, geometry)
+        self.header = L3Header(bytes_per_page, slots, geometry, checksum=checksum)
         self.size_bytes = HEADER_BYTES + slots * bytes_per_page  # the file: header and slots
         self.temporary = path is None
-        self.path, self._fd = _open_temp() if path is None else _open_explicit(path, overwrite)
+        self.path, self._fd = (
+            _open_temp() if path is None else _open_explicit(path, overwrite, checksum)
+        )
         try:
             self._write_header()
             self._size_file()
             st = os.fstat(self._fd)
+            if direct:
+                self._io_fd = _open_direct(self.path, self._fd)
         except BaseException:
             self._close_fd_and_temp()
             raise
@@ -129,14 +153,23 @@ class L3File:
 
     @classmethod
     def open_replica(
-        cls, path: str, slots: int, bytes_per_page: int, *, geometry: KVGeometry | None = None
+        cls,
+        path: str,
+        slots: int,
+        bytes_per_page: int,
+        *,
+        geometry: KVGeometry | None = None,
+        checksum: str | None = None,
     ) -> L3File:
         """Another rank's L3 file, opened to read what that rank writes into it: a
         replicated pool's slots, which rank 0 alone writes, under a key without a rank, and
         every rank reads (spec/tp.md, "L3 writes"). `path` names the writer's open file --
         `share_path(*writer.share_handle())`, `/proc/<pid>/fd/<fd>`, which reaches it even
         though its name was removed -- and it must hold a header for exactly these slots
-        and this geometry (StorageError naming the path otherwise).
+        and this geometry (StorageError naming the path otherwise). The replica checks with
+        the algorithm the file's header names (the writer's: its checksums arrive in it);
+        `checksum`, when given, must be that one. StorageError naming the path and the
+        algorithm when it is another, or one this process cannot compute.
 
         Nothing in the file is changed, and no lock is taken: the writer holds the file
         (a temporary one, which no `l3_path` can name), the replica only reads it. Its
@@ -148,10 +181,11 @@ class L3File:
         _check_config(slots, bytes_per_page, geometry, False)
         self = cls.__new__(cls)
         self.slots, self.bytes_per_page = slots, bytes_per_page
-        self.header = L3Header(bytes_per_page, slots, geometry)
+        self.header = L3Header(bytes_per_page, slots, geometry)  # its checksum: the file's
         self.size_bytes = HEADER_BYTES + slots * bytes_per_page
         self.temporary = True  # no name of its own to check: the writer's is removed
         self.path, self.replica = path, True
+        self.direct, self._io_fd = False, -1  # a replica reads through the page cache
         try:  # a /proc magic link is followed on purpose: it names the writer's open file
             self._fd = os.open(path, os.O_RDWR | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
@@ -164,12 +198,14 @@ class L3File:
         try:
             st = os.fstat(self._fd)
             got = decode(os.pread(self._fd, FIELDS_BYTES, 0))
+            self.header = _replace(self.header, checksum=got.checksum)
             if got != self.header or st.st_size < self.size_bytes:
                 raise StorageError(
                     path,
                     f"holds {got} in {st.st_size} bytes, not {self.header} "
                     f"in {self.size_bytes}: the ranks' L3 geometries differ",
                 )
+            self.page_checksum = _replica_checksum(path, got.checksum, checksum)
         except (OSError, ValueError) as e:
             os.close(self._fd)
             raise StorageError(path, f"is not rank 0's L3 file: {e}") from e
@@ -200,6 +236,13 @@ class L3File:
         if self._fd < 0:
             raise StorageError(self.path, "closed; open a new L3File")
         return self._fd
+
+    @property
+    def io_fd(self) -> int:
+        """The descriptor the movers read and write slots through: `fd`, or with `direct` a
+        second one opened O_DIRECT. StorageError once closed."""
+        fd = self.fd
+        return self._io_fd if self._io_fd >= 0 else fd
 
     @property
     def closed(self) -> bool:
@@ -294,7 +337,7 @@ class L3File:
         Raises CorruptSlot (and counts it in `corrupt_reads`) on a mismatch, or when the slot
         holds no written page: such bytes are never served (R53). Safe to call from I/O threads.
         """
-        if self._written[slot] and page_checksum(data) == int(self._crc[slot]):
+        if self._written[slot] and self.page_checksum(data) == int(self._crc[slot]):
             return
         with self._counter_lock:
             self.corrupt_reads += 1
@@ -308,6 +351,9 @@ class L3File:
             self._close_fd_and_temp()
 
     def _close_fd_and_temp(self) -> None:
+        if self._io_fd >= 0:
+            io_fd, self._io_fd = self._io_fd, -1
+            os.close(io_fd)
         fd, self._fd = self._fd, -1
         os.close(fd)  # a temporary file's space is freed here: its name is already gone
 
@@ -325,6 +371,52 @@ class L3File:
     def __repr__(self) -> str:
         kind = "L3File.replica" if self.replica else "L3File"
         return f"{kind}({self.path!r}, slots={self.slots}, bytes_per_page={self.bytes_per_page})"
+
+
+def _replica_checksum(path: str, written: str, asked: str | None) -> PageChecksum:
+    """The checksum a replica of a file written with `written` checks with: that one.
+    StorageError naming both when `asked` is another, or when this process lacks it."""
+    if asked is not None and asked != written:
+        why = f"its slots are checksummed with {written}, not {asked}"
+        raise StorageError(path, f"{why}: every rank must use one L3 checksum")
+    try:
+        return checksum_function(written)
+    except ConfigError as e:
+        why = f"its slots are checksummed with {written}, which this rank cannot compute ({e})"
+        raise StorageError(path, f"{why}: install the same hicache extras on every rank") from e
+
+
+DIRECT_ALIGN = 4096  # O_DIRECT: memory, offsets and lengths in multiples of this (any disk's)
+
+
+def _check_direct(direct: bool, bytes_per_page: int) -> None:
+    """ConfigError unless `direct` is a bool this platform and page size can honour."""
+    if not isinstance(direct, bool):
+        raise ConfigError("l3.direct", f"must be True or False, got {direct!r}")
+    if not direct:
+        return
+    if not hasattr(os, "O_DIRECT"):
+        raise ConfigError("l3.direct", "O_DIRECT is Linux's; turn direct I/O off here")
+    if bytes_per_page % DIRECT_ALIGN:
+        why = (
+            f"O_DIRECT moves whole {DIRECT_ALIGN}-byte blocks, and a page of {bytes_per_page} "
+            "bytes is not a multiple of that; turn direct I/O off for this geometry"
+        )
+        raise ConfigError("l3.direct", why)
+
+
+def _open_direct(path: str, fd: int) -> int:
+    """A second descriptor of open file `fd`, with O_DIRECT: reopened through /proc, so it
+    is the same file even when its name was removed or replaced. StorageError naming `path`
+    when the file system refuses direct I/O (EINVAL: tmpfs before Linux 6.6, some FUSE)."""
+    flags = os.O_RDWR | os.O_DIRECT | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError as e:
+        why = f"cannot open it for direct I/O (O_DIRECT): {describe_os_error(e)}"
+        if e.errno == errno.EINVAL:
+            why += "; its file system refuses O_DIRECT (tmpfs does before Linux 6.6)"
+        raise StorageError(path, f"{why}; put it on a disk file system, or turn direct off") from e
 
 
 def share_path(pid: int, fd: int) -> str:
@@ -353,7 +445,7 @@ def _open_temp() -> tuple[str, int]:
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
+def _open_explicit(path: str, overwrite: bool, checksum: str) -> tuple[str, int]:
     """Create `path` exclusively, or open what is there; lock it (`_lock`), then decide from
     the descriptor whether L3 may take it over (see `L3File`). Returns the absolute path and
     a locked descriptor of a regular file, mode 0600; nothing in the file is changed yet."""
@@ -373,7 +465,7 @@ def _open_explicit(path: str, overwrite: bool) -> tuple[str, int]:
         # empty, with overwrite) is that opener's now: refused too, and left to it.
         _lock(path, fd)
         if not created:
-            _check_takeover(path, fd, overwrite)
+            _check_takeover(path, fd, overwrite, checksum)
             os.fchmod(fd, 0o600)  # an existing file keeps its mode under open(); data is ours
     except OSError as e:
         os.close(fd)
@@ -421,18 +513,26 @@ def _open_existing(path: str) -> int:
     return fd
 
 
-def _check_takeover(path: str, fd: int, overwrite: bool) -> None:
-    """L3PathRefused unless the open regular file `fd` holds a hicache L3 header, or
-    `overwrite`: R50, decided on the descriptor. Reads the header's fields; writes nothing."""
+def _check_takeover(path: str, fd: int, overwrite: bool, checksum: str) -> None:
+    """L3PathRefused unless the open regular file `fd` holds a hicache L3 header naming
+    slot checksum `checksum`, or `overwrite`: R50, decided on the descriptor. Reads the
+    header's fields; writes nothing."""
     try:
         raw = os.pread(fd, FIELDS_BYTES, 0)
     except OSError as e:
         raise StorageError(path, f"cannot read its header: {describe_os_error(e)}") from e
+    if overwrite:
+        return
     try:
-        decode(raw)
+        written = decode(raw).checksum
     except ValueError as e:
-        if not overwrite:
-            raise L3PathRefused(path, f"exists and {e} (R50)", overwrite_helps=True) from None
+        raise L3PathRefused(path, f"exists and {e} (R50)", overwrite_helps=True) from None
+    if written != checksum:
+        why = (
+            f"exists and is a hicache L3 file whose slots are checksummed with {written}, "
+            f"not {checksum} (this L3 file's checksum)"
+        )
+        raise L3PathRefused(path, why, overwrite_helps=True)
 
 
 def _not_regular(path: str) -> L3PathRefused:

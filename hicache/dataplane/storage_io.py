@@ -1,14 +1,14 @@
 """H2S (L2 -> L3) and S2H (L3 -> L2): file I/O between the L2 pool and the slot file.
 
     h2s(l2_pages, slots)   coalesce -> split -> lane 1: one pwrite per piece
-                                                lane 2: crc32 of each piece's source pages
-    s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then crc32 check of its pages
+                                                lane 2: checksum of each piece's source pages
+    s2h(slots, l2_pages)   coalesce -> split -> per piece: one preadv, then checksum its pages
 
 Extents (`extents.coalesce`, both sides consecutive, B13) are cut into pieces of at most
 `piece_bytes` (whole pages, at least one; `extents.split`), so that one long extent spreads
 over the threads like many short ones:
 
-- S2H: each piece is one `preadv`, then the crc32 check of its pages on the same thread,
+- S2H: each piece is one `preadv`, then the checksum check of its pages on the same thread,
   while they are still in its cache.
 - H2S: writes to one file serialise on its inode lock, so worker 0 writes the pieces in
   order while the others checksum the same (locked, unchanging) source pages
@@ -20,8 +20,8 @@ Bytes go straight between the L2 tensor's memory and the file: every piece's buf
 slice of one `memoryview` over the tensor (no intermediate copy, no serialisation). Pieces
 run on one bounded `ThreadPoolExecutor` of `io_threads` threads; a transfer submits one
 task per thread (not per piece), and each takes the next piece until none is left. Both
-syscalls and `zlib.crc32` (buffers over 5 KiB) release the GIL. The threads make no CUDA
-call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
+syscalls and the L3 file's page checksum (`checksums.py`) release the GIL. The threads make no
+CUDA call, so they may keep running while a CUDA graph is captured (capture.py: what may run during
 a capture). A short return is resumed from where it stopped, at most `MAX_SHORT_RESUMES`
 times per piece, never accepted (bug class B14); a return of 0 bytes fails the transfer at
 once (spec/l3.md, "Short I/O and I/O errors"). Linux alone caps one call at 2 GiB - 4 KiB,
@@ -61,7 +61,7 @@ import torch
 from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
-from hicache.dataplane.storage import L3File, describe_os_error, page_checksum
+from hicache.dataplane.storage import DIRECT_ALIGN, L3File, describe_os_error
 from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
 from hicache.errors import (
     ConfigError,
@@ -132,7 +132,7 @@ class StorageHandle(TransferHandle):
         self.extents = extents
         self.pieces = len(pieces)
         self.tasks = TaskGroup(self.timings.issued_at)
-        # H2S: crc32 of each written page in piece order, and the slot it went to; published
+        # H2S: the checksum of each written page in piece order, and the slot it went to; published
         # to the L3File on DONE. (S2H: empty; its pages are checked against the file's record.)
         writing = direction is Direction.H2S
         self.checksums: npt.NDArray[np.uint32] = np.zeros(slots.size if writing else 0, np.uint32)
@@ -169,7 +169,9 @@ class StorageMover:
     """Moves pages between the L2 pool (`l2_bytes`) and an `L3File` on `io_threads` threads.
 
     `l2_bytes`: uint8 CPU tensor `[capacity_pages, bytes_per_page]`, contiguous (pinned on
-    CUDA machines) -- a byte view of the page-major L2 pool. Page and slot arguments are
+    CUDA machines) -- a byte view of the page-major L2 pool; starting at a multiple of
+    `DIRECT_ALIGN` bytes when the L3 file is `direct` (pinned memory is page-aligned;
+    `aligned_pages` allocates such on CPU), ConfigError otherwise. Page and slot arguments are
     int64 arrays. Invalid arguments raise `InvalidPages` (a `HiCacheError`) before anything is
     issued.
     """
@@ -184,6 +186,14 @@ class StorageMover:
         faults: FaultInjector | None = None,
     ) -> None:
         _check_l2(l2_bytes, l3.bytes_per_page)
+        if l3.direct and l2_bytes.data_ptr() % DIRECT_ALIGN:
+            raise ConfigError(
+                "l2_bytes",
+                f"the L3 file is direct (O_DIRECT), which moves memory aligned to "
+                f"{DIRECT_ALIGN} bytes; this L2 tensor starts at "
+                f"{l2_bytes.data_ptr() % DIRECT_ALIGN} past such a boundary: allocate it "
+                "with aligned_pages() (or pinned memory)",
+            )
         if not isinstance(io_threads, int) or not 0 <= io_threads <= MAX_IO_THREADS:
             raise ConfigError(
                 "io_threads",
@@ -330,10 +340,10 @@ class StorageMover:
                 self.flip_byte(slot)
 
     def _checksum_piece(self, handle: StorageHandle, piece: _Piece) -> None:
-        """crc32 of the piece's (locked, unchanging) source pages, by page index."""
+        """Checksums of the piece's (locked, unchanging) source pages, by page index."""
         ext = piece.ext
         for i in range(ext.count):
-            crc = page_checksum(self._pages_view(ext.src_start + i, 1))
+            crc = self.l3.page_checksum(self._pages_view(ext.src_start + i, 1))
             handle.checksums[piece.first + i] = crc
 
     def _read_piece(self, piece: _Piece) -> None:
@@ -392,7 +402,7 @@ class StorageMover:
                 self._counters.short_io_resumed += resumes
 
     def _syscall(self, direction: Direction, part: memoryview, offset: int) -> int:
-        fd = self.l3.fd
+        fd = self.l3.io_fd  # O_DIRECT where the L3 file is direct
         if direction is Direction.H2S:
             return os.pwrite(fd, part, offset)
         return os.preadv(fd, [part], offset)
@@ -485,6 +495,15 @@ def _apply_faults(plan: _PieceFaults, part: memoryview, calls: int, total: int) 
     if calls < plan.short_calls and len(part) > 1:
         return part[: min(len(part) - 1, max(1, total // (4 * (MAX_SHORT_RESUMES + 1))))]
     return part
+
+
+def aligned_pages(pages: int, bytes_per_page: int) -> torch.Tensor:
+    """A zeroed uint8 CPU tensor `[pages, bytes_per_page]` whose memory starts at a multiple
+    of `DIRECT_ALIGN` bytes: an L2 pool a direct L3 file can read into and write from."""
+    nbytes = pages * bytes_per_page
+    raw = torch.zeros(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
+    skip = -raw.data_ptr() % DIRECT_ALIGN
+    return raw[skip : skip + nbytes].view(pages, bytes_per_page)
 
 
 def _check_l2(l2_bytes: torch.Tensor, bytes_per_page: int) -> None:

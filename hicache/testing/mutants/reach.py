@@ -58,12 +58,14 @@ def _l3_any_checksum() -> contextlib.AbstractContextManager[None]:
     """`L3File.verify` accepts bytes whose checksum is that of any written slot (a lookup in
     the set of recorded checksums, as a dedup index would), not of the slot read: a slot
     holding another slot's valid page is served as its own."""
-    from hicache.dataplane.storage import L3File, page_checksum
+    from hicache.dataplane.storage import L3File
 
     original = L3File.__dict__["verify"]
 
     def verify(self: Any, slot: int, data: memoryview) -> None:
-        if self._written[slot] and page_checksum(data) in set(self._crc[self._written].tolist()):
+        if self._written[slot] and self.page_checksum(data) in set(
+            self._crc[self._written].tolist()
+        ):
             return
         original(self, slot, data)
 
