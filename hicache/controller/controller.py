@@ -481,7 +481,7 @@ class CacheController:
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         self.hooks.refuse_if_crashed()
-        self.transfers.conclude(sorted(self.handles))  # C4, unconditionally: every rank, every tick
+        self.transfers.conclude(sorted(self.handles))  # C4, unconditionally (none in flight: none)
         self.stager.advance()
         for direction, chain in self.backups.due():
             self.transfers.issue_backup(direction, chain)

@@ -6,7 +6,8 @@
                               its own hits, else its policy's; across ranks rank 0's choice
                               (C1a's, or C1b asked again)
     served(mat)               C1c carrying C3: the planned node every rank serves through, and
-                              whether every rank can make the L1 room for the rest
+                              whether every rank can make the L1 room for the rest (a
+                              collective only where L1 frees windows: elsewhere its own)
     room_for(mat, deepest)    whether this rank's L1 can take the rest (one rank's C3)
 
 Contract: every payload's size is a length every rank knows (the prompt's pages), never this
@@ -106,7 +107,12 @@ class RankAgreement:
         rank can make the L1 room for the rest), by masks over the prompt's page ends (their
         length is the prompt's: the same on every rank, whatever each rank's restore plan
         holds now, F17). The room entry of each endpoint this rank can serve says whether it
-        could compute the rest after it."""
+        could compute the rest after it.
+
+        Only an L1 that frees windows (a group with a trailing pool: the configuration, the
+        same on every rank) makes the collective. Elsewhere both masks read only what every
+        rank holds equal -- L1 residency and locks (C1a, C2, C4 agreed them) and L1's free
+        count -- so this rank's own answer is every rank's, and no collective is made."""
         ps = self.kv.page_size
         ends: dict[int, TreeNode] = {}  # page end -> the servable planned node ending there
         for i, ok in enumerate(self.cp.servable_mask(mat.nodes)):
@@ -117,7 +123,11 @@ class RankAgreement:
         room[0] = int(self.room_for(mat, None))
         for end, node in ends.items():
             servable[end], room[end] = 1, int(self.room_for(mat, node))
-        served, room_all = self.agree.serve(servable, room)
+        if self.cp.windows.tombstones:  # a window freed on one rank: the answers may differ
+            served, room_all = self.agree.serve(servable, room)
+        else:  # every input is state every rank holds equal: this rank's answer is theirs
+            served = max((e for e, ok in enumerate(servable) if ok), default=0)
+            room_all = bool(room[served])
         return (ends.get(served) if served else None), room_all
 
     def room_for(self, mat: Materialization, deepest: TreeNode | None) -> bool:

@@ -14,7 +14,8 @@ The caller acts on the returned answer only, never on its own where a point exis
     serve(servable, room)        C1c  the largest planned node every rank can serve, and (C3)
                                       whether every rank can make the room for the rest
     reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
-    completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept
+    completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept;
+                                      none in flight (agreed state): no collective
     l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read;
                                       StorageError when a rank runs on another host than rank 0
     l3_ack(slots, checksums)     C6b  rank 0's checksums of what it wrote; slots equal everywhere
@@ -159,8 +160,12 @@ class Agreement:
     # -- C4 -----------------------------------------------------------------------------------
 
     def completion(self, local: Sequence[Local]) -> list[Agreed]:
-        """C4 over the ops in flight (issue order, the same ops on every rank)."""
+        """C4 over the ops in flight (issue order, the same ops on every rank). None in
+        flight: no collective (an idle tick). The ops in flight are state every rank holds
+        equal (C2 agreed every issue, C4 and C5 every end), so every rank skips alike (R70)."""
         n = len(local)
+        if not n:
+            return []
         got = self.c.all_reduce_min(
             "completion",
             [int(x[0]) for x in local]

@@ -214,7 +214,8 @@ def issue(
 
 def conclude(rs: RankState, group: PoolGroup, agree: Agreement) -> None:
     """A tick's transfer part on this rank: `Transfers.conclude` over every op in flight (C4,
-    unconditionally), then `L3Health.drop_unread` (`CacheController.tick`)."""
+    unconditionally; no collective when none is), then `L3Health.drop_unread`
+    (`CacheController.tick`)."""
     rs.ledger = L3Writes(rs.rank)
     t = rs.transfers(group, agree, ledger=rs.ledger)
     t.conclude(sorted(t.handles))

@@ -11,7 +11,8 @@
              failed, a read landed k anchor pages, a read                 it still moves
              met a bad slot
     tick     `Transfers.conclude` over every op in flight,  C4 completion always
-             then the L3 drops (`CacheController.tick`)
+             then the L3 drops (`CacheController.tick`)     (none: no op
+                                                            in flight)
     cancel   `CacheController._cancel_own` of one op       (C5: none)    each pending op
 
 Every step is taken on copies (the state it starts from is left as it was); the ranks meet

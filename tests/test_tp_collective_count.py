@@ -1,0 +1,93 @@
+"""How many collectives the ranks make (issue 35, spec/tp.md): none on an idle tick (C4 is
+skipped when no op is in flight, on every rank alike), none at a prefill on a group whose L1
+frees no window (C1c is each rank's own answer there), C1c where a trailing pool's windows
+may differ by rank; and the ranks still agree (the cross-rank check)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
+
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.dataplane.null import NullEngine
+from hicache.distributed.cluster import SimulatedCluster
+
+PROMPT = list(range(1, 33))  # 8 pages of the tiny geometry's 4 tokens
+
+
+def cluster_of(pools: str = "mha", size: int = 2) -> SimulatedCluster:
+    cfg = CacheConfig(device="cpu", pools=pools, l1_pages=32, l2_pages=32, l3_slots=64)
+    return SimulatedCluster(cfg, size, engine=lambda r: NullEngine(cfg.kv, 32, 32, 64))
+
+
+def made(cluster: SimulatedCluster, call: Callable[[CacheController], object]) -> list[str]:
+    """The points of the collectives `call` made on every rank (the same list on each)."""
+    before = [c.agree.c.log.count for c in cluster.ranks]
+    cluster.run(call)
+    points = []
+    for c, start in zip(cluster.ranks, before):
+        new = c.agree.c.log.count - start
+        assert new <= len(c.agree.c.log.tail), "the log's tail holds every new entry"
+        points.append([e.point for e in list(c.agree.c.log.tail)[len(c.agree.c.log.tail) - new :]])
+    assert all(p == points[0] for p in points), points
+    return points[0]
+
+
+def drain(cluster: SimulatedCluster) -> None:
+    """Wait for every op in flight and apply it, on every rank (a null handle nobody
+    finished ends done when waited on)."""
+    cluster.run(lambda c: c.drain())
+    assert not any(c.handles for c in cluster.ranks)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_an_idle_tick_makes_no_collective(size: int) -> None:
+    cluster = cluster_of(size=size)
+    try:
+        assert made(cluster, lambda c: c.tick()) == []  # nothing ever in flight
+        cluster.run(lambda c: c.admit(1, PROMPT))
+        cluster.run(lambda c: c.prefill(1))
+        cluster.run(lambda c: c.finish(1))
+        # Nothing in flight yet: no C4; the write-through backup is issued (C2 across ranks).
+        assert made(cluster, lambda c: c.tick()) == (["reserve"] if size > 1 else [])
+        assert made(cluster, lambda c: c.tick())[0] == "completion"  # the backup's C4
+        drain(cluster)
+        assert made(cluster, lambda c: c.tick()) == []  # every backup ended: idle again
+        if size > 1:
+            assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_an_admitted_request_on_a_group_without_windows_agrees_once() -> None:
+    """C1a at admission and nothing at the prefill: its servable and room masks read only
+    state every rank holds equal (one pool: no window L1 frees)."""
+    cluster = cluster_of()
+    try:
+        assert made(cluster, lambda c: c.admit(1, PROMPT)) == ["admit"]
+        assert made(cluster, lambda c: c.prefill(1)) == []
+        assert made(cluster, lambda c: c.finish(1)) == []
+        drain(cluster)
+        # A hit served from L1 after a restore: still C1a alone, then C2/C4 of the restore.
+        assert made(cluster, lambda c: c.admit(2, PROMPT + [99])) == ["admit"]
+        assert made(cluster, lambda c: c.prefill(2)) == []
+        assert cluster.ranks[0].cp.cached_len(2) == len(PROMPT)  # served: the hit was used
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_a_group_whose_l1_frees_windows_still_agrees_at_the_prefill() -> None:
+    """dsv4-tiny's trailing pool: a window freed on one rank makes the ranks' masks differ,
+    so C1c is made at every prefill."""
+    cluster = cluster_of("dsv4-tiny")
+    try:
+        cluster.run(lambda c: c.admit(1, PROMPT))
+        assert made(cluster, lambda c: c.prefill(1)) == ["serve"]
+        assert cluster.check() == []
+    finally:
+        cluster.close()
