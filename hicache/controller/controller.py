@@ -15,6 +15,7 @@ fault does, including the crash between a transfer and its publication.
 
 Contract: this class is the facade; each concept has its own room and the facade only routes:
 
+    build.py       the parts below, built in order (none refers back to the facade)
     restore.py     restore staging: parts, sharing, promotion, what a settled op means
     transfers.py   issue, conclude (C4) and settle transfers, planned backups included
     ranks.py       what this rank brings to the admit and serve agreements (C1a-C1c, C3)
