@@ -15,6 +15,7 @@ fault does, including the crash between a transfer and its publication.
 
 Contract: this class is the facade; each concept has its own room and the facade only routes:
 
+    build.py       the parts below, built in order (none refers back to the facade)
     restore.py     restore staging: parts, sharing, promotion, what a settled op means
     transfers.py   issue, conclude (C4) and settle transfers, planned backups included
     ranks.py       what this rank brings to the admit and serve agreements (C1a-C1c, C3)
@@ -32,38 +33,23 @@ ops in flight, are in spec/restore.md; eviction in spec/eviction.md.
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hicache.choices import LoadBackOverlap
-from hicache.control import ControlPlane
-from hicache.controller.backup import BackupPlanner
+from hicache.controller.build import build_parts
 from hicache.controller.config import CacheConfig
-from hicache.controller.crashsite import ControllerFaults
-from hicache.controller.digests import CachedDigests
-from hicache.controller.eviction import Evictor
-from hicache.controller.l3health import L3Health
-from hicache.controller.materialize import Materialization, plan_parts, plan_reach
-from hicache.controller.metrics import Metrics
+from hicache.controller.materialize import Materialization, plan_parts
 from hicache.controller.pending import (
     LeakedOp,
     PendingTransfer,
     pending_transfers,
     quiesce_or_leak,
 )
-from hicache.controller.planes import choose_plane
-from hicache.controller.ranks import RankAgreement
-from hicache.controller.replicas import ReplicatedL3
-from hicache.controller.restore import RestoreStager
-from hicache.controller.transfers import Transfers
 from hicache.controller.verify import RestoreMismatch
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.leaks import park
-from hicache.dataplane.plane import DataPlane, TaggedPlane
-from hicache.distributed.agreement import Agreement
+from hicache.dataplane.plane import DataPlane
 from hicache.distributed.collectives import Collectives
-from hicache.distributed.ledger import L3Writes
 from hicache.distributed.rankview import build_view
 from hicache.errors import (
     ConfigError,
@@ -75,14 +61,10 @@ from hicache.errors import (
     RestorePending,
     TransferError,
 )
-from hicache.policy import CostModel, DecisionLog, make_policy
-from hicache.pools.presets import SINGLE_POOL
-from hicache.pools.presets import group as preset_group
 from hicache.records import UnknownRequest
 from hicache.snapshot import RankView
 from hicache.tiers import TIERS, Tier
 from hicache.trace import Tracer
-from hicache.tree import MatchResult
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
@@ -112,106 +94,36 @@ class CacheController:
         itself (pass the same one). `collectives`: this rank's, for a tensor-parallel cache
         (spec/tp.md; None: one rank): every rank agrees at the points of spec/tp.toml, the first
         (C0) here, before anything is built -- ConfigError when the ranks' configurations differ."""
-        self.agree = Agreement(collectives)
-        self.agree.startup(config.fingerprint())
+        p = build_parts(
+            config, producer, faults=faults, tracer=tracer, engine=engine, collectives=collectives
+        )  # the parts, none referring back to the controller (build.py)
+        self.agree = p.agree
         self.tp = self.agree.tp
         self.admissions = 0  # admit calls past the size check: equal on every rank (SPMD)
         self.rank_checks = 0  # cross-rank checks passed (C7-C9)
         self.config = config
-        g = config.kv
-        pools = config.group  # None: the single-pool plane (mha)
-        self.group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
-        self.l3_writes = L3Writes(self.agree.rank)  # what this rank wrote to L3 (I11)
-        self.cp = ControlPlane(
-            g.page_size,
-            (config.l1_pages, config.l2_pages, config.l3_slots),
-            check_mode=config.check_mode,
-            tracer=tracer,
-            pools=pools,
-            pool_capacities=config.pool_capacities,
-            hit_policy=config.hit_policy,
-        )
-        # The plane is built once, given the control plane's anchor -> pool pages mapping.
-        plane = choose_plane(config, engine, producer, faults, self.cp.tables)
+        self.group = p.group  # what a partly landed S2H is clamped by
+        plane = p.plane
+        self.l3_writes = p.l3_writes  # what this rank wrote to L3 (I11)
         self.engine: DataPlane = plane.engine
         self._bytes = plane.byte_plane  # the engine again when it has bytes, else None
         self.producer: KVProducer | None = plane.producer
-        # Across ranks, rank 0's L3 copy of each replicated pool is the only one (C6a, C6b).
-        self.replicas = ReplicatedL3(self.cp, self.agree, self.group, plane.byte_plane)
-        if self.replicas.pools:
-            try:
-                self.replicas.share()
-            except BaseException:
-                plane.engine.close()
-                raise
-        self.tagged: TaggedPlane | None = None  # a byte-free plane whose content tags I4 reads
-        if plane.byte_plane is not None:
-            self.cp.digests = CachedDigests(plane.byte_plane.digests, self.cp.tables)
-        elif plane.tagged is not None and not self.tp:
-            # Content tags stand in for bytes (dataplane/tags.py), so I4 runs here too. Not
-            # across ranks: a replicated pool's L3 copy is rank 0's, which no other rank's
-            # tags see (its I4 stays vacuous, as on any byte-free plane).
-            self.tagged = plane.tagged
-            self.cp.digests = CachedDigests(plane.tagged.digests, self.cp.tables)
-        self.model = CostModel()
-        self.policy = make_policy(config.policy, self.model)
-        self.decisions = DecisionLog()
-        self.metrics = Metrics()
-        # Across ranks a window may be freed on one rank only: chains are planned without
-        # windows (the same on every rank) and a freed window refuses its rank's issue (C2).
-        self.backups = BackupPlanner(self.cp, config.write_policy, windows=not self.tp)
-        self.l3 = L3Health(self.cp, self.metrics)
-        # The rooms call back into the facade through a weak proxy: a strong back-reference
-        # would make a cycle that keeps a closed controller's pools (GPU and pinned memory)
-        # alive until the garbage collector happens to run.
-        me = weakref.proxy(self)
-        self.evictor = Evictor(
-            self.cp,
-            self.metrics,
-            config.write_policy,
-            lambda node: me.transfers.back_up_now(node),
-            windows=not self.tp,
-        )
-        # ALLOC_Ln, the crash before publication, a cancel the hardware never lets end
-        self.hooks = ControllerFaults(faults, config.quiesce_timeout_s, lambda: me.agree.c.broken)
-        self.ranks = RankAgreement(
-            self.cp,
-            self.agree,
-            g,
-            self.policy,
-            self.model,
-            self.evictor,
-            lambda m: me._policy_hits(m),
-        )  # C1a-C1c, C3
-        self.transfers = Transfers(
-            self.cp,
-            self.engine,
-            self.agree,
-            self.group,
-            config.page_bytes(),
-            hooks=self.hooks,
-            l3=self.l3,
-            evictor=self.evictor,
-            backups=self.backups,
-            replicas=self.replicas,
-            l3_writes=self.l3_writes,
-            metrics=self.metrics,
-            model=self.model,
-            settled=lambda op, status, kept: me.stager.settled(op, status, kept),
-        )
+        self.cp = p.cp
+        self.replicas = p.replicas
+        self.tagged = p.tagged  # a byte-free plane whose content tags I4 reads
+        self.model, self.policy, self.decisions = p.model, p.policy, p.decisions
+        self.metrics = p.metrics
+        self.backups = p.backups
+        self.l3 = p.l3
+        self.evictor = p.evictor
+        self.hooks = p.hooks  # ALLOC_Ln, the crash before publication, a cancel never ending
+        self.ranks = p.ranks  # C1a-C1c, C3
+        self.transfers = p.transfers
         self.handles = self.transfers.handles  # op id -> handle: what a driver finishes or fails
         self.leaked: list[LeakedOp] = []  # ops close() could not quiesce (spec/faults.md)
         self._closed = False
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
-        self.stager = RestoreStager(
-            self.cp,
-            self.metrics,
-            self.transfers.issue,
-            lambda: me._after_part_dropped(),
-            plane.verifier,
-            config.promotion,
-            share=config.load_back_overlap is LoadBackOverlap.SHARE,
-        )
+        self.stager = p.stager
 
     @property
     def transfer_engine(self) -> TransferEngine:
@@ -279,7 +191,7 @@ class CacheController:
             match_len=len(tokens) - 1,
             agree=(lambda m: self.ranks.hits(m, prompt)) if self.tp else None,
         )
-        l1, l2, l3 = self._policy_hits(m)
+        l1, l2, l3 = self.ranks.policy_hits(m)
         decision = self.ranks.decide((l1, l2, l3), prompt)  # across ranks, rank 0's choice
         mat = Materialization(
             request_id, tuple(tokens), decision, self.decisions.record(decision), m
@@ -297,7 +209,7 @@ class CacheController:
         if decision.choice != "recompute":
             target = l1 + decision.extension_tokens[decision.choice]
             plan = plan_parts(self.cp, m, decision.choice, target, unreadable=self.l3.stops_at)
-            self.stager.start(mat, plan)
+            self.stager.start(mat, plan, self.transfers.issue)
         if not self.config.prefetch:
             while not mat.done:
                 self.wait(request_id, timeout_s=None)
@@ -335,16 +247,6 @@ class CacheController:
             group=self.group,
             pool_digests=per_pool,
         )
-
-    def _policy_hits(self, m: MatchResult) -> tuple[int, int, int]:
-        """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
-        as it may serve (a quarantined or offline L3 copy serves nothing), both only as far
-        as a restore plan reaches (`plan_reach`: a node L1 holds past its hit, its window
-        freed, or one another request promotes is recomputed): the policy never picks a
-        tier whose plan restores nothing."""
-        reach = plan_reach(self.cp, m, self.l3.stops_at)
-        l3 = max(m.lengths[1], self.l3.servable_len(m))
-        return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
     def ready(self, request_id: int) -> bool:
         """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
@@ -403,7 +305,7 @@ class CacheController:
                 room = self.ranks.room_for(mat, deepest)
             if not room:
                 raise OutOfPages("L1", need, free)  # refused: nothing evicted (R25)
-            self.evictor.make_room(Tier.L1, need, keep=keep)
+            self.evictor.make_room(Tier.L1, need, keep=keep, back_up=self.transfers.back_up_now)
             free = self.cp.free_pages(Tier.L1)
             if free < need:
                 raise OutOfPages("L1", need, free)
@@ -473,7 +375,7 @@ class CacheController:
         controller's own make-room (spec/eviction.md), counted in `evicted_pages`. Returns the
         pages freed. A caller MUST NOT call `ControlPlane.evict` directly: under write-back it
         would skip the backup an unbacked L1 victim is owed."""
-        return self.evictor.evict(Tier(tier), n_pages)
+        return self.evictor.evict(Tier(tier), n_pages, back_up=self.transfers.back_up_now)
 
     def tick(self) -> None:
         """Observe every transfer once; apply what completed; continue restores and backups
@@ -482,7 +384,7 @@ class CacheController:
         takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
         self.hooks.refuse_if_crashed()
         self.transfers.conclude(sorted(self.handles))  # C4, unconditionally (none in flight: none)
-        self.stager.advance()
+        self.stager.advance(self.transfers.issue)
         for direction, chain in self.backups.due():
             self.transfers.issue_backup(direction, chain)
         self.l3.drop_unread()  # quarantined copies (offline: all) once no reader holds them
@@ -538,12 +440,6 @@ class CacheController:
         # The control plane and its tree reference each other (split callbacks); without this
         # the cycle would hold the engine's pools until the garbage collector runs.
         self.cp.digests = None
-
-    # -- transfers ------------------------------------------------------------------------
-
-    def _after_part_dropped(self) -> None:
-        if not self.l3.online:
-            self.l3.drop_unread()  # what the part held in L3 is free to go now
 
     # -- after a restore ----------------------------------------------------------------------
 

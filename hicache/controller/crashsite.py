@@ -20,11 +20,9 @@ transfer and its publication"). With `faults=None` nothing is drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle
-from hicache.distributed.collectives import CollectiveError, GroupBroken
+from hicache.distributed.collectives import CollectiveError, GroupBroken, Guarded
 from hicache.errors import OutOfPages, QuiesceTimeout
 from hicache.pools.spec import PoolGroup
 from hicache.tiers import Direction, Tier
@@ -35,10 +33,12 @@ class ControllerFaults:
         self,
         faults: FaultInjector | None,
         quiesce_timeout_s: float,
-        group_broken: Callable[[], CollectiveError | None] = lambda: None,
+        group: Guarded | None = None,
     ) -> None:
+        """`group`: the rank's guarded collectives (`Agreement.c`), whose `broken` is the
+        error that broke them, if any (None: no group, never broken)."""
         self.faults = faults
-        self.group_broken = group_broken  # the error that broke the rank's group, if any
+        self.group = group
         self.crash_ops: set[int] = set()  # ops aimed at `crash`: the process dies on their DONE
         self.crashed: SimulatedCrash | None = None  # set once; then only close() runs
         self.quiesce_timeout_s = quiesce_timeout_s
@@ -97,14 +97,12 @@ class ControllerFaults:
     @property
     def dead(self) -> bool:
         """Crashed, wedged, or its group broken: publishes nothing more, only close() runs."""
-        return (
-            self.crashed is not None or self.wedged is not None or self.group_broken() is not None
-        )
+        return self.crashed is not None or self.wedged is not None or self._broken() is not None
 
     def refuse_if_crashed(self) -> None:
         """SimulatedCrash after a crash, QuiesceTimeout once wedged, GroupBroken once a
         collective failed: only close() runs."""
-        broken = self.group_broken()
+        broken = self._broken()
         if broken is not None:
             raise GroupBroken("this call", f"{type(broken).__name__}: {broken}")
         if self.wedged is not None:
@@ -115,3 +113,7 @@ class ControllerFaults:
             raise SimulatedCrash(
                 f"this controller crashed ({self.crashed}); close it and open a new one (R57)"
             )
+
+    def _broken(self) -> CollectiveError | None:
+        """The error that broke the rank's group, if any."""
+        return self.group.broken if self.group is not None else None

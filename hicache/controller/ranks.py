@@ -1,5 +1,7 @@
 """What one rank brings to the admit and serve agreements, and what it takes from them.
 
+    policy_hits(m)            the hits the policy decides on for match `m`: as far as a
+                              restore plan reaches, L3 as far as it may serve (one rank too)
     hits(m, prompt)           C1a: this rank's bounds, own L1 hit, choice and endpoint mask
                               in; the hits every rank uses out (tokens)
     decide(hits, prompt)      the decision on the agreed hits: this rank's own when they are
@@ -17,11 +19,10 @@ rank's plan's (spec/tp.md, F17); one rank (`agree.size == 1`) makes no collectiv
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hicache.control import ControlPlane
 from hicache.controller.eviction import Evictor
-from hicache.controller.materialize import Materialization
+from hicache.controller.l3health import L3Health
+from hicache.controller.materialize import Materialization, plan_reach
 from hicache.dataplane.geometry import KVGeometry
 from hicache.distributed.agreement import Agreement
 from hicache.policy import CostModel
@@ -33,7 +34,6 @@ from hicache.tree import MatchResult, TreeNode
 __all__ = ["RankAgreement"]
 
 Hits = tuple[int, int, int]  # tokens hit in L1, L2, and L3 as far as it may serve
-PolicyHits = Callable[[MatchResult], Hits]
 
 
 class RankAgreement:
@@ -45,16 +45,26 @@ class RankAgreement:
         policy: Policy,
         model: CostModel,
         evictor: Evictor,
-        policy_hits: PolicyHits,
+        l3: L3Health,
     ) -> None:
-        """`policy_hits(m)`: the hits, in tokens, the policy decides on for match `m`."""
+        """`l3`: L3's health, which bounds the L3 hit the policy is offered (`policy_hits`)."""
         self.cp, self.agree, self.kv = cp, agree, kv
         self.policy, self.model, self.evictor = policy, model, evictor
-        self.policy_hits = policy_hits
+        self.l3 = l3
         self.tp = agree.tp
         # C1a's by-products for the admission in progress: this rank's own hits, its decision
         # on them, and rank 0's choice code (None: rank 0's own hits were cut, C1b decides).
         self._own: tuple[Hits, Decision, int | None] | None = None
+
+    def policy_hits(self, m: MatchResult) -> Hits:
+        """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
+        as it may serve (a quarantined or offline L3 copy serves nothing), both only as far
+        as a restore plan reaches (`plan_reach`: a node L1 holds past its hit, its window
+        freed, or one another request promotes is recomputed): the policy never picks a
+        tier whose plan restores nothing."""
+        reach = plan_reach(self.cp, m, self.l3.stops_at)
+        l3 = max(m.lengths[1], self.l3.servable_len(m))
+        return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
     def hits(self, m: MatchResult, prompt: int) -> tuple[int, ...]:
         """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this

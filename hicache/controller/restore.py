@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from hicache.control import ControlPlane
+from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier
@@ -46,13 +47,15 @@ class RestoreStager:
         self,
         cp: ControlPlane,
         metrics: Metrics,
-        issue: Issue,
-        after_drop: Callable[[], None],
+        l3: L3Health,
         verifier: RestoreVerifier | None,
         promotion: bool,
         *,
         share: bool = True,
     ) -> None:
+        """`l3`: told when a dropped part let go of its pins (an offline L3's copies may go).
+        The stager holds no transfers: `start` and `advance` issue through the `issue` they
+        are given (`Transfers.issue`), which tells the stager each op's end (`settled`)."""
         self.cp = cp
         # A plan that meets another request's pending load-back: wait for it (True), or back
         # off and recompute everything past the L1 hit (False, SGLang's graft guard 3).
@@ -60,17 +63,17 @@ class RestoreStager:
         self.verifier = verifier  # None: restored pages are not compared (CacheConfig.verify)
         self.promotion = promotion  # False: an L3 restore's promoted L2 copies are dropped
         self.metrics = metrics
-        self.issue = issue
-        self.after_drop = after_drop  # a dropped part's pins are gone: L3 cleanup may proceed
+        self.l3 = l3
         self.restores: dict[int, Materialization] = {}  # request id -> its restore
         self.owner: dict[int, Materialization] = {}  # op id -> the restore that issued it
         self.waiters: dict[int, list[Materialization]] = {}  # op id -> restores sharing it
 
     # -- stages -----------------------------------------------------------------------------
 
-    def start(self, mat: Materialization, plan: Plan) -> None:
-        """Pin the plan, then issue it, or wait for the load-back it shares (or, when not
-        sharing, back off: nothing pinned or issued, one fallback `load_back_pending`)."""
+    def start(self, mat: Materialization, plan: Plan, issue: Issue) -> None:
+        """Pin the plan, then issue it through `issue`, or wait for the load-back it shares
+        (or, when not sharing, back off: nothing pinned or issued, one fallback
+        `load_back_pending`)."""
         if plan.shared and not self.share:
             self.metrics.fallback("load_back_pending")  # graft guard 3: the tokens are recomputed
             return
@@ -88,15 +91,16 @@ class RestoreStager:
             self._await(mat, mat.shared[0])
             mat.deferred = bool(mat.l2_part or mat.l3_part)
             return
-        self._issue_parts(mat)
+        self._issue_parts(mat, issue)
 
-    def advance(self) -> None:
-        """Per tick, after completions were applied: issue what a restore may issue now."""
+    def advance(self, issue: Issue) -> None:
+        """Per tick, after completions were applied: issue (through `issue`) what a restore
+        may issue now."""
         for mat in self.restores.values():
             if mat.deferred and not mat.awaited:
-                self._resume(mat)
+                self._resume(mat, issue)
             if mat.needs_l3_h2d:
-                self._issue_l3_h2d(mat)
+                self._issue_l3_h2d(mat, issue)
             if mat.done and mat.ready_at is None:
                 mat.ready_at = time.perf_counter()
 
@@ -179,7 +183,7 @@ class RestoreStager:
         mat.awaited.add(op_id)
         self.waiters.setdefault(op_id, []).append(mat)
 
-    def _resume(self, mat: Materialization) -> None:
+    def _resume(self, mat: Materialization, issue: Issue) -> None:
         """The shared op ended: what it filled is pinned; the nodes it did not fill (it failed
         or was cancelled) join this request's L2 part, loaded by this request."""
         mat.deferred = False
@@ -196,7 +200,7 @@ class RestoreStager:
             self._await(mat, mat.shared[at])
             mat.deferred = True
             return
-        self._issue_parts(mat)
+        self._issue_parts(mat, issue)
 
     def _refresh(self, part: list[TreeNode], start: int) -> list[TreeNode]:
         """`part` (planned to begin at token `start`) as the tree has it now: a split since
@@ -206,7 +210,7 @@ class RestoreStager:
         path = reversed(self.cp.tree.path_to_root(part[-1]))
         return [n for n in path if self.cp.tree.prefix_tokens(n) > start]
 
-    def _issue_parts(self, mat: Materialization) -> None:
+    def _issue_parts(self, mat: Materialization, issue: Issue) -> None:
         for part, direction in ((mat.l2_part, Direction.H2D), (mat.l3_part, Direction.S2H)):
             if not part:
                 continue
@@ -217,7 +221,7 @@ class RestoreStager:
                 mat.l3_part = []
                 continue
             try:
-                op = self.issue(direction, part, mat.request_id)
+                op = issue(direction, part, mat.request_id)
             except (OutOfPages, IllegalTransition, StorageError, TransferError) as e:
                 reason = (
                     "l3_offline"
@@ -238,7 +242,7 @@ class RestoreStager:
             mat.ops.add(op.op_id)
             self.owner[op.op_id] = mat
 
-    def _issue_l3_h2d(self, mat: Materialization) -> None:
+    def _issue_l3_h2d(self, mat: Materialization, issue: Issue) -> None:
         """Second step of an L3 restore: once promoted, load back -- but only after the L2
         part is in L1, so the chain's parent holds L1 (no gap, S6)."""
         if mat.ops:
@@ -251,7 +255,7 @@ class RestoreStager:
             self._drop_part(mat, mat.l3_part, "restore_gap")
             return
         try:
-            op = self.issue(Direction.H2D, mat.l3_part, mat.request_id)
+            op = issue(Direction.H2D, mat.l3_part, mat.request_id)
         except (OutOfPages, IllegalTransition, TransferError) as e:
             mat.failed = True
             self._drop_part(
@@ -303,7 +307,8 @@ class RestoreStager:
         if part:
             self.cp.unpin(mat.request_id, part[-1])
         self.metrics.fallback(reason)
-        self.after_drop()
+        if not self.l3.online:
+            self.l3.drop_unread()  # what the part held in L3 is free to go now
 
     def _backed_up_above(self, node: TreeNode) -> bool:
         """Whether `node`'s parent is the root or holds L2: where an L3 part may be grafted

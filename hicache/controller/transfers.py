@@ -18,6 +18,7 @@ what each end means, spec/tp.md C2/C4/C6 what the ranks agree on.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner, chain_lacking
@@ -50,7 +51,7 @@ from hicache.records import PendingOp
 from hicache.tiers import Direction, Tier
 from hicache.tree import TreeNode
 
-__all__ = ["Settled", "Transfers"]
+__all__ = ["Rooms", "Settled", "Transfers"]
 
 BAD_SLOT = (CorruptSlot, UnreadableSlot)  # a read's bad-slot errors, in C4's reason order
 BAD_SLOT_REASONS = ("corrupt", "unreadable")
@@ -69,6 +70,22 @@ def first_bad_page(op: PendingOp, slots: Sequence[int]) -> int:
     return NO_SLOT
 
 
+@dataclass(frozen=True)
+class Rooms:
+    """The controller's rooms a `Transfers` drives and tells, none of which refers back to
+    it (the one path back, write-back's backup, is passed per call: `Evictor.make_room`)."""
+
+    hooks: ControllerFaults  # the controller's fault sites; refuses once dead
+    l3: L3Health  # offline, bad slots
+    evictor: Evictor  # the room a transfer needs
+    backups: BackupPlanner  # told of each completed D2H
+    replicas: ReplicatedL3  # C6a/C6b: rank 0's L3 copy of a replicated pool
+    l3_writes: L3Writes  # the L3 write ledger (I11)
+    metrics: Metrics
+    model: CostModel  # fed each completed transfer's time
+    settled: Settled  # told after the control plane applied each op's end (the stager's)
+
+
 class Transfers:
     def __init__(
         self,
@@ -77,27 +94,18 @@ class Transfers:
         agree: Agreement,
         group: PoolGroup,
         page_bytes: dict[str, int],
-        *,
-        hooks: ControllerFaults,
-        l3: L3Health,
-        evictor: Evictor,
-        backups: BackupPlanner,
-        replicas: ReplicatedL3,
-        l3_writes: L3Writes,
-        metrics: Metrics,
-        model: CostModel,
-        settled: Settled,
+        rooms: Rooms,
     ) -> None:
         """`page_bytes`: bytes of one own page per backed-up pool (the L3 write ledger's
-        unit). `settled(op, status, kept)`: told after the control plane applied each op's
-        end (the restore stager). The rest are the controller's rooms this one drives."""
+        unit). `rooms`: the controller's rooms this one drives; `rooms.settled(op, status,
+        kept)` is told after the control plane applied each op's end (the restore stager)."""
         self.cp, self.engine, self.agree, self.group = cp, engine, agree, group
         self.tp = agree.tp
         self.page_bytes = page_bytes
-        self.hooks, self.l3, self.evictor, self.backups = hooks, l3, evictor, backups
-        self.replicas, self.l3_writes = replicas, l3_writes
-        self.metrics, self.model = metrics, model
-        self.settled = settled
+        self.hooks, self.l3, self.evictor = rooms.hooks, rooms.l3, rooms.evictor
+        self.backups, self.replicas, self.l3_writes = rooms.backups, rooms.replicas, rooms.l3_writes
+        self.metrics, self.model = rooms.metrics, rooms.model
+        self.settled = rooms.settled
         self.handles: dict[int, TransferHandle] = {}  # op id -> its handle, while in flight
         self._observed: set[Direction] = set()  # directions whose warm-up transfer was seen
 
@@ -175,7 +183,7 @@ class Transfers:
                 raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
             aim = self.hooks.aimed(direction, request_id)
             # R26: keep the chain's parent: evicting it would open a backup gap under the chain.
-            self.evictor.make_room(direction.target, need, keep=[parent])
+            self.evictor.make_room(direction.target, need, keep=[parent], back_up=self.back_up_now)
             self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
             op = self.cp.issue(direction, chain, request_id)
         except (CollectiveError, QuiesceTimeout):

@@ -43,7 +43,7 @@ from hicache.control import ControlPlane
 from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
-from hicache.controller.transfers import Transfers
+from hicache.controller.transfers import Rooms, Transfers
 from hicache.dataplane.handles import NullHandle, TransferHandle
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.ledger import AckedWrite, L3Writes
@@ -164,15 +164,17 @@ class RankState:
             agree,
             group,
             {},
-            hooks=cast(Any, _ModelHooks(fault)),
-            l3=self.l3,
-            evictor=cast(Any, _ModelEvictor(self.cp)),
-            backups=cast(Any, _NoBackups()),
-            replicas=ReplicatedL3(self.cp, agree, group, None),
-            l3_writes=ledger or L3Writes(self.rank),
-            metrics=_METRICS,
-            model=_COSTS,
-            settled=_nothing,
+            Rooms(
+                hooks=cast(Any, _ModelHooks(fault)),
+                l3=self.l3,
+                evictor=cast(Any, _ModelEvictor(self.cp)),
+                backups=cast(Any, _NoBackups()),
+                replicas=ReplicatedL3(self.cp, agree, group, None),
+                l3_writes=ledger or L3Writes(self.rank),
+                metrics=_METRICS,
+                model=_COSTS,
+                settled=_nothing,
+            ),
         )
         for op_id, end in self.ends.items():
             t.handles[op_id] = handle_of(end, self.cp.ops[op_id].direction, group)
@@ -299,10 +301,10 @@ class _ModelEvictor:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
 
-    def make_room(self, tier: Tier, need: int, keep: list[TreeNode]) -> int:
+    def make_room(self, tier: Tier, need: int, keep: list[TreeNode], back_up: object) -> int:
         return 0
 
-    def evict(self, tier: Tier, need: int, keep: list[TreeNode]) -> int:
+    def evict(self, tier: Tier, need: int, keep: list[TreeNode], back_up: object = None) -> int:
         freed = 0
         for node in sorted(self.cp.candidates(tier), key=lambda n: n.node_id):
             if freed >= need:

@@ -47,7 +47,7 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   still moving counts all landed
     F11-no-clamp -      transfers.clamped_nodes                   a stopped S2H publishes
                                                                   every node it read
-    decision-unplanned  CacheController._policy_hits              a restore chosen that no
+    decision-unplanned  RankAgreement.policy_hits                 a restore chosen that no
                                                                   plan makes (a freed window)
     replay-unrevived -  L1Windows.clip                            a replayed window counted,
                                                                   never recomputed nor revived
@@ -80,7 +80,7 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   never dropped
     LV-writeback-parent Transfers.back_up_now                     write-back backs up the
                                                                   victim's parent: victim lost
-    LV-l3-hit-min -     CacheController._policy_hits              the L3 hit offered is cut at
+    LV-l3-hit-min -     RankAgreement.policy_hits                 the L3 hit offered is cut at
                                                                   the L2 hit: L3 never chosen
     I1-skip-L2   -      the I1 check                              skips tier L2
     checker-off  -      InvariantChecker.after_transition         never checks

@@ -27,12 +27,12 @@ def _decision_unplanned() -> contextlib.AbstractContextManager[None]:
     stops (a node L1 holds with its window freed, a promotion in flight): a restore chosen
     whose plan restores nothing, no fallback counted (issue 30, section 5: the outside
     fuzzer's find, an L2 choice over a freed window)."""
-    from hicache.controller.controller import CacheController
+    from hicache.controller.ranks import RankAgreement
 
-    def _policy_hits(self: Any, m: Any) -> tuple[int, int, int]:
+    def policy_hits(self: Any, m: Any) -> tuple[int, int, int]:
         return m.lengths[0], m.lengths[1], max(m.lengths[1], self.l3.servable_len(m))
 
-    return swapped(CacheController, "_policy_hits", _policy_hits)
+    return swapped(RankAgreement, "policy_hits", policy_hits)
 
 
 def _replay_unrevived() -> contextlib.AbstractContextManager[None]:
@@ -72,7 +72,7 @@ ZOO: tuple[Mutant, ...] = (
     Mutant(
         "decision-unplanned",
         "-",
-        "CacheController._policy_hits",
+        "RankAgreement.policy_hits",
         "the policy decides on hits past where every plan stops: a restore chosen, none planned",
         _decision_unplanned,
     ),

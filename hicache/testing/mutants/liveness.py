@@ -88,15 +88,15 @@ def _l3_hit_min() -> contextlib.AbstractContextManager[None]:
     """The L3 hit the policy is offered is the *least* of the L2 hit and what L3 may serve
     (`min` for `max`): an L3 restore is never offered past the L2 hit, so a prompt only L3
     holds is recomputed although a legal plan restores it."""
-    from hicache.controller.controller import CacheController
     from hicache.controller.materialize import plan_reach
+    from hicache.controller.ranks import RankAgreement
 
-    def _policy_hits(self: Any, m: Any) -> tuple[int, int, int]:
+    def policy_hits(self: Any, m: Any) -> tuple[int, int, int]:
         reach = plan_reach(self.cp, m, self.l3.stops_at)
         l3 = min(m.lengths[1], self.l3.servable_len(m))
         return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
-    return swapped(CacheController, "_policy_hits", _policy_hits)
+    return swapped(RankAgreement, "policy_hits", policy_hits)
 
 
 ZOO: tuple[Mutant, ...] = (
@@ -131,7 +131,7 @@ ZOO: tuple[Mutant, ...] = (
     Mutant(
         "LV-l3-hit-min",
         "-",
-        "CacheController._policy_hits",
+        "RankAgreement.policy_hits",
         "the L3 hit offered is min(L2 hit, L3 servable): an L3-only prompt is recomputed",
         _l3_hit_min,
     ),

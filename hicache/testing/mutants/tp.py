@@ -67,7 +67,9 @@ def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
     ) -> Any:
         got = original(self, direction, chain, request_id, need, parent)
         if self.tp and isinstance(got[2], OutOfPages):
-            self.evictor.evict(direction.target, need, keep=[parent, *chain])
+            self.evictor.evict(
+                direction.target, need, keep=[parent, *chain], back_up=self.back_up_now
+            )
             got = original(self, direction, chain, request_id, need, parent)
         return got
 
