@@ -26,6 +26,10 @@ tests exactly those, reading the plane's live records (no snapshot):
     whose owner code changed                claims it (I1, I6); the tree's page counters
                                             (S3)
 
+Which owner codes changed: the pages the table logged moving (a `RunIndexTable`, the
+replay's: O(pages moved)), else the whole owner array compared with its copy from the last
+call (O(capacity) per call).
+
 The claims index maps each tier's pages to the record claiming them (a node's value, an op's
 target, a request's private pages); a call re-indexes only the records it touched.
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hicache.checktrace.pagetable import RunIndexTable
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE
@@ -67,6 +72,9 @@ class TouchedChecks:
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.moved = set()  # the pages each call moves, read by `_pages`
         # The tiers S6 holds in: not a hash-keyed one (spec/tree.md, "Hash-keyed tiers").
         self.closed = [i for i, t in enumerate(TIERS) if t not in cp.lifecycle.hash_keyed_tiers]
 
@@ -114,6 +122,9 @@ class TouchedChecks:
         self.held, self.where = {}, {}
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.take_moved()  # from the state as it is now
         records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
         records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
         for kind, i, t in records:
@@ -222,6 +233,10 @@ class TouchedChecks:
             owner, seen = table.owner, self.owner_seen[t]
             if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
                 return False
+            if isinstance(table, RunIndexTable):  # its log names every page whose code changed
+                if not self._logged(t, table, dirty[t] | table.take_moved()):
+                    return False
+                continue
             codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
             if not dirty[t]:
                 if codes != seen:
@@ -234,6 +249,17 @@ class TouchedChecks:
                     return False
                 seen[p] = codes[p]
             if codes != seen:
+                return False
+        return True
+
+    def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
+        """Each of `dirty` (the pages the records and events name, and those the table moved)
+        carries its claimant's code, or FREE when none claims it; no other page changed."""
+        claims, size = self.claims[t], table.owner.size
+        codes = table.owner.data  # one byte a page, read in place
+        for p in dirty:
+            holder = claims.get(p)
+            if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
                 return False
         return True
 
