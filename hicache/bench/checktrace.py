@@ -2,7 +2,7 @@
 
     hicache bench checktrace [--seed 1] [--steps 3000] [--repeats 3] [--out PATH]
     hicache bench checktrace --curve [--lengths 5000,50000,500000,1000000]
-                             [--pages 100000] [--seed 1] [--cache DIR] [--out PATH]
+                             [--tiers small,100000] [--seed 1] [--cache DIR] [--out PATH]
 
 The trace is the hicache controller's own run on the null data plane (seeded random
 workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
@@ -24,12 +24,12 @@ the numbers as JSON.
 
 `--curve`: events/s against the trace's length, the rate per event (flat: the cost of an
 event depends on what it touches, never on how many came before it or on the tiers' size).
-For each length in `--lengths` and each tier size (the generator's small tiers, and
-`--pages` pages in every tier: large tiers, no eviction pressure), a controller trace of
-that many events (the run's first events, a valid prefix) is judged once with the default
-checks, and `json.loads` of the same lines is timed as the ceiling (the parse floor). Long
-traces take a while to generate (the controller's own run); `--cache DIR` keeps them as
-files for the next run.
+For each tier size in `--tiers` (`small`: the generator's 12/10/14 pages; N: N pages in
+every tier, no eviction pressure) one controller trace of the longest length is generated,
+and for each length in `--lengths` its first that many events (a prefix of a trace is a
+trace) are judged once with the default checks, and `json.loads` of the same lines is timed
+as the ceiling (the parse floor). Long traces take a while to generate (the controller's
+own run); `--cache DIR` keeps them as files for the next run.
 """
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ LARGE_PAGES = 100_000
 
 def curve_trace(seed: int, events: int, pages: int | None, cache: str | None = None) -> list[str]:
     """The header and the first `events` events of a controller trace (`pages`: that many
-    pages in every tier; None: the generator's small tiers), from `cache` when it has it."""
+    pages in every tier; None: the generator's small tiers), from `cache` when it has it.
+    A prefix of a trace is a trace (it may stop anywhere): the curve's shorter lengths are
+    prefixes of its longest."""
     name = f"controller-s{seed}-p{pages or 'small'}-n{events}.ndjson"
     path = None if cache is None else os.path.join(cache, name)
     if path is not None and os.path.exists(path):
@@ -147,6 +149,17 @@ def curve_trace(seed: int, events: int, pages: int | None, cache: str | None = N
     return lines
 
 
+def _tiers(text: str) -> tuple[int | None, ...]:
+    """`--tiers`: comma-separated `small` (the generator's tiers) or pages per tier."""
+    out: list[int | None] = []
+    for word in text.split(","):
+        if word.strip() == "small":
+            out.append(None)
+        else:
+            out.extend(counts(word.strip()))
+    return tuple(out)
+
+
 def curve_point(lines: list[str]) -> dict[str, float]:
     """Events/s of `json.loads` (the ceiling) and of check-trace's default checks."""
     n = len(lines) - 1
@@ -164,21 +177,17 @@ def curve_point(lines: list[str]) -> dict[str, float]:
 
 def curve(args: argparse.Namespace) -> int:
     """`--curve`: events/s per length and tier size (the module docstring)."""
-    sizes: list[int | None] = [None, *args.pages]
     print(
         f"check-trace events/s against trace length: controller traces, seed {args.seed}; "
         f"one run each, CPU time; Python {platform.python_version()}"
     )
     rows, points = [], []
-    for pages in sizes:
+    for pages in args.tiers:
+        longest = curve_trace(args.seed, max(args.lengths), pages, args.cache)
         for n in args.lengths:
-            t0 = time.process_time()
-            lines = curve_trace(args.seed, n, pages, args.cache)
-            gen_s = time.process_time() - t0
-            p = curve_point(lines)
-            del lines
+            p = curve_point(longest[: n + 1])
             tiers = "small (12/10/14)" if pages is None else f"{pages:,} pages"
-            points.append({"tiers": tiers, "generate_s": gen_s, **p})
+            points.append({"tiers": tiers, **p})
             rows.append(
                 [
                     tiers,
@@ -220,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="--curve: trace lengths in events (default 5000,50000,500000,1000000)",
     )
     p.add_argument(
-        "--pages",
-        type=counts,
-        default=(LARGE_PAGES,),
-        help=f"--curve: large tier sizes to run besides the small ones (default {LARGE_PAGES})",
+        "--tiers",
+        type=_tiers,
+        default=(None, LARGE_PAGES),
+        help=f"--curve: tier sizes, small or pages per tier (default small,{LARGE_PAGES})",
     )
     p.add_argument("--cache", metavar="DIR", help="--curve: keep the generated traces here")
     args = p.parse_args(argv)
