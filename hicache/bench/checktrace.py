@@ -1,6 +1,8 @@
 """How fast `hicache check-trace` judges a trace, in events per second, on one CPU core.
 
     hicache bench checktrace [--seed 1] [--steps 3000] [--repeats 3] [--out PATH]
+    hicache bench checktrace --curve [--lengths 5000,50000,500000,1000000]
+                             [--tiers small,100000] [--seed 1] [--cache DIR] [--out PATH]
 
 The trace is the hicache controller's own run on the null data plane (seeded random
 workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
@@ -19,17 +21,28 @@ Each row shows events/s and its ratio to the json-only ceiling measured in the s
 A last line splits the no-checks replay: the share of its time spent inside the reference
 control plane's own calls (the floor no checking scheme can go under). `--out` also writes
 the numbers as JSON.
+
+`--curve`: events/s against the trace's length, the rate per event (flat: the cost of an
+event depends on what it touches, never on how many came before it or on the tiers' size).
+For each tier size in `--tiers` (`small`: the generator's 12/10/14 pages; N: N pages in
+every tier, no eviction pressure) one controller trace of the longest length is generated,
+and for each length in `--lengths` its first that many events (a prefix of a trace is a
+trace) are judged once with the default checks, and `json.loads` of the same lines is timed
+as the ceiling (the parse floor). Long traces take a while to generate (the controller's
+own run); `--cache DIR` keeps them as files for the next run.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 
-from hicache.bench import BenchParser, columns
+from hicache.bench import BenchParser, columns, counts
 from hicache.checktrace import check_lines
 from hicache.checktrace.dispatch import Call
 from hicache.checktrace.generate import controller_trace
@@ -37,6 +50,7 @@ from hicache.checktrace.reader import Line, TraceReader
 from hicache.checktrace.replay import Replay
 from hicache.lifecycle import load_lifecycle
 from hicache.outputs import OUTPUT_FILE
+from hicache.testing.adapters.controller import Setup
 
 ROWS = (
     ("every event", 1, False),
@@ -106,6 +120,95 @@ def plane_share(lines: list[str]) -> float:
     return _TimedReplay.plane_s / (time.process_time() - t0)
 
 
+LENGTHS = (5_000, 50_000, 500_000, 1_000_000)
+LARGE_PAGES = 100_000
+
+
+def curve_trace(seed: int, events: int, pages: int | None, cache: str | None = None) -> list[str]:
+    """The header and the first `events` events of a controller trace (`pages`: that many
+    pages in every tier; None: the generator's small tiers), from `cache` when it has it.
+    A prefix of a trace is a trace (it may stop anywhere): the curve's shorter lengths are
+    prefixes of its longest."""
+    name = f"controller-s{seed}-p{pages or 'small'}-n{events}.ndjson"
+    path = None if cache is None else os.path.join(cache, name)
+    if path is not None and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    setup = None if pages is None else Setup(pages, pages, pages, check_mode="off")
+    steps = max(events * 5 // 6, 1)  # a step emits about 1.2-1.5 events
+    while True:
+        lines = controller_trace(seed, steps, setup)
+        if len(lines) > events:
+            break
+        steps *= 2
+    lines = lines[: events + 1]
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def _tiers(text: str) -> tuple[int | None, ...]:
+    """`--tiers`: comma-separated `small` (the generator's tiers) or pages per tier."""
+    out: list[int | None] = []
+    for word in text.split(","):
+        if word.strip() == "small":
+            out.append(None)
+        else:
+            out.extend(counts(word.strip()))
+    return tuple(out)
+
+
+def curve_point(lines: list[str]) -> dict[str, float]:
+    """Events/s of `json.loads` (the ceiling) and of check-trace's default checks."""
+    n = len(lines) - 1
+    parse_s = _cpu_s(lambda: [json.loads(x) for x in lines[1:]])
+    verdict = None
+
+    def judge() -> None:
+        nonlocal verdict
+        verdict = check_lines(lines)
+
+    check_s = _cpu_s(judge)
+    assert verdict is not None and verdict.exit_code == 0 and verdict.events == n, verdict
+    return {"events": n, "json_only": n / parse_s, "check_trace": n / check_s}
+
+
+def curve(args: argparse.Namespace) -> int:
+    """`--curve`: events/s per length and tier size (the module docstring)."""
+    print(
+        f"check-trace events/s against trace length: controller traces, seed {args.seed}; "
+        f"one run each, CPU time; Python {platform.python_version()}"
+    )
+    rows, points = [], []
+    for pages in args.tiers:
+        longest = curve_trace(args.seed, max(args.lengths), pages, args.cache)
+        for n in args.lengths:
+            p = curve_point(longest[: n + 1])
+            tiers = "small (12/10/14)" if pages is None else f"{pages:,} pages"
+            points.append({"tiers": tiers, **p})
+            rows.append(
+                [
+                    tiers,
+                    f"{n:,}",
+                    f"{p['json_only']:,.0f}",
+                    f"{p['check_trace']:,.0f}",
+                    f"{p['check_trace'] / p['json_only']:.3f}",
+                ]
+            )
+            print(f"  {tiers}, {n:,} events: {p['check_trace']:,.0f} events/s", flush=True)
+    for line in columns(
+        ["tiers", "events", "json-only ev/s", "check-trace ev/s", "x json-only"], rows, left=1
+    ):
+        print(line)
+    print("legend: json-only = json.loads of each line, the ceiling; ev/s = events per CPU second")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"seed": args.seed, "points": points}, f, indent=2)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = BenchParser("checktrace", __doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
@@ -116,7 +219,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats", type=int, default=3, help="runs per row; the best counts (default 3)"
     )
     p.add_argument("--out", type=OUTPUT_FILE, metavar="PATH", help="also write the numbers as JSON")
+    p.add_argument(
+        "--curve", action="store_true", help="events/s against trace length (see the docstring)"
+    )
+    p.add_argument(
+        "--lengths",
+        type=counts,
+        default=LENGTHS,
+        help="--curve: trace lengths in events (default 5000,50000,500000,1000000)",
+    )
+    p.add_argument(
+        "--tiers",
+        type=_tiers,
+        default=(None, LARGE_PAGES),
+        help=f"--curve: tier sizes, small or pages per tier (default small,{LARGE_PAGES})",
+    )
+    p.add_argument("--cache", metavar="DIR", help="--curve: keep the generated traces here")
     args = p.parse_args(argv)
+    if args.curve:
+        return curve(args)
     if args.steps < 1 or args.repeats < 1:
         p.error("--steps and --repeats must be >= 1")
     lines = controller_trace(args.seed, args.steps)

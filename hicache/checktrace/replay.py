@@ -24,6 +24,7 @@ from hicache.checktrace.dispatch import Ambiguous, Call, Resolver, Unreplayable,
 from hicache.checktrace.invariants import Checks, scope_before
 from hicache.checktrace.maps import IdMap
 from hicache.checktrace.names import TraceNames
+from hicache.checktrace.pagetable import RunIndexTable
 from hicache.checktrace.reader import Line, Malformed, TraceReader
 from hicache.checktrace.report import Before
 from hicache.checktrace.verdict import MALFORMED, UNJUDGED, VALID, VIOLATION, Verdict
@@ -99,15 +100,19 @@ class _Buffer:
 
 def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
     """The reference a trace with `header` replays on: its page size and capacities,
-    invariants off (the replay runs them itself). A tier the header does not have gets one
-    page (a page table of none is refused): no event can use it, since an event on a tier the
-    header lacks is malformed. A tier declared with 0 pages gets one too."""
+        invariants off (the replay runs them itself), each plain page table a `RunIndexTable`
+    (its choices, at a cost per page moved). A tier the header does not have gets one
+        page (a page table of none is refused): no event can use it, since an event on a tier the
+        header lacks is malformed. A tier declared with 0 pages gets one too."""
     caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
     p = header.pools
     if not p:
-        return ControlPlane(
+        cp = ControlPlane(
             header.page_size, caps, check_mode="off", tracer=Tracer(ListSink()), lifecycle=lc
         )
+        for table in cp.tables:  # the same pages, found without scanning the whole table
+            RunIndexTable.adopt(table, log=False)
+        return cp
     try:  # a pool group's plane: the preset, its policy and side capacities, as declared
         group = preset_group(str(p["group"]))
         return ControlPlane(

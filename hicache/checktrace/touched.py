@@ -26,6 +26,10 @@ tests exactly those, reading the plane's live records (no snapshot):
     whose owner code changed                claims it (I1, I6); the tree's page counters
                                             (S3)
 
+Which owner codes changed: the pages the table logged moving (a `RunIndexTable`, the
+replay's: O(pages moved)), else the whole owner array compared with its copy from the last
+call (O(capacity) per call).
+
 The claims index maps each tier's pages to the record claiming them (a node's value, an op's
 target, a request's private pages); a call re-indexes only the records it touched.
 
@@ -41,6 +45,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from hicache.checktrace.pagetable import RunIndexTable
 from hicache.control import ControlPlane
 from hicache.lifecycle import ABSENT, RESIDENT
 from hicache.pages import FREE, PRIVATE, TREE
@@ -55,6 +62,8 @@ CODE = {"node": TREE, "op": PRIVATE, "request": PRIVATE}
 SOURCE = {d: TIERS.index(d.source) for d in Direction}
 TARGET = {d: TIERS.index(d.target) for d in Direction}
 _UNLOCKED = [0, 0, 0]
+INT64 = np.dtype(np.int64)  # a page array's dtype (hicache.pages.pages)
+SETTLED_MAX = 65_536  # entries of `TouchedChecks.settled` kept at most (memory stays bounded)
 
 
 class TouchedChecks:
@@ -64,9 +73,16 @@ class TouchedChecks:
         self.cp = cp
         self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
         self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
+        self.raw_held: dict[Holder, bytes] = {}  # a node's: its value's bytes, as claimed
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
+        # Touched node -> what `_children` read of it when its children last passed (states,
+        # pending ops, child count): the same again, they pass again (`_children`).
+        self.settled: dict[TreeNode, tuple[object, ...]] = {}
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.moved = set()  # the pages each call moves, read by `_pages`
         # The tiers S6 holds in: not a hash-keyed one (spec/tree.md, "Hash-keyed tiers").
         self.closed = [i for i, t in enumerate(TIERS) if t not in cp.lifecycle.hash_keyed_tiers]
 
@@ -82,38 +98,62 @@ class TouchedChecks:
         moved these pages (per tier index). After a no, `rebuild` before the next call (the
         index may be half updated)."""
         cp = self.cp
-        root = cp.tree.root.node_id
-        live = {i: cp.tree.get(i) for i in set(node_ids)}
-        touched = {n for i, n in live.items() if n is not None and i != root}
-        gone = [i for i, n in live.items() if n is None]
-        scope = set(touched)
-        above: set[TreeNode] = set()  # ancestors walked: each one's own are in it already
+        root = cp.tree.root
+        get = cp.tree.get
+        touched: set[TreeNode] = set()
+        gone: list[int] = []
+        for i in set(node_ids):
+            n = get(i)
+            if n is None:
+                gone.append(i)
+            elif n is not root:
+                touched.add(n)
+        scope = set(touched)  # and the ancestors: each one's own are in it already
         for n in touched:
             p = n.parent
-            while p is not None and p.parent is not None and p not in above:  # to the root's child
-                above.add(p)
+            while p is not None and p.parent is not None and p not in scope:  # to the root's child
+                scope.add(p)
                 p = p.parent
-        scope |= above
         ops = set(op_ids)
-        ops.update(o.op_id for o in cp.ops.values() if not scope.isdisjoint(o.nodes))
+        for pending in cp.ops.values():
+            if pending.op_id not in ops and not scope.isdisjoint(pending.nodes):
+                ops.add(pending.op_id)
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
         records += [("request", r, -1) for r in set(request_ids)]
-        return (
-            self._pages(gone, touched, records, moved)
-            and all(self._node(n) for n in scope)
-            and all(self._children(n, scope) for n in touched)
-            and all(self._op(o) for o in ops)
-            and self._requests()
-            and self._locks(scope)
-        )
+        if not self._pages(gone, touched, records, moved):
+            return False
+        for n in scope:
+            if not self._node(n):
+                return False
+        settled = self.settled
+        if gone or len(settled) > SETTLED_MAX:
+            settled.clear()  # a removed child may still be linked: read every child again
+        for n in touched:
+            if not n.children:
+                continue
+            mark = (n.node_id, *n.state, *n.pending, len(n.children))
+            if settled.get(n) == mark:
+                continue  # what its children read of it is as when they were last read
+            if not self._children(n, scope):
+                return False
+            settled[n] = mark
+        for o in ops:
+            if not self._op(o):
+                return False
+        return self._requests() and self._locks(scope)
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
         cp = self.cp
         self.claims = [{} for _ in TIERS]
         self.held, self.where = {}, {}
+        self.raw_held.clear()
+        self.settled.clear()
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.take_moved()  # from the state as it is now
         records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
         records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
         for kind, i, t in records:
@@ -139,6 +179,7 @@ class TouchedChecks:
         )
 
     def _release(self, key: Holder, dirty: list[set[int]]) -> None:
+        self.raw_held.pop(key, None)
         old = self.held.pop(key, None)
         if old is None:
             return
@@ -183,7 +224,7 @@ class TouchedChecks:
         code it carries -- and no other page may have changed its code."""
         dirty = moved
         now: list[tuple[Holder, tuple[int, ...]]] = []
-        held = self.held
+        held, raw_held = self.held, self.raw_held
         for i in gone:  # every old claim first: a page may move between records
             for t in range(3):
                 self._release(("node", i, t), dirty)
@@ -196,12 +237,17 @@ class TouchedChecks:
                     if was is not None:
                         self._release(key, dirty)
                     continue
+                raw = v.tobytes()  # cheaper to compare than the list, for a long value
+                if was is not None and raw_held.get(key) == raw and v.dtype is INT64:
+                    continue  # the node claims what it claimed
                 listed = tuple(v.tolist())
                 if was == listed:
+                    raw_held[key] = raw
                     continue  # the node claims what it claimed
                 if was is not None:
                     self._release(key, dirty)
                 now.append((key, listed))
+                raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
         for kind, i, t in records:
             old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
             found = self._current(kind, i, t)
@@ -222,6 +268,15 @@ class TouchedChecks:
             owner, seen = table.owner, self.owner_seen[t]
             if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
                 return False
+            if isinstance(table, RunIndexTable):  # its log names every page whose code changed
+                logged = table.moved
+                assert logged is not None  # Verify: __init__ turned the log on.
+                if logged:
+                    dirty[t] |= logged
+                    logged.clear()
+                if dirty[t] and not self._logged(t, table, dirty[t]):
+                    return False
+                continue
             codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
             if not dirty[t]:
                 if codes != seen:
@@ -234,6 +289,17 @@ class TouchedChecks:
                     return False
                 seen[p] = codes[p]
             if codes != seen:
+                return False
+        return True
+
+    def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
+        """Each of `dirty` (the pages the records and events name, and those the table moved)
+        carries its claimant's code, or FREE when none claims it; no other page changed."""
+        claims, size = self.claims[t], table.owner.size
+        codes = table.owner.data  # one byte a page, read in place
+        for p in dirty:
+            holder = claims.get(p)
+            if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
                 return False
         return True
 
@@ -299,7 +365,11 @@ class TouchedChecks:
         is an event naming it), and its locks change only with a holder at or below it (which
         puts it in `scope`, an ancestor of a touched node): what can break is what reads `n`,
         the child's entry in `n.children` and `n` present in each tier the child holds or is
-        filling. The same clauses as `_node`'s on the child; the rest of them cannot fail."""
+        filling. The same clauses as `_node`'s on the child; the rest of them cannot fail.
+        So when `n`'s states, pending ops and child count are what they were when its
+        children last passed, and no node was removed (a removed child still linked), they
+        pass again: `clear` skips the call then (`settled`), which keeps a call on a node
+        with many children at the cost of the children it names."""
         live, ps = self.cp.tree.get, self.cp.page_size
         up, up_pending = n.state, n.pending
         loose = [t for t in self.closed if up[t] != RESIDENT]  # where S6 can fail
