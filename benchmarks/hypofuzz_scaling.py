@@ -1,7 +1,7 @@
 """HypoFuzz on hicache's machines: rule steps per second from 1 to N workers, and what it finds.
 
     python3 benchmarks/hypofuzz_scaling.py RESULTS_DIR [--workers 1 2 4 8 16] [--seconds 60]
-        [-k FuzzNull] [--baseline-steps 1000] [--mutants B07-leaf B13 ...] [--mutant-seconds 120]
+        [-k FuzzNull] [--baseline-steps 1000] [--mutants B04 B08 ...] [--mutant-seconds 120]
         [--mutant-workers N]
 
 Needs HypoFuzz importable (the `fuzz` extra, or wheels: below) and no network. Runs from the
@@ -11,8 +11,12 @@ lent GPU host, where nothing is installed and nothing can be fetched: there the 
 with the tree and are installed first:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \\
-        .whl-hypofuzz/*.whl && export PYTHONPATH=/tmp/site:. &&
-    python3 benchmarks/hypofuzz_scaling.py "$OUT" --workers 1 2 4 8 16 --seconds 60
+        .whl-hypofuzz/*.whl && export PYTHONPATH=/tmp/site:$PWD &&
+    python3 benchmarks/hypofuzz_scaling.py /tmp/hf --workers 1 2 4 8 16 --seconds 45 &&
+    cp /tmp/hf/hypofuzz-scaling.* "$OUT"/
+
+(the lent host returns at most 8 files from $OUT: the run folders stay in /tmp;
+benchmarks/results/2026-12-06-hypofuzz-2core.md says how long each call takes).
 
 For each worker count: `hicache hypofuzz -n N --seconds S -k K` in a fresh directory
 RESULTS_DIR/nN (its own example database, nothing carried over), each worker counting its
@@ -40,6 +44,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -104,8 +109,10 @@ def environment() -> dict[str, str]:
 def hypofuzz_run(
     out: Path, workers: int, seconds: float, select: str, mutant: str | None = None
 ) -> dict[str, Any]:
-    """One `hicache hypofuzz` run in a fresh directory `out`: its counts, summed."""
-    out.mkdir(parents=True, exist_ok=True)
+    """One `hicache hypofuzz` run in a fresh directory `out` (emptied first: no database and
+    no counts of an earlier run): its counts, summed."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     words = [sys.executable, "-m", "hicache", "hypofuzz", "-n", str(workers)]
     words += ["--seconds", str(seconds), "--stats", str(out / "stats"), "-k", select]
     if mutant:
@@ -186,6 +193,15 @@ def host() -> dict[str, Any]:
     }
 
 
+def _kinds(failures: dict[str, dict[str, int]], width: int = 90) -> str:
+    """The most frequent kind of failure (cut to `width`) and how many other kinds there were."""
+    counted = sorted(((n, k) for t in failures.values() for k, n in t.items()), reverse=True)
+    if not counted:
+        return "-"
+    first = counted[0][1][:width].replace("|", "/")
+    return first + (f" (+{len(counted) - 1} more kinds)" if len(counted) > 1 else "")
+
+
 def markdown(result: dict[str, Any]) -> str:
     h = result["host"]
     lines = [
@@ -217,21 +233,31 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("mutants"):
         lines += [
             "",
-            "Found after: seconds from the launch (start-up included) to the first failing run.",
+            "Found after: seconds from the launch to the first failing run; of them, fuzzing: "
+            "after the first step (start-up, pytest collection and imports, excluded).",
             "",
-            "| mutant | workers | start-up (s) | found after (s) | failure |",
-            "| --- | --- | --- | --- | --- |",
+            "| mutant | workers | start-up (s) | found after (s) | of them, fuzzing (s) "
+            "| failure |",
+            "| --- | --- | --- | --- | --- | --- |",
         ]
+        fuzzing = []
         for r in result["mutants"]:
             first = min(r["first_failure_s"].values()) if r["first_failure_s"] else None
-            kinds = "; ".join(k for t in r["failures"].values() for k in t)
             found = f"{first:.0f}" if first is not None else f"not in {r['seconds']:.0f}"
+            fuzzed = "-"
+            if first is not None and r["start_up_s"] is not None:
+                fuzzing.append(first - r["start_up_s"])
+                fuzzed = f"{fuzzing[-1]:.1f}"
             lines.append(
-                f"| {r['mutant']} | {r['workers']} | {r['start_up_s']} | {found} | {kinds or '-'} |"
+                f"| {r['mutant']} | {r['workers']} | {r['start_up_s']} | {found} | {fuzzed} | "
+                f"{_kinds(r['failures'])} |"
             )
-        spent = sum(r["seconds"] for r in result["mutants"]) / 3600
-        found_n = sum(1 for r in result["mutants"] if r["first_failure_s"])
-        lines += ["", f"Found {found_n} of {len(result['mutants'])} mutants in {spent:.2f} h."]
+        lines += [
+            "",
+            f"Found {len(fuzzing)} of {len(result['mutants'])} mutants within "
+            f"{result['mutants'][0]['seconds']:.0f} s each"
+            + (f"; the slowest after {max(fuzzing):.1f} s of fuzzing." if fuzzing else "."),
+        ]
     return "\n".join(lines) + "\n"
 
 
