@@ -33,6 +33,8 @@ An outside engine may instead be its own file of targets, as it is its own pytes
         setups = st.just(EngineConfig(4, {"L1": 16, "L2": 32}))
 
     TestMyEngine = MyEngineMachine.TestCase
+    for i in range(1, 16):  # one Test name per worker (below)
+        globals()[f"TestMyEngine_{i}"] = type(f"TestMyEngine_{i}", (TestMyEngine,), {})
 
     hicache hypofuzz -n 16 -- test_my_engine_fuzz.py       # or: hypothesis fuzz -- test_...
 
