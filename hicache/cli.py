@@ -8,6 +8,7 @@
     hicache check-trace FILE [ARGS...]              delegated: hicache.checktrace.command.main
     hicache demo [ARGS...]                          delegated: hicache.demo.main(ARGS)
     hicache fuzz [ARGS...]                          delegated: hicache.testing.runner.main(ARGS)
+    hicache hypofuzz [ARGS...]                      delegated: hicache.testing.hypofuzz_command
     hicache vectors generate|run [ARGS...]          delegated: hicache.vectors.generate/run.main
     hicache model-check [ARGS...]                   delegated: hicache.modelcheck.cli.main(ARGS)
     hicache pools [PRESET]                          delegated: hicache.pools.command.main(ARGS)
@@ -53,6 +54,7 @@ DELEGATED: dict[tuple[str, ...], str] = {
     ("bench", "vectors"): "hicache.bench.vectors",
     ("demo",): "hicache.demo",
     ("fuzz",): "hicache.testing.runner",
+    ("hypofuzz",): "hicache.testing.hypofuzz_command",
     ("vectors", "generate"): "hicache.vectors.generate",
     ("vectors", "run"): "hicache.vectors.run",
     ("model-check",): "hicache.modelcheck.cli",
@@ -82,6 +84,9 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     (
         "fuzz",
     ): "fuzz the controller (or an adapter) against the spec: --seed --steps --plane --report",
+    (
+        "hypofuzz",
+    ): "the fuzz machines under HypoFuzz on every core (the fuzz extra): -n --seconds --stats",
     ("vectors",): "conformance vectors: write them, or check an engine's adapter against them",
     ("vectors", "generate"): "write conformance cases and their manifest into DIR (--count --seed)",
     (

@@ -8,6 +8,9 @@ lacks, so a command that needs one can say what to install instead of a tracebac
     triton        gpu      the Triton gather/scatter kernels (CUDA; on CPU only in Triton's
                            interpreter). Without it, backend "auto" uses the torch kernels
     transformers  model    the Qwen3 model producer
+    hypofuzz      fuzz     `hicache hypofuzz`: the fuzz machines under HypoFuzz on many cores
+                           (its licence is its own, not Apache-2.0: README, "Fuzzing on many
+                           cores"; never a dependency of the library)
 
 The base install (numpy, transitions) runs the control plane, the spec checks and the
 invariant checker.
@@ -15,7 +18,12 @@ invariant checker.
 
 from __future__ import annotations
 
-EXTRA_OF_MODULE: dict[str, str] = {"torch": "data", "triton": "gpu", "transformers": "model"}
+EXTRA_OF_MODULE: dict[str, str] = {
+    "torch": "data",
+    "triton": "gpu",
+    "transformers": "model",
+    "hypofuzz": "fuzz",
+}
 
 
 def top_module(name: str | None) -> str | None:

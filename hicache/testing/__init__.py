@@ -11,6 +11,9 @@
                     subclasses (`make_machine(adapter, setups)` builds one from arguments)
     coverage        transitions, composite states and fault sites reached
     runner          `hicache fuzz`: seeds, replay, reports, outside pytest
+    hypofuzz_targets  the machines as HypoFuzz targets (TestCases), for many cores
+    hypofuzz_command  `hicache hypofuzz`: HypoFuzz on them (the optional `fuzz` extra)
+    fuzzstats       the steps and failures each HypoFuzz worker counts, and their sum
     walking         `every_plane_walked()`: every control plane built inside walks its trace
     adapters/       the controller (null, cpu, cuda planes), SGLang's RadixCache, and caches
                     that are wrong on purpose (lru.py)
@@ -29,7 +32,8 @@ Quick start (pytest collects the TestCase):
 Another engine implements `CacheUnderTest` and a factory of `EngineConfig` (template.py is a
 complete one to copy), then runs `hicache fuzz --adapter module:factory`; in pytest, a
 subclass of `CacheMachine` with `adapter = staticmethod(factory)` and `setups` a strategy of
-its configurations.
+its configurations; under HypoFuzz on every core, `hicache hypofuzz --adapter module:factory`,
+or that TestCase in a file of its own: `hicache hypofuzz -- test_my_engine_fuzz.py`.
 """
 
 from hicache.testing.coverage import Coverage

@@ -1,0 +1,202 @@
+"""`hicache hypofuzz`: hicache's fuzz machines (or an engine's adapter) fuzzed by HypoFuzz on
+every core, for a time or until stopped, with what the workers did counted.
+
+    hicache hypofuzz [-n WORKERS] [--seconds S] [--stats DIR] [-k EXPR] [--replicas R]
+                     [--adapter module:factory [--plane null|cpu]] [--mutant NAME]
+                     [--dashboard] [-- PYTEST_ARGS...]
+
+HypoFuzz (`pip install hypofuzz`, or the `fuzz` extra: never a dependency of hicache, its
+licence is its own; README, "Fuzzing on many cores") runs `hypothesis fuzz`: WORKERS processes
+(default: every core) fuzzing, coverage-guided, the targets pytest collects -- by default the
+machines of hicache/testing/hypofuzz_targets.py (`-k FuzzNull` picks one; PYTEST_ARGS after
+`--` replace the file: an engine's own file of `CacheMachine` TestCases), sharing the example
+database of the current directory (.hypothesis/). Without HypoFuzz the command says what to
+install (exit 2).
+
+Each target is copied once per worker (`--replicas`, default the worker count): HypoFuzz gives
+worker i only the targets from the i-th on, so without copies a worker beyond the number of
+targets selected would fuzz nothing (hicache/testing/hypofuzz_targets.py). Copies of one
+machine share its corpus.
+
+`--seconds S` stops every worker after S seconds (without it: until Ctrl-C). `--stats DIR`
+(default: a temporary directory) is where each worker writes its counts
+(hicache/testing/fuzzstats.py); at the end one line sums them -- workers, rule steps, runs,
+steps/s (each worker's own steps over its own fuzzing seconds, added up) -- and one line per
+target that failed: the seconds from the start to its first failing run and each kind of
+failure. HypoFuzz keeps each failure, shrunk, in the database (its dashboard,
+`hypothesis fuzz --dashboard-only`, shows them). `--adapter module:factory` adds the target
+TestFuzzAdapter: that engine through the factory protocol, as `hicache fuzz --adapter`
+(configurations for `--plane`). `--mutant NAME` switches the bug zoo's mutant NAME on in every
+worker (`hicache fuzz --mutant list` names them): what HypoFuzz finds, and how soon.
+`--dashboard` also serves HypoFuzz's dashboard (localhost:9999).
+
+Exit status: 0 no target failed, 1 some target failed, 2 a usage error (HypoFuzz missing
+too), 130 interrupted with no failure found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hicache.outputs import OUTPUT_DIR
+from hicache.testing.fuzzstats import STATS_ENV, Summary, summarise
+from hicache.usage import EXIT_USAGE, UsageParser
+
+TARGETS = "hicache.testing.hypofuzz_targets"
+STOP_GRACE_S = 10.0
+"""Seconds the workers have to end after SIGTERM before they are killed."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = UsageParser(
+        prog="hicache hypofuzz",
+        description="fuzz hicache's machines (or an adapter) with HypoFuzz on many cores",
+    )
+    p.add_argument("-n", "--workers", type=int, default=None, help="worker processes (all cores)")
+    p.add_argument("--seconds", type=float, default=None, help="stop after S seconds")
+    p.add_argument(
+        "--stats", type=OUTPUT_DIR, default=None, help="the directory workers count into"
+    )
+    p.add_argument("-k", dest="select", default=None, help="pytest -k: which targets")
+    p.add_argument("--adapter", metavar="MODULE:FACTORY", help="another engine's adapter factory")
+    p.add_argument("--plane", default="null", help="the plane of --adapter's configurations")
+    p.add_argument("--mutant", default=None, help="a bug-zoo mutant on in every worker")
+    p.add_argument(
+        "--replicas", type=int, default=None, help="copies of each target (default: the workers)"
+    )
+    p.add_argument("--dashboard", action="store_true", help="serve HypoFuzz's dashboard too")
+    p.add_argument("pytest_args", nargs="*", help="after --: pytest's, replacing the targets")
+    return p
+
+
+def targets_file() -> str:
+    """The path of hicache/testing/hypofuzz_targets.py (pytest collects a file by path)."""
+    spec = importlib.util.find_spec(TARGETS)
+    assert spec is not None and spec.origin is not None, TARGETS
+    return spec.origin
+
+
+def fuzz_command(args: argparse.Namespace) -> list[str]:
+    """The `hypothesis fuzz` command line `args` ask for (run in a new interpreter)."""
+    words = [sys.executable, "-c", "import sys; from hypothesis.extra.cli import main; main()"]
+    words += ["fuzz", "--dashboard" if args.dashboard else "--no-dashboard"]
+    if args.workers is not None:
+        words += ["-n", str(args.workers)]
+    words += ["--", *(args.pytest_args or [targets_file()])]
+    if args.select:
+        words += ["-k", args.select]
+    return words
+
+
+def environment(args: argparse.Namespace, stats: Path) -> dict[str, str]:
+    """This process's environment plus what the targets read (hypofuzz_targets.py)."""
+    from hicache.testing import hypofuzz_targets as t
+
+    env = dict(os.environ)
+    env[STATS_ENV] = str(stats.resolve())
+    cwd = os.getcwd()  # an --adapter module beside you is importable, as for `hicache fuzz`
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH")) if p)
+    for name, value in ((t.ADAPTER_ENV, args.adapter), (t.MUTANT_ENV, args.mutant)):
+        if value:
+            env[name] = value
+    if args.adapter:
+        env[t.PLANE_ENV] = args.plane
+    env[t.REPLICAS_ENV] = str(replicas(args))
+    return env
+
+
+def replicas(args: argparse.Namespace) -> int:
+    """Copies of each target: `--replicas`, else one per worker (HypoFuzz leaves a worker
+    beyond the number of targets idle: hypofuzz_targets.py's docstring)."""
+    if args.replicas is not None:
+        return int(args.replicas)
+    return int(args.workers or os.cpu_count() or 1)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the fuzz's process group (its workers too), SIGKILL after STOP_GRACE_S
+    (a worker's counts are on disk already: fuzzstats writes them as it goes)."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def report(summary: Summary, started: float, seconds: float) -> str:
+    """What the command prints at the end (module docstring)."""
+    start_up = (
+        "" if summary.first_step is None else f" ({summary.first_step - started:.0f} s start-up)"
+    )
+    lines = [
+        f"hypofuzz: {summary.workers} workers, {seconds:.0f} s{start_up}, {summary.steps} "
+        f"steps, {summary.runs} runs, {summary.steps_per_s:.1f} steps/s, "
+        f"{len(summary.first_failure)} target(s) failed"
+    ]
+    for name, first in sorted(summary.first_failure.items()):
+        kinds = "; ".join(sorted(summary.failures.get(name, {})))
+        lines.append(f"  {name}: first failing run after {first - started:.1f} s: {kinds}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    # Missing, ModuleNotFoundError: the CLI names the extra to install (exit 2).
+    importlib.import_module("hypofuzz")
+
+    if args.workers is not None and args.workers < 1:
+        parser().error(f"argument -n/--workers: {args.workers}: at least one worker")
+    if args.replicas is not None and args.replicas < 1:
+        parser().error(f"argument --replicas: {args.replicas}: at least one copy")
+    if args.mutant:
+        from hicache.testing import mutants
+
+        mutants.get(args.mutant)  # an unknown name: ConfigError listing the names, exit 2
+    with tempfile.TemporaryDirectory(prefix="hicache-hypofuzz-") as scratch:
+        stats = Path(args.stats or scratch)
+        started = time.time()
+        process = subprocess.Popen(
+            fuzz_command(args), env=environment(args, stats), start_new_session=True
+        )
+        interrupted = ended = False
+        try:
+            process.wait(timeout=args.seconds)
+            ended = True
+        except subprocess.TimeoutExpired:
+            pass
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            _stop(process)
+        seconds = time.time() - started
+        summary = summarise(stats)
+        print(report(summary, started, seconds), flush=True)
+    if summary.first_failure:
+        return 1
+    if ended and summary.steps == 0:  # collection failed, or nothing matched -k
+        print(
+            f"hicache hypofuzz: error: hypothesis fuzz ended (status {process.returncode}) "
+            "before any step: see its output above",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
