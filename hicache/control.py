@@ -80,9 +80,10 @@ class ControlPlane(PlaneQueries):
         `TierPools` (hicache/pools/tierpools.py): the tree's values are anchor pages and
         every side pool follows them; `pool_capacities[tier][pool]` sizes a side pool (in
         its own pages; default: the tier's capacity * its ratio). None or one pool: one
-        `PageTable` per tier. `hit_policy`: the group hit policy (spec/pools.md) that decides
-        whether a freed L1 window ends an L1 hit (`all_pools`) or is recomputed
-        (`anchor_recompute_swa`); ConfigError for an unknown one or a group it cannot serve.
+        `TierTable` per tier, a group of one (hicache/pools/tiertable.py). `hit_policy`:
+        the group hit policy (spec/pools.md) that decides whether a freed L1 window ends an
+        L1 hit (`all_pools`) or is recomputed (`anchor_recompute_swa`); ConfigError for an
+        unknown one or a group it cannot serve.
         `walk`: judge every event this plane traces by the tables' `transitions` machine as it
         is emitted (hicache/tracewalk.py; a tracer without a sink gets one); a step the machine
         does not take raises MachineDisagreement. None: `walk_default`, False unless code

@@ -18,6 +18,7 @@ table: they use their source's indices.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -63,9 +64,10 @@ class PageTable:
         outside the control plane (the fuzz's poisoning of reserved pages, ControllerAdapter);
         None: no call."""
 
-    def clone(self) -> PageTable:
-        """An independent copy: the owner and generation arrays copied, the rest shared."""
-        new: PageTable = object.__new__(PageTable)
+    def clone(self) -> Self:
+        """An independent copy of the same class: the owner and generation arrays copied, the
+        rest shared."""
+        new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.owner = self.owner.copy()
         new.generation = self.generation.copy()

@@ -14,8 +14,8 @@ import numpy as np
 from hicache.errors import IllegalTransition
 from hicache.execute import Executor, node_segments
 from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle
-from hicache.pages import Pages, PageTable, pages
-from hicache.pools.tierpools import TierPools
+from hicache.pages import Pages, pages
+from hicache.pools.tiertable import TierTable
 from hicache.pools.windows import L1Windows
 from hicache.records import PendingOp, Request, UnknownRequest
 from hicache.snapshot import Digests, NodeView, OpView, RequestView, Snapshot, TierView
@@ -32,7 +32,7 @@ class PlaneQueries:
     """Read-only questions about the tree, the page tables, the requests and the ops."""
 
     tree: HiRadixTree
-    tables: tuple[PageTable, ...]
+    tables: tuple[TierTable, ...]  # one per tier: a pool group, or a single pool's (of one)
     executor: Executor
     lifecycle: Lifecycle  # its `hash_keyed_tiers` are named in the snapshot's tier views
     page_size: int
@@ -213,7 +213,7 @@ class PlaneQueries:
                 n.num_pages for n in self.tree.nodes() if n.lock[t] > 0 and n.state[t] == RESIDENT
             ),
         }
-        if isinstance(table, TierPools):
+        if len(table.pools) > 1:
             out.update({f"free.{pool}": n for pool, n in table.free_pages_by_pool().items()})
         return out
 
@@ -239,15 +239,14 @@ class PlaneQueries:
 
     def _pools_header(self) -> dict[str, object]:
         """The header's `pools` (empty for a single-pool plane)."""
-        groups = [t for t in self.tables if isinstance(t, TierPools)]
+        groups = [t for t in self.tables if len(t.pools) > 1]
         if not groups:
             return {}
         side = {
-            t.tier: {name: t.group_table.tables[name].capacity for name in t.held_by}
-            for t in groups
+            t.tier: {name: t.pool_tables()[name].capacity for name in t.held_by} for t in groups
         }
         return {
-            "group": groups[0].group.name,
+            "group": groups[0].group_name,
             "hit_policy": self.windows.policy,
             "capacities": side,
         }
@@ -302,7 +301,7 @@ class PlaneQueries:
                 tab.capacity,
                 tab.owner.copy(),
                 self.tree.pages_held[i],
-                tab.pool_views() if isinstance(tab, TierPools) else (),
+                tab.pool_views(),
                 self.windows.hit_pages if i == 0 else 0,
                 t in self.lifecycle.hash_keyed_tiers,
                 t in self.lifecycle.stacked_tiers,
@@ -328,7 +327,7 @@ class PlaneQueries:
                 (
                     t.owner.tobytes(),
                     t.generation.tobytes(),
-                    _side_key(t) if isinstance(t, TierPools) else (),
+                    t.side_key(),
                 )
                 for t in self.tables
             ]
@@ -368,15 +367,3 @@ class PlaneQueries:
         if req is None:
             raise UnknownRequest(request_id)
         return req
-
-
-def _side_key(table: TierPools) -> tuple[object, ...]:
-    """A pool group's side pools, whole: each one's owners and generations, and the
-    side pages each anchor page holds (`held_by`: a freed window is a TOMBSTONE there)."""
-    side = table.group_table.tables
-    return tuple(
-        [
-            (name, side[name].owner.tobytes(), side[name].generation.tobytes(), held.tobytes())
-            for name, held in table.held_by.items()
-        ]
-    )

@@ -30,6 +30,7 @@ from hicache.pools.presets import group
 from hicache.pools.spec import PoolGroup
 from hicache.pools.table import GroupTable, InjectedShortage, PoolFaults
 from hicache.pools.tierpools import TierPools
+from hicache.pools.tiertable import TierTable
 from hicache.testing import mutants, zoo
 from hicache.tiers import Direction
 from hicache.trace import ListSink, Tracer
@@ -152,11 +153,14 @@ def test_reserve_exact_takes_the_anchor_pages_named_and_side_pages_as_reserve_do
 # -- the control plane -----------------------------------------------------------------------------
 
 
-def test_without_a_group_of_several_pools_each_tier_is_todays_page_table() -> None:
+def test_without_a_group_of_several_pools_each_tier_is_a_group_of_one() -> None:
+    """A single pool's tier table is today's `PageTable` (its transitions and allocator)
+    answering the group interface for one pool (`TierTable`), not a `TierPools`."""
     one = PoolGroup("one", (DSV4.anchor,))
     for g in (None, one):
         cp = plane(g)
-        assert all(type(t) is PageTable for t in cp.tables)
+        assert all(type(t) is TierTable and isinstance(t, PageTable) for t in cp.tables)
+        assert all(t.pools == (DSV4.anchor.name,) for t in cp.tables)
         assert all(v.pools == () for v in cp.snapshot().tiers.values())
     assert all(isinstance(t, TierPools) for t in plane().tables)
 
@@ -176,7 +180,7 @@ def test_a_group_plane_emits_the_single_pool_planes_trace() -> None:
 
 def test_side_pool_capacities_default_to_the_anchors_times_the_ratio_and_can_be_given() -> None:
     cp = plane(pool_capacities={"L2": {"swa": 6}})
-    assert [t.free_pages_by_pool() for t in cp.tables] == [  # type: ignore[attr-defined]
+    assert [t.free_pages_by_pool() for t in cp.tables] == [
         {"kv": 8, "swa": 16},
         {"kv": 8, "swa": 6},
         {"kv": 8, "swa": 16},
@@ -304,7 +308,7 @@ def test_f3_the_whole_eviction_frees_every_pool() -> None:
     node = served(cp, 1, 2)
     backed_up(cp, node)
     assert cp.evict("L2", 2) == 2
-    assert cp.tables[1].free_pages_by_pool() == {"kv": 8, "swa": 16}  # type: ignore[attr-defined]
+    assert cp.tables[1].free_pages_by_pool() == {"kv": 8, "swa": 16}
 
 
 # -- F19: state and sidecar pools have no allocator ------------------------------------------------

@@ -449,3 +449,65 @@ def test_the_rule_catches_a_private_reach() -> None:
         "hicache.reader:2: t.tree._cache",
         "hicache.reader:2: getattr(t, '_hook', None)",
     ]
+
+
+# -- a single pool is a group of one (issue 34) ---------------------------------------------------
+
+GROUP_TYPES = ("TierPools", "TierTable", "GroupTable")
+"""The tier tables' classes: only hicache/pools/ may ask which one it holds; everyone else
+asks the group interface (`pools`, `pool_tables()`, `held_by`, ...: hicache/pools/tiertable.py)."""
+
+
+def table_type_branches(trees: dict[str, ast.Module]) -> list[str]:
+    """`module:line: expression` for every isinstance / issubclass call and every `is` / `==`
+    comparison naming a tier table class, outside hicache.pools (by module, then line)."""
+    found: list[tuple[str, int, str]] = []
+    for module, tree in trees.items():
+        if module == "hicache.pools" or module.startswith("hicache.pools."):
+            continue
+        for node in ast.walk(tree):
+            names: list[ast.expr] = []
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass")
+                and len(node.args) == 2
+            ):
+                names = [node.args[1]]
+            elif isinstance(node, ast.Compare) and any(
+                isinstance(op, ast.Is | ast.IsNot | ast.Eq | ast.NotEq) for op in node.ops
+            ):
+                names = [node.left, *node.comparators]
+            named = {
+                n.id if isinstance(n, ast.Name) else n.attr
+                for expr in names
+                for n in ast.walk(expr)
+                if isinstance(n, ast.Name | ast.Attribute)
+            }
+            if named & set(GROUP_TYPES) and isinstance(node, ast.expr):
+                found.append((module, node.lineno, ast.unparse(node)))
+    return [f"{m}:{line}: {text}" for m, line, text in sorted(found)]
+
+
+def test_no_module_outside_pools_branches_on_the_tier_tables_type() -> None:
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in hicache_modules().items()}
+    assert table_type_branches(trees) == [], (
+        "ask the group interface instead (a single pool is a group of one: "
+        "hicache/pools/tiertable.py); `len(table.pools) > 1` where a record names the group"
+    )
+
+
+def test_the_rule_catches_a_branch_on_the_table_type() -> None:
+    src = (
+        "def f(t, tables):\n"
+        "    a = isinstance(t, TierPools)\n"
+        "    b = any(isinstance(x, (PageTable, tierpools.TierPools)) for x in tables)\n"
+        "    c = type(t) is TierTable\n"
+        "    d = isinstance(t, PageTable), t.pools == ('kv',)\n"
+    )
+    trees = {"hicache.queries": ast.parse(src), "hicache.pools.windows": ast.parse(src)}
+    assert table_type_branches(trees) == [
+        "hicache.queries:2: isinstance(t, TierPools)",
+        "hicache.queries:3: isinstance(x, (PageTable, tierpools.TierPools))",
+        "hicache.queries:4: type(t) is TierTable",
+    ]

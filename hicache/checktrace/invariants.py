@@ -23,7 +23,6 @@ from hicache.control import ControlPlane
 from hicache.errors import ConfigError
 from hicache.invariants import check_all
 from hicache.invariants.violation import Violation
-from hicache.pools.tierpools import TierPools
 from hicache.tiers import TIERS
 from hicache.trace import TraceEvent
 from hicache.tree import TreeNode
@@ -102,7 +101,7 @@ class Checks:
         self.cp, self.every = cp, every
         # The all-clear reads one page table per tier; a pool group's side pools (I9) are
         # the full checks' alone, so a group plane runs them after every call.
-        group = any(isinstance(t, TierPools) for t in cp.tables)
+        group = any(len(t.pools) > 1 for t in cp.tables)
         self.touched = TouchedChecks(cp) if every == 1 and not full and not group else None
         self.since = 0
         self.full_runs = 0  # full checks run (after a no of the all-clear, or periodic)

@@ -35,7 +35,7 @@ import numpy.typing as npt
 from hicache.lifecycle import RESIDENT
 from hicache.pages import Pages
 from hicache.pools.spec import REPLICATED, PoolGroup
-from hicache.pools.tierpools import TierPools, window_pools
+from hicache.pools.tierpools import window_pools
 from hicache.snapshot import NodeRecord, RankView
 from hicache.tiers import TIERS, Tier
 
@@ -118,12 +118,10 @@ def build_view(
     )
     free: list[tuple[str, str, int]] = []
     for t, table in zip(TIERS, cp.tables):
-        if isinstance(table, TierPools):
-            for name, sub in table.group_table.tables.items():
-                if not (str(t) == "L1" and name in table.window):  # a rank's windows are its own
-                    free.append((str(t), name, sub.free_count))
-        else:
-            free.append((str(t), "", table.free_count))
+        named = len(table.pools) > 1  # a group of one's free list is the tier's: unnamed
+        for name, sub in table.pool_tables().items():
+            if not (str(t) == "L1" and name in table.window):  # a rank's windows are its own
+                free.append((str(t), name if named else "", sub.free_count))
     writes = tuple(
         (op_id, pool, n) for op_id, by_pool in l3_writes.ops.items() for pool, n in by_pool.items()
     )

@@ -46,7 +46,7 @@ from typing import Any
 
 from hicache.control import ControlPlane
 from hicache.pages import FREE, PRIVATE, TREE, Pages
-from hicache.pools.tierpools import TierPools
+from hicache.pools.tiertable import TierTable
 from hicache.records import PendingOp
 from hicache.tiers import TIERS
 from hicache.tree import HiRadixTree, TreeNode
@@ -144,18 +144,18 @@ def _owners(cp: ControlPlane, labels: _Labels) -> Key:
         named = tuple([owner[p] for p in sorted(seen, key=seen.__getitem__)])
         rest = [c for p, c in enumerate(owner) if p not in seen]
         out.append((named, tuple([rest.count(code) for code in (FREE, PRIVATE, TREE)])))
-        if isinstance(table, TierPools):
+        if len(table.pools) > 1:  # a group of one has no side pool (nor a key part for them)
             out.append(_side_owners(table, sorted(seen, key=seen.__getitem__)))
     return tuple(out)
 
 
-def _side_owners(table: TierPools, anchor_pages: list[int]) -> Key:
+def _side_owners(table: TierTable, anchor_pages: list[int]) -> Key:
     """Per side pool, the owner codes of the pages each labelled anchor page holds (in label
     order; -1 where it holds none) and how many other pages hold each code: side page
     numbers are named through their anchor pages, as the anchor's are through labels."""
     out = []
     for name, held in table.held_by.items():
-        owner = table.group_table.tables[name].owner.tolist()
+        owner = table.pool_tables()[name].owner.tolist()
         rows = held[anchor_pages].tolist() if anchor_pages else []
         named = tuple([tuple([_NONE if s < 0 else owner[s] for s in row]) for row in rows])
         mine = {s for row in rows for s in row if s >= 0}
@@ -227,9 +227,7 @@ def concrete_key(cp: ControlPlane) -> Key:
             for n in [tree.root, *tree.nodes()]
         ]
     )
-    tables = tuple(
-        [(t.owner.tobytes(), t.generation.tobytes(), _side_tables(t)) for t in cp.tables]
-    )
+    tables = tuple([(t.owner.tobytes(), t.generation.tobytes(), t.side_key()) for t in cp.tables])
     ops = tuple(
         [
             (
@@ -268,19 +266,6 @@ def concrete_key(cp: ControlPlane) -> Key:
         cp.next_op_id,
         tuple(tree.pages_held),
         tuple(sorted(tree.node_ids())),
-    )
-
-
-def _side_tables(t: object) -> Key:
-    """A pool group's side pools, whole: owners, generations and held_by maps (none: ())."""
-    if not isinstance(t, TierPools):
-        return ()
-    side = t.group_table.tables
-    return tuple(
-        [
-            (name, side[name].owner.tobytes(), side[name].generation.tobytes(), held.tobytes())
-            for name, held in t.held_by.items()
-        ]
     )
 
 

@@ -5,6 +5,7 @@
     presets.py    the presets of spec/pools.toml: `group(name)`, `names()`, `SINGLE_POOL`
     hits.py       how long a prefix a group can serve (endpoints in anchor pages)
     table.py      `GroupTable`: one page table per allocating pool, all-or-nothing moves
+    tiertable.py  `TierTable`: a tier's table; a single pool answers as a group of one
     tierpools.py  `TierPools`: a tier's group behind the `PageTable` interface (anchor pages)
     command.py    `hicache pools [PRESET]`
 

@@ -23,7 +23,7 @@ from hicache.spec import POOLS_TOML, load_toml
 
 TINY = "-tiny"
 SINGLE_POOL = "mha"
-"""The preset that is one pool: a tier holds plain `PageTable`s and the single-pool
+"""The preset that is one pool: a tier holds `TierTable`s (a group of one) and the single-pool
 TransferEngine moves its bytes (every other preset is a `TierPools` group)."""
 FIELDS = tuple(f.name for f in dataclasses.fields(PoolSpec))
 """The columns of a pool row: every `PoolSpec` field, in declaration order."""

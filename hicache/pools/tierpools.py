@@ -51,6 +51,7 @@ from hicache.errors import ConfigError, IllegalTransition, OutOfPages
 from hicache.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.spec import ALLOCATING, TRAILING_PAGES, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
+from hicache.pools.tiertable import SINGLE_POOL_NAME, TierTable
 from hicache.snapshot import NO_PAGES, TOMBSTONE, PoolView
 
 MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
@@ -91,8 +92,8 @@ def tier_capacities(
     return {**mine, **sizes}  # a pool named but not allocating: GroupTable names it
 
 
-class TierPools(PageTable):
-    """A `PageTable` of anchor pages whose every move takes the group's other pools along.
+class TierPools(TierTable):
+    """A `TierTable` of anchor pages whose every move takes the group's other pools along.
 
     `owner`, `generation` and `capacity` are the anchor pool's (the same arrays);
     `held_by[pool][a]` are the `ratio` pages of side pool `pool` that anchor page `a` holds
@@ -109,8 +110,9 @@ class TierPools(PageTable):
         anchor = g.anchor.name
         if anchor not in capacity_pages:
             raise ConfigError(f"{tier}.{anchor}.capacity_pages", "the anchor needs a capacity")
-        super().__init__(tier, capacity_pages[anchor])
+        super().__init__(tier, capacity_pages[anchor], anchor)
         self.group = g
+        self.group_name = g.name
         self.anchor = anchor
         self.group_table = GroupTable(tier, g, capacity_pages, faults)
         anchor_table = self.group_table.tables[anchor]
@@ -135,6 +137,33 @@ class TierPools(PageTable):
         new.owner, new.generation = gt.tables[self.anchor].owner, gt.tables[self.anchor].generation
         new.held_by = {name: held.copy() for name, held in self.held_by.items()}
         return new
+
+    # -- the group interface (a TierTable answers it for a group of one) --------------------------
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        """The names of the group's pools, in group order (anchor first)."""
+        return tuple(p.name for p in self.group.pools)
+
+    def pool_tables(self) -> Mapping[str, PageTable]:
+        """The page table of every allocating pool of the group (sorted pool order)."""
+        return self.group_table.tables
+
+    def set_reserve_fault(self, fault: ReserveFault | None) -> None:
+        """The group table's `fault` hook: asked before each reservation attempt of each
+        allocating pool (`GroupTable.reserve_group`)."""
+        self.group_table.fault = fault
+
+    def side_key(self) -> tuple[object, ...]:
+        """The side pools, whole: each one's owners and generations, and the side pages each
+        anchor page holds (`held_by`: a freed window is a TOMBSTONE there)."""
+        side = self.group_table.tables
+        return tuple(
+            [
+                (name, side[name].owner.tobytes(), side[name].generation.tobytes(), held.tobytes())
+                for name, held in self.held_by.items()
+            ]
+        )
 
     # -- counts ------------------------------------------------------------------------------------
 
@@ -335,14 +364,16 @@ def tier_tables(
     page_size: int,
     group: PoolGroup | None = None,
     pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
-) -> tuple[PageTable, ...]:
-    """One table per tier: a plain `PageTable` without a group or for a group of one pool,
-    else a `TierPools` (side pools' capacities from `pool_capacities`, default anchor
-    capacity * ratio). ConfigError if the anchor's page size is not the plane's."""
+) -> tuple[TierTable, ...]:
+    """One table per tier: a `TierTable` without a group or for a group of one pool
+    (its pool: the anchor's name; `SINGLE_POOL_NAME` without a group), else a `TierPools`
+    (side pools' capacities from `pool_capacities`, default anchor capacity * ratio).
+    ConfigError if the anchor's page size is not the plane's."""
     if group is None or len(group.backed_up().pools) == 1:
         if pool_capacities:
             raise ConfigError("pool_capacities", "given without a pool group of several pools")
-        return tuple(PageTable(t, c) for t, c in zip(tiers, capacities))
+        pool = SINGLE_POOL_NAME if group is None else group.anchor.name
+        return tuple(TierTable(t, c, pool) for t, c in zip(tiers, capacities))
     if group.anchor.page_size != page_size:
         raise ConfigError(
             f"presets.{group.name}.{group.anchor.name}.page_size",

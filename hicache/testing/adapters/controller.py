@@ -52,7 +52,7 @@ from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
 from hicache.pages import Pages
 from hicache.pools.hits import GROUP_HIT_POLICIES
 from hicache.pools.presets import SINGLE_POOL, TINY, group, names
-from hicache.pools.tierpools import TierPools, window_pools
+from hicache.pools.tierpools import window_pools
 from hicache.testing.adapters.nullengine import FaultyNullEngine, FaultyNullHandle
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
 from hicache.testing.knobs import interpreter_off, interpreter_on, needs_interpreter
@@ -224,12 +224,7 @@ class ControllerAdapter:
 
         for tier in (Tier.L1, Tier.L2):
             table = ctl.cp.tables[list(Tier).index(tier)]
-            tables = (
-                table.group_table.tables
-                if isinstance(table, TierPools)
-                else {ctl.group.anchor.name: table}
-            )
-            for pool, t in tables.items():
+            for pool, t in table.pool_tables().items():
                 t.on_reserve = poison(tier, pool)
 
     def _fail_pools(self, ctl: CacheController) -> None:
@@ -239,13 +234,15 @@ class ControllerAdapter:
         failure is the controller's own ALLOC fault. L1 is left out: a prefill refused for
         room must change nothing, and its make-room eviction runs before the reservation."""
         for tier, table in zip(TIERS[1:], ctl.cp.tables[1:]):
-            if isinstance(table, TierPools):
-                site, first = ALLOC_SITES[tier], table.group.allocating[0].name
+            first, *others = table.pool_tables()  # sorted: the group's reservation order
+            if others:  # a group of one: its pool is the first, the controller's own fault
 
-                def fault(pool: str, site: FaultSite = site, first: str = first) -> bool:
+                def fault(
+                    pool: str, site: FaultSite = ALLOC_SITES[tier], first: str = first
+                ) -> bool:
                     return pool != first and self.faults.fire(site)
 
-                table.group_table.fault = fault
+                table.set_reserve_fault(fault)
 
     # -- requests -----------------------------------------------------------------------------
 
