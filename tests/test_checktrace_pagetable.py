@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from hicache.checktrace.pagetable import RunIndexTable
 from hicache.errors import HiCacheError
 from hicache.pages import FREE, PRIVATE, TREE, PageTable, pages
+from hicache.pools.tiertable import TierTable
 
 
 def _pair(capacity: int) -> tuple[PageTable, RunIndexTable]:
-    return PageTable("L1", capacity), RunIndexTable.adopt(PageTable("L1", capacity), log=True)
+    return TierTable("L1", capacity), RunIndexTable.adopt(TierTable("L1", capacity), log=True)
 
 
 @settings(max_examples=300, deadline=None)

@@ -30,11 +30,12 @@ import heapq
 import numpy as np
 
 from hicache.errors import OutOfPages
-from hicache.pages import FREE, PRIVATE, Pages, PageTable, pages
+from hicache.pages import FREE, PRIVATE, Pages, pages
+from hicache.pools.tiertable import TierTable
 
 
-class RunIndexTable(PageTable):
-    """A `PageTable` with an index of its free runs (the module docstring)."""
+class RunIndexTable(TierTable):
+    """A single pool's `TierTable` with an index of its free runs (the module docstring)."""
 
     runs: dict[int, int]
     starts: list[int]
@@ -45,7 +46,7 @@ class RunIndexTable(PageTable):
     moved: set[int] | None
 
     @classmethod
-    def adopt(cls, table: PageTable, log: bool) -> RunIndexTable:
+    def adopt(cls, table: TierTable, log: bool) -> RunIndexTable:
         """`table` itself, now a RunIndexTable indexing its owner array as it is; `log`: keep
         `moved` (else None)."""
         table.__class__ = cls

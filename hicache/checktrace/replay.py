@@ -100,10 +100,10 @@ class _Buffer:
 
 def plane_for(header: TraceHeader, lc: Lifecycle) -> ControlPlane:
     """The reference a trace with `header` replays on: its page size and capacities,
-        invariants off (the replay runs them itself), each plain page table a `RunIndexTable`
-    (its choices, at a cost per page moved). A tier the header does not have gets one
-        page (a page table of none is refused): no event can use it, since an event on a tier the
-        header lacks is malformed. A tier declared with 0 pages gets one too."""
+    invariants off (the replay runs them itself), each single-pool table a `RunIndexTable`
+    (its choices, at a cost per page moved). A tier the header does not have gets one page
+    (a page table of none is refused): no event can use it, since an event on a tier the
+    header lacks is malformed. A tier declared with 0 pages gets one too."""
     caps = [max(header.capacities.get(t, 0), 1) for t in ("L1", "L2", "L3")]
     p = header.pools
     if not p:
