@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "hicache/checktrace"
+PACKAGE = "hicache/oracle/checktrace"
 SOURCES = (
     "compare.py",
     "dispatch.py",
@@ -276,7 +276,7 @@ def judge(site: Site, tmp: Path) -> Result:
     try:
         path.write_text(apply(original, site))
         module = site.file.removesuffix(".py").replace("/", ".")
-        imports = _run([sys.executable, "-c", f"import {module}, hicache.cli"], tmp, 60)
+        imports = _run([sys.executable, "-c", f"import {module}, hicache.app.cli"], tmp, 60)
         if imports[0] != "survived":
             return Result(site, False, "-", "-", imports[1], time.monotonic() - start)
         files = sorted(f for g in TEST_GLOBS for f in glob.glob(g, root_dir=tmp))

@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hicache.cli import main as cli
+from hicache.app.cli import main as cli
 from hicache.testing import runner
 from hicache.testing.adapters import sglang_hicache
 from hicache.testing.adapters.sglang_hicache_trace import workload

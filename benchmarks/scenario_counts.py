@@ -34,14 +34,14 @@ from typing import Any
 from unittest import mock
 
 import hicache.controller.controller as controller_module
-from hicache.control import ControlPlane
 from hicache.controller.clamp import clamped_nodes
+from hicache.core.control import ControlPlane
+from hicache.core.treenode import TreeNode
 from hicache.pools.hits import prefetch_clamp
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
 from hicache.pools.windows import L1Windows
 from hicache.testing.runner import run
-from hicache.treenode import TreeNode
 
 
 @contextlib.contextmanager

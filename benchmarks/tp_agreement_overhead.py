@@ -55,7 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hicache import demo, demo_serve
+from hicache.app import demo, demo_serve
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
 from hicache.distributed.processes import TRANSPORTS, run_ranks

@@ -37,13 +37,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hicache.core.tiers import Direction
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.distributed.processes import run_ranks
 from hicache.distributed.wire import ProcessCollectives
 from hicache.kernels import KernelSet
-from hicache.tiers import Direction
 
 WARMUP = 3  # untimed moves each way before a phase (first use allocates staging buffers)
 DIRECTIONS = (Direction.D2H, Direction.H2D)

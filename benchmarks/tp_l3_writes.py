@@ -22,10 +22,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hicache import demo, demo_serve
+from hicache.app import demo, demo_serve
+from hicache.app.workload import RequestSpec
 from hicache.controller.controller import CacheController
 from hicache.distributed.cluster import SimulatedCluster
-from hicache.workload import RequestSpec
 
 
 def serve(ctl: CacheController, workload: Sequence[RequestSpec]) -> None:

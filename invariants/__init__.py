@@ -8,8 +8,8 @@ symlink).
 
 Each check is `check_<name>(snapshot) -> list[Violation]`; `CHECKS` lists them in spec order.
 
-The checker sits above the core: it imports the vocabulary it reads (`hicache.pages`:
-`Pages`, `pages()`, FREE / PRIVATE / TREE; `hicache.snapshot`: `Snapshot` and its records)
+The checker sits above the core: it imports the vocabulary it reads (`hicache.core.pages`:
+`Pages`, `pages()`, FREE / PRIVATE / TREE; `hicache.core.snapshot`: `Snapshot` and its records)
 and the core never imports a check. Code outside this package uses only the entry points
 below (`tests/test_layering.py` enforces it); the individual `check_<name>` functions and
 their helpers are the checker's own business (and its tests').

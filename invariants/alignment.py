@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hicache.core.pages import Pages
+from hicache.core.snapshot import Snapshot
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import Pages
-from hicache.snapshot import Snapshot
 
 PAGE_ALIGNED = CheckName("I3", "page_aligned")
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import FREE, TREE
+from hicache.core.snapshot import NO_PAGES, TOMBSTONE, PoolView, Snapshot, TierView
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import FREE, TREE
-from hicache.snapshot import NO_PAGES, TOMBSTONE, PoolView, Snapshot, TierView
 
 GROUP_ATOMIC = CheckName("I9", "group_atomic")
 WINDOW_TIER = "L1"  # the only tier that frees windows: the host tiers hold whole groups

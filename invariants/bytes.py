@@ -25,11 +25,11 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import Pages, pages
+from hicache.core.snapshot import UNSERVABLE, Snapshot
 from hicache.invariants.claims import Ids
 from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation
-from hicache.pages import Pages, pages
-from hicache.snapshot import UNSERVABLE, Snapshot
 
 TIER_BYTES_EQUAL = CheckName("I4", "tier_bytes_equal")
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hicache.core.snapshot import Snapshot
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, Check, check_all
-from hicache.snapshot import Snapshot
 
 OFF, EVERY, PERIODIC = "off", "every", "periodic"
 

@@ -26,8 +26,8 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
-from hicache.snapshot import Snapshot, TierView
+from hicache.core.pages import FREE, PRIVATE, TREE, Pages, pages
+from hicache.core.snapshot import Snapshot, TierView
 
 Ids = npt.NDArray[np.int64]
 Counts = npt.NDArray[np.intp]

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import PRIVATE, Pages, PageTable, pages
 from hicache.invariants.claims import TierClaims, _joined
 from hicache.invariants.ownership import PAGE_CONSERVATION, _conserved
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import PRIVATE, Pages, PageTable, pages
 
 RESERVE_ROLLED_BACK = CheckName("I6", "reserve_group_rolled_back")
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hicache.core.pages import TREE
+from hicache.core.snapshot import NodeView, OpView, Snapshot
 from hicache.invariants.claims import inside
 from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import TREE
-from hicache.snapshot import NodeView, OpView, Snapshot
 
 PUBLISH_ORDER = CheckName("I5", "publish_order")
 

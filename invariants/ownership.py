@@ -14,10 +14,10 @@ from functools import partial
 
 import numpy as np
 
+from hicache.core.pages import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
+from hicache.core.snapshot import NodeView, OpView, Snapshot
 from hicache.invariants.claims import TierClaims, inside, page_counts, tier_claims, unsettled
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.pages import FREE, OWNER_NAMES, PRIVATE, TREE, Pages, pages
-from hicache.snapshot import NodeView, OpView, Snapshot
 
 RESIDENT = "RESIDENT"  # the residency sub-state of a published value (spec/lifecycle.toml)
 

@@ -1,6 +1,6 @@
 """The cross-rank invariants of a tensor-parallel cache (spec/invariants.md, I7, I8, I10, I11).
 
-Pure functions of every rank's `RankView` (hicache/snapshot.py; built by
+Pure functions of every rank's `RankView` (hicache/core/snapshot.py; built by
 hicache/distributed/rankview.py), in rank order.
 Each compares rank r with rank 0 and reports the first field that differs, so a report says
 which rank left the others and where:
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hicache.core.snapshot import RankView
 from hicache.invariants.violation import CheckName, Violation
-from hicache.snapshot import RankView
 
 SHARDED = "sharded"  # the tp_mode whose pages every rank writes (spec/pools.toml, spec/tp.toml)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hicache.core.snapshot import Snapshot
 from hicache.errors import ConfigError
 from hicache.invariants.alignment import PAGE_ALIGNED, check_page_aligned
 from hicache.invariants.atomic import GROUP_ATOMIC, check_group_atomic
@@ -44,7 +45,6 @@ from hicache.invariants.structure import (
     check_tier_size_accounting,
 )
 from hicache.invariants.violation import CheckName, Violation
-from hicache.snapshot import Snapshot
 
 CheckFunc = Callable[[Snapshot], list[Violation]]
 

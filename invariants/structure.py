@@ -22,10 +22,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hicache.core.snapshot import NodeView, Snapshot
 from hicache.invariants.claims import page_counts, tier_claims, unsettled
 from hicache.invariants.ownership import RESIDENT
 from hicache.invariants.violation import CheckName, Violation, shown
-from hicache.snapshot import NodeView, Snapshot
 
 PARENT_CHILD_LINKS = CheckName("S1", "parent_child_links")
 NO_DEAD_NODE = CheckName("S2", "no_dead_node")

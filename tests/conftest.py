@@ -36,7 +36,7 @@ pytest_plugins = ["pytester"]
 WALKED, UNWALKED = "walked", "unwalked"
 """How a test builds its control planes (`plane_walk`). Walked: every plane the test builds,
 directly or deep inside (a controller, an adapter, a demo), walks its trace as it is emitted
-(hicache/testing/walking.py, hicache/tracewalk.py): a step the tables' `transitions` machine
+(hicache/testing/walking.py, hicache/core/tracewalk.py): a step the tables' `transitions` machine
 does not take, or one that breaks its node's walk, fails the test. Unwalked: as a user builds
 them (no walk; without a sink of the test's own, no events at all)."""
 WALK_BOTH = frozenset(

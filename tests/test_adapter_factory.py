@@ -15,12 +15,12 @@ from hypothesis.errors import NoSuchExample
 
 pytest.importorskip("torch", reason="needs torch (`vectors run`): pip install -e '.[data]'")
 
-from hicache.cli import main
+from hicache.app.cli import main
 from hicache.controller.config import WRITE_POLICIES
+from hicache.oracle.vectors import generate
 from hicache.testing import EngineConfig, UnsupportedConfig
 from hicache.testing.factory import SHAPES, AdapterError, build, load_factory
 from hicache.testing.template import Adapter, factory
-from hicache.vectors import generate
 
 NAMES = itertools.count()  # each module a fresh name: an imported module stays imported
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import hicache
-from hicache.extras import is_optional
+from hicache.app.extras import is_optional
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PRINTS = re.compile(r"# prints: (.+?)(?: \(.*\))?$", re.M)

@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache import cli
+from hicache.app import cli
 from hicache.bench import invariants
 from hicache.bench.invariants import min_pages_per_tier, synthetic_snapshot
 from hicache.errors import ConfigError

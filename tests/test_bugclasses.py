@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hicache.core.records import UnknownOp
+from hicache.core.tiers import Direction
 from hicache.errors import IllegalTransition
-from hicache.records import UnknownOp
-from hicache.tiers import Direction
 from tests.test_control import fingerprint, plane, served
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (`vectors run`): pip install -e '.[data]'")
 
 import hicache
-from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
+from hicache.oracle.checktrace.verdict import MALFORMED, VALID, VIOLATION
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

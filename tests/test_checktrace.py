@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.reader import TraceReader
-from hicache.checktrace.replay import Replay
-from hicache.control import ControlPlane
-from hicache.lifecycle import load_lifecycle
-from hicache.pages import FREE
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.pages import FREE
+from hicache.core.tiers import Direction
+from hicache.core.trace import NdjsonSink, Tracer
+from hicache.oracle.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.reader import TraceReader
+from hicache.oracle.checktrace.replay import Replay
 from hicache.testing.adapters.controller import Setup
-from hicache.tiers import Direction
-from hicache.trace import NdjsonSink, Tracer
 
 ROOT = Path(__file__).resolve().parents[1]
 NON_LIFECYCLE = {

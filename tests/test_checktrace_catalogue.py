@@ -1,9 +1,10 @@
-"""check-trace rejects every edit of the catalogue of illegal edits (hicache/checktrace/illegal.py).
+"""check-trace rejects every edit of the catalogue of illegal edits
+(hicache/oracle/checktrace/illegal.py).
 
-Each edit is applied to valid controller traces (hicache/checktrace/generate.py) at several
+Each edit is applied to valid controller traces (hicache/oracle/checktrace/generate.py) at several
 events; check-trace must reject the whole edited trace (a violation, or malformed for an
 edit of the format). The fuzz makes the same edits of its own runs' traces
-(hicache/testing/selfcheck.py), judged by a forked replay (hicache/checktrace/forks.py): its
+(hicache/testing/selfcheck.py), judged by a forked replay (hicache/oracle/checktrace/forks.py): its
 verdict must be `check_lines`' on the whole edited trace. These tests kill the oracle mutants
 of hicache/testing/mutants/oracle.py, which the other check-trace tests let through
 (benchmarks/results/2026-12-04-zoo-oracle.md).
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.checktrace.forks import Fork, replay_forked
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.illegal import CATALOGUE, Edited, edit
-from hicache.checktrace.replay import check_lines
-from hicache.checktrace.traceview import Trace
-from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
-from hicache.trace import TraceEvent, TraceHeader
+from hicache.core.trace import TraceEvent, TraceHeader
+from hicache.oracle.checktrace.forks import Fork, replay_forked
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.illegal import CATALOGUE, Edited, edit
+from hicache.oracle.checktrace.replay import check_lines
+from hicache.oracle.checktrace.traceview import Trace
+from hicache.oracle.checktrace.verdict import MALFORMED, VALID, VIOLATION
 
 POSITIONS = (0, 1, 5, 17, 40, 77, 150, 260)
 """Where the edits are tried (an index of the trace's events: the first from there on where

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
-from hicache.checktrace.verdict import UNJUDGED
+from hicache.core.trace import TraceFormatError, TraceHeader
+from hicache.oracle.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.oracle.checktrace.verdict import UNJUDGED
 from hicache.testing.adapters.vllm_trace import VLLMTrace
 from hicache.testing.selfcheck import SelfCheckCounts, judge_run
-from hicache.trace import TraceFormatError, TraceHeader
 
 TOKENS = tuple(range(9))  # two whole pages of 4 tokens and a tail
 P1, P2 = TOKENS[:4], TOKENS[:8]

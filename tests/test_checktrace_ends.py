@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from hicache.checktrace import VALID, VIOLATION, check_lines
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
-from hicache.tiers import Direction
-from hicache.tree import TreeNode
+from hicache.oracle.checktrace import VALID, VIOLATION, check_lines
 from tests.test_checktrace import plane_trace
 
 ENDED = {

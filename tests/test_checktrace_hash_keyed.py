@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
-from hicache.checktrace.reader import TraceReader
-from hicache.checktrace.replay import Replay
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.trace import TraceFormatError, TraceHeader
 from hicache.errors import SpecError
-from hicache.lifecycle import load_lifecycle
+from hicache.oracle.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.oracle.checktrace.reader import TraceReader
+from hicache.oracle.checktrace.replay import Replay
 from hicache.testing.adapters.vllm_trace import VLLMTrace
-from hicache.trace import TraceFormatError, TraceHeader
 
 TOKENS = tuple(range(9))  # two whole pages of 4 tokens and a tail
 P1, P2 = TOKENS[:4], TOKENS[:8]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hicache.checktrace import VALID, VIOLATION, check_lines
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction
+from hicache.oracle.checktrace import VALID, VIOLATION, check_lines
 from hicache.spec import load_toml
-from hicache.tiers import Direction
 from tests.test_checktrace import events, lines_of, plane_trace, renumber
 from tests.test_checktrace_ends import _spliced
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.schema import TRACE_SCHEMA, load_event_schema
+from hicache.oracle.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.schema import TRACE_SCHEMA, load_event_schema
 from tests.test_checktrace import (
     edit,
     events,
@@ -252,7 +252,7 @@ def test_cli_file_options_and_exit_codes(tmp_path: Path) -> None:
 def test_a_header_asking_for_more_pages_than_a_tier_holds_is_malformed() -> None:
     """`"capacities": {"L1": 10**12}` used to end in numpy's MemoryError (931 GiB), a
     traceback with the violation exit status; it is a malformed header now, exit 2."""
-    from hicache.tiers import MAX_PAGES
+    from hicache.core.tiers import MAX_PAGES
 
     lines = plane_trace(write_through)
     for too_many in (MAX_PAGES + 1, 10**12):

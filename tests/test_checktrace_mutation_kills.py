@@ -3,7 +3,7 @@
 The mutants are first-order edits of check-trace's source drawn by
 benchmarks/checktrace_ast_mutants.py; each test here names the one it was written against
 (benchmarks/results/2026-12-04-checktrace-mutation-score.md). Each edits one event of a valid
-controller trace (hicache/checktrace/generate.py) in a way the spec forbids and requires the
+controller trace (hicache/oracle/checktrace/generate.py) in a way the spec forbids and requires the
 violation at that event.
 """
 
@@ -14,18 +14,18 @@ from collections.abc import Callable
 
 import pytest
 
-from hicache.checktrace.compare import ownership_ops
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.invariants import Checks, Scope
-from hicache.checktrace.maps import IdMap
-from hicache.checktrace.names import TraceNames
-from hicache.checktrace.replay import Replay, check_lines
-from hicache.checktrace.schema import _fold, compile_rule
-from hicache.checktrace.traceview import StateBefore, Trace
-from hicache.checktrace.verdict import MALFORMED, VALID, VIOLATION
+from hicache.core.lifecycle import ABSENT, RESIDENT, load_lifecycle
+from hicache.core.trace import TraceEvent
 from hicache.invariants import check_all
-from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
-from hicache.trace import TraceEvent
+from hicache.oracle.checktrace.compare import ownership_ops
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.invariants import Checks, Scope
+from hicache.oracle.checktrace.maps import IdMap
+from hicache.oracle.checktrace.names import TraceNames
+from hicache.oracle.checktrace.replay import Replay, check_lines
+from hicache.oracle.checktrace.schema import _fold, compile_rule
+from hicache.oracle.checktrace.traceview import StateBefore, Trace
+from hicache.oracle.checktrace.verdict import MALFORMED, VALID, VIOLATION
 from tests.test_checktrace_input import strip
 from tests.test_checktrace_touched import replay_until
 from tests.test_checktrace_touched import trace as trace_of

@@ -1,4 +1,4 @@
-"""The checker's page table (hicache/checktrace/pagetable.py) chooses what `PageTable` does.
+"""The checker's page table (hicache/oracle/checktrace/pagetable.py) chooses what `PageTable` does.
 
 Random runs of reserve / publish / release / free on a plain table and on a `RunIndexTable`
 must reserve the same pages, refuse the same calls and leave the same owner arrays; the
@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.checktrace.pagetable import RunIndexTable
+from hicache.core.pages import FREE, PRIVATE, TREE, PageTable, pages
 from hicache.errors import HiCacheError
-from hicache.pages import FREE, PRIVATE, TREE, PageTable, pages
+from hicache.oracle.checktrace.pagetable import RunIndexTable
 from hicache.pools.tiertable import TierTable
 
 

@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
-from hicache.checktrace import MALFORMED, VALID, VIOLATION, check_lines
+from hicache.core.lifecycle import load_lifecycle
 from hicache.errors import SpecError
-from hicache.lifecycle import load_lifecycle
+from hicache.oracle.checktrace import MALFORMED, VALID, VIOLATION, check_lines
 from hicache.testing.adapters.vllm_trace import VLLMTrace
 
 TOKENS = tuple(range(9))  # two whole pages of 4 tokens and a tail

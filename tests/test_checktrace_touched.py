@@ -17,17 +17,17 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache.checktrace import VALID, check_lines
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.invariants import Checks, Scope
-from hicache.checktrace.reader import TraceReader
-from hicache.checktrace.replay import Replay
-from hicache.checktrace.touched import TouchedChecks
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT, load_lifecycle
+from hicache.core.pages import FREE, PRIVATE, TREE
+from hicache.core.tiers import TIERS, Direction
 from hicache.invariants import check_all
-from hicache.lifecycle import ABSENT, RESIDENT, load_lifecycle
-from hicache.pages import FREE, PRIVATE, TREE
-from hicache.tiers import TIERS, Direction
+from hicache.oracle.checktrace import VALID, check_lines
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.invariants import Checks, Scope
+from hicache.oracle.checktrace.reader import TraceReader
+from hicache.oracle.checktrace.replay import Replay
+from hicache.oracle.checktrace.touched import TouchedChecks
 
 
 @functools.cache

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import hicache.cli as cli
-from hicache.cli import main
-from hicache.diagram import DIAGRAMS, all_diagrams
+import hicache.app.cli as cli
+from hicache.app.cli import main
+from hicache.core.diagram import DIAGRAMS, all_diagrams
+from hicache.core.lifecycle import load_lifecycle
 from hicache.invariants.registry import CHECKS
-from hicache.lifecycle import load_lifecycle
 from hicache.spec import SPEC_DIR
 
 
@@ -190,8 +190,8 @@ def test_sigint_during_the_demo_exits_130_with_one_line() -> None:
         # (bash without job control, CI runners) inherits SIGINT ignored, and Python then
         # installs no KeyboardInterrupt handler, so the demo rightly ran to the end (exit 0).
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "import hicache.serving as serving\n"
-        "from hicache.cli import main\n"
+        "import hicache.app.serving as serving\n"
+        "from hicache.app.cli import main\n"
         "step = serving.ServingLoop._decode_step\n"
         "calls = []\n"
         "def interrupted(self, batch):\n"
@@ -215,7 +215,7 @@ def test_stdout_closed_early_exits_141_without_a_traceback() -> None:
     os.close(read_end)
     try:
         done = run_python(
-            "import sys; from hicache.cli import main; sys.exit(main(['invariants']))",
+            "import sys; from hicache.app.cli import main; sys.exit(main(['invariants']))",
             stdout=write_end,
         )
     finally:

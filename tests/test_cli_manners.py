@@ -1,14 +1,14 @@
 """Every `hicache` command's manners, found from the parsers themselves so that a new command
 or option is held to them without a line added here:
 
-- a usage error is one line on stderr, exit status 2, no traceback (`hicache.usage`);
+- a usage error is one line on stderr, exit status 2, no traceback (`hicache.app.usage`);
 - every option naming a file or directory the command writes is checked while the command
   line is parsed, before any work: given a path that cannot be written, the command exits 2
   at once, naming the option, printing nothing on stdout and creating nothing
-  (`hicache.outputs`). `hicache demo --json DIR/x.json` into an unwritable directory used to
+  (`hicache.app.outputs`). `hicache demo --json DIR/x.json` into an unwritable directory used to
   serve the whole workload and end in a traceback; `bench control --out` the same.
 
-The parsers are found by running each command of `hicache.cli.DELEGATED` (and the built-in
+The parsers are found by running each command of `hicache.app.cli.DELEGATED` (and the built-in
 ones) with `argparse.ArgumentParser.parse_args` stopped at its first call: what it would
 parse with is the parser the command builds.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from hicache import cli
-from hicache.outputs import OutputPath
-from hicache.usage import EXIT_USAGE, UsageParser
+from hicache.app import cli
+from hicache.app.outputs import OutputPath
+from hicache.app.usage import EXIT_USAGE, UsageParser
 
 pytest.importorskip("torch", reason="the commands import the data plane")
 
@@ -163,7 +163,7 @@ def test_every_path_option_is_an_output_or_a_known_input() -> None:
             if PATH_LIKE.match(action.dest) and not isinstance(action.type, OutputPath):
                 if (*words, action.dest) not in INPUTS:
                     unchecked.append(f"{name(words)} {action.dest}")
-    assert unchecked == [], "type these with hicache.outputs, or list them in INPUTS"
+    assert unchecked == [], "type these with hicache.app.outputs, or list them in INPUTS"
     assert len(outputs()) >= 15  # demo 4, fuzz 1, model-check 1, vectors 1, bench 9
 
 

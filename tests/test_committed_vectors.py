@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache.cli import main
-from hicache.vectors.adapters import controller
-from hicache.vectors.run import run_dir
+from hicache.app.cli import main
+from hicache.oracle.vectors.adapters import controller
+from hicache.oracle.vectors.run import run_dir
 
 COMMITTED = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 REGENERATE = "rm -r spec/vectors && hicache vectors generate spec/vectors"

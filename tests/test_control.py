@@ -8,11 +8,11 @@ import copy
 import numpy as np
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.records import UnknownOp
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
 from hicache.errors import IllegalTransition, OutOfPages
-from hicache.records import UnknownOp
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
 
 PS = 2
 

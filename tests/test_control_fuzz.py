@@ -23,13 +23,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.pages import FREE, PRIVATE
+from hicache.core.snapshot import Snapshot
+from hicache.core.tiers import TIERS, Direction
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition, OutOfPages
 from hicache.invariants.registry import Check, check_all
-from hicache.pages import FREE, PRIVATE
-from hicache.snapshot import Snapshot
-from hicache.tiers import TIERS, Direction
-from hicache.tree import TreeNode
 from tests.test_control import fingerprint
 
 PS = 2

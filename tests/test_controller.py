@@ -13,11 +13,11 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.tiers import Tier
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.errors import ConfigError, IllegalTransition, ProducerError
 from hicache.invariants.registry import check_all
-from hicache.lifecycle import RESIDENT
-from hicache.tiers import Tier
 
 PS = 4  # the tiny geometry's page size
 PROMPT = tuple(range(100, 124))  # 6 pages
@@ -355,8 +355,8 @@ def test_a_transfer_that_allocated_a_workspace_is_a_cost_sample_of_its_own_time(
     wait + service. Subtracting the setup again made a transfer that allocated a larger
     workspace than its own run took count as no sample at all (the flake of the test above:
     the second D2H of a larger size sometimes grew its workspace)."""
+    from hicache.core.tiers import Direction
     from hicache.dataplane.handles import TransferTimings
-    from hicache.tiers import Direction
 
     first = TransferTimings(enqueue_s=1e-3, workspace_setup_s=9e-3, service_s=2e-3)
     grown = TransferTimings(enqueue_s=1e-3, workspace_setup_s=5e-3, service_s=2e-3)

@@ -30,11 +30,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hicache.controller.config import WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.snapshot import UNSERVABLE
+from hicache.core.tiers import TIERS
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.storage_io import StorageHandle
 from hicache.errors import OutOfPages
-from hicache.snapshot import UNSERVABLE
-from hicache.tiers import TIERS
 
 PS = 4  # the tiny geometry's page size
 # Three shared prefixes (2 pages each) and suffixes that diverge after 0, 1 or 2 more pages.

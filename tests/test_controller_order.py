@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hicache.choices import WritePolicy
 from hicache.controller.controller import CacheController
-from hicache.speccheck import parse_tables
-from hicache.trace import ListSink, TraceEvent, Tracer
+from hicache.core.trace import ListSink, TraceEvent, Tracer
+from hicache.oracle.speccheck import parse_tables
 from tests.test_null_plane import ABC, finish, settle_all, two_stage_restore
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"
@@ -112,9 +112,9 @@ def test_a_chain_behind_a_pending_backup_stays_wanted_and_one_with_nothing_left_
     """spec/policies.md, rule 2: X's D2H is in flight when its child Y is wanted in L2: Y's
     chain is empty and Y blocked (still wanted); once X's D2H completed, Y's chain is [Y].
     A node that holds L2 already is forgotten."""
-    from hicache.control import ControlPlane
     from hicache.controller.backup import BackupPlanner
-    from hicache.tiers import Direction
+    from hicache.core.control import ControlPlane
+    from hicache.core.tiers import Direction
 
     cp = ControlPlane(2, (8, 8, 8))
     planner = BackupPlanner(cp, WritePolicy.WRITE_THROUGH)
@@ -141,8 +141,8 @@ def test_an_l3_part_dropped_with_its_l2_part_is_a_fallback_of_its_own() -> None:
     aimed `alloc`: L1 refuses the reservation), so the L3 part behind it is dropped too: a
     `no_room` for the L2 part and a `restore_gap` for the L3 part (before: only the first was
     counted), both pins released, nothing issued."""
+    from hicache.core.tiers import Direction
     from hicache.dataplane.faults import FaultInjector
-    from hicache.tiers import Direction
 
     c = two_stage_restore()
     c.faults = FaultInjector()
@@ -163,9 +163,9 @@ def test_a_wish_on_a_node_that_leaves_the_tree_passes_to_the_node_above_it() -> 
     leaves the tree: the wish passes to U, which still holds L2, and U's H2S is planned. (It
     was forgotten with X: U never reached L3 and no drop was counted -- the fuzz machine's
     `backup undelivered` finding, seed 0.)"""
-    from hicache.control import ControlPlane
     from hicache.controller.backup import BackupPlanner
-    from hicache.tiers import Direction, Tier
+    from hicache.core.control import ControlPlane
+    from hicache.core.tiers import Direction, Tier
 
     cp = ControlPlane(2, (8, 8, 8))
     planner = BackupPlanner(cp, WritePolicy.WRITE_THROUGH)

@@ -1,4 +1,4 @@
-"""`hicache demo`'s report, sizing, help and progress bar (`hicache/demo.py`,
+"""`hicache demo`'s report, sizing, help and progress bar (`hicache/app/demo.py`,
 `demo_report.py`, `demo_sizing.py`): a report an engineer reads at a glance -- the
 configuration echoed, every term defined in `--help`, shares that add to 100% -- capacities
 sized from the workload, and no progress bar in a log file.
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from hicache import demo
+from hicache.app import demo
+from hicache.app.demo_report import DROP_LABELS, FALLBACK_LABELS, GLOSSARY, percents
+from hicache.app.demo_sizing import longest_prompt, size_tiers
+from hicache.app.workload import shared_prefix_workload
 from hicache.controller.metrics import DROP_REASONS, FALLBACK_REASONS
-from hicache.demo_report import DROP_LABELS, FALLBACK_LABELS, GLOSSARY, percents
-from hicache.demo_sizing import longest_prompt, size_tiers
 from hicache.errors import ConfigError
-from hicache.workload import shared_prefix_workload
 
 # Small and fast, yet with preemptions, drops and fallbacks to report (see test_serving.py).
 TIGHT = [

@@ -13,9 +13,9 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.trace import ListSink, TraceEvent, Tracer
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.errors import ConfigError, OutOfPages
-from hicache.trace import ListSink, TraceEvent, Tracer
 
 PREFIXES = [tuple(range(1000 * p, 1000 * p + 4 * (2 + p))) for p in range(3)]
 

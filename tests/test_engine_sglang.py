@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.cli import main
+from hicache.app.cli import main
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang import SGLangRadixCache, SGLangStaleLock
 from hicache.testing.adapters.sglang_import import (
@@ -270,7 +270,7 @@ def test_check_trace_accepts_what_sglang_did(
     events = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     names = {e["event"] for e in events}
     assert {"compute", "insert", "discard", "evict_l1", "split"} <= names, names
-    pytest.importorskip("hicache.checktrace")
+    pytest.importorskip("hicache.oracle.checktrace")
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
@@ -278,6 +278,6 @@ def test_check_trace_catches_the_stale_lock_from_the_trace_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _traced(tmp_path, SGLangStaleLock, 1, 5)
-    pytest.importorskip("hicache.checktrace")
+    pytest.importorskip("hicache.oracle.checktrace")
     assert main(["check-trace", str(path)]) == 1
     assert "locks(L1) == 0" in capsys.readouterr().out

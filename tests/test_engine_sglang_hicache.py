@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.cli import main
+from hicache.app.cli import main
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang_hicache import (
     SGLangHiCache,

@@ -1,5 +1,5 @@
 """SGLang's RadixCache (hicache/testing/adapters/sglang.py) run through the L1-only
-conformance vectors (spec/vectors.md) with `hicache.vectors.adapters:sglang`. CI does not
+conformance vectors (spec/vectors.md) with `hicache.oracle.vectors.adapters:sglang`. CI does not
 install sglang: the tests that drive it skip cleanly; those about the factory without it run
 everywhere. The results: benchmarks/results/2026-12-01-engine-sglang.md, "Conformance
 vectors"."""
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from hicache.errors import HiCacheError
+from hicache.oracle.vectors.adapters import controller, sglang
+from hicache.oracle.vectors.drive import Driver
+from hicache.oracle.vectors.format import Case, CaseConfig, UnsupportedConfig
+from hicache.oracle.vectors.generate import generate
+from hicache.oracle.vectors.run import run_case, run_dir
 from hicache.testing.adapters.sglang import SGLangRadixCache
 from hicache.testing.adapters.sglang_import import EngineUnavailable
-from hicache.vectors.adapters import controller, sglang
-from hicache.vectors.drive import Driver
-from hicache.vectors.format import Case, CaseConfig, UnsupportedConfig
-from hicache.vectors.generate import generate
-from hicache.vectors.run import run_case, run_dir
 from tests.test_engine_sglang import no_sglang  # noqa: F401  (a fixture)
 
 L1_CATEGORIES = ("l1_hit_miss", "l1_sharing", "l1_eviction", "l1_refused")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hicache.cli import main
+from hicache.app.cli import main
 from hicache.testing.adapters import vllm_import
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
@@ -158,7 +158,7 @@ def test_check_trace_accepts_what_vllm_did(
     names = {json.loads(line)["event"] for line in path.read_text().splitlines()[1:]}
     wanted = {"compute", "insert", "discard", "evict_l1", "h2d_issue", "h2d_complete"}
     assert wanted | {"d2h_issue", "d2h_complete"} <= names, names
-    pytest.importorskip("hicache.checktrace")
+    pytest.importorskip("hicache.oracle.checktrace")
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
@@ -168,7 +168,7 @@ def test_check_trace_catches_a_load_served_before_it_ended_from_the_trace_alone(
     from hicache.testing.adapters.vllm import VLLMServedBeforeLoad
 
     path = _traced(tmp_path, VLLMServedBeforeLoad, 1)
-    pytest.importorskip("hicache.checktrace")
+    pytest.importorskip("hicache.oracle.checktrace")
     assert main(["check-trace", str(path)]) == 1
     assert "are not RESIDENT in L1 yet" in capsys.readouterr().out
 
@@ -192,7 +192,7 @@ def test_l1_pressure_ends_a_store_still_reading_its_block_first(
     assert engine.submit(2, tokens).hits == {"L1": 0, "L2": 2 * PS}
     path = tmp_path / "flush.ndjson"
     path.write_text("\n".join(engine.traces[-1].lines()) + "\n")
-    pytest.importorskip("hicache.checktrace")
+    pytest.importorskip("hicache.oracle.checktrace")
     assert main(["check-trace", str(path)]) == 0, capsys.readouterr()
 
 
@@ -249,7 +249,7 @@ def test_a_page_the_allocation_evicts_is_computed_anew_in_the_trace() -> None:
     before the allocation, wrote the page a second copy of a RESIDENT node (compute naming
     it, discard), and check-trace refused it (the traced fuzz of vLLM's tiering manager,
     seeds 6 and 7: 'node: the trace has 8, the reference none')."""
-    from hicache.checktrace import VALID, check_lines
+    from hicache.oracle.checktrace import VALID, check_lines
 
     _engine()  # skips without vLLM
     from hicache.testing.adapters.vllm import VLLMOffloading

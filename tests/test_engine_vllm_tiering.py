@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.cli import main
+from hicache.app.cli import main
 from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.adapters.sglang_import import EngineUnavailable
 from hicache.testing.adapters.vllm_filetier import open_tiering

@@ -4,10 +4,10 @@ once per victim and the victim is chosen again after it."""
 
 from __future__ import annotations
 
-from hicache.control import ControlPlane
-from hicache.tiers import Direction, Tier
-from hicache.trace import ListSink, Tracer
-from hicache.tree import TreeNode
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction, Tier
+from hicache.core.trace import ListSink, Tracer
+from hicache.core.tree import TreeNode
 
 PS = 2
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.control import ControlPlane
-from hicache.modelcheck.config import get_config
-from hicache.modelcheck.search import explore
+from hicache.core.control import ControlPlane
+from hicache.oracle.modelcheck.config import get_config
+from hicache.oracle.modelcheck.search import explore
 
 
 @pytest.mark.parametrize("config", ["tail", "pair"])

@@ -1,4 +1,4 @@
-"""The lifecycle tables are executed, not re-implemented (hicache/execute.py): editing a row of
+"""The lifecycle tables are executed, not re-implemented (hicache/core/execute.py): editing a row of
 a loaded copy changes what the control plane does; the range and request rules are guards and
 rules with typed errors; an op's pages survive a split as one ordered list."""
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import Lifecycle, load_lifecycle
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
 from hicache.errors import IllegalTransition, InvariantViolation
-from hicache.lifecycle import Lifecycle, load_lifecycle
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
 
 PS = 2
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hicache.core.pages import pages
 from hicache.dataplane.extents import Extent, coalesce, split
-from hicache.pages import pages
 
 
 def expand(extents: list[Extent]) -> list[tuple[int, int]]:

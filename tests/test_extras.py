@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from hicache import cli
-from hicache.cli import main
-from hicache.extras import install_hint, is_optional
+from hicache.app import cli
+from hicache.app.cli import main
+from hicache.app.extras import install_hint, is_optional
 
 
 def _without(module: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run `hicache ARGV` in a fresh interpreter in which `module` cannot be imported."""
     probe = (
         f"import sys; sys.modules[{module!r}] = None\n"
-        f"from hicache.cli import main\nsys.exit(main({argv!r}))"
+        f"from hicache.app.cli import main\nsys.exit(main({argv!r}))"
     )
     return subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
@@ -30,7 +30,7 @@ def test_demo_without_torch_says_what_to_install() -> None:
     done = _without("torch", ["demo"])
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
-    assert "hicache.demo needs torch" in done.stderr
+    assert "hicache.app.demo needs torch" in done.stderr
     assert "pip install torch" in done.stderr and "'.[data]'" in done.stderr
 
 
@@ -69,7 +69,7 @@ def test_missing_modules_met_while_running_are_explained_only_if_optional(
 def test_which_modules_are_optional() -> None:
     assert is_optional("torch") and is_optional("triton.language")
     assert is_optional("transformers") and not is_optional("numpy")
-    assert not is_optional(None) and not is_optional("hicache.tree")
+    assert not is_optional(None) and not is_optional("hicache.core.tree")
     assert install_hint("x", "transformers.models").endswith(
         "pip install -e '.[model]' from a checkout"
     )

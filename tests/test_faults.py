@@ -12,10 +12,10 @@ import pytest
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import SITES, FaultInjector, FaultSite, SimulatedCrash, sites_for
 from hicache.dataplane.null import NullEngine
 from hicache.errors import ConfigError
-from hicache.tiers import Direction, Tier
 from tests.test_null_plane import ABC, assert_clean, finish, settle_all, two_stage_restore
 
 

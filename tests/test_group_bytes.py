@@ -12,13 +12,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hicache.core.pages import Pages
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import GroupGeometry, kv_pool_spec, mla_pool_spec
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, group_digest, pool_digest
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.pools import DevicePool, page_digest
 from hicache.errors import ConfigError, InvalidPages
-from hicache.pages import Pages
 from hicache.pools import presets
 from hicache.pools.spec import PoolGroup
 

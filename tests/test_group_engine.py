@@ -13,13 +13,15 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
+from hicache.core.pages import Pages
+from hicache.core.snapshot import UNSERVABLE
+from hicache.core.tiers import Tier
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.null import NullEngine
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, TransferError
-from hicache.pages import Pages
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import (
     ALLOCATING,
@@ -30,8 +32,6 @@ from hicache.pools.spec import (
     PoolGroup,
     PoolSpec,
 )
-from hicache.snapshot import UNSERVABLE
-from hicache.tiers import Tier
 
 CAPS = {"L1": 8, "L2": 10, "L3": 12}  # anchor pages (L3: slots) per tier
 

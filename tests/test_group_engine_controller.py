@@ -17,20 +17,20 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache import demo, demo_serve
+from hicache.app import demo, demo_serve
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.planes import choose_plane, tier_pool_pages
 from hicache.controller.verify import RestoreMismatch, RestoreVerifier
+from hicache.core.pages import Pages
+from hicache.core.tiers import Tier
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import preset
 from hicache.errors import ConfigError, ProducerError
 from hicache.invariants import check_all
-from hicache.pages import Pages
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import ALLOCATING, ANCHOR, TRAILING_PAGES, PoolGroup, PoolSpec
 from hicache.producers import GroupSyntheticProducer, SyntheticProducer
-from hicache.tiers import Tier
 
 TOKENS = list(range(100, 116))  # 16 tokens: 4 anchor pages of 4
 

@@ -16,7 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
+from hicache.core.tree import TreeNode
 from hicache.errors import (
     ConfigError,
     IllegalTransition,
@@ -25,16 +29,12 @@ from hicache.errors import (
     OutOfPages,
 )
 from hicache.invariants import Violation, check_all
-from hicache.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.presets import group
 from hicache.pools.spec import PoolGroup
 from hicache.pools.table import GroupTable, InjectedShortage, PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.pools.tiertable import TierTable
 from hicache.testing import mutants, zoo
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
-from hicache.tree import TreeNode
 
 PS = 4
 DSV4 = group("dsv4-tiny")
@@ -431,8 +431,8 @@ def test_the_fuzz_machine_runs_clean_on_a_group_plane_and_reaches_f1(
 
 
 def test_the_model_checkers_group_configs_build_group_planes() -> None:
-    from hicache.modelcheck import get_config
-    from hicache.modelcheck.search import initial_plane
+    from hicache.oracle.modelcheck import get_config
+    from hicache.oracle.modelcheck.search import initial_plane
 
     short = get_config("group-short")
     assert short.pool_capacities == (("L2", "swa", 2),)

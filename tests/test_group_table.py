@@ -20,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from hicache.core.pages import PRIVATE, Pages, PageTable
 from hicache.errors import (
     ConfigError,
     IllegalTransition,
@@ -33,7 +34,6 @@ from hicache.invariants import (
     check_reserve_rolled_back,
     group_view,
 )
-from hicache.pages import PRIVATE, Pages, PageTable
 from hicache.pools.spec import (
     ALLOCATING,
     ANCHOR,

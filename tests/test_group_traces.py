@@ -19,11 +19,11 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from hicache.checktrace.replay import check_lines
+from hicache.core.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.oracle.checktrace.replay import check_lines
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.machines import controller_machine
 from hicache.testing.seeded import no_source_constants
-from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
 from tests.budgets import budget
 
 

@@ -164,7 +164,7 @@ def test_nothing_is_counted_without_the_variable(monkeypatch: pytest.MonkeyPatch
 def test_the_command_without_hypofuzz_says_what_to_install() -> None:
     probe = (
         "import sys; sys.modules['hypofuzz'] = None\n"
-        "from hicache.cli import main\nsys.exit(main(['hypofuzz', '-n', '1']))"
+        "from hicache.app.cli import main\nsys.exit(main(['hypofuzz', '-n', '1']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False

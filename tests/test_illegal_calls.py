@@ -18,16 +18,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.records import LiveRequest
+from hicache.core.tiers import Direction
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition, OutOfPages
 from hicache.pools.presets import group
-from hicache.records import LiveRequest
 from hicache.testing.coverage import Coverage
 from hicache.testing.illegal import KINDS, IllegalCall, calls, refusal
 from hicache.testing.machines import controller_machine
 from hicache.testing.seeded import no_source_constants
-from hicache.tiers import Direction
-from hicache.tree import TreeNode
 from tests.test_control import PS, plane, served
 
 

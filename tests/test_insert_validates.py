@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.tiers import Direction, Tier
 from hicache.errors import IllegalTransition
 from hicache.invariants import check_all
-from hicache.lifecycle import load_lifecycle
 from hicache.spec import LIFECYCLE_TOML
-from hicache.tiers import Direction, Tier
 
 PS = 4
 INSERT_ROW = """name = "insert"

@@ -29,12 +29,9 @@ from hypothesis import strategies as st
 
 from hicache.bench.invariants import main as bench_main
 from hicache.bench.invariants import synthetic_snapshot
-from hicache.errors import ConfigError, InvariantViolation
-from hicache.invariants import CHECKS, CheckMode, InvariantChecker, Violation, check_all, get_check
-from hicache.invariants.ownership import RESIDENT
-from hicache.lifecycle import RESIDENT as SPEC_RESIDENT
-from hicache.pages import FREE, PRIVATE, TREE, Pages, pages
-from hicache.snapshot import (
+from hicache.core.lifecycle import RESIDENT as SPEC_RESIDENT
+from hicache.core.pages import FREE, PRIVATE, TREE, Pages, pages
+from hicache.core.snapshot import (
     NO_PAGES,
     TOMBSTONE,
     NodeView,
@@ -44,6 +41,9 @@ from hicache.snapshot import (
     Snapshot,
     TierView,
 )
+from hicache.errors import ConfigError, InvariantViolation
+from hicache.invariants import CHECKS, CheckMode, InvariantChecker, Violation, check_all, get_check
+from hicache.invariants.ownership import RESIDENT
 
 CAP = 8
 TIERS = ("L1", "L2", "L3")

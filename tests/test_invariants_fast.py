@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.bench.invariants import synthetic_snapshot
+from hicache.core.pages import FREE, PRIVATE, TREE, pages
+from hicache.core.snapshot import Snapshot
 from hicache.invariants import Violation, alignment, check_all, claims, ownership, structure
-from hicache.pages import FREE, PRIVATE, TREE, pages
-from hicache.snapshot import Snapshot
 
 Corrupt = Callable[[Snapshot, str, st.DataObject], Snapshot]
 

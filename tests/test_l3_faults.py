@@ -13,9 +13,9 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.lifecycle import ABSENT, RESIDENT
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.invariants.registry import check_all
-from hicache.lifecycle import ABSENT, RESIDENT
 from tests.test_controller import assert_clean, push_out_of, serve
 
 A = tuple(range(100, 124))  # 6 pages of the tiny geometry

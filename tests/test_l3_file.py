@@ -22,8 +22,10 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
-from hicache import demo
+from hicache.app import demo
 from hicache.controller.config import CacheConfig
+from hicache.core.pages import pages
+from hicache.core.snapshot import UNSERVABLE
 from hicache.dataplane import checksums
 from hicache.dataplane.checksums import CRC32, XXH3_LOW32, available, default_algorithm
 from hicache.dataplane.engine import TransferEngine
@@ -33,9 +35,7 @@ from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Hea
 from hicache.dataplane.storage import L3File, share_path
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import ConfigError, L3InUse, L3PathRefused, StorageError
-from hicache.pages import pages
-from hicache.snapshot import UNSERVABLE
-from hicache.speccheck import check_l3_header
+from hicache.oracle.speccheck import check_l3_header
 
 BPP = 3080  # not a multiple of 4096: an offset that forgot the header or B shows
 SLOTS = 8

@@ -1,8 +1,8 @@
 """The house's floors: the checker imports the core, never the reverse; and no module of
 hicache imports, through others, a module that imports it, but the known circles below.
 
-The core vocabulary (`hicache.pages`: `Pages`, `pages()`, FREE / PRIVATE / TREE;
-`hicache.snapshot`: `Snapshot` and its records) lives in the core. Code outside `invariants/`
+The core vocabulary (`hicache.core.pages`: `Pages`, `pages()`, FREE / PRIVATE / TREE;
+`hicache.core.snapshot`: `Snapshot` and its records) lives in the core. Code outside `invariants/`
 may import from `hicache.invariants` only its entry points (`hicache.invariants.ENTRY_POINTS`,
 documented in invariants/__init__.py); the check functions themselves are the checker's own
 business and its own test's (tests/test_invariants.py).
@@ -31,15 +31,15 @@ EXEMPT = {
 # Imported by the checker, so they must import no part of it (not even an entry point).
 CORE = (
     "hicache.errors",
-    "hicache.pages",
-    "hicache.snapshot",
-    "hicache.tiers",
-    "hicache.tree",
-    "hicache.lifecycle",
-    "hicache.trace",
+    "hicache.core.pages",
+    "hicache.core.snapshot",
+    "hicache.core.tiers",
+    "hicache.core.tree",
+    "hicache.core.lifecycle",
+    "hicache.core.trace",
 )
 # What the checker may import from the rest of hicache: the core it reads, nothing above it.
-CHECKER_READS = ("hicache.errors", "hicache.pages", "hicache.snapshot", CHECKER)
+CHECKER_READS = ("hicache.errors", "hicache.core.pages", "hicache.core.snapshot", CHECKER)
 
 
 def python_files() -> list[Path]:
@@ -86,7 +86,9 @@ def test_only_entry_points_are_imported_from_the_checker() -> None:
         for line, module, name in checker_imports(path):
             if module not in ENTRY_MODULES or (name != "*" and name not in ENTRY_POINTS):
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {name} from {module}")
-    assert wrong == [], "import these from the core (hicache.pages, hicache.snapshot) instead"
+    assert wrong == [], (
+        "import these from the core (hicache.core.pages, hicache.core.snapshot) instead"
+    )
 
 
 def test_the_core_imports_nothing_from_the_checker() -> None:
@@ -440,7 +442,7 @@ def test_the_rule_catches_a_private_reach() -> None:
     )
     adapter = "def h(t):\n    return t._nodes\n"
     trees = {
-        "hicache.tree": ast.parse(owner),
+        "hicache.core.tree": ast.parse(owner),
         "hicache.reader": ast.parse(reader),
         "hicache.testing.adapters.x": ast.parse(adapter),
     }
@@ -505,9 +507,31 @@ def test_the_rule_catches_a_branch_on_the_table_type() -> None:
         "    c = type(t) is TierTable\n"
         "    d = isinstance(t, PageTable), t.pools == ('kv',)\n"
     )
-    trees = {"hicache.queries": ast.parse(src), "hicache.pools.windows": ast.parse(src)}
+    trees = {"hicache.core.queries": ast.parse(src), "hicache.pools.windows": ast.parse(src)}
     assert table_type_branches(trees) == [
-        "hicache.queries:2: isinstance(t, TierPools)",
-        "hicache.queries:3: isinstance(x, (PageTable, tierpools.TierPools))",
-        "hicache.queries:4: type(t) is TierTable",
+        "hicache.core.queries:2: isinstance(t, TierPools)",
+        "hicache.core.queries:3: isinstance(x, (PageTable, tierpools.TierPools))",
+        "hicache.core.queries:4: type(t) is TierTable",
     ]
+
+
+def test_the_top_level_shows_the_layers() -> None:
+    """hicache/ holds the layer folders and only the shared vocabulary beside them; each
+    folder is named, with what it holds, in the package docstring (the reader's map)."""
+    import hicache
+
+    top = ROOT / "hicache"
+    modules = sorted(p.name for p in top.glob("*.py"))
+    assert modules == ["__init__.py", "__main__.py", "choices.py", "errors.py"], modules
+    folders = sorted(p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__")
+    doc = hicache.__doc__ or ""
+    missing = [f for f in folders if f"    {f}/" not in doc]
+    assert missing == [], f"name these folders in hicache/__init__.py's layer list: {missing}"
+    listed = {
+        line.split()[0].rstrip("/")
+        for line in doc.splitlines()
+        if line.startswith("    ") and line.split()[0].endswith("/")
+    }
+    assert listed <= set(folders), (
+        f"the layer list names folders that do not exist: {listed - set(folders)}"
+    )

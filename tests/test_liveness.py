@@ -214,7 +214,7 @@ def test_an_eviction_loop_runs_until_want_is_freed_or_no_candidate_is_left(
 ) -> None:
     """P and Q are leaves of L1 with L2 copies: `evict(L1, ALL)` takes both. A planted bug:
     the loop stops after its first victim, a candidate left (`eviction count`)."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
 
     if planted:
         original = ControlPlane.evict

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction
 from hicache.errors import InvariantViolation
 from hicache.invariants import check_all
-from hicache.tiers import Direction
 
 PS = 4
 

@@ -1,4 +1,4 @@
-"""The model checker (hicache/modelcheck/): counts, soundness of its reductions, its findings.
+"""The model checker (hicache/oracle/modelcheck/): counts, its reductions' soundness, its findings.
 
 What each test shows:
 - the CI configurations give the manifest's counts, fire every spec transition, find nothing;
@@ -19,15 +19,15 @@ import io
 
 import pytest
 
-from hicache.checktrace import check_lines
-from hicache.control import ControlPlane
-from hicache.lifecycle import Lifecycle, load_lifecycle
-from hicache.modelcheck.actions import apply, is_refusal, offered
-from hicache.modelcheck.canonical import canonical_key, concrete_key
-from hicache.modelcheck.config import ModelConfig, get_config, load_configs
-from hicache.modelcheck.counterexample import write_trace
-from hicache.modelcheck.coverage import composite_edges, graph_edges
-from hicache.modelcheck.search import Finding, Result, explore
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import Lifecycle, load_lifecycle
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.modelcheck.actions import apply, is_refusal, offered
+from hicache.oracle.modelcheck.canonical import canonical_key, concrete_key
+from hicache.oracle.modelcheck.config import ModelConfig, get_config, load_configs
+from hicache.oracle.modelcheck.counterexample import write_trace
+from hicache.oracle.modelcheck.coverage import composite_edges, graph_edges
+from hicache.oracle.modelcheck.search import Finding, Result, explore
 from hicache.testing.mutants import activate
 from tests.test_execute import edited
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hicache import cli
-from hicache.checktrace import check_lines
-from hicache.modelcheck import cli as mc
-from hicache.modelcheck.config import CONFIGS_TOML, get_config
+from hicache.app import cli
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.modelcheck import cli as mc
+from hicache.oracle.modelcheck.config import CONFIGS_TOML, get_config
 from hicache.spec import LIFECYCLE_TOML
 
 D2H_ISSUE_GUARDS = 'guards = ["L1 == RESIDENT", "parent(L2) == RESIDENT"]'

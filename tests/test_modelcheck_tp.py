@@ -1,4 +1,4 @@
-"""The TP model check (hicache/modelcheck/tpsearch.py): simulated ranks, C2 and C4 across them.
+"""The TP model check (hicache/oracle/modelcheck/tpsearch.py): simulated ranks, C2 and C4.
 
 The clean model is exhaustive with the manifest's counts; each TP-zoo mutant the model
 reaches is rejected (the finding and its shortest path), and the others are listed with the
@@ -19,15 +19,15 @@ from hicache.distributed.agreement import Agreed, Agreement, Local
 from hicache.distributed.collectives import CollectiveMismatch, CollectiveTimeout
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError
-from hicache.modelcheck.actions import Action
-from hicache.modelcheck.cli import main
-from hicache.modelcheck.config import ModelConfig, get_config, load_configs
-from hicache.modelcheck.lockstep import lockstep
-from hicache.modelcheck.search import explore
-from hicache.modelcheck.tprules import tick_rules
-from hicache.modelcheck.tpsearch import explore_tp, state_key
-from hicache.modelcheck.tpstate import PENDING, End
-from hicache.modelcheck.tpsteps import State, Step, initial_state, take
+from hicache.oracle.modelcheck.actions import Action
+from hicache.oracle.modelcheck.cli import main
+from hicache.oracle.modelcheck.config import ModelConfig, get_config, load_configs
+from hicache.oracle.modelcheck.lockstep import lockstep
+from hicache.oracle.modelcheck.search import explore
+from hicache.oracle.modelcheck.tprules import tick_rules
+from hicache.oracle.modelcheck.tpsearch import explore_tp, state_key
+from hicache.oracle.modelcheck.tpstate import PENDING, End
+from hicache.oracle.modelcheck.tpsteps import State, Step, initial_state, take
 from hicache.pools.presets import group
 from hicache.testing.mutants.base import swapped
 from hicache.testing.mutants.tp import ZOO
@@ -113,7 +113,7 @@ def test_three_ranks_a_skipped_completion_is_found() -> None:
 
 
 def test_a_rank_that_does_not_skip_the_op_id_of_an_aborted_issue_is_found() -> None:
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
 
     with swapped(ControlPlane, "skip_op_id", lambda self: None):
         res = explore_tp(get_config("tp2"))

@@ -17,11 +17,11 @@ import pytest
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import FaultInjector, FaultSite, sites_for
 from hicache.dataplane.handles import Finishable
 from hicache.dataplane.null import NullEngine
 from hicache.errors import ConfigError, OutOfPages
-from hicache.tiers import Direction, Tier
 
 A = tuple(range(100, 112))  # 3 pages
 AB = A + tuple(range(300, 312))  # 6 pages: A's node, then B's

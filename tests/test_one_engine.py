@@ -18,11 +18,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.engine import TransferEngine, one_pool, same_pages
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import ConfigError
-from hicache.tiers import Direction, Tier
 
 CAPS = {Tier.L1: 12, Tier.L2: 16, Tier.L3: 10}
 GEOMETRIES = (

@@ -11,13 +11,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from hicache.control import READS, ControlPlane
+from hicache.core.control import READS, ControlPlane
+from hicache.core.queries import PlaneQueries
+from hicache.core.snapshot import Snapshot
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
 from hicache.errors import HiCacheError, InvariantViolation, PlanePoisoned
 from hicache.invariants import check_all
-from hicache.queries import PlaneQueries
-from hicache.snapshot import Snapshot
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
 
 PS = 4
 PROMPT = list(range(9))

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hicache.core.tiers import Direction
 from hicache.errors import ConfigError, PolicyError
 from hicache.policy import (
     AlwaysPolicy,
@@ -29,7 +30,6 @@ from hicache.policy import (
     nnls_line,
 )
 from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES
-from hicache.tiers import Direction
 
 GIB = float(1 << 30)
 BPT = 147_456  # Qwen3-8B bytes per token (the qwen3-8b preset's geometry)

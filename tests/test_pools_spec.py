@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hicache.cli import main
+from hicache.app.cli import main
+from hicache.oracle.speccheck import check_spec
+from hicache.oracle.speccheck.pools import check_pools, preset_table
 from hicache.pools import group, names
 from hicache.spec import SPEC_DIR
-from hicache.speccheck import check_spec
-from hicache.speccheck.pools import check_pools, preset_table
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache.control import ControlPlane
 from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
-from hicache.tiers import Direction, Tier
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction, Tier
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"
 

@@ -18,12 +18,12 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.pending import LeakedOp
+from hicache.core.tiers import Direction
 from hicache.dataplane import leaks
 from hicache.dataplane.handles import NullHandle, TransferStatus
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import ConfigError, L3InUse, QuiesceTimeout
-from hicache.tiers import Direction
 
 PROMPT = list(range(1, 17))  # 4 pages of the tiny geometry's 4 tokens
 BOUND_S = 0.05

@@ -14,14 +14,14 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
 from hicache.errors import HiCacheError
+from hicache.oracle.vectors import generate, run
+from hicache.oracle.vectors.adapters import controller
 from hicache.testing import Admission, EngineConfig, PageChange, UnsupportedConfig
 from hicache.testing.adapters.lru import LRUCache, _one_tier
 from hicache.testing.evictorder import OneTierTree
 from hicache.testing.reference import Mismatch, ReferenceModel, verify_refused
 from hicache.testing.runner import arguments, fuzz
 from hicache.testing.template import Adapter, Node, TinyEngine
-from hicache.vectors import generate, run
-from hicache.vectors.adapters import controller
 
 PS = 4
 

@@ -10,10 +10,10 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.errors import IllegalTransition, OutOfPages, RequestTooLarge, RestorePending
-from hicache.lifecycle import RESIDENT
-from hicache.tiers import Direction
 from tests.test_controller import assert_clean, serve
 
 PS = 4

@@ -13,10 +13,10 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.controller.materialize import Materialization
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.errors import OutOfPages
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
 from tests.test_controller import assert_clean, push_out_of, serve
 
 A = tuple(range(100, 124))  # 6 pages of the tiny geometry

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache.core.pages import Pages, pages
 from hicache.dataplane.routes import (
     INDEX_ALIGN,
     DmaPlan,
@@ -17,7 +18,6 @@ from hicache.dataplane.routes import (
     plan_route,
     split_runs,
 )
-from hicache.pages import Pages, pages
 
 
 def test_chunk_bounds_cover_in_order() -> None:

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from hicache.checktrace import VIOLATION, check_lines
-from hicache.checktrace.illegal import CATALOGUE, Edited, edit
-from hicache.checktrace.traceview import Trace
+from hicache.core.trace import TraceEvent, TraceHeader
+from hicache.oracle.checktrace import VIOLATION, check_lines
+from hicache.oracle.checktrace.illegal import CATALOGUE, Edited, edit
+from hicache.oracle.checktrace.traceview import Trace
 from hicache.testing.mutants import activate
 from hicache.testing.runner import LastTrace, arguments, fuzz
 from hicache.testing.selfcheck import (
@@ -26,7 +27,6 @@ from hicache.testing.selfcheck import (
     judge_run,
 )
 from hicache.testing.walkcheck import WALK_EDITS, must_break, walk_edited
-from hicache.trace import TraceEvent, TraceHeader
 from tests.test_checktrace_catalogue import catalogue_traces, edited_lines
 
 
@@ -115,7 +115,7 @@ def test_a_shrink_past_its_budget_reports_the_failure_found_so_far() -> None:
     """A shrink that runs out of time (here at once: --shrink-seconds 0) is reported as a
     failure, as shrunk so far, with its replay line and the unshrunk run's -- not left to run
     past an outer budget (Hypothesis' own limit is five minutes) and end with nothing said."""
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     result = fuzz(arguments(seed=0, steps=500, mutant="checker-off", shrink_seconds=0))
     assert not result.ok

@@ -1,4 +1,4 @@
-"""The serving loop (`hicache/serving.py`) and the demo on top of it: every request is served,
+"""The serving loop (`hicache/app/serving.py`) and the demo on top of it: every request is served,
 an L1 deadlock between live requests is broken by preemption, a prompt L1 can never hold is a
 ConfigError before anything runs, and the demo ends with verified restores and no invariant
 violation. CPU data plane; the GPU test runs the demo on CUDA with the Triton kernels.
@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
-from hicache import demo
+from hicache.app import demo
+from hicache.app.serving import ServingLoop
+from hicache.app.workload import RequestSpec
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.errors import ConfigError
-from hicache.serving import ServingLoop
-from hicache.workload import RequestSpec
 
 WATCHDOG_S = 300  # far above any of these tests' run time (seconds) on the 2-core CI machine
 PS = 4  # the tiny geometry's page size

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
-import hicache.speccheck as speccheck
-import hicache.speccheck.invariants as speccheck_invariants
-import hicache.speccheck.rules as speccheck_rules
-from hicache.control import ControlPlane
-from hicache.diagram import all_diagrams, extract_blocks, replace_blocks
+import hicache.oracle.speccheck as speccheck
+import hicache.oracle.speccheck.invariants as speccheck_invariants
+import hicache.oracle.speccheck.rules as speccheck_rules
+from hicache.core.control import ControlPlane
+from hicache.core.diagram import all_diagrams, extract_blocks, replace_blocks
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.tiers import Direction
+from hicache.core.trace import NdjsonSink, TraceHeader, Tracer
 from hicache.errors import SpecError
-from hicache.lifecycle import load_lifecycle
+from hicache.oracle.speccheck import check_spec, parse_tables
 from hicache.spec import SPEC_DIR
-from hicache.speccheck import check_spec, parse_tables
-from hicache.tiers import Direction
-from hicache.trace import NdjsonSink, TraceHeader, Tracer
 
 
 @pytest.fixture
@@ -429,7 +429,7 @@ def test_spec_check_covers_the_pages(spec: Path) -> None:
 
 
 def test_spec_check_knows_the_label_values() -> None:
-    from hicache.speccheck.pages import check_metric_names, exported_metrics
+    from hicache.oracle.speccheck.pages import check_metric_names, exported_metrics
 
     exported = exported_metrics(
         'hicache_fallbacks_total{reason="no_room"} 0\nhicache_restores_total 3\n'

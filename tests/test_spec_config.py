@@ -8,8 +8,8 @@ import pytest
 
 from hicache.controller.config import CHOICES, CacheConfig
 from hicache.errors import ConfigError
+from hicache.oracle.speccheck.config import check_config
 from hicache.spec import SPEC_DIR
-from hicache.speccheck.config import check_config
 
 TABLE = (SPEC_DIR / "config.md").read_text(encoding="utf-8")
 

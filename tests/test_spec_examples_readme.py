@@ -8,8 +8,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+from hicache.core.trace import TraceHeader
 from hicache.spec import load_toml
-from hicache.trace import TraceHeader
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"
 EXAMPLES = SPEC / "examples"

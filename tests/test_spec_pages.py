@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from hicache.controller.backup import WANTED_MAX
+from hicache.core.pages import pages
 from hicache.dataplane.extents import Extent, coalesce
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.l3format import HEADER_BYTES, VERSION
-from hicache.pages import pages
+from hicache.oracle.speccheck import parse_tables
 from hicache.policy import CostModel, make_policy, price_candidates
 from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES, ThresholdPolicy
-from hicache.speccheck import parse_tables
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"
 UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20}
@@ -198,7 +198,7 @@ def test_write_policy_example(write_policy: str) -> None:
 
 
 def test_hits_survive_a_split_on_both_halves() -> None:
-    from hicache.tree import HiRadixTree
+    from hicache.core.tree import HiRadixTree
 
     tree = HiRadixTree(2)
     node = tree.add_child(tree.root, (1, 2, 3, 4))

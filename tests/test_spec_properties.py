@@ -5,7 +5,7 @@ The drift check compares the tables with their derivations (prose, diagrams, sch
 *consistently*: the toml rows edited, and every derivation brought in line with them (the
 composite list, lifecycle.md's tables and diagrams, the trace schema and trace.md), so the
 drift check alone finds nothing. `check_spec` must still fail, naming the property the edit
-breaks and the row that breaks it (hicache/speccheck/properties.py). The shipped tables pass.
+breaks and the row that breaks it (hicache/oracle/speccheck/properties.py). The shipped tables pass.
 
 The catalogue's first entries are the zoo's table mutants (hicache/testing/mutants/tables.py),
 which `hicache fuzz` catches too (benchmarks/results/2026-12-04-zoo-tables.md); the rest are
@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from hicache import cli
-from hicache.diagram import all_diagrams, replace_blocks
-from hicache.lifecycle import Lifecycle, composite_name, load_lifecycle
+from hicache.app import cli
+from hicache.core.diagram import all_diagrams, replace_blocks
+from hicache.core.lifecycle import Lifecycle, composite_name, load_lifecycle
+from hicache.oracle.speccheck import check_spec, parse_tables
+from hicache.oracle.speccheck.properties import PROPERTIES, check_properties
+from hicache.oracle.speccheck.tables import expected_tables
+from hicache.oracle.speccheck.trace import NON_LIFECYCLE_EVENTS
 from hicache.spec import SPEC_DIR, load_toml
-from hicache.speccheck import check_spec, parse_tables
-from hicache.speccheck.properties import PROPERTIES, check_properties
-from hicache.speccheck.tables import expected_tables
-from hicache.speccheck.trace import NON_LIFECYCLE_EVENTS
 from hicache.testing.mutants import tables as table_mutants
 from hicache.testing.mutants.tables import RowEdit
 

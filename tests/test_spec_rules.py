@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hicache import cli
+from hicache.app import cli
+from hicache.oracle.speccheck import check_spec
+from hicache.oracle.speccheck.rulenumbers import check_code, check_rule_numbers, defined_rules
 from hicache.spec import SPEC_DIR
-from hicache.speccheck import check_spec
-from hicache.speccheck.rulenumbers import check_code, check_rule_numbers, defined_rules
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hicache.bench.storage import main as bench_main
+from hicache.core.pages import pages
 from hicache.dataplane.checksums import default_algorithm
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferStatus
@@ -40,7 +41,6 @@ from hicache.dataplane.storage_io import (
 )
 from hicache.dataplane.taskgroup import TaskGroup
 from hicache.errors import ConfigError, CorruptSlot, InvalidPages, StorageError, TransferError
-from hicache.pages import pages
 
 BPP = 3080  # bytes per page: small, and not a power of two, so offset slips show
 L2_PAGES = 24

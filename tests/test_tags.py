@@ -8,14 +8,14 @@ import pytest
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.pages import Pages
+from hicache.core.snapshot import UNSERVABLE
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.handles import NullHandle
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.plane import TaggedPlane
 from hicache.dataplane.tags import FRESH, ContentTags, content_tags
 from hicache.errors import InvariantViolation
-from hicache.pages import Pages
-from hicache.snapshot import UNSERVABLE
-from hicache.tiers import Direction, Tier
 
 PS = 4  # tokens per page
 CAPACITY = {Tier.L1: 8, Tier.L2: 8, Tier.L3: 8}

@@ -91,7 +91,7 @@ def test_the_seed_decides_the_run_however_few_the_steps() -> None:
     """Hypothesis' first example is its simplest, the same for every seed: with one run
     (`--steps` under 100) every seed used to print one digest. A negative seed replayed its
     positive twin (Python's random seeds by |seed|) and is refused."""
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     digests = {runner_fuzz(arguments(seed=s, steps=20)).digest for s in (1, 2, 3)}
     assert len(digests) == 3
@@ -101,7 +101,7 @@ def test_the_seed_decides_the_run_however_few_the_steps() -> None:
 def test_an_adapter_that_cannot_be_loaded_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     for spec, says in [
         ("nonexist.mod:f", "no module nonexist.mod here"),
@@ -145,7 +145,7 @@ class EvictsThenRefuses(ControllerAdapter):
 
 
 def evicts_then_refuses(config: EngineConfig) -> EvictsThenRefuses:
-    from hicache.vectors.adapters import controller_setup
+    from hicache.oracle.vectors.adapters import controller_setup
 
     return EvictsThenRefuses(controller_setup(config))
 
@@ -191,7 +191,7 @@ def test_a_pool_group_fuzzes_on_the_cpu_plane_from_the_command_line() -> None:
     """`hicache fuzz --pools dsv4-tiny --plane cpu` runs the group machine on bytes (it was
     refused: "--pools needs the null plane", long after the group planes had bytes), and the
     command-line parser hands both through."""
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     assert (
         main(["fuzz", "--pools", "dsv4-tiny", "--plane", "cpu", "--steps", "60", "--seed", "2"])
@@ -206,7 +206,7 @@ def test_fuzz_tp_drives_simulated_ranks_and_its_replay_names_them() -> None:
     faults; a mutant that breaks the L3 write rule (B16) is caught by I11 and the failure's
     replay line, which carries `--tp 2`, fails the same way when run. A TP run needs the controller,
     not an --adapter, and at least one rank."""
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     status, text = fuzz(100, seed=1, tp=2, pools="dsv4-tiny")
     assert status == 0 and "plane null, 2 ranks:" in text, text
@@ -232,7 +232,7 @@ def test_a_preset_of_pages_the_machine_cannot_draw_is_refused_before_any_run(
     64 or 256 tokens. `hicache fuzz --pools mla` used to start, fail in the first setup with
     a ConfigError, and report it as a finding (exit 1, shrunk steps, a replay line that
     fails again): now it is a usage error naming the presets it can run."""
-    from hicache.cli import main
+    from hicache.app.cli import main
 
     assert main(["fuzz", "--pools", pools, "--tp", str(tp), "--steps", "50"]) == 2
     err = capsys.readouterr().err
@@ -318,8 +318,8 @@ def test_the_fuzz_poisons_every_page_a_reservation_takes_on_bytes(pools: str) ->
     """On a plane with bytes the fuzz's adapter fills each L1 and L2 page a reservation takes
     (every pool's) with a poison byte, so a page published before its bytes arrived holds
     bytes no copy holds."""
+    from hicache.core.tiers import Tier
     from hicache.testing.adapters.controller import POISON_BYTES
-    from hicache.tiers import Tier
 
     adapter = ControllerAdapter(Setup(plane="cpu", pools=pools))
     try:
@@ -344,9 +344,9 @@ def test_a_load_back_published_without_its_bytes_is_caught_though_its_pages_held
     bytes equal the prompt's, so only the poisoning of reserved pages shows the load-back
     never landed: I4 (L1 against L2) after its publication. Seen passing silently with the
     poisoning switched off (`_poison_reserved` a no-op)."""
+    from hicache.core.tiers import Direction
     from hicache.dataplane.handles import ReadyHandle
     from hicache.errors import InvariantViolation
-    from hicache.tiers import Direction
 
     adapter = ControllerAdapter(Setup(plane="cpu", l1_pages=12, l2_pages=12, l3_slots=12))
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.pages import FREE, PRIVATE, TREE, PageTable, pages
 from hicache.errors import ConfigError, OutOfPages
-from hicache.pages import FREE, PRIVATE, TREE, PageTable, pages
 from hicache.pools.presets import SINGLE_POOL, group
 from hicache.pools.table import InjectedShortage
 from hicache.pools.tierpools import TierPools, tier_tables

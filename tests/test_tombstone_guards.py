@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.tiers import Direction
 from hicache.errors import IllegalTransition
-from hicache.lifecycle import load_lifecycle
-from hicache.tiers import Direction
 from tests.test_windows import three_nodes
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"

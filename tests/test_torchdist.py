@@ -22,7 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from hicache import demo  # noqa: E402
+from hicache.app import demo  # noqa: E402
 from hicache.distributed.collectives import (  # noqa: E402
     CollectiveError,
     Collectives,

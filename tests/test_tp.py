@@ -16,6 +16,7 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.null import NullEngine
 from hicache.distributed.agreement import Agreement
@@ -30,7 +31,6 @@ from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned
 from hicache.testing.machines import tp_machine
-from hicache.tiers import Direction
 from tests.test_testing_machine import _budget
 
 PROMPT = list(range(1, 33))  # 8 pages of the tiny geometry's 4 tokens
@@ -518,7 +518,7 @@ def test_the_demo_tallies_one_decision_per_admission_on_a_rank_whose_hits_were_c
     """The demo's decision reasons count the decision each admission served by, once: on a
     rank whose own hits were cut by C1a the policy decides twice (its own hits, then the
     agreed ones), and the tally once counted both."""
-    from hicache.demo_report import DecisionTally
+    from hicache.app.demo_report import DecisionTally
 
     cfg = CacheConfig(
         device="cpu",

@@ -11,11 +11,11 @@ wrong, on a 2-rank cluster of null planes:
 from __future__ import annotations
 
 from hicache.controller.config import CacheConfig
+from hicache.core.tiers import Direction
 from hicache.dataplane.handles import NullHandle
 from hicache.dataplane.null import NullEngine
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.errors import TransferError
-from hicache.tiers import Direction
 
 PROMPT = list(range(1, 10))  # two whole pages of the tiny geometry's 4 tokens, and one more
 

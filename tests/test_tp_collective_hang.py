@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (the controller): pip install -e '.[data]'")
 
 from hicache.controller.config import CacheConfig
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.handles import NullHandle
 from hicache.dataplane.null import NullEngine
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.distributed.collectives import CollectiveTimeout, GroupBroken
-from hicache.tiers import Direction, Tier
 
 PROMPT = list(range(1, 17))  # 4 pages of the tiny geometry's 4 tokens
 CFG = CacheConfig(device="cpu", l1_pages=16, l2_pages=16, l3_slots=32)

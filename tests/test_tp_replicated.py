@@ -15,14 +15,14 @@ pytest.importorskip("torch", reason="needs torch (the byte plane): pip install -
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.pages import Pages, PageTable, pages
+from hicache.core.tiers import Tier
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.l3format import HEADER_BYTES
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.storage import L3File, share_path
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.errors import ConfigError, CorruptSlot, InvariantViolation, StorageError
-from hicache.pages import Pages, PageTable, pages
-from hicache.tiers import Tier
 
 PROMPT = list(range(1, 33))  # 8 anchor pages of the tiny geometry's 4 tokens
 PRESETS = ["dsv4-tiny", "mla-tiny"]  # every pool replicated

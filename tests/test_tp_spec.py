@@ -1,4 +1,4 @@
-"""spec/tp.md against spec/tp.toml and the code (hicache/speccheck/tp.py), and the cross-rank
+"""spec/tp.md against spec/tp.toml and the code (hicache/oracle/speccheck/tp.py), and the cross-rank
 invariants spec/invariants.md names (I7, I8, I10, I11: each one's violation test is here).
 
 Each drift test edits a copy (of the page's text, of tp.toml in tmp_path, or of the scanned
@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 
 import hicache.distributed.ledger as ledger
+from hicache.core.snapshot import NodeRecord, RankView
 from hicache.distributed.points import load_points
 from hicache.invariants import RANK_CHECKS, RankCheck, Violation
-from hicache.snapshot import NodeRecord, RankView
-from hicache.spec import SPEC_DIR, TP_TOML, load_toml
-from hicache.speccheck import check_spec
-from hicache.speccheck.invariants import registry_checks
-from hicache.speccheck.tp import (
+from hicache.oracle.speccheck import check_spec
+from hicache.oracle.speccheck.invariants import registry_checks
+from hicache.oracle.speccheck.tp import (
     UNCALLED,
     check_tp,
     collective_calls,
@@ -29,6 +28,7 @@ from hicache.speccheck.tp import (
     package_sources,
     points_table,
 )
+from hicache.spec import SPEC_DIR, TP_TOML, load_toml
 
 TP_MD = (SPEC_DIR / "tp.md").read_text(encoding="utf-8")
 TOML_TEXT = TP_TOML.read_text(encoding="utf-8")
@@ -181,7 +181,7 @@ def test_an_uncalled_point_that_code_calls_must_leave_the_list(
 ) -> None:
     """UNCALLED is empty now; a name listed there that code calls (as agreement.py calls
     check_state) is reported, and so is one that names no point."""
-    monkeypatch.setattr("hicache.speccheck.tp.UNCALLED", frozenset({"check_state", "gone"}))
+    monkeypatch.setattr("hicache.oracle.speccheck.tp.UNCALLED", frozenset({"check_state", "gone"}))
     problems = check_tp(TP_MD, TP_TOML)
     assert has(problems, "`check_state` is listed in UNCALLED", "take it out")
     assert has(problems, "UNCALLED lists `gone`, which is no point of tp.toml")

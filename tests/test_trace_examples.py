@@ -1,5 +1,5 @@
 """The trace examples of spec/examples/: every file is in the manifest and is what the
-generator (hicache/checktrace/examples/) writes, and `check_lines` gives each the
+generator (hicache/oracle/checktrace/examples/) writes, and `check_lines` gives each the
 manifest's verdict, first bad event and event count."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from hicache.checktrace import check_lines
-from hicache.checktrace import examples as gen
-from hicache.checktrace.examples import edits, partial, valid
-from hicache.trace import OMITTED_EVENTS, OMITTED_KEYS, TraceEvent, TraceHeader
-from hicache.tracewalk import first_break
+from hicache.core.trace import OMITTED_EVENTS, OMITTED_KEYS, TraceEvent, TraceHeader
+from hicache.core.tracewalk import first_break
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.checktrace import examples as gen
+from hicache.oracle.checktrace.examples import edits, partial, valid
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "spec" / "examples"
 MANIFEST: dict[str, dict[str, Any]] = tomllib.loads((EXAMPLES / gen.MANIFEST).read_text())
@@ -37,7 +37,7 @@ def test_the_committed_files_are_what_the_generator_writes() -> None:
     wanted = gen.files(gen.examples())
     stale = [name for name, text in wanted.items() if (EXAMPLES / name).read_text() != text]
     assert not stale, (
-        f"rewrite with: python3 -m hicache.checktrace.examples spec/examples ({stale})"
+        f"rewrite with: python3 -m hicache.oracle.checktrace.examples spec/examples ({stale})"
     )
 
 

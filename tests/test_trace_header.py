@@ -8,11 +8,8 @@ import re
 
 import pytest
 
-from hicache.checktrace import check_lines
-from hicache.checktrace.verdict import MALFORMED, VALID
-from hicache.control import ControlPlane
-from hicache.spec import SPEC_DIR
-from hicache.trace import (
+from hicache.core.control import ControlPlane
+from hicache.core.trace import (
     HEADER_OMITS,
     OMITTED_EVENTS,
     OMITTED_KEYS,
@@ -21,6 +18,9 @@ from hicache.trace import (
     TraceHeader,
     Tracer,
 )
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.checktrace.verdict import MALFORMED, VALID
+from hicache.spec import SPEC_DIR
 
 
 def test_plane_header_round_trips_and_leads_the_stream() -> None:
@@ -145,7 +145,7 @@ def _script(cp: ControlPlane) -> None:
 def test_a_plane_traced_through_a_bare_ndjson_sink_writes_its_header_first() -> None:
     """The public API's sink on a plane's tracer, given no header: the plane hands it its own
     when built. Before, the file had events only, and check-trace called it malformed until
-    the header line of hicache/demo.py was copied in."""
+    the header line of hicache/app/demo.py was copied in."""
     out = io.StringIO()
     cp = ControlPlane(4, [6, 5, 3], tracer=Tracer(NdjsonSink(out)))
     _script(cp)

@@ -1,5 +1,5 @@
 """Every trace hicache writes passes `check-trace`: `hicache demo --trace FILE` and `hicache
-fuzz --trace FILE` (spec/trace.md; the options in hicache/demo.py and
+fuzz --trace FILE` (spec/trace.md; the options in hicache/app/demo.py and
 hicache/testing/runner.py), and every engine's trace of every run of a short fuzz."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hicache import demo
-from hicache.checktrace import check_lines
+from hicache.app import demo
+from hicache.core.trace import TraceEvent, TraceHeader
+from hicache.oracle.checktrace import check_lines
 from hicache.testing import EngineConfig, runner
 from hicache.testing.adapters.controller import ControllerAdapter
-from hicache.trace import TraceEvent, TraceHeader
 
 SEEDS, STEPS = (1, 2, 3), 300  # about 2 s each on the null plane
 
@@ -124,7 +124,7 @@ class LyingAdapter(ControllerAdapter):
 
 
 def lying_adapter(config: EngineConfig) -> LyingAdapter:
-    from hicache.vectors.adapters import controller_setup
+    from hicache.oracle.vectors.adapters import controller_setup
 
     return LyingAdapter(controller_setup(config))
 

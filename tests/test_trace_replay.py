@@ -1,6 +1,6 @@
 """Every trace the reference emits is a walk of its tables' composite graph, as the
 `transitions` machine of those tables takes it (spec/lifecycle.md, "Whose state a composite
-is"; hicache/tracewalk.py, hicache/pagemachine.py).
+is"; hicache/core/tracewalk.py, hicache/core/pagemachine.py).
 
 What is covered, and how: a plane walks its trace as it is emitted when its builder asks
 (`ControlPlane(..., walk=True)`; a tracer without a sink gets one), and the first event that
@@ -22,14 +22,12 @@ import json
 
 import pytest
 
-from hicache import demo
-from hicache.control import ControlPlane
-from hicache.errors import HiCacheError
-from hicache.lifecycle import load_lifecycle
-from hicache.testing.walking import every_plane_walked
-from hicache.tiers import Direction
-from hicache.trace import ListSink, TraceEvent, Tracer
-from hicache.tracewalk import (
+from hicache.app import demo
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, TraceEvent, Tracer
+from hicache.core.tracewalk import (
     MachineDisagreement,
     TraceWalkError,
     WalkCount,
@@ -37,7 +35,9 @@ from hicache.tracewalk import (
     first_break,
     first_non_edge,
 )
-from hicache.tree import TreeNode
+from hicache.core.tree import TreeNode
+from hicache.errors import HiCacheError
+from hicache.testing.walking import every_plane_walked
 
 PS = 2
 

@@ -23,6 +23,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hicache.core.pages import Pages, pages
+from hicache.core.tiers import Direction
 from hicache.dataplane import pools
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.engine import TransferEngine
@@ -36,8 +38,6 @@ from hicache.dataplane.tags import FRESH
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
 from hicache.kernels import KernelSet
-from hicache.pages import Pages, pages
-from hicache.tiers import Direction
 from tests.test_routes import sorted_runs
 
 POISON = 0xA5

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hicache.bench.control import main as bench_main
+from hicache.core.pages import pages
+from hicache.core.tree import HiRadixTree, TreeNode
 from hicache.errors import ConfigError, TreeError
-from hicache.pages import pages
-from hicache.tree import HiRadixTree, TreeNode
 
 L1, L2, L3 = 0, 1, 2
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.pages import pages
+from hicache.core.tree import HiRadixTree, TreeNode
 from hicache.errors import TreeError
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.pages import pages
-from hicache.tree import HiRadixTree, TreeNode
 
 TIER = st.integers(0, 2)
 Prefix = tuple[int, ...]

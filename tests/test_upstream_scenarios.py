@@ -14,21 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from hicache.control import ControlPlane
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.control import ControlPlane
+from hicache.core.pages import PRIVATE
+from hicache.core.tiers import Direction, Tier
+from hicache.core.trace import Tracer
+from hicache.core.tree import TreeNode
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.null import NullEngine, StoppedEarly
 from hicache.errors import ConfigError, IllegalTransition
 from hicache.invariants import check_all
-from hicache.pages import PRIVATE
 from hicache.pools.presets import group
 from hicache.pools.table import PoolFaults
 from hicache.pools.tierpools import TierPools
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
-from hicache.tiers import Direction, Tier
-from hicache.trace import Tracer
-from hicache.tree import TreeNode
 from tests.test_null_plane import A, make, serve, settle_all
 from tests.test_write_path_rows import a_in_l1_b_in_l3_only
 

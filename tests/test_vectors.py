@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hicache.errors import HiCacheError
+from hicache.oracle.vectors import adapters, generate, run
+from hicache.oracle.vectors.adapters import controller
+from hicache.oracle.vectors.categories import CATEGORIES
+from hicache.oracle.vectors.format import MANIFEST, CaseConfig, UnsupportedConfig, sha256_hex
 from hicache.testing.adapters.controller import ControllerAdapter
 from hicache.testing.protocol import Admission, CacheUnderTest, PageChange
-from hicache.vectors import adapters, generate, run
-from hicache.vectors.adapters import controller
-from hicache.vectors.categories import CATEGORIES
-from hicache.vectors.format import MANIFEST, CaseConfig, UnsupportedConfig, sha256_hex
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +374,7 @@ def test_usage_errors_exit_2(
     small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert exit_status(run.main, [str(tmp_path)]) == 2  # no manifest
-    assert exit_status(run.main, [str(small), "--adapter", "hicache.vectors.adapters"]) == 2
+    assert exit_status(run.main, [str(small), "--adapter", "hicache.oracle.vectors.adapters"]) == 2
     assert exit_status(run.main, [str(small), "--adapter", "no_such_module:x"]) == 2
     assert exit_status(generate.main, [str(small)]) == 2  # not empty
     err = capsys.readouterr().err
@@ -414,8 +414,8 @@ def test_the_bench_reports_each_rate_against_the_ceiling(
 def test_a_case_asking_for_more_pages_than_a_tier_holds_is_refused_by_the_reader() -> None:
     """A case edited to 10**8 pages per tier used to take 46 s and 6.4 GB to run (10**12: no
     end); the reader refuses it as it refuses the case's other bad fields."""
-    from hicache.tiers import MAX_PAGES
-    from hicache.vectors.format import VectorFormatError, case_json, parse_case
+    from hicache.core.tiers import MAX_PAGES
+    from hicache.oracle.vectors.format import VectorFormatError, case_json, parse_case
 
     ok = CaseConfig(page_size=2, capacities={"L1": 4, "L2": 4, "L3": 4})
     raw = json.loads(case_json("c", "abort", 0, ok, [], {"live": [], "tiers": {}, "usage": {}}))
@@ -426,9 +426,9 @@ def test_a_case_asking_for_more_pages_than_a_tier_holds_is_refused_by_the_reader
 
 
 def test_a_page_table_larger_than_max_pages_is_a_config_error() -> None:
+    from hicache.core.pages import PageTable
+    from hicache.core.tiers import MAX_PAGES
     from hicache.errors import ConfigError
-    from hicache.pages import PageTable
-    from hicache.tiers import MAX_PAGES
 
     assert PageTable("L1", MAX_PAGES).capacity == MAX_PAGES
     with pytest.raises(ConfigError, match="L1.capacity_pages"):

@@ -1,4 +1,4 @@
-"""The walk's `transitions` machine (hicache/pagemachine.py) and the executor must agree.
+"""The walk's `transitions` machine (hicache/core/pagemachine.py) and the executor must agree.
 
 The machine is the library's own (a HierarchicalMachine, one parallel region per tier), built
 from lifecycle.toml's raw rows; the executor runs the parsed rows by hand. Shown here: the
@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 from transitions.extensions.nesting import HierarchicalMachine
 
-from hicache.checktrace import check_lines
-from hicache.checktrace.generate import controller_trace
-from hicache.control import ControlPlane
-from hicache.lifecycle import Lifecycle, load_lifecycle
-from hicache.pagemachine import PageMachine, page_machine
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import Lifecycle, load_lifecycle
+from hicache.core.pagemachine import PageMachine, page_machine
+from hicache.core.tiers import Direction
+from hicache.core.trace import ListSink, Tracer
+from hicache.core.tracewalk import MachineDisagreement, WalkCount, walk
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.speccheck.machine import check_machine
 from hicache.spec import LIFECYCLE_TOML, load_toml
-from hicache.speccheck.machine import check_machine
 from hicache.testing.walking import every_plane_walked, walks
-from hicache.tiers import Direction
-from hicache.trace import ListSink, Tracer
-from hicache.tracewalk import MachineDisagreement, WalkCount, walk
 
 PS = 2
 TIERS = ("L1", "L2", "L3")

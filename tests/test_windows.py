@@ -10,19 +10,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hicache.control import ControlPlane
 from hicache.controller.controller import CacheController
+from hicache.core.control import ControlPlane
+from hicache.core.pages import FREE, TREE, Pages
+from hicache.core.snapshot import TOMBSTONE
+from hicache.core.tiers import Direction, Tier
+from hicache.core.trace import ListSink, Tracer
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
 from hicache.invariants import check_all
-from hicache.pages import FREE, TREE, Pages
 from hicache.pools.hits import agreed_hit
 from hicache.pools.presets import group
 from hicache.pools.spec import ALL_PAGES, PoolGroup
 from hicache.pools.tierpools import TierPools
-from hicache.snapshot import TOMBSTONE
-from hicache.tiers import Direction, Tier
-from hicache.trace import ListSink, Tracer
-from hicache.tree import TreeNode
 from tests.test_null_plane import A, make, serve, settle_all
 from tests.test_upstream_scenarios import node_of
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from hicache.control import ControlPlane
 from hicache.controller.controller import CacheController
+from hicache.core.control import ControlPlane
+from hicache.core.records import UnknownOp
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
-from hicache.records import UnknownOp
 from hicache.testing import make_machine
 from hicache.testing.adapters.controller import controller_adapter, setups
-from hicache.tiers import Direction, Tier
-from hicache.tree import TreeNode
 from tests.test_control import fingerprint, plane, served
 from tests.test_null_plane import A, finish, make, serve, settle_all
 

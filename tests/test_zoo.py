@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache import cli
+from hicache.app import cli
 from hicache.testing import mutants, zoo
 
 MAX_STEPS = 2000
@@ -144,7 +144,7 @@ def test_the_cpu_plane_catches_a_stopped_s2h_published_past_its_clamp_by_its_byt
 
 def test_each_mutant_is_switched_off_after_its_block() -> None:
     """Leaving `activate` restores the real functions: the clean machine passes again."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
     from hicache.invariants.registry import CHECKS
 
     originals = (dict(vars(ControlPlane)), tuple(c.func for c in CHECKS))

@@ -2,7 +2,7 @@
 
 Every benchmark's usage names it `hicache bench NAME` (`BenchParser`), a usage error is one
 line with status 2 (an output path that cannot be written among them, before anything is
-measured: `hicache.outputs`), and one that needs a CUDA device says so in one line and exits
+measured: `hicache.app.outputs`), and one that needs a CUDA device says so in one line and exits
 `EXIT_NO_CUDA` (2) where there is none (`no_cuda`). Tables carry a unit in every column
 header and a legend line for their abbreviations.
 """
@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hicache.usage import EXIT_USAGE, UsageParser
+from hicache.app.usage import EXIT_USAGE, UsageParser
 
 EXIT_NO_CUDA = EXIT_USAGE  # the same status as a usage error: nothing was measured
 

@@ -5,7 +5,7 @@
                              [--tiers small,100000] [--seed 1] [--cache DIR] [--out PATH]
 
 The trace is the hicache controller's own run on the null data plane (seeded random
-workload, `hicache.checktrace.generate`): every event is valid, so the whole trace is read.
+workload, `hicache.oracle.checktrace.generate`): every event is valid, so the whole trace is read.
 Rows, each the best of `--repeats` rounds (the rows take turns in each round), as process
 CPU time:
 
@@ -42,14 +42,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from hicache.app.outputs import OUTPUT_FILE
 from hicache.bench import BenchParser, columns, counts
-from hicache.checktrace import check_lines
-from hicache.checktrace.dispatch import Call
-from hicache.checktrace.generate import controller_trace
-from hicache.checktrace.reader import Line, TraceReader
-from hicache.checktrace.replay import Replay
-from hicache.lifecycle import load_lifecycle
-from hicache.outputs import OUTPUT_FILE
+from hicache.core.lifecycle import load_lifecycle
+from hicache.oracle.checktrace import check_lines
+from hicache.oracle.checktrace.dispatch import Call
+from hicache.oracle.checktrace.generate import controller_trace
+from hicache.oracle.checktrace.reader import Line, TraceReader
+from hicache.oracle.checktrace.replay import Replay
 from hicache.testing.adapters.controller import Setup
 
 ROWS = (

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from hicache.app.outputs import OUTPUT_FILE
 from hicache.bench import BenchParser
-from hicache.lifecycle import RESIDENT
-from hicache.outputs import OUTPUT_FILE
-from hicache.tree import HiRadixTree, TreeNode
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.tree import HiRadixTree, TreeNode
 
 SIZES_DEFAULT = (350, 3_500, 35_000)
 VOCAB = 151_936  # Qwen3's vocabulary: token ids are drawn from it uniformly

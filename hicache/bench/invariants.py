@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hicache.app.outputs import OUTPUT_FILE
 from hicache.bench import BenchParser
+from hicache.core.pages import FREE, PRIVATE, TREE, Pages
+from hicache.core.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.invariants.registry import CHECKS, check_all
-from hicache.outputs import OUTPUT_FILE
-from hicache.pages import FREE, PRIVATE, TREE, Pages
-from hicache.snapshot import NodeView, OpView, RequestView, Snapshot, TierView
 
 TIERS = ("L1", "L2", "L3")
 ARITY = 4  # children per node of the synthetic tree

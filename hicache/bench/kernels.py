@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import triton
 
+from hicache.app.outputs import OUTPUT_FILE
 from hicache.bench import BenchParser, columns, counts, no_cuda
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.errors import BackendError
@@ -37,7 +38,6 @@ from hicache.kernels import triton_rows
 from hicache.kernels.reference import check_operands, gather_torch, scatter_torch
 from hicache.kernels.select import cuda_median_ms
 from hicache.kernels.triton_rows import LaunchConfig
-from hicache.outputs import OUTPUT_FILE
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 POOL_PAGES_DEFAULT = 4096

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from hicache.bench.timing import Poll, Settings, e2e_ms_interleaved, enqueued
+from hicache.core.tiers import Direction
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import GroupGeometry
@@ -47,7 +48,6 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.kernels import KernelSet
 from hicache.kernels.triton_rows import interpreter_enabled
 from hicache.pools import presets
-from hicache.tiers import Direction
 
 TOKENS = (350, 3500)
 TOKENS_QUICK = (8, 24)

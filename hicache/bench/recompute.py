@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from hicache.app.outputs import OUTPUT_FILE
 from hicache.bench import BenchParser, no_cuda
 from hicache.errors import ConfigError
-from hicache.outputs import OUTPUT_FILE
 from hicache.producers.model import MODES, ModelProducer, import_transformers
 
 DEFAULT_PRESETS = ("qwen3-8b", "qwen3-4b")

@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
+from hicache.app.outputs import OUTPUT_DIR
+from hicache.app.serving import ServingLoop
+from hicache.app.workload import repeated_prefix_workload
 from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.outputs import OUTPUT_DIR
 from hicache.policy import Decision
 from hicache.producers.model import ModelProducer
-from hicache.serving import ServingLoop
-from hicache.workload import repeated_prefix_workload
 
 LENGTHS = (350, 1000, 2000, 3500)
 PATHS = ("recompute", "L2", "L3", "cost")

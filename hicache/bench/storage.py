@@ -56,15 +56,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from hicache.app.outputs import OUTPUT_FILE, WORK_DIR
 from hicache.bench import BenchParser, columns
+from hicache.core.pages import Pages
 from hicache.dataplane.checksums import ALGORITHMS, PageChecksum, available, default_algorithm
 from hicache.dataplane.extents import coalesce, split
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import PIECE_BYTES, StorageHandle, StorageMover, aligned_pages
 from hicache.errors import TransferError
-from hicache.outputs import OUTPUT_FILE, WORK_DIR
-from hicache.pages import Pages
 
 QWEN3_8B_BYTES_PER_PAGE = 2_359_296  # 2 * 36 layers * 16 tokens * 8 heads * 128 * 2 bytes
 PAGE_TOKENS = 16

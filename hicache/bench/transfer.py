@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hicache.app.outputs import OUTPUT_DIR
 from hicache.bench import BenchParser, counts, no_cuda
 from hicache.bench.timing import (
     FIRST_CHUNK_MIB_OTHER,
@@ -59,14 +60,13 @@ from hicache.bench.timing import (
     e2e_ms_interleaved,
     enqueued,
 )
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.kernels import KernelSet
-from hicache.outputs import OUTPUT_DIR
-from hicache.pages import Pages
-from hicache.tiers import Direction
 
 TOKENS_DEFAULT = (350, 1000, 2000, 3500)
 TOKENS_QUICK = (48, 160)

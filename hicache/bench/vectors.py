@@ -5,7 +5,7 @@
 Generates N cases per category into a temporary directory (timed), then runs them: once
 reading, sha-checking and parsing every case without driving anything (the ceiling: what a
 runner costs before it drives an engine; best of R), and once through the controller adapter
-(`run_dir` with hicache/vectors/adapters.py's `controller`: every step driven, `check()` with
+(`run_dir` with hicache/oracle/vectors/adapters.py's `controller`: every step driven, `check()` with
 every invariant after each step, every observation compared; best of R). Prints cases/s and
 steps/s of each, and the run's rate as a fraction of the ceiling; then the run again with
 the adapter's `check()` skipped (what the invariant checks cost). Exit 1 if a case fails.
@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hicache.bench import BenchParser
+from hicache.oracle.vectors.adapters import controller
+from hicache.oracle.vectors.categories import CATEGORIES
+from hicache.oracle.vectors.format import CaseConfig, parse_case, read_manifest, sha256_hex
+from hicache.oracle.vectors.generate import generate
+from hicache.oracle.vectors.run import Verdict, run_dir
 from hicache.testing.adapters.controller import ControllerAdapter
-from hicache.vectors.adapters import controller
-from hicache.vectors.categories import CATEGORIES
-from hicache.vectors.format import CaseConfig, parse_case, read_manifest, sha256_hex
-from hicache.vectors.generate import generate
-from hicache.vectors.run import Verdict, run_dir
 
 
 def load_only(directory: Path) -> int:

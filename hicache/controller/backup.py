@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from hicache.choices import WritePolicy
-from hicache.control import ControlPlane
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.tiers import Direction, Tier
-from hicache.tree import TreeNode
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import TreeNode
 
 WANTED_MAX = 65536  # R31: bound on remembered backup targets per direction
 Chain = list[TreeNode]

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hicache.choices import LoadBackOverlap
-from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner
 from hicache.controller.config import CacheConfig
 from hicache.controller.crashsite import ControllerFaults
@@ -34,6 +33,8 @@ from hicache.controller.ranks import RankAgreement
 from hicache.controller.replicas import ReplicatedL3
 from hicache.controller.restore import RestoreStager
 from hicache.controller.transfers import Rooms, Transfers
+from hicache.core.control import ControlPlane
+from hicache.core.trace import Tracer
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.distributed.agreement import Agreement
@@ -43,7 +44,6 @@ from hicache.policy import CostModel, DecisionLog, Policy, make_policy
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
-from hicache.trace import Tracer
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.producers import KVProducer

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hicache.core.tree import TreeNode
 from hicache.pools.hits import prefetch_clamp
 from hicache.pools.spec import PoolGroup
-from hicache.tree import TreeNode
 
 
 def clamped_nodes(group: PoolGroup, nodes: Sequence[TreeNode], landed: Mapping[str, int]) -> int:

@@ -46,6 +46,10 @@ from hicache.controller.pending import (
     quiesce_or_leak,
 )
 from hicache.controller.verify import RestoreMismatch
+from hicache.core.records import UnknownRequest
+from hicache.core.snapshot import RankView
+from hicache.core.tiers import TIERS, Tier
+from hicache.core.trace import Tracer
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.leaks import park
 from hicache.dataplane.plane import DataPlane
@@ -61,10 +65,6 @@ from hicache.errors import (
     RestorePending,
     TransferError,
 )
-from hicache.records import UnknownRequest
-from hicache.snapshot import RankView
-from hicache.tiers import TIERS, Tier
-from hicache.trace import Tracer
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine

@@ -20,12 +20,12 @@ transfer and its publication"). With `faults=None` nothing is drawn.
 
 from __future__ import annotations
 
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import ALLOC_SITES, Aim, FaultInjector, FaultSite, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle
 from hicache.distributed.collectives import CollectiveError, GroupBroken, Guarded
 from hicache.errors import OutOfPages, QuiesceTimeout
 from hicache.pools.spec import PoolGroup
-from hicache.tiers import Direction, Tier
 
 
 class ControllerFaults:

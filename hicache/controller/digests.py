@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hicache.pages import Pages, PageTable
-from hicache.tiers import TIERS
+from hicache.core.pages import Pages, PageTable
+from hicache.core.tiers import TIERS
 
 Digests = Callable[[str, Pages], npt.NDArray[np.uint64]]
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Collection
 from functools import partial
 
 from hicache.choices import WritePolicy
-from hicache.control import ControlPlane
 from hicache.controller.metrics import Metrics
-from hicache.tiers import Tier
-from hicache.tree import TreeNode
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Tier
+from hicache.core.tree import TreeNode
 
 BackUp = Callable[[TreeNode], bool]  # back the node up to L2 now; whether it holds L2 after
 

@@ -20,11 +20,11 @@ Contract:
 
 from __future__ import annotations
 
-from hicache.control import ControlPlane
 from hicache.controller.metrics import Metrics
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Tier
+from hicache.core.tree import MatchResult, TreeNode
 from hicache.errors import IllegalTransition, StorageError
-from hicache.tiers import Tier
-from hicache.tree import MatchResult, TreeNode
 
 
 class L3Health:

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hicache.control import ControlPlane
-from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import MatchResult, TreeNode
 from hicache.policy import Decision
-from hicache.tiers import Direction, Tier
-from hicache.tree import MatchResult, TreeNode
 
 
 @dataclass

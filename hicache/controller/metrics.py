@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.handles import TransferStatus, TransferTimings
-from hicache.tiers import Direction, Tier
 
 GIB = float(1 << 30)
 # Why a planned restore (or one part of it) fell back to recompute:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from hicache.control import ControlPlane
 from hicache.controller.restore import RestoreStager
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Direction
 from hicache.dataplane.handles import TransferHandle, cancel_within, deadline_of, remaining
-from hicache.tiers import Direction
 
 Stage = Literal["load_l2", "promote", "load_l3", "backup"]
 STAGES: tuple[Stage, ...] = ("load_l2", "promote", "load_l3", "backup")

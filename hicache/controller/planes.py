@@ -116,7 +116,7 @@ def tier_pool_pages(group: PoolGroup, tables: Sequence[object]) -> PoolPages:
     whose allocating pools all have the anchor's page size: each side pool then mirrors the
     anchor's free list, page for page (the answer a TierPools of ratio 1 whose pools were
     reserved in step would give). ConfigError otherwise."""
-    from hicache.tiers import TIERS
+    from hicache.core.tiers import TIERS
 
     by_tier = {str(t): table for t, table in zip(TIERS, tables)}
     if all(hasattr(t, "pool_pages") for t in tables):

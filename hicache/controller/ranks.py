@@ -19,17 +19,17 @@ rank's plan's (spec/tp.md, F17); one rank (`agree.size == 1`) makes no collectiv
 
 from __future__ import annotations
 
-from hicache.control import ControlPlane
 from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_reach
+from hicache.core.control import ControlPlane
+from hicache.core.tiers import Tier
+from hicache.core.tree import MatchResult, TreeNode
 from hicache.dataplane.geometry import KVGeometry
 from hicache.distributed.agreement import Agreement
 from hicache.policy import CostModel
 from hicache.policy.decisions import CHOICES
 from hicache.policy.policies import Decision, Policy, price_candidates
-from hicache.tiers import Tier
-from hicache.tree import MatchResult, TreeNode
 
 __all__ = ["RankAgreement"]
 

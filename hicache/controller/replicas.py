@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hicache.control import ControlPlane
 from hicache.controller.planes import tier_pool_pages
+from hicache.core.control import ControlPlane
+from hicache.core.pages import Pages, pages
+from hicache.core.tiers import Tier
 from hicache.distributed.agreement import Agreement
 from hicache.errors import InvariantViolation
 from hicache.invariants import RANK_CHECKS, Violation
-from hicache.pages import Pages, pages
 from hicache.pools.spec import REPLICATED, PoolGroup
-from hicache.tiers import Tier
 
 if TYPE_CHECKING:  # torch-heavy: only a plane with bytes brings it
     from hicache.dataplane.engine import TransferEngine

@@ -28,16 +28,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hicache.control import ControlPlane
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, Plan
 from hicache.controller.metrics import Metrics
 from hicache.controller.verify import RestoreVerifier
+from hicache.core.control import ControlPlane
+from hicache.core.records import PendingOp
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import TreeNode
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import IllegalTransition, OutOfPages, StorageError, TransferError
-from hicache.records import PendingOp
-from hicache.tiers import Direction, Tier
-from hicache.tree import TreeNode
 
 Issue = Callable[[Direction, list[TreeNode], int], PendingOp]  # make room, reserve, start
 

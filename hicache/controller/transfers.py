@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from hicache.control import ControlPlane
 from hicache.controller.backup import BackupPlanner, chain_lacking
 from hicache.controller.clamp import clamped_nodes
 from hicache.controller.crashsite import ControllerFaults
@@ -28,6 +27,10 @@ from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
+from hicache.core.control import ControlPlane
+from hicache.core.records import PendingOp
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import TreeNode
 from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
@@ -47,9 +50,6 @@ from hicache.errors import (
 )
 from hicache.policy import CostModel
 from hicache.pools.spec import PoolGroup
-from hicache.records import PendingOp
-from hicache.tiers import Direction, Tier
-from hicache.tree import TreeNode
 
 __all__ = ["Rooms", "Settled", "Transfers"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hicache.core.pages import Pages
 from hicache.errors import HiCacheError
-from hicache.pages import Pages
 
 if TYPE_CHECKING:  # torch is imported only when a verifier is built (a plane with bytes)
     import torch
@@ -70,8 +70,8 @@ class RestoreVerifier:
         import numpy as np
         import torch
 
-        from hicache.snapshot import TOMBSTONE
-        from hicache.tiers import Tier
+        from hicache.core.snapshot import TOMBSTONE
+        from hicache.core.tiers import Tier
 
         expected = self.producer.expected(tokens, start, end)  # part of the KVProducer protocol
         if expected is None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import Aim
 from hicache.dataplane.handles import DelayedHandle, TransferHandle, TransferStatus, cancel_within
 from hicache.dataplane.null import StoppedEarly
 from hicache.dataplane.plane import DataPlane
 from hicache.errors import TransferError, UnreadableSlot
-from hicache.pages import Pages
-from hicache.tiers import Direction
 
 
 @runtime_checkable

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import (
     OutcomeCounters,
@@ -63,8 +65,6 @@ from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import TransferBuffers, WorkspaceCache
 from hicache.errors import ConfigError, TransferError
 from hicache.kernels import KernelSet
-from hicache.pages import Pages
-from hicache.tiers import Direction
 
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight

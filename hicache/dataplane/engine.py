@@ -53,6 +53,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.pages import Pages
+from hicache.core.snapshot import TOMBSTONE, UNSERVABLE
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.geometry import KVGeometry
@@ -70,12 +73,9 @@ from hicache.dataplane.storage import L3File, share_path
 from hicache.dataplane.storage_io import StorageMover
 from hicache.errors import ConfigError, HiCacheError, InvalidPages
 from hicache.kernels import KernelSet
-from hicache.pages import Pages
 from hicache.pools.presets import SINGLE_POOL
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import tier_capacities
-from hicache.snapshot import TOMBSTONE, UNSERVABLE
-from hicache.tiers import Direction, Tier
 
 PoolPages = Callable[[str, Pages], Mapping[str, object]]
 """(tier "L1" | "L2" | "L3", anchor pages) -> pages per allocating pool, anchor included,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache.pages import Pages
+from hicache.core.pages import Pages
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from hicache.core.tiers import Direction, Tier
 from hicache.errors import ConfigError, HiCacheError, TransferError
-from hicache.tiers import Direction, Tier
 
 
 class FaultSite(str, enum.Enum):

@@ -23,13 +23,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.tiers import Direction
 from hicache.dataplane.groupplan import GroupPlan, PoolMove, plan_group
 from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
 from hicache.errors import BackendError, ConfigError
 from hicache.kernels.launch import on_stream
 from hicache.kernels.reference import WORD_DTYPES, RowLayout, _word_bytes
 from hicache.kernels.row_table import RowTable, Segment, TableConfig, build_table
-from hicache.tiers import Direction
 
 MODES = ("table", "per_pool", "torch")
 REQUESTS = ("auto", *MODES)

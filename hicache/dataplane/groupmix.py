@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from hicache.snapshot import UNSERVABLE
+from hicache.core.snapshot import UNSERVABLE
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

@@ -23,13 +23,13 @@ from itertools import pairwise
 
 import numpy as np
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.grouppools import REGION_ALIGN, GroupDevicePool, GroupHostPool
 from hicache.dataplane.null import transfer_pages
 from hicache.errors import InvalidPages
-from hicache.pages import Pages
 from hicache.pools.spec import PoolSpec
-from hicache.tiers import Direction
 
 # What a caller asks one group transfer to move: allocating pool -> (source, target) pages.
 # Not pools.table.GroupPages (a tier's reserved pages per pool, every pool named).

@@ -26,10 +26,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.pages import Pages, pages
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.pools import allocate, digest_rows, resolve_device
 from hicache.errors import ConfigError
-from hicache.pages import Pages, pages
 from hicache.pools.spec import PoolSpec
 
 REGION_ALIGN = 256  # bytes: 16-byte vector loads and DMA-friendly starts for every region

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.groupplan import GroupRequest, check_sources, source_pages
@@ -35,8 +37,6 @@ from hicache.dataplane.handles import (
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageHandle, StorageMover
 from hicache.errors import ConfigError, InvalidPages
-from hicache.pages import Pages
-from hicache.tiers import Direction
 
 
 class GroupStorageHandle(TransferHandle):

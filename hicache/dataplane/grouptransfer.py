@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
@@ -40,7 +41,6 @@ from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
 from hicache.kernels.row_table import TableConfig
-from hicache.tiers import Direction
 
 INDEX_MIN_BYTES = 64 << 10  # operand buffers start here: one serves most transfers
 

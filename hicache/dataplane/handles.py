@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hicache.core.tiers import Direction
 from hicache.errors import HiCacheError, QuiesceTimeout, TransferError
-from hicache.tiers import Direction
 
 
 class TransferStatus(str, enum.Enum):

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import DelayedHandle, NullHandle, TransferHandle
@@ -34,8 +36,6 @@ from hicache.errors import (
     TransferError,
     UnreadableSlot,
 )
-from hicache.pages import Pages
-from hicache.tiers import Direction, Tier
 
 
 def page_array(field: str | Callable[[], str], values: object, capacity: int) -> Pages:

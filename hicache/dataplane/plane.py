@@ -23,8 +23,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import Pages
 from hicache.dataplane.handles import TransferHandle
-from hicache.pages import Pages
 
 
 class DataPlane(Protocol):

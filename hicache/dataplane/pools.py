@@ -24,11 +24,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.pages import Pages, pages
+from hicache.core.snapshot import UNSERVABLE
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.pinned import pinned_empty
 from hicache.errors import ConfigError
-from hicache.pages import Pages, pages
-from hicache.snapshot import UNSERVABLE
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,

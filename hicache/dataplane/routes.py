@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hicache.pages import Pages
+from hicache.core.pages import Pages
 
 FIRST_CHUNK_BYTES = 16 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
 SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked

@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.pages import Pages
+from hicache.core.snapshot import UNSERVABLE
 from hicache.dataplane.pools import DIGEST_BATCH_BYTES, digest_rows
 from hicache.dataplane.storage import L3File
-from hicache.pages import Pages
-from hicache.snapshot import UNSERVABLE
 
 
 def slot_digests(l3: L3File, slots: Pages) -> npt.NDArray[np.uint64]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hicache.core.pages import Pages
 from hicache.dataplane.groupgeometry import GroupGeometry
 from hicache.dataplane.groupstorage import GroupStorageHandle
 from hicache.dataplane.handles import TransferHandle, TransferStatus, cancel_within
 from hicache.errors import CorruptSlot, HiCacheError, UnreadableSlot
-from hicache.pages import Pages
 
 
 class AnchorSlotHandle(TransferHandle):

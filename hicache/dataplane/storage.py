@@ -41,6 +41,7 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import Pages
 from hicache.dataplane.checksums import PageChecksum, checksum_function, default_algorithm
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, L3Header, decode, encode
@@ -52,7 +53,6 @@ from hicache.errors import (
     L3PathRefused,
     StorageError,
 )
-from hicache.pages import Pages
 
 MAX_FILE_BYTES = (1 << 63) - 1  # off_t: the largest file offset the OS can address
 

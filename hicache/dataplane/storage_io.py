@@ -58,6 +58,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction
 from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
@@ -71,8 +73,6 @@ from hicache.errors import (
     TransferError,
     UnreadableSlot,
 )
-from hicache.pages import Pages
-from hicache.tiers import Direction
 
 MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
 MAX_IO_THREADS = 64

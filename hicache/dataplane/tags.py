@@ -38,9 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hicache.pages import Pages
-from hicache.snapshot import UNSERVABLE
-from hicache.tiers import Direction, Tier
+from hicache.core.pages import Pages
+from hicache.core.snapshot import UNSERVABLE
+from hicache.core.tiers import Direction, Tier
 
 __all__ = ["FRESH", "ContentTags", "Lands", "content_tags"]
 

@@ -29,11 +29,11 @@ import hashlib
 import socket
 from collections.abc import Mapping, Sequence
 
+from hicache.core.snapshot import RankView
 from hicache.distributed.collectives import Alone, Collectives, Guarded
 from hicache.distributed.rankview import bytes_hash, decode_view, encode_view, state_hash
 from hicache.errors import ConfigError, StorageError
 from hicache.invariants import RANK_CHECKS, Violation, check_ranks
-from hicache.snapshot import RankView
 
 NO_SLOT = (1 << 63) - 1  # `Local`'s first bad page of an op that found no bad L3 slot
 NO_CHECKSUM = (1 << 63) - 1  # C6b: a rank that wrote none of a slot (every rank but 0)

@@ -20,13 +20,13 @@ from typing import TypeVar
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.snapshot import RankView
+from hicache.core.trace import Tracer
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.plane import DataPlane
 from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.invariants import Violation, check_ranks
-from hicache.snapshot import RankView
-from hicache.trace import Tracer
 
 T = TypeVar("T")
 

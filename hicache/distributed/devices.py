@@ -6,7 +6,7 @@ not compare it).
                                       itself, every rank on it (one GPU shared, or the CPU)
     bind_device(device)               a rank process's current CUDA device set to its own
 
-The demo's ranks (hicache/demo_tp.py) and the TP fuzz machine's simulated ranks
+The demo's ranks (hicache/app/demo_tp.py) and the TP fuzz machine's simulated ranks
 (hicache/testing/adapters/tp.py) both place themselves so: on two GPUs each rank has its own,
 on one they share it. The demo's rank processes also bind their device; the fuzz's ranks,
 threads of one process, do not, so a data plane that relies on the current device instead

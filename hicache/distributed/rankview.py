@@ -1,6 +1,6 @@
 """A rank's view, built: what the cross-rank invariants compare (spec/invariants.md, I7-I11).
 
-    RankView (hicache/snapshot.py, core vocabulary the checker reads)
+    RankView (hicache/core/snapshot.py, core vocabulary the checker reads)
       rank, size
       nodes        NodeRecord per tree node: topology (parent, key length and hash), per tier
                    residency, lock count, the direction of the op filling it, pages held,
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hicache.lifecycle import RESIDENT
-from hicache.pages import Pages
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.pages import Pages
+from hicache.core.snapshot import NodeRecord, RankView
+from hicache.core.tiers import TIERS, Tier
 from hicache.pools.spec import REPLICATED, PoolGroup
 from hicache.pools.tierpools import window_pools
-from hicache.snapshot import NodeRecord, RankView
-from hicache.tiers import TIERS, Tier
 
 if TYPE_CHECKING:
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
     from hicache.distributed.collectives import CollectiveLog
     from hicache.distributed.ledger import L3Writes
 

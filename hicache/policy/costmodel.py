@@ -42,8 +42,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
+from hicache.core.tiers import Direction, Tier
 from hicache.errors import ConfigError, PolicyError
-from hicache.tiers import Direction, Tier
 
 WINDOW_SAMPLES = 32  # samples a line is fitted over; older ones are forgotten
 EWMA_ALPHA = 0.2  # weight of the newest residual in the fixed-cost EWMA

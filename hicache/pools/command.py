@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import sys
 
+from hicache.app.usage import EXIT_USAGE, UsageParser
 from hicache.errors import ConfigError
 from hicache.pools.presets import descriptions, group, load_presets
-from hicache.usage import EXIT_USAGE, UsageParser
 
 
 def main(argv: list[str]) -> int:
     parser = UsageParser(prog="hicache pools", description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", help="a preset of spec/pools.toml")
     args = parser.parse_args(argv)
-    from hicache.speccheck.pools import preset_table  # the renderer pools.md is checked with
+    from hicache.oracle.speccheck.pools import preset_table  # the renderer pools.md is checked with
 
     if args.preset is None:
         for name, g in load_presets().items():

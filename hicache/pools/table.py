@@ -1,6 +1,6 @@
 """Atomic group allocation: one page table per allocating pool of a tier's pool group.
 
-A tier holding a pool group (hicache/pools/spec.py) keeps one `hicache.pages.PageTable` --
+A tier holding a pool group (hicache/pools/spec.py) keeps one `hicache.core.pages.PageTable` --
 the FREE / PRIVATE / TREE ownership machine -- per pool with an allocator (the anchor and
 every allocating side pool). A derived pool (sidecar or state) has no table: its indices
 are its source's, so it is reserved, published, released and freed exactly once, through
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hicache.core.pages import PRIVATE, TREE, Pages, PageTable, pages
 from hicache.errors import ConfigError, NoAllocator, OutOfPages
-from hicache.pages import PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.spec import PoolGroup
 
 Reclaim = Callable[[str, int], None]

@@ -5,7 +5,7 @@ part of a node's value (a backupable side pool: dsv4's `swa`) follows the anchor
 page holds `ratio = anchor.page_size // pool.page_size` pages of it, reserved, published,
 released and freed with the anchor page, in one group move. Derived pools (sidecars, state)
 take their source's indices. So the executor and the control plane keep calling `reserve`,
-`publish`, `release` and `free` on anchor pages, as on a `hicache.pages.PageTable`, and every
+`publish`, `release` and `free` on anchor pages, as on a `hicache.core.pages.PageTable`, and every
 pool of the group moves with them.
 
     anchor page a     kv (anchor)     swa (ratio 2)              c4, c128      c4_state
@@ -47,12 +47,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
+from hicache.core.snapshot import NO_PAGES, TOMBSTONE, PoolView
 from hicache.errors import ConfigError, IllegalTransition, OutOfPages
-from hicache.pages import FREE, PRIVATE, TREE, Pages, PageTable, pages
 from hicache.pools.spec import ALLOCATING, TRAILING_PAGES, PoolGroup
 from hicache.pools.table import GroupPages, GroupTable, Reclaim, ReserveFault
 from hicache.pools.tiertable import SINGLE_POOL_NAME, TierTable
-from hicache.snapshot import NO_PAGES, TOMBSTONE, PoolView
 
 MOVED_OUT_OF = {"publish": PRIVATE, "release": PRIVATE, "free": TREE}
 """The state each group move takes anchor pages out of (PageTable's transitions)."""

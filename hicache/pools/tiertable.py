@@ -2,7 +2,7 @@
 
 The control plane keeps one table per tier. For a preset of several pools it is a
 `hicache.pools.tierpools.TierPools` (the anchor's pages, every side pool following them); for
-a single pool it is a `TierTable`, the one pool's `hicache.pages.PageTable` answering the same
+a single pool it is a `TierTable`, the one pool's `hicache.core.pages.PageTable` answering the same
 group questions, so that no caller asks which kind it holds (issue 34: "a single pool is a
 group of one"). Its answers:
 
@@ -33,10 +33,10 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
+from hicache.core.pages import Pages, PageTable, pages
+from hicache.core.snapshot import PoolView
 from hicache.errors import ConfigError
-from hicache.pages import Pages, PageTable, pages
 from hicache.pools.table import InjectedShortage, ReserveFault
-from hicache.snapshot import PoolView
 
 SINGLE_POOL_NAME = "kv"
 """A single pool's name when no group names it: the anchor of the single-pool preset `mha`

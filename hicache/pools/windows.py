@@ -27,11 +27,11 @@ from collections.abc import Collection, Iterable, Sequence
 import numpy as np
 
 from hicache.choices import HitPolicy
-from hicache.lifecycle import RESIDENT
-from hicache.pages import PageTable
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.pages import PageTable
+from hicache.core.treenode import TreeNode
 from hicache.pools.hits import ALL_POOLS, agreed_hit, check_policy, matched_pools, required_pools
 from hicache.pools.tierpools import TierPools
-from hicache.treenode import TreeNode
 
 
 class L1Windows:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from hicache.core.tiers import Tier
 from hicache.dataplane.geometry import KVGeometry
 from hicache.errors import ConfigError, ProducerError
 from hicache.pools.spec import PoolSpec
 from hicache.producers.base import PageIndex, check_range, seconds_since
 from hicache.producers.synthetic import _signed, fmix, fmix_scalar, prefix_hashes
-from hicache.tiers import Tier
 
 if TYPE_CHECKING:
     from hicache.dataplane.engine import TransferEngine

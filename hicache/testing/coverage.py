@@ -20,10 +20,10 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from hicache.core.lifecycle import Lifecycle, load_lifecycle
+from hicache.core.trace import TraceEvent
 from hicache.dataplane.faults import FaultSite
-from hicache.lifecycle import Lifecycle, load_lifecycle
 from hicache.testing.selfcheck import SelfCheckCounts
-from hicache.trace import TraceEvent
 
 
 class Coverage:

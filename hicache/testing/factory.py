@@ -41,9 +41,9 @@ from dataclasses import dataclass, field, replace
 
 from hicache.choices import EnumField, RestorePolicy, WritePolicy, check
 from hicache.controller.config import WRITE_POLICIES
+from hicache.core.tiers import TIERS as TIER_ENUM
 from hicache.errors import ConfigError, HiCacheError
 from hicache.testing.protocol import CacheUnderTest
-from hicache.tiers import TIERS as TIER_ENUM
 
 TIERS = tuple(str(t) for t in TIER_ENUM)  # "L1", "L2", "L3"
 Factory = Callable[["EngineConfig"], CacheUnderTest]

@@ -47,9 +47,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hicache.outputs import OUTPUT_DIR
+from hicache.app.outputs import OUTPUT_DIR
+from hicache.app.usage import EXIT_USAGE, UsageParser
 from hicache.testing.fuzzstats import STATS_ENV, Summary, summarise
-from hicache.usage import EXIT_USAGE, UsageParser
 
 TARGETS = "hicache.testing.hypofuzz_targets"
 STOP_GRACE_S = 10.0

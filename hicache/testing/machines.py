@@ -50,13 +50,14 @@ from typing import Any
 import numpy as np
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
+from hicache.core.pages import FREE, PRIVATE
+from hicache.core.snapshot import UNSERVABLE, Snapshot
+from hicache.core.tiers import TIERS
 from hicache.dataplane.faults import FaultSite
 from hicache.errors import InvariantViolation, L3InUse
 from hicache.invariants.checker import InvariantChecker
-from hicache.pages import FREE, PRIVATE
 from hicache.pools.presets import SINGLE_POOL, group
 from hicache.pools.tierpools import window_pools
-from hicache.snapshot import UNSERVABLE, Snapshot
 from hicache.testing.adapters.controller import PAGE_TOKENS, controller_adapter, setups
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import PREFIX_PAGES, SUFFIX_PAGES_MAX
@@ -72,7 +73,6 @@ from hicache.testing.machine import (
 from hicache.testing.selfcheck import SelfCheckCounts, with_self_check
 from hicache.testing.tamper import tamper_hows, with_tamper_rule
 from hicache.testing.tpends import with_one_rank_ends
-from hicache.tiers import TIERS
 
 EVERY = "every"  # the check mode that checks after every transition
 CANARY_EVERY = 4

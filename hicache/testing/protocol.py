@@ -73,7 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from hicache.trace import TraceEvent
+from hicache.core.trace import TraceEvent
 
 PENDING = "PENDING"
 """A page-change state: a transfer is filling the page in that tier (any direction)."""

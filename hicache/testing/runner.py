@@ -27,7 +27,7 @@ spec/tp.toml, each with its own fault schedule (hicache/testing/adapters/tp.py),
 cross-rank invariants checked after every step; on the cuda plane each rank has its own GPU
 when there is one per rank. A rank stuck at a collective is a failure that names the point
 and the ranks that did not arrive (CollectiveTimeout). Every control plane a run builds
-walks its trace (hicache/tracewalk.py; hicache/testing/walking.py): a step the tables'
+walks its trace (hicache/core/tracewalk.py; hicache/testing/walking.py): a step the tables'
 `transitions` machine does not take from the state the executor traced is a failure
 (MachineDisagreement), like an invariant violation.
 
@@ -41,7 +41,7 @@ it is a terminal, or with `--progress`.
 
 Every run of the controller's machines also judges its oracle (hicache/testing/selfcheck.py):
 check-trace must accept each engine's trace of the run and reject each of the run's drawn
-corruptions of it (an edit of hicache/checktrace/illegal.py's catalogue); the summary's
+corruptions of it (an edit of hicache/oracle/checktrace/illegal.py's catalogue); the summary's
 `self-check:` line counts them, `--report` per edit. So does a run of an `--adapter` engine
 whose `trace()` gives events (the engine adapters' `*_traced_adapter` factories); one that
 gives none has nothing judged.
@@ -70,16 +70,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hicache.app.outputs import OUTPUT_FILE
+from hicache.app.usage import UsageParser
+from hicache.core.trace import NdjsonSink, TraceEvent, TraceHeader
 from hicache.errors import ConfigError
-from hicache.outputs import OUTPUT_FILE
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.coverage import Coverage
 from hicache.testing.factory import AdapterError
 from hicache.testing.seeded import no_source_constants
 from hicache.testing.selfcheck import SelfCheckCounts, SelfCheckFailed, with_self_check
 from hicache.testing.walking import every_plane_walked
-from hicache.trace import NdjsonSink, TraceEvent, TraceHeader
-from hicache.usage import UsageParser
 
 STEPS_PER_RUN = 50
 MIN_RUNS = 2  # runs whatever --steps says: the first is the same for every seed (`fuzz`)

@@ -6,7 +6,7 @@ in the machine's teardown:
     1. the run's trace is cut into its engines' traces (each from seq 1: a restart or a
        crash starts a new engine; a TP cache: every rank's), each headed by its adapter's
        header, as `hicache fuzz --trace` writes them;
-    2. each is replayed by check-trace (hicache/checktrace/forks.py: the verdict
+    2. each is replayed by check-trace (hicache/oracle/checktrace/forks.py: the verdict
        `check_lines` gives) and must be accepted: the machine accepted the run, so a
        rejection is the oracle's false alarm (or the machine's miss). One exception: a TP
        rank's trace rejected for an admission's hit (the ranks agree on the least of their
@@ -16,7 +16,7 @@ in the machine's teardown:
        that event (`cut`);
     3. the run's CORRUPTIONS corruptions, drawn by Hypothesis when the run starts (so they
        shrink and replay by seed), each an edit of the catalogue of illegal edits
-       (hicache/checktrace/illegal.py) at a drawn event: check-trace must reject each --
+       (hicache/oracle/checktrace/illegal.py) at a drawn event: check-trace must reject each --
        a violation (exit 1) at or after the first event of the first call that reads the
        edited line (check-trace blames a refused call's first event), malformed (exit 2)
        for an edit of the format, at or after the edited line. An accepted edit is a blind
@@ -50,13 +50,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import StopTest
 from hypothesis.stateful import RuleBasedStateMachine, initialize
 
-from hicache.checktrace.forks import Fork, replay_forked
-from hicache.checktrace.illegal import CATALOGUE, Edited, edit
-from hicache.checktrace.traceview import Trace
-from hicache.checktrace.verdict import MALFORMED, UNJUDGED, VALID, Verdict
+from hicache.core.trace import TraceEvent, TraceHeader
+from hicache.core.tracewalk import first_break
+from hicache.oracle.checktrace.forks import Fork, replay_forked
+from hicache.oracle.checktrace.illegal import CATALOGUE, Edited, edit
+from hicache.oracle.checktrace.traceview import Trace
+from hicache.oracle.checktrace.verdict import MALFORMED, UNJUDGED, VALID, Verdict
 from hicache.testing import walkcheck
-from hicache.trace import TraceEvent, TraceHeader
-from hicache.tracewalk import first_break
 
 CORRUPTIONS = 3
 """Corruptions of each run's trace (each a fork of its replay: a copy and the events from

@@ -39,13 +39,13 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from hicache.core.tiers import Tier
 from hicache.dataplane.l3format import HEADER_BYTES, L3Header, encode
 from hicache.errors import ConfigError
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.adapters.nullengine import FaultyNullEngine
 from hicache.testing.draws import l3_prompt
 from hicache.testing.machine import LIVE_MAX, survives_crash
-from hicache.tiers import Tier
 
 Prefix = tuple[int, ...]
 

@@ -1,11 +1,11 @@
 """The fuzz judges the walk: a run's trace is a walk, and no walk continues some corruptions.
 
-The walk (hicache/tracewalk.py: every traced step through the `transitions` machine built
+The walk (hicache/core/tracewalk.py: every traced step through the `transitions` machine built
 from the lifecycle tables, and each node's states continued from event to event) judges the
 fuzz's planes live, as they emit. A walk that stopped judging something would never show
 there: the reference's events are right. So the self-check (hicache/testing/selfcheck.py)
 also walks each engine's trace as written -- it must be a walk -- and, for each corruption
-of the catalogue (hicache/checktrace/illegal.py) that no walk can continue, requires
+of the catalogue (hicache/oracle/checktrace/illegal.py) that no walk can continue, requires
 `first_break` to find the break. Which edits break every walk BY CONSTRUCTION, given that
 the trace before the edit is one (a node's walk continues where its previous event left it,
 and a row's `after` is the one its machine reaches from `before`; a node's "next event" is
@@ -37,11 +37,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-from hicache.checktrace.illegal import Edited
-from hicache.lifecycle import load_lifecycle
-from hicache.pagemachine import page_machine
-from hicache.trace import TraceEvent
-from hicache.tracewalk import NonEdge, acts_on_copy, first_break
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.pagemachine import page_machine
+from hicache.core.trace import TraceEvent
+from hicache.core.tracewalk import NonEdge, acts_on_copy, first_break
+from hicache.oracle.checktrace.illegal import Edited
 
 REMOVE = "node_remove"
 """The topology event that ends a node's walk (`node_remove` needs it all-ABSENT)."""

@@ -1,7 +1,7 @@
 """Walking every control plane a stretch of code builds: the test suite's and `hicache fuzz`'s
 switch, kept out of the core.
 
-A control plane walks its trace (hicache/tracewalk.py: each event judged by the tables'
+A control plane walks its trace (hicache/core/tracewalk.py: each event judged by the tables'
 `transitions` machine as it is emitted) when its builder asks, `ControlPlane(..., walk=True)`;
 by default it does not (no sink: no events are built). Code whose planes are built deep inside
 -- a controller, an adapter, the demo, the fuzz machine's runs -- is walked from outside:
@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from hicache.control import ControlPlane
-from hicache.tracewalk import WalkSink
+from hicache.core.control import ControlPlane
+from hicache.core.tracewalk import WalkSink
 
 
 @contextlib.contextmanager

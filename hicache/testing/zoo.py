@@ -47,12 +47,12 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+from hicache.app.usage import UsageParser
 from hicache.errors import ConfigError, InvariantViolation
 from hicache.testing.mutants import MUTANTS, activate, get
 from hicache.testing.reference import Mismatch
 from hicache.testing.seeded import no_source_constants
 from hicache.testing.selfcheck import SelfCheckFailed
-from hicache.usage import UsageParser
 
 # One annotation that suits every Hypothesis: older releases leave this untyped (a call is
 # no-untyped-call), newer ones type its first argument as a machine class only.

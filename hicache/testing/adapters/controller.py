@@ -36,6 +36,10 @@ from typing import TYPE_CHECKING, Any
 from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy, check
 from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.core.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
+from hicache.core.pages import Pages
+from hicache.core.tiers import TIERS, Direction, Tier
+from hicache.core.trace import TraceEvent, TraceHeader, Tracer
 from hicache.dataplane.faults import (
     ALLOC_SITES,
     READ_ACTIONS,
@@ -48,8 +52,6 @@ from hicache.dataplane.null import StoppedEarly
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.devices import rank_device
 from hicache.errors import ConfigError, CorruptSlot, OutOfPages, TransferError, UnreadableSlot
-from hicache.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
-from hicache.pages import Pages
 from hicache.pools.hits import GROUP_HIT_POLICIES
 from hicache.pools.presets import SINGLE_POOL, TINY, group, names
 from hicache.pools.tierpools import window_pools
@@ -65,8 +67,6 @@ from hicache.testing.protocol import (
     FaultSchedule,
     PageChange,
 )
-from hicache.tiers import TIERS, Direction, Tier
-from hicache.trace import TraceEvent, TraceHeader, Tracer
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st

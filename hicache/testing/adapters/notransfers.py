@@ -6,8 +6,8 @@ An L1-only adapter (lru.py, sglang.py) inherits them and supplies the rest.
 
 from __future__ import annotations
 
+from hicache.core.trace import TraceEvent
 from hicache.testing.protocol import FaultSchedule
-from hicache.trace import TraceEvent
 
 
 class WithoutTransfers:

@@ -38,6 +38,8 @@ A controller that waits on a transfer (write-back's D2H) settles it as if the ma
 
 from __future__ import annotations
 
+from hicache.core.pages import Pages
+from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import NullHandle, TransferHandle, TransferStatus
@@ -50,8 +52,6 @@ from hicache.errors import (
     TransferError,
     UnreadableSlot,
 )
-from hicache.pages import Pages
-from hicache.tiers import Direction, Tier
 
 L3_PATH = "<null L3>"
 COMPLETE_SITES: dict[Direction, tuple[FaultSite, ...]] = {

@@ -91,6 +91,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hicache.choices import RestorePolicy, WritePolicy
+from hicache.core.trace import TraceEvent, TraceHeader
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.sglang_hicache_import import import_hicache
 from hicache.testing.adapters.sglang_hicache_pages import PageView
@@ -98,7 +99,6 @@ from hicache.testing.adapters.sglang_hicache_trace import SGLangHiCacheTrace
 from hicache.testing.adapters.sglang_import import import_radix_cache
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, FaultSchedule, PageChange
-from hicache.trace import TraceEvent, TraceHeader
 
 Prefix = tuple[int, ...]
 TIERS = ("L1", "L2")

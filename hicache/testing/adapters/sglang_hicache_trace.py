@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hicache.core.trace import TraceHeader
 from hicache.testing.adapters.sglang_trace import (
     OMITS,
     SGLangTrace,
@@ -44,7 +45,6 @@ from hicache.testing.adapters.sglang_trace import (
     node_spans,
     page_ids,
 )
-from hicache.trace import TraceHeader
 
 Prefix = tuple[int, ...]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.core.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
 OMITS = ("states", "locks", "node_remove")
 

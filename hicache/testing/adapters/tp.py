@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hicache.core.trace import TraceEvent, TraceHeader
 from hicache.distributed.cluster import abandon
 from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
@@ -48,7 +49,6 @@ from hicache.testing.protocol import (
     FaultSchedule,
     PageChange,
 )
-from hicache.trace import TraceEvent, TraceHeader
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st

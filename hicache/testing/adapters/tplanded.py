@@ -1,6 +1,6 @@
 """C4's `landed` rule, checked by the TP fuzz around every collective step: no rank
 publishes more of an op than every rank landed (spec/tp.md C4; the TP model check's
-`hicache.modelcheck.tprules`, over the fuzz's ranks).
+`hicache.oracle.modelcheck.tprules`, over the fuzz's ranks).
 
 Each rank's end of an op is read from its handle as the controller settles it (a watch on
 `Transfers.settle`): done, all the op's nodes; a read stopped part way, its clamp
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hicache.controller.clamp import clamped_nodes
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.tiers import TIERS, Direction
 from hicache.dataplane.handles import TransferStatus
-from hicache.lifecycle import RESIDENT
-from hicache.tiers import TIERS, Direction
 
 
 class LandedRule:

@@ -111,6 +111,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hicache.choices import WritePolicy
+from hicache.core.trace import TraceEvent, TraceHeader
 from hicache.errors import HiCacheError
 from hicache.testing.adapters.vllm_import import import_vllm
 from hicache.testing.adapters.vllm_jobs import JobPlayer
@@ -125,7 +126,6 @@ from hicache.testing.adapters.vllm_trace import VLLMTrace
 from hicache.testing.adapters.vllm_views import Views
 from hicache.testing.factory import EngineConfig, UnsupportedConfig
 from hicache.testing.protocol import Admission, FaultSchedule, PageChange
-from hicache.trace import TraceEvent, TraceHeader
 
 TIERS = ("L1", "L2")
 POLICIES = ("lru", "arc")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hicache.trace import ListSink, TraceEvent, TraceHeader, Tracer
+from hicache.core.trace import ListSink, TraceEvent, TraceHeader, Tracer
 
 OMITS = ("pages", "states", "locks", "node_remove")
 Prefix = tuple[int, ...]

@@ -61,7 +61,7 @@ ops, the requests, the op id counter, the trace events emitted): R4, raise with 
     tombstone_refused      tombstone(a node without a trailing pool,    tombstone's         IT
                            not RESIDENT or locked in L1, freed)         guards
 
-IT IllegalTransition, UR UnknownRequest, UO UnknownOp, LR LiveRequest (hicache/records.py).
+IT IllegalTransition, UR UnknownRequest, UO UnknownOp, LR LiveRequest (hicache/core/records.py).
 `d` is a transfer direction, `T` a tier, `r` a live request; a "removed handle" is a node
 object with a live node's id, key and states that is not the tree's (what a caller holds
 after the node it matched was removed). Whether a call is legal is decided from the spec's
@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
 from hicache.testing.illegal import requests, transfers
 from hicache.testing.illegal.base import Builder, IllegalCall, refusal
 

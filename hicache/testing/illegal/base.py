@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.tiers import TIERS, Direction
+from hicache.core.tree import TreeNode
 from hicache.errors import HiCacheError
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.tiers import TIERS, Direction
-from hicache.tree import TreeNode
 
 NOT_LIVE = 1_000_000
 """Request ids from here on are never live: the machine numbers its requests from 1."""

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.records import LiveRequest, Request, UnknownRequest
+from hicache.core.tiers import TIERS, Tier
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.records import LiveRequest, Request, UnknownRequest
 from hicache.testing.illegal.base import NOT_LIVE, Builder, IllegalCall, choose, stale
-from hicache.tiers import TIERS, Tier
-from hicache.tree import TreeNode
 
 
 def _requests(cp: ControlPlane, private: bool | None = None) -> list[Request]:

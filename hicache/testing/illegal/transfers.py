@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hicache.control import ControlPlane
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.records import UnknownOp, UnknownRequest
+from hicache.core.tiers import Direction
+from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.records import UnknownOp, UnknownRequest
 from hicache.testing.illegal.base import (
     NOT_LIVE,
     Builder,
@@ -22,8 +24,6 @@ from hicache.testing.illegal.base import (
     issuable,
     stale,
 )
-from hicache.tiers import Direction
-from hicache.tree import TreeNode
 
 CHAIN_MAX = 3
 """Nodes of an `issue_bad_tail` chain at most: its head, one node between, its tail."""

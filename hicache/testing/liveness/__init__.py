@@ -34,12 +34,12 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hicache.lifecycle import load_lifecycle
+from hicache.core.lifecycle import load_lifecycle
+from hicache.core.trace import ListSink, TraceEvent
 from hicache.testing.liveness.backups import BackupLedger
 from hicache.testing.liveness.evictions import EvictionProbe
 from hicache.testing.liveness.quarantine import Quarantine
 from hicache.testing.liveness.restores import RestoreProbe
-from hicache.trace import ListSink, TraceEvent
 
 __all__ = ["Liveness", "ObservedSink"]
 

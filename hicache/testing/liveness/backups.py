@@ -34,10 +34,10 @@ from __future__ import annotations
 from typing import Any
 
 from hicache.choices import WritePolicy
-from hicache.lifecycle import RESIDENT, Lifecycle
-from hicache.tiers import TIERS, Tier
-from hicache.trace import TraceEvent
-from hicache.tree import TreeNode
+from hicache.core.lifecycle import RESIDENT, Lifecycle
+from hicache.core.tiers import TIERS, Tier
+from hicache.core.trace import TraceEvent
+from hicache.core.tree import TreeNode
 
 EXCUSES: dict[str, tuple[Tier, ...]] = {
     "host_pressure": (Tier.L2,),

@@ -28,9 +28,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from hicache.lifecycle import ABSENT, RESIDENT, Guard, Lifecycle
-from hicache.tiers import TIERS, Tier
-from hicache.tree import TreeNode
+from hicache.core.lifecycle import ABSENT, RESIDENT, Guard, Lifecycle
+from hicache.core.tiers import TIERS, Tier
+from hicache.core.tree import TreeNode
 
 
 @dataclass

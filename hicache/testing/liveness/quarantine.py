@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.tiers import Direction, Tier
+from hicache.core.tree import TreeNode
 from hicache.errors import CorruptSlot, UnreadableSlot
-from hicache.lifecycle import ABSENT, RESIDENT
-from hicache.tiers import Direction, Tier
-from hicache.tree import TreeNode
 
 Flight = dict[int, tuple[Any, dict[int, int]]]  # op id -> (handle, L3 slot -> generation)
 TICKS = ("tick", "drain")  # the calls that end with a tick's phase 4

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache.choices import LoadBackOverlap, RestorePolicy
-from hicache.lifecycle import ABSENT, RESIDENT
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.tiers import Direction
+from hicache.core.trace import TraceEvent
+from hicache.core.tree import MatchResult
 from hicache.pools.presets import SINGLE_POOL
 from hicache.testing.liveness.quarantine import Quarantine
-from hicache.tiers import Direction
-from hicache.trace import TraceEvent
-from hicache.tree import MatchResult
 
 RESTORES = ("L2", "L3")
 DEPTH = {"recompute": 0, "L2": 1, "L3": 2}

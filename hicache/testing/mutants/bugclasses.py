@@ -18,7 +18,7 @@ from hicache.testing.mutants.base import Mutant, swapped
 def _b01() -> contextlib.AbstractContextManager[None]:
     """advance_cached_len without its check that every node up to `node` is RESIDENT in L1:
     a request's cached_len may then cover a load-back still in flight."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
 
     def advance_cached_len(self: Any, request_id: int, node: Any) -> int:
         req = self._request(request_id)
@@ -36,9 +36,9 @@ def _b01() -> contextlib.AbstractContextManager[None]:
 def _b02() -> contextlib.AbstractContextManager[None]:
     """A failed load-back "undoes the restore": it also returns the L2 pages it read (which
     the tree still holds, e.g. promoted by an S2H) to the free list."""
-    from hicache.control import ControlPlane
-    from hicache.pages import FREE
-    from hicache.tiers import TIERS, Direction
+    from hicache.core.control import ControlPlane
+    from hicache.core.pages import FREE
+    from hicache.core.tiers import TIERS, Direction
 
     original = ControlPlane.__dict__["fail"]
 
@@ -55,9 +55,9 @@ def _b02() -> contextlib.AbstractContextManager[None]:
 def _b03() -> contextlib.AbstractContextManager[None]:
     """A cancel (abort, drain) ends the op but never releases its target pages: they stay
     PRIVATE with no op or request holding them."""
-    from hicache.control import ControlPlane
-    from hicache.pages import PRIVATE
-    from hicache.tiers import TIERS
+    from hicache.core.control import ControlPlane
+    from hicache.core.pages import PRIVATE
+    from hicache.core.tiers import TIERS
 
     original = ControlPlane.__dict__["cancel"]
 
@@ -72,8 +72,8 @@ def _b03() -> contextlib.AbstractContextManager[None]:
 
 def _b04() -> contextlib.AbstractContextManager[None]:
     """An issue that never locks its source: eviction may take the pages the transfer reads."""
-    from hicache.control import ControlPlane
-    from hicache.tiers import TIERS
+    from hicache.core.control import ControlPlane
+    from hicache.core.tiers import TIERS
 
     original = ControlPlane.__dict__["issue"]
 
@@ -90,8 +90,8 @@ def _b05() -> contextlib.AbstractContextManager[None]:
     """A D2H reads its page indices before the stream producing them finished: the index
     buffer still holds the previous transfer's first index, so one page is copied from the
     wrong L1 page (on the CPU plane, the race is reproduced by reusing that stale index)."""
+    from hicache.core.pages import pages
     from hicache.dataplane.dma import DeviceHostMover
-    from hicache.pages import pages
 
     original = DeviceHostMover.__dict__["d2h"]
     previous: list[int] = []
@@ -112,7 +112,7 @@ def _b06() -> contextlib.AbstractContextManager[None]:
     """A split while an op is pending does not add the new upper node to the op's node list:
     the op's one page list no longer matches its nodes, and the upper node waits on an op that
     will never publish or release it."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
 
     def on_split(self: Any, upper: Any, lower: Any) -> None:
         if self.tracer.enabled:
@@ -126,7 +126,7 @@ def _b06() -> contextlib.AbstractContextManager[None]:
 def _b07() -> contextlib.AbstractContextManager[None]:
     """The issue guard `parent(<target>) == RESIDENT` always passes: a chain may be backed
     up (or loaded back) below a parent that lacks the target tier."""
-    from hicache import execute
+    from hicache.core import execute
 
     def parent_resident(self: Any, tier: Any) -> bool:
         return True
@@ -138,8 +138,8 @@ def _b07_leaf() -> contextlib.AbstractContextManager[None]:
     """The per-tier leaf sets are keyed on the node's L1 children in every tier: an L2 node
     whose children hold L2 (but not L1) is taken for a leaf, and eviction reaches a
     non-leaf."""
-    from hicache.lifecycle import RESIDENT
-    from hicache.tree import HiRadixTree
+    from hicache.core.lifecycle import RESIDENT
+    from hicache.core.tree import HiRadixTree
 
     def refresh_leaf(self: Any, node: Any, tier: int) -> None:
         if not node.is_root and node.state[tier] == RESIDENT and node.present_children[0] == 0:
@@ -153,7 +153,7 @@ def _b07_leaf() -> contextlib.AbstractContextManager[None]:
 def _b08() -> contextlib.AbstractContextManager[None]:
     """A split cuts every tier's value at `at_tokens` pages instead of `at_tokens /
     page_size`: the halves point at too many and too few pages."""
-    from hicache.tree import HiRadixTree
+    from hicache.core.tree import HiRadixTree
 
     original = HiRadixTree.__dict__["split"]
 
@@ -199,7 +199,7 @@ def _b10() -> contextlib.AbstractContextManager[None]:
 def _b11() -> contextlib.AbstractContextManager[None]:
     """An unlock clamps each count at zero instead of refusing a lock released twice (or
     never taken): the double release is hidden and other holders' locks are lost."""
-    from hicache.tree import HiRadixTree
+    from hicache.core.tree import HiRadixTree
 
     def unlock(self: Any, node: Any, tier: int) -> None:
         self._writable("unlock")
@@ -268,8 +268,8 @@ def _b14() -> contextlib.AbstractContextManager[None]:
 def _b15() -> contextlib.AbstractContextManager[None]:
     """A load-back scatters page i of the source into the L1 page meant for page i+1 (a
     mapping off by one): a prefix is served another position's KV."""
+    from hicache.core.pages import pages
     from hicache.dataplane.engine import TransferEngine
-    from hicache.pages import pages
 
     original = TransferEngine.__dict__["h2d"]
 

@@ -23,8 +23,8 @@ def _guard_on_one_node(which: int) -> contextlib.AbstractContextManager[None]:
     """The executor checks a row's source sub-state and guards on one node of a chain only
     (`which`: its index, 0 the first, -1 the last) and takes the others' triples to follow
     ("a chain's nodes move together")."""
-    from hicache.execute import Executor
-    from hicache.tiers import TIERS
+    from hicache.core.execute import Executor
+    from hicache.core.tiers import TIERS
 
     original = Executor.__dict__["plan"]
 
@@ -75,9 +75,9 @@ def _parent_guard_grandparent() -> contextlib.AbstractContextManager[None]:
     """The issue guard `parent(<target>) == RESIDENT` reads the node's grandparent: a node
     whose parent lacks the target tier is issued when the tier above the parent holds it
     (or the parent hangs off the root), leaving a gap in the target tier (S6)."""
-    from hicache import execute
-    from hicache.lifecycle import RESIDENT
-    from hicache.tiers import TIERS
+    from hicache.core import execute
+    from hicache.core.lifecycle import RESIDENT
+    from hicache.core.tiers import TIERS
 
     def parent_resident(self: Any, tier: Any) -> bool:
         node = self.seg.node
@@ -98,7 +98,7 @@ def _chain_deepest_first() -> contextlib.AbstractContextManager[None]:
     walks) -- is issued unreversed: the op's one source lock lands on its shallowest node,
     its deepest node stays unlocked while the transfer reads it, and its pages are cut
     against the wrong token ranges."""
-    from hicache import control
+    from hicache.core import control
 
     def pairwise(nodes: Any) -> list[tuple[Any, Any]]:
         return [(a, b) if b.parent is a else (b, a) for a, b in itertools.pairwise(nodes)]
@@ -110,10 +110,10 @@ def _advance_locks_first() -> contextlib.AbstractContextManager[None]:
     """`advance_cached_len` takes the request's L1 lock on the new prefix before it verifies
     the node (published, on the request's prefix, no private pages, a whole window), and a
     refusal raises with the lock still held: a refused call leaks a lock nothing releases."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
+    from hicache.core.lifecycle import RESIDENT
+    from hicache.core.tiers import Tier
     from hicache.errors import IllegalTransition
-    from hicache.lifecycle import RESIDENT
-    from hicache.tiers import Tier
 
     def advance_cached_len(self: Any, request_id: int, node: Any) -> int:
         req = self._request(request_id)
@@ -146,10 +146,10 @@ def _advance_locks_first() -> contextlib.AbstractContextManager[None]:
 def _tombstone_locked() -> contextlib.AbstractContextManager[None]:
     """`tombstone` no longer refuses a node locked in L1: the window of a prefix a request
     is being served from (or a backup is reading) is freed under it."""
-    from hicache.control import ControlPlane
+    from hicache.core.control import ControlPlane
+    from hicache.core.lifecycle import RESIDENT
+    from hicache.core.tiers import Tier
     from hicache.errors import IllegalTransition
-    from hicache.lifecycle import RESIDENT
-    from hicache.tiers import Tier
 
     def tombstone(self: Any, node: Any) -> Any:
         self._verify_live([node], "tombstone", Tier.L1)

@@ -19,7 +19,7 @@ def _l3_head_only() -> contextlib.AbstractContextManager[None]:
     H2S chain stops at that node, so the deeper nodes of every longer chain never reach L3
     (and nothing is counted: no backup was refused)."""
     from hicache.controller.transfers import Transfers
-    from hicache.tiers import Direction
+    from hicache.core.tiers import Direction
 
     original = Transfers.__dict__["settle"]
 
@@ -40,7 +40,7 @@ def _l3_head_only() -> contextlib.AbstractContextManager[None]:
 def _lru_unsorted() -> contextlib.AbstractContextManager[None]:
     """A tier's eviction candidates in the order they became leaves, not least recently used
     first: the sort was left out (ticks are still kept, so hits and pins look right)."""
-    from hicache.tree import HiRadixTree
+    from hicache.core.tree import HiRadixTree
 
     def candidates(self: Any, tier: int) -> list[Any]:
         self._check_tier(tier)
@@ -56,7 +56,7 @@ def _quarantine_forgets() -> contextlib.AbstractContextManager[None]:
     inverted): the copy is never dropped, its slot never reclaimed, and restores plan reads
     of it again (each fails and falls back: nothing unsafe is served)."""
     from hicache.controller.l3health import L3Health
-    from hicache.tiers import Tier
+    from hicache.core.tiers import Tier
 
     def _bad_slots(self: Any) -> list[int]:
         for slot, (generation, _) in list(self.quarantine.items()):

@@ -2,7 +2,7 @@
 
 Each is a comparison or a map of `hicache check-trace` that stops seeing one kind of wrong
 trace; the fuzz alone catches it because every run corrupts its own trace with the catalogue
-of illegal edits (hicache/checktrace/illegal.py) and requires check-trace to reject each
+of illegal edits (hicache/oracle/checktrace/illegal.py) and requires check-trace to reject each
 (hicache/testing/selfcheck.py): the edit the broken comparison lets through is a failure of
 the run, "check-trace accepted an illegal edit". Registered in `hicache.testing.mutants` (its
 table names each one); `ZOO` lists this module's mutants in the order `hicache fuzz --mutant
@@ -21,7 +21,7 @@ def _pages_count() -> contextlib.AbstractContextManager[None]:
     """An eviction's or a release's pages are compared by count only: they unbind the
     reference's pages, whichever pages the trace names (a free or release of pages the
     engine never held, or another node's, passes)."""
-    from hicache.checktrace.compare import HELD_PAGES, Comparer, Mismatch
+    from hicache.oracle.checktrace.compare import HELD_PAGES, Comparer, Mismatch
 
     original = Comparer.__dict__["_pages"]
 
@@ -43,7 +43,7 @@ def _pages_count() -> contextlib.AbstractContextManager[None]:
 def _two_ids() -> contextlib.AbstractContextManager[None]:
     """The id map binds an engine id seen for the first time to the reference's node without
     asking whether that node has an id already: one node named by two ids passes."""
-    from hicache.checktrace.maps import IdMap
+    from hicache.oracle.checktrace.maps import IdMap
 
     original = IdMap.__dict__["match"]
 
@@ -60,7 +60,7 @@ def _two_ids() -> contextlib.AbstractContextManager[None]:
 def _no_before() -> contextlib.AbstractContextManager[None]:
     """The field-by-field comparison compares `before` with the reference's own (a typo): a
     wrong `before` passes (the fast path sends it there, where nothing differs)."""
-    from hicache.checktrace.compare import Comparer
+    from hicache.oracle.checktrace.compare import Comparer
 
     original = Comparer.__dict__["_same"]
 
@@ -73,7 +73,7 @@ def _no_before() -> contextlib.AbstractContextManager[None]:
 def _seq_repeat() -> contextlib.AbstractContextManager[None]:
     """The reader refuses a gap in `seq` but takes a line that repeats (or steps back to) an
     earlier seq as the next event: a line written twice is replayed as an event again."""
-    from hicache.checktrace.reader import Malformed, TraceReader
+    from hicache.oracle.checktrace.reader import Malformed, TraceReader
 
     original = TraceReader.__dict__["parse"]
 
@@ -93,7 +93,7 @@ def _walk_no_continuity() -> contextlib.AbstractContextManager[None]:
     """The walk judges each event's (before, after) by the tables' machine but forgets each
     node's walk: an event that does not start where the node's previous one left it passes
     (a dropped, repeated or reordered transition is then invisible to it)."""
-    from hicache.tracewalk import Walker
+    from hicache.core.tracewalk import Walker
 
     original = Walker.__dict__["step"]
 

@@ -41,7 +41,7 @@ def _split_rounds_up() -> contextlib.AbstractContextManager[None]:
     up to pages (ceil for floor), clamped inside the key as a split needs: a prompt that
     diverges inside a page is matched through that page, and the node is split after it
     (the split's upper half keeps tokens the prompt does not have)."""
-    import hicache.tree as tree
+    import hicache.core.tree as tree
 
     def _common_pages(
         key: tuple[int, ...], seq: tuple[int, ...], pos: int, end: int, ps: int

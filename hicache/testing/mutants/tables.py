@@ -2,12 +2,12 @@
 
 A table mutant edits rows of spec/lifecycle.toml (a guard weakened, an effect dropped, a row's
 target changed) and switches the edited tables in where the reference loads them
-(`hicache.lifecycle.load_lifecycle`): the executor runs the edited rows and the walk's
+(`hicache.core.lifecycle.load_lifecycle`): the executor runs the edited rows and the walk's
 `transitions` machine is built from them, so the two readings agree with each other and with
 the (edited) table. Nothing that compares the table with itself can see such a bug; what
 catches it is a judge that does not read the table: the invariant checks over the control
 plane's snapshot, and the fuzz's reference model. `hicache spec check` catches every one
-through the properties the tables must have (hicache/speccheck/properties.py); the zoo
+through the properties the tables must have (hicache/oracle/speccheck/properties.py); the zoo
 measures which of them the fuzz catches too (benchmarks/results/2026-12-04-zoo-tables.md).
 
 Registered in `hicache.testing.mutants` (its table names each one); `ZOO` lists this
@@ -67,7 +67,7 @@ def patched(edits: Sequence[RowEdit]) -> Iterator[None]:
     """Inside the block, the shipped lifecycle tables load with `edits` applied: every
     `load_lifecycle()` (the control plane's executor, the walk's machine, `check-trace`)
     gets the edited tables; other paths load as they are."""
-    import hicache.lifecycle as lifecycle
+    import hicache.core.lifecycle as lifecycle
     from hicache.spec import LIFECYCLE_TOML, load_toml
 
     wrong = lifecycle.Lifecycle(edited(load_toml(LIFECYCLE_TOML), edits))

@@ -1,9 +1,0 @@
-"""`python3 -m hicache.checktrace.examples DIR`: write (or `--check`) the trace examples."""
-
-from __future__ import annotations
-
-import sys
-
-from hicache.checktrace.examples import main
-
-sys.exit(main())

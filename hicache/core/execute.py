@@ -1,0 +1,373 @@
+"""The table executor: the one path by which a lifecycle row changes the control plane.
+
+Every residency transition the control plane applies goes through `Executor.plan` and
+`Executor.run` (spec/lifecycle.md, `apply_transition`):
+
+    plan(name, segments)   look the row up in the loaded tables; check its source sub-state and
+                           every guard on every segment, and that the pages its effects need
+                           exist. Pure: raises IllegalTransition / OutOfPages, nothing changed.
+    run(step)              run the row's effects in table order (reserve / publish / release /
+                           free on the tier's PageTable, lock / unlock on the tree), write the
+                           sub-state, trace one event per segment.
+
+So a row edited in the tables is a behaviour change: nothing here names a transition.
+
+A *segment* is the logical pages one trace event describes, in token order:
+
+    node's pages      a transfer, an eviction, an insert: before = the node's triple
+    request's copy    compute / discard: a request's private L1 pages over one node's tokens,
+                      or over tokens no node holds (node None); before = the request's view
+                      (its copy in L1, the tree's L2 and L3 sub-states of those tokens)
+
+A request's copy is a *duplicate* while the tree itself holds (or is loading) those tokens in
+L1: the logical page already has its L1 copy, so the duplicate is outside the composite graph
+and its events carry no `before`/`after` (spec/lifecycle.md, "Whose state a composite is").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from hicache.core.lifecycle import (
+    ABSENT,
+    PRIVATE,
+    RESIDENT,
+    Lifecycle,
+    States,
+    Transition,
+    composite_name,
+)
+from hicache.core.pages import Pages, PageTable, pages
+from hicache.core.tiers import TIERS, Tier
+from hicache.core.trace import Tracer
+from hicache.core.tree import HiRadixTree, TreeNode
+from hicache.errors import IllegalTransition, OutOfPages
+
+
+class RequestRange(NamedTuple):
+    """What request guards read: the range [start, end) in tokens, the prompt's length, how
+    many private pages the request already holds, and the page size."""
+
+    start: int
+    end: int
+    prompt_len: int
+    private_held: int
+    page_size: int
+
+
+class Segment(NamedTuple):
+    """Logical pages [start, end) (tokens, page aligned) that one event describes (immutable;
+    a named tuple: built on every call, at a fraction of a frozen dataclass's cost)."""
+
+    node: TreeNode | None
+    start: int
+    end: int
+    before: States
+    duplicate: bool = False  # a request's copy beside the tree's own L1 copy
+
+    def n_pages(self, page_size: int) -> int:
+        return (self.end - self.start) // page_size
+
+
+class Step(NamedTuple):
+    """A planned transition: checked, not yet run (immutable, a named tuple as `Segment`)."""
+
+    transition: Transition
+    segments: tuple[Segment, ...]
+    pages: Pages | None  # the pages the ownership effect moves; None: `reserve` picks them
+    n_pages: int
+    lock_node: TreeNode | None  # where lock/unlock effects land (an op's deepest node)
+    request_id: int | None
+    op_id: int | None
+    afters: tuple[States, ...] = ()  # per segment, the triple after the row (plan's check)
+
+    def with_node(self, i: int, node: TreeNode) -> Step:
+        """The same step with segment `i` now naming `node` (a node insert just created)."""
+        segs = list(self.segments)
+        segs[i] = segs[i]._replace(node=node)
+        return self._replace(segments=tuple(segs))
+
+
+class _Context:
+    """The guard context of one segment of a step (hicache.core.lifecycle.GuardContext)."""
+
+    def __init__(
+        self, seg: Segment, step_nodes: Sequence[TreeNode], rng: RequestRange | None
+    ) -> None:
+        self.seg, self.step_nodes, self.rng = seg, step_nodes, rng
+
+    def leaf(self, tier: Tier) -> bool:
+        node, i = self.seg.node, TIERS.index(tier)
+        return node is not None and all(c.state[i] == ABSENT for c in node.children.values())
+
+    def parent_resident(self, tier: Tier) -> bool:
+        node = self.seg.node
+        parent = None if node is None else node.parent
+        return (
+            parent is None
+            or parent.is_root
+            or parent.state[TIERS.index(tier)] == RESIDENT
+            or any(parent is n for n in self.step_nodes)
+        )
+
+    def parent_in(self, tier: Tier, state: str) -> bool:
+        node = self.seg.node
+        parent = None if node is None else node.parent
+        return self.parent_resident(tier) or (
+            parent is not None and parent.state[TIERS.index(tier)] == state
+        )
+
+    def children_settled(self, tier: Tier) -> bool:
+        node, i = self.seg.node, TIERS.index(tier)
+        return node is None or all(
+            c.state[i] in (ABSENT, RESIDENT) or any(c is n for n in self.step_nodes)
+            for c in node.children.values()
+        )
+
+    def request(self, rule: str) -> bool:
+        r = self.rng
+        if r is None:
+            return False  # a request guard on a row applied without a request: refuse
+        if rule == "aligned(range)":
+            return r.end > r.start and (r.end - r.start) % r.page_size == 0
+        if rule == "range <= prompt":
+            return r.end <= -(-r.prompt_len // r.page_size) * r.page_size
+        if rule == "no_private(request)":
+            return r.private_held == 0
+        raise AssertionError(f"request guard {rule!r} has no predicate")  # the parser knows it
+
+
+def _locks(node: TreeNode, own: frozenset[int]) -> tuple[int, int, int]:
+    """What `locks(Ln) == 0` reads of `node`: its path-lock count per tier (a lock on it or on
+    a descendant), or, in a tier of `own` (tier indices; hash-keyed, spec/tree.md), the locks
+    on its own pages only: its count less its children's."""
+    lock = node.lock
+    if not own:
+        return (lock[0], lock[1], lock[2])
+    out = [
+        lock[t] - sum(c.lock[t] for c in node.children.values()) if t in own else lock[t]
+        for t in range(3)
+    ]
+    return (out[0], out[1], out[2])
+
+
+class Executor:
+    """Runs lifecycle rows against the tree, the page tables and the tracer it is given."""
+
+    def __init__(
+        self, lifecycle: Lifecycle, tree: HiRadixTree, tables: Sequence[PageTable], tracer: Tracer
+    ) -> None:
+        self.lifecycle, self.tree, self.tables, self.tracer = lifecycle, tree, tables, tracer
+
+    def plan(
+        self,
+        name: str,
+        segments: Sequence[Segment],
+        *,
+        pages_moved: Pages | None = None,
+        lock_node: TreeNode | None = None,
+        request_id: int | None = None,
+        op_id: int | None = None,
+        rng: RequestRange | None = None,
+    ) -> Step:
+        """Check row `name` on every segment; IllegalTransition or OutOfPages, nothing changed
+        (R3: every check before any effect; R4).
+
+        `pages_moved` are the pages a publish/release moves (the op's or the request's, in
+        token order); a `free` takes the nodes' values; a `reserve` is checked against the
+        tier's free count. `lock_node` is where lock/unlock effects land (default: the last
+        segment's node). An op's end must name the op owning each node's pending slot."""
+        t = self.lifecycle.transitions.get(name)
+        if t is None:
+            raise IllegalTransition(name, "-", "-", "no such transition in the loaded tables")
+        ps = self.tree.page_size
+        i = TIERS.index(t.tier)
+        nodes = [s.node for s in segments if s.node is not None]
+        afters: list[States] = []
+        own = self.lifecycle.own_lock_tiers
+        for seg in segments:
+            locks = (0, 0, 0) if seg.node is None else _locks(seg.node, own)
+            afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
+            pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
+            if pending and (seg.node is None or seg.node.pending[i] != op_id):
+                # R7: verify the op still owns the node's pending slot (a second end would not).
+                raise IllegalTransition(
+                    name,
+                    str(t.tier),
+                    composite_name(seg.before),
+                    f"node {_id(seg.node)} is not pending on op {op_id} (R7)",
+                )
+        if not segments:  # request guards still apply to an empty range
+            self.lifecycle.check(
+                name,
+                _source_view(t),
+                (0, 0, 0),
+                _Context(Segment(None, 0, 0, _source_view(t)), [], rng),
+            )
+        n_pages = sum(s.n_pages(ps) for s in segments)
+        moved = pages_moved
+        for e in t.effects:
+            k = TIERS.index(e.tier)
+            if e.op == "reserve" and self.tables[k].free_count < n_pages:
+                raise OutOfPages(str(e.tier), n_pages, self.tables[k].free_count)
+            if e.op == "free":
+                moved = _concat([_value(n, k) for n in nodes])
+            if e.op in ("publish", "release") and (moved is None or moved.size != n_pages):
+                raise IllegalTransition(
+                    name,
+                    str(t.tier),
+                    "-",
+                    f"{n_pages} pages to move, {0 if moved is None else moved.size} given",
+                )
+            if e.op in ("lock", "unlock") and (lock_node or (nodes[-1] if nodes else None)) is None:
+                raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
+        return Step(
+            t,
+            tuple(segments),
+            moved,
+            n_pages,
+            lock_node or (nodes[-1] if nodes else None),
+            request_id,
+            op_id,
+            tuple(afters),
+        )
+
+    def run(self, step: Step) -> Pages:
+        """Run a planned step: the row's effects in order (R3), then each node's sub-state, then
+        one trace event per segment, after the change (R75). Returns the pages the ownership
+        effect moved."""
+        t, ps = step.transition, self.tree.page_size
+        i = TIERS.index(t.tier)
+        moved = step.pages
+        for e in t.effects:
+            k = TIERS.index(e.tier)
+            if e.op == "reserve":
+                moved = self.tables[k].reserve(step.n_pages) if step.n_pages else pages()
+            elif e.op in ("publish", "release", "free"):
+                assert moved is not None  # Verify: plan() found the pages this moves.
+                getattr(self.tables[k], e.op)(moved)
+            else:
+                assert step.lock_node is not None  # Verify: plan() found a node to lock.
+                # R6: one path lock on the step's deepest node is an op's one source lock.
+                (self.tree.lock if e.op == "lock" else self.tree.unlock)(step.lock_node, k)
+        assert moved is not None  # Verify: every row has one ownership effect (the parser).
+        at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
+        for j, seg in enumerate(step.segments):
+            n = seg.n_pages(ps)
+            mine = moved[at : at + n]
+            at += n
+            # The triple after the row: plan's (its `before` is the segment's, unchanged since).
+            after = (
+                step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
+            )
+            if seg.node is not None and not on_copy and not seg.duplicate:
+                self._write(seg.node, i, t, mine, step.op_id)
+                # Verify the event names the state the node is now in.
+                assert _states(seg.node) == after, (
+                    f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
+                )
+            if self.tracer.enabled:
+                self.tracer.emit(
+                    t.name,
+                    tier=tier,
+                    node=None if seg.node is None else seg.node.node_id,
+                    op=step.op_id,
+                    request=step.request_id,
+                    token_start=seg.start,
+                    token_end=seg.end,
+                    pages=tuple(mine.tolist()),
+                    before=None if seg.duplicate else composite_name(seg.before),
+                    after=None if seg.duplicate else composite_name(after),
+                )
+        return moved
+
+    def _write(self, node: TreeNode, i: int, t: Transition, mine: Pages, op_id: int | None) -> None:
+        """The node's sub-state in tier `i` becomes the row's target; its value is the moved
+        pages when that is RESIDENT, nothing otherwise; its pending slot follows the state."""
+        self.tree.set_value(node, i, mine if t.dest == RESIDENT else None, t.dest)
+        node.pending[i] = op_id if t.dest.endswith("_PENDING") else None
+
+
+def node_segments(nodes: Sequence[TreeNode]) -> list[Segment]:
+    """One segment per node of a parent-first chain: its whole key, its own triple."""
+    out: list[Segment] = []
+    start = 0
+    parent = nodes[0].parent if nodes else None
+    while parent is not None:
+        start += len(parent.key)
+        parent = parent.parent
+    for n in nodes:
+        out.append(Segment(n, start, start + len(n.key), _states(n)))
+        start += len(n.key)
+    return out
+
+
+def copy_segments(
+    tree: HiRadixTree, tokens: Sequence[int], start: int, end: int, copy: str
+) -> list[Segment]:
+    """A request's copy of tokens [start, end) cut where tree nodes begin and end, without
+    splitting anything: one segment per node covering some of it (its view: the request's
+    copy `copy` in L1, the node's L2 and L3; a duplicate when the tree holds L1 itself), and
+    one for the tokens no node holds (the all-ABSENT view), in token order."""
+    ps, out = tree.page_size, []
+    aligned = min(end, len(tokens) // ps * ps)
+    node, pos = tree.root, 0
+    while pos < aligned:
+        child = node.children.get(tuple(tokens[pos : pos + ps]))
+        if child is None:
+            break
+        n = 1  # pages of `child` the tokens match (children are keyed by their first page)
+        while (
+            n * ps < len(child.key)
+            and pos + (n + 1) * ps <= aligned
+            and child.key[n * ps : (n + 1) * ps] == tuple(tokens[pos + n * ps : pos + (n + 1) * ps])
+        ):
+            n += 1
+        covered = pos + n * ps
+        if covered > start:
+            view = (copy, child.state[1], child.state[2])
+            out.append(
+                Segment(child, max(pos, start), min(covered, end), view, child.state[0] != ABSENT)
+            )
+        if n * ps < len(child.key) or covered >= end:
+            pos = covered
+            break
+        node, pos = child, covered
+    if max(pos, start) < end:
+        out.append(Segment(None, max(pos, start), end, (copy, ABSENT, ABSENT)))
+    return out
+
+
+def _source_view(t: Transition) -> States:
+    view = [ABSENT, ABSENT, ABSENT]
+    view[TIERS.index(t.tier)] = t.source
+    return (view[0], view[1], view[2])
+
+
+def _states(n: TreeNode) -> States:
+    return (n.state[0], n.state[1], n.state[2])
+
+
+def _id(n: TreeNode | None) -> str:
+    return "-" if n is None else str(n.node_id)
+
+
+def _value(n: TreeNode, t: int) -> Pages:
+    v = n.value[t]
+    if v is None:
+        raise IllegalTransition(
+            "free",
+            str(TIERS[t]),
+            composite_name(_states(n)),
+            f"node {n.node_id} holds nothing in {TIERS[t]}",
+        )
+    return v
+
+
+def _concat(parts: Sequence[Pages]) -> Pages:
+    if len(parts) == 1:
+        return parts[0].astype(np.int64)  # a copy, as concatenate's
+    return np.concatenate(parts).astype(np.int64) if parts else pages()

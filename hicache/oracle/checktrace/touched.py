@@ -1,0 +1,464 @@
+"""Incremental invariant checking: an all-clear over what one call touched.
+
+The full checks (`hicache.invariants.check_all`) read a snapshot of the whole plane: tens of
+microseconds even for a small tree, after every call. But when every invariant held before a
+call, one can only break now through a record the call changed. `TouchedChecks.clear`
+tests exactly those, reading the plane's live records (no snapshot):
+
+    scope                                   what is tested there (the full check's rule)
+    --------------------------------------  ----------------------------------------------
+    the touched nodes and their ancestors   links both ways (S1), not dead (S2), locks >= 0
+                                            (S4) and equal to the holders' path locks (S7),
+                                            key and values whole pages (I3), value <->
+                                            RESIDENT, pending <-> an op filling that tier for
+                                            it (I5), parent present in the tier (S6)
+    the touched nodes' other children       what reads the touched parent: in the tree under
+                                            their key (S1, S2), the parent present in each
+                                            tier they hold or fill (S6); their own records
+                                            are unchanged (a change to one is an event)
+    ops touched or covering such a node     source locked, RESIDENT, read as its nodes'
+                                            values, TREE-owned (I2); nodes name it (I5);
+                                            target never TREE (I5); ranges aligned (I3)
+    every live request (a handful)          its locked path in the tree and RESIDENT in L1,
+                                            cached_len within it (I5)
+    pages: the claims index (below) for     claimed at most once (S5, I6), in range, with
+    the touched records, and every page     the claimant's owner code, or FREE when none
+    whose owner code changed                claims it (I1, I6); the tree's page counters
+                                            (S3)
+
+Which owner codes changed: the pages the table logged moving (a `RunIndexTable`, the
+replay's: O(pages moved)), else the whole owner array compared with its copy from the last
+call (O(capacity) per call).
+
+The claims index maps each tier's pages to the record claiming them (a node's value, an op's
+target, a request's private pages); a call re-indexes only the records it touched.
+
+`clear` is an all-clear, never a report: when it says no, the caller runs the full checks and
+reports what they find (so the reports are the full checks' own), and when it says yes the
+full checks find nothing (tests/test_checktrace_touched.py corrupts touched records at random
+and compares). Its assumption is the full checks' verdict on the state before the call: a
+change outside the call's scope (a bug changing a record the call never named) is seen by
+the full checks only, which `--check-every N` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from hicache.core.control import ControlPlane
+from hicache.core.lifecycle import ABSENT, RESIDENT
+from hicache.core.pages import FREE, PRIVATE, TREE
+from hicache.core.tiers import TIERS, Direction
+from hicache.core.tree import TreeNode
+from hicache.core.treenode import ROOT_ID
+from hicache.oracle.checktrace.pagetable import RunIndexTable
+
+Holder = tuple[str, int, int]
+"""A claiming record: ("node", node id, tier index), ("op", op id, tier), ("request", id, tier)."""
+
+CODE = {"node": TREE, "op": PRIVATE, "request": PRIVATE}
+SOURCE = {d: TIERS.index(d.source) for d in Direction}
+TARGET = {d: TIERS.index(d.target) for d in Direction}
+_UNLOCKED = [0, 0, 0]
+INT64 = np.dtype(np.int64)  # a page array's dtype (hicache.core.pages.pages)
+SETTLED_MAX = 65_536  # entries of `TouchedChecks.settled` kept at most (memory stays bounded)
+
+
+class TouchedChecks:
+    """The all-clear over a call's scope, and the claims index it keeps (one per plane)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
+        self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
+        self.raw_held: dict[Holder, bytes] = {}  # a node's: its value's bytes, as claimed
+        self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
+        # Touched node -> what `_children` read of it when its children last passed (states,
+        # pending ops, child count): the same again, they pass again (`_children`).
+        self.settled: dict[TreeNode, tuple[object, ...]] = {}
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
+        self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.moved = set()  # the pages each call moves, read by `_pages`
+        # The tiers S6 holds in: not a hash-keyed one (spec/tree.md, "Hash-keyed tiers").
+        self.closed = [i for i, t in enumerate(TIERS) if t not in cp.lifecycle.hash_keyed_tiers]
+
+    def clear(
+        self,
+        node_ids: Iterable[int],
+        op_ids: Iterable[int],
+        request_ids: Iterable[int],
+        moved: list[set[int]],
+    ) -> bool:
+        """Whether no invariant can have broken in the scope of a call that touched these
+        nodes (live or removed), ops (pending or ended) and requests (live or ended) and
+        moved these pages (per tier index). After a no, `rebuild` before the next call (the
+        index may be half updated)."""
+        cp = self.cp
+        root = cp.tree.root
+        get = cp.tree.get
+        touched: set[TreeNode] = set()
+        gone: list[int] = []
+        for i in set(node_ids):
+            n = get(i)
+            if n is None:
+                gone.append(i)
+            elif n is not root:
+                touched.add(n)
+        scope = set(touched)  # and the ancestors: each one's own are in it already
+        for n in touched:
+            p = n.parent
+            while p is not None and p.parent is not None and p not in scope:  # to the root's child
+                scope.add(p)
+                p = p.parent
+        ops = set(op_ids)
+        for pending in cp.ops.values():
+            if pending.op_id not in ops and not scope.isdisjoint(pending.nodes):
+                ops.add(pending.op_id)
+        records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
+        records += [("request", r, -1) for r in set(request_ids)]
+        if not self._pages(gone, touched, records, moved):
+            return False
+        for n in scope:
+            if not self._node(n):
+                return False
+        settled = self.settled
+        if gone or len(settled) > SETTLED_MAX:
+            settled.clear()  # a removed child may still be linked: read every child again
+        for n in touched:
+            if not n.children:
+                continue
+            mark = (n.node_id, *n.state, *n.pending, len(n.children))
+            if settled.get(n) == mark:
+                continue  # what its children read of it is as when they were last read
+            if not self._children(n, scope):
+                return False
+            settled[n] = mark
+        for o in ops:
+            if not self._op(o):
+                return False
+        return self._requests() and self._locks(scope)
+
+    def rebuild(self) -> None:
+        """The claims index and counters from scratch (after `clear` said no)."""
+        cp = self.cp
+        self.claims = [{} for _ in TIERS]
+        self.held, self.where = {}, {}
+        self.raw_held.clear()
+        self.settled.clear()
+        self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
+        self.tree_pages = [0 for _ in TIERS]
+        for table in cp.tables:
+            if isinstance(table, RunIndexTable):
+                table.take_moved()  # from the state as it is now
+        records = [("node", n.node_id, t) for n in cp.tree.nodes() for t in range(3)]
+        records += [("op", o, -1) for o in cp.ops] + [("request", r, -1) for r in cp.requests]
+        for kind, i, t in records:
+            found = self._current(kind, i, t)
+            if found is not None:
+                self._claim((kind, i, found[0]), found[1])
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def _current(self, kind: str, i: int, t: int) -> tuple[int, tuple[int, ...]] | None:
+        """(tier index, pages) record (kind, i) claims now (a node: in tier t), or None."""
+        cp = self.cp
+        if kind == "node":
+            n = cp.tree.get(i)
+            v = None if n is None else n.value[t]
+            return None if v is None else (t, tuple(v.tolist()))
+        if kind == "op":
+            op = cp.ops.get(i)
+            return None if op is None else (TARGET[op.direction], tuple(op.target_pages.tolist()))
+        r = cp.requests.get(i)
+        return (
+            None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
+        )
+
+    def _release(self, key: Holder, dirty: list[set[int]]) -> None:
+        self.raw_held.pop(key, None)
+        old = self.held.pop(key, None)
+        if old is None:
+            return
+        t = key[2]
+        claims = self.claims[t]
+        for p in old:
+            if claims.get(p) == key:
+                del claims[p]
+        dirty[t].update(old)
+        if key[0] == "node":
+            self.tree_pages[t] -= len(old)
+
+    def _claim(self, key: Holder, pages: tuple[int, ...]) -> bool:
+        """Index `pages` as `key`'s; False (nothing indexed) if one is named twice, out of
+        range, or claimed by another record."""
+        t = key[2]
+        claims, capacity = self.claims[t], self.cp.tables[t].capacity
+        if len(set(pages)) != len(pages):
+            return False
+        for p in pages:
+            if p in claims or not 0 <= p < capacity:
+                return False
+        for p in pages:
+            claims[p] = key
+        self.held[key] = pages
+        if key[0] != "node":
+            self.where[(key[0], key[1])] = key
+        else:
+            self.tree_pages[t] += len(pages)
+        return True
+
+    def _pages(
+        self,
+        gone: list[int],
+        touched: Iterable[TreeNode],
+        records: list[tuple[str, int, int]],
+        moved: list[set[int]],
+    ) -> bool:
+        """Re-index the nodes (removed ones: `gone`, live ones: `touched`) and the op and
+        request records; every page they claim(ed), and every page `moved` names (the pages
+        whose owner code the call changed), must be claimed at most once, by a record whose
+        code it carries -- and no other page may have changed its code."""
+        dirty = moved
+        now: list[tuple[Holder, tuple[int, ...]]] = []
+        held, raw_held = self.held, self.raw_held
+        for i in gone:  # every old claim first: a page may move between records
+            for t in range(3):
+                self._release(("node", i, t), dirty)
+        for n in touched:  # a node's key is its tier: (kind, id, t) whatever it holds
+            value = n.value
+            for t in range(3):
+                key, v = ("node", n.node_id, t), value[t]
+                was = held.get(key)
+                if v is None:
+                    if was is not None:
+                        self._release(key, dirty)
+                    continue
+                raw = v.tobytes()  # cheaper to compare than the list, for a long value
+                if was is not None and raw_held.get(key) == raw and v.dtype is INT64:
+                    continue  # the node claims what it claimed
+                listed = tuple(v.tolist())
+                if was == listed:
+                    raw_held[key] = raw
+                    continue  # the node claims what it claimed
+                if was is not None:
+                    self._release(key, dirty)
+                now.append((key, listed))
+                raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
+        for kind, i, t in records:
+            old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
+            found = self._current(kind, i, t)
+            if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
+                continue  # the record claims what it claimed
+            if old is not None:
+                if kind != "node":
+                    del self.where[(kind, i)]
+                self._release(old, dirty)
+            if found is not None:
+                now.append(((kind, i, found[0]), found[1]))
+        for key, pages in now:
+            if not self._claim(key, pages):
+                return False
+            dirty[key[2]].update(pages)
+        held_now = self.cp.tree.pages_held
+        for t, table in enumerate(self.cp.tables):
+            owner, seen = table.owner, self.owner_seen[t]
+            if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
+                return False
+            if isinstance(table, RunIndexTable):  # its log names every page whose code changed
+                logged = table.moved
+                assert logged is not None  # Verify: __init__ turned the log on.
+                if logged:
+                    dirty[t] |= logged
+                    logged.clear()
+                if dirty[t] and not self._logged(t, table, dirty[t]):
+                    return False
+                continue
+            codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
+            if not dirty[t]:
+                if codes != seen:
+                    return False  # a code changed that no record and no event names
+                continue
+            claims, size = self.claims[t], owner.size
+            for p in dirty[t]:
+                holder = claims.get(p)
+                if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
+                    return False
+                seen[p] = codes[p]
+            if codes != seen:
+                return False
+        return True
+
+    def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
+        """Each of `dirty` (the pages the records and events name, and those the table moved)
+        carries its claimant's code, or FREE when none claims it; no other page changed."""
+        claims, size = self.claims[t], table.owner.size
+        codes = table.owner.data  # one byte a page, read in place
+        for p in dirty:
+            holder = claims.get(p)
+            if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
+                return False
+        return True
+
+    # -- nodes, ops, requests ---------------------------------------------------------------
+
+    def _node(self, n: TreeNode) -> bool:
+        """S1, S2, S4, I3, I5 (node clause) and S6 for one live node."""
+        cp = self.cp
+        ps = cp.page_size
+        parent = n.parent
+        live = cp.tree.get
+        if (
+            parent is None
+            or live(n.node_id) is not n
+            or parent.children.get(n.key[:ps]) is not n
+            or (parent.parent is not None and live(parent.node_id) is not parent)
+        ):
+            return False
+        for c in n.children.values():
+            if c.parent is not n:
+                return False
+        state, lock, pending, value = n.state, n.lock, n.pending, n.value
+        if (
+            not n.children
+            and state.count(ABSENT) == 3
+            and lock == _UNLOCKED
+            and pending.count(None) == 3
+            and all(v is None for v in value)
+        ):
+            return False  # dead, yet in the tree (S2)
+        pages = len(n.key) // ps
+        if len(n.key) % ps:
+            return False
+        for t in range(3):
+            v, st, op_id = value[t], state[t], pending[t]
+            if lock[t] < 0 or (v is not None and v.size != pages):
+                return False
+            if op_id is not None:
+                op = cp.ops.get(op_id)
+                if (
+                    st == RESIDENT
+                    or v is not None
+                    or op is None
+                    or TARGET[op.direction] != t
+                    or n not in op.nodes
+                ):
+                    return False
+            elif (v is not None) != (st == RESIDENT):
+                return False
+            if (
+                (op_id is not None or st == RESIDENT)
+                and parent.parent is not None
+                and parent.state[t] != RESIDENT
+                and t in self.closed
+                and (op_id is None or parent.pending[t] != op_id)
+            ):
+                return False
+        return True
+
+    def _children(self, n: TreeNode, scope: set[TreeNode]) -> bool:
+        """S1, S2 (in the tree) and S6 between touched node `n` and each child of it outside
+        `scope`. Such a child's own records are as the last checks left them (a change to one
+        is an event naming it), and its locks change only with a holder at or below it (which
+        puts it in `scope`, an ancestor of a touched node): what can break is what reads `n`,
+        the child's entry in `n.children` and `n` present in each tier the child holds or is
+        filling. The same clauses as `_node`'s on the child; the rest of them cannot fail.
+        So when `n`'s states, pending ops and child count are what they were when its
+        children last passed, and no node was removed (a removed child still linked), they
+        pass again: `clear` skips the call then (`settled`), which keeps a call on a node
+        with many children at the cost of the children it names."""
+        live, ps = self.cp.tree.get, self.cp.page_size
+        up, up_pending = n.state, n.pending
+        loose = [t for t in self.closed if up[t] != RESIDENT]  # where S6 can fail
+        for key, c in n.children.items():
+            if c in scope:
+                continue  # checked whole by `_node`
+            if live(c.node_id) is not c or c.key[:ps] != key:
+                return False
+            state, pending = c.state, c.pending
+            for t in loose:
+                op_id = pending[t]
+                if (op_id is not None or state[t] == RESIDENT) and (
+                    op_id is None or up_pending[t] != op_id
+                ):
+                    return False
+        return True
+
+    def _op(self, op_id: int) -> bool:
+        """I2, I5 (op clause) and I3 for one pending op (an ended one: nothing)."""
+        cp = self.cp
+        op = cp.ops.get(op_id)
+        if op is None:
+            return True
+        ps = cp.page_size
+        if not op.nodes:
+            return False
+        src, dst = SOURCE[op.direction], TARGET[op.direction]
+        start, end = op.token_range
+        want = (end - start) // ps
+        source_pages, target_pages = op.source_pages.tolist(), op.target_pages.tolist()
+        if start % ps or end % ps or len(source_pages) != want or len(target_pages) != want:
+            return False
+        read: list[int] = []
+        for n in op.nodes:
+            v = n.value[src]
+            if (
+                not cp.tree.contains(n)
+                or n.lock[src] <= 0
+                or n.state[src] != RESIDENT
+                or n.pending[dst] != op_id
+                or v is None
+            ):
+                return False
+            read += v.tolist()
+        source, target = cp.tables[src].owner, cp.tables[dst].owner
+        return (
+            read == source_pages
+            and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
+            and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
+        )
+
+    def _requests(self) -> bool:
+        """I5's request clause for every live request."""
+        for r in self.cp.requests.values():
+            tokens = 0
+            n: TreeNode | None = r.locked
+            if not self.cp.tree.contains(r.locked):
+                return False
+            while n is not None and n.node_id != ROOT_ID:  # not n.is_root
+                if n.state[0] != RESIDENT:
+                    return False
+                tokens += len(n.key)
+                n = n.parent
+            if r.cached_len > tokens:
+                return False
+        return True
+
+    def _locks(self, scope: set[TreeNode]) -> bool:
+        """S7 on the scope: each lock count equals the path locks its holders record on the
+        node or below it (requests' prefix locks and pins, ops' source locks)."""
+        cp = self.cp
+        holders = [(r.locked, 0) for r in cp.requests.values() if r.locked.parent is not None]
+        holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
+        holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
+        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
+        live, root = cp.tree.get, cp.tree.root
+        for node, t in holders:
+            if node is not root and live(node.node_id) is not node:
+                return False  # a holder's node is not in the tree (cp.tree.contains)
+            m = node
+            while m.parent is not None:  # up to the root's child
+                if m in scope:
+                    counts = expected.get(m)
+                    if counts is None:
+                        counts = expected[m] = [0, 0, 0]
+                    counts[t] += 1
+                m = m.parent
+        for n in scope:
+            lock, want = n.lock, expected.get(n, _UNLOCKED)
+            if lock[0] != want[0] or lock[1] != want[1] or lock[2] != want[2]:
+                return False
+        return True

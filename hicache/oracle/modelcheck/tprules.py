@@ -1,0 +1,72 @@
+"""C4's rules, checked on every tick of the TP model: not only that the ranks agree, but on
+what (spec/tp.md, C4). Over one tick, from the state before it to the state after:
+
+    rule        holds when
+    ----------  --------------------------------------------------------------------------
+    landed      no rank publishes more of an op than every rank landed: a failed op (on
+                some rank) keeps at most the whole nodes each rank landed (done: all of
+                them; a read stopped part way: its clamp, `clamped_nodes`; failed, a bad
+                slot, still moving: none)
+    bad slot    the first bad page any rank's read found (the least position in the op's
+                source pages) is, after the tick, quarantined or holding no copy on every
+                rank (dropped); the copies after it go with it (evicted below it)
+
+A mutant that makes every rank agree on a wrong answer (the most nodes any rank landed, no
+bad slot at all) keeps the ranks equal, so only these rules see it.
+"""
+
+from __future__ import annotations
+
+from hicache.controller.clamp import clamped_nodes
+from hicache.core.lifecycle import RESIDENT
+from hicache.core.tiers import TIERS, Tier
+from hicache.oracle.modelcheck.tpstate import handle_of
+from hicache.oracle.modelcheck.tpsteps import State
+from hicache.pools.spec import PoolGroup
+
+
+def tick_rules(before: State, after: State, pools: PoolGroup) -> str | None:
+    """The first C4 rule the tick from `before` to `after` broke (module docstring), or
+    None."""
+    for op_id, op in before[0].cp.ops.items():
+        if op_id in after[0].cp.ops:
+            continue  # still in flight: the tick ended nothing of it
+        ends = [rs.ends[op_id] for rs in before]
+        landed = []
+        for rs, end in zip(before, ends):
+            nodes = rs.cp.ops[op_id].nodes
+            if end.kind in ("done", "acked"):
+                landed.append(len(nodes))
+            elif end.kind == "part":
+                handle = handle_of(end, op.direction, pools)
+                assert handle.landed is not None  # Verify: a part end names what landed.
+                landed.append(clamped_nodes(pools, nodes, handle.landed))
+            else:
+                landed.append(0)
+        t = TIERS.index(op.direction.target)
+        for rs in after:
+            live = {n.node_id: n for n in rs.cp.tree.nodes()}
+            published = sum(
+                1 for n in op.nodes if n.node_id in live and live[n.node_id].state[t] == RESIDENT
+            )
+            if published > min(landed):
+                return (
+                    f"C4 landed: rank {rs.rank} published {published} node(s) of op {op_id} "
+                    f"({op.direction}), and the ranks landed {landed}: at most "
+                    f"{min(landed)} may be kept"
+                )
+        found = op.source_pages.tolist()
+        bad = [found.index(end.arg) for end in ends if end.kind == "bad"]
+        if not bad:
+            continue
+        slot = found[min(bad)]
+        for rs in after:
+            if slot not in rs.l3.quarantine and rs.cp.holder(Tier.L3, slot):
+                return (
+                    f"C4 bad slot: the first bad page of op {op_id} some rank's read found is "
+                    f"L3 slot {slot}, and rank {rs.rank} still holds a copy there unquarantined"
+                )
+    return None
+
+
+__all__ = ["tick_rules"]
