@@ -57,6 +57,12 @@ def _run(
     )
 
 
+def _collect(cwd: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """pytest's collection of the targets file (`args` appended), in `cwd`, with `extra` env."""
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    return _run([*argv, targets_file(), *args], cwd, timeout=120, **extra)
+
+
 def test_the_module_is_the_file_the_command_points_hypofuzz_at() -> None:
     assert Path(targets_file()) == Path(hypofuzz_targets.__file__)
     for name in TARGETS:
@@ -67,41 +73,17 @@ def test_the_module_is_the_file_the_command_points_hypofuzz_at() -> None:
 
 
 def test_pytest_collects_every_target(tmp_path: Path) -> None:
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            targets_file(),
-        ],
-        tmp_path,
-        timeout=120,
-    )
+    done = _collect(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     collected = {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
     assert collected == set(TARGETS), done.stdout
 
 
 def test_an_outside_adapter_is_a_target_when_named(tmp_path: Path) -> None:
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            targets_file(),
-            "-k",
-            "Adapter",
-        ],
+    done = _collect(
         tmp_path,
-        timeout=120,
+        "-k",
+        "Adapter",
         **{hypofuzz_targets.ADAPTER_ENV: "hicache.testing.template:factory"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
