@@ -34,7 +34,7 @@ import torch
 
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
-from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.engine import TransferEngine, one_pool
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.pinned import pinned_empty
@@ -71,7 +71,12 @@ class Traffic:
     def __init__(self, producer_pages: int) -> None:
         self.p = producer_pages
         self.engine = TransferEngine(
-            GEOMETRY, self.p + 2 * SMALL, 2 * SMALL + 2 * BIG, 2 * BIG, device="cuda", io_threads=4
+            one_pool(GEOMETRY),
+            self.p + 2 * SMALL,
+            2 * SMALL + 2 * BIG,
+            2 * BIG,
+            device="cuda",
+            io_threads=4,
         )
         e = self.engine
         e.dma.direct_min_bytes = 1 << 30  # every run staged: pinned workspaces come and go

@@ -50,7 +50,7 @@ def test_mha_keeps_the_single_pool_engine_and_a_group_name_selects_the_group_eng
     mha = choose_plane(CacheConfig(device="cpu"), None, None, None)
     assert mha.byte_plane is mha.engine and mha.byte_plane.one_pool  # the fast path
     assert type(mha.producer) is SyntheticProducer
-    assert CacheConfig().pools == "mha" and CacheConfig().group is None
+    assert CacheConfig().pools == "mha" and CacheConfig().group.typed == preset("tiny").typed
     mha.engine.close()
     group = choose_plane(CacheConfig(device="cpu", pools="dsv4-tiny"), None, None, None)
     assert group.byte_plane is group.engine and not group.byte_plane.one_pool

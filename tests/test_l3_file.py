@@ -28,7 +28,7 @@ from hicache.core.pages import pages
 from hicache.core.snapshot import UNSERVABLE
 from hicache.dataplane import checksums
 from hicache.dataplane.checksums import CRC32, XXH3_LOW32, available, default_algorithm
-from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.engine import TransferEngine, one_pool
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.l3format import FIELDS_BYTES, HEADER_BYTES, LAYOUT, L3Header, decode, encode
@@ -447,10 +447,19 @@ def test_engine_refuses_a_text_file_and_overwrites_only_when_told(text_file: Pat
     geometry = preset("tiny")
     before = snapshot(text_file)
     with pytest.raises(L3PathRefused):
-        TransferEngine(geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file))
+        TransferEngine(
+            one_pool(geometry), 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file)
+        )
     assert snapshot(text_file) == before
     with TransferEngine(
-        geometry, 4, 4, 4, device="cpu", backend="torch", l3_path=str(text_file), l3_overwrite=True
+        one_pool(geometry),
+        4,
+        4,
+        4,
+        device="cpu",
+        backend="torch",
+        l3_path=str(text_file),
+        l3_overwrite=True,
     ) as engine:
         assert decode(l3_header_of(text_file)) == L3Header(geometry.bytes_per_page, 4, geometry)
         raw = engine.l2.bytes_view()

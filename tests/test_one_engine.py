@@ -1,6 +1,6 @@
-"""A single pool is a group of one: the engine's fast path (a KVGeometry: dma.py's chunked,
-host-staged mover, one L3 file) and its general path (the same one pool as a `PoolGroup`:
-the group mover, a file per pool) move the same bytes.
+"""A single pool is a group of one: the engine's single-pool path (a typed group of one,
+`one_pool(geometry)`: dma.py's chunked, host-staged mover, one L3 file) and its group path
+(the same one pool as raw bytes: the group mover, a file per pool) move the same bytes.
 
 The property drives both engines with the same transfers, on the CPU, and holds them equal
 byte for byte after every one: the same status, the same bytes in every page of L1 and L2,
@@ -13,13 +13,15 @@ import pytest
 
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
+import dataclasses
+
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.core.tiers import Direction, Tier
-from hicache.dataplane.engine import TransferEngine, one_pool, same_pages
+from hicache.dataplane.engine import TransferEngine, one_pool
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferStatus
 from hicache.errors import ConfigError
@@ -32,13 +34,14 @@ GEOMETRIES = (
 
 
 def both(g: KVGeometry, chunk_pages: int | None, seed: int) -> tuple[TransferEngine, ...]:
-    """The fast path and the general path of the same one pool, L1 holding the same bytes."""
+    """The fast path and the general path of the same one pool, L1 holding the same bytes:
+    the group typed by its geometry, and the same group as raw bytes."""
+    typed = one_pool(g)
     fast = TransferEngine(
-        g, *CAPS.values(), device="cpu", backend="torch", io_threads=0, chunk_pages=chunk_pages
+        typed, *CAPS.values(), device="cpu", backend="torch", io_threads=0, chunk_pages=chunk_pages
     )
-    general = TransferEngine(
-        one_pool(g), *CAPS.values(), pool_pages=same_pages, device="cpu", io_threads=0
-    )
+    raw = dataclasses.replace(typed, typed=None)
+    general = TransferEngine(raw, *CAPS.values(), device="cpu", io_threads=0)
     noise = torch.randint(0, 256, fast.l1_region("kv").shape, dtype=torch.uint8,
                           generator=torch.Generator().manual_seed(seed))  # fmt: skip
     for e in (fast, general):
@@ -110,7 +113,26 @@ def test_each_path_names_what_only_the_other_has() -> None:
             _ = fast.mover
         with pytest.raises(ConfigError, match="single-pool"):
             _ = general.dma
-        assert fast.pools == general.pools and fast.ratios == general.ratios == {"kv": 1}
+        assert fast.pools.pools == general.pools.pools and fast.ratios == general.ratios == {
+            "kv": 1
+        }
     finally:
         fast.close()
         general.close()
+
+
+def test_the_group_alone_chooses_the_path() -> None:
+    """A config's `mha` group and a `-tiny` preset that is the same pool are typed by the
+    geometry (the single-pool path); a group of raw bytes is not, and typed rows that do not
+    describe the pool's bytes are refused."""
+    from hicache.controller.config import CacheConfig
+    from hicache.pools.spec import TypedRows
+
+    g = GEOMETRIES[0]
+    assert CacheConfig(geometry=g).group == one_pool(g)
+    assert CacheConfig(geometry="tiny", pools="mha-tiny").group.typed == g.typed
+    assert CacheConfig(geometry="tiny", pools="mla-tiny").group.typed is None
+    with pytest.raises(ConfigError, match="typed"):
+        dataclasses.replace(one_pool(g), typed=TypedRows(2, 16, "bf16"))  # 256 B rows, not 512
+    with pytest.raises(ConfigError, match="group"):
+        TransferEngine(g, *CAPS.values(), device="cpu")  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from hicache.core.pages import Pages, pages
 from hicache.core.tiers import Direction
 from hicache.dataplane import pools
 from hicache.dataplane.dma import DeviceHostMover, DmaHandle
-from hicache.dataplane.engine import TransferEngine
+from hicache.dataplane.engine import TransferEngine, one_pool
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle, TransferStatus
@@ -58,7 +58,7 @@ def make_engine(
     l3_path: str | None = None,
 ) -> TransferEngine:
     engine = TransferEngine(
-        geometry or tiny(),
+        one_pool(geometry or tiny()),
         L1_PAGES,
         L2_PAGES,
         L3_SLOTS,
@@ -485,7 +485,9 @@ def test_every_chunk_hands_the_kernels_a_16_byte_aligned_index_slice(chunk_pages
     GPU failure of test_gpu_done_only_once_every_byte_landed[3]. Same configuration on CPU:
     every launch's index slice must start 16-byte aligned, and the bytes must still be right."""
     g = KVGeometry(layers=1, kv_heads=1, head_dim=4, dtype="fp8", page_size=4)  # 32-byte pages
-    engine = TransferEngine(g, 40, 64, 4, device="cpu", backend="torch", chunk_pages=chunk_pages)
+    engine = TransferEngine(
+        one_pool(g), 40, 64, 4, device="cpu", backend="torch", chunk_pages=chunk_pages
+    )
     try:
         randomize(engine.l1.tensor, seed=12)
         m = engine.dma
@@ -783,7 +785,7 @@ def test_bad_config_names_the_field(kwargs: dict[str, object], field: str) -> No
         "device": "cpu",
     } | kwargs
     with pytest.raises(ConfigError) as info:
-        TransferEngine(tiny(), **args)  # type: ignore[arg-type]
+        TransferEngine(one_pool(tiny()), **args)  # type: ignore[arg-type]
     assert info.value.field == field
     if kwargs.get("l1_pages") == 1 << 44:
         assert str((1 << 44) * tiny().bytes_per_page) in str(info.value), "the size asked for"
@@ -864,7 +866,7 @@ def test_null_engine_completes_when_told() -> None:
 def test_triton_kernels_round_trip_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     g = KVGeometry(layers=1, kv_heads=1, head_dim=8, dtype="bf16", page_size=2)
-    engine = TransferEngine(g, 6, 6, 6, device="cpu", backend="triton", chunk_pages=2)
+    engine = TransferEngine(one_pool(g), 6, 6, 6, device="cpu", backend="triton", chunk_pages=2)
     try:
         assert (engine.kernels.gather_backend, engine.kernels.scatter_backend) == (
             "triton",
@@ -918,7 +920,9 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None) -> None:
     sleep on the caller's stream: the handle must stay PENDING, and once it says DONE the
     bytes must be there -- read with no synchronization but the handle's own."""
     g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)  # 256 KiB pages
-    engine = TransferEngine(g, 40, 64, 4, device="cuda", backend="triton", chunk_pages=chunk_pages)
+    engine = TransferEngine(
+        one_pool(g), 40, 64, 4, device="cuda", backend="triton", chunk_pages=chunk_pages
+    )
     try:
         randomize(engine.l1.tensor, seed=12)
         m = engine.dma

@@ -147,12 +147,12 @@ def _preset_echo(config: object) -> str:
     """The pool group line: for a group, the preset and its byte pools' bytes per anchor page;
     "" (no line) for the single-pool plane, whose report is unchanged."""
     from hicache.controller.config import CacheConfig
+    from hicache.pools.presets import SINGLE_POOL
 
     assert isinstance(config, CacheConfig)
-    group = config.group
-    if group is None:
+    if config.pools == SINGLE_POOL:
         return ""
-    kept = group.backed_up()  # the pools L2 and L3 hold
+    kept = config.group.backed_up()  # the pools L2 and L3 hold
     moved = [p for p in kept.pools if p.bytes_per_page]
     return (
         f"{config.pools}: {len(moved)} byte pools, {kept.value_bytes_per_anchor_page:,} B per "

@@ -41,8 +41,6 @@ from hicache.distributed.agreement import Agreement
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.ledger import L3Writes
 from hicache.policy import CostModel, DecisionLog, Policy, make_policy
-from hicache.pools.presets import SINGLE_POOL
-from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
@@ -89,15 +87,14 @@ def build_parts(
     built."""
     agree = Agreement(collectives)
     agree.startup(config.fingerprint())
-    pools = config.group  # None: the single-pool plane (mha)
-    group = pools or preset_group(SINGLE_POOL)  # what a partly landed S2H is clamped by
+    group = config.group  # the pools, a group of one for mha: every part is built from it
     l3_writes = L3Writes(agree.rank)
     cp = ControlPlane(
         config.kv.page_size,
         (config.l1_pages, config.l2_pages, config.l3_slots),
         check_mode=config.check_mode,
         tracer=tracer,
-        pools=pools,
+        pools=group,
         pool_capacities=config.pool_capacities,
         hit_policy=config.hit_policy,
     )

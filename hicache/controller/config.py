@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy
 from hicache.dataplane.geometry import KVGeometry, preset
+from hicache.dataplane.groupgeometry import one_pool
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
 from hicache.pools.hits import GROUP_HIT_POLICIES, check_policy, required_pools
 from hicache.pools.presets import SINGLE_POOL
-from hicache.pools.presets import group as preset_group
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import window_pools
 
@@ -98,22 +98,18 @@ class CacheConfig:
         self._check_pools()
 
     def _check_pools(self) -> None:
-        """A group's anchor pages are the tree's pages: same page size; its L3 files are
-        temporary (one per pool), so no `l3_path`."""
+        """A group's anchor pages are the tree's pages: same page size; a group the data plane
+        keeps as raw bytes has temporary L3 files (one per pool), so no `l3_path`."""
         group = self.group
         check_policy(self.hit_policy)
-        if group is None:
-            if self.l1_window_pages is not None:
-                raise ConfigError(
-                    "l1_window_pages",
-                    "needs a pool group with a trailing side pool (pools = dsv4-tiny, ...)",
-                )
-            return
         required_pools(group, self.hit_policy)  # ConfigError: a group this policy cannot serve
         if self.l1_window_pages is not None:
             v = self.l1_window_pages
             if not window_pools(group):
-                raise ConfigError("l1_window_pages", f"{self.pools!r} has no trailing side pool")
+                raise ConfigError(
+                    "l1_window_pages",
+                    f"{self.pools!r} has no trailing side pool (pools = dsv4-tiny, ...)",
+                )
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= self.l1_pages:
                 raise ConfigError(
                     "l1_window_pages", f"an integer in 1..l1_pages ({self.l1_pages}); got {v!r}"
@@ -123,7 +119,7 @@ class CacheConfig:
                 "pools",
                 page_size_advice(str(self.pools), group.anchor.page_size, self.kv.page_size),
             )
-        if self.l3_path is not None:
+        if self.l3_path is not None and group.typed is None:
             raise ConfigError(
                 "l3_path",
                 f"a pool group ({self.pools!r}) keeps one temporary L3 "
@@ -131,9 +127,17 @@ class CacheConfig:
             )
 
     @property
-    def group(self) -> PoolGroup | None:
-        """The pool group `pools` names; None for the single-pool plane (`mha`)."""
-        return None if self.pools == SINGLE_POOL else pool_group(self.pools)
+    def group(self) -> PoolGroup:
+        """The pool group `pools` names. `mha` is the geometry's group of one (`one_pool`: its
+        pool at the geometry's sizes); a preset that is that same pool is typed by the
+        geometry too (`PoolGroup.typed`); every other group holds raw bytes."""
+        one = one_pool(self.kv)
+        if self.pools == SINGLE_POOL:
+            return one
+        named = pool_group(self.pools)
+        if named.pools == one.pools:
+            return dataclasses.replace(named, typed=one.typed)
+        return named
 
     RANK_LOCAL = (
         "device",
@@ -167,7 +171,7 @@ class CacheConfig:
         """Side-pool capacities that differ from the default (the tier's * ratio): the
         trailing side pools of L1 when `l1_window_pages` is set; None otherwise."""
         group = self.group
-        if group is None or self.l1_window_pages is None:
+        if self.l1_window_pages is None:
             return None
         return {
             "L1": {name: self.l1_window_pages * group.ratio(name) for name in window_pools(group)}
@@ -176,10 +180,7 @@ class CacheConfig:
     def page_bytes(self) -> dict[str, int]:
         """Bytes of one own page per backed-up pool, by pool name (the single pool's: the
         geometry's page): the unit the L3 write ledger counts bytes in."""
-        group = self.group
-        if group is None:
-            return {p.name: self.kv.bytes_per_page for p in preset_group(SINGLE_POOL).pools}
-        return {p.name: p.bytes_per_page for p in group.backed_up().pools}
+        return {p.name: p.bytes_per_page for p in self.group.backed_up().pools}
 
     @property
     def kv(self) -> KVGeometry:

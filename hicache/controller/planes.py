@@ -2,10 +2,10 @@
 
     engine given        has_bytes   the controller gets
     ------------------  ---------   ------------------------------------------------------
-    none                True        a TransferEngine built once from CacheConfig: of
-                                    `config.kv` (the group of one) for `pools = mha`, else
-                                    of the preset's pool group with the control plane's
-                                    anchor -> pool pages mapping (`tables`); a producer
+    none                True        a TransferEngine built once from CacheConfig's group
+                                    (`config.group`: for `pools = mha` the geometry's typed
+                                    group of one), with the control plane's anchor -> pool
+                                    pages mapping (`tables`); a producer
                                     (SyntheticProducer, GroupSyntheticProducer for a group,
                                     unless given) and a RestoreVerifier (verify on)
     a TransferEngine    True        the same, on that engine (one built before its control
@@ -19,7 +19,7 @@ Contract: `choose_plane` raises ConfigError, nothing built, for a plane with byt
 not a TransferEngine (the verifier and producer read its L1 pools; `byte_engine`), for a
 producer given with a byte-free plane (it would never run), and for a pool group's plane
 given a producer that is not a GroupSyntheticProducer. torch is imported only on the byte
-paths. `mha` builds exactly the single-pool engine it always did (its fast path).
+paths. `mha` moves its bytes on the engine's single-pool path, as it always did.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from hicache.controller.verify import RestoreVerifier
 from hicache.dataplane.faults import FaultInjector
 from hicache.dataplane.plane import DataPlane, TaggedPlane
 from hicache.errors import ConfigError
-from hicache.pools.presets import SINGLE_POOL
-from hicache.pools.presets import group as preset_group
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import PoolPages, TransferEngine
@@ -60,7 +58,7 @@ def choose_plane(
     `tables`: the control plane's page table per tier (TIERS order), whose answer maps a
     group's anchor pages to its pools' pages; None builds a group engine without one (it
     refuses transfers)."""
-    group = config.group or preset_group(SINGLE_POOL)
+    group = config.group
     if engine is not None and not engine.has_bytes:
         if producer is not None:
             raise ConfigError(
@@ -77,13 +75,12 @@ def choose_plane(
     from hicache.producers import GroupSyntheticProducer, SyntheticProducer
 
     if engine is None:
-        pools = config.group  # None: the group of one, `config.kv` (its pages are its own)
         engine = TransferEngine(
-            config.kv if pools is None else pools,
+            group,
             config.l1_pages,
             config.l2_pages,
             config.l3_slots,
-            pool_pages=None if pools is None or tables is None else tier_pool_pages(pools, tables),
+            pool_pages=None if tables is None else tier_pool_pages(group, tables),
             device=config.device,
             l3_path=config.l3_path,
             backend=config.backend,
@@ -94,7 +91,7 @@ def choose_plane(
         )
     else:
         engine = byte_engine(engine)
-        if tables is not None and not engine.one_pool:
+        if tables is not None:
             engine.bind(tier_pool_pages(engine.group, tables))  # built before its control plane
     if engine.one_pool:
         made = producer or SyntheticProducer(config.kv, device=engine.device)

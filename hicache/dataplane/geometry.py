@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hicache.errors import ConfigError
+from hicache.pools.spec import DTYPE_BYTES, TypedRows
 
-# dtype names -> bytes per element. fp8 pages are moved as raw bytes.
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+__all__ = ["DTYPE_BYTES", "PRESETS", "KVGeometry", "preset"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,11 @@ class KVGeometry:
     @property
     def bytes_per_token(self) -> int:
         return self.bytes_per_page // self.page_size
+
+    @property
+    def typed(self) -> TypedRows:
+        """What one K or V row's elements are (a typed group of one carries it)."""
+        return TypedRows(self.kv_heads, self.head_dim, self.dtype)
 
 
 PRESETS: dict[str, KVGeometry] = {

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 
 from hicache.dataplane.geometry import DTYPE_BYTES, KVGeometry
 from hicache.errors import ConfigError
-from hicache.pools.spec import ANCHOR, PoolGroup, PoolSpec
+from hicache.pools.presets import SINGLE_POOL
+from hicache.pools.spec import ANCHOR, SHARDED, PoolGroup, PoolSpec
 
 
 def kv_pool_spec(geometry: KVGeometry, name: str = "kv") -> PoolSpec:
     """The single-pool MHA group's one pool: K and V rows per layer, `KVGeometry.row_bytes`
-    each, so its `bytes_per_page` equals `geometry.bytes_per_page`."""
+    each, so its `bytes_per_page` equals `geometry.bytes_per_page`; sharded across ranks, as
+    the `mha` preset's."""
     return PoolSpec(
         name,
         ANCHOR,
@@ -35,7 +37,24 @@ def kv_pool_spec(geometry: KVGeometry, name: str = "kv") -> PoolSpec:
         layers=geometry.layers,
         rows_per_layer=2,
         row_bytes=geometry.row_bytes,
+        tp_mode=SHARDED,
     )
+
+
+def one_pool(geometry: KVGeometry) -> PoolGroup:
+    """The group of one at `geometry`: the `mha` preset's shape (pool `kv`, the anchor) at
+    its sizes, typed by it (`TypedRows`), so the data plane moves it on its single-pool path.
+    Its anchor pages are its pool pages."""
+    return PoolGroup(SINGLE_POOL, (kv_pool_spec(geometry),), geometry.typed)
+
+
+def typed_geometry(group: PoolGroup) -> KVGeometry | None:
+    """The KV geometry of a typed group of one (`PoolGroup.typed`); None for a group of raw
+    bytes. The inverse of `one_pool`."""
+    if group.typed is None:
+        return None
+    kv, t = group.anchor, group.typed
+    return KVGeometry(kv.layers, t.kv_heads, t.head_dim, t.dtype, kv.page_size)
 
 
 def mla_pool_spec(

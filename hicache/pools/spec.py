@@ -48,6 +48,9 @@ ALL_PAGES = "ALL_PAGES"
 TRAILING_PAGES = "TRAILING_PAGES"
 HIT_POLICIES = (ALL_PAGES, TRAILING_PAGES)
 
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+"""Element type name -> bytes per element, for typed rows (fp8 pages move as raw bytes)."""
+
 REPLICATED = "replicated"
 SHARDED = "sharded"
 TP_MODES = (REPLICATED, SHARDED)
@@ -147,13 +150,32 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class TypedRows:
+    """What the bytes of a typed group of one are: each K or V row of its one pool is
+    `page_size x kv_heads x head_dim` elements of `dtype` (MHA). A pool table holds raw bytes
+    only; a KV geometry types the group of one whose rows it describes, which is what lets
+    the data plane keep that pool as one typed tensor and move it on its single-pool path."""
+
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    def row_bytes(self, page_size: int) -> int:
+        """Bytes of one K or V row of a `page_size`-token page."""
+        return page_size * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
 class PoolGroup:
     """A validated pool group: the pools of one tier, in table order. Construction checks
     every rule of spec/pools.md "Group rules" and raises ConfigError naming the field;
-    `check_capacity` and `backup_pools` check the two rules that need more than the table."""
+    `check_capacity` and `backup_pools` check the two rules that need more than the table.
+    `typed`: for a group of one MHA pool, what its rows hold (`TypedRows`); None for raw
+    bytes (every preset as the table gives it)."""
 
     name: str
     pools: tuple[PoolSpec, ...]
+    typed: TypedRows | None = None
 
     def __post_init__(self) -> None:
         where = f"presets.{self.name}"
@@ -180,6 +202,30 @@ class PoolGroup:
                     )
                 continue
             _check_derived(where, p, by_name.get(p.indices_from))
+        if self.typed is not None:
+            self._check_typed(where, anchor, self.typed)
+
+    def _check_typed(self, where: str, anchor: PoolSpec, typed: TypedRows) -> None:
+        """Verify typed rows describe the group: one pool, the anchor, two rows a layer of
+        exactly the bytes the element type and sizes give."""
+        if len(self.pools) != 1 or anchor.rows_per_layer != 2:
+            raise ConfigError(
+                f"{where}.typed", "only a group of one MHA pool (K and V rows) has typed rows"
+            )
+        for name in ("kv_heads", "head_dim"):
+            v = getattr(typed, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{where}.typed.{name}", f"a positive integer, got {v!r}")
+        if typed.dtype not in DTYPE_BYTES:
+            raise ConfigError(
+                f"{where}.typed.dtype", f"one of {sorted(DTYPE_BYTES)}, got {typed.dtype!r}"
+            )
+        if typed.row_bytes(anchor.page_size) != anchor.row_bytes:
+            raise ConfigError(
+                f"{where}.typed",
+                f"{typed} rows of {anchor.page_size}-token pages are "
+                f"{typed.row_bytes(anchor.page_size)} bytes, the pool's are {anchor.row_bytes}",
+            )
 
     @property
     def anchor(self) -> PoolSpec:
@@ -203,7 +249,7 @@ class PoolGroup:
         part of a node's value, which L2 and L3 keep (a request-scoped pool's derived pools
         are request-scoped too, so what is left is a valid group). `self` when none is."""
         kept = tuple(p for p in self.pools if p.backupable)
-        return self if len(kept) == len(self.pools) else PoolGroup(self.name, kept)
+        return self if len(kept) == len(self.pools) else PoolGroup(self.name, kept, self.typed)
 
     @property
     def allocating(self) -> tuple[PoolSpec, ...]:
