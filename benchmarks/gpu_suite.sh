@@ -2,7 +2,8 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool compare tp tpfuzz recompute serving fuzz (default: env
+#   stages: env tests kernels transfer multipool compare batched tp tpfuzz recompute serving fuzz
+#   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
 #   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
@@ -55,6 +56,7 @@ for stage in $stages; do
                       --tokens 350,3500 --preset dsv4,mla ${COMPARE_ARGS:-} --out '$out/compare/$side-$round/multipool'"
                done
              done ;;
+    batched) run bench_batched python3 benchmarks/batched_copies.py --out "$out/batched.json" ;;
     tpfuzz) run tp_fuzz python3 benchmarks/tp_fuzz.py --plane cuda --ranks 2 \
               --seconds "${TPFUZZ_SECONDS:-540}" --steps 1000 ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;
