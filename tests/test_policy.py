@@ -399,10 +399,26 @@ def test_decision_log_errors_are_exact_on_a_known_sequence() -> None:
     assert s["mean_abs_error_s"] == 0.3125 and s["mean_rel_error"] == 0.875
     assert s["choices"] == {"recompute": 1, "L2": 2, "L3": 0}
     assert s["policy_skips"] == 2 and s["skipped_tokens"] == 32 + (48 - 16)
+    assert s["mean_error_s"] == (0.375 - 0.25) / 2  # signed: observed - predicted
     assert s["by_choice"] == {
-        "recompute": {"settled": 1, "mean_abs_error_s": 0.375, "mean_rel_error": 0.75},
-        "L2": {"settled": 1, "mean_abs_error_s": 0.25, "mean_rel_error": 1.0},
-        "L3": {"settled": 0, "mean_abs_error_s": None, "mean_rel_error": None},
+        "recompute": {
+            "settled": 1,
+            "mean_abs_error_s": 0.375,
+            "mean_rel_error": 0.75,
+            "mean_error_s": 0.375,
+        },
+        "L2": {
+            "settled": 1,
+            "mean_abs_error_s": 0.25,
+            "mean_rel_error": 1.0,
+            "mean_error_s": -0.25,
+        },
+        "L3": {
+            "settled": 0,
+            "mean_abs_error_s": None,
+            "mean_rel_error": None,
+            "mean_error_s": None,
+        },
     }
     with pytest.raises(PolicyError, match="already settled"):
         log.settle(a, 1.0)

@@ -200,6 +200,8 @@ def stress(
                     "hit_tokens": dict(ctl.metrics.hit_tokens),
                     "recomputed_tokens": ctl.metrics.recomputed_tokens,
                     "decisions": dict(ctl.metrics.decisions),
+                    "cost_model": ctl.model.state(),
+                    "decision_log": ctl.decisions.summary(),
                 }
             )
         finally:
