@@ -157,3 +157,33 @@ def test_kernels_table_has_units_and_a_legend() -> None:
         "bytes ok",
     ]
     assert "synced:" in legend and "queued:" in legend and "bytes ok:" in legend
+
+
+def test_serving_paced_runs_without_cuda_and_tables_name_the_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--paced` needs no GPU: the synthetic producer at a launch-bound pace, one latency
+    length, no stress. Both tables' rows name the preset and the mode; the JSON keeps each
+    path's warm-up choices apart from the timed ones."""
+    import json
+
+    from hicache.bench import serving
+
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--paced", "5", "0", "--lengths", "40", "--repeats", "1"]
+    assert serving.main([*argv, "--no-stress"]) == 0
+    table = (out / "serving.md").read_text()
+    assert "| preset | mode | tokens |" in table
+    assert "| tiny | paced 5 ms + 0 us/token | 40 |" in table
+    result = json.loads((out / "serving.json").read_text())
+    (run,) = result["runs"]
+    assert (run["preset"], run["mode"]) == ("tiny", "paced 5 ms + 0 us/token")
+    rows = {row["path"]: row for row in run["latency"]}
+    assert sorted(rows) == sorted(serving.PATHS)
+    assert all(len(r["warmup_choices"]) == serving.WARMUP_ROUNDS for r in rows.values())
+    assert all(len(r["samples_ms"]) == 1 for r in rows.values())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:  # --mode picks model modes; --paced runs none
+        serving.main([*argv, "--mode", "eager"])
+    assert done.value.code == 2
+    assert "--paced runs no model" in capsys.readouterr().err

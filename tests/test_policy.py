@@ -28,6 +28,7 @@ from hicache.policy import (
     ThresholdPolicy,
     make_policy,
     nnls_line,
+    prefill_end,
 )
 from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES
 
@@ -398,10 +399,26 @@ def test_decision_log_errors_are_exact_on_a_known_sequence() -> None:
     assert s["mean_abs_error_s"] == 0.3125 and s["mean_rel_error"] == 0.875
     assert s["choices"] == {"recompute": 1, "L2": 2, "L3": 0}
     assert s["policy_skips"] == 2 and s["skipped_tokens"] == 32 + (48 - 16)
+    assert s["mean_error_s"] == (0.375 - 0.25) / 2  # signed: observed - predicted
     assert s["by_choice"] == {
-        "recompute": {"settled": 1, "mean_abs_error_s": 0.375, "mean_rel_error": 0.75},
-        "L2": {"settled": 1, "mean_abs_error_s": 0.25, "mean_rel_error": 1.0},
-        "L3": {"settled": 0, "mean_abs_error_s": None, "mean_rel_error": None},
+        "recompute": {
+            "settled": 1,
+            "mean_abs_error_s": 0.375,
+            "mean_rel_error": 0.75,
+            "mean_error_s": 0.375,
+        },
+        "L2": {
+            "settled": 1,
+            "mean_abs_error_s": 0.25,
+            "mean_rel_error": 1.0,
+            "mean_error_s": -0.25,
+        },
+        "L3": {
+            "settled": 0,
+            "mean_abs_error_s": None,
+            "mean_rel_error": None,
+            "mean_error_s": None,
+        },
     }
     with pytest.raises(PolicyError, match="already settled"):
         log.settle(a, 1.0)
@@ -548,3 +565,62 @@ def test_cost_policy_explores_a_near_candidate_with_prior_only_costs() -> None:
     for _ in range(2):  # the link turns out slow: restores really are slower
         model.observe("h2d", 320 * bpt, 2 * l2_s)
     assert policy.decide(16, 336, 0, 352, bpt).choice == "recompute"
+
+
+# ---------------------------------------------------------------------------------------------
+# A prefill with a fixed cost: every path, a full restore included, prefills the last page
+
+
+@given(
+    fixed_ms=st.floats(0.0, 60.0),
+    per_token_us=st.floats(0.0, 150.0),
+    link_gib_s=st.floats(2.0, 60.0),
+    n_tokens=st.integers(PAGE + 1, 4096),
+    data=st.data(),
+)
+def test_cost_policy_charges_the_tail_prefill_and_its_fixed_cost(
+    fixed_ms: float, per_token_us: float, link_gib_s: float, n_tokens: int, data: st.DataObject
+) -> None:
+    """A producer whose prefill takes `F + s * tokens` (F large: launch-bound, as eager
+    PyTorch on a large GPU; F small: compute-bound, as CUDA graphs). A hit covers at most
+    n - 1 tokens, page-aligned down, and the prefill computes through `prefill_end(n)`: so
+    restoring L2's hit costs H2D + F + s * tail, and recomputing F + s * all. Fed what a
+    serving run measures (full and tail prefills, H2D at two sizes), the model's decision is
+    the cheaper of the two whenever they differ by more than 1%.
+
+    The controller prices through `prefill_end`; before it did, a prompt ending mid-page
+    was priced up to its last whole page, so a full restore was charged no prefill at all
+    and chosen under a launch-bound producer (tests/test_policy_fixed_cost.py shows it
+    through the controller)."""
+    fixed_s, per_token_s = fixed_ms * 1e-3, per_token_us * 1e-6
+    link_s_per_byte = 1 / (link_gib_s * GIB)
+    end = prefill_end(n_tokens, PAGE)
+    l2 = PAGE * data.draw(st.integers(1, (n_tokens - 1) // PAGE), label="l2 pages")
+    model = CostModel()
+    for size in (end, end - l2, end, PAGE):  # full prefills and tails, as a run sees them
+        model.observe("recompute", size, fixed_s + per_token_s * size)
+    for nbytes in (l2 * BPT, 2 * l2 * BPT):
+        model.observe("h2d", nbytes, 20e-6 + link_s_per_byte * nbytes)
+    recompute_s = fixed_s + per_token_s * end
+    restore_s = 20e-6 + link_s_per_byte * l2 * BPT + fixed_s + per_token_s * (end - l2)
+    d = CostPolicy(model).decide(0, l2, 0, end, BPT)
+    assert d.predicted_s["recompute"] == pytest.approx(recompute_s, rel=1e-6, abs=1e-12)
+    assert d.predicted_s["L2"] == pytest.approx(restore_s, rel=1e-6, abs=1e-12)
+    if recompute_s < 0.99 * restore_s:
+        assert d.choice == "recompute", d
+    elif restore_s < 0.99 * recompute_s:
+        assert d.choice == "L2", d
+
+
+def test_prefill_end_rounds_up_to_whole_pages() -> None:
+    assert [prefill_end(n, 16) for n in (0, 1, 15, 16, 17, 350, 352)] == [
+        0,
+        16,
+        16,
+        16,
+        32,
+        352,
+        352,
+    ]
+    with pytest.raises(PolicyError):
+        prefill_end(-1, 16)

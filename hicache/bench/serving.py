@@ -1,25 +1,37 @@
 """Restore vs recompute through the whole controller, with the model producer on a GPU.
 
-    hicache bench serving --out DIR [--presets qwen3-8b qwen3-4b] [--mode eager|graphs|compile]
+    hicache bench serving --out DIR [--presets qwen3-8b qwen3-4b] [--mode eager graphs compile]
+    hicache bench serving --out DIR --paced FIXED_MS US_PER_TOKEN [--presets tiny] [--device cpu]
 
-Two experiments per preset:
+Each (preset, producer mode) -- by default both `eager` (launch-bound: a prefill's fixed
+cost dominates) and `graphs` (CUDA graphs: little fixed cost) -- runs two experiments:
   latency   a prompt = a cached prefix of N tokens + one new page; time from admission until
             its prefill is done (`torch.cuda.synchronize`), with the prefix forced to come
             from: nowhere (recompute, policy `never`), L2 (L1 copy evicted, policy `always`),
             L3 (L1 and L2 copies evicted, `always`), and as the `cost` policy decides (L1 copy
-            evicted: it chooses among recompute, L2 and L3).
+            evicted: it chooses among recompute, L2 and L3). Each path first runs
+            `WARMUP_ROUNDS` untimed rounds: the caches, and the cost model's first guess and
+            its explorations (spec/policies.md, R34), are a one-time cost of a new controller,
+            not the per-request latency of the path it settles on.
   stress    8 prefixes x 350 tokens, 80 requests, batch 1, through the serving loop; L1 holds
             2 prefixes, so the rest come from L2 (or, with L2 holding 2 as well, from L3).
             Requests per second for recompute / L2 / L3 / cost.
+One table per experiment, a row per (preset, mode). Without CUDA it measures nothing and says
+so -- unless `--paced`: the synthetic producer (`PacedProducer`) on `--device` (default cpu)
+with a prefill of FIXED_MS + US_PER_TOKEN x tokens, presets naming KV geometries (default
+`tiny`), which shows the cost policy against the forced paths on any machine (a launch-bound
+pace: `--paced 19 1`; a compute-bound one: `--paced 1 100`).
 Invariant checks are off here (they are the tests' job; here they would be timed).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +43,45 @@ from hicache.app.workload import repeated_prefix_workload
 from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
+from hicache.dataplane.geometry import preset as geometry_preset
 from hicache.policy import Decision
-from hicache.producers.model import ModelProducer
+from hicache.policy.policies import EXPLORE_SAMPLES
+from hicache.producers import KVProducer, PacedProducer, SyntheticProducer
+from hicache.producers.model import MODES, ModelProducer
 
 LENGTHS = (350, 1000, 2000, 3500)
 PATHS = ("recompute", "L2", "L3", "cost")
+DEFAULT_MODES = ("eager", "graphs")
+WARMUP_ROUNDS = 1 + EXPLORE_SAMPLES
+"""Untimed latency rounds per path: the first `cost` decision is a guess (the recompute line
+has seen one prefill size), its first H2D a warm-up the model does not learn from, and the
+next EXPLORE_SAMPLES restores may be explorations; every path gets the same rounds."""
+PACED_VOCAB = 50_000  # token ids of the paced (synthetic) producer: any ints will do
 
 
-def _controller(producer: ModelProducer, policy: str, l1: int, l2: int, l3: int) -> CacheController:
+@dataclass(frozen=True)
+class Subject:
+    """What one row measures: a producer, the token ids it accepts, its device, and the mode
+    named in the tables (a model producer's mode, or the paced producer's pace)."""
+
+    producer: KVProducer
+    vocab: int
+    device: str
+    mode: str
+
+
+def _controller(subject: Subject, policy: str, l1: int, l2: int, l3: int) -> CacheController:
     cfg = CacheConfig(
-        geometry=producer.geometry,
+        geometry=subject.producer.geometry,
         l1_pages=l1,
         l2_pages=l2,
         l3_slots=l3,
-        device=str(producer.device),
+        device=subject.device,
         policy=policy,
         check_mode="off",
         verify=False,
     )
-    return CacheController(cfg, producer)
+    return CacheController(cfg, subject.producer)
 
 
 def _sync() -> None:
@@ -72,23 +104,24 @@ def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> tuple[float
     return elapsed, mat.decision
 
 
-def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    ps = producer.geometry.page_size
+def latency(
+    subject: Subject, lengths: Sequence[int], repeats: int, warmup: int = WARMUP_ROUNDS
+) -> list[dict[str, Any]]:
+    ps = subject.producer.geometry.page_size
     rows = []
     for n in lengths:
         prefix_len = n // ps * ps
         pages = prefix_len // ps + 1
         for path in PATHS:
             policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
-            ctl = _controller(producer, policy, 4 * pages + 8, 4 * pages + 8, 4 * pages + 8)
+            ctl = _controller(subject, policy, 4 * pages + 8, 4 * pages + 8, 4 * pages + 8)
             samples = []
             predicted: list[dict[str, Any]] = []
+            warmup_choices: list[str] = []
             try:
-                for r in range(repeats + 1):  # the first (r == 0) warms the cost model and caches
+                for r in range(warmup + repeats):  # r < warmup: caches, guess and explorations
                     gen = torch.Generator().manual_seed(1000 * n + r)
-                    prefix = torch.randint(
-                        0, producer.shape.vocab, (prefix_len,), generator=gen
-                    ).tolist()
+                    prefix = torch.randint(0, subject.vocab, (prefix_len,), generator=gen).tolist()
                     _serve(ctl, 2 * r, prefix)  # puts the prefix in L1, backs it up to L2 and L3
                     ctl.drain()
                     ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
@@ -96,7 +129,9 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                         ctl.cp.evict("L2", 10**9)
                     s, d = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
                     ctl.drain()
-                    if r:
+                    if r < warmup:
+                        warmup_choices.append(d.choice)
+                    else:
                         samples.append(s)
                         predicted.append(
                             {
@@ -114,6 +149,7 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
                     "tokens": n,
                     "prefix_tokens": prefix_len,
                     "path": path,
+                    "warmup_choices": warmup_choices,
                     "median_ms": statistics.median(samples) * 1e3,
                     "samples_ms": [x * 1e3 for x in samples],
                     "decisions": choice,
@@ -131,30 +167,27 @@ def latency(producer: ModelProducer, lengths: Sequence[int], repeats: int) -> li
 
 
 def stress(
-    producer: ModelProducer, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80
+    subject: Subject, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80
 ) -> list[dict[str, Any]]:
-    ps = producer.geometry.page_size
+    ps = subject.producer.geometry.page_size
+    vocab = subject.vocab
     per = -(-prefix_len // ps) + 1
     rows = []
     # Warm-up, untimed: the producer compiles or captures once per (start, end) shape, and the
     # first path to need the restore's tail shape would otherwise pay for it in its wall time.
-    warm = _controller(producer, "always", 2 * per + 2, n_prefixes * per * 2, n_prefixes * per * 2)
+    warm = _controller(subject, "always", 2 * per + 2, n_prefixes * per * 2, n_prefixes * per * 2)
     try:
         ServingLoop(warm, batch_size=1).run(
-            repeated_prefix_workload(
-                n_prefixes, prefix_len, 3 * n_prefixes, seed=7, vocab=producer.shape.vocab
-            )
+            repeated_prefix_workload(n_prefixes, prefix_len, 3 * n_prefixes, seed=7, vocab=vocab)
         )
     finally:
         warm.close()
     for path in PATHS:
         policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
         l2 = 2 * per + 2 if path == "L3" else n_prefixes * per * 2
-        ctl = _controller(producer, policy, 2 * per + 2, l2, n_prefixes * per * 2)
+        ctl = _controller(subject, policy, 2 * per + 2, l2, n_prefixes * per * 2)
         try:
-            work = repeated_prefix_workload(
-                n_prefixes, prefix_len, n_requests, seed=7, vocab=producer.shape.vocab
-            )
+            work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=vocab)
             loop = ServingLoop(ctl, batch_size=1)
             report = loop.run(work)
             _sync()
@@ -167,6 +200,8 @@ def stress(
                     "hit_tokens": dict(ctl.metrics.hit_tokens),
                     "recomputed_tokens": ctl.metrics.recomputed_tokens,
                     "decisions": dict(ctl.metrics.decisions),
+                    "cost_model": ctl.model.state(),
+                    "decision_log": ctl.decisions.summary(),
                 }
             )
         finally:
@@ -184,87 +219,164 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in counts.items()) or "none"
 
 
+def _paced(text: str) -> float:
+    """argparse `type=` of one `--paced` number: finite and >= 0."""
+    value = float(text)
+    if not (value >= 0 and value != float("inf")):
+        raise ValueError(text)
+    return value
+
+
+def _subjects(args: argparse.Namespace) -> Iterator[tuple[str, Subject]]:
+    """Yield one Subject per (preset, mode), building each producer only when its turn comes
+    (a model producer holds its weights on the GPU)."""
+    if args.paced is not None:
+        fixed_ms, us_per_token = args.paced
+        for preset in args.presets or ["tiny"]:
+            geometry = geometry_preset(preset)
+            inner = SyntheticProducer(geometry, device=args.device)
+            producer = PacedProducer(inner, fixed_ms * 1e-3, us_per_token * 1e-6)
+            mode = f"paced {fixed_ms:g} ms + {us_per_token:g} us/token"
+            yield preset, Subject(producer, PACED_VOCAB, str(inner.device), mode)
+        return
+    for preset in args.presets or ["qwen3-8b", "qwen3-4b"]:
+        for mode in args.mode or DEFAULT_MODES:
+            model = ModelProducer(preset, "cuda", mode=mode)
+            yield preset, Subject(model, model.shape.vocab, str(model.device), mode)
+            del model  # the caller has dropped its Subject: free the weights before the next
+            torch.cuda.empty_cache()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = BenchParser("serving", __doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument(
         "--out", required=True, type=OUTPUT_DIR, help="directory for serving.json (made if missing)"
     )
-    p.add_argument("--presets", nargs="+", default=["qwen3-8b", "qwen3-4b"])
-    p.add_argument("--mode", default="eager", help="model producer mode: eager, compile, graphs")
+    p.add_argument(
+        "--presets",
+        nargs="+",
+        default=None,
+        help="model presets (default qwen3-8b qwen3-4b); with --paced, KV geometries (tiny)",
+    )
+    p.add_argument(
+        "--mode",
+        nargs="+",
+        choices=MODES,
+        default=None,
+        help=f"model producer modes, one table row each (default: {' '.join(DEFAULT_MODES)})",
+    )
+    p.add_argument(
+        "--paced",
+        nargs=2,
+        type=_paced,
+        metavar=("FIXED_MS", "US_PER_TOKEN"),
+        default=None,
+        help="no model: the synthetic producer paced to FIXED_MS + US_PER_TOKEN x tokens per "
+        "prefill, on --device (runs without CUDA)",
+    )
+    p.add_argument("--device", default="cpu", help="with --paced: the device (default cpu)")
     p.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP_ROUNDS,
+        help=f"untimed latency rounds per path (default {WARMUP_ROUNDS})",
+    )
     p.add_argument("--no-stress", action="store_true")
     args = p.parse_args(list(argv) if argv is not None else None)
-    if not torch.cuda.is_available():
+    if args.repeats < 1 or args.warmup < 0:
+        p.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}")
+    if args.paced is not None and args.mode is not None:
+        p.error("--mode picks model producer modes; --paced runs no model")
+    if args.paced is None and not torch.cuda.is_available():
         return no_cuda("serving")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    on_cuda = torch.cuda.is_available() and (args.paced is None or args.device.startswith("cuda"))
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if on_cuda else f"{args.device} (no GPU)",
         "torch": torch.__version__,
-        "mode": args.mode,
-        "presets": {},
+        "warmup_rounds": args.warmup,
+        "runs": [],
     }
-    for preset in args.presets:
-        print(f"{preset} ({args.mode})", flush=True)
-        producer = ModelProducer(preset, "cuda", mode=args.mode)
-        entry = {"latency": latency(producer, args.lengths, args.repeats)}
-        if not args.no_stress:
-            entry["stress"] = stress(producer)
-        result["presets"][preset] = entry
-        del producer
-        torch.cuda.empty_cache()
-        (out / "serving.json").write_text(json.dumps(result, indent=2))
+    threads = torch.get_num_threads()
+    if args.paced is not None and not on_cuda:
+        # The pace is what is measured, not the CPU's kernels: one intra-op thread keeps a
+        # synthetic prefill under a millisecond (torch's pool, on a busy 2-core machine, made
+        # a 348-token one take 60 ms instead of 0.3, and the pace meaningless).
+        torch.set_num_threads(1)
+    try:
+        for preset, subject in _subjects(args):
+            print(f"{preset} ({subject.mode})", flush=True)
+            run: dict[str, Any] = {"preset": preset, "mode": subject.mode}
+            run["latency"] = latency(subject, args.lengths, args.repeats, args.warmup)
+            if not args.no_stress:
+                run["stress"] = stress(subject)
+            result["runs"].append(run)
+            (out / "serving.json").write_text(json.dumps(result, indent=2))
+            del subject  # its model producer's weights go before the next one is built
+    finally:
+        torch.set_num_threads(threads)
     (out / "serving.md").write_text(report_md(result))
     print(report_md(result))
     return 0
 
 
 def report_md(result: dict[str, Any]) -> str:
-    """Tables: latency per path with speed-up over recompute, and the cost policy's time as
-    a ratio to the better forced choice (<= 1.05 is the goal); the stress run likewise."""
+    """Two tables, a row per (preset, mode): latency per path with speed-up over recompute
+    and the cost policy's time over the better forced choice's (goal <= 1.05); the stress
+    run's requests/s likewise, cost over the best forced (goal >= 0.95), with cost's choices."""
     lines = [
         f"# Restore vs recompute through the controller: {result['device']}",
         "",
-        f"torch {result['torch']}, model producer mode {result['mode']}, median of repeats.",
+        f"torch {result['torch']}; latency: median of repeats after "
+        f"{result.get('warmup_rounds', 1)} untimed rounds per path.",
         "",
+        "## Latency (prefix + one new page, admission to prefill done)",
+        "",
+        "| preset | mode | tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) "
+        "| cost ms | cost / best forced | cost's choices |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for preset, entry in result["presets"].items():
-        lines += [
-            f"## {preset}: latency (prefix + one new page, admission to prefill done)",
-            "",
-            "| tokens | recompute ms | L2 ms (speed-up) | L3 ms (speed-up) | cost ms "
-            "| cost / best forced |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
+    stress_rows: list[str] = []
+    for run in result["runs"]:
         by: dict[int, dict[str, float]] = {}
-        for row in entry["latency"]:
+        chose: dict[int, str] = {}
+        for row in run["latency"]:
             by.setdefault(row["tokens"], {})[row["path"]] = row["median_ms"]
+            if row["path"] == "cost":
+                chose[row["tokens"]] = ", ".join(p["choice"] for p in row.get("predicted", []))
         for n, t in sorted(by.items()):
             best = min(t["recompute"], t["L2"], t["L3"])
             lines.append(
-                f"| {n} | {t['recompute']:.2f} | {t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
+                f"| {run['preset']} | {run['mode']} | {n} | {t['recompute']:.2f} | "
+                f"{t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
                 f"{t['L3']:.2f} ({t['recompute'] / t['L3']:.2f}x) | {t['cost']:.2f} | "
-                f"{t['cost'] / best:.3f} |"
+                f"{t['cost'] / best:.3f} | {chose.get(n, '')} |"
             )
-        if "stress" in entry:
-            lines += [
-                "",
-                f"## {preset}: stress (8 prefixes x 350 tokens, 80 requests, batch 1)",
-                "",
-                "| path | req/s | vs recompute | hits (L2 / L3 tokens) |",
-                "| --- | --- | --- | --- |",
-            ]
-            rates = {r["path"]: r["requests_per_s"] for r in entry["stress"]}
-            for r in entry["stress"]:
-                lines.append(
-                    f"| {r['path']} | {r['requests_per_s']:.2f} | "
-                    f"{r['requests_per_s'] / rates['recompute']:.2f}x | "
-                    f"{r['hit_tokens']['L2']} / {r['hit_tokens']['L3']} |"
-                )
+        if "stress" in run:
+            rates = {r["path"]: r["requests_per_s"] for r in run["stress"]}
+            cost = next(r for r in run["stress"] if r["path"] == "cost")
             best = max(rates["recompute"], rates["L2"], rates["L3"])
-            lines.append(f"\ncost / best forced (throughput): {rates['cost'] / best:.3f}")
-        lines.append("")
+            stress_rows.append(
+                f"| {run['preset']} | {run['mode']} | {rates['recompute']:.2f} | "
+                f"{rates['L2']:.2f} ({rates['L2'] / rates['recompute']:.2f}x) | "
+                f"{rates['L3']:.2f} ({rates['L3'] / rates['recompute']:.2f}x) | "
+                f"{rates['cost']:.2f} | {rates['cost'] / best:.3f} | "
+                f"{_counts(cost['decisions'])} |"
+            )
+    if stress_rows:
+        lines += [
+            "",
+            "## Stress (8 prefixes x 350 tokens, 80 requests, batch 1)",
+            "",
+            "| preset | mode | recompute req/s | L2 req/s (vs recompute) | L3 req/s (vs recompute) "
+            "| cost req/s | cost / best forced | cost's choices |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            *stress_rows,
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 

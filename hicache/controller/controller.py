@@ -65,6 +65,7 @@ from hicache.errors import (
     RestorePending,
     TransferError,
 )
+from hicache.policy.policies import prefill_end
 
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
@@ -185,14 +186,17 @@ class CacheController:
         # The last prompt token is always computed (it yields the first output's logits), so
         # a hit may cover at most len - 1 tokens (the insert guard of spec/tree.md).
         prompt = max(len(tokens) // g.page_size * g.page_size, 1)  # the page-aligned prompt
+        # The policy prices every path through the prefill's end: the partial last page is
+        # computed whatever is restored, so a restore pays a prefill (and its fixed cost) too.
+        priced = max(prefill_end(len(tokens), g.page_size), 1)
         m = self.cp.begin_request(
             request_id,
             tokens,
             match_len=len(tokens) - 1,
-            agree=(lambda m: self.ranks.hits(m, prompt)) if self.tp else None,
+            agree=(lambda m: self.ranks.hits(m, prompt, priced)) if self.tp else None,
         )
         l1, l2, l3 = self.ranks.policy_hits(m)
-        decision = self.ranks.decide((l1, l2, l3), prompt)  # across ranks, rank 0's choice
+        decision = self.ranks.decide((l1, l2, l3), priced)  # across ranks, rank 0's choice
         mat = Materialization(
             request_id, tuple(tokens), decision, self.decisions.record(decision), m
         )
@@ -293,7 +297,7 @@ class CacheController:
         )
         # Compute through the prompt's last token: whole pages are inserted, a partial last
         # page (the tail) is computed into a private page that is never published.
-        end = -(-len(mat.tokens) // g.page_size) * g.page_size
+        end = prefill_end(len(mat.tokens), g.page_size)
         todo = end - start
         if todo > 0:
             # The restored nodes are pinned in L1 (and the prefix locked): this evicts only

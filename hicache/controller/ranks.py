@@ -2,9 +2,9 @@
 
     policy_hits(m)            the hits the policy decides on for match `m`: as far as a
                               restore plan reaches, L3 as far as it may serve (one rank too)
-    hits(m, prompt)           C1a: this rank's bounds, own L1 hit, choice and endpoint mask
+    hits(m, prompt, priced)   C1a: this rank's bounds, own L1 hit, choice and endpoint mask
                               in; the hits every rank uses out (tokens)
-    decide(hits, prompt)      the decision on the agreed hits: this rank's own when they are
+    decide(hits, priced)      the decision on the agreed hits: this rank's own when they are
                               its own hits, else its policy's; across ranks rank 0's choice
                               (C1a's, or C1b asked again)
     served(mat)               C1c carrying C3: the planned node every rank serves through, and
@@ -66,14 +66,15 @@ class RankAgreement:
         l3 = max(m.lengths[1], self.l3.servable_len(m))
         return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
-    def hits(self, m: MatchResult, prompt: int) -> tuple[int, ...]:
+    def hits(self, m: MatchResult, prompt: int, priced: int) -> tuple[int, ...]:
         """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
-        rank's own) of a prompt of `prompt` page-aligned tokens (at least 1)."""
+        rank's own) of a prompt of `prompt` page-aligned tokens (at least 1), whose prefill
+        computes through `priced` tokens (`prefill_end`: what the policy prices)."""
         ps = self.kv.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
         run = list(m.path[: m.path.index(deepest) + 1]) if deepest is not None else []
         own = self.policy_hits(m)
-        decision = self.policy.decide(*own, prompt, self.kv.bytes_per_token)
+        decision = self.policy.decide(*own, priced, self.kv.bytes_per_token)
         windows = self.cp.windows
         # The mask spans the prompt's page ends: a length every rank knows (F17).
         mask = windows.endpoint_mask(run, prompt // ps) if windows.hit_pages else None
@@ -88,16 +89,17 @@ class RankAgreement:
         self._own = (own, decision, rank0)
         return tuple(pages * ps for pages in agreed)
 
-    def decide(self, hits: Hits, prompt: int) -> Decision:
-        """The decision on `hits` (the agreed ones across ranks) for a prompt of `prompt`
-        page-aligned tokens. Across ranks every rank takes rank 0's choice (a cost model's
-        timings are its own): C1a's when rank 0's own hits were the agreed ones, else C1b's.
+    def decide(self, hits: Hits, priced: int) -> Decision:
+        """The decision on `hits` (the agreed ones across ranks) for a prompt whose prefill
+        computes through `priced` tokens (`prefill_end`). Across ranks every rank takes rank
+        0's choice (a cost model's timings are its own): C1a's when rank 0's own hits were the
+        agreed ones, else C1b's.
         Consumes the by-products of the `hits` call of this admission."""
         own, self._own = self._own, None
         if own is not None and own[0] == hits:
             decision = own[1]  # the agreed hits are this rank's own: so is the decision
         else:
-            decision = self.policy.decide(*hits, prompt, self.kv.bytes_per_token)
+            decision = self.policy.decide(*hits, priced, self.kv.bytes_per_token)
         if not self.tp:
             return decision
         assert own is not None, "across ranks every admission makes C1a first"
@@ -107,7 +109,7 @@ class RankAgreement:
         chosen = CHOICES[code]
         if chosen == decision.choice:
             return decision
-        cands = price_candidates(self.model, *hits, prompt, self.kv.bytes_per_token)
+        cands = price_candidates(self.model, *hits, priced, self.kv.bytes_per_token)
         return cands.decision(
             chosen, f"rank 0's choice ({chosen}; this rank's: {decision.choice}, {decision.reason})"
         )

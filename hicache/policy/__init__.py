@@ -25,6 +25,7 @@ from hicache.policy.policies import (
     PricedPolicy,
     ThresholdPolicy,
     make_policy,
+    prefill_end,
     price_candidates,
 )
 
@@ -45,5 +46,6 @@ __all__ = [
     "ThresholdPolicy",
     "make_policy",
     "nnls_line",
+    "prefill_end",
     "price_candidates",
 ]

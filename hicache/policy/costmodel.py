@@ -33,6 +33,32 @@ so `LinearCost` keeps the last `WINDOW_SAMPLES` samples and:
   zero (a fixed cost cannot be negative; a sample faster than the slope explains pulls the
   fixed part towards zero);
 - once they vary more, fits intercept and slope over the window by non-negative least squares.
+
+**The recompute line's fixed part.** A prefill costs `fixed_s + per_unit_s * tokens`, and
+whether a restore pays depends on the split: a restore saves `per_unit_s * restored tokens`
+and pays its transfers *and still one prefill* -- the prompt's last page is always computed
+(`hicache.policy.policies.prefill_end`), so `fixed_s` is paid on every path. A launch-bound
+producer (eager PyTorch on a large GPU: tens of ms per prefill whatever its length) has a
+large `fixed_s` and a small `per_unit_s`, so recompute wins there; CUDA graphs shrink
+`fixed_s`, and restores win.
+
+Every prefill is a sample of this line (the controller times each `produce`, a full prompt
+or the tail after a restore), so the split is learned as soon as the window holds both a
+full prefill and a tail (NNLS). Until then -- only full prefills, all of one size -- it
+cannot be identified, and the line keeps the prior's split (50 us/token): it prices a short
+tail low, so the first restore is a guess, and its tail prefill is the sample that
+identifies `fixed_s`. That guess is deliberate: a pessimistic split would never restore
+and so never learn that a fast producer makes restores pay.
+
+Why the `cost` policy restored every hit under a launch-bound producer (H200, `hicache bench
+serving --mode eager`: 0.52 / 0.78 of the best forced throughput for Qwen3-4B / 8B): not
+this line. It learned `fixed_s` (a CPU replay of the stress run with a paced producer,
+19 ms + 1 us/token, gives fixed 19.1 ms, slope 1.0 us/token after the first tail), but the
+controller priced candidates only up to the prompt's last *whole* page. The stress prompts
+(350 tokens) end mid-page, so a restore of every cached page left `rest = 0` and was priced
+as H2D alone -- no prefill, no `fixed_s` -- against a full prefill: restore won every time
+though it cost H2D + a prefill of nearly the same length. The controller now prices through
+`prefill_end` (the prompt rounded up to whole pages), the tokens its prefill computes.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ priced: restore plus the prefill of what is still missing, steady time only. The
                        have extended the hit further than the chosen path
     skipped_tokens     those unused tokens, summed (longest candidate - chosen extension)
     mean_abs_error_s   mean |observed - predicted| over settled decisions, seconds
+    mean_error_s       mean (observed - predicted), seconds: > 0 where a path costs more than
+                       its lines predict (per choice: a restore's cost that no transfer or
+                       prefill sample sees -- issue, completion, publish -- shows here)
     mean_rel_error     mean |observed - predicted| / observed over settled decisions
     pending_dropped    unsettled decisions forgotten because more than `max_pending` were open
 
@@ -38,20 +41,28 @@ class _ErrorStats:
     settled: int = 0
     abs_error_sum_s: float = 0.0
     rel_error_sum: float = 0.0
+    error_sum_s: float = 0.0
 
     def add(self, predicted_s: float, observed_s: float) -> None:
         error_s = abs(observed_s - predicted_s)
         self.settled += 1
         self.abs_error_sum_s += error_s
         self.rel_error_sum += error_s / observed_s
+        self.error_sum_s += observed_s - predicted_s
 
     def summary(self) -> dict[str, float | int | None]:
         if self.settled == 0:
-            return {"settled": 0, "mean_abs_error_s": None, "mean_rel_error": None}
+            return {
+                "settled": 0,
+                "mean_abs_error_s": None,
+                "mean_rel_error": None,
+                "mean_error_s": None,
+            }
         return {
             "settled": self.settled,
             "mean_abs_error_s": self.abs_error_sum_s / self.settled,
             "mean_rel_error": self.rel_error_sum / self.settled,
+            "mean_error_s": self.error_sum_s / self.settled,
         }
 
 
@@ -118,5 +129,6 @@ class DecisionLog:
             "skipped_tokens": self.skipped_tokens,
             "mean_abs_error_s": overall["mean_abs_error_s"],
             "mean_rel_error": overall["mean_rel_error"],
+            "mean_error_s": overall["mean_error_s"],
             "by_choice": {c: stats.summary() for c, stats in self._errors_by_choice.items()},
         }

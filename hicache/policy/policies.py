@@ -1,7 +1,8 @@
 """Restore-vs-recompute policies: given per-tier hit lengths, pick how to fill the prompt.
 
-A request's prompt has `prompt_len` tokens; one tree walk says how long a prefix each tier
-holds. L1's hit is used as is; beyond it there are up to three ways to fill the rest:
+A request's prefill computes through `prompt_len` tokens: its prompt rounded up to whole pages
+(`prefill_end`: a partial last page is computed too); one tree walk says how long a prefix
+each tier holds. L1's hit is used as is; beyond it there are up to three ways to fill the rest:
 
     tokens  0 ........ l1_len ........ l2_len ........ l3_len ........ prompt_len
             [ L1 hit  )[ from L2 (H2D)  )[ from L3 (S2H, then H2D) )[ recompute )
@@ -85,6 +86,21 @@ class Candidates:
             benefit_s=self.benefit_s(choice),
             reason=reason,
         )
+
+
+def prefill_end(n_tokens: int, page_size: int) -> int:
+    """The token index a request's prefill computes through: its `n_tokens` prompt tokens
+    rounded UP to whole pages. The policies price candidates up to here (their `prompt_len`).
+
+    A hit covers at most `n_tokens - 1` tokens, page-aligned down (the last prompt token is
+    always computed), so every path -- a restore of everything the cache holds included --
+    still prefills at least the prompt's last page, and pays a prefill's fixed cost. Priced
+    only up to the page-aligned-down prompt, a restore of a prompt that ends mid-page was
+    charged no prefill at all (spec/policies.md, "Pricing").
+    """
+    if n_tokens < 0 or page_size < 1:
+        raise PolicyError(f"need n_tokens >= 0 and page_size >= 1, got {n_tokens}, {page_size}")
+    return -(-n_tokens // page_size) * page_size
 
 
 def _check_lengths(

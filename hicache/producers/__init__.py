@@ -4,6 +4,8 @@ KVProducer          the contract (`produce`, `expected`), in base.py
 SyntheticProducer   KV that is a pure function of the token prefix; CPU-cheap, checkable
                     byte for byte (`expected`)
 GroupSyntheticProducer  the same rule for every pool of a pool group (group.py)
+PacedProducer       another producer's KV at the pace of `fixed_s + per_token_s * tokens`
+                    per prefill (a launch-bound or compute-bound model, on any machine)
 ModelProducer       real prefill: Qwen3 at real shapes with random weights (needs the
                     optional `transformers`, imported only when one is built)
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from hicache.producers.base import KVProducer, PageIndex
 from hicache.producers.group import GroupSyntheticProducer
 from hicache.producers.model import MODEL_PRESETS, ModelProducer, Qwen3Shape
+from hicache.producers.paced import PacedProducer
 from hicache.producers.synthetic import SyntheticProducer
 
 __all__ = [
@@ -20,6 +23,7 @@ __all__ = [
     "GroupSyntheticProducer",
     "KVProducer",
     "ModelProducer",
+    "PacedProducer",
     "PageIndex",
     "Qwen3Shape",
     "SyntheticProducer",

@@ -1,0 +1,78 @@
+"""`PacedProducer`: another producer's KV, at the pace of a prefill with a fixed cost.
+
+A model's prefill costs about
+
+    seconds(tokens) = fixed_s + per_token_s * tokens
+
+where `fixed_s` is what every prefill pays whatever its length (kernel launches, the host
+side of each layer) and `per_token_s` the compute. Eager PyTorch on a large GPU is
+*launch-bound*: `fixed_s` is tens of milliseconds and dominates short and medium prompts, so
+a one-page tail prefill costs nearly a full one. CUDA graphs cut `fixed_s` to a millisecond
+or so. Whether restoring a prefix beats recomputing it depends on that split, and a CPU
+machine has no model to show it: this producer gives one.
+
+`produce` runs the wrapped producer (its bytes, unchanged), then waits until
+`fixed_s + per_token_s * (end - start)` seconds have passed since it started (a floor: a
+slower inner producer is not sped up), and returns the seconds that passed -- the recompute
+sample the cost model learns from, as a model producer's would be. With `sleep=False` it
+does not wait and returns the paced seconds (or the inner producer's, if longer) as if it
+had: decisions then follow the pace exactly, whatever the machine's load, while wall time
+does not (for tests of the policy's choices, not of throughput).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from hicache.errors import ConfigError
+from hicache.producers.base import KVProducer, PageIndex
+
+
+class PacedProducer:
+    """`inner`'s KV, each `produce` taking at least `fixed_s + per_token_s * tokens` seconds
+    (see the module docstring). Both costs are seconds, finite and >= 0."""
+
+    def __init__(
+        self, inner: KVProducer, fixed_s: float, per_token_s: float, *, sleep: bool = True
+    ) -> None:
+        for field, value in (("fixed_s", fixed_s), ("per_token_s", per_token_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"paced.{field}", f"must be finite seconds >= 0, got {value!r}")
+        self.inner = inner
+        self.geometry = inner.geometry
+        self.fixed_s = fixed_s
+        self.per_token_s = per_token_s
+        self.sleep = sleep
+
+    def pace_s(self, tokens: int) -> float:
+        """The floor, in seconds, of one prefill of `tokens` tokens."""
+        return self.fixed_s + self.per_token_s * tokens
+
+    def produce(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        l1: torch.Tensor,
+        prefix_pages: PageIndex,
+        new_pages: PageIndex,
+    ) -> float:
+        """`inner.produce`, then wait out the pace; returns the steady seconds (module
+        docstring). ProducerError from `inner`, nothing written, for bad arguments."""
+        started_s = time.perf_counter()
+        inner_s = self.inner.produce(tokens, start, end, l1, prefix_pages, new_pages)
+        floor_s = self.pace_s(end - start)
+        if not self.sleep:
+            return max(inner_s, floor_s)
+        deadline = started_s + floor_s
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(left)
+        return time.perf_counter() - started_s
+
+    def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
+        """What `inner` says `produce` writes (pacing changes no byte)."""
+        return self.inner.expected(tokens, start, end)

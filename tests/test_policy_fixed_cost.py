@@ -1,0 +1,93 @@
+"""The cost policy under a prefill with a fixed cost (a launch-bound model: eager PyTorch on a
+large GPU), through the whole controller on the CPU: a `PacedProducer` gives the synthetic KV
+the pace `fixed_s + per_token_s * tokens` per prefill.
+
+The prompts end mid-page (as the serving benchmark's 350-token prompts do), so even a
+restore of everything the cache holds leaves the last page to prefill. The restore must be
+charged that prefill, fixed cost and all: before it was, the policy priced a full restore as
+H2D alone and restored every time under a launch-bound producer, where recomputing is as
+fast and needs no transfer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
+from hicache.app.serving import ServingLoop
+from hicache.app.workload import repeated_prefix_workload
+from hicache.controller.config import CacheConfig
+from hicache.controller.controller import CacheController
+from hicache.dataplane.geometry import preset
+from hicache.policy.policies import EXPLORE_SAMPLES
+from hicache.producers import PacedProducer, SyntheticProducer
+
+PREFIXES = 4  # cycled through; L1 holds 2, so every repeat is an L2 hit
+PREFIX_TOKENS = 30  # 7 pages of 4 and 2 tokens: the prompt ends mid-page
+REQUESTS = 24
+
+
+def _decisions(fixed_s: float, per_token_s: float) -> dict[str, int]:
+    """The cost policy's decisions over the stress shape, prefills paced (reported, not slept:
+    the choices follow the pace exactly, whatever this machine's load)."""
+    g = preset("tiny")
+    per = -(-PREFIX_TOKENS // g.page_size) + 1
+    producer = PacedProducer(SyntheticProducer(g), fixed_s, per_token_s, sleep=False)
+    cfg = CacheConfig(
+        geometry=g,
+        l1_pages=2 * per + 2,
+        l2_pages=PREFIXES * per * 2,
+        l3_slots=PREFIXES * per * 2,
+        policy="cost",
+    )
+    ctl = CacheController(cfg, producer)
+    try:
+        work = repeated_prefix_workload(PREFIXES, PREFIX_TOKENS, REQUESTS, seed=3)
+        report = ServingLoop(ctl, batch_size=1).run(work)
+        assert report.requests == REQUESTS
+        assert ctl.cp.checker.violations_found == 0
+        # a recompute that left an L2 hit unused is a skip
+        return dict(ctl.metrics.decisions) | {"skips": ctl.metrics.policy_skips}
+    finally:
+        ctl.close()
+
+
+def test_launch_bound_prefill_makes_the_cost_policy_recompute() -> None:
+    """fixed 20 ms, nothing per token: restore = H2D + 20 ms > recompute = 20 ms. The first
+    hit is a guess (the model has seen one prefill size only), then the tail prefill it runs
+    identifies the fixed cost; at most EXPLORE_SAMPLES more restores time the H2D line.
+    Everything after that recomputes. Before the fix: 20 restores of 20 hits."""
+    decisions = _decisions(20e-3, 0.0)
+    assert 1 <= decisions["L2"] <= 1 + EXPLORE_SAMPLES, decisions
+    assert decisions["skips"] >= REQUESTS - PREFIXES - 2 - EXPLORE_SAMPLES, decisions
+
+
+def test_compute_bound_prefill_makes_the_cost_policy_restore() -> None:
+    """Nothing fixed, 1 ms per token: a restore leaves a 4-token tail (4 ms) against a
+    32-token recompute (32 ms): every L2 hit is restored (one prefix's backup may still be in
+    flight when it comes back first: that request finds no L2 copy)."""
+    decisions = _decisions(0.0, 1e-3)
+    assert decisions["skips"] == 0 and decisions.get("L3", 0) == 0, decisions
+    assert decisions["L2"] >= REQUESTS - PREFIXES - 1, decisions
+
+
+def test_paced_producer_waits_out_its_pace_and_writes_the_inner_bytes() -> None:
+    import torch
+
+    g = preset("tiny")
+    inner = SyntheticProducer(g)
+    paced = PacedProducer(inner, 5e-3, 1e-4)
+    l1 = torch.zeros(2, g.layers, 4, g.page_size, g.kv_heads, g.head_dim)
+    tokens = list(range(8))
+    seconds = paced.produce(tokens, 0, 8, l1, torch.zeros(0, dtype=torch.int64), torch.arange(2))
+    assert seconds >= paced.pace_s(8) == pytest.approx(5.8e-3)
+    expected = paced.expected(tokens, 0, 8)
+    assert expected is not None
+    got = l1[:, :, :2].permute(2, 0, 1, 3, 4, 5)
+    assert torch.equal(got, expected)
+    reported = PacedProducer(inner, 7.0, 0.0, sleep=False)  # would take 7 s if it slept
+    assert (
+        reported.produce(tokens, 0, 8, l1, torch.zeros(0, dtype=torch.int64), torch.arange(2))
+        == 7.0
+    )
