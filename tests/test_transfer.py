@@ -1052,8 +1052,9 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "transfer.json").read_text())
     rows = result["dma"]["rows"]
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
-    # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" on fragmented.
-    assert len(mover_rows) == 2 * (5 + 6) and all(r["correct"] for r in mover_rows)
+    # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" and
+    # "hicache per-run DMAs" on fragmented.
+    assert len(mover_rows) == 2 * (5 + 7) and all(r["correct"] for r in mover_rows)
     assert all(
         r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"]
         for r in mover_rows

@@ -5,9 +5,11 @@
 Per preset (spec/pools.toml), prefix (tokens; each allocating pool moves ceil(tokens /
 page_size) pages: the whole prefix in every pool, as a write-through backup does), direction
 and kernel mode (groupkernels.py: `table`, `per_pool`, `torch`; on CPU only torch, unless
-TRITON_INTERPRET=1): the group transfer end to end (issue -> DONE observed, random L1 pages,
-consecutive L2 pages per pool), median of `repeats`, the paths taking turns run by run. Beside
-it, in the same run and on the same byte count:
+TRITON_INTERPRET=1; beside `per_pool`, the same kernels with each stage's DMAs one copy_
+each instead of one batched driver call, "per_pool, per-run DMAs"): the group transfer end
+to end (issue -> DONE observed, random L1 pages, consecutive L2 pages per pool), median of
+`repeats`, the paths taking turns run by run. Beside it, in the same run and on the same byte
+count:
 
     of ceiling   one contiguous pinned copy of the same bytes, timed end to end the same way
     of MHA       the single-pool mover (DeviceHostMover) on Qwen3-8B pages moving the nearest
@@ -82,6 +84,9 @@ def _case(issue: Callable[[], TransferHandle]) -> _Case:
     return _Case(issue, [], [])
 
 
+PER_RUN = "per_pool, per-run DMAs"
+
+
 class _GroupRig:
     def __init__(self, name: str, s: Settings, modes: tuple[str, ...]) -> None:
         self.geometry = GroupGeometry.from_group(presets.group(name))
@@ -95,6 +100,8 @@ class _GroupRig:
             self.geometry, {k: 2 * n + 8 for k, n in most.items()}, pin=s.device.type == "cuda"
         )
         self.movers = {mode: GroupMover(self.l1, self.l2, mode) for mode in modes}
+        if "per_pool" in modes:  # the same kernels, a stage's DMAs one copy_ each (before)
+            self.movers[PER_RUN] = GroupMover(self.l1, self.l2, "per_pool", batched=False)
         self.rng = np.random.default_rng(0)
 
     def pages(self, tokens: int, source: str) -> int:

@@ -11,10 +11,12 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
               one chunk up to 64 MiB, above that chunks doubling from 16 MiB; one DMA per run
               of consecutive L2 pages of >= 256 KiB, smaller runs staged), and variants:
               doubling at every size, one chunk, other first-chunk sizes (`--first-chunk-mib`,
-              default 2 and 64), and (fragmented) every run staged -- the path before per-run
-              DMAs. Plus a torch `index_select` gather + one DMA (the baseline a user would
-              write). Each timed end to end: issue -> poll until DONE, from an idle device,
-              median of `repeats`, the paths of one case taking turns run by run (a drifting
+              default 2 and 64), one copy_ per DMA instead of one batched driver call
+              ("hicache per-run DMAs", batchcopy.py), and (fragmented) every run staged --
+              the path before per-run DMAs. Plus a torch `index_select` gather + one DMA
+              (the baseline a user would write). Each timed end to end: issue -> poll until
+              DONE, from an idle device, median of `repeats`, the paths of one case taking
+              turns run by run (a drifting
               machine shifts them alike); each path's bytes are checked (digests) on its own
               warm-up run, over poisoned targets. Beside it the median CPU time of the issue
               call (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from
@@ -73,6 +75,7 @@ TOKENS_QUICK = (48, 160)
 L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
+PER_RUN_PATH = "hicache per-run DMAs"  # a chunk's DMAs one copy_ each, not one batched call
 BASELINE_PATH = "torch index_select + one DMA"
 POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
 Row = dict[str, Any]
@@ -120,6 +123,7 @@ class _Rig:
                 for mib in s.first_chunk_mib
             },
             STAGED_PATH: mover(l1, l2, k, direct_min_bytes=1 << 62),  # the fragmented path before
+            PER_RUN_PATH: mover(l1, l2, k, batched=False),  # one copy_ per run (before batching)
         }
         shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
         self.packed = torch.empty(shape, dtype=self.l1.tensor.dtype, device=s.device)
@@ -262,7 +266,8 @@ def bench_dma(s: Settings) -> dict[str, object]:
                 movers = {
                     name: _MoverCase(rig, mover, direction, l1_ids, l2_ids)
                     for name, mover in rig.movers.items()
-                    if name != STAGED_PATH or layout != "consecutive"  # one run: never staged
+                    # One run: never staged, and one DMA a chunk (nothing to batch).
+                    if name not in (STAGED_PATH, PER_RUN_PATH) or layout != "consecutive"
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor

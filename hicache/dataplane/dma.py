@@ -2,7 +2,8 @@
 
     D2H   compute stream: wait(caller) -> upload L1 indices -> gather chunk 0, 1, 2, ...
           d2h stream:     (after gather k) chunk k's DMAs: one per run of consecutive L2
-                          pages straight into the L2 pool; runs too small to pay for a DMA
+                          pages straight into the L2 pool (a chunk's DMAs one batched
+                          driver call where it can: batchcopy.py); runs too small for a DMA
                           go as one DMA into pinned staging, copied into L2 on the CPU as
                           each chunk is seen landed.
     H2D   h2d stream:     chunk k's DMAs: one per L2 run straight from the pool; small runs
@@ -42,6 +43,7 @@ import torch
 
 from hicache.core.pages import Pages
 from hicache.core.tiers import Direction
+from hicache.dataplane.batchcopy import BatchedCopies
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import (
     OutcomeCounters,
@@ -189,7 +191,8 @@ class DeviceHostMover:
     must be pinned: the DMAs are asynchronous and read or write the pool in place.
     `chunk_pages`, `single_chunk_max_bytes`, `first_chunk_bytes` and `direct_min_bytes` tune
     chunks and routes (routes.py; the measurements behind the defaults are in
-    benchmarks/results/HISTORY.md).
+    benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one cuMemcpyBatchAsync
+    where the driver has it (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0).
     """
 
     def __init__(
@@ -203,6 +206,7 @@ class DeviceHostMover:
         single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
+        batched: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -228,6 +232,7 @@ class DeviceHostMover:
         self.bytes_per_page = l1.geometry.bytes_per_page
         self._page_shape = (*l1.tensor.shape[:2], *l1.tensor.shape[3:])  # one packed page
         self._streams = Streams(l1.device)
+        self.copies = BatchedCopies(l1.device, enabled=batched)
         pin = self._streams.cuda
         private = self._streams.compute
         self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults, alloc_stream=private)
@@ -387,14 +392,14 @@ class DeviceHostMover:
                     l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
                 )
                 s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
-                for a, b, first in runs:
-                    l2[first : first + b - a].copy_(packed[a:b], non_blocking=True)
-                if host is not None:
-                    a, b = plan.staged_in(lo, hi)
-                    if a < b:
-                        offset = plan.route.staged_lo
-                        host[a:b].copy_(packed[offset + a : offset + b], non_blocking=True)
-                        staged.append((a, b, s.mark(s.d2h)))
+                pieces = [(l2[first : first + b - a], packed[a:b]) for a, b, first in runs]
+                a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
+                if host is not None and a < b:
+                    offset = plan.route.staged_lo
+                    pieces.append((host[a:b], packed[offset + a : offset + b]))
+                self.copies.copy(pieces)  # the chunk's DMAs, batched where the driver can
+                if host is not None and a < b:
+                    staged.append((a, b, s.mark(s.d2h)))
         end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
         if host is None:
             return _Completion(start, end)
@@ -422,10 +427,10 @@ class DeviceHostMover:
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
-                for lo_r, hi_r, first in runs:
-                    packed[lo_r:hi_r].copy_(l2[first : first + hi_r - lo_r], non_blocking=True)
+                pieces = [(packed[p:q], l2[first : first + q - p]) for p, q, first in runs]
                 if host is not None and a < b:
-                    packed[offset + a : offset + b].copy_(host[a:b], non_blocking=True)
+                    pieces.append((packed[offset + a : offset + b], host[a:b]))
+                self.copies.copy(pieces)  # the chunk's DMAs, batched where the driver can
                 s.wait(s.compute, s.mark(s.h2d))  # chunk k's scatter after its DMAs
                 self.kernels.scatter(
                     packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
@@ -474,6 +479,7 @@ class DeviceHostMover:
                 f"{self.first_chunk_bytes} bytes"
             ),
             "direct_min_bytes": self.direct_min_bytes,
+            "copies": self.copies.status(),
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,
             "workspace_bytes_held": self.workspaces.held_bytes + self.index_buffers.held_bytes,

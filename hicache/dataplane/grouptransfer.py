@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from hicache.core.tiers import Direction
+from hicache.dataplane.batchcopy import BatchedCopies
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
@@ -100,7 +101,9 @@ class GroupMover:
     groupkernels.REQUESTS ("auto" verifies a Triton mode on CUDA, torch on CPU). On CUDA L2
     must be pinned. `faults`: the sites of the single-pool mover, drawn once per group
     transfer (DEVICE_ALLOC / PINNED_ALLOC at a new workspace, DELAY at issue, D2H_COMPLETE /
-    H2D_COMPLETE when completion is observed); None draws nothing."""
+    H2D_COMPLETE when completion is observed); None draws nothing. `batched`: each stage's
+    DMAs, every pool's runs, as one cuMemcpyBatchAsync where the driver has it
+    (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0)."""
 
     def __init__(
         self,
@@ -110,6 +113,7 @@ class GroupMover:
         *,
         table_config: TableConfig = TableConfig(),
         faults: FaultInjector | None = None,
+        batched: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError(
@@ -121,6 +125,7 @@ class GroupMover:
         self.l1, self.l2 = l1, l2
         self.kernels: GroupKernels = choose(kernels, l1, l2, table_config)
         self._streams = Streams(l1.device)
+        self.copies = BatchedCopies(l1.device, enabled=batched)
         pin = self._streams.cuda
         self.faults = faults
         self.workspaces = WorkspaceCache(
@@ -260,19 +265,16 @@ class GroupMover:
     def _dmas(self, stage: tuple[PoolMove, ...], packed: torch.Tensor, *, to_host: bool) -> int:
         """One copy per run of consecutive L2 pages of each pool of `stage`, on the current
         stream; returns how many."""
-        count = 0
+        pieces = []
         for m in stage:
             bpp = m.pool.bytes_per_page
             l2 = self.l2.bytes_view(m.pool.name)
             for lo, hi, first in m.runs():
                 part = packed[m.packed_at + lo * bpp : m.packed_at + hi * bpp]
                 target = l2[first : first + hi - lo].view(-1)
-                if to_host:
-                    target.copy_(part, non_blocking=True)
-                else:
-                    part.copy_(target, non_blocking=True)
-                count += 1
-        return count
+                pieces.append((target, part) if to_host else (part, target))
+        self.copies.copy(pieces)  # one batched driver call where it can (batchcopy.py)
+        return len(pieces)
 
     def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
         self.in_flight.discard(handle)

@@ -1,0 +1,178 @@
+"""A chunk's DMAs as one batched driver call (hicache/dataplane/batchcopy.py).
+
+On the CPU the batched call is replaced by a recording fake that performs the copies from
+the pointers and sizes it is handed, so what the movers pass the driver is checked without
+a GPU: every piece's target, source and size, in one call; a driver that answers "not
+supported" turns batching off for good and the same bytes still move. On CUDA the real
+call moves fragmented pages between the device and pinned memory, and the movers use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
+import numpy as np
+import torch
+
+from hicache.dataplane.batchcopy import BatchedCopies, Piece
+from hicache.dataplane.geometry import KVGeometry
+
+
+def pieces_of(seed: int, n: int, size: int) -> tuple[torch.Tensor, torch.Tensor, list[Piece]]:
+    """`n` pieces of `size` bytes from random rows of a source into random rows of a target."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, 256, (4 * n, size), dtype=torch.uint8, generator=gen)
+    dst = torch.zeros((4 * n, size), dtype=torch.uint8)
+    a, b = rng.permutation(4 * n)[:n], rng.permutation(4 * n)[:n]
+    return src, dst, [(dst[int(j)], src[int(i)]) for i, j in zip(a, b)]
+
+
+class FakeDriver:
+    """Stands in for cuMemcpyBatchAsync: records each call, copies with memmove, or answers
+    `answer` (-1: not supported) without copying."""
+
+    def __init__(self, answer: int = 0) -> None:
+        self.calls: list[tuple[list[int], list[int], list[int]]] = []
+        self.answer = answer
+
+    def __call__(self, dsts: list[int], srcs: list[int], sizes: list[int], stream: int) -> int:
+        self.calls.append((dsts, srcs, sizes))
+        if self.answer == 0:
+            for d, s, n in zip(dsts, srcs, sizes):
+                ctypes.memmove(d, s, n)
+        return self.answer
+
+
+def test_cpu_copies_piece_by_piece() -> None:
+    _, _, pieces = pieces_of(0, 5, 64)
+    copies = BatchedCopies(torch.device("cpu"))
+    assert not copies.batched and "CPU" in copies.reason
+    assert copies.copy(pieces) == 5
+    for target, source in pieces:
+        assert torch.equal(target, source)
+    assert copies.status()["batched_calls"] == 0
+
+
+@pytest.mark.parametrize("n", [2, 7, 22])
+def test_one_call_carries_every_piece(n: int) -> None:
+    _, _, pieces = pieces_of(n, n, 96)
+    copies = BatchedCopies(torch.device("cpu"))
+    fake = FakeDriver()
+    copies._batch = fake
+    assert copies.copy(pieces) == 1
+    assert len(fake.calls) == 1
+    dsts, srcs, sizes = fake.calls[0]
+    assert dsts == [t.data_ptr() for t, _ in pieces]
+    assert srcs == [s.data_ptr() for _, s in pieces]
+    assert sizes == [96] * n
+    for target, source in pieces:
+        assert torch.equal(target, source)
+    assert (copies.batched_calls, copies.batched_pieces) == (1, n)
+
+
+def test_a_single_piece_needs_no_batch() -> None:
+    _, _, pieces = pieces_of(1, 1, 32)
+    copies = BatchedCopies(torch.device("cpu"))
+    fake = FakeDriver()
+    copies._batch = fake
+    assert copies.copy(pieces) == 1 and not fake.calls
+    assert torch.equal(*pieces[0])
+
+
+def test_a_driver_without_batches_turns_batching_off_and_still_copies() -> None:
+    _, _, pieces = pieces_of(2, 4, 48)
+    copies = BatchedCopies(torch.device("cpu"))
+    fake = FakeDriver(answer=-1)
+    copies._batch = fake
+    assert copies.copy(pieces) == 4  # fell back: one copy each
+    assert not copies.batched and "does not support" in copies.reason
+    for target, source in pieces:
+        assert torch.equal(target, source)
+    copies.copy(pieces)
+    assert len(fake.calls) == 1  # never asked again
+
+
+def test_batching_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HICACHE_BATCHED_COPIES", "0")
+    assert "off" in BatchedCopies(torch.device("cuda")).reason
+    assert "off" in BatchedCopies(torch.device("cuda"), enabled=False).reason
+
+
+@pytest.mark.parametrize("pools", ["mha", "mla-tiny"])
+def test_movers_hand_each_chunk_to_one_batch(pools: str) -> None:
+    """Both byte paths give the batch every DMA of a chunk (a stage) and move the bytes it
+    copies: fragmented L2 pages out and back, digests equal."""
+    from hicache.dataplane.engine import TransferEngine, one_pool
+    from hicache.pools.presets import group
+
+    g = KVGeometry(layers=2, kv_heads=2, head_dim=16, dtype="fp32", page_size=4)
+    layout = one_pool(g) if pools == "mha" else group(pools)
+    with TransferEngine(layout, 16, 24, 4, device="cpu", io_threads=0) as engine:
+        fake = FakeDriver()
+        if engine.one_pool:
+            engine.dma.direct_min_bytes = 0  # every run a DMA, none staged
+            copies = engine.dma.copies
+        else:
+            copies = engine.mover.copies
+        copies._batch = fake
+        engine.l1_region(engine.pools.pools[0].name).random_(0, 256)
+        l1 = np.arange(2, 8, dtype=np.int64)
+        l2 = np.array([20, 3, 11, 7, 0, 15], dtype=np.int64)  # six runs of one page
+        assert engine.d2h(l1, l2).wait().name == "DONE"
+        assert len(fake.calls) >= 1 and sum(len(c[0]) for c in fake.calls) >= 6
+        back = np.arange(9, 15, dtype=np.int64)
+        assert engine.h2d(l2, back).wait().name == "DONE"
+        assert np.array_equal(engine.digests("L1", l1), engine.digests("L1", back))
+        assert np.array_equal(engine.digests("L1", l1), engine.digests("L2", l2))
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("to_host", [True, False])
+def test_gpu_batched_call_moves_fragmented_pages(to_host: bool) -> None:
+    copies = BatchedCopies(torch.device("cuda"))
+    if not copies.batched:
+        pytest.skip(copies.reason)
+    dev = torch.randint(0, 256, (64, 1 << 16), dtype=torch.uint8, device="cuda")
+    host = torch.zeros((64, 1 << 16), dtype=torch.uint8).pin_memory()
+    rng = np.random.default_rng(5)
+    a, b = rng.permutation(64)[:22].tolist(), rng.permutation(64)[:22].tolist()
+    if to_host:
+        pieces = [(host[j], dev[i]) for i, j in zip(a, b)]
+    else:
+        host.random_(0, 256)
+        pieces = [(dev[j], host[i]) for i, j in zip(a, b)]
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    with torch.cuda.stream(stream):
+        assert copies.copy(pieces) == 1
+    stream.synchronize()
+    for target, source in pieces:
+        assert torch.equal(target.cpu(), source.cpu())
+    with pytest.raises(AssertionError):  # a strided piece is refused before the driver
+        copies.copy([(host[0, ::2], dev[0, ::2]), (host[1], dev[1])])
+
+
+@pytest.mark.gpu
+def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk() -> None:
+    from hicache.dataplane.engine import TransferEngine, one_pool
+
+    g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)
+    with TransferEngine(one_pool(g), 40, 64, 4, device="cuda", backend="triton") as engine:
+        if not engine.dma.copies.batched:
+            pytest.skip(engine.dma.copies.reason)
+        engine.l1.tensor.view(torch.uint8).random_(0, 256)
+        l1 = np.arange(10, 20, dtype=np.int64)
+        l2 = np.array([60, 3, 17, 40, 8, 33, 51, 0, 26, 12], dtype=np.int64)  # ten runs
+        assert engine.d2h(l1, l2).wait().name == "DONE"
+        assert engine.dma.copies.batched_calls == 1
+        assert engine.dma.copies.batched_pieces == 10
+        back = np.arange(20, 30, dtype=np.int64)
+        assert engine.h2d(l2, back).wait().name == "DONE"
+        assert np.array_equal(engine.digests("L1", l1), engine.digests("L1", back))
