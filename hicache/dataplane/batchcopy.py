@@ -56,7 +56,9 @@ def _driver_batch() -> tuple[Callable[..., Any] | None, str]:
 
     def batch(dsts: list[int], srcs: list[int], sizes: list[int], stream: int) -> int:
         """0 on success, -1 when the driver does not support it; raises on other errors."""
-        out = call(dsts, srcs, sizes, len(dsts), [attr], [0], 1, driver.CUstream(stream))
+        ptr = driver.CUdeviceptr  # the bindings take pointer objects, not ints
+        d, s = [ptr(p) for p in dsts], [ptr(p) for p in srcs]
+        out = call(d, s, sizes, len(dsts), [attr], [0], 1, driver.CUstream(stream))
         err = int(out[0] if isinstance(out, tuple) else out)
         if err == unsupported:
             return -1
