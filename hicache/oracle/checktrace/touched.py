@@ -92,11 +92,14 @@ class TouchedChecks:
         op_ids: Iterable[int],
         request_ids: Iterable[int],
         moved: list[set[int]],
+        path: Iterable[int] = (),
     ) -> bool:
         """Whether no invariant can have broken in the scope of a call that touched these
         nodes (live or removed), ops (pending or ended) and requests (live or ended) and
-        moved these pages (per tier index). After a no, `rebuild` before the next call (the
-        index may be half updated)."""
+        moved these pages (per tier index). `path`: nodes whose lock counts alone the call
+        may have changed (its request's locked nodes and pins): they and their ancestors
+        are checked for S7 only, unless touched. After a no, `rebuild` before the next call
+        (the index may be half updated)."""
         cp = self.cp
         root = cp.tree.root
         get = cp.tree.get
@@ -114,9 +117,15 @@ class TouchedChecks:
             while p is not None and p.parent is not None and p not in scope:  # to the root's child
                 scope.add(p)
                 p = p.parent
+        locked = set(scope)  # and the locked paths: S7 there
+        for i in path:
+            p = get(i)
+            while p is not None and p.parent is not None and p not in locked:
+                locked.add(p)
+                p = p.parent
         ops = set(op_ids)
         for pending in cp.ops.values():
-            if pending.op_id not in ops and not scope.isdisjoint(pending.nodes):
+            if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
                 ops.add(pending.op_id)
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
         records += [("request", r, -1) for r in set(request_ids)]
@@ -140,7 +149,7 @@ class TouchedChecks:
         for o in ops:
             if not self._op(o):
                 return False
-        return self._requests() and self._locks(scope)
+        return self._requests() and self._locks(locked)
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
