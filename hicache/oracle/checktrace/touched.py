@@ -127,8 +127,9 @@ class TouchedChecks:
         for pending in cp.ops.values():
             if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
                 ops.add(pending.op_id)
+        requests = set(request_ids)
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
-        records += [("request", r, -1) for r in set(request_ids)]
+        records += [("request", r, -1) for r in requests]
         if not self._pages(gone, touched, records, moved):
             return False
         for n in scope:
@@ -149,7 +150,10 @@ class TouchedChecks:
         for o in ops:
             if not self._op(o):
                 return False
-        return self._requests() and self._locks(locked)
+        # A request's clause reads its own record and its locked path's nodes: a call that
+        # touched no node can have broken it only for the requests it names.
+        named = None if touched or gone else requests
+        return self._requests(named) and self._locks(locked)
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
@@ -430,9 +434,14 @@ class TouchedChecks:
             and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
         )
 
-    def _requests(self) -> bool:
-        """I5's request clause for every live request."""
-        for r in self.cp.requests.values():
+    def _requests(self, named: set[int] | None = None) -> bool:
+        """I5's request clause for every live request (`named`: for those of them only)."""
+        live = self.cp.requests
+        if named is None:
+            check = list(live.values())
+        else:
+            check = [r for i in named if (r := live.get(i)) is not None]
+        for r in check:
             tokens = 0
             n: TreeNode | None = r.locked
             if not self.cp.tree.contains(r.locked):
