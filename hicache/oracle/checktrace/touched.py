@@ -74,6 +74,9 @@ class TouchedChecks:
         self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
         self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
         self.raw_held: dict[Holder, bytes] = {}  # a node's: its value's bytes, as claimed
+        # Node id -> its three values' bytes (None: no value) when last seen claiming them:
+        # the same bytes again, the node claims what it claimed (`_pages`' fast path).
+        self.node_raw: dict[int, tuple[bytes | None, ...]] = {}
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
         # Touched node -> what `_children` read of it when its children last passed (states,
         # pending ops, child count): the same again, they pass again (`_children`).
@@ -161,6 +164,7 @@ class TouchedChecks:
         self.claims = [{} for _ in TIERS]
         self.held, self.where = {}, {}
         self.raw_held.clear()
+        self.node_raw.clear()
         self.settled.clear()
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
@@ -193,6 +197,8 @@ class TouchedChecks:
 
     def _release(self, key: Holder, dirty: list[set[int]]) -> None:
         self.raw_held.pop(key, None)
+        if key[0] == "node":
+            self.node_raw.pop(key[1], None)
         old = self.held.pop(key, None)
         if old is None:
             return
@@ -241,8 +247,22 @@ class TouchedChecks:
         for i in gone:  # every old claim first: a page may move between records
             for t in range(3):
                 self._release(("node", i, t), dirty)
+        node_raw = self.node_raw
         for n in touched:  # a node's key is its tier: (kind, id, t) whatever it holds
             value = n.value
+            v0, v1, v2 = value
+            raws = (
+                None if v0 is None or v0.dtype is not INT64 else v0.tobytes(),
+                None if v1 is None or v1.dtype is not INT64 else v1.tobytes(),
+                None if v2 is None or v2.dtype is not INT64 else v2.tobytes(),
+            )
+            if (
+                node_raw.get(n.node_id) == raws
+                and (v0 is None) == (raws[0] is None)
+                and (v1 is None) == (raws[1] is None)
+                and (v2 is None) == (raws[2] is None)
+            ):
+                continue  # the node claims what it claimed, in every tier
             for t in range(3):
                 key, v = ("node", n.node_id, t), value[t]
                 was = held.get(key)
@@ -261,6 +281,7 @@ class TouchedChecks:
                     self._release(key, dirty)
                 now.append((key, listed))
                 raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
+            node_raw[n.node_id] = raws  # (else: a rebuild)
         for kind, i, t in records:
             old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
             found = self._current(kind, i, t)
