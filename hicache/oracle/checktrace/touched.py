@@ -120,10 +120,12 @@ class TouchedChecks:
             while p is not None and p.parent is not None and p not in scope:  # to the root's child
                 scope.add(p)
                 p = p.parent
-        locked = set(scope)  # and the locked paths: S7 there
+        locked = scope  # and the locked paths: S7 there (a copy once one adds a node)
         for i in path:
             p = get(i)
             while p is not None and p.parent is not None and p not in locked:
+                if locked is scope:
+                    locked = set(scope)
                 locked.add(p)
                 p = p.parent
         ops = set(op_ids)
