@@ -272,7 +272,7 @@ class TouchedChecks:
                     if was is not None:
                         self._release(key, dirty)
                     continue
-                raw = v.tobytes()  # cheaper to compare than the list, for a long value
+                raw = raws[t] or v.tobytes()  # cheaper to compare than the list
                 if was is not None and raw_held.get(key) == raw and v.dtype is INT64:
                     continue  # the node claims what it claimed
                 listed = tuple(v.tolist())
