@@ -45,12 +45,25 @@ def _nodes(cp: ControlPlane, scope: Scope) -> list[Any]:
     return [live[i] for i in sorted(scope.nodes) if i in live and i != cp.tree.root.node_id]
 
 
+def _locked(cp: ControlPlane, scope: Scope) -> list[Any]:
+    """The scope's nodes, and its locked paths' nodes and their ancestors (below the root):
+    where the all-clear checks lock counts."""
+    live, out = cp.tree._nodes, list(_nodes(cp, scope))
+    for i in sorted(scope.path):
+        n = live.get(i)
+        while n is not None and n.parent is not None:
+            if n not in out:
+                out.append(n)
+            n = n.parent
+    return out
+
+
 def corrupt(cp: ControlPlane, scope: Scope, kind: str, data: st.DataObject) -> bool:
     """Corrupt one record of the call's scope the way `kind` says; False if it has none."""
     nodes = _nodes(cp, scope)
     t = data.draw(st.integers(0, 2))
-    if kind == "lock" and nodes:
-        n = data.draw(st.sampled_from(nodes))
+    if kind == "lock" and _locked(cp, scope):
+        n = data.draw(st.sampled_from(_locked(cp, scope)))
         n.lock[t] += data.draw(st.sampled_from([-1, 1]))
     elif kind == "state" and nodes:
         n = data.draw(st.sampled_from(nodes))
@@ -221,6 +234,36 @@ def test_a_prefix_lock_no_event_names_is_in_scope() -> None:
 
     replay_until(trace(1), 1, hook)
     assert seen, "no begin_request with an L1 hit in the trace"
+
+
+def test_a_lock_on_a_locked_paths_ancestor_no_event_names_is_in_scope() -> None:
+    """A request's locked path is checked for lock counts up to the root's child, though
+    no event of the call names it: a wrong count on an ancestor of the locked node must be
+    reported as the full checks report it."""
+    seen: list[list[str]] = []
+
+    def hook(replay: Replay, scope: Scope) -> bool:
+        live = replay.cp.tree._nodes
+        for i in sorted(scope.path):
+            n = live.get(i)
+            up = None if n is None else n.parent
+            while up is not None and (up.node_id in scope.nodes or up.node_id in scope.path):
+                up = up.parent  # to an ancestor nothing but the walk up the path reaches
+            if up is None or up.parent is None:
+                continue
+            up.lock[0] += 1
+            full = [replay.names.violation(v) for v in check_all(replay.cp.snapshot())]
+            got = Checks.after(replay.checks, 1, scope)
+            assert got == full and full
+            seen.append(got)
+            return True
+        return False
+
+    for seed in (1, 2, 3, 4, 5):
+        replay_until(trace(seed), 1, hook)
+        if seen:
+            break
+    assert seen, "no call whose locked node has an ancestor no event names"
 
 
 def test_valid_traces_never_need_the_full_checks() -> None:

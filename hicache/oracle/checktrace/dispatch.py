@@ -79,7 +79,7 @@ class Lookahead(Protocol):
 class Call:
     """One reference call the trace's next events stand for, not yet run."""
 
-    label: str  # e.g. "issue(D2H, nodes [3, 4], request 1)" in the trace's ids
+    text: Callable[[], str]  # its `label`, formatted when a report asks for it
     run: Callable[[], object]
     nodes: list[TreeNode] = field(default_factory=list)  # reference nodes it concerns
     request: int | None = None
@@ -90,6 +90,11 @@ class Call:
     # stand for, made instead when this one, tried on a copy of the reference, does not emit
     # the events the trace has left
     on: Callable[[ControlPlane], object] | None = None  # this call on a given plane (the copy)
+
+    @property
+    def label(self) -> str:
+        """E.g. "issue(D2H, trace nodes [3, 4], trace request 1)", in the trace's ids."""
+        return self.text()
 
 
 def _scan(ahead: Lookahead, start: int, keep: Callable[[Line], bool]) -> int:
@@ -221,7 +226,9 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
             prompt, list
         )  # Verify: the schema requires detail.prompt, a list of ints.
         return Call(
-            f"begin_request(trace request {r})", lambda: cp.begin_request(r, prompt), request=r
+            lambda: f"begin_request(trace request {r})",
+            lambda: cp.begin_request(r, prompt),
+            request=r,
         )
     if name == "compute":
         return _compute(cp, ahead, k, head)
@@ -236,38 +243,43 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
             and after.event.request == r
         ):
             return Call(
-                f"end_request(trace request {r})", lambda: cp.end_request(r), request=r, blame=end
+                lambda: f"end_request(trace request {r})",
+                lambda: cp.end_request(r),
+                request=r,
+                blame=end,
             )
         if name == "discard" and after is None:  # cut before what tells insert from end_request
-            ending = Call(f"end_request(trace request {r})", lambda: cp.end_request(r), request=r)
+            ending = Call(
+                lambda: f"end_request(trace request {r})", lambda: cp.end_request(r), request=r
+            )
             return Call(
-                f"insert(trace request {r})",
+                lambda: f"insert(trace request {r})",
                 lambda: cp.insert(r),
                 request=r,
                 alternative=ending,
                 on=lambda plane: plane.insert(r),
             )
-        return Call(f"insert(trace request {r})", lambda: cp.insert(r), request=r)
+        return Call(lambda: f"insert(trace request {r})", lambda: cp.insert(r), request=r)
     if name == "cached_len":
         r = _request(head)
         if e.node is None:
-            return Call(f"insert(trace request {r})", lambda: cp.insert(r), request=r)
+            return Call(lambda: f"insert(trace request {r})", lambda: cp.insert(r), request=r)
         node = resolve(head, e.node)
         return Call(
-            f"advance_cached_len(trace request {r}, trace node {e.node})",
+            lambda: f"advance_cached_len(trace request {r}, trace node {e.node})",
             lambda: cp.advance_cached_len(r, node),
             nodes=[node],
             request=r,
         )
     if name == "end_request":
         r = _request(head)
-        return Call(f"end_request(trace request {r})", lambda: cp.end_request(r), request=r)
+        return Call(lambda: f"end_request(trace request {r})", lambda: cp.end_request(r), request=r)
     if name == "lock":
         r = _request(head)
         node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(
-            f"pin(trace request {r}, trace node {e.node}, {tier})",
+            lambda: f"pin(trace request {r}, trace node {e.node}, {tier})",
             lambda: cp.pin(r, node, tier),
             nodes=[node],
             request=r,
@@ -280,12 +292,14 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         return _end(cp, ahead, k, head, ops)
     if name == "tombstone":
         node = resolve(head, e.node)
-        return Call(f"tombstone(trace node {e.node})", lambda: cp.tombstone(node), nodes=[node])
+        return Call(
+            lambda: f"tombstone(trace node {e.node})", lambda: cp.tombstone(node), nodes=[node]
+        )
     if name.startswith("evict_") or name == "invalidate_l3":
         node = resolve(head, e.node)
         tier = Tier(e.tier)
         return Call(
-            f"evict_node(trace node {e.node}, {tier}, {name})",
+            lambda: f"evict_node(trace node {e.node}, {tier}, {name})",
             lambda: cp.evict_node(node, tier, name),
             nodes=[node],
         )
@@ -306,7 +320,9 @@ def _compute(cp: ControlPlane, ahead: Lookahead, k: int, head: Line) -> Call:
             head, "compute names no token range; the reference needs the tokens it reserves for"
         )
     n = stop - start
-    return Call(f"compute(trace request {r}, {n} tokens)", lambda: cp.compute(r, n), request=r)
+    return Call(
+        lambda: f"compute(trace request {r}, {n} tokens)", lambda: cp.compute(r, n), request=r
+    )
 
 
 def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Resolver) -> Call:
@@ -335,14 +351,20 @@ def _unlock(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, resolve: Res
         after = ahead.peek(rest)
         if after is not None and after.event.event == "end_request" and after.event.request == r:
             return Call(
-                f"end_request(trace request {r})", lambda: cp.end_request(r), request=r, blame=rest
+                lambda: f"end_request(trace request {r})",
+                lambda: cp.end_request(r),
+                request=r,
+                blame=rest,
             )
         return Call(
-            f"unpin(trace request {r})", lambda: cp.unpin(r), nodes=[n for n, _ in pins], request=r
+            lambda: f"unpin(trace request {r})",
+            lambda: cp.unpin(r),
+            nodes=[n for n, _ in pins],
+            request=r,
         )
     node = resolve(head, head.event.node)
     return Call(
-        f"unpin(trace request {r}, trace node {head.event.node})",
+        lambda: f"unpin(trace request {r}, trace node {head.event.node})",
         lambda: cp.unpin(r, node),
         nodes=[node],
         request=r,
@@ -363,16 +385,17 @@ def _issue(
         )
     end = _scan(ahead, k, lambda ln: ln.event.event == e.event and ln.event.op == e.op)
     chain: list[TreeNode] = []
+    ids: list[int | None] = []
     for i in range(k, end):
         line = ahead.peek(i)
         assert line is not None  # Verify: the scan read these lines.
         chain.append(resolve(line, line.event.node))
+        ids.append(line.event.node)
     direction = Direction(e.event.split("_")[0].upper())
     r = e.request
-    ids = [ahead.peek(i).event.node for i in range(k, end)]  # type: ignore[union-attr]
     by = "no request" if r is None else f"trace request {r}"
     return Call(
-        f"issue({direction}, trace nodes {ids}, {by})",
+        lambda: f"issue({direction}, trace nodes {ids}, {by})",
         lambda: cp.issue(direction, chain, r),
         nodes=chain,
         request=r,
@@ -402,7 +425,7 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
         if after is not None and after.event.event == failed and after.event.op == e.op:
             keep = end - k
             return Call(
-                f"complete_part(trace op {e.op}, {keep} nodes)",
+                lambda: f"complete_part(trace op {e.op}, {keep} nodes)",
                 lambda: cp.complete_part(ref, keep),
                 nodes=list(op.nodes),
                 request=op.request_id,
@@ -410,7 +433,7 @@ def _end(cp: ControlPlane, ahead: Lookahead, k: int, head: Line, ops: IdMap) -> 
             )
     run = getattr(cp, outcome)
     return Call(
-        f"{outcome}(trace op {e.op})",
+        lambda: f"{outcome}(trace op {e.op})",
         lambda: run(ref),
         nodes=list(op.nodes),
         request=op.request_id,

@@ -32,7 +32,10 @@ TIER_INDEX = {str(t): i for i, t in enumerate(TIERS)}
 
 class Scope:
     """What one call may have changed, in the reference's ids: the nodes it was asked about
-    and their ancestors (before the call), the nodes, ops and requests its events name."""
+    and their ancestors (before the call), the nodes, ops and requests its events name
+    (`nodes`: checked whole); and its request's locked nodes and pins, before and after the
+    call (`path`: with their ancestors, checked for lock counts only -- a call changes
+    nothing else on a node no event of it names, and locks change without one)."""
 
     def __init__(
         self,
@@ -42,11 +45,12 @@ class Scope:
         locked: Iterable[TreeNode],
     ) -> None:
         self.nodes: set[int] = set()
-        for n in [*nodes, *locked]:
+        for n in nodes:
             m: TreeNode | None = n
             while m is not None and not m.is_root:
                 self.nodes.add(m.node_id)
                 m = m.parent
+        self.path: set[int] = {n.node_id for n in locked if not n.is_root}
         self.ops: set[int] = set() if op is None else {op}
         self.requests: set[int] = set() if request is None else {request}
         self.pages: list[set[int]] = [set(), set(), set()]  # per tier index: pages moved
@@ -57,8 +61,8 @@ class Scope:
         for rid in self.requests:
             r = cp.requests.get(rid)
             if r is not None:
-                self.nodes.add(r.locked.node_id)
-                self.nodes.update(n.node_id for n, _ in r.pins)
+                self.path.add(r.locked.node_id)
+                self.path.update(n.node_id for n, _ in r.pins)
 
     def add(self, events: Iterable[TraceEvent]) -> None:
         for e in events:
@@ -116,7 +120,7 @@ class Checks:
             return []
         if self.touched is not None:
             assert scope is not None  # Verify: the replay passes a scope when asked for one.
-            if self.touched.clear(scope.nodes, scope.ops, scope.requests, scope.pages):
+            if self.touched.clear(scope.nodes, scope.ops, scope.requests, scope.pages, scope.path):
                 return []
             found = self._full()
             self.touched.rebuild()

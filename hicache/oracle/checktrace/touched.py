@@ -74,6 +74,9 @@ class TouchedChecks:
         self.claims: list[dict[int, Holder]] = [{} for _ in TIERS]
         self.held: dict[Holder, tuple[int, ...]] = {}  # record -> the pages it claims
         self.raw_held: dict[Holder, bytes] = {}  # a node's: its value's bytes, as claimed
+        # Node id -> its three values' bytes (None: no value) when last seen claiming them:
+        # the same bytes again, the node claims what it claimed (`_pages`' fast path).
+        self.node_raw: dict[int, tuple[bytes | None, ...]] = {}
         self.where: dict[tuple[str, int], Holder] = {}  # an op's / request's key (its tier)
         # Touched node -> what `_children` read of it when its children last passed (states,
         # pending ops, child count): the same again, they pass again (`_children`).
@@ -92,11 +95,14 @@ class TouchedChecks:
         op_ids: Iterable[int],
         request_ids: Iterable[int],
         moved: list[set[int]],
+        path: Iterable[int] = (),
     ) -> bool:
         """Whether no invariant can have broken in the scope of a call that touched these
         nodes (live or removed), ops (pending or ended) and requests (live or ended) and
-        moved these pages (per tier index). After a no, `rebuild` before the next call (the
-        index may be half updated)."""
+        moved these pages (per tier index). `path`: nodes whose lock counts alone the call
+        may have changed (its request's locked nodes and pins): they and their ancestors
+        are checked for S7 only, unless touched. After a no, `rebuild` before the next call
+        (the index may be half updated)."""
         cp = self.cp
         root = cp.tree.root
         get = cp.tree.get
@@ -114,12 +120,21 @@ class TouchedChecks:
             while p is not None and p.parent is not None and p not in scope:  # to the root's child
                 scope.add(p)
                 p = p.parent
+        locked = scope  # and the locked paths: S7 there (a copy once one adds a node)
+        for i in path:
+            p = get(i)
+            while p is not None and p.parent is not None and p not in locked:
+                if locked is scope:
+                    locked = set(scope)
+                locked.add(p)
+                p = p.parent
         ops = set(op_ids)
         for pending in cp.ops.values():
-            if pending.op_id not in ops and not scope.isdisjoint(pending.nodes):
+            if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
                 ops.add(pending.op_id)
+        requests = set(request_ids)
         records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
-        records += [("request", r, -1) for r in set(request_ids)]
+        records += [("request", r, -1) for r in requests]
         if not self._pages(gone, touched, records, moved):
             return False
         for n in scope:
@@ -140,7 +155,10 @@ class TouchedChecks:
         for o in ops:
             if not self._op(o):
                 return False
-        return self._requests() and self._locks(scope)
+        # A request's clause reads its own record and its locked path's nodes: a call that
+        # touched no node can have broken it only for the requests it names.
+        named = None if touched or gone else requests
+        return self._requests(named) and self._locks(locked)
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
@@ -148,6 +166,7 @@ class TouchedChecks:
         self.claims = [{} for _ in TIERS]
         self.held, self.where = {}, {}
         self.raw_held.clear()
+        self.node_raw.clear()
         self.settled.clear()
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
@@ -180,6 +199,8 @@ class TouchedChecks:
 
     def _release(self, key: Holder, dirty: list[set[int]]) -> None:
         self.raw_held.pop(key, None)
+        if key[0] == "node":
+            self.node_raw.pop(key[1], None)
         old = self.held.pop(key, None)
         if old is None:
             return
@@ -228,8 +249,22 @@ class TouchedChecks:
         for i in gone:  # every old claim first: a page may move between records
             for t in range(3):
                 self._release(("node", i, t), dirty)
+        node_raw = self.node_raw
         for n in touched:  # a node's key is its tier: (kind, id, t) whatever it holds
             value = n.value
+            v0, v1, v2 = value
+            raws = (
+                None if v0 is None or v0.dtype is not INT64 else v0.tobytes(),
+                None if v1 is None or v1.dtype is not INT64 else v1.tobytes(),
+                None if v2 is None or v2.dtype is not INT64 else v2.tobytes(),
+            )
+            if (
+                node_raw.get(n.node_id) == raws
+                and (v0 is None) == (raws[0] is None)
+                and (v1 is None) == (raws[1] is None)
+                and (v2 is None) == (raws[2] is None)
+            ):
+                continue  # the node claims what it claimed, in every tier
             for t in range(3):
                 key, v = ("node", n.node_id, t), value[t]
                 was = held.get(key)
@@ -237,7 +272,7 @@ class TouchedChecks:
                     if was is not None:
                         self._release(key, dirty)
                     continue
-                raw = v.tobytes()  # cheaper to compare than the list, for a long value
+                raw = raws[t] or v.tobytes()  # cheaper to compare than the list
                 if was is not None and raw_held.get(key) == raw and v.dtype is INT64:
                     continue  # the node claims what it claimed
                 listed = tuple(v.tolist())
@@ -248,6 +283,7 @@ class TouchedChecks:
                     self._release(key, dirty)
                 now.append((key, listed))
                 raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
+            node_raw[n.node_id] = raws  # (else: a rebuild)
         for kind, i, t in records:
             old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
             found = self._current(kind, i, t)
@@ -421,9 +457,14 @@ class TouchedChecks:
             and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
         )
 
-    def _requests(self) -> bool:
-        """I5's request clause for every live request."""
-        for r in self.cp.requests.values():
+    def _requests(self, named: set[int] | None = None) -> bool:
+        """I5's request clause for every live request (`named`: for those of them only)."""
+        live = self.cp.requests
+        if named is None:
+            check = list(live.values())
+        else:
+            check = [r for i in named if (r := live.get(i)) is not None]
+        for r in check:
             tokens = 0
             n: TreeNode | None = r.locked
             if not self.cp.tree.contains(r.locked):
