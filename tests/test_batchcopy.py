@@ -20,6 +20,7 @@ import torch
 
 from hicache.dataplane.batchcopy import BatchedCopies, Piece
 from hicache.dataplane.geometry import KVGeometry
+from hicache.errors import TransferError
 
 
 def pieces_of(seed: int, n: int, size: int) -> tuple[torch.Tensor, torch.Tensor, list[Piece]]:
@@ -95,6 +96,32 @@ def test_a_driver_without_batches_turns_batching_off_and_still_copies() -> None:
         assert torch.equal(target, source)
     copies.copy(pieces)
     assert len(fake.calls) == 1  # never asked again
+
+
+def test_a_first_batch_that_fails_turns_batching_off_and_still_copies() -> None:
+    """Bindings of another CUDA major refuse the call's arguments (TypeError) or the driver
+    fails it: the first batch falls back for good; after one worked, a failure raises."""
+    _, _, pieces = pieces_of(4, 3, 40)
+    copies = BatchedCopies(torch.device("cpu"))
+
+    def refuses(dsts: list[int], srcs: list[int], sizes: list[int], stream: int) -> int:
+        raise TypeError("Argument 'srcs' is not instance of type list[CUdeviceptr]")
+
+    copies._batch = refuses
+    assert copies.copy(pieces) == 3 and not copies.batched
+    assert "first batch failed" in copies.reason and "TypeError" in copies.reason
+    for target, source in pieces:
+        assert torch.equal(target, source)
+    worked = BatchedCopies(torch.device("cpu"))
+    worked._batch = FakeDriver()
+    worked.copy(pieces)
+
+    def fails(dsts: list[int], srcs: list[int], sizes: list[int], stream: int) -> int:
+        raise TransferError("cuMemcpyBatchAsync of 3 copies failed: CUresult 700")
+
+    worked._batch = fails
+    with pytest.raises(TransferError, match="CUresult 700"):
+        worked.copy(pieces)
 
 
 def test_batching_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,10 +20,12 @@ work and before its later work (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`), as a `copy
 non_blocking=True)` does; copies within one batch have no order among themselves, so pieces
 must not overlap. `reason` says which way it copies and why. Contract: every piece is a
 contiguous pair of equal byte size, each on the CUDA device or in pinned host memory, and
-both stay alive until the stream passes the copy (the movers' handles hold them). A driver
-error other than "not supported" raises TransferError with nothing more enqueued by this
-call (earlier pieces of the batch may have been). `HICACHE_BATCHED_COPIES=0` turns batching
-off (to compare). Not thread-safe: one thread issues (as the movers).
+both stay alive until the stream passes the copy (the movers' handles hold them). The first
+batched call failing (bindings of another CUDA major, a driver without batches) turns
+batching off for good, its pieces copied one by one; after a batch has worked, a driver
+error raises TransferError (some pieces of that batch may have been enqueued).
+`HICACHE_BATCHED_COPIES=0` turns batching off (to compare). Not thread-safe: one thread
+issues (as the movers).
 """
 
 from __future__ import annotations
@@ -107,7 +109,16 @@ class BatchedCopies:
         dsts = [t.data_ptr() for t, _ in pieces]
         srcs = [s.data_ptr() for _, s in pieces]
         sizes = [t.nbytes for t, _ in pieces]
-        if self._batch(dsts, srcs, sizes, stream) < 0:  # this driver has none: never again
+        try:
+            answer = self._batch(dsts, srcs, sizes, stream)
+        except (TransferError, TypeError, ValueError, RuntimeError) as e:
+            if self.batched_calls:  # it worked before: this transfer's own failure
+                raise
+            # The first call failed: bindings or a driver that cannot batch (a copy it made
+            # before failing is made again below, the same bytes).
+            self._batch, self.reason = None, f"per piece: the first batch failed ({e!r})"
+            return self.copy(pieces)
+        if answer < 0:  # this driver has none: never again
             self._batch, self.reason = None, "per piece: the driver does not support batches"
             return self.copy(pieces)
         self.batched_calls += 1
