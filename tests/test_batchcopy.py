@@ -124,6 +124,30 @@ def test_a_first_batch_that_fails_turns_batching_off_and_still_copies() -> None:
         worked.copy(pieces)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_runs_copy_byte_spans_between_two_tensors(batched: bool) -> None:
+    """`copy_runs`: byte spans of a typed tensor (bf16 here) by base address and offset when
+    batched, by byte views otherwise -- the same bytes either way; a span past either end is
+    refused before anything is copied."""
+    gen = torch.Generator().manual_seed(9)
+    source = torch.randn((12, 4, 8), generator=gen).to(torch.bfloat16)  # 64 B a row
+    target = torch.zeros((16, 4, 8), dtype=torch.bfloat16)
+    copies = BatchedCopies(torch.device("cpu"))
+    fake = FakeDriver()
+    if batched:
+        copies._batch = fake
+    runs = [(3 * 64, 0, 2 * 64), (10 * 64, 5 * 64, 64), (0, 11 * 64, 64)]
+    extra_t, extra_s = torch.zeros(7, dtype=torch.uint8), torch.arange(7, dtype=torch.uint8)
+    calls = copies.copy_runs(target, source, runs, [(extra_t, extra_s)])
+    assert calls == (1 if batched else 4) and len(fake.calls) == int(batched)
+    assert torch.equal(target[3:5], source[0:2]) and torch.equal(target[10], source[5])
+    assert torch.equal(target[0], source[11]) and torch.equal(extra_t, extra_s)
+    assert not target[5:10].any() and not target[11:].any()  # nothing else written
+    with pytest.raises(AssertionError):
+        copies.copy_runs(target, source, [(15 * 64, 0, 2 * 64), (0, 0, 64)])  # past the end
+    assert len(fake.calls) == int(batched)
+
+
 def test_batching_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HICACHE_BATCHED_COPIES", "0")
     assert "off" in BatchedCopies(torch.device("cuda")).reason

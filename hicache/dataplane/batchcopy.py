@@ -39,6 +39,14 @@ import torch
 from hicache.errors import TransferError
 
 Piece = tuple[torch.Tensor, torch.Tensor]  # (target, source), contiguous, equal bytes
+Run = tuple[int, int, int]  # (target byte offset, source byte offset, bytes)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, flat (a view)."""
+    return t.view(-1).view(torch.uint8)
+
+
 ENV = "HICACHE_BATCHED_COPIES"
 
 
@@ -104,11 +112,19 @@ class BatchedCopies:
         for target, source in pieces:
             assert target.is_contiguous() and source.is_contiguous(), "contiguous pieces"
             assert target.nbytes == source.nbytes, (target.nbytes, source.nbytes)
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.current_stream(self.device).cuda_stream if cuda else 0
         dsts = [t.data_ptr() for t, _ in pieces]
         srcs = [s.data_ptr() for _, s in pieces]
         sizes = [t.nbytes for t, _ in pieces]
+        return self._call(dsts, srcs, sizes, lambda: self.copy(pieces))
+
+    def _call(
+        self, dsts: list[int], srcs: list[int], sizes: list[int], again: Callable[[], int]
+    ) -> int:
+        """One batched call on the current stream; `again` (the same copies, which now go
+        piece by piece) when this driver or these bindings cannot batch."""
+        assert self._batch is not None
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.current_stream(self.device).cuda_stream if cuda else 0
         try:
             answer = self._batch(dsts, srcs, sizes, stream)
         except (TransferError, TypeError, ValueError, RuntimeError) as e:
@@ -117,13 +133,39 @@ class BatchedCopies:
             # The first call failed: bindings or a driver that cannot batch (a copy it made
             # before failing is made again below, the same bytes).
             self._batch, self.reason = None, f"per piece: the first batch failed ({e!r})"
-            return self.copy(pieces)
+            return again()
         if answer < 0:  # this driver has none: never again
             self._batch, self.reason = None, "per piece: the driver does not support batches"
-            return self.copy(pieces)
+            return again()
         self.batched_calls += 1
-        self.batched_pieces += len(pieces)
+        self.batched_pieces += len(dsts)
         return 1
+
+    def copy_runs(
+        self,
+        target: torch.Tensor,
+        source: torch.Tensor,
+        runs: Sequence[Run],
+        more: Sequence[Piece] = (),
+    ) -> int:
+        """`copy` of byte runs between two contiguous tensors -- (target offset, source
+        offset, bytes) each -- and `more` pieces, without slicing a tensor per run when
+        batched (the addresses are the bases' plus the offsets). Returns driver copy calls."""
+        # Verify every run lies inside both tensors: an address past the end is another
+        # allocation's memory, which no later check would see.
+        t_end, s_end = target.nbytes, source.nbytes
+        for t, s, n in runs:
+            assert 0 <= t and t + n <= t_end and 0 <= s and s + n <= s_end, (t, s, n)
+        if self._batch is None or len(runs) + len(more) < 2:
+            t_bytes, s_bytes = _bytes(target), _bytes(source)
+            pieces = [(t_bytes[t : t + n], s_bytes[s : s + n]) for t, s, n in runs]
+            return self.copy([*pieces, *more])
+        assert target.is_contiguous() and source.is_contiguous(), "contiguous bases"
+        t0, s0 = target.data_ptr(), source.data_ptr()
+        dsts = [t0 + t for t, _, _ in runs] + [t.data_ptr() for t, _ in more]
+        srcs = [s0 + s for _, s, _ in runs] + [s.data_ptr() for _, s in more]
+        sizes = [n for _, _, n in runs] + [t.nbytes for t, _ in more]
+        return self._call(dsts, srcs, sizes, lambda: self.copy_runs(target, source, runs, more))
 
     def status(self) -> dict[str, object]:
         return {

@@ -383,6 +383,7 @@ class DeviceHostMover:
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
         start = s.mark(s.compute, timing=True)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        bpp = self.bytes_per_page
         staged: list[tuple[int, int, Event | None]] = []
         with s.use(s.compute, caller):
             buf.index_device.copy_(buf.index_host, non_blocking=True)
@@ -392,12 +393,13 @@ class DeviceHostMover:
                     l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
                 )
                 s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
-                pieces = [(l2[first : first + b - a], packed[a:b]) for a, b, first in runs]
+                spans = [(first * bpp, a * bpp, (b - a) * bpp) for a, b, first in runs]
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
+                more = []
                 if host is not None and a < b:
                     offset = plan.route.staged_lo
-                    pieces.append((host[a:b], packed[offset + a : offset + b]))
-                self.copies.copy(pieces)  # the chunk's DMAs, batched where the driver can
+                    more.append((host[a:b], packed[offset + a : offset + b]))
+                self.copies.copy_runs(l2, packed, spans, more)  # batched where it can
                 if host is not None and a < b:
                     staged.append((a, b, s.mark(s.d2h)))
         end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
@@ -418,6 +420,7 @@ class DeviceHostMover:
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        bpp = self.bytes_per_page
         l2_rows, staged_index = self.l2.bytes_view(), torch.from_numpy(plan.route.l2_staged)
         offset = plan.route.staged_lo
         with s.use(s.compute, caller):
@@ -427,10 +430,11 @@ class DeviceHostMover:
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
-                pieces = [(packed[p:q], l2[first : first + q - p]) for p, q, first in runs]
+                spans = [(p * bpp, first * bpp, (q - p) * bpp) for p, q, first in runs]
+                more = []
                 if host is not None and a < b:
-                    pieces.append((packed[offset + a : offset + b], host[a:b]))
-                self.copies.copy(pieces)  # the chunk's DMAs, batched where the driver can
+                    more.append((packed[offset + a : offset + b], host[a:b]))
+                self.copies.copy_runs(packed, l2, spans, more)  # batched where it can
                 s.wait(s.compute, s.mark(s.h2d))  # chunk k's scatter after its DMAs
                 self.kernels.scatter(
                     packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
