@@ -82,13 +82,13 @@ class BytePath(Protocol):
         """One digest per own page of pool `name` in L1 or L2 (equal bytes, equal digests)."""
         ...
 
-    def d2h(self, l1: object, l2: object, after: torch.cuda.Stream | None) -> TransferHandle: ...
+    def d2h(self, l1: Pages, l2: Pages, after: torch.cuda.Stream | None) -> TransferHandle: ...
 
-    def h2d(self, l2: object, l1: object, after: torch.cuda.Stream | None) -> TransferHandle: ...
+    def h2d(self, l2: Pages, l1: Pages, after: torch.cuda.Stream | None) -> TransferHandle: ...
 
-    def h2s(self, l2: object, slots: object) -> TransferHandle: ...
+    def h2s(self, l2: Pages, slots: Pages) -> TransferHandle: ...
 
-    def s2h(self, slots: object, l2: object) -> TransferHandle: ...
+    def s2h(self, slots: Pages, l2: Pages) -> TransferHandle: ...
 
     def corrupt_slot(self, slot: Pages) -> None:
         """Flip one byte of validated anchor slot `slot` (one entry) in the first pool's file."""
@@ -166,16 +166,16 @@ class OnePoolPath:
     def page_digests(self, tier: Tier, name: str, page_ids: Pages) -> npt.NDArray[np.uint64]:
         return page_digest(self.l1 if tier is Tier.L1 else self.l2, page_ids)
 
-    def d2h(self, l1: object, l2: object, after: torch.cuda.Stream | None) -> TransferHandle:
-        return self.dma.d2h(l1, l2, after=after)  # type: ignore[arg-type] # dma validates
+    def d2h(self, l1: Pages, l2: Pages, after: torch.cuda.Stream | None) -> TransferHandle:
+        return self.dma.d2h(l1, l2, after=after)  # the mover validates
 
-    def h2d(self, l2: object, l1: object, after: torch.cuda.Stream | None) -> TransferHandle:
-        return self.dma.h2d(l2, l1, after=after)  # type: ignore[arg-type] # dma validates
+    def h2d(self, l2: Pages, l1: Pages, after: torch.cuda.Stream | None) -> TransferHandle:
+        return self.dma.h2d(l2, l1, after=after)  # the mover validates
 
-    def h2s(self, l2: object, slots: object) -> TransferHandle:
+    def h2s(self, l2: Pages, slots: Pages) -> TransferHandle:
         return self.storage.h2s(*self.anchors.pages(Direction.H2S, l2, slots))
 
-    def s2h(self, slots: object, l2: object) -> TransferHandle:
+    def s2h(self, slots: Pages, l2: Pages) -> TransferHandle:
         return self.storage.s2h(*self.anchors.pages(Direction.S2H, slots, l2))
 
     def corrupt_slot(self, slot: Pages) -> None:
@@ -253,19 +253,19 @@ class GroupPath:
     def page_digests(self, tier: Tier, name: str, page_ids: Pages) -> npt.NDArray[np.uint64]:
         return pool_digest(self.l1 if tier is Tier.L1 else self.l2, name, page_ids)
 
-    def d2h(self, l1: object, l2: object, after: torch.cuda.Stream | None) -> TransferHandle:
+    def d2h(self, l1: Pages, l2: Pages, after: torch.cuda.Stream | None) -> TransferHandle:
         return self.mover.d2h(self.anchors.request(Direction.D2H, l1, l2), after=after)
 
-    def h2d(self, l2: object, l1: object, after: torch.cuda.Stream | None) -> TransferHandle:
+    def h2d(self, l2: Pages, l1: Pages, after: torch.cuda.Stream | None) -> TransferHandle:
         return self.mover.h2d(self.anchors.request(Direction.H2D, l2, l1), after=after)
 
-    def h2s(self, l2: object, slots: object) -> TransferHandle:
+    def h2s(self, l2: Pages, slots: Pages) -> TransferHandle:
         request = self.anchors.request(Direction.H2S, l2, slots)
         return AnchorSlotHandle(
             self.storage.h2s(request), self.pools, request, self.anchors.ratios, target=True
         )
 
-    def s2h(self, slots: object, l2: object) -> TransferHandle:
+    def s2h(self, slots: Pages, l2: Pages) -> TransferHandle:
         request = self.anchors.request(Direction.S2H, slots, l2)
         return AnchorSlotHandle(
             self.storage.s2h(request), self.pools, request, self.anchors.ratios, target=False
