@@ -9,7 +9,7 @@ allocating pools have pages of their own, which the control plane's per-tier tab
     swa            s0 s1 s2 (x ratio)       c4_state ... move these pages
 
 A group whose only allocating pool is its anchor (a group of one; MLA) needs no answer: its
-anchor pages are its pool pages (`same_pages`).
+anchor pages are its pool pages (`AnchorMap.of_one`).
 
 Contract: `pages` checks a transfer's page arguments with the null engine's function
 (`null.transfer_pages`), so every plane raises InvalidPages for the same inputs; `pool_pages`
@@ -33,11 +33,6 @@ from hicache.errors import ConfigError, InvalidPages
 PoolPages = Callable[[str, Pages], Mapping[str, object]]
 """(tier "L1" | "L2" | "L3", anchor pages) -> pages per allocating pool, anchor included,
 `ratio` pages per anchor page in anchor order (the control plane's `TierPools.pool_pages`)."""
-
-
-def same_pages(tier: str, pages: Pages) -> Mapping[str, object]:
-    """A group of one allocating pool (the anchor, `kv`): the anchor pages are the pool's."""
-    return {"kv": pages}
 
 
 class AnchorMap:

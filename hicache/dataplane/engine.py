@@ -37,7 +37,7 @@ import torch
 from hicache.core.pages import Pages
 from hicache.core.snapshot import TOMBSTONE, UNSERVABLE
 from hicache.core.tiers import Tier
-from hicache.dataplane.anchormap import AnchorMap, PoolPages, same_pages
+from hicache.dataplane.anchormap import AnchorMap, PoolPages
 from hicache.dataplane.bytepaths import GROUP_BACKENDS, BytePath, GroupPath, OnePoolPath
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.faults import FaultInjector
@@ -58,7 +58,7 @@ from hicache.kernels import KernelSet
 from hicache.pools.spec import PoolGroup
 from hicache.pools.tierpools import tier_capacities
 
-__all__ = ["PoolPages", "TransferEngine", "byte_engine", "one_pool", "same_pages"]
+__all__ = ["PoolPages", "TransferEngine", "byte_engine", "one_pool"]
 
 UNLANDED_BYTE = 0xA5  # what `unland` leaves in a pool page an S2H stopped before
 
