@@ -254,6 +254,44 @@ def test_model_reads_the_prefix_from_the_pages(tiny_model: ModelProducer) -> Non
     assert not torch.allclose(l1[:, :, [2, 3]], l1[:, :, [4, 5]])
 
 
+class LandingGate:
+    """A layer-wise load-back on the CPU: layer `l` of `pages` is copied from `source` into
+    `l1` when a reader waits for it, as dataplane/layerwise.py's CPU gate does."""
+
+    def __init__(self, l1: torch.Tensor, source: torch.Tensor, pages: torch.Tensor) -> None:
+        self.layers = l1.shape[1]
+        self.landed_layers = 0
+        self.order: list[int] = []
+        self._l1, self._source, self._pages = l1, source, pages
+
+    def wait(self, layer: int) -> None:
+        self.order.append(layer)
+        self.landed_layers = max(self.landed_layers, layer + 1)
+        self._l1[:, layer, self._pages] = self._source[:, layer, self._pages]
+
+
+@pytest.mark.parametrize("prefix", [(0, 1), (5, 2)])
+def test_model_compute_kv_reads_each_layer_once_it_landed(
+    tiny_model: ModelProducer, prefix: tuple[int, ...]
+) -> None:
+    """`compute_kv` on a prefix that lands layer by layer (poisoned until its layer's wait)
+    gives the KV `produce` writes on the landed prefix: each layer is read only after its
+    wait (a read before it would see the poison), and every layer is waited for, in order."""
+    g = tiny_model.geometry
+    landed = poisoned_l1(g)
+    tiny_model.produce(TOKENS, 0, 8, landed, NO_PAGES, pages(*prefix))
+    tiny_model.produce(TOKENS, 8, 16, landed, pages(*prefix), pages(9, 10))
+    want = landed.index_select(2, pages(9, 10)).flatten(2, 3)
+    l1 = poisoned_l1(g)
+    gate = LandingGate(l1, landed, pages(*prefix))
+    kv, seconds = tiny_model.compute_kv(TOKENS, 8, 16, l1, pages(*prefix), gate)
+    assert seconds > 0 and gate.order == list(range(g.layers))
+    torch.testing.assert_close(kv, want)
+    assert torch.equal(
+        l1[:, :, 9:11].view(torch.uint8), poisoned_l1(g)[:, :, 9:11].view(torch.uint8)
+    )
+
+
 def test_model_without_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.import_module
 

@@ -83,6 +83,8 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "rank-check-local-mode": (0, "CollectiveMismatch"),
     "prefetch-off-ticks-once": (0, "prefetch off"),
     "triton-one-page": (1, "I4 tier_bytes_equal"),
+    # layer-wise load-back (spec/restore.md R83): 2026-12-06-layerwise.md, seeds 0-4
+    "layer-gate-lets-in": (0, "private tail"),
 }
 
 

@@ -63,6 +63,7 @@ class CacheConfig:
     write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
     promotion: bool = True
     prefetch: bool = True
+    layerwise: bool = False
     check_mode: str = "every"
     verify: bool = True
     io_threads: int = 4
@@ -83,7 +84,7 @@ class CacheConfig:
             low = 0 if name in ("io_threads", "rank_check_every") else 1
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
-        for name in ("l3_overwrite", "promotion", "prefetch", "verify"):
+        for name in ("l3_overwrite", "promotion", "prefetch", "layerwise", "verify"):
             if not isinstance(getattr(self, name), bool):  # a string "no" is truthy
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         for name, allowed in CHOICES.items():

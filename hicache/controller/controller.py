@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from hicache.controller.ahead import Ahead, compute_ahead, landing, take, write_kv
 from hicache.controller.build import build_parts
 from hicache.controller.config import CacheConfig
 from hicache.controller.materialize import Materialization, plan_parts
@@ -46,11 +47,12 @@ from hicache.controller.pending import (
     quiesce_or_leak,
 )
 from hicache.controller.verify import RestoreMismatch
-from hicache.core.records import UnknownRequest
+from hicache.core.records import PendingOp, UnknownRequest
 from hicache.core.snapshot import RankView
 from hicache.core.tiers import TIERS, Tier
 from hicache.core.trace import Tracer
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
+from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.leaks import park
 from hicache.dataplane.plane import DataPlane
 from hicache.distributed.collectives import Collectives
@@ -70,6 +72,7 @@ from hicache.policy.policies import prefill_end
 if TYPE_CHECKING:  # torch-heavy: imported only when a plane with bytes is built
     from hicache.dataplane.engine import TransferEngine
     from hicache.producers import KVProducer
+    from hicache.producers.base import LayerwiseProducer
 
 __all__ = ["CacheController", "RestoreMismatch"]
 
@@ -125,6 +128,7 @@ class CacheController:
         self._closed = False
         self.verifier = plane.verifier  # None: bytes are not compared (no bytes, or verify off)
         self.stager = p.stager
+        self._ahead: dict[int, Ahead] = {}  # request id -> KV computed on its landing restore
 
     @property
     def transfer_engine(self) -> TransferEngine:
@@ -253,9 +257,19 @@ class CacheController:
         )
 
     def ready(self, request_id: int) -> bool:
-        """Whether the request's restore has settled (`prefill` may run). UnknownRequest for
-        an id that is not live."""
-        return self._restore(request_id).done
+        """Whether `prefill` may run: the request's restore has settled, or (`layerwise`) it
+        is landing layer by layer (controller/ahead.py). UnknownRequest for an id that is not
+        live."""
+        mat = self._restore(request_id)
+        return mat.done or self._landing(mat) is not None
+
+    def _landing(self, mat: Materialization) -> tuple[PendingOp, TransferHandle] | None:
+        """The restore's H2D that `prefill` may compute on while it lands (R82), or None."""
+        if not self.config.layerwise or self.tp or self._bytes is None:
+            return None
+        if not callable(getattr(self.producer, "compute_kv", None)):
+            return None
+        return landing(mat, self.cp, self.handles)
 
     def wait(self, request_id: int, timeout_s: float | None = 0.05) -> None:
         """Block (GIL released) until one of the transfers the request waits for (its own or
@@ -285,7 +299,7 @@ class CacheController:
                 "prefill", "L1", "-", f"request {request_id} is served already; finish it"
             )
         if not mat.done:
-            raise RestorePending(request_id)
+            self._settle_landing(mat)  # RestorePending unless it is landing layer by layer
         deepest, room = self.stager.deepest_in_l1(mat), None
         if self.tp:  # C1c: the largest planned node every rank can serve, and (C3) the room
             deepest, room = self.ranks.served(mat)
@@ -336,6 +350,38 @@ class CacheController:
             self.decisions.settle(mat.decision_id, observed)
         return recomputed
 
+    def _settle_landing(self, mat: Materialization) -> None:
+        """A landing restore (R82): compute its prefill's KV ahead on the landing prefix,
+        then wait for the H2D's end and apply it, so the restore settles as it would have
+        (controller/ahead.py). RestorePending when the restore is not landing, or its end is
+        still not observed after `quiesce_timeout_s` (the KV computed stays for the retry)."""
+        rid = mat.request_id
+        found = self._landing(mat)
+        if found is None:
+            raise RestorePending(rid)
+        op, handle = found
+        assert self._bytes is not None and self.producer is not None, "checked by _landing"
+        # Refused for room as it would be once the op landed: before anything changes (R25).
+        if not self.ranks.room_for(mat, op.nodes[-1]):
+            start = self.cp.tree.prefix_tokens(op.nodes[-1])
+            need = (prefill_end(len(mat.tokens), self.config.kv.page_size) - start) // (
+                self.config.kv.page_size
+            )
+            raise OutOfPages("L1", need, self.cp.free_pages(Tier.L1))
+        if rid not in self._ahead:
+            end = prefill_end(len(mat.tokens), self.config.kv.page_size)
+            producer = cast("LayerwiseProducer", self.producer)
+            ahead = compute_ahead(mat, op, handle, self.cp, producer, self._bytes.l1_arena, end)
+            if ahead is not None:
+                self._ahead[rid] = ahead
+        # The op's end, observed and applied as phase 1 of a tick would, for this op alone
+        # (no other restore advances, no backup is issued: that is the next tick's work).
+        if not handle.wait(self.config.quiesce_timeout_s).final:
+            raise RestorePending(rid)
+        self.transfers.conclude([op.op_id])
+        if not mat.done:
+            raise RestorePending(rid)
+
     def finish(self, request_id: int) -> None:
         """End a request, finished or aborted: cancel its restore ops (the data plane
         quiesces each first; R40), stop waiting for shared ones, release what it holds (private
@@ -343,6 +389,7 @@ class CacheController:
         that shared a cancelled load-back loads those pages itself. Nothing it owned stays
         behind (B03). UnknownRequest for an id that is not live."""
         self.hooks.refuse_if_crashed()
+        self._ahead.pop(request_id, None)
         mat = self.stager.restores.pop(request_id, None)
         if mat is not None:
             self.stager.forget(mat)
@@ -453,7 +500,14 @@ class CacheController:
         new_pages = self.cp.compute(rid, end - start)
         prefix = self.cp.prefix_pages(self.cp.prefix_node(rid), Tier.L1)
         padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
-        if self.producer is not None and self._bytes is not None:
+        ahead = self._ahead.pop(rid, None)
+        kv = take(ahead, start, end, prefix)  # R84: only if its H2D ended DONE, same prefix
+        if ahead is not None:
+            self.metrics.layerwise_prefills += kv is not None
+            self.metrics.ahead_discarded += kv is None
+        if kv is not None and self._bytes is not None:
+            write_kv(self._bytes.l1_arena, new_pages, kv)
+        elif self.producer is not None and self._bytes is not None:
             seconds = self.producer.produce(
                 padded, start, end, self._bytes.l1_arena, prefix, new_pages
             )

@@ -20,6 +20,8 @@ nothing.
     shared_load_back_pages     pages    shared_load_back_pages_total
     restored_unused_pages      pages    restored_unused_pages_total
     verified_pages             pages    verified_pages_total
+    layerwise_prefills         events   layerwise_prefills_total  (computed on a landing restore)
+    ahead_discarded            events   ahead_discarded_total     (that KV thrown away, R82)
     fallbacks[reason]          parts    fallbacks_total{reason}
     dropped_tokens[reason]     tokens   dropped_tokens_total{reason}
     restores, policy_skips,    events   restores_total, policy_skips_total,
@@ -138,6 +140,8 @@ class Metrics:
     policy_skips: int = 0
     restores: int = 0
     verified_pages: int = 0
+    layerwise_prefills: int = 0  # prefills whose KV was computed while their H2D landed
+    ahead_discarded: int = 0  # KV computed ahead and thrown away: its H2D did not end DONE
     decode_overlap_s: float = 0.0
     decode_steps: int = 0
     dropped_tokens: dict[str, int] = field(default_factory=lambda: {r: 0 for r in DROP_REASONS})
@@ -227,6 +231,8 @@ class Metrics:
             "policy_skips": self.policy_skips,
             "restores": self.restores,
             "verified_pages": self.verified_pages,
+            "layerwise_prefills": self.layerwise_prefills,
+            "ahead_discarded": self.ahead_discarded,
             "decode_overlap_s": self.decode_overlap_s,
             "decode_steps": self.decode_steps,
             "dropped_tokens": dict(self.dropped_tokens),
@@ -311,6 +317,18 @@ class Metrics:
             "counter",
             "Restored pages compared with recomputation.",
             [("", self.verified_pages)],
+        )
+        family(
+            "layerwise_prefills_total",
+            "counter",
+            "Prefills computed while their restore's H2D was landing, layer by layer.",
+            [("", self.layerwise_prefills)],
+        )
+        family(
+            "ahead_discarded_total",
+            "counter",
+            "KV computed on a landing restore and thrown away (the H2D did not end DONE).",
+            [("", self.ahead_discarded)],
         )
         family(
             "restores_total",

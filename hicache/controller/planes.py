@@ -88,6 +88,7 @@ def choose_plane(
             faults=faults,
             l3_overwrite=config.l3_overwrite,
             pool_capacities=config.pool_capacities,
+            layerwise=config.layerwise,
         )
     else:
         engine = byte_engine(engine)

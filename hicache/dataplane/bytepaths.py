@@ -41,6 +41,8 @@ from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, pool_di
 from hicache.dataplane.groupstorage import GroupStorageMover
 from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.handles import TransferHandle
+from hicache.dataplane.layerwise import LayerwiseMover
+from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.dataplane.slotnames import AnchorSlotHandle
 from hicache.dataplane.storage import L3File
@@ -122,6 +124,7 @@ class OnePoolPath:
         faults: FaultInjector | None,
         chunk_pages: int | None,
         l3_overwrite: bool,
+        layerwise: bool = False,
     ) -> None:
         self.geometry = geometry
         self.anchors = anchors
@@ -132,6 +135,8 @@ class OnePoolPath:
         self.dma = DeviceHostMover(
             self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages
         )
+        # Layer-wise load-back (layerwise.py): H2Ds land layer by layer where they can.
+        self.layerwise = LayerwiseMover(self.l1, self.l2, faults=faults) if layerwise else None
         self.l3 = L3File(
             l3_path,
             capacity[Tier.L3],
@@ -170,6 +175,13 @@ class OnePoolPath:
         return self.dma.d2h(l1, l2, after=after)  # the mover validates
 
     def h2d(self, l2: Pages, l1: Pages, after: torch.cuda.Stream | None) -> TransferHandle:
+        if self.layerwise is not None:
+            src, dst = transfer_pages(
+                Direction.H2D, l2, l1, self.l2.capacity_pages, self.l1.capacity_pages
+            )
+            handle = self.layerwise.issue(src, dst, after) if src.size else None
+            if handle is not None:
+                return handle
         return self.dma.h2d(l2, l1, after=after)  # the mover validates
 
     def h2s(self, l2: Pages, slots: Pages) -> TransferHandle:
@@ -203,10 +215,13 @@ class OnePoolPath:
                 "l3_path": self.l3.path,
             },
             "dma": self.dma.status(),
+            "layerwise": None if self.layerwise is None else self.layerwise.status(),
             "storage": vars(self.storage.counters).copy(),
         }
 
     def close(self) -> None:
+        if self.layerwise is not None:
+            self.layerwise.close()
         self.dma.close()
         self.storage.close()
         self.l3.close()

@@ -52,6 +52,7 @@ from hicache.dataplane.handles import (
     TransferStatus,
     event_passed,
 )
+from hicache.dataplane.layerwise import EventGate
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
@@ -345,6 +346,8 @@ class DeviceHostMover:
         handle = DmaHandle(
             self, direction, n * self.bytes_per_page, buffers, completion, delay, plan
         )
+        if direction is Direction.H2D:  # its layers all land at its end
+            handle.gate = EventGate(self.l1.geometry.layers, completion.end, self.l1.device)
         t = handle.timings
         t.issued_at, t.workspace_setup_s = entered, buffers.setup_s
         t.enqueue_s = time.perf_counter() - entered - buffers.setup_s

@@ -78,9 +78,10 @@ class TransferEngine:
     A typed group of one only: `l3_path` (None: a temporary file; an existing path is taken
     over only if it is a hicache L3 file or `l3_overwrite`, never a symlink; `L3File`, whose
     header records the geometry), `chunk_pages` (fixed DMA chunking; None: dma.py's
-    doubling schedule). Any other group keeps one temporary L3 file per pool, removed on
-    close. Raises ConfigError naming the field for bad sizes, StorageError for an unusable
-    L3 path, BackendError when an explicitly requested backend cannot run.
+    doubling schedule), `layerwise` (H2Ds land layer by layer where they can, each handle's
+    `gate` says when: layerwise.py). Any other group keeps one temporary L3 file per pool,
+    removed on close. Raises ConfigError naming the field for bad sizes, StorageError for an
+    unusable L3 path, BackendError when an explicitly requested backend cannot run.
     """
 
     has_bytes = True
@@ -101,6 +102,7 @@ class TransferEngine:
         chunk_pages: int | None = None,
         l3_overwrite: bool = False,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
+        layerwise: bool = False,
     ) -> None:
         if not isinstance(group, PoolGroup):
             raise ConfigError(
@@ -129,6 +131,7 @@ class TransferEngine:
                 faults=faults,
                 chunk_pages=chunk_pages,
                 l3_overwrite=l3_overwrite,
+                layerwise=layerwise,
             )
         else:
             for field, value in (("l3_path", l3_path), ("chunk_pages", chunk_pages)):

@@ -86,8 +86,23 @@ class OutcomeCounters:
             self.cancelled += 1
 
 
+class LayerGate(Protocol):
+    """What a reader of an H2D's target pages may hold before the transfer ends: `wait(l)`
+    before reading layer `l` of them (dataplane/layerwise.py; spec/restore.md, "Layer-wise
+    load-back"). Whether the bytes are *valid* is still the handle's end: a reader's work on
+    a transfer that ends FAILED or CANCELLED is void."""
+
+    layers: int
+    landed_layers: int  # the layers a reader waited for so far
+
+    def wait(self, layer: int) -> None:
+        """The current stream reads nothing more until `layer` of every page landed (CUDA: a
+        stream wait, no host block; CPU: the layer lands now if it had not)."""
+
+
 class TransferHandle(ABC):
-    """One transfer in flight. Subclasses implement `_probe` and `_quiesce`."""
+    """One transfer in flight. Subclasses implement `_probe` and `_quiesce`. `gate`: an H2D's
+    `LayerGate` where its mover offers one (None: read the pages only once DONE)."""
 
     def __init__(self, direction: Direction, nbytes: int) -> None:
         self.direction = direction
@@ -95,6 +110,7 @@ class TransferHandle(ABC):
         self.timings = TransferTimings()
         self.error: HiCacheError | None = None
         self.landed: dict[str, int] | None = None  # FAILED S2H: pages each pool landed
+        self.gate: LayerGate | None = None
         self._status = TransferStatus.PENDING
 
     @property
@@ -255,6 +271,7 @@ class DelayedHandle(TransferHandle):
         super().__init__(inner.direction, inner.nbytes)
         self.inner = inner
         self.timings = inner.timings
+        self.gate = inner.gate
         self._polls_left = polls
 
     def finish(self, ok: bool = True) -> None:

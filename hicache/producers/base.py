@@ -30,6 +30,7 @@ import numpy.typing as npt
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import LayerGate
 from hicache.dataplane.pools import torch_dtype
 from hicache.errors import ProducerError
 
@@ -63,6 +64,30 @@ class KVProducer(Protocol):
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
         """The packed page-major KV `produce` writes for `tokens[start:end]`, or None when the
         producer cannot say (a model: the bytes depend on kernels and rounding)."""
+        ...
+
+
+@runtime_checkable
+class LayerwiseProducer(Protocol):
+    """A producer that can compute on a prefix still landing (spec/restore.md, "Layer-wise
+    load-back"): it reads layer `l` of `prefix_pages` only after `gate.wait(l)`."""
+
+    geometry: KVGeometry
+
+    def compute_kv(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        l1: torch.Tensor,
+        prefix_pages: PageIndex,
+        gate: LayerGate,
+    ) -> tuple[torch.Tensor, float]:
+        """The token-major KV `[K/V, layer, end - start, kv_head, head_dim]` that `produce`
+        would write for `tokens[start:end]`, reading layer `l` of `prefix_pages` only after
+        `gate.wait(l)`, and the seconds until it is computed (waits on the gate included, so
+        not a recompute sample). Writes no page: the caller writes the KV (`write_pages`) once
+        the prefix is known to have landed, or throws it away."""
         ...
 
 
@@ -105,10 +130,11 @@ def check_produce_args(
     tokens: Sequence[int],
     span: tuple[int, int],
     l1: torch.Tensor,
-    pages: tuple[PageIndex, PageIndex],
+    pages: tuple[PageIndex, PageIndex | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Check one `produce` call and return `(prefix_pages, new_pages)` as int64 tensors on
-    `device`. ProducerError (nothing written) for an unaligned range, a page count that does not
+    `device` (`new_pages` None: a `compute_kv`, which writes no page; empty then).
+    ProducerError (nothing written) for an unaligned range, a page count that does not
     match it, a page outside L1 or named twice, or an L1 of the wrong shape, dtype or device.
     Reads the page lists on the host: this synchronises, so callers check before timing."""
     start, end = span
@@ -124,8 +150,14 @@ def check_produce_args(
             f"got {l1.dtype} {tuple(l1.shape)} on {l1.device}",
         )
     prefix = as_page_index(pages[0], device, "prefix_pages")
-    new = as_page_index(pages[1], device, "new_pages")
-    for field, idx, want in (("prefix_pages", prefix, start), ("new_pages", new, end - start)):
+    writes = pages[1] is not None
+    new = as_page_index(
+        pages[1] if pages[1] is not None else np.zeros(0, np.int64), device, "new_pages"
+    )
+    for field, idx, want in (
+        ("prefix_pages", prefix, start),
+        ("new_pages", new, end - start if writes else 0),
+    ):
         # Verify one page per page of tokens: a short list would leave tokens without a page.
         if idx.numel() * g.page_size != want:
             raise ProducerError(

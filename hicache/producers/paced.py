@@ -28,8 +28,9 @@ from collections.abc import Sequence
 
 import torch
 
-from hicache.errors import ConfigError
-from hicache.producers.base import KVProducer, PageIndex
+from hicache.dataplane.handles import LayerGate
+from hicache.errors import ConfigError, ProducerError
+from hicache.producers.base import KVProducer, LayerwiseProducer, PageIndex
 
 
 class PacedProducer:
@@ -65,13 +66,34 @@ class PacedProducer:
         docstring). ProducerError from `inner`, nothing written, for bad arguments."""
         started_s = time.perf_counter()
         inner_s = self.inner.produce(tokens, start, end, l1, prefix_pages, new_pages)
-        floor_s = self.pace_s(end - start)
+        return self._pace(started_s, inner_s, end - start)
+
+    def _pace(self, started_s: float, inner_s: float, tokens: int) -> float:
+        """Wait out the pace of `tokens` tokens begun at `started_s`; the steady seconds."""
+        floor_s = self.pace_s(tokens)
         if not self.sleep:
             return max(inner_s, floor_s)
         deadline = started_s + floor_s
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(left)
         return time.perf_counter() - started_s
+
+    def compute_kv(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        l1: torch.Tensor,
+        prefix_pages: PageIndex,
+        gate: LayerGate,
+    ) -> tuple[torch.Tensor, float]:
+        """`inner.compute_kv` (ProducerError if `inner` has none), then the pace, as
+        `produce`."""
+        if not isinstance(self.inner, LayerwiseProducer):
+            raise ProducerError("inner", f"{type(self.inner).__name__} has no compute_kv")
+        started_s = time.perf_counter()
+        kv, inner_s = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate)
+        return kv, self._pace(started_s, inner_s, end - start)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
         """What `inner` says `produce` writes (pacing changes no byte)."""

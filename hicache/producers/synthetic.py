@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import LayerGate
 from hicache.dataplane.pools import resolve_device, shift_right, torch_dtype
 from hicache.producers.base import (
     PageIndex,
@@ -67,6 +68,20 @@ def fmix_scalar(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return x ^ (x >> 31)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bits (so -0.0 and 0.0, or two NaNs, compare as the bytes they are)."""
+    return t.contiguous().view(torch.uint8)
+
+
+_SIGN_BITS = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}
+
+
+def _flip_sign(t: torch.Tensor) -> None:
+    """Flip the sign bit of every element of `t` in place (any float format, fp8 included)."""
+    dtype, bit = _SIGN_BITS[t.element_size()]
+    t.view(dtype).bitwise_xor_(bit)
 
 
 def _signed(x: int) -> int:
@@ -139,6 +154,36 @@ class SyntheticProducer:
             pages = new[(lo - start) // ps : (hi - start) // ps]
             write_pages(l1, pages, self._block(hashes[lo:hi]))
         return seconds_since(self.device, started_s)
+
+    def compute_kv(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        l1: torch.Tensor,
+        prefix_pages: PageIndex,
+        gate: LayerGate,
+    ) -> tuple[torch.Tensor, float]:
+        """`LayerwiseProducer.compute_kv`: the KV `produce` would write -- as long as the
+        prefix it reads is the prefix's true KV. Like a model, it reads each layer of the
+        prefix after `gate.wait(layer)`; unlike `produce`, it is sensitive to what it read:
+        a layer of the prefix that is not what these tokens give (not landed, or landed
+        wrong) makes that layer's KV come out sign-flipped -- wrong in every byte, as a
+        model's output would be -- so a caller that keeps KV computed on a bad prefix puts
+        wrong bytes in the tree, where the checks see them."""
+        prefix, _ = check_produce_args(
+            self.geometry, self.device, tokens, (start, end), l1, (prefix_pages, None)
+        )
+        started_s = time.perf_counter()
+        hashes = prefix_hashes(tokens, end)
+        kv = torch.cat([self._block(hashes[lo:hi]) for lo, hi in self._chunks(start, end)], dim=2)
+        true_prefix = self._block(hashes[:start])  # [K/V, layer, start, head, dim]
+        for layer in range(gate.layers):
+            gate.wait(layer)  # R83: the layer is read only once it landed
+            read = l1[:, layer].index_select(1, prefix).flatten(1, 2)  # [K/V, start, head, dim]
+            if not torch.equal(_bits(read), _bits(true_prefix[:, layer])):
+                _flip_sign(kv[:, layer])
+        return kv, seconds_since(self.device, started_s)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor:
         """The packed page-major KV `[n_pages, K/V, layer, page_size, kv_head, head_dim]` that

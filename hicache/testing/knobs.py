@@ -22,6 +22,8 @@ takes one value only.
                                         I4 and the served digests alone); TP ranks: each
                                         its own
     io_threads          cpu, cuda       2, or 0 (the deterministic schedule); a group: 0
+    layerwise           cpu, cuda       True, False (a single pool: a group's H2D has no
+                                        layer gate)
     load_back_overlap   every plane     share (4 in 5), back_off
     hit_policy          a window group  all_pools, anchor_recompute_swa
     l1_window_pages     a window group  None, or fewer windows than pages
@@ -55,6 +57,7 @@ DRAWN: dict[str, str] = {
     "check_mode": "every plane",
     "verify": "planes with bytes",
     "io_threads": "planes with bytes, single pool",
+    "layerwise": "planes with bytes, single pool",
     "load_back_overlap": "every plane",
     "hit_policy": "a group with a trailing side pool",
     "l1_window_pages": "a group with a trailing side pool",

@@ -262,7 +262,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _prefill(self, rid: int) -> None:
         self._sync()
-        expected = self.model.expected_after_prefill(rid)
+        landing = getattr(self.cache, "landing", None)  # an engine's layer-wise load-back
+        own = landing(rid) if landing is not None else None
+        expected = self.model.expected_after_prefill(rid, own)
         if self.cache.prefill(rid):
             self._sync()  # its make-room ran before the request was served more
             self.model.prefilled(rid, expected, self.cache.cached_len(rid))
@@ -273,8 +275,17 @@ class CacheMachine(RuleBasedStateMachine):
             )
             return
         # Verify a prefill refused for room changed nothing, no eviction either (a
-        # rejected operation leaves no trace; the protocol's `prefill` contract).
+        # rejected operation leaves no trace; the protocol's `prefill` contract) -- but the
+        # end of the request's own landing load-back, which it applied first (R82).
         changed = self.cache.changes()
+        if own is not None:
+            tier, tokens = self.model.tiers[0], self.model.requests[rid].tokens
+            changed = [
+                c
+                for c in changed
+                if not (c.tier == tier and own[0] < len(c.prefix) <= own[1])
+                or c.prefix != tokens[: len(c.prefix)]
+            ]
         if changed:
             raise Mismatch("page changes of a refused prefill", changed[:4], [], f"request {rid}")
 

@@ -370,17 +370,21 @@ class ReferenceModel:
         if self.tree is not None:
             self.tree.admitted(tokens[: len(tokens) - 1])
 
-    def expected_after_prefill(self, request_id: int) -> int:
+    def expected_after_prefill(self, request_id: int, own: tuple[int, int] | None = None) -> int:
         """`cached_len` a prefill must reach, judged before it runs: the whole pages, cut at
         one another request's load-back is filling -- unless L1 may hold `duplicate_copies`
-        (spec/tree.md, "Duplicate copies"): then the request serves its own copy."""
+        (spec/tree.md, "Duplicate copies"): then the request serves its own copy. `own`:
+        the token range of the request's *own* load-back still landing layer by layer
+        (spec/restore.md, "Layer-wise load-back"): its prefill applies that op's end first
+        (the pages are then served, or recomputed and inserted), so they cut nothing."""
         r = self.requests[request_id]
         ps, l1 = self.page_size, self.pages[self.tiers[0]]
         aligned = len(r.tokens) // ps * ps
         if self.duplicate_copies:
             return aligned
         for end in range(ps, aligned + 1, ps):
-            if l1.get(r.tokens[:end]) == PENDING:
+            mine = own is not None and own[0] < end <= own[1]
+            if l1.get(r.tokens[:end]) == PENDING and not mine:
                 return end - ps
         return aligned
 

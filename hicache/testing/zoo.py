@@ -141,6 +141,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "rank-check-local-mode": "fuzz-tp",
     "prefetch-off-ticks-once": "fuzz-null",
     "triton-one-page": "fuzz-cpu",
+    "layer-gate-lets-in": "fuzz-cpu",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not

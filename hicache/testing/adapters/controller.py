@@ -112,6 +112,7 @@ class Setup:
     backend: str | None = None  # CacheConfig.backend; None: torch, on the cuda plane auto
     prefetch: bool = True  # CacheConfig.prefetch: False, admit blocks until restored
     verify: bool = True  # CacheConfig.verify (a plane with bytes)
+    layerwise: bool = False  # CacheConfig.layerwise (a single pool with bytes)
     io_threads: int | None = None  # CacheConfig.io_threads; None: 2, a group's 0
     rank_check_every: int = 0  # CacheConfig.rank_check_every (TP ranks)
 
@@ -278,7 +279,35 @@ class ControllerAdapter:
                 self.ctl.prefill(request_id)
         except OutOfPages:
             return False
+        self._check_private_tail(request_id)
         return True
+
+    def _check_private_tail(self, request_id: int) -> None:
+        """What `prefill` computed into the pages it keeps private (the prompt's partial last
+        page, never published, so no other check reads it) is what the producer computes
+        for those tokens: a KV computed on a bad prefix (a layer-wise load-back read before
+        it landed, R83, or kept after it failed, R84) shows there first."""
+        ctl = self.ctl
+        producer, engine = ctl.producer, ctl.engine
+        if producer is None or not engine.has_bytes or self.setup.pools != SINGLE_POOL:
+            return
+        req = ctl.cp.requests[request_id]
+        n, start, ps = int(req.private_pages.size), req.private_start, self.page_size
+        if not n:
+            return
+        padded = tuple(req.tokens) + (0,) * (start + n * ps - len(req.tokens))
+        want = producer.expected(padded, start, start + n * ps)
+        if want is None:
+            return
+        import torch  # a plane with bytes: torch is loaded
+
+        engine_ = ctl.transfer_engine
+        got = engine_.packed(Tier.L1, engine_.group.anchor.name, req.private_pages)
+        if not torch.equal(got.reshape(-1), want.contiguous().view(torch.uint8).reshape(-1)):
+            self.findings.append(
+                f"private tail: request {request_id}'s pages {req.private_pages.tolist()} "
+                f"(tokens {start}..{start + n * ps}) hold bytes its producer does not compute"
+            )
 
     def finish(self, request_id: int) -> None:
         with self.liveness.call("finish", request_id):
@@ -293,6 +322,14 @@ class ControllerAdapter:
 
     def cached_len(self, request_id: int) -> int:
         return self.ctl.cp.cached_len(request_id)
+
+    def landing(self, request_id: int) -> tuple[int, int] | None:
+        """The token range `[start, end)` of the request's own load-back that is landing
+        layer by layer (`CacheConfig.layerwise`): its `prefill` applies that op's end first,
+        so those pages do not cut what it serves. None when its restore is not landing."""
+        mat = self.ctl.restores.get(request_id)
+        found = None if mat is None or mat.done else self.ctl._landing(mat)
+        return None if found is None else found[0].token_range
 
     def served_digests(self, request_id: int) -> list[int] | None:
         """The served L1 pages' digests; None without bytes, and for a pool group, whose
@@ -582,6 +619,7 @@ def cache_config(s: Setup, device: str | None, l3_path: str | None) -> CacheConf
         prefetch=s.prefetch,
         check_mode=s.check_mode,
         verify=s.verify,
+        layerwise=s.layerwise,
         l3_path=l3_path,
         l3_overwrite=True,
         # A group's L3 parts run on the polling thread: the schedule a seed replays
@@ -670,6 +708,7 @@ def setups(
         backend=st.sampled_from(BACKENDS) if bytes_ else st.none(),
         prefetch=st.sampled_from((True,) * 4 + (False,)),
         verify=st.sampled_from((True, True, True, False)) if bytes_ else st.just(True),
+        layerwise=st.booleans() if bytes_ and single else st.just(False),
         io_threads=st.sampled_from((2, 0)) if bytes_ and single else st.none(),
     )
     if pools == SINGLE_POOL or not window_pools(group(pools)):

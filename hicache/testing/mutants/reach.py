@@ -19,6 +19,10 @@ fix (hicache/testing/draws.py, tamper.py, knobs.py, adapters/tp.py `tp_setups`).
                                                        settles: a request not ready returned
     triton-one-page        backend triton drawn on     Triton's gather/scatter move nothing
                            the cpu plane               for one page (its probe moves two)
+    layer-gate-lets-in     layerwise=True drawn        a layer-wise load-back's gate lets its
+                                                       reader in before the layer landed (the
+                                                       layers land only at the end): a prefill
+                                                       computes on stale layers
 
 Before those draws, two prompts always diverged on a page start (so a shared run was whole
 pages, rounded either way alike), a damaged slot's bytes were never another slot's valid page
@@ -144,6 +148,19 @@ def _triton_one_page() -> contextlib.AbstractContextManager[None]:
     return swapped(triton_rows, "_launch", _launch)
 
 
+def _layer_gate_lets_in() -> contextlib.AbstractContextManager[None]:
+    """`wait(layer)` of a layer-wise load-back's gate returns at once: the reader reads the
+    layer before it landed (on a GPU: a stream wait on the wrong event, or none). Every layer
+    still lands at the end and the op ends DONE, so each restored page is right; what is
+    wrong is the KV the prefill computed on the stale layers (spec/restore.md, R83)."""
+    from hicache.dataplane.layerwise import _PerLayerGate
+
+    def wait(self: Any, layer: int) -> None:
+        self.landed_layers = max(self.landed_layers, layer + 1)
+
+    return swapped(_PerLayerGate, "wait", wait)
+
+
 ZOO: tuple[Mutant, ...] = (
     Mutant(
         "split-rounds-up",
@@ -179,5 +196,12 @@ ZOO: tuple[Mutant, ...] = (
         "triton_rows._launch",
         "Triton's gather and scatter move nothing for a transfer of one page (n <= 1)",
         _triton_one_page,
+    ),
+    Mutant(
+        "layer-gate-lets-in",
+        "-",
+        "_PerLayerGate.wait",
+        "a layer-wise load-back lets its reader read a layer before it landed",
+        _layer_gate_lets_in,
     ),
 )
