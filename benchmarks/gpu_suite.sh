@@ -2,7 +2,8 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool compare batched tp tpfuzz recompute serving fuzz
+#   stages: env tests kernels transfer multipool compare batched layerwise tp tpfuzz recompute
+#   serving fuzz
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -57,6 +58,12 @@ for stage in $stages; do
                done
              done ;;
     batched) run bench_batched python3 benchmarks/batched_copies.py --out "$out/batched.json" ;;
+    layerwise) run layerwise_tests python3 -m pytest -q -p no:cacheprovider tests/test_layerwise_gpu.py \
+                 tests/test_layerwise.py
+               run bench_layerwise_h2d python3 benchmarks/layerwise_h2d.py --out "$out/layerwise_h2d.json"
+               run bench_layerwise_serving python3 -m hicache bench serving --presets qwen3-8b \
+                 --mode ${LAYERWISE_MODES:-graphs eager} --lengths 350 1000 3500 --no-stress \
+                 --out "$out/layerwise-serving" ;;
     tpfuzz) run tp_fuzz python3 benchmarks/tp_fuzz.py --plane cuda --ranks 2 \
               --seconds "${TPFUZZ_SECONDS:-540}" --steps 1000 ;;
     recompute) run bench_recompute python3 -m hicache bench recompute --modes eager graphs --out "$out/recompute.json" ;;

@@ -83,7 +83,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "rank-check-local-mode": (0, "CollectiveMismatch"),
     "prefetch-off-ticks-once": (0, "prefetch off"),
     "triton-one-page": (1, "I4 tier_bytes_equal"),
-    # layer-wise load-back (spec/restore.md R83): 2026-12-06-layerwise.md, seeds 0-4
+    # layer-wise load-back (spec/restore.md R83): 2026-12-06-layerwise-h100/README.md
     "layer-gate-lets-in": (0, "private tail"),
 }
 

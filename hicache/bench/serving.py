@@ -50,7 +50,13 @@ from hicache.producers import KVProducer, PacedProducer, SyntheticProducer
 from hicache.producers.model import MODES, ModelProducer
 
 LENGTHS = (350, 1000, 2000, 3500)
-PATHS = ("recompute", "L2", "L3", "cost")
+PATHS = ("recompute", "L2", "L3", "cost", "L2-layerwise")
+POLICY = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}
+POLICY["L2-layerwise"] = "always"
+LAYERWISE = frozenset({"L2-layerwise"})
+"""The paths whose controller lands its H2D layer by layer and prefills on it (`layerwise`,
+spec/restore.md, "Layer-wise load-back"); the rest wait for the whole H2D."""
+FORCED = ("recompute", "L2", "L3")  # what `cost` chooses among
 DEFAULT_MODES = ("eager", "graphs")
 WARMUP_ROUNDS = 1 + EXPLORE_SAMPLES
 """Untimed latency rounds per path: the first `cost` decision is a guess (the recompute line
@@ -70,7 +76,30 @@ class Subject:
     mode: str
 
 
-def _controller(subject: Subject, policy: str, l1: int, l2: int, l3: int) -> CacheController:
+class TimedProducer:
+    """A producer's every `produce` and `compute_kv`, timed: `last_s` is the seconds the
+    latest one returned (the bench's tail-prefill time, next to the H2D's)."""
+
+    def __init__(self, inner: KVProducer) -> None:
+        self.inner = inner
+        self.geometry = inner.geometry
+        self.last_s = 0.0
+
+    def produce(self, *args: Any) -> float:
+        self.last_s = self.inner.produce(*args)
+        return self.last_s
+
+    def compute_kv(self, *args: Any) -> Any:
+        kv, self.last_s = self.inner.compute_kv(*args)  # type: ignore[attr-defined]
+        return kv, self.last_s
+
+    def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
+        return self.inner.expected(tokens, start, end)
+
+
+def _controller(
+    subject: Subject, policy: str, l1: int, l2: int, l3: int, *, layerwise: bool = False
+) -> CacheController:
     cfg = CacheConfig(
         geometry=subject.producer.geometry,
         l1_pages=l1,
@@ -80,6 +109,7 @@ def _controller(subject: Subject, policy: str, l1: int, l2: int, l3: int) -> Cac
         policy=policy,
         check_mode="off",
         verify=False,
+        layerwise=layerwise,
     )
     return CacheController(cfg, subject.producer)
 
@@ -113,9 +143,19 @@ def latency(
         prefix_len = n // ps * ps
         pages = prefix_len // ps + 1
         for path in PATHS:
-            policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
-            ctl = _controller(subject, policy, 4 * pages + 8, 4 * pages + 8, 4 * pages + 8)
+            size = 4 * pages + 8
+            timed = TimedProducer(subject.producer)
+            ctl = _controller(
+                Subject(timed, subject.vocab, subject.device, subject.mode),
+                POLICY[path],
+                size,
+                size,
+                size,
+                layerwise=path in LAYERWISE,
+            )
             samples = []
+            h2d_ms: list[float] = []  # per timed round: the H2D's device time (service)
+            tail_ms: list[float] = []  # ... and its prefill's (produce or compute_kv)
             predicted: list[dict[str, Any]] = []
             warmup_choices: list[str] = []
             try:
@@ -127,12 +167,17 @@ def latency(
                     ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
                     if path == "L3":
                         ctl.cp.evict("L2", 10**9)
+                    h2d = ctl.metrics.directions["H2D"]
+                    before = h2d.service_s
                     s, d = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
+                    tail = timed.last_s
                     ctl.drain()
                     if r < warmup:
                         warmup_choices.append(d.choice)
                     else:
                         samples.append(s)
+                        h2d_ms.append((h2d.service_s - before) * 1e3)
+                        tail_ms.append(tail * 1e3)
                         predicted.append(
                             {
                                 "choice": d.choice,
@@ -141,6 +186,8 @@ def latency(
                         )
                 choice = dict(ctl.metrics.decisions)
                 model_state = ctl.model.state()
+                engine = ctl.status()["engine"]
+                movers = engine.get("layerwise") if isinstance(engine, dict) else None
                 log = ctl.decisions.summary()
             finally:
                 ctl.close()
@@ -152,6 +199,10 @@ def latency(
                     "warmup_choices": warmup_choices,
                     "median_ms": statistics.median(samples) * 1e3,
                     "samples_ms": [x * 1e3 for x in samples],
+                    "h2d_ms": statistics.median(h2d_ms),
+                    "tail_ms": statistics.median(tail_ms),
+                    "layerwise_prefills": ctl.metrics.layerwise_prefills,
+                    "layerwise_mover": movers,  # its ops, and how many went staged
                     "decisions": choice,
                     "predicted": predicted,
                     "cost_model": model_state,
@@ -183,9 +234,15 @@ def stress(
     finally:
         warm.close()
     for path in PATHS:
-        policy = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}[path]
         l2 = 2 * per + 2 if path == "L3" else n_prefixes * per * 2
-        ctl = _controller(subject, policy, 2 * per + 2, l2, n_prefixes * per * 2)
+        ctl = _controller(
+            subject,
+            POLICY[path],
+            2 * per + 2,
+            l2,
+            n_prefixes * per * 2,
+            layerwise=path in LAYERWISE,
+        )
         try:
             work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=vocab)
             loop = ServingLoop(ctl, batch_size=1)
@@ -348,7 +405,7 @@ def report_md(result: dict[str, Any]) -> str:
             if row["path"] == "cost":
                 chose[row["tokens"]] = ", ".join(p["choice"] for p in row.get("predicted", []))
         for n, t in sorted(by.items()):
-            best = min(t["recompute"], t["L2"], t["L3"])
+            best = min(t[p] for p in FORCED)
             lines.append(
                 f"| {run['preset']} | {run['mode']} | {n} | {t['recompute']:.2f} | "
                 f"{t['L2']:.2f} ({t['recompute'] / t['L2']:.2f}x) | "
@@ -358,7 +415,7 @@ def report_md(result: dict[str, Any]) -> str:
         if "stress" in run:
             rates = {r["path"]: r["requests_per_s"] for r in run["stress"]}
             cost = next(r for r in run["stress"] if r["path"] == "cost")
-            best = max(rates["recompute"], rates["L2"], rates["L3"])
+            best = max(rates[p] for p in FORCED)
             stress_rows.append(
                 f"| {run['preset']} | {run['mode']} | {rates['recompute']:.2f} | "
                 f"{rates['L2']:.2f} ({rates['L2'] / rates['recompute']:.2f}x) | "
@@ -366,6 +423,7 @@ def report_md(result: dict[str, Any]) -> str:
                 f"{rates['cost']:.2f} | {rates['cost'] / best:.3f} | "
                 f"{_counts(cost['decisions'])} |"
             )
+    lines += _layerwise_table(result)
     if stress_rows:
         lines += [
             "",
@@ -378,6 +436,40 @@ def report_md(result: dict[str, Any]) -> str:
         ]
     lines.append("")
     return "\n".join(lines)
+
+
+def _layerwise_table(result: dict[str, Any]) -> list[str]:
+    """Layer-wise load-back against its floor: the L2 restore waiting for the whole H2D, then
+    prefilling (`L2`), and landing layer by layer under its prefill (`L2-layerwise`), each over
+    max(H2D, tail prefill) -- the H2D's device time and the tail prefill's, measured on the `L2`
+    path in the same run (goal: layer-wise <= 1.15 x that floor). Empty for results without
+    the layer-wise path."""
+    rows = []
+    for run in result["runs"]:
+        by = {(r["tokens"], r["path"]): r for r in run["latency"]}
+        for n in sorted({r["tokens"] for r in run["latency"]}):
+            base, lw, rec = by.get((n, "L2")), by.get((n, "L2-layerwise")), by.get((n, "recompute"))
+            if base is None or lw is None or rec is None or "h2d_ms" not in base:
+                continue
+            floor = max(base["h2d_ms"], base["tail_ms"])
+            rows.append(
+                f"| {run['preset']} | {run['mode']} | {n} | {base['h2d_ms']:.2f} | "
+                f"{base['tail_ms']:.2f} | {base['median_ms']:.2f} "
+                f"({base['median_ms'] / floor:.2f}) | {lw['median_ms']:.2f} "
+                f"({lw['median_ms'] / floor:.2f}) | "
+                f"{rec['median_ms'] / lw['median_ms']:.2f}x | {lw['layerwise_prefills']} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Layer-wise load-back (L2 restore; ratio: over max(H2D, tail prefill))",
+        "",
+        "| preset | mode | tokens | H2D ms | tail prefill ms | L2 ms (/ floor) "
+        "| L2 layer-wise ms (/ floor) | layer-wise vs recompute | layer-wise prefills |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
 
 
 if __name__ == "__main__":
