@@ -20,6 +20,7 @@ from hicache.app.workload import repeated_prefix_workload
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
+from hicache.errors import ConfigError
 from hicache.policy.policies import EXPLORE_SAMPLES
 from hicache.producers import PacedProducer, SyntheticProducer
 
@@ -91,3 +92,23 @@ def test_paced_producer_waits_out_its_pace_and_writes_the_inner_bytes() -> None:
         reported.produce(tokens, 0, 8, l1, torch.zeros(0, dtype=torch.int64), torch.arange(2))
         == 7.0
     )
+
+
+def test_a_paced_tail_pays_per_cached_token_and_a_full_prefill_does_not() -> None:
+    """`per_cached_token_s` models the eager model producer's tail: it builds the cached prefix
+    into its KV cache inside the timed prefill, so a tail on a long prefix can cost more than a
+    full prefill of the whole prompt."""
+    import torch
+
+    g = preset("tiny")
+    paced = PacedProducer(SyntheticProducer(g), 1e-3, 1e-4, per_cached_token_s=1e-3, sleep=False)
+    l1 = torch.zeros(2, g.layers, 4, g.page_size, g.kv_heads, g.head_dim)
+    tokens = list(range(8))
+    none = torch.zeros(0, dtype=torch.int64)
+    assert paced.produce(tokens, 0, 8, l1, none, torch.arange(2)) == pytest.approx(1.8e-3)
+    tail = paced.produce(tokens, 4, 8, l1, torch.tensor([0]), torch.tensor([1]))
+    assert tail == pytest.approx(1e-3 + 4 * 1e-4 + 4 * 1e-3)
+    assert paced.pace_s(4, 4) == pytest.approx(tail) and paced.pace_s(4) == pytest.approx(1.4e-3)
+    with pytest.raises(ConfigError) as err:
+        PacedProducer(SyntheticProducer(g), 0.0, 0.0, per_cached_token_s=-1.0)
+    assert err.value.field == "paced.per_cached_token_s"
