@@ -59,8 +59,8 @@ DEFAULT_MODES = ("eager", "graphs")
 WARMUP_ROUNDS = 1 + EXPLORE_SAMPLES
 """Untimed latency rounds per path: the first `cost` decision is a guess (no tail prefill has
 been timed: the recompute line, which has seen one prefill size, prices it), its first H2D a
-warm-up the model does not learn from, and the
-next EXPLORE_SAMPLES restores may be explorations; every path gets the same rounds."""
+warm-up the model does not learn from, and the next EXPLORE_SAMPLES restores may be
+explorations; every path gets the same rounds."""
 PACED_VOCAB = 50_000  # token ids of the paced (synthetic) producer: any ints will do
 
 

@@ -56,8 +56,9 @@ producer builds the cached prefix into its KV cache layer by layer inside the ti
 so on an H100 (Qwen3-8B) a 14-token tail on a 336-token prefix took 35.3 ms against 29.7 ms
 for a full 350-token prefill (benchmarks/results/2026-12-06-batched-copies-h100/README.md).
 One line in new tokens cannot hold that: fitted on both, NNLS gave slope 0 and the mean, and
-a restore (H2D + the mean) against a recompute (the mean) was a near-tie that noise decided
-(25 restores of 80, 0.885 of the best forced throughput). So a prefill is priced and learned
+a restore (H2D + the mean) against a recompute (the mean) was a near-tie, apart by the H2D
+alone, within the margin that lets `cost` explore (R34): that H100 run restored 25 hits of
+80, at 0.885 of the best forced throughput. So a prefill is priced and learned
 by whether it reads a cached prefix: `recompute` for a full one (no prefix), `tail` for one on
 a prefix (`prefill_kind`); each line is fitted on its own samples only. Two lines rather
 than a second variable (cached tokens) in one: a serving run sees tails of one shape per
