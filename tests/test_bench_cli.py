@@ -187,3 +187,24 @@ def test_serving_paced_runs_without_cuda_and_tables_name_the_mode(
         serving.main([*argv, "--mode", "eager"])
     assert done.value.code == 2
     assert "--paced runs no model" in capsys.readouterr().err
+
+
+def test_serving_paced_cached_names_the_tail_pace_and_needs_paced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--paced-cached US` charges a tail prefill US per cached token (the eager producer's
+    cost of building the cached prefix); the mode says so. Without `--paced` it is refused."""
+    import json
+
+    from hicache.bench import serving
+
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--lengths", "40", "--repeats", "1", "--warmup", "0"]
+    assert serving.main([*argv, "--paced", "1", "0", "--paced-cached", "2", "--no-stress"]) == 0
+    (run,) = json.loads((out / "serving.json").read_text())["runs"]
+    assert run["mode"] == "paced 1 ms + 0 us/token + 2 us/cached token"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        serving.main([*argv, "--paced-cached", "2"])
+    assert done.value.code == 2
+    assert "--paced-cached paces the synthetic producer" in capsys.readouterr().err

@@ -79,27 +79,38 @@ def test_restore_cost_is_h2d_for_l2_and_serial_s2h_plus_h2d_for_l3() -> None:
         model.restore_cost("L1", 100, BPT)
 
 
-def test_ewma_learns_a_shifted_fixed_cost_when_sizes_barely_vary() -> None:
+def test_the_first_sample_replaces_the_prior_then_ewma_learns_a_shifted_fixed_cost() -> None:
+    """The first sample is taken whole (the prior's fixed part is a guess, and weighs nothing
+    once a sample exists); later samples of one size move the fixed part by EWMA."""
     line = LinearCost("h2d", "byte", fixed_s=20e-6, per_unit_s=1 / (12 * GIB))
     size = 64 << 20
-    true_fixed = 5e-3
+    line.observe(size, 5e-3 + line.prior_per_unit_s * size)
+    assert line.mode == "ewma" and line.fixed_s == pytest.approx(5e-3, rel=1e-12)
+    shifted = 8e-3
     for i in range(60):
         # sizes wobble by < 5% of the largest: still "one size"
         wobble = size + (i % 3) * (size // 50)
-        line.observe(wobble, true_fixed + line.prior_per_unit_s * wobble)
+        line.observe(wobble, shifted + line.prior_per_unit_s * wobble)
     assert line.mode == "ewma"
     assert line.per_unit_s == line.prior_per_unit_s  # the slope is kept
-    expected = true_fixed + (20e-6 - true_fixed) * 0.8**60  # EWMA closed form, alpha 0.2
+    expected = shifted + (5e-3 - shifted) * 0.8**60  # EWMA closed form, alpha 0.2
     assert line.fixed_s == pytest.approx(expected, rel=1e-9)
-    assert line.predict(size) == pytest.approx(true_fixed + size / (12 * GIB), rel=1e-6)
+    assert line.predict(size) == pytest.approx(shifted + size / (12 * GIB), rel=1e-6)
 
 
 def test_ewma_residual_is_clamped_so_fast_samples_pull_fixed_to_zero() -> None:
+    """A first sample faster than the prior's slope explains: the line passes through it
+    (fixed 0, slope seconds/size). Then slower samples of that size raise only the fixed
+    part, by EWMA; faster ones pull it back towards 0, never below."""
     line = LinearCost("s2h", "byte", fixed_s=1e-3, per_unit_s=1e-9)
-    for _ in range(40):
-        line.observe(1_000_000, 0.5e-3)  # faster than the slope alone explains
+    line.observe(1_000_000, 0.5e-3)  # faster than the slope alone explains
     assert line.mode == "ewma"
-    assert line.fixed_s == pytest.approx(1e-3 * 0.8**40, rel=1e-9)
+    assert line.fixed_s == 0.0 and line.per_unit_s == pytest.approx(0.5e-9, rel=1e-12)
+    line.observe(1_000_000, 1.5e-3)
+    assert line.fixed_s == pytest.approx(0.2 * 1e-3, rel=1e-9)
+    for _ in range(40):
+        line.observe(1_000_000, 0.5e-3)
+    assert line.fixed_s == pytest.approx(0.2e-3 * 0.8**40, rel=1e-9)
     assert line.fixed_s >= 0.0
 
 
@@ -196,6 +207,47 @@ def test_window_of_32_forgets_the_old_regime() -> None:
     assert line.state()["window_samples"] == 32
     assert line.fixed_s == pytest.approx(4e-3, rel=1e-9)
     assert line.per_unit_s == pytest.approx(1 / GIB, rel=1e-9)
+
+
+def test_a_prefill_on_a_cached_prefix_feeds_the_tail_line_and_a_full_one_recompute() -> None:
+    model = CostModel()
+    model.observe_prefill(352, 0, 30e-3)  # full: no cached prefix
+    model.observe_prefill(16, 336, 35e-3)  # a tail on a 336-token prefix
+    model.observe_prefill(32, 16, 36e-3)  # a tail on an L1 hit
+    assert model.line("recompute").samples_seen == 1
+    assert model.line("tail").samples_seen == 2
+    assert model.prefill_kind(0) == "recompute" and model.prefill_kind(1) == "tail"
+    with pytest.raises(PolicyError, match="cached_tokens"):
+        model.observe_prefill(16, -1, 1e-3)
+    assert model.state()["tail"]["unit"] == "token"
+
+
+def test_the_tail_line_prices_as_recompute_until_its_own_first_sample() -> None:
+    """Until a tail is timed it costs what the recompute line says its new tokens cost (the
+    line that knows this producer); its first sample is then taken whole."""
+    model = CostModel()
+    model.observe_prefill(352, 0, 30e-3)  # recompute: fixed 30 - 17.6 ms, slope the prior's
+    assert model.line("tail").mode == "prior"
+    assert model.prefill_s(16, 336) == model.recompute_s(16) == model.tail_s(16)
+    assert model.recompute_s(16) == pytest.approx(30e-3 - 336 * 50e-6)
+    model.observe_prefill(16, 336, 35e-3)
+    assert model.tail_s(16) == pytest.approx(35e-3)  # the first sample, whole
+    assert model.recompute_s(352) == pytest.approx(30e-3)
+    assert model.prefill_s(0, 336) == 0.0  # nothing to prefill, no fixed cost
+
+
+def test_every_candidate_prices_its_prefill_by_whether_it_reads_a_cached_prefix() -> None:
+    """Recompute with no L1 hit is a full prefill (`recompute` line); recompute after an L1
+    hit and every restore prefill a tail (`tail` line) of what they leave."""
+    model = CostModel()
+    model.observe("recompute", 352, 30e-3)
+    model.observe("tail", 16, 35e-3)
+    d = CostPolicy(model).decide(0, 336, 0, 352, BPT)
+    assert d.predicted_s["recompute"] == pytest.approx(30e-3)
+    assert d.predicted_s["L2"] == pytest.approx(model.restore_s(336, 0, BPT) + 35e-3)
+    assert d.choice == "recompute"  # the tail alone costs more than the full prefill
+    hit = CostPolicy(model).decide(16, 336, 0, 352, BPT)
+    assert hit.predicted_s["recompute"] == pytest.approx(model.tail_s(336))
 
 
 def test_storage_read_and_write_are_learned_separately() -> None:
@@ -442,21 +494,25 @@ def test_decision_log_bounds_pending_decisions() -> None:
 
 @dataclass(frozen=True)
 class World:
-    recompute: tuple[float, float]  # (fixed s, s per token)
+    recompute: tuple[float, float]  # (fixed s, s per token): a full prefill
     h2d: tuple[float, float]  # (fixed s, s per byte)
     s2h: tuple[float, float]
+    tail: tuple[float, float] | None = None  # a prefill on a cached prefix; None: as recompute
 
     def cost(self, kind: str, size: int) -> float:
+        if kind == "tail" and self.tail is None:
+            kind = "recompute"
         fixed, slope = getattr(self, kind)
         return fixed + slope * size if size > 0 else 0.0
 
     def path_s(self, l1: int, l2: int, l3: int, prompt: int, choice: str) -> tuple[float, ...]:
-        """True seconds of (recompute, s2h, h2d) for `choice`, by the geometry in policies.py."""
+        """True seconds of (prefill, s2h, h2d) for `choice`, by the geometry in policies.py:
+        the prefill is a tail when it reads a cached prefix (the L1 hit or what was restored)."""
         from_l2 = max(0, l2 - l1) if choice in ("L2", "L3") else 0
         from_l3 = l3 - max(l1, l2) if choice == "L3" else 0
-        rest = prompt - l1 - from_l2 - from_l3
+        cached = l1 + from_l2 + from_l3
         return (
-            self.cost("recompute", rest),
+            self.cost("tail" if cached else "recompute", prompt - cached),
             self.cost("s2h", from_l3 * BPT),
             self.cost("h2d", (from_l2 + from_l3) * BPT),
         )
@@ -466,6 +522,10 @@ WORLDS = {
     "fast_gpu_slow_disk": World((20e-3, 45e-6), (0.2e-3, 1 / (30 * GIB)), (1e-3, 1 / (1 * GIB))),
     "fast_gpu_mid_disk": World((20e-3, 45e-6), (0.2e-3, 1 / (30 * GIB)), (1e-3, 1 / (4.3 * GIB))),
     "slow_gpu_fast_disk": World((20e-3, 138e-6), (0.2e-3, 1 / (30 * GIB)), (1e-3, 1 / (11 * GIB))),
+    # eager PyTorch on an H100: a tail builds its cached prefix inside the prefill, 35 ms fixed
+    "eager_costly_tail": World(
+        (12.2e-3, 50e-6), (0.2e-3, 1 / (30 * GIB)), (1e-3, 1 / (4.3 * GIB)), (35e-3, 50e-6)
+    ),
 }
 
 
@@ -493,9 +553,10 @@ def _run(
         if model is None:
             continue
         from_l2, from_l3 = d.tokens_from_cache["L2"], d.tokens_from_cache["L3"]
-        rest = prompt - l1 - from_l2 - from_l3
+        cached = l1 + from_l2 + from_l3
+        prefill = "tail" if cached else "recompute"
         for kind, size in (
-            ("recompute", rest),
+            (prefill, prompt - cached),
             ("s2h", from_l3 * BPT),
             ("h2d", (from_l2 + from_l3) * BPT),
         ):
@@ -511,7 +572,7 @@ def test_cost_policy_is_within_5_percent_of_the_better_forced_choice(world_name:
     model = CostModel()  # priors are wrong in every world; the forced runs teach it
     _run(world, AlwaysPolicy(model), _requests(rng, 48), model, rng)
     _run(world, NeverPolicy(model), _requests(rng, 48), model, rng)
-    assert {model.line(k).mode for k in ("recompute", "h2d", "s2h")} == {"nnls"}
+    assert {model.line(k).mode for k in ("recompute", "tail", "h2d", "s2h")} == {"nnls"}
     test_set = _requests(rng, 300)
     totals = {
         p.name: _run(world, p, test_set, None, rng)
@@ -556,10 +617,11 @@ def test_cost_policy_explores_a_near_candidate_with_prior_only_costs() -> None:
     bpt = 147_456
     policy = CostPolicy(model)
     l2_s = model.restore_s(320, 0, bpt)
-    # Make recompute of the 320 restorable tokens cost just under the predicted restore.
+    # Make recompute of the 320 restorable tokens cost just under the predicted restore. With
+    # a 16-token L1 hit both paths prefill on a cached prefix: the `tail` line prices both.
     for _ in range(8):
-        model.observe("recompute", 336, 0.97 * l2_s + model.recompute_s(16))
-        model.observe("recompute", 16, model.recompute_s(16))
+        model.observe("tail", 336, 0.97 * l2_s + model.recompute_s(16))
+        model.observe("tail", 16, model.recompute_s(16))
     d = policy.decide(16, 336, 0, 352, bpt)
     assert d.choice == "L2" and "exploring" in d.reason
     for _ in range(2):  # the link turns out slow: restores really are slower
@@ -598,7 +660,7 @@ def test_cost_policy_charges_the_tail_prefill_and_its_fixed_cost(
     l2 = PAGE * data.draw(st.integers(1, (n_tokens - 1) // PAGE), label="l2 pages")
     model = CostModel()
     for size in (end, end - l2, end, PAGE):  # full prefills and tails, as a run sees them
-        model.observe("recompute", size, fixed_s + per_token_s * size)
+        model.observe_prefill(size, end - size, fixed_s + per_token_s * size)
     for nbytes in (l2 * BPT, 2 * l2 * BPT):
         model.observe("h2d", nbytes, 20e-6 + link_s_per_byte * nbytes)
     recompute_s = fixed_s + per_token_s * end

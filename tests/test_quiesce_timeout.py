@@ -137,6 +137,7 @@ def test_an_l3_read_that_never_returns_keeps_the_l3_path_locked_until_reclaimed(
         l3_path=path,
         io_threads=1,
         quiesce_timeout_s=BOUND_S,
+        policy="always",  # the stuck read must be issued, whatever the cost policy would choose
     )
     c = CacheController(cfg)
     parked = leaks.parked()

@@ -29,8 +29,15 @@ PRESETS = ["dsv4-tiny", "mla-tiny"]  # every pool replicated
 
 
 def config(preset: str, device: str = "cpu") -> CacheConfig:
+    # `always`: these tests are of the one copy's restore mechanics, not the policy's choice
     return CacheConfig(
-        device=device, pools=preset, l1_pages=16, l2_pages=16, l3_slots=32, io_threads=0
+        device=device,
+        pools=preset,
+        l1_pages=16,
+        l2_pages=16,
+        l3_slots=32,
+        io_threads=0,
+        policy="always",
     )
 
 

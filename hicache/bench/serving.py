@@ -1,7 +1,8 @@
 """Restore vs recompute through the whole controller, with the model producer on a GPU.
 
     hicache bench serving --out DIR [--presets qwen3-8b qwen3-4b] [--mode eager graphs compile]
-    hicache bench serving --out DIR --paced FIXED_MS US_PER_TOKEN [--presets tiny] [--device cpu]
+    hicache bench serving --out DIR --paced FIXED_MS US_PER_TOKEN [--paced-cached US]
+                          [--presets tiny] [--device cpu]
 
 Each (preset, producer mode) -- by default both `eager` (launch-bound: a prefill's fixed
 cost dominates) and `graphs` (CUDA graphs: little fixed cost) -- runs two experiments:
@@ -20,7 +21,10 @@ One table per experiment, a row per (preset, mode). Without CUDA it measures not
 so -- unless `--paced`: the synthetic producer (`PacedProducer`) on `--device` (default cpu)
 with a prefill of FIXED_MS + US_PER_TOKEN x tokens, presets naming KV geometries (default
 `tiny`), which shows the cost policy against the forced paths on any machine (a launch-bound
-pace: `--paced 19 1`; a compute-bound one: `--paced 1 100`).
+pace: `--paced 19 1`; a compute-bound one: `--paced 1 100`). `--paced-cached US` adds US
+microseconds per cached prefix token to a tail prefill (one on a cached prefix), as the
+eager model producer pays: `--paced 12.2 50 --paced-cached 67` is Qwen3-8B eager on an H100,
+where a tail costs more than a full prefill.
 Invariant checks are off here (they are the tests' job; here they would be timed).
 """
 
@@ -59,9 +63,10 @@ spec/restore.md, "Layer-wise load-back"); the rest wait for the whole H2D."""
 FORCED = ("recompute", "L2", "L3")  # what `cost` chooses among
 DEFAULT_MODES = ("eager", "graphs")
 WARMUP_ROUNDS = 1 + EXPLORE_SAMPLES
-"""Untimed latency rounds per path: the first `cost` decision is a guess (the recompute line
-has seen one prefill size), its first H2D a warm-up the model does not learn from, and the
-next EXPLORE_SAMPLES restores may be explorations; every path gets the same rounds."""
+"""Untimed latency rounds per path: the first `cost` decision is a guess (no tail prefill has
+been timed: the recompute line, which has seen one prefill size, prices it), its first H2D a
+warm-up the model does not learn from, and the next EXPLORE_SAMPLES restores may be
+explorations; every path gets the same rounds."""
 PACED_VOCAB = 50_000  # token ids of the paced (synthetic) producer: any ints will do
 
 
@@ -289,11 +294,16 @@ def _subjects(args: argparse.Namespace) -> Iterator[tuple[str, Subject]]:
     (a model producer holds its weights on the GPU)."""
     if args.paced is not None:
         fixed_ms, us_per_token = args.paced
+        us_cached = args.paced_cached
         for preset in args.presets or ["tiny"]:
             geometry = geometry_preset(preset)
             inner = SyntheticProducer(geometry, device=args.device)
-            producer = PacedProducer(inner, fixed_ms * 1e-3, us_per_token * 1e-6)
+            producer = PacedProducer(
+                inner, fixed_ms * 1e-3, us_per_token * 1e-6, per_cached_token_s=us_cached * 1e-6
+            )
             mode = f"paced {fixed_ms:g} ms + {us_per_token:g} us/token"
+            if us_cached:
+                mode += f" + {us_cached:g} us/cached token"
             yield preset, Subject(producer, PACED_VOCAB, str(inner.device), mode)
         return
     for preset in args.presets or ["qwen3-8b", "qwen3-4b"]:
@@ -331,6 +341,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="no model: the synthetic producer paced to FIXED_MS + US_PER_TOKEN x tokens per "
         "prefill, on --device (runs without CUDA)",
     )
+    p.add_argument(
+        "--paced-cached",
+        type=_paced,
+        metavar="US_PER_CACHED_TOKEN",
+        default=0.0,
+        help="with --paced: a tail prefill also pays this many us per cached prefix token "
+        "(default 0)",
+    )
     p.add_argument("--device", default="cpu", help="with --paced: the device (default cpu)")
     p.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
     p.add_argument("--repeats", type=int, default=3)
@@ -346,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}")
     if args.paced is not None and args.mode is not None:
         p.error("--mode picks model producer modes; --paced runs no model")
+    if args.paced is None and args.paced_cached:
+        p.error("--paced-cached paces the synthetic producer: it needs --paced")
     if args.paced is None and not torch.cuda.is_available():
         return no_cuda("serving")
     out = Path(args.out)

@@ -511,7 +511,7 @@ class CacheController:
             seconds = self.producer.produce(
                 padded, start, end, self._bytes.l1_arena, prefix, new_pages
             )
-            self.model.observe("recompute", end - start, seconds)
+            self.model.observe_prefill(end - start, start, seconds)  # a tail when start > 0
         elif self.tagged is not None:  # no bytes: the pages' content tags
             self.tagged.computed(padded, start, end, new_pages)
         self.cp.insert(rid)

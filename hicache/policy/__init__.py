@@ -1,7 +1,8 @@
 """Restore-vs-recompute policy: the online cost model, the policies
 that use it, and the log that checks its predictions against what happened.
 
-    costmodel.py   LinearCost (one learned latency line), CostModel (recompute + 4 directions)
+    costmodel.py   LinearCost (one learned latency line), CostModel (recompute, tail and
+                   the 4 transfer directions)
     policies.py    Decision, Policy, PricedPolicy and the four policies: CostPolicy,
                    AlwaysPolicy, NeverPolicy, ThresholdPolicy; make_policy(name, model)
     decisions.py   DecisionLog (per-choice counts, policy skips, prediction error)

@@ -6,7 +6,10 @@ Every operation the policy weighs is modelled as a line, learned online:
 
     kind        what it times                        unit    prior slope          prior fixed
     ----------  -----------------------------------  ------  -------------------  -----------
-    recompute   prefill of `size` prompt tokens       token   50 us/token          1 ms
+    recompute   full prefill (no cached prefix) of    token   50 us/token          1 ms
+                `size` new tokens
+    tail        prefill of `size` new tokens on a     token   (the recompute line's, until
+                cached prefix (an L1 hit, a restore)          its first sample)
     h2d         L2 -> L1 load-back (gather + DMA)     byte    1 / (12 GiB/s)       20 us
     d2h         L1 -> L2 backup                       byte    1 / (12 GiB/s)       20 us
     s2h         L3 -> L2 storage read (promotion)     byte    1 / (3 GiB/s)        100 us
@@ -31,24 +34,46 @@ so `LinearCost` keeps the last `WINDOW_SAMPLES` samples and:
 - while their sizes barely vary (max - min <= max(1.0, 5% of max)), keeps its slope and learns
   the fixed part as an EWMA (alpha 0.2) of the residual seconds - slope * size, clamped at
   zero (a fixed cost cannot be negative; a sample faster than the slope explains pulls the
-  fixed part towards zero);
+  fixed part towards zero, and the slope towards seconds / size). The line's *first* sample
+  is taken whole (weight 1, not alpha): the prior is a guess from another machine and weighs
+  nothing once this one has been measured. From the prior, an EWMA priced a fresh line near
+  its guess for several samples: with tails dearer than full prefills (Qwen3-8B eager,
+  tests/test_policy_fixed_cost.py's paced replay) `cost` restored 6 of 20 hits before its
+  `tail` line caught up, and 1 (the first guess) taking the first sample whole;
 - once they vary more, fits intercept and slope over the window by non-negative least squares.
 
-**The recompute line's fixed part.** A prefill costs `fixed_s + per_unit_s * tokens`, and
-whether a restore pays depends on the split: a restore saves `per_unit_s * restored tokens`
-and pays its transfers *and still one prefill* -- the prompt's last page is always computed
-(`hicache.policy.policies.prefill_end`), so `fixed_s` is paid on every path. A launch-bound
-producer (eager PyTorch on a large GPU: tens of ms per prefill whatever its length) has a
-large `fixed_s` and a small `per_unit_s`, so recompute wins there; CUDA graphs shrink
-`fixed_s`, and restores win.
+**The prefill lines: `recompute` and `tail`.** A prefill costs `fixed_s + per_unit_s *
+tokens`, and whether a restore pays depends on the split: a restore saves `per_unit_s *
+restored tokens` and pays its transfers *and still one prefill* -- the prompt's last page is
+always computed (`hicache.policy.policies.prefill_end`), so a fixed cost is paid on every
+path. A launch-bound producer (eager PyTorch on a large GPU: tens of ms per prefill whatever
+its length) has a large `fixed_s` and a small `per_unit_s`, so recompute wins there; CUDA
+graphs shrink `fixed_s`, and restores win.
 
-Every prefill is a sample of this line (the controller times each `produce`, a full prompt
-or the tail after a restore), so the split is learned as soon as the window holds both a
-full prefill and a tail (NNLS). Until then -- only full prefills, all of one size -- it
-cannot be identified, and the line keeps the prior's split (50 us/token): it prices a short
-tail low, so the first restore is a guess, and its tail prefill is the sample that
-identifies `fixed_s`. That guess is deliberate: a pessimistic split would never restore
-and so never learn that a fast producer makes restores pay.
+A restore's prefill is a *tail*: new tokens on a cached prefix. So is a recompute after an L1
+hit. A tail need not cost what a full prefill of as many tokens does: the eager model
+producer builds the cached prefix into its KV cache layer by layer inside the timed prefill,
+so on an H100 (Qwen3-8B) a 14-token tail on a 336-token prefix took 35.3 ms against 29.7 ms
+for a full 350-token prefill (benchmarks/results/2026-12-06-batched-copies-h100/README.md).
+One line in new tokens cannot hold that: fitted on both, NNLS gave slope 0 and the mean, and
+a restore (H2D + the mean) against a recompute (the mean) was a near-tie, apart by the H2D
+alone, within the margin that lets `cost` explore (R34): that H100 run restored 25 hits of
+80, at 0.885 of the best forced throughput. So a prefill is priced and learned
+by whether it reads a cached prefix: `recompute` for a full one (no prefix), `tail` for one on
+a prefix (`prefill_kind`); each line is fitted on its own samples only. Two lines rather
+than a second variable (cached tokens) in one: a serving run sees tails of one shape per
+prompt length (a page on a long prefix), so a three-coefficient fit would rarely be
+identified, while each line is, by the rules above, from the samples its own kind produces.
+The price: a tail's cost that grows with its prefix is learned only as the average over the
+prefixes seen (a long and a short prefix with equal tails are one size to the `tail` line).
+
+The controller times each `produce` and feeds it to its line (`observe_prefill`, with the
+cached prefix it read). Until the `tail` line has a sample of its own, a tail is priced by
+the `recompute` line (`prefill_s`): the line that knows this producer. That line keeps the
+prior's slope while it has seen one size, so it prices a short tail low: the first restore
+is a guess, and its tail prefill is the `tail` line's first sample. That guess is
+deliberate: a pessimistic price would never restore and so never learn that a fast
+producer makes restores pay.
 
 Why the `cost` policy restored every hit under a launch-bound producer (H200, `hicache bench
 serving --mode eager`: 0.52 / 0.78 of the best forced throughput for Qwen3-4B / 8B): not
@@ -78,8 +103,8 @@ SPREAD_FRACTION = 0.05  # ... or within this fraction of the largest size in the
 GIB = float(1 << 30)
 
 Mode = Literal["prior", "ewma", "nnls"]
-CostKind = Literal["recompute", "h2d", "d2h", "s2h", "h2s"]
-COST_KINDS: tuple[CostKind, ...] = ("recompute", "h2d", "d2h", "s2h", "h2s")
+CostKind = Literal["recompute", "tail", "h2d", "d2h", "s2h", "h2s"]
+COST_KINDS: tuple[CostKind, ...] = ("recompute", "tail", "h2d", "d2h", "s2h", "h2s")
 
 
 def _check_sample(name: str, value: float) -> None:
@@ -173,12 +198,13 @@ class LinearCost:
             # slope itself is too steep (a prior from a slower machine: 12 GiB/s against an
             # H200's ~50 GB/s); learning the fixed part alone would leave that case stuck, so
             # the slope moves toward seconds/size and the fixed part decays toward 0.
+            # The first sample is taken whole (weight 1): a prior is a guess from another
+            # machine, and an EWMA from it kept pricing near the guess for several samples.
+            weight = 1.0 if self.samples_seen == 1 else self.alpha
             residual = seconds - self.per_unit_s * size
-            self.fixed_s = (1.0 - self.alpha) * self.fixed_s + self.alpha * max(0.0, residual)
+            self.fixed_s = (1.0 - weight) * self.fixed_s + weight * max(0.0, residual)
             if residual < 0.0 and size > 0:
-                self.per_unit_s = (1.0 - self.alpha) * self.per_unit_s + self.alpha * (
-                    seconds / size
-                )
+                self.per_unit_s = (1.0 - weight) * self.per_unit_s + weight * (seconds / size)
             self.mode = "ewma"
         else:
             self.fixed_s, self.per_unit_s = nnls_line(sizes, [y for _, y in self._window])
@@ -207,8 +233,9 @@ class LinearCost:
 
 
 class CostModel:
-    """The five lines the policy needs: recompute (per token) and the four transfer directions
-    (per byte), storage read (`s2h`) and write (`h2s`) kept apart.
+    """The six lines the policy needs: the two prefills, full (`recompute`) and on a cached
+    prefix (`tail`), per token; the four transfer directions, per byte, storage read (`s2h`)
+    and write (`h2s`) kept apart.
 
     Kinds are the lowercase names in `COST_KINDS`; a `Direction` is accepted for transfers.
     """
@@ -234,6 +261,7 @@ class CostModel:
         storage_s_per_byte = 1.0 / (storage_gib_per_s * GIB)
         priors: dict[CostKind, tuple[str, float, float]] = {
             "recompute": ("token", recompute_fixed_s, recompute_us_per_token * 1e-6),
+            "tail": ("token", recompute_fixed_s, recompute_us_per_token * 1e-6),
             "h2d": ("byte", host_fixed_s, host_s_per_byte),
             "d2h": ("byte", host_fixed_s, host_s_per_byte),
             "s2h": ("byte", storage_fixed_s, storage_s_per_byte),
@@ -245,7 +273,7 @@ class CostModel:
         }
 
     def line(self, kind: str | Direction) -> LinearCost:
-        """The line for `kind` ("recompute", "h2d", "d2h", "s2h", "h2s" or a Direction)."""
+        """The line for `kind` (one of `COST_KINDS` or a Direction)."""
         key = kind.value.lower() if isinstance(kind, Direction) else kind
         line = self.lines.get(key)
         if line is None:
@@ -260,8 +288,35 @@ class CostModel:
         return self.line(kind).predict(size)
 
     def recompute_s(self, tokens: int) -> float:
-        """Predicted prefill seconds for `tokens` tokens; 0 when there is nothing to prefill."""
-        return self.predict("recompute", tokens) if tokens > 0 else 0.0
+        """Predicted seconds of a full prefill (no cached prefix) of `tokens` tokens; 0 when
+        there is nothing to prefill."""
+        return self.prefill_s(tokens, 0)
+
+    def tail_s(self, tokens: int) -> float:
+        """Predicted seconds of a tail prefill: `tokens` new tokens on a cached prefix; 0
+        when there is nothing to prefill. Until the `tail` line has a sample of its own it
+        prices as the `recompute` line does (the module docstring says why)."""
+        return self.prefill_s(tokens, 1)
+
+    @staticmethod
+    def prefill_kind(cached_tokens: int) -> CostKind:
+        """The line that prices and learns a prefill reading `cached_tokens` cached tokens:
+        `tail` when it reads any (a restored or L1-hit prefix), `recompute` when none."""
+        _check_sample("cached_tokens", cached_tokens)
+        return "tail" if cached_tokens > 0 else "recompute"
+
+    def prefill_s(self, tokens: int, cached_tokens: int) -> float:
+        """Predicted seconds to prefill `tokens` new tokens after `cached_tokens` cached ones
+        (`prefill_kind` picks the line); 0 when there is nothing to prefill."""
+        kind = self.prefill_kind(cached_tokens)
+        if kind == "tail" and self.lines["tail"].samples_seen == 0:
+            kind = "recompute"  # no tail timed yet: a tail costs what a prefill of its tokens does
+        return self.predict(kind, tokens) if tokens > 0 else 0.0
+
+    def observe_prefill(self, tokens: int, cached_tokens: int, seconds: float) -> None:
+        """Feed one prefill of `tokens` new tokens after `cached_tokens` cached ones, that took
+        `seconds` steady seconds, to its line (`prefill_kind`)."""
+        self.observe(self.prefill_kind(cached_tokens), tokens, seconds)
 
     def restore_s(self, l2_tokens: int, l3_tokens: int, bytes_per_token: int) -> float:
         """Predicted seconds to bring `l2_tokens` from L2 and `l3_tokens` from L3 into L1.

@@ -19,7 +19,10 @@ A candidate is only offered if it extends the hit, so no policy can pick a tier 
 nothing. Every candidate is priced end to end: restore seconds plus the prefill of whatever
 is still missing afterwards. Pricing the remainder (instead of subtracting the recompute of
 the restored tokens alone) keeps recompute's fixed cost out of the benefit whenever a prefill
-runs anyway, and counts it when the restore covers the whole prompt.
+runs anyway, and counts it when the restore covers the whole prompt. A prefill is priced by
+the cost model's line of its kind (`CostModel.prefill_s`): `recompute` when it reads no
+cached prefix (recompute with no L1 hit), `tail` when it does (recompute after an L1 hit,
+and every restore's remainder) -- a tail may cost more than a full prefill.
 
     benefit_s(candidate) = predicted_s["recompute"] - predicted_s[candidate]
 
@@ -126,11 +129,13 @@ def price_candidates(
         split["L2"] = (l2_len - l1_len, 0)
     if l3_len > max(l1_len, l2_len):
         split["L3"] = (max(0, l2_len - l1_len), l3_len - max(l1_len, l2_len))
-    predicted_s = {"recompute": model.recompute_s(prompt_len - l1_len)}
+    # A prefill is priced by the line of its kind (costmodel.py): `recompute` when it reads
+    # no cached prefix, `tail` when it does -- an L1 hit's, or what a restore brought in.
+    predicted_s = {"recompute": model.prefill_s(prompt_len - l1_len, l1_len)}
     for choice, (from_l2, from_l3) in split.items():
-        rest = prompt_len - l1_len - from_l2 - from_l3
+        cached = l1_len + from_l2 + from_l3
         restore_s = model.restore_s(from_l2, from_l3, bytes_per_token)
-        predicted_s[choice] = restore_s + model.recompute_s(rest)
+        predicted_s[choice] = restore_s + model.prefill_s(prompt_len - cached, cached)
     return Candidates(l1_len, prompt_len, split, predicted_s)
 
 

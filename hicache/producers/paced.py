@@ -2,17 +2,23 @@
 
 A model's prefill costs about
 
-    seconds(tokens) = fixed_s + per_token_s * tokens
+    seconds(tokens, cached) = fixed_s + per_token_s * tokens + per_cached_token_s * cached
 
 where `fixed_s` is what every prefill pays whatever its length (kernel launches, the host
-side of each layer) and `per_token_s` the compute. Eager PyTorch on a large GPU is
+side of each layer), `per_token_s` the compute of its `tokens` new tokens, and
+`per_cached_token_s` what a *tail* prefill pays per token of the cached prefix it reads
+(default 0). That last term is what an eager model producer pays to build the cached prefix
+into its KV cache layer by layer inside the timed prefill: on an H100, Qwen3-8B eager, a tail
+of 14 tokens on a 336-token prefix took 35.3 ms against 29.7 ms for a full 350-token prefill
+(benchmarks/results/2026-12-06-batched-copies-h100/README.md), a pace of about 12.2 ms +
+50 us/token + 67 us/cached token. Eager PyTorch on a large GPU is
 *launch-bound*: `fixed_s` is tens of milliseconds and dominates short and medium prompts, so
 a one-page tail prefill costs nearly a full one. CUDA graphs cut `fixed_s` to a millisecond
 or so. Whether restoring a prefix beats recomputing it depends on that split, and a CPU
 machine has no model to show it: this producer gives one.
 
 `produce` runs the wrapped producer (its bytes, unchanged), then waits until
-`fixed_s + per_token_s * (end - start)` seconds have passed since it started (a floor: a
+`pace_s(end - start, start)` seconds have passed since it started (a floor: a
 slower inner producer is not sped up), and returns the seconds that passed -- the recompute
 sample the cost model learns from, as a model producer's would be. With `sleep=False` it
 does not wait and returns the paced seconds (or the inner producer's, if longer) as if it
@@ -34,24 +40,36 @@ from hicache.producers.base import KVProducer, LayerwiseProducer, PageIndex
 
 
 class PacedProducer:
-    """`inner`'s KV, each `produce` taking at least `fixed_s + per_token_s * tokens` seconds
-    (see the module docstring). Both costs are seconds, finite and >= 0."""
+    """`inner`'s KV, each `produce` taking at least `pace_s(tokens, cached)` seconds (see the
+    module docstring). Every cost is seconds, finite and >= 0."""
 
     def __init__(
-        self, inner: KVProducer, fixed_s: float, per_token_s: float, *, sleep: bool = True
+        self,
+        inner: KVProducer,
+        fixed_s: float,
+        per_token_s: float,
+        *,
+        per_cached_token_s: float = 0.0,
+        sleep: bool = True,
     ) -> None:
-        for field, value in (("fixed_s", fixed_s), ("per_token_s", per_token_s)):
+        for field, value in (
+            ("fixed_s", fixed_s),
+            ("per_token_s", per_token_s),
+            ("per_cached_token_s", per_cached_token_s),
+        ):
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"paced.{field}", f"must be finite seconds >= 0, got {value!r}")
         self.inner = inner
         self.geometry = inner.geometry
         self.fixed_s = fixed_s
         self.per_token_s = per_token_s
+        self.per_cached_token_s = per_cached_token_s
         self.sleep = sleep
 
-    def pace_s(self, tokens: int) -> float:
-        """The floor, in seconds, of one prefill of `tokens` tokens."""
-        return self.fixed_s + self.per_token_s * tokens
+    def pace_s(self, tokens: int, cached: int = 0) -> float:
+        """The floor, in seconds, of one prefill of `tokens` new tokens after `cached` cached
+        ones (a tail prefill when `cached` > 0)."""
+        return self.fixed_s + self.per_token_s * tokens + self.per_cached_token_s * cached
 
     def produce(
         self,
@@ -66,11 +84,12 @@ class PacedProducer:
         docstring). ProducerError from `inner`, nothing written, for bad arguments."""
         started_s = time.perf_counter()
         inner_s = self.inner.produce(tokens, start, end, l1, prefix_pages, new_pages)
-        return self._pace(started_s, inner_s, end - start)
+        return self._pace(started_s, inner_s, end - start, start)
 
-    def _pace(self, started_s: float, inner_s: float, tokens: int) -> float:
-        """Wait out the pace of `tokens` tokens begun at `started_s`; the steady seconds."""
-        floor_s = self.pace_s(tokens)
+    def _pace(self, started_s: float, inner_s: float, tokens: int, cached: int) -> float:
+        """Wait out the pace of `tokens` new tokens after `cached` ones, begun at `started_s`;
+        the steady seconds."""
+        floor_s = self.pace_s(tokens, cached)
         if not self.sleep:
             return max(inner_s, floor_s)
         deadline = started_s + floor_s
@@ -93,7 +112,7 @@ class PacedProducer:
             raise ProducerError("inner", f"{type(self.inner).__name__} has no compute_kv")
         started_s = time.perf_counter()
         kv, inner_s = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate)
-        return kv, self._pace(started_s, inner_s, end - start)
+        return kv, self._pace(started_s, inner_s, end - start, start)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
         """What `inner` says `produce` writes (pacing changes no byte)."""
