@@ -172,6 +172,22 @@ def test_a_landing_restore_is_ready_and_its_prefill_computes_on_it() -> None:
     c.close()
 
 
+def test_an_l3_restore_lands_its_last_step_layer_by_layer() -> None:
+    """The promoted part's H2D is the restore's one op once its S2H is done: landing."""
+    c = make(layerwise=True)
+    cached_in_l2(c)
+    c.cp.evict("L2", 10_000)  # only in L3 now
+    mat = c.admit(2, PROMPT + TAIL)
+    while not c.ready(2):
+        c.wait(2)
+        c.tick()
+    assert mat.s2h_done and not mat.done  # ready while the H2D lands
+    assert c.prefill(2) == 4
+    assert c.metrics.layerwise_prefills == 1 and c.metrics.hit_tokens["L3"] == 24
+    tree_pages_hold_what_recompute_writes(c, PROMPT + TAIL)
+    c.close()
+
+
 def test_without_layerwise_the_restore_waits_for_its_end() -> None:
     c = make()
     cached_in_l2(c)

@@ -1,9 +1,10 @@
 """Layer-wise prefill: compute on a restore whose H2D is still landing.
 
 Contract (spec/restore.md, "Layer-wise load-back", R82-R84). With `CacheConfig.layerwise`, a
-restore is *landing* when the only op it waits for is its own L2 part's H2D and that
-transfer's handle has a `gate` (dataplane/layerwise.py): no shared load-back, no L3 part,
-one rank, a producer with `compute_kv`. A landing restore is `ready`, and its `prefill`:
+restore is *landing* when the only op it waits for is its own H2D -- the L2 part's, or an L3
+part's once promoted (its S2H done) -- and that transfer's handle has a `gate`
+(dataplane/layerwise.py): no shared load-back, one rank, a producer with `compute_kv`. A
+landing restore is `ready`, and its `prefill`:
 
 1. computes ahead: `compute_kv` on the prefix -- the L1 hit's pages, then the op's target
    pages, in token order -- from the op's last node to the prompt's `prefill_end`; the
@@ -59,7 +60,10 @@ def landing(
 ) -> tuple[PendingOp, TransferHandle] | None:
     """The restore's one H2D still landing with a gate, or None (module docstring: the
     caller checks the configuration, the ranks and the producer)."""
-    if mat.awaited or mat.deferred or mat.l3_part or mat.shared or len(mat.ops) != 1:
+    # An L3 restore lands too, at its last step: the promoted part's H2D, once its S2H is
+    # done and the L2 part is in L1 (the H2D is its one op then).
+    pending_l3 = bool(mat.l3_part) and not mat.l3_h2d_issued
+    if mat.awaited or mat.deferred or pending_l3 or mat.shared or len(mat.ops) != 1:
         return None
     (op_id,) = mat.ops
     op, handle = cp.ops.get(op_id), handles.get(op_id)
