@@ -10,13 +10,16 @@ cost dominates) and `graphs` (CUDA graphs: little fixed cost) -- runs two experi
             its prefill is done (`torch.cuda.synchronize`), with the prefix forced to come
             from: nowhere (recompute, policy `never`), L2 (L1 copy evicted, policy `always`),
             L3 (L1 and L2 copies evicted, `always`), and as the `cost` policy decides (L1 copy
-            evicted: it chooses among recompute, L2 and L3). Each path first runs
+            evicted: it chooses among recompute, L2 and L3); and L2 and L3 again with
+            `layerwise` (the H2D lands layer by layer under the prefill: spec/restore.md,
+            "Layer-wise load-back"), whose table puts each L2 path over its floor,
+            max(H2D, tail prefill), both timed on the L2 path. Each path first runs
             `WARMUP_ROUNDS` untimed rounds: the caches, and the cost model's first guess and
             its explorations (spec/policies.md, R34), are a one-time cost of a new controller,
             not the per-request latency of the path it settles on.
   stress    8 prefixes x 350 tokens, 80 requests, batch 1, through the serving loop; L1 holds
             2 prefixes, so the rest come from L2 (or, with L2 holding 2 as well, from L3).
-            Requests per second for recompute / L2 / L3 / cost.
+            Requests per second for every path.
 One table per experiment, a row per (preset, mode). Without CUDA it measures nothing and says
 so -- unless `--paced`: the synthetic producer (`PacedProducer`) on `--device` (default cpu)
 with a prefill of FIXED_MS + US_PER_TOKEN x tokens, presets naming KV geometries (default
@@ -54,10 +57,11 @@ from hicache.producers import KVProducer, PacedProducer, SyntheticProducer
 from hicache.producers.model import MODES, ModelProducer
 
 LENGTHS = (350, 1000, 2000, 3500)
-PATHS = ("recompute", "L2", "L3", "cost", "L2-layerwise")
+PATHS = ("recompute", "L2", "L3", "cost", "L2-layerwise", "L3-layerwise")
 POLICY = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}
-POLICY["L2-layerwise"] = "always"
-LAYERWISE = frozenset({"L2-layerwise"})
+POLICY.update({"L2-layerwise": "always", "L3-layerwise": "always"})
+LAYERWISE = frozenset({"L2-layerwise", "L3-layerwise"})
+FROM_L3 = frozenset({"L3", "L3-layerwise"})  # the prefix is evicted from L2 too
 """The paths whose controller lands its H2D layer by layer and prefills on it (`layerwise`,
 spec/restore.md, "Layer-wise load-back"); the rest wait for the whole H2D."""
 FORCED = ("recompute", "L2", "L3")  # what `cost` chooses among
@@ -170,7 +174,7 @@ def latency(
                     _serve(ctl, 2 * r, prefix)  # puts the prefix in L1, backs it up to L2 and L3
                     ctl.drain()
                     ctl.cp.evict("L1", 10**9)  # every path: the prefix is not in L1
-                    if path == "L3":
+                    if path in FROM_L3:
                         ctl.cp.evict("L2", 10**9)
                     h2d = ctl.metrics.directions["H2D"]
                     before = h2d.service_s
@@ -239,7 +243,7 @@ def stress(
     finally:
         warm.close()
     for path in PATHS:
-        l2 = 2 * per + 2 if path == "L3" else n_prefixes * per * 2
+        l2 = 2 * per + 2 if path in FROM_L3 else n_prefixes * per * 2
         ctl = _controller(
             subject,
             POLICY[path],
@@ -472,12 +476,20 @@ def _layerwise_table(result: dict[str, Any]) -> list[str]:
             if base is None or lw is None or rec is None or "h2d_ms" not in base:
                 continue
             floor = max(base["h2d_ms"], base["tail_ms"])
+            l3, l3lw = by.get((n, "L3")), by.get((n, "L3-layerwise"))
+            l3_cell = (
+                f"{l3['median_ms']:.2f} / {l3lw['median_ms']:.2f} "
+                f"({rec['median_ms'] / l3lw['median_ms']:.2f}x)"
+                if l3 is not None and l3lw is not None
+                else "-"
+            )
             rows.append(
                 f"| {run['preset']} | {run['mode']} | {n} | {base['h2d_ms']:.2f} | "
                 f"{base['tail_ms']:.2f} | {base['median_ms']:.2f} "
                 f"({base['median_ms'] / floor:.2f}) | {lw['median_ms']:.2f} "
                 f"({lw['median_ms'] / floor:.2f}) | "
-                f"{rec['median_ms'] / lw['median_ms']:.2f}x | {lw['layerwise_prefills']} |"
+                f"{rec['median_ms'] / lw['median_ms']:.2f}x | {l3_cell} | "
+                f"{lw['layerwise_prefills']} |"
             )
     if not rows:
         return []
@@ -486,8 +498,9 @@ def _layerwise_table(result: dict[str, Any]) -> list[str]:
         "## Layer-wise load-back (L2 restore; ratio: over max(H2D, tail prefill))",
         "",
         "| preset | mode | tokens | H2D ms | tail prefill ms | L2 ms (/ floor) "
-        "| L2 layer-wise ms (/ floor) | layer-wise vs recompute | layer-wise prefills |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| L2 layer-wise ms (/ floor) | layer-wise vs recompute "
+        "| L3 ms / L3 layer-wise ms (vs recompute) | layer-wise prefills |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ]
 
