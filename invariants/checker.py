@@ -72,9 +72,13 @@ class InvariantChecker:
         self.checks_run = 0
         self.violations_found = 0
 
-    def after_transition(self, snapshot_fn: Callable[[], Snapshot], context: str) -> None:
+    def after_transition(
+        self, snapshot_fn: Callable[[], Snapshot], context: str | Callable[[], str]
+    ) -> None:
         """Count one transition; when due, build the snapshot and check it. Raises
-        `InvariantViolation(violations, context)` if any check fails."""
+        `InvariantViolation(violations, context)` if any check fails. `context` may be a
+        function giving the text: called only then (a plane names every transition, and most
+        are never checked)."""
         self.transitions += 1
         if not self.mode.due(self.transitions):
             return
@@ -82,4 +86,6 @@ class InvariantChecker:
         self.checks_run += 1
         self.violations_found += len(violations)
         if violations:
-            raise InvariantViolation(tuple(violations), context)
+            raise InvariantViolation(
+                tuple(violations), context if isinstance(context, str) else context()
+            )

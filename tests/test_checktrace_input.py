@@ -260,3 +260,23 @@ def test_a_header_asking_for_more_pages_than_a_tier_holds_is_malformed() -> None
         header["capacities"]["L2"] = too_many
         verdict = check_lines([json.dumps(header), *lines[1:]])
         assert verdict.exit_code == MALFORMED and "0..16777216" in verdict.message, verdict.message
+
+
+def test_the_fast_predicates_agree_with_jsonschema() -> None:
+    """`EventSchema.fast` answers as jsonschema does on every line and broken line above
+    (stricter only on a float given directly: the reader parses 2.0 as 2)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json.loads(TRACE_SCHEMA.read_text()))
+    ours = load_event_schema()
+    lines = plane_trace(write_through) + plane_trace(load_back)[1:]
+    checked = 0
+    for e in [json.loads(x) for x in lines if '"seq"' in x]:
+        fast = ours.fast[e["event"]]
+        for case in [e, *_broken(e), {**e, "pages": [0, 1.5]}, {**e, "tier": 1}]:
+            floats = any(type(v) is float for v in case.values())
+            if floats:
+                assert not fast(case) or validator.is_valid(case), case
+            else:
+                assert fast(case) == validator.is_valid(case), case
+            checked += 1
+    assert checked > 500

@@ -172,7 +172,7 @@ class ControlPlane(PlaneQueries):
                 },
             )
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
-        self._check(f"begin_request {request_id}")
+        self._check(lambda: f"begin_request {request_id}")
         return m
 
     def _split_at_replay(self, tokens: Sequence[int]) -> None:
@@ -205,7 +205,7 @@ class ControlPlane(PlaneQueries):
         step = self.executor.plan("compute", segments, request_id=request_id, rng=rng)
         got = self.executor.run(step)
         req.private_pages, req.private_start = got, start
-        self._check(f"compute {request_id}")
+        self._check(lambda: f"compute {request_id}")
         return got
 
     def insert(self, request_id: int) -> int:
@@ -300,7 +300,7 @@ class ControlPlane(PlaneQueries):
         req.published_len = req.cached_len = published
         if self.tracer.enabled:
             self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
-        self._check(f"insert {request_id}")
+        self._check(lambda: f"insert {request_id}")
         return req.cached_len
 
     def _revive(self, step: Step, request_id: int) -> None:
@@ -390,7 +390,7 @@ class ControlPlane(PlaneQueries):
             self.tracer.emit(
                 "cached_len", request=request_id, node=node.node_id, token_end=req.cached_len
             )
-        self._check(f"cached_len {request_id}")
+        self._check(lambda: f"cached_len {request_id}")
         return req.cached_len
 
     def pin(self, request_id: int, node: TreeNode, tier: Tier | str) -> None:
@@ -421,7 +421,7 @@ class ControlPlane(PlaneQueries):
             if self.tree.contains(n):
                 self._remove_dead(n)
         if gone:
-            self._check(f"unpin {request_id}")
+            self._check(lambda: f"unpin {request_id}")
         return len(gone)
 
     def end_request(self, request_id: int) -> None:
@@ -455,7 +455,7 @@ class ControlPlane(PlaneQueries):
         del self.requests[request_id]
         if self.tracer.enabled:
             self.tracer.emit("end_request", request=request_id)
-        self._check(f"end_request {request_id}")
+        self._check(lambda: f"end_request {request_id}")
 
     # -- transfers ------------------------------------------------------------------------
 
@@ -499,7 +499,7 @@ class ControlPlane(PlaneQueries):
         op = PendingOp(op_id, direction, list(nodes), source.astype(np.int64), target, request_id)
         self._next_op += 1
         self.ops[op_id] = op
-        self._check(f"{name} op {op_id}")
+        self._check(lambda: f"{name} op {op_id}")
         return op
 
     def complete(self, op_id: int) -> PendingOp:
@@ -586,7 +586,7 @@ class ControlPlane(PlaneQueries):
         for n in reversed(op.nodes):
             if self.tree.contains(n):
                 self._remove_dead(n)
-        self._check(f"{d}_complete of {keep} node(s), {d}_fail of the rest, op {op_id}")
+        self._check(lambda: f"{d}_complete of {keep} node(s), {d}_fail of the rest, op {op_id}")
         return op
 
     def _finish(self, op_id: int, outcome: str) -> PendingOp:
@@ -609,7 +609,7 @@ class ControlPlane(PlaneQueries):
         for n in reversed(op.nodes):
             if self.tree.contains(n):
                 self._remove_dead(n)
-        self._check(f"{name} op {op_id}")
+        self._check(lambda: f"{name} op {op_id}")
         return op
 
     # -- windows --------------------------------------------------------------------------
@@ -644,7 +644,7 @@ class ControlPlane(PlaneQueries):
             self.tracer.emit(
                 "tombstone", tier="L1", node=node.node_id, pages=tuple(int(p) for p in value)
             )
-        self._check(f"tombstone node {node.node_id}")
+        self._check(lambda: f"tombstone node {node.node_id}")
         return value
 
     # -- eviction -------------------------------------------------------------------------
@@ -732,7 +732,7 @@ class ControlPlane(PlaneQueries):
         for n in reversed(nodes):
             if self.tree.contains(n):
                 self._remove_dead(n)
-        self._check(f"{name} nodes {[n.node_id for n in nodes]}")
+        self._check(lambda: f"{name} nodes {[n.node_id for n in nodes]}")
         return moved
 
     def _remove_dead(self, node: TreeNode) -> None:
@@ -759,10 +759,10 @@ class ControlPlane(PlaneQueries):
                     event, str(tier), "-", f"node {n.node_id}: {why}; match again (R21)"
                 )
 
-    def _check(self, context: str) -> None:
+    def _check(self, context: str | Callable[[], str]) -> None:
         """Run the checks the mode says are due. On a violation the plane (and its tree) is
         poisoned before the violation propagates: every later transition raises PlanePoisoned
-        (R59)."""
+        (R59). `context` gives the transition's name for the report: formatted only then."""
         try:
             self.checker.after_transition(self.snapshot, context)
         except InvariantViolation as violation:

@@ -41,8 +41,14 @@ SMALL_FREE = 256  # free pages: up to this many, the best-fit search runs in pla
 
 
 def pages(values: object = ()) -> Pages:
-    """An int64 page array from any sequence (the one constructor every record uses)."""
+    """An int64 page array from any sequence (the one constructor every record uses): a
+    1-D int64 array is returned as it is (no copy, as `np.asarray` makes none either)."""
+    if type(values) is np.ndarray and values.ndim == 1 and values.dtype is _INT64:
+        return values
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+_INT64 = np.dtype(np.int64)
 
 
 class PageTable:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import IO, Protocol
 
 from hicache.core.tiers import MAX_PAGES
@@ -284,19 +284,25 @@ class TraceEvent:
 
 _FIELDS = tuple(f.name for f in fields(TraceEvent))
 _FIELD_SET = frozenset(_FIELDS)
-_DEFAULTS = {f.name: f.default for f in fields(TraceEvent) if f.default is not MISSING}
 
 
-def new_event(d: Mapping[str, object]) -> TraceEvent:
+def new_event(d: Mapping[str, object], *, owned: bool = False) -> TraceEvent:
     """`TraceEvent(**d)` without the frozen dataclass's per-field `__setattr__`: the same
     object at a third of the cost (events are built on every call). `d` holds `seq`, `event`
     and any other fields; an absent `detail` is a fresh {} (no event shares a mutable
-    default). A key that is no field, or a missing `seq`/`event`, takes the constructor's
-    path and its TypeError."""
+    default); an absent field reads its default from the class, as the dataclass put it
+    there. `owned`: `d` is a dict no one else holds (a call's keyword arguments, a line just
+    parsed), which becomes the event's own (no copy). A key that is no field, or a missing
+    `seq`/`event`, takes the constructor's path and its TypeError."""
     if not d.keys() <= _FIELD_SET or "seq" not in d or "event" not in d:
         return TraceEvent(**d)  # type: ignore[arg-type]
     event = object.__new__(TraceEvent)
-    object.__setattr__(event, "__dict__", {**_DEFAULTS, "detail": {}, **d})
+    if owned and type(d) is dict:
+        if "detail" not in d:
+            d["detail"] = {}
+        object.__setattr__(event, "__dict__", d)
+    else:
+        object.__setattr__(event, "__dict__", {"detail": {}, **d})
     return event
 
 
@@ -381,4 +387,4 @@ class Tracer:
         assert self._sink is not None, "emit() called with tracing disabled; test .enabled first"
         self.seq += 1  # R75: 1, 2, ... with no gap, so a reader detects a lost line
         fields["seq"], fields["event"] = self.seq, event
-        self._sink.emit(new_event(fields))
+        self._sink.emit(new_event(fields, owned=True))

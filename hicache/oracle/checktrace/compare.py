@@ -91,8 +91,18 @@ class Comparer:
                 self._same(key, getattr(ref, key), getattr(got, key), ref)
             self._same("before", ref.before, got.before, ref)
             self._same("after", ref.after, got.after, ref)
-        self._ids(self.nodes, "node", ref.node, got.node, ref)
-        self._ids(self.ops, "op", ref.op, got.op, ref)
+        # Ids already bound to each other agree (the common case, read inline); any other
+        # pair is bound, or refused, by `_ids`.
+        want, have = ref.node, got.node
+        if (want is not None or have is not None) and (
+            want is None or have is None or self.nodes.to_ref.get(have) != want
+        ):
+            self._ids(self.nodes, "node", want, have, ref)
+        want, have = ref.op, got.op
+        if (want is not None or have is not None) and (
+            want is None or have is None or self.ops.to_ref.get(have) != want
+        ):
+            self._ids(self.ops, "op", want, have, ref)
         if ref.detail or got.detail:
             self._detail(ref, got)
         if self.with_pages:

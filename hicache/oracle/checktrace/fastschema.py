@@ -45,14 +45,19 @@ def compile_fast(schema: Mapping[str, Any]) -> Predicate:
             "dependentRequired",
         )
     )
+    arrayish = any(k in schema for k in ("items", "minItems", "maxItems"))
+    strings = frozenset(v for v in schema.get("enum", ()) if type(v) is str)
+    string_enum = "enum" in schema and len(strings) == len(schema["enum"])
     if kind == "object" and objectish:
         tests.append(_object(schema, strict=True))  # the type test is its first line
         objectish = False
-    elif kind is not None:
-        tests.append(_STRICT_TYPES[kind])
+    elif kind == "array" and arrayish:
+        tests.append(_array(schema, strict=True))  # the type test is its first line
+        arrayish = False
+    elif kind is not None and not (kind == "string" and string_enum):
+        tests.append(_STRICT_TYPES[kind])  # (a string enum's test is a string's type test)
     if "enum" in schema:
-        strings = frozenset(v for v in schema["enum"] if type(v) is str)
-        if len(strings) == len(schema["enum"]):
+        if string_enum:
             tests.append(lambda x: type(x) is str and x in strings)
         else:
             allowed = tuple(schema["enum"])
@@ -64,9 +69,9 @@ def compile_fast(schema: Mapping[str, Any]) -> Predicate:
         tests.append(lambda x: type(x) not in (int, float) or x >= low)
     if objectish:
         tests.append(_object(schema, strict=False))
-    if any(k in schema for k in ("items", "minItems", "maxItems")):
-        tests.append(_array(schema))
-    return _both(tests)
+    if arrayish:
+        tests.append(_array(schema, strict=False))
+    return _both(tests) if tests else lambda x: True
 
 
 def _both(tests: list[Predicate]) -> Predicate:
@@ -119,16 +124,26 @@ def _int_floor(schema: Mapping[str, Any]) -> bool:
     )
 
 
-def _array(schema: Mapping[str, Any]) -> Predicate:
+def _array(schema: Mapping[str, Any], strict: bool) -> Predicate:
     item = compile_fast(schema["items"]) if "items" in schema else None
     low, high = schema.get("minItems", 0), schema.get("maxItems")
+    # Items that are the common leaf (an integer with a minimum: pages), tested inline.
+    floor = (
+        int(schema["items"]["minimum"])
+        if "items" in schema and _int_floor(schema["items"])
+        else None
+    )
 
     def test(x: Any) -> bool:
         if type(x) is not list:
-            return True
+            return not strict  # without a type, array keywords ignore other values
         if len(x) < low or (high is not None and len(x) > high):
             return False
-        if item is not None:
+        if floor is not None:
+            for v in x:
+                if type(v) is not int or v < floor:
+                    return False
+        elif item is not None:
             for v in x:
                 if not item(v):
                     return False

@@ -29,7 +29,7 @@ import heapq
 
 import numpy as np
 
-from hicache.core.pages import FREE, PRIVATE, Pages, pages
+from hicache.core.pages import FREE, PRIVATE, SMALL_MOVE, Pages, pages
 from hicache.errors import OutOfPages
 from hicache.pools.tiertable import TierTable
 
@@ -141,17 +141,25 @@ class RunIndexTable(TierTable):
                 out.append((p, p + 1))
         return out
 
+    def _fit(self, n: int) -> int | None:
+        """The first page of the first of the shortest free runs that hold `n` pages, or None
+        when no run does."""
+        i = bisect.bisect_left(self.lengths, n)
+        if i == len(self.lengths):
+            return None
+        length = self.lengths[i]
+        heap = self.by_length[length]
+        while heap and self.runs.get(heap[0]) != length:
+            heapq.heappop(heap)  # a stale entry
+        # Verify: a length listed has a live run (run_count > 0 keeps it listed).
+        assert heap
+        return heap[0]
+
     def _best_fit(self, n: int) -> Pages:
         """`hicache.core.pages._best_fit_run`'s choice, from the index."""
-        i = bisect.bisect_left(self.lengths, n)
-        if i < len(self.lengths):
-            length = self.lengths[i]
-            heap = self.by_length[length]
-            while heap and self.runs.get(heap[0]) != length:
-                heapq.heappop(heap)  # a stale entry
-            # Verify: a length listed has a live run (run_count > 0 keeps it listed).
-            assert heap
-            return np.arange(heap[0], heap[0] + n, dtype=np.int64)
+        s = self._fit(n)
+        if s is not None:
+            return np.arange(s, s + n, dtype=np.int64)
         return np.flatnonzero(self.owner == FREE)[:n].astype(np.int64)  # no run holds n
 
     # -- moves ------------------------------------------------------------------------------
@@ -161,32 +169,50 @@ class RunIndexTable(TierTable):
             raise ValueError(f"cannot reserve {n} pages")
         if self.n_free < n:
             raise OutOfPages(self.tier, n, self.n_free)
-        if n == 0:
-            chosen = pages()
+        s = self._fit(n) if n else None
+        if s is not None:  # the common case: one run, written as slices
+            self._take(s, s + n)
+            if self.moved is not None:
+                self.moved.update(range(s, s + n))
+            chosen = np.arange(s, s + n, dtype=np.int64)
+            self.owner[s : s + n] = PRIVATE
+            generation = self.generation[s : s + n]  # a view: the add writes in place
+            generation += np.uint64(1)
         else:
-            chosen = self._best_fit(n)
+            chosen = self._best_fit(n) if n else pages()
             listed = chosen.tolist()
             for first, end in self._segments(listed):
                 self._take(first, end)
             if self.moved is not None:
                 self.moved.update(listed)
-        self.owner[chosen] = PRIVATE
-        self.generation[chosen] += np.uint64(1)
+            self.owner[chosen] = PRIVATE
+            self.generation[chosen] += np.uint64(1)
         if self.on_reserve is not None:
             self.on_reserve(chosen)
         return chosen
 
     def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
-        super()._move(p, source, dest, name)  # checks every page first: raises, or all move
-        if source != FREE and dest != FREE and self.moved is None:
-            return
-        listed = sorted(pages(p).tolist())
-        if source == FREE:
-            for first, end in self._segments(listed):
-                self._take(first, end)
-        elif dest == FREE:
-            for first, end in self._segments(listed):
-                self._give(first, end)
+        # `PageTable._move`'s checks and writes (R2, R3: every page checked before one moves),
+        # then the index and the log, from the one list of the pages.
+        p = pages(p)
+        if p.size <= SMALL_MOVE:
+            listed = p.tolist()
+            self._check_small(listed, source, name)
+            owner = self.owner
+            for x in listed:
+                owner[x] = dest
+        else:
+            self._check_large(p, source, name)
+            self.owner[p] = dest
+            listed = p.tolist()
+        if source == FREE or dest == FREE:
+            listed.sort()
+            if source == FREE:
+                for first, end in self._segments(listed):
+                    self._take(first, end)
+            else:
+                for first, end in self._segments(listed):
+                    self._give(first, end)
         if self.moved is not None:
             self.moved.update(listed)
 

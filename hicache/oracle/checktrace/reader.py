@@ -169,4 +169,4 @@ class TraceReader:
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])
-        return Line(n, text, new_event(d))
+        return Line(n, text, new_event(d, owned=True))

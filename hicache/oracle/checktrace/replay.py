@@ -267,7 +267,8 @@ class Replay:
             raise Violation(blamed, f"not enabled: {said}", call, before) from None
         except HiCacheError as e:
             raise Violation(head, f"not enabled: {self.names.text(str(e))}", call, before) from None
-        emitted = [ev for ev in self.sink.events if ev.event not in self.dropped]
+        events, dropped = self.sink.events, self.dropped
+        emitted = [ev for ev in events if ev.event not in dropped] if dropped else events
         if not emitted:
             raise Violation(
                 head,
@@ -275,12 +276,13 @@ class Replay:
                 call,
                 before,
             )
-        for ref in _unbinding(self.sink.events, self.dropped, self.compare.nodes):
-            line = self.buffer.peek(0)
+        buffer, compare = self.buffer, self.compare
+        for ref in _unbinding(events, dropped, compare.nodes) if dropped else events:
+            line = buffer.lines[0] if buffer.lines else buffer.peek(0)
             if line is None:
                 break  # the trace stops inside this call
             try:
-                self.compare.compare(ref, line.event)
+                compare.compare(ref, line.event)
             except Mismatch as e:
                 raise Violation(
                     line, f"differs from the reference: {e.why}", call, before, e.ref
@@ -289,15 +291,16 @@ class Replay:
                 raise Violation(
                     line, f"invariant {e.invariant}: {e.why}", call, before, ref
                 ) from None
-            self.buffer.pop()
+            buffer.lines.popleft()
             self.events += 1
-            if ref.event == "begin_request":
+            name = ref.event
+            if name == "begin_request":
                 self.requests += 1
-            elif ref.event.endswith("_issue") and ref.op is not None and ref is emitted[0]:
+            elif ref is emitted[0] and ref.op is not None and name.endswith("_issue"):
                 self.ops += 1
-        self.compare.retire_ops()
+        compare.retire_ops()
         if scope is not None:
-            scope.add(self.sink.events)
+            scope.add(events)
             scope.add_holders(self.cp)
         found = self.checks.after(len(emitted), scope)
         if found:

@@ -11,11 +11,11 @@ pages, pins and ops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from hicache.core.control import ControlPlane
 from hicache.core.lifecycle import RESIDENT, Lifecycle, States, composite_name
+from hicache.core.records import PendingOp
 from hicache.core.tiers import TIERS, Tier
 from hicache.core.tree import TreeNode
 from hicache.errors import IllegalTransition
@@ -66,47 +66,112 @@ class _RecordContext:
         return False  # request rows are listed per request, not per node
 
 
-def _node_record(n: TreeNode) -> NodeRecord:
+_NodeRaw = tuple[
+    int,
+    tuple[str, ...],
+    tuple[int, ...],
+    tuple[int | None, ...],
+    tuple[int, ...],
+    bool,
+    tuple[str, ...],
+]
+"""A node as `Before.capture` copies it: id, states, locks, pending ops, present children,
+whether the parent is the root, the parent's states."""
+
+
+def _node_raw(n: TreeNode) -> _NodeRaw:
     p = n.parent
-    st, lk, pd, pc = n.state, n.lock, n.pending, n.present_children
-    up = [p is None or p.is_root or p.state[i] == RESIDENT for i in range(3)]
-    return NodeRecord(
+    top = p is None or p.is_root
+    return (
         n.node_id,
+        tuple(n.state),
+        tuple(n.lock),
+        tuple(n.pending),
+        tuple(n.present_children),
+        top,
+        () if p is None else tuple(p.state),
+    )
+
+
+def _node_record(raw: _NodeRaw) -> NodeRecord:
+    node_id, st, lk, pd, pc, top, up = raw
+    return NodeRecord(
+        node_id,
         (st[0], st[1], st[2]),
         (lk[0], lk[1], lk[2]),
         (pd[0], pd[1], pd[2]),
         (pc[0] == 0, pc[1] == 0, pc[2] == 0),
-        (up[0], up[1], up[2]),
+        (top or up[0] == RESIDENT, top or up[1] == RESIDENT, top or up[2] == RESIDENT),
     )
 
 
-@dataclass(frozen=True)
-class Before:
-    """The records of one call's concerned nodes and request, taken before the call."""
+_RequestRaw = tuple[int, int, int, int, tuple[tuple[TreeNode, int], ...], tuple[PendingOp, ...]]
+"""A live request as `Before.capture` copies it: cached_len, published_len, prompt length,
+private pages, pins, and every pending op (an op's id and request never change)."""
 
-    nodes: tuple[NodeRecord, ...]
-    request: RequestRecord | None
+
+class Before:
+    """The records of one call's concerned nodes and request, taken before the call.
+
+    Taken before every call and read only by a report: `capture` copies the few values the
+    records need (tuples of the live lists, the pending ops as they are), and `nodes` and
+    `request` build the records from them when first asked."""
+
+    __slots__ = ("_nodes", "_raw_nodes", "_raw_request", "_request", "_request_id")
+
+    def __init__(
+        self,
+        raw_nodes: tuple[_NodeRaw, ...],
+        request_id: int | None,
+        raw_request: _RequestRaw | None,
+    ) -> None:
+        self._raw_nodes, self._request_id, self._raw_request = raw_nodes, request_id, raw_request
+        self._nodes: tuple[NodeRecord, ...] | None = None
+        self._request: RequestRecord | None = None
 
     @staticmethod
     def capture(cp: ControlPlane, nodes: list[TreeNode], request: int | None) -> Before:
-        rec = None
-        if request is not None:
-            r = cp.requests.get(request)
-            if r is None:
-                rec = RequestRecord(request, False)
-            else:
-                ops = tuple(o.op_id for o in cp.ops.values() if o.request_id == request)
-                rec = RequestRecord(
-                    request,
-                    True,
-                    r.cached_len,
-                    r.published_len,
-                    len(r.tokens),
-                    int(r.private_pages.size),
-                    tuple((n.node_id, str(TIERS[t])) for n, t in r.pins),
-                    ops,
-                )
-        return Before(tuple(_node_record(n) for n in nodes if not n.is_root), rec)
+        raw: _RequestRaw | None = None
+        r = None if request is None else cp.requests.get(request)
+        if r is not None:
+            raw = (
+                r.cached_len,
+                r.published_len,
+                len(r.tokens),
+                int(r.private_pages.size),
+                tuple(r.pins),
+                tuple(cp.ops.values()),
+            )
+        return Before(tuple([_node_raw(n) for n in nodes if not n.is_root]), request, raw)
+
+    @property
+    def nodes(self) -> tuple[NodeRecord, ...]:
+        """The concerned nodes' records (the root's left out)."""
+        if self._nodes is None:
+            self._nodes = tuple(_node_record(raw) for raw in self._raw_nodes)
+        return self._nodes
+
+    @property
+    def request(self) -> RequestRecord | None:
+        """The concerned request's record (not live: `live` False); None when none."""
+        request, raw = self._request_id, self._raw_request
+        if request is None or self._request is not None:
+            return self._request
+        if raw is None:
+            self._request = RequestRecord(request, False)
+            return self._request
+        cached_len, published_len, prompt_len, private, pins, ops = raw
+        self._request = RequestRecord(
+            request,
+            True,
+            cached_len,
+            published_len,
+            prompt_len,
+            private,
+            tuple((n.node_id, str(TIERS[t])) for n, t in pins),
+            tuple(o.op_id for o in ops if o.request_id == request),
+        )
+        return self._request
 
     def enabled(self, lc: Lifecycle, nodes: IdMap, ops: IdMap) -> list[str]:
         """One line per concerned node and request: the transitions enabled then."""
