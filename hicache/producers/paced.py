@@ -21,9 +21,10 @@ machine has no model to show it: this producer gives one.
 `pace_s(end - start, start)` seconds have passed since it started (a floor: a
 slower inner producer is not sped up), and returns the seconds that passed -- the recompute
 sample the cost model learns from, as a model producer's would be. With `sleep=False` it
-does not wait and returns the paced seconds (or the inner producer's, if longer) as if it
-had: decisions then follow the pace exactly, whatever the machine's load, while wall time
-does not (for tests of the policy's choices, not of throughput).
+does not wait and returns exactly the paced seconds, as if it had slept them: the inner
+producer's own seconds are not reported, so decisions follow the pace exactly whatever the
+machine's load (a loaded CPU once made a 20 ms pace report 50-100 ms and moved a test's
+choices), while wall time does not (for tests of the policy's choices, not of throughput).
 """
 
 from __future__ import annotations
@@ -83,15 +84,15 @@ class PacedProducer:
         """`inner.produce`, then wait out the pace; returns the steady seconds (module
         docstring). ProducerError from `inner`, nothing written, for bad arguments."""
         started_s = time.perf_counter()
-        inner_s = self.inner.produce(tokens, start, end, l1, prefix_pages, new_pages)
-        return self._pace(started_s, inner_s, end - start, start)
+        self.inner.produce(tokens, start, end, l1, prefix_pages, new_pages)
+        return self._pace(started_s, end - start, start)
 
-    def _pace(self, started_s: float, inner_s: float, tokens: int, cached: int) -> float:
+    def _pace(self, started_s: float, tokens: int, cached: int) -> float:
         """Wait out the pace of `tokens` new tokens after `cached` ones, begun at `started_s`;
         the steady seconds."""
         floor_s = self.pace_s(tokens, cached)
         if not self.sleep:
-            return max(inner_s, floor_s)
+            return floor_s  # the pace, not the machine: see the module docstring
         deadline = started_s + floor_s
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(left)
@@ -111,8 +112,8 @@ class PacedProducer:
         if not isinstance(self.inner, LayerwiseProducer):
             raise ProducerError("inner", f"{type(self.inner).__name__} has no compute_kv")
         started_s = time.perf_counter()
-        kv, inner_s = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate)
-        return kv, self._pace(started_s, inner_s, end - start, start)
+        kv, _ = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate)
+        return kv, self._pace(started_s, end - start, start)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
         """What `inner` says `produce` writes (pacing changes no byte)."""
