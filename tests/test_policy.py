@@ -250,6 +250,27 @@ def test_every_candidate_prices_its_prefill_by_whether_it_reads_a_cached_prefix(
     assert hit.predicted_s["recompute"] == pytest.approx(model.tail_s(336))
 
 
+def test_a_layerwise_restore_is_priced_at_the_larger_of_its_load_back_and_its_prefill() -> None:
+    """With restores landing under their prefill (`layerwise`), an L2 restore costs the larger
+    of the H2D and the tail prefill, an L3 restore its S2H first; without, their sum. A
+    restore whose H2D and tail tie at 20 ms each beats a 30 ms recompute only when layer-wise."""
+    for layerwise in (False, True):
+        model = CostModel(layerwise=layerwise)
+        model.observe("recompute", 352, 30e-3)
+        model.observe("tail", 16, 20e-3)
+        for i in range(8):  # an H2D line at 20 ms for the 336-token restore
+            size = (i + 1) * 42 * BPT
+            model.observe("h2d", size, 20e-3 * size / (336 * BPT))
+        h2d, tail = model.restore_s(336, 0, BPT), model.tail_s(16)
+        d = CostPolicy(model).decide(0, 336, 0, 352, BPT)
+        want = max(h2d, tail) if layerwise else h2d + tail
+        assert d.predicted_s["L2"] == pytest.approx(want)
+        assert d.choice == ("L2" if layerwise else "recompute")
+        l3 = CostPolicy(model).decide(0, 0, 336, 352, BPT)
+        s2h = model.predict("s2h", 336 * BPT)
+        assert l3.predicted_s["L3"] == pytest.approx(s2h + want)
+
+
 def test_storage_read_and_write_are_learned_separately() -> None:
     model = CostModel()
     read_before = model.predict("s2h", 256 << 20)

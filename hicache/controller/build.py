@@ -117,7 +117,11 @@ def build_parts(
         # tags see (its I4 stays vacuous, as on any byte-free plane).
         tagged = plane.tagged
         cp.digests = CachedDigests(plane.tagged.digests, cp.tables)
-    model = CostModel()
+    # Restores land under their prefill where they land layer by layer (R82: one rank, a
+    # single pool): the cost model prices them so (spec/policies.md, "Pricing").
+    model = CostModel(
+        layerwise=config.layerwise and not agree.tp and config.group.typed is not None
+    )
     policy = make_policy(config.policy, model)
     metrics = Metrics()
     # Across ranks a window may be freed on one rank only: chains are planned without

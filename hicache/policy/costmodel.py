@@ -250,6 +250,8 @@ class CostModel:
         storage_fixed_s: float = 100e-6,
         window: int = WINDOW_SAMPLES,
         alpha: float = EWMA_ALPHA,
+        *,
+        layerwise: bool = False,
     ) -> None:
         for field, value in (
             ("host_gib_per_s", host_gib_per_s),
@@ -271,6 +273,9 @@ class CostModel:
             kind: LinearCost(kind, unit, fixed, slope, window=window, alpha=alpha)
             for kind, (unit, fixed, slope) in priors.items()
         }
+        # A restore's H2D lands under its prefill (`restored_prefill_s`): the controller says
+        # so where its restores land layer by layer (CacheConfig.layerwise, one rank).
+        self.layerwise = layerwise
 
     def line(self, kind: str | Direction) -> LinearCost:
         """The line for `kind` (one of `COST_KINDS` or a Direction)."""
@@ -336,6 +341,22 @@ class CostModel:
         if l2_tokens + l3_tokens > 0:
             seconds += self.predict("h2d", (l2_tokens + l3_tokens) * bytes_per_token)
         return seconds
+
+    def restored_prefill_s(
+        self, l2_tokens: int, l3_tokens: int, bytes_per_token: int, rest: int, cached: int
+    ) -> float:
+        """Predicted seconds of a restore of `l2_tokens` from L2 and `l3_tokens` from L3 and
+        the prefill of the `rest` tokens after `cached` ones: their sum -- or, `layerwise`
+        (spec/policies.md, "Pricing"), the S2H, then the larger of the H2D and the prefill,
+        which runs on the prefix while it lands."""
+        prefill = self.prefill_s(rest, cached)
+        if not self.layerwise:
+            return self.restore_s(l2_tokens, l3_tokens, bytes_per_token) + prefill
+        s2h = 0.0
+        if l3_tokens > 0:
+            s2h = self.predict("s2h", l3_tokens * bytes_per_token)
+        load_back = self.restore_s(l2_tokens + l3_tokens, 0, bytes_per_token)
+        return s2h + max(load_back, prefill)
 
     def restore_cost(self, tier: str | Tier, tokens: int, bytes_per_token: int) -> float:
         """Predicted seconds to restore `tokens` tokens held in `tier` into L1.

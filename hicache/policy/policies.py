@@ -134,8 +134,9 @@ def price_candidates(
     predicted_s = {"recompute": model.prefill_s(prompt_len - l1_len, l1_len)}
     for choice, (from_l2, from_l3) in split.items():
         cached = l1_len + from_l2 + from_l3
-        restore_s = model.restore_s(from_l2, from_l3, bytes_per_token)
-        predicted_s[choice] = restore_s + model.prefill_s(prompt_len - cached, cached)
+        predicted_s[choice] = model.restored_prefill_s(
+            from_l2, from_l3, bytes_per_token, prompt_len - cached, cached
+        )
     return Candidates(l1_len, prompt_len, split, predicted_s)
 
 
