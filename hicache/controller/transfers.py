@@ -32,7 +32,7 @@ from hicache.controller.metrics import Metrics
 from hicache.controller.replicas import ReplicatedL3
 from hicache.core.control import ControlPlane
 from hicache.core.records import PendingOp
-from hicache.core.tiers import TIERS, Direction, Tier
+from hicache.core.tiers import Direction, Tier
 from hicache.core.tree import TreeNode
 from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.handles import TransferHandle, TransferStatus
@@ -212,7 +212,7 @@ class Transfers:
                 if not deferred:
                     raise
                 refusal = refusal or e
-                with self.cp.tables[TIERS.index(direction.target)].faults_off():
+                with self.cp.faults_off(direction.target):
                     op = self.cp.issue(direction, chain, request_id)
         except (CollectiveError, QuiesceTimeout):
             raise  # making room met a broken group or wedged hardware: no refusal, dead
