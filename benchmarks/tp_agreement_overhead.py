@@ -29,7 +29,7 @@ same gap of busy work, the ranks started together by a barrier):
 `arrive_after_work_us`, the arrival board's write alone (a Store round trip to the
 launcher, which every collective makes first), and `protocol_after_work_us`, one whole
 collective of the protocol with no serving around it (checked against spec/tp.toml,
-logged, the board, the header row with its values: C2's shape, 4 values);
+logged, the board, the header row with its values: C2's shape, 3 values);
 `staggered_agreement_us`, that collective's agreement (its time less the wait for the last
 rank) when rank r arrives r gaps after rank 0, as serving's ranks arrive out of step.
 
@@ -114,7 +114,7 @@ def bench_rank(
     # collective of the protocol (checked, logged, board, header row, values: C2's shape).
     arrive_s = after_work_s(lambda: c.board.set(last_key(rank), "0 bench"), bare_iters, gap_s)
     served_counters = (c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point.copy())
-    protocol_s = after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1, 1)), bare_iters, gap_s)
+    protocol_s = after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1)), bare_iters, gap_s)
     staggered_s = staggered_agreement_s(c, bare_iters, gap_s)
     c.exchanges, c.exchange_s, c.wait_s, c.payload_int64, c.by_point = served_counters
     each_s = c.exchange_s / c.exchanges
@@ -167,7 +167,7 @@ def staggered_agreement_s(c: ProcessCollectives, iters: int, gap_s: float) -> fl
     for the last rank (the rows' arrival stamps), as `agreement_us_each` is counted. On an
     early rank that includes waking up once the last one comes."""
     exchange_s, wait_s = c.exchange_s, c.wait_s
-    after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1, 1)), iters, gap_s, lag_s=gap_s)
+    after_work_s(lambda: c.all_reduce_min("reserve", (1, 1, 1)), iters, gap_s, lag_s=gap_s)
     return ((c.exchange_s - exchange_s) - (c.wait_s - wait_s)) / iters
 
 

@@ -1,4 +1,5 @@
-"""The TP model check (hicache/oracle/modelcheck/tpsearch.py): simulated ranks, C2 and C4.
+"""The TP model check (hicache/oracle/modelcheck/tpsearch.py): simulated ranks, C2 (deferred to
+C4 where the reservation reads only agreed state) and C4.
 
 The clean model is exhaustive with the manifest's counts; each TP-zoo mutant the model
 reaches is rejected (the finding and its shortest path), and the others are listed with the
@@ -11,14 +12,16 @@ import contextlib
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hicache.controller.transfers import Transfers
 from hicache.distributed.agreement import Agreed, Agreement, Local
 from hicache.distributed.collectives import CollectiveMismatch, CollectiveTimeout
+from hicache.distributed.refused import RefusedIssue
 from hicache.distributed.simulated import ThreadGroup
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, StorageError
 from hicache.oracle.modelcheck.actions import Action
 from hicache.oracle.modelcheck.cli import main
 from hicache.oracle.modelcheck.config import ModelConfig, get_config, load_configs
@@ -63,7 +66,7 @@ def test_each_tp_zoo_mutant_in_scope_is_rejected(name: str) -> None:
     mutant = next(m for m in ZOO if m.name == name)
     config, kind = REJECTED[name]
     with mutant.patch():
-        res = explore_tp(get_config(config), max_states=5000)  # TP-moving-landed: ~2,900
+        res = explore_tp(get_config(config), max_states=10000)  # TP-moving-landed: ~7,500
     assert res.finding is not None, f"{name} passed the TP model check"
     assert res.finding.kind == kind, res.finding
     assert res.finding.path, "a finding comes with its path"
@@ -85,7 +88,7 @@ def test_the_bugs_the_model_check_found_are_rejected_as_mutants(
     `landed` rule sees it (the ranks agree on the wrong count). tp2's reads are one node."""
     mutant = next(m for m in ZOO if m.name == name)
     with mutant.patch():
-        res = explore_tp(get_config(config), max_states=5000)
+        res = explore_tp(get_config(config), max_states=10000)
     assert res.finding is not None, f"{name} passed the TP model check on {config}"
     assert res.finding.kind == kind, res.finding
 
@@ -113,10 +116,11 @@ def test_three_ranks_a_skipped_completion_is_found() -> None:
 
 
 def test_a_rank_that_does_not_skip_the_op_id_of_an_aborted_issue_is_found() -> None:
+    """C2 (a transfer of L1 where L1 frees windows: tp2-group's D2H and H2D)."""
     from hicache.core.control import ControlPlane
 
     with swapped(ControlPlane, "skip_op_id", lambda self: None):
-        res = explore_tp(get_config("tp2"))
+        res = explore_tp(get_config("tp2-group"))
     assert res.finding is not None and res.finding.kind == "disagree"
     assert "next op id" in res.finding.message
     assert any("refused" in str(s) for s in res.finding.path)
@@ -127,14 +131,53 @@ def test_an_abort_that_keeps_the_reservation_on_one_rank_is_found() -> None:
     agree (Agreement.reserve answering it alone "commit") leaves the planes apart."""
     original = Agreement.__dict__["reserve"]
 
-    def reserve(self: Agreement, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
-        agreed, gone = original(self, ok, pages, lost)
-        return (agreed or (self.rank == 0 and ok)), gone
+    def reserve(self: Agreement, ok: bool, pages: int) -> bool:
+        return original(self, ok, pages) or (self.rank == 0 and ok)
 
     with swapped(Agreement, "reserve", reserve):
+        res = explore_tp(get_config("tp2-group"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    assert "refused" in str(res.finding.path[-1])
+
+
+def _drop_refused(
+    self: Transfers, direction: Any, chain: Any, rid: Any, need: int, parent: Any, *more: Any
+) -> Any:
+    """A refused issue that takes no op on the refusing rank (the naive fold of C2 into C4:
+    the op id skipped, its pages never taken), the others' op kept until C4."""
+    got = ORIGINAL_ISSUE_HERE(self, direction, chain, rid, need, parent, *more)
+    if isinstance(got[1], RefusedIssue):
+        self.cp.fail(got[0].op_id)
+        return None, None, got[1].refusal, True
+    return got
+
+
+ORIGINAL_ISSUE_HERE = Transfers.__dict__["_issue_here"]
+
+
+def test_a_refused_issue_that_takes_no_op_on_its_rank_is_found() -> None:
+    """The deferred reserve (spec/tp.md C2): a rank whose issue was refused must take the op
+    all the same, or the ranks' ops, free counts and next op ids part until C4."""
+    with swapped(Transfers, "_issue_here", _drop_refused):
         res = explore_tp(get_config("tp2"))
     assert res.finding is not None and res.finding.kind == "disagree", res.finding
     assert "refused" in str(res.finding.path[-1])
+
+
+def test_an_op_refused_on_one_rank_and_published_on_another_is_found() -> None:
+    """C4 must fail an op some rank refused: rank 0 ending it by its own handle alone (a
+    refusal elsewhere ignored) publishes what rank 1 never moved."""
+
+    def completion(self: Agreement, local: Sequence[Local]) -> list[Agreed]:
+        agreed: list[Agreed] = ORIGINAL_COMPLETION(self, local)
+        if self.rank:
+            return agreed
+        return [(x[0], x[1] and mine[1], *x[2:]) for x, mine in zip(agreed, local)]
+
+    with swapped(Agreement, "completion", completion):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    assert any("refused" in str(s) for s in res.finding.path)
 
 
 def test_a_cancel_settled_by_the_local_end_is_found() -> None:
@@ -169,7 +212,7 @@ def test_ranks_alike_reaches_the_renamed_states_of_the_full_search() -> None:
 def _completion_without_reasons(self: Agreement, local: Sequence[Local]) -> list[Agreed]:
     """Agreement.completion that drops the bad-slot reason: no rank drops the copy."""
     agreed = ORIGINAL_COMPLETION(self, local)
-    return [(ended, failed, kept, 0, slot) for ended, failed, kept, _, slot in agreed]
+    return [(ended, failed, kept, 0, slot, lost) for ended, failed, kept, _, slot, lost in agreed]
 
 
 ORIGINAL_COMPLETION = Agreement.__dict__["completion"]
@@ -241,24 +284,43 @@ def test_c4_dropping_the_bad_slot_reason_is_found() -> None:
 
 
 def test_a_lost_l3_file_kept_to_one_rank_is_found() -> None:
-    """C2's fourth value: an L3 file lost on one rank takes L3 offline on every rank."""
-    original = Agreement.__dict__["reserve"]
+    """An L3 file lost on one rank takes L3 offline on every rank, at the C4 that ends the
+    refused op: the rank that found it taking L3 offline alone, at the issue, parts the
+    ranks (a second L3 issue would be refused on that rank only, before the op exists)."""
 
-    def reserve(self: Agreement, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
-        return original(self, ok, pages, lost)[0], False
+    def issue_here(
+        self: Transfers, direction: Any, chain: Any, rid: Any, need: int, parent: Any, *more: Any
+    ) -> Any:
+        got = ORIGINAL_ISSUE_HERE(self, direction, chain, rid, need, parent, *more)
+        if isinstance(got[1], RefusedIssue) and got[1].lost:
+            self.l3.take_offline(StorageError("<model L3>", "lost"))
+        return got
 
-    with swapped(Agreement, "reserve", reserve):
+    with swapped(Transfers, "_issue_here", issue_here):
         res = explore_tp(get_config("tp2"))
     assert res.finding is not None and res.finding.kind == "disagree", res.finding
     assert "L3 online" in res.finding.message and "lost" in str(res.finding.path[-1])
 
 
+def test_c4_dropping_the_lost_flag_is_found() -> None:
+    """C4's sixth value: with it dropped no rank takes L3 offline (the ranks still agree);
+    the `lost` rule sees it."""
+
+    def completion(self: Agreement, local: Sequence[Local]) -> list[Agreed]:
+        return [(*x[:5], False) for x in ORIGINAL_COMPLETION(self, local)]
+
+    with swapped(Agreement, "completion", completion):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "rule", res.finding
+    assert "C4 lost" in res.finding.message
+
+
 def test_lockstep_gives_what_the_thread_group_gives() -> None:
-    rows = [(True, 2, False), (False, 2, False), (True, 1, True)]
+    rows = [(True, 2), (False, 2), (True, 1)]
     group = ThreadGroup(3, timeout_s=5.0)
     threads = group.run(lambda r: Agreement(group.member(r)).reserve(*rows[r]))
     assert lockstep(3, lambda r, agree: agree.reserve(*rows[r])) == threads
-    local = [[(True, False, 2, 0, 5)], [(False, False, 2, 1, 3)]]
+    local = [[(True, False, 2, 0, 5, False)], [(False, False, 2, 1, 3, True)]]
     group2 = ThreadGroup(2, timeout_s=5.0)
     threads2 = group2.run(lambda r: Agreement(group2.member(r)).completion(local[r]))
     assert lockstep(2, lambda r, agree: agree.completion(local[r])) == threads2
@@ -268,7 +330,7 @@ def test_lockstep_reports_a_skipped_and_a_mismatched_collective() -> None:
     with pytest.raises(CollectiveTimeout, match="skipped"):
         lockstep(2, lambda r, agree: None if r else agree.reserve(True, 1))
     with pytest.raises(CollectiveMismatch):
-        lockstep(2, lambda r, agree: agree.completion([(True, False, 1, 0, 0)] * (r + 1)))
+        lockstep(2, lambda r, agree: agree.completion([(True, False, 1, 0, 0, False)] * (r + 1)))
 
 
 def test_the_cli_runs_a_tp_config_and_prints_a_finding_with_its_path(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hicache.controller.controller import CacheController
 from hicache.core.tiers import Direction
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.null import NullEngine
-from hicache.distributed.agreement import Agreement
+from hicache.distributed.agreement import NO_SLOT, Agreement
 from hicache.distributed.cluster import SimulatedCluster
 from hicache.distributed.collectives import (
     Alone,
@@ -210,10 +210,21 @@ def test_c1c_serves_the_largest_common_endpoint_and_carries_c3_s_room() -> None:
 
 
 def test_c2_commits_only_when_every_rank_reserved_the_same_pages() -> None:
-    assert agree(2, lambda r, a: a.reserve(True, 4)) == [(True, False)] * 2
-    assert agree(2, lambda r, a: a.reserve(r == 0, 4)) == [(False, False)] * 2  # F15
-    assert agree(2, lambda r, a: a.reserve(True, 4 + r)) == [(False, False)] * 2
-    assert agree(3, lambda r, a: a.reserve(True, 4, lost=r == 2)) == [(True, True)] * 3
+    assert agree(2, lambda r, a: a.reserve(True, 4)) == [True] * 2
+    assert agree(2, lambda r, a: a.reserve(r == 0, 4)) == [False] * 2  # F15
+    assert agree(2, lambda r, a: a.reserve(True, 4 + r)) == [False] * 2
+
+
+def test_c4_fails_an_op_refused_on_one_rank_and_agrees_a_lost_l3_file() -> None:
+    """The deferred reserve: a rank that refused the op's issue reports it ended and failed
+    (no node kept); every rank fails it, and a lost L3 file at that issue is every rank's."""
+    moving = (False, False, 0, 0, NO_SLOT, False)
+    refused = (True, True, 0, 0, NO_SLOT, False)
+    lost = (True, True, 0, 0, NO_SLOT, True)
+    got = agree(2, lambda r, a: a.completion([refused if r else moving]))
+    assert got == [[(False, True, 0, 0, NO_SLOT, False)]] * 2  # failed: rank 0 cancels first
+    got = agree(3, lambda r, a: a.completion([lost if r == 2 else refused]))
+    assert got == [[(True, True, 0, 0, NO_SLOT, True)]] * 3
 
 
 def test_c0_refuses_ranks_configured_apart_naming_the_field(tmp_path: Path) -> None:
@@ -311,7 +322,8 @@ def test_ranks_serve_alike_and_sharded_pages_reach_l3_from_every_rank(
 def test_f15_an_allocation_failing_on_one_rank_aborts_the_reservation_on_every_rank(
     tmp_path: Path,
 ) -> None:
-    """Rank 1's L2 refuses the write-through's pages; rank 0's succeeded. C2 releases on both:
+    """Rank 1's L2 refuses the write-through's pages; rank 0's succeeded. Rank 1 still takes
+    the op (the deferred reserve), and the next C4 fails it on both, releasing on both:
     neither has an L2 copy, and the next hit is the same everywhere."""
     faults = [FaultInjector(), FaultInjector().once(FaultSite.ALLOC_L2)]
     cluster = cpu_cluster(tmp_path, 2, faults)

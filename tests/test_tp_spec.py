@@ -94,8 +94,8 @@ def test_spec_check_runs_the_tp_check(tmp_path: Path) -> None:
 
 
 def test_a_payload_changed_in_the_page_is_reported() -> None:
-    row = "| 4: the pages this rank reserved"
-    md = replaced(TP_MD, row, row.replace("4: the", "5: the"))
+    row = "| 3: the pages this rank reserved"
+    md = replaced(TP_MD, row, row.replace("3: the", "5: the"))
     assert has(check_tp(md, TP_TOML), "point `reserve` column 'payload' says '5: the pages")
 
 

@@ -1,7 +1,9 @@
 """Transfers: issue one, conclude those that ended (C4), settle each into the control plane.
 
-    issue(direction, chain, rid)   evict for room, reserve, lock, start; across ranks two-phase
-                                   (reserve -> agree -> commit or abort, spec/tp.md C2)
+    issue(direction, chain, rid)   evict for room, reserve, lock, start; across ranks the op is
+                                   taken on every rank and a refusal agreed at the next C4
+                                   (deferred), or, where L1 frees windows and the transfer
+                                   touches L1, two-phase (reserve -> C2 -> commit or abort)
     conclude(op_ids)               C4: the agreed end of each op, applied (every rank, every tick)
     settle(op_id, ...)             one op's end: complete, clamp, fail or cancel, then the
                                    cost model, backups, L3 write ledger and bad-slot quarantine
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from hicache.controller.backup import BackupPlanner, chain_lacking
 from hicache.controller.clamp import clamped_nodes
@@ -37,6 +40,7 @@ from hicache.dataplane.plane import DataPlane
 from hicache.distributed.agreement import NO_SLOT, Agreement, Local
 from hicache.distributed.collectives import CollectiveError
 from hicache.distributed.ledger import AckedWrite, L3Writes
+from hicache.distributed.refused import RefusedIssue
 from hicache.errors import (
     CorruptSlot,
     HiCacheError,
@@ -50,6 +54,7 @@ from hicache.errors import (
 )
 from hicache.policy import CostModel
 from hicache.pools.spec import PoolGroup
+from hicache.pools.table import InjectedShortage
 
 __all__ = ["Rooms", "Settled", "Transfers"]
 
@@ -125,14 +130,22 @@ class Transfers:
         Across ranks (spec/tp.md C2) the issue is two-phase: each rank reserves and issues
         here, the ranks agree, and unless every rank succeeded with the same pages every rank
         releases what it took and raises `ReservationAborted` (an OutOfPages): no rank
-        evicts and retries alone (R72)."""
+        evicts and retries alone (R72). Where the reservation reads only state every rank
+        holds equal (`defers`) no collective is made here: every rank takes the op, a rank
+        whose own issue was refused holding a `RefusedIssue` in place of the data plane's
+        handle, and the next C4 fails it on every rank (the deferred reserve); what refuses
+        here then refuses on every rank alike."""
         self.hooks.refuse_if_crashed()
         parent = chain[0].parent
         assert parent is not None, "the root is never transferred"
         need = sum(n.num_pages for n in chain)
-        op, handle, error, took_id = self._issue_here(direction, chain, request_id, need, parent)
-        if self.tp:
-            agreed, lost = self.agree.reserve(error is None, need, isinstance(error, StorageError))
+        deferred = self.tp and self.defers(direction)
+        op, handle, error, took_id = self._issue_here(
+            direction, chain, request_id, need, parent, deferred
+        )
+        if self.tp and not deferred:
+            # Only a transfer into or out of L1 comes here: it never touches L3.
+            agreed = self.agree.reserve(error is None, need)
             if not agreed and op is not None and handle is not None:
                 try:
                     self.hooks.cancel(handle, op.op_id)  # the hardware no longer touches it
@@ -142,20 +155,6 @@ class Transfers:
                 self.cp.cancel(op.op_id)
             if not took_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
-            if lost:  # some rank's L3 file is gone: L3 goes offline on every rank
-                if self.l3.online:
-                    self.l3.take_offline(
-                        error
-                        if isinstance(error, StorageError)
-                        else StorageError(self.engine.l3_path, "another rank's L3 file was lost")
-                    )
-                raise (
-                    error
-                    if isinstance(error, StorageError)
-                    else StorageError(
-                        self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}"
-                    )
-                )
             if not agreed:
                 raise ReservationAborted(
                     str(direction.target), need, self.cp.free_pages(direction.target), error
@@ -166,6 +165,17 @@ class Transfers:
         self.handles[op.op_id] = handle
         return op
 
+    def defers(self, direction: Direction) -> bool:
+        """Whether a `direction` issue's outcome is agreed at the next C4 instead of at C2
+        (spec/tp.md C2, the deferred reserve): its room, reservation and guards read only
+        state every rank holds equal (the tree, locks, free counts, L3's health), so only
+        what follows them -- an injected allocation fault, the data plane's refusal, an L3
+        file lost -- may refuse it on one rank. Not so where L1 frees windows (a trailing
+        pool: the configuration, equal on every rank) and the transfer reads or fills L1: a
+        window freed on one rank refuses its issue before the op exists, and L1's trailing
+        free counts may differ; there C2 agrees at once."""
+        return not (self.cp.windows.tombstones and Tier.L1 in (direction.source, direction.target))
+
     def _issue_here(
         self,
         direction: Direction,
@@ -173,25 +183,45 @@ class Transfers:
         request_id: int | None,
         need: int,
         parent: TreeNode,
+        deferred: bool = False,
     ) -> tuple[PendingOp | None, TransferHandle | None, HiCacheError | None, bool]:
         """This rank's half of `issue`: the op and its handle, or the error that refused it
         (whatever was taken released again), and whether this transfer took an op id. (Not
         "did the next id move": making room may issue write-back's own transfers first, each
-        with its ids and agreement; only this transfer's id may be missing on a rank.)"""
+        with its ids and agreement; only this transfer's id may be missing on a rank.)
+        `deferred` (C2 deferred to C4): a refusal after the guards still takes the op, with
+        a `RefusedIssue` for its handle, and returns no error."""
+        refusal: HiCacheError | None = None
         try:
             if not self.l3.online and Tier.L3 in (direction.source, direction.target):
                 raise StorageError(self.engine.l3_path, f"L3 is offline: {self.l3.offline_reason}")
             aim = self.hooks.aimed(direction, request_id)
             # R26: keep the chain's parent: evicting it would open a backup gap under the chain.
             self.evictor.make_room(direction.target, need, keep=[parent], back_up=self.back_up_now)
-            self.hooks.reserve(direction.target, need, self.cp.free_pages(direction.target), aim)
-            op = self.cp.issue(direction, chain, request_id)
+            try:
+                self.hooks.reserve(
+                    direction.target, need, self.cp.free_pages(direction.target), aim
+                )
+            except OutOfPages as e:
+                if not deferred:
+                    raise
+                refusal = e  # a fault of this rank's: the op is taken all the same (C2)
+            try:
+                op = self.cp.issue(direction, chain, request_id)
+            except InjectedShortage as e:  # a fault of one pool's, on this rank alone
+                if not deferred:
+                    raise
+                refusal = refusal or e
+                with self.cp.faults_off(direction.target):
+                    op = self.cp.issue(direction, chain, request_id)
         except (CollectiveError, QuiesceTimeout):
             raise  # making room met a broken group or wedged hardware: no refusal, dead
         except HiCacheError as e:
             return None, None, e, False
         if aim is not None and aim.action == "crash":
             self.hooks.crash_ops.add(op.op_id)
+        if refusal is not None:
+            return op, RefusedIssue(direction, refusal), None, True
         if direction is Direction.H2S and not self.l3_writes.writes_any(self.group):
             return op, self._acked(op), None, True  # C6b: this rank writes none of these pools
         try:
@@ -204,6 +234,8 @@ class Transfers:
                 self.hooks.landing(aim, self.group, need),
             )
         except HiCacheError as e:
+            if deferred:  # C4 fails it on every rank, and takes L3 offline on all if lost
+                return op, RefusedIssue(direction, e), None, True
             self.cp.fail(op.op_id)  # R13: an issue that raised left nothing in flight
             if isinstance(e, StorageError):
                 self.l3.take_offline(e)
@@ -229,19 +261,31 @@ class Transfers:
             if isinstance(handle.error, BAD_SLOT):
                 reason = BAD_SLOT.index(type(handle.error)) + 1
                 first_bad = first_bad_page(self.cp.ops[op_id], handle.error.slots)
+            lost = isinstance(handle, RefusedIssue) and handle.lost
             if status is TransferStatus.FAILED:
                 kept = (
                     clamped_nodes(self.group, self.cp.ops[op_id].nodes, handle.landed)
                     if self.cp.ops[op_id].direction is Direction.S2H and handle.landed is not None
                     else 0
                 )
-                local.append((True, True, kept, reason, first_bad))
+                local.append((True, True, kept, reason, first_bad, lost))
             else:
                 # Done here: every node landed. Still moving: none it can vouch for yet --
                 # when another rank failed the op, this rank cancels it, and publishing
                 # "the fewest whole nodes any rank landed" must not count its own as all.
-                local.append((status.final, False, nodes if status.final else 0, reason, first_bad))
+                local.append(
+                    (status.final, False, nodes if status.final else 0, reason, first_bad, False)
+                )
         agreed = self.agree.completion(local)
+        if any(gone for *_, gone in agreed) and self.l3.online:
+            # C2 deferred: some rank's L3 file was lost at an issue: offline on every rank.
+            mine = [self.handles[o] for o, x in zip(op_ids, local) if x[5]]
+            refusal = cast(RefusedIssue, mine[0]).refusal if mine else None
+            self.l3.take_offline(
+                refusal
+                if isinstance(refusal, StorageError)
+                else StorageError(self.engine.l3_path, "another rank's L3 file was lost")
+            )
         if self.replicas.pools:
             self.replicas.ack(
                 [
@@ -250,7 +294,7 @@ class Transfers:
                     if ended and not failed and self.cp.ops[op_id].direction is Direction.H2S
                 ]
             )
-        for op_id, (ended, failed, kept, reason, first_bad) in zip(op_ids, agreed):
+        for op_id, (ended, failed, kept, reason, first_bad, _) in zip(op_ids, agreed):
             if op_id not in self.handles or not (ended or failed):
                 continue  # settled meanwhile (a dropped restore part cancels its ops), or waits
             handle = self.handles[op_id]

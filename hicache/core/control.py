@@ -18,6 +18,7 @@ handle's completion is *observed* -- `complete`, `fail` or `cancel`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from itertools import pairwise
 from typing import ClassVar
 
@@ -519,6 +520,12 @@ class ControlPlane(PlaneQueries):
     def next_op_id(self) -> int:
         """The id the next issued op gets (ids are never reused)."""
         return self._next_op
+
+    def faults_off(self, tier: Tier) -> AbstractContextManager[None]:
+        """No injected reservation fault of `tier`'s table inside (a test's fault hook,
+        `set_reserve_fault`): a tensor-parallel rank whose issue such a fault refused still
+        takes the op as every rank does (spec/tp.md C2, the deferred reserve)."""
+        return self.tables[TIERS.index(tier)].faults_off()
 
     def skip_op_id(self) -> None:
         """Use up the next op id without an op: a tensor-parallel rank whose issue failed

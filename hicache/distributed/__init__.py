@@ -11,6 +11,7 @@
     agreement.py    the controller's side: one method per point
     ledger.py       which rank writes a pool to L3 (the rule), and what each rank wrote
                     (`AckedWrite`: an H2S a rank acks without writing, C6b)
+    refused.py      `RefusedIssue`: an op a rank took and could not start (C2 deferred to C4)
     rankview.py     a rank's view, for the cross-rank invariants (invariants/ranks.py)
     cluster.py      `SimulatedCluster`: N controllers over one ThreadGroup
     devices.py      `rank_device`: each rank its own GPU when there is one per rank

@@ -13,8 +13,11 @@ The caller acts on the returned answer only, never on its own where a point exis
     choice(code)                 C1b  rank 0's choice of restore, made on the agreed hits
     serve(servable, room)        C1c  the largest planned node every rank can serve, and (C3)
                                       whether every rank can make the room for the rest
-    reserve(ok, pages, lost)     C2   commit on all, or release on all (L3 lost on one: on all)
+    reserve(ok, pages)           C2   commit on all, or release on all; only where L1 frees
+                                      windows and the transfer touches L1 (else C4 agrees it)
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept;
+                                      refused somewhere (C2 deferred) fails it everywhere, an
+                                      L3 file lost at its issue takes L3 offline everywhere;
                                       none in flight (agreed state): no collective
     l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read;
                                       StorageError when a rank runs on another host than rank 0
@@ -38,14 +41,16 @@ from hicache.invariants import RANK_CHECKS, Violation, check_ranks
 NO_SLOT = (1 << 63) - 1  # `Local`'s first bad page of an op that found no bad L3 slot
 NO_CHECKSUM = (1 << 63) - 1  # C6b: a rank that wrote none of a slot (every rank but 0)
 
-Local = tuple[bool, bool, int, int, int]
+Local = tuple[bool, bool, int, int, int, bool]
 """One op's local state at a tick: (ended here, failed here, nodes kept here, bad-slot reason
 (0 none, 1 corrupt, 2 unreadable), the position in the op's source pages of the first bad
-slot its read found here, or NO_SLOT)."""
-Agreed = tuple[bool, bool, int, int, int]
+slot its read found here, or NO_SLOT; its issue was refused here because this rank's L3 file
+is lost, C2 deferred)."""
+Agreed = tuple[bool, bool, int, int, int, bool]
 """One op's agreed state: (ended on every rank, failed on some rank, fewest nodes kept, the
 worst bad-slot reason any rank found, the first bad page any rank found: the least position,
-so every copy from it on is dropped on every rank, whichever bad slots each rank met)."""
+so every copy from it on is dropped on every rank, whichever bad slots each rank met; some
+rank's L3 file was lost at its issue: L3 goes offline on every rank)."""
 
 
 def host_id() -> int:
@@ -148,21 +153,20 @@ class Agreement:
 
     # -- C2 -------------------------------------------------------------------------------
 
-    def reserve(self, ok: bool, pages: int, lost: bool = False) -> tuple[bool, bool]:
-        """C2: (whether every rank reserved and issued the same `pages` pages, whether some
-        rank found its L3 file lost: then every rank takes L3 offline). R72: every rank then
-        commits, or every rank aborts."""
-        low, ok_all, neg, kept = self.c.all_reduce_min(
-            "reserve", [pages, int(ok), -pages, int(not lost)]
-        )
-        return bool(ok_all) and low == -neg, not kept
+    def reserve(self, ok: bool, pages: int) -> bool:
+        """C2: whether every rank reserved and issued the same `pages` pages. R72: every rank
+        then commits, or every rank aborts. Made only for a transfer into or out of L1 on a
+        group whose L1 frees windows (`Transfers.defers`); elsewhere C4 agrees the issue."""
+        low, ok_all, neg = self.c.all_reduce_min("reserve", [pages, int(ok), -pages])
+        return bool(ok_all) and low == -neg
 
     # -- C4 -----------------------------------------------------------------------------------
 
     def completion(self, local: Sequence[Local]) -> list[Agreed]:
         """C4 over the ops in flight (issue order, the same ops on every rank). None in
         flight: no collective (an idle tick). The ops in flight are state every rank holds
-        equal (C2 agreed every issue, C4 and C5 every end), so every rank skips alike (R70)."""
+        equal (every rank takes each op it issues, refused or not: C2; C4 and C5 agree every
+        end), so every rank skips alike (R70)."""
         n = len(local)
         if not n:
             return []
@@ -172,10 +176,18 @@ class Agreement:
             + [int(not x[1]) for x in local]
             + [x[2] for x in local]
             + [-x[3] for x in local]
-            + [x[4] for x in local],
+            + [x[4] for x in local]
+            + [int(not x[5]) for x in local],
         )
         return [
-            (bool(got[i]), not got[n + i], got[2 * n + i], -got[3 * n + i], got[4 * n + i])
+            (
+                bool(got[i]),
+                not got[n + i],
+                got[2 * n + i],
+                -got[3 * n + i],
+                got[4 * n + i],
+                not got[5 * n + i],
+            )
             for i in range(n)
         ]
 

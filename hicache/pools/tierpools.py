@@ -42,7 +42,8 @@ Contract for callers (spec/invariants.md, I9 `group_atomic`, states what always 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
@@ -153,6 +154,15 @@ class TierPools(TierTable):
         """The group table's `fault` hook: asked before each reservation attempt of each
         allocating pool (`GroupTable.reserve_group`)."""
         self.group_table.fault = fault
+
+    @contextmanager
+    def faults_off(self) -> Iterator[None]:
+        """`TierTable.faults_off` for the group table's hook."""
+        fault, self.group_table.fault = self.group_table.fault, None
+        try:
+            yield
+        finally:
+            self.group_table.fault = fault
 
     def side_key(self) -> tuple[object, ...]:
         """The side pools, whole: each one's owners and generations, and the side pages each

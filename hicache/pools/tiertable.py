@@ -27,7 +27,8 @@ no work to them but the fault hook's one check in `reserve`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
 
 import numpy as np
@@ -99,6 +100,16 @@ class TierTable(PageTable):
         fails it with InjectedShortage, nothing changed (tests: pool k of n fails after pools
         1..k-1 were reserved). None: no fault."""
         self.reserve_fault = fault
+
+    @contextmanager
+    def faults_off(self) -> Iterator[None]:
+        """No injected reservation fault inside (a tensor-parallel rank's refused issue still
+        takes its op and pages, as every rank does: spec/tp.md C2, the deferred reserve)."""
+        fault, self.reserve_fault = self.reserve_fault, None
+        try:
+            yield
+        finally:
+            self.reserve_fault = fault
 
     # -- allocation -----------------------------------------------------------------------------
 

@@ -343,8 +343,9 @@ def tp_machine(
             """`held` prompts served to the end and their transfers settled (the lower tiers
             hold evictable nodes), then one rank alone refuses the next reservation into L2
             or L3 (as if full) and one more prompt is served: the ranks must abort that
-            transfer together (C2, the group's minimum), whatever the refused rank could have
-            freed by itself (F15; the rank-local capacity mutant)."""
+            transfer together (C2, the group's minimum; or, deferred, C4 fails the op the
+            refused rank took all the same), whatever the refused rank could have freed by
+            itself (F15; the rank-local capacity mutant)."""
             self._count("refused_on_one_rank")
             ps = self.cache.page_size
             for k in range(held + 1):

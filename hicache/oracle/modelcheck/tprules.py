@@ -10,6 +10,9 @@ what (spec/tp.md, C4). Over one tick, from the state before it to the state afte
     bad slot    the first bad page any rank's read found (the least position in the op's
                 source pages) is, after the tick, quarantined or holding no copy on every
                 rank (dropped); the copies after it go with it (evicted below it)
+    lost        an op whose issue some rank refused because its L3 file was lost (C2
+                deferred: the op taken all the same) leaves L3 offline on every rank once
+                the tick ends it
 
 A mutant that makes every rank agree on a wrong answer (the most nodes any rank landed, no
 bad slot at all) keeps the ranks equal, so only these rules see it.
@@ -54,6 +57,13 @@ def tick_rules(before: State, after: State, pools: PoolGroup) -> str | None:
                     f"C4 landed: rank {rs.rank} published {published} node(s) of op {op_id} "
                     f"({op.direction}), and the ranks landed {landed}: at most "
                     f"{min(landed)} may be kept"
+                )
+        if any(end.kind == "refused" and end.arg for end in ends):
+            online = [rs.rank for rs in after if rs.l3.online]
+            if online:
+                return (
+                    f"C4 lost: op {op_id} ({op.direction}) was refused on a rank whose L3 "
+                    f"file was lost, and L3 is still online on rank(s) {online}"
                 )
         found = op.source_pages.tolist()
         bad = [found.index(end.arg) for end in ends if end.kind == "bad"]

@@ -10,10 +10,12 @@ A state is every rank's `RankState`:
     l3      the rank's L3Health (controller/l3health.py):       online, the quarantined slots
             bad-slot quarantine, L3 offline after a lost file
     ends    op id -> `End`: how this rank's handle of the op    per op, by direction and
-            ended, and whether a tick has polled it             node labels
+            ended (refused: its issue refused here), and        node labels
+            whether a tick has polled it
 
 Each step on a rank runs the controller's own code over that plane and health, built fresh
-for the step (`transfers`): `Transfers.issue` (reserve, C2, commit or abort),
+for the step (`transfers`): `Transfers.issue` (reserve; C2, commit or abort, where L1 frees
+windows and the transfer touches L1; elsewhere every rank takes the op, a refused one too),
 `Transfers.conclude` (C4, then settle), `Transfers.cancel_ops` (C5: what
 `CacheController._cancel_own` runs), with stand-ins for what those drive and the model
 chooses instead:
@@ -24,9 +26,10 @@ chooses instead:
                                         reservation once, as if the tier were full (ALLOC_Ln)
     _ModelEngine     the data plane     a NullHandle per transfer; `lost`: the L3 file is gone
                                         (StorageError at issue)
+    handle_of(End)   the op's handle    a NullHandle ended as the model chose, polled or not;
+                                        a refused issue's `RefusedIssue`
     _ModelEvictor    Evictor            `make_room` evicts nothing (the search's own `evict`
                                         steps make room: every candidate, in every order)
-    handle_of(End)   the op's handle    a NullHandle ended as the model chose, polled or not
     _NoBackups       BackupPlanner      the write policy plans nothing (no planned backups)
 
 The cost model, metrics and restore stager are not state of the model: their answers change
@@ -50,6 +53,7 @@ from hicache.core.tree import TreeNode
 from hicache.dataplane.handles import NullHandle, TransferHandle
 from hicache.distributed.agreement import Agreement
 from hicache.distributed.ledger import AckedWrite, L3Writes
+from hicache.distributed.refused import RefusedIssue
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
 from hicache.oracle.modelcheck.actions import is_refusal
 from hicache.oracle.modelcheck.canonical import Key, _preorder, canonical_key
@@ -67,9 +71,11 @@ FAULTS = ("ok", "refused", "lost")
 
 class End(NamedTuple):
     """How one rank's handle of one op ended. `kind`: pending, acked (an H2S this rank writes
-    none of: finished at issue, C6b), done, failed, part (a read that landed `arg` anchor
-    pages, then failed) or bad (a read that met bad L3 slot `arg`). `seen`: a tick polled it,
-    so its status is final (a cancel no longer changes it)."""
+    none of: finished at issue, C6b), refused (its issue was refused on this rank and the op
+    taken all the same, C2 deferred; `arg` 1: its L3 file was lost), done, failed, part (a
+    read that landed `arg` anchor pages, then failed) or bad (a read that met bad L3 slot
+    `arg`). `seen`: a tick polled it, so its status is final (a cancel no longer changes
+    it)."""
 
     kind: str
     arg: int = 0
@@ -79,8 +85,19 @@ class End(NamedTuple):
 PENDING = End("pending")
 
 
-def handle_of(end: End, direction: Direction, group: PoolGroup) -> NullHandle:
-    """A null handle in the state `end` describes (polled when `end.seen`)."""
+def handle_of(end: End, direction: Direction, group: PoolGroup) -> TransferHandle:
+    """A null handle in the state `end` describes (polled when `end.seen`); a refused
+    issue's own handle (`RefusedIssue`, failed at its first poll)."""
+    if end.kind == "refused":
+        refused = RefusedIssue(
+            direction,
+            StorageError(L3_PATH, "the L3 file was lost")
+            if end.arg
+            else OutOfPages(str(direction.target), 0, 0),
+        )
+        if end.seen:
+            refused.poll()
+        return refused
     h = AckedWrite(direction, 0) if end.kind == "acked" else NullHandle(direction)
     if end.kind in ("acked", "done"):
         h.finish(True)
@@ -186,7 +203,9 @@ class RankState:
         out: dict[int, End] = {}
         for op_id, h in t.handles.items():
             old = self.ends.get(op_id)
-            if old is None:
+            if old is None and isinstance(h, RefusedIssue):
+                out[op_id] = End("refused", int(h.lost), seen=h.status.final)
+            elif old is None:
                 out[op_id] = End("acked") if isinstance(h, AckedWrite) else PENDING
             else:
                 out[op_id] = old._replace(seen=h.status.final)
@@ -200,7 +219,8 @@ def issue(
     step: tuple[Direction, tuple[int, ...], int | None],
     fault: str,
 ) -> HiCacheError | None:
-    """`Transfers.issue` on this rank (C2 inside it); the refusal it raised, or None."""
+    """`Transfers.issue` on this rank (C2 inside it, where made); the refusal it raised, or
+    None."""
     direction, chain, rid = step
     t = rs.transfers(group, agree, fault)
     try:

@@ -48,7 +48,7 @@ def _tp_conditional() -> contextlib.AbstractContextManager[None]:
 
     def completion(self: Any, local: Any) -> Any:
         if not any(x[0] for x in local):
-            return [(False, False, x[2], x[3], x[4]) for x in local]
+            return [(False, False, *x[2:]) for x in local]
         return original(self, local)
 
     return swapped(Agreement, "completion", completion)
@@ -56,21 +56,25 @@ def _tp_conditional() -> contextlib.AbstractContextManager[None]:
 
 def _tp_local_capacity() -> contextlib.AbstractContextManager[None]:
     """A rank-local capacity decision: a rank whose reservation was refused evicts more and
-    retries alone, before the ranks agree (C2)."""
+    retries alone, before the ranks agree (C2; deferred: it drops its refused op first)."""
     from hicache.controller.transfers import Transfers
+    from hicache.distributed.refused import RefusedIssue
     from hicache.errors import OutOfPages
 
     original = Transfers.__dict__["_issue_here"]
 
     def _issue_here(
-        self: Any, direction: Any, chain: Any, request_id: Any, need: int, parent: Any
+        self: Any, direction: Any, chain: Any, request_id: Any, need: int, parent: Any, *more: Any
     ) -> Any:
-        got = original(self, direction, chain, request_id, need, parent)
-        if self.tp and isinstance(got[2], OutOfPages):
+        got = original(self, direction, chain, request_id, need, parent, *more)
+        refused = isinstance(got[1], RefusedIssue) and isinstance(got[1].refusal, OutOfPages)
+        if self.tp and (refused or isinstance(got[2], OutOfPages)):
+            if refused:
+                self.cp.fail(got[0].op_id)
             self.evictor.evict(
                 direction.target, need, keep=[parent, *chain], back_up=self.back_up_now
             )
-            got = original(self, direction, chain, request_id, need, parent)
+            got = original(self, direction, chain, request_id, need, parent, *more)
         return got
 
     return swapped(Transfers, "_issue_here", _issue_here)
@@ -143,7 +147,7 @@ def _tp_moving_landed() -> contextlib.AbstractContextManager[None]:
     original = Agreement.__dict__["completion"]
 
     def completion(self: Any, local: Any) -> Any:
-        moving = [(e, f, k if e or f else _ALL_NODES, r, s) for e, f, k, r, s in local]
+        moving = [(e, f, k if e or f else _ALL_NODES, *rest) for e, f, k, *rest in local]
         return original(self, moving)
 
     return swapped(Agreement, "completion", completion)
@@ -177,7 +181,7 @@ ZOO: tuple[Mutant, ...] = (
         "TP-local-capacity",
         "-",
         "Transfers._issue_here",
-        "a refused reservation evicts and retries on that rank alone, before C2",
+        "a refused reservation evicts and retries on that rank alone, before the ranks agree",
         _tp_local_capacity,
     ),
     Mutant(
