@@ -139,18 +139,22 @@ class PageTable:
         else:
             self._check_large(p, source, name)
 
-    def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
+    def _move(self, p: Pages, source: int, dest: int, name: str) -> list[int] | None:
+        """Move pages `p` from `source` to `dest` (transition `name`). Returns the pages as
+        a list where one was built for the check (a small move), else None: a subclass that
+        indexes the pages it moved need not list them again."""
         # R2: the only way a page changes owner; R3: every page is checked before one moves.
         p = pages(p)
         if p.size <= SMALL_MOVE:
-            listed = p.tolist()
+            listed: list[int] = p.tolist()
             self._check_small(listed, source, name)
             owner = self.owner
             for x in listed:
                 owner[x] = dest
-            return
+            return listed
         self._check_large(p, source, name)
         self.owner[p] = dest
+        return None
 
     def _check_large(self, p: Pages, source: int, name: str) -> None:
         # Verify every page is in range, named once, and in the source state before any write.

@@ -105,6 +105,11 @@ class _PerLayerGate:
             self._copies[layer] = None
             copy()
 
+    @property
+    def last(self) -> Event | None:
+        """The last layer's event: the transfer's end (None on CPU)."""
+        return self._events[-1] if self._events else None
+
     def land_all(self) -> None:
         for layer in range(self.layers):
             self.land(layer)
@@ -169,7 +174,7 @@ class LayerwiseHandle(TransferHandle):
         self.gate = gate
         self._per_layer = gate
         self._start = start
-        self._end = gate._events[-1] if gate._events else None
+        self._end = gate.last
         self._failure = failure  # drawn at issue: the end it reports once landed
         self._delay_polls = delay_polls
         self.keep: tuple[torch.Tensor, ...] = ()  # device buffers the copies use until final
@@ -259,15 +264,22 @@ class LayerwiseMover:
         self.in_flight.add(handle)
         return handle
 
+    def _begin(
+        self, after: torch.cuda.Stream | None
+    ) -> tuple[torch.cuda.Stream | None, Event | None]:
+        """The caller's stream, and the timing event the DMA stream starts with -- after the
+        caller's queued work (B05: the DMAs overwrite L1 pages it may still read)."""
+        s = self._streams
+        caller = s.current()
+        s.wait_for(s.h2d, after if after is not None else caller)
+        return caller, s.mark(s.h2d, timing=True)
+
     def _enqueue(
         self, runs: list[Run], after: torch.cuda.Stream | None, torn: int
     ) -> tuple[_PerLayerGate, Event | None]:
         s = self._streams
         assert self._copy2d is not None and s.h2d is not None, "CUDA with cuda.bindings"
-        caller = s.current()
-        # B05: the DMAs overwrite L1 pages the caller's queued work may still read.
-        s.wait_for(s.h2d, after if after is not None else caller)
-        start = s.mark(s.h2d, timing=True)
+        _, start = self._begin(after)
         g = self.l1.geometry
         block = g.page_size * g.kv_heads * g.head_dim * self.l1.tensor.element_size()
         l1_base, l2_base = self.l1.tensor.data_ptr(), self.l2.tensor.data_ptr()
@@ -296,9 +308,7 @@ class LayerwiseMover:
         then one `index_copy_` of the slice to the L1 pages, then the layer's event."""
         s = self._streams
         assert self._copy2d is not None and s.h2d is not None, "CUDA with cuda.bindings"
-        caller = s.current()
-        s.wait_for(s.h2d, after if after is not None else caller)  # B05, as `_enqueue`
-        start = s.mark(s.h2d, timing=True)
+        caller, start = self._begin(after)
         l1, layers, n = self.l1.tensor, self.layers, int(l1_ids.size)
         bits = _BITS[l1.element_size()]
         with s.use(s.h2d, caller):  # allocated, uploaded and read on the DMA stream

@@ -29,7 +29,7 @@ import heapq
 
 import numpy as np
 
-from hicache.core.pages import FREE, PRIVATE, SMALL_MOVE, Pages, pages
+from hicache.core.pages import FREE, PRIVATE, Pages, pages
 from hicache.errors import OutOfPages
 from hicache.pools.tiertable import TierTable
 
@@ -191,19 +191,12 @@ class RunIndexTable(TierTable):
             self.on_reserve(chosen)
         return chosen
 
-    def _move(self, p: Pages, source: int, dest: int, name: str) -> None:
-        # `PageTable._move`'s checks and writes (R2, R3: every page checked before one moves),
-        # then the index and the log, from the one list of the pages.
+    def _move(self, p: Pages, source: int, dest: int, name: str) -> list[int]:
+        # `PageTable._move` checks and writes (R2, R3); then the index and the log, from the
+        # page list it built (or one made here for a large move).
         p = pages(p)
-        if p.size <= SMALL_MOVE:
-            listed = p.tolist()
-            self._check_small(listed, source, name)
-            owner = self.owner
-            for x in listed:
-                owner[x] = dest
-        else:
-            self._check_large(p, source, name)
-            self.owner[p] = dest
+        listed = super()._move(p, source, dest, name)
+        if listed is None:
             listed = p.tolist()
         if source == FREE or dest == FREE:
             listed.sort()
@@ -215,6 +208,7 @@ class RunIndexTable(TierTable):
                     self._give(first, end)
         if self.moved is not None:
             self.moved.update(listed)
+        return listed
 
     def take_moved(self) -> set[int]:
         """The pages moved since the last call (the log restarts empty)."""
