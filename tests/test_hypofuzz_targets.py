@@ -138,6 +138,32 @@ def test_a_failing_run_is_counted_with_its_kind(
     assert s.first_step is not None and s.first_failure["Breaks"] >= s.first_step
 
 
+class BreaksAtTeardown(RuleBasedStateMachine):
+    """Every step passes; the run fails when it ends -- where the fuzz machines judge their
+    oracle (hicache/testing/selfcheck.py raises in the teardown)."""
+
+    @rule()
+    def step(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        raise AssertionError("self-check: check-trace accepted a corrupted trace")
+
+
+def test_a_run_failing_in_its_teardown_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STATS_ENV, str(tmp_path))
+    counted = with_step_counts(BreaksAtTeardown, "BreaksAtTeardown")
+    quick = settings(database=None, max_examples=5, phases=[Phase.generate], deadline=None)
+    with pytest.raises(AssertionError, match="self-check"):
+        run_state_machine_as_test(counted, settings=quick)
+    s = summarise(tmp_path)
+    assert s.failing_runs >= 1, "a failure raised by the teardown was not counted"
+    kind = "AssertionError: self-check: check-trace accepted a corrupted trace"
+    assert s.failures == {"BreaksAtTeardown": {kind: s.failing_runs}}
+
+
 def test_nothing_is_counted_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(STATS_ENV, raising=False)
     assert fuzzstats.recorder() is None

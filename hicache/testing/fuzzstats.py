@@ -14,7 +14,8 @@ last write (at most FLUSH_S seconds' worth, lost when it is killed) count for no
 
 Counting is an invariant (it draws nothing, so every seed's steps are as before) and a
 teardown; a failing run is one whose teardown runs while an exception other than
-Hypothesis' own control flow (`StopTest`, `UnsatisfiedAssumption`) propagates. HypoFuzz
+Hypothesis' own control flow (`StopTest`, `UnsatisfiedAssumption`) propagates, or whose
+teardown raises one itself (the machines judge their oracle there: selfcheck.py). HypoFuzz
 replays a failing example many times while it shrinks it, so `failing_runs` counts those
 too: `first_failure` and the kinds say what was found, not how often.
 """
@@ -167,6 +168,11 @@ def with_step_counts(
             error = _failing(sys.exc_info()[1])
             try:
                 super().teardown()
+            except BaseException as raised:
+                # The machine's own end may fail the run: the fuzz machines judge their
+                # oracle there (selfcheck.py), so a run whose steps all passed fails here.
+                error = error or _failing(raised)
+                raise
             finally:
                 rec = recorder()
                 if rec is not None:
