@@ -182,6 +182,41 @@ def test_the_command_without_hypofuzz_says_what_to_install() -> None:
     assert "needs hypofuzz" in done.stderr and "'.[fuzz]'" in done.stderr, done.stderr
 
 
+def _fake_hypofuzz(root: Path, source: str) -> Path:
+    """A package `hypofuzz` under `root` whose worker module is `source`."""
+    package = root / "hypofuzz"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "hypofuzz.py").write_text(source)
+    return root
+
+
+def test_a_hypofuzz_that_would_crash_at_its_first_find_is_refused(tmp_path: Path) -> None:
+    """HypoFuzz 25.11.1 reads a field Hypothesis 6.157.1 removed, after shrinking a failure:
+    the pair is refused before any worker starts (exit 2, one line), never run to die at
+    the first find; the HypoFuzz that does not read it is let through."""
+    import dataclasses
+
+    from hypothesis.internal.conjecture.data import ConjectureResult
+
+    gone = "slice_comments" not in {f.name for f in dataclasses.fields(ConjectureResult)}
+    reads = "data.slice_comments = shrinker.shrink_target.slice_comments\n"
+    for name, source, refused in (("reads", reads, gone), ("clean", "x = 1\n", False)):
+        root = _fake_hypofuzz(tmp_path / name, source)
+        hicache = [sys.executable, "-m", "hicache", "hypofuzz", "-n", "1", "--seconds", "1"]
+        done = _run(
+            [*hicache, "-k", "NoSuchTarget"],
+            tmp_path,
+            120,
+            PYTHONPATH=os.pathsep.join([str(root), str(REPO)]),
+        )
+        if refused:
+            assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+            assert "slice_comments" in done.stderr and "hypothesis<6.157.1" in done.stderr
+        else:
+            assert "slice_comments" not in done.stderr, (name, done.stderr)
+
+
 def test_hypofuzz_collects_every_target(tmp_path: Path) -> None:
     pytest.importorskip("hypofuzz", reason="the fuzz extra: pip install -e '.[fuzz]'")
     probe = (

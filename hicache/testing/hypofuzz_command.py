@@ -31,7 +31,8 @@ worker (`hicache fuzz --mutant list` names them): what HypoFuzz finds, and how s
 `--dashboard` also serves HypoFuzz's dashboard (localhost:9999).
 
 Exit status: 0 no target failed, 1 some target failed, 2 a usage error (HypoFuzz missing
-too), 130 interrupted with no failure found.
+too, or a HypoFuzz that would crash at its first find under the installed Hypothesis:
+`shrink_incompatibility`), 130 interrupted with no failure found.
 """
 
 from __future__ import annotations
@@ -154,10 +155,39 @@ def report(summary: Summary, started: float, seconds: float) -> str:
     return "\n".join(lines)
 
 
+def shrink_incompatibility() -> str | None:
+    """Why this HypoFuzz would crash at its first find under this Hypothesis, or None.
+
+    HypoFuzz 25.11.1 copies `shrink_target.slice_comments` after shrinking a failure; the
+    field left Hypothesis' `ConjectureResult` in 6.157.1, so with both a worker dies at the
+    moment it has something to report (seen: every bug-zoo mutant HypoFuzz found)."""
+    import dataclasses
+
+    from hypothesis import __version__ as hypothesis_version
+    from hypothesis.internal.conjecture.data import ConjectureResult
+
+    spec = importlib.util.find_spec("hypofuzz.hypofuzz")
+    if spec is None or spec.origin is None or not os.path.exists(spec.origin):
+        return None
+    with open(spec.origin, encoding="utf-8") as f:
+        reads = "shrink_target.slice_comments" in f.read()
+    fields = {f.name for f in dataclasses.fields(ConjectureResult)}
+    if not reads or "slice_comments" in fields:
+        return None
+    return (
+        f"this hypofuzz reads ConjectureResult.slice_comments, which hypothesis "
+        f"{hypothesis_version} no longer has (removed in 6.157.1): its workers crash at their "
+        "first find; pip install 'hypothesis<6.157.1' (the fuzz extra pins it)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     # Missing, ModuleNotFoundError: the CLI names the extra to install (exit 2).
     importlib.import_module("hypofuzz")
+    crash = shrink_incompatibility()
+    if crash is not None:
+        parser().error(crash)
 
     if args.workers is not None and args.workers < 1:
         parser().error(f"argument -n/--workers: {args.workers}: at least one worker")
