@@ -3,10 +3,14 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer multipool compare batched layerwise tp tpfuzz recompute
-#   serving fuzz
+#   serving fuzz issue finds
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
+#   FINDS_SECONDS (default 40): the finds stage's limit per mutant (HypoFuzz, one worker per
+#   core, each bug-zoo mutant of the null-plane machine, a run ended at its first find; then
+#   plain `hicache fuzz` on the same mutants); needs .whl-hypofuzz/ carried (the wheels
+#   benchmarks/hypofuzz_scaling.py --wheels makes)
 #   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
 #   when there are two)
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
@@ -70,6 +74,15 @@ for stage in $stages; do
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
             --steps "${FUZZ_STEPS:-20000}" --report --progress ;;
+    issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
+    finds) run hypofuzz_finds bash -c 'python3 -m pip install -q --no-index --no-deps \
+             --no-compile --target /tmp/hf-site .whl-hypofuzz/*.whl &&
+           mutants=$(python3 -c "from hicache.testing.zoo import DEFAULT_MACHINE as M
+print(\" \".join(k for k, v in M.items() if v == \"fuzz-null\"))") &&
+           PYTHONPATH=/tmp/hf-site:$PYTHONPATH python3 benchmarks/hypofuzz_scaling.py /tmp/hf \
+             --workers --baseline-steps 0 --mutants $mutants --stop-at-find --plain \
+             --mutant-seconds "${FINDS_SECONDS:-40}" && cp /tmp/hf/hypofuzz-scaling.* "$0"/' \
+           "$out" ;;
     *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
   esac
 done

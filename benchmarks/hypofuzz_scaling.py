@@ -24,7 +24,9 @@ steps into RESULTS_DIR/nN/stats (hicache/testing/fuzzstats.py: steps/s is each w
 over its own fuzzing seconds, summed; start-up -- pytest collection, imports -- is not
 counted). Then, with `--mutants`, each bug-zoo mutant switched on in every worker of one run of
 `--mutant-workers` (default: the largest count) for `--mutant-seconds`: found or not, and the
-seconds from the start to the first failing run. The baseline is `hicache fuzz` (one process,
+seconds from the start to the first failing run; with `--stop-at-find` a run ends at its
+first find, and the tables end with the finds per hour over the mutants (`--workers` with no
+count: no scaling runs). The baseline is `hicache fuzz` (one process,
 no coverage tracing) on the same machine: `--baseline-steps` steps of seed 1, its steps/s.
 
 Writes RESULTS_DIR/hypofuzz-scaling.json (everything) and RESULTS_DIR/hypofuzz-scaling.md (the
@@ -40,14 +42,17 @@ index, in the repository root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +66,7 @@ WHEELS = {
     # what ran here; the image has pytest, click, rich, psutil, pyyaml, anyio, attrs, h11,
     # idna, packaging, pathspec, mypy-extensions, sortedcontainers, six, numpy, torch.
     "hypofuzz": "25.11.1",
-    "hypothesis": "6.170.27",
+    "hypothesis": "6.157.0",  # 6.157.1 on: HypoFuzz 25.11.1 crashes at a find (pyproject)
     "coverage": "7.18.0",
     "black": "26.10.1",
     "pytokens": "0.4.1",
@@ -107,10 +112,18 @@ def environment() -> dict[str, str]:
 
 
 def hypofuzz_run(
-    out: Path, workers: int, seconds: float, select: str, mutant: str | None = None
+    out: Path,
+    workers: int,
+    seconds: float,
+    select: str,
+    mutant: str | None = None,
+    *,
+    stop_at_find: bool = False,
 ) -> dict[str, Any]:
     """One `hicache hypofuzz` run in a fresh directory `out` (emptied first: no database and
-    no counts of an earlier run): its counts, summed."""
+    no counts of an earlier run): its counts, summed. `stop_at_find`: end the run (every
+    worker) once a worker counted a failing run, so a zoo of mutants costs the time to find
+    each, not `seconds` each."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     words = [sys.executable, "-m", "hicache", "hypofuzz", "-n", str(workers)]
@@ -120,9 +133,24 @@ def hypofuzz_run(
     load_before = os.getloadavg()[0]
     started = time.time()
     with open(out / "hypofuzz.log", "w") as log:
-        done = subprocess.run(
-            words, cwd=out, env=environment(), stdout=log, stderr=subprocess.STDOUT, check=False
+        # Its own session: a mutant run stopped at its first find takes every worker with it.
+        proc = subprocess.Popen(
+            words,
+            cwd=out,
+            env=environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+        stopped = False
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if stop_at_find and summarise(out / "stats").first_failure:
+                stop_tree(proc)
+                stopped = True
+                break
+        status = proc.wait()
+    ended = time.time()
     s = summarise(out / "stats")
     first = {name: round(t - started, 1) for name, t in s.first_failure.items()}
     row = {
@@ -130,7 +158,9 @@ def hypofuzz_run(
         "seconds": seconds,
         "select": select,
         "mutant": mutant,
-        "status": done.returncode,
+        "status": status,
+        "stopped_at_find": stopped,
+        "wall_s": round(ended - started, 1),
         # The host's 1-minute load average before and after: other work on a shared machine
         # takes cores from the workers (a run is comparable only with others at a like load).
         "load_before": round(load_before, 1),
@@ -147,6 +177,39 @@ def hypofuzz_run(
     }
     print(json.dumps({k: v for k, v in row.items() if k != "per_worker"}), flush=True)
     return row
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_tree(proc: subprocess.Popen[bytes]) -> None:
+    """End a run and every worker it started: HypoFuzz's workers outlive a SIGTERM to the
+    run's session (a later run measured on a loaded host: load 0 -> 85 over 20 runs)."""
+    tree = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + 2.0
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    for pid in [proc.pid, *tree, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def baseline(out: Path, steps: int) -> dict[str, Any]:
@@ -167,6 +230,33 @@ def baseline(out: Path, steps: int) -> dict[str, Any]:
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def plain_finds(mutants: list[str], workers: int, seed: int, steps: int) -> list[dict[str, Any]]:
+    """The same mutants under plain `hicache fuzz` (one process per mutant, no coverage
+    guidance, `workers` at a time): caught or not within `steps` steps of seed `seed`, and
+    each process's wall seconds, start-up included -- what HypoFuzz's finds compare with."""
+
+    def one(mutant: str) -> dict[str, Any]:
+        words = [sys.executable, "-m", "hicache", "fuzz", "--mutant", mutant]
+        words += ["--seed", str(seed), "--steps", str(steps)]
+        started = time.time()
+        done = subprocess.run(
+            words, cwd=REPO, env=environment(), capture_output=True, text=True, check=False
+        )
+        at = re.search(r"at step (\d+)", done.stdout)
+        row = {
+            "mutant": mutant,
+            "caught": done.returncode == 0,
+            "step": int(at.group(1)) if at else None,
+            "wall_s": round(time.time() - started, 1),
+            "said": (done.stdout.strip().splitlines() or [done.stderr.strip()[-200:]])[0],
+        }
+        print(json.dumps(row), flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, mutants))
 
 
 def host() -> dict[str, Any]:
@@ -210,12 +300,15 @@ def markdown(result: dict[str, Any]) -> str:
         f"{h['cpu']}, {h['usable_cores']} usable cores; Python {h['python']}, Hypothesis "
         f"{h['hypothesis']}, HypoFuzz {h['hypofuzz']}. Targets `-k {result['select']}`, "
         f"{result['seconds']:.0f} s a run (start-up not counted in steps/s).",
-        "",
-        "| workers | counted | load before/after | start-up (s) | steps | runs | steps/s "
-        "| steps/s per worker | speed-up | failing targets |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rows = result["scaling"]
+    if rows:
+        lines += [
+            "",
+            "| workers | counted | load before/after | start-up (s) | steps | runs | steps/s "
+            "| steps/s per worker | speed-up | failing targets |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
     one = next((r["steps_per_s"] for r in rows if r["workers"] == 1), None)
     for r in rows:
         speedup = f"{r['steps_per_s'] / one:.2f}" if one else "-"
@@ -258,13 +351,51 @@ def markdown(result: dict[str, Any]) -> str:
             f"{result['mutants'][0]['seconds']:.0f} s each"
             + (f"; the slowest after {max(fuzzing):.1f} s of fuzzing." if fuzzing else "."),
         ]
+        runs = result["mutants"]
+        wall = sum(r["wall_s"] for r in runs)  # launch to find (or to the limit), start-up in
+        started = [r for r in runs if r["start_up_s"] is not None]
+        fuzz_s = sum(r["wall_s"] - r["start_up_s"] for r in started)
+        lines.append(
+            f"Finds per hour over these mutants: {len(fuzzing)} in {wall:.0f} s of runs "
+            f"= {3600 * len(fuzzing) / wall:.0f} per hour with start-up, "
+            f"{3600 * len(fuzzing) / max(fuzz_s, 1e-9):.0f} per hour of fuzzing "
+            f"({runs[0]['workers']} workers: "
+            f"{3600 * len(fuzzing) / (wall * runs[0]['workers']):.0f} per worker-hour with "
+            "start-up; "
+            + (
+                "each run stopped at its first find)."
+                if result.get("stop_at_find")
+                else "runs of full length)."
+            )
+        )
+    plain = result.get("plain")
+    if plain:
+        caught = [r for r in plain if r["caught"]]
+        wall = sum(r["wall_s"] for r in plain)
+        lines += [
+            "",
+            "Plain `hicache fuzz --mutant M --seed S --steps N` (no HypoFuzz), one process per "
+            "mutant, as many at a time as the HypoFuzz runs had workers:",
+            "",
+            "| mutant | caught | at step | wall s (start-up in) |",
+            "| --- | --- | --- | --- |",
+            *(
+                f"| {r['mutant']} | {('no', 'yes')[r['caught']]} | {r['step']} | {r['wall_s']} |"
+                for r in plain
+            ),
+            "",
+            f"Plain fuzz: {len(caught)} of {len(plain)} caught in {wall:.0f} process-seconds "
+            f"= {3600 * len(caught) / max(wall, 1e-9):.0f} finds per process-hour.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path, nargs="?")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument(
+        "--workers", type=int, nargs="*", default=[1, 2, 4, 8, 16], help="none: no scaling runs"
+    )
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("-k", dest="select", default="FuzzNull")
     p.add_argument("--baseline-steps", type=int, default=1000)
@@ -272,6 +403,18 @@ def main() -> int:
     p.add_argument("--mutant-seconds", type=float, default=120.0)
     p.add_argument("--mutant-workers", type=int, default=None)
     p.add_argument("--mutant-select", default=None, help="-k for mutant runs (default: -k)")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="also run each mutant under plain `hicache fuzz`, one process per worker",
+    )
+    p.add_argument("--plain-seed", type=int, default=0)
+    p.add_argument("--plain-steps", type=int, default=2000)
+    p.add_argument(
+        "--stop-at-find",
+        action="store_true",
+        help="end a mutant's run at its first failing run (finds per hour over a zoo)",
+    )
     p.add_argument("--wheels", type=Path, help="only download the offline wheels into DIR")
     args = p.parse_args()
     if args.wheels:
@@ -282,19 +425,23 @@ def main() -> int:
     out: Path = args.results.resolve()
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"host": host(), "select": args.select, "seconds": args.seconds}
+    result["stop_at_find"] = args.stop_at_find
     print(json.dumps(result["host"]), flush=True)
     if args.baseline_steps:
         result["baseline"] = baseline(out, args.baseline_steps)
     result["scaling"] = [
         hypofuzz_run(out / f"n{n}", n, args.seconds, args.select) for n in args.workers
     ]
-    n_mut = args.mutant_workers or max(args.workers)
+    n_mut = args.mutant_workers or max(args.workers or [os.cpu_count() or 1])
+    select = args.mutant_select or args.select
     result["mutants"] = [
         hypofuzz_run(
-            out / f"m-{m}", n_mut, args.mutant_seconds, args.mutant_select or args.select, m
+            out / f"m-{m}", n_mut, args.mutant_seconds, select, m, stop_at_find=args.stop_at_find
         )
         for m in args.mutants
     ]
+    if args.plain and args.mutants:
+        result["plain"] = plain_finds(args.mutants, n_mut, args.plain_seed, args.plain_steps)
     (out / "hypofuzz-scaling.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "hypofuzz-scaling.md").write_text(markdown(result))
     print(markdown(result))

@@ -7,8 +7,10 @@ each primitive `DeviceHostMover` issues with: events, stream switches and waits,
 uploads, one-page DMAs, and the Triton gather through Triton's dispatch (`kernel[grid]`),
 through `CompiledCache` (the compiled kernel directly) and through `gather_rows` (checks
 included). Part 2 runs cProfile over 200 consecutive-page D2H and H2D issues of 22 and 219
-pages (Qwen3-8B geometry) and prints the top entries by own time. A diagnostic, not a
-benchmark: no ceilings, nothing to compare across machines.
+pages (Qwen3-8B geometry) and prints the top entries by own time. Part 3 times an issue's
+phases without a profiler: each of the mover's steps wrapped in a clock, host microseconds
+per issue (median), and what is left outside them. A diagnostic, not a benchmark: no
+ceilings, nothing to compare across machines.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import time
@@ -146,6 +149,71 @@ def profile_issues(mover: DeviceHostMover, n: int) -> tuple[dict[str, float], st
     return times, text.getvalue()
 
 
+PHASES = {  # (owner attribute path, method): the steps an issue is made of
+    "plan": ("", "plan"),
+    "borrow": ("", "_borrow"),
+    "enqueue_d2h": ("", "_enqueue_d2h"),
+    "enqueue_h2d": ("", "_enqueue_h2d"),
+    "gather": ("kernels", "gather"),
+    "scatter": ("kernels", "scatter"),
+    "copy_runs": ("copies", "copy_runs"),
+    "stream current": ("_streams", "current"),
+    "stream mark": ("_streams", "mark"),
+    "stream wait": ("_streams", "wait"),
+    "stream wait_for": ("_streams", "wait_for"),
+    "stream use": ("_streams", "use"),
+}
+
+
+def phases(mover: DeviceHostMover, n: int, fragmented: bool) -> dict[str, float]:
+    """Host microseconds per issue of each phase (median over 100 issues, device idle)."""
+    spent: dict[str, float] = {}
+
+    def clocked(name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return run
+
+    owners: list[tuple[object, str]] = []
+    for name, (path, method) in PHASES.items():
+        owner = getattr(mover, path) if path else mover
+        # object.__setattr__: a frozen KernelSet takes an instance attribute this way too
+        object.__setattr__(owner, method, clocked(name, getattr(owner, method)))
+        owners.append((owner, method))
+    rng = np.random.default_rng(0)
+    l1 = np.arange(n, dtype=np.int64)
+    l2 = rng.permutation(mover.l2.capacity_pages)[:n].astype(np.int64) if fragmented else l1
+    per: dict[str, list[float]] = {}
+    try:
+        for direction in ("d2h", "h2d"):
+            issue: Callable[[], TransferHandle] = (
+                (lambda: mover.d2h(l1, l2)) if direction == "d2h" else (lambda: mover.h2d(l2, l1))
+            )
+            for i in range(110):
+                torch.cuda.synchronize()
+                spent.clear()
+                t0 = time.perf_counter()
+                handle = issue()
+                total = time.perf_counter() - t0
+                handle.wait()
+                if i < 10:
+                    continue
+                inner = spent.get("enqueue_d2h", 0.0) + spent.get("enqueue_h2d", 0.0)
+                outer = total - inner - spent.get("plan", 0.0) - spent.get("borrow", 0.0)
+                rows = {**spent, "issue (all)": total, "issue outside plan/borrow/enqueue": outer}
+                for name, s in rows.items():
+                    per.setdefault(f"{direction} {name}", []).append(s)
+    finally:
+        for owner, method in owners:
+            object.__delattr__(owner, method)  # the class's method (or field) again
+    return {k: statistics.median(v) * 1e6 for k, v in per.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", help="directory for issue_profile.json and .txt")
@@ -163,10 +231,16 @@ def main() -> int:
         times, text = profile_issues(mover, n)
         result.update(times)
         texts.append(text)
+    for n in (22, 219):
+        for fragmented in (False, True):
+            layout = "fragmented" if fragmented else "consecutive"
+            for name, us in phases(mover, n, fragmented).items():
+                result[f"phase {n} pages {layout}: {name}"] = us
     for name, us in result.items():
-        print(f"{name:<40} {us:9.1f} us")
+        print(f"{name:<60} {us:9.1f} us")
     print("".join(texts))
     if args.out:
+        os.makedirs(args.out, exist_ok=True)
         with open(f"{args.out}/issue_profile.json", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
         with open(f"{args.out}/issue_profile.txt", "w", encoding="utf-8") as f:
