@@ -298,8 +298,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"# HypoFuzz scaling ({h['date']})",
         "",
         f"{h['cpu']}, {h['usable_cores']} usable cores; Python {h['python']}, Hypothesis "
-        f"{h['hypothesis']}, HypoFuzz {h['hypofuzz']}. Targets `-k {result['select']}`, "
-        f"{result['seconds']:.0f} s a run (start-up not counted in steps/s).",
+        f"{h['hypothesis']}, HypoFuzz {h['hypofuzz']}. Targets `-k {result['select']}`"
+        + (
+            f", {result['seconds']:.0f} s a scaling run (start-up not counted in steps/s)."
+            if result["scaling"]
+            else "."
+        ),
     ]
     rows = result["scaling"]
     if rows:
@@ -333,11 +337,12 @@ def markdown(result: dict[str, Any]) -> str:
             "| failure |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
-        fuzzing = []
+        fuzzing, finds = [], 0
         for r in result["mutants"]:
             first = min(r["first_failure_s"].values()) if r["first_failure_s"] else None
             found = f"{first:.0f}" if first is not None else f"not in {r['seconds']:.0f}"
-            fuzzed = "-"
+            finds += first is not None
+            fuzzed = "-"  # found before a worker counted its first step: no fuzzing time
             if first is not None and r["start_up_s"] is not None:
                 fuzzing.append(first - r["start_up_s"])
                 fuzzed = f"{fuzzing[-1]:.1f}"
@@ -347,7 +352,7 @@ def markdown(result: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            f"Found {len(fuzzing)} of {len(result['mutants'])} mutants within "
+            f"Found {finds} of {len(result['mutants'])} mutants within "
             f"{result['mutants'][0]['seconds']:.0f} s each"
             + (f"; the slowest after {max(fuzzing):.1f} s of fuzzing." if fuzzing else "."),
         ]
@@ -356,11 +361,11 @@ def markdown(result: dict[str, Any]) -> str:
         started = [r for r in runs if r["start_up_s"] is not None]
         fuzz_s = sum(r["wall_s"] - r["start_up_s"] for r in started)
         lines.append(
-            f"Finds per hour over these mutants: {len(fuzzing)} in {wall:.0f} s of runs "
-            f"= {3600 * len(fuzzing) / wall:.0f} per hour with start-up, "
-            f"{3600 * len(fuzzing) / max(fuzz_s, 1e-9):.0f} per hour of fuzzing "
+            f"Finds per hour over these mutants: {finds} in {wall:.0f} s of runs "
+            f"= {3600 * finds / wall:.0f} per hour with start-up, "
+            f"{3600 * finds / max(fuzz_s, 1e-9):.0f} per hour of fuzzing "
             f"({runs[0]['workers']} workers: "
-            f"{3600 * len(fuzzing) / (wall * runs[0]['workers']):.0f} per worker-hour with "
+            f"{3600 * finds / (wall * runs[0]['workers']):.0f} per worker-hour with "
             "start-up; "
             + (
                 "each run stopped at its first find)."
