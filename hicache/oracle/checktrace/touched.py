@@ -299,18 +299,19 @@ class TouchedChecks:
             if not self._claim(key, pages):
                 return False
             dirty[key[2]].update(pages)
-        held_now = self.cp.tree.pages_held
+        if self.tree_pages != self.cp.tree.pages_held:  # S3, every tier in one comparison
+            return False
         for t, table in enumerate(self.cp.tables):
             owner, seen = table.owner, self.owner_seen[t]
-            if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
+            if owner.size != table.capacity:
                 return False
             if isinstance(table, RunIndexTable):  # its log names every page whose code changed
-                logged = table.moved
+                logged, named = table.moved, dirty[t]
                 assert logged is not None  # Verify: __init__ turned the log on.
                 if logged:
-                    dirty[t] |= logged
+                    named |= logged
                     logged.clear()
-                if dirty[t] and not self._logged(t, table, dirty[t]):
+                if named and not self._logged(t, table, named):
                     return False
                 continue
             codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
@@ -469,12 +470,18 @@ class TouchedChecks:
             ):
                 return False
             read += v.tolist()
+        if read != source_pages:
+            return False
         source, target = cp.tables[src].owner, cp.tables[dst].owner
-        return (
-            read == source_pages
-            and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
-            and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
-        )
+        codes, size = source.data, source.size  # one byte a page, read in place
+        for p in source_pages:
+            if not 0 <= p < size or codes[p] != TREE:
+                return False
+        codes, size = target.data, target.size
+        for p in target_pages:
+            if not 0 <= p < size or codes[p] == TREE:
+                return False
+        return True
 
     def _requests(self, named: set[int] | None = None) -> bool:
         """I5's request clause for every live request (`named`: for those of them only)."""
