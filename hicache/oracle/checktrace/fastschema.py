@@ -83,36 +83,76 @@ def _both(tests: list[Predicate]) -> Predicate:
 
 
 def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
+    """An object's predicate, compiled from generated source into one function: the key
+    sets, then each property's test inline (an integer floor, a string enum or const, an
+    array of integer floors; any other property calls its own predicate). No call per key
+    and no generic walk: the same answers as testing each present key by its schema."""
     required = frozenset(schema.get("required", ()))
-    props = {k: compile_fast(v) for k, v in schema.get("properties", {}).items()}
+    props = schema.get("properties", {})
     allowed = frozenset(props) if schema.get("additionalProperties", True) is False else None
     least = int(schema.get("minProperties", 0))
-    depends = tuple((k, frozenset(v)) for k, v in schema.get("dependentRequired", {}).items())
-    # Properties that are the common leaf (an integer with a minimum), tested inline:
-    # key -> minimum.
-    floors = {k: v["minimum"] for k, v in schema.get("properties", {}).items() if _int_floor(v)}
-
-    def test(x: Any) -> bool:
-        if type(x) is not dict:
-            return not strict  # without a type, object keywords ignore other values
-        keys = x.keys()
-        if not keys >= required or (allowed is not None and not keys <= allowed) or len(x) < least:
-            return False
-        for key, need in depends:
-            if key in x and not need <= keys:
-                return False
-        for key, value in x.items():
-            low = floors.get(key)
-            if low is not None:
-                if type(value) is not int or value < low:
-                    return False
-                continue
-            check = props.get(key)
-            if check is not None and not check(value):
-                return False
-        return True
-
+    names: dict[str, Any] = {"REQUIRED": required, "ALLOWED": allowed}
+    body = [
+        "def test(x):",
+        "    if type(x) is not dict:",
+        f"        return {not strict}",
+        "    keys = x.keys()",
+        f"    if not keys >= REQUIRED or len(x) < {least}:",
+        "        return False",
+    ]
+    if allowed is not None:
+        body += ["    if not keys <= ALLOWED:", "        return False"]
+    for i, (key, need) in enumerate(schema.get("dependentRequired", {}).items()):
+        names[f"NEED{i}"] = frozenset(need)
+        body += [f"    if {key!r} in x and not NEED{i} <= keys:", "        return False"]
+    for i, (key, sub) in enumerate(props.items()):
+        body += [f"    if {key!r} in x:", f"        v = x[{key!r}]"]
+        body += ["        " + line for line in _inline(sub, i, names)]
+    body.append("    return True")
+    code = compile("\n".join(body), f"<fastschema {sorted(required)}>", "exec")
+    exec(code, names)  # source built above from the schema's keywords only
+    test: Predicate = names["test"]
     return test
+
+
+def _inline(schema: Mapping[str, Any], i: int, names: dict[str, Any]) -> list[str]:
+    """Lines that return False unless `v` passes `schema` (the property's i-th name slot)."""
+    if _int_floor(schema):
+        return [f"if type(v) is not int or v < {schema['minimum']!r}:", "    return False"]
+    if _string_leaf(schema):
+        tests = ["type(v) is not str"]
+        if "enum" in schema:
+            names[f"ENUM{i}"] = frozenset(schema["enum"])
+            tests.append(f"v not in ENUM{i}")
+        if "const" in schema:
+            tests.append(f"v != {schema['const']!r}")
+        return [f"if {' or '.join(tests)}:", "    return False"]
+    items = schema.get("items")
+    if set(schema) - {"description"} <= {"type", "items", "minItems"} and (
+        schema.get("type") == "array" and items is not None and _int_floor(items)
+    ):
+        return [
+            f"if type(v) is not list or len(v) < {int(schema.get('minItems', 0))}:",
+            "    return False",
+            "for p in v:",
+            f"    if type(p) is not int or p < {items['minimum']!r}:",
+            "        return False",
+        ]
+    names[f"CHECK{i}"] = compile_fast(schema)
+    return [f"if not CHECK{i}(v):", "    return False"]
+
+
+def _string_leaf(schema: Mapping[str, Any]) -> bool:
+    """Whether `schema` is a string, an enum of strings and/or a string const, nothing else
+    (a description aside), with at least the enum or the const."""
+    keys = set(schema) - {"description"}
+    return (
+        bool(keys & {"enum", "const"})
+        and keys <= {"type", "enum", "const"}
+        and schema.get("type", "string") == "string"
+        and all(type(v) is str for v in schema.get("enum", ()))
+        and type(schema.get("const", "")) is str
+    )
 
 
 def _int_floor(schema: Mapping[str, Any]) -> bool:

@@ -95,6 +95,7 @@ class TraceReader:
         self.header = self._read_header()
         self.schema = schema or load_event_schema(omits=self.header.omits)
         self._absent = absent_tier_events(lc, self.header.tiers)
+        self._fast = self.schema.fast
 
     @property
     def source(self) -> Iterator[str]:
@@ -140,6 +141,15 @@ class TraceReader:
             d = parse_json(text)
         except ValueError as e:
             raise Malformed(n, f"not JSON ({e})", None) from None
+        if type(d) is dict:  # the common case: an event its name's fast predicate passes
+            name = d.get("event")
+            fast = self._fast.get(name) if type(name) is str else None
+            if fast is not None and fast(d):
+                return self._event(n, text, d, name, d.get("seq"))
+        return self._checked(n, text, d)
+
+    def _checked(self, n: int, text: str, d: Any) -> Line:
+        """`parse`'s path for any value (Malformed naming the first thing wrong)."""
         seq = d.get("seq") if isinstance(d, dict) else None
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
         name = d.get("event") if isinstance(d, dict) else None
@@ -148,6 +158,11 @@ class TraceReader:
         why = self.schema.check(d)
         if why is not None:
             raise Malformed(n, f"schema: {why}", seq)
+        return self._event(n, text, d, name, seq)
+
+    def _event(self, n: int, text: str, d: dict[str, Any], name: Any, seq: Any) -> Line:
+        """The event of line `n`, whose value `d` the schema passed: its seq and tiers
+        checked (Malformed else)."""
         if seq != self.seq + 1:
             raise Malformed(
                 n,

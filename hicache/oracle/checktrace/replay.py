@@ -79,9 +79,10 @@ class _Buffer:
 
     def peek(self, i: int) -> Line | None:
         lines = self.lines
-        if i < len(lines):
+        n = len(lines)
+        if i < n:
             return lines[i]  # the common case: already read
-        while len(lines) <= i and not self.done:
+        while n <= i and not self.done:
             try:
                 line = next(self.reader)
             except StopIteration:
@@ -91,8 +92,9 @@ class _Buffer:
             if line.event.event in self.skip:
                 self.skipped += 1
             else:
-                self.lines.append(line)
-        return self.lines[i] if i < len(self.lines) else None
+                lines.append(line)
+                n += 1
+        return lines[i] if i < n else None
 
     def pop(self) -> Line:
         return self.lines.popleft()

@@ -50,6 +50,7 @@ import numpy as np
 from hicache.core.control import ControlPlane
 from hicache.core.lifecycle import ABSENT, RESIDENT
 from hicache.core.pages import FREE, PRIVATE, TREE
+from hicache.core.records import PendingOp, Request
 from hicache.core.tiers import TIERS, Direction
 from hicache.core.tree import TreeNode
 from hicache.core.treenode import ROOT_ID
@@ -64,6 +65,16 @@ TARGET = {d: TIERS.index(d.target) for d in Direction}
 _UNLOCKED = [0, 0, 0]
 INT64 = np.dtype(np.int64)  # a page array's dtype (hicache.core.pages.pages)
 SETTLED_MAX = 65_536  # entries of `TouchedChecks.settled` kept at most (memory stays bounded)
+
+
+def _op_claim(op: PendingOp | None) -> tuple[int, tuple[int, ...]] | None:
+    """(tier index, pages) a pending op claims: its target pages; None for an ended one."""
+    return None if op is None else (TARGET[op.direction], tuple(op.target_pages.tolist()))
+
+
+def _request_claim(r: Request | None) -> tuple[int, tuple[int, ...]] | None:
+    """(tier index, pages) a live request claims: its private L1 pages; None for none."""
+    return None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
 
 
 class TouchedChecks:
@@ -133,9 +144,7 @@ class TouchedChecks:
             if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
                 ops.add(pending.op_id)
         requests = set(request_ids)
-        records: list[tuple[str, int, int]] = [("op", o, -1) for o in ops]
-        records += [("request", r, -1) for r in requests]
-        if not self._pages(gone, touched, records, moved):
+        if not self._pages(gone, touched, ops, requests, moved):
             return False
         for n in scope:
             if not self._node(n):
@@ -190,12 +199,8 @@ class TouchedChecks:
             v = None if n is None else n.value[t]
             return None if v is None else (t, tuple(v.tolist()))
         if kind == "op":
-            op = cp.ops.get(i)
-            return None if op is None else (TARGET[op.direction], tuple(op.target_pages.tolist()))
-        r = cp.requests.get(i)
-        return (
-            None if r is None or not r.private_pages.size else (0, tuple(r.private_pages.tolist()))
-        )
+            return _op_claim(cp.ops.get(i))
+        return _request_claim(cp.requests.get(i))
 
     def _release(self, key: Holder, dirty: list[set[int]]) -> None:
         self.raw_held.pop(key, None)
@@ -236,7 +241,8 @@ class TouchedChecks:
         self,
         gone: list[int],
         touched: Iterable[TreeNode],
-        records: list[tuple[str, int, int]],
+        ops: Iterable[int],
+        requests: Iterable[int],
         moved: list[set[int]],
     ) -> bool:
         """Re-index the nodes (removed ones: `gone`, live ones: `touched`) and the op and
@@ -284,33 +290,28 @@ class TouchedChecks:
                 now.append((key, listed))
                 raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
             node_raw[n.node_id] = raws  # (else: a rebuild)
-        for kind, i, t in records:
-            old = (kind, i, t) if kind == "node" else self.where.get((kind, i))
-            found = self._current(kind, i, t)
-            if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
-                continue  # the record claims what it claimed
-            if old is not None:
-                if kind != "node":
-                    del self.where[(kind, i)]
-                self._release(old, dirty)
-            if found is not None:
-                now.append(((kind, i, found[0]), found[1]))
+        live_ops, live_requests = self.cp.ops, self.cp.requests
+        for o in ops:
+            self._record("op", o, _op_claim(live_ops.get(o)), now, dirty)
+        for i in requests:
+            self._record("request", i, _request_claim(live_requests.get(i)), now, dirty)
         for key, pages in now:
             if not self._claim(key, pages):
                 return False
             dirty[key[2]].update(pages)
-        held_now = self.cp.tree.pages_held
+        if self.tree_pages != self.cp.tree.pages_held:  # S3, every tier in one comparison
+            return False
         for t, table in enumerate(self.cp.tables):
             owner, seen = table.owner, self.owner_seen[t]
-            if owner.size != table.capacity or self.tree_pages[t] != held_now[t]:
+            if owner.size != table.capacity:
                 return False
             if isinstance(table, RunIndexTable):  # its log names every page whose code changed
-                logged = table.moved
+                logged, named = table.moved, dirty[t]
                 assert logged is not None  # Verify: __init__ turned the log on.
                 if logged:
-                    dirty[t] |= logged
+                    named |= logged
                     logged.clear()
-                if dirty[t] and not self._logged(t, table, dirty[t]):
+                if named and not self._logged(t, table, named):
                     return False
                 continue
             codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
@@ -327,6 +328,25 @@ class TouchedChecks:
             if codes != seen:
                 return False
         return True
+
+    def _record(
+        self,
+        kind: str,
+        i: int,
+        found: tuple[int, tuple[int, ...]] | None,
+        now: list[tuple[Holder, tuple[int, ...]]],
+        dirty: list[set[int]],
+    ) -> None:
+        """An op's or a request's claim (`found`: as `_current` reads it): unchanged, or its
+        old claim released and the new one queued in `now`."""
+        old = self.where.get((kind, i))
+        if found is not None and old == (kind, i, found[0]) and self.held.get(old) == found[1]:
+            return  # the record claims what it claimed
+        if old is not None:
+            del self.where[(kind, i)]
+            self._release(old, dirty)
+        if found is not None:
+            now.append(((kind, i, found[0]), found[1]))
 
     def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
         """Each of `dirty` (the pages the records and events name, and those the table moved)
@@ -450,24 +470,32 @@ class TouchedChecks:
             ):
                 return False
             read += v.tolist()
+        if read != source_pages:
+            return False
         source, target = cp.tables[src].owner, cp.tables[dst].owner
-        return (
-            read == source_pages
-            and all(0 <= p < source.size and source[p] == TREE for p in source_pages)
-            and all(0 <= p < target.size and target[p] != TREE for p in target_pages)
-        )
+        codes, size = source.data, source.size  # one byte a page, read in place
+        for p in source_pages:
+            if not 0 <= p < size or codes[p] != TREE:
+                return False
+        codes, size = target.data, target.size
+        for p in target_pages:
+            if not 0 <= p < size or codes[p] == TREE:
+                return False
+        return True
 
     def _requests(self, named: set[int] | None = None) -> bool:
         """I5's request clause for every live request (`named`: for those of them only)."""
         live = self.cp.requests
+        check: Iterable[Request]
         if named is None:
-            check = list(live.values())
+            check = live.values()
         else:
             check = [r for i in named if (r := live.get(i)) is not None]
+        contains = self.cp.tree.contains
         for r in check:
             tokens = 0
             n: TreeNode | None = r.locked
-            if not self.cp.tree.contains(r.locked):
+            if not contains(r.locked):
                 return False
             while n is not None and n.node_id != ROOT_ID:  # not n.is_root
                 if n.state[0] != RESIDENT:
@@ -480,16 +508,25 @@ class TouchedChecks:
 
     def _locks(self, scope: set[TreeNode]) -> bool:
         """S7 on the scope: each lock count equals the path locks its holders record on the
-        node or below it (requests' prefix locks and pins, ops' source locks)."""
+        node or below it (requests' prefix locks and pins, ops' source locks). Every
+        holder's node must be in the tree, whatever the scope."""
         cp = self.cp
-        holders = [(r.locked, 0) for r in cp.requests.values() if r.locked.parent is not None]
-        holders += [(n, t) for r in cp.requests.values() for n, t in r.pins]
-        holders += [(op.nodes[-1], SOURCE[op.direction]) for op in cp.ops.values()]
-        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
+        holders: list[tuple[TreeNode, int]] = []
+        for r in cp.requests.values():
+            if r.locked.parent is not None:
+                holders.append((r.locked, 0))
+            if r.pins:
+                holders += r.pins
+        for op in cp.ops.values():
+            holders.append((op.nodes[-1], SOURCE[op.direction]))
         live, root = cp.tree.get, cp.tree.root
-        for node, t in holders:
+        for node, _ in holders:
             if node is not root and live(node.node_id) is not node:
                 return False  # a holder's node is not in the tree (cp.tree.contains)
+        if not scope:
+            return True
+        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
+        for node, t in holders:
             m = node
             while m.parent is not None:  # up to the root's child
                 if m in scope:
