@@ -84,15 +84,20 @@ def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
     """Hit agreement by the minimum of per-rank maxima: the L1 hit is the least of the ranks'
     own hits (each the largest endpoint its own windows allow), not the largest endpoint
     every rank allows (C1a's intersection of masks). The same collective as C1a."""
-    from hicache.distributed.agreement import Agreement
+    from hicache.distributed.agreement import Agreement, decode_ends, encode_ends
 
-    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any) -> Any:
-        rows = self.c.all_gather("admit", [*bounds, own_l1, code, *(mask or ())])
+    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any, carried: Any = ()) -> Any:
+        width = 5 + len(mask or ())
+        rows = self.c.all_gather(
+            "admit", [*bounds, own_l1, code, *(mask or ()), *encode_ends(carried)]
+        )
         agreed = [min(col) for col in zip(*(r[:3] for r in rows))]
         if mask is not None:
             agreed[0] = min(agreed[0], min(r[3] for r in rows))
         head = rows[0]
-        return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        ends = decode_ends([min(col) for col in zip(*(r[width:] for r in rows))])
+        rank0 = head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        return tuple(agreed), rank0, ends
 
     return swapped(Agreement, "admit", admit)
 
