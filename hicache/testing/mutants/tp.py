@@ -146,16 +146,32 @@ the op's own node count was (`_tp_moving_landed`)."""
 def _tp_moving_landed() -> contextlib.AbstractContextManager[None]:
     """C4 as it was before 417fbcb: a rank still moving an op reports all its nodes landed,
     so when another rank's read stopped part way every rank keeps that rank's clamp -- the
-    rank still moving too, which then cancels its read and publishes nodes it never wrote."""
+    rank still moving too, which then cancels its read and publishes nodes it never wrote.
+    The same values wherever C4 is made: at a tick, and carried by C1a (R85)."""
     from hicache.distributed.agreement import Agreement
 
     original = Agreement.__dict__["completion"]
+    original_admit = Agreement.__dict__["admit"]
+
+    def moving(local: Any) -> Any:
+        return [(e, f, k if e or f else _ALL_NODES, *rest) for e, f, k, *rest in local]
 
     def completion(self: Any, local: Any) -> Any:
-        moving = [(e, f, k if e or f else _ALL_NODES, *rest) for e, f, k, *rest in local]
-        return original(self, moving)
+        return original(self, moving(local))
 
-    return swapped(Agreement, "completion", completion)
+    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any, carried: Any = ()) -> Any:
+        return original_admit(self, bounds, own_l1, code, mask, moving(carried))
+
+    return _both(swapped(Agreement, "completion", completion), swapped(Agreement, "admit", admit))
+
+
+@contextlib.contextmanager
+def _both(
+    first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
+) -> Any:
+    """Two patches at once, undone in reverse order."""
+    with first, second:
+        yield
 
 
 ZOO: tuple[Mutant, ...] = (
