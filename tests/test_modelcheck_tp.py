@@ -44,7 +44,8 @@ REJECTED = {
     "TP-cancel-ended": ("tp2", "disagree"),
     "TP-moving-landed": ("tp2-pages", "rule"),
 }
-# Mutants of what the model does not run: C1a admission and windows, bytes.
+# Mutants of what the model does not run: C1a's windows and masks (it runs C1a's hits and the
+# C4 it carries, without windows), bytes.
 OUT_OF_SCOPE = {"TP-min-of-maxima", "TP-rank-local-bytes"}
 
 
@@ -376,3 +377,91 @@ def test_tp_configs_have_expected_counts_and_two_or_three_ranks() -> None:
     tp = [c for c in load_configs().values() if c.ranks > 1]
     assert {c.ranks for c in tp} == {2, 3}
     assert all(c.expected is not None for c in tp)
+
+
+def test_tp2_admit_is_exhaustive_and_its_admissions_carry_c4() -> None:
+    """tp2-admit: two requests, so a read is in flight when the other request is admitted,
+    and C1a carries its end (R85). Exhaustive, clean, the manifest's counts; some admission
+    ends an op (the carried C4 is reached, not only offered)."""
+    cfg = get_config("tp2-admit")
+    lost: list[int] = []
+
+    def seen(state: State) -> None:  # the rule `carried` checks this too; here, every state
+        lost.extend(rs.rank for rs in state if not rs.plan_held)
+
+    res = explore_tp(cfg, on_state=seen)
+    assert res.finding is None and res.exhaustive
+    assert cfg.expected is not None
+    assert (res.states, res.edges, res.depth) == (
+        cfg.expected.states,
+        cfg.expected.edges,
+        cfg.expected.depth,
+    )
+    assert not lost
+    # An admission that ends an op in flight: the op is gone on every rank after the step.
+    state = initial_state(cfg)
+    for step in (
+        Step("admit", Action("begin_request", 0, arg=0)),
+        Step("plane", Action("compute", 0, arg=2)),
+        Step("plane", Action("insert", 0)),
+        Step("plane", Action("end_request", 0)),
+        Step("issue", Action("issue", None, (1,), "D2H"), ("ok", "ok")),
+        Step("land", rank=0, op=1, outcome=End("done")),
+        Step("land", rank=1, op=1, outcome=End("done")),
+    ):
+        state = take(state, cfg, group(cfg.pools), step)
+    assert all(1 in rs.cp.ops for rs in state)
+    after = take(state, cfg, group(cfg.pools), Step("admit", Action("begin_request", 1, arg=0)))
+    assert all(1 not in rs.cp.ops and not rs.ends for rs in after)  # published by C1a
+
+
+def _carry_then_plan(
+    rs: Any, t: Any, request_id: int, m: Any, flying: Any, mine: Any, ends: Any
+) -> bool:
+    """R85's mutant: the carried ends applied as soon as the match is cut, before the plan
+    pins its L3 part (a pin then refused stands for the plan's missing copy)."""
+    from hicache.core.tiers import Tier
+    from hicache.errors import IllegalTransition
+    from hicache.oracle.modelcheck import tpstate
+
+    node = tpstate.planned_l3(rs, m)
+    t.apply(flying, mine, ends)
+    if node is None:
+        return True
+    try:
+        rs.cp.pin(request_id, node, Tier.L3)
+    except IllegalTransition:
+        return False
+    rs.cp.unpin(request_id, node)
+    return True
+
+
+def test_carried_ends_applied_before_the_plan_pins_its_copy_are_found() -> None:
+    """R85: a bad slot that C1a carried drops the L3 copy the admission's agreed L3 hit
+    counted when it is applied before the plan pins it. Found on tp2-admit (a read of one
+    request meets a bad slot while the other is admitted), by the rule `carried`."""
+    from hicache.oracle.modelcheck import tpstate
+
+    with swapped(tpstate, "plan_then_carry", _carry_then_plan):
+        res = explore_tp(get_config("tp2-admit"))
+    assert res.finding is not None and res.finding.kind == "rule", res.finding
+    assert "C1a carried" in res.finding.message
+    assert any("bad" in str(s) for s in res.finding.path)
+    assert str(res.finding.path[-1]).startswith("begin_request")
+
+
+def test_c1a_applying_each_ranks_own_ends_is_found() -> None:
+    """C1a's carried ends are the column MIN, as C4's: a rank applying the ends it observed
+    itself publishes what another rank has not landed, and the ranks part (disagree)."""
+    from hicache.distributed.agreement import decode_ends, encode_ends
+
+    original = Agreement.__dict__["admit"]
+
+    def admit(self: Agreement, bounds: Any, own: int, code: int, mask: Any, carried: Any) -> Any:
+        hits, rank0, _ = original(self, bounds, own, code, mask, carried)
+        return hits, rank0, decode_ends(encode_ends(carried))
+
+    with swapped(Agreement, "admit", admit):
+        res = explore_tp(get_config("tp2"))
+    assert res.finding is not None and res.finding.kind == "disagree", res.finding
+    assert str(res.finding.path[-1]).startswith("begin_request")

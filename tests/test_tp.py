@@ -184,18 +184,18 @@ def test_c1_takes_rank_0s_choice_from_c1a_unless_rank_0s_own_hits_were_cut() -> 
     the agreed ones (one collective), else None tells every rank alike to ask again (C1b)."""
     group = ThreadGroup(2, timeout_s=10)
     same = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4, 1 + r, None))
-    assert same == [((4, 2, 0), 1)] * 2 and group.members[0].log.count == 1
+    assert same == [((4, 2, 0), 1, [])] * 2 and group.members[0].log.count == 1
     cut = group.run(lambda r: Agreement(group.member(r)).admit([4 - r, 2, 0], 4 - r, 1 + r, None))
-    assert cut == [((3, 2, 0), None)] * 2  # rank 0 chose on 4 pages of L1; the ranks agreed 3
+    assert cut == [((3, 2, 0), None, [])] * 2  # rank 0 chose on 4 pages of L1; the ranks agreed 3
     # Windows: a rank's own L1 hit is the largest endpoint its own mask allows.
     masks = [[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]  # rank 0 freed the window before page 4
     mine = group.run(lambda r: Agreement(group.member(r)).admit([4, 2, 0], 3 + r, 1 + r, masks[r]))
-    assert mine == [((3, 2, 0), 1)] * 2  # only rank 1 was cut: rank 0's choice stands
+    assert mine == [((3, 2, 0), 1, [])] * 2  # only rank 1 was cut: rank 0's choice stands
     masks.reverse()  # now rank 1 freed it: rank 0's own hit (4) is cut to 3
     theirs = group.run(
         lambda r: Agreement(group.member(r)).admit([4, 2, 0], 4 - r, 1 + r, masks[r])
     )
-    assert theirs == [((3, 2, 0), None)] * 2
+    assert theirs == [((3, 2, 0), None, [])] * 2
 
 
 def test_c1c_serves_the_largest_common_endpoint_and_carries_c3_s_room() -> None:
@@ -584,3 +584,18 @@ def test_i11_records_what_the_data_plane_wrote_not_what_the_rule_says(
         assert "written by rank(s) [0]" in found[0].message and "every rank" in found[0].message
     finally:
         cluster.close()
+
+
+def test_c1a_carries_c4_whose_ends_are_the_ones_completion_agrees() -> None:
+    """C4 carried by C1a: the gather's rows end with each rank's C4 values, and the ends
+    every rank takes from them are those `completion` would agree (one collective, not two)."""
+    bad = NO_SLOT
+    local = [
+        [(True, False, 2, 0, bad, False), (True, True, 0, 1, 3, False)],
+        [(False, False, 0, 0, bad, False), (True, False, 1, 0, 1, True)],
+    ]
+    carried = agree(2, lambda r, a: a.admit([4, 2, 0], 4, 1, None, local[r])[2])
+    alone = agree(2, lambda r, a: a.completion(local[r]))
+    assert carried == alone == [[(False, False, 0, 0, bad, False), (True, True, 0, 1, 1, True)]] * 2
+    masked = agree(2, lambda r, a: a.admit([4, 2, 0], 4, 1, [1, 0, 1, 0, 1], local[r])[2])
+    assert masked == alone  # after a mask too

@@ -78,6 +78,7 @@ def test_a_read_failed_on_one_rank_keeps_no_node_a_rank_still_moving_it_never_la
         cluster.run(lambda c: c.evict("L1", 16))
         cluster.run(lambda c: c.evict("L2", 16))
         cluster.run(lambda c: c.admit(3, long + [7] * 4))  # the L3 part: one S2H, two nodes
+        cluster.run(lambda c: c.tick())  # no C4: the admission's C1a carried it (tp.md)
         (read,) = [p for p in cluster.ranks[0].pending() if p.direction is Direction.S2H]
         assert len(cluster.ranks[0].cp.ops[read.op_id].nodes) == 2
         handle = cluster.ranks[0].handles[read.op_id]

@@ -16,6 +16,7 @@ pytest.importorskip("torch", reason="needs torch (the controller): pip install -
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.handles import NullHandle
 from hicache.dataplane.null import NullEngine
 from hicache.distributed.cluster import SimulatedCluster
 
@@ -163,6 +164,43 @@ def test_one_tick_per_request_makes_at_most_two_collectives_per_admitted_request
         assert "reserve" not in points
         assert points.count("admit") == n
         assert len(points) <= 2 * n, points
+        drain(cluster)
+        assert cluster.check() == []
+    finally:
+        cluster.close()
+
+
+def test_an_admission_carries_c4_and_the_tick_after_it_makes_none() -> None:
+    """C4 carried by C1a (issue 35): an admission's gather carries every rank's ends of the
+    ops in flight and applies the agreed ones once its plan is pinned, so the tick after it
+    makes no C4 of its own; an op ended on one rank only stays in flight on both, and the
+    next tick without an admission between makes C4 again."""
+    cluster = cluster_of()
+    try:
+        cluster.run(lambda c: c.admit(1, PROMPT))
+        cluster.run(lambda c: c.prefill(1))
+        cluster.run(lambda c: c.finish(1))
+        assert made(cluster, lambda c: c.tick()) == []  # the write-through D2H is issued
+        (d2h,) = {op for c in cluster.ranks for op in c.handles}
+        first = cluster.ranks[0].handles[d2h]
+        assert isinstance(first, NullHandle)
+        first.finish(True)  # ended on rank 0 alone
+        assert made(cluster, lambda c: c.admit(2, [1000 + t for t in PROMPT])) == ["admit"]
+        assert all(d2h in c.handles for c in cluster.ranks)  # the MIN: still in flight
+        assert made(cluster, lambda c: c.tick()) == []  # its ends rode on the admission
+        second = cluster.ranks[1].handles[d2h]
+        assert isinstance(second, NullHandle)
+        second.finish(True)  # now ended on every rank
+        assert made(cluster, lambda c: c.admit(3, [2000 + t for t in PROMPT])) == ["admit"]
+        for c in cluster.ranks:  # published at the admission, with no C4
+            assert d2h not in c.handles and d2h not in c.cp.ops
+            assert "RESIDENT" in [n.state[1] for n in c.cp.tree.nodes()]
+        assert cluster.check() == []
+        assert made(cluster, lambda c: c.tick()) == []
+        cluster.run(lambda c: c.prefill(2))
+        cluster.run(lambda c: c.finish(2))
+        cluster.run(lambda c: c.tick())  # issues request 2's write-through
+        assert made(cluster, lambda c: c.tick())[0] == "completion"  # no admission between
         drain(cluster)
         assert cluster.check() == []
     finally:

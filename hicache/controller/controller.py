@@ -51,10 +51,12 @@ from hicache.core.records import PendingOp, UnknownRequest
 from hicache.core.snapshot import RankView
 from hicache.core.tiers import TIERS, Tier
 from hicache.core.trace import Tracer
+from hicache.core.tree import MatchResult
 from hicache.dataplane.faults import FaultInjector, SimulatedCrash
 from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.leaks import park
 from hicache.dataplane.plane import DataPlane
+from hicache.distributed.agreement import Local
 from hicache.distributed.collectives import Collectives
 from hicache.distributed.rankview import build_view
 from hicache.errors import (
@@ -104,6 +106,7 @@ class CacheController:
         self.agree = p.agree
         self.tp = self.agree.tp
         self.admissions = 0  # admit calls past the size check: equal on every rank (SPMD)
+        self.carried = False  # an admission's C1a carried C4 since the last tick (agreed)
         self.rank_checks = 0  # cross-rank checks passed (C7-C9)
         self.config = config
         self.group = p.group  # what a partly landed S2H is clamped by
@@ -193,12 +196,20 @@ class CacheController:
         # The policy prices every path through the prefill's end: the partial last page is
         # computed whatever is restored, so a restore pays a prefill (and its fixed cost) too.
         priced = max(prefill_end(len(tokens), g.page_size), 1)
+        # Across ranks C1a carries C4 over the ops in flight (spec/tp.md, "C4 carried by
+        # C1a"): each rank's ends, observed at the match, agreed by the gather, applied once
+        # this admission pinned its plan (below), so the next tick makes no C4 of its own.
+        flying = sorted(self.handles) if self.tp else []
+        mine: list[Local] = []
+
+        def agree(m: MatchResult) -> tuple[int, ...]:
+            mine.extend(self.transfers.observe(flying))
+            return self.ranks.hits(m, prompt, priced, mine)
+
         m = self.cp.begin_request(
-            request_id,
-            tokens,
-            match_len=len(tokens) - 1,
-            agree=(lambda m: self.ranks.hits(m, prompt, priced)) if self.tp else None,
+            request_id, tokens, match_len=len(tokens) - 1, agree=agree if self.tp else None
         )
+        carried, self.ranks.carried_ends = self.ranks.carried_ends, []
         l1, l2, l3 = self.ranks.policy_hits(m)
         decision = self.ranks.decide((l1, l2, l3), priced)  # across ranks, rank 0's choice
         mat = Materialization(
@@ -218,6 +229,12 @@ class CacheController:
             target = l1 + decision.extension_tokens[decision.choice]
             plan = plan_parts(self.cp, m, decision.choice, target, unreadable=self.l3.stops_at)
             self.stager.start(mat, plan, self.transfers.issue)
+        if self.tp:
+            # R85: the plan is pinned, so a bad slot carried here quarantines a copy it may
+            # read, whose drop then waits for the pin (drop_unread), as after a tick's C4.
+            self.transfers.apply(flying, mine, carried)
+            self.l3.drop_unread()
+            self.carried = True  # the next tick's ends rode on this C1a: it makes no C4
         if not self.config.prefetch:
             while not mat.done:
                 self.wait(request_id, timeout_s=None)
@@ -432,9 +449,14 @@ class CacheController:
         """Observe every transfer once; apply what completed; continue restores and backups
         (R36: these four phases, in this order).
         Transfer failures become fallbacks or dropped backups (counted), an unusable L3 file
-        takes L3 offline: nothing is raised in normal operation (spec/restore.md)."""
+        takes L3 offline: nothing is raised in normal operation (spec/restore.md). Across
+        ranks a tick after an admission observes no end: that admission's C1a carried C4
+        (R85), and the ends it did not carry wait for the next tick or admission."""
         self.hooks.refuse_if_crashed()
-        self.transfers.conclude(sorted(self.handles))  # C4, unconditionally (none in flight: none)
+        if self.carried:  # an admission's C1a carried C4 since the last tick (agreed state)
+            self.carried = False
+        else:
+            self.transfers.conclude(sorted(self.handles))  # C4 (none in flight: none)
         self.stager.advance(self.transfers.issue)
         for direction, chain in self.backups.due():
             self.transfers.issue_backup(direction, chain)

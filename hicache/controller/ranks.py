@@ -2,8 +2,9 @@
 
     policy_hits(m)            the hits the policy decides on for match `m`: as far as a
                               restore plan reaches, L3 as far as it may serve (one rank too)
-    hits(m, prompt, priced)   C1a: this rank's bounds, own L1 hit, choice and endpoint mask
-                              in; the hits every rank uses out (tokens)
+    hits(m, prompt, priced,   C1a: this rank's bounds, own L1 hit, choice and endpoint mask
+         carried)             in, and its ends of the ops in flight (C4 carried); the hits
+                              every rank uses out (tokens), the agreed ends in `carried_ends`
     decide(hits, priced)      the decision on the agreed hits: this rank's own when they are
                               its own hits, else its policy's; across ranks rank 0's choice
                               (C1a's, or C1b asked again)
@@ -19,6 +20,8 @@ rank's plan's (spec/tp.md, F17); one rank (`agree.size == 1`) makes no collectiv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hicache.controller.eviction import Evictor
 from hicache.controller.l3health import L3Health
 from hicache.controller.materialize import Materialization, plan_reach
@@ -26,7 +29,7 @@ from hicache.core.control import ControlPlane
 from hicache.core.tiers import Tier
 from hicache.core.tree import MatchResult, TreeNode
 from hicache.dataplane.geometry import KVGeometry
-from hicache.distributed.agreement import Agreement
+from hicache.distributed.agreement import Agreed, Agreement, Local
 from hicache.policy import CostModel
 from hicache.policy.decisions import CHOICES
 from hicache.policy.policies import Decision, Policy, price_candidates
@@ -55,6 +58,7 @@ class RankAgreement:
         # C1a's by-products for the admission in progress: this rank's own hits, its decision
         # on them, and rank 0's choice code (None: rank 0's own hits were cut, C1b decides).
         self._own: tuple[Hits, Decision, int | None] | None = None
+        self.carried_ends: list[Agreed] = []  # the agreed ends C1a carried (C4 carried by C1a)
 
     def policy_hits(self, m: MatchResult) -> Hits:
         """The hits, in tokens, the policy decides on for match `m`: L1, L2, and L3 as far
@@ -66,10 +70,15 @@ class RankAgreement:
         l3 = max(m.lengths[1], self.l3.servable_len(m))
         return m.lengths[0], min(m.lengths[1], reach), min(l3, reach)
 
-    def hits(self, m: MatchResult, prompt: int, priced: int) -> tuple[int, ...]:
+    def hits(
+        self, m: MatchResult, prompt: int, priced: int, carried: Sequence[Local] = ()
+    ) -> tuple[int, ...]:
         """C1a (spec/tp.md): the per-tier hits, in tokens, every rank uses for match `m` (this
         rank's own) of a prompt of `prompt` page-aligned tokens (at least 1), whose prefill
-        computes through `priced` tokens (`prefill_end`: what the policy prices)."""
+        computes through `priced` tokens (`prefill_end`: what the policy prices). `carried`:
+        this rank's ends of the ops in flight, which the gather carries (C4 carried by C1a);
+        their agreed ends are left in `carried_ends` for the admission to apply once it
+        pinned its plan."""
         ps = self.kv.page_size
         deepest = self.cp.leading_run(m.path, Tier.L1)  # the L1 run, before any window rule
         run = list(m.path[: m.path.index(deepest) + 1]) if deepest is not None else []
@@ -83,8 +92,8 @@ class RankAgreement:
         # there), and any end before it is legal too, so the least of them is.
         l1 = sum(len(n.key) for n in run) if mask is not None else m.lengths[0]
         bounds = [l1 // ps, m.lengths[1] // ps, m.lengths[2] // ps]
-        agreed, rank0 = self.agree.admit(
-            bounds, m.lengths[0] // ps, CHOICES.index(decision.choice), mask
+        agreed, rank0, self.carried_ends = self.agree.admit(
+            bounds, m.lengths[0] // ps, CHOICES.index(decision.choice), mask, carried
         )
         self._own = (own, decision, rank0)
         return tuple(pages * ps for pages in agreed)

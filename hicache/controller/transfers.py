@@ -5,6 +5,8 @@
                                    (deferred), or, where L1 frees windows and the transfer
                                    touches L1, two-phase (reserve -> C2 -> commit or abort)
     conclude(op_ids)               C4: the agreed end of each op, applied (every rank, every tick)
+    observe / apply                conclude's halves: this rank's ends; the agreed ends applied
+                                   (C1a carries C4 between them at an admission, spec/tp.md)
     settle(op_id, ...)             one op's end: complete, clamp, fail or cancel, then the
                                    cost model, backups, L3 write ledger and bad-slot quarantine
     issue_backup / back_up_now     a planned backup (dropped and counted when refused), and
@@ -37,7 +39,7 @@ from hicache.core.tree import TreeNode
 from hicache.dataplane.aimed import issue_aimed
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.plane import DataPlane
-from hicache.distributed.agreement import NO_SLOT, Agreement, Local
+from hicache.distributed.agreement import NO_SLOT, Agreed, Agreement, Local
 from hicache.distributed.collectives import CollectiveError
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.distributed.refused import RefusedIssue
@@ -252,6 +254,13 @@ class Transfers:
         """C4 over ops `op_ids` (issue order): apply each that ended on every rank, or failed
         on some rank (a rank still moving it cancels first), keeping the fewest nodes any
         rank landed. One rank: each final op, as it ended."""
+        local = self.observe(op_ids)
+        self.apply(op_ids, local, self.agree.completion(local))
+
+    def observe(self, op_ids: Sequence[int]) -> list[Local]:
+        """This rank's end of each of ops `op_ids` (issue order), polled now: C4's payload,
+        or what C1a carries (spec/tp.md, "C4 carried by C1a"). Polling changes no state of
+        the control plane."""
         local: list[Local] = []
         for op_id in op_ids:
             handle = self.handles[op_id]
@@ -276,7 +285,18 @@ class Transfers:
                 local.append(
                     (status.final, False, nodes if status.final else 0, reason, first_bad, False)
                 )
-        agreed = self.agree.completion(local)
+        return local
+
+    def apply(
+        self, op_ids: Sequence[int], local: Sequence[Local], agreed: Sequence[Agreed]
+    ) -> None:
+        """Apply the agreed ends `agreed` of ops `op_ids` (this rank's own were `local`), from
+        C4 or carried by C1a. An op settled since it was observed (a restore's own op that a
+        call between cancelled: the same call on every rank) is passed over."""
+        live = [i for i, op_id in enumerate(op_ids) if op_id in self.handles]
+        if len(live) < len(op_ids):
+            op_ids = [op_ids[i] for i in live]
+            local, agreed = [local[i] for i in live], [agreed[i] for i in live]
         if any(gone for *_, gone in agreed) and self.l3.online:
             # C2 deferred: some rank's L3 file was lost at an issue: offline on every rank.
             mine = [self.handles[o] for o, x in zip(op_ids, local) if x[5]]

@@ -8,8 +8,9 @@ state would be a conditional collective (F16), which the ranks' collective numbe
 The caller acts on the returned answer only, never on its own where a point exists (R71).
 
     startup(fields)              C0   all_gather of field hashes: ConfigError on a difference
-    admit(bounds, own, code, m)  C1a  MIN of per-tier hits, the L1 endpoint masks intersected;
-                                      rank 0's choice when its own hits are the agreed ones
+    admit(bounds, own, code, m,  C1a  MIN of per-tier hits, the L1 endpoint masks intersected;
+          carried)                    rank 0's choice when its own hits are the agreed ones;
+                                      carries C4 over the ops in flight (their agreed ends)
     choice(code)                 C1b  rank 0's choice of restore, made on the agreed hits
     serve(servable, room)        C1c  the largest planned node every rank can serve, and (C3)
                                       whether every rank can make the room for the rest
@@ -18,7 +19,8 @@ The caller acts on the returned answer only, never on its own where a point exis
     completion(local)            C4   per op in flight: done everywhere / failed somewhere / kept;
                                       refused somewhere (C2 deferred) fails it everywhere, an
                                       L3 file lost at its issue takes L3 offline everywhere;
-                                      none in flight (agreed state): no collective
+                                      none in flight (agreed state): no collective;
+                                      a tick after an admission makes none (C1a carried it)
     l3_share(files)              C6a  rank 0's replicated pools' L3 files, for the others to read;
                                       StorageError when a rank runs on another host than rank 0
     l3_ack(slots, checksums)     C6b  rank 0's checksums of what it wrote; slots equal everywhere
@@ -51,6 +53,35 @@ Agreed = tuple[bool, bool, int, int, int, bool]
 worst bad-slot reason any rank found, the first bad page any rank found: the least position,
 so every copy from it on is dropped on every rank, whichever bad slots each rank met; some
 rank's L3 file was lost at its issue: L3 goes offline on every rank)."""
+
+
+def encode_ends(local: Sequence[Local]) -> list[int]:
+    """C4's payload (also carried by C1a): 6n values, n the ops in flight, whose column MIN
+    is the agreed end of each op (`decode_ends`)."""
+    return (
+        [int(x[0]) for x in local]
+        + [int(not x[1]) for x in local]
+        + [x[2] for x in local]
+        + [-x[3] for x in local]
+        + [x[4] for x in local]
+        + [int(not x[5]) for x in local]
+    )
+
+
+def decode_ends(got: Sequence[int]) -> list[Agreed]:
+    """The agreed ends from the MIN of every rank's `encode_ends` (6n values)."""
+    n = len(got) // 6
+    return [
+        (
+            bool(got[i]),
+            not got[n + i],
+            got[2 * n + i],
+            -got[3 * n + i],
+            got[4 * n + i],
+            not got[5 * n + i],
+        )
+        for i in range(n)
+    ]
 
 
 def host_id() -> int:
@@ -109,8 +140,13 @@ class Agreement:
     # -- C1 -----------------------------------------------------------------------------------
 
     def admit(
-        self, bounds: Sequence[int], own_l1: int, code: int, mask: Sequence[int] | None
-    ) -> tuple[tuple[int, ...], int | None]:
+        self,
+        bounds: Sequence[int],
+        own_l1: int,
+        code: int,
+        mask: Sequence[int] | None,
+        carried: Sequence[Local] = (),
+    ) -> tuple[tuple[int, ...], int | None, list[Agreed]]:
         """C1a: (the per-tier hits in anchor pages every rank uses, rank 0's choice code or
         None). `bounds`: this rank's L1 leading run (before the endpoint rule when it sends
         a mask; else its L1 hit), L2 and L3 hits;
@@ -119,21 +155,30 @@ class Agreement:
         a node end of its run its pools accept), None where no endpoint rule applies (no
         trailing pool, or a policy that does not require it: the same on every rank).
 
+        `carried`: this rank's ends of the ops in flight (issue order, as C4's `local`: the
+        same ops on every rank, so the length is agreed state), carried by this gather so
+        that the tick after the admission makes no C4 of its own (spec/tp.md, "C4 carried by
+        C1a"); their agreed ends come back third, as `completion` returns them, for the
+        caller to apply once the admission pinned its plan.
+
         The choice is None when rank 0's own hits are not the agreed ones: its choice was
         made on other hits, and C1b (`choice`) asks it again. Every rank sees rank 0's row,
         so every rank makes that call or none (no conditional collective)."""
-        row = [*bounds, own_l1, code, *(mask if mask is not None else ())]
+        width = 5 + (len(mask) if mask is not None else 0)
+        row = [*bounds, own_l1, code, *(mask if mask is not None else ()), *encode_ends(carried)]
         rows = self.c.all_gather("admit", row)
         agreed = [min(col) for col in zip(*(r[:3] for r in rows))]
+        ends = decode_ends([min(col) for col in zip(*(r[width:] for r in rows))])
         if mask is not None:
-            common = [min(col) for col in zip(*(r[5:] for r in rows))]
+            common = [min(col) for col in zip(*(r[5:width] for r in rows))]
             # The intersection's largest endpoint within the agreed run, never the minimum
             # of per-rank maxima (which may be legal on no rank but one).
             agreed[0] = max(
                 e for e in range(min(agreed[0], len(common) - 1) + 1) if common[e] or e == 0
             )
         head = rows[0]
-        return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        rank0 = head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        return tuple(agreed), rank0, ends
 
     def choice(self, code: int) -> int:
         """C1b: rank 0's choice code (made on the agreed hits)."""
@@ -167,29 +212,9 @@ class Agreement:
         flight: no collective (an idle tick). The ops in flight are state every rank holds
         equal (every rank takes each op it issues, refused or not: C2; C4 and C5 agree every
         end), so every rank skips alike (R70)."""
-        n = len(local)
-        if not n:
+        if not local:
             return []
-        got = self.c.all_reduce_min(
-            "completion",
-            [int(x[0]) for x in local]
-            + [int(not x[1]) for x in local]
-            + [x[2] for x in local]
-            + [-x[3] for x in local]
-            + [x[4] for x in local]
-            + [int(not x[5]) for x in local],
-        )
-        return [
-            (
-                bool(got[i]),
-                not got[n + i],
-                got[2 * n + i],
-                -got[3 * n + i],
-                got[4 * n + i],
-                not got[5 * n + i],
-            )
-            for i in range(n)
-        ]
+        return decode_ends(self.c.all_reduce_min("completion", encode_ends(local)))
 
     # -- C6a, C6b: a replicated pool's one L3 copy ---------------------------------------------
 
@@ -276,4 +301,4 @@ class Agreement:
         return found
 
 
-__all__ = ["Agreed", "Agreement", "Local", "field_hash"]
+__all__ = ["Agreed", "Agreement", "Local", "decode_ends", "encode_ends", "field_hash"]

@@ -1,5 +1,6 @@
-"""C4's rules, checked on every tick of the TP model: not only that the ranks agree, but on
-what (spec/tp.md, C4). Over one tick, from the state before it to the state after:
+"""C4's rules, checked on every tick of the TP model and every admission (whose C1a carries
+C4): not only that the ranks agree, but on what (spec/tp.md, C4). Over one tick, from the
+state before it to the state after:
 
     rule        holds when
     ----------  --------------------------------------------------------------------------
@@ -14,6 +15,10 @@ what (spec/tp.md, C4). Over one tick, from the state before it to the state afte
                 deferred: the op taken all the same) leaves L3 offline on every rank once
                 the tick ends it
 
+    carried     an admission whose C1a carried C4 (R85) applies the agreed ends only after
+                its plan pinned the L3 copy it reads: the copy still holds L3 then (a bad
+                slot's drop waits for the pin); C4's rules above hold for the ops it ended
+
 A mutant that makes every rank agree on a wrong answer (the most nodes any rank landed, no
 bad slot at all) keeps the ranks equal, so only these rules see it.
 """
@@ -26,6 +31,18 @@ from hicache.core.tiers import TIERS, Tier
 from hicache.oracle.modelcheck.tpstate import handle_of
 from hicache.oracle.modelcheck.tpsteps import State
 from hicache.pools.spec import PoolGroup
+
+
+def admit_rules(before: State, after: State, pools: PoolGroup) -> str | None:
+    """The rules an admission whose C1a carried C4 keeps (module docstring): `carried`,
+    then C4's own over the ops it ended."""
+    lost = [rs.rank for rs in after if not rs.plan_held]
+    if lost:
+        return (
+            f"C1a carried: on rank(s) {lost} the ends the admission's C1a carried dropped the "
+            "L3 copy its plan reads before the plan pinned it (R85: apply them after the pin)"
+        )
+    return tick_rules(before, after, pools)
 
 
 def tick_rules(before: State, after: State, pools: PoolGroup) -> str | None:
@@ -79,4 +96,4 @@ def tick_rules(before: State, after: State, pools: PoolGroup) -> str | None:
     return None
 
 
-__all__ = ["tick_rules"]
+__all__ = ["admit_rules", "tick_rules"]

@@ -2,6 +2,7 @@
 
     explore_tp(cfg)          cfg.ranks ranks (2-3), each its own control plane (tpstate.py)
       steps                  every step `tp_steps` offers: a plane call on every rank, an
+                             admission whose C1a carries C4 (R85), an
                              issue with each vector of per-rank faults (C2), each rank's own
                              end of each op it still moves, a tick (C4), a cancel (C5)
       new state              checked: every rank's invariants and tree audit; the ranks agree
@@ -10,7 +11,8 @@
       every edge             the ranks made the same collectives (lockstep.py: I10, F16, F17)
                              and answered a plane call alike; each tick's completed L3 backups
                              were written by the ranks the rule names (I11), and the tick kept
-                             C4's rules (tprules.py: what every rank agreed on was right)
+                             C4's rules (tprules.py: what every rank agreed on was right); an
+                             admission the same, and `carried` (its plan kept its L3 copy)
       drain                  by induction, as in the one-plane search (search.py): the drain's
                              first call (cancel the lowest op on every rank, else end the
                              lowest request) is an edge of every state that has one, and a
@@ -37,7 +39,7 @@ from hicache.oracle.modelcheck.canonical import Key
 from hicache.oracle.modelcheck.config import ModelConfig
 from hicache.oracle.modelcheck.drain import not_quiescent
 from hicache.oracle.modelcheck.search import _candidates_disagree, _path
-from hicache.oracle.modelcheck.tprules import tick_rules
+from hicache.oracle.modelcheck.tprules import admit_rules, tick_rules
 from hicache.oracle.modelcheck.tpsteps import (
     Diverged,
     Refused,
@@ -296,11 +298,12 @@ def _expand(
                 "crash", f"`{step}` raised {type(e).__name__}: {e}", (*_path(parents, key), step)
             )
         res.edges += 1
-        if step.kind == "tick":
+        if step.kind in ("tick", "admit"):
             why = l3_writes(child, pools)
             if why is not None:
                 return TPFinding("invariant", why, (*_path(parents, key), step))
-            why = tick_rules(state, child, pools)
+            rules = tick_rules if step.kind == "tick" else admit_rules
+            why = rules(state, child, pools)
             if why is not None:
                 return TPFinding("rule", why, (*_path(parents, key), step))
         k = key_of(child)

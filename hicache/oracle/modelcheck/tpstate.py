@@ -14,7 +14,8 @@ A state is every rank's `RankState`:
             whether a tick has polled it
 
 Each step on a rank runs the controller's own code over that plane and health, built fresh
-for the step (`transfers`): `Transfers.issue` (reserve; C2, commit or abort, where L1 frees
+for the step (`transfers`): an admission (`begin_request` whose C1a carries C4: `admit`),
+`Transfers.issue` (reserve; C2, commit or abort, where L1 frees
 windows and the transfer touches L1; elsewhere every rank takes the op, a refused one too),
 `Transfers.conclude` (C4, then settle), `Transfers.cancel_ops` (C5: what
 `CacheController._cancel_own` runs), with stand-ins for what those drive and the model
@@ -38,7 +39,7 @@ no transition here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -49,9 +50,9 @@ from hicache.controller.transfers import Rooms, Transfers
 from hicache.core.control import ControlPlane
 from hicache.core.pages import Pages
 from hicache.core.tiers import Direction, Tier
-from hicache.core.tree import TreeNode
+from hicache.core.tree import MatchResult, TreeNode
 from hicache.dataplane.handles import NullHandle, TransferHandle
-from hicache.distributed.agreement import Agreement
+from hicache.distributed.agreement import Agreed, Agreement, Local
 from hicache.distributed.ledger import AckedWrite, L3Writes
 from hicache.distributed.refused import RefusedIssue
 from hicache.errors import CorruptSlot, HiCacheError, OutOfPages, StorageError, TransferError
@@ -128,14 +129,17 @@ def ends_of(cp: ControlPlane, op_id: int) -> list[End]:
 
 @dataclass
 class RankState:
-    """One rank (module docstring). `ledger`: what the last tick recorded as written to L3
-    per completed H2S (I11 reads it; history, so in no key)."""
+    """One rank (module docstring). `ledger`: what the last tick (or admission) recorded as
+    written to L3 per completed H2S (I11 reads it; history, so in no key). `plan_held`:
+    whether the last admission's plan kept the L3 copy it pinned through the ends its C1a
+    carried (the rule `carried` reads it; history, so in no key)."""
 
     rank: int
     cp: ControlPlane
     l3: L3Health
     ends: dict[int, End] = field(default_factory=dict)
     ledger: L3Writes | None = None
+    plan_held: bool = True
 
     def copy(self) -> RankState:
         cp = self.cp.clone()
@@ -232,6 +236,80 @@ def issue(
         return e
     rs.sync(t)
     return None
+
+
+def admit(
+    rs: RankState, group: PoolGroup, agree: Agreement, request_id: int, prompt: Sequence[int]
+) -> HiCacheError | None:
+    """An admission on this rank (`CacheController.admit` as far as the model holds it):
+    `begin_request` whose C1a carries this rank's ends of the ops in flight, observed at the
+    match (`Transfers.observe`; the gather is `Agreement.admit`, its hits the local match's,
+    equal on every rank since the planes are), then `plan_then_carry`, then the L3 drops.
+    The refusal `begin_request` raised (before C1a, alike on every rank), or None."""
+    rs.ledger = L3Writes(rs.rank)
+    t = rs.transfers(group, agree, ledger=rs.ledger)
+    flying = sorted(t.handles)
+    mine: list[Local] = []
+    ends: list[Agreed] = []
+    ps = rs.cp.page_size
+
+    def c1a(m: MatchResult) -> tuple[int, ...]:
+        mine.extend(t.observe(flying))
+        bounds = [n // ps for n in m.lengths]
+        hits, _, agreed = agree.admit(bounds, bounds[0], 0, None, mine)
+        ends.extend(agreed)
+        return tuple(h * ps for h in hits)
+
+    try:
+        m = rs.cp.begin_request(request_id, prompt, agree=c1a)
+    except HiCacheError as e:
+        if not is_refusal(e):
+            raise
+        rs.sync(t)
+        return e
+    rs.plan_held = plan_then_carry(rs, t, request_id, m, flying, mine, ends)
+    rs.l3.drop_unread()
+    rs.sync(t)
+    return None
+
+
+def planned_l3(rs: RankState, m: MatchResult) -> TreeNode | None:
+    """The node a restore of match `m` pins in L3 (the deepest of its L3 part: the servable
+    L3 run past the L1 and L2 hits, `RestoreStager.start`), or None when it reads no L3."""
+    reach = rs.l3.servable_len(m)
+    if reach <= max(m.lengths[0], m.lengths[1]):
+        return None
+    deepest, tokens = None, 0
+    for node in m.path:
+        tokens += len(node.key)
+        if tokens > reach:
+            break
+        deepest = node
+    return deepest
+
+
+def plan_then_carry(
+    rs: RankState,
+    t: Transfers,
+    request_id: int,
+    m: MatchResult,
+    flying: Sequence[int],
+    mine: Sequence[Local],
+    ends: Sequence[Agreed],
+) -> bool:
+    """R85 (spec/tp.md, "C4 carried by C1a"): pin the plan's L3 part, then apply the ends
+    C1a carried, then let the plan's pin go (the model leaves the restore itself to its
+    other steps). Whether the copy the plan pinned still held L3 once the ends were applied
+    (a carried bad slot's drop waits for the pin)."""
+    node = planned_l3(rs, m)
+    if node is not None:
+        rs.cp.pin(request_id, node, Tier.L3)
+    t.apply(flying, mine, ends)
+    if node is None:
+        return True
+    held = rs.cp.holds(node, Tier.L3)
+    rs.cp.unpin(request_id, node)
+    return held
 
 
 def conclude(rs: RankState, group: PoolGroup, agree: Agreement) -> None:
@@ -345,9 +423,12 @@ __all__ = [
     "PENDING",
     "End",
     "RankState",
+    "admit",
     "cancel",
     "conclude",
     "ends_of",
     "handle_of",
     "issue",
+    "plan_then_carry",
+    "planned_l3",
 ]

@@ -2,8 +2,11 @@
 
     step     each rank (tpstate.py: the controller's code)  all ranks     offered
     -------  ---------------------------------------------  ------------  ---------------------
-    plane    a plane call (begin_request, compute, insert,  -             as the one-plane
-             end_request, evict)                                          search offers it
+    plane    a plane call (compute, insert, end_request,    -             as the one-plane
+             evict)                                                       search offers it
+    admit    `begin_request` whose C1a carries this rank's  C1a (admit,   as the one-plane
+             ends of the ops in flight; the plan's L3 pin,  carrying C4)  search offers
+             then the agreed ends applied (R85)                           begin_request
     issue    `Transfers.issue` with this rank's fault:      C2 reserve    every chain and
              none, its reservation refused, its L3 file                   direction, with every
              lost                                                         vector of faults
@@ -41,6 +44,7 @@ from hicache.oracle.modelcheck.tpstate import (
     FAULTS,
     End,
     RankState,
+    admit,
     cancel,
     conclude,
     ends_of,
@@ -55,7 +59,8 @@ requests for the transfers. Pins and cached lengths are the one-plane search's c
 
 
 class Step:
-    """One step of every rank. kind: plane (`action` on every rank), issue (`action`, with
+    """One step of every rank. kind: plane (`action` on every rank), admit (`action`, a
+    begin_request, with C1a carrying C4), issue (`action`, with
     `faults[r]` on rank r), land (rank `rank`'s handle of op `op` ends as `outcome`), tick,
     cancel (op `op` on every rank)."""
 
@@ -80,7 +85,7 @@ class Step:
         return hash(str(self))
 
     def __str__(self) -> str:
-        if self.kind == "plane":
+        if self.kind in ("plane", "admit"):
             return str(self.action)
         if self.kind == "issue":
             return f"{self.action} faults {','.join(self.faults)}"
@@ -125,7 +130,9 @@ def tp_steps(state: State, cfg: ModelConfig) -> list[Step]:
     cp = state[0].cp
     out: list[Step] = []
     for a in offered(cp, cfg):
-        if a.kind in PLANE_KINDS:
+        if a.kind == "begin_request":
+            out.append(Step("admit", a))  # across ranks an admission carries C4 (C1a)
+        elif a.kind in PLANE_KINDS:
             out.append(Step("plane", a))
         elif a.kind == "issue":
             d = Direction(str(a.arg))
@@ -160,6 +167,8 @@ def take(state: State, cfg: ModelConfig, pools: PoolGroup, step: Step) -> State:
         return out
     if step.kind == "issue":
         return _issue(state, pools, step)
+    if step.kind == "admit":
+        return _admit(state, cfg, pools, step)
     if step.kind == "cancel":
         return _each(state, lambda rs, agree: cancel(rs, pools, agree, step.op))
     return _each(state, lambda rs, agree: conclude(rs, pools, agree))
@@ -191,6 +200,28 @@ def _plane(state: State, cfg: ModelConfig, a: Action) -> None:
         raise Diverged(f"`{a}`: the ranks answered {sorted(k or 'ok' for k in kinds)}")
     if errors[0] is not None:
         raise Refused(str(errors[0]))
+
+
+def _admit(state: State, cfg: ModelConfig, pools: PoolGroup, step: Step) -> State:
+    """An admission on every rank, in lockstep (tpstate.admit: C1a carrying C4). Refused by
+    every rank alike (before C1a): no edge; refused by some: `Diverged`."""
+    a = step.action
+    assert a is not None and a.request is not None and isinstance(a.arg, int)  # Verify: names r.
+    rid, prompt = a.request, cfg.prompts[a.arg]
+    errors: list[HiCacheError | None] = [None] * len(state)
+
+    def call(r: int, agree: Agreement) -> RankState:
+        rs = state[r].copy()
+        errors[r] = admit(rs, pools, agree, rid, prompt)
+        return rs
+
+    out = lockstep(len(state), call)
+    kinds = {None if e is None else type(e).__name__ for e in errors}
+    if len(kinds) > 1:
+        raise Diverged(f"`{a}`: the ranks answered {sorted(k or 'ok' for k in kinds)}")
+    if errors[0] is not None:
+        raise Refused(str(errors[0]))
+    return out
 
 
 def _issue(state: State, pools: PoolGroup, step: Step) -> State:

@@ -84,15 +84,20 @@ def _tp_min_of_maxima() -> contextlib.AbstractContextManager[None]:
     """Hit agreement by the minimum of per-rank maxima: the L1 hit is the least of the ranks'
     own hits (each the largest endpoint its own windows allow), not the largest endpoint
     every rank allows (C1a's intersection of masks). The same collective as C1a."""
-    from hicache.distributed.agreement import Agreement
+    from hicache.distributed.agreement import Agreement, decode_ends, encode_ends
 
-    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any) -> Any:
-        rows = self.c.all_gather("admit", [*bounds, own_l1, code, *(mask or ())])
+    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any, carried: Any = ()) -> Any:
+        width = 5 + len(mask or ())
+        rows = self.c.all_gather(
+            "admit", [*bounds, own_l1, code, *(mask or ()), *encode_ends(carried)]
+        )
         agreed = [min(col) for col in zip(*(r[:3] for r in rows))]
         if mask is not None:
             agreed[0] = min(agreed[0], min(r[3] for r in rows))
         head = rows[0]
-        return tuple(agreed), head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        ends = decode_ends([min(col) for col in zip(*(r[width:] for r in rows))])
+        rank0 = head[4] if (head[3], head[1], head[2]) == tuple(agreed) else None
+        return tuple(agreed), rank0, ends
 
     return swapped(Agreement, "admit", admit)
 
@@ -141,16 +146,32 @@ the op's own node count was (`_tp_moving_landed`)."""
 def _tp_moving_landed() -> contextlib.AbstractContextManager[None]:
     """C4 as it was before 417fbcb: a rank still moving an op reports all its nodes landed,
     so when another rank's read stopped part way every rank keeps that rank's clamp -- the
-    rank still moving too, which then cancels its read and publishes nodes it never wrote."""
+    rank still moving too, which then cancels its read and publishes nodes it never wrote.
+    The same values wherever C4 is made: at a tick, and carried by C1a (R85)."""
     from hicache.distributed.agreement import Agreement
 
     original = Agreement.__dict__["completion"]
+    original_admit = Agreement.__dict__["admit"]
+
+    def moving(local: Any) -> Any:
+        return [(e, f, k if e or f else _ALL_NODES, *rest) for e, f, k, *rest in local]
 
     def completion(self: Any, local: Any) -> Any:
-        moving = [(e, f, k if e or f else _ALL_NODES, *rest) for e, f, k, *rest in local]
-        return original(self, moving)
+        return original(self, moving(local))
 
-    return swapped(Agreement, "completion", completion)
+    def admit(self: Any, bounds: Any, own_l1: int, code: int, mask: Any, carried: Any = ()) -> Any:
+        return original_admit(self, bounds, own_l1, code, mask, moving(carried))
+
+    return _both(swapped(Agreement, "completion", completion), swapped(Agreement, "admit", admit))
+
+
+@contextlib.contextmanager
+def _both(
+    first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
+) -> Any:
+    """Two patches at once, undone in reverse order."""
+    with first, second:
+        yield
 
 
 ZOO: tuple[Mutant, ...] = (
