@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,6 +188,36 @@ def test_serving_paced_runs_without_cuda_and_tables_name_the_mode(
         serving.main([*argv, "--mode", "eager"])
     assert done.value.code == 2
     assert "--paced runs no model" in capsys.readouterr().err
+
+
+def test_serving_io_threads_reach_every_controller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--io-threads N` is every controller's L3 I/O thread count (an L3 restore's S2H runs
+    on them); the JSON and the table say it; fewer than one is refused."""
+    import json
+
+    from hicache.bench import serving
+    from hicache.controller.controller import CacheController as real
+
+    made: list[int] = []
+
+    def recording(cfg: Any, producer: Any) -> Any:
+        made.append(cfg.io_threads)
+        return real(cfg, producer)
+
+    monkeypatch.setattr(serving, "CacheController", recording)
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--lengths", "40", "--repeats", "1", "--warmup", "0"]
+    assert serving.main([*argv, "--paced", "1", "0", "--no-stress", "--io-threads", "2"]) == 0
+    assert made and set(made) == {2}, made
+    assert json.loads((out / "serving.json").read_text())["io_threads"] == 2
+    assert "2 L3 I/O threads" in (out / "serving.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        serving.main([*argv, "--paced", "1", "0", "--io-threads", "0"])
+    assert done.value.code == 2
+    assert "--io-threads: 1 to 64, got 0" in capsys.readouterr().err
 
 
 def test_serving_paced_cached_names_the_tail_pace_and_needs_paced(

@@ -51,12 +51,14 @@ from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset as geometry_preset
+from hicache.dataplane.storage_io import MAX_IO_THREADS
 from hicache.policy import Decision
 from hicache.policy.policies import EXPLORE_SAMPLES
 from hicache.producers import KVProducer, PacedProducer, SyntheticProducer
 from hicache.producers.model import MODES, ModelProducer
 
 LENGTHS = (350, 1000, 2000, 3500)
+IO_THREADS = CacheConfig.io_threads  # the configuration's default: what a user gets
 PATHS = ("recompute", "L2", "L3", "cost", "L2-layerwise", "L3-layerwise")
 POLICY = {"recompute": "never", "L2": "always", "L3": "always", "cost": "cost"}
 POLICY.update({"L2-layerwise": "always", "L3-layerwise": "always"})
@@ -107,7 +109,14 @@ class TimedProducer:
 
 
 def _controller(
-    subject: Subject, policy: str, l1: int, l2: int, l3: int, *, layerwise: bool = False
+    subject: Subject,
+    policy: str,
+    l1: int,
+    l2: int,
+    l3: int,
+    *,
+    layerwise: bool = False,
+    io_threads: int = IO_THREADS,
 ) -> CacheController:
     cfg = CacheConfig(
         geometry=subject.producer.geometry,
@@ -119,6 +128,7 @@ def _controller(
         check_mode="off",
         verify=False,
         layerwise=layerwise,
+        io_threads=io_threads,
     )
     return CacheController(cfg, subject.producer)
 
@@ -144,7 +154,11 @@ def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> tuple[float
 
 
 def latency(
-    subject: Subject, lengths: Sequence[int], repeats: int, warmup: int = WARMUP_ROUNDS
+    subject: Subject,
+    lengths: Sequence[int],
+    repeats: int,
+    warmup: int = WARMUP_ROUNDS,
+    io_threads: int = IO_THREADS,
 ) -> list[dict[str, Any]]:
     ps = subject.producer.geometry.page_size
     rows = []
@@ -161,6 +175,7 @@ def latency(
                 size,
                 size,
                 layerwise=path in LAYERWISE,
+                io_threads=io_threads,
             )
             samples = []
             h2d_ms: list[float] = []  # per timed round: the H2D's device time (service)
@@ -227,7 +242,11 @@ def latency(
 
 
 def stress(
-    subject: Subject, n_prefixes: int = 8, prefix_len: int = 350, n_requests: int = 80
+    subject: Subject,
+    n_prefixes: int = 8,
+    prefix_len: int = 350,
+    n_requests: int = 80,
+    io_threads: int = IO_THREADS,
 ) -> list[dict[str, Any]]:
     ps = subject.producer.geometry.page_size
     vocab = subject.vocab
@@ -235,7 +254,14 @@ def stress(
     rows = []
     # Warm-up, untimed: the producer compiles or captures once per (start, end) shape, and the
     # first path to need the restore's tail shape would otherwise pay for it in its wall time.
-    warm = _controller(subject, "always", 2 * per + 2, n_prefixes * per * 2, n_prefixes * per * 2)
+    warm = _controller(
+        subject,
+        "always",
+        2 * per + 2,
+        n_prefixes * per * 2,
+        n_prefixes * per * 2,
+        io_threads=io_threads,
+    )
     try:
         ServingLoop(warm, batch_size=1).run(
             repeated_prefix_workload(n_prefixes, prefix_len, 3 * n_prefixes, seed=7, vocab=vocab)
@@ -251,6 +277,7 @@ def stress(
             l2,
             n_prefixes * per * 2,
             layerwise=path in LAYERWISE,
+            io_threads=io_threads,
         )
         try:
             work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=vocab)
@@ -363,9 +390,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"untimed latency rounds per path (default {WARMUP_ROUNDS})",
     )
     p.add_argument("--no-stress", action="store_true")
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=IO_THREADS,
+        help=f"L3 I/O threads of every controller (default {IO_THREADS}, the configuration's "
+        "default; an L3 restore's S2H runs on them)",
+    )
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}")
+    if not 1 <= args.io_threads <= MAX_IO_THREADS:
+        p.error(f"argument --io-threads: 1 to {MAX_IO_THREADS}, got {args.io_threads}")
     if args.paced is not None and args.mode is not None:
         p.error("--mode picks model producer modes; --paced runs no model")
     if args.paced is None and args.paced_cached:
@@ -379,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if on_cuda else f"{args.device} (no GPU)",
         "torch": torch.__version__,
         "warmup_rounds": args.warmup,
+        "io_threads": args.io_threads,
         "runs": [],
     }
     threads = torch.get_num_threads()
@@ -391,9 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for preset, subject in _subjects(args):
             print(f"{preset} ({subject.mode})", flush=True)
             run: dict[str, Any] = {"preset": preset, "mode": subject.mode}
-            run["latency"] = latency(subject, args.lengths, args.repeats, args.warmup)
+            run["latency"] = latency(
+                subject, args.lengths, args.repeats, args.warmup, args.io_threads
+            )
             if not args.no_stress:
-                run["stress"] = stress(subject)
+                run["stress"] = stress(subject, io_threads=args.io_threads)
             result["runs"].append(run)
             (out / "serving.json").write_text(json.dumps(result, indent=2))
             del subject  # its model producer's weights go before the next one is built
@@ -412,7 +451,8 @@ def report_md(result: dict[str, Any]) -> str:
         f"# Restore vs recompute through the controller: {result['device']}",
         "",
         f"torch {result['torch']}; latency: median of repeats after "
-        f"{result.get('warmup_rounds', 1)} untimed rounds per path.",
+        f"{result.get('warmup_rounds', 1)} untimed rounds per path; "
+        f"{result.get('io_threads', IO_THREADS)} L3 I/O threads.",
         "",
         "## Latency (prefix + one new page, admission to prefill done)",
         "",
