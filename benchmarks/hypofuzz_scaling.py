@@ -42,13 +42,11 @@ index, in the repository root:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -133,20 +131,18 @@ def hypofuzz_run(
     load_before = os.getloadavg()[0]
     started = time.time()
     with open(out / "hypofuzz.log", "w") as log:
-        # Its own session: a mutant run stopped at its first find takes every worker with it.
         proc = subprocess.Popen(
             words,
             cwd=out,
             env=environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         stopped = False
         while proc.poll() is None:
             time.sleep(0.5)
             if stop_at_find and summarise(out / "stats").first_failure:
-                stop_tree(proc)
+                proc.terminate()  # `hicache hypofuzz` stops its workers and reports
                 stopped = True
                 break
         status = proc.wait()
@@ -177,39 +173,6 @@ def hypofuzz_run(
     }
     print(json.dumps({k: v for k, v in row.items() if k != "per_worker"}), flush=True)
     return row
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (Linux /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def stop_tree(proc: subprocess.Popen[bytes]) -> None:
-    """End a run and every worker it started: HypoFuzz's workers outlive a SIGTERM to the
-    run's session (a later run measured on a loaded host: load 0 -> 85 over 20 runs)."""
-    tree = descendants(proc.pid)
-    os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.time() + 2.0
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    for pid in [proc.pid, *tree, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def baseline(out: Path, steps: int) -> dict[str, Any]:

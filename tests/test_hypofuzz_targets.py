@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 from pathlib import Path
 
@@ -215,6 +217,47 @@ def test_a_hypofuzz_that_would_crash_at_its_first_find_is_refused(tmp_path: Path
             assert "slice_comments" in done.stderr and "hypothesis<6.157.1" in done.stderr
         else:
             assert "slice_comments" not in done.stderr, (name, done.stderr)
+
+
+def test_sigterm_stops_the_workers_as_ctrl_c_does(tmp_path: Path) -> None:
+    """`kill` of `hicache hypofuzz` (or a CI job's timeout) stops the fuzz it started -- its
+    workers run in their own session, so nothing else would -- and still reports."""
+    pidfile = tmp_path / "worker.pid"
+    worker = (
+        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    )
+    script = (
+        "import sys, types\n"
+        "sys.modules['hypofuzz'] = types.ModuleType('hypofuzz')\n"
+        "from hicache.testing import hypofuzz_command as h\n"
+        "h.shrink_incompatibility = lambda: None\n"
+        f"h.fuzz_command = lambda args: [sys.executable, '-c', {worker!r}]\n"
+        "sys.exit(h.main(['-n', '1']))\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+            time.sleep(0.1)
+        pid = int(pidfile.read_text())
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=60)
+        assert run.returncode == 130, out  # stopped, nothing found: as after Ctrl-C
+        assert out.startswith("hypofuzz: 0 workers"), out  # the report (this worker counts nothing)
+        gone = time.time() + 10
+        while time.time() < gone:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the fuzz's worker outlived a SIGTERM to hicache hypofuzz")
+    finally:
+        run.kill()
 
 
 def test_hypofuzz_collects_every_target(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ worker i only the targets from the i-th on, so without copies a worker beyond th
 targets selected would fuzz nothing (hicache/testing/hypofuzz_targets.py). Copies of one
 machine share its corpus.
 
-`--seconds S` stops every worker after S seconds (without it: until Ctrl-C). `--stats DIR`
+`--seconds S` stops every worker after S seconds (without it: until Ctrl-C or SIGTERM, which
+stop the workers the same way). `--stats DIR`
 (default: a temporary directory) is where each worker writes its counts
 (hicache/testing/fuzzstats.py); at the end one line sums them -- workers, rule steps, runs,
 steps/s (each worker's own steps over its own fuzzing seconds, added up) -- and one line per
@@ -38,14 +39,16 @@ too, or a HypoFuzz that would crash at its first find under the installed Hypoth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hicache.app.outputs import OUTPUT_DIR
@@ -121,6 +124,25 @@ def replicas(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return int(args.replicas)
     return int(args.workers or os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a `kill`, a CI job's timeout) ends the wait as Ctrl-C does, so the workers
+    are stopped and the counts reported: Python's default SIGTERM ends the process at once,
+    leaving the fuzz's workers -- their own session -- running on every core."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler (and only it receives signals)
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -205,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         interrupted = ended = False
         try:
-            process.wait(timeout=args.seconds)
+            with _sigterm_interrupts():
+                process.wait(timeout=args.seconds)
             ended = True
         except subprocess.TimeoutExpired:
             pass
