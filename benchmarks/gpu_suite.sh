@@ -2,8 +2,8 @@
 # The GPU suite: every GPU test and GPU benchmark, results into RESULTS_DIR.
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
-#   stages: env tests kernels transfer multipool compare batched layerwise tp tpfuzz recompute
-#   serving fuzz issue finds
+#   stages: env tests kernels transfer multipool storage compare batched layerwise tp tpfuzz
+#   recompute serving fuzz issue finds
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -16,7 +16,10 @@
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
-#   for this tree in turn (twice each, alternating), so before and after share one card
+#   for this tree in turn (twice each, alternating), so before and after share one card;
+#   the storage stage too, when BASELINE is set
+#   STORAGE_ARGS: extra arguments of the storage stage's `hicache bench storage` (350, 1,000 and
+#   3,500 tokens, 8 I/O threads, ceilings on 1-16 threads)
 #
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
@@ -52,6 +55,15 @@ for stage in $stages; do
         # per-rank D2H/H2D, together vs alone: one GPU per rank; on one GPU only a code check
         share=$([ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ] && echo --share-gpu)
         run bench_tp_bandwidth python3 benchmarks/tp_bandwidth.py $share ;;
+    storage) sides=${BASELINE:+baseline }current
+             for round in 1 ${BASELINE:+2}; do
+               for side in $sides; do
+                 tree=$([ $side = baseline ] && echo "$BASELINE" || echo "$PWD")
+                 run "storage_${side}_${round}" env PYTHONPATH="$tree${PYTHONPATH#$PWD}" bash -c \
+                   "cd '$tree' && python3 -m hicache bench storage --tokens 350 1000 3500 --io-threads 8 \
+                      --ceiling-threads 1 2 4 8 16 ${STORAGE_ARGS:-} --out '$out/storage_${side}_${round}.json'"
+               done
+             done ;;
     compare) for round in 1 2; do
                for side in baseline current; do
                  tree=$([ $side = baseline ] && echo "${BASELINE:?compare needs BASELINE}" || echo "$PWD")
