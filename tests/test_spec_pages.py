@@ -41,7 +41,8 @@ def size(cell: str) -> int:
 
 def test_l3_constants_are_the_codes() -> None:
     pytest.importorskip("torch")  # storage_io moves bytes with it
-    from hicache.dataplane.storage_io import MAX_IO_THREADS, MAX_SHORT_RESUMES, PIECE_BYTES
+    from hicache.dataplane.storage_io import MAX_SHORT_RESUMES, PIECE_BYTES
+    from hicache.dataplane.taskgroup import IO_THREADS, MAX_IO_THREADS
 
     rows = table("l3.md", ("Name", "Value", "Description"))
     code = {
@@ -50,6 +51,7 @@ def test_l3_constants_are_the_codes() -> None:
         "PIECE_BYTES": PIECE_BYTES,
         "MAX_SHORT_RESUMES": MAX_SHORT_RESUMES,
         "MAX_IO_THREADS": MAX_IO_THREADS,
+        "IO_THREADS": IO_THREADS,
     }
     assert {name: size(row["Value"]) for name, row in rows.items()} == code
 

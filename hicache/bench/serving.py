@@ -51,7 +51,7 @@ from hicache.bench import BenchParser, no_cuda
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset as geometry_preset
-from hicache.dataplane.storage_io import MAX_IO_THREADS
+from hicache.dataplane.taskgroup import MAX_IO_THREADS
 from hicache.policy import Decision
 from hicache.policy.policies import EXPLORE_SAMPLES
 from hicache.producers import KVProducer, PacedProducer, SyntheticProducer

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.groupgeometry import one_pool
+from hicache.dataplane.taskgroup import IO_THREADS
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
 from hicache.pools.hits import GROUP_HIT_POLICIES, check_policy, required_pools
@@ -66,7 +67,7 @@ class CacheConfig:
     layerwise: bool = False
     check_mode: str = "every"
     verify: bool = True
-    io_threads: int = 4
+    io_threads: int = IO_THREADS
     load_back_overlap: EnumField[LoadBackOverlap] = EnumField(LoadBackOverlap.SHARE)
     pools: str = SINGLE_POOL
     hit_policy: EnumField[HitPolicy] = EnumField(HitPolicy.ALL_POOLS)

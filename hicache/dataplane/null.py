@@ -28,6 +28,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import DelayedHandle, NullHandle, TransferHandle
 from hicache.dataplane.tags import ContentTags
+from hicache.dataplane.taskgroup import IO_THREADS
 from hicache.errors import (
     ConfigError,
     CorruptSlot,
@@ -147,7 +148,7 @@ class NullEngine:
         device: str | None = None,
         l3_path: str | None = None,
         backend: str = "auto",
-        io_threads: int = 4,
+        io_threads: int = IO_THREADS,
         faults: FaultInjector | None = None,
         l3_overwrite: bool = False,
         on_wait: bool | None = True,

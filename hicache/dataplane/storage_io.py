@@ -64,7 +64,7 @@ from hicache.dataplane.extents import Extent, coalesce, split
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.storage import DIRECT_ALIGN, L3File, describe_os_error
-from hicache.dataplane.taskgroup import DeferredExecutor, TaskGroup
+from hicache.dataplane.taskgroup import IO_THREADS, MAX_IO_THREADS, DeferredExecutor, TaskGroup
 from hicache.errors import (
     ConfigError,
     CorruptSlot,
@@ -75,7 +75,6 @@ from hicache.errors import (
 )
 
 MAX_SHORT_RESUMES = 64  # per piece; each resume must move at least one byte
-MAX_IO_THREADS = 64
 # Bytes one I/O call moves at most (a piece; never less than one page). Small enough that a
 # long extent spreads over the threads and a piece's pages are still in the CPU cache when
 # they are checksummed; large enough that per-call costs vanish in the copy.
@@ -181,7 +180,7 @@ class StorageMover:
         l3: L3File,
         l2_bytes: torch.Tensor,
         *,
-        io_threads: int = 4,
+        io_threads: int = IO_THREADS,
         piece_bytes: int = PIECE_BYTES,
         faults: FaultInjector | None = None,
     ) -> None:

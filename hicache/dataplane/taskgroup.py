@@ -21,6 +21,15 @@ from typing import Any, TypeVar
 
 from hicache.errors import HiCacheError
 
+MAX_IO_THREADS = 64  # bound on an I/O thread pool (`io_threads`)
+# The default I/O thread pool. 8 rather than 4: a verified S2H is memory-bound on the host
+# (the read, then the checksum pass), so more threads read more pages at once -- on the
+# H200 host S2H of 22 / 63 pages went from 0.39 / 0.37 to 0.52 / 0.61 of the multi-thread
+# read ceiling at 4 -> 8 threads (16: no better at 22 pages), and with 8 an L3 restore of
+# 350 tokens (Qwen3-8B, CUDA graphs, layer-wise) beat recompute in 3 of 3 runs on an H100,
+# with 4 in none (benchmarks/results/2026-12-06-storage-h200.md, 2026-12-06-session16-h100/).
+IO_THREADS = 8
+
 T = TypeVar("T")
 
 
