@@ -30,6 +30,7 @@ from hicache.policy import (
     nnls_line,
     prefill_end,
 )
+from hicache.policy.decisions import RECENT_KEPT
 from hicache.policy.policies import EXPLORE_MARGIN, EXPLORE_SAMPLES
 
 GIB = float(1 << 30)
@@ -507,6 +508,25 @@ def test_decision_log_bounds_pending_decisions() -> None:
     with pytest.raises(PolicyError, match="dropped"):
         log.settle(ids[0], 1.0)
     log.settle(ids[2], 1.0)
+
+
+def test_decision_log_keeps_the_newest_settled_decisions_in_decision_order() -> None:
+    log = DecisionLog()
+    n = RECENT_KEPT + 5
+    ids = [
+        log.record(_decision("L2", {"recompute": 1.0 + i, "L2": 0.5 + i}, {"L2": 16}))
+        for i in range(n)
+    ]
+    log.settle(ids[1], 0.75)  # settled out of decision order: listed by decision id
+    log.settle(ids[0], 0.25)
+    assert [(e["id"], e["observed_s"]) for e in log.recent()] == [(0, 0.25), (1, 0.75)]
+    assert log.recent()[1]["predicted_s"] == {"recompute": 2.0, "L2": 1.5}  # every candidate
+    assert log.recent()[1]["choice"] == "L2" and log.recent()[1]["reason"] == "t"
+    for i in ids[2:]:
+        log.settle(i, 1.0)
+    kept = [e["id"] for e in log.recent()]
+    assert kept == list(range(n - RECENT_KEPT, n))  # bounded: the oldest settled fall out
+    assert log.summary()["settled"] == n  # the counters still count every one
 
 
 # ---------------------------------------------------------------------------------------------

@@ -295,6 +295,8 @@ def stress(
                     "decisions": dict(ctl.metrics.decisions),
                     "cost_model": ctl.model.state(),
                     "decision_log": ctl.decisions.summary(),
+                    # The cost path's decisions in order: when its lines crossed, and why.
+                    **({"decisions_recent": ctl.decisions.recent()} if path == "cost" else {}),
                 }
             )
         finally:

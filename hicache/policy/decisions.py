@@ -19,18 +19,23 @@ priced: restore plus the prefill of what is still missing, steady time only. The
 
 Unsettled decisions are held in a bounded table so that a caller that never settles cannot
 grow it without limit; the oldest is dropped first and counted.
+
+`recent()` lists the last `RECENT_KEPT` settled decisions in the order they were made, each
+with every candidate's price at decision time and the seconds observed: the sequence that
+shows when a policy's lines crossed (the counters above only say how often and how far).
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from hicache.errors import ConfigError, PolicyError
 from hicache.policy.policies import Choice, Decision
 
 MAX_PENDING_DEFAULT = 4096
+RECENT_KEPT = 256  # settled decisions `recent()` keeps, the newest
 CHOICES: tuple[Choice, ...] = ("recompute", "L2", "L3")
 
 
@@ -78,7 +83,8 @@ class DecisionLog:
         self.policy_skips = 0
         self.skipped_tokens = 0
         self.pending_dropped = 0
-        self._pending: OrderedDict[int, tuple[Choice, float]] = OrderedDict()
+        self._pending: OrderedDict[int, Decision] = OrderedDict()
+        self._recent: deque[tuple[int, Decision, float]] = deque(maxlen=RECENT_KEPT)
         self._errors = _ErrorStats()
         self._errors_by_choice = {choice: _ErrorStats() for choice in CHOICES}
 
@@ -95,7 +101,7 @@ class DecisionLog:
         if longest > chosen:
             self.policy_skips += 1
             self.skipped_tokens += longest - chosen
-        self._pending[decision_id] = (decision.choice, decision.predicted_s[decision.choice])
+        self._pending[decision_id] = decision
         if len(self._pending) > self.max_pending:
             self._pending.popitem(last=False)
             self.pending_dropped += 1
@@ -112,9 +118,25 @@ class DecisionLog:
                 f"decision {decision_id} is unknown, already settled, or was dropped "
                 f"(more than {self.max_pending} pending); settle each recorded id once"
             )
-        choice, predicted_s = entry
+        predicted_s = entry.predicted_s[entry.choice]
         self._errors.add(predicted_s, observed_s)
-        self._errors_by_choice[choice].add(predicted_s, observed_s)
+        self._errors_by_choice[entry.choice].add(predicted_s, observed_s)
+        self._recent.append((decision_id, entry, observed_s))
+
+    def recent(self) -> list[dict[str, object]]:
+        """The last RECENT_KEPT settled decisions, oldest first by decision id: `id`,
+        `choice`, `predicted_s` (every candidate priced, seconds), `observed_s` (the chosen
+        path), `reason`."""
+        return [
+            {
+                "id": decision_id,
+                "choice": d.choice,
+                "predicted_s": dict(d.predicted_s),
+                "observed_s": observed_s,
+                "reason": d.reason,
+            }
+            for decision_id, d, observed_s in sorted(self._recent, key=lambda e: e[0])
+        ]
 
     def summary(self) -> dict[str, object]:
         """Counts and prediction errors (None where nothing has been settled yet)."""
