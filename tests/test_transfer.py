@@ -226,6 +226,47 @@ def test_any_mapping_moves_exactly_its_pages(
     assert m.buffers_busy == 0 and m.in_flight == 0
 
 
+@pytest.mark.parametrize("chunk_pages", [None, 2])
+def test_an_h2d_queues_its_dmas_before_its_indices_and_a_d2h_after_them(
+    monkeypatch: pytest.MonkeyPatch, chunk_pages: int | None
+) -> None:
+    """An H2D's DMAs need nothing from the caller, so they are queued first and the copy
+    engine starts while the index upload and the scatters are issued; a D2H's DMAs move
+    what its gathers packed, so its indices come first. Order of the mover's steps, on CPU
+    (the same code as on CUDA)."""
+    g = tiny("fp16", 2)
+    l1, l2 = DevicePool(g, L1_PAGES, "cpu"), HostPool(g, L2_PAGES, pin=False)
+    randomize(l1.tensor, seed=3)
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "torch"), chunk_pages=chunk_pages)
+    steps: list[str] = []
+    fill, copy_runs, kernels = DmaPlan.fill_index, m.copies.copy_runs, m.kernels
+
+    def recorded(name: str, call: Callable[..., object]) -> Callable[..., object]:
+        def step(*args: object, **kwargs: object) -> object:
+            steps.append(name)
+            return call(*args, **kwargs)
+
+        return step
+
+    class Kernels:  # the mover's KernelSet, each launch recorded
+        gather = staticmethod(recorded("kernel", kernels.gather))
+        scatter = staticmethod(recorded("kernel", kernels.scatter))
+
+    monkeypatch.setattr(DmaPlan, "fill_index", recorded("indices", fill))
+    monkeypatch.setattr(m.copies, "copy_runs", recorded("dma", copy_runs))
+    monkeypatch.setattr(m, "kernels", Kernels())
+    src, dst = np.array([5, 1, 7, 3], dtype=np.int64), np.arange(4, dtype=np.int64)
+    chunks = len(m.plan(Direction.D2H, dst).bounds)
+    done(m.d2h(src, dst))
+    assert steps == ["indices"] + ["kernel", "dma"] * chunks
+    steps.clear()
+    back = np.array([2, 6, 0, 4], dtype=np.int64)
+    done(m.h2d(dst, back))
+    chunks = len(m.plan(Direction.H2D, dst).bounds)
+    assert steps == ["dma"] * chunks + ["indices"] + ["kernel"] * chunks
+    assert torch.equal(rows(l1.packed(back)), rows(l1.packed(src)))  # the bytes arrived
+
+
 def test_host_pool_views_agree() -> None:
     g = tiny("bf16", 4)
     l2 = HostPool(g, 5, pin=False)

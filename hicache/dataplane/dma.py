@@ -10,6 +10,8 @@
                           packed on the CPU into pinned staging first, then one DMA
           compute stream: wait(caller) -> upload L1 indices -> scatter chunk 0 (after its
                           DMAs), scatter chunk 1, ...
+                          (every chunk's DMAs are queued before the upload: the copy engine
+                          starts while the rest of the transfer is issued)
 
 Each direction has its own DMA stream, so a load-back never waits behind a backup's DMAs.
 The host enqueues chunk by chunk (gather k, then its DMAs) with the DMA stream current and
@@ -324,8 +326,6 @@ class DeviceHostMover:
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, n * self.bytes_per_page, error=e)
-        # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
-        plan.fill_index(l1_ids, buffers.index_array)
         delay = 0
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             delay = self.faults.delay_polls
@@ -333,7 +333,7 @@ class DeviceHostMover:
         try:
             work_started = time.perf_counter()
             enqueue = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
-            completion = enqueue(buffers, plan, after)
+            completion = enqueue(buffers, plan, l1_ids, after)
             work_s = time.perf_counter() - work_started
             enqueued = True
         finally:
@@ -379,9 +379,11 @@ class DeviceHostMover:
         return buffers
 
     def _enqueue_d2h(
-        self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
+        self, buf: TransferBuffers, plan: DmaPlan, l1_ids: Pages, after: torch.cuda.Stream | None
     ) -> _Completion:
         s = self._streams
+        # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
+        plan.fill_index(l1_ids, buf.index_array)
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
         start = s.mark(s.compute, timing=True)
@@ -414,22 +416,23 @@ class DeviceHostMover:
         )
 
     def _enqueue_h2d(
-        self, buf: TransferBuffers, plan: DmaPlan, after: torch.cuda.Stream | None
+        self, buf: TransferBuffers, plan: DmaPlan, l1_ids: Pages, after: torch.cuda.Stream | None
     ) -> _Completion:
         s = self._streams
         # The DMAs read locked L2 pages into a private buffer: they need not wait for the
-        # caller. The scatter reads the indices and overwrites L1 pages: it must (B05).
-        start = s.mark(s.h2d, timing=True)
+        # caller, so they are queued first -- the copy engine starts while the rest is issued
+        # (the index upload, the caller wait, the scatter launches). The scatters read the
+        # indices and overwrite L1 pages: they wait for the caller (B05) and each for its
+        # chunk's DMAs.
         caller = s.current()
-        s.wait_for(s.compute, after if after is not None else caller)
+        start = s.mark(s.h2d, timing=True)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         bpp = self.bytes_per_page
         l2_rows, staged_index = self.l2.bytes_view(), torch.from_numpy(plan.route.l2_staged)
         offset = plan.route.staged_lo
-        with s.use(s.compute, caller):
-            buf.index_device.copy_(buf.index_host, non_blocking=True)
+        dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):  # DMAs are `copy_` calls: they run on the current stream
-            for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
+            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
                     torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
@@ -438,10 +441,17 @@ class DeviceHostMover:
                 if host is not None and a < b:
                     more.append((packed[offset + a : offset + b], host[a:b]))
                 self.copies.copy_runs(packed, l2, spans, more)  # batched where it can
-                s.wait(s.compute, s.mark(s.h2d))  # chunk k's scatter after its DMAs
-                self.kernels.scatter(
-                    packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
-                )
+                dmas_done.append(s.mark(s.h2d))
+        # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
+        plan.fill_index(l1_ids, buf.index_array)
+        s.wait_for(s.compute, after if after is not None else caller)
+        with s.use(s.compute, caller):
+            buf.index_device.copy_(buf.index_host, non_blocking=True)
+        for (lo, hi), at, done in zip(plan.bounds, plan.index_at, dmas_done):
+            s.wait(s.compute, done)  # chunk k's scatter after its DMAs
+            self.kernels.scatter(
+                packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
+            )
         end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
         return _Completion(start, end)
 

@@ -3,7 +3,8 @@
     D2H   compute: wait(caller) -> upload operands -> stage 0 gather, stage 1 gather, ...
           d2h:     (after stage k's gather) one DMA per run of consecutive L2 pages of each
                    pool of stage k, from its packed part straight into its L2 region
-    H2D   h2d:     stage k's DMAs, L2 runs -> packed parts
+    H2D   h2d:     stage k's DMAs, L2 runs -> packed parts (every stage's, before the upload:
+                   the copy engine starts while the rest is issued)
           compute: wait(caller) -> upload operands -> (after stage k's DMAs) stage k scatter
 
 A request names pages per allocating pool; derived pools move their source's pages
@@ -247,19 +248,25 @@ class GroupMover:
         after: torch.cuda.Stream | None,
     ) -> tuple[Event | None, Event | None, int, int]:
         s = self._streams
-        start = s.mark(s.h2d, timing=True)  # the DMAs read locked L2 pages: no caller wait
+        # The DMAs read locked L2 pages: no caller wait, so every stage's DMAs are queued
+        # first and the copy engine starts while the upload and the scatters are issued.
         caller = s.current()
-        s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
+        start = s.mark(s.h2d, timing=True)
         launches = dmas = 0
+        stages = self.kernels.stages(plan)
+        landed: list[Event | None] = []
+        with s.use(s.h2d, caller):
+            for stage in stages:
+                dmas += self._dmas(stage, packed, to_host=False)
+                landed.append(s.mark(s.h2d))
+        s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
-        with s.use(s.h2d, caller):
-            for stage in self.kernels.stages(plan):
-                dmas += self._dmas(stage, packed, to_host=False)
-                s.wait(s.compute, s.mark(s.h2d))
-                launches += self.kernels.copy(
-                    stage, ops, words, self.l1, packed, gather=False, stream=s.compute
-                )
+        for stage, done in zip(stages, landed):
+            s.wait(s.compute, done)  # stage k's scatter after its DMAs
+            launches += self.kernels.copy(
+                stage, ops, words, self.l1, packed, gather=False, stream=s.compute
+            )
         return start, s.mark(s.compute, timing=True), launches, dmas
 
     def _dmas(self, stage: tuple[PoolMove, ...], packed: torch.Tensor, *, to_host: bool) -> int:
