@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer multipool storage compare batched layerwise tp tpfuzz
-#   recompute serving fuzz issue finds
+#   recompute serving fuzz issue graphissue finds
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -21,6 +21,7 @@
 #   STORAGE_ARGS: extra arguments of the storage stage's `hicache bench storage` (350, 1,000 and
 #   3,500 tokens, 8 I/O threads, ceilings on 1-16 threads)
 #
+# The lent machines return at most 8 files: pack RESULTS_DIR (tar) at the end of the call.
 # Runs from the repository root with the project importable from the working tree
 # (PYTHONPATH=.), as on the lent H200 where the project is not installed. Each stage writes
 # its own files; a failing stage is reported and the suite goes on (exit status: failures).
@@ -87,6 +88,8 @@ for stage in $stages; do
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
             --steps "${FUZZ_STEPS:-20000}" --report --progress ;;
     issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
+    graphissue) run bench_graph_issue python3 benchmarks/graph_issue.py --tokens 350 1000 3500 \
+                  --out "$out/graph_issue.json" ;;
     finds) run hypofuzz_finds bash -c 'python3 -m pip install -q --no-index --no-deps \
              --no-compile --target /tmp/hf-site .whl-hypofuzz/*.whl &&
            mutants=$(python3 -c "from hicache.testing.zoo import DEFAULT_MACHINE as M
