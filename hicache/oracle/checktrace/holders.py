@@ -73,17 +73,23 @@ class LockHolders:
                 return None
             requests = list(self.cp.requests)
         through = self.through
-        keys: set[tuple[str, int]] = set()
-        for i in requests:
-            keys.add(("request", i))
-        for i in ops:
-            keys.add(("op", i))
+        moved: set[tuple[str, int]] | None = None  # the holders through a node it names
         for i in nodes:
             held = through.get(i)
             if held:
-                keys |= held
+                moved = set(held) if moved is None else moved | held
         reread: list[int] = []
-        for key in keys:
+        for i in requests:
+            if moved is None or ("request", i) not in moved:
+                if not self._read(("request", i)):
+                    self.whole = False
+                    return None
+                reread.append(i)
+        for i in ops:
+            if (moved is None or ("op", i) not in moved) and not self._read(("op", i)):
+                self.whole = False
+                return None
+        for key in moved or ():
             if not self._read(key):
                 self.whole = False
                 return None

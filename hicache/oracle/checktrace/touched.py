@@ -46,7 +46,7 @@ the full checks only, which `--check-every N` runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
@@ -107,9 +107,9 @@ class TouchedChecks:
 
     def clear(
         self,
-        node_ids: Iterable[int],
-        op_ids: Iterable[int],
-        request_ids: Iterable[int],
+        node_ids: Collection[int],
+        op_ids: Collection[int],
+        request_ids: Collection[int],
         moved: list[set[int]],
         path: Iterable[int] = (),
     ) -> bool:
@@ -117,24 +117,26 @@ class TouchedChecks:
         nodes (live or removed), ops (pending or ended) and requests (live or ended) and
         moved these pages (per tier index). `path`: nodes whose lock counts alone the call
         may have changed (its request's locked nodes and pins): they and their ancestors
-        are checked for S7 only, unless touched. After a no, `rebuild` before the next call
-        (the index may be half updated)."""
+        are checked for S7 only, unless touched. The id collections are read, never
+        changed; `moved` is (the pages it names join the claims index's own). After a no,
+        `rebuild` before the next call (the index may be half updated)."""
         cp = self.cp
         root = cp.tree.root
         get = cp.tree.get
         touched: set[TreeNode] = set()
         gone: list[int] = []
-        named_nodes = set(node_ids)
-        for i in named_nodes:
+        for i in node_ids:
             n = get(i)
             if n is None:
                 gone.append(i)
             elif n is not root:
                 touched.add(n)
-        scope = set(touched)  # and the ancestors: each one's own are in it already
-        for n in touched:
+        scope = touched  # and the ancestors: each one's own are in it already (a copy once
+        for n in touched:  # one adds a node)
             p = n.parent
             while p is not None and p.parent is not None and p not in scope:  # to the root's child
+                if scope is touched:
+                    scope = set(touched)
                 scope.add(p)
                 p = p.parent
         locked = scope  # and the locked paths: S7 there (a copy once one adds a node)
@@ -145,12 +147,11 @@ class TouchedChecks:
                     locked = set(scope)
                 locked.add(p)
                 p = p.parent
-        named_ops = set(op_ids)
-        ops = set(named_ops)
+        ops = op_ids  # and the pending ops covering a node there
         for pending in cp.ops.values():
             if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
-                ops.add(pending.op_id)
-        requests = set(request_ids)
+                ops = {*ops, pending.op_id}
+        requests = request_ids
         if not self._pages(gone, touched, ops, requests, moved):
             return False
         for n in scope:
@@ -173,7 +174,7 @@ class TouchedChecks:
                 return False
         # A holder's paths, and a request's clause, read its own record and its paths' nodes:
         # the holders the call named or whose paths pass a node it touched are read again.
-        reread = self.holders.refresh(named_nodes, requests, named_ops)
+        reread = self.holders.refresh(node_ids, requests, op_ids)
         return reread is not None and self._requests(reread) and self._locks(locked)
 
     def rebuild(self) -> None:
