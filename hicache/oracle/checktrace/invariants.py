@@ -117,12 +117,9 @@ class Checks:
         # the full checks' alone, so a group plane runs them after every call.
         group = any(len(t.pools) > 1 for t in cp.tables)
         self.touched = TouchedChecks(cp) if every == 1 and not full and not group else None
+        self.needs_scope = self.touched is not None  # the replay builds each call's Scope
         self.since = 0
         self.full_runs = 0  # full checks run (after a no of the all-clear, or periodic)
-
-    @property
-    def needs_scope(self) -> bool:
-        return self.touched is not None
 
     def after(self, n_events: int, scope: Scope | None) -> list[str]:
         """Violations (as text) after a call that emitted `n_events`; [] when all hold."""

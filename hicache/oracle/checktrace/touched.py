@@ -299,11 +299,13 @@ class TouchedChecks:
                 now.append((key, listed))
                 raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
             node_raw[n.node_id] = raws  # (else: a rebuild)
-        live_ops, live_requests = self.cp.ops, self.cp.requests
+        live_ops, live_requests, where = self.cp.ops, self.cp.requests, self.where
         for o in ops:
             self._record("op", o, _op_claim(live_ops.get(o)), now, dirty)
         for i in requests:
-            self._record("request", i, _request_claim(live_requests.get(i)), now, dirty)
+            found = _request_claim(live_requests.get(i))
+            if found is not None or ("request", i) in where:  # else: claims none, as before
+                self._record("request", i, found, now, dirty)
         for key, pages in now:
             if not self._claim(key, pages):
                 return False
