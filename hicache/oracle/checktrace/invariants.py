@@ -37,6 +37,8 @@ class Scope:
     call (`path`: with their ancestors, checked for lock counts only -- a call changes
     nothing else on a node no event of it names, and locks change without one)."""
 
+    __slots__ = ("nodes", "ops", "pages", "path", "requests")
+
     def __init__(
         self,
         nodes: Iterable[TreeNode],
@@ -44,13 +46,17 @@ class Scope:
         op: int | None,
         locked: Iterable[TreeNode],
     ) -> None:
-        self.nodes: set[int] = set()
+        ids: set[int] = set()
         for n in nodes:
             m: TreeNode | None = n
             while m is not None and not m.is_root:
-                self.nodes.add(m.node_id)
+                ids.add(m.node_id)
                 m = m.parent
-        self.path: set[int] = {n.node_id for n in locked if not n.is_root}
+        path: set[int] = set()
+        for n in locked:
+            if not n.is_root:
+                path.add(n.node_id)
+        self.nodes, self.path = ids, path
         self.ops: set[int] = set() if op is None else {op}
         self.requests: set[int] = set() if request is None else {request}
         self.pages: list[set[int]] = [set(), set(), set()]  # per tier index: pages moved
@@ -58,25 +64,29 @@ class Scope:
     def add_holders(self, cp: ControlPlane) -> None:
         """After the call: the prefix lock and pins its live requests hold now (a match
         locks a prefix no event names)."""
+        live, path = cp.requests, self.path
         for rid in self.requests:
-            r = cp.requests.get(rid)
+            r = live.get(rid)
             if r is not None:
-                self.path.add(r.locked.node_id)
-                self.path.update(n.node_id for n, _ in r.pins)
+                path.add(r.locked.node_id)
+                for n, _ in r.pins:
+                    path.add(n.node_id)
 
     def add(self, events: Iterable[TraceEvent]) -> None:
+        nodes, ops, requests, pages = self.nodes, self.ops, self.requests, self.pages
         for e in events:
             if e.node is not None:
-                self.nodes.add(e.node)
+                nodes.add(e.node)
             if e.op is not None:
-                self.ops.add(e.op)
+                ops.add(e.op)
             if e.request is not None:
-                self.requests.add(e.request)
+                requests.add(e.request)
             if e.pages and e.tier is not None:
-                self.pages[TIER_INDEX[e.tier]].update(e.pages)
-            upper = e.detail.get("upper") if e.event == "split" else None
-            if isinstance(upper, int):
-                self.nodes.add(upper)
+                pages[TIER_INDEX[e.tier]].update(e.pages)
+            if e.event == "split":
+                upper = e.detail.get("upper")
+                if isinstance(upper, int):
+                    nodes.add(upper)
 
 
 def scope_before(
@@ -84,7 +94,7 @@ def scope_before(
 ) -> Scope:
     """The scope of a call about to run: `nodes`, and the request's locked prefix and pins."""
     r = None if request is None else cp.requests.get(request)
-    locked = [] if r is None else [r.locked, *(n for n, _ in r.pins)]
+    locked = [] if r is None else [r.locked, *[n for n, _ in r.pins]] if r.pins else [r.locked]
     return Scope(nodes, request, op, locked)
 
 
@@ -107,12 +117,9 @@ class Checks:
         # the full checks' alone, so a group plane runs them after every call.
         group = any(len(t.pools) > 1 for t in cp.tables)
         self.touched = TouchedChecks(cp) if every == 1 and not full and not group else None
+        self.needs_scope = self.touched is not None  # the replay builds each call's Scope
         self.since = 0
         self.full_runs = 0  # full checks run (after a no of the all-clear, or periodic)
-
-    @property
-    def needs_scope(self) -> bool:
-        return self.touched is not None
 
     def after(self, n_events: int, scope: Scope | None) -> list[str]:
         """Violations (as text) after a call that emitted `n_events`; [] when all hold."""

@@ -19,8 +19,8 @@ tests exactly those, reading the plane's live records (no snapshot):
     ops touched or covering such a node     source locked, RESIDENT, read as its nodes'
                                             values, TREE-owned (I2); nodes name it (I5);
                                             target never TREE (I5); ranges aligned (I3)
-    every live request (a handful)          its locked path in the tree and RESIDENT in L1,
-                                            cached_len within it (I5)
+    the requests named, or whose locked     its locked path in the tree and RESIDENT in L1,
+    paths pass a touched node               cached_len within it (I5)
     pages: the claims index (below) for     claimed at most once (S5, I6), in range, with
     the touched records, and every page     the claimant's owner code, or FREE when none
     whose owner code changed                claims it (I1, I6); the tree's page counters
@@ -29,6 +29,9 @@ tests exactly those, reading the plane's live records (no snapshot):
 Which owner codes changed: the pages the table logged moving (a `RunIndexTable`, the
 replay's: O(pages moved)), else the whole owner array compared with its copy from the last
 call (O(capacity) per call).
+
+The lock counts S7 expects are kept per holder (holders.py): the holders a call names, or
+whose locked paths pass a node it touched, are read again; the rest cannot have changed.
 
 The claims index maps each tier's pages to the record claiming them (a node's value, an op's
 target, a request's private pages); a call re-indexes only the records it touched.
@@ -43,17 +46,18 @@ the full checks only, which `--check-every N` runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
 from hicache.core.control import ControlPlane
 from hicache.core.lifecycle import ABSENT, RESIDENT
-from hicache.core.pages import FREE, PRIVATE, TREE
+from hicache.core.pages import FREE, PRIVATE, TREE, PageTable
 from hicache.core.records import PendingOp, Request
 from hicache.core.tiers import TIERS, Direction
 from hicache.core.tree import TreeNode
 from hicache.core.treenode import ROOT_ID
+from hicache.oracle.checktrace.holders import LockHolders
 from hicache.oracle.checktrace.pagetable import RunIndexTable
 
 Holder = tuple[str, int, int]
@@ -99,12 +103,13 @@ class TouchedChecks:
                 table.moved = set()  # the pages each call moves, read by `_pages`
         # The tiers S6 holds in: not a hash-keyed one (spec/tree.md, "Hash-keyed tiers").
         self.closed = [i for i, t in enumerate(TIERS) if t not in cp.lifecycle.hash_keyed_tiers]
+        self.holders = LockHolders(cp)  # the holders' locked paths (S7, I5's request clause)
 
     def clear(
         self,
-        node_ids: Iterable[int],
-        op_ids: Iterable[int],
-        request_ids: Iterable[int],
+        node_ids: Collection[int],
+        op_ids: Collection[int],
+        request_ids: Collection[int],
         moved: list[set[int]],
         path: Iterable[int] = (),
     ) -> bool:
@@ -112,23 +117,26 @@ class TouchedChecks:
         nodes (live or removed), ops (pending or ended) and requests (live or ended) and
         moved these pages (per tier index). `path`: nodes whose lock counts alone the call
         may have changed (its request's locked nodes and pins): they and their ancestors
-        are checked for S7 only, unless touched. After a no, `rebuild` before the next call
-        (the index may be half updated)."""
+        are checked for S7 only, unless touched. The id collections are read, never
+        changed; `moved` is (the pages it names join the claims index's own). After a no,
+        `rebuild` before the next call (the index may be half updated)."""
         cp = self.cp
         root = cp.tree.root
         get = cp.tree.get
         touched: set[TreeNode] = set()
         gone: list[int] = []
-        for i in set(node_ids):
+        for i in node_ids:
             n = get(i)
             if n is None:
                 gone.append(i)
             elif n is not root:
                 touched.add(n)
-        scope = set(touched)  # and the ancestors: each one's own are in it already
-        for n in touched:
+        scope = touched  # and the ancestors: each one's own are in it already (a copy once
+        for n in touched:  # one adds a node)
             p = n.parent
             while p is not None and p.parent is not None and p not in scope:  # to the root's child
+                if scope is touched:
+                    scope = set(touched)
                 scope.add(p)
                 p = p.parent
         locked = scope  # and the locked paths: S7 there (a copy once one adds a node)
@@ -139,11 +147,11 @@ class TouchedChecks:
                     locked = set(scope)
                 locked.add(p)
                 p = p.parent
-        ops = set(op_ids)
+        ops = op_ids  # and the pending ops covering a node there
         for pending in cp.ops.values():
             if pending.op_id not in ops and not locked.isdisjoint(pending.nodes):
-                ops.add(pending.op_id)
-        requests = set(request_ids)
+                ops = {*ops, pending.op_id}
+        requests = request_ids
         if not self._pages(gone, touched, ops, requests, moved):
             return False
         for n in scope:
@@ -164,10 +172,10 @@ class TouchedChecks:
         for o in ops:
             if not self._op(o):
                 return False
-        # A request's clause reads its own record and its locked path's nodes: a call that
-        # touched no node can have broken it only for the requests it names.
-        named = None if touched or gone else requests
-        return self._requests(named) and self._locks(locked)
+        # A holder's paths, and a request's clause, read its own record and its paths' nodes:
+        # the holders the call named or whose paths pass a node it touched are read again.
+        reread = self.holders.refresh(node_ids, requests, op_ids)
+        return reread is not None and self._requests(reread) and self._locks(locked)
 
     def rebuild(self) -> None:
         """The claims index and counters from scratch (after `clear` said no)."""
@@ -177,6 +185,7 @@ class TouchedChecks:
         self.raw_held.clear()
         self.node_raw.clear()
         self.settled.clear()
+        self.holders.rebuild()
         self.owner_seen = [bytearray(t.owner.tobytes()) for t in cp.tables]  # one byte a page
         self.tree_pages = [0 for _ in TIERS]
         for table in cp.tables:
@@ -290,43 +299,35 @@ class TouchedChecks:
                 now.append((key, listed))
                 raw_held[key] = raw  # its claim, once `now` is indexed (else: a rebuild)
             node_raw[n.node_id] = raws  # (else: a rebuild)
-        live_ops, live_requests = self.cp.ops, self.cp.requests
+        live_ops, live_requests, where = self.cp.ops, self.cp.requests, self.where
         for o in ops:
             self._record("op", o, _op_claim(live_ops.get(o)), now, dirty)
         for i in requests:
-            self._record("request", i, _request_claim(live_requests.get(i)), now, dirty)
+            found = _request_claim(live_requests.get(i))
+            if found is not None or ("request", i) in where:  # else: claims none, as before
+                self._record("request", i, found, now, dirty)
         for key, pages in now:
             if not self._claim(key, pages):
                 return False
             dirty[key[2]].update(pages)
         if self.tree_pages != self.cp.tree.pages_held:  # S3, every tier in one comparison
             return False
-        for t, table in enumerate(self.cp.tables):
-            owner, seen = table.owner, self.owner_seen[t]
-            if owner.size != table.capacity:
-                return False
+        t = 0
+        for table in self.cp.tables:
+            named = dirty[t]
             if isinstance(table, RunIndexTable):  # its log names every page whose code changed
-                logged, named = table.moved, dirty[t]
+                logged = table.moved
                 assert logged is not None  # Verify: __init__ turned the log on.
                 if logged:
                     named |= logged
                     logged.clear()
-                if named and not self._logged(t, table, named):
+                if table.owner.size != table.capacity or (
+                    named and not self._logged(t, table, named)
+                ):
                     return False
-                continue
-            codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
-            if not dirty[t]:
-                if codes != seen:
-                    return False  # a code changed that no record and no event names
-                continue
-            claims, size = self.claims[t], owner.size
-            for p in dirty[t]:
-                holder = claims.get(p)
-                if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
-                    return False
-                seen[p] = codes[p]
-            if codes != seen:
+            elif not self._scanned(t, table, named):
                 return False
+            t += 1
         return True
 
     def _record(
@@ -347,6 +348,23 @@ class TouchedChecks:
             self._release(old, dirty)
         if found is not None:
             now.append(((kind, i, found[0]), found[1]))
+
+    def _scanned(self, t: int, table: PageTable, dirty: set[int]) -> bool:
+        """`_logged` for a table that keeps no log: the pages of `dirty` checked the same
+        way, and every other page's code compared with its copy from the last call."""
+        owner, seen = table.owner, self.owner_seen[t]
+        if owner.size != table.capacity:
+            return False
+        codes = owner.tobytes()  # the owner codes (uint8: a byte a page), read once
+        if not dirty:
+            return codes == seen  # else a code changed that no record and no event names
+        claims, size = self.claims[t], owner.size
+        for p in dirty:
+            holder = claims.get(p)
+            if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
+                return False
+            seen[p] = codes[p]
+        return codes == seen
 
     def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
         """Each of `dirty` (the pages the records and events name, and those the table moved)
@@ -483,16 +501,14 @@ class TouchedChecks:
                 return False
         return True
 
-    def _requests(self, named: set[int] | None = None) -> bool:
-        """I5's request clause for every live request (`named`: for those of them only)."""
+    def _requests(self, ids: Iterable[int]) -> bool:
+        """I5's request clause for the live requests of `ids`."""
         live = self.cp.requests
-        check: Iterable[Request]
-        if named is None:
-            check = live.values()
-        else:
-            check = [r for i in named if (r := live.get(i)) is not None]
         contains = self.cp.tree.contains
-        for r in check:
+        for i in ids:
+            r = live.get(i)
+            if r is None:
+                continue
             tokens = 0
             n: TreeNode | None = r.locked
             if not contains(r.locked):
@@ -508,35 +524,12 @@ class TouchedChecks:
 
     def _locks(self, scope: set[TreeNode]) -> bool:
         """S7 on the scope: each lock count equals the path locks its holders record on the
-        node or below it (requests' prefix locks and pins, ops' source locks). Every
-        holder's node must be in the tree, whatever the scope."""
-        cp = self.cp
-        holders: list[tuple[TreeNode, int]] = []
-        for r in cp.requests.values():
-            if r.locked.parent is not None:
-                holders.append((r.locked, 0))
-            if r.pins:
-                holders += r.pins
-        for op in cp.ops.values():
-            holders.append((op.nodes[-1], SOURCE[op.direction]))
-        live, root = cp.tree.get, cp.tree.root
-        for node, _ in holders:
-            if node is not root and live(node.node_id) is not node:
-                return False  # a holder's node is not in the tree (cp.tree.contains)
-        if not scope:
-            return True
-        expected: dict[TreeNode, list[int]] = {}  # per scope node, per tier index
-        for node, t in holders:
-            m = node
-            while m.parent is not None:  # up to the root's child
-                if m in scope:
-                    counts = expected.get(m)
-                    if counts is None:
-                        counts = expected[m] = [0, 0, 0]
-                    counts[t] += 1
-                m = m.parent
+        node or below it (requests' prefix locks and pins, ops' source locks), as
+        `LockHolders` keeps them (its `refresh` checked each re-read holder's node is in
+        the tree)."""
+        expected = self.holders.expected
         for n in scope:
-            lock, want = n.lock, expected.get(n, _UNLOCKED)
+            lock, want = n.lock, expected.get(n.node_id, _UNLOCKED)
             if lock[0] != want[0] or lock[1] != want[1] or lock[2] != want[2]:
                 return False
         return True
