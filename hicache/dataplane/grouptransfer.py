@@ -254,15 +254,15 @@ class GroupMover:
         start = s.mark(s.h2d, timing=True)
         launches = dmas = 0
         stages = self.kernels.stages(plan)
-        landed: list[Event | None] = []
+        dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):
             for stage in stages:
                 dmas += self._dmas(stage, packed, to_host=False)
-                landed.append(s.mark(s.h2d))
+                dmas_done.append(s.mark(s.h2d))
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
-        for stage, done in zip(stages, landed):
+        for stage, done in zip(stages, dmas_done):
             s.wait(s.compute, done)  # stage k's scatter after its DMAs
             launches += self.kernels.copy(
                 stage, ops, words, self.l1, packed, gather=False, stream=s.compute
