@@ -35,6 +35,8 @@ from hicache.core.lifecycle import (
     ABSENT,
     PRIVATE,
     RESIDENT,
+    Effect,
+    Guard,
     Lifecycle,
     States,
     Transition,
@@ -140,6 +142,38 @@ class _Context:
         raise AssertionError(f"request guard {rule!r} has no predicate")  # the parser knows it
 
 
+_EQ, _NE, _UNLOCKED, _CONTEXT = 0, 1, 2, 3
+_NO_LOCKS = (0, 0, 0)
+
+
+class _Row(NamedTuple):
+    """What `plan` and `run` read of one row, read off it once (`Executor._row`): the row,
+    its tier's index, whether its source is pending, its guards as (code, tier index, state,
+    guard) -- a sub-state or lock guard tested inline, any other through `Guard.holds` with
+    the segment's `_Context` -- and its effects as (op, tier index, effect)."""
+
+    t: Transition
+    i: int
+    pending: bool
+    guards: tuple[tuple[int, int, str, Guard], ...]
+    effects: tuple[tuple[str, int, Effect], ...]
+
+
+def _compile(t: Transition) -> _Row:
+    guards: list[tuple[int, int, str, Guard]] = []
+    for g in t.guards:
+        code = {"==": _EQ, "!=": _NE, "unlocked": _UNLOCKED}.get(g.op, _CONTEXT)
+        gi = -1 if g.tier is None else TIERS.index(g.tier)
+        guards.append((code, gi, g.state, g))
+    return _Row(
+        t,
+        TIERS.index(t.tier),
+        t.source not in (ABSENT, RESIDENT, PRIVATE),
+        tuple(guards),
+        tuple((e.op, TIERS.index(e.tier), e) for e in t.effects),
+    )
+
+
 def _locks(node: TreeNode, own: frozenset[int]) -> tuple[int, int, int]:
     """What `locks(Ln) == 0` reads of `node`: its path-lock count per tier (a lock on it or on
     a descendant), or, in a tier of `own` (tier indices; hash-keyed, spec/tree.md), the locks
@@ -161,6 +195,18 @@ class Executor:
         self, lifecycle: Lifecycle, tree: HiRadixTree, tables: Sequence[PageTable], tracer: Tracer
     ) -> None:
         self.lifecycle, self.tree, self.tables, self.tracer = lifecycle, tree, tables, tracer
+        self._rows: dict[str, _Row] = {}
+
+    def _row(self, name: str, t: Transition) -> _Row:
+        """Row `t` (named `name` in the loaded tables) read once; read again when the tables
+        now hold another row under that name."""
+        rows = self.__dict__.get("_rows")
+        if rows is None:  # an executor built without __init__ (a copy's fields)
+            rows = self._rows = {}
+        row = rows.get(name)
+        if row is None or row.t is not t:
+            row = rows[name] = _compile(t)
+        return row
 
     def plan(
         self,
@@ -179,26 +225,56 @@ class Executor:
         `pages_moved` are the pages a publish/release moves (the op's or the request's, in
         token order); a `free` takes the nodes' values; a `reserve` is checked against the
         tier's free count. `lock_node` is where lock/unlock effects land (default: the last
-        segment's node). An op's end must name the op owning each node's pending slot."""
+        segment's node). An op's end must name the op owning each node's pending slot.
+
+        Each segment is checked as `Lifecycle.check` checks it (source sub-state, then every
+        guard in table order): sub-state and lock guards inline, the others through
+        `Guard.holds`; when one fails, `Lifecycle.check` itself runs and raises its error."""
         t = self.lifecycle.transitions.get(name)
         if t is None:
             raise IllegalTransition(name, "-", "-", "no such transition in the loaded tables")
+        row = self._row(name, t)
         ps = self.tree.page_size
-        i = TIERS.index(t.tier)
+        i, source, dest, guards = row.i, t.source, t.dest, row.guards
         nodes = [s.node for s in segments if s.node is not None]
         afters: list[States] = []
         own = self.lifecycle.own_lock_tiers
         for seg in segments:
-            locks = (0, 0, 0) if seg.node is None else _locks(seg.node, own)
-            afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
-            pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
-            if pending and (seg.node is None or seg.node.pending[i] != op_id):
+            node, before = seg.node, seg.before
+            ok = before[i] == source
+            if ok and guards:
+                ctx: _Context | None = None
+                for code, gi, state, g in guards:
+                    if code == _EQ:
+                        ok = before[gi] == state
+                    elif code == _NE:
+                        ok = before[gi] != state
+                    elif code == _UNLOCKED:
+                        ok = node is None or (_locks(node, own) if own else node.lock)[gi] == 0
+                    else:
+                        if ctx is None:
+                            ctx = _Context(seg, nodes, rng)
+                        ok = g.holds(before, _NO_LOCKS, ctx)
+                    if not ok:
+                        break
+            if not ok:  # Lifecycle.check raises the failure's own error
+                locks = _NO_LOCKS if node is None else _locks(node, own)
+                self.lifecycle.check(name, before, locks, _Context(seg, nodes, rng))
+                raise AssertionError(f"{name}: Lifecycle.check passed a segment plan refused")
+            afters.append(
+                (dest, before[1], before[2])
+                if i == 0
+                else (before[0], dest, before[2])
+                if i == 1
+                else (before[0], before[1], dest)
+            )
+            if row.pending and (node is None or node.pending[i] != op_id):
                 # R7: verify the op still owns the node's pending slot (a second end would not).
                 raise IllegalTransition(
                     name,
                     str(t.tier),
-                    composite_name(seg.before),
-                    f"node {_id(seg.node)} is not pending on op {op_id} (R7)",
+                    composite_name(before),
+                    f"node {_id(node)} is not pending on op {op_id} (R7)",
                 )
         if not segments:  # request guards still apply to an empty range
             self.lifecycle.check(
@@ -207,33 +283,26 @@ class Executor:
                 (0, 0, 0),
                 _Context(Segment(None, 0, 0, _source_view(t)), [], rng),
             )
-        n_pages = sum(s.n_pages(ps) for s in segments)
+        n_pages = 0
+        for s in segments:
+            n_pages += (s.end - s.start) // ps
         moved = pages_moved
-        for e in t.effects:
-            k = TIERS.index(e.tier)
-            if e.op == "reserve" and self.tables[k].free_count < n_pages:
+        deepest = lock_node or (nodes[-1] if nodes else None)
+        for op, k, e in row.effects:
+            if op == "reserve" and self.tables[k].free_count < n_pages:
                 raise OutOfPages(str(e.tier), n_pages, self.tables[k].free_count)
-            if e.op == "free":
+            if op == "free":
                 moved = _concat([_value(n, k) for n in nodes])
-            if e.op in ("publish", "release") and (moved is None or moved.size != n_pages):
+            if (op == "publish" or op == "release") and (moved is None or moved.size != n_pages):
                 raise IllegalTransition(
                     name,
                     str(t.tier),
                     "-",
                     f"{n_pages} pages to move, {0 if moved is None else moved.size} given",
                 )
-            if e.op in ("lock", "unlock") and (lock_node or (nodes[-1] if nodes else None)) is None:
+            if (op == "lock" or op == "unlock") and deepest is None:
                 raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
-        return Step(
-            t,
-            tuple(segments),
-            moved,
-            n_pages,
-            lock_node or (nodes[-1] if nodes else None),
-            request_id,
-            op_id,
-            tuple(afters),
-        )
+        return Step(t, tuple(segments), moved, n_pages, deepest, request_id, op_id, tuple(afters))
 
     def run(self, step: Step) -> Pages:
         """Run a planned step: the row's effects in order (R3), then each node's sub-state, then
