@@ -1,5 +1,6 @@
 """`Executor.plan` tests a row's source sub-state and guards itself (sub-state and lock guards
-inline, the rest through `Guard.holds`): it must answer as `Lifecycle.check` does."""
+inline, the rest through `Guard.holds`), and `Executor.run` builds its events without
+`new_event`: both must answer as `Lifecycle.check` and `TraceEvent(**fields)` do."""
 
 from __future__ import annotations
 
@@ -129,3 +130,19 @@ def test_plan_reads_a_row_replaced_under_its_name() -> None:
         [Segment(parent, 0, 4, ("RESIDENT", "RESIDENT", "ABSENT"))],
     )
     assert step.afters == (("ABSENT", "RESIDENT", "ABSENT"),)
+
+
+def test_the_executors_events_are_the_constructors() -> None:
+    """Each event `run` emits holds only `TraceEvent` fields, a `detail` of its own, and is
+    the event `TraceEvent(**fields)` builds (equal, same line, same repr)."""
+    cp, sink = _plane(load_lifecycle())
+    _chain(cp)
+    cp.evict("L1", 8)
+    ran = [e for e in sink.events if e.event in cp.lifecycle.transitions]
+    assert len(ran) > 8
+    for e in ran:
+        assert set(e.__dict__) <= FIELDS, set(e.__dict__) - FIELDS
+        want = TraceEvent(**{k: v for k, v in e.__dict__.items() if k != "detail"})
+        assert e == want and e.to_json() == want.to_json() and repr(e) == repr(want)
+    details = [e.detail for e in ran]
+    assert len({id(d) for d in details}) == len(details)  # no event shares another's detail

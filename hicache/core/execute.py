@@ -309,47 +309,49 @@ class Executor:
         one trace event per segment, after the change (R75). Returns the pages the ownership
         effect moved."""
         t, ps = step.transition, self.tree.page_size
-        i = TIERS.index(t.tier)
+        row = self._row(t.name, t)
+        i = row.i
         moved = step.pages
-        for e in t.effects:
-            k = TIERS.index(e.tier)
-            if e.op == "reserve":
+        for op, k, _ in row.effects:
+            if op == "reserve":
                 moved = self.tables[k].reserve(step.n_pages) if step.n_pages else pages()
-            elif e.op in ("publish", "release", "free"):
+            elif op == "publish" or op == "release" or op == "free":
                 assert moved is not None  # Verify: plan() found the pages this moves.
-                getattr(self.tables[k], e.op)(moved)
+                getattr(self.tables[k], op)(moved)
             else:
                 assert step.lock_node is not None  # Verify: plan() found a node to lock.
                 # R6: one path lock on the step's deepest node is an op's one source lock.
-                (self.tree.lock if e.op == "lock" else self.tree.unlock)(step.lock_node, k)
+                (self.tree.lock if op == "lock" else self.tree.unlock)(step.lock_node, k)
         assert moved is not None  # Verify: every row has one ownership effect (the parser).
         at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
+        afters, op_id, request_id = step.afters, step.op_id, step.request_id
         for j, seg in enumerate(step.segments):
-            n = seg.n_pages(ps)
+            node = seg.node
+            n = (seg.end - seg.start) // ps
             mine = moved[at : at + n]
             at += n
             # The triple after the row: plan's (its `before` is the segment's, unchanged since).
-            after = (
-                step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
-            )
-            if seg.node is not None and not on_copy and not seg.duplicate:
-                self._write(seg.node, i, t, mine, step.op_id)
+            after = afters[j] if j < len(afters) else self.lifecycle.check(t.name, seg.before)
+            if node is not None and not on_copy and not seg.duplicate:
+                self._write(node, i, t, mine, op_id)
                 # Verify the event names the state the node is now in.
-                assert _states(seg.node) == after, (
-                    f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
+                assert _states(node) == after, (
+                    f"{t.name}: node {node.node_id} is {_states(node)}, not {after}"
                 )
             if self.tracer.enabled:
-                self.tracer.emit(
-                    t.name,
-                    tier=tier,
-                    node=None if seg.node is None else seg.node.node_id,
-                    op=step.op_id,
-                    request=step.request_id,
-                    token_start=seg.start,
-                    token_end=seg.end,
-                    pages=tuple(mine.tolist()),
-                    before=None if seg.duplicate else composite_name(seg.before),
-                    after=None if seg.duplicate else composite_name(after),
+                self.tracer.emit_fields(
+                    {
+                        "event": t.name,
+                        "tier": tier,
+                        "node": None if node is None else node.node_id,
+                        "op": op_id,
+                        "request": request_id,
+                        "token_start": seg.start,
+                        "token_end": seg.end,
+                        "pages": tuple(mine.tolist()),
+                        "before": None if seg.duplicate else composite_name(seg.before),
+                        "after": None if seg.duplicate else composite_name(after),
+                    }
                 )
         return moved
 
