@@ -147,7 +147,7 @@ _NO_LOCKS = (0, 0, 0)
 
 
 class _Row(NamedTuple):
-    """What `plan` and `run` read of one row, read off it once (`Executor._row`): the row,
+    """What `plan` and `run` read of one row, read off it once (`Executor._read`): the row,
     its tier's index, whether its source is pending, its guards as (code, tier index, state,
     guard) -- a sub-state or lock guard tested inline, any other through `Guard.holds` with
     the segment's `_Context` -- and its effects as (op, tier index, effect)."""
@@ -197,15 +197,10 @@ class Executor:
         self.lifecycle, self.tree, self.tables, self.tracer = lifecycle, tree, tables, tracer
         self._rows: dict[str, _Row] = {}
 
-    def _row(self, name: str, t: Transition) -> _Row:
-        """Row `t` (named `name` in the loaded tables) read once; read again when the tables
-        now hold another row under that name."""
-        rows = self.__dict__.get("_rows")
-        if rows is None:  # an executor built without __init__ (a copy's fields)
-            rows = self._rows = {}
-        row = rows.get(name)
-        if row is None or row.t is not t:
-            row = rows[name] = _compile(t)
+    def _read(self, name: str, t: Transition) -> _Row:
+        """Row `t` (named `name` in the loaded tables) read and kept: `plan` and `run` take
+        the kept one while the tables still hold that row under that name."""
+        row = self._rows[name] = _compile(t)
         return row
 
     def plan(
@@ -233,7 +228,9 @@ class Executor:
         t = self.lifecycle.transitions.get(name)
         if t is None:
             raise IllegalTransition(name, "-", "-", "no such transition in the loaded tables")
-        row = self._row(name, t)
+        row = self._rows.get(name)
+        if row is None or row.t is not t:
+            row = self._read(name, t)
         ps = self.tree.page_size
         i, source, dest, guards = row.i, t.source, t.dest, row.guards
         nodes = [s.node for s in segments if s.node is not None]
@@ -309,7 +306,9 @@ class Executor:
         one trace event per segment, after the change (R75). Returns the pages the ownership
         effect moved."""
         t, ps = step.transition, self.tree.page_size
-        row = self._row(t.name, t)
+        row = self._rows.get(t.name)
+        if row is None or row.t is not t:
+            row = self._read(t.name, t)
         i = row.i
         moved = step.pages
         for op, k, _ in row.effects:
