@@ -132,17 +132,27 @@ def test_plan_reads_a_row_replaced_under_its_name() -> None:
     assert step.afters == (("ABSENT", "RESIDENT", "ABSENT"),)
 
 
-def test_the_executors_events_are_the_constructors() -> None:
-    """Each event `run` emits holds only `TraceEvent` fields, a `detail` of its own, and is
-    the event `TraceEvent(**fields)` builds (equal, same line, same repr)."""
+def test_the_planes_events_are_the_constructors() -> None:
+    """Each event the plane emits (`run`'s per segment, and its own: begin_request with its
+    detail, cached_len, lock, unlock, end_request, split, node_remove) holds only
+    `TraceEvent` fields, a `detail` of its own, and is the event `TraceEvent(**fields)`
+    builds (equal, same line, same repr)."""
     cp, sink = _plane(load_lifecycle())
-    _chain(cp)
-    cp.evict("L1", 8)
-    ran = [e for e in sink.events if e.event in cp.lifecycle.transitions]
-    assert len(ran) > 8
-    for e in ran:
+    _parent, child = _chain(cp)
+    cp.begin_request(3, [1, 2, 3, 4, 7, 8, 9])
+    cp.pin(3, child, "L2")
+    cp.unpin(3)
+    cp.end_request(3)
+    cp.begin_request(4, [1, 2, 5, 6, 7])  # splits the parent
+    cp.end_request(4)
+    cp.evict("L1", 16)
+    cp.evict("L2", 16)
+    names = {e.event for e in sink.events}
+    want_names = {"begin_request", "cached_len", "lock", "unlock", "end_request", "split"}
+    assert want_names | {"node_remove", "compute", "insert", "evict_l1"} <= names, names
+    for e in sink.events:
         assert set(e.__dict__) <= FIELDS, set(e.__dict__) - FIELDS
-        want = TraceEvent(**{k: v for k, v in e.__dict__.items() if k != "detail"})
+        want = TraceEvent(**e.__dict__)
         assert e == want and e.to_json() == want.to_json() and repr(e) == repr(want)
-    details = [e.detail for e in ran]
+    details = [e.detail for e in sink.events]
     assert len({id(d) for d in details}) == len(details)  # no event shares another's detail

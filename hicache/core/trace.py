@@ -391,12 +391,15 @@ class Tracer:
 
     def emit_fields(self, fields: dict[str, object]) -> None:
         """`emit(fields["event"], **the rest)` for a dict the caller built for this call and
-        gives away, whose keys are `TraceEvent` fields other than `seq` and `detail` (the
-        executor's one event per segment): the event takes the dict as it is, without
-        `new_event`'s key test. Call only when `enabled`."""
+        gives away, whose keys are written out as `TraceEvent` fields other than `seq` (the
+        control plane's events, the executor's one per segment): the event takes the dict as
+        it is, without `new_event`'s key test; an absent `detail` is a fresh {}. Call only
+        when `enabled`."""
         assert self._sink is not None, "emit() called with tracing disabled; test .enabled first"
         self.seq += 1  # R75: 1, 2, ... with no gap, so a reader detects a lost line
-        fields["seq"], fields["detail"] = self.seq, {}
+        fields["seq"] = self.seq
+        if "detail" not in fields:
+            fields["detail"] = {}
         event = object.__new__(TraceEvent)
         object.__setattr__(event, "__dict__", fields)
         self._sink.emit(event)
