@@ -306,6 +306,18 @@ def new_event(d: Mapping[str, object], *, owned: bool = False) -> TraceEvent:
     return event
 
 
+def adopt_event(d: dict[str, object]) -> TraceEvent:
+    """`new_event(d, owned=True)` for a dict whose keys the caller has already held to
+    `TraceEvent`'s fields, `seq` and `event` among them (the reader, under a schema that
+    allows no other key and requires those two: `EventSchema.keys_are_fields`): no key
+    test. An absent `detail` is a fresh {}."""
+    if "detail" not in d:
+        d["detail"] = {}
+    event = object.__new__(TraceEvent)
+    object.__setattr__(event, "__dict__", d)
+    return event
+
+
 class TraceSink(Protocol):
     def emit(self, event: TraceEvent) -> None: ...
 
