@@ -324,14 +324,23 @@ class Executor:
         assert moved is not None  # Verify: every row has one ownership effect (the parser).
         at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
         afters, op_id, request_id = step.afters, step.op_id, step.request_id
+        # The pages as a list, sliced per segment for its event; a segment's pages as an array
+        # only where a node takes them as its value (the tree stores its own copy, so the
+        # whole array serves a segment that spans it).
+        listed, valued = moved.tolist(), t.dest == RESIDENT
         for j, seg in enumerate(step.segments):
             node = seg.node
-            n = (seg.end - seg.start) // ps
-            mine = moved[at : at + n]
-            at += n
+            end = at + (seg.end - seg.start) // ps
             # The triple after the row: plan's (its `before` is the segment's, unchanged since).
             after = afters[j] if j < len(afters) else self.lifecycle.check(t.name, seg.before)
             if node is not None and not on_copy and not seg.duplicate:
+                mine = (
+                    None
+                    if not valued
+                    else moved
+                    if at == 0 and end == len(listed)
+                    else moved[at:end]
+                )
                 self._write(node, i, t, mine, op_id)
                 # Verify the event names the state the node is now in.
                 assert _states(node) == after, (
@@ -347,16 +356,20 @@ class Executor:
                         "request": request_id,
                         "token_start": seg.start,
                         "token_end": seg.end,
-                        "pages": tuple(mine.tolist()),
+                        "pages": tuple(listed[at:end]),
                         "before": None if seg.duplicate else composite_name(seg.before),
                         "after": None if seg.duplicate else composite_name(after),
                     }
                 )
+            at = end
         return moved
 
-    def _write(self, node: TreeNode, i: int, t: Transition, mine: Pages, op_id: int | None) -> None:
+    def _write(
+        self, node: TreeNode, i: int, t: Transition, mine: Pages | None, op_id: int | None
+    ) -> None:
         """The node's sub-state in tier `i` becomes the row's target; its value is the moved
-        pages when that is RESIDENT, nothing otherwise; its pending slot follows the state."""
+        pages `mine` when that is RESIDENT (None otherwise: nothing), its pending slot follows
+        the state."""
         self.tree.set_value(node, i, mine if t.dest == RESIDENT else None, t.dest)
         node.pending[i] = op_id if t.dest.endswith("_PENDING") else None
 
