@@ -163,16 +163,20 @@ class ControlPlane(PlaneQueries):
         req = Request(request_id, tuple(tokens), l1, m.lengths[0], m.lengths[0])
         self.requests[request_id] = req
         if self.tracer.enabled:
-            self.tracer.emit(
-                "begin_request",
-                request=request_id,
-                detail={
-                    "hit": list(m.lengths),
-                    "tokens": len(tokens),
-                    "prompt": [int(t) for t in tokens],
-                },
+            self.tracer.emit_fields(
+                {
+                    "event": "begin_request",
+                    "request": request_id,
+                    "detail": {
+                        "hit": list(m.lengths),
+                        "tokens": len(tokens),
+                        "prompt": list(map(int, tokens)),
+                    },
+                }
             )
-            self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
+            self.tracer.emit_fields(
+                {"event": "cached_len", "request": request_id, "token_end": req.cached_len}
+            )
         self._check(lambda: f"begin_request {request_id}")
         return m
 
@@ -300,7 +304,9 @@ class ControlPlane(PlaneQueries):
         req.private_start += used * ps
         req.published_len = req.cached_len = published
         if self.tracer.enabled:
-            self.tracer.emit("cached_len", request=request_id, token_end=req.cached_len)
+            self.tracer.emit_fields(
+                {"event": "cached_len", "request": request_id, "token_end": req.cached_len}
+            )
         self._check(lambda: f"insert {request_id}")
         return req.cached_len
 
@@ -388,8 +394,13 @@ class ControlPlane(PlaneQueries):
         req.locked = node
         req.published_len = req.cached_len = self.tree.prefix_tokens(node)
         if self.tracer.enabled:
-            self.tracer.emit(
-                "cached_len", request=request_id, node=node.node_id, token_end=req.cached_len
+            self.tracer.emit_fields(
+                {
+                    "event": "cached_len",
+                    "request": request_id,
+                    "node": node.node_id,
+                    "token_end": req.cached_len,
+                }
             )
         self._check(lambda: f"cached_len {request_id}")
         return req.cached_len
@@ -405,7 +416,14 @@ class ControlPlane(PlaneQueries):
         self.tree.lock(node, t)
         req.pins.append((node, t))
         if self.tracer.enabled:
-            self.tracer.emit("lock", tier=str(TIERS[t]), node=node.node_id, request=request_id)
+            self.tracer.emit_fields(
+                {
+                    "event": "lock",
+                    "tier": str(TIERS[t]),
+                    "node": node.node_id,
+                    "request": request_id,
+                }
+            )
 
     def unpin(self, request_id: int, node: TreeNode | None = None) -> int:
         """Release the request's pins (all of them, or those on `node`), newest first; a node
@@ -417,7 +435,14 @@ class ControlPlane(PlaneQueries):
         for n, t in reversed(gone):
             self.tree.unlock(n, t)
             if self.tracer.enabled:
-                self.tracer.emit("unlock", tier=str(TIERS[t]), node=n.node_id, request=request_id)
+                self.tracer.emit_fields(
+                    {
+                        "event": "unlock",
+                        "tier": str(TIERS[t]),
+                        "node": n.node_id,
+                        "request": request_id,
+                    }
+                )
         for n, _ in reversed(gone):
             if self.tree.contains(n):
                 self._remove_dead(n)
@@ -455,7 +480,7 @@ class ControlPlane(PlaneQueries):
             self.tree.unlock(req.locked, 0)
         del self.requests[request_id]
         if self.tracer.enabled:
-            self.tracer.emit("end_request", request=request_id)
+            self.tracer.emit_fields({"event": "end_request", "request": request_id})
         self._check(lambda: f"end_request {request_id}")
 
     # -- transfers ------------------------------------------------------------------------
@@ -750,7 +775,7 @@ class ControlPlane(PlaneQueries):
         removed = self.tree.remove_if_dead(node)
         for r in removed:
             if self.tracer.enabled:
-                self.tracer.emit("node_remove", node=r.node_id)
+                self.tracer.emit_fields({"event": "node_remove", "node": r.node_id})
         if removed and self.on_remove:
             left = path[len(removed)] if len(path) > len(removed) else self.tree.root
             for hook in self.on_remove:
@@ -841,8 +866,12 @@ class ControlPlane(PlaneQueries):
                     op.nodes.insert(i, upper)
                     break
         if self.tracer.enabled:
-            self.tracer.emit(
-                "split", node=lower.node_id, detail={"upper": upper.node_id, "at": len(upper.key)}
+            self.tracer.emit_fields(
+                {
+                    "event": "split",
+                    "node": lower.node_id,
+                    "detail": {"upper": upper.node_id, "at": len(upper.key)},
+                }
             )
 
 

@@ -35,6 +35,8 @@ from hicache.core.lifecycle import (
     ABSENT,
     PRIVATE,
     RESIDENT,
+    Effect,
+    Guard,
     Lifecycle,
     States,
     Transition,
@@ -140,6 +142,38 @@ class _Context:
         raise AssertionError(f"request guard {rule!r} has no predicate")  # the parser knows it
 
 
+_EQ, _NE, _UNLOCKED, _CONTEXT = 0, 1, 2, 3
+_NO_LOCKS = (0, 0, 0)
+
+
+class _Row(NamedTuple):
+    """What `plan` and `run` read of one row, read off it once (`Executor._read`): the row,
+    its tier's index, whether its source is pending, its guards as (code, tier index, state,
+    guard) -- a sub-state or lock guard tested inline, any other through `Guard.holds` with
+    the segment's `_Context` -- and its effects as (op, tier index, effect)."""
+
+    t: Transition
+    i: int
+    pending: bool
+    guards: tuple[tuple[int, int, str, Guard], ...]
+    effects: tuple[tuple[str, int, Effect], ...]
+
+
+def _compile(t: Transition) -> _Row:
+    guards: list[tuple[int, int, str, Guard]] = []
+    for g in t.guards:
+        code = {"==": _EQ, "!=": _NE, "unlocked": _UNLOCKED}.get(g.op, _CONTEXT)
+        gi = -1 if g.tier is None else TIERS.index(g.tier)
+        guards.append((code, gi, g.state, g))
+    return _Row(
+        t,
+        TIERS.index(t.tier),
+        t.source not in (ABSENT, RESIDENT, PRIVATE),
+        tuple(guards),
+        tuple((e.op, TIERS.index(e.tier), e) for e in t.effects),
+    )
+
+
 def _locks(node: TreeNode, own: frozenset[int]) -> tuple[int, int, int]:
     """What `locks(Ln) == 0` reads of `node`: its path-lock count per tier (a lock on it or on
     a descendant), or, in a tier of `own` (tier indices; hash-keyed, spec/tree.md), the locks
@@ -161,6 +195,13 @@ class Executor:
         self, lifecycle: Lifecycle, tree: HiRadixTree, tables: Sequence[PageTable], tracer: Tracer
     ) -> None:
         self.lifecycle, self.tree, self.tables, self.tracer = lifecycle, tree, tables, tracer
+        self._rows: dict[str, _Row] = {}
+
+    def _read(self, name: str, t: Transition) -> _Row:
+        """Row `t` (named `name` in the loaded tables) read and kept: `plan` and `run` take
+        the kept one while the tables still hold that row under that name."""
+        row = self._rows[name] = _compile(t)
+        return row
 
     def plan(
         self,
@@ -179,26 +220,58 @@ class Executor:
         `pages_moved` are the pages a publish/release moves (the op's or the request's, in
         token order); a `free` takes the nodes' values; a `reserve` is checked against the
         tier's free count. `lock_node` is where lock/unlock effects land (default: the last
-        segment's node). An op's end must name the op owning each node's pending slot."""
+        segment's node). An op's end must name the op owning each node's pending slot.
+
+        Each segment is checked as `Lifecycle.check` checks it (source sub-state, then every
+        guard in table order): sub-state and lock guards inline, the others through
+        `Guard.holds`; when one fails, `Lifecycle.check` itself runs and raises its error."""
         t = self.lifecycle.transitions.get(name)
         if t is None:
             raise IllegalTransition(name, "-", "-", "no such transition in the loaded tables")
+        row = self._rows.get(name)
+        if row is None or row.t is not t:
+            row = self._read(name, t)
         ps = self.tree.page_size
-        i = TIERS.index(t.tier)
+        i, source, dest, guards = row.i, t.source, t.dest, row.guards
         nodes = [s.node for s in segments if s.node is not None]
         afters: list[States] = []
         own = self.lifecycle.own_lock_tiers
         for seg in segments:
-            locks = (0, 0, 0) if seg.node is None else _locks(seg.node, own)
-            afters.append(self.lifecycle.check(name, seg.before, locks, _Context(seg, nodes, rng)))
-            pending = t.source not in (ABSENT, RESIDENT, PRIVATE)
-            if pending and (seg.node is None or seg.node.pending[i] != op_id):
+            node, before = seg.node, seg.before
+            ok = before[i] == source
+            if ok and guards:
+                ctx: _Context | None = None
+                for code, gi, state, g in guards:
+                    if code == _EQ:
+                        ok = before[gi] == state
+                    elif code == _NE:
+                        ok = before[gi] != state
+                    elif code == _UNLOCKED:
+                        ok = node is None or (_locks(node, own) if own else node.lock)[gi] == 0
+                    else:
+                        if ctx is None:
+                            ctx = _Context(seg, nodes, rng)
+                        ok = g.holds(before, _NO_LOCKS, ctx)
+                    if not ok:
+                        break
+            if not ok:  # Lifecycle.check raises the failure's own error
+                locks = _NO_LOCKS if node is None else _locks(node, own)
+                self.lifecycle.check(name, before, locks, _Context(seg, nodes, rng))
+                raise AssertionError(f"{name}: Lifecycle.check passed a segment plan refused")
+            afters.append(
+                (dest, before[1], before[2])
+                if i == 0
+                else (before[0], dest, before[2])
+                if i == 1
+                else (before[0], before[1], dest)
+            )
+            if row.pending and (node is None or node.pending[i] != op_id):
                 # R7: verify the op still owns the node's pending slot (a second end would not).
                 raise IllegalTransition(
                     name,
                     str(t.tier),
-                    composite_name(seg.before),
-                    f"node {_id(seg.node)} is not pending on op {op_id} (R7)",
+                    composite_name(before),
+                    f"node {_id(node)} is not pending on op {op_id} (R7)",
                 )
         if not segments:  # request guards still apply to an empty range
             self.lifecycle.check(
@@ -207,86 +280,96 @@ class Executor:
                 (0, 0, 0),
                 _Context(Segment(None, 0, 0, _source_view(t)), [], rng),
             )
-        n_pages = sum(s.n_pages(ps) for s in segments)
+        n_pages = 0
+        for s in segments:
+            n_pages += (s.end - s.start) // ps
         moved = pages_moved
-        for e in t.effects:
-            k = TIERS.index(e.tier)
-            if e.op == "reserve" and self.tables[k].free_count < n_pages:
+        deepest = lock_node or (nodes[-1] if nodes else None)
+        for op, k, e in row.effects:
+            if op == "reserve" and self.tables[k].free_count < n_pages:
                 raise OutOfPages(str(e.tier), n_pages, self.tables[k].free_count)
-            if e.op == "free":
+            if op == "free":
                 moved = _concat([_value(n, k) for n in nodes])
-            if e.op in ("publish", "release") and (moved is None or moved.size != n_pages):
+            if (op == "publish" or op == "release") and (moved is None or moved.size != n_pages):
                 raise IllegalTransition(
                     name,
                     str(t.tier),
                     "-",
                     f"{n_pages} pages to move, {0 if moved is None else moved.size} given",
                 )
-            if e.op in ("lock", "unlock") and (lock_node or (nodes[-1] if nodes else None)) is None:
+            if (op == "lock" or op == "unlock") and deepest is None:
                 raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
-        return Step(
-            t,
-            tuple(segments),
-            moved,
-            n_pages,
-            lock_node or (nodes[-1] if nodes else None),
-            request_id,
-            op_id,
-            tuple(afters),
-        )
+        return Step(t, tuple(segments), moved, n_pages, deepest, request_id, op_id, tuple(afters))
 
     def run(self, step: Step) -> Pages:
         """Run a planned step: the row's effects in order (R3), then each node's sub-state, then
         one trace event per segment, after the change (R75). Returns the pages the ownership
         effect moved."""
         t, ps = step.transition, self.tree.page_size
-        i = TIERS.index(t.tier)
+        row = self._rows.get(t.name)
+        if row is None or row.t is not t:
+            row = self._read(t.name, t)
+        i = row.i
         moved = step.pages
-        for e in t.effects:
-            k = TIERS.index(e.tier)
-            if e.op == "reserve":
+        for op, k, _ in row.effects:
+            if op == "reserve":
                 moved = self.tables[k].reserve(step.n_pages) if step.n_pages else pages()
-            elif e.op in ("publish", "release", "free"):
+            elif op == "publish" or op == "release" or op == "free":
                 assert moved is not None  # Verify: plan() found the pages this moves.
-                getattr(self.tables[k], e.op)(moved)
+                getattr(self.tables[k], op)(moved)
             else:
                 assert step.lock_node is not None  # Verify: plan() found a node to lock.
                 # R6: one path lock on the step's deepest node is an op's one source lock.
-                (self.tree.lock if e.op == "lock" else self.tree.unlock)(step.lock_node, k)
+                (self.tree.lock if op == "lock" else self.tree.unlock)(step.lock_node, k)
         assert moved is not None  # Verify: every row has one ownership effect (the parser).
         at, tier, on_copy = 0, str(t.tier), t.acts_on_copy
+        afters, op_id, request_id = step.afters, step.op_id, step.request_id
+        # The pages as a list, sliced per segment for its event; a segment's pages as an array
+        # only where a node takes them as its value (the tree stores its own copy, so the
+        # whole array serves a segment that spans it).
+        listed, valued = moved.tolist(), t.dest == RESIDENT
         for j, seg in enumerate(step.segments):
-            n = seg.n_pages(ps)
-            mine = moved[at : at + n]
-            at += n
+            node = seg.node
+            end = at + (seg.end - seg.start) // ps
             # The triple after the row: plan's (its `before` is the segment's, unchanged since).
-            after = (
-                step.afters[j] if j < len(step.afters) else self.lifecycle.check(t.name, seg.before)
-            )
-            if seg.node is not None and not on_copy and not seg.duplicate:
-                self._write(seg.node, i, t, mine, step.op_id)
+            after = afters[j] if j < len(afters) else self.lifecycle.check(t.name, seg.before)
+            if node is not None and not on_copy and not seg.duplicate:
+                mine = (
+                    None
+                    if not valued
+                    else moved
+                    if at == 0 and end == len(listed)
+                    else moved[at:end]
+                )
+                self._write(node, i, t, mine, op_id)
                 # Verify the event names the state the node is now in.
-                assert _states(seg.node) == after, (
-                    f"{t.name}: node {seg.node.node_id} is {_states(seg.node)}, not {after}"
+                assert _states(node) == after, (
+                    f"{t.name}: node {node.node_id} is {_states(node)}, not {after}"
                 )
             if self.tracer.enabled:
-                self.tracer.emit(
-                    t.name,
-                    tier=tier,
-                    node=None if seg.node is None else seg.node.node_id,
-                    op=step.op_id,
-                    request=step.request_id,
-                    token_start=seg.start,
-                    token_end=seg.end,
-                    pages=tuple(mine.tolist()),
-                    before=None if seg.duplicate else composite_name(seg.before),
-                    after=None if seg.duplicate else composite_name(after),
+                self.tracer.emit_fields(
+                    {
+                        "event": t.name,
+                        "tier": tier,
+                        "node": None if node is None else node.node_id,
+                        "op": op_id,
+                        "request": request_id,
+                        "token_start": seg.start,
+                        "token_end": seg.end,
+                        "pages": tuple(listed[at:end]),
+                        "before": None if seg.duplicate else composite_name(seg.before),
+                        "after": None if seg.duplicate else composite_name(after),
+                    }
                 )
+            at = end
         return moved
 
-    def _write(self, node: TreeNode, i: int, t: Transition, mine: Pages, op_id: int | None) -> None:
+    def _write(
+        self, node: TreeNode, i: int, t: Transition, mine: Pages | None, op_id: int | None
+    ) -> None:
         """The node's sub-state in tier `i` becomes the row's target; its value is the moved
-        pages when that is RESIDENT, nothing otherwise; its pending slot follows the state."""
+        pages `mine` when that is RESIDENT (None otherwise: nothing), its pending slot follows
+        the state."""
         self.tree.set_value(node, i, mine if t.dest == RESIDENT else None, t.dest)
         node.pending[i] = op_id if t.dest.endswith("_PENDING") else None
 

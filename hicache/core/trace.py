@@ -306,6 +306,18 @@ def new_event(d: Mapping[str, object], *, owned: bool = False) -> TraceEvent:
     return event
 
 
+def adopt_event(d: dict[str, object]) -> TraceEvent:
+    """`new_event(d, owned=True)` for a dict whose keys the caller has already held to
+    `TraceEvent`'s fields, `seq` and `event` among them (the reader, under a schema that
+    allows no other key and requires those two: `EventSchema.keys_are_fields`): no key
+    test. An absent `detail` is a fresh {}."""
+    if "detail" not in d:
+        d["detail"] = {}
+    event = object.__new__(TraceEvent)
+    object.__setattr__(event, "__dict__", d)
+    return event
+
+
 class TraceSink(Protocol):
     def emit(self, event: TraceEvent) -> None: ...
 
@@ -388,3 +400,18 @@ class Tracer:
         self.seq += 1  # R75: 1, 2, ... with no gap, so a reader detects a lost line
         fields["seq"], fields["event"] = self.seq, event
         self._sink.emit(new_event(fields, owned=True))
+
+    def emit_fields(self, fields: dict[str, object]) -> None:
+        """`emit(fields["event"], **the rest)` for a dict the caller built for this call and
+        gives away, whose keys are written out as `TraceEvent` fields other than `seq` (the
+        control plane's events, the executor's one per segment): the event takes the dict as
+        it is, without `new_event`'s key test; an absent `detail` is a fresh {}. Call only
+        when `enabled`."""
+        assert self._sink is not None, "emit() called with tracing disabled; test .enabled first"
+        self.seq += 1  # R75: 1, 2, ... with no gap, so a reader detects a lost line
+        fields["seq"] = self.seq
+        if "detail" not in fields:
+            fields["detail"] = {}
+        event = object.__new__(TraceEvent)
+        object.__setattr__(event, "__dict__", fields)
+        self._sink.emit(event)

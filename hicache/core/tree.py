@@ -329,9 +329,14 @@ class HiRadixTree:
         """Set `node`'s value and sub-state in `tier`. A value is present exactly when the state
         is RESIDENT (pending targets live in the op, not the node), one page per key page. The
         tree stores its own int64 copy. Becoming RESIDENT refreshes the node's LRU tick there."""
-        self._writable("set_value")
-        self._own(node)
-        self._check_tier(tier)
+        # `_writable`, `_own` and `_check_tier`, tested inline (a write per trace event); each
+        # raises its own error when its test fails.
+        if self.poisoned is not None:
+            self._writable("set_value")
+        if self._nodes.get(node.node_id) is not node:
+            self._own(node)
+        if type(tier) is not int or not 0 <= tier < N_TIERS:
+            self._check_tier(tier)
         if node.is_root:
             raise TreeError("the root holds no pages")
         if state not in node_states()[tier]:

@@ -23,7 +23,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from hicache.core.lifecycle import Lifecycle
-from hicache.core.trace import TraceEvent, TraceFormatError, TraceHeader, new_event
+from hicache.core.trace import (
+    TraceEvent,
+    TraceFormatError,
+    TraceHeader,
+    adopt_event,
+    new_event,
+)
 from hicache.oracle.checktrace.schema import EventSchema, load_event_schema
 
 
@@ -96,6 +102,7 @@ class TraceReader:
         self.schema = schema or load_event_schema(omits=self.header.omits)
         self._absent = absent_tier_events(lc, self.header.tiers)
         self._fast = self.schema.fast
+        self._adopt = self.schema.keys_are_fields  # the schema holds every key to a field
 
     @property
     def source(self) -> Iterator[str]:
@@ -184,4 +191,4 @@ class TraceReader:
         self.seq = seq
         if "pages" in d:
             d["pages"] = tuple(d["pages"])
-        return Line(n, text, new_event(d, owned=True))
+        return Line(n, text, adopt_event(d) if self._adopt else new_event(d, owned=True))

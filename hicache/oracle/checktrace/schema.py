@@ -25,12 +25,13 @@ fraction (`2.0`) is one; `hicache.oracle.checktrace.reader` parses such numbers 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hicache.core.trace import OMITTED_KEYS
+from hicache.core.trace import OMITTED_KEYS, TraceEvent
 from hicache.errors import SpecError
 from hicache.oracle.checktrace.fastschema import Predicate, compile_fast
 from hicache.spec import SPEC_DIR
@@ -332,6 +333,15 @@ class EventSchema:
         self.by_event: dict[str, Rule] = {n: compile_rule(s) for n, s in resolved.items()}
         self.fast: dict[str, Predicate] = {n: compile_fast(s) for n, s in resolved.items()}
         self.fallback = compile_rule(_resolve(base))  # for an event name outside the enum
+        fields = {f.name for f in dataclasses.fields(TraceEvent)}
+        # Whether every object this schema passes holds only `TraceEvent` fields, `seq` and
+        # `event` among them: then the reader builds its events without new_event's key test.
+        self.keys_are_fields = all(
+            s.get("additionalProperties", True) is False
+            and set(s.get("properties", {})) <= fields
+            and {"seq", "event"} <= set(s.get("required", ()))
+            for s in (*resolved.values(), _resolve(base))
+        )
 
     def check(self, obj: Any) -> str | None:
         """The first way `obj` breaks the schema (a message naming the key), or None."""
