@@ -5,8 +5,12 @@ tests/test_issue_graphs_gpu.py checks the bytes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
@@ -87,3 +91,130 @@ def test_the_environment_turns_them_off(monkeypatch: pytest.MonkeyPatch) -> None
     off = IssueGraphs(cuda)
     assert not off.enabled and issuegraphs.ENV in str(off.status()["reason"])
     assert IssueGraphs(cuda, enabled=True).enabled  # an explicit choice wins
+
+
+# -- replays on CPU: a graph stood in for by its own work, re-run ---------------------------
+#
+# A captured graph repeats its calls on the same addresses, reading the buffers' contents at
+# replay. Re-running the closure captured at the second sight of a key does exactly that on
+# CPU (the closure holds the capturing transfer's buffers and shapes, and reads the indices
+# from the buffers when re-run), so a key that leaves out something the work depends on
+# replays one transfer's calls for another and moves wrong bytes -- which these tests see.
+
+
+class ClosureGraph:
+    def __init__(self, work: Callable[[], None]) -> None:
+        self.work = work
+
+    def replay(self) -> None:
+        self.work()
+
+
+def replaying(graphs: IssueGraphs, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs.enabled = True
+
+    def capture(work: Callable[[], None]) -> ClosureGraph:
+        graphs.captures += 1
+        return ClosureGraph(work)
+
+    monkeypatch.setattr(graphs, "_capture", capture)
+
+
+def group_rig(name: str, caps: int) -> tuple[Any, Any, Any]:
+    from hicache.dataplane.groupgeometry import GroupGeometry
+    from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
+    from hicache.dataplane.grouptransfer import GroupMover
+    from hicache.pools import presets
+
+    geometry = GroupGeometry.from_group(presets.group(name))
+    pages = {s: caps for s in geometry.sources}
+    l1 = GroupDevicePool(geometry, pages, "cpu")
+    l1.tensor.copy_(torch.randint(0, 256, l1.tensor.shape, dtype=torch.uint8))
+    l2 = GroupHostPool(geometry, pages, pin=False)
+    return geometry, GroupMover(l1, l2, "torch"), (l1, l2)
+
+
+def pages(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.choice(8, size=n, replace=False).astype(np.int64)
+
+
+@given(
+    st.sampled_from(["dsv4-tiny", "mla-tiny"]),
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from([(1, 3), (3, 1), (2, 2), (4, 1)]), st.integers()),
+        max_size=12,
+    ),
+)
+@settings(max_examples=25, deadline=None)
+def test_group_replays_move_each_transfers_own_bytes(
+    name: str, transfers: list[tuple[bool, tuple[int, int], int]]
+) -> None:
+    """Transfers of a few shapes in a loop (pages per allocating pool drawn apart: one total
+    split two ways is two shapes), each checked for its bytes; from each shape's second
+    sight on its upload and kernels are a replay."""
+    from hicache.dataplane.grouppools import group_digest
+
+    geometry, mover, (l1, l2) = group_rig(name, 8)
+    with pytest.MonkeyPatch.context() as mp:
+        replaying(mover.graphs, mp)
+        for d2h, sizes, seed in transfers:
+            rng = np.random.default_rng(seed % 2**32)
+            n = dict(zip(geometry.sources, sizes, strict=False))
+            pick, other = ({s: pages(rng, n[s]) for s in geometry.sources} for _ in range(2))
+            if d2h:
+                request = {s: (pick[s], other[s]) for s in geometry.sources}
+                assert mover.d2h(request).wait().value == "DONE"
+                assert group_digest(l1, pick) == group_digest(l2, other)
+            else:
+                request = {s: (other[s], pick[s]) for s in geometry.sources}
+                assert mover.h2d(request).wait().value == "DONE"
+                assert group_digest(l2, other) == group_digest(l1, pick)
+    replays = sum(c.replays for c in mover.counters.values())
+    assert replays == mover.graphs.replays  # every replay counted once, in its direction
+    assert mover.buffers_busy == 0
+
+
+def test_group_shapes_are_replayed_from_their_second_sight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    geometry, mover, _ = group_rig("dsv4-tiny", 8)
+    replaying(mover.graphs, monkeypatch)
+    request = {
+        s: (np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64)) for s in geometry.sources
+    }
+    for _ in range(4):
+        mover.d2h(request).wait()
+        mover.h2d(request).wait()
+    for direction, counters in mover.counters.items():
+        assert counters.replays == 4 - (CAPTURE_AT - 1), direction
+    assert mover.graphs.captures == 2  # one shape per direction
+    big = {
+        s: (np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64)) for s in geometry.sources
+    }
+    mover.graph_max_bytes = 0  # past the limit: the per-pool stages, never a replay
+    for _ in range(CAPTURE_AT + 1):
+        mover.d2h(big).wait()
+    assert mover.graphs.captures == 2
+
+
+def test_single_pool_replays_move_each_transfers_own_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hicache.dataplane.dma import DeviceHostMover
+    from hicache.dataplane.geometry import KVGeometry
+    from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+    from hicache.kernels import KernelSet
+
+    g = KVGeometry(layers=2, kv_heads=1, head_dim=8, dtype="bf16", page_size=4)
+    l1 = DevicePool(g, 32, "cpu")
+    l1.tensor.view(torch.uint8).random_(0, 256)
+    l2 = HostPool(g, 32, pin=False)
+    mover = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "torch"))
+    replaying(mover.graphs, monkeypatch)
+    rng = np.random.default_rng(1)
+    for n in (3, 5, 3, 3, 5, 3, 2, 5):
+        src = rng.choice(32, size=n, replace=False).astype(np.int64)
+        dst = np.arange(n, dtype=np.int64) + int(rng.integers(0, 32 - n))  # one run: one chunk
+        assert mover.d2h(src, dst).wait().value == "DONE"
+        assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
+    assert mover.graphs.captures >= 2 and mover.graphs.replays >= 2, mover.graphs.status()

@@ -1,4 +1,5 @@
-"""A one-chunk D2H's index upload and gather replayed as a captured graph (issuegraphs.py).
+"""Issues replayed as captured graphs (issuegraphs.py): a one-chunk D2H's index upload and
+gather in the single-pool mover; a one-stage group transfer's upload and kernels.
 
 What must hold on a GPU: every replay moves the pages of the transfer that replays it (its
 own indices, read from the pinned buffer when the replay runs), it waits for the caller's
@@ -9,6 +10,7 @@ addresses, and with graphs off the mover captures nothing. The counters say whic
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,11 +19,16 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
+from hicache.core.tiers import Direction
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.groupgeometry import GroupGeometry
+from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool, group_digest
+from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.issuegraphs import CAPTURE_AT
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.kernels import KernelSet
+from hicache.pools import presets
 
 pytestmark = [
     pytest.mark.gpu,
@@ -109,3 +116,60 @@ def test_gpu_graphs_off_captures_nothing() -> None:
     for _ in range(CAPTURE_AT + 1):
         d2h_checked(m, src, dst)
     assert m.graphs.captures == 0 and m.graphs.replays == 0, m.graphs.status()
+
+
+# -- the group mover (grouptransfer.py): one stage, its upload and kernels replayed -------
+
+
+def group_rig(name: str, mode: str = "per_pool", caps: int = 16) -> tuple[Any, GroupMover]:
+    geometry = GroupGeometry.from_group(presets.group(name))
+    pages = {s: caps for s in geometry.sources}
+    l1 = GroupDevicePool(geometry, pages, "cuda")
+    l1.tensor.random_(0, 256)
+    return geometry, GroupMover(l1, GroupHostPool(geometry, pages, pin=True), mode)
+
+
+@pytest.mark.parametrize("name", ["dsv4-tiny", "dsv4", "mla"])
+@pytest.mark.parametrize("mode", ["per_pool", "table"])
+def test_gpu_group_replays_move_their_own_bytes(name: str, mode: str) -> None:
+    geometry, m = group_rig(name, mode)
+    rng = np.random.default_rng(0)
+    sights = 5
+    for _ in range(sights):  # one shape, other pages every time, both ways
+        a = {s: rng.choice(16, size=4, replace=False).astype(np.int64) for s in geometry.sources}
+        b = {s: rng.choice(16, size=4, replace=False).astype(np.int64) for s in geometry.sources}
+        m.l2.tensor.fill_(0xA5)
+        assert m.d2h({s: (a[s], b[s]) for s in a}).wait().value == "DONE"
+        assert group_digest(m.l1, a) == group_digest(m.l2, b)
+        m.l2.tensor.random_(0, 256)
+        assert m.h2d({s: (b[s], a[s]) for s in a}).wait().value == "DONE"
+        assert group_digest(m.l2, b) == group_digest(m.l1, a)
+    for direction, c in m.counters.items():
+        assert c.replays == sights - (CAPTURE_AT - 1), (direction, m.graphs.status())
+    assert m.graphs.captures == 2 and m.buffers_busy == 0
+
+
+def test_gpu_group_replays_wait_for_the_callers_stream() -> None:
+    """B05 both ways: a replayed D2H gathers what the caller's stream wrote before it, and a
+    replayed H2D scatters only after the caller's stream has read the pages it overwrites."""
+    geometry, m = group_rig("dsv4-tiny")
+    request = {
+        s: (np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64)) for s in geometry.sources
+    }
+    for _ in range(CAPTURE_AT):  # captured now, both ways
+        m.d2h(request).wait()
+        m.h2d(request).wait()
+    caller = torch.cuda.current_stream()
+    torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
+    m.l1.tensor.fill_(0x3C)  # the caller writes L1 after the hold
+    assert m.d2h(request, after=caller).wait().value == "DONE"
+    assert bool((m.l2.tensor == 0x3C).any()) and m.counters[Direction.D2H].replays == CAPTURE_AT
+    pages = {s: np.arange(4, dtype=np.int64) for s in geometry.sources}
+    assert group_digest(m.l1, pages) == group_digest(m.l2, pages)
+    m.l2.tensor.fill_(0x11)
+    torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
+    seen = m.l1.tensor.clone()  # the caller reads L1 after the hold
+    assert m.h2d(request, after=caller).wait().value == "DONE"
+    torch.cuda.synchronize()
+    assert bool((seen == 0x3C).all()), "the replayed scatter overwrote L1 before the caller read it"
+    assert m.counters[Direction.H2D].replays == CAPTURE_AT

@@ -1,30 +1,33 @@
-"""Captured issue: a one-chunk D2H's index upload and gather replayed as one CUDA graph.
+"""Captured issue: an issue's index upload and kernel launches replayed as one CUDA graph.
 
 Why. At 350 tokens of Qwen3-8B (22 pages, ~1 ms of DMA) the D2H's DMA cannot start before
 the issuing call has uploaded the indices and launched the gather, and each of those calls
-costs the issuing thread far more than its hot-loop time (one H100 host: the mover at 63.5%
+costs the issuing thread far more than its device time (one H100 host: the mover at 63.5%
 of one pinned copy with 0.59 ms of issue; the same upload and gather replayed as one graph,
 then the same DMA, 94.2% with 0.12 ms; benchmarks/graph_issue.py,
 benchmarks/results/2026-12-06-session16-h100/).
 
-What is captured is exactly the eager work: `index_device <- index_host` (the upload, from
-the pinned buffer the issue has just filled) and the gather of `packed[lo:hi]` from L1. A
+Users: the single-pool mover (dma.py) for a one-chunk D2H -- the upload and the gather of
+`packed[lo:hi]` from L1 -- and the group mover (grouptransfer.py) for a transfer of one stage
+-- the operand upload and every pool's gather, or every pool's scatter after the DMAs. What
+is captured is exactly the eager work, from the pinned buffer the issue has just filled. A
 graph records addresses, so it is keyed by every address and length that work reads or
-writes (`GraphKey`): it is replayed only for a transfer whose borrowed buffers sit at those
-addresses, and then moves that transfer's bytes -- the indices are read from the pinned
-buffer when the replay runs, not when it was captured. In a steady loop the workspace cache
-hands the same buffers back, so a shape is captured once. A key seen for the first time runs
-eagerly (which also loads the kernel); the second sight captures, on a private stream, in a
-capture window that defers finalizers and holds the collector without collecting
-(capture.py), and replays. A capture that fails turns the graphs off for this mover (the
-reason is kept in `status`) and the transfer runs eagerly; nothing was enqueued by the failed
-capture. At most GRAPHS_KEPT graphs are kept (all dropped when full, as plans are).
+writes (`GraphKey`, or the group mover's key): it is replayed only for a transfer whose
+borrowed buffers sit at those addresses, and then moves that transfer's bytes -- the
+indices are read from the pinned buffer when the replay runs, not when it was captured. In a
+steady loop the workspace cache hands the same buffers back, so a shape is captured once.
+A key seen for the first time runs eagerly (which also loads the kernel); the second sight
+captures, on a private stream, in a capture window that defers finalizers and holds the
+collector without collecting (capture.py), and replays. A capture that fails turns the
+graphs off for this mover (the reason is kept in `status`) and the transfer runs eagerly;
+nothing was enqueued by the failed capture. At most GRAPHS_KEPT graphs are kept (all dropped
+when full, as plans are).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 import torch
@@ -37,7 +40,7 @@ GRAPHS_KEPT = 64
 
 
 class GraphKey(NamedTuple):
-    """Every address and length the captured work touches."""
+    """Every address and length a single-pool D2H's captured work touches."""
 
     index_host: int  # data_ptr of the upload's source (pinned)
     index_device: int  # data_ptr of the upload's target
@@ -62,15 +65,16 @@ class IssueGraphs:
         )
         self._device = device
         self._stream: torch.cuda.Stream | None = None
-        self._graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
-        self._seen: dict[GraphKey, int] = {}
+        self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self._seen: dict[Hashable, int] = {}
         self.captures = 0
         self.replays = 0
 
-    def run(self, key: GraphKey, work: Callable[[], None]) -> bool:
+    def run(self, key: Hashable, work: Callable[[], None]) -> bool:
         """Replay `key`'s graph on the current stream (capturing it first on its second
         sight); False when the caller must run `work` itself (first sight, graphs off, or
-        a failed capture)."""
+        a failed capture). `key` must name every address and length `work` touches and
+        every value its launches bake in: a replay repeats the captured calls exactly."""
         if not self.enabled:
             return False
         graph = self._graphs.get(key)
