@@ -4,7 +4,7 @@ same transport (its ceiling) and against one rank's share of an L2 restore.
 
     PYTHONPATH=. python3 benchmarks/tp_agreement_overhead.py [--transport both] [--ranks 2]
         [--requests 120] [--check-mode off] [--seed 0] [--bare-iters 2000] [--io-threads 4]
-        [--restore-tokens 3500] [--restore-model qwen3-8b]
+        [--restore-tokens 3500] [--restore-model qwen3-8b] [--rank-threads N]
 
 For each `--transport` (gloo, shm, or both, in that order, in one run), each rank
 (hicache/distributed/processes.py) serves `hicache demo`'s workload (`--requests`, `--seed`,
@@ -88,9 +88,17 @@ def restore_us(tokens: int, model: str, ranks: int) -> float | None:
 
 
 def bench_rank(
-    rank: int, size: int, c: ProcessCollectives, argv: list[str], bare_iters: int
+    rank: int,
+    size: int,
+    c: ProcessCollectives,
+    argv: list[str],
+    bare_iters: int,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work."""
+    """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work.
+    `threads`: the rank's torch intra-op threads (None: as processes.py sets them)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     args = demo.parser().parse_args(argv)
     setup = demo_serve.demo_setup(args)
     ctl = CacheController(setup.config, collectives=c)
@@ -211,6 +219,11 @@ def main() -> None:
     p.add_argument("--restore-tokens", type=int, default=3500)
     p.add_argument("--restore-model", default="qwen3-8b")
     p.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="both")
+    p.add_argument(
+        "--rank-threads",
+        type=int,
+        help="each rank's torch intra-op threads (default: the cores over the ranks)",
+    )
     a = p.parse_args()
     argv = [
         "--device",
@@ -236,13 +249,14 @@ def main() -> None:
         "restore_tokens": a.restore_tokens,
         "restore_model": a.restore_model,
         "restore_us": restore,
+        "rank_threads": a.rank_threads,
         "transports": {},
     }
     for transport in TRANSPORTS if a.transport == "both" else (a.transport,):
         ranks = run_ranks(
             bench_rank,
             a.ranks,
-            (argv, a.bare_iters),
+            (argv, a.bare_iters, a.rank_threads),
             timeout_s=1800.0,
             collective_timeout_s=60.0,
             transport=transport,
