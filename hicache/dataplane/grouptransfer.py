@@ -347,10 +347,13 @@ class GroupMover:
         """One copy per run of consecutive L2 pages of each pool of `stage`, on the current
         stream; returns how many."""
         pieces = []
+        runs: dict[int, list[tuple[int, int, int]]] = {}  # pools of one source share its runs
         for m in stage:
             bpp = m.pool.bytes_per_page
             l2 = self.l2.bytes_view(m.pool.name)
-            for lo, hi, first in m.runs():
+            if id(m.l2) not in runs:
+                runs[id(m.l2)] = m.runs()
+            for lo, hi, first in runs[id(m.l2)]:
                 part = packed[m.packed_at + lo * bpp : m.packed_at + hi * bpp]
                 target = l2[first : first + hi - lo].view(-1)
                 pieces.append((target, part) if to_host else (part, target))
