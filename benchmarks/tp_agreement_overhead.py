@@ -58,7 +58,7 @@ import torch.distributed as dist
 from hicache.app import demo, demo_serve
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
-from hicache.distributed.processes import TRANSPORTS, run_ranks
+from hicache.distributed.processes import RANK_THREADS, TRANSPORTS, run_ranks
 from hicache.distributed.shm import SharedMemoryCollectives
 from hicache.distributed.wire import ROW_WIDTH, ProcessCollectives, last_key
 
@@ -88,17 +88,9 @@ def restore_us(tokens: int, model: str, ranks: int) -> float | None:
 
 
 def bench_rank(
-    rank: int,
-    size: int,
-    c: ProcessCollectives,
-    argv: list[str],
-    bare_iters: int,
-    threads: int | None = None,
+    rank: int, size: int, c: ProcessCollectives, argv: list[str], bare_iters: int
 ) -> dict[str, Any]:
-    """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work.
-    `threads`: the rank's torch intra-op threads (None: as processes.py sets them)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    """Serve the demo workload over `c`, then time `c`'s transport bare: hot, and after work."""
     args = demo.parser().parse_args(argv)
     setup = demo_serve.demo_setup(args)
     ctl = CacheController(setup.config, collectives=c)
@@ -222,7 +214,8 @@ def main() -> None:
     p.add_argument(
         "--rank-threads",
         type=int,
-        help="each rank's torch intra-op threads (default: the cores over the ranks)",
+        default=RANK_THREADS,
+        help=f"each rank's torch intra-op threads (default {RANK_THREADS}: processes.py)",
     )
     a = p.parse_args()
     argv = [
@@ -256,10 +249,11 @@ def main() -> None:
         ranks = run_ranks(
             bench_rank,
             a.ranks,
-            (argv, a.bare_iters, a.rank_threads),
+            (argv, a.bare_iters),
             timeout_s=1800.0,
             collective_timeout_s=60.0,
             transport=transport,
+            threads=a.rank_threads,
         )
         slowest = max(ranks, key=lambda r: r["collective_us_per_request"])
         out["transports"][transport] = {
