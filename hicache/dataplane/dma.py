@@ -414,7 +414,7 @@ class DeviceHostMover:
                 if host is not None and a < b:
                     offset = plan.route.staged_lo
                     more.append((host[a:b], packed[offset + a : offset + b]))
-                self.copies.copy_runs(l2, packed, spans, more)  # batched where it can
+                self.copies.copy_runs(l2, packed, spans, more, stream=s.d2h)  # batched
                 if host is not None and a < b:
                     staged.append((a, b, s.mark(s.d2h)))
         end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
@@ -471,7 +471,7 @@ class DeviceHostMover:
                 more = []
                 if host is not None and a < b:
                     more.append((packed[offset + a : offset + b], host[a:b]))
-                self.copies.copy_runs(packed, l2, spans, more)  # batched where it can
+                self.copies.copy_runs(packed, l2, spans, more, stream=s.h2d)  # batched
                 dmas_done.append(s.mark(s.h2d))
         # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
         plan.fill_index(l1_ids, buf.index_array)

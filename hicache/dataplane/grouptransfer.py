@@ -252,7 +252,7 @@ class GroupMover:
             if replayed:
                 s.wait(s.d2h, s.mark(s.compute))  # every DMA after every gather
                 with s.use(s.d2h, caller):
-                    dmas = self._dmas(plan.moves, packed, to_host=True)
+                    dmas = self._dmas(plan.moves, packed, to_host=True, stream=s.d2h)
                 return start, s.mark(s.d2h, timing=True), 1, dmas
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
@@ -262,7 +262,7 @@ class GroupMover:
                     stage, ops, words, self.l1, packed, gather=True, stream=s.compute
                 )
                 s.wait(s.d2h, s.mark(s.compute))
-                dmas += self._dmas(stage, packed, to_host=True)
+                dmas += self._dmas(stage, packed, to_host=True, stream=s.d2h)
         return start, s.mark(s.d2h, timing=True), launches, dmas
 
     def _enqueue_h2d(
@@ -282,7 +282,7 @@ class GroupMover:
         launches = dmas = 0
         if plan.nbytes <= self.graph_max_bytes and self.graphs.enabled:
             with s.use(s.h2d, caller):
-                dmas = self._dmas(plan.moves, packed, to_host=False)
+                dmas = self._dmas(plan.moves, packed, to_host=False, stream=s.h2d)
                 s.wait(s.compute, s.mark(s.h2d))  # every scatter after every DMA
             s.wait_for(s.compute, after if after is not None else caller)  # (B05)
             with s.use(s.compute, caller):
@@ -300,7 +300,7 @@ class GroupMover:
         dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):
             for stage in stages:
-                dmas += self._dmas(stage, packed, to_host=False)
+                dmas += self._dmas(stage, packed, to_host=False, stream=s.h2d)
                 dmas_done.append(s.mark(s.h2d))
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
@@ -343,9 +343,16 @@ class GroupMover:
         self.counters[plan.direction].replays += replayed
         return replayed
 
-    def _dmas(self, stage: tuple[PoolMove, ...], packed: torch.Tensor, *, to_host: bool) -> int:
+    def _dmas(
+        self,
+        stage: tuple[PoolMove, ...],
+        packed: torch.Tensor,
+        *,
+        to_host: bool,
+        stream: torch.cuda.Stream | None,
+    ) -> int:
         """One copy per run of consecutive L2 pages of each pool of `stage`, on the current
-        stream; returns how many."""
+        stream (`stream`: it, or None on CPU); returns how many."""
         pieces = []
         runs: dict[int, list[tuple[int, int, int]]] = {}  # pools of one source share its runs
         for m in stage:
@@ -357,7 +364,7 @@ class GroupMover:
                 part = packed[m.packed_at + lo * bpp : m.packed_at + hi * bpp]
                 target = l2[first : first + hi - lo].view(-1)
                 pieces.append((target, part) if to_host else (part, target))
-        self.copies.copy(pieces)  # one batched driver call where it can (batchcopy.py)
+        self.copies.copy(pieces, stream=stream)  # one batched driver call (batchcopy.py)
         return len(pieces)
 
     def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
