@@ -16,6 +16,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 import torch
 
+from hicache.core.tiers import Direction
 from hicache.dataplane import issuegraphs
 from hicache.dataplane.issuegraphs import CAPTURE_AT, GRAPHS_KEPT, GraphKey, IssueGraphs
 
@@ -174,9 +175,11 @@ def test_group_replays_move_each_transfers_own_bytes(
     assert mover.buffers_busy == 0
 
 
-def test_group_shapes_are_replayed_from_their_second_sight(
+def test_group_d2h_shapes_are_replayed_from_their_second_sight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A D2H's upload and gathers replay from a shape's second sight on; an H2D keeps its
+    stages (grouptransfer.py says why), and so does a D2H past `graph_max_bytes`."""
     geometry, mover, _ = group_rig("dsv4-tiny", 8)
     replaying(mover.graphs, monkeypatch)
     request = {
@@ -185,16 +188,35 @@ def test_group_shapes_are_replayed_from_their_second_sight(
     for _ in range(4):
         mover.d2h(request).wait()
         mover.h2d(request).wait()
-    for direction, counters in mover.counters.items():
-        assert counters.replays == 4 - (CAPTURE_AT - 1), direction
-    assert mover.graphs.captures == 2  # one shape per direction
-    big = {
-        s: (np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64)) for s in geometry.sources
-    }
+    assert mover.counters[Direction.D2H].replays == 4 - (CAPTURE_AT - 1)
+    assert mover.counters[Direction.H2D].replays == 0
+    assert mover.graphs.captures == 1  # one shape
     mover.graph_max_bytes = 0  # past the limit: the per-pool stages, never a replay
     for _ in range(CAPTURE_AT + 1):
-        mover.d2h(big).wait()
-    assert mover.graphs.captures == 2
+        mover.d2h(request).wait()
+    assert mover.graphs.captures == 1
+    assert mover.counters[Direction.D2H].replays == 4 - (CAPTURE_AT - 1)
+
+
+def test_group_d2h_replays_tell_one_total_split_two_ways_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four pages split 1 + 3 or 3 + 1 over the two allocating pools: the same operand count,
+    the same buffers, other launches -- a key without each pool's share would replay one
+    split's gathers for the other."""
+    from hicache.dataplane.grouppools import group_digest
+
+    geometry, mover, (l1, l2) = group_rig("dsv4-tiny", 8)
+    replaying(mover.graphs, monkeypatch)
+    rng = np.random.default_rng(3)
+    for sizes in [(1, 3), (1, 3), (3, 1), (3, 1), (1, 3), (3, 1)]:
+        n = dict(zip(geometry.sources, sizes, strict=True))
+        src = {s: pages(rng, n[s]) for s in geometry.sources}
+        dst = {s: pages(rng, n[s]) for s in geometry.sources}
+        l2.tensor.fill_(0xA5)
+        assert mover.d2h({s: (src[s], dst[s]) for s in geometry.sources}).wait().value == "DONE"
+        assert group_digest(l1, src) == group_digest(l2, dst), sizes
+    assert mover.counters[Direction.D2H].replays >= 3, mover.graphs.status()
 
 
 def test_single_pool_replays_move_each_transfers_own_bytes(

@@ -1,5 +1,5 @@
 """Issues replayed as captured graphs (issuegraphs.py): a one-chunk D2H's index upload and
-gather in the single-pool mover; a one-stage group transfer's upload and kernels.
+gather in the single-pool mover; a one-stage group D2H's upload and gathers.
 
 What must hold on a GPU: every replay moves the pages of the transfer that replays it (its
 own indices, read from the pinned buffer when the replay runs), it waits for the caller's
@@ -144,32 +144,24 @@ def test_gpu_group_replays_move_their_own_bytes(name: str, mode: str) -> None:
         m.l2.tensor.random_(0, 256)
         assert m.h2d({s: (b[s], a[s]) for s in a}).wait().value == "DONE"
         assert group_digest(m.l2, b) == group_digest(m.l1, a)
-    for direction, c in m.counters.items():
-        assert c.replays == sights - (CAPTURE_AT - 1), (direction, m.graphs.status())
-    assert m.graphs.captures == 2 and m.buffers_busy == 0
+    assert m.counters[Direction.D2H].replays == sights - (CAPTURE_AT - 1), m.graphs.status()
+    assert m.counters[Direction.H2D].replays == 0  # an H2D keeps its stages
+    assert m.graphs.captures == 1 and m.buffers_busy == 0
 
 
 def test_gpu_group_replays_wait_for_the_callers_stream() -> None:
-    """B05 both ways: a replayed D2H gathers what the caller's stream wrote before it, and a
-    replayed H2D scatters only after the caller's stream has read the pages it overwrites."""
+    """B05: a replayed D2H gathers what the caller's stream wrote before it."""
     geometry, m = group_rig("dsv4-tiny")
     request = {
         s: (np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64)) for s in geometry.sources
     }
-    for _ in range(CAPTURE_AT):  # captured now, both ways
+    for _ in range(CAPTURE_AT):  # captured now
         m.d2h(request).wait()
-        m.h2d(request).wait()
     caller = torch.cuda.current_stream()
     torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
     m.l1.tensor.fill_(0x3C)  # the caller writes L1 after the hold
     assert m.d2h(request, after=caller).wait().value == "DONE"
-    assert bool((m.l2.tensor == 0x3C).any()) and m.counters[Direction.D2H].replays == CAPTURE_AT
+    assert m.counters[Direction.D2H].replays == CAPTURE_AT
     pages = {s: np.arange(4, dtype=np.int64) for s in geometry.sources}
     assert group_digest(m.l1, pages) == group_digest(m.l2, pages)
-    m.l2.tensor.fill_(0x11)
-    torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
-    seen = m.l1.tensor.clone()  # the caller reads L1 after the hold
-    assert m.h2d(request, after=caller).wait().value == "DONE"
-    torch.cuda.synchronize()
-    assert bool((seen == 0x3C).all()), "the replayed scatter overwrote L1 before the caller read it"
-    assert m.counters[Direction.H2D].replays == CAPTURE_AT
+    assert bool((m.l2.tensor == 0x3C).any())
