@@ -4,7 +4,7 @@ same transport (its ceiling) and against one rank's share of an L2 restore.
 
     PYTHONPATH=. python3 benchmarks/tp_agreement_overhead.py [--transport both] [--ranks 2]
         [--requests 120] [--check-mode off] [--seed 0] [--bare-iters 2000] [--io-threads 4]
-        [--restore-tokens 3500] [--restore-model qwen3-8b]
+        [--restore-tokens 3500] [--restore-model qwen3-8b] [--rank-threads N]
 
 For each `--transport` (gloo, shm, or both, in that order, in one run), each rank
 (hicache/distributed/processes.py) serves `hicache demo`'s workload (`--requests`, `--seed`,
@@ -58,7 +58,7 @@ import torch.distributed as dist
 from hicache.app import demo, demo_serve
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset
-from hicache.distributed.processes import TRANSPORTS, run_ranks
+from hicache.distributed.processes import RANK_THREADS, TRANSPORTS, run_ranks
 from hicache.distributed.shm import SharedMemoryCollectives
 from hicache.distributed.wire import ROW_WIDTH, ProcessCollectives, last_key
 
@@ -211,6 +211,12 @@ def main() -> None:
     p.add_argument("--restore-tokens", type=int, default=3500)
     p.add_argument("--restore-model", default="qwen3-8b")
     p.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="both")
+    p.add_argument(
+        "--rank-threads",
+        type=int,
+        default=RANK_THREADS,
+        help=f"each rank's torch intra-op threads (default {RANK_THREADS}: processes.py)",
+    )
     a = p.parse_args()
     argv = [
         "--device",
@@ -236,6 +242,7 @@ def main() -> None:
         "restore_tokens": a.restore_tokens,
         "restore_model": a.restore_model,
         "restore_us": restore,
+        "rank_threads": a.rank_threads,
         "transports": {},
     }
     for transport in TRANSPORTS if a.transport == "both" else (a.transport,):
@@ -246,6 +253,7 @@ def main() -> None:
             timeout_s=1800.0,
             collective_timeout_s=60.0,
             transport=transport,
+            threads=a.rank_threads,
         )
         slowest = max(ranks, key=lambda r: r["collective_us_per_request"])
         out["transports"][transport] = {

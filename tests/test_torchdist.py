@@ -29,6 +29,7 @@ from hicache.distributed.collectives import (  # noqa: E402
     CollectiveTimeout,
 )
 from hicache.distributed.processes import (  # noqa: E402
+    RANK_THREADS,
     TRANSPORTS,
     RankError,
     RanksTimedOut,
@@ -230,6 +231,22 @@ def test_no_shared_memory_block_outlives_a_run() -> None:
 def test_an_unknown_transport_is_refused() -> None:
     with pytest.raises(ConfigError, match="tp.transport: one of gloo, shm, got 'nccl'"):
         run_ranks(_hang, 2, transport="nccl")
+    with pytest.raises(ConfigError, match="tp.threads: intra-op threads per rank: >= 1, got 0"):
+        run_ranks(_hang, 2, threads=0)
+
+
+def _intra_op_threads(rank: int, size: int, c: Collectives) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_ranks_run_one_intra_op_thread_unless_told() -> None:
+    """Spinning intra-op threads slow every gloo agreement (processes.py says by how much):
+    a rank runs RANK_THREADS of them, whatever the machine's cores, or `threads`."""
+    assert RANK_THREADS == 1
+    assert run_ranks(_intra_op_threads, 2, timeout_s=60) == [1, 1]
+    assert run_ranks(_intra_op_threads, 2, timeout_s=60, threads=3) == [3, 3]
 
 
 def test_ranks_that_hang_outside_a_collective_are_terminated_at_the_timeout() -> None:

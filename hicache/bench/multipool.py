@@ -85,6 +85,7 @@ def _case(issue: Callable[[], TransferHandle]) -> _Case:
 
 
 PER_RUN = "per_pool, per-run DMAs"
+EAGER = "per_pool, eager"  # no issue graphs: one stage per pool, every call made each time
 
 
 class _GroupRig:
@@ -102,6 +103,7 @@ class _GroupRig:
         self.movers = {mode: GroupMover(self.l1, self.l2, mode) for mode in modes}
         if "per_pool" in modes:  # the same kernels, a stage's DMAs one copy_ each (before)
             self.movers[PER_RUN] = GroupMover(self.l1, self.l2, "per_pool", batched=False)
+            self.movers[EAGER] = GroupMover(self.l1, self.l2, "per_pool", issue_graphs=False)
         self.rng = np.random.default_rng(0)
 
     def pages(self, tokens: int, source: str) -> int:

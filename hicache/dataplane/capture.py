@@ -98,15 +98,19 @@ def run_deferred() -> int:
 
 
 @contextlib.contextmanager
-def capture_window() -> Iterator[None]:
+def capture_window(*, collect: bool = True) -> Iterator[None]:
     """The block in which a graph is captured: garbage collected first (so what was already
     dead is freed outside the capture), the collector disabled throughout, finalizers that
     call CUDA deferred; on the way out -- normal or not -- the collector's state is restored
-    and the deferred calls run. Windows nest (only the outermost restores and drains)."""
+    and the deferred calls run. Windows nest (only the outermost restores and drains).
+    `collect=False` skips the first collection (a full one costs milliseconds in a large
+    process): for a capture of a few calls that make no Python garbage (issuegraphs.py),
+    where holding the collector is enough."""
     global _windows_open
     run_deferred()
     was_enabled = gc.isenabled()
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.disable()
     with _lock:
         _windows_open += 1

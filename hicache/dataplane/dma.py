@@ -54,6 +54,7 @@ from hicache.dataplane.handles import (
     TransferStatus,
     event_passed,
 )
+from hicache.dataplane.issuegraphs import GraphKey, IssueGraphs
 from hicache.dataplane.layerwise import EventGate
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool
@@ -196,6 +197,8 @@ class DeviceHostMover:
     chunks and routes (routes.py; the measurements behind the defaults are in
     benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one cuMemcpyBatchAsync
     where the driver has it (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0).
+    `issue_graphs`: a one-chunk D2H's index upload and gather replayed as one captured CUDA
+    graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class DeviceHostMover:
         direct_min_bytes: int = DIRECT_MIN_BYTES,
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
         batched: bool | None = None,
+        issue_graphs: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -236,6 +240,7 @@ class DeviceHostMover:
         self._page_shape = (*l1.tensor.shape[:2], *l1.tensor.shape[3:])  # one packed page
         self._streams = Streams(l1.device)
         self.copies = BatchedCopies(l1.device, enabled=batched)
+        self.graphs = IssueGraphs(l1.device, enabled=issue_graphs)
         pin = self._streams.cuda
         private = self._streams.compute
         self.workspaces = WorkspaceCache(l1.device, pin=pin, faults=faults, alloc_stream=private)
@@ -390,13 +395,18 @@ class DeviceHostMover:
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         bpp = self.bytes_per_page
         staged: list[tuple[int, int, Event | None]] = []
+        gathered = False  # the one chunk's gather ran in the upload's graph
         with s.use(s.compute, caller):
-            buf.index_device.copy_(buf.index_host, non_blocking=True)
+            if len(plan.bounds) == 1 and host is None:
+                gathered = self._upload_and_gather(buf, plan)
+            if not gathered:
+                buf.index_device.copy_(buf.index_host, non_blocking=True)
         with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
             for (lo, hi), runs, at in zip(plan.bounds, plan.pieces, plan.index_at):
-                self.kernels.gather(
-                    l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
-                )
+                if not gathered:
+                    self.kernels.gather(
+                        l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
+                    )
                 s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
                 spans = [(first * bpp, a * bpp, (b - a) * bpp) for a, b, first in runs]
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
@@ -404,7 +414,7 @@ class DeviceHostMover:
                 if host is not None and a < b:
                     offset = plan.route.staged_lo
                     more.append((host[a:b], packed[offset + a : offset + b]))
-                self.copies.copy_runs(l2, packed, spans, more)  # batched where it can
+                self.copies.copy_runs(l2, packed, spans, more, stream=s.d2h)  # batched
                 if host is not None and a < b:
                     staged.append((a, b, s.mark(s.d2h)))
         end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
@@ -414,6 +424,27 @@ class DeviceHostMover:
         return _Completion(
             start, end, _HostScatter(self.l2.bytes_view(), index, _byte_rows(host), staged)
         )
+
+    def _upload_and_gather(self, buf: TransferBuffers, plan: DmaPlan) -> bool:
+        """The one chunk's index upload and gather as a replayed graph, on the current stream
+        (issuegraphs.py); False when they are still to be run eagerly."""
+        (lo, hi), at = plan.bounds[0], plan.index_at[0]
+        l1, packed, index = self.l1.tensor, buf.packed, buf.index_device
+        key = GraphKey(
+            buf.index_host.data_ptr(),
+            index.data_ptr(),
+            int(index.numel()),
+            at,
+            packed.data_ptr(),
+            hi - lo,
+        )
+        assert lo == 0, plan.bounds  # one chunk starts at the first page
+
+        def work() -> None:  # exactly the eager path's calls, on the current stream
+            index.copy_(buf.index_host, non_blocking=True)
+            self.kernels.gather(l1, index[at : at + hi - lo], packed[lo:hi])
+
+        return self.graphs.run(key, work)
 
     def _enqueue_h2d(
         self, buf: TransferBuffers, plan: DmaPlan, l1_ids: Pages, after: torch.cuda.Stream | None
@@ -440,7 +471,7 @@ class DeviceHostMover:
                 more = []
                 if host is not None and a < b:
                     more.append((packed[offset + a : offset + b], host[a:b]))
-                self.copies.copy_runs(packed, l2, spans, more)  # batched where it can
+                self.copies.copy_runs(packed, l2, spans, more, stream=s.h2d)  # batched
                 dmas_done.append(s.mark(s.h2d))
         # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
         plan.fill_index(l1_ids, buf.index_array)
@@ -497,6 +528,7 @@ class DeviceHostMover:
             ),
             "direct_min_bytes": self.direct_min_bytes,
             "copies": self.copies.status(),
+            "issue_graphs": self.graphs.status(),
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,
             "workspace_bytes_held": self.workspaces.held_bytes + self.index_buffers.held_bytes,

@@ -79,14 +79,19 @@ class _Arena:
             end += -(-size // REGION_ALIGN) * REGION_ALIGN
         self.nbytes = end
         self.tensor = allocate((max(end, REGION_ALIGN),), torch.uint8, device, pin=pin, field=field)
+        self._flat: dict[str, torch.Tensor] = {}  # views made once: a transfer asks per pool
 
     def pages_of(self, pool: PoolSpec) -> int:
         return self.capacity[pool.source]
 
     def flat(self, pool: PoolSpec) -> torch.Tensor:
         """The pool's region as a flat uint8 view."""
-        start = self.offsets[pool.name]
-        return self.tensor[start : start + self.pages_of(pool) * pool.bytes_per_page]
+        view = self._flat.get(pool.name)
+        if view is None:
+            start = self.offsets[pool.name]
+            view = self.tensor[start : start + self.pages_of(pool) * pool.bytes_per_page]
+            self._flat[pool.name] = view
+        return view
 
 
 class _GroupPool:
@@ -118,11 +123,16 @@ class GroupDevicePool(_GroupPool):
         self.arena = _Arena(
             geometry, capacity_pages, device=self.device, pin=False, field="l1_pages"
         )
+        self._regions: dict[str, torch.Tensor] = {}
 
     def region(self, name: str) -> torch.Tensor:
-        """uint8 `[rows_per_page, capacity, row_bytes]` of pool `name` (a view)."""
-        p = self.geometry.pool(name)
-        return self.arena.flat(p).view(p.rows_per_page, self.arena.pages_of(p), p.row_bytes)
+        """uint8 `[rows_per_page, capacity, row_bytes]` of pool `name` (a view, made once)."""
+        view = self._regions.get(name)
+        if view is None:
+            p = self.geometry.pool(name)
+            view = self.arena.flat(p).view(p.rows_per_page, self.arena.pages_of(p), p.row_bytes)
+            self._regions[name] = view
+        return view
 
     def packed(self, name: str, page_ids: Pages) -> torch.Tensor:
         """A copy of pool `name`'s pages `page_ids`, page-major uint8 `[n, bytes_per_page]`,
@@ -148,11 +158,17 @@ class GroupHostPool(_GroupPool):
         self.arena = _Arena(
             geometry, capacity_pages, device=torch.device("cpu"), pin=pin, field="l2_pages"
         )
+        self._rows: dict[str, torch.Tensor] = {}
 
     def bytes_view(self, name: str) -> torch.Tensor:
-        """uint8 `[capacity, bytes_per_page]` of pool `name` (a view: page i is row i)."""
-        p = self.geometry.pool(name)
-        return self.arena.flat(p).view(self.arena.pages_of(p), p.bytes_per_page)
+        """uint8 `[capacity, bytes_per_page]` of pool `name` (a view made once: page i is
+        row i)."""
+        view = self._rows.get(name)
+        if view is None:
+            p = self.geometry.pool(name)
+            view = self.arena.flat(p).view(self.arena.pages_of(p), p.bytes_per_page)
+            self._rows[name] = view
+        return view
 
     def packed(self, name: str, page_ids: Pages) -> torch.Tensor:
         """A copy of pool `name`'s pages `page_ids`, uint8 `[n, bytes_per_page]`."""

@@ -20,6 +20,14 @@
                     RankFailed)
       RanksTimedOut the overall timeout passed
 
+Each rank runs torch with `threads` intra-op threads (RANK_THREADS, one, by default). Why one:
+a rank's own CPU work is Python bookkeeping around small tensor ops, and intra-op threads
+left over from those ops spin on the cores gloo's threads need -- on a 16-core H100 host, two
+ranks of 8 threads each made a gloo agreement cost 941-996 us against 223-256 us for the same
+protocol timed alone; with one thread, 266-268 us, and the ranks' work between collectives
+did not slow (1,841-1,856 us against 1,940-2,009; benchmarks/tp_agreement_overhead.py
+--rank-threads).
+
 `fn` and its arguments and result must be picklable (`fn` a module-level function: each rank
 imports it anew). A rank's collective gives up after `collective_timeout_s` (the gloo op
 timeout, or the shared-memory wait's): a stuck rank is reported by the others as a
@@ -50,6 +58,7 @@ ROOT_CAUSE_LAST = ("RankFailed",)  # errors that are another rank's consequence,
 DIED = "died"  # a rank's kind when it exited without a report: a root cause before any error
 # (its peers' CollectiveTimeouts -- gloo sees the closed connection at once -- follow from it)
 TRANSPORTS = ("gloo", "shm")  # TorchCollectives (torchdist.py), SharedMemoryCollectives (shm.py)
+RANK_THREADS = 1  # torch intra-op threads per rank (module docstring says why)
 
 
 class RankError(HiCacheError):
@@ -98,9 +107,11 @@ def run_ranks(
     timeout_s: float = 120.0,
     collective_timeout_s: float = 30.0,
     transport: str = "gloo",
+    threads: int = RANK_THREADS,
 ) -> list[Any]:
     """`fn(rank, size, collectives, *args)` on `size` spawned ranks; their results by rank.
-    `transport` (TRANSPORTS): how the collectives meet. Raises RankError (the root cause: the
+    `transport` (TRANSPORTS): how the collectives meet; `threads`: each rank's torch
+    intra-op threads (module docstring). Raises RankError (the root cause: the
     lowest rank's error that is not a consequence of another's) or RanksTimedOut; every rank
     has ended, and the shared-memory block is gone, when it returns or raises."""
     from torch._C._distributed_c10d import TCPStore  # torch.distributed's, not re-exported
@@ -114,6 +125,8 @@ def run_ranks(
         )
     if transport not in TRANSPORTS:
         raise ConfigError("tp.transport", f"one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ConfigError("tp.threads", f"intra-op threads per rank: >= 1, got {threads!r}")
     from hicache.distributed.shm import ShmBlock
     from hicache.distributed.wire import mark_failed, read_board
 
@@ -145,6 +158,7 @@ def run_ranks(
                 store.port,
                 collective_timeout_s,
                 block and block.name,
+                threads,
                 fn,
                 args,
                 reports,
@@ -248,6 +262,7 @@ def _rank_main(
     port: int,
     collective_timeout_s: float,
     block: str | None,
+    threads: int,
     fn: Callable[..., Any],
     args: tuple[object, ...],
     reports: multiprocessing.Queue[tuple[Any, ...]],
@@ -265,7 +280,7 @@ def _rank_main(
 
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # localhost only: no hostname lookup
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # ranks share the cores
+    torch.set_num_threads(threads)  # one by default: spinning threads slow gloo (docstring)
     timeout = timedelta(seconds=collective_timeout_s)
     store = TCPStore(HOST, port, is_master=False, timeout=timeout)
     board = PrefixStore("board/", store)
