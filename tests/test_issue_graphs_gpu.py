@@ -9,7 +9,6 @@ addresses, and with graphs off the mover captures nothing. The counters say whic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from hicache.dataplane.issuegraphs import CAPTURE_AT
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.kernels import KernelSet
 from hicache.pools import presets
+from tests.cuda_streams import HOLD_CYCLES, caller_stream  # noqa: F401  (autouse)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,17 +37,6 @@ pytestmark = [
 
 GEOMETRY = KVGeometry(layers=4, kv_heads=2, head_dim=32, dtype="bf16", page_size=16)
 L1_PAGES, L2_PAGES = 64, 64
-HOLD_CYCLES = 200_000_000  # `torch.cuda._sleep`: tens of milliseconds on any recent GPU
-
-
-@pytest.fixture(autouse=True)
-def caller_stream() -> Iterator[None]:
-    """Each test runs on a caller stream of its own, as a serving loop's would be."""
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        yield
-    torch.cuda.synchronize()
 
 
 def rig(*, issue_graphs: bool | None = None) -> DeviceHostMover:

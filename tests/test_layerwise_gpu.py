@@ -9,8 +9,6 @@ stream waits for: a held default stream would hold the reader too, and hide a mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -24,6 +22,7 @@ from hicache.core.tiers import Tier
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.layerwise import LayerwiseMover
 from hicache.dataplane.pools import DevicePool, HostPool
+from tests.cuda_streams import HOLD_CYCLES, caller_stream  # noqa: F401  (autouse)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,22 +30,11 @@ pytestmark = [
 ]
 
 GEOMETRY = KVGeometry(layers=4, kv_heads=2, head_dim=32, dtype="fp32", page_size=16)
-HOLD_CYCLES = 200_000_000  # `torch.cuda._sleep`: tens of milliseconds on any recent GPU
 
 
 def hold_caller() -> None:
     """Keep the caller's stream busy, so an H2D issued now starts only after it (B05)."""
     torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(autouse=True)
-def caller_stream() -> Iterator[None]:
-    """Each test runs on a caller stream of its own (module docstring)."""
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        yield
-    torch.cuda.synchronize()
 
 
 def mover() -> tuple[DevicePool, HostPool, LayerwiseMover]:
