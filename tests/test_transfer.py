@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1107,3 +1108,34 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
         "tiny pages: every run staged"
     )
     assert "NOT MEASURED" not in (tmp_path / "transfer.md").read_text()
+
+
+def test_transfer_benchmark_times_the_ceiling_with_each_cases_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-to-end ceiling takes turns with the paths it rates (a slow moment of the host
+    shifts both), and each case's rows are rated against the ceiling timed with them; the
+    ceiling is not reported as a path."""
+    from hicache.bench import timing, transfer
+
+    answers: list[float] = []
+    timed = timing.e2e_ms_interleaved
+
+    def recording(starts: dict[str, Any], s: Any) -> dict[str, float]:
+        assert transfer.CEILING_PATH in starts and len(starts) > 1, sorted(starts)
+        medians = timed(starts, s)
+        medians[transfer.CEILING_PATH] = 1.0 + len(answers)  # each case its own ceiling
+        answers.append(medians[transfer.CEILING_PATH])
+        return medians
+
+    monkeypatch.setattr(transfer, "e2e_ms_interleaved", recording)
+    assert (
+        transfer.main(["--out", str(tmp_path), "--quick", "--repeats", "1", "--tokens", "16"]) == 0
+    )
+    rows = json.loads((tmp_path / "transfer.json").read_text())["dma"]["rows"]
+    assert len(answers) == 4  # (consecutive, fragmented) x (D2H, H2D)
+    cases = {(r["l2"], r["direction"]): r["ceiling_e2e_ms"] for r in rows}
+    assert sorted(cases.values()) == answers and len(set(cases.values())) == 4
+    for r in rows:
+        assert r["of_dma_ceiling_e2e"] == r["ceiling_e2e_ms"] / r["median_ms"]
+    assert transfer.CEILING_PATH not in {r["path"] for r in rows}
