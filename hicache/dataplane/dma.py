@@ -397,7 +397,7 @@ class DeviceHostMover:
         staged: list[tuple[int, int, Event | None]] = []
         gathered = False  # the one chunk's gather ran in the upload's graph
         with s.use(s.compute, caller):
-            if len(plan.bounds) == 1 and host is None:
+            if self.graphs.enabled and len(plan.bounds) == 1 and host is None:
                 gathered = self._upload_and_gather(buf, plan)
             if not gathered:
                 buf.index_device.copy_(buf.index_host, non_blocking=True)

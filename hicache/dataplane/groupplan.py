@@ -17,6 +17,7 @@ of consecutive pages: one DMA each.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -67,7 +68,7 @@ class GroupPlan:
     pages: dict[str, tuple[Pages, Pages]]  # validated (l1, l2) per named allocating pool
     packed_bytes: int  # workspace size, alignment padding included
 
-    @property
+    @functools.cached_property  # read at issue and by the handle: summed once
     def nbytes(self) -> int:
         """Bytes the transfer moves (every pool, no padding)."""
         return sum(m.nbytes for m in self.moves)
