@@ -157,6 +157,33 @@ def test_runs_copy_byte_spans_between_two_tensors(batched: bool) -> None:
     assert len(fake.calls) == int(batched)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_spans_copy_between_pairs_of_tensors(batched: bool) -> None:
+    """`copy_spans`: each span between its own two tensors (a group's L2 regions and its
+    workspace), by address when batched -- the same bytes either way; a span past either end
+    is refused before anything is copied."""
+    regions = [torch.arange(64, dtype=torch.uint8) + 64 * i for i in range(2)]
+    packed = torch.zeros(96, dtype=torch.uint8)
+    copies = BatchedCopies(torch.device("cpu"))
+    fake = FakeDriver()
+    if batched:
+        copies._batch = fake
+    spans = [
+        (packed, 0, regions[0], 16, 32),
+        (packed, 40, regions[1], 0, 8),
+        (packed, 48, regions[0], 60, 4),
+    ]
+    assert copies.copy_spans(spans) == (1 if batched else 3) and len(fake.calls) == int(batched)
+    assert torch.equal(packed[0:32], regions[0][16:48]) and torch.equal(
+        packed[40:48], regions[1][0:8]
+    )
+    assert torch.equal(packed[48:52], regions[0][60:64])
+    assert not packed[32:40].any() and not packed[52:].any()  # nothing else written
+    with pytest.raises(AssertionError):
+        copies.copy_spans([(packed, 90, regions[0], 0, 8)])  # past the target's end
+    assert len(fake.calls) == int(batched)
+
+
 def test_batching_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HICACHE_BATCHED_COPIES", "0")
     assert "off" in BatchedCopies(torch.device("cuda")).reason

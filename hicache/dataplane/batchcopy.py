@@ -44,6 +44,8 @@ from hicache.errors import TransferError
 
 Piece = tuple[torch.Tensor, torch.Tensor]  # (target, source), contiguous, equal bytes
 Run = tuple[int, int, int]  # (target byte offset, source byte offset, bytes)
+# (target, target byte offset, source, source byte offset, bytes); target and source contiguous
+Span = tuple[torch.Tensor, int, torch.Tensor, int, int]
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -180,6 +182,31 @@ class BatchedCopies:
         srcs = [s0 + s for _, s, _ in runs] + [s.data_ptr() for _, s in more]
         sizes = [n for _, _, n in runs] + [t.nbytes for t, _ in more]
         again = lambda: self.copy_runs(target, source, runs, more)  # noqa: E731
+        return self._call(dsts, srcs, sizes, again, stream)
+
+    def copy_spans(self, spans: Sequence[Span], *, stream: torch.cuda.Stream | None = None) -> int:
+        """`copy` of byte spans, each between its own pair of contiguous tensors, by address
+        when batched (no tensor made per span: a group transfer's runs sit in as many L2
+        regions as it has pools), by byte views otherwise. Returns driver copy calls."""
+        # Verify every span lies inside both its tensors: an address past the end is another
+        # allocation's memory, which no later check would see.
+        for t, a, src, b, n in spans:
+            assert 0 <= a and a + n <= t.nbytes and 0 <= b and b + n <= src.nbytes, (a, b, n)
+        if self._batch is None or not spans:
+            flat: dict[int, torch.Tensor] = {}  # one byte view per tensor
+
+            def view(t: torch.Tensor) -> torch.Tensor:
+                v = flat.get(id(t))
+                if v is None:
+                    v = flat[id(t)] = _bytes(t)
+                return v
+
+            return self.copy([(view(t)[a : a + n], view(s)[b : b + n]) for t, a, s, b, n in spans])
+        assert all(t.is_contiguous() and src.is_contiguous() for t, _, src, _, _ in spans)
+        dsts = [t.data_ptr() + a for t, a, _, _, _ in spans]
+        srcs = [src.data_ptr() + b for _, _, src, b, _ in spans]
+        sizes = [n for *_, n in spans]
+        again = lambda: self.copy_spans(spans)  # noqa: E731
         return self._call(dsts, srcs, sizes, again, stream)
 
     def status(self) -> dict[str, object]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from hicache.core.tiers import Direction
-from hicache.dataplane.batchcopy import BatchedCopies
+from hicache.dataplane.batchcopy import BatchedCopies, Span
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.groupkernels import GroupKernels, Operands, choose
 from hicache.dataplane.groupplan import GroupPlan, GroupRequest, PoolMove, plan_group
@@ -336,8 +336,9 @@ class GroupMover:
         stream: torch.cuda.Stream | None,
     ) -> int:
         """One copy per run of consecutive L2 pages of each pool of `stage`, on the current
-        stream (`stream`: it, or None on CPU); returns how many."""
-        pieces = []
+        stream (`stream`: it, or None on CPU), as byte spans of the pool's L2 region and the
+        workspace (batchcopy.py: by address, no tensor per run); returns how many."""
+        spans: list[Span] = []
         runs: dict[int, list[tuple[int, int, int]]] = {}  # pools of one source share its runs
         for m in stage:
             bpp = m.pool.bytes_per_page
@@ -345,11 +346,14 @@ class GroupMover:
             if id(m.l2) not in runs:
                 runs[id(m.l2)] = m.runs()
             for lo, hi, first in runs[id(m.l2)]:
-                part = packed[m.packed_at + lo * bpp : m.packed_at + hi * bpp]
-                target = l2[first : first + hi - lo].view(-1)
-                pieces.append((target, part) if to_host else (part, target))
-        self.copies.copy(pieces, stream=stream)  # one batched driver call (batchcopy.py)
-        return len(pieces)
+                at, n = m.packed_at + lo * bpp, (hi - lo) * bpp
+                spans.append(
+                    (l2, first * bpp, packed, at, n)
+                    if to_host
+                    else (packed, at, l2, first * bpp, n)
+                )
+        self.copies.copy_spans(spans, stream=stream)  # one batched driver call (batchcopy.py)
+        return len(spans)
 
     def _retire(self, handle: GroupHandle, status: TransferStatus) -> None:
         self.in_flight.discard(handle)
