@@ -4,6 +4,8 @@ numpy: no device, no buffers."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,10 +13,14 @@ from hypothesis import strategies as st
 from hicache.core.pages import Pages, pages
 from hicache.dataplane.routes import (
     INDEX_ALIGN,
+    SMALL_ROUTE_PAGES,
     DmaPlan,
     Run,
+    _route_numpy,
+    _route_small,
     chunk_bounds,
     index_slots,
+    is_run,
     plan_route,
     split_runs,
 )
@@ -174,3 +180,70 @@ def test_seven_chunks_of_three_use_aligned_slots() -> None:
     assert bounds == [(0, 3), (3, 6), (6, 9), (9, 12), (12, 15), (15, 18), (18, 20)]
     assert index_slots(bounds) == [0, 4, 8, 12, 16, 20, 24]
     assert index_slots(chunk_bounds(20, 1 << 18, 4)) == [0, 4, 8, 12, 16], "aligned chunks: no gaps"
+
+
+@st.composite
+def run_layouts(draw: st.DrawFn, max_pages: int) -> list[int]:
+    """L2 pages made of runs (gap, length) in a random order, some repeated: short and long
+    runs side by side, so that none, one, or several runs fall under the staging limit."""
+    runs = draw(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8)), min_size=1))
+    ids: list[int] = []
+    at = draw(st.integers(0, 50))
+    for gap, length in runs:
+        ids.extend(range(at, at + length))
+        at += length + gap
+    ids = ids[:max_pages]
+    repeats = draw(st.lists(st.sampled_from(ids), max_size=3))
+    return draw(st.permutations(ids + repeats))
+
+
+@settings(max_examples=300)
+@given(
+    ids=run_layouts(SMALL_ROUTE_PAGES + 40),
+    min_pages=st.integers(0, 5),
+    staged_first=st.booleans(),
+)
+def test_the_list_route_and_the_numpy_route_are_the_same(
+    ids: list[int], min_pages: int, staged_first: bool
+) -> None:
+    """Short routes are planned on Python lists, long ones in numpy (`plan_route` picks by
+    SMALL_ROUTE_PAGES): on any input, either gives exactly the other's route."""
+    l2 = pages(ids)
+    if l2.size < 2:
+        return
+    args = (l2, 100, min_pages * 100)
+    small = _route_small(*args, staged_first=staged_first)
+    big = _route_numpy(*args, staged_first=staged_first)
+    assert small.order is not None and big.order is not None
+    assert np.array_equal(small.order, big.order), "the same packed order"
+    assert small.direct == big.direct, "the same direct runs"
+    assert (small.staged_lo, small.staged_hi, small.runs) == (
+        big.staged_lo,
+        big.staged_hi,
+        big.runs,
+    )
+    assert np.array_equal(small.l2_staged, big.l2_staged)
+    assert small.order.dtype == big.order.dtype == small.l2_staged.dtype == np.int64
+
+
+@given(
+    n=st.integers(1, SMALL_ROUTE_PAGES + 40),
+    first=st.integers(0, 1000),
+    swap=st.integers(-1, SMALL_ROUTE_PAGES + 40),
+    step=st.sampled_from([1, 1, 2, -1]),
+)
+def test_is_run_means_one_increasing_slice(n: int, first: int, swap: int, step: int) -> None:
+    """`is_run` (a list compare up to SMALL_ROUTE_PAGES, numpy above) is True exactly when
+    the pages are first, first + 1, ...: a swap, a gap or a descent is no run."""
+    ids = list(range(first, first + step * n, step))
+    if 0 <= swap < n - 1:
+        ids[swap], ids[swap + 1] = ids[swap + 1], ids[swap]
+    want = all(b == a + 1 for a, b in itertools.pairwise(ids))
+    assert is_run(pages(ids)) == want, ids
+
+
+def test_one_chunk_keeps_every_run_whole() -> None:
+    """A one-chunk transfer (every short one) is not cut: its pieces are its runs."""
+    runs = [Run(0, 2, 10), Run(2, 3, 40), Run(3, 7, 20)]
+    assert split_runs(runs, [(0, 7)]) == [runs]
+    assert split_runs(runs, [(0, 3), (3, 7)]) == [runs[:2], runs[2:]]

@@ -38,6 +38,8 @@ from hicache.errors import (
     UnreadableSlot,
 )
 
+SMALL_PAGES = 64  # page arrays up to this size are checked on a Python list (cheaper there)
+
 
 def page_array(field: str | Callable[[], str], values: object, capacity: int) -> Pages:
     """`values` as a 1-D int64 array of pages in [0, capacity); InvalidPages naming `field`
@@ -51,7 +53,11 @@ def page_array(field: str | Callable[[], str], values: object, capacity: int) ->
             _named(field), f"expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
         )
     ids = arr.astype(np.int64, copy=False)
-    low, high = int(ids.min()), int(ids.max())
+    if ids.size <= SMALL_PAGES:  # a list's min/max beat numpy's fixed costs on short arrays
+        xs = ids.tolist()
+        low, high = min(xs), max(xs)
+    else:
+        low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= capacity:
         raise InvalidPages(
             _named(field), f"pages must lie in [0, {capacity}), got values in [{low}, {high}]"
@@ -98,11 +104,14 @@ def transfer_pages(
 
 
 def _has_repeat(ids: Pages) -> bool:
-    """True when some value of `ids` occurs twice: sort, then compare neighbours.
+    """True when some value of `ids` occurs twice: a set of a short list, else sort, then
+    compare neighbours.
 
     Exact, like `np.unique`, but 5x (22 pages) to 15x (4,096 pages) cheaper on this machine,
     and unlike a bitmap over the tier its cost does not grow with the capacity (L3 slots).
     """
+    if ids.size <= SMALL_PAGES:
+        return len(set(ids.tolist())) < ids.size
     ordered = np.sort(ids)
     return bool((ordered[1:] == ordered[:-1]).any())
 
