@@ -40,7 +40,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from hicache.core.pages import Pages
@@ -64,6 +63,7 @@ from hicache.dataplane.routes import (
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
     chunk_bounds,
+    is_run,
     plan_route,
     split_runs,
 )
@@ -183,6 +183,8 @@ class DmaHandle(TransferHandle):
         # Verify the buffers go back once: a second return would hand them to two transfers.
         assert buffers is not None, "a DMA handle finished twice"
         self._mover._retire(self, buffers, status)
+        # The timing events are the mover's again (an H2D's end is its gate's: not reused).
+        self._mover._streams.recycle(c.start, c.end if self.direction is Direction.D2H else None)
         self._completion = _Completion(None, None)
 
 
@@ -293,7 +295,7 @@ class DeviceHostMover:
         key = (direction, n, first, settings)
         cached = self._plans.get(key)
         # Same size and first page is not enough: [5, 7, 6] is no run.
-        if cached is not None and bool((np.diff(l2_ids) == 1).all()):
+        if cached is not None and is_run(l2_ids):
             return cached
         d2h = direction is Direction.D2H
         route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
@@ -391,7 +393,7 @@ class DeviceHostMover:
         plan.fill_index(l1_ids, buf.index_array)
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
-        start = s.mark(s.compute, timing=True)
+        start = s.timer(s.compute)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         bpp = self.bytes_per_page
         staged: list[tuple[int, int, Event | None]] = []
@@ -407,7 +409,7 @@ class DeviceHostMover:
                     self.kernels.gather(
                         l1, buf.index_device[at : at + hi - lo], packed[lo:hi], stream=s.compute
                     )
-                s.wait(s.d2h, s.mark(s.compute))  # chunk k's DMAs after its gather
+                s.wait_for(s.d2h, s.compute)  # chunk k's DMAs after its gather
                 spans = [(first * bpp, a * bpp, (b - a) * bpp) for a, b, first in runs]
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 more = []
@@ -417,7 +419,7 @@ class DeviceHostMover:
                 self.copies.copy_runs(l2, packed, spans, more, stream=s.d2h)  # batched
                 if host is not None and a < b:
                     staged.append((a, b, s.mark(s.d2h)))
-        end = s.mark(s.d2h, timing=True)  # the DMA stream ran every DMA before this
+        end = s.timer(s.d2h)  # the DMA stream ran every DMA before this
         if host is None:
             return _Completion(start, end)
         index = torch.from_numpy(plan.route.l2_staged)
@@ -456,23 +458,25 @@ class DeviceHostMover:
         # indices and overwrite L1 pages: they wait for the caller (B05) and each for its
         # chunk's DMAs.
         caller = s.current()
-        start = s.mark(s.h2d, timing=True)
+        start = s.timer(s.h2d)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
         bpp = self.bytes_per_page
-        l2_rows, staged_index = self.l2.bytes_view(), torch.from_numpy(plan.route.l2_staged)
         offset = plan.route.staged_lo
         dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):  # DMAs are `copy_` calls: they run on the current stream
-            for (lo, hi), runs in zip(plan.bounds, plan.pieces):
+            for k, ((lo, hi), runs) in enumerate(zip(plan.bounds, plan.pieces)):
                 a, b = plan.staged_in(lo, hi) if host is not None else (0, 0)
                 if host is not None and a < b:  # packed on the CPU while earlier DMAs copy
-                    torch.index_select(l2_rows, 0, staged_index[a:b], out=_byte_rows(host[a:b]))
+                    rows, staged_index = self.l2.bytes_view(), plan.route.l2_staged[a:b]
+                    torch.index_select(
+                        rows, 0, torch.from_numpy(staged_index), out=_byte_rows(host[a:b])
+                    )
                 spans = [(p * bpp, first * bpp, (q - p) * bpp) for p, q, first in runs]
                 more = []
                 if host is not None and a < b:
                     more.append((packed[offset + a : offset + b], host[a:b]))
                 self.copies.copy_runs(packed, l2, spans, more, stream=s.h2d)  # batched
-                dmas_done.append(s.mark(s.h2d))
+                dmas_done.append(s.relay(s.h2d, k))  # waited on below, in this issue
         # Pinned on CUDA: the upload reads it asynchronously. Each chunk at its aligned slot.
         plan.fill_index(l1_ids, buf.index_array)
         s.wait_for(s.compute, after if after is not None else caller)
@@ -483,7 +487,8 @@ class DeviceHostMover:
             self.kernels.scatter(
                 packed[lo:hi], buf.index_device[at : at + hi - lo], l1, stream=s.compute
             )
-        end = s.mark(s.compute, timing=True)  # after the last scatter, which waited every DMA
+        # After the last scatter, which waited every DMA; a new event: the gate hands it out.
+        end = s.mark(s.compute, timing=True)
         return _Completion(start, end)
 
     # -- completion and lifetime --------------------------------------------------------------

@@ -108,6 +108,8 @@ class GroupHandle(TransferHandle):
         for cache, ws in held:
             cache.release(ws)
         self._mover._retire(self, status)
+        self._mover._streams.recycle(self._start, self._end)  # its timing events, for reuse
+        self._start = self._end = None
 
 
 class GroupMover:
@@ -246,16 +248,16 @@ class GroupMover:
         s = self._streams
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
-        start = s.mark(s.compute, timing=True)
+        start = s.timer(s.compute)
         launches = dmas = 0
         if plan.nbytes <= self.graph_max_bytes and self.graphs.enabled:
             with s.use(s.compute, caller):
                 replayed = self._replay_gathers(plan, ops, packed, host, words)
             if replayed:
-                s.wait(s.d2h, s.mark(s.compute))  # every DMA after every gather
+                s.wait_for(s.d2h, s.compute)  # every DMA after every gather
                 with s.use(s.d2h, caller):
                     dmas = self._dmas(plan.moves, packed, to_host=True, stream=s.d2h)
-                return start, s.mark(s.d2h, timing=True), 1, dmas
+                return start, s.timer(s.d2h), 1, dmas
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
         with s.use(s.d2h, caller):  # DMAs are `copy_` calls: they run on the current stream
@@ -263,9 +265,9 @@ class GroupMover:
                 launches += self.kernels.copy(
                     stage, ops, words, self.l1, packed, gather=True, stream=s.compute
                 )
-                s.wait(s.d2h, s.mark(s.compute))
+                s.wait_for(s.d2h, s.compute)
                 dmas += self._dmas(stage, packed, to_host=True, stream=s.d2h)
-        return start, s.mark(s.d2h, timing=True), launches, dmas
+        return start, s.timer(s.d2h), launches, dmas
 
     def _enqueue_h2d(
         self,
@@ -280,14 +282,14 @@ class GroupMover:
         # The DMAs read locked L2 pages: no caller wait, so every stage's DMAs are queued
         # first and the copy engine starts while the upload and the scatters are issued.
         caller = s.current()
-        start = s.mark(s.h2d, timing=True)
+        start = s.timer(s.h2d)
         launches = dmas = 0
         stages = self.kernels.stages(plan)
         dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):
-            for stage in stages:
+            for k, stage in enumerate(stages):
                 dmas += self._dmas(stage, packed, to_host=False, stream=s.h2d)
-                dmas_done.append(s.mark(s.h2d))
+                dmas_done.append(s.relay(s.h2d, k))  # waited on below, in this issue
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
@@ -296,7 +298,7 @@ class GroupMover:
             launches += self.kernels.copy(
                 stage, ops, words, self.l1, packed, gather=False, stream=s.compute
             )
-        return start, s.mark(s.compute, timing=True), launches, dmas
+        return start, s.timer(s.compute), launches, dmas
 
     def _replay_gathers(
         self,

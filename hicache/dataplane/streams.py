@@ -16,6 +16,8 @@ import contextlib
 import torch
 
 Event = torch.cuda.Event
+KNOWN_STREAMS = 64  # caller streams remembered by id (a serving loop uses a few)
+TIMERS_KEPT = 64  # idle timing events kept for reuse (one transfer holds two)
 
 
 def landed(event: Event) -> bool:
@@ -31,7 +33,19 @@ class Streams:
     Switching streams costs host time (a `torch.cuda.stream` block looks the current stream
     up twice; benchmarks/results/HISTORY.md has the figures), so an issue looks the caller's
     stream up once and switches with `use(stream, back)`; kernels take their stream as an
-    argument.
+    argument. Events cost host time too when new (the driver creates one at its first
+    record), so the ones an issue makes every time are reused:
+
+        current()       the caller's stream: its Python object remembered by stream id
+                        (`torch.cuda.current_stream` builds a new one per call)
+        wait_for(a, b)  one reused event, recorded on b and waited on by a at once
+        relay(s, k)     reused event k, recorded on s: for stream waits enqueued before the
+                        next relay(..., k) (a wait takes the record current at its call, so
+                        re-recording leaves every enqueued wait as it was)
+        timer(s)        a timing event from the idle ones, recorded on s; `recycle` gives it
+                        back once nothing reads it (its handle is final)
+    Events that outlive the issue and are polled or handed out (a staged piece's landing, a
+    layer's gate) are new ones: `mark`.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -42,10 +56,28 @@ class Streams:
             return torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
 
         self.compute, self.d2h, self.h2d = new(), new(), new()
+        self._known: dict[tuple[int, int, int], torch.cuda.Stream] = {}  # by stream id
+        self._follow = self._event(timing=False) if self.cuda else None
+        self._relays: list[Event] = []
+        self._timers: list[Event] = []  # idle timing events
+
+    def _event(self, *, timing: bool) -> Event:
+        return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
     def current(self) -> torch.cuda.Stream | None:
         """The caller's current stream on our device (None on CPU)."""
-        return torch.cuda.current_stream(self.device) if self.cuda else None
+        if not self.cuda:
+            return None
+        index = self.device.index
+        key = torch._C._cuda_getCurrentStream(
+            torch.cuda.current_device() if index is None else index
+        )
+        stream = self._known.get(key)
+        if stream is None:  # an object per stream id: equal ids are the same stream
+            if len(self._known) >= KNOWN_STREAMS:
+                self._known.clear()
+            stream = self._known[key] = torch.cuda.current_stream(self.device)
+        return stream
 
     def use(
         self, stream: torch.cuda.Stream | None, back: torch.cuda.Stream | None
@@ -63,14 +95,41 @@ class Streams:
         event.record(stream)
         return event
 
+    def relay(self, stream: torch.cuda.Stream | None, slot: int = 0) -> Event | None:
+        """Reused event `slot` recorded on `stream` now, for stream waits enqueued before the
+        next `relay(..., slot)` (class docstring); None on CPU."""
+        if stream is None:
+            return None
+        while len(self._relays) <= slot:
+            self._relays.append(self._event(timing=False))
+        event = self._relays[slot]
+        event.record(stream)
+        return event
+
+    def timer(self, stream: torch.cuda.Stream | None) -> Event | None:
+        """A timing event recorded on `stream` now, reused once `recycle`d (None on CPU)."""
+        if stream is None:
+            return None
+        event = self._timers.pop() if self._timers else self._event(timing=True)
+        event.record(stream)
+        return event
+
+    def recycle(self, *events: Event | None) -> None:
+        """Give `timer` events back: nothing reads them any more (their transfer is final)."""
+        for event in events:
+            if event is not None and len(self._timers) < TIMERS_KEPT:
+                self._timers.append(event)
+
     def wait(self, stream: torch.cuda.Stream | None, event: Event | None) -> None:
         if stream is not None and event is not None:
             stream.wait_event(event)
 
     def wait_for(self, stream: torch.cuda.Stream | None, other: torch.cuda.Stream | None) -> None:
-        """`stream` runs nothing more until `other`'s work so far is done."""
-        if stream is not None and other is not None:
-            stream.wait_stream(other)
+        """`stream` runs nothing more until `other`'s work so far is done (`wait_stream` with
+        a reused event instead of a new one)."""
+        if stream is not None and other is not None and self._follow is not None:
+            self._follow.record(other)
+            stream.wait_event(self._follow)
 
 
 class _Current:

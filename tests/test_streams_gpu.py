@@ -1,0 +1,98 @@
+"""The mover's streams (streams.py) on a GPU: what reusing events and remembering the caller's
+stream must not change.
+
+`current()` names the caller's stream as it is now (after any switch: a transfer that waited
+on a stale one would race the caller, B05); a wait enqueued on a relay or `wait_for` event
+keeps waiting for that record after the event is recorded again; timing events come back
+and are reused, and the transfers that reuse them still report their service time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
+import torch
+
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.dataplane.streams import KNOWN_STREAMS, Streams
+from hicache.kernels import KernelSet
+from tests.cuda_streams import HOLD_CYCLES, caller_stream  # noqa: F401  (autouse)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+GEOMETRY = KVGeometry(layers=4, kv_heads=2, head_dim=32, dtype="bf16", page_size=16)
+
+
+def new_stream() -> torch.cuda.Stream:
+    return torch.cuda.Stream()  # type: ignore[no-untyped-call]
+
+
+def test_gpu_current_follows_every_switch_of_the_callers_stream() -> None:
+    s = Streams(torch.device("cuda", torch.cuda.current_device()))
+    outer = torch.cuda.current_stream()
+    assert s.current() == outer
+    for _ in range(KNOWN_STREAMS + 3):  # more streams than it remembers: still right
+        side = new_stream()
+        with torch.cuda.stream(side):
+            got = s.current()
+            assert got is not None and got.cuda_stream == side.cuda_stream
+        assert s.current() == torch.cuda.current_stream() == outer
+    unindexed = Streams(torch.device("cuda"))  # "cuda": the current device's stream
+    assert unindexed.current() == outer
+
+
+@pytest.mark.parametrize("how", ["relay", "wait_for"])
+def test_gpu_a_wait_keeps_its_record_when_the_event_is_recorded_again(how: str) -> None:
+    """Stream `a` sleeps, then writes 1; `b` waits for `a` through the reused event, which is
+    then recorded again on an idle stream; `b`'s read must still see `a`'s write."""
+    s = Streams(torch.device("cuda", torch.cuda.current_device()))
+    a, b, idle = new_stream(), new_stream(), new_stream()
+    flag = torch.zeros(1, device="cuda")
+    seen = torch.full((1,), -1.0, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(HOLD_CYCLES)  # type: ignore[no-untyped-call]
+        flag.fill_(1.0)
+    if how == "relay":
+        s.wait(b, s.relay(a, 0))
+        s.relay(idle, 0)  # the same event, recorded where nothing is queued
+    else:
+        s.wait_for(b, a)
+        s.wait_for(b, idle)  # the same event again
+    with torch.cuda.stream(b):
+        seen.copy_(flag)
+    torch.cuda.synchronize()
+    assert float(seen) == 1.0, "the wait followed the later record: b ran before a's write"
+
+
+def test_gpu_timing_events_are_reused_and_still_time_each_transfer() -> None:
+    l1 = DevicePool(GEOMETRY, 32, "cuda")
+    l1.tensor.view(torch.uint8).random_(0, 256)
+    l2 = HostPool(GEOMETRY, 32, pin=True)
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "auto"))
+    made = 0
+    original = m._streams._event
+
+    def counted(*, timing: bool) -> torch.cuda.Event:
+        nonlocal made
+        made += timing
+        return original(timing=timing)
+
+    m._streams._event = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        src = rng.choice(32, size=6, replace=False).astype(np.int64)
+        dst = np.arange(6 * (k % 4), 6 * (k % 4) + 6, dtype=np.int64)
+        handle = m.d2h(src, dst)
+        assert handle.wait().value == "DONE"
+        assert handle.timings.service_s > 0, "a reused event still times its transfer"
+        assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
+    assert made <= 2, f"{made} timing events made for 12 transfers one after another"
