@@ -159,6 +159,8 @@ PHASES = {  # (owner attribute path, method): the steps an issue is made of
     "copy_runs": ("copies", "copy_runs"),
     "stream current": ("_streams", "current"),
     "stream mark": ("_streams", "mark"),
+    "stream timer": ("_streams", "timer"),
+    "stream relay": ("_streams", "relay"),
     "stream wait": ("_streams", "wait"),
     "stream wait_for": ("_streams", "wait_for"),
     "stream use": ("_streams", "use"),
