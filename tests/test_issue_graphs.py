@@ -145,20 +145,17 @@ def pages(rng: np.random.Generator, n: int) -> np.ndarray:
         st.tuples(st.booleans(), st.sampled_from([(1, 3), (3, 1), (2, 2), (4, 1)]), st.integers()),
         max_size=12,
     ),
-    st.booleans(),
 )
 @settings(max_examples=25, deadline=None)
 def test_group_replays_move_each_transfers_own_bytes(
-    name: str, transfers: list[tuple[bool, tuple[int, int], int]], h2d_replay: bool
+    name: str, transfers: list[tuple[bool, tuple[int, int], int]]
 ) -> None:
     """Transfers of a few shapes in a loop (pages per allocating pool drawn apart: one total
     split two ways is two shapes), each checked for its bytes; from each shape's second
-    sight on its upload and kernels are a replay (an H2D's too, with `h2d_replay`: a D2H and
-    an H2D of one shape are two keys)."""
+    sight on its upload and kernels are a replay."""
     from hicache.dataplane.grouppools import group_digest
 
     geometry, mover, (l1, l2) = group_rig(name, 8)
-    mover.h2d_replay = h2d_replay
     with pytest.MonkeyPatch.context() as mp:
         replaying(mover.graphs, mp)
         for d2h, sizes, seed in transfers:
@@ -199,27 +196,6 @@ def test_group_d2h_shapes_are_replayed_from_their_second_sight(
         mover.d2h(request).wait()
     assert mover.graphs.captures == 1
     assert mover.counters[Direction.D2H].replays == 4 - (CAPTURE_AT - 1)
-
-
-def test_group_h2d_replays_its_scatters_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`h2d_replay`: an H2D's upload and scatters replay from its shape's second sight, as
-    one launch after every DMA; its key is not the D2H's of the same shape."""
-    from hicache.dataplane.grouppools import group_digest
-
-    geometry, mover, (l1, l2) = group_rig("dsv4-tiny", 8)
-    mover.h2d_replay = True
-    replaying(mover.graphs, monkeypatch)
-    a = {s: np.array([5, 1, 6], dtype=np.int64) for s in geometry.sources}
-    b = {s: np.array([0, 2, 7], dtype=np.int64) for s in geometry.sources}
-    for k in range(4):
-        l2.tensor.copy_(torch.randint(0, 256, l2.tensor.shape, dtype=torch.uint8))
-        handle = mover.h2d({s: (b[s], a[s]) for s in geometry.sources})
-        assert handle.wait().value == "DONE"
-        assert group_digest(l2, b) == group_digest(l1, a)
-        assert (handle.launches == 1) == (k >= CAPTURE_AT - 1), (k, handle.launches)
-        assert mover.d2h({s: (a[s], b[s]) for s in geometry.sources}).wait().value == "DONE"
-    assert mover.counters[Direction.H2D].replays == 4 - (CAPTURE_AT - 1)
-    assert mover.graphs.captures == 2  # one shape, two directions
 
 
 def test_group_d2h_replays_tell_one_total_split_two_ways_apart(

@@ -86,7 +86,6 @@ def _case(issue: Callable[[], TransferHandle]) -> _Case:
 
 PER_RUN = "per_pool, per-run DMAs"
 EAGER = "per_pool, eager"  # no issue graphs: one stage per pool, every call made each time
-H2D_REPLAY = "per_pool, H2D replayed"  # an H2D's scatters replayed after every DMA
 
 
 class _GroupRig:
@@ -105,7 +104,6 @@ class _GroupRig:
         if "per_pool" in modes:  # the same kernels, a stage's DMAs one copy_ each (before)
             self.movers[PER_RUN] = GroupMover(self.l1, self.l2, "per_pool", batched=False)
             self.movers[EAGER] = GroupMover(self.l1, self.l2, "per_pool", issue_graphs=False)
-            self.movers[H2D_REPLAY] = GroupMover(self.l1, self.l2, "per_pool", h2d_replay=True)
         self.rng = np.random.default_rng(0)
 
     def pages(self, tokens: int, source: str) -> int:

@@ -20,9 +20,7 @@ host, 350 tokens of DeepSeek V4's six pools: issue 0.65 -> 0.26 ms, 65.2 -> 67.5
 pinned copy; MLA's one pool 70.0 -> 77.4%). Larger D2Hs keep one stage per pool, so a pool's
 DMAs overlap the next pool's gather. An H2D's DMAs go first and need nothing issued before
 them, so it keeps its stages: replaying its scatters after every DMA measured worse there
-(52.8 -> 46.8% for DeepSeek V4, MLA unchanged). `h2d_replay=True` issues an H2D of at most
-GRAPH_MAX_BYTES that way (every DMA as one batch, then upload + every scatter replayed), to
-measure it against the stages again as the DMA issue gets cheaper.
+(52.8 -> 46.8% for DeepSeek V4, MLA unchanged).
 
 Completion is observed by polling the last event; the workspace (packed bytes, operands)
 is held by the handle and returned only once the handle is final. On CPU the same code runs
@@ -136,7 +134,6 @@ class GroupMover:
         batched: bool | None = None,
         issue_graphs: bool | None = None,
         graph_max_bytes: int = GRAPH_MAX_BYTES,
-        h2d_replay: bool = False,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError(
@@ -153,7 +150,6 @@ class GroupMover:
         if not isinstance(graph_max_bytes, int) or graph_max_bytes < 0:
             raise ConfigError("graph_max_bytes", f"a number of bytes >= 0, got {graph_max_bytes!r}")
         self.graph_max_bytes = graph_max_bytes
-        self.h2d_replay = h2d_replay
         pin = self._streams.cuda
         self.faults = faults
         self.workspaces = WorkspaceCache(
@@ -256,7 +252,7 @@ class GroupMover:
         launches = dmas = 0
         if plan.nbytes <= self.graph_max_bytes and self.graphs.enabled:
             with s.use(s.compute, caller):
-                replayed = self._replay_kernels(plan, ops, packed, host, words)
+                replayed = self._replay_gathers(plan, ops, packed, host, words)
             if replayed:
                 s.wait_for(s.d2h, s.compute)  # every DMA after every gather
                 with s.use(s.d2h, caller):
@@ -288,20 +284,6 @@ class GroupMover:
         caller = s.current()
         start = s.timer(s.h2d)
         launches = dmas = 0
-        if self.h2d_replay and plan.nbytes <= self.graph_max_bytes and self.graphs.enabled:
-            with s.use(s.h2d, caller):
-                dmas = self._dmas(plan.moves, packed, to_host=False, stream=s.h2d)
-            s.wait_for(s.compute, s.h2d)  # every scatter after every DMA
-            s.wait_for(s.compute, after if after is not None else caller)  # (B05)
-            with s.use(s.compute, caller):
-                if self._replay_kernels(plan, ops, packed, host, words):
-                    return start, s.timer(s.compute), 1, dmas
-                words.copy_(host, non_blocking=True)  # first sight of the key: eagerly
-            for stage in self.kernels.stages(plan):
-                launches += self.kernels.copy(
-                    stage, ops, words, self.l1, packed, gather=False, stream=s.compute
-                )
-            return start, s.timer(s.compute), launches, dmas
         stages = self.kernels.stages(plan)
         dmas_done: list[Event | None] = []
         with s.use(s.h2d, caller):
@@ -318,7 +300,7 @@ class GroupMover:
             )
         return start, s.timer(s.compute), launches, dmas
 
-    def _replay_kernels(
+    def _replay_gathers(
         self,
         plan: GroupPlan,
         ops: Operands,
@@ -326,24 +308,22 @@ class GroupMover:
         host: torch.Tensor,
         words: torch.Tensor,
     ) -> bool:
-        """The operand upload and every stage's kernels (a D2H's gathers, an H2D's scatters)
-        as one graph replay on the current stream (issuegraphs.py); False when they are still
-        to be run eagerly. The key names the direction and every address and length the work
-        touches: the operand buffers, the workspace, and per pool where its indices and
-        packed part start and how many pages it moves."""
-        gather = plan.direction is Direction.D2H
+        """The operand upload and every stage's gathers as one graph replay on the current
+        stream (issuegraphs.py); False when they are still to be run eagerly. The key names
+        every address and length the work touches: the operand buffers, the workspace, and
+        per pool where its indices and packed part start and how many pages it moves."""
         shape = tuple(
             (m.pool.name, ops.index_at.get(m.pool.name, -1), int(m.l1.size), m.packed_at)
             for m in plan.moves
         )
         table = None if ops.table is None else (ops.table.word_bytes, ops.table.vec)
         buffers = (host.data_ptr(), words.data_ptr(), int(words.numel()), packed.data_ptr())
-        key = (gather, buffers, shape, table)
+        key = (buffers, shape, table)
 
         def work() -> None:  # exactly the eager path's calls, on the current stream
             words.copy_(host, non_blocking=True)
             for stage in self.kernels.stages(plan):
-                self.kernels.copy(stage, ops, words, self.l1, packed, gather=gather, stream=None)
+                self.kernels.copy(stage, ops, words, self.l1, packed, gather=True, stream=None)
 
         replayed = self.graphs.run(key, work)
         self.counters[plan.direction].replays += replayed
