@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import io
 import json
 import os
@@ -29,7 +28,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hicache.dataplane.batchcopy import _entry_point, bindings_batch, entry_point_batch
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.handles import TransferHandle
@@ -114,19 +112,6 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
         "gather_rows(stream=)": host_us(lambda: triton_rows.gather_rows(l1, pages, out, stream=s1)),
         "KernelSet.gather": host_us(lambda: mover.kernels.gather(l1, pages, out)),
     }
-    address, _ = _entry_point()
-    ways = {
-        "ctypes": entry_point_batch(address) if address is not None else None,
-        "cuda.bindings": bindings_batch()[0],
-    }
-    bpp = out[0].nbytes
-    for way, batch in ways.items():  # 4 KiB copies: the call's host cost, not the bytes
-        for n in (1, 22):
-            dsts = [l2.data_ptr() + i * bpp for i in range(n)]
-            srcs = [out.data_ptr() + i * bpp for i in range(n)]
-            if batch is not None:
-                call = functools.partial(batch, dsts, srcs, [4096] * n, s1.cuda_stream)
-                result[f"cuMemcpyBatchAsync of {n} ({way})"] = host_us(call)
     torch.cuda.synchronize(dev)
     return result
 

@@ -10,7 +10,6 @@ call moves fragmented pages between the device and pinned memory, and the movers
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import pytest
 
@@ -19,13 +18,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 import numpy as np
 import torch
 
-from hicache.dataplane.batchcopy import (
-    BATCH_12_8,
-    BatchedCopies,
-    Piece,
-    _entry_point,
-    entry_point_batch,
-)
+from hicache.dataplane.batchcopy import BatchedCopies, Piece
 from hicache.dataplane.geometry import KVGeometry
 from hicache.errors import TransferError
 
@@ -270,83 +263,3 @@ def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk() -> None:
         back = np.arange(20, 30, dtype=np.int64)
         assert engine.h2d(l2, back).wait().name == "DONE"
         assert np.array_equal(engine.digests("L1", l1), engine.digests("L1", back))
-
-
-def fake_entry_point(answer: int = 0, fail_at: int = 0) -> tuple[int, list[tuple[int, ...]], Any]:
-    """A C function of cuMemcpyBatchAsync's CUDA 12.8 signature made from Python: records what
-    reached it through ctypes, copies with memmove (answer 0) or fails naming `fail_at`."""
-    seen: list[tuple[int, ...]] = []
-
-    def record(
-        dsts: Any,
-        srcs: Any,
-        sizes: Any,
-        count: int,
-        attrs: Any,
-        idxs: Any,
-        num_attrs: int,
-        fail: Any,
-        stream: int | None,
-    ) -> int:
-        a = attrs[0]
-        seen.append(
-            (count, a.srcAccessOrder, a.flags, a.srcLocHint.type, idxs[0], num_attrs, stream or 0)
-        )
-        if answer:
-            fail[0] = fail_at
-            return answer
-        for i in range(count):
-            ctypes.memmove(dsts[i], srcs[i], sizes[i])
-        return 0
-
-    driver = BATCH_12_8(record)
-    address = ctypes.cast(driver, ctypes.c_void_p).value
-    assert address is not None
-    return address, seen, driver  # the caller keeps `driver` alive while it is called
-
-
-def test_the_entry_point_call_hands_the_driver_every_copy_in_stream_order() -> None:
-    """Through ctypes the driver gets the three arrays, their count, one attribute entry that
-    applies from copy 0 (read in stream order, no hints, no flags) and the stream's handle."""
-    address, seen, keep = fake_entry_point()
-    batch = entry_point_batch(address)
-    _, _, pieces = pieces_of(7, 5, 96)
-    dsts = [t.data_ptr() for t, _ in pieces]
-    srcs = [s.data_ptr() for _, s in pieces]
-    assert batch(dsts, srcs, [t.nbytes for t, _ in pieces], 0xABC0) == 0
-    assert seen == [(5, 1, 0, 0, 0, 1, 0xABC0)]
-    for target, source in pieces:
-        assert torch.equal(target, source)
-    copies = BatchedCopies(torch.device("cpu"))
-    copies._batch = batch  # the mover's way in: one call for every piece
-    _, _, more = pieces_of(8, 3, 32)
-    assert copies.copy(more) == 1 and seen[-1][0] == 3
-    assert all(torch.equal(t, s) for t, s in more)
-    del keep
-
-
-@pytest.mark.parametrize(("answer", "raises"), [(801, False), (1, True)])
-def test_the_entry_point_call_reports_what_the_driver_answers(answer: int, raises: bool) -> None:
-    """CUDA_ERROR_NOT_SUPPORTED (801) is -1 (batching off, the copies go one by one); any other
-    error raises TransferError naming the copy the driver says failed."""
-    address, _, keep = fake_entry_point(answer, fail_at=2)
-    batch = entry_point_batch(address)
-    _, _, pieces = pieces_of(9, 3, 16)
-    args = ([t.data_ptr() for t, _ in pieces], [s.data_ptr() for _, s in pieces], [16] * 3, 0)
-    if raises:
-        with pytest.raises(TransferError, match="at copy 2: CUresult 1"):
-            batch(*args)
-    else:
-        assert batch(*args) == -1
-    del keep
-
-
-@pytest.mark.gpu
-def test_gpu_the_driver_entry_point_is_the_way_in_where_the_driver_has_it() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    torch.zeros(1, device="cuda")  # the driver initialised, as by any CUDA user
-    address, why = _entry_point()
-    if address is None:
-        pytest.skip(why)
-    assert "(ctypes)" in BatchedCopies(torch.device("cuda")).reason

@@ -1,4 +1,4 @@
-"""Many DMAs as one driver call: `cuMemcpyBatchAsync` (CUDA >= 12.8).
+"""Many DMAs as one driver call: `cuMemcpyBatchAsync` (CUDA >= 12.8, through `cuda.bindings`).
 
 A fragmented transfer moves one DMA per run of consecutive L2 pages (dma.py) or per run of
 each pool (grouptransfer.py). Issued one `copy_` at a time, 22 single-page runs of 2.25 MiB
@@ -10,21 +10,14 @@ CUDA stream, in stream order, as one batched call when it can, else one `copy_` 
 
     when                                                   how
     -----------------------------------------------------  ---------------------------------
-    CPU tensors, or batching off / unavailable (a driver   `target.copy_(source)` each
-    before CUDA 12.8 and no `cuda.bindings` with the call,
-    a driver that answers CUDA_ERROR_NOT_SUPPORTED)
+    CPU tensors, or batching off / unavailable (no         `target.copy_(source)` each
+    `cuda.bindings`, no cuMemcpyBatchAsync, a driver that
+    answers CUDA_ERROR_NOT_SUPPORTED)
     otherwise, one piece too                               one cuMemcpyBatchAsync
 
 One piece goes as a batch of one too: the call from pointers costs the issuing thread less
 than the byte views, slices and `copy_` of the per-piece way (an H100 host: 29 us for a
 single-run `copy_runs` that way, before the DMA could start).
-
-How the call is reached: the driver's entry point for the CUDA 12.8 signature, asked for by
-version (`cuGetProcAddress_v2(..., 12080)`: every driver from 12.8 on keeps that signature,
-so the argument list cannot shift under a newer driver), called through ctypes with three
-flat arrays (`entry_point_batch`); where that is not to be had (no libcuda.so.1, a driver
-before 12.8), through `cuda.bindings` (`bindings_batch`), whose call builds a Python object
-per pointer -- on an H100 host 22 runs cost 43-70 us of the issuing thread that way.
 
 Both move the same bytes with the same ordering: the batch runs after the stream's earlier
 work and before its later work (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`), as a `copy_(...,
@@ -41,7 +34,6 @@ issues (as the movers).
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,115 +56,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 ENV = "HICACHE_BATCHED_COPIES"
 
 
-CUDA_12_8 = 12080  # the cuMemcpyBatchAsync signature asked for (with failIdx)
-SRC_ACCESS_ORDER_STREAM = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: read in stream order
-
-
-class _Location(ctypes.Structure):
-    """CUmemLocation: no hint (type 0)."""
-
-    _fields_ = (("type", ctypes.c_int), ("id", ctypes.c_int))
-
-
-class _Attributes(ctypes.Structure):
-    """CUmemcpyAttributes (v1, CUDA 12.8)."""
-
-    _fields_ = (
-        ("srcAccessOrder", ctypes.c_int),
-        ("srcLocHint", _Location),
-        ("dstLocHint", _Location),
-        ("flags", ctypes.c_uint),
-    )
-
-
-_U64 = ctypes.POINTER(ctypes.c_uint64)
-_SIZE = ctypes.POINTER(ctypes.c_size_t)
-# CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
-#     size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
-#     size_t *failIdx, CUstream hStream)   -- the CUDA 12.8 signature
-BATCH_12_8 = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    _U64,
-    _U64,
-    _SIZE,
-    ctypes.c_size_t,
-    ctypes.POINTER(_Attributes),
-    _SIZE,
-    ctypes.c_size_t,
-    _SIZE,
-    ctypes.c_void_p,
-)
-NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
-
-
-def _entry_point() -> tuple[int | None, str]:
-    """The driver's cuMemcpyBatchAsync for the CUDA 12.8 signature, as an address, or why
-    not (libcuda.so.1 through ctypes; cuInit first, which a process using CUDA has done)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        init, get = lib.cuInit, lib.cuGetProcAddress_v2
-    except (OSError, AttributeError) as e:
-        return None, f"no driver entry points ({e})"
-    init.argtypes, init.restype = [ctypes.c_uint], ctypes.c_int
-    get.argtypes = [
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        ctypes.c_uint64,
-        ctypes.POINTER(ctypes.c_int),
-    ]
-    get.restype = ctypes.c_int
-    if init(0) != 0:
-        return None, "cuInit failed"
-    address, status = ctypes.c_void_p(), ctypes.c_int(-1)
-    err = get(b"cuMemcpyBatchAsync", ctypes.byref(address), CUDA_12_8, 0, ctypes.byref(status))
-    if err != 0 or status.value != 0 or not address.value:
-        return None, f"the driver has no cuMemcpyBatchAsync for CUDA 12.8 (CUresult {err})"
-    return address.value, "found"
-
-
-def entry_point_batch(address: int) -> Callable[..., int]:
-    """The batched call through the entry point at `address` (the CUDA 12.8 signature):
-    (dsts, srcs, sizes, stream handle) -> 0, or -1 when not supported; raises on errors."""
-    call = BATCH_12_8(address)
-    attr = _Attributes(srcAccessOrder=SRC_ACCESS_ORDER_STREAM, flags=0)
-    first = (ctypes.c_size_t * 1)(0)  # attrs[0] applies from copy 0 on: to every copy
-
-    def batch(dsts: list[int], srcs: list[int], sizes: list[int], stream: int) -> int:
-        n = len(dsts)
-        fail = ctypes.c_size_t(-1)  # SIZE_MAX until the driver names a failed copy
-        err = call(
-            (ctypes.c_uint64 * n)(*dsts),
-            (ctypes.c_uint64 * n)(*srcs),
-            (ctypes.c_size_t * n)(*sizes),
-            n,
-            attr,
-            first,
-            1,
-            ctypes.byref(fail),
-            stream,
-        )
-        if err == NOT_SUPPORTED:
-            return -1
-        if err != 0:
-            raise TransferError(
-                f"cuMemcpyBatchAsync of {n} copies failed at copy {fail.value}: CUresult {err}"
-            )
-        return 0
-
-    return batch
-
-
 def _driver_batch() -> tuple[Callable[..., Any] | None, str]:
-    """The batched call: the driver's entry point, else cuda.bindings (module docstring)."""
-    address, why = _entry_point()
-    if address is not None:
-        return entry_point_batch(address), "batched: one cuMemcpyBatchAsync per chunk (ctypes)"
-    batch, reason = bindings_batch()
-    return batch, f"{reason}; {why}" if batch is None else reason
-
-
-def bindings_batch() -> tuple[Callable[..., Any] | None, str]:
     """cuda.bindings' cuMemcpyBatchAsync and its stream-ordered attributes, or why not."""
     try:
         from cuda.bindings import driver  # type: ignore[import-not-found,unused-ignore]
