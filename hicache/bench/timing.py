@@ -48,10 +48,16 @@ def e2e_ms(start: Callable[[], Poll], s: Settings) -> float:
 def e2e_ms_interleaved(starts: dict[str, Callable[[], Poll]], s: Settings) -> dict[str, float]:
     """`e2e_ms` of several paths, timed round-robin (one run of each per round), so that a
     machine drifting during the measurement shifts every path alike instead of whichever
-    happened to run then (the shared H200 machine drifts by several percent in seconds)."""
+    happened to run then (the shared H200 machine drifts by several percent in seconds).
+    Each round starts one path further on, so every path runs at every place in the round
+    equally often: on an H100 host the path right after the ceiling read 1-4 points under
+    identical ones later in the round (session 18), a place's cost, not the path's."""
     times: dict[str, list[float]] = {name: [] for name in starts}
+    names = list(starts)
     for i in range(s.warmup + s.repeats):
-        for name, start in starts.items():
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            start = starts[name]
             if s.device.type == "cuda":
                 torch.cuda.synchronize(s.device)
             t0 = time.perf_counter()
