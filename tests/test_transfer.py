@@ -34,7 +34,7 @@ from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferHandle, TransferStatus
 from hicache.dataplane.null import NullEngine
 from hicache.dataplane.pools import DevicePool, HostPool, digest_rows, page_digest
-from hicache.dataplane.routes import DmaPlan
+from hicache.dataplane.routes import SINGLE_CHUNK_MAX_BYTES, DmaPlan
 from hicache.dataplane.tags import FRESH
 from hicache.dataplane.workspace import WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, CorruptSlot, HiCacheError, InvalidPages, TransferError
@@ -1139,3 +1139,33 @@ def test_transfer_benchmark_times_the_ceiling_with_each_cases_paths(
     for r in rows:
         assert r["of_dma_ceiling_e2e"] == r["ceiling_e2e_ms"] / r["median_ms"]
     assert transfer.CEILING_PATH not in {r["path"] for r in rows}
+
+
+def test_an_h2d_of_one_run_is_chunked_with_its_smallest_chunk_last() -> None:
+    """An H2D of one run of L2 pages goes in descending chunks even under the one-chunk limit
+    (its last scatter is what stays exposed after the DMA); a D2H, or an H2D of several runs,
+    of the same size is one chunk; run_h2d_single_max_bytes at the one-chunk limit turns the
+    rule off, and the bytes arrive either way."""
+    g = tiny()
+    l1, l2 = DevicePool(g, 32, "cpu"), HostPool(g, 32, pin=False)
+    randomize(l1.tensor, seed=4)
+    bpp = g.bytes_per_page
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "torch"), first_chunk_bytes=8 * bpp)
+    run, scattered = np.arange(4, 26, dtype=np.int64), np.arange(26, 4, -1, dtype=np.int64)
+    assert m.plan(Direction.H2D, run).bounds == [(0, 14), (14, 22)]
+    assert m.plan(Direction.D2H, run).bounds == [(0, 22)]
+    assert m.plan(Direction.H2D, pages([5, 9, 13])).bounds == [(0, 3)], "three runs, small"
+    assert m.plan(Direction.H2D, scattered).bounds == [(0, 14), (14, 22)], "one run, reversed"
+    src = np.array([0, 3, 1, 2] * 5 + [30, 31], dtype=np.int64)
+    done(m.d2h(src, run))
+    back = np.arange(4, 26, dtype=np.int64)[::-1].copy()  # apart from src
+    done(m.h2d(run, back))
+    assert torch.equal(rows(l1.packed(back)), rows(l1.packed(src)))
+    off = DeviceHostMover(
+        l1,
+        l2,
+        KernelSet.create(l1.tensor, "torch"),
+        first_chunk_bytes=8 * bpp,
+        run_h2d_single_max_bytes=SINGLE_CHUNK_MAX_BYTES,
+    )
+    assert off.plan(Direction.H2D, run).bounds == [(0, 22)]

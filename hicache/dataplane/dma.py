@@ -60,6 +60,7 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
+    RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
     chunk_bounds,
@@ -195,9 +196,10 @@ class DeviceHostMover:
     allocation (DEVICE_ALLOC / PINNED_ALLOC, or real memory exhaustion) returns a handle that
     reports FAILED with a TransferError naming the size; nothing was enqueued. On CUDA, L2
     must be pinned: the DMAs are asynchronous and read or write the pool in place.
-    `chunk_pages`, `single_chunk_max_bytes`, `first_chunk_bytes` and `direct_min_bytes` tune
-    chunks and routes (routes.py; the measurements behind the defaults are in
-    benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one cuMemcpyBatchAsync
+    `chunk_pages`, `single_chunk_max_bytes`, `run_h2d_single_max_bytes` (the same limit for
+    an H2D of one run of L2 pages: the smaller applies), `first_chunk_bytes` and
+    `direct_min_bytes` tune chunks and routes (routes.py; the measurements behind the
+    defaults are in benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one cuMemcpyBatchAsync
     where the driver has it (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0).
     `issue_graphs`: a one-chunk D2H's index upload and gather replayed as one captured CUDA
     graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
@@ -212,6 +214,7 @@ class DeviceHostMover:
         faults: FaultInjector | None = None,
         chunk_pages: int | None = None,
         single_chunk_max_bytes: int = SINGLE_CHUNK_MAX_BYTES,
+        run_h2d_single_max_bytes: int = RUN_H2D_SINGLE_MAX_BYTES,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
         batched: bool | None = None,
@@ -227,6 +230,7 @@ class DeviceHostMover:
             )
         sizes = {
             "single_chunk_max_bytes": single_chunk_max_bytes,
+            "run_h2d_single_max_bytes": run_h2d_single_max_bytes,
             "direct_min_bytes": direct_min_bytes,
             "first_chunk_bytes": first_chunk_bytes,
         }
@@ -236,6 +240,7 @@ class DeviceHostMover:
         self.l1, self.l2, self.kernels, self.faults = l1, l2, kernels, faults
         self.chunk_pages = chunk_pages
         self.single_chunk_max_bytes = single_chunk_max_bytes
+        self.run_h2d_single_max_bytes = run_h2d_single_max_bytes
         self.direct_min_bytes = direct_min_bytes
         self.first_chunk_bytes = first_chunk_bytes
         self.bytes_per_page = l1.geometry.bytes_per_page
@@ -290,6 +295,7 @@ class DeviceHostMover:
             self.chunk_pages,
             self.first_chunk_bytes,
             self.single_chunk_max_bytes,
+            self.run_h2d_single_max_bytes,
             self.direct_min_bytes,
         )
         key = (direction, n, first, settings)
@@ -299,13 +305,16 @@ class DeviceHostMover:
             return cached
         d2h = direction is Direction.D2H
         route = plan_route(l2_ids, self.bytes_per_page, self.direct_min_bytes, staged_first=d2h)
+        single_max = self.single_chunk_max_bytes
+        if not d2h and route.runs == 1:  # one run back to L1: its tail chunk small (routes.py)
+            single_max = min(single_max, self.run_h2d_single_max_bytes)
         bounds = chunk_bounds(
             n,
             self.bytes_per_page,
             self.chunk_pages,
             descending=not d2h,
             first_bytes=self.first_chunk_bytes,
-            single_max_bytes=self.single_chunk_max_bytes,
+            single_max_bytes=single_max,
         )
         plan = DmaPlan(route, bounds, split_runs(route.direct, bounds))
         if route.order is None and route.runs == 1:  # in order and consecutive: reusable

@@ -22,7 +22,13 @@ gather is small. The schedule stays DMA-bound while packing outruns the DMA. H2D
 sizes in descending order (the exposed tail is the smallest chunk's scatter). Up to
 SINGLE_CHUNK_MAX_BYTES a transfer is one chunk: one gather + one DMA, whose exposed gather is
 a few percent of the DMA at the row kernel's speed (`single_chunk_max_bytes=0` chunks every
-size, and the transfer benchmark measures both). A fixed `chunk_pages` overrides both rules.
+size, and the transfer benchmark measures both). An H2D of one run of L2 pages is the
+exception (RUN_H2D_SINGLE_MAX_BYTES = 0: chunked at every size above the first chunk): its
+scatter cannot start before its DMA ends, so unchunked the whole scatter is exposed after the
+DMA, and the host issues the second chunk while the first copies; 350 Qwen3-8B tokens (22
+pages, chunks of 14 and 8) measured 1.0-1.7 points over one chunk in four rounds on one H100
+host. A fragmented H2D stays one chunk (chunked, its runs' DMAs split into more driver calls:
+no better in the same rounds). A fixed `chunk_pages` overrides every rule.
 The measurements behind the three constants: benchmarks/results/HISTORY.md.
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
@@ -45,6 +51,7 @@ from hicache.core.pages import Pages
 
 FIRST_CHUNK_BYTES = 16 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
 SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked
+RUN_H2D_SINGLE_MAX_BYTES = 0  # ...except an H2D of one L2 run: chunked at any size
 DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts aligned
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
