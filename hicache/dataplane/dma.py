@@ -199,8 +199,9 @@ class DeviceHostMover:
     `chunk_pages`, `single_chunk_max_bytes`, `run_h2d_single_max_bytes` (the same limit for
     an H2D of one run of L2 pages: the smaller applies), `first_chunk_bytes` and
     `direct_min_bytes` tune chunks and routes (routes.py; the measurements behind the
-    defaults are in benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one cuMemcpyBatchAsync
-    where the driver has it (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0).
+    defaults are in benchmarks/results/HISTORY.md). `batched`: a chunk's DMAs as one
+    cuMemcpyBatchAsync where the driver has it (batchcopy.py; None: unless
+    HICACHE_BATCHED_COPIES=0).
     `issue_graphs`: a one-chunk D2H's index upload and gather replayed as one captured CUDA
     graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
     """

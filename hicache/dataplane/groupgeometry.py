@@ -18,6 +18,7 @@ left out of `GroupGeometry.pools`; its page indices still name the pages of its 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hicache.dataplane.geometry import DTYPE_BYTES, KVGeometry
@@ -86,9 +87,15 @@ class GroupGeometry:
     def from_group(cls, group: PoolGroup) -> GroupGeometry:
         return cls(group, tuple(p for p in group.pools if p.bytes_per_page > 0))
 
-    @property
+    @functools.cached_property  # read per transfer; the group never changes
     def sources(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.group.allocating)
+
+    @functools.cached_property
+    def layout(self) -> tuple[tuple[PoolSpec, str, int], ...]:
+        """(pool, its source, its bytes per page) per byte pool, in table order: what planning
+        a group transfer reads for every pool, worked out once."""
+        return tuple((p, p.source, p.bytes_per_page) for p in self.pools)
 
     def pool(self, name: str) -> PoolSpec:
         """The byte pool `name`; ConfigError if the group has none (or it holds no bytes)."""

@@ -97,7 +97,10 @@ def source_pages(
 def check_sources(direction: Direction, request: GroupRequest, geometry: GroupGeometry) -> None:
     """Verify `request` names allocating pools of `geometry` only (a sidecar or state pool
     moves its source's pages and is never named); InvalidPages otherwise."""
-    unknown = sorted(set(request) - set(geometry.sources))
+    sources = geometry.sources
+    if all(name in sources for name in request):
+        return
+    unknown = sorted(set(request) - set(sources))
     if unknown:
         raise InvalidPages(
             f"{direction}.pools",
@@ -119,10 +122,10 @@ def plan_group(
         validated[source] = (a, b) if direction is Direction.D2H else (b, a)
     moves: list[PoolMove] = []
     at = 0
-    for p in geometry.pools:
-        if p.source not in validated or validated[p.source][0].size == 0:
+    for p, source, bytes_per_page in geometry.layout:
+        pair = validated.get(source)
+        if pair is None or pair[0].size == 0:
             continue
-        l1_ids, l2_ids = validated[p.source]
-        moves.append(PoolMove(p, l1_ids, l2_ids, at))
-        at += -(-moves[-1].nbytes // REGION_ALIGN) * REGION_ALIGN
+        moves.append(PoolMove(p, pair[0], pair[1], at))
+        at += -(-(int(pair[0].size) * bytes_per_page) // REGION_ALIGN) * REGION_ALIGN
     return GroupPlan(direction, tuple(moves), validated, at)
