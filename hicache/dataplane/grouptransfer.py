@@ -194,7 +194,6 @@ class GroupMover:
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, plan.nbytes, error=e)
-        host.copy_(torch.from_numpy(ops.host))
         run = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
         start, end, launches, dmas = run(plan, ops, packed, host, words, after)
         handle = GroupHandle(self, plan, held, start, end, launches, dmas)
@@ -246,6 +245,7 @@ class GroupMover:
         after: torch.cuda.Stream | None,
     ) -> tuple[Event | None, Event | None, int, int]:
         s = self._streams
+        host.copy_(torch.from_numpy(ops.host))  # the operands, pinned: the upload reads them
         caller = s.current()
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
         start = s.timer(s.compute)
@@ -290,6 +290,7 @@ class GroupMover:
             for k, stage in enumerate(stages):
                 dmas += self._dmas(stage, packed, to_host=False, stream=s.h2d)
                 dmas_done.append(s.relay(s.h2d, k))  # waited on below, in this issue
+        host.copy_(torch.from_numpy(ops.host))  # the operands, pinned, while the DMAs copy
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
