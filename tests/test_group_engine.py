@@ -397,3 +397,24 @@ def test_side_pool_capacities_follow_the_control_plane_option() -> None:
     with pytest.raises(ConfigError) as anchor:  # the tier's own capacity, as the plane says
         TransferEngine(group, 4, 4, 4, device="cpu", pool_capacities={"L1": {"kv": 6}})
     assert anchor.value.field == "pool_capacities.L1.kv"
+
+
+def test_an_h2d_whose_operand_buffer_fails_after_its_dmas_gives_everything_back() -> None:
+    """A group H2D queues its DMAs before it builds and borrows its operands: when the
+    operand buffer then cannot be had (PINNED_ALLOC), the transfer fails with nothing in
+    flight or borrowed, L1 is untouched, and the next H2D moves its bytes."""
+    faults = FaultInjector()
+    e, _ = make(preset_group("dsv4-tiny"), faults)
+    l1_pages, l2_pages = pages(1), pages(2)
+    assert e.d2h(l1_pages, l2_pages).wait() is TransferStatus.DONE
+    e.mover.operand_buffers.clear_idle()  # the next operands need a new host buffer
+    target = pages(3)
+    before = e.digests("L1", target)
+    faults.once(FaultSite.PINNED_ALLOC)
+    h = e.h2d(l2_pages, target)
+    assert h.poll() is TransferStatus.FAILED and "PINNED_ALLOC" in str(h.error)
+    assert e.mover.buffers_busy == 0 and e.mover.workspaces.idle >= 1
+    assert e.digests("L1", target) == before, "no scatter ran"
+    assert e.h2d(l2_pages, target).wait() is TransferStatus.DONE
+    assert e.digests("L1", target) == e.digests("L1", l1_pages)
+    e.close()

@@ -154,3 +154,27 @@ def test_gpu_group_replays_wait_for_the_callers_stream() -> None:
     pages = {s: np.arange(4, dtype=np.int64) for s in geometry.sources}
     assert group_digest(m.l1, pages) == group_digest(m.l2, pages)
     assert bool((m.l2.tensor == 0x3C).any())
+
+
+def test_gpu_a_failed_group_h2d_waits_for_its_queued_dmas_and_gives_all_back() -> None:
+    """The group H2D queues its DMAs before it borrows its operand buffers; when that borrow
+    fails (PINNED_ALLOC), the DMAs already queued are waited for before the workspace goes
+    back, and the next H2D lands its bytes."""
+    from hicache.dataplane.faults import FaultInjector, FaultSite
+
+    geometry = GroupGeometry.from_group(presets.group("dsv4"))
+    pages = {s: 16 for s in geometry.sources}
+    l1 = GroupDevicePool(geometry, pages, "cuda")
+    l1.tensor.random_(0, 256)
+    faults = FaultInjector()
+    m = GroupMover(l1, GroupHostPool(geometry, pages, pin=True), "per_pool", faults=faults)
+    a = {s: np.arange(4, dtype=np.int64) for s in geometry.sources}
+    b = {s: np.arange(8, 12, dtype=np.int64) for s in geometry.sources}
+    assert m.d2h({s: (a[s], b[s]) for s in a}).wait().value == "DONE"
+    m.operand_buffers.clear_idle()
+    faults.once(FaultSite.PINNED_ALLOC)
+    back = {s: np.arange(12, 16, dtype=np.int64) for s in geometry.sources}
+    handle = m.h2d({s: (b[s], back[s]) for s in a})
+    assert handle.wait().value == "FAILED" and m.buffers_busy == 0
+    assert m.h2d({s: (b[s], back[s]) for s in a}).wait().value == "DONE"
+    assert group_digest(m.l1, back) == group_digest(m.l1, a)

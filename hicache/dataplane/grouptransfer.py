@@ -3,8 +3,8 @@
     D2H   compute: wait(caller) -> upload operands -> stage 0 gather, stage 1 gather, ...
           d2h:     (after stage k's gather) one DMA per run of consecutive L2 pages of each
                    pool of stage k, from its packed part straight into its L2 region
-    H2D   h2d:     stage k's DMAs, L2 runs -> packed parts (every stage's, before the upload:
-                   the copy engine starts while the rest is issued)
+    H2D   h2d:     stage k's DMAs, L2 runs -> packed parts (every stage's, before the
+                   operands are even built: the copy engine starts while the rest is issued)
           compute: wait(caller) -> upload operands -> (after stage k's DMAs) stage k scatter
 
 A request names pages per allocating pool; derived pools move their source's pages
@@ -67,6 +67,18 @@ class GroupCounters(OutcomeCounters):
     replays: int = 0  # D2Hs whose upload and gathers were one graph replay
     dmas: int = 0  # host<->device copies issued (operand uploads excluded)
     issue_s: float = 0.0  # host time inside issuing calls, allocation excluded
+
+
+@dataclass
+class _QueuedDmas:
+    """An H2D's DMAs, queued before its operands exist: the caller's stream as looked up
+    then, the timing start, the stages and each stage's DMAs-done event, the DMA count."""
+
+    caller: torch.cuda.Stream | None
+    start: Event | None
+    stages: list[tuple[PoolMove, ...]]
+    dmas_done: list[Event | None]
+    dmas: int
 
 
 class GroupHandle(TransferHandle):
@@ -188,14 +200,28 @@ class GroupMover:
         if not plan.moves:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        ops = self.kernels.operands(plan, self.l1)
         try:
-            held, packed, host, words, setup_s = self._borrow(plan, ops)
+            held, packed, setup_s = self._borrow_workspace(plan)
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, plan.nbytes, error=e)
-        run = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
-        start, end, launches, dmas = run(plan, ops, packed, host, words, after)
+        # An H2D's DMAs need only the plan and the workspace: queued before the operands are
+        # built, the copy engine starts while the rest is issued.
+        queued = self._queue_h2d_dmas(plan, packed) if direction is Direction.H2D else None
+        ops = self.kernels.operands(plan, self.l1)
+        try:
+            host, words, seconds = self._borrow_operands(ops, held)
+        except TransferError as e:
+            self._abandon(held, queued)
+            counters.failed += 1
+            return ReadyHandle(direction, plan.nbytes, error=e)
+        setup_s += seconds
+        if queued is None:
+            start, end, launches, dmas = self._enqueue_d2h(plan, ops, packed, host, words, after)
+        else:
+            start, end, launches, dmas = self._enqueue_h2d(
+                plan, ops, packed, host, words, after, queued
+            )
         handle = GroupHandle(self, plan, held, start, end, launches, dmas)
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             handle._delay_polls = self.faults.delay_polls
@@ -208,32 +234,46 @@ class GroupMover:
         self.in_flight.add(handle)
         return handle
 
-    def _borrow(
-        self, plan: GroupPlan, ops: Operands
-    ) -> tuple[
-        list[tuple[WorkspaceCache, Workspace]], torch.Tensor, torch.Tensor, torch.Tensor, float
-    ]:
-        """Packed workspace, host and device operand buffers; TransferError with none kept."""
-        held: list[tuple[WorkspaceCache, Workspace]] = []
-        setup = 0.0
+    def _borrow_workspace(
+        self, plan: GroupPlan
+    ) -> tuple[list[tuple[WorkspaceCache, Workspace]], torch.Tensor, float]:
+        """The packed workspace (flat uint8), or TransferError with nothing kept."""
+        ws, seconds = self.workspaces.acquire(WorkspaceKind.DEVICE, plan.packed_bytes)
+        return [(self.workspaces, ws)], ws.view(torch.uint8, (plan.packed_bytes,)), seconds
+
+    def _borrow_operands(
+        self, ops: Operands, held: list[tuple[WorkspaceCache, Workspace]]
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Host and device operand buffers, added to `held`; TransferError with neither kept
+        (what `held` held before stays)."""
         words = max(1, int(ops.host.size))
-        wanted = (
-            (self.workspaces, WorkspaceKind.DEVICE, torch.uint8, plan.packed_bytes),
-            (self.operand_buffers, WorkspaceKind.HOST, torch.int64, words),
-            (self.operand_buffers, WorkspaceKind.DEVICE, torch.int64, words),
-        )
+        taken: list[tuple[WorkspaceCache, Workspace]] = []
         views = []
+        setup = 0.0
         try:
-            for cache, kind, dtype, n in wanted:
-                ws, seconds = cache.acquire(kind, n * dtype.itemsize)
-                held.append((cache, ws))
+            for kind in (WorkspaceKind.HOST, WorkspaceKind.DEVICE):
+                ws, seconds = self.operand_buffers.acquire(kind, words * 8)
+                taken.append((self.operand_buffers, ws))
                 setup += seconds
-                views.append(ws.view(dtype, (n,)))
+                views.append(ws.view(torch.int64, (words,))[: ops.host.size])
         except TransferError:
-            for cache, ws in held:
+            for cache, ws in taken:
                 cache.release(ws)
             raise
-        return held, views[0], views[1][: ops.host.size], views[2][: ops.host.size], setup
+        held.extend(taken)
+        return views[0], views[1], setup
+
+    def _abandon(
+        self, held: list[tuple[WorkspaceCache, Workspace]], queued: _QueuedDmas | None
+    ) -> None:
+        """An issue failed after borrowing: wait for the DMAs it queued (they write the
+        workspace), then give every buffer back -- nothing stays in flight or borrowed."""
+        if queued is not None:
+            if self._streams.h2d is not None:
+                self._streams.h2d.synchronize()
+            self._streams.recycle(queued.start)
+        for cache, ws in held:
+            cache.release(ws)
 
     def _enqueue_d2h(
         self,
@@ -269,6 +309,21 @@ class GroupMover:
                 dmas += self._dmas(stage, packed, to_host=True, stream=s.d2h)
         return start, s.timer(s.d2h), launches, dmas
 
+    def _queue_h2d_dmas(self, plan: GroupPlan, packed: torch.Tensor) -> _QueuedDmas:
+        """Every stage's DMAs of an H2D, L2 runs -> the workspace: they read locked L2 pages
+        and wait for nothing, so they go first (the scatters wait for them, `_enqueue_h2d`)."""
+        s = self._streams
+        caller = s.current()
+        start = s.timer(s.h2d)
+        stages = self.kernels.stages(plan)
+        dmas_done: list[Event | None] = []
+        dmas = 0
+        with s.use(s.h2d, caller):
+            for k, stage in enumerate(stages):
+                dmas += self._dmas(stage, packed, to_host=False, stream=s.h2d)
+                dmas_done.append(s.relay(s.h2d, k))  # waited on in this issue
+        return _QueuedDmas(caller, start, stages, dmas_done, dmas)
+
     def _enqueue_h2d(
         self,
         plan: GroupPlan,
@@ -277,29 +332,22 @@ class GroupMover:
         host: torch.Tensor,
         words: torch.Tensor,
         after: torch.cuda.Stream | None,
+        queued: _QueuedDmas,
     ) -> tuple[Event | None, Event | None, int, int]:
-        s = self._streams
-        # The DMAs read locked L2 pages: no caller wait, so every stage's DMAs are queued
-        # first and the copy engine starts while the upload and the scatters are issued.
-        caller = s.current()
-        start = s.timer(s.h2d)
-        launches = dmas = 0
-        stages = self.kernels.stages(plan)
-        dmas_done: list[Event | None] = []
-        with s.use(s.h2d, caller):
-            for k, stage in enumerate(stages):
-                dmas += self._dmas(stage, packed, to_host=False, stream=s.h2d)
-                dmas_done.append(s.relay(s.h2d, k))  # waited on below, in this issue
+        """The scatters of an H2D whose DMAs are `queued`: each stage's after its DMAs and
+        after the caller's stream (B05: it may still write the L1 pages they overwrite)."""
+        s, caller = self._streams, queued.caller
         host.copy_(torch.from_numpy(ops.host))  # the operands, pinned, while the DMAs copy
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is written
         with s.use(s.compute, caller):
             words.copy_(host, non_blocking=True)
-        for stage, done in zip(stages, dmas_done):
+        launches = 0
+        for stage, done in zip(queued.stages, queued.dmas_done):
             s.wait(s.compute, done)  # stage k's scatter after its DMAs
             launches += self.kernels.copy(
                 stage, ops, words, self.l1, packed, gather=False, stream=s.compute
             )
-        return start, s.timer(s.compute), launches, dmas
+        return queued.start, s.timer(s.compute), launches, queued.dmas
 
     def _replay_gathers(
         self,
