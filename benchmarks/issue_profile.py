@@ -157,6 +157,7 @@ PHASES = {  # (owner attribute path, method): the steps an issue is made of
     "gather": ("kernels", "gather"),
     "scatter": ("kernels", "scatter"),
     "copy_runs": ("copies", "copy_runs"),
+    "graph replay": ("graphs", "run"),  # a one-chunk D2H's upload + gather (issuegraphs.py)
     "stream current": ("_streams", "current"),
     "stream mark": ("_streams", "mark"),
     "stream timer": ("_streams", "timer"),
