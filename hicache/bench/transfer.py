@@ -8,7 +8,8 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
 
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              one chunk up to 64 MiB, above that chunks doubling from 16 MiB; one DMA per run
+              one chunk up to 64 MiB -- an H2D of one L2 run at any size -- above that
+              chunks doubling from 16 MiB, descending for H2D; one DMA per run
               of consecutive L2 pages of >= 256 KiB, smaller runs staged), and variants:
               doubling at every size, one chunk, other first-chunk sizes (`--first-chunk-mib`,
               default 2 and 64), one copy_ per DMA instead of one batched driver call
@@ -16,10 +17,11 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
               the path before per-run DMAs. Plus a torch `index_select` gather + one DMA
               (the baseline a user would write). Each timed end to end: issue -> poll until
               DONE, from an idle device, median of `repeats`, the paths of one case taking
-              turns run by run (a drifting
-              machine shifts them alike); each path's bytes are checked (digests) on its own
-              warm-up run, over poisoned targets. Beside it the median CPU time of the issue
-              call (`issue_ms`) and the transfer's device time (`device_ms`, CUDA events from
+              turns run by run, each round starting one path further on (a drifting
+              machine shifts them alike, and no path owns a place); each path's bytes are
+              checked (digests) on its own warm-up run, over poisoned targets. Beside it the
+              median CPU time of the issue call (`issue_ms`) and the transfer's device time
+              (`device_ms`, CUDA events from
               its first to its last operation), and the route it took (`route`: direct /
               staged / mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same
               run: one contiguous pinned copy, timed by CUDA events (device time: the ratio

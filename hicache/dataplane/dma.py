@@ -538,8 +538,9 @@ class DeviceHostMover:
             "chunk_pages": self.chunk_pages
             if self.chunk_pages is not None
             else (
-                f"one chunk up to {self.single_chunk_max_bytes} bytes, else doubling from "
-                f"{self.first_chunk_bytes} bytes"
+                f"one chunk up to {self.single_chunk_max_bytes} bytes (an H2D of one L2 run: "
+                f"{min(self.single_chunk_max_bytes, self.run_h2d_single_max_bytes)}), else "
+                f"doubling from {self.first_chunk_bytes} bytes"
             ),
             "direct_min_bytes": self.direct_min_bytes,
             "copies": self.copies.status(),
