@@ -26,6 +26,15 @@ _STRICT_TYPES: dict[str, Predicate] = {
     "null": lambda x: x is None,
 }
 
+_PLAIN_TYPES: dict[str, type] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "boolean": bool,
+}
+"""The types whose `_STRICT_TYPES` test is `type(x) is T` (number and null are not)."""
+
 
 def compile_fast(schema: Mapping[str, Any]) -> Predicate:
     """A predicate for `schema` (keywords as `compile_rule` accepts; allOf resolved)."""
@@ -115,6 +124,55 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
     return test
 
 
+def compile_shaped(schema: Mapping[str, Any], keys: tuple[str, ...]) -> Predicate | None:
+    """`compile_fast(schema)` for an object whose keys are `keys`, in that order (a dict's
+    `tuple(x)`): the key tests (required, allowed, minProperties, dependentRequired) are
+    answered here, once, and the values are read in one unpacking and tested inline, as
+    `_object` tests each present key. Only for a dict with exactly these keys in this order
+    (the caller looks the predicate up by `tuple(x)`). None when `schema` is not an object
+    schema `_object` alone tests (the caller then asks `compile_fast`'s predicate)."""
+    objectish = ("required", "properties", "additionalProperties", "minProperties")
+    if (
+        schema.get("type") != "object"
+        or not any(k in schema for k in (*objectish, "dependentRequired"))
+        or any(k in schema for k in ("enum", "const", "minimum", "items", "minItems", "maxItems"))
+        or len(set(keys)) != len(keys)
+    ):
+        return None
+    required = frozenset(schema.get("required", ()))
+    props = schema.get("properties", {})
+    allowed = frozenset(props) if schema.get("additionalProperties", True) is False else None
+    have = frozenset(keys)
+    if (
+        not have >= required
+        or len(keys) < int(schema.get("minProperties", 0))
+        or (allowed is not None and not have <= allowed)
+        or any(
+            k in have and not frozenset(need) <= have
+            for k, need in schema.get("dependentRequired", {}).items()
+        )
+    ):
+        return _never  # `_object`'s key tests refuse every dict with these keys
+    names: dict[str, Any] = {}
+    body = ["def test(x):"]
+    if keys:
+        slots = ", ".join(f"v{j}" for j in range(len(keys)))
+        body.append(f"    {slots}, = x.values()")
+    for i, key in enumerate(props):  # `_object`'s order: the first failing test decides
+        if key in have:
+            body.append(f"    v = v{keys.index(key)}")
+            body += ["    " + line for line in _inline(props[key], i, names)]
+    body.append("    return True")
+    code = compile("\n".join(body), f"<fastschema shaped {list(keys)}>", "exec")
+    exec(code, names)  # source built above from the schema's keywords and `keys` only
+    test: Predicate = names["test"]
+    return test
+
+
+def _never(x: Any) -> bool:
+    return False
+
+
 def _inline(schema: Mapping[str, Any], i: int, names: dict[str, Any]) -> list[str]:
     """Lines that return False unless `v` passes `schema` (the property's i-th name slot)."""
     if _int_floor(schema):
@@ -173,12 +231,22 @@ def _array(schema: Mapping[str, Any], strict: bool) -> Predicate:
         if "items" in schema and _int_floor(schema["items"])
         else None
     )
+    # Items of one plain type and nothing else (a prompt's tokens: integers): their types
+    # read at once, `type(v) is T` for each as a set of the types met.
+    plain = (
+        _PLAIN_TYPES.get(schema["items"].get("type"))
+        if "items" in schema and set(schema["items"]) - {"description"} == {"type"}
+        else None
+    )
+    only = frozenset() if plain is None else frozenset({plain})
 
     def test(x: Any) -> bool:
         if type(x) is not list:
             return not strict  # without a type, array keywords ignore other values
         if len(x) < low or (high is not None and len(x) > high):
             return False
+        if plain is not None:
+            return set(map(type, x)) <= only
         if floor is not None:
             for v in x:
                 if type(v) is not int or v < floor:

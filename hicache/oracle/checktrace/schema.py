@@ -33,7 +33,7 @@ from typing import Any
 
 from hicache.core.trace import OMITTED_KEYS, TraceEvent
 from hicache.errors import SpecError
-from hicache.oracle.checktrace.fastschema import Predicate, compile_fast
+from hicache.oracle.checktrace.fastschema import Predicate, compile_fast, compile_shaped
 from hicache.spec import SPEC_DIR
 
 TRACE_SCHEMA = SPEC_DIR / "trace.schema.json"
@@ -332,6 +332,9 @@ class EventSchema:
         resolved = {n: _resolve(s) for n, s in per_event.items()}
         self.by_event: dict[str, Rule] = {n: compile_rule(s) for n, s in resolved.items()}
         self.fast: dict[str, Predicate] = {n: compile_fast(s) for n, s in resolved.items()}
+        self._resolved = resolved
+        # (event name, *keys in order) -> `fast`'s answer for such a dict (`shape`).
+        self.shapes: dict[tuple[str, ...], Predicate] = {}
         self.fallback = compile_rule(_resolve(base))  # for an event name outside the enum
         fields = {f.name for f in dataclasses.fields(TraceEvent)}
         # Whether every object this schema passes holds only `TraceEvent` fields, `seq` and
@@ -342,6 +345,20 @@ class EventSchema:
             and {"seq", "event"} <= set(s.get("required", ()))
             for s in (*resolved.values(), _resolve(base))
         )
+
+    def shape(self, shape: tuple[str, ...]) -> Predicate | None:
+        """`fast[shape[0]]` for a dict whose keys are `shape[1:]` in that order, compiled
+        for them (`compile_shaped`: the key tests answered once); `fast`'s own where the
+        name's schema is not one `compile_shaped` takes; None for a name outside the enum.
+        Kept in `shapes` (at most SHAPES_MAX: a trace has a few dozen shapes)."""
+        name, keys = shape[0], shape[1:]
+        fast = self.fast.get(name)
+        if fast is None:
+            return None
+        found = compile_shaped(self._resolved[name], keys) or fast
+        if len(self.shapes) < SHAPES_MAX:
+            self.shapes[shape] = found
+        return found
 
     def check(self, obj: Any) -> str | None:
         """The first way `obj` breaks the schema (a message naming the key), or None."""
@@ -354,6 +371,10 @@ class EventSchema:
         rule = self.by_event.get(name) if isinstance(name, str) else None
         return (rule or self.fallback)(obj)
 
+
+SHAPES_MAX = 1024
+"""Most (event name, keys) shapes an `EventSchema` keeps compiled predicates for; past it a
+shape is compiled afresh each time it is asked (right, only slower)."""
 
 _LOADED: dict[tuple[Path, tuple[str, ...]], EventSchema] = {}
 
