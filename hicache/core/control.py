@@ -40,7 +40,7 @@ from hicache.core.poison import refuse_when_poisoned
 from hicache.core.queries import PlaneQueries
 from hicache.core.records import LiveRequest, PendingOp, Request, UnknownOp
 from hicache.core.snapshot import Digests
-from hicache.core.tiers import TIERS, Direction, Tier
+from hicache.core.tiers import TIERS, Direction, Tier, tier_index
 from hicache.core.trace import Tracer
 from hicache.core.tracewalk import walk as walk_trace
 from hicache.core.tree import HiRadixTree, MatchResult, TreeNode
@@ -411,7 +411,7 @@ class ControlPlane(PlaneQueries):
         eviction (nested make-room included) removes them between its stages. Traced `lock`.
         IllegalTransition (nothing changed) if `node` is not in the tree."""
         req = self._request(request_id)
-        t = TIERS.index(Tier(tier))
+        t = tier_index(tier)
         self._verify_live([node], "lock", TIERS[t])
         self.tree.lock(node, t)
         req.pins.append((node, t))
@@ -704,7 +704,7 @@ class ControlPlane(PlaneQueries):
         the cache (write-back: back the victim up to L2 first). The victim is then evicted only
         if it is still a candidate; otherwise the next one is chosen. A victim is offered to
         `before` at most once per call, which bounds the loop by the tree's size."""
-        t = TIERS.index(Tier(tier))
+        t = tier_index(tier)
         name = f"evict_{str(TIERS[t]).lower()}"
         offered: set[int] = set()
         freed = 0
@@ -723,7 +723,7 @@ class ControlPlane(PlaneQueries):
     def evict_node(self, node: TreeNode, tier: Tier | str, name: str | None = None) -> int:
         """Evict one node's value in `tier` (`evict_lN`, or `invalidate_l3`): the row's
         guards (unlocked, a leaf in the tier, ...) and its `free` effect. Returns pages freed."""
-        t = TIERS.index(Tier(tier))
+        t = tier_index(tier)
         name = name or f"evict_{str(TIERS[t]).lower()}"
         self._verify_live([node], name, TIERS[t])
         freed = self.apply(name, [node])

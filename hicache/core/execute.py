@@ -343,7 +343,8 @@ class Executor:
                 )
                 self._write(node, i, t, mine, op_id)
                 # Verify the event names the state the node is now in.
-                assert _states(node) == after, (
+                st = node.state
+                assert (st[0], st[1], st[2]) == after, (
                     f"{t.name}: node {node.node_id} is {_states(node)}, not {after}"
                 )
             if self.tracer.enabled:

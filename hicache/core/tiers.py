@@ -24,6 +24,29 @@ class Tier(str, enum.Enum):
 
 TIERS: tuple[Tier, ...] = (Tier.L1, Tier.L2, Tier.L3)
 
+TIER_OF: dict[str, Tier] = {t.value: t for t in TIERS}
+"""`Tier(name)` as one dict read (an Enum call runs two Python frames); `tier_of` keeps
+`Tier`'s own answer, and error, for anything else."""
+
+
+def tier_of(tier: object) -> Tier:
+    """`Tier(tier)`, the common names read from `TIER_OF`."""
+    try:
+        return TIER_OF[tier]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return Tier(tier)
+
+
+def tier_index(tier: object) -> int:
+    """`TIERS.index(Tier(tier))`, the common names read from `TIER_OF`."""
+    try:
+        return _TIER_INDEX[tier]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return TIERS.index(Tier(tier))
+
+
+_TIER_INDEX: dict[str, int] = {t.value: i for i, t in enumerate(TIERS)}
+
 MAX_PAGES = 1 << 24
 """Most pages one tier's table holds (16,777,216: about 150 MB of ownership and generation
 arrays). A reference checks behaviour, not size: a trace, a vector case or a configuration
@@ -48,6 +71,17 @@ class Direction(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+DIRECTION_OF: dict[str, Direction] = {d.value: d for d in Direction}
+
+
+def direction_of(name: object) -> Direction:
+    """`Direction(name)`, the four names read from `DIRECTION_OF` (`tier_of`'s reason)."""
+    try:
+        return DIRECTION_OF[name]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return Direction(name)
 
 
 _ENDS: dict[Direction, tuple[Tier, Tier]] = {

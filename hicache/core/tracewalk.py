@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from hicache.core.lifecycle import ABSENT, PRIVATE, RESIDENT, Lifecycle, States, load_lifecycle
 from hicache.core.pagemachine import PageMachine, Row, page_machine
-from hicache.core.trace import TraceEvent, Tracer, TraceSink
+from hicache.core.trace import ListSink, TraceEvent, Tracer, TraceSink
 
 
 class NonEdge(NamedTuple):
@@ -218,11 +218,19 @@ def first_non_edge(events: Iterable[TraceEvent], lc: Lifecycle | None = None) ->
     return None
 
 
-class WalkCount:
-    """How many events the walk sinks of this process have judged (tests read it to show that
-    the walk really ran)."""
+_WALKED = [0]  # events the walk sinks of this process have judged (`WalkCount.events`)
 
-    events = 0
+
+class _Counter(type):
+    @property
+    def events(cls) -> int:
+        return _WALKED[0]
+
+
+class WalkCount(metaclass=_Counter):
+    """How many events the walk sinks of this process have judged (tests read it to show that
+    the walk really ran): `WalkCount.events`. The sinks count in a list (a class attribute
+    written per event would cost more than the count)."""
 
 
 class WalkSink:
@@ -233,12 +241,15 @@ class WalkSink:
         self.walker, self.inner = Walker(machine), inner
 
     def emit(self, event: TraceEvent) -> None:
-        WalkCount.events += 1
+        _WALKED[0] += 1
         found = self.walker.step(event)
         if found is not None:
             raise (TraceWalkError if found.machine is None else MachineDisagreement)(found)
-        if self.inner is not None:
-            self.inner.emit(event)
+        inner = self.inner
+        if type(inner) is ListSink:  # its `emit`, inline (the replay's sink)
+            inner.events.append(event)
+        elif inner is not None:
+            inner.emit(event)
 
 
 def walk(tracer: Tracer, lc: Lifecycle) -> None:

@@ -28,7 +28,7 @@ raises `PlanePoisoned` with nothing changed. Read-only queries keep working.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,9 @@ class HiRadixTree:
         self._next_id = ROOT_ID + 1
         self.root = TreeNode(ROOT_ID, None, (), 0, page_size)
         self._nodes: dict[int, TreeNode] = {ROOT_ID: self.root}
+        # The live nodes by id, the root's included: the index itself, to read only (`get`
+        # is its `.get`: a checker reads it without a call per node). Always `_nodes`.
+        self.nodes_by_id: Mapping[int, TreeNode] = self._nodes
         # Per tier: nodes RESIDENT there with no non-ABSENT child there (eviction candidates
         # before the lock/pending filter), keyed by node id.
         self._leaves: list[dict[int, TreeNode]] = [{} for _ in TIERS]
@@ -469,6 +472,7 @@ class HiRadixTree:
             n.parent = None if parent is None else nodes[parent.node_id]
             n.children = {k: nodes[c.node_id] for k, c in old.children.items()}
         new._nodes = nodes
+        new.nodes_by_id = nodes
         new.root = nodes[self.root.node_id]
         new._leaves = [{i: nodes[i] for i in leaves} for leaves in self._leaves]
         new.pages_held = list(self.pages_held)

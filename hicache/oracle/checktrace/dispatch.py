@@ -41,7 +41,7 @@ from typing import Protocol
 
 from hicache.core.control import ControlPlane
 from hicache.core.lifecycle import composite_name
-from hicache.core.tiers import TIERS, Direction, Tier
+from hicache.core.tiers import TIERS, direction_of, tier_index, tier_of
 from hicache.core.trace import TraceEvent
 from hicache.core.tree import TreeNode
 from hicache.errors import HiCacheError
@@ -193,7 +193,7 @@ class Resolver:
         m = self.pages.get(e.tier or "")
         frees = e.event.startswith("evict_") or e.event == "invalidate_l3"  # pages the node holds
         if m is not None and e.pages and frees and len(found) > 1:
-            i = TIERS.index(Tier(e.tier))
+            i = tier_index(e.tier)
             want = [m.to_ref.get(p) for p in e.pages]
             found = [n for n in found if (v := n.value[i]) is not None and v.tolist() == want]
         return found
@@ -277,7 +277,7 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
     if name == "lock":
         r = _request(head)
         node = resolve(head, e.node)
-        tier = Tier(e.tier)
+        tier = tier_of(e.tier)
         return Call(
             lambda: f"pin(trace request {r}, trace node {e.node}, {tier})",
             lambda: cp.pin(r, node, tier),
@@ -297,7 +297,7 @@ def decide(cp: ControlPlane, ahead: Lookahead, resolve: Resolver, ops: IdMap) ->
         )
     if name.startswith("evict_") or name == "invalidate_l3":
         node = resolve(head, e.node)
-        tier = Tier(e.tier)
+        tier = tier_of(e.tier)
         return Call(
             lambda: f"evict_node(trace node {e.node}, {tier}, {name})",
             lambda: cp.evict_node(node, tier, name),
@@ -391,7 +391,7 @@ def _issue(
         assert line is not None  # Verify: the scan read these lines.
         chain.append(resolve(line, line.event.node))
         ids.append(line.event.node)
-    direction = Direction(e.event.split("_")[0].upper())
+    direction = direction_of(e.event.split("_")[0].upper())
     r = e.request
     by = "no request" if r is None else f"trace request {r}"
     return Call(

@@ -30,18 +30,6 @@ Held = tuple[tuple[tuple[int, ...], int], ...]
 """A holder's paths: (node ids from its node up to the root's child, tier index) per lock."""
 
 
-def _holds(cp: ControlPlane, kind: str, i: int) -> list[tuple[TreeNode, int]]:
-    """The (node, tier index) locks holder (kind, i) records now; none for an ended one."""
-    if kind == "op":
-        op = cp.ops.get(i)  # one without nodes holds none (its own clause says no: I5)
-        return [] if op is None or not op.nodes else [(op.nodes[-1], SOURCE[op.direction])]
-    r = cp.requests.get(i)
-    if r is None:
-        return []
-    held = [(r.locked, 0)] if r.locked.parent is not None else []
-    return held + r.pins if r.pins else held
-
-
 class LockHolders:
     """Every live holder's locked paths and the lock counts they add up to (one per plane)."""
 
@@ -105,9 +93,23 @@ class LockHolders:
     def _read(self, key: tuple[str, int]) -> bool:
         """Replace `key`'s recorded paths by the ones it holds now (most often the same: then
         nothing changes); False (nothing changed) if one of its nodes is not in the tree."""
-        live, root = self.cp.tree.get, self.cp.tree.root
+        cp = self.cp
+        live, root = cp.tree.nodes_by_id.get, cp.tree.root
+        # The (node, tier index) locks the holder records now; none for an ended one.
+        locks: list[tuple[TreeNode, int]]
+        if key[0] == "op":  # one without nodes holds none (its own clause says no: I5)
+            op = cp.ops.get(key[1])
+            locks = [] if op is None or not op.nodes else [(op.nodes[-1], SOURCE[op.direction])]
+        else:
+            r = cp.requests.get(key[1])
+            if r is None:
+                locks = []
+            else:
+                locks = [(r.locked, 0)] if r.locked.parent is not None else []
+                if r.pins:
+                    locks = locks + r.pins
         paths: list[tuple[tuple[int, ...], int]] = []
-        for node, t in _holds(self.cp, key[0], key[1]):
+        for node, t in locks:
             if node is not root and live(node.node_id) is not node:
                 return False  # a holder's node is not in the tree (cp.tree.contains)
             path: list[int] = []

@@ -176,8 +176,9 @@ class Replay:
         self.ops = 0
 
     def run(self) -> int:
-        while self.step():
-            pass
+        decide, execute = self.decide, self.execute
+        while (decided := decide()) is not None:  # `step`, inline
+            execute(*decided)
         return self.events + self.buffer.skipped
 
     def step(self) -> bool:
@@ -192,7 +193,8 @@ class Replay:
     def decide(self) -> tuple[Call, Line] | None:
         """The call the next events stand for and its first event, read but not run (the
         reference's state is as it was); None when none is left. `step` runs it."""
-        head = self.buffer.peek(0)
+        lines = self.buffer.lines
+        head = lines[0] if lines else self.buffer.peek(0)
         if head is None:
             return None
         try:

@@ -79,20 +79,6 @@ _NodeRaw = tuple[
 whether the parent is the root, the parent's states."""
 
 
-def _node_raw(n: TreeNode) -> _NodeRaw:
-    p = n.parent
-    top = p is None or p.is_root
-    return (
-        n.node_id,
-        tuple(n.state),
-        tuple(n.lock),
-        tuple(n.pending),
-        tuple(n.present_children),
-        top,
-        () if p is None else tuple(p.state),
-    )
-
-
 def _node_record(raw: _NodeRaw) -> NodeRecord:
     node_id, st, lk, pd, pc, top, up = raw
     return NodeRecord(
@@ -142,7 +128,22 @@ class Before:
                 tuple(r.pins),
                 tuple(cp.ops.values()),
             )
-        return Before(tuple([_node_raw(n) for n in nodes if not n.is_root]), request, raw)
+        raws: list[_NodeRaw] = []  # a `_NodeRaw` each (a loop: a comprehension is a call)
+        for n in nodes:
+            if not n.is_root:
+                p = n.parent
+                raws.append(
+                    (
+                        n.node_id,
+                        tuple(n.state),
+                        tuple(n.lock),
+                        tuple(n.pending),
+                        tuple(n.present_children),
+                        p is None or p.is_root,
+                        () if p is None else tuple(p.state),
+                    )
+                )
+        return Before(tuple(raws), request, raw)
 
     @property
     def nodes(self) -> tuple[NodeRecord, ...]:

@@ -122,7 +122,7 @@ class TouchedChecks:
         `rebuild` before the next call (the index may be half updated)."""
         cp = self.cp
         root = cp.tree.root
-        get = cp.tree.get
+        get = cp.tree.nodes_by_id.get
         touched: set[TreeNode] = set()
         gone: list[int] = []
         for i in node_ids:
@@ -321,10 +321,18 @@ class TouchedChecks:
                 if logged:
                     named |= logged
                     logged.clear()
-                if table.owner.size != table.capacity or (
-                    named and not self._logged(t, table, named)
-                ):
+                owner = table.owner
+                size = owner.size
+                if size != table.capacity:
                     return False
+                if named:  # each carries its claimant's code, or FREE when none claims it
+                    claims, codes = self.claims[t], owner.data  # a byte a page, in place
+                    for p in named:
+                        holder = claims.get(p)
+                        if not 0 <= p < size or codes[p] != (
+                            FREE if holder is None else CODE[holder[0]]
+                        ):
+                            return False
             elif not self._scanned(t, table, named):
                 return False
             t += 1
@@ -350,8 +358,9 @@ class TouchedChecks:
             now.append(((kind, i, found[0]), found[1]))
 
     def _scanned(self, t: int, table: PageTable, dirty: set[int]) -> bool:
-        """`_logged` for a table that keeps no log: the pages of `dirty` checked the same
-        way, and every other page's code compared with its copy from the last call."""
+        """For a table that keeps no log: the pages of `dirty` checked as `_pages` checks a
+        logged table's, and every other page's code compared with its copy from the last
+        call."""
         owner, seen = table.owner, self.owner_seen[t]
         if owner.size != table.capacity:
             return False
@@ -366,17 +375,6 @@ class TouchedChecks:
             seen[p] = codes[p]
         return codes == seen
 
-    def _logged(self, t: int, table: RunIndexTable, dirty: set[int]) -> bool:
-        """Each of `dirty` (the pages the records and events name, and those the table moved)
-        carries its claimant's code, or FREE when none claims it; no other page changed."""
-        claims, size = self.claims[t], table.owner.size
-        codes = table.owner.data  # one byte a page, read in place
-        for p in dirty:
-            holder = claims.get(p)
-            if not 0 <= p < size or codes[p] != (FREE if holder is None else CODE[holder[0]]):
-                return False
-        return True
-
     # -- nodes, ops, requests ---------------------------------------------------------------
 
     def _node(self, n: TreeNode) -> bool:
@@ -384,7 +382,7 @@ class TouchedChecks:
         cp = self.cp
         ps = cp.page_size
         parent = n.parent
-        live = cp.tree.get
+        live = cp.tree.nodes_by_id.get
         if (
             parent is None
             or live(n.node_id) is not n
@@ -407,12 +405,17 @@ class TouchedChecks:
         pages = len(n.key) // ps
         if len(n.key) % ps:
             return False
+        # Per tier: a pending op filling it here, else a value exactly when RESIDENT; and
+        # S6 where it holds or fills the tier (a parent below the root present there, or
+        # filled by the same op).
+        below = parent.parent is not None
+        up, up_pending, closed, ops = parent.state, parent.pending, self.closed, cp.ops
         for t in range(3):
             v, st, op_id = value[t], state[t], pending[t]
             if lock[t] < 0 or (v is not None and v.size != pages):
                 return False
             if op_id is not None:
-                op = cp.ops.get(op_id)
+                op = ops.get(op_id)
                 if (
                     st == RESIDENT
                     or v is not None
@@ -421,15 +424,12 @@ class TouchedChecks:
                     or n not in op.nodes
                 ):
                     return False
-            elif (v is not None) != (st == RESIDENT):
-                return False
-            if (
-                (op_id is not None or st == RESIDENT)
-                and parent.parent is not None
-                and parent.state[t] != RESIDENT
-                and t in self.closed
-                and (op_id is None or parent.pending[t] != op_id)
-            ):
+                if below and up[t] != RESIDENT and t in closed and up_pending[t] != op_id:
+                    return False
+            elif v is not None:
+                if st != RESIDENT or (below and up[t] != RESIDENT and t in closed):
+                    return False
+            elif st == RESIDENT:
                 return False
         return True
 
@@ -444,9 +444,12 @@ class TouchedChecks:
         children last passed, and no node was removed (a removed child still linked), they
         pass again: `clear` skips the call then (`settled`), which keeps a call on a node
         with many children at the cost of the children it names."""
-        live, ps = self.cp.tree.get, self.cp.page_size
+        live, ps = self.cp.tree.nodes_by_id.get, self.cp.page_size
         up, up_pending = n.state, n.pending
-        loose = [t for t in self.closed if up[t] != RESIDENT]  # where S6 can fail
+        loose = []  # where S6 can fail (a loop: a list comprehension is a call of its own)
+        for t in self.closed:
+            if up[t] != RESIDENT:
+                loose.append(t)
         for key, c in n.children.items():
             if c in scope:
                 continue  # checked whole by `_node`
@@ -504,14 +507,15 @@ class TouchedChecks:
     def _requests(self, ids: Iterable[int]) -> bool:
         """I5's request clause for the live requests of `ids`."""
         live = self.cp.requests
-        contains = self.cp.tree.contains
+        tree = self.cp.tree
+        root, get = tree.root, tree.nodes_by_id.get
         for i in ids:
             r = live.get(i)
             if r is None:
                 continue
             tokens = 0
             n: TreeNode | None = r.locked
-            if not contains(r.locked):
+            if n is not root and get(r.locked.node_id) is not n:  # tree.contains, inline
                 return False
             while n is not None and n.node_id != ROOT_ID:  # not n.is_root
                 if n.state[0] != RESIDENT:
