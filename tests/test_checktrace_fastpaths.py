@@ -31,7 +31,7 @@ from hicache.core.tree import HiRadixTree, TreeNode
 from hicache.oracle.checktrace import MALFORMED, VALID, check_lines
 from hicache.oracle.checktrace.compare import Comparer
 from hicache.oracle.checktrace.fastschema import compile_fast, compile_shaped
-from hicache.oracle.checktrace.reader import Malformed, TraceReader
+from hicache.oracle.checktrace.reader import Malformed, TraceReader, parse_json
 from hicache.oracle.checktrace.report import Before
 from hicache.oracle.checktrace.schema import (
     SHAPES_MAX,
@@ -432,3 +432,36 @@ def test_before_copies_each_node_as_it_was() -> None:
     nodes[1].state[0] = "D2H_PENDING"  # a later change is not in the copy
     assert before._raw_nodes == tuple(want)
     assert [r.ref_id for r in before.nodes] == [n.node_id for n in nodes[1:]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"seq": 1}', ' {"seq": 1}', '{"seq": 1} x', '{"seq": 1', "[1, 2]", '"x"', "", "{}}"],
+)
+def test_the_readers_json_is_parse_jsons(text: str) -> None:
+    """The reader's inline JSON read answers as `parse_json`: the same value, or Malformed
+    naming `parse_json`'s own error."""
+    reader = TraceReader([plane_trace(load_back)[0]], load_lifecycle())
+    try:
+        parse_json(text)
+        want = None  # JSON: the reader may refuse it later (schema, seq), never as JSON
+    except ValueError as e:
+        want = f"not JSON ({e})"
+    try:
+        reader.parse(text)
+        got = None
+    except Malformed as e:
+        got = e.why if e.why.startswith("not JSON") else None
+    assert got == want, text
+
+
+def test_past_its_bound_a_new_shape_is_the_names_predicate() -> None:
+    """Once SHAPES_MAX shapes are compiled, a new one is tested by the name's `fast`
+    predicate: nothing compiled per line (a writer of random key orders stays as fast)."""
+    fresh = EventSchema(json.loads(TRACE_SCHEMA.read_text()))
+    first = fresh.shape(("evict_l1", "event", "seq"))
+    assert first is not None and first is not fresh.fast["evict_l1"]
+    for i in range(SHAPES_MAX - 1):
+        fresh.shapes[("x", str(i))] = first
+    assert fresh.shape(("evict_l1", "seq", "event")) is fresh.fast["evict_l1"]
+    assert len(fresh.shapes) == SHAPES_MAX

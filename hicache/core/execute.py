@@ -60,6 +60,11 @@ class RequestRange(NamedTuple):
     page_size: int
 
 
+_NEW = tuple.__new__
+"""A named tuple built from all its fields at once, without its Python-level `__new__` (a
+call per segment and per step: `_NEW(Segment, (node, start, end, before, duplicate))`)."""
+
+
 class Segment(NamedTuple):
     """Logical pages [start, end) (tokens, page aligned) that one event describes (immutable;
     a named tuple: built on every call, at a fraction of a frozen dataclass's cost)."""
@@ -299,7 +304,9 @@ class Executor:
                 )
             if (op == "lock" or op == "unlock") and deepest is None:
                 raise IllegalTransition(name, str(t.tier), "-", f"{e} needs a node")
-        return Step(t, tuple(segments), moved, n_pages, deepest, request_id, op_id, tuple(afters))
+        return _NEW(
+            Step, (t, tuple(segments), moved, n_pages, deepest, request_id, op_id, tuple(afters))
+        )
 
     def run(self, step: Step) -> Pages:
         """Run a planned step: the row's effects in order (R3), then each node's sub-state, then
@@ -384,7 +391,8 @@ def node_segments(nodes: Sequence[TreeNode]) -> list[Segment]:
         start += len(parent.key)
         parent = parent.parent
     for n in nodes:
-        out.append(Segment(n, start, start + len(n.key), _states(n)))
+        st = n.state
+        out.append(_NEW(Segment, (n, start, start + len(n.key), (st[0], st[1], st[2]), False)))
         start += len(n.key)
     return out
 
@@ -414,14 +422,17 @@ def copy_segments(
         if covered > start:
             view = (copy, child.state[1], child.state[2])
             out.append(
-                Segment(child, max(pos, start), min(covered, end), view, child.state[0] != ABSENT)
+                _NEW(
+                    Segment,
+                    (child, max(pos, start), min(covered, end), view, child.state[0] != ABSENT),
+                )
             )
         if n * ps < len(child.key) or covered >= end:
             pos = covered
             break
         node, pos = child, covered
     if max(pos, start) < end:
-        out.append(Segment(None, max(pos, start), end, (copy, ABSENT, ABSENT)))
+        out.append(_NEW(Segment, (None, max(pos, start), end, (copy, ABSENT, ABSENT), False)))
     return out
 
 

@@ -53,6 +53,7 @@ class Line(NamedTuple):
 
 
 _LINE = tuple.__new__  # `Line(...)` without the named tuple's Python-level __new__
+_NEW_EVENT, _SET_DICT = object.__new__, object.__setattr__  # `adopt_event`'s two steps
 
 
 def _number(text: str) -> int | float:
@@ -150,8 +151,13 @@ class TraceReader:
     def parse(self, text: str) -> Line:
         """Check one event line (JSON, schema, seq, tiers) and build its event."""
         n = self.number
-        try:
-            d = parse_json(text)
+        try:  # `parse_json`, inline
+            try:
+                d, end = _SCAN(text, 0)
+            except StopIteration:
+                d, end = None, -1
+            if end != len(text):
+                d = _DECODER.decode(text)
         except ValueError as e:
             raise Malformed(n, f"not JSON ({e})", None) from None
         if type(d) is dict:  # the common case: an event its name's fast predicate passes
@@ -169,7 +175,13 @@ class TraceReader:
                         self.seq = seq
                         if "pages" in d:
                             d["pages"] = tuple(d["pages"])
-                        ev = adopt_event(d) if self._adopt else new_event(d, owned=True)
+                        if self._adopt:  # `adopt_event(d)`, inline
+                            if "detail" not in d:
+                                d["detail"] = {}
+                            ev = _NEW_EVENT(TraceEvent)
+                            _SET_DICT(ev, "__dict__", d)
+                        else:
+                            ev = new_event(d, owned=True)
                         return _LINE(Line, (n, text, ev))
                     return self._event(n, text, d, name, seq)
         return self._checked(n, text, d)

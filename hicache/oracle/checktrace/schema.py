@@ -350,14 +350,14 @@ class EventSchema:
         """`fast[shape[0]]` for a dict whose keys are `shape[1:]` in that order, compiled
         for them (`compile_shaped`: the key tests answered once); `fast`'s own where the
         name's schema is not one `compile_shaped` takes; None for a name outside the enum.
-        Kept in `shapes` (at most SHAPES_MAX: a trace has a few dozen shapes)."""
+        Kept in `shapes`, at most SHAPES_MAX (a trace has a few dozen shapes); past that,
+        `fast`'s own (nothing compiled per line, whatever orders a writer uses)."""
         name, keys = shape[0], shape[1:]
         fast = self.fast.get(name)
-        if fast is None:
-            return None
+        if fast is None or len(self.shapes) >= SHAPES_MAX:
+            return fast
         found = compile_shaped(self._resolved[name], keys) or fast
-        if len(self.shapes) < SHAPES_MAX:
-            self.shapes[shape] = found
+        self.shapes[shape] = found
         return found
 
     def check(self, obj: Any) -> str | None:
@@ -373,8 +373,8 @@ class EventSchema:
 
 
 SHAPES_MAX = 1024
-"""Most (event name, keys) shapes an `EventSchema` keeps compiled predicates for; past it a
-shape is compiled afresh each time it is asked (right, only slower)."""
+"""Most (event name, keys) shapes an `EventSchema` compiles predicates for; past it a new
+shape is tested by its name's `fast` predicate (the same answers, its own speed)."""
 
 _LOADED: dict[tuple[Path, tuple[str, ...]], EventSchema] = {}
 
