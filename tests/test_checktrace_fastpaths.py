@@ -26,7 +26,7 @@ from hicache.core.tiers import (
     tier_index,
     tier_of,
 )
-from hicache.core.tracewalk import WalkCount
+from hicache.core.tracewalk import walked_events
 from hicache.core.tree import HiRadixTree, TreeNode
 from hicache.oracle.checktrace import MALFORMED, VALID, check_lines
 from hicache.oracle.checktrace.compare import Comparer
@@ -252,12 +252,12 @@ def test_a_retired_op_is_unbound_and_a_pending_one_kept() -> None:
 
 
 def test_a_replay_is_walked_and_judged_as_before() -> None:
-    """A whole replay: every event walked (`WalkCount`) and the verdict valid; a line with
+    """A whole replay: every event walked (`walked_events`) and the verdict valid; a line with
     another page on an event the tables move no pages for is refused naming the pages."""
     lines = plane_trace(load_back)
-    before = WalkCount.events
+    before = walked_events()
     verdict = check_lines(lines)
-    assert verdict.exit_code == VALID and WalkCount.events - before >= verdict.events > 10
+    assert verdict.exit_code == VALID and walked_events() - before >= verdict.events > 10
     assert check_lines(lines[:3] + ["{"]).exit_code == MALFORMED
 
 

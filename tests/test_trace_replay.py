@@ -30,10 +30,10 @@ from hicache.core.trace import ListSink, TraceEvent, Tracer
 from hicache.core.tracewalk import (
     MachineDisagreement,
     TraceWalkError,
-    WalkCount,
     WalkSink,
     first_break,
     first_non_edge,
+    walked_events,
 )
 from hicache.core.tree import TreeNode
 from hicache.errors import HiCacheError
@@ -71,7 +71,7 @@ def only_in_l2() -> tuple[ControlPlane, ListSink, TreeNode]:
 
 @pytest.mark.torch  # runs the demo
 def test_demo_trace_is_a_walk() -> None:
-    before = WalkCount.events
+    before = walked_events()
     with contextlib.redirect_stdout(io.StringIO()), every_plane_walked():
         assert (
             demo.main(
@@ -91,7 +91,7 @@ def test_demo_trace_is_a_walk() -> None:
             == 0
         )
     # Hundreds of events, each judged as it was emitted (a break would have raised).
-    assert WalkCount.events - before > 300
+    assert walked_events() - before > 300
 
 
 def test_two_requests_computing_the_same_tokens() -> None:

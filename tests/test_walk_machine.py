@@ -25,7 +25,7 @@ from hicache.core.lifecycle import Lifecycle, load_lifecycle
 from hicache.core.pagemachine import PageMachine, page_machine
 from hicache.core.tiers import Direction
 from hicache.core.trace import ListSink, Tracer
-from hicache.core.tracewalk import MachineDisagreement, WalkCount, walk
+from hicache.core.tracewalk import MachineDisagreement, walk, walked_events
 from hicache.oracle.checktrace import check_lines
 from hicache.oracle.checktrace.generate import controller_trace
 from hicache.oracle.speccheck.machine import check_machine
@@ -151,10 +151,10 @@ def test_a_machine_from_other_tables_fails_the_walk() -> None:
 def test_check_trace_walks_and_names_a_disagreement() -> None:
     assert not walks(ControlPlane(PS, (4, 4, 4)))  # unwalked here: check-trace walks itself
     lines = controller_trace(seed=3, steps=120, faults=True)
-    before = WalkCount.events
+    before = walked_events()
     verdict = check_lines(lines)
     assert verdict.exit_code == 0, verdict.message
-    assert WalkCount.events - before >= verdict.events > 50
+    assert walked_events() - before >= verdict.events > 50
     fails = sum('"event":"d2h_fail"' in line for line in lines)
     assert fails, "the seed's trace has no failed backup to disagree about"
     with pytest.raises(MachineDisagreement, match="disagree on d2h_fail"):
@@ -165,8 +165,8 @@ def test_hicache_fuzz_walks_every_plane() -> None:
     from hicache.testing import runner
 
     assert not walks(ControlPlane(PS, (4, 4, 4)))  # unwalked here: the fuzz walks itself
-    before = WalkCount.events
+    before = walked_events()
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert runner.main(["--seed", "1", "--steps", "40"]) == 0
-    assert WalkCount.events - before > 40, out.getvalue()
+    assert walked_events() - before > 40, out.getvalue()
     assert not walks(ControlPlane(PS, (4, 4, 4)))  # and only while it runs

@@ -218,19 +218,14 @@ def first_non_edge(events: Iterable[TraceEvent], lc: Lifecycle | None = None) ->
     return None
 
 
-_WALKED = [0]  # events the walk sinks of this process have judged (`WalkCount.events`)
+_WALKED = [0]  # events the walk sinks of this process have judged (`walked_events`)
 
 
-class _Counter(type):
-    @property
-    def events(cls) -> int:
-        return _WALKED[0]
-
-
-class WalkCount(metaclass=_Counter):
+def walked_events() -> int:
     """How many events the walk sinks of this process have judged (tests read it to show that
-    the walk really ran): `WalkCount.events`. The sinks count in a list (a class attribute
-    written per event would cost more than the count)."""
+    the walk really ran). Counted in a one-item list: a class attribute written per event
+    would cost more than the count."""
+    return _WALKED[0]
 
 
 class WalkSink:
