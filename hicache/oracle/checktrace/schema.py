@@ -1,4 +1,4 @@
-"""spec/trace.schema.json, compiled once into one validator per event name.
+"""spec/trace.schema.json, compiled into one validator per event name, on its first sight.
 
 The checker validates every event against the normative schema without a JSON Schema
 library: `compile_schema` turns the subset of draft 2020-12 the schema uses into plain Python
@@ -16,8 +16,10 @@ that validating one event runs only the rules that apply to it.
     $schema, $id, title,            ignored (annotations)
     description
 
-A keyword outside this table is a `SpecError` at compile time: a schema edited to use one
-must extend this module (and its test against the `jsonschema` package) first.
+A keyword outside this table is a `SpecError` when the schema is loaded (`check_keywords`,
+before anything is compiled): a schema edited to use one must extend this module (and its
+test against the `jsonschema` package) first. What is compiled is compiled per event name on
+the name's first sight (`EventSchema`): a short trace names few of them.
 
 Types follow JSON Schema, not Python: `true` is no integer, and a number with a zero
 fraction (`2.0`) is one; `hicache.oracle.checktrace.reader` parses such numbers as ints.
@@ -27,9 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hicache.core.trace import OMITTED_KEYS, TraceEvent
 from hicache.errors import SpecError
@@ -37,6 +39,8 @@ from hicache.oracle.checktrace.fastschema import Predicate, compile_fast, compil
 from hicache.spec import SPEC_DIR
 
 TRACE_SCHEMA = SPEC_DIR / "trace.schema.json"
+
+_T = TypeVar("_T")
 
 Rule = Callable[[Any], "str | None"]
 """A compiled schema: the first thing wrong with a value, or None when it is valid."""
@@ -144,6 +148,27 @@ def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
     if any(k in schema for k in ("items", "minItems", "maxItems")):
         rules.append(_array_rule(schema, where))
     return _all(rules)
+
+
+def check_keywords(schema: Mapping[str, Any], where: str = "") -> None:
+    """The SpecError `compile_rule(schema, where)` raises for a keyword outside its table,
+    raised without compiling: the same schemas it visits (properties, items), in its order,
+    the same message. A type name outside JSON Schema's is one too."""
+    unknown = sorted(set(schema) - _KNOWN - {"allOf"}) or (["allOf"] if "allOf" in schema else [])
+    if unknown:
+        raise SpecError(
+            f"trace.schema.json{' at ' + where if where else ''}: keyword(s) {unknown} "
+            "are not compiled by hicache.oracle.checktrace.schema; extend it first"
+        )
+    if "type" in schema and schema["type"] not in _TYPES:
+        raise SpecError(
+            f"trace.schema.json{' at ' + where if where else ''}: type {schema['type']!r} "
+            f"is none of JSON Schema's {sorted(_TYPES)}"
+        )
+    for k, v in schema.get("properties", {}).items():
+        check_keywords(v, f"{where}.{k}" if where else k)
+    if "items" in schema:
+        check_keywords(schema["items"], f"{where}[]")
 
 
 def _object_rule(schema: Mapping[str, Any], where: str) -> Rule:
@@ -313,11 +338,53 @@ def _without(schema: Any, keys: frozenset[str]) -> Any:
     return out
 
 
+class Compiled(Mapping[str, _T]):
+    """Event name -> its compiled schema (a `Rule` or a `Predicate`), compiled on the name's
+    first look-up and kept: a trace that names few events compiles few (compiling every
+    name costs ~15 ms of a process's first trace). Holds exactly the schema's names (`in`,
+    `len`, iteration answer from them, nothing compiled); another name is a KeyError
+    (`get`: the default), as for a dict of them all. `done` holds those compiled so far."""
+
+    def __init__(
+        self, schemas: Mapping[str, Mapping[str, Any]], compile_one: Callable[[Any], _T]
+    ) -> None:
+        self._schemas, self._compile = schemas, compile_one
+        self.done: dict[str, _T] = {}
+
+    def __getitem__(self, name: str) -> _T:
+        found = self.done.get(name)
+        if found is None:
+            found = self.done[name] = self._compile(self._schemas[name])
+        return found
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """`self[name]`, or `default` for a name outside the schema's (never a KeyError
+        of the compile itself, which a dict's `get` would hide)."""
+        return self[name] if name in self._schemas else default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._schemas
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._schemas)
+
+    def __len__(self) -> int:
+        return len(self._schemas)
+
+
 class EventSchema:
     """The trace-event schema, compiled: `check(obj)` -> the first thing wrong, or None.
-    `omits` (a header's) drops the requirement of the keys such a trace leaves out."""
+    `omits` (a header's) drops the requirement of the keys such a trace leaves out.
 
-    def __init__(self, schema: Mapping[str, Any], omits: tuple[str, ...] = ()) -> None:
+    Built, every name's schema is resolved (its `allOf` clauses merged) and its keywords
+    checked (`check_keywords`: a SpecError now, not at a name's first sight), but nothing is
+    compiled: `by_event` (the message-giving rules), `fast` (the yes/no predicates), the
+    shaped predicates (`shape`) and `fallback` compile a name's on its first use. The answers
+    are those of compiling them all up front (`eager=True` does that)."""
+
+    def __init__(
+        self, schema: Mapping[str, Any], omits: tuple[str, ...] = (), eager: bool = False
+    ) -> None:
         gone = frozenset(k for o in omits for k in OMITTED_KEYS.get(o, ()))
         if gone:
             schema = _without(schema, gone)
@@ -330,12 +397,15 @@ class EventSchema:
                     per_event[name] = _merge(per_event[name], clause["then"])
         self.names = names
         resolved = {n: _resolve(s) for n, s in per_event.items()}
-        self.by_event: dict[str, Rule] = {n: compile_rule(s) for n, s in resolved.items()}
-        self.fast: dict[str, Predicate] = {n: compile_fast(s) for n, s in resolved.items()}
+        self._base = _resolve(base)
+        for s in (*resolved.values(), self._base):
+            check_keywords(s)
+        self.by_event: Compiled[Rule] = Compiled(resolved, compile_rule)
+        self.fast: Compiled[Predicate] = Compiled(resolved, compile_fast)
         self._resolved = resolved
         # (event name, *keys in order) -> `fast`'s answer for such a dict (`shape`).
         self.shapes: dict[tuple[str, ...], Predicate] = {}
-        self.fallback = compile_rule(_resolve(base))  # for an event name outside the enum
+        self._fallback: Rule | None = None
         fields = {f.name for f in dataclasses.fields(TraceEvent)}
         # Whether every object this schema passes holds only `TraceEvent` fields, `seq` and
         # `event` among them: then the reader builds its events without new_event's key test.
@@ -343,8 +413,21 @@ class EventSchema:
             s.get("additionalProperties", True) is False
             and set(s.get("properties", {})) <= fields
             and {"seq", "event"} <= set(s.get("required", ()))
-            for s in (*resolved.values(), _resolve(base))
+            for s in (*resolved.values(), self._base)
         )
+        if eager:  # in the order compiling them all used to take (the first error raised)
+            for name in names:
+                self.by_event[name]
+            for name in names:
+                self.fast[name]
+            self._fallback = compile_rule(self._base)
+
+    @property
+    def fallback(self) -> Rule:
+        """The rule for an event name outside the enum (the schema without its `allOf`)."""
+        if self._fallback is None:
+            self._fallback = compile_rule(self._base)
+        return self._fallback
 
     def shape(self, shape: tuple[str, ...]) -> Predicate | None:
         """`fast[shape[0]]` for a dict whose keys are `shape[1:]` in that order, compiled
@@ -353,10 +436,12 @@ class EventSchema:
         Kept in `shapes`, at most SHAPES_MAX (a trace has a few dozen shapes); past that,
         `fast`'s own (nothing compiled per line, whatever orders a writer uses)."""
         name, keys = shape[0], shape[1:]
-        fast = self.fast.get(name)
-        if fast is None or len(self.shapes) >= SHAPES_MAX:
-            return fast
-        found = compile_shaped(self._resolved[name], keys) or fast
+        resolved = self._resolved.get(name)
+        if resolved is None:
+            return None
+        if len(self.shapes) >= SHAPES_MAX:
+            return self.fast[name]
+        found = compile_shaped(resolved, keys) or self.fast[name]
         self.shapes[shape] = found
         return found
 
