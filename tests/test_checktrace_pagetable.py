@@ -82,3 +82,22 @@ def test_a_refused_move_changes_nothing() -> None:
         pass
     assert (dict(t.runs), list(t.starts)) == index and (t.owner[got] == PRIVATE).all()
     assert t.free_count == 5 and (t.owner[5:] == FREE).all()
+
+
+def test_an_all_free_table_is_one_run() -> None:
+    """`reindex` of a table whose pages are all free (every plane's at the start of a replay;
+    found without the scan) is one run of them all, as the scan finds; one page taken, the
+    scan's runs around it."""
+    for capacity in (1, 2, 7, 100_000):
+        t = RunIndexTable.adopt(TierTable("L1", capacity), log=False)
+        assert (t.runs, t.starts, t.lengths) == ({0: capacity}, [0], [capacity])
+        assert (t.by_length, t.run_count, t.n_free) == ({capacity: [0]}, {capacity: 1}, capacity)
+        assert t.reserve(1).tolist() == [0]
+        if capacity > 1:
+            t.reindex()
+            assert (t.runs, t.starts, t.lengths, t.n_free) == (
+                {1: capacity - 1},
+                [1],
+                [capacity - 1],
+                capacity - 1,
+            )

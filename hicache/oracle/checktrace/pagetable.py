@@ -59,6 +59,11 @@ class RunIndexTable(TierTable):
         """The index from the owner array (at adoption)."""
         self.runs, self.starts, self.by_length = {}, [], {}
         self.run_count, self.lengths = {}, []
+        if not (self.owner != FREE).any():  # every page free (a new plane's): one run
+            self.n_free = int(self.owner.size)  # (the scan below: ~0.75 ms at 100,000 pages)
+            if self.n_free:
+                self._add(0, self.n_free)
+            return
         free = np.flatnonzero(self.owner == FREE)
         self.n_free = int(free.size)
         if free.size:
