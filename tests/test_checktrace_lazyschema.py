@@ -20,7 +20,6 @@ import hicache.oracle.checktrace.schema as schema_module
 from hicache.core.lifecycle import load_lifecycle
 from hicache.errors import SpecError
 from hicache.oracle.checktrace import Verdict, check_lines
-from hicache.oracle.checktrace.fastschema import compile_fast, compile_shaped
 from hicache.oracle.checktrace.reader import Malformed, TraceReader
 from hicache.oracle.checktrace.schema import TRACE_SCHEMA, EventSchema
 from tests.test_checktrace import load_back, plane_trace, write_through
@@ -50,7 +49,6 @@ class _Counts:
             return real_rule(*args, **kwargs)
 
         monkeypatch.setattr(fastschema, "compile", code, raising=False)
-        monkeypatch.setattr(fastschema, "_CODE", {})  # nothing compiled yet in this process
         monkeypatch.setattr(schema_module, "compile_rule", rule)
 
 
@@ -225,33 +223,3 @@ def test_the_readers_answers_are_the_same_lazy_or_eager() -> None:
             want = read(trace, eager)
             assert read(trace, EventSchema(_raw())) == want
             assert read(trace, shared) == want
-
-
-def test_predicates_whose_schemas_line_up_share_their_code(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Two schemas that differ only in their enums generate the same source: it is compiled
-    once (the second predicate runs the first's code object) and each predicate answers by its
-    own enum; a trace's shapes compile one code object per distinct source."""
-    counts = _Counts(monkeypatch)
-
-    def schema(tiers: list[str]) -> dict[str, Any]:
-        props = {"n": {"type": "integer", "minimum": 0}, "tier": {"enum": tiers}}
-        return {"type": "object", "additionalProperties": False, "properties": props}
-
-    one, two = schema(["L1", "L2"]), schema(["L3"])
-    for make in (compile_fast, lambda s: compile_shaped(s, ("tier", "n"))):
-        before = counts.code
-        a, b = make(one), make(two)
-        assert a is not None and b is not None and a is not b
-        assert a.__code__ is b.__code__ and counts.code == before + 1
-        assert a({"tier": "L1", "n": 1}) and not b({"tier": "L1", "n": 1})
-        assert b({"tier": "L3", "n": 0}) and not a({"tier": "L3", "n": 0})
-        assert not a({"tier": "L1", "n": -1}) and not b({"tier": "L3", "n": -1})
-    lines = plane_trace(load_back)
-    ours = EventSchema(_raw())
-    before = counts.code
-    list(TraceReader(lines, load_lifecycle(), ours))
-    codes = {p.__code__ for p in ours.shapes.values()}
-    assert len(codes) < len(ours.shapes)  # (each compiled once; nested predicates besides)
-    assert counts.code - before < len(ours.shapes)

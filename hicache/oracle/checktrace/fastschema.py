@@ -12,7 +12,6 @@ given directly), never looser -- the rule then has the last word.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import CodeType
 from typing import Any
 
 Predicate = Callable[[Any], bool]
@@ -119,7 +118,10 @@ def _object(schema: Mapping[str, Any], strict: bool) -> Predicate:
         body += [f"    if {key!r} in x:", f"        v = x[{key!r}]"]
         body += ["        " + line for line in _inline(sub, i, names)]
     body.append("    return True")
-    return _function("\n".join(body), "<fastschema>", names)  # from the keywords only
+    code = compile("\n".join(body), f"<fastschema {sorted(required)}>", "exec")
+    exec(code, names)  # source built above from the schema's keywords only
+    test: Predicate = names["test"]
+    return test
 
 
 def compile_shaped(schema: Mapping[str, Any], keys: tuple[str, ...]) -> Predicate | None:
@@ -161,28 +163,8 @@ def compile_shaped(schema: Mapping[str, Any], keys: tuple[str, ...]) -> Predicat
             body.append(f"    v = v{keys.index(key)}")
             body += ["    " + line for line in _inline(props[key], i, names)]
     body.append("    return True")
-    return _function("\n".join(body), "<fastschema shaped>", names)  # keywords, `keys` only
-
-
-CODE_MAX = 4096
-"""Most distinct predicate sources whose code `_function` keeps (a schema yields a few dozen)."""
-
-_CODE: dict[str, CodeType] = {}
-
-
-def _function(source: str, filename: str, names: dict[str, Any]) -> Predicate:
-    """The function `test` that `source` (generated above) defines, run with `names` (its
-    own constants: key sets, enums, nested predicates) as its globals. The source is compiled
-    once per process: predicates whose schemas line up (the same tests on the same value
-    slots, their constants by name) share the code object -- about half of a trace's shapes
-    (33 -> 17 compiles in a 5,000-event controller trace; a compile is ~150 us) -- and each
-    keeps its own globals, so each answers by its own constants."""
-    code = _CODE.get(source)
-    if code is None:
-        code = compile(source, filename, "exec")
-        if len(_CODE) < CODE_MAX:
-            _CODE[source] = code
-    exec(code, names)
+    code = compile("\n".join(body), f"<fastschema shaped {list(keys)}>", "exec")
+    exec(code, names)  # source built above from the schema's keywords and `keys` only
     test: Predicate = names["test"]
     return test
 
