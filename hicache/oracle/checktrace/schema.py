@@ -341,8 +341,9 @@ def _without(schema: Any, keys: frozenset[str]) -> Any:
 class Compiled(Mapping[str, _T]):
     """Event name -> its compiled schema (a `Rule` or a `Predicate`), compiled on the name's
     first look-up and kept: a trace that names few events compiles few (compiling every
-    name costs ~15 ms of a process's first trace). Holds exactly the schema's names (`in`,
-    `len`, iteration answer from them, nothing compiled); another name is a KeyError
+    name cost ~16 ms of a process's first trace, in
+    benchmarks/results/2026-12-06-checktrace-startup.md). Holds exactly the schema's names
+    (`in`, `len`, iteration answer from them, nothing compiled); another name is a KeyError
     (`get`: the default), as for a dict of them all. `done` holds those compiled so far."""
 
     def __init__(
