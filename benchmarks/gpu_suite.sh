@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer multipool storage compare batched layerwise tp tpfuzz
-#   recompute serving fuzz issue graphissue finds
+#   recompute serving fuzz issue graphissue finds queues
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -13,6 +13,9 @@
 #   benchmarks/hypofuzz_scaling.py --wheels makes)
 #   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
 #   when there are two)
+#   queues: benchmarks/stream_queues.py and the 8B serving bench (eager, graphs; 350, 1,000,
+#   3,500 tokens), each with CUDA's default 8 hardware queues and with 32
+#   (CUDA_DEVICE_MAX_CONNECTIONS): whether the layer-wise restore's lost overlap is queue sharing
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -87,6 +90,12 @@ for stage in $stages; do
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
             --steps "${FUZZ_STEPS:-20000}" --report --progress ;;
+    queues) for q in default 32; do  # stream_queues.py; the serving run where layer-wise lost its overlap
+              qenv=$([ $q = 32 ] && echo CUDA_DEVICE_MAX_CONNECTIONS=32 || echo QUEUES=default)
+              run "queues_$q" env $qenv python3 benchmarks/stream_queues.py --out "$out/queues_$q.json"
+              run "queues_serving_$q" env $qenv python3 -m hicache bench serving --presets qwen3-8b \
+                --mode eager graphs --lengths 350 1000 3500 --repeats 3 --out "$out/queues_serving_$q"
+            done ;;
     issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
     graphissue) run bench_graph_issue python3 benchmarks/graph_issue.py --tokens 350 1000 3500 \
                   --out "$out/graph_issue.json" ;;
