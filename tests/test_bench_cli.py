@@ -183,6 +183,10 @@ def test_serving_paced_runs_without_cuda_and_tables_name_the_mode(
     assert sorted(rows) == sorted(serving.PATHS)
     assert all(len(r["warmup_choices"]) == serving.WARMUP_ROUNDS for r in rows.values())
     assert all(len(r["samples_ms"]) == 1 for r in rows.values())
+    # Which streams a row's restore ran on is recorded where there are streams: none on CPU.
+    assert all(r["producer_streams"] is None for r in rows.values())
+    layerwise = [r["layerwise_mover"] for r in rows.values() if r["layerwise_mover"]]
+    assert layerwise and all(m["streams"] is None for m in layerwise)
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:  # --mode picks model modes; --paced runs none
         serving.main([*argv, "--mode", "eager"])

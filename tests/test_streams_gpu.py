@@ -96,3 +96,12 @@ def test_gpu_timing_events_are_reused_and_still_time_each_transfer() -> None:
         assert handle.timings.service_s > 0, "a reused event still times its transfer"
         assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
     assert made <= 2, f"{made} timing events made for 12 transfers one after another"
+
+
+def test_gpu_ids_name_the_three_streams() -> None:
+    """`ids()` (a run's record of which pool streams a mover used) names the three streams."""
+    s = Streams(torch.device("cuda", torch.cuda.current_device()))
+    ids = s.ids()
+    assert ids is not None and s.compute is not None and s.d2h is not None and s.h2d is not None
+    assert ids == {"compute": s.compute.stream_id, "d2h": s.d2h.stream_id, "h2d": s.h2d.stream_id}
+    assert len(set(ids.values())) == 3

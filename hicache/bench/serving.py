@@ -153,6 +153,13 @@ def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> tuple[float
     return elapsed, mat.decision
 
 
+def _producer_streams(subject: Subject) -> dict[str, int] | None:
+    """The model producer's stream ids (`ModelProducer.stream_ids`), None for another
+    producer: with the movers' (their `status`), which streams a row's restore used."""
+    ids = getattr(subject.producer, "stream_ids", None)
+    return ids() if callable(ids) else None
+
+
 def latency(
     subject: Subject,
     lengths: Sequence[int],
@@ -226,7 +233,8 @@ def latency(
                     "h2d_ms": statistics.median(h2d_ms),
                     "tail_ms": statistics.median(tail_ms),
                     "layerwise_prefills": ctl.metrics.layerwise_prefills,
-                    "layerwise_mover": movers,  # its ops, and how many went staged
+                    "layerwise_mover": movers,  # its ops, its streams, how many went staged
+                    "producer_streams": _producer_streams(subject),
                     "decisions": choice,
                     "predicted": predicted,
                     "cost_model": model_state,

@@ -545,6 +545,7 @@ class DeviceHostMover:
             "direct_min_bytes": self.direct_min_bytes,
             "copies": self.copies.status(),
             "issue_graphs": self.graphs.status(),
+            "streams": self._streams.ids(),
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,
             "workspace_bytes_held": self.workspaces.held_bytes + self.index_buffers.held_bytes,

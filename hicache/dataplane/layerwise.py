@@ -354,6 +354,7 @@ class LayerwiseMover:
             "how": self.reason,
             "in_flight": len(self.in_flight),
             "staged": self.staged,
+            "streams": self._streams.ids(),
             **vars(self.counters),
         }
 

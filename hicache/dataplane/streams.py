@@ -64,6 +64,19 @@ class Streams:
     def _event(self, *, timing: bool) -> Event:
         return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
+    def ids(self) -> dict[str, int] | None:
+        """The three streams' torch ids, for a run's record (None on CPU). Which of torch's
+        pool streams each is can matter: CUDA runs the streams of a context on a few
+        hardware queues, and streams that share one run in submission order
+        (benchmarks/stream_queues.py)."""
+        if self.compute is None or self.d2h is None or self.h2d is None:
+            return None
+        return {
+            "compute": int(self.compute.stream_id),
+            "d2h": int(self.d2h.stream_id),
+            "h2d": int(self.h2d.stream_id),
+        }
+
     def current(self) -> torch.cuda.Stream | None:
         """The caller's current stream on our device (None on CPU)."""
         if not self.cuda:

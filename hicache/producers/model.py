@@ -209,6 +209,14 @@ class ModelProducer:
                 self._gated = None
             self._forwarder = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
+    def stream_ids(self) -> dict[str, int]:
+        """The torch ids of the streams a layer-wise prefill runs on, for a run's record: the
+        caller's (where the graph replays) and the forwarder (graphs mode only)."""
+        ids = {"caller": int(torch.cuda.current_stream(self.device).stream_id)}
+        if self._forwarder is not None:
+            ids["forwarder"] = int(self._forwarder.stream_id)
+        return ids
+
     @property
     def parameters(self) -> int:
         """Number of model parameters (tied embeddings counted once)."""
