@@ -105,3 +105,20 @@ def test_gpu_ids_name_the_three_streams() -> None:
     assert ids is not None and s.compute is not None and s.d2h is not None and s.h2d is not None
     assert ids == {"compute": s.compute.stream_id, "d2h": s.d2h.stream_id, "h2d": s.h2d.stream_id}
     assert len(set(ids.values())) == 3
+
+
+def test_gpu_shared_movers_share_three_streams_and_others_keep_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`shared=True` (or HICACHE_SHARED_STREAMS=1): every such mover of a device gets the same
+    three streams; `shared=False` (the default) three new ones each."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    a, b = Streams(device, shared=True), Streams(device, shared=True)
+    assert (a.compute, a.d2h, a.h2d) == (b.compute, b.d2h, b.h2d)
+    ids = a.ids()
+    assert ids is not None and len(set(ids.values())) == 3
+    monkeypatch.setenv("HICACHE_SHARED_STREAMS", "1")
+    assert Streams(device).h2d == a.h2d
+    monkeypatch.delenv("HICACHE_SHARED_STREAMS")
+    c = Streams(device)
+    assert c.h2d is not None and c.h2d != a.h2d and c.compute != a.compute
