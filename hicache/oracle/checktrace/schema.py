@@ -85,15 +85,20 @@ def _shown(x: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
-    """One closure checking `schema` (no `allOf`: `compile_schema` resolves those first).
-    `where` prefixes each message (the key path, e.g. "detail.hit")."""
+def _refuse_unknown_keywords(schema: Mapping[str, Any], where: str) -> None:
+    """SpecError for a keyword outside this module's table (`allOf` too: resolved first)."""
     unknown = sorted(set(schema) - _KNOWN - {"allOf"}) or (["allOf"] if "allOf" in schema else [])
     if unknown:
         raise SpecError(
             f"trace.schema.json{' at ' + where if where else ''}: keyword(s) {unknown} "
             "are not compiled by hicache.oracle.checktrace.schema; extend it first"
         )
+
+
+def compile_rule(schema: Mapping[str, Any], where: str = "") -> Rule:
+    """One closure checking `schema` (no `allOf`: `compile_schema` resolves those first).
+    `where` prefixes each message (the key path, e.g. "detail.hit")."""
+    _refuse_unknown_keywords(schema, where)
     rules: list[Rule] = []
     at = f"{where}: " if where else ""
     if "type" in schema:
@@ -154,12 +159,7 @@ def check_keywords(schema: Mapping[str, Any], where: str = "") -> None:
     """The SpecError `compile_rule(schema, where)` raises for a keyword outside its table,
     raised without compiling: the same schemas it visits (properties, items), in its order,
     the same message. A type name outside JSON Schema's is one too."""
-    unknown = sorted(set(schema) - _KNOWN - {"allOf"}) or (["allOf"] if "allOf" in schema else [])
-    if unknown:
-        raise SpecError(
-            f"trace.schema.json{' at ' + where if where else ''}: keyword(s) {unknown} "
-            "are not compiled by hicache.oracle.checktrace.schema; extend it first"
-        )
+    _refuse_unknown_keywords(schema, where)
     if "type" in schema and schema["type"] not in _TYPES:
         raise SpecError(
             f"trace.schema.json{' at ' + where if where else ''}: type {schema['type']!r} "
