@@ -14,10 +14,9 @@
 #   TPFUZZ_SECONDS (default 540): the tpfuzz stage's length (2 ranks on CUDA, a GPU each
 #   when there are two)
 #   queues: benchmarks/stream_queues.py and the 8B serving bench (eager, graphs; 350, 1,000,
-#   3,500 tokens, ~140 s each), for each of QUEUES_VARIANTS (default "default 32 shared"):
-#   CUDA's default 8 hardware queues, 32 (CUDA_DEVICE_MAX_CONNECTIONS), the movers sharing
-#   three streams per device (HICACHE_SHARED_STREAMS=1): whether the layer-wise restore's
-#   lost overlap is queue sharing
+#   3,500 tokens, ~140 s each), for each of QUEUES_VARIANTS (default "default 32"): CUDA's
+#   default 8 hardware queues, and 32 (CUDA_DEVICE_MAX_CONNECTIONS); session 20 found that
+#   queues did not matter, streams did (hicache/dataplane/ownstreams.py)
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -92,14 +91,12 @@ for stage in $stages; do
     serving) run bench_serving python3 -m hicache bench serving --out "$out" ;;
     fuzz) run fuzz_cuda python3 -m hicache fuzz --plane cuda --seed "${FUZZ_SEED:-1}" \
             --steps "${FUZZ_STEPS:-20000}" --report --progress ;;
-    queues) for q in ${QUEUES_VARIANTS:-default 32 shared}; do  # the serving run that lost overlap
+    queues) for q in ${QUEUES_VARIANTS:-default 32}; do  # the serving run that lost overlap
               case $q in
                 32) qenv=CUDA_DEVICE_MAX_CONNECTIONS=32 ;;  # 32 hardware queues, not 8
-                shared) qenv=HICACHE_SHARED_STREAMS=1 ;;    # three transfer streams per device
                 *) qenv=QUEUES=default ;;
               esac
-              [ $q = shared ] || run "queues_$q" env $qenv python3 benchmarks/stream_queues.py \
-                --out "$out/queues_$q.json"
+              run "queues_$q" env $qenv python3 benchmarks/stream_queues.py --out "$out/queues_$q.json"
               run "queues_serving_$q" env $qenv python3 -m hicache bench serving --presets qwen3-8b \
                 --mode eager graphs --lengths 350 1000 3500 --repeats 3 --out "$out/queues_serving_$q"
             done ;;

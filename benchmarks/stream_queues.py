@@ -11,7 +11,10 @@ robin, so which streams pair up depends on how many a process asked for before. 
 bench run (benchmarks/results/2026-12-06-session19-h100, call 2) the 3,500-token layer-wise
 L2 restore took 32.98 ms, the whole H2D before the prefill, where a run of that row alone took
 22.7 ms on every tree tried: the bench had made many movers (three streams each) first. This
-probe tests the queue-sharing explanation directly; NOT YET RUN on a GPU when written.
+probe tests the queue-sharing explanation directly. Run in session 20 (one H100): with 8 and
+with 32 queues, distances 2-16 overlapped, and the serving run lost the layer-wise overlap
+with 32 queues as with 8: the cause was two owners of one pool stream (the H2D's was the
+forward's), not a queue (hicache/dataplane/ownstreams.py).
 
 For each distance d: stream A (the pool's next) copies `--mib` MiB from pinned memory, then
 stream B, d pool streams after A, runs one small kernel, nothing ordering them. B's kernel

@@ -9,6 +9,8 @@ and are reused, and the transfers that reuse them still report their service tim
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ import torch
 
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.ownstreams import LENDER, how
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.dataplane.streams import KNOWN_STREAMS, Streams
 from hicache.kernels import KernelSet
@@ -99,7 +102,7 @@ def test_gpu_timing_events_are_reused_and_still_time_each_transfer() -> None:
 
 
 def test_gpu_ids_name_the_three_streams() -> None:
-    """`ids()` (a run's record of which pool streams a mover used) names the three streams."""
+    """`ids()` (a run's record of which streams a mover used) names the three streams."""
     s = Streams(torch.device("cuda", torch.cuda.current_device()))
     ids = s.ids()
     assert ids is not None and s.compute is not None and s.d2h is not None and s.h2d is not None
@@ -107,18 +110,34 @@ def test_gpu_ids_name_the_three_streams() -> None:
     assert len(set(ids.values())) == 3
 
 
-def test_gpu_shared_movers_share_three_streams_and_others_keep_their_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`shared=True` (or HICACHE_SHARED_STREAMS=1): every such mover of a device gets the same
-    three streams; `shared=False` (the default) three new ones each."""
+def test_gpu_a_movers_streams_are_never_another_owners() -> None:
+    """Twenty movers' streams (60, past torch's pool of 32 per device) and 64 pool streams
+    drawn after them: no CUDA stream twice. torch's pool hands its streams out round robin,
+    and a layer-wise restore whose H2D stream was the forward's lost all its overlap. A gone
+    mover's three come back and go to the next mover."""
+    if not how().startswith("own"):
+        pytest.skip(f"streams here: {how()}")
     device = torch.device("cuda", torch.cuda.current_device())
-    a, b = Streams(device, shared=True), Streams(device, shared=True)
-    assert (a.compute, a.d2h, a.h2d) == (b.compute, b.d2h, b.h2d)
-    ids = a.ids()
+    owners = [Streams(device) for _ in range(20)]
+    mine = [x.cuda_stream for s in owners for x in (s.compute, s.d2h, s.h2d) if x is not None]
+    pool = {new_stream().cuda_stream for _ in range(64)}
+    assert len(mine) == 60 and len(set(mine)) == 60
+    assert pool.isdisjoint(mine), "a mover's stream is also a pool stream someone else holds"
+    index = device.index
+    assert index is not None
+    gc.collect()  # other tests' movers gone before the count, not during it
+    idle = LENDER.idle(index)
+    first = owners[0]
+    gone = {x.cuda_stream for x in (first.compute, first.d2h, first.h2d) if x is not None}
+    del owners[0], first
+    gc.collect()
+    assert LENDER.idle(index) == idle + 3
+    again = Streams(device)
+    ids = again.ids()
     assert ids is not None and len(set(ids.values())) == 3
-    monkeypatch.setenv("HICACHE_SHARED_STREAMS", "1")
-    assert Streams(device).h2d == a.h2d
-    monkeypatch.delenv("HICACHE_SHARED_STREAMS")
-    c = Streams(device)
-    assert c.h2d is not None and c.h2d != a.h2d and c.compute != a.compute
+    assert {x.cuda_stream for x in (again.compute, again.d2h, again.h2d) if x is not None} == gone
+    flag = torch.zeros(1, device=device)  # a lent stream runs work like any other
+    with torch.cuda.stream(again.h2d):
+        flag.fill_(1.0)
+    torch.cuda.synchronize()
+    assert float(flag) == 1.0

@@ -546,6 +546,7 @@ class DeviceHostMover:
             "copies": self.copies.status(),
             "issue_graphs": self.graphs.status(),
             "streams": self._streams.ids(),
+            "streams_how": self._streams.how,
             "in_flight": self.in_flight,
             "buffers_busy": self.buffers_busy,
             "workspace_bytes_held": self.workspaces.held_bytes + self.index_buffers.held_bytes,

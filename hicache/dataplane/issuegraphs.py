@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from hicache.dataplane.capture import CAPTURE_ERROR_MODE, capture_window
+from hicache.dataplane.ownstreams import lend
 
 ENV = "HICACHE_ISSUE_GRAPHS"  # "0": never capture (the eager issue everywhere)
 CAPTURE_AT = 2  # the sight of a key that captures it (the first runs eagerly)
@@ -98,7 +99,7 @@ class IssueGraphs:
 
     def _capture(self, work: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
         if self._stream is None:
-            self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+            self._stream = lend(self, self._device)  # nobody else enqueues while it captures
         graph = torch.cuda.CUDAGraph()
         try:
             with capture_window(collect=False), torch.cuda.stream(self._stream):

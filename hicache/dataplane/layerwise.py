@@ -355,6 +355,7 @@ class LayerwiseMover:
             "in_flight": len(self.in_flight),
             "staged": self.staged,
             "streams": self._streams.ids(),
+            "streams_how": self._streams.how,
             **vars(self.counters),
         }
 

@@ -1,43 +1,27 @@
-"""The private CUDA streams of one mover, and the cheap way to switch between them (with
-`HICACHE_SHARED_STREAMS=1`, an experiment: the device's three, shared by its movers).
+"""The private CUDA streams of one mover, and the cheap way to switch between them.
 
     compute   index uploads and the gather/scatter kernels (launched onto it by argument)
     d2h       D2H DMAs (`copy_` calls: they run on the current stream)
     h2d       H2D DMAs; its own stream, so a load-back never queues behind a backup -- PCIe
               copies each way on its own engine
 
-On CPU there are no streams: every method degrades to "already done" (None events, no waits,
-no switches), so the mover runs the same code synchronously.
+The three are the mover's own (ownstreams.py: never one of torch's round-robin pool streams,
+which a process that asks for more than 32 hands to two owners at once). On CPU there are no
+streams: every method degrades to "already done" (None events, no waits, no switches), so the
+mover runs the same code synchronously.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
-from collections.abc import Callable
-from typing import TypeVar
 
 import torch
+
+from hicache.dataplane.ownstreams import how, lend
 
 Event = torch.cuda.Event
 KNOWN_STREAMS = 64  # caller streams remembered by id (a serving loop uses a few)
 TIMERS_KEPT = 64  # idle timing events kept for reuse (one transfer holds two)
-SHARED_ENV = "HICACHE_SHARED_STREAMS"  # "1": the movers of a device share three streams
-
-_S = TypeVar("_S")
-_shared: dict[object, tuple[object, object, object]] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_triple(key: object, make: Callable[[], _S]) -> tuple[_S, _S, _S]:
-    """The three streams kept for `key` (a device), made with `make` on the key's first
-    call and the same ones after (thread-safe)."""
-    with _shared_lock:
-        found = _shared.get(key)
-        if found is None:
-            found = _shared[key] = (make(), make(), make())
-        return found  # type: ignore[return-value]
 
 
 def landed(event: Event) -> bool:
@@ -68,26 +52,15 @@ class Streams:
     layer's gate) are new ones: `mark`.
     """
 
-    def __init__(self, device: torch.device, *, shared: bool | None = None) -> None:
-        """`shared` (None: `HICACHE_SHARED_STREAMS=1`): take the device's three streams that
-        every shared mover of this process uses (`shared_triple`), not three new ones. An
-        experiment, off by default: a process that makes many movers hands out torch's
-        round-robin pool streams until some share a hardware queue, which can serialize a
-        layer-wise restore (benchmarks/stream_queues.py); sharing bounds the streams to
-        three per device. Not yet measured on a GPU."""
+    def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
-        if shared is None:
-            shared = os.environ.get(SHARED_ENV, "0") == "1"
-
-        def new() -> torch.cuda.Stream | None:
-            return torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
-
-        if shared and self.cuda:
-            index = torch.cuda.current_device() if device.index is None else device.index
-            self.compute, self.d2h, self.h2d = shared_triple(("cuda", index), new)
-        else:
-            self.compute, self.d2h, self.h2d = new(), new(), new()
+        self.how = how() if self.cuda else "none: the CPU plane runs each step in its call"
+        self.compute: torch.cuda.Stream | None = None
+        self.d2h: torch.cuda.Stream | None = None
+        self.h2d: torch.cuda.Stream | None = None
+        if self.cuda:
+            self.compute, self.d2h, self.h2d = (lend(self, device) for _ in range(3))
         self._known: dict[tuple[int, int, int], torch.cuda.Stream] = {}  # by stream id
         self._follow = self._event(timing=False) if self.cuda else None
         self._relays: list[Event] = []
@@ -97,10 +70,8 @@ class Streams:
         return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
     def ids(self) -> dict[str, int] | None:
-        """The three streams' torch ids, for a run's record (None on CPU). Which of torch's
-        pool streams each is can matter: CUDA runs the streams of a context on a few
-        hardware queues, and streams that share one run in submission order
-        (benchmarks/stream_queues.py)."""
+        """The three streams' torch ids, for a run's record (None on CPU): a stream another
+        user also enqueues on runs its work and theirs in one order (ownstreams.py)."""
         if self.compute is None or self.d2h is None or self.h2d is None:
             return None
         return {

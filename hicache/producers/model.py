@@ -70,6 +70,7 @@ from hicache.dataplane.capture import capture
 from hicache.dataplane.geometry import PRESETS as GEOMETRY_PRESETS
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import LayerGate
+from hicache.dataplane.ownstreams import lend
 from hicache.dataplane.pools import TORCH_DTYPES, resolve_device
 from hicache.errors import ConfigError, ProducerError
 from hicache.producers.base import (
@@ -198,6 +199,7 @@ class ModelProducer:
         # graph; a side stream hands each layer's landing on to it; graphs by (start, end, L1).
         self._gated: list[torch.cuda.Event] | None = None
         self._forwarder: torch.cuda.Stream | None = None
+        self._side: torch.cuda.Stream | None = None
         self._gated_graphs: OrderedDict[tuple[int, int, int], _Captured] = OrderedDict()
         if mode == "graphs":
             try:  # an external event is a wait node inside a captured graph (torch >= 2.5)
@@ -207,7 +209,7 @@ class ModelProducer:
                 ]
             except TypeError:  # older torch: computed on a landing prefix eagerly instead
                 self._gated = None
-            self._forwarder = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            self._forwarder = lend(self, self.device)  # never one the movers hold
 
     def stream_ids(self) -> dict[str, int]:
         """The torch ids of the streams a layer-wise prefill runs on, for a run's record: the
@@ -398,7 +400,9 @@ class ModelProducer:
         if l1 is not None:
             pages = torch.zeros(start // self.geometry.page_size, dtype=torch.int64)
             pages = pages.to(self.device)
-        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        if self._side is None:  # the warm-up's stream, lent once
+            self._side = lend(self, self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(GRAPH_WARMUP_RUNS):
