@@ -5,9 +5,10 @@ robin: the 33rd call in a process gets the first call's CUDA stream again. Two o
 stream run their work in the order it was enqueued, whatever events they wait on: a
 layer-wise restore whose H2D stream is the model's forward stream loads every layer before the
 forward starts. A serving run that built a mover per row (three streams each) did exactly
-that; its 3,500-token layer-wise L2 restore took 32.3-40.3 ms where the same row with distinct
-streams took 23.3 ms (benchmarks/results/2026-12-06-session20-h100). Hardware queues were not
-it: 32 of them (CUDA_DEVICE_MAX_CONNECTIONS=32) lost the same way.
+that; its 3,500-token layer-wise L2 restore took 32.3-40.3 ms (Qwen3-8B, graphs, one H100);
+on streams from here the same runs took 23.6-23.8 ms (benchmarks/results/
+2026-12-06-session20-h100). Hardware queues were not it: 32 of them
+(CUDA_DEVICE_MAX_CONNECTIONS=32) lost the same way.
 
     lend(owner, device)   a stream no other owner holds: one given back by an owner that is
                           gone, or a new one (cudaStreamCreateWithFlags, non-blocking like
