@@ -19,7 +19,10 @@ cost dominates) and `graphs` (CUDA graphs: little fixed cost) -- runs two experi
             not the per-request latency of the path it settles on.
   stress    8 prefixes x 350 tokens, 80 requests, batch 1, through the serving loop; L1 holds
             2 prefixes, so the rest come from L2 (or, with L2 holding 2 as well, from L3).
-            Requests per second for every path.
+            Requests per second for every path, the median of `--stress-rounds` rounds (each
+            round runs every path once, on a new controller, the order rotated a path per
+            round): one 3-5 s run of an eager producer varied by up to 35% from the next (the
+            cost path's 79 recomputes at 0.65-0.93 of the forced recompute run's rate).
 One table per experiment, a row per (preset, mode). Without CUDA it measures nothing and says
 so -- unless `--paced`: the synthetic producer (`PacedProducer`) on `--device` (default cpu)
 with a prefill of FIXED_MS + US_PER_TOKEN x tokens, presets naming KV geometries (default
@@ -52,6 +55,7 @@ from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset as geometry_preset
 from hicache.dataplane.taskgroup import MAX_IO_THREADS
+from hicache.errors import ConfigError
 from hicache.policy import Decision
 from hicache.policy.policies import EXPLORE_SAMPLES
 from hicache.producers import KVProducer, PacedProducer, SyntheticProducer
@@ -67,6 +71,7 @@ FROM_L3 = frozenset({"L3", "L3-layerwise"})  # the prefix is evicted from L2 too
 """The paths whose controller lands its H2D layer by layer and prefills on it (`layerwise`,
 spec/restore.md, "Layer-wise load-back"); the rest wait for the whole H2D."""
 FORCED = ("recompute", "L2", "L3")  # what `cost` chooses among
+STRESS_ROUNDS = 3  # stress runs per path: the median is reported (module docstring)
 DEFAULT_MODES = ("eager", "graphs")
 WARMUP_ROUNDS = 1 + EXPLORE_SAMPLES
 """Untimed latency rounds per path: the first `cost` decision is a guess (no tail prefill has
@@ -255,11 +260,15 @@ def stress(
     prefix_len: int = 350,
     n_requests: int = 80,
     io_threads: int = IO_THREADS,
+    rounds: int = STRESS_ROUNDS,
 ) -> list[dict[str, Any]]:
+    """One row per path (PATHS): the row of its median round (the upper one of an even
+    count), with every round's requests per second (`rounds_requests_per_s`)."""
+    if rounds < 1:
+        raise ConfigError("rounds", f"stress rounds must be >= 1, got {rounds}")
     ps = subject.producer.geometry.page_size
     vocab = subject.vocab
     per = -(-prefix_len // ps) + 1
-    rows = []
     # Warm-up, untimed: the producer compiles or captures once per (start, end) shape, and the
     # first path to need the restore's tail shape would otherwise pay for it in its wall time.
     warm = _controller(
@@ -276,45 +285,68 @@ def stress(
         )
     finally:
         warm.close()
-    for path in PATHS:
-        l2 = 2 * per + 2 if path in FROM_L3 else n_prefixes * per * 2
-        ctl = _controller(
-            subject,
-            POLICY[path],
-            2 * per + 2,
-            l2,
-            n_prefixes * per * 2,
-            layerwise=path in LAYERWISE,
-            io_threads=io_threads,
-        )
-        try:
-            work = repeated_prefix_workload(n_prefixes, prefix_len, n_requests, seed=7, vocab=vocab)
-            loop = ServingLoop(ctl, batch_size=1)
-            report = loop.run(work)
-            _sync()
-            rows.append(
-                {
-                    "path": path,
-                    "requests": report.requests,
-                    "wall_s": report.wall_s,
-                    "requests_per_s": report.requests_per_s,
-                    "hit_tokens": dict(ctl.metrics.hit_tokens),
-                    "recomputed_tokens": ctl.metrics.recomputed_tokens,
-                    "decisions": dict(ctl.metrics.decisions),
-                    "cost_model": ctl.model.state(),
-                    "decision_log": ctl.decisions.summary(),
-                    # The cost path's decisions in order: when its lines crossed, and why.
-                    **({"decisions_recent": ctl.decisions.recent()} if path == "cost" else {}),
-                }
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
+    for r in range(rounds):
+        turn = r % len(PATHS)  # rotated: no path always runs first after the warm-up
+        for path in PATHS[turn:] + PATHS[:turn]:
+            runs[path].append(
+                _stress_run(subject, path, n_prefixes, prefix_len, n_requests, per, io_threads)
             )
-        finally:
-            ctl.close()
-        print(
-            f"  stress {path:<9} {rows[-1]['requests_per_s']:7.2f} req/s  hit tokens "
-            f"{_counts(ctl.metrics.hit_tokens)}",
-            flush=True,
-        )
+            print(
+                f"  stress {path:<12} round {r + 1}/{rounds} "
+                f"{runs[path][-1]['requests_per_s']:7.2f} req/s  hit tokens "
+                f"{_counts(runs[path][-1]['hit_tokens'])}",
+                flush=True,
+            )
+    rows = []
+    for path in PATHS:
+        rates = [row["requests_per_s"] for row in runs[path]]
+        median = sorted(runs[path], key=lambda row: float(row["requests_per_s"]))[rounds // 2]
+        rows.append({**median, "rounds_requests_per_s": rates})
     return rows
+
+
+def _stress_run(
+    subject: Subject,
+    path: str,
+    n_prefixes: int,
+    prefix_len: int,
+    n_requests: int,
+    per: int,
+    io_threads: int,
+) -> dict[str, Any]:
+    """One stress run of `path` on a new controller: its row."""
+    l2 = 2 * per + 2 if path in FROM_L3 else n_prefixes * per * 2
+    ctl = _controller(
+        subject,
+        POLICY[path],
+        2 * per + 2,
+        l2,
+        n_prefixes * per * 2,
+        layerwise=path in LAYERWISE,
+        io_threads=io_threads,
+    )
+    try:
+        work = repeated_prefix_workload(
+            n_prefixes, prefix_len, n_requests, seed=7, vocab=subject.vocab
+        )
+        report = ServingLoop(ctl, batch_size=1).run(work)
+        _sync()
+        return {
+            "path": path,
+            "requests": report.requests,
+            "wall_s": report.wall_s,
+            "requests_per_s": report.requests_per_s,
+            "hit_tokens": dict(ctl.metrics.hit_tokens),
+            "recomputed_tokens": ctl.metrics.recomputed_tokens,
+            "decisions": dict(ctl.metrics.decisions),
+            "cost_model": ctl.model.state(),
+            "decision_log": ctl.decisions.summary(),
+            # The cost path's decisions in order: when its lines crossed, and why.
+            **({"decisions_recent": ctl.decisions.recent()} if path == "cost" else {}),
+        }
+    finally:
+        ctl.close()
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -401,6 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-stress", action="store_true")
     p.add_argument(
+        "--stress-rounds",
+        type=int,
+        default=STRESS_ROUNDS,
+        help=f"stress runs per path, the median reported (default {STRESS_ROUNDS})",
+    )
+    p.add_argument(
         "--io-threads",
         type=int,
         default=IO_THREADS,
@@ -410,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}")
+    if args.stress_rounds < 1:
+        p.error(f"argument --stress-rounds: >= 1, got {args.stress_rounds}")
     if not 1 <= args.io_threads <= MAX_IO_THREADS:
         p.error(f"argument --io-threads: 1 to {MAX_IO_THREADS}, got {args.io_threads}")
     if args.paced is not None and args.mode is not None:
@@ -426,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch.__version__,
         "warmup_rounds": args.warmup,
         "io_threads": args.io_threads,
+        "stress_rounds": args.stress_rounds,
         "runs": [],
     }
     threads = torch.get_num_threads()
@@ -442,7 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 subject, args.lengths, args.repeats, args.warmup, args.io_threads
             )
             if not args.no_stress:
-                run["stress"] = stress(subject, io_threads=args.io_threads)
+                run["stress"] = stress(
+                    subject, io_threads=args.io_threads, rounds=args.stress_rounds
+                )
             result["runs"].append(run)
             (out / "serving.json").write_text(json.dumps(result, indent=2))
             del subject  # its model producer's weights go before the next one is built
@@ -501,7 +544,8 @@ def report_md(result: dict[str, Any]) -> str:
     if stress_rows:
         lines += [
             "",
-            "## Stress (8 prefixes x 350 tokens, 80 requests, batch 1)",
+            "## Stress (8 prefixes x 350 tokens, 80 requests, batch 1; the median of "
+            f"{result.get('stress_rounds', 1)} rounds)",
             "",
             "| preset | mode | recompute req/s | L2 req/s (vs recompute) | L3 req/s (vs recompute) "
             "| cost req/s | cost / best forced | cost's choices |",
