@@ -94,3 +94,22 @@ def test_the_cpu_plane_has_no_streams() -> None:
     s = Streams(torch.device("cpu"))
     assert (s.compute, s.d2h, s.h2d, s.ids()) == (None, None, None, None)
     assert s.current() is None and s.how.startswith("none")
+
+
+def test_release_gives_an_owners_streams_back_once_before_it_is_gone() -> None:
+    """A closed mover gives its streams back at `release`; its death later gives nothing more
+    back (each stream is lent to one owner at a time, so twice back would lend it twice)."""
+    lender, _ = _counting()
+    closed, other = _Owner(), _Owner()
+    mine = {lender.lend(closed, 0) for _ in range(3)}
+    theirs = lender.lend(other, 0)
+    lender.release(closed)
+    assert lender.idle(0) == 3
+    lender.release(closed)  # idempotent
+    assert lender.idle(0) == 3
+    later = _Owner()
+    assert {lender.lend(later, 0) for _ in range(3)} == mine and lender.idle(0) == 0
+    del closed
+    gc.collect()
+    assert lender.idle(0) == 0, "a released owner's death gave a stream back twice"
+    assert theirs not in mine and lender.made == 4

@@ -561,3 +561,4 @@ class DeviceHostMover:
         self.workspaces.clear_idle()
         self.index_buffers.clear_idle()
         self._closed = True
+        self._streams.release()

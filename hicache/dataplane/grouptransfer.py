@@ -421,3 +421,4 @@ class GroupMover:
             handle.cancel()
         self.workspaces.clear_idle()
         self.operand_buffers.clear_idle()
+        self._streams.release()

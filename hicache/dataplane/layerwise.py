@@ -360,5 +360,7 @@ class LayerwiseMover:
         }
 
     def close(self) -> None:
+        """Cancel every transfer in flight (waiting for its hardware); give the streams back."""
         for handle in list(self.in_flight):
             handle.cancel()
+        self._streams.release()

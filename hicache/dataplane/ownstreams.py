@@ -17,6 +17,7 @@ on streams from here the same runs took 23.6-23.8 ms (benchmarks/results/
                           garbage, never destroyed: work an old owner left queued only delays
                           the next owner, where destroying could free a stream torch still
                           names. At most as many streams as owners ever alive at once.
+    release(owner)        its streams back now (a closed mover), not when it is garbage
     how()                 how streams are made here, for a mover's status
     Lender                the bookkeeping, apart from CUDA (tests run it on the CPU)
 
@@ -30,7 +31,7 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -46,6 +47,9 @@ class Lender(Generic[_S]):
     def __init__(self, make: Callable[[int], _S]) -> None:
         self.make = make
         self._free: dict[int, list[_S]] = {}  # by device index: streams given back
+        self._lent: weakref.WeakKeyDictionary[object, list[weakref.finalize[Any, Any]]] = (
+            weakref.WeakKeyDictionary()
+        )  # an owner's give-backs, to run early (`release`)
         self._lock = threading.Lock()
         self.made = 0
 
@@ -59,8 +63,18 @@ class Lender(Generic[_S]):
             stream = self.make(index)
             with self._lock:
                 self.made += 1
-        weakref.finalize(owner, self._give_back, index, stream)
+        back = weakref.finalize(owner, self._give_back, index, stream)
+        with self._lock:
+            self._lent.setdefault(owner, []).append(back)
         return stream
+
+    def release(self, owner: object) -> None:
+        """Give `owner`'s streams back now, not when it is garbage (a closed mover: it issues
+        nothing more). Idempotent: each stream goes back once."""
+        with self._lock:
+            backs = self._lent.pop(owner, [])
+        for back in backs:
+            back()  # a finalize runs at most once: the owner's death later does nothing
 
     def _give_back(self, index: int, stream: _S) -> None:
         with self._lock:
@@ -119,3 +133,8 @@ def lend(owner: object, device: torch.device) -> torch.cuda.Stream:
     if _runtime_create()[0] is None:
         return torch.cuda.Stream(torch.device("cuda", index))  # type: ignore[no-untyped-call]
     return LENDER.lend(owner, index)
+
+
+def release(owner: object) -> None:
+    """Give back now every stream `lend` lent `owner` (nothing without cuda.bindings)."""
+    LENDER.release(owner)

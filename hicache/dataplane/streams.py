@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from hicache.dataplane.ownstreams import how, lend
+from hicache.dataplane.ownstreams import how, lend, release
 
 Event = torch.cuda.Event
 KNOWN_STREAMS = 64  # caller streams remembered by id (a serving loop uses a few)
@@ -65,6 +65,12 @@ class Streams:
         self._follow = self._event(timing=False) if self.cuda else None
         self._relays: list[Event] = []
         self._timers: list[Event] = []  # idle timing events
+
+    def release(self) -> None:
+        """The three streams go back for other owners (ownstreams.py): the mover is closed.
+        Work still queued on them only delays the next owner's; a mover that issued after this
+        would still be right, its work in one order with the next owner's."""
+        release(self)
 
     def _event(self, *, timing: bool) -> Event:
         return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
