@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer multipool storage compare batched layerwise tp tpfuzz
-#   recompute serving fuzz issue graphissue finds queues
+#   recompute serving fuzz issue graphissue finds queues timeline
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -17,6 +17,8 @@
 #   3,500 tokens, ~140 s each), for each of QUEUES_VARIANTS (default "default 32"): CUDA's
 #   default 8 hardware queues, and 32 (CUDA_DEVICE_MAX_CONNECTIONS); session 20 found that
 #   queues did not matter, streams did (hicache/dataplane/ownstreams.py)
+#   timeline: benchmarks/layerwise_timeline.py, the L2 and layer-wise L2 restore's host and
+#   device ops, profiled (TIMELINE_TOKENS, default 3500)
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -100,6 +102,8 @@ for stage in $stages; do
               run "queues_serving_$q" env $qenv python3 -m hicache bench serving --presets qwen3-8b \
                 --mode eager graphs --lengths 350 1000 3500 --repeats 3 --out "$out/queues_serving_$q"
             done ;;
+    timeline) run layerwise_timeline python3 benchmarks/layerwise_timeline.py \
+                --tokens ${TIMELINE_TOKENS:-3500} --out "$out/layerwise_timeline.json" ;;
     issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
     graphissue) run bench_graph_issue python3 benchmarks/graph_issue.py --tokens 350 1000 3500 \
                   --out "$out/graph_issue.json" ;;
