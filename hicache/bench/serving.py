@@ -51,6 +51,7 @@ from hicache.app.outputs import OUTPUT_DIR
 from hicache.app.serving import ServingLoop
 from hicache.app.workload import repeated_prefix_workload
 from hicache.bench import BenchParser, no_cuda
+from hicache.bench.gcpauses import GcPauses
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset as geometry_preset
@@ -192,6 +193,7 @@ def latency(
             samples = []
             h2d_ms: list[float] = []  # per timed round: the H2D's device time (service)
             tail_ms: list[float] = []  # ... and its prefill's (produce or compute_kv)
+            gc_ms: list[float] = []  # ... and the garbage collector's pauses inside it
             predicted: list[dict[str, Any]] = []
             warmup_choices: list[str] = []
             try:
@@ -205,7 +207,8 @@ def latency(
                         ctl.cp.evict("L2", 10**9)
                     h2d = ctl.metrics.directions["H2D"]
                     before = h2d.service_s
-                    s, d = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
+                    with GcPauses() as pauses:
+                        s, d = _serve(ctl, 2 * r + 1, prefix + list(range(ps)))
                     tail = timed.last_s
                     ctl.drain()
                     if r < warmup:
@@ -214,6 +217,7 @@ def latency(
                         samples.append(s)
                         h2d_ms.append((h2d.service_s - before) * 1e3)
                         tail_ms.append(tail * 1e3)
+                        gc_ms.append(pauses.seconds * 1e3)
                         predicted.append(
                             {
                                 "choice": d.choice,
@@ -237,6 +241,7 @@ def latency(
                     "samples_ms": [x * 1e3 for x in samples],
                     "h2d_ms": statistics.median(h2d_ms),
                     "tail_ms": statistics.median(tail_ms),
+                    "gc_ms": gc_ms,  # per timed sample: the collector's pauses inside it
                     "layerwise_prefills": ctl.metrics.layerwise_prefills,
                     "layerwise_mover": movers,  # its ops, its streams, how many went staged
                     "producer_streams": _producer_streams(subject),
@@ -248,7 +253,7 @@ def latency(
             )
             print(
                 f"  {n:>5} tokens  {path:<9} {rows[-1]['median_ms']:8.2f} ms  decisions "
-                f"{_counts(choice)}",
+                f"{_counts(choice)}  gc {sum(gc_ms):.1f} ms in {len(gc_ms)} samples",
                 flush=True,
             )
     return rows
@@ -292,10 +297,11 @@ def stress(
             runs[path].append(
                 _stress_run(subject, path, n_prefixes, prefix_len, n_requests, per, io_threads)
             )
+            last = runs[path][-1]
             print(
                 f"  stress {path:<12} round {r + 1}/{rounds} "
-                f"{runs[path][-1]['requests_per_s']:7.2f} req/s  hit tokens "
-                f"{_counts(runs[path][-1]['hit_tokens'])}",
+                f"{last['requests_per_s']:7.2f} req/s  hit tokens "
+                f"{_counts(last['hit_tokens'])}  gc {last.get('gc_ms', 0.0):.1f} ms",
                 flush=True,
             )
     rows = []
@@ -330,9 +336,11 @@ def _stress_run(
         work = repeated_prefix_workload(
             n_prefixes, prefix_len, n_requests, seed=7, vocab=subject.vocab
         )
-        report = ServingLoop(ctl, batch_size=1).run(work)
-        _sync()
+        with GcPauses() as pauses:
+            report = ServingLoop(ctl, batch_size=1).run(work)
+            _sync()
         return {
+            **pauses.record(),
             "path": path,
             "requests": report.requests,
             "wall_s": report.wall_s,
@@ -514,7 +522,15 @@ def report_md(result: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     stress_rows: list[str] = []
+    gc_lines: list[str] = []
     for run in result["runs"]:
+        paused = [ms for row in run["latency"] for ms in row.get("gc_ms", [])]
+        if paused:
+            gc_lines.append(
+                f"- {run['preset']} {run['mode']}: the garbage collector paused "
+                f"{sum(ms > 0 for ms in paused)} of {len(paused)} timed samples, "
+                f"{sum(paused):.1f} ms in all, {max(paused):.1f} ms at most"
+            )
         by: dict[int, dict[str, float]] = {}
         chose: dict[int, str] = {}
         for row in run["latency"]:
@@ -540,6 +556,8 @@ def report_md(result: dict[str, Any]) -> str:
                 f"{rates['cost']:.2f} | {rates['cost'] / best:.3f} | "
                 f"{_counts(cost['decisions'])} |"
             )
+    if gc_lines:
+        lines += ["", *gc_lines]
     lines += _layerwise_table(result)
     if stress_rows:
         lines += [
