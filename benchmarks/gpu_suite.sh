@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_suite.sh RESULTS_DIR [STAGE...]
 #   stages: env tests kernels transfer multipool storage compare batched layerwise tp tpfuzz
-#   recompute serving fuzz issue graphissue finds queues timeline
+#   recompute serving fuzz issue graphissue finds queues timeline gates
 #   (default: env
 #   tests transfer recompute serving)
 #   FUZZ_STEPS (default 20000), FUZZ_SEED (default 1): the fuzz stage's length and seed
@@ -19,6 +19,10 @@
 #   queues did not matter, streams did (hicache/dataplane/ownstreams.py)
 #   timeline: benchmarks/layerwise_timeline.py, the L2 and layer-wise L2 restore's host and
 #   device ops, profiled (TIMELINE_TOKENS, default 3500)
+#   gates: tests/test_layerwise_gpu.py, then the 8B graphs serving bench at 3,500 tokens
+#   (latency only, 5 repeats) for each of GATE_LAYERS (default "1 4 1 4": before and after
+#   alternating on one card; --gate-layers K, a wait per K layers in a layer-wise graph),
+#   then eager at 3,500 tokens (its rows' gc_ms: the collector's pauses per sample)
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -104,6 +108,15 @@ for stage in $stages; do
             done ;;
     timeline) run layerwise_timeline python3 benchmarks/layerwise_timeline.py \
                 --tokens ${TIMELINE_TOKENS:-3500} --out "$out/layerwise_timeline.json" ;;
+    gates) run gates_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_layerwise_gpu.py
+           i=0
+           for k in ${GATE_LAYERS:-1 4 1 4}; do
+             i=$((i + 1))
+             run "gates_${i}_k$k" python3 -m hicache bench serving --presets qwen3-8b --mode graphs \
+               --lengths 3500 --repeats 5 --no-stress --gate-layers "$k" --out "$out/gates_${i}_k$k"
+           done
+           run gates_eager python3 -m hicache bench serving --presets qwen3-8b --mode eager \
+             --lengths 3500 --repeats 5 --no-stress --out "$out/gates_eager" ;;
     issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
     graphissue) run bench_graph_issue python3 benchmarks/graph_issue.py --tokens 350 1000 3500 \
                   --out "$out/graph_issue.json" ;;

@@ -148,16 +148,19 @@ def test_gpu_a_landing_restore_prefills_on_its_layers() -> None:
     c.close()
 
 
-@pytest.mark.parametrize("mode", ["eager", "graphs"])
-def test_gpu_model_computes_on_a_landing_prefix(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "gate_layers"), [("eager", 1), ("graphs", 1), ("graphs", 3)])
+def test_gpu_model_computes_on_a_landing_prefix(mode: str, gate_layers: int) -> None:
     """A small Qwen3's `compute_kv` on a prefix landing layer by layer behind a held caller
     equals `produce` on the landed prefix (eager: each layer filled after its wait; graphs:
-    the graph gathers each layer after waiting on its external event)."""
+    the graph gathers each layer after waiting on its external event -- or, with
+    `gate_layers` 3, on the event of its group's last layer: groups {0, 1, 2} and {3})."""
     pytest.importorskip("transformers")
     from hicache.producers.model import ModelProducer, Qwen3Shape
 
     shape = Qwen3Shape(128, 4, 4, 2, 32, 256, 512, max_positions=4096)
-    model = ModelProducer(shape, "cuda", torch.float32, mode=mode, page_size=16)
+    model = ModelProducer(
+        shape, "cuda", torch.float32, mode=mode, page_size=16, gate_layers=gate_layers
+    )
     assert model.geometry == GEOMETRY
     l1, l2, m = mover()
     tokens = list(range(1, 81))  # 5 pages: a 4-page prefix and one new page

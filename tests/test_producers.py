@@ -313,3 +313,52 @@ def test_model_rejects_bad_configuration() -> None:
         ModelProducer("tiny", dtype=torch.float8_e4m3fn)
     with pytest.raises(ConfigError, match="producer.mode"):
         ModelProducer("tiny", mode="graphs")  # CPU: no CUDA graphs
+
+
+# ------------------------------------------- layer-wise graphs: layers waited for in groups
+
+
+@settings(deadline=None)
+@given(layers=st.integers(1, 80), every=st.integers(1, 80))
+def test_group_ends_cover_every_layer_once_in_order(layers: int, every: int) -> None:
+    """Each layer belongs to the group whose end is the first end at or after it, and that end
+    is fewer than `every` layers past it: a wait for the end covers the layer (layers land in
+    order), and no layer waits longer than its group."""
+    from hicache.producers.model import group_ends
+
+    ends = group_ends(layers, min(every, layers))
+    assert ends == sorted(set(ends)) and ends[-1] == layers - 1
+    for layer in range(layers):
+        end = next(e for e in ends if e >= layer)
+        assert end - layer < min(every, layers)
+
+
+def test_a_gated_graph_waits_once_per_group_for_its_last_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The capture's gate (`_EventsGate`): layer l of a group waits, at the group's first
+    layer, on the event of the group's last layer, and the rest of the group waits for nothing
+    more -- the event the replay records (`group_ends`) is the one the graph waits on."""
+    from hicache.producers import model
+
+    waited: list[object] = []
+
+    class Stream:
+        def wait_event(self, event: object) -> None:
+            waited.append(event)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    events = [f"event {i}" for i in range(10)]
+    for every in (1, 3, 4, 10):
+        waited.clear()
+        gate = model._EventsGate(events, torch.device("cpu"), every)  # type: ignore[arg-type]
+        for layer in range(10):
+            gate.wait(layer)
+            assert gate.landed_layers > layer
+        assert waited == [events[e] for e in model.group_ends(10, every)], every
+
+
+def test_model_refuses_gate_layers_outside_its_layers() -> None:
+    for bad in (0, -1, 10**6):
+        with pytest.raises(ConfigError, match="producer.gate_layers"):
+            ModelProducer("tiny", gate_layers=bad)

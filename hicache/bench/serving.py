@@ -389,7 +389,7 @@ def _subjects(args: argparse.Namespace) -> Iterator[tuple[str, Subject]]:
         return
     for preset in args.presets or ["qwen3-8b", "qwen3-4b"]:
         for mode in args.mode or DEFAULT_MODES:
-            model = ModelProducer(preset, "cuda", mode=mode)
+            model = ModelProducer(preset, "cuda", mode=mode, gate_layers=args.gate_layers)
             yield preset, Subject(model, model.shape.vocab, str(model.device), mode)
             del model  # the caller has dropped its Subject: free the weights before the next
             torch.cuda.empty_cache()
@@ -453,7 +453,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"L3 I/O threads of every controller (default {IO_THREADS}, the configuration's "
         "default; an L3 restore's S2H runs on them)",
     )
+    p.add_argument(
+        "--gate-layers",
+        type=int,
+        default=1,
+        help="graphs mode: layers per wait of a layer-wise prefill's graph (default 1: a wait "
+        "per layer; K: a wait per K layers, for the group's last)",
+    )
     args = p.parse_args(list(argv) if argv is not None else None)
+    if args.gate_layers < 1:
+        p.error(f"argument --gate-layers: >= 1, got {args.gate_layers}")
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}")
     if args.stress_rounds < 1:
@@ -475,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_rounds": args.warmup,
         "io_threads": args.io_threads,
         "stress_rounds": args.stress_rounds,
+        "gate_layers": args.gate_layers,
         "runs": [],
     }
     threads = torch.get_num_threads()
