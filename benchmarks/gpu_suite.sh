@@ -22,7 +22,8 @@
 #   gates: tests/test_layerwise_gpu.py, then the 8B graphs serving bench at 3,500 tokens
 #   (latency only, 5 repeats) for each of GATE_LAYERS (default "1 4 1 4": before and after
 #   alternating on one card; --gate-layers K, a wait per K layers in a layer-wise graph),
-#   then eager at 3,500 tokens (its rows' gc_ms: the collector's pauses per sample)
+#   then eager at 350 and 3,500 tokens, latency only, 7 repeats (its rows' gc_ms: the
+#   collector's pauses per sample), and again with --gc-freeze
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -115,8 +116,10 @@ for stage in $stages; do
              run "gates_${i}_k$k" python3 -m hicache bench serving --presets qwen3-8b --mode graphs \
                --lengths 3500 --repeats 5 --no-stress --gate-layers "$k" --out "$out/gates_${i}_k$k"
            done
-           run gates_eager python3 -m hicache bench serving --presets qwen3-8b --mode eager \
-             --lengths 3500 --repeats 5 --no-stress --out "$out/gates_eager" ;;
+           for freeze in "" --gc-freeze; do  # eager: the collector's pauses, then a frozen heap
+             run "gates_eager${freeze:+_frozen}" python3 -m hicache bench serving --presets qwen3-8b \
+               --mode eager --lengths 350 3500 --repeats 7 --no-stress $freeze --out "$out/gates_eager${freeze:+_frozen}"
+           done ;;
     issue) run issue_profile python3 benchmarks/issue_profile.py --out "$out/issue_profile" ;;
     graphissue) run bench_graph_issue python3 benchmarks/graph_issue.py --tokens 350 1000 3500 \
                   --out "$out/graph_issue.json" ;;

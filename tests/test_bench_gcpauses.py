@@ -4,7 +4,9 @@ the serving bench's rows that carry them."""
 from __future__ import annotations
 
 import gc
+import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -76,3 +78,40 @@ def test_the_latency_rows_carry_each_timed_samples_pauses(
     md = serving.report_md({"device": "cpu", "torch": "-", "runs": [run]})
     n = 2 * len(serving.PATHS)
     assert f"paused {n} of {n} timed samples" in md
+
+
+def test_frozen_freezes_the_heap_for_the_block_and_gives_it_back() -> None:
+    from hicache.bench.gcpauses import frozen
+
+    before = gc.get_freeze_count()
+    kept = [object() for _ in range(1000)]
+    with frozen():
+        assert gc.get_freeze_count() >= before + len(kept)
+    assert gc.get_freeze_count() == before
+    with pytest.raises(ZeroDivisionError), frozen():
+        _ = 1 / 0
+    assert gc.get_freeze_count() == before
+
+
+def test_the_bench_freezes_only_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """`--gc-freeze`: the experiments run on a frozen heap, the result and its report say so,
+    and the heap is given back afterwards; without it nothing is frozen."""
+    pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+    from hicache.bench import serving
+
+    seen: list[int] = []
+
+    def latency(*args: object) -> list[dict[str, Any]]:
+        seen.append(gc.get_freeze_count())
+        return []
+
+    monkeypatch.setattr(serving, "latency", latency)
+    monkeypatch.setattr(serving, "report_md", lambda result: json.dumps(result))
+    before = gc.get_freeze_count()
+    for flag, out in (([], tmp_path / "a"), (["--gc-freeze"], tmp_path / "b")):
+        argv = ["--out", str(out), "--paced", "1", "0", "--no-stress", *flag]
+        assert serving.main(argv) == 0
+        result = json.loads((out / "serving.json").read_text())
+        assert result["gc_freeze"] == bool(flag)
+    assert seen[0] == before and seen[1] > before
+    assert gc.get_freeze_count() == before

@@ -37,6 +37,7 @@ Invariant checks are off here (they are the tests' job; here they would be timed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -51,7 +52,7 @@ from hicache.app.outputs import OUTPUT_DIR
 from hicache.app.serving import ServingLoop
 from hicache.app.workload import repeated_prefix_workload
 from hicache.bench import BenchParser, no_cuda
-from hicache.bench.gcpauses import GcPauses
+from hicache.bench.gcpauses import GcPauses, frozen
 from hicache.controller.config import CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.dataplane.geometry import preset as geometry_preset
@@ -460,6 +461,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="graphs mode: layers per wait of a layer-wise prefill's graph (default 1: a wait "
         "per layer; K: a wait per K layers, for the group's last)",
     )
+    p.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="freeze the garbage collector's heap once each producer is built (gc.freeze, as "
+        "serving engines do after warm-up): collections then skip the model's objects",
+    )
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.gate_layers < 1:
         p.error(f"argument --gate-layers: >= 1, got {args.gate_layers}")
@@ -485,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "io_threads": args.io_threads,
         "stress_rounds": args.stress_rounds,
         "gate_layers": args.gate_layers,
+        "gc_freeze": args.gc_freeze,
         "runs": [],
     }
     threads = torch.get_num_threads()
@@ -497,13 +505,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for preset, subject in _subjects(args):
             print(f"{preset} ({subject.mode})", flush=True)
             run: dict[str, Any] = {"preset": preset, "mode": subject.mode}
-            run["latency"] = latency(
-                subject, args.lengths, args.repeats, args.warmup, args.io_threads
-            )
-            if not args.no_stress:
-                run["stress"] = stress(
-                    subject, io_threads=args.io_threads, rounds=args.stress_rounds
+            with frozen() if args.gc_freeze else contextlib.nullcontext():
+                run["latency"] = latency(
+                    subject, args.lengths, args.repeats, args.warmup, args.io_threads
                 )
+                if not args.no_stress:
+                    run["stress"] = stress(
+                        subject, io_threads=args.io_threads, rounds=args.stress_rounds
+                    )
             result["runs"].append(run)
             (out / "serving.json").write_text(json.dumps(result, indent=2))
             del subject  # its model producer's weights go before the next one is built
@@ -523,7 +532,12 @@ def report_md(result: dict[str, Any]) -> str:
         "",
         f"torch {result['torch']}; latency: median of repeats after "
         f"{result.get('warmup_rounds', 1)} untimed rounds per path; "
-        f"{result.get('io_threads', IO_THREADS)} L3 I/O threads.",
+        f"{result.get('io_threads', IO_THREADS)} L3 I/O threads"
+        + (
+            "; the collector's heap frozen once the producer was built."
+            if result.get("gc_freeze")
+            else "."
+        ),
         "",
         "## Latency (prefix + one new page, admission to prefill done)",
         "",
