@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +45,12 @@ from hicache.bench.serving import (
     _controller,
     _serve,
 )
-from hicache.controller.controller import CacheController
 from hicache.producers.model import ModelProducer
 
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST = ("cuda_runtime", "cuda_driver")
 ROUND = "restore"  # the profiler label around one timed round
-PHASES = ("admit", "ready", "prefill", "sync")  # the controller calls of a round, labelled
+PHASES = ("admit", "ready", "prefill", "sync")  # `_serve`'s steps, labelled in the trace
 BIG_BYTES = 64 << 10  # an H2D copy of the prefix, not an upload of ids or indices
 GAP_US = 30.0  # idle time between kernels worth listing
 
@@ -171,25 +169,6 @@ def summarize(r: dict[str, Any], layers: int) -> dict[str, Any]:
     return out
 
 
-def _phased(ctl: CacheController, rid: int, tokens: list[int]) -> float:
-    """`_serve` with a profiler label per phase (PHASES); seconds from admission to done."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with record_function("admit"):
-        ctl.admit(rid, tokens)
-    with record_function("ready"):
-        while not ctl.ready(rid):
-            ctl.wait(rid)
-            ctl.tick()
-    with record_function("prefill"):
-        ctl.prefill(rid)
-    with record_function("sync"):
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    ctl.finish(rid)
-    return seconds
-
-
 def run_path(subject: Subject, path: str, tokens: int, repeats: int) -> list[dict[str, Any]]:
     """`repeats` profiled rounds of `path` after the bench's warm-up rounds."""
     ps = subject.producer.geometry.page_size
@@ -213,7 +192,8 @@ def run_path(subject: Subject, path: str, tokens: int, repeats: int) -> list[dic
                 else:
                     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
                     with profile(activities=acts) as prof, record_function(ROUND):
-                        seconds = _phased(ctl, 2 * r + 1, prefix + list(range(ps)))
+                        tokens_ = prefix + list(range(ps))
+                        seconds, _ = _serve(ctl, 2 * r + 1, tokens_, record_function)
                     trace = Path(tmp) / f"{path}-{r}.json"
                     prof.export_chrome_trace(str(trace))
                     row = summarize(_ops(trace), layers)

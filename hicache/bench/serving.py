@@ -41,7 +41,7 @@ import contextlib
 import json
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,16 +145,30 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _serve(ctl: CacheController, rid: int, tokens: Sequence[int]) -> tuple[float, Decision]:
-    """Seconds from admission to prefill done, and the policy's decision for it."""
+def _unlabelled(phase: str) -> contextlib.AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
+def _serve(
+    ctl: CacheController,
+    rid: int,
+    tokens: Sequence[int],
+    phase: Callable[[str], contextlib.AbstractContextManager[object]] = _unlabelled,
+) -> tuple[float, Decision]:
+    """Seconds from admission to prefill done, and the policy's decision for it. `phase`
+    wraps each step (admit, ready, prefill, sync): a profiler's labels, say."""
     _sync()
     t0 = time.perf_counter()
-    mat = ctl.admit(rid, tokens)
-    while not ctl.ready(rid):
-        ctl.wait(rid)
-        ctl.tick()
-    ctl.prefill(rid)
-    _sync()
+    with phase("admit"):
+        mat = ctl.admit(rid, tokens)
+    with phase("ready"):
+        while not ctl.ready(rid):
+            ctl.wait(rid)
+            ctl.tick()
+    with phase("prefill"):
+        ctl.prefill(rid)
+    with phase("sync"):
+        _sync()
     elapsed = time.perf_counter() - t0
     ctl.finish(rid)
     return elapsed, mat.decision
