@@ -188,6 +188,7 @@ class ModelProducer:
                 f"graph), got {gate_layers!r}",
             )
         self.gate_layers = gate_layers
+        self._gate_ends = group_ends(self.shape.layers, gate_layers)  # the layers a replay hands on
         self.device = normalize_device(resolve_device(device))
         self.dtype = TORCH_DTYPES[self.geometry.dtype]
         if mode not in MODES:
@@ -318,7 +319,7 @@ class ModelProducer:
         main = torch.cuda.current_stream(self.device)
         self._forwarder.wait_stream(main)
         with torch.cuda.stream(self._forwarder):
-            for layer in group_ends(self.shape.layers, self.gate_layers):
+            for layer in self._gate_ends:
                 gate.wait(layer)  # the forwarder waits for the layer, then marks the graph's event
                 self._gated[layer].record(self._forwarder)
         captured.graph.replay()
