@@ -432,7 +432,12 @@ def group_ends(layers: int, every: int) -> list[int]:
     """The last layer of each group of `every` layers (the last group may be shorter): the
     layers a gated graph waits for (spec/restore.md, "Layer-wise load-back": layers land in
     order, so the last layer of a group landed means the whole group did)."""
-    return [min(first + every, layers) - 1 for first in range(0, layers, every)]
+    return [group_end(first, every, layers) for first in range(0, layers, every)]
+
+
+def group_end(layer: int, every: int, layers: int) -> int:
+    """The last layer of `layer`'s group of `every` (of `layers`): the one its wait is for."""
+    return min(layer - layer % every + every, layers) - 1
 
 
 class _EventsGate:
@@ -448,7 +453,7 @@ class _EventsGate:
     def wait(self, layer: int) -> None:
         if layer < self.landed_layers:
             return  # its group's wait came first
-        last = min(layer - layer % self._every + self._every, self.layers) - 1
+        last = group_end(layer, self._every, self.layers)
         self.landed_layers = last + 1
         torch.cuda.current_stream(self._device).wait_event(self._events[last])
 
