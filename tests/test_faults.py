@@ -15,7 +15,7 @@ from hicache.controller.controller import CacheController
 from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.faults import SITES, FaultInjector, FaultSite, SimulatedCrash, sites_for
 from hicache.dataplane.null import NullEngine
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, QuiesceTimeout
 from tests.test_null_plane import ABC, assert_clean, finish, settle_all, two_stage_restore
 
 
@@ -150,6 +150,70 @@ def test_a_crash_before_publication_stops_the_controller_and_leaks_nothing() -> 
     c.close()
     assert published == 0  # the D2H's pages were never published
     assert isinstance(c.engine, NullEngine) and not c.engine.pending()
+
+
+READ_ONLY = {"status", "pending", "rank_view", "close"}
+"""CacheController's public methods a dead controller still answers: diagnosis, and close."""
+
+OPERATIONS = {
+    "admit": (9, (300, 301, 302, 303, 304)),
+    "ready": (2,),
+    "wait": (2,),
+    "prefill": (2,),
+    "finish": (2,),
+    "cancel_restore": (2,),
+    "evict": ("L1", 3),
+    "tick": (),
+    "drain": (),
+    "check_ranks": (),
+}
+"""Every other public method, with arguments that an alive controller would act on."""
+
+
+def _dead(mode: str) -> CacheController:
+    """A controller with evictable pages in every tier and a restore in flight (request 2),
+    then crashed between a backup's DONE and its publication, or wedged."""
+    faults = FaultInjector()
+    c = null_ctl(faults)
+    c.admit(7, tuple(range(500, 520)))
+    c.prefill(7)
+    c.finish(7)
+    settle_all(c)
+    c.cp.evict(Tier.L1, 100)
+    c.admit(2, tuple(range(500, 512)))  # restored from L2: its H2D stays in flight
+    if mode == "wedged":
+        c.hooks.wedge("a cancel in this test")
+        return c
+    faults.aim("crash", direction=Direction.D2H)
+    c.admit(1, ABC)
+    c.prefill(1)
+    c.finish(1)
+    c.tick()  # the backup's D2H is issued
+    d2h = [p for p in c.pending() if p.direction == "D2H"]
+    finish(c, d2h[0].op_id, True)
+    with pytest.raises(SimulatedCrash):
+        c.tick()
+    return c
+
+
+@pytest.mark.parametrize("mode", ["crashed", "wedged"])
+def test_a_dead_controller_refuses_every_operation_but_close_and_changes_nothing(
+    mode: str,
+) -> None:
+    """R57 (and R79's wedge): every public method that acts refuses, with nothing changed; the
+    set is CacheController's own, so a new operation must be sorted into one of the two."""
+    public = {n for n, v in vars(CacheController).items() if callable(v) and n[0] != "_"}
+    assert public == READ_ONLY | set(OPERATIONS), "sort a new public method into one of them"
+    c = _dead(mode)
+    expected = SimulatedCrash if mode == "crashed" else QuiesceTimeout
+    before = {t: c.cp.usage(t) for t in Tier}, sorted(c.cp.ops), sorted(c.cp.requests)
+    for name, args in OPERATIONS.items():
+        with pytest.raises(expected):
+            getattr(c, name)(*args)
+        after = {t: c.cp.usage(t) for t in Tier}, sorted(c.cp.ops), sorted(c.cp.requests)
+        assert after == before, f"{name} on a {mode} controller changed the cache"
+    assert c.status()["pending_ops"] == len(before[1])  # diagnosis keeps answering
+    c.close()
 
 
 def test_a_crash_on_the_cpu_plane_releases_the_l3_file(tmp_path: os.PathLike[str]) -> None:

@@ -246,9 +246,9 @@ class CacheController:
         of its script (`rank_check_every` calls it before every Nth admission). Raises
         `InvariantViolation` on every rank alike when the ranks' views differ, and poisons
         the control plane: the ranks are no longer one cache. One rank: nothing to compare."""
+        self.hooks.refuse_if_crashed()
         if not self.tp:
             return
-        self.hooks.refuse_if_crashed()
         found = self.agree.check(self.rank_view())
         if found:
             violation = InvariantViolation(tuple(found), "the cross-rank check (C7-C9)")
@@ -277,6 +277,7 @@ class CacheController:
         """Whether `prefill` may run: the request's restore has settled, or (`layerwise`) it
         is landing layer by layer (controller/ahead.py). UnknownRequest for an id that is not
         live."""
+        self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
         return mat.done or self._landing(mat) is not None
 
@@ -292,6 +293,7 @@ class CacheController:
         """Block (GIL released) until one of the transfers the request waits for (its own or
         a shared load-back) finishes, or `timeout_s` passes (None: no limit). Spinning on
         `tick` instead starves the L3 I/O threads of the GIL."""
+        self.hooks.refuse_if_crashed()
         mat = self._restore(request_id)
         for op_id in sorted(mat.ops | mat.awaited):
             if op_id in self.handles:
@@ -443,6 +445,7 @@ class CacheController:
         controller's own make-room (spec/eviction.md), counted in `evicted_pages`. Returns the
         pages freed. A caller MUST NOT call `ControlPlane.evict` directly: under write-back it
         would skip the backup an unbacked L1 victim is owed."""
+        self.hooks.refuse_if_crashed()  # R57: a dead controller publishes no eviction either
         return self.evictor.evict(Tier(tier), n_pages, back_up=self.transfers.back_up_now)
 
     def tick(self) -> None:
