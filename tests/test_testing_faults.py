@@ -156,6 +156,55 @@ def test_a_crash_ends_the_step_and_the_machine_reopens_the_cache_empty() -> None
     machine.teardown()
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_an_engine_that_admits_a_prompt_larger_than_l1_is_a_finding(
+    window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The machine works L1's bound out from its own setup (`l1_prompt_pages`: L1's pages, or
+    its windows), not from the engine: an engine that lets one token more in is caught at
+    start. Here the controller's own bound is made too large."""
+    from hicache.controller.config import CacheConfig
+    from hicache.testing.reference import Mismatch
+
+    # the bound forgets the windows, or is no bound at all
+    bound = property(lambda c: c.l1_pages if window else 10_000)
+    monkeypatch.setattr(CacheConfig, "l1_request_pages", bound)
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    group = {"pools": "dsv4-tiny", "l1_window_pages": window} if window else {}
+    with pytest.raises(Mismatch, match="more than L1 holds"):
+        machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8, **group))  # type: ignore[arg-type]
+    machine.teardown()
+
+
+@pytest.mark.parametrize("call", ["evict", "ready", "admit"])
+def test_a_crashed_engine_that_still_acts_is_a_finding(
+    call: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R57 in the machine's model: before it reopens a crashed engine that lives on, it calls
+    each operation once; one accepted (the crash refusal missing from `call`) is a Mismatch."""
+    from hicache.controller.controller import CacheController
+    from hicache.testing.reference import Mismatch
+
+    real = getattr(CacheController, call)
+
+    def no_refusal(self: CacheController, *args: Any) -> Any:
+        crashed, self.hooks.crashed = self.hooks.crashed, None
+        try:
+            return real(self, *args)
+        finally:
+            self.hooks.crashed = crashed
+
+    monkeypatch.setattr(CacheController, call, no_refusal)
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.submit(tokens=PROMPT, serve=2)
+    machine.drain()
+    machine.cache.aim("crash", "L1")  # the load-back's DONE is observed, never published
+    with pytest.raises(Mismatch, match=f"{'submit' if call == 'admit' else call} after a crash"):
+        machine.resubmit(pick=0, twice=False, deep=False, settle=1, abort_first=False, aim=None)
+    machine.teardown()
+
+
 def test_tick_is_drawn_only_while_the_engine_has_work() -> None:
     cache = ControllerAdapter(Setup(l1_pages=8, l2_pages=8, l3_slots=8))
     assert not cache.has_work()

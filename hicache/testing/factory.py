@@ -70,6 +70,11 @@ class EngineConfig:
     def tiers(self) -> tuple[str, ...]:
         return tuple(t for t in TIERS if t in self.capacities)
 
+    @property
+    def l1_prompt_pages(self) -> int | None:
+        """The most pages one prompt may take: L1's capacity (None: no L1 capacity given)."""
+        return self.capacities.get("L1")
+
 
 class UnsupportedConfig(HiCacheError):
     """A factory cannot build an engine for a configuration (another page size, fewer tiers, a

@@ -62,10 +62,11 @@ structural check over its snapshot), then the differential check against the ref
 (hicache/testing/reference.py): page steps, each tier closed under ancestors, on one tier the
 eviction order, hit lengths, `cached_len`, the live set, served bytes. Inside the steps the
 machine also makes the calls the protocol says an engine refuses (`_verify_refused`: an empty
-prompt, a prompt larger than L1 when the setup is an `EngineConfig`, a live id admitted again,
-a served request prefilled again, an ended request prefilled or finished again): each must
-raise a `HiCacheError` and change nothing. `Coverage` (coverage.py), when given, collects each
-run's trace and fault counts.
+prompt, a prompt one token more than L1 holds when the setup says how much (`l1_prompt_pages`),
+a live id admitted again, a served request prefilled again, an ended request prefilled or
+finished again): each must raise a `HiCacheError` and change nothing; after a crash, an engine
+that lives on (`refuses_when_dead`) must so refuse every call until it is reopened (R57).
+`Coverage` (coverage.py), when given, collects each run's trace and fault counts.
 """
 
 from __future__ import annotations
@@ -80,9 +81,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import l3_prompt, prompts, schedules
-from hicache.testing.factory import EngineConfig
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
-from hicache.testing.reference import Mismatch, ReferenceModel, verify_refused
+from hicache.testing.reference import Mismatch, ReferenceModel, verify_dead, verify_refused
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
 QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x,
@@ -108,6 +108,7 @@ def survives_crash(step: Step) -> Step:
         try:
             step(self, *args, **kwargs)
         except SimulatedCrash:
+            self._verify_dead()
             self._reopen("crash")
 
     return guarded  # type: ignore[return-value]
@@ -180,8 +181,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.admitted = 0  # admissions into the cache as now opened
         self.damaged = False  # its L3 file was cut or removed (`damage`)
         self._verify_refused("submit of an empty prompt", lambda: self.cache.submit(0, ()))
-        if isinstance(setup, EngineConfig):  # its L1 is known: one page more is refused
-            big = tuple(range(setup.capacities["L1"] * self.cache.page_size + 1))
+        pages = getattr(setup, "l1_prompt_pages", None)  # L1's bound: one token more is refused
+        if pages is not None:
+            big = tuple(range(pages * self.cache.page_size + 1))
             self._verify_refused(
                 f"submit of {len(big)} tokens, more than L1 holds",
                 lambda: self.cache.submit(0, big),
@@ -600,6 +602,28 @@ class CacheMachine(RuleBasedStateMachine):
         self._count("restart")
         self._reopen("restart")
         self.last_restart = self.steps
+
+    def _verify_dead(self) -> None:
+        """A crashed engine that lives on (`refuses_when_dead`) refuses every call but close,
+        each with no page change (R57; protocol.py): the crashed step's own changes go first,
+        as `_reopen` drops them."""
+        if not getattr(self.cache, "refuses_when_dead", False):
+            return
+        self.cache.changes()
+        live = sorted(self.model.requests)
+        rid = live[0] if live else self.next_rid
+        prompt = self.seen[-1] if self.seen else (1, 2, 3, 4, 5)
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("submit", lambda: self.cache.submit(self.next_rid, prompt)),
+            ("ready", lambda: self.cache.ready(rid)),
+            ("prefill", lambda: self.cache.prefill(rid)),
+            ("cancel_restore", lambda: self.cache.cancel_restore(rid)),
+            ("finish", lambda: self.cache.finish(rid)),
+            ("evict", lambda: self.cache.evict(self.model.tiers[0], 1)),
+            ("tick", self.cache.tick),
+        ]
+        for what, call in calls:
+            verify_dead(self.cache, f"{what} after a crash", call)
 
     def _reopen(self, why: str) -> None:
         """Close and open the engine again (`why`: a restart, or after a crash): it

@@ -63,6 +63,12 @@ fires -- the process died between a transfer and its publication. The machine th
 model forgets every page and request -- but the RESIDENT pages of a tier the engine names in
 `persistent_tiers` (() by default: a content-addressed store such as vLLM's file tier, which a
 new engine on the same directory reads again; spec/faults.md, "Persistent tiers").
+An engine whose object lives on after its crash point (hicache's controller: the process is
+simulated, so a caller may still call it) sets `refuses_when_dead` (False by default: the
+process is gone): before `restart()` the machine then calls `submit`, `ready`, `prefill`,
+`cancel_restore`, `finish`, `evict` and `tick` on the crashed engine once each, and each must
+raise a `HiCacheError` with no page change (spec/faults.md R57: all but `close` refused, nothing
+published after the crash point).
 `damage_storage` cuts or removes the last tier's backing file (an engine without one does
 nothing); the engine must answer with misses and recomputation, never with the lost bytes.
 """

@@ -474,6 +474,23 @@ class ReferenceModel:
                 )
 
 
+def verify_dead(cache: CacheUnderTest, what: str, call: Callable[[], object]) -> None:
+    """`call` on a crashed engine (`what` it does) is refused: it raises a HiCacheError (the
+    crash's own, again, for hicache's controller) and the engine reports no page change."""
+    try:
+        call()
+    except HiCacheError:
+        changed = cache.changes()
+        if changed:
+            raise Mismatch(f"page changes of a refused {what}", changed[:4], []) from None
+        return
+    except Exception as e:
+        raise Mismatch(
+            f"{what}: the refusal's type", f"{type(e).__name__}: {e}", "a HiCacheError (R57)"
+        ) from e
+    raise Mismatch(f"{what}: refused", "accepted", "a HiCacheError, nothing changed (R57)")
+
+
 def verify_refused(cache: CacheUnderTest, what: str, call: Callable[[], object]) -> None:
     """`call` (`what` it does) is refused as protocol.py asks: it raises a HiCacheError and
     the engine reports no page change for it (the machine's step checks see the rest

@@ -125,6 +125,13 @@ class Setup:
         """The backend the configuration asks for (`backend`, or the plane's default)."""
         return self.backend or ("auto" if self.plane == "cuda" else "torch")
 
+    @property
+    def l1_prompt_pages(self) -> int:
+        """The most pages one prompt may take (its partial last page too): every L1 page, or
+        fewer when L1 holds fewer windows (spec/config.md, `l1_window_pages`). Worked out here
+        from the drawn sizes, not asked of the engine: the machine's refusal check."""
+        return min(self.l1_pages, self.l1_window_pages or self.l1_pages)
+
 
 POISON_BYTES = (0x5A, 0x3C, 0xC3)
 """What `_poison_reserved` fills a reserved page with, in turn (none is UNLANDED_BYTE, so a
@@ -138,6 +145,7 @@ class ControllerAdapter:
     """`CacheController` driven through the `CacheUnderTest` protocol."""
 
     tiers = tuple(str(t) for t in TIERS)
+    refuses_when_dead = True  # a crashed controller refuses all but close (R57)
 
     def __init__(self, setup: Setup, collectives: Collectives | None = None) -> None:
         """`collectives`: this adapter is one rank of a tensor-parallel cache (tp.py builds
