@@ -156,6 +156,25 @@ def test_a_crash_ends_the_step_and_the_machine_reopens_the_cache_empty() -> None
     machine.teardown()
 
 
+def test_a_lone_request_refused_for_room_that_could_be_made_is_a_finding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prefill refused for room must lack it: alone, with nothing in flight, a prompt that
+    fits L1 is served once what nobody holds is evicted. Here the controller's room count
+    forgets every evictable page, so it refuses what eviction would have made room for."""
+    from hicache.core.queries import PlaneQueries
+    from hicache.testing.reference import Mismatch
+
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.submit(tokens=PROMPT, serve=2)  # 3 L1 pages nobody holds once finished
+    machine.drain()
+    monkeypatch.setattr(PlaneQueries, "evictable_l1", lambda self, keep=(): 0)
+    with pytest.raises(Mismatch, match="prefill refused for room"):
+        machine.submit(tokens=tuple(range(3000, 3030)), serve=1)  # 8 pages: L1 whole
+    machine.teardown()
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_an_engine_that_admits_a_prompt_larger_than_l1_is_a_finding(
     window: int | None, monkeypatch: pytest.MonkeyPatch

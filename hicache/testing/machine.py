@@ -64,7 +64,8 @@ eviction order, hit lengths, `cached_len`, the live set, served bytes. Inside th
 machine also makes the calls the protocol says an engine refuses (`_verify_refused`: an empty
 prompt, a prompt one token more than L1 holds when the setup says how much (`l1_prompt_pages`),
 a live id admitted again, a served request prefilled again, an ended request prefilled or
-finished again): each must raise a `HiCacheError` and change nothing; after a crash, an engine
+finished again): each must raise a `HiCacheError` and change nothing; a prefill refused for
+room must lack it (not a request alone with nothing in flight); after a crash, an engine
 that lives on (`refuses_when_dead`) must so refuse every call until it is reopened (R57).
 `Coverage` (coverage.py), when given, collects each run's trace and fault counts.
 """
@@ -267,6 +268,8 @@ class CacheMachine(RuleBasedStateMachine):
         landing = getattr(self.cache, "landing", None)  # an engine's layer-wise load-back
         own = landing(rid) if landing is not None else None
         expected = self.model.expected_after_prefill(rid, own)
+        fired = sum(self.cache.fault_counts().values())
+        alone = set(self.model.requests) == {rid} and not self.cache.pending_ops()
         if self.cache.prefill(rid):
             self._sync()  # its make-room ran before the request was served more
             self.model.prefilled(rid, expected, self.cache.cached_len(rid))
@@ -290,6 +293,15 @@ class CacheMachine(RuleBasedStateMachine):
             ]
         if changed:
             raise Mismatch("page changes of a refused prefill", changed[:4], [], f"request {rid}")
+        # A refusal for room needs a lack of room: alone in the cache (no other request, no
+        # transfer holding a page), a prompt L1 admitted fits once what nobody holds is
+        # evicted -- unless a fault made the reservation fail (ALLOC_L1, as if L1 were full).
+        if alone and sum(self.cache.fault_counts().values()) == fired:
+            raise Mismatch(
+                "prefill refused for room",
+                f"request {rid} refused, alone in the cache with nothing in flight",
+                "served: what no request or transfer holds can be evicted to make room",
+            )
 
     @precondition(lambda self: bool(self.prefilled))
     @rule(pick=st.integers(0, 7))

@@ -145,7 +145,9 @@ class CacheUnderTest(Protocol):
 
     def prefill(self, request_id: int) -> bool:
         """Serve what arrived, compute the rest, insert. False (nothing changed: no page
-        evicted either, spec/restore.md) when the engine refuses for lack of room."""
+        evicted either, spec/restore.md) when the engine refuses for lack of room -- which
+        it lacks only while others hold it: a request alone in the engine, nothing in flight,
+        whose prompt L1 admitted, is served (an injected ALLOC_L1 aside)."""
         ...
 
     def finish(self, request_id: int) -> None:
