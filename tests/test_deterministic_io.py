@@ -89,3 +89,31 @@ def test_no_io_thread_is_started_and_io_waits_for_a_poll() -> None:
 def test_negative_io_threads_is_refused() -> None:
     with pytest.raises(ConfigError, match="io_threads"):
         CacheConfig(io_threads=-1)
+
+
+def test_the_fuzz_replays_its_seed_however_the_hosts_load_times_the_io(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`hicache fuzz --plane cpu`: one seed, one run, even when the host's load changes when
+    each L3 piece ends (here a sleep of the host's own random length before each): the
+    machine draws the deterministic schedule (hicache/testing/knobs.py, FIXED). With I/O
+    threads drawn, a loaded host changed one seed's draws and Hypothesis failed the run as
+    flaky (FlakyStrategyDefinition), and same seed no longer meant same trace."""
+    import time
+
+    from hicache.dataplane.storage_io import StorageMover
+    from hicache.testing.runner import arguments
+    from hicache.testing.runner import fuzz as runner_fuzz
+
+    host = random.Random()  # the host's timing: not the seed's
+    for name in ("_read_piece", "_write_piece"):
+        real = getattr(StorageMover, name)
+
+        def late(self: StorageMover, piece: object, real: object = real) -> None:
+            time.sleep(host.random() * 0.02)
+            real(self, piece)  # type: ignore[operator]
+
+        monkeypatch.setattr(StorageMover, name, late)
+    first, second = (runner_fuzz(arguments(seed=1, steps=600, plane="cpu")) for _ in range(2))
+    assert first.ok and second.ok, (first.text, second.text)
+    assert first.digest == second.digest

@@ -58,7 +58,6 @@ DRAWS: list[tuple[str, str, str, tuple[Any, ...]]] = [
     ("null", "mha", "check_mode", ("off", "periodic 7")),
     ("cpu", "mha", "backend", ("auto", "torch", "triton")),
     ("cpu", "mha", "verify", (True, False)),
-    ("cpu", "mha", "io_threads", (0, 2)),
     ("cpu", "mha", "check_mode", ("every", "periodic 7")),
     ("null", "dsv4-tiny", "hit_policy", ("all_pools", "anchor_recompute_swa")),
 ]

@@ -21,7 +21,6 @@ takes one value only.
     verify              cpu, cuda       True (3 in 4), False (restored bytes then judged by
                                         I4 and the served digests alone); TP ranks: each
                                         its own
-    io_threads          cpu, cuda       2, or 0 (the deterministic schedule); a group: 0
     layerwise           cpu, cuda       True, False (a single pool: a group's H2D has no
                                         layer gate)
     load_back_overlap   every plane     share (4 in 5), back_off
@@ -56,7 +55,6 @@ DRAWN: dict[str, str] = {
     "prefetch": "every plane",
     "check_mode": "every plane",
     "verify": "planes with bytes",
-    "io_threads": "planes with bytes, single pool",
     "layerwise": "planes with bytes, single pool",
     "load_back_overlap": "every plane",
     "hit_policy": "a group with a trailing side pool",
@@ -76,6 +74,12 @@ FIXED: dict[str, str] = {
     "l3_overwrite": "True: a restart reopens a path that `damage` cut to 3 bytes, which is "
     "no longer an L3 header",
     "pools": "the machine's (`--pools`): each group is its own machine",
+    "io_threads": "0, the deterministic schedule (L3 I/O in issue order at the next poll): "
+    "with I/O threads, when a read or write ends and the order in which threads reach a "
+    "fault site follow the host's load, so a seed would not replay its run -- on a loaded "
+    "host Hypothesis saw one seed's draws change and failed the run as flaky "
+    "(FlakyStrategyDefinition). Threaded I/O is tests/test_controller_fuzz.py's, "
+    "tests/test_storage.py's and tests/test_deterministic_io.py's",
     "quiesce_timeout_s": "its default: the machine's transfers go quiet at once (the null "
     "plane) or within one I/O piece, so the bound is never reached; hardware that never "
     "goes quiet is tests/test_quiesce_timeout.py's",
