@@ -175,6 +175,27 @@ def test_a_lone_request_refused_for_room_that_could_be_made_is_a_finding(
     machine.teardown()
 
 
+def test_a_cancelled_restore_that_keeps_its_pins_is_a_finding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cancel_restore` releases the pins of what did not reach L1 (spec/restore.md): the
+    machine's rule, on a prompt of its own, has a restore in flight to give up (here a second
+    request's, sharing the first's load-back: no op of its own whose cancel would unpin), and
+    the adapter reports a pin kept on a node L1 does not hold."""
+    from hicache.controller.restore import RestoreStager
+
+    def keeps_pins(self: RestoreStager, mat: Any) -> None:
+        mat.deferred, mat.failed = False, True  # given up, but no pin released
+
+    monkeypatch.setattr(RestoreStager, "abandon", keeps_pins)
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    machine.cancel_restore(pick=0, deep=False, sharer=True, own=True)  # it shares a load-back
+    with pytest.raises(AssertionError, match="cancel kept pins"):
+        machine.agrees_with_reference()
+    machine.teardown()
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_an_engine_that_admits_a_prompt_larger_than_l1_is_a_finding(
     window: int | None, monkeypatch: pytest.MonkeyPatch

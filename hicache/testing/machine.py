@@ -407,16 +407,25 @@ class CacheMachine(RuleBasedStateMachine):
             and self.steps - self.last_cancel >= QUIET_STEPS
         )
     )
-    @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans())
+    @rule(pick=st.integers(0, 7), deep=st.booleans(), sharer=st.booleans(), own=st.booleans())
     @survives_crash
-    def cancel_restore(self, pick: int, deep: bool, sharer: bool) -> None:
+    def cancel_restore(self, pick: int, deep: bool, sharer: bool, own: bool) -> None:
         """An earlier prompt is restored as in `resubmit`, and while the restore is in
         flight the request gives it up and stays: it is served at once (what L1
         published, the rest computed). `sharer`: a second admission shares the first's
-        load-back and gives up instead (the first's goes on, then it is served)."""
+        load-back and gives up instead (the first's goes on, then it is served). `own`: the
+        prompt is one of its own, served twice (backed up under every write policy) and
+        drained first, so that L1 can give it up whole and a restore is in flight when it
+        is given up (an earlier prompt is often still in L1, held by a live request, or in
+        no lower tier, and then there is nothing to give up)."""
         self._count("cancel_restore")
         self.last_cancel = self.steps
-        tokens = self._earlier(pick)
+        if own:
+            tokens = l3_prompt(4 + pick % 4, 2 + pick // 4, self.cache.page_size)
+            for _ in range(2):
+                self.submit(tokens, 2)
+        else:
+            tokens = self._earlier(pick)
         self.cache.drain()
         self._give_up_upper_tiers(deep)
         first = self._admit(tokens)

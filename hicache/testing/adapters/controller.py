@@ -324,6 +324,14 @@ class ControllerAdapter:
     def cancel_restore(self, request_id: int) -> None:
         with self.liveness.call("cancel_restore", request_id):
             self.ctl.cancel_restore(request_id)
+        # spec/restore.md: the pins of what did not reach L1 go now (those that landed stay).
+        pins = self.ctl.cp.requests[request_id].pins
+        kept = sorted({n.node_id for n, _ in pins if not self.ctl.cp.holds(n, Tier.L1)})
+        if kept:
+            self.findings.append(
+                f"cancel kept pins: request {request_id} still pins nodes {kept} that did not "
+                "reach L1 after cancel_restore (spec/restore.md: their pins go then)"
+            )
 
     def live(self) -> set[int]:
         return set(self.ctl.cp.requests)
