@@ -196,6 +196,28 @@ def test_a_cancelled_restore_that_keeps_its_pins_is_a_finding(
     machine.teardown()
 
 
+def test_an_l3_part_dropped_as_a_gap_under_a_parent_l1_holds_is_a_finding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`restore_gap` only ends an L3 part whose chain's parent did not reach L1: a controller
+    that drops one anyway (here every L3 part, once promoted) recomputes what it could have
+    served, and the restore probe names it."""
+    from hicache.controller.restore import RestoreStager
+
+    def always_a_gap(self: RestoreStager, mat: Any, issue: Any) -> None:
+        if not mat.ops:
+            mat.l3_h2d_issued = True
+            self._drop_part(mat, mat.l3_part, "restore_gap")
+
+    monkeypatch.setattr(RestoreStager, "_issue_l3_h2d", always_a_gap)
+    machine: Any = make_machine(controller_adapter, st.just(Setup()))()
+    machine.start(setup=Setup(l1_pages=8, l2_pages=8, l3_slots=8))
+    with pytest.raises(AssertionError, match="restore_gap for request"):
+        machine.restore_from_l3(base=0, pages=2, aim=None)
+        machine.agrees_with_reference()
+    machine.teardown()
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_an_engine_that_admits_a_prompt_larger_than_l1_is_a_finding(
     window: int | None, monkeypatch: pytest.MonkeyPatch

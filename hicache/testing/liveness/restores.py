@@ -20,7 +20,8 @@ first copy a read found bad, none with L3 offline). Then:
                                       `load_back_pending` without back_off, `prefetch_clamped`
                                       without a pool group, `l3_offline` with L3 online,
                                       `dropped` or `restore_gap` with no L3 restore live, any
-                                      with no restore live
+                                      with no restore live; `restore_gap` for an L3 part whose
+                                      chain's parent holds L1 (seen as the part is dropped)
 
 Only the `always` and `never` policies name one choice for given hits (`cost` prices them,
 and the machine draws only those two).
@@ -34,7 +35,7 @@ from typing import Any
 
 from hicache.choices import LoadBackOverlap, RestorePolicy
 from hicache.core.lifecycle import ABSENT, RESIDENT
-from hicache.core.tiers import Direction
+from hicache.core.tiers import Direction, Tier
 from hicache.core.trace import TraceEvent
 from hicache.core.tree import MatchResult
 from hicache.pools.presets import SINGLE_POOL
@@ -79,6 +80,21 @@ class RestoreProbe:
         self.windows_freed = 0  # `tombstone` events so far
         self._begin: Callable[..., MatchResult] = ctl.cp.begin_request
         ctl.cp.begin_request = self.begin_request  # sees each match before the decision
+        self._drop: Callable[..., None] = ctl.stager._drop_part
+        ctl.stager._drop_part = self.drop_part  # sees each part dropped, as it goes
+
+    def drop_part(self, mat: Any, part: list[Any], reason: str) -> None:
+        """`restore_gap` ends an L3 part whose chain's parent did not reach L1 (its L2 part
+        failed or was never issued; spec/restore.md): a gap under a parent L1 holds drops a
+        part that could have landed."""
+        parent = part[0].parent if part else None
+        if reason == "restore_gap" and parent is not None and self.ctl.cp.holds(parent, Tier.L1):
+            self.findings.append(
+                f"fallback reason: restore_gap for request {mat.request_id}, but its L3 part's "
+                f"parent (node {parent.node_id}) holds L1 (spec/restore.md: a gap is an L3 "
+                "part whose chain's parent did not reach L1)"
+            )
+        self._drop(mat, part, reason)
 
     def begin_request(self, request_id: int, tokens: Any, *args: Any, **kwargs: Any) -> MatchResult:
         m = self._begin(request_id, tokens, *args, **kwargs)
