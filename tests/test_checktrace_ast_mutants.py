@@ -1,5 +1,6 @@
-"""The AST mutant generator of benchmarks/checktrace_ast_mutants.py: its sites are the same on
-every call, and each mutant differs from the source at exactly one site (no test runs here)."""
+"""The AST mutant generator (benchmarks/ast_mutants.py) of benchmarks/checktrace_ast_mutants.py
+and engine_ast_mutants.py: its sites are the same on every call, and each mutant differs from
+the source at exactly one site (no test runs here)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,27 @@ def test_each_mutant_changes_exactly_one_site() -> None:
         assert len(changed) == 1 and changed[0][0] == "replace", (site, changed)
         _, i1, i2, j1, j2 = changed[0]
         assert (i2 - i1, j2 - j1) == (1, 1), (site, changed)
+
+
+def test_the_engine_sites_also_remove_each_call_statement_and_count() -> None:
+    """benchmarks/engine_ast_mutants.py's sites: a forgotten release or count (a call statement
+    or an augmented assignment replaced by `pass`), on top of every other kind, in every
+    engine module it names."""
+    gen = _generator()
+    source = "def release(node, n):\n    node.unlock()\n    n += 1\n    return n > 0\n"
+    plain = gen.sites_of("m.py", source)
+    with_statements = gen.sites_of("m.py", source, statements=True)
+    removed = [s for s in with_statements if s.kind == "call-removed"]
+    assert {s.line for s in removed} == {2, 3} and all(s.new == "pass" for s in removed)
+    assert [s for s in with_statements if s.kind != "call-removed"] == plain
+    for site in removed:
+        assert ast.parse(gen.apply(source, site))  # still a module
+    spec = importlib.util.spec_from_file_location(
+        "engine_ast_mutants", SCRIPT.with_name("engine_ast_mutants.py")
+    )
+    assert spec is not None and spec.loader is not None
+    engine = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = engine
+    spec.loader.exec_module(engine)
+    assert all((SCRIPT.parent.parent / f).is_file() for f in engine.SOURCES)
+    assert any(s.kind == "call-removed" for s in engine.all_sites())
