@@ -67,6 +67,9 @@ class RestoreStager:
         self.restores: dict[int, Materialization] = {}  # request id -> its restore
         self.owner: dict[int, Materialization] = {}  # op id -> the restore that issued it
         self.waiters: dict[int, list[Materialization]] = {}  # op id -> restores sharing it
+        # Called with (restore, part, reason) as a part is dropped, before its pins go: what
+        # a probe judges a fallback by (hicache/testing/liveness/restores.py).
+        self.on_drop: list[Callable[[Materialization, list[TreeNode], str], None]] = []
 
     # -- stages -----------------------------------------------------------------------------
 
@@ -304,6 +307,8 @@ class RestoreStager:
     def _drop_part(self, mat: Materialization, part: list[TreeNode], reason: str) -> None:
         """A part cannot proceed: release its pins (R37), count one fallback by `reason` (R41);
         its tokens are recomputed."""
+        for hook in self.on_drop:
+            hook(mat, part, reason)
         if part:
             self.cp.unpin(mat.request_id, part[-1])
         self.metrics.fallback(reason)

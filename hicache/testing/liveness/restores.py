@@ -80,10 +80,9 @@ class RestoreProbe:
         self.windows_freed = 0  # `tombstone` events so far
         self._begin: Callable[..., MatchResult] = ctl.cp.begin_request
         ctl.cp.begin_request = self.begin_request  # sees each match before the decision
-        self._drop: Callable[..., None] = ctl.stager._drop_part
-        ctl.stager._drop_part = self.drop_part  # sees each part dropped, as it goes
+        ctl.stager.on_drop.append(self.dropped)  # sees each part dropped, as it goes
 
-    def drop_part(self, mat: Any, part: list[Any], reason: str) -> None:
+    def dropped(self, mat: Any, part: list[Any], reason: str) -> None:
         """`restore_gap` ends an L3 part whose chain's parent did not reach L1 (its L2 part
         failed or was never issued; spec/restore.md): a gap under a parent L1 holds drops a
         part that could have landed."""
@@ -94,7 +93,6 @@ class RestoreProbe:
                 f"parent (node {parent.node_id}) holds L1 (spec/restore.md: a gap is an L3 "
                 "part whose chain's parent did not reach L1)"
             )
-        self._drop(mat, part, reason)
 
     def begin_request(self, request_id: int, tokens: Any, *args: Any, **kwargs: Any) -> MatchResult:
         m = self._begin(request_id, tokens, *args, **kwargs)
