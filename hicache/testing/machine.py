@@ -83,7 +83,7 @@ from hicache.dataplane.faults import SimulatedCrash
 from hicache.testing.coverage import Coverage
 from hicache.testing.draws import l3_prompt, prompts, schedules
 from hicache.testing.protocol import CacheUnderTest, FaultSchedule
-from hicache.testing.reference import Mismatch, ReferenceModel, verify_dead, verify_refused
+from hicache.testing.reference import Mismatch, ReferenceModel, verify_refused
 
 LIVE_MAX = 4  # live requests at once (each holds its L1 prefix locked)
 QUIET_STEPS = 8  # steps between fault-schedule changes, cancelled restores (restarts: 2x,
@@ -644,7 +644,7 @@ class CacheMachine(RuleBasedStateMachine):
             ("tick", self.cache.tick),
         ]
         for what, call in calls:
-            verify_dead(self.cache, f"{what} after a crash", call)
+            verify_refused(self.cache, f"{what} after a crash", call, dead=True)
 
     def _reopen(self, why: str) -> None:
         """Close and open the engine again (`why`: a restart, or after a crash): it
