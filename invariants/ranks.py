@@ -8,9 +8,9 @@ which rank left the others and where:
     id   name                     what must hold across ranks
     ---  -----------------------  ---------------------------------------------------------
     I7   rank_agreement           equal trees (topology, residency, locks, pending ops by
-                                  direction), requests (cached_len, hits, locked node), op
-                                  tables, the next op id and free counts; page numbers may
-                                  differ
+                                  direction), requests (cached_len, hits, locked node),
+                                  restores (plan, ops, flags, pins), op tables, the next op
+                                  id and free counts; page numbers may differ
     I8   replicated_bytes_equal   a replicated pool's pages hold the same digests on every
                                   rank where they are resident (sharded pools are exempt)
     I10  collective_sequence      every rank made the same collectives, in the same order
@@ -36,12 +36,13 @@ L3_WRITE_MULTIPLICITY = CheckName("I11", "l3_write_multiplicity")
 
 
 def check_rank_agreement(views: Sequence[RankView]) -> list[Violation]:
-    """I7: every rank's tree, requests, op table and free counts equal rank 0's."""
+    """I7: every rank's tree, requests, restores, op table and free counts equal rank 0's."""
     out: list[Violation] = []
     for v in views[1:]:
         ref = views[0]
         for field, mine, theirs in (
             ("requests", v.requests, ref.requests),
+            ("restores", v.restores, ref.restores),
             ("ops", v.ops, ref.ops),
             ("free counts", v.free, ref.free),
             ("next op ids", (v.next_op,), (ref.next_op,)),

@@ -308,6 +308,9 @@ def test_rank_agreement_violation() -> None:
     assert "rank 1's tree differs from rank 0's at node 1" in v.message and v.nodes == (1,)
     v = only(check(two_ranks(requests=((7, 8, (4, 4, 0), 1),))), "I7")
     assert "rank 1's requests differ" in v.message
+    planned = ((5, (((), (), (1, 2)), (), (), (False, False, False, True, False), 0), ()),)
+    v = only(check(two_ranks(restores=planned)), "I7")  # a restore's plan on rank 1 only
+    assert "rank 1's restores differ" in v.message
     only(check(two_ranks(free=(("L1", "", 2), ("L2", "", 7)))), "I7")
 
 

@@ -266,6 +266,7 @@ class CacheController:
             rank=self.agree.rank,
             size=self.agree.size,
             hits={rid: tuple(mat.match.lengths) for rid, mat in self.restores.items()},
+            restores={rid: mat.record() for rid, mat in self.restores.items()},
             log=self.agree.c.log,
             l3_writes=self.l3_writes,
             quiescent=not self.handles and not self.backups.pending,

@@ -54,6 +54,20 @@ class Materialization:
     ready_at: float | None = None
     prefilled: bool = False  # served: a second prefill is refused
 
+    def record(self) -> tuple[object, ...]:
+        """What every rank of a TP cache must hold equal of this restore (I7, spec/tp.md):
+        each part's node ids, its own and awaited op ids, its flags and the pages it
+        landed. Timings are a rank's own and left out. Plain data: a RankView carries it."""
+        return (
+            tuple(
+                tuple(n.node_id for n in part) for part in (self.shared, self.l2_part, self.l3_part)
+            ),
+            tuple(sorted(self.ops)),
+            tuple(sorted(self.awaited)),
+            (self.deferred, self.s2h_done, self.l3_h2d_issued, self.failed, self.prefilled),
+            self.landed_pages,
+        )
+
     @property
     def done(self) -> bool:
         return not self.ops and not self.awaited and not self.deferred and not self.needs_l3_h2d

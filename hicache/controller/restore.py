@@ -294,13 +294,18 @@ class RestoreStager:
     def _settle_clamped(self, mat: Materialization, op: PendingOp, kept: int) -> None:
         """This restore's S2H stopped part way and its first `kept` nodes were published in
         L2: they become the L3 part (pinned in L2, loaded back next), the rest is dropped
-        (its L3 pin goes, its tokens are recomputed), one fallback `prefetch_clamped`."""
+        (its L3 pin goes, its tokens are recomputed), one fallback `prefetch_clamped`.
+
+        `kept` == 0 leaves the plan as a failed S2H does (`_settle_own`): across ranks the
+        one that read part way and the one that cancelled settle the same agreed end, and
+        the plan a prefill serves from (C1c, without a collective) must be equal (I7)."""
         mat.ops.discard(op.op_id)
-        mat.l3_part = list(op.nodes[:kept])
         if kept:
+            mat.l3_part = list(op.nodes[:kept])
             mat.s2h_done = True
             self.cp.pin(mat.request_id, op.nodes[kept - 1], Tier.L2)
         else:
+            mat.l3_part = list(op.nodes)
             mat.failed = True
         self._drop_part(mat, list(op.nodes), "prefetch_clamped")
 

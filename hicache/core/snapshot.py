@@ -207,3 +207,6 @@ class RankView:
     quiescent: bool = False
     modes: tuple[tuple[str, str], ...] = ()  # (pool, tp_mode) of the backed-up group
     next_op: int = 0  # the op id the next transfer takes (equal on every rank: C2)
+    # (request id, restore record, pins (node id, tier index)) per live restore: a prefill's serve
+    # reads the plan without a collective where no window is freed (C1c), so equal too
+    restores: tuple[tuple[int, tuple[object, ...], tuple[tuple[int, int], ...]], ...] = ()

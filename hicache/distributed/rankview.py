@@ -6,6 +6,8 @@
                    residency, lock count, the direction of the op filling it, pages held,
                    LRU tick (what eviction orders by: equal ticks, equal victims)
       requests     (request id, cached_len, hits at admission per tier, locked node)
+      restores     (request id, the restore's record, its pins): the plan, ops and flags
+                   a prefill's serve reads without a collective where no window is freed
       ops          (op id, direction, node ids, token range): the pending-op table
       next_op      the id the next transfer takes: ids stay equal on every rank, also
                    when no op is pending (C2: a rank that issued nothing skips the id)
@@ -69,6 +71,7 @@ def build_view(
     rank: int,
     size: int,
     hits: Mapping[int, tuple[int, ...]],
+    restores: Mapping[int, tuple[object, ...]],
     log: CollectiveLog,
     l3_writes: L3Writes,
     quiescent: bool,
@@ -76,7 +79,8 @@ def build_view(
     pool_digests: PoolDigests | None,
 ) -> RankView:
     """A rank's view from its parts: its control plane `cp`, the hits at admission of the
-    live requests that restore (`hits`, by request id), its collective `log`, its
+    live requests that restore (`hits`, by request id) and their restores' records
+    (`restores`, `Materialization.record`), its collective `log`, its
     `l3_writes`, whether it is `quiescent` (no op in flight, no backup wanted), its pool
     `group` and its byte plane's `pool_digests` (None: no bytes to compare, or the plane is
     closed)."""
@@ -110,6 +114,18 @@ def build_view(
             for rid, r in cp.requests.items()
         )
     )
+    pinned = tuple(
+        sorted(
+            (
+                rid,
+                record,
+                tuple((n.node_id, int(t)) for n, t in cp.requests[rid].pins)
+                if rid in cp.requests
+                else (),
+            )
+            for rid, record in restores.items()
+        )
+    )
     ops = tuple(
         sorted(
             (op.op_id, op.direction.value, tuple(n.node_id for n in op.nodes), *op.token_range)
@@ -140,6 +156,7 @@ def build_view(
         quiescent,
         tuple((p.name, p.tp_mode) for p in group.backed_up().pools),
         cp.next_op_id,
+        pinned,
     )
 
 
@@ -168,8 +185,9 @@ def _replicated(
 
 
 def state_hash(view: RankView) -> int:
-    """A 63-bit hash of what I7 compares (tree, requests, ops, free counts, next op id)."""
-    return _hash63((view.nodes, view.requests, view.ops, view.free, view.next_op))
+    """A 63-bit hash of what I7 compares (tree, requests, restores, ops, free counts, next
+    op id)."""
+    return _hash63((view.nodes, view.requests, view.restores, view.ops, view.free, view.next_op))
 
 
 def bytes_hash(view: RankView) -> int:
