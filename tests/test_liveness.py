@@ -208,6 +208,48 @@ def test_an_inserted_node_is_in_l2_after_a_drain_under_write_through(
     assert all("owed L2" in f for f in got)
 
 
+@pytest.mark.parametrize("planted", [None, "forgets", "third", "uncounted"])
+def test_the_second_match_of_a_node_owes_l2_under_write_through_selective(
+    planted: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under write_through_selective the L1 handle of an admission is owed L2 once its
+    `hits` is 2 (spec/policies.md, the worked example: the third request to use the
+    prefix). Planted bugs: the planner forgets the wish, or wants it only from the third
+    match (`backup undelivered`, owed L2); the tree stops counting matches (`hits count`)."""
+    from hicache.controller.backup import BackupPlanner
+    from hicache.core.tree import HiRadixTree
+
+    if planted == "forgets":
+        monkeypatch.setattr(BackupPlanner, "after_match", lambda self, node: None)
+    elif planted == "third":
+        want = BackupPlanner.after_match
+
+        def third(self: BackupPlanner, node: Any) -> None:
+            if self.cp.hits(node) >= 3:
+                want(self, node)
+
+        monkeypatch.setattr(BackupPlanner, "after_match", third)
+    elif planted == "uncounted":
+        touch = HiRadixTree.touch_match
+
+        def uncounted(self: HiRadixTree, m: Any) -> None:
+            hits = [n.hits for n in m.path]
+            touch(self, m)
+            for n, h in zip(m.path, hits):
+                n.hits = h
+
+        monkeypatch.setattr(HiRadixTree, "touch_match", uncounted)
+    a = adapter(write_policy="write_through_selective")
+    for rid in (1, 2, 3):
+        serve(a, rid, P + (1,))
+        a.drain()
+    undelivered, miscounted = findings(a, "backup undelivered"), findings(a, "hits count")
+    a.close()
+    assert bool(undelivered) == (planted in ("forgets", "third")), undelivered
+    assert all("owed L2" in f for f in undelivered)
+    assert bool(miscounted) == (planted == "uncounted"), miscounted
+
+
 @pytest.mark.parametrize("planted", [False, True])
 def test_an_eviction_loop_runs_until_want_is_freed_or_no_candidate_is_left(
     planted: bool, monkeypatch: pytest.MonkeyPatch

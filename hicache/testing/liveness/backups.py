@@ -10,9 +10,18 @@ it until it is delivered, its source is gone, or it is excused:
               L2 (above any freed window)                           `d2h_fail`/`d2h_cancel`,
                                                                     a window freed on it or
                                                                     above, the node removed
+              `begin_request` under write_through_
+              selective: the L1 handle once its
+              `hits` is 2 or more, and its chain
     L3        `d2h_complete` (L3 follows L2, every    L3 RESIDENT   L2 left, its own
               write policy)                                         `h2s_fail`/`h2s_cancel`,
                                                                     the node removed
+
+Selective write-through reads `hits` (spec/policies.md, "The `hits` count"), which the
+ledger counts itself from the trace, one cache only: 0 for a new node, both halves of a
+split keep it, +1 on every node of an admission's matched path (its first len - 1 tokens).
+A count that differs from the node's own is `hits count`. Across ranks the match is cut to
+the agreed hits first (spec/tp.md C1); the ledger leaves selective write-through to one cache.
 
 A split owes both halves what the node owed. A backup dropped at issue leaves no event; its
 tokens are counted (`dropped_tokens_total{reason}`) before the next event, so the drop
@@ -71,6 +80,8 @@ class BackupLedger:
         self.ctl = ctl
         self.findings = findings
         self.write_through = write_policy is WritePolicy.WRITE_THROUGH
+        self.selective = write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE and not tp
+        self.hits: dict[int, int] = {}  # node id -> matches through it (selective only)
         self.write_back = write_policy is WritePolicy.WRITE_BACK
         self.states = {c.name: c.states for c in lifecycle.composites}
         self.owed: dict[Tier, set[int]] = {Tier.L2: set(), Tier.L3: set()}
@@ -86,10 +97,14 @@ class BackupLedger:
         if self.ctl.metrics.dropped_tokens != self.seen:
             self._excuse_drops()  # counted before this event: judged on the state before it
         name, node = e.event, e.node
+        if name == "begin_request" and self.selective:
+            self._matched(e)
         if node is None:
             return
         if name == "split":
             upper = e.detail.get("upper")
+            if isinstance(upper, int):
+                self.hits[upper] = self.hits.get(node, 0)  # both halves keep the count
             for owed in self.owed.values():
                 if node in owed and isinstance(upper, int):
                     owed.add(upper)
@@ -121,9 +136,34 @@ class BackupLedger:
         elif name == "insert" and self.write_through:
             self._owe_l2(self.tree.node(node))
 
+    def _matched(self, e: TraceEvent) -> None:
+        """An admission: +1 on every node of its matched path (the prompt's first len - 1
+        tokens, the tree as the match left it); its L1 handle (the node ending its L1 hit) is
+        owed L2, with its chain, once its count is 2 (spec/policies.md)."""
+        prompt = e.detail.get("prompt")
+        hit = e.detail.get("hit")
+        if not isinstance(prompt, list) or not isinstance(hit, list) or not prompt:
+            return
+        path = self.tree.match(tuple(prompt[: len(prompt) - 1]), split=False, touch=False).path
+        at, handle = 0, None
+        for n in path:
+            count = self.hits[n.node_id] = self.hits.get(n.node_id, 0) + 1
+            if count != n.hits:
+                self.findings.append(
+                    f"hits count: node {n.node_id} holds hits {n.hits}, but {count} matches "
+                    f"passed through it (spec/policies.md, The `hits` count; request {e.request})"
+                )
+                self.hits[n.node_id] = n.hits  # reported once; judge on from the node's
+            at += len(n.key)
+            if at == hit[0]:
+                handle = n
+        if handle is not None and self.hits[handle.node_id] >= 2:
+            self._owe_l2(handle)
+
     def _owe_l2(self, node: TreeNode) -> None:
-        """Write-through wants the inserted node in L2, with every node of its path that L1
-        holds and L2 lacks (its chain), down to the first node whose window is freed."""
+        """Write-through wants the inserted node (selective: the L1 handle) in L2, with every
+        node of its path that L1 holds and L2 lacks (its chain), down to the first node whose
+        window is freed."""
         path = list(reversed(self.tree.path_to_root(node)))
         for n in path:
             if n.node_id in self.freed:
