@@ -166,6 +166,46 @@ def test_a_restore_served_short_of_its_plan_with_nothing_counted_is_found(
     assert got and "to token 12" in got[0] and "to token 8" in got[0], a.findings
 
 
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_waiter_whose_shared_load_back_failed_loads_it_itself(
+    planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request 3 shares request 2's load-back of P, which fails: the waiter takes the nodes
+    into its own L2 part and loads them (spec/restore.md, no fallback of its own). A planted
+    bug: the resume forgets the shared part, so request 3 recomputes P. Request 2's counted
+    failure excused that before (`restore short` read any request's fallback)."""
+    from hicache.controller.restore import RestoreStager
+
+    if planted:
+        resume = RestoreStager._resume
+
+        def forgets(self: RestoreStager, mat: Any, issue: Any) -> None:
+            mat.shared, mat.l2_part = [], []
+            resume(self, mat, issue)
+
+        monkeypatch.setattr(RestoreStager, "_resume", forgets)
+    a = adapter(write_policy="write_through")
+    given_up(a, ("L1",), P + (1,))
+    a.submit(2, P + (2,))
+    (op,) = a.pending_ops()
+    a.submit(3, P + (3,))  # shares op: nothing of its own in flight
+    assert a.pending_ops() == [op]
+    a.fail(op, "error")
+    a.tick()
+    a.finish(2)
+    l2_hits = a.ctl.metrics.hit_tokens["L2"]
+    for _ in range(8):
+        if a.ready(3):
+            break
+        a.drain()
+    assert a.ready(3) and a.prefill(3)
+    got = findings(a, "restore short")
+    loaded = a.ctl.metrics.hit_tokens["L2"] - l2_hits
+    a.close()
+    assert bool(got) == planted, got
+    assert loaded == (0 if planted else 12)
+
+
 def test_a_fallback_whose_reason_the_state_does_not_allow_is_found(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

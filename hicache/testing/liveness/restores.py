@@ -14,8 +14,11 @@ first copy a read found bad, none with L3 offline). Then:
                                       `never`, not recompute)
     prefill       restore short       a restore was chosen, yet the request is served less than
                                       its plan's end (`hit_tokens` L2 + L3 it gained), with no
-                                      fallback counted, no `cancel_restore`, no window freed
-                                      since it was admitted
+                                      fallback counted for it (a part of its own dropped, or
+                                      its admission backed off), no `cancel_restore`, no window
+                                      freed since it was admitted: another request's fallback
+                                      excuses nothing (a waiter whose shared load-back failed
+                                      loads the nodes itself, spec/restore.md)
     any call      fallback reason     a fallback counted that the state does not allow:
                                       `load_back_pending` without back_off, `prefetch_clamped`
                                       without a pool group, `l3_offline` with L3 online,
@@ -75,7 +78,8 @@ class RestoreProbe:
         self.quarantine = quarantine
         self.findings = findings
         self.expected: dict[int, Expected] = {}
-        self.since: dict[int, tuple[int, int]] = {}  # request -> (fallbacks, windows) admitted
+        self.since: dict[int, int] = {}  # request -> windows freed when it was admitted
+        self.own: dict[int, int] = {}  # request -> fallbacks counted for it since admitted
         self.cancelled: set[int] = set()
         self.windows_freed = 0  # `tombstone` events so far
         self._begin: Callable[..., MatchResult] = ctl.cp.begin_request
@@ -86,6 +90,7 @@ class RestoreProbe:
         """`restore_gap` ends an L3 part whose chain's parent did not reach L1 (its L2 part
         failed or was never issued; spec/restore.md): a gap under a parent L1 holds drops a
         part that could have landed."""
+        self.own[mat.request_id] = self.own.get(mat.request_id, 0) + 1
         parent = part[0].parent if part else None
         if reason == "restore_gap" and parent is not None and self.ctl.cp.holds(parent, Tier.L1):
             self.findings.append(
@@ -162,7 +167,10 @@ class RestoreProbe:
     def after(self, call: str, request_id: int | None, before: Before) -> None:
         metrics = self.ctl.metrics
         if call == "submit" and request_id is not None:
-            self._admitted(request_id, sum(before.fallbacks.values()))
+            backed_off = metrics.fallbacks["load_back_pending"] - before.fallbacks.get(
+                "load_back_pending", 0
+            )
+            self._admitted(request_id, backed_off)
         elif call == "prefill" and request_id is not None:
             self._served(request_id, _restored(metrics) - before.restored)
         elif call == "cancel_restore" and request_id is not None:
@@ -170,6 +178,7 @@ class RestoreProbe:
         elif call == "finish" and request_id is not None:
             self.expected.pop(request_id, None)
             self.since.pop(request_id, None)
+            self.own.pop(request_id, None)
             self.cancelled.discard(request_id)
         grown = {r: n - before.fallbacks.get(r, 0) for r, n in metrics.fallbacks.items()}
         live = {**before.live, **{r: m.decision.choice for r, m in self.ctl.restores.items()}}
@@ -178,10 +187,12 @@ class RestoreProbe:
             if why:
                 self.findings.append(f"fallback reason: {grown[reason]} x {reason} {why}")
 
-    def _admitted(self, request_id: int, fallbacks: int) -> None:
+    def _admitted(self, request_id: int, backed_off: int) -> None:
+        """`backed_off`: `load_back_pending` counted by this admission (its own fallback)."""
         mat = self.ctl.restores.get(request_id)
         want = self.expected.get(request_id)
-        self.since[request_id] = (fallbacks, self.windows_freed)
+        self.since[request_id] = self.windows_freed
+        self.own[request_id] = self.own.get(request_id, 0) + backed_off  # and drops in it
         if mat is None or want is None or self.policy not in ("always", "never"):
             return
         chose = mat.decision.choice
@@ -203,15 +214,15 @@ class RestoreProbe:
             return
         served = want.l1 + gained
         excused = (
-            sum(self.ctl.metrics.fallbacks.values()) != since[0]
+            self.own.get(request_id, 0) > 0
             or request_id in self.cancelled
-            or self.windows_freed != since[1]
+            or self.windows_freed != since
         )
         if served < want.end and not excused:
             self.findings.append(
                 f"restore short: request {request_id} chose {want.choice} to token {want.end} "
-                f"but was served from the cache to token {served}, with no fallback counted, "
-                "no cancel_restore and no window freed (spec/restore.md: every planned page "
+                f"but was served from the cache to token {served}, with no fallback counted for "
+                "it, no cancel_restore and no window freed (spec/restore.md: every planned page "
                 "lands and is served, or its part's fallback is counted)"
             )
 
