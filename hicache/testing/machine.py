@@ -355,7 +355,9 @@ class CacheMachine(RuleBasedStateMachine):
         2 wanted backups start, then only the oldest transfer ends (an L3 write is then
         often in flight); `deep` always
         lets every transfer end (so L3 holds the prompt). `twice`: a
-        second admission shares the first one's load-back; `abort_first`: the first is
+        second admission, right after the first, shares the first one's load-back, before
+        that fails or is cancelled below (then the second loads the nodes itself,
+        spec/restore.md); `abort_first`: the first is
         aborted while its restore is in flight; `aim`: the restore's newest transfer
         (an S2H when `deep`) fails that way -- a fault aimed at one op (not with
         `abort_first`, whose restore is cancelled in flight)."""
@@ -369,13 +371,14 @@ class CacheMachine(RuleBasedStateMachine):
         self._give_up_upper_tiers(deep)
         first = self._admit(tokens)
         ops = self.cache.pending_ops()
+        second = self._admit(tokens) if twice else None
         if aim is not None and ops and not abort_first:
             self.cache.fail(ops[-1], aim)
             self.cache.tick()
         if abort_first and first in self.model.requests:
             self._end(first)
-        if twice:
-            self.submit(tokens, 1)
+        if second is not None:
+            self._serve(second, finish=False)
         if not abort_first:
             self._serve(first, finish=False)
 
