@@ -242,6 +242,10 @@ def split_runs(runs: list[Run], bounds: Bounds) -> list[list[Run]]:
         here: list[Run] = []
         while k < len(runs) and runs[k].lo < hi:
             r = runs[k]
+            if lo <= r.lo and r.hi <= hi:  # whole in this chunk (most runs of a fragmented one)
+                here.append(r)
+                k += 1
+                continue
             a, b = max(r.lo, lo), min(r.hi, hi)
             if a < b:
                 here.append(Run(a, b, r.l2_first + a - r.lo))
