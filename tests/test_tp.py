@@ -9,6 +9,7 @@ import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,8 @@ from hicache.distributed.collectives import (
 from hicache.distributed.rankview import rank_view
 from hicache.distributed.simulated import ThreadGroup
 from hicache.errors import ConfigError, InvariantViolation, PlanePoisoned
+from hicache.testing.adapters.controller import Setup
+from hicache.testing.adapters.tp import TPSetup
 from hicache.testing.machines import tp_machine
 from tests.test_testing_machine import _budget
 
@@ -599,3 +602,26 @@ def test_c1a_carries_c4_whose_ends_are_the_ones_completion_agrees() -> None:
     assert carried == alone == [[(False, False, 0, 0, bad, False), (True, True, 0, 1, 1, True)]] * 2
     masked = agree(2, lambda r, a: a.admit([4, 2, 0], 4, 1, [1, 0, 1, 0, 1], local[r])[2])
     assert masked == alone  # after a mask too
+
+
+def test_resubmit_shares_then_fails_an_op_still_moving_across_ranks() -> None:
+    """`resubmit(twice)` admits the sharer before it fails the first's op; across ranks the
+    sharer's admission carries C4 (C1a) and may end that op, so the op to fail is read after
+    it. Read before, it named an op no rank still moved (ZeroDivisionError in the adapter's
+    `fail`: found by the default profile)."""
+    state: Any = TpMha()
+    base = Setup(
+        l1_pages=7,
+        l2_pages=3,
+        l3_slots=2,
+        write_policy="write_through",
+        policy="always",
+        promotion=False,
+        plane="null",
+        check_mode="off",
+    )
+    state.start(setup=TPSetup(base=base, size=2), corruptions=())
+    state.refused_on_one_rank(base=0, held=1, tier=1)
+    state.resubmit(abort_first=False, aim="error", deep=True, pick=0, settle=0, twice=True)
+    state.agrees_with_reference()
+    state.teardown()

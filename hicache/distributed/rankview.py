@@ -114,7 +114,7 @@ def build_view(
             for rid, r in cp.requests.items()
         )
     )
-    pinned = tuple(
+    restore_records = tuple(
         sorted(
             (
                 rid,
@@ -156,7 +156,7 @@ def build_view(
         quiescent,
         tuple((p.name, p.tp_mode) for p in group.backed_up().pools),
         cp.next_op_id,
-        pinned,
+        restore_records,
     )
 
 

@@ -370,8 +370,10 @@ class CacheMachine(RuleBasedStateMachine):
             self.tick(1)
         self._give_up_upper_tiers(deep)
         first = self._admit(tokens)
-        ops = self.cache.pending_ops()
         second = self._admit(tokens) if twice else None
+        # Read after the second admission: across ranks it carries C4 (C1a), which may have
+        # ended the first's op; a sharer issues none of its own, so the newest is the first's.
+        ops = self.cache.pending_ops()
         if aim is not None and ops and not abort_first:
             self.cache.fail(ops[-1], aim)
             self.cache.tick()
