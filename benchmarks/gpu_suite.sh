@@ -23,7 +23,8 @@
 #   (latency only, 5 repeats) for each of GATE_LAYERS (default "1 4 1 4": before and after
 #   alternating on one card; --gate-layers K, a wait per K layers in a layer-wise graph),
 #   then eager at 350 and 3,500 tokens, latency only, 7 repeats (its rows' gc_ms: the
-#   collector's pauses per sample), and again with --gc-freeze
+#   collector's pauses per sample), and again with --gc-freeze (GATES_EAGER=0: not the eager
+#   runs); with BASELINE (below), each graphs run for the baseline tree, then this one
 #   BASELINE (compare stage): a directory holding another checkout's hicache/, kernels/,
 #   invariants/, spec/ (`git archive REV hicache kernels invariants spec | tar -x -C DIR`):
 #   the transfer benchmark at 350 and 3,500 tokens, single pool and dsv4/mla, run for it and
@@ -113,9 +114,15 @@ for stage in $stages; do
            i=0
            for k in ${GATE_LAYERS:-1 4 1 4}; do
              i=$((i + 1))
-             run "gates_${i}_k$k" python3 -m hicache bench serving --presets qwen3-8b --mode graphs \
-               --lengths 3500 --repeats 5 --no-stress --gate-layers "$k" --out "$out/gates_${i}_k$k"
+             for side in ${BASELINE:+baseline} current; do  # with BASELINE: A/B on one card
+               tree=$([ $side = baseline ] && echo "$BASELINE" || echo "$PWD")
+               name=gates_${i}_k$k${BASELINE:+_$side}
+               run "$name" env PYTHONPATH="$tree${PYTHONPATH#$PWD}" bash -c "cd '$tree' && \
+                 python3 -m hicache bench serving --presets qwen3-8b --mode graphs --lengths 3500 \
+                 --repeats 5 --no-stress --gate-layers $k --out '$out/$name'"
+             done
            done
+           [ "${GATES_EAGER:-1}" = 0 ] && continue
            for freeze in "" --gc-freeze; do  # eager: the collector's pauses, then a frozen heap
              run "gates_eager${freeze:+_frozen}" python3 -m hicache bench serving --presets qwen3-8b \
                --mode eager --lengths 350 3500 --repeats 7 --no-stress $freeze --out "$out/gates_eager${freeze:+_frozen}"

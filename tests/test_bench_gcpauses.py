@@ -64,9 +64,9 @@ def test_the_latency_rows_carry_each_timed_samples_pauses(
 
     real_kv = producer.compute_kv
 
-    def collecting_kv(*args: object) -> object:
+    def collecting_kv(*args: object, **kwargs: bool) -> object:
         gc.collect(2)  # ... and inside every layer-wise one
-        return real_kv(*args)  # type: ignore[arg-type]
+        return real_kv(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(producer, "produce", collecting)
     monkeypatch.setattr(producer, "compute_kv", collecting_kv)

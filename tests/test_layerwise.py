@@ -172,6 +172,27 @@ def test_a_landing_restore_is_ready_and_its_prefill_computes_on_it() -> None:
     c.close()
 
 
+def test_the_prefill_queues_its_computation_ahead_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller asks `compute_kv` not to wait (`wait=False`): its own settling runs on
+    the host while the device computes (controller/ahead.py); the bytes are the same."""
+    c = make(layerwise=True)
+    cached_in_l2(c)
+    assert c.producer is not None
+    real, asked = c.producer.compute_kv, []  # type: ignore[attr-defined]
+
+    def recording(*args: object, **kwargs: bool) -> object:
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(c.producer, "compute_kv", recording)
+    c.admit(2, PROMPT + TAIL)
+    assert c.prefill(2) == 4 and asked == [{"wait": False}]
+    tree_pages_hold_what_recompute_writes(c, PROMPT + TAIL)
+    c.close()
+
+
 def test_an_l3_restore_lands_its_last_step_layer_by_layer() -> None:
     """The promoted part's H2D is the restore's one op once its S2H is done: landing."""
     c = make(layerwise=True)

@@ -138,6 +138,7 @@ def test_gpu_a_landing_restore_prefills_on_its_layers() -> None:
     mat = c.admit(2, tokens)
     assert not mat.done and c.ready(2)
     assert c.prefill(2) == 16
+    assert torch.cuda.current_stream().query(), "prefill returns with the KV written"
     assert c.metrics.layerwise_prefills == 1 and c.metrics.verified_pages == 4
     pages = c.cp.prefix_pages(c.cp.prefix_node(2), Tier.L1)
     assert c.producer is not None
@@ -181,3 +182,36 @@ def test_gpu_model_computes_on_a_landing_prefix(mode: str, gate_layers: int) -> 
         assert handle.wait(5.0).final and seconds > 0
         # Equal up to rounding: the filled buffers and a gathered view may pick other kernels.
         torch.testing.assert_close(kv, want, rtol=1e-4, atol=1e-4, msg=f"attempt {attempt}")
+
+
+@pytest.mark.parametrize("mode", ["eager", "graphs"])
+def test_gpu_model_compute_kv_not_waited_for_returns_before_the_device(mode: str) -> None:
+    """`wait=False` (what the controller asks): `compute_kv` returns while the caller's stream
+    is still held -- nothing on the way waits for the device, the page list given on the host
+    (numpy, as the controller gives it) included -- and the KV is right in the stream's
+    order. Graphs: the second call (the first captures, and a capture synchronises)."""
+    pytest.importorskip("transformers")
+    from hicache.producers.model import ModelProducer, Qwen3Shape
+
+    shape = Qwen3Shape(128, 4, 4, 2, 32, 256, 512, max_positions=4096)
+    model = ModelProducer(shape, "cuda", torch.float32, mode=mode, page_size=16)
+    l1, l2, m = mover()
+    tokens = list(range(1, 81))
+    prefix_pages = torch.tensor([0, 1, 2, 3], device="cuda")
+    model.produce(tokens, 0, 64, l1.tensor, torch.tensor([], dtype=torch.int64), prefix_pages)
+    model.produce(tokens, 64, 80, l1.tensor, prefix_pages, torch.tensor([4], device="cuda"))
+    want = l1.tensor[:, :, 4].clone()
+    l2.tensor[8:12] = l1.tensor[:, :, 0:4].permute(2, 0, 1, 3, 4, 5).cpu()
+    landing = np.array([16, 17, 18, 19], dtype=np.int64)
+    busy = []
+    for attempt in range(2):
+        l1.tensor[:, :, 16:20] = float("nan")
+        hold_caller()
+        handle = m.issue(np.arange(8, 12, dtype=np.int64), landing, None)
+        assert handle is not None and handle.gate is not None
+        kv, _ = model.compute_kv(tokens, 64, 80, l1.tensor, landing, handle.gate, wait=False)
+        busy.append(not torch.cuda.current_stream().query())
+        torch.cuda.current_stream().synchronize()
+        assert handle.wait(5.0).final
+        torch.testing.assert_close(kv, want, rtol=1e-4, atol=1e-4, msg=f"attempt {attempt}")
+    assert busy[-1], "compute_kv(wait=False) waited for the device"

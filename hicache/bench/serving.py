@@ -96,20 +96,42 @@ class Subject:
 
 class TimedProducer:
     """A producer's every `produce` and `compute_kv`, timed: `last_s` is the seconds the
-    latest one returned (the bench's tail-prefill time, next to the H2D's)."""
+    latest one took (the bench's tail-prefill time, next to the H2D's) -- what it returned,
+    or for a `compute_kv` not waited for (`wait=False`, the controller's) on CUDA, the device
+    time between events around it, read once the caller has synchronised."""
 
     def __init__(self, inner: KVProducer) -> None:
         self.inner = inner
         self.geometry = inner.geometry
-        self.last_s = 0.0
+        self._last_s = 0.0
+        self._queued: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    @property
+    def last_s(self) -> float:
+        if self._queued is not None:
+            began, ended = self._queued
+            ended.synchronize()
+            self._last_s, self._queued = began.elapsed_time(ended) / 1e3, None
+        return self._last_s
 
     def produce(self, *args: Any) -> float:
-        self.last_s = self.inner.produce(*args)
-        return self.last_s
+        self._last_s, self._queued = self.inner.produce(*args), None
+        return self._last_s
 
-    def compute_kv(self, *args: Any) -> Any:
-        kv, self.last_s = self.inner.compute_kv(*args)  # type: ignore[attr-defined]
-        return kv, self.last_s
+    def compute_kv(self, *args: Any, wait: bool = True) -> Any:
+        device = args[3].device  # l1
+        queued = not wait and device.type == "cuda"
+        began = ended = None
+        if queued:
+            began = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            ended = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            began.record(torch.cuda.current_stream(device))
+        kv, seconds = self.inner.compute_kv(*args, wait=wait)  # type: ignore[attr-defined]
+        self._last_s, self._queued = seconds, None
+        if began is not None and ended is not None:
+            ended.record(torch.cuda.current_stream(device))
+            self._queued = (began, ended)
+        return kv, seconds
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
         return self.inner.expected(tokens, start, end)

@@ -9,14 +9,23 @@ landing restore is `ready`, and its `prefill`:
 1. computes ahead: `compute_kv` on the prefix -- the L1 hit's pages, then the op's target
    pages, in token order -- from the op's last node to the prompt's `prefill_end`; the
    producer reads layer `l` of the prefix only after `gate.wait(l)`. Nothing is written to
-   L1 and no state changes (R83);
+   L1 and no state changes (R83). The work is queued on the caller's stream, not waited
+   for (`wait=False`): steps 2 and 3 run on the host while the device computes;
 2. settles: waits for the op's end and applies it as phase 1 of a tick would, for this op
    alone (published and pinned, or dropped with its fallback); nothing else advances;
 3. prefills as always, except where the KV computed ahead may stand in for a second producer
    run (`take`): the op ended DONE, and the prefill starts where the ahead began, on the same
    prefix pages, and ends where it ended. Otherwise the KV is thrown away
    (`ahead_discarded_total`) and the producer runs again on what did land (R84): a layer
-   that failed, or was never waited for, must not reach the tree.
+   that failed, or was never waited for, must not reach the tree. The KV taken is written
+   behind the computation in the same stream (`write_kv`), and the prefill returns once the
+   stream has done both (`written`), as a prefill that ran the producer does: whatever
+   the caller does next with L1, and the restore's observed latency (the cost model's
+   sample), come after the bytes.
+
+Queued, not waited for, is safe for every other user of L1: a transfer's mover starts after
+the caller's stream's queued work (B05), and a KV thrown away was allocated on that stream, so
+its memory is reused only behind the computation.
 
 Why not publish on the gate: the gate says when a layer's bytes are *there*, not that the
 transfer *succeeded* -- only the handle's end says that, so the control plane learns the op's
@@ -92,7 +101,7 @@ def compute_ahead(
     prefix = np.concatenate([np.asarray(above, np.int64), np.asarray(op.target_pages, np.int64)])
     assert handle.gate is not None, "a landing op has a gate"
     padded = tuple(mat.tokens) + (0,) * (end - len(mat.tokens))
-    kv, _ = producer.compute_kv(padded, start, end, l1, prefix, handle.gate)
+    kv, _ = producer.compute_kv(padded, start, end, l1, prefix, handle.gate, wait=False)
     return Ahead(start, end, prefix, kv, handle)
 
 
@@ -109,10 +118,20 @@ def take(ahead: Ahead | None, start: int, end: int, prefix: npt.NDArray[np.int64
 
 
 def write_kv(l1: Any, new_pages: npt.NDArray[np.int64], kv: Any) -> None:
-    """Write KV computed ahead into the prefill's new pages (`base.write_pages`, bit for bit)."""
+    """Queue the write of KV computed ahead into the prefill's new pages (`base.write_pages`,
+    bit for bit) on the caller's stream, behind its computation (no host wait)."""
     import torch  # torch-heavy: only a plane with bytes computes ahead
 
     from hicache.producers.base import write_pages
 
-    index = torch.as_tensor(np.asarray(new_pages, np.int64), device=l1.device)
+    index = torch.from_numpy(np.asarray(new_pages, np.int64)).to(l1.device, non_blocking=True)
     write_pages(l1, index, kv)
+
+
+def written(l1: Any) -> None:
+    """Step 3's end: wait until the caller's stream has computed and written the KV taken
+    (a no-op on the CPU, where both ran in their calls)."""
+    import torch  # torch-heavy: only a plane with bytes computes ahead
+
+    if l1.device.type == "cuda":
+        torch.cuda.current_stream(l1.device).synchronize()

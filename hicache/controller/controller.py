@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from hicache.controller.ahead import Ahead, compute_ahead, landing, take, write_kv
+from hicache.controller.ahead import Ahead, compute_ahead, landing, take, write_kv, written
 from hicache.controller.build import build_parts
 from hicache.controller.config import CacheConfig
 from hicache.controller.materialize import Materialization, plan_parts
@@ -542,6 +542,8 @@ class CacheController:
             self.tagged.computed(padded, start, end, new_pages)
         self.cp.insert(rid)
         self.backups.after_insert(self.cp.prefix_node(rid))
+        if kv is not None and self._bytes is not None:
+            written(self._bytes.l1_arena)  # the backup above was queued behind it (B05)
 
     # -- helpers ----------------------------------------------------------------------------
 

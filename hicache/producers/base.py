@@ -82,12 +82,19 @@ class LayerwiseProducer(Protocol):
         l1: torch.Tensor,
         prefix_pages: PageIndex,
         gate: LayerGate,
+        *,
+        wait: bool = True,
     ) -> tuple[torch.Tensor, float]:
         """The token-major KV `[K/V, layer, end - start, kv_head, head_dim]` that `produce`
         would write for `tokens[start:end]`, reading layer `l` of `prefix_pages` only after
         `gate.wait(l)`, and the seconds until it is computed (waits on the gate included, so
         not a recompute sample). Writes no page: the caller writes the KV (`write_pages`) once
-        the prefix is known to have landed, or throws it away."""
+        the prefix is known to have landed, or throws it away.
+
+        `wait=False`: return once the work is queued on the caller's current stream -- the KV
+        is there in that stream's order, as any torch result is -- and the seconds are the
+        host's to queue it, so the caller's own host work overlaps the device's (on a CPU,
+        where work is synchronous, the same as `wait=True`)."""
         ...
 
 
@@ -113,15 +120,25 @@ def check_range(geometry: KVGeometry, n_tokens: int, start: int, end: int) -> No
         )
 
 
-def as_page_index(pages: PageIndex, device: torch.device, field: str) -> torch.Tensor:
-    """A 1-D int64 tensor of page indices on `device` (a copy only when needed)."""
+def host_page_index(pages: PageIndex, field: str) -> torch.Tensor:
+    """`pages` as a 1-D int64 tensor on the host, to check (a device tensor is read back:
+    that synchronises; a numpy array is viewed, not copied)."""
     t = torch.from_numpy(np.asarray(pages)) if isinstance(pages, np.ndarray) else pages
     # Verify the indices are a 1-D integer list: a float or 2-D index would mean a caller bug.
     if t.dim() != 1 or t.dtype != torch.int64:
         raise ProducerError(
             field, f"must be 1-D int64 page indices, got {t.dtype} of shape {tuple(t.shape)}"
         )
-    return t.to(device)
+    return t.cpu()
+
+
+def upload(host: torch.Tensor, given: PageIndex, device: torch.device) -> torch.Tensor:
+    """The page index on `device`: `given` itself when it is there already, else `host` copied
+    up without a stream sync (a pageable source is staged before the call returns, so the
+    host list may go at once; the device reads it in the current stream's order)."""
+    if isinstance(given, torch.Tensor) and given.device == device:
+        return given
+    return host.to(device, non_blocking=True)
 
 
 def check_produce_args(
@@ -136,7 +153,9 @@ def check_produce_args(
     `device` (`new_pages` None: a `compute_kv`, which writes no page; empty then).
     ProducerError (nothing written) for an unaligned range, a page count that does not
     match it, a page outside L1 or named twice, or an L1 of the wrong shape, dtype or device.
-    Reads the page lists on the host: this synchronises, so callers check before timing."""
+    The page lists are checked on the host before they go up: lists given on the host (numpy,
+    as the controller passes them) cost no device round trip; a device tensor is read back,
+    which synchronises, so callers check before timing."""
     start, end = span
     check_range(geometry, len(tokens), start, end)
     g = geometry
@@ -149,11 +168,10 @@ def check_produce_args(
             f"{g.kv_heads}, {g.head_dim}] on {device}, "
             f"got {l1.dtype} {tuple(l1.shape)} on {l1.device}",
         )
-    prefix = as_page_index(pages[0], device, "prefix_pages")
     writes = pages[1] is not None
-    new = as_page_index(
-        pages[1] if pages[1] is not None else np.zeros(0, np.int64), device, "new_pages"
-    )
+    given = (pages[0], pages[1] if pages[1] is not None else np.zeros(0, np.int64))
+    prefix = host_page_index(given[0], "prefix_pages")
+    new = host_page_index(given[1], "new_pages")
     for field, idx, want in (
         ("prefix_pages", prefix, start),
         ("new_pages", new, end - start if writes else 0),
@@ -163,18 +181,18 @@ def check_produce_args(
             raise ProducerError(
                 field, f"{want} tokens need {want // g.page_size} pages, got {idx.numel()}"
             )
-    every = torch.cat([prefix, new]).cpu()
+    every = np.concatenate([prefix.numpy(), new.numpy()])
     # Verify every page exists in L1 and none is named twice (two tokens' KV in one page, or
     # a write over the prefix being read, are the cross-prefix mix-ups of bug class B15).
-    if every.numel() and (int(every.min()) < 0 or int(every.max()) >= l1.shape[2]):
+    if every.size and (int(every.min()) < 0 or int(every.max()) >= l1.shape[2]):
         raise ProducerError(
             "pages", f"page indices must lie in [0, {l1.shape[2]}), got {every.tolist()}"
         )
-    if torch.unique(every).numel() != every.numel():
+    if np.unique(every).size != every.size:
         raise ProducerError(
             "pages", f"a page is named twice in prefix_pages + new_pages: {every.tolist()}"
         )
-    return prefix, new
+    return upload(prefix, given[0], device), upload(new, given[1], device)
 
 
 def gather_prefix(l1: torch.Tensor, prefix_pages: torch.Tensor) -> torch.Tensor:

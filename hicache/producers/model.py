@@ -265,10 +265,13 @@ class ModelProducer:
         l1: torch.Tensor,
         prefix_pages: PageIndex,
         gate: LayerGate,
+        *,
+        wait: bool = True,
     ) -> tuple[torch.Tensor, float]:
         """`LayerwiseProducer.compute_kv`: the new tokens' KV, each layer's prefix read from
         L1 only after `gate.wait(layer)` -- when that layer's attention needs it, so layer
-        `l` computes while later layers still land (module docstring, "Layer-wise")."""
+        `l` computes while later layers still land (module docstring, "Layer-wise");
+        `wait=False`: queued on the caller's stream, the host's seconds."""
         prefix, _ = check_produce_args(
             self.geometry, self.device, tokens, (start, end), l1, (prefix_pages, None)
         )
@@ -287,6 +290,8 @@ class ModelProducer:
                 for layer in range(gate.layers):
                     gate.wait(layer)  # R83: a stream wait; the prefix is read after the last
                 kv = self._forward(ids, start, gather_prefix(l1, prefix))
+            if not wait:
+                return kv, time.perf_counter() - started_s
             return kv, seconds_since(self.device, started_s)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
@@ -351,7 +356,8 @@ class ModelProducer:
             captured.graph.replay()
             return self._stack(captured.new_kv)
         cache, _ = self._cache_from(prefix_kv)
-        input_ids = torch.tensor([ids], dtype=torch.int64, device=self.device)
+        # Up without a stream sync (a list made on the device directly waits for the stream).
+        input_ids = torch.tensor([ids], dtype=torch.int64).to(self.device, non_blocking=True)
         self._run(cache, input_ids, start)
         return self._stack(cache.new_kv)
 

@@ -106,13 +106,15 @@ class PacedProducer:
         l1: torch.Tensor,
         prefix_pages: PageIndex,
         gate: LayerGate,
+        *,
+        wait: bool = True,
     ) -> tuple[torch.Tensor, float]:
         """`inner.compute_kv` (ProducerError if `inner` has none), then the pace, as
-        `produce`."""
+        `produce` (on the host either way: the pace stands for the device's work)."""
         if not isinstance(self.inner, LayerwiseProducer):
             raise ProducerError("inner", f"{type(self.inner).__name__} has no compute_kv")
         started_s = time.perf_counter()
-        kv, _ = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate)
+        kv, _ = self.inner.compute_kv(tokens, start, end, l1, prefix_pages, gate, wait=wait)
         return kv, self._pace(started_s, end - start, start)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:

@@ -163,8 +163,11 @@ class SyntheticProducer:
         l1: torch.Tensor,
         prefix_pages: PageIndex,
         gate: LayerGate,
+        *,
+        wait: bool = True,
     ) -> tuple[torch.Tensor, float]:
-        """`LayerwiseProducer.compute_kv`: the KV `produce` would write -- as long as the
+        """`LayerwiseProducer.compute_kv` (`wait=False`: queued on the caller's stream, the
+        host's seconds): the KV `produce` would write -- as long as the
         prefix it reads is the prefix's true KV. Like a model, it reads each layer of the
         prefix after `gate.wait(layer)`; unlike `produce`, it is sensitive to what it read:
         a layer of the prefix that is not what these tokens give (not landed, or landed
@@ -183,6 +186,8 @@ class SyntheticProducer:
             read = l1[:, layer].index_select(1, prefix).flatten(1, 2)  # [K/V, start, head, dim]
             if not torch.equal(_bits(read), _bits(true_prefix[:, layer])):
                 _flip_sign(kv[:, layer])
+        if not wait:
+            return kv, time.perf_counter() - started_s
         return kv, seconds_since(self.device, started_s)
 
     def expected(self, tokens: Sequence[int], start: int, end: int) -> torch.Tensor:
