@@ -44,9 +44,14 @@ state): the tables have a few hundred such pairs.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import re
+import sys
 import threading
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from hicache.core.tiers import TIERS
@@ -95,12 +100,13 @@ class PageMachine:
     `answer` is safe to call from several threads (tensor-parallel ranks share it)."""
 
     def __init__(self, tables: Mapping[str, Any]) -> None:
-        from transitions.extensions.nesting import HierarchicalMachine, NestedState
+        nesting = _nesting()
+        HierarchicalMachine, NestedState = nesting.HierarchicalMachine, nesting.NestedState
 
-        class _DotState(NestedState):
+        class _DotState(NestedState):  # type: ignore[misc, valid-type]
             separator = "."  # state names hold `_` (H2D_PENDING), the default separator
 
-        class _Machine(HierarchicalMachine):
+        class _Machine(HierarchicalMachine):  # type: ignore[misc, valid-type]
             state_cls = _DotState
 
         residency = tables["residency"]
@@ -245,3 +251,27 @@ def page_machine(tables: Mapping[str, Any]) -> PageMachine:
                 _MACHINES.clear()
             found = _MACHINES[id(tables)] = (tables, PageMachine(tables))
         return found[1]
+
+
+NESTING = "transitions.extensions.nesting"
+
+
+@functools.cache
+def _nesting() -> ModuleType:
+    """`transitions.extensions.nesting`, without running `transitions.extensions`' own
+    `__init__` when nothing has yet: that imports every extension -- diagrams, locking and
+    the asyncio machines, hence asyncio (~30 ms, a first `check-trace`'s largest import) --
+    and the machine needs nesting alone. The module is imported under an unexecuted package
+    and both are taken out of `sys.modules` again: the machine keeps its own copy of
+    nesting, and a later `import transitions.extensions...` anywhere imports the package as
+    usual (nesting shares `transitions.core`, so `MachineError` is the same class)."""
+    if NESTING in sys.modules or "transitions.extensions" in sys.modules:
+        return importlib.import_module(NESTING)
+    spec = importlib.util.find_spec("transitions.extensions")
+    assert spec is not None, "transitions is a dependency: its extensions are installed"
+    sys.modules["transitions.extensions"] = importlib.util.module_from_spec(spec)
+    try:
+        return importlib.import_module(NESTING)
+    finally:
+        sys.modules.pop(NESTING, None)
+        del sys.modules["transitions.extensions"]

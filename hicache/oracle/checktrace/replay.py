@@ -37,6 +37,7 @@ from hicache.oracle.checktrace.dispatch import Ambiguous, Call, Resolver, Unrepl
 from hicache.oracle.checktrace.invariants import Checks, scope_before
 from hicache.oracle.checktrace.maps import IdMap
 from hicache.oracle.checktrace.names import TraceNames
+from hicache.oracle.checktrace.ownheap import own_heap
 from hicache.oracle.checktrace.pagetable import RunIndexTable
 from hicache.oracle.checktrace.reader import Line, Malformed, TraceReader
 from hicache.oracle.checktrace.report import Before
@@ -340,13 +341,14 @@ def check_lines(
     raises on bad input."""
     lc = lifecycle or load_lifecycle()
     replay: Replay | None = None
-    try:
-        reader = TraceReader(lines, lc)
-        replay = Replay(reader, lc, check_every, full_checks)
-        n = replay.run()
-    except (Malformed, Violation) as e:
-        return rejected(replay, e)
-    return accepted(replay, n, check_every)
+    with own_heap():
+        try:
+            reader = TraceReader(lines, lc)
+            replay = Replay(reader, lc, check_every, full_checks)
+            n = replay.run()
+        except (Malformed, Violation) as e:
+            return rejected(replay, e)
+        return accepted(replay, n, check_every)
 
 
 def rejected(replay: Replay | None, e: Malformed | Violation) -> Verdict:
