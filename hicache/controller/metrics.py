@@ -182,6 +182,13 @@ class Metrics:
         d.queue_wait_s += timings.queue_wait_s
         d.service_s += timings.service_s
 
+    def ended_at_issue(self, direction: Direction, status: TransferStatus) -> None:
+        """Count a transfer that ended inside its issuing call, before any handle was observed:
+        FAILED (its issue raised, R13) or, across ranks, CANCELLED (a rank refused its
+        reservation). The trace ends it there too (`<dir>_fail`, `<dir>_cancel`)."""
+        assert status in (TransferStatus.FAILED, TransferStatus.CANCELLED), status
+        self.transfer(direction, 0, status, TransferTimings())
+
     def evicted(self, tier: Tier | str, n_pages: int) -> None:
         self.evicted_pages[str(tier)] += n_pages
 

@@ -155,6 +155,7 @@ class Transfers:
                     self.handles[op.op_id] = handle  # still in flight: close() leaks it
                     raise
                 self.cp.cancel(op.op_id)
+                self.metrics.ended_at_issue(direction, TransferStatus.CANCELLED)
             if not took_id:
                 self.cp.skip_op_id()  # the id the ranks that issued took: ids stay equal
             if not agreed:
@@ -239,6 +240,7 @@ class Transfers:
             if deferred:  # C4 fails it on every rank, and takes L3 offline on all if lost
                 return op, RefusedIssue(direction, e), None, True
             self.cp.fail(op.op_id)  # R13: an issue that raised left nothing in flight
+            self.metrics.ended_at_issue(direction, TransferStatus.FAILED)
             if isinstance(e, StorageError):
                 self.l3.take_offline(e)
             return None, None, e, True
