@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from hicache.controller.metrics import Metrics
+from hicache.dataplane.handles import TransferStatus
 from hicache.testing.adapters.controller import ControllerAdapter, Setup
 from hicache.testing.mutants import activate
+from hicache.testing.protocol import FaultSchedule
 
 ALL = 10_000  # pages an `evict` asks for to give up all a tier can
 P = tuple(range(100, 112))  # 3 pages
@@ -313,3 +316,98 @@ def test_an_eviction_loop_runs_until_want_is_freed_or_no_candidate_is_left(
     got = findings(a, "eviction count")
     a.close()
     assert bool(got) == planted, got
+
+
+# -- the counters against the trace (counters.py) ------------------------------------------
+
+REAL_TRANSFER, REAL_INIT = Metrics.transfer, Metrics.__init__
+
+
+def _cancels_counted_as_failures(self: Metrics, d: Any, n: int, status: Any, t: Any) -> None:
+    failed = status is TransferStatus.CANCELLED
+    REAL_TRANSFER(self, d, n, TransferStatus.FAILED if failed else status, t)
+
+
+def _failures_forgotten(self: Metrics, d: Any, n: int, status: Any, t: Any) -> None:
+    if status is not TransferStatus.FAILED:
+        REAL_TRANSFER(self, d, n, status, t)
+
+
+def _counted_from_one(self: Metrics, *args: Any, **kwargs: Any) -> None:
+    REAL_INIT(self, *args, **kwargs)
+    self.window_freed_pages = 1
+
+
+def _evicted(a: ControllerAdapter) -> None:
+    """P served, then L1 gives up all it can."""
+    given_up(a, ("L1",), P + (1,))
+
+
+def _cancelled(a: ControllerAdapter) -> None:
+    """P only in L2; its restore's H2D is cancelled by the request's end."""
+    given_up(a, ("L1",), P + (1,))
+    a.submit(99, P + (2,))
+    assert a.pending_ops()
+    a.finish(99)
+
+
+def _failed(a: ControllerAdapter) -> None:
+    """P only in L2; its restore's H2D fails, observed by a tick."""
+    given_up(a, ("L1",), P + (1,))
+    restore_fails(a, P + (2,), "fail")
+
+
+def _refused_at_issue(a: ControllerAdapter) -> None:
+    """P only in L2; its restore's H2D cannot get its pinned workspace: the issue raises."""
+    given_up(a, ("L1",), P + (1,))
+    a.set_faults(FaultSchedule(seed=1, rates={"PINNED_ALLOC": 1.0}))
+    a.submit(99, P + (2,))
+    a.set_faults(FaultSchedule())
+    a.tick()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "planted", "name"),
+    [
+        (_cancelled, None, None),
+        (_cancelled, ("transfer", _cancels_counted_as_failures), "counter transfers.H2D"),
+        (_failed, None, None),
+        (_failed, ("transfer", _failures_forgotten), "counter transfers.H2D.failed"),
+        (_refused_at_issue, None, None),
+        (_refused_at_issue, ("ended_at_issue", lambda *a: None), "counter transfers.H2D.failed"),
+        (_evicted, None, None),
+        (_evicted, ("evicted", lambda *a: None), "counter evicted.L1"),
+        (_evicted, ("__init__", _counted_from_one), "counter start"),
+    ],
+    ids=[
+        "cancel",
+        "cancel-counted-failed",
+        "fail",
+        "fail-uncounted",
+        "refused",
+        "refused-uncounted",
+        "evict",
+        "evict-uncounted",
+        "starts-at-1",
+    ],
+)
+def test_each_counter_moves_with_the_events_the_trace_names(
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: Any,
+    planted: tuple[str, Any] | None,
+    name: str | None,
+) -> None:
+    """A transfer cancelled, one failed once observed, one whose issue raised (R13), and
+    evictions: the metrics move with the trace's `<dir>_cancel`, `<dir>_fail` and
+    `evict_l1` (liveness/counters.py). Each planted bug miscounts one of them
+    ("refused-uncounted" is the controller before `Metrics.ended_at_issue`)."""
+    if planted is not None:
+        monkeypatch.setattr(Metrics, *planted)
+    a = adapter(write_policy="write_through")
+    scenario(a)
+    got = findings(a, "counter")
+    a.close()
+    if name is None:
+        assert not got, got
+    else:
+        assert got and all(f.startswith(name) for f in got), got

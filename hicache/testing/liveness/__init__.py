@@ -19,13 +19,16 @@ what it did against the spec. Each property is decidable from what the probes se
     the restore offered is chosen and         policies.md, Restore           restores.py
     served, or a fallback says why; every     policies; restore.md, Stages
     fallback's reason allowed in its state    of a restore
+    each counter grew by what the trace's     trace.md; controller/          counters.py
+    events say (transfers' ends, evictions,   metrics.py
+    invalidations, freed windows); none fell
 
 A finding is a line the adapter's `check()` returns (the machine fails on it, naming the
 property by its first two words: "backup undelivered", "eviction order", "quarantine kept",
-"restore skipped", ...). A rank of a tensor-parallel cache gets the eviction and backup
-probes alone: its restores are agreed across ranks (spec/tp.md C1: the hits, the choice, what
-every rank can serve) and so is a bad slot (C4: the first bad page any rank found), which these
-one-controller rules do not model.
+"restore skipped", "counter", ...). A rank of a tensor-parallel cache gets the eviction,
+backup and counter probes alone: its restores are agreed across ranks (spec/tp.md C1: the
+hits, the choice, what every rank can serve) and so is a bad slot (C4: the first bad page any
+rank found), which these one-controller rules do not model.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 from hicache.core.lifecycle import load_lifecycle
 from hicache.core.trace import ListSink, TraceEvent
 from hicache.testing.liveness.backups import BackupLedger
+from hicache.testing.liveness.counters import CounterProbe
 from hicache.testing.liveness.evictions import EvictionProbe
 from hicache.testing.liveness.quarantine import Quarantine
 from hicache.testing.liveness.restores import RestoreProbe
@@ -71,6 +75,7 @@ class Liveness:
         lifecycle = load_lifecycle()
         self.backups = BackupLedger(ctl, setup.write_policy, lifecycle, findings, tp)
         self.evictions = EvictionProbe(ctl.cp, lifecycle, findings)
+        self.counters = CounterProbe(ctl, findings)
         self.quarantine = None if tp else Quarantine(ctl, findings)
         self.restores = (
             None if self.quarantine is None else RestoreProbe(ctl, setup, self.quarantine, findings)
@@ -79,6 +84,7 @@ class Liveness:
 
     def event(self, e: TraceEvent) -> None:
         self.backups.event(e)
+        self.counters.event(e)
         if self.restores is not None:
             self.restores.event(e)
 
@@ -90,9 +96,14 @@ class Liveness:
         quarantine, restores = self.quarantine, self.restores
         flight = quarantine.in_flight() if quarantine is not None else {}
         before = restores.before() if restores is not None else None
-        yield
+        self.counters.inside = True
+        try:
+            yield
+        finally:
+            self.counters.inside = False
         if quarantine is not None:
             quarantine.after(name, flight)
         self.backups.after(name)
+        self.counters.after(name)
         if restores is not None and before is not None:
             restores.after(name, request_id, before)
