@@ -338,6 +338,15 @@ def _counted_from_one(self: Metrics, *args: Any, **kwargs: Any) -> None:
     self.window_freed_pages = 1
 
 
+def _promoted_from_one(self: Metrics, *args: Any, **kwargs: Any) -> None:
+    REAL_INIT(self, *args, **kwargs)
+    self.promoted_pages = 1  # a counter no trace event moves: judged from 0 all the same
+
+
+def _fallbacks_falling(self: Metrics, reason: str) -> None:
+    self.fallbacks[reason] -= 1
+
+
 def _evicted(a: ControllerAdapter) -> None:
     """P served, then L1 gives up all it can."""
     given_up(a, ("L1",), P + (1,))
@@ -378,6 +387,8 @@ def _refused_at_issue(a: ControllerAdapter) -> None:
         (_evicted, None, None),
         (_evicted, ("evicted", lambda *a: None), "counter evicted.L1"),
         (_evicted, ("__init__", _counted_from_one), "counter start"),
+        (_evicted, ("__init__", _promoted_from_one), "counter start"),
+        (_failed, ("fallback", _fallbacks_falling), "counter fallbacks.transfer_failed: fell"),
     ],
     ids=[
         "cancel",
@@ -389,6 +400,8 @@ def _refused_at_issue(a: ControllerAdapter) -> None:
         "evict",
         "evict-uncounted",
         "starts-at-1",
+        "untraced-starts-at-1",
+        "falls",
     ],
 )
 def test_each_counter_moves_with_the_events_the_trace_names(

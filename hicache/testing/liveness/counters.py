@@ -27,8 +27,9 @@ module docstring, hicache/controller/metrics.py, the counters):
                                              promotion a restore also gives up L2 copies it
                                              promoted, R42: not pressure, not counted)
 
-and every counter only grows (the metrics' contract), from 0 in a new controller. A mismatch
-is a finding, "counter <name>: ...".
+and every counter of the metrics' summary -- these and the rest (hits, drops, fallbacks,
+seconds, ...; not the derived `token_shares` and `gib_per_s`) -- only grows (the metrics'
+contract), from 0 in a new controller. A mismatch is a finding, "counter <name>: ...".
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class CounterProbe:
         self.metrics = ctl.metrics
         self.findings = findings
         self.start = self._counters()
-        self.last = dict(self.start)
-        started = {k: v for k, v in self.start.items() if v}
+        self.last = _flat(self.metrics.summary())
+        started = {k: v for k, v in self.last.items() if v}
         if started:
             findings.append(f"counter start: a new controller's counters are not 0: {started}")
         self.ends: dict[tuple[str, int], set[str]] = {}  # (direction, op) -> outcome events
@@ -72,14 +73,15 @@ class CounterProbe:
 
     def after(self, call: str) -> None:
         """After one adapter call `call`: every counter against the trace so far."""
-        now = self._counters()
-        for key, value in now.items():
-            if value < self.last[key]:
+        every = _flat(self.metrics.summary())
+        for key, value in every.items():
+            if value < self.last.get(key, 0):
                 self.findings.append(
                     f"counter {key}: fell from {self.last[key]} to {value} in {call} "
                     "(counters only grow)"
                 )
-        self.last = now
+        self.last = every
+        now = self._counters()
         grown = {key: value - self.start[key] for key, value in now.items()}
         got: Counter[str] = Counter()
         want: Counter[str] = Counter()
@@ -126,3 +128,20 @@ class CounterProbe:
             for stat in STATS.values():
                 out[f"transfers.{d}.{stat}"] = int(getattr(stats, stat))
         return out
+
+
+DERIVED = ("token_shares", "gib_per_s")  # computed from counters, not counters themselves
+
+
+def _flat(summary: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The summary's numbers by dotted name (nested dicts flattened, `DERIVED` left out)."""
+    out: dict[str, float] = {}
+    for key, value in summary.items():
+        if key in DERIVED:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= _flat(value, f"{name}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
