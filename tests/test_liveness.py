@@ -347,6 +347,19 @@ def _fallbacks_falling(self: Metrics, reason: str) -> None:
     self.fallbacks[reason] -= 1
 
 
+def _one_prompt_token_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hicache.controller.controller import CacheController
+
+    real = CacheController.admit
+
+    def admit(self: CacheController, *args: Any, **kwargs: Any) -> Any:
+        mat = real(self, *args, **kwargs)
+        self.metrics.prompt_tokens -= 1  # the last token forgotten
+        return mat
+
+    monkeypatch.setattr(CacheController, "admit", admit)
+
+
 def _evicted(a: ControllerAdapter) -> None:
     """P served, then L1 gives up all it can."""
     given_up(a, ("L1",), P + (1,))
@@ -373,6 +386,19 @@ def _refused_at_issue(a: ControllerAdapter) -> None:
     a.submit(99, P + (2,))
     a.set_faults(FaultSchedule())
     a.tick()
+
+
+def test_prompt_tokens_move_with_the_admissions_the_trace_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = adapter()
+    serve(a, 1, P + (1,))
+    assert not findings(a, "counter")
+    _one_prompt_token_short(monkeypatch)
+    serve(a, 2, Q + (1,))
+    got = findings(a, "counter")
+    a.close()
+    assert got and all(f.startswith("counter prompt_tokens") for f in got), got
 
 
 @pytest.mark.parametrize(

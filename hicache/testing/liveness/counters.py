@@ -23,6 +23,7 @@ module docstring, hicache/controller/metrics.py, the counters):
     window_freed_pages_total                 pages of `tombstone` inside a controller call
                                              (the fuzz also frees windows itself, between
                                              calls, as window pressure would: not counted)
+    prompt_tokens_total                      `tokens` of every `begin_request` (an admission)
     evicted_pages_total{L2}                  at most the pages of `evict_l2` (without
                                              promotion a restore also gives up L2 copies it
                                              promoted, R42: not pressure, not counted)
@@ -57,7 +58,7 @@ class CounterProbe:
         if started:
             findings.append(f"counter start: a new controller's counters are not 0: {started}")
         self.ends: dict[tuple[str, int], set[str]] = {}  # (direction, op) -> outcome events
-        self.pages: Counter[str] = Counter()  # evict_lN, invalidate_l3, tombstone -> pages
+        self.pages: Counter[str] = Counter()  # evict_lN, invalidate_l3, tombstone: pages; tokens
         self.inside = False  # in a controller call (`Liveness.call` says)
 
     def event(self, e: TraceEvent) -> None:
@@ -66,6 +67,10 @@ class CounterProbe:
             return  # the fuzz's own (module docstring)
         if name.startswith(("evict_", "invalidate_")) or name == "tombstone":
             self.pages[name] += len(e.pages)
+            return
+        if name == "begin_request":
+            tokens = e.detail.get("tokens")
+            self.pages["prompt tokens"] += tokens if isinstance(tokens, int) else 0
             return
         direction, _, outcome = name.partition("_")
         if outcome in STATS and e.op is not None:
@@ -97,6 +102,8 @@ class CounterProbe:
             grown["evicted.L3"] + grown[f"invalidated.{PRESSURE_L3}"]
         )
         got["invalidated (other reasons)"] = invalidated - grown[f"invalidated.{PRESSURE_L3}"]
+        got["prompt_tokens"] = grown["prompt_tokens"]
+        want["prompt_tokens"] = self.pages["prompt tokens"]
         got["window_freed"] = grown["window_freed"]
         want["window_freed"] = self.pages["tombstone"]
         want["evicted.L1"] = self.pages["evict_l1"]
@@ -123,6 +130,7 @@ class CounterProbe:
         m = self.metrics
         out = {f"evicted.{t}": int(n) for t, n in m.evicted_pages.items()}
         out["window_freed"] = int(m.window_freed_pages)
+        out["prompt_tokens"] = int(m.prompt_tokens)
         out |= {f"invalidated.{r}": int(n) for r, n in m.l3_invalidated_pages.items()}
         for d, stats in m.directions.items():
             for stat in STATS.values():
