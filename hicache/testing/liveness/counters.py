@@ -58,7 +58,7 @@ class CounterProbe:
         if started:
             findings.append(f"counter start: a new controller's counters are not 0: {started}")
         self.ends: dict[tuple[str, int], set[str]] = {}  # (direction, op) -> outcome events
-        self.pages: Counter[str] = Counter()  # evict_lN, invalidate_l3, tombstone: pages; tokens
+        self.tallies: Counter[str] = Counter()  # event name -> pages (prompt tokens: tokens)
         self.inside = False  # in a controller call (`Liveness.call` says)
 
     def event(self, e: TraceEvent) -> None:
@@ -66,11 +66,11 @@ class CounterProbe:
         if name == "tombstone" and not self.inside:
             return  # the fuzz's own (module docstring)
         if name.startswith(("evict_", "invalidate_")) or name == "tombstone":
-            self.pages[name] += len(e.pages)
+            self.tallies[name] += len(e.pages)
             return
         if name == "begin_request":
             tokens = e.detail.get("tokens")
-            self.pages["prompt tokens"] += tokens if isinstance(tokens, int) else 0
+            self.tallies["begin_request"] += tokens if isinstance(tokens, int) else 0
             return
         direction, _, outcome = name.partition("_")
         if outcome in STATS and e.op is not None:
@@ -103,12 +103,12 @@ class CounterProbe:
         )
         got["invalidated (other reasons)"] = invalidated - grown[f"invalidated.{PRESSURE_L3}"]
         got["prompt_tokens"] = grown["prompt_tokens"]
-        want["prompt_tokens"] = self.pages["prompt tokens"]
+        want["prompt_tokens"] = self.tallies["begin_request"]
         got["window_freed"] = grown["window_freed"]
-        want["window_freed"] = self.pages["tombstone"]
-        want["evicted.L1"] = self.pages["evict_l1"]
-        want["evicted.L3 + invalidated.below_bad_slot"] = self.pages["evict_l3"]
-        want["invalidated (other reasons)"] = self.pages["invalidate_l3"]
+        want["window_freed"] = self.tallies["tombstone"]
+        want["evicted.L1"] = self.tallies["evict_l1"]
+        want["evicted.L3 + invalidated.below_bad_slot"] = self.tallies["evict_l3"]
+        want["invalidated (other reasons)"] = self.tallies["invalidate_l3"]
         clamped = got["transfers.S2H.failed"] - want["transfers.S2H.failed"]
         if 0 < clamped <= want["transfers.S2H.count"]:  # kept every node (module docstring)
             want["transfers.S2H.failed"] += clamped
@@ -119,10 +119,10 @@ class CounterProbe:
                     f"counter {key}: grew by {got[key]} in all, the trace says {want[key]} "
                     f"(after {call})"
                 )
-        if grown["evicted.L2"] > self.pages["evict_l2"]:
+        if grown["evicted.L2"] > self.tallies["evict_l2"]:
             self.findings.append(
                 f"counter evicted.L2: grew by {grown['evicted.L2']} pages in all, the trace "
-                f"evicted {self.pages['evict_l2']} from L2 (after {call})"
+                f"evicted {self.tallies['evict_l2']} from L2 (after {call})"
             )
 
     def _counters(self) -> dict[str, int]:
