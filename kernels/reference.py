@@ -183,3 +183,86 @@ def scatter_torch(packed: torch.Tensor, pages: torch.Tensor, l1: torch.Tensor) -
         return
     source = packed_rows(packed, layout).transpose(0, 1)  # [2L, n, W]
     l1_rows(l1, layout).index_copy_(1, pages.long(), source)
+
+
+def check_mapped(
+    l1: torch.Tensor,
+    pages: torch.Tensor,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    to_pool: bool,
+    values: bool = True,
+) -> RowLayout:
+    """Validate one mapped copy's tensors (`copy_mapped_torch`) and return its row layout;
+    raise LayoutError otherwise.
+
+    `pool` is page-major, [capacity, 2, layers, page_size, kv_heads, head_dim] in l1's dtype,
+    contiguous, on l1's device -- or, with l1 on CUDA, in pinned host memory (which the GPU
+    addresses in place). `pages` and `slots` are 1-D int32/int64 of one length on l1's
+    device. With `values` and CPU indices, their values are range-checked, and the written
+    side's checked distinct (on a GPU that would need a host sync: the caller's contract).
+    """
+    check_l1(l1)
+    _, layers, l1_pages, page_size, kv_heads, head_dim = l1.shape
+    for t, label in ((pages, "pages"), (slots, "slots")):
+        if t.dim() != 1 or t.dtype not in INDEX_DTYPES:
+            raise LayoutError(
+                f"{label}: expected a 1-D int32/int64 tensor, got {t.dtype} of shape "
+                f"{tuple(t.shape)}"
+            )
+        if t.device != l1.device:
+            raise LayoutError(f"{label}: on {t.device}, but l1 is on {l1.device}")
+    if slots.shape != pages.shape:
+        raise LayoutError(f"slots: {slots.shape[0]} of them for {pages.shape[0]} pages")
+    if pool.dim() != 6 or tuple(pool.shape[1:]) != (2, layers, page_size, kv_heads, head_dim):
+        raise LayoutError(
+            f"pool: expected shape (capacity, 2, {layers}, {page_size}, {kv_heads}, "
+            f"{head_dim}), got {tuple(pool.shape)}"
+        )
+    if pool.dtype != l1.dtype:
+        raise LayoutError(f"pool: dtype {pool.dtype} differs from l1's {l1.dtype}")
+    if not pool.is_contiguous():
+        raise LayoutError("pool: must be contiguous")
+    mapped_host = l1.device.type == "cuda" and pool.device.type == "cpu" and pool.is_pinned()
+    if pool.device != l1.device and not mapped_host:
+        raise LayoutError(
+            f"pool: on {pool.device}, but l1 is on {l1.device} (a host pool must be pinned "
+            f"for the GPU to address it)"
+        )
+    n = pages.shape[0]
+    if values and n > 0 and l1.device.type == "cpu":
+        _check_page_values(pages, l1_pages, scatter=not to_pool)
+        low, high = int(slots.min()), int(slots.max())
+        if low < 0 or high >= pool.shape[0]:
+            raise LayoutError(
+                f"slots: values must lie in [0, {pool.shape[0]}), got [{low}, {high}]"
+            )
+        if to_pool and int(torch.unique(slots).numel()) != n:
+            raise LayoutError("slots: distinct slots needed (two rows cannot land on one page)")
+    element = l1.element_size()
+    row_bytes = page_size * kv_heads * head_dim * element
+    offsets = (int(l1.storage_offset()) | int(pool.storage_offset())) * element
+    return RowLayout(layers, l1_pages, n, row_bytes, _word_bytes(row_bytes | offsets))
+
+
+def copy_mapped_torch(
+    l1: torch.Tensor, pages: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, to_pool: bool
+) -> None:
+    """pool[slots[i], kv, l] = l1[kv, l, pages[i]] (`to_pool`), else l1[kv, l, pages[i]] =
+    pool[slots[i], kv, l]: the definition of the mapped copy (kernels/triton_mapped.py), for
+    tensors on one device. Enqueued on the current stream."""
+    layout = check_mapped(l1, pages, pool, slots, to_pool=to_pool)
+    if layout.n == 0:
+        return
+    if pool.device != l1.device:
+        raise LayoutError("the torch mapped copy needs pool and l1 on one device")
+    rows = word_view(pool, layout).view(pool.shape[0], layout.rows_per_page, layout.row_words)
+    if to_pool:
+        rows.index_copy_(
+            0, slots.long(), l1_rows(l1, layout).index_select(1, pages).transpose(0, 1)
+        )
+    else:
+        l1_rows(l1, layout).index_copy_(
+            1, pages.long(), rows.index_select(0, slots).transpose(0, 1)
+        )

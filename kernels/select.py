@@ -21,7 +21,7 @@ import torch
 
 from hicache.errors import BackendError, ConfigError, LayoutError
 from hicache.kernels.launch import on_stream
-from hicache.kernels.reference import check_l1, gather_torch, scatter_torch
+from hicache.kernels.reference import check_l1, copy_mapped_torch, gather_torch, scatter_torch
 
 BACKENDS = ("triton", "torch")
 REQUESTS = ("auto", *BACKENDS)
@@ -200,6 +200,37 @@ class KernelSet:
         stream: torch.cuda.Stream | None = None,
     ) -> None:
         scatter(packed, pages, l1, backend=self.scatter_backend, stream=stream)
+
+    def copy_mapped(
+        self,
+        l1: torch.Tensor,
+        pages: torch.Tensor,
+        pool: torch.Tensor,
+        slots: torch.Tensor,
+        *,
+        to_pool: bool,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
+        """pool[slots[i], kv, l] = l1[kv, l, pages[i]] (`to_pool`; else the reverse) on
+        `stream`: the gather's backend -- Triton's kernel (kernels/triton_mapped.py), which
+        also addresses a pinned host pool in place, or torch's definition, for a pool on l1's
+        device (`reference.copy_mapped_torch`)."""
+        if self.gather_backend == "triton":
+            load_mapped().copy_mapped(l1, pages, pool, slots, to_pool=to_pool, stream=stream)
+        else:
+            with on_stream(stream):
+                copy_mapped_torch(l1, pages, pool, slots, to_pool=to_pool)
+
+
+def load_mapped() -> ModuleType:
+    """The mapped-copy Triton kernel's module; BackendError if Triton cannot be imported."""
+    try:
+        from hicache.kernels import triton_mapped
+    except ImportError as exc:
+        raise BackendError(
+            f"triton is not importable ({exc}); install triton or use backend 'torch'"
+        ) from exc
+    return triton_mapped
 
 
 def _prebuild(l1: torch.Tensor) -> None:

@@ -39,11 +39,16 @@ GEOMETRY = KVGeometry(layers=4, kv_heads=2, head_dim=32, dtype="bf16", page_size
 L1_PAGES, L2_PAGES = 64, 64
 
 
-def rig(*, issue_graphs: bool | None = None) -> DeviceHostMover:
+def rig(*, issue_graphs: bool | None = None, mapped: bool = False) -> DeviceHostMover:
+    """A mover whose D2Hs go by the DMA route (packed, gathered: `mapped` False) or mapped."""
     l1 = DevicePool(GEOMETRY, L1_PAGES, "cuda")
     l1.tensor.view(torch.uint8).random_(0, 256)
     l2 = HostPool(GEOMETRY, L2_PAGES, pin=True)
-    return DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "auto"), issue_graphs=issue_graphs)
+    kernels = KernelSet.create(l1.tensor, "triton" if mapped else "auto")
+    return DeviceHostMover(l1, l2, kernels, issue_graphs=issue_graphs, mapped_d2h=mapped)
+
+
+MAPPED = pytest.mark.parametrize("mapped", [False, True], ids=["dma", "mapped"])
 
 
 def d2h_checked(m: DeviceHostMover, src: np.ndarray, dst: np.ndarray) -> None:
@@ -52,8 +57,9 @@ def d2h_checked(m: DeviceHostMover, src: np.ndarray, dst: np.ndarray) -> None:
     assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
 
 
-def test_gpu_every_replay_moves_its_own_pages() -> None:
-    m = rig()
+@MAPPED
+def test_gpu_every_replay_moves_its_own_pages(mapped: bool) -> None:
+    m = rig(mapped=mapped)
     rng = np.random.default_rng(0)
     dst = np.arange(8, 16, dtype=np.int64)  # one run of L2 pages: one chunk
     for _ in range(6):  # the same shape, other L1 pages every time
@@ -64,10 +70,11 @@ def test_gpu_every_replay_moves_its_own_pages() -> None:
     assert m.buffers_busy == 0 and m.in_flight == 0
 
 
-def test_gpu_a_replay_waits_for_the_callers_stream() -> None:
+@MAPPED
+def test_gpu_a_replay_waits_for_the_callers_stream(mapped: bool) -> None:
     """B05: the caller's stream still writes the L1 pages the D2H reads; the replayed
     upload and gather must come after it, as the eager issue's do."""
-    m = rig()
+    m = rig(mapped=mapped)
     src, dst = np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64)
     for _ in range(CAPTURE_AT):  # captured now
         d2h_checked(m, src, dst)
@@ -81,10 +88,11 @@ def test_gpu_a_replay_waits_for_the_callers_stream() -> None:
     assert bool((m.l2.tensor[torch.from_numpy(dst)].view(torch.uint8) == 0x3C).all())
 
 
-def test_gpu_other_buffers_are_not_replayed_on_the_captured_addresses() -> None:
+@MAPPED
+def test_gpu_other_buffers_are_not_replayed_on_the_captured_addresses(mapped: bool) -> None:
     """Two transfers of one shape in flight borrow two sets of buffers: the second must not
     replay the first's graph (its indices and packed bytes live elsewhere)."""
-    m = rig()
+    m = rig(mapped=mapped)
     dst_a, dst_b = np.arange(0, 6, dtype=np.int64), np.arange(10, 16, dtype=np.int64)
     src_a, src_b = np.arange(20, 26, dtype=np.int64), np.arange(40, 46, dtype=np.int64)
     for _ in range(CAPTURE_AT):
@@ -99,8 +107,9 @@ def test_gpu_other_buffers_are_not_replayed_on_the_captured_addresses() -> None:
     assert np.array_equal(page_digest(m.l1, src_b), page_digest(m.l2, dst_b))
 
 
-def test_gpu_graphs_off_captures_nothing() -> None:
-    m = rig(issue_graphs=False)
+@MAPPED
+def test_gpu_graphs_off_captures_nothing(mapped: bool) -> None:
+    m = rig(issue_graphs=False, mapped=mapped)
     src, dst = np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64)
     for _ in range(CAPTURE_AT + 1):
         d2h_checked(m, src, dst)

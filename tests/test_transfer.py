@@ -941,8 +941,9 @@ def test_gpu_round_trip(dtype: str, kind: str, direct_min_bytes: int, tmp_path: 
     try:
         assert engine.l2.tensor.is_pinned()
         engine.dma.direct_min_bytes = direct_min_bytes
-        for chunking in (None, 2):
-            engine.dma.chunk_pages = chunking
+        assert engine.dma.mapped_d2h, engine.dma.mapped_reason  # the default on CUDA
+        for mapped, chunking in ((True, None), (False, None), (False, 2)):
+            engine.dma.mapped_d2h, engine.dma.chunk_pages = mapped, chunking
             round_trip(engine, kind, seed=11)
         assert_nothing_held(engine)
     finally:
@@ -1095,8 +1096,8 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     rows = result["dma"]["rows"]
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
     # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" and
-    # "hicache per-run DMAs" on fragmented.
-    assert len(mover_rows) == 2 * (5 + 7) and all(r["correct"] for r in mover_rows)
+    # "hicache per-run DMAs" on fragmented; for D2H also "hicache DMA route" on both.
+    assert len(mover_rows) == 2 * (5 + 7) + 2 and all(r["correct"] for r in mover_rows)
     assert all(
         r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"]
         for r in mover_rows

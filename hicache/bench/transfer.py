@@ -8,11 +8,14 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
 
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              one chunk up to 64 MiB -- an H2D of one L2 run at any size -- above that
-              chunks doubling from 16 MiB, descending for H2D; one DMA per run
-              of consecutive L2 pages of >= 256 KiB, smaller runs staged), and variants:
-              doubling at every size, one chunk, other first-chunk sizes (`--first-chunk-mib`,
-              default 2 and 64), one copy_ per DMA instead of one batched driver call
+              on CUDA a D2H is one mapped copy -- the SMs write L1's rows into L2 in place --
+              unless one run of L2 pages over 64 MiB; otherwise one chunk up to 64 MiB -- an
+              H2D of one L2 run at any size -- above that chunks doubling from 16 MiB,
+              descending for H2D; one DMA per run of consecutive L2 pages of >= 256 KiB,
+              smaller runs staged), the same with every D2H packed and DMA'd ("hicache DMA
+              route"), and the DMA route's variants: doubling at every size, one chunk,
+              other first-chunk sizes (`--first-chunk-mib`, default 2 and 64), one copy_
+              per DMA instead of one batched driver call
               ("hicache per-run DMAs", batchcopy.py), and (fragmented) every run staged --
               the path before per-run DMAs. Plus a torch `index_select` gather + one DMA
               (the baseline a user would write). Each timed end to end: issue -> poll until
@@ -78,6 +81,7 @@ L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
 PER_RUN_PATH = "hicache per-run DMAs"  # a chunk's DMAs one copy_ each, not one batched call
+DMA_PATH = "hicache DMA route"  # the default's settings, every D2H packed and DMA'd (not mapped)
 BASELINE_PATH = "torch index_select + one DMA"
 CEILING_PATH = "ceiling"  # timed with the paths, taking turns, not reported as a path
 POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
@@ -116,17 +120,23 @@ class _Rig:
         self.l1.tensor.view(torch.uint8).random_(0, 256)
         self.l2 = HostPool(g, 2 * max_pages + 64, pin=s.device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, "auto")
-        l1, l2, k, mover = self.l1, self.l2, self.kernels, DeviceHostMover
+        l1, l2, k = self.l1, self.l2, self.kernels
+
+        def mover(**settings: Any) -> DeviceHostMover:
+            """The chunking and route variants are the DMA route's: their D2Hs pack and DMA."""
+            return DeviceHostMover(l1, l2, k, **{"mapped_d2h": False, **settings})
+
         self.movers = {
-            DEFAULT_PATH: mover(l1, l2, k),
-            "hicache doubling": mover(l1, l2, k, single_chunk_max_bytes=0),  # chunked at any size
-            "hicache one chunk": mover(l1, l2, k, chunk_pages=1 << 30),
+            DEFAULT_PATH: DeviceHostMover(l1, l2, k),
+            DMA_PATH: mover(),
+            "hicache doubling": mover(single_chunk_max_bytes=0),  # chunked at any size
+            "hicache one chunk": mover(chunk_pages=1 << 30),
             **{
-                f"hicache first {mib} MiB": mover(l1, l2, k, first_chunk_bytes=mib << 20)
+                f"hicache first {mib} MiB": mover(first_chunk_bytes=mib << 20)
                 for mib in s.first_chunk_mib
             },
-            STAGED_PATH: mover(l1, l2, k, direct_min_bytes=1 << 62),  # the fragmented path before
-            PER_RUN_PATH: mover(l1, l2, k, batched=False),  # one copy_ per run (before batching)
+            STAGED_PATH: mover(direct_min_bytes=1 << 62),  # the fragmented path before
+            PER_RUN_PATH: mover(batched=False),  # one copy_ per run (before batching)
         }
         shape = (max_pages, 2, g.layers, g.page_size, g.kv_heads, g.head_dim)
         self.packed = torch.empty(shape, dtype=self.l1.tensor.dtype, device=s.device)
@@ -272,7 +282,9 @@ def bench_dma(s: Settings) -> dict[str, object]:
                     name: _MoverCase(rig, mover, direction, l1_ids, l2_ids)
                     for name, mover in rig.movers.items()
                     # One run: never staged, and one DMA a chunk (nothing to batch).
-                    if name not in (STAGED_PATH, PER_RUN_PATH) or layout != "consecutive"
+                    if (name not in (STAGED_PATH, PER_RUN_PATH) or layout != "consecutive")
+                    # An H2D is never mapped: its DMA route is the default.
+                    and (name != DMA_PATH or direction is Direction.D2H)
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor

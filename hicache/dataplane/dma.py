@@ -37,6 +37,7 @@ issuing allocates and records events, polling queries them -- calls a capture re
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -60,11 +61,13 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
+    MAPPED_RUN_MAX_BYTES,
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
     chunk_bounds,
     is_run,
+    mapped_plan,
     plan_route,
     split_runs,
 )
@@ -76,6 +79,7 @@ from hicache.kernels import KernelSet
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 PLANS_KEPT = 256  # remembered consecutive-run plans (a serving loop repeats a few sizes)
+MAPPED_ENV = "HICACHE_MAPPED_D2H"  # "0": every D2H by DMA; "1": mapped wherever it can run
 
 
 @dataclass
@@ -86,6 +90,7 @@ class DirectionCounters(OutcomeCounters):
     staged: int = 0  # issued with some pages through host staging (+ a host copy)
     staged_pages: int = 0
     direct_dmas: int = 0  # DMAs straight between the packed buffer and the L2 pool
+    mapped: int = 0  # issued as one mapped copy (L1 rows written into L2 in place, no DMA)
     pinned_allocations: int = 0  # host buffers allocated while issuing (pinned on CUDA)
     device_allocations: int = 0
     workspace_setup_s: float = 0.0
@@ -204,6 +209,11 @@ class DeviceHostMover:
     HICACHE_BATCHED_COPIES=0).
     `issue_graphs`: a one-chunk D2H's index upload and gather replayed as one captured CUDA
     graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
+    `mapped_d2h`: a D2H as one kernel writing L1's rows into their L2 pages in place (routes.py,
+    kernels/triton_mapped.py) -- unless it is one run of consecutive L2 pages over
+    MAPPED_RUN_MAX_BYTES. None: on CUDA with the Triton gather and pinned L2 unless
+    HICACHE_MAPPED_D2H=0, off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run
+    raises ConfigError. `mapped_reason` says which and why.
     """
 
     def __init__(
@@ -220,6 +230,7 @@ class DeviceHostMover:
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
         batched: bool | None = None,
         issue_graphs: bool | None = None,
+        mapped_d2h: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -261,9 +272,35 @@ class DeviceHostMover:
             min_bytes=INDEX_BUFFER_BYTES,
         )
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
+        self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
         self._in_flight: set[DmaHandle] = set()
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
+
+    def _mapped_choice(self, requested: bool | None) -> tuple[bool, str]:
+        """(on, why) for the mapped D2H route (class docstring)."""
+        env = os.environ.get(MAPPED_ENV, "")
+        if requested is False or (requested is None and env == "0"):
+            return False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
+        cuda = self._streams.cuda
+        why_not = ""
+        if cuda and self.kernels.gather_backend != "triton":
+            why_not = "the gather backend is torch (only the Triton kernel addresses L2 in place)"
+        elif cuda and not self.l2.pinned:
+            why_not = "L2 is not pinned"
+        if why_not:
+            if requested:
+                raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
+            return False, f"off: {why_not}"
+        if not cuda and requested is None and env != "1":
+            return False, "off: CPU moves by the DMA route unless asked (HICACHE_MAPPED_D2H=1)"
+        if cuda:
+            from hicache.kernels.select import load_mapped
+
+            load_mapped().prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
+        return True, (
+            f"on: a D2H is one mapped copy unless one L2 run over {MAPPED_RUN_MAX_BYTES} bytes"
+        )
 
     # -- issuing ------------------------------------------------------------------------------
 
@@ -336,10 +373,13 @@ class DeviceHostMover:
         if n == 0:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        plan = self.plan(direction, l2_ids)
+        plan = self._mapped_plan(l2_ids) if direction is Direction.D2H else None
+        plan = plan or self.plan(direction, l2_ids)
         route = plan.route
         try:
-            buffers = self._borrow(counters, n, route.staged_pages, plan.index_len)
+            buffers = self._borrow(
+                counters, n, route.staged_pages, plan.index_len, packed=not plan.mapped
+            )
         except TransferError as e:
             counters.failed += 1
             return ReadyHandle(direction, n * self.bytes_per_page, error=e)
@@ -349,8 +389,12 @@ class DeviceHostMover:
         enqueued = False
         try:
             work_started = time.perf_counter()
-            enqueue = self._enqueue_d2h if direction is Direction.D2H else self._enqueue_h2d
-            completion = enqueue(buffers, plan, l1_ids, after)
+            if plan.mapped:
+                completion = self._enqueue_mapped(buffers, plan, l1_ids, l2_ids, after)
+            elif direction is Direction.D2H:
+                completion = self._enqueue_d2h(buffers, plan, l1_ids, after)
+            else:
+                completion = self._enqueue_h2d(buffers, plan, l1_ids, after)
             work_s = time.perf_counter() - work_started
             enqueued = True
         finally:
@@ -360,6 +404,7 @@ class DeviceHostMover:
         counters.staged += route.staged_pages > 0
         counters.staged_pages += route.staged_pages
         counters.direct_dmas += sum(map(len, plan.pieces))
+        counters.mapped += plan.mapped
         handle = DmaHandle(
             self, direction, n * self.bytes_per_page, buffers, completion, delay, plan
         )
@@ -373,8 +418,16 @@ class DeviceHostMover:
         self._in_flight.add(handle)
         return handle
 
+    def _mapped_plan(self, l2_ids: Pages) -> DmaPlan | None:
+        """A D2H's mapped plan, or None when it goes by DMA (class docstring)."""
+        if not self.mapped_d2h:
+            return None
+        if int(l2_ids.size) * self.bytes_per_page > MAPPED_RUN_MAX_BYTES and is_run(l2_ids):
+            return None
+        return mapped_plan(l2_ids)
+
     def _borrow(
-        self, counters: DirectionCounters, n: int, n_staged: int, n_index: int
+        self, counters: DirectionCounters, n: int, n_staged: int, n_index: int, *, packed: bool
     ) -> TransferBuffers:
         """`TransferBuffers.borrow`, counting what it allocated."""
         before = self._allocation_counts()
@@ -387,6 +440,7 @@ class DeviceHostMover:
                 n,
                 n_staged,
                 n_index=n_index,
+                packed=packed,
             )
         finally:  # a failed borrow may have allocated (and released) some buffers first
             pinned, device = self._allocation_counts()
@@ -405,6 +459,7 @@ class DeviceHostMover:
         s.wait_for(s.compute, after if after is not None else caller)  # before L1 is read (B05)
         start = s.timer(s.compute)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        assert packed is not None, "a DMA-route D2H packs"
         bpp = self.bytes_per_page
         staged: list[tuple[int, int, Event | None]] = []
         gathered = False  # the one chunk's gather ran in the upload's graph
@@ -442,6 +497,7 @@ class DeviceHostMover:
         (issuegraphs.py); False when they are still to be run eagerly."""
         (lo, hi), at = plan.bounds[0], plan.index_at[0]
         l1, packed, index = self.l1.tensor, buf.packed, buf.index_device
+        assert packed is not None, "a DMA-route D2H packs"
         key = GraphKey(
             buf.index_host.data_ptr(),
             index.data_ptr(),
@@ -470,6 +526,7 @@ class DeviceHostMover:
         caller = s.current()
         start = s.timer(s.h2d)
         l1, l2, packed, host = self.l1.tensor, self.l2.tensor, buf.packed, buf.host
+        assert packed is not None, "an H2D packs"
         bpp = self.bytes_per_page
         offset = plan.route.staged_lo
         dmas_done: list[Event | None] = []
@@ -500,6 +557,42 @@ class DeviceHostMover:
         # After the last scatter, which waited every DMA; a new event: the gate hands it out.
         end = s.mark(s.compute, timing=True)
         return _Completion(start, end)
+
+    def _enqueue_mapped(
+        self,
+        buf: TransferBuffers,
+        plan: DmaPlan,
+        l1_ids: Pages,
+        l2_ids: Pages,
+        after: torch.cuda.Stream | None,
+    ) -> _Completion:
+        """A mapped D2H: upload both page lists, one kernel writes every L1 row into its L2
+        page, on the D2H stream after the caller's work (B05: it reads L1)."""
+        s = self._streams
+        plan.fill_mapped(l1_ids, l2_ids, buf.index_array)  # pinned: the upload reads it later
+        caller = s.current()
+        s.wait_for(s.d2h, after if after is not None else caller)
+        start = s.timer(s.d2h)
+        n, at = int(l1_ids.size), plan.slots_at
+        l1, l2, index = self.l1.tensor, self.l2.tensor, buf.index_device
+
+        def work() -> None:  # on the current stream, eagerly or captured
+            index.copy_(buf.index_host, non_blocking=True)
+            self.kernels.copy_mapped(l1, index[:n], l2, index[at : at + n], to_pool=True)
+
+        with s.use(s.d2h, caller):
+            key = GraphKey(
+                buf.index_host.data_ptr(),
+                index.data_ptr(),
+                int(index.numel()),
+                at,
+                l2.data_ptr(),
+                n,
+                mapped=True,
+            )
+            if not (self.graphs.enabled and self.graphs.run(key, work)):
+                work()
+        return _Completion(start, s.timer(s.d2h))
 
     # -- completion and lifetime --------------------------------------------------------------
 
@@ -544,6 +637,7 @@ class DeviceHostMover:
             ),
             "direct_min_bytes": self.direct_min_bytes,
             "copies": self.copies.status(),
+            "mapped_d2h": self.mapped_reason,
             "issue_graphs": self.graphs.status(),
             "streams": self._streams.ids(),
             "streams_how": self._streams.how,

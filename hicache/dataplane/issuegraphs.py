@@ -47,8 +47,9 @@ class GraphKey(NamedTuple):
     index_device: int  # data_ptr of the upload's target
     index_len: int  # entries uploaded
     index_at: int  # where the chunk's indices start in the device index buffer
-    packed: int  # data_ptr of the packed buffer
-    pages: int  # pages gathered: packed[0:pages]
+    packed: int  # data_ptr of the packed buffer (a mapped D2H: of the L2 pool)
+    pages: int  # pages gathered: packed[0:pages] (mapped: written to L2)
+    mapped: bool = False  # the mapped copy (dma.py) rather than the gather into packed
 
 
 class IssueGraphs:

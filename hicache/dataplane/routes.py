@@ -31,6 +31,15 @@ host. A fragmented H2D stays one chunk (chunked, its runs' DMAs split into more 
 no better in the same rounds). A fixed `chunk_pages` overrides every rule.
 The measurements behind the three constants: benchmarks/results/HISTORY.md.
 
+Mapped (`mapped_plan`). Where the GPU addresses L2 in place (pinned host memory, mapped), a
+D2H need not pack at all: one kernel writes every L1 row straight into its L2 page, whatever
+the pages' order (kernels/triton_mapped.py). No packed buffer, no chunks, no DMA: the plan is
+the index buffer's layout -- the L1 pages at 0, the L2 pages at the first aligned slot after
+them -- and the number of L2 runs (for the counters). MAPPED_RUN_MAX_BYTES: one run of
+consecutive L2 pages larger than this still goes by DMA (one H100: one run of 219 Qwen3-8B
+pages 96.9% of the pinned copy by DMA, 94.7% mapped; 63 pages 91.9% by DMA, 94.0% mapped;
+fragmented ones 85.9-86.6% by DMA, 94.0-94.7% mapped).
+
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
 pointer alignment (16-byte divisible or not), so a slice starting at an odd int64 would be a
@@ -42,6 +51,7 @@ chunk's slice therefore starts at a multiple of INDEX_ALIGN entries (16 bytes); 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -55,6 +65,7 @@ RUN_H2D_SINGLE_MAX_BYTES = 0  # ...except an H2D of one L2 run: chunked at any s
 DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts aligned
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
+MAPPED_RUN_MAX_BYTES = 64 << 20  # a mapped-capable D2H of one larger L2 run goes by DMA
 
 Bounds = list[tuple[int, int]]
 
@@ -133,6 +144,15 @@ def is_run(ids: Pages) -> bool:
         xs: list[int] = ids.tolist()
         return xs == list(range(xs[0], xs[0] + n))
     return bool((np.diff(ids) == 1).all())
+
+
+def count_runs(ids: Pages) -> int:
+    """Runs of consecutive pages among `ids` (n >= 1) once sorted: 1 for one slice of a pool."""
+    n = int(ids.size)
+    if n <= SMALL_ROUTE_PAGES:
+        xs: list[int] = sorted(ids.tolist())
+        return 1 + sum(b != a + 1 for a, b in itertools.pairwise(xs))
+    return 1 + int(np.count_nonzero(np.diff(np.sort(ids)) != 1))
 
 
 def plan_route(
@@ -278,6 +298,7 @@ class DmaPlan:
     bounds: Bounds
     pieces: list[list[Run]]
     index_at: list[int] = field(default_factory=list)  # empty: computed from `bounds`
+    mapped: bool = False  # one mapped copy (module docstring): no packing, no DMA
 
     def __post_init__(self) -> None:
         if not self.index_at:
@@ -287,11 +308,27 @@ class DmaPlan:
 
     @property
     def index_len(self) -> int:
-        """Entries the index buffers need: the last chunk's slot end (n when unpadded)."""
+        """Entries the index buffers need: the last chunk's slot end (n when unpadded); a
+        mapped plan's L2 pages end (`slots_at` + n)."""
         if not self.bounds:
             return 0
         lo, hi = self.bounds[-1]
+        if self.mapped:
+            return self.slots_at + hi - lo
         return self.index_at[-1] + hi - lo
+
+    @property
+    def slots_at(self) -> int:
+        """Where a mapped plan's L2 pages start in the index buffers: the first aligned slot
+        after its L1 pages."""
+        return index_slots([(0, self.bounds[-1][1])] * 2)[1] if self.bounds else 0
+
+    def fill_mapped(self, l1_ids: Pages, l2_ids: Pages, out: Pages) -> None:
+        """A mapped plan's index entries into `out`: L1 pages at 0, L2 pages at `slots_at`,
+        both in the caller's order (pairs stay pairs)."""
+        n, at = int(l1_ids.size), self.slots_at
+        np.copyto(out[:n], l1_ids)
+        np.copyto(out[at : at + n], l2_ids)
 
     def fill_index(self, l1_ids: Pages, out: Pages) -> None:
         """Write the caller's L1 pages (`l1_ids`, the caller's order) into `out` (at least
@@ -314,11 +351,22 @@ class DmaPlan:
 
     @property
     def dmas(self) -> int:
-        """DMAs issued: the direct pieces, and one per chunk holding staged pages."""
+        """DMAs issued: the direct pieces, and one per chunk holding staged pages (none for
+        a mapped plan)."""
         staged = sum(a < b for a, b in (self.staged_in(lo, hi) for lo, hi in self.bounds))
         return sum(map(len, self.pieces)) + staged
 
     def __str__(self) -> str:
         r = self.route
+        if self.mapped:
+            return f"mapped: {r.runs} runs, 1 launch, 0 DMAs"
         staged = f", {r.staged_pages} pages staged" if r.staged_pages else ""
         return f"{r.kind}: {r.runs} runs, {len(self.bounds)} chunks, {self.dmas} DMAs{staged}"
+
+
+def mapped_plan(l2_ids: Pages) -> DmaPlan:
+    """The plan of a mapped D2H of `l2_ids` (n >= 1): one launch over every page, the L1 and
+    L2 pages side by side in the index buffers (module docstring)."""
+    n = int(l2_ids.size)
+    route = Route(None, [], 0, 0, l2_ids[:0], runs=count_runs(l2_ids))
+    return DmaPlan(route, [(0, n)], [[]], mapped=True)

@@ -203,7 +203,8 @@ class WorkspaceCache:
 class TransferBuffers:
     """The buffers one D2H/H2D transfer holds until its handle is final.
 
-    packed        DEVICE  [n, *page_shape]          the pages, packed page-major
+    packed        DEVICE  [n, *page_shape]          the pages, packed page-major; None for
+                                                    a mapped D2H (it writes L2 in place)
     index_host    HOST    int64 [n_index]           L1 pages in packed order (upload source),
                                                     each chunk at its aligned slot (routes.py)
     index_device  DEVICE  int64 [n_index]           the same, on the device
@@ -211,7 +212,7 @@ class TransferBuffers:
     """
 
     held: list[tuple[WorkspaceCache, Workspace]]
-    packed: torch.Tensor
+    packed: torch.Tensor | None
     index_host: torch.Tensor
     index_device: torch.Tensor
     host: torch.Tensor | None
@@ -229,11 +230,12 @@ class TransferBuffers:
         n_staged: int,
         *,
         n_index: int | None = None,
+        packed: bool = True,
     ) -> TransferBuffers:
         """Every buffer for `n` pages (`n_staged` of them staged; `n_index` index entries, at
-        least n, default n), or TransferError with none kept. Host staging only when
-        `n_staged` > 0: a transfer without staged pages allocates no host memory once the
-        index buffers are warm."""
+        least n, default n; no packed buffer unless `packed`), or TransferError with none
+        kept. Host staging only when `n_staged` > 0: a transfer without staged pages
+        allocates no host memory once the index buffers are warm."""
         n_index = n if n_index is None else n_index
         # Verify room for every page's index: a short buffer would drop pages from the kernels.
         assert n_index >= n, (n_index, n)
@@ -250,7 +252,9 @@ class TransferBuffers:
             return ws.view(dt, shape)
 
         try:
-            packed = take(pages, WorkspaceKind.DEVICE, dtype, (n, *page_shape))
+            packed_pages = (
+                take(pages, WorkspaceKind.DEVICE, dtype, (n, *page_shape)) if packed else None
+            )
             index_host = take(indices, WorkspaceKind.HOST, torch.int64, (n_index,))
             index_array = held[-1][1].array(torch.int64, (n_index,))
             index_device = take(indices, WorkspaceKind.DEVICE, torch.int64, (n_index,))
@@ -263,7 +267,7 @@ class TransferBuffers:
             for cache, ws in held:
                 cache.release(ws)
             raise
-        return cls(held, packed, index_host, index_device, host, setup_s, index_array)
+        return cls(held, packed_pages, index_host, index_device, host, setup_s, index_array)
 
     def release(self) -> None:
         """Give every buffer back; a second call returns nothing twice (`held` is emptied)."""

@@ -1,0 +1,202 @@
+"""Rows between L1 and a page-major pool the device addresses in place (mapped L2).
+
+    program p     rows r = p, p + P, p + 2P, ... of rows = n * 2 * layers (P programs)
+    row r         (i, kl) = divmod(r, 2 * layers)
+    L1 row        (kl, pages[i]) at word (kl * l1_pages + pages[i]) * ROW_WORDS
+    pool row      (slots[i], kl) at word (slots[i] * 2 * layers + kl) * ROW_WORDS
+
+Pinned host memory is mapped into the GPU's address space (unified addressing: the device
+pointer is the host pointer, for `cudaHostAlloc` and `cudaHostRegister` memory alike), so one
+kernel can write L1's rows straight into their L2 pages: no packed device buffer, no DMA, no
+per-run driver call -- one launch whatever the L2 pages' order. The stores cross the host
+link as posted writes; on one H100 a fragmented 22-page Qwen3-8B D2H this way reached 92% of
+one pinned copy (the gather + batched DMAs: 84%), 94.7% at 219 pages
+(benchmarks/zero_copy.py). Reads of host memory are not posted: the same kernel the other
+way (L2 -> L1) reached only 62%, so H2D keeps its DMAs; the kernel moves both ways for
+tests and the probe.
+
+The programs loop over rows, so a launch occupies at most `programs` of the GPU's program
+slots (PROGRAMS_DEFAULT per SM): a D2H runs beside the model's kernels, and a copy that
+waits on the host link needs few SMs to keep it full. Compiled lazily per mode like
+`triton_rows`; `n_rows` is not specialized on, so no transfer size compiles a new variant,
+and `prebuild` compiles the variants a mover needs before its first issue.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from hicache.errors import BackendError
+from hicache.kernels.launch import CompiledCache, arg_key, on_stream
+from hicache.kernels.reference import RowLayout, check_mapped, word_view
+from hicache.kernels.triton_rows import LAUNCH_FAILURES, check_runnable, interpreter_enabled
+
+STEP_BYTES = 8192  # one loop step of a program: 64 bytes per thread of 4 warps
+NUM_WARPS = 4
+PROGRAMS_PER_SM = 1  # one H100: 1 program per SM moved as fast as 8 (benchmarks/zero_copy.py)
+
+
+def _copy_mapped(  # type: ignore[no-untyped-def]
+    l1,
+    pool,
+    pages,
+    slots,
+    n_rows,
+    rows_per_page,
+    l1_pages,
+    ROW_WORDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVEN: tl.constexpr,
+    TO_POOL: tl.constexpr,
+):
+    """Rows (i, kl) between L1 row (kl, pages[i]) and pool row (slots[i], kl)."""
+    first = tl.program_id(0).to(tl.int64)
+    for r in range(first, n_rows, tl.num_programs(0)):
+        i = r // rows_per_page
+        kl = r - i * rows_per_page
+        a = l1 + (kl * l1_pages + tl.load(pages + i).to(tl.int64)) * ROW_WORDS
+        b = pool + (tl.load(slots + i).to(tl.int64) * rows_per_page + kl) * ROW_WORDS
+        if TO_POOL:
+            src, dst = a, b
+        else:
+            src, dst = b, a
+        for step in range(0, ROW_WORDS, BLOCK):
+            offsets = step + tl.arange(0, BLOCK)
+            if EVEN:
+                tl.store(dst + offsets, tl.load(src + offsets))
+            else:
+                inside = offsets < ROW_WORDS
+                tl.store(dst + offsets, tl.load(src + offsets, mask=inside), mask=inside)
+
+
+_JITTED: dict[bool, Any] = {}  # interpreted? -> the jitted kernel
+_COMPILED: list[CompiledCache] = []
+
+
+def _kernel() -> Any:
+    mode = interpreter_enabled()
+    if mode not in _JITTED:
+        _JITTED[mode] = triton.jit(_copy_mapped, do_not_specialize=["n_rows"])
+    return _JITTED[mode]
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(layout: RowLayout) -> tuple[int, int, bool]:
+    """(ROW_WORDS, BLOCK, EVEN) of a layout: STEP_BYTES steps, capped at the row."""
+    block = min(STEP_BYTES // layout.word_bytes, 1 << max(0, layout.row_words - 1).bit_length())
+    return layout.row_words, max(1, block), layout.row_words % max(1, block) == 0
+
+
+_SMS: dict[int, int] = {}
+
+
+def default_programs(device: torch.device) -> int:
+    """PROGRAMS_PER_SM per SM of `device` (1 off the GPU, where the interpreter runs them)."""
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index] * PROGRAMS_PER_SM
+
+
+def copy_mapped(
+    l1: torch.Tensor,
+    pages: torch.Tensor,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    to_pool: bool,
+    programs: int | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> None:
+    """pool[slots[i], kv, l] = l1[kv, l, pages[i]] (`to_pool`), or the reverse, enqueued on
+    `stream` with no sync. `pool`: a page-major pool, on l1's device or -- l1 on CUDA --
+    pinned host memory (`reference.check_mapped`). At most `programs` programs (None:
+    `default_programs`). BackendError when Triton cannot compile or launch it."""
+    layout = check_mapped(l1, pages, pool, slots, to_pool=to_pool)
+    if layout.n == 0:
+        return
+    interpreted = interpreter_enabled()
+    check_runnable(l1.device, interpreted)
+    row_words, block, even = _constants(layout)
+    grid = (max(1, min(layout.rows, programs or default_programs(l1.device))),)
+    args = (
+        word_view(l1, layout),
+        word_view(pool, layout),
+        pages,
+        slots,
+        layout.rows,
+        layout.rows_per_page,
+        layout.l1_pages,
+        row_words,
+        block,
+        even,
+        to_pool,
+    )
+    try:
+        if l1.device.type != "cuda" or interpreted:
+            with on_stream(stream):
+                _kernel()[grid](*args, num_warps=NUM_WARPS)
+            return
+        _compiled().launch(_key(args, l1.device), grid, args, _OPTIONS, stream=stream)
+    except LAUNCH_FAILURES as exc:
+        raise BackendError(
+            f"Triton mapped copy failed to compile or launch ({layout.row_bytes}-byte rows): "
+            f"{type(exc).__name__}: {exc}; turn the mapped route off (HICACHE_MAPPED_D2H=0)"
+        ) from exc
+
+
+_OPTIONS = {"num_warps": NUM_WARPS}
+
+
+def _key(args: tuple[Any, ...], device: torch.device) -> Hashable:
+    """`launch.CompiledCache`'s key: what Triton specializes on, `n_rows` excepted (it is
+    not specialized on: every transfer size runs the same kernel)."""
+    l1, pool, pages, slots, _n_rows, *scalars = args
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    tensors = (arg_key(l1), arg_key(pool), arg_key(pages), arg_key(slots))
+    return ("mapped", index, NUM_WARPS, *tensors, *scalars)
+
+
+def _compiled() -> CompiledCache:
+    if not _COMPILED:
+        assert not interpreter_enabled(), "the interpreter has no compiled kernels"
+        _COMPILED.append(CompiledCache(_kernel()))
+    return _COMPILED[0]
+
+
+def prebuild(l1: torch.Tensor, pool: torch.Tensor, *, to_pool: bool = True) -> int:
+    """Compile and load, without running, the variant a mover's mapped copies between `l1`
+    (a CUDA pool) and `pool` need: 16-byte aligned int64 index slices. Returns the number of
+    variants compiled now (0 when built before, or off the GPU)."""
+    if l1.device.type != "cuda" or interpreter_enabled():
+        return 0
+    cache = _compiled()
+    before = cache.dispatches
+    index = torch.zeros(2, dtype=torch.int64, device=l1.device)
+    layout = check_mapped(l1, index[:1], pool, index[1:], to_pool=to_pool, values=False)
+    row_words, block, even = _constants(layout)
+    index = torch.zeros(4, dtype=torch.int64, device=l1.device)  # both slices 16-byte aligned
+    args = (
+        word_view(l1, layout),
+        word_view(pool, layout),
+        index[:2],
+        index[2:],
+        layout.rows,
+        layout.rows_per_page,
+        layout.l1_pages,
+        row_words,
+        block,
+        even,
+        to_pool,
+    )
+    with torch.cuda.device(l1.device):
+        cache.prebuild(_key(args, l1.device), args, _OPTIONS)
+    return cache.dispatches - before

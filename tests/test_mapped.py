@@ -1,0 +1,277 @@
+"""The mapped D2H: one kernel writes L1's rows into their L2 pages in place.
+
+The definition (`copy_mapped_torch`) against hand-built pages; the Triton kernel against it
+(interpreted on CPU, compiled on a GPU with pinned L2); the operand checks; and the mover's
+route: which D2Hs go mapped, their bytes, counters, faults, and that nothing stays borrowed.
+Every destination is poisoned first, so a path that moved nothing fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache.core.pages import pages
+from hicache.core.tiers import Direction
+from hicache.dataplane import dma
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.errors import ConfigError, LayoutError
+from hicache.kernels import KernelSet
+from hicache.kernels.reference import copy_mapped_torch
+from tests.test_transfer import done, plan_of, poison, randomize, rows, tiny
+
+POISON = 0xA5
+L1_PAGES, L2_PAGES = 12, 16
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield
+
+
+def pools(dtype: str = "bf16", page_size: int = 4) -> tuple[DevicePool, HostPool]:
+    g = tiny(dtype, page_size)
+    l1, l2 = DevicePool(g, L1_PAGES, "cpu"), HostPool(g, L2_PAGES, pin=False)
+    randomize(l1.tensor, seed=3)
+    return l1, l2
+
+
+def idx(xs: list[int]) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.int64)
+
+
+# -- the definition and the kernel ---------------------------------------------------------------
+
+
+def test_definition_writes_each_page_at_its_slot_and_nothing_else() -> None:
+    l1, l2 = pools()
+    poison(l2.tensor)
+    src, slots = [5, 0, 5, 9], [3, 14, 7, 0]  # an L1 page may be read twice
+    copy_mapped_torch(l1.tensor, idx(src), l2.tensor, idx(slots), to_pool=True)
+    for s, d in zip(src, slots):
+        assert torch.equal(rows(l2.tensor[d : d + 1]), rows(l1.packed(pages([s]))))
+    rest = sorted(set(range(L2_PAGES)) - set(slots))
+    assert bool((l2.tensor[rest].view(torch.uint8) == POISON).all())
+    back = DevicePool(l1.geometry, L1_PAGES, "cpu")
+    poison(back.tensor)
+    copy_mapped_torch(back.tensor, idx([1, 2]), l2.tensor, idx([3, 14]), to_pool=False)
+    assert torch.equal(rows(back.packed(pages([1, 2]))), rows(l1.packed(pages([5, 0]))))
+    assert bool((back.packed(pages([0, 3])).view(torch.uint8) == POISON).all())
+
+
+@pytest.mark.parametrize(
+    ("src", "slots", "dtype", "shape", "message"),
+    [
+        ([0, 1], [1, 2, 3], None, None, "slots: 3 of them"),
+        ([0, 1], [1, 99], None, None, "values must lie in"),
+        ([0, 1], [4, 4], None, None, "distinct slots"),
+        ([0, 77], [2, 3], None, None, "values must lie in"),
+        ([0, 1], [2, 3], torch.float16, None, "dtype"),
+        ([0, 1], [2, 3], None, (L2_PAGES, 2, 2, 4, 2, 8), "expected shape"),
+    ],
+)
+def test_operands_are_checked(
+    src: list[int],
+    slots: list[int],
+    dtype: torch.dtype | None,
+    shape: tuple[int, ...] | None,
+    message: str,
+) -> None:
+    l1, l2 = pools()
+    pool = l2.tensor if dtype is None else l2.tensor.view(dtype)
+    if shape is not None:
+        pool = torch.empty(shape, dtype=pool.dtype)
+    with pytest.raises(LayoutError, match=message):
+        copy_mapped_torch(l1.tensor, idx(src), pool, idx(slots), to_pool=True)
+
+
+def test_a_host_pool_must_be_pinned_or_on_l1s_device() -> None:
+    l1, _ = pools()
+    meta = torch.empty((L2_PAGES, 2, 2, 4, 2, 4), dtype=torch.bfloat16, device="meta")
+    with pytest.raises(LayoutError, match="pinned"):
+        copy_mapped_torch(l1.tensor, idx([0]), meta, idx([0]), to_pool=True)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_triton_kernel_matches_the_definition(
+    interpreted: None, dtype: str, page_size: int
+) -> None:
+    from hicache.kernels import triton_mapped
+
+    l1, l2 = pools(dtype, page_size)
+    want = l2.tensor.clone()
+    poison(want)
+    poison(l2.tensor)
+    src, slots = idx([7, 2, 2, 11, 0]), idx([15, 0, 8, 3, 9])
+    copy_mapped_torch(l1.tensor, src, want, slots, to_pool=True)
+    for programs in (1, 3, None):  # fewer programs than rows: each loops over several
+        poison(l2.tensor)
+        triton_mapped.copy_mapped(l1.tensor, src, l2.tensor, slots, to_pool=True, programs=programs)
+        assert torch.equal(l2.tensor.view(torch.uint8), want.view(torch.uint8))
+    back = torch.empty_like(l1.tensor)
+    poison(back)
+    dst = idx([1, 4, 5, 6, 10])
+    triton_mapped.copy_mapped(back, dst, l2.tensor, slots, to_pool=False, programs=2)
+    expect = torch.empty_like(back)
+    poison(expect)
+    copy_mapped_torch(expect, dst, want, slots, to_pool=False)
+    assert torch.equal(back.view(torch.uint8), expect.view(torch.uint8))
+
+
+# -- the mover's route ---------------------------------------------------------------------------
+
+
+def mover(*, mapped: bool | None = True, faults: FaultInjector | None = None) -> DeviceHostMover:
+    l1, l2 = pools("fp16", 2)
+    return DeviceHostMover(
+        l1, l2, KernelSet.create(l1.tensor, "torch"), faults=faults, mapped_d2h=mapped
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_mapped_d2h_moves_exactly_its_pages(data: st.DataObject) -> None:
+    m = mover()
+    n = data.draw(st.integers(1, L1_PAGES))
+    src = pages(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)))
+    dst = pages(data.draw(st.permutations(range(L2_PAGES)))[:n])
+    poison(m.l2.tensor)
+    handle = m.d2h(src, dst)
+    done(handle)
+    plan = plan_of(handle)
+    assert plan.mapped and plan.dmas == 0 and str(plan).startswith("mapped:")
+    assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
+    rest = torch.from_numpy(np.setdiff1d(np.arange(L2_PAGES), dst))
+    assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all())
+    c = m.counters[Direction.D2H]
+    assert c.mapped == 1 and c.direct_dmas == 0 and c.staged == 0
+    assert c.fragmented == (plan.route.runs > 1)
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+def test_an_h2d_never_goes_mapped() -> None:
+    m = mover()
+    dst = pages([3, 9, 4])
+    done(m.d2h(pages([0, 1, 2]), dst))
+    handle = m.h2d(dst, pages([5, 6, 7]))
+    done(handle)
+    assert not plan_of(handle).mapped and m.counters[Direction.H2D].mapped == 0
+    assert np.array_equal(page_digest(m.l1, pages([0, 1, 2])), page_digest(m.l1, pages([5, 6, 7])))
+
+
+def test_one_long_run_of_l2_pages_goes_by_dma(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = mover()
+    monkeypatch.setattr(dma, "MAPPED_RUN_MAX_BYTES", 3 * m.bytes_per_page)
+    run, spread = pages([4, 5, 6, 7]), pages([8, 10, 11, 12])
+    for dst, mapped in ((run, False), (spread, True), (run[:3], True)):
+        poison(m.l2.tensor)
+        handle = m.d2h(pages([0, 1, 2, 3])[: dst.size], dst)
+        done(handle)
+        assert plan_of(handle).mapped is mapped, (dst, plan_of(handle))
+        assert np.array_equal(
+            page_digest(m.l1, pages([0, 1, 2, 3])[: dst.size]), page_digest(m.l2, dst)
+        )
+
+
+def test_the_default_on_cpu_is_the_dma_route_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(dma.MAPPED_ENV, raising=False)
+    assert not mover(mapped=None).mapped_d2h
+    monkeypatch.setenv(dma.MAPPED_ENV, "1")
+    m = mover(mapped=None)
+    assert m.mapped_d2h and m.status()["mapped_d2h"] == m.mapped_reason
+    monkeypatch.setenv(dma.MAPPED_ENV, "0")
+    assert not mover(mapped=None).mapped_d2h
+    assert mover(mapped=True).mapped_d2h  # asked for by name: the environment does not veto
+    assert not mover(mapped=False).mapped_d2h
+
+
+@pytest.mark.parametrize("site", [FaultSite.PINNED_ALLOC, FaultSite.DEVICE_ALLOC])
+def test_a_failed_buffer_fails_the_d2h_and_leaves_nothing_borrowed(site: FaultSite) -> None:
+    m = mover(faults=FaultInjector().once(site))
+    poison(m.l2.tensor)
+    handle = m.d2h(pages([0, 1]), pages([4, 9]))
+    assert handle.poll() is TransferStatus.FAILED and handle.error is not None
+    assert m.buffers_busy == 0 and m.in_flight == 0
+    assert bool((m.l2.tensor.view(torch.uint8) == POISON).all()), "a failed issue wrote L2"
+
+
+def test_a_completion_fault_fails_the_mapped_d2h_and_returns_its_buffers() -> None:
+    m = mover(faults=FaultInjector().once(FaultSite.D2H_COMPLETE))
+    handle = m.d2h(pages([0, 1]), pages([4, 9]))
+    assert handle.wait(timeout_s=5) is TransferStatus.FAILED
+    assert m.counters[Direction.D2H].failed == 1
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+# -- GPU: compiled, pinned L2 addressed in place -------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_gpu_mapped_d2h_writes_pinned_l2_in_place(dtype: str) -> None:
+    g = tiny(dtype, 16)
+    l1, l2 = DevicePool(g, 64, "cuda"), HostPool(g, 64, pin=True)
+    l1.tensor.view(torch.uint8).random_(0, 256)
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "triton"))
+    assert m.mapped_d2h, m.mapped_reason
+    from hicache.kernels import triton_mapped
+
+    compiled = triton_mapped._compiled().dispatches  # prebuilt by the mover's constructor
+    rng = np.random.default_rng(5)
+    for n in (1, 5, 22, 40):
+        src = pages(rng.choice(64, size=n, replace=False))
+        dst = pages(rng.choice(64, size=n, replace=False))
+        for _ in range(3):  # eager, captured, replayed
+            poison(l2.tensor)
+            handle = m.d2h(src, dst)
+            done(handle)
+            assert plan_of(handle).mapped
+            assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
+            rest = torch.from_numpy(np.setdiff1d(np.arange(64), dst))
+            assert bool((l2.tensor[rest].view(torch.uint8) == POISON).all())
+    assert triton_mapped._compiled().dispatches == compiled, "an issue compiled a kernel"
+    assert m.graphs.replays > 0 and m.buffers_busy == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_mapped_needs_the_triton_gather() -> None:
+    g = tiny("bf16", 16)
+    l1, l2 = DevicePool(g, 8, "cuda"), HostPool(g, 8, pin=True)
+    torch_kernels = KernelSet.create(l1.tensor, "torch")
+    assert not DeviceHostMover(l1, l2, torch_kernels).mapped_d2h
+    with pytest.raises(ConfigError, match="mapped_d2h"):
+        DeviceHostMover(l1, l2, torch_kernels, mapped_d2h=True)
+
+
+def test_the_cpu_fuzz_runs_clean_with_every_d2h_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stateful fuzz on the cpu plane with the route a GPU takes by default: restores
+    verified byte for byte, invariants and counters judged as for the DMA route."""
+    from hicache.testing.runner import arguments, fuzz
+
+    monkeypatch.setenv(dma.MAPPED_ENV, "1")
+    issued: list[int] = []
+    real = DeviceHostMover._enqueue_mapped
+
+    def counted(self: DeviceHostMover, *args: object, **kwargs: object) -> object:
+        issued.append(1)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DeviceHostMover, "_enqueue_mapped", counted)
+    result = fuzz(arguments(seed=1, steps=400, plane="cpu"))
+    assert result.ok, result.text
+    assert len(issued) > 20, "the fuzz issued few mapped D2Hs: the route went untested"
