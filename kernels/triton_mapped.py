@@ -123,13 +123,41 @@ def copy_mapped(
     layout = check_mapped(l1, pages, pool, slots, to_pool=to_pool)
     if layout.n == 0:
         return
-    interpreted = interpreter_enabled()
-    check_runnable(l1.device, interpreted)
-    row_words, block, even = _constants(layout)
-    grid = (max(1, min(layout.rows, programs or default_programs(l1.device))),)
-    args = (
+    launch_mapped(
+        layout,
         word_view(l1, layout),
         word_view(pool, layout),
+        pages,
+        slots,
+        to_pool=to_pool,
+        programs=programs,
+        stream=stream,
+    )
+
+
+def launch_mapped(
+    layout: RowLayout,
+    l1_words: torch.Tensor,
+    pool_words: torch.Tensor,
+    pages: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    to_pool: bool,
+    programs: int | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> None:
+    """The launch behind `copy_mapped` for operands already checked against `layout`:
+    `l1_words` holds `layout.rows_per_page` rows of `layout.l1_pages` pages (row (kl, p) at
+    word (kl * l1_pages + p) * row_words), `pool_words` page-major pages of as many rows.
+    Pool groups call it per pool with their own row counts (`RowLayout.rows_per_layer`)."""
+    device = l1_words.device
+    interpreted = interpreter_enabled()
+    check_runnable(device, interpreted)
+    row_words, block, even = _constants(layout)
+    grid = (max(1, min(layout.rows, programs or default_programs(device))),)
+    args = (
+        l1_words,
+        pool_words,
         pages,
         slots,
         layout.rows,
@@ -141,11 +169,11 @@ def copy_mapped(
         to_pool,
     )
     try:
-        if l1.device.type != "cuda" or interpreted:
+        if device.type != "cuda" or interpreted:
             with on_stream(stream):
                 _kernel()[grid](*args, num_warps=NUM_WARPS)
             return
-        _compiled().launch(_key(args, l1.device), grid, args, _OPTIONS, stream=stream)
+        _compiled().launch(_key(args, device), grid, args, _OPTIONS, stream=stream)
     except LAUNCH_FAILURES as exc:
         raise BackendError(
             f"Triton mapped copy failed to compile or launch ({layout.row_bytes}-byte rows): "
@@ -178,15 +206,25 @@ def prebuild(l1: torch.Tensor, pool: torch.Tensor, *, to_pool: bool = True) -> i
     variants compiled now (0 when built before, or off the GPU)."""
     if l1.device.type != "cuda" or interpreter_enabled():
         return 0
-    cache = _compiled()
-    before = cache.dispatches
     index = torch.zeros(2, dtype=torch.int64, device=l1.device)
     layout = check_mapped(l1, index[:1], pool, index[1:], to_pool=to_pool, values=False)
+    return prebuild_layout(layout, word_view(l1, layout), word_view(pool, layout), to_pool=to_pool)
+
+
+def prebuild_layout(
+    layout: RowLayout, l1_words: torch.Tensor, pool_words: torch.Tensor, *, to_pool: bool = True
+) -> int:
+    """`prebuild` for operands already in words (a pool group's region and L2 part)."""
+    device = l1_words.device
+    if device.type != "cuda" or interpreter_enabled():
+        return 0
+    cache = _compiled()
+    before = cache.dispatches
     row_words, block, even = _constants(layout)
-    index = torch.zeros(4, dtype=torch.int64, device=l1.device)  # both slices 16-byte aligned
+    index = torch.zeros(4, dtype=torch.int64, device=device)  # both slices 16-byte aligned
     args = (
-        word_view(l1, layout),
-        word_view(pool, layout),
+        l1_words,
+        pool_words,
         index[:2],
         index[2:],
         layout.rows,
@@ -197,6 +235,6 @@ def prebuild(l1: torch.Tensor, pool: torch.Tensor, *, to_pool: bool = True) -> i
         even,
         to_pool,
     )
-    with torch.cuda.device(l1.device):
-        cache.prebuild(_key(args, l1.device), args, _OPTIONS)
+    with torch.cuda.device(device):
+        cache.prebuild(_key(args, device), args, _OPTIONS)
     return cache.dispatches - before

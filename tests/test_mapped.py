@@ -8,7 +8,9 @@ Every destination is poisoned first, so a path that moved nothing fails.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -24,11 +26,15 @@ from hicache.core.tiers import Direction
 from hicache.dataplane import dma
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.grouppools import pool_digest
+from hicache.dataplane.grouptransfer import GroupMover
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.dataplane.routes import MAPPED_ENV
 from hicache.errors import ConfigError, LayoutError
 from hicache.kernels import KernelSet
 from hicache.kernels.reference import copy_mapped_torch
+from tests.test_group_bytes import dsv4_tiny, request_pages
 from tests.test_transfer import done, plan_of, poison, randomize, rows, tiny
 
 POISON = 0xA5
@@ -187,12 +193,12 @@ def test_one_long_run_of_l2_pages_goes_by_dma(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_default_on_cpu_is_the_dma_route_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(dma.MAPPED_ENV, raising=False)
+    monkeypatch.delenv(MAPPED_ENV, raising=False)
     assert not mover(mapped=None).mapped_d2h
-    monkeypatch.setenv(dma.MAPPED_ENV, "1")
+    monkeypatch.setenv(MAPPED_ENV, "1")
     m = mover(mapped=None)
     assert m.mapped_d2h and m.status()["mapped_d2h"] == m.mapped_reason
-    monkeypatch.setenv(dma.MAPPED_ENV, "0")
+    monkeypatch.setenv(MAPPED_ENV, "0")
     assert not mover(mapped=None).mapped_d2h
     assert mover(mapped=True).mapped_d2h  # asked for by name: the environment does not veto
     assert not mover(mapped=False).mapped_d2h
@@ -263,7 +269,7 @@ def test_the_cpu_fuzz_runs_clean_with_every_d2h_mapped(monkeypatch: pytest.Monke
     verified byte for byte, invariants and counters judged as for the DMA route."""
     from hicache.testing.runner import arguments, fuzz
 
-    monkeypatch.setenv(dma.MAPPED_ENV, "1")
+    monkeypatch.setenv(MAPPED_ENV, "1")
     issued: list[int] = []
     real = DeviceHostMover._enqueue_mapped
 
@@ -275,3 +281,89 @@ def test_the_cpu_fuzz_runs_clean_with_every_d2h_mapped(monkeypatch: pytest.Monke
     result = fuzz(arguments(seed=1, steps=400, plane="cpu"))
     assert result.ok, result.text
     assert len(issued) > 20, "the fuzz issued few mapped D2Hs: the route went untested"
+
+
+# -- the group mover: one mapped copy per pool ---------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 4), st.integers(0, 3), st.integers(0, 2**32 - 1), st.booleans())
+def test_a_mapped_group_d2h_writes_every_pool_in_place(
+    n_kv: int, n_swa: int, seed: int, triton: bool
+) -> None:
+    """Torch's index ops, or the Triton kernel per pool (interpreted): each pool's pages land
+    in its L2 pages, no other L2 byte changes, no workspace or DMA is used."""
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"} if triton else {}):
+        geometry, l1, l2 = dsv4_tiny()
+        mover = GroupMover(l1, l2, "per_pool" if triton else "torch", mapped_d2h=True)
+        d2h, _ = request_pages(np.random.default_rng(seed), n_kv, n_swa)
+        l2.tensor.fill_(POISON)
+        handle = mover.d2h(d2h)
+        assert handle.wait(timeout_s=30) is TransferStatus.DONE
+        c = mover.counters[Direction.D2H]
+        moved = any(len(d2h[p.source][0]) for p in geometry.pools)
+        assert c.mapped == moved and c.dmas == 0 and mover.workspaces.busy == 0
+        for p in geometry.pools:
+            src, dst = d2h[p.source]
+            assert np.array_equal(pool_digest(l1, p.name, src), pool_digest(l2, p.name, dst))
+            view = l2.bytes_view(p.name)
+            rest = sorted(set(range(view.shape[0])) - set(np.asarray(dst).tolist()))
+            assert bool((view[rest] == POISON).all()), p.name
+        assert mover.buffers_busy == 0 and not mover.in_flight
+
+
+def test_the_group_mapped_route_is_chosen_as_the_single_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, l1, l2 = dsv4_tiny()
+    monkeypatch.delenv(MAPPED_ENV, raising=False)
+    assert not GroupMover(l1, l2, "torch").mapped_d2h  # CPU: by DMA unless asked
+    monkeypatch.setenv(MAPPED_ENV, "1")
+    mover = GroupMover(l1, l2, "torch")
+    assert mover.mapped_d2h and mover.status()["mapped_d2h"] == mover.mapped_reason
+    h = mover.h2d({"kv": ([0, 1], [2, 3])})  # an H2D keeps its DMAs
+    assert h.wait(timeout_s=5) is TransferStatus.DONE
+    assert mover.counters[Direction.H2D].mapped == 0 and mover.counters[Direction.H2D].dmas > 0
+
+
+def test_a_failed_operand_buffer_fails_the_group_d2h_with_nothing_borrowed() -> None:
+    _, l1, l2 = dsv4_tiny()
+    faults = FaultInjector().once(FaultSite.PINNED_ALLOC)
+    mover = GroupMover(l1, l2, "torch", faults=faults, mapped_d2h=True)
+    handle = mover.d2h({"kv": ([0, 1], [2, 3])})
+    assert handle.poll() is TransferStatus.FAILED and handle.error is not None
+    assert mover.buffers_busy == 0 and not mover.in_flight
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["dsv4-tiny", "mla-tiny"])
+def test_gpu_mapped_group_d2h_writes_pinned_l2_in_place(name: str) -> None:
+    from hicache.dataplane.groupgeometry import GroupGeometry
+    from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
+    from hicache.kernels import triton_mapped
+    from hicache.pools import presets
+
+    geometry = GroupGeometry.from_group(presets.group(name))
+    caps = {src: 32 for src in geometry.sources}
+    l1, l2 = GroupDevicePool(geometry, caps, "cuda"), GroupHostPool(geometry, caps, pin=True)
+    l1.tensor.random_(0, 256)
+    mover = GroupMover(l1, l2, "per_pool")
+    assert mover.mapped_d2h, mover.mapped_reason
+    compiled = triton_mapped._compiled().dispatches
+    rng = np.random.default_rng(2)
+    for n in (1, 7, 20):
+        request = {
+            src: (rng.choice(32, size=n, replace=False), rng.choice(32, size=n, replace=False))
+            for src in geometry.sources
+        }
+        for _ in range(3):  # eager, captured, replayed
+            l2.tensor.fill_(POISON)
+            assert mover.d2h(request).wait(timeout_s=30) is TransferStatus.DONE
+            for p in geometry.pools:
+                src, dst = request[p.source]
+                assert np.array_equal(pool_digest(l1, p.name, src), pool_digest(l2, p.name, dst))
+    c = mover.counters[Direction.D2H]
+    assert c.mapped == 9 and c.dmas == 0 and c.replays > 0
+    assert triton_mapped._compiled().dispatches == compiled, "an issue compiled a kernel"
+    assert mover.buffers_busy == 0

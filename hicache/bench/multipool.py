@@ -5,8 +5,10 @@
 Per preset (spec/pools.toml), prefix (tokens; each allocating pool moves ceil(tokens /
 page_size) pages: the whole prefix in every pool, as a write-through backup does), direction
 and kernel mode (groupkernels.py: `table`, `per_pool`, `torch`; on CPU only torch, unless
-TRITON_INTERPRET=1; beside `per_pool`, the same kernels with each stage's DMAs one copy_
-each instead of one batched driver call, "per_pool, per-run DMAs"): the group transfer end
+TRITON_INTERPRET=1; `per_pool` on CUDA writes a D2H into L2 in place, one mapped copy per
+pool; beside it the same kernels with every D2H gathered and DMA'd, "per_pool, DMA route",
+and with each stage's DMAs one copy_ each instead of one batched driver call, "per_pool,
+per-run DMAs"): the group transfer end
 to end (issue -> DONE observed, random L1 pages, consecutive L2 pages per pool), median of
 `repeats`, the paths taking turns run by run. Beside it, in the same run and on the same byte
 count:
@@ -86,6 +88,7 @@ def _case(issue: Callable[[], TransferHandle]) -> _Case:
 
 PER_RUN = "per_pool, per-run DMAs"
 EAGER = "per_pool, eager"  # no issue graphs: one stage per pool, every call made each time
+DMA_ROUTE = "per_pool, DMA route"  # D2Hs gathered and DMA'd, not mapped (grouptransfer.py)
 
 
 class _GroupRig:
@@ -101,9 +104,13 @@ class _GroupRig:
             self.geometry, {k: 2 * n + 8 for k, n in most.items()}, pin=s.device.type == "cuda"
         )
         self.movers = {mode: GroupMover(self.l1, self.l2, mode) for mode in modes}
-        if "per_pool" in modes:  # the same kernels, a stage's DMAs one copy_ each (before)
-            self.movers[PER_RUN] = GroupMover(self.l1, self.l2, "per_pool", batched=False)
-            self.movers[EAGER] = GroupMover(self.l1, self.l2, "per_pool", issue_graphs=False)
+        if "per_pool" in modes:  # the same kernels by DMA; one copy_ per DMA; no graphs
+            l1, l2 = self.l1, self.l2
+            self.movers[DMA_ROUTE] = GroupMover(l1, l2, "per_pool", mapped_d2h=False)
+            self.movers[PER_RUN] = GroupMover(l1, l2, "per_pool", batched=False, mapped_d2h=False)
+            self.movers[EAGER] = GroupMover(
+                l1, l2, "per_pool", issue_graphs=False, mapped_d2h=False
+            )
         self.rng = np.random.default_rng(0)
 
     def pages(self, tokens: int, source: str) -> int:

@@ -61,6 +61,7 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
+    MAPPED_ENV,
     MAPPED_RUN_MAX_BYTES,
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
@@ -79,7 +80,6 @@ from hicache.kernels import KernelSet
 INDEX_BUFFER_BYTES = 64 << 10  # index buffers hold at least 8,192 pages: one serves most transfers
 INDEX_BUFFERS_IDLE = 8  # index buffers are small: keep enough for several transfers in flight
 PLANS_KEPT = 256  # remembered consecutive-run plans (a serving loop repeats a few sizes)
-MAPPED_ENV = "HICACHE_MAPPED_D2H"  # "0": every D2H by DMA; "1": mapped wherever it can run
 
 
 @dataclass

@@ -22,6 +22,12 @@ DMAs overlap the next pool's gather. An H2D's DMAs go first and need nothing iss
 them, so it keeps its stages: replaying its scatters after every DMA measured worse there
 (52.8 -> 46.8% for DeepSeek V4, MLA unchanged).
 
+A D2H goes mapped where the GPU addresses L2 in place (pinned, per_pool kernels; routes.py
+and kernels/triton_mapped.py say why): one kernel per pool writes its L1 rows straight into
+its L2 pages -- no workspace, no DMA -- after the operand upload, all replayed as one graph
+(`mapped_d2h`); unless every pool's L2 pages are one run and the transfer is over
+MAPPED_RUN_MAX_BYTES.
+
 Completion is observed by polling the last event; the workspace (packed bytes, operands)
 is held by the handle and returned only once the handle is final. On CPU the same code runs
 synchronously (no streams) and the handle completes on its first poll. One thread issues and
@@ -31,9 +37,11 @@ runs): fragmented L2 pages cost one DMA per page per pool.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hicache.core.tiers import Direction
@@ -50,9 +58,11 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
+from hicache.dataplane.routes import INDEX_ALIGN, MAPPED_ENV, MAPPED_RUN_MAX_BYTES
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
+from hicache.kernels.reference import WORD_DTYPES, RowLayout, _word_bytes
 from hicache.kernels.row_table import TableConfig
 
 INDEX_MIN_BYTES = 64 << 10  # operand buffers start here: one serves most transfers
@@ -66,6 +76,7 @@ class GroupCounters(OutcomeCounters):
     launches: int = 0  # kernel launches issued (a graph replay counts as one)
     replays: int = 0  # D2Hs whose upload and gathers were one graph replay
     dmas: int = 0  # host<->device copies issued (operand uploads excluded)
+    mapped: int = 0  # D2Hs written into L2 in place by the SMs (no workspace, no DMA)
     issue_s: float = 0.0  # host time inside issuing calls, allocation excluded
 
 
@@ -133,7 +144,10 @@ class GroupMover:
     DMAs, every pool's runs, as one cuMemcpyBatchAsync where the driver has it
     (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0). `issue_graphs`: D2Hs up to
     `graph_max_bytes` replay their upload and gathers as one captured graph (issuegraphs.py;
-    None: on CUDA unless HICACHE_ISSUE_GRAPHS=0)."""
+    None: on CUDA unless HICACHE_ISSUE_GRAPHS=0). `mapped_d2h`: D2Hs written into L2 in
+    place (module docstring). None: on CUDA with the per_pool kernels and pinned L2 unless
+    HICACHE_MAPPED_D2H=0, off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run
+    raises ConfigError. `mapped_reason` says which and why."""
 
     def __init__(
         self,
@@ -146,6 +160,7 @@ class GroupMover:
         batched: bool | None = None,
         issue_graphs: bool | None = None,
         graph_max_bytes: int = GRAPH_MAX_BYTES,
+        mapped_d2h: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError(
@@ -177,6 +192,44 @@ class GroupMover:
         )
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
+        self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
+
+    def _mapped_choice(self, requested: bool | None) -> tuple[bool, str]:
+        """(on, why) for the mapped D2H (class docstring)."""
+        env = os.environ.get(MAPPED_ENV, "")
+        if requested is False or (requested is None and env == "0"):
+            return False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
+        cuda = self._streams.cuda
+        why_not = ""
+        if cuda and self.kernels.mode != "per_pool":
+            why_not = f"the group kernels are {self.kernels.mode} (mapped copies run per pool)"
+        elif cuda and not self.l2.pinned:
+            why_not = "L2 is not pinned"
+        if why_not:
+            if requested:
+                raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
+            return False, f"off: {why_not}"
+        if not cuda and requested is None and env != "1":
+            return False, "off: CPU moves by DMA unless asked (HICACHE_MAPPED_D2H=1)"
+        if cuda:
+            from hicache.kernels.select import load_mapped
+
+            for p in self.l1.geometry.pools:  # compiled now, never inside an issue
+                layout, l1_words, l2_words = self._mapped_operands(p.name, 1)
+                load_mapped().prebuild_layout(layout, l1_words, l2_words)
+        return True, (
+            f"on: a D2H is one mapped copy per pool unless one L2 run a pool over "
+            f"{MAPPED_RUN_MAX_BYTES} bytes"
+        )
+
+    def _mapped_operands(self, name: str, n: int) -> tuple[RowLayout, torch.Tensor, torch.Tensor]:
+        """Pool `name`'s row layout for `n` pages and its L1 region and L2 part as words."""
+        p = self.l1.geometry.pool(name)
+        region, l2 = self.l1.region(name), self.l2.bytes_view(name)
+        word = _word_bytes(p.row_bytes | self.l1.arena.offsets[name] | self.l2.arena.offsets[name])
+        layout = RowLayout(p.layers, region.shape[1], n, p.row_bytes, word, p.rows_per_layer)
+        words = WORD_DTYPES[word]
+        return layout, region.reshape(-1).view(words), l2.reshape(-1).view(words)
 
     def d2h(
         self, request: GroupRequest, *, after: torch.cuda.Stream | None = None
@@ -200,6 +253,8 @@ class GroupMover:
         if not plan.moves:
             counters.done += 1
             return ReadyHandle(direction, 0)
+        if direction is Direction.D2H and self._goes_mapped(plan):
+            return self._issue_mapped(plan, after, entered)
         try:
             held, packed, setup_s = self._borrow_workspace(plan)
         except TransferError as e:
@@ -223,16 +278,104 @@ class GroupMover:
                 plan, ops, packed, host, words, after, queued
             )
         handle = GroupHandle(self, plan, held, start, end, launches, dmas)
+        return self._issued(handle, entered, setup_s)
+
+    def _issued(self, handle: GroupHandle, entered: float, setup_s: float) -> GroupHandle:
+        """An issued handle's DELAY draw, counters and timings; it joins the in-flight set."""
+        counters = self.counters[handle.direction]
         if self.faults is not None and self.faults.fire(FaultSite.DELAY):
             handle._delay_polls = self.faults.delay_polls
-        counters.launches += launches
-        counters.dmas += dmas
+        counters.launches += handle.launches
+        counters.dmas += handle.dmas
         t = handle.timings
         t.issued_at, t.workspace_setup_s = entered, setup_s
         t.enqueue_s = time.perf_counter() - entered - setup_s
         counters.issue_s += t.enqueue_s
         self.in_flight.add(handle)
         return handle
+
+    def _goes_mapped(self, plan: GroupPlan) -> bool:
+        """A D2H's route (class docstring): mapped unless every pool is one run of L2 pages
+        and the whole transfer is over MAPPED_RUN_MAX_BYTES."""
+        if not self.mapped_d2h:
+            return False
+        if plan.nbytes <= MAPPED_RUN_MAX_BYTES:
+            return True
+        return any(len(m.runs()) > 1 for m in plan.moves)
+
+    def _issue_mapped(
+        self, plan: GroupPlan, after: torch.cuda.Stream | None, entered: float
+    ) -> TransferHandle:
+        """A mapped D2H: each pool's L1 and L2 pages side by side in the operands (each list
+        16-byte aligned), one upload, one kernel per pool writing L2 in place."""
+        counters = self.counters[Direction.D2H]
+        index_at: dict[str, int] = {}
+        parts: list[np.ndarray[tuple[int], np.dtype[np.int64]]] = []
+        at = 0
+        for m in plan.moves:
+            n = int(m.l1.size)
+            span = -(-n // INDEX_ALIGN) * INDEX_ALIGN
+            index_at[m.pool.name] = at
+            pad = np.zeros(span - n, dtype=np.int64)
+            parts += [m.l1, pad, m.l2, pad]
+            at += 2 * span
+        ops = Operands(np.concatenate(parts).astype(np.int64, copy=False), index_at, None)
+        held: list[tuple[WorkspaceCache, Workspace]] = []
+        try:
+            host, words, setup_s = self._borrow_operands(ops, held)
+        except TransferError as e:
+            counters.failed += 1
+            return ReadyHandle(Direction.D2H, plan.nbytes, error=e)
+        start, end, launches = self._enqueue_mapped(plan, ops, host, words, after)
+        counters.mapped += 1
+        handle = GroupHandle(self, plan, held, start, end, launches, 0)
+        return self._issued(handle, entered, setup_s)
+
+    def _enqueue_mapped(
+        self,
+        plan: GroupPlan,
+        ops: Operands,
+        host: torch.Tensor,
+        words: torch.Tensor,
+        after: torch.cuda.Stream | None,
+    ) -> tuple[Event | None, Event | None, int]:
+        """Upload and every pool's mapped copy on the D2H stream after the caller's work (B05:
+        it reads L1), replayed as one graph where it can; (start, end, launches)."""
+        s = self._streams
+        host.copy_(torch.from_numpy(ops.host))  # pinned: the upload reads it later
+        caller = s.current()
+        s.wait_for(s.d2h, after if after is not None else caller)
+        start = s.timer(s.d2h)
+
+        def work() -> None:  # on the current stream, eagerly or captured
+            words.copy_(host, non_blocking=True)
+            for m in plan.moves:
+                self._copy_mapped(m, words, ops.index_at[m.pool.name])
+
+        shape = tuple((m.pool.name, ops.index_at[m.pool.name], int(m.l1.size)) for m in plan.moves)
+        key = ("mapped", host.data_ptr(), words.data_ptr(), int(words.numel()), shape)
+        with s.use(s.d2h, caller):
+            replayed = self.graphs.enabled and self.graphs.run(key, work)
+            if not replayed:
+                work()
+        self.counters[Direction.D2H].replays += replayed
+        return start, s.timer(s.d2h), 1 if replayed else len(plan.moves)
+
+    def _copy_mapped(self, m: PoolMove, words: torch.Tensor, at: int) -> None:
+        """Pool m's L1 rows into its L2 pages, on the current stream: the Triton kernel with
+        the per_pool kernels, else torch's index ops (one device: CPU)."""
+        n = int(m.l1.size)
+        span = -(-n // INDEX_ALIGN) * INDEX_ALIGN
+        idx, slots = words[at : at + n], words[at + span : at + span + n]
+        if self.kernels.mode == "per_pool":
+            from hicache.kernels.select import load_mapped
+
+            layout, l1_words, l2_words = self._mapped_operands(m.pool.name, n)
+            load_mapped().launch_mapped(layout, l1_words, l2_words, idx, slots, to_pool=True)
+            return
+        p = m.pool
+        rows = self.l2.bytes_view(p.name).view(-1, p.rows_per_page, p.row_bytes)
+        rows.index_copy_(0, slots, self.l1.region(p.name).index_select(1, idx).transpose(0, 1))
 
     def _borrow_workspace(
         self, plan: GroupPlan
@@ -414,6 +557,9 @@ class GroupMover:
     def buffers_busy(self) -> int:
         """Workspaces held by transfers not yet final (0 when idle: nothing leaked)."""
         return self.workspaces.busy + self.operand_buffers.busy
+
+    def status(self) -> dict[str, object]:
+        return {"kernels": self.kernels.reason, "mapped_d2h": self.mapped_reason}
 
     def close(self) -> None:
         """Cancel every transfer in flight (waiting for its hardware); drop idle buffers."""

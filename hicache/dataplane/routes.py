@@ -66,6 +66,7 @@ DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by it
 INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts aligned
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
 MAPPED_RUN_MAX_BYTES = 64 << 20  # a mapped-capable D2H of one larger L2 run goes by DMA
+MAPPED_ENV = "HICACHE_MAPPED_D2H"  # "0": every D2H by DMA; "1": mapped wherever it can run
 
 Bounds = list[tuple[int, int]]
 
