@@ -32,8 +32,8 @@
 #   the storage stage too, when BASELINE is set
 #   mapped: the mapped D2H's GPU tests, benchmarks/zero_copy.py (programs 8-132), the transfer
 #   benchmark's dma rows at MAPPED_TOKENS (default 350,1000,3500: "hicache" mapped beside
-#   "hicache DMA route"), and dsv4/mla at 350 and 3,500 ("per_pool" mapped beside "per_pool,
-#   DMA route")
+#   "hicache DMA route"), and dsv4/mla at MAPPED_GROUP_TOKENS (default 350,3500: "per_pool"
+#   mapped beside "per_pool, DMA route"); MAPPED_PROBE=0 skips the probe
 #   STORAGE_ARGS: extra arguments of the storage stage's `hicache bench storage` (350, 1,000 and
 #   3,500 tokens, 8 I/O threads, ceilings on 1-16 threads)
 #
@@ -65,9 +65,9 @@ for stage in $stages; do
     kernels) run bench_kernels python3 -m hicache bench kernels --out "$out/kernels.json" ;;
     transfer) run bench_transfer python3 -m hicache bench transfer --out "$out" ;;
     mapped) run mapped_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_mapped.py tests/test_issue_graphs_gpu.py tests/test_transfer.py
-            run zero_copy python3 benchmarks/zero_copy.py --pages 22,219 --programs 8,16,33,66,132 --configs 1024x4,1024x8 --out "$out/zero_copy.json"
+            [ "${MAPPED_PROBE:-1}" = 0 ] || run zero_copy python3 benchmarks/zero_copy.py --pages 22,219 --programs 8,16,33,66,132 --configs 1024x4,1024x8 --out "$out/zero_copy.json"
             run bench_mapped python3 -m hicache bench transfer --tokens ${MAPPED_TOKENS:-350,1000,3500} --sections dma --out "$out/mapped"
-            run bench_mapped_multipool python3 -m hicache bench transfer --tokens 350,3500 --preset dsv4,mla --out "$out/mapped_multipool" ;;
+            run bench_mapped_multipool python3 -m hicache bench transfer --tokens ${MAPPED_GROUP_TOKENS:-350,3500} --preset dsv4,mla --out "$out/mapped_multipool" ;;
     multipool) run group_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_group_bytes_kernels.py
                run bench_multipool python3 -m hicache bench transfer --preset dsv4,mla --out "$out/multipool" ;;
     tp) run tp_tests python3 -m pytest -q -p no:cacheprovider tests/test_tp.py tests/test_tp_replicated.py tests/test_torchdist.py

@@ -6,7 +6,9 @@ Imported as `hicache.kernels` (a symlink).
     KernelSet.create(l1, "auto")          the per-geometry backend choice, with its reason
 
 `reference` holds the layouts and the torch versions (the definition), `triton_rows` the
-Triton kernels (imported only when used), `select` the dispatch and the choice.
+Triton kernels (imported only when used), `select` the dispatch and the choice;
+`triton_mapped` moves rows between L1 and a pinned L2 the GPU addresses in place (the mapped
+D2H, `KernelSet.copy_mapped`), `row_table`/`triton_table` rows of many sizes in one launch.
 """
 
 from __future__ import annotations

@@ -8,18 +8,20 @@
 Pinned host memory is mapped into the GPU's address space (unified addressing: the device
 pointer is the host pointer, for `cudaHostAlloc` and `cudaHostRegister` memory alike), so one
 kernel can write L1's rows straight into their L2 pages: no packed device buffer, no DMA, no
-per-run driver call -- one launch whatever the L2 pages' order. The stores cross the host
-link as posted writes; on one H100 a fragmented 22-page Qwen3-8B D2H this way reached 92% of
-one pinned copy (the gather + batched DMAs: 84%), 94.7% at 219 pages
-(benchmarks/zero_copy.py). Reads of host memory are not posted: the same kernel the other
-way (L2 -> L1) reached only 62%, so H2D keeps its DMAs; the kernel moves both ways for
-tests and the probe.
+per-run driver call -- one launch whatever the L2 pages' order. The stores cross the host link
+as posted writes; on one H100 a fragmented 22-page Qwen3-8B D2H this way reached 92% of one
+pinned copy (the gather + batched DMAs: 84%), 94.7% at 219 pages (benchmarks/zero_copy.py).
+Reads of host memory are not posted: the same kernel the other way (L2 -> L1) reached 62% on
+that host (88-91% on a second one): H2D keeps its DMAs; the kernel moves both ways for tests
+and the probe.
 
-The programs loop over rows, so a launch occupies at most `programs` of the GPU's program
-slots (PROGRAMS_DEFAULT per SM): a D2H runs beside the model's kernels, and a copy that
-waits on the host link needs few SMs to keep it full. Compiled lazily per mode like
-`triton_rows`; `n_rows` is not specialized on, so no transfer size compiles a new variant,
-and `prebuild` compiles the variants a mover needs before its first issue.
+The programs loop over rows, so a launch occupies at most PROGRAMS programs of NUM_WARPS warps:
+a D2H runs beside the model's kernels, and a copy that waits on the host link needs few SMs to
+keep it full. On the second H100 host 16 programs of 8 warps moved 22 pages at 90.1% and 219 at
+94.2% of the pinned copy, one program per SM of 4 warps 85.9% and 91.1% (on the first host
+grids of 132 to 1,584 programs were all within 0.5 points). Compiled lazily per mode like
+`triton_rows`; `n_rows` is not specialized on, so no transfer size compiles a new variant, and
+`prebuild` compiles the variants a mover needs before its first issue.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from hicache.kernels.launch import CompiledCache, arg_key, on_stream
 from hicache.kernels.reference import RowLayout, check_mapped, word_view
 from hicache.kernels.triton_rows import LAUNCH_FAILURES, check_runnable, interpreter_enabled
 
-STEP_BYTES = 8192  # one loop step of a program: 64 bytes per thread of 4 warps
-NUM_WARPS = 4
-PROGRAMS_PER_SM = 1  # one H100: 1 program per SM moved as fast as 8 (benchmarks/zero_copy.py)
+STEP_BYTES = 8192  # one loop step of a program: 32 bytes per thread of 8 warps
+NUM_WARPS = 8
+PROGRAMS = 16  # programs per launch (module docstring; benchmarks/zero_copy.py)
 
 
 def _copy_mapped(  # type: ignore[no-untyped-def]
@@ -93,17 +95,9 @@ def _constants(layout: RowLayout) -> tuple[int, int, bool]:
     return layout.row_words, max(1, block), layout.row_words % max(1, block) == 0
 
 
-_SMS: dict[int, int] = {}
-
-
 def default_programs(device: torch.device) -> int:
-    """PROGRAMS_PER_SM per SM of `device` (1 off the GPU, where the interpreter runs them)."""
-    if device.type != "cuda":
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index] * PROGRAMS_PER_SM
+    """PROGRAMS on a GPU; 1 off it, where the interpreter runs programs one by one."""
+    return PROGRAMS if device.type == "cuda" else 1
 
 
 def copy_mapped(

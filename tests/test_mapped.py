@@ -18,16 +18,15 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hicache.core.pages import pages
 from hicache.core.tiers import Direction
-from hicache.dataplane import dma
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.grouppools import pool_digest
-from hicache.dataplane.grouptransfer import GroupMover
+from hicache.dataplane.grouptransfer import GroupHandle, GroupMover
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
 from hicache.dataplane.routes import MAPPED_ENV
@@ -151,9 +150,10 @@ def mover(*, mapped: bool | None = True, faults: FaultInjector | None = None) ->
 @given(data=st.data())
 def test_a_mapped_d2h_moves_exactly_its_pages(data: st.DataObject) -> None:
     m = mover()
-    n = data.draw(st.integers(1, L1_PAGES))
+    n = data.draw(st.integers(2, L1_PAGES))
     src = pages(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)))
     dst = pages(data.draw(st.permutations(range(L2_PAGES)))[:n])
+    assume(not bool((np.diff(np.sort(dst)) == 1).all()))  # one run goes by DMA (below)
     poison(m.l2.tensor)
     handle = m.d2h(src, dst)
     done(handle)
@@ -164,7 +164,7 @@ def test_a_mapped_d2h_moves_exactly_its_pages(data: st.DataObject) -> None:
     assert bool((m.l2.tensor[rest].view(torch.uint8) == POISON).all())
     c = m.counters[Direction.D2H]
     assert c.mapped == 1 and c.direct_dmas == 0 and c.staged == 0
-    assert c.fragmented == (plan.route.runs > 1)
+    assert c.fragmented == 1 == (plan.route.runs > 1)
     assert m.buffers_busy == 0 and m.in_flight == 0
 
 
@@ -178,18 +178,16 @@ def test_an_h2d_never_goes_mapped() -> None:
     assert np.array_equal(page_digest(m.l1, pages([0, 1, 2])), page_digest(m.l1, pages([5, 6, 7])))
 
 
-def test_one_long_run_of_l2_pages_goes_by_dma(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_run_of_l2_pages_goes_by_dma() -> None:
+    """One run is one DMA from the packed buffer: nothing for a mapped copy to save."""
     m = mover()
-    monkeypatch.setattr(dma, "MAPPED_RUN_MAX_BYTES", 3 * m.bytes_per_page)
-    run, spread = pages([4, 5, 6, 7]), pages([8, 10, 11, 12])
-    for dst, mapped in ((run, False), (spread, True), (run[:3], True)):
+    src = pages([0, 1, 2, 3])
+    for dst, mapped in ((pages([4, 5, 6, 7]), False), (pages([8, 10, 11, 12]), True)):
         poison(m.l2.tensor)
-        handle = m.d2h(pages([0, 1, 2, 3])[: dst.size], dst)
+        handle = m.d2h(src, dst)
         done(handle)
         assert plan_of(handle).mapped is mapped, (dst, plan_of(handle))
-        assert np.array_equal(
-            page_digest(m.l1, pages([0, 1, 2, 3])[: dst.size]), page_digest(m.l2, dst)
-        )
+        assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
 
 
 def test_the_default_on_cpu_is_the_dma_route_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,7 +267,7 @@ def test_the_cpu_fuzz_runs_clean_with_every_d2h_mapped(monkeypatch: pytest.Monke
     verified byte for byte, invariants and counters judged as for the DMA route."""
     from hicache.testing.runner import arguments, fuzz
 
-    monkeypatch.setenv(MAPPED_ENV, "1")
+    monkeypatch.setenv(MAPPED_ENV, "all")  # one run too: a fuzz D2H is mostly one run
     issued: list[int] = []
     real = DeviceHostMover._enqueue_mapped
 
@@ -301,8 +299,10 @@ def test_a_mapped_group_d2h_writes_every_pool_in_place(
         handle = mover.d2h(d2h)
         assert handle.wait(timeout_s=30) is TransferStatus.DONE
         c = mover.counters[Direction.D2H]
-        moved = any(len(d2h[p.source][0]) for p in geometry.pools)
-        assert c.mapped == moved and c.dmas == 0 and mover.workspaces.busy == 0
+        moves = handle.plan.moves if isinstance(handle, GroupHandle) else ()
+        several = len(moves) > 1 or (len(moves) == 1 and len(moves[0].runs()) > 1)
+        assert c.mapped == several and c.dmas == (0 if several else len(moves))  # 1 DMA: by DMA
+        assert mover.workspaces.busy == 0
         for p in geometry.pools:
             src, dst = d2h[p.source]
             assert np.array_equal(pool_digest(l1, p.name, src), pool_digest(l2, p.name, dst))
@@ -364,6 +364,8 @@ def test_gpu_mapped_group_d2h_writes_pinned_l2_in_place(name: str) -> None:
                 src, dst = request[p.source]
                 assert np.array_equal(pool_digest(l1, p.name, src), pool_digest(l2, p.name, dst))
     c = mover.counters[Direction.D2H]
-    assert c.mapped == 9 and c.dmas == 0 and c.replays > 0
+    # mla's one pool at one page is one DMA: by DMA; every other request needs several.
+    one_dma = 3 if name == "mla-tiny" else 0
+    assert c.mapped == 9 - one_dma and c.dmas == one_dma and c.replays > 0, c
     assert triton_mapped._compiled().dispatches == compiled, "an issue compiled a kernel"
     assert mover.buffers_busy == 0

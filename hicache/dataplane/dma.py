@@ -62,7 +62,6 @@ from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
     MAPPED_ENV,
-    MAPPED_RUN_MAX_BYTES,
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
@@ -209,11 +208,11 @@ class DeviceHostMover:
     HICACHE_BATCHED_COPIES=0).
     `issue_graphs`: a one-chunk D2H's index upload and gather replayed as one captured CUDA
     graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
-    `mapped_d2h`: a D2H as one kernel writing L1's rows into their L2 pages in place (routes.py,
-    kernels/triton_mapped.py) -- unless it is one run of consecutive L2 pages over
-    MAPPED_RUN_MAX_BYTES. None: on CUDA with the Triton gather and pinned L2 unless
-    HICACHE_MAPPED_D2H=0, off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run
-    raises ConfigError. `mapped_reason` says which and why.
+    `mapped_d2h`: a D2H as one kernel writing L1's rows into their L2 pages in place
+    (routes.py, kernels/triton_mapped.py) -- unless its L2 pages are one run (one DMA). None:
+    on CUDA with the Triton gather and pinned L2 unless HICACHE_MAPPED_D2H=0, off on CPU unless
+    HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
+    which and why.
     """
 
     def __init__(
@@ -273,6 +272,8 @@ class DeviceHostMover:
         )
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
         self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
+        # Every D2H mapped, one run too (HICACHE_MAPPED_D2H=all: the route on every op).
+        self.mapped_every = self.mapped_d2h and os.environ.get(MAPPED_ENV) == "all"
         self._in_flight: set[DmaHandle] = set()
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
@@ -292,15 +293,13 @@ class DeviceHostMover:
             if requested:
                 raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
             return False, f"off: {why_not}"
-        if not cuda and requested is None and env != "1":
+        if not cuda and requested is None and env not in ("1", "all"):
             return False, "off: CPU moves by the DMA route unless asked (HICACHE_MAPPED_D2H=1)"
         if cuda:
             from hicache.kernels.select import load_mapped
 
             load_mapped().prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
-        return True, (
-            f"on: a D2H is one mapped copy unless one L2 run over {MAPPED_RUN_MAX_BYTES} bytes"
-        )
+        return True, ("on: a D2H is one mapped copy unless its L2 pages are one run (one DMA)")
 
     # -- issuing ------------------------------------------------------------------------------
 
@@ -422,9 +421,10 @@ class DeviceHostMover:
         """A D2H's mapped plan, or None when it goes by DMA (class docstring)."""
         if not self.mapped_d2h:
             return None
-        if int(l2_ids.size) * self.bytes_per_page > MAPPED_RUN_MAX_BYTES and is_run(l2_ids):
+        plan = mapped_plan(l2_ids)
+        if plan.route.runs == 1 and not self.mapped_every:  # one DMA: nothing to save
             return None
-        return mapped_plan(l2_ids)
+        return plan
 
     def _borrow(
         self, counters: DirectionCounters, n: int, n_staged: int, n_index: int, *, packed: bool

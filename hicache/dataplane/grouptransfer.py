@@ -25,8 +25,7 @@ them, so it keeps its stages: replaying its scatters after every DMA measured wo
 A D2H goes mapped where the GPU addresses L2 in place (pinned, per_pool kernels; routes.py
 and kernels/triton_mapped.py say why): one kernel per pool writes its L1 rows straight into
 its L2 pages -- no workspace, no DMA -- after the operand upload, all replayed as one graph
-(`mapped_d2h`); unless every pool's L2 pages are one run and the transfer is over
-MAPPED_RUN_MAX_BYTES.
+(`mapped_d2h`); unless the transfer is one run of L2 pages in all (one pool, one DMA).
 
 Completion is observed by polling the last event; the workspace (packed bytes, operands)
 is held by the handle and returned only once the handle is final. On CPU the same code runs
@@ -58,7 +57,7 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
-from hicache.dataplane.routes import INDEX_ALIGN, MAPPED_ENV, MAPPED_RUN_MAX_BYTES
+from hicache.dataplane.routes import INDEX_ALIGN, MAPPED_ENV
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -193,6 +192,8 @@ class GroupMover:
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
         self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
+        # Every D2H mapped, one DMA's too (HICACHE_MAPPED_D2H=all: the route on every op).
+        self.mapped_every = self.mapped_d2h and os.environ.get(MAPPED_ENV) == "all"
 
     def _mapped_choice(self, requested: bool | None) -> tuple[bool, str]:
         """(on, why) for the mapped D2H (class docstring)."""
@@ -209,7 +210,7 @@ class GroupMover:
             if requested:
                 raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
             return False, f"off: {why_not}"
-        if not cuda and requested is None and env != "1":
+        if not cuda and requested is None and env not in ("1", "all"):
             return False, "off: CPU moves by DMA unless asked (HICACHE_MAPPED_D2H=1)"
         if cuda:
             from hicache.kernels.select import load_mapped
@@ -218,8 +219,7 @@ class GroupMover:
                 layout, l1_words, l2_words = self._mapped_operands(p.name, 1)
                 load_mapped().prebuild_layout(layout, l1_words, l2_words)
         return True, (
-            f"on: a D2H is one mapped copy per pool unless one L2 run a pool over "
-            f"{MAPPED_RUN_MAX_BYTES} bytes"
+            "on: a D2H is one mapped copy per pool unless one pool in one L2 run (one DMA)"
         )
 
     def _mapped_operands(self, name: str, n: int) -> tuple[RowLayout, torch.Tensor, torch.Tensor]:
@@ -295,13 +295,11 @@ class GroupMover:
         return handle
 
     def _goes_mapped(self, plan: GroupPlan) -> bool:
-        """A D2H's route (class docstring): mapped unless every pool is one run of L2 pages
-        and the whole transfer is over MAPPED_RUN_MAX_BYTES."""
+        """A D2H's route (module docstring): mapped when its DMAs would be more than one
+        (several pools, or a pool's L2 pages in several runs)."""
         if not self.mapped_d2h:
             return False
-        if plan.nbytes <= MAPPED_RUN_MAX_BYTES:
-            return True
-        return any(len(m.runs()) > 1 for m in plan.moves)
+        return self.mapped_every or len(plan.moves) > 1 or len(plan.moves[0].runs()) > 1
 
     def _issue_mapped(
         self, plan: GroupPlan, after: torch.cuda.Stream | None, entered: float

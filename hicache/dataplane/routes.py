@@ -35,10 +35,11 @@ Mapped (`mapped_plan`). Where the GPU addresses L2 in place (pinned host memory,
 D2H need not pack at all: one kernel writes every L1 row straight into its L2 page, whatever
 the pages' order (kernels/triton_mapped.py). No packed buffer, no chunks, no DMA: the plan is
 the index buffer's layout -- the L1 pages at 0, the L2 pages at the first aligned slot after
-them -- and the number of L2 runs (for the counters). MAPPED_RUN_MAX_BYTES: one run of
-consecutive L2 pages larger than this still goes by DMA (one H100: one run of 219 Qwen3-8B
-pages 96.9% of the pinned copy by DMA, 94.7% mapped; 63 pages 91.9% by DMA, 94.0% mapped;
-fragmented ones 85.9-86.6% by DMA, 94.0-94.7% mapped).
+them -- and the number of L2 runs (for the counters). A D2H whose L2 pages are one run goes
+by DMA all the same: one DMA from a packed buffer needs no per-run issue, and the copy
+engine leaves the SMs to the model (two H100 hosts, 22 Qwen3-8B pages in one run: 87.9-90.3%
+of the pinned copy by DMA, 80.2-92.0% mapped; fragmented, 22 pages: 75.2-84.2% by DMA,
+77.5-92.2% mapped; benchmarks/results/2026-12-07-session26-h100/).
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
@@ -65,8 +66,8 @@ RUN_H2D_SINGLE_MAX_BYTES = 0  # ...except an H2D of one L2 run: chunked at any s
 DIRECT_MIN_BYTES = 256 << 10  # smallest run of consecutive L2 pages moved by its own DMA
 INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts aligned
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
-MAPPED_RUN_MAX_BYTES = 64 << 20  # a mapped-capable D2H of one larger L2 run goes by DMA
-MAPPED_ENV = "HICACHE_MAPPED_D2H"  # "0": every D2H by DMA; "1": mapped wherever it can run
+# "0": every D2H by DMA; "1": mapped also on CPU (by the rule); "all": every D2H mapped
+MAPPED_ENV = "HICACHE_MAPPED_D2H"
 
 Bounds = list[tuple[int, int]]
 
