@@ -147,21 +147,8 @@ def launch_mapped(
     device = l1_words.device
     interpreted = interpreter_enabled()
     check_runnable(device, interpreted)
-    row_words, block, even = _constants(layout)
     grid = (max(1, min(layout.rows, programs or default_programs(device))),)
-    args = (
-        l1_words,
-        pool_words,
-        pages,
-        slots,
-        layout.rows,
-        layout.rows_per_page,
-        layout.l1_pages,
-        row_words,
-        block,
-        even,
-        to_pool,
-    )
+    args = _args(layout, l1_words, pool_words, pages, slots, to_pool)
     try:
         if device.type != "cuda" or interpreted:
             with on_stream(stream):
@@ -176,6 +163,20 @@ def launch_mapped(
 
 
 _OPTIONS = {"num_warps": NUM_WARPS}
+
+
+def _args(
+    layout: RowLayout,
+    l1_words: torch.Tensor,
+    pool_words: torch.Tensor,
+    pages: torch.Tensor,
+    slots: torch.Tensor,
+    to_pool: bool,
+) -> tuple[Any, ...]:
+    """The kernel's parameters in order, compile-time constants included (the launcher's)."""
+    row_words, block, even = _constants(layout)
+    scalars = (layout.rows, layout.rows_per_page, layout.l1_pages, row_words, block, even)
+    return (l1_words, pool_words, pages, slots, *scalars, to_pool)
 
 
 def _key(args: tuple[Any, ...], device: torch.device) -> Hashable:
@@ -214,21 +215,8 @@ def prebuild_layout(
         return 0
     cache = _compiled()
     before = cache.dispatches
-    row_words, block, even = _constants(layout)
     index = torch.zeros(4, dtype=torch.int64, device=device)  # both slices 16-byte aligned
-    args = (
-        l1_words,
-        pool_words,
-        index[:2],
-        index[2:],
-        layout.rows,
-        layout.rows_per_page,
-        layout.l1_pages,
-        row_words,
-        block,
-        even,
-        to_pool,
-    )
+    args = _args(layout, l1_words, pool_words, index[:2], index[2:], to_pool)
     with torch.cuda.device(device):
         cache.prebuild(_key(args, device), args, _OPTIONS)
     return cache.dispatches - before

@@ -37,7 +37,6 @@ issuing allocates and records events, polling queries them -- calls a capture re
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -61,12 +60,12 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
-    MAPPED_ENV,
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
     chunk_bounds,
     is_run,
+    mapped_choice,
     mapped_plan,
     plan_route,
     split_runs,
@@ -271,35 +270,27 @@ class DeviceHostMover:
             min_bytes=INDEX_BUFFER_BYTES,
         )
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
-        self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
-        # Every D2H mapped, one run too (HICACHE_MAPPED_D2H=all: the route on every op).
-        self.mapped_every = self.mapped_d2h and os.environ.get(MAPPED_ENV) == "all"
+        # `mapped_every`: one run too (HICACHE_MAPPED_D2H=all: the route on every D2H).
+        self.mapped_d2h, self.mapped_every, self.mapped_reason = self._mapped_choice(mapped_d2h)
         self._in_flight: set[DmaHandle] = set()
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
 
-    def _mapped_choice(self, requested: bool | None) -> tuple[bool, str]:
-        """(on, why) for the mapped D2H route (class docstring)."""
-        env = os.environ.get(MAPPED_ENV, "")
-        if requested is False or (requested is None and env == "0"):
-            return False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
+    def _mapped_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+        """(on, every, why) for the mapped D2H route (class docstring; routes.mapped_choice)."""
         cuda = self._streams.cuda
         why_not = ""
         if cuda and self.kernels.gather_backend != "triton":
             why_not = "the gather backend is torch (only the Triton kernel addresses L2 in place)"
         elif cuda and not self.l2.pinned:
             why_not = "L2 is not pinned"
-        if why_not:
-            if requested:
-                raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
-            return False, f"off: {why_not}"
-        if not cuda and requested is None and env not in ("1", "all"):
-            return False, "off: CPU moves by the DMA route unless asked (HICACHE_MAPPED_D2H=1)"
-        if cuda:
+        on = "on: a D2H is one mapped copy unless its L2 pages are one run (one DMA)"
+        choice = mapped_choice(requested, cuda=cuda, why_not=why_not, on=on)
+        if choice[0] and cuda:
             from hicache.kernels.select import load_mapped
 
             load_mapped().prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
-        return True, ("on: a D2H is one mapped copy unless its L2 pages are one run (one DMA)")
+        return choice
 
     # -- issuing ------------------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ runs): fragmented L2 pages cost one DMA per page per pool.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -57,7 +56,7 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
-from hicache.dataplane.routes import INDEX_ALIGN, MAPPED_ENV
+from hicache.dataplane.routes import INDEX_ALIGN, mapped_choice
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -191,36 +190,26 @@ class GroupMover:
         )
         self.counters = {Direction.D2H: GroupCounters(), Direction.H2D: GroupCounters()}
         self.in_flight: set[GroupHandle] = set()
-        self.mapped_d2h, self.mapped_reason = self._mapped_choice(mapped_d2h)
-        # Every D2H mapped, one DMA's too (HICACHE_MAPPED_D2H=all: the route on every op).
-        self.mapped_every = self.mapped_d2h and os.environ.get(MAPPED_ENV) == "all"
+        # `mapped_every`: one DMA's too (HICACHE_MAPPED_D2H=all: the route on every D2H).
+        self.mapped_d2h, self.mapped_every, self.mapped_reason = self._mapped_choice(mapped_d2h)
 
-    def _mapped_choice(self, requested: bool | None) -> tuple[bool, str]:
-        """(on, why) for the mapped D2H (class docstring)."""
-        env = os.environ.get(MAPPED_ENV, "")
-        if requested is False or (requested is None and env == "0"):
-            return False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
+    def _mapped_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+        """(on, every, why) for the mapped D2H (class docstring; routes.mapped_choice)."""
         cuda = self._streams.cuda
         why_not = ""
         if cuda and self.kernels.mode != "per_pool":
             why_not = f"the group kernels are {self.kernels.mode} (mapped copies run per pool)"
         elif cuda and not self.l2.pinned:
             why_not = "L2 is not pinned"
-        if why_not:
-            if requested:
-                raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
-            return False, f"off: {why_not}"
-        if not cuda and requested is None and env not in ("1", "all"):
-            return False, "off: CPU moves by DMA unless asked (HICACHE_MAPPED_D2H=1)"
-        if cuda:
+        on = "on: a D2H is one mapped copy per pool unless one pool in one L2 run (one DMA)"
+        choice = mapped_choice(requested, cuda=cuda, why_not=why_not, on=on)
+        if choice[0] and cuda:
             from hicache.kernels.select import load_mapped
 
             for p in self.l1.geometry.pools:  # compiled now, never inside an issue
                 layout, l1_words, l2_words = self._mapped_operands(p.name, 1)
                 load_mapped().prebuild_layout(layout, l1_words, l2_words)
-        return True, (
-            "on: a D2H is one mapped copy per pool unless one pool in one L2 run (one DMA)"
-        )
+        return choice
 
     def _mapped_operands(self, name: str, n: int) -> tuple[RowLayout, torch.Tensor, torch.Tensor]:
         """Pool `name`'s row layout for `n` pages and its L1 region and L2 part as words."""

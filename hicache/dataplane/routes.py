@@ -53,12 +53,14 @@ chunk's slice therefore starts at a multiple of INDEX_ALIGN entries (16 bytes); 
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from hicache.core.pages import Pages
+from hicache.errors import ConfigError
 
 FIRST_CHUNK_BYTES = 16 << 20  # first chunk of the doubling schedule (rounded up to whole pages)
 SINGLE_CHUNK_MAX_BYTES = 64 << 20  # transfers up to this size are one gather + DMAs, unchunked
@@ -146,6 +148,25 @@ def is_run(ids: Pages) -> bool:
         xs: list[int] = ids.tolist()
         return xs == list(range(xs[0], xs[0] + n))
     return bool((np.diff(ids) == 1).all())
+
+
+def mapped_choice(
+    requested: bool | None, *, cuda: bool, why_not: str, on: str
+) -> tuple[bool, bool, str]:
+    """(on, every, why) for a mover's mapped D2H. `requested`: the mover's `mapped_d2h` (None:
+    MAPPED_ENV decides -- "0" off, "1" on also off the GPU, "all" every D2H, one run too);
+    `why_not`: what keeps it from running here ("" when it can), ConfigError when asked for
+    by name; `on`: the reason when it is on. Off the GPU it stays off unless asked."""
+    env = os.environ.get(MAPPED_ENV, "")
+    if requested is False or (requested is None and env == "0"):
+        return False, False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
+    if why_not:
+        if requested:
+            raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
+        return False, False, f"off: {why_not}"
+    if not cuda and requested is None and env not in ("1", "all"):
+        return False, False, "off: CPU moves by DMA unless asked (HICACHE_MAPPED_D2H=1)"
+    return True, env == "all", on
 
 
 def count_runs(ids: Pages) -> int:
