@@ -88,11 +88,11 @@ def _kernel() -> Any:
     return _JITTED[mode]
 
 
-@functools.lru_cache(maxsize=64)
-def _constants(layout: RowLayout) -> tuple[int, int, bool]:
-    """(ROW_WORDS, BLOCK, EVEN) of a layout: STEP_BYTES steps, capped at the row."""
-    block = min(STEP_BYTES // layout.word_bytes, 1 << max(0, layout.row_words - 1).bit_length())
-    return layout.row_words, max(1, block), layout.row_words % max(1, block) == 0
+@functools.lru_cache(maxsize=64)  # per row shape, not per transfer size
+def _constants(row_words: int, word_bytes: int) -> tuple[int, int, bool]:
+    """(ROW_WORDS, BLOCK, EVEN) of a row: STEP_BYTES steps, capped at the row."""
+    block = max(1, min(STEP_BYTES // word_bytes, 1 << max(0, row_words - 1).bit_length()))
+    return row_words, block, row_words % block == 0
 
 
 def default_programs(device: torch.device) -> int:
@@ -174,7 +174,7 @@ def _args(
     to_pool: bool,
 ) -> tuple[Any, ...]:
     """The kernel's parameters in order, compile-time constants included (the launcher's)."""
-    row_words, block, even = _constants(layout)
+    row_words, block, even = _constants(layout.row_words, layout.word_bytes)
     scalars = (layout.rows, layout.rows_per_page, layout.l1_pages, row_words, block, even)
     return (l1_words, pool_words, pages, slots, *scalars, to_pool)
 

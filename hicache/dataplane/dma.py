@@ -410,8 +410,8 @@ class DeviceHostMover:
 
     def _mapped_plan(self, l2_ids: Pages) -> DmaPlan | None:
         """A D2H's mapped plan, or None when it goes by DMA (class docstring)."""
-        if not self.mapped_d2h:
-            return None
+        if not self.mapped_d2h or (is_run(l2_ids) and not self.mapped_every):
+            return None  # a run in order: one DMA, known without sorting (the common case)
         plan = mapped_plan(l2_ids)
         if plan.route.runs == 1 and not self.mapped_every:  # one DMA: nothing to save
             return None

@@ -56,7 +56,7 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
-from hicache.dataplane.routes import INDEX_ALIGN, mapped_choice
+from hicache.dataplane.routes import aligned, mapped_choice
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -301,7 +301,7 @@ class GroupMover:
         at = 0
         for m in plan.moves:
             n = int(m.l1.size)
-            span = -(-n // INDEX_ALIGN) * INDEX_ALIGN
+            span = aligned(n)
             index_at[m.pool.name] = at
             pad = np.zeros(span - n, dtype=np.int64)
             parts += [m.l1, pad, m.l2, pad]
@@ -352,8 +352,8 @@ class GroupMover:
         """Pool m's L1 rows into its L2 pages, on the current stream: the Triton kernel with
         the per_pool kernels, else torch's index ops (one device: CPU)."""
         n = int(m.l1.size)
-        span = -(-n // INDEX_ALIGN) * INDEX_ALIGN
-        idx, slots = words[at : at + n], words[at + span : at + span + n]
+        slots_at = at + aligned(n)  # where `_issue_mapped` put the L2 pages
+        idx, slots = words[at : at + n], words[slots_at : slots_at + n]
         if self.kernels.mode == "per_pool":
             from hicache.kernels.select import load_mapped
 

@@ -299,13 +299,18 @@ def split_runs(runs: list[Run], bounds: Bounds) -> list[list[Run]]:
     return out
 
 
+def aligned(entries: int) -> int:
+    """`entries` rounded up to a multiple of INDEX_ALIGN: where the next 16-byte slot starts."""
+    return -(-entries // INDEX_ALIGN) * INDEX_ALIGN
+
+
 def index_slots(bounds: Bounds) -> list[int]:
     """Per chunk of `bounds`, where its indices start in the index buffers: in order, each at
     a multiple of INDEX_ALIGN, right after the previous chunk's (see the module docstring)."""
     at: list[int] = []
     end = 0
     for lo, hi in bounds:
-        start = -(-end // INDEX_ALIGN) * INDEX_ALIGN
+        start = aligned(end)
         at.append(start)
         end = start + hi - lo
     return at
@@ -344,7 +349,7 @@ class DmaPlan:
     def slots_at(self) -> int:
         """Where a mapped plan's L2 pages start in the index buffers: the first aligned slot
         after its L1 pages."""
-        return index_slots([(0, self.bounds[-1][1])] * 2)[1] if self.bounds else 0
+        return aligned(self.bounds[-1][1]) if self.bounds else 0
 
     def fill_mapped(self, l1_ids: Pages, l2_ids: Pages, out: Pages) -> None:
         """A mapped plan's index entries into `out`: L1 pages at 0, L2 pages at `slots_at`,
