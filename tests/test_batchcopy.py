@@ -18,6 +18,7 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 import numpy as np
 import torch
 
+from hicache.core.tiers import Direction
 from hicache.dataplane.batchcopy import BatchedCopies, Piece
 from hicache.dataplane.geometry import KVGeometry
 from hicache.errors import TransferError
@@ -247,9 +248,12 @@ def test_gpu_batched_call_moves_fragmented_pages(to_host: bool) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk() -> None:
+def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from hicache.dataplane.engine import TransferEngine, one_pool
 
+    monkeypatch.setenv("HICACHE_MAPPED_D2H", "0")  # the DMA route (a fragmented D2H goes mapped)
     g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)
     with TransferEngine(one_pool(g), 40, 64, 4, device="cuda", backend="triton") as engine:
         if not engine.dma.copies.batched:
@@ -260,6 +264,7 @@ def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk() -> None:
         assert engine.d2h(l1, l2).wait().name == "DONE"
         assert engine.dma.copies.batched_calls == 1
         assert engine.dma.copies.batched_pieces == 10
+        assert engine.dma.counters[Direction.D2H].mapped == 0
         back = np.arange(20, 30, dtype=np.int64)
         assert engine.h2d(l2, back).wait().name == "DONE"
         assert np.array_equal(engine.digests("L1", l1), engine.digests("L1", back))
