@@ -7,7 +7,8 @@ each primitive `DeviceHostMover` issues with: events, stream switches and waits,
 uploads, one-page DMAs, and the Triton gather through Triton's dispatch (`kernel[grid]`),
 through `CompiledCache` (the compiled kernel directly) and through `gather_rows` (checks
 included). Part 2 runs cProfile over 200 consecutive-page D2H and H2D issues of 22 and 219
-pages (Qwen3-8B geometry) and prints the top entries by own time. Part 3 times an issue's
+pages (Qwen3-8B geometry), and fragmented D2H issues (the mapped route where it is on), and
+prints the top entries by own time. Part 3 times an issue's
 phases without a profiler: each of the mover's steps wrapped in a clock, host microseconds
 per issue (median), and what is left outside them. A diagnostic, not a benchmark: no
 ceilings, nothing to compare across machines.
@@ -83,6 +84,15 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
             pass
 
     caller = torch.cuda.current_stream(dev)
+    graph, l2_pages = torch.cuda.CUDAGraph(), torch.arange(64, device=dev)
+    mover.kernels.copy_mapped(l1, pages[:22], l2, l2_pages[22:44], to_pool=True)  # compiled
+    torch.cuda.synchronize(dev)
+    with torch.cuda.graph(graph):
+        dev_idx[:64].copy_(host_idx[:64], non_blocking=True)
+        mover.kernels.copy_mapped(l1, pages[:22], l2, l2_pages[22:44], to_pool=True)
+
+    def replay() -> None:
+        graph.replay()
 
     def set_twice() -> None:
         torch.cuda.set_stream(s1)
@@ -111,6 +121,10 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
         "gather_rows": host_us(lambda: triton_rows.gather_rows(l1, pages, out)),
         "gather_rows(stream=)": host_us(lambda: triton_rows.gather_rows(l1, pages, out, stream=s1)),
         "KernelSet.gather": host_us(lambda: mover.kernels.gather(l1, pages, out)),
+        "KernelSet.copy_mapped 22 pages": host_us(
+            lambda: mover.kernels.copy_mapped(l1, pages[:22], l2, l2_pages[22:44], to_pool=True)
+        ),
+        "CUDAGraph.replay (upload + copy_mapped)": host_us(replay),
     }
     torch.cuda.synchronize(dev)
     return result
@@ -119,11 +133,13 @@ def primitives(mover: DeviceHostMover) -> dict[str, float]:
 def profile_issues(mover: DeviceHostMover, n: int) -> tuple[dict[str, float], str]:
     src = np.arange(n, dtype=np.int64)
     dst = np.arange(n, dtype=np.int64)
+    scattered = np.random.default_rng(0).permutation(mover.l2.capacity_pages)[:n]
     times: dict[str, float] = {}
     text = io.StringIO()
     issues: dict[str, Callable[[], TransferHandle]] = {
         "d2h": lambda: mover.d2h(src, dst),
         "h2d": lambda: mover.h2d(dst, src),
+        "d2h fragmented": lambda: mover.d2h(src, scattered.astype(np.int64)),  # mapped if on
     }
     for name, issue in issues.items():
         for _ in range(5):
@@ -154,6 +170,9 @@ PHASES = {  # (owner attribute path, method): the steps an issue is made of
     "borrow": ("", "_borrow"),
     "enqueue_d2h": ("", "_enqueue_d2h"),
     "enqueue_h2d": ("", "_enqueue_h2d"),
+    "mapped plan": ("", "_mapped_plan"),  # a D2H's route choice (None: by DMA)
+    "enqueue_mapped": ("", "_enqueue_mapped"),  # a fragmented D2H on the mapped route
+    "copy_mapped": ("kernels", "copy_mapped"),
     "gather": ("kernels", "gather"),
     "scatter": ("kernels", "scatter"),
     "copy_runs": ("copies", "copy_runs"),
@@ -206,8 +225,8 @@ def phases(mover: DeviceHostMover, n: int, fragmented: bool) -> dict[str, float]
                 handle.wait()
                 if i < 10:
                     continue
-                inner = spent.get("enqueue_d2h", 0.0) + spent.get("enqueue_h2d", 0.0)
-                outer = total - inner - spent.get("plan", 0.0) - spent.get("borrow", 0.0)
+                steps = ("enqueue_d2h", "enqueue_h2d", "enqueue_mapped", "plan", "mapped plan")
+                outer = total - sum(spent.get(k, 0.0) for k in (*steps, "borrow"))
                 rows = {**spent, "issue (all)": total, "issue outside plan/borrow/enqueue": outer}
                 for name, s in rows.items():
                     per.setdefault(f"{direction} {name}", []).append(s)
@@ -239,6 +258,7 @@ def main() -> int:
             layout = "fragmented" if fragmented else "consecutive"
             for name, us in phases(mover, n, fragmented).items():
                 result[f"phase {n} pages {layout}: {name}"] = us
+    print(f"mapped D2H: {mover.mapped_reason}")
     for name, us in result.items():
         print(f"{name:<60} {us:9.1f} us")
     print("".join(texts))
