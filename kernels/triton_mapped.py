@@ -21,7 +21,9 @@ keep it full. On the second H100 host 16 programs of 8 warps moved 22 pages at 9
 94.2% of the pinned copy, one program per SM of 4 warps 85.9% and 91.1% (on the first host
 grids of 132 to 1,584 programs were all within 0.5 points). Compiled lazily per mode like
 `triton_rows`; `n_rows` is not specialized on, so no transfer size compiles a new variant, and
-`prebuild` compiles the variants a mover needs before its first issue.
+`prebuild` compiles the variants a mover needs before its first issue. `probe` runs one page into
+pinned scratch memory when a mover is built: a GPU that cannot write pinned memory in place turns
+the route off, with the reason, instead of failing the first D2H.
 """
 
 from __future__ import annotations
@@ -220,3 +222,36 @@ def prebuild_layout(
     with torch.cuda.device(device):
         cache.prebuild(_key(args, device), args, _OPTIONS)
     return cache.dispatches - before
+
+
+def probe(l1: torch.Tensor, scratch: torch.Tensor) -> str:
+    """`probe_layout` for a single pool: `scratch` one page shaped like the page-major pool
+    (`reference.check_mapped`), pinned the way the pool is."""
+    index = torch.zeros(2, dtype=torch.int64, device=l1.device)
+    layout = check_mapped(l1, index[:1], scratch, index[1:], to_pool=True, values=False)
+    return probe_layout(layout, word_view(l1, layout), word_view(scratch, layout))
+
+
+def probe_layout(layout: RowLayout, l1_words: torch.Tensor, scratch_words: torch.Tensor) -> str:
+    """Does the GPU write pinned host memory in place? One launch copies L1 page 0's rows
+    (`layout`'s rows of `l1_words`: read only) into `scratch_words`, one pool page of rows in
+    pinned memory allocated the way L2 is; then the device is synchronized and every word
+    compared. "" when they all landed, else why not (a launch Triton refused -- a host pointer
+    it cannot translate -- or words that differ). Synchronizes: run it once, when a mover is
+    built, with nothing of its own in flight."""
+    rows, row_words = layout.rows_per_page, layout.row_words
+    assert scratch_words.numel() >= rows * row_words, "scratch: one pool page of rows"
+    device = l1_words.device
+    one = layout._replace(n=1)
+    index = torch.zeros(4, dtype=torch.int64, device=device)  # page 0 -> slot 0, 16-byte slices
+    try:
+        launch_mapped(one, l1_words, scratch_words, index[:1], index[2:3], to_pool=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except (BackendError, RuntimeError) as exc:
+        return f"the probe's mapped copy of one page failed ({type(exc).__name__}: {exc})"
+    page = l1_words[: rows * layout.l1_pages * row_words].view(rows, layout.l1_pages, row_words)
+    landed = scratch_words[: rows * row_words].view(rows, row_words)
+    if not torch.equal(landed.cpu(), page[:, 0].cpu()):
+        return "the probe's mapped copy of one page did not land in pinned memory"
+    return ""

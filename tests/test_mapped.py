@@ -9,6 +9,7 @@ Every destination is poisoned first, so a path that moved nothing fails.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from unittest import mock
 
@@ -249,6 +250,72 @@ def test_gpu_mapped_d2h_writes_pinned_l2_in_place(dtype: str) -> None:
             assert bool((l2.tensor[rest].view(torch.uint8) == POISON).all())
     assert triton_mapped._compiled().dispatches == compiled, "an issue compiled a kernel"
     assert m.graphs.replays > 0 and m.buffers_busy == 0
+
+
+def test_the_probe_passes_when_every_word_lands(interpreted: None) -> None:
+    from hicache.kernels import triton_mapped
+
+    l1, l2 = pools()
+    scratch = torch.full_like(l2.tensor[:1], 0)
+    assert triton_mapped.probe(l1.tensor, scratch) == ""
+    page = l1.tensor[:, :, 0].contiguous()  # L1 page 0, page-major; as bits (random: NaNs)
+    assert torch.equal(scratch[0].view(torch.int16), page.view(torch.int16))
+
+
+@pytest.mark.parametrize("planted", ["nothing written", "launch refused", "one row short"])
+def test_the_probe_names_what_went_wrong(interpreted: None, planted: str) -> None:
+    """A platform whose GPU cannot write pinned memory in place shows up as a launch Triton
+    refuses or as words that never land; the probe turns either into a reason."""
+    from hicache.errors import BackendError
+    from hicache.kernels import triton_mapped
+
+    real = triton_mapped.launch_mapped
+
+    def launch(*args: object, **kwargs: object) -> None:
+        if planted == "launch refused":
+            raise BackendError("Pointer argument (at 1) cannot be accessed from Triton")
+        if planted == "one row short":
+            real(*args, **kwargs)  # type: ignore[arg-type]
+            scratch = args[2]
+            assert isinstance(scratch, torch.Tensor)
+            scratch[-1] ^= 1  # the last word of the last row is off
+
+    l1, l2 = pools()
+    scratch = torch.zeros_like(l2.tensor[:1])
+    with mock.patch.object(triton_mapped, "launch_mapped", launch):
+        why = triton_mapped.probe(l1.tensor, scratch)
+    expected = "failed \\(BackendError" if planted == "launch refused" else "did not land"
+    assert why and re.search(expected, why), why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_failed_probe_turns_the_route_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the probe's page does not land the movers go by DMA and say why; asked for by
+    name, the route is a ConfigError."""
+    from hicache.dataplane.groupgeometry import GroupGeometry
+    from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
+    from hicache.kernels import triton_mapped
+    from hicache.pools import presets
+
+    g = tiny("bf16", 16)
+    l1, l2 = DevicePool(g, 16, "cuda"), HostPool(g, 16, pin=True)
+    l1.tensor.view(torch.uint8).random_(0, 256)
+    kernels = KernelSet.create(l1.tensor, "triton")
+    monkeypatch.setattr(triton_mapped, "launch_mapped", lambda *a, **k: None)  # nothing lands
+    m = DeviceHostMover(l1, l2, kernels)
+    assert not m.mapped_d2h and "did not land" in m.mapped_reason, m.mapped_reason
+    src, dst = pages([0, 1, 2]), pages([9, 2, 5])
+    done(m.d2h(src, dst))  # by DMA
+    assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
+    assert m.counters[Direction.D2H].mapped == 0
+    with pytest.raises(ConfigError, match="did not land"):
+        DeviceHostMover(l1, l2, kernels, mapped_d2h=True)
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
+    caps = {s: 8 for s in geometry.sources}
+    gl1, gl2 = GroupDevicePool(geometry, caps, "cuda"), GroupHostPool(geometry, caps, pin=True)
+    group = GroupMover(gl1, gl2, "per_pool")
+    assert not group.mapped_d2h and "did not land" in group.mapped_reason, group.mapped_reason
 
 
 @pytest.mark.gpu

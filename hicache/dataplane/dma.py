@@ -56,6 +56,7 @@ from hicache.dataplane.handles import (
 from hicache.dataplane.issuegraphs import GraphKey, IssueGraphs
 from hicache.dataplane.layerwise import EventGate
 from hicache.dataplane.null import transfer_pages
+from hicache.dataplane.pinned import pinned_empty
 from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
@@ -209,7 +210,8 @@ class DeviceHostMover:
     graph (issuegraphs.py; None: on CUDA unless HICACHE_ISSUE_GRAPHS=0).
     `mapped_d2h`: a D2H as one kernel writing L1's rows into their L2 pages in place
     (routes.py, kernels/triton_mapped.py) -- unless its L2 pages are one run (one DMA). None:
-    on CUDA with the Triton gather and pinned L2 unless HICACHE_MAPPED_D2H=0, off on CPU unless
+    on CUDA with the Triton gather and pinned L2 whose probe page landed (triton_mapped.probe)
+    unless HICACHE_MAPPED_D2H=0, off on CPU unless
     HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
     which and why.
     """
@@ -289,7 +291,11 @@ class DeviceHostMover:
         if choice[0] and cuda:
             from hicache.kernels.select import load_mapped
 
-            load_mapped().prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
+            mapped = load_mapped()
+            mapped.prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
+            scratch = pinned_empty((1, *self.l2.tensor.shape[1:]), self.l2.tensor.dtype)
+            if failed := mapped.probe(self.l1.tensor, scratch):  # pinned L2 written in place?
+                choice = mapped_choice(requested, cuda=cuda, why_not=failed, on=on)
         return choice
 
     # -- issuing ------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
+from hicache.dataplane.pinned import pinned_empty
 from hicache.dataplane.routes import aligned, mapped_choice
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
@@ -143,9 +144,10 @@ class GroupMover:
     (batchcopy.py; None: unless HICACHE_BATCHED_COPIES=0). `issue_graphs`: D2Hs up to
     `graph_max_bytes` replay their upload and gathers as one captured graph (issuegraphs.py;
     None: on CUDA unless HICACHE_ISSUE_GRAPHS=0). `mapped_d2h`: D2Hs written into L2 in
-    place (module docstring). None: on CUDA with the per_pool kernels and pinned L2 unless
-    HICACHE_MAPPED_D2H=0, off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run
-    raises ConfigError. `mapped_reason` says which and why."""
+    place (module docstring). None: on CUDA with the per_pool kernels and pinned L2 whose
+    probe page landed, every pool's (triton_mapped.probe_layout), unless HICACHE_MAPPED_D2H=0,
+    off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError.
+    `mapped_reason` says which and why."""
 
     def __init__(
         self,
@@ -206,9 +208,14 @@ class GroupMover:
         if choice[0] and cuda:
             from hicache.kernels.select import load_mapped
 
+            mapped = load_mapped()
             for p in self.l1.geometry.pools:  # compiled now, never inside an issue
                 layout, l1_words, l2_words = self._mapped_operands(p.name, 1)
-                load_mapped().prebuild_layout(layout, l1_words, l2_words)
+                mapped.prebuild_layout(layout, l1_words, l2_words)
+                # Pinned L2 written in place? One page of the pool into a pinned scratch page.
+                scratch = pinned_empty((layout.rows_per_page * layout.row_words,), l2_words.dtype)
+                if failed := mapped.probe_layout(layout, l1_words, scratch):
+                    return mapped_choice(requested, cuda=cuda, why_not=f"{p.name}: {failed}", on=on)
         return choice
 
     def _mapped_operands(self, name: str, n: int) -> tuple[RowLayout, torch.Tensor, torch.Tensor]:
