@@ -12,6 +12,8 @@ after warm-up, device idle):
 
     ceiling       one pinned copy of all the bytes (cudaMemcpyAsync: the denominator)
     sm/<P>        one kernel of P programs (0: one program per row) moving every row
+    dma2d         one cudaMemcpy2DAsync per page (its 72 rows, strided in L1): DMAs that
+                  read or write L1 in place, no kernel (needs cuda.bindings)
 
 issue (host) ms, end to end ms, device ms (CUDA events), and the end-to-end ratio to the
 ceiling's. Every path's bytes are checked against the source. Writes the table (and JSON
@@ -102,6 +104,43 @@ def _issue(
     )
 
 
+def _copy2d_fn() -> Callable[..., None] | None:
+    """cuda.bindings' cudaMemcpy2DAsync (any direction, UVA), or None without the bindings."""
+    try:
+        from cuda.bindings import runtime  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    kind = runtime.cudaMemcpyKind.cudaMemcpyDefault
+
+    def copy2d(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
+        stream = runtime.cudaStream_t(torch.cuda.current_stream().cuda_stream)
+        out: Any = runtime.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream)
+        err = out[0] if isinstance(out, tuple) else out
+        assert int(err) == 0, err
+
+    return copy2d
+
+
+def _issue_2d(
+    copy2d: Callable[..., None],
+    l1: torch.Tensor,
+    l2: torch.Tensor,
+    p1: np.ndarray,
+    p2: np.ndarray,
+    cap1: int,
+    to_host: bool,
+) -> None:
+    """One 2D DMA per page: its 72 rows, strided in L1 (one row per (K/V, layer), l1 pages
+    apart), contiguous in its L2 page -- no kernel, no packed buffer, no index upload."""
+    a, b, page = l1.data_ptr(), l2.data_ptr(), ROWS_PER_PAGE * ROW_BYTES
+    for x, y in zip(p1.tolist(), p2.tolist()):
+        column, slot = a + x * ROW_BYTES, b + y * page
+        if to_host:
+            copy2d(slot, ROW_BYTES, column, cap1 * ROW_BYTES, ROW_BYTES, ROWS_PER_PAGE)
+        else:
+            copy2d(column, cap1 * ROW_BYTES, slot, ROW_BYTES, ROW_BYTES, ROWS_PER_PAGE)
+
+
 def median3(fn: Callable[[], tuple[float, float, float]]) -> tuple[float, float, float]:
     for _ in range(3):
         fn()
@@ -163,8 +202,10 @@ def probe(
                 ok=True,
             )
         )
-        for programs in sweep:
-            grid = (rows if programs == 0 else min(programs, rows),)
+        copy2d = _copy2d_fn()
+        paths: list[int | str] = [*sweep, "dma2d"] if copy2d is not None else list(sweep)
+        for programs in paths:
+            grid = (rows if programs in (0, "dma2d") else min(int(programs), rows),)
             if to_host:  # the target rows cleared first: a path that moves nothing fails
                 l2[torch.from_numpy(p2)] = 0
             else:
@@ -172,6 +213,9 @@ def probe(
             issue = functools.partial(
                 _issue, idx_host, idx_dev, p1, p2, grid, (l1, l2, rows, cap1, block, to_host), warps
             )
+            if programs == "dma2d":
+                assert copy2d is not None
+                issue = functools.partial(_issue_2d, copy2d, l1, l2, p1, p2, cap1, to_host)
             r = median3(timed(issue))
             torch.cuda.synchronize()
             got = l2[torch.from_numpy(p2)]  # [n, 72, words]
@@ -181,7 +225,9 @@ def probe(
                 dict(
                     pages=n,
                     dir=direction,
-                    path=f"sm/{programs} b{block} w{warps}",
+                    path="dma2d per page"
+                    if programs == "dma2d"
+                    else f"sm/{programs} b{block} w{warps}",
                     issue=r[0],
                     e2e=r[1],
                     device=r[2],

@@ -1100,9 +1100,10 @@ def test_transfer_benchmark_runs_quick_on_cpu(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "transfer.json").read_text())
     rows = result["dma"]["rows"]
     mover_rows = [r for r in rows if r["path"].startswith("hicache")]
-    # Per direction: 5 variants on consecutive L2 pages, those and "hicache staged" and
-    # "hicache per-run DMAs" on fragmented; for D2H also "hicache DMA route" on both.
-    assert len(mover_rows) == 2 * (5 + 7) + 2 and all(r["correct"] for r in mover_rows)
+    # Per direction: 6 variants on consecutive L2 pages (the default, the DMA route and its
+    # 4 chunkings), those and "hicache staged" and "hicache per-run DMAs" on fragmented; for
+    # D2H also "hicache mapped" on both.
+    assert len(mover_rows) == 2 * (6 + 8) + 2 and all(r["correct"] for r in mover_rows)
     assert all(
         r["pinned_allocations_after_warmup"] == 0 == r["device_allocations_after_warmup"]
         for r in mover_rows

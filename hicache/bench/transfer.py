@@ -8,12 +8,14 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
 
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              on CUDA a D2H is one mapped copy -- the SMs write L1's rows into L2 in place --
-              unless one run of L2 pages over 64 MiB; otherwise one chunk up to 64 MiB -- an
-              H2D of one L2 run at any size -- above that chunks doubling from 16 MiB,
+              on CUDA up to 64 pages of 32 KiB rows go pitched -- one 2D DMA per page, L1
+              read or written in place; else a D2H is one mapped copy -- the SMs write L1's
+              rows into L2 in place -- unless one run of L2 pages; otherwise one chunk up to
+              64 MiB -- an H2D of one L2 run at any size -- above that chunks doubling from 16 MiB,
               descending for H2D; one DMA per run of consecutive L2 pages of >= 256 KiB,
-              smaller runs staged), the same with every D2H packed and DMA'd ("hicache DMA
-              route"), and the DMA route's variants: doubling at every size, one chunk,
+              smaller runs staged), the same without the pitched route ("hicache mapped",
+              D2H), with every transfer packed and DMA'd ("hicache DMA route"), and the DMA
+              route's variants: doubling at every size, one chunk,
               other first-chunk sizes (`--first-chunk-mib`, default 2 and 64), one copy_
               per DMA instead of one batched driver call
               ("hicache per-run DMAs", batchcopy.py), and (fragmented) every run staged --
@@ -81,7 +83,8 @@ L1_POOL_PAGES = 1024  # random L1 pages are drawn from this many
 DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
 PER_RUN_PATH = "hicache per-run DMAs"  # a chunk's DMAs one copy_ each, not one batched call
-DMA_PATH = "hicache DMA route"  # the default's settings, every D2H packed and DMA'd (not mapped)
+DMA_PATH = "hicache DMA route"  # the default's settings, every transfer packed and DMA'd
+MAPPED_PATH = "hicache mapped"  # the default's settings but the pitched route: D2Hs mapped
 BASELINE_PATH = "torch index_select + one DMA"
 CEILING_PATH = "ceiling"  # timed with the paths, taking turns, not reported as a path
 POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
@@ -123,11 +126,12 @@ class _Rig:
         l1, l2, k = self.l1, self.l2, self.kernels
 
         def mover(**settings: Any) -> DeviceHostMover:
-            """The chunking and route variants are the DMA route's: their D2Hs pack and DMA."""
-            return DeviceHostMover(l1, l2, k, **{"mapped_d2h": False, **settings})
+            """The chunking and route variants are the DMA route's: their transfers pack."""
+            return DeviceHostMover(l1, l2, k, **{"mapped_d2h": False, "pitched": False, **settings})
 
         self.movers = {
             DEFAULT_PATH: DeviceHostMover(l1, l2, k),
+            MAPPED_PATH: DeviceHostMover(l1, l2, k, pitched=False),
             DMA_PATH: mover(),
             "hicache doubling": mover(single_chunk_max_bytes=0),  # chunked at any size
             "hicache one chunk": mover(chunk_pages=1 << 30),
@@ -283,8 +287,8 @@ def bench_dma(s: Settings) -> dict[str, object]:
                     for name, mover in rig.movers.items()
                     # One run: never staged, and one DMA a chunk (nothing to batch).
                     if (name not in (STAGED_PATH, PER_RUN_PATH) or layout != "consecutive")
-                    # An H2D is never mapped: its DMA route is the default.
-                    and (name != DMA_PATH or direction is Direction.D2H)
+                    # An H2D is never mapped: without pitched DMAs it is the DMA route.
+                    and (name != MAPPED_PATH or direction is Direction.D2H)
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor

@@ -45,6 +45,7 @@ import torch
 from hicache.core.pages import Pages
 from hicache.core.tiers import Direction
 from hicache.dataplane.batchcopy import BatchedCopies
+from hicache.dataplane.copy2d import Copy2D, runtime_copy2d
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import (
     OutcomeCounters,
@@ -61,6 +62,9 @@ from hicache.dataplane.pools import DevicePool, HostPool
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
+    PITCHED_ENV,
+    PITCHED_MAX_PAGES,
+    PITCHED_MIN_ROW_BYTES,
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
@@ -68,7 +72,9 @@ from hicache.dataplane.routes import (
     is_run,
     mapped_choice,
     mapped_plan,
+    pitched_plan,
     plan_route,
+    route_choice,
     split_runs,
 )
 from hicache.dataplane.streams import Event, Streams, landed
@@ -90,6 +96,7 @@ class DirectionCounters(OutcomeCounters):
     staged_pages: int = 0
     direct_dmas: int = 0  # DMAs straight between the packed buffer and the L2 pool
     mapped: int = 0  # issued as one mapped copy (L1 rows written into L2 in place, no DMA)
+    pitched: int = 0  # issued as one 2D DMA per page (L1 read or written in place)
     pinned_allocations: int = 0  # host buffers allocated while issuing (pinned on CUDA)
     device_allocations: int = 0
     workspace_setup_s: float = 0.0
@@ -214,6 +221,11 @@ class DeviceHostMover:
     unless HICACHE_MAPPED_D2H=0, off on CPU unless
     HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
     which and why.
+    `pitched`: a transfer of up to PITCHED_MAX_PAGES pages, either direction, as one 2D DMA
+    per page between its L1 rows and its L2 page, in place (routes.py, copy2d.py). None: on
+    CUDA with cuda.bindings and rows of at least PITCHED_MIN_ROW_BYTES unless
+    HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (torch copies per page);
+    True where it cannot run raises ConfigError. `pitched_reason` says which and why.
     """
 
     def __init__(
@@ -231,6 +243,7 @@ class DeviceHostMover:
         batched: bool | None = None,
         issue_graphs: bool | None = None,
         mapped_d2h: bool | None = None,
+        pitched: bool | None = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -274,6 +287,8 @@ class DeviceHostMover:
         self.counters = {Direction.D2H: DirectionCounters(), Direction.H2D: DirectionCounters()}
         # `mapped_every`: one run too (HICACHE_MAPPED_D2H=all: the route on every D2H).
         self.mapped_d2h, self.mapped_every, self.mapped_reason = self._mapped_choice(mapped_d2h)
+        self._copy2d: Copy2D | None = None
+        self.pitched, _, self.pitched_reason = self._pitched_choice(pitched)
         self._in_flight: set[DmaHandle] = set()
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
@@ -297,6 +312,21 @@ class DeviceHostMover:
             if failed := mapped.probe(self.l1.tensor, scratch):  # pinned L2 written in place?
                 choice = mapped_choice(requested, cuda=cuda, why_not=failed, on=on)
         return choice
+
+    def _pitched_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+        """(on, every, why) for the pitched route (class docstring; routes.route_choice)."""
+        cuda, why_not = self._streams.cuda, ""
+        row_bytes = self.bytes_per_page // (2 * self.l1.geometry.layers)
+        if cuda:
+            self._copy2d, why = runtime_copy2d()
+            if self._copy2d is None:
+                why_not = why
+            elif row_bytes < PITCHED_MIN_ROW_BYTES:
+                why_not = f"rows of {row_bytes} bytes (< {PITCHED_MIN_ROW_BYTES}: not measured)"
+        on = f"on: transfers of up to {PITCHED_MAX_PAGES} pages, one 2D DMA per page"
+        return route_choice(
+            requested, env=PITCHED_ENV, field="pitched", cuda=cuda, why_not=why_not, on=on
+        )
 
     # -- issuing ------------------------------------------------------------------------------
 
@@ -369,12 +399,18 @@ class DeviceHostMover:
         if n == 0:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        plan = self._mapped_plan(l2_ids) if direction is Direction.D2H else None
+        plan = pitched_plan(l2_ids) if self.pitched and n <= PITCHED_MAX_PAGES else None
+        if plan is None and direction is Direction.D2H:
+            plan = self._mapped_plan(l2_ids)
         plan = plan or self.plan(direction, l2_ids)
         route = plan.route
         try:
-            buffers = self._borrow(
-                counters, n, route.staged_pages, plan.index_len, packed=not plan.mapped
+            buffers = (
+                TransferBuffers.none()
+                if plan.pitched
+                else self._borrow(
+                    counters, n, route.staged_pages, plan.index_len, packed=not plan.mapped
+                )
             )
         except TransferError as e:
             counters.failed += 1
@@ -385,7 +421,9 @@ class DeviceHostMover:
         enqueued = False
         try:
             work_started = time.perf_counter()
-            if plan.mapped:
+            if plan.pitched:
+                completion = self._enqueue_pitched(direction, l1_ids, l2_ids, after)
+            elif plan.mapped:
                 completion = self._enqueue_mapped(buffers, plan, l1_ids, l2_ids, after)
             elif direction is Direction.D2H:
                 completion = self._enqueue_d2h(buffers, plan, l1_ids, after)
@@ -401,6 +439,7 @@ class DeviceHostMover:
         counters.staged_pages += route.staged_pages
         counters.direct_dmas += sum(map(len, plan.pieces))
         counters.mapped += plan.mapped
+        counters.pitched += plan.pitched
         handle = DmaHandle(
             self, direction, n * self.bytes_per_page, buffers, completion, delay, plan
         )
@@ -591,6 +630,40 @@ class DeviceHostMover:
                 work()
         return _Completion(start, s.timer(s.d2h))
 
+    def _enqueue_pitched(
+        self, direction: Direction, l1_ids: Pages, l2_ids: Pages, after: torch.cuda.Stream | None
+    ) -> _Completion:
+        """A pitched transfer: per page one 2D DMA between its L1 rows (`l1_pages` rows apart)
+        and its L2 page, on the direction's stream after the caller's work (B05: a D2H reads
+        L1, an H2D overwrites it). CPU: the same moves as torch copies, in the call."""
+        if not self._streams.cuda:
+            l1, l2 = self.l1.tensor, self.l2.tensor
+            for x, y in zip(l1_ids.tolist(), l2_ids.tolist()):
+                if direction is Direction.D2H:
+                    l2[y].copy_(l1[:, :, x])
+                else:
+                    l1[:, :, x].copy_(l2[y])
+            return _Completion(None, None)
+        s, copy2d = self._streams, self._copy2d
+        assert copy2d is not None, "pitched on CUDA: cuda.bindings' 2D copy"
+        stream = s.d2h if direction is Direction.D2H else s.h2d
+        assert stream is not None
+        s.wait_for(stream, after if after is not None else s.current())
+        start = s.timer(stream)
+        bpp, rows = self.bytes_per_page, 2 * self.l1.geometry.layers
+        row = bpp // rows
+        pitch, handle = self.l1.capacity_pages * row, stream.cuda_stream
+        l1_base, l2_base = self.l1.tensor.data_ptr(), self.l2.tensor.data_ptr()
+        for x, y in zip(l1_ids.tolist(), l2_ids.tolist()):
+            column, page = l1_base + x * row, l2_base + y * bpp
+            if direction is Direction.D2H:
+                copy2d(page, row, column, pitch, row, rows, handle)
+            else:
+                copy2d(column, pitch, page, row, row, rows, handle)
+        # An H2D's end is handed out by its layer gate: a new event, never a recycled timer.
+        end = s.timer(stream) if direction is Direction.D2H else s.mark(stream, timing=True)
+        return _Completion(start, end)
+
     # -- completion and lifetime --------------------------------------------------------------
 
     def _retire(self, handle: DmaHandle, buffers: TransferBuffers, status: TransferStatus) -> None:
@@ -635,6 +708,7 @@ class DeviceHostMover:
             "direct_min_bytes": self.direct_min_bytes,
             "copies": self.copies.status(),
             "mapped_d2h": self.mapped_reason,
+            "pitched": self.pitched_reason,
             "issue_graphs": self.graphs.status(),
             "streams": self._streams.ids(),
             "streams_how": self._streams.how,

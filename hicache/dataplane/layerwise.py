@@ -41,13 +41,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from hicache.core.tiers import Direction
+from hicache.dataplane.copy2d import Copy2D, runtime_copy2d
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import OutcomeCounters, TransferHandle, TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool
@@ -137,27 +137,6 @@ def runs_of(l2_ids: npt.NDArray[np.int64], l1_ids: npt.NDArray[np.int64]) -> lis
     return [(int(l2_ids[a]), int(l1_ids[a]), int(b - a)) for a, b in zip(starts, ends)]
 
 
-def _runtime_copy2d() -> tuple[Callable[..., None] | None, str]:
-    """cuda.bindings' cudaMemcpy2DAsync (host to device), or why not."""
-    try:
-        from cuda.bindings import runtime  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None, "whole transfer: cuda.bindings is not installed"
-    kind = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
-
-    def copy2d(
-        dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, s: int
-    ) -> None:
-        out: Any = runtime.cudaMemcpy2DAsync(
-            dst, dpitch, src, spitch, width, height, kind, runtime.cudaStream_t(s)
-        )
-        err = out[0] if isinstance(out, tuple) else out
-        if int(err) != 0:
-            raise TransferError(f"cudaMemcpy2DAsync of {height} x {width} bytes failed: {err}")
-
-    return copy2d, "per layer: cudaMemcpy2DAsync per run and K/V (cuda.bindings)"
-
-
 class LayerwiseHandle(TransferHandle):
     """A layer-wise H2D (module docstring); `gate` is what its reader waits on."""
 
@@ -218,9 +197,12 @@ class LayerwiseMover:
         self.l1, self.l2, self.faults = l1, l2, faults
         self.layers = l1.geometry.layers
         self._streams = Streams(l1.device)
-        self._copy2d, self.reason = (
-            _runtime_copy2d() if self._streams.cuda else (None, "per layer: CPU, copied when read")
-        )
+        self._copy2d: Copy2D | None = None
+        self.reason = "per layer: CPU, copied when read"
+        if self._streams.cuda:
+            self._copy2d, why = runtime_copy2d()
+            per_layer = "per layer: cudaMemcpy2DAsync per run and K/V (cuda.bindings)"
+            self.reason = per_layer if self._copy2d else f"whole transfer: {why}"
         self.counters = OutcomeCounters()
         self.staged = 0  # transfers issued through the workspace (L1 pages not in runs)
         self.in_flight: set[LayerwiseHandle] = set()

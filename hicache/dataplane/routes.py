@@ -41,6 +41,19 @@ engine leaves the SMs to the model (two H100 hosts, 22 Qwen3-8B pages in one run
 of the pinned copy by DMA, 80.2-92.0% mapped; fragmented, 22 pages: 75.2-84.2% by DMA,
 77.5-92.2% mapped; benchmarks/results/2026-12-07-session26-h100/).
 
+Pitched (`pitched_plan`). A page is 2 x layers rows (one per K/V and layer): contiguous in its
+L2 page, one row per layer block in L1, `l1_pages` rows apart. One `cudaMemcpy2DAsync` moves
+them all (copy2d.py): the DMA reads or writes L1 in place, so a small transfer needs no
+kernel, no packed buffer, no index upload, and the copy engine starts after the first call.
+The cost is one driver call per page (~14 us of the issuing thread; an H100 moves a 2.25 MiB
+page in ~43 us, so the engine stays ahead): up to PITCHED_MAX_PAGES pages of rows of at least
+PITCHED_MIN_ROW_BYTES, a transfer of either direction and any page order goes pitched. On one
+H100 host, fragmented Qwen3-8B pages (32 KiB rows) this way against one pinned copy of the same
+bytes, end to end: 22 pages D2H 94.9% / H2D 91.5%, 63 pages 92.8 / 93.9%, while the packed
+route measured 75.6 / 75.7% at 22 and mapped D2H 78.9% on the same host; at 219 pages 93.6 /
+93.5%, where the packed route's one long DMA does better (benchmarks/zero_copy.py). Shorter
+rows were not measured: they stay on the other routes.
+
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
 pointer alignment (16-byte divisible or not), so a slice starting at an odd int64 would be a
@@ -70,6 +83,10 @@ INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts 
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
 # "0": every D2H by DMA; "1": mapped also on CPU (by the rule); "all": every D2H mapped
 MAPPED_ENV = "HICACHE_MAPPED_D2H"
+PITCHED_MAX_PAGES = 64  # transfers up to this many pages go pitched (one 2D DMA per page)
+PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page) is this long
+# "0": no pitched transfers; "1": pitched also on CPU (torch copies per page, for the fuzz)
+PITCHED_ENV = "HICACHE_PITCHED_DMA"
 
 Bounds = list[tuple[int, int]]
 
@@ -150,23 +167,34 @@ def is_run(ids: Pages) -> bool:
     return bool((np.diff(ids) == 1).all())
 
 
+def route_choice(
+    requested: bool | None, *, env: str, field: str, cuda: bool, why_not: str, on: str
+) -> tuple[bool, bool, str]:
+    """(on, every, why) for one of a mover's optional routes. `requested`: the mover's setting
+    `field` (None: environment variable `env` decides -- "0" off, "1" on also off the GPU,
+    "all" on and taken by every transfer it can move); `why_not`: what keeps it from running
+    here ("" when it can), ConfigError when asked for by name; `on`: the reason when it is on.
+    Off the GPU it stays off unless asked."""
+    value = os.environ.get(env, "")
+    if requested is False or (requested is None and value == "0"):
+        return False, False, f"off ({field}=False or {env}=0)"
+    if why_not:
+        if requested:
+            raise ConfigError(field, f"cannot run here: {why_not}")
+        return False, False, f"off: {why_not}"
+    if not cuda and requested is None and value not in ("1", "all"):
+        return False, False, f"off: CPU moves by DMA unless asked ({env}=1)"
+    return True, value == "all", on
+
+
 def mapped_choice(
     requested: bool | None, *, cuda: bool, why_not: str, on: str
 ) -> tuple[bool, bool, str]:
-    """(on, every, why) for a mover's mapped D2H. `requested`: the mover's `mapped_d2h` (None:
-    MAPPED_ENV decides -- "0" off, "1" on also off the GPU, "all" every D2H, one run too);
-    `why_not`: what keeps it from running here ("" when it can), ConfigError when asked for
-    by name; `on`: the reason when it is on. Off the GPU it stays off unless asked."""
-    env = os.environ.get(MAPPED_ENV, "")
-    if requested is False or (requested is None and env == "0"):
-        return False, False, "off: every D2H by DMA (mapped_d2h=False or HICACHE_MAPPED_D2H=0)"
-    if why_not:
-        if requested:
-            raise ConfigError("mapped_d2h", f"the mapped D2H cannot run here: {why_not}")
-        return False, False, f"off: {why_not}"
-    if not cuda and requested is None and env not in ("1", "all"):
-        return False, False, "off: CPU moves by DMA unless asked (HICACHE_MAPPED_D2H=1)"
-    return True, env == "all", on
+    """`route_choice` of the mapped D2H (`mapped_d2h`, MAPPED_ENV; "all": every D2H, one run
+    of L2 pages too)."""
+    return route_choice(
+        requested, env=MAPPED_ENV, field="mapped_d2h", cuda=cuda, why_not=why_not, on=on
+    )
 
 
 def count_runs(ids: Pages) -> int:
@@ -327,6 +355,7 @@ class DmaPlan:
     pieces: list[list[Run]]
     index_at: list[int] = field(default_factory=list)  # empty: computed from `bounds`
     mapped: bool = False  # one mapped copy (module docstring): no packing, no DMA
+    pitched: bool = False  # one 2D DMA per page (module docstring): no packing, no index
 
     def __post_init__(self) -> None:
         if not self.index_at:
@@ -338,7 +367,7 @@ class DmaPlan:
     def index_len(self) -> int:
         """Entries the index buffers need: the last chunk's slot end (n when unpadded); a
         mapped plan's L2 pages end (`slots_at` + n)."""
-        if not self.bounds:
+        if not self.bounds or self.pitched:
             return 0
         lo, hi = self.bounds[-1]
         if self.mapped:
@@ -380,7 +409,9 @@ class DmaPlan:
     @property
     def dmas(self) -> int:
         """DMAs issued: the direct pieces, and one per chunk holding staged pages (none for
-        a mapped plan)."""
+        a mapped plan; one per page for a pitched one)."""
+        if self.pitched:
+            return self.bounds[-1][1] if self.bounds else 0
         staged = sum(a < b for a, b in (self.staged_in(lo, hi) for lo, hi in self.bounds))
         return sum(map(len, self.pieces)) + staged
 
@@ -388,6 +419,8 @@ class DmaPlan:
         r = self.route
         if self.mapped:
             return f"mapped: {r.runs} runs, 1 launch, 0 DMAs"
+        if self.pitched:
+            return f"pitched: {r.runs} runs, {self.dmas} 2D DMAs"
         staged = f", {r.staged_pages} pages staged" if r.staged_pages else ""
         return f"{r.kind}: {r.runs} runs, {len(self.bounds)} chunks, {self.dmas} DMAs{staged}"
 
@@ -398,3 +431,12 @@ def mapped_plan(l2_ids: Pages) -> DmaPlan:
     n = int(l2_ids.size)
     route = Route(None, [], 0, 0, l2_ids[:0], runs=count_runs(l2_ids))
     return DmaPlan(route, [(0, n)], [[]], mapped=True)
+
+
+def pitched_plan(l2_ids: Pages) -> DmaPlan:
+    """The plan of a pitched D2H/H2D of `l2_ids` (n >= 1): one 2D DMA per page, in the
+    caller's order (module docstring); the L2 runs are counted for the counters."""
+    n = int(l2_ids.size)
+    runs = 1 if is_run(l2_ids) else count_runs(l2_ids)
+    route = Route(None, [], 0, 0, l2_ids[:0], runs=runs)
+    return DmaPlan(route, [(0, n)], [[]], pitched=True)

@@ -269,6 +269,12 @@ class TransferBuffers:
             raise
         return cls(held, packed_pages, index_host, index_device, host, setup_s, index_array)
 
+    @classmethod
+    def none(cls) -> TransferBuffers:
+        """No buffers: a transfer that moves between L1 and L2 in place (a pitched one)."""
+        empty = torch.empty(0, dtype=torch.int64)
+        return cls([], None, empty, empty, None, 0.0, empty.numpy())
+
     def release(self) -> None:
         """Give every buffer back; a second call returns nothing twice (`held` is emptied)."""
         for cache, ws in self.held:

@@ -1,0 +1,206 @@
+"""The pitched route: a small D2H/H2D as one 2D DMA per page between its L1 rows and its L2
+page, in place (routes.py, copy2d.py). On CPU the same moves run as torch copies per page
+(asked for by HICACHE_PITCHED_DMA=1 or `pitched=True`); on a GPU, cudaMemcpy2DAsync into pinned
+L2 and back. Each test names what a wrong pitch, page or order would break."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache.core.pages import pages
+from hicache.core.tiers import Direction
+from hicache.dataplane.dma import DeviceHostMover
+from hicache.dataplane.faults import FaultInjector, FaultSite
+from hicache.dataplane.geometry import KVGeometry
+from hicache.dataplane.handles import TransferStatus
+from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, route_choice
+from hicache.errors import ConfigError
+from hicache.kernels import KernelSet
+from tests.test_transfer import POISON, done, plan_of, poison, randomize, tiny
+
+L1_PAGES, L2_PAGES = 80, 96  # room for a transfer past PITCHED_MAX_PAGES
+
+
+def mover(
+    *, pitched: bool | None = True, faults: FaultInjector | None = None, dtype: str = "fp16"
+) -> DeviceHostMover:
+    g = tiny(dtype, 2)
+    l1, l2 = DevicePool(g, L1_PAGES, "cpu"), HostPool(g, L2_PAGES, pin=False)
+    randomize(l1.tensor, seed=7)
+    kernels = KernelSet.create(l1.tensor, "torch")
+    return DeviceHostMover(l1, l2, kernels, faults=faults, mapped_d2h=False, pitched=pitched)
+
+
+def untouched(t: torch.Tensor, written: np.ndarray, axis: int) -> bool:
+    """Every page of `t` (pages on `axis`) outside `written` still holds the poison."""
+    rest = torch.from_numpy(np.setdiff1d(np.arange(t.shape[axis]), written))
+    return bool((t.index_select(axis, rest).view(torch.uint8) == POISON).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from(["fp16", "fp8"]))
+def test_a_pitched_transfer_moves_exactly_its_pages(data: st.DataObject, dtype: str) -> None:
+    """Both ways, any order: L1 page src[i] lands in L2 page dst[i] and back into L1 page
+    back[i]; no other L2 or L1 page changes, nothing is borrowed, no other route ran."""
+    m = mover(dtype=dtype)
+    n = data.draw(st.integers(1, 12))
+    src = pages(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)))
+    dst = pages(data.draw(st.permutations(range(L2_PAGES)))[:n])
+    poison(m.l2.tensor)
+    handle = m.d2h(src, dst)
+    done(handle)
+    plan = plan_of(handle)
+    assert plan.pitched and plan.dmas == n and str(plan).startswith("pitched:"), plan
+    assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
+    assert untouched(m.l2.tensor, dst, 0)
+    back = pages(data.draw(st.permutations(range(L1_PAGES)))[:n])
+    expected = page_digest(m.l2, dst)
+    poison(m.l1.tensor)
+    done(m.h2d(dst, back))
+    assert np.array_equal(page_digest(m.l1, back), expected)
+    assert untouched(m.l1.tensor, back, 2)  # L1 is [K/V, layer, page, ...]
+    for d in (Direction.D2H, Direction.H2D):
+        c = m.counters[d]
+        assert c.pitched == 1 and c.direct_dmas == 0 and c.mapped == 0 and c.staged == 0, c
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+def test_up_to_pitched_max_pages_a_transfer_goes_pitched() -> None:
+    m = mover()
+    for n, pitched in ((1, True), (PITCHED_MAX_PAGES, True), (PITCHED_MAX_PAGES + 1, False)):
+        src, dst = pages(np.arange(n)), pages(np.arange(n)[::-1].copy())
+        poison(m.l2.tensor)
+        handle = m.d2h(src, dst)
+        done(handle)
+        assert plan_of(handle).pitched is pitched, (n, plan_of(handle))
+        assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
+
+
+def test_the_default_on_cpu_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PITCHED_ENV, raising=False)
+    assert not mover(pitched=None).pitched
+    monkeypatch.setenv(PITCHED_ENV, "1")
+    m = mover(pitched=None)
+    assert m.pitched and m.status()["pitched"] == m.pitched_reason
+    monkeypatch.setenv(PITCHED_ENV, "0")
+    assert not mover(pitched=None).pitched
+    assert mover(pitched=True).pitched  # asked for by name: the environment does not veto
+    assert not mover(pitched=False).pitched
+
+
+def test_a_route_that_cannot_run_is_off_with_why_or_refused_by_name() -> None:
+    kw = {"env": PITCHED_ENV, "field": "pitched", "cuda": True, "on": "on"}
+    assert route_choice(None, why_not="no 2D copy", **kw) == (False, False, "off: no 2D copy")
+    assert route_choice(None, why_not="", **kw) == (True, False, "on")
+    with pytest.raises(ConfigError, match="pitched.*no 2D copy"):
+        route_choice(True, why_not="no 2D copy", **kw)
+
+
+def test_a_completion_fault_fails_the_pitched_transfer_and_holds_nothing() -> None:
+    m = mover(faults=FaultInjector().once(FaultSite.H2D_COMPLETE))
+    handle = m.h2d(pages([4, 9]), pages([0, 1]))
+    assert handle.wait(timeout_s=5) is TransferStatus.FAILED
+    assert m.counters[Direction.H2D].failed == 1 and m.counters[Direction.H2D].pitched == 1
+    assert m.buffers_busy == 0 and m.in_flight == 0
+
+
+def test_the_cpu_fuzz_runs_clean_with_small_transfers_pitched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stateful fuzz on the cpu plane with the route a GPU takes for small transfers:
+    restores verified byte for byte, invariants and counters judged as for the DMA route."""
+    from hicache.testing.runner import arguments, fuzz
+
+    monkeypatch.setenv(PITCHED_ENV, "1")
+    issued: list[Direction] = []
+    real = DeviceHostMover._enqueue_pitched
+
+    def counted(self: DeviceHostMover, direction: Direction, *args: object) -> object:
+        issued.append(direction)
+        return real(self, direction, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DeviceHostMover, "_enqueue_pitched", counted)
+    result = fuzz(arguments(seed=1, steps=400, plane="cpu"))
+    assert result.ok, result.text
+    assert min(issued.count(d) for d in (Direction.D2H, Direction.H2D)) > 10, (
+        "the fuzz issued few pitched transfers"
+    )
+
+
+# -- GPU: cudaMemcpy2DAsync between L1 and pinned L2 ------------------------------------------
+
+
+def long_rows() -> KVGeometry:
+    """32 KiB rows (16 tokens x 8 heads x 128 x bf16), as Qwen3-8B's: the route's minimum."""
+    return KVGeometry(layers=3, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_pitched_moves_pinned_l2_in_place() -> None:
+    l1, l2 = DevicePool(long_rows(), 70, "cuda"), HostPool(long_rows(), 80, pin=True)
+    l1.tensor.view(torch.uint8).random_(0, 256)
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "triton"))
+    if m._copy2d is None:
+        pytest.skip(m.pitched_reason)
+    assert m.pitched, m.pitched_reason
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 22, PITCHED_MAX_PAGES):
+        src = pages(rng.choice(70, size=n, replace=False))
+        dst = pages(rng.choice(80, size=n, replace=False))
+        poison(l2.tensor)
+        handle = m.d2h(src, dst)
+        done(handle)
+        assert plan_of(handle).pitched, plan_of(handle)
+        assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
+        assert untouched(l2.tensor, dst, 0)
+        back = pages(rng.choice(70, size=n, replace=False))
+        expected = page_digest(l2, dst)
+        handle = m.h2d(dst, back)
+        done(handle)
+        assert plan_of(handle).pitched and np.array_equal(page_digest(l1, back), expected)
+    assert m.buffers_busy == 0 and m.counters[Direction.H2D].pitched == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_an_h2d_gate_waits_for_every_pitched_page() -> None:
+    """A reader on another stream that waits on the gate sees every page, even behind a
+    caller stream kept busy (the DMAs wait for it: they overwrite L1)."""
+    g = long_rows()
+    l1, l2 = DevicePool(g, 8, "cuda"), HostPool(g, 8, pin=True)
+    l2.tensor.view(torch.uint8).random_(0, 256)
+    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "triton"))
+    if not m.pitched:
+        pytest.skip(m.pitched_reason)
+    busy = torch.empty(1 << 26, device="cuda")
+    for _ in range(20):
+        busy.mul_(1.0)  # the caller's stream is busy when the H2D is issued
+    handle = m.h2d(pages([5, 1, 6]), pages([0, 3, 7]))
+    reader = torch.cuda.Stream()
+    with torch.cuda.stream(reader):
+        assert handle.gate is not None
+        for layer in range(g.layers):
+            handle.gate.wait(layer)
+        got = l1.tensor[:, :, [0, 3, 7]].clone()
+    reader.synchronize()
+    want = l2.tensor[[5, 1, 6]].permute(1, 2, 0, 3, 4, 5).cuda()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    done(handle)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_short_rows_stay_off_the_pitched_route() -> None:
+    g = tiny("bf16", 16)  # 256-byte rows
+    l1, l2 = DevicePool(g, 8, "cuda"), HostPool(g, 8, pin=True)
+    kernels = KernelSet.create(l1.tensor, "triton")
+    m = DeviceHostMover(l1, l2, kernels)
+    assert not m.pitched and "rows of" in m.pitched_reason, m.pitched_reason
+    with pytest.raises(ConfigError, match="pitched"):
+        DeviceHostMover(l1, l2, kernels, pitched=True)
