@@ -94,11 +94,15 @@ def test_the_default_on_cpu_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_route_that_cannot_run_is_off_with_why_or_refused_by_name() -> None:
-    kw = {"env": PITCHED_ENV, "field": "pitched", "cuda": True, "on": "on"}
-    assert route_choice(None, why_not="no 2D copy", **kw) == (False, False, "off: no 2D copy")
-    assert route_choice(None, why_not="", **kw) == (True, False, "on")
+    def choice(requested: bool | None, why_not: str) -> tuple[bool, bool, str]:
+        return route_choice(
+            requested, env=PITCHED_ENV, field="pitched", cuda=True, why_not=why_not, on="on"
+        )
+
+    assert choice(None, "no 2D copy") == (False, False, "off: no 2D copy")
+    assert choice(None, "") == (True, False, "on")
     with pytest.raises(ConfigError, match="pitched.*no 2D copy"):
-        route_choice(True, why_not="no 2D copy", **kw)
+        choice(True, "no 2D copy")
 
 
 def test_a_completion_fault_fails_the_pitched_transfer_and_holds_nothing() -> None:
@@ -182,7 +186,7 @@ def test_gpu_an_h2d_gate_waits_for_every_pitched_page() -> None:
     for _ in range(20):
         busy.mul_(1.0)  # the caller's stream is busy when the H2D is issued
     handle = m.h2d(pages([5, 1, 6]), pages([0, 3, 7]))
-    reader = torch.cuda.Stream()
+    reader = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     with torch.cuda.stream(reader):
         assert handle.gate is not None
         for layer in range(g.layers):
