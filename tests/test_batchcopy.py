@@ -253,7 +253,8 @@ def test_gpu_fragmented_transfer_goes_as_one_batch_per_chunk(
 ) -> None:
     from hicache.dataplane.engine import TransferEngine, one_pool
 
-    monkeypatch.setenv("HICACHE_MAPPED_D2H", "0")  # the DMA route (a fragmented D2H goes mapped)
+    monkeypatch.setenv("HICACHE_MAPPED_D2H", "0")  # the DMA route: neither mapped nor pitched
+    monkeypatch.setenv("HICACHE_PITCHED_DMA", "0")
     g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)
     with TransferEngine(one_pool(g), 40, 64, 4, device="cuda", backend="triton") as engine:
         if not engine.dma.copies.batched:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hicache.core.pages import pages
@@ -18,7 +18,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
-from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, route_choice
+from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, is_run, route_choice
 from hicache.errors import ConfigError
 from hicache.kernels import KernelSet
 from tests.test_transfer import POISON, done, plan_of, poison, randomize, tiny
@@ -48,9 +48,10 @@ def test_a_pitched_transfer_moves_exactly_its_pages(data: st.DataObject, dtype: 
     """Both ways, any order: L1 page src[i] lands in L2 page dst[i] and back into L1 page
     back[i]; no other L2 or L1 page changes, nothing is borrowed, no other route ran."""
     m = mover(dtype=dtype)
-    n = data.draw(st.integers(1, 12))
+    n = data.draw(st.integers(2, 12))
     src = pages(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)))
     dst = pages(data.draw(st.permutations(range(L2_PAGES)))[:n])
+    assume(not is_run(dst))  # one run in order goes by one DMA (below)
     poison(m.l2.tensor)
     handle = m.d2h(src, dst)
     done(handle)
@@ -70,15 +71,34 @@ def test_a_pitched_transfer_moves_exactly_its_pages(data: st.DataObject, dtype: 
     assert m.buffers_busy == 0 and m.in_flight == 0
 
 
-def test_up_to_pitched_max_pages_a_transfer_goes_pitched() -> None:
+def test_fragmented_transfers_up_to_pitched_max_pages_go_pitched() -> None:
+    """Up to PITCHED_MAX_PAGES pages not in one run of L2 in order: pitched; one run in order
+    (one DMA) or more pages: the other routes."""
     m = mover()
-    for n, pitched in ((1, True), (PITCHED_MAX_PAGES, True), (PITCHED_MAX_PAGES + 1, False)):
-        src, dst = pages(np.arange(n)), pages(np.arange(n)[::-1].copy())
+    for n, in_order, pitched in (
+        (2, False, True),
+        (PITCHED_MAX_PAGES, False, True),
+        (PITCHED_MAX_PAGES + 1, False, False),
+        (1, True, False),
+        (5, True, False),
+    ):
+        src = pages(np.arange(n))
+        dst = pages(np.arange(n) if in_order else np.arange(n)[::-1].copy())
         poison(m.l2.tensor)
         handle = m.d2h(src, dst)
         done(handle)
         assert plan_of(handle).pitched is pitched, (n, plan_of(handle))
         assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
+
+
+def test_every_transfer_up_to_the_limit_goes_pitched_when_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PITCHED_ENV, "all")
+    m = mover(pitched=None)
+    handle = m.h2d(pages([3, 4, 5]), pages([0, 1, 2]))
+    done(handle)
+    assert m.pitched_every and plan_of(handle).pitched
 
 
 def test_the_default_on_cpu_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +140,7 @@ def test_the_cpu_fuzz_runs_clean_with_small_transfers_pitched(
     restores verified byte for byte, invariants and counters judged as for the DMA route."""
     from hicache.testing.runner import arguments, fuzz
 
-    monkeypatch.setenv(PITCHED_ENV, "1")
+    monkeypatch.setenv(PITCHED_ENV, "all")  # one run too: a fuzz transfer is mostly one run
     issued: list[Direction] = []
     real = DeviceHostMover._enqueue_pitched
 
@@ -154,13 +174,13 @@ def test_gpu_pitched_moves_pinned_l2_in_place() -> None:
         pytest.skip(m.pitched_reason)
     assert m.pitched, m.pitched_reason
     rng = np.random.default_rng(3)
-    for n in (1, 5, 22, PITCHED_MAX_PAGES):
+    for n in (2, 5, 22, PITCHED_MAX_PAGES):
         src = pages(rng.choice(70, size=n, replace=False))
         dst = pages(rng.choice(80, size=n, replace=False))
         poison(l2.tensor)
         handle = m.d2h(src, dst)
         done(handle)
-        assert plan_of(handle).pitched, plan_of(handle)
+        assert plan_of(handle).pitched, plan_of(handle)  # random pages: never one run
         assert np.array_equal(page_digest(l1, src), page_digest(l2, dst))
         assert untouched(l2.tensor, dst, 0)
         back = pages(rng.choice(70, size=n, replace=False))
@@ -186,6 +206,7 @@ def test_gpu_an_h2d_gate_waits_for_every_pitched_page() -> None:
     for _ in range(20):
         busy.mul_(1.0)  # the caller's stream is busy when the H2D is issued
     handle = m.h2d(pages([5, 1, 6]), pages([0, 3, 7]))
+    assert plan_of(handle).pitched, plan_of(handle)
     reader = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     with torch.cuda.stream(reader):
         assert handle.gate is not None

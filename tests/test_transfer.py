@@ -957,12 +957,14 @@ is PENDING unless it reported completion before the device work ran."""
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("chunk_pages", "mapped"), [(None, False), (3, False), (None, True)])
-def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, mapped: bool) -> None:
+@pytest.mark.parametrize(
+    ("chunk_pages", "route"), [(None, "dma"), (3, "dma"), (None, "mapped"), (None, "pitched")]
+)
+def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, route: str) -> None:
     """Mixed routes (direct runs and staged pages) over several chunks -- or the D2H as one
-    mapped copy -- issued behind a long sleep on the caller's stream: the handle must stay
-    PENDING, and once it says DONE the bytes must be there -- read with no synchronization
-    but the handle's own."""
+    mapped copy, or both ways one 2D DMA per page -- issued behind a long sleep on the
+    caller's stream: the handle must stay PENDING, and once it says DONE the bytes must be
+    there -- read with no synchronization but the handle's own."""
     g = KVGeometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_size=16)  # 256 KiB pages
     engine = TransferEngine(
         one_pool(g), 40, 64, 4, device="cuda", backend="triton", chunk_pages=chunk_pages
@@ -972,7 +974,9 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, mapped: b
         m = engine.dma
         m.direct_min_bytes, m.single_chunk_max_bytes = 2 * g.bytes_per_page, 0
         m.first_chunk_bytes = g.bytes_per_page  # chunks of 1, 2, 4, ... pages: several
-        m.mapped_d2h = mapped
+        m.mapped_d2h, m.pitched = route == "mapped", route == "pitched"
+        if m.pitched and m._copy2d is None:
+            pytest.skip(m.pitched_reason)
         l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])
         src = pages(np.random.default_rng(3).permutation(40)[: l2_ids.size])
         dst = pages(np.random.default_rng(4).permutation(40)[: l2_ids.size])
@@ -988,8 +992,8 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, mapped: b
         handle = engine.d2h(src, l2_ids)
         issue_s = time.perf_counter() - issued
         plan = plan_of(handle)
-        if mapped:
-            assert plan.mapped, str(plan)
+        if route != "dma":
+            assert plan.mapped or plan.pitched, str(plan)
         else:
             assert plan.route.kind == "mixed" and len(plan.bounds) > 1, str(plan)
         # Issue took ~the caller's sleep (~0.5 s): the issue blocked on the device. Issue was
@@ -1003,6 +1007,7 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, mapped: b
         issued = time.perf_counter()
         handle = engine.h2d(l2_ids, dst)
         issue_s = time.perf_counter() - issued
+        assert plan_of(handle).pitched == (route == "pitched"), str(plan_of(handle))
         assert handle.poll() is TransferStatus.PENDING, (
             f"H2D issue took {issue_s:.4f} s; {plan_of(handle)}"
         )

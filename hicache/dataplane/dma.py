@@ -222,7 +222,8 @@ class DeviceHostMover:
     HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
     which and why.
     `pitched`: a transfer of up to PITCHED_MAX_PAGES pages, either direction, as one 2D DMA
-    per page between its L1 rows and its L2 page, in place (routes.py, copy2d.py). None: on
+    per page between its L1 rows and its L2 page, in place (routes.py, copy2d.py) -- unless
+    its L2 pages are one run in order (one DMA). None: on
     CUDA with cuda.bindings and rows of at least PITCHED_MIN_ROW_BYTES unless
     HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (torch copies per page);
     True where it cannot run raises ConfigError. `pitched_reason` says which and why.
@@ -288,7 +289,8 @@ class DeviceHostMover:
         # `mapped_every`: one run too (HICACHE_MAPPED_D2H=all: the route on every D2H).
         self.mapped_d2h, self.mapped_every, self.mapped_reason = self._mapped_choice(mapped_d2h)
         self._copy2d: Copy2D | None = None
-        self.pitched, _, self.pitched_reason = self._pitched_choice(pitched)
+        # `pitched_every`: one run in order too (HICACHE_PITCHED_DMA=all).
+        self.pitched, self.pitched_every, self.pitched_reason = self._pitched_choice(pitched)
         self._in_flight: set[DmaHandle] = set()
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
@@ -323,7 +325,7 @@ class DeviceHostMover:
                 why_not = why
             elif row_bytes < PITCHED_MIN_ROW_BYTES:
                 why_not = f"rows of {row_bytes} bytes (< {PITCHED_MIN_ROW_BYTES}: not measured)"
-        on = f"on: transfers of up to {PITCHED_MAX_PAGES} pages, one 2D DMA per page"
+        on = f"on: fragmented transfers of up to {PITCHED_MAX_PAGES} pages, a 2D DMA per page"
         return route_choice(
             requested, env=PITCHED_ENV, field="pitched", cuda=cuda, why_not=why_not, on=on
         )
@@ -399,7 +401,7 @@ class DeviceHostMover:
         if n == 0:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        plan = pitched_plan(l2_ids) if self.pitched and n <= PITCHED_MAX_PAGES else None
+        plan = self._pitched_plan(l2_ids)
         if plan is None and direction is Direction.D2H:
             plan = self._mapped_plan(l2_ids)
         plan = plan or self.plan(direction, l2_ids)
@@ -452,6 +454,14 @@ class DeviceHostMover:
             t.service_s, t.enqueue_s = work_s, t.enqueue_s - work_s
         self._in_flight.add(handle)
         return handle
+
+    def _pitched_plan(self, l2_ids: Pages) -> DmaPlan | None:
+        """A pitched plan, or None when the transfer takes another route (class docstring)."""
+        if not self.pitched or l2_ids.size > PITCHED_MAX_PAGES:
+            return None
+        if is_run(l2_ids) and not self.pitched_every:
+            return None  # one run in order: one DMA from the packed buffer (routes.py)
+        return pitched_plan(l2_ids)
 
     def _mapped_plan(self, l2_ids: Pages) -> DmaPlan | None:
         """A D2H's mapped plan, or None when it goes by DMA (class docstring)."""

@@ -45,14 +45,18 @@ Pitched (`pitched_plan`). A page is 2 x layers rows (one per K/V and layer): con
 L2 page, one row per layer block in L1, `l1_pages` rows apart. One `cudaMemcpy2DAsync` moves
 them all (copy2d.py): the DMA reads or writes L1 in place, so a small transfer needs no
 kernel, no packed buffer, no index upload, and the copy engine starts after the first call.
-The cost is one driver call per page (~14 us of the issuing thread; an H100 moves a 2.25 MiB
-page in ~43 us, so the engine stays ahead): up to PITCHED_MAX_PAGES pages of rows of at least
-PITCHED_MIN_ROW_BYTES, a transfer of either direction and any page order goes pitched. On one
-H100 host, fragmented Qwen3-8B pages (32 KiB rows) this way against one pinned copy of the same
-bytes, end to end: 22 pages D2H 94.9% / H2D 91.5%, 63 pages 92.8 / 93.9%, while the packed
-route measured 75.6 / 75.7% at 22 and mapped D2H 78.9% on the same host; at 219 pages 93.6 /
-93.5%, where the packed route's one long DMA does better (benchmarks/zero_copy.py). Shorter
-rows were not measured: they stay on the other routes.
+The cost is one driver call per page (~14 us of the issuing thread on a slow host; an H100
+moves a 2.25 MiB page in ~43 us, so the engine stays ahead), and a 2D copy of 32 KiB rows runs
+a few points under one contiguous copy. So a transfer of either direction goes pitched when its
+L2 pages are not one run in order (one run is one DMA from the packed buffer), it has at most
+PITCHED_MAX_PAGES pages, and its rows are at least PITCHED_MIN_ROW_BYTES. Qwen3-8B pages (32 KiB
+rows), end to end against one pinned copy of the same bytes, two H100 hosts: 22 fragmented
+pages pitched D2H 94.9 / 83.3%, H2D 91.5 / 84.9% (the packed route 75.6 / 84.5% and 75.7 /
+63.1%; mapped D2H 78.9 / 84.9%); 22 pages in one run pitched 85.7 / 87.6% against the packed
+route's one DMA 90.3 / 91.6% (second host); 63 fragmented pages the hosts disagree (H2D 93.9
+pitched vs 87.0 packed on one, 84.5 vs 88.0 on the other): above 32 pages the other routes
+stay (benchmarks/zero_copy.py; benchmarks/results/2026-12-07-session27-h100/). Shorter rows
+were not measured: they stay on the other routes.
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
@@ -83,9 +87,10 @@ INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts 
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
 # "0": every D2H by DMA; "1": mapped also on CPU (by the rule); "all": every D2H mapped
 MAPPED_ENV = "HICACHE_MAPPED_D2H"
-PITCHED_MAX_PAGES = 64  # transfers up to this many pages go pitched (one 2D DMA per page)
+PITCHED_MAX_PAGES = 32  # fragmented transfers up to this many pages go pitched (2D DMAs)
 PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page) is this long
-# "0": no pitched transfers; "1": pitched also on CPU (torch copies per page, for the fuzz)
+# "0": no pitched transfers; "1": pitched also on CPU (torch copies per page, for the fuzz);
+# "all": one run of L2 pages in order too (up to PITCHED_MAX_PAGES)
 PITCHED_ENV = "HICACHE_PITCHED_DMA"
 
 Bounds = list[tuple[int, int]]
