@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
+
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
