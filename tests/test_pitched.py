@@ -5,13 +5,16 @@ L2 and back. Each test names what a wrong pitch, page or order would break."""
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (the data plane): pip install -e '.[data]'")
 
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.core.pages import pages
@@ -21,7 +24,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
-from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, is_run, route_choice
+from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, route_choice
 from hicache.errors import ConfigError
 from hicache.kernels import KernelSet
 from tests.test_transfer import POISON, done, plan_of, poison, randomize, tiny
@@ -30,13 +33,19 @@ L1_PAGES, L2_PAGES = 80, 96  # room for a transfer past PITCHED_MAX_PAGES
 
 
 def mover(
-    *, pitched: bool | None = True, faults: FaultInjector | None = None, dtype: str = "fp16"
+    *,
+    pitched: bool | None = True,
+    faults: FaultInjector | None = None,
+    dtype: str = "fp16",
+    every: bool = False,
 ) -> DeviceHostMover:
+    """A CPU mover; `every`: HICACHE_PITCHED_DMA=all (D2Hs and one run of pages too)."""
     g = tiny(dtype, 2)
     l1, l2 = DevicePool(g, L1_PAGES, "cpu"), HostPool(g, L2_PAGES, pin=False)
     randomize(l1.tensor, seed=7)
     kernels = KernelSet.create(l1.tensor, "torch")
-    return DeviceHostMover(l1, l2, kernels, faults=faults, mapped_d2h=False, pitched=pitched)
+    with mock.patch.dict(os.environ, {PITCHED_ENV: "all"} if every else {}):
+        return DeviceHostMover(l1, l2, kernels, faults=faults, mapped_d2h=False, pitched=pitched)
 
 
 def untouched(t: torch.Tensor, written: np.ndarray, axis: int) -> bool:
@@ -50,11 +59,10 @@ def untouched(t: torch.Tensor, written: np.ndarray, axis: int) -> bool:
 def test_a_pitched_transfer_moves_exactly_its_pages(data: st.DataObject, dtype: str) -> None:
     """Both ways, any order: L1 page src[i] lands in L2 page dst[i] and back into L1 page
     back[i]; no other L2 or L1 page changes, nothing is borrowed, no other route ran."""
-    m = mover(dtype=dtype)
-    n = data.draw(st.integers(2, 12))
+    m = mover(dtype=dtype, every=True)
+    n = data.draw(st.integers(1, 12))
     src = pages(data.draw(st.lists(st.integers(0, L1_PAGES - 1), min_size=n, max_size=n)))
     dst = pages(data.draw(st.permutations(range(L2_PAGES)))[:n])
-    assume(not is_run(dst))  # one run in order goes by one DMA (below)
     poison(m.l2.tensor)
     handle = m.d2h(src, dst)
     done(handle)
@@ -74,34 +82,30 @@ def test_a_pitched_transfer_moves_exactly_its_pages(data: st.DataObject, dtype: 
     assert m.buffers_busy == 0 and m.in_flight == 0
 
 
-def test_fragmented_transfers_up_to_pitched_max_pages_go_pitched() -> None:
-    """Up to PITCHED_MAX_PAGES pages not in one run of L2 in order: pitched; one run in order
-    (one DMA) or more pages: the other routes."""
-    m = mover()
+@pytest.mark.parametrize("every", [False, True])
+def test_fragmented_h2ds_up_to_pitched_max_pages_go_pitched(every: bool) -> None:
+    """Up to PITCHED_MAX_PAGES L2 pages not in one run in order, an H2D goes pitched; one run
+    in order (one DMA), more pages, or a D2H: the other routes -- all but more pages pitched
+    with HICACHE_PITCHED_DMA=all."""
+    m = mover(every=every)
     for n, in_order, pitched in (
         (2, False, True),
         (PITCHED_MAX_PAGES, False, True),
         (PITCHED_MAX_PAGES + 1, False, False),
-        (1, True, False),
-        (5, True, False),
+        (1, True, every),
+        (5, True, every),
     ):
-        src = pages(np.arange(n))
-        dst = pages(np.arange(n) if in_order else np.arange(n)[::-1].copy())
+        l1_ids = pages(np.arange(n))
+        l2_ids = pages(np.arange(n) if in_order else np.arange(n)[::-1].copy())
         poison(m.l2.tensor)
-        handle = m.d2h(src, dst)
-        done(handle)
-        assert plan_of(handle).pitched is pitched, (n, plan_of(handle))
-        assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
-
-
-def test_every_transfer_up_to_the_limit_goes_pitched_when_all(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv(PITCHED_ENV, "all")
-    m = mover(pitched=None)
-    handle = m.h2d(pages([3, 4, 5]), pages([0, 1, 2]))
-    done(handle)
-    assert m.pitched_every and plan_of(handle).pitched
+        d2h = m.d2h(l1_ids, l2_ids)
+        done(d2h)
+        assert plan_of(d2h).pitched is (pitched and every), (n, plan_of(d2h))
+        back = pages(np.arange(n) + 40)
+        h2d = m.h2d(l2_ids, back)
+        done(h2d)
+        assert plan_of(h2d).pitched is pitched, (n, plan_of(h2d))
+        assert np.array_equal(page_digest(m.l1, l1_ids), page_digest(m.l1, back))
 
 
 def test_the_default_on_cpu_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +134,7 @@ def test_a_route_that_cannot_run_is_off_with_why_or_refused_by_name() -> None:
 
 def test_a_completion_fault_fails_the_pitched_transfer_and_holds_nothing() -> None:
     m = mover(faults=FaultInjector().once(FaultSite.H2D_COMPLETE))
-    handle = m.h2d(pages([4, 9]), pages([0, 1]))
+    handle = m.h2d(pages([9, 4]), pages([0, 1]))
     assert handle.wait(timeout_s=5) is TransferStatus.FAILED
     assert m.counters[Direction.H2D].failed == 1 and m.counters[Direction.H2D].pitched == 1
     assert m.buffers_busy == 0 and m.in_flight == 0
@@ -172,10 +176,13 @@ def long_rows() -> KVGeometry:
 def test_gpu_pitched_moves_pinned_l2_in_place() -> None:
     l1, l2 = DevicePool(long_rows(), 70, "cuda"), HostPool(long_rows(), 80, pin=True)
     l1.tensor.view(torch.uint8).random_(0, 256)
-    m = DeviceHostMover(l1, l2, KernelSet.create(l1.tensor, "triton"))
+    kernels = KernelSet.create(l1.tensor, "triton")
+    assert not DeviceHostMover(l1, l2, kernels).pitched_every  # D2Hs mapped by default
+    with mock.patch.dict(os.environ, {PITCHED_ENV: "all"}):  # D2Hs pitched too
+        m = DeviceHostMover(l1, l2, kernels)
     if m._copy2d is None:
         pytest.skip(m.pitched_reason)
-    assert m.pitched, m.pitched_reason
+    assert m.pitched and m.pitched_every, m.pitched_reason
     rng = np.random.default_rng(3)
     for n in (2, 5, 22, PITCHED_MAX_PAGES):
         src = pages(rng.choice(70, size=n, replace=False))
@@ -191,7 +198,7 @@ def test_gpu_pitched_moves_pinned_l2_in_place() -> None:
         handle = m.h2d(dst, back)
         done(handle)
         assert plan_of(handle).pitched and np.array_equal(page_digest(l1, back), expected)
-    assert m.buffers_busy == 0 and m.counters[Direction.H2D].pitched == 4
+    assert m.buffers_busy == 0 and m.counters[Direction.D2H].pitched == 4
 
 
 @pytest.mark.gpu

@@ -975,6 +975,7 @@ def test_gpu_done_only_once_every_byte_landed(chunk_pages: int | None, route: st
         m.direct_min_bytes, m.single_chunk_max_bytes = 2 * g.bytes_per_page, 0
         m.first_chunk_bytes = g.bytes_per_page  # chunks of 1, 2, 4, ... pages: several
         m.mapped_d2h, m.pitched = route == "mapped", route == "pitched"
+        m.pitched_every = m.pitched  # the D2H too (a D2H goes pitched only when told to)
         if m.pitched and m._copy2d is None:
             pytest.skip(m.pitched_reason)
         l2_ids = pages([40, 0, 1, 2, 9, 30, 31, 32, 33, 34, 50, 20, 21, 5, 60, 61, 62, 63, 12, 44])

@@ -8,8 +8,8 @@ bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages
 
     dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
               L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              on CUDA up to 32 fragmented pages of 32 KiB rows go pitched -- a 2D DMA a page, L1
-              read or written in place; else a D2H is one mapped copy -- the SMs write L1's
+              on CUDA an H2D of up to 32 fragmented pages of 32 KiB rows goes pitched -- a 2D
+              DMA a page into L1 in place; a D2H is one mapped copy -- the SMs write L1's
               rows into L2 in place -- unless one run of L2 pages; otherwise one chunk up to
               64 MiB -- an H2D of one L2 run at any size -- above that chunks doubling from 16 MiB,
               descending for H2D; one DMA per run of consecutive L2 pages of >= 256 KiB,

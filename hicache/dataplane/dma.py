@@ -221,9 +221,10 @@ class DeviceHostMover:
     unless HICACHE_MAPPED_D2H=0, off on CPU unless
     HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
     which and why.
-    `pitched`: a transfer of up to PITCHED_MAX_PAGES pages, either direction, as one 2D DMA
-    per page between its L1 rows and its L2 page, in place (routes.py, copy2d.py) -- unless
-    its L2 pages are one run in order (one DMA). None: on
+    `pitched`: an H2D of up to PITCHED_MAX_PAGES pages as one 2D DMA per page from its L2
+    page into its L1 rows, in place (routes.py, copy2d.py) -- unless its L2 pages are one run
+    in order (one DMA); with HICACHE_PITCHED_DMA=all every transfer up to that size, D2H and
+    one run too. None: on
     CUDA with cuda.bindings and rows of at least PITCHED_MIN_ROW_BYTES unless
     HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (torch copies per page);
     True where it cannot run raises ConfigError. `pitched_reason` says which and why.
@@ -325,7 +326,7 @@ class DeviceHostMover:
                 why_not = why
             elif row_bytes < PITCHED_MIN_ROW_BYTES:
                 why_not = f"rows of {row_bytes} bytes (< {PITCHED_MIN_ROW_BYTES}: not measured)"
-        on = f"on: fragmented transfers of up to {PITCHED_MAX_PAGES} pages, a 2D DMA per page"
+        on = f"on: fragmented H2Ds of up to {PITCHED_MAX_PAGES} pages, a 2D DMA per page"
         return route_choice(
             requested, env=PITCHED_ENV, field="pitched", cuda=cuda, why_not=why_not, on=on
         )
@@ -401,7 +402,7 @@ class DeviceHostMover:
         if n == 0:
             counters.done += 1
             return ReadyHandle(direction, 0)
-        plan = self._pitched_plan(l2_ids)
+        plan = self._pitched_plan(direction, l2_ids)
         if plan is None and direction is Direction.D2H:
             plan = self._mapped_plan(l2_ids)
         plan = plan or self.plan(direction, l2_ids)
@@ -455,12 +456,12 @@ class DeviceHostMover:
         self._in_flight.add(handle)
         return handle
 
-    def _pitched_plan(self, l2_ids: Pages) -> DmaPlan | None:
+    def _pitched_plan(self, direction: Direction, l2_ids: Pages) -> DmaPlan | None:
         """A pitched plan, or None when the transfer takes another route (class docstring)."""
         if not self.pitched or l2_ids.size > PITCHED_MAX_PAGES:
             return None
-        if is_run(l2_ids) and not self.pitched_every:
-            return None  # one run in order: one DMA from the packed buffer (routes.py)
+        if not self.pitched_every and (direction is Direction.D2H or is_run(l2_ids)):
+            return None  # a D2H mapped or packed; one run in order: one DMA (routes.py)
         return pitched_plan(l2_ids)
 
     def _mapped_plan(self, l2_ids: Pages) -> DmaPlan | None:

@@ -47,16 +47,23 @@ them all (copy2d.py): the DMA reads or writes L1 in place, so a small transfer n
 kernel, no packed buffer, no index upload, and the copy engine starts after the first call.
 The cost is one driver call per page (~14 us of the issuing thread on a slow host; an H100
 moves a 2.25 MiB page in ~43 us, so the engine stays ahead), and a 2D copy of 32 KiB rows runs
-a few points under one contiguous copy. So a transfer of either direction goes pitched when its
-L2 pages are not one run in order (one run is one DMA from the packed buffer), it has at most
-PITCHED_MAX_PAGES pages, and its rows are at least PITCHED_MIN_ROW_BYTES. Qwen3-8B pages (32 KiB
-rows), end to end against one pinned copy of the same bytes, two H100 hosts: 22 fragmented
-pages pitched D2H 94.9 / 83.3%, H2D 91.5 / 84.9% (the packed route 75.6 / 84.5% and 75.7 /
-63.1%; mapped D2H 78.9 / 84.9%); 22 pages in one run pitched 85.7 / 87.6% against the packed
-route's one DMA 90.3 / 91.6% (second host); 63 fragmented pages the hosts disagree (H2D 93.9
-pitched vs 87.0 packed on one, 84.5 vs 88.0 on the other): above 32 pages the other routes
-stay (benchmarks/zero_copy.py; benchmarks/results/2026-12-07-session27-h100/). Shorter rows
-were not measured: they stay on the other routes.
+a few points under one contiguous copy. So an H2D goes pitched when its L2 pages are not one
+run in order (one run is one DMA into the packed buffer), it has at most PITCHED_MAX_PAGES
+pages, and its rows are at least PITCHED_MIN_ROW_BYTES; a D2H stays mapped (or packed), which
+measured as well or better in the mover (the probe alone put pitched ahead). Qwen3-8B pages
+(32 KiB rows), end to end against one pinned copy of the same bytes, H100 hosts:
+
+    22 fragmented pages   probe (host 1)     mover (host 2)   mover (host 3, 18 runs)
+    D2H pitched           94.9%              83.3%            78.6%
+    D2H mapped / packed   91.2% (SMs) / -    84.9 / 84.5%     81.1 / 78.6%
+    H2D pitched           91.5%              84.9%            83.7%
+    H2D packed            - (75.7%: a mover  63.1%            82.7%
+                          an hour earlier)
+
+One run of 22 pages (host 2): pitched 85.7 / 87.6% against one DMA 90.3 / 91.6%. At 63
+fragmented pages the hosts disagree (H2D pitched 93.9 vs packed 87.0% on host 1, 84.5 vs 88.0%
+on host 2): above 32 pages the other routes stay. Shorter rows were not measured: they stay on
+the other routes too (benchmarks/zero_copy.py; benchmarks/results/2026-12-07-session27-h100/).
 
 Index slots (`index_slots`). Chunk k's L1 indices are one slice of the uploaded index
 buffer, handed to the gather/scatter kernel as a pointer. Triton compiles one kernel per
@@ -87,10 +94,10 @@ INDEX_ALIGN = 2  # int64 entries per 16 bytes: every chunk's index slice starts 
 SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lists (faster)
 # "0": every D2H by DMA; "1": mapped also on CPU (by the rule); "all": every D2H mapped
 MAPPED_ENV = "HICACHE_MAPPED_D2H"
-PITCHED_MAX_PAGES = 32  # fragmented transfers up to this many pages go pitched (2D DMAs)
+PITCHED_MAX_PAGES = 32  # fragmented H2Ds up to this many pages go pitched (2D DMAs)
 PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page) is this long
 # "0": no pitched transfers; "1": pitched also on CPU (torch copies per page, for the fuzz);
-# "all": one run of L2 pages in order too (up to PITCHED_MAX_PAGES)
+# "all": every transfer up to PITCHED_MAX_PAGES, D2H and one run of L2 pages in order too
 PITCHED_ENV = "HICACHE_PITCHED_DMA"
 
 Bounds = list[tuple[int, int]]
