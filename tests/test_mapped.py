@@ -191,18 +191,6 @@ def test_one_run_of_l2_pages_goes_by_dma() -> None:
         assert np.array_equal(page_digest(m.l1, src), page_digest(m.l2, dst))
 
 
-def test_the_default_on_cpu_is_the_dma_route_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(MAPPED_ENV, raising=False)
-    assert not mover(mapped=None).mapped_d2h
-    monkeypatch.setenv(MAPPED_ENV, "1")
-    m = mover(mapped=None)
-    assert m.mapped_d2h and m.status()["mapped_d2h"] == m.mapped_reason
-    monkeypatch.setenv(MAPPED_ENV, "0")
-    assert not mover(mapped=None).mapped_d2h
-    assert mover(mapped=True).mapped_d2h  # asked for by name: the environment does not veto
-    assert not mover(mapped=False).mapped_d2h
-
-
 @pytest.mark.parametrize("site", [FaultSite.PINNED_ALLOC, FaultSite.DEVICE_ALLOC])
 def test_a_failed_buffer_fails_the_d2h_and_leaves_nothing_borrowed(site: FaultSite) -> None:
     m = mover(faults=FaultInjector().once(site))

@@ -24,7 +24,7 @@ from hicache.dataplane.faults import FaultInjector, FaultSite
 from hicache.dataplane.geometry import KVGeometry
 from hicache.dataplane.handles import TransferStatus
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
-from hicache.dataplane.routes import PITCHED_ENV, PITCHED_MAX_PAGES, route_choice
+from hicache.dataplane.routes import MAPPED_ENV, PITCHED_ENV, PITCHED_MAX_PAGES, route_choice
 from hicache.errors import ConfigError
 from hicache.kernels import KernelSet
 from tests.test_transfer import POISON, done, plan_of, poison, randomize, tiny
@@ -108,16 +108,32 @@ def test_fragmented_h2ds_up_to_pitched_max_pages_go_pitched(every: bool) -> None
         assert np.array_equal(page_digest(m.l1, l1_ids), page_digest(m.l1, back))
 
 
-def test_the_default_on_cpu_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PITCHED_ENV, raising=False)
-    assert not mover(pitched=None).pitched
-    monkeypatch.setenv(PITCHED_ENV, "1")
-    m = mover(pitched=None)
-    assert m.pitched and m.status()["pitched"] == m.pitched_reason
-    monkeypatch.setenv(PITCHED_ENV, "0")
-    assert not mover(pitched=None).pitched
-    assert mover(pitched=True).pitched  # asked for by name: the environment does not veto
-    assert not mover(pitched=False).pitched
+@pytest.mark.parametrize(
+    ("env", "setting", "reason"),
+    [(PITCHED_ENV, "pitched", "pitched_reason"), (MAPPED_ENV, "mapped_d2h", "mapped_reason")],
+)
+def test_an_optional_route_is_off_on_cpu_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, env: str, setting: str, reason: str
+) -> None:
+    """Both optional routes (pitched, mapped) by one rule (routes.route_choice): off on CPU
+    unless the environment says 1; 0 turns the default off; a setting by name wins."""
+    g = tiny("fp16", 2)
+    l1, l2 = DevicePool(g, 4, "cpu"), HostPool(g, 4, pin=False)
+    kernels = KernelSet.create(l1.tensor, "torch")
+
+    def on(requested: bool | None) -> bool:
+        m = DeviceHostMover(l1, l2, kernels, **{setting: requested})  # type: ignore[arg-type]
+        assert m.status()[setting] == getattr(m, reason)
+        return bool(getattr(m, setting))
+
+    monkeypatch.delenv(env, raising=False)
+    assert not on(None)
+    monkeypatch.setenv(env, "1")
+    assert on(None)
+    monkeypatch.setenv(env, "0")
+    assert not on(None)
+    assert on(True)  # asked for by name: the environment does not veto
+    assert not on(False)
 
 
 def test_a_route_that_cannot_run_is_off_with_why_or_refused_by_name() -> None:
