@@ -1,5 +1,5 @@
 """The pitched route: a small D2H/H2D as one 2D DMA per page between its L1 rows and its L2
-page, in place (routes.py, copy2d.py). On CPU the same moves run as torch copies per page
+page, in place (routes.py, copy2d.py). On CPU the same 2D copies run by memmove per row
 (asked for by HICACHE_PITCHED_DMA=1 or `pitched=True`); on a GPU, cudaMemcpy2DAsync into pinned
 L2 and back. Each test names what a wrong pitch, page or order would break."""
 
@@ -177,6 +177,49 @@ def test_the_cpu_fuzz_runs_clean_with_small_transfers_pitched(
     assert min(issued.count(d) for d in (Direction.D2H, Direction.H2D)) > 10, (
         "the fuzz issued few pitched transfers"
     )
+
+
+def test_the_2d_copy_passes_its_pitches_and_raises_on_a_driver_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuda.bindings' cudaMemcpy2DAsync, faked: the arguments go in the driver's order with
+    the stream wrapped once per handle; a nonzero status is a TransferError naming the copy;
+    without the bindings the route says so."""
+    import sys
+    import types
+
+    from hicache.dataplane.copy2d import runtime_copy2d
+    from hicache.errors import TransferError
+
+    calls: list[tuple[object, ...]] = []
+    wrapped: list[int] = []
+
+    def memcpy2d(*args: object) -> tuple[int]:
+        calls.append(args)
+        return (700 if args[0] == 13 else 0,)
+
+    def stream_t(handle: int) -> tuple[str, int]:
+        wrapped.append(handle)
+        return ("stream", handle)
+
+    runtime = types.SimpleNamespace(
+        cudaMemcpyKind=types.SimpleNamespace(cudaMemcpyDefault="default"),
+        cudaStream_t=stream_t,
+        cudaMemcpy2DAsync=memcpy2d,
+    )
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = runtime  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    copy2d, why = runtime_copy2d()
+    assert copy2d is not None and "cudaMemcpy2DAsync" in why
+    copy2d(1, 2, 3, 4, 5, 6, 7)
+    copy2d(8, 2, 3, 4, 5, 6, 7)
+    assert calls[0] == (1, 2, 3, 4, 5, 6, "default", ("stream", 7)) and wrapped == [7]
+    with pytest.raises(TransferError, match="6 x 5 bytes"):
+        copy2d(13, 2, 3, 4, 5, 6, 7)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # not installed
+    assert runtime_copy2d() == (None, "cuda.bindings is not installed")
 
 
 # -- GPU: cudaMemcpy2DAsync between L1 and pinned L2 ------------------------------------------

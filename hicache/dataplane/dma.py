@@ -45,7 +45,7 @@ import torch
 from hicache.core.pages import Pages
 from hicache.core.tiers import Direction
 from hicache.dataplane.batchcopy import BatchedCopies
-from hicache.dataplane.copy2d import Copy2D, runtime_copy2d
+from hicache.dataplane.copy2d import Copy2D, copy_pages, host_copy2d, runtime_copy2d
 from hicache.dataplane.faults import FaultInjector, FaultSite, completion_fault
 from hicache.dataplane.handles import (
     OutcomeCounters,
@@ -226,7 +226,7 @@ class DeviceHostMover:
     in order (one DMA); with HICACHE_PITCHED_DMA=all every transfer up to that size, D2H and
     one run too. None: on
     CUDA with cuda.bindings and rows of at least PITCHED_MIN_ROW_BYTES unless
-    HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (torch copies per page);
+    HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (host_copy2d);
     True where it cannot run raises ConfigError. `pitched_reason` says which and why.
     """
 
@@ -646,31 +646,18 @@ class DeviceHostMover:
     ) -> _Completion:
         """A pitched transfer: per page one 2D DMA between its L1 rows (`l1_pages` rows apart)
         and its L2 page, on the direction's stream after the caller's work (B05: a D2H reads
-        L1, an H2D overwrites it). CPU: the same moves as torch copies, in the call."""
-        if not self._streams.cuda:
-            l1, l2 = self.l1.tensor, self.l2.tensor
-            for x, y in zip(l1_ids.tolist(), l2_ids.tolist()):
-                if direction is Direction.D2H:
-                    l2[y].copy_(l1[:, :, x])
-                else:
-                    l1[:, :, x].copy_(l2[y])
+        L1, an H2D overwrites it). CPU: the same copies by `host_copy2d`, in the call."""
+        l1, l2, to_l2 = self.l1.tensor, self.l2.tensor, direction is Direction.D2H
+        if not self._streams.cuda:  # the same address arithmetic, the copies done now
+            copy_pages(host_copy2d, l1, l2, l1_ids, l2_ids, to_l2=to_l2, stream=0)
             return _Completion(None, None)
         s, copy2d = self._streams, self._copy2d
         assert copy2d is not None, "pitched on CUDA: cuda.bindings' 2D copy"
-        stream = s.d2h if direction is Direction.D2H else s.h2d
+        stream = s.d2h if to_l2 else s.h2d
         assert stream is not None
         s.wait_for(stream, after if after is not None else s.current())
         start = s.timer(stream)
-        bpp, rows = self.bytes_per_page, 2 * self.l1.geometry.layers
-        row = bpp // rows
-        pitch, handle = self.l1.capacity_pages * row, stream.cuda_stream
-        l1_base, l2_base = self.l1.tensor.data_ptr(), self.l2.tensor.data_ptr()
-        for x, y in zip(l1_ids.tolist(), l2_ids.tolist()):
-            column, page = l1_base + x * row, l2_base + y * bpp
-            if direction is Direction.D2H:
-                copy2d(page, row, column, pitch, row, rows, handle)
-            else:
-                copy2d(column, pitch, page, row, row, rows, handle)
+        copy_pages(copy2d, l1, l2, l1_ids, l2_ids, to_l2=to_l2, stream=stream.cuda_stream)
         # An H2D's end is handed out by its layer gate: a new event, never a recycled timer.
         end = s.timer(stream) if direction is Direction.D2H else s.mark(stream, timing=True)
         return _Completion(start, end)

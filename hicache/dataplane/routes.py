@@ -96,7 +96,7 @@ SMALL_ROUTE_PAGES = 64  # routes up to this many pages are planned on Python lis
 MAPPED_ENV = "HICACHE_MAPPED_D2H"
 PITCHED_MAX_PAGES = 32  # fragmented H2Ds up to this many pages go pitched (2D DMAs)
 PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page) is this long
-# "0": no pitched transfers; "1": pitched also on CPU (torch copies per page, for the fuzz);
+# "0": no pitched transfers; "1": pitched also on CPU (copy2d.host_copy2d, for the fuzz);
 # "all": every transfer up to PITCHED_MAX_PAGES, D2H and one run of L2 pages in order too
 PITCHED_ENV = "HICACHE_PITCHED_DMA"
 
