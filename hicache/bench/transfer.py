@@ -6,35 +6,31 @@
 Qwen3-8B geometry (36 layers, 8 KV heads, head_dim 128, bf16, 16-token pages: 2,359,296
 bytes per page), prefixes of 350 / 1,000 / 2,000 / 3,500 tokens, random L1 pages. Sections:
 
-    dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random
-              L2 pages in random order): DeviceHostMover as configured by default ("hicache":
-              on CUDA an H2D of up to 32 fragmented pages of 32 KiB rows goes pitched -- a 2D
-              DMA a page into L1 in place; a D2H is one mapped copy -- the SMs write L1's
-              rows into L2 in place -- unless one run of L2 pages; otherwise one chunk up to
-              64 MiB -- an H2D of one L2 run at any size -- above that chunks doubling from 16 MiB,
-              descending for H2D; one DMA per run of consecutive L2 pages of >= 256 KiB,
-              smaller runs staged), the same without the pitched route ("hicache mapped",
-              D2H), with every transfer packed and DMA'd ("hicache DMA route"), and the DMA
-              route's variants: doubling at every size, one chunk,
-              other first-chunk sizes (`--first-chunk-mib`, default 2 and 64), one copy_
-              per DMA instead of one batched driver call
-              ("hicache per-run DMAs", batchcopy.py), and (fragmented) every run staged --
-              the path before per-run DMAs. Plus a torch `index_select` gather + one DMA
-              (the baseline a user would write). Each timed end to end: issue -> poll until
-              DONE, from an idle device, median of `repeats`, the paths of one case taking
-              turns run by run, each round starting one path further on (a drifting
-              machine shifts them alike, and no path owns a place); each path's bytes are
-              checked (digests) on its own warm-up run, over poisoned targets. Beside it the
-              median CPU time of the issue call (`issue_ms`) and the transfer's device time
-              (`device_ms`, CUDA events from
-              its first to its last operation), and the route it took (`route`: direct /
-              staged / mixed, runs, chunks, DMAs). Ceilings of the same byte count in the same
-              run: one contiguous pinned copy, timed by CUDA events (device time: the ratio
-              `of_dma_ceiling`) and end to end taking turns with each case's paths
-              (`of_dma_ceiling_e2e`: a slow moment of the host shifts both). Host
-              buffers allocated after warm-up are counted. `--page-size` changes tokens per
-              page (e.g. 1 or 2 puts runs of one page below / above the 256 KiB direct-DMA
-              threshold).
+    dma       per prefix, direction (D2H, H2D) and L2 layout (consecutive; fragmented: random L2
+              pages in random order): DeviceHostMover as configured by default ("hicache": on CUDA
+              an H2D of up to 32 fragmented pages of 32 KiB rows goes pitched -- a 2D DMA a page
+              into L1 in place; a D2H is one mapped copy -- the SMs write L1's rows into L2 in place
+              -- unless one run of L2 pages; otherwise one chunk up to 64 MiB -- an H2D of one L2
+              run at any size -- above that chunks doubling from 16 MiB, descending for H2D; one DMA
+              per run of consecutive L2 pages of >= 256 KiB, smaller runs staged), the same with
+              every transfer packed and DMA'd ("hicache DMA route": neither mapped nor pitched), and
+              the DMA route's variants: doubling at every size, one chunk, other first-chunk sizes
+              (`--first-chunk-mib`, default 2 and 64), one copy_ per DMA instead of one batched
+              driver call ("hicache per-run DMAs", batchcopy.py), and (fragmented) every run staged
+              -- the path before per-run DMAs. Plus a torch `index_select` gather + one DMA (the
+              baseline a user would write). Each timed end to end: issue -> poll until DONE, from an
+              idle device, median of `repeats`, the paths of one case taking turns run by run, each
+              round starting one path further on (a drifting machine shifts them alike, and no path
+              owns a place); each path's bytes are checked (digests) on its own warm-up run, over
+              poisoned targets. Beside it the median CPU time of the issue call (`issue_ms`) and the
+              transfer's device time (`device_ms`, CUDA events from its first to its last
+              operation), and the route it took (`route`: direct / staged / mixed / mapped /
+              pitched, runs, chunks, DMAs). Ceilings of the same byte count in the same run: one
+              contiguous pinned copy, timed by CUDA events (device time: the ratio `of_dma_ceiling`)
+              and end to end taking turns with each case's paths (`of_dma_ceiling_e2e`: a slow
+              moment of the host shifts both). Host buffers allocated after warm-up are counted.
+              `--page-size` changes tokens per page (e.g. 1 or 2 puts runs of one page below / above
+              the 256 KiB direct-DMA threshold).
     storage   H2S / S2H against raw pwrite / preadv of the same bytes, with extent counts
               (`hicache.bench.storage`).
     kernels   gather / scatter GB/s against a 1 GiB device copy (`hicache.bench.kernels`).
@@ -84,7 +80,6 @@ DEFAULT_PATH = "hicache"
 STAGED_PATH = "hicache staged"  # every run through host staging: only fragmented rows
 PER_RUN_PATH = "hicache per-run DMAs"  # a chunk's DMAs one copy_ each, not one batched call
 DMA_PATH = "hicache DMA route"  # the default's settings, every transfer packed and DMA'd
-MAPPED_PATH = "hicache mapped"  # the default's settings but the pitched route: D2Hs mapped
 BASELINE_PATH = "torch index_select + one DMA"
 CEILING_PATH = "ceiling"  # timed with the paths, taking turns, not reported as a path
 POISON_BYTE = 0xA5  # written over a path's target pages before its checked warm-up run
@@ -131,7 +126,6 @@ class _Rig:
 
         self.movers = {
             DEFAULT_PATH: DeviceHostMover(l1, l2, k),
-            MAPPED_PATH: DeviceHostMover(l1, l2, k, pitched=False),
             DMA_PATH: mover(),
             "hicache doubling": mover(single_chunk_max_bytes=0),  # chunked at any size
             "hicache one chunk": mover(chunk_pages=1 << 30),
@@ -287,8 +281,6 @@ def bench_dma(s: Settings) -> dict[str, object]:
                     for name, mover in rig.movers.items()
                     # One run: never staged, and one DMA a chunk (nothing to batch).
                     if (name not in (STAGED_PATH, PER_RUN_PATH) or layout != "consecutive")
-                    # An H2D is never mapped: without pitched DMAs it is the DMA route.
-                    and (name != MAPPED_PATH or direction is Direction.D2H)
                 }
                 starts = {name: case.start for name, case in movers.items()}
                 if layout == "consecutive":  # the baseline copies one host slice, like the anchor
