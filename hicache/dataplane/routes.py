@@ -447,8 +447,8 @@ def mapped_plan(l2_ids: Pages) -> DmaPlan:
 
 def pitched_plan(l2_ids: Pages) -> DmaPlan:
     """The plan of a pitched D2H/H2D of `l2_ids` (n >= 1): one 2D DMA per page, in the
-    caller's order (module docstring); the L2 runs are counted for the counters."""
+    caller's order (module docstring); the L2 runs are counted for the counters (the caller
+    has already asked `is_run`)."""
     n = int(l2_ids.size)
-    runs = 1 if is_run(l2_ids) else count_runs(l2_ids)
-    route = Route(None, [], 0, 0, l2_ids[:0], runs=runs)
+    route = Route(None, [], 0, 0, l2_ids[:0], runs=count_runs(l2_ids))
     return DmaPlan(route, [(0, n)], [[]], pitched=True)

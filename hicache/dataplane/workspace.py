@@ -199,6 +199,10 @@ class WorkspaceCache:
             ) from None
 
 
+_NO_INDEX = torch.empty(0, dtype=torch.int64)  # `TransferBuffers.none`'s index buffers
+_NO_INDEX_ARRAY: npt.NDArray[np.int64] = _NO_INDEX.numpy()
+
+
 @dataclass
 class TransferBuffers:
     """The buffers one D2H/H2D transfer holds until its handle is final.
@@ -271,9 +275,9 @@ class TransferBuffers:
 
     @classmethod
     def none(cls) -> TransferBuffers:
-        """No buffers: a transfer that moves between L1 and L2 in place (a pitched one)."""
-        empty = torch.empty(0, dtype=torch.int64)
-        return cls([], None, empty, empty, None, 0.0, empty.numpy())
+        """No buffers: a transfer that moves between L1 and L2 in place (a pitched one). The
+        empty index views are shared: nothing reads or writes zero entries."""
+        return cls([], None, _NO_INDEX, _NO_INDEX, None, 0.0, _NO_INDEX_ARRAY)
 
     def release(self) -> None:
         """Give every buffer back; a second call returns nothing twice (`held` is emptied)."""
