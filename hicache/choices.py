@@ -6,6 +6,7 @@
     RestorePolicy    policy               cost, always, never, threshold
     LoadBackOverlap  load_back_overlap    share, back_off
     HitPolicy        hit_policy           all_pools, anchor_recompute_swa
+    TransferRoute    transfer_route       auto, dma, mapped, pitched
 
 A member *is* its name (`StrEnum`): it compares equal to the string, is written to JSON and
 formatted as the string, and its repr is the string's, so messages, reproducers and files
@@ -76,6 +77,16 @@ class HitPolicy(ConfigEnum):
 
     ALL_POOLS = "all_pools"
     ANCHOR_RECOMPUTE_SWA = "anchor_recompute_swa"
+
+
+class TransferRoute(ConfigEnum):
+    """How a D2H or H2D between L1 and L2 moves its pages (spec/lifecycle.md, the D2H and
+    H2D transitions; hicache/dataplane/routes.py, `route_requests`)."""
+
+    AUTO = "auto"  # per transfer the measured rule: mapped D2Hs, pitched small H2Ds
+    DMA = "dma"  # a packed device buffer and DMAs only
+    MAPPED = "mapped"  # every D2H one mapped copy into L2 in place; H2Ds by DMA
+    PITCHED = "pitched"  # every transfer of up to PITCHED_MAX_PAGES pages a 2D DMA per page
 
 
 class EnumField(Generic[E]):

@@ -11,9 +11,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy
+from hicache.choices import (
+    EnumField,
+    HitPolicy,
+    LoadBackOverlap,
+    RestorePolicy,
+    TransferRoute,
+    WritePolicy,
+)
 from hicache.dataplane.geometry import KVGeometry, preset
 from hicache.dataplane.groupgeometry import one_pool
+from hicache.dataplane.routes import GROUP_NOT_PITCHED
 from hicache.dataplane.taskgroup import IO_THREADS
 from hicache.errors import ConfigError
 from hicache.invariants.checker import parse_check_mode
@@ -38,8 +46,10 @@ POLICIES = tuple(RestorePolicy)
 WRITE_POLICIES = tuple(WritePolicy)
 BACKENDS = ("auto", "triton", "torch")
 LOAD_BACK_OVERLAPS = tuple(LoadBackOverlap)
+TRANSFER_ROUTES = tuple(TransferRoute)
 CHOICES: dict[str, tuple[str, ...]] = {
     "backend": BACKENDS,
+    "transfer_route": TRANSFER_ROUTES,
     "policy": POLICIES,
     "write_policy": WRITE_POLICIES,
     "load_back_overlap": LOAD_BACK_OVERLAPS,
@@ -60,6 +70,7 @@ class CacheConfig:
     l3_path: str | None = None
     l3_overwrite: bool = False
     backend: str = "auto"
+    transfer_route: EnumField[TransferRoute] = EnumField(TransferRoute.AUTO)
     policy: EnumField[RestorePolicy] = EnumField(RestorePolicy.COST)
     write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
     promotion: bool = True
@@ -105,6 +116,14 @@ class CacheConfig:
         group = self.group
         check_policy(self.hit_policy)
         required_pools(group, self.hit_policy)  # ConfigError: a group this policy cannot serve
+        if self.transfer_route is TransferRoute.PITCHED and group.typed is None:
+            raise ConfigError("transfer_route", f"{self.pools!r}: {GROUP_NOT_PITCHED}")
+        gpu = self.device is not None and self.device.startswith("cuda")
+        if self.transfer_route is TransferRoute.MAPPED and gpu and self.backend == "torch":
+            raise ConfigError(
+                "transfer_route",
+                "the mapped route on a GPU is a Triton kernel: backend auto or triton",
+            )
         if self.l1_window_pages is not None:
             v = self.l1_window_pages
             if not window_pools(group):
@@ -146,6 +165,7 @@ class CacheConfig:
         "l3_path",
         "l3_overwrite",
         "backend",
+        "transfer_route",
         "check_mode",
         "verify",
         "io_threads",

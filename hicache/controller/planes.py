@@ -89,6 +89,7 @@ def choose_plane(
             l3_overwrite=config.l3_overwrite,
             pool_capacities=config.pool_capacities,
             layerwise=config.layerwise,
+            transfer_route=config.transfer_route,
         )
     else:
         engine = byte_engine(engine)

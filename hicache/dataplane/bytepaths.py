@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.choices import TransferRoute
 from hicache.core.pages import Pages
 from hicache.core.tiers import Direction, Tier
 from hicache.dataplane.anchormap import AnchorMap
@@ -44,10 +45,11 @@ from hicache.dataplane.handles import TransferHandle
 from hicache.dataplane.layerwise import LayerwiseMover
 from hicache.dataplane.null import transfer_pages
 from hicache.dataplane.pools import DevicePool, HostPool, page_digest
+from hicache.dataplane.routes import GROUP_NOT_PITCHED, route_requests
 from hicache.dataplane.slotnames import AnchorSlotHandle
 from hicache.dataplane.storage import L3File
 from hicache.dataplane.storage_io import StorageMover
-from hicache.errors import HiCacheError
+from hicache.errors import ConfigError, HiCacheError
 from hicache.kernels import KernelSet
 
 GROUP_BACKENDS = {"auto": "auto", "torch": "torch", "triton": "per_pool"}
@@ -125,6 +127,7 @@ class OnePoolPath:
         chunk_pages: int | None,
         l3_overwrite: bool,
         layerwise: bool = False,
+        transfer_route: TransferRoute = TransferRoute.AUTO,
     ) -> None:
         self.geometry = geometry
         self.anchors = anchors
@@ -132,8 +135,15 @@ class OnePoolPath:
         self.l1 = DevicePool(geometry, capacity[Tier.L1], device)
         self.l2 = HostPool(geometry, capacity[Tier.L2], pin=device.type == "cuda")
         self.kernels = KernelSet.create(self.l1.tensor, requested=backend)
+        mapped_d2h, pitched = route_requests(transfer_route)
         self.dma = DeviceHostMover(
-            self.l1, self.l2, self.kernels, faults=faults, chunk_pages=chunk_pages
+            self.l1,
+            self.l2,
+            self.kernels,
+            faults=faults,
+            chunk_pages=chunk_pages,
+            mapped_d2h=mapped_d2h,
+            pitched=pitched,
         )
         # Layer-wise load-back (layerwise.py): H2Ds land layer by layer where they can.
         self.layerwise = LayerwiseMover(self.l1, self.l2, faults=faults) if layerwise else None
@@ -240,13 +250,19 @@ class GroupPath:
         backend: str,
         io_threads: int,
         faults: FaultInjector | None,
+        transfer_route: TransferRoute = TransferRoute.AUTO,
     ) -> None:
+        if transfer_route is TransferRoute.PITCHED:
+            raise ConfigError("transfer_route", GROUP_NOT_PITCHED)
         self.pools = pools
         self.anchors = anchors
         caps = anchors.pool_caps
         self.l1 = GroupDevicePool(pools, caps[Tier.L1], device)
         self.l2 = GroupHostPool(pools, caps[Tier.L2], pin=device.type == "cuda")
-        self.mover = GroupMover(self.l1, self.l2, GROUP_BACKENDS[backend], faults=faults)
+        mapped_d2h = route_requests(transfer_route)[0]
+        self.mover = GroupMover(
+            self.l1, self.l2, GROUP_BACKENDS[backend], faults=faults, mapped_d2h=mapped_d2h
+        )
         self.storage = GroupStorageMover(
             self.l2, caps[Tier.L3], io_threads=io_threads, faults=faults
         )

@@ -68,6 +68,7 @@ from hicache.dataplane.routes import (
     RUN_H2D_SINGLE_MAX_BYTES,
     SINGLE_CHUNK_MAX_BYTES,
     DmaPlan,
+    RouteRequest,
     chunk_bounds,
     is_run,
     mapped_choice,
@@ -219,15 +220,16 @@ class DeviceHostMover:
     (routes.py, kernels/triton_mapped.py) -- unless its L2 pages are one run (one DMA). None:
     on CUDA with the Triton gather and pinned L2 whose probe page landed (triton_mapped.probe)
     unless HICACHE_MAPPED_D2H=0, off on CPU unless
-    HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError. `mapped_reason` says
-    which and why.
+    HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError; "every" (routes.EVERY,
+    as HICACHE_MAPPED_D2H=all) every D2H, one run too. `mapped_reason` says which and why.
     `pitched`: an H2D of up to PITCHED_MAX_PAGES pages as one 2D DMA per page from its L2
     page into its L1 rows, in place (routes.py, copy2d.py) -- unless its L2 pages are one run
     in order (one DMA); with HICACHE_PITCHED_DMA=all every transfer up to that size, D2H and
     one run too. None: on
     CUDA with cuda.bindings and rows of at least PITCHED_MIN_ROW_BYTES unless
     HICACHE_PITCHED_DMA=0, off on CPU unless HICACHE_PITCHED_DMA=1 (host_copy2d);
-    True where it cannot run raises ConfigError. `pitched_reason` says which and why.
+    True where it cannot run raises ConfigError (shorter rows run when asked); "every" as
+    HICACHE_PITCHED_DMA=all. `pitched_reason` says which and why.
     """
 
     def __init__(
@@ -244,8 +246,8 @@ class DeviceHostMover:
         first_chunk_bytes: int = FIRST_CHUNK_BYTES,
         batched: bool | None = None,
         issue_graphs: bool | None = None,
-        mapped_d2h: bool | None = None,
-        pitched: bool | None = None,
+        mapped_d2h: RouteRequest = None,
+        pitched: RouteRequest = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError("l2.geometry", f"L2 pool has {l2.geometry}, L1 has {l1.geometry}")
@@ -296,7 +298,7 @@ class DeviceHostMover:
         self._plans: dict[tuple[object, ...], DmaPlan] = {}  # consecutive-run plans (`plan`)
         self._closed = False
 
-    def _mapped_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+    def _mapped_choice(self, requested: RouteRequest) -> tuple[bool, bool, str]:
         """(on, every, why) for the mapped D2H route (class docstring; routes.mapped_choice)."""
         cuda = self._streams.cuda
         why_not = ""
@@ -316,19 +318,25 @@ class DeviceHostMover:
                 choice = mapped_choice(requested, cuda=cuda, why_not=failed, on=on)
         return choice
 
-    def _pitched_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+    def _pitched_choice(self, requested: RouteRequest) -> tuple[bool, bool, str]:
         """(on, every, why) for the pitched route (class docstring; routes.route_choice)."""
-        cuda, why_not = self._streams.cuda, ""
+        cuda, why_not, prefer_not = self._streams.cuda, "", ""
         row_bytes = self.bytes_per_page // (2 * self.l1.geometry.layers)
         if cuda:
             self._copy2d, why = runtime_copy2d()
             if self._copy2d is None:
                 why_not = why
-            elif row_bytes < PITCHED_MIN_ROW_BYTES:
-                why_not = f"rows of {row_bytes} bytes (< {PITCHED_MIN_ROW_BYTES}: not measured)"
+            elif row_bytes < PITCHED_MIN_ROW_BYTES:  # runs; only never measured
+                prefer_not = f"rows of {row_bytes} bytes (< {PITCHED_MIN_ROW_BYTES}: not measured)"
         on = f"on: fragmented H2Ds of up to {PITCHED_MAX_PAGES} pages, a 2D DMA per page"
         return route_choice(
-            requested, env=PITCHED_ENV, field="pitched", cuda=cuda, why_not=why_not, on=on
+            requested,
+            env=PITCHED_ENV,
+            field="pitched",
+            cuda=cuda,
+            why_not=why_not,
+            on=on,
+            prefer_not=prefer_not,
         )
 
     # -- issuing ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hicache.choices import TransferRoute
 from hicache.core.pages import Pages
 from hicache.core.snapshot import TOMBSTONE, UNSERVABLE
 from hicache.core.tiers import Tier
@@ -79,7 +80,9 @@ class TransferEngine:
     over only if it is a hicache L3 file or `l3_overwrite`, never a symlink; `L3File`, whose
     header records the geometry), `chunk_pages` (fixed DMA chunking; None: dma.py's
     doubling schedule), `layerwise` (H2Ds land layer by layer where they can, each handle's
-    `gate` says when: layerwise.py). Any other group keeps one temporary L3 file per pool,
+    `gate` says when: layerwise.py). `transfer_route`: how D2Hs and H2Ds move their pages
+    (CacheConfig's knob: auto, dma, mapped, pitched -- a group has no pitched route;
+    routes.route_requests). Any other group keeps one temporary L3 file per pool,
     removed on close. Raises ConfigError naming the field for bad sizes, StorageError for an
     unusable L3 path, BackendError when an explicitly requested backend cannot run.
     """
@@ -103,6 +106,7 @@ class TransferEngine:
         l3_overwrite: bool = False,
         pool_capacities: Mapping[str, Mapping[str, int]] | None = None,
         layerwise: bool = False,
+        transfer_route: TransferRoute | str = TransferRoute.AUTO,
     ) -> None:
         if not isinstance(group, PoolGroup):
             raise ConfigError(
@@ -119,6 +123,7 @@ class TransferEngine:
             self._capacity, self._pool_caps, self.ratios, self.group.anchor.name, pool_pages
         )
         kv = typed_geometry(self.group)
+        route = TransferRoute.parse("transfer_route", transfer_route)
         self._path: BytePath
         if kv is not None:
             self._path = OnePoolPath(
@@ -132,6 +137,7 @@ class TransferEngine:
                 chunk_pages=chunk_pages,
                 l3_overwrite=l3_overwrite,
                 layerwise=layerwise,
+                transfer_route=route,
             )
         else:
             for field, value in (("l3_path", l3_path), ("chunk_pages", chunk_pages)):
@@ -146,6 +152,7 @@ class TransferEngine:
                 backend=backend,
                 io_threads=2 if io_threads is None else io_threads,
                 faults=faults,
+                transfer_route=route,
             )
         self._closed = False
 

@@ -57,7 +57,7 @@ from hicache.dataplane.handles import (
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
 from hicache.dataplane.pinned import pinned_empty
-from hicache.dataplane.routes import aligned, mapped_choice
+from hicache.dataplane.routes import RouteRequest, aligned, mapped_choice
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
 from hicache.errors import ConfigError, TransferError
@@ -146,7 +146,8 @@ class GroupMover:
     None: on CUDA unless HICACHE_ISSUE_GRAPHS=0). `mapped_d2h`: D2Hs written into L2 in
     place (module docstring). None: on CUDA with the per_pool kernels and pinned L2 whose
     probe page landed, every pool's (triton_mapped.probe_layout), unless HICACHE_MAPPED_D2H=0,
-    off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError.
+    off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError;
+    "every" (routes.EVERY, as HICACHE_MAPPED_D2H=all) every D2H, one DMA's too.
     `mapped_reason` says which and why."""
 
     def __init__(
@@ -160,7 +161,7 @@ class GroupMover:
         batched: bool | None = None,
         issue_graphs: bool | None = None,
         graph_max_bytes: int = GRAPH_MAX_BYTES,
-        mapped_d2h: bool | None = None,
+        mapped_d2h: RouteRequest = None,
     ) -> None:
         if l2.geometry != l1.geometry:
             raise ConfigError(
@@ -195,7 +196,7 @@ class GroupMover:
         # `mapped_every`: one DMA's too (HICACHE_MAPPED_D2H=all: the route on every D2H).
         self.mapped_d2h, self.mapped_every, self.mapped_reason = self._mapped_choice(mapped_d2h)
 
-    def _mapped_choice(self, requested: bool | None) -> tuple[bool, bool, str]:
+    def _mapped_choice(self, requested: RouteRequest) -> tuple[bool, bool, str]:
         """(on, every, why) for the mapped D2H (class docstring; routes.mapped_choice)."""
         cuda = self._streams.cuda
         why_not = ""

@@ -79,10 +79,11 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
+from hicache.choices import TransferRoute
 from hicache.core.pages import Pages
 from hicache.errors import ConfigError
 
@@ -99,6 +100,11 @@ PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page)
 # "0": no pitched transfers; "1": pitched also on CPU (copy2d.host_copy2d, for the fuzz);
 # "all": every transfer up to PITCHED_MAX_PAGES, D2H and one run of L2 pages in order too
 PITCHED_ENV = "HICACHE_PITCHED_DMA"
+EVERY: Literal["every"] = "every"  # a route's setting: every transfer it can move (the environment's "all")
+RouteRequest = bool | Literal["every"] | None
+"""A mover's setting of one optional route (`route_choice`): None, the environment and the
+rule decide; False off; True on where the rule takes it; EVERY on for every transfer it can
+move, one run of L2 pages too. True and EVERY raise ConfigError where the route cannot run."""
 
 Bounds = list[tuple[int, int]]
 
@@ -180,13 +186,23 @@ def is_run(ids: Pages) -> bool:
 
 
 def route_choice(
-    requested: bool | None, *, env: str, field: str, cuda: bool, why_not: str, on: str
+    requested: RouteRequest,
+    *,
+    env: str,
+    field: str,
+    cuda: bool,
+    why_not: str,
+    on: str,
+    prefer_not: str = "",
 ) -> tuple[bool, bool, str]:
     """(on, every, why) for one of a mover's optional routes. `requested`: the mover's setting
-    `field` (None: environment variable `env` decides -- "0" off, "1" on also off the GPU,
-    "all" on and taken by every transfer it can move); `why_not`: what keeps it from running
-    here ("" when it can), ConfigError when asked for by name; `on`: the reason when it is on.
-    Off the GPU it stays off unless asked."""
+    `field` (RouteRequest; None: environment variable `env` decides -- "0" off, "1" on also
+    off the GPU, "all" on and taken by every transfer it can move, also under True);
+    `why_not`: what keeps it
+    from running here ("" when it can), ConfigError when asked for by name; `prefer_not`: why
+    the rule leaves it off here although it could run (a size never measured), which only a
+    request or the environment overrides; `on`: the reason when it is on. Off the GPU it
+    stays off unless asked."""
     value = os.environ.get(env, "")
     if requested is False or (requested is None and value == "0"):
         return False, False, f"off ({field}=False or {env}=0)"
@@ -194,13 +210,35 @@ def route_choice(
         if requested:
             raise ConfigError(field, f"cannot run here: {why_not}")
         return False, False, f"off: {why_not}"
-    if not cuda and requested is None and value not in ("1", "all"):
+    asked = requested is not None or value in ("1", "all")
+    if not cuda and not asked:
         return False, False, f"off: CPU moves by DMA unless asked ({env}=1)"
-    return True, value == "all", on
+    if prefer_not and not asked:
+        return False, False, f"off: {prefer_not}"
+    return True, requested == EVERY or value == "all", on
+
+
+GROUP_NOT_PITCHED = (
+    "a pool group moves by DMA or mapped (auto, dma or mapped): the pitched route's 2D copy "
+    "is one typed pool's page"
+)
+
+
+def route_requests(route: TransferRoute) -> tuple[RouteRequest, RouteRequest]:
+    """The movers' settings (`mapped_d2h`, `pitched`) of CacheConfig's `transfer_route`:
+    `auto` leaves both to the rule and the environment; `dma` turns both off; `mapped` takes
+    every D2H mapped and no transfer pitched; `pitched` every transfer of up to
+    PITCHED_MAX_PAGES pages pitched and no D2H mapped."""
+    return {
+        TransferRoute.AUTO: (None, None),
+        TransferRoute.DMA: (False, False),
+        TransferRoute.MAPPED: (EVERY, False),
+        TransferRoute.PITCHED: (False, EVERY),
+    }[route]
 
 
 def mapped_choice(
-    requested: bool | None, *, cuda: bool, why_not: str, on: str
+    requested: RouteRequest, *, cuda: bool, why_not: str, on: str
 ) -> tuple[bool, bool, str]:
     """`route_choice` of the mapped D2H (`mapped_d2h`, MAPPED_ENV; "all": every D2H, one run
     of L2 pages too)."""

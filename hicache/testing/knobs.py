@@ -12,6 +12,10 @@ takes one value only.
     backend             cpu, cuda       auto, torch, triton (on CPU: Triton's interpreter,
                                         TRITON_INTERPRET=1 while such an adapter lives);
                                         TP ranks: torch, one rank's triton (rank-local)
+    transfer_route      cpu, cuda       auto, dma, mapped, pitched (a group: not pitched);
+                                        off the GPU auto is dma, so mapped and pitched run
+                                        those routes' code on the cpu plane; mapped with
+                                        torch kernels on cuda runs as dma (`Setup.route`)
     policy              every plane     always (5 in 8), never (2 in 8), threshold
     write_policy        every plane     each
     promotion           every plane     True, False
@@ -49,6 +53,7 @@ DRAWN: dict[str, str] = {
     "l2_pages": "every plane",
     "l3_slots": "every plane",
     "backend": "planes with bytes",
+    "transfer_route": "planes with bytes (pitched: single pool)",
     "policy": "every plane",
     "write_policy": "every plane",
     "promotion": "every plane",

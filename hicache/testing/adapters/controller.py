@@ -33,7 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hicache.choices import EnumField, HitPolicy, LoadBackOverlap, RestorePolicy, WritePolicy, check
+from hicache.choices import (
+    EnumField,
+    HitPolicy,
+    LoadBackOverlap,
+    RestorePolicy,
+    TransferRoute,
+    WritePolicy,
+    check,
+)
 from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.core.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
@@ -115,15 +123,29 @@ class Setup:
     layerwise: bool = False  # CacheConfig.layerwise (a single pool with bytes)
     io_threads: int | None = None  # CacheConfig.io_threads; None: 2, a group's 0
     rank_check_every: int = 0  # CacheConfig.rank_check_every (TP ranks)
+    # CacheConfig.transfer_route (a plane with bytes; `pitched` a single pool's)
+    transfer_route: EnumField[TransferRoute] = EnumField(TransferRoute.AUTO)
 
     def __post_init__(self) -> None:
         # The policies' strings become their enums as they are set; a bad one: ConfigError.
-        check(self, "write_policy", "policy", "load_back_overlap", "hit_policy")
+        check(self, "write_policy", "policy", "load_back_overlap", "hit_policy", "transfer_route")
 
     @property
     def kernels(self) -> str:
         """The backend the configuration asks for (`backend`, or the plane's default)."""
         return self.backend or ("auto" if self.plane == "cuda" else "torch")
+
+    @property
+    def route(self) -> TransferRoute:
+        """The transfer route the configuration asks for: `transfer_route`, but `dma` for a
+        mapped route with torch's kernels on the cuda plane (a GPU's mapped copy is a Triton
+        kernel: CacheConfig refuses the pair, and a TP rank's kernels are drawn apart)."""
+        if self.transfer_route is TransferRoute.MAPPED and (self.plane, self.kernels) == (
+            "cuda",
+            "torch",
+        ):
+            return TransferRoute.DMA
+        return self.transfer_route
 
     @property
     def l1_prompt_pages(self) -> int:
@@ -629,6 +651,7 @@ def cache_config(s: Setup, device: str | None, l3_path: str | None) -> CacheConf
         l3_slots=s.l3_slots,
         device=device,
         backend=s.kernels,
+        transfer_route=s.route,
         policy=s.policy,
         write_policy=s.write_policy,
         promotion=s.promotion,
@@ -687,6 +710,13 @@ written for stay common (with each a third of the runs, no S2H was ever cancelle
 single-pool steps: tests/test_testing_coverage.py)."""
 
 
+def transfer_routes(pools: str) -> tuple[TransferRoute, ...]:
+    """The routes `setups` draws on a plane with bytes: every one for the single pool; a
+    group's, all but `pitched` (a typed pool's alone). Off the GPU `auto` moves by DMA, so
+    `mapped` and `pitched` are what runs each route's code on the CPU planes."""
+    return tuple(r for r in TransferRoute if pools == SINGLE_POOL or r is not TransferRoute.PITCHED)
+
+
 def setups(
     plane: str = "null",
     load_back_overlap: LoadBackOverlap | str | None = None,
@@ -726,6 +756,9 @@ def setups(
         verify=st.sampled_from((True, True, True, False)) if bytes_ else st.just(True),
         layerwise=st.booleans() if bytes_ and single else st.just(False),
         io_threads=st.just(0) if bytes_ else st.none(),  # knobs.py: FIXED, and why
+        transfer_route=st.sampled_from(transfer_routes(pools))
+        if bytes_
+        else st.just(TransferRoute.AUTO),
     )
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return base
