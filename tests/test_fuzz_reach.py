@@ -136,6 +136,30 @@ def test_interpreter_is_set_while_a_user_lives_and_restored_after() -> None:
         knobs.interpreter_off()
 
 
+def test_an_adapter_whose_controller_fails_to_close_gives_the_interpreter_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that failed inside the controller (its close raises) must not leave
+    TRITON_INTERPRET set, nor its L3 directory, for the runs after it in the process."""
+    pytest.importorskip("torch")
+    from hicache.testing.adapters.controller import ControllerAdapter
+
+    users, before = knobs._users[0], os.environ.get(knobs.INTERPRETER)
+    adapter = ControllerAdapter(Setup(plane="cpu", backend="triton"))
+    assert adapter.interpreted and knobs._users[0] == users + 1
+    directory = adapter.dir
+    assert directory is not None
+
+    def broken() -> None:
+        raise RuntimeError("the controller broke while closing")
+
+    monkeypatch.setattr(adapter, "_close_controller", broken)
+    with pytest.raises(RuntimeError, match="broke while closing"):
+        adapter.close()
+    assert knobs._users[0] == users and os.environ.get(knobs.INTERPRETER) == before
+    assert adapter.dir is None and not os.path.exists(directory.name)
+
+
 # -- the L3 file damaged under the engine -------------------------------------------------
 
 

@@ -541,12 +541,17 @@ class ControllerAdapter:
             self.ctl.close()
 
     def close(self) -> None:
-        self._close_controller()
-        self._flush_into_events()
-        self._interpreter_off()
-        if self.dir is not None:
-            self.dir.cleanup()
-            self.dir = None
+        """Close the controller; the interpreter and the L3 directory are given back even
+        when that raises (a run that failed inside the controller), or TRITON_INTERPRET
+        would stay set for every later run in the process."""
+        try:
+            self._close_controller()
+            self._flush_into_events()
+        finally:
+            self._interpreter_off()
+            if self.dir is not None:
+                self.dir.cleanup()
+                self.dir = None
 
     def _interpreter_off(self) -> None:
         if self.interpreted:
