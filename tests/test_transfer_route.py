@@ -1,7 +1,7 @@
-"""CacheConfig's `transfer_route` (spec/config.md): which route a controller's D2Hs and H2Ds
-take (routes.route_requests), the pairs the configuration refuses, and the stateful fuzz,
-which draws the knob, running every route's code on the cpu plane with restores verified
-byte for byte."""
+"""CacheConfig's `transfer_route` and `chunk_pages` (spec/config.md): which route a
+controller's D2Hs and H2Ds take (routes.route_requests) and how they are chunked, the values
+the configuration refuses, and the stateful fuzz, which draws both knobs, running every
+route's code and chunked transfers on the cpu plane with restores verified byte for byte."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ pytest.importorskip("torch", reason="needs torch (the data plane): pip install -
 
 from hicache.choices import TransferRoute
 from hicache.controller.config import CacheConfig
+from hicache.core.pages import Pages, spread
+from hicache.core.tiers import Direction
 from hicache.dataplane.bytepaths import GroupPath, OnePoolPath
 from hicache.dataplane.dma import DeviceHostMover
 from hicache.dataplane.engine import TransferEngine
 from hicache.dataplane.geometry import preset
 from hicache.dataplane.groupgeometry import one_pool
 from hicache.dataplane.grouptransfer import GroupMover
-from hicache.dataplane.routes import EVERY, MAPPED_ENV, PITCHED_ENV, route_choice
+from hicache.dataplane.routes import EVERY, MAPPED_ENV, PITCHED_ENV, DmaPlan, route_choice
 from hicache.errors import ConfigError
 from hicache.pools.presets import group
 
@@ -87,6 +89,9 @@ def test_a_groups_mover_takes_mapped_and_refuses_pitched(no_route_env: None) -> 
     [
         ({"transfer_route": "zero_copy"}, "transfer_route: one of auto, dma, mapped, pitched"),
         ({"transfer_route": "pitched", "pools": "dsv4-tiny"}, "transfer_route: 'dsv4-tiny'"),
+        ({"chunk_pages": 0}, "chunk_pages: None or an integer >= 1, got 0"),
+        ({"chunk_pages": True}, "chunk_pages: None or an integer >= 1, got True"),
+        ({"chunk_pages": 2, "pools": "dsv4-tiny"}, "chunk_pages: 'dsv4-tiny'"),
         (
             {"transfer_route": "mapped", "device": "cuda", "backend": "torch"},
             "transfer_route: the mapped route on a GPU is a Triton kernel",
@@ -127,45 +132,93 @@ def test_a_route_asked_for_overrides_what_the_rule_prefers_not() -> None:
         route_choice(EVERY, env="X", field="route", cuda=True, why_not="no copy", on="on")
 
 
+def counting(monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> list[object]:
+    """`cls.method` counted: one entry per call (its first argument after self)."""
+    calls: list[object] = []
+    real = getattr(cls, method)
+
+    def counted(self: object, *args: object, **kw: object) -> object:
+        calls.append(args[0] if args else None)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(cls, method, counted)
+    return calls
+
+
 @pytest.mark.parametrize(
-    ("pools", "steps", "least"),
+    ("pools", "route", "cls", "method"),
     [
-        (
-            "mha",
-            1000,
-            {"DeviceHostMover._enqueue_mapped": 10, "DeviceHostMover._enqueue_pitched": 10},
-        ),
-        ("dsv4-tiny", 400, {"GroupMover._enqueue_mapped": 10}),
+        ("mha", TransferRoute.MAPPED, DeviceHostMover, "_enqueue_mapped"),
+        ("mha", TransferRoute.PITCHED, DeviceHostMover, "_enqueue_pitched"),
+        ("dsv4-tiny", TransferRoute.MAPPED, GroupMover, "_enqueue_mapped"),
     ],
 )
-def test_the_cpu_fuzz_runs_every_route_it_draws(
+def test_the_cpu_fuzz_runs_clean_on_each_route(
     monkeypatch: pytest.MonkeyPatch,
     no_route_env: None,
     pools: str,
-    steps: int,
-    least: dict[str, int],
+    route: TransferRoute,
+    cls: type,
+    method: str,
 ) -> None:
-    """The fuzz draws `transfer_route` on the planes with bytes: its runs issue mapped D2Hs
-    and pitched transfers (off the GPU only when asked), with every restore verified byte
-    for byte and the invariants and counters judged as for the DMA route."""
+    """Every run of the machine on `route` (the draw narrowed to it; test_fuzz_reach checks
+    that `setups` draws every route): its transfers take the route, with every restore
+    verified byte for byte and the invariants and counters judged as for the DMA route."""
+    from hicache.testing.adapters import controller
     from hicache.testing.runner import arguments, fuzz
 
-    issued: collections.Counter[str] = collections.Counter()
-    for name in least:
-        cls_name, method = name.split(".")
-        cls = {"DeviceHostMover": DeviceHostMover, "GroupMover": GroupMover}[cls_name]
-        real = getattr(cls, method)
-
-        def counted(
-            self: object, *args: object, _real: object = real, _n: str = name, **kw: object
-        ) -> object:
-            issued[_n] += 1
-            return _real(self, *args, **kw)  # type: ignore[operator]
-
-        monkeypatch.setattr(cls, method, counted)
-    result = fuzz(arguments(seed=1, steps=steps, plane="cpu", pools=pools))
+    assert route in controller.transfer_routes(pools)
+    monkeypatch.setattr(controller, "transfer_routes", lambda pools: (route,))
+    calls = counting(monkeypatch, cls, method)
+    result = fuzz(arguments(seed=1, steps=400, plane="cpu", pools=pools))
     assert result.ok, result.text
-    for name, n in least.items():
-        assert issued[name] >= n, (
-            f"the fuzz issued {issued[name]} x {name}: the route went untested"
-        )
+    assert len(calls) >= 20, f"{len(calls)} x {cls.__name__}.{method}: the route went untested"
+    if route is TransferRoute.PITCHED:  # both directions: every small transfer goes pitched
+        assert {str(d) for d in calls} == {"D2H", "H2D"}, calls
+
+
+def test_the_controller_hands_both_knobs_to_its_mover(no_route_env: None) -> None:
+    from hicache.controller.controller import CacheController
+
+    config = CacheConfig(device="cpu", transfer_route="pitched", chunk_pages=2, l3_slots=8)
+    ctl = CacheController(config)
+    try:
+        engine = ctl.engine
+        assert isinstance(engine, TransferEngine)
+        m = one_pool_mover(engine)
+        assert (m.chunk_pages, m.pitched_every, m.mapped_d2h) == (2, True, False)
+    finally:
+        ctl.close()
+
+
+def test_the_cpu_fuzz_runs_chunked_and_fragmented_transfers(
+    monkeypatch: pytest.MonkeyPatch, no_route_env: None
+) -> None:
+    """Runs with fixed chunks of 2 pages and the `spread` placement (the draws narrowed to
+    them): at the machine's sizes the reference's schedule is one chunk, and with best fit
+    alone none of the machine's transfers was more than one run of L2 pages, so these are
+    what put chunk k+1's DMA beside chunk k's gather or scatter, and pages sorted into runs
+    and staged through host memory, under the machine's cancels and faults."""
+    from hicache.testing.adapters import controller
+    from hicache.testing.runner import arguments, fuzz
+
+    assert 2 in controller.CHUNKINGS and "spread" in controller.PLACEMENTS
+    monkeypatch.setattr(controller, "CHUNKINGS", (2,))
+    monkeypatch.setattr(controller, "PLACEMENTS", {"spread": spread})
+    monkeypatch.setattr(controller, "transfer_routes", lambda pools: (TransferRoute.DMA,))
+    seen: collections.Counter[str] = collections.Counter()
+    real = DeviceHostMover.plan
+
+    def plan(self: DeviceHostMover, direction: Direction, l2_ids: Pages) -> DmaPlan:
+        p = real(self, direction, l2_ids)
+        seen[f"{direction} chunked"] += len(p.bounds) > 1
+        seen[f"{direction} fragmented"] += p.route.runs > 1
+        seen["staged"] += p.route.staged_pages > 0
+        return p
+
+    monkeypatch.setattr(DeviceHostMover, "plan", plan)
+    result = fuzz(arguments(seed=1, steps=400, plane="cpu"))
+    assert result.ok, result.text
+    least = {"D2H chunked": 20, "H2D chunked": 2, "D2H fragmented": 10, "H2D fragmented": 2}
+    least |= {"staged": 10}
+    assert all(seen[k] >= n for k, n in least.items()), seen

@@ -136,12 +136,14 @@ def test_the_machine_alone_catches_the_mutant(name: str) -> None:
 
 def test_the_cpu_plane_catches_a_stopped_s2h_published_past_its_clamp_by_its_bytes() -> None:
     """F11-no-clamp's default machine is fuzz-dsv4 (the null plane: I4 through its content
-    tags, spec/faults.md); the CPU plane's real bytes catch it too (seed 0, step 1605 when
-    measured), by I4 over the bytes."""
+    tags, spec/faults.md); the CPU plane's real bytes catch it too (seed 0), by I4 over the
+    bytes or by the restore's verification of them (RestoreMismatch), whichever the run's
+    draws reach first (I4 when measured before the fuzz drew page placements)."""
     pytest.importorskip("torch", reason="the CPU plane moves bytes with torch")
     result = zoo.catch("F11-no-clamp", zoo.load_machine("fuzz-cpu-dsv4"), [0], MAX_STEPS)
     assert result.caught, "F11-no-clamp escaped fuzz-cpu-dsv4 on seed 0"
-    assert "I4 tier_bytes_equal" in result.failures[0].check
+    check = result.failures[0].check
+    assert "I4 tier_bytes_equal" in check or "RestoreMismatch" in check, check
 
 
 def test_each_mutant_is_switched_off_after_its_block() -> None:

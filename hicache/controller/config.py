@@ -71,6 +71,7 @@ class CacheConfig:
     l3_overwrite: bool = False
     backend: str = "auto"
     transfer_route: EnumField[TransferRoute] = EnumField(TransferRoute.AUTO)
+    chunk_pages: int | None = None
     policy: EnumField[RestorePolicy] = EnumField(RestorePolicy.COST)
     write_policy: EnumField[WritePolicy] = EnumField(WritePolicy.WRITE_THROUGH)
     promotion: bool = True
@@ -96,6 +97,9 @@ class CacheConfig:
             low = 0 if name in ("io_threads", "rank_check_every") else 1
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(name, f"must be an integer >= {low}, got {v!r}")
+        c = self.chunk_pages
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1):
+            raise ConfigError("chunk_pages", f"None or an integer >= 1, got {c!r}")
         for name in ("l3_overwrite", "promotion", "prefetch", "layerwise", "verify"):
             if not isinstance(getattr(self, name), bool):  # a string "no" is truthy
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -118,6 +122,11 @@ class CacheConfig:
         required_pools(group, self.hit_policy)  # ConfigError: a group this policy cannot serve
         if self.transfer_route is TransferRoute.PITCHED and group.typed is None:
             raise ConfigError("transfer_route", f"{self.pools!r}: {GROUP_NOT_PITCHED}")
+        if self.chunk_pages is not None and group.typed is None:
+            raise ConfigError(
+                "chunk_pages",
+                f"{self.pools!r}: a pool group's transfers are not chunked; leave it None",
+            )
         gpu = self.device is not None and self.device.startswith("cuda")
         if self.transfer_route is TransferRoute.MAPPED and gpu and self.backend == "torch":
             raise ConfigError(
@@ -166,6 +175,7 @@ class CacheConfig:
         "l3_overwrite",
         "backend",
         "transfer_route",
+        "chunk_pages",
         "check_mode",
         "verify",
         "io_threads",

@@ -90,6 +90,7 @@ def choose_plane(
             pool_capacities=config.pool_capacities,
             layerwise=config.layerwise,
             transfer_route=config.transfer_route,
+            chunk_pages=config.chunk_pages,
         )
     else:
         engine = byte_engine(engine)

@@ -39,6 +39,10 @@ OWNER_NAMES = ("FREE", "PRIVATE", "TREE")
 SMALL_MOVE = 16  # pages: up to this many per move, plain Python checks them faster than numpy
 SMALL_FREE = 256  # free pages: up to this many, the best-fit search runs in plain Python
 
+Placement = Callable[[Pages, int], Pages]
+"""Which `n` of the sorted free pages a reservation takes: `n` distinct pages of them, a
+function of the free set and `n` alone (R69)."""
+
 
 def pages(values: object = ()) -> Pages:
     """An int64 page array from any sequence (the one constructor every record uses): a
@@ -65,6 +69,9 @@ class PageTable:
         # Per page, how many times it was reserved: a page's bytes may change only while it is
         # PRIVATE, so (page, generation) names one immutable content once it is published.
         self.generation: npt.NDArray[np.uint64] = np.zeros(capacity, dtype=np.uint64)
+        self.placement: Placement | None = None
+        """Another allocator than the reference's best fit (`reserve`): the fuzz's stand-in
+        for an engine whose free list has fragmented (`spread`). None: best fit."""
         self.on_reserve: Callable[[Pages], None] | None = None
         """Called with the pages of each reservation once they are PRIVATE: an observer
         outside the control plane (the fuzz's poisoning of reserved pages, ControllerAdapter);
@@ -97,13 +104,20 @@ class PageTable:
         """FREE -> PRIVATE for `n` pages; a consecutive run when one exists (best fit: the
         shortest run that holds `n`), else the lowest-numbered free pages. OutOfPages if fewer
         than `n` are free (nothing changes). A function of the free set and `n` alone, so that
-        tensor-parallel ranks with equal free sets reserve equal pages (R69)."""
+        tensor-parallel ranks with equal free sets reserve equal pages (R69); so is a
+        `placement`, which chooses instead when set."""
         if n < 0:
             raise ValueError(f"cannot reserve {n} pages")
         idx = np.flatnonzero(self.owner == FREE)
         if idx.size < n:
             raise OutOfPages(self.tier, n, int(idx.size))
-        chosen = _best_fit_run(idx, n)
+        if self.placement is None:
+            chosen = _best_fit_run(idx, n)
+        else:
+            chosen = pages(self.placement(idx, n))
+            # Verify the placement took n distinct free pages: anything else breaks I1.
+            assert chosen.size == n and np.unique(chosen).size == n, (n, chosen)
+            assert bool(np.isin(chosen, idx).all()), (chosen, idx)
         self.owner[chosen] = PRIVATE
         self.generation[chosen] += np.uint64(1)
         if self.on_reserve is not None:
@@ -193,6 +207,13 @@ class PageTable:
             f"page {wrong[0]} is {got}, {name} needs {OWNER_NAMES[source]} "
             f"({len(wrong)} page(s) wrong)",
         )
+
+
+def spread(free_idx: Pages, n: int) -> Pages:
+    """`n` pages spread evenly over the sorted free pages `free_idx` (a `Placement`): as far
+    apart as the free pages allow, so a reservation is as many runs as it can be -- what an
+    engine's free list gives after long churn, where the best fit would find one run."""
+    return free_idx[(np.arange(n) * free_idx.size) // max(n, 1)].astype(np.int64)
 
 
 def _best_fit_run(free_idx: Pages, n: int) -> Pages:

@@ -100,7 +100,8 @@ PITCHED_MIN_ROW_BYTES = 32 << 10  # ...when a row (one layer's K or V of a page)
 # "0": no pitched transfers; "1": pitched also on CPU (copy2d.host_copy2d, for the fuzz);
 # "all": every transfer up to PITCHED_MAX_PAGES, D2H and one run of L2 pages in order too
 PITCHED_ENV = "HICACHE_PITCHED_DMA"
-EVERY: Literal["every"] = "every"  # a route's setting: every transfer it can move (the environment's "all")
+# a route's setting: every transfer it can move (the environment's "all")
+EVERY: Literal["every"] = "every"
 RouteRequest = bool | Literal["every"] | None
 """A mover's setting of one optional route (`route_choice`): None, the environment and the
 rule decide; False off; True on where the rule takes it; EVERY on for every transfer it can

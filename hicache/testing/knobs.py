@@ -16,6 +16,9 @@ takes one value only.
                                         off the GPU auto is dma, so mapped and pitched run
                                         those routes' code on the cpu plane; mapped with
                                         torch kernels on cuda runs as dma (`Setup.route`)
+    chunk_pages         cpu, cuda       None (2 in 5), 1, 2, 3 (a single pool: a group's
+                                        transfers are not chunked); at the machine's sizes
+                                        None is one chunk
     policy              every plane     always (5 in 8), never (2 in 8), threshold
     write_policy        every plane     each
     promotion           every plane     True, False
@@ -54,6 +57,7 @@ DRAWN: dict[str, str] = {
     "l3_slots": "every plane",
     "backend": "planes with bytes",
     "transfer_route": "planes with bytes (pitched: single pool)",
+    "chunk_pages": "planes with bytes, single pool",
     "policy": "every plane",
     "write_policy": "every plane",
     "promotion": "every plane",

@@ -45,7 +45,7 @@ from hicache.choices import (
 from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.core.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
-from hicache.core.pages import Pages
+from hicache.core.pages import Pages, Placement, spread
 from hicache.core.tiers import TIERS, Direction, Tier
 from hicache.core.trace import TraceEvent, TraceHeader, Tracer
 from hicache.dataplane.faults import (
@@ -125,6 +125,8 @@ class Setup:
     rank_check_every: int = 0  # CacheConfig.rank_check_every (TP ranks)
     # CacheConfig.transfer_route (a plane with bytes; `pitched` a single pool's)
     transfer_route: EnumField[TransferRoute] = EnumField(TransferRoute.AUTO)
+    chunk_pages: int | None = None  # CacheConfig.chunk_pages (a single pool with bytes)
+    placement: str = "best_fit"  # which pages a reservation takes (PLACEMENTS)
 
     def __post_init__(self) -> None:
         # The policies' strings become their enums as they are set; a bad one: ConfigError.
@@ -235,6 +237,7 @@ class ControllerAdapter:
         )
         self._fail_pools(ctl)
         self._poison_reserved(ctl)
+        self._place(ctl)
         # Liveness, durability, efficiency (hicache/testing/liveness): one rank's probes.
         self.liveness = Liveness(ctl, s, self.sink, self.findings, self.collectives is not None)
         return ctl
@@ -257,6 +260,13 @@ class ControllerAdapter:
             table = ctl.cp.tables[list(Tier).index(tier)]
             for pool, t in table.pool_tables().items():
                 t.on_reserve = poison(tier, pool)
+
+    def _place(self, ctl: CacheController) -> None:
+        """Every pool table of every tier reserves by the setup's placement (PLACEMENTS)."""
+        placement = PLACEMENTS[self.setup.placement]
+        for table in ctl.cp.tables:
+            for t in table.pool_tables().values():
+                t.placement = placement
 
     def _fail_pools(self, ctl: CacheController) -> None:
         """A pool group's L2 and L3 reservations fail per pool (scenario F1: pool k of n,
@@ -657,6 +667,7 @@ def cache_config(s: Setup, device: str | None, l3_path: str | None) -> CacheConf
         device=device,
         backend=s.kernels,
         transfer_route=s.route,
+        chunk_pages=s.chunk_pages,
         policy=s.policy,
         write_policy=s.write_policy,
         promotion=s.promotion,
@@ -715,6 +726,23 @@ written for stay common (with each a third of the runs, no S2H was ever cancelle
 single-pool steps: tests/test_testing_coverage.py)."""
 
 
+PLACEMENTS: dict[str, Placement | None] = {"best_fit": None, "spread": spread}
+"""Which free pages a reservation takes (`PageTable.placement`), drawn by `setups` on the
+planes with bytes (the null plane keeps best fit: it moves no bytes): the reference's best
+fit, which finds one run of pages where there is one, so that the
+machine's transfers were one run of L2 pages nearly always (none fragmented in 1,000 cpu-plane
+steps of seed 1); or `spread`, every reservation as many runs as the free pages allow -- what
+an engine's free list gives after long churn: the data plane's fragmented routes (pages
+sorted into runs, host staging, mapped and pitched in any order) and L3 I/O over scattered
+slots run under the machine's cancels and faults. The oracle maps pages by reservation, so
+either placement is judged alike."""
+
+CHUNKINGS = (None, None, 1, 2, 3)
+"""The `chunk_pages` `setups` draws on a single pool with bytes: the reference's schedule (one
+chunk at the machine's sizes) as often as fixed chunks of 1, 2 or 3 pages, which put chunk
+k+1's DMA beside chunk k's gather or scatter, and cancels and faults between them."""
+
+
 def transfer_routes(pools: str) -> tuple[TransferRoute, ...]:
     """The routes `setups` draws on a plane with bytes: every one for the single pool; a
     group's, all but `pitched` (a typed pool's alone). Off the GPU `auto` moves by DMA, so
@@ -764,6 +792,9 @@ def setups(
         transfer_route=st.sampled_from(transfer_routes(pools))
         if bytes_
         else st.just(TransferRoute.AUTO),
+        # the machine's transfers are a few tiny pages: one chunk unless chunk_pages is set
+        chunk_pages=st.sampled_from(CHUNKINGS) if bytes_ and single else st.none(),
+        placement=st.sampled_from(tuple(PLACEMENTS)) if bytes_ else st.just("best_fit"),
     )
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return base
