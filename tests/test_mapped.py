@@ -276,6 +276,38 @@ def test_the_probe_names_what_went_wrong(interpreted: None, planted: str) -> Non
     assert why and re.search(expected, why), why
 
 
+def test_an_interpreter_that_cannot_run_the_kernel_turns_the_route_off(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU with the Triton kernels the interpreted kernel is probed as a GPU's is: where
+    Triton's interpreter cannot run it (Triton 3.6 with numpy 2.5 on the H100 image), both
+    movers go by DMA and say why, and a route asked for by name is a ConfigError -- not a
+    BackendError from the first D2H."""
+    from hicache.dataplane.groupgeometry import GroupGeometry
+    from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
+    from hicache.errors import BackendError
+    from hicache.kernels import triton_mapped
+    from hicache.pools import presets
+
+    l1, l2 = pools()
+    kernels = KernelSet.create(l1.tensor, "triton")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise BackendError("InterpreterError: TypeError('only 0-dimensional arrays ...')")
+
+    monkeypatch.setattr(triton_mapped, "launch_mapped", refused)
+    monkeypatch.setenv(MAPPED_ENV, "1")
+    m = DeviceHostMover(l1, l2, kernels)
+    assert not m.mapped_d2h and "0-dimensional" in m.mapped_reason, m.mapped_reason
+    with pytest.raises(ConfigError, match="mapped_d2h.*0-dimensional"):
+        DeviceHostMover(l1, l2, kernels, mapped_d2h="every")
+    geometry = GroupGeometry.from_group(presets.group("dsv4-tiny"))
+    caps = {s: 8 for s in geometry.sources}
+    gl1, gl2 = GroupDevicePool(geometry, caps, "cpu"), GroupHostPool(geometry, caps, pin=False)
+    group = GroupMover(gl1, gl2, "per_pool")
+    assert not group.mapped_d2h and "0-dimensional" in group.mapped_reason, group.mapped_reason
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_a_failed_probe_turns_the_route_off(monkeypatch: pytest.MonkeyPatch) -> None:

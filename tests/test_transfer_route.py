@@ -6,6 +6,7 @@ route's code and chunked transfers on the cpu plane with restores verified byte 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -103,6 +104,22 @@ def test_the_configuration_refuses_a_route_it_cannot_run(
 ) -> None:
     with pytest.raises(ConfigError, match=match):
         CacheConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_the_fuzz_asks_for_no_mapped_kernel_the_interpreter_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where Triton's interpreter cannot run the mapped kernel (`interpreted_mapped`), a
+    drawn mapped route with Triton's kernels on the cpu plane moves by DMA (the mover would
+    refuse it by name); with torch's kernels it stays mapped (torch's definition runs)."""
+    from hicache.testing.adapters import controller
+
+    assert controller.interpreted_mapped() == ""  # this environment runs it
+    monkeypatch.setattr(controller, "interpreted_mapped", lambda: "planted")
+    s = controller.Setup(plane="cpu", backend="triton", transfer_route="mapped")
+    assert s.route is TransferRoute.DMA
+    assert dataclasses.replace(s, backend="torch").route is TransferRoute.MAPPED
+    assert dataclasses.replace(s, plane="cuda").route is TransferRoute.MAPPED
 
 
 def test_a_route_asked_for_overrides_what_the_rule_prefers_not() -> None:

@@ -220,7 +220,8 @@ class DeviceHostMover:
     (routes.py, kernels/triton_mapped.py) -- unless its L2 pages are one run (one DMA). None:
     on CUDA with the Triton gather and pinned L2 whose probe page landed (triton_mapped.probe)
     unless HICACHE_MAPPED_D2H=0, off on CPU unless
-    HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError; "every" (routes.EVERY,
+    HICACHE_MAPPED_D2H=1 (with the Triton gather, its interpreted kernel probed the same way);
+    True where it cannot run raises ConfigError; "every" (routes.EVERY,
     as HICACHE_MAPPED_D2H=all) every D2H, one run too. `mapped_reason` says which and why.
     `pitched`: an H2D of up to PITCHED_MAX_PAGES pages as one 2D DMA per page from its L2
     page into its L1 rows, in place (routes.py, copy2d.py) -- unless its L2 pages are one run
@@ -308,13 +309,17 @@ class DeviceHostMover:
             why_not = "L2 is not pinned"
         on = "on: a D2H is one mapped copy unless its L2 pages are one run (one DMA)"
         choice = mapped_choice(requested, cuda=cuda, why_not=why_not, on=on)
-        if choice[0] and cuda:
+        if choice[0] and (cuda or self.kernels.gather_backend == "triton"):
+            # The Triton kernel must run here: on a GPU writing pinned L2 in place; on a CPU in
+            # Triton's interpreter, which some Triton and numpy pairs cannot run it in.
             from hicache.kernels.select import load_mapped
 
             mapped = load_mapped()
-            mapped.prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
-            scratch = pinned_empty((1, *self.l2.tensor.shape[1:]), self.l2.tensor.dtype)
-            if failed := mapped.probe(self.l1.tensor, scratch):  # pinned L2 written in place?
+            shape, dtype = (1, *self.l2.tensor.shape[1:]), self.l2.tensor.dtype
+            if cuda:
+                mapped.prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
+            scratch = pinned_empty(shape, dtype) if cuda else torch.empty(shape, dtype=dtype)
+            if failed := mapped.probe(self.l1.tensor, scratch):  # one page written in place?
                 choice = mapped_choice(requested, cuda=cuda, why_not=failed, on=on)
         return choice
 

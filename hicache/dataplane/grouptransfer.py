@@ -146,7 +146,8 @@ class GroupMover:
     None: on CUDA unless HICACHE_ISSUE_GRAPHS=0). `mapped_d2h`: D2Hs written into L2 in
     place (module docstring). None: on CUDA with the per_pool kernels and pinned L2 whose
     probe page landed, every pool's (triton_mapped.probe_layout), unless HICACHE_MAPPED_D2H=0,
-    off on CPU unless HICACHE_MAPPED_D2H=1; True where it cannot run raises ConfigError;
+    off on CPU unless HICACHE_MAPPED_D2H=1 (with the per_pool kernels, the interpreted kernel
+    probed the same way); True where it cannot run raises ConfigError;
     "every" (routes.EVERY, as HICACHE_MAPPED_D2H=all) every D2H, one DMA's too.
     `mapped_reason` says which and why."""
 
@@ -206,15 +207,23 @@ class GroupMover:
             why_not = "L2 is not pinned"
         on = "on: a D2H is one mapped copy per pool unless one pool in one L2 run (one DMA)"
         choice = mapped_choice(requested, cuda=cuda, why_not=why_not, on=on)
-        if choice[0] and cuda:
+        if choice[0] and (cuda or self.kernels.mode == "per_pool"):
+            # The Triton kernel must run here: on a GPU writing pinned L2 in place; on a CPU in
+            # Triton's interpreter, which some Triton and numpy pairs cannot run it in.
             from hicache.kernels.select import load_mapped
 
             mapped = load_mapped()
             for p in self.l1.geometry.pools:  # compiled now, never inside an issue
                 layout, l1_words, l2_words = self._mapped_operands(p.name, 1)
-                mapped.prebuild_layout(layout, l1_words, l2_words)
-                # Pinned L2 written in place? One page of the pool into a pinned scratch page.
-                scratch = pinned_empty((layout.rows_per_page * layout.row_words,), l2_words.dtype)
+                if cuda:
+                    mapped.prebuild_layout(layout, l1_words, l2_words)
+                # Written in place? One page of the pool into a scratch page allocated as L2.
+                shape = (layout.rows_per_page * layout.row_words,)
+                scratch = (
+                    pinned_empty(shape, l2_words.dtype)
+                    if cuda
+                    else torch.empty(shape, dtype=l2_words.dtype)
+                )
                 if failed := mapped.probe_layout(layout, l1_words, scratch):
                     return mapped_choice(requested, cuda=cuda, why_not=f"{p.name}: {failed}", on=on)
         return choice

@@ -25,6 +25,7 @@ counted fallback explains -- a decision the log would settle against what did no
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import tempfile
@@ -141,11 +142,14 @@ class Setup:
     def route(self) -> TransferRoute:
         """The transfer route the configuration asks for: `transfer_route`, but `dma` for a
         mapped route with torch's kernels on the cuda plane (a GPU's mapped copy is a Triton
-        kernel: CacheConfig refuses the pair, and a TP rank's kernels are drawn apart)."""
-        if self.transfer_route is TransferRoute.MAPPED and (self.plane, self.kernels) == (
-            "cuda",
-            "torch",
-        ):
+        kernel: CacheConfig refuses the pair, and a TP rank's kernels are drawn apart), and
+        with Triton's kernels on the cpu plane where Triton's interpreter cannot run the
+        mapped kernel (`interpreted_mapped`: the mover would refuse the route by name)."""
+        if self.transfer_route is not TransferRoute.MAPPED:
+            return self.transfer_route
+        if (self.plane, self.kernels) == ("cuda", "torch"):
+            return TransferRoute.DMA
+        if (self.plane, self.kernels) == ("cpu", "triton") and interpreted_mapped():
             return TransferRoute.DMA
         return self.transfer_route
 
@@ -155,6 +159,33 @@ class Setup:
         fewer when L1 holds fewer windows (spec/config.md, `l1_window_pages`). Worked out here
         from the drawn sizes, not asked of the engine: the machine's refusal check."""
         return min(self.l1_pages, self.l1_window_pages or self.l1_pages)
+
+
+@functools.cache
+def interpreted_mapped() -> str:
+    """Why Triton's interpreter cannot run the mapped kernel here ("" when it can): its probe
+    (kernels/triton_mapped.probe) on one tiny CPU page, once per process. Triton 3.6's
+    interpreter with numpy >= 2.5 cannot (a loop bound from `tl.program_id` reaches numpy as
+    a one-element array, which numpy no longer converts to an int)."""
+    try:
+        import torch
+    except ImportError:  # no plane with bytes runs here
+        return "torch is not installed"
+    from hicache.dataplane.geometry import preset
+    from hicache.dataplane.pools import DevicePool
+    from hicache.errors import BackendError
+    from hicache.kernels.select import load_mapped
+
+    l1 = DevicePool(preset("tiny"), 1, "cpu").tensor
+    interpreter_on()
+    try:
+        scratch = torch.zeros((1, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype)  # one L2 page
+        failed: str = load_mapped().probe(l1, scratch)
+        return failed
+    except BackendError as e:  # Triton not importable
+        return str(e)
+    finally:
+        interpreter_off()
 
 
 POISON_BYTES = (0x5A, 0x3C, 0xC3)
