@@ -57,8 +57,7 @@ from hicache.dataplane.handles import (
 from hicache.dataplane.issuegraphs import GraphKey, IssueGraphs
 from hicache.dataplane.layerwise import EventGate
 from hicache.dataplane.null import transfer_pages
-from hicache.dataplane.pinned import pinned_empty
-from hicache.dataplane.pools import DevicePool, HostPool
+from hicache.dataplane.pools import DevicePool, HostPool, allocate
 from hicache.dataplane.routes import (
     DIRECT_MIN_BYTES,
     FIRST_CHUNK_BYTES,
@@ -315,10 +314,10 @@ class DeviceHostMover:
             from hicache.kernels.select import load_mapped
 
             mapped = load_mapped()
-            shape, dtype = (1, *self.l2.tensor.shape[1:]), self.l2.tensor.dtype
             if cuda:
                 mapped.prebuild(self.l1.tensor, self.l2.tensor)  # never inside an issue
-            scratch = pinned_empty(shape, dtype) if cuda else torch.empty(shape, dtype=dtype)
+            shape, cpu = (1, *self.l2.tensor.shape[1:]), torch.device("cpu")
+            scratch = allocate(shape, self.l2.tensor.dtype, cpu, pin=self.l2.pinned, field="l2")
             if failed := mapped.probe(self.l1.tensor, scratch):  # one page written in place?
                 choice = mapped_choice(requested, cuda=cuda, why_not=failed, on=on)
         return choice

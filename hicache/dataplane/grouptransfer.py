@@ -56,7 +56,7 @@ from hicache.dataplane.handles import (
     event_passed,
 )
 from hicache.dataplane.issuegraphs import IssueGraphs
-from hicache.dataplane.pinned import pinned_empty
+from hicache.dataplane.pools import allocate
 from hicache.dataplane.routes import RouteRequest, aligned, mapped_choice
 from hicache.dataplane.streams import Event, Streams, landed
 from hicache.dataplane.workspace import Workspace, WorkspaceCache, WorkspaceKind
@@ -218,12 +218,8 @@ class GroupMover:
                 if cuda:
                     mapped.prebuild_layout(layout, l1_words, l2_words)
                 # Written in place? One page of the pool into a scratch page allocated as L2.
-                shape = (layout.rows_per_page * layout.row_words,)
-                scratch = (
-                    pinned_empty(shape, l2_words.dtype)
-                    if cuda
-                    else torch.empty(shape, dtype=l2_words.dtype)
-                )
+                shape, cpu = (layout.rows_per_page * layout.row_words,), torch.device("cpu")
+                scratch = allocate(shape, l2_words.dtype, cpu, pin=self.l2.pinned, field="l2")
                 if failed := mapped.probe_layout(layout, l1_words, scratch):
                     return mapped_choice(requested, cuda=cuda, why_not=f"{p.name}: {failed}", on=on)
         return choice

@@ -199,11 +199,10 @@ def route_choice(
     """(on, every, why) for one of a mover's optional routes. `requested`: the mover's setting
     `field` (RouteRequest; None: environment variable `env` decides -- "0" off, "1" on also
     off the GPU, "all" on and taken by every transfer it can move, also under True);
-    `why_not`: what keeps it
-    from running here ("" when it can), ConfigError when asked for by name; `prefer_not`: why
-    the rule leaves it off here although it could run (a size never measured), which only a
-    request or the environment overrides; `on`: the reason when it is on. Off the GPU it
-    stays off unless asked."""
+    `why_not`: what keeps it from running here ("" when it can), ConfigError when asked for
+    by name; `prefer_not`: why the rule leaves it off here although it could run (a size
+    never measured), which only a request or the environment overrides; `on`: the reason
+    when it is on. Off the GPU it stays off unless asked."""
     value = os.environ.get(env, "")
     if requested is False or (requested is None and value == "0"):
         return False, False, f"off ({field}=False or {env}=0)"

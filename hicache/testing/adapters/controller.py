@@ -168,19 +168,18 @@ def interpreted_mapped() -> str:
     interpreter with numpy >= 2.5 cannot (a loop bound from `tl.program_id` reaches numpy as
     a one-element array, which numpy no longer converts to an int)."""
     try:
-        import torch
+        import torch  # noqa: F401  # the pools below need it
     except ImportError:  # no plane with bytes runs here
         return "torch is not installed"
     from hicache.dataplane.geometry import preset
-    from hicache.dataplane.pools import DevicePool
+    from hicache.dataplane.pools import DevicePool, HostPool
     from hicache.errors import BackendError
     from hicache.kernels.select import load_mapped
 
-    l1 = DevicePool(preset("tiny"), 1, "cpu").tensor
+    l1, scratch = DevicePool(preset("tiny"), 1, "cpu"), HostPool(preset("tiny"), 1, pin=False)
     interpreter_on()
     try:
-        scratch = torch.zeros((1, *l1.shape[:2], *l1.shape[3:]), dtype=l1.dtype)  # one L2 page
-        failed: str = load_mapped().probe(l1, scratch)
+        failed: str = load_mapped().probe(l1.tensor, scratch.tensor)
         return failed
     except BackendError as e:  # Triton not importable
         return str(e)
