@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.core.pages import FREE, PRIVATE, PageTable, pages, spread
+from hicache.core.pages import FREE, PRIVATE, PageTable, half_spread, pages, spread
 
 
 @given(st.sets(st.integers(0, 199), min_size=1), st.data())
@@ -24,6 +24,30 @@ def test_spread_takes_n_distinct_free_pages_as_far_apart_as_they_allow(
     at = np.searchsorted(idx, chosen)  # positions among the free pages
     if n > 1:  # consecutive picks skip floor(free / n) - 1 free pages between them
         assert int(np.diff(at).min()) >= idx.size // n
+
+
+@given(st.sets(st.integers(0, 199), min_size=1), st.data())
+def test_half_spread_takes_one_run_then_pages_apart_from_it(
+    free: set[int], data: st.DataObject
+) -> None:
+    idx = pages(sorted(free))
+    n = data.draw(st.integers(0, idx.size))
+    chosen = half_spread(idx, n)
+    assert chosen.size == n == np.unique(chosen).size and np.isin(chosen, idx).all()
+    k = -(-n // 2)
+    head, rest = chosen[:k], chosen[k:]
+    runs = np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1)
+    if n and any(r.size >= k for r in runs):  # a run of k free pages exists: the head is one
+        assert np.all(np.diff(head) == 1), head
+    others = idx[(idx < head[0] - 1) | (idx > head[-1] + 1)] if n else idx
+    if rest.size and others.size >= rest.size:  # enough pages apart: none touches the head
+        assert np.isin(rest, others).all() and np.all(np.diff(rest) > 0), (head, rest)
+
+
+def test_a_table_with_half_spread_reserves_one_run_and_separate_pages() -> None:
+    t = PageTable("L2", 12)
+    t.placement = half_spread
+    assert t.reserve(4).tolist() == [0, 1, 5, 9]  # a run of two, then two pages apart
 
 
 def test_a_table_with_spread_reserves_separate_runs_and_is_refused_nothing_else() -> None:

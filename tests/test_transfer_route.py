@@ -239,3 +239,45 @@ def test_the_cpu_fuzz_runs_chunked_and_fragmented_transfers(
     least = {"D2H chunked": 20, "H2D chunked": 2, "D2H fragmented": 10, "H2D fragmented": 2}
     least |= {"staged": 10}
     assert all(seen[k] >= n for k, n in least.items()), seen
+
+
+@pytest.mark.parametrize(
+    ("direct_min_pages", "placement", "kind", "least"),
+    [
+        (2, "half_spread", "mixed", 5),  # runs of 2+ pages by their own DMA, single ones staged
+        (0, "spread", "direct", 20),  # every run of a fragmented transfer its own DMA
+    ],
+)
+def test_the_cpu_fuzz_runs_fragmented_transfers_direct_and_mixed(
+    monkeypatch: pytest.MonkeyPatch,
+    no_route_env: None,
+    direct_min_pages: int,
+    placement: str,
+    kind: str,
+    least: int,
+) -> None:
+    """The draws narrowed to one direct-run size (DIRECT_RUNS) and placement: at the mover's
+    default (256 KiB) every run of the machine's tiny pages is short, so a fragmented
+    transfer went all through host staging; these put several direct DMAs in one transfer,
+    and direct runs beside staged pages in one packed buffer (before these draws, seed 1's
+    1,000 default cpu-plane steps planned no fragmented direct transfer, and one mixed)."""
+    from hicache.testing.adapters import controller
+    from hicache.testing.runner import arguments, fuzz
+
+    assert direct_min_pages in controller.DIRECT_RUNS and placement in controller.PLACEMENTS
+    monkeypatch.setattr(controller, "DIRECT_RUNS", (direct_min_pages,))
+    monkeypatch.setattr(controller, "PLACEMENTS", {placement: controller.PLACEMENTS[placement]})
+    monkeypatch.setattr(controller, "transfer_routes", lambda pools: (TransferRoute.DMA,))
+    seen: collections.Counter[str] = collections.Counter()
+    real = DeviceHostMover.plan
+
+    def plan(self: DeviceHostMover, direction: Direction, l2_ids: Pages) -> DmaPlan:
+        p = real(self, direction, l2_ids)
+        assert self.direct_min_bytes == direct_min_pages * self.bytes_per_page
+        seen[p.route.kind] += p.route.runs > 1
+        return p
+
+    monkeypatch.setattr(DeviceHostMover, "plan", plan)
+    result = fuzz(arguments(seed=3, steps=400, plane="cpu"))
+    assert result.ok, result.text
+    assert seen[kind] >= least, seen

@@ -85,6 +85,11 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "triton-one-page": (1, "I4 tier_bytes_equal"),
     # layer-wise load-back (spec/restore.md R83): 2026-12-06-layerwise-h100/README.md
     "layer-gate-lets-in": (0, "private tail"),
+    # the data plane's routes (mutants/routes.py): 2026-12-07-zoo-routes.md
+    "route-mixed-overlap": (3, "I4 tier_bytes_equal"),
+    "chunk-one-slot": (1, "assertion workspace.borrow"),  # the index buffers' size contract
+    "mapped-l1-from-l2": (3, "I4 tier_bytes_equal"),
+    "pitched-short-page": (0, "I4 tier_bytes_equal"),
 }
 
 

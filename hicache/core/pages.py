@@ -216,6 +216,21 @@ def spread(free_idx: Pages, n: int) -> Pages:
     return free_idx[(np.arange(n) * free_idx.size) // max(n, 1)].astype(np.int64)
 
 
+def half_spread(free_idx: Pages, n: int) -> Pages:
+    """The first ceil(n / 2) pages by best fit (one run where the free pages hold one), the
+    rest spread evenly over the free pages that do not touch that run, centred (a `Placement`;
+    over the other free pages when those are too few): a reservation of one long run and
+    separate pages -- a free list part compacted, part churned, whose transfers mix runs long
+    enough for their own DMA with single pages."""
+    head = _best_fit_run(free_idx, -(-n // 2))
+    k = n - head.size
+    if k == 0:
+        return head
+    apart = free_idx[(free_idx < head[0] - 1) | (free_idx > head[-1] + 1)]
+    rest = apart if apart.size >= k else free_idx[~np.isin(free_idx, head)]
+    return np.concatenate((head, rest[((2 * np.arange(k) + 1) * rest.size) // (2 * k)]))
+
+
 def _best_fit_run(free_idx: Pages, n: int) -> Pages:
     """`n` pages from sorted free indices: the shortest consecutive run of length >= n (the
     first of the shortest), else the lowest `n`. Vectorised: O(free pages); plain Python for

@@ -12,6 +12,8 @@ What names a check (`Failure.check`):
     raised                                        check
     --------------------------------------------  ---------------------------------------
     InvariantViolation (the plane's own checker)  its violations' ids and names, "I5 publish_order"
+    AssertionError raised outside hicache/testing "assertion <module>.<function> under
+    (the product's assertion of a contract)       <Class>.<method>" (the rule it ran under)
     AssertionError in the machine's module        "machine <Class>.<method>" (its rule or invariant;
     (or a base class's)                           for the product machine's engine checks and
                                                   reference model, ": I3 page_aligned" or
@@ -142,6 +144,11 @@ DEFAULT_MACHINE: dict[str, str] = {
     "prefetch-off-ticks-once": "fuzz-null",
     "triton-one-page": "fuzz-cpu",
     "layer-gate-lets-in": "fuzz-cpu",
+    # the data plane's routes (mutants/routes.py)
+    "route-mixed-overlap": "fuzz-cpu",
+    "chunk-one-slot": "fuzz-cpu",
+    "mapped-l1-from-l2": "fuzz-cpu",
+    "pitched-short-page": "fuzz-cpu",
 }
 """The machine each mutant is measured against: the product machine where it catches the
 mutant on every seed of benchmarks/results/2026-12-01-zoo.md, else a test's machine. Why not
@@ -334,11 +341,24 @@ def name_check(error: BaseException, machine: type[RuleBasedStateMachine]) -> st
                 seen.append(label)
         return ", ".join(seen)
     frames = traceback.extract_tb(error.__traceback__)
-    mine = [f for f in frames if f.filename in _machine_files(machine)]
+    files = _machine_files(machine)
+    mine = [f for f in frames if f.filename in files]
     where = f"{machine.__name__}.{mine[-1].name}" if mine else machine.__name__
+    if type(error) is AssertionError and frames and _product(frames[-1].filename, files):
+        last = frames[-1]  # the product's own assertion (a contract), under the machine
+        return f"assertion {Path(last.filename).stem}.{last.name} under {where}"
     if isinstance(error, AssertionError) and mine:
         return f"machine {where}" + _what_failed(error)
     return f"contract: {type(error).__name__} escaped {where}"
+
+
+_TESTING = str(Path(__file__).resolve().parent)
+"""hicache/testing: an assertion raised below it is a machine's or its helpers' check."""
+
+
+def _product(filename: str, machine_files: set[str]) -> bool:
+    """Is `filename` the product's code: neither the machine's files nor hicache/testing?"""
+    return filename not in machine_files and not filename.startswith(_TESTING)
 
 
 def _what_failed(error: AssertionError) -> str:

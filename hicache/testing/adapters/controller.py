@@ -46,7 +46,7 @@ from hicache.choices import (
 from hicache.controller.config import BACKENDS, WRITE_POLICIES, CacheConfig
 from hicache.controller.controller import CacheController
 from hicache.core.lifecycle import ABSENT, RESIDENT, Lifecycle, load_lifecycle
-from hicache.core.pages import Pages, Placement, spread
+from hicache.core.pages import Pages, Placement, half_spread, spread
 from hicache.core.tiers import TIERS, Direction, Tier
 from hicache.core.trace import TraceEvent, TraceHeader, Tracer
 from hicache.dataplane.faults import (
@@ -128,6 +128,9 @@ class Setup:
     transfer_route: EnumField[TransferRoute] = EnumField(TransferRoute.AUTO)
     chunk_pages: int | None = None  # CacheConfig.chunk_pages (a single pool with bytes)
     placement: str = "best_fit"  # which pages a reservation takes (PLACEMENTS)
+    # the single pool's runs of L2 pages moved by their own DMA, from this many pages
+    # (DIRECT_RUNS; None: the mover's DIRECT_MIN_BYTES, above every run of the machine's)
+    direct_min_pages: int | None = None
 
     def __post_init__(self) -> None:
         # The policies' strings become their enums as they are set; a bad one: ConfigError.
@@ -268,6 +271,7 @@ class ControllerAdapter:
         self._fail_pools(ctl)
         self._poison_reserved(ctl)
         self._place(ctl)
+        self._direct_runs(ctl)
         # Liveness, durability, efficiency (hicache/testing/liveness): one rank's probes.
         self.liveness = Liveness(ctl, s, self.sink, self.findings, self.collectives is not None)
         return ctl
@@ -297,6 +301,17 @@ class ControllerAdapter:
         for table in ctl.cp.tables:
             for t in table.pool_tables().values():
                 t.placement = placement
+
+    def _direct_runs(self, ctl: CacheController) -> None:
+        """The single pool's mover moves runs of `direct_min_pages` L2 pages or more by their
+        own DMA (DIRECT_RUNS), the shorter ones through host staging."""
+        pages, engine = self.setup.direct_min_pages, ctl.engine
+        if pages is None:
+            return
+        from hicache.dataplane.engine import TransferEngine  # torch: a plane with bytes
+
+        if isinstance(engine, TransferEngine) and engine.one_pool:
+            engine.dma.direct_min_bytes = pages * engine.dma.bytes_per_page
 
     def _fail_pools(self, ctl: CacheController) -> None:
         """A pool group's L2 and L3 reservations fail per pool (scenario F1: pool k of n,
@@ -756,7 +771,11 @@ written for stay common (with each a third of the runs, no S2H was ever cancelle
 single-pool steps: tests/test_testing_coverage.py)."""
 
 
-PLACEMENTS: dict[str, Placement | None] = {"best_fit": None, "spread": spread}
+PLACEMENTS: dict[str, Placement | None] = {
+    "best_fit": None,
+    "spread": spread,
+    "half_spread": half_spread,
+}
 """Which free pages a reservation takes (`PageTable.placement`), drawn by `setups` on the
 planes with bytes (the null plane keeps best fit: it moves no bytes): the reference's best
 fit, which finds one run of pages where there is one, so that the
@@ -764,13 +783,25 @@ machine's transfers were one run of L2 pages nearly always (none fragmented in 1
 steps of seed 1); or `spread`, every reservation as many runs as the free pages allow -- what
 an engine's free list gives after long churn: the data plane's fragmented routes (pages
 sorted into runs, host staging, mapped and pitched in any order) and L3 I/O over scattered
-slots run under the machine's cancels and faults. The oracle maps pages by reservation, so
-either placement is judged alike."""
+slots run under the machine's cancels and faults; or `half_spread`, half a reservation one
+run and the rest apart, whose transfers mix long runs and single pages (with DIRECT_RUNS'
+2: some runs by their own DMA, some staged). The oracle maps pages by reservation, so every
+placement is judged alike."""
 
 CHUNKINGS = (None, None, 1, 2, 3)
 """The `chunk_pages` `setups` draws on a single pool with bytes: the reference's schedule (one
 chunk at the machine's sizes) as often as fixed chunks of 1, 2 or 3 pages, which put chunk
 k+1's DMA beside chunk k's gather or scatter, and cancels and faults between them."""
+
+
+DIRECT_RUNS: tuple[int | None, ...] = (None, 0, 2, 2)
+"""The single pool's `direct_min_bytes`, in pages, `setups` draws on the planes with bytes
+(`Setup.direct_min_pages`): the mover's default (256 KiB) is above every run of the
+machine's tiny pages, so a fragmented transfer went all through host staging and never
+*mixed* (some runs by their own DMA, some staged: staged pages first in the packed buffer for
+a D2H, last for an H2D, the two kinds of copy in one chunk); 0 moves every run by its own DMA;
+2 stages the runs of one page and moves the longer ones directly -- mixed wherever the
+pages allow (routes.py, `plan_route`)."""
 
 
 def transfer_routes(pools: str) -> tuple[TransferRoute, ...]:
@@ -825,6 +856,7 @@ def setups(
         # the machine's transfers are a few tiny pages: one chunk unless chunk_pages is set
         chunk_pages=st.sampled_from(CHUNKINGS) if bytes_ and single else st.none(),
         placement=st.sampled_from(tuple(PLACEMENTS)) if bytes_ else st.just("best_fit"),
+        direct_min_pages=st.sampled_from(DIRECT_RUNS) if bytes_ and single else st.none(),
     )
     if pools == SINGLE_POOL or not window_pools(group(pools)):
         return base

@@ -101,6 +101,14 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   before its restore settled
     triton-one-page -   triton_rows._launch                       Triton moves nothing for a
                                                                   one-page transfer
+    route-mixed-overlap routes._route_small                       a D2H's direct runs over its
+                                                                  staged pages (mixed route)
+    chunk-one-slot -    routes.index_slots                        every chunk's L1 indices at
+                                                                  slot 0
+    mapped-l1-from-l2 - DmaPlan.fill_mapped                       a mapped D2H's L1 pages read
+                                                                  from its L2 page list
+    pitched-short-page  dma.copy_pages                            a pitched copy moves one row
+                                                                  short
 
 One module per family: `bugclasses` (B01-B15), `tp` (B16 and agreement bugs), `found` (bugs
 found from outside, put back), `tables` (wrong lifecycle tables, edited consistently: the
@@ -110,7 +118,9 @@ hicache/testing/illegal/), `liveness` (the LV- ones: a cache that stays safe but
 than the spec promises), `checker` (the invariant checker's own failure modes), `oracle`
 (check-trace's own failure modes, caught by the fuzz's self-check:
 hicache/testing/selfcheck.py), `reach` (paths only the fuzz's wider draws reach: a split
-inside a page, a tampered L3 slot, TP ranks that differ, a knob once fixed); `base` defines
+inside a page, a tampered L3 slot, TP ranks that differ, a knob once fixed), `routes` (the
+data plane's routes, chunks and fragmented transfers, reached by the fuzz's route, chunk,
+placement and direct-run draws); `base` defines
 `Mutant` and `swapped`. A new mutant goes in its family's module and its `ZOO`, and in the
 table above.
 """
@@ -128,6 +138,7 @@ from hicache.testing.mutants import (
     liveness,
     oracle,
     reach,
+    routes,
     tables,
     tp,
 )
@@ -143,6 +154,7 @@ ZOO: tuple[Mutant, ...] = (
     *checker.ZOO,
     *oracle.ZOO,
     *reach.ZOO,
+    *routes.ZOO,
 )
 """Every mutant, in the order `hicache fuzz --mutant list` prints them."""
 
