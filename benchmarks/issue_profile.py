@@ -10,7 +10,9 @@ included). Part 2 runs cProfile over 200 consecutive-page D2H and H2D issues of 
 pages (Qwen3-8B geometry), and fragmented D2H issues (the mapped route where it is on), and
 prints the top entries by own time. Part 3 times an issue's
 phases without a profiler: each of the mover's steps wrapped in a clock, host microseconds
-per issue (median), and what is left outside them. A diagnostic, not a benchmark: no
+per issue (median), what is left outside them, and two polls: one while the device copies
+and the one that sees it done (its bookkeeping lies between the copy's end and the caller
+seeing DONE). A diagnostic, not a benchmark: no
 ceilings, nothing to compare across machines.
 """
 
@@ -222,12 +224,20 @@ def phases(mover: DeviceHostMover, n: int, fragmented: bool) -> dict[str, float]
                 t0 = time.perf_counter()
                 handle = issue()
                 total = time.perf_counter() - t0
-                handle.wait()
+                t1 = time.perf_counter()
+                handle.poll()  # the device is still copying: PENDING (an event query)
+                first = time.perf_counter() - t1
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                final = handle.poll()  # DONE: the completion's bookkeeping, exposed end to end
+                completing = time.perf_counter() - t2
+                assert final.final, final
                 if i < 10:
                     continue
                 steps = ("enqueue_d2h", "enqueue_h2d", "enqueue_mapped", "plan", "mapped plan")
                 outer = total - sum(spent.get(k, 0.0) for k in (*steps, "borrow"))
                 rows = {**spent, "issue (all)": total, "issue outside plan/borrow/enqueue": outer}
+                rows |= {"poll while copying": first, "poll that completes": completing}
                 for name, s in rows.items():
                     per.setdefault(f"{direction} {name}", []).append(s)
     finally:
