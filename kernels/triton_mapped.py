@@ -235,7 +235,8 @@ def probe(l1: torch.Tensor, scratch: torch.Tensor) -> str:
 def probe_layout(layout: RowLayout, l1_words: torch.Tensor, scratch_words: torch.Tensor) -> str:
     """Does the GPU write pinned host memory in place? One launch copies L1 page 0's rows
     (`layout`'s rows of `l1_words`: read only) into `scratch_words`, one pool page of rows in
-    pinned memory allocated the way L2 is; then the device is synchronized and every word
+    pinned memory allocated the way L2 is, first filled with their complement (so that every
+    word must be written to compare equal); then the device is synchronized and every word
     compared. "" when they all landed, else why not (a launch Triton refused -- a host pointer
     it cannot translate -- or words that differ). Synchronizes: run it once, when a mover is
     built, with nothing of its own in flight."""
@@ -244,14 +245,18 @@ def probe_layout(layout: RowLayout, l1_words: torch.Tensor, scratch_words: torch
     device = l1_words.device
     one = layout._replace(n=1)
     index = torch.zeros(4, dtype=torch.int64, device=device)  # page 0 -> slot 0, 16-byte slices
+    page = l1_words[: rows * layout.l1_pages * row_words].view(rows, layout.l1_pages, row_words)
+    landed = scratch_words[: rows * row_words].view(rows, row_words)
+    # Every scratch word differs from its source before the copy: a word already equal (a
+    # zeroed scratch page and a fresh pool) would pass the comparison unwritten.
+    landed.copy_(page[:, 0])
+    landed.bitwise_not_()
     try:
         launch_mapped(one, l1_words, scratch_words, index[:1], index[2:3], to_pool=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except (BackendError, RuntimeError) as exc:
         return f"the probe's mapped copy of one page failed ({type(exc).__name__}: {exc})"
-    page = l1_words[: rows * layout.l1_pages * row_words].view(rows, layout.l1_pages, row_words)
-    landed = scratch_words[: rows * row_words].view(rows, row_words)
     if not torch.equal(landed.cpu(), page[:, 0].cpu()):
         return "the probe's mapped copy of one page did not land in pinned memory"
     return ""

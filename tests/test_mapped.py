@@ -250,10 +250,14 @@ def test_the_probe_passes_when_every_word_lands(interpreted: None) -> None:
     assert torch.equal(scratch[0].view(torch.int16), page.view(torch.int16))
 
 
-@pytest.mark.parametrize("planted", ["nothing written", "launch refused", "one row short"])
+@pytest.mark.parametrize(
+    "planted", ["nothing written", "nothing written over zeros", "launch refused", "one row short"]
+)
 def test_the_probe_names_what_went_wrong(interpreted: None, planted: str) -> None:
     """A platform whose GPU cannot write pinned memory in place shows up as a launch Triton
-    refuses or as words that never land; the probe turns either into a reason."""
+    refuses or as words that never land; the probe turns either into a reason. Also where
+    the source page and the scratch page already hold the same words (a fresh pool and a
+    zeroed scratch page: an H100 found the probe passing with nothing written there)."""
     from hicache.errors import BackendError
     from hicache.kernels import triton_mapped
 
@@ -269,6 +273,8 @@ def test_the_probe_names_what_went_wrong(interpreted: None, planted: str) -> Non
             scratch[-1] ^= 1  # the last word of the last row is off
 
     l1, l2 = pools()
+    if planted == "nothing written over zeros":
+        l1.tensor.zero_()
     scratch = torch.zeros_like(l2.tensor[:1])
     with mock.patch.object(triton_mapped, "launch_mapped", launch):
         why = triton_mapped.probe(l1.tensor, scratch)
