@@ -58,25 +58,50 @@ def _copy_mapped(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
     EVEN: tl.constexpr,
     TO_POOL: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Rows (i, kl) between L1 row (kl, pages[i]) and pool row (slots[i], kl)."""
     first = tl.program_id(0).to(tl.int64)
-    for r in range(first, n_rows, tl.num_programs(0)):
-        i = r // rows_per_page
-        kl = r - i * rows_per_page
-        a = l1 + (kl * l1_pages + tl.load(pages + i).to(tl.int64)) * ROW_WORDS
-        b = pool + (tl.load(slots + i).to(tl.int64) * rows_per_page + kl) * ROW_WORDS
-        if TO_POOL:
-            src, dst = a, b
-        else:
-            src, dst = b, a
-        for step in range(0, ROW_WORDS, BLOCK):
-            offsets = step + tl.arange(0, BLOCK)
-            if EVEN:
-                tl.store(dst + offsets, tl.load(src + offsets))
+    if INTERPRETED:
+        # Triton 3.6's interpreter holds a program id or a scalar argument as a 1-element
+        # array, which `range` cannot take as a bound ("only 0-dimensional arrays can be
+        # converted to Python scalars"); a `while` compares it instead (as triton_table.py
+        # does). Compiled, the `for` stays. The two bodies are the same.
+        r = first
+        while r < n_rows:
+            i = r // rows_per_page
+            kl = r - i * rows_per_page
+            a = l1 + (kl * l1_pages + tl.load(pages + i).to(tl.int64)) * ROW_WORDS
+            b = pool + (tl.load(slots + i).to(tl.int64) * rows_per_page + kl) * ROW_WORDS
+            if TO_POOL:
+                src, dst = a, b
             else:
-                inside = offsets < ROW_WORDS
-                tl.store(dst + offsets, tl.load(src + offsets, mask=inside), mask=inside)
+                src, dst = b, a
+            for step in range(0, ROW_WORDS, BLOCK):
+                offsets = step + tl.arange(0, BLOCK)
+                if EVEN:
+                    tl.store(dst + offsets, tl.load(src + offsets))
+                else:
+                    inside = offsets < ROW_WORDS
+                    tl.store(dst + offsets, tl.load(src + offsets, mask=inside), mask=inside)
+            r += tl.num_programs(0)
+    else:
+        for r in range(first, n_rows, tl.num_programs(0)):
+            i = r // rows_per_page
+            kl = r - i * rows_per_page
+            a = l1 + (kl * l1_pages + tl.load(pages + i).to(tl.int64)) * ROW_WORDS
+            b = pool + (tl.load(slots + i).to(tl.int64) * rows_per_page + kl) * ROW_WORDS
+            if TO_POOL:
+                src, dst = a, b
+            else:
+                src, dst = b, a
+            for step in range(0, ROW_WORDS, BLOCK):
+                offsets = step + tl.arange(0, BLOCK)
+                if EVEN:
+                    tl.store(dst + offsets, tl.load(src + offsets))
+                else:
+                    inside = offsets < ROW_WORDS
+                    tl.store(dst + offsets, tl.load(src + offsets, mask=inside), mask=inside)
 
 
 _JITTED: dict[bool, Any] = {}  # interpreted? -> the jitted kernel
@@ -178,7 +203,7 @@ def _args(
     """The kernel's parameters in order, compile-time constants included (the launcher's)."""
     row_words, block, even = _constants(layout.row_words, layout.word_bytes)
     scalars = (layout.rows, layout.rows_per_page, layout.l1_pages, row_words, block, even)
-    return (l1_words, pool_words, pages, slots, *scalars, to_pool)
+    return (l1_words, pool_words, pages, slots, *scalars, to_pool, interpreter_enabled())
 
 
 def _key(args: tuple[Any, ...], device: torch.device) -> Hashable:

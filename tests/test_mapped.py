@@ -286,9 +286,9 @@ def test_an_interpreter_that_cannot_run_the_kernel_turns_the_route_off(
     interpreted: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a CPU with the Triton kernels the interpreted kernel is probed as a GPU's is: where
-    Triton's interpreter cannot run it (Triton 3.6 with numpy 2.5 on the H100 image), both
-    movers go by DMA and say why, and a route asked for by name is a ConfigError -- not a
-    BackendError from the first D2H."""
+    Triton's interpreter cannot run it (Triton 3.6's could not, before the kernel's `while`),
+    both movers go by DMA and say why, and a route asked for by name is a ConfigError -- not
+    a BackendError from the first D2H."""
     from hicache.dataplane.groupgeometry import GroupGeometry
     from hicache.dataplane.grouppools import GroupDevicePool, GroupHostPool
     from hicache.errors import BackendError

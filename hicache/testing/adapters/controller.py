@@ -167,9 +167,10 @@ class Setup:
 @functools.cache
 def interpreted_mapped() -> str:
     """Why Triton's interpreter cannot run the mapped kernel here ("" when it can): its probe
-    (kernels/triton_mapped.probe) on one tiny CPU page, once per process. Triton 3.6's
-    interpreter with numpy >= 2.5 cannot (a loop bound from `tl.program_id` reaches numpy as
-    a one-element array, which numpy no longer converts to an int)."""
+    (kernels/triton_mapped.probe) on one tiny CPU page, once per process. The kernel's
+    interpreted branch runs on Triton 3.6's interpreter too (a `while` where a runtime loop
+    bound reaches numpy as a one-element array), so this names an interpreter it meets
+    later."""
     try:
         import torch  # noqa: F401  # the pools below need it
     except ImportError:  # no plane with bytes runs here
