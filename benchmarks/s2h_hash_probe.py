@@ -1,7 +1,7 @@
 """Where an S2H thread's time goes: the read, the checksum, and the checksum's memory.
 
     PYTHONPATH=. python3 benchmarks/s2h_hash_probe.py [--pages 200] [--threads 1 8 16]
-        [--chunk-kib 256] [--out FILE.json]
+        [--chunk-kib 128 256 576 1152] [--out FILE.json]
 
 An S2H thread reads a page from the L3 file (`preadv`, from the page cache here) into L2,
 then checksums it (`storage_io.py`). On one H100 host the checksum ran 9.6 GB/s on one
@@ -12,11 +12,13 @@ once (each its own pages of one file, 2,359,296-byte pages: Qwen3-8B's), GB/s of
     hash-hot      XXH3 of a page hashed just before (in cache)
     hash-cold     XXH3 of pages in turn over a buffer larger than the caches
     read+hash     preadv a page, then XXH3 of it (what S2H does now)
-    streamed      preadv CHUNK bytes, XXH3 update of them, next chunk (incremental hash:
-                  the bytes are hashed while still in the core's cache)
+    streamed-Nk   preadv N KiB, XXH3 update of them, next part (incremental hash: the bytes
+                  are hashed while still in the core's cache), for each --chunk-kib
 
-and checks that the streamed digest equals the one-shot digest. A diagnostic: it says
-whether hashing while the bytes are cached would lift S2H on this host.
+and checks, outside the timed runs, that the streamed digest equals the one-shot digest (an
+earlier version checked inside the timed loop: a second, cold hash of every page made
+"streamed" look slower than it is). A diagnostic: it says whether hashing while the bytes
+are cached would lift S2H on this host.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _run(threads: int, work: Callable[[int], int]) -> float:
     return sum(moved) / (time.perf_counter() - t0) / 1e9
 
 
-def probe(pages: int, threads: int, chunk: int, fd: int) -> dict[str, float]:
+def probe(pages: int, threads: int, chunks: list[int], fd: int) -> dict[str, float]:
     per = pages // threads
     bufs = [bytearray(per * PAGE) for _ in range(threads)]
     views = [memoryview(b).cast("B") for b in bufs]
@@ -85,25 +87,30 @@ def probe(pages: int, threads: int, chunk: int, fd: int) -> dict[str, float]:
             xxhash.xxh3_64_intdigest(page(t, i))
         return per * PAGE
 
-    def streamed(t: int) -> int:
-        for i in range(per):
-            h, view, at = xxhash.xxh3_64(), page(t, i), (t * per + i) * PAGE
-            for lo in range(0, PAGE, chunk):
-                part = view[lo : lo + chunk]
-                os.preadv(fd, [part], at + lo)
-                h.update(part)
-            assert h.intdigest() == xxhash.xxh3_64_intdigest(view), "streamed digest differs"
-        return per * PAGE
+    def streamed(chunk: int) -> Callable[[int], int]:
+        def work(t: int) -> int:
+            for i in range(per):
+                h, view, at = xxhash.xxh3_64(), page(t, i), (t * per + i) * PAGE
+                for lo in range(0, PAGE, chunk):
+                    part = view[lo : lo + chunk]
+                    os.preadv(fd, [part], at + lo)
+                    h.update(part)
+                digests[t] = h.intdigest()
+            return per * PAGE
 
+        return work
+
+    digests = [0] * threads
     out = {}
-    for name, work in (
-        ("read", read),
-        ("hash-hot", hash_hot),
-        ("hash-cold", hash_cold),
-        ("read+hash", read_hash),
-        ("streamed", streamed),
-    ):
+    works: list[tuple[str, Callable[[int], int]]] = [("read", read), ("hash-hot", hash_hot)]
+    works += [("hash-cold", hash_cold)]
+    works += [("read+hash", read_hash)]
+    works += [(f"streamed-{c >> 10}k", streamed(c)) for c in chunks]
+    for name, work in works:
         out[name] = max(_run(threads, work) for _ in range(3))
+        if name.startswith("streamed"):  # checked outside the timed runs
+            last = [page(t, per - 1) for t in range(threads)]
+            assert digests == [xxhash.xxh3_64_intdigest(v) for v in last], "streamed digest differs"
     return out
 
 
@@ -111,10 +118,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pages", type=int, default=256)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 8, 16])
-    p.add_argument("--chunk-kib", type=int, default=256)
+    p.add_argument("--chunk-kib", type=int, nargs="+", default=[128, 256, 576, 1152])
     p.add_argument("--out")
     a = p.parse_args()
-    result: dict[str, Any] = {"page_bytes": PAGE, "pages": a.pages, "chunk": a.chunk_kib << 10}
+    result: dict[str, Any] = {
+        "page_bytes": PAGE,
+        "pages": a.pages,
+        "chunks": [c << 10 for c in a.chunk_kib],
+    }
     with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR")) as f:
         block = np.random.default_rng(0).integers(0, 256, PAGE, dtype=np.uint8).tobytes()
         for _ in range(a.pages):
@@ -123,7 +134,7 @@ def main() -> None:
         fd = os.open(f.name, os.O_RDONLY)
         os.preadv(fd, [bytearray(a.pages * PAGE)], 0)  # the file in the page cache
         for threads in a.threads:
-            row = probe(a.pages, threads, a.chunk_kib << 10, fd)
+            row = probe(a.pages, threads, [c << 10 for c in a.chunk_kib], fd)
             result[str(threads)] = row
             print(f"{threads:>2} threads: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
         os.close(fd)
