@@ -35,9 +35,9 @@ Rules (each a step; preconditions, never `assume`, decide when one may run):
                  refused for room, the oldest served request ends first); not ready: a tick
     finish       a served request ends normally
     abort        a chosen live request ends, in whatever state it is
-    restore_from_l3  a fresh two-node prompt served until every write policy backs it up,
-                 drained, given up by L1 and L2, then admitted again: an S2H and a
-                 load-back, the S2H meeting an aimed fault or none, then served
+    restore_from_l3  a fresh two-node prompt (2-5 pages) served until every write policy
+                 backs it up, drained, given up by L1 and L2, then admitted again: an S2H
+                 and a load-back, the S2H meeting an aimed fault or none, then served
     failed_restore_then_full_l1  a load-back fails; a second request loads the prompt and
                  ends; other prompts fill L1; then the first is served
     cancel_restore  an earlier prompt restored again, and the request (or a second one
@@ -451,7 +451,7 @@ class CacheMachine(RuleBasedStateMachine):
     )
     @rule(
         base=st.integers(0, 3),
-        pages=st.integers(2, 3),
+        pages=st.integers(2, 5),
         aim=_drawn(lambda m: _aims_of_a_read(tuple(m.aims))),
     )
     @survives_crash
@@ -464,7 +464,9 @@ class CacheMachine(RuleBasedStateMachine):
         restored from L3: an S2H (meeting `aim`, a fault aimed at the next transfer into
         L2, or none; the aims only a read meets drawn twice as often) and a load-back;
         then served. The other rules restore from L3 only when an earlier prompt happens
-        to be held there alone."""
+        to be held there alone. Prompts of 4-5 pages make load-backs long enough for a
+        mixed route (two single-page runs staged beside a longer run by its own DMA),
+        which the bundle prompts' load-backs (1-3 pages) never are."""
         self._count("restore_from_l3")
         self.last_l3_restore = self.steps
         ps = self.cache.page_size

@@ -146,6 +146,7 @@ DEFAULT_MACHINE: dict[str, str] = {
     "layer-gate-lets-in": "fuzz-cpu",
     # the data plane's routes (mutants/routes.py)
     "route-mixed-overlap": "fuzz-cpu",
+    "route-h2d-staged-overlap": "fuzz-cpu",
     "chunk-one-slot": "fuzz-cpu",
     "mapped-l1-from-l2": "fuzz-cpu",
     "pitched-short-page": "fuzz-cpu",

@@ -103,6 +103,8 @@ F15-F18 scenarios in spec/tp.md) run on the TP machines.
                                                                   one-page transfer
     route-mixed-overlap routes._route_small                       a D2H's direct runs over its
                                                                   staged pages (mixed route)
+    route-h2d-staged-overlap routes._route_small                  an H2D's staged pages over its
+                                                                  direct runs (mixed route)
     chunk-one-slot -    routes.index_slots                        every chunk's L1 indices at
                                                                   slot 0
     mapped-l1-from-l2 - DmaPlan.fill_mapped                       a mapped D2H's L1 pages read
