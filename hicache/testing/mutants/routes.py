@@ -31,47 +31,51 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from hicache.testing.mutants.base import Mutant, swapped
 
 
-def _route_mixed_overlap() -> contextlib.AbstractContextManager[None]:
-    """A staged-first route (a D2H's) places its direct runs from packed position 0, not
-    after the staged pages: in a mixed route a direct run and the staged pages share packed
-    positions, so one of them moves the other's bytes. All-staged and all-direct routes are
-    unchanged (nothing to overlap)."""
+def _mixed_routes_rewritten(
+    d2h: bool, rewrite: Callable[[Any], Any]
+) -> contextlib.AbstractContextManager[None]:
+    """`routes._route_small` with `rewrite` applied to every mixed route (direct runs and
+    staged pages both present) of a D2H (staged first) or, `d2h` False, of an H2D; other
+    routes unchanged (in an all-staged or all-direct route there is nothing to overlap)."""
     from hicache.dataplane import routes
 
     real = routes._route_small
 
     def route_small(l2_ids: Any, bpp: int, direct_min: int, *, staged_first: bool) -> Any:
         r = real(l2_ids, bpp, direct_min, staged_first=staged_first)
-        if not (staged_first and r.direct and r.staged_pages):
-            return r
-        shift = r.staged_pages
-        direct = [routes.Run(x.lo - shift, x.hi - shift, x.l2_first) for x in r.direct]
-        return dataclasses.replace(r, direct=direct)
+        mixed = bool(r.direct) and r.staged_pages > 0
+        return rewrite(r) if mixed and staged_first is d2h else r
 
     return swapped(routes, "_route_small", route_small)
+
+
+def _route_mixed_overlap() -> contextlib.AbstractContextManager[None]:
+    """A staged-first route (a D2H's) places its direct runs from packed position 0, not
+    after the staged pages: in a mixed route a direct run and the staged pages share packed
+    positions, so one of them moves the other's bytes."""
+    from hicache.dataplane.routes import Run
+
+    def rewrite(r: Any) -> Any:
+        shift = r.staged_pages
+        direct = [Run(x.lo - shift, x.hi - shift, x.l2_first) for x in r.direct]
+        return dataclasses.replace(r, direct=direct)
+
+    return _mixed_routes_rewritten(d2h=True, rewrite=rewrite)
 
 
 def _route_h2d_staged_overlap() -> contextlib.AbstractContextManager[None]:
     """A direct-first route (an H2D's) places its staged pages from packed position 0, not
     after the direct runs: in a mixed route the staged pages' scatter and a direct run's
-    DMA share packed positions, so one of them lands the other's bytes. All-staged and
-    all-direct routes are unchanged (nothing to overlap)."""
-    from hicache.dataplane import routes
-
-    real = routes._route_small
-
-    def route_small(l2_ids: Any, bpp: int, direct_min: int, *, staged_first: bool) -> Any:
-        r = real(l2_ids, bpp, direct_min, staged_first=staged_first)
-        if staged_first or not (r.direct and r.staged_pages):
-            return r
-        return dataclasses.replace(r, staged_lo=0, staged_hi=r.staged_pages)
-
-    return swapped(routes, "_route_small", route_small)
+    DMA share packed positions, so one of them lands the other's bytes."""
+    return _mixed_routes_rewritten(
+        d2h=False, rewrite=lambda r: dataclasses.replace(r, staged_lo=0, staged_hi=r.staged_pages)
+    )
 
 
 def _chunk_one_slot() -> contextlib.AbstractContextManager[None]:
